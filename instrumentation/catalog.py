@@ -1,0 +1,369 @@
+"""The metric catalog: every metric stocksentry emits, defined once.
+
+Everything else (the recording API, the exporter's probes, dashboards, alert-rule tests and
+docs) refers to these specs, so a rename breaks the build instead of leaving an empty panel.
+
+Example::
+
+    from stocksentry.instrumentation import catalog
+
+    spec = catalog.RESERVATION_SUCCESS
+    assert spec.name == "stock_reservation_success_total"
+    assert spec.labels == ("sku", "strategy")
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+MetricKind = Literal["counter", "gauge", "histogram"]
+Source = Literal["app", "probe", "exporter"]
+# prometheus_client's multiprocess modes for gauges; each gauge names one explicitly.
+MultiprocessMode = Literal[
+    "all", "liveall", "min", "livemin", "max", "livemax", "sum", "livesum", "mostrecent"
+]
+
+#: Reasons a reservation did not succeed without an error (DESIGN: conflict reasons).
+CONFLICT_REASONS: tuple[str, ...] = (
+    "out_of_stock",
+    "lost_race",
+    "lock_timeout",
+    "lock_not_acquired",
+    "deadlock",
+    "serialization_failure",
+)
+#: Every outcome a reservation can end with; ``error`` is an exception from the app.
+OUTCOMES: tuple[str, ...] = ("success", *CONFLICT_REASONS, "error")
+
+#: The value a bounded label folds into once its budget is spent.
+OVERFLOW_VALUE = "__other__"
+
+# Reservations in a healthy checkout take milliseconds; a lock queue at promo start can take
+# seconds. The buckets cover both ends so that p99 is meaningful in either regime.
+LATENCY_BUCKETS: tuple[float, ...] = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+)
+# Hold time over TTL: anything at or above 1.0 means the lock expired while held.
+HOLD_RATIO_BUCKETS: tuple[float, ...] = (0.1, 0.25, 0.5, 0.75, 0.9, 1.0, 1.5, 2.0, 5.0)
+
+
+@dataclass(frozen=True, slots=True)
+class MetricSpec:
+    """One metric of the catalog.
+
+    ``name`` is the name as exposed in the Prometheus text format (counters end in
+    ``_total``); :attr:`base_name` is what prometheus_client's constructors take.
+    """
+
+    name: str
+    kind: MetricKind
+    help: str
+    labels: tuple[str, ...] = ()
+    source: Source = "app"
+    buckets: tuple[float, ...] | None = None
+    multiprocess_mode: MultiprocessMode | None = None
+    exemplars: bool = False
+
+    @property
+    def base_name(self) -> str:
+        """The name without the ``_total`` suffix that prometheus_client adds to counters."""
+        if self.kind == "counter" and self.name.endswith("_total"):
+            return self.name[: -len("_total")]
+        return self.name
+
+    @property
+    def sample_names(self) -> tuple[str, ...]:
+        """The sample names this metric produces in the text exposition format."""
+        if self.kind == "counter":
+            return (self.name,)
+        if self.kind == "histogram":
+            return (f"{self.name}_bucket", f"{self.name}_count", f"{self.name}_sum")
+        return (self.name,)
+
+
+# --- recorded by the app (instrumentation) -------------------------------------------------
+
+RESERVATION_SUCCESS = MetricSpec(
+    "stock_reservation_success_total",
+    "counter",
+    "Stock reservations that succeeded.",
+    ("sku", "strategy"),
+)
+RESERVATION_CONFLICT = MetricSpec(
+    "stock_reservation_conflict_total",
+    "counter",
+    "Stock reservations refused by a conflict (out_of_stock, lost_race, lock_timeout, "
+    "lock_not_acquired, deadlock, serialization_failure).",
+    ("sku", "reason"),
+)
+RESERVATION_DURATION = MetricSpec(
+    "stock_reservation_duration_seconds",
+    "histogram",
+    "Duration of stock reservations by outcome.",
+    ("outcome",),
+    buckets=LATENCY_BUCKETS,
+    exemplars=True,
+)
+ORDERS_PAID = MetricSpec(
+    "stock_orders_paid_total", "counter", "Orders confirmed as paid.", ("sku",)
+)
+REFUND_DUE_TO_OVERSELL = MetricSpec(
+    "stock_refund_due_to_oversell_total",
+    "counter",
+    "Paid orders refunded because the stock was not there (oversell).",
+    ("sku",),
+)
+INVENTORY_NEGATIVE = MetricSpec(
+    "stock_inventory_negative_total",
+    "counter",
+    "Stock writes that left the stock below zero.",
+    ("sku",),
+)
+IDEMPOTENCY_REPLAY = MetricSpec(
+    "stock_idempotency_replay_total",
+    "counter",
+    "Requests answered from a stored result because their idempotency key was seen before.",
+    ("operation",),
+)
+IDEMPOTENCY_CONFLICT = MetricSpec(
+    "stock_idempotency_conflict_total",
+    "counter",
+    "Requests that reused an idempotency key with a different payload.",
+    ("operation",),
+)
+CACHE_STALE_HIT = MetricSpec(
+    "stock_cache_stale_hit_total",
+    "counter",
+    "Stock decisions taken on a cached value that the database contradicted.",
+    ("cache",),
+)
+DB_LOCK_WAIT = MetricSpec(
+    "stock_db_lock_wait_duration_seconds",
+    "histogram",
+    "Duration of locking statements on stock tables.",
+    ("table",),
+    buckets=LATENCY_BUCKETS,
+    exemplars=True,
+)
+DB_DEADLOCK = MetricSpec(
+    "stock_db_deadlock_total", "counter", "Deadlocks reported by the database.", ("table",)
+)
+DB_SERIALIZATION_FAILURE = MetricSpec(
+    "stock_db_serialization_failure_total",
+    "counter",
+    "Serialization failures reported by the database.",
+    ("table",),
+)
+UNSAFE_READ_MODIFY_WRITE = MetricSpec(
+    "stock_unsafe_read_modify_write_total",
+    "counter",
+    "Unlocked read of a stock column followed by a write of a value computed outside SQL.",
+    ("table",),
+)
+LOCK_ACQUIRE_DURATION = MetricSpec(
+    "stock_lock_acquire_duration_seconds",
+    "histogram",
+    "Time spent acquiring a distributed lock, by outcome.",
+    ("lock", "outcome"),
+    buckets=LATENCY_BUCKETS,
+)
+LOCK_HOLD_RATIO = MetricSpec(
+    "stock_lock_hold_ratio",
+    "histogram",
+    "Distributed lock hold time divided by its TTL (1.0 and above: expired while held).",
+    ("lock",),
+    buckets=HOLD_RATIO_BUCKETS,
+)
+LOCK_EXPIRED_WHILE_HELD = MetricSpec(
+    "stock_lock_expired_while_held_total",
+    "counter",
+    "Distributed locks whose TTL ran out while the holder was still working.",
+    ("lock",),
+)
+LOCK_RELEASE_NOT_OWNED = MetricSpec(
+    "stock_lock_release_not_owned_total",
+    "counter",
+    "Releases of a distributed lock that the releaser no longer owned.",
+    ("lock",),
+)
+INSTRUMENTATION_ERRORS = MetricSpec(
+    "stocksentry_instrumentation_errors_total",
+    "counter",
+    "Failures inside stocksentry's instrumentation (swallowed, never raised into the app).",
+    ("component",),
+)
+LABEL_OVERFLOW = MetricSpec(
+    "stocksentry_label_overflow_total",
+    "counter",
+    "Label values folded into __other__ because the label's series budget was spent.",
+    ("metric",),
+)
+
+# --- computed by the exporter's probes -----------------------------------------------------
+
+NEGATIVE_INVENTORY_SKUS = MetricSpec(
+    "stock_negative_inventory_skus",
+    "gauge",
+    "SKUs whose stock is below zero.",
+    source="probe",
+    multiprocess_mode="mostrecent",
+)
+NEGATIVE_INVENTORY_UNITS = MetricSpec(
+    "stock_negative_inventory_units",
+    "gauge",
+    "Units below zero summed over all SKUs.",
+    source="probe",
+    multiprocess_mode="mostrecent",
+)
+OVERSOLD_UNITS = MetricSpec(
+    "stock_oversold_units",
+    "gauge",
+    "Paid units beyond the SKU's inventory for the sale.",
+    ("sku",),
+    source="probe",
+    multiprocess_mode="mostrecent",
+)
+DUPLICATE_ORDER_KEYS = MetricSpec(
+    "stock_duplicate_order_keys",
+    "gauge",
+    "Idempotency keys or external references with more than one order in the window.",
+    source="probe",
+    multiprocess_mode="mostrecent",
+)
+DB_LOCK_WAITERS = MetricSpec(
+    "stock_db_lock_waiters",
+    "gauge",
+    "Sessions currently waiting for a lock.",
+    source="probe",
+    multiprocess_mode="mostrecent",
+)
+DB_LOCK_WAIT_MAX = MetricSpec(
+    "stock_db_lock_wait_max_seconds",
+    "gauge",
+    "Longest current lock wait.",
+    source="probe",
+    multiprocess_mode="mostrecent",
+)
+DB_DEADLOCKS = MetricSpec(
+    "stock_db_deadlocks_total",
+    "counter",
+    "Deadlocks since the database statistics were reset (pg_stat_database).",
+    ("database",),
+    source="probe",
+)
+RESERVATIONS_EXPIRED_UNRELEASED = MetricSpec(
+    "stock_reservations_expired_unreleased",
+    "gauge",
+    "Reservations past their expiry whose stock was not given back.",
+    source="probe",
+    multiprocess_mode="mostrecent",
+)
+OUTBOX_PENDING = MetricSpec(
+    "stock_outbox_pending_events",
+    "gauge",
+    "Outbox events not yet published.",
+    source="probe",
+    multiprocess_mode="mostrecent",
+)
+OUTBOX_LAG = MetricSpec(
+    "stock_outbox_lag_seconds",
+    "gauge",
+    "Age of the oldest unpublished outbox event.",
+    source="probe",
+    multiprocess_mode="mostrecent",
+)
+CACHE_DRIFT_SKUS = MetricSpec(
+    "stock_cache_drift_skus",
+    "gauge",
+    "SKUs whose cached stock differs from the database beyond tolerance and grace.",
+    ("cache",),
+    source="probe",
+    multiprocess_mode="mostrecent",
+)
+
+# --- the exporter's own health -------------------------------------------------------------
+
+PROBE_UP = MetricSpec(
+    "stocksentry_probe_up",
+    "gauge",
+    "1 when the probe's last run succeeded, 0 otherwise.",
+    ("probe",),
+    source="exporter",
+    multiprocess_mode="mostrecent",
+)
+PROBE_DURATION = MetricSpec(
+    "stocksentry_probe_duration_seconds",
+    "gauge",
+    "Duration of the probe's last run.",
+    ("probe",),
+    source="exporter",
+    multiprocess_mode="mostrecent",
+)
+PROBE_LAST_SUCCESS = MetricSpec(
+    "stocksentry_probe_last_success_timestamp_seconds",
+    "gauge",
+    "Unix time of the probe's last successful run.",
+    ("probe",),
+    source="exporter",
+    multiprocess_mode="mostrecent",
+)
+
+#: Every metric, in catalog order.
+ALL: tuple[MetricSpec, ...] = (
+    RESERVATION_SUCCESS,
+    RESERVATION_CONFLICT,
+    RESERVATION_DURATION,
+    ORDERS_PAID,
+    REFUND_DUE_TO_OVERSELL,
+    INVENTORY_NEGATIVE,
+    IDEMPOTENCY_REPLAY,
+    IDEMPOTENCY_CONFLICT,
+    CACHE_STALE_HIT,
+    DB_LOCK_WAIT,
+    DB_DEADLOCK,
+    DB_SERIALIZATION_FAILURE,
+    UNSAFE_READ_MODIFY_WRITE,
+    LOCK_ACQUIRE_DURATION,
+    LOCK_HOLD_RATIO,
+    LOCK_EXPIRED_WHILE_HELD,
+    LOCK_RELEASE_NOT_OWNED,
+    NEGATIVE_INVENTORY_SKUS,
+    NEGATIVE_INVENTORY_UNITS,
+    OVERSOLD_UNITS,
+    DUPLICATE_ORDER_KEYS,
+    DB_LOCK_WAITERS,
+    DB_LOCK_WAIT_MAX,
+    DB_DEADLOCKS,
+    RESERVATIONS_EXPIRED_UNRELEASED,
+    OUTBOX_PENDING,
+    OUTBOX_LAG,
+    CACHE_DRIFT_SKUS,
+    PROBE_UP,
+    PROBE_DURATION,
+    PROBE_LAST_SUCCESS,
+    INSTRUMENTATION_ERRORS,
+    LABEL_OVERFLOW,
+)
+
+#: Metrics recorded inside the app.
+APP: tuple[MetricSpec, ...] = tuple(m for m in ALL if m.source == "app")
+
+BY_NAME: dict[str, MetricSpec] = {m.name: m for m in ALL}
+
+
+def sample_names() -> frozenset[str]:
+    """Every sample name the catalog can produce (for checking dashboards and rules)."""
+    return frozenset(s for m in ALL for s in m.sample_names)

@@ -1,0 +1,115 @@
+"""Cardinality guard: bounded, sanitised label values.
+
+A flash sale can carry thousands of SKUs and a hostile client can send any string as one.
+Every ``sku`` label value goes through a :class:`LabelGuard`: the configured promo SKUs
+always keep their own series, at most ``max_values`` other distinct values are admitted
+(first come, first kept: a counter's series cannot be evicted without losing its count),
+and everything past that folds into :data:`~stocksentry.instrumentation.catalog.OVERFLOW_VALUE`.
+
+Example::
+
+    guard = LabelGuard(max_values=2, always=["PROMO-1"])
+    guard("PROMO-1")      # 'PROMO-1'
+    guard("A\\n<script>")   # 'A__script_'
+    guard("B"), guard("C")  # ('B', '__other__')
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Iterable
+
+from .catalog import OVERFLOW_VALUE
+
+#: Characters kept as they are; anything else (control characters, quotes, spaces, markup,
+#: lone surrogates that would break the UTF-8 exposition) becomes ``_``.
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.:/@#+\-]")
+EMPTY_VALUE = "__empty__"
+
+
+def sanitize_label_value(value: object, max_length: int = 64) -> str:
+    """Return ``value`` as a label value safe for any Prometheus consumer.
+
+    Characters outside ``[A-Za-z0-9_.:/@#+-]`` become ``_`` and the result is cut to
+    ``max_length`` characters; an empty value becomes ``__empty__``.
+    """
+    text = value if isinstance(value, str) else str(value)
+    if len(text) > max_length:
+        text = text[:max_length]
+    text = _UNSAFE.sub("_", text)
+    return text or EMPTY_VALUE
+
+
+class LabelGuard:
+    """Bounds the distinct values of one label.
+
+    ``guard(value)`` returns the value to use as the label: sanitised, and
+    :data:`OVERFLOW_VALUE` once ``max_values`` values beyond ``always`` were admitted.
+    Thread-safe; the common path (a value seen before) is one dictionary lookup.
+    """
+
+    __slots__ = (
+        "_admitted",
+        "_cache",
+        "_cache_limit",
+        "_count",
+        "_lock",
+        "max_length",
+        "max_values",
+    )
+
+    def __init__(
+        self,
+        max_values: int = 100,
+        *,
+        always: Iterable[str] = (),
+        max_length: int = 64,
+    ) -> None:
+        if max_values < 0:
+            raise ValueError(f"max_values must be >= 0, got {max_values}")
+        if max_length < 1:
+            raise ValueError(f"max_length must be >= 1, got {max_length}")
+        self.max_values = max_values
+        self.max_length = max_length
+        self._lock = threading.Lock()
+        pinned = {sanitize_label_value(v, max_length) for v in always}
+        # Values that always keep their own series, plus those admitted so far; the budget
+        # counts only the latter.
+        self._admitted: set[str] = set(pinned)
+        self._count = 0
+        # Raw value -> label value. Bounded so hostile input cannot grow memory without
+        # limit; past the bound, lookups take the slow path but stay correct.
+        self._cache: dict[str, str] = {}
+        self._cache_limit = 4 * (max_values + len(pinned)) + 1024
+
+    def __call__(self, value: str) -> str:
+        label = self._cache.get(value)
+        if label is not None:
+            return label
+        return self._resolve(value)
+
+    def _resolve(self, value: str) -> str:
+        clean = sanitize_label_value(value, self.max_length)
+        with self._lock:
+            if clean in self._admitted:
+                label = clean
+            elif self._count < self.max_values:
+                self._admitted.add(clean)
+                self._count += 1
+                label = clean
+            else:
+                label = OVERFLOW_VALUE
+            if len(self._cache) < self._cache_limit and isinstance(value, str):
+                self._cache[value] = label
+        return label
+
+    @property
+    def admitted_count(self) -> int:
+        """How many values beyond the pinned ones hold their own series."""
+        return self._count
+
+    def values(self) -> frozenset[str]:
+        """Every label value that has its own series (pinned and admitted)."""
+        with self._lock:
+            return frozenset(self._admitted)

@@ -1,0 +1,202 @@
+"""The app-side metrics of the catalog, bound to one registry.
+
+:class:`StockMetrics` creates every ``source == "app"`` metric of
+:mod:`~stocksentry.instrumentation.catalog` in the registry it is given and offers one
+flat method per event. Label values go through guards decided at construction, and the
+label children are cached in plain dictionaries, so a recorded event is a dictionary
+lookup, a lock and an add.
+
+Most applications use the higher-level :class:`~stocksentry.instrumentation.Sentry`;
+this class is the layer under it.
+
+Example::
+
+    from prometheus_client import CollectorRegistry
+
+    registry = CollectorRegistry()
+    metrics = StockMetrics(registry)
+    metrics.reservation_success("EGG-01", "atomic")
+    registry.get_sample_value(
+        "stock_reservation_success_total", {"sku": "EGG-01", "strategy": "atomic"}
+    )  # 1.0
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.registry import REGISTRY
+
+from . import catalog
+from .catalog import OVERFLOW_VALUE, MetricSpec
+from .guard import LabelGuard
+
+#: Budgets for the labels whose values come from the app but are not SKUs. They are small
+#: sets by nature (strategy names, operation names, cache and lock names, table names); a
+#: budget keeps a bug in the app from turning them into unbounded series.
+SMALL_LABEL_BUDGET = 50
+
+
+def _make(spec: MetricSpec, registry: CollectorRegistry | None) -> Any:
+    if spec.kind == "counter":
+        return Counter(spec.base_name, spec.help, spec.labels, registry=registry)
+    if spec.kind == "histogram":
+        assert spec.buckets is not None, spec.name
+        return Histogram(
+            spec.name, spec.help, spec.labels, buckets=spec.buckets, registry=registry
+        )
+    raise ValueError(f"{spec.name}: the app records no {spec.kind}")
+
+
+class StockMetrics:
+    """Every app-side metric of the catalog in one registry, with guarded labels.
+
+    ``promo_skus`` always keep their own ``sku`` series; beyond them at most ``max_skus``
+    distinct SKUs do, per process, the rest fold into ``__other__`` and count
+    ``stocksentry_label_overflow_total{metric=...}``.
+    """
+
+    def __init__(
+        self,
+        registry: CollectorRegistry | None = REGISTRY,
+        *,
+        promo_skus: Iterable[str] = (),
+        max_skus: int = 100,
+        max_label_length: int = 64,
+    ) -> None:
+        self.registry = registry
+        self.sku_guard = LabelGuard(max_skus, always=promo_skus, max_length=max_label_length)
+        self._small_guards: dict[str, LabelGuard] = {
+            name: LabelGuard(SMALL_LABEL_BUDGET, max_length=max_label_length)
+            for name in ("strategy", "operation", "cache", "lock", "table", "component")
+        }
+        self._metrics: dict[str, Any] = {}
+        for spec in catalog.APP:
+            self._metrics[spec.name] = _make(spec, registry)
+        # Children caches, keyed by the raw values the app passed: after the first event
+        # for a key, recording skips both the guards and prometheus_client's label lock.
+        self._children: dict[str, dict[Any, Any]] = {spec.name: {} for spec in catalog.APP}
+        self._overflow = self._metrics[catalog.LABEL_OVERFLOW.name]
+
+    def metric(self, spec: MetricSpec) -> Any:
+        """The prometheus_client object behind ``spec`` (for reading values in tests)."""
+        return self._metrics[spec.name]
+
+    def unregister(self) -> None:
+        """Remove every metric of this instance from its registry."""
+        if self.registry is None:
+            return
+        for metric in self._metrics.values():
+            try:
+                self.registry.unregister(metric)
+            except KeyError:
+                pass
+
+    # --- label resolution (slow path, once per distinct key) -------------------------------
+
+    def _sku(self, spec: MetricSpec, sku: str) -> str:
+        label = self.sku_guard(sku)
+        if label is OVERFLOW_VALUE:
+            self._overflow.labels(spec.name).inc()
+        return label
+
+    def _small(self, guard_name: str, spec: MetricSpec, value: str) -> str:
+        label = self._small_guards[guard_name](value)
+        if label is OVERFLOW_VALUE:
+            self._overflow.labels(spec.name).inc()
+        return label
+
+    def _child_sku(self, spec: MetricSpec, sku: str) -> Any:
+        cache = self._children[spec.name]
+        child = cache.get(sku)
+        if child is None:
+            label = self._sku(spec, sku)
+            child = self._metrics[spec.name].labels(label)
+            # Overflowed raw values are not cached: each one must count its overflow.
+            if label is not OVERFLOW_VALUE:
+                cache[sku] = child
+        return child
+
+    def _child_small(self, spec: MetricSpec, guard_name: str, value: str) -> Any:
+        cache = self._children[spec.name]
+        child = cache.get(value)
+        if child is None:
+            label = self._small(guard_name, spec, value)
+            child = self._metrics[spec.name].labels(label)
+            if label is not OVERFLOW_VALUE:
+                cache[value] = child
+        return child
+
+    # --- events ------------------------------------------------------------------------
+
+    def reservation_success(self, sku: str, strategy: str) -> None:
+        """Count one successful reservation."""
+        spec = catalog.RESERVATION_SUCCESS
+        cache = self._children[spec.name]
+        key = (sku, strategy)
+        child = cache.get(key)
+        if child is None:
+            sku_label = self._sku(spec, sku)
+            strategy_label = self._small("strategy", spec, strategy)
+            child = self._metrics[spec.name].labels(sku_label, strategy_label)
+            if sku_label is not OVERFLOW_VALUE and strategy_label is not OVERFLOW_VALUE:
+                cache[key] = child
+        child.inc()
+
+    def reservation_conflict(self, sku: str, reason: str) -> None:
+        """Count one reservation refused for ``reason`` (one of ``CONFLICT_REASONS``)."""
+        spec = catalog.RESERVATION_CONFLICT
+        cache = self._children[spec.name]
+        key = (sku, reason)
+        child = cache.get(key)
+        if child is None:
+            if reason not in catalog.CONFLICT_REASONS:
+                raise ValueError(f"unknown conflict reason {reason!r}")
+            sku_label = self._sku(spec, sku)
+            child = self._metrics[spec.name].labels(sku_label, reason)
+            if sku_label is not OVERFLOW_VALUE:
+                cache[key] = child
+        child.inc()
+
+    def reservation_duration(
+        self, outcome: str, seconds: float, exemplar: dict[str, str] | None = None
+    ) -> None:
+        """Observe a reservation's duration under its outcome (one of ``OUTCOMES``)."""
+        spec = catalog.RESERVATION_DURATION
+        cache = self._children[spec.name]
+        child = cache.get(outcome)
+        if child is None:
+            if outcome not in catalog.OUTCOMES:
+                raise ValueError(f"unknown outcome {outcome!r}")
+            child = cache[outcome] = self._metrics[spec.name].labels(outcome)
+        child.observe(seconds, exemplar)
+
+    def order_paid(self, sku: str, amount: float = 1.0) -> None:
+        """Count paid orders for ``sku``."""
+        self._child_sku(catalog.ORDERS_PAID, sku).inc(amount)
+
+    def refund_due_to_oversell(self, sku: str, amount: float = 1.0) -> None:
+        """Count refunds issued because the stock was oversold."""
+        self._child_sku(catalog.REFUND_DUE_TO_OVERSELL, sku).inc(amount)
+
+    def inventory_negative(self, sku: str) -> None:
+        """Count one stock write that left ``sku`` below zero."""
+        self._child_sku(catalog.INVENTORY_NEGATIVE, sku).inc()
+
+    def idempotency_replay(self, operation: str) -> None:
+        """Count one request answered from its idempotency record."""
+        self._child_small(catalog.IDEMPOTENCY_REPLAY, "operation", operation).inc()
+
+    def idempotency_conflict(self, operation: str) -> None:
+        """Count one reuse of an idempotency key with a different payload."""
+        self._child_small(catalog.IDEMPOTENCY_CONFLICT, "operation", operation).inc()
+
+    def cache_stale_hit(self, cache: str) -> None:
+        """Count one decision taken on a stale cached stock value."""
+        self._child_small(catalog.CACHE_STALE_HIT, "cache", cache).inc()
+
+    def instrumentation_error(self, component: str) -> None:
+        """Count one failure inside the instrumentation."""
+        self._child_small(catalog.INSTRUMENTATION_ERRORS, "component", component).inc()

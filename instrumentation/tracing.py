@@ -1,0 +1,99 @@
+"""OpenTelemetry helpers: span context carriers, links and exemplars.
+
+Only the OpenTelemetry *API* is used here; without an SDK configured, spans are
+non-recording and every helper costs next to nothing. ``configure_tracing`` (which needs
+the ``otel`` extra) installs an SDK provider for applications that have none of their own.
+
+A checkout span is linked to its payment callback through a W3C ``traceparent`` carrier
+stored with the order::
+
+    carrier = reservation.trace_context()      # {"traceparent": "00-...-01"}
+    ...                                        # stored with the order
+    with sentry.payment_callback(order_id, checkout_context=carrier):
+        ...                                    # span linked to the checkout span
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.trace import Link, Span
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+_PROPAGATOR = TraceContextTextMapPropagator()
+#: The instrumentation scope name of stocksentry's spans.
+TRACER_NAME = "stocksentry"
+
+
+def carrier_for(span: Span) -> dict[str, str]:
+    """A W3C trace-context carrier (``traceparent``/``tracestate``) naming ``span``.
+
+    Empty when the span context is invalid (no SDK configured).
+    """
+    carrier: dict[str, str] = {}
+    if span.get_span_context().is_valid:
+        _PROPAGATOR.inject(carrier, context=trace.set_span_in_context(span))
+    return carrier
+
+
+def link_from_carrier(carrier: Mapping[str, str] | None) -> Link | None:
+    """A span link to the span a :func:`carrier_for` carrier names, if it names one."""
+    if not carrier:
+        return None
+    ctx = _PROPAGATOR.extract(dict(carrier))
+    span_context = trace.get_current_span(ctx).get_span_context()
+    if not span_context.is_valid:
+        return None
+    return Link(span_context, {"stocksentry.link": "checkout"})
+
+
+def exemplar_for(span: Span) -> dict[str, str] | None:
+    """Exemplar labels (``trace_id``, ``span_id``) for a recording span, else ``None``."""
+    if not span.is_recording():
+        return None
+    ctx = span.get_span_context()
+    return {"trace_id": format(ctx.trace_id, "032x"), "span_id": format(ctx.span_id, "016x")}
+
+
+def configure_tracing(
+    service_name: str = "checkout",
+    *,
+    exporter: str = "otlp",
+    endpoint: str | None = None,
+    set_global: bool = True,
+) -> Any:
+    """Install an OpenTelemetry SDK tracer provider and return it (needs the ``otel`` extra).
+
+    ``exporter`` is ``"otlp"`` (OTLP over HTTP to ``endpoint`` or the
+    ``OTEL_EXPORTER_OTLP_ENDPOINT`` default), ``"console"`` or ``"none"`` (spans are
+    recorded, for exemplars and log correlation, but sent nowhere). This is set-up code:
+    it raises on a bad argument or a missing extra.
+
+    Example::
+
+        provider = configure_tracing("checkout", exporter="console")
+        configure(tracer_provider=provider)
+    """
+    try:
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
+    except ImportError as exc:  # pragma: no cover - depends on the installed extras
+        raise RuntimeError(
+            "configure_tracing needs the OpenTelemetry SDK: pip install 'stocksentry[otel]'"
+        ) from exc
+    provider = TracerProvider(resource=Resource.create({"service.name": service_name}))
+    if exporter == "otlp":
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        otlp = OTLPSpanExporter(endpoint=endpoint) if endpoint else OTLPSpanExporter()
+        provider.add_span_processor(BatchSpanProcessor(otlp))
+    elif exporter == "console":
+        provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
+    elif exporter != "none":
+        raise ValueError(f"exporter must be 'otlp', 'console' or 'none', got {exporter!r}")
+    if set_global:
+        trace.set_tracer_provider(provider)
+    return provider
