@@ -25,6 +25,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import logging
@@ -134,8 +135,8 @@ class Reservation:
     """
 
     __slots__ = (
-        "_cv_token",
         "_ctx_token",
+        "_cv_token",
         "_log_tokens",
         "_new_stock",
         "_old_stock",
@@ -237,9 +238,7 @@ class Reservation:
                 self._span = span
                 self._ctx_token = otel_context.attach(otel_trace.set_span_in_context(span))
             if sentry.log_enabled:
-                self._log_tokens = structlog.contextvars.bind_contextvars(
-                    sku=self.sku, **self.ids
-                )
+                self._log_tokens = structlog.contextvars.bind_contextvars(sku=self.sku, **self.ids)
             self._cv_token = _current.set(self)
         except Exception as exc:
             sentry.internal_error("api", exc)
@@ -363,7 +362,7 @@ class PaymentCallback:
     marks a payment that must be refunded because the stock was not there.
     """
 
-    __slots__ = ("_ctx_token", "_mark", "_sentry", "_span", "ids", "qty", "sku", "checkout")
+    __slots__ = ("_ctx_token", "_mark", "_sentry", "_span", "checkout", "ids", "qty", "sku")
 
     def __init__(
         self,
@@ -428,9 +427,7 @@ class PaymentCallback:
             sentry.internal_error("metrics", err)
         if sentry.log_enabled:
             try:
-                sentry.logger.info(
-                    "payment_callback", sku=self.sku, result=mark, **self.ids
-                )
+                sentry.logger.info("payment_callback", sku=self.sku, result=mark, **self.ids)
             except Exception as err:
                 sentry.internal_error("logging", err)
         try:
@@ -513,9 +510,7 @@ class Sentry:
         self.log_enabled = log
         self.logger: Any = logger if logger is not None else structlog.get_logger("stocksentry")
         self.tracer = (
-            otel_trace.get_tracer(TRACER_NAME, tracer_provider=tracer_provider)
-            if trace
-            else None
+            otel_trace.get_tracer(TRACER_NAME, tracer_provider=tracer_provider) if trace else None
         )
         self.error_log_interval = error_log_interval
         self._error_lock = threading.Lock()
@@ -530,10 +525,9 @@ class Sentry:
 
     def internal_error(self, component: str, exc: BaseException) -> None:
         """Count and (rate-limited) log a failure inside the instrumentation. Never raises."""
-        try:
+        # The counter is the last resort: if it fails too there is nothing left to tell.
+        with contextlib.suppress(Exception):
             self.metrics.instrumentation_error(component)
-        except Exception:  # noqa: S110 - the counter is the last resort; nothing to report to
-            pass
         try:
             now = time.monotonic()
             with self._error_lock:
@@ -555,6 +549,14 @@ class Sentry:
             )
         except Exception:  # noqa: S110 - logging failed too; the counter already has it
             pass
+
+    def _log(self, level: str, event: str, **fields: Any) -> None:
+        if not self.log_enabled:
+            return
+        try:
+            getattr(self.logger, level)(event, **fields)
+        except Exception as exc:
+            self.internal_error("logging", exc)
 
     # --- reservations --------------------------------------------------------------------
 
@@ -617,9 +619,7 @@ class Sentry:
 
                 @functools.wraps(func)
                 async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
-                    async with self.reservation(
-                        sku_of(args, kwargs), strategy=strategy
-                    ) as handle:
+                    async with self.reservation(sku_of(args, kwargs), strategy=strategy) as handle:
                         result = await async_func(*args, **kwargs)
                         if result is False and handle.outcome is None:
                             handle.conflict("out_of_stock")
@@ -693,32 +693,30 @@ class Sentry:
         """Count one paid order."""
         try:
             self.metrics.order_paid(sku)
-            if self.log_enabled:
-                self.logger.info(
-                    "order_paid",
-                    sku=sku,
-                    **_ids(order_id=order_id, payment_reference=payment_reference),
-                )
         except Exception as exc:
-            self.internal_error("api", exc)
+            self.internal_error("metrics", exc)
+        self._log(
+            "info",
+            "order_paid",
+            sku=sku,
+            **_ids(order_id=order_id, payment_reference=payment_reference),
+        )
 
     def record_refund_due_to_oversell(self, sku: str, *, order_id: str | None = None) -> None:
         """Count one refund issued because the stock had been oversold."""
         try:
             self.metrics.refund_due_to_oversell(sku)
-            if self.log_enabled:
-                self.logger.warning("refund_due_to_oversell", sku=sku, **_ids(order_id=order_id))
         except Exception as exc:
-            self.internal_error("api", exc)
+            self.internal_error("metrics", exc)
+        self._log("warning", "refund_due_to_oversell", sku=sku, **_ids(order_id=order_id))
 
     def record_negative_inventory(self, sku: str, *, stock: int) -> None:
         """Count one stock write that left ``sku`` at ``stock`` below zero."""
         try:
             self.metrics.inventory_negative(sku)
-            if self.log_enabled:
-                self.logger.warning("inventory_negative", sku=sku, stock=stock)
         except Exception as exc:
-            self.internal_error("api", exc)
+            self.internal_error("metrics", exc)
+        self._log("warning", "inventory_negative", sku=sku, stock=stock)
 
     # --- idempotency and cache -------------------------------------------------------------
 
@@ -726,23 +724,19 @@ class Sentry:
         """Count one request answered from its stored result (same key, same payload)."""
         try:
             self.metrics.idempotency_replay(operation)
-            if self.log_enabled:
-                self.logger.info(
-                    "idempotency_replay", operation=operation, **_ids(idempotency_key=key)
-                )
         except Exception as exc:
-            self.internal_error("api", exc)
+            self.internal_error("metrics", exc)
+        self._log("info", "idempotency_replay", operation=operation, **_ids(idempotency_key=key))
 
     def record_idempotency_conflict(self, operation: str, *, key: str | None = None) -> None:
         """Count one reuse of an idempotency key with a different payload."""
         try:
             self.metrics.idempotency_conflict(operation)
-            if self.log_enabled:
-                self.logger.warning(
-                    "idempotency_conflict", operation=operation, **_ids(idempotency_key=key)
-                )
         except Exception as exc:
-            self.internal_error("api", exc)
+            self.internal_error("metrics", exc)
+        self._log(
+            "warning", "idempotency_conflict", operation=operation, **_ids(idempotency_key=key)
+        )
 
     def record_stale_cache_hit(
         self,
@@ -755,14 +749,14 @@ class Sentry:
         """Count one stock decision taken on a cached value the database contradicted."""
         try:
             self.metrics.cache_stale_hit(cache)
-            if self.log_enabled:
-                self.logger.warning(
-                    "cache_stale_hit",
-                    cache=cache,
-                    **_ids(sku=sku, cached=cached, actual=actual),
-                )
         except Exception as exc:
-            self.internal_error("api", exc)
+            self.internal_error("metrics", exc)
+        self._log(
+            "warning",
+            "cache_stale_hit",
+            cache=cache,
+            **_ids(sku=sku, cached=cached, actual=actual),
+        )
 
 
 # --- the process-wide instance -------------------------------------------------------------

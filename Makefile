@@ -1,0 +1,63 @@
+# stocksentry — the two commands are `make demo` and `make test`; see README.md.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip --disable-pip-version-check -q
+DEMO_ARGS ?=
+
+.PHONY: demo test lint format bench services tools install dev clean
+
+# The venv, created once; Debian ships venv separately, so install it when it is missing.
+$(PY):
+	@$(PYTHON) -m venv $(VENV) 2>/dev/null || { \
+	  echo "make: python3-venv missing, installing it"; \
+	  apt-get update -qq && apt-get install -y -qq python3-venv >/dev/null && \
+	  $(PYTHON) -m venv $(VENV); }
+	@$(PIP) install --upgrade pip setuptools
+
+# Stamps: reinstall when pyproject.toml changes.
+$(VENV)/.stamp-install: pyproject.toml | $(PY)
+	$(PIP) install -e '.[all]'
+	@touch $@
+
+$(VENV)/.stamp-dev: pyproject.toml | $(PY)
+	$(PIP) install -e '.[dev]'
+	@touch $@ $(VENV)/.stamp-install
+
+install: $(VENV)/.stamp-install
+dev: $(VENV)/.stamp-dev
+
+## demo: set up and run the flash-sale lab on its embedded SQLite database
+demo: install
+	$(VENV)/bin/stocksentry demo $(DEMO_ARGS)
+
+services:
+	@bash .ci/services.sh
+
+tools:
+	@bash .ci/tools.sh
+
+## test: install, start PostgreSQL and Redis when down, install promtool/amtool, run pytest
+test: dev services tools
+	$(PY) -m pytest -q
+
+## lint: ruff (lint and format check) and mypy --strict
+lint: dev
+	@mkdir -p .typecheck/stocksentry
+	@ln -sfn ../../instrumentation .typecheck/stocksentry/instrumentation
+	@ln -sfn ../../exporter .typecheck/stocksentry/exporter
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy -p stocksentry.instrumentation -p stocksentry.exporter
+	$(VENV)/bin/mypy benchmarks
+
+format: dev
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+## bench: instrumented vs bare reservation on real PostgreSQL, medians over repeats
+bench: dev services
+	$(PY) benchmarks/bench_reservation.py
+
+clean:
+	rm -rf $(VENV) .typecheck build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,270 @@
+"""The recording API counts exactly, and never changes what the application sees."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import psycopg.errors
+import pytest
+import structlog
+from prometheus_client import CollectorRegistry
+
+from stocksentry.instrumentation import (
+    ReservationConflict,
+    Sentry,
+    classify_exception,
+    configure,
+    current_reservation,
+    get_sentry,
+    reservation,
+    reserves,
+)
+
+
+@pytest.fixture
+def sentry(registry: CollectorRegistry) -> Sentry:
+    return Sentry(registry=registry, log=False, trace=False)
+
+
+def value(registry: CollectorRegistry, name: str, **labels: str) -> float:
+    return registry.get_sample_value(name, labels) or 0.0
+
+
+def test_success_conflict_and_negative(sentry: Sentry, registry: CollectorRegistry) -> None:
+    with sentry.reservation("EGG-01", strategy="atomic") as r:
+        r.stock_check(available=1)
+        r.success(old_stock=1, new_stock=0)
+    with sentry.reservation("EGG-01", strategy="unsafe") as r:
+        r.success(old_stock=0, new_stock=-1)
+    with sentry.reservation("EGG-01", strategy="atomic") as r:
+        r.conflict("out_of_stock")
+    with sentry.reservation("EGG-01", strategy="atomic"):
+        pass  # no mark, no exception: a success
+
+    assert value(registry, "stock_reservation_success_total", sku="EGG-01", strategy="atomic") == 2
+    assert value(registry, "stock_reservation_success_total", sku="EGG-01", strategy="unsafe") == 1
+    assert (
+        value(registry, "stock_reservation_conflict_total", sku="EGG-01", reason="out_of_stock")
+        == 1
+    )
+    assert value(registry, "stock_inventory_negative_total", sku="EGG-01") == 1
+    assert value(registry, "stock_reservation_duration_seconds_count", outcome="success") == 3
+    assert value(registry, "stock_reservation_duration_seconds_count", outcome="out_of_stock") == 1
+
+
+def test_app_exception_passes_unchanged(sentry: Sentry, registry: CollectorRegistry) -> None:
+    boom = KeyError("app bug")
+    with pytest.raises(KeyError) as caught, sentry.reservation("EGG-01"):
+        raise boom
+    assert caught.value is boom
+    assert value(registry, "stock_reservation_duration_seconds_count", outcome="error") == 1
+    assert value(registry, "stock_reservation_success_total", sku="EGG-01", strategy="default") == 0
+
+
+def test_conflict_exception_is_counted_and_reraised(
+    sentry: Sentry, registry: CollectorRegistry
+) -> None:
+    exc = ReservationConflict("lost_race")
+    with pytest.raises(ReservationConflict) as caught, sentry.reservation("EGG-01"):
+        raise exc
+    assert caught.value is exc
+    assert value(registry, "stock_reservation_conflict_total", sku="EGG-01", reason="lost_race") == 1
+
+
+def test_mark_wins_over_exception(sentry: Sentry, registry: CollectorRegistry) -> None:
+    with pytest.raises(RuntimeError), sentry.reservation("EGG-01") as r:
+        r.conflict("out_of_stock")
+        raise RuntimeError("409 to the client")
+    assert (
+        value(registry, "stock_reservation_conflict_total", sku="EGG-01", reason="out_of_stock")
+        == 1
+    )
+
+
+@pytest.mark.parametrize(
+    ("exc", "outcome"),
+    [
+        (psycopg.errors.DeadlockDetected("deadlock detected"), "deadlock"),
+        (psycopg.errors.SerializationFailure("could not serialize"), "serialization_failure"),
+        (psycopg.errors.LockNotAvailable("could not obtain lock"), "lock_timeout"),
+        (psycopg.errors.UniqueViolation("dup"), "error"),
+        (ValueError("x"), "error"),
+    ],
+)
+def test_classify_driver_errors(exc: BaseException, outcome: str) -> None:
+    assert classify_exception(exc) == outcome
+
+
+def test_classify_sqlalchemy_wrapped_error() -> None:
+    from sqlalchemy.exc import OperationalError
+
+    wrapped = OperationalError("UPDATE ...", {}, psycopg.errors.DeadlockDetected("deadlock"))
+    assert classify_exception(wrapped) == "deadlock"
+
+
+def test_unknown_conflict_reason_is_an_instrumentation_error(
+    sentry: Sentry, registry: CollectorRegistry
+) -> None:
+    with sentry.reservation("EGG-01") as r:
+        r.conflict("bogus")  # type: ignore[arg-type]
+    assert value(registry, "stocksentry_instrumentation_errors_total", component="api") == 1
+    assert value(registry, "stock_reservation_duration_seconds_count", outcome="error") == 1
+
+
+async def test_async_context_manager(sentry: Sentry, registry: CollectorRegistry) -> None:
+    async def buyer(i: int) -> None:
+        async with sentry.reservation("EGG-01", strategy="atomic") as r:
+            await asyncio.sleep(0)
+            assert current_reservation() is r
+            if i % 2:
+                r.conflict("out_of_stock")
+
+    await asyncio.gather(*(buyer(i) for i in range(10)))
+    assert current_reservation() is None
+    assert value(registry, "stock_reservation_success_total", sku="EGG-01", strategy="atomic") == 5
+    assert (
+        value(registry, "stock_reservation_conflict_total", sku="EGG-01", reason="out_of_stock")
+        == 5
+    )
+
+
+def test_decorator_sync(sentry: Sentry, registry: CollectorRegistry) -> None:
+    stock = {"A": 1}
+
+    @sentry.reserves(strategy="atomic")
+    def reserve(sku: str, qty: int = 1) -> bool:
+        if stock[sku] >= qty:
+            stock[sku] -= qty
+            return True
+        return False
+
+    assert reserve("A") is True
+    assert reserve(sku="A") is False
+    assert reserve.__name__ == "reserve"
+    assert value(registry, "stock_reservation_success_total", sku="A", strategy="atomic") == 1
+    assert value(registry, "stock_reservation_conflict_total", sku="A", reason="out_of_stock") == 1
+
+
+async def test_decorator_async_with_marks(sentry: Sentry, registry: CollectorRegistry) -> None:
+    @sentry.reserves(strategy="for_update", sku_arg="product")
+    async def reserve(product: str) -> str:
+        handle = current_reservation()
+        assert handle is not None
+        handle.conflict("lock_timeout")
+        return "busy"
+
+    assert await reserve("B") == "busy"
+    assert value(registry, "stock_reservation_conflict_total", sku="B", reason="lock_timeout") == 1
+
+
+def test_decorator_needs_a_sku(sentry: Sentry) -> None:
+    with pytest.raises(TypeError, match="no argument 'sku'"):
+
+        @sentry.reserves()
+        def reserve(product: str) -> bool:
+            return True
+
+
+def test_payment_callback_marks(sentry: Sentry, registry: CollectorRegistry) -> None:
+    with sentry.payment_callback("EGG-01", order_id="o1", payment_reference="pay-1"):
+        pass
+    with sentry.payment_callback("EGG-01", order_id="o1") as cb:
+        cb.replay()
+    with sentry.payment_callback("EGG-01", order_id="o2") as cb:
+        cb.refund_due_to_oversell()
+    with sentry.payment_callback("EGG-01", order_id="o3") as cb:
+        cb.failed()
+    with pytest.raises(TimeoutError), sentry.payment_callback("EGG-01", order_id="o4"):
+        raise TimeoutError
+    assert value(registry, "stock_orders_paid_total", sku="EGG-01") == 2
+    assert value(registry, "stock_refund_due_to_oversell_total", sku="EGG-01") == 1
+    assert value(registry, "stock_idempotency_replay_total", operation="payment_callback") == 1
+
+
+def test_record_functions(sentry: Sentry, registry: CollectorRegistry) -> None:
+    sentry.record_paid_order("EGG-01", order_id="o1", payment_reference="p1")
+    sentry.record_refund_due_to_oversell("EGG-01", order_id="o1")
+    sentry.record_negative_inventory("EGG-01", stock=-2)
+    sentry.record_idempotency_replay("checkout", key="k1")
+    sentry.record_idempotency_replay("checkout", key="k1")
+    sentry.record_idempotency_conflict("checkout", key="k1")
+    sentry.record_stale_cache_hit("redis", sku="EGG-01", cached=3, actual=0)
+    sentry.record_reservation("EGG-01", "deadlock", duration=0.2)
+    assert value(registry, "stock_orders_paid_total", sku="EGG-01") == 1
+    assert value(registry, "stock_refund_due_to_oversell_total", sku="EGG-01") == 1
+    assert value(registry, "stock_inventory_negative_total", sku="EGG-01") == 1
+    assert value(registry, "stock_idempotency_replay_total", operation="checkout") == 2
+    assert value(registry, "stock_idempotency_conflict_total", operation="checkout") == 1
+    assert value(registry, "stock_cache_stale_hit_total", cache="redis") == 1
+    assert value(registry, "stock_reservation_conflict_total", sku="EGG-01", reason="deadlock") == 1
+    assert value(registry, "stock_reservation_duration_seconds_sum", outcome="deadlock") == 0.2
+
+
+def test_failing_metrics_never_reach_the_app(
+    sentry: Sentry, registry: CollectorRegistry, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken(*_: object) -> None:
+        raise RuntimeError("metrics backend broke")
+
+    monkeypatch.setattr(sentry.metrics, "reservation_success", broken)
+    results = []
+    with caplog.at_level(logging.WARNING, logger="stocksentry"):
+        for _ in range(5):
+            with sentry.reservation("EGG-01") as r:
+                r.success(old_stock=5, new_stock=4)
+                results.append("done")
+    assert results == ["done"] * 5
+    assert value(registry, "stocksentry_instrumentation_errors_total", component="metrics") == 5
+    # Rate-limited: one line for five failures in the same interval.
+    lines = [rec for rec in caplog.records if "instrumentation error in metrics" in rec.message]
+    assert len(lines) == 1
+    assert "RuntimeError: metrics backend broke" in lines[0].message
+
+
+def test_failing_logging_never_reaches_the_app(registry: CollectorRegistry) -> None:
+    def broken_processor(*_: object) -> dict[str, object]:
+        raise OSError("disk full")
+
+    structlog.configure(processors=[broken_processor])
+    try:
+        sentry = Sentry(registry=registry, log=True, trace=False)
+        with sentry.reservation("EGG-01") as r:
+            r.stock_check(available=1)
+            r.success(old_stock=1, new_stock=0)
+        sentry.record_paid_order("EGG-01")
+    finally:
+        structlog.reset_defaults()
+    # stock_check, stock_update and order_paid lines failed; every count still landed.
+    assert value(registry, "stocksentry_instrumentation_errors_total", component="logging") == 3
+    assert value(registry, "stock_reservation_success_total", sku="EGG-01", strategy="default") == 1
+    assert value(registry, "stock_orders_paid_total", sku="EGG-01") == 1
+
+
+def test_configure_replaces_the_process_wide_instance() -> None:
+    first_registry = CollectorRegistry()
+    second_registry = CollectorRegistry()
+    first = configure(registry=first_registry, log=False, trace=False)
+    assert get_sentry() is first
+    with reservation("EGG-01"):
+        pass
+    second = configure(registry=second_registry, log=False, trace=False)
+    assert get_sentry() is second
+    with reservation("EGG-01"):
+        pass
+
+    @reserves(strategy="deco")
+    def reserve(sku: str) -> bool:
+        return True
+
+    reserve("EGG-01")
+    assert first_registry.get_sample_value(
+        "stock_reservation_success_total", {"sku": "EGG-01", "strategy": "default"}
+    ) is None  # unregistered on replacement
+    assert value(
+        second_registry, "stock_reservation_success_total", sku="EGG-01", strategy="default"
+    ) == 1
+    assert value(
+        second_registry, "stock_reservation_success_total", sku="EGG-01", strategy="deco"
+    ) == 1
+    second.close()
