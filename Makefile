@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
 DEMO_ARGS ?=
 
-.PHONY: demo test lint format bench services tools install dev clean
+.PHONY: demo test lint format bench services tools install dev clean generate
 
 # The venv, created once; Debian ships venv separately, so install it when it is missing.
 $(PY):
@@ -61,3 +61,7 @@ bench: dev services
 
 clean:
 	rm -rf $(VENV) .typecheck build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache
+
+## generate: rebuild generated artefacts (docs/metrics.md)
+generate: dev
+	$(PY) docs/generate.py

@@ -367,3 +367,16 @@ BY_NAME: dict[str, MetricSpec] = {m.name: m for m in ALL}
 def sample_names() -> frozenset[str]:
     """Every sample name the catalog can produce (for checking dashboards and rules)."""
     return frozenset(s for m in ALL for s in m.sample_names)
+
+
+def markdown_table() -> str:
+    """The catalog as the Markdown table of ``docs/metrics.md`` (``make generate``)."""
+    rows = [
+        "| metric | type | labels | source | help |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for m in ALL:
+        kind = f"{m.kind} (exemplars)" if m.exemplars else m.kind
+        labels = ", ".join(m.labels) if m.labels else "—"
+        rows.append(f"| `{m.name}` | {kind} | {labels} | {m.source} | {m.help} |")
+    return "\n".join(rows) + "\n"
