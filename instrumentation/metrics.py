@@ -23,6 +23,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable
 from typing import Any
 
@@ -43,9 +44,8 @@ def _make(spec: MetricSpec, registry: CollectorRegistry | None) -> Any:
     if spec.kind == "counter":
         return Counter(spec.base_name, spec.help, spec.labels, registry=registry)
     if spec.kind == "histogram":
-        assert spec.buckets is not None, spec.name
         return Histogram(
-            spec.name, spec.help, spec.labels, buckets=spec.buckets, registry=registry
+            spec.name, spec.help, spec.labels, buckets=spec.buckets or (), registry=registry
         )
     raise ValueError(f"{spec.name}: the app records no {spec.kind}")
 
@@ -89,10 +89,8 @@ class StockMetrics:
         if self.registry is None:
             return
         for metric in self._metrics.values():
-            try:
+            with contextlib.suppress(KeyError):
                 self.registry.unregister(metric)
-            except KeyError:
-                pass
 
     # --- label resolution (slow path, once per distinct key) -------------------------------
 

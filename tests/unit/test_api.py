@@ -9,7 +9,6 @@ import psycopg.errors
 import pytest
 import structlog
 from prometheus_client import CollectorRegistry
-
 from stocksentry.instrumentation import (
     ReservationConflict,
     Sentry,
@@ -59,7 +58,9 @@ def test_app_exception_passes_unchanged(sentry: Sentry, registry: CollectorRegis
         raise boom
     assert caught.value is boom
     assert value(registry, "stock_reservation_duration_seconds_count", outcome="error") == 1
-    assert value(registry, "stock_reservation_success_total", sku="EGG-01", strategy="default") == 0
+    assert (
+        value(registry, "stock_reservation_success_total", sku="EGG-01", strategy="default") == 0
+    )
 
 
 def test_conflict_exception_is_counted_and_reraised(
@@ -69,13 +70,19 @@ def test_conflict_exception_is_counted_and_reraised(
     with pytest.raises(ReservationConflict) as caught, sentry.reservation("EGG-01"):
         raise exc
     assert caught.value is exc
-    assert value(registry, "stock_reservation_conflict_total", sku="EGG-01", reason="lost_race") == 1
+    assert (
+        value(registry, "stock_reservation_conflict_total", sku="EGG-01", reason="lost_race") == 1
+    )
 
 
 def test_mark_wins_over_exception(sentry: Sentry, registry: CollectorRegistry) -> None:
-    with pytest.raises(RuntimeError), sentry.reservation("EGG-01") as r:
-        r.conflict("out_of_stock")
-        raise RuntimeError("409 to the client")
+    def handler() -> None:
+        with sentry.reservation("EGG-01") as r:
+            r.conflict("out_of_stock")
+            raise RuntimeError("409 to the client")
+
+    with pytest.raises(RuntimeError):
+        handler()
     assert (
         value(registry, "stock_reservation_conflict_total", sku="EGG-01", reason="out_of_stock")
         == 1
@@ -197,12 +204,17 @@ def test_record_functions(sentry: Sentry, registry: CollectorRegistry) -> None:
     assert value(registry, "stock_idempotency_replay_total", operation="checkout") == 2
     assert value(registry, "stock_idempotency_conflict_total", operation="checkout") == 1
     assert value(registry, "stock_cache_stale_hit_total", cache="redis") == 1
-    assert value(registry, "stock_reservation_conflict_total", sku="EGG-01", reason="deadlock") == 1
+    assert (
+        value(registry, "stock_reservation_conflict_total", sku="EGG-01", reason="deadlock") == 1
+    )
     assert value(registry, "stock_reservation_duration_seconds_sum", outcome="deadlock") == 0.2
 
 
 def test_failing_metrics_never_reach_the_app(
-    sentry: Sentry, registry: CollectorRegistry, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    sentry: Sentry,
+    registry: CollectorRegistry,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     def broken(*_: object) -> None:
         raise RuntimeError("metrics backend broke")
@@ -237,7 +249,9 @@ def test_failing_logging_never_reaches_the_app(registry: CollectorRegistry) -> N
         structlog.reset_defaults()
     # stock_check, stock_update and order_paid lines failed; every count still landed.
     assert value(registry, "stocksentry_instrumentation_errors_total", component="logging") == 3
-    assert value(registry, "stock_reservation_success_total", sku="EGG-01", strategy="default") == 1
+    assert (
+        value(registry, "stock_reservation_success_total", sku="EGG-01", strategy="default") == 1
+    )
     assert value(registry, "stock_orders_paid_total", sku="EGG-01") == 1
 
 
@@ -258,13 +272,18 @@ def test_configure_replaces_the_process_wide_instance() -> None:
         return True
 
     reserve("EGG-01")
-    assert first_registry.get_sample_value(
-        "stock_reservation_success_total", {"sku": "EGG-01", "strategy": "default"}
-    ) is None  # unregistered on replacement
-    assert value(
-        second_registry, "stock_reservation_success_total", sku="EGG-01", strategy="default"
-    ) == 1
-    assert value(
-        second_registry, "stock_reservation_success_total", sku="EGG-01", strategy="deco"
-    ) == 1
+    assert (
+        first_registry.get_sample_value(
+            "stock_reservation_success_total", {"sku": "EGG-01", "strategy": "default"}
+        )
+        is None
+    )  # unregistered on replacement
+    assert (
+        value(second_registry, "stock_reservation_success_total", sku="EGG-01", strategy="default")
+        == 1
+    )
+    assert (
+        value(second_registry, "stock_reservation_success_total", sku="EGG-01", strategy="deco")
+        == 1
+    )
     second.close()

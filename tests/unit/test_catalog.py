@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry
-
 from stocksentry.instrumentation import catalog
 from stocksentry.instrumentation.metrics import StockMetrics
 
@@ -22,7 +21,8 @@ def test_names_prefixes_and_uniqueness() -> None:
         assert (m.kind == "counter") == m.name.endswith("_total"), m.name
         assert m.help.endswith("."), m.name
         if m.kind == "histogram":
-            assert m.buckets and list(m.buckets) == sorted(m.buckets), m.name
+            assert m.buckets, m.name
+            assert list(m.buckets) == sorted(m.buckets), m.name
         if m.kind == "gauge":
             assert m.multiprocess_mode is not None, m.name
         # Identifiers belong in logs and exemplars, never in labels.

@@ -6,18 +6,12 @@ import threading
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
-
 from stocksentry.instrumentation import OVERFLOW_VALUE, LabelGuard, Sentry, sanitize_label_value
 from stocksentry.instrumentation.guard import EMPTY_VALUE
 
 
 def series(registry: CollectorRegistry, sample: str) -> list[dict[str, str]]:
-    return [
-        s.labels
-        for metric in registry.collect()
-        for s in metric.samples
-        if s.name == sample
-    ]
+    return [s.labels for metric in registry.collect() for s in metric.samples if s.name == sample]
 
 
 @pytest.mark.parametrize(
@@ -85,12 +79,18 @@ def test_ten_thousand_skus_stay_bounded(registry: CollectorRegistry) -> None:
     assert set(promo) <= skus
     assert OVERFLOW_VALUE in skus
     assert {f"SKU-{i:05d}" for i in range(100)} <= skus
-    assert registry.get_sample_value(
-        "stock_reservation_success_total", {"sku": OVERFLOW_VALUE, "strategy": "atomic"}
-    ) == 9_900
-    assert registry.get_sample_value(
-        "stocksentry_label_overflow_total", {"metric": "stock_reservation_success_total"}
-    ) == 9_900
+    assert (
+        registry.get_sample_value(
+            "stock_reservation_success_total", {"sku": OVERFLOW_VALUE, "strategy": "atomic"}
+        )
+        == 9_900
+    )
+    assert (
+        registry.get_sample_value(
+            "stocksentry_label_overflow_total", {"metric": "stock_reservation_success_total"}
+        )
+        == 9_900
+    )
     # Nothing is lost: the series still sum to every recorded reservation.
     total = sum(
         registry.get_sample_value("stock_reservation_success_total", s) or 0 for s in labels

@@ -12,7 +12,6 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import CollectorRegistry
 from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
-
 from stocksentry.instrumentation import Sentry
 
 
@@ -58,7 +57,8 @@ def test_checkout_links_to_payment_callback(sentry: Sentry, spans: InMemorySpanE
     with sentry.reservation("EGG-01", strategy="atomic", order_id="o-1") as r:
         r.success(old_stock=1, new_stock=0)
         stored_with_order = r.trace_context()
-    assert re.fullmatch(r"00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}", stored_with_order["traceparent"])
+    traceparent = stored_with_order["traceparent"]
+    assert re.fullmatch(r"00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}", traceparent)
 
     # Later, in another request with no trace context of its own:
     with sentry.payment_callback(
