@@ -1,0 +1,95 @@
+"""ASGI middleware binding request ids and the caller's trace.
+
+Framework-neutral (Starlette, FastAPI, Quart, Django ASGI...): it depends only
+on the ASGI protocol, opentelemetry-api and structlog.
+
+Example::
+
+    from stocksentry.instrumentation.asgi import CorrelationMiddleware
+
+    app = CorrelationMiddleware(app)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import propagate, trace
+
+from .logs import bind_correlation, new_request_id, sanitize_id
+
+__all__ = ["ASGIApp", "CorrelationMiddleware", "Message", "Receive", "Scope", "Send"]
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+_IDEMPOTENCY_HEADER = "idempotency-key"
+
+
+class CorrelationMiddleware:
+    """Correlate each HTTP request in logs and traces.
+
+    For ``http`` scopes, while the wrapped app runs it binds ``request_id``
+    (the *header* value if it is 1-128 printable ASCII characters, otherwise a
+    new one) and ``idempotency_key`` (``Idempotency-Key``, when safe) with
+    :func:`~stocksentry.instrumentation.logs.bind_correlation`, makes the W3C
+    ``traceparent``/``tracestate`` caller context current (unless a span is
+    already current), and adds the request id to ``http.response.start``.
+    Other scope types (``websocket``, ``lifespan``) pass straight through;
+    exceptions from the app propagate unchanged.
+
+    Example::
+
+        app = CorrelationMiddleware(app, header="x-correlation-id")
+    """
+
+    __slots__ = ("_header", "_header_bytes", "app")
+
+    def __init__(self, app: ASGIApp, *, header: str = "x-request-id") -> None:
+        self.app = app
+        # ASGI header names are lowercase bytes.
+        self._header = header.lower()
+        self._header_bytes = self._header.encode("latin-1")
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        carrier: dict[str, str] = {}
+        for raw_name, raw_value in scope.get("headers", ()):
+            name = bytes(raw_name).decode("latin-1").lower()
+            value = bytes(raw_value).decode("latin-1")
+            # Repeated header lines form one comma-separated list (RFC 9110).
+            carrier[name] = f"{carrier[name]},{value}" if name in carrier else value
+
+        request_id = sanitize_id(carrier.get(self._header)) or new_request_id()
+        idempotency_key = sanitize_id(carrier.get(_IDEMPOTENCY_HEADER))
+        echoed = (self._header_bytes, request_id.encode("ascii"))
+        header_bytes = self._header_bytes
+
+        async def send_with_request_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = [
+                    (name, value)
+                    for name, value in message.get("headers", ())
+                    if bytes(name).lower() != header_bytes
+                ]
+                headers.append(echoed)
+                message = {**message, "headers": headers}
+            await send(message)
+
+        token = None
+        if not trace.get_current_span().get_span_context().is_valid:
+            token = otel_context.attach(propagate.extract(carrier))
+        try:
+            with bind_correlation(request_id=request_id, idempotency_key=idempotency_key):
+                await self.app(scope, receive, send_with_request_id)
+        finally:
+            if token is not None:
+                otel_context.detach(token)

@@ -1,0 +1,547 @@
+"""Structured JSON logs with correlation ids, trace ids and redaction.
+
+Every log line is one JSON object carrying the ids that let on-call follow a
+double-sell across services: ``request_id``, ``idempotency_key``, ``sku``,
+``product_id``, ``order_id``, ``payment_reference`` (bound through
+:mod:`contextvars`, so asyncio tasks inherit them) plus ``trace_id`` and
+``span_id`` of the active OpenTelemetry span.
+
+Typical use in a checkout service::
+
+    from stocksentry.instrumentation.logs import (
+        bind_correlation,
+        configure_logging,
+        get_logger,
+    )
+
+    configure_logging("INFO")
+    log = get_logger(__name__)
+
+    with bind_correlation(request_id="r-1", sku="SKU-42"):
+        log.info("stock_update", **{"from": 1, "to": 0})
+
+This module imports only the standard library, structlog and
+opentelemetry-api, so it is safe in the lightest install.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from contextvars import Token
+from types import TracebackType
+from typing import Any, TextIO
+
+import structlog
+from opentelemetry import trace
+from structlog.typing import EventDict, Processor, WrappedLogger
+
+__all__ = [
+    "CORRELATION_KEYS",
+    "DEFAULT_REDACT_KEYS",
+    "REDACTED",
+    "Redactor",
+    "add_trace_context",
+    "bind_correlation",
+    "configure_logging",
+    "get_correlation",
+    "get_logger",
+    "new_request_id",
+    "sanitize_id",
+]
+
+CORRELATION_KEYS: tuple[str, ...] = (
+    "request_id",
+    "idempotency_key",
+    "sku",
+    "product_id",
+    "order_id",
+    "payment_reference",
+)
+"""Keys that identify one checkout across logs, spans and services.
+
+Example::
+
+    >>> "order_id" in CORRELATION_KEYS
+    True
+"""
+
+DEFAULT_REDACT_KEYS: frozenset[str] = frozenset(
+    {
+        "password",
+        "passwd",
+        "secret",
+        "token",
+        "authorization",
+        "cookie",
+        "api_key",
+        "apikey",
+        "card_number",
+        "cvv",
+    }
+)
+"""Keys (compared case-insensitively) whose values :class:`Redactor` always masks.
+
+Example::
+
+    >>> "cvv" in DEFAULT_REDACT_KEYS
+    True
+"""
+
+REDACTED = "[REDACTED]"
+"""Replacement for the value of a sensitive key.
+
+Example::
+
+    >>> Redactor()(None, "info", {"password": "hunter2"})
+    {'password': '[REDACTED]'}
+"""
+
+# Keys written by our own processors: their values are never sensitive, and
+# skipping them keeps a hex trace id from ever being mistaken for digits.
+_TRUSTED_KEYS = frozenset({"timestamp", "level", "logger", "trace_id", "span_id"})
+
+# One pass over a string finds both kinds of secret text:
+# - a bearer credential, scheme kept, token dropped;
+# - a card-number-like run: 13-19 digits, optionally separated by single spaces
+#   or dashes, not glued to other letters/digits. It must start with 2-6 (the
+#   issuer ranges of the card networks), which keeps 13-digit Unix-millisecond
+#   timestamps (starting with 1) from being masked 1 time in 10 by the Luhn
+#   check alone.
+_SENSITIVE_TEXT = re.compile(
+    r"(?P<scheme>\bBearer)\s+[A-Za-z0-9\-._~+/]+=*"
+    r"|(?<![0-9A-Za-z])(?P<card>[2-6](?:[ -]?[0-9]){12,18})(?![0-9A-Za-z])",
+    re.IGNORECASE,
+)
+_SEPARATORS = re.compile(r"[ -]")
+# Shorter strings cannot match: "Bearer x" has 8 characters, a card 13 digits.
+_MIN_SENSITIVE_LEN = 8
+_MAX_NESTING = 8
+
+
+def _luhn_ok(digits: str) -> bool:
+    total = 0
+    for index, char in enumerate(reversed(digits)):
+        value = ord(char) - 48
+        if index & 1:
+            value *= 2
+            if value > 9:
+                value -= 9
+        total += value
+    return total % 10 == 0
+
+
+def _mask_match(match: re.Match[str]) -> str:
+    scheme = match.group("scheme")
+    if scheme is not None:
+        return f"{scheme} {REDACTED}"
+    text = match.group("card")
+    digits = _SEPARATORS.sub("", text)
+    if _luhn_ok(digits):
+        return "****" + digits[-4:]
+    # The run may be a card followed by more digit groups ("4111 1111 1111
+    # 1111 12"): try the longest prefix that ends at a separator and still
+    # looks like a card number.
+    for sep in reversed(list(_SEPARATORS.finditer(text))):
+        head = _SEPARATORS.sub("", text[: sep.start()])
+        if len(head) < 13:
+            break
+        if _luhn_ok(head):
+            return "****" + head[-4:] + text[sep.start() :]
+    return text
+
+
+def _scrub(text: str) -> str:
+    if len(text) < _MIN_SENSITIVE_LEN:
+        return text
+    return _SENSITIVE_TEXT.sub(_mask_match, text)
+
+
+class Redactor:
+    """Processor that masks secrets and card numbers before rendering.
+
+    Values whose key is sensitive (case-insensitively one of
+    :data:`DEFAULT_REDACT_KEYS` or *keys*) become ``"[REDACTED]"``, also in
+    nested dicts, lists and tuples (copied, never mutated in place). Inside any
+    string value, Luhn-valid card numbers keep only their last four digits and
+    ``Bearer <token>`` loses the token. Non-string leaves are left alone.
+
+    Example::
+
+        >>> redact = Redactor(keys=["email"])
+        >>> redact(None, "info", {"Email": "a@b.c", "note": "card 4111-1111-1111-1111"})
+        {'Email': '[REDACTED]', 'note': 'card ****1111'}
+    """
+
+    __slots__ = ("_keys",)
+
+    def __init__(self, keys: Iterable[str] = ()) -> None:
+        self._keys = frozenset(key.lower() for key in (*DEFAULT_REDACT_KEYS, *keys))
+
+    def __call__(
+        self, logger: WrappedLogger, method_name: str, event_dict: EventDict
+    ) -> EventDict:
+        keys = self._keys
+        # Assigning to existing keys while iterating is safe: the size of the
+        # dict does not change.
+        for key, value in event_dict.items():
+            if key in _TRUSTED_KEYS:
+                continue
+            if key.lower() in keys:
+                event_dict[key] = REDACTED
+            elif isinstance(value, str):
+                if len(value) >= _MIN_SENSITIVE_LEN:
+                    event_dict[key] = _SENSITIVE_TEXT.sub(_mask_match, value)
+            elif isinstance(value, (dict, list, tuple)):
+                event_dict[key] = self._redact_value(value, 1)
+        return event_dict
+
+    def _redact_value(self, value: object, depth: int) -> object:
+        if isinstance(value, str):
+            return _scrub(value)
+        if depth > _MAX_NESTING:
+            # Too deep to inspect cheaply (or a cycle): mask rather than leak.
+            return REDACTED if isinstance(value, (dict, list, tuple)) else value
+        if isinstance(value, dict):
+            keys = self._keys
+            return {
+                k: (
+                    REDACTED
+                    if isinstance(k, str) and k.lower() in keys
+                    else self._redact_value(v, depth + 1)
+                )
+                for k, v in value.items()
+            }
+        if isinstance(value, (list, tuple)):
+            items = [self._redact_value(v, depth + 1) for v in value]
+            return items if isinstance(value, list) else tuple(items)
+        return value
+
+
+def add_trace_context(logger: WrappedLogger, method_name: str, event_dict: EventDict) -> EventDict:
+    """Processor adding ``trace_id`` and ``span_id`` of the current span.
+
+    Ids are lowercase hex (32 and 16 characters), as in W3C ``traceparent``.
+    Nothing is added outside a valid span, and keys the caller already set are
+    kept.
+
+    Example::
+
+        >>> add_trace_context(None, "info", {"event": "x"})  # no active span
+        {'event': 'x'}
+    """
+    span_context = trace.get_current_span().get_span_context()
+    if span_context.is_valid:
+        if "trace_id" not in event_dict:
+            event_dict["trace_id"] = trace.format_trace_id(span_context.trace_id)
+        if "span_id" not in event_dict:
+            event_dict["span_id"] = trace.format_span_id(span_context.span_id)
+    return event_dict
+
+
+class _UtcMillisTimestamper:
+    """``timestamp`` as ISO-8601 UTC with milliseconds, e.g. 2025-01-31T12:00:00.123Z.
+
+    The date-and-seconds prefix changes once a second, so it is cached.
+    """
+
+    __slots__ = ("_cache",)
+
+    def __init__(self) -> None:
+        self._cache: tuple[int, str] = (-1, "")
+
+    def __call__(
+        self, logger: WrappedLogger, method_name: str, event_dict: EventDict
+    ) -> EventDict:
+        seconds, nanos = divmod(time.time_ns(), 1_000_000_000)
+        cached_seconds, prefix = self._cache
+        if seconds != cached_seconds:
+            prefix = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds))
+            # One tuple assignment, so concurrent threads never see a torn pair.
+            self._cache = (seconds, prefix)
+        event_dict["timestamp"] = f"{prefix}.{nanos // 1_000_000:03d}Z"
+        return event_dict
+
+
+def _add_logger_name(logger: WrappedLogger, method_name: str, event_dict: EventDict) -> EventDict:
+    name = getattr(logger, "name", None)
+    if name is not None:
+        event_dict.setdefault("logger", name)
+    return event_dict
+
+
+class _LineWriter:
+    """structlog's wrapped logger: writes one rendered line to the stream.
+
+    It remembers the name given to ``get_logger(name)`` and shares its lock
+    with the stdlib bridge handler, so lines from both never interleave.
+    """
+
+    __slots__ = ("_flush", "_lock", "_write", "name")
+
+    def __init__(self, name: str | None, stream: TextIO, lock: threading.RLock) -> None:
+        self.name = name
+        self._write = stream.write
+        self._flush = stream.flush
+        self._lock = lock
+
+    def msg(self, message: str) -> None:
+        with self._lock:
+            self._write(message + "\n")
+            self._flush()
+
+    log = debug = info = warn = warning = msg
+    error = err = critical = fatal = exception = failure = msg
+
+
+class _LineWriterFactory:
+    __slots__ = ("_lock", "_stream")
+
+    def __init__(self, stream: TextIO, lock: threading.RLock) -> None:
+        self._stream = stream
+        self._lock = lock
+
+    def __call__(self, *args: Any) -> _LineWriter:
+        name = args[0] if args and isinstance(args[0], str) else None
+        return _LineWriter(name, self._stream, self._lock)
+
+
+class _BridgeHandler(logging.StreamHandler[TextIO]):
+    """Root handler rendering stdlib records through our processors.
+
+    Its own class, so configure_logging can find and replace it.
+    """
+
+
+# Attributes every LogRecord has, plus those formatters add ("message",
+# "asctime") when another handler saw the record first; the rest came from
+# ``extra=`` and belongs in the event.
+_RECORD_ATTRIBUTES = frozenset(
+    logging.LogRecord("", 0, "", 0, "", (), None).__dict__.keys()
+    | {"message", "asctime", "taskName"}
+)
+
+
+def _add_record_extras(
+    logger: WrappedLogger, method_name: str, event_dict: EventDict
+) -> EventDict:
+    record: logging.LogRecord | None = event_dict.get("_record")
+    if record is not None:
+        for key, value in record.__dict__.items():
+            if key not in _RECORD_ATTRIBUTES and not key.startswith("_"):
+                event_dict.setdefault(key, value)
+    return event_dict
+
+
+def _resolve_level(level: int | str) -> int:
+    if isinstance(level, int):
+        return level
+    try:
+        return logging.getLevelNamesMapping()[level.upper()]
+    except KeyError:
+        msg = f"unknown log level {level!r}"
+        raise ValueError(msg) from None
+
+
+def _is_tty(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def configure_logging(
+    level: int | str = "INFO",
+    *,
+    stream: TextIO | None = None,
+    redact_keys: Iterable[str] = (),
+    json: bool = True,
+    bridge_stdlib: bool = True,
+) -> None:
+    """Configure structlog (and stdlib ``logging``) for JSON lines.
+
+    Each line is one JSON object with ``event``, ``level``, ``timestamp``
+    (ISO-8601 UTC, milliseconds), ``logger`` when known, every bound
+    contextvar (see :func:`bind_correlation`), ``trace_id``/``span_id`` inside
+    a span, with secrets masked by :class:`Redactor`. With *bridge_stdlib*,
+    records from stdlib ``logging`` (libraries) come out the same way on the
+    same stream. ``json=False`` renders for humans instead.
+
+    Calling it again replaces the previous configuration. Loggers are cached
+    on first use, so create them (``get_logger``) after configuring.
+
+    Example::
+
+        configure_logging("DEBUG", redact_keys=["email"])
+        get_logger("checkout").info("reserved", sku="SKU-1", order_id="o-9")
+        # {"sku": "SKU-1", "order_id": "o-9", "event": "reserved",
+        #  "level": "info", "logger": "checkout",
+        #  "timestamp": "2025-01-31T12:00:00.123Z"}
+    """
+    numeric_level = _resolve_level(level)
+    out: TextIO = stream if stream is not None else sys.stdout
+
+    # Everything is built once here; the per-line chain is flat.
+    timestamper = _UtcMillisTimestamper()
+    redactor = Redactor(redact_keys)
+    renderer: Processor
+    before_render: list[Processor]
+    if json:
+        renderer = structlog.processors.JSONRenderer()
+        # Tracebacks become text before redaction, so secrets in them are masked.
+        before_render = [structlog.processors.format_exc_info, redactor]
+    else:
+        renderer = structlog.dev.ConsoleRenderer(colors=_is_tty(out))
+        before_render = [redactor]
+
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if isinstance(h, _BridgeHandler)]:
+        root.removeHandler(old)
+        old.close()  # StreamHandler.close never closes the stream itself
+
+    handler = _BridgeHandler(out)
+    # structlog lines and stdlib lines share the handler's lock: no interleaving.
+    shared_lock = handler.lock if handler.lock is not None else threading.RLock()
+
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            _add_logger_name,
+            add_trace_context,
+            timestamper,
+            *before_render,
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(numeric_level),
+        context_class=dict,
+        logger_factory=_LineWriterFactory(out, shared_lock),
+        cache_logger_on_first_use=True,
+    )
+
+    if not bridge_stdlib:
+        handler.close()
+        return
+
+    # Extras first: like keyword arguments of a structlog call, they win over
+    # bound contextvars (merge_contextvars only fills missing keys).
+    foreign_pre_chain: Sequence[Processor] = (
+        _add_record_extras,
+        structlog.contextvars.merge_contextvars,
+        structlog.processors.add_log_level,
+        structlog.stdlib.add_logger_name,
+        add_trace_context,
+        timestamper,
+    )
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            foreign_pre_chain=foreign_pre_chain,
+            processors=[
+                structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                *before_render,
+                renderer,
+            ],
+        )
+    )
+    root.addHandler(handler)
+    root.setLevel(numeric_level)
+
+
+class _CorrelationBinding(contextlib.AbstractContextManager[None]):
+    __slots__ = ("_stack", "_values")
+
+    def __init__(self, values: dict[str, object]) -> None:
+        self._values = values
+        # A stack, so one binding object can be entered again while active.
+        self._stack: list[Mapping[str, Token[Any]]] = []
+
+    def __enter__(self) -> None:
+        self._stack.append(structlog.contextvars.bind_contextvars(**self._values))
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        structlog.contextvars.reset_contextvars(**self._stack.pop())
+
+
+def bind_correlation(**ids: object) -> contextlib.AbstractContextManager[None]:
+    """Bind correlation ids to every log line inside the ``with`` block.
+
+    ``None`` values are skipped. On exit the previous values (or absence) of
+    exactly these keys are restored, so bindings nest. Works in sync and async
+    code; tasks created inside the block (``asyncio.create_task``,
+    ``asyncio.gather``) inherit the ids, concurrent tasks do not see each
+    other's. Enter and exit in the same task or thread.
+
+    Example::
+
+        with bind_correlation(request_id="r-1", idempotency_key=None):
+            with bind_correlation(sku="SKU-42", order_id="o-9"):
+                log.info("reserved")  # request_id, sku and order_id
+            log.info("done")  # request_id only
+    """
+    return _CorrelationBinding({k: v for k, v in ids.items() if v is not None})
+
+
+def get_correlation() -> dict[str, object]:
+    """Return the correlation ids bound now (only :data:`CORRELATION_KEYS`).
+
+    Example::
+
+        with bind_correlation(request_id="r-1", user="u"):
+            assert get_correlation() == {"request_id": "r-1"}
+    """
+    bound = structlog.contextvars.get_contextvars()
+    return {key: bound[key] for key in CORRELATION_KEYS if key in bound}
+
+
+def get_logger(name: str = "stocksentry") -> Any:
+    """Return a structlog logger; its lines carry ``"logger": name``.
+
+    Example::
+
+        log = get_logger(__name__)
+        log.warning("lost_race", sku="SKU-42")
+    """
+    return structlog.get_logger(name)
+
+
+def new_request_id() -> str:
+    """Return a fresh request id (32 lowercase hex characters, UUID4).
+
+    Example::
+
+        >>> len(new_request_id())
+        32
+    """
+    return uuid.uuid4().hex
+
+
+_SAFE_ID = re.compile(r"[\x20-\x7e]{1,128}")
+
+
+def sanitize_id(value: str | None) -> str | None:
+    """Return *value* if it is a safe id from a request header, else ``None``.
+
+    Safe means 1 to 128 printable ASCII characters: an id that could break a
+    log line, forge a field or blow up storage is dropped, not logged.
+
+    Example::
+
+        >>> sanitize_id("req-123")
+        'req-123'
+        >>> sanitize_id("evil\\nlevel=error") is None
+        True
+    """
+    if value is None or _SAFE_ID.fullmatch(value) is None:
+        return None
+    return value
