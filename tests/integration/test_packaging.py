@@ -53,6 +53,16 @@ def test_wheel_installs_and_imports_with_core_dependencies_only(tmp_path: Path) 
     assert "stocksentry/instrumentation/py.typed" in names
     assert "stocksentry/exporter/__init__.py" in names
     assert not any(n.startswith(("tests/", "benchmarks/", "instrumentation/")) for n in names)
+    # Every tracked source file ships, subpackages included (the package list is explicit).
+    sources = [
+        p.relative_to(ROOT).as_posix()
+        for folder in ("instrumentation", "exporter")
+        for p in (ROOT / folder).rglob("*")
+        if p.suffix in (".py", ".yaml", ".typed") and "__pycache__" not in p.parts
+    ]
+    assert sources
+    missing = [p for p in sources if f"stocksentry/{p}" not in names]
+    assert not missing, f"not in the wheel: {missing}"
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     assert (
         "stocksentry = stocksentry.exporter.cli:main"
