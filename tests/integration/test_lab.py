@@ -1,0 +1,412 @@
+"""The flash-sale lab (`stocksentry demo`) on embedded SQLite and on real PostgreSQL.
+
+The lab's claims are checked three ways: its report against the relations the strategies
+must obey (unsafe oversells, check_then_decrement goes negative, atomic sells exactly the
+stock), its metric totals against the registry it filled, and its database figures
+against SQL this test runs itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import urllib.request
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+import structlog
+from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
+from stocksentry.exporter import lab
+from stocksentry.exporter.cli import main
+from stocksentry.exporter.lab import LabConfig, StrategyResult, run_lab
+from stocksentry.instrumentation import CONFLICT_REASONS, StockMetrics
+
+SUCCESS = "stock_reservation_success_total"
+CONFLICT = "stock_reservation_conflict_total"
+NEGATIVE = "stock_inventory_negative_total"
+DURATION_COUNT = "stock_reservation_duration_seconds_count"
+JSON_KEYS = {
+    "strategy",
+    "stock_initial",
+    "buyers",
+    "sold",
+    "oversold",
+    "final_stock",
+    "conflicts",
+    "negative_writes",
+    "p50_ms",
+    "p99_ms",
+    "metrics",
+    "db",
+    "consistent",
+}
+# Small runs for the command-line tests: the big ones are the two default sales below.
+SMALL = ["--buyers", "60", "--stock", "10", "--concurrency", "10", "--work-ms", "2"]
+
+
+def value(registry: CollectorRegistry, name: str, **labels: str) -> int:
+    sample = registry.get_sample_value(name, labels)
+    return 0 if sample is None else int(sample)
+
+
+def db_truth(url: str, sku: str) -> tuple[int, int, int, int]:
+    """Orders, units, negative writes and stock of ``sku``, by the test's own SQL."""
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            orders, units, negative = conn.execute(
+                sa.text(
+                    "SELECT COUNT(*), COALESCE(SUM(oi.quantity), 0),"
+                    " COUNT(*) FILTER (WHERE oi.stock_after < 0)"
+                    " FROM orders o JOIN order_items oi ON oi.order_id = o.id"
+                    " JOIN products p ON p.id = oi.product_id"
+                    " WHERE p.sku = :sku AND o.status = 'PAID'"
+                ),
+                {"sku": sku},
+            ).one()
+            stock = conn.execute(
+                sa.text("SELECT available_stock FROM products WHERE sku = :sku"), {"sku": sku}
+            ).scalar_one()
+    finally:
+        engine.dispose()
+    return int(orders), int(units), int(negative), int(stock)
+
+
+def check_consistent(result: StrategyResult, registry: CollectorRegistry) -> None:
+    """Every metric total equals its database figure, pair by pair."""
+    sku, name = result.sku, result.strategy
+    success = value(registry, SUCCESS, sku=sku, strategy=name)
+    conflicts = {
+        reason: value(registry, CONFLICT, sku=sku, reason=reason) for reason in CONFLICT_REASONS
+    }
+    negative = value(registry, NEGATIVE, sku=sku)
+
+    assert result.metrics[SUCCESS] == success == result.db.orders == result.orders
+    assert result.metrics[NEGATIVE] == negative == result.db.negative_writes
+    assert result.metrics[CONFLICT] == sum(conflicts.values())
+    assert result.conflicts == {k: v for k, v in conflicts.items() if v}
+    assert result.errors == 0, result.first_error
+    assert success + sum(conflicts.values()) + result.errors == result.buyers
+    assert result.metrics[DURATION_COUNT] == result.buyers
+    assert result.db.units == result.sold == result.orders  # one unit per buyer
+    assert result.db.final_stock == result.final_stock
+    assert result.mismatches == ()
+    assert result.consistent is True
+
+
+def check_default_sale(results: list[StrategyResult], registry: CollectorRegistry) -> None:
+    """500 buyers against 100 units: what each strategy must do."""
+    by_name = {r.strategy: r for r in results}
+    assert list(by_name) == ["unsafe", "check_then_decrement", "atomic"]
+    for result in results:
+        assert (result.stock_initial, result.buyers) == (100, 500)
+        assert result.sku == f"LAB-{result.strategy.upper()}"
+        check_consistent(result, registry)
+
+    unsafe = by_name["unsafe"]
+    assert unsafe.sold > 100
+    assert unsafe.oversold == unsafe.sold - 100 > 0
+    # It writes values computed from what it read, never below zero: the oversell hides
+    # in lost updates, stock that was sold without ever leaving the stock column.
+    assert unsafe.negative_writes == 0
+    assert 0 <= unsafe.final_stock < 100
+    assert unsafe.lost_updates == unsafe.sold - (100 - unsafe.final_stock) > 0
+    assert unsafe.conflicts.get("out_of_stock", 0) == 500 - unsafe.sold
+
+    check = by_name["check_then_decrement"]
+    assert check.final_stock < 0
+    assert check.negative_writes > 0
+    # Relative decrements lose nothing: each unit past the stock is one write below zero.
+    assert check.negative_writes == -check.final_stock == check.oversold
+    assert check.sold == 100 + check.negative_writes
+    assert check.lost_updates == 0
+    assert check.conflicts == {"out_of_stock": 500 - check.sold}
+
+    atomic = by_name["atomic"]
+    assert (atomic.sold, atomic.oversold, atomic.final_stock) == (100, 0, 0)
+    assert atomic.negative_writes == 0
+    assert atomic.conflicts == {"out_of_stock": 400}
+    assert atomic.metrics == {SUCCESS: 100, CONFLICT: 400, NEGATIVE: 0, DURATION_COUNT: 500}
+
+
+def check_against_own_sql(url: str, results: list[StrategyResult]) -> None:
+    for result in results:
+        orders, units, negative, stock = db_truth(url, result.sku)
+        assert (orders, units, negative, stock) == (
+            result.db.orders,
+            result.db.units,
+            result.db.negative_writes,
+            result.db.final_stock,
+        )
+
+
+# --- the defaults, on SQLite and PostgreSQL -------------------------------------------------
+
+
+def test_default_sale_on_sqlite(tmp_path: Path, registry: CollectorRegistry) -> None:
+    url = f"sqlite:///{tmp_path / 'lab.db'}"
+    results = run_lab(LabConfig(database_url=url), registry=registry)
+    check_default_sale(results, registry)
+    check_against_own_sql(url, results)
+
+
+@pytest.mark.integration
+def test_default_sale_on_postgresql(pg_sqlalchemy_url: str, registry: CollectorRegistry) -> None:
+    # The plain postgresql:// form the CLI accepts is turned into psycopg 3.
+    plain = pg_sqlalchemy_url.replace("postgresql+psycopg://", "postgresql://", 1)
+    results = run_lab(LabConfig(database_url=plain), registry=registry)
+    check_default_sale(results, registry)
+    check_against_own_sql(pg_sqlalchemy_url, results)
+
+
+def test_rerun_resets_each_product(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'lab.db'}"
+    config = LabConfig(database_url=url, buyers=30, stock=5, concurrency=5, work_ms=1)
+    run_lab(config)
+    second = CollectorRegistry()
+    results = run_lab(config, registry=second)
+    for result in results:
+        check_consistent(result, second)
+        # Only the second run's orders are left: the first run's were deleted.
+        assert db_truth(url, result.sku)[0] == result.orders <= 30
+
+
+def test_without_update_returning_reads_back_in_the_transaction(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, registry: CollectorRegistry
+) -> None:
+    # Databases without UPDATE ... RETURNING take the read-back path: same figures.
+    monkeypatch.setattr(lab, "_update_returning", lambda engine: False)
+    url = f"sqlite:///{tmp_path / 'lab.db'}"
+    config = LabConfig(database_url=url, buyers=200, stock=40, concurrency=20, work_ms=2)
+    results = run_lab(config, registry=registry)
+    for result in results:
+        check_consistent(result, registry)
+    check_against_own_sql(url, results)
+    unsafe, check, atomic = results
+    assert unsafe.oversold > 0
+    assert check.negative_writes == -check.final_stock == check.oversold
+    assert (atomic.sold, atomic.final_stock, atomic.conflicts) == (40, 0, {"out_of_stock": 160})
+
+
+def test_temporary_sqlite_file_is_removed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    results = run_lab(LabConfig(buyers=20, stock=5, concurrency=5, work_ms=1))
+    assert [r.consistent for r in results] == [True, True, True]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_progress_reports_every_buyer(tmp_path: Path) -> None:
+    class Sink:
+        def __init__(self) -> None:
+            self.database = ""
+            self.finished: list[lab.Progress] = []
+
+        def start(self, database: str) -> None:
+            self.database = database
+
+        def update(self, progress: lab.Progress) -> None:
+            assert progress.done <= progress.total
+
+        def finish(self, progress: lab.Progress) -> None:
+            self.finished.append(progress)
+
+    sink = Sink()
+    results = run_lab(
+        LabConfig(buyers=20, stock=5, concurrency=5, work_ms=1, strategies=("atomic",)),
+        progress=sink,
+    )
+    assert sink.database == "embedded SQLite (temporary file)"
+    [done] = sink.finished
+    assert (done.strategy, done.done, done.total) == ("atomic", 20, 20)
+    assert (done.sold, done.conflicts, done.errors) == (5, 15, 0)
+    assert results[0].sold == 5
+
+
+# --- the command line -----------------------------------------------------------------------
+
+
+def test_cli_json_report(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", *SMALL, "--format", "json", "--quiet"]) == 0
+    out, err = capsys.readouterr()
+    assert err == ""
+    report = json.loads(out)
+    assert [item["strategy"] for item in report] == ["unsafe", "check_then_decrement", "atomic"]
+    for item in report:
+        assert set(item) >= JSON_KEYS, JSON_KEYS - set(item)
+        assert item["stock_initial"] == 10
+        assert item["buyers"] == 60
+        assert set(item["metrics"]) >= {SUCCESS, CONFLICT, NEGATIVE, DURATION_COUNT}
+        assert set(item["db"]) == {"orders", "units", "negative_writes", "final_stock"}
+        assert item["consistent"] is True
+        assert item["metrics"][SUCCESS] == item["db"]["orders"] == item["sold"]
+        assert item["metrics"][NEGATIVE] == item["db"]["negative_writes"]
+        assert item["metrics"][DURATION_COUNT] == 60
+        assert item["oversold"] == max(0, item["sold"] - 10)
+    atomic = report[2]
+    assert (atomic["sold"], atomic["conflicts"]) == (10, {"out_of_stock": 50})
+
+
+def test_cli_table_report(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", *SMALL, "--strategy", "atomic,unsafe", "--strategy", "atomic"]) == 0
+    out, err = capsys.readouterr()
+    lines = out.splitlines()
+    header = next(line for line in lines if line.startswith("strategy"))
+    for column in ("sold", "oversold", "final stock", "conflicts", "negative writes"):
+        assert column in header
+    assert "p50 ms" in header
+    assert "metrics = db" in header
+    rows = [line.split() for line in lines if line.startswith(("atomic ", "unsafe "))]
+    # Table rows first, in the order asked for, each strategy once.
+    assert [row[0] for row in rows[:2]] == ["atomic", "unsafe"]
+    assert rows[0][1:6] == ["10", "60", "10", "0", "0"]
+    assert rows[0][-1] == "yes"
+    assert "what caught it:" in lines
+    assert 'stock_reservation_success_total{sku="LAB-UNSAFE"} = ' in out
+    # stderr is not a TTY here: one final progress line per strategy, no carriage returns.
+    assert "\r" not in err
+    progress = [line for line in err.splitlines() if "buyers" in line]
+    assert [line.split()[0] for line in progress] == ["atomic", "unsafe"]
+    assert all("60/60 buyers" in line for line in progress)
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("postgresql://postgres@127.0.0.1:1/nope", "cannot connect to postgresql+psycopg://"),
+        ("nonsense://somewhere/db", "cannot use database URL"),
+        ("::::", "cannot parse database URL"),
+        ("sqlite://", "in-memory SQLite"),
+    ],
+)
+def test_cli_bad_database_is_one_line_and_exit_2(
+    url: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["demo", "--database", url]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.count("\n") == 1, err
+    assert err.startswith("stocksentry demo: error: ")
+    assert message in err
+    assert "Traceback" not in err
+
+
+def test_cli_password_is_not_shown(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", "--database", "postgresql://u:hunter2@127.0.0.1:1/db"]) == 2
+    err = capsys.readouterr().err
+    assert "hunter2" not in err
+    assert "u:***@127.0.0.1:1/db" in err
+
+
+def test_cli_exit_1_when_metrics_disagree_with_the_database(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Simulate a stocksentry bug: the first successful reservation is not counted.
+    original = StockMetrics.reservation_success
+    dropped = threading.Event()
+
+    def lossy(self: StockMetrics, sku: str, strategy: str) -> None:
+        if not dropped.is_set():
+            dropped.set()
+            return
+        original(self, sku, strategy)
+
+    monkeypatch.setattr(StockMetrics, "reservation_success", lossy)
+    assert main(["demo", *SMALL, "--strategy", "atomic", "--format", "json", "-q"]) == 1
+    out, err = capsys.readouterr()
+    [item] = json.loads(out)
+    assert item["consistent"] is False
+    assert item["metrics"][SUCCESS] == 9
+    assert item["db"]["orders"] == 10
+    assert "METRICS DO NOT MATCH THE DATABASE (atomic)" in err
+    assert "stock_reservation_success_total = 9 but the database holds 10 orders" in err
+
+
+def test_cli_log_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    log_file = tmp_path / "lab.log"
+    before = structlog.get_config()
+    assert main(["demo", *SMALL, "--strategy", "atomic", "-q", "--log-file", str(log_file)]) == 0
+    capsys.readouterr()
+    # The process-wide structlog configuration is put back afterwards.
+    assert structlog.get_config()["logger_factory"] is before["logger_factory"]
+    events = [json.loads(line) for line in log_file.read_text().splitlines()]
+    updates = [e for e in events if e["event"] == "stock_update"]
+    assert len(updates) == 60
+    assert sum(e["success"] for e in updates) == 10
+    assert {e["sku"] for e in events} == {"LAB-ATOMIC"}
+    assert all(e["request_id"].startswith("req-") for e in updates)
+    won = [e for e in updates if e["success"]]
+    # Atomic writes each stock value once: from=10 to=9 ... from=1 to=0.
+    assert sorted(e["to"] for e in won) == list(range(10))
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_cli_serves_metrics_while_lingering() -> None:
+    port = free_port()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "stocksentry.exporter",
+            "demo",
+            *SMALL,
+            "--format",
+            "json",
+            "--metrics-port",
+            str(port),
+            "--linger",
+            "3",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        assert proc.stderr is not None
+        seen = []
+        for line in proc.stderr:
+            seen.append(line)
+            if line.startswith("lingering"):
+                break
+        else:
+            pytest.fail(f"no linger line on stderr: {seen}")
+        assert f"http://127.0.0.1:{port}/metrics" in line
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+            body = resp.read().decode()
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0
+    report = {item["strategy"]: item for item in json.loads(out)}
+    samples = {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(body)
+        for sample in family.samples
+    }
+
+    def served(name: str, **labels: str) -> float:
+        return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+    for name, item in report.items():
+        sku = f"LAB-{name.upper()}"
+        success = served(SUCCESS, sku=sku, strategy=name)
+        assert success == item["metrics"][SUCCESS] == item["db"]["orders"]
+        assert served(NEGATIVE, sku=sku) == item["metrics"][NEGATIVE]
+    assert served(SUCCESS, sku="LAB-ATOMIC", strategy="atomic") == 10.0
+    assert served(CONFLICT, sku="LAB-ATOMIC", reason="out_of_stock") == 50.0
+    assert sum(v for (name, _), v in samples.items() if name == DURATION_COUNT) == 180.0

@@ -1,0 +1,92 @@
+"""The ``stocksentry`` command line: argument errors end in argparse's usage error (exit 2)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from stocksentry.exporter import cli
+from stocksentry.exporter.lab import STRATEGIES
+
+
+def usage_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(argv)
+    assert exit_info.value.code == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.startswith("usage: stocksentry")
+    return err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        ([], "the following arguments are required: COMMAND"),
+        (["frobnicate"], "invalid choice: 'frobnicate'"),
+        (["demo", "--buyers", "0"], "argument --buyers: must be at least 1, got 0"),
+        (["demo", "--buyers", "many"], "argument --buyers: not a whole number: 'many'"),
+        (["demo", "--stock", "-1"], "argument --stock: must be at least 0, got -1"),
+        (["demo", "--concurrency", "0"], "argument --concurrency: must be at least 1"),
+        (["demo", "--work-ms", "-1"], "argument --work-ms: must be a finite number >= 0"),
+        (["demo", "--work-ms", "nan"], "argument --work-ms: must be a finite number >= 0"),
+        (["demo", "--work-ms", "inf"], "argument --work-ms: must be a finite number >= 0"),
+        (["demo", "--metrics-port", "70000"], "argument --metrics-port: not a TCP port"),
+        (["demo", "--strategy", "yolo"], "unknown strategy 'yolo' (choose from unsafe,"),
+        (["demo", "--strategy", "atomic,yolo"], "unknown strategy 'yolo'"),
+        (["demo", "--strategy", ","], "argument --strategy: empty strategy list"),
+        (["demo", "--format", "xml"], "argument --format: invalid choice: 'xml'"),
+        (["demo", "--linger", "5"], "--linger needs --metrics-port"),
+        (["demo", "--linger", "soon", "--metrics-port", "0"], "argument --linger: not a number"),
+        (["demo", "--no-such-option"], "unrecognized arguments: --no-such-option"),
+    ],
+)
+def test_bad_arguments_exit_2(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    err = usage_error(argv, capsys)
+    assert message in err
+    assert "Traceback" not in err
+
+
+def test_strategies_parse_repeatable_and_comma_separated() -> None:
+    args = cli.build_parser().parse_args(
+        ["demo", "--strategy", "atomic, unsafe", "--strategy", "atomic"]
+    )
+    assert args.strategy == [["atomic", "unsafe"], ["atomic"]]
+
+
+def test_demo_defaults() -> None:
+    args = cli.build_parser().parse_args(["demo"])
+    assert (args.buyers, args.stock, args.concurrency, args.work_ms) == (500, 100, 50, 5.0)
+    assert (args.database, args.strategy, args.format) == (None, None, "table")
+    assert (args.metrics_port, args.linger, args.log_file, args.quiet) == (None, 0.0, None, False)
+
+
+def test_help_lists_every_strategy(capsys: pytest.CaptureFixture[str]) -> None:
+    # The help text names the strategies without importing the lab (SQLAlchemy): keep the
+    # list in step with the registry.
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["demo", "--help"])
+    assert exit_info.value.code == 0
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert f"{', '.join(STRATEGIES)} (default: all)" in help_text
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.startswith("stocksentry ")
+
+
+def test_importing_the_cli_stays_light() -> None:
+    code = (
+        "import sys, stocksentry.exporter, stocksentry.exporter.cli as c\n"
+        "c.build_parser()\n"
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in"
+        " {'sqlalchemy', 'aiohttp', 'psycopg', 'prometheus_client'})\n"
+        "assert not heavy, heavy\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
