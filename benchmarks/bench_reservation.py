@@ -1,0 +1,605 @@
+"""What stocksentry costs on one real stock reservation, side by side in one process.
+
+One reservation is what a checkout does on PostgreSQL through SQLAlchemy Core (sync
+engine, psycopg 3): one transaction with the conditional update::
+
+    UPDATE products SET available_stock = available_stock - :qty
+    WHERE sku = :sku AND available_stock >= :qty RETURNING available_stock
+
+plus the ``INSERT`` of the order row, then ``COMMIT``. Cases:
+
+- ``bare``: no stocksentry;
+- ``metrics``: the transaction inside ``sentry.reservation(...)`` with
+  ``Sentry(log=False, trace=False)`` on a registry of its own;
+- ``metrics_log``: the same with ``log=True``, structlog writing JSON lines
+  (``configure_logging``) to an in-memory sink emptied before every block;
+- ``metrics_log_span``: the same plus ``trace=True`` on an OpenTelemetry SDK provider
+  (not the global one) whose ``BatchSpanProcessor`` hands spans to an exporter that drops
+  them, so spans are recorded and exemplars attached.
+
+Method: a throw-away database ``stocksentry_bench_<random>`` (dropped at the end, also on
+error or SIGTERM), one product with a stock that never runs out, a warm-up, then
+``--repeats`` rounds in which every case runs a block of ``--n`` reservations, the order
+rotating each round so drift hits every case alike; ``gc.collect()`` before each block.
+The figure per case is the median over rounds of the per-reservation time of its block.
+Then the same ``with`` block around a no-op shows the absolute cost of the
+instrumentation without a database. The run checks that what it measured really
+happened (rows written, counters, one log line per reservation, spans exported,
+exemplars attached, no instrumentation errors) and fails if not.
+
+Commit latency varies a lot from block to block, so the block ratio is noisy. Each
+block also times its transactions, so the time spent outside them is known: its excess
+over ``bare`` is the instrumentation's cost where it really runs, between round trips
+with cold caches, and the commit noise cancels out. That figure (``insitu``) and the
+ratio of blocks paired within a round go to stderr and, with every block, to ``--json``.
+
+Run::
+
+    python benchmarks/bench_reservation.py [--repeats 15] [--n 300] [--dsn URL]
+        [--json FILE] [--profile]
+
+Targets (from the issue): metrics <= 1.02x, metrics+log <= 1.05x, with span <= 1.15x of
+bare. They are reported, not enforced: the exit status is 0 when the run was valid.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import cProfile
+import gc
+import io
+import json
+import os
+import platform
+import pstats
+import signal
+import statistics
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import Any
+
+import psycopg
+import sqlalchemy as sa
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+from prometheus_client import CollectorRegistry
+from psycopg import sql
+from sqlalchemy.engine import URL, Engine
+from stocksentry.instrumentation import Sentry, catalog
+from stocksentry.instrumentation.logs import configure_logging
+
+DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
+SKU = "BENCH-SKU-1"
+QTY = 1
+# Large enough that the conditional update always matches during any run.
+INITIAL_STOCK = 1_000_000_000
+STRATEGY = "atomic"
+
+#: Target ratio (case median / bare median) per instrumented case, from the issue.
+TARGETS: dict[str, float] = {
+    "metrics": 1.02,
+    "metrics_log": 1.05,
+    "metrics_log_span": 1.15,
+}
+
+_metadata = sa.MetaData()
+products = sa.Table(
+    "products",
+    _metadata,
+    sa.Column("id", sa.BigInteger, sa.Identity(), primary_key=True),
+    sa.Column("sku", sa.Text, nullable=False, unique=True),
+    sa.Column("available_stock", sa.BigInteger, nullable=False),
+)
+orders = sa.Table(
+    "orders",
+    _metadata,
+    sa.Column("id", sa.BigInteger, sa.Identity(), primary_key=True),
+    sa.Column("sku", sa.Text, nullable=False),
+    sa.Column("qty", sa.Integer, nullable=False),
+    sa.Column(
+        "created_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()
+    ),
+)
+
+# Built once: SQLAlchemy caches their compiled form, as in an application.
+RESERVE_STOCK = (
+    sa.update(products)
+    .where(
+        products.c.sku == sa.bindparam("req_sku"),
+        products.c.available_stock >= sa.bindparam("req_qty"),
+    )
+    .values(available_stock=products.c.available_stock - sa.bindparam("req_qty"))
+    .returning(products.c.available_stock)
+)
+INSERT_ORDER = sa.insert(orders)
+RESERVE_PARAMS: dict[str, Any] = {"req_sku": SKU, "req_qty": QTY}
+ORDER_PARAMS: dict[str, Any] = {"sku": SKU, "qty": QTY}
+
+
+class DroppingSpanExporter(SpanExporter):
+    """Accepts every batch and throws it away, counting the spans it was handed."""
+
+    def __init__(self) -> None:
+        self.exported = 0
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        self.exported += len(spans)
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        """Nothing to release."""
+
+
+# --- the reservation ---------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class DbClock:
+    """Time spent inside the database transaction, so the rest of a block can be told apart."""
+
+    seconds: float = 0.0
+
+
+def reserve_in_transaction(engine: Engine, clock: DbClock) -> int | None:
+    """One reservation: the conditional update and the order row, committed.
+
+    Returns the stock left, or ``None`` when the update matched no row (nothing inserted).
+    """
+    start = time.perf_counter()
+    with engine.begin() as conn:
+        new_stock: int | None = conn.execute(RESERVE_STOCK, RESERVE_PARAMS).scalar_one_or_none()
+        if new_stock is not None:
+            conn.execute(INSERT_ORDER, ORDER_PARAMS)
+    clock.seconds += time.perf_counter() - start
+    return new_stock
+
+
+def bare_reservation(engine: Engine, clock: DbClock) -> Callable[[], None]:
+    def reserve() -> None:
+        if reserve_in_transaction(engine, clock) is None:
+            raise RuntimeError("the conditional update matched no row")
+
+    return reserve
+
+
+def instrumented_reservation(engine: Engine, clock: DbClock, sentry: Sentry) -> Callable[[], None]:
+    def reserve() -> None:
+        with sentry.reservation(SKU, strategy=STRATEGY, qty=QTY) as r:
+            new_stock = reserve_in_transaction(engine, clock)
+            if new_stock is None:
+                r.conflict("out_of_stock")
+            else:
+                r.success(old_stock=new_stock + QTY, new_stock=new_stock)
+        if new_stock is None:
+            raise RuntimeError("the conditional update matched no row")
+
+    return reserve
+
+
+def instrumented_noop(sentry: Sentry) -> Callable[[], None]:
+    def reserve() -> None:
+        with sentry.reservation(SKU, strategy=STRATEGY, qty=QTY) as r:
+            r.success(old_stock=INITIAL_STOCK, new_stock=INITIAL_STOCK - QTY)
+
+    return reserve
+
+
+def empty_op() -> None:
+    """The loop's own cost, for reference in the JSON figures."""
+
+
+# --- cases ---------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Case:
+    name: str
+    reserve: Callable[[], None]
+    clock: DbClock
+    sentry: Sentry | None = None
+    log_lines: bool = False
+    trace_ids: bool = False
+    noop: Callable[[], None] | None = None
+    blocks: list[float] = field(default_factory=list)
+    # Per reservation, the part of each block spent outside the database transaction.
+    outside_db: list[float] = field(default_factory=list)
+    noop_blocks: list[float] = field(default_factory=list)
+    reservations: int = 0
+    noop_reservations: int = 0
+
+
+@dataclass(slots=True)
+class Bench:
+    cases: list[Case]
+    sink: io.StringIO
+    exporter: DroppingSpanExporter
+    provider: TracerProvider
+
+
+def build_cases(engine: Engine, sink: io.StringIO) -> Bench:
+    exporter = DroppingSpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(exporter))
+    sentries = {
+        "metrics": Sentry(registry=CollectorRegistry(), log=False, trace=False),
+        "metrics_log": Sentry(registry=CollectorRegistry(), log=True, trace=False),
+        "metrics_log_span": Sentry(
+            registry=CollectorRegistry(), log=True, trace=True, tracer_provider=provider
+        ),
+    }
+    bare_clock = DbClock()
+    cases = [Case("bare", bare_reservation(engine, bare_clock), bare_clock)]
+    for name, sentry in sentries.items():
+        clock = DbClock()
+        cases.append(
+            Case(
+                name,
+                instrumented_reservation(engine, clock, sentry),
+                clock,
+                sentry=sentry,
+                log_lines=sentry.log_enabled,
+                trace_ids=sentry.tracer is not None,
+                noop=instrumented_noop(sentry),
+            )
+        )
+    return Bench(cases, sink, exporter, provider)
+
+
+def empty_sink(sink: io.StringIO) -> None:
+    sink.seek(0)
+    sink.truncate()
+
+
+def time_block(op: Callable[[], None], n: int) -> float:
+    """Seconds per call of ``op`` over ``n`` calls, after a full collection."""
+    gc.collect()
+    start = time.perf_counter()
+    for _ in range(n):
+        op()
+    return (time.perf_counter() - start) / n
+
+
+def check_log_block(case: Case, sink: io.StringIO, n: int) -> None:
+    """One ``stock_update`` JSON line per reservation, with trace ids when traced."""
+    if not case.log_lines:
+        if sink.tell():
+            raise RuntimeError(f"{case.name}: wrote log lines with log=False")
+        return
+    lines = sink.getvalue().splitlines()
+    if len(lines) != n:
+        raise RuntimeError(f"{case.name}: {len(lines)} log lines for {n} reservations")
+    first = json.loads(lines[0])
+    if first.get("event") != "stock_update":
+        raise RuntimeError(f"{case.name}: unexpected log line {lines[0]!r}")
+    if case.trace_ids != ("trace_id" in first):
+        raise RuntimeError(f"{case.name}: trace_id presence wrong in {lines[0]!r}")
+
+
+def rotated(cases: Sequence[Case], shift: int) -> list[Case]:
+    k = shift % len(cases)
+    return [*cases[k:], *cases[:k]]
+
+
+def run_rounds(
+    bench: Bench,
+    repeats: int,
+    n: int,
+    op_of: Callable[[Case], Callable[[], None] | None],
+    record: Callable[[Case, float, int], None],
+) -> None:
+    """``repeats`` rounds of one block of ``n`` per case, in an order rotating each round."""
+    for round_no in range(repeats):
+        for case in rotated(bench.cases, round_no):
+            op = op_of(case)
+            if op is None:
+                continue
+            empty_sink(bench.sink)
+            case.clock.seconds = 0.0
+            seconds = time_block(op, n)
+            check_log_block(case, bench.sink, n)
+            record(case, seconds, n)
+
+
+def record_db(case: Case, seconds: float, n: int) -> None:
+    case.blocks.append(seconds)
+    case.outside_db.append(seconds - case.clock.seconds / n)
+    case.reservations += n
+
+
+def record_noop(case: Case, seconds: float, n: int) -> None:
+    case.noop_blocks.append(seconds)
+    case.noop_reservations += n
+
+
+# --- checks ----------------------------------------------------------------------------------
+
+
+def sample(sentry: Sentry, name: str, labels: dict[str, str]) -> float:
+    registry = sentry.metrics.registry
+    if registry is None:
+        raise RuntimeError("the benchmark's sentries have registries")
+    return registry.get_sample_value(name, labels) or 0.0
+
+
+def verify(bench: Bench, engine: Engine, warmup: int) -> None:
+    """Fail the run unless every reservation it timed really happened as described."""
+    bench.provider.force_flush()
+    traced = 0
+    db_total = 0
+    for case in bench.cases:
+        db_total += warmup + case.reservations
+        sentry = case.sentry
+        if sentry is None:
+            continue
+        expected = warmup * 2 + case.reservations + case.noop_reservations
+        counted = sample(
+            sentry,
+            catalog.RESERVATION_SUCCESS.name,
+            {"sku": SKU, "strategy": STRATEGY},
+        )
+        if counted != expected:
+            raise RuntimeError(f"{case.name}: success counter {counted}, expected {expected}")
+        errors = sum(
+            s.value
+            for metric in sentry.metrics.metric(catalog.INSTRUMENTATION_ERRORS).collect()
+            for s in metric.samples
+            if s.name == catalog.INSTRUMENTATION_ERRORS.name
+        )
+        if errors:
+            raise RuntimeError(f"{case.name}: {errors} instrumentation errors")
+        exemplars = [
+            s.exemplar
+            for metric in sentry.metrics.metric(catalog.RESERVATION_DURATION).collect()
+            for s in metric.samples
+            if s.exemplar is not None
+        ]
+        if case.trace_ids:
+            traced += expected
+            if not exemplars:
+                raise RuntimeError(f"{case.name}: no exemplar on the duration histogram")
+        elif exemplars:
+            raise RuntimeError(f"{case.name}: exemplars without tracing")
+    if bench.exporter.exported != traced:
+        raise RuntimeError(f"{bench.exporter.exported} spans exported, {traced} recorded")
+    with engine.connect() as conn:
+        rows = conn.execute(sa.select(sa.func.count()).select_from(orders)).scalar_one()
+        stock = conn.execute(sa.select(products.c.available_stock)).scalar_one()
+    if rows != db_total or stock != INITIAL_STOCK - db_total * QTY:
+        raise RuntimeError(f"{rows} orders and stock {stock} after {db_total} reservations")
+
+
+# --- database --------------------------------------------------------------------------------
+
+
+def server_url(dsn: str) -> URL:
+    """``dsn`` as a SQLAlchemy URL on the psycopg 3 driver."""
+    return sa.make_url(dsn).set(drivername="postgresql+psycopg")
+
+
+@contextlib.contextmanager
+def temporary_database(dsn: str) -> Iterator[URL]:
+    """A fresh database on the server of ``dsn``, dropped on the way out whatever happens."""
+    url = server_url(dsn)
+    name = f"stocksentry_bench_{uuid.uuid4().hex[:12]}"
+    conninfo = url.set(drivername="postgresql").render_as_string(hide_password=False)
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    try:
+        yield url.set(database=name)
+    finally:
+        with psycopg.connect(conninfo, autocommit=True) as conn:
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
+
+
+def create_schema(engine: Engine) -> None:
+    _metadata.create_all(engine)
+    with engine.begin() as conn:
+        conn.execute(sa.insert(products).values(sku=SKU, available_stock=INITIAL_STOCK))
+
+
+def server_facts(engine: Engine) -> dict[str, str]:
+    with engine.connect() as conn:
+        version = str(conn.exec_driver_sql("SHOW server_version").scalar_one())
+        sync_commit = str(conn.exec_driver_sql("SHOW synchronous_commit").scalar_one())
+    return {"postgresql": version.split()[0], "synchronous_commit": sync_commit}
+
+
+# --- reporting -------------------------------------------------------------------------------
+
+
+def median_us(values: Sequence[float]) -> float:
+    return statistics.median(values) * 1e6
+
+
+def quartiles_us(values: Sequence[float]) -> tuple[float, float]:
+    q = statistics.quantiles(values, n=4, method="inclusive")
+    return q[0] * 1e6, q[2] * 1e6
+
+
+def figures(bench: Bench, settings: dict[str, Any], loop_us: float) -> dict[str, Any]:
+    bare = bench.cases[0]
+    bare_med = median_us(bare.blocks)
+    result: dict[str, Any] = {"settings": settings, "loop_us_per_op": loop_us, "cases": {}}
+    for case in bench.cases:
+        p25, p75 = quartiles_us(case.blocks)
+        entry: dict[str, Any] = {
+            "median_us": median_us(case.blocks),
+            "p25_us": p25,
+            "p75_us": p75,
+            "blocks_us": [b * 1e6 for b in case.blocks],
+        }
+        entry["outside_db_us"] = median_us(case.outside_db)
+        if case.sentry is not None:
+            ratio = entry["median_us"] / bare_med
+            # Paired within a round (same moment, same drift): a cross-check on the ratio.
+            paired = statistics.median(
+                c / b for c, b in zip(case.blocks, bare.blocks, strict=True)
+            )
+            # What the instrumentation costs between real transactions (cold caches and all),
+            # measured inside each block, so the commit latency's noise cancels out. It
+            # leaves out any slowdown the instrumentation causes inside the transaction.
+            insitu = entry["outside_db_us"] - median_us(bare.outside_db)
+            entry.update(
+                ratio=ratio,
+                paired_ratio=paired,
+                insitu_overhead_us=insitu,
+                insitu_ratio=(bare_med + insitu) / bare_med,
+                insitu_target_met=(bare_med + insitu) / bare_med <= TARGETS[case.name],
+                target=TARGETS[case.name],
+                target_met=ratio <= TARGETS[case.name],
+                overhead_us_per_op=median_us(case.noop_blocks),
+                overhead_blocks_us=[b * 1e6 for b in case.noop_blocks],
+            )
+        result["cases"][case.name] = entry
+    return result
+
+
+def print_report(result: dict[str, Any]) -> None:
+    settings = result["settings"]
+    print(
+        "bench settings "
+        + " ".join(f"{key}={value}" for key, value in settings.items() if key != "dsn")
+    )
+    cases = result["cases"]
+    bare_us = cases["bare"]["median_us"]
+    for name, entry in cases.items():
+        if name == "bare":
+            continue
+        print(
+            f"bench {name} ratio={entry['ratio']:.3f} "
+            f"median_us={entry['median_us']:.1f} bare_us={bare_us:.1f}"
+        )
+    for name, entry in cases.items():
+        if name != "bare":
+            print(f"bench overhead_{name} us_per_op={entry['overhead_us_per_op']:.2f}")
+    # Cross-checks on stderr, so stdout keeps its fixed shape: the instrumentation's time
+    # measured between the transactions (commit latency cancels out) and the ratio of
+    # blocks paired within a round.
+    for name, entry in cases.items():
+        if name != "bare":
+            print(
+                f"# insitu_{name} overhead_us={entry['insitu_overhead_us']:.1f} "
+                f"ratio={entry['insitu_ratio']:.3f} paired_ratio={entry['paired_ratio']:.3f}",
+                file=sys.stderr,
+            )
+
+
+def profile_overhead(bench: Bench, n: int, top: int = 18) -> None:
+    """cProfile of the no-op reservation block per case, top functions by own time, stderr."""
+    for case in bench.cases:
+        if case.noop is None:
+            continue
+        empty_sink(bench.sink)
+        profiler = cProfile.Profile()
+        gc.collect()
+        profiler.enable()
+        for _ in range(n):
+            case.noop()
+        profiler.disable()
+        case.noop_reservations += n
+        out = io.StringIO()
+        stats = pstats.Stats(profiler, stream=out)
+        stats.sort_stats("tottime").print_stats(top)
+        print(f"=== profile {case.name}: {n} no-op reservations ===", file=sys.stderr)
+        print(out.getvalue(), file=sys.stderr)
+
+
+# --- main ------------------------------------------------------------------------------------
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--repeats", type=int, default=15, help="rounds (default 15)")
+    parser.add_argument("--n", type=int, default=300, help="reservations per block (300)")
+    parser.add_argument(
+        "--dsn",
+        default=os.environ.get("STOCKSENTRY_BENCH_PG", DEFAULT_DSN),
+        help="PostgreSQL server URL (env STOCKSENTRY_BENCH_PG); a temporary database is made",
+    )
+    parser.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="print a cProfile of each case's no-op reservation block to stderr",
+    )
+    args = parser.parse_args(argv)
+    if args.repeats < 2 or args.n < 1:
+        parser.error("--repeats must be at least 2 and --n at least 1")
+    return args
+
+
+def _terminate(signum: int, frame: FrameType | None) -> None:
+    # Turn SIGTERM into SystemExit so the temporary database is dropped on the way out.
+    raise SystemExit(128 + signum)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    signal.signal(signal.SIGTERM, _terminate)
+    try:
+        return run(args)
+    except (psycopg.OperationalError, sa.exc.OperationalError) as exc:
+        # A server that is down or refuses us is a set-up problem: one line, no traceback.
+        print(f"bench: PostgreSQL unavailable: {exc}".splitlines()[0], file=sys.stderr)
+        return 2
+
+
+def run(args: argparse.Namespace) -> int:
+    repeats: int = args.repeats
+    n: int = args.n
+    warmup = max(50, n // 3)
+
+    # Configured before any Sentry exists: structlog caches loggers on first use.
+    sink = io.StringIO()
+    configure_logging("INFO", stream=sink, json=True, bridge_stdlib=False)
+
+    with temporary_database(args.dsn) as url:
+        engine = sa.create_engine(url, pool_size=1, max_overflow=0)
+        bench: Bench | None = None
+        try:
+            create_schema(engine)
+            settings: dict[str, Any] = {
+                "repeats": repeats,
+                "n": n,
+                "warmup": warmup,
+                **server_facts(engine),
+                "python": platform.python_version(),
+                "sqlalchemy": sa.__version__,
+                "psycopg": psycopg.__version__,
+                "cpus": os.cpu_count(),
+            }
+            bench = build_cases(engine, sink)
+            for case in bench.cases:  # warm-up: pool, statement cache, label children
+                for op in (case.reserve, case.noop):
+                    if op is not None:
+                        empty_sink(sink)
+                        time_block(op, warmup)
+            run_rounds(bench, repeats, n, lambda c: c.reserve, record_db)
+            run_rounds(bench, repeats, n, lambda c: c.noop, record_noop)
+            loop_us = statistics.median(time_block(empty_op, n) for _ in range(repeats)) * 1e6
+            if args.profile:
+                profile_overhead(bench, n)
+            verify(bench, engine, warmup)
+            result = figures(bench, settings, loop_us)
+        finally:
+            if bench is not None:
+                bench.provider.shutdown()
+            engine.dispose()
+
+    print_report(result)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as out:
+            json.dump(result, out, indent=2)
+            out.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
