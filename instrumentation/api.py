@@ -469,7 +469,14 @@ class PaymentCallback:
         return False
 
 
+_NO_IDS: dict[str, object] = {}
+
+
 def _ids(**ids: object) -> dict[str, object]:
+    # Most reservations carry no IDs of their own (they are bound by the middleware):
+    # share one empty dict instead of building one per call. Never mutated.
+    if not any(value is not None for value in ids.values()):
+        return _NO_IDS
     return {key: value for key, value in ids.items() if value is not None}
 
 
