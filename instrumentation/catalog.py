@@ -321,6 +321,31 @@ PROBE_LAST_SUCCESS = MetricSpec(
     multiprocess_mode="mostrecent",
 )
 
+COLLECTOR_ERRORS = MetricSpec(
+    "stocksentry_collector_errors_total",
+    "counter",
+    "Scrapes in which a collector was left out because its collect() raised, its output "
+    "could not be encoded, or it repeated a metric family another collector had already "
+    "exposed.",
+    ("collector",),
+    source="exporter",
+)
+MULTIPROCESS_FILES_SKIPPED = MetricSpec(
+    "stocksentry_multiprocess_files_skipped_total",
+    "counter",
+    "Multiprocess files skipped while merging a scrape because they were truncated, "
+    "corrupt, unreadable or badly named; counted once per scrape that skipped them.",
+    ("reason",),
+    source="exporter",
+)
+MULTIPROCESS_FILES = MetricSpec(
+    "stocksentry_multiprocess_files",
+    "gauge",
+    "Multiprocess files merged into the last scrape.",
+    source="exporter",
+    multiprocess_mode="mostrecent",
+)
+
 #: Every metric, in catalog order.
 ALL: tuple[MetricSpec, ...] = (
     RESERVATION_SUCCESS,
@@ -354,6 +379,9 @@ ALL: tuple[MetricSpec, ...] = (
     PROBE_UP,
     PROBE_DURATION,
     PROBE_LAST_SUCCESS,
+    COLLECTOR_ERRORS,
+    MULTIPROCESS_FILES_SKIPPED,
+    MULTIPROCESS_FILES,
     INSTRUMENTATION_ERRORS,
     LABEL_OVERFLOW,
 )
