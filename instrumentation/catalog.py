@@ -264,6 +264,21 @@ DB_DEADLOCKS = MetricSpec(
     ("database",),
     source="probe",
 )
+DB_LONG_TRANSACTIONS = MetricSpec(
+    "stock_db_long_transactions",
+    "gauge",
+    "Transactions open longer than the threshold that hold locks on stock tables.",
+    source="probe",
+    multiprocess_mode="mostrecent",
+)
+DB_LONG_TRANSACTION_MAX = MetricSpec(
+    "stock_db_long_transaction_max_seconds",
+    "gauge",
+    "Age of the oldest transaction holding locks on stock tables (0 when none is over the "
+    "threshold).",
+    source="probe",
+    multiprocess_mode="mostrecent",
+)
 RESERVATIONS_EXPIRED_UNRELEASED = MetricSpec(
     "stock_reservations_expired_unreleased",
     "gauge",
@@ -321,6 +336,13 @@ PROBE_LAST_SUCCESS = MetricSpec(
     multiprocess_mode="mostrecent",
 )
 
+PROBE_LEADER = MetricSpec(
+    "stocksentry_probe_leader",
+    "gauge",
+    "1 when this exporter runs the database probes (it holds the advisory lock), 0 otherwise.",
+    source="exporter",
+    multiprocess_mode="mostrecent",
+)
 COLLECTOR_ERRORS = MetricSpec(
     "stocksentry_collector_errors_total",
     "counter",
@@ -372,6 +394,8 @@ ALL: tuple[MetricSpec, ...] = (
     DB_LOCK_WAITERS,
     DB_LOCK_WAIT_MAX,
     DB_DEADLOCKS,
+    DB_LONG_TRANSACTIONS,
+    DB_LONG_TRANSACTION_MAX,
     RESERVATIONS_EXPIRED_UNRELEASED,
     OUTBOX_PENDING,
     OUTBOX_LAG,
@@ -379,6 +403,7 @@ ALL: tuple[MetricSpec, ...] = (
     PROBE_UP,
     PROBE_DURATION,
     PROBE_LAST_SUCCESS,
+    PROBE_LEADER,
     COLLECTOR_ERRORS,
     MULTIPROCESS_FILES_SKIPPED,
     MULTIPROCESS_FILES,

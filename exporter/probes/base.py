@@ -1,0 +1,310 @@
+"""What every probe shares: its contract, its result, backoff, and quiet error logging.
+
+A probe is an object with a name, an interval, a timeout and an async :meth:`Probe.run`
+that returns the metric families of one observation. The runner calls it in the
+background and keeps the last :class:`ProbeResult`; a scrape only reads that result.
+
+Example::
+
+    class Answer(Probe):
+        specs = (catalog.NEGATIVE_INVENTORY_SKUS,)
+
+        async def run(self) -> tuple[Metric, ...]:
+            return (family(catalog.NEGATIVE_INVENTORY_SKUS, [((), 42.0)]),)
+
+    probe = Answer("answer", interval=15.0, timeout=5.0)
+"""
+
+from __future__ import annotations
+
+import abc
+import logging
+import random
+import re
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Final
+from urllib.parse import unquote, urlsplit
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from stocksentry.instrumentation import catalog
+from stocksentry.instrumentation.catalog import MetricSpec
+
+from ..config import format_duration
+
+__all__ = [
+    "LONG_TRANSACTIONS",
+    "LONG_TRANSACTION_MAX",
+    "PROBE_LEADER",
+    "Backoff",
+    "ErrorLog",
+    "Probe",
+    "ProbeResult",
+    "ProbeUnavailableError",
+    "describe_error",
+    "family",
+    "redact",
+    "secret_fragments",
+]
+
+LOGGER: Final = logging.getLogger("stocksentry.exporter.probes")
+
+
+# Short names for the catalog specs the probes use most.
+LONG_TRANSACTIONS: Final = catalog.DB_LONG_TRANSACTIONS
+LONG_TRANSACTION_MAX: Final = catalog.DB_LONG_TRANSACTION_MAX
+PROBE_LEADER: Final = catalog.PROBE_LEADER
+
+
+def family(spec: MetricSpec, samples: Iterable[tuple[Sequence[str], float]] = ()) -> Metric:
+    """A gauge or counter family of ``spec`` holding ``samples`` (label values, value).
+
+    Example::
+
+        family(catalog.DB_DEADLOCKS, [(("shop",), 3.0)])
+    """
+    metric: Metric
+    if spec.kind == "gauge":
+        metric = GaugeMetricFamily(spec.name, spec.help, labels=spec.labels)
+    elif spec.kind == "counter":
+        metric = CounterMetricFamily(spec.name, spec.help, labels=spec.labels)
+    else:
+        raise ValueError(f"{spec.name}: probes export gauges and counters, not {spec.kind}")
+    for labels, value in samples:
+        metric.add_metric(list(labels), value)
+    return metric
+
+
+# --- the contract --------------------------------------------------------------------------
+
+
+class ProbeUnavailableError(Exception):
+    """The probe's source is known to be down; the next attempt waits for the backoff."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeResult:
+    """The last run of one probe, as a scrape sees it.
+
+    A failed run has ``up=False`` and no families: a probe that cannot see the database
+    exports nothing stale. ``last_success`` keeps the time of the last good run.
+    """
+
+    up: bool
+    duration: float
+    last_success: float | None
+    families: tuple[Metric, ...] = ()
+    error: str | None = None
+
+
+class Probe(abc.ABC):
+    """One background observation, run every ``interval`` seconds within ``timeout``.
+
+    ``needs_leader``: with leader election on, only the leader runs the probe.
+    """
+
+    #: The metrics :meth:`run` may return (for ``describe()``).
+    specs: tuple[MetricSpec, ...] = ()
+    needs_leader: bool = True
+
+    def __init__(self, name: str, *, interval: float, timeout: float) -> None:
+        self.name = name
+        self.interval = interval
+        self.timeout = timeout
+
+    @abc.abstractmethod
+    async def run(self) -> tuple[Metric, ...]:
+        """Observe once and return the families to export until the next run."""
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name} every {format_duration(self.interval)}>"
+
+
+# --- reconnecting politely -----------------------------------------------------------------
+
+
+class Backoff:
+    """Exponential backoff with jitter between attempts to reach a source that is down.
+
+    Example::
+
+        backoff = Backoff(initial=0.5, maximum=30.0)
+        if backoff.wait_time() == 0:
+            try:
+                connect()
+            except OSError:
+                backoff.failed()      # next attempt in ~0.5 s, then ~1 s, ~2 s ... 30 s
+            else:
+                backoff.succeeded()
+    """
+
+    def __init__(
+        self,
+        initial: float = 0.5,
+        maximum: float = 30.0,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.initial = initial
+        self.maximum = maximum
+        self._clock = clock
+        self._delay = 0.0
+        self._next_attempt = 0.0
+        self.failures = 0
+
+    def wait_time(self) -> float:
+        """Seconds until the next attempt is allowed (0: now)."""
+        return max(0.0, self._next_attempt - self._clock())
+
+    def failed(self) -> float:
+        """Record a failed attempt; returns the delay before the next one."""
+        self.failures += 1
+        self._delay = min(self.maximum, self._delay * 2 if self._delay else self.initial)
+        # Jitter keeps many sidecars that lost the same database from reconnecting at once.
+        delay = self._delay * random.uniform(0.8, 1.0)  # noqa: S311 - jitter, not a secret
+        self._next_attempt = self._clock() + delay
+        return delay
+
+    def succeeded(self) -> None:
+        """Record a success: the next failure starts again at ``initial``."""
+        self.failures = 0
+        self._delay = 0.0
+        self._next_attempt = 0.0
+
+
+# --- errors without secrets, without floods ------------------------------------------------
+
+_CONNINFO_PASSWORD = re.compile(r"password\s*=\s*('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
+
+
+def secret_fragments(url: str) -> tuple[str, ...]:
+    """The strings to blank out of messages for the connection URL ``url``.
+
+    Example::
+
+        secret_fragments("postgresql://app:s%40cret@db/shop")
+        # ('postgresql://app:s%40cret@db/shop', 's%40cret', 's@cret')
+    """
+    fragments: list[str] = [url]
+    password: str | None = None
+    if "://" in url:
+        try:
+            password = urlsplit(url).password
+        except ValueError:
+            password = None
+        query = urlsplit(url).query if "?" in url else ""
+        for part in query.split("&"):
+            key, _, value = part.partition("=")
+            if key == "password" and value:
+                fragments.extend((value, unquote(value)))
+    else:
+        match = _CONNINFO_PASSWORD.search(url)
+        if match:
+            password = match.group(1).strip("'")
+    if password:
+        # As written in the URL, and decoded (what a server or a library would echo).
+        fragments.extend((password, unquote(password)))
+    return tuple(dict.fromkeys(f for f in fragments if f))
+
+
+def redact(text: str, secrets: Iterable[str]) -> str:
+    """``text`` with every secret fragment replaced by ``***``, on one line.
+
+    Example::
+
+        redact("auth failed for s3cret", ["s3cret"])  # 'auth failed for ***'
+    """
+    # Longest first, so a URL is blanked whole before its password is looked for.
+    for secret in sorted(set(secrets), key=len, reverse=True):
+        if secret:
+            text = text.replace(secret, "***")
+    return " ".join(text.split())
+
+
+def describe_error(exc: BaseException, timeout: float | None = None) -> str:
+    """One line naming the error: its class (and SQLSTATE) and first words."""
+    if isinstance(exc, TimeoutError) and timeout is not None:
+        return f"timed out after {format_duration(timeout)}"
+    sqlstate = getattr(exc, "sqlstate", None)
+    name = type(exc).__name__
+    if sqlstate:
+        name = f"{name} (SQLSTATE {sqlstate})"
+    message = " ".join(str(exc).split())
+    if len(message) > 300:
+        message = message[:297] + "..."
+    return f"{name}: {message}" if message else name
+
+
+@dataclass(slots=True)
+class _ErrorState:
+    failures: int = 0
+    suppressed: int = 0
+    last_logged: float | None = None
+
+
+class ErrorLog:
+    """Logs probe failures at most once per ``interval`` per probe, with secrets blanked.
+
+    The first failure logs at once; repeats within ``interval`` are counted and reported
+    with the next line; a recovery logs once.
+
+    Example::
+
+        errors = ErrorLog(LOGGER, interval=60.0, secrets=secret_fragments(url))
+        errors.failed("negative_stock", "OperationalError: connection refused")
+        errors.recovered("negative_stock")
+    """
+
+    def __init__(
+        self,
+        logger: logging.Logger = LOGGER,
+        *,
+        interval: float = 60.0,
+        secrets: Iterable[str] = (),
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.logger = logger
+        self.interval = interval
+        self.secrets = tuple(secrets)
+        self._clock = clock
+        self._state: dict[str, _ErrorState] = {}
+
+    def clean(self, text: str) -> str:
+        """``text`` without secrets, on one line."""
+        return redact(text, self.secrets)
+
+    def failed(self, probe: str, message: str) -> str:
+        """Count a failure of ``probe``; log it unless one was logged recently.
+
+        Returns the message without secrets (what the result keeps).
+        """
+        message = self.clean(message)
+        state = self._state.setdefault(probe, _ErrorState())
+        state.failures += 1
+        now = self._clock()
+        if state.last_logged is not None and now - state.last_logged < self.interval:
+            state.suppressed += 1
+            return message
+        note = (
+            f" ({state.suppressed} more failures since the last message)"
+            if state.suppressed
+            else ""
+        )
+        self.logger.warning("probe %s failed: %s%s", probe, message, note, extra={"probe": probe})
+        state.last_logged = now
+        state.suppressed = 0
+        return message
+
+    def recovered(self, probe: str) -> None:
+        """Note a success of ``probe``; logs once when it had been failing."""
+        state = self._state.get(probe)
+        if state is None or not state.failures:
+            return
+        self.logger.info(
+            "probe %s recovered after %d failed runs",
+            probe,
+            state.failures,
+            extra={"probe": probe},
+        )
+        del self._state[probe]

@@ -1,0 +1,173 @@
+"""The Redis side: the stock cache compared with the database (``stock_cache_drift_skus``).
+
+For every promo SKU the probe reads the cached stock (``GET`` of ``redis.key_template``,
+one ``MGET`` for all of them) and the database stock (one indexed query on
+``products.sku``), and counts the SKUs whose two values have differed by more than
+``redis.tolerance`` units for at least ``redis.grace`` without interruption. A flash sale
+moves the stock faster than a cache is refreshed, so a short difference is normal; one
+that lasts is the "cache says available, database says sold out" of the design.
+
+What counts:
+
+- both values present and ``|cached - database| > tolerance`` for ``grace`` or longer:
+  drifting;
+- a cached value that is not a number: drifting (an app would misread it too);
+- no cache key, or no product row: not drifting (nothing to compare), and its clock
+  restarts.
+
+Example::
+
+    source = RedisSource(config.redis, timeout=2.0)
+    probe = CacheDriftProbe(config, pool, source)
+    await probe.run()     # stock_cache_drift_skus{cache="redis"}
+    await source.close()
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from typing import Final
+
+import redis.asyncio as aioredis
+from prometheus_client.core import Metric
+from psycopg import sql
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from stocksentry.instrumentation import catalog
+
+from ..config import ExporterConfig, RedisConfig
+from .base import Backoff, ProbeUnavailableError, describe_error, family
+from .postgres import Conn, DbProbe, PgPool, ident
+
+__all__ = ["CACHE_LABEL", "CacheDriftProbe", "RedisSource"]
+
+#: The ``cache`` label value of ``stock_cache_drift_skus``.
+CACHE_LABEL: Final = "redis"
+
+
+class RedisSource:
+    """A lazily created Redis client with backoff while Redis is unreachable.
+
+    redis-py's own retries are turned off: the probe's schedule and :class:`Backoff`
+    decide when to try again, and a probe run never waits longer than its timeout.
+    """
+
+    def __init__(
+        self, config: RedisConfig, *, timeout: float, backoff: Backoff | None = None
+    ) -> None:
+        self.config = config
+        self.timeout = timeout
+        self._client: aioredis.Redis | None = None
+        self._backoff = backoff or Backoff()
+        self._last_error = ""
+
+    def _get_client(self) -> aioredis.Redis:
+        if self._client is None:
+            self._client = aioredis.Redis.from_url(
+                self.config.url.reveal(),
+                socket_timeout=self.timeout,
+                socket_connect_timeout=self.timeout,
+                retry=Retry(NoBackoff(), 0),
+            )
+        return self._client
+
+    async def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
+        """``MGET keys``: the raw values, ``None`` where a key is missing."""
+        if not keys:
+            return []
+        wait = self._backoff.wait_time()
+        if wait > 0:
+            raise ProbeUnavailableError(
+                f"redis unreachable ({self._last_error}); next attempt in {wait:.1f}s"
+            )
+        try:
+            values = await self._get_client().mget(list(keys))
+        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+            self._last_error = describe_error(exc)
+            self._backoff.failed()
+            raise
+        self._backoff.succeeded()
+        # Without decode_responses the values are bytes; str only if someone turned it on.
+        return [v.encode() if isinstance(v, str) else v for v in values]
+
+    async def close(self) -> None:
+        """Close the client's connections (a later call opens new ones)."""
+        client, self._client = self._client, None
+        if client is not None:
+            await client.aclose()
+
+
+def _cached_number(raw: bytes | None) -> float | None:
+    """The cached stock as a number; NaN when the value is not a number."""
+    if raw is None:
+        return None
+    try:
+        value = float(raw.decode("utf-8").strip())
+    except (UnicodeDecodeError, ValueError):
+        return math.nan
+    return value
+
+
+class CacheDriftProbe(DbProbe):
+    """``stock_cache_drift_skus{cache="redis"}`` for the promo SKUs (see the module doc).
+
+    It reads the database, so with leader election it runs on the leader only.
+    """
+
+    specs = (catalog.CACHE_DRIFT_SKUS,)
+
+    def __init__(
+        self,
+        config: ExporterConfig,
+        pool: PgPool,
+        source: RedisSource,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__("cache_drift", config.probes.cache_drift, pool)
+        if config.redis is None:
+            raise ValueError("the cache_drift probe needs a redis section")
+        self.source = source
+        self.skus = config.sku_guard.promo_skus
+        self.tolerance = config.redis.tolerance
+        self.grace = config.redis.grace
+        self._keys = [config.redis.key(sku) for sku in self.skus]
+        self._clock = clock
+        # When each SKU was first seen drifting in the current uninterrupted stretch.
+        self._since: dict[str, float] = {}
+        p = config.schema.products
+        self._sql = sql.SQL(
+            "SELECT {sku}::text, {stock} FROM {table} WHERE {sku} = ANY(%s)"
+        ).format(sku=sql.Identifier(p.sku), stock=sql.Identifier(p.stock), table=ident(p.table))
+
+    async def run(self) -> tuple[Metric, ...]:
+        # Redis first, outside the transaction: the database transaction stays as short as
+        # one indexed query.
+        cached = await self.source.get_many(self._keys)
+        stock = await self.pool.read(self._database_stock)
+        now = self._clock()
+        drifting = 0
+        for sku, raw in zip(self.skus, cached, strict=True):
+            value = _cached_number(raw)
+            in_db = stock.get(sku)
+            if value is None or in_db is None:
+                self._since.pop(sku, None)
+                continue
+            differs = math.isnan(value) or abs(value - in_db) > self.tolerance
+            if not differs:
+                self._since.pop(sku, None)
+                continue
+            since = self._since.setdefault(sku, now)
+            if now - since >= self.grace:
+                drifting += 1
+        return (family(catalog.CACHE_DRIFT_SKUS, [((CACHE_LABEL,), float(drifting))]),)
+
+    async def _database_stock(self, conn: Conn) -> dict[str, float]:
+        cursor = await conn.execute(self._sql, [list(self.skus)])
+        return {
+            str(sku): float(stock) for sku, stock in await cursor.fetchall() if stock is not None
+        }

@@ -1,0 +1,344 @@
+"""The probe runner: background schedules, the last results, and the scrape-side collector.
+
+:class:`ProbeRunner` starts one asyncio task per probe, each on its own interval and
+within its own timeout, and keeps the last :class:`~.base.ProbeResult` of each. Its
+:meth:`~ProbeRunner.collect` (the prometheus_client collector protocol) only reads those
+results: a scrape never waits for the database or Redis.
+
+Example, with the sidecar's server (``stocksentry.exporter.server``)::
+
+    runner = ProbeRunner(config)
+    run_server(settings, collectors=[runner], background=[runner.cleanup_ctx])
+
+or in any aiohttp app, where ``runner.cleanup_ctx`` starts the probes before its
+``yield`` and stops them (cancel, then await) after it::
+
+    registry.register(runner)
+    app.cleanup_ctx.append(runner.cleanup_ctx)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterator, Mapping
+from types import MappingProxyType, TracebackType
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import CollectorRegistry
+from stocksentry.instrumentation import catalog
+from stocksentry.instrumentation.catalog import MetricSpec
+from stocksentry.instrumentation.guard import LabelGuard
+
+from ..config import ELECTION_PROBE, ExporterConfig
+from .base import (
+    LOGGER,
+    PROBE_LEADER,
+    ErrorLog,
+    Probe,
+    ProbeResult,
+    describe_error,
+    secret_fragments,
+)
+from .election import LeaderElection
+from .postgres import IndexAdvice, PgPool, build_db_probes, check_indexes
+from .redis import CacheDriftProbe, RedisSource
+
+__all__ = ["ProbeRunner"]
+
+
+class ProbeRunner:
+    """Runs the probes of ``config`` in the background and exports their last results.
+
+    ``registry``: when given, the runner registers itself there as a collector (once, at
+    construction); otherwise register it yourself (``registry.register(runner)``).
+
+    What a scrape sees (:meth:`collect`):
+
+    - ``stocksentry_probe_up``, ``stocksentry_probe_duration_seconds`` and
+      ``stocksentry_probe_last_success_timestamp_seconds`` per probe this instance runs,
+      from its first finished run on; ``leader_election`` is one of them when the
+      election is on;
+    - ``stocksentry_probe_leader``: 1 when this instance runs the database probes;
+    - the figures of each probe whose last run succeeded. A failed run drops its
+      figures (nothing stale is exported) and sets its ``up`` to 0; other probes are
+      not affected.
+
+    With ``database.leader_election`` on, only the instance holding the advisory lock runs
+    the database probes (cache drift included, as it reads the database); the others
+    export only the election's health and ``stocksentry_probe_leader 0``.
+
+    Example::
+
+        runner = ProbeRunner(config, registry=registry)
+        await runner.start()
+        ...
+        await runner.stop()
+    """
+
+    #: The collector's name, for the server's per-collector error accounting.
+    name = "probes"
+
+    def __init__(
+        self,
+        config: ExporterConfig,
+        *,
+        registry: CollectorRegistry | None = None,
+        error_log_interval: float = 60.0,
+    ) -> None:
+        self.config = config
+        guard_config = config.sku_guard
+        self.sku_guard = LabelGuard(guard_config.max_skus, always=guard_config.promo_skus)
+        secrets: list[str] = []
+        if config.database is not None:
+            secrets.extend(secret_fragments(config.database.url.reveal()))
+        if config.redis is not None:
+            secrets.extend(secret_fragments(config.redis.url.reveal()))
+        self._errors = ErrorLog(LOGGER, interval=error_log_interval, secrets=secrets)
+
+        self._pool: PgPool | None = None
+        self._redis: RedisSource | None = None
+        self._db_probes: list[Probe] = []
+        if config.database is not None:
+            self._pool = PgPool(config.database)
+            self._db_probes.extend(build_db_probes(config, self._pool, self.sku_guard))
+            if config.probes.cache_drift.enabled and config.redis is not None:
+                self._redis = RedisSource(config.redis, timeout=config.probes.cache_drift.timeout)
+                self._db_probes.append(CacheDriftProbe(config, self._pool, self._redis))
+
+        self._election: LeaderElection | None = None
+        if config.database is not None and config.database.leader_election:
+            self._election = LeaderElection(
+                config.database,
+                on_elected=self._start_db_probes,
+                on_deposed=self._stop_db_probes,
+                on_result=lambda result: self._set_result(ELECTION_PROBE, result),
+                errors=self._errors,
+            )
+        # Replaced, never mutated, so collect() in another thread reads a consistent dict.
+        self._results: Mapping[str, ProbeResult] = {}
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._election_task: asyncio.Task[None] | None = None
+        self._db_running = False
+        self._started = False
+        self._stopping = False
+        #: Indexes the probes expect but the database lacks; ``None`` until checked (at
+        #: the start of the database probes, i.e. on becoming leader).
+        self.index_advice: tuple[IndexAdvice, ...] | None = None
+        if registry is not None:
+            registry.register(self)
+
+    # --- life cycle ----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start the background work and return at once (the first runs follow)."""
+        if self._started:
+            return
+        self._started = True
+        for note in self.config.notes:
+            LOGGER.info("%s", note)
+        if self.config.database is None:
+            LOGGER.info("no database section: no database probes")
+            return
+        LOGGER.info(
+            "database probes: %s (database URL from %s)",
+            ", ".join(p.name for p in self._db_probes) or "none",
+            self.config.database.url_source,
+        )
+        if self._election is not None:
+            self._election_task = asyncio.create_task(
+                self._election.run(), name="stocksentry-leader-election"
+            )
+        else:
+            await self._start_db_probes()
+
+    async def stop(self) -> None:
+        """Cancel every task and wait for it, then close the connections. Idempotent."""
+        if self._stopping:
+            return
+        self._stopping = True
+        # Probes first: once the election's session closes, another sidecar may lead, and
+        # two leaders must not probe at once.
+        await self._stop_db_probes()
+        if self._election_task is not None:
+            self._election_task.cancel()
+            await asyncio.wait([self._election_task])
+            self._election_task = None
+        if self._pool is not None:
+            await self._pool.close()
+        if self._redis is not None:
+            await self._redis.close()
+
+    async def __aenter__(self) -> ProbeRunner:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    async def cleanup_ctx(self, app: object) -> AsyncIterator[None]:
+        """For ``app.cleanup_ctx``: start before ``yield``, stop (cancel, await) after.
+
+        Example::
+
+            app.cleanup_ctx.append(runner.cleanup_ctx)
+        """
+        await self.start()
+        try:
+            yield
+        finally:
+            await self.stop()
+
+    async def _start_db_probes(self) -> None:
+        if self._stopping or self._db_running:
+            return
+        self._db_running = True
+        if self._election is not None:
+            LOGGER.info("leading: this exporter runs the database probes")
+        for probe in self._db_probes:
+            self._tasks[probe.name] = asyncio.create_task(
+                self._loop(probe), name=f"stocksentry-probe-{probe.name}"
+            )
+        self._tasks["__index_check__"] = asyncio.create_task(
+            self._check_indexes(), name="stocksentry-index-check"
+        )
+
+    async def _stop_db_probes(self) -> None:
+        if not self._db_running:
+            return
+        self._db_running = False
+        tasks = list(self._tasks.values())
+        self._tasks.clear()
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
+        names = {p.name for p in self._db_probes}
+        self._results = {k: v for k, v in self._results.items() if k not in names}
+        if self._pool is not None:
+            await self._pool.close_idle()
+        if self._election is not None and not self._stopping:
+            LOGGER.warning("no longer leading: database probes stopped")
+
+    # --- running probes ------------------------------------------------------------------
+
+    async def _loop(self, probe: Probe) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            started = loop.time()
+            await self.run_once(probe)
+            # A fixed rate: the next run starts one interval after this one started, or at
+            # once when this one overran.
+            await asyncio.sleep(max(0.0, started + probe.interval - loop.time()))
+
+    async def run_once(self, probe: Probe) -> ProbeResult:
+        """Run ``probe`` once within its timeout, record and return the result.
+
+        Never raises for a probe failure (only cancellation passes through).
+        """
+        previous = self._results.get(probe.name)
+        last_success = None if previous is None else previous.last_success
+        started = time.perf_counter()
+        try:
+            async with asyncio.timeout(probe.timeout):
+                families = await probe.run()
+        except Exception as exc:
+            message = self._errors.failed(probe.name, describe_error(exc, probe.timeout))
+            result = ProbeResult(
+                up=False,
+                duration=time.perf_counter() - started,
+                last_success=last_success,
+                error=message,
+            )
+        else:
+            self._errors.recovered(probe.name)
+            result = ProbeResult(
+                up=True,
+                duration=time.perf_counter() - started,
+                last_success=time.time(),
+                families=families,
+            )
+        self._set_result(probe.name, result)
+        return result
+
+    def _set_result(self, name: str, result: ProbeResult) -> None:
+        self._results = {**self._results, name: result}
+
+    async def _check_indexes(self) -> None:
+        if self._pool is None:
+            return
+        config = self.config
+        try:
+            async with asyncio.timeout(60.0):
+                advice = await self._pool.read(lambda conn: check_indexes(conn, config))
+        except Exception as exc:
+            LOGGER.warning("index check failed: %s", self._errors.clean(describe_error(exc)))
+            return
+        self.index_advice = tuple(advice)
+        for item in advice:
+            LOGGER.warning("%s", item, extra={"probe": item.probe})
+
+    # --- what the rest of the exporter reads ---------------------------------------------
+
+    @property
+    def is_leader(self) -> bool:
+        """Whether this instance runs the database probes now."""
+        return self._db_running
+
+    @property
+    def results(self) -> Mapping[str, ProbeResult]:
+        """The last result of each probe that has run (a read-only snapshot)."""
+        return MappingProxyType(self._results)
+
+    @property
+    def probes(self) -> tuple[Probe, ...]:
+        """Every probe this runner may run."""
+        return tuple(self._db_probes)
+
+    def collect(self) -> Iterator[Metric]:
+        """The collector protocol: the last results, with no I/O."""
+        results = self._results
+        up = _gauge(catalog.PROBE_UP)
+        duration = _gauge(catalog.PROBE_DURATION)
+        last_success = _gauge(catalog.PROBE_LAST_SUCCESS)
+        for name, result in sorted(results.items()):
+            up.add_metric([name], 1.0 if result.up else 0.0)
+            duration.add_metric([name], result.duration)
+            if result.last_success is not None:
+                last_success.add_metric([name], result.last_success)
+        yield up
+        yield duration
+        yield last_success
+        if self.config.database is not None:
+            leader = _gauge(PROBE_LEADER)
+            leader.add_metric([], 1.0 if self._db_running else 0.0)
+            yield leader
+        for result in results.values():
+            if result.up:
+                yield from result.families
+
+    def describe(self) -> Iterator[Metric]:
+        """Every family :meth:`collect` may yield, empty (for registry name checks)."""
+        specs: list[MetricSpec] = [
+            catalog.PROBE_UP,
+            catalog.PROBE_DURATION,
+            catalog.PROBE_LAST_SUCCESS,
+        ]
+        if self.config.database is not None:
+            specs.append(PROBE_LEADER)
+        for probe in self._db_probes:
+            specs.extend(probe.specs)
+        for spec in specs:
+            if spec.kind == "counter":
+                yield CounterMetricFamily(spec.name, spec.help, labels=spec.labels)
+            else:
+                yield _gauge(spec)
+
+
+def _gauge(spec: MetricSpec) -> GaugeMetricFamily:
+    return GaugeMetricFamily(spec.name, spec.help, labels=spec.labels)

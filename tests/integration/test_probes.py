@@ -1,0 +1,836 @@
+"""The probes against a real PostgreSQL and Redis: exact figures, timeouts, failover.
+
+Each test seeds a fresh database (``pg_database``) with the default schema and known
+violations, runs a :class:`ProbeRunner` on short intervals, and reads the figures back from
+a fresh registry, as a scrape would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+import time
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+import pytest
+import redis.asyncio as aioredis
+import yaml
+from prometheus_client import CollectorRegistry, generate_latest
+from stocksentry.exporter.config import ExporterConfig, parse_config
+from stocksentry.exporter.probes import ProbeRunner, check_indexes
+from stocksentry.exporter.probes.base import Backoff, ErrorLog, secret_fragments
+from stocksentry.exporter.probes.postgres import PgPool
+
+pytestmark = pytest.mark.integration
+
+# The same Redis as the redis_prefix fixture of conftest.py.
+REDIS_URL = os.environ.get("STOCKSENTRY_TEST_REDIS", "redis://127.0.0.1:6379/0")
+
+ALL_DB_PROBES = (
+    "negative_stock",
+    "oversold",
+    "duplicate_orders",
+    "lock_waiters",
+    "deadlocks",
+    "long_transactions",
+    "expired_reservations",
+    "outbox",
+)
+
+SCHEMA = """
+CREATE TABLE products (
+    id bigserial PRIMARY KEY,
+    sku text NOT NULL UNIQUE,
+    available_stock integer NOT NULL,
+    initial_stock integer NOT NULL
+);
+CREATE TABLE orders (
+    id bigserial PRIMARY KEY,
+    status text NOT NULL,
+    external_ref text,
+    idempotency_key text,
+    created_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE TABLE order_items (
+    id bigserial PRIMARY KEY,
+    order_id bigint NOT NULL REFERENCES orders (id),
+    product_id bigint NOT NULL REFERENCES products (id),
+    quantity integer NOT NULL
+);
+CREATE TABLE reservations (
+    id bigserial PRIMARY KEY,
+    product_id bigint NOT NULL REFERENCES products (id),
+    quantity integer NOT NULL,
+    expires_at timestamptz NOT NULL,
+    released_at timestamptz
+);
+CREATE TABLE outbox (
+    id bigserial PRIMARY KEY,
+    created_at timestamptz NOT NULL,
+    published_at timestamptz
+);
+"""
+
+INDEXES = """
+CREATE INDEX products_stock_negative_idx ON products (available_stock)
+    WHERE available_stock < 0;
+CREATE INDEX orders_created_at_idx ON orders (created_at);
+CREATE INDEX order_items_product_id_idx ON order_items (product_id);
+CREATE INDEX reservations_expires_at_idx ON reservations (expires_at) WHERE released_at IS NULL;
+CREATE INDEX outbox_created_at_idx ON outbox (created_at) WHERE published_at IS NULL;
+"""
+
+# The truth the probes must find:
+# - negative stock: SKU-NEG3 at -3, SKU-NEG1 at -1             -> 2 SKUs, 4 units
+# - SKU-OVER: 3 + 4 paid units (a cancelled order's 2 do not count) over 5 -> oversold 2
+# - SKU-OVER2: 4 paid units over 1                              -> oversold 3
+# - SKU-OK: 5 paid of 20                                        -> not oversold
+# - external_ref dup-1 twice and dup-2 three times in the window, old-dup twice two days
+#   ago (outside the 1 h window), single once, two NULLs      -> 2 duplicated refs
+# - idempotency key idem-1 twice                                -> 1 more when mapped
+# - reservations: 3 expired and held, 2 expired and released, 1 held but not expired -> 3
+# - outbox: pending rows 120 s and 30 s old, one published     -> 2 pending, lag 120 s
+SEED = """
+INSERT INTO products (id, sku, available_stock, initial_stock) VALUES
+    (1, 'SKU-NEG3', -3, 10), (2, 'SKU-NEG1', -1, 10), (3, 'SKU-OVER', 0, 5),
+    (4, 'SKU-OK', 15, 20), (5, 'SKU-OVER2', 0, 1);
+INSERT INTO orders (id, status, external_ref, idempotency_key, created_at) VALUES
+    (1, 'PAID', 'ref-a', NULL, now()),
+    (2, 'COMPLETED', 'ref-b', NULL, now()),
+    (3, 'CANCELLED', 'ref-c', NULL, now()),
+    (4, 'PROCESSING', 'ref-d', NULL, now()),
+    (5, 'PAID', 'ref-e', NULL, now()),
+    (6, 'PAID', 'dup-1', 'idem-1', now()),
+    (7, 'PAID', 'dup-1', 'idem-1', now()),
+    (8, 'PAID', 'dup-2', NULL, now()),
+    (9, 'PENDING', 'dup-2', NULL, now()),
+    (10, 'CANCELLED', 'dup-2', NULL, now()),
+    (11, 'PAID', 'single', NULL, now()),
+    (12, 'PAID', 'old-dup', NULL, now() - interval '2 days'),
+    (13, 'PAID', 'old-dup', NULL, now() - interval '2 days'),
+    (14, 'PAID', NULL, NULL, now()),
+    (15, 'PAID', NULL, NULL, now());
+INSERT INTO order_items (order_id, product_id, quantity) VALUES
+    (1, 3, 3), (2, 3, 4), (3, 3, 2), (4, 4, 5), (5, 5, 4);
+INSERT INTO reservations (product_id, quantity, expires_at, released_at) VALUES
+    (4, 1, now() - interval '1 minute', NULL),
+    (4, 1, now() - interval '2 minutes', NULL),
+    (4, 1, now() - interval '3 minutes', NULL),
+    (4, 1, now() - interval '1 minute', now() - interval '30 seconds'),
+    (4, 1, now() - interval '5 minutes', now()),
+    (4, 1, now() + interval '5 minutes', NULL);
+INSERT INTO outbox (created_at, published_at) VALUES
+    (now() - interval '120 seconds', NULL),
+    (now() - interval '30 seconds', NULL),
+    (now() - interval '1 hour', now() - interval '59 minutes');
+"""
+
+
+async def seed(url: str, *, indexes: bool = True) -> None:
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        await conn.execute(SCHEMA)
+        if indexes:
+            await conn.execute(INDEXES)
+        await conn.execute(SEED)
+
+
+def make_config(
+    url: str,
+    probes: tuple[str, ...] = ALL_DB_PROBES,
+    *,
+    leader_election: bool = False,
+    database: dict[str, Any] | None = None,
+    schema: dict[str, Any] | None = None,
+    promo_skus: tuple[str, ...] = ("SKU-OK",),
+    environ: dict[str, str] | None = None,
+) -> ExporterConfig:
+    """A config on ``url`` with only ``probes`` enabled, on 0.2 s intervals."""
+    settings: dict[str, Any] = {"defaults": {"interval": "200ms", "timeout": "2s"}}
+    for name in (*ALL_DB_PROBES, "cache_drift"):
+        if name not in probes:
+            settings[name] = {"enabled": False}
+    db: dict[str, Any] = {
+        "url": url,
+        "leader_election": leader_election,
+        "statement_timeout": "1s",
+        "lock_timeout": "200ms",
+        "connect_timeout": "2s",
+        "leader_retry_interval": "200ms",
+    }
+    db.update(database or {})
+    if "url_env" in db:
+        del db["url"]
+    document: dict[str, Any] = {
+        "sku_guard": {"promo_skus": list(promo_skus)},
+        "database": db,
+        "schema": {
+            "products": {"allocation": "initial_stock"},
+            "reservations": {},
+            "outbox": {},
+            **(schema or {}),
+        },
+        "probes": settings,
+    }
+    return parse_config(yaml.safe_dump(document), "test.yaml", environ=environ or {})
+
+
+def sample(registry: CollectorRegistry, name: str, **labels: str) -> float | None:
+    return registry.get_sample_value(name, labels)
+
+
+async def eventually(
+    check: Callable[[], bool], *, within: float = 5.0, what: str = "condition"
+) -> None:
+    deadline = time.monotonic() + within
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+def all_up(registry: CollectorRegistry, probes: tuple[str, ...]) -> Callable[[], bool]:
+    return lambda: all(sample(registry, "stocksentry_probe_up", probe=p) == 1.0 for p in probes)
+
+
+async def test_every_probe_reports_the_seeded_truth(pg_database, registry):
+    await seed(pg_database)
+    config = make_config(pg_database)
+    async with ProbeRunner(config, registry=registry) as runner:
+        await eventually(all_up(registry, ALL_DB_PROBES), what="every probe up")
+        # Read once everything is up; one more round proves the figures are stable.
+        await asyncio.sleep(0.3)
+        assert sample(registry, "stock_negative_inventory_skus") == 2.0
+        assert sample(registry, "stock_negative_inventory_units") == 4.0
+        assert sample(registry, "stock_oversold_units", sku="SKU-OVER") == 2.0
+        assert sample(registry, "stock_oversold_units", sku="SKU-OVER2") == 3.0
+        # The promo SKU keeps its series at 0; the others are not oversold, so absent.
+        assert sample(registry, "stock_oversold_units", sku="SKU-OK") == 0.0
+        assert sample(registry, "stock_oversold_units", sku="SKU-NEG3") is None
+        assert sample(registry, "stock_duplicate_order_keys") == 2.0
+        assert sample(registry, "stock_db_lock_waiters") == 0.0
+        assert sample(registry, "stock_db_lock_wait_max_seconds") == 0.0
+        database = pg_database.rsplit("/", 1)[1]
+        assert sample(registry, "stock_db_deadlocks_total", database=database) == 0.0
+        assert sample(registry, "stock_db_long_transactions") == 0.0
+        assert sample(registry, "stock_reservations_expired_unreleased") == 3.0
+        assert sample(registry, "stock_outbox_pending_events") == 2.0
+        lag = sample(registry, "stock_outbox_lag_seconds")
+        assert lag is not None
+        assert 120.0 <= lag < 130.0
+        assert sample(registry, "stocksentry_probe_leader") == 1.0
+        assert runner.is_leader
+        for probe in ALL_DB_PROBES:
+            assert sample(registry, "stocksentry_probe_duration_seconds", probe=probe) < 2.0
+            last = sample(
+                registry, "stocksentry_probe_last_success_timestamp_seconds", probe=probe
+            )
+            assert last is not None
+            assert abs(last - time.time()) < 5.0
+        await eventually(lambda: runner.index_advice is not None, what="the index check")
+        assert runner.index_advice == ()
+
+
+async def test_duplicate_orders_count_idempotency_keys_when_mapped(pg_database, registry):
+    await seed(pg_database)
+    config = make_config(
+        pg_database,
+        ("duplicate_orders",),
+        schema={"orders": {"idempotency_key": "idempotency_key"}},
+    )
+    async with ProbeRunner(config, registry=registry):
+        await eventually(all_up(registry, ("duplicate_orders",)))
+        # dup-1 and dup-2 by external_ref, idem-1 by idempotency key.
+        assert sample(registry, "stock_duplicate_order_keys") == 3.0
+
+
+async def test_oversold_skus_beyond_the_budget_fold_into_other(pg_database, registry):
+    await seed(pg_database)
+    # One SKU of budget beyond the promo SKU: the worst (SKU-OVER2, 3 units) keeps its
+    # series, SKU-OVER's 2 units go to __other__.
+    config = parse_config(
+        yaml.safe_dump(
+            {
+                "sku_guard": {"promo_skus": ["SKU-OK"], "max_skus": 1},
+                "database": {"url": pg_database, "leader_election": False},
+                "schema": {"products": {"allocation": "initial_stock"}},
+                "probes": {
+                    "defaults": {"interval": "200ms"},
+                    **{p: {"enabled": False} for p in ALL_DB_PROBES if p != "oversold"},
+                },
+            }
+        )
+    )
+    async with ProbeRunner(config, registry=registry):
+        await eventually(all_up(registry, ("oversold",)))
+        assert sample(registry, "stock_oversold_units", sku="SKU-OVER2") == 3.0
+        assert sample(registry, "stock_oversold_units", sku="__other__") == 2.0
+        assert sample(registry, "stock_oversold_units", sku="SKU-OVER") is None
+        assert sample(registry, "stock_oversold_units", sku="SKU-OK") == 0.0
+
+
+async def test_custom_probe_exports_the_rows_as_a_gauge(pg_database, registry):
+    await seed(pg_database)
+    document = {
+        "database": {"url": pg_database, "leader_election": False},
+        "probes": {
+            "defaults": {"interval": "200ms"},
+            **{p: {"enabled": False} for p in ALL_DB_PROBES},
+            "custom": [
+                {
+                    "name": "negative_by_sku",
+                    "sql": "SELECT sku, available_stock AS stock FROM products "
+                    "WHERE available_stock < 0 -- a trailing comment;",
+                    "metric": "shop_negative_stock",
+                    "help": "Stock per SKU below zero.",
+                    "value_column": "stock",
+                    "label_columns": ["sku"],
+                }
+            ],
+        },
+    }
+    config = parse_config(yaml.safe_dump(document))
+    async with ProbeRunner(config, registry=registry):
+        await eventually(all_up(registry, ("negative_by_sku",)))
+        assert sample(registry, "shop_negative_stock", sku="SKU-NEG3") == -3.0
+        assert sample(registry, "shop_negative_stock", sku="SKU-NEG1") == -1.0
+        assert sample(registry, "shop_negative_stock", sku="SKU-OK") is None
+
+
+@pytest.mark.parametrize(
+    "statement",
+    [
+        # Closing the wrapper and smuggling a second statement in: refused by the
+        # extended protocol (one statement only).
+        "SELECT 1 AS value) AS x; DELETE FROM order_items; SELECT * FROM (SELECT 1 AS value",
+        # A data-modifying CTE: refused by the read-only transaction (and the wrapper).
+        "WITH gone AS (DELETE FROM order_items RETURNING 1) SELECT count(*) AS value FROM gone",
+    ],
+)
+async def test_custom_sql_cannot_write(pg_database, registry, statement):
+    await seed(pg_database)
+    document = {
+        "database": {"url": pg_database, "leader_election": False},
+        "probes": {
+            "defaults": {"interval": "200ms"},
+            **{p: {"enabled": False} for p in ALL_DB_PROBES},
+            "custom": [{"name": "sneaky", "sql": statement, "metric": "shop_sneaky"}],
+        },
+    }
+    async with ProbeRunner(parse_config(yaml.safe_dump(document)), registry=registry) as runner:
+        await eventually(lambda: "sneaky" in runner.results, what="one run")
+        assert sample(registry, "stocksentry_probe_up", probe="sneaky") == 0.0
+        assert sample(registry, "shop_sneaky") is None
+    async with await psycopg.AsyncConnection.connect(pg_database) as conn:
+        cursor = await conn.execute("SELECT count(*) FROM order_items")
+        assert await cursor.fetchone() == (5,)
+
+
+async def test_missing_indexes_are_reported_with_the_statement_to_add(
+    pg_database, registry, caplog
+):
+    await seed(pg_database, indexes=False)
+    config = make_config(pg_database, schema={"orders": {"idempotency_key": None}})
+    pool = PgPool(config.database)
+    try:
+        advice = await pool.read(lambda conn: check_indexes(conn, config))
+    finally:
+        await pool.close()
+    assert [(a.probe, a.table, a.column) for a in advice] == [
+        ("negative_stock", "products", "available_stock"),
+        ("oversold", "order_items", "product_id"),
+        ("duplicate_orders", "orders", "created_at"),
+        ("expired_reservations", "reservations", "expires_at"),
+        ("outbox", "outbox", "created_at"),
+    ]
+    assert advice[0].statement == (
+        'CREATE INDEX CONCURRENTLY IF NOT EXISTS "products_available_stock_partial_idx" '
+        'ON "products" ("available_stock") WHERE "available_stock" < 0;'
+    )
+    assert advice[3].statement.endswith('WHERE "released_at" IS NULL;')
+    # The statements are valid SQL that create the very indexes asked for.
+    async with await psycopg.AsyncConnection.connect(pg_database, autocommit=True) as conn:
+        for item in advice:
+            await conn.execute(item.statement)
+    caplog.set_level(logging.WARNING, logger="stocksentry.exporter.probes")
+    async with ProbeRunner(config, registry=registry) as runner:
+        await eventually(lambda: runner.index_advice is not None, what="the index check")
+        assert runner.index_advice == ()
+    assert "no index" not in caplog.text
+
+
+async def test_the_runner_logs_each_missing_index(pg_database, registry, caplog):
+    await seed(pg_database, indexes=False)
+    caplog.set_level(logging.WARNING, logger="stocksentry.exporter.probes")
+    config = make_config(pg_database, ("negative_stock", "duplicate_orders"))
+    async with ProbeRunner(config, registry=registry) as runner:
+        await eventually(lambda: runner.index_advice is not None, what="the index check")
+        assert runner.index_advice is not None
+        assert [(a.probe, a.table) for a in runner.index_advice] == [
+            ("negative_stock", "products"),
+            ("duplicate_orders", "orders"),
+        ]
+    lines = [r.getMessage() for r in caplog.records if "no index" in r.getMessage()]
+    assert len(lines) == 2
+    assert "CREATE INDEX CONCURRENTLY" in lines[0]
+    assert "products" in lines[0]
+    assert "orders" in lines[1]
+
+
+async def test_lock_waiters_and_the_longest_wait(pg_database, registry):
+    await seed(pg_database)
+    holder = await psycopg.AsyncConnection.connect(pg_database)
+    waiter = await psycopg.AsyncConnection.connect(pg_database, autocommit=True)
+    update = "UPDATE products SET available_stock = available_stock WHERE id = 1"
+    try:
+        await holder.execute(update)  # holds the row lock in an open transaction
+        waiting = asyncio.create_task(waiter.execute(update))
+        config = make_config(pg_database, ("lock_waiters",))
+        async with ProbeRunner(config, registry=registry):
+            await eventually(
+                lambda: sample(registry, "stock_db_lock_waiters") == 1.0, what="one waiter"
+            )
+            await eventually(
+                lambda: (sample(registry, "stock_db_lock_wait_max_seconds") or 0.0) > 0.2,
+                what="a growing wait",
+            )
+            await holder.rollback()
+            await waiting
+            await eventually(
+                lambda: sample(registry, "stock_db_lock_waiters") == 0.0, what="no waiter"
+            )
+            assert sample(registry, "stock_db_lock_wait_max_seconds") == 0.0
+    finally:
+        await holder.close()
+        await waiter.close()
+
+
+async def test_deadlocks_come_from_pg_stat_database(pg_database, registry):
+    await seed(pg_database)
+    first = await psycopg.AsyncConnection.connect(pg_database)
+    second = await psycopg.AsyncConnection.connect(pg_database)
+    for conn in (first, second):
+        await conn.execute("SET deadlock_timeout = '50ms'")
+        await conn.commit()
+    await first.execute("UPDATE products SET initial_stock = initial_stock WHERE id = 1")
+    await second.execute("UPDATE products SET initial_stock = initial_stock WHERE id = 2")
+    crossing = asyncio.create_task(
+        first.execute("UPDATE products SET initial_stock = initial_stock WHERE id = 2")
+    )
+    await asyncio.sleep(0.1)
+    outcomes = await asyncio.gather(
+        crossing,
+        second.execute("UPDATE products SET initial_stock = initial_stock WHERE id = 1"),
+        return_exceptions=True,
+    )
+    assert sum(isinstance(o, psycopg.errors.DeadlockDetected) for o in outcomes) == 1
+    # Closing the sessions flushes their statistics.
+    await first.close()
+    await second.close()
+    database = pg_database.rsplit("/", 1)[1]
+    config = make_config(pg_database, ("deadlocks",))
+    async with ProbeRunner(config, registry=registry):
+        await eventually(
+            lambda: sample(registry, "stock_db_deadlocks_total", database=database) == 1.0,
+            what="one deadlock",
+        )
+
+
+async def test_long_transactions_on_stock_tables(pg_database, registry):
+    await seed(pg_database)
+    on_stock = await psycopg.AsyncConnection.connect(pg_database)
+    elsewhere = await psycopg.AsyncConnection.connect(pg_database)
+    try:
+        await on_stock.execute("SELECT available_stock FROM products WHERE id = 1")
+        await elsewhere.execute("SELECT 1")  # open too, but touches no stock table
+        config = parse_config(
+            yaml.safe_dump(
+                {
+                    "database": {"url": pg_database, "leader_election": False},
+                    "probes": {
+                        "defaults": {"interval": "200ms"},
+                        **{p: {"enabled": False} for p in ALL_DB_PROBES},
+                        "long_transactions": {"threshold": "300ms"},
+                    },
+                }
+            )
+        )
+        async with ProbeRunner(config, registry=registry):
+            await eventually(
+                lambda: sample(registry, "stock_db_long_transactions") == 1.0,
+                what="one long transaction",
+            )
+            oldest = sample(registry, "stock_db_long_transaction_max_seconds")
+            assert oldest is not None
+            assert oldest >= 0.3
+            await on_stock.rollback()
+            await eventually(
+                lambda: sample(registry, "stock_db_long_transactions") == 0.0,
+                what="none after rollback",
+            )
+    finally:
+        await on_stock.close()
+        await elsewhere.close()
+
+
+async def test_a_locked_table_times_out_the_probe_then_it_recovers(pg_database, registry):
+    await seed(pg_database)
+    config = make_config(pg_database, ("negative_stock", "lock_waiters"))
+    locker = await psycopg.AsyncConnection.connect(pg_database)
+    try:
+        async with ProbeRunner(config, registry=registry) as runner:
+            await eventually(all_up(registry, ("negative_stock",)))
+            await locker.execute("LOCK TABLE products IN ACCESS EXCLUSIVE MODE")
+            await eventually(
+                lambda: sample(registry, "stocksentry_probe_up", probe="negative_stock") == 0.0,
+                what="negative_stock down",
+            )
+            result = runner.results["negative_stock"]
+            assert result.error is not None
+            assert "LockNotAvailable" in result.error
+            assert "55P03" in result.error
+            # lock_timeout (200 ms) ended the wait, well before the probe's 2 s timeout.
+            assert result.duration < 1.0
+            # Nothing stale: the figures are gone while the probe is down ...
+            assert sample(registry, "stock_negative_inventory_skus") is None
+            # ... the other probe is not hidden, and a scrape stays fast.
+            assert sample(registry, "stocksentry_probe_up", probe="lock_waiters") == 1.0
+            started = time.perf_counter()
+            generate_latest(registry)
+            assert time.perf_counter() - started < 0.05
+            await locker.rollback()
+            await eventually(
+                lambda: sample(registry, "stocksentry_probe_up", probe="negative_stock") == 1.0,
+                what="negative_stock back up",
+            )
+            assert sample(registry, "stock_negative_inventory_skus") == 2.0
+    finally:
+        await locker.close()
+
+
+async def test_an_unreachable_database_is_reported_down(registry, caplog):
+    caplog.set_level(logging.INFO, logger="stocksentry.exporter.probes")
+    config = make_config(
+        "postgresql://postgres@127.0.0.1:1/postgres",
+        ("negative_stock", "deadlocks"),
+        database={"url_env": "STOCKSENTRY_DATABASE_URL"},
+        environ={"STOCKSENTRY_DATABASE_URL": "postgresql://app:s3cr3t-pw@127.0.0.1:1/shop"},
+    )
+    runner = ProbeRunner(config, registry=registry)
+    await runner.start()
+    try:
+        await eventually(
+            lambda: (
+                sample(registry, "stocksentry_probe_up", probe="negative_stock") == 0.0
+                and sample(registry, "stocksentry_probe_up", probe="deadlocks") == 0.0
+            ),
+            what="both probes down",
+        )
+        assert sample(registry, "stock_negative_inventory_skus") is None
+        assert sample(registry, "stocksentry_probe_last_success_timestamp_seconds",
+                      probe="negative_stock") is None  # fmt: skip
+        # Keep failing for a while: no exception escapes, the loops keep going.
+        await asyncio.sleep(0.5)
+        assert runner.results["negative_stock"].up is False
+    finally:
+        await runner.stop()
+    assert "s3cr3t-pw" not in caplog.text
+    assert "failed" in caplog.text
+    assert all("s3cr3t-pw" not in (r.error or "") for r in runner.results.values())
+
+
+async def test_an_unreachable_database_with_election_reports_the_election_down(registry):
+    config = make_config(
+        "postgresql://postgres@127.0.0.1:1/postgres", ("negative_stock",), leader_election=True
+    )
+    async with ProbeRunner(config, registry=registry) as runner:
+        await eventually(
+            lambda: sample(registry, "stocksentry_probe_up", probe="leader_election") == 0.0,
+            what="election down",
+        )
+        assert sample(registry, "stocksentry_probe_leader") == 0.0
+        assert sample(registry, "stocksentry_probe_up", probe="negative_stock") is None
+        assert not runner.is_leader
+
+
+async def test_one_leader_runs_the_database_probes_and_the_other_takes_over(pg_database):
+    await seed(pg_database)
+    key = random.randint(1, 2**62)
+    config = make_config(
+        pg_database,
+        ("negative_stock",),
+        leader_election=True,
+        database={"advisory_lock_key": key},
+    )
+    first_registry, second_registry = CollectorRegistry(), CollectorRegistry()
+    first = ProbeRunner(config, registry=first_registry)
+    second = ProbeRunner(config, registry=second_registry)
+    await first.start()
+    try:
+        await eventually(all_up(first_registry, ("negative_stock",)), what="first leads")
+        await second.start()
+        await eventually(
+            lambda: (
+                sample(second_registry, "stocksentry_probe_up", probe="leader_election") == 1.0
+            ),
+            what="second in the election",
+        )
+        await asyncio.sleep(0.6)  # three retries of the follower
+        assert (first.is_leader, second.is_leader) == (True, False)
+        assert sample(first_registry, "stocksentry_probe_leader") == 1.0
+        assert sample(second_registry, "stocksentry_probe_leader") == 0.0
+        assert sample(second_registry, "stocksentry_probe_up", probe="negative_stock") is None
+        assert sample(second_registry, "stock_negative_inventory_skus") is None
+
+        await first.stop()
+        await eventually(
+            lambda: (
+                second.is_leader
+                and sample(second_registry, "stocksentry_probe_up", probe="negative_stock") == 1.0
+            ),
+            within=3.0,
+            what="second takes over",
+        )
+        assert sample(second_registry, "stock_negative_inventory_skus") == 2.0
+        assert sample(second_registry, "stocksentry_probe_leader") == 1.0
+    finally:
+        await first.stop()
+        await second.stop()
+
+
+async def exporter_sessions(url: str) -> set[int]:
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        cursor = await conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+            " AND application_name = 'stocksentry-exporter'"
+        )
+        return {pid for (pid,) in await cursor.fetchall()}
+
+
+async def test_probes_reconnect_after_their_sessions_are_killed(pg_database, registry):
+    await seed(pg_database)
+    config = make_config(pg_database, ("negative_stock",), leader_election=True)
+    async with ProbeRunner(config, registry=registry) as runner:
+        await eventually(all_up(registry, ("negative_stock",)))
+        before = await exporter_sessions(pg_database)
+        # The election's session and the pool's (one per concurrent probe run; the index
+        # check at the start may have needed a second one).
+        assert 2 <= len(before) <= 1 + config.database.max_connections
+        async with await psycopg.AsyncConnection.connect(pg_database, autocommit=True) as admin:
+            await admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE pid = ANY(%s)",
+                [list(before)],
+            )
+        # Back by themselves: new sessions, leading again, the probe up with its figures.
+        state: dict[str, set[int]] = {"now": set()}
+
+        async def refresh() -> None:
+            state["now"] = await exporter_sessions(pg_database)
+
+        deadline = time.monotonic() + 5.0
+        while True:
+            await refresh()
+            if (
+                len(state["now"]) >= 2
+                and not state["now"] & before
+                and runner.is_leader
+                and sample(registry, "stocksentry_probe_up", probe="negative_stock") == 1.0
+            ):
+                break
+            assert time.monotonic() < deadline, "no reconnection"
+            await asyncio.sleep(0.1)
+        assert sample(registry, "stock_negative_inventory_skus") == 2.0
+
+
+async def test_cache_drift_counts_skus_that_stay_apart_beyond_the_grace(
+    pg_database, registry, redis_prefix
+):
+    await seed(pg_database)
+    client = aioredis.Redis.from_url(REDIS_URL)
+    key = f"{redis_prefix}stock:{{sku}}"
+    try:
+        # SKU-OK: database 15. SKU-OVER: 0, SKU-NEG1: -1, SKU-NEG3: -3 (no key).
+        await client.set(f"{redis_prefix}stock:SKU-OK", "15")  # equal
+        await client.set(f"{redis_prefix}stock:SKU-OVER", "3")  # 3 apart: drifts
+        await client.set(f"{redis_prefix}stock:SKU-NEG1", "0")  # 1 apart: within tolerance
+        config = parse_config(
+            yaml.safe_dump(
+                {
+                    "sku_guard": {"promo_skus": ["SKU-OK", "SKU-OVER", "SKU-NEG1", "SKU-NEG3"]},
+                    "database": {"url": pg_database, "leader_election": False},
+                    "redis": {
+                        "url": REDIS_URL,
+                        "key_template": key,
+                        "tolerance": 1,
+                        "grace": "500ms",
+                    },
+                    "probes": {
+                        "defaults": {"interval": "100ms"},
+                        **{p: {"enabled": False} for p in ALL_DB_PROBES},
+                    },
+                }
+            )
+        )
+        async with ProbeRunner(config, registry=registry):
+            await eventually(all_up(registry, ("cache_drift",)))
+            # Within the grace the difference does not count yet.
+            assert sample(registry, "stock_cache_drift_skus", cache="redis") == 0.0
+            await eventually(
+                lambda: sample(registry, "stock_cache_drift_skus", cache="redis") == 1.0,
+                what="one drifting SKU after the grace",
+            )
+            # A value that is not a number drifts too; a fixed value stops drifting.
+            await client.set(f"{redis_prefix}stock:SKU-OK", "lots")
+            await client.set(f"{redis_prefix}stock:SKU-OVER", "0")
+            await asyncio.sleep(0.2)
+            assert sample(registry, "stock_cache_drift_skus", cache="redis") == 0.0
+            await eventually(
+                lambda: sample(registry, "stock_cache_drift_skus", cache="redis") == 1.0,
+                what="the garbled SKU after the grace",
+            )
+    finally:
+        await client.aclose()
+
+
+async def test_cache_drift_is_down_while_redis_is_unreachable(pg_database, registry):
+    await seed(pg_database)
+    config = parse_config(
+        yaml.safe_dump(
+            {
+                "sku_guard": {"promo_skus": ["SKU-OK"]},
+                "database": {"url": pg_database, "leader_election": False},
+                "redis": {"url": "redis://127.0.0.1:1/0"},
+                "probes": {
+                    "defaults": {"interval": "100ms", "timeout": "1s"},
+                    **{p: {"enabled": False} for p in ALL_DB_PROBES if p != "negative_stock"},
+                },
+            }
+        )
+    )
+    async with ProbeRunner(config, registry=registry):
+        await eventually(
+            lambda: (
+                sample(registry, "stocksentry_probe_up", probe="cache_drift") == 0.0
+                and sample(registry, "stocksentry_probe_up", probe="negative_stock") == 1.0
+            ),
+            what="cache drift down, the database probe unaffected",
+        )
+        assert sample(registry, "stock_cache_drift_skus", cache="redis") is None
+
+
+async def test_the_probe_timeout_cancels_a_slow_query_in_the_server(pg_database, registry):
+    document = {
+        "database": {
+            "url": pg_database,
+            "leader_election": False,
+            "statement_timeout": "10s",
+            "lock_timeout": "10s",
+        },
+        "probes": {
+            **{p: {"enabled": False} for p in ALL_DB_PROBES},
+            "custom": [
+                {
+                    "name": "slow",
+                    "sql": "SELECT 1 AS value FROM pg_sleep(3)",
+                    "metric": "shop_slow",
+                    "interval": "200ms",
+                    "timeout": "300ms",
+                }
+            ],
+        },
+    }
+    async with ProbeRunner(parse_config(yaml.safe_dump(document)), registry=registry) as runner:
+        await eventually(lambda: "slow" in runner.results, what="one run")
+        result = runner.results["slow"]
+        assert (result.up, result.error) == (False, "timed out after 300ms")
+        assert result.duration < 1.0
+        # The query was cancelled in the server, not left running behind the exporter.
+        async with await psycopg.AsyncConnection.connect(pg_database, autocommit=True) as conn:
+            started = time.monotonic()
+            while True:
+                cursor = await conn.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                    " AND query LIKE '%%pg_sleep(3)%%' AND state = 'active'"
+                    " AND pid <> pg_backend_pid()"
+                )
+                (active,) = await cursor.fetchone() or (None,)
+                # The runner retries every 200 ms, so one may be in flight; never a pile.
+                assert active is not None
+                assert active <= 1
+                if time.monotonic() - started > 1.0:
+                    break
+                await asyncio.sleep(0.1)
+
+
+async def test_stop_leaves_no_session_behind(pg_database, registry):
+    await seed(pg_database)
+    config = make_config(pg_database, ALL_DB_PROBES, leader_election=True)
+    runner = ProbeRunner(config, registry=registry)
+    await runner.start()
+    await eventually(all_up(registry, ALL_DB_PROBES))
+    assert await exporter_sessions(pg_database)
+    await runner.stop()
+    await runner.stop()  # idempotent
+    deadline = time.monotonic() + 3.0
+    while await exporter_sessions(pg_database):
+        assert time.monotonic() < deadline, "sessions left open"
+        await asyncio.sleep(0.05)
+    assert not runner.is_leader
+
+
+# --- the pieces that need no service: error logs and backoff --------------------------------
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_error_log_is_rate_limited_per_probe_and_blanks_secrets(caplog):
+    caplog.set_level(logging.INFO, logger="test.errors")
+    url = "postgresql://app:s%40cret@db/shop"
+    clock = FakeClock()
+    errors = ErrorLog(
+        logging.getLogger("test.errors"),
+        interval=60.0,
+        secrets=secret_fragments(url),
+        clock=clock,
+    )
+    assert secret_fragments(url) == (url, "s%40cret", "s@cret")
+    assert errors.failed("negative_stock", f"cannot use {url}: bad s@cret") == (
+        "cannot use ***: bad ***"
+    )
+    errors.failed("negative_stock", "again")  # within the minute: counted, not logged
+    errors.failed("outbox", "other probe")  # another probe logs on its own
+    clock.now += 61.0
+    errors.failed("negative_stock", "still")
+    errors.recovered("negative_stock")
+    errors.recovered("negative_stock")  # only once
+    assert [r.getMessage() for r in caplog.records] == [
+        "probe negative_stock failed: cannot use ***: bad ***",
+        "probe outbox failed: other probe",
+        "probe negative_stock failed: still (1 more failures since the last message)",
+        "probe negative_stock recovered after 3 failed runs",
+    ]
+    assert all(r.probe in ("negative_stock", "outbox") for r in caplog.records)
+
+
+def test_backoff_doubles_up_to_the_maximum_and_resets():
+    clock = FakeClock()
+    backoff = Backoff(initial=0.5, maximum=4.0, clock=clock)
+    assert backoff.wait_time() == 0.0
+    delays = [backoff.failed() for _ in range(6)]
+    # Jitter takes up to a fifth off: 0.5, 1, 2, 4, 4, 4 at most.
+    for delay, ceiling in zip(delays, (0.5, 1.0, 2.0, 4.0, 4.0, 4.0), strict=True):
+        assert 0.8 * ceiling <= delay <= ceiling
+    assert backoff.wait_time() == pytest.approx(delays[-1])
+    clock.now += 4.0
+    assert backoff.wait_time() == 0.0
+    backoff.succeeded()
+    assert 0.4 <= backoff.failed() <= 0.5
