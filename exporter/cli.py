@@ -67,6 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
         dest="command", metavar="COMMAND", required=True, title="commands"
     )
     _add_demo(commands)
+    _add_exporter(commands)
+    _add_check_config(commands)
     return parser
 
 
@@ -128,6 +130,47 @@ def _strategy_list(text: str) -> list[str]:
             f" (choose from {', '.join(STRATEGIES)})"
         )
     return names
+
+
+# --- exporter and check-config ----------------------------------------------------------
+
+
+def _add_exporter(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    exporter = commands.add_parser(
+        "exporter",
+        help="run the sidecar: /metrics, /healthz, /readyz and the background probes",
+        description=(
+            "Serve /metrics (the app's multiprocess metrics merged with the probes' "
+            "figures), /healthz and /readyz, and run the database and Redis probes in the "
+            "background. A bad config prints one line naming file, line and key, exit 2."
+        ),
+    )
+    exporter.add_argument(
+        "--config", required=True, metavar="FILE", help="the exporter's YAML config"
+    )
+    exporter.set_defaults(handler=_cmd_exporter, parser=exporter)
+
+
+def _cmd_exporter(args: argparse.Namespace) -> int:
+    from .sidecar import run_exporter
+
+    return run_exporter(args.config)
+
+
+def _add_check_config(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    check = commands.add_parser(
+        "check-config",
+        help="validate an exporter config (and its web config) without starting",
+        description="Validate an exporter config; exit 0 when usable, 2 with one line if not.",
+    )
+    check.add_argument("file", metavar="FILE", help="the exporter's YAML config")
+    check.set_defaults(handler=_cmd_check_config, parser=check)
+
+
+def _cmd_check_config(args: argparse.Namespace) -> int:
+    from .sidecar import check_config
+
+    return check_config(args.file)
 
 
 # --- demo ----------------------------------------------------------------------------------

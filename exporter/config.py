@@ -209,6 +209,10 @@ class ServerConfig:
     #: The app's prometheus_client multiprocess directory; defaults to the
     #: ``PROMETHEUS_MULTIPROC_DIR`` environment variable at load.
     multiprocess_dir: Path | None = None
+    #: Drop ``live*`` gauges of worker pids that are gone. Needs the app's PID namespace
+    #: (same host, or ``shareProcessNamespace: true`` in a pod); otherwise every pid looks
+    #: dead, so turn it off and let the app's ``mark_process_dead`` hook clean up.
+    check_worker_pids: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -879,7 +883,13 @@ def _build(ctx: _Context, root: Node) -> ExporterConfig:
     )
 
 
-_SERVER_KEYS = ("listen_address", "port", "web_config_file", "multiprocess_dir")
+_SERVER_KEYS = (
+    "listen_address",
+    "port",
+    "web_config_file",
+    "multiprocess_dir",
+    "check_worker_pids",
+)
 
 
 def _server(ctx: _Context, section: _Map | None) -> ServerConfig:
@@ -909,6 +919,7 @@ def _server(ctx: _Context, section: _Map | None) -> ServerConfig:
         port=section.integer("port", default.port, minimum=0, maximum=65535),
         web_config_file=web_config,
         multiprocess_dir=multiprocess,
+        check_worker_pids=section.flag("check_worker_pids", default.check_worker_pids),
     )
 
 

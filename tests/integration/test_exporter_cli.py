@@ -1,0 +1,228 @@
+"""`stocksentry exporter` end to end: the lab oversells, the sidecar's probes see it.
+
+The lab writes the seeds' schema into a fresh PostgreSQL database; the exporter runs as a
+real process with a config file, and /metrics is read over HTTP.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from stocksentry.instrumentation import catalog
+
+CLI = [sys.executable, "-m", "stocksentry.exporter"]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def scrape(port: int) -> dict[str, float]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    samples: dict[str, float] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            samples[name] = float(value)
+    return samples
+
+
+def wait_for(check: Callable[[], bool], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    last: object = None
+    while time.monotonic() < deadline:
+        try:
+            if check():
+                return
+        except OSError as exc:  # not listening yet
+            last = exc
+        time.sleep(0.2)
+    raise AssertionError(f"condition not met in {timeout}s (last error: {last})")
+
+
+def write_config(tmp_path: Path, port: int, *, allocation: bool = True) -> Path:
+    config = tmp_path / "exporter.yaml"
+    products = "  products:\n    allocation: initial_stock\n" if allocation else ""
+    config.write_text(
+        f"""
+server:
+  listen_address: 127.0.0.1
+  port: {port}
+database:
+  url_env: STOCKSENTRY_DATABASE_URL
+  leader_election: false
+schema:
+{products or "  {}"}
+probes:
+  defaults:
+    interval: 0.5s
+    timeout: 2s
+"""
+    )
+    return config
+
+
+@pytest.fixture
+def exporter_env(pg_database: str) -> dict[str, str]:
+    return {**os.environ, "STOCKSENTRY_DATABASE_URL": pg_database}
+
+
+@pytest.fixture
+def oversold_database(pg_database: str) -> str:
+    """The lab's check_then_decrement run: stock below zero and more paid than allocated."""
+    done = subprocess.run(
+        [
+            *CLI,
+            "demo",
+            "--database",
+            pg_database,
+            "--strategy",
+            "check_then_decrement,atomic",
+            "--buyers",
+            "200",
+            "--stock",
+            "40",
+            "--quiet",
+            "--format",
+            "json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    results = {r["strategy"]: r for r in json.loads(done.stdout)}
+    assert results["check_then_decrement"]["final_stock"] < 0
+    return pg_database
+
+
+@pytest.fixture
+def run_exporter(exporter_env: dict[str, str]) -> Iterator[object]:
+    processes: list[subprocess.Popen[str]] = []
+
+    def start(config: Path, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+        process = subprocess.Popen(
+            [*CLI, "exporter", "--config", str(config)],
+            env=env or exporter_env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        processes.append(process)
+        return process
+
+    yield start
+    for process in processes:
+        if process.poll() is None:
+            process.kill()
+            process.wait(timeout=10)
+
+
+def test_probes_report_the_labs_oversell(
+    tmp_path: Path, oversold_database: str, run_exporter, exporter_env: dict[str, str]
+) -> None:
+    import psycopg
+
+    with psycopg.connect(oversold_database) as conn:
+        negative = conn.execute(
+            "SELECT count(*), coalesce(sum(-available_stock), 0) FROM products"
+            " WHERE available_stock < 0"
+        ).fetchone()
+        oversold = conn.execute(
+            """SELECT p.sku, sum(oi.quantity) - p.initial_stock FROM products p
+               JOIN order_items oi ON oi.product_id = p.id
+               JOIN orders o ON o.id = oi.order_id AND o.status = 'PAID'
+               GROUP BY p.sku, p.initial_stock HAVING sum(oi.quantity) > p.initial_stock"""
+        ).fetchall()
+    assert negative is not None
+    assert negative[0] == 1
+    assert len(oversold) == 1
+
+    port = free_port()
+    process = run_exporter(write_config(tmp_path, port))
+    up = f'{catalog.PROBE_UP.name}{{probe="oversold"}}'
+    wait_for(lambda: scrape(port).get(up) == 1.0)
+    wait_for(lambda: scrape(port).get(f'{catalog.PROBE_UP.name}{{probe="negative_stock"}}') == 1)
+    samples = scrape(port)
+    assert samples[catalog.NEGATIVE_INVENTORY_SKUS.name] == negative[0]
+    assert samples[catalog.NEGATIVE_INVENTORY_UNITS.name] == negative[1]
+    sku, units = oversold[0]
+    assert sku == "LAB-CHECK_THEN_DECREMENT"
+    assert samples[f'{catalog.OVERSOLD_UNITS.name}{{sku="{sku}"}}'] == units
+    # The safe strategy's SKU is not oversold.
+    assert f'{catalog.OVERSOLD_UNITS.name}{{sku="LAB-ATOMIC"}}' not in samples
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as response:
+        assert response.status == 200
+
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=20) == 0
+
+
+def test_database_down_keeps_serving_and_says_which_probe(
+    tmp_path: Path, run_exporter, exporter_env: dict[str, str]
+) -> None:
+    port = free_port()
+    env = {
+        **exporter_env,
+        "STOCKSENTRY_DATABASE_URL": "postgresql://postgres:hunter2@127.0.0.1:1/none",
+    }
+    process = run_exporter(write_config(tmp_path, port), env)
+    key = f'{catalog.PROBE_UP.name}{{probe="negative_stock"}}'
+    wait_for(lambda: key in scrape(port))
+    started = time.monotonic()
+    samples = scrape(port)
+    assert time.monotonic() - started < 1.0
+    assert samples[key] == 0.0
+    assert catalog.NEGATIVE_INVENTORY_SKUS.name not in samples
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=20) == 0
+    output = process.stderr.read() + process.stdout.read()
+    assert "negative_stock" in output  # the log names the probe that is down ...
+    assert "hunter2" not in output  # ... and never the password
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        ("server:\n  port: eighty\n", ":2: server.port:"),
+        ("servre: {}\n", ":1: servre: unknown key"),
+        ("database:\n  url: postgresql://u:secret@h/db\n", ":2: database.url:"),
+    ],
+)
+def test_bad_config_is_one_line_and_exit_2(tmp_path: Path, body: str, expected: str) -> None:
+    config = tmp_path / "bad.yaml"
+    config.write_text(body)
+    for command in ("exporter --config", "check-config"):
+        done = subprocess.run(
+            [*CLI, *command.split(), str(config)], capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 2, done.stderr
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1, done.stderr
+        assert f"{config}{expected}" in lines[0]
+        assert "secret" not in done.stderr
+        assert "Traceback" not in done.stderr
+
+
+def test_check_config_accepts_the_shipped_example(exporter_env: dict[str, str]) -> None:
+    example = Path(__file__).resolve().parents[2] / "exporter" / "config.example.yaml"
+    env = {**exporter_env, "STOCKSENTRY_REDIS_URL": "redis://127.0.0.1:6379/0"}
+    done = subprocess.run(
+        [*CLI, "check-config", str(example)], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"{example}: ok\n")
