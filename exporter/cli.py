@@ -148,13 +148,20 @@ def _add_exporter(commands: argparse._SubParsersAction[argparse.ArgumentParser])
     exporter.add_argument(
         "--config", required=True, metavar="FILE", help="the exporter's YAML config"
     )
+    exporter.add_argument(
+        "--web.config.file",
+        dest="web_config_file",
+        metavar="FILE",
+        help="TLS and basic auth, in the Prometheus exporters' web-config format "
+        "(overrides server.web_config_file)",
+    )
     exporter.set_defaults(handler=_cmd_exporter, parser=exporter)
 
 
 def _cmd_exporter(args: argparse.Namespace) -> int:
     from .sidecar import run_exporter
 
-    return run_exporter(args.config)
+    return run_exporter(args.config, web_config_file=args.web_config_file)
 
 
 def _add_check_config(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

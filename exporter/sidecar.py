@@ -69,8 +69,8 @@ def _enabled(config: ExporterConfig) -> str:
     return ", ".join(names) if names else "none enabled"
 
 
-def _web_config(config: ExporterConfig) -> object:
-    path = config.server.web_config_file
+def _web_config(config: ExporterConfig, override: str | Path | None = None) -> object:
+    path = override if override is not None else config.server.web_config_file
     if path is None:
         return None
     from .webconfig import load_web_config
@@ -78,12 +78,21 @@ def _web_config(config: ExporterConfig) -> object:
     return load_web_config(path)
 
 
-def run_exporter(path: str | Path, *, err: TextIO | None = None) -> int:
-    """Load the config at ``path`` and serve until SIGTERM/SIGINT; returns the exit status."""
+def run_exporter(
+    path: str | Path,
+    *,
+    web_config_file: str | Path | None = None,
+    err: TextIO | None = None,
+) -> int:
+    """Load the config at ``path`` and serve until SIGTERM/SIGINT; returns the exit status.
+
+    ``web_config_file`` (the ``--web.config.file`` flag of the Prometheus exporters)
+    overrides ``server.web_config_file`` of the config.
+    """
     err = err if err is not None else sys.stderr
     try:
         config = load_config(path)
-        web_config = _web_config(config)
+        web_config = _web_config(config, web_config_file)
     except (ConfigError, ValueError) as exc:
         print(f"stocksentry: {exc}", file=err)
         return EXIT_BAD_INPUT

@@ -226,3 +226,45 @@ def test_check_config_accepts_the_shipped_example(exporter_env: dict[str, str]) 
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith(f"{example}: ok\n")
+
+
+def test_web_config_flag_enables_basic_auth(
+    tmp_path: Path, run_exporter, exporter_env: dict[str, str]
+) -> None:
+    import base64
+
+    import bcrypt
+
+    web = tmp_path / "web.yml"
+    hashed = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=4)).decode()
+    web.write_text(f"basic_auth_users:\n  prometheus: {hashed}\n")
+    port = free_port()
+    config = write_config(tmp_path, port)
+    process = subprocess.Popen(
+        [*CLI, "exporter", "--config", str(config), "--web.config.file", str(web)],
+        env={**exporter_env, "STOCKSENTRY_DATABASE_URL": "postgresql://postgres@127.0.0.1:1/x"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        url = f"http://127.0.0.1:{port}/metrics"
+
+        def status(auth: str | None) -> int:
+            request = urllib.request.Request(url)
+            if auth:
+                request.add_header(
+                    "Authorization", "Basic " + base64.b64encode(auth.encode()).decode()
+                )
+            try:
+                with urllib.request.urlopen(request, timeout=5) as response:
+                    return int(response.status)
+            except urllib.error.HTTPError as exc:
+                return int(exc.code)
+
+        wait_for(lambda: status("prometheus:s3cret") == 200)
+        assert status(None) == 401
+        assert status("prometheus:wrong") == 401
+    finally:
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=20) == 0
