@@ -58,6 +58,8 @@ format: dev
 ## bench: instrumented vs bare reservation on real PostgreSQL, medians over repeats
 bench: dev services
 	$(PY) benchmarks/bench_reservation.py
+	$(PY) benchmarks/bench_exporter.py
+	$(PY) benchmarks/bench_probes.py
 
 clean:
 	rm -rf $(VENV) .typecheck build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,144 @@
+"""Checkout throughput of the lab on PostgreSQL with the exporter's probes running, against
+without them: the probes must not slow the sale they watch (target ratio >= 0.98).
+
+Run as ``python benchmarks/bench_probes.py`` (``make bench`` does). Each repeat runs the
+lab's ``atomic`` strategy once without and once with a :class:`ProbeRunner` probing every
+``--interval`` seconds in a background event loop, in alternating order; the printed ratio
+is the median of the per-pair throughput ratios (with / without).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import threading
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import psycopg
+from stocksentry.exporter.config import parse_config
+from stocksentry.exporter.lab import LabConfig, run_lab
+from stocksentry.exporter.probes import ProbeRunner
+
+DEFAULT_DSN = os.environ.get(
+    "STOCKSENTRY_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres"
+)
+
+
+@contextmanager
+def scratch_database(dsn: str) -> Iterator[str]:
+    """A fresh database for the run, dropped at the end whatever happens."""
+    name = f"stocksentry_bench_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield dsn.rsplit("/", 1)[0] + "/" + name
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@contextmanager
+def probes_running(url: str, interval: float) -> Iterator[ProbeRunner]:
+    """A ProbeRunner on its own event loop thread, every built-in probe on."""
+    config = parse_config(
+        f"""
+database:
+  url: {url}
+  leader_election: false
+schema:
+  products:
+    allocation: initial_stock
+probes:
+  defaults:
+    interval: {interval}s
+    timeout: 2s
+""",
+        environ={},
+    )
+    runner = ProbeRunner(config)
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    asyncio.run_coroutine_threadsafe(runner.start(), loop).result(timeout=10)
+    try:
+        yield runner
+    finally:
+        asyncio.run_coroutine_threadsafe(runner.stop(), loop).result(timeout=30)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=10)
+        loop.close()
+
+
+def throughput(url: str, buyers: int, concurrency: int) -> float:
+    """Reservations per second of one atomic run that sells every unit."""
+    (result,) = run_lab(
+        LabConfig(
+            database_url=url,
+            buyers=buyers,
+            stock=buyers,
+            concurrency=concurrency,
+            work_ms=0.0,
+            strategies=("atomic",),
+        )
+    )
+    if result.sold != buyers or not result.consistent:
+        raise RuntimeError(f"the lab run was not clean: {result}")
+    return buyers / result.wall_s
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--dsn", default=DEFAULT_DSN)
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--buyers", type=int, default=600)
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--interval", type=float, default=1.0)
+    args = parser.parse_args()
+    try:
+        database = scratch_database(args.dsn)
+        url = database.__enter__()
+    except psycopg.OperationalError as exc:
+        print(f"bench: cannot reach PostgreSQL: {str(exc).splitlines()[0]}", file=sys.stderr)
+        return 2
+    try:
+        throughput(url, args.buyers, args.concurrency)  # creates the schema, warms up
+        # The indexes the probes expect (docs/exporter-config.md), as a production shop has.
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("CREATE INDEX ON orders (created_at)")
+            conn.execute("CREATE INDEX ON products (available_stock) WHERE available_stock < 0")
+        ratios: list[float] = []
+        bare: list[float] = []
+        probed: list[float] = []
+        for repeat in range(args.repeats):
+            order = (False, True) if repeat % 2 == 0 else (True, False)
+            pair: dict[bool, float] = {}
+            for with_probes in order:
+                if with_probes:
+                    with probes_running(url, args.interval):
+                        pair[True] = throughput(url, args.buyers, args.concurrency)
+                else:
+                    pair[False] = throughput(url, args.buyers, args.concurrency)
+            bare.append(pair[False])
+            probed.append(pair[True])
+            ratios.append(pair[True] / pair[False])
+        print(
+            f"bench settings repeats={args.repeats} buyers={args.buyers} "
+            f"concurrency={args.concurrency} probe_interval={args.interval}s"
+        )
+        print(
+            f"bench lab_throughput_with_probes ratio={statistics.median(ratios):.3f} "
+            f"with_per_s={statistics.median(probed):.0f} "
+            f"without_per_s={statistics.median(bare):.0f}"
+        )
+    finally:
+        database.__exit__(None, None, None)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
