@@ -49,7 +49,7 @@ lint: dev
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy -p stocksentry.instrumentation -p stocksentry.exporter
-	$(VENV)/bin/mypy benchmarks
+	$(VENV)/bin/mypy benchmarks dashboards
 
 format: dev
 	$(VENV)/bin/ruff check --fix .
@@ -64,6 +64,7 @@ bench: dev services
 clean:
 	rm -rf $(VENV) .typecheck build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache
 
-## generate: rebuild generated artefacts (docs/metrics.md)
+## generate: rebuild generated artefacts (docs/metrics.md, dashboards/*.json)
 generate: dev
 	$(PY) docs/generate.py
+	$(PY) dashboards/build.py

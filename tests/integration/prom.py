@@ -1,0 +1,353 @@
+"""A real Prometheus for integration tests: start, scrape, evaluate rules, query, stop.
+
+:class:`Prometheus` runs ``/usr/bin/prometheus`` (or ``$PROMETHEUS``) on a free loopback
+port with a throw-away storage directory, a 1 s scrape and evaluation interval by default,
+optional rule files and an optional Alertmanager. It is a context manager; on exit the
+process is terminated, waited for, and killed if it does not stop in time.
+
+Example (a dashboard or alerting end-to-end test)::
+
+    from prom import Prometheus, free_port
+
+    with Prometheus(
+        targets={"stocksentry": [f"127.0.0.1:{app_port}"]},
+        rule_files=["alert_rules/stocksentry.rules.yml"],
+        alertmanager="127.0.0.1:9093",           # optional: where alerts are sent
+    ) as prom:
+        prom.wait_for_targets_up("stocksentry")
+        prom.wait_for("stock_reservation_success_total")   # until it returns a series
+        for series in prom.query("sum by (sku) (stock_reservation_success_total)"):
+            print(series["metric"]["sku"], series["value"][1])
+        firing = prom.alerts(state="firing")
+
+``query`` returns the API's ``result`` list (vector elements are
+``{"metric": {...}, "value": [ts, "text"]}``; a scalar or string result comes back as a
+one-element list). Any API error raises :class:`PrometheusError` with Prometheus's
+message. On a start-up failure the error carries the tail of Prometheus's log.
+
+Module import is cheap and needs only the standard library (``urllib``, ``subprocess``);
+tests that need the binary can ``pytest.skip`` on :func:`prometheus_binary` being
+``None``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+__all__ = ["Prometheus", "PrometheusError", "free_port", "prometheus_binary"]
+
+#: Seconds to wait for /-/ready before giving up.
+READY_TIMEOUT_S = 30.0
+#: Seconds to wait for a terminated Prometheus before killing it.
+STOP_TIMEOUT_S = 10.0
+
+
+class PrometheusError(RuntimeError):
+    """Prometheus did not start, or its HTTP API answered with an error."""
+
+
+def prometheus_binary() -> str | None:
+    """The Prometheus server to run: ``$PROMETHEUS``, ``/usr/bin/prometheus`` or on PATH."""
+    candidate = os.environ.get("PROMETHEUS")
+    if candidate:
+        return candidate if Path(candidate).exists() else None
+    if Path("/usr/bin/prometheus").exists():
+        return "/usr/bin/prometheus"
+    return shutil.which("prometheus")
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (the OS picks it)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _yaml_list(items: Sequence[str]) -> str:
+    # JSON is YAML: quoting through json.dumps keeps paths and targets literal.
+    return "[" + ", ".join(json.dumps(i) for i in items) + "]"
+
+
+class Prometheus:
+    """A Prometheus server of the test's own.
+
+    ``targets`` maps a job name to ``host:port`` targets (scraped at ``/metrics``);
+    ``scrape_configs`` adds raw scrape configs (dicts, written as JSON-in-YAML) for
+    anything else (basic auth, TLS, another path). ``rule_files`` are loaded as given
+    (paths made absolute); ``alertmanager`` is a ``host:port`` Alertmanager to send
+    alerts to. ``extra_args`` go to the command line (e.g.
+    ``["--enable-feature=exemplar-storage"]``).
+    """
+
+    def __init__(
+        self,
+        targets: Mapping[str, Sequence[str]] | None = None,
+        *,
+        scrape_configs: Sequence[Mapping[str, Any]] = (),
+        rule_files: Sequence[str | os.PathLike[str]] = (),
+        alertmanager: str | None = None,
+        scrape_interval: str = "1s",
+        evaluation_interval: str = "1s",
+        extra_args: Sequence[str] = (),
+        binary: str | None = None,
+    ) -> None:
+        self.targets = dict(targets or {})
+        self.scrape_configs = list(scrape_configs)
+        self.rule_files = [str(Path(f).resolve()) for f in rule_files]
+        self.alertmanager = alertmanager
+        self.scrape_interval = scrape_interval
+        self.evaluation_interval = evaluation_interval
+        self.extra_args = list(extra_args)
+        self.binary = binary or prometheus_binary()
+        self.port: int | None = None
+        self._dir: tempfile.TemporaryDirectory[str] | None = None
+        self._process: subprocess.Popen[bytes] | None = None
+        self._log: Any = None
+
+    # --- life cycle ------------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        """``http://127.0.0.1:<port>`` of the running server."""
+        if self.port is None:
+            raise PrometheusError("Prometheus is not running")
+        return f"http://127.0.0.1:{self.port}"
+
+    def config_text(self) -> str:
+        """The prometheus.yml this instance runs with."""
+        lines = [
+            "global:",
+            f"  scrape_interval: {self.scrape_interval}",
+            f"  evaluation_interval: {self.evaluation_interval}",
+            f"  scrape_timeout: {self.scrape_interval}",
+        ]
+        if self.rule_files:
+            lines.append(f"rule_files: {_yaml_list(self.rule_files)}")
+        if self.alertmanager:
+            lines += [
+                "alerting:",
+                "  alertmanagers:",
+                f"    - static_configs: [{{targets: {_yaml_list([self.alertmanager])}}}]",
+            ]
+        lines.append("scrape_configs:")
+        for job, hosts in self.targets.items():
+            lines += [
+                f"  - job_name: {json.dumps(job)}",
+                f"    static_configs: [{{targets: {_yaml_list(list(hosts))}}}]",
+            ]
+        lines += [f"  - {json.dumps(dict(config))}" for config in self.scrape_configs]
+        if not self.targets and not self.scrape_configs:
+            lines[-1] = "scrape_configs: []"
+        return "\n".join(lines) + "\n"
+
+    def start(self, attempts: int = 3) -> Prometheus:
+        """Start the server and wait until it is ready; returns ``self``.
+
+        The port is chosen free just before the start; if another process takes it in
+        between, the start is retried on a new port (``attempts`` times in all).
+        """
+        if self.binary is None:
+            raise PrometheusError("no prometheus binary (set $PROMETHEUS or install it)")
+        if self._process is not None:
+            raise PrometheusError("already started")
+        self._dir = tempfile.TemporaryDirectory(prefix="stocksentry-prom-")
+        base = Path(self._dir.name)
+        config = base / "prometheus.yml"
+        config.write_text(self.config_text(), encoding="utf-8")
+        last_error: PrometheusError | None = None
+        for attempt in range(attempts):
+            self.port = free_port()
+            log_path = base / f"prometheus-{attempt}.log"
+            self._log = log_path.open("wb")
+            self._process = subprocess.Popen(
+                [
+                    self.binary,
+                    f"--config.file={config}",
+                    f"--storage.tsdb.path={base / 'data'}",
+                    f"--web.listen-address=127.0.0.1:{self.port}",
+                    "--web.enable-lifecycle",
+                    "--log.level=info",
+                    *self.extra_args,
+                ],
+                stdout=self._log,
+                stderr=subprocess.STDOUT,
+            )
+            try:
+                self._wait_ready(log_path)
+                return self
+            except PrometheusError as exc:
+                last_error = exc
+                self._stop_process()
+                if "address already in use" not in str(exc):
+                    break
+        self.stop()
+        assert last_error is not None
+        raise last_error
+
+    def _wait_ready(self, log_path: Path) -> None:
+        assert self._process is not None
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self._process.poll() is not None:
+                raise PrometheusError(
+                    f"prometheus exited with {self._process.returncode}:\n{_tail(log_path)}"
+                )
+            try:
+                with urllib.request.urlopen(f"{self.url}/-/ready", timeout=1) as response:
+                    if response.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            time.sleep(0.1)
+        raise PrometheusError(f"prometheus not ready in {READY_TIMEOUT_S} s:\n{_tail(log_path)}")
+
+    def _stop_process(self) -> None:
+        process, self._process = self._process, None
+        if process is not None and process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(timeout=STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def stop(self) -> None:
+        """Stop the server (terminate, wait, kill on timeout) and remove its storage."""
+        self._stop_process()
+        if self._dir is not None:
+            self._dir.cleanup()
+            self._dir = None
+        self.port = None
+
+    def log(self) -> str:
+        """Prometheus's log so far (for failure messages)."""
+        if self._dir is None:
+            return ""
+        logs = sorted(Path(self._dir.name).glob("prometheus-*.log"))
+        return logs[-1].read_text(encoding="utf-8", errors="replace") if logs else ""
+
+    def __enter__(self) -> Prometheus:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    # --- HTTP API --------------------------------------------------------------------------
+
+    def api(self, path: str, **params: str | Sequence[str]) -> Any:
+        """GET ``/api/v1/<path>`` and return its ``data``; raises on an API error."""
+        query = urllib.parse.urlencode(
+            [(k, v) for k, vs in params.items() for v in ([vs] if isinstance(vs, str) else vs)]
+        )
+        url = f"{self.url}/api/v1/{path}" + (f"?{query}" if query else "")
+        try:
+            with urllib.request.urlopen(url, timeout=10) as response:
+                body = json.load(response)
+        except urllib.error.HTTPError as exc:
+            try:
+                body = json.load(exc)
+            except ValueError:
+                raise PrometheusError(f"{path}: HTTP {exc.code}") from exc
+        if body.get("status") != "success":
+            raise PrometheusError(f"{path}: {body.get('errorType')}: {body.get('error')}")
+        return body["data"]
+
+    def query(self, expr: str, at: float | None = None) -> list[Any]:
+        """Evaluate ``expr`` at ``at`` (Unix time; default now); returns the result list."""
+        params = {"query": expr}
+        if at is not None:
+            params["time"] = f"{at:.3f}"
+        data = self.api("query", **params)
+        result = data["result"]
+        if data["resultType"] in ("scalar", "string"):
+            return [result]
+        return list(result)
+
+    def query_range(self, expr: str, start: float, end: float, step: float = 1.0) -> list[Any]:
+        """Evaluate ``expr`` over ``[start, end]`` every ``step`` seconds (a matrix)."""
+        data = self.api(
+            "query_range", query=expr, start=f"{start:.3f}", end=f"{end:.3f}", step=f"{step:g}"
+        )
+        return list(data["result"])
+
+    def label_values(self, label: str, match: Sequence[str] = ()) -> list[str]:
+        """Values of ``label``, optionally among series matching selectors ``match``."""
+        return list(self.api(f"label/{label}/values", **({"match[]": match} if match else {})))
+
+    def targets_status(self) -> list[dict[str, Any]]:
+        """The active scrape targets with their health and last error."""
+        return list(self.api("targets", state="active")["activeTargets"])
+
+    def alerts(self, state: str | None = None) -> list[dict[str, Any]]:
+        """Alerts of the loaded rules (``state``: ``pending`` or ``firing`` to filter)."""
+        found = list(self.api("alerts")["alerts"])
+        return [a for a in found if state is None or a.get("state") == state]
+
+    def rules(self) -> list[dict[str, Any]]:
+        """The loaded rule groups with each rule's health and last error."""
+        return list(self.api("rules")["groups"])
+
+    # --- waiting ---------------------------------------------------------------------------
+
+    def wait_for(
+        self,
+        expr: str,
+        predicate: Callable[[list[Any]], bool] = bool,
+        timeout: float = 20.0,
+        interval: float = 0.25,
+    ) -> list[Any]:
+        """Query ``expr`` until ``predicate(result)`` holds (default: not empty).
+
+        Returns the result that satisfied it; raises :class:`TimeoutError` with the last
+        result otherwise.
+        """
+        deadline = time.monotonic() + timeout
+        result: list[Any] = []
+        while True:
+            result = self.query(expr)
+            if predicate(result):
+                return result
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"{expr!r} still {result!r} after {timeout} s")
+            time.sleep(interval)
+
+    def wait_for_targets_up(self, job: str, timeout: float = 20.0) -> None:
+        """Wait until every target of ``job`` has been scraped successfully."""
+        deadline = time.monotonic() + timeout
+        while True:
+            mine = [t for t in self.targets_status() if t["labels"].get("job") == job]
+            if mine and all(t["health"] == "up" for t in mine):
+                return
+            if time.monotonic() >= deadline:
+                errors = [t.get("lastError") for t in mine]
+                raise TimeoutError(f"targets of {job!r} not up after {timeout} s: {errors}")
+            time.sleep(0.25)
+
+
+def _tail(path: Path, lines: int = 30) -> str:
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])

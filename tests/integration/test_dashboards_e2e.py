@@ -1,0 +1,286 @@
+"""Every dashboard query returns data from a real Prometheus scraping the flash-sale lab.
+
+The lab (``stocksentry demo``) runs its unsafe, check_then_decrement and atomic strategies
+and serves ``/metrics``; a Prometheus of the test's own scrapes it every second with the
+project's rules loaded. Then every panel query of the three dashboards, with the
+template variables filled in as Grafana would, must return at least one series, except
+the queries listed in :data:`NO_LAB_DATA`, whose metrics the lab cannot produce yet. The
+test fails when a listed query starts returning data, so the list shrinks as features
+land. A counter that exists but stayed at zero returns a zero-valued series, which counts
+as data.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prom import Prometheus, free_port, prometheus_binary
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from dashboards import lint  # noqa: E402 - needs the repository root on sys.path
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(prometheus_binary() is None, reason="prometheus not installed"),
+]
+
+JOB = "stocksentry"
+DEEP_DIVE_SKU = "LAB-CHECK_THEN_DECREMENT"
+STRATEGIES = ("unsafe", "check_then_decrement", "atomic")
+# Smaller than the lab's default so the whole test stays well under a minute.
+LAB_ARGS = [
+    *("--strategy", ",".join(STRATEGIES)),
+    *("--buyers", "300", "--stock", "60", "--concurrency", "50", "--work-ms", "5"),
+]
+LINGER_S = 60  # an upper bound: the test stops the lab as soon as it is done
+#: What Grafana would put in: one job, every namespace, a window of at least four scrapes,
+#: a range longer than the test so that every series was born inside it.
+VALUES = {
+    "__rate_interval": "1m",
+    "__range": "5m",
+    "__interval": "1s",
+    "namespace": ".*",
+    "job": JOB,
+    "sku": DEEP_DIVE_SKU,
+}
+# A rule of the test's own that always fires, so the "Firing alerts" panel has a real
+# ALERTS series to show: no project alert is certain to fire on the lab's data.
+ALWAYS_FIRING = """\
+groups:
+  - name: dashboards-e2e
+    rules:
+      - alert: StockDashboardE2EAlwaysFiring
+        expr: vector(1)
+        labels:
+          severity: none
+"""
+
+_PROBE = "probe metric: computed by the exporter sidecar's database or Redis probes, not the lab"
+_NO_DEADLOCK = (
+    "the lab's SQLite runs hit no deadlock or serialization failure, and a labelled "
+    "counter has no series before its first increment"
+)
+_PAYMENTS = "the lab takes no payments: no paid orders, no refunds due to oversell"
+_LOCKS = "the lab's strategies take no distributed (Redis) lock"
+_RETRIES = "lab buyers never retry: every idempotency key is new and used once"
+_CACHE = "the lab reads stock from the database only, never from a cache"
+_HEALTHY = (
+    "a labelled counter has no series until its first increment, and the lab neither "
+    "overflows the guard (its SKUs are promo SKUs) nor fails inside the instrumentation"
+)
+
+#: (dashboard uid, panel title) -> (refIds expected to return nothing, why). Threshold
+#: queries of the same panels (recording rules) do return data and are not listed.
+NO_LAB_DATA: dict[tuple[str, str], tuple[str, str]] = {
+    # --- overview ---
+    ("stocksentry-overview", "Negative-inventory SKUs (probe)"): ("A", _PROBE),
+    ("stocksentry-overview", "Oversold units (probe)"): ("A", _PROBE),
+    ("stocksentry-overview", "Refunds due to oversell"): ("A", _PAYMENTS),
+    ("stocksentry-overview", "Paid orders and refunds due to oversell"): ("AB", _PAYMENTS),
+    ("stocksentry-overview", "Deadlocks and serialization failures"): (
+        "ABC",
+        _NO_DEADLOCK + "; C (pg_stat_database) is a " + _PROBE,
+    ),
+    ("stocksentry-overview", "Sessions waiting for a lock (probe)"): ("A", _PROBE),
+    ("stocksentry-overview", "Longest current lock wait (probe)"): ("A", _PROBE),
+    ("stocksentry-overview", "Idempotency replays and key conflicts"): ("AB", _RETRIES),
+    ("stocksentry-overview", "Duplicate order keys (probe)"): ("A", _PROBE),
+    ("stocksentry-overview", "Stale cache decisions"): ("A", _CACHE),
+    ("stocksentry-overview", "Cache drift (probe)"): ("A", _PROBE),
+    ("stocksentry-overview", "Outbox lag (probe)"): ("A", _PROBE),
+    ("stocksentry-overview", "Outbox pending events (probe)"): ("A", _PROBE),
+    ("stocksentry-overview", "Probe health"): ("A", _PROBE),
+    # --- SKU deep dive ---
+    ("stocksentry-sku", "Oversold units (probe)"): ("A", _PROBE),
+    ("stocksentry-sku", "Refunds due to oversell"): ("A", _PAYMENTS),
+    ("stocksentry-sku", "Paid orders and refunds due to oversell"): ("AB", _PAYMENTS),
+    ("stocksentry-sku", "Deadlocks and serialization failures"): ("AB", _NO_DEADLOCK),
+    ("stocksentry-sku", "Distributed lock acquire wait p99 by outcome"): ("A", _LOCKS),
+    ("stocksentry-sku", "Distributed lock hold time / TTL"): ("AB", _LOCKS),
+    ("stocksentry-sku", "Distributed lock expirations and foreign releases"): ("AB", _LOCKS),
+    # --- exporter and probes ---
+    ("stocksentry-exporter", "Probes up"): ("A", _PROBE),
+    ("stocksentry-exporter", "Probe duration"): ("A", _PROBE),
+    ("stocksentry-exporter", "Probe data age"): ("A", _PROBE),
+    ("stocksentry-exporter", "Label overflow"): ("A", _HEALTHY),
+    ("stocksentry-exporter", "Instrumentation errors"): ("A", _HEALTHY),
+}
+UIDS = ("stocksentry-overview", "stocksentry-sku", "stocksentry-exporter")
+
+
+def load(uid: str) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((ROOT / "dashboards" / f"{uid}.json").read_text())
+    return data
+
+
+@dataclass(frozen=True)
+class Sale:
+    """The running set-up: Prometheus with the lab's data, and the lab's own report."""
+
+    prom: Prometheus
+    report: dict[str, dict[str, Any]]  # strategy -> the lab's JSON result
+
+
+def _read_report(lab: subprocess.Popen[str], timeout: float) -> list[dict[str, Any]]:
+    """The lab's JSON report; the lab keeps running (lingering) after printing it."""
+    lines: list[str] = []
+    done = threading.Event()
+
+    def reader() -> None:
+        assert lab.stdout is not None
+        for line in lab.stdout:
+            lines.append(line)
+            if line.rstrip("\n") == "]":  # json.dumps(indent=2) closes the list alone
+                break
+        done.set()
+
+    threading.Thread(target=reader, daemon=True).start()
+    if not done.wait(timeout):
+        raise TimeoutError(f"no lab report in {timeout} s: {''.join(lines)[-2000:]}")
+    report: list[dict[str, Any]] = json.loads("".join(lines))
+    return report
+
+
+@pytest.fixture(scope="module")
+def sale(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sale]:
+    work = tmp_path_factory.mktemp("dashboards-e2e")
+    always_firing = work / "always-firing.rules.yml"
+    always_firing.write_text(ALWAYS_FIRING)
+    lab_stderr = (work / "lab.stderr").open("w")
+    port = free_port()
+    rules = [ROOT / "alert_rules" / "stocksentry.rules.yml", always_firing]
+    with Prometheus({JOB: [f"127.0.0.1:{port}"]}, rule_files=rules) as prom:
+        lab = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "stocksentry.exporter",
+                "demo",
+                *LAB_ARGS,
+                "--metrics-port",
+                str(port),
+                "--linger",
+                str(LINGER_S),
+                "--format",
+                "json",
+                "--quiet",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=lab_stderr,  # a file: an unread pipe could block the lab
+            text=True,
+        )
+        try:
+            try:
+                report = {r["strategy"]: r for r in _read_report(lab, timeout=40)}
+            except (TimeoutError, ValueError) as exc:
+                raise AssertionError(
+                    f"{exc}\nlab stderr: {(work / 'lab.stderr').read_text()[-2000:]}"
+                ) from exc
+            assert set(report) == set(STRATEGIES)
+            # Prometheus has the final figures once the last strategy's total is scraped...
+            atomic = report["atomic"]
+            prom.wait_for(
+                f'stock_reservation_success_total{{sku="{atomic["sku"]}"}} == {atomic["sold"]}'
+            )
+            # ... and rate() needs a second sample of the newest series.
+            time.sleep(2.5)
+            yield Sale(prom, report)
+        finally:
+            lab.terminate()
+            try:
+                lab.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                lab.kill()
+                lab.wait()
+            lab_stderr.close()
+
+
+def _empty_refs(prom: Prometheus, uid: str) -> dict[str, str]:
+    """Panel title -> refIds whose query returned no series (after a short retry)."""
+    board = load(uid)
+    empty: dict[str, str] = {}
+    pending = [
+        (panel["title"], target["refId"], lint.substitute(target["expr"], VALUES))
+        for panel, target in lint.iter_targets(board)
+    ]
+    deadline = time.monotonic() + 3.0  # recording rules and alerts settle within seconds
+    while pending:
+        pending = [(t, r, e) for t, r, e in pending if not prom.query(e)]
+        if not pending or time.monotonic() >= deadline:
+            break
+        time.sleep(0.5)
+    for title, ref, _ in pending:
+        empty[title] = empty.get(title, "") + ref
+    return empty
+
+
+@pytest.mark.parametrize("uid", UIDS)
+def test_every_panel_has_data_except_the_listed_ones(sale: Sale, uid: str) -> None:
+    expected = {title: refs for (u, title), (refs, _) in NO_LAB_DATA.items() if u == uid}
+    assert _empty_refs(sale.prom, uid) == expected
+
+
+def test_allow_list_names_real_panels_and_gives_reasons() -> None:
+    titles = {(uid, p["title"]) for uid in UIDS for p in lint.iter_panels(load(uid))}
+    assert set(NO_LAB_DATA) <= titles
+    assert all(reason for _, reason in NO_LAB_DATA.values())
+
+
+def _instant(sale: Sale, uid: str, title: str) -> list[Any]:
+    (panel,) = (p for p in lint.iter_panels(load(uid)) if p["title"] == title)
+    return sale.prom.query(lint.substitute(panel["targets"][0]["expr"], VALUES))
+
+
+def _by_label(result: list[Any], label: str) -> dict[str, float]:
+    return {r["metric"].get(label, ""): float(r["value"][1]) for r in result}
+
+
+def test_negative_writes_show_the_labs_count(sale: Sale) -> None:
+    negative = sale.report["check_then_decrement"]["negative_writes"]
+    assert negative > 0
+    overview = _by_label(
+        _instant(sale, "stocksentry-overview", "Negative stock writes by SKU (app)"), "sku"
+    )
+    assert overview == {DEEP_DIVE_SKU: negative}
+    deep_dive = _instant(sale, "stocksentry-sku", "Negative stock writes")
+    assert [float(r["value"][1]) for r in deep_dive] == [negative]
+
+
+def test_conflict_panels_show_the_labs_counts(sale: Sale) -> None:
+    expected = {
+        r["sku"]: sum(r["conflicts"].values()) for r in sale.report.values() if r["conflicts"]
+    }
+    top = _by_label(_instant(sale, "stocksentry-overview", "Top SKUs by conflicts"), "sku")
+    assert top == expected
+    by_reason = _by_label(_instant(sale, "stocksentry-sku", "Conflicts by reason"), "reason")
+    assert by_reason == sale.report["check_then_decrement"]["conflicts"]
+
+
+def test_firing_alerts_panel_lists_a_firing_alert(sale: Sale) -> None:
+    rows = _instant(sale, "stocksentry-overview", "Firing alerts")
+    assert "StockDashboardE2EAlwaysFiring" in {r["metric"]["alertname"] for r in rows}
+
+
+def test_variable_queries_list_the_lab(sale: Sale) -> None:
+    found: dict[str, list[str]] = {}
+    for variable in lint.variables(load("stocksentry-sku")):
+        parsed = lint.label_values_query(str(variable.get("query", "")))
+        if parsed is not None:
+            selector, label = parsed
+            match = lint.substitute(selector, VALUES)
+            found[variable["name"]] = sale.prom.label_values(label, [match])
+    assert found["job"] == [JOB]
+    assert found["namespace"] == []  # no Kubernetes here; "All" (.*) still matches
+    assert sorted(found["sku"]) == sorted(r["sku"] for r in sale.report.values())

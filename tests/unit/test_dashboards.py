@@ -1,0 +1,293 @@
+"""The dashboards: committed JSON is fresh, passes the house linter, and every query parses.
+
+The linter (:mod:`dashboards.lint`) is itself tested on broken copies of a dashboard, and
+promtool on a broken expression, so that a clean result means something.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from grafana_foundation_sdk.models.dashboard import Dashboard
+from stocksentry.instrumentation import catalog
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from dashboards import build, lint, panels  # noqa: E402 - needs the repository root on sys.path
+
+RULES_FILE = ROOT / "alert_rules" / "stocksentry.rules.yml"
+UIDS = ("stocksentry-overview", "stocksentry-sku", "stocksentry-exporter")
+#: Template values for promtool: a real window, a lab SKU, the job of the alert rules.
+PROMTOOL_VALUES = {
+    "__rate_interval": "1m",
+    "__range": "1h",
+    "__interval": "1m",
+    "namespace": ".*",
+    "job": "stocksentry",
+    "sku": "LAB-UNSAFE",
+}
+
+
+def _rules() -> list[dict[str, Any]]:
+    data = yaml.safe_load(RULES_FILE.read_text(encoding="utf-8"))
+    return [rule for group in data["groups"] for rule in group["rules"]]
+
+
+RECORDING_RULES = frozenset(r["record"] for r in _rules() if "record" in r)
+ALERTS = frozenset(r["alert"] for r in _rules() if "alert" in r)
+ALLOWED_METRICS = catalog.sample_names() | RECORDING_RULES | lint.BUILTIN_SERIES
+
+
+def load(uid: str) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((ROOT / "dashboards" / f"{uid}.json").read_text())
+    return data
+
+
+def panel(board: dict[str, Any], title: str) -> dict[str, Any]:
+    (found,) = (p for p in lint.iter_panels(board) if p["title"] == title)
+    return found
+
+
+# --- generated, and fresh ------------------------------------------------------------------
+
+
+def test_committed_json_equals_a_fresh_build() -> None:
+    assert build.stale(build.artefacts()) == [], "run `python dashboards/build.py`"
+
+
+def test_check_flags_stale_missing_and_extra_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(build, "OUT_DIR", tmp_path)
+    assert build.main(["--check"]) == 1  # nothing written yet
+    assert build.main([]) == 0
+    assert sorted(p.name for p in tmp_path.glob("*.json")) == sorted(build.BUILDERS)
+    assert build.main(["--check"]) == 0
+    overview = tmp_path / "stocksentry-overview.json"
+    overview.write_text(overview.read_text().replace("Reservations", "Reservation"))
+    assert build.main(["--check"]) == 1
+    assert build.main([]) == 0
+    (tmp_path / "old-dashboard.json").write_text("{}")
+    assert build.main(["--check"]) == 1
+    assert "old-dashboard.json" in capsys.readouterr().out
+
+
+def test_build_script_runs_from_anywhere(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "dashboards" / "build.py"), "--check"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("uid", UIDS)
+def test_json_loads_back_into_the_sdk_model(uid: str) -> None:
+    board = load(uid)
+    model = Dashboard.from_json(board)
+    assert model.uid == uid
+    assert len(model.panels or []) == len(board["panels"])
+
+
+# --- identity ------------------------------------------------------------------------------
+
+
+def test_uids_are_the_stable_ones_and_name_the_files() -> None:
+    assert sorted(build.BUILDERS) == sorted(f"{uid}.json" for uid in UIDS)
+    assert [load(uid)["uid"] for uid in UIDS] == list(UIDS)
+    assert (panels.OVERVIEW_UID, panels.SKU_UID, panels.EXPORTER_UID) == UIDS
+
+
+def test_alert_dashboard_urls_point_at_built_dashboards() -> None:
+    urls = [r["annotations"]["dashboard_url"] for r in _rules() if "alert" in r]
+    assert urls
+    for url in urls:
+        match = re.search(r"/d/([\w-]+)(\?var-sku=)?", url)
+        assert match, url
+        assert match.group(1) in UIDS, url
+        if match.group(2):
+            assert match.group(1) == "stocksentry-sku"
+
+
+def test_every_alert_of_the_rules_file_shows_in_the_firing_alerts_panel() -> None:
+    (target,) = panel(load("stocksentry-overview"), "Firing alerts")["targets"]
+    pattern = re.search(r'alertname=~"([^"]+)"', target["expr"])
+    assert pattern
+    # Prometheus anchors regex matchers.
+    assert [a for a in sorted(ALERTS) if not re.fullmatch(pattern.group(1), a)] == []
+
+
+# --- the linter ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("uid", UIDS)
+def test_dashboard_passes_the_linter(uid: str) -> None:
+    assert lint.lint(load(uid), allowed_metrics=ALLOWED_METRICS, alerts=ALERTS) == []
+
+
+@pytest.mark.parametrize("uid", UIDS)
+def test_variables(uid: str) -> None:
+    found = {v["name"]: v for v in lint.variables(load(uid))}
+    expected = ["datasource", "namespace", "job"] + (["sku"] if uid == "stocksentry-sku" else [])
+    assert list(found) == expected
+    assert found["datasource"]["type"] == "datasource"
+    assert found["datasource"]["query"] == "prometheus"
+    assert found["namespace"]["allValue"] == ".*"  # also matches series without the label
+    if uid == "stocksentry-sku":
+        assert lint.label_values_query(found["sku"]["query"]) == (
+            f'{catalog.RESERVATION_SUCCESS.name}{{namespace=~"$namespace", job=~"$job"}}',
+            "sku",
+        )
+        assert found["sku"]["multi"] is False
+
+
+def test_latency_panels_ask_for_exemplars() -> None:
+    board = load("stocksentry-sku")
+    for title in ("Reservation latency", "Reservation latency p50 / p99 by outcome"):
+        assert all(t["exemplar"] is True for t in panel(board, title)["targets"]), title
+    assert panel(board, "Reservation latency")["type"] == "heatmap"
+    assert panel(board, "Reservation latency")["targets"][0]["format"] == "heatmap"
+
+
+@pytest.mark.parametrize(
+    "title",
+    [
+        "Negative-inventory SKUs (probe)",
+        "Oversold units (probe)",
+        "Negative stock writes by SKU (app)",
+        "Refunds due to oversell",
+    ],
+)
+def test_oversell_stats_are_big_and_red_above_zero(title: str) -> None:
+    found = panel(load("stocksentry-overview"), title)
+    assert found["type"] == "stat"
+    assert found["options"]["colorMode"] == "background"
+    steps = found["fieldConfig"]["defaults"]["thresholds"]["steps"]
+    assert steps == [{"color": "green", "value": None}, {"color": "red", "value": 1e-9}]
+
+
+def _broken(change: str) -> dict[str, Any]:
+    board = copy.deepcopy(load("stocksentry-overview"))
+    first = next(lint.iter_panels(board))
+    target = first["targets"][0]
+    if change == "window":
+        target["expr"] = target["expr"].replace("$__rate_interval", "5m")
+    elif change == "metric":
+        target["expr"] = target["expr"].replace("stock_reservation", "stock_reservatoin")
+    elif change == "unit":
+        del first["fieldConfig"]["defaults"]["unit"]
+    elif change == "description":
+        first["description"] = ""
+    elif change == "datasource":
+        first["datasource"] = {"type": "prometheus", "uid": "prometheus-prod"}
+    elif change == "target datasource":
+        target["datasource"] = {"type": "prometheus", "uid": "prometheus-prod"}
+    elif change == "runbook":
+        first["description"] += " " + panels.runbook_url("StockNoSuchAlert")
+    elif change == "variable":
+        target["expr"] = target["expr"].replace("$job", "$cluster")
+    elif change == "offset":
+        target["expr"] += " offset 1w"
+    elif change == "id":
+        first["id"] = board["panels"][0]["id"]
+    elif change == "overlap":
+        first["gridPos"]["x"] += 1
+    return board
+
+
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        ("window", "hard-coded window(s) ['5m']"),
+        ("metric", "unknown metric(s) ['stock_reservatoin_duration_seconds_count']"),
+        ("unit", "no unit"),
+        ("description", "description links no runbook"),
+        ("datasource", "not ${datasource}"),
+        ("target datasource", "query datasource is not ${datasource}"),
+        ("runbook", "alerts the rules file lacks: ['StockNoSuchAlert']"),
+        ("variable", "undefined variable(s) ['cluster']"),
+        ("offset", "hard-coded window(s) ['offset 1w']"),
+        ("id", "missing or repeated"),
+        ("overlap", "overlaps"),
+    ],
+)
+def test_linter_catches(change: str, problem: str) -> None:
+    problems = lint.lint(_broken(change), allowed_metrics=ALLOWED_METRICS, alerts=ALERTS)
+    assert any(problem in p for p in problems), problems
+
+
+def test_metric_names_skip_functions_labels_strings_and_windows() -> None:
+    expr = (
+        'sum by (sku) (rate(a_total{reason!="x y", l=~"b|c"}[$__range])) '
+        "/ on (sku) group_left () rec:ord:rule offset 1w > bool 0.99 "
+        "and histogram_quantile(0.9, sum by (le) (rate(h_bucket[1m]))) or vector(1e-3) "
+        'unless label_replace(up, "dst", "$1", "src", "(.*)")'
+    )
+    assert lint.metric_names(expr) == {"a_total", "rec:ord:rule", "h_bucket", "up"}
+
+
+def test_substitute_refuses_unknown_variables() -> None:
+    assert lint.substitute("x[$__range] ${job}", {"__range": "1h", "job": "j"}) == "x[1h] j"
+    with pytest.raises(KeyError):
+        lint.substitute("x{a=$nope}", {})
+
+
+# --- promtool parses every expression ------------------------------------------------------
+
+
+def _promtool_check(exprs: dict[str, str], tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """Write each expression as a recording rule of its own group and check the file."""
+    groups = [
+        {"name": name, "rules": [{"record": f"dashboard_check_{i}", "expr": expr}]}
+        for i, (name, expr) in enumerate(exprs.items())
+    ]
+    rules = tmp_path / "dashboards.rules.yml"
+    rules.write_text(yaml.safe_dump({"groups": groups}, sort_keys=False))
+    promtool = shutil.which("promtool")
+    assert promtool is not None
+    return subprocess.run(
+        [promtool, "check", "rules", str(rules)], capture_output=True, text=True, check=False
+    )
+
+
+def _all_expressions() -> dict[str, str]:
+    exprs: dict[str, str] = {}
+    for uid in UIDS:
+        board = load(uid)
+        for found, target in lint.iter_targets(board):
+            key = f"{uid} / {found['title']} [{target['refId']}]"
+            exprs[key] = lint.substitute(target["expr"], PROMTOOL_VALUES)
+        for variable in lint.variables(board):
+            parsed = lint.label_values_query(str(variable.get("query", "")))
+            if variable["type"] == "query" and parsed:
+                exprs[f"{uid} / variable {variable['name']}"] = lint.substitute(
+                    parsed[0], PROMTOOL_VALUES
+                )
+    return exprs
+
+
+def test_every_expression_parses(tmp_path: Path) -> None:
+    exprs = _all_expressions()
+    assert len(exprs) > 60
+    result = _promtool_check(exprs, tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"SUCCESS: {len(exprs)} rules found" in result.stdout
+
+
+def test_promtool_check_rejects_a_broken_expression(tmp_path: Path) -> None:
+    result = _promtool_check({"broken": "sum(rate(stock_orders_paid_total[1m])"}, tmp_path)
+    assert result.returncode != 0
+    assert "broken" in result.stdout + result.stderr
