@@ -1,0 +1,794 @@
+"""``stocksentry timeline``: parsing, ordering, the three detectors, output and exit status."""
+
+from __future__ import annotations
+
+import argparse
+import contextvars
+import doctest
+import gzip
+import io
+import json
+import logging
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import structlog
+from prometheus_client import CollectorRegistry
+from stocksentry.exporter import timeline
+from stocksentry.exporter.timeline import (
+    Event,
+    OrderedEvents,
+    ReadStats,
+    add_timeline_parser,
+    analyse,
+    parse_line,
+    read_events,
+    run_timeline,
+)
+from stocksentry.instrumentation.api import Sentry
+from stocksentry.instrumentation.logs import configure_logging
+
+DATA = Path(__file__).resolve().parent.parent / "data" / "timeline"
+SEEDS = DATA / "seeds.log"
+SEED_HEADLINE = "LOST UPDATE sku=EGG-01: R1 and R2 both wrote from=1 to=0 at 10:00:00.120/.121"
+
+
+def parse_args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="stocksentry")
+    add_timeline_parser(parser.add_subparsers(dest="command", required=True))
+    return parser.parse_args(["timeline", *argv])
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    args = parse_args(*argv)
+    status = args.func(args)
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict[str, Any]]:
+    status, out, err = run(capsys, *argv, "--format", "json")
+    assert err == ""
+    return status, json.loads(out)
+
+
+def report_of(path: Path, **options: Any) -> timeline.Report:
+    with path.open(encoding="utf-8") as lines:
+        return analyse(read_events(lines, path.name), **options)
+
+
+# --- the seeds' four lines -------------------------------------------------------------------
+
+
+def test_seed_lines_parse_as_written() -> None:
+    events = [parse_line(line) for line in SEEDS.read_text().splitlines()]
+
+    assert [(e.name, e.request_id, e.sku, e.fields) for e in events if e is not None] == [
+        ("stock_check", "R1", "EGG-01", {"available": 1}),
+        ("stock_check", "R2", "EGG-01", {"available": 1}),
+        ("stock_update", "R1", "EGG-01", {"from": 1, "to": 0, "success": True}),
+        ("stock_update", "R2", "EGG-01", {"from": 1, "to": 0, "success": True}),
+    ]
+    first = events[0]
+    assert first is not None
+    assert (first.dated, first.has_time, round(first.ts, 3)) == (False, True, 36000.101)
+
+
+def test_seed_lines_give_exactly_one_lost_update_naming_r1_and_r2() -> None:
+    report = report_of(SEEDS)
+
+    assert [(f.kind, f.sku, f.requests, f.lines) for f in report.findings] == [
+        ("lost_update", "EGG-01", ["R1", "R2"], ["seeds.log:3", "seeds.log:4"])
+    ]
+    assert report.findings[0].headline == SEED_HEADLINE
+
+
+def test_seed_file_table_puts_the_finding_first_and_exits_1(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    status, out, err = run(capsys, str(SEEDS))
+
+    assert (status, err) == (1, "")
+    lines = out.splitlines()
+    assert lines[0] == "stocksentry timeline: 4 events from 4 lines"
+    assert lines[2] == "FINDINGS: 1 lost update"
+    assert lines[3] == f"  {SEED_HEADLINE}"
+    assert lines[4] == f"      lines: {SEEDS}:3, {SEEDS}:4"
+    assert lines[6:] == [
+        "SKU EGG-01 (4 events)",
+        "    TIME          REQUEST  EVENT         DETAILS",
+        "    10:00:00.101  R1       stock_check   available=1",
+        "    10:00:00.103  R2       stock_check   available=1",
+        "  ! 10:00:00.120  R1       stock_update  from=1 to=0 success=true",
+        "  ! 10:00:00.121  R2       stock_update  from=1 to=0 success=true",
+    ]
+
+
+# --- clean and unsafe logs -------------------------------------------------------------------
+
+
+def test_clean_sequential_log_has_no_findings_and_exits_0(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    status, out, err = run(capsys, str(DATA / "clean.jsonl"))
+
+    assert (status, err) == (0, "")
+    assert "No findings: no lost update, duplicate execution or stale read." in out
+    assert "stocksentry timeline: 12 events from 12 lines, 2026-11-29 (times UTC)" in out
+    assert "ORDER O-1 (4 events)" in out
+    assert "ORDER O-2 (2 events)" in out
+    # A replayed payment callback and an idempotency replay are the safe path.
+    assert "result=replay" in out
+
+
+def test_duplicate_idempotency_key_reserving_twice() -> None:
+    report = report_of(DATA / "duplicate_key.jsonl")
+
+    assert [(f.kind, f.sku, f.requests, f.lines) for f in report.findings] == [
+        (
+            "duplicate_execution",
+            "EGG-02",
+            ["R1", "R7"],
+            ["duplicate_key.jsonl:2", "duplicate_key.jsonl:4"],
+        )
+    ]
+    assert report.findings[0].detail == (
+        "idempotency_key=K1 reserved 2 times: R1 at 10:00:00.110, R7 at 10:00:03.010"
+    )
+
+
+def test_duplicate_payment_reference_paid_twice() -> None:
+    # Two callbacks with result=paid for PAY-9; order_paid for the same payment and a
+    # callback marked replay are not counted as more payments.
+    report = report_of(DATA / "duplicate_payment.jsonl")
+
+    assert [(f.kind, f.sku, f.requests, f.lines) for f in report.findings] == [
+        (
+            "duplicate_execution",
+            "EGG-03",
+            ["O-9"],
+            ["duplicate_payment.jsonl:2", "duplicate_payment.jsonl:4"],
+        )
+    ]
+    assert report.findings[0].detail == (
+        "payment_reference=PAY-9 paid 2 times (payment_callback result=paid): "
+        "O-9 at 10:00:10.000, O-9 at 10:00:40.000"
+    )
+
+
+def test_order_paid_twice_is_a_duplicate_too() -> None:
+    lines = [
+        '{"event": "order_paid", "sku": "A", "order_id": "O-1", "payment_reference": "P-1",'
+        ' "timestamp": "2026-11-29T10:00:00.000Z"}',
+        '{"event": "order_paid", "sku": "A", "order_id": "O-2", "payment_reference": "P-1",'
+        ' "timestamp": "2026-11-29T10:00:01.000Z"}',
+    ]
+    report = analyse(read_events(lines, "pay.log"))
+
+    assert [(f.kind, f.requests, f.detail) for f in report.findings] == [
+        (
+            "duplicate_execution",
+            ["O-1", "O-2"],
+            "payment_reference=P-1 paid 2 times (order_paid): O-1 at 10:00:00.000, "
+            "O-2 at 10:00:01.000",
+        )
+    ]
+
+
+def test_stale_read() -> None:
+    report = report_of(DATA / "stale_read.log")
+
+    assert [(f.kind, f.sku, f.requests, f.lines) for f in report.findings] == [
+        ("stale_read", "EGG-04", ["R1", "R2"], ["stale_read.log:2", "stale_read.log:3"])
+    ]
+    assert report.findings[0].headline == (
+        "STALE READ sku=EGG-04: R2 read available=2 at 10:00:00.150 "
+        "after R1 wrote to=1 at 10:00:00.110"
+    )
+
+
+def test_a_read_of_a_newer_value_or_at_the_same_instant_is_not_stale() -> None:
+    lines = [
+        # R2's write (3 -> 2) is logged after R3's read of 2: newer, not older.
+        "[10:00:00.100] request_id=R1 sku=A stock_update from=4 to=3 success=true",
+        "[10:00:00.200] request_id=R3 sku=A stock_check available=2",
+        "[10:00:00.210] request_id=R2 sku=A stock_update from=3 to=2 success=true",
+        # Same millisecond as the write: the log does not order them.
+        "[10:00:00.210] request_id=R4 sku=A stock_check available=3",
+    ]
+    assert analyse(read_events(lines)).findings == []
+
+
+def test_write_over_a_value_another_request_replaced_is_a_lost_update() -> None:
+    # R2 decided on a cached 3 while R1 had moved the stock from 5 to 4 in R2's window.
+    lines = [
+        "[10:00:00.100] request_id=R2 sku=A stock_check available=3",
+        "[10:00:00.110] request_id=R1 sku=A stock_check available=5",
+        "[10:00:00.120] request_id=R1 sku=A stock_update from=5 to=4 success=true",
+        "[10:00:00.130] request_id=R2 sku=A stock_update from=3 to=2 success=true",
+    ]
+    report = analyse(read_events(lines, "w.log"))
+
+    assert [(f.kind, f.requests, f.lines) for f in report.findings] == [
+        ("lost_update", ["R1", "R2"], ["w.log:1", "w.log:3", "w.log:4"])
+    ]
+    assert report.findings[0].detail == (
+        "R2 wrote from=3 to=2 at 10:00:00.130 over R1's write to=4 at 10:00:00.120, "
+        "which came after R2 read available=3 at 10:00:00.100"
+    )
+
+
+def test_writes_logged_out_of_chain_order_are_not_a_lost_update() -> None:
+    # A wrote 5 -> 4 first but its line came after B's 4 -> 3 (threads logging late).
+    lines = [
+        "[10:00:00.100] request_id=A sku=S stock_check available=5",
+        "[10:00:00.105] request_id=B sku=S stock_check available=4",
+        "[10:00:00.108] request_id=B sku=S stock_update from=4 to=3 success=true",
+        "[10:00:00.110] request_id=A sku=S stock_update from=5 to=4 success=true",
+        "[10:00:00.120] request_id=C sku=S stock_check available=3",
+    ]
+    assert analyse(read_events(lines)).findings == []
+
+
+def test_three_writers_from_one_value_make_one_finding() -> None:
+    lines = [f"[10:00:00.1{n}0] request_id=R{n} sku=A stock_check available=1" for n in (1, 2, 3)]
+    lines += [
+        f"[10:00:00.2{n}0] request_id=R{n} sku=A stock_update from=1 to=0 success=true"
+        for n in (1, 2, 3)
+    ]
+    report = analyse(read_events(lines))
+
+    assert [(f.kind, f.requests, f.detail) for f in report.findings] == [
+        (
+            "lost_update",
+            ["R1", "R2", "R3"],
+            "R1, R2 and R3 all wrote from=1 to=0 at 10:00:00.210/.220/.230",
+        )
+    ]
+
+
+def test_failed_updates_and_restocks_are_not_lost_updates() -> None:
+    lines = [
+        "[10:00:00.100] request_id=R1 sku=A stock_update from=1 to=0 success=true",
+        "[10:00:00.110] request_id=R2 sku=A stock_update success=false reason=out_of_stock",
+        "[10:00:05.000] request_id=ops sku=A stock_update from=0 to=1 success=true",
+        "[10:00:06.000] request_id=R3 sku=A stock_update from=1 to=0 success=true",
+    ]
+    assert analyse(read_events(lines)).findings == []
+
+
+def test_a_log_given_twice_is_not_a_duplicate_execution(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Overlapping rotated files or a shipper that delivered lines twice.
+    clean = str(DATA / "clean.jsonl")
+    status, out, _ = run(capsys, clean, clean)
+
+    assert status == 0
+    assert "No findings" in out
+    assert "stocksentry timeline: 24 events from 24 lines" in out
+
+
+def test_key_memory_is_bounded_and_says_what_it_forgot(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(timeline, "MAX_KEYS", 2)
+    lines = [
+        f"[10:00:0{n}] request_id=R{n} idempotency_key={key} sku=A stock_update"
+        f" from={9 - n} to={8 - n} success=true"
+        for n, key in enumerate(["K1", "K2", "K3", "K1", "K3"])
+    ]
+    report = analyse(read_events(lines))
+
+    # K1 was forgotten when K3 came, so its second use is not seen; K3's is.
+    assert [(f.kind, f.requests) for f in report.findings] == [
+        ("duplicate_execution", ["R2", "R4"])
+    ]
+    assert report.keys_forgotten == 2
+    assert "note: 2 idempotency keys / payment references were forgotten" in (
+        timeline.format_table(report)
+    )
+
+
+# --- ordering ----------------------------------------------------------------------------------
+
+
+def test_out_of_order_timestamps_are_sorted() -> None:
+    report = report_of(DATA / "out_of_order.jsonl")
+
+    assert [(e.name, e.request_id, e.lineno) for e in report.skus["EGG-01"]] == [
+        ("stock_check", "R1", 2),
+        ("stock_check", "R2", 4),
+        ("stock_update", "R1", 3),
+        ("stock_update", "R2", 1),
+    ]
+    assert [(f.kind, f.requests) for f in report.findings] == [("lost_update", ["R1", "R2"])]
+    assert report.late_events == 0
+
+
+def test_files_are_merged_by_time_with_ties_in_file_order(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    first = tmp_path / "a.log"
+    second = tmp_path / "b.log"
+    first.write_text(
+        "[10:00:00.101] request_id=R1 sku=EGG-01 stock_check available=1\n"
+        "[10:00:00.121] request_id=R1 sku=EGG-01 stock_update from=1 to=0 success=true\n"
+    )
+    second.write_text(
+        "[10:00:00.101] request_id=R2 sku=EGG-01 stock_check available=1\n"
+        "[10:00:00.120] request_id=R2 sku=EGG-01 stock_update from=1 to=0 success=true\n"
+    )
+    status, data = run_json(capsys, str(second), str(first))
+
+    assert status == 1
+    assert [(e["line"], e["time"]) for e in data["skus"]["EGG-01"]] == [
+        (f"{second}:1", "10:00:00.101"),
+        (f"{first}:1", "10:00:00.101"),
+        (f"{second}:2", "10:00:00.120"),
+        (f"{first}:2", "10:00:00.121"),
+    ]
+    assert [(f["kind"], f["requests"]) for f in data["findings"]] == [
+        ("lost_update", ["R2", "R1"])
+    ]
+
+
+def test_lines_beyond_the_reorder_window_are_counted_late() -> None:
+    # By the time "a" comes, "c" is newer than "b" by more than the window: "b" is out.
+    lines = ["[10:00:10.000] k=1 b", "[10:00:12.000] k=1 c", "[10:00:00.000] k=1 a"]
+    ordered = OrderedEvents([read_events(lines)], window=1.0)
+
+    assert [e.name for e in ordered] == ["b", "a", "c"]
+    assert ordered.late == 1
+    assert [e.name for e in OrderedEvents([read_events(lines)], window=60.0)] == ["a", "b", "c"]
+
+
+def test_times_of_day_after_midnight_follow_the_day_before() -> None:
+    lines = ["[23:59:59.900] k=1 late", "[00:00:00.100] k=1 early"]
+    events = list(OrderedEvents([read_events(lines)]))
+
+    assert [e.name for e in events] == ["late", "early"]
+    assert timeline.format_time(events[1].ts, False) == "00:00:00.100 (+1d)"
+
+
+# --- garbage -----------------------------------------------------------------------------------
+
+
+def test_garbage_lines_are_skipped_counted_and_reported(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    path = DATA / "garbage.log"
+    stats = ReadStats()
+    with path.open(encoding="utf-8", errors="replace") as lines:
+        events = list(read_events(lines, "garbage.log", stats=stats))
+
+    assert [e.lineno for e in events] == [2, 5, 9, 11]
+    assert (stats.lines, stats.skipped) == (13, 7)
+    assert stats.skipped_examples == [f"garbage.log:{n}" for n in (1, 3, 6, 7, 8)]
+
+    status, out, err = run(capsys, str(path))
+    assert (status, err) == (1, "")
+    assert out.splitlines()[1] == (
+        f"skipped 7 unparsable lines: {path}:1, {path}:3, {path}:6, {path}:7, {path}:8, …"
+    )
+    assert SEED_HEADLINE in out
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "Traceback (most recent call last):",
+        '{"event": "stock_check", "sku": ',
+        '{"event": "x"} trailing',
+        "[1, 2, 3]",
+        '{"level": "info"}',
+        "[10:00:00.110] words only",
+        "=== separator ===",
+        "[" * 10_000,
+        "{" * 10_000,
+        '{"a":' * 100_000,
+        "\x00\x01\ufffd",
+    ],
+)
+def test_parse_line_returns_none_for_garbage(line: str) -> None:
+    assert parse_line(line) is None
+
+
+@pytest.mark.parametrize("line", ["", "   ", "\n"])
+def test_parse_line_returns_none_for_blank_lines(line: str) -> None:
+    assert parse_line(line) is None
+
+
+# --- other loggers -----------------------------------------------------------------------------
+
+
+def test_other_json_loggers_and_logfmt_are_understood() -> None:
+    report = report_of(DATA / "other_loggers.jsonl")
+
+    assert [(e.name, e.request, e.fields.get("from"), e.line) for e in report.skus["EGG-05"]] == [
+        ("stock_check", "R1", None, "other_loggers.jsonl:1"),
+        ("stock_check", "R2", None, "other_loggers.jsonl:2"),
+        ("stock_update", "R1", 1, "other_loggers.jsonl:3"),
+        ("stock_update", "R2", 1, "other_loggers.jsonl:4"),
+        ("order_created", "R1", None, "other_loggers.jsonl:5"),
+        ("cache set", None, None, "other_loggers.jsonl:6"),
+    ]
+    assert [timeline.format_time(e.ts, e.dated) for e in report.skus["EGG-05"]] == [
+        "2026-11-29T10:00:00.101Z",  # pino: epoch milliseconds
+        "2026-11-29T10:00:00.103Z",  # ECS: @timestamp, key=value pairs in message
+        "2026-11-29T10:00:00.120Z",  # tracing: +07:00 offset, fields nested
+        "2026-11-29T10:00:00.121Z",  # epoch seconds, old_stock/new_stock
+        "2026-11-29T10:00:00.200Z",  # "date time,ms LEVEL logger: event k=v"
+        "2026-11-29T10:00:00.300Z",  # logfmt with quoted msg
+    ]
+    assert [(f.kind, f.requests) for f in report.findings] == [("lost_update", ["R1", "R2"])]
+
+
+def test_stocksentry_json_line_fields() -> None:
+    event = parse_line(
+        '{"sku": "EGG-01", "strategy": "unsafe", "qty": 1, "success": true, "from": 1, '
+        '"to": 0, "request_id": "R1", "idempotency_key": "K1", "trace_id": "ab", '
+        '"span_id": "cd", "event": "stock_update", "level": "info", "logger": "stocksentry",'
+        ' "timestamp": "2026-11-29T13:41:14.262Z"}'
+    )
+
+    assert event == Event(
+        "stock_update",
+        1795959674.262,
+        True,
+        True,
+        "EGG-01",
+        "R1",
+        "K1",
+        None,
+        None,
+        "ab",
+        {"strategy": "unsafe", "qty": 1, "success": True, "from": 1, "to": 0},
+    )
+
+
+# --- output ------------------------------------------------------------------------------------
+
+
+def test_json_output_shape(capsys: pytest.CaptureFixture[str]) -> None:
+    status, data = run_json(capsys, str(DATA / "duplicate_payment.jsonl"))
+
+    assert status == 1
+    assert set(data) == {
+        "findings",
+        "skus",
+        "orders",
+        "skipped_lines",
+        "skipped_examples",
+        "more",
+        "events",
+        "lines",
+        "late_events",
+        "keys_forgotten",
+    }
+    path = str(DATA / "duplicate_payment.jsonl")
+    assert data["findings"] == [
+        {
+            "kind": "duplicate_execution",
+            "sku": "EGG-03",
+            "requests": ["O-9"],
+            "detail": "payment_reference=PAY-9 paid 2 times (payment_callback result=paid): "
+            "O-9 at 10:00:10.000, O-9 at 10:00:40.000",
+            "lines": [f"{path}:2", f"{path}:4"],
+        }
+    ]
+    assert list(data["skus"]) == ["EGG-03"]
+    assert list(data["orders"]) == ["O-9"]
+    assert data["skus"]["EGG-03"][1] == {
+        "time": "2026-11-29T10:00:10.000Z",
+        "event": "payment_callback",
+        "line": f"{path}:2",
+        "sku": "EGG-03",
+        "order_id": "O-9",
+        "payment_reference": "PAY-9",
+        "details": {"result": "paid"},
+    }
+    assert (data["skipped_lines"], data["events"], data["lines"]) == (0, 5, 5)
+    assert data["more"] == {"skus": {}, "orders": {}}
+
+
+def test_limit_keeps_the_first_events_and_counts_the_rest(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    status, out, _ = run(capsys, str(DATA / "clean.jsonl"), "--limit", "2")
+
+    assert status == 0
+    assert "SKU EGG-01 (11 events)" in out
+    assert "    … 9 more (raise --limit to see them)" in out
+    _, data = run_json(capsys, str(DATA / "clean.jsonl"), "--limit", "2")
+    assert len(data["skus"]["EGG-01"]) == 2
+    assert data["more"] == {"skus": {"EGG-01": 9}, "orders": {"O-1": 2}}
+
+
+# --- filters -----------------------------------------------------------------------------------
+
+
+def test_sku_filter(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    both = tmp_path / "both.log"
+    both.write_text(SEEDS.read_text() + (DATA / "stale_read.log").read_text())
+
+    status, data = run_json(capsys, str(both), "--sku", "EGG-04")
+    assert status == 1
+    assert list(data["skus"]) == ["EGG-04"]
+    assert [(f["kind"], f["sku"]) for f in data["findings"]] == [("stale_read", "EGG-04")]
+
+    status, data = run_json(capsys, str(both), "--sku", "EGG-01", "--sku", "EGG-04")
+    assert sorted(data["skus"]) == ["EGG-01", "EGG-04"]
+    assert len(data["findings"]) == 2
+
+    status, data = run_json(capsys, str(both), "--sku", "NOPE")
+    assert (status, data["skus"], data["findings"], data["events"]) == (0, {}, [], 0)
+
+
+def test_order_filter(capsys: pytest.CaptureFixture[str]) -> None:
+    status, data = run_json(capsys, str(DATA / "clean.jsonl"), "--order", "O-2")
+
+    assert status == 0
+    assert list(data["orders"]) == ["O-2"]
+    assert [e["event"] for e in data["skus"]["EGG-01"]] == ["stock_update", "payment_callback"]
+
+    status, data = run_json(capsys, str(DATA / "duplicate_payment.jsonl"), "--order", "O-9")
+    assert (status, len(data["findings"])) == (1, 1)
+    status, data = run_json(capsys, str(DATA / "duplicate_payment.jsonl"), "--order", "O-1")
+    assert (status, data["findings"], data["orders"]) == (0, [], {})
+
+
+def test_request_filter(capsys: pytest.CaptureFixture[str]) -> None:
+    status, data = run_json(capsys, str(SEEDS), "--request", "R2")
+
+    assert status == 1
+    assert [(e["event"], e["request_id"]) for e in data["skus"]["EGG-01"]] == [
+        ("stock_check", "R2"),
+        ("stock_update", "R2"),
+    ]
+    assert data["findings"][0]["requests"] == ["R1", "R2"]
+
+    status, data = run_json(capsys, str(DATA / "stale_read.log"), "--request", "R3")
+    assert (status, data["findings"]) == (0, [])
+
+
+# --- inputs ------------------------------------------------------------------------------------
+
+
+def test_stdin(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(SEEDS.read_bytes())))
+
+    status, out, err = run(capsys, "-")
+
+    assert (status, err) == (1, "")
+    assert SEED_HEADLINE in out
+    assert "<stdin>:3, <stdin>:4" in out
+
+
+def test_gzip_stdin(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    packed = io.BufferedReader(io.BytesIO(gzip.compress(SEEDS.read_bytes())))
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(packed))
+
+    status, out, _ = run(capsys, "-")
+
+    assert status == 1
+    assert SEED_HEADLINE in out
+
+
+def test_gzip_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    packed = tmp_path / "app.log.gz"
+    packed.write_bytes(gzip.compress(SEEDS.read_bytes()))
+
+    status, out, err = run(capsys, str(packed))
+
+    assert (status, err) == (1, "")
+    assert SEED_HEADLINE in out
+    assert f"{packed}:3, {packed}:4" in out
+
+
+def test_bad_file_path_exits_2_with_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = tmp_path / "missing.log"
+
+    status, out, err = run(capsys, str(SEEDS), str(missing))
+
+    assert (status, out) == (2, "")
+    assert err == (
+        f"stocksentry timeline: error: cannot read {missing}: No such file or directory\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "reason"),
+    [
+        ("dir", None, "Is a directory"),
+        ("broken.log.gz", b"\x1f\x8b\x08\x00garbage", "cannot read"),
+        ("cut.log.gz", gzip.compress(b"x" * 1000)[:20], "cannot read"),
+    ],
+)
+def test_unreadable_inputs_exit_2_with_one_line(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    name: str,
+    content: bytes | None,
+    reason: str,
+) -> None:
+    path = tmp_path / name
+    if content is None:
+        path.mkdir()
+    else:
+        path.write_bytes(content)
+
+    status, out, err = run(capsys, str(path))
+
+    assert (status, out) == (2, "")
+    assert err.startswith(f"stocksentry timeline: error: cannot read {path}: ")
+    assert reason in err
+    assert err.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [[], ["a.log", "--limit", "-1"], ["a.log", "--format", "xml"], ["a.log", "--limit", "x"]],
+)
+def test_bad_arguments_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        parse_args(*argv)
+
+    assert exc.value.code == 2
+    assert "error:" in capsys.readouterr().err
+
+
+def test_bad_namespace_exits_2_with_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    args = argparse.Namespace(logfile=[str(SEEDS)], format="table", limit=-5)
+
+    assert run_timeline(args) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err == "stocksentry timeline: error: --limit must be a whole number >= 0, got -5\n"
+
+
+def test_parser_defaults_dispatch_to_run_timeline() -> None:
+    args = parse_args("a.log")
+
+    assert args.func is run_timeline
+    assert args.handler is run_timeline
+    assert (args.logfile, args.sku, args.order, args.request) == (["a.log"], None, None, None)
+    assert (args.format, args.limit, args.reorder_window) == ("table", 50, 60.0)
+
+
+# --- logs written by stocksentry itself --------------------------------------------------------
+
+
+@pytest.fixture
+def app_log(tmp_path: Path) -> Iterator[Path]:
+    """stocksentry's JSON logging into a file; every global logging change undone after."""
+    path = tmp_path / "app.log"
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    stream = path.open("w", encoding="utf-8")
+    configure_logging("INFO", stream=stream)
+    try:
+        yield path
+    finally:
+        for handler in root.handlers[:]:
+            if handler not in handlers:
+                root.removeHandler(handler)
+                handler.close()
+        root.setLevel(level)
+        structlog.reset_defaults()
+        structlog.contextvars.clear_contextvars()
+        stream.close()
+
+
+def sentry() -> Sentry:
+    return Sentry(registry=CollectorRegistry(), log=True, trace=False)
+
+
+def test_stocksentry_logs_of_two_threads_reading_1_and_writing_0(
+    app_log: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    app = sentry()
+    both_read = threading.Barrier(2, timeout=5)
+
+    def buyer(request_id: str) -> None:
+        with app.reservation(
+            "EGG-01", strategy="unsafe", request_id=request_id, idempotency_key=f"K-{request_id}"
+        ) as r:
+            r.stock_check(available=1)
+            both_read.wait()  # both have read 1 before either writes
+            r.success(old_stock=1, new_stock=0)
+
+    threads = [threading.Thread(target=buyer, args=(rid,)) for rid in ("R1", "R2")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=10)
+
+    status, data = run_json(capsys, str(app_log))
+
+    assert status == 1
+    assert [(f["kind"], f["sku"], sorted(f["requests"])) for f in data["findings"]] == [
+        ("lost_update", "EGG-01", ["R1", "R2"])
+    ]
+    assert "both wrote from=1 to=0 at" in data["findings"][0]["detail"]
+    assert [e["event"] for e in data["skus"]["EGG-01"]] == ["stock_check"] * 2 + [
+        "stock_update"
+    ] * 2
+    assert data["skipped_lines"] == 0
+
+
+def test_stocksentry_logs_interleaved_by_hand(
+    app_log: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Each request in a context of its own, as two tasks would be; steps in a fixed order.
+    app = sentry()
+    contexts = {rid: contextvars.Context() for rid in ("R1", "R2")}
+    handles = {
+        rid: contexts[rid].run(
+            app.reservation("EGG-01", strategy="unsafe", request_id=rid).__enter__
+        )
+        for rid in ("R1", "R2")
+    }
+    for rid in ("R1", "R2"):
+        contexts[rid].run(handles[rid].stock_check, 1)
+    for rid in ("R1", "R2"):
+        contexts[rid].run(handles[rid].success, old_stock=1, new_stock=0)
+        contexts[rid].run(handles[rid].__exit__, None, None, None)
+
+    status, out, _ = run(capsys, str(app_log))
+
+    assert status == 1
+    assert "LOST UPDATE sku=EGG-01: R1 and R2 both wrote from=1 to=0 at" in out
+    assert out.count("LOST UPDATE") == 1
+
+
+def test_stocksentry_logs_of_a_safe_sequential_sale(
+    app_log: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    app = sentry()
+    stock = 2
+    for n in (1, 2, 3):
+        with app.reservation(
+            "EGG-01", strategy="for_update", request_id=f"R{n}", idempotency_key=f"K{n}"
+        ) as r:
+            r.stock_check(available=stock)
+            if stock == 0:
+                r.conflict("out_of_stock")
+            else:
+                r.success(old_stock=stock, new_stock=stock - 1)
+                stock -= 1
+    for n in (1, 2):
+        with app.payment_callback("EGG-01", order_id=f"O-{n}", payment_reference=f"PAY-{n}"):
+            pass
+    with app.payment_callback("EGG-01", order_id="O-1", payment_reference="PAY-1") as callback:
+        callback.replay()  # the provider sent it again; answered, not paid again
+    app.record_paid_order("EGG-01", order_id="O-1", payment_reference="PAY-1")
+    app.record_idempotency_replay("reserve", key="K1")
+
+    status, data = run_json(capsys, str(app_log))
+
+    assert status == 0
+    assert data["findings"] == []
+    updates = [e for e in data["skus"]["EGG-01"] if e["event"] == "stock_update"]
+    assert [
+        (u["request_id"], u["details"].get("from"), u["details"].get("to")) for u in updates
+    ] == [
+        ("R1", 2, 1),
+        ("R2", 1, 0),
+        ("R3", None, None),
+    ]
+    assert sorted(data["orders"]) == ["O-1", "O-2"]
+    assert data["skipped_lines"] == 0
+
+
+# --- the module's own examples -----------------------------------------------------------------
+
+
+def test_docstring_examples() -> None:
+    result = doctest.testmod(timeline)
+
+    assert result.failed == 0
+    assert result.attempted >= 30
