@@ -1,0 +1,185 @@
+"""`stocksentry reconcile` finds exactly the seeded violations, on PostgreSQL and SQLite."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from stocksentry.exporter.config import SchemaConfig, parse_config
+from stocksentry.exporter.reconcile import ReconcileError, parse_since, reconcile
+
+CLI = [sys.executable, "-m", "stocksentry.exporter", "reconcile"]
+NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+
+DDL = [
+    """CREATE TABLE products (id INTEGER PRIMARY KEY, sku VARCHAR(64) UNIQUE NOT NULL,
+       available_stock INTEGER NOT NULL, initial_stock INTEGER NOT NULL)""",
+    """CREATE TABLE orders (id INTEGER PRIMARY KEY, external_ref VARCHAR(64),
+       idempotency_key VARCHAR(64), status VARCHAR(16) NOT NULL,
+       created_at TIMESTAMP WITH TIME ZONE NOT NULL)""",
+    """CREATE TABLE order_items (order_id INTEGER NOT NULL, product_id INTEGER NOT NULL,
+       quantity INTEGER NOT NULL)""",
+]
+
+
+def seed(url: str, *, violations: bool) -> None:
+    """Three SKUs; with violations: EGG-01 at -2 and oversold by 3 (5 paid of 2), one
+    external_ref with two orders, one idempotency key with three, one paid order without
+    items, and one old duplicate before the sale."""
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        for ddl in DDL:
+            conn.execute(sa.text(ddl))
+        conn.execute(
+            sa.text(
+                "INSERT INTO products VALUES (1, 'EGG-01', :s, 2), (2, 'EGG-02', 0, 3),"
+                " (3, 'EGG-03', 7, 10)"
+            ),
+            {"s": -2 if violations else 0},
+        )
+        orders = []
+        items = []
+        paid_egg01 = 5 if violations else 2
+        for n in range(paid_egg01):
+            orders.append((n + 1, f"ref-{n}", f"key-{n}", "PAID", NOW))
+            items.append((n + 1, 1, 1))
+        base = 100
+        for n in range(3):  # EGG-02: exactly its allocation
+            orders.append((base + n, f"ref2-{n}", None, "COMPLETED", NOW))
+            items.append((base + n, 2, 1))
+        orders.append((200, "ref3-0", None, "CANCELLED", NOW))  # not paid: never counts
+        items.append((200, 3, 50))
+        if violations:
+            orders.append((300, "ref-0", None, "PAID", NOW))  # second order of ref-0
+            items.append((300, 3, 1))
+            orders.append((301, "dup-a", "key-x", "PAID", NOW))
+            orders.append((302, "dup-b", "key-x", "PAID", NOW))
+            orders.append((303, "dup-c", "key-x", "PAID", NOW))
+            items.extend([(301, 3, 1), (302, 3, 1)])  # 303 is paid without items
+            orders.append((400, "old", None, "PAID", NOW - timedelta(days=3)))
+            orders.append((401, "old", None, "PAID", NOW - timedelta(days=3)))
+            items.extend([(400, 3, 1), (401, 3, 1)])
+        conn.execute(
+            sa.text("INSERT INTO orders VALUES (:id, :ref, :key, :status, :at)"),
+            [dict(zip(("id", "ref", "key", "status", "at"), row, strict=True)) for row in orders],
+        )
+        conn.execute(
+            sa.text("INSERT INTO order_items VALUES (:o, :p, :q)"),
+            [{"o": o, "p": p, "q": q} for o, p, q in items],
+        )
+    engine.dispose()
+
+
+SCHEMA = parse_config(
+    "schema:\n  products:\n    allocation: initial_stock\n  orders:\n"
+    "    idempotency_key: idempotency_key\n",
+    environ={},
+).schema
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'shop.db'}"
+    else:
+        yield request.getfixturevalue("pg_sqlalchemy_url")
+
+
+def test_finds_exactly_the_seeded_violations(database: str) -> None:
+    seed(database, violations=True)
+    report = reconcile(database, schema=SCHEMA, since=NOW - timedelta(hours=1))
+    assert report.negative_stock == [{"sku": "EGG-01", "stock": -2}]
+    assert report.oversold == [
+        {"sku": "EGG-01", "allocation": 2, "sold_units": 5, "paid_orders": 5, "oversold_units": 3}
+    ]
+    assert report.duplicate_keys == [
+        {"kind": "external_ref", "key": "ref-0", "orders": 2},
+        {"kind": "idempotency_key", "key": "key-x", "orders": 3},
+    ]
+    assert report.paid_without_items == [{"order_id": "303", "status": "PAID"}]
+    assert report.violations == 5
+    # Without --since, the old duplicate before the sale shows too.
+    everything = reconcile(database, schema=SCHEMA)
+    assert {"kind": "external_ref", "key": "old", "orders": 2} in everything.duplicate_keys
+
+
+def test_clean_database_holds_every_invariant(database: str) -> None:
+    seed(database, violations=False)
+    report = reconcile(database, schema=SCHEMA)
+    assert report.violations == 0
+    assert report.checked == ("negative_stock", "oversold", "duplicate_keys", "paid_without_items")
+
+
+def test_one_sku_and_no_allocation(database: str) -> None:
+    seed(database, violations=True)
+    report = reconcile(database, schema=SCHEMA, sku="EGG-02")
+    assert report.violations == 0
+    report = reconcile(database, schema=SCHEMA, sku="EGG-03")
+    # Findings are listed per kind: external references first, then idempotency keys.
+    assert report.duplicate_keys == [
+        {"kind": "external_ref", "key": "old", "orders": 2},
+        {"kind": "idempotency_key", "key": "key-x", "orders": 2},
+    ]
+    plain = reconcile(database, schema=SchemaConfig())
+    assert "oversold" not in plain.checked
+    assert plain.oversold == []
+    assert plain.negative_stock == [{"sku": "EGG-01", "stock": -2}]
+    assert any("allocation" in note for note in plain.notes)
+
+
+def test_cli_json_and_exit_codes(pg_sqlalchemy_url: str, pg_database: str) -> None:
+    seed(pg_sqlalchemy_url, violations=True)
+    done = subprocess.run(
+        [*CLI, "--database", pg_database, "--allocation", "initial_stock", "--format", "json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1, done.stderr
+    data = json.loads(done.stdout)
+    assert set(data) >= {"negative_stock", "oversold", "duplicate_keys", "paid_without_items"}
+    assert data["negative_stock"] == [{"sku": "EGG-01", "stock": -2}]
+    assert data["violations"] == 5  # ref-0, old (no --since) and no idempotency mapping
+
+    table = subprocess.run(
+        [*CLI, "--database", pg_database, "--sku", "EGG-02"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert table.returncode == 0, table.stderr
+    assert "verdict: every invariant holds" in table.stdout
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--database", "postgresql://u:pw@127.0.0.1:1/x"], "connection"),
+        (["--database", "nosuchdriver://x"], "--database"),
+        (["--database", "sqlite:///:memory:", "--since", "yesterday"], "--since"),
+        (["--database", "sqlite:///:memory:", "--allocation", "a;drop"], "--allocation"),
+        (["--database", "sqlite:///:memory:"], "no such table"),
+        ([], "--database is required"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(argv: list[str], message: str) -> None:
+    done = subprocess.run([*CLI, *argv], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stdout + done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert message in lines[0]
+    assert "pw@" not in lines[0]
+
+
+def test_parse_since() -> None:
+    assert parse_since("2h", now=NOW) == NOW - timedelta(hours=2)
+    assert parse_since("2026-11-29T10:00:00Z") == datetime(2026, 11, 29, 10, tzinfo=UTC)
+    assert parse_since("2026-11-29T10:00:00") == datetime(2026, 11, 29, 10, tzinfo=UTC)
+    with pytest.raises(ReconcileError, match="--since"):
+        parse_since("soon")
