@@ -1,0 +1,393 @@
+"""The alert rules against the catalog, the runbooks and their promtool tests (no promtool).
+
+``alert_rules/stocksentry.rules.yml`` is hand-written; these checks keep it honest: every
+alert carries the routing labels and annotations Alertmanager and on-call rely on, every
+runbook link resolves to a file in ``docs/runbooks/``, every metric an expression names is
+one the catalog defines (so a rename breaks here, not on a silent panel), and every alert
+has a promtool test that fires it with exact labels and one that keeps it quiet.
+``tests/integration/test_promtool.py`` runs promtool and amtool themselves.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from stocksentry.instrumentation import catalog
+
+ROOT = Path(__file__).resolve().parents[2]
+RULES_FILE = ROOT / "alert_rules" / "stocksentry.rules.yml"
+TESTS_DIR = ROOT / "alert_rules" / "tests"
+RUNBOOKS_DIR = ROOT / "docs" / "runbooks"
+ALERTMANAGER_FILE = ROOT / "alert_rules" / "alertmanager.example.yml"
+README_FILE = ROOT / "alert_rules" / "README.md"
+
+RUNBOOK_BASE = "https://github.com/stocksentry/stocksentry/blob/main/docs/runbooks/"
+SEVERITIES = {"critical", "warning", "info"}
+ANNOTATIONS = {"summary", "description", "runbook_url", "dashboard_url"}
+#: Series Prometheus makes itself that rules may use.
+PROMETHEUS_BUILTINS = frozenset({"up"})
+
+# --- a small PromQL metric-name extractor ---------------------------------------------------
+
+_STRING = re.compile(r'"(?:\\.|[^"\\])*"|\'(?:\\.|[^\'\\])*\'|`[^`]*`')
+_MATCHERS = re.compile(r"\{[^{}]*\}")
+_RANGES = re.compile(r"\[[^\[\]]*\]")
+_LABEL_LISTS = re.compile(
+    r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^()]*\)", re.IGNORECASE
+)
+_OFFSET = re.compile(r"\boffset\s+-?(?:\d+(?:ms|[smhdwy]))+", re.IGNORECASE)
+_TOKEN = re.compile(
+    r"(?P<number>(?:0[xX][0-9a-fA-F]+|(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)(?:ms|[smhdwy])*)"
+    r"|(?P<ident>[A-Za-z_:][A-Za-z0-9_:]*)"
+)
+_KEYWORDS = frozenset(
+    {
+        "and",
+        "or",
+        "unless",
+        "by",
+        "without",
+        "on",
+        "ignoring",
+        "group_left",
+        "group_right",
+        "offset",
+        "bool",
+        "inf",
+        "nan",
+    }
+)
+
+
+def metric_names(expr: str) -> set[str]:
+    """The metric names a PromQL expression selects.
+
+    Strips string literals, label matchers (``{...}``), range and subquery durations
+    (``[...]``), label lists of ``by``/``without``/``on``/``ignoring``/``group_left``/
+    ``group_right`` and ``offset`` durations; what remains is numbers, operators,
+    keywords, function calls (a name followed by ``(``) and metric names.
+
+    >>> sorted(metric_names('sum by (sku) (rate(a_total{reason!="x"}[5m])) > on() b'))
+    ['a_total', 'b']
+    """
+    text = _STRING.sub(" ", expr)
+    text = _MATCHERS.sub(" ", text)
+    text = _RANGES.sub(" ", text)
+    text = _LABEL_LISTS.sub(" ", text)
+    text = _OFFSET.sub(" ", text)
+    names: set[str] = set()
+    for match in _TOKEN.finditer(text):
+        ident = match.group("ident")
+        if ident is None or ident.lower() in _KEYWORDS:
+            continue
+        if text[match.end() :].lstrip().startswith("("):
+            continue  # a function or an aggregation
+        names.add(ident)
+    return names
+
+
+@pytest.mark.parametrize(
+    ("expr", "expected"),
+    [
+        (
+            'sum by (sku) (rate(stock_reservation_conflict_total{reason!="out_of_stock"}[5m]))',
+            {"stock_reservation_conflict_total"},
+        ),
+        (
+            "histogram_quantile(0.99,\n  sum by (le, table) (rate(x_seconds_bucket[5m])))",
+            {"x_seconds_bucket"},
+        ),
+        (
+            "a:ratio:rate5m > on() group_left() b:threshold and on() c == 1",
+            {"a:ratio:rate5m", "b:threshold", "c"},
+        ),
+        ("sum(increase(x_total[1h] offset 1w)) or on() vector(0)", {"x_total"}),
+        ("rate(x_total[5m] offset -30m)", {"x_total"}),
+        ("time() - last_success_seconds > bool 300", {"last_success_seconds"}),
+        ('absent(up{job="stocksentry"})', {"up"}),
+        ('label_replace(x, "dst", "$1", "src", "(.*)")', {"x"}),
+        ("max_over_time(x[1h:5m]) unless ignoring(instance, job) y", {"x", "y"}),
+        ("sum(x) by (sku) / sum(y) without (instance)", {"x", "y"}),
+        ("a AND b OR c UNLESS d", {"a", "b", "c", "d"}),
+        ('topk(5, x) + quantile(0.9, y) + count_values("v", z)', {"x", "y", "z"}),
+        ("x > Inf or y < -NaN or z > 1.5e3", {"x", "y", "z"}),
+        ("x * on(sku) group_right(strategy) y", {"x", "y"}),
+        ("rate(x[1h30m]) @ end()", {"x"}),
+        ('x{a="{b}", c=~"[d]"} + y', {"x", "y"}),
+        ("vector(0.995)", set()),
+        ("1 - stocksentry:checkout_slo_objective", {"stocksentry:checkout_slo_objective"}),
+    ],
+)
+def test_metric_names(expr: str, expected: set[str]) -> None:
+    assert metric_names(expr) == expected
+
+
+# --- the rules file -------------------------------------------------------------------------
+
+
+def _load(path: Path) -> Any:
+    with path.open(encoding="utf-8") as f:
+        return yaml.safe_load(f)
+
+
+RULES: dict[str, Any] = _load(RULES_FILE)
+GROUPS: list[dict[str, Any]] = RULES["groups"]
+ALL_RULES: list[dict[str, Any]] = [rule for group in GROUPS for rule in group["rules"]]
+ALERTS: dict[str, dict[str, Any]] = {r["alert"]: r for r in ALL_RULES if "alert" in r}
+RECORDS: set[str] = {r["record"] for r in ALL_RULES if "record" in r}
+SETTINGS: list[dict[str, Any]] = next(
+    g["rules"] for g in GROUPS if g["name"] == "stocksentry-settings"
+)
+
+
+def _rule_id(rule: dict[str, Any]) -> str:
+    return str(rule.get("alert") or rule.get("record"))
+
+
+def test_rules_file_shape() -> None:
+    names = [_rule_id(r) for r in ALL_RULES]
+    assert len(names) == len(set(names)), "a rule name is used twice"
+    assert GROUPS[0]["name"] == "stocksentry-settings"
+    for rule in SETTINGS:
+        assert "record" in rule, f"{_rule_id(rule)}: the settings group holds constants only"
+
+
+@pytest.mark.parametrize("name", sorted(ALERTS))
+def test_alert_routing_labels(name: str) -> None:
+    labels = ALERTS[name].get("labels", {})
+    assert labels.get("severity") in SEVERITIES, f"{name}: severity {labels.get('severity')!r}"
+    assert labels.get("team"), f"{name}: no team label"
+    assert re.fullmatch(r"[a-z][a-z0-9-]*", labels["team"]), labels["team"]
+
+
+@pytest.mark.parametrize("name", sorted(ALERTS))
+def test_alert_annotations(name: str) -> None:
+    annotations = ALERTS[name].get("annotations", {})
+    missing = ANNOTATIONS - set(annotations)
+    assert not missing, f"{name}: missing annotations {sorted(missing)}"
+    for key in ANNOTATIONS:
+        assert str(annotations[key]).strip(), f"{name}: empty {key}"
+    assert annotations["runbook_url"] == f"{RUNBOOK_BASE}{name}.md"
+    assert annotations["dashboard_url"].startswith("https://")
+
+
+@pytest.mark.parametrize("name", sorted(ALERTS))
+def test_runbook_exists(name: str) -> None:
+    url = ALERTS[name]["annotations"]["runbook_url"]
+    assert url.startswith(RUNBOOK_BASE), url
+    path = RUNBOOKS_DIR / url.removeprefix(RUNBOOK_BASE)
+    assert path.is_file(), f"{name}: {path.relative_to(ROOT)} does not exist"
+    text = path.read_text(encoding="utf-8")
+    assert text.startswith(f"# {name}\n"), f"{path.name}: the first line names the alert"
+
+
+def test_every_runbook_belongs_to_an_alert() -> None:
+    runbooks = {p.stem for p in RUNBOOKS_DIR.glob("*.md")}
+    assert runbooks == set(ALERTS), {
+        "runbooks without an alert": sorted(runbooks - set(ALERTS)),
+        "alerts without a runbook": sorted(set(ALERTS) - runbooks),
+    }
+
+
+KNOWN_NAMES = catalog.sample_names() | RECORDS | PROMETHEUS_BUILTINS
+
+_PROMQL_BLOCK = re.compile(r"^```promql\n(.*?)^```", re.MULTILINE | re.DOTALL)
+
+
+def runbook_queries(text: str) -> list[str]:
+    """The PromQL of a runbook: each line of its ```promql blocks, trailing comment dropped."""
+    queries: list[str] = []
+    for block in _PROMQL_BLOCK.findall(text):
+        for line in block.splitlines():
+            query = re.sub(r"\s+#.*$", "", line).strip()
+            if query:
+                queries.append(query)
+    return queries
+
+
+@pytest.mark.parametrize("rule", ALL_RULES, ids=_rule_id)
+def test_expression_names_exist(rule: dict[str, Any]) -> None:
+    unknown = metric_names(rule["expr"]) - KNOWN_NAMES
+    assert not unknown, f"{_rule_id(rule)} uses names outside the catalog: {sorted(unknown)}"
+
+
+def test_runbook_queries() -> None:
+    text = "x\n```promql\nup   # all targets\n\nrate(a[5m])\n```\n```sql\nSELECT 1;\n```\n"
+    assert runbook_queries(text) == ["up", "rate(a[5m])"]
+
+
+@pytest.mark.parametrize("name", sorted(ALERTS))
+def test_runbook_queries_name_known_metrics(name: str) -> None:
+    """The PromQL a runbook tells on-call to paste names metrics that exist."""
+    queries = runbook_queries((RUNBOOKS_DIR / f"{name}.md").read_text(encoding="utf-8"))
+    assert queries, f"{name}.md has no ```promql block"
+    for query in queries:
+        unknown = metric_names(query) - KNOWN_NAMES
+        assert not unknown, f"{name}.md: {query!r} uses unknown names {sorted(unknown)}"
+
+
+def test_recording_rules_are_defined_before_use() -> None:
+    """A recording rule used in a group must come from an earlier group or earlier in its own."""
+    seen: set[str] = set()
+    for group in GROUPS:
+        for rule in group["rules"]:
+            used = metric_names(rule["expr"]) & RECORDS
+            assert used <= seen, f"{_rule_id(rule)} uses {sorted(used - seen)} before they exist"
+            if "record" in rule:
+                seen.add(rule["record"])
+
+
+def test_every_setting_is_documented() -> None:
+    readme = README_FILE.read_text(encoding="utf-8")
+    for rule in SETTINGS:
+        assert f"`{rule['record']}`" in readme, f"{rule['record']} is not in alert_rules/README.md"
+
+
+# --- the promtool tests ---------------------------------------------------------------------
+
+TEST_FILES = sorted(TESTS_DIR.glob("*.yml"))
+
+
+_DURATION = re.compile(r"(\d+)(ms|[smhdwy])")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
+
+
+def duration_seconds(text: str) -> float:
+    """A Prometheus duration (``1w1h25m``, ``90s``) in seconds."""
+    parts = _DURATION.findall(text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        raise ValueError(f"not a Prometheus duration: {text!r}")
+    return sum(int(n) * _UNIT_SECONDS[u] for n, u in parts)
+
+
+def test_duration_seconds() -> None:
+    assert duration_seconds("1w1h25m") == 604800 + 3600 + 25 * 60
+    assert duration_seconds("90s") == 90
+    with pytest.raises(ValueError, match="not a Prometheus duration"):
+        duration_seconds("1h 5m")
+
+
+@dataclass(frozen=True)
+class AlertCase:
+    """One ``alert_rule_test`` entry: at ``at`` seconds, ``alertname`` fires ``alerts``."""
+
+    path: Path
+    group: int
+    step: float
+    at: float
+    alertname: str
+    alerts: list[dict[str, Any]]
+
+
+def _alert_cases() -> Iterator[AlertCase]:
+    for path in TEST_FILES:
+        doc = _load(path)
+        step = duration_seconds(doc["evaluation_interval"])
+        for index, group in enumerate(doc.get("tests", [])):
+            for case in group.get("alert_rule_test", []) or []:
+                yield AlertCase(
+                    path,
+                    index,
+                    step,
+                    duration_seconds(case["eval_time"]),
+                    case["alertname"],
+                    case.get("exp_alerts") or [],
+                )
+
+
+ALERT_CASES = list(_alert_cases())
+
+
+def test_there_are_test_files() -> None:
+    assert len(TEST_FILES) >= 5, TEST_FILES
+
+
+@pytest.mark.parametrize("path", TEST_FILES, ids=lambda p: p.name)
+def test_test_file_header(path: Path) -> None:
+    doc = _load(path)
+    assert doc["rule_files"] == ["../stocksentry.rules.yml"]
+    # One-minute steps; the files that carry days of history say why they take longer ones.
+    interval = doc["evaluation_interval"]
+    assert interval in {"1m", "5m", "10m"}, interval
+    if interval != "1m":
+        assert "not every minute: promtool evaluates all" in path.read_text(encoding="utf-8")
+    # Deterministic order: settings before recording rules before the alerts that read them.
+    assert doc["group_eval_order"] == [g["name"] for g in GROUPS]
+
+
+@pytest.mark.parametrize("name", sorted(ALERTS))
+def test_alert_has_a_firing_test_with_exact_labels(name: str) -> None:
+    rule = ALERTS[name]
+    firing = [c.alerts for c in ALERT_CASES if c.alertname == name and c.alerts]
+    assert firing, f"{name}: no promtool test makes it fire"
+    for alerts in firing:
+        for alert in alerts:
+            labels = alert.get("exp_labels", {})
+            for key, value in rule["labels"].items():
+                assert labels.get(key) == value, f"{name}: exp_labels {key}={labels.get(key)!r}"
+            annotations = alert.get("exp_annotations", {})
+            assert set(annotations) == ANNOTATIONS, (
+                f"{name}: exp_annotations {sorted(annotations)}"
+            )
+            assert annotations["runbook_url"] == rule["annotations"]["runbook_url"]
+
+
+@pytest.mark.parametrize("name", sorted(ALERTS))
+def test_alert_has_a_quiet_test(name: str) -> None:
+    assert any(c.alertname == name and not c.alerts for c in ALERT_CASES), (
+        f"{name}: no promtool test shows it quiet"
+    )
+
+
+@pytest.mark.parametrize("name", sorted(ALERTS))
+def test_alert_is_tested_on_both_sides_of_its_for(name: str) -> None:
+    """Some test group shows the alert quiet one evaluation before it shows it firing.
+
+    With a ``for``, that is the edge of the ``for``; without, the evaluation that first
+    sees the fault.
+    """
+    cases = [c for c in ALERT_CASES if c.alertname == name]
+    quiet = {(c.path, c.group, c.at) for c in cases if not c.alerts}
+    assert any((c.path, c.group, c.at - c.step) in quiet for c in cases if c.alerts), (
+        f"{name}: no test shows it quiet one step before it fires"
+    )
+
+
+def test_tests_only_name_existing_alerts() -> None:
+    unknown = {c.alertname for c in ALERT_CASES} - set(ALERTS)
+    assert not unknown, sorted(unknown)
+
+
+# --- the Alertmanager example ---------------------------------------------------------------
+
+
+def _matcher_alertnames(matchers: list[str]) -> set[str]:
+    names: set[str] = set()
+    for matcher in matchers:
+        m = re.fullmatch(r'alertname(=~|=)"([^"]*)"', matcher)
+        if m:
+            names.update(m.group(2).split("|") if m.group(1) == "=~" else [m.group(2)])
+    return names
+
+
+def test_alertmanager_inhibit_rules_name_existing_alerts() -> None:
+    config = _load(ALERTMANAGER_FILE)
+    named: set[str] = set()
+    for rule in config["inhibit_rules"]:
+        named |= _matcher_alertnames(rule.get("source_matchers", []))
+        named |= _matcher_alertnames(rule.get("target_matchers", []))
+    assert named, "no inhibit rule names an alert"
+    assert named <= set(ALERTS), sorted(named - set(ALERTS))
+
+
+def test_alertmanager_placeholders_are_placeholders() -> None:
+    text = ALERTMANAGER_FILE.read_text(encoding="utf-8")
+    for url in re.findall(r"https?://[^\s'\"]+", text):
+        host = url.split("/")[2]
+        assert host == "example.com" or host.endswith(".example.com"), url
