@@ -25,6 +25,9 @@ from collections.abc import Callable
 from importlib import metadata
 from typing import TYPE_CHECKING, TextIO
 
+from .reconcile import add_reconcile_parser
+from .timeline import add_timeline_parser
+
 if TYPE_CHECKING:
     from .lab import StrategyResult
 
@@ -36,7 +39,7 @@ EXIT_INTERRUPTED = 130
 
 # Kept in step with lab.STRATEGIES by a unit test; listing them here keeps SQLAlchemy out
 # of parser construction.
-_STRATEGY_HELP = "unsafe, check_then_decrement, atomic"
+_STRATEGY_HELP = "unsafe, check_then_decrement, naive_lock, atomic, for_update, redlock"
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -69,6 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_demo(commands)
     _add_exporter(commands)
     _add_check_config(commands)
+    add_timeline_parser(commands)
+    add_reconcile_parser(commands)
     return parser
 
 
@@ -261,8 +266,81 @@ def _add_demo(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         metavar="PATH",
         help="write the instrumentation's JSON log lines (stock_check, stock_update...) here",
     )
+    demo.add_argument(
+        "--redis",
+        metavar="URL",
+        help="Redis for the lock strategies naive_lock and redlock (their keys start with "
+        "stocksentry-lab: and are deleted at the end); without it they are skipped",
+    )
+    demo.add_argument(
+        "--lock-ttl-ms",
+        type=_positive_float,
+        metavar="MS",
+        help="TTL of naive_lock's SET NX lock, in ms (default: 80%% of --work-ms, so the "
+        "lock expires under its holder as in the seeds: a 5 s lock around 6 s of work)",
+    )
+    demo.add_argument(
+        "--redlock-impl",
+        choices=("lab", "pottery"),
+        default="lab",
+        help="redlock's owned lock: the lab's compare-and-delete lock, or pottery's Redlock "
+        "(pip install pottery; slower with many threads) (lab)",
+    )
+    demo.add_argument(
+        "--retries",
+        type=_share,
+        default=0.0,
+        metavar="SHARE",
+        help="share of buyers (0 to 1, or a percentage) who submit the same intent twice (0)",
+    )
+    demo.add_argument(
+        "--idempotency",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="answer a resubmitted intent from its stored result by idempotency key; "
+        "--no-idempotency reserves it again: duplicate orders per key (on)",
+    )
+    demo.add_argument(
+        "--stale-cache",
+        action="store_true",
+        help="decide availability from a cache refreshed late (a Redis key with --redis, "
+        "else in memory) and count the stale hits",
+    )
+    demo.add_argument(
+        "--cache-refresh-ms",
+        type=_positive_float,
+        default=50.0,
+        metavar="MS",
+        help="how often --stale-cache refreshes the cached stock, in ms (50)",
+    )
+    demo.add_argument(
+        "--report",
+        metavar="FILE.html",
+        help="also write a self-contained HTML report (tables and inline SVG charts)",
+    )
     demo.add_argument("--quiet", "-q", action="store_true", help="no progress on stderr")
     demo.set_defaults(handler=_cmd_demo, parser=demo)
+
+
+def _positive_float(text: str) -> float:
+    value = _non_negative_float(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
+    return value
+
+
+def _share(text: str) -> float:
+    percent = text.strip().endswith("%")
+    try:
+        value = float(text.strip().rstrip("%"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a share: {text!r}") from None
+    if percent:
+        value /= 100
+    # `not 0 <= value` also refuses NaN.
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 1 (or 0% and 100%), got {text}")
+    return value
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -287,6 +365,13 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         work_ms=args.work_ms,
         strategies=strategies,
         log_file=args.log_file,
+        redis_url=args.redis,
+        lock_ttl_ms=args.lock_ttl_ms,
+        redlock_impl=args.redlock_impl,
+        retries=args.retries,
+        idempotency=args.idempotency,
+        stale_cache=args.stale_cache,
+        cache_refresh_ms=args.cache_refresh_ms,
     )
     err = sys.stderr
     registry = CollectorRegistry()
@@ -311,6 +396,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
             else:
                 print(lab.format_report(config, results))
             sys.stdout.flush()
+            if args.report is not None:
+                _write_report(args.report, lab.format_html(config, results))
             status = _judge(results, err)
             if port is not None and args.linger > 0:
                 if not args.quiet:
@@ -327,6 +414,16 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         _say(err, ("\n" if _isatty(err) else "") + "stocksentry demo: interrupted")
         return EXIT_INTERRUPTED
     return status
+
+
+def _write_report(path: str, page: str) -> None:
+    from .lab import LabError
+
+    try:
+        with open(path, "w", encoding="utf-8") as out:
+            out.write(page)
+    except OSError as exc:
+        raise LabError(f"cannot write report {path}: {exc.strerror or exc}") from exc
 
 
 def _linger(seconds: float) -> None:

@@ -35,6 +35,8 @@ CONFLICT_REASONS: tuple[str, ...] = (
 )
 #: Every outcome a reservation can end with; ``error`` is an exception from the app.
 OUTCOMES: tuple[str, ...] = ("success", *CONFLICT_REASONS, "error")
+#: The outcomes of a distributed lock acquire (``stock_lock_acquire_duration_seconds``).
+LOCK_OUTCOMES: tuple[str, ...] = ("acquired", "timeout", "error")
 
 #: The value a bounded label folds into once its budget is spent.
 OVERFLOW_VALUE = "__other__"
@@ -197,6 +199,19 @@ LOCK_RELEASE_NOT_OWNED = MetricSpec(
     "stock_lock_release_not_owned_total",
     "counter",
     "Releases of a distributed lock that the releaser no longer owned.",
+    ("lock",),
+)
+LOCK_EXTEND_FAILURES = MetricSpec(
+    "stock_lock_extend_failures_total",
+    "counter",
+    "Distributed lock extensions refused: the lock was no longer owned or could not be "
+    "extended again.",
+    ("lock",),
+)
+LOCK_ACQUIRE_RETRIES = MetricSpec(
+    "stock_lock_acquire_retries_total",
+    "counter",
+    "Distributed lock acquire attempts after the first one.",
     ("lock",),
 )
 INSTRUMENTATION_ERRORS = MetricSpec(
@@ -387,6 +402,8 @@ ALL: tuple[MetricSpec, ...] = (
     LOCK_HOLD_RATIO,
     LOCK_EXPIRED_WHILE_HELD,
     LOCK_RELEASE_NOT_OWNED,
+    LOCK_EXTEND_FAILURES,
+    LOCK_ACQUIRE_RETRIES,
     NEGATIVE_INVENTORY_SKUS,
     NEGATIVE_INVENTORY_UNITS,
     OVERSOLD_UNITS,

@@ -38,6 +38,8 @@ from .guard import LabelGuard
 #: sets by nature (strategy names, operation names, cache and lock names, table names); a
 #: budget keeps a bug in the app from turning them into unbounded series.
 SMALL_LABEL_BUDGET = 50
+#: The outcomes of a distributed lock acquire (``stock_lock_acquire_duration_seconds``).
+LOCK_OUTCOMES = catalog.LOCK_OUTCOMES
 
 
 def _make(spec: MetricSpec, registry: CollectorRegistry | None) -> Any:
@@ -79,6 +81,25 @@ class StockMetrics:
         # for a key, recording skips both the guards and prometheus_client's label lock.
         self._children: dict[str, dict[Any, Any]] = {spec.name: {} for spec in catalog.APP}
         self._overflow = self._metrics[catalog.LABEL_OVERFLOW.name]
+        self._prime(promo_skus)
+
+    def _prime(self, promo_skus: Iterable[str]) -> None:
+        # A counter series is born at its first increment, so a burst between two scrapes
+        # shows up already at its full count and `increase()` sees nothing; alerts on
+        # promo SKUs must not miss the first oversell. Series whose labels are known in
+        # advance start at zero instead.
+        for outcome in catalog.OUTCOMES:
+            self._metrics[catalog.RESERVATION_DURATION.name].labels(outcome)
+        for sku in promo_skus:
+            label = self.sku_guard(sku)
+            for reason in catalog.CONFLICT_REASONS:
+                self._metrics[catalog.RESERVATION_CONFLICT.name].labels(label, reason)
+            for spec in (
+                catalog.ORDERS_PAID,
+                catalog.REFUND_DUE_TO_OVERSELL,
+                catalog.INVENTORY_NEGATIVE,
+            ):
+                self._metrics[spec.name].labels(label)
 
     def metric(self, spec: MetricSpec) -> Any:
         """The prometheus_client object behind ``spec`` (for reading values in tests)."""
@@ -195,6 +216,63 @@ class StockMetrics:
         """Count one decision taken on a stale cached stock value."""
         self._child_small(catalog.CACHE_STALE_HIT, "cache", cache).inc()
 
+    # --- distributed locks (recorded by instrumentation/locks.py) -------------------------
+
+    def lock_acquire_duration(self, lock: str, outcome: str, seconds: float) -> None:
+        """Observe the wait to acquire ``lock``; ``outcome`` is acquired, timeout or error."""
+        spec = catalog.LOCK_ACQUIRE_DURATION
+        cache = self._children[spec.name]
+        key = (lock, outcome)
+        child = cache.get(key)
+        if child is None:
+            if outcome not in LOCK_OUTCOMES:
+                raise ValueError(f"unknown lock outcome {outcome!r}")
+            label = self._small("lock", spec, lock)
+            child = self._metrics[spec.name].labels(label, outcome)
+            if label is not OVERFLOW_VALUE:
+                cache[key] = child
+        child.observe(seconds)
+
+    def lock_hold_ratio(self, lock: str, ratio: float) -> None:
+        """Observe one hold of ``lock``: time held divided by its TTL (>= 1.0: expired)."""
+        self._child_small(catalog.LOCK_HOLD_RATIO, "lock", lock).observe(ratio)
+
+    def lock_expired_while_held(self, lock: str) -> None:
+        """Count one hold of ``lock`` that outlived its TTL."""
+        self._child_small(catalog.LOCK_EXPIRED_WHILE_HELD, "lock", lock).inc()
+
+    def lock_release_not_owned(self, lock: str) -> None:
+        """Count one release of ``lock`` by a holder that no longer owned it."""
+        self._child_small(catalog.LOCK_RELEASE_NOT_OWNED, "lock", lock).inc()
+
+    def lock_extend_failure(self, lock: str) -> None:
+        """Count one refused extension of ``lock``."""
+        self._child_small(catalog.LOCK_EXTEND_FAILURES, "lock", lock).inc()
+
+    def lock_acquire_retries(self, lock: str, retries: int) -> None:
+        """Count ``retries`` acquire attempts after the first."""
+        self._child_small(catalog.LOCK_ACQUIRE_RETRIES, "lock", lock).inc(retries)
+
     def instrumentation_error(self, component: str) -> None:
         """Count one failure inside the instrumentation."""
         self._child_small(catalog.INSTRUMENTATION_ERRORS, "component", component).inc()
+
+    # --- database (recorded by instrumentation/sqlalchemy.py) -----------------------------
+
+    def db_lock_wait(
+        self, table: str, seconds: float, exemplar: dict[str, str] | None = None
+    ) -> None:
+        """Observe the duration of one locking statement on ``table``."""
+        self._child_small(catalog.DB_LOCK_WAIT, "table", table).observe(seconds, exemplar)
+
+    def db_deadlock(self, table: str) -> None:
+        """Count one statement on ``table`` that the database ended as a deadlock victim."""
+        self._child_small(catalog.DB_DEADLOCK, "table", table).inc()
+
+    def db_serialization_failure(self, table: str) -> None:
+        """Count one serialization failure (SQLSTATE 40001) of a statement on ``table``."""
+        self._child_small(catalog.DB_SERIALIZATION_FAILURE, "table", table).inc()
+
+    def unsafe_read_modify_write(self, table: str) -> None:
+        """Count one write of a stock value computed from an unlocked read of ``table``."""
+        self._child_small(catalog.UNSAFE_READ_MODIFY_WRITE, "table", table).inc()

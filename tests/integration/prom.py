@@ -25,9 +25,8 @@ Example (a dashboard or alerting end-to-end test)::
 one-element list). Any API error raises :class:`PrometheusError` with Prometheus's
 message. On a start-up failure the error carries the tail of Prometheus's log.
 
-Module import is cheap and needs only the standard library (``urllib``, ``subprocess``);
-tests that need the binary can ``pytest.skip`` on :func:`prometheus_binary` being
-``None``.
+Module import is cheap and needs only the standard library (``urllib``, ``subprocess``).
+``make test`` installs the binary; a missing one is an error, not a skip.
 """
 
 from __future__ import annotations

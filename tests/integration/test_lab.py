@@ -1,15 +1,16 @@
-"""The flash-sale lab (`stocksentry demo`) on embedded SQLite and on real PostgreSQL.
+"""The flash-sale lab (`stocksentry demo`) on embedded SQLite, real PostgreSQL and Redis.
 
 The lab's claims are checked three ways: its report against the relations the strategies
-must obey (unsafe oversells, check_then_decrement goes negative, atomic sells exactly the
-stock), its metric totals against the registry it filled, and its database figures
-against SQL this test runs itself.
+must obey (unsafe and naive_lock oversell, check_then_decrement goes negative, atomic,
+for_update and redlock sell exactly the stock), its metric totals against the registry it
+filled, and its database figures against SQL this test runs itself.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -19,6 +20,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import redis
 import sqlalchemy as sa
 import structlog
 from prometheus_client import CollectorRegistry
@@ -32,6 +34,28 @@ SUCCESS = "stock_reservation_success_total"
 CONFLICT = "stock_reservation_conflict_total"
 NEGATIVE = "stock_inventory_negative_total"
 DURATION_COUNT = "stock_reservation_duration_seconds_count"
+REPLAY = "stock_idempotency_replay_total"
+STALE = "stock_cache_stale_hit_total"
+UNSAFE_RMW = "stock_unsafe_read_modify_write_total"
+EXPIRED = "stock_lock_expired_while_held_total"
+NOT_OWNED = "stock_lock_release_not_owned_total"
+ALL_STRATEGIES = [
+    "unsafe",
+    "check_then_decrement",
+    "naive_lock",
+    "atomic",
+    "for_update",
+    "redlock",
+]
+WITHOUT_REDIS = ["unsafe", "check_then_decrement", "atomic", "for_update"]
+REDIS_URL = os.environ.get("STOCKSENTRY_TEST_REDIS", "redis://127.0.0.1:6379/0")
+# The SQLAlchemy integration's detector is in the lab when the module is installed.
+try:
+    import stocksentry.instrumentation.sqlalchemy  # noqa: F401
+
+    DETECTOR = True
+except ImportError:
+    DETECTOR = False
 JSON_KEYS = {
     "strategy",
     "stock_initial",
@@ -79,8 +103,13 @@ def db_truth(url: str, sku: str) -> tuple[int, int, int, int]:
     return int(orders), int(units), int(negative), int(stock)
 
 
+def ran(results: list[StrategyResult]) -> list[StrategyResult]:
+    return [r for r in results if r.skipped is None]
+
+
 def check_consistent(result: StrategyResult, registry: CollectorRegistry) -> None:
     """Every metric total equals its database figure, pair by pair."""
+    assert result.skipped is None
     sku, name = result.sku, result.strategy
     success = value(registry, SUCCESS, sku=sku, strategy=name)
     conflicts = {
@@ -93,8 +122,9 @@ def check_consistent(result: StrategyResult, registry: CollectorRegistry) -> Non
     assert result.metrics[CONFLICT] == sum(conflicts.values())
     assert result.conflicts == {k: v for k, v in conflicts.items() if v}
     assert result.errors == 0, result.first_error
-    assert success + sum(conflicts.values()) + result.errors == result.buyers
-    assert result.metrics[DURATION_COUNT] == result.buyers
+    assert success + sum(conflicts.values()) + result.errors == result.reservations
+    assert result.metrics[DURATION_COUNT] == result.reservations
+    assert result.reservations == result.buyers + result.resubmitted - result.replays
     assert result.db.units == result.sold == result.orders  # one unit per buyer
     assert result.db.final_stock == result.final_stock
     assert result.mismatches == ()
@@ -103,9 +133,15 @@ def check_consistent(result: StrategyResult, registry: CollectorRegistry) -> Non
 
 def check_default_sale(results: list[StrategyResult], registry: CollectorRegistry) -> None:
     """500 buyers against 100 units: what each strategy must do."""
-    by_name = {r.strategy: r for r in results}
-    assert list(by_name) == ["unsafe", "check_then_decrement", "atomic"]
-    for result in results:
+    assert [r.strategy for r in results] == ALL_STRATEGIES
+    # Without --redis the lock strategies are listed, skipped, with the reason.
+    assert {r.strategy: r.skipped for r in results if r.skipped} == {
+        "naive_lock": lab.SKIPPED_WITHOUT_REDIS,
+        "redlock": lab.SKIPPED_WITHOUT_REDIS,
+    }
+    by_name = {r.strategy: r for r in ran(results)}
+    assert list(by_name) == WITHOUT_REDIS
+    for result in by_name.values():
         assert (result.stock_initial, result.buyers) == (100, 500)
         assert result.sku == f"LAB-{result.strategy.upper()}"
         check_consistent(result, registry)
@@ -129,15 +165,30 @@ def check_default_sale(results: list[StrategyResult], registry: CollectorRegistr
     assert check.lost_updates == 0
     assert check.conflicts == {"out_of_stock": 500 - check.sold}
 
-    atomic = by_name["atomic"]
-    assert (atomic.sold, atomic.oversold, atomic.final_stock) == (100, 0, 0)
-    assert atomic.negative_writes == 0
-    assert atomic.conflicts == {"out_of_stock": 400}
-    assert atomic.metrics == {SUCCESS: 100, CONFLICT: 400, NEGATIVE: 0, DURATION_COUNT: 500}
+    for safe in (by_name["atomic"], by_name["for_update"]):
+        assert (safe.sold, safe.oversold, safe.final_stock) == (100, 0, 0)
+        assert safe.negative_writes == 0
+        assert safe.conflicts == {"out_of_stock": 400}
+        expected = {
+            SUCCESS: 100,
+            CONFLICT: 400,
+            NEGATIVE: 0,
+            DURATION_COUNT: 500,
+            REPLAY: 0,
+            STALE: 0,
+        }
+        if DETECTOR:
+            expected[UNSAFE_RMW] = 0
+        assert safe.metrics == expected
+    if DETECTOR:
+        # The SQL detector flags every unsafe write, and nothing else here.
+        assert unsafe.unsafe_read_modify_write is not None
+        assert unsafe.unsafe_read_modify_write > 0
+        assert by_name["check_then_decrement"].unsafe_read_modify_write == 0
 
 
 def check_against_own_sql(url: str, results: list[StrategyResult]) -> None:
-    for result in results:
+    for result in ran(results):
         orders, units, negative, stock = db_truth(url, result.sku)
         assert (orders, units, negative, stock) == (
             result.db.orders,
@@ -172,7 +223,7 @@ def test_rerun_resets_each_product(tmp_path: Path) -> None:
     run_lab(config)
     second = CollectorRegistry()
     results = run_lab(config, registry=second)
-    for result in results:
+    for result in ran(results):
         check_consistent(result, second)
         # Only the second run's orders are left: the first run's were deleted.
         assert db_truth(url, result.sku)[0] == result.orders <= 30
@@ -184,21 +235,29 @@ def test_without_update_returning_reads_back_in_the_transaction(
     # Databases without UPDATE ... RETURNING take the read-back path: same figures.
     monkeypatch.setattr(lab, "_update_returning", lambda engine: False)
     url = f"sqlite:///{tmp_path / 'lab.db'}"
-    config = LabConfig(database_url=url, buyers=200, stock=40, concurrency=20, work_ms=2)
+    config = LabConfig(
+        database_url=url,
+        buyers=200,
+        stock=40,
+        concurrency=20,
+        work_ms=2,
+        strategies=("unsafe", "check_then_decrement", "atomic", "for_update"),
+    )
     results = run_lab(config, registry=registry)
     for result in results:
         check_consistent(result, registry)
     check_against_own_sql(url, results)
-    unsafe, check, atomic = results
+    unsafe, check, atomic, for_update = results
     assert unsafe.oversold > 0
     assert check.negative_writes == -check.final_stock == check.oversold
     assert (atomic.sold, atomic.final_stock, atomic.conflicts) == (40, 0, {"out_of_stock": 160})
+    assert (for_update.sold, for_update.final_stock) == (40, 0)
 
 
 def test_temporary_sqlite_file_is_removed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     results = run_lab(LabConfig(buyers=20, stock=5, concurrency=5, work_ms=1))
-    assert [r.consistent for r in results] == [True, True, True]
+    assert [r.consistent for r in results] == [True] * 6
     assert list(tmp_path.iterdir()) == []
 
 
@@ -237,13 +296,26 @@ def test_cli_json_report(capsys: pytest.CaptureFixture[str]) -> None:
     out, err = capsys.readouterr()
     assert err == ""
     report = json.loads(out)
-    assert [item["strategy"] for item in report] == ["unsafe", "check_then_decrement", "atomic"]
+    assert [item["strategy"] for item in report] == ALL_STRATEGIES
+    skipped = [item for item in report if item["skipped"]]
+    assert skipped == [
+        {"strategy": name, "sku": f"LAB-{name.upper()}", "skipped": lab.SKIPPED_WITHOUT_REDIS}
+        for name in ("naive_lock", "redlock")
+    ]
+    report = [item for item in report if not item["skipped"]]
     for item in report:
         assert set(item) >= JSON_KEYS, JSON_KEYS - set(item)
         assert item["stock_initial"] == 10
         assert item["buyers"] == 60
         assert set(item["metrics"]) >= {SUCCESS, CONFLICT, NEGATIVE, DURATION_COUNT}
-        assert set(item["db"]) == {"orders", "units", "negative_writes", "final_stock"}
+        assert set(item["db"]) == {
+            "orders",
+            "units",
+            "negative_writes",
+            "final_stock",
+            "duplicate_keys",
+            "duplicate_orders",
+        }
         assert item["consistent"] is True
         assert item["metrics"][SUCCESS] == item["db"]["orders"] == item["sold"]
         assert item["metrics"][NEGATIVE] == item["db"]["negative_writes"]
@@ -251,6 +323,8 @@ def test_cli_json_report(capsys: pytest.CaptureFixture[str]) -> None:
         assert item["oversold"] == max(0, item["sold"] - 10)
     atomic = report[2]
     assert (atomic["sold"], atomic["conflicts"]) == (10, {"out_of_stock": 50})
+    assert atomic["samples"][0] == [0.0, 10]
+    assert atomic["samples"][-1][1] == 0
 
 
 def test_cli_table_report(capsys: pytest.CaptureFixture[str]) -> None:
@@ -403,10 +477,244 @@ def test_cli_serves_metrics_while_lingering() -> None:
         return samples.get((name, tuple(sorted(labels.items()))), 0.0)
 
     for name, item in report.items():
+        if item["skipped"]:
+            continue
         sku = f"LAB-{name.upper()}"
         success = served(SUCCESS, sku=sku, strategy=name)
         assert success == item["metrics"][SUCCESS] == item["db"]["orders"]
         assert served(NEGATIVE, sku=sku) == item["metrics"][NEGATIVE]
     assert served(SUCCESS, sku="LAB-ATOMIC", strategy="atomic") == 10.0
     assert served(CONFLICT, sku="LAB-ATOMIC", reason="out_of_stock") == 50.0
-    assert sum(v for (name, _), v in samples.items() if name == DURATION_COUNT) == 180.0
+    assert sum(v for (name, _), v in samples.items() if name == DURATION_COUNT) == 240.0
+
+
+# --- locks, retries, stale cache, the HTML report --------------------------------------------
+
+
+def redis_keys(prefix: str) -> list[bytes]:
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        return [
+            *client.scan_iter(match=prefix + "*"),
+            *client.scan_iter(match="redlock:" + prefix + "*"),
+        ]
+    finally:
+        client.close()
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("backend", ["postgresql", "sqlite"])
+def test_lock_strategies_on_redis(
+    backend: str,
+    pg_sqlalchemy_url: str,
+    redis_prefix: str,
+    tmp_path: Path,
+    registry: CollectorRegistry,
+) -> None:
+    """naive_lock oversells and its lock metrics say why; the safe ones sell the stock."""
+    url = pg_sqlalchemy_url if backend == "postgresql" else f"sqlite:///{tmp_path / 'lab.db'}"
+    config = LabConfig(
+        database_url=url,
+        redis_url=REDIS_URL,
+        redis_prefix=redis_prefix,
+        buyers=120,
+        stock=20,
+        concurrency=20,
+        strategies=("naive_lock", "redlock", "for_update", "atomic"),
+    )
+    results = run_lab(config, registry=registry)
+    for result in results:
+        check_consistent(result, registry)
+    check_against_own_sql(url, results)
+    naive, owned, for_update, atomic = results
+
+    # The seeds' lock: every holder outlives the 4 ms TTL; the lock leaks, stock oversells.
+    assert config.naive_lock_ttl_s == pytest.approx(0.004)
+    assert naive.oversold > 0
+    assert naive.sold == naive.orders > 20
+    assert naive.locks["expired_while_held"] > 0
+    assert naive.locks["release_not_owned"] > 0
+    assert naive.locks["acquired"] == 120
+    assert value(registry, EXPIRED, lock="naive_lock") == naive.locks["expired_while_held"]
+    assert value(registry, NOT_OWNED, lock="naive_lock") == naive.locks["release_not_owned"]
+    assert naive.metrics[EXPIRED] == naive.locks["expired_while_held"]
+    assert any(EXPIRED in line for line in lab.caught_lines(naive))
+
+    for safe in (owned, for_update, atomic):
+        assert (safe.sold, safe.oversold, safe.final_stock) == (20, 0, 0), safe.strategy
+        assert safe.conflicts == {"out_of_stock": 100}
+    # The owned lock never expires under its holder, and never releases another's lock.
+    assert owned.locks["acquired"] == 120
+    assert owned.locks["expired_while_held"] == owned.locks["release_not_owned"] == 0
+    assert owned.locks["extend_failures"] == 0
+    assert 0 < owned.locks["hold_ratio_mean"] < 0.5
+    assert lab.caught_lines(owned) == []
+    if DETECTOR:
+        assert naive.unsafe_read_modify_write is not None
+        assert naive.unsafe_read_modify_write > 0
+        assert [r.unsafe_read_modify_write for r in (owned, for_update, atomic)] == [0, 0, 0]
+    if backend == "sqlite":
+        assert any("BEGIN IMMEDIATE" in note for note in for_update.notes)
+    assert redis_keys(redis_prefix) == []
+
+
+def test_retries_with_idempotency_replay_without_reserving(
+    tmp_path: Path, registry: CollectorRegistry
+) -> None:
+    url = f"sqlite:///{tmp_path / 'lab.db'}"
+    config = LabConfig(
+        database_url=url,
+        buyers=60,
+        stock=10,
+        concurrency=10,
+        work_ms=2,
+        retries=0.25,
+        strategies=("unsafe", "atomic"),
+    )
+    results = run_lab(config, registry=registry)
+    for result in results:
+        check_consistent(result, registry)
+        # Every resubmit found the stored result: 15 replays, no second reservation.
+        assert (result.resubmitted, result.replays, result.reservations) == (15, 15, 60)
+        assert result.db.duplicate_orders == result.db.duplicate_keys == 0
+        assert result.metrics[REPLAY] == 15
+        assert duplicates_by_own_sql(url, result.sku) == 0
+    assert value(registry, REPLAY, operation="checkout") == 30
+    assert results[1].sold == 10
+
+
+def test_retries_without_idempotency_duplicate_orders(
+    tmp_path: Path, registry: CollectorRegistry
+) -> None:
+    url = f"sqlite:///{tmp_path / 'lab.db'}"
+    config = LabConfig(
+        database_url=url,
+        buyers=60,
+        stock=30,
+        concurrency=10,
+        work_ms=2,
+        retries=0.25,
+        idempotency=False,
+        strategies=("unsafe", "atomic"),
+    )
+    results = run_lab(config, registry=registry)
+    for result in results:
+        check_consistent(result, registry)
+        assert (result.resubmitted, result.replays, result.reservations) == (15, 0, 75)
+        assert result.metrics[REPLAY] == 0
+        # Each intent at most twice: every duplicated key has exactly one extra order.
+        assert 0 < result.db.duplicate_orders == result.db.duplicate_keys <= 15
+        assert duplicates_by_own_sql(url, result.sku) == result.db.duplicate_orders
+        assert any(
+            "duplicate orders per idempotency key" in line for line in lab.caught_lines(result)
+        )
+    unsafe, atomic = results
+    # The unsafe strategy never refuses: every resubmit became a second order.
+    assert unsafe.db.duplicate_orders == 15
+    # The atomic one still sells exactly the stock, some of it twice to the same intent.
+    assert atomic.sold == 30
+
+
+def duplicates_by_own_sql(url: str, sku: str) -> int:
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            return int(
+                conn.execute(
+                    sa.text(
+                        "SELECT COALESCE(SUM(n - 1), 0) FROM (SELECT o.external_ref, COUNT(*) AS n"
+                        " FROM orders o JOIN order_items oi ON oi.order_id = o.id"
+                        " JOIN products p ON p.id = oi.product_id WHERE p.sku = :sku"
+                        " GROUP BY o.external_ref) d"
+                    ),
+                    {"sku": sku},
+                ).scalar_one()
+            )
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.parametrize("with_redis", [False, True])
+def test_stale_cache_counts_stale_hits(
+    with_redis: bool, redis_prefix: str, registry: CollectorRegistry
+) -> None:
+    config = LabConfig(
+        buyers=80,
+        stock=10,
+        concurrency=10,
+        work_ms=2,
+        stale_cache=True,
+        # Longer than the sale: the cache keeps saying "available" after the last unit went.
+        cache_refresh_ms=500,
+        redis_url=REDIS_URL if with_redis else None,
+        redis_prefix=redis_prefix,
+        strategies=("atomic",),
+    )
+    [atomic] = run_lab(config, registry=registry)
+    check_consistent(atomic, registry)
+    assert (atomic.sold, atomic.oversold) == (10, 0)
+    # Refused by the database after the cache said "available": counted, and logged as such.
+    assert atomic.stale_cache_hits > 0
+    assert atomic.stale_cache_hits == value(registry, STALE, cache="lab_stock")
+    assert atomic.stale_cache_hits <= atomic.conflicts["out_of_stock"]
+    assert any(STALE in line for line in lab.caught_lines(atomic))
+    if with_redis:
+        assert redis_keys(redis_prefix) == []
+
+
+def test_cli_lock_strategies_skipped_without_redis(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", *SMALL, "--strategy", "naive_lock,atomic,redlock", "-q"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^naive_lock +skipped: needs --redis URL", out, re.MULTILINE)
+    assert re.search(r"^redlock +skipped: needs --redis URL", out, re.MULTILINE)
+    assert re.search(r"^atomic +10 +60 +10 +0 +0 ", out, re.MULTILINE)
+    assert "redis: none (the lock strategies are skipped)" in out
+
+
+@pytest.mark.integration
+def test_cli_html_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    report = tmp_path / "lab.html"
+    argv = [
+        "demo",
+        *["--buyers", "60", "--stock", "40", "--concurrency", "10", "--work-ms", "2"],
+        "--redis",
+        REDIS_URL,
+        "--strategy",
+        "naive_lock,atomic",
+        # Half the buyers resubmit while the stock is still there: duplicate orders.
+        "--retries",
+        "50%",
+        "--no-idempotency",
+        "--format",
+        "json",
+        "-q",
+        "--report",
+        str(report),
+    ]
+    assert main(argv) == 0
+    items = json.loads(capsys.readouterr().out)
+    assert [item["strategy"] for item in items] == ["naive_lock", "atomic"]
+    assert items[0]["locks"]["expired_while_held"] > 0
+    assert items[1]["locks"] == {}
+    page = report.read_text(encoding="utf-8")
+    assert page.startswith("<!DOCTYPE html>")
+    assert page.count("<svg") == 3
+    assert "stock over time" in page
+    assert "latency" in page
+    # Self-contained: no script, no external asset.
+    assert "<script" not in page
+    assert not re.search(r"(src|href)=", page)
+    assert "stock_lock_expired_while_held_total{lock=&quot;naive_lock&quot;}" in page
+    assert "duplicate orders per idempotency key" in page
+
+
+def test_cli_unreachable_redis_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["demo", *SMALL, "--redis", "redis://:sekrit@127.0.0.1:1/0", "--strategy", "naive_lock"]
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.count("\n") == 1, err
+    assert err.startswith(
+        "stocksentry demo: error: cannot connect to Redis redis://:***@127.0.0.1:1/0"
+    )
+    assert "sekrit" not in err

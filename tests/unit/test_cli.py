@@ -40,6 +40,12 @@ def usage_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
         (["demo", "--linger", "5"], "--linger needs --metrics-port"),
         (["demo", "--linger", "soon", "--metrics-port", "0"], "argument --linger: not a number"),
         (["demo", "--no-such-option"], "unrecognized arguments: --no-such-option"),
+        (["demo", "--retries", "1.5"], "argument --retries: must be between 0 and 1"),
+        (["demo", "--retries", "120%"], "argument --retries: must be between 0 and 1"),
+        (["demo", "--retries", "some"], "argument --retries: not a share: 'some'"),
+        (["demo", "--lock-ttl-ms", "0"], "argument --lock-ttl-ms: must be a finite number > 0"),
+        (["demo", "--cache-refresh-ms", "0"], "argument --cache-refresh-ms: must be a finite"),
+        (["demo", "--redlock-impl", "etcd"], "argument --redlock-impl: invalid choice: 'etcd'"),
     ],
 )
 def test_bad_arguments_exit_2(
@@ -62,6 +68,17 @@ def test_demo_defaults() -> None:
     assert (args.buyers, args.stock, args.concurrency, args.work_ms) == (500, 100, 50, 5.0)
     assert (args.database, args.strategy, args.format) == (None, None, "table")
     assert (args.metrics_port, args.linger, args.log_file, args.quiet) == (None, 0.0, None, False)
+    assert (args.redis, args.lock_ttl_ms, args.redlock_impl) == (None, None, "lab")
+    assert (args.retries, args.idempotency, args.stale_cache) == (0.0, True, False)
+    assert (args.cache_refresh_ms, args.report) == (50.0, None)
+
+
+def test_lab_options_parse() -> None:
+    args = cli.build_parser().parse_args(
+        ["demo", "--retries", "20%", "--no-idempotency", "--stale-cache", "--lock-ttl-ms", "2.5"]
+    )
+    assert (args.retries, args.idempotency, args.stale_cache) == (0.2, False, True)
+    assert args.lock_ttl_ms == 2.5
 
 
 def test_help_lists_every_strategy(capsys: pytest.CaptureFixture[str]) -> None:

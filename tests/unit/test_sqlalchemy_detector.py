@@ -1,0 +1,743 @@
+"""The SQLAlchemy integration on SQLite: classifier, detector verdicts, listener hygiene.
+
+Rows that need row locks (``FOR UPDATE``) and real concurrency are in
+``tests/integration/test_sqlalchemy_pg.py``.
+"""
+
+from __future__ import annotations
+
+import gc
+import io
+import json
+import sys
+import time
+import weakref
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from prometheus_client import CollectorRegistry
+from sqlalchemy.ext.asyncio import create_async_engine
+from stocksentry.instrumentation import Sentry, catalog
+from stocksentry.instrumentation.logs import bind_correlation, configure_logging
+from stocksentry.instrumentation.sqlalchemy import (
+    StockTable,
+    classify_statement,
+    instrument_sqlalchemy,
+    is_instrumented,
+    uninstrument_sqlalchemy,
+)
+
+UNSAFE = "stock_unsafe_read_modify_write_total"
+LOCK_WAIT = "stock_db_lock_wait_duration_seconds"
+ERRORS = "stocksentry_instrumentation_errors_total"
+TABLES = {"products": StockTable(), "warehouse_stock": StockTable(key_columns=("sku",))}
+
+SCHEMA = (
+    "CREATE TABLE products (id INTEGER PRIMARY KEY, sku TEXT UNIQUE NOT NULL,"
+    " name TEXT, price INTEGER, available_stock INTEGER NOT NULL)",
+    "CREATE TABLE warehouse_stock (sku TEXT PRIMARY KEY, available_stock INTEGER NOT NULL)",
+    # Same column name, but not a configured stock table.
+    "CREATE TABLE shelf (sku TEXT PRIMARY KEY, available_stock INTEGER NOT NULL)",
+    "INSERT INTO products (id, sku, name, price, available_stock) VALUES"
+    " (1, 'EGG-01', 'egg', 3, 10), (2, 'EGG-02', 'big egg', 5, 10)",
+    "INSERT INTO warehouse_stock (sku, available_stock) VALUES ('EGG-01', 10)",
+    "INSERT INTO shelf (sku, available_stock) VALUES ('EGG-01', 10)",
+)
+
+metadata = sa.MetaData()
+products = sa.Table(
+    "products",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True),
+    sa.Column("sku", sa.Text),
+    sa.Column("name", sa.Text),
+    sa.Column("price", sa.Integer),
+    sa.Column("available_stock", sa.Integer),
+)
+
+
+def value(registry: CollectorRegistry, name: str, **labels: str) -> float:
+    return registry.get_sample_value(name, labels) or 0.0
+
+
+@pytest.fixture
+def sentry(registry: CollectorRegistry) -> Sentry:
+    return Sentry(registry=registry, log=False, trace=False)
+
+
+def make_engine(path: Path) -> sa.Engine:
+    engine = sa.create_engine(f"sqlite:///{path}")
+    with engine.begin() as conn:
+        for statement in SCHEMA:
+            conn.exec_driver_sql(statement)
+    return engine
+
+
+@pytest.fixture
+def engine(tmp_path: Path) -> Iterator[sa.Engine]:
+    # A file, not :memory:, so that two connections see the same database.
+    engine = make_engine(tmp_path / "shop.db")
+    yield engine
+    uninstrument_sqlalchemy(engine)
+    engine.dispose()
+
+
+# --- the classifier ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("paramstyle", "sql", "keys", "write"),
+    [
+        (
+            "pyformat",
+            "UPDATE products SET available_stock=%(v)s WHERE sku = %(sku)s",
+            (("sku", (True, "sku")),),
+            "blind",
+        ),
+        (
+            "format",
+            "UPDATE products SET name = %s, available_stock = %s WHERE id = %s",
+            (("id", (True, 2)),),
+            "blind",
+        ),
+        (
+            "qmark",
+            "UPDATE products SET available_stock = available_stock - ? WHERE sku = ?",
+            (("sku", (True, 1)),),
+            "self",
+        ),
+        (
+            "numeric_dollar",
+            "UPDATE products SET available_stock=$1::INTEGER WHERE products.sku = $2::VARCHAR",
+            (("sku", (True, 1)),),
+            "blind",
+        ),
+        (
+            "named",
+            "UPDATE products SET available_stock = CAST(:v AS INTEGER) WHERE id = :id",
+            (("id", (True, "id")),),
+            "blind",
+        ),
+        (
+            "numeric",
+            "UPDATE products SET available_stock = :1 WHERE sku = :2",
+            (("sku", (True, 1)),),
+            "blind",
+        ),
+        (
+            "pyformat",
+            "UPDATE products SET available_stock = price * 2 WHERE sku = 'EGG-01'",
+            (("sku", (False, "EGG-01")),),
+            "sql",
+        ),
+        (
+            "pyformat",
+            "UPDATE products SET available_stock = 5 WHERE id = 7 OR id = 8",
+            (),
+            "blind",
+        ),
+        (
+            "pyformat",
+            'UPDATE "public"."products" AS p /* why */ SET "available_stock" = -- no\n'
+            "  GREATEST(p.available_stock - %(q)s, 0) WHERE p.id = %(id)s RETURNING p.*",
+            (("id", (True, "id")),),
+            "self",
+        ),
+    ],
+)
+def test_classifier_reads_each_paramstyle(
+    paramstyle: str, sql: str, keys: tuple[Any, ...], write: str
+) -> None:
+    info = classify_statement(sql, paramstyle=paramstyle)
+    assert info.kind == "update"
+    assert info.table == "products"
+    assert info.keys == keys
+    assert info.write == write
+
+
+def test_classifier_select_locks_strings_and_other_statements() -> None:
+    locked = classify_statement(
+        "SELECT products.id, products.available_stock \nFROM products "
+        "WHERE products.sku = %(sku_1)s::VARCHAR FOR NO KEY UPDATE NOWAIT"
+    )
+    assert (locked.locking, locked.protects_rows, locked.reads_stock) == (True, True, True)
+    assert locked.lock_clause == "for no key update"
+    # A string that looks like SQL is a string; the keyed column is a string literal.
+    tricky = classify_statement(
+        "SELECT available_stock FROM products WHERE sku = 'it''s FOR UPDATE' -- FOR UPDATE"
+    )
+    assert (tricky.locking, tricky.keys) == (False, (("sku", (False, "it's FOR UPDATE")),))
+    key_share = classify_statement(
+        "SELECT available_stock FROM products WHERE id = 1 FOR KEY SHARE"
+    )
+    assert (key_share.locking, key_share.protects_rows) == (True, False)
+    other_table = classify_statement("SELECT * FROM orders WHERE id = 1 FOR UPDATE")
+    assert (other_table.table, other_table.locking, other_table.stock) == (
+        "orders",
+        True,
+        False,
+    )
+    lock = classify_statement("LOCK TABLE ONLY products IN ROW EXCLUSIVE MODE")
+    assert (lock.locking, lock.table_lock) == (True, False)
+    guard = classify_statement(
+        "UPDATE products SET available_stock = available_stock - %(q)s "
+        "WHERE sku = %(s)s AND available_stock >= %(q)s"
+    )
+    assert guard.conditional
+    assert classify_statement("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ").isolation == (
+        "REPEATABLE READ"
+    )
+    assert classify_statement("INSERT INTO orders (sku) VALUES (%(sku)s)").table == "orders"
+    for odd in ("", "   ", "/* only a comment */", "SELECT 1", "VACUUM", "'unterminated"):
+        assert classify_statement(odd).stock is False
+
+
+# --- detector verdicts -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Pair:
+    """A read, then a write, and whether the pair is an unsafe read-modify-write."""
+
+    name: str
+    read: str
+    write: str
+    context: str  # "connection", "request", "reservation" or "none"
+    flagged: int
+    read_params: dict[str, Any] | None = None
+    write_params: dict[str, Any] | None = None
+
+
+READ = "SELECT available_stock FROM products WHERE sku = :sku"
+EGG = {"sku": "EGG-01"}
+WRITE_PARAM = {"sku": "EGG-01", "computed": 9}
+
+PAIRS = [
+    Pair(
+        "unsafe literal",
+        READ,
+        "UPDATE products SET available_stock = 9 WHERE sku = :sku",
+        "connection",
+        1,
+    ),
+    Pair(
+        "unsafe bound parameter",
+        READ,
+        "UPDATE products SET available_stock = :computed WHERE sku = :sku",
+        "connection",
+        1,
+    ),
+    Pair(
+        "unsafe across two connections, one request",
+        READ,
+        "UPDATE products SET available_stock = :computed WHERE sku = :sku",
+        "request",
+        1,
+    ),
+    Pair(
+        "unsafe across two connections, one reservation (the lab's flow)",
+        READ,
+        "UPDATE products SET available_stock = :computed WHERE sku = :sku",
+        "reservation",
+        1,
+    ),
+    Pair(
+        "two connections that share no request: not linked",
+        READ,
+        "UPDATE products SET available_stock = :computed WHERE sku = :sku",
+        "none",
+        0,
+    ),
+    Pair(
+        "atomic decrement",
+        READ,
+        "UPDATE products SET available_stock = available_stock - :qty WHERE sku = :sku",
+        "reservation",
+        0,
+        write_params={"sku": "EGG-01", "qty": 1},
+    ),
+    Pair(
+        "atomic conditional decrement",
+        READ,
+        "UPDATE products SET available_stock = available_stock - :qty"
+        " WHERE sku = :sku AND available_stock >= :qty",
+        "connection",
+        0,
+        write_params={"sku": "EGG-01", "qty": 1},
+    ),
+    Pair(
+        "compare-and-set on the value read",
+        READ,
+        "UPDATE products SET available_stock = :computed"
+        " WHERE sku = :sku AND available_stock = :seen",
+        "connection",
+        0,
+        write_params={"sku": "EGG-01", "computed": 9, "seen": 10},
+    ),
+    Pair(
+        "different keys",
+        READ,
+        "UPDATE products SET available_stock = :computed WHERE sku = :sku",
+        "connection",
+        0,
+        write_params={"sku": "EGG-02", "computed": 9},
+    ),
+    Pair(
+        "different tables",
+        READ,
+        "UPDATE warehouse_stock SET available_stock = :computed WHERE sku = :sku",
+        "connection",
+        0,
+    ),
+    Pair(
+        "same column name on a table that is not a stock table",
+        "SELECT available_stock FROM shelf WHERE sku = :sku",
+        "UPDATE shelf SET available_stock = :computed WHERE sku = :sku",
+        "connection",
+        0,
+    ),
+    Pair(
+        "non-stock column update",
+        READ,
+        "UPDATE products SET name = :computed WHERE sku = :sku",
+        "connection",
+        0,
+        write_params={"sku": "EGG-01", "computed": "egg!"},
+    ),
+    Pair(
+        "read of other columns",
+        "SELECT name, price FROM products WHERE sku = :sku",
+        "UPDATE products SET available_stock = :computed WHERE sku = :sku",
+        "connection",
+        0,
+    ),
+    Pair(
+        "comments and quoted identifiers",
+        '/* stock? */ SELECT "available_stock" -- the count\n FROM "products" WHERE "sku" = :sku',
+        'UPDATE "products" /* write */ SET "available_stock" = :computed WHERE "sku" = :sku',
+        "connection",
+        1,
+    ),
+    Pair(
+        "schema-qualified, SELECT *, key by id (literal read, bound write)",
+        "SELECT * FROM main.products WHERE id = 1",
+        "UPDATE main.products SET available_stock = :computed WHERE id = :id",
+        "connection",
+        1,
+        write_params={"id": 1, "computed": 9},
+    ),
+    Pair(
+        "an OR in the write's WHERE names no single row",
+        READ,
+        "UPDATE products SET available_stock = :computed WHERE sku = :sku OR sku = 'x'",
+        "connection",
+        0,
+    ),
+    Pair(
+        "the key compared as a string, not as the column",
+        "SELECT available_stock FROM products WHERE sku = 'sku'",
+        "UPDATE products SET available_stock = :computed WHERE sku = :sku",
+        "connection",
+        0,
+    ),
+]
+
+
+def run_pair(engine: sa.Engine, sentry: Sentry, pair: Pair) -> None:
+    read_params = pair.read_params if pair.read_params is not None else EGG
+    write_params = pair.write_params if pair.write_params is not None else WRITE_PARAM
+
+    def flow() -> None:
+        if pair.context == "connection":
+            # One checkout, two transactions: the read is committed before the write.
+            with engine.connect() as conn:
+                conn.execute(sa.text(pair.read), read_params).all()
+                conn.commit()
+                conn.execute(sa.text(pair.write), write_params)
+                conn.commit()
+            return
+        with engine.begin() as conn:
+            conn.execute(sa.text(pair.read), read_params).all()
+        with engine.begin() as conn:
+            conn.execute(sa.text(pair.write), write_params)
+
+    if pair.context == "request":
+        with bind_correlation(request_id="req-1"):
+            flow()
+    elif pair.context == "reservation":
+        with sentry.reservation("EGG-01", strategy="unsafe"):
+            flow()
+    else:
+        flow()
+
+
+@pytest.mark.parametrize("pair", PAIRS, ids=[p.name for p in PAIRS])
+def test_detector_verdicts(
+    engine: sa.Engine, sentry: Sentry, registry: CollectorRegistry, pair: Pair
+) -> None:
+    instrument_sqlalchemy(engine, sentry=sentry, stock_tables=TABLES)
+    run_pair(engine, sentry, pair)
+    table = "warehouse_stock" if "warehouse" in pair.write else "products"
+    assert value(registry, UNSAFE, table=table) == pair.flagged
+    assert value(registry, ERRORS, component="sqlalchemy") == 0
+
+
+def test_core_statements_are_classified_as_compiled(
+    engine: sa.Engine, sentry: Sentry, registry: CollectorRegistry
+) -> None:
+    instrument_sqlalchemy(engine, sentry=sentry)
+    with sentry.reservation("EGG-01", strategy="unsafe"):
+        with engine.begin() as conn:
+            stock = conn.execute(
+                sa.select(products.c.available_stock).where(products.c.sku == "EGG-01")
+            ).scalar_one()
+        with engine.begin() as conn:
+            conn.execute(
+                sa.update(products)
+                .where(products.c.sku == "EGG-01")
+                .values(available_stock=stock - 1)
+            )
+        with engine.begin() as conn:  # the atomic form afterwards: no second count
+            conn.execute(
+                sa.update(products)
+                .where(products.c.sku == "EGG-01", products.c.available_stock >= 1)
+                .values(available_stock=products.c.available_stock - 1)
+            )
+    assert value(registry, UNSAFE, table="products") == 1
+
+
+def test_a_read_is_forgotten_after_the_window(
+    engine: sa.Engine, sentry: Sentry, registry: CollectorRegistry
+) -> None:
+    instrument_sqlalchemy(engine, sentry=sentry, read_window=0.05)
+    with engine.connect() as conn:
+        conn.execute(sa.text(READ), EGG).all()
+        conn.commit()
+        time.sleep(0.1)
+        conn.execute(sa.text("UPDATE products SET available_stock = 9 WHERE sku = :sku"), EGG)
+        conn.commit()
+    assert value(registry, UNSAFE, table="products") == 0
+
+
+def test_one_read_counts_one_write(
+    engine: sa.Engine, sentry: Sentry, registry: CollectorRegistry
+) -> None:
+    instrument_sqlalchemy(engine, sentry=sentry)
+    write = sa.text("UPDATE products SET available_stock = :computed WHERE sku = :sku")
+    with engine.connect() as conn:
+        conn.execute(sa.text(READ), EGG).all()
+        conn.execute(write, WRITE_PARAM)
+        conn.execute(write, WRITE_PARAM)  # no new read: the write used it up
+        conn.commit()
+    assert value(registry, UNSAFE, table="products") == 1
+
+
+def test_sqlite_transaction_begun_by_the_app_is_serializable(
+    tmp_path: Path, sentry: Sentry, registry: CollectorRegistry
+) -> None:
+    # The recipe from SQLAlchemy's pysqlite docs: the driver stays out of transaction
+    # control, the app sends BEGIN, so the read happens inside the write's transaction.
+    engine = sa.create_engine(f"sqlite:///{tmp_path / 'shop.db'}", isolation_level=None)
+
+    @sa.event.listens_for(engine, "begin")
+    def begin(conn: sa.Connection) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+    with engine.begin() as conn:
+        for statement in SCHEMA:
+            conn.exec_driver_sql(statement)
+    instrument_sqlalchemy(engine, sentry=sentry)
+    with engine.begin() as conn:
+        conn.execute(sa.text(READ), EGG).all()
+        conn.execute(
+            sa.text("UPDATE products SET available_stock = :computed WHERE sku = :sku"),
+            WRITE_PARAM,
+        )
+    assert value(registry, UNSAFE, table="products") == 0
+    # Default pysqlite (no BEGIN before the SELECT): the same code is flagged.
+    plain = make_engine(tmp_path / "plain.db")
+    instrument_sqlalchemy(plain, sentry=sentry)
+    with plain.begin() as conn:
+        conn.execute(sa.text(READ), EGG).all()
+        conn.execute(
+            sa.text("UPDATE products SET available_stock = :computed WHERE sku = :sku"),
+            WRITE_PARAM,
+        )
+    assert value(registry, UNSAFE, table="products") == 1
+    for e in (engine, plain):
+        uninstrument_sqlalchemy(e)
+        e.dispose()
+
+
+def unsafe_reserve(engine: sa.Engine, sku: str) -> None:
+    """The lab's unsafe strategy: read in one transaction, write a computed value in another."""
+    with engine.begin() as conn:
+        stock = conn.execute(
+            sa.text("SELECT available_stock FROM products WHERE sku = :sku"), {"sku": sku}
+        ).scalar_one()
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text("UPDATE products SET available_stock = :computed WHERE sku = :sku"),
+            {"computed": stock - 1, "sku": sku},
+        )
+
+
+def test_warning_line_names_the_code_and_carries_the_correlation_ids(
+    engine: sa.Engine, registry: CollectorRegistry
+) -> None:
+    out = io.StringIO()
+    configure_logging(stream=out, bridge_stdlib=False)
+    sentry = Sentry(registry=registry, trace=False)
+    instrument_sqlalchemy(engine, sentry=sentry)
+    with (
+        bind_correlation(request_id="req-7", idempotency_key="idem-7"),
+        sentry.reservation("EGG-01", strategy="unsafe"),
+    ):
+        unsafe_reserve(engine, "EGG-01")
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    (warning,) = [line for line in lines if line["event"] == "unsafe_read_modify_write"]
+    write_line = unsafe_reserve.__code__.co_firstlineno + 7
+    assert warning["level"] == "warning"
+    assert warning["table"] == "products"
+    assert (warning["key_column"], warning["key"]) == ("sku", "EGG-01")
+    assert warning["code"].endswith(f"test_sqlalchemy_detector.py:{write_line}")
+    assert warning["function"] == "unsafe_reserve"
+    assert (warning["request_id"], warning["idempotency_key"], warning["sku"]) == (
+        "req-7",
+        "idem-7",
+        "EGG-01",
+    )
+    assert (warning["read_locked"], warning["same_transaction"]) == (False, False)
+    assert value(registry, UNSAFE, table="products") == 1
+
+
+async def test_async_engine_detects_and_finds_the_coroutine(
+    tmp_path: Path, registry: CollectorRegistry
+) -> None:
+    make_engine(tmp_path / "shop.db").dispose()
+    engine = create_async_engine(f"sqlite+aiosqlite:///{tmp_path / 'shop.db'}")
+    out = io.StringIO()
+    configure_logging(stream=out, bridge_stdlib=False)
+    sentry = Sentry(registry=registry, trace=False)
+    instrument_sqlalchemy(engine, sentry=sentry)
+    assert is_instrumented(engine.sync_engine)
+
+    async def reserve() -> None:
+        async with sentry.reservation("EGG-01", strategy="unsafe"):
+            async with engine.begin() as conn:
+                stock = (await conn.execute(sa.text(READ), EGG)).scalar_one()
+            async with engine.begin() as conn:
+                await conn.execute(
+                    sa.text("UPDATE products SET available_stock = :computed WHERE sku = :sku"),
+                    {"computed": stock - 1, "sku": "EGG-01"},
+                )
+
+    await reserve()
+    await engine.dispose()
+    uninstrument_sqlalchemy(engine)
+    assert value(registry, UNSAFE, table="products") == 1
+    (warning,) = [
+        json.loads(line)
+        for line in out.getvalue().splitlines()
+        if "unsafe_read_modify_write" in line
+    ]
+    assert warning["function"] == "reserve"
+    assert warning["code"].startswith("tests/unit/test_sqlalchemy_detector.py:")
+
+
+# --- conditional updates -------------------------------------------------------------------------
+
+
+def test_conditional_update_without_a_row_marks_the_reservation(
+    engine: sa.Engine, sentry: Sentry, registry: CollectorRegistry
+) -> None:
+    instrument_sqlalchemy(engine, sentry=sentry)
+    guarded = sa.text(
+        "UPDATE products SET available_stock = available_stock - :qty"
+        " WHERE sku = :sku AND available_stock >= :qty"
+    )
+    cas = sa.text(
+        "UPDATE products SET available_stock = :new WHERE sku = :sku AND available_stock = :seen"
+    )
+    with sentry.reservation("EGG-01", strategy="atomic") as r, engine.begin() as conn:
+        conn.execute(guarded, {"qty": 99, "sku": "EGG-01"})
+    assert r.outcome == "out_of_stock"
+    with sentry.reservation("EGG-01", strategy="cas") as r, engine.begin() as conn:
+        conn.execute(cas, {"new": 4, "seen": 5, "sku": "EGG-01"})
+    assert r.outcome == "lost_race"
+    with sentry.reservation("EGG-01", strategy="atomic") as r, engine.begin() as conn:
+        conn.execute(guarded, {"qty": 1, "sku": "EGG-01"})  # a row matched
+    assert r.outcome is None
+    # Outside a reservation nothing is counted (there is no reservation to mark).
+    with engine.begin() as conn:
+        conn.execute(guarded, {"qty": 99, "sku": "EGG-01"})
+    conflict = "stock_reservation_conflict_total"
+    assert value(registry, conflict, sku="EGG-01", reason="out_of_stock") == 1
+    assert value(registry, conflict, sku="EGG-01", reason="lost_race") == 1
+    assert value(registry, "stock_reservation_success_total", sku="EGG-01", strategy="atomic") == 1
+
+
+# --- listener hygiene ----------------------------------------------------------------------------
+
+EVENTS = ("before_cursor_execute", "after_cursor_execute", "handle_error")
+
+
+def listeners_of(engine: sa.Engine, name: str) -> int:
+    # handle_error is a dialect event: listen(engine, ...) files it under the engine's dialect.
+    dispatch = engine.dialect.dispatch if name == "handle_error" else engine.dispatch
+    return len(getattr(dispatch, name))
+
+
+def listener_count(engine: sa.Engine) -> int:
+    return sum(listeners_of(engine, name) for name in EVENTS)
+
+
+def test_instrument_twice_listens_once_and_uninstrument_removes_all(
+    engine: sa.Engine, sentry: Sentry, registry: CollectorRegistry
+) -> None:
+    from stocksentry.instrumentation.sqlalchemy import _instrumented
+
+    instrument_sqlalchemy(engine, sentry=sentry)
+    instrument_sqlalchemy(engine, sentry=sentry, spans="all")  # does nothing more
+    assert listener_count(engine) == 3
+    listeners = [(name, fn) for name, fn in _instrumented[engine].listeners]
+    assert all(sa.event.contains(engine, name, fn) for name, fn in listeners)
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE products SET available_stock = 5 WHERE id = 1"))
+    assert value(registry, f"{LOCK_WAIT}_count", table="products") == 1
+
+    uninstrument_sqlalchemy(engine)
+    uninstrument_sqlalchemy(engine)  # harmless
+    assert not is_instrumented(engine)
+    assert not any(sa.event.contains(engine, name, fn) for name, fn in listeners)
+    assert listener_count(engine) == 0
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE products SET available_stock = 5 WHERE id = 1"))
+    assert value(registry, f"{LOCK_WAIT}_count", table="products") == 1
+
+
+def test_spans_all_adds_and_removes_the_opentelemetry_listeners(
+    engine: sa.Engine, sentry: Sentry
+) -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    before = {name: listeners_of(engine, name) for name in EVENTS}
+    instrument_sqlalchemy(engine, sentry=sentry, spans="all", tracer_provider=provider)
+    with engine.begin() as conn:
+        conn.execute(sa.text("SELECT available_stock FROM products WHERE id = 1")).all()
+    spans = exporter.get_finished_spans()
+    # opentelemetry-instrumentation-sqlalchemy names the span "<operation> <database>".
+    assert [s.name for s in spans] == [f"SELECT {engine.url.database}"]
+    assert spans[0].attributes is not None
+    assert "SELECT available_stock" in str(spans[0].attributes.get("db.statement"))
+    uninstrument_sqlalchemy(engine)
+    assert {name: listeners_of(engine, name) for name in EVENTS} == before
+    assert len(engine.pool.dispatch.checkout) == 0
+    with engine.begin() as conn:
+        conn.execute(sa.text("SELECT 1")).all()
+    assert len(exporter.get_finished_spans()) == 1
+
+
+def test_spans_locking_wraps_locking_statements_only(
+    engine: sa.Engine, registry: CollectorRegistry
+) -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    sentry = Sentry(registry=registry, log=False, tracer_provider=provider)
+    instrument_sqlalchemy(engine, sentry=sentry, spans="locking")
+    with sentry.reservation("EGG-01") as r, engine.begin() as conn:
+        conn.execute(sa.text(READ), EGG).all()
+        conn.execute(sa.text("UPDATE products SET available_stock = 3 WHERE sku = 'EGG-01'"))
+        carrier = r.trace_context()
+    names = [s.name for s in exporter.get_finished_spans()]
+    assert names == ["stock.db.lock", "stock.reserve"]
+    lock_span, reserve_span = exporter.get_finished_spans()
+    assert lock_span.parent is not None
+    assert lock_span.parent.span_id == reserve_span.context.span_id
+    assert lock_span.attributes == {
+        "db.system.name": "sqlite",
+        "stock.table": "products",
+        "stock.lock": "update",
+    }
+    (exemplar,) = [
+        s.exemplar
+        for m in sentry.metrics.metric(catalog.DB_LOCK_WAIT).collect()
+        for s in m.samples
+        if s.exemplar is not None
+    ]
+    assert exemplar.labels["trace_id"] == carrier["traceparent"].split("-")[1]
+    assert exemplar.labels["span_id"] == format(lock_span.context.span_id, "016x")
+
+
+def test_a_failing_listener_never_reaches_the_app(
+    engine: sa.Engine, sentry: Sentry, registry: CollectorRegistry, monkeypatch: Any
+) -> None:
+    instrument_sqlalchemy(engine, sentry=sentry)
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("metrics backend on fire")
+
+    monkeypatch.setattr(sentry.metrics, "db_lock_wait", broken)
+    monkeypatch.setattr(sentry.metrics, "unsafe_read_modify_write", broken)
+    with engine.begin() as conn:
+        conn.execute(sa.text(READ), EGG).all()
+        result = conn.execute(
+            sa.text("UPDATE products SET available_stock = 7 WHERE sku = 'EGG-01'")
+        )
+        assert result.rowcount == 1
+    with engine.connect() as conn:
+        assert conn.execute(sa.text(READ), EGG).scalar_one() == 7
+    # Two failures: the lock-wait observation and the unsafe-write count of the UPDATE.
+    assert value(registry, ERRORS, component="sqlalchemy") == 2
+
+
+def test_app_errors_pass_unchanged(engine: sa.Engine, sentry: Sentry) -> None:
+    instrument_sqlalchemy(engine, sentry=sentry)
+    with pytest.raises(sa.exc.OperationalError) as caught, engine.begin() as conn:
+        conn.execute(sa.text("UPDATE nowhere SET available_stock = 1"))
+    assert "no such table" in str(caught.value)
+
+
+def test_listeners_do_not_keep_the_engine_alive(tmp_path: Path, sentry: Sentry) -> None:
+    engine = make_engine(tmp_path / "gone.db")
+    instrument_sqlalchemy(engine, sentry=sentry, spans="locking")
+    with engine.begin() as conn:
+        conn.execute(sa.text(READ), EGG).all()
+    engine.dispose()
+    ref = weakref.ref(engine)
+    del engine, conn
+    gc.collect()
+    assert ref() is None
+
+
+def test_importing_the_package_does_not_import_sqlalchemy() -> None:
+    import subprocess
+
+    code = (
+        "import sys, stocksentry.instrumentation as i\n"
+        "assert not [m for m in sys.modules if m.split('.')[0] == 'sqlalchemy']\n"
+        "i.instrument_sqlalchemy\n"
+        "assert 'sqlalchemy' in sys.modules\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_bad_arguments_raise_at_set_up(engine: sa.Engine, sentry: Sentry) -> None:
+    with pytest.raises(ValueError, match="spans"):
+        instrument_sqlalchemy(engine, sentry=sentry, spans="some")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="stock_column"):
+        StockTable(stock_column="")
+    with pytest.raises(TypeError):
+        instrument_sqlalchemy(engine, sentry=sentry, stock_tables={"p": "available"})  # type: ignore[dict-item]
+    with pytest.raises(TypeError):
+        instrument_sqlalchemy(object(), sentry=sentry)  # type: ignore[arg-type]
+    assert not is_instrumented(engine)
