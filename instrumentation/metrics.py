@@ -38,6 +38,16 @@ from .guard import LabelGuard
 #: sets by nature (strategy names, operation names, cache and lock names, table names); a
 #: budget keeps a bug in the app from turning them into unbounded series.
 SMALL_LABEL_BUDGET = 50
+#: The parts of the instrumentation that count their own failures
+#: (``stocksentry_instrumentation_errors_total{component}``).
+INSTRUMENTATION_COMPONENTS: tuple[str, ...] = (
+    "api",
+    "metrics",
+    "logging",
+    "tracing",
+    "sqlalchemy",
+    "locks",
+)
 #: The outcomes of a distributed lock acquire (``stock_lock_acquire_duration_seconds``).
 LOCK_OUTCOMES = catalog.LOCK_OUTCOMES
 
@@ -90,6 +100,8 @@ class StockMetrics:
         # advance start at zero instead.
         for outcome in catalog.OUTCOMES:
             self._metrics[catalog.RESERVATION_DURATION.name].labels(outcome)
+        for component in INSTRUMENTATION_COMPONENTS:
+            self._metrics[catalog.INSTRUMENTATION_ERRORS.name].labels(component)
         for sku in promo_skus:
             label = self.sku_guard(sku)
             for reason in catalog.CONFLICT_REASONS:
