@@ -25,6 +25,16 @@ Example (a dashboard or alerting end-to-end test)::
 one-element list). Any API error raises :class:`PrometheusError` with Prometheus's
 message. On a start-up failure the error carries the tail of Prometheus's log.
 
+History: ``history=`` takes OpenMetrics text with timestamps (build it with
+:func:`openmetrics_history`) and writes it into the fresh storage with ``promtool tsdb
+create-blocks-from openmetrics`` before the server starts, for rules that look back
+further than a test can wait (``offset 5m``)::
+
+    now = time.time()
+    past = openmetrics_history({'up{instance="127.0.0.1:8000",job="app"}': 1},
+                               start=now - 600, end=now - 2)
+    with Prometheus(targets={"app": ["127.0.0.1:8000"]}, history=past) as prom: ...
+
 Module import is cheap and needs only the standard library (``urllib``, ``subprocess``).
 ``make test`` installs the binary; a missing one is an error, not a skip.
 """
@@ -46,7 +56,15 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-__all__ = ["Prometheus", "PrometheusError", "free_port", "prometheus_binary"]
+__all__ = [
+    "Prometheus",
+    "PrometheusError",
+    "backfill",
+    "free_port",
+    "openmetrics_history",
+    "prometheus_binary",
+    "promtool_binary",
+]
 
 #: Seconds to wait for /-/ready before giving up.
 READY_TIMEOUT_S = 30.0
@@ -66,6 +84,67 @@ def prometheus_binary() -> str | None:
     if Path("/usr/bin/prometheus").exists():
         return "/usr/bin/prometheus"
     return shutil.which("prometheus")
+
+
+def promtool_binary() -> str | None:
+    """promtool, for :func:`backfill`: ``$PROMTOOL``, ``/usr/bin/promtool`` or on PATH."""
+    candidate = os.environ.get("PROMTOOL")
+    if candidate:
+        return candidate if Path(candidate).exists() else None
+    if Path("/usr/bin/promtool").exists():
+        return "/usr/bin/promtool"
+    return shutil.which("promtool")
+
+
+def openmetrics_history(
+    series: Mapping[str, float], *, start: float, end: float, step: float = 15.0
+) -> str:
+    """OpenMetrics text holding each of ``series`` at its constant value, every ``step``
+    seconds from ``start`` to ``end`` (Unix times), for :func:`backfill`.
+
+    Keys are series as the text format writes them, ``name{label="value",...}``.
+
+    >>> print(openmetrics_history({'up{job="a"}': 1}, start=0, end=20, step=10), end="")
+    up{job="a"} 1 0.000
+    up{job="a"} 1 10.000
+    up{job="a"} 1 20.000
+    # EOF
+    """
+    if step <= 0 or end < start:
+        raise ValueError("need step > 0 and end >= start")
+    count = int((end - start) // step) + 1
+    lines = [
+        f"{key} {value:g} {start + i * step:.3f}"
+        # One metric family after the other, as OpenMetrics wants.
+        for key, value in sorted(series.items())
+        for i in range(count)
+    ]
+    return "\n".join([*lines, "# EOF"]) + "\n"
+
+
+def backfill(data_dir: str | os.PathLike[str], openmetrics: str) -> None:
+    """Write ``openmetrics`` (text with timestamps, ending in ``# EOF``) as TSDB blocks
+    into ``data_dir`` with ``promtool tsdb create-blocks-from openmetrics``.
+
+    Prometheus loads them when it starts on ``data_dir``. Raises :class:`PrometheusError`
+    with promtool's output when it fails.
+    """
+    promtool = promtool_binary()
+    if promtool is None:
+        raise PrometheusError("no promtool binary (set $PROMTOOL or install it)")
+    Path(data_dir).mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="stocksentry-backfill-") as work:
+        source = Path(work) / "history.om"
+        source.write_text(openmetrics, encoding="utf-8")
+        done = subprocess.run(
+            [promtool, "tsdb", "create-blocks-from", "openmetrics", str(source), str(data_dir)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    if done.returncode != 0:
+        raise PrometheusError(f"promtool backfill failed:\n{done.stdout}{done.stderr}")
 
 
 def free_port() -> int:
@@ -88,7 +167,9 @@ class Prometheus:
     anything else (basic auth, TLS, another path). ``rule_files`` are loaded as given
     (paths made absolute); ``alertmanager`` is a ``host:port`` Alertmanager to send
     alerts to. ``extra_args`` go to the command line (e.g.
-    ``["--enable-feature=exemplar-storage"]``).
+    ``["--enable-feature=exemplar-storage"]``). ``history`` is OpenMetrics text that
+    :func:`backfill` writes into the storage before the start (data from before the server
+    existed).
     """
 
     def __init__(
@@ -102,6 +183,7 @@ class Prometheus:
         evaluation_interval: str = "1s",
         extra_args: Sequence[str] = (),
         binary: str | None = None,
+        history: str | None = None,
     ) -> None:
         self.targets = dict(targets or {})
         self.scrape_configs = list(scrape_configs)
@@ -111,6 +193,7 @@ class Prometheus:
         self.evaluation_interval = evaluation_interval
         self.extra_args = list(extra_args)
         self.binary = binary or prometheus_binary()
+        self.history = history
         self.port: int | None = None
         self._dir: tempfile.TemporaryDirectory[str] | None = None
         self._process: subprocess.Popen[bytes] | None = None
@@ -166,6 +249,12 @@ class Prometheus:
         base = Path(self._dir.name)
         config = base / "prometheus.yml"
         config.write_text(self.config_text(), encoding="utf-8")
+        if self.history:
+            try:
+                backfill(base / "data", self.history)
+            except PrometheusError:
+                self.stop()
+                raise
         last_error: PrometheusError | None = None
         for attempt in range(attempts):
             self.port = free_port()
