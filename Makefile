@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
 DEMO_ARGS ?=
 
-.PHONY: demo test lint format bench services tools install dev clean generate
+.PHONY: demo test lint format bench services tools helm-tools install dev clean generate
 
 # The venv, created once; Debian ships venv separately, so install it when it is missing.
 $(PY):
@@ -37,8 +37,13 @@ services:
 tools:
 	@bash .ci/tools.sh
 
-## test: install, start PostgreSQL and Redis when down, install promtool/amtool, run pytest
-test: dev services tools
+# Helm has no Debian package: the chart is linted and rendered through helm-python-sdk.
+helm-tools: dev
+	@bash helm/install-helm.sh
+
+## test: install, start PostgreSQL and Redis when down, install promtool/amtool and the
+## Helm SDK, run pytest
+test: dev services tools helm-tools
 	$(PY) -m pytest -q
 
 ## lint: ruff (lint and format check) and mypy --strict
@@ -64,7 +69,8 @@ bench: dev services
 clean:
 	rm -rf $(VENV) .typecheck build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache
 
-## generate: rebuild generated artefacts (docs/metrics.md, dashboards/*.json)
+## generate: rebuild generated artefacts (docs/metrics.md, dashboards/*.json, the chart's copies)
 generate: dev
 	$(PY) docs/generate.py
 	$(PY) dashboards/build.py
+	$(PY) helm/sync.py
