@@ -1,0 +1,68 @@
+"""`stocksentry timeline` on the lab's own logs: findings for unsafe, none for the safe ones."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+CLI = [sys.executable, "-m", "stocksentry.exporter"]
+
+
+def lab_log(tmp_path: Path, strategy: str) -> Path:
+    log = tmp_path / f"{strategy}.jsonl"
+    done = subprocess.run(
+        [
+            *CLI,
+            "demo",
+            "--strategy",
+            strategy,
+            "--buyers",
+            "120",
+            "--stock",
+            "30",
+            "--log-file",
+            str(log),
+            "--quiet",
+            "--format",
+            "json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    return log
+
+
+def timeline(log: Path) -> tuple[int, dict[str, object]]:
+    done = subprocess.run(
+        [*CLI, "timeline", str(log), "--format", "json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode in (0, 1), done.stderr
+    return done.returncode, json.loads(done.stdout)
+
+
+def test_unsafe_lab_logs_show_lost_updates(tmp_path: Path) -> None:
+    status, report = timeline(lab_log(tmp_path, "unsafe"))
+    assert status == 1
+    findings = report["findings"]
+    assert isinstance(findings, list)
+    lost = [f for f in findings if f["kind"] == "lost_update"]
+    assert lost, findings
+    assert {f["sku"] for f in lost} == {"LAB-UNSAFE"}
+    assert report["skipped_lines"] == 0
+
+
+@pytest.mark.parametrize("strategy", ["atomic", "for_update"])
+def test_safe_lab_logs_show_nothing(tmp_path: Path, strategy: str) -> None:
+    status, report = timeline(lab_log(tmp_path, strategy))
+    assert report["findings"] == []
+    assert status == 0
+    assert report["skipped_lines"] == 0
