@@ -23,12 +23,16 @@ written to ``detection-delays.json`` in the test's tmp path; they are held under
 bound, not benchmarked. The safe strategies (``atomic``, ``for_update``) must leave every
 alert quiet, in Prometheus and at the receiver.
 
-The lab process lives for seconds, but the rules' newborn-series half (alert_rules/
-README.md, "Counters born at their full count") only counts a series whose target was
-scraped a window (5 minutes) ago. A burst of negative writes between two scrapes is exactly
-what the lab produces, and a checkout app in production has been scraped for hours before
-its sale: so Prometheus starts with ten minutes of ``up`` history for the lab's target,
-backfilled with promtool. Nothing else is backfilled.
+A burst of negative writes between two scrapes, a series first scraped at its full count,
+is exactly what the lab produces, and the rules' newborn-series half (alert_rules/
+README.md, "Counters born at their full count") counts it when, a window (5 minutes)
+earlier, its target was scraped successfully, or Prometheus was scraping other targets and
+this one is new. The test's Prometheus is seconds old: it has no ``up`` of any target from
+5 minutes ago, which the guard cannot tell from a Prometheus that restarts after a gap, so
+it counts no newborn series at all, on an old target or a new one. A checkout app in
+production has been scraped for hours before its sale: so Prometheus starts with ten
+minutes of ``up`` = 1 history for the lab's target, backfilled with promtool, and the lab's
+newborn series count as on a target scraped 5 minutes ago. Nothing else is backfilled.
 """
 
 from __future__ import annotations
@@ -466,6 +470,8 @@ def stack(
         [*CLI, "exporter", "--config", str(write_exporter_config(tmp_path, exporter_port))],
         env,
     )
+    # Without it the fresh Prometheus has no up of any target 5 minutes ago, and the rules'
+    # newborn half counts nothing (see the module docstring).
     now = time.time()
     history = openmetrics_history(
         {f'up{{instance="{lab}",job="{LAB_JOB}"}}': 1}, start=now - 600, end=now - 2
@@ -585,7 +591,8 @@ def test_unsafe_strategy_pages_oncall(
     # Which half of StockNegativeWrite counted it: when a scrape caught the series before
     # the burst was over (at 0, primed, or mid-burst), increase() sees it rise; a series
     # first scraped at its full count is the newborn half's. (Without the backfilled up
-    # history, the latter is a missed page: the guard finds no scrape 5 minutes ago.)
+    # history, the latter is a missed page: the fresh Prometheus has no up of any target
+    # 5 minutes ago, which the guard takes for Prometheus having been away.)
     (samples,) = stack.prom.query(f'stock_inventory_negative_total{{sku="{UNSAFE_SKU}"}}[5m]')
     values = [float(value) for _, value in samples["values"]]
     counted_by = (
