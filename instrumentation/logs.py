@@ -125,6 +125,8 @@ _SEPARATORS = re.compile(r"[ -]")
 _MIN_SENSITIVE_LEN = 8
 _MAX_NESTING = 8
 _KEY_CACHE_LIMIT = 4096
+# Values that cannot hold a secret as text: skipped without further checks.
+_PLAIN_SCALARS: frozenset[type] = frozenset({int, float, bool, type(None)})
 
 
 def _luhn_ok(digits: str) -> bool:
@@ -196,16 +198,20 @@ class Redactor:
         # Assigning to existing keys while iterating is safe: the size of the
         # dict does not change.
         for key, value in event_dict.items():
-            if key in _TRUSTED_KEYS:
-                continue
             is_sensitive = sensitive.get(key)
             if is_sensitive is None:
                 is_sensitive = self._classify(key)
             if is_sensitive:
                 event_dict[key] = REDACTED
-            elif isinstance(value, str):
-                if len(value) >= _MIN_SENSITIVE_LEN:
+                continue
+            kind = type(value)
+            if kind is str:
+                if len(value) >= _MIN_SENSITIVE_LEN and key not in _TRUSTED_KEYS:
                     event_dict[key] = _SENSITIVE_TEXT.sub(_mask_match, value)
+            elif kind in _PLAIN_SCALARS:
+                continue
+            elif isinstance(value, str):  # a str subclass
+                event_dict[key] = _scrub(value)
             elif isinstance(value, (dict, list, tuple)):
                 event_dict[key] = self._redact_value(value, 1)
         return event_dict
