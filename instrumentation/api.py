@@ -104,7 +104,7 @@ def classify_exception(exc: BaseException) -> Outcome:
     locked" gives ``lock_timeout``; anything else is ``error``.
     """
     if isinstance(exc, ReservationConflict):
-        return exc.reason
+        return exc.reason if exc.reason in catalog.CONFLICT_REASONS else "error"
     for candidate in (exc, getattr(exc, "orig", None), exc.__cause__):
         if candidate is None:
             continue
@@ -230,7 +230,7 @@ class Reservation:
                 span = tracer.start_span(
                     "stock.reserve",
                     attributes={
-                        "stock.sku": self.sku[:256],
+                        "stock.sku": str(self.sku)[:256],
                         "stock.strategy": self.strategy,
                         "stock.qty": self.qty,
                     },
@@ -249,8 +249,16 @@ class Reservation:
         elapsed = time.perf_counter() - self._start
         sentry = self._sentry
         outcome = self._outcome
-        if outcome is None:
-            outcome = "success" if exc is None else classify_exception(exc)
+        # An exception after a success mark (a failed COMMIT, say) means the stock was not
+        # taken; a conflict mark stays, as the app raising its own 409 after it is normal.
+        if exc is not None and outcome in (None, "success"):
+            try:
+                outcome = classify_exception(exc)
+            except Exception as err:
+                sentry.internal_error("api", err)
+                outcome = "error"
+        elif outcome is None:
+            outcome = "success"
         try:
             metrics = sentry.metrics
             span = self._span
@@ -267,15 +275,27 @@ class Reservation:
             sentry.internal_error("metrics", err)
         if sentry.log_enabled:
             self._log_end(outcome, exc)
-        try:
-            if self._cv_token is not None:
+        self._restore(outcome, exc)
+
+    def _restore(self, outcome: Outcome, exc: BaseException | None) -> None:
+        # Each step on its own: one failing (a context entered in another task, a span
+        # processor that raises) must not leave the others' context behind.
+        sentry = self._sentry
+        if self._cv_token is not None:
+            try:
                 _current.reset(self._cv_token)
-                self._cv_token = None
-            if self._log_tokens is not None:
+            except Exception as err:
+                sentry.internal_error("api", err)
+            self._cv_token = None
+        if self._log_tokens is not None:
+            try:
                 structlog.contextvars.reset_contextvars(**self._log_tokens)
-                self._log_tokens = None
-            span = self._span
-            if span is not None:
+            except Exception as err:
+                sentry.internal_error("logging", err)
+            self._log_tokens = None
+        span = self._span
+        if span is not None:
+            try:
                 if span.is_recording():
                     span.set_attribute("stock.outcome", outcome)
                     if outcome == "error":
@@ -283,11 +303,11 @@ class Reservation:
                             span.record_exception(exc)
                         span.set_status(StatusCode.ERROR)
                 span.end()
-                if self._ctx_token is not None:
-                    otel_context.detach(cast(Any, self._ctx_token))
-                    self._ctx_token = None
-        except Exception as err:
-            sentry.internal_error("api", err)
+            except Exception as err:
+                sentry.internal_error("tracing", err)
+            finally:
+                _detach(sentry, self._ctx_token)
+                self._ctx_token = None
 
     def _log_end(self, outcome: Outcome, exc: BaseException | None) -> None:
         sentry = self._sentry
@@ -430,19 +450,20 @@ class PaymentCallback:
                 sentry.logger.info("payment_callback", sku=self.sku, result=mark, **self.ids)
             except Exception as err:
                 sentry.internal_error("logging", err)
-        try:
-            span = self._span
-            if span is not None:
+        span = self._span
+        if span is not None:
+            try:
                 if span.is_recording():
                     span.set_attribute("stock.payment_result", mark)
                     if exc is not None:
                         span.record_exception(exc)
                         span.set_status(StatusCode.ERROR)
                 span.end()
-                if self._ctx_token is not None:
-                    otel_context.detach(cast(Any, self._ctx_token))
-        except Exception as err:
-            sentry.internal_error("tracing", err)
+            except Exception as err:
+                sentry.internal_error("tracing", err)
+            finally:
+                _detach(sentry, self._ctx_token)
+                self._ctx_token = None
 
     def __enter__(self) -> PaymentCallback:
         return self._enter()
@@ -470,6 +491,15 @@ class PaymentCallback:
 
 
 _NO_IDS: dict[str, object] = {}
+
+
+def _detach(sentry: Sentry, token: object | None) -> None:
+    if token is None:
+        return
+    try:
+        otel_context.detach(cast(Any, token))
+    except Exception as err:
+        sentry.internal_error("tracing", err)
 
 
 def _ids(**ids: object) -> dict[str, object]:
@@ -611,15 +641,23 @@ class Sentry:
             if sku is None and sku_arg not in signature.parameters:
                 raise TypeError(f"{func.__qualname__} has no argument {sku_arg!r} for the SKU")
 
+            # Where the SKU sits among positional arguments, decided once here.
+            names = list(signature.parameters)
+            position = names.index(sku_arg) if sku is None else -1
+            default = (
+                signature.parameters[sku_arg].default if sku is None else inspect.Parameter.empty
+            )
+
             def sku_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
                 if sku is not None:
                     return sku
                 if sku_arg in kwargs:
                     return str(kwargs[sku_arg])
-                try:
-                    return str(signature.bind_partial(*args, **kwargs).arguments[sku_arg])
-                except (TypeError, KeyError):
-                    return "unknown"
+                if 0 <= position < len(args):
+                    return str(args[position])
+                if default is not inspect.Parameter.empty:
+                    return str(default)
+                return "unknown"
 
             if inspect.iscoroutinefunction(func):
                 async_func = cast(Callable[..., Awaitable[Any]], func)
@@ -808,11 +846,24 @@ def configure(
 
 
 def get_sentry() -> Sentry:
-    """The process-wide :class:`Sentry`, created with defaults on first use."""
+    """The process-wide :class:`Sentry`, created with defaults on first use.
+
+    First use is run time, so it never raises: if the default registry already holds
+    stocksentry's metrics (the app built its own ``Sentry()`` there), the process-wide
+    instance records into no registry and the clash is counted and logged once.
+    """
+    global _default
     sentry = _default
-    if sentry is None:
-        return configure()
-    return sentry
+    if sentry is not None:
+        return sentry
+    with _default_lock:
+        if _default is None:
+            try:
+                _default = Sentry()
+            except ValueError as exc:
+                _default = Sentry(registry=None)
+                _default.internal_error("api", exc)
+        return _default
 
 
 def reservation(

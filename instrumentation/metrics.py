@@ -79,7 +79,12 @@ class StockMetrics:
         max_label_length: int = 64,
     ) -> None:
         self.registry = registry
+        promo_skus = tuple(promo_skus)  # used twice: by the guard and to prime the series
         self.sku_guard = LabelGuard(max_skus, always=promo_skus, max_length=max_label_length)
+        # Raw values that sanitise to an admitted label can be endless (a hostile client
+        # varying the part past the length cap): the caches stop growing at this size and
+        # later keys take the guarded slow path, still correct.
+        self._cache_limit = 32 * (max_skus + len(promo_skus)) + 4096
         self._small_guards: dict[str, LabelGuard] = {
             name: LabelGuard(SMALL_LABEL_BUDGET, max_length=max_label_length)
             for name in ("strategy", "operation", "cache", "lock", "table", "component")
@@ -146,7 +151,7 @@ class StockMetrics:
             label = self._sku(spec, sku)
             child = self._metrics[spec.name].labels(label)
             # Overflowed raw values are not cached: each one must count its overflow.
-            if label is not OVERFLOW_VALUE:
+            if label is not OVERFLOW_VALUE and len(cache) < self._cache_limit:
                 cache[sku] = child
         return child
 
@@ -156,7 +161,7 @@ class StockMetrics:
         if child is None:
             label = self._small(guard_name, spec, value)
             child = self._metrics[spec.name].labels(label)
-            if label is not OVERFLOW_VALUE:
+            if label is not OVERFLOW_VALUE and len(cache) < self._cache_limit:
                 cache[value] = child
         return child
 
@@ -172,7 +177,8 @@ class StockMetrics:
             sku_label = self._sku(spec, sku)
             strategy_label = self._small("strategy", spec, strategy)
             child = self._metrics[spec.name].labels(sku_label, strategy_label)
-            if sku_label is not OVERFLOW_VALUE and strategy_label is not OVERFLOW_VALUE:
+            folded = sku_label is OVERFLOW_VALUE or strategy_label is OVERFLOW_VALUE
+            if not folded and len(cache) < self._cache_limit:
                 cache[key] = child
         child.inc()
 
@@ -187,7 +193,7 @@ class StockMetrics:
                 raise ValueError(f"unknown conflict reason {reason!r}")
             sku_label = self._sku(spec, sku)
             child = self._metrics[spec.name].labels(sku_label, reason)
-            if sku_label is not OVERFLOW_VALUE:
+            if sku_label is not OVERFLOW_VALUE and len(cache) < self._cache_limit:
                 cache[key] = child
         child.inc()
 
@@ -241,7 +247,7 @@ class StockMetrics:
                 raise ValueError(f"unknown lock outcome {outcome!r}")
             label = self._small("lock", spec, lock)
             child = self._metrics[spec.name].labels(label, outcome)
-            if label is not OVERFLOW_VALUE:
+            if label is not OVERFLOW_VALUE and len(cache) < self._cache_limit:
                 cache[key] = child
         child.observe(seconds)
 

@@ -287,3 +287,76 @@ def test_configure_replaces_the_process_wide_instance() -> None:
         == 1
     )
     second.close()
+
+
+def test_exception_after_a_success_mark_is_not_a_success(
+    sentry: Sentry, registry: CollectorRegistry
+) -> None:
+    """A failed COMMIT after r.success(): the stock was not taken."""
+
+    def checkout() -> None:
+        with sentry.reservation("EGG-01") as r:
+            r.success(old_stock=1, new_stock=0)
+            raise psycopg.errors.SerializationFailure("could not serialize access")
+
+    with pytest.raises(psycopg.errors.SerializationFailure):
+        checkout()
+    assert (
+        value(registry, "stock_reservation_success_total", sku="EGG-01", strategy="default") == 0
+    )
+    assert (
+        value(
+            registry,
+            "stock_reservation_conflict_total",
+            sku="EGG-01",
+            reason="serialization_failure",
+        )
+        == 1
+    )
+
+
+def test_unknown_reason_in_reservation_conflict_is_an_error(
+    sentry: Sentry, registry: CollectorRegistry
+) -> None:
+    with pytest.raises(ReservationConflict), sentry.reservation("EGG-01"):
+        raise ReservationConflict("sold_out")  # type: ignore[arg-type]
+    assert value(registry, "stock_reservation_duration_seconds_count", outcome="error") == 1
+
+
+def test_first_use_never_raises_when_the_default_registry_is_taken() -> None:
+    from prometheus_client import REGISTRY
+    from stocksentry.instrumentation import api, record_paid_order
+
+    own = Sentry(log=False, trace=False)  # the app's own, on the default registry
+    saved = api._default
+    api._default = None
+    try:
+        record_paid_order("EGG-01")  # lazily builds the process-wide instance: no raise
+        fallback = api._default
+        assert fallback is not None
+        assert fallback.metrics.registry is None
+        # The fallback records into no registry: the app's own series are untouched.
+        assert REGISTRY.get_sample_value("stock_orders_paid_total", {"sku": "EGG-01"}) is None
+    finally:
+        api._default = saved
+        own.close()
+
+
+def test_a_failing_span_processor_leaves_no_context_behind(registry: CollectorRegistry) -> None:
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+
+    class Broken(SpanProcessor):
+        def on_end(self, span: object) -> None:
+            raise RuntimeError("exporter queue broke")
+
+    provider = TracerProvider()
+    provider.add_span_processor(Broken())
+    sentry = Sentry(registry=registry, log=False, tracer_provider=provider)
+    with sentry.reservation("EGG-01"), sentry.payment_callback("EGG-01"):
+        pass
+    assert not trace.get_current_span().get_span_context().is_valid
+    assert current_reservation() is None
+    assert (
+        value(registry, "stock_reservation_success_total", sku="EGG-01", strategy="default") == 1
+    )

@@ -127,3 +127,24 @@ def test_guard_is_thread_safe() -> None:
         t.join()
     assert guard.admitted_count == 50
     assert len(set(results) - {OVERFLOW_VALUE}) == 50
+
+
+def test_long_hostile_skus_do_not_grow_memory(registry: CollectorRegistry) -> None:
+    """Values that differ only past the length cap share one label and one bounded cache."""
+    sentry = Sentry(registry=registry, max_skus=10, log=False, trace=False)
+    prefix = "A" * 64
+    for i in range(20_000):
+        sentry.record_reservation(f"{prefix}{i}", "success", strategy="atomic")
+    caches = sentry.metrics._children["stock_reservation_success_total"]
+    assert len(caches) <= sentry.metrics._cache_limit
+    assert (
+        registry.get_sample_value(
+            "stock_reservation_success_total", {"sku": prefix, "strategy": "atomic"}
+        )
+        == 20_000
+    )
+
+
+def test_promo_skus_from_a_generator_are_primed(registry: CollectorRegistry) -> None:
+    Sentry(registry=registry, promo_skus=(s for s in ["P-1"]), log=False, trace=False)
+    assert registry.get_sample_value("stock_inventory_negative_total", {"sku": "P-1"}) == 0.0
