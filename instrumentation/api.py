@@ -137,6 +137,7 @@ class Reservation:
     __slots__ = (
         "_ctx_token",
         "_cv_token",
+        "_implied",
         "_log_tokens",
         "_new_stock",
         "_old_stock",
@@ -164,6 +165,7 @@ class Reservation:
         self.qty = qty
         self.ids = ids
         self._outcome: Outcome | None = None
+        self._implied: ConflictReason | None = None
         self._old_stock: int | None = None
         self._new_stock: int | None = None
         self._span: Span | None = None
@@ -201,10 +203,19 @@ class Reservation:
             self._sentry.internal_error("api", ValueError(f"unknown conflict reason {reason!r}"))
             self._outcome = "error"
 
+    def implied_outcome(self, reason: ConflictReason | None) -> None:
+        """What an integration inferred (a conditional update that matched no row).
+
+        Weaker than :meth:`success`/:meth:`conflict` and than an exception: it decides the
+        outcome only of a block that ends with none of those. ``None`` clears it, as when
+        a retried update then matched.
+        """
+        self._implied = reason
+
     @property
     def outcome(self) -> Outcome | None:
-        """The outcome marked so far (``None`` before a mark)."""
-        return self._outcome
+        """The outcome marked (or implied by an integration) so far; ``None`` before any."""
+        return self._outcome or self._implied
 
     def trace_context(self) -> dict[str, str]:
         """A W3C ``traceparent`` carrier of this reservation's span, to store with the order.
@@ -258,7 +269,7 @@ class Reservation:
                 sentry.internal_error("api", err)
                 outcome = "error"
         elif outcome is None:
-            outcome = "success"
+            outcome = self._implied or "success"
         try:
             metrics = sentry.metrics
             span = self._span

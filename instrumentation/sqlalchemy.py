@@ -1095,6 +1095,19 @@ _DRIVER_PACKAGES = (
 )
 
 
+_LIBRARIES: list[tuple[tuple[bool, ...], _Libraries]] = []
+
+
+def _libraries() -> _Libraries:
+    # sysconfig.get_paths() costs ~0.2 ms: build once, again only when a driver loads.
+    loaded = tuple(name in sys.modules for name in _DRIVER_PACKAGES)
+    if _LIBRARIES and _LIBRARIES[0][0] == loaded:
+        return _LIBRARIES[0][1]
+    libraries = _Libraries()
+    _LIBRARIES[:] = [(loaded, libraries)]
+    return libraries
+
+
 class _Libraries:
     """Folders whose frames are not application code: drivers, SQLAlchemy, us, the stdlib.
 
@@ -1145,7 +1158,7 @@ def _app_location() -> tuple[str, str]:
     the application's coroutine is suspended in the parent greenlet, so its frames are
     searched next.
     """
-    libraries = _Libraries()
+    libraries = _libraries()
     frame = _first_app_frame(sys._getframe(1), libraries)
     if frame is None:
         greenlet = sys.modules.get("greenlet")
@@ -1400,6 +1413,11 @@ class _Instrumentation:
             self._check_write(conn, plan, keys, state)
         if plan.conditional and rowcount == 0:
             self._no_row(plan, keys)
+        elif plan.conditional and rowcount > 0:
+            # A retry that now matched undoes the conflict an earlier attempt implied.
+            reservation = current_reservation()
+            if reservation is not None:
+                reservation.implied_outcome(None)
         if keys and state is not None and rowcount != 0:
             state.locks.update(keys)
 
@@ -1509,8 +1527,7 @@ class _Instrumentation:
         )
         reservation = current_reservation()
         if reservation is not None:
-            if reservation.outcome is None:
-                reservation.conflict(reason)
+            reservation.implied_outcome(reason)
             return
         # Outside a reservation there is no SKU label or outcome to attach it to: a debug
         # line only, so a batch job's guarded updates do not count as checkout conflicts.
