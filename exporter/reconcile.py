@@ -3,7 +3,7 @@
 Checks the invariants a double-sell breaks, read-only, on PostgreSQL or SQLite:
 
 - ``negative_stock``: SKUs whose stock is below zero;
-- ``oversold``: paid units per SKU against the SKU's allocation for the sale (needs the
+- ``oversold``: all paid units per SKU against the SKU's allocation for the sale (needs the
   ``schema.products.allocation`` column, or ``--allocation``; without it a lost update
   from 1 to 0 twice leaves the stock at 0 and only negative stock is visible);
 - ``duplicate_keys``: more than one order for one external reference or idempotency key;
@@ -94,7 +94,10 @@ def parse_since(text: str, *, now: datetime | None = None) -> datetime:
     match = _DURATION.match(text.strip())
     if match:
         seconds = float(match.group(1)) * _UNITS[match.group(2)]
-        return (now or datetime.now(UTC)) - timedelta(seconds=seconds)
+        try:
+            return (now or datetime.now(UTC)) - timedelta(seconds=seconds)
+        except OverflowError:
+            raise ReconcileError(f"--since: {text!r} reaches before year 1") from None
     try:
         moment = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
     except ValueError:
@@ -112,8 +115,31 @@ def _normalise_url(url: str) -> str:
 
 
 def _shown(url: str) -> str:
-    """The URL without its password, for messages and the report."""
-    return re.sub(r"//([^:/@]+):[^@/]*@", r"//\1:***@", url)
+    """The URL without its password, for messages and the report.
+
+    Anything SQLAlchemy cannot parse as a URL (a libpq ``key=value`` string, say) is never
+    echoed: it may hold a password in a form no mask recognises.
+    """
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        parsed = make_url(url)
+    except (ArgumentError, ValueError):
+        return "the given database"
+    if parsed.query and any("pass" in key.lower() for key in parsed.query):
+        parsed = parsed.set(query={})
+    return parsed.render_as_string(hide_password=True)
+
+
+def _password(url: str) -> str | None:
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        return make_url(url).password or None
+    except (ArgumentError, ValueError):
+        return None
 
 
 # --- SQL -----------------------------------------------------------------------------------
@@ -163,6 +189,8 @@ def _negative_stock(conn: Connection, q: _Sql, sku: str | None) -> list[dict[str
 def _oversold(
     conn: Connection, q: _Sql, sku: str | None, since: datetime | None
 ) -> list[dict[str, Any]]:
+    # ``since`` is accepted for a schema whose allocation column is per window; the
+    # audit passes None (see reconcile()).
     from sqlalchemy import text
 
     s = q.schema
@@ -303,8 +331,12 @@ def reconcile(
     shown = _shown(url)
     try:
         engine = sa.create_engine(_normalise_url(url), poolclass=sa.pool.NullPool)
-    except (ArgumentError, NoSuchModuleError, ValueError) as exc:
-        raise ReconcileError(f"--database: cannot use {shown}: {exc}") from None
+    except (ArgumentError, NoSuchModuleError, ValueError, ImportError) as exc:
+        # The exception text can quote the URL: name its type and the masked URL only.
+        raise ReconcileError(
+            f"--database: cannot use {shown}: {type(exc).__name__}"
+            + (f" ({exc.name})" if isinstance(exc, ImportError) and exc.name else "")
+        ) from None
     q = _Sql(engine, schema)
     checked = ["negative_stock", "duplicate_keys", "paid_without_items"]
     notes: list[str] = []
@@ -324,7 +356,9 @@ def reconcile(
                 checked=tuple(checked),
                 notes=tuple(notes),
                 negative_stock=_negative_stock(conn, q, sku),
-                oversold=_oversold(conn, q, sku, since) if "oversold" in checked else [],
+                # The allocation is for the whole sale: all paid units count against it,
+                # so --since does not narrow the oversold check.
+                oversold=_oversold(conn, q, sku, None) if "oversold" in checked else [],
                 duplicate_keys=_duplicates(conn, q, sku, since),
                 paid_without_items=(
                     _paid_without_items(conn, q, since, limit) if sku is None else []
@@ -332,15 +366,25 @@ def reconcile(
             )
     except DBAPIError as exc:
         first = str(exc.orig if exc.orig is not None else exc).strip().splitlines()
-        raise ReconcileError(
-            f"database {shown}: {first[0] if first else type(exc).__name__}"
-        ) from None
+        detail = first[0] if first else type(exc).__name__
+        password = _password(url)
+        if password:
+            detail = detail.replace(password, "***")
+        raise ReconcileError(f"database {shown}: {detail}") from None
     finally:
         engine.dispose()
     if sku is not None:
         report = replace(
             report,
             notes=(*report.notes, "paid_without_items is not filtered by SKU: run without --sku"),
+        )
+    if since is not None and "oversold" in checked:
+        report = replace(
+            report,
+            notes=(
+                *report.notes,
+                "oversold counts every paid order, not only those since --since",
+            ),
         )
     return report
 
@@ -415,9 +459,24 @@ def add_reconcile_parser(commands: argparse._SubParsersAction[argparse.ArgumentP
     )
     parser.add_argument("--format", choices=("table", "json"), default="table")
     parser.add_argument(
-        "--statement-timeout", type=float, default=10.0, metavar="SECONDS", help="(10)"
+        "--statement-timeout",
+        type=_timeout,
+        default=10.0,
+        metavar="SECONDS",
+        help="per-statement limit, > 0 (10)",
     )
     parser.set_defaults(handler=run_reconcile, parser=parser)
+
+
+def _timeout(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    # `not value > 0` also refuses NaN; 0 would mean no timeout at all in PostgreSQL.
+    if not value > 0 or value > 86400:
+        raise argparse.ArgumentTypeError(f"must be > 0 and at most 86400 seconds, got {text}")
+    return value
 
 
 def run_reconcile(args: argparse.Namespace, *, out: TextIO | None = None) -> int:

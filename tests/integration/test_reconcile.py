@@ -166,6 +166,8 @@ def test_cli_json_and_exit_codes(pg_sqlalchemy_url: str, pg_database: str) -> No
         (["--database", "sqlite:///:memory:", "--allocation", "a;drop"], "--allocation"),
         (["--database", "sqlite:///:memory:"], "no such table"),
         ([], "--database is required"),
+        (["--database", "sqlite:///:memory:", "--since", "999999999d"], "--since"),
+        (["--database", "mysql://u:pw@127.0.0.1/x"], "--database"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(argv: list[str], message: str) -> None:
@@ -183,3 +185,41 @@ def test_parse_since() -> None:
     assert parse_since("2026-11-29T10:00:00") == datetime(2026, 11, 29, 10, tzinfo=UTC)
     with pytest.raises(ReconcileError, match="--since"):
         parse_since("soon")
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "host=127.0.0.1 port=1 user=postgres password=hunter2 dbname=x",
+        "postgresql://:hunter2@127.0.0.1:1/x",
+        "postgresql://u:hunter2@127.0.0.1:1/x?password=hunter2",
+        "postgresql://u@127.0.0.1:1/x?password=hunter2",
+    ],
+)
+def test_no_password_ever_reaches_the_message(url: str) -> None:
+    done = subprocess.run([*CLI, "--database", url], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "hunter2" not in done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "0", "-1", "soon"])
+def test_statement_timeout_must_be_a_positive_finite_number(value: str) -> None:
+    done = subprocess.run(
+        [*CLI, "--database", "sqlite:///:memory:", "--statement-timeout", value],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert "--statement-timeout" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_since_does_not_hide_an_oversell(database: str) -> None:
+    """The allocation covers the whole sale: orders before --since still count."""
+    seed(database, violations=True)
+    report = reconcile(database, schema=SCHEMA, since=NOW + timedelta(hours=1))
+    assert [r["sku"] for r in report.oversold] == ["EGG-01"]
+    assert report.duplicate_keys == []  # the window does narrow the duplicate check
+    assert any("--since" in note for note in report.notes)
