@@ -332,11 +332,14 @@ def reconcile(
     try:
         engine = sa.create_engine(_normalise_url(url), poolclass=sa.pool.NullPool)
     except (ArgumentError, NoSuchModuleError, ValueError, ImportError) as exc:
-        # The exception text can quote the URL: name its type and the masked URL only.
-        raise ReconcileError(
-            f"--database: cannot use {shown}: {type(exc).__name__}"
-            + (f" ({exc.name})" if isinstance(exc, ImportError) and exc.name else "")
-        ) from None
+        # The exception text can quote the URL: say what is wrong without echoing it.
+        if isinstance(exc, ImportError):
+            why = f"its driver is not installed ({exc.name or type(exc).__name__})"
+        elif isinstance(exc, NoSuchModuleError):
+            why = "unknown database dialect"
+        else:
+            why = "not a database URL like postgresql://user@host:5432/shop"
+        raise ReconcileError(f"--database: cannot use {shown}: {why}") from None
     q = _Sql(engine, schema)
     checked = ["negative_stock", "duplicate_keys", "paid_without_items"]
     notes: list[str] = []
