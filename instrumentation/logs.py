@@ -171,7 +171,8 @@ class Redactor:
     """Processor that masks secrets and card numbers before rendering.
 
     Values whose key is sensitive (case-insensitively one of
-    :data:`DEFAULT_REDACT_KEYS` or *keys*) become ``"[REDACTED]"``, also in
+    :data:`DEFAULT_REDACT_KEYS` or *keys*; the defaults also inside a longer key such as
+    ``access_token`` or ``X-Api-Key``) become ``"[REDACTED]"``, also in
     nested dicts, lists and tuples (copied, never mutated in place). Inside any
     string value, Luhn-valid card numbers keep only their last four digits and
     ``Bearer <token>`` loses the token. Non-string leaves are left alone.
@@ -217,7 +218,13 @@ class Redactor:
         return event_dict
 
     def _classify(self, key: object) -> bool:
-        is_sensitive = isinstance(key, str) and key.lower() in self._keys
+        lowered = key.lower() if isinstance(key, str) else ""
+        # Configured keys match exactly; the default words also match inside a key
+        # (access_token, client_secret, x-api-key), as secrets come with prefixes.
+        is_sensitive = bool(lowered) and (
+            lowered in self._keys
+            or any(word in lowered.replace("-", "_") for word in DEFAULT_REDACT_KEYS)
+        )
         # Bounded: keys built from data (not code) must not grow the cache without limit.
         if len(self._sensitive) < _KEY_CACHE_LIMIT and isinstance(key, str):
             self._sensitive[key] = is_sensitive
@@ -230,11 +237,11 @@ class Redactor:
             # Too deep to inspect cheaply (or a cycle): mask rather than leak.
             return REDACTED if isinstance(value, (dict, list, tuple)) else value
         if isinstance(value, dict):
-            keys = self._keys
+            sensitive = self._sensitive
             return {
                 k: (
                     REDACTED
-                    if isinstance(k, str) and k.lower() in keys
+                    if (sensitive.get(k) if isinstance(k, str) else None) or self._classify(k)
                     else self._redact_value(v, depth + 1)
                 )
                 for k, v in value.items()

@@ -430,3 +430,27 @@ def test_stdlib_extra_wins_over_bound_context_like_structlog_kwargs(stream: io.S
         ("stdlib", "explicit"),
         ("structlog", "explicit"),
     ]
+
+
+def test_default_secret_words_match_inside_longer_keys() -> None:
+    from stocksentry.instrumentation.logs import REDACTED, Redactor
+
+    redact = Redactor()
+    event = redact(
+        None,
+        "info",
+        {
+            "access_token": "t0k",
+            "client_secret": "s3c",
+            "X-Api-Key": "k3y",
+            "headers": {"X-Api-Key": "k3y", "Set-Cookie": "c=1"},
+            "idempotency_key": "key-1",
+            "sku": "EGG-01",
+        },
+    )
+    assert event["access_token"] == REDACTED
+    assert event["client_secret"] == REDACTED
+    assert event["X-Api-Key"] == REDACTED
+    assert event["headers"] == {"X-Api-Key": REDACTED, "Set-Cookie": REDACTED}
+    assert event["idempotency_key"] == "key-1"  # correlation IDs stay readable
+    assert event["sku"] == "EGG-01"
