@@ -201,15 +201,21 @@ class LockRecorder:
             recorder.not_acquired(started)
     """
 
-    __slots__ = ("name", "sentry")
+    __slots__ = ("_sentry", "name")
 
     def __init__(self, name: str, sentry: Sentry | None = None) -> None:
-        if sentry is None:
-            from .api import get_sentry
-
-            sentry = get_sentry()
         self.name = name
-        self.sentry = sentry
+        self._sentry = sentry
+
+    @property
+    def sentry(self) -> Sentry:
+        """The given Sentry, else the process-wide one looked up at each event, so a lock
+        wrapped before :func:`~stocksentry.instrumentation.configure` still records."""
+        if self._sentry is not None:
+            return self._sentry
+        from .api import get_sentry
+
+        return get_sentry()
 
     def _error(self, exc: BaseException) -> None:
         # internal_error never raises; the suppress is belt and braces.

@@ -621,3 +621,27 @@ async def test_asyncio_client_in_a_sync_with_is_a_clear_error(
         assert await client.get(redis_prefix + "mixed") is None
     finally:
         await client.aclose()
+
+
+def test_a_lock_wrapped_before_configure_records_into_the_configured_sentry(
+    client: redis.Redis, redis_prefix: str
+) -> None:
+    from stocksentry.instrumentation import configure, get_sentry
+
+    before = get_sentry()
+    lock = SetNxLock(client, redis_prefix + "early", name="early", ttl=5)  # no sentry given
+    registry = CollectorRegistry()
+    configured = configure(registry=registry, log=False, trace=False)
+    try:
+        with lock:
+            pass
+        assert (
+            registry.get_sample_value(
+                "stock_lock_acquire_duration_seconds_count",
+                {"lock": "early", "outcome": "acquired"},
+            )
+            == 1.0
+        )
+    finally:
+        configured.close()
+        assert before is not configured
