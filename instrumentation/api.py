@@ -432,7 +432,7 @@ class PaymentCallback:
                 span = sentry.tracer.start_span(
                     "stock.payment_callback",
                     links=[link] if link is not None else None,
-                    attributes={"stock.sku": self.sku[:256]},
+                    attributes={"stock.sku": str(self.sku)[:256]},
                 )
                 for key in ("order_id", "payment_reference"):
                     value = self.ids.get(key)
