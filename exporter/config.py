@@ -518,6 +518,9 @@ def parse_config(
         ) from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"invalid YAML: {type(exc).__name__}", source=source) from None
+    except RecursionError:
+        # yaml.compose recurses once per nesting level: "[[[[..." thousands deep.
+        raise ConfigError("invalid YAML: nested too deeply", source=source) from None
     if root is None or (isinstance(root, ScalarNode) and root.tag == _TAG_NULL):
         raise ConfigError(
             "the file is empty; expected a mapping of sections "
@@ -641,7 +644,7 @@ class _Map:
             return default
         if not isinstance(node, ScalarNode) or node.tag != _TAG_BOOL:
             self.ctx.fail(node, self.child(key), f"expected true or false, got {_describe(node)}")
-        return bool(_CONSTRUCTOR.construct_yaml_bool(node))
+        return bool(_construct(self.ctx, node, self.child(key), "expected true or false"))
 
     def integer(self, key: str, default: int, *, minimum: int, maximum: int) -> int:
         node = self.get(key)
@@ -650,7 +653,7 @@ class _Map:
         path = self.child(key)
         if not isinstance(node, ScalarNode) or node.tag != _TAG_INT:
             self.ctx.fail(node, path, f"expected a whole number, got {_describe(node)}")
-        value = int(_CONSTRUCTOR.construct_yaml_int(node))
+        value = int(_construct(self.ctx, node, path, "expected a whole number"))
         if value < minimum:
             self.ctx.fail(node, path, f"must be at least {minimum}, got {value}")
         if value > maximum:
@@ -671,7 +674,7 @@ class _Map:
         if node.tag == _TAG_STR:
             raw = str(node.value)
         else:
-            raw = float(_CONSTRUCTOR.construct_object(node))
+            raw = float(_construct(self.ctx, node, path, example))
             if raw < 0:
                 self.ctx.fail(node, path, f"must not be negative, got {node.value}")
         try:
@@ -734,6 +737,22 @@ class _Map:
     def mapping(self, key: str, allowed: Iterable[str]) -> _Map | None:
         node = self.get(key)
         return None if node is None else _Map(self.ctx, node, self.child(key), allowed)
+
+
+def _construct(ctx: _Context, node: ScalarNode, path: str, expected: str) -> float:
+    """The value of a bool, int or float scalar (its tag already checked).
+
+    An explicit tag the constructor refuses (``!!bool maybe``, ``!!int abc``) or a
+    resolver edge case (``0b_``) is a config error at the value, not a traceback.
+    """
+    try:
+        if node.tag == _TAG_BOOL:
+            return bool(_CONSTRUCTOR.construct_yaml_bool(node))
+        if node.tag == _TAG_INT:
+            return int(_CONSTRUCTOR.construct_yaml_int(node))
+        return float(_CONSTRUCTOR.construct_yaml_float(node))
+    except (ValueError, KeyError, IndexError, TypeError, yaml.YAMLError):
+        ctx.fail(node, path, f"{expected}, got {_describe(node)}")
 
 
 def _str(ctx: _Context, node: Node, path: str, allow_numbers: bool) -> str:
@@ -845,7 +864,14 @@ def _secret_url(
 
 
 def _path(ctx: _Context, node: Node, path: str) -> Path:
-    value = Path(_str(ctx, node, path, False)).expanduser()
+    text = _str(ctx, node, path, False)
+    if "\0" in text:
+        ctx.fail(node, path, "must not contain a NUL character")
+    try:
+        value = Path(text).expanduser()
+    except (RuntimeError, ValueError, OSError) as exc:
+        # "~nouser/x": no such user, or no home directory to expand "~" to.
+        ctx.fail(node, path, f"cannot expand {_describe(node)}: {exc}")
     return value if value.is_absolute() else ctx.base_dir / value
 
 

@@ -322,6 +322,9 @@ class _Parser:
             raise WebConfigError(self.source, line, "(yaml)", problem) from None
         except yaml.YAMLError as exc:
             raise WebConfigError(self.source, None, "(yaml)", " ".join(str(exc).split())) from None
+        except RecursionError:
+            # yaml.compose recurses once per nesting level: "[[[[..." thousands deep.
+            raise WebConfigError(self.source, None, "(yaml)", "nested too deeply") from None
         if root is None or (root.tag == _NULL and isinstance(root, yaml.ScalarNode)):
             return WebConfig(source=self.source)
         sections = self.mapping(root, "(top level)")
@@ -380,9 +383,9 @@ class _Parser:
                 self.fail(key_node, path, _UNSUPPORTED[path])
             self.fail(key_node, path, f"unknown key (known: {', '.join(known)})")
 
-    def scalar_str(self, node: yaml.Node, key: str) -> str:
+    def scalar_str(self, node: yaml.Node, key: str, *, secret: bool = False) -> str:
         if not (isinstance(node, yaml.ScalarNode) and node.tag == _STR):
-            self.fail(node, key, f"must be a string, got {_kind(node)}")
+            self.fail(node, key, f"must be a string, got {_kind(node, secret=secret)}")
         return str(node.value)
 
     def is_null(self, node: yaml.Node) -> bool:
@@ -391,7 +394,11 @@ class _Parser:
     def boolean(self, node: yaml.Node, key: str) -> bool:
         if not (isinstance(node, yaml.ScalarNode) and node.tag == _BOOL):
             self.fail(node, key, f"must be true or false, got {_kind(node)}")
-        return bool(node.value.lower() in ("true", "yes", "on", "y"))
+        value = str(node.value).lower()
+        if value not in ("true", "yes", "on", "false", "no", "off"):
+            # An explicit tag: "!!bool maybe" is not false.
+            self.fail(node, key, f"must be true or false, got {_kind(node)}")
+        return value in ("true", "yes", "on")
 
     def choice(self, node: yaml.Node, key: str, choices: tuple[str, ...], note: str = "") -> str:
         value = self.scalar_str(node, key)
@@ -582,7 +589,8 @@ class _Parser:
             key = f"basic_auth_users.{name}"
             if not name or ":" in name:
                 self.fail(key_node, key, "a user name must be non-empty and contain no ':'")
-            hashed = self.scalar_str(value_node, key)
+            # Never echo the value, even of the wrong type: it may be a plain password.
+            hashed = self.scalar_str(value_node, key, secret=True)
             if not _BCRYPT_HASH.fullmatch(hashed):
                 # Never echo the value: it may be a plain password put there by mistake.
                 self.fail(
@@ -602,13 +610,19 @@ class _Parser:
         return users
 
 
-def _kind(node: yaml.Node) -> str:
+def _kind(node: yaml.Node, *, secret: bool = False) -> str:
     if isinstance(node, yaml.MappingNode):
         return "a mapping"
     if isinstance(node, yaml.SequenceNode):
         return "a list"
     tag = str(node.tag).rsplit(":", 1)[-1]
-    return f"{tag} {str(node.value)!r}" if tag != "null" else "nothing (null)"
+    if tag == "null":
+        return "nothing (null)"
+    if secret:
+        # A local tag is text of the file too: "alice: !pa55word" tags an empty value.
+        standard = str(node.tag).startswith("tag:yaml.org,2002:")
+        return f"{tag if standard else 'a tagged'} value (not shown)"
+    return f"{tag} {str(node.value)!r}"
 
 
 def _other(name: str) -> str:

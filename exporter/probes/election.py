@@ -7,6 +7,13 @@ and the next try of another sidecar takes over. The leader checks its session on
 schedule (``SELECT 1``) and steps down, stopping its database probes, as soon as the
 session fails.
 
+A leader that is frozen (SIGSTOP, a stalled node) or cut off by a partition does not close
+its session, and TCP would keep it open for hours. So the election session sets
+``idle_session_timeout`` (PostgreSQL 14+) to three retry intervals (at least one second):
+the server ends a session whose leader stopped pinging, which releases the lock. TCP
+keepalives on both ends (libpq's ``keepalives*`` parameters and the server's
+``tcp_keepalives_*`` settings), a few seconds apart, cover a partition on older servers.
+
 The election's own health is exported like a probe's, as
 ``stocksentry_probe_up{probe="leader_election"}``: every sidecar reports whether it can
 reach the database, leader or not.
@@ -24,8 +31,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from collections.abc import Awaitable, Callable
+from typing import Final
 
 import psycopg
 from psycopg import sql
@@ -38,6 +47,11 @@ __all__ = ["LeaderElection"]
 
 _TRY_LOCK = sql.SQL("SELECT pg_try_advisory_lock(%s)")
 _PING = sql.SQL("SELECT 1")
+_KEEPALIVE_COUNT: Final = 3
+# The server ends an election session idle this many retry intervals (but at least the
+# floor): a live leader pings every interval, so only a frozen or cut-off one is ended.
+_IDLE_INTERVALS: Final = 3
+_IDLE_FLOOR: Final = 1.0
 
 
 class LeaderElection:
@@ -67,10 +81,16 @@ class LeaderElection:
 
     async def run(self) -> None:
         """Take part in the election until cancelled (cancelling releases the lock)."""
+        loop = asyncio.get_running_loop()
         try:
             while True:
+                started = loop.time()
                 await self.step()
-                await asyncio.sleep(self.db.leader_retry_interval)
+                # A fixed rate, so the leader's pings are never further apart than the
+                # interval (plus one step), well inside the idle_session_timeout.
+                await asyncio.sleep(
+                    max(0.0, started + self.db.leader_retry_interval - loop.time())
+                )
         finally:
             # The leader's probes are stopped by the runner before it cancels this task,
             # so closing the session here is what hands the lock over.
@@ -92,10 +112,15 @@ class LeaderElection:
         except Exception as exc:
             message = self._errors.failed(ELECTION_PROBE, describe_error(exc, self._timeout))
             self._record(False, started, message)
-            await self._drop_connection()
-            if self.leading:
-                self.leading = False
-                await self._on_deposed()
+            try:
+                if self.leading:
+                    # Probes first: the session may still be alive and hold the lock (a
+                    # ping that timed out), and closing it lets another sidecar lead, so
+                    # this one must have stopped probing by then.
+                    self.leading = False
+                    await self._on_deposed()
+            finally:
+                await self._drop_connection()
             return
         self._errors.recovered(ELECTION_PROBE)
         self._record(True, started, None)
@@ -122,12 +147,39 @@ class LeaderElection:
         if wait > 0:
             raise ProbeUnavailableError(f"database unreachable; next attempt in {wait:.1f}s")
         try:
-            self._conn = await connect(self.db)
+            self._conn = await self._connect()
         except (psycopg.Error, OSError, TimeoutError, asyncio.CancelledError):
             self._backoff.failed()
             raise
         self._backoff.succeeded()
         return self._conn
+
+    async def _connect(self) -> Conn:
+        """A session the server ends when this sidecar stops pinging it (see above)."""
+        interval = self.db.leader_retry_interval
+        keepalive = max(1, math.ceil(interval))
+        conn = await connect(
+            self.db,
+            params={
+                "keepalives": 1,
+                "keepalives_idle": keepalive,
+                "keepalives_interval": keepalive,
+                "keepalives_count": _KEEPALIVE_COUNT,
+            },
+        )
+        settings = sql.SQL(
+            "SET tcp_keepalives_idle = {0}; SET tcp_keepalives_interval = {0}; "
+            "SET tcp_keepalives_count = {1}"
+        ).format(sql.Literal(keepalive), sql.Literal(_KEEPALIVE_COUNT))
+        if conn.info.server_version >= 140000:
+            idle_ms = math.ceil(max(_IDLE_FLOOR, _IDLE_INTERVALS * interval) * 1000)
+            settings += sql.SQL("; SET idle_session_timeout = {}").format(sql.Literal(idle_ms))
+        try:
+            await conn.execute(settings)
+        except BaseException:
+            await conn.close()
+            raise
+        return conn
 
     async def _drop_connection(self) -> None:
         conn, self._conn = self._conn, None

@@ -24,7 +24,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Final, TypeVar
@@ -80,6 +80,7 @@ __all__ = [
 Conn = AsyncConnection[TupleRow]
 _T = TypeVar("_T")
 _ROLLBACK: Final = sql.SQL("ROLLBACK")
+_UNLOCK_ALL: Final = sql.SQL("SELECT pg_advisory_unlock_all()")
 
 
 def ident(name: str) -> sql.Identifier:
@@ -123,11 +124,12 @@ def _number(value: object) -> float:
 # --- connections ---------------------------------------------------------------------------
 
 
-async def connect(db: DatabaseConfig) -> Conn:
+async def connect(db: DatabaseConfig, *, params: Mapping[str, Any] | None = None) -> Conn:
     """Open one autocommit session whose transactions are read-only by default.
 
     ``statement_timeout`` and ``lock_timeout`` are set for the session as well, as a
-    backstop for anything that runs outside a probe's own transaction.
+    backstop for anything that runs outside a probe's own transaction. ``params``: more
+    libpq connection parameters, for those the URL does not set itself.
     """
     url = db.url.reveal()
     try:
@@ -142,6 +144,7 @@ async def connect(db: DatabaseConfig) -> Conn:
         options["application_name"] = db.application_name
     if "connect_timeout" not in params:
         options["connect_timeout"] = max(2, math.ceil(db.connect_timeout))
+    options.update({k: v for k, v in (params or {}).items() if k not in params})
     conn = await AsyncConnection.connect(url, autocommit=True, **options)
     try:
         await conn.execute(
@@ -162,6 +165,16 @@ def _reusable(conn: Conn) -> bool:
         and not conn.broken
         and conn.info.transaction_status == TransactionStatus.IDLE
     )
+
+
+async def _unlock_all(conn: Conn) -> None:
+    """Release the session's advisory locks; when that fails, close the session instead."""
+    try:
+        await conn.execute(_UNLOCK_ALL)
+    except BaseException:
+        # Whether the locks went is unknown: never hand this session out again.
+        await _close_quietly(conn)
+        raise
 
 
 async def _close_quietly(conn: Conn) -> None:
@@ -211,8 +224,15 @@ class PgPool:
                 else:
                     await _close_quietly(conn)
 
-    async def read(self, query: Callable[[Conn], Awaitable[_T]]) -> _T:
-        """Run ``query(conn)`` in a read-only transaction with the configured timeouts."""
+    async def read(
+        self, query: Callable[[Conn], Awaitable[_T]], *, release_locks: bool = False
+    ) -> _T:
+        """Run ``query(conn)`` in a read-only transaction with the configured timeouts.
+
+        ``release_locks``: afterwards, also release the session-level advisory locks the
+        query may have taken (custom SQL can call ``pg_advisory_lock``); a ``ROLLBACK``
+        does not, and the session goes back to the pool.
+        """
         async with self.connection() as conn:
             await conn.execute(self._begin)
             try:
@@ -228,8 +248,13 @@ class PgPool:
                 ):
                     with contextlib.suppress(psycopg.Error):
                         await conn.execute(_ROLLBACK)
+                if release_locks and _reusable(conn):
+                    with contextlib.suppress(psycopg.Error):
+                        await _unlock_all(conn)
                 raise
             await conn.execute(_ROLLBACK)
+            if release_locks:
+                await _unlock_all(conn)
             return result
 
     async def _connect(self) -> Conn:
@@ -591,6 +616,11 @@ class CustomSqlProbe(DbProbe):
         self._sql = sql.SQL("SELECT * FROM ({}\n) AS stocksentry_custom").format(
             sql.SQL(custom.sql)
         )
+
+    async def run(self) -> tuple[Metric, ...]:
+        # The SQL may take session-level advisory locks, which outlive the transaction:
+        # released after each run, so a pooled session never keeps one.
+        return await self.pool.read(self.query, release_locks=True)
 
     async def query(self, conn: Conn) -> tuple[Metric, ...]:
         # prepare=True forces the extended protocol: one statement, no "; COMMIT; ...".

@@ -8,9 +8,12 @@ a fresh registry, as a scrape would.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import random
+import signal
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -22,7 +25,8 @@ import yaml
 from prometheus_client import CollectorRegistry, generate_latest
 from stocksentry.exporter.config import ExporterConfig, parse_config
 from stocksentry.exporter.probes import ProbeRunner, check_indexes
-from stocksentry.exporter.probes.base import Backoff, ErrorLog, secret_fragments
+from stocksentry.exporter.probes.base import Backoff, ErrorLog, ProbeResult, secret_fragments
+from stocksentry.exporter.probes.election import LeaderElection
 from stocksentry.exporter.probes.postgres import PgPool
 
 pytestmark = pytest.mark.integration
@@ -329,6 +333,39 @@ async def test_custom_sql_cannot_write(pg_database, registry, statement):
         assert await cursor.fetchone() == (5,)
 
 
+async def try_advisory_lock(url: str, key: int) -> bool:
+    """Whether another session can take the advisory lock ``key`` (released at once)."""
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        cursor = await conn.execute("SELECT pg_try_advisory_lock(%s)", [key])
+        row = await cursor.fetchone()
+        return bool(row and row[0])
+
+
+async def test_custom_sql_leaves_no_advisory_lock_behind(pg_database, registry):
+    await seed(pg_database)
+    key = random.randint(1, 2**62)
+    document = {
+        "database": {"url": pg_database, "leader_election": False},
+        "probes": {
+            # One run only, so none is in flight while the lock is checked.
+            "defaults": {"interval": "1h"},
+            **{p: {"enabled": False} for p in ALL_DB_PROBES},
+            "custom": [
+                {
+                    "name": "locker",
+                    "sql": f"SELECT 1 AS value FROM (SELECT pg_advisory_lock({key})) AS x",
+                    "metric": "shop_locker",
+                }
+            ],
+        },
+    }
+    async with ProbeRunner(parse_config(yaml.safe_dump(document)), registry=registry):
+        await eventually(all_up(registry, ("locker",)), what="one run")
+        assert sample(registry, "shop_locker") == 1.0
+        # The pooled session is still open, but no longer holds the lock.
+        assert await try_advisory_lock(pg_database, key)
+
+
 async def test_missing_indexes_are_reported_with_the_statement_to_add(
     pg_database, registry, caplog
 ):
@@ -599,6 +636,116 @@ async def test_one_leader_runs_the_database_probes_and_the_other_takes_over(pg_d
     finally:
         await first.stop()
         await second.stop()
+
+
+# Runs a ProbeRunner in its own process (so that it can be frozen with SIGSTOP) and says
+# "leading" once it leads.
+LEADER_SCRIPT = """
+import asyncio, sys
+from stocksentry.exporter.config import load_config
+from stocksentry.exporter.probes import ProbeRunner
+
+async def main():
+    async with ProbeRunner(load_config(sys.argv[1])) as runner:
+        while not runner.is_leader:
+            await asyncio.sleep(0.05)
+        print("leading", flush=True)
+        await asyncio.sleep(3600)
+
+asyncio.run(main())
+"""
+
+
+async def test_a_frozen_leader_loses_the_lock_to_a_follower(pg_database, tmp_path):
+    await seed(pg_database)
+    document = {
+        "database": {
+            "url": pg_database,
+            "advisory_lock_key": random.randint(1, 2**62),
+            "leader_retry_interval": "500ms",
+            "statement_timeout": "1s",
+            "connect_timeout": "2s",
+        },
+        "probes": {
+            "defaults": {"interval": "200ms"},
+            **{p: {"enabled": False} for p in ALL_DB_PROBES if p != "negative_stock"},
+        },
+    }
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(document))
+    leader = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", LEADER_SCRIPT, str(path), stdout=asyncio.subprocess.PIPE
+    )
+    follower_registry = CollectorRegistry()
+    follower = ProbeRunner(parse_config(path.read_text()), registry=follower_registry)
+    try:
+        assert leader.stdout is not None
+        line = await asyncio.wait_for(leader.stdout.readline(), timeout=15.0)
+        assert line == b"leading\n"
+        await follower.start()
+        await eventually(
+            lambda: (
+                sample(follower_registry, "stocksentry_probe_up", probe="leader_election") == 1.0
+            ),
+            what="follower in the election",
+        )
+        assert not follower.is_leader
+
+        # Frozen: its sessions stay open (the kernel still answers TCP), nothing is sent.
+        leader.send_signal(signal.SIGSTOP)
+        # The server ends the silent session after 3 x 500 ms; the next try takes over.
+        await eventually(lambda: follower.is_leader, within=5.0, what="follower takes over")
+        await eventually(all_up(follower_registry, ("negative_stock",)), what="probes run")
+    finally:
+        await follower.stop()
+        with contextlib.suppress(ProcessLookupError):
+            leader.send_signal(signal.SIGCONT)
+            leader.kill()
+        await leader.wait()
+
+
+async def test_a_leader_stops_its_probes_before_its_session_goes(pg_database):
+    key = random.randint(1, 2**62)
+    config = make_config(pg_database, leader_election=True, database={"advisory_lock_key": key})
+    assert config.database is not None
+    taken_while_deposing: list[bool] = []
+
+    async def on_elected() -> None:
+        pass
+
+    async def on_deposed() -> None:
+        # The probes stop here; until this returns, no other sidecar may lead.
+        for _ in range(10):
+            taken_while_deposing.append(await try_advisory_lock(pg_database, key))
+            await asyncio.sleep(0.05)
+
+    def on_result(result: ProbeResult) -> None:
+        pass
+
+    election = LeaderElection(
+        config.database,
+        on_elected=on_elected,
+        on_deposed=on_deposed,
+        on_result=on_result,
+        errors=ErrorLog(logging.getLogger("test-election")),
+    )
+    try:
+        await election.step()
+        assert election.leading
+        # The next ping does not answer in time (as behind a slow network), while the
+        # session is still alive and holds the lock.
+        election._timeout = 0.0
+        await election.step()
+        assert not election.leading
+        assert taken_while_deposing == [False] * 10
+        # Once deposed, the session is closed and the lock free (as soon as the server
+        # has ended the session).
+        deadline = time.monotonic() + 3.0
+        while not await try_advisory_lock(pg_database, key):
+            assert time.monotonic() < deadline, "the lock is still held"
+            await asyncio.sleep(0.05)
+    finally:
+        await election._drop_connection()
 
 
 async def exporter_sessions(url: str) -> set[int]:

@@ -668,6 +668,14 @@ _HASH = "$2y$10$X0h1gDsPszWURQaxFh.zoubFi6DXncSjhoQNJgRrnGs7EsimhC7zG"
             "- just\n- a list\n",
             "web.yml:1: (top level): must be a mapping, got a list",
         ),
+        (
+            "[" * 10_000 + "]" * 10_000,
+            "web.yml: (yaml): nested too deeply",
+        ),
+        (
+            "http_server_config:\n  http2: !!bool maybe\n",
+            "web.yml:2: http_server_config.http2: must be true or false, got bool 'maybe'",
+        ),
     ],
 )
 def test_malformed_web_configs_give_one_line_errors(
@@ -679,6 +687,27 @@ def test_malformed_web_configs_give_one_line_errors(
         load_web_config(path)
     assert str(caught.value) == f"{tmp_path}/{message}"
     assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("value", "secret", "kind"),
+    [
+        ("123456", "123456", "int value"),
+        ("12.5", "12.5", "float value"),
+        ("!!binary aHVudGVyMg==", "aHVudGVyMg==", "binary value"),
+        # A password starting with "!" is read as a local tag on an empty value.
+        ("!hunter2", "hunter2", "a tagged value"),
+    ],
+)
+def test_a_basic_auth_value_of_the_wrong_type_is_not_echoed(
+    value: str, secret: str, kind: str
+) -> None:
+    with pytest.raises(WebConfigError) as caught:
+        parse_web_config(f"basic_auth_users:\n  prometheus: {value}\n", source="web.yml")
+    assert str(caught.value) == (
+        f"web.yml:2: basic_auth_users.prometheus: must be a string, got {kind} (not shown)"
+    )
+    assert secret not in str(caught.value)
 
 
 def test_unloadable_certificate_names_its_key_and_line(tmp_path: Path) -> None:

@@ -26,6 +26,7 @@ REDIS_URL = f"redis://:{PASSWORD}@cache.internal:6379/0"
 ENV = {"STOCKSENTRY_DATABASE_URL": DB_URL, "STOCKSENTRY_REDIS_URL": REDIS_URL}
 
 DB = "database:\n  url_env: STOCKSENTRY_DATABASE_URL\n"
+NO_USER = "stocksentry-no-such-user"
 
 
 def parse(text: str, environ: dict[str, str] | None = None) -> ExporterConfig:
@@ -356,6 +357,78 @@ MALFORMED = [
         "server.web_config_file",
         "/nonexistent/web.yml is not a readable file",
     ),
+    # Explicit tags reach the constructor with values it refuses.
+    (
+        "tagged-bool-not-a-bool",
+        "server:\n  check_worker_pids: !!bool maybe\n",
+        2,
+        "server.check_worker_pids",
+        'expected true or false, got "maybe"',
+    ),
+    (
+        "tagged-int-not-a-number",
+        "server:\n  port: !!int abc\n",
+        2,
+        "server.port",
+        'expected a whole number, got "abc"',
+    ),
+    (
+        "binary-int-without-digits",
+        "server:\n  port: 0b_\n",
+        2,
+        "server.port",
+        'expected a whole number, got "0b_"',
+    ),
+    (
+        "tagged-float-duration-not-a-number",
+        "probes:\n  defaults:\n    interval: !!float abc\n",
+        3,
+        "probes.defaults.interval",
+        'expected a duration like "5s", "500ms" or "1m" (or a number of seconds), got "abc"',
+    ),
+    (
+        "tagged-int-duration-not-a-number",
+        "probes:\n  defaults:\n    timeout: !!int 5s\n",
+        3,
+        "probes.defaults.timeout",
+        'got "5s"',
+    ),
+    # Paths whose "~user" cannot be expanded, or that the OS cannot take.
+    (
+        "multiprocess-dir-home-of-no-user",
+        f"server:\n  multiprocess_dir: ~{NO_USER}/metrics\n",
+        2,
+        "server.multiprocess_dir",
+        f'cannot expand "~{NO_USER}/metrics"',
+    ),
+    (
+        "web-config-file-home-of-no-user",
+        f"server:\n  web_config_file: ~{NO_USER}/web.yml\n",
+        2,
+        "server.web_config_file",
+        f'cannot expand "~{NO_USER}/web.yml"',
+    ),
+    (
+        "url-file-home-of-no-user",
+        f"database:\n  url_file: ~{NO_USER}/db-url\n",
+        2,
+        "database.url_file",
+        f'cannot expand "~{NO_USER}/db-url"',
+    ),
+    (
+        "url-file-with-nul",
+        'database:\n  url_file: "db\\0url"\n',
+        2,
+        "database.url_file",
+        "must not contain a NUL character",
+    ),
+    (
+        "multiprocess-dir-with-nul",
+        'server:\n  multiprocess_dir: "metrics\\0"\n',
+        2,
+        "server.multiprocess_dir",
+        "must not contain a NUL character",
+    ),
 ]
 
 
@@ -380,6 +453,12 @@ def test_a_malformed_config_gives_one_clear_error(text, line, path, fragment):
 def test_there_are_at_least_twenty_malformed_cases():
     assert len(MALFORMED) >= 20
     assert len({case[0] for case in MALFORMED}) == len(MALFORMED)
+
+
+def test_deeply_nested_yaml_is_one_error_not_a_recursion_error():
+    with pytest.raises(ConfigError) as caught:
+        parse_config("[" * 10_000 + "]" * 10_000, "config.yaml")
+    assert str(caught.value) == "config.yaml: invalid YAML: nested too deeply"
 
 
 def test_a_secret_is_not_echoed_when_its_variable_holds_something_else():
