@@ -72,7 +72,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal, overload
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, overload
 
 from . import catalog
 
@@ -106,6 +106,8 @@ LOCK_ACQUIRE_RETRIES = catalog.LOCK_ACQUIRE_RETRIES
 #: Holds kept per wrapper for locks the app never released (a bound against leaks).
 _MAX_OPEN_HOLDS = 1024
 _COMPONENT = "locks"
+# The wrapped library lock: redis-py Lock (sync or asyncio) or pottery Redlock/AIORedlock.
+_L = TypeVar("_L")
 
 
 class LockNotAcquired(Exception):
@@ -431,20 +433,22 @@ class _Holds:
 # --- redis-py Lock -------------------------------------------------------------------------
 
 
-class _RedisPyLockBase:
+class _RedisPyLockBase(Generic[_L]):
     """What the sync and asyncio wrappers of redis-py's ``Lock`` share."""
 
     def __init__(
         self,
-        lock: Any,
+        lock: _L,
         *,
-        name: str | None,
-        sentry: Sentry | None,
-        count_retries: bool,
+        name: str | None = None,
+        sentry: Sentry | None = None,
+        count_retries: bool = True,
     ) -> None:
         from redis.exceptions import LockError, LockNotOwnedError
 
-        self.name = name if name is not None else _text(lock.name)
+        self.lock = lock
+        # The library lock is typed per subclass; its name attribute is read untyped here.
+        self.name = name if name is not None else _text(getattr(lock, "name", ""))
         self.count_retries = count_retries
         self.recorder = LockRecorder(self.name, sentry)
         self._lock_error = LockError
@@ -498,7 +502,7 @@ class _RedisPyLockBase:
             self.recorder._error(err)
 
 
-class InstrumentedLock(_RedisPyLockBase):
+class InstrumentedLock(_RedisPyLockBase["redis.lock.Lock"]):
     """redis-py's ``redis.lock.Lock``, measured; same methods, arguments and exceptions.
 
     ``name`` is the ``lock`` label (default: the lock's Redis key; pass a stable name when
@@ -519,17 +523,6 @@ class InstrumentedLock(_RedisPyLockBase):
             finally:
                 lock.release()  # LockNotOwnedError if the 5 s ran out: counted, re-raised
     """
-
-    def __init__(
-        self,
-        lock: redis.lock.Lock,
-        *,
-        name: str | None = None,
-        sentry: Sentry | None = None,
-        count_retries: bool = True,
-    ) -> None:
-        super().__init__(lock, name=name, sentry=sentry, count_retries=count_retries)
-        self.lock = lock
 
     def acquire(
         self,
@@ -658,7 +651,7 @@ class InstrumentedLock(_RedisPyLockBase):
             )
 
 
-class InstrumentedAsyncLock(_RedisPyLockBase):
+class InstrumentedAsyncLock(_RedisPyLockBase["redis.asyncio.lock.Lock"]):
     """redis-py's ``redis.asyncio.lock.Lock``, measured; the asyncio twin of
     :class:`InstrumentedLock`, with the same rules.
 
@@ -668,17 +661,6 @@ class InstrumentedAsyncLock(_RedisPyLockBase):
         async with lock:
             await reserve()
     """
-
-    def __init__(
-        self,
-        lock: redis.asyncio.lock.Lock,
-        *,
-        name: str | None = None,
-        sentry: Sentry | None = None,
-        count_retries: bool = True,
-    ) -> None:
-        super().__init__(lock, name=name, sentry=sentry, count_retries=count_retries)
-        self.lock = lock
 
     async def acquire(
         self,
@@ -800,7 +782,7 @@ class InstrumentedAsyncLock(_RedisPyLockBase):
 # --- pottery Redlock -----------------------------------------------------------------------
 
 
-class _RedlockBase:
+class _RedlockBase(Generic[_L]):
     """What the wrappers of pottery's ``Redlock`` and ``AIORedlock`` share.
 
     A pottery lock holds one lease at a time (its token is an attribute of the object), so
@@ -809,13 +791,14 @@ class _RedlockBase:
 
     def __init__(
         self,
-        lock: Any,
+        lock: _L,
         *,
-        name: str | None,
-        sentry: Sentry | None,
-        count_retries: bool,
-        retry_delay: float | None,
+        name: str | None = None,
+        sentry: Sentry | None = None,
+        count_retries: bool = True,
+        retry_delay: float | None = None,
     ) -> None:
+        self.lock = lock
         from pottery import (
             ExtendUnlockedLock,
             QuorumNotAchieved,
@@ -823,7 +806,7 @@ class _RedlockBase:
             TooManyExtensions,
         )
 
-        self.name = name if name is not None else str(lock.key)
+        self.name = name if name is not None else str(getattr(lock, "key", ""))
         self.count_retries = count_retries
         self.retry_delay = retry_delay
         self.recorder = LockRecorder(self.name, sentry)
@@ -874,7 +857,7 @@ class _RedlockBase:
             self.recorder.extend_failed(self._hold, exc)
 
 
-class InstrumentedRedlock(_RedlockBase):
+class InstrumentedRedlock(_RedlockBase["Redlock"]):
     """pottery's ``Redlock``, measured; same methods, arguments and exceptions.
 
     The TTL is the lock's ``auto_release_time``. ``release()`` re-raises pottery's
@@ -895,24 +878,6 @@ class InstrumentedRedlock(_RedlockBase):
         with lock:
             reserve()
     """
-
-    def __init__(
-        self,
-        lock: Redlock,
-        *,
-        name: str | None = None,
-        sentry: Sentry | None = None,
-        count_retries: bool = True,
-        retry_delay: float | None = None,
-    ) -> None:
-        super().__init__(
-            lock,
-            name=name,
-            sentry=sentry,
-            count_retries=count_retries,
-            retry_delay=retry_delay,
-        )
-        self.lock = lock
 
     def acquire(
         self,
@@ -1001,7 +966,7 @@ class InstrumentedRedlock(_RedlockBase):
         return False
 
 
-class InstrumentedAsyncRedlock(_RedlockBase):
+class InstrumentedAsyncRedlock(_RedlockBase["AIORedlock"]):
     """pottery's ``AIORedlock``, measured; the asyncio twin of :class:`InstrumentedRedlock`.
 
     Example::
@@ -1015,24 +980,6 @@ class InstrumentedAsyncRedlock(_RedlockBase):
         async with lock:
             await reserve()
     """
-
-    def __init__(
-        self,
-        lock: AIORedlock,
-        *,
-        name: str | None = None,
-        sentry: Sentry | None = None,
-        count_retries: bool = True,
-        retry_delay: float | None = None,
-    ) -> None:
-        super().__init__(
-            lock,
-            name=name,
-            sentry=sentry,
-            count_retries=count_retries,
-            retry_delay=retry_delay,
-        )
-        self.lock = lock
 
     async def acquire(
         self,
