@@ -74,6 +74,8 @@ from stocksentry.instrumentation.locks import (
     SetNxLock,
 )
 
+from .dburl import parse_url, shown
+
 __all__ = [
     "REDIS_STRATEGIES",
     "STRATEGIES",
@@ -874,15 +876,13 @@ def sku_for(strategy: str) -> str:
 def normalize_url(url: str) -> URL:
     """Parse a SQLAlchemy URL; plain ``postgresql://`` (or ``postgres://``) gets psycopg 3.
 
-    Raises :class:`LabError` for a URL SQLAlchemy cannot parse.
+    Raises :class:`LabError` for a URL SQLAlchemy cannot parse, without quoting it (it may
+    hold a password in a form no mask recognises).
     """
     try:
-        parsed = sa.make_url(url)
-    except sa.exc.ArgumentError as exc:
-        raise LabError(f"cannot parse database URL {url!r}") from exc
-    if parsed.drivername in ("postgresql", "postgres"):
-        parsed = parsed.set(drivername="postgresql+psycopg")
-    return parsed
+        return parse_url(url)
+    except ValueError as exc:
+        raise LabError(f"cannot parse database URL: {exc}") from None
 
 
 def _first_line(exc: BaseException) -> str:
@@ -2005,13 +2005,10 @@ def info_lines(result: StrategyResult) -> list[str]:
 
 
 def describe_database(config: LabConfig) -> str:
-    """Where the lab runs, for people: the URL without its password, or the SQLite default.
-
-    Raises :class:`LabError` for a URL that cannot be parsed.
-    """
+    """Where the lab runs, for people: the URL without its password, or the SQLite default."""
     if config.database_url is None:
         return "embedded SQLite (temporary file)"
-    return normalize_url(config.database_url).render_as_string(hide_password=True)
+    return shown(config.database_url)
 
 
 def _setup_lines(config: LabConfig) -> list[str]:

@@ -107,41 +107,6 @@ def parse_since(text: str, *, now: datetime | None = None) -> datetime:
     return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
-def _normalise_url(url: str) -> str:
-    for plain in ("postgresql://", "postgres://"):
-        if url.startswith(plain):
-            return "postgresql+psycopg://" + url[len(plain) :]
-    return url
-
-
-def _shown(url: str) -> str:
-    """The URL without its password, for messages and the report.
-
-    Anything SQLAlchemy cannot parse as a URL (a libpq ``key=value`` string, say) is never
-    echoed: it may hold a password in a form no mask recognises.
-    """
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError
-
-    try:
-        parsed = make_url(url)
-    except (ArgumentError, ValueError):
-        return "the given database"
-    if parsed.query and any("pass" in key.lower() for key in parsed.query):
-        parsed = parsed.set(query={})
-    return parsed.render_as_string(hide_password=True)
-
-
-def _password(url: str) -> str | None:
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError
-
-    try:
-        return make_url(url).password or None
-    except (ArgumentError, ValueError):
-        return None
-
-
 # --- SQL -----------------------------------------------------------------------------------
 
 
@@ -325,12 +290,13 @@ def reconcile(
     import sqlalchemy as sa
     from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
 
+    from . import dburl
     from .config import SchemaConfig
 
     schema = schema or SchemaConfig()
-    shown = _shown(url)
+    shown = dburl.shown(url)
     try:
-        engine = sa.create_engine(_normalise_url(url), poolclass=sa.pool.NullPool)
+        engine = sa.create_engine(dburl.parse_url(url), poolclass=sa.pool.NullPool)
     except (ArgumentError, NoSuchModuleError, ValueError, ImportError) as exc:
         # The exception text can quote the URL: say what is wrong without echoing it.
         if isinstance(exc, ImportError):
@@ -338,7 +304,7 @@ def reconcile(
         elif isinstance(exc, NoSuchModuleError):
             why = "unknown database dialect"
         else:
-            why = "not a database URL like postgresql://user@host:5432/shop"
+            why = str(exc) if isinstance(exc, ValueError) else "not a usable database URL"
         raise ReconcileError(f"--database: cannot use {shown}: {why}") from None
     q = _Sql(engine, schema)
     checked = ["negative_stock", "duplicate_keys", "paid_without_items"]
@@ -370,7 +336,7 @@ def reconcile(
     except DBAPIError as exc:
         first = str(exc.orig if exc.orig is not None else exc).strip().splitlines()
         detail = first[0] if first else type(exc).__name__
-        password = _password(url)
+        password = dburl.password(url)
         if password:
             detail = detail.replace(password, "***")
         raise ReconcileError(f"database {shown}: {detail}") from None
