@@ -6,7 +6,6 @@ import subprocess
 import sys
 
 import pytest
-
 from stocksentry.exporter.dburl import UNPARSEABLE, parse_url, password, shown
 
 
