@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,15 +17,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from prom import free_port
 from stocksentry.instrumentation import catalog
 
 CLI = [sys.executable, "-m", "stocksentry.exporter"]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def scrape(port: int) -> dict[str, float]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import tempfile
@@ -23,6 +22,7 @@ import pytest
 import redis
 import sqlalchemy as sa
 import structlog
+from prom import free_port
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 from stocksentry.exporter import lab
@@ -418,12 +418,6 @@ def test_cli_log_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     won = [e for e in updates if e["success"]]
     # Atomic writes each stock value once: from=10 to=9 ... from=1 to=0.
     assert sorted(e["to"] for e in won) == list(range(10))
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def test_cli_serves_metrics_while_lingering() -> None:

@@ -11,7 +11,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import time
 import urllib.request
@@ -22,6 +21,7 @@ from typing import Any
 
 import pytest
 import yaml
+from prom import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -251,19 +251,13 @@ def test_amtool_routes_every_alert(name: str) -> None:
 # --- a real Alertmanager: inhibition --------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
 def alertmanager(tmp_path: Path) -> Iterator[str]:
     """The example config in a fresh Alertmanager of the test's own (no cluster); its URL."""
     binary = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
     if binary is None:
         pytest.fail("Alertmanager is not on PATH: `make tools` installs it")
-    port = _free_port()
+    port = free_port()
     data = tmp_path
     log = (data / "alertmanager.log").open("w")
     proc = subprocess.Popen(
