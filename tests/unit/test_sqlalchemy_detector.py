@@ -743,63 +743,26 @@ def test_bad_arguments_raise_at_set_up(engine: sa.Engine, sentry: Sentry) -> Non
     assert not is_instrumented(engine)
 
 
-def test_a_retry_that_matches_undoes_the_implied_conflict(tmp_path: Path) -> None:
-    """Compare-and-set retried inside one reservation: the final success wins."""
-    registry = CollectorRegistry()
-    sentry = Sentry(registry=registry, log=False, trace=False)
-    engine = sa.create_engine(f"sqlite:///{tmp_path / 'cas.db'}")
-    with engine.begin() as conn:
-        conn.execute(
-            sa.text(
-                "CREATE TABLE products (id INTEGER PRIMARY KEY, sku TEXT, available_stock INTEGER)"
-            )
-        )
-        conn.execute(sa.text("INSERT INTO products VALUES (1, 'A', 1)"))
+def test_a_retry_that_matches_undoes_the_implied_conflict(
+    engine: sa.Engine, sentry: Sentry, registry: CollectorRegistry
+) -> None:
+    """Conditional update retried inside one reservation: the final match wins; an
+    unmatched update alone still ends the reservation as out_of_stock."""
     instrument_sqlalchemy(engine, sentry=sentry)
     guarded = sa.text(
         "UPDATE products SET available_stock = available_stock - :q "
-        "WHERE id = 1 AND available_stock >= :q"
+        "WHERE sku = 'EGG-01' AND available_stock >= :q"
     )
-    with sentry.reservation("A", strategy="retry") as r:
+    with sentry.reservation("EGG-01", strategy="retry") as r:
         with engine.begin() as conn:
-            assert conn.execute(guarded, {"q": 5}).rowcount == 0  # first attempt: too many
+            assert conn.execute(guarded, {"q": 50}).rowcount == 0  # first attempt: too many
         assert r.outcome == "out_of_stock"  # implied by the unmatched update
         with engine.begin() as conn:
             assert conn.execute(guarded, {"q": 1}).rowcount == 1  # the retry matches
         assert r.outcome is None
-    uninstrument_sqlalchemy(engine)
-    engine.dispose()
-    labels = {"sku": "A", "strategy": "retry"}
-    assert registry.get_sample_value("stock_reservation_success_total", labels) == 1.0
-    assert registry.get_sample_value(
-        "stock_reservation_conflict_total", {"sku": "A", "reason": "out_of_stock"}
-    ) in (None, 0.0)
-
-
-def test_an_unmatched_conditional_update_alone_ends_as_out_of_stock(tmp_path: Path) -> None:
-    registry = CollectorRegistry()
-    sentry = Sentry(registry=registry, log=False, trace=False)
-    engine = sa.create_engine(f"sqlite:///{tmp_path / 'oos.db'}")
-    with engine.begin() as conn:
-        conn.execute(
-            sa.text(
-                "CREATE TABLE products (id INTEGER PRIMARY KEY, sku TEXT, available_stock INTEGER)"
-            )
-        )
-        conn.execute(sa.text("INSERT INTO products VALUES (1, 'A', 0)"))
-    instrument_sqlalchemy(engine, sentry=sentry)
-    with sentry.reservation("A"), engine.begin() as conn:
-        conn.execute(
-            sa.text(
-                "UPDATE products SET available_stock = available_stock - 1 "
-                "WHERE id = 1 AND available_stock >= 1"
-            )
-        )
-    uninstrument_sqlalchemy(engine)
-    engine.dispose()
-    assert (
-        registry.get_sample_value(
-            "stock_reservation_conflict_total", {"sku": "A", "reason": "out_of_stock"}
-        )
-        == 1.0
-    )
+    assert value(registry, "stock_reservation_success_total", sku="EGG-01", strategy="retry") == 1
+    conflict = "stock_reservation_conflict_total"
+    assert value(registry, conflict, sku="EGG-01", reason="out_of_stock") == 0
+    with sentry.reservation("EGG-01", strategy="alone"), engine.begin() as conn:
+        conn.execute(guarded, {"q": 50})
+    assert value(registry, conflict, sku="EGG-01", reason="out_of_stock") == 1
