@@ -646,6 +646,15 @@ def unsafe(shop: Shop, r: Reservation, buyer: Buyer) -> None:
     r.success(old_stock=available, new_stock=computed)
 
 
+def _decrement_and_order(shop: Shop, r: Reservation, buyer: Buyer) -> None:
+    # The relative decrement and the order in one transaction, then the success mark with
+    # the stock before and after as the database saw them.
+    with shop.engine.begin() as conn:
+        written = shop.decrement_unconditionally(conn)
+        shop.insert_order(conn, buyer, written)
+    r.success(old_stock=written + shop.qty, new_stock=written)
+
+
 def check_then_decrement(shop: Shop, r: Reservation, buyer: Buyer) -> None:
     """Check a value read earlier, then decrement relatively without a guard.
 
@@ -658,10 +667,7 @@ def check_then_decrement(shop: Shop, r: Reservation, buyer: Buyer) -> None:
     if available < shop.qty:
         r.conflict("out_of_stock")
         return
-    with shop.engine.begin() as conn:
-        written = shop.decrement_unconditionally(conn)
-        shop.insert_order(conn, buyer, written)
-    r.success(old_stock=written + shop.qty, new_stock=written)
+    _decrement_and_order(shop, r, buyer)
 
 
 def atomic(shop: Shop, r: Reservation, buyer: Buyer) -> None:
@@ -803,10 +809,7 @@ def _locked_checkout(
     if not still_ours():
         r.conflict("lock_timeout")
         return
-    with shop.engine.begin() as conn:
-        written = shop.decrement_unconditionally(conn)
-        shop.insert_order(conn, buyer, written)
-    r.success(old_stock=written + shop.qty, new_stock=written)
+    _decrement_and_order(shop, r, buyer)
 
 
 def _with_owned_lock(shop: Shop, r: Reservation, buyer: Buyer) -> None:
