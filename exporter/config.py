@@ -34,10 +34,8 @@ Example::
 from __future__ import annotations
 
 import difflib
-import hmac
 import ipaddress
 import json
-import math
 import os
 import re
 import string
@@ -45,11 +43,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, Literal, NoReturn, TypeVar
-from urllib.parse import parse_qs, urlsplit
 
 import yaml
 from stocksentry.instrumentation import catalog
+from stocksentry.instrumentation.secrets import Secret, url_has_password
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+
+from .durations import format_duration, parse_duration
 
 __all__ = [
     "BUILTIN_PROBES",
@@ -112,9 +112,6 @@ _METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 _PROBE_NAME = re.compile(r"[a-z][a-z0-9_]{0,62}")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_DURATION = re.compile(r"(?:\d+(?:\.\d+)?(?:ms|s|m|h))+")
-_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
-_UNIT_SECONDS: Final = {"ms": 0.001, "s": 1.0, "m": _MINUTE, "h": _HOUR}
 # A libpq key=value connection string carrying a password.
 _CONNINFO_PASSWORD = re.compile(r"(?:^|\s)password\s*=", re.IGNORECASE)
 # The prefixes of stocksentry's own metrics: a custom gauge may not use them, so it can
@@ -162,40 +159,6 @@ class ConfigError(Exception):
         text = f"{where}: {self.path}: {self.message}" if self.path else f"{where}: {self.message}"
         # One message, one line, whatever a YAML problem or an OS error put in it.
         return " ".join(text.split())
-
-
-class Secret:
-    """A secret string that never shows itself in ``repr()``, ``str()`` or f-strings.
-
-    Example::
-
-        url = Secret("postgresql://app:hunter2@db/shop")
-        repr(url)      # "Secret('***')"
-        f"{url}"       # "Secret('***')"
-        url.reveal()   # 'postgresql://app:hunter2@db/shop'
-    """
-
-    __slots__ = ("_value",)
-
-    def __init__(self, value: str) -> None:
-        self._value = value
-
-    def reveal(self) -> str:
-        """The secret value; pass it straight to the client library, never to a log."""
-        return self._value
-
-    def __repr__(self) -> str:
-        return "Secret('***')"
-
-    __str__ = __repr__
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Secret):
-            return NotImplemented
-        return hmac.compare_digest(self._value.encode(), other._value.encode())
-
-    def __hash__(self) -> int:
-        return hash(self._value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -413,48 +376,6 @@ class ExporterConfig:
 
 
 # --- durations -----------------------------------------------------------------------------
-
-
-def parse_duration(value: str | int | float) -> float:
-    """Seconds from a number of seconds or a string like ``"500ms"``, ``"5s"``, ``"1m30s"``.
-
-    Raises :class:`ValueError` for anything else (negative numbers included).
-
-    Example::
-
-        parse_duration("1m30s")  # 90.0
-        parse_duration(0.25)     # 0.25
-    """
-    if isinstance(value, bool):
-        raise ValueError(f"not a duration: {value!r}")
-    if isinstance(value, int | float):
-        seconds = float(value)
-    else:
-        text = value.strip()
-        if not _DURATION.fullmatch(text):
-            raise ValueError(f"not a duration: {value!r}")
-        seconds = sum(
-            float(number) * _UNIT_SECONDS[unit] for number, unit in _DURATION_PART.findall(text)
-        )
-    if not math.isfinite(seconds) or seconds < 0:
-        raise ValueError(f"not a duration: {value!r}")
-    return seconds
-
-
-def format_duration(seconds: float) -> str:
-    """The shortest of the accepted spellings: ``format_duration(90) == "1m30s"``."""
-    if seconds < 1 and seconds != 0:
-        return f"{seconds * 1000:g}ms"
-    parts: list[str] = []
-    rest = seconds
-    for unit, size in (("h", _HOUR), ("m", _MINUTE)):
-        if rest >= size:
-            count = math.floor(rest / size)
-            parts.append(f"{count}{unit}")
-            rest -= count * size
-    if rest or not parts:
-        parts.append(f"{rest:g}s")
-    return "".join(parts)
 
 
 # --- loading -------------------------------------------------------------------------------
@@ -781,18 +702,6 @@ def _identifier(ctx: _Context, node: Node, path: str, qualified: bool) -> str:
 # --- secrets -------------------------------------------------------------------------------
 
 
-def _url_has_password(url: str) -> bool:
-    if "://" not in url:
-        return bool(_CONNINFO_PASSWORD.search(url))
-    try:
-        parts = urlsplit(url)
-        password = parts.password
-    except ValueError:
-        # Unparseable: it cannot be checked, so it is not accepted literally.
-        return True
-    return bool(password) or "password" in parse_qs(parts.query)
-
-
 def _secret_url(
     section: _Map,
     *,
@@ -823,7 +732,7 @@ def _secret_url(
         if not isinstance(node, ScalarNode) or node.tag != _TAG_STR:
             ctx.fail(node, path, f"expected a string, got {_describe(node, secret=True)}")
         value = str(node.value).strip()
-        if _url_has_password(value):
+        if url_has_password(value):
             ctx.fail(
                 node,
                 path,

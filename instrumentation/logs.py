@@ -43,6 +43,16 @@ import structlog
 from opentelemetry import trace
 from structlog.typing import EventDict, Processor, WrappedLogger
 
+from .secrets import (
+    MIN_SENSITIVE_LEN,
+    REDACTED,
+    SECRET_WORDS,
+    SENSITIVE_TEXT,
+    is_secret_key,
+    mask_match,
+    scrub_text,
+)
+
 __all__ = [
     "CORRELATION_KEYS",
     "DEFAULT_REDACT_KEYS",
@@ -73,21 +83,9 @@ Example::
     True
 """
 
-DEFAULT_REDACT_KEYS: frozenset[str] = frozenset(
-    {
-        "password",
-        "passwd",
-        "secret",
-        "token",
-        "authorization",
-        "cookie",
-        "api_key",
-        "apikey",
-        "card_number",
-        "cvv",
-    }
-)
-"""Keys (compared case-insensitively) whose values :class:`Redactor` always masks.
+DEFAULT_REDACT_KEYS: frozenset[str] = SECRET_WORDS
+"""Keys (compared case-insensitively) whose values :class:`Redactor` always masks; the
+words of :data:`stocksentry.instrumentation.secrets.SECRET_WORDS`.
 
 Example::
 
@@ -95,76 +93,14 @@ Example::
     True
 """
 
-REDACTED = "[REDACTED]"
-"""Replacement for the value of a sensitive key.
-
-Example::
-
-    >>> Redactor()(None, "info", {"password": "hunter2"})
-    {'password': '[REDACTED]'}
-"""
-
 # Keys written by our own processors: their values are never sensitive, and
 # skipping them keeps a hex trace id from ever being mistaken for digits.
 _TRUSTED_KEYS = frozenset({"timestamp", "level", "logger", "trace_id", "span_id"})
 
-# One pass over a string finds both kinds of secret text:
-# - a bearer credential, scheme kept, token dropped;
-# - a card-number-like run: 13-19 digits, optionally separated by single spaces
-#   or dashes, not glued to other letters/digits. It must start with 2-6 (the
-#   issuer ranges of the card networks), which keeps 13-digit Unix-millisecond
-#   timestamps (starting with 1) from being masked 1 time in 10 by the Luhn
-#   check alone.
-_SENSITIVE_TEXT = re.compile(
-    r"(?P<scheme>\bBearer)\s+[A-Za-z0-9\-._~+/]+=*"
-    r"|(?<![0-9A-Za-z])(?P<card>[2-6](?:[ -]?[0-9]){12,18})(?![0-9A-Za-z])",
-    re.IGNORECASE,
-)
-_SEPARATORS = re.compile(r"[ -]")
-# Shorter strings cannot match: "Bearer x" has 8 characters, a card 13 digits.
-_MIN_SENSITIVE_LEN = 8
 _MAX_NESTING = 8
 _KEY_CACHE_LIMIT = 4096
 # Values that cannot hold a secret as text: skipped without further checks.
 _PLAIN_SCALARS: frozenset[type] = frozenset({int, float, bool, type(None)})
-
-
-def _luhn_ok(digits: str) -> bool:
-    total = 0
-    for index, char in enumerate(reversed(digits)):
-        value = ord(char) - 48
-        if index & 1:
-            value *= 2
-            if value > 9:
-                value -= 9
-        total += value
-    return total % 10 == 0
-
-
-def _mask_match(match: re.Match[str]) -> str:
-    scheme = match.group("scheme")
-    if scheme is not None:
-        return f"{scheme} {REDACTED}"
-    text = match.group("card")
-    digits = _SEPARATORS.sub("", text)
-    if _luhn_ok(digits):
-        return "****" + digits[-4:]
-    # The run may be a card followed by more digit groups ("4111 1111 1111
-    # 1111 12"): try the longest prefix that ends at a separator and still
-    # looks like a card number.
-    for sep in reversed(list(_SEPARATORS.finditer(text))):
-        head = _SEPARATORS.sub("", text[: sep.start()])
-        if len(head) < 13:
-            break
-        if _luhn_ok(head):
-            return "****" + head[-4:] + text[sep.start() :]
-    return text
-
-
-def _scrub(text: str) -> str:
-    if len(text) < _MIN_SENSITIVE_LEN:
-        return text
-    return _SENSITIVE_TEXT.sub(_mask_match, text)
 
 
 class Redactor:
@@ -207,12 +143,12 @@ class Redactor:
                 continue
             kind = type(value)
             if kind is str:
-                if len(value) >= _MIN_SENSITIVE_LEN and key not in _TRUSTED_KEYS:
-                    event_dict[key] = _SENSITIVE_TEXT.sub(_mask_match, value)
+                if len(value) >= MIN_SENSITIVE_LEN and key not in _TRUSTED_KEYS:
+                    event_dict[key] = SENSITIVE_TEXT.sub(mask_match, value)
             elif kind in _PLAIN_SCALARS:
                 continue
             elif isinstance(value, str):  # a str subclass
-                event_dict[key] = _scrub(value)
+                event_dict[key] = scrub_text(value)
             elif isinstance(value, (dict, list, tuple)):
                 event_dict[key] = self._redact_value(value, 1)
         return event_dict
@@ -221,10 +157,7 @@ class Redactor:
         lowered = key.lower() if isinstance(key, str) else ""
         # Configured keys match exactly; the default words also match inside a key
         # (access_token, client_secret, x-api-key), as secrets come with prefixes.
-        is_sensitive = bool(lowered) and (
-            lowered in self._keys
-            or any(word in lowered.replace("-", "_") for word in DEFAULT_REDACT_KEYS)
-        )
+        is_sensitive = bool(lowered) and (lowered in self._keys or is_secret_key(lowered))
         # Bounded: keys built from data (not code) must not grow the cache without limit.
         if len(self._sensitive) < _KEY_CACHE_LIMIT and isinstance(key, str):
             self._sensitive[key] = is_sensitive
@@ -232,7 +165,7 @@ class Redactor:
 
     def _redact_value(self, value: object, depth: int) -> object:
         if isinstance(value, str):
-            return _scrub(value)
+            return scrub_text(value)
         if depth > _MAX_NESTING:
             # Too deep to inspect cheaply (or a cycle): mask rather than leak.
             return REDACTED if isinstance(value, (dict, list, tuple)) else value

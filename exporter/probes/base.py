@@ -20,18 +20,17 @@ from __future__ import annotations
 import abc
 import logging
 import random
-import re
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Final
-from urllib.parse import unquote, urlsplit
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from stocksentry.instrumentation import catalog
 from stocksentry.instrumentation.catalog import MetricSpec
+from stocksentry.instrumentation.secrets import redact, secret_fragments
 
-from ..config import format_duration
+from ..durations import format_duration
 
 __all__ = [
     "LONG_TRANSACTIONS",
@@ -174,52 +173,6 @@ class Backoff:
 
 
 # --- errors without secrets, without floods ------------------------------------------------
-
-_CONNINFO_PASSWORD = re.compile(r"password\s*=\s*('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
-
-
-def secret_fragments(url: str) -> tuple[str, ...]:
-    """The strings to blank out of messages for the connection URL ``url``.
-
-    Example::
-
-        secret_fragments("postgresql://app:s%40cret@db/shop")
-        # ('postgresql://app:s%40cret@db/shop', 's%40cret', 's@cret')
-    """
-    fragments: list[str] = [url]
-    password: str | None = None
-    if "://" in url:
-        try:
-            password = urlsplit(url).password
-        except ValueError:
-            password = None
-        query = urlsplit(url).query if "?" in url else ""
-        for part in query.split("&"):
-            key, _, value = part.partition("=")
-            if key == "password" and value:
-                fragments.extend((value, unquote(value)))
-    else:
-        match = _CONNINFO_PASSWORD.search(url)
-        if match:
-            password = match.group(1).strip("'")
-    if password:
-        # As written in the URL, and decoded (what a server or a library would echo).
-        fragments.extend((password, unquote(password)))
-    return tuple(dict.fromkeys(f for f in fragments if f))
-
-
-def redact(text: str, secrets: Iterable[str]) -> str:
-    """``text`` with every secret fragment replaced by ``***``, on one line.
-
-    Example::
-
-        redact("auth failed for s3cret", ["s3cret"])  # 'auth failed for ***'
-    """
-    # Longest first, so a URL is blanked whole before its password is looked for.
-    for secret in sorted(set(secrets), key=len, reverse=True):
-        if secret:
-            text = text.replace(secret, "***")
-    return " ".join(text.split())
 
 
 def describe_error(exc: BaseException, timeout: float | None = None) -> str:

@@ -11,10 +11,8 @@ from stocksentry.exporter.config import (
     ConfigError,
     ExporterConfig,
     Secret,
-    format_duration,
     load_config,
     parse_config,
-    parse_duration,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -626,35 +624,3 @@ def test_custom_probe_defaults_come_from_probes_defaults():
 def test_numeric_skus_are_kept_as_written():
     config = parse("sku_guard:\n  promo_skus: [12345, 007]\n", environ={})
     assert config.sku_guard.promo_skus == ("12345", "007")
-
-
-@pytest.mark.parametrize(
-    ("value", "seconds"),
-    [
-        ("500ms", 0.5),
-        ("5s", 5.0),
-        ("1m", 60.0),
-        ("1h", 3600.0),
-        ("1m30s", 90.0),
-        ("1.5s", 1.5),
-        (2, 2.0),
-        (0.25, 0.25),
-    ],
-)
-def test_durations(value, seconds):
-    assert parse_duration(value) == seconds
-
-
-@pytest.mark.parametrize("value", ["fast", "5", "-1s", "1d", "", "5 s", "s", True, -1])
-def test_not_durations(value):
-    with pytest.raises(ValueError, match="not a duration"):
-        parse_duration(value)
-
-
-@pytest.mark.parametrize(
-    ("seconds", "text"),
-    [(0.2, "200ms"), (5, "5s"), (90, "1m30s"), (3600, "1h"), (2000, "33m20s"), (0, "0s")],
-)
-def test_format_duration(seconds, text):
-    assert format_duration(seconds) == text
-    assert parse_duration(text) == seconds

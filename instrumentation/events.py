@@ -1,0 +1,189 @@
+"""The log event catalog: every structured log line stocksentry writes, by name.
+
+The metric catalog (:mod:`stocksentry.instrumentation.catalog`) says what is counted;
+this says what is *logged*. The recording API, the SQLAlchemy and lock integrations
+write these events, and ``stocksentry timeline`` reads them back, both through the
+constants here, so a renamed event or field breaks the build instead of a timeline that
+silently finds nothing. Correlation keys (``request_id``, ``idempotency_key``,
+``order_id``, ``payment_reference``, ``trace_id``, ``span_id``) are bound by
+:func:`stocksentry.instrumentation.logs.bind_correlation` and come on every line; the
+fields listed here are the event's own.
+
+Example::
+
+    >>> STOCK_UPDATE.name, STOCK_UPDATE.fields[:3]
+    ('stock_update', ('sku', 'strategy', 'qty'))
+    >>> by_name("payment_callback") is PAYMENT_CALLBACK
+    True
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final, Literal
+
+__all__ = [
+    "CACHE_STALE_HIT",
+    "EVENTS",
+    "IDEMPOTENCY_CONFLICT",
+    "IDEMPOTENCY_REPLAY",
+    "INSTRUMENTATION_ERROR",
+    "INVENTORY_NEGATIVE",
+    "LOCK_ACQUIRED",
+    "LOCK_ACQUIRE_ERROR",
+    "LOCK_ACQUIRE_TIMEOUT",
+    "LOCK_EXPIRED_WHILE_HELD",
+    "LOCK_EXTEND_FAILED",
+    "LOCK_RELEASE_NOT_OWNED",
+    "ORDER_PAID",
+    "PAYMENT_CALLBACK",
+    "REFUND_DUE_TO_OVERSELL",
+    "RESERVATION_ERROR",
+    "STOCK_CHECK",
+    "STOCK_UPDATE",
+    "STOCK_UPDATE_MATCHED_NO_ROW",
+    "UNSAFE_READ_MODIFY_WRITE",
+    "LogEvent",
+    "by_name",
+]
+
+Level = Literal["debug", "info", "warning", "error"]
+
+
+@dataclass(frozen=True, slots=True)
+class LogEvent:
+    """One kind of log line: its ``event`` name, level, own fields and meaning."""
+
+    name: str
+    level: Level
+    fields: tuple[str, ...]
+    doc: str
+
+
+STOCK_CHECK: Final = LogEvent(
+    "stock_check",
+    "info",
+    ("sku", "strategy", "available"),
+    "The stock the checkout read before deciding (``Reservation.stock_check``).",
+)
+STOCK_UPDATE: Final = LogEvent(
+    "stock_update",
+    "info",
+    ("sku", "strategy", "qty", "success", "from", "to", "reason"),
+    "A reservation ended: ``success`` true with ``from``/``to`` when the app reported the "
+    "stock it wrote; false with the conflict ``reason``.",
+)
+RESERVATION_ERROR: Final = LogEvent(
+    "reservation_error",
+    "info",
+    ("sku", "strategy", "error"),
+    "A reservation ended in an exception of the app's (its class name in ``error``).",
+)
+INVENTORY_NEGATIVE: Final = LogEvent(
+    "inventory_negative",
+    "warning",
+    ("sku", "stock"),
+    "A write left the stock below zero.",
+)
+PAYMENT_CALLBACK: Final = LogEvent(
+    "payment_callback",
+    "info",
+    ("sku", "result"),
+    "A payment callback ended; ``result`` is paid, replay, failed or error.",
+)
+ORDER_PAID: Final = LogEvent(
+    "order_paid", "info", ("sku",), "An order was paid (``record_order_paid``)."
+)
+REFUND_DUE_TO_OVERSELL: Final = LogEvent(
+    "refund_due_to_oversell", "warning", ("sku",), "A paid order was refunded: it was oversold."
+)
+IDEMPOTENCY_REPLAY: Final = LogEvent(
+    "idempotency_replay",
+    "info",
+    ("operation",),
+    "A retry with a known idempotency key was answered from the first result.",
+)
+IDEMPOTENCY_CONFLICT: Final = LogEvent(
+    "idempotency_conflict",
+    "warning",
+    ("operation",),
+    "A known idempotency key came back with another payload.",
+)
+CACHE_STALE_HIT: Final = LogEvent(
+    "cache_stale_hit",
+    "warning",
+    ("cache", "sku", "cached", "actual"),
+    "A decision was taken from a cached stock that the database contradicted.",
+)
+LOCK_ACQUIRED: Final = LogEvent(
+    "lock_acquired", "debug", ("lock", "wait_seconds", "ttl_seconds"), "A lock was acquired."
+)
+LOCK_ACQUIRE_TIMEOUT: Final = LogEvent(
+    "lock_acquire_timeout", "info", ("lock", "wait_seconds"), "A lock was not acquired in time."
+)
+LOCK_ACQUIRE_ERROR: Final = LogEvent(
+    "lock_acquire_error", "warning", ("lock", "error"), "Acquiring a lock raised."
+)
+LOCK_EXTEND_FAILED: Final = LogEvent(
+    "lock_extend_failed", "warning", ("lock",), "Extending a held lock failed."
+)
+LOCK_EXPIRED_WHILE_HELD: Final = LogEvent(
+    "lock_expired_while_held",
+    "warning",
+    ("lock", "held_seconds", "ttl_seconds"),
+    "The holder outlived its lease: another holder may have entered.",
+)
+LOCK_RELEASE_NOT_OWNED: Final = LogEvent(
+    "lock_release_not_owned",
+    "warning",
+    ("lock",),
+    "A release found the lock gone or held by another owner.",
+)
+UNSAFE_READ_MODIFY_WRITE: Final = LogEvent(
+    "unsafe_read_modify_write",
+    "warning",
+    ("table", "column", "location"),
+    "An unlocked read of a stock column followed by an UPDATE writing a value computed in "
+    "the app, for the same row; ``location`` is the app's file and line.",
+)
+STOCK_UPDATE_MATCHED_NO_ROW: Final = LogEvent(
+    "stock_update_matched_no_row",
+    "info",
+    ("table",),
+    "A conditional stock update matched no row: a conflict.",
+)
+INSTRUMENTATION_ERROR: Final = LogEvent(
+    "stocksentry_instrumentation_error",
+    "warning",
+    ("component", "error"),
+    "stocksentry itself failed (rate-limited, once a minute per component).",
+)
+
+#: Every event, in documentation order.
+EVENTS: Final[tuple[LogEvent, ...]] = (
+    STOCK_CHECK,
+    STOCK_UPDATE,
+    RESERVATION_ERROR,
+    INVENTORY_NEGATIVE,
+    PAYMENT_CALLBACK,
+    ORDER_PAID,
+    REFUND_DUE_TO_OVERSELL,
+    IDEMPOTENCY_REPLAY,
+    IDEMPOTENCY_CONFLICT,
+    CACHE_STALE_HIT,
+    LOCK_ACQUIRED,
+    LOCK_ACQUIRE_TIMEOUT,
+    LOCK_ACQUIRE_ERROR,
+    LOCK_EXTEND_FAILED,
+    LOCK_EXPIRED_WHILE_HELD,
+    LOCK_RELEASE_NOT_OWNED,
+    UNSAFE_READ_MODIFY_WRITE,
+    STOCK_UPDATE_MATCHED_NO_ROW,
+    INSTRUMENTATION_ERROR,
+)
+_BY_NAME: Final = {event.name: event for event in EVENTS}
+
+
+def by_name(name: str) -> LogEvent | None:
+    """The event called ``name``, or ``None`` for a line stocksentry does not write."""
+    return _BY_NAME.get(name)
