@@ -37,7 +37,10 @@ UNIT_SECONDS: Final[dict[str, float]] = {
 }
 
 #: The grammar as a regular expression (anchored), for ``values.schema.json`` and friends.
-DURATION_PATTERN: Final = r"^(0|(?=[0-9])(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$"
+DURATION_PATTERN: Final = (
+    r"^(0|(?=[0-9])(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?"
+    r"(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$"
+)
 _GRAMMAR: Final = re.compile(
     r"(?:(?P<y>[0-9]+)y)?(?:(?P<w>[0-9]+)w)?(?:(?P<d>[0-9]+)d)?(?:(?P<h>[0-9]+)h)?"
     r"(?:(?P<m>[0-9]+)m)?(?:(?P<s>[0-9]+)s)?(?:(?P<ms>[0-9]+)ms)?"

@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 
 import pytest
-
 from stocksentry.exporter.durations import DURATION_PATTERN, format_duration, parse_duration
 
 
