@@ -28,6 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from stocksentry.exporter import lab
 from stocksentry.exporter.cli import main
 from stocksentry.exporter.lab import LabConfig, StrategyResult, run_lab
+from stocksentry.exporter.lab import driver as lab_driver
 from stocksentry.instrumentation import CONFLICT_REASONS, StockMetrics
 
 SUCCESS = "stock_reservation_success_total"
@@ -233,7 +234,7 @@ def test_without_update_returning_reads_back_in_the_transaction(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, registry: CollectorRegistry
 ) -> None:
     # Databases without UPDATE ... RETURNING take the read-back path: same figures.
-    monkeypatch.setattr(lab, "_update_returning", lambda engine: False)
+    monkeypatch.setattr(lab_driver, "update_returning", lambda engine: False)
     url = f"sqlite:///{tmp_path / 'lab.db'}"
     config = LabConfig(
         database_url=url,

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 from stocksentry.exporter import cli
-from stocksentry.exporter.lab import STRATEGIES
+from stocksentry.exporter.lab.names import STRATEGY_NAMES
 
 
 def usage_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
@@ -25,13 +25,13 @@ def usage_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
     [
         ([], "the following arguments are required: COMMAND"),
         (["frobnicate"], "invalid choice: 'frobnicate'"),
-        (["demo", "--buyers", "0"], "argument --buyers: must be at least 1, got 0"),
+        (["demo", "--buyers", "0"], "argument --buyers: must be between 1 and 100000, got 0"),
         (["demo", "--buyers", "many"], "argument --buyers: not a whole number: 'many'"),
-        (["demo", "--stock", "-1"], "argument --stock: must be at least 0, got -1"),
-        (["demo", "--concurrency", "0"], "argument --concurrency: must be at least 1"),
-        (["demo", "--work-ms", "-1"], "argument --work-ms: must be a finite number >= 0"),
-        (["demo", "--work-ms", "nan"], "argument --work-ms: must be a finite number >= 0"),
-        (["demo", "--work-ms", "inf"], "argument --work-ms: must be a finite number >= 0"),
+        (["demo", "--stock", "-1"], "argument --stock: must be between 0 and 1000000, got -1"),
+        (["demo", "--concurrency", "0"], "argument --concurrency: must be between 1 and 256"),
+        (["demo", "--work-ms", "-1"], "argument --work-ms: must be a number between 0 and 10000"),
+        (["demo", "--work-ms", "nan"], "argument --work-ms: must be a number between 0 and 10000"),
+        (["demo", "--work-ms", "inf"], "argument --work-ms: must be a number between 0 and 10000"),
         (["demo", "--metrics-port", "70000"], "argument --metrics-port: not a TCP port"),
         (["demo", "--strategy", "yolo"], "unknown strategy 'yolo' (choose from unsafe,"),
         (["demo", "--strategy", "atomic,yolo"], "unknown strategy 'yolo'"),
@@ -43,9 +43,14 @@ def usage_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
         (["demo", "--retries", "1.5"], "argument --retries: must be between 0 and 1"),
         (["demo", "--retries", "120%"], "argument --retries: must be between 0 and 1"),
         (["demo", "--retries", "some"], "argument --retries: not a share: 'some'"),
-        (["demo", "--lock-ttl-ms", "0"], "argument --lock-ttl-ms: must be a finite number > 0"),
-        (["demo", "--cache-refresh-ms", "0"], "argument --cache-refresh-ms: must be a finite"),
+        (["demo", "--lock-ttl-ms", "0"], "argument --lock-ttl-ms: must be a number between 1 and"),
+        (["demo", "--cache-refresh-ms", "0"], "argument --cache-refresh-ms: must be a number"),
         (["demo", "--redlock-impl", "etcd"], "argument --redlock-impl: invalid choice: 'etcd'"),
+        # The upper bounds that keep a run on one laptop.
+        (["demo", "--buyers", "100001"], "argument --buyers: must be between 1 and 100000"),
+        (["demo", "--concurrency", "257"], "argument --concurrency: must be between 1 and 256"),
+        (["demo", "--work-ms", "10001"], "argument --work-ms: must be a number between 0 and"),
+        (["demo", "--linger", "3601", "--metrics-port", "0"], "argument --linger: must be a"),
     ],
 )
 def test_bad_arguments_exit_2(
@@ -82,13 +87,68 @@ def test_lab_options_parse() -> None:
 
 
 def test_help_lists_every_strategy(capsys: pytest.CaptureFixture[str]) -> None:
-    # The help text names the strategies without importing the lab (SQLAlchemy): keep the
-    # list in step with the registry.
+    # The help text names the strategies from the one list the lab runs them from.
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["demo", "--help"])
     assert exit_info.value.code == 0
     help_text = " ".join(capsys.readouterr().out.split())
-    assert f"{', '.join(STRATEGIES)} (default: all)" in help_text
+    assert f"{', '.join(STRATEGY_NAMES)} (default: all)" in help_text
+    for name in STRATEGY_NAMES:
+        assert name in help_text
+
+
+def test_help_gives_every_numeric_range(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        cli.main(["demo", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    for shown in (
+        "buyers per strategy, 1..100000 (500)",
+        "units on sale per strategy, 0..1000000 (100)",
+        "database connections, 1..256 (50)",
+        "in ms, 0..10000 (5)",
+        "0..65535",
+        "0..3600 (0)",
+        "in ms, 1..60000 (default: 80% of --work-ms",
+        "0..1 or 0%..100% (0)",
+        "in ms, 1..60000 (50)",
+    ):
+        assert shown in help_text, shown
+
+
+def test_the_lab_runs_the_strategies_the_parser_knows() -> None:
+    from stocksentry.exporter.lab import STRATEGIES
+
+    assert tuple(STRATEGIES) == STRATEGY_NAMES
+
+
+def test_a_command_error_is_one_line_and_exit_2(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from stocksentry.exporter import sidecar
+    from stocksentry.exporter.commandline import CommandError
+
+    def refuse(path: str) -> int:
+        raise CommandError(f"{path}: cannot read\n(second line folded)")
+
+    monkeypatch.setattr(sidecar, "check_config", refuse)
+    assert cli.main(["check-config", "missing.yaml"]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    line = "stocksentry check-config: error: missing.yaml: cannot read (second line folded)"
+    assert err == line + "\n"
+
+
+def test_ctrl_c_is_exit_130(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from stocksentry.exporter import sidecar
+
+    def interrupted(path: str) -> int:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sidecar, "check_config", interrupted)
+    assert cli.main(["check-config", "any.yaml"]) == 130
+    assert capsys.readouterr().err == "stocksentry check-config: interrupted\n"
 
 
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,0 +1,349 @@
+"""``stocksentry demo``: the flash-sale lab's arguments and its run.
+
+:func:`add_parser` declares the subcommand on the ``stocksentry`` parser without loading
+SQLAlchemy (the strategy names come from :mod:`~stocksentry.exporter.lab.names`);
+:func:`run_demo` imports the lab only when it runs. A set-up problem (bad URL,
+unreachable database or Redis, busy port) raises
+:class:`~stocksentry.exporter.commandline.CommandError`, which the dispatcher prints as
+one line (``stocksentry demo: error: ...``) with exit status 2. The exit status is 1
+only when the metric totals disagree with the database.
+
+Every numeric argument has a range, shown in ``--help``; the bounds keep a run within
+what one laptop (two cores) carries: at most 100000 buyers and 256 buyer threads (each
+one a database connection) per strategy, and at most 10 s of work per reservation.
+
+Example::
+
+    stocksentry demo --buyers 200 --stock 20 --strategy unsafe,atomic
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+import time
+from typing import TYPE_CHECKING, TextIO
+
+from ..commandline import CommandError, ExitCode, Subcommands, float_in, int_in, port, say
+from .names import STRATEGY_NAMES
+
+if TYPE_CHECKING:
+    from .config import StrategyResult
+
+__all__ = [
+    "BUYERS",
+    "CACHE_REFRESH_MS",
+    "CONCURRENCY",
+    "LINGER_S",
+    "LOCK_TTL_MS",
+    "STOCK",
+    "WORK_MS",
+    "add_parser",
+    "run_demo",
+]
+
+#: The accepted ranges, ``(lowest, highest)``, as ``--help`` shows them.
+BUYERS = (1, 100_000)
+STOCK = (0, 1_000_000)
+#: One database connection per buyer thread: PostgreSQL's default allows 100 in all.
+CONCURRENCY = (1, 256)
+WORK_MS = (0.0, 10_000.0)
+#: Redis keeps a lock's TTL to the millisecond.
+LOCK_TTL_MS = (1.0, 60_000.0)
+CACHE_REFRESH_MS = (1.0, 60_000.0)
+LINGER_S = (0.0, 3600.0)
+
+
+def _range(bounds: tuple[float, float]) -> str:
+    # Whole numbers in full (1000000, not 1e+06).
+    return "..".join(str(int(b)) if float(b).is_integer() else f"{b:g}" for b in bounds)
+
+
+def _strategy_list(text: str) -> list[str]:
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError("empty strategy list")
+    unknown = [name for name in names if name not in STRATEGY_NAMES]
+    if unknown:
+        raise argparse.ArgumentTypeError(
+            f"unknown strategy {', '.join(map(repr, unknown))}"
+            f" (choose from {', '.join(STRATEGY_NAMES)})"
+        )
+    return names
+
+
+def _share(text: str) -> float:
+    """A share of the buyers: 0 to 1, or a percentage (``20%``)."""
+    stripped = text.strip()
+    percent = stripped.endswith("%")
+    try:
+        value = float(stripped.rstrip("%")) if len(stripped) <= 40 else float("nan")
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a share: {text[:40]!r}") from None
+    if percent:
+        value /= 100
+    # `not 0 <= value` also refuses NaN.
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(
+            f"must be between 0 and 1 (or 0% and 100%), got {text[:40]}"
+        )
+    return value
+
+
+_share.__name__ = "share 0..1"
+
+
+def add_parser(commands: Subcommands) -> argparse.ArgumentParser:
+    """Add the ``demo`` subcommand to the ``stocksentry`` parser; returns its parser."""
+    demo = commands.add_parser(
+        "demo",
+        help="run the flash-sale lab: concurrent buyers against a small stock per strategy",
+        description=(
+            "Many buyers reserve one unit each of a small stock, all at once, under each "
+            "checkout strategy, fully instrumented. The report compares what the database "
+            "holds (counted by SQL) with what the metrics say. Unsafe strategies oversell "
+            "on purpose; the exit status is 1 only when the metrics disagree with the "
+            "database."
+        ),
+    )
+    demo.add_argument(
+        "--database",
+        metavar="URL",
+        help="SQLAlchemy URL of a scratch database, where the lab creates and rewrites "
+        "products, orders and order_items rows of its LAB-* SKUs (postgresql:// uses "
+        "psycopg 3); default: a temporary SQLite file, removed at the end",
+    )
+    demo.add_argument(
+        "--buyers",
+        type=int_in(*BUYERS),
+        default=500,
+        metavar="N",
+        help=f"buyers per strategy, {_range(BUYERS)} (500)",
+    )
+    demo.add_argument(
+        "--stock",
+        type=int_in(*STOCK),
+        default=100,
+        metavar="N",
+        help=f"units on sale per strategy, {_range(STOCK)} (100)",
+    )
+    demo.add_argument(
+        "--concurrency",
+        type=int_in(*CONCURRENCY),
+        default=50,
+        metavar="N",
+        help=f"buyer threads, and database connections, {_range(CONCURRENCY)} (50)",
+    )
+    demo.add_argument(
+        "--work-ms",
+        type=float_in(*WORK_MS),
+        default=5.0,
+        metavar="MS",
+        help=f"the app's work between reading and writing the stock, in ms, {_range(WORK_MS)} (5)",
+    )
+    demo.add_argument(
+        "--strategy",
+        type=_strategy_list,
+        action="append",
+        metavar="NAME[,NAME...]",
+        help="strategies to run, repeatable or comma-separated:"
+        f" {', '.join(STRATEGY_NAMES)} (default: all)",
+    )
+    demo.add_argument(
+        "--format",
+        choices=("table", "json"),
+        default="table",
+        help="report format on stdout (table)",
+    )
+    demo.add_argument(
+        "--metrics-port",
+        type=port,
+        metavar="PORT",
+        help="serve the lab's /metrics on 127.0.0.1:PORT while it runs, 0..65535 (0: any"
+        " free port)",
+    )
+    demo.add_argument(
+        "--linger",
+        type=float_in(*LINGER_S),
+        default=0.0,
+        metavar="SECONDS",
+        help="keep serving /metrics this long after the report (needs --metrics-port),"
+        f" {_range(LINGER_S)} (0)",
+    )
+    demo.add_argument(
+        "--log-file",
+        metavar="PATH",
+        help="write the instrumentation's JSON log lines (stock_check, stock_update...) here",
+    )
+    demo.add_argument(
+        "--redis",
+        metavar="URL",
+        help="Redis for the lock strategies naive_lock and redlock (their keys start with "
+        "stocksentry-lab: and are deleted at the end); without it they are skipped",
+    )
+    demo.add_argument(
+        "--lock-ttl-ms",
+        type=float_in(*LOCK_TTL_MS),
+        metavar="MS",
+        help=f"TTL of naive_lock's SET NX lock, in ms, {_range(LOCK_TTL_MS)} (default: 80%% "
+        "of --work-ms, so the lock expires under its holder, as a 5 s lock taken around "
+        "6 s of work does)",
+    )
+    demo.add_argument(
+        "--redlock-impl",
+        choices=("lab", "pottery"),
+        default="lab",
+        help="redlock's owned lock: the lab's compare-and-delete lock, or pottery's Redlock "
+        "(slower with many threads) (lab)",
+    )
+    demo.add_argument(
+        "--retries",
+        type=_share,
+        default=0.0,
+        metavar="SHARE",
+        help="share of buyers who submit the same intent twice, 0..1 or 0%%..100%% (0)",
+    )
+    demo.add_argument(
+        "--idempotency",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="answer a resubmitted intent from its stored result by idempotency key; "
+        "--no-idempotency reserves it again: duplicate orders per key (on)",
+    )
+    demo.add_argument(
+        "--stale-cache",
+        action="store_true",
+        help="decide availability from a cache refreshed late (a Redis key with --redis, "
+        "else in memory) and count the stale hits",
+    )
+    demo.add_argument(
+        "--cache-refresh-ms",
+        type=float_in(*CACHE_REFRESH_MS),
+        default=50.0,
+        metavar="MS",
+        help="how often --stale-cache refreshes the cached stock, in ms,"
+        f" {_range(CACHE_REFRESH_MS)} (50)",
+    )
+    demo.add_argument(
+        "--report",
+        metavar="FILE.html",
+        help="also write a self-contained HTML report (tables and inline SVG charts)",
+    )
+    demo.add_argument("--quiet", "-q", action="store_true", help="no progress on stderr")
+    demo.set_defaults(handler=run_demo, parser=demo)
+    return demo
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    """Run the lab as the parsed ``demo`` arguments say; returns the exit status.
+
+    Raises :class:`~stocksentry.exporter.commandline.CommandError` for a set-up problem.
+    """
+    parser: argparse.ArgumentParser = args.parser
+    if args.linger and args.metrics_port is None:
+        parser.error("--linger needs --metrics-port")
+    try:
+        from prometheus_client import CollectorRegistry
+
+        from .config import LabConfig, LabError
+        from .progress import StderrProgress
+        from .report_html import format_html
+        from .report_text import describe_database, format_report
+        from .run import run_lab, serve_metrics
+    except ImportError as exc:
+        if (exc.name or "").startswith("stocksentry"):
+            raise  # one of our own modules is broken: a bug, not a missing extra
+        raise CommandError(
+            f"needs SQLAlchemy ({exc.name or exc} is missing): pip install 'stocksentry[lab]'"
+        ) from exc
+
+    strategies = tuple(dict.fromkeys(name for group in args.strategy or () for name in group))
+    config = LabConfig(
+        database_url=args.database,
+        buyers=args.buyers,
+        stock=args.stock,
+        concurrency=args.concurrency,
+        work_ms=args.work_ms,
+        strategies=strategies,
+        log_file=args.log_file,
+        redis_url=args.redis,
+        lock_ttl_ms=args.lock_ttl_ms,
+        redlock_impl=args.redlock_impl,
+        retries=args.retries,
+        idempotency=args.idempotency,
+        stale_cache=args.stale_cache,
+        cache_refresh_ms=args.cache_refresh_ms,
+    )
+    err = sys.stderr
+    registry = CollectorRegistry()
+    try:
+        # Parse the URL before binding a port: a bad URL is one line, not a traceback.
+        describe_database(config)
+        server: contextlib.AbstractContextManager[int | None] = (
+            serve_metrics(registry, args.metrics_port)
+            if args.metrics_port is not None
+            else contextlib.nullcontext()
+        )
+        with server as bound:
+            header = (
+                (f"serving lab metrics at http://127.0.0.1:{bound}/metrics",)
+                if bound is not None
+                else ()
+            )
+            progress = None if args.quiet else StderrProgress(err, header=header)
+            results = run_lab(config, registry=registry, progress=progress)
+            if args.format == "json":
+                print(json.dumps([r.to_dict() for r in results], indent=2))
+            else:
+                print(format_report(config, results))
+            sys.stdout.flush()
+            if args.report is not None:
+                _write_report(args.report, format_html(config, results))
+            status = _judge(results, err)
+            if bound is not None and args.linger > 0:
+                if not args.quiet:
+                    say(
+                        err,
+                        f"lingering {args.linger:g} s: http://127.0.0.1:{bound}/metrics "
+                        "(Ctrl-C to stop)",
+                    )
+                _linger(args.linger)
+    except LabError as exc:
+        raise CommandError(str(exc)) from exc
+    return status
+
+
+def _write_report(path: str, page: str) -> None:
+    try:
+        with open(path, "w", encoding="utf-8") as out:
+            out.write(page)
+    except OSError as exc:
+        raise CommandError(f"cannot write report {path}: {exc.strerror or exc}") from exc
+
+
+def _linger(seconds: float) -> None:
+    # Lingering is a courtesy to scrapers; stopping it early is not a failure.
+    with contextlib.suppress(KeyboardInterrupt):
+        time.sleep(seconds)
+
+
+def _judge(results: list[StrategyResult], err: TextIO) -> ExitCode:
+    status = ExitCode.OK
+    for result in results:
+        if result.errors:
+            say(
+                err,
+                f"stocksentry demo: warning: {result.strategy}: {result.errors} buyers failed"
+                f" ({result.first_error})",
+            )
+        if not result.consistent:
+            status = ExitCode.FINDINGS
+            for mismatch in result.mismatches:
+                say(
+                    err,
+                    f"stocksentry demo: METRICS DO NOT MATCH THE DATABASE ({result.strategy}):"
+                    f" {mismatch}",
+                )
+    return status

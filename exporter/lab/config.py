@@ -1,0 +1,252 @@
+"""What the lab runs and what it returns: :class:`LabConfig`, :class:`StrategyResult`.
+
+Plain dataclasses and constants, no SQLAlchemy: a caller can build and check a
+configuration, and read results, without the lab's database dependencies loaded.
+
+Example::
+
+    >>> config = LabConfig(buyers=200, stock=20, strategies=("unsafe", "atomic"))
+    >>> config.strategy_names, config.skip_reason("naive_lock")
+    (('unsafe', 'atomic'), 'needs --redis URL (a Redis lock strategy)')
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .names import REDIS_STRATEGIES, SKIPPED_WITHOUT_REDIS, STRATEGY_NAMES, sku_for
+
+__all__ = [
+    "CACHE_NAME",
+    "IDEMPOTENT_OPERATION",
+    "LOCK_RETRY_S",
+    "LOCK_WAIT_S",
+    "REDLOCK_MIN_TTL_S",
+    "STOCK_TABLE",
+    "DbFigures",
+    "LabConfig",
+    "LabError",
+    "StrategyResult",
+]
+
+#: How long a buyer waits for a Redis lock before giving up as ``lock_not_acquired``.
+LOCK_WAIT_S = 30.0
+#: Pause between attempts at a Redis lock (with jitter): short, the work is milliseconds;
+#: shorter pauses make 50 waiting threads spin so fast that they slow the holder down.
+LOCK_RETRY_S = 0.01
+#: The owned lock's TTL is at least this, and at least 20 times the work.
+REDLOCK_MIN_TTL_S = 1.0
+#: The ``cache`` label of the stale-cache metric, and the idempotent operation's name.
+CACHE_NAME = "lab_stock"
+IDEMPOTENT_OPERATION = "checkout"
+#: The stock table the SQLAlchemy integration watches.
+STOCK_TABLE = "products"
+
+
+class LabError(Exception):
+    """A set-up problem the CLI reports as one line (bad URL, unreachable database...)."""
+
+
+@dataclass(frozen=True, slots=True)
+class LabConfig:
+    """What to run. ``database_url=None`` means a temporary SQLite file, removed at the end.
+
+    ``work_ms`` is the app's work between reading the stock and writing it (pricing,
+    fraud checks...): the window in which unsafe strategies lose updates.
+
+    ``redis_url`` enables the Redis lock strategies (their keys start with
+    ``redis_prefix`` and are deleted at the end). ``lock_ttl_ms`` is the naive lock's TTL,
+    by default 80 % of the work (as a 5 s lock taken around 6 s of work: it expires under
+    its holder); the owned
+    lock's TTL is :data:`REDLOCK_MIN_TTL_S` or 20 times the work, whichever is longer.
+    ``retries`` is the share of buyers (0 to 1) who submit the same intent a second time;
+    ``idempotency`` answers those from the stored result. ``stale_cache`` makes the
+    availability decision from a cache (a Redis key with ``redis_url``, else a dict)
+    refreshed every ``cache_refresh_ms``. ``sql_detector`` instruments the engine with
+    stocksentry's SQLAlchemy integration when it is installed. ``redlock_impl`` is the
+    ``redlock`` strategy's lock: ``"lab"`` (the lab's SetNxLock with the owned release) or
+    ``"pottery"`` (pottery's Redlock on the one Redis master; slower under 50 contending
+    threads, as pottery starts a thread pool for every attempt).
+    """
+
+    database_url: str | None = None
+    buyers: int = 500
+    stock: int = 100
+    concurrency: int = 50
+    work_ms: float = 5.0
+    strategies: tuple[str, ...] = ()
+    quantity: int = 1
+    log_file: str | None = None
+    redis_url: str | None = None
+    lock_ttl_ms: float | None = None
+    retries: float = 0.0
+    idempotency: bool = True
+    stale_cache: bool = False
+    cache_refresh_ms: float = 50.0
+    redis_prefix: str = "stocksentry-lab:"
+    sql_detector: bool = True
+    redlock_impl: str = "lab"
+
+    def __post_init__(self) -> None:
+        if self.buyers < 1:
+            raise ValueError(f"buyers must be >= 1, got {self.buyers}")
+        if self.stock < 0:
+            raise ValueError(f"stock must be >= 0, got {self.stock}")
+        if self.concurrency < 1:
+            raise ValueError(f"concurrency must be >= 1, got {self.concurrency}")
+        if not (self.work_ms >= 0 and math.isfinite(self.work_ms)):
+            raise ValueError(f"work_ms must be a finite number >= 0, got {self.work_ms}")
+        if self.quantity < 1:
+            raise ValueError(f"quantity must be >= 1, got {self.quantity}")
+        if self.lock_ttl_ms is not None and not (
+            self.lock_ttl_ms > 0 and math.isfinite(self.lock_ttl_ms)
+        ):
+            raise ValueError(f"lock_ttl_ms must be a finite number > 0, got {self.lock_ttl_ms}")
+        if not 0 <= self.retries <= 1:
+            raise ValueError(f"retries must be a share between 0 and 1, got {self.retries}")
+        if self.redlock_impl not in ("lab", "pottery"):
+            raise ValueError(f"redlock_impl must be 'lab' or 'pottery', got {self.redlock_impl!r}")
+        if not (self.cache_refresh_ms > 0 and math.isfinite(self.cache_refresh_ms)):
+            raise ValueError(
+                f"cache_refresh_ms must be a finite number > 0, got {self.cache_refresh_ms}"
+            )
+        unknown = [name for name in self.strategies if name not in STRATEGY_NAMES]
+        if unknown:
+            raise ValueError(
+                f"unknown strategy {', '.join(unknown)} (known: {', '.join(STRATEGY_NAMES)})"
+            )
+
+    @property
+    def strategy_names(self) -> tuple[str, ...]:
+        """The strategies to run, in order (all of :data:`STRATEGY_NAMES` when none given)."""
+        return self.strategies or STRATEGY_NAMES
+
+    @property
+    def naive_lock_ttl_s(self) -> float:
+        """The naive lock's TTL: ``lock_ttl_ms``, or 80 % of the work (at least 1 ms)."""
+        if self.lock_ttl_ms is not None:
+            return self.lock_ttl_ms / 1000
+        return max(0.001, 0.8 * self.work_ms / 1000)
+
+    @property
+    def redlock_ttl_s(self) -> float:
+        """The owned lock's TTL: far above the work, so a holder never outlives it."""
+        return max(REDLOCK_MIN_TTL_S, 20 * self.work_ms / 1000)
+
+    def skip_reason(self, strategy: str) -> str | None:
+        """Why ``strategy`` cannot run with this configuration (``None``: it can)."""
+        if strategy in REDIS_STRATEGIES and self.redis_url is None:
+            return SKIPPED_WITHOUT_REDIS
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class DbFigures:
+    """What the database says after a strategy's run, counted by SQL.
+
+    ``duplicate_keys`` are idempotency keys with more than one order; ``duplicate_orders``
+    the orders beyond the first for each of them.
+    """
+
+    orders: int
+    units: int
+    negative_writes: int
+    final_stock: int
+    duplicate_keys: int = 0
+    duplicate_orders: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class StrategyResult:
+    """One strategy's run: ground truth from SQL, metric totals from the registry.
+
+    ``sold``, ``oversold``, ``final_stock`` and ``negative_writes`` are the database's
+    figures; ``metrics`` holds the registry's totals for the strategy (by metric name; the
+    ones without a ``sku`` label are the difference over the strategy's run); ``consistent``
+    is true when every metric total equals its database figure (or, for replays, stale
+    hits and lock acquires, the lab's own count) and the outcomes add up to the
+    reservations made (``mismatches`` says which did not).
+
+    ``reservations`` is the buyers plus the resubmits that reserved again; ``replays`` the
+    resubmits answered from the idempotency record. ``locks`` holds the lock metrics of a
+    lock strategy; ``unsafe_read_modify_write`` is ``None`` when the SQLAlchemy integration
+    is not installed. ``samples`` is the stock over time, ``(seconds, stock)``. A strategy
+    that could not run has ``skipped`` set to the reason and zero figures.
+    """
+
+    strategy: str
+    sku: str
+    stock_initial: int
+    buyers: int
+    sold: int
+    orders: int
+    oversold: int
+    lost_updates: int
+    final_stock: int
+    conflicts: dict[str, int]
+    errors: int
+    negative_writes: int
+    p50_ms: float
+    p99_ms: float
+    wall_s: float
+    metrics: dict[str, int]
+    db: DbFigures
+    consistent: bool
+    mismatches: tuple[str, ...] = ()
+    first_error: str | None = None
+    skipped: str | None = None
+    reservations: int = 0
+    resubmitted: int = 0
+    replays: int = 0
+    stale_cache_hits: int = 0
+    unsafe_read_modify_write: int | None = None
+    locks: dict[str, float] = field(default_factory=dict)
+    samples: tuple[tuple[float, int], ...] = ()
+    notes: tuple[str, ...] = ()
+
+    @classmethod
+    def skip(cls, config: LabConfig, strategy: str, reason: str) -> StrategyResult:
+        """The result of a strategy that could not run."""
+        return cls(
+            strategy=strategy,
+            sku=sku_for(strategy),
+            stock_initial=config.stock,
+            buyers=config.buyers,
+            sold=0,
+            orders=0,
+            oversold=0,
+            lost_updates=0,
+            final_stock=config.stock,
+            conflicts={},
+            errors=0,
+            negative_writes=0,
+            p50_ms=0.0,
+            p99_ms=0.0,
+            wall_s=0.0,
+            metrics={},
+            db=DbFigures(0, 0, 0, config.stock),
+            consistent=True,
+            skipped=reason,
+        )
+
+    @property
+    def duplicate_orders(self) -> int:
+        """Orders beyond the first per idempotency key, counted by SQL."""
+        return self.db.duplicate_orders
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dictionary (one item of ``--format json``).
+
+        A skipped strategy gives only ``strategy``, ``sku`` and ``skipped`` (the reason);
+        the others have ``"skipped": null`` and every figure.
+        """
+        if self.skipped is not None:
+            return {"strategy": self.strategy, "sku": self.sku, "skipped": self.skipped}
+        data = asdict(self)
+        data["mismatches"] = list(self.mismatches)
+        data["notes"] = list(self.notes)
+        data["samples"] = [[t, stock] for t, stock in self.samples]
+        data["duplicate_orders"] = self.duplicate_orders
+        return data

@@ -1,0 +1,430 @@
+"""The threaded sale: many buyers at once against one strategy, counted as they go.
+
+:func:`run_strategy` opens the sale to ``buyers`` threads (``concurrency`` at a time): the
+first wave waits at a gate so that they really collide, each buyer reserves through the
+instrumentation (a resubmit may follow, answered from the idempotency store or not), and
+a :class:`Tally` counts outcomes on the Python side for live progress and for the lab's
+own checks against the metrics. Beside the buyers, a sampler records the stock for the
+report's chart and, with a stale cache, a timer refreshes it late.
+
+Example::
+
+    result = run_strategy(lab_run, "atomic")
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import sys
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+from stocksentry.instrumentation import Reservation, classify_exception
+
+from .config import CACHE_NAME, IDEMPOTENT_OPERATION, StrategyResult
+from .names import sku_for
+from .progress import PROGRESS_INTERVAL_S, Progress, ProgressSink
+from .readback import durations, read_stock_by_id, strategy_result, unlabelled_totals
+from .shop import Buyer, LabRun, Shop, first_line, idempotency_keys, prepare_product
+from .shop import update_returning as update_returning
+from .strategies import STRATEGIES
+
+__all__ = ["SAMPLE_INTERVAL_S", "Tally", "delete_redis_keys", "resubmits", "run_strategy"]
+
+#: How often the stock is sampled for the report's stock-over-time chart.
+SAMPLE_INTERVAL_S = 0.02
+
+
+def run_strategy(lab: LabRun, name: str) -> StrategyResult:
+    engine, sentry, registry, config = lab.engine, lab.sentry, lab.registry, lab.config
+    progress = lab.progress
+    strategy = STRATEGIES[name]
+    sku = sku_for(name)
+    product_id = prepare_product(lab.side, sku, config.stock)
+    keys = f"{config.redis_prefix}{lab.run}:{name}"
+    shop = Shop(
+        engine=engine,
+        sku=sku,
+        product_id=product_id,
+        qty=config.quantity,
+        work_s=config.work_ms / 1000,
+        update_returning=update_returning(engine),
+        sentry=sentry,
+        redis=lab.redis,
+        lock_key=f"{keys}:lock",
+        lock_name=name,
+        naive_lock_ttl_s=config.naive_lock_ttl_s,
+        redlock_ttl_s=config.redlock_ttl_s,
+        redlock_impl=config.redlock_impl,
+    )
+    store = _IdempotencyStore(engine, sku) if config.retries > 0 and config.idempotency else None
+    cache = None
+    if config.stale_cache:
+        cache = _StockCache(
+            lambda: read_stock_by_id(lab.side, product_id), lab.redis, f"{keys}:cache"
+        )
+        cache.refresh()
+    before = unlabelled_totals(registry, name)
+    durations_before = durations(registry)
+    tally = Tally()
+    gate = threading.Event()
+    arrived = threading.Semaphore(0)
+    stop = threading.Event()
+
+    def reserve(buyer: Buyer) -> str:
+        error: BaseException | None = None
+        handle: Reservation | None = None
+        reached = True
+        stale = False
+        start = time.perf_counter()
+        try:
+            with sentry.reservation(
+                sku,
+                strategy=name,
+                qty=config.quantity,
+                request_id=buyer.request_id,
+                idempotency_key=buyer.idempotency_key,
+            ) as handle:
+                cached = cache.get() if cache is not None else None
+                if cached is not None and cached < config.quantity:
+                    # The cache says sold out: refused without asking the database.
+                    reached = False
+                    handle.conflict("out_of_stock")
+                else:
+                    strategy(shop, handle, buyer)
+                    if cached is not None and handle.outcome == "out_of_stock":
+                        # The cache said available, the database said no.
+                        stale = True
+                        sentry.record_stale_cache_hit(CACHE_NAME, sku=sku, cached=cached)
+        except Exception as exc:
+            # The reservation has recorded it (as an error or, for a lock timeout, a
+            # conflict); one failed buyer must not stop the sale.
+            error = exc
+        elapsed = time.perf_counter() - start
+        outcome = handle.outcome if handle is not None else None
+        if outcome is None:
+            outcome = classify_exception(error) if error is not None else "success"
+        tally.add(outcome, elapsed, error, reached_strategy=reached, stale=stale)
+        return outcome
+
+    def submit(buyer: Buyer) -> None:
+        if store is not None:
+            try:
+                if store.seen(buyer.idempotency_key) is not None:
+                    sentry.record_idempotency_replay(
+                        IDEMPOTENT_OPERATION, key=buyer.idempotency_key
+                    )
+                    tally.replay()
+                    return
+            except sa.exc.SQLAlchemyError as exc:
+                tally.note(exc)
+        outcome = reserve(buyer)
+        if store is not None and outcome != "error":
+            try:
+                store.save(buyer.idempotency_key, outcome)
+            except sa.exc.SQLAlchemyError as exc:
+                tally.note(exc)
+
+    def buy(number: int) -> None:
+        arrived.release()
+        # Everyone in the first wave waits here, so they really collide.
+        gate.wait()
+        if stop.is_set():
+            return
+        buyer = Buyer(
+            number=number,
+            request_id=f"req-{lab.run}-{name}-{number}",
+            idempotency_key=f"idem-{lab.run}-{name}-{number}",
+            external_ref=f"lab-{lab.run}-{name}-{number}",
+        )
+        try:
+            submit(buyer)
+            if resubmits(number, config.retries):
+                # The same intent again (a mobile retry, a proxy retry): new request id,
+                # same idempotency key and external reference.
+                tally.resubmit()
+                submit(dataclasses.replace(buyer, request_id=buyer.request_id + "-retry"))
+        finally:
+            tally.buyer_done()
+
+    def snapshot(elapsed: float) -> Progress:
+        with tally.lock:
+            return Progress(
+                name, tally.done, config.buyers, tally.sold, tally.conflicts, tally.errors, elapsed
+            )
+
+    first_wave = min(config.concurrency, config.buyers)
+    started = time.perf_counter()
+    sampler = _Sampler(lambda: read_stock_by_id(lab.side, product_id))
+    with ThreadPoolExecutor(max_workers=config.concurrency, thread_name_prefix="buyer") as pool:
+        futures = [pool.submit(buy, n) for n in range(1, config.buyers + 1)]
+        try:
+            for _ in range(first_wave):
+                arrived.acquire()
+            started = sampler.origin = time.perf_counter()
+            sampler.samples.append((0.0, config.stock))
+            gate.set()
+            ticker = _Ticker(progress, lambda: snapshot(time.perf_counter() - started))
+            refresher = (
+                _Every(config.cache_refresh_ms / 1000, cache.refresh, "lab-cache")
+                if cache is not None
+                else contextlib.nullcontext()
+            )
+            with ticker, refresher, _Every(SAMPLE_INTERVAL_S, sampler.sample, "lab-sampler"):
+                for future in futures:
+                    future.result()
+        except BaseException:
+            # Ctrl-C: let the queued buyers return at once instead of running the sale out.
+            stop.set()
+            gate.set()
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
+    wall = time.perf_counter() - started
+    with contextlib.suppress(sa.exc.SQLAlchemyError):
+        sampler.sample()
+    if progress is not None:
+        progress.finish(snapshot(wall))
+    if lab.redis is not None:
+        delete_redis_keys(lab.redis, keys)
+    return strategy_result(
+        lab, name, sku, product_id, tally, wall, durations_before, before, sampler.samples
+    )
+
+
+class _Ticker:
+    """Calls ``sink.update(snapshot())`` every :data:`PROGRESS_INTERVAL_S` in a thread."""
+
+    def __init__(self, sink: ProgressSink | None, snapshot: Callable[[], Progress]) -> None:
+        self._sink = sink
+        self._snapshot = snapshot
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _loop(self, sink: ProgressSink) -> None:
+        while not self._stop.wait(PROGRESS_INTERVAL_S):
+            sink.update(self._snapshot())
+
+    def __enter__(self) -> _Ticker:
+        if self._sink is not None:
+            self._thread = threading.Thread(
+                target=self._loop, args=(self._sink,), name="lab-progress", daemon=True
+            )
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+
+def delete_redis_keys(client: Any, prefix: str) -> None:
+    """Delete the lab's keys under ``prefix``: locks, pottery's and the stock cache.
+
+    Clean-up is best effort: a Redis that went away leaves the keys behind (they carry
+    the run's id, and the naive locks their TTL).
+    """
+    import redis
+
+    # pottery puts "redlock:" in front of its keys.
+    with contextlib.suppress(redis.RedisError, OSError):
+        for pattern in (prefix + "*", "redlock:" + prefix + "*"):
+            keys = list(client.scan_iter(match=pattern))
+            if keys:
+                client.delete(*keys)
+
+
+@dataclass(slots=True)
+class Tally:
+    """Outcomes counted on the Python side, for live progress and the lab's own checks.
+
+    ``done`` counts buyers; ``reservations`` every reservation made (a resubmit without
+    idempotency is a second one); ``locked`` the reservations that went to the strategy
+    (not refused by the cache first), each of which asks a lock strategy's lock once.
+    """
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    done: int = 0
+    reservations: int = 0
+    locked: int = 0
+    sold: int = 0
+    conflicts: int = 0
+    errors: int = 0
+    resubmitted: int = 0
+    replays: int = 0
+    stale_hits: int = 0
+    first_error: str | None = None
+    latencies: list[float] = field(default_factory=list)
+
+    def add(
+        self,
+        outcome: str,
+        seconds: float,
+        exc: BaseException | None,
+        *,
+        reached_strategy: bool = True,
+        stale: bool = False,
+    ) -> None:
+        with self.lock:
+            self.reservations += 1
+            self.locked += reached_strategy
+            self.stale_hits += stale
+            self.latencies.append(seconds)
+            if outcome == "success":
+                self.sold += 1
+            elif outcome == "error":
+                self.errors += 1
+                self._note(exc)
+            else:
+                self.conflicts += 1
+
+    def _note(self, exc: BaseException | None) -> None:
+        if self.first_error is None and exc is not None:
+            self.first_error = f"{type(exc).__name__}: {first_line(exc)}"
+
+    def note(self, exc: BaseException) -> None:
+        """Remember a failure outside any reservation (the idempotency store)."""
+        with self.lock:
+            self._note(exc)
+
+    def buyer_done(self) -> None:
+        with self.lock:
+            self.done += 1
+
+    def resubmit(self) -> None:
+        with self.lock:
+            self.resubmitted += 1
+
+    def replay(self) -> None:
+        with self.lock:
+            self.replays += 1
+
+
+def resubmits(number: int, share: float) -> bool:
+    """Whether buyer ``number`` (from 1) submits its intent twice; exactly
+    ``floor(buyers * share)`` of the buyers do, spread evenly.
+
+    Example::
+
+        >>> [n for n in range(1, 11) if resubmits(n, 0.3)]
+        [4, 7, 10]
+    """
+    return math.floor(number * share) > math.floor((number - 1) * share)
+
+
+class _IdempotencyStore:
+    """The idempotency records: intent key -> the outcome it was answered with."""
+
+    def __init__(self, engine: Engine, sku: str) -> None:
+        self.engine = engine
+        self.sku = sku
+
+    def seen(self, key: str) -> str | None:
+        with self.engine.connect() as conn:
+            outcome = conn.execute(
+                sa.select(idempotency_keys.c.outcome).where(
+                    idempotency_keys.c.idempotency_key == key
+                )
+            ).scalar_one_or_none()
+        return None if outcome is None else str(outcome)
+
+    def save(self, key: str, outcome: str) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(
+                idempotency_keys.insert().values(
+                    idempotency_key=key,
+                    sku=self.sku,
+                    outcome=outcome,
+                    created_at=datetime.now(UTC),
+                )
+            )
+
+
+def _transient_errors() -> tuple[type[Exception], ...]:
+    # What a sample or a cache refresh may meet from a busy or vanished server; anything
+    # else is a bug and ends the thread loudly.
+    errors: tuple[type[Exception], ...] = (sa.exc.SQLAlchemyError, OSError)
+    redis = sys.modules.get("redis")
+    if redis is not None:
+        errors += (redis.RedisError,)
+    return errors
+
+
+class _Every:
+    """Calls ``tick()`` every ``interval`` seconds in a thread, for the ``with`` block."""
+
+    def __init__(self, interval: float, tick: Callable[[], None], name: str) -> None:
+        self._interval = interval
+        self._tick = tick
+        self._name = name
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._transient = _transient_errors()
+        self.error: BaseException | None = None
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self._interval):
+            try:
+                self._tick()
+            except self._transient as exc:  # a server too busy for a sample: skip it
+                self.error = exc
+
+    def __enter__(self) -> _Every:
+        self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+
+class _StockCache:
+    """The stock as a cache holds it, refreshed from the database late, on a timer.
+
+    A Redis key when the lab has Redis, else a value in memory. Between refreshes the
+    cache still says "available" after the last unit went: the decision it feeds is stale.
+    """
+
+    def __init__(self, read: Callable[[], int], redis: Any, key: str) -> None:
+        self._read = read
+        self._redis = redis
+        self._key = key
+        self._value: int | None = None
+
+    def refresh(self) -> None:
+        value = self._read()
+        if self._redis is not None:
+            self._redis.set(self._key, value)
+        else:
+            self._value = value
+
+    def get(self) -> int | None:
+        if self._redis is None:
+            return self._value
+        raw = self._redis.get(self._key)
+        return None if raw is None else int(raw)
+
+
+class _Sampler:
+    """Samples the stock for the report's stock-over-time chart."""
+
+    def __init__(self, read: Callable[[], int]) -> None:
+        self._read = read
+        #: ``perf_counter()`` at the start of the sale: sample times count from there.
+        self.origin = time.perf_counter()
+        self.samples: list[tuple[float, int]] = []
+
+    def sample(self) -> None:
+        stock = self._read()
+        self.samples.append((round(time.perf_counter() - self.origin, 4), stock))

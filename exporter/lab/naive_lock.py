@@ -1,0 +1,145 @@
+"""The naive Redis lock the lab reproduces: ``SET key token NX PX ttl``, then ``DEL``.
+
+The home-made lock many checkouts start with: take the key with ``SET NX`` and a TTL, do
+the work, ``DEL`` the key. When the work outlives the TTL the lock expires under its
+holder, a second buyer takes it, and the first one's ``DEL`` deletes the second one's
+lock. :class:`SetNxLock` keeps that behaviour (``release="naive"``) so the lab can show
+it, and measures it through :class:`~stocksentry.instrumentation.locks.TrackedLock`:
+every expiry while held and every release of a lock no longer owned is counted. The
+owned variant (``release="owned"``, compare-and-delete) is the lab's safe ``redlock``
+strategy; in an app, use redis-py's ``Lock`` wrapped by
+:func:`~stocksentry.instrumentation.locks.instrument_lock` instead.
+
+Example::
+
+    import redis
+
+    client = redis.Redis()
+    with SetNxLock(client, "lock:product:8891", name="checkout", ttl=5, release="naive"):
+        reserve()  # 6 s of work: counted as expired while held at release
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import TYPE_CHECKING, Any, Literal
+
+from stocksentry.instrumentation.locks import TrackedLock
+
+if TYPE_CHECKING:
+    from stocksentry.instrumentation import Sentry
+
+__all__ = ["SetNxLock"]
+
+
+# KEYS[1] the lock key; ARGV[1] our token; ARGV[2] "1" to delete whatever is there (the
+# naive DEL, kept so that the bug stays observable), "0" to delete only our own token.
+# Returns the value that was under the key, read in the same atomic step as the delete.
+_RELEASE_LUA = """
+local current = redis.call('get', KEYS[1])
+if ARGV[2] == '1' or current == ARGV[1] then
+    redis.call('del', KEYS[1])
+end
+return current
+"""
+# Renew the TTL (ms) only while the token is ours.
+_EXTEND_LUA = """
+if redis.call('get', KEYS[1]) == ARGV[1] then
+    return redis.call('pexpire', KEYS[1], ARGV[2])
+end
+return 0
+"""
+
+
+def _as_bytes(value: object) -> bytes | None:
+    if value is None or isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        return value.encode()
+    return str(value).encode()
+
+
+async def _resolve(value: object) -> object:
+    # The asyncio client returns awaitables, the sync one values.
+    if inspect.isawaitable(value):
+        return await value
+    return value
+
+
+class SetNxLock(TrackedLock):
+    """A home-made Redis lock, ``SET key token NX PX ttl``, measured.
+
+    ``release="naive"`` is the plain ``DEL key``: it deletes whatever is under the key,
+    another holder's token included, as a naive lock does, but it reads the value in the
+    same Lua step, so the bug is counted (``release_not_owned``, ``expired_while_held``)
+    and logged with ``deleted_other_holder``. ``release="owned"`` is the fix: compare and
+    delete, the key is deleted only while it still holds our token. :meth:`extend` renews
+    the TTL only while the token is ours. ``client`` is a ``redis.Redis`` for ``with`` or a
+    ``redis.asyncio.Redis`` for ``async with``. ``ttl`` is in seconds (kept to the
+    millisecond). Other arguments as in
+    :class:`~stocksentry.instrumentation.locks.TrackedLock`.
+
+    Example::
+
+        with SetNxLock(client, "lock:product:8891", name="checkout", ttl=5, release="naive"):
+            reserve()  # 6 s of work: counted as expired while held at release
+    """
+
+    def __init__(
+        self,
+        client: Any,
+        key: str,
+        *,
+        name: str,
+        ttl: float,
+        release: Literal["naive", "owned"] = "owned",
+        token: str | None = None,
+        blocking_timeout: float | None = 0.0,
+        retry_delay: float = 0.05,
+        sentry: Sentry | None = None,
+    ) -> None:
+        if release not in ("naive", "owned"):
+            raise ValueError(f"release must be 'naive' or 'owned', got {release!r}")
+        super().__init__(
+            name,
+            ttl=ttl,
+            token=token,
+            blocking_timeout=blocking_timeout,
+            retry_delay=retry_delay,
+            sentry=sentry,
+        )
+        self.client = client
+        self.key = key
+        self.release_mode = release
+        self._ttl_ms = max(1, round(ttl * 1000))
+        self._release_script = client.register_script(_RELEASE_LUA)
+        self._extend_script = client.register_script(_EXTEND_LUA)
+
+    def _release_args(self) -> list[str]:
+        return [self.token, "1" if self.release_mode == "naive" else "0"]
+
+    def _verdict(self, current: object) -> tuple[bool | None, object, bool | None]:
+        owned = _as_bytes(current) == self.token.encode()
+        deleted_other = self.release_mode == "naive" and not owned and current is not None
+        return owned, current, deleted_other
+
+    def _attempt(self) -> object:
+        return self.client.set(self.key, self.token, nx=True, px=self._ttl_ms)
+
+    def _release_once(self) -> tuple[bool | None, object, bool | None]:
+        return self._verdict(self._release_script(keys=[self.key], args=self._release_args()))
+
+    def _extend_once(self, ttl: float) -> object:
+        ms = max(1, round(ttl * 1000))
+        return self._extend_script(keys=[self.key], args=[self.token, ms])
+
+    async def _aattempt(self) -> object:
+        return await _resolve(self.client.set(self.key, self.token, nx=True, px=self._ttl_ms))
+
+    async def _arelease_once(self) -> tuple[bool | None, object, bool | None]:
+        current = await _resolve(self._release_script(keys=[self.key], args=self._release_args()))
+        return self._verdict(current)
+
+    async def _aextend_once(self, ttl: float) -> object:
+        ms = max(1, round(ttl * 1000))
+        return await _resolve(self._extend_script(keys=[self.key], args=[self.token, ms]))

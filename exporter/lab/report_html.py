@@ -1,0 +1,269 @@
+"""The lab's report as one self-contained HTML page, with inline SVG charts.
+
+No script and no external asset: the page can be mailed, attached to an incident or
+opened from a CI artefact as it is.
+
+Example::
+
+    Path("lab.html").write_text(format_html(config, run_lab(config)), encoding="utf-8")
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime
+
+from .config import LabConfig, StrategyResult
+from .report_text import caught_lines, columns_for, info_lines, setup_lines
+
+__all__ = ["format_html"]
+
+
+_PALETTE = ("#d62728", "#ff7f0e", "#9467bd", "#2ca02c", "#1f77b4", "#17becf", "#8c564b")
+_CSS = """
+body { font: 14px/1.45 system-ui, sans-serif; margin: 2em auto; max-width: 1100px;
+       color: #222; padding: 0 1em; }
+h1 { font-size: 1.5em; } h2 { font-size: 1.15em; margin-top: 2em; }
+table { border-collapse: collapse; font-variant-numeric: tabular-nums; }
+th, td { border-bottom: 1px solid #ddd; padding: 4px 8px; text-align: right; }
+th:first-child, td:first-child, td.left { text-align: left; }
+tr.bad td { background: #fdecea; } tr.skipped td { color: #888; font-style: italic; }
+code { font-size: 0.92em; background: #f4f4f4; padding: 1px 3px; }
+ul.caught li { margin: 0.2em 0; }
+svg text { font: 11px system-ui, sans-serif; fill: #333; }
+"""
+
+
+def _esc(text: object) -> str:
+    return html.escape(str(text), quote=True)
+
+
+def _nice_ticks(low: float, high: float, count: int = 5) -> list[float]:
+    """Round tick values covering [low, high]."""
+    if high <= low:
+        high = low + 1
+    raw = (high - low) / count
+    magnitude = 10 ** math.floor(math.log10(raw))
+    step = next(m * magnitude for m in (1, 2, 2.5, 5, 10) if m * magnitude >= raw)
+    first = math.floor(low / step) * step
+    ticks = []
+    value = first
+    while value <= high + step * 1e-9:
+        ticks.append(round(value, 10))
+        value += step
+    return ticks
+
+
+def _thin(samples: Sequence[tuple[float, int]], limit: int = 400) -> Sequence[tuple[float, int]]:
+    if len(samples) <= limit:
+        return samples
+    step = len(samples) / limit
+    kept = [samples[int(i * step)] for i in range(limit)]
+    return [*kept, samples[-1]]
+
+
+def _svg_stock(results: Sequence[StrategyResult], colors: Mapping[str, str]) -> str:
+    """Stock over time, one line per strategy, with the zero line."""
+    points = [p for r in results for p in r.samples]
+    if not points:
+        return "<p>No samples.</p>"
+    legend = {r.strategy: f"{r.strategy} (final {r.final_stock})" for r in results}
+    right = 40 + 7 * max(len(text) for text in legend.values())
+    height, left, top, bottom = 320, 56, 22, 40
+    width = 560 + right
+    plot_w, plot_h = width - left - right, height - top - bottom
+    t_max = max(t for t, _ in points) or 1.0
+    y_low = float(min(0, *(v for _, v in points)))
+    y_high = float(max(1, *(v for _, v in points), *(r.stock_initial for r in results)))
+    y_ticks = _nice_ticks(y_low, y_high)
+    y_low, y_high = min(y_low, y_ticks[0]), max(y_high, y_ticks[-1])
+    x_ticks = [t for t in _nice_ticks(0, t_max) if t <= t_max * 1.0001]
+
+    def x(t: float) -> float:
+        return left + plot_w * t / t_max
+
+    def y(v: float) -> float:
+        return top + plot_h * (y_high - v) / (y_high - y_low)
+
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}"'
+        f' viewBox="0 0 {width} {height}" role="img" aria-label="stock over time">'
+    ]
+    for v in y_ticks:
+        # The zero line is the one that matters: dark and dashed; the others light.
+        style = 'stroke="#444" stroke-dasharray="4 3"' if v == 0 else 'stroke="#e5e5e5"'
+        out.append(
+            f'<line x1="{left}" x2="{left + plot_w}" y1="{y(v):.1f}" y2="{y(v):.1f}" {style}/>'
+            f'<text x="{left - 6}" y="{y(v) + 4:.1f}" text-anchor="end">{v:g}</text>'
+        )
+    for t in x_ticks:
+        out.append(
+            f'<text x="{x(t):.1f}" y="{top + plot_h + 16}" text-anchor="middle">{t:g}</text>'
+        )
+    out.append(
+        f'<text x="{left + plot_w / 2:.0f}" y="{height - 6}" text-anchor="middle">'
+        f'seconds since the sale opened</text><text x="{left - 6}" y="12" text-anchor="end">'
+        "stock</text>"
+    )
+    for i, result in enumerate(results):
+        color = colors[result.strategy]
+        path = " ".join(f"{x(t):.1f},{y(v):.1f}" for t, v in _thin(result.samples))
+        out.append(
+            f'<polyline fill="none" stroke="{color}" stroke-width="2" points="{path}">'
+            f"<title>{_esc(result.strategy)}</title></polyline>"
+        )
+        ly = top + 14 + 18 * i
+        out.append(
+            f'<rect x="{width - right + 14}" y="{ly - 9}" width="12" height="12"'
+            f' fill="{color}"/><text x="{width - right + 32}" y="{ly + 1}">'
+            f"{_esc(legend[result.strategy])}</text>"
+        )
+    out.append("</svg>")
+    return "".join(out)
+
+
+def _svg_outcomes(results: Sequence[StrategyResult], colors: Mapping[str, str]) -> str:
+    """Stacked bars per strategy: sold within stock, oversold, refused, errors, replays."""
+    segments: tuple[tuple[str, str, Callable[[StrategyResult], int]], ...] = (
+        ("sold within stock", "#2ca02c", lambda r: min(r.sold, r.stock_initial)),
+        ("oversold", "#d62728", lambda r: r.oversold),
+        ("refused", "#bbbbbb", lambda r: sum(r.conflicts.values())),
+        ("errors", "#333333", lambda r: r.errors),
+        ("replayed", "#1f77b4", lambda r: r.replays),
+    )
+    label_w, bar_h, gap, top = 170, 22, 10, 34
+    width = 760
+    plot_w = width - label_w - 60
+    height = top + len(results) * (bar_h + gap) + 10
+    total = max((sum(f(r) for _, _, f in segments) for r in results), default=1) or 1
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}"'
+        f' viewBox="0 0 {width} {height}" role="img" aria-label="outcomes per strategy">'
+    ]
+    lx = label_w
+    for name, color, _ in segments:
+        out.append(
+            f'<rect x="{lx}" y="6" width="12" height="12" fill="{color}"/>'
+            f'<text x="{lx + 16}" y="16">{name}</text>'
+        )
+        lx += 24 + 7 * len(name)
+    for i, result in enumerate(results):
+        y0 = top + i * (bar_h + gap)
+        out.append(
+            f'<rect x="0" y="{y0 + 4}" width="6" height="{bar_h - 8}"'
+            f' fill="{colors[result.strategy]}"/>'
+            f'<text x="12" y="{y0 + bar_h / 2 + 4:.0f}">{_esc(result.strategy)}</text>'
+        )
+        x0 = float(label_w)
+        for name, color, f in segments:
+            n = f(result)
+            if not n:
+                continue
+            w = plot_w * n / total
+            out.append(
+                f'<rect x="{x0:.1f}" y="{y0}" width="{w:.1f}" height="{bar_h}" fill="{color}">'
+                f"<title>{name}: {n}</title></rect>"
+            )
+            if w > 28:
+                out.append(
+                    f'<text x="{x0 + w / 2:.1f}" y="{y0 + bar_h / 2 + 4:.0f}"'
+                    f' text-anchor="middle" style="fill:#fff">{n}</text>'
+                )
+            x0 += w
+    out.append("</svg>")
+    return "".join(out)
+
+
+def _svg_latency(results: Sequence[StrategyResult], colors: Mapping[str, str]) -> str:
+    """p50 and p99 reservation latency per strategy, in milliseconds."""
+    label_w, bar_h, gap, top = 170, 12, 12, 26
+    width = 760
+    plot_w = width - label_w - 90
+    height = top + len(results) * (2 * bar_h + gap) + 10
+    longest = max((r.p99_ms for r in results), default=1.0) or 1.0
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}"'
+        f' viewBox="0 0 {width} {height}" role="img" aria-label="latency p50 and p99">'
+        f'<rect x="{label_w}" y="6" width="12" height="12" fill="#9ecae1"/>'
+        f'<text x="{label_w + 16}" y="16">p50</text>'
+        f'<rect x="{label_w + 60}" y="6" width="12" height="12" fill="#3182bd"/>'
+        f'<text x="{label_w + 76}" y="16">p99 (ms, reservation)</text>'
+    ]
+    for i, result in enumerate(results):
+        y0 = top + i * (2 * bar_h + gap)
+        out.append(
+            f'<rect x="0" y="{y0 + 2}" width="6" height="{2 * bar_h - 4}"'
+            f' fill="{colors[result.strategy]}"/>'
+            f'<text x="12" y="{y0 + bar_h + 4}">{_esc(result.strategy)}</text>'
+        )
+        bars = ((result.p50_ms, "#9ecae1"), (result.p99_ms, "#3182bd"))
+        for j, (value, color) in enumerate(bars):
+            w = max(1.0, plot_w * value / longest)
+            yy = y0 + j * bar_h
+            out.append(
+                f'<rect x="{label_w}" y="{yy}" width="{w:.1f}" height="{bar_h - 1}"'
+                f' fill="{color}"/><text x="{label_w + w + 4:.1f}" y="{yy + bar_h - 2}">'
+                f"{value:.1f}</text>"
+            )
+    out.append("</svg>")
+    return "".join(out)
+
+
+def _html_table(results: Sequence[StrategyResult]) -> str:
+    columns = columns_for(results)
+    head = "".join(f"<th>{_esc(c.header)}</th>" for c in columns)
+    rows = []
+    for r in results:
+        if r.skipped is not None:
+            span = len(columns) - 1
+            rows.append(
+                f'<tr class="skipped"><td>{_esc(r.strategy)}</td>'
+                f'<td class="left" colspan="{span}">skipped: {_esc(r.skipped)}</td></tr>'
+            )
+            continue
+        bad = r.oversold or r.negative_writes or not r.consistent or r.duplicate_orders
+        cells = "".join(
+            f"<td{' class=left' if c.left else ''}>{_esc(c.cell(r))}</td>" for c in columns
+        )
+        rows.append(f"<tr{' class=bad' if bad else ''}>{cells}</tr>")
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+
+
+def format_html(config: LabConfig, results: list[StrategyResult]) -> str:
+    """The report as one self-contained HTML page: no script, no external asset.
+
+    The table, then inline SVG charts (stock over time per strategy, outcomes per
+    strategy, reservation latency p50 and p99) and what the metrics caught.
+    """
+    ran = [r for r in results if r.skipped is None]
+    colors = {r.strategy: _PALETTE[i % len(_PALETTE)] for i, r in enumerate(results)}
+    caught = []
+    for r in results:
+        lines = caught_lines(r) or (
+            [f"nothing to catch: sold {r.sold} of {r.stock_initial}"] if r.skipped is None else []
+        )
+        items = "".join(f"<li><code>{_esc(line)}</code></li>" for line in lines)
+        items += "".join(f"<li>{_esc(line)}</li>" for line in info_lines(r))
+        caught.append(f"<h3>{_esc(r.strategy)}</h3><ul class=caught>{items}</ul>")
+    stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    setup = "".join(f"<li>{_esc(line)}</li>" for line in setup_lines(config))
+    return (
+        "<!DOCTYPE html>\n<html lang=en><head><meta charset=utf-8>"
+        "<title>stocksentry flash-sale lab</title>"
+        f"<style>{_CSS}</style></head><body>"
+        f"<h1>stocksentry flash-sale lab</h1><p>{_esc(stamp)}</p><ul>{setup}</ul>"
+        f"{_html_table(results)}"
+        "<p>sold, oversold, final stock, negative writes and duplicate orders are counted by"
+        " SQL in the database; metrics = db: every metric total equals that count.</p>"
+        "<h2>Stock over time</h2>"
+        f"{_svg_stock(ran, colors)}"
+        "<h2>Outcomes per strategy</h2>"
+        f"{_svg_outcomes(ran, colors)}"
+        "<h2>Reservation latency</h2>"
+        f"{_svg_latency(ran, colors)}"
+        "<h2>What caught it</h2>"
+        f"{''.join(caught)}"
+        "</body></html>\n"
+    )

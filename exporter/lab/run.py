@@ -1,0 +1,216 @@
+"""Running the lab: :func:`run_lab` sets up the database, Redis and the instrumentation,
+then runs every configured strategy in turn.
+
+Example::
+
+    from stocksentry.exporter.lab import LabConfig, format_report, run_lab
+
+    for result in run_lab(LabConfig(buyers=200, stock=20, strategies=("unsafe", "atomic"))):
+        print(result.strategy, result.sold, result.oversold, result.consistent)
+
+    # Every strategy, the Redis locks included; a fifth of the buyers resubmit, unprotected.
+    config = LabConfig(redis_url="redis://127.0.0.1:6379/0", retries=0.2, idempotency=False)
+    print(format_report(config, run_lab(config)))
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import shutil
+import tempfile
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, cast
+
+import sqlalchemy as sa
+from prometheus_client import CollectorRegistry, start_http_server
+from sqlalchemy.engine import Engine
+from stocksentry.instrumentation import Sentry
+
+from .config import STOCK_TABLE, LabConfig, LabError, StrategyResult
+from .driver import delete_redis_keys, run_strategy
+from .names import REDIS_STRATEGIES, sku_for
+from .progress import ProgressSink
+from .report_text import describe_database, describe_redis
+from .shop import LabRun, connect_and_prepare, create_engine, first_line, normalize_url
+
+__all__ = ["instrument_lab_engine", "run_lab", "serve_metrics"]
+
+
+@contextlib.contextmanager
+def _json_logs_to(path: str | None) -> Iterator[bool]:
+    """Send the instrumentation's JSON log lines to ``path`` for the block; yields ``log``.
+
+    structlog's configuration is process-wide: the previous one is put back afterwards.
+    """
+    if path is None:
+        yield False
+        return
+    import structlog
+    from stocksentry.instrumentation.logs import configure_logging
+
+    try:
+        stream = Path(path).open("w", encoding="utf-8")  # noqa: SIM115 - closed in finally
+    except OSError as exc:
+        raise LabError(f"cannot write log file {path}: {exc.strerror or exc}") from exc
+    previous = structlog.get_config()
+    try:
+        # No stdlib bridge: the lab leaves the process's logging handlers alone.
+        configure_logging("INFO", stream=stream, bridge_stdlib=False)
+        yield True
+    finally:
+        structlog.configure(**previous)
+        stream.close()
+
+
+def run_lab(
+    config: LabConfig,
+    *,
+    registry: CollectorRegistry | None = None,
+    progress: ProgressSink | None = None,
+) -> list[StrategyResult]:
+    """Run every configured strategy in turn and return one result each, in order.
+
+    A strategy that cannot run (a Redis strategy without ``redis_url``) is returned as
+    skipped, with the reason. ``registry`` receives the lab's metrics (a fresh one when
+    ``None``); serve it with :func:`serve_metrics` to scrape the run live. Raises
+    :class:`LabError` when the database or Redis cannot be reached or prepared.
+    """
+    registry = registry if registry is not None else CollectorRegistry()
+    names = config.strategy_names
+    temp_dir: str | None = None
+    if config.database_url is None:
+        temp_dir = tempfile.mkdtemp(prefix="stocksentry-lab-")
+        url = sa.make_url(f"sqlite:///{Path(temp_dir) / 'lab.db'}")
+    else:
+        url = normalize_url(config.database_url)
+    shown = describe_database(config)
+    engine: Engine | None = None
+    side: Engine | None = None
+    redis_client: Any = None
+    undo_sql: Callable[[], None] | None = None
+    run = uuid.uuid4().hex[:8]
+    try:
+        engine = create_engine(url, config.concurrency)
+        connect_and_prepare(engine, shown, config.concurrency)
+        # The lab's own reads (reset, samples, cache refresh, counts) go through a second,
+        # uninstrumented engine: the SQL detector sees the strategies' statements only.
+        side = create_engine(url, 3)
+        if (
+            config.redlock_impl == "pottery"
+            and "redlock" in names
+            and config.redis_url is not None
+            and importlib.util.find_spec("pottery") is None
+        ):
+            raise LabError("the pottery Redlock needs pottery: pip install 'stocksentry[lab]'")
+        if config.redis_url is not None and any(
+            config.skip_reason(name) is None and (name in REDIS_STRATEGIES or config.stale_cache)
+            for name in names
+        ):
+            redis_client = _connect_redis(config)
+        if progress is not None:
+            progress.start(shown)
+        with _json_logs_to(config.log_file) as log:
+            sentry = Sentry(
+                registry=registry,
+                promo_skus=[sku_for(name) for name in names],
+                log=log,
+                trace=False,
+            )
+            if config.sql_detector:
+                undo_sql = instrument_lab_engine(engine, sentry)
+            lab = LabRun(
+                engine=engine,
+                side=side,
+                sentry=sentry,
+                registry=registry,
+                config=config,
+                run=run,
+                progress=progress,
+                redis=redis_client,
+                detector=undo_sql is not None,
+            )
+            results = []
+            for name in names:
+                reason = config.skip_reason(name)
+                if reason is not None:
+                    results.append(StrategyResult.skip(config, name, reason))
+                else:
+                    results.append(run_strategy(lab, name))
+            return results
+    finally:
+        if undo_sql is not None:
+            undo_sql()
+        if redis_client is not None:
+            delete_redis_keys(redis_client, config.redis_prefix + run)
+            redis_client.close()
+        for each in (engine, side):
+            if each is not None:
+                each.dispose()
+        if temp_dir is not None:
+            shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def instrument_lab_engine(engine: Engine, sentry: Sentry) -> Callable[[], None] | None:
+    """Watch the lab's engine with stocksentry's SQLAlchemy integration, spans off.
+
+    The hook that puts ``stock_unsafe_read_modify_write_total{table="products"}`` (and the
+    lock-wait, deadlock and conflict metrics) into the lab. Returns the function that
+    removes the listeners again, or ``None`` when the integration is not installed (the
+    ``sqlalchemy`` extra): the lab then runs without the detector. Any other error is a
+    bug and raises.
+    """
+    try:
+        from stocksentry.instrumentation.sqlalchemy import (
+            StockTable,
+            instrument_sqlalchemy,
+            uninstrument_sqlalchemy,
+        )
+    except ImportError:
+        return None
+    stock_table = StockTable(stock_column="available_stock", key_columns=("id", "sku"))
+    instrument_sqlalchemy(
+        engine, sentry=sentry, stock_tables={STOCK_TABLE: stock_table}, spans="off"
+    )
+    return lambda: uninstrument_sqlalchemy(engine)
+
+
+def _connect_redis(config: LabConfig) -> Any:
+    shown = describe_redis(config)
+    try:
+        import redis
+    except ImportError as exc:
+        raise LabError(
+            f"--redis needs the redis package ({exc.name or exc}): pip install 'stocksentry[lab]'"
+        ) from exc
+    try:
+        client = redis.Redis.from_url(
+            cast(str, config.redis_url), socket_connect_timeout=5, socket_timeout=30
+        )
+        client.ping()
+    except (redis.RedisError, ValueError, OSError) as exc:
+        raise LabError(f"cannot connect to Redis {shown}: {first_line(exc)}") from exc
+    return client
+
+
+@contextlib.contextmanager
+def serve_metrics(registry: CollectorRegistry, port: int) -> Iterator[int]:
+    """Serve ``registry`` at ``http://127.0.0.1:<port>/metrics`` for the block.
+
+    Yields the bound port (useful with ``port=0``). Raises :class:`LabError` when the
+    port cannot be bound.
+    """
+    try:
+        server, thread = start_http_server(port, addr="127.0.0.1", registry=registry)
+    except OSError as exc:
+        raise LabError(
+            f"cannot serve /metrics on 127.0.0.1:{port}: {exc.strerror or exc}"
+        ) from exc
+    try:
+        yield int(server.server_port)
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)

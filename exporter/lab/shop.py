@@ -1,0 +1,409 @@
+"""The shop the lab sells from: its schema, its engine, one product row per strategy.
+
+The tables are the common ``products / orders / order_items`` layout plus an
+``idempotency_keys`` store. ``order_items.stock_after`` keeps the stock value each
+reservation wrote, so the database alone tells how many writes went negative.
+:class:`Shop` is what a strategy works with; the functions below create the engine
+(SQLite, PostgreSQL or any SQLAlchemy URL) and reset a strategy's product row.
+
+Example::
+
+    engine = create_engine(normalize_url("sqlite:///lab.db"), concurrency=10)
+    connect_and_prepare(engine, "lab.db", concurrency=10)
+    product_id = prepare_product(engine, "LAB-ATOMIC", stock=20)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, cast
+
+import sqlalchemy as sa
+from sqlalchemy.engine import URL, Connection, Engine
+
+from ..dburl import parse_url
+from .config import REDLOCK_MIN_TTL_S, LabConfig, LabError
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+    from stocksentry.instrumentation import Sentry
+
+    from .progress import ProgressSink
+
+__all__ = [
+    "SQLITE_BUSY_TIMEOUT_S",
+    "Buyer",
+    "LabRun",
+    "Shop",
+    "connect_and_prepare",
+    "create_engine",
+    "first_line",
+    "idempotency_keys",
+    "metadata",
+    "normalize_url",
+    "order_items",
+    "orders",
+    "prepare_product",
+    "products",
+    "update_returning",
+]
+
+#: SQLite's busy timeout: writers queue behind the one holding the lock instead of failing
+#: with "database is locked" (a lock_timeout conflict would blur the strategies' results).
+SQLITE_BUSY_TIMEOUT_S = 30.0
+
+
+metadata = sa.MetaData()
+products = sa.Table(
+    "products",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True),
+    sa.Column("sku", sa.String(64), nullable=False, unique=True),
+    sa.Column("available_stock", sa.Integer, nullable=False),
+    sa.Column("initial_stock", sa.Integer, nullable=False),
+)
+orders = sa.Table(
+    "orders",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True),
+    sa.Column("external_ref", sa.String(128), nullable=False, index=True),
+    sa.Column("idempotency_key", sa.String(128)),
+    sa.Column("request_id", sa.String(128)),
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+)
+order_items = sa.Table(
+    "order_items",
+    metadata,
+    sa.Column(
+        "order_id",
+        sa.Integer,
+        sa.ForeignKey("orders.id", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    sa.Column("product_id", sa.Integer, sa.ForeignKey("products.id"), primary_key=True),
+    sa.Column("quantity", sa.Integer, nullable=False),
+    # The stock value the reservation wrote: negative values are negative writes.
+    sa.Column("stock_after", sa.Integer, nullable=False),
+    sa.Index("ix_order_items_product_id", "product_id"),
+)
+# The idempotency store: one row per intent, with the outcome a resubmit is answered with.
+idempotency_keys = sa.Table(
+    "idempotency_keys",
+    metadata,
+    sa.Column("idempotency_key", sa.String(128), primary_key=True),
+    sa.Column("sku", sa.String(64), nullable=False, index=True),
+    sa.Column("outcome", sa.String(32), nullable=False),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Buyer:
+    """One buyer's identifiers (unique per lab run)."""
+
+    number: int
+    request_id: str
+    idempotency_key: str
+    external_ref: str
+
+
+@dataclass(frozen=True, slots=True)
+class Shop:
+    """What a strategy works with: the engine, its product row and the app's work time.
+
+    The lock strategies also get the Redis client, their lock key and name, the TTLs and
+    the :class:`~stocksentry.instrumentation.Sentry` their lock records into.
+    """
+
+    engine: Engine
+    sku: str
+    product_id: int
+    qty: int
+    work_s: float
+    #: Whether ``UPDATE ... RETURNING`` is available; otherwise read back in the transaction.
+    update_returning: bool
+    sentry: Sentry | None = None
+    redis: Any = None
+    lock_key: str = ""
+    lock_name: str = ""
+    naive_lock_ttl_s: float = 0.004
+    redlock_ttl_s: float = REDLOCK_MIN_TTL_S
+    #: ``"pottery"`` (pottery's Redlock) or ``"lab"`` (the lab's SetNxLock, owned release).
+    redlock_impl: str = "lab"
+
+    @property
+    def is_sqlite(self) -> bool:
+        """Whether the shop runs on SQLite (no ``FOR UPDATE``)."""
+        return self.engine.dialect.name == "sqlite"
+
+    @contextlib.contextmanager
+    def begin_immediate(self) -> Iterator[Connection]:
+        """A SQLite transaction that takes the database's write lock at ``BEGIN``.
+
+        SQLite has no ``SELECT ... FOR UPDATE``; ``BEGIN IMMEDIATE`` is its equivalent for
+        one writer: the next buyer's ``BEGIN IMMEDIATE`` waits (busy timeout) until this
+        one commits. pysqlite's own implicit ``BEGIN`` is switched off for the connection
+        while it runs, so the explicit one is the transaction.
+        """
+        with self.engine.connect() as conn:
+            dbapi = cast(Any, conn.connection.dbapi_connection)
+            previous = dbapi.isolation_level
+            dbapi.isolation_level = None
+            try:
+                conn.exec_driver_sql("BEGIN IMMEDIATE")
+                try:
+                    yield conn
+                except BaseException:
+                    conn.rollback()
+                    raise
+                conn.commit()
+            finally:
+                dbapi.isolation_level = previous
+
+    def work(self) -> None:
+        """The app's work between read and write; a real sleep, so buyers overlap in it."""
+        if self.work_s > 0:
+            time.sleep(self.work_s)
+
+    def read_stock(self) -> int:
+        """Read the stock in a short transaction of its own.
+
+        It ends before any write: on SQLite in WAL mode a read transaction that later
+        tries to write fails with "database is locked" instead of losing the update.
+        """
+        with self.engine.begin() as conn:
+            return int(
+                conn.execute(
+                    sa.text("SELECT available_stock FROM products WHERE sku = :sku"),
+                    {"sku": self.sku},
+                ).scalar_one()
+            )
+
+    def insert_order(self, conn: Connection, buyer: Buyer, stock_after: int) -> int:
+        """Insert a paid order and its item; returns the order id."""
+        order_id = _new_id(
+            conn.execute(
+                orders.insert().values(
+                    external_ref=buyer.external_ref,
+                    idempotency_key=buyer.idempotency_key,
+                    request_id=buyer.request_id,
+                    status="PAID",
+                    created_at=datetime.now(UTC),
+                )
+            )
+        )
+        conn.execute(
+            order_items.insert().values(
+                order_id=order_id,
+                product_id=self.product_id,
+                quantity=self.qty,
+                stock_after=stock_after,
+            )
+        )
+        return order_id
+
+    def decrement_unconditionally(self, conn: Connection) -> int:
+        """``available_stock - :qty`` with no guard; returns the value written."""
+        params = {"qty": self.qty, "sku": self.sku}
+        sql = "UPDATE products SET available_stock = available_stock - :qty WHERE sku = :sku"
+        if self.update_returning:
+            return int(
+                conn.execute(sa.text(sql + " RETURNING available_stock"), params).scalar_one()
+            )
+        conn.execute(sa.text(sql), params)
+        return self._read_back(conn)
+
+    def decrement_if_available(self, conn: Connection) -> int | None:
+        """The atomic conditional update; the value written, or ``None`` if no row matched."""
+        params = {"qty": self.qty, "sku": self.sku}
+        sql = (
+            "UPDATE products SET available_stock = available_stock - :qty"
+            " WHERE sku = :sku AND available_stock >= :qty"
+        )
+        if self.update_returning:
+            value = conn.execute(sa.text(sql + " RETURNING available_stock"), params).scalar()
+            return None if value is None else int(value)
+        if conn.execute(sa.text(sql), params).rowcount == 0:
+            return None
+        return self._read_back(conn)
+
+    def _read_back(self, conn: Connection) -> int:
+        # Same transaction as the update, so it sees our own write (and holds its lock).
+        return int(
+            conn.execute(
+                sa.text("SELECT available_stock FROM products WHERE sku = :sku"),
+                {"sku": self.sku},
+            ).scalar_one()
+        )
+
+
+def _new_id(result: sa.CursorResult[Any]) -> int:
+    key = result.inserted_primary_key
+    if key is None or key[0] is None:
+        raise RuntimeError("the database returned no id for the inserted row")
+    return int(key[0])
+
+
+def normalize_url(url: str) -> URL:
+    """Parse a SQLAlchemy URL; plain ``postgresql://`` (or ``postgres://``) gets psycopg 3.
+
+    Raises :class:`LabError` for a URL SQLAlchemy cannot parse, without quoting it (it may
+    hold a password in a form no mask recognises).
+    """
+    try:
+        return parse_url(url)
+    except ValueError as exc:
+        raise LabError(f"cannot parse database URL: {exc}") from None
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of a (driver) error's text, for a one-line message."""
+    # Driver errors carry multi-line details (SQLAlchemy adds a "Background on this
+    # error" link); the CLI promises one line.
+    orig = getattr(exc, "orig", None)
+    text = str(orig if orig is not None else exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def create_engine(url: URL, concurrency: int) -> Engine:
+    """An engine with a pool of ``concurrency`` connections; SQLite in WAL mode.
+
+    Raises :class:`LabError` for an in-memory SQLite URL (private to each connection)
+    and for a URL whose dialect or driver is not installed.
+    """
+    # One connection per worker thread: a buyer holds at most one at a time, and a pool
+    # smaller than the workers would make them queue in the pool instead of the database.
+    pool: dict[str, Any] = {
+        "poolclass": sa.QueuePool,
+        "pool_size": concurrency,
+        "max_overflow": 4,
+        "pool_timeout": 60,
+    }
+    try:
+        if url.get_backend_name() == "sqlite":
+            database = url.database or ""
+            if database in ("", ":memory:") or database.startswith("file::memory:"):
+                raise LabError(
+                    "an in-memory SQLite database is private to each connection; "
+                    "give a file (sqlite:///lab.db) or leave --database out"
+                )
+            engine = sa.create_engine(
+                url,
+                connect_args={"timeout": SQLITE_BUSY_TIMEOUT_S, "check_same_thread": False},
+                **pool,
+            )
+            sa.event.listen(engine, "connect", _sqlite_on_connect)
+            return engine
+        connect_args: dict[str, Any] = {}
+        if url.get_backend_name() == "postgresql":
+            # Fail fast on an unreachable server instead of hanging the CLI.
+            connect_args["connect_timeout"] = 10
+        return sa.create_engine(url, connect_args=connect_args, **pool)
+    except LabError:
+        raise
+    except (sa.exc.ArgumentError, sa.exc.NoSuchModuleError, ImportError) as exc:
+        raise LabError(
+            f"cannot use database URL {url.render_as_string(hide_password=True)}: "
+            f"{first_line(exc)}"
+        ) from exc
+
+
+def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    try:
+        # WAL lets the buyers read while one of them writes, as in a server database.
+        cursor.execute("PRAGMA journal_mode=WAL")
+        # Safe in WAL mode (no corruption, only the last commits at risk on power loss),
+        # and it keeps each commit off the disk's fsync latency.
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.execute(f"PRAGMA busy_timeout={int(SQLITE_BUSY_TIMEOUT_S * 1000)}")
+    finally:
+        cursor.close()
+
+
+def update_returning(engine: Engine) -> bool:
+    """Whether ``UPDATE ... RETURNING`` works on this engine's database."""
+    # SQLAlchemy knows per dialect and server version (SQLite from 3.35, PostgreSQL).
+    return bool(engine.dialect.update_returning)
+
+
+def prepare_product(engine: Engine, sku: str, stock: int) -> int:
+    """Create or reset the strategy's product row and delete its earlier orders."""
+    with engine.begin() as conn:
+        product_id = conn.execute(
+            sa.select(products.c.id).where(products.c.sku == sku)
+        ).scalar_one_or_none()
+        if product_id is None:
+            product_id = _new_id(
+                conn.execute(
+                    products.insert().values(sku=sku, available_stock=stock, initial_stock=stock)
+                )
+            )
+        else:
+            conn.execute(
+                products.update()
+                .where(products.c.id == product_id)
+                .values(available_stock=stock, initial_stock=stock)
+            )
+            items = sa.select(order_items.c.order_id).where(order_items.c.product_id == product_id)
+            # Orders first (PostgreSQL cascades to the items), then the items SQLite keeps
+            # because it does not enforce foreign keys by default.
+            conn.execute(orders.delete().where(orders.c.id.in_(items)))
+            conn.execute(order_items.delete().where(order_items.c.product_id == product_id))
+            conn.execute(idempotency_keys.delete().where(idempotency_keys.c.sku == sku))
+    return int(product_id)
+
+
+def connect_and_prepare(engine: Engine, shown: str, concurrency: int) -> None:
+    """Reach the database, open the workers' connections, create the lab's tables.
+
+    ``shown`` names the database in errors (:class:`LabError`, one line, no password).
+    """
+    try:
+        with engine.connect() as conn:
+            conn.execute(sa.text("SELECT 1"))
+    except sa.exc.SQLAlchemyError as exc:
+        raise LabError(f"cannot connect to {shown}: {first_line(exc)}") from exc
+    # Open the workers' connections now, so the first wave of buyers does not spend its
+    # time connecting while the others already race.
+    held: list[Connection] = []
+    try:
+        for _ in range(concurrency):
+            held.append(engine.connect())
+    except sa.exc.SQLAlchemyError as exc:
+        raise LabError(
+            f"cannot open {concurrency} connections to {shown} (lower --concurrency?):"
+            f" {first_line(exc)}"
+        ) from exc
+    finally:
+        for conn in held:
+            conn.close()
+    # After the connections: a run that cannot get them leaves no tables behind.
+    try:
+        metadata.create_all(engine)
+    except sa.exc.SQLAlchemyError as exc:
+        raise LabError(f"cannot create the lab tables in {shown}: {first_line(exc)}") from exc
+
+
+@dataclass(slots=True)
+class LabRun:
+    """What every strategy's run shares: both engines, the instrumentation, the config.
+
+    ``engine`` is the instrumented one the strategies use; ``side`` the lab's own
+    (reset, samples, cache refresh, counts), which the SQL detector does not watch.
+    """
+
+    engine: Engine
+    side: Engine
+    sentry: Sentry
+    registry: CollectorRegistry
+    config: LabConfig
+    run: str
+    progress: ProgressSink | None
+    redis: Any
+    detector: bool

@@ -1,0 +1,291 @@
+"""The checkout strategies, unsafe first, each one function ``(shop, reservation, buyer)``.
+
+``unsafe`` (read, then write a value computed in Python), ``check_then_decrement`` (read,
+then an unguarded relative decrement), ``naive_lock`` (a Redis ``SET NX PX`` lock with a
+TTL shorter than the work and a naive ``DEL``), ``atomic`` (one conditional ``UPDATE``),
+``for_update`` (``SELECT ... FOR UPDATE``, or ``BEGIN IMMEDIATE`` on SQLite) and
+``redlock`` (an owned Redis lock with a token, jittered retries and a compare-and-delete
+release: the lab's own, or pottery's Redlock).
+
+Adding a strategy is one function here, named as the strategy, and its name in
+:data:`~stocksentry.exporter.lab.names.STRATEGY_NAMES`; it must mark the reservation with
+``success`` or ``conflict``.
+
+Example::
+
+    STRATEGIES["atomic"](shop, reservation, buyer)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+from stocksentry.instrumentation import Reservation
+from stocksentry.instrumentation.locks import InstrumentedRedlock, LockNotAcquired
+
+from .config import LOCK_RETRY_S, LOCK_WAIT_S
+from .naive_lock import SetNxLock
+from .names import STRATEGY_NAMES
+from .shop import Buyer, Shop
+
+__all__ = [
+    "STRATEGIES",
+    "Strategy",
+    "atomic",
+    "check_then_decrement",
+    "for_update",
+    "naive_lock",
+    "redlock",
+    "unsafe",
+]
+
+
+class Strategy(Protocol):
+    """A checkout strategy: reserve ``shop.qty`` for ``buyer`` and mark ``r``."""
+
+    def __call__(self, shop: Shop, r: Reservation, buyer: Buyer, /) -> None: ...
+
+
+def unsafe(shop: Shop, r: Reservation, buyer: Buyer) -> None:
+    """Read-then-write: check a value read earlier, write a value computed in Python.
+
+    Two buyers that read the same stock both write ``stock - qty``: one update is lost and
+    one unit is sold twice.
+    """
+    available = shop.read_stock()
+    r.stock_check(available)
+    shop.work()
+    if available < shop.qty:
+        r.conflict("out_of_stock")
+        return
+    computed = available - shop.qty
+    with shop.engine.begin() as conn:
+        conn.execute(
+            sa.text("UPDATE products SET available_stock = :computed WHERE sku = :sku"),
+            {"computed": computed, "sku": shop.sku},
+        )
+        shop.insert_order(conn, buyer, computed)
+    r.success(old_stock=available, new_stock=computed)
+
+
+def _decrement_and_order(shop: Shop, r: Reservation, buyer: Buyer) -> None:
+    # The relative decrement and the order in one transaction, then the success mark with
+    # the stock before and after as the database saw them.
+    with shop.engine.begin() as conn:
+        written = shop.decrement_unconditionally(conn)
+        shop.insert_order(conn, buyer, written)
+    r.success(old_stock=written + shop.qty, new_stock=written)
+
+
+def check_then_decrement(shop: Shop, r: Reservation, buyer: Buyer) -> None:
+    """Check a value read earlier, then decrement relatively without a guard.
+
+    No update is lost, but every buyer who passed the check decrements: stock goes below
+    zero and each such write counts in ``stock_inventory_negative_total``.
+    """
+    available = shop.read_stock()
+    r.stock_check(available)
+    shop.work()
+    if available < shop.qty:
+        r.conflict("out_of_stock")
+        return
+    _decrement_and_order(shop, r, buyer)
+
+
+def atomic(shop: Shop, r: Reservation, buyer: Buyer) -> None:
+    """The fix: one conditional ``UPDATE ... WHERE available_stock >= :qty`` and the order.
+
+    The database checks and writes in one statement under the row lock; a buyer whose
+    update matched no row is refused as ``out_of_stock``. Sells exactly the stock.
+    """
+    # The same app work as the other strategies, so latencies compare like with like; it
+    # happens before the transaction, as an app would price the cart before reserving.
+    shop.work()
+    with shop.engine.begin() as conn:
+        written = shop.decrement_if_available(conn)
+        if written is None:
+            conn.rollback()
+            r.conflict("out_of_stock")
+            return
+        shop.insert_order(conn, buyer, written)
+    r.success(old_stock=written + shop.qty, new_stock=written)
+
+
+def _write_computed(shop: Shop, buyer: Buyer, available: int) -> int:
+    """Write ``available - qty`` as a value computed in Python, and the order."""
+    computed = available - shop.qty
+    with shop.engine.begin() as conn:
+        conn.execute(
+            sa.text("UPDATE products SET available_stock = :computed WHERE sku = :sku"),
+            {"computed": computed, "sku": shop.sku},
+        )
+        shop.insert_order(conn, buyer, computed)
+    return computed
+
+
+def naive_lock(shop: Shop, r: Reservation, buyer: Buyer) -> None:
+    """The usual hotfix: ``SET lock token NX PX ttl``, the unsafe read-then-write, ``DEL``.
+
+    The TTL is shorter than the work (``naive_lock_ttl_s``), as a 5 s lock taken around
+    6 s of work: the lock expires under its holder, a second buyer gets it and reads the
+    same stock, and the first one's ``DEL`` deletes the second one's lock. The lock is
+    :class:`~stocksentry.exporter.lab.naive_lock.SetNxLock` with the naive release, so every
+    expiry and every foreign ``DEL`` is counted.
+    """
+    lock = SetNxLock(
+        shop.redis,
+        shop.lock_key,
+        name=shop.lock_name,
+        ttl=shop.naive_lock_ttl_s,
+        release="naive",
+        blocking_timeout=LOCK_WAIT_S,
+        retry_delay=LOCK_RETRY_S,
+        sentry=shop.sentry,
+    )
+    try:
+        with lock:
+            available = shop.read_stock()
+            r.stock_check(available)
+            if available < shop.qty:
+                r.conflict("out_of_stock")
+                return
+            shop.work()
+            computed = _write_computed(shop, buyer, available)
+            r.success(old_stock=available, new_stock=computed)
+    except LockNotAcquired:
+        r.conflict("lock_not_acquired")
+
+
+def for_update(shop: Shop, r: Reservation, buyer: Buyer) -> None:
+    """A transaction that locks the row first: ``SELECT ... FOR UPDATE``, check, write.
+
+    The next buyer's ``SELECT ... FOR UPDATE`` waits for this transaction to end, so each
+    one reads the stock the previous one wrote. On SQLite, which has no ``FOR UPDATE``,
+    ``BEGIN IMMEDIATE`` takes the write lock before the read and the write is the relative
+    decrement (the lock, not the statement, makes it safe). Sells exactly the stock.
+    """
+    if shop.is_sqlite:
+        with shop.begin_immediate() as conn:
+            available = _select_stock(conn, shop.sku, for_update=False)
+            r.stock_check(available)
+            if available < shop.qty:
+                r.conflict("out_of_stock")
+                return
+            shop.work()
+            written = shop.decrement_unconditionally(conn)
+            shop.insert_order(conn, buyer, written)
+        r.success(old_stock=available, new_stock=written)
+        return
+    with shop.engine.begin() as conn:
+        available = _select_stock(conn, shop.sku, for_update=True)
+        r.stock_check(available)
+        if available < shop.qty:
+            r.conflict("out_of_stock")
+            return
+        shop.work()
+        computed = available - shop.qty
+        conn.execute(
+            sa.text("UPDATE products SET available_stock = :computed WHERE sku = :sku"),
+            {"computed": computed, "sku": shop.sku},
+        )
+        shop.insert_order(conn, buyer, computed)
+    r.success(old_stock=available, new_stock=computed)
+
+
+def _select_stock(conn: Connection, sku: str, *, for_update: bool) -> int:
+    sql = "SELECT available_stock FROM products WHERE sku = :sku"
+    if for_update:
+        sql += " FOR UPDATE"
+    return int(conn.execute(sa.text(sql), {"sku": sku}).scalar_one())
+
+
+def redlock(shop: Shop, r: Reservation, buyer: Buyer) -> None:
+    """The fix: an owned lock (token), retries with jitter, release only if owned.
+
+    The lab's :class:`~stocksentry.exporter.lab.naive_lock.SetNxLock` with the
+    compare-and-delete release (``redlock_impl="lab"``), or pottery's ``Redlock`` on the
+    one Redis master (``"pottery"``); both instrumented. The TTL is far above the work,
+    and the lock is extended (only while still ours) before the write, so a holder that
+    lost it refuses instead of writing. Under the lock the write is the relative
+    decrement: the lock makes the check hold, and the SQL detector, which cannot see a
+    Redis lock, has nothing to flag.
+    """
+    try:
+        if shop.redlock_impl == "pottery":
+            _with_pottery_redlock(shop, r, buyer)
+        else:
+            _with_owned_lock(shop, r, buyer)
+    except LockNotAcquired:
+        r.conflict("lock_not_acquired")
+
+
+def _locked_checkout(
+    shop: Shop, r: Reservation, buyer: Buyer, still_ours: Callable[[], bool]
+) -> None:
+    available = shop.read_stock()
+    r.stock_check(available)
+    if available < shop.qty:
+        r.conflict("out_of_stock")
+        return
+    shop.work()
+    if not still_ours():
+        r.conflict("lock_timeout")
+        return
+    _decrement_and_order(shop, r, buyer)
+
+
+def _with_owned_lock(shop: Shop, r: Reservation, buyer: Buyer) -> None:
+    lock = SetNxLock(
+        shop.redis,
+        shop.lock_key,
+        name=shop.lock_name,
+        ttl=shop.redlock_ttl_s,
+        release="owned",
+        blocking_timeout=LOCK_WAIT_S,
+        retry_delay=LOCK_RETRY_S,
+        sentry=shop.sentry,
+    )
+    with lock:
+        _locked_checkout(shop, r, buyer, lock.extend)
+
+
+def _with_pottery_redlock(shop: Shop, r: Reservation, buyer: Buyer) -> None:
+    from pottery import ExtendUnlockedLock, QuorumNotAchieved, Redlock
+
+    lock = InstrumentedRedlock(
+        Redlock(
+            key=shop.lock_key,
+            masters={shop.redis},
+            auto_release_time=shop.redlock_ttl_s,
+            context_manager_timeout=LOCK_WAIT_S,
+        ),
+        name=shop.lock_name,
+        # pottery waits up to 0.2 s between attempts; the lab's work is milliseconds.
+        retry_delay=2 * LOCK_RETRY_S,
+        sentry=shop.sentry,
+    )
+
+    def still_ours() -> bool:
+        try:
+            lock.extend()
+        except ExtendUnlockedLock:
+            return False
+        return True
+
+    try:
+        with lock:
+            _locked_checkout(shop, r, buyer, still_ours)
+    except QuorumNotAchieved as exc:
+        raise LockNotAcquired(shop.lock_name, LOCK_WAIT_S) from exc
+
+
+# Functions are named as their strategies; a name without a function fails at import.
+_FUNCTIONS: dict[str, Strategy] = {
+    strategy.__name__: strategy
+    for strategy in (unsafe, check_then_decrement, naive_lock, atomic, for_update, redlock)
+}
+#: Strategy name -> function, in the order of :data:`STRATEGY_NAMES` (unsafe ones first).
+STRATEGIES: dict[str, Strategy] = {name: _FUNCTIONS[name] for name in STRATEGY_NAMES}
