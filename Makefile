@@ -15,9 +15,9 @@ $(PY):
 	  $(PYTHON) -m venv $(VENV); }
 	@$(PIP) install --upgrade pip setuptools
 
-# Stamps: reinstall when pyproject.toml changes.
+# Stamps: reinstall when pyproject.toml changes. `make demo` needs only the lab's extra.
 $(VENV)/.stamp-install: pyproject.toml | $(PY)
-	$(PIP) install -e '.[all]'
+	$(PIP) install -e '.[lab]'
 	@touch $@
 
 $(VENV)/.stamp-dev: pyproject.toml | $(PY)
