@@ -167,3 +167,14 @@ def test_importing_the_cli_stays_light() -> None:
         "assert not heavy, heavy\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_the_lab_modules_doctests_pass() -> None:
+    import doctest
+
+    from stocksentry.exporter.lab import config, driver, names
+
+    for module in (names, config, driver):
+        result = doctest.testmod(module)
+        assert result.failed == 0, module.__name__
+        assert result.attempted > 0, module.__name__
