@@ -255,6 +255,47 @@ def test_without_update_returning_reads_back_in_the_transaction(
     assert (for_update.sold, for_update.final_stock) == (40, 0)
 
 
+def test_without_the_sqlalchemy_integration_the_lab_runs_without_the_detector(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, registry: CollectorRegistry
+) -> None:
+    # The integration's extra missing: the import fails, the detector's column goes.
+    monkeypatch.setitem(sys.modules, "stocksentry.instrumentation.sqlalchemy", None)
+    config = LabConfig(
+        database_url=f"sqlite:///{tmp_path / 'lab.db'}",
+        buyers=20,
+        stock=5,
+        concurrency=5,
+        work_ms=1,
+        strategies=("unsafe",),
+    )
+    [unsafe] = run_lab(config, registry=registry)
+    check_consistent(unsafe, registry)
+    assert unsafe.unsafe_read_modify_write is None
+    assert UNSAFE_RMW not in unsafe.metrics
+    assert "unsafe rmw" not in lab.format_table([unsafe])
+
+
+def test_a_failure_to_instrument_the_engine_is_not_hidden(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Only a missing extra drops the detector; a bug in our own set-up raises.
+    import stocksentry.instrumentation.sqlalchemy as integration
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("listener set-up broke")
+
+    monkeypatch.setattr(integration, "instrument_sqlalchemy", broken)
+    config = LabConfig(
+        database_url=f"sqlite:///{tmp_path / 'lab.db'}",
+        buyers=5,
+        stock=1,
+        concurrency=2,
+        strategies=("atomic",),
+    )
+    with pytest.raises(RuntimeError, match="listener set-up broke"):
+        run_lab(config)
+
+
 def test_temporary_sqlite_file_is_removed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     results = run_lab(LabConfig(buyers=20, stock=5, concurrency=5, work_ms=1))
