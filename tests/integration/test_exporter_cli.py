@@ -1,7 +1,8 @@
 """`stocksentry exporter` end to end: the lab oversells, the sidecar's probes see it.
 
-The lab writes the seeds' schema into a fresh PostgreSQL database; the exporter runs as a
-real process with a config file, and /metrics is read over HTTP.
+The lab writes its products / orders / order_items schema into a fresh PostgreSQL
+database; the exporter runs as a real process with a config file, and /metrics is read
+over HTTP.
 """
 
 from __future__ import annotations

@@ -564,7 +564,7 @@ def test_lock_strategies_on_redis(
     check_against_own_sql(url, results)
     naive, owned, for_update, atomic = results
 
-    # The seeds' lock: every holder outlives the 4 ms TTL; the lock leaks, stock oversells.
+    # The naive lock: every holder outlives the 4 ms TTL; the lock leaks, stock oversells.
     assert config.naive_lock_ttl_s == pytest.approx(0.004)
     assert naive.oversold > 0
     assert naive.sold == naive.orders > 20
