@@ -34,8 +34,15 @@ from .config import CACHE_NAME, IDEMPOTENT_OPERATION, StrategyResult
 from .names import sku_for
 from .progress import PROGRESS_INTERVAL_S, Progress, ProgressSink
 from .readback import durations, read_stock_by_id, strategy_result, unlabelled_totals
-from .shop import Buyer, LabRun, Shop, first_line, idempotency_keys, prepare_product
-from .shop import update_returning as update_returning
+from .shop import (
+    Buyer,
+    LabRun,
+    Shop,
+    first_line,
+    idempotency_keys,
+    prepare_product,
+    update_returning,
+)
 from .strategies import STRATEGIES
 
 __all__ = ["SAMPLE_INTERVAL_S", "Tally", "delete_redis_keys", "resubmits", "run_strategy"]
@@ -45,6 +52,8 @@ SAMPLE_INTERVAL_S = 0.02
 
 
 def run_strategy(lab: LabRun, name: str) -> StrategyResult:
+    """Run the sale for strategy ``name``: reset its product row, let the buyers in, and
+    read the result back from the registry and the database."""
     engine, sentry, registry, config = lab.engine, lab.sentry, lab.registry, lab.config
     progress = lab.progress
     strategy = STRATEGIES[name]
