@@ -1,0 +1,500 @@
+"""The exporter's HTTP server, in process: aiohttp's test client, no database, no binary.
+
+The probe source is a real :class:`~stocksentry.exporter.probes.ProbeRunner` (no database
+section) fed by a :class:`~stocksentry.exporter.probes.base.Probe` subclass returning
+fixed families. Basic auth checks real bcrypt hashes made here (at the lowest cost);
+TLS uses trustme certificates. Log rate limits run on injected clocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+import signal
+import ssl
+import threading
+from collections.abc import AsyncIterator, Callable, Iterable
+from pathlib import Path
+
+import aiohttp
+import bcrypt
+import pytest
+import trustme
+from aiohttp import web
+from aiohttp.http_exceptions import BadHttpMessage
+from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+from prometheus_client.openmetrics import parser as openmetrics_parser
+from prometheus_client.parser import text_string_to_metric_families as parse_text
+from pytest_aiohttp import AiohttpClient
+from stocksentry.exporter.config import parse_config
+from stocksentry.exporter.probes import ProbeRunner
+from stocksentry.exporter.probes.base import Probe
+from stocksentry.exporter.server import (
+    BASIC_AUTH,
+    CONTENT_TYPE_OPENMETRICS,
+    CONTENT_TYPE_TEXT,
+    LIFECYCLE,
+    RENDERER,
+    ClientErrorLog,
+    Lifecycle,
+    MetricsRenderer,
+    RunningServer,
+    ServerSettings,
+    create_app,
+    run_server,
+    serving,
+    wants_gzip,
+    wants_openmetrics,
+)
+from stocksentry.exporter.webconfig import WebConfig, load_web_config
+
+parse_openmetrics: Callable[[str], Iterable[Metric]] = (
+    openmetrics_parser.text_string_to_metric_families
+)
+
+PROMETHEUS_ACCEPT = (
+    "application/openmetrics-text;version=1.0.0;q=0.5,"
+    "application/openmetrics-text;version=0.0.1;q=0.4,text/plain;version=0.0.4;q=0.3,*/*;q=0.2"
+)
+TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
+
+
+class FixedProbe(Probe):
+    """Returns the same two families on every run."""
+
+    needs_leader = False
+
+    async def run(self) -> tuple[Metric, ...]:
+        skus = GaugeMetricFamily("stock_negative_inventory_skus", "SKUs below zero.", value=2)
+        units = GaugeMetricFamily("stock_oversold_units", "Oversold.", labels=["sku"])
+        units.add_metric(["EGG-01"], 3.0)
+        return (skus, units)
+
+
+class Gate:
+    """A collector whose ``collect()`` blocks until released; counts its calls."""
+
+    name = "gate"
+
+    def __init__(self) -> None:
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.calls = 0
+
+    def collect(self) -> list[Metric]:
+        self.calls += 1
+        self.entered.set()
+        assert self.release.wait(30)
+        return [GaugeMetricFamily("gate_open", "Released.", value=1)]
+
+
+class Broken:
+    """A collector that raises on every scrape."""
+
+    name = "broken"
+
+    def collect(self) -> list[Metric]:
+        raise RuntimeError("collector bug")
+
+
+def settings(**overrides: object) -> ServerSettings:
+    values: dict[str, object] = {"listen_address": "127.0.0.1", "port": 0}
+    values.update(overrides)
+    return ServerSettings(**values)  # type: ignore[arg-type]
+
+
+def value(families: Iterable[Metric], name: str, **labels: str) -> float | None:
+    for family in families:
+        for s in family.samples:
+            if s.name == name and s.labels == labels:
+                return s.value
+    return None
+
+
+@pytest.fixture
+async def runner() -> AsyncIterator[ProbeRunner]:
+    """The probes' collector after one good run of :class:`FixedProbe`."""
+    probes = ProbeRunner(parse_config("server: {port: 9464}\n", environ={}))
+    result = await probes.run_once(FixedProbe("fixed", interval=15.0, timeout=5.0))
+    assert result.up
+    yield probes
+    await probes.stop()
+
+
+def exemplar_registry() -> CollectorRegistry:
+    registry = CollectorRegistry()
+    latency = Histogram("probe_query_seconds", "Query.", buckets=(0.1, 1.0), registry=registry)
+    latency.observe(0.3, exemplar={"trace_id": TRACE_ID})
+    return registry
+
+
+# --- /metrics ------------------------------------------------------------------------------
+
+
+async def test_metrics_text_serves_the_probe_families_and_own_health(
+    aiohttp_client: AiohttpClient, runner: ProbeRunner
+) -> None:
+    client = await aiohttp_client(create_app(settings(), collectors=[runner]))
+    response = await client.get("/metrics")
+    assert response.status == 200
+    assert response.headers["Content-Type"] == CONTENT_TYPE_TEXT
+    assert response.headers["Vary"] == "Accept, Accept-Encoding"
+    families = list(parse_text(await response.text()))
+
+    assert value(families, "stock_negative_inventory_skus") == 2
+    assert value(families, "stock_oversold_units", sku="EGG-01") == 3
+    assert value(families, "stocksentry_probe_up", probe="fixed") == 1
+    last_success = value(
+        families, "stocksentry_probe_last_success_timestamp_seconds", probe="fixed"
+    )
+    assert last_success is not None
+    assert last_success > 0
+    # The server's own accounting: one series per source, the probes under their name.
+    for source in ("probes", "process"):
+        assert value(families, "stocksentry_collector_errors_total", collector=source) == 0
+    assert value(families, "process_cpu_seconds_total") is not None
+
+
+async def test_openmetrics_is_negotiated_and_carries_exemplars(
+    aiohttp_client: AiohttpClient, runner: ProbeRunner
+) -> None:
+    app = create_app(settings(), collectors=[runner, exemplar_registry()])
+    client = await aiohttp_client(app)
+
+    response = await client.get("/metrics", headers={"Accept": PROMETHEUS_ACCEPT})
+    assert response.headers["Content-Type"] == CONTENT_TYPE_OPENMETRICS
+    body = await response.text()
+    assert body.endswith("# EOF\n")
+    assert body.count("# EOF") == 1
+    families = list(parse_openmetrics(body))
+    bucket = next(
+        s
+        for f in families
+        if f.name == "probe_query_seconds"
+        for s in f.samples
+        if s.name == "probe_query_seconds_bucket" and s.labels["le"] == "1.0"
+    )
+    assert bucket.exemplar is not None
+    assert bucket.exemplar.labels == {"trace_id": TRACE_ID}
+    assert value(families, "stocksentry_probe_up", probe="fixed") == 1
+
+    # The text format has no exemplars, and is what a plain client gets.
+    plain = await client.get("/metrics", headers={"Accept": "text/plain"})
+    assert plain.headers["Content-Type"] == CONTENT_TYPE_TEXT
+    assert TRACE_ID not in await plain.text()
+
+
+async def test_gzip_only_when_accepted(aiohttp_client: AiohttpClient) -> None:
+    client = await aiohttp_client(create_app(settings()))
+    zipped = await client.get("/metrics", headers={"Accept-Encoding": "gzip"})
+    assert zipped.headers["Content-Encoding"] == "gzip"
+    assert "stocksentry_collector_errors_total" in await zipped.text()  # decoded by aiohttp
+    plain = await client.get("/metrics", headers={"Accept-Encoding": "identity"})
+    assert "Content-Encoding" not in plain.headers
+
+
+@pytest.mark.parametrize(
+    ("accept", "expected"),
+    [
+        (PROMETHEUS_ACCEPT, True),
+        ("application/openmetrics-text", True),
+        ("application/openmetrics-text;version=2.0.0", False),
+        ("application/openmetrics-text;q=0", False),
+        ("text/plain;q=0.9,application/openmetrics-text;q=0.5", False),
+        ("application/openmetrics-text;q=oops,*/*", False),
+        ("", False),
+    ],
+)
+def test_wants_openmetrics(accept: str, expected: bool) -> None:
+    assert wants_openmetrics(accept) is expected
+
+
+@pytest.mark.parametrize(
+    ("encoding", "expected"),
+    [("gzip", True), ("x-gzip;q=0.5", True), ("*", True), ("gzip;q=0, *", False), ("br", False)],
+)
+def test_wants_gzip(encoding: str, expected: bool) -> None:
+    assert wants_gzip(encoding) is expected
+
+
+async def test_a_failing_collector_is_left_out_and_counted(
+    aiohttp_client: AiohttpClient, runner: ProbeRunner
+) -> None:
+    app = create_app(settings(), collectors=[Broken(), runner])
+    client = await aiohttp_client(app)
+    for _ in range(2):
+        response = await client.get("/metrics")
+        assert response.status == 200
+    families = list(parse_text(await response.text()))
+    assert value(families, "stocksentry_collector_errors_total", collector="broken") == 2
+    assert value(families, "stock_oversold_units", sku="EGG-01") == 3
+    assert app[RENDERER].errors() == {"broken": 2, "probes": 0, "process": 0}
+
+
+def test_renderer_counts_clashes_and_rate_limits_its_logs(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    now = [0.0]
+    first, second = CollectorRegistry(), CollectorRegistry()
+    for registry in (first, second):
+        Histogram("same_name_seconds", "Clash.", registry=registry)
+    renderer = MetricsRenderer(
+        [("first", first), ("second", second), ("broken", Broken())], clock=lambda: now[0]
+    )
+    with caplog.at_level(logging.WARNING, logger="stocksentry.exporter.server"):
+        body = renderer.render(openmetrics=False)
+        now[0] = 59.0
+        renderer.render(openmetrics=False)
+        now[0] = 60.0
+        renderer.render(openmetrics=False)
+
+    assert body.count(b"# TYPE same_name_seconds histogram") == 1
+    assert renderer.errors() == {"first": 0, "second": 3, "broken": 3}
+    assert renderer.source_names == ("first", "second", "broken")
+    logged = [r.getMessage() for r in caplog.records]
+    # First failure of each, then nothing until a minute (of the injected clock) passed.
+    assert sum("second left out" in m for m in logged) == 2
+    assert sum("broken left out" in m for m in logged) == 2
+    assert any("repeats metric families ['same_name_seconds']" in m for m in logged)
+
+
+async def test_scrapes_share_one_render_and_health_stays_fast(
+    aiohttp_client: AiohttpClient,
+) -> None:
+    gate = Gate()
+    client = await aiohttp_client(create_app(settings(), collectors=[gate]))
+    scrapes = [asyncio.create_task(client.get("/metrics")) for _ in range(3)]
+    assert await asyncio.to_thread(gate.entered.wait, 30)
+
+    # The render is stuck in its thread; liveness is answered all the same.
+    health = await client.get("/healthz")
+    assert health.status == 200
+    assert all(not task.done() for task in scrapes)
+
+    gate.release.set()
+    responses = await asyncio.gather(*scrapes)
+    assert [r.status for r in responses] == [200, 200, 200]
+    assert gate.calls == 1
+
+
+# --- health, readiness, landing page -------------------------------------------------------
+
+
+async def test_health_readiness_and_landing(aiohttp_client: AiohttpClient) -> None:
+    seen_during_startup: list[bool] = []
+
+    async def background(app: web.Application) -> AsyncIterator[None]:
+        seen_during_startup.append(app[LIFECYCLE].ready)
+        yield
+
+    app = create_app(settings(metrics_path="/probe<x>"), background=[background])
+    client = await aiohttp_client(app)
+    assert seen_during_startup == [False]
+
+    health = await client.get("/healthz")
+    assert (health.status, await health.text()) == (200, "ok\n")
+    ready = await client.get("/readyz")
+    assert (ready.status, await ready.text()) == (200, "ready\n")
+
+    landing = await client.get("/")
+    assert landing.headers["Content-Type"].startswith("text/html")
+    page = await landing.text()
+    assert 'href="/probe&lt;x&gt;"' in page
+    assert 'href="/healthz"' in page
+
+    app[LIFECYCLE].stopping = True
+    stopping = await client.get("/readyz")
+    assert (stopping.status, await stopping.text()) == (503, "not ready: shutting down\n")
+    app[LIFECYCLE].stopping, app[LIFECYCLE].started = False, False
+    starting = await client.get("/readyz")
+    assert (starting.status, await starting.text()) == (503, "not ready: starting\n")
+
+
+def test_lifecycle_and_settings_validation() -> None:
+    assert not Lifecycle().ready
+    assert Lifecycle(started=True).ready
+    assert not Lifecycle(started=True, stopping=True).ready
+    for bad in ({"port": 70000}, {"metrics_path": "/healthz"}, {"metrics_path": "metrics"}):
+        with pytest.raises(ValueError, match=r"^(port|metrics_path) must"):
+            settings(**bad)
+    with pytest.raises(ValueError, match="drain_seconds"):
+        settings(drain_seconds=-1.0)
+
+
+def test_running_server_urls() -> None:
+    app = web.Application()
+    app[LIFECYCLE] = Lifecycle(started=True)
+    v6 = RunningServer(app, "https", (("::1", 9464),))
+    assert (v6.url, v6.port) == ("https://[::1]:9464/", 9464)
+    assert RunningServer(app, "http", (("127.0.0.1", 80),)).url == "http://127.0.0.1:80/"
+    v6.begin_shutdown()
+    assert not app[LIFECYCLE].ready
+
+
+# --- malformed requests --------------------------------------------------------------------
+
+
+async def _raw_request(port: int, request: bytes) -> bytes:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(request)
+    await writer.drain()
+    answer = await reader.read()
+    writer.close()
+    await writer.wait_closed()
+    return answer
+
+
+async def test_a_malformed_request_gets_400_and_one_quiet_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.DEBUG):
+        async with serving(settings()) as server:
+            answer = await _raw_request(
+                server.port, b"GET /metrics HTTP/1.1\r\nHost: x\r\nno colon here\r\n\r\n"
+            )
+            healthy = await _raw_request(
+                server.port, b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+            )
+    assert answer.split(b"\r\n", 1)[0].endswith(b" 400 Bad Request")
+    assert healthy.startswith(b"HTTP/1.1 200 ")
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert not [r for r in caplog.records if r.exc_info]
+    quiet = [r for r in caplog.records if "malformed request from 127.0.0.1" in r.getMessage()]
+    assert len(quiet) == 1
+    assert quiet[0].levelno == logging.INFO
+
+
+def test_client_error_log_rate_limits_and_keeps_real_errors(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    now = [100.0]
+    log = ClientErrorLog(logging.getLogger("test.quiet"), interval=60.0, clock=lambda: now[0])
+    with caplog.at_level(logging.DEBUG, logger="test.quiet"):
+        for at in (100.0, 130.0, 159.0, 160.0):
+            now[0] = at
+            log.exception(
+                "Error handling request from %s", "10.0.0.7", exc_info=BadHttpMessage("x")
+            )
+        try:
+            raise ZeroDivisionError("handler bug")
+        except ZeroDivisionError as exc:
+            log.exception("Error handling request from %s", "10.0.0.7", exc_info=exc)
+
+    messages = [(r.levelno, r.getMessage()) for r in caplog.records]
+    assert log.client_errors == 4
+    assert messages[0] == (logging.INFO, "malformed request from 10.0.0.7 answered 400: x")
+    assert messages[1] == (
+        logging.INFO,
+        "malformed request from 10.0.0.7 answered 400: x (2 more since the last line)",
+    )
+    # A handler's own bug is still an error, with its traceback.
+    assert messages[2] == (logging.ERROR, "Error handling request from 10.0.0.7")
+    assert caplog.records[2].exc_info is not None
+    assert len(messages) == 3
+
+
+# --- basic auth and TLS from a web config --------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def auth_config(tmp_path_factory: pytest.TempPathFactory) -> WebConfig:
+    hashed = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=4)).decode()
+    path = tmp_path_factory.mktemp("web") / "web.yml"
+    path.write_text(
+        "basic_auth_users:\n"
+        f"  prometheus: '{hashed}'\n"
+        "http_server_config:\n"
+        "  headers:\n"
+        "    X-Frame-Options: deny\n"
+    )
+    return load_web_config(path)
+
+
+def basic(user: str, password: str) -> dict[str, str]:
+    token = base64.b64encode(f"{user}:{password}".encode()).decode()
+    return {"Authorization": f"Basic {token}"}
+
+
+async def test_basic_auth_accepts_and_refuses(
+    aiohttp_client: AiohttpClient, auth_config: WebConfig
+) -> None:
+    app = create_app(settings(web_config=auth_config))
+    client = await aiohttp_client(app)
+
+    for path in ("/metrics", "/"):
+        missing = await client.get(path)
+        assert missing.status == 401
+        assert missing.headers["WWW-Authenticate"] == 'Basic realm="stocksentry"'
+    for headers in (
+        basic("prometheus", "wrong"),
+        basic("nobody", "s3cret"),
+        {"Authorization": "Bearer s3cret"},
+        {"Authorization": "Basic !!notbase64"},
+    ):
+        assert (await client.get("/metrics", headers=headers)).status == 401
+
+    good = await client.get("/metrics", headers=basic("prometheus", "s3cret"))
+    assert good.status == 200
+    assert good.headers["X-Frame-Options"] == "deny"
+    # The second good scrape is answered from the verified cache, without bcrypt.
+    checks = app[BASIC_AUTH].bcrypt_checks
+    assert (await client.get("/metrics", headers=basic("prometheus", "s3cret"))).status == 200
+    assert app[BASIC_AUTH].bcrypt_checks == checks
+
+    # Kubelet probes carry no credentials.
+    assert (await client.get("/healthz")).status == 200
+    assert (await client.get("/readyz")).status == 200
+
+
+async def test_no_web_config_means_no_auth(aiohttp_client: AiohttpClient) -> None:
+    app = create_app(settings())
+    assert not app[BASIC_AUTH].enabled
+    client = await aiohttp_client(app)
+    assert (await client.get("/metrics")).status == 200
+
+
+async def test_tls_from_the_web_config(tmp_path: Path) -> None:
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1")
+    cert.private_key_and_cert_chain_pem.write_to_path(tmp_path / "server.pem")
+    (tmp_path / "web.yml").write_text(
+        "tls_server_config:\n  cert_file: server.pem\n  key_file: server.pem\n"
+    )
+    web_config = load_web_config(tmp_path / "web.yml")
+    client_context = ssl.create_default_context()
+    ca.configure_trust(client_context)
+
+    async with serving(settings(web_config=web_config)) as server:
+        assert server.url.startswith("https://127.0.0.1:")
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(f"{server.url}healthz", ssl=client_context) as response,
+        ):
+            assert response.status == 200
+
+
+# --- run_server ----------------------------------------------------------------------------
+
+
+def test_run_server_stops_cleanly_on_sigterm(caplog: pytest.LogCaptureFixture) -> None:
+    events: list[str] = []
+
+    async def background(app: web.Application) -> AsyncIterator[None]:
+        events.append("started")
+        # The handler is installed before start-up: this SIGTERM ends in a clean stop.
+        asyncio.get_running_loop().call_soon(signal.raise_signal, signal.SIGTERM)
+        yield
+        events.append("cleaned up")
+
+    with caplog.at_level(logging.INFO, logger="stocksentry.exporter.server"):
+        run_server(settings(), background=[background])
+
+    assert events == ["started", "cleaned up"]
+    messages = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith("serving plain HTTP without TLS") for m in messages)
+    assert "received SIGTERM: shutting down" in messages
+    assert messages[-1] == "stocksentry exporter stopped"
+    # The handlers are removed again: SIGTERM is back to its default.
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
