@@ -42,6 +42,7 @@ from stocksentry.exporter.server import (
     MetricsRenderer,
     RunningServer,
     ServerSettings,
+    build_renderer,
     create_app,
     run_server,
     serving,
@@ -498,3 +499,32 @@ def test_run_server_stops_cleanly_on_sigterm(caplog: pytest.LogCaptureFixture) -
     assert messages[-1] == "stocksentry exporter stopped"
     # The handlers are removed again: SIGTERM is back to its default.
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+class Unencodable:
+    """A collector whose family cannot be written out (a value that is not a number)."""
+
+    name = "unencodable"
+
+    def collect(self) -> list[Metric]:
+        family = GaugeMetricFamily("bad_value", "Not a number.", labels=["x"])
+        family.add_metric(["a"], "many")  # type: ignore[arg-type]
+        return [family]
+
+
+def test_build_renderer_names_its_sources(tmp_path: Path) -> None:
+    renderer = build_renderer(
+        settings(multiprocess_dir=tmp_path),
+        [CollectorRegistry(), CollectorRegistry(), Unencodable()],
+    )
+    assert renderer.source_names == (
+        "multiprocess",
+        "CollectorRegistry",
+        "CollectorRegistry#2",
+        "unencodable",
+        "process",
+    )
+    families = list(parse_text(renderer.render(openmetrics=False).decode()))
+    assert value(families, "stocksentry_multiprocess_files") == 0
+    assert value(families, "stocksentry_collector_errors_total", collector="unencodable") == 1
+    assert value(families, "bad_value", x="a") is None
