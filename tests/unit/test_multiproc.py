@@ -307,3 +307,13 @@ def test_missing_directory_yields_only_health_series(tmp_path: Path) -> None:
         "stocksentry_multiprocess_files_skipped",
         "stocksentry_multiprocess_files",
     ]
+
+
+def test_special_files_are_refused_without_blocking(tmp_path: Path) -> None:
+    # A FIFO with no writer would block open() for ever, and the scrape with it.
+    os.mkfifo(tmp_path / "counter_7.db")
+    (tmp_path / "histogram_8.db").mkdir()
+    collector = MultiprocessDirCollector(tmp_path)
+
+    assert rows(collector.collect()) == []
+    assert collector.skipped == {"bad_name": 0, "corrupt": 0, "truncated": 0, "unreadable": 2}

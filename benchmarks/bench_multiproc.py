@@ -1,0 +1,335 @@
+"""Our multiprocess reader against prometheus_client's ``MultiProcessCollector``.
+
+Two questions, one directory. The directory: ``--workers`` (8) real worker processes with
+``PROMETHEUS_MULTIPROC_DIR`` set, each recording the catalog's app series through
+``StockMetrics`` for ``--skus`` (200) SKUs (reservation successes, conflicts of every
+reason, paid orders, refunds, negative writes, durations per outcome, lock waits and hold
+ratios) plus three gauges in the ``liveall`` (per SKU), ``livesum`` and ``mostrecent``
+modes. The workers stay alive while the timing runs, so ``check_pids`` has live pids to
+check, then exit.
+
+1. Speed: the median time per scrape over ``--repeats`` interleaved rounds of
+   ``merge`` (``list(collector.collect())``) and ``merge+text`` (the same through
+   ``generate_latest``), for ours with ``check_pids`` on and off and for
+   prometheus_client's collector (a fresh one per scrape, as a server builds it).
+   Before timing, the samples of ours (``check_pids=False``) and prometheus_client's are
+   compared; the run fails if they differ.
+2. Behaviour: copies of the directory with one defect each (a torn file, a garbage key,
+   a 0-byte file of a starting worker, a stray ``*.db`` name, a FIFO in place of a file,
+   dead workers whose ``live*`` gauges remain, OpenMetrics exemplars), and what each
+   reader makes of them. The FIFO case runs in a daemon thread with a timeout, since a
+   reader that opens it blocks.
+
+Run::
+
+    python benchmarks/bench_multiproc.py [--workers 8] [--skus 200] [--repeats 15]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import logging
+import os
+import shutil
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+import time
+from collections.abc import Callable, Iterable
+from functools import partial
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.openmetrics import exposition as openmetrics
+from prometheus_client.registry import Collector
+from stocksentry.exporter.multiproc import MultiprocessDirCollector
+
+# The OpenMetrics encoder is untyped in prometheus_client; this gives it a type once.
+generate_openmetrics: Callable[[Collector], bytes] = openmetrics.generate_latest
+
+WORKER = textwrap.dedent(
+    """
+    import sys
+    from prometheus_client import Gauge
+    from stocksentry.instrumentation.metrics import StockMetrics
+    from stocksentry.instrumentation import catalog
+
+    worker, skus = int(sys.argv[1]), int(sys.argv[2])
+    names = [f"SKU-{i:05d}" for i in range(skus)]
+    metrics = StockMetrics(promo_skus=names, max_skus=skus)
+    cache_age = Gauge("bench_cache_age_seconds", "Age.", ["sku"], multiprocess_mode="liveall")
+    inflight = Gauge("bench_inflight_reservations", "In flight.", multiprocess_mode="livesum")
+    last_sale = Gauge("bench_last_sale_timestamp", "Last.", multiprocess_mode="mostrecent")
+    for i, sku in enumerate(names):
+        n = 1 + (i + worker) % 7
+        for _ in range(n):
+            metrics.reservation_success(sku, "atomic")
+        reasons = catalog.CONFLICT_REASONS
+        metrics.reservation_conflict(sku, reasons[i % len(reasons)])
+        metrics.order_paid(sku, n)
+        if i % 17 == 0:
+            metrics.refund_due_to_oversell(sku)
+            metrics.inventory_negative(sku)
+        cache_age.labels(sku).set((i * 3 + worker) % 60)
+    for j, outcome in enumerate(catalog.OUTCOMES):
+        for k in range(20):
+            metrics.reservation_duration(outcome, ((j * 20 + k + worker) % 1000) / 1000)
+    for lock in ("stock", "order"):
+        metrics.lock_acquire_duration(lock, "acquired", 0.01 * (worker + 1))
+        metrics.lock_hold_ratio(lock, 0.1 * (worker % 10))
+    inflight.set(worker)
+    last_sale.set(1_700_000_000 + worker)
+    print("ready", flush=True)
+    sys.stdin.read()  # stay alive until the benchmark closes our stdin
+    """
+)
+
+
+class _Raw:
+    """prometheus_client's collector, built fresh per scrape as in its docs."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def collect(self) -> Iterable[Metric]:
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry, path=str(self.path))  # type: ignore[no-untyped-call]  # untyped upstream
+        return list(registry.collect())
+
+
+class _Listed:
+    """A collector over a list, for the encoders."""
+
+    def __init__(self, families: list[Metric]) -> None:
+        self.families = families
+
+    def collect(self) -> list[Metric]:
+        return self.families
+
+
+def start_workers(path: Path, workers: int, skus: int) -> list[subprocess.Popen[str]]:
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(path)}
+    procs = [
+        # Our own worker script, run by this interpreter.
+        subprocess.Popen(  # noqa: S603
+            [sys.executable, "-c", WORKER, str(n), str(skus)],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for n in range(workers)
+    ]
+    for proc in procs:
+        assert proc.stdout is not None
+        if proc.stdout.readline().strip() != "ready":
+            raise SystemExit(f"worker {proc.pid} failed: exit {proc.wait(timeout=60)}")
+    return procs
+
+
+def stop_workers(procs: list[subprocess.Popen[str]]) -> None:
+    for proc in procs:
+        assert proc.stdin is not None
+        proc.stdin.close()
+    codes = [proc.wait(timeout=60) for proc in procs]
+    if any(codes):
+        raise SystemExit(f"a worker failed: exit codes {codes}")
+
+
+def samples(collector: Collector, prefixes: tuple[str, ...]) -> set[tuple[object, ...]]:
+    return {
+        (s.name, tuple(sorted(s.labels.items())), s.value)
+        for family in collector.collect()
+        if family.name.startswith(prefixes)
+        for s in family.samples
+    }
+
+
+def merge_only(collector: Collector) -> list[Metric]:
+    return list(collector.collect())
+
+
+def timed(fn: Callable[[], object], results: dict[str, list[float]], key: str) -> None:
+    gc.collect()
+    start = time.perf_counter()
+    fn()
+    results.setdefault(key, []).append((time.perf_counter() - start) * 1000)
+
+
+def attempt(fn: Callable[[], object], timeout: float = 3.0) -> str:
+    """What ``fn`` did: 'ok: ...', 'raised ...' or 'hung'; in a daemon thread."""
+    outcome: list[str] = []
+
+    def run() -> None:
+        try:
+            value = fn()
+        except Exception as exc:  # what a reader does with bad input is the finding here
+            outcome.append(f"raised {type(exc).__name__}: {str(exc)[:60]}")
+        else:
+            outcome.append(f"ok: {value}")
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    return outcome[0] if outcome else f"hung (no answer after {timeout:.0f} s)"
+
+
+def summary(families: list[Metric]) -> str:
+    """Sample count, and the successes summed over SKUs (which must not change)."""
+    count = sum(len(f.samples) for f in families if f.name.startswith(("stock_", "bench_")))
+    successes = sum(
+        s.value for f in families for s in f.samples if s.name == "stock_reservation_success_total"
+    )
+    return f"{count} samples, successes {successes:.0f}"
+
+
+def behaviour(path: Path, scratch: Path) -> list[tuple[str, str, str]]:
+    """(case, ours, prometheus_client's) for each defect, on copies of ``path``."""
+    rows: list[tuple[str, str, str]] = []
+    files = sorted(p.name for p in path.glob("*.db"))
+    counter_file = next(name for name in files if name.startswith("counter_"))
+
+    def copy(case: str) -> Path:
+        target = scratch / case
+        shutil.copytree(path, target)
+        return target
+
+    def ours_summary(directory: Path) -> str:
+        collector = MultiprocessDirCollector(directory, check_pids=False)
+        families = list(collector.collect())
+        skipped = {k: v for k, v in collector.skipped.items() if v}
+        return f"{summary(families)}, skipped {skipped or 'none'}"
+
+    def raw_summary(directory: Path) -> str:
+        return summary(list(_Raw(directory).collect()))
+
+    def case(name: str, directory: Path) -> None:
+        rows.append(
+            (
+                name,
+                attempt(lambda: ours_summary(directory)),
+                attempt(lambda: raw_summary(directory)),
+            )
+        )
+
+    case("healthy directory", copy("healthy"))
+
+    torn = copy("torn")
+    data = (torn / counter_file).read_bytes()
+    (used,) = struct.unpack_from("i", data, 0)
+    (torn / counter_file).write_bytes(data[: used // 2])
+    case("torn file (cut at half its used bytes)", torn)
+
+    garbage = copy("garbage")
+    spoilt = bytearray((garbage / counter_file).read_bytes())
+    spoilt[12:20] = b"\xff\xfe{[\x00\x01\x02\x03"
+    (garbage / counter_file).write_bytes(bytes(spoilt))
+    case("garbage in one key", garbage)
+
+    empty = copy("empty")
+    (empty / "counter_999999.db").write_bytes(b"")
+    case("0-byte file of a starting worker", empty)
+
+    stray = copy("stray")
+    shutil.copy(stray / counter_file, stray / "backup.db")
+    case("stray file name (backup.db)", stray)
+
+    fifo = copy("fifo")
+    os.mkfifo(fifo / "counter_999998.db")
+    case("FIFO named like a counter file", fifo)
+
+    return rows
+
+
+def dead_pids(path: Path) -> tuple[str, str]:
+    """Series of the ``live*`` gauges once every worker is gone (no mark_process_dead)."""
+    prefixes = ("bench_cache_age", "bench_inflight")
+    ours = len(samples(MultiprocessDirCollector(path, check_pids=True), prefixes))
+    raw = len(samples(_Raw(path), prefixes))
+    return f"{ours} live* samples", f"{raw} live* samples"
+
+
+def exemplars(path: Path) -> tuple[str, str]:
+    """Whether OpenMetrics output from each reader carries any exemplar."""
+
+    def count(collector: Collector) -> str:
+        body = generate_openmetrics(_Listed(list(collector.collect()))).decode()
+        found = sum(1 for line in body.splitlines() if " # {" in line)
+        return f"{found} exemplars"
+
+    return count(MultiprocessDirCollector(path, check_pids=False)), count(_Raw(path))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--workers", type=int, default=8)
+    parser.add_argument("--skus", type=int, default=200)
+    parser.add_argument("--repeats", type=int, default=15)
+    args = parser.parse_args(argv)
+    # The defect cases make our reader warn about each bad file; the table says it.
+    logging.getLogger("stocksentry.exporter.multiproc").setLevel(logging.ERROR)
+
+    with tempfile.TemporaryDirectory(prefix="stocksentry-bench-mp-") as tmp:
+        path = Path(tmp) / "prom"
+        path.mkdir()
+        procs = start_workers(path, args.workers, args.skus)
+        try:
+            db_files = sorted(path.glob("*.db"))
+            print(
+                f"directory: {len(db_files)} files from {args.workers} workers x {args.skus} "
+                f"SKUs, {sum(p.stat().st_size for p in db_files) // 1024} KiB"
+            )
+            prefixes = ("stock_", "bench_")
+            ours_checked = MultiprocessDirCollector(path, check_pids=True)
+            ours_unchecked = MultiprocessDirCollector(path, check_pids=False)
+            raw = _Raw(path)
+            expected = samples(raw, prefixes)
+            if samples(ours_unchecked, prefixes) != expected or not expected:
+                print("INVALID: ours and prometheus_client's samples differ", file=sys.stderr)
+                return 1
+            if samples(ours_checked, prefixes) != expected:
+                print("INVALID: check_pids dropped series of live workers", file=sys.stderr)
+                return 1
+            readers: dict[str, Collector] = {
+                "ours check_pids": ours_checked,
+                "ours no check": ours_unchecked,
+                "prometheus_client": raw,
+            }
+            cases: dict[str, Callable[[], object]] = {}
+            for name, reader in readers.items():
+                cases[f"{name} merge"] = partial(merge_only, reader)
+                cases[f"{name} merge+text"] = partial(generate_latest, reader)
+            for fn in cases.values():
+                fn()  # warm-up: imports, page cache, our key cache
+            times: dict[str, list[float]] = {}
+            for round_ in range(args.repeats):
+                order = list(cases) if round_ % 2 == 0 else list(reversed(cases))
+                for key in order:
+                    timed(cases[key], times, key)
+            rows = behaviour(path, Path(tmp) / "cases")
+        finally:
+            stop_workers(procs)
+        dead = dead_pids(path)
+        seen = exemplars(path)
+
+    print(f"samples merged: {len(expected)}; rounds: {args.repeats}; median ms per scrape:")
+    for key, values in times.items():
+        print(f"  {key:<34} {statistics.median(values):7.1f}")
+    print("behaviour (ours | prometheus_client):")
+    for name, ours, theirs in rows:
+        print(f"  {name}:\n    ours: {ours}\n    prometheus_client: {theirs}")
+    print("  every worker gone, no mark_process_dead:")
+    print(f"    ours: {dead[0]}\n    prometheus_client: {dead[1]}")
+    print(f"  OpenMetrics exemplars:\n    ours: {seen[0]}\n    prometheus_client: {seen[1]}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,246 @@
+"""The multiprocess files: their names, their binary layout, and reading one safely.
+
+prometheus_client's ``mmap_dict`` writes each file as a 4-byte int "bytes used", 4 bytes
+of padding, then entries of [4-byte key length][UTF-8 JSON key, padded to 8-byte
+alignment][value: double][timestamp: double], in native byte order (writer and reader
+share a machine). :func:`read_entries` reads one file completely or raises
+:class:`SkipFile` with the reason; :func:`parse_key` validates one key;
+:func:`parse_name` splits ``<type>[_<mode>]_<pid>.db``. Internal to
+:mod:`stocksentry.exporter.multiproc`.
+
+Example::
+
+    >>> parse_name("gauge_livesum_12.db")
+    FileName(typ='gauge', mode='livesum', pid='12')
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import struct
+from dataclasses import dataclass
+from typing import Final, Literal
+
+from prometheus_client.metrics_core import Metric
+
+__all__ = [
+    "GAUGE_MODES",
+    "SKIP_REASONS",
+    "SUMMED_TYPES",
+    "Entries",
+    "FileName",
+    "Key",
+    "SkipFile",
+    "SkipReason",
+    "parse_key",
+    "parse_name",
+    "pid_alive",
+    "read_entries",
+]
+
+SkipReason = Literal["bad_name", "corrupt", "truncated", "unreadable"]
+#: Why a file was skipped: ``bad_name`` (``*.db`` not named ``<type>[_<mode>]_<pid>.db``),
+#: ``truncated`` (shorter than its own header says), ``corrupt`` (the content does not
+#: parse: bad lengths, invalid UTF-8 or JSON, a key of the wrong shape),
+#: ``unreadable`` (an ``OSError`` other than "not found", e.g. permissions, or not a
+#: regular file: a FIFO, a device, a directory named ``*.db``).
+SKIP_REASONS: Final[tuple[SkipReason, ...]] = ("bad_name", "corrupt", "truncated", "unreadable")
+
+#: The gauge multiprocess modes prometheus_client writes, one file per mode and pid.
+GAUGE_MODES: Final[frozenset[str]] = frozenset(
+    {
+        "all",
+        "liveall",
+        "min",
+        "livemin",
+        "max",
+        "livemax",
+        "sum",
+        "livesum",
+        "mostrecent",
+        "livemostrecent",
+    }
+)
+SUMMED_TYPES: Final[frozenset[str]] = frozenset({"counter", "histogram", "summary"})
+
+
+# The file layout, as prometheus_client's mmap_dict writes it (native byte order, since
+# writer and reader share a machine): a 4-byte int "bytes used", 4 bytes of padding, then
+# entries of [4-byte key length][UTF-8 key, padded to 8-byte alignment][value: double]
+# [timestamp: double].
+_INT: Final = struct.Struct("i")
+_TWO_DOUBLES: Final = struct.Struct("dd")
+_HEADER_SIZE: Final = 8
+# One read covers small files; the header says how much more to read.
+_FIRST_READ: Final = 64 * 1024
+
+
+class SkipFile(Exception):
+    """Raised by the reader when one file must be skipped; carries the reason."""
+
+    def __init__(self, reason: SkipReason, detail: str) -> None:
+        super().__init__(detail)
+        self.reason: SkipReason = reason
+        self.detail = detail
+
+
+@dataclass(frozen=True, slots=True)
+class Key:
+    """One parsed mmap key: which sample of which metric, with which labels."""
+
+    metric: str
+    sample: str
+    help: str
+    # The labels for the output Sample (shared across scrapes, never mutated).
+    labels_dict: dict[str, str]
+    # Histogram buckets only: the bound, and the labels without ``le``.
+    le: float | None
+    labels_without_le: tuple[tuple[str, str], ...]
+
+
+def parse_key(raw: bytes) -> Key:
+    """Parse and validate one key; raises ``SkipFile('corrupt')`` on anything odd."""
+    try:
+        decoded = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        # RecursionError: garbage such as "[[[[..." nested deeper than json can go.
+        raise SkipFile("corrupt", f"key is not UTF-8 JSON: {exc}") from None
+    if not (isinstance(decoded, list) and len(decoded) == 4):
+        raise SkipFile("corrupt", "key is not a 4-item JSON list")
+    metric, sample, labels, help_text = decoded
+    if not (
+        isinstance(metric, str)
+        and isinstance(sample, str)
+        and isinstance(help_text, str)
+        and isinstance(labels, dict)
+        and sample.startswith(metric)
+        and all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items())
+    ):
+        raise SkipFile("corrupt", "key has fields of the wrong type")
+    try:
+        # Metric() applies prometheus_client's own name validation; failing here (not
+        # while building the output) keeps a bad name confined to its file.
+        Metric(metric, help_text, "unknown")
+    except ValueError as exc:
+        raise SkipFile("corrupt", str(exc)) from None
+    label_items = tuple(sorted(labels.items()))
+    le: float | None = None
+    without_le = label_items
+    if sample.endswith("_bucket") and "le" in labels:
+        try:
+            le = float(labels["le"])
+        except ValueError:
+            raise SkipFile("corrupt", f"bucket bound {labels['le']!r} is not a number") from None
+        without_le = tuple(item for item in label_items if item[0] != "le")
+    return Key(metric, sample, help_text, dict(label_items), le, without_le)
+
+
+# (key bytes, value, timestamp) for every entry of one file.
+Entries = list[tuple[bytes, float, float]]
+
+
+def read_entries(path: str) -> Entries:
+    """Read every entry of one file, or raise ``SkipFile``; ``FileNotFoundError`` passes.
+
+    The file is read completely before anything is merged, so a file that turns out bad
+    halfway contributes nothing.
+    """
+    try:
+        # O_NONBLOCK: a FIFO (or another special file) dropped into the directory must not
+        # block the scrape in open(); it is refused below. No effect on regular files.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        with open(fd, "rb") as f:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise SkipFile("unreadable", "not a regular file")
+            size = info.st_size
+            if size == 0:
+                # Created by a starting worker, not sized yet.
+                return []
+            if size < _HEADER_SIZE:
+                raise SkipFile("truncated", f"{size} bytes, shorter than the header")
+            data = f.read(min(size, _FIRST_READ))
+            if len(data) < _HEADER_SIZE:
+                # Shrunk since the fstat: someone truncated it under us.
+                raise SkipFile("truncated", f"read {len(data)} bytes, shorter than the header")
+            (used,) = _INT.unpack_from(data, 0)
+            if used == 0:
+                # Sized but nothing written yet.
+                return []
+            if used < _HEADER_SIZE:
+                raise SkipFile("corrupt", f"header says {used} bytes used")
+            if used > size:
+                raise SkipFile("truncated", f"header says {used} bytes used, file has {size}")
+            if used > len(data):
+                data += f.read(used - len(data))
+                if len(data) < used:
+                    raise SkipFile("truncated", f"read {len(data)} of {used} bytes")
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise SkipFile("unreadable", f"{type(exc).__name__}: {exc}") from None
+
+    entries: Entries = []
+    append = entries.append
+    unpack_int = _INT.unpack_from
+    unpack_two = _TWO_DOUBLES.unpack_from
+    pos = _HEADER_SIZE
+    while pos < used:
+        # Every bound is checked before it is used: a garbage length must neither read
+        # past `used` nor move `pos` backwards (which would loop forever).
+        if pos + 4 > used:
+            raise SkipFile("corrupt", f"entry header at {pos} runs past {used}")
+        (length,) = unpack_int(data, pos)
+        if length <= 0:
+            raise SkipFile("corrupt", f"key length {length} at {pos}")
+        value_pos = pos + 4 + length + (8 - (length + 4) % 8)
+        end = value_pos + 16
+        if end > used:
+            raise SkipFile("corrupt", f"entry at {pos} runs past {used}")
+        value, timestamp = unpack_two(data, value_pos)
+        append((data[pos + 4 : pos + 4 + length], value, timestamp))
+        pos = end
+    return entries
+
+
+@dataclass(frozen=True, slots=True)
+class FileName:
+    typ: str
+    mode: str  # gauge mode, "" for other types
+    pid: str
+
+
+def parse_name(name: str) -> FileName | None:
+    """``counter_12.db`` -> (counter, "", 12); ``gauge_livesum_12.db`` -> (gauge, livesum, 12)."""
+    stem = name[:-3]
+    typ, _, rest = stem.partition("_")
+    if typ == "gauge":
+        mode, _, pid = rest.partition("_")
+        if mode not in GAUGE_MODES or not pid:
+            return None
+        return FileName(typ, mode, pid)
+    if typ in SUMMED_TYPES and rest:
+        return FileName(typ, "", rest)
+    return None
+
+
+def pid_alive(pid: str) -> bool:
+    """True unless ``pid`` is a number and no such process exists here."""
+    try:
+        number = int(pid)
+    except ValueError:
+        return True
+    if number <= 0:
+        # os.kill(0 or negative) addresses process groups, not one process.
+        return True
+    try:
+        os.kill(number, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    except OSError:
+        return True
+    return True

@@ -1,0 +1,286 @@
+"""The ``/metrics`` exposition: every source collected, encoded, with its errors counted.
+
+:class:`MetricsRenderer` collects the sources one by one and encodes them into one
+Prometheus text or OpenMetrics body; :func:`build_renderer` lines up the sources the
+server uses (the multiprocess directory, the collectors handed in, the process metrics).
+Generating the body is CPU work (and the multiprocess files are read there), so the
+server runs it in a thread; :class:`SharedRender` makes scrapes of one format that arrive
+together share one render, so a hung collector holds at most one thread per format.
+
+Example::
+
+    >>> from prometheus_client import CollectorRegistry, Counter
+    >>> registry = CollectorRegistry()
+    >>> Counter("demo", "Demo.", registry=registry).inc()
+    >>> b"demo_total 1.0" in MetricsRenderer([("demo", registry)]).render(openmetrics=False)
+    True
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Final, TypeVar
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.gc_collector import GCCollector
+from prometheus_client.metrics_core import CounterMetricFamily, Metric
+from prometheus_client.openmetrics import exposition as openmetrics
+from prometheus_client.platform_collector import PlatformCollector
+from prometheus_client.process_collector import ProcessCollector
+from prometheus_client.registry import Collector
+from stocksentry.instrumentation import catalog
+
+from ..multiproc import MultiprocessDirCollector
+from .settings import ServerSettings
+
+__all__ = ["COLLECTOR_ERRORS", "MetricsRenderer", "SharedRender", "build_renderer"]
+
+_log = logging.getLogger("stocksentry.exporter.server")
+
+#: Counter, label ``collector``: a collector left out of a scrape.
+COLLECTOR_ERRORS: Final = catalog.COLLECTOR_ERRORS
+
+# Errors of one collector are logged at most this often (they recur every scrape).
+_ERROR_LOG_INTERVAL_S: Final = 60.0
+_EOF: Final = b"# EOF\n"
+
+_T = TypeVar("_T")
+
+# The OpenMetrics encoder is untyped in prometheus_client; this gives it a type once.
+_encode_openmetrics_raw: Final[Callable[[Collector], bytes]] = openmetrics.generate_latest
+
+
+class _Families:
+    """A collector over a fixed list, the shape prometheus_client's encoders take."""
+
+    __slots__ = ("_families",)
+
+    def __init__(self, families: list[Metric]) -> None:
+        self._families = families
+
+    def collect(self) -> list[Metric]:
+        return self._families
+
+
+def _encode_text(families: list[Metric]) -> bytes:
+    return generate_latest(_Families(families))
+
+
+def _encode_openmetrics(families: list[Metric]) -> bytes:
+    # Each chunk is encoded on its own (so one bad family costs only its collector);
+    # the single "# EOF" goes at the very end.
+    return _encode_openmetrics_raw(_Families(families)).removesuffix(_EOF)
+
+
+def _collector_name(collector: Collector, taken: set[str]) -> str:
+    base = getattr(collector, "name", None)
+    if not isinstance(base, str) or not base:
+        base = type(collector).__name__
+    name, n = base, 1
+    while name in taken:
+        n += 1
+        name = f"{base}#{n}"
+    taken.add(name)
+    return name
+
+
+class MetricsRenderer:
+    """Collects every source and encodes one exposition; what ``/metrics`` runs in a thread.
+
+    Sources are tried one by one: a collector that raises in ``collect()``, whose output
+    cannot be encoded, or that repeats a family name an earlier source already exposed,
+    is left out of the scrape and counted in ``stocksentry_collector_errors_total``
+    (its first error and then one a minute, by ``clock``, are logged with the
+    traceback). The counter itself is always the last family.
+
+    A collector's label value is its ``name`` attribute when it has a string one, else
+    its class name (``#2``, ``#3``... for repeats); the built-in sources are
+    ``multiprocess`` and ``process``.
+
+    Thread-safe. Example::
+
+        >>> from prometheus_client import CollectorRegistry, Counter
+        >>> registry = CollectorRegistry()
+        >>> Counter("demo", "Demo.", registry=registry).inc()
+        >>> renderer = MetricsRenderer([("demo", registry)])
+        >>> b"demo_total 1.0" in renderer.render(openmetrics=False)
+        True
+    """
+
+    def __init__(
+        self,
+        sources: Sequence[tuple[str, Collector]],
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._sources = tuple(sources)
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._errors: dict[str, int] = {name: 0 for name, _ in self._sources}
+        self._last_logged: dict[str, float] = {}
+
+    @property
+    def source_names(self) -> tuple[str, ...]:
+        """The collector label values, in exposition order."""
+        return tuple(name for name, _ in self._sources)
+
+    def errors(self) -> dict[str, int]:
+        """A copy of the error counts per collector."""
+        with self._lock:
+            return dict(self._errors)
+
+    def render(self, *, openmetrics: bool) -> bytes:
+        """The exposition of every working source, in OpenMetrics or Prometheus text."""
+        encode = _encode_openmetrics if openmetrics else _encode_text
+        chunks: list[bytes] = []
+        seen: set[str] = set()
+        for name, collector in self._sources:
+            # Collectors are other people's code: whatever one raises costs only its own
+            # part of the scrape, and is counted and logged (with the traceback) below.
+            try:
+                families = list(collector.collect())
+            except Exception:
+                self._failed(name, "collect() raised")
+                continue
+            names = [family.name for family in families]
+            clash = seen.intersection(names)
+            if clash:
+                self._failed(name, f"repeats metric families {sorted(clash)}", trace=False)
+                continue
+            try:
+                chunk = encode(families)
+            except Exception:
+                self._failed(name, "its metrics could not be encoded")
+                continue
+            seen.update(names)
+            chunks.append(chunk)
+        chunks.append(encode([self._own_family()]))
+        if openmetrics:
+            chunks.append(_EOF)
+        return b"".join(chunks)
+
+    def _failed(self, name: str, what: str, *, trace: bool = True) -> None:
+        now = self._clock()
+        with self._lock:
+            self._errors[name] = self._errors.get(name, 0) + 1
+            last = self._last_logged.get(name)
+            log_it = last is None or now - last >= _ERROR_LOG_INTERVAL_S
+            if log_it:
+                self._last_logged[name] = now
+        if log_it:
+            _log.warning(
+                "collector %s left out of the scrape: %s (logged at most once a minute)",
+                name,
+                what,
+                exc_info=trace,
+            )
+
+    def _own_family(self) -> Metric:
+        family = CounterMetricFamily(
+            COLLECTOR_ERRORS.base_name,
+            COLLECTOR_ERRORS.help,
+            labels=list(COLLECTOR_ERRORS.labels),
+        )
+        for name, count in self.errors().items():
+            family.add_metric([name], float(count))
+        return family
+
+
+def _process_collector() -> Collector:
+    """The exporter's own process, platform and GC metrics, as the default registry has."""
+    registry = CollectorRegistry()
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    GCCollector(registry=registry)
+    return registry
+
+
+def build_renderer(
+    settings: ServerSettings, collectors: Sequence[Collector] = ()
+) -> MetricsRenderer:
+    """The renderer ``/metrics`` uses: multiprocess dir, then ``collectors``, then process.
+
+    Example::
+
+        renderer = build_renderer(ServerSettings("127.0.0.1", 0, multiprocess_dir=path))
+        body = renderer.render(openmetrics=False)
+    """
+    taken = {"multiprocess", "process"}
+    sources: list[tuple[str, Collector]] = []
+    if settings.multiprocess_dir is not None:
+        sources.append(
+            (
+                "multiprocess",
+                MultiprocessDirCollector(
+                    settings.multiprocess_dir, check_pids=settings.multiprocess_check_pids
+                ),
+            )
+        )
+    sources.extend((_collector_name(c, taken), c) for c in collectors)
+    sources.append(("process", _process_collector()))
+    return MetricsRenderer(sources)
+
+
+# --- threads -------------------------------------------------------------------------------
+
+
+def _in_daemon_thread(fn: Callable[[], _T]) -> asyncio.Future[_T]:
+    """Run ``fn`` in a new daemon thread; the future resolves on the calling loop.
+
+    Not the default executor: ``asyncio.run`` waits for its threads at exit, so a
+    collector stuck forever would turn a clean SIGTERM into a SIGKILL. A daemon thread is
+    abandoned instead. Threads are few: scrapes of one format share a render.
+    """
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[_T] = loop.create_future()
+
+    def succeed(result: _T) -> None:
+        if not future.done():
+            future.set_result(result)
+
+    def fail(error: BaseException) -> None:
+        if not future.done():
+            future.set_exception(error)
+
+    def run() -> None:
+        # RuntimeError from call_soon_threadsafe: the loop is closed, nobody waits.
+        try:
+            result = fn()
+        except BaseException as exc:
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(fail, exc)
+        else:
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(succeed, result)
+
+    threading.Thread(target=run, name="stocksentry-scrape", daemon=True).start()
+    return future
+
+
+class SharedRender:
+    """Single-flight renders: one thread per format at a time, shared by its waiters.
+
+    Example::
+
+        shared = SharedRender(renderer)
+        body = await shared.render(openmetrics=True)
+    """
+
+    def __init__(self, renderer: MetricsRenderer) -> None:
+        self._renderer = renderer
+        self._inflight: dict[bool, asyncio.Future[bytes]] = {}
+
+    async def render(self, *, openmetrics: bool) -> bytes:
+        """The body in the asked format; joins a render of that format already running."""
+        future = self._inflight.get(openmetrics)
+        if future is None:
+            future = _in_daemon_thread(lambda: self._renderer.render(openmetrics=openmetrics))
+            self._inflight[openmetrics] = future
+            future.add_done_callback(lambda _: self._inflight.pop(openmetrics, None))
+        # Shielded: a scrape that gives up must not cancel the render others wait for.
+        return await asyncio.shield(future)

@@ -1,0 +1,90 @@
+"""Where and how the exporter serves: :class:`ServerSettings`, and the app's life cycle.
+
+Example::
+
+    >>> ServerSettings(listen_address="127.0.0.1", port=0).metrics_path
+    '/metrics'
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+from ..webconfig import WebConfig
+
+__all__ = ["HEALTHZ_PATH", "READYZ_PATH", "Lifecycle", "ServerSettings"]
+
+#: Liveness: 200 while the process serves at all.
+HEALTHZ_PATH: Final = "/healthz"
+#: Readiness: 200 between the end of start-up and the start of shutdown.
+READYZ_PATH: Final = "/readyz"
+
+
+@dataclass(frozen=True, slots=True)
+class ServerSettings:
+    """Where and how the exporter serves.
+
+    Args:
+        listen_address: the address to bind (``0.0.0.0`` in a pod, so Prometheus can reach
+            the pod IP; ``127.0.0.1`` on a laptop).
+        port: the TCP port; 0 picks a free one (see ``RunningServer.port``).
+        multiprocess_dir: the app's ``PROMETHEUS_MULTIPROC_DIR``, or None.
+        web_config: TLS and basic auth, or None for plain HTTP (logged at start).
+        metrics_path: where the exposition is served.
+        multiprocess_check_pids: drop ``live*`` gauges of pids that ``os.kill(pid, 0)``
+            says are gone; set False when the exporter does not share the app's PID
+            namespace (see :mod:`stocksentry.exporter.multiproc`).
+        shutdown_timeout: seconds in-flight requests get to finish at shutdown.
+        drain_seconds: seconds between the stop signal and closing the listener, during
+            which ``/readyz`` already answers 503 (for load balancers that must notice).
+
+    Example::
+
+        >>> ServerSettings(listen_address="127.0.0.1", port=0).metrics_path
+        '/metrics'
+    """
+
+    listen_address: str
+    port: int
+    multiprocess_dir: Path | None = None
+    web_config: WebConfig | None = None
+    metrics_path: str = "/metrics"
+    multiprocess_check_pids: bool = True
+    shutdown_timeout: float = 10.0
+    drain_seconds: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be 0-65535, got {self.port}")
+        if not self.metrics_path.startswith("/") or self.metrics_path in (
+            "/",
+            HEALTHZ_PATH,
+            READYZ_PATH,
+        ):
+            raise ValueError(
+                f"metrics_path must start with '/' and not be /, {HEALTHZ_PATH} or "
+                f"{READYZ_PATH}, got {self.metrics_path!r}"
+            )
+        if not self.shutdown_timeout >= 0 or not self.drain_seconds >= 0:
+            raise ValueError("shutdown_timeout and drain_seconds must be >= 0")
+
+
+@dataclass(slots=True)
+class Lifecycle:
+    """Where the app is in its life; ``/readyz`` answers from it.
+
+    Example::
+
+        >>> Lifecycle(started=True).ready, Lifecycle(started=True, stopping=True).ready
+        (True, False)
+    """
+
+    started: bool = False
+    stopping: bool = False
+
+    @property
+    def ready(self) -> bool:
+        """True between the end of start-up and the start of shutdown."""
+        return self.started and not self.stopping
