@@ -5,7 +5,8 @@ the running pieces: the :class:`~stocksentry.exporter.probes.ProbeRunner` (backg
 database and Redis probes, a collector reading their last snapshot) and the aiohttp
 server (``/metrics`` merging the app's multiprocess directory, ``/healthz``,
 ``/readyz``). Bad input never ends in a traceback: a bad config or web config prints one
-line naming file, line and key and returns exit status 2.
+line naming file, line and key (``stocksentry check-config: error: config.yaml:12:
+probes.oversold.interval: …``) and returns exit status 2.
 
 Example::
 
@@ -19,10 +20,8 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
+from .commandline import ExitCode, report_error
 from .config import ConfigError, ExporterConfig, load_config
-
-EXIT_OK = 0
-EXIT_BAD_INPUT = 2
 
 LOGGER = logging.getLogger("stocksentry.exporter")
 
@@ -38,12 +37,11 @@ def check_config(path: str | Path, *, out: TextIO | None = None, err: TextIO | N
         config = load_config(path)
         _web_config(config)
     except (ConfigError, ValueError) as exc:
-        print(f"stocksentry: {exc}", file=err)
-        return EXIT_BAD_INPUT
+        return report_error("check-config", str(exc), err)
     print(f"{path}: ok", file=out)
     for line in describe(config):
         print(f"  {line}", file=out)
-    return EXIT_OK
+    return ExitCode.OK
 
 
 def describe(config: ExporterConfig) -> list[str]:
@@ -94,8 +92,7 @@ def run_exporter(
         config = load_config(path)
         web_config = _web_config(config, web_config_file)
     except (ConfigError, ValueError) as exc:
-        print(f"stocksentry: {exc}", file=err)
-        return EXIT_BAD_INPUT
+        return report_error("exporter", str(exc), err)
 
     # aiohttp and the probes' drivers load only now: check-config and --help stay light.
     from stocksentry.instrumentation.logs import configure_logging
@@ -119,10 +116,9 @@ def run_exporter(
     try:
         run_server(settings, collectors=[runner], background=[runner.cleanup_ctx])
     except OSError as exc:
-        print(
-            f"stocksentry: cannot listen on {server.listen_address}:{server.port}: "
-            f"{exc.strerror or exc}",
-            file=err,
+        return report_error(
+            "exporter",
+            f"cannot listen on {server.listen_address}:{server.port}: {exc.strerror or exc}",
+            err,
         )
-        return EXIT_BAD_INPUT
-    return EXIT_OK
+    return ExitCode.OK
