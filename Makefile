@@ -60,10 +60,12 @@ format: dev
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
 
-## bench: instrumented vs bare reservation on real PostgreSQL, medians over repeats
+## bench: instrumented vs bare reservation on real PostgreSQL, the scrape path, the
+## multiprocess merge against prometheus_client's and the probes; medians over repeats
 bench: dev services
 	$(PY) benchmarks/bench_reservation.py
 	$(PY) benchmarks/bench_exporter.py
+	$(PY) benchmarks/bench_multiproc.py
 	$(PY) benchmarks/bench_probes.py
 
 clean:

@@ -1,10 +1,23 @@
 """stocksentry's sidecar side and the ``stocksentry`` command line.
 
-``stocksentry.exporter.cli`` is the command line (``stocksentry`` or
-``python -m stocksentry.exporter``); ``stocksentry.exporter.lab`` is the flash-sale lab
-behind ``stocksentry demo``. This package imports nothing at import time: each module
-pulls in its own dependencies (SQLAlchemy, aiohttp) from the ``exporter`` extra, so
-importing the package stays cheap.
+One role per module or subpackage:
+
+- the sidecar: ``config`` (the declarative config model and its YAML loader),
+  ``webconfig`` (TLS and basic auth), ``server`` (``/metrics``, ``/healthz``,
+  ``/readyz``), ``multiproc`` (the app's multiprocess directory merged), ``probes``
+  (the read-only database and Redis probes), ``sidecar`` (config in, sidecar out);
+  its dependencies come from the ``exporter`` extra (Redis support from ``redis``, loaded
+  only when a ``redis:`` section is configured);
+- the command line: ``cli`` (the ``stocksentry`` dispatcher, ``python -m
+  stocksentry.exporter``), ``commandline`` (exit codes, the one error line, bounded
+  argument types), ``sidecar_cli`` (``exporter`` and ``check-config``);
+- ``lab``: the flash-sale lab behind ``stocksentry demo`` (the ``lab`` extra);
+- ``investigate``: ``stocksentry reconcile`` and ``stocksentry timeline`` (the
+  ``reconcile`` extra for the former);
+- shared definitions: ``durations`` (the one duration grammar), ``invariants`` (the one
+  builder of the invariant SQL), ``dburl`` (database URLs shown without their password).
+
+This package imports nothing at import time, so ``stocksentry --help`` stays cheap.
 
 Example::
 
