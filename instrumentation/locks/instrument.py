@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     import redis.lock
     from pottery import AIORedlock, Redlock
 
-    from ..api import Sentry
+    from ..sentry import Sentry
 
 
 @overload

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from .. import catalog
 
 if TYPE_CHECKING:
-    from ..api import Sentry
+    from ..sentry import Sentry
 
 LOCK_EXTEND_FAILURES = catalog.LOCK_EXTEND_FAILURES
 LOCK_ACQUIRE_RETRIES = catalog.LOCK_ACQUIRE_RETRIES

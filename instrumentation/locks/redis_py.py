@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     import redis.asyncio.lock
     import redis.lock  # noqa: F401
 
-    from ..api import Sentry
+    from ..sentry import Sentry
 
 # The wrapped library lock: redis-py Lock (sync or asyncio) or pottery Redlock/AIORedlock.
 _L = TypeVar("_L")

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     # Named only in the quoted base classes below (string annotations).
     from pottery import AIORedlock, Redlock  # noqa: F401
 
-    from ..api import Sentry
+    from ..sentry import Sentry
 
 # The wrapped library lock: redis-py Lock (sync or asyncio) or pottery Redlock/AIORedlock.
 _L = TypeVar("_L")

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Literal
 from .recorder import LockHold, LockRecorder, _as_bytes, _Attempts
 
 if TYPE_CHECKING:
-    from ..api import Sentry
+    from ..sentry import Sentry
 
 
 class LockNotAcquired(Exception):

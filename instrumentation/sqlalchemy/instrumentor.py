@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING
 import sqlalchemy
 from opentelemetry.trace import TracerProvider
 
-from ..api import Sentry, get_sentry
+from ..api import get_sentry
+from ..sentry import Sentry
 from .clauses import _Tables
 from .listeners import _Instrumentation
 from .model import DEFAULT_READ_WINDOW, SpanMode, StockTable

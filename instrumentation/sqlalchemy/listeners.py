@@ -11,7 +11,8 @@ import structlog
 from opentelemetry import trace as otel_trace
 from opentelemetry.trace import SpanKind, StatusCode, TracerProvider
 
-from ..api import Sentry, current_reservation
+from ..reservation import current_reservation
+from ..sentry import Sentry
 from ..tracing import TRACER_NAME, exemplar_for
 from .classifier import _classify_tokens
 from .clauses import _Tables
