@@ -10,6 +10,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace as otel_trace
 from opentelemetry.trace import Span, StatusCode
 
+from .events import PAYMENT_CALLBACK
 from .reservation import _detach
 from .tracing import link_from_carrier
 
@@ -91,7 +92,7 @@ class PaymentCallback:
             sentry.internal_error("metrics", err)
         if sentry.log_enabled:
             try:
-                sentry.logger.info("payment_callback", sku=self.sku, result=mark, **self.ids)
+                sentry.logger.info(PAYMENT_CALLBACK.name, sku=self.sku, result=mark, **self.ids)
             except Exception as err:
                 sentry.internal_error("logging", err)
         span = self._span

@@ -15,6 +15,7 @@ from opentelemetry.trace import Span, StatusCode
 
 from . import catalog
 from .catalog import ConflictReason, Outcome
+from .events import INVENTORY_NEGATIVE, RESERVATION_ERROR, STOCK_CHECK, STOCK_UPDATE
 from .outcomes import classify_exception
 from .tracing import carrier_for, exemplar_for
 
@@ -86,7 +87,7 @@ class Reservation:
         if sentry.log_enabled:
             try:
                 sentry.logger.info(
-                    "stock_check", sku=self.sku, strategy=self.strategy, available=available
+                    STOCK_CHECK.name, sku=self.sku, strategy=self.strategy, available=available
                 )
             except Exception as exc:
                 sentry.internal_error("logging", exc)
@@ -238,21 +239,21 @@ class Reservation:
                     fields["from"] = self._old_stock
                 if self._new_stock is not None:
                     fields["to"] = self._new_stock
-                log.info("stock_update", **fields)
+                log.info(STOCK_UPDATE.name, **fields)
                 if self._new_stock is not None and self._new_stock < 0:
                     log.warning(
-                        "inventory_negative", sku=self.sku, stock=self._new_stock, **self.ids
+                        INVENTORY_NEGATIVE.name, sku=self.sku, stock=self._new_stock, **self.ids
                     )
             elif outcome == "error":
                 log.info(
-                    "reservation_error",
+                    RESERVATION_ERROR.name,
                     sku=self.sku,
                     strategy=self.strategy,
                     error=type(exc).__name__ if exc is not None else "unknown",
                 )
             else:
                 log.info(
-                    "stock_update",
+                    STOCK_UPDATE.name,
                     sku=self.sku,
                     strategy=self.strategy,
                     qty=self.qty,

@@ -17,8 +17,9 @@ from opentelemetry.trace import TracerProvider
 from prometheus_client import CollectorRegistry
 from prometheus_client.registry import REGISTRY
 
-from . import catalog
+from . import catalog, events
 from .catalog import Outcome
+from .events import LogEvent
 from .metrics import StockMetrics
 from .payment import PaymentCallback
 from .reservation import Reservation
@@ -107,21 +108,24 @@ class Sentry:
                 self._error_last[component] = now
                 suppressed = self._error_suppressed.pop(component, 0)
             # stdlib logging, not structlog: the failure may be in the structlog chain itself.
+            # The catalogued fields ride along as extras: the JSON bridge of
+            # configure_logging() puts them in the line.
             _stdlib_log.warning(
                 "stocksentry instrumentation error in %s: %s: %s (%d similar suppressed)",
                 component,
                 type(exc).__name__,
                 exc,
                 suppressed,
+                extra={"component": component, "error": type(exc).__name__},
             )
         except Exception:  # noqa: S110 - logging failed too; the counter already has it
             pass
 
-    def _log(self, level: str, event: str, **fields: Any) -> None:
+    def _log(self, event: LogEvent, **fields: Any) -> None:
         if not self.log_enabled:
             return
         try:
-            getattr(self.logger, level)(event, **fields)
+            getattr(self.logger, event.level)(event.name, **fields)
         except Exception as exc:
             self.internal_error("logging", exc)
 
@@ -271,8 +275,7 @@ class Sentry:
         except Exception as exc:
             self.internal_error("metrics", exc)
         self._log(
-            "info",
-            "order_paid",
+            events.ORDER_PAID,
             sku=sku,
             **_ids(order_id=order_id, payment_reference=payment_reference),
         )
@@ -283,7 +286,7 @@ class Sentry:
             self.metrics.refund_due_to_oversell(sku)
         except Exception as exc:
             self.internal_error("metrics", exc)
-        self._log("warning", "refund_due_to_oversell", sku=sku, **_ids(order_id=order_id))
+        self._log(events.REFUND_DUE_TO_OVERSELL, sku=sku, **_ids(order_id=order_id))
 
     def record_negative_inventory(self, sku: str, *, stock: int) -> None:
         """Count one stock write that left ``sku`` at ``stock`` below zero."""
@@ -291,7 +294,7 @@ class Sentry:
             self.metrics.inventory_negative(sku)
         except Exception as exc:
             self.internal_error("metrics", exc)
-        self._log("warning", "inventory_negative", sku=sku, stock=stock)
+        self._log(events.INVENTORY_NEGATIVE, sku=sku, stock=stock)
 
     # --- idempotency and cache -------------------------------------------------------------
 
@@ -301,7 +304,7 @@ class Sentry:
             self.metrics.idempotency_replay(operation)
         except Exception as exc:
             self.internal_error("metrics", exc)
-        self._log("info", "idempotency_replay", operation=operation, **_ids(idempotency_key=key))
+        self._log(events.IDEMPOTENCY_REPLAY, operation=operation, **_ids(idempotency_key=key))
 
     def record_idempotency_conflict(self, operation: str, *, key: str | None = None) -> None:
         """Count one reuse of an idempotency key with a different payload."""
@@ -309,9 +312,7 @@ class Sentry:
             self.metrics.idempotency_conflict(operation)
         except Exception as exc:
             self.internal_error("metrics", exc)
-        self._log(
-            "warning", "idempotency_conflict", operation=operation, **_ids(idempotency_key=key)
-        )
+        self._log(events.IDEMPOTENCY_CONFLICT, operation=operation, **_ids(idempotency_key=key))
 
     def record_stale_cache_hit(
         self,
@@ -327,8 +328,7 @@ class Sentry:
         except Exception as exc:
             self.internal_error("metrics", exc)
         self._log(
-            "warning",
-            "cache_stale_hit",
+            events.CACHE_STALE_HIT,
             cache=cache,
             **_ids(sku=sku, cached=cached, actual=actual),
         )

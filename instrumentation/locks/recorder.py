@@ -13,7 +13,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .. import catalog
+from .. import catalog, events
+from ..events import LogEvent
 
 if TYPE_CHECKING:
     from ..sentry import Sentry
@@ -121,12 +122,12 @@ class LockRecorder:
         with contextlib.suppress(Exception):
             self.sentry.internal_error(_COMPONENT, exc)
 
-    def _log(self, level: str, event: str, **fields: Any) -> None:
+    def _log(self, event: LogEvent, **fields: Any) -> None:
         sentry = self.sentry
         if not sentry.log_enabled:
             return
         try:
-            getattr(sentry.logger, level)(event, lock=self.name, **fields)
+            getattr(sentry.logger, event.level)(event.name, lock=self.name, **fields)
         except Exception as exc:
             self._error(exc)
 
@@ -161,8 +162,7 @@ class LockRecorder:
         except Exception as exc:
             self._error(exc)
         self._log(
-            "info",
-            "lock_acquired",
+            events.LOCK_ACQUIRED,
             holder=holder,
             wait_ms=round((now - started) * 1000, 3),
             retries=retries,
@@ -185,15 +185,13 @@ class LockRecorder:
             self._error(err)
         if exc is None:
             self._log(
-                "info",
-                "lock_acquire_timeout",
+                events.LOCK_ACQUIRE_TIMEOUT,
                 wait_ms=round(waited * 1000, 3),
                 retries=retries,
             )
         else:
             self._log(
-                "warning",
-                "lock_acquire_error",
+                events.LOCK_ACQUIRE_ERROR,
                 wait_ms=round(waited * 1000, 3),
                 error=type(exc).__name__,
             )
@@ -210,8 +208,7 @@ class LockRecorder:
         except Exception as err:
             self._error(err)
         self._log(
-            "warning",
-            "lock_extend_failed",
+            events.LOCK_EXTEND_FAILED,
             holder=hold.holder if hold is not None else None,
             error=type(exc).__name__ if exc is not None else None,
         )
@@ -260,8 +257,7 @@ class LockRecorder:
         holder = hold.holder if hold is not None else None
         if expired:
             self._log(
-                "warning",
-                "lock_expired_while_held",
+                events.LOCK_EXPIRED_WHILE_HELD,
                 holder=holder,
                 held_s=None if held is None else round(held, 6),
                 ttl_s=None if lease is None else round(lease, 6),
@@ -279,7 +275,7 @@ class LockRecorder:
                 fields["reason"] = "not_held"
             elif not expired:
                 fields["reason"] = "lost_before_ttl"
-            self._log("warning", "lock_release_not_owned", **fields)
+            self._log(events.LOCK_RELEASE_NOT_OWNED, **fields)
 
 
 class _Attempts:

@@ -11,6 +11,7 @@ import structlog
 from opentelemetry import trace as otel_trace
 from opentelemetry.trace import SpanKind, StatusCode, TracerProvider
 
+from .. import events
 from ..reservation import current_reservation
 from ..sentry import Sentry
 from ..tracing import TRACER_NAME, exemplar_for
@@ -46,7 +47,13 @@ if TYPE_CHECKING:
 _T0 = "_stocksentry_t0"
 _SPAN = "_stocksentry_span"
 _STATE = "_stocksentry_state"
-_SQLSTATE_COUNTERS = {"40P01": "deadlock", "40001": "serialization_failure"}
+# The SQLSTATEs that refuse a statement for concurrency (deadlock, serialization failure,
+# lock timeout), and the line each one logs.
+_SQLSTATE_EVENTS = {
+    "40P01": events.DB_DEADLOCK,
+    "40001": events.DB_SERIALIZATION_FAILURE,
+    "55P03": events.DB_LOCK_TIMEOUT,
+}
 
 
 class _Instrumentation:
@@ -183,7 +190,8 @@ class _Instrumentation:
             state = _sqlstate(ctx.original_exception) or _sqlstate(ctx.sqlalchemy_exception)
             if plan is not None and plan.locking and context is not None:
                 self._lock_done(plan, context, state)
-            if state not in ("40P01", "40001", "55P03"):
+            event = _SQLSTATE_EVENTS.get(state) if state is not None else None
+            if event is None:
                 return
             table = plan.table if plan is not None else None
             if table is None and ctx.connection is not None:
@@ -197,10 +205,7 @@ class _Instrumentation:
             elif state == "40001":
                 self.metrics.db_serialization_failure(table)
             if self.sentry.log_enabled:
-                event = {"40P01": "db_deadlock", "40001": "db_serialization_failure"}.get(
-                    state, "db_lock_timeout"
-                )
-                self.sentry.logger.warning(event, table=table, sqlstate=state)
+                getattr(self.sentry.logger, event.level)(event.name, table=table, sqlstate=state)
         except Exception as exc:
             self.sentry.internal_error(_COMPONENT, exc)
 
@@ -372,7 +377,7 @@ class _Instrumentation:
         if self.sentry.log_enabled:
             code, function = _app_location()
             self.sentry.logger.warning(
-                "unsafe_read_modify_write",
+                events.UNSAFE_READ_MODIFY_WRITE.name,
                 table=table,
                 key_column=latest_key[1],
                 key=str(latest_key[2]),
@@ -396,7 +401,7 @@ class _Instrumentation:
         # line only, so a batch job's guarded updates do not count as checkout conflicts.
         if self.sentry.log_enabled:
             self.sentry.logger.debug(
-                "stock_update_matched_no_row",
+                events.STOCK_UPDATE_MATCHED_NO_ROW.name,
                 table=plan.table,
                 reason=reason,
                 key=str(keys[0][2]) if keys else None,
