@@ -49,6 +49,11 @@ class Sentry:
     ``log`` and ``trace`` switch the log lines and spans; ``tracer_provider`` defaults to the
     global OpenTelemetry one.
 
+    Log lines go to structlog only once the application configured it
+    (:func:`~stocksentry.instrumentation.logs.configure_logging` or its own
+    ``structlog.configure``), or to the ``logger`` given: a library must not print, and
+    structlog's unconfigured default prints every line to stdout.
+
     Example::
 
         sentry = Sentry(registry=CollectorRegistry(), promo_skus=["EGG-01"])
@@ -75,7 +80,8 @@ class Sentry:
             max_skus=max_skus,
             max_label_length=max_label_length,
         )
-        self.log_enabled = log
+        self._log_wanted = log
+        self._own_logger = logger is not None
         self.logger: Any = logger if logger is not None else structlog.get_logger("stocksentry")
         self.tracer = (
             otel_trace.get_tracer(TRACER_NAME, tracer_provider=tracer_provider) if trace else None
@@ -84,6 +90,16 @@ class Sentry:
         self._error_lock = threading.Lock()
         self._error_last: dict[str, float] = {}
         self._error_suppressed: dict[str, int] = {}
+
+    @property
+    def log_enabled(self) -> bool:
+        """Whether log lines are written now: ``log`` is on, and a ``logger`` was given or
+        structlog is configured (looked up at each line, so configuring later applies)."""
+        return self._log_wanted and (self._own_logger or structlog.is_configured())
+
+    @log_enabled.setter
+    def log_enabled(self, value: bool) -> None:
+        self._log_wanted = value
 
     def close(self) -> None:
         """Unregister this instance's metrics from its registry."""
