@@ -409,14 +409,15 @@ def test_an_apps_own_structlog_configuration_receives_the_lines(
 ) -> None:
     sentry = Sentry(registry=registry, trace=False)
     structlog.reset_defaults()
-    assert not sentry.log_enabled  # structlog's default would print to stdout
+    logging_on: list[bool] = [sentry.log_enabled]  # structlog's default would print to stdout
     try:
         with structlog.testing.capture_logs() as logs:
-            assert sentry.log_enabled
+            logging_on.append(sentry.log_enabled)
             with sentry.reservation("EGG-01") as r:
                 r.stock_check(available=3)
     finally:
         structlog.reset_defaults()
+    assert logging_on == [False, True]
     assert [line["event"] for line in logs] == ["stock_check", "stock_update"]
     sentry.log_enabled = False
     with structlog.testing.capture_logs() as logs:
