@@ -42,6 +42,7 @@ class Reservation:
         "_ctx_token",
         "_cv_token",
         "_implied",
+        "_log",
         "_log_tokens",
         "_new_stock",
         "_old_stock",
@@ -74,6 +75,9 @@ class Reservation:
         self._new_stock: int | None = None
         self._span: Span | None = None
         self._ctx_token: object | None = None
+        # Whether this reservation logs: read once, not per line (Sentry.log_enabled
+        # looks at structlog's configuration each time).
+        self._log = sentry.log_enabled
         self._log_tokens: Mapping[str, Token[Any]] | None = None
         self._cv_token: Token[Reservation | None] | None = None
         self._start = 0.0
@@ -84,7 +88,7 @@ class Reservation:
         """Record the stock the reservation saw before deciding (logs ``stock_check``)."""
         self._old_stock = available
         sentry = self._sentry
-        if sentry.log_enabled:
+        if self._log:
             try:
                 sentry.logger.info(
                     STOCK_CHECK.name, sku=self.sku, strategy=self.strategy, available=available
@@ -152,7 +156,7 @@ class Reservation:
                 )
                 self._span = span
                 self._ctx_token = otel_context.attach(otel_trace.set_span_in_context(span))
-            if sentry.log_enabled:
+            if self._log:
                 self._log_tokens = structlog.contextvars.bind_contextvars(sku=self.sku, **self.ids)
             self._cv_token = _current.set(self)
         except Exception as exc:
@@ -188,7 +192,7 @@ class Reservation:
             )
         except Exception as err:
             sentry.internal_error("metrics", err)
-        if sentry.log_enabled:
+        if self._log:
             self._log_end(outcome, exc)
         self._restore(outcome, exc)
 
