@@ -55,13 +55,15 @@ from .instrumentor import (
     is_instrumented,
     uninstrument_sqlalchemy,
 )
-from .model import DEFAULT_READ_WINDOW, SpanMode, StatementInfo, StockTable
+from .model import DEFAULT_READ_WINDOW, SpanMode, StatementInfo, StockTable, ValueRef, WriteKind
 
 __all__ = [
     "DEFAULT_READ_WINDOW",
     "SpanMode",
     "StatementInfo",
     "StockTable",
+    "ValueRef",
+    "WriteKind",
     "classify_statement",
     "instrument_sqlalchemy",
     "is_instrumented",
