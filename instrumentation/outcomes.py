@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from . import catalog
 from .catalog import ConflictReason, Outcome
 
@@ -32,6 +34,44 @@ class ReservationConflict(Exception):
         self.reason: ConflictReason = reason
 
 
+def driver_errors(exc: BaseException | None) -> Iterator[BaseException]:
+    """``exc`` and the errors it wraps, outermost first: SQLAlchemy's ``orig``, else the
+    ``__cause__`` (the asyncpg adapter's wrapping), at most four deep.
+
+    Example::
+
+        >>> wrapped = RuntimeError("outer")
+        >>> wrapped.__cause__ = ValueError("inner")
+        >>> [type(e).__name__ for e in driver_errors(wrapped)]
+        ['RuntimeError', 'ValueError']
+    """
+    depth = 0
+    while exc is not None and depth < 4:
+        yield exc
+        exc = getattr(exc, "orig", None) or exc.__cause__
+        depth += 1
+
+
+def sqlstate_of(exc: BaseException | None) -> str | None:
+    """The SQLSTATE of a driver error (``sqlstate``, or psycopg2's ``pgcode``), also
+    through SQLAlchemy's and the adapters' wrapping; ``None`` when there is none.
+
+    Example::
+
+        >>> class DriverError(Exception):
+        ...     sqlstate = "40P01"
+        >>> wrapped = RuntimeError("outer")
+        >>> wrapped.__cause__ = DriverError()
+        >>> sqlstate_of(wrapped)
+        '40P01'
+    """
+    for error in driver_errors(exc):
+        state = getattr(error, "sqlstate", None) or getattr(error, "pgcode", None)
+        if isinstance(state, str):
+            return state
+    return None
+
+
 def classify_exception(exc: BaseException) -> Outcome:
     """The outcome a reservation ended by ``exc`` gets.
 
@@ -42,14 +82,10 @@ def classify_exception(exc: BaseException) -> Outcome:
     """
     if isinstance(exc, ReservationConflict):
         return exc.reason if exc.reason in catalog.CONFLICT_REASONS else "error"
-    for candidate in (exc, getattr(exc, "orig", None), exc.__cause__):
-        if candidate is None:
-            continue
-        state = getattr(candidate, "sqlstate", None) or getattr(candidate, "pgcode", None)
-        if isinstance(state, str) and state in _SQLSTATE_REASONS:
-            return _SQLSTATE_REASONS[state]
-        if type(candidate).__name__ == "OperationalError" and "database is locked" in str(
-            candidate
-        ):
+    state = sqlstate_of(exc)
+    if state is not None and state in _SQLSTATE_REASONS:
+        return _SQLSTATE_REASONS[state]
+    for error in driver_errors(exc):
+        if type(error).__name__ == "OperationalError" and "database is locked" in str(error):
             return "lock_timeout"
     return "error"

@@ -12,6 +12,7 @@ from opentelemetry import trace as otel_trace
 from opentelemetry.trace import SpanKind, StatusCode, TracerProvider
 
 from .. import events
+from ..outcomes import sqlstate_of
 from ..reservation import current_reservation
 from ..sentry import Sentry
 from ..tracing import TRACER_NAME, exemplar_for
@@ -36,7 +37,6 @@ from .state import (
     _request_reads,
     _reservation_reads,
     _scope,
-    _sqlstate,
 )
 from .tokens import _tokenize
 
@@ -187,7 +187,7 @@ class _Instrumentation:
             statement = ctx.statement
             plan = self.plan(statement) if isinstance(statement, str) else None
             context = ctx.execution_context
-            state = _sqlstate(ctx.original_exception) or _sqlstate(ctx.sqlalchemy_exception)
+            state = sqlstate_of(ctx.original_exception) or sqlstate_of(ctx.sqlalchemy_exception)
             if plan is not None and plan.locking and context is not None:
                 self._lock_done(plan, context, state)
             event = _SQLSTATE_EVENTS.get(state) if state is not None else None

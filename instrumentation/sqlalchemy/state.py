@@ -1,4 +1,4 @@
-"""Run-time state of the detector: remembered reads, per-connection locks, scopes."""
+"""Run-time state of the detector: remembered reads, per-connection locks, scopes, keys."""
 
 from __future__ import annotations
 
@@ -130,15 +130,3 @@ def _normalise(value: object) -> object:
     if isinstance(value, bytes):
         return value[:_MAX_KEY_CHARS]
     return str(value)[:_MAX_KEY_CHARS]
-
-
-def _sqlstate(exc: BaseException | None) -> str | None:
-    """The SQLSTATE of a driver error, also through SQLAlchemy's and the adapters' wrapping."""
-    seen = 0
-    while exc is not None and seen < 4:
-        state = getattr(exc, "sqlstate", None) or getattr(exc, "pgcode", None)
-        if isinstance(state, str):
-            return state
-        exc = getattr(exc, "orig", None) or exc.__cause__
-        seen += 1
-    return None

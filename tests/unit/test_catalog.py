@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, get_args
 
 import pytest
+import structlog
 from prometheus_client import CollectorRegistry
 from stocksentry.instrumentation import Sentry, catalog, events
 from stocksentry.instrumentation.logs import CORRELATION_KEYS
@@ -203,10 +204,19 @@ def lock_scenarios(sentry: Sentry) -> None:
 
 def test_every_logged_event_is_catalogued_with_its_fields(tmp_path: Path) -> None:
     sentry = Sentry(registry=CollectorRegistry(), trace=False)
-    with capture_logs() as lines:
-        recording_api_scenarios(sentry)
-        sqlalchemy_scenarios(sentry, tmp_path / "shop.db")
-        lock_scenarios(sentry)
+    # capture_logs keeps the wrapper class: start from structlog's defaults, which let
+    # debug lines through, whatever level an earlier test configured.
+    saved, was_configured = structlog.get_config(), structlog.is_configured()
+    structlog.reset_defaults()
+    try:
+        with capture_logs() as lines:
+            recording_api_scenarios(sentry)
+            sqlalchemy_scenarios(sentry, tmp_path / "shop.db")
+            lock_scenarios(sentry)
+    finally:
+        structlog.configure(**saved)
+        if not was_configured:
+            structlog.reset_defaults()
     assert uncatalogued(lines) == []
     seen = {line["event"] for line in lines}
     # Every catalogued event is produced by some scenario, so a new one gets a check too.
