@@ -15,7 +15,7 @@ Example::
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 MetricKind = Literal["counter", "gauge", "histogram"]
 Source = Literal["app", "probe", "exporter"]
@@ -25,16 +25,20 @@ MultiprocessMode = Literal[
 ]
 
 #: Reasons a reservation did not succeed without an error (DESIGN: conflict reasons).
-CONFLICT_REASONS: tuple[str, ...] = (
+ConflictReason = Literal[
     "out_of_stock",
     "lost_race",
     "lock_timeout",
     "lock_not_acquired",
     "deadlock",
     "serialization_failure",
-)
+]
 #: Every outcome a reservation can end with; ``error`` is an exception from the app.
-OUTCOMES: tuple[str, ...] = ("success", *CONFLICT_REASONS, "error")
+Outcome = Literal["success", ConflictReason, "error"]
+# The tuples are read from the Literals (typing flattens the nested one), so the type the
+# recording API checks and the values the metrics, docs and rules use are one list.
+CONFLICT_REASONS: tuple[str, ...] = get_args(ConflictReason)
+OUTCOMES: tuple[str, ...] = get_args(Outcome)
 #: The outcomes of a distributed lock acquire (``stock_lock_acquire_duration_seconds``).
 LOCK_OUTCOMES: tuple[str, ...] = ("acquired", "timeout", "error")
 

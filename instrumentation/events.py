@@ -24,6 +24,9 @@ from typing import Final, Literal
 
 __all__ = [
     "CACHE_STALE_HIT",
+    "DB_DEADLOCK",
+    "DB_LOCK_TIMEOUT",
+    "DB_SERIALIZATION_FAILURE",
     "EVENTS",
     "IDEMPOTENCY_CONFLICT",
     "IDEMPOTENCY_REPLAY",
@@ -92,7 +95,7 @@ PAYMENT_CALLBACK: Final = LogEvent(
     "A payment callback ended; ``result`` is paid, replay, failed or error.",
 )
 ORDER_PAID: Final = LogEvent(
-    "order_paid", "info", ("sku",), "An order was paid (``record_order_paid``)."
+    "order_paid", "info", ("sku",), "An order was paid (``record_paid_order``)."
 )
 REFUND_DUE_TO_OVERSELL: Final = LogEvent(
     "refund_due_to_oversell", "warning", ("sku",), "A paid order was refunded: it was oversold."
@@ -116,41 +119,78 @@ CACHE_STALE_HIT: Final = LogEvent(
     "A decision was taken from a cached stock that the database contradicted.",
 )
 LOCK_ACQUIRED: Final = LogEvent(
-    "lock_acquired", "debug", ("lock", "wait_seconds", "ttl_seconds"), "A lock was acquired."
+    "lock_acquired",
+    "info",
+    ("lock", "holder", "wait_ms", "retries", "ttl_s"),
+    "A lock was acquired; ``holder`` is a short hash of the holder's token, never the token.",
 )
 LOCK_ACQUIRE_TIMEOUT: Final = LogEvent(
-    "lock_acquire_timeout", "info", ("lock", "wait_seconds"), "A lock was not acquired in time."
+    "lock_acquire_timeout",
+    "info",
+    ("lock", "wait_ms", "retries"),
+    "A lock was not acquired in time.",
 )
 LOCK_ACQUIRE_ERROR: Final = LogEvent(
-    "lock_acquire_error", "warning", ("lock", "error"), "Acquiring a lock raised."
+    "lock_acquire_error", "warning", ("lock", "wait_ms", "error"), "Acquiring a lock raised."
 )
 LOCK_EXTEND_FAILED: Final = LogEvent(
-    "lock_extend_failed", "warning", ("lock",), "Extending a held lock failed."
+    "lock_extend_failed", "warning", ("lock", "holder", "error"), "Extending a held lock failed."
 )
 LOCK_EXPIRED_WHILE_HELD: Final = LogEvent(
     "lock_expired_while_held",
     "warning",
-    ("lock", "held_seconds", "ttl_seconds"),
+    ("lock", "holder", "held_s", "ttl_s"),
     "The holder outlived its lease: another holder may have entered.",
 )
 LOCK_RELEASE_NOT_OWNED: Final = LogEvent(
     "lock_release_not_owned",
     "warning",
-    ("lock",),
-    "A release found the lock gone or held by another owner.",
+    ("lock", "holder", "current_holder", "deleted_other_holder", "reason"),
+    "A release found the lock gone or held by another owner (``current_holder``, hashed); "
+    "``reason`` is ``not_held`` or ``lost_before_ttl`` when the lease had not run out.",
 )
 UNSAFE_READ_MODIFY_WRITE: Final = LogEvent(
     "unsafe_read_modify_write",
     "warning",
-    ("table", "column", "location"),
+    (
+        "table",
+        "key_column",
+        "key",
+        "code",
+        "function",
+        "read_scope",
+        "read_age_s",
+        "read_locked",
+        "same_transaction",
+    ),
     "An unlocked read of a stock column followed by an UPDATE writing a value computed in "
-    "the app, for the same row; ``location`` is the app's file and line.",
+    "the app, for the same row; ``code`` is the app's file and line, ``function`` its "
+    "function.",
 )
 STOCK_UPDATE_MATCHED_NO_ROW: Final = LogEvent(
     "stock_update_matched_no_row",
-    "info",
-    ("table",),
-    "A conditional stock update matched no row: a conflict.",
+    "debug",
+    ("table", "reason", "key"),
+    "A conditional stock update matched no row outside a reservation (inside one, it is the "
+    "reservation's conflict).",
+)
+DB_DEADLOCK: Final = LogEvent(
+    "db_deadlock",
+    "warning",
+    ("table", "sqlstate"),
+    "The database aborted a statement as a deadlock (SQLSTATE 40P01).",
+)
+DB_SERIALIZATION_FAILURE: Final = LogEvent(
+    "db_serialization_failure",
+    "warning",
+    ("table", "sqlstate"),
+    "The database aborted a statement or COMMIT as a serialization failure (SQLSTATE 40001).",
+)
+DB_LOCK_TIMEOUT: Final = LogEvent(
+    "db_lock_timeout",
+    "warning",
+    ("table", "sqlstate"),
+    "A statement gave up waiting for a lock (SQLSTATE 55P03).",
 )
 INSTRUMENTATION_ERROR: Final = LogEvent(
     "stocksentry_instrumentation_error",
@@ -179,6 +219,9 @@ EVENTS: Final[tuple[LogEvent, ...]] = (
     LOCK_RELEASE_NOT_OWNED,
     UNSAFE_READ_MODIFY_WRITE,
     STOCK_UPDATE_MATCHED_NO_ROW,
+    DB_DEADLOCK,
+    DB_SERIALIZATION_FAILURE,
+    DB_LOCK_TIMEOUT,
     INSTRUMENTATION_ERROR,
 )
 _BY_NAME: Final = {event.name: event for event in EVENTS}

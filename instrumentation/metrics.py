@@ -234,7 +234,7 @@ class StockMetrics:
         """Count one decision taken on a stale cached stock value."""
         self._child_small(catalog.CACHE_STALE_HIT, "cache", cache).inc()
 
-    # --- distributed locks (recorded by instrumentation/locks.py) -------------------------
+    # --- distributed locks (recorded by instrumentation/locks/) ---------------------------
 
     def lock_acquire_duration(self, lock: str, outcome: str, seconds: float) -> None:
         """Observe the wait to acquire ``lock``; ``outcome`` is acquired, timeout or error."""
@@ -275,7 +275,7 @@ class StockMetrics:
         """Count one failure inside the instrumentation."""
         self._child_small(catalog.INSTRUMENTATION_ERRORS, "component", component).inc()
 
-    # --- database (recorded by instrumentation/sqlalchemy.py) -----------------------------
+    # --- database (recorded by instrumentation/sqlalchemy/) --------------------------------
 
     def db_lock_wait(
         self, table: str, seconds: float, exemplar: dict[str, str] | None = None

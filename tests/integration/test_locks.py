@@ -1,4 +1,4 @@
-"""Distributed-lock instrumentation against the real Redis: the seeds' failure, counted.
+"""Distributed-lock instrumentation against the real Redis: a lock expiring mid-work, counted.
 
 Every key lives under the test's ``redis_prefix`` (pottery adds its own ``redlock:``
 namespace in front, so those keys are deleted by the tests themselves). Times are short
@@ -29,7 +29,6 @@ from stocksentry.instrumentation.locks import (
     InstrumentedRedlock,
     LockNotAcquired,
     LockRecorder,
-    SetNxLock,
     TrackedLock,
     instrument_lock,
     token_hash,
@@ -73,14 +72,43 @@ def client() -> Iterator[redis.Redis]:
         c.close()
 
 
-# --- the seeds' lock: SET NX, naive DEL ---------------------------------------------------
+def naive_lock(
+    client: redis.Redis | redis.asyncio.Redis,
+    key: str,
+    *,
+    name: str,
+    ttl: float,
+    blocking_timeout: float | None = 0.0,
+    retry_delay: float = 0.05,
+    sentry: Sentry | None = None,
+) -> TrackedLock:
+    """A home-made ``SET key token NX PX ttl`` lock released by a plain ``DEL``, measured.
+
+    The release reads the key first (``owner``), then deletes whatever is there: the naive
+    lock that deletes another holder's key once its own lease ran out. With an asyncio
+    client the callables return coroutines, for ``async with``.
+    """
+    ms = max(1, round(ttl * 1000))
+    return track_lock(
+        name,
+        ttl=ttl,
+        acquire=lambda token: client.set(key, token, nx=True, px=ms),
+        release=lambda token: client.delete(key),
+        owner=lambda: client.get(key),
+        blocking_timeout=blocking_timeout,
+        retry_delay=retry_delay,
+        sentry=sentry,
+    )
+
+
+# --- a home-made lock: SET NX, naive DEL --------------------------------------------------
 
 
 def test_happy_path_acquire_hold_release(
     client: redis.Redis, redis_prefix: str, registry: CollectorRegistry, sentry: Sentry
 ) -> None:
     key = redis_prefix + "lock:product:8891"
-    with SetNxLock(client, key, name="checkout", ttl=1.0, sentry=sentry) as lock:
+    with naive_lock(client, key, name="checkout", ttl=1.0, sentry=sentry) as lock:
         assert client.get(key) == lock.token.encode()
         time.sleep(0.15)
     assert client.get(key) is None
@@ -106,12 +134,11 @@ def test_naive_del_deletes_the_second_holders_lock(
     seen_by_b: list[bytes | None] = []
 
     def holder_b() -> None:
-        lock = SetNxLock(
+        lock = naive_lock(
             client,
             key,
             name="checkout",
             ttl=5.0,
-            release="naive",
             blocking_timeout=3.0,
             retry_delay=0.01,
             sentry=sentry,
@@ -122,7 +149,7 @@ def test_naive_del_deletes_the_second_holders_lock(
             # B is still working: the key that guarded it is gone.
             seen_by_b.append(client.get(key))
 
-    lock_a = SetNxLock(client, key, name="checkout", ttl=0.2, release="naive", sentry=sentry)
+    lock_a = naive_lock(client, key, name="checkout", ttl=0.2, sentry=sentry)
     assert lock_a.acquire()
     b = threading.Thread(target=holder_b)
     b.start()
@@ -150,26 +177,12 @@ def test_naive_del_deletes_the_second_holders_lock(
     assert value(registry, f"{RATIO}_bucket", lock="checkout", le="5.0") == 2
 
 
-def test_owned_release_keeps_the_second_holders_lock(
-    client: redis.Redis, redis_prefix: str, registry: CollectorRegistry, sentry: Sentry
-) -> None:
-    key = redis_prefix + "lock:owned"
-    lock_a = SetNxLock(client, key, name="owned", ttl=0.1, release="owned", sentry=sentry)
-    assert lock_a.acquire()
-    time.sleep(0.2)
-    client.set(key, b"someone-else", px=5000)
-    assert lock_a.release() is False
-    assert client.get(key) == b"someone-else"
-    assert value(registry, EXPIRED, lock="owned") == 1
-    assert value(registry, NOT_OWNED, lock="owned") == 1
-
-
 def test_acquire_timeout_and_retries(
     client: redis.Redis, redis_prefix: str, registry: CollectorRegistry, sentry: Sentry
 ) -> None:
     key = redis_prefix + "lock:busy"
     client.set(key, b"held-by-another", px=5000)
-    lock = SetNxLock(
+    lock = naive_lock(
         client, key, name="busy", ttl=1, blocking_timeout=0.3, retry_delay=0.05, sentry=sentry
     )
     started = time.perf_counter()
@@ -180,18 +193,18 @@ def test_acquire_timeout_and_retries(
     assert acquires(registry, "busy", "timeout") == 1
     assert acquires(registry, "busy", "acquired") == 0
     assert value(registry, RETRIES, lock="busy") >= 3
-    # The seeds' single try: blocking_timeout=0 gives up at once, no retry.
-    single = SetNxLock(client, key, name="single", ttl=1, sentry=sentry)
+    # A naive lock's single try: blocking_timeout=0 gives up at once, no retry.
+    single = naive_lock(client, key, name="single", ttl=1, sentry=sentry)
     assert single.acquire() is False
     assert acquires(registry, "single", "timeout") == 1
     assert value(registry, RETRIES, lock="single") == 0
     assert client.get(key) == b"held-by-another"
 
 
-def test_generic_tracked_lock_with_the_seeds_code(
+def test_generic_tracked_lock_with_the_apps_own_calls(
     client: redis.Redis, redis_prefix: str, registry: CollectorRegistry, sentry: Sentry
 ) -> None:
-    """The seeds' own calls, unchanged, measured through callables."""
+    """A naive lock's own calls, unchanged, measured through callables."""
     key = redis_prefix + "lock:generic"
 
     def tracked() -> TrackedLock:
@@ -222,7 +235,7 @@ def test_app_exceptions_pass_through_and_the_lock_is_released(
     error = RuntimeError("pricing service down")
     with (
         pytest.raises(RuntimeError) as info,
-        SetNxLock(client, key, name="app", ttl=1, sentry=sentry),
+        naive_lock(client, key, name="app", ttl=1, sentry=sentry),
     ):
         raise error
     assert info.value is error
@@ -250,7 +263,7 @@ def test_instrumentation_failures_never_reach_the_app(
     monkeypatch.setattr(sentry.metrics, "lock_acquire_duration", boom)
     monkeypatch.setattr(sentry.metrics, "lock_hold_ratio", boom)
     key = redis_prefix + "lock:broken"
-    with SetNxLock(client, key, name="broken", ttl=1, sentry=sentry) as lock:
+    with naive_lock(client, key, name="broken", ttl=1, sentry=sentry) as lock:
         assert lock.hold is not None
     assert client.get(key) is None
     assert value(registry, ERRORS, component="locks") == 2
@@ -266,7 +279,7 @@ def test_logs_carry_lock_correlation_ids_and_only_a_token_hash(
         sentry = Sentry(registry=registry, trace=False)
         key = redis_prefix + "lock:logged"
         with bind_correlation(request_id="req-a", sku="SKU-8891"):
-            lock_a = SetNxLock(client, key, name="logged", ttl=0.1, release="naive", sentry=sentry)
+            lock_a = naive_lock(client, key, name="logged", ttl=0.1, sentry=sentry)
             assert lock_a.acquire()
             time.sleep(0.2)
             client.set(key, b"token-of-b", px=5000)
@@ -286,7 +299,6 @@ def test_logs_carry_lock_correlation_ids_and_only_a_token_hash(
     assert expired["ttl_s"] == pytest.approx(0.1)
     assert expired["held_s"] > 0.19
     assert not_owned["current_holder"] == token_hash(b"token-of-b")
-    assert not_owned["deleted_other_holder"] is True
     assert lock_a.token not in stream.getvalue()
     assert "token-of-b" not in stream.getvalue()
 
@@ -451,18 +463,15 @@ async def test_asyncio_redis_py_lock_and_naive_lock_in_tasks(
         assert value(registry, NOT_OWNED, lock="async") == 1
         assert acquires(registry, "async", "acquired") == 2
 
-        # The seeds' naive lock in tasks: A deletes B's key.
+        # A naive lock in tasks: A deletes B's key.
         naive_key = redis_prefix + "async-naive"
-        a = SetNxLock(
-            client, naive_key, name="async-naive", ttl=0.1, release="naive", sentry=sentry
-        )
+        a = naive_lock(client, naive_key, name="async-naive", ttl=0.1, sentry=sentry)
         assert await a.aacquire()
-        b = SetNxLock(
+        b = naive_lock(
             client,
             naive_key,
             name="async-naive",
             ttl=5,
-            release="naive",
             blocking_timeout=3,
             retry_delay=0.01,
             sentry=sentry,
@@ -614,7 +623,7 @@ async def test_asyncio_client_in_a_sync_with_is_a_clear_error(
 ) -> None:
     client = redis.asyncio.Redis.from_url(REDIS_URL)
     try:
-        lock = SetNxLock(client, redis_prefix + "mixed", name="mixed", ttl=1, sentry=sentry)
+        lock = naive_lock(client, redis_prefix + "mixed", name="mixed", ttl=1, sentry=sentry)
         with pytest.raises(TypeError, match="use async with"), lock:
             pytest.fail("entered")
         assert acquires(registry, "mixed", "error") == 1
@@ -629,7 +638,7 @@ def test_a_lock_wrapped_before_configure_records_into_the_configured_sentry(
     from stocksentry.instrumentation import configure, get_sentry
 
     before = get_sentry()
-    lock = SetNxLock(client, redis_prefix + "early", name="early", ttl=5)  # no sentry given
+    lock = naive_lock(client, redis_prefix + "early", name="early", ttl=5)  # no sentry given
     registry = CollectorRegistry()
     configured = configure(registry=registry, log=False, trace=False)
     try:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,8 +20,10 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from prometheus_client import CollectorRegistry
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
-from stocksentry.instrumentation import Sentry
+from stocksentry.instrumentation import Sentry, events
+from stocksentry.instrumentation.events import LogEvent
 from stocksentry.instrumentation.sqlalchemy import instrument_sqlalchemy, uninstrument_sqlalchemy
+from structlog.testing import capture_logs
 
 pytestmark = pytest.mark.integration
 
@@ -92,6 +94,14 @@ async def async_engine(pg_database: str, sentry: Sentry) -> Any:
     await engine.dispose()
 
 
+def logged(lines: list[MutableMapping[str, Any]], event: LogEvent) -> MutableMapping[str, Any]:
+    """The one line of ``event`` among ``lines`` (capture_logs), as the catalog says it."""
+    (line,) = [line for line in lines if line["event"] == event.name]
+    assert line["log_level"] == event.level
+    assert set(line) - {"event", "log_level"} == set(event.fields)
+    return line
+
+
 def stock(engine: sa.Engine, sku: str = "EGG-01") -> int:
     with engine.connect() as conn:
         return int(conn.execute(READ, {"sku": sku}).scalar_one())
@@ -149,10 +159,14 @@ def test_real_deadlock_counts_once_and_ends_the_reservation_as_deadlock(
         threading.Thread(target=buyer, args=("EGG-01", "EGG-02")),
         threading.Thread(target=buyer, args=("EGG-02", "EGG-01")),
     ]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    sentry.log_enabled = True
+    with capture_logs() as lines:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    line = logged(lines, events.DB_DEADLOCK)
+    assert (line["table"], line["sqlstate"]) == ("products", "40P01")
 
     assert len(errors) == 1
     assert "deadlock" in str(errors[0])
@@ -177,9 +191,12 @@ def reserve_after_a_concurrent_commit(engine: sa.Engine, sentry: Sentry) -> None
 def test_serialization_failure_at_repeatable_read(
     engine: sa.Engine, sentry: Sentry, registry: CollectorRegistry
 ) -> None:
-    with pytest.raises(sa.exc.OperationalError) as caught:
+    sentry.log_enabled = True
+    with capture_logs() as lines, pytest.raises(sa.exc.OperationalError) as caught:
         reserve_after_a_concurrent_commit(engine, sentry)
     assert getattr(caught.value.orig, "sqlstate", None) == "40001"
+    line = logged(lines, events.DB_SERIALIZATION_FAILURE)
+    assert (line["table"], line["sqlstate"]) == ("products", "40001")
     assert value(registry, "stock_db_serialization_failure_total", table="products") == 1
     assert value(registry, CONFLICT, sku="EGG-01", reason="serialization_failure") == 1
     assert value(registry, "stock_db_deadlock_total", table="products") == 0
@@ -194,11 +211,14 @@ def reserve_with_lock_timeout(engine: sa.Engine, sentry: Sentry) -> None:
 def test_lock_timeout_is_classified_and_its_wait_observed(
     engine: sa.Engine, sentry: Sentry, registry: CollectorRegistry
 ) -> None:
-    with engine.begin() as holder:
+    sentry.log_enabled = True
+    with engine.begin() as holder, capture_logs() as lines:
         holder.execute(FOR_UPDATE, EGG).all()
         with pytest.raises(sa.exc.OperationalError) as caught:
             reserve_with_lock_timeout(engine, sentry)
     assert getattr(caught.value.orig, "sqlstate", None) == "55P03"
+    line = logged(lines, events.DB_LOCK_TIMEOUT)
+    assert (line["table"], line["sqlstate"]) == ("products", "55P03")
     assert value(registry, CONFLICT, sku="EGG-01", reason="lock_timeout") == 1
     # Both statements observed: the holder's (no wait) and the one that timed out (~50 ms).
     assert value(registry, f"{LOCK_WAIT}_count", table="products") == 2

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import subprocess
+import sys
 
 import psycopg.errors
 import pytest
@@ -360,3 +363,63 @@ def test_a_failing_span_processor_leaves_no_context_behind(registry: CollectorRe
     assert (
         value(registry, "stock_reservation_success_total", sku="EGG-01", strategy="default") == 1
     )
+
+
+# A checkout that configured stocksentry's metrics but no logging: the library must not print.
+_UNCONFIGURED_CHECKOUT = """
+from stocksentry.instrumentation import configure, payment_callback, reservation
+
+configure()
+with reservation("EGG-01", strategy="atomic") as r:
+    r.stock_check(1)
+    r.success(old_stock=1, new_stock=-1)
+with reservation("EGG-01", strategy="atomic") as r:
+    r.conflict("out_of_stock")
+with payment_callback("EGG-01", order_id="o-1"):
+    pass
+"""
+
+
+def test_nothing_is_written_to_stdout_unless_logging_is_configured() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", _UNCONFIGURED_CHECKOUT], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == ""
+    assert done.stderr == ""
+    # The same checkout after configure_logging() writes its JSON lines, as documented.
+    configured = "from stocksentry.instrumentation.logs import configure_logging\n"
+    configured += "configure_logging()\n" + _UNCONFIGURED_CHECKOUT
+    done = subprocess.run(
+        [sys.executable, "-c", configured], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    events = [json.loads(line)["event"] for line in done.stdout.splitlines()]
+    assert events == [
+        "stock_check",
+        "stock_update",
+        "inventory_negative",
+        "stock_update",
+        "payment_callback",
+    ]
+
+
+def test_an_apps_own_structlog_configuration_receives_the_lines(
+    registry: CollectorRegistry,
+) -> None:
+    sentry = Sentry(registry=registry, trace=False)
+    structlog.reset_defaults()
+    logging_on: list[bool] = [sentry.log_enabled]  # structlog's default would print to stdout
+    try:
+        with structlog.testing.capture_logs() as logs:
+            logging_on.append(sentry.log_enabled)
+            with sentry.reservation("EGG-01") as r:
+                r.stock_check(available=3)
+    finally:
+        structlog.reset_defaults()
+    assert logging_on == [False, True]
+    assert [line["event"] for line in logs] == ["stock_check", "stock_update"]
+    sentry.log_enabled = False
+    with structlog.testing.capture_logs() as logs:
+        sentry.record_paid_order("EGG-01")
+    assert logs == []

@@ -1,14 +1,23 @@
-"""The catalog matches the design's metric list, and its generated docs are fresh."""
+"""The catalogs: metrics match the design's list and their docs are fresh; every log line
+the code writes is a catalogued event with catalogued fields."""
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
+import time
+from collections.abc import MutableMapping
 from pathlib import Path
+from typing import Any, get_args
 
+import pytest
+import structlog
 from prometheus_client import CollectorRegistry
-from stocksentry.instrumentation import catalog
+from stocksentry.instrumentation import Sentry, catalog, events
+from stocksentry.instrumentation.logs import CORRELATION_KEYS
 from stocksentry.instrumentation.metrics import StockMetrics
+from structlog.testing import capture_logs
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -44,3 +53,196 @@ def test_generated_docs_are_fresh() -> None:
         text=True,
     )
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+# --- the log event catalog against what the code logs ---------------------------------------
+
+# Keys any line may carry besides its event's own fields: the correlation ids (bound, or
+# passed along by the recording API), the trace ids, and what capture_logs itself adds.
+ALWAYS_ALLOWED = frozenset({*CORRELATION_KEYS, "trace_id", "span_id", "event", "log_level"})
+# Events no pure scenario here can produce: the database's own refusals (the PostgreSQL
+# tests check them) and the instrumentation error, a stdlib record (checked below).
+NOT_HERE = {
+    events.DB_DEADLOCK.name,
+    events.DB_SERIALIZATION_FAILURE.name,
+    events.DB_LOCK_TIMEOUT.name,
+    events.INSTRUMENTATION_ERROR.name,
+}
+
+
+def uncatalogued(lines: list[MutableMapping[str, Any]]) -> list[str]:
+    """What in ``lines`` (from capture_logs) the event catalog does not say."""
+    problems = []
+    for line in lines:
+        event = events.by_name(line["event"])
+        if event is None:
+            problems.append(f"{line['event']}: not in the catalog")
+            continue
+        if line["log_level"] != event.level:
+            problems.append(f"{event.name}: logged at {line['log_level']}, not {event.level}")
+        extra = set(line) - set(event.fields) - ALWAYS_ALLOWED
+        if extra:
+            problems.append(f"{event.name}: fields {sorted(extra)} not catalogued")
+    return problems
+
+
+def recording_api_scenarios(sentry: Sentry) -> None:
+    with sentry.reservation(
+        "EGG-01", strategy="unsafe", request_id="r-1", idempotency_key="k-1", order_id="o-1"
+    ) as r:
+        r.stock_check(available=1)
+        r.success(old_stock=1, new_stock=-1)
+    with sentry.reservation("EGG-01", strategy="atomic") as r:
+        r.conflict("out_of_stock")
+    with pytest.raises(RuntimeError), sentry.reservation("EGG-01"):
+        raise RuntimeError("pricing service down")
+    with sentry.payment_callback("EGG-01", order_id="o-1", payment_reference="p-1"):
+        pass
+    with sentry.payment_callback("EGG-01", order_id="o-1") as callback:
+        callback.replay()
+    with sentry.payment_callback("EGG-01", order_id="o-2") as callback:
+        callback.refund_due_to_oversell()
+    with sentry.payment_callback("EGG-01") as callback:
+        callback.failed()
+    sentry.record_paid_order("EGG-01", order_id="o-3", payment_reference="p-3")
+    sentry.record_refund_due_to_oversell("EGG-01", order_id="o-3")
+    sentry.record_negative_inventory("EGG-01", stock=-2)
+    sentry.record_idempotency_replay("checkout", key="k-1")
+    sentry.record_idempotency_conflict("checkout", key="k-1")
+    sentry.record_stale_cache_hit("redis", sku="EGG-01", cached=1, actual=0)
+
+
+def sqlalchemy_scenarios(sentry: Sentry, path: Path) -> None:
+    import sqlalchemy as sa
+    from stocksentry.instrumentation.sqlalchemy import instrument_sqlalchemy
+
+    engine = sa.create_engine(f"sqlite:///{path}")
+    with engine.begin() as conn:
+        conn.exec_driver_sql(
+            "CREATE TABLE products (id INTEGER PRIMARY KEY, sku TEXT UNIQUE NOT NULL,"
+            " available_stock INTEGER NOT NULL)"
+        )
+        conn.exec_driver_sql("INSERT INTO products VALUES (1, 'EGG-01', 1)")
+    instrument_sqlalchemy(engine, sentry=sentry)
+    try:
+        # A lost update: read in one transaction, a computed value written in another.
+        with sentry.reservation("EGG-01", strategy="unsafe"):
+            with engine.begin() as conn:
+                stock = conn.execute(
+                    sa.text("SELECT available_stock FROM products WHERE sku = :sku"),
+                    {"sku": "EGG-01"},
+                ).scalar_one()
+            with engine.begin() as conn:
+                conn.execute(
+                    sa.text("UPDATE products SET available_stock = :v WHERE sku = :sku"),
+                    {"v": stock - 1, "sku": "EGG-01"},
+                )
+        # A guarded update that matched no row, outside a reservation.
+        with engine.begin() as conn:
+            conn.execute(
+                sa.text(
+                    "UPDATE products SET available_stock = available_stock - 1"
+                    " WHERE sku = :sku AND available_stock >= 1"
+                ),
+                {"sku": "EGG-01"},
+            )
+    finally:
+        engine.dispose()
+
+
+def lock_scenarios(sentry: Sentry) -> None:
+    from stocksentry.instrumentation.locks import LockRecorder, track_lock
+
+    held: dict[str, str] = {}
+
+    def take(token: str) -> bool:
+        return held.setdefault("key", token) == token
+
+    def drop(token: str) -> None:
+        held.pop("key", None)
+
+    def lock(ttl: float, **kwargs: Any) -> Any:
+        return track_lock(
+            "checkout",
+            ttl=ttl,
+            acquire=take,
+            release=drop,
+            owner=lambda: held.get("key"),
+            sentry=sentry,
+            **kwargs,
+        )
+
+    with lock(5):  # acquired, released while ours
+        pass
+    first = lock(0.001)
+    assert first.acquire()
+    assert lock(5).acquire() is False  # timeout
+    time.sleep(0.01)
+    held["key"] = "another-holder"
+    assert first.release() is False  # expired while held, release not owned
+    second = lock(60, extend=lambda token, ttl: False)
+    held.clear()
+    assert second.acquire()
+    assert second.extend() is False  # extend failed
+    held["key"] = "another-holder"
+    assert second.release() is False  # not owned before its TTL: lost_before_ttl
+
+    def broken(token: str) -> bool:
+        raise ConnectionError("redis went away")
+
+    with pytest.raises(ConnectionError):
+        track_lock("checkout", ttl=1, acquire=broken, release=drop, sentry=sentry).acquire()
+    recorder = LockRecorder("checkout", sentry)
+    recorder.released(
+        None,
+        owned=False,
+        started=time.perf_counter(),
+        current_holder="x",
+        deleted_other_holder=True,
+    )
+
+
+def test_every_logged_event_is_catalogued_with_its_fields(tmp_path: Path) -> None:
+    sentry = Sentry(registry=CollectorRegistry(), trace=False)
+    # capture_logs keeps the wrapper class: start from structlog's defaults, which let
+    # debug lines through, whatever level an earlier test configured.
+    saved, was_configured = structlog.get_config(), structlog.is_configured()
+    structlog.reset_defaults()
+    try:
+        with capture_logs() as lines:
+            recording_api_scenarios(sentry)
+            sqlalchemy_scenarios(sentry, tmp_path / "shop.db")
+            lock_scenarios(sentry)
+    finally:
+        structlog.configure(**saved)
+        if not was_configured:
+            structlog.reset_defaults()
+    assert uncatalogued(lines) == []
+    seen = {line["event"] for line in lines}
+    # Every catalogued event is produced by some scenario, so a new one gets a check too.
+    assert seen == {event.name for event in events.EVENTS} - NOT_HERE
+
+
+def test_the_instrumentation_error_record_carries_its_catalogued_fields(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    sentry = Sentry(registry=CollectorRegistry(), log=False, trace=False)
+    with caplog.at_level(logging.WARNING, logger="stocksentry"):
+        sentry.internal_error("metrics", ValueError("broken"))
+    (record,) = caplog.records
+    event = events.INSTRUMENTATION_ERROR
+    assert record.levelname.lower() == event.level
+    assert {field: getattr(record, field) for field in event.fields} == {
+        "component": "metrics",
+        "error": "ValueError",
+    }
+
+
+def test_conflict_reasons_and_outcomes_are_one_list() -> None:
+    from stocksentry.instrumentation import api
+
+    assert api.ConflictReason is catalog.ConflictReason
+    assert api.Outcome is catalog.Outcome
+    assert get_args(catalog.ConflictReason) == catalog.CONFLICT_REASONS
+    assert get_args(catalog.Outcome) == ("success", *catalog.CONFLICT_REASONS, "error")
+    assert get_args(catalog.Outcome) == catalog.OUTCOMES

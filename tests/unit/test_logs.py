@@ -454,3 +454,22 @@ def test_default_secret_words_match_inside_longer_keys() -> None:
     assert event["headers"] == {"X-Api-Key": REDACTED, "Set-Cookie": REDACTED}
     assert event["idempotency_key"] == "key-1"  # correlation IDs stay readable
     assert event["sku"] == "EGG-01"
+
+
+def test_another_handlers_formatting_does_not_leak_into_the_json_line(
+    restore_logging: None,
+) -> None:
+    """A handler that formatted the record first leaves ``message``/``asctime`` on it."""
+    root = logging.getLogger()
+    plain = logging.StreamHandler(io.StringIO())
+    plain.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+    root.addHandler(plain)
+    try:
+        out = io.StringIO()
+        configure_logging("INFO", stream=out)
+        logging.getLogger("lib").warning("retry %d", 2, extra={"order_id": "o-1"})
+    finally:
+        root.removeHandler(plain)
+    (line,) = lines(out)
+    line.pop("timestamp")
+    assert line == {"event": "retry 2", "level": "warning", "logger": "lib", "order_id": "o-1"}

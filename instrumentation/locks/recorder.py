@@ -1,0 +1,323 @@
+"""The recorder every lock form uses: one named lock's events into a Sentry.
+
+:class:`LockRecorder` turns acquire, extend and release into the catalog's lock metrics
+and log lines; :class:`LockHold` is one acquisition. Nothing here imports a lock library.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import threading
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .. import catalog, events
+from ..events import LogEvent
+
+if TYPE_CHECKING:
+    from ..sentry import Sentry
+
+LOCK_EXTEND_FAILURES = catalog.LOCK_EXTEND_FAILURES
+LOCK_ACQUIRE_RETRIES = catalog.LOCK_ACQUIRE_RETRIES
+
+#: Holds kept per wrapper for locks the app never released (a bound against leaks).
+_MAX_OPEN_HOLDS = 1024
+_COMPONENT = "locks"
+# The wrapped library lock: redis-py Lock (sync or asyncio) or pottery Redlock/AIORedlock.
+
+
+def token_hash(token: str | bytes | None) -> str | None:
+    """A short, stable id of a holder token for logs (8 hex digits), never the token.
+
+    Example::
+
+        >>> token_hash("a-secret-token") == token_hash(b"a-secret-token")
+        True
+        >>> len(token_hash("a-secret-token"))
+        8
+        >>> token_hash(None) is None
+        True
+    """
+    if token is None:
+        return None
+    data = token.encode() if isinstance(token, str) else bytes(token)
+    return hashlib.blake2s(data, digest_size=4).hexdigest()
+
+
+def _as_bytes(value: object) -> bytes | None:
+    if value is None:
+        return None
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        return value.encode()
+    return str(value).encode()
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+# --- the recorder every form uses ----------------------------------------------------------
+
+
+@dataclass(slots=True)
+class LockHold:
+    """One acquisition of a lock: who holds it (hashed) and until when, by our clock.
+
+    ``acquired_at`` and ``deadline`` are :func:`time.perf_counter` values; ``deadline`` is
+    ``None`` for a lock without a TTL.
+    """
+
+    holder: str | None
+    acquired_at: float
+    deadline: float | None
+
+    @property
+    def lease(self) -> float | None:
+        """Seconds between acquisition and the current deadline (TTL plus extensions)."""
+        return None if self.deadline is None else self.deadline - self.acquired_at
+
+
+class LockRecorder:
+    """Records the events of one named lock into a :class:`~stocksentry.instrumentation.Sentry`.
+
+    The building block of every form in this module, public for locks none of them fits.
+    It keeps no per-hold state (that is the :class:`LockHold` it returns), so one recorder
+    serves any number of threads and tasks. No method raises.
+
+    Example::
+
+        recorder = LockRecorder("checkout", sentry)
+        started = time.perf_counter()
+        if my_lock.try_lock(token, ttl=5):
+            hold = recorder.acquired(started, token=token, ttl=5, attempt_started=started)
+            ...
+            releasing = time.perf_counter()  # before the release call
+            recorder.released(hold, owned=my_lock.unlock(token), started=releasing)
+        else:
+            recorder.not_acquired(started)
+    """
+
+    __slots__ = ("_sentry", "name")
+
+    def __init__(self, name: str, sentry: Sentry | None = None) -> None:
+        self.name = name
+        self._sentry = sentry
+
+    @property
+    def sentry(self) -> Sentry:
+        """The given Sentry, else the process-wide one looked up at each event, so a lock
+        wrapped before :func:`~stocksentry.instrumentation.configure` still records."""
+        if self._sentry is not None:
+            return self._sentry
+        from ..api import get_sentry
+
+        return get_sentry()
+
+    def _error(self, exc: BaseException) -> None:
+        # internal_error never raises; the suppress is belt and braces.
+        with contextlib.suppress(Exception):
+            self.sentry.internal_error(_COMPONENT, exc)
+
+    def _log(self, event: LogEvent, **fields: Any) -> None:
+        sentry = self.sentry
+        if not sentry.log_enabled:
+            return
+        try:
+            getattr(sentry.logger, event.level)(event.name, lock=self.name, **fields)
+        except Exception as exc:
+            self._error(exc)
+
+    def acquired(
+        self,
+        started: float,
+        *,
+        token: str | bytes | None,
+        ttl: float | None,
+        retries: int = 0,
+        attempt_started: float | None = None,
+    ) -> LockHold:
+        """Record a successful acquire that began at ``started``; returns the hold.
+
+        ``attempt_started`` is when the successful attempt was sent: the lease is counted
+        from there, never later than the server started the TTL, so a hold found past its
+        deadline really was past the TTL. Without it the lease starts now.
+        """
+        now = time.perf_counter()
+        holder = None
+        try:
+            holder = token_hash(token)
+        except Exception as exc:
+            self._error(exc)
+        base = now if attempt_started is None else attempt_started
+        hold = LockHold(holder, base, base + ttl if ttl else None)
+        try:
+            metrics = self.sentry.metrics
+            metrics.lock_acquire_duration(self.name, "acquired", now - started)
+            if retries:
+                metrics.lock_acquire_retries(self.name, retries)
+        except Exception as exc:
+            self._error(exc)
+        self._log(
+            events.LOCK_ACQUIRED,
+            holder=holder,
+            wait_ms=round((now - started) * 1000, 3),
+            retries=retries,
+            ttl_s=ttl,
+        )
+        return hold
+
+    def not_acquired(
+        self, started: float, *, retries: int = 0, exc: BaseException | None = None
+    ) -> None:
+        """Record an acquire that gave up (``exc is None``: timeout) or raised ``exc`` (error)."""
+        waited = time.perf_counter() - started
+        outcome = "timeout" if exc is None else "error"
+        try:
+            metrics = self.sentry.metrics
+            metrics.lock_acquire_duration(self.name, outcome, waited)
+            if retries:
+                metrics.lock_acquire_retries(self.name, retries)
+        except Exception as err:
+            self._error(err)
+        if exc is None:
+            self._log(
+                events.LOCK_ACQUIRE_TIMEOUT,
+                wait_ms=round(waited * 1000, 3),
+                retries=retries,
+            )
+        else:
+            self._log(
+                events.LOCK_ACQUIRE_ERROR,
+                wait_ms=round(waited * 1000, 3),
+                error=type(exc).__name__,
+            )
+
+    def extended(self, hold: LockHold | None, *, deadline: float | None) -> None:
+        """Record a successful extension: the hold's lease now ends at ``deadline``."""
+        if hold is not None and deadline is not None:
+            hold.deadline = deadline
+
+    def extend_failed(self, hold: LockHold | None, exc: BaseException | None = None) -> None:
+        """Record an extension the lock refused (lost, or out of extensions)."""
+        try:
+            self.sentry.metrics.lock_extend_failure(self.name)
+        except Exception as err:
+            self._error(err)
+        self._log(
+            events.LOCK_EXTEND_FAILED,
+            holder=hold.holder if hold is not None else None,
+            error=type(exc).__name__ if exc is not None else None,
+        )
+
+    def released(
+        self,
+        hold: LockHold | None,
+        *,
+        owned: bool | None,
+        started: float,
+        current_holder: str | bytes | None = None,
+        deleted_other_holder: bool | None = None,
+    ) -> None:
+        """Record a release that began at ``started`` (read the clock *before* releasing).
+
+        ``owned``: whether the key still held our token (``None``: not known). The hold
+        expired while held when ``started`` is past its deadline (the lease is counted from
+        before the server started the TTL, so this never fires early); a lock without a
+        known lease expires when it is found not owned. A hold not owned *before* its
+        deadline was lost another way (a naive ``DEL`` by someone else, an overwrite): it
+        counts as not owned only, logged with ``reason="lost_before_ttl"``.
+        ``current_holder`` is the token found under the key instead of ours (only its hash
+        is logged); ``deleted_other_holder`` says a naive release removed it.
+        """
+        expired = False
+        held: float | None = None
+        lease: float | None = None
+        try:
+            metrics = self.sentry.metrics
+            if hold is not None:
+                held = started - hold.acquired_at
+                lease = hold.lease
+                if lease is not None and lease > 0:
+                    metrics.lock_hold_ratio(self.name, held / lease)
+                    expired = held > lease
+                else:
+                    expired = owned is False
+            # Without a hold (nothing acquired through us) there is no expiry to tell, only
+            # that the lock was not ours.
+            if expired:
+                metrics.lock_expired_while_held(self.name)
+            if owned is False:
+                metrics.lock_release_not_owned(self.name)
+        except Exception as exc:
+            self._error(exc)
+        holder = hold.holder if hold is not None else None
+        if expired:
+            self._log(
+                events.LOCK_EXPIRED_WHILE_HELD,
+                holder=holder,
+                held_s=None if held is None else round(held, 6),
+                ttl_s=None if lease is None else round(lease, 6),
+            )
+        if owned is False:
+            fields: dict[str, Any] = {"holder": holder}
+            try:
+                if current_holder is not None:
+                    fields["current_holder"] = token_hash(current_holder)
+            except Exception as exc:
+                self._error(exc)
+            if deleted_other_holder is not None:
+                fields["deleted_other_holder"] = deleted_other_holder
+            if hold is None:
+                fields["reason"] = "not_held"
+            elif not expired:
+                fields["reason"] = "lost_before_ttl"
+            self._log(events.LOCK_RELEASE_NOT_OWNED, **fields)
+
+
+class _Attempts:
+    """The attempts of one acquire (readable after an exception too)."""
+
+    __slots__ = ("count", "last_started")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.last_started: float | None = None
+
+    def begin(self) -> None:
+        """Call just before each attempt."""
+        self.count += 1
+        self.last_started = time.perf_counter()
+
+    @property
+    def retries(self) -> int:
+        """Attempts after the first."""
+        return max(0, self.count - 1)
+
+
+class _Holds:
+    """Open holds of one wrapper, by token: redis-py keeps one token per thread."""
+
+    __slots__ = ("_holds", "_lock")
+
+    def __init__(self) -> None:
+        self._holds: dict[bytes | None, LockHold] = {}
+        self._lock = threading.Lock()
+
+    def put(self, token: bytes | None, hold: LockHold) -> None:
+        with self._lock:
+            if len(self._holds) >= _MAX_OPEN_HOLDS:
+                # Holds the app never released: drop the oldest rather than grow.
+                self._holds.pop(next(iter(self._holds)))
+            self._holds[token] = hold
+
+    def get(self, token: bytes | None) -> LockHold | None:
+        with self._lock:
+            return self._holds.get(token)
+
+    def pop(self, token: bytes | None) -> LockHold | None:
+        with self._lock:
+            return self._holds.pop(token, None)

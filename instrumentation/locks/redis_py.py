@@ -1,0 +1,370 @@
+"""Wrappers of redis-py's ``Lock`` (sync and asyncio), measured.
+
+redis itself is imported when a wrapper is built, from the lock the app made.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from .recorder import LockHold, LockRecorder, _as_bytes, _Attempts, _Holds, _text
+
+if TYPE_CHECKING:
+    # Named only in the quoted base classes below (string annotations).
+    import redis.asyncio.lock
+    import redis.lock  # noqa: F401
+
+    from ..sentry import Sentry
+
+# The wrapped library lock: redis-py Lock (sync or asyncio) or pottery Redlock/AIORedlock.
+_L = TypeVar("_L")
+
+
+class _RedisPyLockBase(Generic[_L]):
+    """What the sync and asyncio wrappers of redis-py's ``Lock`` share."""
+
+    def __init__(
+        self,
+        lock: _L,
+        *,
+        name: str | None = None,
+        sentry: Sentry | None = None,
+        count_retries: bool = True,
+    ) -> None:
+        from redis.exceptions import LockError, LockNotOwnedError
+
+        self.lock = lock
+        # The library lock is typed per subclass; its name attribute is read untyped here.
+        self.name = name if name is not None else _text(getattr(lock, "name", ""))
+        self.count_retries = count_retries
+        self.recorder = LockRecorder(self.name, sentry)
+        self._lock_error = LockError
+        self._not_owned_error = LockNotOwnedError
+        self._holds = _Holds()
+
+    def _token(self, lock: Any) -> bytes | None:
+        try:
+            return _as_bytes(lock.local.token)
+        except Exception as exc:
+            self.recorder._error(exc)
+            return None
+
+    def _record_acquire(
+        self, lock: Any, started: float, acquired: bool, attempts: _Attempts
+    ) -> None:
+        try:
+            if acquired:
+                token = self._token(lock)
+                hold = self.recorder.acquired(
+                    started,
+                    token=token,
+                    ttl=lock.timeout,
+                    retries=attempts.retries,
+                    attempt_started=attempts.last_started,
+                )
+                self._holds.put(token, hold)
+            else:
+                self.recorder.not_acquired(started, retries=attempts.retries)
+        except Exception as exc:
+            self.recorder._error(exc)
+
+    def _extend_deadline(
+        self, hold: LockHold | None, started: float, additional: float, replace: bool
+    ) -> float | None:
+        if replace:
+            return started + float(additional)
+        if hold is None or hold.deadline is None:
+            return None
+        return hold.deadline + float(additional)
+
+    def _release_failed(self, exc: BaseException, token: bytes | None, started: float) -> None:
+        """Count a release that raised ``exc`` (called before it propagates)."""
+        try:
+            if isinstance(exc, self._not_owned_error):
+                self.recorder.released(self._holds.pop(token), owned=False, started=started)
+            elif isinstance(exc, self._lock_error):
+                # No token: never acquired by this thread, or released twice.
+                self.recorder.released(None, owned=False, started=started)
+        except Exception as err:
+            self.recorder._error(err)
+
+
+class InstrumentedLock(_RedisPyLockBase["redis.lock.Lock"]):
+    """redis-py's ``redis.lock.Lock``, measured; same methods, arguments and exceptions.
+
+    ``name`` is the ``lock`` label (default: the lock's Redis key; pass a stable name when
+    the key carries an id). With ``count_retries`` (the default) a blocking ``acquire``
+    runs redis-py's own loop here (``acquire(blocking=False)`` every ``sleep`` seconds
+    until ``blocking_timeout``), so that each attempt after the first is counted; pass
+    ``count_retries=False`` to leave the loop to redis-py.
+
+    ``release()`` re-raises ``LockNotOwnedError`` after counting it, as redis-py does;
+    ``__exit__`` then follows the lock's ``raise_on_release_error``.
+
+    Example::
+
+        lock = InstrumentedLock(client.lock("lock:sku:EGG-01", timeout=5), name="checkout")
+        if lock.acquire(blocking_timeout=2):
+            try:
+                reserve()
+            finally:
+                lock.release()  # LockNotOwnedError if the 5 s ran out: counted, re-raised
+    """
+
+    def acquire(
+        self,
+        sleep: float | None = None,
+        blocking: bool | None = None,
+        blocking_timeout: float | None = None,
+        token: str | bytes | None = None,
+    ) -> bool:
+        """``Lock.acquire``, timed: outcome acquired, timeout (returned False) or error."""
+        lock = self.lock
+        started = time.perf_counter()
+        attempts = _Attempts()
+        try:
+            blocks = lock.blocking if blocking is None else blocking
+            if self.count_retries and blocks:
+                acquired = self._acquire_counting(sleep, blocking_timeout, token, attempts)
+            else:
+                if not blocks:
+                    attempts.begin()  # one attempt: the lease starts no later than now
+                acquired = bool(
+                    lock.acquire(
+                        sleep=sleep,
+                        blocking=blocking,
+                        blocking_timeout=blocking_timeout,
+                        token=token,  # type: ignore[arg-type]
+                    )
+                )
+        except Exception as exc:
+            self.recorder.not_acquired(started, retries=attempts.retries, exc=exc)
+            raise
+        self._record_acquire(lock, started, acquired, attempts)
+        return acquired
+
+    def _acquire_counting(
+        self,
+        sleep: float | None,
+        blocking_timeout: float | None,
+        token: str | bytes | None,
+        attempts: _Attempts,
+    ) -> bool:
+        # redis-py's blocking loop, one non-blocking attempt at a time.
+        lock = self.lock
+        pause = float(lock.sleep if sleep is None else sleep)
+        limit = lock.blocking_timeout if blocking_timeout is None else blocking_timeout
+        stop_at = None if limit is None else time.monotonic() + float(limit)
+        while True:
+            attempts.begin()
+            if lock.acquire(blocking=False, token=token):  # type: ignore[arg-type]
+                return True
+            if stop_at is not None and time.monotonic() + pause > stop_at:
+                return False
+            time.sleep(pause)
+
+    def release(self) -> None:
+        """``Lock.release``; a ``LockNotOwnedError`` is counted, then re-raised unchanged."""
+        started = time.perf_counter()
+        token = self._token(self.lock)
+        try:
+            self.lock.release()
+        except Exception as exc:
+            self._release_failed(exc, token, started)
+            raise
+        try:
+            self.recorder.released(self._holds.pop(token), owned=True, started=started)
+        except Exception as exc:
+            self.recorder._error(exc)
+
+    def extend(self, additional_time: float, replace_ttl: bool = False) -> bool:
+        """``Lock.extend``; a refusal (``LockError``) is counted, then re-raised."""
+        started = time.perf_counter()
+        hold = self._holds.get(self._token(self.lock))
+        try:
+            result = self.lock.extend(additional_time, replace_ttl)
+        except self._lock_error as exc:
+            self.recorder.extend_failed(hold, exc)
+            raise
+        self.recorder.extended(
+            hold, deadline=self._extend_deadline(hold, started, additional_time, replace_ttl)
+        )
+        return bool(result)
+
+    def reacquire(self) -> bool:
+        """``Lock.reacquire`` (the TTL starts again); a refusal is counted, then re-raised."""
+        started = time.perf_counter()
+        hold = self._holds.get(self._token(self.lock))
+        try:
+            result = self.lock.reacquire()
+        except self._lock_error as exc:
+            self.recorder.extend_failed(hold, exc)
+            raise
+        timeout = self.lock.timeout
+        self.recorder.extended(hold, deadline=started + float(timeout) if timeout else None)
+        return bool(result)
+
+    def locked(self) -> bool:
+        """``Lock.locked``: whether any holder has the key."""
+        return bool(self.lock.locked())
+
+    def owned(self) -> bool:
+        """``Lock.owned``: whether the key holds this thread's token."""
+        return bool(self.lock.owned())
+
+    def __getattr__(self, attribute: str) -> Any:
+        return getattr(self.lock, attribute)
+
+    def __enter__(self) -> InstrumentedLock:
+        if self.acquire():
+            return self
+        raise self._lock_error(
+            "Unable to acquire lock within the time specified", lock_name=self.lock.name
+        )
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            self.release()
+        except self._lock_error:
+            if getattr(self.lock, "raise_on_release_error", True):
+                raise
+            logging.getLogger("redis.lock").warning(
+                "Lock was unlocked or no longer owned when exiting context manager."
+            )
+
+
+class InstrumentedAsyncLock(_RedisPyLockBase["redis.asyncio.lock.Lock"]):
+    """redis-py's ``redis.asyncio.lock.Lock``, measured; the asyncio twin of
+    :class:`InstrumentedLock`, with the same rules.
+
+    Example::
+
+        lock = InstrumentedAsyncLock(client.lock("lock:sku:EGG-01", timeout=5), name="checkout")
+        async with lock:
+            await reserve()
+    """
+
+    async def acquire(
+        self,
+        blocking: bool | None = None,
+        blocking_timeout: float | None = None,
+        token: str | bytes | None = None,
+    ) -> bool:
+        """``Lock.acquire``, timed: outcome acquired, timeout (returned False) or error."""
+        lock = self.lock
+        started = time.perf_counter()
+        attempts = _Attempts()
+        try:
+            blocks = lock.blocking if blocking is None else blocking
+            if self.count_retries and blocks:
+                acquired = await self._acquire_counting(blocking_timeout, token, attempts)
+            else:
+                if not blocks:
+                    attempts.begin()  # one attempt: the lease starts no later than now
+                acquired = bool(
+                    await lock.acquire(
+                        blocking=blocking, blocking_timeout=blocking_timeout, token=token
+                    )
+                )
+        except Exception as exc:
+            self.recorder.not_acquired(started, retries=attempts.retries, exc=exc)
+            raise
+        self._record_acquire(lock, started, acquired, attempts)
+        return acquired
+
+    async def _acquire_counting(
+        self, blocking_timeout: float | None, token: str | bytes | None, attempts: _Attempts
+    ) -> bool:
+        lock = self.lock
+        pause = float(lock.sleep)
+        limit = lock.blocking_timeout if blocking_timeout is None else blocking_timeout
+        loop = asyncio.get_running_loop()
+        stop_at = None if limit is None else loop.time() + float(limit)
+        while True:
+            attempts.begin()
+            if await lock.acquire(blocking=False, token=token):
+                return True
+            if stop_at is not None and loop.time() + pause > stop_at:
+                return False
+            await asyncio.sleep(pause)
+
+    async def release(self) -> None:
+        """``Lock.release``; a ``LockNotOwnedError`` is counted, then re-raised unchanged."""
+        started = time.perf_counter()
+        token = self._token(self.lock)
+        try:
+            await self.lock.release()
+        except Exception as exc:
+            self._release_failed(exc, token, started)
+            raise
+        try:
+            self.recorder.released(self._holds.pop(token), owned=True, started=started)
+        except Exception as exc:
+            self.recorder._error(exc)
+
+    async def extend(self, additional_time: float, replace_ttl: bool = False) -> bool:
+        """``Lock.extend``; a refusal (``LockError``) is counted, then re-raised."""
+        started = time.perf_counter()
+        hold = self._holds.get(self._token(self.lock))
+        try:
+            result = await self.lock.extend(additional_time, replace_ttl)
+        except self._lock_error as exc:
+            self.recorder.extend_failed(hold, exc)
+            raise
+        self.recorder.extended(
+            hold, deadline=self._extend_deadline(hold, started, additional_time, replace_ttl)
+        )
+        return bool(result)
+
+    async def reacquire(self) -> bool:
+        """``Lock.reacquire`` (the TTL starts again); a refusal is counted, then re-raised."""
+        started = time.perf_counter()
+        hold = self._holds.get(self._token(self.lock))
+        try:
+            result = await self.lock.reacquire()
+        except self._lock_error as exc:
+            self.recorder.extend_failed(hold, exc)
+            raise
+        timeout = self.lock.timeout
+        self.recorder.extended(hold, deadline=started + float(timeout) if timeout else None)
+        return bool(result)
+
+    async def locked(self) -> bool:
+        """``Lock.locked``: whether any holder has the key."""
+        return bool(await self.lock.locked())
+
+    async def owned(self) -> bool:
+        """``Lock.owned``: whether the key holds this lock's token."""
+        return bool(await self.lock.owned())
+
+    def __getattr__(self, attribute: str) -> Any:
+        return getattr(self.lock, attribute)
+
+    async def __aenter__(self) -> InstrumentedAsyncLock:
+        if await self.acquire():
+            return self
+        raise self._lock_error("Unable to acquire lock within the time specified")
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            await self.release()
+        except self._lock_error:
+            if getattr(self.lock, "raise_on_release_error", True):
+                raise
+            logging.getLogger("redis.asyncio.lock").warning(
+                "Lock was unlocked or no longer owned when exiting context manager."
+            )

@@ -1,0 +1,310 @@
+"""Wrappers of pottery's ``Redlock`` and ``AIORedlock``, measured.
+
+pottery is imported when a wrapper is built, from the lock the app made.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
+
+from .recorder import LockHold, LockRecorder, _Attempts
+
+if TYPE_CHECKING:
+    # Named only in the quoted base classes below (string annotations).
+    from pottery import AIORedlock, Redlock  # noqa: F401
+
+    from ..sentry import Sentry
+
+# The wrapped library lock: redis-py Lock (sync or asyncio) or pottery Redlock/AIORedlock.
+_L = TypeVar("_L")
+
+
+class _RedlockBase(Generic[_L]):
+    """What the wrappers of pottery's ``Redlock`` and ``AIORedlock`` share.
+
+    A pottery lock holds one lease at a time (its token is an attribute of the object), so
+    the hold is one attribute here too.
+    """
+
+    def __init__(
+        self,
+        lock: _L,
+        *,
+        name: str | None = None,
+        sentry: Sentry | None = None,
+        count_retries: bool = True,
+        retry_delay: float | None = None,
+    ) -> None:
+        self.lock = lock
+        from pottery import (
+            ExtendUnlockedLock,
+            QuorumNotAchieved,
+            ReleaseUnlockedLock,
+            TooManyExtensions,
+        )
+
+        self.name = name if name is not None else str(getattr(lock, "key", ""))
+        self.count_retries = count_retries
+        self.retry_delay = retry_delay
+        self.recorder = LockRecorder(self.name, sentry)
+        self._hold: LockHold | None = None
+        self._release_unlocked = ReleaseUnlockedLock
+        self._extend_errors: tuple[type[BaseException], ...] = (
+            ExtendUnlockedLock,
+            TooManyExtensions,
+        )
+        self._quorum_not_achieved = QuorumNotAchieved
+
+    def _delay(self, lock: Any) -> float:
+        if self.retry_delay is not None:
+            return self.retry_delay
+        return float(getattr(lock, "_RETRY_DELAY", 0.2))
+
+    def _record_acquire(
+        self, lock: Any, started: float, acquired: bool, attempts: _Attempts
+    ) -> None:
+        try:
+            if acquired:
+                self._hold = self.recorder.acquired(
+                    started,
+                    # pottery keeps the token private; only its hash is logged.
+                    token=getattr(lock, "_uuid", None) or None,
+                    ttl=float(lock.auto_release_time),
+                    retries=attempts.retries,
+                    attempt_started=attempts.last_started,
+                )
+            else:
+                self.recorder.not_acquired(started, retries=attempts.retries)
+        except Exception as exc:
+            self.recorder._error(exc)
+
+    def _record_release(self, exc: BaseException | None, started: float) -> None:
+        hold, self._hold = self._hold, None
+        if exc is None:
+            self.recorder.released(hold, owned=True, started=started)
+        elif isinstance(exc, self._release_unlocked):
+            self.recorder.released(hold, owned=False, started=started)
+        # Anything else (QuorumIsImpossible, a connection error): the outcome is unknown.
+
+    def _record_extend(self, lock: Any, exc: BaseException | None, started: float) -> None:
+        if exc is None:
+            # pottery's extend sets the TTL back to auto_release_time from now.
+            self.recorder.extended(self._hold, deadline=started + float(lock.auto_release_time))
+        elif isinstance(exc, self._extend_errors):
+            self.recorder.extend_failed(self._hold, exc)
+
+
+class InstrumentedRedlock(_RedlockBase["Redlock"]):
+    """pottery's ``Redlock``, measured; same methods, arguments and exceptions.
+
+    The TTL is the lock's ``auto_release_time``. ``release()`` re-raises pottery's
+    ``ReleaseUnlockedLock`` (the lease ran out) after counting it as not owned and expired;
+    ``extend()`` re-raises ``ExtendUnlockedLock`` / ``TooManyExtensions`` after counting an
+    extension failure. With ``count_retries`` a blocking acquire runs pottery's loop here
+    (non-blocking attempts with a random pause of up to ``retry_delay``, pottery's own
+    0.2 s by default) so that retries are counted.
+
+    Example::
+
+        from pottery import Redlock
+
+        lock = InstrumentedRedlock(
+            Redlock(key="sku:EGG-01", masters={client}, auto_release_time=5),
+            name="checkout",
+        )
+        with lock:
+            reserve()
+    """
+
+    def acquire(
+        self,
+        *,
+        blocking: bool = True,
+        timeout: float = -1,
+        raise_on_redis_errors: bool | None = None,
+    ) -> bool:
+        """``Redlock.acquire``, timed: outcome acquired, timeout or error."""
+        lock = self.lock
+        started = time.perf_counter()
+        attempts = _Attempts()
+        try:
+            if blocking and self.count_retries:
+                acquired = self._acquire_counting(timeout, raise_on_redis_errors, attempts)
+            else:
+                if not blocking:
+                    attempts.begin()  # one attempt: the lease starts no later than now
+                acquired = lock.acquire(
+                    blocking=blocking,
+                    timeout=timeout,
+                    raise_on_redis_errors=raise_on_redis_errors,
+                )
+        except Exception as exc:
+            self.recorder.not_acquired(started, retries=attempts.retries, exc=exc)
+            raise
+        self._record_acquire(lock, started, acquired, attempts)
+        return acquired
+
+    def _acquire_counting(
+        self, timeout: float, raise_on_redis_errors: bool | None, attempts: _Attempts
+    ) -> bool:
+        # pottery's blocking loop, one non-blocking attempt at a time.
+        lock = self.lock
+        delay = self._delay(lock)
+        start = time.monotonic()
+        while timeout == -1 or time.monotonic() - start < timeout:
+            attempts.begin()
+            if lock.acquire(blocking=False, raise_on_redis_errors=raise_on_redis_errors):
+                return True
+            time.sleep(random.uniform(0, delay))  # noqa: S311 - jitter, not cryptography
+        return False
+
+    def release(self, *, raise_on_redis_errors: bool | None = None) -> None:
+        """``Redlock.release``; ``ReleaseUnlockedLock`` is counted, then re-raised."""
+        started = time.perf_counter()
+        try:
+            self.lock.release(raise_on_redis_errors=raise_on_redis_errors)
+        except Exception as exc:
+            self._record_release(exc, started)
+            raise
+        self._record_release(None, started)
+
+    def extend(self, *, raise_on_redis_errors: bool | None = None) -> None:
+        """``Redlock.extend``; a refusal is counted as an extension failure, then re-raised."""
+        started = time.perf_counter()
+        try:
+            self.lock.extend(raise_on_redis_errors=raise_on_redis_errors)
+        except Exception as exc:
+            self._record_extend(self.lock, exc, started)
+            raise
+        self._record_extend(self.lock, None, started)
+
+    def locked(self, *, raise_on_redis_errors: bool | None = None) -> float:
+        """``Redlock.locked``: seconds left on our lease, 0 when not held."""
+        return self.lock.locked(raise_on_redis_errors=raise_on_redis_errors)
+
+    def __getattr__(self, attribute: str) -> Any:
+        return getattr(self.lock, attribute)
+
+    def __enter__(self) -> InstrumentedRedlock:
+        lock = self.lock
+        if self.acquire(
+            blocking=lock.context_manager_blocking, timeout=lock.context_manager_timeout
+        ):
+            return self
+        raise self._quorum_not_achieved(lock.key, lock.masters)
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> Literal[False]:
+        self.release()
+        return False
+
+
+class InstrumentedAsyncRedlock(_RedlockBase["AIORedlock"]):
+    """pottery's ``AIORedlock``, measured; the asyncio twin of :class:`InstrumentedRedlock`.
+
+    Example::
+
+        from pottery import AIORedlock
+
+        lock = InstrumentedAsyncRedlock(
+            AIORedlock(key="sku:EGG-01", masters={async_client}, auto_release_time=5),
+            name="checkout",
+        )
+        async with lock:
+            await reserve()
+    """
+
+    async def acquire(
+        self,
+        *,
+        blocking: bool = True,
+        timeout: float = -1,  # noqa: ASYNC109 - AIORedlock.acquire's own signature
+        raise_on_redis_errors: bool | None = None,
+    ) -> bool:
+        """``AIORedlock.acquire``, timed: outcome acquired, timeout or error."""
+        lock = self.lock
+        started = time.perf_counter()
+        attempts = _Attempts()
+        try:
+            if blocking and self.count_retries:
+                acquired = await self._acquire_counting(timeout, raise_on_redis_errors, attempts)
+            else:
+                if not blocking:
+                    attempts.begin()  # one attempt: the lease starts no later than now
+                acquired = await lock.acquire(
+                    blocking=blocking,
+                    timeout=timeout,
+                    raise_on_redis_errors=raise_on_redis_errors,
+                )
+        except Exception as exc:
+            self.recorder.not_acquired(started, retries=attempts.retries, exc=exc)
+            raise
+        self._record_acquire(lock, started, acquired, attempts)
+        return acquired
+
+    async def _acquire_counting(
+        self,
+        timeout: float,  # noqa: ASYNC109 - AIORedlock.acquire's own argument
+        raise_on_redis_errors: bool | None,
+        attempts: _Attempts,
+    ) -> bool:
+        lock = self.lock
+        delay = self._delay(lock)
+        start = time.monotonic()
+        while timeout == -1 or time.monotonic() - start < timeout:
+            attempts.begin()
+            if await lock.acquire(blocking=False, raise_on_redis_errors=raise_on_redis_errors):
+                return True
+            await asyncio.sleep(random.uniform(0, delay))  # noqa: S311 - jitter
+        return False
+
+    async def release(self, *, raise_on_redis_errors: bool | None = None) -> None:
+        """``AIORedlock.release``; ``ReleaseUnlockedLock`` is counted, then re-raised."""
+        started = time.perf_counter()
+        try:
+            await self.lock.release(raise_on_redis_errors=raise_on_redis_errors)
+        except Exception as exc:
+            self._record_release(exc, started)
+            raise
+        self._record_release(None, started)
+
+    async def extend(self, *, raise_on_redis_errors: bool | None = None) -> None:
+        """``AIORedlock.extend``; a refusal is counted as an extension failure, then re-raised."""
+        started = time.perf_counter()
+        try:
+            await self.lock.extend(raise_on_redis_errors=raise_on_redis_errors)
+        except Exception as exc:
+            self._record_extend(self.lock, exc, started)
+            raise
+        self._record_extend(self.lock, None, started)
+
+    async def locked(self, *, raise_on_redis_errors: bool | None = None) -> float:
+        """``AIORedlock.locked``: seconds left on our lease, 0 when not held."""
+        return await self.lock.locked(raise_on_redis_errors=raise_on_redis_errors)
+
+    def __getattr__(self, attribute: str) -> Any:
+        return getattr(self.lock, attribute)
+
+    async def __aenter__(self) -> InstrumentedAsyncRedlock:
+        lock = self.lock
+        if await self.acquire(
+            blocking=lock.context_manager_blocking, timeout=lock.context_manager_timeout
+        ):
+            return self
+        raise self._quorum_not_achieved(lock.key, lock.masters)
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.release()

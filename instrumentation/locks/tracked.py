@@ -1,0 +1,367 @@
+"""Home-made locks, measured: :class:`TrackedLock` and :func:`track_lock`.
+
+A lock the app built itself (``SET NX`` then ``DEL``, a database advisory lock, anything
+given as callables) gets the same metrics and log lines as the library wrappers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import random
+import time
+import uuid
+from collections.abc import Callable
+from types import TracebackType
+from typing import TYPE_CHECKING, Literal
+
+from .recorder import LockHold, LockRecorder, _as_bytes, _Attempts
+
+if TYPE_CHECKING:
+    from ..sentry import Sentry
+
+
+class LockNotAcquired(Exception):
+    """A home-made lock (:class:`TrackedLock`) was not acquired in time.
+
+    Raised by ``with`` / ``async with`` only; ``acquire()`` returns ``False`` instead.
+
+    Example::
+
+        try:
+            with track_lock("checkout", ttl=5, acquire=try_lock, release=unlock):
+                reserve()
+        except LockNotAcquired:
+            answer_busy()
+    """
+
+    def __init__(self, name: str, waited: float) -> None:
+        super().__init__(f"lock {name!r} not acquired within {waited:.3f} s")
+        self.name = name
+
+
+def _sync_result(value: object) -> object:
+    # An asyncio client or coroutine callable in a sync ``with``: its coroutine would be
+    # truthy and never run. Set-up error, said plainly.
+    if inspect.isawaitable(value):
+        close = getattr(value, "close", None)
+        if close is not None:
+            close()
+        raise TypeError("this lock's client or callables are asyncio: use async with")
+    return value
+
+
+async def _resolve(value: object) -> object:
+    if inspect.isawaitable(value):
+        return await value
+    return value
+
+
+class TrackedLock:
+    """A home-made lock given as callables, measured: sync ``with`` and ``async with``.
+
+    ``acquire(token)`` tries once and returns something truthy when the lock was taken;
+    ``release(token)`` releases (its return value is ignored); ``owner()``, when given,
+    returns the token currently under the lock and is called just before ``release`` to
+    tell whether we still owned it (a read, then the release: not atomic; redis-py's
+    ``Lock`` through :func:`instrument_lock` is the owned, atomic form). ``extend(token,
+    ttl)``, optional, returns
+    something truthy when the lease was renewed for ``ttl`` seconds from now. In
+    ``async with`` the callables may be coroutine functions.
+
+    ``blocking_timeout``: 0 tries once (a naive lock's single try), ``None`` waits for ever, more
+    retries every ``retry_delay`` seconds with jitter (x0.5 to x1.5) until that many seconds
+    have passed. Not acquired in time: ``with`` raises :class:`LockNotAcquired`, and
+    :meth:`acquire` returns ``False``. An exception from a callable is the app's: counted as
+    an ``error`` outcome and passed through unchanged. One instance is one holder: make
+    one per use (cheap), do not share one between concurrent threads or tasks.
+
+    Example (a naive ``SET NX`` lock released by a plain ``DEL``, unchanged, measured)::
+
+        with track_lock(
+            "checkout",
+            ttl=5,
+            acquire=lambda token: r.set("lock:product:8891", token, nx=True, ex=5),
+            release=lambda token: r.delete("lock:product:8891"),
+            owner=lambda: r.get("lock:product:8891"),
+        ):
+            reserve()
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        ttl: float | None,
+        acquire: Callable[[str], object] | None = None,
+        release: Callable[[str], object] | None = None,
+        owner: Callable[[], object] | None = None,
+        extend: Callable[[str, float], object] | None = None,
+        token: str | None = None,
+        blocking_timeout: float | None = 0.0,
+        retry_delay: float = 0.05,
+        sentry: Sentry | None = None,
+    ) -> None:
+        if ttl is not None and ttl <= 0:
+            raise ValueError(f"ttl must be > 0 seconds, got {ttl}")
+        if retry_delay < 0:
+            raise ValueError(f"retry_delay must be >= 0, got {retry_delay}")
+        self.name = name
+        self.ttl = ttl
+        self.blocking_timeout = blocking_timeout
+        self.retry_delay = retry_delay
+        self.recorder = LockRecorder(name, sentry)
+        self._fixed_token = token
+        self.token: str = token or uuid.uuid4().hex
+        self.hold: LockHold | None = None
+        self._acquire_fn = acquire
+        self._release_fn = release
+        self._owner_fn = owner
+        self._extend_fn = extend
+
+    # --- what a subclass changes (one attempt, one release, one extension) -----------------
+
+    def _attempt(self) -> object:
+        if self._acquire_fn is None:
+            raise TypeError("TrackedLock needs an acquire callable")
+        return self._acquire_fn(self.token)
+
+    def _release_once(self) -> tuple[bool | None, object, bool | None]:
+        """Release; returns (owned, the token found under the lock, whether it was deleted)."""
+        current: object = None
+        owned: bool | None = None
+        if self._owner_fn is not None:
+            current = self._owner_fn()
+            owned = _as_bytes(current) == self.token.encode()
+        if self._release_fn is not None:
+            self._release_fn(self.token)
+        # Whether the release deleted the other holder's key depends on the callable.
+        return owned, current, None
+
+    def _extend_once(self, ttl: float) -> object:
+        if self._extend_fn is None:
+            raise TypeError("this lock has no extend callable")
+        return self._extend_fn(self.token, ttl)
+
+    async def _aattempt(self) -> object:
+        if self._acquire_fn is None:
+            raise TypeError("TrackedLock needs an acquire callable")
+        return await _resolve(self._acquire_fn(self.token))
+
+    async def _arelease_once(self) -> tuple[bool | None, object, bool | None]:
+        current: object = None
+        owned: bool | None = None
+        if self._owner_fn is not None:
+            current = await _resolve(self._owner_fn())
+            owned = _as_bytes(current) == self.token.encode()
+        if self._release_fn is not None:
+            await _resolve(self._release_fn(self.token))
+        return owned, current, None
+
+    async def _aextend_once(self, ttl: float) -> object:
+        if self._extend_fn is None:
+            raise TypeError("this lock has no extend callable")
+        return await _resolve(self._extend_fn(self.token, ttl))
+
+    # --- shared bookkeeping ----------------------------------------------------------------
+
+    def _new_token(self) -> None:
+        if self._fixed_token is None:
+            self.token = uuid.uuid4().hex
+
+    def _pause(self) -> float:
+        return self.retry_delay * random.uniform(0.5, 1.5)  # noqa: S311 - jitter
+
+    def _give_up_at(self) -> float | None:
+        timeout = self.blocking_timeout
+        return None if timeout is None else time.monotonic() + timeout
+
+    def _record_release(
+        self, started: float, verdict: tuple[bool | None, object, bool | None]
+    ) -> bool | None:
+        owned, current, deleted_other = verdict
+        hold, self.hold = self.hold, None
+        self.recorder.released(
+            hold,
+            owned=owned,
+            started=started,
+            current_holder=_as_bytes(current) if owned is False else None,
+            deleted_other_holder=deleted_other if owned is False else None,
+        )
+        return owned
+
+    def _record_extend(self, ok: object, ttl: float, started: float) -> bool:
+        if ok:
+            self.recorder.extended(self.hold, deadline=started + ttl)
+            return True
+        self.recorder.extend_failed(self.hold)
+        return False
+
+    # --- sync ------------------------------------------------------------------------------
+
+    def acquire(self) -> bool:
+        """Try (and retry until ``blocking_timeout``); ``True`` once held."""
+        started = time.perf_counter()
+        stop_at = self._give_up_at()
+        attempts = _Attempts()
+        self._new_token()
+        try:
+            while True:
+                attempts.begin()
+                if _sync_result(self._attempt()):
+                    break
+                pause = self._pause()
+                if stop_at is not None and time.monotonic() + pause > stop_at:
+                    self.recorder.not_acquired(started, retries=attempts.retries)
+                    return False
+                time.sleep(pause)
+        except Exception as exc:
+            self.recorder.not_acquired(started, retries=attempts.retries, exc=exc)
+            raise
+        self.hold = self.recorder.acquired(
+            started,
+            token=self.token,
+            ttl=self.ttl,
+            retries=attempts.retries,
+            attempt_started=attempts.last_started,
+        )
+        return True
+
+    def release(self) -> bool | None:
+        """Release; returns whether the lock was still ours (``None``: not known)."""
+        started = time.perf_counter()
+        try:
+            verdict = self._release_once()
+        except Exception:
+            self.hold = None
+            raise
+        return self._record_release(started, verdict)
+
+    def extend(self, ttl: float | None = None) -> bool:
+        """Renew the lease for ``ttl`` (default: the lock's TTL) seconds from now.
+
+        Returns ``False`` (and counts an extension failure) when the lock refused.
+        """
+        started = time.perf_counter()
+        seconds = ttl if ttl is not None else self.ttl
+        if seconds is None:
+            raise ValueError("extend needs a ttl: this lock has none")
+        return self._record_extend(_sync_result(self._extend_once(seconds)), seconds, started)
+
+    def __enter__(self) -> TrackedLock:
+        started = time.perf_counter()
+        if not self.acquire():
+            raise LockNotAcquired(self.name, time.perf_counter() - started)
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> Literal[False]:
+        self.release()
+        return False
+
+    # --- asyncio ---------------------------------------------------------------------------
+
+    async def aacquire(self) -> bool:
+        """The asyncio form of :meth:`acquire`."""
+        started = time.perf_counter()
+        stop_at = self._give_up_at()
+        attempts = _Attempts()
+        self._new_token()
+        try:
+            while True:
+                attempts.begin()
+                if await self._aattempt():
+                    break
+                pause = self._pause()
+                if stop_at is not None and time.monotonic() + pause > stop_at:
+                    self.recorder.not_acquired(started, retries=attempts.retries)
+                    return False
+                await asyncio.sleep(pause)
+        except Exception as exc:
+            self.recorder.not_acquired(started, retries=attempts.retries, exc=exc)
+            raise
+        self.hold = self.recorder.acquired(
+            started,
+            token=self.token,
+            ttl=self.ttl,
+            retries=attempts.retries,
+            attempt_started=attempts.last_started,
+        )
+        return True
+
+    async def arelease(self) -> bool | None:
+        """The asyncio form of :meth:`release`."""
+        started = time.perf_counter()
+        try:
+            verdict = await self._arelease_once()
+        except Exception:
+            self.hold = None
+            raise
+        return self._record_release(started, verdict)
+
+    async def aextend(self, ttl: float | None = None) -> bool:
+        """The asyncio form of :meth:`extend`."""
+        started = time.perf_counter()
+        seconds = ttl if ttl is not None else self.ttl
+        if seconds is None:
+            raise ValueError("extend needs a ttl: this lock has none")
+        return self._record_extend(await self._aextend_once(seconds), seconds, started)
+
+    async def __aenter__(self) -> TrackedLock:
+        started = time.perf_counter()
+        if not await self.aacquire():
+            raise LockNotAcquired(self.name, time.perf_counter() - started)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> Literal[False]:
+        await self.arelease()
+        return False
+
+
+def track_lock(
+    name: str,
+    *,
+    ttl: float | None,
+    acquire: Callable[[str], object],
+    release: Callable[[str], object],
+    owner: Callable[[], object] | None = None,
+    extend: Callable[[str, float], object] | None = None,
+    token: str | None = None,
+    blocking_timeout: float | None = 0.0,
+    retry_delay: float = 0.05,
+    sentry: Sentry | None = None,
+) -> TrackedLock:
+    """A :class:`TrackedLock`: measure a home-made lock given as callables.
+
+    Example::
+
+        async with track_lock(
+            "checkout",
+            ttl=5,
+            acquire=lambda token: client.set(KEY, token, nx=True, ex=5),  # redis.asyncio
+            release=lambda token: client.delete(KEY),
+            owner=lambda: client.get(KEY),
+        ):
+            await reserve()
+    """
+    return TrackedLock(
+        name,
+        ttl=ttl,
+        acquire=acquire,
+        release=release,
+        owner=owner,
+        extend=extend,
+        token=token,
+        blocking_timeout=blocking_timeout,
+        retry_delay=retry_delay,
+        sentry=sentry,
+    )

@@ -1,0 +1,91 @@
+"""How a reservation ended: the outcome names and the classification of exceptions.
+
+``ConflictReason`` and ``Outcome`` are the catalog's (:mod:`.catalog`), defined there once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from . import catalog
+from .catalog import ConflictReason, Outcome
+
+# SQLSTATEs that mean the database refused the reservation rather than failed: a deadlock,
+# a serialization failure, a lock that could not be had in time.
+_SQLSTATE_REASONS: dict[str, ConflictReason] = {
+    "40P01": "deadlock",
+    "40001": "serialization_failure",
+    "55P03": "lock_timeout",
+}
+
+
+class ReservationConflict(Exception):
+    """Raise inside a reservation to end it as a conflict; it is re-raised unchanged.
+
+    Example::
+
+        with reservation("EGG-01", strategy="atomic"):
+            if rows == 0:
+                raise ReservationConflict("out_of_stock")
+    """
+
+    def __init__(self, reason: ConflictReason, message: str | None = None) -> None:
+        super().__init__(message or reason)
+        self.reason: ConflictReason = reason
+
+
+def driver_errors(exc: BaseException | None) -> Iterator[BaseException]:
+    """``exc`` and the errors it wraps, outermost first: SQLAlchemy's ``orig``, else the
+    ``__cause__`` (the asyncpg adapter's wrapping), at most four deep.
+
+    Example::
+
+        >>> wrapped = RuntimeError("outer")
+        >>> wrapped.__cause__ = ValueError("inner")
+        >>> [type(e).__name__ for e in driver_errors(wrapped)]
+        ['RuntimeError', 'ValueError']
+    """
+    depth = 0
+    while exc is not None and depth < 4:
+        yield exc
+        exc = getattr(exc, "orig", None) or exc.__cause__
+        depth += 1
+
+
+def sqlstate_of(exc: BaseException | None) -> str | None:
+    """The SQLSTATE of a driver error (``sqlstate``, or psycopg2's ``pgcode``), also
+    through SQLAlchemy's and the adapters' wrapping; ``None`` when there is none.
+
+    Example::
+
+        >>> class DriverError(Exception):
+        ...     sqlstate = "40P01"
+        >>> wrapped = RuntimeError("outer")
+        >>> wrapped.__cause__ = DriverError()
+        >>> sqlstate_of(wrapped)
+        '40P01'
+    """
+    for error in driver_errors(exc):
+        state = getattr(error, "sqlstate", None) or getattr(error, "pgcode", None)
+        if isinstance(state, str):
+            return state
+    return None
+
+
+def classify_exception(exc: BaseException) -> Outcome:
+    """The outcome a reservation ended by ``exc`` gets.
+
+    :class:`ReservationConflict` gives its reason; a driver error carrying SQLSTATE 40P01,
+    40001 or 55P03 (psycopg, asyncpg, psycopg2, also wrapped by SQLAlchemy) gives
+    ``deadlock``, ``serialization_failure`` or ``lock_timeout``; SQLite's "database is
+    locked" gives ``lock_timeout``; anything else is ``error``.
+    """
+    if isinstance(exc, ReservationConflict):
+        return exc.reason if exc.reason in catalog.CONFLICT_REASONS else "error"
+    state = sqlstate_of(exc)
+    if state is not None and state in _SQLSTATE_REASONS:
+        return _SQLSTATE_REASONS[state]
+    for error in driver_errors(exc):
+        if type(error).__name__ == "OperationalError" and "database is locked" in str(error):
+            return "lock_timeout"
+    return "error"

@@ -1,0 +1,135 @@
+"""The payment callback handle: a span linked to the checkout, and the paid-order count."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import TracebackType
+from typing import TYPE_CHECKING, Literal
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace as otel_trace
+from opentelemetry.trace import Span, StatusCode
+
+from .events import PAYMENT_CALLBACK
+from .reservation import _detach
+from .tracing import link_from_carrier
+
+if TYPE_CHECKING:
+    from .sentry import Sentry
+
+
+class PaymentCallback:
+    """A payment callback: a span linked to the checkout, and the paid-order count.
+
+    A block that ends without an exception and without another mark counts one paid
+    order. :meth:`replay` marks a duplicate callback (counted as an idempotency replay of
+    ``payment_callback``, not as a second paid order); :meth:`refund_due_to_oversell`
+    marks a payment that must be refunded because the stock was not there.
+    """
+
+    __slots__ = ("_ctx_token", "_mark", "_sentry", "_span", "checkout", "ids", "qty", "sku")
+
+    def __init__(
+        self,
+        sentry: Sentry,
+        sku: str,
+        qty: int,
+        ids: dict[str, object],
+        checkout: Mapping[str, str] | None,
+    ) -> None:
+        self._sentry = sentry
+        self.sku = sku
+        self.qty = qty
+        self.ids = ids
+        self.checkout = checkout
+        self._mark: Literal["paid", "replay", "refund", "failed"] = "paid"
+        self._span: Span | None = None
+        self._ctx_token: object | None = None
+
+    def replay(self) -> None:
+        """This callback repeats one already processed: count a replay, not a payment."""
+        self._mark = "replay"
+
+    def refund_due_to_oversell(self) -> None:
+        """The payment went through but the stock was oversold: count paid and refund."""
+        self._mark = "refund"
+
+    def failed(self) -> None:
+        """The payment did not go through: count nothing."""
+        self._mark = "failed"
+
+    def _enter(self) -> PaymentCallback:
+        sentry = self._sentry
+        try:
+            if sentry.tracer is not None:
+                link = link_from_carrier(self.checkout)
+                span = sentry.tracer.start_span(
+                    "stock.payment_callback",
+                    links=[link] if link is not None else None,
+                    attributes={"stock.sku": str(self.sku)[:256]},
+                )
+                for key in ("order_id", "payment_reference"):
+                    value = self.ids.get(key)
+                    if value is not None and span.is_recording():
+                        span.set_attribute(f"stock.{key}", str(value)[:256])
+                self._span = span
+                self._ctx_token = otel_context.attach(otel_trace.set_span_in_context(span))
+        except Exception as exc:
+            sentry.internal_error("tracing", exc)
+        return self
+
+    def _exit(self, exc: BaseException | None) -> None:
+        sentry = self._sentry
+        mark = self._mark if exc is None else "failed"
+        try:
+            if mark in ("paid", "refund"):
+                sentry.metrics.order_paid(self.sku)
+            if mark == "refund":
+                sentry.metrics.refund_due_to_oversell(self.sku)
+            elif mark == "replay":
+                sentry.metrics.idempotency_replay("payment_callback")
+        except Exception as err:
+            sentry.internal_error("metrics", err)
+        if sentry.log_enabled:
+            try:
+                sentry.logger.info(PAYMENT_CALLBACK.name, sku=self.sku, result=mark, **self.ids)
+            except Exception as err:
+                sentry.internal_error("logging", err)
+        span = self._span
+        if span is not None:
+            try:
+                if span.is_recording():
+                    span.set_attribute("stock.payment_result", mark)
+                    if exc is not None:
+                        span.record_exception(exc)
+                        span.set_status(StatusCode.ERROR)
+                span.end()
+            except Exception as err:
+                sentry.internal_error("tracing", err)
+            finally:
+                _detach(sentry, self._ctx_token)
+                self._ctx_token = None
+
+    def __enter__(self) -> PaymentCallback:
+        return self._enter()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> Literal[False]:
+        self._exit(exc)
+        return False
+
+    async def __aenter__(self) -> PaymentCallback:
+        return self._enter()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> Literal[False]:
+        self._exit(exc)
+        return False

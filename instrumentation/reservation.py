@@ -1,0 +1,301 @@
+"""The reservation handle: a sync and async context manager timing one reservation."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from contextvars import ContextVar, Token
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Literal, cast
+
+import structlog
+from opentelemetry import context as otel_context
+from opentelemetry import trace as otel_trace
+from opentelemetry.trace import Span, StatusCode
+
+from . import catalog
+from .catalog import ConflictReason, Outcome
+from .events import INVENTORY_NEGATIVE, RESERVATION_ERROR, STOCK_CHECK, STOCK_UPDATE
+from .outcomes import classify_exception
+from .tracing import carrier_for, exemplar_for
+
+if TYPE_CHECKING:
+    from .sentry import Sentry
+
+_current: ContextVar[Reservation | None] = ContextVar("stocksentry_reservation", default=None)
+
+
+def current_reservation() -> Reservation | None:
+    """The reservation whose block (or decorated function) is running, if any."""
+    return _current.get()
+
+
+class Reservation:
+    """One stock reservation, timed from enter to exit; a sync and async context manager.
+
+    Mark the outcome with :meth:`success` or :meth:`conflict`; a block that ends without
+    a mark and without an exception counts as a success. An exception ends it as
+    :func:`classify_exception` says and propagates unchanged.
+    """
+
+    __slots__ = (
+        "_ctx_token",
+        "_cv_token",
+        "_implied",
+        "_log",
+        "_log_tokens",
+        "_new_stock",
+        "_old_stock",
+        "_outcome",
+        "_sentry",
+        "_span",
+        "_start",
+        "ids",
+        "qty",
+        "sku",
+        "strategy",
+    )
+
+    def __init__(
+        self,
+        sentry: Sentry,
+        sku: str,
+        strategy: str,
+        qty: int,
+        ids: dict[str, object],
+    ) -> None:
+        self._sentry = sentry
+        self.sku = sku
+        self.strategy = strategy
+        self.qty = qty
+        self.ids = ids
+        self._outcome: Outcome | None = None
+        self._implied: ConflictReason | None = None
+        self._old_stock: int | None = None
+        self._new_stock: int | None = None
+        self._span: Span | None = None
+        self._ctx_token: object | None = None
+        # Whether this reservation logs: read once, not per line (Sentry.log_enabled
+        # looks at structlog's configuration each time).
+        self._log = sentry.log_enabled
+        self._log_tokens: Mapping[str, Token[Any]] | None = None
+        self._cv_token: Token[Reservation | None] | None = None
+        self._start = 0.0
+
+    # --- marks -----------------------------------------------------------------------------
+
+    def stock_check(self, available: int) -> None:
+        """Record the stock the reservation saw before deciding (logs ``stock_check``)."""
+        self._old_stock = available
+        sentry = self._sentry
+        if self._log:
+            try:
+                sentry.logger.info(
+                    STOCK_CHECK.name, sku=self.sku, strategy=self.strategy, available=available
+                )
+            except Exception as exc:
+                sentry.internal_error("logging", exc)
+
+    def success(self, *, old_stock: int | None = None, new_stock: int | None = None) -> None:
+        """Mark the reservation successful; ``new_stock`` below zero counts a negative write."""
+        self._outcome = "success"
+        if old_stock is not None:
+            self._old_stock = old_stock
+        self._new_stock = new_stock
+
+    def conflict(self, reason: ConflictReason) -> None:
+        """Mark the reservation refused for ``reason`` (one of the catalog's conflict reasons)."""
+        if reason in catalog.CONFLICT_REASONS:
+            self._outcome = reason
+        else:
+            self._sentry.internal_error("api", ValueError(f"unknown conflict reason {reason!r}"))
+            self._outcome = "error"
+
+    def implied_outcome(self, reason: ConflictReason | None) -> None:
+        """What an integration inferred (a conditional update that matched no row).
+
+        Weaker than :meth:`success`/:meth:`conflict` and than an exception: it decides the
+        outcome only of a block that ends with none of those. ``None`` clears it, as when
+        a retried update then matched.
+        """
+        self._implied = reason
+
+    @property
+    def outcome(self) -> Outcome | None:
+        """The outcome marked (or implied by an integration) so far; ``None`` before any."""
+        return self._outcome or self._implied
+
+    def trace_context(self) -> dict[str, str]:
+        """A W3C ``traceparent`` carrier of this reservation's span, to store with the order.
+
+        Pass it to :meth:`Sentry.payment_callback` so the callback's span links back here.
+        Empty when tracing is off or no SDK is configured.
+        """
+        if self._span is None:
+            return {}
+        try:
+            return carrier_for(self._span)
+        except Exception as exc:
+            self._sentry.internal_error("tracing", exc)
+            return {}
+
+    # --- lifecycle -----------------------------------------------------------------------
+
+    def _enter(self) -> Reservation:
+        sentry = self._sentry
+        try:
+            tracer = sentry.tracer
+            if tracer is not None:
+                span = tracer.start_span(
+                    "stock.reserve",
+                    attributes={
+                        "stock.sku": str(self.sku)[:256],
+                        "stock.strategy": self.strategy,
+                        "stock.qty": self.qty,
+                    },
+                )
+                self._span = span
+                self._ctx_token = otel_context.attach(otel_trace.set_span_in_context(span))
+            if self._log:
+                self._log_tokens = structlog.contextvars.bind_contextvars(sku=self.sku, **self.ids)
+            self._cv_token = _current.set(self)
+        except Exception as exc:
+            sentry.internal_error("api", exc)
+        self._start = time.perf_counter()
+        return self
+
+    def _exit(self, exc: BaseException | None) -> None:
+        elapsed = time.perf_counter() - self._start
+        sentry = self._sentry
+        outcome = self._outcome
+        # An exception after a success mark (a failed COMMIT, say) means the stock was not
+        # taken; a conflict mark stays, as the app raising its own 409 after it is normal.
+        if exc is not None and outcome in (None, "success"):
+            try:
+                outcome = classify_exception(exc)
+            except Exception as err:
+                sentry.internal_error("api", err)
+                outcome = "error"
+        elif outcome is None:
+            outcome = self._implied or "success"
+        try:
+            metrics = sentry.metrics
+            span = self._span
+            if outcome == "success":
+                metrics.reservation_success(self.sku, self.strategy)
+                if self._new_stock is not None and self._new_stock < 0:
+                    metrics.inventory_negative(self.sku)
+            elif outcome != "error":
+                metrics.reservation_conflict(self.sku, outcome)
+            metrics.reservation_duration(
+                outcome, elapsed, exemplar_for(span) if span is not None else None
+            )
+        except Exception as err:
+            sentry.internal_error("metrics", err)
+        if self._log:
+            self._log_end(outcome, exc)
+        self._restore(outcome, exc)
+
+    def _restore(self, outcome: Outcome, exc: BaseException | None) -> None:
+        # Each step on its own: one failing (a context entered in another task, a span
+        # processor that raises) must not leave the others' context behind.
+        sentry = self._sentry
+        if self._cv_token is not None:
+            try:
+                _current.reset(self._cv_token)
+            except Exception as err:
+                sentry.internal_error("api", err)
+            self._cv_token = None
+        if self._log_tokens is not None:
+            try:
+                structlog.contextvars.reset_contextvars(**self._log_tokens)
+            except Exception as err:
+                sentry.internal_error("logging", err)
+            self._log_tokens = None
+        span = self._span
+        if span is not None:
+            try:
+                if span.is_recording():
+                    span.set_attribute("stock.outcome", outcome)
+                    if outcome == "error":
+                        if exc is not None:
+                            span.record_exception(exc)
+                        span.set_status(StatusCode.ERROR)
+                span.end()
+            except Exception as err:
+                sentry.internal_error("tracing", err)
+            finally:
+                _detach(sentry, self._ctx_token)
+                self._ctx_token = None
+
+    def _log_end(self, outcome: Outcome, exc: BaseException | None) -> None:
+        sentry = self._sentry
+        try:
+            log = sentry.logger
+            if outcome == "success":
+                fields: dict[str, Any] = {
+                    "sku": self.sku,
+                    "strategy": self.strategy,
+                    "qty": self.qty,
+                    "success": True,
+                }
+                if self._old_stock is not None:
+                    fields["from"] = self._old_stock
+                if self._new_stock is not None:
+                    fields["to"] = self._new_stock
+                log.info(STOCK_UPDATE.name, **fields)
+                if self._new_stock is not None and self._new_stock < 0:
+                    log.warning(
+                        INVENTORY_NEGATIVE.name, sku=self.sku, stock=self._new_stock, **self.ids
+                    )
+            elif outcome == "error":
+                log.info(
+                    RESERVATION_ERROR.name,
+                    sku=self.sku,
+                    strategy=self.strategy,
+                    error=type(exc).__name__ if exc is not None else "unknown",
+                )
+            else:
+                log.info(
+                    STOCK_UPDATE.name,
+                    sku=self.sku,
+                    strategy=self.strategy,
+                    qty=self.qty,
+                    success=False,
+                    reason=outcome,
+                )
+        except Exception as err:
+            sentry.internal_error("logging", err)
+
+    def __enter__(self) -> Reservation:
+        return self._enter()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> Literal[False]:
+        self._exit(exc)
+        return False
+
+    async def __aenter__(self) -> Reservation:
+        return self._enter()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> Literal[False]:
+        self._exit(exc)
+        return False
+
+
+def _detach(sentry: Sentry, token: object | None) -> None:
+    if token is None:
+        return
+    try:
+        otel_context.detach(cast(Any, token))
+    except Exception as err:
+        sentry.internal_error("tracing", err)

@@ -1,0 +1,350 @@
+"""The :class:`Sentry`: metrics, SKU guard, logger and tracer, and every recording method."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import logging
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import Any, ParamSpec, TypeVar, cast
+
+import structlog
+from opentelemetry import trace as otel_trace
+from opentelemetry.trace import TracerProvider
+from prometheus_client import CollectorRegistry
+from prometheus_client.registry import REGISTRY
+
+from . import catalog, events
+from .catalog import Outcome
+from .events import LogEvent
+from .metrics import StockMetrics
+from .payment import PaymentCallback
+from .reservation import Reservation
+from .tracing import TRACER_NAME
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+_stdlib_log = logging.getLogger("stocksentry")
+
+_NO_IDS: dict[str, object] = {}
+
+
+def _ids(**ids: object) -> dict[str, object]:
+    # Most reservations carry no IDs of their own (they are bound by the middleware):
+    # share one empty dict instead of building one per call. Never mutated.
+    if not any(value is not None for value in ids.values()):
+        return _NO_IDS
+    return {key: value for key, value in ids.items() if value is not None}
+
+
+class Sentry:
+    """stocksentry's recording state: metrics, SKU guard, logger and tracer.
+
+    ``registry`` takes a prometheus_client ``CollectorRegistry`` (``None`` registers
+    nowhere); ``promo_skus`` always get their own series and ``max_skus`` bounds the others;
+    ``log`` and ``trace`` switch the log lines and spans; ``tracer_provider`` defaults to the
+    global OpenTelemetry one.
+
+    Log lines go to structlog only once the application configured it
+    (:func:`~stocksentry.instrumentation.logs.configure_logging` or its own
+    ``structlog.configure``), or to the ``logger`` given: a library must not print, and
+    structlog's unconfigured default prints every line to stdout.
+
+    Example::
+
+        sentry = Sentry(registry=CollectorRegistry(), promo_skus=["EGG-01"])
+        with sentry.reservation("EGG-01", strategy="for_update") as r:
+            r.success(old_stock=3, new_stock=2)
+    """
+
+    def __init__(
+        self,
+        *,
+        registry: CollectorRegistry | None = REGISTRY,
+        promo_skus: Iterable[str] = (),
+        max_skus: int = 100,
+        max_label_length: int = 64,
+        log: bool = True,
+        trace: bool = True,
+        tracer_provider: TracerProvider | None = None,
+        logger: Any = None,
+        error_log_interval: float = 60.0,
+    ) -> None:
+        self.metrics = StockMetrics(
+            registry,
+            promo_skus=promo_skus,
+            max_skus=max_skus,
+            max_label_length=max_label_length,
+        )
+        self._log_wanted = log
+        self._own_logger = logger is not None
+        self.logger: Any = logger if logger is not None else structlog.get_logger("stocksentry")
+        self.tracer = (
+            otel_trace.get_tracer(TRACER_NAME, tracer_provider=tracer_provider) if trace else None
+        )
+        self.error_log_interval = error_log_interval
+        self._error_lock = threading.Lock()
+        self._error_last: dict[str, float] = {}
+        self._error_suppressed: dict[str, int] = {}
+
+    @property
+    def log_enabled(self) -> bool:
+        """Whether log lines are written now: ``log`` is on, and a ``logger`` was given or
+        structlog is configured (looked up at each line, so configuring later applies)."""
+        return self._log_wanted and (self._own_logger or structlog.is_configured())
+
+    @log_enabled.setter
+    def log_enabled(self, value: bool) -> None:
+        self._log_wanted = value
+
+    def close(self) -> None:
+        """Unregister this instance's metrics from its registry."""
+        self.metrics.unregister()
+
+    # --- failures inside stocksentry -----------------------------------------------------
+
+    def internal_error(self, component: str, exc: BaseException) -> None:
+        """Count and (rate-limited) log a failure inside the instrumentation. Never raises."""
+        # The counter is the last resort: if it fails too there is nothing left to tell.
+        with contextlib.suppress(Exception):
+            self.metrics.instrumentation_error(component)
+        try:
+            now = time.monotonic()
+            with self._error_lock:
+                last = self._error_last.get(component)
+                if last is not None and now - last < self.error_log_interval:
+                    self._error_suppressed[component] = (
+                        self._error_suppressed.get(component, 0) + 1
+                    )
+                    return
+                self._error_last[component] = now
+                suppressed = self._error_suppressed.pop(component, 0)
+            # stdlib logging, not structlog: the failure may be in the structlog chain itself.
+            # The catalogued fields ride along as extras: the JSON bridge of
+            # configure_logging() puts them in the line.
+            _stdlib_log.warning(
+                "stocksentry instrumentation error in %s: %s: %s (%d similar suppressed)",
+                component,
+                type(exc).__name__,
+                exc,
+                suppressed,
+                extra={"component": component, "error": type(exc).__name__},
+            )
+        except Exception:  # noqa: S110 - logging failed too; the counter already has it
+            pass
+
+    def _log(self, event: LogEvent, **fields: Any) -> None:
+        if not self.log_enabled:
+            return
+        try:
+            getattr(self.logger, event.level)(event.name, **fields)
+        except Exception as exc:
+            self.internal_error("logging", exc)
+
+    # --- reservations --------------------------------------------------------------------
+
+    def reservation(
+        self,
+        sku: str,
+        *,
+        strategy: str = "default",
+        qty: int = 1,
+        request_id: str | None = None,
+        idempotency_key: str | None = None,
+        order_id: str | None = None,
+    ) -> Reservation:
+        """A context manager (``with`` or ``async with``) recording one reservation."""
+        return Reservation(
+            self,
+            sku,
+            strategy,
+            qty,
+            _ids(request_id=request_id, idempotency_key=idempotency_key, order_id=order_id),
+        )
+
+    def reserves(
+        self,
+        *,
+        strategy: str = "default",
+        sku: str | None = None,
+        sku_arg: str = "sku",
+    ) -> Callable[[Callable[P, R]], Callable[P, R]]:
+        """Decorator form of :meth:`reservation` for sync and ``async`` functions.
+
+        The SKU is ``sku`` when given, else the decorated function's ``sku_arg`` argument.
+        Inside, :func:`current_reservation` returns the handle for marks; a function that
+        returns ``False`` without a mark ends as ``out_of_stock``.
+
+        Example::
+
+            @sentry.reserves(strategy="atomic")
+            def reserve(sku: str, qty: int) -> bool:
+                return conditional_update(sku, qty) == 1
+        """
+
+        def decorate(func: Callable[P, R]) -> Callable[P, R]:
+            signature = inspect.signature(func)
+            if sku is None and sku_arg not in signature.parameters:
+                raise TypeError(f"{func.__qualname__} has no argument {sku_arg!r} for the SKU")
+
+            # Where the SKU sits among positional arguments, decided once here.
+            names = list(signature.parameters)
+            position = names.index(sku_arg) if sku is None else -1
+            default = (
+                signature.parameters[sku_arg].default if sku is None else inspect.Parameter.empty
+            )
+
+            def sku_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+                if sku is not None:
+                    return sku
+                if sku_arg in kwargs:
+                    return str(kwargs[sku_arg])
+                if 0 <= position < len(args):
+                    return str(args[position])
+                if default is not inspect.Parameter.empty:
+                    return str(default)
+                return "unknown"
+
+            if inspect.iscoroutinefunction(func):
+                async_func = cast(Callable[..., Awaitable[Any]], func)
+
+                @functools.wraps(func)
+                async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+                    async with self.reservation(sku_of(args, kwargs), strategy=strategy) as handle:
+                        result = await async_func(*args, **kwargs)
+                        if result is False and handle.outcome is None:
+                            handle.conflict("out_of_stock")
+                        return result
+
+                return cast(Callable[P, R], async_wrapper)
+
+            @functools.wraps(func)
+            def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+                with self.reservation(sku_of(args, kwargs), strategy=strategy) as handle:
+                    result = func(*args, **kwargs)
+                    if result is False and handle.outcome is None:
+                        handle.conflict("out_of_stock")
+                    return result
+
+            return wrapper
+
+        return decorate
+
+    def record_reservation(
+        self,
+        sku: str,
+        outcome: Outcome,
+        *,
+        strategy: str = "default",
+        duration: float | None = None,
+        new_stock: int | None = None,
+    ) -> None:
+        """Record a reservation the app timed itself (the plain-function form)."""
+        try:
+            if outcome == "success":
+                self.metrics.reservation_success(sku, strategy)
+                if new_stock is not None and new_stock < 0:
+                    self.metrics.inventory_negative(sku)
+            elif outcome in catalog.CONFLICT_REASONS:
+                self.metrics.reservation_conflict(sku, outcome)
+            elif outcome != "error":
+                raise ValueError(f"unknown outcome {outcome!r}")
+            if duration is not None:
+                self.metrics.reservation_duration(outcome, duration)
+        except Exception as exc:
+            self.internal_error("api", exc)
+
+    # --- orders, payments, refunds ---------------------------------------------------------
+
+    def payment_callback(
+        self,
+        sku: str,
+        *,
+        qty: int = 1,
+        order_id: str | None = None,
+        payment_reference: str | None = None,
+        checkout_context: Mapping[str, str] | None = None,
+    ) -> PaymentCallback:
+        """A context manager for one payment callback, linked to its checkout's span."""
+        return PaymentCallback(
+            self,
+            sku,
+            qty,
+            _ids(order_id=order_id, payment_reference=payment_reference),
+            checkout_context,
+        )
+
+    def record_paid_order(
+        self,
+        sku: str,
+        *,
+        order_id: str | None = None,
+        payment_reference: str | None = None,
+    ) -> None:
+        """Count one paid order."""
+        try:
+            self.metrics.order_paid(sku)
+        except Exception as exc:
+            self.internal_error("metrics", exc)
+        self._log(
+            events.ORDER_PAID,
+            sku=sku,
+            **_ids(order_id=order_id, payment_reference=payment_reference),
+        )
+
+    def record_refund_due_to_oversell(self, sku: str, *, order_id: str | None = None) -> None:
+        """Count one refund issued because the stock had been oversold."""
+        try:
+            self.metrics.refund_due_to_oversell(sku)
+        except Exception as exc:
+            self.internal_error("metrics", exc)
+        self._log(events.REFUND_DUE_TO_OVERSELL, sku=sku, **_ids(order_id=order_id))
+
+    def record_negative_inventory(self, sku: str, *, stock: int) -> None:
+        """Count one stock write that left ``sku`` at ``stock`` below zero."""
+        try:
+            self.metrics.inventory_negative(sku)
+        except Exception as exc:
+            self.internal_error("metrics", exc)
+        self._log(events.INVENTORY_NEGATIVE, sku=sku, stock=stock)
+
+    # --- idempotency and cache -------------------------------------------------------------
+
+    def record_idempotency_replay(self, operation: str, *, key: str | None = None) -> None:
+        """Count one request answered from its stored result (same key, same payload)."""
+        try:
+            self.metrics.idempotency_replay(operation)
+        except Exception as exc:
+            self.internal_error("metrics", exc)
+        self._log(events.IDEMPOTENCY_REPLAY, operation=operation, **_ids(idempotency_key=key))
+
+    def record_idempotency_conflict(self, operation: str, *, key: str | None = None) -> None:
+        """Count one reuse of an idempotency key with a different payload."""
+        try:
+            self.metrics.idempotency_conflict(operation)
+        except Exception as exc:
+            self.internal_error("metrics", exc)
+        self._log(events.IDEMPOTENCY_CONFLICT, operation=operation, **_ids(idempotency_key=key))
+
+    def record_stale_cache_hit(
+        self,
+        cache: str,
+        *,
+        sku: str | None = None,
+        cached: int | None = None,
+        actual: int | None = None,
+    ) -> None:
+        """Count one stock decision taken on a cached value the database contradicted."""
+        try:
+            self.metrics.cache_stale_hit(cache)
+        except Exception as exc:
+            self.internal_error("metrics", exc)
+        self._log(
+            events.CACHE_STALE_HIT,
+            cache=cache,
+            **_ids(sku=sku, cached=cached, actual=actual),
+        )

@@ -1,0 +1,263 @@
+"""The statement classifier: what one SQL text does to the stock tables.
+
+Each statement kind (``SELECT``, ``UPDATE``, ``DELETE``, ``LOCK``, ``BEGIN``) has its own
+function over the tokens; :func:`classify_statement` is the public entry point.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from .clauses import (
+    _BLOCKING_LOCK_MODES,
+    _CLAUSE_END,
+    _at,
+    _from_items,
+    _is_op,
+    _is_word,
+    _isolation,
+    _mentions,
+    _read_name,
+    _reads_column,
+    _skip_group,
+    _split,
+    _Tables,
+    _target,
+    _top,
+    _where_keys,
+    _write_kind,
+)
+from .model import _IGNORED, StatementInfo, StockTable, ValueRef, WriteKind
+from .tokens import _Q, _W, _Tok, _tokenize
+
+
+def _classify_select(toks: Sequence[_Tok], start: int, tables: _Tables) -> StatementInfo:
+    frm = _top(toks, start + 1, frozenset({"from"}))
+    if frm >= len(toks) or not _is_word(toks[frm], "from"):
+        return _IGNORED
+    end_from = _top(toks, frm + 1, _CLAUSE_END)
+    target, label = _target(_from_items(toks[frm + 1 : end_from], 0), tables)
+    # FOR UPDATE / NO KEY UPDATE / SHARE / KEY SHARE [OF t, ...] [NOWAIT | SKIP LOCKED]
+    lock_clause = None
+    lock_of: set[str] | None = None
+    j = end_from
+    while j < len(toks):
+        tok = toks[j]
+        if tok[2] == 0 and _is_word(tok, "for"):
+            words = []
+            k = j + 1
+            while k < len(toks) and _is_word(toks[k], "update", "no", "key", "share"):
+                words.append(toks[k][1])
+                k += 1
+                if words[-1] in ("update", "share"):
+                    break
+            if words and words[-1] in ("update", "share"):
+                lock_clause = "for " + " ".join(words)
+                if _is_word(_at(toks, k), "of"):
+                    lock_of = set()
+                    k += 1
+                    while k < len(toks) and toks[k][0] in (_W, _Q):
+                        parts, k = _read_name(toks, k)
+                        lock_of.add(parts[-1])
+                        if not _is_op(_at(toks, k), ","):
+                            break
+                        k += 1
+                break
+        j += 1
+    locking = lock_clause is not None
+    if target is None:
+        if locking:
+            return StatementInfo("select", label, locking=True, lock_clause=lock_clause)
+        return StatementInfo("select", label) if label else _IGNORED
+    where_at = _top(toks, frm + 1, frozenset({"where"}))
+    keys: tuple[tuple[str, ValueRef], ...] = ()
+    if where_at < len(toks) and _is_word(toks[where_at], "where"):
+        where_end = _top(toks, where_at + 1, _CLAUSE_END)
+        keys = _where_keys(toks[where_at + 1 : where_end], target, 0)
+    compound = any(t[2] == 0 and _is_word(t, "union", "intersect", "except") for t in toks)
+    reads = not compound and _reads_column(
+        _split(toks[start + 1 : frm], ",", 0), target.spec.stock_column, target
+    )
+    covers = lock_of is None or bool(lock_of & target.qualifiers)
+    return StatementInfo(
+        "select",
+        target.label,
+        stock=True,
+        locking=locking,
+        lock_clause=lock_clause,
+        # FOR KEY SHARE does not keep others from updating the stock column.
+        protects_rows=locking and covers and lock_clause != "for key share",
+        reads_stock=reads,
+        keys=keys if not compound else (),
+    )
+
+
+def _classify_update(toks: Sequence[_Tok], start: int, tables: _Tables) -> StatementInfo:
+    i = start + 1
+    if _is_word(_at(toks, i), "only"):
+        i += 1
+    if i >= len(toks) or toks[i][0] not in (_W, _Q):
+        return _IGNORED
+    items = _from_items(toks[i : _top(toks, i, frozenset({"set"}))], 0)
+    target, label = _target(items[:1], tables)
+    if target is None:
+        return StatementInfo("update", label) if label else _IGNORED
+    set_at = _top(toks, i, frozenset({"set"}))
+    if set_at >= len(toks):
+        return _IGNORED
+    set_end = _top(toks, set_at + 1, frozenset({"from", "where", "returning"}))
+    write: WriteKind = "none"
+    column = target.spec.stock_column
+    for assignment in _split(toks[set_at + 1 : set_end], ",", 0):
+        eq = next((k for k, t in enumerate(assignment) if _is_op(t, "=") and t[2] == 0), None)
+        if eq is None:
+            continue
+        left = assignment[:eq]
+        if any(t[0] in (_W, _Q) and t[1] == column for t in left):
+            write = _write_kind(assignment[eq + 1 :], target)
+            break
+    where_at = _top(toks, set_end, frozenset({"where"}))
+    ret_at = _top(toks, set_end, frozenset({"returning"}))
+    where = toks[where_at + 1 : ret_at] if where_at < ret_at else []
+    spec = target.spec
+    return StatementInfo(
+        "update",
+        target.label,
+        stock=True,
+        locking=True,
+        lock_clause="update",
+        protects_rows=True,
+        write=write,
+        stock_guard=_mentions(where, column, target),
+        version_guard=spec.version_column is not None
+        and _mentions(where, spec.version_column, target),
+        keys=_where_keys(where, target, 0),
+        returning=ret_at < len(toks),
+        reads_stock=ret_at < len(toks)
+        and _reads_column(_split(toks[ret_at + 1 :], ",", 0), column, target),
+    )
+
+
+def _classify_delete(toks: Sequence[_Tok], start: int, tables: _Tables) -> StatementInfo:
+    i = start + 1
+    if not _is_word(_at(toks, i), "from"):
+        return _IGNORED
+    end = _top(toks, i + 1, frozenset({"using", "where", "returning"}))
+    items = _from_items(toks[i + 1 : end], 0)
+    target, label = _target(items[:1], tables)
+    if target is None:
+        return StatementInfo("delete", label) if label else _IGNORED
+    where_at = _top(toks, i + 1, frozenset({"where"}))
+    ret_at = _top(toks, i + 1, frozenset({"returning"}))
+    where = toks[where_at + 1 : ret_at] if where_at < ret_at else []
+    return StatementInfo(
+        "delete",
+        target.label,
+        stock=True,
+        locking=True,
+        lock_clause="delete",
+        protects_rows=True,
+        keys=_where_keys(where, target, 0),
+        returning=ret_at < len(toks),
+    )
+
+
+def _classify_lock(toks: Sequence[_Tok], start: int, tables: _Tables) -> StatementInfo:
+    i = start + 1
+    if _is_word(_at(toks, i), "table"):
+        i += 1
+    end = _top(toks, i, frozenset({"in", "nowait"}))
+    items = _from_items(toks[i:end], 0)
+    target, label = _target(items, tables)
+    mode = "access exclusive"
+    if end < len(toks) and _is_word(toks[end], "in"):
+        words = []
+        k = end + 1
+        while k < len(toks) and toks[k][0] == _W and toks[k][1] != "mode":
+            words.append(toks[k][1])
+            k += 1
+        mode = " ".join(words)
+    return StatementInfo(
+        "lock",
+        target.label if target else label,
+        stock=target is not None,
+        locking=True,
+        lock_clause="lock table",
+        table_lock=target is not None and mode in _BLOCKING_LOCK_MODES,
+    )
+
+
+def _classify_tokens(toks: Sequence[_Tok], tables: _Tables) -> StatementInfo:
+    start = 0
+    first = _at(toks, start)
+    if first is None or first[0] != _W:
+        return _IGNORED
+    word = first[1]
+    if word == "with":
+        # Skip the CTEs: name [(cols)] AS [[NOT] MATERIALIZED] (...), ...; classify the rest.
+        j = start + 1
+        while j < len(toks) and not (
+            toks[j][2] == 0 and _is_word(toks[j], "select", "update", "delete", "insert")
+        ):
+            j = _skip_group(toks, j) if _is_op(toks[j], "(") else j + 1
+        if j >= len(toks):
+            return _IGNORED
+        start, word = j, toks[j][1]
+    if word == "select":
+        return _classify_select(toks, start, tables)
+    if word == "update":
+        return _classify_update(toks, start, tables)
+    if word == "delete":
+        return _classify_delete(toks, start, tables)
+    if word == "lock":
+        return _classify_lock(toks, start, tables)
+    if word == "insert":
+        if _is_word(_at(toks, start + 1), "into") and _at(toks, start + 2) is not None:
+            nxt = toks[start + 2]
+            if nxt[0] in (_W, _Q):
+                parts, _ = _read_name(toks, start + 2)
+                found = tables.find(parts)
+                return StatementInfo("insert", found[0] if found else parts[-1])
+        return _IGNORED
+    if word in ("begin", "start"):
+        # BEGIN [DEFERRED | IMMEDIATE | EXCLUSIVE] [TRANSACTION] [ISOLATION LEVEL ...]
+        level = None
+        immediate = False
+        for k in range(start + 1, len(toks)):
+            if _is_word(toks[k], "immediate", "exclusive"):
+                immediate = True
+            if _is_word(toks[k], "level"):
+                level = _isolation(toks, k + 1)
+        if word == "start" and not _is_word(_at(toks, start + 1), "transaction"):
+            return _IGNORED
+        return StatementInfo("begin", table_lock=immediate, isolation=level)
+    if word == "set" and _is_word(_at(toks, start + 1), "transaction"):
+        for k in range(start + 2, len(toks)):
+            if _is_word(toks[k], "level"):
+                return StatementInfo("isolation", isolation=_isolation(toks, k + 1))
+    return _IGNORED
+
+
+def classify_statement(
+    sql: str,
+    *,
+    paramstyle: str = "pyformat",
+    stock_tables: Mapping[str, StockTable] | None = None,
+) -> StatementInfo:
+    """Classify one SQL text the way the listeners do (for tests and for "why?" questions).
+
+    ``paramstyle`` is the DBAPI style of the text (``pyformat`` for psycopg, ``numeric_dollar``
+    for SQLAlchemy's asyncpg dialect, ``qmark`` for SQLite, ``named``, ``numeric``,
+    ``format``); ``stock_tables`` defaults to ``{"products": StockTable()}``. Never raises on
+    unusual SQL: what it does not understand is ``kind="other"``.
+
+    Example::
+
+        >>> info = classify_statement(
+        ...     "UPDATE products SET available_stock = %(v)s WHERE sku = %(sku)s"
+        ... )
+        >>> info.write, info.keys
+        ('blind', (('sku', (True, 'sku')),))
+    """
+    tables = _Tables(stock_tables if stock_tables is not None else {"products": StockTable()})
+    return _classify_tokens(_tokenize(sql, paramstyle), tables)

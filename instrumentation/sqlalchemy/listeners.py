@@ -1,0 +1,433 @@
+"""The engine event listeners: lock waits, SQLSTATE failures, conflicts, unsafe writes."""
+
+from __future__ import annotations
+
+import time
+import weakref
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Literal
+
+import structlog
+from opentelemetry import trace as otel_trace
+from opentelemetry.trace import SpanKind, StatusCode, TracerProvider
+
+from .. import events
+from ..outcomes import sqlstate_of
+from ..reservation import current_reservation
+from ..sentry import Sentry
+from ..tracing import TRACER_NAME, exemplar_for
+from .classifier import _classify_tokens
+from .clauses import _Tables
+from .location import _app_location
+from .model import (
+    _COMPONENT,
+    _IGNORED,
+    _MAX_KEY_CHARS,
+    _PLAN_CACHE_SIZE,
+    SpanMode,
+    StatementInfo,
+)
+from .state import (
+    _ANY_ROW,
+    _ConnState,
+    _Key,
+    _normalise,
+    _Read,
+    _remember,
+    _request_reads,
+    _reservation_reads,
+    _scope,
+)
+from .tokens import _tokenize
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Connection, ExceptionContext
+    from sqlalchemy.engine.interfaces import DBAPICursor, ExecutionContext
+
+_T0 = "_stocksentry_t0"
+_SPAN = "_stocksentry_span"
+_STATE = "_stocksentry_state"
+# The SQLSTATEs that refuse a statement for concurrency (deadlock, serialization failure,
+# lock timeout), and the line each one logs.
+_SQLSTATE_EVENTS = {
+    "40P01": events.DB_DEADLOCK,
+    "40001": events.DB_SERIALIZATION_FAILURE,
+    "55P03": events.DB_LOCK_TIMEOUT,
+}
+
+
+class _Instrumentation:
+    """The listeners of one engine. Holds no reference to the engine itself."""
+
+    def __init__(
+        self,
+        sentry: Sentry,
+        tables: _Tables,
+        dialect_name: str,
+        paramstyle: str,
+        span_mode: SpanMode,
+        tracer_provider: TracerProvider | None,
+        read_window: float,
+    ) -> None:
+        self.sentry = sentry
+        self.metrics = sentry.metrics
+        self.tables = tables
+        self.dialect_name = dialect_name
+        self.paramstyle = paramstyle
+        self.span_mode = span_mode
+        self.read_window = read_window
+        self.plans: dict[str, StatementInfo] = {}
+        # Per-Connection state lives in the Connection's own __dict__ (it goes with the
+        # Connection, one checkout); this map is the fallback for a Connection class
+        # without a __dict__.
+        self.conns: weakref.WeakKeyDictionary[Connection, _ConnState] = weakref.WeakKeyDictionary()
+        self.lock_tracer: Any = None
+        if span_mode == "locking":
+            if tracer_provider is None and sentry.tracer is not None:
+                self.lock_tracer = sentry.tracer
+            else:
+                self.lock_tracer = otel_trace.get_tracer(
+                    TRACER_NAME, tracer_provider=tracer_provider
+                )
+        # (event name, listener) of everything listen()ed on the engine, for uninstrument;
+        # never the engine itself, which holds this object through its listeners.
+        self.listeners: list[tuple[str, Callable[..., Any]]] = []
+        self.otel_entries: list[Any] = []
+
+    # --- classification --------------------------------------------------------------------
+
+    def plan(self, statement: str) -> StatementInfo:
+        plan = self.plans.get(statement)
+        if plan is None:
+            plan = _classify_tokens(_tokenize(statement, self.paramstyle), self.tables)
+            if len(self.plans) >= _PLAN_CACHE_SIZE:
+                self.plans.clear()
+            self.plans[statement] = plan
+        return plan
+
+    def state(self, conn: Connection) -> _ConnState:
+        try:
+            attrs = conn.__dict__
+        except AttributeError:  # pragma: no cover - SQLAlchemy 2.0's Connection has one
+            state = self.conns.get(conn)
+            if state is None:
+                state = self.conns[conn] = _ConnState()
+            return state
+        state = attrs.get(_STATE)
+        if state is None:
+            state = attrs[_STATE] = _ConnState()
+        return state
+
+    def existing_state(self, conn: Connection) -> _ConnState | None:
+        state = getattr(conn, _STATE, None)
+        return state if isinstance(state, _ConnState) else self.conns.get(conn)
+
+    # --- events ----------------------------------------------------------------------------
+
+    def before_cursor_execute(
+        self,
+        conn: Connection,
+        cursor: DBAPICursor,
+        statement: str,
+        parameters: Any,
+        context: ExecutionContext | None,
+        executemany: bool,
+    ) -> tuple[str, Any]:
+        # Registered with retval=True (the statement goes back unchanged): SQLAlchemy
+        # would otherwise wrap the listener in one more call per statement.
+        try:
+            plan = self.plans.get(statement) or self.plan(statement)
+            if plan.kind in ("begin", "isolation"):
+                self._begin(conn, plan)
+                return statement, parameters
+            if not plan.locking or context is None:
+                return statement, parameters
+            if self.lock_tracer is not None:
+                span = self.lock_tracer.start_span(
+                    "stock.db.lock",
+                    kind=SpanKind.CLIENT,
+                    attributes={
+                        "db.system.name": self.dialect_name,
+                        "stock.table": plan.table or "unknown",
+                        "stock.lock": plan.lock_clause or "",
+                    },
+                )
+                context.__dict__[_SPAN] = span
+            # Last, so the figure is the statement's own time.
+            context.__dict__[_T0] = time.perf_counter()
+        except Exception as exc:
+            self.sentry.internal_error(_COMPONENT, exc)
+        return statement, parameters
+
+    def after_cursor_execute(
+        self,
+        conn: Connection,
+        cursor: DBAPICursor,
+        statement: str,
+        parameters: Any,
+        context: ExecutionContext | None,
+        executemany: bool,
+    ) -> None:
+        try:
+            plan = self.plans.get(statement) or self.plan(statement)
+            if plan.locking and context is not None:
+                self._lock_done(plan, context, None)
+        except Exception as exc:
+            self.sentry.internal_error(_COMPONENT, exc)
+            plan = self.plans.get(statement, _IGNORED)
+        # Apart, so that a failure in one part does not switch off the other.
+        try:
+            if plan.stock and not executemany:
+                self._stock_statement(conn, cursor, plan, parameters)
+        except Exception as exc:
+            self.sentry.internal_error(_COMPONENT, exc)
+
+    def handle_error(self, ctx: ExceptionContext) -> None:
+        try:
+            statement = ctx.statement
+            plan = self.plan(statement) if isinstance(statement, str) else None
+            context = ctx.execution_context
+            state = sqlstate_of(ctx.original_exception) or sqlstate_of(ctx.sqlalchemy_exception)
+            if plan is not None and plan.locking and context is not None:
+                self._lock_done(plan, context, state)
+            event = _SQLSTATE_EVENTS.get(state) if state is not None else None
+            if event is None:
+                return
+            table = plan.table if plan is not None else None
+            if table is None and ctx.connection is not None:
+                # A failure at COMMIT (SERIALIZABLE) names no statement: use the last stock
+                # table this connection worked on.
+                held = self.existing_state(ctx.connection)
+                table = held.last_table if held is not None else None
+            table = table or "unknown"
+            if state == "40P01":
+                self.metrics.db_deadlock(table)
+            elif state == "40001":
+                self.metrics.db_serialization_failure(table)
+            if self.sentry.log_enabled:
+                getattr(self.sentry.logger, event.level)(event.name, table=table, sqlstate=state)
+        except Exception as exc:
+            self.sentry.internal_error(_COMPONENT, exc)
+
+    # --- pieces ----------------------------------------------------------------------------
+
+    def _begin(self, conn: Connection, plan: StatementInfo) -> None:
+        state = self.state(conn)
+        txn = conn.get_transaction()
+        if txn is None:
+            state.pending = plan
+        else:
+            state.sync(txn)
+            state.apply_begin(plan)
+
+    def _lock_done(self, plan: StatementInfo, context: Any, sqlstate: str | None) -> None:
+        t0 = context.__dict__.pop(_T0, None)
+        if t0 is None:
+            return
+        elapsed = time.perf_counter() - t0
+        span = context.__dict__.pop(_SPAN, None) if self.lock_tracer is not None else None
+        exemplar = exemplar_for(span if span is not None else otel_trace.get_current_span())
+        self.metrics.db_lock_wait(plan.table or "unknown", elapsed, exemplar)
+        if span is not None:
+            if sqlstate is not None and span.is_recording():
+                span.set_attribute("db.response.status_code", sqlstate)
+                span.set_status(StatusCode.ERROR)
+            span.end()
+
+    def _resolve(self, plan: StatementInfo, parameters: Any) -> list[_Key]:
+        keys: list[_Key] = []
+        label = plan.table or "unknown"
+        for column, (is_param, ref) in plan.keys:
+            if is_param:
+                try:
+                    value = parameters[ref]
+                except (KeyError, IndexError, TypeError):
+                    continue
+            else:
+                value = ref
+            # Most keys are plain str or int: skip the call for them.
+            kind = type(value)
+            if kind is not int and (kind is not str or len(value) > _MAX_KEY_CHARS):
+                value = _normalise(value)
+            keys.append((label, column, value))
+        return keys
+
+    def _stock_statement(
+        self, conn: Connection, cursor: DBAPICursor, plan: StatementInfo, parameters: Any
+    ) -> None:
+        kind = plan.kind
+        if kind == "lock":
+            if plan.table_lock:
+                locker = self.state(conn)
+                locker.sync(conn.get_transaction())
+                locker.lock_all.add(plan.table or "unknown")
+            return
+        keys = self._resolve(plan, parameters) if plan.keys else []
+        if kind == "select":
+            if keys and (plan.reads_stock or plan.protects_rows):
+                self._read(conn, plan, keys)
+            return
+        if kind not in ("update", "delete"):
+            return
+        rowcount = getattr(cursor, "rowcount", -1)
+        if plan.returning and self.dialect_name == "sqlite":
+            # pysqlite counts RETURNING rows only as they are fetched: unknown here.
+            rowcount = -1
+        state = self.state(conn) if keys or kind == "update" else None
+        if state is not None:
+            state.sync(conn.get_transaction())
+            state.last_table = plan.table
+        if plan.write == "blind" and not plan.conditional and keys and rowcount != 0:
+            self._check_write(conn, plan, keys, state)
+        if plan.conditional and rowcount == 0:
+            self._no_row(plan, keys)
+        elif plan.conditional and rowcount > 0:
+            # A retry that now matched undoes the conflict an earlier attempt implied.
+            reservation = current_reservation()
+            if reservation is not None:
+                reservation.implied_outcome(None)
+        if keys and state is not None and rowcount != 0:
+            state.locks.update(keys)
+
+    def _read(self, conn: Connection, plan: StatementInfo, keys: list[_Key]) -> None:
+        """A SELECT naming stock rows: remember the read, and the row locks it took."""
+        state = self.state(conn)
+        state.sync(conn.get_transaction())
+        if self._autocommit(conn):
+            locked = False  # each statement is its own transaction: no lock outlives it
+        elif plan.protects_rows:
+            state.locks.update(keys)
+            locked = True
+        else:
+            table = plan.table or "unknown"
+            locked = (
+                "*" in state.lock_all
+                or table in state.lock_all
+                or any(k in state.locks for k in keys)
+            )
+        if not plan.reads_stock:
+            return
+        read = _Read(locked, state.txn, time.monotonic())
+        reservation = current_reservation()
+        res_store = _scope(_reservation_reads, reservation, True) if reservation else None
+        request_id = structlog.contextvars.get_contextvars().get("request_id")
+        req_store = _scope(_request_reads, request_id, True) if request_id is not None else None
+        for key in keys:
+            _remember(state.reads, key, read)
+            if res_store is not None:
+                _remember(res_store, key, read)
+                # A reservation is for one SKU: a later write keyed by another column (the
+                # ORM reads by sku and flushes by id) is taken to be about the same row.
+                _remember(res_store, (key[0], _ANY_ROW, key[1]), read)
+            if req_store is not None:
+                _remember(req_store, key, read)
+
+    def _check_write(
+        self,
+        conn: Connection,
+        plan: StatementInfo,
+        keys: list[_Key],
+        state: _ConnState | None,
+    ) -> None:
+        if state is None:
+            return
+        now = time.monotonic()
+        oldest = now - self.read_window
+        reservation = current_reservation()
+        request_id = structlog.contextvars.get_contextvars().get("request_id")
+        stores: list[tuple[str, dict[_Key, _Read]]] = [("connection", state.reads)]
+        res_store = _scope(_reservation_reads, reservation, False) if reservation else None
+        if res_store is not None:
+            stores.append(("reservation", res_store))
+        if request_id is not None:
+            store = _scope(_request_reads, request_id, False)
+            if store is not None:
+                stores.append(("request", store))
+        latest: _Read | None = None
+        latest_scope = ""
+        latest_key: _Key | None = None
+        for key in keys:
+            for scope_name, store in stores:
+                read = store.pop(key, None)  # a write uses up the read it was computed from
+                if read is None or read.at < oldest:
+                    continue
+                if latest is None or read.at > latest.at:
+                    latest, latest_scope, latest_key = read, scope_name, key
+        if res_store is not None:
+            # Within a reservation, a read keyed by another column of the same table (read
+            # by sku, written by id, as the ORM does) is taken to be about this row, when
+            # no read of this very key decided. Used up by the write either way.
+            table = keys[0][0]
+            written = {key[1] for key in keys}
+            exact = latest is not None
+            for any_key in [k for k in list(res_store) if k[0] == table and k[1] == _ANY_ROW]:
+                read = res_store.pop(any_key, None)
+                if exact or read is None or read.at < oldest or any_key[2] in written:
+                    continue  # same key column, other value: another row
+                if latest is None or read.at > latest.at:
+                    latest, latest_scope, latest_key = read, "reservation", keys[0]
+        if latest is None or latest_key is None:
+            return  # a blind write without a read we saw (a restock, an admin fix)
+        txn = conn.get_transaction()
+        same_txn = txn is not None and latest.txn is not None and latest.txn() is txn
+        if same_txn and (latest.locked or self._serializable(conn, state)):
+            return
+        table = plan.table or "unknown"
+        self.metrics.unsafe_read_modify_write(table)
+        if self.sentry.log_enabled:
+            code, function = _app_location()
+            self.sentry.logger.warning(
+                events.UNSAFE_READ_MODIFY_WRITE.name,
+                table=table,
+                key_column=latest_key[1],
+                key=str(latest_key[2]),
+                code=code,
+                function=function,
+                read_scope=latest_scope,
+                read_age_s=round(now - latest.at, 3),
+                read_locked=latest.locked,
+                same_transaction=same_txn,
+            )
+
+    def _no_row(self, plan: StatementInfo, keys: list[_Key]) -> None:
+        reason: Literal["out_of_stock", "lost_race"] = (
+            "out_of_stock" if plan.write == "self" else "lost_race"
+        )
+        reservation = current_reservation()
+        if reservation is not None:
+            reservation.implied_outcome(reason)
+            return
+        # Outside a reservation there is no SKU label or outcome to attach it to: a debug
+        # line only, so a batch job's guarded updates do not count as checkout conflicts.
+        if self.sentry.log_enabled:
+            self.sentry.logger.debug(
+                events.STOCK_UPDATE_MATCHED_NO_ROW.name,
+                table=plan.table,
+                reason=reason,
+                key=str(keys[0][2]) if keys else None,
+            )
+
+    def _autocommit(self, conn: Connection) -> bool:
+        level = conn.get_execution_options().get("isolation_level")
+        if level is None:
+            # create_engine(isolation_level=...) is kept by the dialect; SQLAlchemy has no
+            # public accessor for it that avoids a round trip.
+            level = getattr(conn.dialect, "_on_connect_isolation_level", None)
+        return level == "AUTOCOMMIT"
+
+    def _serializable(self, conn: Connection, state: _ConnState) -> bool:
+        """Whether a plain read and a write in one transaction cannot lose an update."""
+        if self.dialect_name == "sqlite":
+            # Only a BEGIN the application sends makes pysqlite read inside the transaction
+            # (by default it begins before the first write); then SQLite is serializable.
+            return state.begun
+        if self.dialect_name != "postgresql":
+            return False  # e.g. MySQL's REPEATABLE READ does lose updates
+        level = (
+            state.isolation
+            or conn.get_execution_options().get("isolation_level")
+            or getattr(conn.dialect, "_on_connect_isolation_level", None)
+            or conn.default_isolation_level
+        )
+        # PostgreSQL aborts the write with 40001 if the row changed since the snapshot.
+        return level in ("REPEATABLE READ", "SERIALIZABLE")

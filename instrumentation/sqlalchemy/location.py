@@ -1,0 +1,108 @@
+"""The code location of a detection: the first frame that is the application's own."""
+
+from __future__ import annotations
+
+import os
+import sys
+import sysconfig
+from types import FrameType
+
+# The whole stocksentry.instrumentation package (the recording API, this integration):
+# none of its frames is the application's.
+_HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_DRIVER_PACKAGES = (
+    "sqlalchemy",
+    "psycopg",
+    "psycopg2",
+    "psycopg_pool",
+    "asyncpg",
+    "aiosqlite",
+    "greenlet",
+    "pymysql",
+    "opentelemetry",
+    "wrapt",
+    "structlog",
+)
+
+
+_LIBRARIES: list[tuple[tuple[bool, ...], _Libraries]] = []
+
+
+def _libraries() -> _Libraries:
+    # sysconfig.get_paths() costs ~0.2 ms: build once, again only when a driver loads.
+    loaded = tuple(name in sys.modules for name in _DRIVER_PACKAGES)
+    if _LIBRARIES and _LIBRARIES[0][0] == loaded:
+        return _LIBRARIES[0][1]
+    libraries = _Libraries()
+    _LIBRARIES[:] = [(loaded, libraries)]
+    return libraries
+
+
+class _Libraries:
+    """Folders whose frames are not application code: drivers, SQLAlchemy, us, the stdlib.
+
+    The stdlib folder may contain site-packages (Python installed without a venv), where
+    the application itself can live, so site-packages is carved out of it.
+    """
+
+    __slots__ = ("drivers", "site", "stdlib")
+
+    def __init__(self) -> None:
+        paths = sysconfig.get_paths()
+
+        def folders(*names: str) -> tuple[str, ...]:
+            return tuple({os.path.abspath(paths[n]) + os.sep for n in names if n in paths})
+
+        self.stdlib = folders("stdlib", "platstdlib")
+        self.site = folders("purelib", "platlib")
+        drivers = {_HERE + os.sep}
+        for name in _DRIVER_PACKAGES:
+            file = getattr(sys.modules.get(name), "__file__", None)
+            if file:
+                drivers.add(os.path.dirname(os.path.abspath(file)) + os.sep)
+        self.drivers = tuple(drivers)
+
+    def __contains__(self, filename: str) -> bool:
+        if filename.startswith("<"):  # <frozen ...>, <string>: generated or bootstrap code
+            return True
+        path = os.path.abspath(filename)
+        if path.startswith(self.drivers):
+            return True
+        if path.startswith(self.site):
+            return False
+        return path.startswith(self.stdlib)
+
+
+def _first_app_frame(frame: FrameType | None, libraries: _Libraries) -> FrameType | None:
+    while frame is not None:
+        if frame.f_code.co_filename not in libraries:
+            return frame
+        frame = frame.f_back
+    return None
+
+
+def _app_location() -> tuple[str, str]:
+    """``(file:line, function)`` of the first frame outside SQLAlchemy, drivers and stocksentry.
+
+    Under an ``AsyncEngine`` the listener runs in a greenlet whose stack ends in SQLAlchemy;
+    the application's coroutine is suspended in the parent greenlet, so its frames are
+    searched next.
+    """
+    libraries = _libraries()
+    frame = _first_app_frame(sys._getframe(1), libraries)
+    if frame is None:
+        greenlet = sys.modules.get("greenlet")
+        parent = greenlet.getcurrent().parent if greenlet is not None else None
+        while frame is None and parent is not None:
+            frame = _first_app_frame(parent.gr_frame, libraries)
+            parent = parent.parent
+    if frame is None:
+        return "unknown", "unknown"
+    filename = frame.f_code.co_filename
+    try:
+        relative = os.path.relpath(filename)
+        if not relative.startswith(".."):
+            filename = relative
+    except ValueError:  # another drive (Windows)
+        pass
+    return f"{filename}:{frame.f_lineno}", frame.f_code.co_name

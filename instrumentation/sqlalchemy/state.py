@@ -1,0 +1,132 @@
+"""Run-time state of the detector: remembered reads, per-connection locks, scopes, keys."""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from contextvars import ContextVar
+from decimal import Decimal
+from typing import TYPE_CHECKING, TypeAlias
+from uuid import UUID
+
+from .model import _MAX_KEY_CHARS, _READS_PER_SCOPE, StatementInfo
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine.base import RootTransaction
+
+_Key: TypeAlias = tuple[str, str, object]  # table label, key column, normalised value
+# In a reservation's store, (table, _ANY_ROW, key column) holds the table's latest read.
+_ANY_ROW = "\x00any"
+
+
+class _Read:
+    """One remembered read of a stock value."""
+
+    __slots__ = ("at", "locked", "txn")
+
+    def __init__(self, locked: bool, txn: weakref.ref[RootTransaction] | None, at: float) -> None:
+        self.locked = locked
+        self.txn = txn
+        self.at = at
+
+
+class _ConnState:
+    """Per SQLAlchemy ``Connection`` (one checkout): its reads, its transaction's locks."""
+
+    __slots__ = (
+        "begun",
+        "isolation",
+        "last_table",
+        "lock_all",
+        "locks",
+        "pending",
+        "reads",
+        "txn",
+    )
+
+    def __init__(self) -> None:
+        self.reads: dict[_Key, _Read] = {}
+        self.txn: weakref.ref[RootTransaction] | None = None
+        self.locks: set[_Key] = set()
+        self.lock_all: set[str] = set()
+        self.isolation: str | None = None
+        self.begun = False
+        # A BEGIN seen inside SQLAlchemy's "begin" event, before its transaction object
+        # exists; it belongs to the transaction seen next.
+        self.pending: StatementInfo | None = None
+        self.last_table: str | None = None
+
+    def sync(self, txn: RootTransaction | None) -> None:
+        """Forget the locks of a transaction that has ended."""
+        current = self.txn
+        if current is not None and txn is not None and current() is txn:
+            return
+        if current is None and txn is None:
+            return
+        self.locks.clear()
+        self.lock_all.clear()
+        self.isolation = None
+        self.begun = False
+        self.txn = weakref.ref(txn) if txn is not None else None
+        pending = self.pending
+        if pending is not None and txn is not None:
+            self.pending = None
+            self.apply_begin(pending)
+
+    def apply_begin(self, info: StatementInfo) -> None:
+        if info.kind == "begin":
+            self.begun = True
+            if info.table_lock:
+                self.lock_all.add("*")
+        if info.isolation is not None:
+            self.isolation = info.isolation
+
+
+def _remember(store: dict[_Key, _Read], key: _Key, read: _Read) -> None:
+    store.pop(key, None)  # re-insert at the end: the oldest entry is first
+    store[key] = read
+    if len(store) > _READS_PER_SCOPE:
+        # Another thread may have changed the store meanwhile: then it is small enough.
+        with contextlib.suppress(StopIteration, KeyError, RuntimeError):
+            del store[next(iter(store))]
+
+
+# Reads remembered for the active reservation and for the bound request_id. The var holds
+# (owner, store): a store belongs to one reservation / request, a new owner starts afresh,
+# so the reads of an ended reservation are never seen again.
+_reservation_reads: ContextVar[tuple[object, dict[_Key, _Read]] | None] = ContextVar(
+    "stocksentry_sqlalchemy_reservation_reads", default=None
+)
+_request_reads: ContextVar[tuple[object, dict[_Key, _Read]] | None] = ContextVar(
+    "stocksentry_sqlalchemy_request_reads", default=None
+)
+
+
+def _scope(
+    var: ContextVar[tuple[object, dict[_Key, _Read]] | None], owner: object, create: bool
+) -> dict[_Key, _Read] | None:
+    held = var.get()
+    if held is not None and (held[0] is owner or held[0] == owner):
+        return held[1]
+    if not create:
+        return None
+    store: dict[_Key, _Read] = {}
+    var.set((owner, store))
+    return store
+
+
+def _normalise(value: object) -> object:
+    """A comparable form of a key value: 5, 5.0 and Decimal(5) meet; long strings are cut."""
+    if isinstance(value, bool | int):
+        return value
+    if isinstance(value, str):
+        return value[:_MAX_KEY_CHARS]
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, Decimal) and value == value.to_integral_value():
+        return int(value)
+    if isinstance(value, UUID):
+        return str(value)
+    if isinstance(value, bytes):
+        return value[:_MAX_KEY_CHARS]
+    return str(value)[:_MAX_KEY_CHARS]

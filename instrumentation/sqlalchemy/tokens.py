@@ -1,0 +1,159 @@
+"""A small SQL tokenizer: words, quoted names, literals, parameters and operators.
+
+It knows the quoting and parameter styles of PostgreSQL, SQLite and MySQL well enough to
+find clauses and bound parameters; it never raises on odd input. Standard library only.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, TypeAlias
+
+# Token kinds.
+_W = 0  # word (keyword or unquoted identifier), lower-cased
+_Q = 1  # quoted identifier, lower-cased for matching
+_S = 2  # string literal (its value)
+_N = 3  # number literal (its value)
+_P = 4  # bound parameter (name or position)
+_O = 5  # operator or punctuation
+
+_Tok: TypeAlias = tuple[int, Any, int]  # kind, value, parenthesis depth
+
+_SCAN = re.compile(
+    r"""
+    (?P<sp>\s+)
+  | (?P<lc>--[^\n]*)
+  | (?P<bc>/\*)
+  | (?P<es>[eE]'(?:[^'\\]|\\.|'')*(?:'|\Z))
+  | (?P<s>(?:[nNbBxX]|[uU]&)?'(?:[^']|'')*(?:'|\Z))
+  | (?P<q>(?:[uU]&)?"(?:[^"]|"")*(?:"|\Z))
+  | (?P<bt>`(?:[^`]|``)*(?:`|\Z))
+  | (?P<dollar>\$(?:(?P<num>\d+)|(?P<tag>[A-Za-z_]\w*)?\$))
+  | (?P<pyf>%\((?P<pyname>[^)]*)\)s)
+  | (?P<fmt>%s)
+  | (?P<pct>%%)
+  | (?P<cast>::)
+  | (?P<colon>:(?:(?P<cnum>\d+)|(?P<cname>[A-Za-z_]\w*)))
+  | (?P<n>(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)
+  | (?P<w>[^\W\d]\w*)
+  | (?P<o><=|>=|<>|!=|\|\||.)
+    """,
+    re.VERBOSE | re.DOTALL,
+)
+
+
+def _number(text: str) -> int | float:
+    try:
+        return int(text)
+    except ValueError:
+        return float(text)
+
+
+def _tokenize(sql: str, paramstyle: str) -> list[_Tok]:
+    """Tokens of ``sql`` without whitespace and comments; never raises on odd input."""
+    out: list[_Tok] = []
+    depth = 0
+    position = 0  # for positional parameter styles
+    pos = 0
+    end = len(sql)
+    qmark = paramstyle == "qmark"
+    fmt = paramstyle in ("format", "pyformat")
+    dollar = paramstyle == "numeric_dollar"
+    numeric = paramstyle == "numeric"
+    named = paramstyle == "named"
+    scan = _SCAN.match
+    while pos < end:
+        m = scan(sql, pos)
+        if m is None:  # pragma: no cover - the last alternative matches any character
+            break
+        group = m.lastgroup
+        text = m.group()
+        pos = m.end()
+        if group == "sp" or group == "lc":
+            continue
+        if group == "bc":
+            # PostgreSQL nests block comments.
+            level = 1
+            while level and pos < end:
+                nxt_open = sql.find("/*", pos)
+                nxt_close = sql.find("*/", pos)
+                if nxt_close < 0:
+                    pos = end
+                    break
+                if 0 <= nxt_open < nxt_close:
+                    level += 1
+                    pos = nxt_open + 2
+                else:
+                    level -= 1
+                    pos = nxt_close + 2
+            continue
+        if group == "es" or group == "s":
+            body = text[text.index("'") + 1 :]
+            if body.endswith("'"):
+                body = body[:-1]
+            if group == "es":
+                body = body.replace("\\'", "'")
+            out.append((_S, body.replace("''", "'"), depth))
+        elif group == "q" or group == "bt":
+            quote = '"' if group == "q" else "`"
+            body = text[text.index(quote) + 1 :]
+            if body.endswith(quote):
+                body = body[:-1]
+            out.append((_Q, body.replace(quote * 2, quote).lower(), depth))
+        elif group == "dollar":
+            number = m.group("num")
+            if number is not None:
+                if dollar:
+                    out.append((_P, int(number) - 1, depth))
+                else:
+                    out.append((_O, "$", depth))
+                    out.append((_N, int(number), depth))
+                continue
+            # A dollar-quoted string: the body runs to the same tag.
+            close = sql.find(text, pos)
+            body = sql[pos:close] if close >= 0 else sql[pos:]
+            pos = close + len(text) if close >= 0 else end
+            out.append((_S, body, depth))
+        elif group == "pyf":
+            if fmt:
+                out.append((_P, m.group("pyname"), depth))
+            else:
+                out.append((_O, "%", depth))
+                pos = m.start() + 1
+        elif group == "fmt":
+            if fmt:
+                out.append((_P, position, depth))
+                position += 1
+            else:
+                out.append((_O, "%", depth))
+                pos = m.start() + 1
+        elif group == "pct":
+            out.append((_O, "%", depth))
+            if not fmt:
+                pos = m.start() + 1
+        elif group == "cast":
+            out.append((_O, "::", depth))
+        elif group == "colon":
+            if numeric and m.group("cnum") is not None:
+                out.append((_P, int(m.group("cnum")) - 1, depth))
+            elif named and m.group("cname") is not None:
+                out.append((_P, m.group("cname"), depth))
+            else:
+                out.append((_O, ":", depth))
+                pos = m.start() + 1
+        elif group == "n":
+            out.append((_N, _number(text), depth))
+        elif group == "w":
+            out.append((_W, text.lower(), depth))
+        elif text == "?" and qmark:
+            out.append((_P, position, depth))
+            position += 1
+        elif text == "(":
+            out.append((_O, "(", depth))
+            depth += 1
+        elif text == ")":
+            depth = max(0, depth - 1)
+            out.append((_O, ")", depth))
+        else:
+            out.append((_O, text, depth))
+    return out
