@@ -1,8 +1,8 @@
 """The one builder of the invariant SQL: its text, its parameters, and what it finds.
 
 The statements run here on an in-memory SQLite database (the standard library's), so the
-builder is checked without a server; tests/integration/test_probes_match_reconcile.py checks that the
-probes and reconcile read the same figures from PostgreSQL through it.
+builder is checked without a server; tests/integration/test_probes_match_reconcile.py
+checks that the probes and reconcile read the same figures from PostgreSQL through it.
 """
 
 from __future__ import annotations
