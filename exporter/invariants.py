@@ -25,13 +25,14 @@ Example::
     >>> from stocksentry.exporter.config import SchemaConfig
     >>> sql = InvariantSql(SchemaConfig())
     >>> query = sql.negative_stock()
-    >>> query.text()
-    'SELECT p."sku" AS sku, p."available_stock" AS stock FROM "products" AS p WHERE p."available_stock" < 0 ORDER BY p."available_stock", p."sku"'
+    >>> query.text().split(" WHERE ")  # doctest: +NORMALIZE_WHITESPACE
+    ['SELECT p."sku" AS sku, p."available_stock" AS stock FROM "products" AS p',
+     'p."available_stock" < 0 ORDER BY p."available_stock", p."sku"']
     >>> query.columns
     ('sku', 'stock')
     >>> sql.negative_stock(skus=["EGG-01"]).params
     {'sku0': 'EGG-01'}
-"""  # noqa: E501 - a doctest's expected output is one line
+"""
 
 # ruff: noqa: S608 - this module builds SQL text: identifiers only through quote(), values
 # only as parameters.
