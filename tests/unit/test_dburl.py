@@ -63,3 +63,12 @@ def test_demo_does_not_echo_an_unparseable_database() -> None:
     )
     assert done.returncode == 2
     assert "hunter2" not in done.stdout + done.stderr
+
+
+def test_docstring_examples() -> None:
+    import doctest
+
+    from stocksentry.exporter import dburl
+
+    result = doctest.testmod(dburl)
+    assert (result.failed, result.attempted) == (0, 2)

@@ -148,3 +148,15 @@ def test_the_invariants_are_the_ones_reconcile_reports() -> None:
     from stocksentry.exporter.investigate.reconcile import FINDING_KINDS
 
     assert FINDING_KINDS == INVARIANTS
+
+
+def test_docstring_examples() -> None:
+    import doctest
+
+    from stocksentry.exporter import invariants
+    from stocksentry.exporter.investigate import reconcile
+
+    for module in (invariants, reconcile):
+        result = doctest.testmod(module)
+        assert result.failed == 0, module.__name__
+        assert result.attempted > 0, module.__name__
