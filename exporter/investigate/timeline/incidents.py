@@ -33,9 +33,11 @@ class Write(NamedTuple):
 
     @property
     def line(self) -> str:
+        """Where it was logged, as ``source:lineno``."""
         return f"{self.source}:{self.lineno}"
 
     def same_record(self, other: Write) -> bool:
+        """Whether ``other`` is this very record seen again."""
         # The same line delivered twice (log shipper retry, overlapping rotated files).
         return (
             self.name == other.name
@@ -46,6 +48,8 @@ class Write(NamedTuple):
 
 
 class Check(NamedTuple):
+    """A request's ``stock_check``: the value it read, opening its check-to-write window."""
+
     available: int | None
     ts: float
     source: str
@@ -53,6 +57,7 @@ class Check(NamedTuple):
 
     @property
     def line(self) -> str:
+        """Where it was logged, as ``source:lineno``."""
         return f"{self.source}:{self.lineno}"
 
 
@@ -96,6 +101,7 @@ class Incident:
         self.dropped = 0
 
     def finding(self, fmt: TimeFormat) -> Finding:
+        """The finding, its times written with ``fmt``."""
         raise NotImplementedError
 
     def _participants(self) -> list[Write]:
@@ -113,6 +119,8 @@ class Incident:
 
 
 class SameFrom(Incident):
+    """A lost update: writes on one SKU that all started from the same old value."""
+
     kind: FindingKind = "lost_update"
 
     def __init__(self, sku: str, frm: int, first: Write, second: Write) -> None:
@@ -149,6 +157,8 @@ class SameFrom(Incident):
 
 
 class Overwrite(Incident):
+    """A lost update: a write over another request's write that its writer never read."""
+
     kind: FindingKind = "lost_update"
 
     def __init__(self, sku: str, previous: Write, write: Write, check: Check) -> None:
@@ -173,6 +183,8 @@ class Overwrite(Incident):
 
 
 class StaleRead(Incident):
+    """Reads of a SKU that missed its latest write already logged."""
+
     kind: FindingKind = "stale_read"
 
     def __init__(self, sku: str, write: Write) -> None:
@@ -211,6 +223,8 @@ class StaleRead(Incident):
 
 
 class Duplicate(Incident):
+    """One idempotency key or payment reference that reserved or paid more than once."""
+
     kind: FindingKind = "duplicate_execution"
 
     def __init__(self, sku: str | None, what: str, how: str, first: Write, second: Write) -> None:
