@@ -334,7 +334,7 @@ def add_reconcile_parser(commands: Subcommands) -> None:
         help="audit the database: negative stock, oversold SKUs, duplicate orders per key",
         description=(
             "Run the oversell audit read-only (safe during a sale): exit 0 when every "
-            "invariant holds, 1 when any is violated, 2 on bad input."
+            "invariant holds, 1 when any is violated, 2 on bad input, 130 when interrupted."
         ),
     )
     parser.add_argument(
