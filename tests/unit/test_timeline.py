@@ -11,6 +11,8 @@ import io
 import json
 import logging
 import pkgutil
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -802,3 +804,24 @@ def test_docstring_examples() -> None:
         module.__name__ for module, result in zip(modules, results, strict=True) if result.failed
     ] == []
     assert sum(result.attempted for result in results) >= 30
+
+
+def test_the_old_path_offers_every_name_of_the_package() -> None:
+    # Both load their names on first use: each listed name must resolve, in both places.
+    assert sorted(timeline.__all__) == sorted(package.__all__)
+    for name in package.__all__:
+        assert getattr(timeline, name) is getattr(package, name)
+    with pytest.raises(AttributeError):
+        _ = timeline.EXIT_OK
+
+
+def test_the_parser_is_built_without_the_analysis() -> None:
+    code = (
+        "import sys, argparse\n"
+        "from stocksentry.exporter.timeline import add_timeline_parser\n"
+        "add_timeline_parser(argparse.ArgumentParser().add_subparsers())\n"
+        "loaded = sorted(m for m in sys.modules if m.startswith(('prometheus_client',"
+        " 'stocksentry.instrumentation', 'stocksentry.exporter.investigate.timeline.analysis')))\n"
+        "assert not loaded, loaded\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

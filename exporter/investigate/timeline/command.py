@@ -1,5 +1,8 @@
 """``stocksentry timeline``: the command: its arguments, its inputs, its output, its exit.
 
+Building the parser imports nothing beyond the standard library and the command-line
+helpers; :func:`run_timeline` imports the analysis when it runs.
+
 Inputs are files (gzip read as is) or ``-`` for stdin, merged in timestamp order. The
 exit status is :class:`~stocksentry.exporter.commandline.ExitCode`'s: 1 with a finding,
 0 without, 2 on bad input (one line on stderr, ``stocksentry timeline: error: ...``),
@@ -19,7 +22,7 @@ import sys
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import IO, TextIO, cast
+from typing import IO, TYPE_CHECKING, TextIO, cast
 
 from ...commandline import (
     CommandError,
@@ -30,11 +33,10 @@ from ...commandline import (
     report_error,
     say,
 )
-from .analysis import analyse
-from .model import DEFAULT_LIMIT, DEFAULT_REORDER_WINDOW, Event
-from .ordering import OrderedEvents
-from .parsing import ReadStats, read_events
-from .report import format_table
+from .limits import DEFAULT_LIMIT, DEFAULT_REORDER_WINDOW
+
+if TYPE_CHECKING:
+    from .model import Event
 
 __all__ = ["InputError", "add_timeline_parser", "run_timeline"]
 
@@ -164,6 +166,13 @@ def run_timeline(args: argparse.Namespace) -> int:
         args = parser.parse_args(["timeline", "app.log.gz", "--sku", "EGG-01"])
         raise SystemExit(run_timeline(args))
     """
+    # The analysis reads the log event catalog, which brings the instrumentation (and
+    # prometheus_client) along: imported here, so that building the parser stays light.
+    from .analysis import analyse
+    from .ordering import OrderedEvents
+    from .parsing import ReadStats, read_events
+    from .report import format_table
+
     err = sys.stderr
     try:
         options = _options(args)

@@ -20,6 +20,17 @@ from stocksentry.instrumentation.events import (
 )
 
 from ...commandline import ExitCode
+from .limits import (
+    DEFAULT_LIMIT,
+    DEFAULT_REORDER_WINDOW,
+    FINDING_PARTICIPANTS,
+    MAX_GROUPS,
+    MAX_KEYS,
+    OPEN_CHECKS,
+    RECENT_FROMS,
+    REORDER_BUFFER,
+    SKIPPED_EXAMPLES,
+)
 from .times import format_time
 
 __all__ = [
@@ -43,25 +54,6 @@ FindingKind = Literal["lost_update", "duplicate_execution", "stale_read"]
 #: Renders a timestamp of the report (with or without the date, as the report needs).
 TimeFormat = Callable[[float], str]
 
-#: Events shown per SKU and per order unless ``--limit`` says otherwise (0: all).
-DEFAULT_LIMIT = 50
-#: Seconds of timestamp disorder inside one input that are put back in order.
-DEFAULT_REORDER_WINDOW = 60.0
-#: Events held per input while reordering, whatever the window says.
-REORDER_BUFFER = 20_000
-#: SKUs and orders that get a timeline of their own; the events of later ones are counted.
-MAX_GROUPS = 1_000
-#: Distinct recent ``from`` values remembered per SKU for the same-old-value rule.
-RECENT_FROMS = 64
-#: Requests with a ``stock_check`` and no ``stock_update`` yet, over all SKUs.
-OPEN_CHECKS = 100_000
-#: Idempotency keys and payment references remembered (first use of each); the oldest are
-#: forgotten beyond this, so a duplicate further apart than that many keys goes unseen.
-MAX_KEYS = 500_000
-#: Requests named in one finding; more are counted, not listed.
-FINDING_PARTICIPANTS = 1_000
-#: Unparsable lines whose position is reported.
-SKIPPED_EXAMPLES = 5
 
 KIND_TITLES: dict[FindingKind, str] = {
     "lost_update": "LOST UPDATE",
