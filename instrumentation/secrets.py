@@ -21,7 +21,7 @@ import hmac
 import re
 from collections.abc import Iterable
 from typing import Final
-from urllib.parse import parse_qs, unquote, urlsplit, urlunsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 __all__ = [
     "REDACTED",
@@ -189,6 +189,8 @@ def mask_url(url: str) -> str | None:
 
         >>> mask_url("postgresql://shop:secret@db/shop?sslmode=require")
         'postgresql://shop:***@db/shop?sslmode=require'
+        >>> mask_url("sqlite:///:memory:")
+        'sqlite:///:memory:'
     """
     if "://" not in url:
         return None
@@ -210,7 +212,12 @@ def mask_url(url: str) -> str | None:
     query = "&".join(
         part for part in parts.query.split("&") if part and "pass" not in part.lower()
     )
-    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+    # Put together by hand: urlunsplit() drops the "//" of an empty authority for schemes
+    # it does not know, turning sqlite:///shop.db into sqlite:/shop.db.
+    shown = f"{parts.scheme}://{netloc}{parts.path}"
+    if query:
+        shown += f"?{query}"
+    return shown + (f"#{parts.fragment}" if parts.fragment else "")
 
 
 # --- secrets inside free text --------------------------------------------------------------

@@ -14,6 +14,8 @@ import sqlalchemy as sa
 from stocksentry.exporter.config import SchemaConfig, parse_config
 from stocksentry.exporter.reconcile import ReconcileError, parse_since, reconcile
 
+pytestmark = pytest.mark.integration
+
 CLI = [sys.executable, "-m", "stocksentry.exporter", "reconcile"]
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 
@@ -185,6 +187,13 @@ def test_parse_since() -> None:
     assert parse_since("2026-11-29T10:00:00") == datetime(2026, 11, 29, 10, tzinfo=UTC)
     with pytest.raises(ReconcileError, match="--since"):
         parse_since("soon")
+    # One duration grammar, Prometheus's: compound units and days both work.
+    assert parse_since("1m30s", now=NOW) == NOW - timedelta(seconds=90)
+    assert parse_since("1d", now=NOW) == NOW - timedelta(days=1)
+    assert parse_since("2w", now=NOW) == NOW - timedelta(weeks=2)
+    for refused in ("1.5h", "30m1h", "-2h", "2x"):
+        with pytest.raises(ReconcileError, match="--since"):
+            parse_since(refused, now=NOW)
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import pytest
-from stocksentry.exporter.dburl import UNPARSEABLE, parse_url, password, shown
+from stocksentry.exporter.dburl import UNPARSEABLE, parse_url, password, scrub, shown
 
 
 def test_plain_postgresql_gets_psycopg() -> None:
@@ -21,6 +21,12 @@ def test_plain_postgresql_gets_psycopg() -> None:
         ("postgresql://u:hunter2@h:5432/db", "postgresql+psycopg://u:***@h:5432/db"),
         ("postgresql://u@h/db?password=hunter2", "postgresql+psycopg://u@h/db"),
         ("host=h user=u password=hunter2", UNPARSEABLE),
+        (
+            "postgresql://u:hunter2@h/db?sslmode=require&sslpassword=hunter2",
+            "postgresql+psycopg://u:***@h/db?sslmode=require",
+        ),
+        ("sqlite:///:memory:", "sqlite:///:memory:"),
+        ("sqlite:////var/lib/shop.db", "sqlite:////var/lib/shop.db"),
     ],
 )
 def test_shown_never_holds_the_password(text: str, expected: str) -> None:
@@ -33,6 +39,12 @@ def test_password_and_unparseable_input() -> None:
     with pytest.raises(ValueError, match="not a database URL") as caught:
         parse_url("host=h password=hunter2")
     assert "hunter2" not in str(caught.value)
+
+
+def test_scrub_blanks_every_secret_of_the_url() -> None:
+    url = "postgresql://u:s%40cret@h/db?password=hunter2"
+    message = "auth failed: s@cret / s%40cret / hunter2"
+    assert scrub(message, url) == "auth failed: *** / *** / ***"
 
 
 def test_demo_does_not_echo_an_unparseable_database() -> None:
@@ -51,3 +63,12 @@ def test_demo_does_not_echo_an_unparseable_database() -> None:
     )
     assert done.returncode == 2
     assert "hunter2" not in done.stdout + done.stderr
+
+
+def test_docstring_examples() -> None:
+    import doctest
+
+    from stocksentry.exporter import dburl
+
+    result = doctest.testmod(dburl)
+    assert (result.failed, result.attempted) == (0, 2)

@@ -6,9 +6,13 @@ import argparse
 import contextvars
 import doctest
 import gzip
+import importlib
 import io
 import json
 import logging
+import pkgutil
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +22,7 @@ import pytest
 import structlog
 from prometheus_client import CollectorRegistry
 from stocksentry.exporter import timeline
+from stocksentry.exporter.investigate import timeline as package
 from stocksentry.exporter.timeline import (
     Event,
     OrderedEvents,
@@ -272,14 +277,13 @@ def test_a_log_given_twice_is_not_a_duplicate_execution(
     assert "stocksentry timeline: 24 events from 24 lines" in out
 
 
-def test_key_memory_is_bounded_and_says_what_it_forgot(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(timeline, "MAX_KEYS", 2)
+def test_key_memory_is_bounded_and_says_what_it_forgot() -> None:
     lines = [
         f"[10:00:0{n}] request_id=R{n} idempotency_key={key} sku=A stock_update"
         f" from={9 - n} to={8 - n} success=true"
         for n, key in enumerate(["K1", "K2", "K3", "K1", "K3"])
     ]
-    report = analyse(read_events(lines))
+    report = analyse(read_events(lines), max_keys=2)
 
     # K1 was forgotten when K3 came, so its second use is not seen; K3's is.
     assert [(f.kind, f.requests) for f in report.findings] == [
@@ -788,7 +792,36 @@ def test_stocksentry_logs_of_a_safe_sequential_sale(
 
 
 def test_docstring_examples() -> None:
-    result = doctest.testmod(timeline)
+    # The old import path and every module of the package it re-exports.
+    modules = [timeline, package]
+    modules += [
+        importlib.import_module(f"{package.__name__}.{info.name}")
+        for info in pkgutil.iter_modules(package.__path__)
+    ]
+    results = [doctest.testmod(module) for module in modules]
 
-    assert result.failed == 0
-    assert result.attempted >= 30
+    assert [
+        module.__name__ for module, result in zip(modules, results, strict=True) if result.failed
+    ] == []
+    assert sum(result.attempted for result in results) >= 30
+
+
+def test_the_old_path_offers_every_name_of_the_package() -> None:
+    # Both load their names on first use: each listed name must resolve, in both places.
+    assert sorted(timeline.__all__) == sorted(package.__all__)
+    for name in package.__all__:
+        assert getattr(timeline, name) is getattr(package, name)
+    with pytest.raises(AttributeError):
+        _ = timeline.EXIT_OK
+
+
+def test_the_parser_is_built_without_the_analysis() -> None:
+    code = (
+        "import sys, argparse\n"
+        "from stocksentry.exporter.timeline import add_timeline_parser\n"
+        "add_timeline_parser(argparse.ArgumentParser().add_subparsers())\n"
+        "loaded = sorted(m for m in sys.modules if m.startswith(('prometheus_client',"
+        " 'stocksentry.instrumentation', 'stocksentry.exporter.investigate.timeline.analysis')))\n"
+        "assert not loaded, loaded\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -1,0 +1,362 @@
+"""The invariant SQL: the one place that says how a double-sell shows in the shop's tables.
+
+A double-sell breaks four invariants, and both the sidecar's probes
+(:mod:`stocksentry.exporter.probes.postgres`) and ``stocksentry reconcile`` check them with
+the statements built here, from the ``schema`` mapping of the config:
+
+- **negative stock**: a SKU whose stock is below zero;
+- **oversold**: paid units of a SKU beyond its allocation for the sale;
+- **duplicate orders per key**: more than one order for one external reference or
+  idempotency key;
+- **paid without items**: a paid order with no order item, so no stock movement.
+
+Each invariant has one *rows* statement, listing the rows that break it (what reconcile
+prints), and the probes' figures are aggregates over exactly those rows, so the two can
+never disagree on what counts. Nothing here needs SQLAlchemy or a driver: a
+:class:`Query` is SQL text in parts plus its parameters, rendered with
+:meth:`Query.text` for a driver's parameter style. Identifiers reach SQL only through
+:func:`quote` (the config has already validated them as plain names); values only as
+parameters. A :class:`Param` marked ``constant`` comes from the config (paid statuses,
+promo SKUs): a caller may inline it as a literal, so that a partial index whose predicate
+lists the same values stays usable, as the probes do through psycopg's quoting.
+
+Example::
+
+    >>> from stocksentry.exporter.config import SchemaConfig
+    >>> sql = InvariantSql(SchemaConfig())
+    >>> query = sql.negative_stock()
+    >>> query.text().split(" WHERE ")  # doctest: +NORMALIZE_WHITESPACE
+    ['SELECT p."sku" AS sku, p."available_stock" AS stock FROM "products" AS p',
+     'p."available_stock" < 0 ORDER BY p."available_stock", p."sku"']
+    >>> query.columns
+    ('sku', 'stock')
+    >>> sql.negative_stock(skus=["EGG-01"]).params
+    {'sku0': 'EGG-01'}
+"""
+
+# ruff: noqa: S608 - this module builds SQL text: identifiers only through quote(), values
+# only as parameters.
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Final, Literal
+
+if TYPE_CHECKING:
+    from .config import SchemaConfig
+
+__all__ = [
+    "DUPLICATE_KEY_KINDS",
+    "INVARIANTS",
+    "Dialect",
+    "InvariantSql",
+    "Param",
+    "ParamStyle",
+    "Query",
+    "quote",
+]
+
+#: The invariants, in the order they are reported.
+INVARIANTS: Final = ("negative_stock", "oversold", "duplicate_keys", "paid_without_items")
+#: The order columns that identify one checkout, in the order they are reported.
+DUPLICATE_KEY_KINDS: Final = ("external_ref", "idempotency_key")
+
+#: SQL dialects, as SQLAlchemy names them; only the identifier quoting differs.
+Dialect = Literal["postgresql", "sqlite", "mysql", "mariadb"]
+#: ``named``: ``:name`` (SQLAlchemy ``text()``); ``pyformat``: ``%(name)s`` (psycopg).
+ParamStyle = Literal["named", "pyformat"]
+
+
+def quote(identifier: str, dialect: str = "postgresql") -> str:
+    """A validated, possibly schema-qualified name as a quoted SQL identifier.
+
+    MySQL and MariaDB quote with backticks, every other dialect with double quotes (SQL's
+    own). A quote character inside a part is doubled, though the config allows none.
+
+    Example::
+
+        >>> quote("shop.products")
+        '"shop"."products"'
+        >>> quote("orders", "mysql")
+        '`orders`'
+    """
+    mark = "`" if dialect in ("mysql", "mariadb") else '"'
+    return ".".join(
+        f"{mark}{part.replace(mark, mark * 2)}{mark}" for part in identifier.split(".")
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Param:
+    """One parameter of a :class:`Query`.
+
+    ``constant``: the value comes from the config, not from a request, and may be
+    inlined as a literal by a caller that quotes it properly (the probes do).
+    """
+
+    name: str
+    value: object
+    constant: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Query:
+    """A statement: SQL text in parts, parameters in between, and its result columns.
+
+    Example::
+
+        >>> q = Query(("SELECT 1 WHERE ", Param("a", 2), " > 1"), ("one",))
+        >>> q.text(), q.text("pyformat"), q.params
+        ('SELECT 1 WHERE :a > 1', 'SELECT 1 WHERE %(a)s > 1', {'a': 2})
+    """
+
+    parts: tuple[str | Param, ...]
+    #: What each result column means, in order (the SQL's own aliases may differ).
+    columns: tuple[str, ...]
+
+    @property
+    def params(self) -> dict[str, object]:
+        """Every parameter by name."""
+        return {part.name: part.value for part in self.parts if isinstance(part, Param)}
+
+    def text(self, style: ParamStyle = "named") -> str:
+        """The SQL with placeholders in ``style``."""
+        pattern = ":{}" if style == "named" else "%({})s"
+        return "".join(
+            pattern.format(part.name) if isinstance(part, Param) else part for part in self.parts
+        )
+
+
+class _Parts:
+    """Builds the parts of one statement, naming its parameters uniquely."""
+
+    def __init__(self) -> None:
+        self.parts: list[str | Param] = []
+
+    def sql(self, *texts: str) -> _Parts:
+        self.parts.extend(texts)
+        return self
+
+    def param(self, name: str, value: object, *, constant: bool = False) -> _Parts:
+        # One value can appear twice (the same window in two sub-selects): same name.
+        self.parts.append(Param(name, value, constant))
+        return self
+
+    def in_list(self, prefix: str, values: Sequence[object], *, constant: bool) -> _Parts:
+        """``(:prefix0, :prefix1, ...)``: one parameter per value."""
+        self.parts.append("(")
+        for index, value in enumerate(values):
+            if index:
+                self.parts.append(", ")
+            self.param(f"{prefix}{index}", value, constant=constant)
+        self.parts.append(")")
+        return self
+
+    def query(self, columns: Iterable[str]) -> Query:
+        return Query(tuple(self.parts), tuple(columns))
+
+
+class InvariantSql:
+    """The invariant statements for one schema mapping and dialect.
+
+    ``since`` arguments are either a point in time (``created_at >= :since``, any dialect)
+    or a window back from the server's clock (``created_at >= now() - :window``,
+    PostgreSQL, which is what the probes run on). ``skus`` narrows a statement to those
+    SKUs; the statements without it read every SKU.
+
+    Example::
+
+        sql = InvariantSql(config.schema, dialect=engine.dialect.name)
+        rows = conn.execute(text(sql.oversold().text()), sql.oversold().params)
+    """
+
+    def __init__(self, schema: SchemaConfig, dialect: str = "postgresql") -> None:
+        self.schema = schema
+        self.dialect = dialect
+
+    def quote(self, identifier: str) -> str:
+        """``identifier`` quoted for this dialect (:func:`quote`)."""
+        return quote(identifier, self.dialect)
+
+    def _col(self, alias: str, column: str) -> str:
+        return f"{alias}.{self.quote(column)}"
+
+    # --- shared predicates -----------------------------------------------------------------
+
+    def negative_predicate(self, alias: str | None = None) -> str:
+        """``stock < 0``: the predicate a partial index for negative stock must have."""
+        stock = self.quote(self.schema.products.stock)
+        return f"{alias}.{stock} < 0" if alias else f"{stock} < 0"
+
+    def _paid(self, parts: _Parts, alias: str) -> None:
+        o = self.schema.orders
+        parts.sql(f"{self._col(alias, o.status)} IN ")
+        parts.in_list("paid", o.paid_statuses, constant=True)
+
+    def _created_since(
+        self, parts: _Parts, alias: str, since: datetime | timedelta | None
+    ) -> None:
+        if since is None:
+            return
+        created = self._col(alias, self.schema.orders.created_at)
+        if isinstance(since, timedelta):
+            parts.sql(f" AND {created} >= now() - ").param("window", since)
+        else:
+            parts.sql(f" AND {created} >= ").param("since", since)
+
+    def _product_ids_of(self, parts: _Parts, skus: Sequence[str]) -> None:
+        """``(SELECT id FROM products WHERE sku IN (...))``."""
+        p = self.schema.products
+        parts.sql(
+            f"(SELECT {self._col('sp', p.id)} FROM {self.quote(p.table)} AS sp"
+            f" WHERE {self._col('sp', p.sku)} IN "
+        )
+        parts.in_list("sku", skus, constant=True).sql(")")
+
+    # --- negative stock --------------------------------------------------------------------
+
+    def negative_stock(self, *, skus: Sequence[str] | None = None, ordered: bool = True) -> Query:
+        """Rows ``(sku, stock)`` of the SKUs below zero, lowest stock first.
+
+        Reads the partial index ``products(stock) WHERE stock < 0`` where there is one.
+        """
+        p = self.schema.products
+        parts = _Parts().sql(
+            f"SELECT {self._col('p', p.sku)} AS sku, {self._col('p', p.stock)} AS stock"
+            f" FROM {self.quote(p.table)} AS p WHERE {self.negative_predicate('p')}"
+        )
+        if skus:
+            parts.sql(f" AND {self._col('p', p.sku)} IN ").in_list("sku", skus, constant=True)
+        if ordered:
+            parts.sql(f" ORDER BY {self._col('p', p.stock)}, {self._col('p', p.sku)}")
+        return parts.query(("sku", "stock"))
+
+    def negative_stock_totals(self) -> Query:
+        """One row ``(skus, units)``: how many SKUs are below zero, and by how many units."""
+        inner = self.negative_stock(ordered=False)
+        return Query(
+            ("SELECT count(*), coalesce(sum(-n.stock), 0) FROM (", *inner.parts, ") AS n"),
+            ("skus", "units"),
+        )
+
+    # --- oversold --------------------------------------------------------------------------
+
+    def oversold(
+        self,
+        *,
+        skus: Sequence[str] | None = None,
+        worst_first: bool = False,
+        count_orders: bool = False,
+    ) -> Query:
+        """Rows ``(sku, allocation, sold_units, oversold_units[, paid_orders])`` of the SKUs
+        whose paid units exceed ``schema.products.allocation``.
+
+        Paid units are summed per product over ``order_items`` of paid orders first, then
+        compared with the products' allocation, so only the items are aggregated (through
+        ``order_items(product_id)`` when ``skus`` narrows the scan). Ordered by SKU, or with
+        ``worst_first`` by oversold units, largest first. ``count_orders`` adds the number
+        of distinct paid orders per SKU. Raises :class:`ValueError` without an allocation.
+        """
+        s = self.schema
+        p, o, oi = s.products, s.orders, s.order_items
+        if p.allocation is None:
+            raise ValueError("the oversold check needs schema.products.allocation")
+        allocation = self._col("p", p.allocation)
+        orders = f", count(DISTINCT {self._col('o', o.id)}) AS orders" if count_orders else ""
+        parts = _Parts().sql(
+            f"SELECT {self._col('p', p.sku)}, {allocation}, s.sold, s.sold - {allocation}"
+            + (", s.orders" if count_orders else "")
+            + f" FROM (SELECT {self._col('oi', oi.product_id)} AS product_id,"
+            f" sum({self._col('oi', oi.quantity)}) AS sold{orders}"
+            f" FROM {self.quote(oi.table)} AS oi JOIN {self.quote(o.table)} AS o"
+            f" ON {self._col('o', o.id)} = {self._col('oi', oi.order_id)} WHERE "
+        )
+        self._paid(parts, "o")
+        if skus:
+            parts.sql(f" AND {self._col('oi', oi.product_id)} IN ")
+            self._product_ids_of(parts, skus)
+        parts.sql(
+            f" GROUP BY {self._col('oi', oi.product_id)}) AS s"
+            f" JOIN {self.quote(p.table)} AS p ON {self._col('p', p.id)} = s.product_id"
+            f" WHERE s.sold > {allocation}"
+            + (" ORDER BY 4 DESC, 1" if worst_first else " ORDER BY 1")
+        )
+        columns = ("sku", "allocation", "sold_units", "oversold_units")
+        return parts.query((*columns, "paid_orders") if count_orders else columns)
+
+    # --- duplicate orders per key ----------------------------------------------------------
+
+    def key_columns(self) -> list[tuple[str, str]]:
+        """The mapped key columns as ``(kind, column)``, in :data:`DUPLICATE_KEY_KINDS` order."""
+        o = self.schema.orders
+        mapped = (("external_ref", o.external_ref), ("idempotency_key", o.idempotency_key))
+        return [(kind, column) for kind, column in mapped if column is not None]
+
+    def duplicate_keys(
+        self,
+        column: str,
+        *,
+        since: datetime | timedelta | None = None,
+        skus: Sequence[str] | None = None,
+        ordered: bool = True,
+    ) -> Query:
+        """Rows ``(key, orders)``: values of the orders' ``column`` held by more than one
+        order, most orders first.
+
+        ``since`` reads only orders created since then (through ``orders(created_at)``);
+        ``skus``: only orders with an item of those SKUs.
+        """
+        s = self.schema
+        o, oi = s.orders, s.order_items
+        key = self._col("o", column)
+        parts = _Parts().sql(
+            f"SELECT {key}, count(*) FROM {self.quote(o.table)} AS o WHERE {key} IS NOT NULL"
+        )
+        self._created_since(parts, "o", since)
+        if skus:
+            parts.sql(
+                f" AND {self._col('o', o.id)} IN (SELECT {self._col('oi', oi.order_id)}"
+                f" FROM {self.quote(oi.table)} AS oi WHERE {self._col('oi', oi.product_id)} IN "
+            )
+            self._product_ids_of(parts, skus)
+            parts.sql(")")
+        parts.sql(f" GROUP BY {key} HAVING count(*) > 1")
+        if ordered:
+            parts.sql(" ORDER BY 2 DESC, 1")
+        return parts.query(("key", "orders"))
+
+    def duplicate_key_totals(self, *, since: datetime | timedelta | None = None) -> Query:
+        """One row ``(keys,)``: how many key values, over every mapped key column, are held
+        by more than one order. Raises :class:`ValueError` when no key column is mapped."""
+        columns = self.key_columns()
+        if not columns:
+            raise ValueError("the duplicate check needs orders.external_ref or idempotency_key")
+        parts: list[str | Param] = ["SELECT "]
+        for index, (_, column) in enumerate(columns):
+            inner = self.duplicate_keys(column, since=since, ordered=False)
+            parts.extend((" + " if index else "", "(SELECT count(*) FROM (", *inner.parts))
+            parts.append(f") AS d{index})")
+        return Query(tuple(parts), ("keys",))
+
+    # --- paid without items ----------------------------------------------------------------
+
+    def paid_without_items(
+        self, *, since: datetime | timedelta | None = None, limit: int = 1000
+    ) -> Query:
+        """Rows ``(order_id, status)`` of paid orders without any order item, by id."""
+        s = self.schema
+        o, oi = s.orders, s.order_items
+        order_id = self._col("o", o.id)
+        parts = _Parts().sql(
+            f"SELECT {order_id}, {self._col('o', o.status)} FROM {self.quote(o.table)} AS o WHERE "
+        )
+        self._paid(parts, "o")
+        self._created_since(parts, "o", since)
+        parts.sql(
+            f" AND NOT EXISTS (SELECT 1 FROM {self.quote(oi.table)} AS oi"
+            f" WHERE {self._col('oi', oi.order_id)} = {order_id})"
+            f" ORDER BY {order_id} LIMIT "
+        )
+        return parts.param("limit", limit).query(("order_id", "status"))

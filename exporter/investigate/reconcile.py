@@ -1,0 +1,414 @@
+"""``stocksentry reconcile``: the audit SQL of an oversell investigation, as one command.
+
+Checks the invariants a double-sell breaks, read-only, on PostgreSQL or SQLite, with the
+statements of :mod:`stocksentry.exporter.invariants` (the ones the sidecar's probes
+aggregate, so the audit and the dashboard agree):
+
+- ``negative_stock``: SKUs whose stock is below zero;
+- ``oversold``: all paid units per SKU against the SKU's allocation for the sale (needs the
+  ``schema.products.allocation`` column, or ``--allocation``; without it a lost update
+  from 1 to 0 twice leaves the stock at 0 and only negative stock is visible);
+- ``duplicate_keys``: more than one order for one external reference or idempotency key;
+- ``paid_without_items``: paid orders with no order item, i.e. no stock movement.
+
+Exit status 0 when every invariant holds, 1 when any is violated, 2 on bad input, 130
+when interrupted. The schema comes from the exporter config (``--config``), defaulting to
+the common ``products / orders / order_items`` layout. Needs the ``[reconcile]`` extra
+(SQLAlchemy and psycopg).
+
+Example::
+
+    stocksentry reconcile --database postgresql://postgres@127.0.0.1/shop \\
+        --allocation initial_stock --sku EGG-01 --since 2h
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field, replace
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any, TextIO
+
+from ..commandline import CommandError, ExitCode, Subcommands, duration_in, report_error, say
+from ..durations import parse_duration
+from ..invariants import INVARIANTS, InvariantSql, Query
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Connection, Engine
+
+    from ..config import SchemaConfig
+
+__all__ = [
+    "FINDING_KINDS",
+    "ReconcileError",
+    "Report",
+    "add_reconcile_parser",
+    "format_table",
+    "parse_since",
+    "reconcile",
+    "run_reconcile",
+]
+
+COMMAND = "reconcile"
+#: The invariants checked, in the order they are reported.
+FINDING_KINDS = INVARIANTS
+#: The ``--statement-timeout`` range: above 0 (0 would mean no limit), at most a day.
+STATEMENT_TIMEOUT_RANGE = (0.001, 86400.0)
+
+
+class ReconcileError(CommandError):
+    """Bad input or an unusable database; ``str()`` is the one line to print."""
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    """What the audit found; every list empty means every invariant holds."""
+
+    database: str
+    since: str | None
+    sku: str | None
+    checked: tuple[str, ...]
+    notes: tuple[str, ...] = ()
+    negative_stock: list[dict[str, Any]] = field(default_factory=list)
+    oversold: list[dict[str, Any]] = field(default_factory=list)
+    duplicate_keys: list[dict[str, Any]] = field(default_factory=list)
+    paid_without_items: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def violations(self) -> int:
+        """How many findings in all."""
+        return sum(len(getattr(self, kind)) for kind in FINDING_KINDS)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``--format json`` document."""
+        data = asdict(self)
+        data["checked"] = list(self.checked)
+        data["notes"] = list(self.notes)
+        data["violations"] = self.violations
+        return data
+
+
+# --- input ---------------------------------------------------------------------------------
+
+# A duration has a unit (``2h``, ``1m30s``); a bare number would be ambiguous with an
+# ISO-8601 basic date (``20261129``), so it is read as a timestamp.
+_HAS_UNIT = re.compile(r"[0-9]+[a-z]")
+
+
+def parse_since(text: str, *, now: datetime | None = None) -> datetime:
+    """A point in time from an ISO-8601 timestamp or a duration ago.
+
+    Durations are those of :mod:`stocksentry.exporter.durations`, Prometheus's (``90m``,
+    ``1h30m``, ``1d``); naive timestamps are taken as UTC. Raises :class:`ReconcileError`
+    for anything else, and for a duration that reaches before year 1.
+
+    Example::
+
+        >>> now = datetime(2026, 11, 29, 12, tzinfo=UTC)
+        >>> parse_since("1h30m", now=now).isoformat()
+        '2026-11-29T10:30:00+00:00'
+        >>> parse_since("2026-11-29T10:00:00Z").isoformat()
+        '2026-11-29T10:00:00+00:00'
+    """
+    stripped = text.strip()
+    if _HAS_UNIT.match(stripped):
+        try:
+            seconds = parse_duration(stripped)
+        except ValueError as exc:
+            raise ReconcileError(f"--since: {exc}") from None
+        try:
+            return (now or datetime.now(UTC)) - timedelta(seconds=seconds)
+        except OverflowError:
+            raise ReconcileError(f"--since: {text[:40]!r} reaches before year 1") from None
+    try:
+        moment = datetime.fromisoformat(stripped)
+    except ValueError:
+        raise ReconcileError(
+            f"--since: expected an ISO-8601 time or a duration like 2h or 1m30s, got {text[:40]!r}"
+        ) from None
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+# --- the audit -----------------------------------------------------------------------------
+
+
+def _rows(conn: Connection, query: Query) -> Sequence[Any]:
+    from sqlalchemy import text
+
+    return conn.execute(text(query.text("named")), query.params).all()
+
+
+def _negative_stock(conn: Connection, sql: InvariantSql, sku: str | None) -> list[dict[str, Any]]:
+    rows = _rows(conn, sql.negative_stock(skus=[sku] if sku is not None else None))
+    return [{"sku": str(row[0]), "stock": int(row[1])} for row in rows]
+
+
+def _oversold(conn: Connection, sql: InvariantSql, sku: str | None) -> list[dict[str, Any]]:
+    query = sql.oversold(skus=[sku] if sku is not None else None, count_orders=True)
+    found = []
+    for row in _rows(conn, query):
+        allocation, sold = int(row[1]), int(row[2])
+        found.append(
+            {
+                "sku": str(row[0]),
+                "allocation": allocation,
+                "sold_units": sold,
+                "paid_orders": int(row[4]),
+                "oversold_units": sold - allocation,
+            }
+        )
+    return found
+
+
+def _duplicates(
+    conn: Connection, sql: InvariantSql, sku: str | None, since: datetime | None
+) -> list[dict[str, Any]]:
+    found: list[dict[str, Any]] = []
+    for kind, column in sql.key_columns():
+        query = sql.duplicate_keys(column, since=since, skus=[sku] if sku is not None else None)
+        found.extend(
+            {"kind": kind, "key": str(row[0]), "orders": int(row[1])} for row in _rows(conn, query)
+        )
+    return found
+
+
+def _paid_without_items(
+    conn: Connection, sql: InvariantSql, since: datetime | None, limit: int
+) -> list[dict[str, Any]]:
+    rows = _rows(conn, sql.paid_without_items(since=since, limit=limit))
+    return [{"order_id": str(row[0]), "status": str(row[1])} for row in rows]
+
+
+@contextmanager
+def _read_only(engine: Engine, statement_timeout: float) -> Iterator[Connection]:
+    """A connection in a read-only transaction with a statement timeout."""
+    from sqlalchemy import text
+
+    with engine.connect() as conn:
+        if engine.dialect.name == "postgresql":
+            # Whole milliseconds, at least 1: 0 would mean no limit at all.
+            millis = max(1, math.ceil(statement_timeout * 1000))
+            conn.execute(text("SET TRANSACTION READ ONLY"))
+            conn.execute(text(f"SET LOCAL statement_timeout = {millis}"))
+        elif engine.dialect.name == "sqlite":
+            conn.execute(text("PRAGMA query_only = ON"))
+        try:
+            yield conn
+        finally:
+            conn.rollback()
+
+
+def reconcile(
+    url: str,
+    *,
+    schema: SchemaConfig | None = None,
+    sku: str | None = None,
+    since: datetime | None = None,
+    statement_timeout: float = 10.0,
+    limit: int = 1000,
+) -> Report:
+    """Run the audit against the database at ``url`` and return what it found.
+
+    Raises :class:`ReconcileError` (one line, no password) when the database cannot be
+    reached or the mapped tables and columns are not there.
+    """
+    import sqlalchemy as sa
+    from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
+
+    from .. import dburl
+    from ..config import SchemaConfig
+
+    schema = schema or SchemaConfig()
+    shown = dburl.shown(url)
+    try:
+        engine = sa.create_engine(dburl.parse_url(url), poolclass=sa.pool.NullPool)
+    except (ArgumentError, NoSuchModuleError, ValueError, ImportError) as exc:
+        # The exception text can quote the URL: say what is wrong without echoing it.
+        if isinstance(exc, ImportError):
+            why = f"its driver is not installed ({exc.name or type(exc).__name__})"
+        elif isinstance(exc, NoSuchModuleError):
+            why = "unknown database dialect"
+        else:
+            why = str(exc) if isinstance(exc, ValueError) else "not a usable database URL"
+        raise ReconcileError(f"--database: cannot use {shown}: {why}") from None
+    sql = InvariantSql(schema, engine.dialect.name)
+    checked = ["negative_stock", "duplicate_keys", "paid_without_items"]
+    notes: list[str] = []
+    if schema.products.allocation is not None:
+        checked.insert(1, "oversold")
+    else:
+        notes.append(
+            "oversold not checked: no allocation column mapped (schema.products.allocation "
+            "or --allocation); only negative stock shows an oversell then"
+        )
+    try:
+        with _read_only(engine, statement_timeout) as conn:
+            report = Report(
+                database=shown,
+                since=since.isoformat() if since else None,
+                sku=sku,
+                checked=tuple(checked),
+                notes=tuple(notes),
+                negative_stock=_negative_stock(conn, sql, sku),
+                # The allocation is for the whole sale: all paid units count against it,
+                # so --since does not narrow the oversold check.
+                oversold=_oversold(conn, sql, sku) if "oversold" in checked else [],
+                duplicate_keys=_duplicates(conn, sql, sku, since),
+                paid_without_items=(
+                    _paid_without_items(conn, sql, since, limit) if sku is None else []
+                ),
+            )
+    except DBAPIError as exc:
+        first = str(exc.orig if exc.orig is not None else exc).strip().splitlines()
+        detail = first[0] if first else type(exc).__name__
+        raise ReconcileError(f"database {shown}: {dburl.scrub(detail, url)}") from None
+    finally:
+        engine.dispose()
+    if sku is not None:
+        report = replace(
+            report,
+            notes=(*report.notes, "paid_without_items is not filtered by SKU: run without --sku"),
+        )
+    if since is not None and "oversold" in checked:
+        report = replace(
+            report,
+            notes=(
+                *report.notes,
+                "oversold counts every paid order, not only those since --since",
+            ),
+        )
+    return report
+
+
+# --- output --------------------------------------------------------------------------------
+
+
+def format_table(report: Report) -> str:
+    """The report as a person reads it first: a verdict, then one block per finding kind."""
+    lines = [f"stocksentry reconcile: {report.database}"]
+    scope = [f"sku={report.sku}" if report.sku else "all SKUs"]
+    if report.since:
+        scope.append(f"orders since {report.since}")
+    lines.append("scope: " + ", ".join(scope))
+    lines.append(
+        "verdict: every invariant holds"
+        if report.violations == 0
+        else f"verdict: {report.violations} violation(s)"
+    )
+    lines.extend(f"note: {note}" for note in report.notes)
+    blocks: list[tuple[str, list[str], Sequence[dict[str, Any]]]] = [
+        ("NEGATIVE STOCK", ["sku", "stock"], report.negative_stock),
+        (
+            "OVERSOLD",
+            ["sku", "allocation", "sold_units", "paid_orders", "oversold_units"],
+            report.oversold,
+        ),
+        ("DUPLICATE ORDERS PER KEY", ["kind", "key", "orders"], report.duplicate_keys),
+        ("PAID WITHOUT STOCK MOVEMENT", ["order_id", "status"], report.paid_without_items),
+    ]
+    for title, columns, rows in blocks:
+        if not rows:
+            continue
+        lines.append("")
+        lines.append(f"{title} ({len(rows)})")
+        widths = [max(len(c), *(len(str(r[c])) for r in rows)) for c in columns]
+        for cells in [columns, *([str(row[c]) for c in columns] for row in rows)]:
+            padded = (cell.ljust(width) for cell, width in zip(cells, widths, strict=True))
+            lines.append(("  " + "  ".join(padded)).rstrip())
+    return "\n".join(lines) + "\n"
+
+
+# --- command line ----------------------------------------------------------------------------
+
+
+def add_reconcile_parser(commands: Subcommands) -> None:
+    """Add the ``reconcile`` subcommand to the ``stocksentry`` parser."""
+    parser = commands.add_parser(
+        "reconcile",
+        help="audit the database: negative stock, oversold SKUs, duplicate orders per key",
+        description=(
+            "Run the oversell audit read-only (safe during a sale): exit 0 when every "
+            "invariant holds, 1 when any is violated, 2 on bad input, 130 when interrupted."
+        ),
+    )
+    parser.add_argument(
+        "--database",
+        metavar="URL",
+        help="the shop's database (SQLAlchemy URL; default: the config's database)",
+    )
+    parser.add_argument(
+        "--config", metavar="FILE", help="exporter config whose schema mapping to use"
+    )
+    parser.add_argument("--sku", help="only this SKU")
+    parser.add_argument(
+        "--since",
+        metavar="TIME",
+        help="only orders since TIME: an ISO-8601 time, or a duration ago (2h, 1m30s, 1d)",
+    )
+    parser.add_argument(
+        "--allocation",
+        metavar="COLUMN",
+        help="products column holding each SKU's inventory for the sale (overrides config)",
+    )
+    parser.add_argument("--format", choices=("table", "json"), default="table")
+    parser.add_argument(
+        "--statement-timeout",
+        type=duration_in(*STATEMENT_TIMEOUT_RANGE),
+        default=10.0,
+        metavar="DURATION",
+        help="per-statement limit, above 0 and at most 1d: 10s, 500ms, or seconds (10s)",
+    )
+    parser.set_defaults(handler=run_reconcile, parser=parser)
+
+
+def run_reconcile(args: argparse.Namespace, *, out: TextIO | None = None) -> int:
+    """Run ``stocksentry reconcile``; returns the exit status (:class:`ExitCode`)."""
+    out = out if out is not None else sys.stdout
+    try:
+        schema, url = _schema_and_url(args)
+        since = parse_since(args.since) if args.since else None
+        report = reconcile(
+            url,
+            schema=schema,
+            sku=args.sku,
+            since=since,
+            statement_timeout=args.statement_timeout,
+        )
+    except CommandError as exc:
+        return report_error(COMMAND, str(exc))
+    except KeyboardInterrupt:
+        say(sys.stderr, f"stocksentry {COMMAND}: interrupted")
+        return ExitCode.INTERRUPTED
+    if args.format == "json":
+        out.write(json.dumps(report.to_dict(), indent=2, default=str) + "\n")
+    else:
+        out.write(format_table(report))
+    return ExitCode.OK if report.violations == 0 else ExitCode.FINDINGS
+
+
+def _schema_and_url(args: argparse.Namespace) -> tuple[SchemaConfig, str]:
+    from ..config import ConfigError, SchemaConfig, load_config
+
+    schema = SchemaConfig()
+    url: str | None = args.database
+    if args.config:
+        try:
+            config = load_config(args.config)
+        except ConfigError as exc:
+            raise ReconcileError(str(exc)) from None
+        schema = config.schema
+        if url is None and config.database is not None:
+            url = config.database.url.reveal()
+    if url is None:
+        raise ReconcileError("--database is required (or a --config with a database section)")
+    if args.allocation:
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", args.allocation):
+            raise ReconcileError(f"--allocation: not a column name: {args.allocation!r}")
+        schema = replace(schema, products=replace(schema.products, allocation=args.allocation))
+    return schema, url

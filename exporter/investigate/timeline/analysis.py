@@ -1,0 +1,427 @@
+"""The three detectors: lost updates, duplicate executions, stale reads.
+
+Events come in timestamp order (:class:`~.ordering.OrderedEvents`) and each detector
+keeps only compact per-SKU state:
+
+``lost_update``
+    two successful ``stock_update`` events on one SKU written from the same old value
+    (``from``), or a write made from a value that another request had already replaced
+    inside the writer's own ``stock_check`` -> ``stock_update`` window;
+``duplicate_execution``
+    one idempotency key or payment reference that reserved (successful ``stock_update``)
+    or paid (``payment_callback result=paid``, ``order_paid``) more than once;
+``stale_read``
+    a ``stock_check`` that saw another value than the ``to`` of the latest successful
+    ``stock_update`` already logged for the SKU.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from collections.abc import Iterable
+
+from .incidents import Check, Duplicate, Incident, Overwrite, SameFrom, StaleRead, Write
+from .model import (
+    AVAILABLE,
+    DEFAULT_LIMIT,
+    DEFAULT_REORDER_WINDOW,
+    ERROR,
+    FROM,
+    MAX_GROUPS,
+    MAX_KEYS,
+    OPEN_CHECKS,
+    ORDER_PAID_EVENT,
+    PAID,
+    PAYMENT_CALLBACK_EVENT,
+    REASON,
+    RECENT_FROMS,
+    RESULT,
+    STOCK,
+    STOCK_CHECK_EVENT,
+    STOCK_UPDATE_EVENT,
+    SUCCESS,
+    TO,
+    Event,
+    Report,
+    TimeFormat,
+)
+from .ordering import OrderedEvents
+from .times import format_time
+
+__all__ = ["analyse"]
+
+_INT = re.compile(r"-?\d{1,18}\Z")
+
+
+def _as_int(value: object) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        return int(value) if value.is_integer() else None
+    if isinstance(value, str) and _INT.match(value.strip()):
+        return int(value)
+    return None
+
+
+def _truthy(value: object) -> bool | None:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, (int, float)):
+        return value != 0
+    if isinstance(value, str):
+        lowered = value.strip().lower()
+        if lowered in ("true", "yes", "ok", "1", "t", "y"):
+            return True
+        if lowered in ("false", "no", "0", "f", "n", "failed"):
+            return False
+    return None
+
+
+class _SkuState:
+    __slots__ = ("froms", "last", "stale")
+
+    def __init__(self) -> None:
+        #: The latest write, and the stale-read finding of reads that missed it.
+        self.last: Write | None = None
+        self.stale: StaleRead | None = None
+        #: Recent ``from`` values -> the write (or lost update) that started from it.
+        self.froms: dict[int, Write | SameFrom] = {}
+
+
+# First letter of a key in _Analyser.keys -> (key kind, action, how).
+_KEY_ROLES = {
+    "R": ("idempotency_key", "reserved", ""),
+    "r": ("payment_reference", "reserved", ""),
+    "P": ("payment_reference", "paid", " (payment_callback result=paid)"),
+    "p": ("idempotency_key", "paid", " (payment_callback result=paid)"),
+    "O": ("payment_reference", "paid", " (order_paid)"),
+    "o": ("idempotency_key", "paid", " (order_paid)"),
+}
+
+
+def _time_format(*, dated: bool, with_date: bool) -> TimeFormat:
+    def fmt(ts: float) -> str:
+        return format_time(ts, dated, with_date=with_date)
+
+    return fmt
+
+
+class _Analyser:
+    def __init__(
+        self,
+        *,
+        limit: int,
+        max_groups: int,
+        skus: frozenset[str] | None,
+        order: str | None,
+        request: str | None,
+        max_keys: int,
+    ) -> None:
+        self.limit = limit
+        self.max_keys = max_keys
+        self.max_groups = max_groups
+        self.sku_filter = skus
+        self.order_filter = order
+        self.request_filter = request
+        self.report = Report(keys_limit=max_keys)
+        self.state: dict[str, _SkuState] = {}
+        self.checks: dict[tuple[str, str], Check] = {}
+        #: "<role letter><sku>\x1f<key>" -> the first write with that key, or the duplicate.
+        self.keys: dict[str, Write | Duplicate] = {}
+        self.keep_orders = order is not None
+        self.incidents: list[Incident] = []
+        self.order_requests: set[str] = set()
+        self.min_day = math.inf
+        self.max_day = -math.inf
+
+    # --- per event ---
+
+    def feed(self, event: Event) -> None:
+        if self.sku_filter is not None and event.sku not in self.sku_filter:
+            return
+        self.report.events += 1
+        if event.dated and event.has_time:
+            day = event.ts // 86400
+            if day < self.min_day:
+                self.min_day = day
+            if day > self.max_day:
+                self.max_day = day
+        name = event.name
+        if name == STOCK_CHECK_EVENT:
+            self._stock_check(event)
+        elif name == STOCK_UPDATE_EVENT:
+            self._stock_update(event)
+        elif name == PAYMENT_CALLBACK_EVENT:
+            if event.fields.get(RESULT) == PAID:
+                self._paid(event)
+        elif name == ORDER_PAID_EVENT:
+            self._paid(event)
+        self._keep(event)
+
+    def _keep(self, event: Event) -> None:
+        wanted = self.request_filter
+        if wanted is not None and wanted not in (
+            event.request_id,
+            event.idempotency_key,
+            event.request,
+        ):
+            return
+        order = self.order_filter
+        if order is not None:
+            if event.order_id != order:
+                return
+            if event.request is not None:
+                self.order_requests.add(event.request)
+        report, limit = self.report, self.limit
+        sku, order_id = event.sku, event.order_id
+        # Inline fast path: a full timeline only counts (most events of a big log).
+        if sku is not None:
+            rows = report.skus.get(sku)
+            if rows is not None and 0 < limit <= len(rows):
+                report.skus_more[sku] = report.skus_more.get(sku, 0) + 1
+            else:
+                self._group(report.skus, report.skus_more, sku, event)
+        if order_id is not None:
+            rows = report.orders.get(order_id)
+            if rows is not None and 0 < limit <= len(rows):
+                report.orders_more[order_id] = report.orders_more.get(order_id, 0) + 1
+            else:
+                self._group(report.orders, report.orders_more, order_id, event)
+
+    def _group(
+        self, groups: dict[str, list[Event]], more: dict[str, int], key: str, event: Event
+    ) -> None:
+        rows = groups.get(key)
+        if rows is None:
+            if self.max_groups and len(groups) >= self.max_groups:
+                self.report.ungrouped_events += 1
+                return
+            rows = groups[key] = []
+        if self.limit and len(rows) >= self.limit:
+            more[key] = more.get(key, 0) + 1
+        else:
+            rows.append(event)
+
+    def _sku(self, sku: str) -> _SkuState:
+        state = self.state.get(sku)
+        if state is None:
+            state = self.state[sku] = _SkuState()
+        return state
+
+    def _stock_check(self, event: Event) -> None:
+        sku = event.sku
+        if sku is None:
+            return
+        fields = event.fields
+        available = _as_int(fields.get(AVAILABLE, fields.get(STOCK)))
+        request = event.request
+        state = self.state.get(sku)
+        last = state.last if state is not None else None
+        if request is not None:
+            if last is not None and last.name == request and last.ts == event.ts:
+                # The request's own write, logged in the same instant: no window to open.
+                return
+            checks = self.checks
+            key = (sku, request)
+            checks.pop(key, None)
+            checks[key] = Check(available, event.ts, event.source, event.lineno)
+            if len(checks) > OPEN_CHECKS:
+                del checks[next(iter(checks))]
+        if (
+            state is None
+            or last is None
+            or available is None
+            or last.to is None
+            or available == last.to
+            or (request is not None and last.name == request)
+            or event.ts == last.ts
+        ):
+            # Same value, own write, or a tie: a read logged in the same instant as the
+            # write is not ordered against it by the log, so it is not called stale.
+            return
+        # Older means on the side the write came from (above it, for a sale); a value on
+        # the other side is newer: a write whose line has not been read yet.
+        decreasing = last.frm is None or last.frm >= last.to
+        if (available > last.to) != decreasing:
+            return
+        incident = state.stale
+        if incident is None:
+            incident = state.stale = StaleRead(sku, last)
+            self.incidents.append(incident)
+        incident.add(request, available, event.ts, event.line, event.order_id)
+
+    def _stock_update(self, event: Event) -> None:
+        sku = event.sku
+        if sku is None:
+            return
+        fields = event.fields
+        request = event.request
+        check = self.checks.pop((sku, request), None) if request is not None else None
+        success = _truthy(fields.get(SUCCESS))
+        if success is None:
+            success = REASON not in fields and ERROR not in fields
+        if not success:
+            return
+        frm = _as_int(fields.get(FROM))
+        to = _as_int(fields.get(TO))
+        if frm is None and check is not None:
+            frm = check.available
+        order_id = event.order_id if self.keep_orders else None
+        write = Write(request, frm, to, event.ts, event.source, event.lineno, order_id)
+        state = self._sku(sku)
+        if event.idempotency_key is not None:
+            self._count(f"R{sku}\x1f{event.idempotency_key}", sku, write)
+        if event.payment_reference is not None:
+            self._count(f"r{sku}\x1f{event.payment_reference}", sku, write)
+
+        same_from = False
+        if frm is not None:
+            froms = state.froms
+            seen = froms.pop(frm, None)
+            if seen is None:
+                froms[frm] = write
+                if len(froms) > RECENT_FROMS:
+                    del froms[next(iter(froms))]
+            elif isinstance(seen, SameFrom):
+                seen.add(write)
+                froms[frm] = seen
+                same_from = True
+            elif seen.same_record(write):
+                froms[frm] = seen
+                return
+            else:
+                incident = SameFrom(sku, frm, seen, write)
+                self.incidents.append(incident)
+                froms[frm] = incident
+                same_from = True
+            if to is not None and to > frm:
+                # A restock: values below it may legitimately be written from again.
+                froms.clear()
+
+        last = state.last
+        if last is not None and frm is not None and to is not None and last.to is not None:
+            chained_before = last.frm is not None and to == last.frm and frm != last.to
+            if (
+                not same_from
+                and check is not None
+                and last.name != request
+                and last.ts >= check.ts
+                and frm != last.to
+                and not chained_before
+            ):
+                self.incidents.append(Overwrite(sku, last, write, check))
+            if chained_before:
+                # Logged after a write that started from its result: the later state stays.
+                return
+        state.last = write
+        state.stale = None
+
+    def _paid(self, event: Event) -> None:
+        order_id = event.order_id
+        name = event.request or order_id
+        if not self.keep_orders:
+            order_id = None
+        write = Write(name, None, None, event.ts, event.source, event.lineno, order_id)
+        sku = event.sku
+        where = sku or ""
+        callback = event.name == PAYMENT_CALLBACK_EVENT
+        if event.payment_reference is not None:
+            role = "P" if callback else "O"
+            self._count(f"{role}{where}\x1f{event.payment_reference}", sku, write)
+        if event.idempotency_key is not None:
+            role = "p" if callback else "o"
+            self._count(f"{role}{where}\x1f{event.idempotency_key}", sku, write)
+
+    def _count(self, key: str, sku: str | None, write: Write) -> None:
+        keys = self.keys
+        first = keys.get(key)
+        if first is None:
+            keys[key] = write
+            if len(keys) > self.max_keys:
+                del keys[next(iter(keys))]
+                self.report.keys_forgotten += 1
+        elif isinstance(first, Duplicate):
+            first.add(write)
+        elif not first.same_record(write):
+            kind, action, how = _KEY_ROLES[key[0]]
+            value = key.partition("\x1f")[2]
+            incident = Duplicate(sku, f"{kind}={value} {action}", how, first, write)
+            self.incidents.append(incident)
+            keys[key] = incident
+
+    # --- the end ---
+
+    def finish(self) -> Report:
+        report = self.report
+        report.show_date = self.max_day > self.min_day
+        if self.max_day == self.min_day:
+            report.day = time.strftime("%Y-%m-%d", time.gmtime(self.min_day * 86400))
+        fmt = _time_format(dated=self.max_day >= self.min_day, with_date=report.show_date)
+        findings = [incident.finding(fmt) for incident in self.incidents]
+        if self.request_filter is not None:
+            findings = [f for f in findings if self.request_filter in f.requests]
+        if self.order_filter is not None:
+            order, related = self.order_filter, self.order_requests
+            findings = [f for f in findings if order in f.orders or related & set(f.requests)]
+        report.findings = findings
+        return report
+
+
+def analyse(
+    events: Iterable[Event],
+    *,
+    limit: int = DEFAULT_LIMIT,
+    skus: Iterable[str] | None = None,
+    order: str | None = None,
+    request: str | None = None,
+    reorder_window: float | None = DEFAULT_REORDER_WINDOW,
+    max_groups: int = MAX_GROUPS,
+    max_keys: int = MAX_KEYS,
+) -> Report:
+    """Run the detectors over ``events`` and keep the timelines to show.
+
+    Events are first put in timestamp order within ``reorder_window`` seconds (``None``:
+    trust the order given, as :class:`OrderedEvents` output is). ``skus`` restricts the
+    whole analysis to those SKUs; ``order`` and ``request`` keep only that order's or
+    request's events in the timelines and only the findings that involve it. ``limit``
+    events are kept per SKU and per order (0: all), for at most ``max_groups`` of each;
+    the first use of at most ``max_keys`` idempotency keys and payment references is
+    remembered for the duplicate-execution rule (the oldest are forgotten beyond that).
+
+    Example::
+
+        >>> log = [
+        ...     '{"event": "stock_update", "sku": "A", "from": 3, "to": 2, "success": true,'
+        ...     ' "idempotency_key": "K1", "request_id": "R1", "ts": "2026-11-29T10:00:00Z"}',
+        ...     '{"event": "stock_update", "sku": "A", "from": 2, "to": 1, "success": true,'
+        ...     ' "idempotency_key": "K1", "request_id": "R1b", "ts": "2026-11-29T10:00:02Z"}',
+        ... ]
+        >>> from stocksentry.exporter.investigate.timeline import read_events
+        >>> report = analyse(read_events(log))
+        >>> [(f.kind, f.requests) for f in report.findings]
+        [('duplicate_execution', ['R1', 'R1b'])]
+        >>> report.findings[0].detail
+        'idempotency_key=K1 reserved 2 times: R1 at 10:00:00.000, R1b at 10:00:02.000'
+    """
+    analyser = _Analyser(
+        limit=max(limit, 0),
+        max_groups=max(max_groups, 0),
+        skus=frozenset(skus) if skus is not None else None,
+        order=order,
+        request=request,
+        max_keys=max(max_keys, 1),
+    )
+    ordered: Iterable[Event] = events
+    if reorder_window is not None and not isinstance(events, OrderedEvents):
+        ordered = OrderedEvents([events], reorder_window)
+    feed = analyser.feed
+    for event in ordered:
+        feed(event)
+    report = analyser.finish()
+    if isinstance(ordered, OrderedEvents):
+        report.late_events = ordered.late
+    return report

@@ -1,0 +1,284 @@
+"""``stocksentry timeline``: the command: its arguments, its inputs, its output, its exit.
+
+Building the parser imports nothing beyond the standard library and the command-line
+helpers; :func:`run_timeline` imports the analysis when it runs.
+
+Inputs are files (gzip read as is) or ``-`` for stdin, merged in timestamp order. The
+exit status is :class:`~stocksentry.exporter.commandline.ExitCode`'s: 1 with a finding,
+0 without, 2 on bad input (one line on stderr, ``stocksentry timeline: error: ...``),
+130 when interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gzip
+import io
+import json
+import math
+import os
+import sys
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import IO, TYPE_CHECKING, TextIO, cast
+
+from ...commandline import (
+    CommandError,
+    ExitCode,
+    Subcommands,
+    duration_in,
+    int_in,
+    report_error,
+    say,
+)
+from .limits import DEFAULT_LIMIT, DEFAULT_REORDER_WINDOW
+
+if TYPE_CHECKING:
+    from .model import Event
+
+__all__ = ["InputError", "add_timeline_parser", "run_timeline"]
+
+COMMAND = "timeline"
+#: ``--limit``: at most this many events per SKU and per order (0: all).
+MAX_LIMIT = 1_000_000_000
+#: ``--reorder-window``: at most a day of disorder is put back in order.
+MAX_REORDER_WINDOW = 86400.0
+
+
+class InputError(CommandError):
+    """An input that cannot be read; the message names it."""
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return str(exc) or type(exc).__name__
+
+
+class _Input:
+    """One opened input: its label, a text stream and what to release afterwards."""
+
+    __slots__ = ("_raw", "label", "stream")
+
+    def __init__(self, label: str, stream: TextIO, raw: IO[bytes] | None) -> None:
+        self.label = label
+        self.stream = stream
+        self._raw = raw
+
+    def close(self) -> None:
+        if self._raw is None:
+            # stdin: detach, so the wrapper never closes the process's stdin.
+            if isinstance(self.stream, io.TextIOWrapper):
+                self.stream.detach()
+            return
+        self.stream.close()
+        self._raw.close()
+
+
+def _open_input(path: str) -> _Input:
+    """Open one input as text: ``-`` is stdin; gzip by ``.gz`` suffix or magic bytes."""
+    if path == "-":
+        buffer: IO[bytes] | None = getattr(sys.stdin, "buffer", None)
+        if buffer is None:
+            return _Input("<stdin>", sys.stdin, None)
+        binary: IO[bytes] = buffer
+        peek = getattr(buffer, "peek", None)
+        if callable(peek) and bytes(peek(2))[:2] == b"\x1f\x8b":
+            binary = cast(IO[bytes], gzip.GzipFile(fileobj=buffer, mode="rb"))
+        text = io.TextIOWrapper(binary, encoding="utf-8", errors="replace")
+        return _Input("<stdin>", text, None)
+    try:
+        raw = open(path, "rb")  # noqa: SIM115 - closed by _Input.close
+    except OSError as exc:
+        raise InputError(f"cannot read {path}: {_describe(exc)}") from None
+    try:
+        magic = raw.read(2)
+        raw.seek(0)
+    except OSError as exc:
+        raw.close()
+        raise InputError(f"cannot read {path}: {_describe(exc)}") from None
+    binary = raw
+    if path.endswith(".gz") or magic == b"\x1f\x8b":
+        binary = cast(IO[bytes], gzip.GzipFile(fileobj=raw, mode="rb"))
+    return _Input(path, io.TextIOWrapper(binary, encoding="utf-8", errors="replace"), raw)
+
+
+def _lines_of(label: str, stream: TextIO) -> Iterator[str]:
+    try:
+        yield from stream
+    except (OSError, EOFError, zlib.error, ValueError) as exc:
+        raise InputError(f"cannot read {label}: {_describe(exc)}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class _Options:
+    paths: list[str]
+    skus: list[str] | None
+    order: str | None
+    request: str | None
+    form: str
+    limit: int
+    window: float
+
+
+def _options(args: argparse.Namespace) -> _Options:
+    paths = getattr(args, "logfile", None)
+    if isinstance(paths, str):
+        paths = [paths]
+    if not paths:
+        raise InputError("no LOGFILE given")
+    skus = getattr(args, "sku", None)
+    if isinstance(skus, str):
+        skus = [skus]
+    form = getattr(args, "format", "table") or "table"
+    if form not in ("table", "json"):
+        raise InputError(f"unknown --format {form!r} (choose table or json)")
+    limit = getattr(args, "limit", DEFAULT_LIMIT)
+    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
+        raise InputError(f"--limit must be a whole number >= 0, got {limit!r}")
+    window = getattr(args, "reorder_window", DEFAULT_REORDER_WINDOW)
+    if not isinstance(window, (int, float)) or not 0 <= window < math.inf:
+        raise InputError(f"--reorder-window must be a number of seconds >= 0, got {window!r}")
+    return _Options(
+        list(paths),
+        list(skus) if skus else None,
+        getattr(args, "order", None),
+        getattr(args, "request", None),
+        form,
+        limit,
+        float(window),
+    )
+
+
+def run_timeline(args: argparse.Namespace) -> int:
+    """Run ``stocksentry timeline``: print the report; 1 with findings, 0 without, 2 on bad
+    input, 130 when interrupted.
+
+    Reads every ``args.logfile`` (``-`` for stdin) at once, merged in timestamp order.
+    Errors are one line on stderr, never a traceback.
+
+    Example::
+
+        parser = argparse.ArgumentParser()
+        add_timeline_parser(parser.add_subparsers())
+        args = parser.parse_args(["timeline", "app.log.gz", "--sku", "EGG-01"])
+        raise SystemExit(run_timeline(args))
+    """
+    # The analysis reads the log event catalog, which brings the instrumentation (and
+    # prometheus_client) along: imported here, so that building the parser stays light.
+    from .analysis import analyse
+    from .ordering import OrderedEvents
+    from .parsing import ReadStats, read_events
+    from .report import format_table
+
+    err = sys.stderr
+    try:
+        options = _options(args)
+    except InputError as exc:
+        return report_error(COMMAND, str(exc), err)
+    opened: list[_Input] = []
+    stats = ReadStats()
+    try:
+        streams: list[Iterator[Event]] = []
+        for index, path in enumerate(options.paths):
+            source = _open_input(path)
+            opened.append(source)
+            lines = _lines_of(source.label, source.stream)
+            streams.append(read_events(lines, source.label, file_index=index, stats=stats))
+        ordered = OrderedEvents(streams, options.window)
+        report = analyse(
+            ordered,
+            limit=options.limit,
+            skus=options.skus,
+            order=options.order,
+            request=options.request,
+            reorder_window=None,
+        )
+    except InputError as exc:
+        return report_error(COMMAND, str(exc), err)
+    except KeyboardInterrupt:
+        say(err, f"stocksentry {COMMAND}: interrupted")
+        return ExitCode.INTERRUPTED
+    finally:
+        for source in opened:
+            # Closing a half-read input must not hide the report.
+            with contextlib.suppress(OSError, ValueError):
+                source.close()
+    report.lines = stats.lines
+    report.skipped_lines = stats.skipped
+    report.skipped_examples = stats.skipped_examples
+    if options.form == "json":
+        text = json.dumps(report.to_dict(), indent=2, default=str)
+    else:
+        text = format_table(report)
+    try:
+        sys.stdout.write(text + "\n")
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # `stocksentry timeline big.log | head`: the reader left, which is not our error.
+        # Point stdout at devnull so the interpreter's final flush does not fail either.
+        with contextlib.suppress(OSError, ValueError, io.UnsupportedOperation):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return report.exit_code
+
+
+def add_timeline_parser(subparsers: Subcommands) -> None:
+    """Add the ``timeline`` subcommand; it runs :func:`run_timeline`.
+
+    Sets both ``func`` and ``handler`` defaults, whichever the caller dispatches on.
+
+    Example::
+
+        >>> parser = argparse.ArgumentParser(prog="stocksentry")
+        >>> add_timeline_parser(parser.add_subparsers(dest="command"))
+        >>> args = parser.parse_args(["timeline", "a.log", "-", "--format", "json"])
+        >>> args.logfile, args.format, args.limit, args.func is run_timeline
+        (['a.log', '-'], 'json', 50, True)
+    """
+    timeline = subparsers.add_parser(
+        "timeline",
+        help="rebuild per-SKU / per-order timelines from logs and flag lost updates",
+        description=(
+            "Read JSON-lines or key=value logs, put the events in timestamp order and print "
+            "them per SKU and per order, after the findings: lost updates (two writes from "
+            "the same old stock, or a write over one its request never read), duplicate "
+            "executions (one idempotency key or payment reference reserving or paying "
+            "twice) and stale reads. Exit status 1 when there is a finding, 0 when none, "
+            "2 on bad input, 130 when interrupted."
+        ),
+    )
+    timeline.add_argument(
+        "logfile",
+        nargs="+",
+        metavar="LOGFILE",
+        help="log file; '-' reads stdin; gzip (.gz) is decompressed",
+    )
+    timeline.add_argument(
+        "--sku",
+        action="append",
+        metavar="SKU",
+        help="analyse and show only this SKU (repeatable)",
+    )
+    timeline.add_argument("--order", metavar="ID", help="show only this order's events")
+    timeline.add_argument("--request", metavar="ID", help="show only this request's events")
+    timeline.add_argument(
+        "--format", choices=("table", "json"), default="table", help="output format (table)"
+    )
+    timeline.add_argument(
+        "--limit",
+        type=int_in(0, MAX_LIMIT),
+        default=DEFAULT_LIMIT,
+        metavar="N",
+        help=f"events shown per SKU and per order, 0 for all ({DEFAULT_LIMIT})",
+    )
+    timeline.add_argument(
+        "--reorder-window",
+        type=duration_in(0, MAX_REORDER_WINDOW),
+        default=DEFAULT_REORDER_WINDOW,
+        metavar="DURATION",
+        help="timestamp disorder within one file that is put back in order: seconds or a "
+        f"duration like 90s, at most 1d ({DEFAULT_REORDER_WINDOW:g})",
+    )
+    timeline.set_defaults(func=run_timeline, handler=run_timeline)

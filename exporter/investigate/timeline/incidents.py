@@ -1,0 +1,255 @@
+"""Incidents: findings being built while the events stream by, rendered at the end.
+
+Each detector of :mod:`.analysis` keeps only compact per-SKU state (:class:`Write`,
+:class:`Check`) and opens an incident when it sees one; later events of the same
+incident join it (up to :data:`~.model.FINDING_PARTICIPANTS`), and :meth:`Incident.finding`
+writes the :class:`~.model.Finding` once the times can be formatted for the whole report.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import NamedTuple
+
+from .model import FINDING_PARTICIPANTS, Finding, FindingKind, TimeFormat
+
+__all__ = ["Check", "Duplicate", "Incident", "Overwrite", "SameFrom", "StaleRead", "Write"]
+
+
+class Write(NamedTuple):
+    """A successful stock write (or a paid order), as little as the detectors need.
+
+    A tuple of plain values, so the garbage collector stops tracking it: hundreds of
+    thousands of them (one per idempotency key) cost no collector time.
+    """
+
+    name: str | None
+    frm: int | None
+    to: int | None
+    ts: float
+    source: str
+    lineno: int
+    order_id: str | None
+
+    @property
+    def line(self) -> str:
+        """Where it was logged, as ``source:lineno``."""
+        return f"{self.source}:{self.lineno}"
+
+    def same_record(self, other: Write) -> bool:
+        """Whether ``other`` is this very record seen again."""
+        # The same line delivered twice (log shipper retry, overlapping rotated files).
+        return (
+            self.name == other.name
+            and self.ts == other.ts
+            and self.frm == other.frm
+            and self.to == other.to
+        )
+
+
+class Check(NamedTuple):
+    """A request's ``stock_check``: the value it read, opening its check-to-write window."""
+
+    available: int | None
+    ts: float
+    source: str
+    lineno: int
+
+    @property
+    def line(self) -> str:
+        """Where it was logged, as ``source:lineno``."""
+        return f"{self.source}:{self.lineno}"
+
+
+def _names(names: Sequence[str], extra: int = 0) -> str:
+    shown = list(names[:5])
+    rest = len(names) - len(shown) + extra
+    if rest:
+        return f"{', '.join(shown)} and {rest} more"
+    if len(shown) == 1:
+        return shown[0]
+    return f"{', '.join(shown[:-1])} and {shown[-1]}"
+
+
+def _join_times(stamps: Sequence[float], fmt: TimeFormat, extra: int = 0) -> str:
+    """``10:00:00.120/.121``: later times drop the part they share with the one before."""
+    parts: list[str] = []
+    previous = ""
+    for ts in stamps[:5]:
+        text = fmt(ts)
+        dot = text.find(".")
+        if previous and dot > 0 and text[:dot] == previous[:dot]:
+            parts.append(text[dot:])
+        else:
+            parts.append(text)
+        previous = text
+    rest = len(stamps) - len(parts) + extra
+    return "/".join(parts) + (f" (+{rest} more)" if rest else "")
+
+
+def _unique(values: Iterable[str | None]) -> list[str]:
+    return list(dict.fromkeys(value for value in values if value is not None))
+
+
+class Incident:
+    """A finding being built while the stream goes on; rendered at the end."""
+
+    kind: FindingKind = "lost_update"
+
+    def __init__(self, sku: str | None) -> None:
+        self.sku = sku
+        self.dropped = 0
+
+    def finding(self, fmt: TimeFormat) -> Finding:
+        """The finding, its times written with ``fmt``."""
+        raise NotImplementedError
+
+    def _participants(self) -> list[Write]:
+        raise NotImplementedError
+
+    def _make(
+        self,
+        requests: list[str],
+        detail: str,
+        lines: list[str],
+        more_orders: Iterable[str | None] = (),
+    ) -> Finding:
+        orders = _unique([*(write.order_id for write in self._participants()), *more_orders])
+        return Finding(self.kind, self.sku, requests, detail, lines, tuple(orders))
+
+
+class SameFrom(Incident):
+    """A lost update: writes on one SKU that all started from the same old value."""
+
+    kind: FindingKind = "lost_update"
+
+    def __init__(self, sku: str, frm: int, first: Write, second: Write) -> None:
+        super().__init__(sku)
+        self.frm = frm
+        self.writes = [first, second]
+
+    def add(self, write: Write) -> None:
+        if any(write.same_record(old) for old in self.writes[-4:]):
+            return
+        if len(self.writes) < FINDING_PARTICIPANTS:
+            self.writes.append(write)
+        else:
+            self.dropped += 1
+
+    def _participants(self) -> list[Write]:
+        return self.writes
+
+    def finding(self, fmt: TimeFormat) -> Finding:
+        writes = self.writes
+        names = [write.name or "?" for write in writes]
+        word = "both" if len(writes) + self.dropped == 2 else "all"
+        targets = _unique(str(write.to) for write in writes if write.to is not None)
+        wrote = f"from={self.frm}"
+        if len(targets) == 1:
+            wrote += f" to={targets[0]}"
+        elif targets:
+            wrote += f" (to={', '.join(targets)})"
+        detail = (
+            f"{_names(names, self.dropped)} {word} wrote {wrote} at "
+            f"{_join_times([write.ts for write in writes], fmt, self.dropped)}"
+        )
+        return self._make(_unique(names), detail, [write.line for write in writes])
+
+
+class Overwrite(Incident):
+    """A lost update: a write over another request's write that its writer never read."""
+
+    kind: FindingKind = "lost_update"
+
+    def __init__(self, sku: str, previous: Write, write: Write, check: Check) -> None:
+        super().__init__(sku)
+        self.previous = previous
+        self.write = write
+        self.check = check
+
+    def _participants(self) -> list[Write]:
+        return [self.previous, self.write]
+
+    def finding(self, fmt: TimeFormat) -> Finding:
+        previous, write, check = self.previous, self.write, self.check
+        who, other = write.name or "?", previous.name or "?"
+        read = f"available={check.available}" if check.available is not None else "the stock"
+        detail = (
+            f"{who} wrote from={write.frm} to={write.to} at {fmt(write.ts)} over {other}'s "
+            f"write to={previous.to} at {fmt(previous.ts)}, which came after {who} read "
+            f"{read} at {fmt(check.ts)}"
+        )
+        return self._make(_unique([other, who]), detail, [check.line, previous.line, write.line])
+
+
+class StaleRead(Incident):
+    """Reads of a SKU that missed its latest write already logged."""
+
+    kind: FindingKind = "stale_read"
+
+    def __init__(self, sku: str, write: Write) -> None:
+        super().__init__(sku)
+        self.write = write
+        self.reads: list[tuple[str | None, int, float, str, str | None]] = []
+
+    def add(
+        self, name: str | None, available: int, ts: float, line: str, order: str | None
+    ) -> None:
+        if len(self.reads) < FINDING_PARTICIPANTS:
+            self.reads.append((name, available, ts, line, order))
+        else:
+            self.dropped += 1
+
+    def _participants(self) -> list[Write]:
+        return [self.write]
+
+    def finding(self, fmt: TimeFormat) -> Finding:
+        write, reads = self.write, self.reads
+        names = [name or "?" for name, *_ in reads]
+        values = _unique(str(available) for _, available, *_ in reads)
+        what = "available=" + "/".join(values)
+        verb = "read" if len(reads) + self.dropped == 1 else "all read"
+        detail = (
+            f"{_names(names, self.dropped)} {verb} {what} at "
+            f"{_join_times([ts for _, _, ts, _, _ in reads], fmt, self.dropped)} after "
+            f"{write.name or '?'} wrote to={write.to} at {fmt(write.ts)}"
+        )
+        return self._make(
+            _unique([write.name, *names]),
+            detail,
+            [write.line, *(read[3] for read in reads)],
+            (read[4] for read in reads),
+        )
+
+
+class Duplicate(Incident):
+    """One idempotency key or payment reference that reserved or paid more than once."""
+
+    kind: FindingKind = "duplicate_execution"
+
+    def __init__(self, sku: str | None, what: str, how: str, first: Write, second: Write) -> None:
+        super().__init__(sku)
+        self.what = what
+        self.how = how
+        self.writes = [first, second]
+
+    def add(self, write: Write) -> None:
+        if any(write.same_record(old) for old in self.writes[-4:]):
+            return
+        if len(self.writes) < FINDING_PARTICIPANTS:
+            self.writes.append(write)
+        else:
+            self.dropped += 1
+
+    def _participants(self) -> list[Write]:
+        return self.writes
+
+    def finding(self, fmt: TimeFormat) -> Finding:
+        writes = self.writes
+        count = len(writes) + self.dropped
+        each = ", ".join(f"{write.name or '?'} at {fmt(write.ts)}" for write in writes[:5])
+        if count > 5:
+            each += f" and {count - 5} more"
+        detail = f"{self.what} {count} times{self.how}: {each}"
+        names = _unique(write.name for write in writes)
+        return self._make(names, detail, [write.line for write in writes])

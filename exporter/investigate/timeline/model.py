@@ -1,0 +1,255 @@
+"""What timeline works with: the event of one log line, a finding, the report, the limits.
+
+The names of the events and fields timeline reads come from the log event catalog
+(:mod:`stocksentry.instrumentation.events`), so a renamed event or field breaks the
+import here instead of a timeline that silently finds nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal
+
+from stocksentry.instrumentation.events import (
+    ORDER_PAID,
+    PAYMENT_CALLBACK,
+    STOCK_CHECK,
+    STOCK_UPDATE,
+    LogEvent,
+)
+
+from ...commandline import ExitCode
+from .limits import (
+    DEFAULT_LIMIT,
+    DEFAULT_REORDER_WINDOW,
+    FINDING_PARTICIPANTS,
+    MAX_GROUPS,
+    MAX_KEYS,
+    OPEN_CHECKS,
+    RECENT_FROMS,
+    REORDER_BUFFER,
+    SKIPPED_EXAMPLES,
+)
+from .times import format_time
+
+__all__ = [
+    "DEFAULT_LIMIT",
+    "DEFAULT_REORDER_WINDOW",
+    "FINDING_PARTICIPANTS",
+    "MAX_GROUPS",
+    "MAX_KEYS",
+    "OPEN_CHECKS",
+    "RECENT_FROMS",
+    "REORDER_BUFFER",
+    "SKIPPED_EXAMPLES",
+    "Event",
+    "Finding",
+    "FindingKind",
+    "Report",
+    "TimeFormat",
+]
+
+FindingKind = Literal["lost_update", "duplicate_execution", "stale_read"]
+#: Renders a timestamp of the report (with or without the date, as the report needs).
+TimeFormat = Callable[[float], str]
+
+
+KIND_TITLES: dict[FindingKind, str] = {
+    "lost_update": "LOST UPDATE",
+    "duplicate_execution": "DUPLICATE EXECUTION",
+    "stale_read": "STALE READ",
+}
+
+
+# --- what timeline reads of the log event catalog ----------------------------------------
+
+
+def _field(event: LogEvent, name: str) -> str:
+    if name not in event.fields:
+        raise LookupError(f"the log event {event.name} has no field {name!r}")
+    return name
+
+
+STOCK_CHECK_EVENT: Final = STOCK_CHECK.name
+STOCK_UPDATE_EVENT: Final = STOCK_UPDATE.name
+PAYMENT_CALLBACK_EVENT: Final = PAYMENT_CALLBACK.name
+ORDER_PAID_EVENT: Final = ORDER_PAID.name
+AVAILABLE: Final = _field(STOCK_CHECK, "available")
+FROM: Final = _field(STOCK_UPDATE, "from")
+TO: Final = _field(STOCK_UPDATE, "to")
+SUCCESS: Final = _field(STOCK_UPDATE, "success")
+REASON: Final = _field(STOCK_UPDATE, "reason")
+QTY: Final = _field(STOCK_UPDATE, "qty")
+RESULT: Final = _field(PAYMENT_CALLBACK, "result")
+#: The ``result`` of a payment callback that took the money (the others: replay, failed).
+PAID: Final = "paid"
+#: What other apps log the stock they read under (stocksentry writes ``available``), and
+#: the error of a failed write: not fields of the catalog, read all the same.
+STOCK: Final = "stock"
+ERROR: Final = "error"
+
+
+@dataclass(slots=True)
+class Event:
+    """One parsed log line.
+
+    ``ts`` is seconds since the epoch when the line carried a date (``dated``), else
+    seconds since midnight of an unknown day. The correlation keys have their own
+    attributes; every other key of the line is in ``fields``. ``source`` and ``lineno``
+    say where the line came from (set by :func:`read_events`).
+
+    Example::
+
+        >>> from stocksentry.exporter.investigate.timeline import parse_line
+        >>> event = parse_line('{"event": "stock_check", "sku": "EGG-01", "available": 1,'
+        ...                    ' "request_id": "R1", "timestamp": "2026-11-29T13:41:14.262Z"}')
+        >>> event.name, event.sku, event.request, event.fields
+        ('stock_check', 'EGG-01', 'R1', {'available': 1})
+        >>> format_time(event.ts, event.dated)
+        '2026-11-29T13:41:14.262Z'
+    """
+
+    name: str
+    ts: float = 0.0
+    dated: bool = True
+    has_time: bool = False
+    sku: str | None = None
+    request_id: str | None = None
+    idempotency_key: str | None = None
+    order_id: str | None = None
+    payment_reference: str | None = None
+    trace_id: str | None = None
+    fields: dict[str, Any] = field(default_factory=dict)
+    source: str = "<input>"
+    lineno: int = 0
+    file_index: int = 0
+
+    @property
+    def request(self) -> str | None:
+        """Who did it: the request id, else the idempotency key, else the trace id."""
+        return self.request_id or self.idempotency_key or self.trace_id
+
+    @property
+    def line(self) -> str:
+        """Where it was logged, as ``source:lineno``."""
+        return f"{self.source}:{self.lineno}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The event as JSON-ready data (``None`` keys left out)."""
+        out: dict[str, Any] = {
+            "time": format_time(self.ts, self.dated) if self.has_time else None,
+            "event": self.name,
+            "line": self.line,
+        }
+        for key in ID_KEYS:
+            value = getattr(self, key)
+            if value is not None:
+                out[key] = value
+        if self.fields:
+            out["details"] = self.fields
+        return out
+
+
+ID_KEYS: Final = (
+    "sku",
+    "request_id",
+    "idempotency_key",
+    "order_id",
+    "payment_reference",
+    "trace_id",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One thing that went wrong: its kind, SKU, the requests involved and the evidence.
+
+    Example::
+
+        >>> finding = Finding("stale_read", "EGG-01", ["R1", "R3"],
+        ...                   "R3 read available=1 at 10:00:00.130 after R1 wrote to=0", ["a:3"])
+        >>> finding.headline
+        'STALE READ sku=EGG-01: R3 read available=1 at 10:00:00.130 after R1 wrote to=0'
+    """
+
+    kind: FindingKind
+    sku: str | None
+    requests: list[str]
+    detail: str
+    lines: list[str]
+    #: Orders of the events involved (used by ``--order``; not in :meth:`to_dict`).
+    orders: tuple[str, ...] = ()
+
+    @property
+    def headline(self) -> str:
+        """One line for humans: kind, SKU and detail."""
+        where = f" sku={self.sku}" if self.sku is not None else ""
+        return f"{KIND_TITLES[self.kind]}{where}: {self.detail}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The finding as JSON-ready data."""
+        return {
+            "kind": self.kind,
+            "sku": self.sku,
+            "requests": self.requests,
+            "detail": self.detail,
+            "lines": self.lines,
+        }
+
+
+@dataclass(slots=True)
+class Report:
+    """What :func:`analyse` found, and the timelines it kept.
+
+    ``skus`` and ``orders`` hold at most ``limit`` events each (``more`` counts the rest);
+    ``skipped_lines`` and ``lines`` come from :class:`ReadStats` when the caller has them.
+    """
+
+    findings: list[Finding] = field(default_factory=list)
+    skus: dict[str, list[Event]] = field(default_factory=dict)
+    orders: dict[str, list[Event]] = field(default_factory=dict)
+    skus_more: dict[str, int] = field(default_factory=dict)
+    orders_more: dict[str, int] = field(default_factory=dict)
+    #: Events of SKUs and orders beyond :data:`MAX_GROUPS`, analysed but not kept.
+    ungrouped_events: int = 0
+    events: int = 0
+    lines: int = 0
+    late_events: int = 0
+    #: Oldest keys dropped from the duplicate-execution memory (see :data:`MAX_KEYS`).
+    keys_forgotten: int = 0
+    #: How many keys that memory held (``analyse(max_keys=...)``), for the report's note.
+    keys_limit: int = MAX_KEYS
+    skipped_lines: int = 0
+    skipped_examples: list[str] = field(default_factory=list)
+    #: Whether the dated events span more than one UTC day (times then show the date).
+    show_date: bool = False
+    #: The UTC day of the dated events when they all fall on one, e.g. ``2026-11-29``.
+    day: str | None = None
+
+    @property
+    def exit_code(self) -> ExitCode:
+        """:attr:`ExitCode.FINDINGS` (1) when there is a finding, else :attr:`ExitCode.OK`."""
+        return ExitCode.FINDINGS if self.findings else ExitCode.OK
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report as JSON-ready data (the ``--format json`` output).
+
+        Example::
+
+            >>> sorted(Report().to_dict())  # doctest: +NORMALIZE_WHITESPACE
+            ['events', 'findings', 'keys_forgotten', 'late_events', 'lines', 'more',
+             'orders', 'skipped_examples', 'skipped_lines', 'skus']
+        """
+        return {
+            "findings": [finding.to_dict() for finding in self.findings],
+            "skus": {sku: [e.to_dict() for e in events] for sku, events in self.skus.items()},
+            "orders": {o: [e.to_dict() for e in events] for o, events in self.orders.items()},
+            "more": {"skus": self.skus_more, "orders": self.orders_more},
+            "skipped_lines": self.skipped_lines,
+            "skipped_examples": self.skipped_examples,
+            "events": self.events,
+            "lines": self.lines,
+            "late_events": self.late_events,
+            "keys_forgotten": self.keys_forgotten,
+        }
