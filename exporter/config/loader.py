@@ -100,8 +100,8 @@ def parse_config(
         if exc.kind == "marked":
             what = "; ".join(part for part in (exc.context, exc.problem) if part)
             raise ConfigError(f"invalid YAML: {what}", source=source, line=exc.line) from None
-        problem = exc.problem if exc.kind == "nesting" else exc.kind
-        raise ConfigError(f"invalid YAML: {problem}", source=source) from None
+        problem = exc.problem or exc.kind
+        raise ConfigError(f"invalid YAML: {problem}", source=source, line=exc.line) from None
     if root is None or is_null(root):
         raise ConfigError(
             "the file is empty; expected a mapping of sections "

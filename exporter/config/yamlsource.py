@@ -112,6 +112,13 @@ def compose(text: str) -> Node | None:
         raise YamlSyntaxError(
             None if mark is None else mark.line + 1, exc.context, exc.problem, "marked"
         ) from None
+    except yaml.reader.ReaderError as exc:
+        # A character YAML does not allow (a control character, say): its code, not the
+        # text around it.
+        code = exc.character if isinstance(exc.character, int) else ord(exc.character[:1] or "?")
+        line = text[: exc.position].count("\n") + 1
+        problem = f"unacceptable character #x{code:04x}: {exc.reason}"
+        raise YamlSyntaxError(line, None, problem, "ReaderError") from None
     except yaml.YAMLError as exc:
         raise YamlSyntaxError(None, None, None, type(exc).__name__) from None
     except RecursionError:
