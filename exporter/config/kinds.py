@@ -202,7 +202,7 @@ class Duration(Kind):
         return {
             "type": ["number", "string"],
             bound: 0,
-            "maximum": self.maximum,
+            "maximum": int(self.maximum) if self.maximum.is_integer() else self.maximum,
             "pattern": DURATION_PATTERN,
         }
 
