@@ -47,7 +47,7 @@ def test_every_generated_table_is_on_the_page():
 
 def test_an_unknown_block_is_an_error():
     text = "<!-- BEGIN GENERATED config.nope (x) -->\n<!-- END GENERATED -->\n"
-    with pytest.raises(KeyError, match="config.nope"):
+    with pytest.raises(KeyError, match=r"config\.nope"):
         reference.replace_blocks(text)
 
 
