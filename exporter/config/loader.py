@@ -11,6 +11,7 @@ error is a :class:`~.errors.ConfigError` at the line of the value at fault.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -215,6 +216,21 @@ def _reservations(ctx: Context, mapping: CheckedMapping | None, values: dict[str
         )
 
 
+def _redis(ctx: Context, mapping: CheckedMapping | None, values: dict[str, Any]) -> None:
+    # Found, not imported: loading the config stays light, and a sidecar without the
+    # redis package fails here, in one line, instead of when its probes start.
+    try:
+        found = importlib.util.find_spec("redis") is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        ctx.fail(
+            None if mapping is None else mapping.node,
+            "redis",
+            "needs the redis package, which is not installed: pip install 'stocksentry[redis]'",
+        )
+
+
 def _custom(ctx: Context, mapping: CheckedMapping | None, values: dict[str, Any]) -> None:
     assert mapping is not None  # noqa: S101 - a list item always has its node
     earlier: list[CustomProbe] = list(ctx.earlier)
@@ -309,6 +325,7 @@ def _exporter(ctx: Context, mapping: CheckedMapping | None, values: dict[str, An
 _RULES: Final[dict[type, Rule]] = {
     ServerConfig: _server,
     ReservationsTable: _reservations,
+    RedisConfig: _redis,
     CustomProbe: _custom,
     ExporterConfig: _exporter,
 }

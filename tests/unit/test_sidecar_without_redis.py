@@ -1,0 +1,115 @@
+"""`pip install stocksentry[exporter]` without redis starts the sidecar; redis: then says why.
+
+Each case runs in a fresh interpreter whose `sys.meta_path` refuses `redis` (and
+SQLAlchemy, which no sidecar module needs), as on a machine where they are not installed.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+BLOCKER = textwrap.dedent(
+    """
+    import sys
+
+    BLOCKED = ("redis", "sqlalchemy")
+
+    class Blocker:
+        def find_spec(self, name, path=None, target=None):
+            if name.partition(".")[0] in BLOCKED:
+                raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+            return None
+
+    sys.meta_path.insert(0, Blocker())
+    """
+)
+
+
+def run(body: str, *args: str) -> subprocess.CompletedProcess[str]:
+    script = BLOCKER + textwrap.dedent(body)
+    return subprocess.run(
+        [sys.executable, "-c", script, *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_the_sidecar_modules_import_and_build_without_redis():
+    done = run(
+        """
+        import sys
+        from stocksentry.exporter import cli, sidecar, server, webconfig, basicauth
+        from stocksentry.exporter.config import parse_config
+        from stocksentry.exporter.probes import ProbeRunner
+
+        config = parse_config(
+            "database: {url: 'postgresql://stocksentry@db.invalid/shop'}\\n"
+            "sku_guard: {promo_skus: [EGG-01]}\\n",
+            environ={},
+        )
+        runner = ProbeRunner(config)
+        assert not config.probes.cache_drift.enabled
+        assert "probe cache_drift is off: there is no redis section" in config.notes
+        loaded = sorted(m for m in sys.modules if m.partition(".")[0] in ("redis", "sqlalchemy"))
+        print("loaded:", loaded, [p.name for p in runner._db_probes][:2])
+        """
+    )
+    assert done.returncode == 0, done.stderr
+    assert "loaded: [] ['negative_stock', 'duplicate_orders']" in done.stdout
+
+
+def test_a_redis_section_without_redis_is_one_clear_line(tmp_path: Path):
+    path = tmp_path / "config.yaml"
+    path.write_text(
+        "database:\n  url: postgresql://stocksentry@db.invalid/shop\n"
+        "redis:\n  url: redis://cache.invalid:6379/0\n"
+    )
+    done = run(
+        """
+        import sys
+        from stocksentry.exporter.cli import main
+        sys.exit(main(["check-config", sys.argv[1]]))
+        """,
+        str(path),
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stdout == ""
+    assert done.stderr == (
+        f"stocksentry: {path}:4: redis: needs the redis package, which is not installed: "
+        "pip install 'stocksentry[redis]'\n"
+    )
+
+
+def test_a_runner_given_redis_settings_without_redis_says_why():
+    done = run(
+        """
+        import dataclasses
+        from stocksentry.exporter.config import RedisConfig, Secret, parse_config
+        from stocksentry.exporter.probes import ProbeRunner
+
+        config = parse_config(
+            "database: {url: 'postgresql://stocksentry@db.invalid/shop'}\\n"
+            "sku_guard: {promo_skus: [EGG-01]}\\n",
+            environ={},
+        )
+        # Built by hand, past the loader's check.
+        redis = RedisConfig(url=Secret("redis://cache.invalid:6379/0"))
+        probes = dataclasses.replace(
+            config.probes,
+            cache_drift=dataclasses.replace(config.probes.cache_drift, enabled=True),
+        )
+        try:
+            ProbeRunner(dataclasses.replace(config, redis=redis, probes=probes))
+        except ModuleNotFoundError as exc:
+            print(exc)
+        """
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == (
+        "the redis: section needs the redis package: pip install 'stocksentry[redis]'\n"
+    )
