@@ -706,9 +706,7 @@ def test_probes_defaults_are_inherited_and_kept():
 
 
 def test_reservations_with_a_status_column():
-    config = parse(
-        DB + "schema:\n  reservations: {status: state, held_statuses: [HELD, 7]}\n"
-    )
+    config = parse(DB + "schema:\n  reservations: {status: state, held_statuses: [HELD, 7]}\n")
     reservations = config.schema.reservations
     assert reservations is not None
     assert (reservations.status, reservations.released_at) == ("state", None)
