@@ -62,7 +62,7 @@ schema:
 {products or "  {}"}
 probes:
   defaults:
-    interval: 0.5s
+    interval: 500ms
     timeout: 2s
 """
     )
