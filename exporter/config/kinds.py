@@ -9,8 +9,10 @@ model, and the loader, the docs and the chart agree on it.
 
 Example::
 
-    Integer(0, 65535).type_doc()      # '0-65535', with an en dash
-    Duration(maximum=600).type_doc()  # 'duration ≤ 10m'
+    >>> Duration(maximum=600).type_doc()
+    'duration ≤ 10m'
+    >>> Duration(maximum=600).json_schema()["maximum"]
+    600
 """
 
 from __future__ import annotations
@@ -202,7 +204,7 @@ class Duration(Kind):
         return {
             "type": ["number", "string"],
             bound: 0,
-            "maximum": int(self.maximum) if self.maximum.is_integer() else self.maximum,
+            "maximum": int(self.maximum) if float(self.maximum).is_integer() else self.maximum,
             "pattern": DURATION_PATTERN,
         }
 

@@ -15,8 +15,10 @@ cannot disagree on a key.
 
 Example::
 
-    [name for name, _ in specs(ServerConfig)][:2]   # ['listen_address', 'port']
-    key_names(DatabaseConfig)[:3]                   # ('url_env', 'url_file', 'url')
+    >>> [name for name, _ in specs(ServerConfig)][:2]
+    ['listen_address', 'port']
+    >>> key_names(DatabaseConfig)[:4]
+    ('url_env', 'url_file', 'url', 'statement_timeout')
 """
 
 # ruff: noqa: RUF009 - the fields' metadata is built by calls (key(), section() ...) that

@@ -13,9 +13,10 @@ wrong as exceptions carrying the node (:class:`KeyProblem`) or the line
 
 Example::
 
-    root = compose("server:\\n  port: 9464\\n")
-    section = mapping_entries(root)["server"].value
-    line_of(mapping_entries(section)["port"].value)   # 2
+    >>> root = compose("server:\\n  port: 9464\\n")
+    >>> section = mapping_entries(root)["server"].value
+    >>> line_of(mapping_entries(section)["port"].value)
+    2
 """
 
 from __future__ import annotations
