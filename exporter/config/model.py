@@ -9,6 +9,10 @@ Each section is a frozen dataclass; each field says in its metadata what it is:
 - :func:`url_keys`: the ``url_env`` / ``url_file`` / ``url`` trio of a secret URL;
 - :func:`derived`: a value the loader computes (where a URL came from, the notes).
 
+(The helpers and :func:`specs` live in :mod:`.specs`; this module is the data. It runs
+past 500 lines because it is one field per key with the key's doc string: splitting it
+would scatter the one place a key is written.)
+
 The loader (:mod:`.loader`), the docs key reference (:mod:`.reference`) and the chart's
 ``values.schema.json`` (``helm/values_schema.py``) read these with :func:`specs`, so they
 cannot disagree on a key.
@@ -26,11 +30,9 @@ Example::
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import Final, Literal
 
 from stocksentry.instrumentation.secrets import Secret
 
@@ -42,7 +44,6 @@ from .kinds import (
     Host,
     Identifier,
     Integer,
-    Kind,
     LabelName,
     Named,
     OptionalIdentifier,
@@ -50,6 +51,23 @@ from .kinds import (
     Template,
     Text,
     TextList,
+)
+from .specs import (
+    URL_KEYS,
+    Derived,
+    Key,
+    Section,
+    UrlKeys,
+    computed,
+    derived,
+    field_default,
+    key,
+    key_names,
+    required,
+    section,
+    sections,
+    specs,
+    url_keys,
 )
 
 __all__ = [
@@ -79,6 +97,7 @@ __all__ = [
     "ServerConfig",
     "SkuGuardConfig",
     "UrlKeys",
+    "field_default",
     "key_names",
     "specs",
 ]
@@ -89,132 +108,10 @@ __all__ = [
 DEFAULT_ADVISORY_LOCK_KEY: Final = 0x73746F636B73656E
 #: The health series of the leader election use this probe name.
 ELECTION_PROBE: Final = "leader_election"
-#: The keys a secret URL may come from, in the order the docs give them.
-URL_KEYS: Final = ("url_env", "url_file", "url")
 
 _MINUTE: Final = 60.0
 _HOUR: Final = 3600.0
 _DAY: Final = 86400.0
-_METADATA: Final = "stocksentry.config"
-
-
-# --- what a field can be ---------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Key:
-    """A YAML key: its kind, its doc, and where its default comes from when not written.
-
-    ``inherit`` names another key (dotted path) whose value is the default, as
-    ``probes.defaults.interval`` is for every probe; ``computed`` builds the default from
-    the section's other values; ``default_doc`` is how the docs show such a default.
-    """
-
-    kind: Kind
-    doc: str
-    required: bool = False
-    inherit: str | None = None
-    computed: Callable[[Mapping[str, Any]], Any] | None = None
-    default_doc: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Section:
-    """A nested section of class ``cls``; ``optional``: ``None`` when left out, and
-    ``many``: a list of them."""
-
-    cls: type
-    doc: str
-    optional: bool = False
-    many: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class UrlKeys:
-    """A secret URL given by exactly one of :data:`URL_KEYS`; ``origin`` names the
-    field that records where it came from."""
-
-    schemes: tuple[str, ...]
-    what: str
-    doc: str
-    accept_conninfo: bool = False
-    origin: str = "url_source"
-
-
-@dataclass(frozen=True, slots=True)
-class Derived:
-    """A field the loader computes; not a key of the file."""
-
-    doc: str
-
-
-Spec = Key | Section | UrlKeys
-
-
-def key(default: Any, kind: Kind, doc: str, **options: Any) -> Any:
-    """A field for a YAML key with a default; ``options`` as for :class:`Key`."""
-    return field(default=default, metadata={_METADATA: Key(kind, doc, **options)})
-
-
-def required(kind: Kind, doc: str) -> Any:
-    """A field for a YAML key that must be written."""
-    return field(metadata={_METADATA: Key(kind, doc, required=True)})
-
-
-def computed(kind: Kind, doc: str, build: Callable[[Mapping[str, Any]], Any], shown: str) -> Any:
-    """A field for a YAML key whose default ``build`` makes from the section's values."""
-    return field(metadata={_METADATA: Key(kind, doc, computed=build, default_doc=shown)})
-
-
-def section(cls: type, doc: str, *, optional: bool = False) -> Any:
-    """A field for a nested section (``None`` when ``optional`` and left out)."""
-    spec = Section(cls, doc, optional=optional)
-    if optional:
-        return field(default=None, metadata={_METADATA: spec})
-    return field(default_factory=cls, metadata={_METADATA: spec})
-
-
-def sections(cls: type, doc: str) -> Any:
-    """A field for a list of sections (a tuple, empty by default)."""
-    return field(default=(), metadata={_METADATA: Section(cls, doc, many=True)})
-
-
-def url_keys(schemes: tuple[str, ...], what: str, doc: str, **options: Any) -> Any:
-    """The (required) field of a secret URL read from :data:`URL_KEYS`."""
-    return field(metadata={_METADATA: UrlKeys(schemes, what, doc, **options)})
-
-
-def derived(default: Any, doc: str) -> Any:
-    """A field the loader fills in."""
-    return field(default=default, metadata={_METADATA: Derived(doc)})
-
-
-def specs(cls: type) -> list[tuple[str, Spec]]:
-    """The fields of section ``cls`` that the file writes, in order, with their specs."""
-    found: list[tuple[str, Spec]] = []
-    for item in dataclasses.fields(cls):
-        spec = item.metadata.get(_METADATA)
-        if isinstance(spec, Key | Section | UrlKeys):
-            found.append((item.name, spec))
-    return found
-
-
-def key_names(cls: type) -> tuple[str, ...]:
-    """The YAML keys section ``cls`` accepts, in documentation order."""
-    names: list[str] = []
-    for name, spec in specs(cls):
-        names.extend(URL_KEYS if isinstance(spec, UrlKeys) else (name,))
-    return tuple(names)
-
-
-def field_default(cls: type, name: str) -> Any:
-    """The dataclass default of field ``name`` of ``cls`` (``MISSING`` when none)."""
-    for item in dataclasses.fields(cls):
-        if item.name == name:
-            if item.default_factory is not dataclasses.MISSING:
-                return item.default_factory()
-            return item.default
-    raise KeyError(name)
 
 
 # --- the sections ----------------------------------------------------------------------------
