@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 from stocksentry.instrumentation.secrets import Secret
 
@@ -361,7 +361,15 @@ class ProbeDefaults:
     timeout: float = key(_TIMEOUT, _TIMEOUT_KIND, "how long a run may take")
 
 
-_INHERIT = "`probes.defaults`"
+def _scheduled(name: str) -> Any:
+    """A probe's ``interval`` or ``timeout``: by default that of ``probes.defaults``."""
+    default, kind, doc = {
+        "interval": (_INTERVAL, _INTERVAL_KIND, "how often it runs"),
+        "timeout": (_TIMEOUT, _TIMEOUT_KIND, "how long a run may take"),
+    }[name]
+    return key(
+        default, kind, doc, inherit=f"probes.defaults.{name}", default_doc="`probes.defaults`"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -374,20 +382,8 @@ class ProbeSettings:
         "on when what it needs is configured; `true` without it is an error",
         default_doc="`true` when configured",
     )
-    interval: float = key(
-        _INTERVAL,
-        _INTERVAL_KIND,
-        "how often it runs",
-        inherit="probes.defaults.interval",
-        default_doc=_INHERIT,
-    )
-    timeout: float = key(
-        _TIMEOUT,
-        _TIMEOUT_KIND,
-        "how long a run may take",
-        inherit="probes.defaults.timeout",
-        default_doc=_INHERIT,
-    )
+    interval: float = _scheduled("interval")
+    timeout: float = _scheduled("timeout")
 
 
 @dataclass(frozen=True, slots=True)
@@ -450,20 +446,8 @@ class CustomProbe:
         "columns exported as labels; a `sku` label goes through the SKU guard, others are "
         "sanitised like every label",
     )
-    interval: float = key(
-        _INTERVAL,
-        _INTERVAL_KIND,
-        "how often it runs",
-        inherit="probes.defaults.interval",
-        default_doc=_INHERIT,
-    )
-    timeout: float = key(
-        _TIMEOUT,
-        _TIMEOUT_KIND,
-        "how long a run may take",
-        inherit="probes.defaults.timeout",
-        default_doc=_INHERIT,
-    )
+    interval: float = _scheduled("interval")
+    timeout: float = _scheduled("timeout")
     max_series: int = key(
         100, Integer(1, 10_000), "label sets beyond it are dropped, with one warning"
     )
