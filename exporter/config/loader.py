@@ -216,21 +216,6 @@ def _reservations(ctx: Context, mapping: CheckedMapping | None, values: dict[str
         )
 
 
-def _redis(ctx: Context, mapping: CheckedMapping | None, values: dict[str, Any]) -> None:
-    # Found, not imported: loading the config stays light, and a sidecar without the
-    # redis package fails here, in one line, instead of when its probes start.
-    try:
-        found = importlib.util.find_spec("redis") is not None
-    except (ImportError, ValueError):
-        found = False
-    if not found:
-        ctx.fail(
-            None if mapping is None else mapping.node,
-            "redis",
-            "needs the redis package, which is not installed: pip install 'stocksentry[redis]'",
-        )
-
-
 def _custom(ctx: Context, mapping: CheckedMapping | None, values: dict[str, Any]) -> None:
     assert mapping is not None  # noqa: S101 - a list item always has its node
     earlier: list[CustomProbe] = list(ctx.earlier)
@@ -295,6 +280,11 @@ def _exporter(ctx: Context, mapping: CheckedMapping | None, values: dict[str, An
             missing["outbox"] = "schema.outbox is not mapped"
         if redis is None:
             missing["cache_drift"] = "there is no redis section"
+        elif not _installed("redis"):
+            # The [exporter] extra alone runs the sidecar; Redis comes with [redis].
+            missing["cache_drift"] = (
+                "the redis package is not installed (pip install 'stocksentry[redis]')"
+            )
         elif not sku_guard.promo_skus:
             missing["cache_drift"] = "sku_guard.promo_skus is empty (it compares promo SKUs)"
 
@@ -322,10 +312,17 @@ def _exporter(ctx: Context, mapping: CheckedMapping | None, values: dict[str, An
     values["notes"] = tuple(ctx.notes)
 
 
+def _installed(package: str) -> bool:
+    """Whether ``package`` can be imported; found, not imported, so loading stays light."""
+    try:
+        return importlib.util.find_spec(package) is not None
+    except (ImportError, ValueError):
+        return False
+
+
 _RULES: Final[dict[type, Rule]] = {
     ServerConfig: _server,
     ReservationsTable: _reservations,
-    RedisConfig: _redis,
     CustomProbe: _custom,
     ExporterConfig: _exporter,
 }
