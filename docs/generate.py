@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from stocksentry.exporter.config import reference
 from stocksentry.instrumentation import catalog
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -14,7 +15,12 @@ ROOT = Path(__file__).resolve().parents[1]
 def artefacts() -> dict[Path, str]:
     """Every generated file and the text it must hold."""
     head = (ROOT / "docs" / "metrics.md.head").read_text()
-    return {ROOT / "docs" / "metrics.md": head + catalog.markdown_table()}
+    config_page = ROOT / "docs" / "exporter-config.md"
+    return {
+        ROOT / "docs" / "metrics.md": head + catalog.markdown_table(),
+        # The key tables between the page's GENERATED markers come from the config model.
+        config_page: reference.replace_blocks(config_page.read_text()),
+    }
 
 
 def main() -> int:

@@ -36,11 +36,21 @@ UNIT_SECONDS: Final[dict[str, float]] = {
     "ms": 0.001,
 }
 
-#: The grammar as a regular expression (anchored), for ``values.schema.json`` and friends.
-DURATION_PATTERN: Final = (
-    r"^(0|(?=[0-9])(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?"
-    r"(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$"
-)
+
+def _pattern() -> str:
+    # One alternative per leading unit, so that the empty string is refused without a
+    # lookahead: Helm checks values.schema.json with Go's RE2, which has none.
+    units = list(UNIT_SECONDS)
+    alternatives = [
+        f"[0-9]+{unit}" + "".join(f"([0-9]+{later})?" for later in units[index + 1 :])
+        for index, unit in enumerate(units)
+    ]
+    return "^(0|" + "|".join(alternatives) + ")$"
+
+
+#: The grammar as a regular expression (anchored), for ``values.schema.json`` and friends;
+#: plain RE2 (no lookaround), so Go's JSON-schema validators (Helm's) take it too.
+DURATION_PATTERN: Final = _pattern()
 _GRAMMAR: Final = re.compile(
     r"(?:(?P<y>[0-9]+)y)?(?:(?P<w>[0-9]+)w)?(?:(?P<d>[0-9]+)d)?(?:(?P<h>[0-9]+)h)?"
     r"(?:(?P<m>[0-9]+)m)?(?:(?P<s>[0-9]+)s)?(?:(?P<ms>[0-9]+)ms)?"

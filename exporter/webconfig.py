@@ -48,22 +48,38 @@ Example::
 
 from __future__ import annotations
 
-import asyncio
-import base64
-import binascii
-import hashlib
-import hmac
 import os
 import re
-import secrets
 import ssl
-import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final, Literal, NoReturn, cast, get_args
+from typing import Final, NoReturn
 
-import yaml
+from .basicauth import AUTH_REALM, BasicAuth
+from .config.yamlsource import (
+    TAG_BOOL,
+    TAG_STR,
+    Entry,
+    KeyProblem,
+    MappingNode,
+    Node,
+    ScalarNode,
+    SequenceNode,
+    YamlSyntaxError,
+    compose,
+    is_null,
+    line_of,
+    mapping_entries,
+    scalar_value,
+)
+from .tlsconfig import (
+    ClientAuthType,
+    TLSServerConfig,
+    TLSVersionName,
+    read_tls,
+    server_context,
+)
 
 __all__ = [
     "AUTH_REALM",
@@ -77,48 +93,6 @@ __all__ = [
     "load_web_config",
     "parse_web_config",
 ]
-
-#: The realm sent in ``WWW-Authenticate`` when credentials are missing or wrong.
-AUTH_REALM: Final = "stocksentry"
-
-TLSVersionName = Literal["TLS12", "TLS13"]
-ClientAuthType = Literal["NoClientCert", "VerifyClientCertIfGiven", "RequireAndVerifyClientCert"]
-
-_TLS_VERSIONS: Final[dict[str, ssl.TLSVersion]] = {
-    "TLS12": ssl.TLSVersion.TLSv1_2,
-    "TLS13": ssl.TLSVersion.TLSv1_3,
-}
-_VERIFY_MODES: Final[dict[str, ssl.VerifyMode]] = {
-    "NoClientCert": ssl.CERT_NONE,
-    "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL,
-    "RequireAndVerifyClientCert": ssl.CERT_REQUIRED,
-}
-
-# Go's names (crypto/tls, what exporter-toolkit configs contain) of the TLS 1.2 suites
-# that OpenSSL still offers, with OpenSSL's names. RC4 and 3DES suites are left out: they
-# are broken, and OpenSSL 3 no longer builds them by default.
-_CIPHER_SUITES: Final[dict[str, str]] = {
-    "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256": "ECDHE-ECDSA-AES128-GCM-SHA256",
-    "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256": "ECDHE-RSA-AES128-GCM-SHA256",
-    "TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384": "ECDHE-ECDSA-AES256-GCM-SHA384",
-    "TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384": "ECDHE-RSA-AES256-GCM-SHA384",
-    "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256": "ECDHE-ECDSA-CHACHA20-POLY1305",
-    "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256": "ECDHE-RSA-CHACHA20-POLY1305",
-    "TLS_ECDHE_ECDSA_WITH_AES_128_CBC_SHA256": "ECDHE-ECDSA-AES128-SHA256",
-    "TLS_ECDHE_RSA_WITH_AES_128_CBC_SHA256": "ECDHE-RSA-AES128-SHA256",
-    "TLS_ECDHE_ECDSA_WITH_AES_128_CBC_SHA": "ECDHE-ECDSA-AES128-SHA",
-    "TLS_ECDHE_RSA_WITH_AES_128_CBC_SHA": "ECDHE-RSA-AES128-SHA",
-    "TLS_ECDHE_ECDSA_WITH_AES_256_CBC_SHA": "ECDHE-ECDSA-AES256-SHA",
-    "TLS_ECDHE_RSA_WITH_AES_256_CBC_SHA": "ECDHE-RSA-AES256-SHA",
-    "TLS_RSA_WITH_AES_128_GCM_SHA256": "AES128-GCM-SHA256",
-    "TLS_RSA_WITH_AES_256_GCM_SHA384": "AES256-GCM-SHA384",
-    "TLS_RSA_WITH_AES_128_CBC_SHA256": "AES128-SHA256",
-    "TLS_RSA_WITH_AES_128_CBC_SHA": "AES128-SHA",
-    "TLS_RSA_WITH_AES_256_CBC_SHA": "AES256-SHA",
-}
-_TLS13_SUITES: Final = frozenset(
-    {"TLS_AES_128_GCM_SHA256", "TLS_AES_256_GCM_SHA384", "TLS_CHACHA20_POLY1305_SHA256"}
-)
 
 # The headers exporter-toolkit lets a config add, and the values it restricts.
 _HEADERS: Final[tuple[str, ...]] = (
@@ -171,24 +145,6 @@ class WebConfigError(ValueError):
 
 
 @dataclass(frozen=True, slots=True)
-class TLSServerConfig:
-    """``tls_server_config``: the server certificate, client verification, versions.
-
-    Paths are absolute (resolved against the config file's directory when loaded).
-    """
-
-    cert_file: Path
-    key_file: Path
-    client_auth_type: ClientAuthType = "NoClientCert"
-    client_ca_file: Path | None = None
-    min_version: TLSVersionName = "TLS12"
-    max_version: TLSVersionName = "TLS13"
-    #: Go names, in preference order; empty: OpenSSL's defaults.
-    cipher_suites: tuple[str, ...] = ()
-    prefer_server_cipher_suites: bool = True
-
-
-@dataclass(frozen=True, slots=True)
 class HTTPServerConfig:
     """``http_server_config``: extra response headers (``http2`` has no effect here)."""
 
@@ -222,36 +178,9 @@ class WebConfig:
         Raises :class:`WebConfigError` (naming the key and line) when a certificate, key
         or CA file cannot be loaded or the cipher list is refused by OpenSSL.
         """
-        tls = self.tls
-        if tls is None:
+        if self.tls is None:
             return None
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        context.minimum_version = _TLS_VERSIONS[tls.min_version]
-        context.maximum_version = _TLS_VERSIONS[tls.max_version]
-        try:
-            context.load_cert_chain(certfile=tls.cert_file, keyfile=tls.key_file)
-        except (OSError, ssl.SSLError) as exc:
-            self._fail(
-                "tls_server_config.cert_file",
-                f"cannot load certificate {tls.cert_file} with key {tls.key_file}: {exc}",
-            )
-        if tls.client_ca_file is not None:
-            try:
-                context.load_verify_locations(cafile=tls.client_ca_file)
-            except (OSError, ssl.SSLError) as exc:
-                self._fail(
-                    "tls_server_config.client_ca_file",
-                    f"cannot load CA file {tls.client_ca_file}: {exc}",
-                )
-        context.verify_mode = _VERIFY_MODES[tls.client_auth_type]
-        if tls.cipher_suites:
-            try:
-                context.set_ciphers(":".join(_CIPHER_SUITES[s] for s in tls.cipher_suites))
-            except ssl.SSLError as exc:
-                self._fail("tls_server_config.cipher_suites", f"refused by OpenSSL: {exc}")
-        if tls.prefer_server_cipher_suites:
-            context.options |= ssl.OP_CIPHER_SERVER_PREFERENCE
-        return context
+        return server_context(self.tls, self._fail)
 
     def _fail(self, key: str, problem: str) -> NoReturn:
         raise WebConfigError(self.source, self.lines.get(key), key, problem)
@@ -295,10 +224,6 @@ def parse_web_config(
 
 # --- parsing ---------------------------------------------------------------------------------
 
-_STR: Final = "tag:yaml.org,2002:str"
-_BOOL: Final = "tag:yaml.org,2002:bool"
-_NULL: Final = "tag:yaml.org,2002:null"
-
 
 class _Parser:
     """Walks the composed YAML nodes, so every value keeps its line for the errors."""
@@ -308,24 +233,16 @@ class _Parser:
         self.base_dir = base_dir
         self.lines: dict[str, int] = {}
 
-    def fail(self, node: yaml.Node | None, key: str, problem: str) -> NoReturn:
-        line = node.start_mark.line + 1 if node is not None else None
-        raise WebConfigError(self.source, line, key, problem)
+    def fail(self, node: Node | None, key: str, problem: str) -> NoReturn:
+        raise WebConfigError(self.source, None if node is None else line_of(node), key, problem)
 
     def parse(self, text: str) -> WebConfig:
         try:
-            root = yaml.compose(text, Loader=yaml.SafeLoader)
-        except yaml.MarkedYAMLError as exc:
-            mark = exc.problem_mark or exc.context_mark
-            line = mark.line + 1 if mark is not None else None
-            problem = " ".join(str(exc.problem or exc.context or "invalid YAML").split())
-            raise WebConfigError(self.source, line, "(yaml)", problem) from None
-        except yaml.YAMLError as exc:
-            raise WebConfigError(self.source, None, "(yaml)", " ".join(str(exc).split())) from None
-        except RecursionError:
-            # yaml.compose recurses once per nesting level: "[[[[..." thousands deep.
-            raise WebConfigError(self.source, None, "(yaml)", "nested too deeply") from None
-        if root is None or (root.tag == _NULL and isinstance(root, yaml.ScalarNode)):
+            root = compose(text)
+        except YamlSyntaxError as exc:
+            problem = " ".join(str(exc.problem or exc.context or exc.kind).split())
+            raise WebConfigError(self.source, exc.line, "(yaml)", problem) from None
+        if root is None or is_null(root):
             return WebConfig(source=self.source)
         sections = self.mapping(root, "(top level)")
         self.check_keys(
@@ -333,11 +250,11 @@ class _Parser:
         )
         tls = http = users = None
         if (entry := sections.get("tls_server_config")) is not None:
-            tls = self.tls(entry[1])
+            tls = read_tls(self, entry.value)
         if (entry := sections.get("http_server_config")) is not None:
-            http = self.http(entry[1])
+            http = self.http(entry.value)
         if (entry := sections.get("basic_auth_users")) is not None:
-            users = self.users(entry[1])
+            users = self.users(entry.value)
         return WebConfig(
             tls=tls,
             http=http or HTTPServerConfig(),
@@ -348,226 +265,88 @@ class _Parser:
 
     # -- node helpers
 
-    def mapping(self, node: yaml.Node, key: str) -> dict[str, tuple[yaml.Node, yaml.Node]]:
-        """Key -> (key node, value node); refuses non-mappings and duplicate keys."""
-        if not isinstance(node, yaml.MappingNode):
+    def mapping(self, node: Node, key: str) -> dict[str, Entry]:
+        """The entries of a mapping node; refuses other nodes and duplicate keys."""
+        if not isinstance(node, MappingNode):
             self.fail(node, key, f"must be a mapping, got {_kind(node)}")
-        result: dict[str, tuple[yaml.Node, yaml.Node]] = {}
         prefix = f"{key}." if not key.startswith("(") else ""
-        for key_node, value_node in node.value:
-            if not (isinstance(key_node, yaml.ScalarNode) and key_node.tag == _STR):
-                self.fail(
-                    key_node,
-                    f"{prefix}{getattr(key_node, 'value', '?')}",
-                    f"keys must be strings, got {_kind(key_node)}",
-                )
-            name = str(key_node.value)
-            path = f"{prefix}{name}"
-            if name in result:
-                self.fail(key_node, path, "duplicate key")
-            self.lines[path] = key_node.start_mark.line + 1
-            result[name] = (key_node, value_node)
-        return result
+        try:
+            entries = mapping_entries(node)
+        except KeyProblem as problem:
+            if problem.reason == "duplicate":
+                self.fail(problem.node, f"{prefix}{problem.name}", "duplicate key")
+            self.fail(
+                problem.node,
+                f"{prefix}{problem.name}",
+                f"keys must be strings, got {_kind(problem.node)}",
+            )
+        for name, entry in entries.items():
+            self.lines[f"{prefix}{name}"] = line_of(entry.key)
+        return entries
 
     def check_keys(
-        self,
-        entries: Mapping[str, tuple[yaml.Node, yaml.Node]],
-        prefix: str,
-        known: tuple[str, ...],
+        self, entries: Mapping[str, Entry], prefix: str, known: tuple[str, ...]
     ) -> None:
-        for name, (key_node, _) in entries.items():
+        for name, entry in entries.items():
             path = f"{prefix}{name}"
             if name in known:
                 continue
             if path in _UNSUPPORTED:
-                self.fail(key_node, path, _UNSUPPORTED[path])
-            self.fail(key_node, path, f"unknown key (known: {', '.join(known)})")
+                self.fail(entry.key, path, _UNSUPPORTED[path])
+            self.fail(entry.key, path, f"unknown key (known: {', '.join(known)})")
 
-    def scalar_str(self, node: yaml.Node, key: str, *, secret: bool = False) -> str:
-        if not (isinstance(node, yaml.ScalarNode) and node.tag == _STR):
+    def scalar_str(self, node: Node, key: str, *, secret: bool = False) -> str:
+        if not (isinstance(node, ScalarNode) and node.tag == TAG_STR):
             self.fail(node, key, f"must be a string, got {_kind(node, secret=secret)}")
         return str(node.value)
 
-    def is_null(self, node: yaml.Node) -> bool:
-        return isinstance(node, yaml.ScalarNode) and node.tag == _NULL
-
-    def boolean(self, node: yaml.Node, key: str) -> bool:
-        if not (isinstance(node, yaml.ScalarNode) and node.tag == _BOOL):
+    def boolean(self, node: Node, key: str) -> bool:
+        if not (isinstance(node, ScalarNode) and node.tag == TAG_BOOL):
             self.fail(node, key, f"must be true or false, got {_kind(node)}")
-        value = str(node.value).lower()
-        if value not in ("true", "yes", "on", "false", "no", "off"):
+        try:
+            return bool(scalar_value(node))
+        except ValueError:
             # An explicit tag: "!!bool maybe" is not false.
             self.fail(node, key, f"must be true or false, got {_kind(node)}")
-        return value in ("true", "yes", "on")
 
-    def choice(self, node: yaml.Node, key: str, choices: tuple[str, ...], note: str = "") -> str:
+    def choice(self, node: Node, key: str, choices: tuple[str, ...], note: str = "") -> str:
         value = self.scalar_str(node, key)
         if value not in choices:
             self.fail(node, key, f"must be one of {', '.join(choices)}{note}, got {value!r}")
         return value
 
-    def path(self, node: yaml.Node, key: str) -> Path:
+    def path(self, node: Node, key: str) -> Path:
         value = self.scalar_str(node, key)
         if not value:
             self.fail(node, key, "must not be empty")
         return (self.base_dir / value).resolve()
 
-    def string_list(self, node: yaml.Node, key: str) -> list[tuple[yaml.Node, str]]:
-        if self.is_null(node):
+    def string_list(self, node: Node, key: str) -> list[tuple[Node, str]]:
+        if is_null(node):
             return []
-        if not isinstance(node, yaml.SequenceNode):
+        if not isinstance(node, SequenceNode):
             self.fail(node, key, f"must be a list, got {_kind(node)}")
         return [(item, self.scalar_str(item, f"{key}[{i}]")) for i, item in enumerate(node.value)]
 
     # -- sections
 
-    def tls(self, node: yaml.Node) -> TLSServerConfig | None:
-        if self.is_null(node):
-            return None
-        entries = self.mapping(node, "tls_server_config")
-        prefix = "tls_server_config."
-        self.check_keys(
-            entries,
-            prefix,
-            (
-                "cert_file",
-                "key_file",
-                "client_auth_type",
-                "client_ca_file",
-                "min_version",
-                "max_version",
-                "cipher_suites",
-                "prefer_server_cipher_suites",
-            ),
-        )
-
-        def value(name: str) -> yaml.Node | None:
-            entry = entries.get(name)
-            return entry[1] if entry is not None else None
-
-        paths: dict[str, Path | None] = {}
-        for name in ("cert_file", "key_file", "client_ca_file"):
-            node_ = value(name)
-            paths[name] = (
-                None if node_ is None or self.is_null(node_) else self.path(node_, prefix + name)
-            )
-        cert, key = paths["cert_file"], paths["key_file"]
-        if cert is None and key is None:
-            # exporter-toolkit serves plain HTTP for a TLS section without certificate;
-            # anything else in it would then be silently ignored, so refuse that.
-            others = [name for name in entries if name not in ("cert_file", "key_file")]
-            if others:
-                self.fail(
-                    entries[others[0]][0],
-                    prefix + others[0],
-                    "needs cert_file and key_file (without them TLS is off)",
-                )
-            return None
-        if cert is None or key is None:
-            missing = "cert_file" if cert is None else "key_file"
-            self.fail(node, prefix + missing, f"missing: required with {_other(missing)}")
-
-        auth: ClientAuthType = "NoClientCert"
-        if (node_ := value("client_auth_type")) is not None:
-            refused = ("RequestClientCert", "RequireAnyClientCert")
-            if isinstance(node_, yaml.ScalarNode) and node_.value in refused:
-                self.fail(
-                    node_,
-                    prefix + "client_auth_type",
-                    f"{node_.value} accepts unverified certificates and is not supported; "
-                    "use RequireAndVerifyClientCert",
-                )
-            auth = cast(
-                ClientAuthType,
-                self.choice(node_, prefix + "client_auth_type", get_args(ClientAuthType)),
-            )
-        ca = paths["client_ca_file"]
-        if auth != "NoClientCert" and ca is None:
-            self.fail(
-                node_ if node_ is not None else node,
-                prefix + "client_ca_file",
-                f"required when client_auth_type is {auth}",
-            )
-        if auth == "NoClientCert" and ca is not None:
-            ca_node = entries["client_ca_file"][0]
-            self.fail(
-                ca_node,
-                prefix + "client_ca_file",
-                "set without client_auth_type: set client_auth_type to "
-                "RequireAndVerifyClientCert (or remove client_ca_file)",
-            )
-
-        versions: dict[str, TLSVersionName] = {"min_version": "TLS12", "max_version": "TLS13"}
-        for name in versions:
-            if (node_ := value(name)) is not None:
-                versions[name] = cast(
-                    TLSVersionName,
-                    self.choice(
-                        node_,
-                        prefix + name,
-                        get_args(TLSVersionName),
-                        " (TLS 1.0 and 1.1 are not supported)",
-                    ),
-                )
-        if _TLS_VERSIONS[versions["min_version"]] > _TLS_VERSIONS[versions["max_version"]]:
-            node_ = value("max_version") or value("min_version")
-            self.fail(node_, prefix + "max_version", "is lower than min_version")
-
-        suites: list[str] = []
-        if (node_ := value("cipher_suites")) is not None:
-            for item, suite in self.string_list(node_, prefix + "cipher_suites"):
-                if suite in _TLS13_SUITES:
-                    self.fail(
-                        item,
-                        prefix + "cipher_suites",
-                        f"{suite} is a TLS 1.3 suite; TLS 1.3 suites are not configurable",
-                    )
-                if suite not in _CIPHER_SUITES:
-                    self.fail(
-                        item,
-                        prefix + "cipher_suites",
-                        f"unknown or insecure cipher suite {suite!r} "
-                        f"(supported: {', '.join(_CIPHER_SUITES)})",
-                    )
-                suites.append(suite)
-            if suites and versions["min_version"] == "TLS13":
-                self.fail(
-                    node_,
-                    prefix + "cipher_suites",
-                    "has no effect with min_version TLS13 (TLS 1.3 suites are fixed)",
-                )
-
-        prefer = True
-        if (node_ := value("prefer_server_cipher_suites")) is not None:
-            prefer = self.boolean(node_, prefix + "prefer_server_cipher_suites")
-
-        return TLSServerConfig(
-            cert_file=cert,
-            key_file=key,
-            client_auth_type=auth,
-            client_ca_file=ca,
-            min_version=versions["min_version"],
-            max_version=versions["max_version"],
-            cipher_suites=tuple(suites),
-            prefer_server_cipher_suites=prefer,
-        )
-
-    def http(self, node: yaml.Node) -> HTTPServerConfig | None:
-        if self.is_null(node):
+    def http(self, node: Node) -> HTTPServerConfig | None:
+        if is_null(node):
             return None
         entries = self.mapping(node, "http_server_config")
         prefix = "http_server_config."
         self.check_keys(entries, prefix, ("http2", "headers"))
         http2 = True
         if (entry := entries.get("http2")) is not None:
-            http2 = self.boolean(entry[1], prefix + "http2")
+            http2 = self.boolean(entry.value, prefix + "http2")
         headers: dict[str, str] = {}
-        if (entry := entries.get("headers")) is not None and not self.is_null(entry[1]):
-            header_entries = self.mapping(entry[1], prefix + "headers")
+        if (entry := entries.get("headers")) is not None and not is_null(entry.value):
+            header_entries = self.mapping(entry.value, prefix + "headers")
             self.check_keys(header_entries, prefix + "headers.", _HEADERS)
-            for name, (_, value_node) in header_entries.items():
+            for name, header in header_entries.items():
+                value_node = header.value
                 key = f"{prefix}headers.{name}"
-                if self.is_null(value_node):
+                if is_null(value_node):
                     continue
                 value = self.scalar_str(value_node, key)
                 allowed = _HEADER_VALUES.get(name)
@@ -580,12 +359,13 @@ class _Parser:
                     headers[name] = value
         return HTTPServerConfig(http2=http2, headers=headers)
 
-    def users(self, node: yaml.Node) -> dict[str, bytes]:
-        if self.is_null(node):
+    def users(self, node: Node) -> dict[str, bytes]:
+        if is_null(node):
             return {}
         entries = self.mapping(node, "basic_auth_users")
         users: dict[str, bytes] = {}
-        for name, (key_node, value_node) in entries.items():
+        for name, entry in entries.items():
+            key_node, value_node = entry.key, entry.value
             key = f"basic_auth_users.{name}"
             if not name or ":" in name:
                 self.fail(key_node, key, "a user name must be non-empty and contain no ':'")
@@ -610,10 +390,10 @@ class _Parser:
         return users
 
 
-def _kind(node: yaml.Node, *, secret: bool = False) -> str:
-    if isinstance(node, yaml.MappingNode):
+def _kind(node: Node, *, secret: bool = False) -> str:
+    if isinstance(node, MappingNode):
         return "a mapping"
-    if isinstance(node, yaml.SequenceNode):
+    if isinstance(node, SequenceNode):
         return "a list"
     tag = str(node.tag).rsplit(":", 1)[-1]
     if tag == "null":
@@ -623,129 +403,3 @@ def _kind(node: yaml.Node, *, secret: bool = False) -> str:
         standard = str(node.tag).startswith("tag:yaml.org,2002:")
         return f"{tag if standard else 'a tagged'} value (not shown)"
     return f"{tag} {str(node.value)!r}"
-
-
-def _other(name: str) -> str:
-    return "key_file" if name == "cert_file" else "cert_file"
-
-
-# --- basic auth ------------------------------------------------------------------------------
-
-
-class BasicAuth:
-    """Checks ``Authorization: Basic`` headers against bcrypt hashes, with a verified cache.
-
-    bcrypt is slow on purpose (tens of milliseconds at cost 10), and Prometheus sends the
-    same credentials every few seconds, so a successful check is remembered: the cache
-    holds, per user, an HMAC of user and password under a key drawn at start (never the
-    password, nor a plain hash of it that could be brute-forced offline), compared in
-    constant time. Failed checks are not cached, so guessing always pays bcrypt. Unknown
-    users are checked against a dummy hash, so the answer takes as long as for a known
-    user and does not reveal which names exist. bcrypt runs in a thread so that a burst
-    of bad credentials cannot stall the event loop (and the health checks).
-
-    Example::
-
-        auth = BasicAuth({"prometheus": b"$2b$10$..."})
-        if not await auth.check(request.headers.get("Authorization")):
-            raise web.HTTPUnauthorized(headers={"WWW-Authenticate": auth.challenge})
-    """
-
-    #: The ``WWW-Authenticate`` value for a 401.
-    challenge: Final = f'Basic realm="{AUTH_REALM}"'
-
-    def __init__(self, users: Mapping[str, bytes]) -> None:
-        self._users = dict(users)
-        self._key = secrets.token_bytes(32)
-        self._verified: dict[str, bytes] = {}
-        self._lock = threading.Lock()
-        self._dummy = b""
-        self._bcrypt_checks = 0
-        self._checkpw: Callable[[bytes, bytes], bool] = _refuse
-        if self._users:
-            import bcrypt
-
-            self._checkpw = bcrypt.checkpw
-            # Same cost as the configured hashes, so a miss costs what a hit does.
-            cost = int(next(iter(self._users.values()))[4:6])
-            self._dummy = bcrypt.hashpw(secrets.token_bytes(16), bcrypt.gensalt(rounds=cost))
-
-    @property
-    def enabled(self) -> bool:
-        """True when at least one user is configured (otherwise everything passes)."""
-        return bool(self._users)
-
-    @property
-    def bcrypt_checks(self) -> int:
-        """How many times bcrypt ran (cache misses); a steady scraper adds none."""
-        with self._lock:
-            return self._bcrypt_checks
-
-    def _digest(self, user: str, password: bytes) -> bytes:
-        return hmac.new(
-            self._key, user.encode("utf-8") + b"\0" + password, hashlib.sha256
-        ).digest()
-
-    def verify(self, user: str, password: bytes) -> bool:
-        """Check one user and password (blocking: may run bcrypt)."""
-        if not self._users:
-            return True
-        digest = self._digest(user, password)
-        with self._lock:
-            cached = self._verified.get(user)
-        if cached is not None and hmac.compare_digest(cached, digest):
-            return True
-        hashed = self._users.get(user)
-        with self._lock:
-            self._bcrypt_checks += 1
-        try:
-            ok = self._checkpw(password, hashed if hashed is not None else self._dummy)
-        except ValueError:
-            # bcrypt refuses passwords over 72 bytes: wrong by definition.
-            ok = False
-        if not ok or hashed is None:
-            return False
-        with self._lock:
-            self._verified[user] = digest
-        return True
-
-    async def check(self, header: str | None) -> bool:
-        """Check an ``Authorization`` header value; True when auth is off or it matches."""
-        if not self._users:
-            return True
-        credentials = _parse_basic(header)
-        if credentials is None:
-            return False
-        user, password = credentials
-        digest = self._digest(user, password)
-        with self._lock:
-            cached = self._verified.get(user)
-        if cached is not None and hmac.compare_digest(cached, digest):
-            # The common case, answered without leaving the event loop.
-            return True
-        return await asyncio.to_thread(self.verify, user, password)
-
-
-def _refuse(password: bytes, hashed: bytes) -> bool:
-    return False
-
-
-def _parse_basic(header: str | None) -> tuple[str, bytes] | None:
-    """``Basic dXNlcjpwYXNz`` -> ("user", b"pass"); None when absent or malformed."""
-    if not header:
-        return None
-    scheme, _, encoded = header.strip().partition(" ")
-    if scheme.lower() != "basic" or not encoded:
-        return None
-    try:
-        decoded = base64.b64decode(encoded.strip(), validate=True)
-    except (binascii.Error, ValueError):
-        return None
-    user_bytes, colon, password = decoded.partition(b":")
-    if not colon:
-        return None
-    try:
-        user = user_bytes.decode("utf-8")
-    except UnicodeDecodeError:
-        return None
-    return user, password

@@ -1,12 +1,14 @@
 """The chart's ``values.schema.json``, built from the exporter's config model.
 
 ``helm/sync.py`` writes it to ``helm/stocksentry/values.schema.json``. The ``config`` part
-mirrors ``stocksentry.exporter.config``: its sections and keys are read from the model
-(the key lists the loader accepts, the table dataclasses, ``BUILTIN_PROBES``, the
-``Literal`` of ``oversold.scope``), and each key gets its JSON type from the tables
-below. A key the model gains without a type here stops the build with its name, so the
-schema cannot silently fall behind the exporter. Keys the chart fills in itself (the
-``server`` section, ``url_env`` / ``url_file`` / ``url``) are refused in values.
+is generated from the declarative model of ``stocksentry.exporter.config`` (its field
+specs: :func:`~stocksentry.exporter.config.model.specs`): every section and key, its JSON
+type, range, allowed values, pattern (durations use ``durations.DURATION_PATTERN``),
+default and description come from there, so the schema cannot fall behind the exporter.
+What is the chart's own knowledge stays here: the ``server`` section and the secret URLs
+(``url_env`` / ``url_file`` / ``url``) are filled in by the chart and refused in values;
+Helm holds numbers as float64, so integer bounds are clipped to +/- 2^53; and Helm drops
+nulls, so an optional column is unmapped with ``""``.
 
 Helm validates values against this schema on install, upgrade, template and lint, so a
 typo'd key (``additionalProperties: false`` on every section), a wrong type or a value
@@ -15,122 +17,26 @@ outside an enum fails before anything reaches the cluster.
 
 from __future__ import annotations
 
-import dataclasses
-import typing
 from typing import Any
 
-from stocksentry.exporter import config as model
+from stocksentry.exporter.config import model
+from stocksentry.exporter.config.kinds import TextList
+from stocksentry.exporter.durations import DURATION_PATTERN
 
 Schema = dict[str, Any]
 
-#: The keys of the exporter config the chart sets itself, never from values.
-CHART_OWNED: dict[str, frozenset[str]] = {
-    "server": frozenset(model._SERVER_KEYS),
-    "database": frozenset({"url_env", "url_file", "url"}),
-    "redis": frozenset({"url_env", "url_file", "url"}),
+#: Sections of the exporter config the chart writes itself, never from values.
+CHART_SECTIONS = frozenset({"server"})
+#: Where the chart takes what it owns instead, for the descriptions.
+CHART_NOTES = {
+    "database": "Probe session settings; the URL comes from database.existingSecret.",
+    "redis": "Cache settings; the URL comes from redis.existingSecret.",
 }
 
-_IDENT = "[A-Za-z_][A-Za-z0-9_$]{0,62}"
-DURATION: Schema = {
-    "description": 'Seconds, or a duration string like "500ms", "5s", "1m30s".',
-    "type": ["number", "string"],
-    "minimum": 0,
-    "pattern": r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$",
-}
-IDENTIFIER: Schema = {"type": "string", "pattern": f"^{_IDENT}$"}
-TABLE: Schema = {"type": "string", "pattern": rf"^{_IDENT}(\.{_IDENT})?$"}
-OPTIONAL_COLUMN: Schema = {
-    "description": 'A column name, or "" for not mapped.',
-    "type": "string",
-    "pattern": f"^({_IDENT})?$",
-}
-NAMES: Schema = {
-    "type": "array",
-    "items": {"type": "string", "minLength": 1},
-    "uniqueItems": True,
-}
 BOOL: Schema = {"type": "boolean"}
 STRING: Schema = {"type": "string", "minLength": 1}
 # Helm holds numbers as float64: integers beyond 2^53 would not survive the trip.
 _SAFE_INT = 2**53 - 1
-
-#: JSON type of each exporter key, by section (the model says which keys exist).
-CONFIG_TYPES: dict[str, dict[str, Schema]] = {
-    "sku_guard": {
-        "promo_skus": {**NAMES, "description": "Quote numeric SKUs: Helm would reformat them."},
-        "max_skus": {"type": "integer", "minimum": 0, "maximum": 10_000},
-    },
-    "database": {
-        "statement_timeout": DURATION,
-        "lock_timeout": DURATION,
-        "connect_timeout": DURATION,
-        "leader_election": BOOL,
-        "advisory_lock_key": {"type": "integer", "minimum": -_SAFE_INT, "maximum": _SAFE_INT},
-        "leader_retry_interval": DURATION,
-        "max_connections": {"type": "integer", "minimum": 1, "maximum": 32},
-        "application_name": STRING,
-    },
-    "schema.products": {
-        "table": TABLE,
-        "id": IDENTIFIER,
-        "sku": IDENTIFIER,
-        "stock": IDENTIFIER,
-        "allocation": OPTIONAL_COLUMN,
-    },
-    "schema.orders": {
-        "table": TABLE,
-        "id": IDENTIFIER,
-        "status": IDENTIFIER,
-        "paid_statuses": {**NAMES, "minItems": 1},
-        "external_ref": OPTIONAL_COLUMN,
-        "idempotency_key": OPTIONAL_COLUMN,
-        "created_at": IDENTIFIER,
-    },
-    "schema.order_items": {
-        "table": TABLE,
-        "order_id": IDENTIFIER,
-        "product_id": IDENTIFIER,
-        "quantity": IDENTIFIER,
-    },
-    "schema.reservations": {
-        "table": TABLE,
-        "expires_at": IDENTIFIER,
-        "released_at": IDENTIFIER,
-        "status": IDENTIFIER,
-        "held_statuses": NAMES,
-    },
-    "schema.outbox": {
-        "table": TABLE,
-        "created_at": IDENTIFIER,
-        "published_at": IDENTIFIER,
-    },
-    "redis": {
-        "key_template": {"type": "string", "pattern": r"^[^{}]*\{sku\}[^{}]*$"},
-        "tolerance": {"type": "integer", "minimum": 0, "maximum": 2**31},
-        "grace": DURATION,
-    },
-    "probe": {"enabled": BOOL, "interval": DURATION, "timeout": DURATION},
-    "probe.extra": {"window": DURATION, "threshold": DURATION},
-    "probes.custom": {
-        "name": {"type": "string", "pattern": "^[a-z][a-z0-9_]{0,62}$"},
-        "sql": STRING,
-        "metric": {"type": "string", "pattern": "^[a-zA-Z_:][a-zA-Z0-9_:]*$"},
-        "help": STRING,
-        "value_column": STRING,
-        "label_columns": {
-            "type": "array",
-            "items": {"type": "string", "pattern": "^[a-zA-Z_][a-zA-Z0-9_]*$"},
-            "uniqueItems": True,
-        },
-        "interval": DURATION,
-        "timeout": DURATION,
-        "max_series": {"type": "integer", "minimum": 1, "maximum": 10_000},
-    },
-}
-
-
-class SchemaDriftError(Exception):
-    """The exporter's model has a key this schema does not type (or the reverse)."""
 
 
 def strict(properties: dict[str, Schema], *, description: str = "", **extra: Any) -> Schema:
@@ -144,88 +50,66 @@ def strict(properties: dict[str, Schema], *, description: str = "", **extra: Any
     return schema
 
 
-def _section(name: str, keys: typing.Iterable[str], *, description: str = "") -> Schema:
-    """The strict object schema of one exporter section, typed from ``CONFIG_TYPES``."""
-    owned = CHART_OWNED.get(name, frozenset())
-    types = CONFIG_TYPES[name]
-    wanted = [key for key in keys if key not in owned]
-    untyped = [key for key in wanted if key not in types]
-    unknown = sorted(set(types) - set(wanted))
-    if untyped or unknown:
-        raise SchemaDriftError(
-            f"config.{name}: the exporter model and helm/values_schema.py disagree; "
-            f"keys without a type here: {untyped}, typed keys the model lacks: {unknown}"
-        )
-    return strict({key: types[key] for key in wanted}, description=description)
+def key_schema(cls: type, name: str, spec: model.Key) -> Schema:
+    """The schema of one key of section ``cls``, shaped for Helm."""
+    schema: Schema = {"description": spec.doc, **spec.kind.json_schema()}
+    if schema.get("type") == "integer":
+        schema["minimum"] = max(schema["minimum"], -_SAFE_INT)
+        schema["maximum"] = min(schema["maximum"], _SAFE_INT)
+    if spec.kind.null_clears:
+        # Helm drops nulls: the chart's template turns "" into null for these columns.
+        schema["pattern"] = f"^({schema['pattern'][1:-1]})?$"
+        schema["description"] += ' ("" for not mapped)'
+    if isinstance(spec.kind, TextList) and getattr(spec.kind.item, "allow_numbers", False):
+        schema["description"] += "; quote numeric values: Helm would reformat them"
+    if spec.inherit is not None:
+        schema["description"] += f"; default: {spec.inherit}"
+    elif not spec.required and spec.computed is None:
+        default = model.field_default(cls, name)
+        if default is None and spec.kind.null_clears:
+            schema["default"] = ""
+        elif default is not None and not (isinstance(default, int) and abs(default) > _SAFE_INT):
+            schema["default"] = spec.kind.json_value(default)
+    return schema
 
 
-def _fields(cls: type) -> list[str]:
-    return [f.name for f in dataclasses.fields(cls)]
+def section_schema(cls: type, *, description: str = "", nullable: bool = False) -> Schema:
+    """The strict object schema of one exporter section, from the model's specs."""
+    properties: dict[str, Schema] = {}
+    required: list[str] = []
+    for name, spec in model.specs(cls):
+        if isinstance(spec, model.UrlKeys) or name in CHART_SECTIONS:
+            continue
+        if isinstance(spec, model.Section):
+            sub = section_schema(
+                spec.cls, description=CHART_NOTES.get(name, spec.doc), nullable=spec.optional
+            )
+            if spec.many:
+                sub.pop("description")
+                sub = {"description": spec.doc, "type": "array", "items": sub}
+            properties[name] = sub
+        else:
+            properties[name] = key_schema(cls, name, spec)
+            if spec.required:
+                required.append(name)
+    extra: dict[str, Any] = {"required": required} if required else {}
+    schema = strict(properties, description=description, **extra)
+    if nullable:
+        # Optional sections: null (or leaving them out) means not configured.
+        schema["type"] = ["object", "null"]
+    return schema
 
 
 def config_schema() -> Schema:
     """The ``config`` value: the exporter config minus what the chart owns."""
-    if set(model._TOP_KEYS) != {"server", *(s for s in _CONFIG_SECTIONS)}:
-        raise SchemaDriftError(
-            f"config: the exporter's top-level sections {model._TOP_KEYS} changed; "
-            "update helm/values_schema.py"
-        )
-    tables = {
-        "products": model.ProductsTable,
-        "orders": model.OrdersTable,
-        "order_items": model.OrderItemsTable,
-        "reservations": model.ReservationsTable,
-        "outbox": model.OutboxTable,
-    }
-    if list(tables) != _fields(model.SchemaConfig):
-        raise SchemaDriftError("config.schema: the exporter's tables changed")
-    schema_sections = {
-        table: _section(f"schema.{table}", _fields(cls)) for table, cls in tables.items()
-    }
-    for optional in ("reservations", "outbox"):
-        # Optional tables: null (or leaving them out) means not mapped, the probe is off.
-        schema_sections[optional]["type"] = ["object", "null"]
-
-    scope = typing.get_args(typing.get_type_hints(model.OversoldSettings)["scope"])
-    extra_types = {**CONFIG_TYPES["probe.extra"], "scope": {"type": "string", "enum": list(scope)}}
-    probes: dict[str, Schema] = {
-        "defaults": strict({"interval": DURATION, "timeout": DURATION}),
-    }
-    for name in model.BUILTIN_PROBES:
-        properties = {key: CONFIG_TYPES["probe"][key] for key in model._PROBE_KEYS}
-        for key in model._PROBE_EXTRA.get(name, ()):
-            if key not in extra_types:
-                raise SchemaDriftError(f"config.probes.{name}.{key} has no type here")
-            properties[key] = extra_types[key]
-        probes[name] = strict(properties)
-    custom = _section("probes.custom", model._CUSTOM_KEYS)
-    custom["required"] = ["name", "sql", "metric"]
-    probes["custom"] = {"type": "array", "items": custom}
-
-    return strict(
-        {
-            "sku_guard": _section("sku_guard", _fields(model.SkuGuardConfig)),
-            "database": _section(
-                "database",
-                model._DATABASE_KEYS,
-                description="Probe session settings; the URL comes from database.existingSecret.",
-            ),
-            "schema": strict(schema_sections),
-            "redis": _section(
-                "redis",
-                model._REDIS_KEYS,
-                description="Cache settings; the URL comes from redis.existingSecret.",
-            ),
-            "probes": strict(probes),
-        },
+    return section_schema(
+        model.ExporterConfig,
         description=(
             "The exporter config (docs/exporter-config.md) without server and URLs, "
             "which the chart fills in."
         ),
     )
 
-
-_CONFIG_SECTIONS = ("sku_guard", "database", "schema", "redis", "probes")
 
 # --- the chart's own values ------------------------------------------------------------
 
@@ -255,8 +139,7 @@ PORT: Schema = {"type": "integer", "minimum": 1, "maximum": 65535}
 PROM_DURATION: Schema = {
     "description": 'A Prometheus duration ("30s", "1m"), or "" for the Prometheus default.',
     "type": "string",
-    "pattern": r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?"
-    r"(([0-9]+)s)?(([0-9]+)ms)?)$",
+    "pattern": f"^({DURATION_PATTERN[1:-1]})?$",
 }
 INT_OR_PERCENT: Schema = {
     "type": ["integer", "string"],

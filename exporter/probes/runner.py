@@ -23,6 +23,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping
 from types import MappingProxyType, TracebackType
+from typing import TYPE_CHECKING
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import CollectorRegistry
@@ -42,7 +43,11 @@ from .base import (
 )
 from .election import LeaderElection
 from .postgres import IndexAdvice, PgPool, build_db_probes, check_indexes
-from .redis import CacheDriftProbe, RedisSource
+
+if TYPE_CHECKING:
+    # Imported when a redis: section is configured: the sidecar runs without the
+    # redis package otherwise (it comes with the [redis] extra).
+    from .redis import RedisSource
 
 __all__ = ["ProbeRunner"]
 
@@ -103,6 +108,16 @@ class ProbeRunner:
             self._pool = PgPool(config.database)
             self._db_probes.extend(build_db_probes(config, self._pool, self.sku_guard))
             if config.probes.cache_drift.enabled and config.redis is not None:
+                try:
+                    from .redis import CacheDriftProbe, RedisSource
+                except ModuleNotFoundError as exc:
+                    if exc.name is None or exc.name.partition(".")[0] != "redis":
+                        raise
+                    raise ModuleNotFoundError(
+                        "the redis: section needs the redis package: "
+                        "pip install 'stocksentry[redis]'",
+                        name=exc.name,
+                    ) from None
                 self._redis = RedisSource(config.redis, timeout=config.probes.cache_drift.timeout)
                 self._db_probes.append(CacheDriftProbe(config, self._pool, self._redis))
 

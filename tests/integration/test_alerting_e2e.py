@@ -388,7 +388,7 @@ schema:
     allocation: initial_stock
 probes:
   defaults:
-    interval: 0.5s
+    interval: 500ms
     timeout: 2s
 """,
         encoding="utf-8",

@@ -391,6 +391,66 @@ MALFORMED = [
         "probes.defaults.timeout",
         'got "5s"',
     ),
+    # The one duration grammar (Prometheus's): whole numbers inside a string.
+    (
+        "fraction-inside-a-duration-string",
+        DB + "probes:\n  negative_stock:\n    timeout: 1.5s\n",
+        5,
+        "probes.negative_stock.timeout",
+        'expected a duration like "5s", "500ms" or "1m" (or a number of seconds), got "1.5s"',
+    ),
+    (
+        "units-out-of-order",
+        DB + "probes:\n  negative_stock:\n    interval: 30s1m\n",
+        5,
+        "probes.negative_stock.interval",
+        'got "30s1m"',
+    ),
+    (
+        "window-beyond-its-maximum",
+        DB + "probes:\n  duplicate_orders:\n    window: 5w\n",
+        5,
+        "probes.duplicate_orders.window",
+        "must be at most 4w3d, got 5w",
+    ),
+    (
+        "held-statuses-without-status",
+        "schema:\n  reservations:\n    held_statuses: [HELD]\n",
+        3,
+        "schema.reservations.held_statuses",
+        "needs status as well",
+    ),
+    (
+        "two-custom-probes-with-one-name",
+        DB + "probes:\n  custom:\n"
+        "    - {name: mine, sql: SELECT 1 AS value, metric: shop_a}\n"
+        "    - {name: mine, sql: SELECT 1 AS value, metric: shop_b}\n",
+        6,
+        "probes.custom[1].name",
+        'another custom probe is named "mine"',
+    ),
+    (
+        "custom-label-reserved-by-prometheus",
+        DB + "probes:\n  custom:\n    - name: mine\n      sql: SELECT 1 AS value\n"
+        "      metric: shop_mine\n      label_columns: [__name__]\n",
+        8,
+        "probes.custom[0].label_columns[0]",
+        '"__name__" is not a label name',
+    ),
+    (
+        "non-string-key",
+        "server:\n  8080: port\n",
+        2,
+        "server",
+        'keys must be plain names, got "8080"',
+    ),
+    (
+        "empty-application-name",
+        DB + "  application_name: '  '\n",
+        3,
+        "database.application_name",
+        "must not be empty",
+    ),
     # Paths whose "~user" cannot be expanded, or that the OS cannot take.
     (
         "multiprocess-dir-home-of-no-user",
@@ -624,3 +684,63 @@ def test_custom_probe_defaults_come_from_probes_defaults():
 def test_numeric_skus_are_kept_as_written():
     config = parse("sku_guard:\n  promo_skus: [12345, 007]\n", environ={})
     assert config.sku_guard.promo_skus == ("12345", "007")
+
+
+def test_durations_take_days_and_fractional_numbers():
+    config = parse(
+        DB + "probes:\n  duplicate_orders:\n    window: 1d\n"
+        "  negative_stock:\n    timeout: 1500ms\n    interval: 1.5\n"
+        "  deadlocks:\n    interval: 1m30s\n"
+    )
+    assert config.probes.duplicate_orders.window == 86400.0
+    assert config.probes.negative_stock.timeout == 1.5
+    assert config.probes.negative_stock.interval == 1.5
+    assert config.probes.deadlocks.interval == 90.0
+
+
+def test_probes_defaults_are_inherited_and_kept():
+    config = parse(DB + "probes:\n  defaults: {interval: 1m}\n  oversold: {timeout: 2s}\n")
+    assert config.probes.defaults.interval == 60.0
+    assert config.probes.negative_stock.interval == 60.0
+    assert (config.probes.oversold.interval, config.probes.oversold.timeout) == (60.0, 2.0)
+
+
+def test_reservations_with_a_status_column():
+    config = parse(DB + "schema:\n  reservations: {status: state, held_statuses: [HELD, 7]}\n")
+    reservations = config.schema.reservations
+    assert reservations is not None
+    assert (reservations.status, reservations.released_at) == ("state", None)
+    assert reservations.held_statuses == ("HELD", "7")
+    assert config.probes.expired_reservations.enabled
+    mapped = parse(DB + "schema:\n  reservations: {}\n").schema.reservations
+    assert mapped is not None
+    assert (mapped.released_at, mapped.status) == ("released_at", None)
+
+
+def test_a_control_character_is_one_line_with_its_line():
+    with pytest.raises(ConfigError) as caught:
+        parse("server:\n  port: 1\n  listen_address: 'a\x00b'\n")
+    assert str(caught.value) == (
+        "config.yaml:3: invalid YAML: unacceptable character #x0000: "
+        "special characters are not allowed"
+    )
+
+
+def test_the_old_module_names_still_import():
+    from stocksentry.exporter import config as package
+    from stocksentry.exporter.config import (
+        BUILTIN_PROBES,
+        ELECTION_PROBE,
+        ProbeSettings,
+        SchemaConfig,
+        format_duration,
+        parse_duration,
+    )
+
+    assert BUILTIN_PROBES[0] == "negative_stock"
+    assert BUILTIN_PROBES[-1] == "cache_drift"
+    assert ELECTION_PROBE == "leader_election"
+    assert ProbeSettings(True, 1.0, 2.0).timeout == 2.0
+    assert SchemaConfig().orders.external_ref == "external_ref"
+    assert (parse_duration("1d"), format_duration(90)) == (86400.0, "1m30s")
+    assert set(package.__all__) <= set(dir(package))

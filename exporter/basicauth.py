@@ -1,0 +1,152 @@
+"""Basic auth for ``/metrics``: the ``Authorization: Basic`` header checked against bcrypt.
+
+The users and their bcrypt hashes come from ``basic_auth_users`` of the web config
+(:mod:`stocksentry.exporter.webconfig`). The header is decoded by aiohttp's
+:meth:`aiohttp.BasicAuth.decode`; the user name must be UTF-8, the password is compared
+as the bytes the client sent (browsers and curl send UTF-8, some clients latin-1).
+
+Example::
+
+    auth = BasicAuth(config.basic_auth_users)   # empty: no authentication
+    ok = await auth.check(request.headers.get("Authorization"))
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import secrets
+import threading
+from collections.abc import Callable, Mapping
+from typing import Final
+
+import aiohttp
+
+__all__ = ["AUTH_REALM", "BasicAuth", "parse_basic"]
+
+#: The realm sent in ``WWW-Authenticate`` when credentials are missing or wrong.
+AUTH_REALM: Final = "stocksentry"
+
+
+class BasicAuth:
+    """Checks ``Authorization: Basic`` headers against bcrypt hashes, with a verified cache.
+
+    bcrypt is slow on purpose (tens of milliseconds at cost 10), and Prometheus sends the
+    same credentials every few seconds, so a successful check is remembered: the cache
+    holds, per user, an HMAC of user and password under a key drawn at start (never the
+    password, nor a plain hash of it that could be brute-forced offline), compared in
+    constant time. Failed checks are not cached, so guessing always pays bcrypt. Unknown
+    users are checked against a dummy hash, so the answer takes as long as for a known
+    user and does not reveal which names exist. bcrypt runs in a thread so that a burst
+    of bad credentials cannot stall the event loop (and the health checks).
+
+    Example::
+
+        auth = BasicAuth({"prometheus": b"$2b$10$..."})
+        if not await auth.check(request.headers.get("Authorization")):
+            raise web.HTTPUnauthorized(headers={"WWW-Authenticate": auth.challenge})
+    """
+
+    #: The ``WWW-Authenticate`` value for a 401.
+    challenge: Final = f'Basic realm="{AUTH_REALM}"'
+
+    def __init__(self, users: Mapping[str, bytes]) -> None:
+        self._users = dict(users)
+        self._key = secrets.token_bytes(32)
+        self._verified: dict[str, bytes] = {}
+        self._lock = threading.Lock()
+        self._dummy = b""
+        self._bcrypt_checks = 0
+        self._checkpw: Callable[[bytes, bytes], bool] = _refuse
+        if self._users:
+            import bcrypt
+
+            self._checkpw = bcrypt.checkpw
+            # Same cost as the configured hashes, so a miss costs what a hit does.
+            cost = int(next(iter(self._users.values()))[4:6])
+            self._dummy = bcrypt.hashpw(secrets.token_bytes(16), bcrypt.gensalt(rounds=cost))
+
+    @property
+    def enabled(self) -> bool:
+        """True when at least one user is configured (otherwise everything passes)."""
+        return bool(self._users)
+
+    @property
+    def bcrypt_checks(self) -> int:
+        """How many times bcrypt ran (cache misses); a steady scraper adds none."""
+        with self._lock:
+            return self._bcrypt_checks
+
+    def _digest(self, user: str, password: bytes) -> bytes:
+        return hmac.new(
+            self._key, user.encode("utf-8") + b"\0" + password, hashlib.sha256
+        ).digest()
+
+    def verify(self, user: str, password: bytes) -> bool:
+        """Check one user and password (blocking: may run bcrypt)."""
+        if not self._users:
+            return True
+        digest = self._digest(user, password)
+        with self._lock:
+            cached = self._verified.get(user)
+        if cached is not None and hmac.compare_digest(cached, digest):
+            return True
+        hashed = self._users.get(user)
+        with self._lock:
+            self._bcrypt_checks += 1
+        try:
+            ok = self._checkpw(password, hashed if hashed is not None else self._dummy)
+        except ValueError:
+            # bcrypt refuses passwords over 72 bytes: wrong by definition.
+            ok = False
+        if not ok or hashed is None:
+            return False
+        with self._lock:
+            self._verified[user] = digest
+        return True
+
+    async def check(self, header: str | None) -> bool:
+        """Check an ``Authorization`` header value; True when auth is off or it matches."""
+        if not self._users:
+            return True
+        credentials = parse_basic(header)
+        if credentials is None:
+            return False
+        user, password = credentials
+        digest = self._digest(user, password)
+        with self._lock:
+            cached = self._verified.get(user)
+        if cached is not None and hmac.compare_digest(cached, digest):
+            # The common case, answered without leaving the event loop.
+            return True
+        return await asyncio.to_thread(self.verify, user, password)
+
+
+def _refuse(password: bytes, hashed: bytes) -> bool:
+    return False
+
+
+def parse_basic(header: str | None) -> tuple[str, bytes] | None:
+    """``Basic dXNlcjpwYXNz`` -> ("user", b"pass"); None when absent or malformed.
+
+    aiohttp decodes the header; latin-1 gives back every byte the client sent, so the
+    password is compared as sent and only the user name has to be UTF-8.
+
+    Example::
+
+        >>> parse_basic("Basic dXNlcjpwYXNz")
+        ('user', b'pass')
+        >>> parse_basic("Bearer abc") is None
+        True
+    """
+    if not header:
+        return None
+    try:
+        auth = aiohttp.BasicAuth.decode(header.strip(), encoding="latin-1")
+        user = auth.login.encode("latin-1").decode("utf-8")
+    except ValueError:
+        # Not Basic, not base64, no colon, or a user name that is not UTF-8
+        # (UnicodeError is a ValueError).
+        return None
+    return user, auth.password.encode("latin-1")

@@ -1,0 +1,104 @@
+"""What the config takes from outside the file: secret URLs and the multiprocess directory.
+
+A secret URL comes from exactly one of ``url_env`` (an environment variable), ``url_file``
+(a file, relative to the config's folder) or ``url`` (a literal, accepted only without a
+password: :func:`stocksentry.instrumentation.secrets.url_has_password` decides). The value
+is wrapped in a :class:`~stocksentry.instrumentation.secrets.Secret` at once and never
+quoted in a message, even when it is badly formatted.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Final
+
+from stocksentry.instrumentation.secrets import Secret, url_has_password
+
+from .errors import CheckedMapping, ConfigError, Context, describe, join
+from .kinds import Text, read_path
+from .model import URL_KEYS, UrlKeys
+from .yamlsource import TAG_STR, ScalarNode, line_of
+
+__all__ = ["multiprocess_dir_from_env", "resolve_url"]
+
+_ENV_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def resolve_url(ctx: Context, section: CheckedMapping, spec: UrlKeys) -> tuple[Secret, str]:
+    """The URL of ``section`` and where it came from (``env NAME``, ``file PATH`` or
+    ``literal``), from exactly one of :data:`~.model.URL_KEYS`."""
+    # In document order, so that "only one of" points at the later of two keys.
+    given = sorted(
+        (name for name in URL_KEYS if name in section.entries),
+        key=lambda name: line_of(section.entries[name].key),
+    )
+    if not given:
+        ctx.fail(section.node, section.path, "one of url_env, url_file or url is required")
+    if len(given) > 1:
+        second = given[1]
+        ctx.fail(
+            section.entries[second].key,
+            join(section.path, second),
+            f"give only one of url_env, url_file and url (found {', '.join(given)})",
+        )
+    name = given[0]
+    node = section.require(name)
+    path = join(section.path, name)
+    if name == "url":
+        if not isinstance(node, ScalarNode) or node.tag != TAG_STR:
+            ctx.fail(node, path, f"expected a string, got {describe(node, secret=True)}")
+        value = str(node.value).strip()
+        if url_has_password(value):
+            ctx.fail(
+                node,
+                path,
+                "the URL carries a password; put the URL in an environment variable "
+                "(url_env) or a file (url_file) instead",
+            )
+        origin = "literal"
+        label = "the URL"
+    elif name == "url_env":
+        variable = Text().read(ctx, node, path)
+        if not _ENV_NAME.fullmatch(variable):
+            ctx.fail(node, path, f"{describe(node)} is not an environment variable name")
+        value = ctx.environ.get(variable, "").strip()
+        if not value:
+            ctx.fail(node, path, f"environment variable {variable} is not set or empty")
+        origin = f"env {variable}"
+        label = f"environment variable {variable}"
+    else:
+        file_path = read_path(ctx, node, path)
+        try:
+            value = file_path.read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            ctx.fail(node, path, f"cannot read {file_path}: {exc.strerror}")
+        except UnicodeDecodeError:
+            ctx.fail(node, path, f"{file_path} is not UTF-8 text")
+        if not value:
+            ctx.fail(node, path, f"{file_path} is empty")
+        origin = f"file {file_path}"
+        label = str(file_path)
+    scheme_ok = any(value.startswith(f"{s}://") for s in spec.schemes) or (
+        spec.accept_conninfo and "://" not in value and "=" in value
+    )
+    if not scheme_ok:
+        # Never echo the value: it may be a secret that is only badly formatted.
+        expected = " or ".join(f"{s}://" for s in spec.schemes)
+        ctx.fail(node, path, f"{label} does not hold a {spec.what} URL ({expected}...)")
+    return Secret(value), origin
+
+
+def multiprocess_dir_from_env(ctx: Context, path: str) -> Path | None:
+    """``$PROMETHEUS_MULTIPROC_DIR`` when set (it must be a directory), else ``None``."""
+    value = ctx.environ.get("PROMETHEUS_MULTIPROC_DIR", "").strip()
+    if not value:
+        return None
+    directory = Path(value)
+    if not directory.is_dir():
+        raise ConfigError(
+            f"PROMETHEUS_MULTIPROC_DIR names {value}, which is not a directory",
+            source=ctx.source,
+            path=path,
+        )
+    return directory

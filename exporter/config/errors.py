@@ -1,0 +1,153 @@
+"""The config's one error type, and the context every reader reports through."""
+
+from __future__ import annotations
+
+import difflib
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+from .yamlsource import (
+    TAG_NULL,
+    KeyProblem,
+    MappingNode,
+    Node,
+    SequenceNode,
+    is_null,
+    line_of,
+    mapping_entries,
+)
+
+__all__ = ["CheckedMapping", "ConfigError", "Context", "describe", "join"]
+
+
+class ConfigError(Exception):
+    """The configuration cannot be used; ``str()`` is one line naming file, line and key.
+
+    Attributes ``source``, ``line`` (1-based, ``None`` when unknown), ``path`` (dotted key
+    path, ``""`` for the whole file) and ``message`` hold the parts.
+
+    Example::
+
+        try:
+            parse_config("server: {port: 99999}\\n", "config.yaml")
+        except ConfigError as exc:
+            str(exc)  # 'config.yaml:1: server.port: must be at most 65535, got 99999'
+    """
+
+    def __init__(
+        self, message: str, *, source: str, line: int | None = None, path: str = ""
+    ) -> None:
+        self.message = message
+        self.source = source
+        self.line = line
+        self.path = path
+        super().__init__(self._format())
+
+    def _format(self) -> str:
+        where = self.source if self.line is None else f"{self.source}:{self.line}"
+        text = f"{where}: {self.path}: {self.message}" if self.path else f"{where}: {self.message}"
+        # One message, one line, whatever a YAML problem or an OS error put in it.
+        return " ".join(text.split())
+
+
+class Context:
+    """Where errors point, and where secrets and relative paths are looked up.
+
+    ``values`` and ``nodes`` record, by dotted key path, every key read so far (its
+    value, default included) and the value node it was read from: the rules that relate
+    two sections (a probe switched on without its table) find their line there.
+    """
+
+    def __init__(self, source: str, environ: Mapping[str, str], base_dir: Path) -> None:
+        self.source = source
+        self.environ = environ
+        self.base_dir = base_dir
+        self.notes: list[str] = []
+        self.values: dict[str, object] = {}
+        self.nodes: dict[str, Node] = {}
+        #: The items of a list already read, while the next one is read.
+        self.earlier: list[Any] = []
+
+    def fail(self, node: Node | None, path: str, message: str) -> NoReturn:
+        """Raise the :class:`ConfigError` of ``path``, at the line of ``node``."""
+        raise ConfigError(
+            message, source=self.source, line=None if node is None else line_of(node), path=path
+        )
+
+
+def join(path: str, key: str) -> str:
+    """The dotted path of ``key`` inside ``path`` (``""`` is the top level)."""
+    return f"{path}.{key}" if path else key
+
+
+def describe(node: Node, *, secret: bool = False) -> str:
+    """How an error message shows a value: its kind for collections, else its text
+    quoted and cut at 60 characters (or not at all for a secret)."""
+    if isinstance(node, MappingNode):
+        return "a mapping"
+    if isinstance(node, SequenceNode):
+        return "a list"
+    if node.tag == TAG_NULL:
+        return "nothing (null)"
+    if secret:
+        return "a value (not shown)"
+    value = str(node.value)
+    if len(value) > 60:
+        value = value[:57] + "..."
+    return json.dumps(value, ensure_ascii=False)
+
+
+class CheckedMapping:
+    """A YAML mapping whose keys were checked against ``allowed`` on construction.
+
+    Unknown, duplicate and non-string keys are refused first, in document order, so a
+    typo is reported at its own line before anything that depends on it. Every value node
+    is recorded in ``ctx.nodes`` under its dotted path.
+    """
+
+    def __init__(self, ctx: Context, node: Node, path: str, allowed: Sequence[str]) -> None:
+        if not isinstance(node, MappingNode):
+            if path:
+                ctx.fail(node, path, f"expected a mapping, got {describe(node)}")
+            raise ConfigError(
+                f"expected a mapping at the top level, got {describe(node)}",
+                source=ctx.source,
+                line=line_of(node),
+            )
+        self.ctx = ctx
+        self.node = node
+        self.path = path
+        try:
+            self.entries = mapping_entries(node, allowed)
+        except KeyProblem as problem:
+            where = join(path, problem.name)
+            if problem.reason == "not-a-name":
+                what = describe(problem.node)
+                ctx.fail(problem.node, path, f"keys must be plain names, got {what}")
+            if problem.reason == "duplicate":
+                ctx.fail(problem.node, where, "duplicate key")
+            close = difflib.get_close_matches(problem.name, allowed, n=1)
+            hint = (
+                f'did you mean "{close[0]}"?'
+                if close
+                else "expected one of: " + ", ".join(allowed)
+            )
+            ctx.fail(problem.node, where, f"unknown key ({hint})")
+        for name, entry in self.entries.items():
+            ctx.nodes[join(path, name)] = entry.value
+
+    def get(self, name: str) -> Node | None:
+        """The value node, or ``None`` when the key is absent or explicitly null."""
+        entry = self.entries.get(name)
+        return None if entry is None or is_null(entry.value) else entry.value
+
+    def require(self, name: str) -> Node:
+        """The value node; a key absent or null is an error ("is required")."""
+        node = self.get(name)
+        if node is None:
+            entry = self.entries.get(name)
+            where = self.node if entry is None else entry.value
+            self.ctx.fail(where, join(self.path, name), "is required")
+        return node

@@ -1,0 +1,463 @@
+"""The kinds of value a config key holds: how each is read, documented and schema'd.
+
+A kind reads one YAML node (never null: the loader handles absent and null keys) into
+a Python value, or fails with the message the user sees; it also says how the docs show
+its type (:meth:`Kind.type_doc`) and a value of it (:meth:`Kind.show`), and gives its
+JSON schema (:meth:`Kind.json_schema`, draft-07), from which the chart's
+``values.schema.json`` is built. So a range or a pattern is written once, here or in the
+model, and the loader, the docs and the chart agree on it.
+
+Example::
+
+    >>> Duration(maximum=600).type_doc()
+    'duration ≤ 10m'
+    >>> Duration(maximum=600).json_schema()["maximum"]
+    600
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+import string
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, Final, Literal
+
+from ..durations import DURATION_PATTERN, format_duration, parse_duration
+from .errors import Context, describe
+from .yamlsource import (
+    TAG_BOOL,
+    TAG_FLOAT,
+    TAG_INT,
+    TAG_STR,
+    Node,
+    ScalarNode,
+    SequenceNode,
+    scalar_value,
+)
+
+__all__ = [
+    "IDENTIFIER",
+    "Bool",
+    "Choice",
+    "Duration",
+    "FilePath",
+    "Host",
+    "Identifier",
+    "Integer",
+    "Kind",
+    "LabelName",
+    "Named",
+    "OptionalIdentifier",
+    "Sql",
+    "Template",
+    "Text",
+    "TextList",
+]
+
+Schema = dict[str, Any]
+
+# Plain SQL identifiers: what PostgreSQL accepts unquoted, minus the case folding (names
+# are quoted when SQL is built, so they must be written as stored, usually lower case).
+IDENTIFIER: Final = r"[A-Za-z_][A-Za-z0-9_$]{0,62}"
+_IDENTIFIER: Final = re.compile(IDENTIFIER)
+_HOST: Final = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.-]{0,252}[A-Za-z0-9])?")
+_DURATION_EXAMPLE: Final = (
+    'expected a duration like "5s", "500ms" or "1m" (or a number of seconds)'
+)
+
+
+class Kind:
+    """One kind of value; subclasses override :meth:`read` and the documentation."""
+
+    #: An explicit null switches the key off (``None``) instead of taking its default.
+    null_clears: ClassVar[bool] = False
+
+    def read(self, ctx: Context, node: Node, path: str) -> Any:
+        """The value of ``node`` (never a null node), or a :class:`ConfigError`."""
+        raise NotImplementedError
+
+    def type_doc(self) -> str:
+        """The type column of the docs' key reference."""
+        raise NotImplementedError
+
+    def json_schema(self) -> Schema:
+        """The JSON schema (draft-07) of a value of this kind."""
+        raise NotImplementedError
+
+    def show(self, value: Any) -> str:
+        """A value of this kind as the docs write it (without backticks)."""
+        if value is None:
+            return "none"
+        if isinstance(value, bool):
+            return "true" if value else "false"
+        if isinstance(value, tuple):
+            return "[" + ", ".join(map(str, value)) + "]"
+        return str(value)
+
+    def json_value(self, value: Any) -> Any:
+        """A value of this kind as JSON (the schema's ``default``)."""
+        return list(value) if isinstance(value, tuple) else value
+
+
+def _text(ctx: Context, node: Node, path: str, allow_numbers: bool) -> str:
+    tags = (TAG_STR, TAG_INT, TAG_FLOAT) if allow_numbers else (TAG_STR,)
+    if not isinstance(node, ScalarNode) or node.tag not in tags:
+        ctx.fail(node, path, f"expected a string, got {describe(node)}")
+    value = str(node.value)
+    if not value.strip():
+        ctx.fail(node, path, "must not be empty")
+    return value
+
+
+def _number(ctx: Context, node: ScalarNode, path: str, expected: str) -> bool | int | float:
+    try:
+        return scalar_value(node)
+    except ValueError:
+        ctx.fail(node, path, f"{expected}, got {describe(node)}")
+
+
+@dataclass(frozen=True)
+class Bool(Kind):
+    """``true`` or ``false`` (YAML 1.1 spellings: yes/no/on/off too)."""
+
+    def read(self, ctx: Context, node: Node, path: str) -> bool:
+        expected = "expected true or false"
+        if not isinstance(node, ScalarNode) or node.tag != TAG_BOOL:
+            ctx.fail(node, path, f"{expected}, got {describe(node)}")
+        return bool(_number(ctx, node, path, expected))
+
+    def type_doc(self) -> str:
+        return "bool"
+
+    def json_schema(self) -> Schema:
+        return {"type": "boolean"}
+
+
+@dataclass(frozen=True)
+class Integer(Kind):
+    """A whole number within ``minimum`` and ``maximum``."""
+
+    minimum: int
+    maximum: int
+    #: The type column, when the range alone says too little or too much.
+    label: str = ""
+
+    def read(self, ctx: Context, node: Node, path: str) -> int:
+        expected = "expected a whole number"
+        if not isinstance(node, ScalarNode) or node.tag != TAG_INT:
+            ctx.fail(node, path, f"{expected}, got {describe(node)}")
+        value = int(_number(ctx, node, path, expected))
+        if value < self.minimum:
+            ctx.fail(node, path, f"must be at least {self.minimum}, got {value}")
+        if value > self.maximum:
+            ctx.fail(node, path, f"must be at most {self.maximum}, got {value}")
+        return value
+
+    def type_doc(self) -> str:
+        return self.label or f"{self.minimum}\u2013{self.maximum}"
+
+    def json_schema(self) -> Schema:
+        return {"type": "integer", "minimum": self.minimum, "maximum": self.maximum}
+
+
+@dataclass(frozen=True)
+class Duration(Kind):
+    """A duration (:mod:`stocksentry.exporter.durations`), in seconds, at most
+    ``maximum``; zero only when ``allow_zero``."""
+
+    maximum: float
+    allow_zero: bool = False
+
+    def read(self, ctx: Context, node: Node, path: str) -> float:
+        if not isinstance(node, ScalarNode) or node.tag not in (TAG_INT, TAG_FLOAT, TAG_STR):
+            ctx.fail(node, path, f"{_DURATION_EXAMPLE}, got {describe(node)}")
+        raw: str | float
+        if node.tag == TAG_STR:
+            raw = str(node.value)
+        else:
+            raw = float(_number(ctx, node, path, _DURATION_EXAMPLE))
+            if raw < 0:
+                ctx.fail(node, path, f"must not be negative, got {node.value}")
+        try:
+            seconds = parse_duration(raw)
+        except ValueError:
+            ctx.fail(node, path, f"{_DURATION_EXAMPLE}, got {describe(node)}")
+        if seconds == 0 and not self.allow_zero:
+            ctx.fail(node, path, "must be greater than zero")
+        if seconds > self.maximum:
+            ctx.fail(
+                node,
+                path,
+                f"must be at most {format_duration(self.maximum)}, got {format_duration(seconds)}",
+            )
+        return seconds
+
+    def type_doc(self) -> str:
+        zero = ", may be 0" if self.allow_zero else ""
+        return f"duration ≤ {format_duration(self.maximum)}{zero}"
+
+    def json_schema(self) -> Schema:
+        bound = "minimum" if self.allow_zero else "exclusiveMinimum"
+        return {
+            "type": ["number", "string"],
+            bound: 0,
+            "maximum": int(self.maximum) if float(self.maximum).is_integer() else self.maximum,
+            "pattern": DURATION_PATTERN,
+        }
+
+    def show(self, value: Any) -> str:
+        return format_duration(float(value))
+
+    def json_value(self, value: Any) -> Any:
+        return format_duration(float(value))
+
+
+@dataclass(frozen=True)
+class Text(Kind):
+    """A non-empty string; numbers are kept as written when ``allow_numbers``."""
+
+    allow_numbers: bool = False
+
+    def read(self, ctx: Context, node: Node, path: str) -> str:
+        return _text(ctx, node, path, self.allow_numbers)
+
+    def type_doc(self) -> str:
+        return "string"
+
+    def json_schema(self) -> Schema:
+        return {"type": "string", "minLength": 1}
+
+
+@dataclass(frozen=True)
+class Named(Kind):
+    """A name that must match ``pattern`` (Python and JSON-schema regex alike);
+    ``what`` names it in the message: ``"x-y" is not a metric name``."""
+
+    pattern: str
+    what: str
+    type_label: str
+
+    def read(self, ctx: Context, node: Node, path: str) -> str:
+        value = _text(ctx, node, path, False)
+        if not re.fullmatch(self.pattern, value):
+            ctx.fail(node, path, f"{describe(node)} is not {self.what}")
+        return value
+
+    def type_doc(self) -> str:
+        return self.type_label
+
+    def json_schema(self) -> Schema:
+        return {"type": "string", "pattern": f"^{self.pattern}$"}
+
+
+@dataclass(frozen=True)
+class LabelName(Named):
+    """A Prometheus label name; ``__``-prefixed names are Prometheus's own."""
+
+    pattern: str = "[a-zA-Z_][a-zA-Z0-9_]*"
+    what: str = "a label name"
+    type_label: str = "label name"
+
+    def read(self, ctx: Context, node: Node, path: str) -> str:
+        value = _text(ctx, node, path, False)
+        if not re.fullmatch(self.pattern, value) or value.startswith("__"):
+            ctx.fail(node, path, f"{describe(node)} is not {self.what}")
+        return value
+
+
+@dataclass(frozen=True)
+class Identifier(Kind):
+    """A plain SQL identifier; ``qualified`` allows ``schema.table``."""
+
+    qualified: bool = False
+
+    def read(self, ctx: Context, node: Node, path: str) -> str:
+        value = _text(ctx, node, path, False)
+        parts = value.split(".")
+        if len(parts) > (2 if self.qualified else 1) or not all(
+            _IDENTIFIER.fullmatch(p) for p in parts
+        ):
+            shape = (
+                "a plain SQL identifier, optionally schema-qualified (schema.table)"
+                if self.qualified
+                else "a plain SQL identifier (letters, digits, _ and $, not starting with a digit)"
+            )
+            ctx.fail(node, path, f"{describe(node)} is not {shape}")
+        return value
+
+    def type_doc(self) -> str:
+        return "table name" if self.qualified else "column name"
+
+    def json_schema(self) -> Schema:
+        if self.qualified:
+            return {"type": "string", "pattern": rf"^{IDENTIFIER}(\.{IDENTIFIER})?$"}
+        return {"type": "string", "pattern": f"^{IDENTIFIER}$"}
+
+
+@dataclass(frozen=True)
+class OptionalIdentifier(Identifier):
+    """A column that may be unmapped: an explicit null switches it off."""
+
+    null_clears: ClassVar[bool] = True
+
+    def type_doc(self) -> str:
+        return "column name or null"
+
+
+@dataclass(frozen=True)
+class Choice(Kind):
+    """One of ``choices``."""
+
+    choices: tuple[str, ...]
+
+    def read(self, ctx: Context, node: Node, path: str) -> str:
+        value = _text(ctx, node, path, False)
+        if value not in self.choices:
+            allowed = ", ".join(f'"{c}"' for c in self.choices)
+            ctx.fail(node, path, f"expected one of {allowed}, got {describe(node)}")
+        return value
+
+    def type_doc(self) -> str:
+        return " \\| ".join(f"`{c}`" for c in self.choices)
+
+    def json_schema(self) -> Schema:
+        return {"type": "string", "enum": list(self.choices)}
+
+
+@dataclass(frozen=True)
+class TextList(Kind):
+    """A list of distinct strings, each read as ``item``; not empty when ``non_empty``."""
+
+    item: Kind = Text()
+    non_empty: bool = False
+
+    def read(self, ctx: Context, node: Node, path: str) -> tuple[str, ...]:
+        if not isinstance(node, SequenceNode):
+            ctx.fail(node, path, f"expected a list, got {describe(node)}")
+        values: list[str] = []
+        for index, item in enumerate(node.value):
+            item_path = f"{path}[{index}]"
+            value = self.item.read(ctx, item, item_path)
+            if value in values:
+                ctx.fail(item, item_path, f"duplicate value {describe(item)}")
+            values.append(value)
+        if self.non_empty and not values:
+            ctx.fail(node, path, "must not be empty")
+        return tuple(values)
+
+    def type_doc(self) -> str:
+        numbers = (
+            " (numbers are kept as written)"
+            if isinstance(self.item, Text) and self.item.allow_numbers
+            else ""
+        )
+        what = "strings" if type(self.item) is Text else f"{self.item.type_doc()}s"
+        return f"list of {what}{numbers}" + (", not empty" if self.non_empty else "")
+
+    def json_schema(self) -> Schema:
+        schema: Schema = {"type": "array", "items": self.item.json_schema(), "uniqueItems": True}
+        if self.non_empty:
+            schema["minItems"] = 1
+        return schema
+
+
+@dataclass(frozen=True)
+class Host(Kind):
+    """An IP address or a host name."""
+
+    def read(self, ctx: Context, node: Node, path: str) -> str:
+        value = _text(ctx, node, path, False)
+        try:
+            ipaddress.ip_address(value)
+        except ValueError:
+            if not _HOST.fullmatch(value):
+                ctx.fail(node, path, f"{describe(node)} is not an IP address or host")
+        return value
+
+    def type_doc(self) -> str:
+        return "IP address or host name"
+
+    def json_schema(self) -> Schema:
+        return {"type": "string", "minLength": 1}
+
+
+def read_path(ctx: Context, node: Node, path: str) -> Path:
+    """A path, ``~`` expanded, relative to the config file's folder."""
+    text = _text(ctx, node, path, False)
+    if "\0" in text:
+        ctx.fail(node, path, "must not contain a NUL character")
+    try:
+        value = Path(text).expanduser()
+    except (RuntimeError, ValueError, OSError) as exc:
+        # "~nouser/x": no such user, or no home directory to expand "~" to.
+        ctx.fail(node, path, f"cannot expand {describe(node)}: {exc}")
+    return value if value.is_absolute() else ctx.base_dir / value
+
+
+@dataclass(frozen=True)
+class FilePath(Kind):
+    """A path that must name a readable file (``must="file"``) or a directory."""
+
+    must: Literal["file", "dir"]
+
+    def read(self, ctx: Context, node: Node, path: str) -> Path:
+        value = read_path(ctx, node, path)
+        if self.must == "dir" and not value.is_dir():
+            ctx.fail(node, path, f"{value} is not a directory")
+        if self.must == "file" and not (value.is_file() and os.access(value, os.R_OK)):
+            ctx.fail(node, path, f"{value} is not a readable file")
+        return value
+
+    def type_doc(self) -> str:
+        return "path (must exist)" if self.must == "file" else "path (must be a directory)"
+
+    def json_schema(self) -> Schema:
+        return {"type": "string", "minLength": 1}
+
+
+@dataclass(frozen=True)
+class Template(Kind):
+    """A string with the field ``{name}`` exactly once and no other ``{...}`` field."""
+
+    name: str
+
+    def read(self, ctx: Context, node: Node, path: str) -> str:
+        value = _text(ctx, node, path, False)
+        try:
+            fields = [f for _, f, _, _ in string.Formatter().parse(value) if f is not None]
+        except ValueError:
+            fields = ["?"]
+        if fields != [self.name]:
+            ctx.fail(
+                node,
+                path,
+                f'must contain "{{{self.name}}}" exactly once and no other {{...}} field, '
+                f"got {describe(node)}",
+            )
+        return value
+
+    def type_doc(self) -> str:
+        return f"string with `{{{self.name}}}` exactly once"
+
+    def json_schema(self) -> Schema:
+        return {"type": "string", "pattern": rf"^[^{{}}]*\{{{self.name}\}}[^{{}}]*$"}
+
+
+@dataclass(frozen=True)
+class Sql(Kind):
+    """One SQL statement; surrounding blanks and a trailing ``;`` are removed."""
+
+    def read(self, ctx: Context, node: Node, path: str) -> str:
+        sql = _text(ctx, node, path, False).strip().rstrip(";").strip()
+        if not sql:
+            ctx.fail(node, path, "must not be empty")
+        return sql
+
+    def type_doc(self) -> str:
+        return "SQL"
+
+    def json_schema(self) -> Schema:
+        return {"type": "string", "minLength": 1}

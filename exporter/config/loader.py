@@ -1,0 +1,328 @@
+"""YAML text to the model: one generic walk over the model's specs, then the rules.
+
+:func:`build` reads any section class of :mod:`.model` from its YAML node: the keys it
+accepts, their kinds, defaults and inherited defaults all come from the model's field
+specs. What relates several keys or sections (a probe switched on without the table it
+reads, a reservation table with both ``released_at`` and ``status``, a custom metric
+that collides with the catalog) is a rule, below, run once its section is read. Every
+error is a :class:`~.errors.ConfigError` at the line of the value at fault.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, Final
+
+from stocksentry.instrumentation import catalog
+
+from .env import multiprocess_dir_from_env, resolve_url
+from .errors import CheckedMapping, ConfigError, Context, describe, join
+from .model import (
+    BUILTIN_PROBES,
+    ELECTION_PROBE,
+    CustomProbe,
+    DatabaseConfig,
+    ExporterConfig,
+    Key,
+    ProbeSettings,
+    RedisConfig,
+    ReservationsTable,
+    SchemaConfig,
+    Section,
+    ServerConfig,
+    SkuGuardConfig,
+    UrlKeys,
+    field_default,
+    key_names,
+    specs,
+)
+from .yamlsource import Node, SequenceNode, YamlSyntaxError, compose, is_null
+
+__all__ = ["build", "load_config", "parse_config"]
+
+# The prefixes of stocksentry's own metrics: a custom gauge may not use them, so it can
+# never collide with a metric the catalog has or will have.
+_RESERVED_PREFIXES: Final = ("stock_", "stocksentry_")
+
+Rule = Callable[[Context, CheckedMapping | None, dict[str, Any]], None]
+
+
+def load_config(path: str | Path, *, environ: Mapping[str, str] | None = None) -> ExporterConfig:
+    """Load and validate the YAML file at ``path``.
+
+    Relative paths inside the file (``url_file``, ``web_config_file``,
+    ``multiprocess_dir``) are taken relative to the file's folder. ``environ`` defaults to
+    ``os.environ``. Raises :class:`ConfigError`, and nothing else, for every problem.
+
+    Example::
+
+        config = load_config("exporter/config.example.yaml")
+    """
+    source = str(path)
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"cannot read the file: {exc.strerror}", source=source) from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise ConfigError("the file is not UTF-8 text", source=source, line=line) from None
+    return parse_config(text, source, environ=environ, base_dir=Path(path).parent)
+
+
+def parse_config(
+    text: str,
+    source: str = "<string>",
+    *,
+    environ: Mapping[str, str] | None = None,
+    base_dir: Path | None = None,
+) -> ExporterConfig:
+    """Validate a configuration given as YAML text; ``source`` names it in errors.
+
+    Example::
+
+        config = parse_config("sku_guard: {promo_skus: [EGG-01]}\\n")
+        config.sku_guard.promo_skus   # ('EGG-01',)
+        config.database               # None: no database, no database probes
+    """
+    ctx = Context(
+        source,
+        os.environ if environ is None else environ,
+        Path.cwd() if base_dir is None else base_dir,
+    )
+    try:
+        root = compose(text)
+    except YamlSyntaxError as exc:
+        if exc.kind == "marked":
+            what = "; ".join(part for part in (exc.context, exc.problem) if part)
+            raise ConfigError(f"invalid YAML: {what}", source=source, line=exc.line) from None
+        problem = exc.problem or exc.kind
+        raise ConfigError(f"invalid YAML: {problem}", source=source, line=exc.line) from None
+    if root is None or is_null(root):
+        raise ConfigError(
+            "the file is empty; expected a mapping of sections "
+            f"({', '.join(key_names(ExporterConfig))})",
+            source=source,
+            line=1,
+        )
+    config: ExporterConfig = build(ctx, ExporterConfig, root, "")
+    return config
+
+
+# --- the generic walk ------------------------------------------------------------------------
+
+
+def build(ctx: Context, cls: type, node: Node | None, path: str) -> Any:
+    """An instance of section ``cls`` read from ``node`` (``None``: all defaults)."""
+    mapping = None if node is None else CheckedMapping(ctx, node, path, key_names(cls))
+    values: dict[str, Any] = {}
+    for name, spec in specs(cls):
+        child = join(path, name)
+        if isinstance(spec, UrlKeys):
+            if mapping is None:
+                ctx.fail(None, path, "one of url_env, url_file or url is required")
+            values[name], values[spec.origin] = resolve_url(ctx, mapping, spec)
+        elif isinstance(spec, Section):
+            sub = None if mapping is None else mapping.get(name)
+            if spec.many:
+                values[name] = () if sub is None else _many(ctx, spec.cls, sub, child)
+            elif sub is None and spec.optional:
+                values[name] = None
+            else:
+                values[name] = build(ctx, spec.cls, sub, child)
+        else:
+            values[name] = _key(ctx, cls, mapping, name, spec, child, values)
+            ctx.values[child] = values[name]
+    rule = _RULES.get(cls)
+    if rule is not None:
+        rule(ctx, mapping, values)
+    return cls(**values)
+
+
+def _key(
+    ctx: Context,
+    cls: type,
+    mapping: CheckedMapping | None,
+    name: str,
+    spec: Key,
+    path: str,
+    values: Mapping[str, Any],
+) -> Any:
+    node = None if mapping is None else mapping.get(name)
+    if node is not None:
+        return spec.kind.read(ctx, node, path)
+    if mapping is not None and spec.kind.null_clears and name in mapping.entries:
+        # An explicit null switches an optional column off even when it has a default.
+        return None
+    if spec.required:
+        if mapping is None:
+            ctx.fail(None, path, "is required")
+        mapping.require(name)
+    if spec.computed is not None:
+        return spec.computed(values)
+    if spec.inherit is not None:
+        return ctx.values[spec.inherit]
+    return field_default(cls, name)
+
+
+def _many(ctx: Context, cls: type, node: Node, path: str) -> tuple[Any, ...]:
+    if not isinstance(node, SequenceNode):
+        ctx.fail(node, path, f"expected a list, got {describe(node)}")
+    items: list[Any] = []
+    for index, item in enumerate(node.value):
+        ctx.earlier = items
+        items.append(build(ctx, cls, item, f"{path}[{index}]"))
+    ctx.earlier = []
+    return tuple(items)
+
+
+# --- the rules -------------------------------------------------------------------------------
+
+
+def _server(ctx: Context, mapping: CheckedMapping | None, values: dict[str, Any]) -> None:
+    if mapping is None or mapping.get("multiprocess_dir") is None:
+        values["multiprocess_dir"] = multiprocess_dir_from_env(ctx, "server.multiprocess_dir")
+
+
+def _reservations(ctx: Context, mapping: CheckedMapping | None, values: dict[str, Any]) -> None:
+    if mapping is None:
+        return
+    entries = mapping.entries
+    if mapping.get("status") is not None:
+        if mapping.get("released_at") is not None:
+            ctx.fail(
+                entries["released_at"].key,
+                join(mapping.path, "released_at"),
+                "give either released_at or status with held_statuses, not both",
+            )
+        if not values["held_statuses"]:
+            where = entries["held_statuses"].value if "held_statuses" in entries else None
+            ctx.fail(
+                where or entries["status"].key,
+                join(mapping.path, "held_statuses"),
+                "is required with status: the statuses of reservations still holding stock",
+            )
+        values["released_at"] = None
+    elif mapping.get("held_statuses") is not None:
+        ctx.fail(
+            entries["held_statuses"].key,
+            join(mapping.path, "held_statuses"),
+            "needs status as well",
+        )
+
+
+def _custom(ctx: Context, mapping: CheckedMapping | None, values: dict[str, Any]) -> None:
+    assert mapping is not None  # noqa: S101 - a list item always has its node
+    earlier: list[CustomProbe] = list(ctx.earlier)
+    node = mapping.entries["name"].value
+    path = join(mapping.path, "name")
+    name = values["name"]
+    if name in BUILTIN_PROBES or name == ELECTION_PROBE:
+        ctx.fail(node, path, f'"{name}" is the name of a built-in probe')
+    if any(c.name == name for c in earlier):
+        ctx.fail(node, path, f'another custom probe is named "{name}"')
+
+    node = mapping.entries["metric"].value
+    path = join(mapping.path, "metric")
+    metric = values["metric"]
+    for spec in catalog.ALL:
+        if metric in (spec.name, spec.base_name, *spec.sample_names):
+            ctx.fail(node, path, f'"{metric}" collides with the catalog metric {spec.name}')
+    if metric.startswith(_RESERVED_PREFIXES):
+        ctx.fail(
+            node,
+            path,
+            f'"{metric}": the prefixes stock_ and stocksentry_ are reserved for '
+            "stocksentry's own metrics",
+        )
+    if any(c.metric == metric for c in earlier):
+        ctx.fail(node, path, f'another custom probe exports "{metric}"')
+
+    for index, label in enumerate(values["label_columns"]):
+        if label == values["value_column"]:
+            item = mapping.entries["label_columns"].value.value[index]
+            ctx.fail(
+                item,
+                f"{join(mapping.path, 'label_columns')}[{index}]",
+                "the value column cannot also be a label",
+            )
+
+
+def _exporter(ctx: Context, mapping: CheckedMapping | None, values: dict[str, Any]) -> None:
+    """Switch off the probes whose prerequisites are missing, and say why."""
+    database: DatabaseConfig | None = values["database"]
+    schema: SchemaConfig = values["schema"]
+    redis: RedisConfig | None = values["redis"]
+    sku_guard: SkuGuardConfig = values["sku_guard"]
+    probes = values["probes"]
+    # Why a probe cannot run with this configuration; None when it can.
+    missing: dict[str, str | None] = dict.fromkeys(
+        BUILTIN_PROBES, "there is no database section" if database is None else None
+    )
+    if database is not None:
+        if schema.products.allocation is None:
+            missing["oversold"] = (
+                "schema.products.allocation is not mapped (without it only negative stock "
+                "is visible: a lost update from 1 to 0 twice leaves the stock at 0)"
+            )
+        if schema.orders.external_ref is None and schema.orders.idempotency_key is None:
+            missing["duplicate_orders"] = (
+                "neither schema.orders.external_ref nor schema.orders.idempotency_key is mapped"
+            )
+        if schema.reservations is None:
+            missing["expired_reservations"] = "schema.reservations is not mapped"
+        if schema.outbox is None:
+            missing["outbox"] = "schema.outbox is not mapped"
+        if redis is None:
+            missing["cache_drift"] = "there is no redis section"
+        elif not _installed("redis"):
+            # The [exporter] extra alone runs the sidecar; Redis comes with [redis].
+            missing["cache_drift"] = (
+                "the redis package is not installed (pip install 'stocksentry[redis]')"
+            )
+        elif not sku_guard.promo_skus:
+            missing["cache_drift"] = "sku_guard.promo_skus is empty (it compares promo SKUs)"
+
+    switched: dict[str, ProbeSettings] = {}
+    for name in BUILTIN_PROBES:
+        settings: ProbeSettings = getattr(probes, name)
+        reason = missing[name]
+        if reason is not None and settings.enabled:
+            path = f"probes.{name}.enabled"
+            node = ctx.nodes.get(path)
+            if not is_null(node):
+                ctx.fail(node, path, f"cannot be true: {reason}")
+            if database is not None:
+                ctx.notes.append(f"probe {name} is off: {reason}")
+            switched[name] = settings = dataclasses.replace(settings, enabled=False)
+    oversold = switched.get("oversold", probes.oversold)
+    if oversold.scope == "promo" and oversold.enabled and not sku_guard.promo_skus:
+        path = "probes.oversold.scope"
+        ctx.fail(ctx.nodes.get(path), path, "promo needs sku_guard.promo_skus")
+    if probes.custom and database is None:
+        path = "probes.custom"
+        ctx.fail(ctx.nodes.get(path), path, "custom probes need a database section")
+    values["probes"] = dataclasses.replace(probes, **switched)
+    values["source"] = ctx.source
+    values["notes"] = tuple(ctx.notes)
+
+
+def _installed(package: str) -> bool:
+    """Whether ``package`` can be imported; found, not imported, so loading stays light."""
+    try:
+        return importlib.util.find_spec(package) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+_RULES: Final[dict[type, Rule]] = {
+    ServerConfig: _server,
+    ReservationsTable: _reservations,
+    CustomProbe: _custom,
+    ExporterConfig: _exporter,
+}

@@ -1,0 +1,110 @@
+"""The key reference of ``docs/exporter-config.md``, generated from the model.
+
+``docs/generate.py`` replaces every block of the page between
+``<!-- BEGIN GENERATED config.<path> -->`` and ``<!-- END GENERATED -->`` with the table
+that :func:`blocks` gives for ``<path>``: a section's keys with their type, default and
+meaning, exactly as the loader reads them (:mod:`.model`).
+
+Example::
+
+    print(markdown_table(ServerConfig))   # | key | type | default | meaning | ...
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+from .model import (
+    BUILTIN_PROBES,
+    URL_KEYS,
+    ExporterConfig,
+    Key,
+    ProbeSettings,
+    Section,
+    UrlKeys,
+    field_default,
+    specs,
+)
+
+__all__ = ["BLOCK", "blocks", "markdown_table", "replace_blocks", "section_class"]
+
+#: A generated block of the page; group 1 is its name (``config.server``).
+BLOCK: Final = re.compile(
+    r"(<!-- BEGIN GENERATED (config\.[a-z_.]+) [^>]*-->\n).*?(<!-- END GENERATED -->)",
+    re.DOTALL,
+)
+_HEAD: Final = "| key | type | default | meaning |\n| --- | --- | --- | --- |\n"
+
+
+def section_class(path: str) -> type:
+    """The section class at dotted ``path`` of the config (``"schema.orders"``)."""
+    cls: type = ExporterConfig
+    for part in path.split("."):
+        found = dict(specs(cls)).get(part)
+        if not isinstance(found, Section):
+            raise KeyError(f"no section {path!r} in the config model")
+        cls = found.cls
+    return cls
+
+
+def _default(cls: type, name: str, spec: Key) -> str:
+    if spec.default_doc is not None:
+        return spec.default_doc
+    if spec.required:
+        return "required"
+    default = field_default(cls, name)
+    return "none" if default is None else f"`{spec.kind.show(default)}`"
+
+
+def _rows(cls: type, *, only: tuple[str, ...] | None = None) -> list[str]:
+    rows: list[str] = []
+    for name, spec in specs(cls):
+        if only is not None and name not in only:
+            continue
+        if isinstance(spec, UrlKeys):
+            keys = " / ".join(f"`{k}`" for k in URL_KEYS)
+            rows.append(f"| {keys} | see [Secrets](#secrets) | — (one required) | {spec.doc} |")
+        elif isinstance(spec, Key):
+            kind = spec.kind.type_doc()
+            rows.append(f"| `{name}` | {kind} | {_default(cls, name, spec)} | {spec.doc} |")
+    return rows
+
+
+def markdown_table(cls: type) -> str:
+    """The key table of section ``cls`` (its keys only, not its subsections)."""
+    return _HEAD + "\n".join(_rows(cls)) + "\n"
+
+
+def _probe_options() -> str:
+    """The options a built-in probe adds to ``enabled`` / ``interval`` / ``timeout``."""
+    common = {name for name, _ in specs(ProbeSettings)}
+    rows: list[str] = []
+    for probe in BUILTIN_PROBES:
+        cls = section_class(f"probes.{probe}")
+        own = tuple(name for name, _ in specs(cls) if name not in common)
+        rows.extend(row.replace("| `", f"| `{probe}.", 1) for row in _rows(cls, only=own))
+    return _HEAD + "\n".join(rows) + "\n"
+
+
+def blocks() -> dict[str, str]:
+    """Every generated block of the page, by name."""
+    names = ["server", "sku_guard", "database", "redis", "probes.defaults", "probes.custom"]
+    names += [f"schema.{name}" for name, _ in specs(section_class("schema"))]
+    found = {f"config.{name}": markdown_table(section_class(name)) for name in names}
+    found["config.probes.settings"] = markdown_table(ProbeSettings)
+    found["config.probes.options"] = _probe_options()
+    return found
+
+
+def replace_blocks(text: str) -> str:
+    """``text`` with every generated block rewritten; an unknown block name is an error."""
+    tables = blocks()
+
+    def fill(match: re.Match[str]) -> str:
+        name = match.group(2)
+        if name not in tables:
+            raise KeyError(f"no generated block {name!r}; known: {', '.join(sorted(tables))}")
+        return match.group(1) + tables[name] + match.group(3)
+
+    return BLOCK.sub(fill, text)

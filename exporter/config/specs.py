@@ -1,0 +1,155 @@
+"""The field specs of the config model: what a dataclass field of :mod:`.model` is.
+
+A section of the model is a frozen dataclass whose fields carry one of these specs in
+their metadata, put there by :func:`key`, :func:`required`, :func:`computed`,
+:func:`section`, :func:`sections`, :func:`url_keys` or :func:`derived`. :func:`specs`
+reads them back in field order, for the loader, the docs and the chart's schema.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from .kinds import Kind
+
+__all__ = [
+    "URL_KEYS",
+    "Derived",
+    "Key",
+    "Section",
+    "Spec",
+    "UrlKeys",
+    "computed",
+    "derived",
+    "field_default",
+    "key",
+    "key_names",
+    "required",
+    "section",
+    "sections",
+    "specs",
+    "url_keys",
+]
+
+#: The keys a secret URL may come from, in the order the docs give them.
+URL_KEYS: Final = ("url_env", "url_file", "url")
+_METADATA: Final = "stocksentry.config"
+
+
+@dataclass(frozen=True, slots=True)
+class Key:
+    """A YAML key: its kind, its doc, and where its default comes from when not written.
+
+    ``inherit`` names another key (dotted path) whose value is the default, as
+    ``probes.defaults.interval`` is for every probe; ``computed`` builds the default from
+    the section's other values; ``default_doc`` is how the docs show such a default.
+    """
+
+    kind: Kind
+    doc: str
+    required: bool = False
+    inherit: str | None = None
+    computed: Callable[[Mapping[str, Any]], Any] | None = None
+    default_doc: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Section:
+    """A nested section of class ``cls``; ``optional``: ``None`` when left out, and
+    ``many``: a list of them."""
+
+    cls: type
+    doc: str
+    optional: bool = False
+    many: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class UrlKeys:
+    """A secret URL given by exactly one of :data:`URL_KEYS`; ``origin`` names the
+    field that records where it came from."""
+
+    schemes: tuple[str, ...]
+    what: str
+    doc: str
+    accept_conninfo: bool = False
+    origin: str = "url_source"
+
+
+@dataclass(frozen=True, slots=True)
+class Derived:
+    """A field the loader computes; not a key of the file."""
+
+    doc: str
+
+
+Spec = Key | Section | UrlKeys
+
+
+def key(default: Any, kind: Kind, doc: str, **options: Any) -> Any:
+    """A field for a YAML key with a default; ``options`` as for :class:`Key`."""
+    return field(default=default, metadata={_METADATA: Key(kind, doc, **options)})
+
+
+def required(kind: Kind, doc: str) -> Any:
+    """A field for a YAML key that must be written."""
+    return field(metadata={_METADATA: Key(kind, doc, required=True)})
+
+
+def computed(kind: Kind, doc: str, build: Callable[[Mapping[str, Any]], Any], shown: str) -> Any:
+    """A field for a YAML key whose default ``build`` makes from the section's values."""
+    return field(metadata={_METADATA: Key(kind, doc, computed=build, default_doc=shown)})
+
+
+def section(cls: type, doc: str, *, optional: bool = False) -> Any:
+    """A field for a nested section (``None`` when ``optional`` and left out)."""
+    spec = Section(cls, doc, optional=optional)
+    if optional:
+        return field(default=None, metadata={_METADATA: spec})
+    return field(default_factory=cls, metadata={_METADATA: spec})
+
+
+def sections(cls: type, doc: str) -> Any:
+    """A field for a list of sections (a tuple, empty by default)."""
+    return field(default=(), metadata={_METADATA: Section(cls, doc, many=True)})
+
+
+def url_keys(schemes: tuple[str, ...], what: str, doc: str, **options: Any) -> Any:
+    """The (required) field of a secret URL read from :data:`URL_KEYS`."""
+    return field(metadata={_METADATA: UrlKeys(schemes, what, doc, **options)})
+
+
+def derived(default: Any, doc: str) -> Any:
+    """A field the loader fills in."""
+    return field(default=default, metadata={_METADATA: Derived(doc)})
+
+
+def specs(cls: type) -> list[tuple[str, Spec]]:
+    """The fields of section ``cls`` that the file writes, in order, with their specs."""
+    found: list[tuple[str, Spec]] = []
+    for item in dataclasses.fields(cls):
+        spec = item.metadata.get(_METADATA)
+        if isinstance(spec, Key | Section | UrlKeys):
+            found.append((item.name, spec))
+    return found
+
+
+def key_names(cls: type) -> tuple[str, ...]:
+    """The YAML keys section ``cls`` accepts, in documentation order."""
+    names: list[str] = []
+    for name, spec in specs(cls):
+        names.extend(URL_KEYS if isinstance(spec, UrlKeys) else (name,))
+    return tuple(names)
+
+
+def field_default(cls: type, name: str) -> Any:
+    """The dataclass default of field ``name`` of ``cls`` (``MISSING`` when none)."""
+    for item in dataclasses.fields(cls):
+        if item.name == name:
+            if item.default_factory is not dataclasses.MISSING:
+                return item.default_factory()
+            return item.default
+    raise KeyError(name)
