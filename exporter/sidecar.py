@@ -54,7 +54,12 @@ def describe(config: ExporterConfig) -> list[str]:
         + (str(server.multiprocess_dir) if server.multiprocess_dir else "none"),
         "database probes: "
         + ("off (no database section)" if config.database is None else _enabled(config)),
-        "redis: " + ("off" if config.redis is None else "cache_drift on promo SKUs"),
+        "redis: "
+        + (
+            "cache_drift on promo SKUs"
+            if config.redis is not None and config.probes.cache_drift.enabled
+            else "off"
+        ),
     ]
     lines.extend(config.notes)
     return lines
