@@ -14,6 +14,7 @@ import sqlalchemy as sa
 from stocksentry.exporter.config import SchemaConfig, parse_config
 from stocksentry.exporter.reconcile import ReconcileError, parse_since, reconcile
 
+pytestmark = pytest.mark.integration
 CLI = [sys.executable, "-m", "stocksentry.exporter", "reconcile"]
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 

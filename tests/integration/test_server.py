@@ -59,6 +59,7 @@ parse_openmetrics: Callable[[str], Iterable[Metric]] = (
     openmetrics_parser.text_string_to_metric_families
 )
 
+pytestmark = pytest.mark.integration
 OPENMETRICS_ACCEPT = (
     "application/openmetrics-text;version=1.0.0;q=0.5,"
     "application/openmetrics-text;version=0.0.1;q=0.4,text/plain;version=0.0.4;q=0.3,*/*;q=0.2"
