@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import SERVICE_PORTS, ServiceUsedInUnitTest
+from service_guard import SERVICE_PORTS, ServiceUsedInUnitTest
 
 INTEGRATION = Path(__file__).resolve().parents[1] / "integration"
 MODULES = sorted(INTEGRATION.glob("test_*.py"))
