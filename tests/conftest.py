@@ -1,9 +1,9 @@
 """Shared fixtures: a fresh registry per test, and throw-away PostgreSQL databases.
 
 PostgreSQL and Redis are the real services (``make test`` starts them when they are down);
-the URLs come from ``STOCKSENTRY_TEST_PG`` (a server URL whose database part is replaced)
-and ``STOCKSENTRY_TEST_REDIS``. Each test run makes its own databases and keys and
-removes them afterwards.
+the URLs (:mod:`services`) come from ``STOCKSENTRY_TEST_PG`` (a server URL whose database
+part is replaced) and ``STOCKSENTRY_TEST_REDIS``. Each test run makes its own databases and
+keys and removes them afterwards.
 
 Every test under ``tests/integration`` carries the ``integration`` mark (a module's
 ``pytestmark = pytest.mark.integration``): collection fails otherwise, so that
@@ -13,16 +13,14 @@ guards the other side: a unit test that reaches a service fails.
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry
+from services import PG_SERVER, REDIS_URL
 
-PG_SERVER = os.environ.get("STOCKSENTRY_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
-REDIS_URL = os.environ.get("STOCKSENTRY_TEST_REDIS", "redis://127.0.0.1:6379/0")
 INTEGRATION_DIR = Path(__file__).resolve().parent / "integration"
 
 

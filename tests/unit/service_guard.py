@@ -116,6 +116,21 @@ sys.addaudithook(_audit)
 
 
 def refuse_libpq(*_args: object, **_kwargs: object) -> Any:
+    """Stands in for psycopg's connect while the guard is on."""
     raise ServiceUsedInUnitTest(
         "a unit test opened a PostgreSQL connection; move it to tests/integration and mark it"
     )
+
+
+def guard_this_process() -> None:
+    """Guard a whole child process (a documentation snippet run by the unit suite)."""
+    try:
+        import psycopg
+    except ImportError:  # dev installs psycopg; a bare checkout may not have it
+        pass
+    else:
+        # The child exits after the snippet: nothing to put back.
+        setattr(psycopg, "connect", refuse_libpq)  # noqa: B010 - the same calls as the conftest's
+        setattr(psycopg.Connection, "connect", classmethod(refuse_libpq))  # noqa: B010
+        setattr(psycopg.AsyncConnection, "connect", classmethod(refuse_libpq))  # noqa: B010
+    switch(True)
