@@ -465,6 +465,29 @@ def test_counter_alerts_fire_for_a_series_born_on_a_new_target(name: str) -> Non
     assert firing, f"{name}: no promtool test fires it for a series born on a new target"
 
 
+def _test_file_expressions() -> Iterator[tuple[str, str]]:
+    """Every PromQL of the promtool test files: ``promql_expr_test`` and input series."""
+    for path in TEST_FILES:
+        for group in _load(path).get("tests", []):
+            for case in group.get("promql_expr_test", []) or []:
+                yield f"{path.name}: {case['expr']}", case["expr"]
+            for series in group.get("input_series", []):
+                yield f"{path.name}: {series['series']}", series["series"]
+
+
+def test_test_files_parse() -> None:
+    """Syntax errors in the promtool tests show here too, without promtool."""
+    found = dict(_test_file_expressions())
+    assert len(found) > 100
+    failures = {}
+    for where, expr in found.items():
+        try:
+            metric_names(expr)
+        except lint.PromQLSyntaxError as error:
+            failures[where] = str(error)
+    assert failures == {}
+
+
 def test_tests_only_name_existing_alerts() -> None:
     unknown = {c.alertname for c in ALERT_CASES} - set(ALERTS)
     assert not unknown, sorted(unknown)
