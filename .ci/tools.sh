@@ -44,7 +44,7 @@ restore_policy() {
 }
 
 if [ -e "$POLICY" ]; then
-  BACKUP="$(mktemp /usr/sbin/policy-rc.d.stocksentry.XXXXXX)"
+  BACKUP="$($SUDO mktemp /usr/sbin/policy-rc.d.stocksentry.XXXXXX)"
   $SUDO cp -p "$POLICY" "$BACKUP"
 fi
 trap restore_policy EXIT
