@@ -10,8 +10,20 @@
   only variables the dashboard defines, and only metric names that are allowed (the
   catalog's sample names, recording rules, Prometheus built-ins).
 
-Parsing is left to promtool (see ``tests/unit/test_dashboards.py``); this module only
-tokenizes enough PromQL to find metric names, windows and variables.
+Metric names come from the syntax tree: each expression is parsed with ``promql-parser``
+(the Rust ``promql-parser`` crate behind a Python wheel) and its vector selectors are
+collected, so functions, keywords, label names, strings and durations can never be taken
+for a metric. An expression the parser rejects is a lint problem of its own.
+
+Grafana's window variables (``$__rate_interval``, ``$__range``, ``$__interval``) are not
+PromQL: :func:`plain_promql` replaces them (outside string literals) with sample windows
+before parsing; variables inside label matchers' strings need no replacing. One known
+gap of the parser, with its fallback: Prometheus (since 2.54) accepts ``_`` digit
+separators in numbers (``1_000``) and promql-parser 0.12 does not, so
+:func:`plain_promql` removes them first. Windows and variables are found on the template
+text itself (:func:`windows`, :func:`variable_names`), since the tree no longer shows
+which window was ``$__rate_interval``. promtool, the final word on what Prometheus
+accepts, checks every expression in ``tests/integration/test_dashboards_promtool.py``.
 
 Example::
 
@@ -29,6 +41,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator, Mapping
 from typing import Any
+
+import promql_parser
 
 from .panels import DATASOURCE, RUNBOOK_BASE
 
@@ -50,32 +64,14 @@ GRAFANA_VARIABLES: frozenset[str] = frozenset({"__rate_interval", "__range", "__
 ALLOWED_WINDOWS: frozenset[str] = frozenset({"$__rate_interval", "$__range", "offset $__range"})
 
 _DATASOURCE_JSON: dict[str, object] = DATASOURCE.to_json()
-_KEYWORDS = frozenset(
-    {
-        "and",
-        "or",
-        "unless",
-        "bool",
-        "offset",
-        "by",
-        "without",
-        "on",
-        "ignoring",
-        "group_left",
-        "group_right",
-        "inf",
-        "nan",
-        "atan2",
-    }
-)
 _STRING = re.compile(r'"(?:\\.|[^"\\])*"|\'(?:\\.|[^\'\\])*\'|`[^`]*`')
 _MATCHERS = re.compile(r"\{[^{}]*\}")
 _WINDOW = re.compile(r"\[([^\]]*)\]")
-_LABEL_LIST = re.compile(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^()]*\)")
 _OFFSET = re.compile(r"\boffset\s+(\$\{?\w+\}?|-?[0-9][0-9a-zA-Z]*)")
-_TOKEN = re.compile(
-    r"(?P<var>\$\{?\w+\}?)|(?P<number>[0-9][0-9a-zA-Z_.]*)|(?P<ident>[a-zA-Z_:][a-zA-Z0-9_:]*)"
-)
+#: A number with ``_`` digit separators, not part of a name (``a_1_000`` stays).
+_SEPARATED_NUMBER = re.compile(r"(?<![\w:.])(\d+(?:_\d+)+)(?![\w:])")
+#: What Grafana's own variables stand for when an expression is parsed.
+SAMPLE_WINDOWS: Mapping[str, str] = {"__rate_interval": "1m", "__range": "1h", "__interval": "1m"}
 _VARIABLE = re.compile(r"\$(?:\{(\w+)(?::\w+)?\}|(\w+))")
 _RUNBOOK_LINK = re.compile(re.escape(RUNBOOK_BASE) + r"([A-Za-z0-9]+)\.md")
 
@@ -110,6 +106,23 @@ def label_values_query(query: str) -> tuple[str, str] | None:
     return (match.group(1).strip(), match.group(2)) if match else None
 
 
+def expressions(dashboard: Mapping[str, Any]) -> dict[str, str]:
+    """Every PromQL template of ``dashboard``: its queries and its variables' selectors.
+
+    Keyed ``"<uid> / <panel title> [<refId>]"`` and ``"<uid> / variable <name>"``, so a
+    failure names where the expression lives.
+    """
+    uid = dashboard.get("uid", "<no uid>")
+    found: dict[str, str] = {}
+    for panel, target in iter_targets(dashboard):
+        found[f"{uid} / {panel.get('title')} [{target.get('refId')}]"] = str(target["expr"])
+    for variable in variables(dashboard):
+        parsed = label_values_query(str(variable.get("query", "")))
+        if variable.get("type") == "query" and parsed:
+            found[f"{uid} / variable {variable['name']}"] = parsed[0]
+    return found
+
+
 # --- taking PromQL apart -------------------------------------------------------------------
 
 
@@ -117,26 +130,78 @@ def _without_strings(expr: str) -> str:
     return _STRING.sub('""', expr)
 
 
+class PromQLSyntaxError(ValueError):
+    """An expression that promql-parser rejects; the message names the expression."""
+
+
+def _outside_strings(expr: str, change: Any) -> str:
+    """``expr`` with ``change(text)`` applied to each stretch outside string literals."""
+    out: list[str] = []
+    at = 0
+    for match in _STRING.finditer(expr):
+        out += [change(expr[at : match.start()]), match.group(0)]
+        at = match.end()
+    out.append(change(expr[at:]))
+    return "".join(out)
+
+
+def plain_promql(expr: str, windows: Mapping[str, str] = SAMPLE_WINDOWS) -> str:
+    """``expr`` as plain PromQL: Grafana's window variables replaced outside strings.
+
+    Digit separators (``1_000``), which Prometheus accepts and promql-parser does not,
+    are dropped too. Variables inside string literals (``job=~"$job"``) stay as they are:
+    they are valid PromQL there. A variable outside a string that is not one of
+    ``windows`` raises :class:`KeyError`.
+
+    >>> plain_promql('rate(x{job=~"$job"}[$__rate_interval]) > 1_000')
+    'rate(x{job=~"$job"}[1m]) > 1000'
+    """
+
+    def change(text: str) -> str:
+        text = substitute(text, windows)
+        return _SEPARATED_NUMBER.sub(lambda m: m.group(1).replace("_", ""), text)
+
+    return _outside_strings(expr, change)
+
+
+def parse(expr: str) -> promql_parser.Expr:
+    """The syntax tree of a dashboard or rule expression (see :func:`plain_promql`).
+
+    Raises :class:`PromQLSyntaxError` when promql-parser rejects it, and :class:`KeyError`
+    for a variable outside a string that is not one of Grafana's windows.
+    """
+    plain = plain_promql(expr)
+    try:
+        tree: promql_parser.Expr = promql_parser.parse(plain)
+    except ValueError as error:  # the parser's one error type
+        raise PromQLSyntaxError(f"{error} in {plain!r}") from None
+    return tree
+
+
 def metric_names(expr: str) -> set[str]:
     """The metric names an expression selects (not functions, keywords or labels).
 
-    Example::
+    The names of the vector selectors of its syntax tree (see :func:`parse`), including
+    a name given as a ``__name__`` equality matcher (``{__name__="x"}``).
 
-        >>> sorted(metric_names('sum by (sku) (rate(a_total{x="y"}[5m])) / b:rule'))
-        ['a_total', 'b:rule']
+    >>> sorted(metric_names('sum by (sku) (rate(a_total{x="y"}[5m])) / b:rule'))
+    ['a_total', 'b:rule']
     """
-    text = _MATCHERS.sub(" ", _without_strings(expr))
-    text = _WINDOW.sub(" ", text)
-    text = _LABEL_LIST.sub(" ", text)
     names: set[str] = set()
-    for match in _TOKEN.finditer(text):
-        name = match.group("ident")
-        if name is None or name in _KEYWORDS:
-            continue
-        rest = text[match.end() :].lstrip()
-        if rest.startswith("("):
-            continue  # a function or an aggregation, not a series
-        names.add(name)
+
+    def visit(node: promql_parser.Expr) -> None:
+        if isinstance(node, promql_parser.VectorSelector):
+            if node.name:
+                names.add(node.name)
+            alternatives = [node.matchers.matchers, *node.matchers.or_matchers]
+            names.update(
+                m.value
+                for matchers in alternatives
+                for m in matchers
+                if m.name == "__name__" and m.op == promql_parser.MatchOp.Equal
+            )
+
+    promql_parser.walk(parse(expr), visit)
     return names
 
 
@@ -235,7 +300,11 @@ def _lint_variables(
         if parsed is None:
             problems.append(f"{uid}: variable {name} is not a label_values() query")
             continue
-        unknown = metric_names(parsed[0]) - allowed_metrics
+        try:
+            unknown = metric_names(parsed[0]) - allowed_metrics
+        except (PromQLSyntaxError, KeyError) as error:
+            problems.append(f"{uid}: variable {name} does not parse: {error}")
+            continue
         if unknown:
             problems.append(f"{uid}: variable {name} names unknown metrics {sorted(unknown)}")
         undefined = variable_names(parsed[0]) - defined
@@ -278,9 +347,13 @@ def _lint_target(
     bad_windows = [w for w in windows(expr) if w not in ALLOWED_WINDOWS]
     if bad_windows:
         problems.append(f"hard-coded window(s) {bad_windows}: use $__rate_interval or $__range")
-    unknown = sorted(metric_names(expr) - allowed_metrics)
-    if unknown:
-        problems.append(f"unknown metric(s) {unknown}")
+    try:
+        unknown = sorted(metric_names(expr) - allowed_metrics)
+    except (PromQLSyntaxError, KeyError) as error:
+        problems.append(f"does not parse: {error}")
+    else:
+        if unknown:
+            problems.append(f"unknown metric(s) {unknown}")
     undefined = sorted(variable_names(expr) - defined)
     if undefined:
         problems.append(f"undefined variable(s) {undefined}")

@@ -1,22 +1,44 @@
 """Shared fixtures: a fresh registry per test, and throw-away PostgreSQL databases.
 
 PostgreSQL and Redis are the real services (``make test`` starts them when they are down);
-the URLs come from ``STOCKSENTRY_TEST_PG`` (a server URL whose database part is replaced)
-and ``STOCKSENTRY_TEST_REDIS``. Each test run makes its own databases and keys and
-removes them afterwards.
+the URLs (:mod:`services`) come from ``STOCKSENTRY_TEST_PG`` (a server URL whose database
+part is replaced) and ``STOCKSENTRY_TEST_REDIS``. Each test run makes its own databases and
+keys and removes them afterwards.
+
+Every test under ``tests/integration`` carries the ``integration`` mark (a module's
+``pytestmark = pytest.mark.integration``): collection fails otherwise, so that
+``-m "not integration"`` and ``tests/unit`` stay free of services. ``tests/unit/conftest.py``
+guards the other side: a unit test that reaches a service fails.
 """
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry
+from services import PG_SERVER, REDIS_URL
 
-PG_SERVER = os.environ.get("STOCKSENTRY_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
-REDIS_URL = os.environ.get("STOCKSENTRY_TEST_REDIS", "redis://127.0.0.1:6379/0")
+INTEGRATION_DIR = Path(__file__).resolve().parent / "integration"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Fail the run when a test of ``tests/integration`` lacks the ``integration`` mark."""
+    unmarked = sorted(
+        {
+            item.nodeid.split("::", 1)[0]
+            for item in items
+            if item.path.is_relative_to(INTEGRATION_DIR)
+            and item.get_closest_marker("integration") is None
+        }
+    )
+    if unmarked:
+        raise pytest.UsageError(
+            "tests without the integration mark in tests/integration (add "
+            "`pytestmark = pytest.mark.integration` to the module): " + ", ".join(unmarked)
+        )
 
 
 @pytest.fixture

@@ -47,7 +47,6 @@ import shutil
 import socket
 import subprocess
 import tempfile
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -55,6 +54,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
+
+from polling import WaitTimeout, http_ok, wait_until
 
 __all__ = [
     "Prometheus",
@@ -286,21 +287,22 @@ class Prometheus:
         raise last_error
 
     def _wait_ready(self, log_path: Path) -> None:
-        assert self._process is not None
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self._process.poll() is not None:
+        process = self._process
+        assert process is not None
+
+        def ready() -> bool:
+            if process.poll() is not None:
                 raise PrometheusError(
-                    f"prometheus exited with {self._process.returncode}:\n{_tail(log_path)}"
+                    f"prometheus exited with {process.returncode}:\n{_tail(log_path)}"
                 )
-            try:
-                with urllib.request.urlopen(f"{self.url}/-/ready", timeout=1) as response:
-                    if response.status == 200:
-                        return
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                pass
-            time.sleep(0.1)
-        raise PrometheusError(f"prometheus not ready in {READY_TIMEOUT_S} s:\n{_tail(log_path)}")
+            return http_ok(f"{self.url}/-/ready")
+
+        try:
+            wait_until(ready, timeout=READY_TIMEOUT_S, interval=0.1, message="ready")
+        except WaitTimeout:
+            raise PrometheusError(
+                f"prometheus not ready in {READY_TIMEOUT_S} s:\n{_tail(log_path)}"
+            ) from None
 
     def _stop_process(self) -> None:
         process, self._process = self._process, None
@@ -410,27 +412,37 @@ class Prometheus:
         Returns the result that satisfied it; raises :class:`TimeoutError` with the last
         result otherwise.
         """
-        deadline = time.monotonic() + timeout
-        result: list[Any] = []
-        while True:
-            result = self.query(expr)
-            if predicate(result):
-                return result
-            if time.monotonic() >= deadline:
-                raise TimeoutError(f"{expr!r} still {result!r} after {timeout} s")
-            time.sleep(interval)
+        try:
+            return wait_until(
+                lambda: self.query(expr),
+                accept=predicate,
+                timeout=timeout,
+                interval=interval,
+                message=lambda last: f"{expr!r} still {last!r}",
+            )
+        except WaitTimeout as timed_out:
+            raise TimeoutError(str(timed_out)) from None
 
     def wait_for_targets_up(self, job: str, timeout: float = 20.0) -> None:
         """Wait until every target of ``job`` has been scraped successfully."""
-        deadline = time.monotonic() + timeout
-        while True:
-            mine = [t for t in self.targets_status() if t["labels"].get("job") == job]
-            if mine and all(t["health"] == "up" for t in mine):
-                return
-            if time.monotonic() >= deadline:
-                errors = [t.get("lastError") for t in mine]
-                raise TimeoutError(f"targets of {job!r} not up after {timeout} s: {errors}")
-            time.sleep(0.25)
+
+        def mine() -> list[dict[str, Any]]:
+            return [t for t in self.targets_status() if t["labels"].get("job") == job]
+
+        try:
+            wait_until(
+                mine,
+                accept=lambda ts: ts and all(t["health"] == "up" for t in ts),
+                timeout=timeout,
+                interval=0.25,
+                message=lambda ts: f"targets of {job!r} not up: {_errors(ts)}",
+            )
+        except WaitTimeout as timed_out:
+            raise TimeoutError(str(timed_out)) from None
+
+
+def _errors(targets: list[dict[str, Any]]) -> list[Any]:
+    return [t.get("lastError") for t in targets]
 
 
 def _tail(path: Path, lines: int = 30) -> str:

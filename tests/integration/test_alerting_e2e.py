@@ -58,6 +58,7 @@ from typing import IO, Any
 import pytest
 import yaml
 from aiohttp import web
+from polling import WaitTimeout, http_ok, wait_until
 from prom import Prometheus, free_port, openmetrics_history
 
 pytestmark = pytest.mark.integration
@@ -155,16 +156,12 @@ class WebhookReceiver:
     def wait_for(
         self, check: Callable[[list[Delivery]], bool], timeout: float, what: str
     ) -> list[Delivery]:
-        deadline = time.monotonic() + timeout
-        while True:
-            deliveries = self.deliveries()
-            if check(deliveries):
-                return deliveries
-            if time.monotonic() > deadline:
-                raise AssertionError(
-                    f"{what}: not seen in {timeout} s; got {_summary(deliveries)}"
-                )
-            time.sleep(0.05)
+        return wait_until(
+            self.deliveries,
+            accept=check,
+            timeout=timeout,
+            message=lambda got: f"{what}: not seen; got {_summary(got)}",
+        )
 
 
 def _summary(deliveries: Sequence[Delivery]) -> list[tuple[str, str, dict[str, str]]]:
@@ -295,17 +292,15 @@ def alertmanager(tmp_path: Path, receiver: WebhookReceiver) -> Iterator[str]:
 def _wait_http_ok(
     url: str, process: subprocess.Popen[Any], log: Callable[[], str], timeout: float = 20
 ) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with urllib.request.urlopen(url, timeout=1) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            pass
-        if process.poll() is not None or time.monotonic() > deadline:
+    def ready() -> bool:
+        if process.poll() is not None:
             pytest.fail(f"{url} not ready (exit {process.poll()}):\n{log()}")
-        time.sleep(0.1)
+        return http_ok(url)
+
+    try:
+        wait_until(ready, timeout=timeout, interval=0.1)
+    except WaitTimeout:
+        pytest.fail(f"{url} not ready (exit {process.poll()}):\n{log()}")
 
 
 def _am_alerts(address: str) -> list[dict[str, Any]]:
@@ -424,16 +419,23 @@ def wait_for_report(
     processes: Processes, lab: subprocess.Popen[bytes], timeout: float = 60
 ) -> dict[str, dict[str, Any]]:
     """The lab's JSON report (printed after the sale, before it lingers), by strategy."""
-    deadline = time.monotonic() + timeout
-    while True:
-        text = processes.output("lab")
+
+    def report() -> dict[str, dict[str, Any]] | None:
         try:
-            return {r["strategy"]: r for r in json.loads(text)}
+            return {r["strategy"]: r for r in json.loads(processes.output("lab"))}
         except ValueError:
-            pass
-        if lab.poll() is not None or time.monotonic() > deadline:
-            pytest.fail(f"the lab gave no report (exit {lab.poll()}):\n{processes.errors('lab')}")
-        time.sleep(0.1)
+            if lab.poll() is not None:
+                pytest.fail(
+                    f"the lab gave no report (exit {lab.poll()}):\n{processes.errors('lab')}"
+                )
+            return None
+
+    try:
+        found = wait_until(report, accept=lambda r: r is not None, timeout=timeout, interval=0.1)
+    except WaitTimeout:
+        pytest.fail(f"the lab gave no report (exit {lab.poll()}):\n{processes.errors('lab')}")
+    assert found is not None
+    return found
 
 
 def log_time(log_file: Path, event: str) -> float:
@@ -701,10 +703,7 @@ def test_safe_strategies_fire_nothing(
             for group in stack.prom.rules()
         )
 
-    deadline = time.monotonic() + 30
-    while not evaluated_since():
-        assert time.monotonic() < deadline, "rule groups stopped evaluating"
-        time.sleep(0.25)
+    wait_until(evaluated_since, timeout=30, interval=0.25, message="rule groups evaluating")
     time.sleep(2.5)  # group_wait + group_interval (1 s each) and a margin
 
     _rules_healthy(stack.prom)

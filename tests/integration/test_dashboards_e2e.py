@@ -12,18 +12,19 @@ as data.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+from polling import WaitTimeout, wait_until
 from prom import Prometheus, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -183,8 +184,13 @@ def sale(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sale]:
             prom.wait_for(
                 f'stock_reservation_success_total{{sku="{atomic["sku"]}"}} == {atomic["sold"]}'
             )
-            # ... and rate() needs a second sample of the newest series.
-            time.sleep(2.5)
+            # ... and rate() needs a second sample of the newest series: two more scrapes.
+            scrapes = f'count_over_time(up{{job="{JOB}"}}[10m])'
+            (before,) = prom.wait_for(scrapes)
+            prom.wait_for(
+                scrapes,
+                lambda result: float(result[0]["value"][1]) >= float(before["value"][1]) + 2,
+            )
             yield Sale(prom, report)
         finally:
             lab.terminate()
@@ -196,29 +202,36 @@ def sale(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sale]:
             lab_stderr.close()
 
 
-def _empty_refs(prom: Prometheus, uid: str) -> dict[str, str]:
-    """Panel title -> refIds whose query returned no series (after a short retry)."""
-    board = load(uid)
-    empty: dict[str, str] = {}
-    pending = [
+def _empty_refs(prom: Prometheus, uid: str, expected: dict[str, str]) -> dict[str, str]:
+    """Panel title -> refIds whose query returned no series.
+
+    Recording rules and alerts settle a few evaluations after the data: query again until
+    the answer is ``expected`` (at once, when it already is) or the wait runs out, and
+    return the last answer.
+    """
+    queries = [
         (panel["title"], target["refId"], lint.substitute(target["expr"], VALUES))
-        for panel, target in lint.iter_targets(board)
+        for panel, target in lint.iter_targets(load(uid))
     ]
-    deadline = time.monotonic() + 3.0  # recording rules and alerts settle within seconds
-    while pending:
-        pending = [(t, r, e) for t, r, e in pending if not prom.query(e)]
-        if not pending or time.monotonic() >= deadline:
-            break
-        time.sleep(0.5)
-    for title, ref, _ in pending:
-        empty[title] = empty.get(title, "") + ref
-    return empty
+
+    latest: dict[str, str] = {}
+
+    def empty() -> dict[str, str]:
+        latest.clear()
+        for title, ref, expr in queries:
+            if not prom.query(expr):
+                latest[title] = latest.get(title, "") + ref
+        return dict(latest)
+
+    with contextlib.suppress(WaitTimeout):  # the caller compares, and shows the difference
+        wait_until(empty, accept=lambda found: found == expected, timeout=30, interval=0.5)
+    return latest
 
 
 @pytest.mark.parametrize("uid", UIDS)
 def test_every_panel_has_data_except_the_listed_ones(sale: Sale, uid: str) -> None:
     expected = {title: refs for (u, title), (refs, _) in NO_LAB_DATA.items() if u == uid}
-    assert _empty_refs(sale.prom, uid) == expected
+    assert _empty_refs(sale.prom, uid, expected) == expected
 
 
 def test_allow_list_names_real_panels_and_gives_reasons() -> None:

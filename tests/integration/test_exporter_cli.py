@@ -21,6 +21,7 @@ import pytest
 from prom import free_port
 from stocksentry.instrumentation import catalog
 
+pytestmark = pytest.mark.integration
 CLI = [sys.executable, "-m", "stocksentry.exporter"]
 
 

@@ -31,6 +31,7 @@ from stocksentry.exporter.lab import LabConfig, StrategyResult, run_lab
 from stocksentry.exporter.lab import driver as lab_driver
 from stocksentry.instrumentation import CONFLICT_REASONS, StockMetrics
 
+pytestmark = pytest.mark.integration
 SUCCESS = "stock_reservation_success_total"
 CONFLICT = "stock_reservation_conflict_total"
 NEGATIVE = "stock_inventory_negative_total"

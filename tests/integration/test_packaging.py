@@ -8,6 +8,9 @@ import venv
 import zipfile
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 
 CHECK = """

@@ -12,7 +12,6 @@ import os
 import re
 import shutil
 import subprocess
-import time
 import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -21,6 +20,7 @@ from typing import Any
 
 import pytest
 import yaml
+from polling import WaitTimeout, http_ok, wait_until
 from prom import free_port
 
 pytestmark = pytest.mark.integration
@@ -273,19 +273,18 @@ def alertmanager(tmp_path: Path) -> Iterator[str]:
     )
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                with urllib.request.urlopen(f"{base}/-/ready", timeout=1) as resp:
-                    if resp.status == 200:
-                        break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
+
+        def ready() -> bool:
+            if proc.poll() is not None:
                 pytest.fail(
                     "Alertmanager did not start:\n" + (data / "alertmanager.log").read_text()
                 )
-            time.sleep(0.1)
+            return http_ok(f"{base}/-/ready")
+
+        try:
+            wait_until(ready, timeout=20, interval=0.1)
+        except WaitTimeout:
+            pytest.fail("Alertmanager did not start:\n" + (data / "alertmanager.log").read_text())
         yield base
     finally:
         proc.terminate()
@@ -443,7 +442,10 @@ def test_alertmanager_inhibition(alertmanager: str, case: str) -> None:
     expected = {frozenset(labels.items()): state for labels, state in alerts}
     # The inhibitor learns of new alerts from a subscription, a moment after the POST: wait
     # for the expected states (a few milliseconds; seconds on a loaded machine).
-    deadline = time.monotonic() + 10
-    while (states := _states(alertmanager, case)) != expected and time.monotonic() < deadline:
-        time.sleep(0.05)
+    states = wait_until(
+        lambda: _states(alertmanager, case),
+        accept=lambda got: got == expected,
+        timeout=30,
+        message=lambda got: f"states {got} != {expected}",
+    )
     assert states == expected

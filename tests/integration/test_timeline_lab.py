@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.integration
 CLI = [sys.executable, "-m", "stocksentry.exporter"]
 
 

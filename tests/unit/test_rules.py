@@ -4,13 +4,15 @@
 alert carries the routing labels and annotations Alertmanager and on-call rely on, every
 runbook link resolves to a file in ``docs/runbooks/``, every metric an expression names is
 one the catalog defines (so a rename breaks here, not on a silent panel), and every alert
-has a promtool test that fires it with exact labels and one that keeps it quiet.
+has a promtool test that fires it with exact labels and one that keeps it quiet. Metric
+names come from promql-parser's syntax tree (:func:`dashboards.lint.metric_names`).
 ``tests/integration/test_promtool.py`` runs promtool and amtool themselves.
 """
 
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,9 +20,15 @@ from typing import Any
 
 import pytest
 import yaml
+from stocksentry.exporter.durations import parse_duration
 from stocksentry.instrumentation import catalog
 
 ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from dashboards import lint  # noqa: E402 - needs the repository root on sys.path
+
 RULES_FILE = ROOT / "alert_rules" / "stocksentry.rules.yml"
 TESTS_DIR = ROOT / "alert_rules" / "tests"
 RUNBOOKS_DIR = ROOT / "docs" / "runbooks"
@@ -33,63 +41,9 @@ ANNOTATIONS = {"summary", "description", "runbook_url", "dashboard_url"}
 #: Series Prometheus makes itself that rules may use.
 PROMETHEUS_BUILTINS = frozenset({"up"})
 
-# --- a small PromQL metric-name extractor ---------------------------------------------------
+# --- metric names, from promql-parser's syntax tree (dashboards.lint) -------------------------
 
-_STRING = re.compile(r'"(?:\\.|[^"\\])*"|\'(?:\\.|[^\'\\])*\'|`[^`]*`')
-_MATCHERS = re.compile(r"\{[^{}]*\}")
-_RANGES = re.compile(r"\[[^\[\]]*\]")
-_LABEL_LISTS = re.compile(
-    r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^()]*\)", re.IGNORECASE
-)
-_OFFSET = re.compile(r"\boffset\s+-?(?:\d+(?:ms|[smhdwy]))+", re.IGNORECASE)
-_TOKEN = re.compile(
-    r"(?P<number>(?:0[xX][0-9a-fA-F]+|(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)(?:ms|[smhdwy])*)"
-    r"|(?P<ident>[A-Za-z_:][A-Za-z0-9_:]*)"
-)
-_KEYWORDS = frozenset(
-    {
-        "and",
-        "or",
-        "unless",
-        "by",
-        "without",
-        "on",
-        "ignoring",
-        "group_left",
-        "group_right",
-        "offset",
-        "bool",
-        "inf",
-        "nan",
-    }
-)
-
-
-def metric_names(expr: str) -> set[str]:
-    """The metric names a PromQL expression selects.
-
-    Strips string literals, label matchers (``{...}``), range and subquery durations
-    (``[...]``), label lists of ``by``/``without``/``on``/``ignoring``/``group_left``/
-    ``group_right`` and ``offset`` durations; what remains is numbers, operators,
-    keywords, function calls (a name followed by ``(``) and metric names.
-
-    >>> sorted(metric_names('sum by (sku) (rate(a_total{reason!="x"}[5m])) > on() b'))
-    ['a_total', 'b']
-    """
-    text = _STRING.sub(" ", expr)
-    text = _MATCHERS.sub(" ", text)
-    text = _RANGES.sub(" ", text)
-    text = _LABEL_LISTS.sub(" ", text)
-    text = _OFFSET.sub(" ", text)
-    names: set[str] = set()
-    for match in _TOKEN.finditer(text):
-        ident = match.group("ident")
-        if ident is None or ident.lower() in _KEYWORDS:
-            continue
-        if text[match.end() :].lstrip().startswith("("):
-            continue  # a function or an aggregation
-        names.add(ident)
-    return names
+metric_names = lint.metric_names
 
 
 @pytest.mark.parametrize(
@@ -118,7 +72,8 @@ def metric_names(expr: str) -> set[str]:
         ('topk(5, x) + quantile(0.9, y) + count_values("v", z)', {"x", "y", "z"}),
         ("x > Inf or y < -NaN or z > 1.5e3", {"x", "y", "z"}),
         ("x * on(sku) group_right(strategy) y", {"x", "y"}),
-        ("rate(x[1h30m]) @ end()", {"x"}),
+        ("rate(x[1h30m] @ end())", {"x"}),
+        ("rate(x[5m] @ start()) or y @ 100", {"x", "y"}),
         ('x{a="{b}", c=~"[d]"} + y', {"x", "y"}),
         ("vector(0.995)", set()),
         ("1 - stocksentry:checkout_slo_objective", {"stocksentry:checkout_slo_objective"}),
@@ -126,6 +81,19 @@ def metric_names(expr: str) -> set[str]:
 )
 def test_metric_names(expr: str, expected: set[str]) -> None:
     assert metric_names(expr) == expected
+
+
+@pytest.mark.parametrize(
+    "expr",
+    [
+        "rate(x[1h30m]) @ end()",  # @ binds to a selector, not to a function's result
+        "sum(rate(x[5m])",
+        "x offset 5m offset 1m",
+    ],
+)
+def test_metric_names_refuses_what_prometheus_refuses(expr: str) -> None:
+    with pytest.raises(lint.PromQLSyntaxError):
+        metric_names(expr)
 
 
 # --- the rules file -------------------------------------------------------------------------
@@ -371,22 +339,14 @@ def test_every_setting_is_documented() -> None:
 TEST_FILES = sorted(TESTS_DIR.glob("*.yml"))
 
 
-_DURATION = re.compile(r"(\d+)(ms|[smhdwy])")
-_UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
-
-
-def duration_seconds(text: str) -> float:
-    """A Prometheus duration (``1w1h25m``, ``90s``) in seconds."""
-    parts = _DURATION.findall(text)
-    if not parts or "".join(n + u for n, u in parts) != text:
-        raise ValueError(f"not a Prometheus duration: {text!r}")
-    return sum(int(n) * _UNIT_SECONDS[u] for n, u in parts)
+#: A Prometheus duration (``1w1h25m``, ``90s``) in seconds: the one grammar of the package.
+duration_seconds = parse_duration
 
 
 def test_duration_seconds() -> None:
     assert duration_seconds("1w1h25m") == 604800 + 3600 + 25 * 60
     assert duration_seconds("90s") == 90
-    with pytest.raises(ValueError, match="not a Prometheus duration"):
+    with pytest.raises(ValueError, match="1h 5m"):
         duration_seconds("1h 5m")
 
 
@@ -503,6 +463,29 @@ def test_counter_alerts_fire_for_a_series_born_on_a_new_target(name: str) -> Non
         if case["alertname"] == name and case.get("exp_alerts")
     ]
     assert firing, f"{name}: no promtool test fires it for a series born on a new target"
+
+
+def _test_file_expressions() -> Iterator[tuple[str, str]]:
+    """Every PromQL of the promtool test files: ``promql_expr_test`` and input series."""
+    for path in TEST_FILES:
+        for group in _load(path).get("tests", []):
+            for case in group.get("promql_expr_test", []) or []:
+                yield f"{path.name}: {case['expr']}", case["expr"]
+            for series in group.get("input_series", []):
+                yield f"{path.name}: {series['series']}", series["series"]
+
+
+def test_test_files_parse() -> None:
+    """Syntax errors in the promtool tests show here too, without promtool."""
+    found = dict(_test_file_expressions())
+    assert len(found) > 100
+    failures = {}
+    for where, expr in found.items():
+        try:
+            metric_names(expr)
+        except lint.PromQLSyntaxError as error:
+            failures[where] = str(error)
+    assert failures == {}
 
 
 def test_tests_only_name_existing_alerts() -> None:
