@@ -41,8 +41,8 @@ tools:
 helm-tools: dev
 	@bash helm/install-helm.sh
 
-## test: install, start PostgreSQL and Redis when down, install promtool/amtool and the
-## Helm SDK, run pytest
+## test: install, start PostgreSQL, Redis and MariaDB when down, install promtool/amtool
+## and the Helm SDK, run pytest (tests/unit needs none of them; tests/integration does)
 test: dev services tools helm-tools
 	$(PY) -m pytest -q
 
