@@ -2,7 +2,7 @@
 
 A lock that expires mid-work, and the holder whose plain ``DEL`` deletes the next holder's
 lock, counted. :class:`NaiveLockScenarios` holds the scenarios as test methods; a test module
-subclasses it (as ``Test…``) and says how to build its lock in :meth:`~NaiveLockScenarios.lock`:
+subclasses it (as ``Test…``) and says how to build its lock in :attr:`~NaiveLockScenarios.make`:
 ``test_locks.py`` runs them on a home-made lock measured through ``track_lock``,
 ``test_lab_naive_lock.py`` on the lab's ``SetNxLock``. The module also holds the metric names,
 the sample readers and the fixtures both modules use (a module names a fixture at its top
@@ -19,7 +19,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import ClassVar
 
 import pytest
@@ -72,38 +72,25 @@ def client() -> Iterator[redis.Redis]:
 class NaiveLockScenarios:
     """The scenarios of a ``SET NX`` lock whose release can be a plain ``DEL``.
 
-    A subclass implements :meth:`lock` and sets :attr:`deleted_other_holder`.
+    A subclass sets :attr:`make` and :attr:`deleted_other_holder`.
     """
 
+    #: Builds the lock under test: ``make(client, key, *, name, ttl, naive_del=False,
+    #: blocking_timeout=0.0, retry_delay=0.05, sentry=None)``, a ``redis.Redis`` client for
+    #: ``with`` or a ``redis.asyncio.Redis`` one for ``async with``. ``naive_del``: the
+    #: scenario needs the release to be a plain ``DEL`` that deletes another holder's key (a
+    #: lock that has only that release ignores it); the other options are ``TrackedLock``'s.
+    make: ClassVar[Callable[..., TrackedLock]]
     #: What the ``lock_release_not_owned`` log line says in ``deleted_other_holder`` after a
     #: naive release deleted another holder's key (``None``: the field is absent, the lock
     #: cannot tell).
     deleted_other_holder: ClassVar[bool | None]
 
-    def lock(
-        self,
-        client: redis.Redis | redis.asyncio.Redis,
-        key: str,
-        *,
-        name: str,
-        ttl: float,
-        naive_del: bool = False,
-        blocking_timeout: float | None = 0.0,
-        retry_delay: float = 0.05,
-        sentry: Sentry | None = None,
-    ) -> TrackedLock:
-        """The lock under test on ``key``.
-
-        ``naive_del``: the scenario needs the release to be a plain ``DEL`` that deletes
-        another holder's key; a lock that has only that release ignores it.
-        """
-        raise NotImplementedError
-
     def test_happy_path_acquire_hold_release(
         self, client: redis.Redis, redis_prefix: str, registry: CollectorRegistry, sentry: Sentry
     ) -> None:
         key = redis_prefix + "lock:product:8891"
-        with self.lock(client, key, name="checkout", ttl=1.0, sentry=sentry) as lock:
+        with self.make(client, key, name="checkout", ttl=1.0, sentry=sentry) as lock:
             assert client.get(key) == lock.token.encode()
             time.sleep(0.15)
         assert client.get(key) is None
@@ -128,7 +115,7 @@ class NaiveLockScenarios:
         seen_by_b: list[bytes | None] = []
 
         def holder_b() -> None:
-            lock = self.lock(
+            lock = self.make(
                 client,
                 key,
                 name="checkout",
@@ -144,7 +131,7 @@ class NaiveLockScenarios:
                 # B is still working: the key that guarded it is gone.
                 seen_by_b.append(client.get(key))
 
-        lock_a = self.lock(client, key, name="checkout", ttl=0.2, naive_del=True, sentry=sentry)
+        lock_a = self.make(client, key, name="checkout", ttl=0.2, naive_del=True, sentry=sentry)
         assert lock_a.acquire()
         b = threading.Thread(target=holder_b)
         b.start()
@@ -176,7 +163,7 @@ class NaiveLockScenarios:
     ) -> None:
         key = redis_prefix + "lock:busy"
         client.set(key, b"held-by-another", px=5000)
-        lock = self.lock(
+        lock = self.make(
             client, key, name="busy", ttl=1, blocking_timeout=0.3, retry_delay=0.05, sentry=sentry
         )
         started = time.perf_counter()
@@ -188,7 +175,7 @@ class NaiveLockScenarios:
         assert acquires(registry, "busy", "acquired") == 0
         assert value(registry, RETRIES, lock="busy") >= 3
         # A naive lock's single try: blocking_timeout=0 gives up at once, no retry.
-        single = self.lock(client, key, name="single", ttl=1, sentry=sentry)
+        single = self.make(client, key, name="single", ttl=1, sentry=sentry)
         assert single.acquire() is False
         assert acquires(registry, "single", "timeout") == 1
         assert value(registry, RETRIES, lock="single") == 0
@@ -201,7 +188,7 @@ class NaiveLockScenarios:
         error = RuntimeError("pricing service down")
         with (
             pytest.raises(RuntimeError) as info,
-            self.lock(client, key, name="app", ttl=1, sentry=sentry),
+            self.make(client, key, name="app", ttl=1, sentry=sentry),
         ):
             raise error
         assert info.value is error
@@ -231,7 +218,7 @@ class NaiveLockScenarios:
         monkeypatch.setattr(sentry.metrics, "lock_acquire_duration", boom)
         monkeypatch.setattr(sentry.metrics, "lock_hold_ratio", boom)
         key = redis_prefix + "lock:broken"
-        with self.lock(client, key, name="broken", ttl=1, sentry=sentry) as lock:
+        with self.make(client, key, name="broken", ttl=1, sentry=sentry) as lock:
             assert lock.hold is not None
         assert client.get(key) is None
         assert value(registry, ERRORS, component="locks") == 2
@@ -246,7 +233,7 @@ class NaiveLockScenarios:
             sentry = Sentry(registry=registry, trace=False)
             key = redis_prefix + "lock:logged"
             with bind_correlation(request_id="req-a", sku="SKU-8891"):
-                lock_a = self.lock(
+                lock_a = self.make(
                     client, key, name="logged", ttl=0.1, naive_del=True, sentry=sentry
                 )
                 assert lock_a.acquire()
@@ -282,11 +269,11 @@ class NaiveLockScenarios:
         try:
             # The naive lock in tasks: A deletes B's key.
             naive_key = redis_prefix + "async-naive"
-            a = self.lock(
+            a = self.make(
                 client, naive_key, name="async-naive", ttl=0.1, naive_del=True, sentry=sentry
             )
             assert await a.aacquire()
-            b = self.lock(
+            b = self.make(
                 client,
                 naive_key,
                 name="async-naive",
@@ -310,7 +297,7 @@ class NaiveLockScenarios:
     ) -> None:
         client = redis.asyncio.Redis.from_url(REDIS_URL)
         try:
-            lock = self.lock(client, redis_prefix + "mixed", name="mixed", ttl=1, sentry=sentry)
+            lock = self.make(client, redis_prefix + "mixed", name="mixed", ttl=1, sentry=sentry)
             with pytest.raises(TypeError, match="use async with"), lock:
                 pytest.fail("entered")
             assert acquires(registry, "mixed", "error") == 1
@@ -325,7 +312,7 @@ class NaiveLockScenarios:
 
         before = get_sentry()
         # No sentry given: the lock records into whichever one is configured when it is used.
-        lock = self.lock(client, redis_prefix + "early", name="early", ttl=5)
+        lock = self.make(client, redis_prefix + "early", name="early", ttl=5)
         registry = CollectorRegistry()
         configured = configure(registry=registry, log=False, trace=False)
         try:

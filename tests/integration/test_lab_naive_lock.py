@@ -10,6 +10,7 @@ Every key lives under the test's ``redis_prefix``.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import lockscenarios
 import pytest
@@ -27,34 +28,17 @@ sentry = lockscenarios.sentry
 client = lockscenarios.client
 
 
-class TestSetNxLock(lockscenarios.NaiveLockScenarios):
-    """The naive-lock scenarios on ``SetNxLock``: ``release="naive"`` where they need a DEL."""
+def set_nx_lock(client: Any, key: str, *, naive_del: bool = False, **options: Any) -> SetNxLock:
+    """``SetNxLock``, with the naive release where a scenario needs the plain DEL."""
+    return SetNxLock(client, key, release="naive" if naive_del else "owned", **options)
 
+
+class TestSetNxLock(lockscenarios.NaiveLockScenarios):
+    """The naive-lock scenarios on the lab's ``SetNxLock``."""
+
+    make = staticmethod(set_nx_lock)
     # Its release reads the key in the same Lua step as the DEL, so it can tell.
     deleted_other_holder = True
-
-    def lock(
-        self,
-        client: redis.Redis | redis.asyncio.Redis,
-        key: str,
-        *,
-        name: str,
-        ttl: float,
-        naive_del: bool = False,
-        blocking_timeout: float | None = 0.0,
-        retry_delay: float = 0.05,
-        sentry: Sentry | None = None,
-    ) -> SetNxLock:
-        return SetNxLock(
-            client,
-            key,
-            name=name,
-            ttl=ttl,
-            release="naive" if naive_del else "owned",
-            blocking_timeout=blocking_timeout,
-            retry_delay=retry_delay,
-            sentry=sentry,
-        )
 
 
 def test_owned_release_keeps_the_second_holders_lock(

@@ -59,12 +59,14 @@ def naive_lock(
     blocking_timeout: float | None = 0.0,
     retry_delay: float = 0.05,
     sentry: Sentry | None = None,
+    naive_del: bool = True,
 ) -> TrackedLock:
     """A home-made ``SET key token NX PX ttl`` lock released by a plain ``DEL``, measured.
 
     The release reads the key first (``owner``), then deletes whatever is there: the naive
     lock that deletes another holder's key once its own lease ran out. With an asyncio
-    client the callables return coroutines, for ``async with``.
+    client the callables return coroutines, for ``async with``. ``naive_del`` is there for
+    :class:`~lockscenarios.NaiveLockScenarios`: this lock's release always is that plain DEL.
     """
     ms = max(1, round(ttl * 1000))
     return track_lock(
@@ -83,32 +85,11 @@ def naive_lock(
 
 
 class TestHomeMadeLock(lockscenarios.NaiveLockScenarios):
-    """The naive-lock scenarios on :func:`naive_lock`, whose release is always a plain DEL."""
+    """The naive-lock scenarios on :func:`naive_lock`, whose release always is a plain DEL."""
 
+    make = staticmethod(naive_lock)
     # A read, then a DEL given as callables: the lock cannot tell what the DEL removed.
     deleted_other_holder = None
-
-    def lock(
-        self,
-        client: redis.Redis | redis.asyncio.Redis,
-        key: str,
-        *,
-        name: str,
-        ttl: float,
-        naive_del: bool = False,
-        blocking_timeout: float | None = 0.0,
-        retry_delay: float = 0.05,
-        sentry: Sentry | None = None,
-    ) -> TrackedLock:
-        return naive_lock(
-            client,
-            key,
-            name=name,
-            ttl=ttl,
-            blocking_timeout=blocking_timeout,
-            retry_delay=retry_delay,
-            sentry=sentry,
-        )
 
 
 def test_generic_tracked_lock_with_the_apps_own_calls(
