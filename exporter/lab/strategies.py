@@ -55,11 +55,8 @@ def unsafe(shop: Shop, r: Reservation, buyer: Buyer) -> None:
     Two buyers that read the same stock both write ``stock - qty``: one update is lost and
     one unit is sold twice.
     """
-    available = shop.read_stock()
-    r.stock_check(available)
-    shop.work()
-    if available < shop.qty:
-        r.conflict("out_of_stock")
+    available = _read_before_work(shop, r)
+    if available is None:
         return
     with shop.engine.begin() as conn:
         computed = _write_computed(conn, shop, buyer, available)
@@ -75,6 +72,20 @@ def _write_computed(conn: Connection, shop: Shop, buyer: Buyer, available: int) 
     )
     shop.insert_order(conn, buyer, computed)
     return computed
+
+
+def _read_before_work(shop: Shop, r: Reservation) -> int | None:
+    """Read the stock, do the app's work, then decide on the value read before it.
+
+    The stale check of the unsafe strategies; ``None`` when refused as ``out_of_stock``.
+    """
+    available = shop.read_stock()
+    r.stock_check(available)
+    shop.work()
+    if available < shop.qty:
+        r.conflict("out_of_stock")
+        return None
+    return available
 
 
 def _in_stock(shop: Shop, r: Reservation, available: int) -> bool:
@@ -115,13 +126,8 @@ def check_then_decrement(shop: Shop, r: Reservation, buyer: Buyer) -> None:
     No update is lost, but every buyer who passed the check decrements: stock goes below
     zero and each such write counts in ``stock_inventory_negative_total``.
     """
-    available = shop.read_stock()
-    r.stock_check(available)
-    shop.work()
-    if available < shop.qty:
-        r.conflict("out_of_stock")
-        return
-    _decrement_and_order(shop, r, buyer)
+    if _read_before_work(shop, r) is not None:
+        _decrement_and_order(shop, r, buyer)
 
 
 def atomic(shop: Shop, r: Reservation, buyer: Buyer) -> None:

@@ -188,6 +188,16 @@ def check_default_sale(results: list[StrategyResult], registry: CollectorRegistr
         assert by_name["check_then_decrement"].unsafe_read_modify_write == 0
 
 
+def run_and_check(config: LabConfig, registry: CollectorRegistry) -> list[StrategyResult]:
+    """Run the lab; each result's metrics agree with its figures and with the test's SQL."""
+    results = run_lab(config, registry=registry)
+    for result in results:
+        check_consistent(result, registry)
+    assert config.database_url is not None
+    check_against_own_sql(config.database_url, results)
+    return results
+
+
 def check_against_own_sql(url: str, results: list[StrategyResult]) -> None:
     for result in ran(results):
         orders, units, negative, stock = db_truth(url, result.sku)
@@ -244,10 +254,7 @@ def test_without_update_returning_reads_back_in_the_transaction(
         work_ms=2,
         strategies=("unsafe", "check_then_decrement", "atomic", "for_update"),
     )
-    results = run_lab(config, registry=registry)
-    for result in results:
-        check_consistent(result, registry)
-    check_against_own_sql(url, results)
+    results = run_and_check(config, registry)
     unsafe, check, atomic, for_update = results
     assert unsafe.oversold > 0
     assert check.negative_writes == -check.final_stock == check.oversold
@@ -558,10 +565,7 @@ def test_lock_strategies_on_redis(
         concurrency=20,
         strategies=("naive_lock", "redlock", "for_update", "atomic"),
     )
-    results = run_lab(config, registry=registry)
-    for result in results:
-        check_consistent(result, registry)
-    check_against_own_sql(url, results)
+    results = run_and_check(config, registry)
     naive, owned, for_update, atomic = results
 
     # The naive lock: every holder outlives the 4 ms TTL; the lock leaks, stock oversells.
