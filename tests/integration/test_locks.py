@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from typing import Any
 
 import lockscenarios
 import pytest
@@ -291,10 +292,11 @@ def test_pottery_redlock_expiry_and_extension_failures(
 ) -> None:
     import pottery
 
-    redlock = pottery.Redlock(
-        key=redis_prefix + "redlock", masters={client}, auto_release_time=0.2
-    )
-    lock = instrument_lock(redlock, name="redlock", sentry=sentry)
+    def redlock(**options: Any) -> pottery.Redlock:
+        """A pottery Redlock on the test's key and its one Redis master."""
+        return pottery.Redlock(key=redis_prefix + "redlock", masters={client}, **options)
+
+    lock = instrument_lock(redlock(auto_release_time=0.2), name="redlock", sentry=sentry)
     assert isinstance(lock, InstrumentedRedlock)
     try:
         with lock:
@@ -315,31 +317,17 @@ def test_pottery_redlock_expiry_and_extension_failures(
         assert value(registry, NOT_OWNED, lock="redlock") == 1
 
         limited = InstrumentedRedlock(
-            pottery.Redlock(
-                key=redis_prefix + "redlock",
-                masters={client},
-                auto_release_time=1,
-                num_extensions=0,
-            ),
-            name="redlock",
-            sentry=sentry,
+            redlock(auto_release_time=1, num_extensions=0), name="redlock", sentry=sentry
         )
         with limited, pytest.raises(pottery.TooManyExtensions):
             limited.extend()
         assert value(registry, EXTEND_FAILURES, lock="redlock") == 2
 
         # Timeout: another holder keeps the key; retries counted, QuorumNotAchieved raised.
-        blocker = pottery.Redlock(
-            key=redis_prefix + "redlock", masters={client}, auto_release_time=5
-        )
+        blocker = redlock(auto_release_time=5)
         assert blocker.acquire(blocking=False)
         waiting = InstrumentedRedlock(
-            pottery.Redlock(
-                key=redis_prefix + "redlock",
-                masters={client},
-                auto_release_time=1,
-                context_manager_timeout=0.2,
-            ),
+            redlock(auto_release_time=1, context_manager_timeout=0.2),
             name="redlock",
             retry_delay=0.02,
             sentry=sentry,
