@@ -1,7 +1,9 @@
 """The recorder every lock form uses: one named lock's events into a Sentry.
 
 :class:`LockRecorder` turns acquire, extend and release into the catalog's lock metrics
-and log lines; :class:`LockHold` is one acquisition. Nothing here imports a lock library.
+and log lines (:meth:`LockRecorder.attempting` times one acquire and counts the error
+outcome, for every form); :class:`LockHold` is one acquisition; ``_LockWrapper`` is what
+the redis-py and pottery wrappers share. Nothing here imports a lock library.
 """
 
 from __future__ import annotations
