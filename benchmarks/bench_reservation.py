@@ -257,19 +257,17 @@ def build_cases(engine: Engine, sink: io.StringIO) -> Bench:
     }
     bare_clock = DbClock()
     cases = [Case("bare", bare_reservation(engine, bare_clock), bare_clock)]
-    for name, sentry in sentries.items():
+
+    def instrumented(name: str, on: Engine, sentry: Sentry) -> Case:
         clock = DbClock()
-        cases.append(
-            Case(
-                name,
-                instrumented_reservation(engine, clock, sentry),
-                clock,
-                sentry=sentry,
-                log_lines=sentry.log_enabled,
-                trace_ids=sentry.tracer is not None,
-                noop=instrumented_noop(sentry),
-            )
-        )
+        reserve = instrumented_reservation(on, clock, sentry)
+        case = Case(name, reserve, clock, sentry=sentry, noop=instrumented_noop(sentry))
+        cases.append(case)
+        return case
+
+    for name, sentry in sentries.items():
+        case = instrumented(name, engine, sentry)
+        case.log_lines, case.trace_ids = sentry.log_enabled, sentry.tracer is not None
     # The SQLAlchemy integration needs an engine of its own: listeners are per engine.
     sql_exporter = DroppingSpanExporter()
     sql_provider = TracerProvider()
@@ -285,18 +283,8 @@ def build_cases(engine: Engine, sink: io.StringIO) -> Bench:
             tracer_provider=sql_provider,
         )
         engines.append(own)
-        clock = DbClock()
-        cases.append(
-            Case(
-                name,
-                instrumented_reservation(own, clock, sentry),
-                clock,
-                sentry=sentry,
-                noop=instrumented_noop(sentry),
-                sqlalchemy=True,
-                sql_spans=spans == "all",
-            )
-        )
+        case = instrumented(name, own, sentry)
+        case.sqlalchemy, case.sql_spans = True, spans == "all"
     return Bench(cases, sink, exporter, provider, sql_exporter, sql_provider, engines)
 
 

@@ -20,28 +20,8 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
-from .api import (
-    ConflictReason,
-    Outcome,
-    PaymentCallback,
-    Reservation,
-    ReservationConflict,
-    Sentry,
-    classify_exception,
-    configure,
-    current_reservation,
-    get_sentry,
-    payment_callback,
-    record_idempotency_conflict,
-    record_idempotency_replay,
-    record_negative_inventory,
-    record_paid_order,
-    record_refund_due_to_oversell,
-    record_reservation,
-    record_stale_cache_hit,
-    reservation,
-    reserves,
-)
+from . import api
+from .api import *  # noqa: F403 - the recording API, its names listed once in api.__all__
 from .catalog import CONFLICT_REASONS, OUTCOMES, OVERFLOW_VALUE, MetricSpec
 from .guard import LabelGuard, sanitize_label_value
 from .metrics import StockMetrics
@@ -75,32 +55,13 @@ __all__ = [
     "CONFLICT_REASONS",
     "OUTCOMES",
     "OVERFLOW_VALUE",
-    "ConflictReason",
     "LabelGuard",
     "MetricSpec",
-    "Outcome",
-    "PaymentCallback",
-    "Reservation",
-    "ReservationConflict",
-    "Sentry",
     "StockMetrics",
     "StockTable",
-    "classify_exception",
-    "configure",
     "configure_tracing",
-    "current_reservation",
-    "get_sentry",
     "instrument_sqlalchemy",
-    "payment_callback",
-    "record_idempotency_conflict",
-    "record_idempotency_replay",
-    "record_negative_inventory",
-    "record_paid_order",
-    "record_refund_due_to_oversell",
-    "record_reservation",
-    "record_stale_cache_hit",
-    "reservation",
-    "reserves",
     "sanitize_label_value",
     "uninstrument_sqlalchemy",
 ]
+__all__ += api.__all__

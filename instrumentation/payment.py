@@ -3,22 +3,19 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from types import TracebackType
 from typing import TYPE_CHECKING, Literal
 
-from opentelemetry import context as otel_context
-from opentelemetry import trace as otel_trace
-from opentelemetry.trace import Span, StatusCode
+from opentelemetry.trace import Span
 
 from .events import PAYMENT_CALLBACK
-from .reservation import _detach
+from .handle import BlockHandle
 from .tracing import link_from_carrier
 
 if TYPE_CHECKING:
     from .sentry import Sentry
 
 
-class PaymentCallback:
+class PaymentCallback(BlockHandle):
     """A payment callback: a span linked to the checkout, and the paid-order count.
 
     A block that ends without an exception and without another mark counts one paid
@@ -27,7 +24,7 @@ class PaymentCallback:
     marks a payment that must be refunded because the stock was not there.
     """
 
-    __slots__ = ("_ctx_token", "_mark", "_sentry", "_span", "checkout", "ids", "qty", "sku")
+    __slots__ = ("_mark", "checkout", "ids", "qty", "sku")
 
     def __init__(
         self,
@@ -58,7 +55,7 @@ class PaymentCallback:
         """The payment did not go through: count nothing."""
         self._mark = "failed"
 
-    def _enter(self) -> PaymentCallback:
+    def _enter(self) -> None:
         sentry = self._sentry
         try:
             if sentry.tracer is not None:
@@ -72,11 +69,9 @@ class PaymentCallback:
                     value = self.ids.get(key)
                     if value is not None and span.is_recording():
                         span.set_attribute(f"stock.{key}", str(value)[:256])
-                self._span = span
-                self._ctx_token = otel_context.attach(otel_trace.set_span_in_context(span))
+                self._use_span(span)
         except Exception as exc:
             sentry.internal_error("tracing", exc)
-        return self
 
     def _exit(self, exc: BaseException | None) -> None:
         sentry = self._sentry
@@ -97,39 +92,4 @@ class PaymentCallback:
                 sentry.internal_error("logging", err)
         span = self._span
         if span is not None:
-            try:
-                if span.is_recording():
-                    span.set_attribute("stock.payment_result", mark)
-                    if exc is not None:
-                        span.record_exception(exc)
-                        span.set_status(StatusCode.ERROR)
-                span.end()
-            except Exception as err:
-                sentry.internal_error("tracing", err)
-            finally:
-                _detach(sentry, self._ctx_token)
-                self._ctx_token = None
-
-    def __enter__(self) -> PaymentCallback:
-        return self._enter()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> Literal[False]:
-        self._exit(exc)
-        return False
-
-    async def __aenter__(self) -> PaymentCallback:
-        return self._enter()
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> Literal[False]:
-        self._exit(exc)
-        return False
+            self._end_span(span, "stock.payment_result", mark, exc is not None, exc)

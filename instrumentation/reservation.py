@@ -5,17 +5,15 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from contextvars import ContextVar, Token
-from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import TYPE_CHECKING, Any
 
 import structlog
-from opentelemetry import context as otel_context
-from opentelemetry import trace as otel_trace
-from opentelemetry.trace import Span, StatusCode
+from opentelemetry.trace import Span
 
 from . import catalog
 from .catalog import ConflictReason, Outcome
 from .events import INVENTORY_NEGATIVE, RESERVATION_ERROR, STOCK_CHECK, STOCK_UPDATE
+from .handle import BlockHandle
 from .outcomes import classify_exception
 from .tracing import carrier_for, exemplar_for
 
@@ -30,7 +28,7 @@ def current_reservation() -> Reservation | None:
     return _current.get()
 
 
-class Reservation:
+class Reservation(BlockHandle):
     """One stock reservation, timed from enter to exit; a sync and async context manager.
 
     Mark the outcome with :meth:`success` or :meth:`conflict`; a block that ends without
@@ -39,7 +37,6 @@ class Reservation:
     """
 
     __slots__ = (
-        "_ctx_token",
         "_cv_token",
         "_implied",
         "_log",
@@ -47,8 +44,6 @@ class Reservation:
         "_new_stock",
         "_old_stock",
         "_outcome",
-        "_sentry",
-        "_span",
         "_start",
         "ids",
         "qty",
@@ -141,7 +136,7 @@ class Reservation:
 
     # --- lifecycle -----------------------------------------------------------------------
 
-    def _enter(self) -> Reservation:
+    def _enter(self) -> None:
         sentry = self._sentry
         try:
             tracer = sentry.tracer
@@ -154,15 +149,13 @@ class Reservation:
                         "stock.qty": self.qty,
                     },
                 )
-                self._span = span
-                self._ctx_token = otel_context.attach(otel_trace.set_span_in_context(span))
+                self._use_span(span)
             if self._log:
                 self._log_tokens = structlog.contextvars.bind_contextvars(sku=self.sku, **self.ids)
             self._cv_token = _current.set(self)
         except Exception as exc:
             sentry.internal_error("api", exc)
         self._start = time.perf_counter()
-        return self
 
     def _exit(self, exc: BaseException | None) -> None:
         elapsed = time.perf_counter() - self._start
@@ -214,19 +207,7 @@ class Reservation:
             self._log_tokens = None
         span = self._span
         if span is not None:
-            try:
-                if span.is_recording():
-                    span.set_attribute("stock.outcome", outcome)
-                    if outcome == "error":
-                        if exc is not None:
-                            span.record_exception(exc)
-                        span.set_status(StatusCode.ERROR)
-                span.end()
-            except Exception as err:
-                sentry.internal_error("tracing", err)
-            finally:
-                _detach(sentry, self._ctx_token)
-                self._ctx_token = None
+            self._end_span(span, "stock.outcome", outcome, outcome == "error", exc)
 
     def _log_end(self, outcome: Outcome, exc: BaseException | None) -> None:
         sentry = self._sentry
@@ -266,36 +247,3 @@ class Reservation:
                 )
         except Exception as err:
             sentry.internal_error("logging", err)
-
-    def __enter__(self) -> Reservation:
-        return self._enter()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> Literal[False]:
-        self._exit(exc)
-        return False
-
-    async def __aenter__(self) -> Reservation:
-        return self._enter()
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> Literal[False]:
-        self._exit(exc)
-        return False
-
-
-def _detach(sentry: Sentry, token: object | None) -> None:
-    if token is None:
-        return
-    try:
-        otel_context.detach(cast(Any, token))
-    except Exception as err:
-        sentry.internal_error("tracing", err)

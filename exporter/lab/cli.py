@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import sys
 import time
@@ -56,9 +57,37 @@ CACHE_REFRESH_MS = (1.0, 60_000.0)
 LINGER_S = (0.0, 3600.0)
 
 
-def _range(bounds: tuple[float, float]) -> str:
+def _number(value: float) -> str:
     # Whole numbers in full (1000000, not 1e+06).
-    return "..".join(str(int(b)) if float(b).is_integer() else f"{b:g}" for b in bounds)
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
+
+
+def _range(bounds: tuple[float, float]) -> str:
+    return "..".join(map(_number, bounds))
+
+
+def _bounded(
+    parser: argparse.ArgumentParser,
+    flag: str,
+    bounds: tuple[int, int] | tuple[float, float],
+    default: float,
+    metavar: str,
+    text: str,
+) -> None:
+    """Add a numeric option within ``bounds``, its help ``TEXT, LOW..HIGH (DEFAULT)``.
+
+    Whole-number bounds take whole numbers (:func:`int_in`), others any number
+    (:func:`float_in`).
+    """
+    low, high = bounds
+    whole = isinstance(low, int) and isinstance(high, int)
+    parser.add_argument(
+        flag,
+        type=int_in(int(low), int(high)) if whole else float_in(low, high),
+        default=default,
+        metavar=metavar,
+        help=f"{text}, {_range(bounds)} ({_number(default)})",
+    )
 
 
 def _strategy_list(text: str) -> list[str]:
@@ -108,6 +137,7 @@ def add_parser(commands: Subcommands) -> argparse.ArgumentParser:
             "database."
         ),
     )
+    bounded = functools.partial(_bounded, demo)
     demo.add_argument(
         "--database",
         metavar="URL",
@@ -115,33 +145,15 @@ def add_parser(commands: Subcommands) -> argparse.ArgumentParser:
         "products, orders and order_items rows of its LAB-* SKUs (postgresql:// uses "
         "psycopg 3); default: a temporary SQLite file, removed at the end",
     )
-    demo.add_argument(
-        "--buyers",
-        type=int_in(*BUYERS),
-        default=500,
-        metavar="N",
-        help=f"buyers per strategy, {_range(BUYERS)} (500)",
-    )
-    demo.add_argument(
-        "--stock",
-        type=int_in(*STOCK),
-        default=100,
-        metavar="N",
-        help=f"units on sale per strategy, {_range(STOCK)} (100)",
-    )
-    demo.add_argument(
-        "--concurrency",
-        type=int_in(*CONCURRENCY),
-        default=50,
-        metavar="N",
-        help=f"buyer threads, and database connections, {_range(CONCURRENCY)} (50)",
-    )
-    demo.add_argument(
+    bounded("--buyers", BUYERS, 500, "N", "buyers per strategy")
+    bounded("--stock", STOCK, 100, "N", "units on sale per strategy")
+    bounded("--concurrency", CONCURRENCY, 50, "N", "buyer threads, and database connections")
+    bounded(
         "--work-ms",
-        type=float_in(*WORK_MS),
-        default=5.0,
-        metavar="MS",
-        help=f"the app's work between reading and writing the stock, in ms, {_range(WORK_MS)} (5)",
+        WORK_MS,
+        5.0,
+        "MS",
+        "the app's work between reading and writing the stock, in ms",
     )
     demo.add_argument(
         "--strategy",
@@ -164,13 +176,12 @@ def add_parser(commands: Subcommands) -> argparse.ArgumentParser:
         help="serve the lab's /metrics on 127.0.0.1:PORT while it runs, 0..65535 (0: any"
         " free port)",
     )
-    demo.add_argument(
+    bounded(
         "--linger",
-        type=float_in(*LINGER_S),
-        default=0.0,
-        metavar="SECONDS",
-        help="keep serving /metrics this long after the report (needs --metrics-port),"
-        f" {_range(LINGER_S)} (0)",
+        LINGER_S,
+        0.0,
+        "SECONDS",
+        "keep serving /metrics this long after the report (needs --metrics-port)",
     )
     demo.add_argument(
         "--log-file",
@@ -218,13 +229,12 @@ def add_parser(commands: Subcommands) -> argparse.ArgumentParser:
         help="decide availability from a cache refreshed late (a Redis key with --redis, "
         "else in memory) and count the stale hits",
     )
-    demo.add_argument(
+    bounded(
         "--cache-refresh-ms",
-        type=float_in(*CACHE_REFRESH_MS),
-        default=50.0,
-        metavar="MS",
-        help="how often --stale-cache refreshes the cached stock, in ms,"
-        f" {_range(CACHE_REFRESH_MS)} (50)",
+        CACHE_REFRESH_MS,
+        50.0,
+        "MS",
+        "how often --stale-cache refreshes the cached stock, in ms",
     )
     demo.add_argument(
         "--report",

@@ -32,7 +32,7 @@ from stocksentry.instrumentation import Reservation, classify_exception
 
 from .config import CACHE_NAME, IDEMPOTENT_OPERATION, StrategyResult
 from .names import sku_for
-from .progress import PROGRESS_INTERVAL_S, Progress, ProgressSink
+from .progress import PROGRESS_INTERVAL_S, Progress
 from .readback import durations, read_stock_by_id, strategy_result, unlabelled_totals
 from .shop import (
     Buyer,
@@ -182,13 +182,23 @@ def run_strategy(lab: LabRun, name: str) -> StrategyResult:
             started = sampler.origin = time.perf_counter()
             sampler.samples.append((0.0, config.stock))
             gate.set()
-            ticker = _Ticker(progress, lambda: snapshot(time.perf_counter() - started))
+            transient = _transient_errors()
+            ticker = (
+                _Every(
+                    PROGRESS_INTERVAL_S,
+                    lambda: progress.update(snapshot(time.perf_counter() - started)),
+                    "lab-progress",
+                )
+                if progress is not None
+                else contextlib.nullcontext()
+            )
             refresher = (
-                _Every(config.cache_refresh_ms / 1000, cache.refresh, "lab-cache")
+                _Every(config.cache_refresh_ms / 1000, cache.refresh, "lab-cache", skip=transient)
                 if cache is not None
                 else contextlib.nullcontext()
             )
-            with ticker, refresher, _Every(SAMPLE_INTERVAL_S, sampler.sample, "lab-sampler"):
+            sampling = _Every(SAMPLE_INTERVAL_S, sampler.sample, "lab-sampler", skip=transient)
+            with ticker, refresher, sampling:
                 for future in futures:
                     future.result()
         except BaseException:
@@ -207,33 +217,6 @@ def run_strategy(lab: LabRun, name: str) -> StrategyResult:
     return strategy_result(
         lab, name, sku, product_id, tally, wall, durations_before, before, sampler.samples
     )
-
-
-class _Ticker:
-    """Calls ``sink.update(snapshot())`` every :data:`PROGRESS_INTERVAL_S` in a thread."""
-
-    def __init__(self, sink: ProgressSink | None, snapshot: Callable[[], Progress]) -> None:
-        self._sink = sink
-        self._snapshot = snapshot
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def _loop(self, sink: ProgressSink) -> None:
-        while not self._stop.wait(PROGRESS_INTERVAL_S):
-            sink.update(self._snapshot())
-
-    def __enter__(self) -> _Ticker:
-        if self._sink is not None:
-            self._thread = threading.Thread(
-                target=self._loop, args=(self._sink,), name="lab-progress", daemon=True
-            )
-            self._thread.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
 
 
 def delete_redis_keys(client: Any, prefix: str) -> None:
@@ -369,22 +352,33 @@ def _transient_errors() -> tuple[type[Exception], ...]:
 
 
 class _Every:
-    """Calls ``tick()`` every ``interval`` seconds in a thread, for the ``with`` block."""
+    """Calls ``tick()`` every ``interval`` seconds in a thread, for the ``with`` block.
 
-    def __init__(self, interval: float, tick: Callable[[], None], name: str) -> None:
+    A tick that raises one of ``skip`` (a server too busy for a sample) is skipped and the
+    error kept in :attr:`error`; any other exception ends the thread loudly.
+    """
+
+    def __init__(
+        self,
+        interval: float,
+        tick: Callable[[], None],
+        name: str,
+        *,
+        skip: tuple[type[Exception], ...] = (),
+    ) -> None:
         self._interval = interval
         self._tick = tick
         self._name = name
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._transient = _transient_errors()
+        self._skip = skip
         self.error: BaseException | None = None
 
     def _loop(self) -> None:
         while not self._stop.wait(self._interval):
             try:
                 self._tick()
-            except self._transient as exc:  # a server too busy for a sample: skip it
+            except self._skip as exc:
                 self.error = exc
 
     def __enter__(self) -> _Every:

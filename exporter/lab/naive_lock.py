@@ -21,10 +21,10 @@ Example::
 
 from __future__ import annotations
 
-import inspect
 from typing import TYPE_CHECKING, Any, Literal
 
-from stocksentry.instrumentation.locks import TrackedLock
+# _as_bytes and _resolve: the helpers the locks package keeps for a TrackedLock subclass.
+from stocksentry.instrumentation.locks import TrackedLock, _as_bytes, _resolve
 
 if TYPE_CHECKING:
     from stocksentry.instrumentation import Sentry
@@ -51,19 +51,9 @@ return 0
 """
 
 
-def _as_bytes(value: object) -> bytes | None:
-    if value is None or isinstance(value, bytes):
-        return value
-    if isinstance(value, str):
-        return value.encode()
-    return str(value).encode()
-
-
-async def _resolve(value: object) -> object:
-    # The asyncio client returns awaitables, the sync one values.
-    if inspect.isawaitable(value):
-        return await value
-    return value
+def _ms(seconds: float) -> int:
+    # Redis keeps a TTL to the millisecond; never 0, which PX refuses.
+    return max(1, round(seconds * 1000))
 
 
 class SetNxLock(TrackedLock):
@@ -111,7 +101,7 @@ class SetNxLock(TrackedLock):
         self.client = client
         self.key = key
         self.release_mode = release
-        self._ttl_ms = max(1, round(ttl * 1000))
+        self._ttl_ms = _ms(ttl)
         self._release_script = client.register_script(_RELEASE_LUA)
         self._extend_script = client.register_script(_EXTEND_LUA)
 
@@ -130,8 +120,7 @@ class SetNxLock(TrackedLock):
         return self._verdict(self._release_script(keys=[self.key], args=self._release_args()))
 
     def _extend_once(self, ttl: float) -> object:
-        ms = max(1, round(ttl * 1000))
-        return self._extend_script(keys=[self.key], args=[self.token, ms])
+        return self._extend_script(keys=[self.key], args=[self.token, _ms(ttl)])
 
     async def _aattempt(self) -> object:
         return await _resolve(self.client.set(self.key, self.token, nx=True, px=self._ttl_ms))
@@ -141,5 +130,4 @@ class SetNxLock(TrackedLock):
         return self._verdict(current)
 
     async def _aextend_once(self, ttl: float) -> object:
-        ms = max(1, round(ttl * 1000))
-        return await _resolve(self._extend_script(keys=[self.key], args=[self.token, ms]))
+        return await _resolve(self._extend_script(keys=[self.key], args=[self.token, _ms(ttl)]))

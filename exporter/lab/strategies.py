@@ -19,7 +19,7 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
+from typing import Literal, Protocol
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -55,20 +55,60 @@ def unsafe(shop: Shop, r: Reservation, buyer: Buyer) -> None:
     Two buyers that read the same stock both write ``stock - qty``: one update is lost and
     one unit is sold twice.
     """
+    available = _read_before_work(shop, r)
+    if available is None:
+        return
+    with shop.engine.begin() as conn:
+        computed = _write_computed(conn, shop, buyer, available)
+    r.success(old_stock=available, new_stock=computed)
+
+
+def _write_computed(conn: Connection, shop: Shop, buyer: Buyer, available: int) -> int:
+    """Write ``available - qty`` as a value computed in Python, and the order."""
+    computed = available - shop.qty
+    conn.execute(
+        sa.text("UPDATE products SET available_stock = :computed WHERE sku = :sku"),
+        {"computed": computed, "sku": shop.sku},
+    )
+    shop.insert_order(conn, buyer, computed)
+    return computed
+
+
+def _read_before_work(shop: Shop, r: Reservation) -> int | None:
+    """Read the stock, do the app's work, then decide on the value read before it.
+
+    The stale check of the unsafe strategies; ``None`` when refused as ``out_of_stock``.
+    """
     available = shop.read_stock()
     r.stock_check(available)
     shop.work()
     if available < shop.qty:
         r.conflict("out_of_stock")
-        return
-    computed = available - shop.qty
-    with shop.engine.begin() as conn:
-        conn.execute(
-            sa.text("UPDATE products SET available_stock = :computed WHERE sku = :sku"),
-            {"computed": computed, "sku": shop.sku},
-        )
-        shop.insert_order(conn, buyer, computed)
-    r.success(old_stock=available, new_stock=computed)
+        return None
+    return available
+
+
+def _in_stock(shop: Shop, r: Reservation, available: int) -> bool:
+    """Record the stock seen; ``False``, marked ``out_of_stock``, when it is too little."""
+    r.stock_check(available)
+    if available < shop.qty:
+        r.conflict("out_of_stock")
+        return False
+    return True
+
+
+def _set_nx_lock(shop: Shop, ttl: float, release: Literal["naive", "owned"]) -> SetNxLock:
+    """The lab's ``SET NX`` lock on the shop's key, waiting as every lock strategy does."""
+    return SetNxLock(
+        shop.redis,
+        shop.lock_key,
+        name=shop.lock_name,
+        ttl=ttl,
+        release=release,
+        blocking_timeout=LOCK_WAIT_S,
+        retry_delay=LOCK_RETRY_S,
+        sentry=shop.sentry,
+    )
 
 
 def _decrement_and_order(shop: Shop, r: Reservation, buyer: Buyer) -> None:
@@ -86,13 +126,8 @@ def check_then_decrement(shop: Shop, r: Reservation, buyer: Buyer) -> None:
     No update is lost, but every buyer who passed the check decrements: stock goes below
     zero and each such write counts in ``stock_inventory_negative_total``.
     """
-    available = shop.read_stock()
-    r.stock_check(available)
-    shop.work()
-    if available < shop.qty:
-        r.conflict("out_of_stock")
-        return
-    _decrement_and_order(shop, r, buyer)
+    if _read_before_work(shop, r) is not None:
+        _decrement_and_order(shop, r, buyer)
 
 
 def atomic(shop: Shop, r: Reservation, buyer: Buyer) -> None:
@@ -114,18 +149,6 @@ def atomic(shop: Shop, r: Reservation, buyer: Buyer) -> None:
     r.success(old_stock=written + shop.qty, new_stock=written)
 
 
-def _write_computed(shop: Shop, buyer: Buyer, available: int) -> int:
-    """Write ``available - qty`` as a value computed in Python, and the order."""
-    computed = available - shop.qty
-    with shop.engine.begin() as conn:
-        conn.execute(
-            sa.text("UPDATE products SET available_stock = :computed WHERE sku = :sku"),
-            {"computed": computed, "sku": shop.sku},
-        )
-        shop.insert_order(conn, buyer, computed)
-    return computed
-
-
 def naive_lock(shop: Shop, r: Reservation, buyer: Buyer) -> None:
     """The usual hotfix: ``SET lock token NX PX ttl``, the unsafe read-then-write, ``DEL``.
 
@@ -135,25 +158,14 @@ def naive_lock(shop: Shop, r: Reservation, buyer: Buyer) -> None:
     :class:`~stocksentry.exporter.lab.naive_lock.SetNxLock` with the naive release, so every
     expiry and every foreign ``DEL`` is counted.
     """
-    lock = SetNxLock(
-        shop.redis,
-        shop.lock_key,
-        name=shop.lock_name,
-        ttl=shop.naive_lock_ttl_s,
-        release="naive",
-        blocking_timeout=LOCK_WAIT_S,
-        retry_delay=LOCK_RETRY_S,
-        sentry=shop.sentry,
-    )
     try:
-        with lock:
+        with _set_nx_lock(shop, shop.naive_lock_ttl_s, "naive"):
             available = shop.read_stock()
-            r.stock_check(available)
-            if available < shop.qty:
-                r.conflict("out_of_stock")
+            if not _in_stock(shop, r, available):
                 return
             shop.work()
-            computed = _write_computed(shop, buyer, available)
+            with shop.engine.begin() as conn:
+                computed = _write_computed(conn, shop, buyer, available)
             r.success(old_stock=available, new_stock=computed)
     except LockNotAcquired:
         r.conflict("lock_not_acquired")
@@ -170,9 +182,7 @@ def for_update(shop: Shop, r: Reservation, buyer: Buyer) -> None:
     if shop.is_sqlite:
         with shop.begin_immediate() as conn:
             available = _select_stock(conn, shop.sku, for_update=False)
-            r.stock_check(available)
-            if available < shop.qty:
-                r.conflict("out_of_stock")
+            if not _in_stock(shop, r, available):
                 return
             shop.work()
             written = shop.decrement_unconditionally(conn)
@@ -181,17 +191,10 @@ def for_update(shop: Shop, r: Reservation, buyer: Buyer) -> None:
         return
     with shop.engine.begin() as conn:
         available = _select_stock(conn, shop.sku, for_update=True)
-        r.stock_check(available)
-        if available < shop.qty:
-            r.conflict("out_of_stock")
+        if not _in_stock(shop, r, available):
             return
         shop.work()
-        computed = available - shop.qty
-        conn.execute(
-            sa.text("UPDATE products SET available_stock = :computed WHERE sku = :sku"),
-            {"computed": computed, "sku": shop.sku},
-        )
-        shop.insert_order(conn, buyer, computed)
+        computed = _write_computed(conn, shop, buyer, available)
     r.success(old_stock=available, new_stock=computed)
 
 
@@ -226,9 +229,7 @@ def _locked_checkout(
     shop: Shop, r: Reservation, buyer: Buyer, still_ours: Callable[[], bool]
 ) -> None:
     available = shop.read_stock()
-    r.stock_check(available)
-    if available < shop.qty:
-        r.conflict("out_of_stock")
+    if not _in_stock(shop, r, available):
         return
     shop.work()
     if not still_ours():
@@ -238,16 +239,7 @@ def _locked_checkout(
 
 
 def _with_owned_lock(shop: Shop, r: Reservation, buyer: Buyer) -> None:
-    lock = SetNxLock(
-        shop.redis,
-        shop.lock_key,
-        name=shop.lock_name,
-        ttl=shop.redlock_ttl_s,
-        release="owned",
-        blocking_timeout=LOCK_WAIT_S,
-        retry_delay=LOCK_RETRY_S,
-        sentry=shop.sentry,
-    )
+    lock = _set_nx_lock(shop, shop.redlock_ttl_s, "owned")
     with lock:
         _locked_checkout(shop, r, buyer, lock.extend)
 

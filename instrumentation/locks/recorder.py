@@ -1,7 +1,9 @@
 """The recorder every lock form uses: one named lock's events into a Sentry.
 
 :class:`LockRecorder` turns acquire, extend and release into the catalog's lock metrics
-and log lines; :class:`LockHold` is one acquisition. Nothing here imports a lock library.
+and log lines (:meth:`LockRecorder.attempting` times one acquire and counts the error
+outcome, for every form); :class:`LockHold` is one acquisition; ``_LockWrapper`` is what
+the redis-py and pottery wrappers share. Nothing here imports a lock library.
 """
 
 from __future__ import annotations
@@ -10,8 +12,9 @@ import contextlib
 import hashlib
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from .. import catalog, events
 from ..events import LogEvent
@@ -26,6 +29,7 @@ LOCK_ACQUIRE_RETRIES = catalog.LOCK_ACQUIRE_RETRIES
 _MAX_OPEN_HOLDS = 1024
 _COMPONENT = "locks"
 # The wrapped library lock: redis-py Lock (sync or asyncio) or pottery Redlock/AIORedlock.
+_L = TypeVar("_L")
 
 
 def token_hash(token: str | bytes | None) -> str | None:
@@ -196,6 +200,26 @@ class LockRecorder:
                 error=type(exc).__name__,
             )
 
+    @contextlib.contextmanager
+    def attempting(self) -> Iterator[_Attempts]:
+        """Time one acquire, from now: the body counts its attempts in what this yields.
+
+        An exception from the body (the app's or the lock library's) is recorded as an
+        ``error`` outcome, then propagates unchanged; the body records the other outcomes.
+
+        Example::
+
+            with recorder.attempting() as attempts:
+                attempts.begin()
+                acquired = try_lock()
+        """
+        attempts = _Attempts()
+        try:
+            yield attempts
+        except Exception as exc:
+            self.not_acquired(attempts.started, retries=attempts.retries, exc=exc)
+            raise
+
     def extended(self, hold: LockHold | None, *, deadline: float | None) -> None:
         """Record a successful extension: the hold's lease now ends at ``deadline``."""
         if hold is not None and deadline is not None:
@@ -279,11 +303,12 @@ class LockRecorder:
 
 
 class _Attempts:
-    """The attempts of one acquire (readable after an exception too)."""
+    """The attempts of one acquire that began at ``started`` (readable after an exception)."""
 
-    __slots__ = ("count", "last_started")
+    __slots__ = ("count", "last_started", "started")
 
     def __init__(self) -> None:
+        self.started = time.perf_counter()
         self.count = 0
         self.last_started: float | None = None
 
@@ -321,3 +346,19 @@ class _Holds:
     def pop(self, token: bytes | None) -> LockHold | None:
         with self._lock:
             return self._holds.pop(token, None)
+
+
+class _LockWrapper(Generic[_L]):
+    """What every wrapper of a library's lock holds: the lock, its label, its recorder.
+
+    The attributes a wrapper does not define are the wrapped lock's.
+    """
+
+    def __init__(self, lock: _L, name: str, sentry: Sentry | None, count_retries: bool) -> None:
+        self.lock = lock
+        self.name = name
+        self.count_retries = count_retries
+        self.recorder = LockRecorder(name, sentry)
+
+    def __getattr__(self, attribute: str) -> Any:
+        return getattr(self.lock, attribute)

@@ -6,12 +6,14 @@ redis itself is imported when a wrapper is built, from the lock the app made.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
+from collections.abc import Iterator
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any
 
-from .recorder import LockHold, LockRecorder, _as_bytes, _Attempts, _Holds, _text
+from .recorder import _L, LockHold, _as_bytes, _Attempts, _Holds, _LockWrapper, _text
 
 if TYPE_CHECKING:
     # Named only in the quoted base classes below (string annotations).
@@ -20,11 +22,8 @@ if TYPE_CHECKING:
 
     from ..sentry import Sentry
 
-# The wrapped library lock: redis-py Lock (sync or asyncio) or pottery Redlock/AIORedlock.
-_L = TypeVar("_L")
 
-
-class _RedisPyLockBase(Generic[_L]):
+class _RedisPyLockBase(_LockWrapper[_L]):
     """What the sync and asyncio wrappers of redis-py's ``Lock`` share."""
 
     def __init__(
@@ -37,11 +36,9 @@ class _RedisPyLockBase(Generic[_L]):
     ) -> None:
         from redis.exceptions import LockError, LockNotOwnedError
 
-        self.lock = lock
         # The library lock is typed per subclass; its name attribute is read untyped here.
-        self.name = name if name is not None else _text(getattr(lock, "name", ""))
-        self.count_retries = count_retries
-        self.recorder = LockRecorder(self.name, sentry)
+        label = name if name is not None else _text(getattr(lock, "name", ""))
+        super().__init__(lock, label, sentry, count_retries)
         self._lock_error = LockError
         self._not_owned_error = LockNotOwnedError
         self._holds = _Holds()
@@ -53,14 +50,12 @@ class _RedisPyLockBase(Generic[_L]):
             self.recorder._error(exc)
             return None
 
-    def _record_acquire(
-        self, lock: Any, started: float, acquired: bool, attempts: _Attempts
-    ) -> None:
+    def _record_acquire(self, lock: Any, acquired: bool, attempts: _Attempts) -> None:
         try:
             if acquired:
                 token = self._token(lock)
                 hold = self.recorder.acquired(
-                    started,
+                    attempts.started,
                     token=token,
                     ttl=lock.timeout,
                     retries=attempts.retries,
@@ -68,7 +63,7 @@ class _RedisPyLockBase(Generic[_L]):
                 )
                 self._holds.put(token, hold)
             else:
-                self.recorder.not_acquired(started, retries=attempts.retries)
+                self.recorder.not_acquired(attempts.started, retries=attempts.retries)
         except Exception as exc:
             self.recorder._error(exc)
 
@@ -91,6 +86,49 @@ class _RedisPyLockBase(Generic[_L]):
                 self.recorder.released(None, owned=False, started=started)
         except Exception as err:
             self.recorder._error(err)
+
+    @contextlib.contextmanager
+    def _releasing(self) -> Iterator[None]:
+        """Measure the release the body makes; one that raised is counted, then re-raised."""
+        started = time.perf_counter()
+        token = self._token(self.lock)
+        try:
+            yield
+        except Exception as exc:
+            self._release_failed(exc, token, started)
+            raise
+        try:
+            self.recorder.released(self._holds.pop(token), owned=True, started=started)
+        except Exception as exc:
+            self.recorder._error(exc)
+
+    @contextlib.contextmanager
+    def _extending(self, additional: float | None, replace: bool = False) -> Iterator[None]:
+        """Measure the extension the body makes; a refusal (``LockError``) is counted, then
+        re-raised. ``additional=None``: the lease starts again for the lock's own timeout
+        (``reacquire``)."""
+        lock: Any = self.lock
+        started = time.perf_counter()
+        hold = self._holds.get(self._token(lock))
+        try:
+            yield
+        except self._lock_error as exc:
+            self.recorder.extend_failed(hold, exc)
+            raise
+        if additional is None:
+            deadline = started + float(lock.timeout) if lock.timeout else None
+        else:
+            deadline = self._extend_deadline(hold, started, additional, replace)
+        self.recorder.extended(hold, deadline=deadline)
+
+    def _raise_on_exit(self, logger: str) -> bool:
+        """After ``__exit__``'s release failed: re-raise, or log as redis-py does and go on."""
+        if getattr(self.lock, "raise_on_release_error", True):
+            return True
+        logging.getLogger(logger).warning(
+            "Lock was unlocked or no longer owned when exiting context manager."
+        )
+        return False
 
 
 class InstrumentedLock(_RedisPyLockBase["redis.lock.Lock"]):
@@ -124,9 +162,7 @@ class InstrumentedLock(_RedisPyLockBase["redis.lock.Lock"]):
     ) -> bool:
         """``Lock.acquire``, timed: outcome acquired, timeout (returned False) or error."""
         lock = self.lock
-        started = time.perf_counter()
-        attempts = _Attempts()
-        try:
+        with self.recorder.attempting() as attempts:
             blocks = lock.blocking if blocking is None else blocking
             if self.count_retries and blocks:
                 acquired = self._acquire_counting(sleep, blocking_timeout, token, attempts)
@@ -141,10 +177,7 @@ class InstrumentedLock(_RedisPyLockBase["redis.lock.Lock"]):
                         token=token,  # type: ignore[arg-type]
                     )
                 )
-        except Exception as exc:
-            self.recorder.not_acquired(started, retries=attempts.retries, exc=exc)
-            raise
-        self._record_acquire(lock, started, acquired, attempts)
+        self._record_acquire(lock, acquired, attempts)
         return acquired
 
     def _acquire_counting(
@@ -169,44 +202,18 @@ class InstrumentedLock(_RedisPyLockBase["redis.lock.Lock"]):
 
     def release(self) -> None:
         """``Lock.release``; a ``LockNotOwnedError`` is counted, then re-raised unchanged."""
-        started = time.perf_counter()
-        token = self._token(self.lock)
-        try:
+        with self._releasing():
             self.lock.release()
-        except Exception as exc:
-            self._release_failed(exc, token, started)
-            raise
-        try:
-            self.recorder.released(self._holds.pop(token), owned=True, started=started)
-        except Exception as exc:
-            self.recorder._error(exc)
 
     def extend(self, additional_time: float, replace_ttl: bool = False) -> bool:
         """``Lock.extend``; a refusal (``LockError``) is counted, then re-raised."""
-        started = time.perf_counter()
-        hold = self._holds.get(self._token(self.lock))
-        try:
-            result = self.lock.extend(additional_time, replace_ttl)
-        except self._lock_error as exc:
-            self.recorder.extend_failed(hold, exc)
-            raise
-        self.recorder.extended(
-            hold, deadline=self._extend_deadline(hold, started, additional_time, replace_ttl)
-        )
-        return bool(result)
+        with self._extending(additional_time, replace_ttl):
+            return bool(self.lock.extend(additional_time, replace_ttl))
 
     def reacquire(self) -> bool:
         """``Lock.reacquire`` (the TTL starts again); a refusal is counted, then re-raised."""
-        started = time.perf_counter()
-        hold = self._holds.get(self._token(self.lock))
-        try:
-            result = self.lock.reacquire()
-        except self._lock_error as exc:
-            self.recorder.extend_failed(hold, exc)
-            raise
-        timeout = self.lock.timeout
-        self.recorder.extended(hold, deadline=started + float(timeout) if timeout else None)
-        return bool(result)
+        with self._extending(None):
+            return bool(self.lock.reacquire())
 
     def locked(self) -> bool:
         """``Lock.locked``: whether any holder has the key."""
@@ -215,9 +222,6 @@ class InstrumentedLock(_RedisPyLockBase["redis.lock.Lock"]):
     def owned(self) -> bool:
         """``Lock.owned``: whether the key holds this thread's token."""
         return bool(self.lock.owned())
-
-    def __getattr__(self, attribute: str) -> Any:
-        return getattr(self.lock, attribute)
 
     def __enter__(self) -> InstrumentedLock:
         if self.acquire():
@@ -235,11 +239,8 @@ class InstrumentedLock(_RedisPyLockBase["redis.lock.Lock"]):
         try:
             self.release()
         except self._lock_error:
-            if getattr(self.lock, "raise_on_release_error", True):
+            if self._raise_on_exit("redis.lock"):
                 raise
-            logging.getLogger("redis.lock").warning(
-                "Lock was unlocked or no longer owned when exiting context manager."
-            )
 
 
 class InstrumentedAsyncLock(_RedisPyLockBase["redis.asyncio.lock.Lock"]):
@@ -261,9 +262,7 @@ class InstrumentedAsyncLock(_RedisPyLockBase["redis.asyncio.lock.Lock"]):
     ) -> bool:
         """``Lock.acquire``, timed: outcome acquired, timeout (returned False) or error."""
         lock = self.lock
-        started = time.perf_counter()
-        attempts = _Attempts()
-        try:
+        with self.recorder.attempting() as attempts:
             blocks = lock.blocking if blocking is None else blocking
             if self.count_retries and blocks:
                 acquired = await self._acquire_counting(blocking_timeout, token, attempts)
@@ -275,10 +274,7 @@ class InstrumentedAsyncLock(_RedisPyLockBase["redis.asyncio.lock.Lock"]):
                         blocking=blocking, blocking_timeout=blocking_timeout, token=token
                     )
                 )
-        except Exception as exc:
-            self.recorder.not_acquired(started, retries=attempts.retries, exc=exc)
-            raise
-        self._record_acquire(lock, started, acquired, attempts)
+        self._record_acquire(lock, acquired, attempts)
         return acquired
 
     async def _acquire_counting(
@@ -299,44 +295,18 @@ class InstrumentedAsyncLock(_RedisPyLockBase["redis.asyncio.lock.Lock"]):
 
     async def release(self) -> None:
         """``Lock.release``; a ``LockNotOwnedError`` is counted, then re-raised unchanged."""
-        started = time.perf_counter()
-        token = self._token(self.lock)
-        try:
+        with self._releasing():
             await self.lock.release()
-        except Exception as exc:
-            self._release_failed(exc, token, started)
-            raise
-        try:
-            self.recorder.released(self._holds.pop(token), owned=True, started=started)
-        except Exception as exc:
-            self.recorder._error(exc)
 
     async def extend(self, additional_time: float, replace_ttl: bool = False) -> bool:
         """``Lock.extend``; a refusal (``LockError``) is counted, then re-raised."""
-        started = time.perf_counter()
-        hold = self._holds.get(self._token(self.lock))
-        try:
-            result = await self.lock.extend(additional_time, replace_ttl)
-        except self._lock_error as exc:
-            self.recorder.extend_failed(hold, exc)
-            raise
-        self.recorder.extended(
-            hold, deadline=self._extend_deadline(hold, started, additional_time, replace_ttl)
-        )
-        return bool(result)
+        with self._extending(additional_time, replace_ttl):
+            return bool(await self.lock.extend(additional_time, replace_ttl))
 
     async def reacquire(self) -> bool:
         """``Lock.reacquire`` (the TTL starts again); a refusal is counted, then re-raised."""
-        started = time.perf_counter()
-        hold = self._holds.get(self._token(self.lock))
-        try:
-            result = await self.lock.reacquire()
-        except self._lock_error as exc:
-            self.recorder.extend_failed(hold, exc)
-            raise
-        timeout = self.lock.timeout
-        self.recorder.extended(hold, deadline=started + float(timeout) if timeout else None)
-        return bool(result)
+        with self._extending(None):
+            return bool(await self.lock.reacquire())
 
     async def locked(self) -> bool:
         """``Lock.locked``: whether any holder has the key."""
@@ -345,9 +315,6 @@ class InstrumentedAsyncLock(_RedisPyLockBase["redis.asyncio.lock.Lock"]):
     async def owned(self) -> bool:
         """``Lock.owned``: whether the key holds this lock's token."""
         return bool(await self.lock.owned())
-
-    def __getattr__(self, attribute: str) -> Any:
-        return getattr(self.lock, attribute)
 
     async def __aenter__(self) -> InstrumentedAsyncLock:
         if await self.acquire():
@@ -363,8 +330,5 @@ class InstrumentedAsyncLock(_RedisPyLockBase["redis.asyncio.lock.Lock"]):
         try:
             await self.release()
         except self._lock_error:
-            if getattr(self.lock, "raise_on_release_error", True):
+            if self._raise_on_exit("redis.asyncio.lock"):
                 raise
-            logging.getLogger("redis.asyncio.lock").warning(
-                "Lock was unlocked or no longer owned when exiting context manager."
-            )

@@ -6,12 +6,14 @@ pottery is imported when a wrapper is built, from the lock the app made.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
+from collections.abc import Iterator
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal
 
-from .recorder import LockHold, LockRecorder, _Attempts
+from .recorder import _L, LockHold, _Attempts, _LockWrapper
 
 if TYPE_CHECKING:
     # Named only in the quoted base classes below (string annotations).
@@ -19,11 +21,8 @@ if TYPE_CHECKING:
 
     from ..sentry import Sentry
 
-# The wrapped library lock: redis-py Lock (sync or asyncio) or pottery Redlock/AIORedlock.
-_L = TypeVar("_L")
 
-
-class _RedlockBase(Generic[_L]):
+class _RedlockBase(_LockWrapper[_L]):
     """What the wrappers of pottery's ``Redlock`` and ``AIORedlock`` share.
 
     A pottery lock holds one lease at a time (its token is an attribute of the object), so
@@ -39,7 +38,6 @@ class _RedlockBase(Generic[_L]):
         count_retries: bool = True,
         retry_delay: float | None = None,
     ) -> None:
-        self.lock = lock
         from pottery import (
             ExtendUnlockedLock,
             QuorumNotAchieved,
@@ -47,10 +45,9 @@ class _RedlockBase(Generic[_L]):
             TooManyExtensions,
         )
 
-        self.name = name if name is not None else str(getattr(lock, "key", ""))
-        self.count_retries = count_retries
+        label = name if name is not None else str(getattr(lock, "key", ""))
+        super().__init__(lock, label, sentry, count_retries)
         self.retry_delay = retry_delay
-        self.recorder = LockRecorder(self.name, sentry)
         self._hold: LockHold | None = None
         self._release_unlocked = ReleaseUnlockedLock
         self._extend_errors: tuple[type[BaseException], ...] = (
@@ -64,13 +61,11 @@ class _RedlockBase(Generic[_L]):
             return self.retry_delay
         return float(getattr(lock, "_RETRY_DELAY", 0.2))
 
-    def _record_acquire(
-        self, lock: Any, started: float, acquired: bool, attempts: _Attempts
-    ) -> None:
+    def _record_acquire(self, lock: Any, acquired: bool, attempts: _Attempts) -> None:
         try:
             if acquired:
                 self._hold = self.recorder.acquired(
-                    started,
+                    attempts.started,
                     # pottery keeps the token private; only its hash is logged.
                     token=getattr(lock, "_uuid", None) or None,
                     ttl=float(lock.auto_release_time),
@@ -78,24 +73,37 @@ class _RedlockBase(Generic[_L]):
                     attempt_started=attempts.last_started,
                 )
             else:
-                self.recorder.not_acquired(started, retries=attempts.retries)
+                self.recorder.not_acquired(attempts.started, retries=attempts.retries)
         except Exception as exc:
             self.recorder._error(exc)
 
-    def _record_release(self, exc: BaseException | None, started: float) -> None:
+    @contextlib.contextmanager
+    def _releasing(self) -> Iterator[None]:
+        """Measure the release the body makes; one that raised is counted, then re-raised."""
+        started = time.perf_counter()
+        try:
+            yield
+        except Exception as exc:
+            hold, self._hold = self._hold, None
+            if isinstance(exc, self._release_unlocked):
+                self.recorder.released(hold, owned=False, started=started)
+            # Anything else (QuorumIsImpossible, a connection error): the outcome is unknown.
+            raise
         hold, self._hold = self._hold, None
-        if exc is None:
-            self.recorder.released(hold, owned=True, started=started)
-        elif isinstance(exc, self._release_unlocked):
-            self.recorder.released(hold, owned=False, started=started)
-        # Anything else (QuorumIsImpossible, a connection error): the outcome is unknown.
+        self.recorder.released(hold, owned=True, started=started)
 
-    def _record_extend(self, lock: Any, exc: BaseException | None, started: float) -> None:
-        if exc is None:
-            # pottery's extend sets the TTL back to auto_release_time from now.
-            self.recorder.extended(self._hold, deadline=started + float(lock.auto_release_time))
-        elif isinstance(exc, self._extend_errors):
+    @contextlib.contextmanager
+    def _extending(self) -> Iterator[None]:
+        """Measure the extension the body makes; a refusal is counted, then re-raised."""
+        lock: Any = self.lock
+        started = time.perf_counter()
+        try:
+            yield
+        except self._extend_errors as exc:
             self.recorder.extend_failed(self._hold, exc)
+            raise
+        # pottery's extend sets the TTL back to auto_release_time from now.
+        self.recorder.extended(self._hold, deadline=started + float(lock.auto_release_time))
 
 
 class InstrumentedRedlock(_RedlockBase["Redlock"]):
@@ -129,9 +137,7 @@ class InstrumentedRedlock(_RedlockBase["Redlock"]):
     ) -> bool:
         """``Redlock.acquire``, timed: outcome acquired, timeout or error."""
         lock = self.lock
-        started = time.perf_counter()
-        attempts = _Attempts()
-        try:
+        with self.recorder.attempting() as attempts:
             if blocking and self.count_retries:
                 acquired = self._acquire_counting(timeout, raise_on_redis_errors, attempts)
             else:
@@ -142,10 +148,7 @@ class InstrumentedRedlock(_RedlockBase["Redlock"]):
                     timeout=timeout,
                     raise_on_redis_errors=raise_on_redis_errors,
                 )
-        except Exception as exc:
-            self.recorder.not_acquired(started, retries=attempts.retries, exc=exc)
-            raise
-        self._record_acquire(lock, started, acquired, attempts)
+        self._record_acquire(lock, acquired, attempts)
         return acquired
 
     def _acquire_counting(
@@ -164,30 +167,17 @@ class InstrumentedRedlock(_RedlockBase["Redlock"]):
 
     def release(self, *, raise_on_redis_errors: bool | None = None) -> None:
         """``Redlock.release``; ``ReleaseUnlockedLock`` is counted, then re-raised."""
-        started = time.perf_counter()
-        try:
+        with self._releasing():
             self.lock.release(raise_on_redis_errors=raise_on_redis_errors)
-        except Exception as exc:
-            self._record_release(exc, started)
-            raise
-        self._record_release(None, started)
 
     def extend(self, *, raise_on_redis_errors: bool | None = None) -> None:
         """``Redlock.extend``; a refusal is counted as an extension failure, then re-raised."""
-        started = time.perf_counter()
-        try:
+        with self._extending():
             self.lock.extend(raise_on_redis_errors=raise_on_redis_errors)
-        except Exception as exc:
-            self._record_extend(self.lock, exc, started)
-            raise
-        self._record_extend(self.lock, None, started)
 
     def locked(self, *, raise_on_redis_errors: bool | None = None) -> float:
         """``Redlock.locked``: seconds left on our lease, 0 when not held."""
         return self.lock.locked(raise_on_redis_errors=raise_on_redis_errors)
-
-    def __getattr__(self, attribute: str) -> Any:
-        return getattr(self.lock, attribute)
 
     def __enter__(self) -> InstrumentedRedlock:
         lock = self.lock
@@ -231,9 +221,7 @@ class InstrumentedAsyncRedlock(_RedlockBase["AIORedlock"]):
     ) -> bool:
         """``AIORedlock.acquire``, timed: outcome acquired, timeout or error."""
         lock = self.lock
-        started = time.perf_counter()
-        attempts = _Attempts()
-        try:
+        with self.recorder.attempting() as attempts:
             if blocking and self.count_retries:
                 acquired = await self._acquire_counting(timeout, raise_on_redis_errors, attempts)
             else:
@@ -244,10 +232,7 @@ class InstrumentedAsyncRedlock(_RedlockBase["AIORedlock"]):
                     timeout=timeout,
                     raise_on_redis_errors=raise_on_redis_errors,
                 )
-        except Exception as exc:
-            self.recorder.not_acquired(started, retries=attempts.retries, exc=exc)
-            raise
-        self._record_acquire(lock, started, acquired, attempts)
+        self._record_acquire(lock, acquired, attempts)
         return acquired
 
     async def _acquire_counting(
@@ -268,30 +253,17 @@ class InstrumentedAsyncRedlock(_RedlockBase["AIORedlock"]):
 
     async def release(self, *, raise_on_redis_errors: bool | None = None) -> None:
         """``AIORedlock.release``; ``ReleaseUnlockedLock`` is counted, then re-raised."""
-        started = time.perf_counter()
-        try:
+        with self._releasing():
             await self.lock.release(raise_on_redis_errors=raise_on_redis_errors)
-        except Exception as exc:
-            self._record_release(exc, started)
-            raise
-        self._record_release(None, started)
 
     async def extend(self, *, raise_on_redis_errors: bool | None = None) -> None:
         """``AIORedlock.extend``; a refusal is counted as an extension failure, then re-raised."""
-        started = time.perf_counter()
-        try:
+        with self._extending():
             await self.lock.extend(raise_on_redis_errors=raise_on_redis_errors)
-        except Exception as exc:
-            self._record_extend(self.lock, exc, started)
-            raise
-        self._record_extend(self.lock, None, started)
 
     async def locked(self, *, raise_on_redis_errors: bool | None = None) -> float:
         """``AIORedlock.locked``: seconds left on our lease, 0 when not held."""
         return await self.lock.locked(raise_on_redis_errors=raise_on_redis_errors)
-
-    def __getattr__(self, attribute: str) -> Any:
-        return getattr(self.lock, attribute)
 
     async def __aenter__(self) -> InstrumentedAsyncRedlock:
         lock = self.lock

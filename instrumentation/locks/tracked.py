@@ -176,6 +176,15 @@ class TrackedLock:
         timeout = self.blocking_timeout
         return None if timeout is None else time.monotonic() + timeout
 
+    def _record_acquired(self, attempts: _Attempts) -> None:
+        self.hold = self.recorder.acquired(
+            attempts.started,
+            token=self.token,
+            ttl=self.ttl,
+            retries=attempts.retries,
+            attempt_started=attempts.last_started,
+        )
+
     def _record_release(
         self, started: float, verdict: tuple[bool | None, object, bool | None]
     ) -> bool | None:
@@ -201,30 +210,19 @@ class TrackedLock:
 
     def acquire(self) -> bool:
         """Try (and retry until ``blocking_timeout``); ``True`` once held."""
-        started = time.perf_counter()
         stop_at = self._give_up_at()
-        attempts = _Attempts()
         self._new_token()
-        try:
+        with self.recorder.attempting() as attempts:
             while True:
                 attempts.begin()
                 if _sync_result(self._attempt()):
                     break
                 pause = self._pause()
                 if stop_at is not None and time.monotonic() + pause > stop_at:
-                    self.recorder.not_acquired(started, retries=attempts.retries)
+                    self.recorder.not_acquired(attempts.started, retries=attempts.retries)
                     return False
                 time.sleep(pause)
-        except Exception as exc:
-            self.recorder.not_acquired(started, retries=attempts.retries, exc=exc)
-            raise
-        self.hold = self.recorder.acquired(
-            started,
-            token=self.token,
-            ttl=self.ttl,
-            retries=attempts.retries,
-            attempt_started=attempts.last_started,
-        )
+        self._record_acquired(attempts)
         return True
 
     def release(self) -> bool | None:
@@ -267,30 +265,19 @@ class TrackedLock:
 
     async def aacquire(self) -> bool:
         """The asyncio form of :meth:`acquire`."""
-        started = time.perf_counter()
         stop_at = self._give_up_at()
-        attempts = _Attempts()
         self._new_token()
-        try:
+        with self.recorder.attempting() as attempts:
             while True:
                 attempts.begin()
                 if await self._aattempt():
                     break
                 pause = self._pause()
                 if stop_at is not None and time.monotonic() + pause > stop_at:
-                    self.recorder.not_acquired(started, retries=attempts.retries)
+                    self.recorder.not_acquired(attempts.started, retries=attempts.retries)
                     return False
                 await asyncio.sleep(pause)
-        except Exception as exc:
-            self.recorder.not_acquired(started, retries=attempts.retries, exc=exc)
-            raise
-        self.hold = self.recorder.acquired(
-            started,
-            token=self.token,
-            ttl=self.ttl,
-            retries=attempts.retries,
-            attempt_started=attempts.last_started,
-        )
+        self._record_acquired(attempts)
         return True
 
     async def arelease(self) -> bool | None:

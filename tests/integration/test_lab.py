@@ -189,6 +189,16 @@ def check_default_sale(results: list[StrategyResult], registry: CollectorRegistr
         assert by_name["check_then_decrement"].unsafe_read_modify_write == 0
 
 
+def run_and_check(config: LabConfig, registry: CollectorRegistry) -> list[StrategyResult]:
+    """Run the lab; each result's metrics agree with its figures and with the test's SQL."""
+    results = run_lab(config, registry=registry)
+    for result in results:
+        check_consistent(result, registry)
+    assert config.database_url is not None
+    check_against_own_sql(config.database_url, results)
+    return results
+
+
 def check_against_own_sql(url: str, results: list[StrategyResult]) -> None:
     for result in ran(results):
         orders, units, negative, stock = db_truth(url, result.sku)
@@ -245,10 +255,7 @@ def test_without_update_returning_reads_back_in_the_transaction(
         work_ms=2,
         strategies=("unsafe", "check_then_decrement", "atomic", "for_update"),
     )
-    results = run_lab(config, registry=registry)
-    for result in results:
-        check_consistent(result, registry)
-    check_against_own_sql(url, results)
+    results = run_and_check(config, registry)
     unsafe, check, atomic, for_update = results
     assert unsafe.oversold > 0
     assert check.negative_writes == -check.final_stock == check.oversold
@@ -559,10 +566,7 @@ def test_lock_strategies_on_redis(
         concurrency=20,
         strategies=("naive_lock", "redlock", "for_update", "atomic"),
     )
-    results = run_lab(config, registry=registry)
-    for result in results:
-        check_consistent(result, registry)
-    check_against_own_sql(url, results)
+    results = run_and_check(config, registry)
     naive, owned, for_update, atomic = results
 
     # The naive lock: every holder outlives the 4 ms TTL; the lock leaks, stock oversells.
@@ -595,20 +599,28 @@ def test_lock_strategies_on_redis(
     assert redis_keys(redis_prefix) == []
 
 
-def test_retries_with_idempotency_replay_without_reserving(
-    tmp_path: Path, registry: CollectorRegistry
-) -> None:
+def run_with_retries(
+    tmp_path: Path, registry: CollectorRegistry, *, stock: int, idempotency: bool
+) -> tuple[str, list[StrategyResult]]:
+    """60 buyers, a quarter of whom resubmit, on unsafe and atomic in a SQLite file."""
     url = f"sqlite:///{tmp_path / 'lab.db'}"
     config = LabConfig(
         database_url=url,
         buyers=60,
-        stock=10,
+        stock=stock,
         concurrency=10,
         work_ms=2,
         retries=0.25,
+        idempotency=idempotency,
         strategies=("unsafe", "atomic"),
     )
-    results = run_lab(config, registry=registry)
+    return url, run_lab(config, registry=registry)
+
+
+def test_retries_with_idempotency_replay_without_reserving(
+    tmp_path: Path, registry: CollectorRegistry
+) -> None:
+    url, results = run_with_retries(tmp_path, registry, stock=10, idempotency=True)
     for result in results:
         check_consistent(result, registry)
         # Every resubmit found the stored result: 15 replays, no second reservation.
@@ -623,18 +635,7 @@ def test_retries_with_idempotency_replay_without_reserving(
 def test_retries_without_idempotency_duplicate_orders(
     tmp_path: Path, registry: CollectorRegistry
 ) -> None:
-    url = f"sqlite:///{tmp_path / 'lab.db'}"
-    config = LabConfig(
-        database_url=url,
-        buyers=60,
-        stock=30,
-        concurrency=10,
-        work_ms=2,
-        retries=0.25,
-        idempotency=False,
-        strategies=("unsafe", "atomic"),
-    )
-    results = run_lab(config, registry=registry)
+    url, results = run_with_retries(tmp_path, registry, stock=30, idempotency=False)
     for result in results:
         check_consistent(result, registry)
         assert (result.resubmitted, result.replays, result.reservations) == (15, 0, 75)
@@ -755,3 +756,15 @@ def test_cli_unreachable_redis_is_one_line_and_exit_2(capsys: pytest.CaptureFixt
         "stocksentry demo: error: cannot connect to Redis redis://:***@127.0.0.1:1/0"
     )
     assert "sekrit" not in err
+
+
+def test_the_package_exports_each_name_from_the_module_that_defines_it() -> None:
+    # The package's lazy table, its __all__ and each module's own __all__ must agree: the
+    # three lists cannot be one without loading SQLAlchemy at import or losing the types.
+    import importlib
+
+    assert sorted(lab._HOMES) == sorted(lab.__all__)
+    for name, home in lab._HOMES.items():
+        module = importlib.import_module(f"stocksentry.exporter.lab.{home}")
+        assert name in module.__all__, (name, home)
+        assert getattr(lab, name) is getattr(module, name)

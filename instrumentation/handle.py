@@ -1,0 +1,95 @@
+"""What the reservation and payment-callback handles share: the block and its span.
+
+:class:`BlockHandle` gives a handle ``with`` and ``async with`` over its own ``_enter()``
+and ``_exit(exc)``, and ends the handle's span the one way both need: the result as an
+attribute, the exception and an error status when the block failed, then the span's
+context detached even when ending it raised. Internal: the public handles are
+:class:`~stocksentry.instrumentation.reservation.Reservation` and
+:class:`~stocksentry.instrumentation.payment.PaymentCallback`.
+"""
+
+from __future__ import annotations
+
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Literal, Self, cast
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace as otel_trace
+from opentelemetry.trace import Span, StatusCode
+
+if TYPE_CHECKING:
+    from .sentry import Sentry
+
+
+class BlockHandle:
+    """A sync and async context manager over ``_enter()`` and ``_exit(exc)``, with a span.
+
+    A subclass sets ``_sentry``, ``_span`` and ``_ctx_token`` in ``__init__`` and
+    implements :meth:`_enter` and :meth:`_exit`, which never raise into the host: they
+    catch, count and log.
+    """
+
+    __slots__ = ("_ctx_token", "_sentry", "_span")
+
+    _sentry: Sentry
+    _span: Span | None
+    _ctx_token: object | None
+
+    def _enter(self) -> None:
+        raise NotImplementedError
+
+    def _exit(self, exc: BaseException | None) -> None:
+        raise NotImplementedError
+
+    def _use_span(self, span: Span) -> None:
+        """Make ``span`` this handle's, current until :meth:`_end_span`."""
+        self._span = span
+        self._ctx_token = otel_context.attach(otel_trace.set_span_in_context(span))
+
+    def _end_span(
+        self, span: Span, key: str, result: str, failed: bool, exc: BaseException | None
+    ) -> None:
+        """End ``span`` with ``key=result``; ``failed`` records ``exc`` and an error status."""
+        try:
+            if span.is_recording():
+                span.set_attribute(key, result)
+                if failed:
+                    if exc is not None:
+                        span.record_exception(exc)
+                    span.set_status(StatusCode.ERROR)
+            span.end()
+        except Exception as err:
+            self._sentry.internal_error("tracing", err)
+        finally:
+            token, self._ctx_token = self._ctx_token, None
+            if token is not None:
+                try:
+                    otel_context.detach(cast(Any, token))
+                except Exception as err:
+                    self._sentry.internal_error("tracing", err)
+
+    def __enter__(self) -> Self:
+        self._enter()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> Literal[False]:
+        self._exit(exc)
+        return False
+
+    async def __aenter__(self) -> Self:
+        self._enter()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> Literal[False]:
+        self._exit(exc)
+        return False
