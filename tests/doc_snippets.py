@@ -11,7 +11,10 @@ just above the opening fence (the last non-blank line before it) changes that:
     would go on.
 ``<!-- snippet: integration -->``
     Needs PostgreSQL or Redis: ``tests/integration/test_doc_snippets.py`` runs it, with
-    ``STOCKSENTRY_TEST_PG`` and ``STOCKSENTRY_TEST_REDIS`` passed on.
+    ``DATABASE_URL`` and ``REDIS_URL`` (and ``STOCKSENTRY_TEST_PG``,
+    ``STOCKSENTRY_TEST_REDIS``) set to the suite's services. A block reads them as a
+    reader's program would, with a local default:
+    ``os.environ.get("REDIS_URL", "redis://localhost:6379/0")``.
 
 The unit suite runs the other blocks with the unit guard on (``tests/unit/service_guard``),
 so a block that reaches a service fails there and must say ``integration``.
@@ -61,7 +64,7 @@ class Snippet:
 
     @property
     def first_line(self) -> str:
-        """The block's first non-blank line: how a reader (and a pending list) names it."""
+        """The block's first non-blank line: how a reader names it."""
         return next(line for line in self.code.splitlines() if line.strip()).strip()
 
     @property

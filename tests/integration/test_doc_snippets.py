@@ -1,9 +1,10 @@
 """The docs' Python blocks marked ``<!-- snippet: integration -->`` run against the services.
 
 :mod:`doc_snippets` finds them; the unit suite runs every other block
-(``tests/unit/test_readme.py``). A block reads the services' URLs from
-``STOCKSENTRY_TEST_PG`` and ``STOCKSENTRY_TEST_REDIS`` when it needs to differ from the
-defaults it shows.
+(``tests/unit/test_readme.py``). A block reads the services' URLs from the variables a
+reader would set, ``DATABASE_URL`` and ``REDIS_URL``, with a local default it shows
+(``os.environ.get("REDIS_URL", "redis://localhost:6379/0")``); this module sets them, and
+``STOCKSENTRY_TEST_PG`` / ``STOCKSENTRY_TEST_REDIS``, to the services of the suite.
 """
 
 from __future__ import annotations
@@ -22,9 +23,11 @@ SNIPPETS = [s for s in all_snippets() if s.needs_services]
 
 @pytest.fixture
 def service_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The services' URLs, for the snippet's interpreter."""
+    """The services' URLs, for the snippet's interpreter, under the names the docs use."""
     monkeypatch.setenv("STOCKSENTRY_TEST_PG", PG_SERVER)
     monkeypatch.setenv("STOCKSENTRY_TEST_REDIS", REDIS_URL)
+    monkeypatch.setenv("DATABASE_URL", PG_SERVER)
+    monkeypatch.setenv("REDIS_URL", REDIS_URL)
 
 
 @pytest.mark.usefixtures("service_env")
@@ -51,3 +54,14 @@ def test_an_integration_snippet_reaches_the_services(tmp_path: Path) -> None:
     done = run(snippet, tmp_path, guard=False)
     assert (done.returncode, done.stdout) == (0, "1\n"), show(snippet, done)
     assert os.environ["STOCKSENTRY_TEST_PG"] == PG_SERVER
+
+
+@pytest.mark.usefixtures("service_env")
+def test_integration_snippets_see_the_docs_variables(tmp_path: Path) -> None:
+    (snippet,) = parse(
+        ROOT / "docs" / "example.md",
+        "<!-- snippet: integration -->\n```python\nimport os\n\n"
+        'print(os.environ["DATABASE_URL"], os.environ["REDIS_URL"])\n```\n',
+    )
+    done = run(snippet, tmp_path, guard=False)
+    assert (done.returncode, done.stdout) == (0, f"{PG_SERVER} {REDIS_URL}\n"), show(snippet, done)

@@ -57,39 +57,6 @@ def test_quickstart_runs_as_written(tmp_path: Path) -> None:
 # --- every Python block of the docs -----------------------------------------------------------
 
 SNIPPETS = all_snippets()
-#: Blocks in docs owned elsewhere that do not run yet: (file, first line) -> what is missing.
-#: Each must still fail (so a fixed one is noticed and its entry removed).
-PENDING: dict[tuple[str, str], str] = {
-    ("docs/exporter-config.md", "import sys"): "top-level await; /etc/stocksentry/config.yaml",
-    ("docs/exporter-config.md", "runner = ProbeRunner(config)"): "a fragment: config, settings",
-    ("docs/exporter-config.md", "registry.register(runner)"): "a fragment: registry, runner, app",
-    (
-        "docs/instrumentation.md",
-        "from stocksentry.instrumentation import ReservationConflict, current_reservation, "
-        "reservation, reserves",
-    ): "a fragment: sku, rid, key, available, rows_updated",
-    ("docs/instrumentation.md", '@reserves(strategy="atomic")'): "no imports; conditional_update",
-    (
-        "docs/instrumentation.md",
-        "with payment_callback(sku, order_id=oid, payment_reference=ref,",
-    ): "no imports; sku, oid, ref, order",
-    (
-        "docs/instrumentation.md",
-        "from stocksentry.instrumentation.logs import bind_correlation",
-    ): "a fragment: rid, key, oid",
-    ("docs/locks.md", "import redis"): "a fragment: pid, reserve; needs Redis",
-    ("docs/locks.md", "from pottery import Redlock"): "a fragment: pid, client, reserve",
-    (
-        "docs/locks.md",
-        "from stocksentry.instrumentation.locks import track_lock",
-    ): "a fragment: pid, r, reserve",
-    ("docs/locks.md", "from stocksentry.instrumentation.locks import SetNxLock"): (
-        "a fragment: r, KEY, reserve, price_cart, Busy"
-    ),
-    ("docs/sqlalchemy.md", "with engine.begin() as conn:                      # transaction 1"): (
-        "a fragment: engine, text, p"
-    ),
-}
 #: How many blocks may be exempt from running: a few, each with its reason.
 MAX_NO_RUN = 5
 
@@ -111,15 +78,7 @@ def test_there_are_snippets() -> None:
 )
 def test_snippet_runs(snippet: Snippet, tmp_path: Path) -> None:
     done = run(snippet, tmp_path, guard=True)
-    if _key(snippet) in PENDING:
-        assert done.returncode != 0, f"{snippet.where} runs now: remove it from PENDING"
-    else:
-        assert done.returncode == 0, show(snippet, done)
-
-
-def test_pending_blocks_exist() -> None:
-    runnable = {_key(s) for s in SNIPPETS if s.marker != "no-run"}
-    assert set(PENDING) <= runnable, sorted(set(PENDING) - runnable)
+    assert done.returncode == 0, show(snippet, done)
 
 
 def test_no_run_blocks_are_few_give_a_reason_and_compile() -> None:

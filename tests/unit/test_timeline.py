@@ -65,7 +65,7 @@ def report_of(path: Path, **options: Any) -> timeline.Report:
         return analyse(read_events(lines, path.name), **options)
 
 
-# --- the seeds' four lines -------------------------------------------------------------------
+# --- the incident's four log lines: two requests both write from=1 to=0 --------------------------
 
 
 def test_seed_lines_parse_as_written() -> None:
