@@ -713,7 +713,7 @@ async def test_a_frozen_leader_loses_the_lock_to_a_follower(pg_database, tmp_pat
     follower = ProbeRunner(parse_config(path.read_text()), registry=follower_registry)
     try:
         assert leader.stdout is not None
-        line = await asyncio.wait_for(leader.stdout.readline(), timeout=15.0)
+        line = await asyncio.wait_for(leader.stdout.readline(), timeout=WAIT)
         assert line == b"leading\n"
         await follower.start()
         await async_wait_until(
