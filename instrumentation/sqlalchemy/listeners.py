@@ -76,6 +76,8 @@ class _Instrumentation:
         self.paramstyle = paramstyle
         self.span_mode = span_mode
         self.read_window = read_window
+        # The read window's clock; a test moves it instead of sleeping.
+        self.clock: Callable[[], float] = time.monotonic
         self.plans: dict[str, StatementInfo] = {}
         # Per-Connection state lives in the Connection's own __dict__ (it goes with the
         # Connection, one checkout); this map is the fallback for a Connection class
@@ -307,7 +309,7 @@ class _Instrumentation:
             )
         if not plan.reads_stock:
             return
-        read = _Read(locked, state.txn, time.monotonic())
+        read = _Read(locked, state.txn, self.clock())
         reservation = current_reservation()
         res_store = _scope(_reservation_reads, reservation, True) if reservation else None
         request_id = structlog.contextvars.get_contextvars().get("request_id")
@@ -331,7 +333,7 @@ class _Instrumentation:
     ) -> None:
         if state is None:
             return
-        now = time.monotonic()
+        now = self.clock()
         oldest = now - self.read_window
         reservation = current_reservation()
         request_id = structlog.contextvars.get_contextvars().get("request_id")

@@ -10,7 +10,6 @@ import gc
 import io
 import json
 import sys
-import time
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -416,14 +415,25 @@ def test_core_statements_are_classified_as_compiled(
 def test_a_read_is_forgotten_after_the_window(
     engine: sa.Engine, sentry: Sentry, registry: CollectorRegistry
 ) -> None:
+    from stocksentry.instrumentation.sqlalchemy import _instrumented
+
     instrument_sqlalchemy(engine, sentry=sentry, read_window=0.05)
+    now = [100.0]
+    _instrumented[engine].clock = lambda: now[0]  # moved by hand: no test sleeps
+    write = sa.text("UPDATE products SET available_stock = 9 WHERE sku = :sku")
     with engine.connect() as conn:
         conn.execute(sa.text(READ), EGG).all()
         conn.commit()
-        time.sleep(0.1)
-        conn.execute(sa.text("UPDATE products SET available_stock = 9 WHERE sku = :sku"), EGG)
+        now[0] += 0.04  # within the window: the write is computed from the read
+        conn.execute(write, EGG)
         conn.commit()
-    assert value(registry, UNSAFE, table="products") == 0
+        assert value(registry, UNSAFE, table="products") == 1
+        conn.execute(sa.text(READ), EGG).all()
+        conn.commit()
+        now[0] += 0.06  # past the window: the read is forgotten
+        conn.execute(write, EGG)
+        conn.commit()
+    assert value(registry, UNSAFE, table="products") == 1
 
 
 def test_one_read_counts_one_write(
