@@ -97,9 +97,10 @@ class NaiveLockScenarios:
         assert acquires(registry, "checkout", "acquired") == 1
         assert acquires(registry, "checkout", "timeout") == 0
         assert value(registry, f"{RATIO}_count", lock="checkout") == 1
-        assert 0.14 < value(registry, f"{RATIO}_sum", lock="checkout") < 0.25
-        # 0.15 s of a 1 s TTL: in the 0.25 bucket, not in the 0.1 one.
-        assert value(registry, f"{RATIO}_bucket", lock="checkout", le="0.25") == 1
+        # At least the 0.15 s slept, of a 1 s TTL: above the 0.1 bucket and under the TTL
+        # (however slow the machine, short of a hold that really outlived its lock).
+        assert 0.14 < value(registry, f"{RATIO}_sum", lock="checkout") < 1.0
+        assert value(registry, f"{RATIO}_bucket", lock="checkout", le="1.0") == 1
         assert value(registry, f"{RATIO}_bucket", lock="checkout", le="0.1") == 0
         assert value(registry, EXPIRED, lock="checkout") == 0
         assert value(registry, NOT_OWNED, lock="checkout") == 0
@@ -156,7 +157,9 @@ class NaiveLockScenarios:
         assert value(registry, f"{RATIO}_count", lock="checkout") == 2
         # A held 0.4 s of 0.2 s (ratio 2, above the 1.5 bucket); B a fraction of its 5 s.
         assert value(registry, f"{RATIO}_bucket", lock="checkout", le="1.5") == 1
-        assert value(registry, f"{RATIO}_bucket", lock="checkout", le="5.0") == 2
+        # B's ratio is a fraction of its lease; A's grows with a slow machine, so only B's
+        # side of the 1.0 edge is certain.
+        assert value(registry, f"{RATIO}_bucket", lock="checkout", le="1.0") == 1
 
     def test_acquire_timeout_and_retries(
         self, client: redis.Redis, redis_prefix: str, registry: CollectorRegistry, sentry: Sentry
@@ -164,12 +167,13 @@ class NaiveLockScenarios:
         key = redis_prefix + "lock:busy"
         client.set(key, b"held-by-another", px=5000)
         lock = self.make(
-            client, key, name="busy", ttl=1, blocking_timeout=0.3, retry_delay=0.05, sentry=sentry
+            client, key, name="busy", ttl=1, blocking_timeout=1.0, retry_delay=0.05, sentry=sentry
         )
         started = time.perf_counter()
         with pytest.raises(LockNotAcquired) as info, lock:
             pytest.fail("entered a held lock")
-        assert 0.2 < time.perf_counter() - started < 1.0
+        # It waited its blocking timeout, and gave up long before the holder's 5 s key went.
+        assert 0.9 < time.perf_counter() - started < 5.0
         assert info.value.name == "busy"
         assert acquires(registry, "busy", "timeout") == 1
         assert acquires(registry, "busy", "acquired") == 0

