@@ -14,11 +14,16 @@ import sys
 import textwrap
 
 import pytest
+import sqlalchemy as sa
 from prometheus_client import CollectorRegistry
 from stocksentry.instrumentation import Sentry
 from stocksentry.instrumentation.guard import MAX_CACHED_KEY_LENGTH, LabelGuard
+from stocksentry.instrumentation.logs import sanitize_id
 from stocksentry.instrumentation.metrics import StockMetrics
 from stocksentry.instrumentation.processors import Redactor
+from stocksentry.instrumentation.sqlalchemy import instrument_sqlalchemy, uninstrument_sqlalchemy
+from stocksentry.instrumentation.sqlalchemy.instrumentor import _instrumented
+from stocksentry.instrumentation.sqlalchemy.model import _PLAN_CACHE_CHARS, _PLAN_CACHE_MAX_TEXT
 
 # What the child may grow by, after 2,000 distinct 256 kB SKUs went through reservations
 # (500 MB of input, each SKU freed by the app after its reservation).
@@ -270,3 +275,28 @@ def test_misuse_is_logged_at_most_once_a_minute(
     assert hostile not in lines[0].getMessage()
     assert len(lines[0].getMessage()) < 300
     assert _errors(registry) == 50
+
+
+def test_sqlalchemy_statement_cache_is_bounded_in_characters(registry: CollectorRegistry) -> None:
+    engine = sa.create_engine("sqlite://")
+    instrument_sqlalchemy(engine, sentry=Sentry(registry=registry, log=False, trace=False))
+    try:
+        state = _instrumented[engine]
+        with engine.connect() as conn:
+            for i in range(40):
+                # Distinct texts, as an app that renders literals into its SQL sends.
+                padding = "x" * (_PLAN_CACHE_MAX_TEXT + i)
+                conn.exec_driver_sql(f"SELECT 1 /* {padding} */")
+            for i in range(300):
+                conn.exec_driver_sql(f"SELECT {i} /* {'y' * 10_000} */")
+        assert all(len(text) <= _PLAN_CACHE_MAX_TEXT for text in state.plans)
+        assert state.plan_chars == sum(len(text) for text in state.plans)
+        assert state.plan_chars <= _PLAN_CACHE_CHARS
+    finally:
+        uninstrument_sqlalchemy(engine)
+
+
+def test_sanitize_id_refuses_a_huge_id_without_scanning_it() -> None:
+    assert sanitize_id("r" * 128) == "r" * 128
+    assert sanitize_id("r" * 129) is None
+    assert sanitize_id("r" * 10_000_000) is None
