@@ -30,8 +30,8 @@ def is_int_like(value: object) -> bool:
 def misuse(**values: object) -> str | None:
     """The first app-provided value of the wrong type, described; ``None`` when all fit.
 
-    Each keyword names a value and its expected kind by its suffix-free name: ``sku``,
-    ``strategy``, ``operation``, ``cache``, ``reason`` and ``outcome`` must be str;
+    The keyword's name says what the value must be: ``sku``, ``strategy``,
+    ``operation``, ``cache``, ``reason`` and ``outcome`` must be str;
     ``qty``, ``stock``, ``old_stock``, ``new_stock``, ``available``, ``cached`` and
     ``actual`` int-like or ``None`` (``qty`` never ``None``); ``duration`` a real number
     or ``None``. The description names the type, never the value, so a hostile value
