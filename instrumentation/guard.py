@@ -26,6 +26,15 @@ from .catalog import OVERFLOW_VALUE
 #: lone surrogates that would break the UTF-8 exposition) becomes ``_``.
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.:/@#+\-]")
 EMPTY_VALUE = "__empty__"
+#: The longest raw value kept as a cache key (here and in the metrics' children caches).
+#: A label value is cut to ``max_length`` (64) characters anyway; a longer raw value is
+#: sanitised on every call instead of being cached, so a cache holds at most its entry
+#: limit times this many characters (times 4 bytes, Python's widest string storage),
+#: whatever the app sends. Hostile 256 kB SKUs would otherwise stay alive as keys.
+MAX_CACHED_KEY_LENGTH = 256
+#: The characters of raw keys one cache may hold in all (1 Mi characters: at most 4 MiB).
+#: The entry limit alone lets many pinned SKUs multiply it; this one does not grow.
+CACHE_CHAR_BUDGET = 1 << 20
 
 
 def sanitize_label_value(value: object, max_length: int = 64) -> str:
@@ -35,6 +44,8 @@ def sanitize_label_value(value: object, max_length: int = 64) -> str:
     ``max_length`` characters; an empty value becomes ``__empty__``.
     """
     text = value if isinstance(value, str) else str(value)
+    # Cut before the substitution: the regex then never scans more than max_length
+    # characters, however long the input.
     if len(text) > max_length:
         text = text[:max_length]
     text = _UNSAFE.sub("_", text)
@@ -52,6 +63,7 @@ class LabelGuard:
     __slots__ = (
         "_admitted",
         "_cache",
+        "_cache_chars",
         "_cache_limit",
         "_count",
         "_lock",
@@ -78,10 +90,12 @@ class LabelGuard:
         # counts only the latter.
         self._admitted: set[str] = set(pinned)
         self._count = 0
-        # Raw value -> label value. Bounded so hostile input cannot grow memory without
-        # limit; past the bound, lookups take the slow path but stay correct.
+        # Raw value -> label value. Bounded in entries and, through MAX_CACHED_KEY_LENGTH,
+        # in bytes, so hostile input cannot grow memory without limit; past the bound,
+        # lookups take the slow path but stay correct.
         self._cache: dict[str, str] = {}
         self._cache_limit = 4 * (max_values + len(pinned)) + 1024
+        self._cache_chars = 0
 
     def __call__(self, value: str) -> str:
         label = self._cache.get(value)
@@ -100,8 +114,14 @@ class LabelGuard:
                 label = clean
             else:
                 label = OVERFLOW_VALUE
-            if len(self._cache) < self._cache_limit and isinstance(value, str):
+            if (
+                isinstance(value, str)
+                and len(value) <= MAX_CACHED_KEY_LENGTH
+                and len(self._cache) < self._cache_limit
+                and self._cache_chars + len(value) <= CACHE_CHAR_BUDGET
+            ):
                 self._cache[value] = label
+                self._cache_chars += len(value)
         return label
 
     @property

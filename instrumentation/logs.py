@@ -329,6 +329,7 @@ def sanitize_id(value: str | None) -> str | None:
         >>> sanitize_id("evil\\nlevel=error") is None
         True
     """
-    if value is None or _SAFE_ID.fullmatch(value) is None:
+    # The length first: a hostile header of megabytes is refused without a scan.
+    if value is None or len(value) > 128 or _SAFE_ID.fullmatch(value) is None:
         return None
     return value

@@ -32,7 +32,7 @@ from prometheus_client.registry import REGISTRY
 
 from . import catalog
 from .catalog import OVERFLOW_VALUE, MetricSpec
-from .guard import LabelGuard
+from .guard import CACHE_CHAR_BUDGET, MAX_CACHED_KEY_LENGTH, LabelGuard
 
 #: Budgets for the labels whose values come from the app but are not SKUs. They are small
 #: sets by nature (strategy names, operation names, cache and lock names, table names); a
@@ -85,6 +85,11 @@ class StockMetrics:
         # varying the part past the length cap): the caches stop growing at this size and
         # later keys take the guarded slow path, still correct.
         self._cache_limit = 32 * (max_skus + len(promo_skus)) + 4096
+        # And in bytes: only raw keys up to MAX_CACHED_KEY_LENGTH characters are cached
+        # (longer ones, hostile or not, take the slow path each time), and all the
+        # children caches together hold at most CACHE_CHAR_BUDGET characters of keys.
+        # Counted without a lock: a race can only miscount by a few keys.
+        self._cached_chars = 0
         self._small_guards: dict[str, LabelGuard] = {
             name: LabelGuard(SMALL_LABEL_BUDGET, max_length=max_label_length)
             for name in ("strategy", "operation", "cache", "lock", "table", "component")
@@ -144,6 +149,18 @@ class StockMetrics:
             self._overflow.labels(spec.name).inc()
         return label
 
+    def _may_cache(self, cache: dict[Any, Any], *keys: object) -> bool:
+        """Whether a key made of ``keys`` fits the children caches' bounds; if so, counted."""
+        size = 0
+        for key in keys:
+            if not isinstance(key, str) or len(key) > MAX_CACHED_KEY_LENGTH:
+                return False
+            size += len(key)
+        if len(cache) >= self._cache_limit or self._cached_chars + size > CACHE_CHAR_BUDGET:
+            return False
+        self._cached_chars += size
+        return True
+
     def _child_sku(self, spec: MetricSpec, sku: str) -> Any:
         cache = self._children[spec.name]
         child = cache.get(sku)
@@ -151,7 +168,7 @@ class StockMetrics:
             label = self._sku(spec, sku)
             child = self._metrics[spec.name].labels(label)
             # Overflowed raw values are not cached: each one must count its overflow.
-            if label is not OVERFLOW_VALUE and len(cache) < self._cache_limit:
+            if label is not OVERFLOW_VALUE and self._may_cache(cache, sku):
                 cache[sku] = child
         return child
 
@@ -161,7 +178,7 @@ class StockMetrics:
         if child is None:
             label = self._small(guard_name, spec, value)
             child = self._metrics[spec.name].labels(label)
-            if label is not OVERFLOW_VALUE and len(cache) < self._cache_limit:
+            if label is not OVERFLOW_VALUE and self._may_cache(cache, value):
                 cache[value] = child
         return child
 
@@ -178,7 +195,7 @@ class StockMetrics:
             strategy_label = self._small("strategy", spec, strategy)
             child = self._metrics[spec.name].labels(sku_label, strategy_label)
             folded = sku_label is OVERFLOW_VALUE or strategy_label is OVERFLOW_VALUE
-            if not folded and len(cache) < self._cache_limit:
+            if not folded and self._may_cache(cache, sku, strategy):
                 cache[key] = child
         child.inc()
 
@@ -193,7 +210,7 @@ class StockMetrics:
                 raise ValueError(f"unknown conflict reason {reason!r}")
             sku_label = self._sku(spec, sku)
             child = self._metrics[spec.name].labels(sku_label, reason)
-            if sku_label is not OVERFLOW_VALUE and len(cache) < self._cache_limit:
+            if sku_label is not OVERFLOW_VALUE and self._may_cache(cache, sku):
                 cache[key] = child
         child.inc()
 
@@ -247,7 +264,7 @@ class StockMetrics:
                 raise ValueError(f"unknown lock outcome {outcome!r}")
             label = self._small("lock", spec, lock)
             child = self._metrics[spec.name].labels(label, outcome)
-            if label is not OVERFLOW_VALUE and len(cache) < self._cache_limit:
+            if label is not OVERFLOW_VALUE and self._may_cache(cache, lock):
                 cache[key] = child
         child.observe(seconds)
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Literal
 from opentelemetry.trace import Span
 
 from .events import PAYMENT_CALLBACK
-from .handle import BlockHandle
+from .handle import BlockHandle, misuse
 from .tracing import link_from_carrier
 
 if TYPE_CHECKING:
@@ -24,7 +24,7 @@ class PaymentCallback(BlockHandle):
     marks a payment that must be refunded because the stock was not there.
     """
 
-    __slots__ = ("_mark", "checkout", "ids", "qty", "sku")
+    __slots__ = ("_mark", "_misuse", "checkout", "ids", "qty", "sku")
 
     def __init__(
         self,
@@ -42,6 +42,11 @@ class PaymentCallback(BlockHandle):
         self._mark: Literal["paid", "replay", "refund", "failed"] = "paid"
         self._span: Span | None = None
         self._ctx_token: object | None = None
+        # A value of the wrong type from the app: the callback then records none of its
+        # series and counts one instrumentation error (all or nothing).
+        self._misuse: str | None = None
+        if type(sku) is not str or type(qty) is not int:
+            self._misuse = misuse(sku=sku, qty=qty)
 
     def replay(self) -> None:
         """This callback repeats one already processed: count a replay, not a payment."""
@@ -76,6 +81,21 @@ class PaymentCallback(BlockHandle):
     def _exit(self, exc: BaseException | None) -> None:
         sentry = self._sentry
         mark = self._mark if exc is None else "failed"
+        if self._misuse is not None:
+            sentry.internal_error("api", TypeError(self._misuse))
+        else:
+            self._record(mark)
+        if sentry.log_enabled:
+            try:
+                sentry.logger.info(PAYMENT_CALLBACK.name, sku=self.sku, result=mark, **self.ids)
+            except Exception as err:
+                sentry.internal_error("logging", err)
+        span = self._span
+        if span is not None:
+            self._end_span(span, "stock.payment_result", mark, exc is not None, exc)
+
+    def _record(self, mark: str) -> None:
+        sentry = self._sentry
         try:
             if mark in ("paid", "refund"):
                 sentry.metrics.order_paid(self.sku)
@@ -85,11 +105,3 @@ class PaymentCallback(BlockHandle):
                 sentry.metrics.idempotency_replay("payment_callback")
         except Exception as err:
             sentry.internal_error("metrics", err)
-        if sentry.log_enabled:
-            try:
-                sentry.logger.info(PAYMENT_CALLBACK.name, sku=self.sku, result=mark, **self.ids)
-            except Exception as err:
-                sentry.internal_error("logging", err)
-        span = self._span
-        if span is not None:
-            self._end_span(span, "stock.payment_result", mark, exc is not None, exc)

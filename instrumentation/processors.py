@@ -40,6 +40,9 @@ _TRUSTED_KEYS = frozenset({"timestamp", "level", "logger", "trace_id", "span_id"
 
 _MAX_NESTING = 8
 _KEY_CACHE_LIMIT = 4096
+# Longest key cached (in characters): with the entry limit, the cache holds at most
+# 4096 x 128 characters whatever keys the data brings.
+_KEY_CACHE_MAX_LENGTH = 128
 # Values that cannot hold a secret as text: skipped without further checks.
 _PLAIN_SCALARS: frozenset[type] = frozenset({int, float, bool, type(None)})
 
@@ -102,7 +105,11 @@ class Redactor:
         # (access_token, client_secret, x-api-key), as secrets come with prefixes.
         is_sensitive = bool(lowered) and (lowered in self._keys or is_secret_key(lowered))
         # Bounded: keys built from data (not code) must not grow the cache without limit.
-        if len(self._sensitive) < _KEY_CACHE_LIMIT and isinstance(key, str):
+        if (
+            isinstance(key, str)
+            and len(key) <= _KEY_CACHE_MAX_LENGTH
+            and len(self._sensitive) < _KEY_CACHE_LIMIT
+        ):
             self._sensitive[key] = is_sensitive
         return is_sensitive
 

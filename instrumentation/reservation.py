@@ -13,7 +13,7 @@ from opentelemetry.trace import Span
 from . import catalog
 from .catalog import ConflictReason, Outcome
 from .events import INVENTORY_NEGATIVE, RESERVATION_ERROR, STOCK_CHECK, STOCK_UPDATE
-from .handle import BlockHandle
+from .handle import BlockHandle, misuse
 from .outcomes import classify_exception
 from .tracing import carrier_for, exemplar_for
 
@@ -41,6 +41,7 @@ class Reservation(BlockHandle):
         "_implied",
         "_log",
         "_log_tokens",
+        "_misuse",
         "_new_stock",
         "_old_stock",
         "_outcome",
@@ -76,11 +77,19 @@ class Reservation(BlockHandle):
         self._log_tokens: Mapping[str, Token[Any]] | None = None
         self._cv_token: Token[Reservation | None] | None = None
         self._start = 0.0
+        # A value of the wrong type from the app, described: the reservation then records
+        # none of its series (all or nothing) and counts one instrumentation error. The
+        # exact-type checks keep the common case to three comparisons.
+        self._misuse: str | None = None
+        if type(sku) is not str or type(strategy) is not str or type(qty) is not int:
+            self._misuse = misuse(sku=sku, strategy=strategy, qty=qty)
 
     # --- marks -----------------------------------------------------------------------------
 
     def stock_check(self, available: int) -> None:
         """Record the stock the reservation saw before deciding (logs ``stock_check``)."""
+        if type(available) is not int and self._misuse is None:
+            self._misuse = misuse(available=available)
         self._old_stock = available
         sentry = self._sentry
         if self._log:
@@ -94,6 +103,11 @@ class Reservation(BlockHandle):
     def success(self, *, old_stock: int | None = None, new_stock: int | None = None) -> None:
         """Mark the reservation successful; ``new_stock`` below zero counts a negative write."""
         self._outcome = "success"
+        if (
+            (old_stock is not None and type(old_stock) is not int)
+            or (new_stock is not None and type(new_stock) is not int)
+        ) and self._misuse is None:
+            self._misuse = misuse(old_stock=old_stock, new_stock=new_stock)
         if old_stock is not None:
             self._old_stock = old_stock
         self._new_stock = new_stock
@@ -141,14 +155,14 @@ class Reservation(BlockHandle):
         try:
             tracer = sentry.tracer
             if tracer is not None:
-                span = tracer.start_span(
-                    "stock.reserve",
-                    attributes={
-                        "stock.sku": str(self.sku)[:256],
-                        "stock.strategy": self.strategy,
-                        "stock.qty": self.qty,
-                    },
-                )
+                # Cut: an attribute value is kept by the span processor until export.
+                attributes: dict[str, str | int] = {
+                    "stock.sku": str(self.sku)[:256],
+                    "stock.strategy": str(self.strategy)[:256],
+                }
+                if self._misuse is None:
+                    attributes["stock.qty"] = self.qty
+                span = tracer.start_span("stock.reserve", attributes=attributes)
                 self._use_span(span)
             if self._log:
                 self._log_tokens = structlog.contextvars.bind_contextvars(sku=self.sku, **self.ids)
@@ -171,6 +185,18 @@ class Reservation(BlockHandle):
                 outcome = "error"
         elif outcome is None:
             outcome = self._implied or "success"
+        if self._misuse is not None:
+            # Validated before any series is touched: nothing of this reservation is
+            # recorded, rather than a success without its duration.
+            sentry.internal_error("api", TypeError(self._misuse))
+        else:
+            self._record(outcome, elapsed)
+        if self._log:
+            self._log_end(outcome, exc)
+        self._restore(outcome, exc)
+
+    def _record(self, outcome: Outcome, elapsed: float) -> None:
+        sentry = self._sentry
         try:
             metrics = sentry.metrics
             span = self._span
@@ -185,9 +211,6 @@ class Reservation(BlockHandle):
             )
         except Exception as err:
             sentry.internal_error("metrics", err)
-        if self._log:
-            self._log_end(outcome, exc)
-        self._restore(outcome, exc)
 
     def _restore(self, outcome: Outcome, exc: BaseException | None) -> None:
         # Each step on its own: one failing (a context entered in another task, a span
@@ -225,10 +248,9 @@ class Reservation(BlockHandle):
                 if self._new_stock is not None:
                     fields["to"] = self._new_stock
                 log.info(STOCK_UPDATE.name, **fields)
-                if self._new_stock is not None and self._new_stock < 0:
-                    log.warning(
-                        INVENTORY_NEGATIVE.name, sku=self.sku, stock=self._new_stock, **self.ids
-                    )
+                new_stock = self._new_stock
+                if self._misuse is None and new_stock is not None and new_stock < 0:
+                    log.warning(INVENTORY_NEGATIVE.name, sku=self.sku, stock=new_stock, **self.ids)
             elif outcome == "error":
                 log.info(
                     RESERVATION_ERROR.name,

@@ -20,6 +20,7 @@ from prometheus_client.registry import REGISTRY
 from . import catalog, events
 from .catalog import Outcome
 from .events import LogEvent
+from .handle import misuse
 from .metrics import StockMetrics
 from .payment import PaymentCallback
 from .reservation import Reservation
@@ -137,6 +138,15 @@ class Sentry:
         except Exception:  # noqa: S110 - logging failed too; the counter already has it
             pass
 
+    def _misused(self, **values: object) -> bool:
+        """Whether an app-provided value has the wrong type; if so, counted as an ``api``
+        error, so the caller records nothing (all of an event's series or none)."""
+        problem = misuse(**values)
+        if problem is None:
+            return False
+        self.internal_error("api", TypeError(problem))
+        return True
+
     def _log(self, event: LogEvent, **fields: Any) -> None:
         if not self.log_enabled:
             return
@@ -244,15 +254,21 @@ class Sentry:
         new_stock: int | None = None,
     ) -> None:
         """Record a reservation the app timed itself (the plain-function form)."""
+        # Everything checked before the first series is touched: all or nothing.
+        if self._misused(
+            sku=sku, outcome=outcome, strategy=strategy, duration=duration, new_stock=new_stock
+        ):
+            return
+        if outcome not in catalog.OUTCOMES:
+            self.internal_error("api", ValueError(f"unknown outcome {outcome[:64]!r}"))
+            return
         try:
             if outcome == "success":
                 self.metrics.reservation_success(sku, strategy)
                 if new_stock is not None and new_stock < 0:
                     self.metrics.inventory_negative(sku)
-            elif outcome in catalog.CONFLICT_REASONS:
-                self.metrics.reservation_conflict(sku, outcome)
             elif outcome != "error":
-                raise ValueError(f"unknown outcome {outcome!r}")
+                self.metrics.reservation_conflict(sku, outcome)
             if duration is not None:
                 self.metrics.reservation_duration(outcome, duration)
         except Exception as exc:
@@ -286,6 +302,8 @@ class Sentry:
         payment_reference: str | None = None,
     ) -> None:
         """Count one paid order."""
+        if self._misused(sku=sku):
+            return
         try:
             self.metrics.order_paid(sku)
         except Exception as exc:
@@ -298,6 +316,8 @@ class Sentry:
 
     def record_refund_due_to_oversell(self, sku: str, *, order_id: str | None = None) -> None:
         """Count one refund issued because the stock had been oversold."""
+        if self._misused(sku=sku):
+            return
         try:
             self.metrics.refund_due_to_oversell(sku)
         except Exception as exc:
@@ -306,6 +326,8 @@ class Sentry:
 
     def record_negative_inventory(self, sku: str, *, stock: int) -> None:
         """Count one stock write that left ``sku`` at ``stock`` below zero."""
+        if self._misused(sku=sku, stock=stock):
+            return
         try:
             self.metrics.inventory_negative(sku)
         except Exception as exc:
@@ -316,6 +338,8 @@ class Sentry:
 
     def record_idempotency_replay(self, operation: str, *, key: str | None = None) -> None:
         """Count one request answered from its stored result (same key, same payload)."""
+        if self._misused(operation=operation):
+            return
         try:
             self.metrics.idempotency_replay(operation)
         except Exception as exc:
@@ -324,6 +348,8 @@ class Sentry:
 
     def record_idempotency_conflict(self, operation: str, *, key: str | None = None) -> None:
         """Count one reuse of an idempotency key with a different payload."""
+        if self._misused(operation=operation):
+            return
         try:
             self.metrics.idempotency_conflict(operation)
         except Exception as exc:
@@ -339,6 +365,8 @@ class Sentry:
         actual: int | None = None,
     ) -> None:
         """Count one stock decision taken on a cached value the database contradicted."""
+        if self._misused(cache=cache, cached=cached, actual=actual):
+            return
         try:
             self.metrics.cache_stale_hit(cache)
         except Exception as exc:

@@ -22,6 +22,7 @@ from aiohttp import web
 from prometheus_client.registry import Collector
 
 from .app import LIFECYCLE, Background, create_app
+from .deadlines import WatchedSite
 from .quiet import ClientErrorLog
 from .settings import ServerSettings
 
@@ -84,15 +85,30 @@ async def serving(
     ssl_context = web_config.ssl_context() if web_config else None
     app = create_app(settings, collectors=collectors, background=background)
     # No access log: Prometheus scrapes every few seconds and kubelet probes as often.
+    # lingering_time: how long aiohttp drains a body no handler read (none reads one)
+    # before closing; the body deadline of the site bounds it the same way.
     runner = web.AppRunner(
         app,
         access_log=None,
         logger=ClientErrorLog(),
         shutdown_timeout=settings.shutdown_timeout,
+        keepalive_timeout=settings.keepalive_timeout,
+        lingering_time=settings.body_timeout,
     )
     try:
         await runner.setup()
-        site = web.TCPSite(runner, settings.listen_address, settings.port, ssl_context=ssl_context)
+        # Not aiohttp's TCPSite: its listener has no deadline for a slow client's request
+        # head, body or TLS handshake (a half-sent request is held for the keep-alive
+        # timeout); WatchedSite's has (see deadlines.py).
+        site = WatchedSite(
+            runner,
+            settings.listen_address,
+            settings.port,
+            ssl_context=ssl_context,
+            header_timeout=settings.header_timeout,
+            body_timeout=settings.body_timeout,
+            handshake_timeout=settings.tls_handshake_timeout,
+        )
         await site.start()
         addresses = tuple((str(a[0]), int(a[1])) for a in runner.addresses)
         yield RunningServer(app, "https" if ssl_context else "http", addresses)

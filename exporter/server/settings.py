@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Final
 
 from ..webconfig import WebConfig
+from .deadlines import BODY_TIMEOUT, HANDSHAKE_TIMEOUT, HEADER_TIMEOUT, KEEPALIVE_TIMEOUT
 
 __all__ = ["HEALTHZ_PATH", "READYZ_PATH", "Lifecycle", "ServerSettings"]
 
@@ -39,6 +40,13 @@ class ServerSettings:
         shutdown_timeout: seconds in-flight requests get to finish at shutdown.
         drain_seconds: seconds between the stop signal and closing the listener, during
             which ``/readyz`` already answers 503 (for load balancers that must notice).
+        header_timeout: seconds a client has to send a whole request head (request line
+            and headers), from the connection's start or the head's first byte; then the
+            connection is closed (see :mod:`~.deadlines`).
+        body_timeout: seconds a client has to send a request body after its head.
+        tls_handshake_timeout: seconds a TLS handshake may take.
+        keepalive_timeout: seconds an idle kept-alive connection stays open between
+            requests (Prometheus reuses its connection from one scrape to the next).
 
     Example::
 
@@ -54,6 +62,10 @@ class ServerSettings:
     multiprocess_check_pids: bool = True
     shutdown_timeout: float = 10.0
     drain_seconds: float = 0.0
+    header_timeout: float = HEADER_TIMEOUT
+    body_timeout: float = BODY_TIMEOUT
+    tls_handshake_timeout: float = HANDSHAKE_TIMEOUT
+    keepalive_timeout: float = KEEPALIVE_TIMEOUT
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -69,6 +81,14 @@ class ServerSettings:
             )
         if not self.shutdown_timeout >= 0 or not self.drain_seconds >= 0:
             raise ValueError("shutdown_timeout and drain_seconds must be >= 0")
+        for name in ("header_timeout", "body_timeout", "tls_handshake_timeout"):
+            value = getattr(self, name)
+            if not 0 < value <= 3600:
+                raise ValueError(f"{name} must be > 0 and <= 3600 seconds, got {value}")
+        if not 0 < self.keepalive_timeout <= 86400:
+            raise ValueError(
+                f"keepalive_timeout must be > 0 and <= 86400 seconds, got {self.keepalive_timeout}"
+            )
 
 
 @dataclass(slots=True)

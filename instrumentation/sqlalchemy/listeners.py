@@ -23,6 +23,8 @@ from .model import (
     _COMPONENT,
     _IGNORED,
     _MAX_KEY_CHARS,
+    _PLAN_CACHE_CHARS,
+    _PLAN_CACHE_MAX_TEXT,
     _PLAN_CACHE_SIZE,
     SpanMode,
     StatementInfo,
@@ -79,6 +81,7 @@ class _Instrumentation:
         # The read window's clock; a test moves it instead of sleeping.
         self.clock: Callable[[], float] = time.monotonic
         self.plans: dict[str, StatementInfo] = {}
+        self.plan_chars = 0
         # Per-Connection state lives in the Connection's own __dict__ (it goes with the
         # Connection, one checkout); this map is the fallback for a Connection class
         # without a __dict__.
@@ -102,9 +105,16 @@ class _Instrumentation:
         plan = self.plans.get(statement)
         if plan is None:
             plan = _classify_tokens(_tokenize(statement, self.paramstyle), self.tables)
-            if len(self.plans) >= _PLAN_CACHE_SIZE:
-                self.plans.clear()
-            self.plans[statement] = plan
+            size = len(statement)
+            if size <= _PLAN_CACHE_MAX_TEXT:
+                if (
+                    len(self.plans) >= _PLAN_CACHE_SIZE
+                    or self.plan_chars + size > _PLAN_CACHE_CHARS
+                ):
+                    self.plans.clear()
+                    self.plan_chars = 0
+                self.plans[statement] = plan
+                self.plan_chars += size
         return plan
 
     def state(self, conn: Connection) -> _ConnState:

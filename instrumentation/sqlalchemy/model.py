@@ -17,6 +17,11 @@ DEFAULT_READ_WINDOW = 30.0
 # Distinct SQL texts classified before the cache starts over. An application has a few
 # hundred; one that renders literals into its SQL would otherwise grow it without end.
 _PLAN_CACHE_SIZE = 2048
+# And in bytes: the cached SQL texts hold at most this many characters in all (at most
+# 4 bytes each), and a text longer than _PLAN_CACHE_MAX_TEXT is classified every time
+# instead of kept (a bulk INSERT with rendered literals runs once anyway).
+_PLAN_CACHE_CHARS = 1 << 21
+_PLAN_CACHE_MAX_TEXT = 16384
 # Keys remembered per scope (connection, reservation, request): a checkout touches a few.
 _READS_PER_SCOPE = 64
 # Longest key value kept (and compared); a longer one is cut.
