@@ -95,6 +95,8 @@ _ID_KEYS: Final = (
     "trace_id",
 )
 _NUMBER_KEYS: Final = (FROM, TO, AVAILABLE, STOCK, QTY)
+# A time written as a number, in text: what parse_time_value reads as epoch seconds.
+_NUMBER_TEXT: Final = re.compile(r"-?\d+(?:\.\d+)?\Z")
 _INT = re.compile(r"-?\d{1,18}\Z")
 _DATE_ONLY = re.compile(r"\d{4}-\d\d-\d\d\Z")
 
@@ -292,13 +294,27 @@ def _from_mapping(record: dict[str, Any], stamp: Stamp | None) -> Event | None:
 
 
 def _find_time(record: dict[str, Any]) -> tuple[Stamp, str] | None:
-    """The first time key of ``record`` that parses, and its value."""
+    """The first time key of ``record`` that parses, and its value.
+
+    A number that is no time (negative, NaN, an infinity, 10**400, or such a number as
+    text) is an absurd value: it gives an infinite stamp, which :func:`_make_event`
+    refuses, so the line is skipped instead of taking the time of the line before it.
+    """
     for key in _TIME_KEYS:
         if key in record:
-            parsed = parse_time_value(record[key])
+            value = record[key]
+            parsed = parse_time_value(value)
             if parsed is not None:
                 return parsed, key
+            if _is_number(value):
+                return (math.inf, True), key
     return None
+
+
+def _is_number(value: object) -> bool:
+    if isinstance(value, str):
+        return _NUMBER_TEXT.match(value.strip()) is not None
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _from_text(text: str) -> Event | None:
