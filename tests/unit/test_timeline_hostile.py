@@ -135,6 +135,26 @@ def test_a_line_of_exactly_max_line_characters_is_read() -> None:
     assert stats.skipped == 1
 
 
+@pytest.mark.parametrize("ending", ["\n", "\r\n", ""])
+def test_the_command_reads_a_line_of_max_line_characters_and_skips_one_more(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], ending: str
+) -> None:
+    line = json.dumps(_update(pad=""))
+    line = line.replace('"pad": ""', '"pad": "' + "x" * (MAX_LINE - len(line)) + '"')
+    longer = line.replace('"pad": "', '"pad": "x')
+    path = tmp_path / "app.log"
+    # The line break is not part of the line: "\r\n" or none at the end of the input.
+    sep = ending or "\n"
+    path.write_text(sep.join([line, longer, json.dumps(GOOD)]) + ending, newline="")
+
+    status, out, err = run(capsys, str(path), "--format", "json")
+
+    assert (status, err) == (0, "")
+    report = json.loads(out)
+    assert (report["lines"], report["skipped_lines"]) == (3, 1)
+    assert report["skipped_examples"] == [f"{path}:2"]
+
+
 def test_dates_before_1970_and_up_to_year_9999_are_kept() -> None:
     for stamp in ("1969-07-20T20:17:40Z", "9999-12-31T23:59:59Z", "0001-01-01T00:00:00Z"):
         event = parse_line(json.dumps(_update(timestamp=stamp)))

@@ -389,12 +389,17 @@ def parse_line(text: str) -> Event | None:
         >>> parse_line("Traceback (most recent call last):") is None
         True
     """
-    if len(text) > MAX_LINE:
+    if len(text) > MAX_LINE and _too_long(text):
         return None
     text = text.strip()
     if not text:
         return None
     return _parse_stripped(text)
+
+
+def _too_long(line: str) -> bool:
+    """Whether ``line``, without its line break, is longer than ``MAX_LINE``."""
+    return len(line.rstrip("\r\n")) > MAX_LINE
 
 
 @dataclass(slots=True)
@@ -442,7 +447,7 @@ def read_events(
     last_clock: float | None = None
     lineno = 0
     for lineno, raw in enumerate(lines, 1):
-        if len(raw) > MAX_LINE:
+        if len(raw) > MAX_LINE and _too_long(raw):
             stats.skip(source, lineno)
             continue
         text = raw.strip()
