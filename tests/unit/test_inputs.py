@@ -49,6 +49,16 @@ def test_a_file_one_byte_over_the_limit_is_refused_with_the_limit(tmp_path: Path
     )
 
 
+def test_a_file_that_claims_less_than_it_holds_is_cut_at_the_limit() -> None:
+    # /proc files claim a size of 0 and hold more: the bound is on what is read too.
+    path = Path("/proc/self/status")
+    assert path.stat().st_size == 0
+    with pytest.raises(InputFileError) as caught:
+        read_bytes_bounded(path, limit=16, what="the config")
+    assert caught.value.problem == "it is larger than the limit of 16 bytes (17 bytes)"
+    assert read_bytes_bounded(path, limit=CONFIG_LIMIT, what="the config").startswith(b"Name:")
+
+
 def test_a_fifo_without_a_writer_is_refused_at_once(tmp_path: Path) -> None:
     fifo = tmp_path / "url"
     os.mkfifo(fifo)
