@@ -18,7 +18,7 @@ The rules, one per class of hostile input:
   file                          limit       why that much
   ============================  ==========  ============================================
   exporter config               4 MiB       about 200k promo SKUs; real ones are < 100 kB
-  ``url_file``                  64 KiB      one URL; libpq's longest conninfo fits
+  ``url_file``                  64 KiB      one URL, with room to spare
   web config                    1 MiB       a few users and headers
   TLS cert, key, client CA      1 MiB each  a CA bundle of every public root is ~220 kB
   ============================  ==========  ============================================
