@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Final, Literal, NoReturn, Protocol, cast, get_args
 
 from .config.yamlsource import Entry, Node, ScalarNode, is_null
+from .inputs import TLS_FILE_LIMIT, InputFileError, check_regular_file, shorten
 
 __all__ = [
     "CIPHER_SUITES",
@@ -209,7 +210,7 @@ def read_tls(reader: SectionReader, node: Node) -> TLSServerConfig | None:
                 reader.fail(
                     item,
                     prefix + "cipher_suites",
-                    f"unknown or insecure cipher suite {suite!r} "
+                    f"unknown or insecure cipher suite {suite[:80]!r} "
                     f"(supported: {', '.join(CIPHER_SUITES)})",
                 )
             suites.append(suite)
@@ -243,6 +244,20 @@ def _other_file(name: str) -> str:
 def server_context(tls: TLSServerConfig, fail: Callable[[str, str], NoReturn]) -> ssl.SSLContext:
     """A server ``SSLContext`` for ``tls``; ``fail(key, problem)`` is called (and raises)
     when a certificate, key or CA file cannot be loaded or OpenSSL refuses the ciphers."""
+    # OpenSSL opens these itself: checked first, so that a FIFO cannot block the start
+    # and a device or a huge file cannot be read without end.
+    files = (
+        ("tls_server_config.cert_file", tls.cert_file, "the certificate"),
+        ("tls_server_config.key_file", tls.key_file, "the key"),
+        ("tls_server_config.client_ca_file", tls.client_ca_file, "the client CA file"),
+    )
+    for key, file, what in files:
+        if file is None:
+            continue
+        try:
+            check_regular_file(file, limit=TLS_FILE_LIMIT, what=what)
+        except InputFileError as exc:
+            fail(key, f"cannot read {what} {shorten(str(file), 200)}: {exc.problem}")
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = TLS_VERSIONS[tls.min_version]
     context.maximum_version = TLS_VERSIONS[tls.max_version]

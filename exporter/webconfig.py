@@ -73,6 +73,14 @@ from .config.yamlsource import (
     mapping_entries,
     scalar_value,
 )
+from .inputs import (
+    ECHO_LIMIT,
+    WEB_CONFIG_LIMIT,
+    InputFileError,
+    escape,
+    read_text_bounded,
+    shorten,
+)
 from .tlsconfig import (
     ClientAuthType,
     TLSServerConfig,
@@ -140,8 +148,11 @@ class WebConfigError(ValueError):
         self.line = line
         self.key = key
         self.problem = problem
-        where = f"{source}:{line}" if line is not None else source
-        super().__init__(f"{where}: {key}: {problem}")
+        # Keys and values come from the file: cut and escaped, so that a 100k-character
+        # key or a control character never makes the error line long or many lines.
+        shown = shorten(source, 200)
+        where = f"{shown}:{line}" if line is not None else shown
+        super().__init__(shorten(f"{where}: {shorten(key, 120)}: {escape(problem)}", 1000))
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,7 +201,9 @@ def load_web_config(path: str | os.PathLike[str]) -> WebConfig:
     """Read, validate and return the web config at ``path``; also loads its TLS files.
 
     Relative file names in the config are relative to the config file's directory, as in
-    exporter-toolkit. Every problem is a :class:`WebConfigError`.
+    exporter-toolkit. Every problem is a :class:`WebConfigError`. The file must be a
+    regular file of at most :data:`~stocksentry.exporter.inputs.WEB_CONFIG_LIMIT`
+    (1 MiB), and so must each TLS file it names (``TLS_FILE_LIMIT``, 1 MiB).
 
     Example::
 
@@ -198,9 +211,9 @@ def load_web_config(path: str | os.PathLike[str]) -> WebConfig:
     """
     source = os.fspath(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise WebConfigError(source, None, "(file)", f"cannot read: {exc}") from None
+        text = read_text_bounded(path, limit=WEB_CONFIG_LIMIT, what="the web config")
+    except InputFileError as exc:
+        raise WebConfigError(source, None, "(file)", f"cannot read: {exc.problem}") from None
     config = parse_web_config(text, source=source, base_dir=Path(path).resolve().parent)
     # Load the certificate now: a bad one must stop the start, not the first handshake.
     config.ssl_context()
@@ -312,7 +325,7 @@ class _Parser:
     def choice(self, node: Node, key: str, choices: tuple[str, ...], note: str = "") -> str:
         value = self.scalar_str(node, key)
         if value not in choices:
-            self.fail(node, key, f"must be one of {', '.join(choices)}{note}, got {value!r}")
+            self.fail(node, key, f"must be one of {', '.join(choices)}{note}, got {quote(value)}")
         return value
 
     def path(self, node: Node, key: str) -> Path:
@@ -402,4 +415,10 @@ def _kind(node: Node, *, secret: bool = False) -> str:
         # A local tag is text of the file too: "alice: !pa55word" tags an empty value.
         standard = str(node.tag).startswith("tag:yaml.org,2002:")
         return f"{tag if standard else 'a tagged'} value (not shown)"
-    return f"{tag} {str(node.value)!r}"
+    return f"{shorten(tag, 40)} {quote(str(node.value))}"
+
+
+def quote(value: str) -> str:
+    """A value from the file as a message shows it: ``repr``-quoted (control characters
+    escaped), cut at 80 characters with "…"."""
+    return repr(value[:ECHO_LIMIT]) + ("…" if len(value) > ECHO_LIMIT else "")

@@ -4,7 +4,9 @@ A secret URL comes from exactly one of ``url_env`` (an environment variable), ``
 (a file, relative to the config's folder) or ``url`` (a literal, accepted only without a
 password: :func:`stocksentry.instrumentation.secrets.url_has_password` decides). The value
 is wrapped in a :class:`~stocksentry.instrumentation.secrets.Secret` at once and never
-quoted in a message, even when it is badly formatted.
+quoted in a message, even when it is badly formatted. A ``url_file`` must be a regular
+file of at most :data:`~stocksentry.exporter.inputs.URL_FILE_LIMIT` (64 KiB): a FIFO
+(which would block ``check-config`` waiting for a writer) or a device is refused at once.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Final
 
 from stocksentry.instrumentation.secrets import Secret, url_has_password
 
+from ..inputs import URL_FILE_LIMIT, InputFileError, read_bytes_bounded, shorten
 from .errors import CheckedMapping, ConfigError, Context, describe, join
 from .kinds import Text, read_path
 from .model import URL_KEYS, UrlKeys
@@ -70,11 +73,13 @@ def resolve_url(ctx: Context, section: CheckedMapping, spec: UrlKeys) -> tuple[S
     else:
         file_path = read_path(ctx, node, path)
         try:
-            value = file_path.read_text(encoding="utf-8").strip()
-        except OSError as exc:
-            ctx.fail(node, path, f"cannot read {file_path}: {exc.strerror}")
+            raw = read_bytes_bounded(file_path, limit=URL_FILE_LIMIT, what="url_file")
+        except InputFileError as exc:
+            ctx.fail(node, path, f"cannot read {shorten(str(file_path), 200)}: {exc.problem}")
+        try:
+            value = raw.decode("utf-8").strip()
         except UnicodeDecodeError:
-            ctx.fail(node, path, f"{file_path} is not UTF-8 text")
+            ctx.fail(node, path, f"{shorten(str(file_path), 200)} is not UTF-8 text")
         if not value:
             ctx.fail(node, path, f"{file_path} is empty")
         origin = f"file {file_path}"

@@ -6,8 +6,9 @@ import difflib
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, Final, NoReturn
 
+from ..inputs import ECHO_LIMIT, escape, shorten
 from .yamlsource import (
     TAG_NULL,
     KeyProblem,
@@ -20,6 +21,12 @@ from .yamlsource import (
 )
 
 __all__ = ["CheckedMapping", "ConfigError", "Context", "describe", "join"]
+
+# How much of the file's own text an error line echoes: a source path, a key path, and
+# the whole line (a message never grows with the file).
+_SOURCE_ECHO: Final = 200
+_PATH_ECHO: Final = 120
+_LINE_LIMIT: Final = 1000
 
 
 class ConfigError(Exception):
@@ -46,10 +53,14 @@ class ConfigError(Exception):
         super().__init__(self._format())
 
     def _format(self) -> str:
-        where = self.source if self.line is None else f"{self.source}:{self.line}"
-        text = f"{where}: {self.path}: {self.message}" if self.path else f"{where}: {self.message}"
+        source = shorten(self.source, _SOURCE_ECHO)
+        where = source if self.line is None else f"{source}:{self.line}"
+        # A key path echoes the file's own keys: a 100k-character key is cut, and a
+        # control character in one is escaped, like every echoed value (describe()).
+        path = shorten(self.path, _PATH_ECHO)
+        text = f"{where}: {path}: {self.message}" if path else f"{where}: {self.message}"
         # One message, one line, whatever a YAML problem or an OS error put in it.
-        return " ".join(text.split())
+        return shorten(" ".join(text.split()), _LINE_LIMIT)
 
 
 class Context:
@@ -84,7 +95,8 @@ def join(path: str, key: str) -> str:
 
 def describe(node: Node, *, secret: bool = False) -> str:
     """How an error message shows a value: its kind for collections, else its text
-    quoted and cut at 60 characters (or not at all for a secret)."""
+    quoted, cut at :data:`~stocksentry.exporter.inputs.ECHO_LIMIT` (80) characters with
+    "…", control characters escaped (or not at all for a secret)."""
     if isinstance(node, MappingNode):
         return "a mapping"
     if isinstance(node, SequenceNode):
@@ -93,10 +105,13 @@ def describe(node: Node, *, secret: bool = False) -> str:
         return "nothing (null)"
     if secret:
         return "a value (not shown)"
+    # Cut first (a huge value costs no more than the cut to show), then quote as JSON:
+    # quotes and backslashes escaped, control characters too (shorten() escapes the rest).
     value = str(node.value)
-    if len(value) > 60:
-        value = value[:57] + "..."
-    return json.dumps(value, ensure_ascii=False)
+    quoted = escape(json.dumps(value[:ECHO_LIMIT], ensure_ascii=False))
+    # Escapes may lengthen the text: at most six characters each (\u001b).
+    cut = len(value) > ECHO_LIMIT or len(quoted) > 3 * ECHO_LIMIT
+    return quoted[: 3 * ECHO_LIMIT] + ("…" if cut else "")
 
 
 class CheckedMapping:
@@ -128,7 +143,13 @@ class CheckedMapping:
                 ctx.fail(problem.node, path, f"keys must be plain names, got {what}")
             if problem.reason == "duplicate":
                 ctx.fail(problem.node, where, "duplicate key")
-            close = difflib.get_close_matches(problem.name, allowed, n=1)
+            # A suggestion only for a name that could be a typo of one (difflib's work
+            # grows with the name's length).
+            close = (
+                difflib.get_close_matches(problem.name, allowed, n=1)
+                if len(problem.name) <= ECHO_LIMIT
+                else []
+            )
             hint = (
                 f'did you mean "{close[0]}"?'
                 if close

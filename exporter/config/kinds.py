@@ -338,11 +338,15 @@ class TextList(Kind):
         if not isinstance(node, SequenceNode):
             ctx.fail(node, path, f"expected a list, got {describe(node)}")
         values: list[str] = []
+        # A set beside the list: "already given?" in constant time, so a list of 100k
+        # promo SKUs loads in linear time (a list lookup made it quadratic).
+        seen: set[str] = set()
         for index, item in enumerate(node.value):
             item_path = f"{path}[{index}]"
             value = self.item.read(ctx, item, item_path)
-            if value in values:
+            if value in seen:
                 ctx.fail(item, item_path, f"duplicate value {describe(item)}")
+            seen.add(value)
             values.append(value)
         if self.non_empty and not values:
             ctx.fail(node, path, "must not be empty")

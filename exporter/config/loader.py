@@ -19,6 +19,7 @@ from typing import Any, Final
 
 from stocksentry.instrumentation import catalog
 
+from ..inputs import CONFIG_LIMIT, InputFileError, read_bytes_bounded
 from .env import multiprocess_dir_from_env, resolve_url
 from .errors import CheckedMapping, ConfigError, Context, describe, join
 from .model import (
@@ -58,15 +59,19 @@ def load_config(path: str | Path, *, environ: Mapping[str, str] | None = None) -
     ``multiprocess_dir``) are taken relative to the file's folder. ``environ`` defaults to
     ``os.environ``. Raises :class:`ConfigError`, and nothing else, for every problem.
 
+    The file must be a regular file of at most
+    :data:`~stocksentry.exporter.inputs.CONFIG_LIMIT` (4 MiB); a FIFO, a device or a
+    directory is refused at once (:mod:`stocksentry.exporter.inputs`).
+
     Example::
 
         config = load_config("exporter/config.example.yaml")
     """
     source = str(path)
     try:
-        raw = Path(path).read_bytes()
-    except OSError as exc:
-        raise ConfigError(f"cannot read the file: {exc.strerror}", source=source) from None
+        raw = read_bytes_bounded(path, limit=CONFIG_LIMIT, what="the config")
+    except InputFileError as exc:
+        raise ConfigError(f"cannot read the file: {exc.problem}", source=source) from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -141,7 +141,7 @@ MALFORMED = [
         "database:\n  url_file: /\n",
         2,
         "database.url_file",
-        "cannot read /: Is a directory",
+        "cannot read /: it is a directory, not a regular file",
     ),
     (
         "literal-url-with-password",

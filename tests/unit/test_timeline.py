@@ -607,7 +607,7 @@ def test_bad_file_path_exits_2_with_one_line(
 @pytest.mark.parametrize(
     ("name", "content", "reason"),
     [
-        ("dir", None, "Is a directory"),
+        ("dir", None, "it is a directory, not a log file or a pipe"),
         ("broken.log.gz", b"\x1f\x8b\x08\x00garbage", "cannot read"),
         ("cut.log.gz", gzip.compress(b"x" * 1000)[:20], "cannot read"),
     ],

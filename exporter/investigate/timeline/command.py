@@ -3,7 +3,9 @@
 Building the parser imports nothing beyond the standard library and the command-line
 helpers; :func:`run_timeline` imports the analysis when it runs.
 
-Inputs are files (gzip read as is) or ``-`` for stdin, merged in timestamp order. The
+Inputs are files (gzip read as is), pipes, or ``-`` for stdin, merged in timestamp order;
+directories, sockets and devices are refused, and a line longer than
+:data:`~.limits.MAX_LINE` is skipped and counted without being held whole. The
 exit status is :class:`~stocksentry.exporter.commandline.ExitCode`'s: 1 with a finding,
 0 without, 2 on bad input (one line on stderr, ``stocksentry timeline: error: ...``),
 130 when interrupted.
@@ -33,7 +35,8 @@ from ...commandline import (
     report_error,
     say,
 )
-from .limits import DEFAULT_LIMIT, DEFAULT_REORDER_WINDOW
+from ...inputs import InputFileError, open_log_input, shorten
+from .limits import DEFAULT_LIMIT, DEFAULT_REORDER_WINDOW, MAX_LINE, MAX_LINE_SCAN
 
 if TYPE_CHECKING:
     from .model import Event
@@ -90,24 +93,61 @@ def _open_input(path: str) -> _Input:
         text = io.TextIOWrapper(binary, encoding="utf-8", errors="replace")
         return _Input("<stdin>", text, None)
     try:
-        raw = open(path, "rb")  # noqa: SIM115 - closed by _Input.close
-    except OSError as exc:
-        raise InputError(f"cannot read {path}: {_describe(exc)}") from None
+        # A regular file or a pipe; a FIFO without a writer does not block the open, and
+        # a device or a directory is refused (inputs.open_log_input).
+        raw = open_log_input(path)
+    except InputFileError as exc:
+        raise InputError(f"cannot read {shorten(path, 200)}: {exc.problem}") from None
     try:
-        magic = raw.read(2)
-        raw.seek(0)
+        magic = _peek(raw)
     except OSError as exc:
         raw.close()
-        raise InputError(f"cannot read {path}: {_describe(exc)}") from None
+        raise InputError(f"cannot read {shorten(path, 200)}: {_describe(exc)}") from None
     binary = raw
     if path.endswith(".gz") or magic == b"\x1f\x8b":
         binary = cast(IO[bytes], gzip.GzipFile(fileobj=raw, mode="rb"))
     return _Input(path, io.TextIOWrapper(binary, encoding="utf-8", errors="replace"), raw)
 
 
+def _peek(raw: IO[bytes]) -> bytes:
+    """The first two bytes, left unread (a pipe cannot seek back: peeked at instead)."""
+    if raw.seekable():
+        magic = raw.read(2)
+        raw.seek(0)
+        return magic
+    peek = getattr(raw, "peek", None)
+    return bytes(peek(2))[:2] if callable(peek) else b""
+
+
 def _lines_of(label: str, stream: TextIO) -> Iterator[str]:
+    """The lines of ``stream``, each cut to ``MAX_LINE + 1`` characters.
+
+    A longer line is never held whole: its rest is read and dropped in chunks, and what
+    is yielded is long enough for the parser to skip and count it. An input with no
+    line break in ``MAX_LINE_SCAN`` characters (``/dev/zero`` on stdin) is not a log:
+    an :class:`InputError`.
+    """
+    readline = stream.readline
+    lineno = 0
     try:
-        yield from stream
+        while True:
+            line = readline(MAX_LINE + 1)
+            if not line:
+                return
+            lineno += 1
+            if len(line) > MAX_LINE and not line.endswith("\n"):
+                scanned = len(line)
+                while True:
+                    rest = readline(MAX_LINE)
+                    scanned += len(rest)
+                    if not rest or rest.endswith("\n"):
+                        break
+                    if scanned > MAX_LINE_SCAN:
+                        raise InputError(
+                            f"cannot read {label}: line {lineno} has no end in "
+                            f"{MAX_LINE_SCAN // (1024 * 1024)} MiB; not a log"
+                        )
+            yield line
     except (OSError, EOFError, zlib.error, ValueError) as exc:
         raise InputError(f"cannot read {label}: {_describe(exc)}") from None
 

@@ -12,8 +12,12 @@ __all__ = [
     "DEFAULT_LIMIT",
     "DEFAULT_REORDER_WINDOW",
     "FINDING_PARTICIPANTS",
+    "MAX_DEPTH",
     "MAX_GROUPS",
     "MAX_KEYS",
+    "MAX_LINE",
+    "MAX_LINE_SCAN",
+    "MAX_NUMBER",
     "OPEN_CHECKS",
     "RECENT_FROMS",
     "REORDER_BUFFER",
@@ -39,3 +43,15 @@ MAX_KEYS: Final = 500_000
 FINDING_PARTICIPANTS: Final = 1_000
 #: Unparsable lines whose position is reported.
 SKIPPED_EXAMPLES: Final = 5
+#: Characters of one log line that are parsed; a longer line is skipped and counted (only
+#: this much of it is ever held in memory, however long it is).
+MAX_LINE: Final = 1024 * 1024
+#: Characters of one line read (and dropped) while looking for its end: an input with no
+#: line break in that much text is not a log (``/dev/zero`` on stdin), and stops the run.
+MAX_LINE_SCAN: Final = 64 * 1024 * 1024
+#: Nesting of JSON objects and lists kept in an event's fields; a line nested deeper is
+#: skipped and counted (rendering it would recurse as deep).
+MAX_DEPTH: Final = 32
+#: The largest magnitude of a stock number (``from``, ``to``, ``available``, ...); a line
+#: with a larger one, or with NaN or an infinity, is skipped and counted.
+MAX_NUMBER: Final = 2**63

@@ -13,17 +13,25 @@ The input is log lines, one event a line, in any mix of three shapes:
 
 Other spellings of the keys the detectors read (``requestId``, ``old_stock`` ...) are
 mapped to stocksentry's own (:data:`ALIASES`).
+
+A line with an absurd value in any field is skipped and counted like an unparsable one,
+never a traceback: a timestamp outside the years 1 to 9999 (``"timestamp": 1e30``), NaN
+or an infinity anywhere, a stock number (``from``, ``to``, ``available``, ``stock``,
+``qty``) beyond ±2**63, an id that is a list, an object or a boolean, JSON nested deeper
+than :data:`~.limits.MAX_DEPTH` levels, a line longer than :data:`~.limits.MAX_LINE`.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from .model import AVAILABLE, FROM, SKIPPED_EXAMPLES, TO, Event
+from .limits import MAX_DEPTH, MAX_LINE, MAX_NUMBER
+from .model import AVAILABLE, FROM, QTY, SKIPPED_EXAMPLES, STOCK, TO, Event
 from .times import Stamp, parse_time_text, parse_time_value
 
 __all__ = ["ALIASES", "ReadStats", "parse_line", "read_events"]
@@ -73,6 +81,22 @@ _LEVEL_WORDS = frozenset(
     {"TRACE", "DEBUG", "INFO", "NOTICE", "WARN", "WARNING", "ERROR", "CRITICAL", "FATAL"}
 )
 _MAX_NAME = 80
+# The seconds since the epoch of 0001-01-01T00:00:00Z and 9999-12-31T23:59:59Z: a
+# timestamp outside them cannot be shown as a date (and is no log's).
+_MIN_EPOCH: Final = -62135596800.0
+_MAX_EPOCH: Final = 253402300799.0
+_ID_KEYS: Final = (
+    "sku",
+    "product_id",
+    "request_id",
+    "idempotency_key",
+    "order_id",
+    "payment_reference",
+    "trace_id",
+)
+_NUMBER_KEYS: Final = (FROM, TO, AVAILABLE, STOCK, QTY)
+# A time written as a number, in text: what parse_time_value reads as epoch seconds.
+_NUMBER_TEXT: Final = re.compile(r"-?\d+(?:\.\d+)?\Z")
 _INT = re.compile(r"-?\d{1,18}\Z")
 _DATE_ONLY = re.compile(r"\d{4}-\d\d-\d\d\Z")
 
@@ -146,10 +170,58 @@ def _id_value(value: object) -> str | None:
     return None if value is None else _text_id(value)
 
 
+def _absurd_stamp(stamp: Stamp | None) -> bool:
+    if stamp is None:
+        return False
+    ts, dated = stamp
+    if not math.isfinite(ts):
+        return True
+    return dated and not _MIN_EPOCH <= ts <= _MAX_EPOCH
+
+
+def _absurd_fields(fields: dict[str, Any]) -> bool:
+    """Whether a value of ``fields`` would break the analysis or the report: NaN or an
+    infinity anywhere, nesting deeper than ``MAX_DEPTH``, an id that is not a string or
+    a number, a stock number beyond ``MAX_NUMBER``."""
+    for key in _ID_KEYS:
+        value = fields.get(key)
+        if value is not None and type(value) not in (str, int, float):
+            return True
+    for key in _NUMBER_KEYS:
+        value = fields.get(key)
+        if (
+            isinstance(value, int | float)
+            and not isinstance(value, bool)
+            and not -MAX_NUMBER <= value <= MAX_NUMBER
+        ):
+            return True
+    # Iterative, so that the check itself never recurses as deep as the line is nested.
+    stack: list[tuple[Any, int]] = [(value, 1) for value in fields.values()]
+    while stack:
+        value, depth = stack.pop()
+        if type(value) is float:
+            if not math.isfinite(value):
+                return True
+        elif type(value) is dict:
+            if depth > MAX_DEPTH:
+                return True
+            stack.extend((item, depth + 1) for item in value.values())
+        elif type(value) is list:
+            if depth > MAX_DEPTH:
+                return True
+            stack.extend((item, depth + 1) for item in value)
+    return False
+
+
 def _make_event(
     name: str, stamp: Stamp | None, record: dict[str, Any], used: tuple[str, ...]
-) -> Event:
-    """Build the event; ``record`` (a dict of the caller's own) becomes its ``fields``."""
+) -> Event | None:
+    """Build the event; ``record`` (a dict of the caller's own) becomes its ``fields``.
+
+    ``None`` when a value is absurd (see the module's docstring): the line is skipped.
+    """
+    if _absurd_stamp(stamp):
+        return None
     fields = record
     pop = fields.pop
     for key in used:
@@ -161,6 +233,8 @@ def _make_event(
     if not keys.isdisjoint(_DROP_KEYS):
         for key in keys & _DROP_KEYS:
             del fields[key]
+    if _absurd_fields(fields):
+        return None
     sku = _id_value(pop("sku", None))
     if sku is None and "product_id" in fields:
         sku = _text_id(fields["product_id"])
@@ -220,13 +294,27 @@ def _from_mapping(record: dict[str, Any], stamp: Stamp | None) -> Event | None:
 
 
 def _find_time(record: dict[str, Any]) -> tuple[Stamp, str] | None:
-    """The first time key of ``record`` that parses, and its value."""
+    """The first time key of ``record`` that parses, and its value.
+
+    A number that is no time (negative, NaN, an infinity, 10**400, or such a number as
+    text) is an absurd value: it gives an infinite stamp, which :func:`_make_event`
+    refuses, so the line is skipped instead of taking the time of the line before it.
+    """
     for key in _TIME_KEYS:
         if key in record:
-            parsed = parse_time_value(record[key])
+            value = record[key]
+            parsed = parse_time_value(value)
             if parsed is not None:
                 return parsed, key
+            if _is_number(value):
+                return (math.inf, True), key
     return None
+
+
+def _is_number(value: object) -> bool:
+    if isinstance(value, str):
+        return _NUMBER_TEXT.match(value.strip()) is not None
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _from_text(text: str) -> Event | None:
@@ -301,10 +389,17 @@ def parse_line(text: str) -> Event | None:
         >>> parse_line("Traceback (most recent call last):") is None
         True
     """
+    if len(text) > MAX_LINE and _too_long(text):
+        return None
     text = text.strip()
     if not text:
         return None
     return _parse_stripped(text)
+
+
+def _too_long(line: str) -> bool:
+    """Whether ``line``, without its line break, is longer than ``MAX_LINE``."""
+    return len(line.rstrip("\r\n")) > MAX_LINE
 
 
 @dataclass(slots=True)
@@ -331,7 +426,9 @@ def read_events(
 ) -> Iterator[Event]:
     """Parse lines lazily into events numbered ``source:lineno``.
 
-    Blank lines are ignored, unparsable ones counted in ``stats``. A line without a
+    Blank lines are ignored, unparsable ones counted in ``stats``, and so are lines
+    longer than :data:`~.limits.MAX_LINE` characters and lines with an absurd value
+    (see the module's docstring). A line without a
     timestamp takes the time of the line before it; times of day that jump back by more
     than 12 hours are taken as the next day.
 
@@ -350,6 +447,9 @@ def read_events(
     last_clock: float | None = None
     lineno = 0
     for lineno, raw in enumerate(lines, 1):
+        if len(raw) > MAX_LINE and _too_long(raw):
+            stats.skip(source, lineno)
+            continue
         text = raw.strip()
         if not text:
             continue

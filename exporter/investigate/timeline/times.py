@@ -71,7 +71,11 @@ def parse_time_value(value: object) -> Stamp | None:
         value = float(text)
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
-    seconds = float(value)
+    try:
+        seconds = float(value)
+    except OverflowError:
+        # An integer beyond any float (10**400): no time.
+        return None
     if not math.isfinite(seconds) or seconds < 0:
         return None
     if seconds > 1e17:
