@@ -114,6 +114,10 @@ def run_exporter(
         multiprocess_dir=server.multiprocess_dir,
         web_config=web_config if isinstance(web_config, WebConfig) else None,
         multiprocess_check_pids=server.check_worker_pids,
+        header_timeout=server.header_timeout,
+        body_timeout=server.body_timeout,
+        tls_handshake_timeout=server.tls_handshake_timeout,
+        keepalive_timeout=server.keepalive_timeout,
     )
     runner = ProbeRunner(config)
     for line in describe(config):

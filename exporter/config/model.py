@@ -124,6 +124,24 @@ _COLUMN: Final = Identifier()
 _TABLE: Final = Identifier(qualified=True)
 
 
+#: Seconds a client has to send a whole request head. A scrape's head is a few hundred
+#: bytes sent at once; ten seconds leave room for a congested link and none for a client
+#: that trickles (Go's and Python's clients send the head in one write).
+HEADER_TIMEOUT: Final = 10.0
+#: Seconds a client has to send a request body after its head. No endpoint of the
+#: exporter reads one (they are all GET); a body is drained and dropped, and this bounds
+#: how long that may take.
+BODY_TIMEOUT: Final = 30.0
+#: Seconds a TLS handshake may take (asyncio's default is 60): two round trips and a
+#: signature, well under a second on any network Prometheus scrapes over.
+TLS_HANDSHAKE_TIMEOUT: Final = 10.0
+#: Seconds an idle kept-alive connection stays open between two requests (aiohttp's own
+#: default is an hour). Longer than the usual scrape intervals (15 s to 1 min), so
+#: Prometheus keeps reusing its connection; short enough that idle connections of clients
+#: long gone do not pile up.
+KEEPALIVE_TIMEOUT: Final = 150.0
+
+
 @dataclass(frozen=True, slots=True)
 class ServerConfig:
     """``server``: where ``/metrics`` listens and what it merges."""
@@ -157,6 +175,26 @@ class ServerConfig:
         "drop `live*` gauges of app workers whose pid is gone; needs the app's PID namespace "
         "(same host, or `shareProcessNamespace: true` in the pod), so set `false` in a "
         "sidecar without it",
+    )
+    header_timeout: float = key(
+        HEADER_TIMEOUT,
+        Duration(maximum=_HOUR),
+        "time a client has to send a whole request head; a slower one is disconnected",
+    )
+    body_timeout: float = key(
+        BODY_TIMEOUT,
+        Duration(maximum=_HOUR),
+        "time a client has to send a request body after its head",
+    )
+    tls_handshake_timeout: float = key(
+        TLS_HANDSHAKE_TIMEOUT,
+        Duration(maximum=_HOUR),
+        "time a TLS handshake may take",
+    )
+    keepalive_timeout: float = key(
+        KEEPALIVE_TIMEOUT,
+        Duration(maximum=24 * _HOUR),
+        "how long an idle kept-alive connection stays open between two scrapes",
     )
 
 

@@ -32,6 +32,8 @@ from typing import Final, cast
 
 from aiohttp import web
 
+from ..config import model
+
 __all__ = [
     "BODY_TIMEOUT",
     "HANDSHAKE_TIMEOUT",
@@ -41,23 +43,12 @@ __all__ = [
     "WatchedSite",
 ]
 
-#: Seconds a client has to send a whole request head. A scrape's head is a few hundred
-#: bytes sent at once; ten seconds leave room for a congested link and none for a client
-#: that trickles (Go's and Python's clients send the head in one write).
-HEADER_TIMEOUT: Final = 10.0
-#: Seconds a client has to send a request body after its head. No endpoint of the
-#: exporter reads one (they are all GET); a body is drained and dropped by aiohttp, and
-#: this bounds how long that may take.
-BODY_TIMEOUT: Final = 30.0
-#: Seconds a TLS handshake may take (asyncio's default is 60): two round trips and a
-#: signature, well under a second on any network Prometheus scrapes over.
-HANDSHAKE_TIMEOUT: Final = 10.0
-
-#: Seconds an idle kept-alive connection stays open between two requests (aiohttp's
-#: ``keepalive_timeout``, whose default is an hour). Longer than the usual scrape
-#: intervals (15 s to 1 min), so Prometheus keeps reusing its connection; short enough
-#: that idle connections of clients long gone do not pile up.
-KEEPALIVE_TIMEOUT: Final = 150.0
+# The defaults are the config model's (``server:`` in the exporter's config), where their
+# reasons are written; a ServerSettings built in code gets the same.
+HEADER_TIMEOUT: Final = model.HEADER_TIMEOUT
+BODY_TIMEOUT: Final = model.BODY_TIMEOUT
+HANDSHAKE_TIMEOUT: Final = model.TLS_HANDSHAKE_TIMEOUT
+KEEPALIVE_TIMEOUT: Final = model.KEEPALIVE_TIMEOUT
 
 _HEAD_END = b"\r\n\r\n"
 _CONTENT_LENGTH = re.compile(rb"\r\ncontent-length[ \t]*:[ \t]*(\d{1,18})[ \t]*\r\n", re.I)

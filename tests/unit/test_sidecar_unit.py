@@ -193,3 +193,24 @@ def test_run_exporter_serves_and_exits_0_on_sigterm(tmp_path: Path) -> None:
         if process.poll() is None:
             process.kill()
             process.wait()
+
+
+def test_the_servers_read_deadlines_come_from_the_config(tmp_path):
+    from stocksentry.exporter.config import parse_config
+    from stocksentry.exporter.server import deadlines
+
+    default = parse_config("server: {port: 0}\n", "c.yaml", environ={}).server
+    assert default.header_timeout == deadlines.HEADER_TIMEOUT == 10.0
+    assert default.keepalive_timeout == deadlines.KEEPALIVE_TIMEOUT == 150.0
+    tuned = parse_config(
+        "server:\n  header_timeout: 2s\n  body_timeout: 1m\n"
+        "  tls_handshake_timeout: 500ms\n  keepalive_timeout: 1h\n",
+        "c.yaml",
+        environ={},
+    ).server
+    assert (
+        tuned.header_timeout,
+        tuned.body_timeout,
+        tuned.tls_handshake_timeout,
+        tuned.keepalive_timeout,
+    ) == (2.0, 60.0, 0.5, 3600.0)
