@@ -51,6 +51,12 @@ def usage_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
         (["demo", "--concurrency", "257"], "argument --concurrency: must be between 1 and 256"),
         (["demo", "--work-ms", "10001"], "argument --work-ms: must be a number between 0 and"),
         (["demo", "--linger", "3601", "--metrics-port", "0"], "argument --linger: must be a"),
+        # The values a hostile-input run used: each refused in one line, nothing started.
+        (["demo", "--buyers", "1e12"], "argument --buyers: not a whole number: '1e12'"),
+        (["demo", "--buyers", "9" * 400], "argument --buyers: must be between 1 and 100000"),
+        (["demo", "--work-ms", "1e12"], "argument --work-ms: must be a number between 0 and"),
+        (["demo", "--stock", "1e30"], "argument --stock: not a whole number: '1e30'"),
+        (["demo", "--concurrency", "100000"], "argument --concurrency: must be between 1 and"),
     ],
 )
 def test_bad_arguments_exit_2(
