@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 import struct
 from dataclasses import dataclass
@@ -73,6 +74,11 @@ SUMMED_TYPES: Final[frozenset[str]] = frozenset({"counter", "histogram", "summar
 _INT: Final = struct.Struct("i")
 _TWO_DOUBLES: Final = struct.Struct("dd")
 _HEADER_SIZE: Final = 8
+# A label name as the text exposition writes it: prometheus_client (0.21 and later) escapes
+# each character outside the legacy set to "_" (a leading digit too). The "__" prefix is
+# reserved for Prometheus itself, and parsers refuse it.
+_NOT_LEGACY: Final = re.compile(r"^[0-9]|[^a-zA-Z0-9_]")
+_EXPOSED_LABEL_NAME: Final = re.compile(r"(?!__)[a-zA-Z_][a-zA-Z0-9_]*\Z")
 # One read covers small files; the header says how much more to read.
 _FIRST_READ: Final = 64 * 1024
 
@@ -125,6 +131,11 @@ def parse_key(raw: bytes) -> Key:
         Metric(metric, help_text, "unknown")
     except ValueError as exc:
         raise SkipFile("corrupt", str(exc)) from None
+    # A label name the exposition cannot write ("", " ", "__x", or two that escape to the
+    # same name) would break the whole scrape's text, not just this file's series.
+    exposed = {_NOT_LEGACY.sub("_", name) for name in labels}
+    if len(exposed) < len(labels) or not all(map(_EXPOSED_LABEL_NAME.match, exposed)):
+        raise SkipFile("corrupt", "key has a label name the exposition cannot write")
     label_items = tuple(sorted(labels.items()))
     le: float | None = None
     without_le = label_items
