@@ -32,13 +32,19 @@ def _one_key_file(key: bytes, value: float = 1.0) -> bytes:
         b'["a", "a", {"__x": "1"}, "h"]',
         # Two label names that escape to the same one: a duplicate label in the text.
         b'["a", "a", {"x.y": "1", "x_y": "2"}, "h"]',
+        # The long profile's minimal inputs: sample names no writer makes, ending in a
+        # newline that prometheus_client writes as it is.
+        b'[":0" ,":0\\n"  ,{},""]',
+        b'[":" ,":\\n"  ,{},""]',
+        b'["a", "a x", {}, ""]',
+        # A newline in the metric's or a label's own name.
+        b'["a\\n", "a\\n", {}, ""]',
+        b'["a", "a_total", {"b\\n": "1"}, ""]',
     ],
 )
-def test_a_label_name_the_exposition_cannot_write_skips_its_file(
-    tmp_path: Path, key: bytes
-) -> None:
+def test_a_name_the_exposition_cannot_write_skips_its_file(tmp_path: Path, key: bytes) -> None:
     (tmp_path / "counter_1.db").write_bytes(_one_key_file(key))
-    good = b'["ok", "ok", {"x.y": "1", "sku": "A"}, "fine"]'
+    good = b'["ok", "ok_total", {"x.y": "1", "sku": "A"}, "fine"]'
     (tmp_path / "counter_2.db").write_bytes(_one_key_file(good, 2.0))
     collector = MultiprocessDirCollector(tmp_path, check_pids=False)
     registry = CollectorRegistry()
@@ -47,7 +53,7 @@ def test_a_label_name_the_exposition_cannot_write_skips_its_file(
     text = generate_latest(registry).decode()
 
     families = {f.name: f for f in text_string_to_metric_families(text)}
-    assert [(s.labels, s.value) for s in families["ok"].samples] == [
-        ({"x_y": "1", "sku": "A"}, 2.0)
+    assert [(s.name, s.labels, s.value) for s in families["ok"].samples] == [
+        ("ok_total", {"x_y": "1", "sku": "A"}, 2.0)
     ]
     assert collector.skipped == {"bad_name": 0, "corrupt": 1, "truncated": 0, "unreadable": 0}
