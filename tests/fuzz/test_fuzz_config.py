@@ -82,7 +82,7 @@ _yaml_ish = st.lists(st.one_of(_yaml_bits, any_text.map(lambda t: t[:40])), max_
 )
 
 
-@examples(300)
+@examples(1000)
 @given(st.one_of(hostile_text, _yaml_ish))
 def test_config_text_gives_a_config_or_one_error_line(text: str) -> None:
     _parse(text)
@@ -151,7 +151,7 @@ def _dump(config: dict[str, Any]) -> str:
     return yaml.safe_dump(config, allow_unicode=True, sort_keys=False)
 
 
-@examples(300)
+@examples(400)
 @given(_section(ExporterConfig))
 def test_structured_config_gives_a_config_or_one_error_line(config: dict[str, Any]) -> None:
     _parse(_dump(config))

@@ -25,7 +25,7 @@ _values = st.one_of(any_text, hostile_text, st.text("AB-_ ", max_size=70))
 _MIN_LENGTH = len(EMPTY_VALUE)
 
 
-@examples(500)
+@examples(2000)
 @given(_values, st.integers(_MIN_LENGTH, 200))
 def test_a_label_value_is_bounded_clean_and_idempotent(value: str, max_length: int) -> None:
     label = sanitize_label_value(value, max_length)
@@ -36,7 +36,7 @@ def test_a_label_value_is_bounded_clean_and_idempotent(value: str, max_length: i
         assert label == EMPTY_VALUE
 
 
-@examples(200)
+@examples(600)
 @given(
     st.lists(_values, max_size=8),
     st.integers(0, 20),

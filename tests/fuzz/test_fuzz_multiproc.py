@@ -116,7 +116,7 @@ def _key_file(draw: st.DrawFn) -> bytes:
 _contents = st.one_of(_mutated(), _key_file(), st.binary(max_size=256))
 
 
-@examples(150)
+@examples(400)
 @given(
     st.lists(st.tuples(st.sampled_from(_NAMES), _contents), max_size=6, unique_by=lambda f: f[0]),
     st.booleans(),

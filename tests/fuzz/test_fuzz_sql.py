@@ -150,7 +150,7 @@ _sqlish = st.lists(st.sampled_from(_TOKENS), max_size=80).map(" ".join)
 _inputs = st.one_of(_mutated(), _sqlish, hostile_text, any_text)
 
 
-@examples(600)
+@examples(3000)
 @given(_inputs, st.sampled_from(_PARAMSTYLES), st.sampled_from(_TABLES))
 def test_classification_always_returns(sql: str, paramstyle: str, tables: object) -> None:
     info = classify_statement(sql, paramstyle=paramstyle, stock_tables=tables)  # type: ignore[arg-type]

@@ -130,14 +130,14 @@ _lines = st.one_of(_json_line(), _kv_line(), hostile_text)
 _absurd_lines = st.one_of(_json_line(st.one_of(_TIMES, st.sampled_from(ABSURD_TIMES))), _lines)
 
 
-@examples(400)
+@examples(800)
 @given(_absurd_lines)
 def test_a_line_is_an_event_or_a_skip(line: str) -> None:
     event = parse_line(line)
     assert event is None or isinstance(event, Event)
 
 
-@examples(150)
+@examples(300)
 @given(st.lists(_lines, max_size=12))
 def test_lines_through_the_whole_report_never_raise(lines: list[str]) -> None:
     stats = ReadStats()

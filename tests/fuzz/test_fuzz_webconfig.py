@@ -98,13 +98,13 @@ def _parse(text: str) -> None:
         assert isinstance(config, WebConfig)
 
 
-@examples(250)
+@examples(1000)
 @given(hostile_text)
 def test_web_config_text_gives_a_config_or_one_error_line(text: str) -> None:
     _parse(text)
 
 
-@examples(250)
+@examples(500)
 @given(_web_config())
 def test_structured_web_config_gives_a_config_or_one_error_line(config: dict[str, Any]) -> None:
     _parse(yaml.safe_dump(config, allow_unicode=True, sort_keys=False))
