@@ -8,6 +8,9 @@ Inputs are bounded in size (:data:`fuzzing.MAX_TEXT`); hypothesis' deadline is o
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 from fuzzing import MAX_TEXT, any_text, examples, hostile_text
 from hypothesis import given
 from hypothesis import strategies as st
@@ -155,3 +158,41 @@ _inputs = st.one_of(_mutated(), _sqlish, hostile_text, any_text)
 def test_classification_always_returns(sql: str, paramstyle: str, tables: object) -> None:
     info = classify_statement(sql, paramstyle=paramstyle, stock_tables=tables)  # type: ignore[arg-type]
     assert isinstance(info, StatementInfo)
+
+
+_BIG_STATEMENTS = r"""
+import resource, sys
+from stocksentry.instrumentation.sqlalchemy import classify_statement
+
+resource.setrlimit(resource.RLIMIT_CPU, (20, 20))
+resource.setrlimit(resource.RLIMIT_AS, (2 * 1024**3, 2 * 1024**3))
+n = 100_000
+for sql in (
+    "SELECT " + "(" * n + "1" + ")" * n + " FROM products",
+    "/*" * n,
+    "SELECT available_stock FROM products WHERE "
+    + " AND ".join(f"sku = %(p{i})s" for i in range(n // 2)),
+    "SELECT available_stock FROM products " + "FOR " * n,
+    "UPDATE products SET "
+    + ", ".join(f"available_stock = available_stock - {i}" for i in range(n // 2))
+    + " WHERE id = 1",
+    "SELECT available_stock FROM " + ", ".join(f"t{i}" for i in range(n)),
+    "SELECT '" + "''" * n,
+    "SELECT " + "$a$" * n,
+    "SELECT available_stock FROM products WHERE id = 1 " + "UNION SELECT 1 " * n,
+):
+    classify_statement(sql)
+print("done")
+"""
+
+
+def test_megabyte_statements_classify_within_a_cpu_and_memory_limit() -> None:
+    """Statements of about a megabyte each, the shapes that could go quadratic (nesting,
+    long WHERE and SET lists, unterminated quotes and comments), classify well inside
+    20 s of CPU and 2 GiB of address space (limits set in a child process: a wall-clock
+    bound would be flaky on a shared machine). Measured: about 4 s of CPU, imports included.
+    """
+    done = subprocess.run(
+        [sys.executable, "-c", _BIG_STATEMENTS], capture_output=True, text=True, check=False
+    )
+    assert (done.returncode, done.stdout, done.stderr[-2000:]) == (0, "done\n", "")

@@ -104,7 +104,7 @@ def test_web_config_text_gives_a_config_or_one_error_line(text: str) -> None:
     _parse(text)
 
 
-@examples(500)
+@examples(300)
 @given(_web_config())
 def test_structured_web_config_gives_a_config_or_one_error_line(config: dict[str, Any]) -> None:
     _parse(yaml.safe_dump(config, allow_unicode=True, sort_keys=False))
