@@ -54,8 +54,13 @@ def _check_bound(bound: dict[str, object], echoed: str | None) -> None:
     assert echoed == request_id
 
 
+# make_mocked_request encodes header values as UTF-8, so lone surrogates cannot reach the
+# middleware through it (sanitize_id gets them below); they become "?" here.
+_header_text = _values.map(lambda t: t.encode("utf-8", "replace").decode("utf-8"))
+
+
 @examples(500)
-@given(st.lists(st.tuples(st.sampled_from(_HEADERS), _values), max_size=6))
+@given(st.lists(st.tuples(st.sampled_from(_HEADERS), _header_text), max_size=6))
 def test_aiohttp_middleware_binds_only_safe_ids(headers: list[tuple[str, str]]) -> None:
     seen: dict[str, object] = {}
 
