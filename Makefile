@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
 DEMO_ARGS ?=
 
-.PHONY: demo test lint format bench services tools helm-tools install dev clean generate
+.PHONY: demo test lint format bench services tools helm-tools install dev clean generate fuzz
 
 # The venv, created once; Debian ships venv separately, so install it when it is missing.
 $(PY):
@@ -45,6 +45,14 @@ helm-tools: dev
 ## and the Helm SDK, run pytest (tests/unit needs none of them; tests/integration does)
 test: dev services tools helm-tools
 	$(PY) -m pytest -q
+
+## fuzz: the fuzz suite (tests/fuzz: config and web-config loaders, timeline's parsers, the
+## SQL classifier, the SKU guard, the multiprocess reader, the middlewares' headers) with
+## HYPOTHESIS_PROFILE=long: fifty times the examples `make test` runs, fresh randomness,
+## minutes of fuzzing; failures found are kept in .hypothesis/ and replayed first next time.
+## No service needed. `make test` runs the same suite on its fixed, derandomized budget.
+fuzz: dev
+	HYPOTHESIS_PROFILE=long $(PY) -m pytest -q tests/fuzz
 
 ## lint: ruff (lint and format check) and mypy --strict
 lint: dev

@@ -46,6 +46,10 @@ Other choices, each a deliberate difference from ``MultiProcessCollector``:
 - an empty file (0 bytes, or a header that says "nothing written yet") is a worker that
   is just starting: it contributes nothing and is not counted as skipped;
 - a file that vanishes between listing and reading (``mark_process_dead``) is ignored;
+- a key naming what the text exposition cannot carry (a control character in a name, a
+  label name that is empty, reserved (``__``) or escapes like another, a sample suffix
+  no writer makes) skips its file as ``corrupt``: prometheus_client would write it into
+  the text and every parser would refuse the whole scrape;
 - a special file named like one of ours (a FIFO, a device, a directory) is skipped as
   ``unreadable`` without being read: opening a FIFO with no writer would block;
 - files are read in directory order, the order ``glob`` gives prometheus_client, so

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 import struct
 from dataclasses import dataclass
@@ -73,6 +74,19 @@ SUMMED_TYPES: Final[frozenset[str]] = frozenset({"counter", "histogram", "summar
 _INT: Final = struct.Struct("i")
 _TWO_DOUBLES: Final = struct.Struct("dd")
 _HEADER_SIZE: Final = 8
+# The sample names prometheus_client's multiprocess mode writes: the metric's name and
+# one of these suffixes (gauges none, counters _total, histograms _bucket and _sum...).
+_SAMPLE_SUFFIXES: Final = frozenset(
+    {"", "_total", "_created", "_bucket", "_count", "_sum", "_gcount", "_gsum", "_info"}
+)
+# Names the text exposition cannot carry: prometheus_client writes a name with a trailing
+# newline as it is (its check of the classic character set ends in "$"), breaking the text.
+_CONTROL: Final = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+# A label name as the text exposition writes it: prometheus_client (0.21 and later) escapes
+# each character outside the classic set to "_" (a leading digit too). The "__" prefix is
+# reserved for Prometheus itself, and parsers refuse it.
+_NOT_LEGACY: Final = re.compile(r"^[0-9]|[^a-zA-Z0-9_]")
+_EXPOSED_LABEL_NAME: Final = re.compile(r"(?!__)[a-zA-Z_][a-zA-Z0-9_]*\Z")
 # One read covers small files; the header says how much more to read.
 _FIRST_READ: Final = 64 * 1024
 
@@ -125,6 +139,18 @@ def parse_key(raw: bytes) -> Key:
         Metric(metric, help_text, "unknown")
     except ValueError as exc:
         raise SkipFile("corrupt", str(exc)) from None
+    # A name the exposition cannot write (a control character, a label name "", " " or
+    # "__x", two label names that escape alike, a sample suffix no writer makes) would
+    # break the whole scrape's text, not just this file's series.
+    if sample[len(metric) :] not in _SAMPLE_SUFFIXES or _CONTROL.search(metric):
+        raise SkipFile("corrupt", "key has a sample name the exposition cannot write")
+    exposed = {_NOT_LEGACY.sub("_", name) for name in labels}
+    if (
+        len(exposed) < len(labels)
+        or not all(map(_EXPOSED_LABEL_NAME.match, exposed))
+        or any(map(_CONTROL.search, labels))
+    ):
+        raise SkipFile("corrupt", "key has a label name the exposition cannot write")
     label_items = tuple(sorted(labels.items()))
     le: float | None = None
     without_le = label_items
