@@ -41,7 +41,9 @@ def sanitize_label_value(value: object, max_length: int = 64) -> str:
     """Return ``value`` as a label value safe for any Prometheus consumer.
 
     Characters outside ``[A-Za-z0-9_.:/@#+-]`` become ``_`` and the result is cut to
-    ``max_length`` characters; an empty value becomes ``__empty__``.
+    ``max_length`` characters; an empty value becomes ``__empty__`` (cut to
+    ``max_length`` too, so the result is always within it and sanitising it again gives
+    it back).
     """
     text = value if isinstance(value, str) else str(value)
     # Cut before the substitution: the regex then never scans more than max_length
@@ -49,7 +51,7 @@ def sanitize_label_value(value: object, max_length: int = 64) -> str:
     if len(text) > max_length:
         text = text[:max_length]
     text = _UNSAFE.sub("_", text)
-    return text or EMPTY_VALUE
+    return text or EMPTY_VALUE[:max_length]
 
 
 class LabelGuard:
@@ -80,8 +82,13 @@ class LabelGuard:
     ) -> None:
         if max_values < 0:
             raise ValueError(f"max_values must be >= 0, got {max_values}")
-        if max_length < 1:
-            raise ValueError(f"max_length must be >= 1, got {max_length}")
+        # The guard's own labels (__other__, __empty__) must fit, or an overflowed series
+        # could not be told from a real value cut short.
+        if max_length < len(OVERFLOW_VALUE):
+            raise ValueError(
+                f"max_length must be >= {len(OVERFLOW_VALUE)} (the length of"
+                f" {OVERFLOW_VALUE!r}), got {max_length}"
+            )
         self.max_values = max_values
         self.max_length = max_length
         self._lock = threading.Lock()

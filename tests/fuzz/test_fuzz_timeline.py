@@ -125,8 +125,7 @@ def _kv_line(draw: st.DrawFn) -> str:
 
 
 _lines = st.one_of(_json_line(), _kv_line(), hostile_text)
-# An absurd epoch value still aborts the report (issue 19's timeline bound, fixed apart from
-# this suite): the report target gets these once that lands; parse_line takes them now.
+# Lines with absurd epoch values, which once aborted the whole report.
 _absurd_lines = st.one_of(_json_line(st.one_of(_TIMES, st.sampled_from(ABSURD_TIMES))), _lines)
 
 
@@ -138,7 +137,7 @@ def test_a_line_is_an_event_or_a_skip(line: str) -> None:
 
 
 @examples(300)
-@given(st.lists(_lines, max_size=12))
+@given(st.lists(_absurd_lines, max_size=12))
 def test_lines_through_the_whole_report_never_raise(lines: list[str]) -> None:
     stats = ReadStats()
     report = analyse(read_events(lines, "fuzz.log", stats=stats))

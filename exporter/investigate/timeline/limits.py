@@ -14,6 +14,7 @@ __all__ = [
     "FINDING_PARTICIPANTS",
     "MAX_DEPTH",
     "MAX_GROUPS",
+    "MAX_ID",
     "MAX_KEYS",
     "MAX_LINE",
     "MAX_LINE_SCAN",
@@ -55,3 +56,7 @@ MAX_DEPTH: Final = 32
 #: The largest magnitude of a stock number (``from``, ``to``, ``available``, ...); a line
 #: with a larger one, or with NaN or an infinity, is skipped and counted.
 MAX_NUMBER: Final = 2**63
+#: Characters of one id (``sku``, ``request_id``, ``order_id``, ...); a line with a longer
+#: one is skipped and counted: cutting it could make two ids one, and keeping it whole
+#: would let one line hold megabytes in every table the analysis keeps.
+MAX_ID: Final = 512

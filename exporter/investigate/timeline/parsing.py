@@ -30,7 +30,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from .limits import MAX_DEPTH, MAX_LINE, MAX_NUMBER
+from .limits import MAX_DEPTH, MAX_ID, MAX_LINE, MAX_NUMBER
 from .model import AVAILABLE, FROM, QTY, SKIPPED_EXAMPLES, STOCK, TO, Event
 from .times import Stamp, parse_time_text, parse_time_value
 
@@ -182,10 +182,12 @@ def _absurd_stamp(stamp: Stamp | None) -> bool:
 def _absurd_fields(fields: dict[str, Any]) -> bool:
     """Whether a value of ``fields`` would break the analysis or the report: NaN or an
     infinity anywhere, nesting deeper than ``MAX_DEPTH``, an id that is not a string or
-    a number, a stock number beyond ``MAX_NUMBER``."""
+    a number or is longer than ``MAX_ID``, a stock number beyond ``MAX_NUMBER``."""
     for key in _ID_KEYS:
         value = fields.get(key)
-        if value is not None and type(value) not in (str, int, float):
+        if value is not None and (
+            type(value) not in (str, int, float) or (type(value) is str and len(value) > MAX_ID)
+        ):
             return True
     for key in _NUMBER_KEYS:
         value = fields.get(key)
