@@ -90,7 +90,11 @@ def test_config_text_gives_a_config_or_one_error_line(text: str) -> None:
 
 # --- structured configs from the model's key lists -------------------------------------------
 
-_names = st.text(string.ascii_letters + string.digits + "_-.", min_size=1, max_size=20)
+_names = st.one_of(
+    st.text(string.ascii_letters + string.digits + "_-.", min_size=1, max_size=20),
+    # Long unknown keys and ones with line breaks: an error line must cut and escape them.
+    st.text("ab\r\n\u2028\t:", min_size=1, max_size=3000),
+)
 _scalars = st.one_of(
     st.none(),
     st.booleans(),

@@ -66,7 +66,12 @@ _values = st.recursive(
     ),
     max_leaves=8,
 )
-_short_names = st.text("abcdefghijklmnopqrstuvwxyz_-:.0123456789", max_size=30)
+# Unknown keys: short ones, and long ones with line breaks and control characters, which
+# an error line must cut and escape.
+_short_names = st.one_of(
+    st.text("abcdefghijklmnopqrstuvwxyz_-:.0123456789", max_size=30),
+    st.text("ab\r\n\u2028\x00\t:", min_size=1, max_size=3000),
+)
 
 
 @st.composite
