@@ -60,7 +60,8 @@ def generate(path: Path, lines: int, seed: int = 7) -> None:
                 before = stock[sku] = START_STOCK  # a restock: values start over
             plant = request % 5_003
             rid, key, ref = f"R{request}", f"K{request}", f"P{request}"
-            with reservation(sku, request_id=rid, idempotency_key=key, order_id=f"O{request}") as r:
+            order = f"O{request}"
+            with reservation(sku, request_id=rid, idempotency_key=key, order_id=order) as r:
                 r.stock_check(available=before)
                 r.success(old_stock=before, new_stock=before - 1)
             written += 2

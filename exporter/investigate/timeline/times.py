@@ -38,7 +38,9 @@ _TIME_OF_DAY: Final = re.compile(r"\d\d?:\d\d:\d\d(?:[.,]\d+)?\Z")
 _NUMBER: Final = re.compile(r"-?\d+(?:\.\d+)?\Z")
 # The shape most logs write (stocksentry's own: "2026-11-29T13:41:14.262Z"), read without
 # fromisoformat: the date's start in microseconds is cached, the rest is arithmetic.
-_UTC_MILLIS: Final = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{3}Z\Z")
+_UTC_MILLIS: Final = re.compile(
+    r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{3}Z\Z"
+)
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 _DAY_CACHE: dict[str, int | None] = {}
 _DAY_CACHE_SIZE: Final = 4096
