@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 import re
 import time
+from collections import OrderedDict, deque
 from collections.abc import Iterable
 
 from .incidents import Check, Duplicate, Incident, Overwrite, SameFrom, StaleRead, Write
@@ -129,9 +130,14 @@ class _Analyser:
         self.request_filter = request
         self.report = Report(keys_limit=max_keys)
         self.state: dict[str, _SkuState] = {}
-        self.checks: dict[tuple[str, str], Check] = {}
+        #: Ordered, so that the oldest open window is dropped in O(1) (see ``key_order``).
+        self.checks: OrderedDict[tuple[str, str], Check] = OrderedDict()
         #: "<role letter><sku>\x1f<key>" -> the first write with that key, or the duplicate.
         self.keys: dict[str, Write | Duplicate] = {}
+        #: The keys of ``keys`` oldest first, to forget the oldest in O(1): deleting
+        #: ``next(iter(keys))`` of a plain dict rescans the holes its deletions left at the
+        #: front, which turns quadratic once hundreds of thousands of keys are held.
+        self.key_order: deque[str] = deque()
         self.keep_orders = order is not None
         self.incidents: list[Incident] = []
         self.order_requests: set[str] = set()
@@ -230,7 +236,7 @@ class _Analyser:
             checks.pop(key, None)
             checks[key] = Check(available, event.ts, event.source, event.lineno)
             if len(checks) > OPEN_CHECKS:
-                del checks[next(iter(checks))]
+                checks.popitem(last=False)
         if (
             state is None
             or last is None
@@ -341,8 +347,10 @@ class _Analyser:
         first = keys.get(key)
         if first is None:
             keys[key] = write
-            if len(keys) > self.max_keys:
-                del keys[next(iter(keys))]
+            order = self.key_order
+            order.append(key)
+            if len(order) > self.max_keys:
+                del keys[order.popleft()]
                 self.report.keys_forgotten += 1
         elif isinstance(first, Duplicate):
             first.add(write)

@@ -179,26 +179,37 @@ def _absurd_stamp(stamp: Stamp | None) -> bool:
     return dated and not _MIN_EPOCH <= ts <= _MAX_EPOCH
 
 
+_ID_KEY_SET: Final = frozenset(_ID_KEYS)
+_NUMBER_KEY_SET: Final = frozenset(_NUMBER_KEYS)
+# Values that can be neither NaN, an infinity nor nested: a line of only these (nearly
+# every line) needs no walk through its values.
+_FLAT_TYPES: Final = frozenset({str, int, bool, type(None)})
+
+
 def _absurd_fields(fields: dict[str, Any]) -> bool:
     """Whether a value of ``fields`` would break the analysis or the report: NaN or an
     infinity anywhere, nesting deeper than ``MAX_DEPTH``, an id that is not a string or
     a number or is longer than ``MAX_ID``, a stock number beyond ``MAX_NUMBER``."""
-    for key in _ID_KEYS:
-        value = fields.get(key)
+    keys = fields.keys()
+    for key in keys & _ID_KEY_SET:
+        value = fields[key]
         if value is not None and (
             type(value) not in (str, int, float) or (type(value) is str and len(value) > MAX_ID)
         ):
             return True
-    for key in _NUMBER_KEYS:
-        value = fields.get(key)
+    for key in keys & _NUMBER_KEY_SET:
+        value = fields[key]
         if (
             isinstance(value, int | float)
             and not isinstance(value, bool)
             and not -MAX_NUMBER <= value <= MAX_NUMBER
         ):
             return True
+    values = fields.values()
+    if set(map(type, values)) <= _FLAT_TYPES:
+        return False
     # Iterative, so that the check itself never recurses as deep as the line is nested.
-    stack: list[tuple[Any, int]] = [(value, 1) for value in fields.values()]
+    stack: list[tuple[Any, int]] = [(value, 1) for value in values]
     while stack:
         value, depth = stack.pop()
         if type(value) is float:
