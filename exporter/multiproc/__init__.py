@@ -136,6 +136,7 @@ from .files import (
     pid_alive,
     read_entries,
 )
+from .exemplars import exemplar_pid, read_exemplars
 from .merge import Merge
 
 __all__ = [
@@ -231,7 +232,11 @@ class MultiprocessDirCollector:
             with os.scandir(self.path) as it:
                 # Directory order, as glob gives prometheus_client: floating-point sums
                 # then come out bit for bit the same as MultiProcessCollector's.
-                names = [entry.name for entry in it if entry.name.endswith(".db")]
+                names = [
+                    entry.name
+                    for entry in it
+                    if entry.name.endswith(".db") or exemplar_pid(entry.name) is not None
+                ]
         except FileNotFoundError:
             if not self._missing_logged:
                 self._missing_logged = True
@@ -248,6 +253,15 @@ class MultiprocessDirCollector:
         alive: dict[str, bool] = {}
         directory = str(self.path)
         for name in self._list():
+            if not name.endswith(".db"):
+                # An exemplar file (the listing keeps only those and *.db).
+                try:
+                    merge.add_exemplars(read_exemplars(os.path.join(directory, name)))
+                except FileNotFoundError:
+                    continue
+                except SkipFile as skip:
+                    self._skip(name, skip.reason, skip.detail)
+                continue
             parsed = parse_name(name)
             if parsed is None:
                 self._skip(name, "bad_name", "not <type>[_<mode>]_<pid>.db")
