@@ -37,6 +37,7 @@ import struct
 import threading
 import time
 import zlib
+from collections.abc import Callable
 from typing import Any, Final
 
 from prometheus_client import Histogram
@@ -58,6 +59,8 @@ __all__ = [
 ]
 
 _log = logging.getLogger(__name__)
+# floatToGoString is untyped in prometheus_client; this gives it a type once.
+_go_float: Final[Callable[[float], str]] = floatToGoString
 
 MAGIC: Final = b"SSEXEMP1"
 VERSION: Final = 1
@@ -135,7 +138,8 @@ class ExemplarFile:
                 return None
             offset = HEADER_SIZE + self._used * SLOT_SIZE
             slot = [offset, zlib.crc32(key), 0]
-            assert self._mm is not None
+            if self._mm is None:
+                return None
             self._mm[offset + SLOT_HEAD.size : offset + SLOT_HEAD.size + len(key)] = key
             return slot
 
@@ -181,14 +185,16 @@ _FILE_LOCK = threading.Lock()
 
 def _file() -> ExemplarFile | None:
     global _FILE
-    if _FILE is None:
-        directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
-        if not directory:
-            return None
-        with _FILE_LOCK:
-            if _FILE is None or _FILE.directory != directory:
-                _FILE = ExemplarFile(directory)
-    return _FILE
+    table = _FILE
+    if table is not None:
+        return table
+    directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if not directory:
+        return None
+    with _FILE_LOCK:
+        if _FILE is None:
+            _FILE = ExemplarFile(directory)
+        return _FILE
 
 
 class ExemplarHistogram(Histogram):
@@ -217,8 +223,8 @@ class ExemplarHistogram(Histogram):
                 mmap_key(
                     self._name,
                     self._name + "_bucket",
-                    (*self._labelnames, "le"),
-                    (*self._labelvalues, floatToGoString(bound)),
+                    [*self._labelnames, "le"],
+                    [*self._labelvalues, _go_float(bound)],
                     self._documentation,
                 ).encode("utf-8")
                 for bound in self._upper_bounds

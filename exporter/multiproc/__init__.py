@@ -125,6 +125,7 @@ from typing import Final
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from stocksentry.instrumentation import catalog
 
+from .exemplars import exemplar_pid, read_exemplars
 from .files import (
     GAUGE_MODES,
     SKIP_REASONS,
@@ -136,7 +137,6 @@ from .files import (
     pid_alive,
     read_entries,
 )
-from .exemplars import exemplar_pid, read_exemplars
 from .merge import Merge
 
 __all__ = [
