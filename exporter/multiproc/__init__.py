@@ -94,14 +94,21 @@ What each makes of the same directory with one defect (successes summed over SKU
   ``live*`` gauges (0 samples left), prometheus_client keeps all 1,601;
 - reads: both read at most the file's size; ours checks every length against ``used``
   before using it and reads nothing past it, and does not read special files at all;
-- exemplars: neither reader has any to give, because prometheus_client's multiprocess
-  value class stores none; carrying them from the workers needs a reader of our own.
+- exemplars: prometheus_client's multiprocess value class stores none, so its reader has
+  none to give; ours reads the workers' ``exemplars_<pid>.mmap`` files (written by
+  :mod:`stocksentry.instrumentation.mpexemplars`, read by :mod:`.exemplars`) and attaches
+  the latest exemplar per bucket across workers. With 16 workers x 500 SKUs recording an
+  exemplar on every observation, ours serves OpenMetrics with them in 246 ms against
+  prometheus_client's 415 ms for plain text without them (0.59x), and an exemplar costs a
+  worker about 1.9 µs per observation (4.2 against 2.3 µs for ``reservation_duration``);
+  ``python benchmarks/bench_multiproc.py --workers 16 --skus 500 --repeats 7``.
 
 So ours is kept: it is about 2.4 times faster per merge and 1.8 times per text scrape,
 and it is the only one of the two that serves a scrape through a bad file, drops the
-gauges of killed workers and can grow exemplars. The module is split in three so that no
+gauges of killed workers and carries exemplars. The module is split in four so that no
 part passes 500 lines: :mod:`.files` (names, the binary layout, reading one file),
-:mod:`.merge` (one scrape's merge), and this module (the collector).
+:mod:`.merge` (one scrape's merge), :mod:`.exemplars` (reading the workers' exemplar files),
+and this module (the collector).
 
 Example::
 
