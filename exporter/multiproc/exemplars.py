@@ -4,9 +4,10 @@ The layout is defined by :mod:`stocksentry.instrumentation.mpexemplars`, which w
 :func:`read_exemplars` returns ``{key bytes: Exemplar}`` for one file or raises
 :class:`~.files.SkipFile` with the reason, like the metrics files: ``truncated`` (shorter
 than its header says), ``corrupt`` (bad magic, version, header CRC, lengths, or a slot
-whose CRC still fails after two re-reads), ``unreadable``. A slot caught half written
-(its CRC fails) is read again from the file; a worker writes a slot in about a
-microsecond. Internal to :mod:`stocksentry.exporter.multiproc`.
+whose CRC fails and that reads back the same bytes again), ``unreadable``. A slot caught
+half written (its CRC fails, its bytes change between reads) is read again up to five
+times, then left out of this scrape only: its worker rewrites it in about a microsecond.
+Internal to :mod:`stocksentry.exporter.multiproc`.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ __all__ = ["ExemplarEntries", "exemplar_pid", "read_exemplars"]
 
 # key bytes -> (timestamp, Exemplar)
 ExemplarEntries = dict[bytes, tuple[float, Exemplar]]
-_REREADS: Final = 2
+_REREADS: Final = 5
 
 
 def exemplar_pid(name: str) -> str | None:
@@ -70,6 +71,27 @@ def _slot(data: bytes, pos: int, slot_size: int) -> tuple[bytes, float, Exemplar
     return key, ts, Exemplar({k: v for k, v in labels.items() if v}, value, ts)
 
 
+def _reread(
+    fd: int, offset: int, slot_size: int, seen: bytes
+) -> tuple[bytes, float, Exemplar] | None:
+    """Read a slot whose CRC failed again; ``SkipFile`` if it fails the same way twice.
+
+    A slot that keeps changing is being rewritten by its worker (a write takes about a
+    microsecond); one that reads back byte for byte the same and still fails is corrupt.
+    """
+    for _ in range(_REREADS):
+        again = os.pread(fd, slot_size, offset)
+        if len(again) < slot_size:
+            raise SkipFile("truncated", f"slot at {offset} cut short")
+        got = _slot(again, 0, slot_size)
+        if got is not None:
+            return got
+        if again == seen:
+            raise SkipFile("corrupt", f"slot at {offset} fails its checksum")
+        seen = again
+    return None
+
+
 def read_exemplars(path: str) -> ExemplarEntries:
     """Every exemplar of one file, or ``SkipFile``; ``FileNotFoundError`` passes."""
     try:
@@ -100,14 +122,10 @@ def read_exemplars(path: str) -> ExemplarEntries:
             for index in range(used):
                 pos = index * slot_size
                 got = _slot(data, pos, slot_size)
-                tries = 0
-                while got is None and tries < _REREADS:
-                    # Caught half written: read this slot again.
-                    tries += 1
-                    again = os.pread(fd, slot_size, HEADER_SIZE + pos)
-                    got = _slot(again.ljust(slot_size, b"\0"), 0, slot_size)
                 if got is None:
-                    raise SkipFile("corrupt", f"slot {index} fails its checksum")
+                    got = _reread(fd, HEADER_SIZE + pos, slot_size, data[pos : pos + slot_size])
+                    if got is None:
+                        continue  # still being rewritten: the next scrape will have it
                 key, ts, exemplar = got
                 held = out.get(key)
                 if held is None or ts > held[0]:

@@ -128,3 +128,25 @@ def test_a_slot_caught_half_written_is_read_again(tmp_path: Path) -> None:
         reader._slot = real_slot  # type: ignore[assignment]
     assert len(calls) == 2
     assert [e.value for _, e in entries.values()] == [0.3]
+
+
+def test_a_slot_that_keeps_changing_is_left_out_not_skipped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from stocksentry.exporter.multiproc import exemplars as reader
+
+    path = write(tmp_path)
+    good = path.read_bytes()
+    reads = iter(range(1, 100))
+
+    def busy_writer(fd: int, size: int, offset: int) -> bytes:
+        # Each read catches the worker mid-write at a different point.
+        torn = bytearray(good[offset : offset + size])
+        torn[9] ^= next(reads)
+        return bytes(torn)
+
+    torn_file = bytearray(good)
+    torn_file[HEADER_SIZE + 9] ^= 0xFF
+    path.write_bytes(bytes(torn_file))
+    monkeypatch.setattr(reader.os, "pread", busy_writer)
+    assert read_exemplars(str(path)) == {}
