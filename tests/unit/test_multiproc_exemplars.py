@@ -150,3 +150,39 @@ def test_a_slot_that_keeps_changing_is_left_out_not_skipped(
     path.write_bytes(bytes(torn_file))
     monkeypatch.setattr(reader.os, "pread", busy_writer)
     assert read_exemplars(str(path)) == {}
+
+
+BUSY_WORKER = """
+import time
+from stocksentry.instrumentation.metrics import StockMetrics
+metrics = StockMetrics()
+end = time.monotonic() + 1.0
+k = 0
+while time.monotonic() < end:
+    k += 1
+    exemplar = {"trace_id": f"{k:032x}", "span_id": f"{k:016x}"}
+    metrics.reservation_duration("success", (k % 50) / 100, exemplar)
+print("done", flush=True)
+"""
+
+
+def test_reads_during_a_real_workers_writes_never_skip(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+    import time
+
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    # Our own snippet, run by this interpreter.
+    proc = subprocess.Popen([sys.executable, "-c", BUSY_WORKER], env=env)  # noqa: S603
+    reads = 0
+    try:
+        deadline = time.monotonic() + 30
+        while proc.poll() is None and time.monotonic() < deadline:
+            for path in tmp_path.glob("exemplars_*.mmap"):
+                read_exemplars(str(path))  # a SkipFile here fails the test
+                reads += 1
+    finally:
+        assert proc.wait(timeout=30) == 0
+    (path,) = tmp_path.glob("exemplars_*.mmap")
+    assert len(read_exemplars(str(path))) >= 1
+    assert reads > 0
