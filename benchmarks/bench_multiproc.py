@@ -80,7 +80,11 @@ WORKER = textwrap.dedent(
         cache_age.labels(sku).set((i * 3 + worker) % 60)
     for j, outcome in enumerate(catalog.OUTCOMES):
         for k in range(20):
-            metrics.reservation_duration(outcome, ((j * 20 + k + worker) % 1000) / 1000)
+            # Every observation carries an exemplar, as under a recording tracer.
+            exemplar = {"trace_id": f"{worker:08x}{j:08x}{k:016x}", "span_id": f"{k:016x}"}
+            seconds = ((j * 20 + k + worker) % 1000) / 1000
+            metrics.reservation_duration(outcome, seconds, exemplar)
+            metrics.db_lock_wait(("products", "orders")[k % 2], seconds / 3, exemplar)
     for lock in ("stock", "order"):
         metrics.lock_acquire_duration(lock, "acquired", 0.01 * (worker + 1))
         metrics.lock_hold_ratio(lock, 0.1 * (worker % 10))
@@ -267,6 +271,34 @@ def exemplars(path: Path) -> tuple[str, str]:
     return count(MultiprocessDirCollector(path, check_pids=False)), count(_Raw(path))
 
 
+HOT = textwrap.dedent(
+    """
+    import statistics, timeit
+    from stocksentry.instrumentation.metrics import StockMetrics
+    m = StockMetrics()
+    ex = {"trace_id": "4bf92f3577b34da6a3ce929d0e0e4736", "span_id": "00f067aa0ba902b7"}
+    for name, fn in (
+        ("without exemplar", lambda: m.reservation_duration("success", 0.02)),
+        ("with exemplar", lambda: m.reservation_duration("success", 0.02, ex)),
+    ):
+        fn()
+        runs = [min(timeit.repeat(fn, number=20000, repeat=3)) / 20000 * 1e6 for _ in range(5)]
+        print(f"{name:<18} {statistics.median(runs):6.2f}")
+    """
+)
+
+
+def hot_path() -> list[str]:
+    """µs per ``reservation_duration`` in multiprocess mode, with and without an exemplar."""
+    with tempfile.TemporaryDirectory(prefix="stocksentry-bench-hot-") as tmp:
+        env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": tmp}
+        # Our own snippet, run by this interpreter.
+        out = subprocess.run(  # noqa: S603
+            [sys.executable, "-c", HOT], env=env, capture_output=True, text=True, check=True
+        )
+    return out.stdout.splitlines()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--workers", type=int, default=8)
@@ -306,6 +338,10 @@ def main(argv: list[str] | None = None) -> int:
             for name, reader in readers.items():
                 cases[f"{name} merge"] = partial(merge_only, reader)
                 cases[f"{name} merge+text"] = partial(generate_latest, reader)
+            # OpenMetrics: ours carries the workers' exemplars, prometheus_client has none.
+            cases["ours no check merge+openmetrics"] = partial(
+                generate_openmetrics, ours_unchecked
+            )
             for fn in cases.values():
                 fn()  # warm-up: imports, page cache, our key cache
             times: dict[str, list[float]] = {}
@@ -322,6 +358,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"samples merged: {len(expected)}; rounds: {args.repeats}; median ms per scrape:")
     for key, values in times.items():
         print(f"  {key:<34} {statistics.median(values):7.1f}")
+    with_exemplars = statistics.median(times["ours no check merge+openmetrics"])
+    raw_text = statistics.median(times["prometheus_client merge+text"])
+    print(
+        f"  ratio ours OpenMetrics with exemplars / prometheus_client text without: "
+        f"{with_exemplars / raw_text:.2f}"
+    )
+    print("hot path, median µs per observe (multiprocess mode):")
+    for line in hot_path():
+        print(f"  {line}")
     print("behaviour (ours | prometheus_client):")
     for name, ours, theirs in rows:
         print(f"  {name}:\n    ours: {ours}\n    prometheus_client: {theirs}")

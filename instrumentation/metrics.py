@@ -30,7 +30,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.registry import REGISTRY
 
-from . import catalog
+from . import catalog, mpexemplars
 from .catalog import OVERFLOW_VALUE, MetricSpec
 from .guard import CACHE_CHAR_BUDGET, MAX_CACHED_KEY_LENGTH, LabelGuard
 
@@ -56,7 +56,10 @@ def _make(spec: MetricSpec, registry: CollectorRegistry | None) -> Any:
     if spec.kind == "counter":
         return Counter(spec.base_name, spec.help, spec.labels, registry=registry)
     if spec.kind == "histogram":
-        return Histogram(
+        # Multiprocess mode keeps no exemplars: the histograms that carry them write their
+        # own file for the sidecar (see mpexemplars).
+        cls = mpexemplars.histogram_class() if spec.exemplars else Histogram
+        return cls(
             spec.name, spec.help, spec.labels, buckets=spec.buckets or (), registry=registry
         )
     raise ValueError(f"{spec.name}: the app records no {spec.kind}")

@@ -98,14 +98,21 @@ What each makes of the same directory with one defect (successes summed over SKU
   ``live*`` gauges (0 samples left), prometheus_client keeps all 1,601;
 - reads: both read at most the file's size; ours checks every length against ``used``
   before using it and reads nothing past it, and does not read special files at all;
-- exemplars: neither reader has any to give, because prometheus_client's multiprocess
-  value class stores none; carrying them from the workers needs a reader of our own.
+- exemplars: prometheus_client's multiprocess value class stores none, so its reader has
+  none to give; ours reads the workers' ``exemplars_<pid>.mmap`` files (written by
+  :mod:`stocksentry.instrumentation.mpexemplars`, read by :mod:`.exemplars`) and attaches
+  the latest exemplar per bucket across workers. With 16 workers x 500 SKUs recording an
+  exemplar on every observation, ours serves OpenMetrics with them in 246 ms against
+  prometheus_client's 415 ms for plain text without them (0.59x), and an exemplar costs a
+  worker about 1.9 µs per observation (4.2 against 2.3 µs for ``reservation_duration``);
+  ``python benchmarks/bench_multiproc.py --workers 16 --skus 500 --repeats 7``.
 
 So ours is kept: it is about 2.4 times faster per merge and 1.8 times per text scrape,
 and it is the only one of the two that serves a scrape through a bad file, drops the
-gauges of killed workers and can grow exemplars. The module is split in three so that no
+gauges of killed workers and carries exemplars. The module is split in four so that no
 part passes 500 lines: :mod:`.files` (names, the binary layout, reading one file),
-:mod:`.merge` (one scrape's merge), and this module (the collector).
+:mod:`.merge` (one scrape's merge), :mod:`.exemplars` (reading the workers' exemplar files),
+and this module (the collector).
 
 Example::
 
@@ -129,6 +136,7 @@ from typing import Final
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from stocksentry.instrumentation import catalog
 
+from .exemplars import exemplar_pid, read_exemplars
 from .files import (
     GAUGE_MODES,
     SKIP_REASONS,
@@ -235,7 +243,11 @@ class MultiprocessDirCollector:
             with os.scandir(self.path) as it:
                 # Directory order, as glob gives prometheus_client: floating-point sums
                 # then come out bit for bit the same as MultiProcessCollector's.
-                names = [entry.name for entry in it if entry.name.endswith(".db")]
+                names = [
+                    entry.name
+                    for entry in it
+                    if entry.name.endswith(".db") or exemplar_pid(entry.name) is not None
+                ]
         except FileNotFoundError:
             if not self._missing_logged:
                 self._missing_logged = True
@@ -252,6 +264,15 @@ class MultiprocessDirCollector:
         alive: dict[str, bool] = {}
         directory = str(self.path)
         for name in self._list():
+            if not name.endswith(".db"):
+                # An exemplar file (the listing keeps only those and *.db).
+                try:
+                    merge.add_exemplars(read_exemplars(os.path.join(directory, name)))
+                except FileNotFoundError:
+                    continue
+                except SkipFile as skip:
+                    self._skip(name, skip.reason, skip.detail)
+                continue
             parsed = parse_name(name)
             if parsed is None:
                 self._skip(name, "bad_name", "not <type>[_<mode>]_<pid>.db")

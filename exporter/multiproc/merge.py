@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Final
 
 from prometheus_client.metrics_core import Metric
-from prometheus_client.samples import Sample
+from prometheus_client.samples import Exemplar, Sample
 from prometheus_client.utils import floatToGoString
 
 from .files import SUMMED_TYPES, Entries, FileName, Key
@@ -43,7 +43,17 @@ class Merge:
         # min/max/sum (and live variants): key -> value; mostrecent: key -> (ts, value).
         self.aggregated: dict[str, dict[bytes, float]] = {}
         self.most_recent: dict[bytes, tuple[float, float]] = {}
+        # key bytes -> (timestamp, exemplar): the latest across workers.
+        self.exemplars: dict[bytes, tuple[float, Exemplar]] = {}
         self.files = 0
+
+    def add_exemplars(self, entries: dict[bytes, tuple[float, Exemplar]]) -> None:
+        """Merge one worker's exemplars: per sample key, the newest timestamp wins."""
+        held_of = self.exemplars
+        for raw, item in entries.items():
+            held = held_of.get(raw)
+            if held is None or item[0] > held[0]:
+                held_of[raw] = item
 
     def add(self, name: FileName, entries: Entries) -> None:
         """Merge one file's entries; a key that does not parse skips the whole file."""
@@ -98,6 +108,11 @@ class Merge:
         """
         key_of = self._key_of
         by_name: dict[str, Metric] = {}
+        exemplars = self.exemplars
+
+        def exemplar_of(raw: bytes) -> Exemplar | None:
+            held = exemplars.get(raw)
+            return held[1] if held is not None else None
 
         def samples_of(key: Key, typ: str) -> list[Sample] | None:
             family = by_name.get(key.metric)
@@ -111,7 +126,8 @@ class Merge:
             key = key_of(raw)
             samples = samples_of(key, "counter")
             if samples is not None:
-                samples.append(Sample(key.sample, key.labels_dict, value))
+                exemplar = exemplar_of(raw) if exemplars else None
+                samples.append(Sample(key.sample, key.labels_dict, value, None, exemplar))
 
         for (raw, pid), value in self.per_pid.items():
             key = key_of(raw)
@@ -136,6 +152,8 @@ class Merge:
         buckets_of: dict[Group, dict[float, float]] = {}
         # The first key of each group stands for its metric (name, help).
         others_of: dict[Group, tuple[Key, list[Sample]]] = {}
+        # (group, bound) -> exemplar of that bucket, when a worker recorded one.
+        bucket_exemplars: dict[tuple[Group, float], Exemplar] = {}
         for raw, value in self.summed["histogram"].items():
             key = key_of(raw)
             group = (key.metric, key.labels_without_le)
@@ -149,6 +167,10 @@ class Merge:
             else:
                 buckets = buckets_of[group]
                 buckets[key.le] = buckets.get(key.le, 0.0) + value
+                if exemplars:
+                    exemplar = exemplar_of(raw)
+                    if exemplar is not None:
+                        bucket_exemplars[(group, key.le)] = exemplar
         for group, (first_key, others) in others_of.items():
             metric_name, labels = group
             samples = samples_of(first_key, "histogram")
@@ -164,6 +186,8 @@ class Merge:
                             f"{metric_name}_bucket",
                             dict((*labels, ("le", _go_float(bound)))),
                             running,
+                            None,
+                            bucket_exemplars.get((group, bound)) if bucket_exemplars else None,
                         )
                     )
                 samples.append(Sample(f"{metric_name}_count", dict(labels), running))

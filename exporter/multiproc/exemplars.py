@@ -1,0 +1,137 @@
+"""Reading the workers' exemplar files (``exemplars_<pid>.mmap``) safely.
+
+The layout is defined by :mod:`stocksentry.instrumentation.mpexemplars`, which writes it.
+:func:`read_exemplars` returns ``{key bytes: Exemplar}`` for one file or raises
+:class:`~.files.SkipFile` with the reason, like the metrics files: ``truncated`` (shorter
+than its header says), ``corrupt`` (bad magic, version, header CRC, lengths, or a slot
+whose CRC fails and that reads back the same bytes again), ``unreadable``. A slot caught
+half written (its CRC fails, its bytes change between reads) is read again up to five
+times, then left out of this scrape only: its worker rewrites it in about a microsecond.
+Internal to :mod:`stocksentry.exporter.multiproc`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import stat
+import zlib
+from typing import Final
+
+from prometheus_client.samples import Exemplar
+from stocksentry.instrumentation.mpexemplars import (
+    FILE_PREFIX,
+    FILE_SUFFIX,
+    HEADER,
+    HEADER_SIZE,
+    MAGIC,
+    SLOT_HEAD,
+    VERSION,
+)
+
+from .files import SkipFile
+
+__all__ = ["ExemplarEntries", "exemplar_pid", "read_exemplars"]
+
+# key bytes -> (timestamp, Exemplar)
+ExemplarEntries = dict[bytes, tuple[float, Exemplar]]
+_REREADS: Final = 5
+
+
+def exemplar_pid(name: str) -> str | None:
+    """``exemplars_12.mmap`` -> ``"12"``; ``None`` for any other name."""
+    if name.startswith(FILE_PREFIX) and name.endswith(FILE_SUFFIX):
+        pid = name[len(FILE_PREFIX) : -len(FILE_SUFFIX)]
+        return pid or None
+    return None
+
+
+def _slot(data: bytes, pos: int, slot_size: int) -> tuple[bytes, float, Exemplar] | None:
+    """One slot, or ``None`` when its CRC fails; ``SkipFile`` when its lengths are wrong."""
+    crc, _seq, value, ts, trace_len, span_len, key_len, trace, span = SLOT_HEAD.unpack_from(
+        data, pos
+    )
+    if trace_len > 32 or span_len > 16 or key_len == 0 or SLOT_HEAD.size + key_len > slot_size:
+        if zlib.crc32(data[pos + 4 : pos + SLOT_HEAD.size]) == crc:
+            raise SkipFile("corrupt", f"slot at {pos} has bad lengths")
+        return None
+    key_start = pos + SLOT_HEAD.size
+    key = data[key_start : key_start + key_len]
+    if zlib.crc32(data[pos + 4 : key_start], zlib.crc32(key)) != crc:
+        return None
+    if not (math.isfinite(value) and math.isfinite(ts)):
+        raise SkipFile("corrupt", f"slot at {pos} has a non-finite value")
+    try:
+        labels = {
+            "trace_id": trace[:trace_len].decode("ascii"),
+            "span_id": span[:span_len].decode("ascii"),
+        }
+    except UnicodeDecodeError:
+        raise SkipFile("corrupt", f"slot at {pos} has non-ASCII ids") from None
+    return key, ts, Exemplar({k: v for k, v in labels.items() if v}, value, ts)
+
+
+def _reread(
+    fd: int, offset: int, slot_size: int, seen: bytes
+) -> tuple[bytes, float, Exemplar] | None:
+    """Read a slot whose CRC failed again; ``SkipFile`` if it fails the same way twice.
+
+    A slot that keeps changing is being rewritten by its worker (a write takes about a
+    microsecond); one that reads back byte for byte the same and still fails is corrupt.
+    """
+    for _ in range(_REREADS):
+        again = os.pread(fd, slot_size, offset)
+        if len(again) < slot_size:
+            raise SkipFile("truncated", f"slot at {offset} cut short")
+        got = _slot(again, 0, slot_size)
+        if got is not None:
+            return got
+        if again == seen:
+            raise SkipFile("corrupt", f"slot at {offset} fails its checksum")
+        seen = again
+    return None
+
+
+def read_exemplars(path: str) -> ExemplarEntries:
+    """Every exemplar of one file, or ``SkipFile``; ``FileNotFoundError`` passes."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        with open(fd, "rb") as f:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise SkipFile("unreadable", "not a regular file")
+            size = info.st_size
+            if size == 0:
+                return {}  # a starting worker
+            header = f.read(HEADER_SIZE)
+            if len(header) < HEADER_SIZE:
+                raise SkipFile("truncated", f"{len(header)} bytes, shorter than the header")
+            magic, version, slot_size, capacity, crc, used = HEADER.unpack_from(header)
+            if magic != MAGIC or zlib.crc32(header[:20]) != crc:
+                if header == bytes(HEADER_SIZE):
+                    return {}  # sized, header not written yet
+                raise SkipFile("corrupt", "bad magic or header checksum")
+            if version != VERSION or slot_size < SLOT_HEAD.size or used > capacity:
+                raise SkipFile("corrupt", f"version {version}, {used}/{capacity} slots")
+            if size < HEADER_SIZE + capacity * slot_size:
+                raise SkipFile("truncated", f"{size} bytes for {capacity} slots")
+            data = f.read(used * slot_size)
+            if len(data) < used * slot_size:
+                raise SkipFile("truncated", f"read {len(data)} of {used * slot_size} bytes")
+            out: ExemplarEntries = {}
+            for index in range(used):
+                pos = index * slot_size
+                got = _slot(data, pos, slot_size)
+                if got is None:
+                    got = _reread(fd, HEADER_SIZE + pos, slot_size, data[pos : pos + slot_size])
+                    if got is None:
+                        continue  # still being rewritten: the next scrape will have it
+                key, ts, exemplar = got
+                held = out.get(key)
+                if held is None or ts > held[0]:
+                    out[key] = (ts, exemplar)
+            return out
+    except (FileNotFoundError, SkipFile):
+        raise
+    except OSError as exc:
+        raise SkipFile("unreadable", f"{type(exc).__name__}: {exc}") from None

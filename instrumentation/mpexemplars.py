@@ -1,0 +1,245 @@
+"""Exemplars in multiprocess mode: each worker writes its latest one per bucket to a file.
+
+prometheus_client's multiprocess value class drops exemplars, so under gunicorn (or any
+pre-fork server) with ``PROMETHEUS_MULTIPROC_DIR`` set the sidecar had none to show. When
+that variable is set, :class:`~stocksentry.instrumentation.metrics.StockMetrics` builds
+its histograms from :class:`ExemplarHistogram`, which also writes the exemplar of an
+observation into ``exemplars_<pid>.mmap`` in that directory (not ``*.db``: prometheus_client's
+own collector would refuse the file). The sidecar's
+:mod:`stocksentry.exporter.multiproc` reads these files and attaches the latest exemplar
+per bucket (across workers) to its OpenMetrics output.
+
+The file is a fixed-size table, so it is bounded: a header of :data:`HEADER_SIZE` bytes
+(magic, version, slot size, capacity, a CRC-32 of those, then the number of slots in
+use), then :data:`CAPACITY` slots of :data:`SLOT_SIZE` bytes, one per (metric, labels,
+bucket). A slot is ``crc32 u32, seq u32, value f64, timestamp f64, trace_len u8,
+span_len u8, key_len u16, 4 pad, trace_id 32 bytes, span_id 16 bytes, key`` where the key
+is prometheus_client's own mmap key of the bucket (so the reader matches it byte for byte)
+and the CRC covers everything after it. A slot is rewritten by one slice assignment (one
+bytecode, so threads of a worker never interleave); a reader in another process that
+catches it half written sees a CRC mismatch and reads it again. A new slot is written
+completely before the count in use is raised. Keys longer than the slot allows and
+exemplars past the capacity are not carried (counted in :attr:`ExemplarFile.dropped`).
+A write costs about a microsecond (``benchmarks/bench_multiproc.py`` measures it).
+
+Only ``trace_id`` and ``span_id`` labels are carried (the ones
+:func:`~stocksentry.instrumentation.tracing.exemplar_for` makes); other exemplar labels
+are dropped. A file reused by a new process with the same pid is started afresh.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import mmap
+import os
+import struct
+import threading
+import time
+import zlib
+from collections.abc import Callable
+from typing import Any, Final
+
+from prometheus_client import Histogram
+from prometheus_client.mmap_dict import mmap_key
+from prometheus_client.utils import floatToGoString
+
+__all__ = [
+    "CAPACITY",
+    "FILE_PREFIX",
+    "FILE_SUFFIX",
+    "HEADER",
+    "HEADER_SIZE",
+    "MAGIC",
+    "SLOT_HEAD",
+    "SLOT_SIZE",
+    "ExemplarFile",
+    "ExemplarHistogram",
+    "histogram_class",
+]
+
+_log = logging.getLogger(__name__)
+# floatToGoString is untyped in prometheus_client; this gives it a type once.
+_go_float: Final[Callable[[float], str]] = floatToGoString
+
+MAGIC: Final = b"SSEXEMP1"
+VERSION: Final = 1
+#: ``exemplars_<pid>.mmap``.
+FILE_PREFIX: Final = "exemplars_"
+FILE_SUFFIX: Final = ".mmap"
+#: magic 8s, version, slot size, capacity, CRC-32 of the 20 bytes before it, slots used.
+HEADER: Final = struct.Struct("=8sIIIII")
+HEADER_SIZE: Final = 32
+SLOT_SIZE: Final = 384
+CAPACITY: Final = 2048
+#: crc32, seq, value, timestamp, trace_len, span_len, key_len, pad, trace_id, span_id.
+SLOT_HEAD: Final = struct.Struct("=IIddBBH4x32s16s")
+_BODY: Final = struct.Struct("=IddBBH4x32s16s")
+_CRC: Final = struct.Struct("=I")
+_KEY_MAX: Final = SLOT_SIZE - SLOT_HEAD.size
+_USED_OFFSET: Final = 24  # the last field of HEADER
+
+
+class ExemplarFile:
+    """This process's exemplar table, opened lazily and again after a fork."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self.dropped = 0
+        self._lock = threading.Lock()
+        self._pid = -1
+        self._mm: mmap.mmap | None = None
+        self._used = 0
+        # key bytes -> (slot offset, crc32 of the key, write sequence)
+        self._slots: dict[bytes, list[int]] = {}
+        self._broken = False
+
+    def _open(self) -> mmap.mmap | None:
+        with self._lock:
+            pid = os.getpid()
+            if self._pid == pid and self._mm is not None:
+                return self._mm
+            self._pid = pid
+            self._mm = None
+            self._slots = {}
+            self._used = 0
+            path = os.path.join(self.directory, f"{FILE_PREFIX}{pid}{FILE_SUFFIX}")
+            size = HEADER_SIZE + CAPACITY * SLOT_SIZE
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+                try:
+                    os.ftruncate(fd, 0)  # a dead process with our pid: start afresh
+                    os.ftruncate(fd, size)
+                    if hasattr(os, "posix_fallocate"):
+                        # Allocated now: a full disk later must not SIGBUS the worker.
+                        os.posix_fallocate(fd, 0, size)
+                    mm = mmap.mmap(fd, size)
+                finally:
+                    os.close(fd)
+            except OSError as exc:
+                if not self._broken:
+                    _log.warning("exemplars not written to %s: %s", path, exc)
+                self._broken = True
+                return None
+            head = HEADER.pack(MAGIC, VERSION, SLOT_SIZE, CAPACITY, 0, 0)
+            crc = zlib.crc32(head[:20])
+            mm[0:HEADER_SIZE] = HEADER.pack(MAGIC, VERSION, SLOT_SIZE, CAPACITY, crc, 0).ljust(
+                HEADER_SIZE, b"\0"
+            )
+            self._mm = mm
+            return mm
+
+    def _new_slot(self, key: bytes) -> list[int] | None:
+        with self._lock:
+            slot = self._slots.get(key)
+            if slot is not None:
+                return slot
+            if len(key) > _KEY_MAX or self._used >= CAPACITY:
+                return None
+            offset = HEADER_SIZE + self._used * SLOT_SIZE
+            slot = [offset, zlib.crc32(key), 0]
+            if self._mm is None:
+                return None
+            self._mm[offset + SLOT_HEAD.size : offset + SLOT_HEAD.size + len(key)] = key
+            return slot
+
+    def write(self, key: bytes, value: float, trace_id: str, span_id: str) -> None:
+        """Record the latest exemplar of the sample ``key`` (a prometheus_client mmap key)."""
+        mm = self._mm
+        if mm is None or self._pid != os.getpid():
+            if self._broken:
+                return
+            mm = self._open()
+            if mm is None:
+                return
+        slot = self._slots.get(key)
+        fresh = False
+        if slot is None:
+            slot = self._new_slot(key)
+            if slot is None:
+                self.dropped += 1
+                return
+            fresh = True
+        trace = trace_id.encode("ascii", "replace")
+        span = span_id.encode("ascii", "replace")
+        if len(trace) > 32 or len(span) > 16:
+            self.dropped += 1
+            return
+        slot[2] = seq = (slot[2] + 1) & 0xFFFFFFFF
+        body = _BODY.pack(seq, value, time.time(), len(trace), len(span), len(key), trace, span)
+        offset = slot[0]
+        # One slice assignment: atomic against this worker's other threads.
+        mm[offset : offset + SLOT_HEAD.size] = _CRC.pack(zlib.crc32(body, slot[1])) + body
+        if fresh:
+            with self._lock:
+                if key not in self._slots:
+                    self._slots[key] = slot
+                    self._used += 1
+                    # Raised only once the slot is complete: the reader never sees half.
+                    _CRC.pack_into(mm, _USED_OFFSET, self._used)
+
+
+_FILE: ExemplarFile | None = None
+_FILE_LOCK = threading.Lock()
+
+
+def _file() -> ExemplarFile | None:
+    global _FILE
+    table = _FILE
+    if table is not None:
+        return table
+    directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if not directory:
+        return None
+    with _FILE_LOCK:
+        if _FILE is None:
+            _FILE = ExemplarFile(directory)
+        return _FILE
+
+
+class ExemplarHistogram(Histogram):
+    """A prometheus_client ``Histogram`` that also writes exemplars to the worker's file.
+
+    Only used in multiprocess mode, where prometheus_client itself keeps no exemplar: the
+    observation goes to prometheus_client without its exemplar (it would be validated and
+    dropped), and the exemplar to :class:`ExemplarFile`.
+    """
+
+    def observe(self, amount: float, exemplar: dict[str, str] | None = None) -> None:
+        """Observe ``amount``; carry ``exemplar`` (``trace_id``/``span_id``) to the sidecar."""
+        super().observe(amount)
+        if not exemplar:
+            return
+        try:
+            self._write_exemplar(amount, exemplar)
+        except (OSError, ValueError, TypeError, struct.error, AttributeError) as exc:
+            # Never into the host app: an exemplar is a convenience.
+            _log.debug("exemplar not written: %s", exc)
+
+    def _write_exemplar(self, amount: float, exemplar: dict[str, str]) -> None:
+        keys: list[bytes] | None = self.__dict__.get("_ss_keys")
+        if keys is None:
+            keys = self._ss_keys = [
+                mmap_key(
+                    self._name,
+                    self._name + "_bucket",
+                    [*self._labelnames, "le"],
+                    [*self._labelvalues, _go_float(bound)],
+                    self._documentation,
+                ).encode("utf-8")
+                for bound in self._upper_bounds
+            ]
+        target = _file()
+        if target is None:
+            return
+        index = bisect.bisect_left(self._upper_bounds, amount)
+        if index >= len(keys):
+            return  # NaN
+        target.write(
+            keys[index], amount, exemplar.get("trace_id", ""), exemplar.get("span_id", "")
+        )
+
+
+def histogram_class() -> Any:
+    """``ExemplarHistogram`` when ``PROMETHEUS_MULTIPROC_DIR`` is set, else ``Histogram``."""
+    return ExemplarHistogram if os.environ.get("PROMETHEUS_MULTIPROC_DIR") else Histogram

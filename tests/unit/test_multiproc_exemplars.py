@@ -1,0 +1,188 @@
+"""The exemplar files of multiprocess workers: writing, merging, torn and corrupt files."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry
+from stocksentry.exporter.multiproc import MultiprocessDirCollector
+from stocksentry.exporter.multiproc.exemplars import exemplar_pid, read_exemplars
+from stocksentry.exporter.multiproc.files import SkipFile
+from stocksentry.instrumentation import mpexemplars
+from stocksentry.instrumentation.mpexemplars import HEADER_SIZE, SLOT_SIZE, ExemplarFile
+
+KEY = b'["m", "m_bucket", {"le": "0.5"}, "Help."]'
+TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
+SPAN = "00f067aa0ba902b7"
+
+
+def write(directory: Path, value: float = 0.3, trace: str = TRACE) -> Path:
+    table = ExemplarFile(str(directory))
+    table.write(KEY, value, trace, SPAN)
+    return directory / f"exemplars_{os.getpid()}.mmap"
+
+
+def test_a_written_exemplar_reads_back(tmp_path: Path) -> None:
+    path = write(tmp_path)
+    ((key, (_, exemplar)),) = read_exemplars(str(path)).items()
+    assert key == KEY
+    assert exemplar.labels == {"trace_id": TRACE, "span_id": SPAN}
+    assert exemplar.value == 0.3
+    assert exemplar_pid(path.name) == str(os.getpid())
+    assert exemplar_pid("counter_1.db") is None
+
+
+def test_rewrites_keep_one_slot_and_the_latest(tmp_path: Path) -> None:
+    table = ExemplarFile(str(tmp_path))
+    for i in range(5):
+        table.write(KEY, float(i), TRACE, SPAN)
+    entries = read_exemplars(str(tmp_path / f"exemplars_{os.getpid()}.mmap"))
+    assert [e.value for _, e in entries.values()] == [4.0]
+
+
+def test_capacity_and_long_keys_are_bounded(tmp_path: Path) -> None:
+    table = ExemplarFile(str(tmp_path))
+    table.write(b"x" * SLOT_SIZE, 1.0, TRACE, SPAN)
+    assert table.dropped == 1
+    path = tmp_path / f"exemplars_{os.getpid()}.mmap"
+    assert path.stat().st_size == HEADER_SIZE + mpexemplars.CAPACITY * SLOT_SIZE
+
+
+@pytest.mark.parametrize(
+    ("damage", "reason"),
+    [
+        (lambda data: data[: HEADER_SIZE - 4], "truncated"),
+        (lambda data: b"garbage!" + data[8:], "corrupt"),
+        # A flipped byte inside the slot's key: its checksum fails on every re-read.
+        (lambda data: data[: HEADER_SIZE + 90] + b"\xff" + data[HEADER_SIZE + 91 :], "corrupt"),
+        (lambda data: data[: HEADER_SIZE + 100], "truncated"),
+    ],
+)
+def test_a_damaged_exemplar_file_is_skipped_and_counted(
+    tmp_path: Path, damage: object, reason: str
+) -> None:
+    path = write(tmp_path)
+    data = path.read_bytes()
+    bad = tmp_path / "exemplars_999999.mmap"
+    bad.write_bytes(damage(data))  # type: ignore[operator]
+    with pytest.raises(SkipFile) as raised:
+        read_exemplars(str(bad))
+    assert raised.value.reason == reason
+    collector = MultiprocessDirCollector(tmp_path, check_pids=False)
+    registry = CollectorRegistry()
+    registry.register(collector)
+    assert (
+        registry.get_sample_value(
+            "stocksentry_multiprocess_files_skipped_total", {"reason": reason}
+        )
+        == 1.0
+    )
+    assert collector.skipped[reason] == 1  # type: ignore[index]
+
+
+def test_an_empty_exemplar_file_is_a_starting_worker(tmp_path: Path) -> None:
+    (tmp_path / "exemplars_5.mmap").write_bytes(b"")
+    (tmp_path / "exemplars_6.mmap").write_bytes(bytes(HEADER_SIZE + 10))
+    collector = MultiprocessDirCollector(tmp_path)
+    list(collector.collect())
+    assert sum(collector.skipped.values()) == 0
+
+
+def test_latest_exemplar_wins_across_workers(tmp_path: Path) -> None:
+    from stocksentry.exporter.multiproc.merge import Merge
+
+    path = write(tmp_path, trace="a" * 32)
+    older = read_exemplars(str(path))
+    path = write(tmp_path, trace="b" * 32)
+    newer = read_exemplars(str(path))
+    merge = Merge(lambda raw: None, {})  # type: ignore[arg-type, return-value]
+    merge.add_exemplars(newer)
+    merge.add_exemplars(older)
+    ((_, exemplar),) = merge.exemplars.values()
+    assert exemplar.labels["trace_id"] == "b" * 32
+
+
+def test_a_slot_caught_half_written_is_read_again(tmp_path: Path) -> None:
+    path = write(tmp_path)
+    good = path.read_bytes()
+    # The snapshot is torn, the file itself is whole: the re-read finds the good slot.
+    torn = bytearray(good)
+    torn[HEADER_SIZE + 9] ^= 0xFF
+    from stocksentry.exporter.multiproc import exemplars as reader
+
+    real_slot = reader._slot
+    calls: list[int] = []
+
+    def first_torn(data: bytes, pos: int, size: int):  # type: ignore[no-untyped-def]
+        calls.append(pos)
+        if len(calls) == 1:
+            return real_slot(bytes(torn[HEADER_SIZE:]), pos, size)
+        return real_slot(data, pos, size)
+
+    reader._slot = first_torn  # type: ignore[assignment]
+    try:
+        entries = read_exemplars(str(path))
+    finally:
+        reader._slot = real_slot  # type: ignore[assignment]
+    assert len(calls) == 2
+    assert [e.value for _, e in entries.values()] == [0.3]
+
+
+def test_a_slot_that_keeps_changing_is_left_out_not_skipped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from stocksentry.exporter.multiproc import exemplars as reader
+
+    path = write(tmp_path)
+    good = path.read_bytes()
+    reads = iter(range(1, 100))
+
+    def busy_writer(fd: int, size: int, offset: int) -> bytes:
+        # Each read catches the worker mid-write at a different point.
+        torn = bytearray(good[offset : offset + size])
+        torn[9] ^= next(reads)
+        return bytes(torn)
+
+    torn_file = bytearray(good)
+    torn_file[HEADER_SIZE + 9] ^= 0xFF
+    path.write_bytes(bytes(torn_file))
+    monkeypatch.setattr(reader.os, "pread", busy_writer)
+    assert read_exemplars(str(path)) == {}
+
+
+BUSY_WORKER = """
+import time
+from stocksentry.instrumentation.metrics import StockMetrics
+metrics = StockMetrics()
+end = time.monotonic() + 1.0
+k = 0
+while time.monotonic() < end:
+    k += 1
+    exemplar = {"trace_id": f"{k:032x}", "span_id": f"{k:016x}"}
+    metrics.reservation_duration("success", (k % 50) / 100, exemplar)
+print("done", flush=True)
+"""
+
+
+def test_reads_during_a_real_workers_writes_never_skip(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+    import time
+
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    # Our own snippet, run by this interpreter.
+    proc = subprocess.Popen([sys.executable, "-c", BUSY_WORKER], env=env)
+    reads = 0
+    try:
+        deadline = time.monotonic() + 30
+        while proc.poll() is None and time.monotonic() < deadline:
+            for path in tmp_path.glob("exemplars_*.mmap"):
+                read_exemplars(str(path))  # a SkipFile here fails the test
+                reads += 1
+    finally:
+        assert proc.wait(timeout=30) == 0
+    (path,) = tmp_path.glob("exemplars_*.mmap")
+    assert len(read_exemplars(str(path))) >= 1
+    assert reads > 0
