@@ -101,6 +101,10 @@ class StockMetrics:
         # for a key, recording skips both the guards and prometheus_client's label lock.
         self._children: dict[str, dict[Any, Any]] = {spec.name: {} for spec in catalog.APP}
         self._overflow = self._metrics[catalog.LABEL_OVERFLOW.name]
+        # The caches every reservation reads, looked up once here rather than per event.
+        self._success_children = self._children[catalog.RESERVATION_SUCCESS.name]
+        self._conflict_children = self._children[catalog.RESERVATION_CONFLICT.name]
+        self._duration_children = self._children[catalog.RESERVATION_DURATION.name]
         self._prime(promo_skus)
 
     def _prime(self, promo_skus: Iterable[str]) -> None:
@@ -186,11 +190,11 @@ class StockMetrics:
 
     def reservation_success(self, sku: str, strategy: str) -> None:
         """Count one successful reservation."""
-        spec = catalog.RESERVATION_SUCCESS
-        cache = self._children[spec.name]
+        cache = self._success_children
         key = (sku, strategy)
         child = cache.get(key)
         if child is None:
+            spec = catalog.RESERVATION_SUCCESS
             sku_label = self._sku(spec, sku)
             strategy_label = self._small("strategy", spec, strategy)
             child = self._metrics[spec.name].labels(sku_label, strategy_label)
@@ -201,11 +205,11 @@ class StockMetrics:
 
     def reservation_conflict(self, sku: str, reason: str) -> None:
         """Count one reservation refused for ``reason`` (one of ``CONFLICT_REASONS``)."""
-        spec = catalog.RESERVATION_CONFLICT
-        cache = self._children[spec.name]
+        cache = self._conflict_children
         key = (sku, reason)
         child = cache.get(key)
         if child is None:
+            spec = catalog.RESERVATION_CONFLICT
             if reason not in catalog.CONFLICT_REASONS:
                 raise ValueError(f"unknown conflict reason {reason!r}")
             sku_label = self._sku(spec, sku)
@@ -218,13 +222,14 @@ class StockMetrics:
         self, outcome: str, seconds: float, exemplar: dict[str, str] | None = None
     ) -> None:
         """Observe a reservation's duration under its outcome (one of ``OUTCOMES``)."""
-        spec = catalog.RESERVATION_DURATION
-        cache = self._children[spec.name]
+        cache = self._duration_children
         child = cache.get(outcome)
         if child is None:
             if outcome not in catalog.OUTCOMES:
                 raise ValueError(f"unknown outcome {outcome!r}")
-            child = cache[outcome] = self._metrics[spec.name].labels(outcome)
+            child = cache[outcome] = self._metrics[catalog.RESERVATION_DURATION.name].labels(
+                outcome
+            )
         child.observe(seconds, exemplar)
 
     def order_paid(self, sku: str, amount: float = 1.0) -> None:
