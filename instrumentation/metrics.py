@@ -188,8 +188,44 @@ class StockMetrics:
 
     # --- events ------------------------------------------------------------------------
 
+    def reservation_finished(
+        self,
+        sku: str,
+        strategy: str,
+        outcome: str,
+        seconds: float,
+        exemplar: dict[str, str] | None = None,
+    ) -> None:
+        """Record one ended reservation: its outcome's counter and its duration.
+
+        The same series as :meth:`reservation_success` or :meth:`reservation_conflict`
+        (``error`` counts no outcome counter) and :meth:`reservation_duration`, in one call:
+        this is the path of every reservation. Both series are resolved before either is
+        touched, so a bad ``outcome`` records nothing.
+        """
+        duration = self._duration_children.get(outcome)
+        if duration is None:
+            duration = self._duration_child(outcome)
+        if outcome == "success":
+            child = self._success_children.get((sku, strategy))
+            if child is None:
+                child = self._success_child(sku, strategy)
+            child.inc()
+        elif outcome != "error":
+            child = self._conflict_children.get((sku, outcome))
+            if child is None:
+                child = self._conflict_child(sku, outcome)
+            child.inc()
+        duration.observe(seconds, exemplar)
+
     def reservation_success(self, sku: str, strategy: str) -> None:
         """Count one successful reservation."""
+        child = self._success_children.get((sku, strategy))
+        if child is None:
+            child = self._success_child(sku, strategy)
+        child.inc()
+
+    def _success_child(self, sku: str, strategy: str) -> Any:
         cache = self._success_children
         key = (sku, strategy)
         child = cache.get(key)
@@ -201,10 +237,16 @@ class StockMetrics:
             folded = sku_label is OVERFLOW_VALUE or strategy_label is OVERFLOW_VALUE
             if not folded and self._may_cache(cache, sku, strategy):
                 cache[key] = child
-        child.inc()
+        return child
 
     def reservation_conflict(self, sku: str, reason: str) -> None:
         """Count one reservation refused for ``reason`` (one of ``CONFLICT_REASONS``)."""
+        child = self._conflict_children.get((sku, reason))
+        if child is None:
+            child = self._conflict_child(sku, reason)
+        child.inc()
+
+    def _conflict_child(self, sku: str, reason: str) -> Any:
         cache = self._conflict_children
         key = (sku, reason)
         child = cache.get(key)
@@ -216,12 +258,18 @@ class StockMetrics:
             child = self._metrics[spec.name].labels(sku_label, reason)
             if sku_label is not OVERFLOW_VALUE and self._may_cache(cache, sku):
                 cache[key] = child
-        child.inc()
+        return child
 
     def reservation_duration(
         self, outcome: str, seconds: float, exemplar: dict[str, str] | None = None
     ) -> None:
         """Observe a reservation's duration under its outcome (one of ``OUTCOMES``)."""
+        child = self._duration_children.get(outcome)
+        if child is None:
+            child = self._duration_child(outcome)
+        child.observe(seconds, exemplar)
+
+    def _duration_child(self, outcome: str) -> Any:
         cache = self._duration_children
         child = cache.get(outcome)
         if child is None:
@@ -230,7 +278,7 @@ class StockMetrics:
             child = cache[outcome] = self._metrics[catalog.RESERVATION_DURATION.name].labels(
                 outcome
             )
-        child.observe(seconds, exemplar)
+        return child
 
     def order_paid(self, sku: str, amount: float = 1.0) -> None:
         """Count paid orders for ``sku``."""

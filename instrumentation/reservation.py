@@ -194,16 +194,16 @@ class Reservation(BlockHandle):
             try:
                 metrics = sentry.metrics
                 span = self._span
-                if outcome == "success":
-                    metrics.reservation_success(self.sku, self.strategy)
-                    new_stock = self._new_stock
-                    if new_stock is not None and new_stock < 0:
-                        metrics.inventory_negative(self.sku)
-                elif outcome != "error":
-                    metrics.reservation_conflict(self.sku, outcome)
-                metrics.reservation_duration(
-                    outcome, elapsed, exemplar_for(span) if span is not None else None
+                metrics.reservation_finished(
+                    self.sku,
+                    self.strategy,
+                    outcome,
+                    elapsed,
+                    exemplar_for(span) if span is not None else None,
                 )
+                new_stock = self._new_stock
+                if outcome == "success" and new_stock is not None and new_stock < 0:
+                    metrics.inventory_negative(self.sku)
             except Exception as err:
                 sentry.internal_error("metrics", err)
         if self._log:
