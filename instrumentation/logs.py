@@ -44,8 +44,8 @@ from .processors import (
     DEFAULT_REDACT_KEYS,
     REDACTED,
     Redactor,
-    _add_logger_name,
     _JsonLines,
+    _LineFields,
     _UtcMillisTimestamper,
     add_trace_context,
     drop_formatter_text,
@@ -185,6 +185,9 @@ def configure_logging(
     else:
         renderer = structlog.dev.ConsoleRenderer(colors=_is_tty(out))
         before_render = [redactor]
+    # The structlog chain's level, logger name, trace ids, timestamp (and, for JSON, the
+    # traceback) in one processor: one call per line instead of five, same line.
+    line_fields = _LineFields(timestamper, render_exc_info=json)
 
     root = logging.getLogger()
     for old in [h for h in root.handlers if isinstance(h, _BridgeHandler)]:
@@ -198,11 +201,8 @@ def configure_logging(
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
-            structlog.processors.add_log_level,
-            _add_logger_name,
-            add_trace_context,
-            timestamper,
-            *before_render,
+            line_fields,
+            redactor,
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(numeric_level),

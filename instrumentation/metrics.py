@@ -104,6 +104,10 @@ class StockMetrics:
         # for a key, recording skips both the guards and prometheus_client's label lock.
         self._children: dict[str, dict[Any, Any]] = {spec.name: {} for spec in catalog.APP}
         self._overflow = self._metrics[catalog.LABEL_OVERFLOW.name]
+        # The caches every reservation reads, looked up once here rather than per event.
+        self._success_children = self._children[catalog.RESERVATION_SUCCESS.name]
+        self._conflict_children = self._children[catalog.RESERVATION_CONFLICT.name]
+        self._duration_children = self._children[catalog.RESERVATION_DURATION.name]
         self._prime(promo_skus)
 
     def _prime(self, promo_skus: Iterable[str]) -> None:
@@ -187,48 +191,97 @@ class StockMetrics:
 
     # --- events ------------------------------------------------------------------------
 
+    def reservation_finished(
+        self,
+        sku: str,
+        strategy: str,
+        outcome: str,
+        seconds: float,
+        exemplar: dict[str, str] | None = None,
+    ) -> None:
+        """Record one ended reservation: its outcome's counter and its duration.
+
+        The same series as :meth:`reservation_success` or :meth:`reservation_conflict`
+        (``error`` counts no outcome counter) and :meth:`reservation_duration`, in one call:
+        this is the path of every reservation. Both series are resolved before either is
+        touched, so a bad ``outcome`` records nothing.
+        """
+        duration = self._duration_children.get(outcome)
+        if duration is None:
+            duration = self._duration_child(outcome)
+        if outcome == "success":
+            child = self._success_children.get((sku, strategy))
+            if child is None:
+                child = self._success_child(sku, strategy)
+            child.inc()
+        elif outcome != "error":
+            child = self._conflict_children.get((sku, outcome))
+            if child is None:
+                child = self._conflict_child(sku, outcome)
+            child.inc()
+        duration.observe(seconds, exemplar)
+
     def reservation_success(self, sku: str, strategy: str) -> None:
         """Count one successful reservation."""
-        spec = catalog.RESERVATION_SUCCESS
-        cache = self._children[spec.name]
+        child = self._success_children.get((sku, strategy))
+        if child is None:
+            child = self._success_child(sku, strategy)
+        child.inc()
+
+    def _success_child(self, sku: str, strategy: str) -> Any:
+        cache = self._success_children
         key = (sku, strategy)
         child = cache.get(key)
         if child is None:
+            spec = catalog.RESERVATION_SUCCESS
             sku_label = self._sku(spec, sku)
             strategy_label = self._small("strategy", spec, strategy)
             child = self._metrics[spec.name].labels(sku_label, strategy_label)
             folded = sku_label is OVERFLOW_VALUE or strategy_label is OVERFLOW_VALUE
             if not folded and self._may_cache(cache, sku, strategy):
                 cache[key] = child
-        child.inc()
+        return child
 
     def reservation_conflict(self, sku: str, reason: str) -> None:
         """Count one reservation refused for ``reason`` (one of ``CONFLICT_REASONS``)."""
-        spec = catalog.RESERVATION_CONFLICT
-        cache = self._children[spec.name]
+        child = self._conflict_children.get((sku, reason))
+        if child is None:
+            child = self._conflict_child(sku, reason)
+        child.inc()
+
+    def _conflict_child(self, sku: str, reason: str) -> Any:
+        cache = self._conflict_children
         key = (sku, reason)
         child = cache.get(key)
         if child is None:
+            spec = catalog.RESERVATION_CONFLICT
             if reason not in catalog.CONFLICT_REASONS:
                 raise ValueError(f"unknown conflict reason {reason!r}")
             sku_label = self._sku(spec, sku)
             child = self._metrics[spec.name].labels(sku_label, reason)
             if sku_label is not OVERFLOW_VALUE and self._may_cache(cache, sku):
                 cache[key] = child
-        child.inc()
+        return child
 
     def reservation_duration(
         self, outcome: str, seconds: float, exemplar: dict[str, str] | None = None
     ) -> None:
         """Observe a reservation's duration under its outcome (one of ``OUTCOMES``)."""
-        spec = catalog.RESERVATION_DURATION
-        cache = self._children[spec.name]
+        child = self._duration_children.get(outcome)
+        if child is None:
+            child = self._duration_child(outcome)
+        child.observe(seconds, exemplar)
+
+    def _duration_child(self, outcome: str) -> Any:
+        cache = self._duration_children
         child = cache.get(outcome)
         if child is None:
             if outcome not in catalog.OUTCOMES:
                 raise ValueError(f"unknown outcome {outcome!r}")
-            child = cache[outcome] = self._metrics[spec.name].labels(outcome)
-        child.observe(seconds, exemplar)
+            child = cache[outcome] = self._metrics[catalog.RESERVATION_DURATION.name].labels(
+                outcome
+            )
+        return child
 
     def order_paid(self, sku: str, amount: float = 1.0) -> None:
         """Count paid orders for ``sku``."""

@@ -190,27 +190,26 @@ class Reservation(BlockHandle):
             # recorded, rather than a success without its duration.
             sentry.internal_error("api", TypeError(self._misuse))
         else:
-            self._record(outcome, elapsed)
+            # The hot path, inline: every call layer here is paid on each reservation.
+            try:
+                metrics = sentry.metrics
+                span = self._span
+                metrics.reservation_finished(
+                    self.sku,
+                    self.strategy,
+                    outcome,
+                    elapsed,
+                    exemplar_for(span) if span is not None else None,
+                )
+                new_stock = self._new_stock
+                if outcome == "success" and new_stock is not None and new_stock < 0:
+                    metrics.inventory_negative(self.sku)
+            except Exception as err:
+                sentry.internal_error("metrics", err)
         if self._log:
             self._log_end(outcome, exc)
-        self._restore(outcome, exc)
-
-    def _record(self, outcome: Outcome, elapsed: float) -> None:
-        sentry = self._sentry
-        try:
-            metrics = sentry.metrics
-            span = self._span
-            if outcome == "success":
-                metrics.reservation_success(self.sku, self.strategy)
-                if self._new_stock is not None and self._new_stock < 0:
-                    metrics.inventory_negative(self.sku)
-            elif outcome != "error":
-                metrics.reservation_conflict(self.sku, outcome)
-            metrics.reservation_duration(
-                outcome, elapsed, exemplar_for(span) if span is not None else None
-            )
-        except Exception as err:
-            sentry.internal_error("metrics", err)
+        if self._cv_token is not None or self._log_tokens is not None or self._span is not None:
+            self._restore(outcome, exc)
 
     def _restore(self, outcome: Outcome, exc: BaseException | None) -> None:
         # Each step on its own: one failing (a context entered in another task, a span

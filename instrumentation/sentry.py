@@ -168,6 +168,10 @@ class Sentry:
         order_id: str | None = None,
     ) -> Reservation:
         """A context manager (``with`` or ``async with``) recording one reservation."""
+        # The hot path: most reservations carry no IDs of their own (the middleware binds
+        # them), and three comparisons cost less than building and scanning a keyword dict.
+        if request_id is None and idempotency_key is None and order_id is None:
+            return Reservation(self, sku, strategy, qty, _NO_IDS)
         return Reservation(
             self,
             sku,

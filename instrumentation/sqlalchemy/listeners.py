@@ -289,11 +289,12 @@ class _Instrumentation:
         if state is not None:
             state.sync(conn.get_transaction())
             state.last_table = plan.table
-        if plan.write == "blind" and not plan.conditional and keys and rowcount != 0:
+        conditional = plan.conditional  # a property: evaluated once per statement
+        if plan.write == "blind" and not conditional and keys and rowcount != 0:
             self._check_write(conn, plan, keys, state)
-        if plan.conditional and rowcount == 0:
+        if conditional and rowcount == 0:
             self._no_row(plan, keys)
-        elif plan.conditional and rowcount > 0:
+        elif conditional and rowcount > 0:
             # A retry that now matched undoes the conflict an earlier attempt implied.
             reservation = current_reservation()
             if reservation is not None:

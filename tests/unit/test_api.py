@@ -8,6 +8,7 @@ import logging
 import subprocess
 import sys
 
+import prometheus_client
 import psycopg.errors
 import pytest
 import structlog
@@ -222,7 +223,9 @@ def test_failing_metrics_never_reach_the_app(
     def broken(*_: object) -> None:
         raise RuntimeError("metrics backend broke")
 
-    monkeypatch.setattr(sentry.metrics, "reservation_success", broken)
+    # The backend itself breaks (the histogram every reservation observes), whichever
+    # StockMetrics method the reservation records through.
+    monkeypatch.setattr(prometheus_client.Histogram, "observe", broken)
     results = []
     with caplog.at_level(logging.WARNING, logger="stocksentry"):
         for _ in range(5):
@@ -423,3 +426,19 @@ def test_an_apps_own_structlog_configuration_receives_the_lines(
     with structlog.testing.capture_logs() as logs:
         sentry.record_paid_order("EGG-01")
     assert logs == []
+
+
+def test_reservation_finished_resolves_both_series_before_touching_either() -> None:
+    from stocksentry.instrumentation.metrics import StockMetrics
+
+    registry = CollectorRegistry()
+    metrics = StockMetrics(registry)
+    with pytest.raises(ValueError, match="unknown outcome"):
+        metrics.reservation_finished("EGG-01", "atomic", "bogus", 0.1)
+    assert value(registry, "stock_reservation_success_total", sku="EGG-01", strategy="atomic") == 0
+    assert value(registry, "stock_reservation_duration_seconds_count", outcome="error") == 0
+    metrics.reservation_finished("EGG-01", "atomic", "success", 0.1)
+    metrics.reservation_finished("EGG-01", "atomic", "error", 0.2)
+    assert value(registry, "stock_reservation_success_total", sku="EGG-01", strategy="atomic") == 1
+    assert value(registry, "stock_reservation_duration_seconds_count", outcome="success") == 1
+    assert value(registry, "stock_reservation_duration_seconds_count", outcome="error") == 1

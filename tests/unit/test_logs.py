@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import json
 import logging
@@ -473,3 +474,99 @@ def test_another_handlers_formatting_does_not_leak_into_the_json_line(
     (line,) = lines(out)
     line.pop("timestamp")
     assert line == {"event": "retry 2", "level": "warning", "logger": "lib", "order_id": "o-1"}
+
+
+# --- the fast paths of the JSON line: same bytes as the plain chain ----------------------
+
+
+def test_json_renderer_bytes_match_the_stdlib_encoder() -> None:
+    from stocksentry.instrumentation.processors import _JsonLines
+
+    class Odd:
+        def __repr__(self) -> str:
+            return "<odd>"
+
+    reference = json.JSONEncoder(default=repr)
+    render = _JsonLines()
+    samples: list[dict[str, Any]] = [
+        {"event": "stock_update", "sku": "EGG-01", "qty": 1, "success": True, "from": 3, "to": 2},
+        {"event": "ünïcödé ✓", "emoji": "\U0001f95a", "ctrl": 'a\nb\t"c"\\', "none": None},
+        {"floats": [0.1, 1e16, -0.0, 1.5e-300, float("nan"), float("inf")], "big": 2**70},
+        {"nested": {"a": [1, (2, 3), {"b": None}]}, 5: "int key", "obj": Odd()},
+        {},
+    ]
+    for event in samples:
+        assert render(None, "info", dict(event)) == reference.encode(event)
+
+
+def test_json_renderer_recovers_after_a_circular_value() -> None:
+    from stocksentry.instrumentation.processors import _JsonLines
+
+    render = _JsonLines()
+    cycle: list[Any] = []
+    cycle.append(cycle)
+    with pytest.raises(ValueError, match="Circular"):
+        render(None, "info", {"event": "x", "cycle": cycle})
+    # The same list, now without its cycle, is no longer mistaken for one.
+    cycle.clear()
+    assert render(None, "info", {"event": "x", "cycle": cycle}) == '{"event": "x", "cycle": []}'
+
+
+def test_line_fields_equal_the_chained_processors() -> None:
+    from stocksentry.instrumentation.processors import _LineFields, _UtcMillisTimestamper
+
+    class Named:
+        name = "checkout"
+
+    def chained(logger: Any, method: str, event: dict[str, Any]) -> dict[str, Any]:
+        event = structlog.processors.add_log_level(logger, method, event)
+        name = getattr(logger, "name", None)
+        if name is not None:
+            event.setdefault("logger", name)
+        event = add_trace_context(logger, method, event)
+        event = _UtcMillisTimestamper()(logger, method, event)
+        return dict(structlog.processors.format_exc_info(logger, method, event))
+
+    combined = _LineFields(_UtcMillisTimestamper(), render_exc_info=True)
+    provider = TracerProvider()
+    cases: list[tuple[Any, str, dict[str, Any]]] = [
+        (Named(), "info", {"event": "a", "sku": "S"}),
+        (None, "warn", {"event": "b"}),
+        (Named(), "exception", {"event": "c", "logger": "mine"}),
+        (Named(), "info", {"event": "d", "exc_info": False}),
+    ]
+    for logger, method, event in cases:
+        for in_span in (False, True):
+            with contextlib.ExitStack() as stack:
+                if in_span:
+                    stack.enter_context(provider.get_tracer("t").start_as_current_span("s"))
+                want = chained(logger, method, dict(event))
+                got = combined(logger, method, dict(event))
+            # The timestamp may tick between the two calls; its place must not move.
+            assert list(got) == list(want)
+            assert {k: v for k, v in got.items() if k != "timestamp"} == {
+                k: v for k, v in want.items() if k != "timestamp"
+            }
+    try:
+        raise RuntimeError("boom")
+    except RuntimeError:
+        got = combined(None, "error", {"event": "e", "exc_info": True})
+    assert "exc_info" not in got
+    assert "RuntimeError: boom" in got["exception"]
+    plain = _LineFields(_UtcMillisTimestamper(), render_exc_info=False)
+    assert plain(None, "info", {"event": "f", "exc_info": True})["exc_info"] is True
+
+
+def test_redactor_clean_value_cache_never_hides_a_secret() -> None:
+    redact = Redactor()
+    card = "card 4111-1111-1111-1111"
+    for _ in range(3):
+        event = redact(None, "info", {"event": "stock_update", "note": card, "sku": "EGG-0001"})
+        assert event == {"event": "stock_update", "note": "card ****1111", "sku": "EGG-0001"}
+    # Only the clean values are remembered, and the memory is bounded.
+    assert card not in redact._clean
+    assert "stock_update" in redact._clean
+    for i in range(10_000):
+        redact(None, "info", {"note": f"clean value {i}"})
+    assert len(redact._clean) <= 4096
+    assert redact(None, "info", {"note": card}) == {"note": "card ****1111"}
