@@ -186,3 +186,43 @@ def test_reads_during_a_real_workers_writes_never_skip(tmp_path: Path) -> None:
     (path,) = tmp_path.glob("exemplars_*.mmap")
     assert len(read_exemplars(str(path))) >= 1
     assert reads > 0
+
+
+_RESERVATION_CHILD = """
+import sys
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+trace.set_tracer_provider(TracerProvider())
+from stocksentry.instrumentation import configure, reservation
+configure(promo_skus=["EGG-01"])
+with reservation("EGG-01", strategy="atomic") as r:
+    r.success(old_stock=2, new_stock=1)
+    print(trace.format_trace_id(trace.get_current_span().get_span_context().trace_id))
+"""
+
+
+def test_a_reservation_in_a_worker_leaves_its_exemplar_for_the_sidecar(tmp_path):
+    """The recording API's own hot path (not only StockMetrics) writes the exemplar."""
+    import os
+    import subprocess
+    import sys
+
+    from stocksentry.exporter.multiproc import MultiprocessDirCollector
+
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "-c", _RESERVATION_CHILD],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    trace_id = done.stdout.split()[-1]
+    exemplars = [
+        sample.exemplar
+        for family in MultiprocessDirCollector(str(tmp_path)).collect()
+        for sample in family.samples
+        if sample.name == "stock_reservation_duration_seconds_bucket" and sample.exemplar
+    ]
+    assert [e.labels["trace_id"] for e in exemplars] == [trace_id]
