@@ -17,7 +17,6 @@ import argparse
 import contextlib
 import gzip
 import io
-import json
 import math
 import os
 import sys
@@ -209,6 +208,7 @@ def run_timeline(args: argparse.Namespace) -> int:
     # The analysis reads the log event catalog, which brings the instrumentation (and
     # prometheus_client) along: imported here, so that building the parser stays light.
     from .analysis import analyse
+    from .jsontext import dumps_indented
     from .ordering import OrderedEvents
     from .parsing import ReadStats, read_events
     from .report import format_table
@@ -249,10 +249,7 @@ def run_timeline(args: argparse.Namespace) -> int:
     report.lines = stats.lines
     report.skipped_lines = stats.skipped
     report.skipped_examples = stats.skipped_examples
-    if options.form == "json":
-        text = json.dumps(report.to_dict(), indent=2, default=str)
-    else:
-        text = format_table(report)
+    text = dumps_indented(report.to_dict()) if options.form == "json" else format_table(report)
     try:
         sys.stdout.write(text + "\n")
         sys.stdout.flush()
