@@ -27,10 +27,8 @@ _INDENT: Final = "  "
 _INFINITY: Final = float("inf")
 _float_repr: Final = float.__repr__
 _int_repr: Final = int.__repr__
-# The C function json itself uses (ensure_ascii), the Python one where C is missing.
-_encode_str: Final[Callable[[str], str]] = (
-    json.encoder.c_encode_basestring_ascii or json.encoder.py_encode_basestring_ascii
-)
+# What json itself uses for ensure_ascii: the C function, the Python one where C is missing.
+_encode_str: Final[Callable[[str], str]] = json.encoder.encode_basestring_ascii
 
 
 def _float_text(value: float) -> str:
@@ -92,7 +90,7 @@ def dumps_indented(value: object) -> str:
             append(encode_str(item))  # type: ignore[arg-type]
             return
         if kind is int:
-            append(int_repr(item))  # type: ignore[arg-type]
+            append(int_repr(item))
             return
         if isinstance(item, dict):
             if not item:
