@@ -24,6 +24,7 @@ from typing import Final
 __all__ = ["dumps_indented"]
 
 _INDENT: Final = "  "
+_CHUNK: Final = 65_536
 _INFINITY: Final = float("inf")
 _float_repr: Final = float.__repr__
 _int_repr: Final = int.__repr__
@@ -78,6 +79,9 @@ def _scalar(value: object) -> str | None:
 
 def dumps_indented(value: object) -> str:
     """``json.dumps(value, indent=2, default=str)``, the same text (see the module)."""
+    # Joined into chunks as it goes: a list of millions of small strings would take more
+    # memory than the text itself.
+    chunks: list[str] = []
     parts: list[str] = []
     append = parts.append
     encode_str = _encode_str
@@ -109,6 +113,9 @@ def dumps_indented(value: object) -> str:
                     write(member, inner)
             append(newline)
             append("}")
+            if len(parts) > _CHUNK:
+                chunks.append("".join(parts))
+                parts.clear()
             return
         if isinstance(item, list | tuple):
             if not item:
@@ -134,4 +141,5 @@ def dumps_indented(value: object) -> str:
             append(text)
 
     write(value, "\n")
-    return "".join(parts)
+    chunks.append("".join(parts))
+    return "".join(chunks)
