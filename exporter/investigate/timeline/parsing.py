@@ -364,6 +364,8 @@ _raw_decode = _decoder.raw_decode
 # Keys after which a line needs the general path: renamed, nested or a second sku.
 _SLOW_KEYS: Final = _CANONICAL_KEYS | _CONTAINERS | {"product_id"}
 _ID_TYPES: Final = frozenset({str, type(None)})
+_STAMPS: dict[str, Stamp] = {}
+_STAMPS_SIZE: Final = 4096
 
 
 def _flat_event(text: str) -> Event | None:
@@ -388,16 +390,21 @@ def _flat_event(text: str) -> Event | None:
     pop = record.pop
     name = pop("event", None)
     stamp_text = pop("timestamp", None)
-    if (
-        type(name) is not str
-        or type(stamp_text) is not str
-        or len(stamp_text) != 24
-        or not _UTC_MILLIS.match(stamp_text)
-    ):
+    if type(name) is not str or type(stamp_text) is not str:
         return None
+    # Consecutive lines mostly share their millisecond: the stamps of recent texts.
+    stamp = _STAMPS.get(stamp_text)
+    if stamp is None:
+        if len(stamp_text) != 24 or not _UTC_MILLIS.match(stamp_text):
+            return None
+        stamp = utc_millis(stamp_text)
+        if stamp is None:
+            return None
+        if len(_STAMPS) >= _STAMPS_SIZE:
+            _STAMPS.clear()
+        _STAMPS[stamp_text] = stamp
     name = name.strip()
-    stamp = utc_millis(stamp_text)
-    if not name or stamp is None:
+    if not name:
         return None
     if not keys.isdisjoint(_DROP_KEYS):
         for key in keys & _DROP_KEYS:
