@@ -19,6 +19,10 @@ never a traceback: a timestamp outside the years 1 to 9999 (``"timestamp": 1e30`
 or an infinity anywhere, a stock number (``from``, ``to``, ``available``, ``stock``,
 ``qty``) beyond ±2**63, an id that is a list, an object or a boolean, JSON nested deeper
 than :data:`~.limits.MAX_DEPTH` levels, a line longer than :data:`~.limits.MAX_LINE`.
+
+Longer than 500 lines on purpose: stocksentry's own flat JSON lines (nearly all of a big
+input) are read in one pass by ``_flat_event``, which must give exactly what the general
+path gives; it stays beside that path so that a change to one is seen next to the other.
 """
 
 from __future__ import annotations
