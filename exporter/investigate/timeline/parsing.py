@@ -19,6 +19,10 @@ never a traceback: a timestamp outside the years 1 to 9999 (``"timestamp": 1e30`
 or an infinity anywhere, a stock number (``from``, ``to``, ``available``, ``stock``,
 ``qty``) beyond ±2**63, an id that is a list, an object or a boolean, JSON nested deeper
 than :data:`~.limits.MAX_DEPTH` levels, a line longer than :data:`~.limits.MAX_LINE`.
+
+Longer than 500 lines on purpose: stocksentry's own flat JSON lines (nearly all of a big
+input) are read in one pass by ``_flat_event``, which must give exactly what the general
+path gives; it stays beside that path so that a change to one is seen next to the other.
 """
 
 from __future__ import annotations
@@ -32,7 +36,8 @@ from typing import Any, Final
 
 from .limits import MAX_DEPTH, MAX_ID, MAX_LINE, MAX_NUMBER
 from .model import AVAILABLE, FROM, QTY, SKIPPED_EXAMPLES, STOCK, TO, Event
-from .times import Stamp, parse_time_text, parse_time_value
+from .times import UTC_MILLIS as _UTC_MILLIS
+from .times import Stamp, parse_time_text, parse_time_value, utc_millis
 
 __all__ = ["ALIASES", "ReadStats", "parse_line", "read_events"]
 
@@ -359,6 +364,87 @@ def _from_text(text: str) -> Event | None:
 
 
 _decoder = json.JSONDecoder()
+_raw_decode = _decoder.raw_decode
+# Keys after which a line needs the general path: renamed, nested or a second sku.
+_SLOW_KEYS: Final = _CANONICAL_KEYS | _CONTAINERS | {"product_id"}
+_ID_TYPES: Final = frozenset({str, type(None)})
+_STAMPS: dict[str, Stamp] = {}
+_STAMPS_SIZE: Final = 4096
+
+
+def _flat_event(text: str) -> Event | None:
+    """The event of one of stocksentry's own JSON lines, read in one pass; else ``None``.
+
+    The lines ``configure_logging`` writes (an ``event``, a ``timestamp`` such as
+    ``2026-11-29T13:41:14.262Z``, ids that are text, values of plain types, no renamed or
+    nested keys) are nearly all of a big input. This reads them as :func:`_from_mapping`
+    would, without its passes for aliases, containers and other time keys. Any other
+    line, including every line with an absurd value, gives ``None``: the caller then
+    parses it the general way, so what a line means never depends on this function.
+    """
+    try:
+        record, end = _raw_decode(text)
+    except (ValueError, RecursionError):
+        return None
+    if end != len(text) or type(record) is not dict:
+        return None
+    keys = record.keys()
+    if not keys.isdisjoint(_SLOW_KEYS) or not set(map(type, record.values())) <= _FLAT_TYPES:
+        return None
+    pop = record.pop
+    name = pop("event", None)
+    stamp_text = pop("timestamp", None)
+    if type(name) is not str or type(stamp_text) is not str:
+        return None
+    # Consecutive lines mostly share their millisecond: the stamps of recent texts.
+    stamp = _STAMPS.get(stamp_text)
+    if stamp is None:
+        if len(stamp_text) != 24 or not _UTC_MILLIS.match(stamp_text):
+            return None
+        stamp = utc_millis(stamp_text)
+        if stamp is None:
+            return None
+        if len(_STAMPS) >= _STAMPS_SIZE:
+            _STAMPS.clear()
+        _STAMPS[stamp_text] = stamp
+    name = name.strip()
+    if not name:
+        return None
+    if not keys.isdisjoint(_DROP_KEYS):
+        for key in keys & _DROP_KEYS:
+            del record[key]
+    if not keys.isdisjoint(_NUMBER_KEY_SET):
+        for key in keys & _NUMBER_KEY_SET:
+            value = record[key]
+            if type(value) is int and not -MAX_NUMBER <= value <= MAX_NUMBER:
+                return None
+    ids = (
+        pop("sku", None),
+        pop("request_id", None),
+        pop("idempotency_key", None),
+        pop("order_id", None),
+        pop("payment_reference", None),
+        pop("trace_id", None),
+    )
+    if not set(map(type, ids)) <= _ID_TYPES:
+        return None
+    # No id of a line this short can be longer than MAX_ID.
+    if len(text) > MAX_ID and any(value is not None and len(value) > MAX_ID for value in ids):
+        return None
+    sku, request_id, idempotency_key, order_id, payment_reference, trace_id = ids
+    return Event(
+        name[:_MAX_NAME],
+        stamp[0],
+        True,
+        True,
+        sku or None,
+        request_id or None,
+        idempotency_key or None,
+        order_id or None,
+        payment_reference or None,
+        trace_id or None,
+        record,
+    )
 
 
 def _decode_object(text: str) -> dict[str, Any] | None:
@@ -459,6 +545,8 @@ def read_events(
     day_offset = 0.0
     last_clock: float | None = None
     lineno = 0
+    flat_event = _flat_event
+    parse_stripped = _parse_stripped
     for lineno, raw in enumerate(lines, 1):
         if len(raw) > MAX_LINE and _too_long(raw):
             stats.skip(source, lineno)
@@ -466,7 +554,9 @@ def read_events(
         text = raw.strip()
         if not text:
             continue
-        event = _parse_stripped(text)
+        event = flat_event(text) if text[0] == "{" else None
+        if event is None:
+            event = parse_stripped(text)
         if event is None:
             stats.skip(source, lineno)
             continue
