@@ -144,3 +144,90 @@ def test_lines_through_the_whole_report_never_raise(lines: list[str]) -> None:
     assert stats.lines + 0 <= len(lines)
     format_table(report)
     json.dumps(report.to_dict())
+
+
+# --- the one-pass reader of the project's own lines agrees with the general parser ------
+
+_OWN_KEYS = (
+    "sku",
+    "strategy",
+    "available",
+    "from",
+    "to",
+    "qty",
+    "success",
+    "reason",
+    "request_id",
+    "idempotency_key",
+    "order_id",
+    "payment_reference",
+    "trace_id",
+    "span_id",
+    "level",
+    "logger",
+    "result",
+    "product_id",
+    "orderId",
+)
+_own_values = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**70), 2**70),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=20),
+    st.text("a", min_size=500, max_size=600),
+    st.lists(st.integers(), max_size=2),
+)
+_own_stamps = st.one_of(
+    st.builds(
+        "2026-{:02d}-{:02d}T{:02d}:{:02d}:{:02d}.{:03d}Z".format,
+        st.integers(1, 12),
+        st.integers(1, 31),
+        st.integers(0, 25),
+        st.integers(0, 61),
+        st.integers(0, 61),
+        st.integers(0, 999),
+    ),
+    any_text.map(lambda t: t[:30]),
+    st.floats(),
+)
+
+
+@st.composite
+def _own_line(draw: st.DrawFn) -> str:
+    record: dict[str, Any] = {
+        "event": draw(
+            st.one_of(
+                st.sampled_from(["stock_check", "stock_update", "payment_callback"]),
+                st.text(max_size=10),
+                st.integers(),
+            )
+        )
+    }
+    if draw(st.booleans()):
+        record["timestamp"] = draw(_own_stamps)
+    for key in draw(st.lists(st.sampled_from(_OWN_KEYS), max_size=8, unique=True)):
+        record[key] = draw(_own_values)
+    return json.dumps(record)
+
+
+@examples(1500)
+@given(_own_line())
+def test_the_one_pass_reader_agrees_with_the_general_parser(line: str) -> None:
+    from stocksentry.exporter.investigate.timeline.parsing import _flat_event
+
+    fast = _flat_event(line)
+    assert fast is None or fast == parse_line(line), line
+
+
+def test_the_one_pass_reader_takes_the_projects_own_lines() -> None:
+    """Not a vacuous agreement: a line as ``configure_logging`` writes it takes that path."""
+    from stocksentry.exporter.investigate.timeline.parsing import _flat_event
+
+    line = (
+        '{"event": "stock_update", "timestamp": "2026-11-29T13:41:14.262Z", "sku": "A",'
+        ' "from": 1, "to": 0, "success": true, "request_id": "R1"}'
+    )
+    fast = _flat_event(line)
+    assert fast is not None
+    assert fast == parse_line(line)
