@@ -431,17 +431,26 @@ def test_cli_password_is_not_shown(capsys: pytest.CaptureFixture[str]) -> None:
 def test_cli_exit_1_when_metrics_disagree_with_the_database(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # Simulate a stocksentry bug: the first successful reservation is not counted.
-    original = StockMetrics.reservation_success
+    # Simulate a stocksentry bug: the first successful reservation is not counted (its
+    # duration still is). reservation_finished is the path every reservation ends on.
+    original = StockMetrics.reservation_finished
     dropped = threading.Event()
 
-    def lossy(self: StockMetrics, sku: str, strategy: str) -> None:
-        if not dropped.is_set():
+    def lossy(
+        self: StockMetrics,
+        sku: str,
+        strategy: str,
+        outcome: str,
+        seconds: float,
+        exemplar: dict[str, str] | None = None,
+    ) -> None:
+        if outcome == "success" and not dropped.is_set():
             dropped.set()
+            self.reservation_duration(outcome, seconds, exemplar)
             return
-        original(self, sku, strategy)
+        original(self, sku, strategy, outcome, seconds, exemplar)
 
-    monkeypatch.setattr(StockMetrics, "reservation_success", lossy)
+    monkeypatch.setattr(StockMetrics, "reservation_finished", lossy)
     assert main(["demo", *SMALL, "--strategy", "atomic", "--format", "json", "-q"]) == 1
     out, err = capsys.readouterr()
     [item] = json.loads(out)
