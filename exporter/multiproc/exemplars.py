@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import math
 import os
-import stat
 import zlib
 from typing import Final
 
@@ -29,7 +28,7 @@ from stocksentry.instrumentation.mpexemplars import (
     VERSION,
 )
 
-from .files import SkipFile
+from .files import SkipFile, open_regular
 
 __all__ = ["ExemplarEntries", "exemplar_pid", "read_exemplars"]
 
@@ -95,12 +94,7 @@ def _reread(
 def read_exemplars(path: str) -> ExemplarEntries:
     """Every exemplar of one file, or ``SkipFile``; ``FileNotFoundError`` passes."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-        with open(fd, "rb") as f:
-            info = os.fstat(fd)
-            if not stat.S_ISREG(info.st_mode):
-                raise SkipFile("unreadable", "not a regular file")
-            size = info.st_size
+        with open_regular(path) as (f, fd, size):
             if size == 0:
                 return {}  # a starting worker
             header = f.read(HEADER_SIZE)

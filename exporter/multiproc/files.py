@@ -16,13 +16,15 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import stat
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Final, Literal
+from typing import BinaryIO, Final, Literal
 
 from prometheus_client.metrics_core import Metric
 
@@ -100,6 +102,21 @@ class SkipFile(Exception):
         self.detail = detail
 
 
+@contextlib.contextmanager
+def open_regular(path: str) -> Iterator[tuple[BinaryIO, int, int]]:
+    """Open ``path`` for reading as ``(file, fd, size)``; :class:`SkipFile` unless it is a
+    regular file. ``O_NONBLOCK``: a FIFO (or another special file) dropped into the
+    directory must not block the scrape in ``open()``; it is refused instead. No effect on
+    regular files.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    with open(fd, "rb") as f:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise SkipFile("unreadable", "not a regular file")
+        yield f, fd, info.st_size
+
+
 @dataclass(frozen=True, slots=True)
 class Key:
     """One parsed mmap key: which sample of which metric, with which labels."""
@@ -174,14 +191,7 @@ def read_entries(path: str) -> Entries:
     halfway contributes nothing.
     """
     try:
-        # O_NONBLOCK: a FIFO (or another special file) dropped into the directory must not
-        # block the scrape in open(); it is refused below. No effect on regular files.
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-        with open(fd, "rb") as f:
-            info = os.fstat(fd)
-            if not stat.S_ISREG(info.st_mode):
-                raise SkipFile("unreadable", "not a regular file")
-            size = info.st_size
+        with open_regular(path) as (f, _, size):
             if size == 0:
                 # Created by a starting worker, not sized yet.
                 return []

@@ -31,7 +31,7 @@ _TESTS = Path(__file__).resolve().parents[1]
 if str(_TESTS / "unit") not in sys.path:
     sys.path.append(str(_TESTS / "unit"))
 
-from service_guard import refuse_libpq, switch  # noqa: E402 - needs the path above
+from service_guard import services_refused  # noqa: E402 - needs the path above
 
 FUZZ_DIR = Path(__file__).resolve().parent
 # deadline=None: the machine is shared, and a slow example is not a bug of the code.
@@ -63,13 +63,5 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(autouse=True)
 def _no_services(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """The unit suite's guard, on for each fuzz test."""
-    import psycopg
-
-    monkeypatch.setattr(psycopg, "connect", refuse_libpq)
-    monkeypatch.setattr(psycopg.Connection, "connect", classmethod(refuse_libpq))
-    monkeypatch.setattr(psycopg.AsyncConnection, "connect", classmethod(refuse_libpq))
-    switch(True)
-    try:
+    with services_refused(monkeypatch):
         yield
-    finally:
-        switch(False)

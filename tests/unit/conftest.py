@@ -9,26 +9,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from service_guard import ServiceUsedInUnitTest, refuse_libpq, switch
+from service_guard import ServiceUsedInUnitTest, services_refused
 
 
 @pytest.fixture(autouse=True)
 def _no_services(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Switch the guard on for the test (and its fixtures)."""
-    try:
-        import psycopg
-    except ImportError:  # dev installs psycopg; a bare checkout may not have it
-        pass
-    else:
-        # psycopg.connect is Connection.connect bound at import: both need replacing.
-        monkeypatch.setattr(psycopg, "connect", refuse_libpq)
-        monkeypatch.setattr(psycopg.Connection, "connect", classmethod(refuse_libpq))
-        monkeypatch.setattr(psycopg.AsyncConnection, "connect", classmethod(refuse_libpq))
-    switch(True)
-    try:
+    with services_refused(monkeypatch):
         yield
-    finally:
-        switch(False)
 
 
 @pytest.fixture

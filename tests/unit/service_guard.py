@@ -23,9 +23,11 @@ after the unit suite.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import os
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 #: Ports of PostgreSQL, Redis, MariaDB, Prometheus and Alertmanager.
@@ -134,3 +136,23 @@ def guard_this_process() -> None:
         setattr(psycopg.Connection, "connect", classmethod(refuse_libpq))  # noqa: B010
         setattr(psycopg.AsyncConnection, "connect", classmethod(refuse_libpq))  # noqa: B010
     switch(True)
+
+
+@contextlib.contextmanager
+def services_refused(monkeypatch: Any) -> Iterator[None]:
+    """The guard on for one test: psycopg's connects refused (put back by ``monkeypatch``)
+    and the audit hook switched on until the block ends. Both suites' conftests use it."""
+    try:
+        import psycopg
+    except ImportError:  # dev installs psycopg; a bare checkout may not have it
+        pass
+    else:
+        # psycopg.connect is Connection.connect bound at import: both need replacing.
+        monkeypatch.setattr(psycopg, "connect", refuse_libpq)
+        monkeypatch.setattr(psycopg.Connection, "connect", classmethod(refuse_libpq))
+        monkeypatch.setattr(psycopg.AsyncConnection, "connect", classmethod(refuse_libpq))
+    switch(True)
+    try:
+        yield
+    finally:
+        switch(False)
