@@ -138,6 +138,10 @@ class _Analyser:
         #: The inputs' names, so that a packed write names its input by number.
         self.sources: list[str] = []
         self.source_numbers: dict[str, int] = {}
+        #: The last time packed and its text: lines of one millisecond share one float
+        #: object (see ``parsing._STAMPS``), and repr() is half the cost of packing.
+        self.packed_ts = math.nan
+        self.packed_ts_text = "nan"
         #: The keys of ``keys`` oldest first, to forget the oldest in O(1): deleting
         #: ``next(iter(keys))`` of a plain dict rescans the holes its deletions left at the
         #: front, which turns quadratic once hundreds of thousands of keys are held.
@@ -361,11 +365,15 @@ class _Analyser:
         if number is None:
             number = numbers[write.source] = len(self.sources)
             self.sources.append(write.source)
-        frm, to = write.frm, write.to
+        frm, to, ts = write.frm, write.to, write.ts
+        if ts is not self.packed_ts:
+            # Identity, not equality: 0.0 == -0.0, but their texts differ.
+            self.packed_ts = ts
+            self.packed_ts_text = repr(ts)
         # repr() of a float reads back as the very same float; the name goes last, so
         # that whatever it holds (spaces too) comes back whole.
         return (
-            f"{write.ts!r} {write.lineno} {'' if frm is None else frm} "
+            f"{self.packed_ts_text} {write.lineno} {'' if frm is None else frm} "
             f"{'' if to is None else to} {number} {name}"
         )
 
