@@ -132,8 +132,16 @@ class _Analyser:
         self.state: dict[str, _SkuState] = {}
         #: Ordered, so that the oldest open window is dropped in O(1) (see ``key_order``).
         self.checks: OrderedDict[tuple[str, str], Check] = OrderedDict()
-        #: "<role letter><sku>\x1f<key>" -> the first write with that key, or the duplicate.
-        self.keys: dict[str, Write | Duplicate] = {}
+        #: "<role letter><sku>\x1f<key>" -> the first write with that key (packed, see
+        #: :func:`_pack`, unless it names an order), or the duplicate.
+        self.keys: dict[str, str | Write | Duplicate] = {}
+        #: The inputs' names, so that a packed write names its input by number.
+        self.sources: list[str] = []
+        self.source_numbers: dict[str, int] = {}
+        #: The last time packed and its text: lines of one millisecond share one float
+        #: object (see ``parsing._STAMPS``), and repr() is half the cost of packing.
+        self.packed_ts = math.nan
+        self.packed_ts_text = "nan"
         #: The keys of ``keys`` oldest first, to forget the oldest in O(1): deleting
         #: ``next(iter(keys))`` of a plain dict rescans the holes its deletions left at the
         #: front, which turns quadratic once hundreds of thousands of keys are held.
@@ -342,19 +350,62 @@ class _Analyser:
             role = "p" if callback else "o"
             self._count(f"{role}{where}\x1f{event.idempotency_key}", sku, write)
 
+    def _pack(self, write: Write) -> str | Write:
+        """``write`` as one string, a fraction of the memory of the tuple and its values.
+
+        Up to :data:`MAX_KEYS` first writes are held, and most are never looked at again;
+        one string per write instead of a tuple, a float, three ints and the request's
+        name keeps that memory small. A write naming an order (``--order``) stays a tuple.
+        """
+        name = write.name
+        if name is None or write.order_id is not None:
+            return write
+        numbers = self.source_numbers
+        number = numbers.get(write.source)
+        if number is None:
+            number = numbers[write.source] = len(self.sources)
+            self.sources.append(write.source)
+        frm, to, ts = write.frm, write.to, write.ts
+        if ts is not self.packed_ts:
+            # Identity, not equality: 0.0 == -0.0, but their texts differ.
+            self.packed_ts = ts
+            self.packed_ts_text = repr(ts)
+        # repr() of a float reads back as the very same float; the name goes last, so
+        # that whatever it holds (spaces too) comes back whole.
+        return (
+            f"{self.packed_ts_text} {write.lineno} {'' if frm is None else frm} "
+            f"{'' if to is None else to} {number} {name}"
+        )
+
+    def _unpack(self, packed: str) -> Write:
+        ts, lineno, frm, to, number, name = packed.split(" ", 5)
+        return Write(
+            name,
+            int(frm) if frm else None,
+            int(to) if to else None,
+            float(ts),
+            self.sources[int(number)],
+            int(lineno),
+            None,
+        )
+
     def _count(self, key: str, sku: str | None, write: Write) -> None:
         keys = self.keys
         first = keys.get(key)
         if first is None:
-            keys[key] = write
+            keys[key] = self._pack(write)
             order = self.key_order
             order.append(key)
             if len(order) > self.max_keys:
                 del keys[order.popleft()]
                 self.report.keys_forgotten += 1
-        elif isinstance(first, Duplicate):
+            return
+        if isinstance(first, Duplicate):
             first.add(write)
-        elif not first.same_record(write):
+            return
+        if isinstance(first, str):
+            first = self._unpack(first)
+        if not first.same_record(write):
             kind, action, how = _KEY_ROLES[key[0]]
             value = key.partition("\x1f")[2]
             incident = Duplicate(sku, f"{kind}={value} {action}", how, first, write)

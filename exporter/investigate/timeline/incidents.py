@@ -19,8 +19,10 @@ __all__ = ["Check", "Duplicate", "Incident", "Overwrite", "SameFrom", "StaleRead
 class Write(NamedTuple):
     """A successful stock write (or a paid order), as little as the detectors need.
 
-    A tuple of plain values, so the garbage collector stops tracking it: hundreds of
-    thousands of them (one per idempotency key) cost no collector time.
+    A tuple of plain values, so the garbage collector stops tracking it. The hundreds of
+    thousands of first writes remembered per idempotency key are held packed in one
+    string each instead (``_Analyser._pack`` in :mod:`.analysis`), and made a ``Write``
+    again only when the key is seen a second time.
     """
 
     name: str | None
