@@ -231,3 +231,34 @@ def test_the_one_pass_reader_takes_the_projects_own_lines() -> None:
     fast = _flat_event(line)
     assert fast is not None
     assert fast == parse_line(line)
+
+
+# --- the packed first writes read back as the writes they were ----------------------------
+
+_writes = st.builds(
+    lambda name, frm, to, ts, source, lineno: (name, frm, to, ts, source, lineno),
+    st.text(max_size=40),
+    st.one_of(st.none(), st.integers(-(2**63), 2**63)),
+    st.one_of(st.none(), st.integers(-(2**63), 2**63)),
+    st.floats(allow_nan=False),
+    st.text(max_size=20),
+    st.integers(0, 2**40),
+)
+
+
+@examples(1500)
+@given(st.lists(_writes, min_size=1, max_size=6))
+def test_a_packed_write_reads_back_as_itself(writes: list[tuple[Any, ...]]) -> None:
+    """The remembered first writes are held as one string each: packing, then unpacking,
+    gives the very same write (names with spaces, -0.0, infinities, huge stock numbers),
+    also when consecutive writes share a time."""
+    from stocksentry.exporter.investigate.timeline.analysis import _Analyser
+    from stocksentry.exporter.investigate.timeline.incidents import Write
+
+    analyser = _Analyser(limit=10, max_groups=10, skus=None, order=None, request=None, max_keys=10)
+    for name, frm, to, ts, source, lineno in writes:
+        write = Write(name, frm, to, ts, source, lineno, None)
+        packed = analyser._pack(write)
+        back = analyser._unpack(packed) if isinstance(packed, str) else packed
+        assert back == write
+        assert repr(back.ts) == repr(ts)
