@@ -3,10 +3,13 @@
 The layout is defined by :mod:`stocksentry.instrumentation.mpexemplars`, which writes it.
 :func:`read_exemplars` returns ``{key bytes: Exemplar}`` for one file or raises
 :class:`~.files.SkipFile` with the reason, like the metrics files: ``truncated`` (shorter
-than its header says), ``corrupt`` (bad magic, version, header CRC, lengths, or a slot
-whose CRC fails and that reads back the same bytes again), ``unreadable``. A slot caught
-half written (its CRC fails, its bytes change between reads) is read again up to five
-times, then left out of this scrape only: its worker rewrites it in about a microsecond.
+than its header says), ``corrupt`` (bad magic, version, header CRC, lengths),
+``unreadable``. A slot whose CRC fails is read again up to five times, then left out of
+this scrape only; the rest of the file still counts. A torn slot cannot be told from a
+corrupt one: a worker descheduled in the middle of its (one-microsecond) rewrite leaves
+the same half-written bytes for as long as it is paused, so "the same bytes twice" is no
+proof of corruption on a loaded machine, and one bad slot must not cost the other 2,047
+exemplars of the file.
 Internal to :mod:`stocksentry.exporter.multiproc`.
 """
 
@@ -73,11 +76,10 @@ def _slot(data: bytes, pos: int, slot_size: int) -> tuple[bytes, float, Exemplar
 def _reread(
     fd: int, offset: int, slot_size: int, seen: bytes
 ) -> tuple[bytes, float, Exemplar] | None:
-    """Read a slot whose CRC failed again; ``SkipFile`` if it fails the same way twice.
-
-    A slot that keeps changing is being rewritten by its worker (a write takes about a
-    microsecond); one that reads back byte for byte the same and still fails is corrupt.
-    """
+    """Read a slot whose CRC failed again, up to ``_REREADS`` times; ``None`` if it never
+    passes (it is left out of this scrape: see the module docstring for why a stable bad
+    checksum is not taken as proof of a corrupt file)."""
+    del seen  # kept in the signature for the caller's first read; every re-read is fresh
     for _ in range(_REREADS):
         again = os.pread(fd, slot_size, offset)
         if len(again) < slot_size:
@@ -85,9 +87,6 @@ def _reread(
         got = _slot(again, 0, slot_size)
         if got is not None:
             return got
-        if again == seen:
-            raise SkipFile("corrupt", f"slot at {offset} fails its checksum")
-        seen = again
     return None
 
 
