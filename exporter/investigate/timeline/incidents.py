@@ -120,14 +120,12 @@ class Incident:
         return Finding(self.kind, self.sku, requests, detail, lines, tuple(orders))
 
 
-class SameFrom(Incident):
-    """A lost update: writes on one SKU that all started from the same old value."""
+class _Writes(Incident):
+    """An incident made of writes: the first two, then each new one up to
+    ``FINDING_PARTICIPANTS`` (a line read twice, as from two copies of a log, is kept once)."""
 
-    kind: FindingKind = "lost_update"
-
-    def __init__(self, sku: str, frm: int, first: Write, second: Write) -> None:
+    def __init__(self, sku: str | None, first: Write, second: Write) -> None:
         super().__init__(sku)
-        self.frm = frm
         self.writes = [first, second]
 
     def add(self, write: Write) -> None:
@@ -140,6 +138,16 @@ class SameFrom(Incident):
 
     def _participants(self) -> list[Write]:
         return self.writes
+
+
+class SameFrom(_Writes):
+    """A lost update: writes on one SKU that all started from the same old value."""
+
+    kind: FindingKind = "lost_update"
+
+    def __init__(self, sku: str, frm: int, first: Write, second: Write) -> None:
+        super().__init__(sku, first, second)
+        self.frm = frm
 
     def finding(self, fmt: TimeFormat) -> Finding:
         writes = self.writes
@@ -224,27 +232,15 @@ class StaleRead(Incident):
         )
 
 
-class Duplicate(Incident):
+class Duplicate(_Writes):
     """One idempotency key or payment reference that reserved or paid more than once."""
 
     kind: FindingKind = "duplicate_execution"
 
     def __init__(self, sku: str | None, what: str, how: str, first: Write, second: Write) -> None:
-        super().__init__(sku)
+        super().__init__(sku, first, second)
         self.what = what
         self.how = how
-        self.writes = [first, second]
-
-    def add(self, write: Write) -> None:
-        if any(write.same_record(old) for old in self.writes[-4:]):
-            return
-        if len(self.writes) < FINDING_PARTICIPANTS:
-            self.writes.append(write)
-        else:
-            self.dropped += 1
-
-    def _participants(self) -> list[Write]:
-        return self.writes
 
     def finding(self, fmt: TimeFormat) -> Finding:
         writes = self.writes
