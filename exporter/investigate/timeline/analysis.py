@@ -24,20 +24,22 @@ from collections import OrderedDict, deque
 from collections.abc import Iterable
 
 from .incidents import Check, Duplicate, Incident, Overwrite, SameFrom, StaleRead, Write
-from .model import (
-    AVAILABLE,
+from .limits import (
     DEFAULT_LIMIT,
     DEFAULT_REORDER_WINDOW,
-    ERROR,
-    FROM,
     MAX_GROUPS,
     MAX_KEYS,
     OPEN_CHECKS,
+    RECENT_FROMS,
+)
+from .model import (
+    AVAILABLE,
+    ERROR,
+    FROM,
     ORDER_PAID_EVENT,
     PAID,
     PAYMENT_CALLBACK_EVENT,
     REASON,
-    RECENT_FROMS,
     RESULT,
     STOCK,
     STOCK_CHECK_EVENT,

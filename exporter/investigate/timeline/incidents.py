@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
-from .model import FINDING_PARTICIPANTS, Finding, FindingKind, TimeFormat
+from .limits import FINDING_PARTICIPANTS
+from .model import Finding, FindingKind, TimeFormat
 
 __all__ = ["Check", "Duplicate", "Incident", "Overwrite", "SameFrom", "StaleRead", "Write"]
 

@@ -20,29 +20,10 @@ from stocksentry.instrumentation.events import (
 )
 
 from ...commandline import ExitCode
-from .limits import (
-    DEFAULT_LIMIT,
-    DEFAULT_REORDER_WINDOW,
-    FINDING_PARTICIPANTS,
-    MAX_GROUPS,
-    MAX_KEYS,
-    OPEN_CHECKS,
-    RECENT_FROMS,
-    REORDER_BUFFER,
-    SKIPPED_EXAMPLES,
-)
+from .limits import MAX_KEYS
 from .times import format_time
 
 __all__ = [
-    "DEFAULT_LIMIT",
-    "DEFAULT_REORDER_WINDOW",
-    "FINDING_PARTICIPANTS",
-    "MAX_GROUPS",
-    "MAX_KEYS",
-    "OPEN_CHECKS",
-    "RECENT_FROMS",
-    "REORDER_BUFFER",
-    "SKIPPED_EXAMPLES",
     "Event",
     "Finding",
     "FindingKind",

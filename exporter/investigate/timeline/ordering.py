@@ -7,7 +7,8 @@ import math
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 
-from .model import DEFAULT_REORDER_WINDOW, REORDER_BUFFER, Event
+from .limits import DEFAULT_REORDER_WINDOW, REORDER_BUFFER
+from .model import Event
 
 __all__ = ["OrderedEvents"]
 

@@ -34,8 +34,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from .limits import MAX_DEPTH, MAX_ID, MAX_LINE, MAX_NUMBER
-from .model import AVAILABLE, FROM, QTY, SKIPPED_EXAMPLES, STOCK, TO, Event
+from .limits import MAX_DEPTH, MAX_ID, MAX_LINE, MAX_NUMBER, SKIPPED_EXAMPLES
+from .model import AVAILABLE, FROM, QTY, STOCK, TO, Event
 from .times import UTC_MILLIS as _UTC_MILLIS
 from .times import Stamp, parse_time_text, parse_time_value, utc_millis
 

@@ -8,11 +8,11 @@ from __future__ import annotations
 import json
 from typing import Literal
 
+from .limits import MAX_GROUPS
 from .model import (
     AVAILABLE,
     FROM,
     KIND_TITLES,
-    MAX_GROUPS,
     QTY,
     REASON,
     RESULT,
