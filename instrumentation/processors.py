@@ -8,9 +8,8 @@ chains them. What counts as a secret is :mod:`.secrets`' decision, not theirs.
 from __future__ import annotations
 
 import json
-import json.encoder as json_encoder
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable
 
 from opentelemetry import trace
 from structlog.processors import format_exc_info
@@ -155,55 +154,19 @@ class Redactor:
 class _JsonLines:
     """JSON renderer with its encoder built once.
 
-    ``json.dumps`` with a ``default=`` builds a new encoder on every call, and even a kept
-    ``JSONEncoder.encode`` builds a new C encoder per call: this one builds the C encoder
-    once (same arguments as ``JSONEncoder(default=...)`` would use, so the same bytes) and
-    about a third of a line's encoding time goes. Without the C accelerator it falls back
-    to ``JSONEncoder.encode``.
+    ``json.dumps`` with a ``default=`` builds a new ``JSONEncoder`` on every call; one kept
+    for the life of the configuration saves that. (Reusing the C encoder underneath too
+    would save a little more, but it keeps one circular-check dict for all callers, which
+    threads logging at once would share: not worth a false "circular reference".)
     """
 
-    __slots__ = ("_encode", "_encoder", "_iterencode")
+    __slots__ = ("_encode",)
 
     def __init__(self) -> None:
-        self._encoder = json.JSONEncoder(default=_json_default)
-        self._encode = self._encoder.encode
-        self._iterencode = self._build()
-
-    def _build(self) -> Callable[[object, int], Sequence[str]] | None:
-        # Not in typeshed's stub of json.encoder, but always set (None without _json).
-        make: Callable[..., Callable[[object, int], Sequence[str]]] | None = getattr(
-            json_encoder, "c_make_encoder", None
-        )
-        if make is None:  # pragma: no cover - CPython always has the accelerator
-            return None
-        enc = self._encoder
-        # The arguments JSONEncoder.iterencode passes, for a fresh circular-check dict.
-        built: Callable[[object, int], Sequence[str]] = make(
-            {} if enc.check_circular else None,
-            enc.default,
-            json_encoder.encode_basestring_ascii
-            if enc.ensure_ascii
-            else json_encoder.encode_basestring,
-            enc.indent,
-            enc.key_separator,
-            enc.item_separator,
-            enc.sort_keys,
-            enc.skipkeys,
-            enc.allow_nan,
-        )
-        return built
+        self._encode = json.JSONEncoder(default=_json_default).encode
 
     def __call__(self, logger: WrappedLogger, method_name: str, event_dict: EventDict) -> str:
-        iterencode = self._iterencode
-        if iterencode is None:  # pragma: no cover - see _build
-            return self._encode(event_dict)
-        try:
-            return "".join(iterencode(event_dict, 0))
-        except BaseException:
-            # A failed encoding (a circular value, say) can leave ids behind in the
-            # circular-check dict: start the next line with a fresh encoder.
-            self._iterencode = self._build()
-            raise
+        return self._encode(event_dict)
 
 
 def _json_default(value: object) -> object:
