@@ -65,7 +65,7 @@ class Redactor:
         {'Email': '[REDACTED]', 'note': 'card ****1111'}
     """
 
-    __slots__ = ("_clean", "_keys", "_sensitive")
+    __slots__ = ("_keys", "_sensitive")
 
     def __init__(self, keys: Iterable[str] = ()) -> None:
         # The configured keys only: the default words are is_secret_key's to match.
@@ -73,17 +73,11 @@ class Redactor:
         # Key -> is it sensitive; log keys are a small set of code constants, so the
         # lower() and set lookup run once per key instead of once per line.
         self._sensitive: dict[str, bool] = {}
-        # Short string values already scanned and found clean (an event name, a SKU, a
-        # strategy): they repeat on most lines, and a set lookup costs less than the scan.
-        # Only clean values are kept, so the cache never holds a secret; bounded like the
-        # key cache.
-        self._clean: set[str] = set()
 
     def __call__(
         self, logger: WrappedLogger, method_name: str, event_dict: EventDict
     ) -> EventDict:
         sensitive = self._sensitive
-        clean = self._clean
         # Assigning to existing keys while iterating is safe: the size of the
         # dict does not change.
         for key, value in event_dict.items():
@@ -96,16 +90,10 @@ class Redactor:
             kind = type(value)
             if kind is str:
                 # The length check first: most values are short ids, skipped without a call.
-                if (
-                    len(value) >= MIN_SENSITIVE_LEN
-                    and value not in clean
-                    and key not in _TRUSTED_KEYS
-                ):
+                if len(value) >= MIN_SENSITIVE_LEN and key not in _TRUSTED_KEYS:
+                    # re.sub hands back the very string when nothing matched: no store.
                     scrubbed = scrub_text(value)
-                    if scrubbed is value or scrubbed == value:
-                        if len(value) <= _KEY_CACHE_MAX_LENGTH and len(clean) < _KEY_CACHE_LIMIT:
-                            clean.add(value)
-                    else:
+                    if scrubbed is not value:
                         event_dict[key] = scrubbed
             elif kind in _PLAIN_SCALARS:
                 continue
