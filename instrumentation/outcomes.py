@@ -12,7 +12,7 @@ from .catalog import ConflictReason, Outcome
 
 # SQLSTATEs that mean the database refused the reservation rather than failed: a deadlock,
 # a serialization failure, a lock that could not be had in time.
-_SQLSTATE_REASONS: dict[str, ConflictReason] = {
+SQLSTATE_REASONS: dict[str, ConflictReason] = {  # also read by the SQLAlchemy listeners
     "40P01": "deadlock",
     "40001": "serialization_failure",
     "55P03": "lock_timeout",
@@ -83,8 +83,8 @@ def classify_exception(exc: BaseException) -> Outcome:
     if isinstance(exc, ReservationConflict):
         return exc.reason if exc.reason in catalog.CONFLICT_REASONS else "error"
     state = sqlstate_of(exc)
-    if state is not None and state in _SQLSTATE_REASONS:
-        return _SQLSTATE_REASONS[state]
+    if state is not None and state in SQLSTATE_REASONS:
+        return SQLSTATE_REASONS[state]
     for error in driver_errors(exc):
         if type(error).__name__ == "OperationalError" and "database is locked" in str(error):
             return "lock_timeout"

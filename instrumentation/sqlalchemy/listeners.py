@@ -12,7 +12,7 @@ from opentelemetry import trace as otel_trace
 from opentelemetry.trace import SpanKind, StatusCode, TracerProvider
 
 from .. import events
-from ..outcomes import sqlstate_of
+from ..outcomes import SQLSTATE_REASONS, sqlstate_of
 from ..reservation import current_reservation
 from ..sentry import Sentry
 from ..tracing import TRACER_NAME, exemplar_for
@@ -49,12 +49,11 @@ if TYPE_CHECKING:
 _T0 = "_stocksentry_t0"
 _SPAN = "_stocksentry_span"
 _STATE = "_stocksentry_state"
-# The SQLSTATEs that refuse a statement for concurrency (deadlock, serialization failure,
-# lock timeout), and the line each one logs.
-_SQLSTATE_EVENTS = {
-    "40P01": events.DB_DEADLOCK,
-    "40001": events.DB_SERIALIZATION_FAILURE,
-    "55P03": events.DB_LOCK_TIMEOUT,
+# The line each concurrency refusal logs; which SQLSTATE is which refusal is outcomes'.
+_REASON_EVENTS = {
+    "deadlock": events.DB_DEADLOCK,
+    "serialization_failure": events.DB_SERIALIZATION_FAILURE,
+    "lock_timeout": events.DB_LOCK_TIMEOUT,
 }
 
 
@@ -202,7 +201,8 @@ class _Instrumentation:
             state = sqlstate_of(ctx.original_exception) or sqlstate_of(ctx.sqlalchemy_exception)
             if plan is not None and plan.locking and context is not None:
                 self._lock_done(plan, context, state)
-            event = _SQLSTATE_EVENTS.get(state) if state is not None else None
+            reason = SQLSTATE_REASONS.get(state) if state is not None else None
+            event = _REASON_EVENTS.get(reason) if reason is not None else None
             if event is None:
                 return
             table = plan.table if plan is not None else None
@@ -212,9 +212,9 @@ class _Instrumentation:
                 held = self.existing_state(ctx.connection)
                 table = held.last_table if held is not None else None
             table = table or "unknown"
-            if state == "40P01":
+            if reason == "deadlock":
                 self.metrics.db_deadlock(table)
-            elif state == "40001":
+            elif reason == "serialization_failure":
                 self.metrics.db_serialization_failure(table)
             if self.sentry.log_enabled:
                 getattr(self.sentry.logger, event.level)(event.name, table=table, sqlstate=state)
