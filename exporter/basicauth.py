@@ -21,8 +21,6 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Final
 
-import aiohttp
-
 __all__ = ["AUTH_REALM", "BasicAuth", "parse_basic"]
 
 #: The realm sent in ``WWW-Authenticate`` when credentials are missing or wrong.
@@ -143,7 +141,10 @@ def parse_basic(header: str | None) -> tuple[str, bytes] | None:
     if not header:
         return None
     try:
-        auth = aiohttp.BasicAuth.decode(header.strip(), encoding="latin-1")
+        # Imported here: loading a web config (check-config) must not pull in aiohttp.
+        from aiohttp import BasicAuth as _Header
+
+        auth = _Header.decode(header.strip(), encoding="latin-1")
         user = auth.login.encode("latin-1").decode("utf-8")
     except ValueError:
         # Not Basic, not base64, no colon, or a user name that is not UTF-8

@@ -68,3 +68,15 @@ async def test_no_users_means_no_authentication():
     auth = BasicAuth({})
     assert not auth.enabled
     assert await auth.check(None)
+
+
+def test_loading_a_web_config_does_not_import_aiohttp() -> None:
+    """check-config reads the web config: it stays free of the server's dependencies."""
+    import subprocess
+    import sys
+
+    code = "import sys, stocksentry.exporter.webconfig; print('aiohttp' in sys.modules)"
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.strip() == "False"
