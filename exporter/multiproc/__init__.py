@@ -258,14 +258,20 @@ class MultiprocessDirCollector:
         self._missing_logged = False
         return names
 
-    def collect(self) -> Iterator[Metric]:
-        """Merge every readable file, then yield the health series of this collector."""
+    def collect(self, *, exemplars: bool = True) -> Iterator[Metric]:
+        """Merge every readable file, then yield the health series of this collector.
+
+        ``exemplars=False`` leaves the workers' exemplar files unread: a Prometheus text
+        scrape cannot carry exemplars, and reading them is a good part of a big merge.
+        """
         merge = Merge(self._key_of, self._keys)
         alive: dict[str, bool] = {}
         directory = str(self.path)
         for name in self._list():
             if not name.endswith(".db"):
                 # An exemplar file (the listing keeps only those and *.db).
+                if not exemplars:
+                    continue
                 try:
                     merge.add_exemplars(read_exemplars(os.path.join(directory, name)))
                 except FileNotFoundError:

@@ -73,13 +73,10 @@ def _slot(data: bytes, pos: int, slot_size: int) -> tuple[bytes, float, Exemplar
     return key, ts, Exemplar({k: v for k, v in labels.items() if v}, value, ts)
 
 
-def _reread(
-    fd: int, offset: int, slot_size: int, seen: bytes
-) -> tuple[bytes, float, Exemplar] | None:
+def _reread(fd: int, offset: int, slot_size: int) -> tuple[bytes, float, Exemplar] | None:
     """Read a slot whose CRC failed again, up to ``_REREADS`` times; ``None`` if it never
     passes (it is left out of this scrape: see the module docstring for why a stable bad
     checksum is not taken as proof of a corrupt file)."""
-    del seen  # kept in the signature for the caller's first read; every re-read is fresh
     for _ in range(_REREADS):
         again = os.pread(fd, slot_size, offset)
         if len(again) < slot_size:
@@ -116,7 +113,7 @@ def read_exemplars(path: str) -> ExemplarEntries:
                 pos = index * slot_size
                 got = _slot(data, pos, slot_size)
                 if got is None:
-                    got = _reread(fd, HEADER_SIZE + pos, slot_size, data[pos : pos + slot_size])
+                    got = _reread(fd, HEADER_SIZE + pos, slot_size)
                     if got is None:
                         continue  # still being rewritten: the next scrape will have it
                 key, ts, exemplar = got

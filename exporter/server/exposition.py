@@ -143,7 +143,11 @@ class MetricsRenderer:
             # Collectors are other people's code: whatever one raises costs only its own
             # part of the scrape, and is counted and logged (with the traceback) below.
             try:
-                families = list(collector.collect())
+                families = list(
+                    collector.collect(exemplars=False)
+                    if not openmetrics and isinstance(collector, MultiprocessDirCollector)
+                    else collector.collect()
+                )
             except Exception:
                 self._failed(name, "collect() raised")
                 continue

@@ -239,3 +239,16 @@ def test_a_reservation_in_a_worker_leaves_its_exemplar_for_the_sidecar(tmp_path)
         if sample.name == "stock_reservation_duration_seconds_bucket" and sample.exemplar
     ]
     assert [e.labels["trace_id"] for e in exemplars] == [trace_id]
+
+
+def test_a_text_scrape_leaves_the_exemplar_files_unread(tmp_path: Path) -> None:
+    """Prometheus text carries no exemplars: the files are read for OpenMetrics only."""
+    from stocksentry.exporter.server.exposition import MetricsRenderer
+
+    (tmp_path / "exemplars_999999.mmap").write_bytes(b"garbage!" + bytes(HEADER_SIZE))
+    collector = MultiprocessDirCollector(tmp_path, check_pids=False)
+    renderer = MetricsRenderer([("app", collector)])
+    renderer.render(openmetrics=False)
+    assert collector.skipped.get("corrupt", 0) == 0  # type: ignore[attr-defined]
+    renderer.render(openmetrics=True)
+    assert collector.skipped["corrupt"] == 1  # type: ignore[index]
