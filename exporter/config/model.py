@@ -151,7 +151,7 @@ class ServerConfig:
         Host(),
         "where `/metrics`, `/healthz`, `/readyz` listen",
     )
-    port: int = key(9464, Integer(0, 65535), "`0` picks a free port")
+    port: int = key(19464, Integer(0, 65535), "`0` picks a free port")
     #: Prometheus exporter web-config file (TLS, basic auth); ``None``: plain HTTP.
     web_config_file: Path | None = key(
         None,

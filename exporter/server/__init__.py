@@ -44,7 +44,7 @@ Example::
 
     settings = ServerSettings(
         listen_address="0.0.0.0",
-        port=9464,
+        port=19464,
         multiprocess_dir=Path("/run/stocksentry/prom"),
         web_config=load_web_config("/etc/stocksentry/web.yml"),
     )

@@ -46,7 +46,7 @@ class RunningServer:
 
     @property
     def url(self) -> str:
-        """The base URL of the first bound address, e.g. ``https://127.0.0.1:9464/``."""
+        """The base URL of the first bound address, e.g. ``https://127.0.0.1:19464/``."""
         host, port = self.addresses[0][:2]
         if ":" in host:
             host = f"[{host}]"
@@ -134,7 +134,7 @@ def run_server(
 
     Example::
 
-        run_server(ServerSettings("0.0.0.0", 9464, multiprocess_dir=Path("/run/prom")))
+        run_server(ServerSettings("0.0.0.0", 19464, multiprocess_dir=Path("/run/prom")))
     """
     asyncio.run(_serve_until_signal(settings, collectors, background))
 

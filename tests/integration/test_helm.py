@@ -329,7 +329,7 @@ def test_prober_secure_defaults() -> None:
     }
     assert exporter["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert exporter["args"] == ["exporter", "--config=/etc/stocksentry/config/config.yaml"]
-    assert exporter["ports"] == [{"name": "metrics", "containerPort": 9464, "protocol": "TCP"}]
+    assert exporter["ports"] == [{"name": "metrics", "containerPort": 19464, "protocol": "TCP"}]
     # The URL comes from the Secret, through the variable the config names.
     assert exporter["env"] == [
         {
@@ -341,7 +341,7 @@ def test_prober_secure_defaults() -> None:
     ]
     config = yaml.safe_load(one(docs, "ConfigMap")["data"]["config.yaml"])
     assert config["database"]["url_env"] == "STOCKSENTRY_DATABASE_URL"
-    assert config["server"] == {"listen_address": "0.0.0.0", "port": 9464}  # noqa: S104
+    assert config["server"] == {"listen_address": "0.0.0.0", "port": 19464}  # noqa: S104
     # checksum/config is the hash of the rendered ConfigMap: a config change restarts.
     annotation = deployment["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
     text = raw["stocksentry/templates/configmap.yaml"]

@@ -110,10 +110,10 @@ def test_the_exporter_extra_alone_serves_the_example_config(
 
     port = free_port()
     example = (ROOT / "exporter" / "config.example.yaml").read_text()
-    assert "  port: 9464 " in example
+    assert "  port: 19464 " in example
     config = tmp_path / "config.yaml"
     # The example as shipped, on a port of this test's own.
-    config.write_text(example.replace("  port: 9464 ", f"  port: {port} ", 1))
+    config.write_text(example.replace("  port: 19464 ", f"  port: {port} ", 1))
     env = {
         "PATH": f"{env_dir / 'bin'}:/usr/bin:/bin",
         "STOCKSENTRY_DATABASE_URL": pg_database,

@@ -105,7 +105,7 @@ def value(families: Iterable[Metric], name: str, **labels: str) -> float | None:
 @pytest.fixture
 async def runner() -> AsyncIterator[ProbeRunner]:
     """The probes' collector after one good run of :class:`FixedProbe`."""
-    probes = ProbeRunner(parse_config("server: {port: 9464}\n", environ={}))
+    probes = ProbeRunner(parse_config("server: {port: 19464}\n", environ={}))
     result = await probes.run_once(FixedProbe("fixed", interval=15.0, timeout=5.0))
     assert result.up
     yield probes
@@ -344,8 +344,8 @@ def test_lifecycle_and_settings_validation() -> None:
 def test_running_server_urls() -> None:
     app = web.Application()
     app[LIFECYCLE] = Lifecycle(started=True)
-    v6 = RunningServer(app, "https", (("::1", 9464),))
-    assert (v6.url, v6.port) == ("https://[::1]:9464/", 9464)
+    v6 = RunningServer(app, "https", (("::1", 19464),))
+    assert (v6.url, v6.port) == ("https://[::1]:19464/", 19464)
     assert RunningServer(app, "http", (("127.0.0.1", 80),)).url == "http://127.0.0.1:80/"
     v6.begin_shutdown()
     assert not app[LIFECYCLE].ready

@@ -95,7 +95,7 @@ def test_describe_with_every_probe_off() -> None:
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        ("server: {prot: 9464}\n", "server.prot"),
+        ("server: {prot: 19464}\n", "server.prot"),
         ("server:\n  port: 99999\n", ":2:"),
         ("server: [\n", "exporter.yaml"),
     ],
@@ -129,13 +129,13 @@ def test_a_bad_web_config_is_one_line_and_status_2(tmp_path: Path) -> None:
 
 def test_run_exporter_refuses_a_bad_config_before_starting(tmp_path: Path) -> None:
     err = io.StringIO()
-    path = write(tmp_path / "exporter.yaml", "server: {prot: 9464}\n")
+    path = write(tmp_path / "exporter.yaml", "server: {prot: 19464}\n")
     assert run_exporter(path, err=err) == 2
     assert err.getvalue().count("\n") == 1
     assert "server.prot" in err.getvalue()
 
     (tmp_path / "web.yml").write_text("nonsense: 1\n")
-    good = write(tmp_path / "good.yaml", "server: {port: 9464}\n")
+    good = write(tmp_path / "good.yaml", "server: {port: 19464}\n")
     err = io.StringIO()
     assert run_exporter(good, web_config_file=tmp_path / "web.yml", err=err) == 2
     assert "nonsense" in err.getvalue()
