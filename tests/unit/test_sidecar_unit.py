@@ -50,7 +50,8 @@ def test_a_good_config_is_ok_and_described(tmp_path: Path) -> None:
     assert (status, err) == (0, "")
     lines = out.splitlines()
     assert lines[0] == f"{path}: ok"
-    assert "  listen 0.0.0.0:9555 (plain HTTP)" in lines
+    assert "  listen 0.0.0.0:9555, metrics at /metrics: plain HTTP, no authentication" in lines
+    assert "  log level info, format json" in lines
     assert "  multiprocess dir: none" in lines
     assert "  database probes: off (no database section)" in lines
     assert "  redis: off" in lines
@@ -71,7 +72,8 @@ def test_describe_names_the_probes_and_never_the_password(
     status, out, _ = check(path)
     assert status == 0
     assert "pw-not-to-print" not in out
-    assert "with TLS/auth web config" in out
+    # The web config is loaded and described: no TLS, no users, so nothing protects it.
+    assert "plain HTTP, no authentication (web config " in out
     assert f"multiprocess dir: {tmp_path}" in out
     assert "database probes: " in out
     assert "negative_stock" in out
