@@ -33,6 +33,7 @@ from stocksentry.exporter.server import (
     MetricsRenderer,
     RunningServer,
     ServerSettings,
+    build_info,
     build_renderer,
     create_app,
     wants_gzip,
@@ -321,6 +322,8 @@ async def test_health_readiness_and_landing(aiohttp_client: AiohttpClient) -> No
     page = await landing.text()
     assert 'href="/probe&lt;x&gt;"' in page
     assert 'href="/healthz"' in page
+    info = build_info()
+    assert f"<p>Version: {info.version} (revision {info.revision}, Python " in page
 
     app[LIFECYCLE].stopping = True
     stopping = await client.get("/readyz")
