@@ -108,7 +108,7 @@ def startup_lines(server: RunningServer, settings: ServerSettings) -> list[Start
         lines.append(
             StartupLine(
                 logging.INFO,
-                f"listening on {url}: metrics at {url}{path}, "
+                f"listening on {url} with metrics at {url}{path}, "
                 f"{HEALTHZ_PATH} and {READYZ_PATH} without authentication; {security}",
             )
         )

@@ -350,8 +350,8 @@ def test_flags_override_the_yaml_and_the_start_up_says_what_is_served(
     assert all(line.startswith("timestamp=") for line in lines), lines
     served = [line for line in lines if "listening on" in line]
     assert len(served) == 2, lines
-    assert f"listening on http://127.0.0.1:{v4_port}/: metrics at " in served[0]
-    assert f"listening on http://[::1]:{v6_port}/: metrics at " in served[1]
+    assert f"listening on http://127.0.0.1:{v4_port}/ with metrics at " in served[0]
+    assert f"listening on http://[::1]:{v6_port}/ with metrics at " in served[1]
     for line in served:
         assert "/stock-metrics" in line
         assert "plain HTTP, basic auth (1 user)" in line

@@ -290,6 +290,9 @@ def test_the_image_build_serves_the_charts_configmap(
     text = log.read_text()
     assert server.returncode == 0, text[-3000:]
     # What the start-up says it serves: this address, plain HTTP, nobody asked who.
-    assert f"listening on http://0.0.0.0:{port}/: metrics at http://0.0.0.0:{port}/metrics" in text
+    assert (
+        f"listening on http://0.0.0.0:{port}/ with metrics at http://0.0.0.0:{port}/metrics"
+        in text
+    )
     assert "plain HTTP, no authentication" in text
     assert f"starting stocksentry {VERSION} (revision {revision}" in text

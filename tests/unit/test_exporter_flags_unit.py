@@ -248,9 +248,9 @@ def test_plain_http_says_so_per_address_and_warns() -> None:
     lines = lines_for(None, ("0.0.0.0", 19464), ("::", 19464))  # noqa: S104
     assert lines[0].startswith("INFO starting stocksentry ")
     assert lines[1:3] == [
-        "INFO listening on http://0.0.0.0:19464/: metrics at http://0.0.0.0:19464/m, "
+        "INFO listening on http://0.0.0.0:19464/ with metrics at http://0.0.0.0:19464/m, "
         "/healthz and /readyz without authentication; plain HTTP, no authentication",
-        "INFO listening on http://[::]:19464/: metrics at http://[::]:19464/m, "
+        "INFO listening on http://[::]:19464/ with metrics at http://[::]:19464/m, "
         "/healthz and /readyz without authentication; plain HTTP, no authentication",
     ]
     assert lines[3].startswith("WARNING no authentication on the metrics")
