@@ -208,6 +208,7 @@ def test_the_image_build_serves_the_charts_configmap(
     names = {line.split("==")[0].lower() for line in installed.split()}
     assert {"stocksentry", "aiohttp", "psycopg", "redis", "bcrypt", "pyyaml"} <= names
     assert not names & {"sqlalchemy", "pottery", "opentelemetry-sdk"}, names
+    run(pip, "uninstall", "-q", "--yes", "pip")  # the image keeps no installer
     stocksentry = env_dir / "bin" / "stocksentry"
     assert run(stocksentry, "--version", cwd=tmp_path).strip() == f"stocksentry {VERSION}"
 
