@@ -82,7 +82,8 @@ def build() -> dashboard_models.Dashboard:
             unit="s",
             queries=(
                 Query(
-                    f"max {promql.by('instance', 'probe')} ({promql.series(catalog.PROBE_DURATION)})",
+                    f"max {promql.by('instance', 'probe')} "
+                    f"({promql.series(catalog.PROBE_DURATION)})",
                     "{{instance}} {{probe}}",
                 ),
             ),

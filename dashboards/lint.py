@@ -40,6 +40,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from typing import Any
@@ -435,10 +436,8 @@ def _lint_target(
     undefined = sorted(variable_names(expr) - defined)
     if undefined:
         problems.append(f"undefined variable(s) {undefined}")
-    try:
+    with contextlib.suppress(PromQLSyntaxError, KeyError):  # reported above
         problems += location_problems(expr)
-    except (PromQLSyntaxError, KeyError):
-        pass  # reported above
     return problems
 
 

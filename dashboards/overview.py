@@ -57,7 +57,10 @@ def race_conflict_ratio(*extra: str) -> str:
 
 
 def checkout_error_ratio() -> str:
-    """Errors and races over all reservations (the SLO's bad events) per location, 0 when none failed."""
+    """Errors and races over all reservations (the SLO's bad events) per location.
+
+    0 when none failed.
+    """
     duration = catalog.RESERVATION_DURATION
     bad = promql.selector('outcome!~"success|out_of_stock"')
     total = f"sum {promql.by()} ({promql.rate(duration, promql.SEL, '_count')})"
@@ -181,7 +184,8 @@ def build() -> dashboard_models.Dashboard:
             no_value="no probe data",
             queries=(
                 Query(
-                    f"sum {promql.by()} (max {promql.by('sku')} ({promql.series(catalog.OVERSOLD_UNITS)}))",
+                    f"sum {promql.by()} "
+                    f"(max {promql.by('sku')} ({promql.series(catalog.OVERSOLD_UNITS)}))",
                     instant=True,
                 ),
             ),

@@ -439,7 +439,9 @@ def datasource_variable() -> dashboard_builders.DatasourceVariable:
 
 
 def location_variables() -> list[dashboard_builders.QueryVariable]:
-    """One variable per location label (``$cluster``, ``$namespace``), each narrowed by those before it.
+    """One variable per location label (``$cluster``, ``$namespace``), in order.
+
+    Each lists the values of the series the variables before it select.
 
     The values are those of targets exposing stocksentry metrics. "All" is ``.*``, which
     also matches series without the label, so the dashboards work on a Prometheus of one

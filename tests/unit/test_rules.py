@@ -431,7 +431,8 @@ def test_render_refuses_bad_options(
 ) -> None:
     assert render.main([*args, "-o", "-"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("render: ") and message in err, err
+    assert err.startswith("render: "), err
+    assert message in err, err
     assert err.count("\n") == 1
 
 
