@@ -85,7 +85,7 @@ class Options:
         if not self.job or '"' in self.job or "\\" in self.job:
             raise ValueError(f"job: {self.job!r} must be non-empty, without quotes or backslashes")
         for name, base in (("runbook", self.runbook_base), ("dashboard", self.dashboard_base)):
-            if base and not re.match(r"^https?://\S+$", base):
+            if base and not re.match(r'^https?://[^\s"\\]+$', base):
                 raise ValueError(f"{name} URL base: {base!r} is not an http(s) URL")
         if not self.runbook_base:
             raise ValueError("runbook URL base: must not be empty")
