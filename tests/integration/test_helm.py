@@ -653,3 +653,265 @@ def test_schema_refuses_unknown_keys_in_every_section() -> None:
         if "properties" in sub and sub.get("additionalProperties") is not False
     ]
     assert open_objects == []
+
+
+# --- the health alerts under prometheus-operator ---------------------------------------------
+#
+# What prometheus-operator makes of a ServiceMonitor endpoint or PodMonitor
+# podMetricsEndpoint, as its config generator writes it (prometheus-operator,
+# pkg/prometheus/promcfg.go, generateServiceMonitorConfig / generatePodMonitorConfig, e.g.
+# at commit 4d3991d5604ad6a01179c2b9ebbdca5efa331213; later releases build the same list):
+# after keeping the selected targets, its own relabelings set `namespace` (from
+# __meta_kubernetes_namespace), `service` (ServiceMonitor only, the Service's name), `pod`,
+# `container`, then `job` = the Service's name (ServiceMonitor) or
+# "<namespace>/<PodMonitor name>" (PodMonitor), replaced by the value of the Service's /
+# pod's label `spec.jobLabel` when that is set and non-empty, then `endpoint` = the port
+# name; the endpoint's own `relabelings` come after all of these, in order (then only the
+# enforced namespace label and the sharding hashmod). `instance` is Prometheus's default,
+# the target address. So a relabeling of the endpoint that sets `job` has the last word.
+
+_TARGET_ADDRESS = "10.42.0.17"
+
+
+def _expand(replacement: str, match: re.Match[str]) -> str:
+    """Prometheus's $1 / ${1} / ${name} expansion of a relabel replacement."""
+    return re.sub(
+        r"\$\{(\w+)\}|\$(\d+)",
+        lambda m: match.group(int(m.group(2)) if m.group(2) else m.group(1)) or "",
+        replacement,
+    )
+
+
+def relabel(labels: dict[str, str], config: dict[str, Any]) -> dict[str, str] | None:
+    """One relabel_config (operator field names) applied as Prometheus does; None: dropped."""
+    action = config.get("action", "replace").lower()
+    value = config.get("separator", ";").join(
+        labels.get(name, "") for name in config.get("sourceLabels", [])
+    )
+    regex = re.compile(config.get("regex", "(.*)"))
+    match = regex.fullmatch(value)
+    if action == "replace":
+        if match is not None:
+            target = _expand(config["targetLabel"], match)
+            result = _expand(config.get("replacement", "$1"), match)
+            labels = (
+                {**labels, target: result}
+                if result
+                else {k: v for k, v in labels.items() if k != target}
+            )
+        return labels
+    if action == "keep":
+        return labels if match is not None else None
+    if action == "drop":
+        return None if match is not None else labels
+    raise AssertionError(f"relabel action {action!r} is not modelled here")
+
+
+def operator_target_labels(
+    monitor: dict[str, Any], *, service: str, pod: str, container: str, port: int
+) -> dict[str, str]:
+    """The labels of the scraped series of one target of ``monitor`` (model above)."""
+    kind = monitor["kind"]
+    spec = monitor["spec"]
+    endpoint = (spec["endpoints"] if kind == "ServiceMonitor" else spec["podMetricsEndpoints"])[0]
+    namespace = spec["namespaceSelector"]["matchNames"][0]
+    labels: dict[str, str] = {
+        "__address__": f"{_TARGET_ADDRESS}:{port}",
+        "namespace": namespace,
+        "pod": pod,
+        "container": container,
+    }
+    if kind == "ServiceMonitor":
+        labels["service"] = service
+        labels["job"] = service
+    else:
+        labels["job"] = f"{monitor['metadata']['namespace']}/{monitor['metadata']['name']}"
+    if spec.get("jobLabel"):
+        raise AssertionError("the chart sets no jobLabel; model it before relying on it")
+    labels["endpoint"] = endpoint["port"]
+    for config in endpoint.get("relabelings", []):
+        relabelled = relabel(labels, config)
+        assert relabelled is not None, f"the monitor's relabeling drops the target: {config}"
+        labels = relabelled
+    labels.setdefault("instance", labels["__address__"])
+    return {k: v for k, v in labels.items() if not k.startswith("__")}
+
+
+#: The three ways the chart is scraped, with the target's pod and Service as Kubernetes
+#: would name them.
+MONITOR_CASES = {
+    "prober, ServiceMonitor": {"serviceMonitor": {"enabled": True}},
+    "prober, PodMonitor": {"podMonitor": {"enabled": True}},
+    "sidecar, PodMonitor": merge(
+        case_values("sidecar-values.yaml"), {"dashboards": {"enabled": False}}
+    ),
+}
+
+
+def _monitor_labels(values: dict[str, Any], drop_job_relabeling: bool = False) -> dict[str, str]:
+    _, docs = render(values)
+    monitor = copy.deepcopy(next(d for d in docs if d["kind"] in ("ServiceMonitor", "PodMonitor")))
+    if drop_job_relabeling:  # the chart as it was: no relabeling of job
+        for endpoint in monitor["spec"].get(
+            "endpoints", monitor["spec"].get("podMetricsEndpoints")
+        ):
+            endpoint["relabelings"] = [
+                r for r in endpoint["relabelings"] if r.get("targetLabel") != "job"
+            ]
+    sidecar = values.get("mode") == "sidecar"
+    _, prober_docs = render({})
+    container = next(iter(containers(one(prober_docs, "Deployment"))))
+    return operator_target_labels(
+        monitor,
+        service=f"{RELEASE}-stocksentry",
+        pod="checkout-7d9f8b6c5-x2x9q" if sidecar else f"{RELEASE}-stocksentry-5f7c9d8b4-k2p7m",
+        container=container,
+        port=int(values.get("port", 9464)),
+    )
+
+
+def _series(labels: dict[str, str]) -> str:
+    return "up{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}"
+
+
+def _health_test(
+    labels: dict[str, str], *, summary: str, description: str
+) -> list[dict[str, Any]]:
+    """promtool test groups: the target down from 0 (fires at 2m), and up (quiet)."""
+    down = {**labels, "severity": "critical", "team": "sre"}
+    runbook = "https://github.com/stocksentry/stocksentry/blob/main/docs/runbooks/StocksentryExporterDown.md"
+    return [
+        {
+            "name": "down: StocksentryExporterDown fires with the target's labels",
+            "interval": "1m",
+            "external_labels": {"cluster": "eu-1"},
+            "input_series": [{"series": _series(labels), "values": "0x15"}],
+            "alert_rule_test": [
+                {"eval_time": "1m", "alertname": "StocksentryExporterDown", "exp_alerts": []},
+                {
+                    "eval_time": "2m",
+                    "alertname": "StocksentryExporterDown",
+                    "exp_alerts": [
+                        {
+                            "exp_labels": down,
+                            "exp_annotations": {
+                                "summary": summary,
+                                "description": description,
+                                "runbook_url": runbook,
+                            },
+                        }
+                    ],
+                },
+                {"eval_time": "15m", "alertname": "StocksentryMetricsAbsent", "exp_alerts": []},
+            ],
+        },
+        {
+            "name": "up: both health alerts are quiet",
+            "interval": "1m",
+            "input_series": [{"series": _series(labels), "values": "1x15"}],
+            "alert_rule_test": [
+                {"eval_time": "15m", "alertname": "StocksentryExporterDown", "exp_alerts": []},
+                {"eval_time": "15m", "alertname": "StocksentryMetricsAbsent", "exp_alerts": []},
+            ],
+        },
+    ]
+
+
+def _promtool_test(
+    tmp_path: Path, groups: list[dict[str, Any]], tests: list[dict[str, Any]]
+) -> subprocess.CompletedProcess[str]:
+    promtool = shutil.which("promtool")
+    assert promtool is not None, "promtool is not on PATH: `make tools` installs it"
+    rules = tmp_path / "rendered.rules.yml"
+    rules.write_text(yaml.safe_dump({"groups": groups}), encoding="utf-8")
+    test = tmp_path / "health_test.yml"
+    test.write_text(
+        yaml.safe_dump(
+            {
+                "rule_files": [str(rules)],
+                "evaluation_interval": "1m",
+                "group_eval_order": [g["name"] for g in groups],
+                "tests": tests,
+            }
+        ),
+        encoding="utf-8",
+    )
+    return run(promtool, "test", "rules", test)
+
+
+@pytest.mark.parametrize("case", sorted(MONITOR_CASES))
+def test_health_alerts_see_the_targets_the_chart_monitors(case: str, tmp_path: Path) -> None:
+    """Finding: with job = the Service name or "<ns>/<podmonitor>", ExporterDown never fired
+    and MetricsAbsent fired for ever. The monitors now set job=scrapeJob last."""
+    values = merge(MONITOR_CASES[case], {"prometheusRule": {"enabled": True}})
+    labels = _monitor_labels(values)
+    assert labels["job"] == "stocksentry"
+    assert labels["namespace"] == NAMESPACE
+    _, docs = render(values)
+    groups = one(docs, "PrometheusRule")["spec"]["groups"]
+    instance = labels["instance"]
+    done = _promtool_test(
+        tmp_path,
+        groups,
+        _health_test(
+            labels,
+            # In-cluster evaluation: the cluster comes from Prometheus's external labels.
+            summary=f"stocksentry exporter {instance} is down in cluster eu-1, namespace {NAMESPACE}.",
+            description=(
+                f"Prometheus cannot scrape {instance}: stock invariants (negative stock,"
+                " oversell, duplicates) are not being watched."
+            ),
+        ),
+    )
+    assert (done.returncode, done.stdout.strip()) == (
+        0,
+        f"Unit Testing:  {tmp_path / 'health_test.yml'}\n  SUCCESS",
+    ), done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("case", sorted(MONITOR_CASES))
+def test_without_the_job_relabeling_the_health_alerts_were_wrong(
+    case: str, tmp_path: Path
+) -> None:
+    """The same promtool test, on the labels the operator gives without the chart's
+    relabeling, fails the way the finding says: no ExporterDown, and MetricsAbsent."""
+    values = merge(MONITOR_CASES[case], {"prometheusRule": {"enabled": True}})
+    labels = _monitor_labels(values, drop_job_relabeling=True)
+    expected_job = (
+        f"{RELEASE}-stocksentry"
+        if "ServiceMonitor" in case
+        else f"{NAMESPACE}/{RELEASE}-stocksentry"
+    )
+    assert labels["job"] == expected_job
+    _, docs = render(values)
+    done = _promtool_test(
+        tmp_path,
+        one(docs, "PrometheusRule")["spec"]["groups"],
+        _health_test(labels, summary="", description=""),
+    )
+    assert done.returncode == 1
+    assert "alertname: StocksentryExporterDown, time: 2m" in done.stderr, done.stderr
+    assert "alertname: StocksentryMetricsAbsent, time: 15m" in done.stderr, done.stderr
+
+
+def test_scrape_job_is_one_value_for_monitors_and_rules(tmp_path: Path) -> None:
+    values = {
+        "scrapeJob": "shop-stocksentry",
+        "serviceMonitor": {
+            "enabled": True,
+            # a user relabeling of job comes before the chart's: the rules still match
+            "relabelings": [{"targetLabel": "job", "replacement": "other", "action": "replace"}],
+        },
+        "prometheusRule": {"enabled": True},
+    }
+    labels = _monitor_labels(values)
+    assert labels["job"] == "shop-stocksentry"
+    _, docs = render(values)
+    alerts = {
+        r["alert"]: r
+        for g in one(docs, "PrometheusRule")["spec"]["groups"]
+        for r in g["rules"]
+        if "alert" in r
+    }
+    assert alerts["StocksentryExporterDown"]["expr"] == 'up{job="shop-stocksentry"} == 0'
+    assert alerts["StocksentryMetricsAbsent"]["expr"] == 'absent(up{job="shop-stocksentry"})'
