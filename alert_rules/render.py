@@ -20,7 +20,8 @@ from its values, in ``templates/prometheusrule.yaml``):
     (``> on() group_left() stocksentry:threshold:...``) stay ``on()``.
 ``$where``
     in annotations, at the end of a summary: `` in cluster a, namespace shop``, from the
-    alert's labels, else from Prometheus's external labels; a label neither has is left out.
+    alert's labels, else from Prometheus's external labels; a label neither has is left
+    out (`` in namespace shop``), and with none of them the summary says nothing more.
 ``$job``
     the scrape job of the exporter: ``up{job="$job"}`` (default ``stocksentry``).
 ``$runbook_base``
@@ -93,12 +94,11 @@ class Options:
 
 def where(labels: Sequence[str]) -> str:
     """The summary suffix naming the alert's location, as a Prometheus template."""
-    parts = []
-    for index, label in enumerate(labels):
-        lead = " in " if index == 0 else ", "
+    parts = ['{{ $locsep := " in " }}']
+    for label in labels:
         parts.append(
             f"{{{{ with or $labels.{label} $externalLabels.{label} }}}}"
-            f"{lead}{label} {{{{ . }}}}{{{{ end }}}}"
+            f'{{{{ $locsep }}}}{label} {{{{ . }}}}{{{{ $locsep = ", " }}}}{{{{ end }}}}'
         )
     return "".join(parts)
 

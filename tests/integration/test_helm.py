@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tomllib
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -915,3 +916,204 @@ def test_scrape_job_is_one_value_for_monitors_and_rules(tmp_path: Path) -> None:
     }
     assert alerts["StocksentryExporterDown"]["expr"] == 'up{job="shop-stocksentry"} == 0'
     assert alerts["StocksentryMetricsAbsent"]["expr"] == 'absent(up{job="shop-stocksentry"})'
+
+
+# --- rule customisation from values ----------------------------------------------------------
+
+sys.path.insert(0, str(ROOT / "alert_rules"))
+import render as rules_render  # noqa: E402 - alert_rules/render.py, a script beside the rules
+
+RULE_TESTS = sorted((ROOT / "alert_rules" / "tests").glob("*.yml"))
+
+
+def _rule_groups(values: dict[str, Any]) -> list[dict[str, Any]]:
+    _, docs = render(merge({"prometheusRule": {"enabled": True}}, values))
+    groups: list[dict[str, Any]] = one(docs, "PrometheusRule")["spec"]["groups"]
+    return groups
+
+
+def _rules_by_name(groups: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {str(r.get("alert") or r.get("record")): r for g in groups for r in g["rules"]}
+
+
+def test_rule_unit_tests_pass_on_the_rendered_rules(tmp_path: Path) -> None:
+    """alert_rules/tests/*.yml, pointed at the chart's PrometheusRule instead of the file.
+
+    Rendered with a third location label: the tests' series carry none of them, so the
+    alerts, their labels and summaries are those the tests expect. (With the defaults the
+    chart renders exactly the committed file, which tests/integration/test_promtool.py
+    runs these tests on: test_prometheus_rule_is_the_rules_file.) One promtool per file,
+    two at a time: the files with days of history take most of a minute each.
+    """
+    promtool = shutil.which("promtool")
+    assert promtool is not None, "promtool is not on PATH: `make tools` installs it"
+    rules = tmp_path / "chart.rules.yml"
+    groups = _rule_groups({"locationLabels": ["region", "cluster", "namespace"]})
+    assert "sum by (region, cluster, namespace, sku)" in yaml.safe_dump(groups)
+    rules.write_text(yaml.safe_dump({"groups": groups}), encoding="utf-8")
+    check = run(promtool, "check", "rules", rules)
+    assert check.returncode == 0, check.stdout + check.stderr
+    for source in RULE_TESTS:
+        doc = yaml.safe_load(source.read_text(encoding="utf-8"))
+        doc["rule_files"] = [str(rules)]
+        (tmp_path / source.name).write_text(yaml.safe_dump(doc), encoding="utf-8")
+
+    def one_file(name: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [promtool, "test", "rules", name],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        runs = dict(zip(RULE_TESTS, pool.map(one_file, [p.name for p in RULE_TESTS]), strict=True))
+    failed = {p.name: r.stdout + r.stderr for p, r in runs.items() if r.returncode != 0}
+    assert failed == {}
+
+
+def test_chart_and_render_py_agree_on_every_placeholder() -> None:
+    options = rules_render.Options(
+        location_labels=("region", "namespace"),
+        job="shop-stocksentry",
+        runbook_base="https://git.shop.example/sre/runbooks",
+        dashboard_base="https://grafana.shop.example/",
+    )
+    source = (ROOT / "alert_rules" / "source" / "stocksentry.rules.yml").read_text(
+        encoding="utf-8"
+    )
+    expected = yaml.safe_load(rules_render.render(source, options))["groups"]
+    groups = _rule_groups(
+        {
+            "locationLabels": ["region", "namespace"],
+            "scrapeJob": "shop-stocksentry",
+            "links": {
+                "runbookBaseUrl": "https://git.shop.example/sre/runbooks",
+                "dashboardBaseUrl": "https://grafana.shop.example/",
+            },
+        }
+    )
+    assert groups == expected
+
+
+CUSTOM_RULES = {
+    "links": {"dashboardBaseUrl": "https://grafana.shop.example"},
+    "prometheusRule": {
+        "disabled": {"StockCacheDrift": True, "StockStaleCacheDecisions": True},
+        "additionalRuleLabels": {"owner": "shop-sre", "team": "ignored"},
+        "additionalRuleAnnotations": {"playbook": "https://wiki.shop.example/sale"},
+        "customRules": {
+            "StockOutboxLag": {
+                "severity": "critical",
+                "for": "2m",
+                "labels": {"team": "platform"},
+            }
+        },
+        "settings": {
+            "outbox_lag_seconds": 120,
+            "promo_active": "max(shop_promo_running) or on() vector(0)",
+        },
+    },
+}
+
+
+def test_rules_follow_the_values(tmp_path: Path) -> None:
+    groups = _rule_groups(CUSTOM_RULES)
+    rules = _rules_by_name(groups)
+    assert "StockCacheDrift" not in rules
+    assert "StockStaleCacheDecisions" not in rules
+    default = _rules_by_name(_rule_groups({}))
+    assert set(default) - set(rules) == {"StockCacheDrift", "StockStaleCacheDecisions"}
+    oversold = rules["StockOversold"]
+    # an alert's own labels win over additionalRuleLabels; customRules win over both
+    assert oversold["labels"] == {"severity": "critical", "team": "checkout", "owner": "shop-sre"}
+    assert oversold["annotations"]["playbook"] == "https://wiki.shop.example/sale"
+    assert oversold["annotations"]["dashboard_url"] == (
+        "https://grafana.shop.example/d/stocksentry-sku?var-sku={{ $labels.sku | urlquery }}"
+    )
+    assert rules["stocksentry:threshold:outbox_lag_seconds"]["expr"] == "vector(120)"
+    assert rules["stocksentry:promo_active"]["expr"] == "max(shop_promo_running) or on() vector(0)"
+    # The rendered rules load, and the customised alert behaves as the values say: a lag
+    # of 90 s is quiet (the default 60 s would fire), 150 s fires after 2m, as critical,
+    # with the extra label and annotation.
+    lag = 'stock_outbox_lag_seconds{cluster="a",namespace="shop",instance="p:9184",job="stocksentry"}'
+    tests = [
+        {
+            "name": "outbox lag with the chart's threshold and labels",
+            "interval": "1m",
+            "input_series": [{"series": lag, "values": "90x10 150x10"}],
+            "alert_rule_test": [
+                {"eval_time": "10m", "alertname": "StockOutboxLag", "exp_alerts": []},
+                {"eval_time": "12m", "alertname": "StockOutboxLag", "exp_alerts": []},
+                {
+                    "eval_time": "13m",
+                    "alertname": "StockOutboxLag",
+                    "exp_alerts": [
+                        {
+                            "exp_labels": {
+                                "severity": "critical",
+                                "team": "platform",
+                                "owner": "shop-sre",
+                                "cluster": "a",
+                                "namespace": "shop",
+                            },
+                            "exp_annotations": {
+                                "summary": "Outbox events are 2m 30s behind in cluster a, namespace shop.",
+                                "description": (
+                                    "The oldest unpublished outbox event is 2m 30s old: the"
+                                    " publisher is stuck and order or stock events are not"
+                                    " reaching other systems."
+                                ),
+                                "runbook_url": "https://github.com/stocksentry/stocksentry/blob/main/docs/runbooks/StockOutboxLag.md",
+                                "dashboard_url": "https://grafana.shop.example/d/stocksentry-overview",
+                                "playbook": "https://wiki.shop.example/sale",
+                            },
+                        }
+                    ],
+                },
+            ],
+        }
+    ]
+    done = _promtool_test(tmp_path, groups, tests)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"prometheusRule": {"disabled": {"StockNoSuchAlert": True}}}, "invalid propertyName"),
+        (
+            {"prometheusRule": {"settings": {"no_such_threshold": 1}}},
+            "'no_such_threshold' not allowed",
+        ),
+        (
+            {"prometheusRule": {"settings": {"conflict_ratio": "0.3"}}},
+            "/prometheusRule/settings/conflict_ratio",
+        ),
+        ({"prometheusRule": {"customRules": {"StockOversold": {"for": "soon"}}}}, "for"),
+        ({"locationLabels": []}, "/locationLabels"),
+        ({"locationLabels": ["cluster", "sku"]}, "/locationLabels/1"),
+        ({"locationLabels": ["cluster", "cluster"]}, "/locationLabels"),
+        ({"links": {"runbookBaseUrl": "git.shop.example/runbooks"}}, "/links/runbookBaseUrl"),
+        ({"links": {"dashboardBaseUrl": "grafana"}}, "/links/dashboardBaseUrl"),
+        ({"scrapeJob": 'a"b'}, "/scrapeJob"),
+    ],
+)
+def test_bad_rule_values_fail_clearly(values: dict[str, Any], message: str) -> None:
+    assert message in render_error(merge({"prometheusRule": {"enabled": True}}, values))
+
+
+def test_dashboards_link_the_runbook_base_of_the_values() -> None:
+    base = "https://git.shop.example/sre/runbooks"
+    _, docs = render({"dashboards": {"enabled": True}, "links": {"runbookBaseUrl": base + "/"}})
+    maps = [d for d in docs if "grafana_dashboard" in d["metadata"]["labels"]]
+    assert len(maps) == 3
+    for config_map in maps:
+        (text,) = config_map["data"].values()
+        board = json.loads(text)
+        links = re.findall(r"https?://[^\s\"()\]]+\.md", text)
+        assert links, config_map["metadata"]["name"]
+        assert all(link.startswith(base + "/") for link in links), links
+        assert board["uid"].startswith("stocksentry-")
+    assert "github.com/stocksentry" not in json.dumps([m["data"] for m in maps])

@@ -383,9 +383,13 @@ def test_rendering_with_other_location_labels_keeps_them_all() -> None:
     summary = next(r for r in rules if r.get("alert") == "StockOversold")["annotations"]
     assert summary["summary"] == (
         "SKU {{ $labels.sku }} is oversold by {{ $value }} unit(s)"
-        "{{ with or $labels.region $externalLabels.region }} in region {{ . }}{{ end }}"
-        "{{ with or $labels.cluster $externalLabels.cluster }}, cluster {{ . }}{{ end }}"
-        "{{ with or $labels.namespace $externalLabels.namespace }}, namespace {{ . }}{{ end }}."
+        '{{ $locsep := " in " }}'
+        "{{ with or $labels.region $externalLabels.region }}"
+        '{{ $locsep }}region {{ . }}{{ $locsep = ", " }}{{ end }}'
+        "{{ with or $labels.cluster $externalLabels.cluster }}"
+        '{{ $locsep }}cluster {{ . }}{{ $locsep = ", " }}{{ end }}'
+        "{{ with or $labels.namespace $externalLabels.namespace }}"
+        '{{ $locsep }}namespace {{ . }}{{ $locsep = ", " }}{{ end }}.'
     )
 
 

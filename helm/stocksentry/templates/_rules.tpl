@@ -19,9 +19,9 @@ becomes vector(<number>), a string is taken as PromQL).
 {{- define "stocksentry.rules.groups" -}}
 {{- $p := .Values.prometheusRule -}}
 {{- $location := .Values.locationLabels -}}
-{{- $where := "" -}}
-{{- range $i, $label := $location -}}
-{{- $where = printf "%s{{ with or $labels.%s $externalLabels.%s }}%s%s {{ . }}{{ end }}" $where $label $label (ternary " in " ", " (eq $i 0)) $label -}}
+{{- $where := `{{ $locsep := " in " }}` -}}
+{{- range $label := $location -}}
+{{- $where = printf `%s{{ with or $labels.%s $externalLabels.%s }}{{ $locsep }}%s {{ . }}{{ $locsep = ", " }}{{ end }}` $where $label $label $label -}}
 {{- end -}}
 {{- $text := .Files.Get "files/stocksentry.rules.yml" -}}
 {{- $text = $text | replace "$location" (join ", " $location) | replace "$where" $where -}}
