@@ -857,7 +857,9 @@ def test_health_alerts_see_the_targets_the_chart_monitors(case: str, tmp_path: P
         _health_test(
             labels,
             # In-cluster evaluation: the cluster comes from Prometheus's external labels.
-            summary=f"stocksentry exporter {instance} is down in cluster eu-1, namespace {NAMESPACE}.",
+            summary=(
+                f"stocksentry exporter {instance} is down in cluster eu-1, namespace {NAMESPACE}."
+            ),
             description=(
                 f"Prometheus cannot scrape {instance}: stock invariants (negative stock,"
                 " oversell, duplicates) are not being watched."
@@ -1037,7 +1039,10 @@ def test_rules_follow_the_values(tmp_path: Path) -> None:
     # The rendered rules load, and the customised alert behaves as the values say: a lag
     # of 90 s is quiet (the default 60 s would fire), 150 s fires after 2m, as critical,
     # with the extra label and annotation.
-    lag = 'stock_outbox_lag_seconds{cluster="a",namespace="shop",instance="p:9184",job="stocksentry"}'
+    lag = (
+        'stock_outbox_lag_seconds{cluster="a",namespace="shop",instance="p:9184",'
+        'job="stocksentry"}'
+    )
     tests = [
         {
             "name": "outbox lag with the chart's threshold and labels",
@@ -1059,7 +1064,9 @@ def test_rules_follow_the_values(tmp_path: Path) -> None:
                                 "namespace": "shop",
                             },
                             "exp_annotations": {
-                                "summary": "Outbox events are 2m 30s behind in cluster a, namespace shop.",
+                                "summary": (
+                                    "Outbox events are 2m 30s behind in cluster a, namespace shop."
+                                ),
                                 "description": (
                                     "The oldest unpublished outbox event is 2m 30s old: the"
                                     " publisher is stuck and order or stock events are not"

@@ -56,14 +56,14 @@ class Target:
 
     def __init__(self, body: bytes) -> None:
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            def do_GET(self) -> None:
                 self.send_response(200)
                 self.send_header("Content-Type", "text/plain; version=0.0.4")
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)
 
-            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+            def log_message(self, format: str, *args: Any) -> None:
                 return
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
@@ -104,20 +104,23 @@ def cluster(name: str, target: Target, central: Prometheus) -> Prometheus:
 def central() -> Iterator[Prometheus]:
     targets = {"a": Target(exposition(3)), "b": Target(exposition(0))}
     try:
-        with Prometheus(
-            rule_files=[RULES_FILE], extra_args=["--web.enable-remote-write-receiver"]
-        ) as prom:
-            with cluster("a", targets["a"], prom), cluster("b", targets["b"], prom):
-                prom.wait_for('up{cluster="a"}', timeout=30)
-                prom.wait_for('up{cluster="b"}', timeout=30)
-                prom.wait_for('ALERTS{alertname="StockOversold",alertstate="firing"}', timeout=30)
-                # both clusters' samples evaluated, so an alert for b would have had its chance
-                prom.wait_for(
-                    "sku:stock_reservation_success:rate5m",
-                    predicate=lambda result: len(result) == 2,
-                    timeout=30,
-                )
-                yield prom
+        with (
+            Prometheus(
+                rule_files=[RULES_FILE], extra_args=["--web.enable-remote-write-receiver"]
+            ) as prom,
+            cluster("a", targets["a"], prom),
+            cluster("b", targets["b"], prom),
+        ):
+            prom.wait_for('up{cluster="a"}', timeout=30)
+            prom.wait_for('up{cluster="b"}', timeout=30)
+            prom.wait_for('ALERTS{alertname="StockOversold",alertstate="firing"}', timeout=30)
+            # both clusters' samples evaluated, so an alert for b would have had its chance
+            prom.wait_for(
+                "sku:stock_reservation_success:rate5m",
+                predicate=lambda result: len(result) == 2,
+                timeout=30,
+            )
+            yield prom
     finally:
         for target in targets.values():
             target.stop()

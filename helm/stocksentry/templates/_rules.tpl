@@ -39,9 +39,10 @@ becomes vector(<number>), a string is taken as PromQL).
 {{- $_ := set $alerts $rule.alert true -}}
 {{- if not (index $p.disabled $rule.alert) -}}
 {{- $custom := index $p.customRules $rule.alert | default dict -}}
-{{- $labels := merge (dict) (deepCopy ($custom.labels | default dict)) (deepCopy $p.additionalRuleLabels) (deepCopy $rule.labels) -}}
+{{- /* merge: the first map's keys win. customRules, then the alert's own, then additional. */ -}}
+{{- $labels := merge (dict) (deepCopy ($custom.labels | default dict)) (deepCopy $rule.labels) (deepCopy $p.additionalRuleLabels) -}}
 {{- with $custom.severity -}}{{- $_ := set $labels "severity" . -}}{{- end -}}
-{{- $annotations := merge (dict) (deepCopy ($custom.annotations | default dict)) (deepCopy $p.additionalRuleAnnotations) (deepCopy $rule.annotations) -}}
+{{- $annotations := merge (dict) (deepCopy ($custom.annotations | default dict)) (deepCopy $rule.annotations) (deepCopy $p.additionalRuleAnnotations) -}}
 {{- if not $.Values.links.dashboardBaseUrl -}}{{- $annotations = omit $annotations "dashboard_url" -}}{{- end -}}
 {{- $out := dict "alert" $rule.alert "expr" $rule.expr "labels" $labels "annotations" $annotations -}}
 {{- with ($custom.for | default $rule.for) -}}{{- $_ := set $out "for" . -}}{{- end -}}
