@@ -11,8 +11,14 @@ kubernetes-validate into the venv. Every case renders the chart offline and chec
   in helm/testdata/crds/;
 - the exporter ConfigMap passes `stocksentry check-config` with the environment the
   container gets from its Secrets filled with dummy URLs;
-- the PrometheusRule holds exactly alert_rules/stocksentry.rules.yml's groups and passes
-  `promtool check rules`; the dashboard ConfigMaps hold exactly dashboards/*.json;
+- the PrometheusRule holds exactly alert_rules/stocksentry.rules.yml's groups with the
+  defaults and passes `promtool check rules`; with other values (location labels, links,
+  job, disabled alerts, extra labels, settings) it is what alert_rules/render.py renders
+  and what the values say, and alert_rules/tests/*.yml pass on it; the dashboard
+  ConfigMaps hold exactly dashboards/*.json, runbook links from links.runbookBaseUrl;
+- the health alerts, run by promtool on the rendered rules with the labels
+  prometheus-operator attaches to the rendered ServiceMonitor / PodMonitor's targets
+  (prober and sidecar mode), fire when the target is down and are quiet when it is up;
 - wrong types, typo'd keys and contradictory options fail with a message naming them.
 """
 
