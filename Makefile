@@ -80,8 +80,10 @@ bench: dev services
 clean:
 	rm -rf $(VENV) .typecheck build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache
 
-## generate: rebuild generated artefacts (docs/metrics.md, dashboards/*.json, the chart's copies)
+## generate: rebuild generated artefacts (docs/metrics.md, the rendered alert rules,
+## dashboards/*.json, the chart's copies)
 generate: dev
 	$(PY) docs/generate.py
+	$(PY) alert_rules/render.py
 	$(PY) dashboards/build.py
 	$(PY) helm/sync.py

@@ -47,12 +47,13 @@ LAB_ARGS = [
     *("--redis", REDIS_URL, "--retries", "0.2", "--stale-cache"),
 ]
 LINGER_S = 60  # an upper bound: the test stops the lab as soon as it is done
-#: What Grafana would put in: one job, every namespace, a window of at least four scrapes,
-#: a range longer than the test so that every series was born inside it.
+#: What Grafana would put in: one job, every cluster and namespace, a window of at least
+#: four scrapes, a range longer than the test so that every series was born inside it.
 VALUES = {
     "__rate_interval": "1m",
     "__range": "5m",
     "__interval": "1s",
+    "cluster": ".*",
     "namespace": ".*",
     "job": JOB,
     "sku": DEEP_DIVE_SKU,
@@ -286,5 +287,6 @@ def test_variable_queries_list_the_lab(sale: Sale) -> None:
             match = lint.substitute(selector, VALUES)
             found[variable["name"]] = sale.prom.label_values(label, [match])
     assert found["job"] == [JOB]
+    assert found["cluster"] == []  # one Prometheus, no cluster label; "All" (.*) still matches
     assert found["namespace"] == []  # no Kubernetes here; "All" (.*) still matches
     assert sorted(found["sku"]) == sorted(r["sku"] for r in sale.report.values())
