@@ -37,7 +37,7 @@ Example::
 
 # Keys written by our own processors: their values are never sensitive, and
 # skipping them keeps a hex trace id from ever being mistaken for digits.
-_TRUSTED_KEYS = frozenset({"timestamp", "level", "logger", "trace_id", "span_id"})
+_TRUSTED_KEYS = frozenset({"timestamp", "level", "logger", "trace_id", "span_id", "trace_flags"})
 
 _MAX_NESTING = 8
 _KEY_CACHE_LIMIT = 4096
@@ -163,11 +163,11 @@ def _json_default(value: object) -> object:
 
 
 def add_trace_context(logger: WrappedLogger, method_name: str, event_dict: EventDict) -> EventDict:
-    """Processor adding ``trace_id`` and ``span_id`` of the current span.
+    """Processor adding ``trace_id``, ``span_id`` and ``trace_flags`` of the current span.
 
-    Ids are lowercase hex (32 and 16 characters), as in W3C ``traceparent``.
-    Nothing is added outside a valid span, and keys the caller already set are
-    kept.
+    As in W3C ``traceparent``: ids in lowercase hex (32 and 16 characters), the flags as
+    two hex digits (``"01"``: sampled), the fields of OpenTelemetry's log data model.
+    Nothing is added outside a valid span, and keys the caller already set are kept.
 
     Example::
 
@@ -180,7 +180,13 @@ def add_trace_context(logger: WrappedLogger, method_name: str, event_dict: Event
             event_dict["trace_id"] = trace.format_trace_id(span_context.trace_id)
         if "span_id" not in event_dict:
             event_dict["span_id"] = trace.format_span_id(span_context.span_id)
+        if "trace_flags" not in event_dict:
+            event_dict["trace_flags"] = _FLAGS[span_context.trace_flags & 0xFF]
     return event_dict
+
+
+# The two hex digits of each trace-flags byte, made once.
+_FLAGS = tuple(f"{flags:02x}" for flags in range(256))
 
 
 class _UtcMillisTimestamper:

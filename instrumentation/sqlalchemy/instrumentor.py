@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
     from sqlalchemy.ext.asyncio import AsyncEngine
 
+_EVENTS = ("do_execute", "do_execute_no_params", "do_executemany", "handle_error")
 _instrumented: weakref.WeakKeyDictionary[Engine, _Instrumentation] = weakref.WeakKeyDictionary()
 
 
@@ -84,13 +85,14 @@ def instrument_sqlalchemy(
         mode,
         tracer_provider,
         read_window,
+        db_namespace=sync.url.database,
     )
-    for name in ("before_cursor_execute", "after_cursor_execute", "handle_error"):
+    # Dialect events only (they are filed under the engine's own dialect): an engine event
+    # would switch on SQLAlchemy's per-execute event path, which costs more than all of
+    # this integration's own work.
+    for name in _EVENTS:
         listener = getattr(instrumentation, name)
-        if name == "before_cursor_execute":
-            sqlalchemy.event.listen(sync, name, listener, retval=True)
-        else:
-            sqlalchemy.event.listen(sync, name, listener)
+        sqlalchemy.event.listen(sync, name, listener)
         instrumentation.listeners.append((name, listener))
     _instrumented[sync] = instrumentation
     if mode == "all":

@@ -218,9 +218,26 @@ def test_trace_and_span_ids_inside_active_span(stream: io.StringIO) -> None:
     assert re.fullmatch(r"[0-9a-f]{16}", inside["span_id"])
     assert nested["trace_id"] == inside["trace_id"]
     assert nested["span_id"] == f"{child.get_span_context().span_id:016x}"
+    # W3C traceparent's flags field, the span's own byte; the SDK's default sampler
+    # samples everything (bit 0; the SDK may also set bit 1, "random trace id").
+    assert inside["trace_flags"] == f"{ctx.trace_flags:02x}"
+    assert int(inside["trace_flags"], 16) & 1 == 1
+    assert nested["trace_flags"] == inside["trace_flags"]
     for outside in (before, after):
         assert "trace_id" not in outside
         assert "span_id" not in outside
+        assert "trace_flags" not in outside
+
+
+def test_trace_flags_say_when_a_span_is_not_sampled(stream: io.StringIO) -> None:
+    from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
+
+    tracer = TracerProvider(sampler=ALWAYS_OFF).get_tracer("test")
+    with tracer.start_as_current_span("reserve"):
+        get_logger().info("inside")
+    (inside,) = lines(stream)
+    assert int(inside["trace_flags"], 16) & 1 == 0
+    assert re.fullmatch(r"[0-9a-f]{32}", inside["trace_id"])
 
 
 def test_add_trace_context_keeps_existing_keys() -> None:
@@ -230,6 +247,7 @@ def test_add_trace_context_keeps_existing_keys() -> None:
     assert event == {
         "trace_id": "from-caller",
         "span_id": f"{span.get_span_context().span_id:016x}",
+        "trace_flags": f"{span.get_span_context().trace_flags:02x}",
     }
     assert add_trace_context(None, "info", {"event": "x"}) == {"event": "x"}
 
@@ -339,6 +357,7 @@ def test_stdlib_records_come_out_as_json_with_context(stream: io.StringIO) -> No
         "password": REDACTED,
         "trace_id": f"{span.get_span_context().trace_id:032x}",
         "span_id": f"{span.get_span_context().span_id:016x}",
+        "trace_flags": f"{span.get_span_context().trace_flags:02x}",
     }
     assert (second["event"], second["level"], second["logger"]) == (
         "after",

@@ -596,12 +596,14 @@ def test_conditional_update_without_a_row_marks_the_reservation(
 
 # --- listener hygiene ----------------------------------------------------------------------------
 
-EVENTS = ("before_cursor_execute", "after_cursor_execute", "handle_error")
+DIALECT_EVENTS = ("do_execute", "do_execute_no_params", "do_executemany", "handle_error")
+ENGINE_EVENTS = ("before_cursor_execute", "after_cursor_execute")
+EVENTS = DIALECT_EVENTS + ENGINE_EVENTS
 
 
 def listeners_of(engine: sa.Engine, name: str) -> int:
-    # handle_error is a dialect event: listen(engine, ...) files it under the engine's dialect.
-    dispatch = engine.dialect.dispatch if name == "handle_error" else engine.dispatch
+    # listen(engine, ...) files a dialect event under the engine's own dialect.
+    dispatch = engine.dialect.dispatch if name in DIALECT_EVENTS else engine.dispatch
     return len(getattr(dispatch, name))
 
 
@@ -616,7 +618,9 @@ def test_instrument_twice_listens_once_and_uninstrument_removes_all(
 
     instrument_sqlalchemy(engine, sentry=sentry)
     instrument_sqlalchemy(engine, sentry=sentry, spans="all")  # does nothing more
-    assert listener_count(engine) == 3
+    assert listener_count(engine) == 4
+    # No engine event: SQLAlchemy's per-execute event path stays off.
+    assert not engine._has_events
     listeners = [(name, fn) for name, fn in _instrumented[engine].listeners]
     assert all(sa.event.contains(engine, name, fn) for name, fn in listeners)
     with engine.begin() as conn:
@@ -669,13 +673,16 @@ def test_spans_locking_wraps_locking_statements_only(
         conn.execute(sa.text("UPDATE products SET available_stock = 3 WHERE sku = 'EGG-01'"))
         carrier = r.trace_context()
     names = [s.name for s in exporter.get_finished_spans()]
-    assert names == ["stock.db.lock", "stock.reserve"]
+    # OpenTelemetry's database span name: "{db.operation.name} {db.collection.name}".
+    assert names == ["UPDATE products", "stock.reserve"]
     lock_span, reserve_span = exporter.get_finished_spans()
     assert lock_span.parent is not None
     assert lock_span.parent.span_id == reserve_span.context.span_id
     assert lock_span.attributes == {
         "db.system.name": "sqlite",
-        "stock.table": "products",
+        "db.collection.name": "products",
+        "db.operation.name": "UPDATE",
+        "db.namespace": engine.url.database,
         "stock.lock": "update",
     }
     (exemplar,) = [
@@ -715,6 +722,59 @@ def test_app_errors_pass_unchanged(engine: sa.Engine, sentry: Sentry) -> None:
     with pytest.raises(sa.exc.OperationalError) as caught, engine.begin() as conn:
         conn.execute(sa.text("UPDATE nowhere SET available_stock = 1"))
     assert "no such table" in str(caught.value)
+
+
+def test_the_apps_own_do_execute_listeners_still_run(
+    engine: sa.Engine, sentry: Sentry, registry: CollectorRegistry
+) -> None:
+    # The integration executes the statement inside SQLAlchemy's do_execute event; a
+    # listener the app registers before or after it must see every statement as before,
+    # and one that executes the statement itself must not see it run twice.
+    seen: list[str] = []
+
+    def watcher(cursor: Any, statement: str, parameters: Any, context: Any) -> bool:
+        seen.append("before:" + statement.split()[0])
+        return False
+
+    def executor(cursor: Any, statement: str, parameters: Any, context: Any) -> bool:
+        seen.append("after:" + statement.split()[0])
+        cursor.execute(statement, parameters)
+        return True
+
+    sa.event.listen(engine, "do_execute", watcher)
+    instrument_sqlalchemy(engine, sentry=sentry)
+    sa.event.listen(engine, "do_execute", executor)
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text("UPDATE products SET available_stock = available_stock - 1 WHERE sku = :sku"),
+            EGG,
+        )
+    assert seen == ["before:UPDATE", "after:UPDATE"]
+    with engine.connect() as conn:
+        assert conn.execute(sa.text(READ), EGG).scalar_one() == 9  # decremented once
+    assert value(registry, f"{LOCK_WAIT}_count", table="products") == 1
+    uninstrument_sqlalchemy(engine)
+    sa.event.remove(engine, "do_execute", watcher)
+    sa.event.remove(engine, "do_execute", executor)
+
+
+def test_a_failing_locking_statement_ends_its_span_as_an_error(
+    engine: sa.Engine, registry: CollectorRegistry
+) -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    sentry = Sentry(registry=registry, log=False, tracer_provider=provider)
+    instrument_sqlalchemy(engine, sentry=sentry, spans="locking")
+    with pytest.raises(sa.exc.IntegrityError), engine.begin() as conn:
+        conn.execute(sa.text("UPDATE products SET sku = NULL WHERE sku = 'EGG-01'"))
+    (span,) = exporter.get_finished_spans()
+    assert span.name == "UPDATE products"
+    assert span.status.status_code.name == "ERROR"
+    assert span.attributes is not None
+    assert span.attributes["error.type"] == "IntegrityError"
+    assert value(registry, f"{LOCK_WAIT}_count", table="products") == 1
+    assert value(registry, ERRORS, component="sqlalchemy") == 0
 
 
 def test_listeners_do_not_keep_the_engine_alive(tmp_path: Path, sentry: Sentry) -> None:
