@@ -589,3 +589,35 @@ def test_redactor_masks_a_repeated_secret_every_time_and_keeps_no_values() -> No
         assert redact(None, "info", {"note": note})["note"] is note
     assert set(redact._sensitive) == {"event", "note", "sku"}
     assert redact(None, "info", {"note": card}) == {"note": "card ****1111"}
+
+
+class _Odd:
+    def __repr__(self) -> str:
+        return "<odd>"
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        {"event": "stock_update", "sku": "SKU-1", "qty": 1, "success": True, "to": -3},
+        {"event": "x", "ratio": 0.1, "nan": float("nan"), "inf": float("-inf"), "none": None},
+        {"event": "ünïcode ✓", "nested": {"a": [1, (2, 3)], "b": {"c": "d"}}, "empty": {}},
+        {"event": "x", "odd": _Odd(), "set": {1}, "bytes": b"\x00", 7: "int key"},
+    ],
+)
+def test_json_lines_render_as_json_dumps_would(event: dict[Any, Any]) -> None:
+    from stocksentry.instrumentation.processors import _JsonLines
+
+    # The renderer keeps one C encoder without a circular check: same text as json.dumps.
+    assert _JsonLines()(None, "info", dict(event)) == json.dumps(event, default=repr)
+
+
+def test_json_lines_refuse_a_cycle_as_json_does() -> None:
+    from stocksentry.instrumentation.processors import _JsonLines
+
+    # Redactor copies (and masks deep) structures first, so no cycle reaches the renderer
+    # in a configured chain; called alone it fails as the checking encoder does.
+    looped: dict[str, Any] = {"event": "x"}
+    looped["self"] = looped
+    with pytest.raises(ValueError, match="Circular reference"):
+        _JsonLines()(None, "info", looped)
