@@ -7,6 +7,7 @@ chains them. What counts as a secret is :mod:`.secrets`' decision, not theirs.
 
 from __future__ import annotations
 
+import contextvars
 import json
 import time
 from collections.abc import Iterable
@@ -14,9 +15,11 @@ from json.encoder import encode_basestring_ascii
 from typing import Any
 
 from opentelemetry import trace
+from structlog.contextvars import STRUCTLOG_KEY_PREFIX
 from structlog.processors import format_exc_info
 from structlog.typing import EventDict, Processor, WrappedLogger
 
+from .events import EVENTS
 from .secrets import MIN_SENSITIVE_LEN, REDACTED, SECRET_WORDS, is_secret_key, scrub_text
 
 try:  # CPython's C encoder; without it the pure-Python encoder renders every line
@@ -52,6 +55,10 @@ _KEY_CACHE_LIMIT = 4096
 # Longest key cached (in characters): with the entry limit, the cache holds at most
 # 4096 x 128 characters whatever keys the data brings.
 _KEY_CACHE_MAX_LENGTH = 128
+# The names of the project's own log events: constants, never a secret, so a line's
+# "event" among them skips the text scan (the one string of every line long enough to
+# be scanned).
+_OWN_EVENT_NAMES: frozenset[str] = frozenset(event.name for event in EVENTS)
 # Values that cannot hold a secret as text: skipped without further checks.
 _PLAIN_SCALARS: frozenset[type] = frozenset({int, float, bool, type(None)})
 
@@ -98,7 +105,11 @@ class Redactor:
             kind = type(value)
             if kind is str:
                 # The length check first: most values are short ids, skipped without a call.
-                if len(value) >= MIN_SENSITIVE_LEN and key not in _TRUSTED_KEYS:
+                if (
+                    len(value) >= MIN_SENSITIVE_LEN
+                    and key not in _TRUSTED_KEYS
+                    and value not in _OWN_EVENT_NAMES
+                ):
                     # re.sub hands back the very string when nothing matched: no store.
                     scrubbed = scrub_text(value)
                     if scrubbed is not value:
@@ -219,6 +230,49 @@ def add_trace_context(logger: WrappedLogger, method_name: str, event_dict: Event
 
 # The two hex digits of each trace-flags byte, made once.
 _FLAGS = tuple(f"{flags:02x}" for flags in range(256))
+
+
+class _ContextvarsMerger:
+    """structlog's ``merge_contextvars``, with what each context variable is learnt once.
+
+    The same keys, values and order (``setdefault``: the call's own keys win): structlog
+    keeps every bound key in a ``ContextVar`` named with its prefix, and this walks the
+    current context once, where structlog's looks each variable up twice and tests and
+    cuts its name on every line. Which variables are structlog's (and under what key) is
+    remembered for the first :data:`_CONTEXTVARS_KNOWN` variables seen; later ones are
+    worked out each time, so variables made at run time cannot grow the memo.
+    """
+
+    __slots__ = ("_keys",)
+
+    def __init__(self) -> None:
+        self._keys: dict[contextvars.ContextVar[Any], str | None] = {}
+
+    def __call__(
+        self, logger: WrappedLogger, method_name: str, event_dict: EventDict
+    ) -> EventDict:
+        keys = self._keys
+        for var, value in contextvars.copy_context().items():
+            if value is Ellipsis:  # unbound: structlog sets Ellipsis rather than deleting
+                continue
+            key = keys.get(var, _UNSEEN)
+            if key is _UNSEEN:
+                key = self._learn(var)
+            if key is not None:
+                event_dict.setdefault(key, value)
+        return event_dict
+
+    def _learn(self, var: contextvars.ContextVar[Any]) -> str | None:
+        name = var.name
+        key = name[_PREFIX_LEN:] if name.startswith(STRUCTLOG_KEY_PREFIX) else None
+        if len(self._keys) < _CONTEXTVARS_KNOWN:
+            self._keys[var] = key
+        return key
+
+
+_UNSEEN: Any = object()
+_PREFIX_LEN = len(STRUCTLOG_KEY_PREFIX)
+_CONTEXTVARS_KNOWN = 1024
 
 
 class _UtcMillisTimestamper:

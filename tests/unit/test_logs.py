@@ -621,3 +621,39 @@ def test_json_lines_refuse_a_cycle_as_json_does() -> None:
     looped["self"] = looped
     with pytest.raises(ValueError, match="Circular reference"):
         _JsonLines()(None, "info", looped)
+
+
+def test_contextvars_merge_as_structlogs_own() -> None:
+    import contextvars
+
+    from stocksentry.instrumentation import processors
+    from stocksentry.instrumentation.processors import _ContextvarsMerger
+
+    merge = _ContextvarsMerger()
+
+    def both(event: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        ours = merge(None, "info", dict(event))
+        theirs = structlog.contextvars.merge_contextvars(None, "info", dict(event))
+        return ours, theirs
+
+    def scenario() -> None:
+        other: contextvars.ContextVar[str] = contextvars.ContextVar("not_structlogs")
+        other.set("ignored")
+        structlog.contextvars.bind_contextvars(request_id="r-1", sku="S-1", order_id="o-1")
+        ours, theirs = both({"event": "x", "sku": "from-the-call"})
+        assert ours == theirs
+        assert list(ours) == list(theirs)  # same key order in the rendered line
+        assert ours["sku"] == "from-the-call"
+        assert ours["request_id"] == "r-1"
+        structlog.contextvars.unbind_contextvars("order_id")
+        ours, theirs = both({"event": "y"})
+        assert ours == theirs
+        assert "order_id" not in ours
+        # Past the memo's bound the answer is the same, worked out each time.
+        for k in range(processors._CONTEXTVARS_KNOWN + 5):
+            structlog.contextvars.bind_contextvars(**{f"k{k}": k})
+        ours, theirs = both({"event": "z"})
+        assert ours == theirs
+        assert len(merge._keys) == processors._CONTEXTVARS_KNOWN
+
+    contextvars.copy_context().run(scenario)
