@@ -52,7 +52,8 @@ round) for the SQLAlchemy cases, with two floors on lines of their own: a no-op 
 ``do_execute`` listener (the dispatch the integration uses) and no-op engine
 ``before/after_cursor_execute`` listeners (SQLAlchemy's engine event path, which the
 integration used before and which any engine listener switches on); ``spread`` is the
-no-op blocks' interquartile range over their median; the ratio against bare on PostgreSQL stands beside it.
+no-op blocks' interquartile range over their median; the ratio against bare on
+PostgreSQL stands beside it.
 
 Targets (from the issue), in microseconds: metrics <= 3 per reservation, metrics + log
 <= 15, with span <= 45, sqlalchemy <= 4 per statement; sqlalchemy_spans has none. The
