@@ -114,6 +114,46 @@ def test_classify_sqlalchemy_wrapped_error() -> None:
     assert classify_exception(wrapped) == "deadlock"
 
 
+def test_classify_lock_refusals() -> None:
+    import pottery.exceptions
+    import redis.exceptions
+    from stocksentry.instrumentation.locks import LockNotAcquired
+
+    assert classify_exception(LockNotAcquired("lock:sku", 0.0)) == "lock_not_acquired"
+    waited = LockNotAcquired("lock:sku", 2.0, reason="lock_timeout")
+    assert classify_exception(waited) == "lock_timeout"
+    refused = redis.exceptions.LockError("Unable to acquire lock within the time specified")
+    assert classify_exception(refused) == "lock_not_acquired"
+    quorum = pottery.exceptions.QuorumNotAchieved("redlock:sku", frozenset())
+    assert classify_exception(quorum) == "lock_not_acquired"
+    # Raised by the release of a lock that expired: the work under it was done.
+    assert classify_exception(redis.exceptions.LockNotOwnedError("expired")) == "error"
+
+
+@pytest.mark.parametrize(
+    ("blocking_timeout", "reason"), [(0.0, "lock_not_acquired"), (0.05, "lock_timeout")]
+)
+def test_a_refused_tracked_lock_ends_the_reservation_as_a_lock_conflict(
+    sentry: Sentry, registry: CollectorRegistry, blocking_timeout: float, reason: str
+) -> None:
+    from stocksentry.instrumentation.locks import LockNotAcquired, track_lock
+
+    lock = track_lock(
+        "lock:EGG-01",
+        ttl=5,
+        acquire=lambda token: False,  # always held by someone else
+        release=lambda token: True,
+        blocking_timeout=blocking_timeout,
+        retry_delay=0.01,
+        sentry=sentry,
+    )
+    with pytest.raises(LockNotAcquired) as caught, sentry.reservation("EGG-01"), lock:
+        pytest.fail("the body of a refused lock never runs")
+    assert caught.value.reason == reason
+    assert value(registry, "stock_reservation_conflict_total", sku="EGG-01", reason=reason) == 1
+    assert value(registry, "stocksentry_instrumentation_errors_total", component="api") == 0
+
+
 def test_unknown_conflict_reason_is_an_instrumentation_error(
     sentry: Sentry, registry: CollectorRegistry
 ) -> None:
