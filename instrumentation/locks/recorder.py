@@ -213,6 +213,12 @@ class LockRecorder:
                 attempts.begin()
                 acquired = try_lock()
         """
+        try:
+            # The lock's other series (expiries, foreign releases) exist from its first
+            # attempt on, so their first increase is seen.
+            self.sentry.metrics.prime_lock(self.name)
+        except Exception as exc:
+            self._error(exc)
         attempts = _Attempts()
         try:
             yield attempts

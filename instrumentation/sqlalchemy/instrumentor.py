@@ -76,7 +76,8 @@ def instrument_sqlalchemy(
         raise ValueError(f"spans must be 'off', 'locking' or 'all', got {spans!r}")
     if not read_window > 0:
         raise ValueError("read_window must be positive")
-    tables = _Tables(stock_tables if stock_tables is not None else {"products": StockTable()})
+    configured = stock_tables if stock_tables is not None else {"products": StockTable()}
+    tables = _Tables(configured)
     instrumentation = _Instrumentation(
         sentry if sentry is not None else get_sentry(),
         tables,
@@ -95,6 +96,11 @@ def instrument_sqlalchemy(
         sqlalchemy.event.listen(sync, name, listener)
         instrumentation.listeners.append((name, listener))
     _instrumented[sync] = instrumentation
+    try:
+        # Known tables' series start at zero, so their first deadlock is an increase.
+        instrumentation.metrics.prime_tables(configured)
+    except Exception as exc:
+        instrumentation.sentry.internal_error("sqlalchemy", exc)
     if mode == "all":
         try:
             _otel_engine_tracer(sync, instrumentation, tracer_provider)

@@ -482,3 +482,59 @@ def test_reservation_finished_resolves_both_series_before_touching_either() -> N
     assert value(registry, "stock_reservation_success_total", sku="EGG-01", strategy="atomic") == 1
     assert value(registry, "stock_reservation_duration_seconds_count", outcome="success") == 1
     assert value(registry, "stock_reservation_duration_seconds_count", outcome="error") == 1
+
+
+def test_known_label_sets_start_at_zero(registry: CollectorRegistry) -> None:
+    import sqlalchemy as sa
+    from stocksentry.instrumentation.locks import track_lock
+    from stocksentry.instrumentation.sqlalchemy import (
+        instrument_sqlalchemy,
+        uninstrument_sqlalchemy,
+    )
+
+    # A counter series born at its first increment hides a burst inside one scrape from
+    # increase(): series whose labels are known in advance exist at zero before any event.
+    sentry = Sentry(registry=registry, log=False, trace=False, promo_skus=["EGG-01", "EGG-02"])
+
+    def exists(name: str, **labels: str) -> bool:
+        return registry.get_sample_value(name, labels) == 0.0
+
+    for reason in ("out_of_stock", "lock_not_acquired", "deadlock"):
+        assert exists("stock_reservation_conflict_total", sku="EGG-01", reason=reason)
+    assert exists("stock_inventory_negative_total", sku="EGG-02")
+    # A strategy, once seen on any SKU, has its success series for every promo SKU.
+    with sentry.reservation("OTHER-9", strategy="for_update"):
+        pass
+    assert exists("stock_reservation_success_total", sku="EGG-02", strategy="for_update")
+    # The configured stock tables of an instrumented engine.
+    engine = sa.create_engine("sqlite://")
+    instrument_sqlalchemy(engine, sentry=sentry)
+    try:
+        assert exists("stock_db_deadlock_total", table="products")
+        assert exists("stock_unsafe_read_modify_write_total", table="products")
+        assert exists("stock_db_lock_wait_duration_seconds_count", table="products")
+    finally:
+        uninstrument_sqlalchemy(engine)
+        engine.dispose()
+    # A lock's expiry and foreign-release series, from its first acquire on.
+    lock = track_lock(
+        "lock:EGG-01", ttl=5, acquire=lambda token: True, release=lambda token: True, sentry=sentry
+    )
+    assert (
+        registry.get_sample_value("stock_lock_expired_while_held_total", {"lock": "lock:EGG-01"})
+        is None
+    )
+    with lock:
+        pass
+    assert exists("stock_lock_expired_while_held_total", lock="lock:EGG-01")
+    assert exists("stock_lock_release_not_owned_total", lock="lock:EGG-01")
+    assert exists(
+        "stock_lock_acquire_duration_seconds_count", lock="lock:EGG-01", outcome="timeout"
+    )
+    # Priming never counts a label overflow.
+    assert (
+        registry.get_sample_value(
+            "stocksentry_label_overflow_total", {"metric": "stock_lock_expired_while_held_total"}
+        )
+        is None
+    )
