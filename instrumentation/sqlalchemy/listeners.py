@@ -12,6 +12,7 @@ from opentelemetry import trace as otel_trace
 from opentelemetry.trace import SpanKind, StatusCode, TracerProvider
 
 from .. import events
+from ..heldlocks import held_locks, valid_at
 from ..outcomes import SQLSTATE_REASONS, sqlstate_of
 from ..reservation import current_reservation
 from ..sentry import Sentry
@@ -404,7 +405,7 @@ class _Instrumentation:
             )
         if not plan.reads_stock:
             return
-        read = _Read(locked, state.txn, self.clock())
+        read = _Read(locked, state.txn, self.clock(), held_locks())
         reservation = current_reservation()
         res_store = _scope(_reservation_reads, reservation, True) if reservation else None
         request_id = structlog.contextvars.get_contextvars().get("request_id")
@@ -469,6 +470,20 @@ class _Instrumentation:
         same_txn = txn is not None and latest.txn is not None and latest.txn() is txn
         if same_txn and (latest.locked or self._serializable(conn, state)):
             return
+        lost_lock: tuple[str, str] | None = None
+        if latest.held:
+            # A distributed lock held since before the read and still owned at the write
+            # serialises the read-modify-write as a row lock would: safe. One whose lease
+            # ran out in between let a second holder in: the lost update it exists to stop.
+            at = time.perf_counter()
+            if any(valid_at(hold, at) for hold in latest.held):
+                return
+            expired = [hold for hold in latest.held if not hold.released]
+            lost_lock = (
+                (expired[0].name, "lock expired before the write")
+                if expired
+                else (latest.held[0].name, "lock released before the write")
+            )
         table = plan.table or "unknown"
         self.metrics.unsafe_read_modify_write(table)
         if self.sentry.log_enabled:
@@ -484,6 +499,7 @@ class _Instrumentation:
                 read_age_s=round(now - latest.at, 3),
                 read_locked=latest.locked,
                 same_transaction=same_txn,
+                **({"lock": lost_lock[0], "reason": lost_lock[1]} if lost_lock else {}),
             )
 
     def _no_row(self, plan: StatementInfo, keys: list[_Key]) -> None:

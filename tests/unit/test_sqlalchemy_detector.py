@@ -10,6 +10,7 @@ import gc
 import io
 import json
 import sys
+import time
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -526,6 +527,93 @@ def test_warning_line_names_the_code_and_carries_the_correlation_ids(
     )
     assert (warning["read_locked"], warning["same_transaction"]) == (False, False)
     assert value(registry, UNSAFE, table="products") == 1
+
+
+def read_then_write(engine: sa.Engine, sku: str, pause: float = 0.0) -> None:
+    """Read in one transaction, write the computed value in another, ``pause`` between."""
+    with engine.begin() as conn:
+        stock = conn.execute(sa.text(READ), {"sku": sku}).scalar_one()
+    time.sleep(pause)
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text("UPDATE products SET available_stock = :computed WHERE sku = :sku"),
+            {"computed": stock - 1, "sku": sku},
+        )
+
+
+def in_process_lock(sentry: Sentry, ttl: float) -> Any:
+    """A home-made lock over a dict, measured by the lock wrappers (no lock server needed:
+    what is checked is what the wrappers tell the detector)."""
+    from stocksentry.instrumentation.locks import track_lock
+
+    store: dict[str, str] = {}
+
+    def acquire(token: str) -> bool:
+        return store.setdefault("lock", token) == token
+
+    def release(token: str) -> bool:
+        return store.pop("lock", None) == token
+
+    return track_lock("lock:EGG-01", ttl=ttl, acquire=acquire, release=release, sentry=sentry)
+
+
+def test_a_read_modify_write_under_an_owned_lock_is_safe(
+    engine: sa.Engine, registry: CollectorRegistry
+) -> None:
+    out = io.StringIO()
+    configure_logging(stream=out, bridge_stdlib=False)
+    sentry = Sentry(registry=registry, trace=False)
+    instrument_sqlalchemy(engine, sentry=sentry)
+    for _ in range(30):
+        with sentry.reservation("EGG-01", strategy="redis_lock"), in_process_lock(sentry, 10):
+            read_then_write(engine, "EGG-01")
+    assert value(registry, UNSAFE, table="products") == 0
+    assert "unsafe_read_modify_write" not in out.getvalue()
+    # Without the lock the same code is flagged every time.
+    with sentry.reservation("EGG-01", strategy="unsafe"):
+        read_then_write(engine, "EGG-01")
+    assert value(registry, UNSAFE, table="products") == 1
+
+
+def test_a_lock_that_expired_before_the_write_is_named(
+    engine: sa.Engine, registry: CollectorRegistry
+) -> None:
+    out = io.StringIO()
+    configure_logging(stream=out, bridge_stdlib=False)
+    sentry = Sentry(registry=registry, trace=False)
+    instrument_sqlalchemy(engine, sentry=sentry)
+    with sentry.reservation("EGG-01", strategy="naive_lock"), in_process_lock(sentry, 0.02):
+        read_then_write(engine, "EGG-01", pause=0.1)  # the work outlives the lease
+    assert value(registry, UNSAFE, table="products") == 1
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    (warning,) = [line for line in lines if line["event"] == "unsafe_read_modify_write"]
+    assert (warning["lock"], warning["reason"]) == ("lock:EGG-01", "lock expired before the write")
+    # The same lock's own series say it outlived its TTL.
+    assert (
+        registry.get_sample_value("stock_lock_expired_while_held_total", {"lock": "lock:EGG-01"})
+        == 1
+    )
+
+
+def test_a_lock_released_before_the_write_does_not_cover_it(
+    engine: sa.Engine, registry: CollectorRegistry
+) -> None:
+    out = io.StringIO()
+    configure_logging(stream=out, bridge_stdlib=False)
+    sentry = Sentry(registry=registry, trace=False)
+    instrument_sqlalchemy(engine, sentry=sentry)
+    with sentry.reservation("EGG-01", strategy="short_lock"):
+        with in_process_lock(sentry, 10), engine.begin() as conn:
+            stock = conn.execute(sa.text(READ), EGG).scalar_one()
+        with engine.begin() as conn:  # the lock is gone: another buyer may have written
+            conn.execute(
+                sa.text("UPDATE products SET available_stock = :v WHERE sku = :sku"),
+                {"v": stock - 1, "sku": "EGG-01"},
+            )
+    assert value(registry, UNSAFE, table="products") == 1
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    (warning,) = [line for line in lines if line["event"] == "unsafe_read_modify_write"]
+    assert warning["reason"] == "lock released before the write"
 
 
 async def test_async_engine_detects_and_finds_the_coroutine(
