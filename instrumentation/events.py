@@ -66,8 +66,9 @@ class LogEvent:
 STOCK_CHECK: Final = LogEvent(
     "stock_check",
     "info",
-    ("sku", "strategy", "available"),
-    "The stock the checkout read before deciding (``Reservation.stock_check``).",
+    ("sku", "strategy", "available", "source", "cache"),
+    "The stock the checkout read before deciding (``Reservation.stock_check``); "
+    '``source`` "cache" and the ``cache`` name when it came from a cache.',
 )
 STOCK_UPDATE: Final = LogEvent(
     "stock_update",

@@ -538,3 +538,44 @@ def test_known_label_sets_start_at_zero(registry: CollectorRegistry) -> None:
         )
         is None
     )
+
+
+def test_a_decision_from_a_stale_cache_is_named(registry: CollectorRegistry) -> None:
+    from structlog.testing import capture_logs
+
+    sentry = Sentry(registry=registry, trace=False)
+    stale = "stock_cache_stale_hit_total"
+    with capture_logs() as lines:
+        # The cache said 5; the database, read for the write, said 2.
+        with sentry.reservation("EGG-01", strategy="cached") as r:
+            r.stock_check(5, source="cache", cache="redis_stock")
+            r.success(old_stock=2, new_stock=1)
+        # The cache said 1 was there; the database refused: out of stock.
+        with sentry.reservation("EGG-01", strategy="cached") as r:
+            r.stock_check(1, source="cache", cache="redis_stock")
+            r.conflict("out_of_stock")
+        # A cache that agreed with the database, and a decision from the database itself.
+        with sentry.reservation("EGG-01", strategy="cached") as r:
+            r.stock_check(3, source="cache", cache="redis_stock")
+            r.success(old_stock=3, new_stock=2)
+        with sentry.reservation("EGG-01", strategy="atomic") as r:
+            r.stock_check(0)
+            r.conflict("out_of_stock")
+    assert value(registry, stale, cache="redis_stock") == 2
+    hits = [line for line in lines if line["event"] == "cache_stale_hit"]
+    assert [(h["cached"], h.get("actual")) for h in hits] == [(5, 2), (1, None)]
+    assert all(h["sku"] == "EGG-01" for h in hits)
+    checks = [line for line in lines if line["event"] == "stock_check"]
+    assert checks[0]["source"] == "cache"
+    assert "source" not in checks[-1]
+
+
+def test_a_bad_stock_check_source_records_nothing(
+    sentry: Sentry, registry: CollectorRegistry
+) -> None:
+    with sentry.reservation("EGG-01") as r:
+        r.stock_check(1, source="guess")
+    assert value(registry, "stocksentry_instrumentation_errors_total", component="api") == 1
+    assert (
+        value(registry, "stock_reservation_success_total", sku="EGG-01", strategy="unknown") == 0
+    )
