@@ -44,6 +44,7 @@ from .processors import (
     DEFAULT_REDACT_KEYS,
     REDACTED,
     Redactor,
+    _ContextvarsMerger,
     _JsonLines,
     _LineFields,
     _UtcMillisTimestamper,
@@ -208,7 +209,7 @@ def configure_logging(
 
     structlog.configure(
         processors=[
-            structlog.contextvars.merge_contextvars,
+            _ContextvarsMerger(),
             line_fields,
             redactor,
             renderer,
