@@ -106,7 +106,8 @@ def run_lab(
         ):
             raise LabError("the pottery Redlock needs pottery: pip install 'stocksentry[lab]'")
         if config.redis_url is not None and any(
-            config.skip_reason(name) is None and (name in REDIS_STRATEGIES or config.stale_cache)
+            config.skip_reason(name) is None
+            and (name in REDIS_STRATEGIES or name == "stale_cache" or config.stale_cache)
             for name in names
         ):
             redis_client = _connect_redis(config)
