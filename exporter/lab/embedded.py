@@ -20,6 +20,7 @@ import shutil
 import signal
 import tempfile
 import time
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -99,8 +100,11 @@ def _start_postgres(servers: EmbeddedServers) -> Any:
     pgdata = servers.folder / "pg"
     pgdata.mkdir()
     try:
-        # cleanup_mode=None: this module stops the server itself, also on Ctrl-C.
-        server = pgserver.get_server(pgdata, cleanup_mode=None)
+        with warnings.catch_warnings():
+            # platformdirs warns on machines without XDG_RUNTIME_DIR; the socket is in pgdata.
+            warnings.simplefilter("ignore")
+            # cleanup_mode=None: this module stops the server itself, also on Ctrl-C.
+            server = pgserver.get_server(pgdata, cleanup_mode=None)
     except Exception as exc:
         raise LabError(f"cannot start the embedded PostgreSQL: {exc}") from exc
     pid = server.get_pid()

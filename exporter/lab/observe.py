@@ -34,6 +34,7 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from .config import StrategyResult
 from .embedded import sigint_ignored
@@ -220,11 +221,10 @@ class Observers:
         ]
         return max(values) if values else None
 
-    def alerts_between(self, start: float, end: float) -> dict[str, dict[str, float]]:
-        """Alerts pending or firing between ``start`` and ``end`` (Unix times): for each,
-        its worst state and the first time it reached it."""
+    def alert_series(self, start: float, end: float) -> list[AlertSeries]:
+        """Every alert series pending or firing between two Unix times (``ALERTS``)."""
         if self.prometheus_port is None:
-            return {}
+            return []
         query = urllib.parse.urlencode(
             {"query": "ALERTS", "start": f"{start:.3f}", "end": f"{end:.3f}", "step": "1"}
         )
@@ -232,47 +232,92 @@ class Observers:
         try:
             data = json.loads(_get(url))
         except (OSError, ValueError):
-            return {}
-        seen: dict[str, dict[str, float]] = {}
+            return []
+        found = []
         for series in data.get("data", {}).get("result", []):
-            metric = series.get("metric", {})
-            name, state = metric.get("alertname", ""), metric.get("alertstate", "")
+            labels = dict(series.get("metric", {}))
             times = [float(t) for t, value in series.get("values", []) if value == "1"]
-            if not name or not times:
-                continue
-            rank = 2 if state == "firing" else 1
-            now = seen.get(name)
-            if now is None or rank > now["rank"] or (rank == now["rank"] and times[0] < now["at"]):
-                seen[name] = {"rank": rank, "at": min(times)}
-        return seen
+            if labels.get("alertname") and times:
+                found.append(AlertSeries(labels, min(times)))
+        return found
 
     def annotate(self, results: list[StrategyResult]) -> list[StrategyResult]:
-        """Each result with the exporter's figures for its SKU and the alerts that went
-        pending or firing during its sale (Prometheus), timed from its first oversell."""
+        """Each result with the exporter's figures for its SKU and its alerts.
+
+        An alert series belongs to the strategy its ``sku`` or ``lock`` label names;
+        one without either (``table``, a ratio) to the strategy whose sale was running
+        when it first went pending, give or take the scrape and probe delay. Its time is
+        counted from the strategy's first oversell, or from the start of its sale when it
+        oversold nothing.
+        """
         self.read_exporter()
+        ran = [r for r in results if r.skipped is None]
+        if not ran:
+            return results
+        if self.prometheus_port is not None:
+            # One more evaluation round after the last probe round was scraped.
+            time.sleep(1.5)
+        series = self.alert_series(ran[0].started_at - 2, time.time())
+        owner: dict[int, str] = {}
+        for index, each in enumerate(series):
+            owner[index] = _owner(each, ran)
         annotated = []
-        for index, result in enumerate(results):
+        for result in results:
             if result.skipped is not None:
                 annotated.append(result)
                 continue
             probes = dict(self.figures.get(result.sku, {}))
-            # A strategy's window: its sale, up to the next one's start.
-            later = [r.started_at for r in results[index + 1 :] if r.skipped is None]
-            end = later[0] if later else time.time()
-            waiters = self.max_between("stock_db_lock_waiters", result.started_at, end)
+            position = ran.index(result)
+            later = ran[position + 1].started_at if position + 1 < len(ran) else time.time()
+            waiters = self.max_between(
+                "stock_db_lock_waiters", result.started_at + 1, min(later, result.ended_at) + 2
+            )
             if waiters is not None:
                 probes["stock_db_lock_waiters"] = waiters
-            seen = self.alerts_between(result.started_at, end)
             origin = result.first_oversell_at or result.started_at
-            alerts = {
-                name: {
-                    "state": "firing" if entry["rank"] == 2 else "pending",
-                    "after_s": round(max(0.0, entry["at"] - origin), 1),
-                }
-                for name, entry in sorted(seen.items())
-            }
-            annotated.append(dataclasses.replace(result, alerts=alerts, probes=probes))
+            alerts: dict[str, dict[str, Any]] = {}
+            for number, each in enumerate(series):
+                if owner[number] != result.strategy:
+                    continue
+                name = each.labels["alertname"]
+                state = each.labels.get("alertstate", "pending")
+                after = round(max(0.0, each.first - origin), 1)
+                now = alerts.get(name)
+                if now is None or (state == "firing" and now["state"] != "firing"):
+                    alerts[name] = {"state": state, "after_s": after}
+                elif state == now["state"]:
+                    now["after_s"] = min(now["after_s"], after)
+            annotated.append(
+                dataclasses.replace(result, alerts=dict(sorted(alerts.items())), probes=probes)
+            )
         return annotated
+
+
+@dataclass(frozen=True, slots=True)
+class AlertSeries:
+    """One ``ALERTS`` series: its labels, and when (Unix time) it was first active."""
+
+    labels: dict[str, str]
+    first: float
+
+
+#: The delay between a sale's event and an alert evaluated on it: scrape and probe rounds.
+ATTRIBUTION_LAG_S = 1.0
+
+
+def _owner(series: AlertSeries, ran: list[StrategyResult]) -> str:
+    """The strategy an alert series belongs to (see :meth:`Observers.annotate`)."""
+    sku = series.labels.get("sku")
+    lock = series.labels.get("lock")
+    for result in ran:
+        if sku == result.sku or lock == result.strategy:
+            return result.strategy
+    when = series.first - ATTRIBUTION_LAG_S
+    chosen = ran[0].strategy
+    for result in ran:
+        if result.started_at <= when:
+            chosen = result.strategy
+    return chosen
 
 
 def _start_exporter(watch: Observers, database_url: str, skus: list[str]) -> None:

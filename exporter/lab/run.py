@@ -70,12 +70,14 @@ def run_lab(
     *,
     registry: CollectorRegistry | None = None,
     progress: ProgressSink | None = None,
+    database: str | None = None,
 ) -> list[StrategyResult]:
     """Run every configured strategy in turn and return one result each, in order.
 
     A strategy that cannot run (a Redis strategy without ``redis_url``) is returned as
     skipped, with the reason. ``registry`` receives the lab's metrics (a fresh one when
-    ``None``); serve it with :func:`serve_metrics` to scrape the run live. Raises
+    ``None``); serve it with :func:`serve_metrics` to scrape the run live. ``database``
+    names the database in progress and errors (default: the URL without password). Raises
     :class:`LabError` when the database or Redis cannot be reached or prepared.
     """
     registry = registry if registry is not None else CollectorRegistry()
@@ -86,7 +88,7 @@ def run_lab(
         url = sa.make_url(f"sqlite:///{Path(temp_dir) / 'lab.db'}")
     else:
         url = normalize_url(config.database_url)
-    shown = describe_database(config)
+    shown = database if database is not None else describe_database(config)
     engine: Engine | None = None
     side: Engine | None = None
     redis_client: Any = None
