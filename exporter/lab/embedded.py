@@ -20,6 +20,7 @@ import shutil
 import signal
 import tempfile
 import time
+import urllib.parse
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -91,7 +92,10 @@ def _stop_pids(pids: list[tuple[int, int]]) -> None:
 
 def _start_postgres(servers: EmbeddedServers) -> Any:
     try:
-        import pgserver
+        with warnings.catch_warnings():
+            # platformdirs warns on machines without XDG_RUNTIME_DIR; the socket is in pgdata.
+            warnings.simplefilter("ignore")
+            import pgserver
     except ImportError as exc:
         raise LabError(
             "the embedded PostgreSQL needs pgserver: pip install 'stocksentry[lab]'"
@@ -110,12 +114,17 @@ def _start_postgres(servers: EmbeddedServers) -> Any:
     pid = server.get_pid()
     if pid is not None:
         servers.pids.append((int(pid), signal.SIGQUIT))
-    # The socket folder is pgdata itself; psycopg 3 through SQLAlchemy.
-    servers.database_url = f"postgresql+psycopg://postgres@/postgres?host={pgdata}"
+    # pgserver puts the socket in pgdata, or in a shorter folder when that path is too long
+    # for a unix socket: take its host from the URI it gives. psycopg 3 through SQLAlchemy.
+    query = urllib.parse.parse_qs(urllib.parse.urlsplit(server.get_uri()).query)
+    socket_dir = query.get("host", [str(pgdata)])[0]
+    servers.database_url = "postgresql+psycopg://postgres@/postgres?" + urllib.parse.urlencode(
+        {"host": socket_dir}
+    )
     try:
         import psycopg
 
-        with psycopg.connect(host=str(pgdata), user="postgres", dbname="postgres") as conn:
+        with psycopg.connect(host=socket_dir, user="postgres", dbname="postgres") as conn:
             conn.autocommit = True
             # This server is the lab's own: a waiter looks for a deadlock after 20 ms
             # instead of 1 s, so the deadlock scenario takes a second, not a minute.

@@ -112,6 +112,20 @@ def _wait_http(url: str, proc: subprocess.Popen[bytes], what: str) -> None:
     raise RuntimeError(f"{what} did not answer {url} within {START_TIMEOUT_S:g} s")
 
 
+def _wait_scraped(port: int, targets: int, proc: subprocess.Popen[bytes]) -> None:
+    """Wait until every target was scraped once and a rule round ran on it, so that the
+    rules about absent targets do not go pending on an empty start."""
+    query = urllib.parse.urlencode({"query": "up == 1"})
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline and proc.poll() is None:
+        with contextlib.suppress(OSError, ValueError):
+            data = json.loads(_get(f"http://127.0.0.1:{port}/api/v1/query?{query}"))
+            if len(data.get("data", {}).get("result", [])) >= targets:
+                time.sleep(1.2)  # one evaluation round on the scraped targets
+                return
+        time.sleep(0.2)
+
+
 def _stop(proc: subprocess.Popen[bytes]) -> None:
     if proc.poll() is None:
         proc.terminate()
@@ -257,7 +271,7 @@ class Observers:
         if self.prometheus_port is not None:
             # One more evaluation round after the last probe round was scraped.
             time.sleep(1.5)
-        series = self.alert_series(ran[0].started_at - 2, time.time())
+        series = self.alert_series(ran[0].started_at, time.time())
         owner: dict[int, str] = {}
         for index, each in enumerate(series):
             owner[index] = _owner(each, ran)
@@ -375,6 +389,7 @@ def _start_prometheus(watch: Observers, lab_port: int) -> None:
     watch.procs.append(proc)
     _wait_http(f"http://127.0.0.1:{port}/-/ready", proc, "Prometheus")
     watch.prometheus_port = port
+    _wait_scraped(port, len(targets), proc)
     watch.prometheus_note = (
         f"Prometheus evaluated {RULES_FILE} (unchanged) every {INTERVAL}, scraping the lab"
         f" and the exporter every {INTERVAL}"

@@ -192,7 +192,7 @@ def format_summary(
         *_caught_blocks(results, evaluated, watched, width),
         "",
     ]
-    skipped = [f"{r.strategy}: skipped, {r.skipped}" for r in results if r.skipped is not None]
+    skipped = [f"{r.strategy}  skipped: {r.skipped}" for r in results if r.skipped is not None]
     details = ["details:"]
     for r in results:
         if r.skipped is not None:
