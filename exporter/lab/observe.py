@@ -31,7 +31,7 @@ import sys
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -63,6 +63,24 @@ EXPORTER_FIGURES = {
     "stock_outbox_pending_events": "outbox pending",
     "stock_db_lock_waiters": "lock waiters",
 }
+#: The exporter's figures without a sku label, and which strategies' rows (by SQL) they
+#: count: a strategy shows the figure when it is the only one.
+SHOP_WIDE: dict[str, Callable[[StrategyResult], bool]] = {
+    "stock_negative_inventory_units": lambda r: r.final_stock < 0,
+    "stock_duplicate_order_keys": lambda r: r.db.duplicate_keys > 0,
+}
+#: The alerts without a sku or lock label, and the strategies (by SQL and the lab's own
+#: counts) that can raise them: such an alert belongs to the last of these whose sale had
+#: started when it went active.
+CAUSES: dict[str, Callable[[StrategyResult], bool]] = {
+    "StockNegativeInventory": lambda r: r.final_stock < 0,
+    "StockDuplicateOrders": lambda r: r.db.duplicate_keys > 0,
+    "StockUnsafeReadModifyWrite": lambda r: bool(r.unsafe_read_modify_write),
+    "StockDeadlocksIncreasing": lambda r: r.deadlocks > 0,
+    "StockOutboxLag": lambda r: r.outbox_unpublished > 0,
+}
+#: How long the lab waits for the exporter's probes to report a first success.
+PROBES_UP_WAIT_S = 5.0
 #: How long the processes get to come up.
 START_TIMEOUT_S = 20.0
 
@@ -113,17 +131,28 @@ def _wait_http(url: str, proc: subprocess.Popen[bytes], what: str) -> None:
 
 
 def _wait_scraped(port: int, targets: int, proc: subprocess.Popen[bytes]) -> None:
-    """Wait until every target was scraped once and a rule round ran on it, so that the
-    rules about absent targets do not go pending on an empty start."""
-    query = urllib.parse.urlencode({"query": "up == 1"})
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline and proc.poll() is None:
+    """Wait until every target was scraped once, and (a few seconds at most) until every
+    probe has had a first success, then one rule round: so that the rules about absent
+    targets and probes down do not go pending on an empty start."""
+
+    def count(expr: str) -> int | None:
+        query = urllib.parse.urlencode({"query": expr})
         with contextlib.suppress(OSError, ValueError):
             data = json.loads(_get(f"http://127.0.0.1:{port}/api/v1/query?{query}"))
-            if len(data.get("data", {}).get("result", [])) >= targets:
-                time.sleep(1.2)  # one evaluation round on the scraped targets
-                return
+            return len(data.get("data", {}).get("result", []))
+        return None
+
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline and proc.poll() is None:
+        if (count("up == 1") or 0) >= targets:
+            break
         time.sleep(0.2)
+    deadline = time.monotonic() + PROBES_UP_WAIT_S
+    while time.monotonic() < deadline and proc.poll() is None:
+        if count("stocksentry_probe_up == 0") == 0:
+            break
+        time.sleep(0.2)
+    time.sleep(1.2)  # one evaluation round on the scraped targets
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
@@ -150,7 +179,8 @@ def exporter_config(database_url: str, port: int, skus: list[str]) -> str:
             "database": {"url": _libpq_url(database_url), "leader_election": False},
             "schema": {
                 "products": {"allocation": "initial_stock"},
-                "orders": {"idempotency_key": "idempotency_key"},
+                # A resubmit repeats the external reference and the idempotency key: the
+                # reference alone counts each duplicated intent once, as reconcile does.
                 "outbox": {
                     "table": "outbox",
                     "created_at": "created_at",
@@ -188,8 +218,9 @@ class Observers:
     exporter_note: str = ""
     prometheus_note: str = ""
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
-    #: The exporter's figures after each strategy, keyed by strategy.
+    #: The exporter's figures per SKU, and its shop-wide ones (no sku label).
     figures: dict[str, dict[str, float]] = field(default_factory=dict)
+    shop: dict[str, float] = field(default_factory=dict)
 
     def read_exporter(self) -> None:
         """Wait for a probe round that began after the sales, then keep the exporter's
@@ -209,30 +240,35 @@ class Observers:
             label = dict(labels)
             sku = label.get("sku")
             if sku is None:
-                # Outbox figures carry no sku: they are the outbox scenario's.
+                self.shop[name] = max(self.shop.get(name, 0.0), value)
+                # The outbox figures carry no sku: only the outbox scenario writes events.
                 if not name.startswith("stock_outbox"):
                     continue
                 sku = sku_for("outbox")
             figures = self.figures.setdefault(sku, {})
             figures[name] = max(figures.get(name, 0.0), value)
 
-    def max_between(self, expr: str, start: float, end: float) -> float | None:
-        """The highest value of ``expr`` between two Unix times, from Prometheus."""
-        if self.prometheus_port is None:
-            return None
+    def _values(self, expr: str, start: float, end: float) -> list[float]:
+        """The values of ``max(expr)`` between two Unix times, every half second."""
+        if self.prometheus_port is None or end <= start:
+            return []
         query = urllib.parse.urlencode(
-            {"query": f"max({expr})", "start": f"{start:.3f}", "end": f"{end:.3f}", "step": "1"}
+            {"query": f"max({expr})", "start": f"{start:.3f}", "end": f"{end:.3f}", "step": "0.5"}
         )
         url = f"http://127.0.0.1:{self.prometheus_port}/api/v1/query_range?{query}"
         try:
             data = json.loads(_get(url))
         except (OSError, ValueError):
-            return None
-        values = [
+            return []
+        return [
             float(v)
             for series in data.get("data", {}).get("result", [])
             for _t, v in series.get("values", [])
         ]
+
+    def max_between(self, expr: str, start: float, end: float) -> float | None:
+        """The highest value of ``expr`` between two Unix times, from Prometheus."""
+        values = self._values(expr, start, end)
         return max(values) if values else None
 
     def alert_series(self, start: float, end: float) -> list[AlertSeries]:
@@ -259,8 +295,8 @@ class Observers:
         """Each result with the exporter's figures for its SKU and its alerts.
 
         An alert series belongs to the strategy its ``sku`` or ``lock`` label names;
-        one without either (``table``, a ratio) to the strategy whose sale was running
-        when it first went pending, give or take the scrape and probe delay. Its time is
+        one without either (``table``, a shop-wide figure) to the strategy that caused
+        it (:func:`_owner`). Its time is
         counted from the strategy's first oversell, or from the start of its sale when it
         oversold nothing.
         """
@@ -288,6 +324,11 @@ class Observers:
             )
             if waiters is not None:
                 probes["stock_db_lock_waiters"] = waiters
+            for name, signal in SHOP_WIDE.items():
+                # A shop-wide figure is this strategy's when SQL says only its SKU has it.
+                holders = [r for r in ran if signal(r)]
+                if holders == [result] and name in self.shop:
+                    probes[name] = self.shop[name]
             origin = result.first_oversell_at or result.started_at
             alerts: dict[str, dict[str, Any]] = {}
             for number, each in enumerate(series):
@@ -315,20 +356,24 @@ class AlertSeries:
     first: float
 
 
-#: The delay between a sale's event and an alert evaluated on it: scrape and probe rounds.
-ATTRIBUTION_LAG_S = 1.0
-
-
 def _owner(series: AlertSeries, ran: list[StrategyResult]) -> str:
-    """The strategy an alert series belongs to (see :meth:`Observers.annotate`)."""
+    """The strategy an alert series belongs to (see :meth:`Observers.annotate`).
+
+    By its ``sku`` or ``lock`` label when it has one; otherwise, among the strategies
+    that can cause it (:data:`CAUSES`), the last whose sale had started when the alert
+    went active; for any other alert (the error budget, the exporter's health) the last
+    strategy whose sale had started a second before.
+    """
     sku = series.labels.get("sku")
     lock = series.labels.get("lock")
     for result in ran:
         if sku == result.sku or lock == result.strategy:
             return result.strategy
-    when = series.first - ATTRIBUTION_LAG_S
-    chosen = ran[0].strategy
-    for result in ran:
+    cause = CAUSES.get(series.labels.get("alertname", ""))
+    candidates = [r for r in ran if cause(r)] if cause is not None else []
+    when = series.first if candidates else series.first - 1.0
+    chosen = (candidates or ran)[0].strategy
+    for result in candidates or ran:
         if result.started_at <= when:
             chosen = result.strategy
     return chosen
