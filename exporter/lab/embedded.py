@@ -113,7 +113,7 @@ def _start_postgres(servers: EmbeddedServers) -> Any:
         with warnings.catch_warnings():
             # platformdirs warns on machines without XDG_RUNTIME_DIR; the socket is in pgdata.
             warnings.simplefilter("ignore")
-            import pgserver
+            from pgserver import postgres_server
     except ImportError as exc:
         raise LabError(
             "the embedded PostgreSQL needs pgserver: pip install 'stocksentry[lab]'"
@@ -127,7 +127,7 @@ def _start_postgres(servers: EmbeddedServers) -> Any:
             # platformdirs warns on machines without XDG_RUNTIME_DIR; the socket is in pgdata.
             warnings.simplefilter("ignore")
             # cleanup_mode=None: this module stops the server itself, also on Ctrl-C.
-            server = pgserver.get_server(pgdata, cleanup_mode=None)
+            server = postgres_server.get_server(pgdata, cleanup_mode=None)
     except Exception as exc:
         raise LabError(f"cannot start the embedded PostgreSQL: {exc}") from exc
     pid = server.get_pid()
