@@ -399,6 +399,10 @@ def _run(args: argparse.Namespace, registry: CollectorRegistry) -> int:
         bound = stack.enter_context(serve_metrics(registry, port)) if port is not None else None
         watch = None
         if watch_on:
+            if database_url is not None and config.on_postgres:
+                from .shop import create_tables
+
+                create_tables(database_url)
             if not args.quiet:
                 say(err, "starting the exporter and Prometheus beside the lab...")
             folder = Path(tempfile.mkdtemp(prefix="stocksentry-demo-watch-"))

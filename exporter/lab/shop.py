@@ -41,6 +41,7 @@ __all__ = [
     "Shop",
     "connect_and_prepare",
     "create_engine",
+    "create_tables",
     "first_line",
     "idempotency_keys",
     "metadata",
@@ -396,6 +397,20 @@ def prepare_product(engine: Engine, sku: str, stock: int) -> int:
             conn.execute(idempotency_keys.delete().where(idempotency_keys.c.sku == sku))
             conn.execute(outbox.delete().where(outbox.c.sku == sku))
     return int(product_id)
+
+
+def create_tables(database_url: str) -> None:
+    """Create the shop's tables ahead of the run (for the exporter, which probes them from
+    its start). Raises :class:`LabError` when the database cannot be reached."""
+    url = normalize_url(database_url)
+    engine = create_engine(url, 1)
+    try:
+        metadata.create_all(engine)
+    except sa.exc.SQLAlchemyError as exc:
+        shown = url.render_as_string(hide_password=True)
+        raise LabError(f"cannot create the lab tables in {shown}: {first_line(exc)}") from exc
+    finally:
+        engine.dispose()
 
 
 def connect_and_prepare(engine: Engine, shown: str, concurrency: int) -> None:
