@@ -274,7 +274,7 @@ class LiveProgress:
             self._fallback = StderrProgress(stream, tty=False, header=tuple(header))
             return
         from rich.console import Console
-        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+        from rich.progress import BarColumn, Progress, TextColumn
 
         self._console = Console(file=stream, width=min(WIDTH, Console(file=stream).width))
         self._header = tuple(header)
@@ -283,13 +283,13 @@ class LiveProgress:
             BarColumn(bar_width=20),
             TextColumn("{task.completed:>5.0f}/{task.total:<5.0f}"),
             TextColumn("{task.fields[sold]}"),
-            TimeElapsedColumn(),
+            TextColumn("{task.fields[secs]}"),
             console=self._console,
             transient=False,
             refresh_per_second=8,
         )
         self._tasks = {
-            name: self._bars.add_task(name, total=total, start=False, sold="")
+            name: self._bars.add_task(name, total=total, start=False, sold="", secs="")
             for name in strategies
         }
 
@@ -305,7 +305,7 @@ class LiveProgress:
         task = self._tasks.get(p.strategy)
         if task is None:
             task = self._tasks[p.strategy] = self._bars.add_task(
-                p.strategy, total=p.total, sold=""
+                p.strategy, total=p.total, sold="", secs=""
             )
         self._bars.start_task(task)
         self._bars.update(
@@ -313,6 +313,7 @@ class LiveProgress:
             total=p.total,
             completed=p.done,
             sold=f"sold {p.sold:>5}",
+            secs=f"{p.elapsed_s:5.1f} s",
         )
 
     def update(self, progress: Progress) -> None:

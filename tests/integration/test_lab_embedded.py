@@ -293,3 +293,24 @@ def check_sigint(tmp_path: Path, tmp: Path) -> None:
         time.sleep(0.1)
     assert leftovers(tmp) == []
     assert list(tmp.iterdir()) == []
+
+
+def test_without_prometheus_the_demo_runs_and_says_so(tmp_path: Path) -> None:
+    # A PATH with only the interpreter's folder: no prometheus binary to be found.
+    with demo_tmp() as tmp:
+        env = {**demo_env(tmp), "PATH": str(Path(sys.executable).parent)}
+        done = subprocess.run(
+            [*CLI, "demo", *SIZES, "--strategy", "unsafe,atomic"],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stderr
+        assert list(tmp.iterdir()) == []
+    words = " ".join(done.stdout.split())
+    assert "alerts: alerts not evaluated: no prometheus binary" in words
+    assert words.count("alerts not evaluated") >= 3  # the note and one per strategy
+    # The exporter still ran on the embedded database.
+    assert "exporter oversold" in words
