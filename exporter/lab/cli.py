@@ -414,7 +414,14 @@ def _run(args: argparse.Namespace, registry: CollectorRegistry) -> int:
         if not args.quiet:
             progress = LiveProgress(err, config.strategy_names, total=config.buyers, header=header)
             stack.callback(progress.close)
-        results = run_lab(config, registry=registry, progress=progress, database=shown_db)
+        results = run_lab(
+            config,
+            registry=registry,
+            progress=progress,
+            database=shown_db,
+            # One scrape of the counters at zero before the first sale (see prime_counters).
+            settle_s=1.2 if watch is not None and watch.prometheus_port is not None else 0.0,
+        )
         if progress is not None:
             progress.close()
         notes: list[str] = []

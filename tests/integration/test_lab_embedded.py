@@ -30,7 +30,7 @@ from stocksentry.exporter.lab.names import SAFE_STRATEGIES, STRATEGY_NAMES
 pytestmark = pytest.mark.integration
 CLI = [sys.executable, "-m", "stocksentry.exporter"]
 # Small enough to keep the run short, large enough that every failure mode shows.
-SIZES = ["--buyers", "120", "--stock", "20", "--concurrency", "12", "--work-ms", "5"]
+SIZES = ["--buyers", "120", "--stock", "40", "--concurrency", "12", "--work-ms", "5"]
 
 
 def demo_env(tmp: Path) -> dict[str, str]:
@@ -148,7 +148,7 @@ def test_every_strategy_runs_and_agrees_with_the_database(default_run: dict[str,
             item["negative_writes"],
             item["final_stock"],
         ), name
-        assert item["oversold"] == max(0, sql["units"] - 20)
+        assert item["oversold"] == max(0, sql["units"] - 40)
     # The unsafe ones oversell, each its own way.
     assert results["unsafe"]["oversold"] > 0
     assert results["unsafe"]["lost_updates"] > 0
@@ -159,7 +159,7 @@ def test_every_strategy_runs_and_agrees_with_the_database(default_run: dict[str,
     assert naive["locks"]["release_not_owned"] > 0
     # The safe ones and the scenarios built on the atomic update sell exactly the stock.
     for name in (*SAFE_STRATEGIES, "retry_no_key", "stale_cache", "outbox"):
-        assert (results[name]["sold"], results[name]["final_stock"]) == (20, 0), name
+        assert (results[name]["sold"], results[name]["final_stock"]) == (40, 0), name
     # Resubmits without a key double orders; with a key they are replays.
     no_key = results["retry_no_key"]
     assert no_key["db"]["duplicate_orders"] == truth(db, "LAB-RETRY_NO_KEY")["duplicates"] > 0
