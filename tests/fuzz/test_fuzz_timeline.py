@@ -216,7 +216,7 @@ def _own_line(draw: st.DrawFn) -> str:
 def test_the_one_pass_reader_agrees_with_the_general_parser(line: str) -> None:
     from stocksentry.exporter.investigate.timeline.parsing import _flat_event
 
-    fast = _flat_event(line)
+    fast = _flat_event(line, "<input>", 0, 0)
     assert fast is None or fast == parse_line(line), line
 
 
@@ -228,7 +228,7 @@ def test_the_one_pass_reader_takes_the_projects_own_lines() -> None:
         '{"event": "stock_update", "timestamp": "2026-11-29T13:41:14.262Z", "sku": "A",'
         ' "from": 1, "to": 0, "success": true, "request_id": "R1"}'
     )
-    fast = _flat_event(line)
+    fast = _flat_event(line, "<input>", 0, 0)
     assert fast is not None
     assert fast == parse_line(line)
 

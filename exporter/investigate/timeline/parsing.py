@@ -372,7 +372,7 @@ _STAMPS: dict[str, Stamp] = {}
 _STAMPS_SIZE: Final = 4096
 
 
-def _flat_event(text: str) -> Event | None:
+def _flat_event(text: str, source: str, lineno: int, file_index: int) -> Event | None:
     """The event of one of stocksentry's own JSON lines, read in one pass; else ``None``.
 
     The lines ``configure_logging`` writes (an ``event``, a ``timestamp`` such as
@@ -381,6 +381,7 @@ def _flat_event(text: str) -> Event | None:
     would, without its passes for aliases, containers and other time keys. Any other
     line, including every line with an absurd value, gives ``None``: the caller then
     parses it the general way, so what a line means never depends on this function.
+    The event comes numbered (``source``, ``lineno``, ``file_index``), dated and timed.
     """
     try:
         record, end = _raw_decode(text)
@@ -388,8 +389,10 @@ def _flat_event(text: str) -> Event | None:
         return None
     if end != len(text) or type(record) is not dict:
         return None
-    keys = record.keys()
-    if not keys.isdisjoint(_SLOW_KEYS) or not set(map(type, record.values())) <= _FLAT_TYPES:
+    # issuperset(iterator) tests each type without building a set of them.
+    if not record.keys().isdisjoint(_SLOW_KEYS) or not _FLAT_TYPES.issuperset(
+        map(type, record.values())
+    ):
         return None
     pop = record.pop
     name = pop("event", None)
@@ -410,14 +413,13 @@ def _flat_event(text: str) -> Event | None:
     name = name.strip()
     if not name:
         return None
-    if not keys.isdisjoint(_DROP_KEYS):
-        for key in keys & _DROP_KEYS:
-            del record[key]
-    if not keys.isdisjoint(_NUMBER_KEY_SET):
-        for key in keys & _NUMBER_KEY_SET:
-            value = record[key]
-            if type(value) is int and not -MAX_NUMBER <= value <= MAX_NUMBER:
-                return None
+    # frozenset.intersection(dict) walks the line's dozen keys: no set of them is built.
+    for key in _DROP_KEYS.intersection(record):
+        del record[key]
+    for key in _NUMBER_KEY_SET.intersection(record):
+        value = record[key]
+        if type(value) is int and not -MAX_NUMBER <= value <= MAX_NUMBER:
+            return None
     ids = (
         pop("sku", None),
         pop("request_id", None),
@@ -426,7 +428,7 @@ def _flat_event(text: str) -> Event | None:
         pop("payment_reference", None),
         pop("trace_id", None),
     )
-    if not set(map(type, ids)) <= _ID_TYPES:
+    if not _ID_TYPES.issuperset(map(type, ids)):
         return None
     # No id of a line this short can be longer than MAX_ID.
     if len(text) > MAX_ID and any(value is not None and len(value) > MAX_ID for value in ids):
@@ -444,6 +446,9 @@ def _flat_event(text: str) -> Event | None:
         payment_reference or None,
         trace_id or None,
         record,
+        source,
+        lineno,
+        file_index,
     )
 
 
@@ -554,9 +559,15 @@ def read_events(
         text = raw.strip()
         if not text:
             continue
-        event = flat_event(text) if text[0] == "{" else None
-        if event is None:
-            event = parse_stripped(text)
+        if text[0] == "{":
+            event = flat_event(text, source, lineno, file_index)
+            if event is not None:
+                # Dated and timed: nothing of the line before it to take.
+                last_ts = event.ts
+                last_dated = True
+                yield event
+                continue
+        event = parse_stripped(text)
         if event is None:
             stats.skip(source, lineno)
             continue
