@@ -13,9 +13,10 @@ are written once and cached in the temp directory (``--cache``).
 Each run is a child process (``stocksentry timeline --format json FILE``); its wall time
 is measured around it, and its CPU time (user + system) and peak RSS come from
 ``os.wait4``'s resource usage of that child alone. On a machine shared with other work
-the wall time follows the load; the CPU time much less so. ``--save DIR`` keeps each size's JSON report, ``--compare DIR`` checks that
-the reports are the same as ones saved before (exit status 1 when they differ): the way
-to show a change keeps the findings exact.
+the wall time follows the load; the CPU time much less so. ``--save DIR`` keeps each
+size's JSON report, ``--compare DIR`` checks that the reports are the same as ones saved
+before (exit status 1 when they differ): the way to show a change keeps the findings
+exact.
 
 ``--before DIR`` also runs an older copy of the ``timeline`` package (a directory such as
 ``git archive``'s of ``exporter/investigate/timeline``) in the same rounds, alternating
