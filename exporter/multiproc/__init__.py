@@ -109,10 +109,19 @@ What each makes of the same directory with one defect (successes summed over SKU
 
 So ours is kept: it is about 2.4 times faster per merge and 1.8 times per text scrape,
 and it is the only one of the two that serves a scrape through a bad file, drops the
-gauges of killed workers and carries exemplars. The module is split in four so that no
-part passes 500 lines: :mod:`.files` (names, the binary layout, reading one file),
-:mod:`.merge` (one scrape's merge), :mod:`.exemplars` (reading the workers' exemplar files),
-and this module (the collector).
+gauges of killed workers and carries exemplars.
+
+Worker churn. A pre-fork server recycling its workers leaves every dead worker's files
+for ever; with ``compact_dead=True`` (and ``check_pids``: the app's PID namespace) the
+collector folds them into ``<type>[_<mode>]_compacted.db`` and
+``exemplars_compacted.mmap`` (:mod:`.compaction`, which says what happens to each gauge
+mode and why it is safe against concurrent scrapes, crashes and pid reuse). Scrapes hold
+a shared ``flock`` on the directory's compaction lock while they list and read.
+
+The module is split so that no part passes 500 lines: :mod:`.files` (names, the binary
+layout, reading one file), :mod:`.merge` (one scrape's merge), :mod:`.exemplars` (reading
+the workers' exemplar files), :mod:`.compaction` (dead workers' files), and this module
+(the collector).
 
 Example::
 
@@ -317,8 +326,8 @@ class MultiprocessDirCollector:
         try:
             self._next_compaction = now + self.compact_interval
             self.compact()
-        except OSError as exc:
-            # Never the scrape's failure: the files stay as they are, merged as before.
+        except Exception as exc:  # whatever it is, never the scrape's failure
+            # The files stay as they are (or as the manifest says), merged as before.
             _log.warning("compaction of %s failed: %s", self.path, exc)
         finally:
             self._compact_lock.release()

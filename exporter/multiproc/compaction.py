@@ -203,6 +203,16 @@ def _dead_pid(name: str) -> str | None:
     return pid if pid is not None and pid.isdigit() else None
 
 
+def _is_staged(name: str) -> bool:
+    """Whether ``name`` is a dead pid's file renamed by a compaction."""
+    if name.endswith(".db"):
+        parsed = parse_name(name)
+        pid = parsed.pid if parsed is not None else None
+    else:
+        pid = exemplar_pid(name)
+    return pid is not None and staged(pid)
+
+
 def _staged_name(name: str, token: str) -> str:
     stem, dot, suffix = name.rpartition(".")
     return f"{stem}{_STAGED}{token}{dot}{suffix}"
@@ -432,7 +442,7 @@ class _Compactor:
             elif name.endswith(f"_{COMPACTED}.db"):
                 with contextlib.suppress(FileNotFoundError, SkipFile):
                     included |= manifest_of(read_entries(self.path(name)))[1]
-        leftovers = [n for n in names if _STAGED in n and not n.endswith(".corrupt")]
+        leftovers = [n for n in names if _is_staged(n)]
         for name in leftovers:
             if name in included:
                 with contextlib.suppress(FileNotFoundError):
