@@ -146,7 +146,15 @@ from typing import Final
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from stocksentry.instrumentation import catalog
 
-from .compaction import COMPACTED, Compaction, compact, manifest_of, scrape_lock, staged
+from .compaction import (
+    COMPACTED,
+    MAX_PIDS,
+    Compaction,
+    compact,
+    manifest_of,
+    scrape_lock,
+    staged,
+)
 from .exemplars import exemplar_pid, read_exemplars
 from .files import (
     GAUGE_MODES,
@@ -294,8 +302,9 @@ class MultiprocessDirCollector:
         self._missing_logged = False
         return names
 
-    def compact(self) -> Compaction:
-        """Compact the files of dead pids now (see :mod:`.compaction`); what was done.
+    def compact(self, *, max_pids: int = MAX_PIDS) -> Compaction:
+        """Compact the files of at most ``max_pids`` dead pids now (see
+        :mod:`.compaction`); what was done.
 
         Unreadable files of dead pids are counted in the skipped-files counter, like a
         scrape counts them. Refused (``ValueError``) without ``check_pids``.
@@ -303,7 +312,7 @@ class MultiprocessDirCollector:
         if not self.check_pids:
             raise ValueError("compaction needs check_pids (the app's PID namespace)")
         try:
-            result = compact(self.path, self._key_of)
+            result = compact(self.path, self._key_of, max_pids=max_pids)
         except FileNotFoundError:
             return Compaction(ran=False)
         for reason, count in result.skipped.items():

@@ -105,6 +105,7 @@ from .files import (
 __all__ = [
     "COMPACTED",
     "LOCK_NAME",
+    "MAX_PIDS",
     "Compaction",
     "compact",
     "manifest_of",
@@ -112,6 +113,8 @@ __all__ = [
     "staged",
 ]
 
+#: Dead pids compacted per run at most (a run over 100 of them takes a few hundred ms).
+MAX_PIDS: Final = 100
 #: The "pid" of the compacted files: ``counter_compacted.db``.
 COMPACTED: Final = "compacted"
 LOCK_NAME: Final = ".stocksentry-compaction.lock"
@@ -295,8 +298,9 @@ def _fold(target: dict[bytes, tuple[float, float]], mode: str, entries: Entries)
 
 
 class _Compactor:
-    def __init__(self, directory: str, check_key: Callable[[bytes], Key]) -> None:
+    def __init__(self, directory: str, check_key: Callable[[bytes], Key], max_pids: int) -> None:
         self.directory = directory
+        self.max_pids = max_pids
         self.check_key = check_key
         self.result = Compaction()
         self.token = secrets.token_hex(6)
@@ -448,7 +452,22 @@ class _Compactor:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(self.path(name))
         leftovers = [n for n in leftovers if n not in included]
-        dead = [n for n in names if _dead_pid(n) is not None and not pid_alive(_dead_pid(n) or "")]
+        # The dead pids, at most max_pids of them per run: a scrape that compacts a
+        # directory of a thousand dead workers at once would outlast its timeout.
+        alive: dict[str, bool] = {}
+        dead: list[str] = []
+        dead_pids = 0
+        for name in names:
+            pid = _dead_pid(name)
+            if pid is None:
+                continue
+            if pid not in alive:
+                if dead_pids >= self.max_pids:
+                    continue
+                alive[pid] = pid_alive(pid)
+                dead_pids += not alive[pid]
+            if not alive[pid]:
+                dead.append(name)
         by_kind: dict[tuple[str, str], list[str]] = {}
         exemplar_files: list[str] = []
         for name in [*leftovers, *self.stage(dead)]:
@@ -466,8 +485,16 @@ class _Compactor:
             self.compact_exemplars(exemplar_files)
 
 
-def compact(directory: str | os.PathLike[str], check_key: Callable[[bytes], Key]) -> Compaction:
+def compact(
+    directory: str | os.PathLike[str],
+    check_key: Callable[[bytes], Key],
+    *,
+    max_pids: int = MAX_PIDS,
+) -> Compaction:
     """Compact the files of the dead pids of ``directory`` (see the module docstring).
+
+    At most ``max_pids`` dead pids are compacted per call (the rest at the next one), so
+    that one call stays short when a directory holds thousands of them.
 
     ``check_key`` validates one key (raises :class:`SkipFile`); a file with a bad key is
     set aside like a torn one. Returns what was done; ``ran`` is false when another
@@ -489,7 +516,7 @@ def compact(directory: str | os.PathLike[str], check_key: Callable[[bytes], Key]
             raise
         if not os.access(path, os.W_OK):
             return Compaction(ran=False)
-        compactor = _Compactor(path, check_key)
+        compactor = _Compactor(path, check_key, max(max_pids, 1))
         compactor.run()
         return compactor.result
     finally:

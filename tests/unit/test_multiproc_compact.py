@@ -351,3 +351,15 @@ def test_scrapes_compact_at_most_once_per_interval(workers: Workers) -> None:
     second = rows(collector.collect())  # within the interval: merged, not compacted
     assert len(list(workers.path.glob("counter_*.db"))) == 2
     assert second != first
+
+
+def test_one_compaction_takes_at_most_max_pids_dead_pids(workers: Workers, tmp_path: Path) -> None:
+    (dead,) = workers.start([0])
+    _dead_copies(workers.path, workers.path / f"counter_{dead.pid}.db", 4)
+    before = total(scrape(workers.path))
+    collector = MultiprocessDirCollector(workers.path, compact_dead=True)
+
+    done = [len(collector.compact(max_pids=2).pids) for _ in range(4)]
+
+    assert done == [2, 2, 1, 0]
+    assert total(scrape(workers.path)) == before == 5 * sum(1 + j * 0.5 for j in range(3))
