@@ -20,9 +20,17 @@ check, then exit.
    reader makes of them. The FIFO case runs in a daemon thread with a timeout, since a
    reader that opens it blocks.
 
+3. Worker churn (``--recycled N``, 1,000 by default; 0 skips it): a directory of 4 live
+   workers and N dead ones (one real worker that exited, its files copied under N pids
+   that no process can have), ``--recycled-skus`` (20) SKUs each: the median scrape
+   (text, and OpenMetrics with exemplars) before and after
+   :meth:`~stocksentry.exporter.multiproc.MultiprocessDirCollector.compact`, which is
+   timed once; the samples must be the same after as before.
+
 Run::
 
     python benchmarks/bench_multiproc.py [--workers 8] [--skus 200] [--repeats 15]
+        [--recycled 1000] [--recycled-skus 20]
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ from __future__ import annotations
 import argparse
 import gc
 import logging
+import math
 import os
 import shutil
 import statistics
@@ -50,6 +59,8 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.openmetrics import exposition as openmetrics
 from prometheus_client.registry import Collector
 from stocksentry.exporter.multiproc import MultiprocessDirCollector
+from stocksentry.exporter.multiproc.compaction import MAX_PIDS
+from stocksentry.instrumentation import mpexemplars
 
 # The OpenMetrics encoder is untyped in prometheus_client; this gives it a type once.
 generate_openmetrics: Callable[[Collector], bytes] = openmetrics.generate_latest
@@ -299,11 +310,130 @@ def hot_path() -> list[str]:
     return out.stdout.splitlines()
 
 
+#: No Linux process ever has a pid above 2**22 (PID_MAX_LIMIT).
+NEVER_ALIVE = 2**22 + 1
+
+
+def _copy_worker(source: Path, pid: int, target: Path) -> None:
+    """A dead worker's files as another dead pid's: only the bytes in use (the exemplar
+    table stays sparse past its used slots), so 1,000 copies stay small on disk."""
+    dead = source.name.rsplit("_", 1)[0]  # e.g. "counter", "gauge_livesum", "exemplars"
+    suffix = source.suffix
+    data = source.read_bytes()
+    if suffix == ".db":
+        (used,) = struct.unpack_from("i", data, 0)
+        (target / f"{dead}_{pid}{suffix}").write_bytes(data[: max(used, 8)])
+        return
+    used = mpexemplars.HEADER.unpack_from(data)[5]
+    path = target / f"{dead}_{pid}{suffix}"
+    path.write_bytes(data[: mpexemplars.HEADER_SIZE + used * mpexemplars.SLOT_SIZE])
+    os.truncate(path, len(data))
+
+
+def recycled(count: int, skus: int, repeats: int) -> list[str]:
+    """The scrape of 4 live workers and ``count`` dead ones, before and after compaction."""
+    lines: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="stocksentry-bench-churn-") as tmp:
+        path = Path(tmp) / "prom"
+        path.mkdir()
+        live = start_workers(path, 4, skus)
+        try:
+            dead = start_workers(path, 1, skus)
+            stop_workers(dead)
+            template = [p for p in path.iterdir() if f"_{dead[0].pid}." in p.name]
+            for n in range(count - 1):
+                for source in template:
+                    _copy_worker(source, NEVER_ALIVE + n, path)
+            # Scrapes by a reader that does not compact; the compaction is timed on its own.
+            collector = MultiprocessDirCollector(path, check_pids=True)
+            prefixes = ("stock_", "bench_")
+
+            def scrape_times() -> tuple[float, float, int, int]:
+                times: dict[str, list[float]] = {}
+                cases: dict[str, Callable[[], object]] = {
+                    "text": partial(generate_latest, collector),
+                    "openmetrics": partial(generate_openmetrics, collector),
+                }
+                for fn in cases.values():
+                    fn()
+                for round_ in range(repeats):
+                    order = list(cases) if round_ % 2 == 0 else list(reversed(cases))
+                    for key in order:
+                        timed(cases[key], times, key)
+                files = [p for p in path.iterdir() if not p.name.startswith(".")]
+                size = sum(p.stat().st_blocks * 512 for p in files)
+                return (
+                    statistics.median(times["text"]),
+                    statistics.median(times["openmetrics"]),
+                    len(files),
+                    size,
+                )
+
+            before_samples = samples(collector, prefixes)
+            before = scrape_times()
+            # As a sidecar does it: one compaction of at most MAX_PIDS dead pids per
+            # interval, until none is left.
+            compactor = MultiprocessDirCollector(path, compact_dead=True)
+            runs: list[float] = []
+            compacted_pids = folded = dropped = 0
+            while True:
+                started = time.perf_counter()
+                result = compactor.compact()
+                runs.append((time.perf_counter() - started) * 1000)
+                if not result.pids:
+                    break
+                compacted_pids += len(result.pids)
+                folded += result.folded
+                dropped += result.dropped
+            after_samples = samples(collector, prefixes)
+            after = scrape_times()
+        finally:
+            stop_workers(live)
+    # Adding the dead workers' values first is another order of additions: a sum of
+    # fractional values (durations' _sum) may differ in its last bits, nothing more.
+    before_values = {sample[:2]: float(str(sample[2])) for sample in before_samples}
+    after_values = {sample[:2]: float(str(sample[2])) for sample in after_samples}
+    rounded = sum(1 for key, value in after_values.items() if before_values.get(key) != value)
+    same = (
+        f"the same ({rounded} sums of fractions differ in their last bits)"
+        if before_values.keys() == after_values.keys()
+        and all(
+            math.isclose(value, before_values[key], rel_tol=1e-12, abs_tol=1e-12)
+            for key, value in after_values.items()
+        )
+        else "DIFFERENT"
+    )
+    lines.append(
+        f"worker churn: 4 live + {count} dead workers x {skus} SKUs; median ms per scrape "
+        f"over {repeats} rounds:"
+    )
+    for label, (text, om, files, size) in (("before compaction", before), ("after", after)):
+        lines.append(
+            f"  {label:<18} text {text:8.1f}  openmetrics {om:8.1f}  "
+            f"({files} files, {size // 1024} KiB on disk)"
+        )
+    lines.append(
+        f"  compaction of {compacted_pids} dead pids in {len(runs) - 1} runs of at most "
+        f"{MAX_PIDS}: median {statistics.median(runs[:-1] or [0.0]):.0f} ms per run, "
+        f"{sum(runs):.0f} ms in all ({folded} files folded, {dropped} dropped); a run with "
+        f"nothing to do {runs[-1]:.1f} ms"
+    )
+    lines.append(
+        f"  samples after: {same}; text scrape x{after[0] / before[0]:.3f} of before, "
+        f"OpenMetrics x{after[1] / before[1]:.3f}"
+    )
+    if same == "DIFFERENT":
+        lines.append("INVALID: compaction changed the samples")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--workers", type=int, default=8)
     parser.add_argument("--skus", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--recycled", type=int, default=1000)
+    parser.add_argument("--recycled-skus", type=int, default=20)
     args = parser.parse_args(argv)
     # The defect cases make our reader warn about each bad file; the table says it.
     logging.getLogger("stocksentry.exporter.multiproc").setLevel(logging.ERROR)
@@ -373,6 +503,12 @@ def main(argv: list[str] | None = None) -> int:
     print("  every worker gone, no mark_process_dead:")
     print(f"    ours: {dead[0]}\n    prometheus_client: {dead[1]}")
     print(f"  OpenMetrics exemplars:\n    ours: {seen[0]}\n    prometheus_client: {seen[1]}")
+    if args.recycled > 0:
+        churn = recycled(args.recycled, args.recycled_skus, max(3, args.repeats // 3))
+        for line in churn:
+            print(line, flush=True)
+        if any(line.startswith("INVALID") for line in churn):
+            return 1
     return 0
 
 

@@ -11,10 +11,17 @@ reference paid twice) are planted, so the report has findings to get right. The 
 are written once and cached in the temp directory (``--cache``).
 
 Each run is a child process (``stocksentry timeline --format json FILE``); its wall time
-is measured around it and its peak RSS comes from ``os.wait4``'s resource usage of that
-child alone. ``--save DIR`` keeps each size's JSON report, ``--compare DIR`` checks that
-the reports are the same as ones saved before (exit status 1 when they differ): the way
-to show a change keeps the findings exact.
+is measured around it, and its CPU time (user + system) and peak RSS come from
+``os.wait4``'s resource usage of that child alone. On a machine shared with other work
+the wall time follows the load; the CPU time much less so. ``--save DIR`` keeps each
+size's JSON report, ``--compare DIR`` checks that the reports are the same as ones saved
+before (exit status 1 when they differ): the way to show a change keeps the findings
+exact.
+
+``--before DIR`` also runs an older copy of the ``timeline`` package (a directory such as
+``git archive``'s of ``exporter/investigate/timeline``) in the same rounds, alternating
+with the current one, and checks that both give the same report: on a shared, noisy
+machine a before/after comparison is only fair side by side.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from stocksentry.instrumentation import configure, payment_callback, reservation
 from stocksentry.instrumentation.logs import configure_logging
@@ -102,8 +110,17 @@ def cached_input(cache: Path, lines: int) -> Path:
     return path
 
 
-def run_once(command: list[str], path: Path, report: Path) -> tuple[float, float]:
-    """Wall seconds and peak RSS (MB) of one ``timeline --format json`` child."""
+# Runs stocksentry with the timeline package taken from another directory (--before).
+_WITH_PACKAGE = (
+    "import sys; import stocksentry.exporter.investigate.timeline as t; "
+    "t.__path__[:] = [sys.argv.pop(1)]; from stocksentry.exporter.cli import main; "
+    "sys.argv[0] = 'stocksentry'; sys.exit(main())"
+)
+
+
+def run_once(command: list[str], path: Path, report: Path) -> tuple[float, float, float]:
+    """Wall seconds, CPU seconds (user + system) and peak RSS (MB) of one
+    ``timeline --format json`` child."""
     with report.open("wb") as out:
         started = time.perf_counter()
         child = subprocess.Popen(  # noqa: S603 - our own command line
@@ -115,7 +132,22 @@ def run_once(command: list[str], path: Path, report: Path) -> tuple[float, float
     if child.returncode not in (0, 1):
         raise SystemExit(f"bench_timeline: timeline exited {child.returncode} on {path}")
     # ru_maxrss is in KiB on Linux.
-    return wall, usage.ru_maxrss / 1024
+    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024
+
+
+def _kinds(data: dict[str, Any]) -> dict[str, int]:
+    kinds: dict[str, int] = {}
+    for finding in data["findings"]:
+        kinds[finding["kind"]] = kinds.get(finding["kind"], 0) + 1
+    return kinds
+
+
+def _figures(walls: list[float], cpus: list[float], rss: list[float]) -> str:
+    return (
+        f"{statistics.median(walls):6.2f} s ({min(walls):.2f}-{max(walls):.2f}), "
+        f"CPU {statistics.median(cpus):6.2f} s ({min(cpus):.2f}-{max(cpus):.2f}), "
+        f"peak RSS {statistics.median(rss):5.0f} MB ({min(rss):.0f}-{max(rss):.0f})"
+    )
 
 
 def main() -> int:
@@ -127,36 +159,56 @@ def main() -> int:
     )
     parser.add_argument("--save", type=Path, help="keep each size's JSON report here")
     parser.add_argument("--compare", type=Path, help="compare the reports with these")
+    parser.add_argument(
+        "--before", type=Path, help="also run the timeline package in this directory"
+    )
     args = parser.parse_args()
     command = [str(Path(sys.executable).with_name("stocksentry"))]
+    commands = {"now": command}
+    if args.before is not None:
+        commands["before"] = [sys.executable, "-c", _WITH_PACKAGE, str(args.before.resolve())]
     print("timeline --format json: wall time and peak RSS (median of repeats; min-max)")
     results: dict[int, tuple[list[float], list[float]]] = {}
     differ = False
     for size in args.sizes:
         path = cached_input(args.cache, size)
-        walls: list[float] = []
-        rss: list[float] = []
+        figures: dict[str, tuple[list[float], list[float], list[float]]] = {
+            name: ([], [], []) for name in commands
+        }
+        reports: dict[str, bytes] = {}
         with tempfile.TemporaryDirectory() as scratch:
             report = Path(scratch) / "report.json"
-            for _ in range(max(args.repeats, 1)):
-                wall, peak = run_once(command, path, report)
-                walls.append(wall)
-                rss.append(peak)
-            data = json.loads(report.read_text(encoding="utf-8"))
-            if args.save is not None:
-                args.save.mkdir(parents=True, exist_ok=True)
-                (args.save / f"report-{size}.json").write_bytes(report.read_bytes())
+            for round_ in range(max(args.repeats, 1)):
+                # Alternating which goes first, so that neither always runs on a warm cache.
+                order = list(commands) if round_ % 2 == 0 else list(reversed(commands))
+                for name in order:
+                    for into, value in zip(
+                        figures[name], run_once(commands[name], path, report), strict=True
+                    ):
+                        into.append(value)
+                    reports[name] = report.read_bytes()
+        data = json.loads(reports["now"])
+        if args.save is not None:
+            args.save.mkdir(parents=True, exist_ok=True)
+            (args.save / f"report-{size}.json").write_bytes(reports["now"])
+        walls, cpus, rss = figures["now"]
         results[size] = (walls, rss)
-        kinds: dict[str, int] = {}
-        for finding in data["findings"]:
-            kinds[finding["kind"]] = kinds.get(finding["kind"], 0) + 1
         print(
-            f"  {size:>9,} lines: {statistics.median(walls):6.2f} s "
-            f"({min(walls):.2f}-{max(walls):.2f}), peak RSS {statistics.median(rss):5.0f} MB "
-            f"({min(rss):.0f}-{max(rss):.0f}); findings {kinds}, "
+            f"  {size:>9,} lines: {_figures(walls, cpus, rss)}; findings {_kinds(data)}, "
             f"keys forgotten {data['keys_forgotten']:,}",
             flush=True,
         )
+        if "before" in figures:
+            before_walls, before_cpus, before_rss = figures["before"]
+            same = reports["before"] == reports["now"]
+            differ |= not same
+            print(
+                f"    before: {_figures(before_walls, before_cpus, before_rss)}; now/before: "
+                f"wall x{statistics.median(walls) / statistics.median(before_walls):.2f}, "
+                f"CPU x{statistics.median(cpus) / statistics.median(before_cpus):.2f}; "
+                f"report {'byte-identical' if same else 'DIFFERS'}",
+                flush=True,
+            )
         if args.compare is not None:
             before = json.loads((args.compare / f"report-{size}.json").read_text("utf-8"))
             same = before == data

@@ -109,10 +109,19 @@ What each makes of the same directory with one defect (successes summed over SKU
 
 So ours is kept: it is about 2.4 times faster per merge and 1.8 times per text scrape,
 and it is the only one of the two that serves a scrape through a bad file, drops the
-gauges of killed workers and carries exemplars. The module is split in four so that no
-part passes 500 lines: :mod:`.files` (names, the binary layout, reading one file),
-:mod:`.merge` (one scrape's merge), :mod:`.exemplars` (reading the workers' exemplar files),
-and this module (the collector).
+gauges of killed workers and carries exemplars.
+
+Worker churn. A pre-fork server recycling its workers leaves every dead worker's files
+for ever; with ``compact_dead=True`` (and ``check_pids``: the app's PID namespace) the
+collector folds them into ``<type>[_<mode>]_compacted.db`` and
+``exemplars_compacted.mmap`` (:mod:`.compaction`, which says what happens to each gauge
+mode and why it is safe against concurrent scrapes, crashes and pid reuse). Scrapes hold
+a shared ``flock`` on the directory's compaction lock while they list and read.
+
+The module is split so that no part passes 500 lines: :mod:`.files` (names, the binary
+layout, reading one file), :mod:`.merge` (one scrape's merge), :mod:`.exemplars` (reading
+the workers' exemplar files), :mod:`.compaction` (dead workers' files), and this module
+(the collector).
 
 Example::
 
@@ -129,6 +138,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Final
@@ -136,10 +146,20 @@ from typing import Final
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from stocksentry.instrumentation import catalog
 
+from .compaction import (
+    COMPACTED,
+    MAX_PIDS,
+    Compaction,
+    compact,
+    manifest_of,
+    scrape_lock,
+    staged,
+)
 from .exemplars import exemplar_pid, read_exemplars
 from .files import (
     GAUGE_MODES,
     SKIP_REASONS,
+    Entries,
     Key,
     SkipFile,
     SkipReason,
@@ -151,10 +171,12 @@ from .files import (
 from .merge import Merge
 
 __all__ = [
+    "COMPACTED",
     "FILES_MERGED",
     "FILES_SKIPPED",
     "GAUGE_MODES",
     "SKIP_REASONS",
+    "Compaction",
     "MultiprocessDirCollector",
     "SkipReason",
 ]
@@ -170,6 +192,8 @@ FILES_MERGED: Final = catalog.MULTIPROCESS_FILES
 _KEY_CACHE_LIMIT: Final = 500_000
 # Warnings about bad files are logged once per (file, reason); bounded likewise.
 _WARNED_LIMIT: Final = 10_000
+#: Seconds between two compactions started by scrapes.
+COMPACT_INTERVAL: Final = 30.0
 
 
 class MultiprocessDirCollector:
@@ -181,6 +205,10 @@ class MultiprocessDirCollector:
         path: the directory the app's workers write (their ``PROMETHEUS_MULTIPROC_DIR``).
         check_pids: also drop ``live*`` gauges whose pid is not alive according to
             ``os.kill(pid, 0)``; see the module docstring for when to turn it off.
+        compact_dead: compact the files of dead pids (:mod:`.compaction`) at most every
+            ``compact_interval`` seconds, before a scrape. Needs ``check_pids`` (it is
+            refused without: every pid of another PID namespace looks dead) and a
+            directory this process can write; off by default.
 
     Example::
 
@@ -193,9 +221,25 @@ class MultiprocessDirCollector:
         0.0
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, check_pids: bool = True) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        check_pids: bool = True,
+        compact_dead: bool = False,
+        compact_interval: float = COMPACT_INTERVAL,
+    ) -> None:
+        if compact_dead and not check_pids:
+            raise ValueError(
+                "compact_dead needs check_pids: without the app's PID namespace every "
+                "worker looks dead"
+            )
         self.path = Path(path)
         self.check_pids = check_pids
+        self.compact_dead = compact_dead
+        self.compact_interval = compact_interval
+        self._next_compaction = 0.0
+        self._compact_lock = threading.Lock()
         self._lock = threading.Lock()
         self._skipped: dict[SkipReason, int] = dict.fromkeys(SKIP_REASONS, 0)
         self._keys: dict[bytes, Key] = {}
@@ -258,16 +302,79 @@ class MultiprocessDirCollector:
         self._missing_logged = False
         return names
 
+    def compact(self, *, max_pids: int = MAX_PIDS) -> Compaction:
+        """Compact the files of at most ``max_pids`` dead pids now (see
+        :mod:`.compaction`); what was done.
+
+        Unreadable files of dead pids are counted in the skipped-files counter, like a
+        scrape counts them. Refused (``ValueError``) without ``check_pids``.
+        """
+        if not self.check_pids:
+            raise ValueError("compaction needs check_pids (the app's PID namespace)")
+        try:
+            result = compact(self.path, self._key_of, max_pids=max_pids)
+        except FileNotFoundError:
+            return Compaction(ran=False)
+        for reason, count in result.skipped.items():
+            with self._lock:
+                self._skipped[reason] += count
+        if result.pids:
+            _log.info(
+                "compacted the files of %d dead workers in %s (%d folded, %d gauges dropped)",
+                len(result.pids),
+                self.path,
+                result.folded,
+                result.dropped,
+            )
+        return result
+
+    def _maybe_compact(self) -> None:
+        now = time.monotonic()
+        if now < self._next_compaction or not self._compact_lock.acquire(blocking=False):
+            return
+        try:
+            self._next_compaction = now + self.compact_interval
+            self.compact()
+        except Exception as exc:  # whatever it is, never the scrape's failure
+            # The files stay as they are (or as the manifest says), merged as before.
+            _log.warning("compaction of %s failed: %s", self.path, exc)
+        finally:
+            self._compact_lock.release()
+
     def collect(self, *, exemplars: bool = True) -> Iterator[Metric]:
         """Merge every readable file, then yield the health series of this collector.
 
         ``exemplars=False`` leaves the workers' exemplar files unread: a Prometheus text
         scrape cannot carry exemplars, and reading them is a good part of a big merge.
         """
+        if self.compact_dead:
+            self._maybe_compact()
         merge = Merge(self._key_of, self._keys)
+        with scrape_lock(str(self.path)):
+            self._merge_files(merge, exemplars=exemplars)
+        yield from merge.families()
+        yield from self._own_metrics(merge.files)
+
+    def _merge_files(self, merge: Merge, *, exemplars: bool) -> None:
         alive: dict[str, bool] = {}
         directory = str(self.path)
-        for name in self._list():
+        names = self._list()
+        # Compacted files first: each names the files folded into it (left by a
+        # compaction that was stopped before deleting them), which are then not merged.
+        compacted: dict[str, Entries] = {}
+        folded: set[str] = set()
+        for name in names:
+            if name.endswith(f"_{COMPACTED}.db"):
+                try:
+                    entries, listed = manifest_of(read_entries(os.path.join(directory, name)))
+                except FileNotFoundError:
+                    continue
+                except SkipFile as skip:
+                    self._skip(name, skip.reason, skip.detail)
+                    continue
+                compacted[name] = entries
+                folded |= listed
+        for name in names:
             if not name.endswith(".db"):
                 # An exemplar file (the listing keeps only those and *.db).
                 if not exemplars:
@@ -279,16 +386,26 @@ class MultiprocessDirCollector:
                 except SkipFile as skip:
                     self._skip(name, skip.reason, skip.detail)
                 continue
+            if name in folded:
+                continue
             parsed = parse_name(name)
             if parsed is None:
                 self._skip(name, "bad_name", "not <type>[_<mode>]_<pid>.db")
                 continue
-            if parsed.mode.startswith("live") and self.check_pids:
-                is_alive = alive.get(parsed.pid)
-                if is_alive is None:
-                    is_alive = alive[parsed.pid] = pid_alive(parsed.pid)
-                if not is_alive:
-                    continue
+            if parsed.pid == COMPACTED:
+                held = compacted.get(name)
+                if held is not None:
+                    merge.add(parsed, held)
+                continue
+            if parsed.mode.startswith("live") or parsed.mode == "all":
+                if staged(parsed.pid):
+                    continue  # a dead pid's gauge, being dropped by a compaction
+                if parsed.mode != "all" and self.check_pids:
+                    is_alive = alive.get(parsed.pid)
+                    if is_alive is None:
+                        is_alive = alive[parsed.pid] = pid_alive(parsed.pid)
+                    if not is_alive:
+                        continue
             try:
                 merge.add(parsed, read_entries(os.path.join(directory, name)))
             except FileNotFoundError:
@@ -296,8 +413,6 @@ class MultiprocessDirCollector:
                 continue
             except SkipFile as skip:
                 self._skip(name, skip.reason, skip.detail)
-        yield from merge.families()
-        yield from self._own_metrics(merge.files)
 
     def _own_metrics(self, files: int) -> Iterator[Metric]:
         skipped = CounterMetricFamily(

@@ -212,12 +212,26 @@ def _own_line(draw: st.DrawFn) -> str:
 
 
 @examples(1500)
-@given(_own_line())
-def test_the_one_pass_reader_agrees_with_the_general_parser(line: str) -> None:
-    from stocksentry.exporter.investigate.timeline.parsing import _flat_event
+@given(_own_line(), st.booleans())
+def test_the_one_pass_reader_agrees_with_the_general_parser(line: str, stdlib: bool) -> None:
+    """With orjson (the ``timeline`` extra) and with ``json`` alone."""
+    from stocksentry.exporter.investigate.timeline import parsing
 
-    fast = _flat_event(line)
+    fast_loads = parsing._fast_loads
+    if stdlib:
+        parsing._fast_loads = None
+    try:
+        fast = parsing._flat_event(line, "<input>", 0, 0)
+    finally:
+        parsing._fast_loads = fast_loads
     assert fast is None or fast == parse_line(line), line
+
+
+def test_the_faster_decoder_is_there_when_the_extra_is() -> None:
+    """The dev install has the ``timeline`` extra: the agreement above tested orjson."""
+    from stocksentry.exporter.investigate.timeline import parsing
+
+    assert parsing._fast_loads is not None
 
 
 def test_the_one_pass_reader_takes_the_projects_own_lines() -> None:
@@ -228,7 +242,7 @@ def test_the_one_pass_reader_takes_the_projects_own_lines() -> None:
         '{"event": "stock_update", "timestamp": "2026-11-29T13:41:14.262Z", "sku": "A",'
         ' "from": 1, "to": 0, "success": true, "request_id": "R1"}'
     )
-    fast = _flat_event(line)
+    fast = _flat_event(line, "<input>", 0, 0)
     assert fast is not None
     assert fast == parse_line(line)
 

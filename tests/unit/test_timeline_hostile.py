@@ -298,3 +298,40 @@ def test_the_command_never_fails_on_any_json_values(
             finally:
                 sys.stdout = saved
         assert status in (0, 1)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.one_of(
+            st.text(alphabet="ab{}\r é", max_size=12),
+            st.sampled_from(["x" * 30, "y" * 41]),  # longer than the cut below
+        ),
+        max_size=12,
+    ),
+    st.sampled_from(["\n", "\r\n", "\r"]),
+    st.booleans(),
+    st.integers(min_value=1, max_value=9),
+)
+def test_lines_read_in_chunks_are_the_lines_of_the_input(
+    lines: list[str], ending: str, last_ending: bool, chunk: int
+) -> None:
+    """Whatever the chunk boundaries: the lines ``readline`` would give, without their
+    break, each cut to MAX_LINE + 1 characters (MAX_LINE made 32 here)."""
+    import io
+
+    from stocksentry.exporter.investigate.timeline import command
+
+    text = ending.join(lines) + (ending if last_ending and lines else "")
+    stream = io.TextIOWrapper(io.BytesIO(text.encode("utf-8")), encoding="utf-8", newline=None)
+    saved = command._READ_CHUNK, command.MAX_LINE
+    command._READ_CHUNK, command.MAX_LINE = chunk, 32  # type: ignore[misc]
+    try:
+        got = list(command._lines_of("t.log", stream))
+    finally:
+        command._READ_CHUNK, command.MAX_LINE = saved  # type: ignore[misc]
+    expected = [
+        line.removesuffix("\n")[:33]
+        for line in io.StringIO(text.replace("\r\n", "\n").replace("\r", "\n"))
+    ]
+    assert got == expected

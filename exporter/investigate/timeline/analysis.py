@@ -202,11 +202,15 @@ class _Analyser:
             else:
                 self._group(report.skus, report.skus_more, sku, event)
         if order_id is not None:
-            rows = report.orders.get(order_id)
+            orders = report.orders
+            rows = orders.get(order_id)
             if rows is not None and 0 < limit <= len(rows):
                 report.orders_more[order_id] = report.orders_more.get(order_id, 0) + 1
+            elif rows is None and 0 < self.max_groups <= len(orders):
+                # An order beyond the timelines kept (most orders of a big log): counted.
+                report.ungrouped_events += 1
             else:
-                self._group(report.orders, report.orders_more, order_id, event)
+                self._group(orders, report.orders_more, order_id, event)
 
     def _group(
         self, groups: dict[str, list[Event]], more: dict[str, int], key: str, event: Event

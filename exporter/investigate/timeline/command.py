@@ -51,6 +51,8 @@ _GC_OLDER: Final = (20, 100)
 MAX_LIMIT = 1_000_000_000
 #: ``--reorder-window``: at most a day of disorder is put back in order.
 MAX_REORDER_WINDOW = 86400.0
+#: Characters read from an input at a time.
+_READ_CHUNK: Final = 256 * 1024
 
 
 class InputError(CommandError):
@@ -123,34 +125,48 @@ def _peek(raw: IO[bytes]) -> bytes:
 
 
 def _lines_of(label: str, stream: TextIO) -> Iterator[str]:
-    """The lines of ``stream``, each cut to ``MAX_LINE + 1`` characters.
+    """The lines of ``stream`` without their line break, each cut to ``MAX_LINE + 1``
+    characters.
 
-    A longer line is never held whole: its rest is read and dropped in chunks, and what
-    is yielded is long enough for the parser to skip and count it. An input with no
-    line break in ``MAX_LINE_SCAN`` characters (``/dev/zero`` on stdin) is not a log:
-    an :class:`InputError`.
+    Read in chunks of :data:`_READ_CHUNK` characters and split there (a ``readline`` per
+    line costs about a microsecond more per line, a tenth of a big run). A longer line is
+    never held whole: beyond ``MAX_LINE + 1`` characters its rest is dropped chunk by
+    chunk, and what is yielded is long enough for the parser to skip and count it. An
+    input with no line break in ``MAX_LINE_SCAN`` characters (``/dev/zero`` on stdin) is
+    not a log: an :class:`InputError`.
     """
-    readline = stream.readline
+    read = stream.read
     lineno = 0
+    # The start of a line whose end is in a later chunk, and how long that line is.
+    pending = ""
+    pending_length = 0
     try:
         while True:
-            line = readline(MAX_LINE + 1)
-            if not line:
+            chunk = read(_READ_CHUNK)
+            if not chunk:
+                if pending_length:
+                    yield pending
                 return
-            lineno += 1
-            if len(line) > MAX_LINE and not line.endswith("\n"):
-                scanned = len(line)
-                while True:
-                    rest = readline(MAX_LINE)
-                    scanned += len(rest)
-                    if not rest or rest.endswith("\n"):
-                        break
-                    if scanned > MAX_LINE_SCAN:
-                        raise InputError(
-                            f"cannot read {label}: line {lineno} has no end in "
-                            f"{MAX_LINE_SCAN // (1024 * 1024)} MiB; not a log"
-                        )
-            yield line
+            lines = chunk.split("\n")
+            last = lines.pop()
+            if lines:
+                if pending_length:
+                    # The line that began in an earlier chunk ends in this one.
+                    pending_length += len(lines[0])
+                    first = pending + lines[0]
+                    lines[0] = first if pending_length <= MAX_LINE else first[: MAX_LINE + 1]
+                lineno += len(lines)
+                yield from lines
+                pending, pending_length = "", 0
+            if last:
+                if pending_length <= MAX_LINE:
+                    pending = (pending + last)[: MAX_LINE + 1]
+                pending_length += len(last)
+                if pending_length > MAX_LINE_SCAN:
+                    raise InputError(
+                        f"cannot read {label}: line {lineno + 1} has no end in "
+                        f"{MAX_LINE_SCAN // (1024 * 1024)} MiB; not a log"
+                    )
     except (OSError, EOFError, zlib.error, ValueError) as exc:
         raise InputError(f"cannot read {label}: {_describe(exc)}") from None
 

@@ -46,15 +46,19 @@ class OrderedEvents:
         #: Events that came out of order by more than the window allowed.
         self.late = 0
 
-    def _reorder(self, stream: Iterable[Event]) -> Iterator[Event]:
+    def _reorder(self, stream: Iterable[Event], *, count_late: bool) -> Iterator[Event]:
         # Lines already in order (nearly all) wait in a FIFO run; only lines older than the
         # newest one seen go through the heap. Out comes the smaller head of the two, once
         # it is `window` seconds older than the newest line, or when too many wait.
+        # With `count_late` (a single input: no merge after this), the events that come
+        # out older than one already out are counted here, saving a generator per event.
         run: deque[Event] = deque()
         heap: list[tuple[float, int, Event]] = []
         push, pop = heapq.heappush, heapq.heappop
         window, buffer = self.window, self.buffer
         newest = -math.inf
+        # The newest timestamp passed on (only kept with count_late).
+        out = -math.inf if count_late else math.inf
         waiting = 0
         for event in stream:
             ts = event.ts
@@ -84,18 +88,30 @@ class OrderedEvents:
                 else:
                     pop(heap)
                 waiting -= 1
+                if head_ts >= out:
+                    out = head_ts
+                elif count_late:
+                    self.late += 1
                 yield head
         while run or heap:
             if heap and (not run or (heap[0][0], heap[0][1]) < (run[0].ts, run[0].lineno)):
-                yield pop(heap)[2]
+                head = pop(heap)[2]
             else:
-                yield run.popleft()
+                head = run.popleft()
+            if head.ts >= out:
+                out = head.ts
+            elif count_late:
+                self.late += 1
+            yield head
 
     def __iter__(self) -> Iterator[Event]:
-        parts = [self._reorder(stream) for stream in self.streams]
-        merged: Iterable[Event] = parts[0]
-        if len(parts) > 1:
-            merged = heapq.merge(*parts, key=_order_key)
+        if len(self.streams) == 1:
+            return self._reorder(self.streams[0], count_late=True)
+        return self._merged()
+
+    def _merged(self) -> Iterator[Event]:
+        parts = [self._reorder(stream, count_late=False) for stream in self.streams]
+        merged = heapq.merge(*parts, key=_order_key)
         newest = -math.inf
         for event in merged:
             ts = event.ts

@@ -27,10 +27,11 @@ path gives; it stays beside that path so that a change to one is seen next to th
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -365,6 +366,26 @@ def _from_text(text: str) -> Event | None:
 
 _decoder = json.JSONDecoder()
 _raw_decode = _decoder.raw_decode
+
+
+def _fast_decoder() -> Callable[[str], Any] | None:
+    """orjson's ``loads`` when the ``timeline`` extra installed it, else ``None``.
+
+    Only the one-pass reader of stocksentry's own lines uses it (about 1.4 µs less per
+    line than ``json``, a seventh of a big run). It is stricter than ``json`` (no NaN,
+    no lone surrogates, integers beyond 64 bits as floats), and every line it refuses or
+    reads differently (a float is never a flat line's value) goes to the general path,
+    which is ``json``'s: what a line means does not depend on it.
+    """
+    try:
+        module = importlib.import_module("orjson")
+    except ImportError:
+        return None
+    loads: Callable[[str], Any] = module.loads
+    return loads
+
+
+_fast_loads = _fast_decoder()
 # Keys after which a line needs the general path: renamed, nested or a second sku.
 _SLOW_KEYS: Final = _CANONICAL_KEYS | _CONTAINERS | {"product_id"}
 _ID_TYPES: Final = frozenset({str, type(None)})
@@ -372,7 +393,7 @@ _STAMPS: dict[str, Stamp] = {}
 _STAMPS_SIZE: Final = 4096
 
 
-def _flat_event(text: str) -> Event | None:
+def _flat_event(text: str, source: str, lineno: int, file_index: int) -> Event | None:
     """The event of one of stocksentry's own JSON lines, read in one pass; else ``None``.
 
     The lines ``configure_logging`` writes (an ``event``, a ``timestamp`` such as
@@ -381,15 +402,24 @@ def _flat_event(text: str) -> Event | None:
     would, without its passes for aliases, containers and other time keys. Any other
     line, including every line with an absurd value, gives ``None``: the caller then
     parses it the general way, so what a line means never depends on this function.
+    The event comes numbered (``source``, ``lineno``, ``file_index``), dated and timed.
     """
     try:
-        record, end = _raw_decode(text)
+        if _fast_loads is None:
+            record, end = _raw_decode(text)
+            if end != len(text):
+                return None
+        else:
+            # The whole text or an error (orjson's errors are ValueErrors).
+            record = _fast_loads(text)
     except (ValueError, RecursionError):
         return None
-    if end != len(text) or type(record) is not dict:
+    if type(record) is not dict:
         return None
-    keys = record.keys()
-    if not keys.isdisjoint(_SLOW_KEYS) or not set(map(type, record.values())) <= _FLAT_TYPES:
+    # issuperset(iterator) tests each type without building a set of them.
+    if not record.keys().isdisjoint(_SLOW_KEYS) or not _FLAT_TYPES.issuperset(
+        map(type, record.values())
+    ):
         return None
     pop = record.pop
     name = pop("event", None)
@@ -410,14 +440,13 @@ def _flat_event(text: str) -> Event | None:
     name = name.strip()
     if not name:
         return None
-    if not keys.isdisjoint(_DROP_KEYS):
-        for key in keys & _DROP_KEYS:
-            del record[key]
-    if not keys.isdisjoint(_NUMBER_KEY_SET):
-        for key in keys & _NUMBER_KEY_SET:
-            value = record[key]
-            if type(value) is int and not -MAX_NUMBER <= value <= MAX_NUMBER:
-                return None
+    # frozenset.intersection(dict) walks the line's dozen keys: no set of them is built.
+    for key in _DROP_KEYS.intersection(record):
+        del record[key]
+    for key in _NUMBER_KEY_SET.intersection(record):
+        value = record[key]
+        if type(value) is int and not -MAX_NUMBER <= value <= MAX_NUMBER:
+            return None
     ids = (
         pop("sku", None),
         pop("request_id", None),
@@ -426,7 +455,7 @@ def _flat_event(text: str) -> Event | None:
         pop("payment_reference", None),
         pop("trace_id", None),
     )
-    if not set(map(type, ids)) <= _ID_TYPES:
+    if not _ID_TYPES.issuperset(map(type, ids)):
         return None
     # No id of a line this short can be longer than MAX_ID.
     if len(text) > MAX_ID and any(value is not None and len(value) > MAX_ID for value in ids):
@@ -444,6 +473,9 @@ def _flat_event(text: str) -> Event | None:
         payment_reference or None,
         trace_id or None,
         record,
+        source,
+        lineno,
+        file_index,
     )
 
 
@@ -554,9 +586,15 @@ def read_events(
         text = raw.strip()
         if not text:
             continue
-        event = flat_event(text) if text[0] == "{" else None
-        if event is None:
-            event = parse_stripped(text)
+        if text[0] == "{":
+            event = flat_event(text, source, lineno, file_index)
+            if event is not None:
+                # Dated and timed: nothing of the line before it to take.
+                last_ts = event.ts
+                last_dated = True
+                yield event
+                continue
+        event = parse_stripped(text)
         if event is None:
             stats.skip(source, lineno)
             continue

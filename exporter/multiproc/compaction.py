@@ -1,0 +1,523 @@
+"""Compacting the files of dead workers into one file per type, safely against scrapes.
+
+A pre-fork server that recycles its workers (gunicorn's ``max_requests``) leaves every
+dead worker's files in the directory for ever: ``counter_<pid>.db``,
+``histogram_<pid>.db``, gauges, ``exemplars_<pid>.mmap``. The directory, and the work of
+every scrape, grow without bound. :func:`compact` folds the files of dead pids into
+``<type>[_<mode>]_compacted.db`` (and ``exemplars_compacted.mmap``), which the reader
+merges like any other file, so the scrape gives the same numbers from a few files.
+
+What happens to each kind of file of a dead pid:
+
+- ``counter``, ``histogram``, ``summary``: summed into the compacted file of the type;
+- ``gauge`` ``sum``, ``min``, ``max``, ``mostrecent``: folded into the compacted file of
+  the mode with the mode's own rule (summed; the smaller; the larger; the value with the
+  newer timestamp): the merged gauge stays what it was;
+- ``gauge`` ``all``: deleted: its series (``pid="<dead pid>"``) leave the scrape;
+  prometheus_client keeps them for ever, one per worker that ever ran, which is the part
+  that grows without bound;
+- ``gauge`` ``liveall``, ``livesum``, ``livemin``, ``livemax``, ``livemostrecent``:
+  deleted; the reader already left them out (``check_pids``);
+- ``exemplars``: the newest exemplar per sample kept in ``exemplars_compacted.mmap``;
+- a file that cannot be read (torn, corrupt: see :mod:`.files`) is not folded: it is
+  renamed ``<name>.corrupt`` (kept for a human, no longer read), and counted once in
+  ``stocksentry_multiprocess_files_skipped_total``.
+
+Who decides a pid is dead. A pid is dead when its number names no process that this
+process can see: ``os.kill(pid, 0)`` raises ``ProcessLookupError``. That is only true
+of the app's workers when the sidecar shares the app's PID namespace (the same
+container, or a pod with ``shareProcessNamespace: true``; the chart's
+``sidecar.checkWorkerPids``, the server's ``check_worker_pids``): in a namespace of its
+own every app pid looks dead, and compacting a live worker's file would lose what it
+writes afterwards. So :class:`~stocksentry.exporter.multiproc.MultiprocessDirCollector`
+compacts only with ``check_pids`` on. prometheus_client's ``mark_process_dead`` (in
+gunicorn's ``child_exit``) is no signal here: it deletes the ``live*`` gauge files only,
+and a worker may have none.
+
+Pid reuse. A new worker that gets a dead worker's pid reopens that worker's files
+(prometheus_client continues the values in them). A pid that is dead when it is checked
+may be reused before the file is moved; so each file is first renamed to a name of its
+own (``<name>.staged-<token>.db``, which no worker opens), the pid is checked again, and
+a pid alive again gets its file back under its name unless its new worker has already
+made a new one (then the renamed file holds only the dead worker's values). A worker
+started between the second check and the rename back of a file it has open is the
+remaining hazard: with ``pid_max`` pids to go round before one is reused, a window of
+microseconds.
+
+Safety against scrapes and crashes. A compaction holds an exclusive ``flock`` on
+``.stocksentry-compaction.lock`` in the directory, and the reader a shared one while it
+lists and reads, so a scrape sees the directory before or after a compaction, never
+half of one. The new compacted file is written under a temporary name (no ``.db``:
+never read) and renamed over the old one (atomic); it names, in an entry of its own, the
+renamed files folded into it, and a reader leaves those out. The renamed files are
+deleted after that rename. A compaction killed at any point thus never counts a sample
+twice nor loses one: before the rename the renamed files are read as they are (with the
+old compacted file), after it they are ignored, and the next compaction deletes them.
+prometheus_client's own ``MultiProcessCollector`` takes no lock and reads no manifest:
+only stocksentry's reader may read a directory that is being compacted.
+
+Floating-point sums: adding the dead workers' values first and the live ones after is
+another order of additions than the directory's, so a sum of fractional values can
+differ from the uncompacted merge in its last bit (integer counts and bucket counts do
+not).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import re
+import secrets
+import struct
+import zlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Final
+
+from stocksentry.instrumentation.mpexemplars import (
+    CAPACITY,
+    FILE_PREFIX,
+    FILE_SUFFIX,
+    HEADER,
+    HEADER_SIZE,
+    MAGIC,
+    SLOT_HEAD,
+    SLOT_SIZE,
+    VERSION,
+)
+
+from .exemplars import ExemplarEntries, exemplar_pid, read_exemplars
+from .files import (
+    SUMMED_TYPES,
+    Entries,
+    FileName,
+    Key,
+    SkipFile,
+    SkipReason,
+    parse_name,
+    pid_alive,
+    read_entries,
+)
+
+__all__ = [
+    "COMPACTED",
+    "LOCK_NAME",
+    "MAX_PIDS",
+    "Compaction",
+    "compact",
+    "manifest_of",
+    "scrape_lock",
+    "staged",
+]
+
+#: Dead pids compacted per run at most (a run over 100 of them takes a few hundred ms).
+MAX_PIDS: Final = 100
+#: The "pid" of the compacted files: ``counter_compacted.db``.
+COMPACTED: Final = "compacted"
+LOCK_NAME: Final = ".stocksentry-compaction.lock"
+#: Marks a renamed file of a dead pid: ``counter_12.staged-<token>.db``.
+_STAGED: Final = ".staged-"
+_STAGED_PID: Final = re.compile(r"[0-9]+\.staged-[0-9a-f]+\Z")
+#: The key of the manifest entry in a compacted file: not JSON, so never a metric's.
+_MANIFEST: Final = b"\x00stocksentry-compacted\x00"
+#: Gauge modes folded with their rule; the other modes of a dead pid are dropped.
+_FOLDED_MODES: Final = frozenset({"sum", "min", "max", "mostrecent"})
+_INT: Final = struct.Struct("i")
+_ENTRY_TAIL: Final = struct.Struct("dd")
+_BODY: Final = struct.Struct("=IddBBH4x32s16s")
+_CRC: Final = struct.Struct("=I")
+
+
+def staged(pid: str) -> bool:
+    """Whether ``pid`` (the pid part of a file name) is a renamed file of a dead pid."""
+    return _STAGED_PID.match(pid) is not None
+
+
+def manifest_of(entries: Entries) -> tuple[Entries, frozenset[str]]:
+    """A compacted file's entries without its manifest, and the file names it folded."""
+    names: frozenset[str] = frozenset()
+    kept: Entries = []
+    for entry in entries:
+        raw = entry[0]
+        if raw.startswith(_MANIFEST):
+            try:
+                listed = json.loads(raw[len(_MANIFEST) :].decode("utf-8"))
+            except (UnicodeDecodeError, ValueError, RecursionError):
+                raise SkipFile("corrupt", "compaction manifest is not UTF-8 JSON") from None
+            if not (isinstance(listed, list) and all(isinstance(n, str) for n in listed)):
+                raise SkipFile("corrupt", "compaction manifest is not a list of names")
+            names = frozenset(listed)
+        else:
+            kept.append(entry)
+    return kept, names
+
+
+@contextlib.contextmanager
+def scrape_lock(directory: str) -> Iterator[None]:
+    """A shared lock on the directory's compaction lock, for one scrape.
+
+    Created when missing (so that a later compaction by another process is seen); in a
+    directory this process cannot write and nobody has compacted, there is nothing to
+    lock against, and the scrape goes on without.
+    """
+    path = os.path.join(directory, LOCK_NAME)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except OSError:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:
+            yield
+            return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        yield
+    finally:
+        os.close(fd)
+
+
+@dataclass
+class Compaction:
+    """What one :func:`compact` did."""
+
+    #: Dead pids whose files were compacted or dropped.
+    pids: set[str] = field(default_factory=set)
+    #: Files folded into a compacted file, and files (gauges) dropped.
+    folded: int = 0
+    dropped: int = 0
+    #: Unreadable files of dead pids set aside as ``*.corrupt``, by reason.
+    skipped: dict[SkipReason, int] = field(default_factory=dict)
+    #: Pids found alive again after their files were renamed (reused), files put back.
+    restored: int = 0
+    #: False when another compaction held the lock, or the directory is not writable.
+    ran: bool = True
+
+
+def _dead_pid(name: str) -> str | None:
+    """The pid of a worker's file when it is a number (not a staged or compacted one)."""
+    if name.endswith(".db"):
+        parsed = parse_name(name)
+        pid = parsed.pid if parsed is not None else None
+    else:
+        pid = exemplar_pid(name)
+    return pid if pid is not None and pid.isdigit() else None
+
+
+def _is_staged(name: str) -> bool:
+    """Whether ``name`` is a dead pid's file renamed by a compaction."""
+    if name.endswith(".db"):
+        parsed = parse_name(name)
+        pid = parsed.pid if parsed is not None else None
+    else:
+        pid = exemplar_pid(name)
+    return pid is not None and staged(pid)
+
+
+def _staged_name(name: str, token: str) -> str:
+    stem, dot, suffix = name.rpartition(".")
+    return f"{stem}{_STAGED}{token}{dot}{suffix}"
+
+
+def _original_name(name: str) -> str:
+    stem, _, rest = name.partition(_STAGED)
+    return stem + rest[rest.index(".") :]
+
+
+def _write_entries(path: str, entries: list[tuple[bytes, float, float]]) -> None:
+    """Write ``entries`` in prometheus_client's mmap_dict layout (see :mod:`.files`)."""
+    parts = [b""]
+    used = 8
+    for raw, value, timestamp in entries:
+        length = len(raw)
+        padding = 8 - (length + 4) % 8
+        parts.append(
+            _INT.pack(length) + raw + b"\0" * padding + _ENTRY_TAIL.pack(value, timestamp)
+        )
+        used += 4 + length + padding + 16
+    parts[0] = _INT.pack(used) + b"\0" * 4
+    _write_file(path, b"".join(parts))
+
+
+def _write_file(path: str, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_exemplars(path: str, entries: ExemplarEntries) -> None:
+    """Write ``entries`` (the newest :data:`CAPACITY` of them) as an exemplar file."""
+    newest = sorted(entries.items(), key=lambda item: item[1][0], reverse=True)[:CAPACITY]
+    slots = bytearray(len(newest) * SLOT_SIZE)
+    for index, (raw, (timestamp, exemplar)) in enumerate(newest):
+        trace = exemplar.labels.get("trace_id", "").encode("ascii")
+        span = exemplar.labels.get("span_id", "").encode("ascii")
+        body = _BODY.pack(
+            0, exemplar.value, timestamp, len(trace), len(span), len(raw), trace, span
+        )
+        # The CRC covers the key, then the slot after the CRC (as the worker writes it).
+        crc = zlib.crc32(body, zlib.crc32(raw))
+        offset = index * SLOT_SIZE
+        slots[offset : offset + SLOT_HEAD.size] = _CRC.pack(crc) + body
+        slots[offset + SLOT_HEAD.size : offset + SLOT_HEAD.size + len(raw)] = raw
+    head = HEADER.pack(MAGIC, VERSION, SLOT_SIZE, CAPACITY, 0, 0)[:20]
+    header = HEADER.pack(MAGIC, VERSION, SLOT_SIZE, CAPACITY, zlib.crc32(head), len(newest))
+    data = header.ljust(HEADER_SIZE, b"\0") + bytes(slots)
+    _write_file(path, data.ljust(HEADER_SIZE + CAPACITY * SLOT_SIZE, b"\0"))
+
+
+def _fold(target: dict[bytes, tuple[float, float]], mode: str, entries: Entries) -> None:
+    """Fold one file's entries into ``target`` (key -> (value, timestamp)) by ``mode``."""
+    get = target.get
+    if mode in ("", "sum"):
+        for raw, value, _ in entries:
+            held = get(raw)
+            target[raw] = (value if held is None else held[0] + value, 0.0)
+    elif mode == "min":
+        for raw, value, timestamp in entries:
+            held = get(raw)
+            if held is None or value < held[0]:
+                target[raw] = (value, timestamp)
+    elif mode == "max":
+        for raw, value, timestamp in entries:
+            held = get(raw)
+            if held is None or value > held[0]:
+                target[raw] = (value, timestamp)
+    else:  # mostrecent: strictly newer wins, as the reader (and prometheus_client) merge
+        for raw, value, timestamp in entries:
+            held = get(raw)
+            if timestamp > (held[1] if held is not None else 0.0):
+                target[raw] = (value, timestamp)
+
+
+class _Compactor:
+    def __init__(self, directory: str, check_key: Callable[[bytes], Key], max_pids: int) -> None:
+        self.directory = directory
+        self.max_pids = max_pids
+        self.check_key = check_key
+        self.result = Compaction()
+        self.token = secrets.token_hex(6)
+
+    def path(self, name: str) -> str:
+        return os.path.join(self.directory, name)
+
+    def set_aside(self, name: str, skip: SkipFile) -> None:
+        """An unreadable file of a dead pid: renamed ``<its name>.corrupt``, counted once."""
+        original = _original_name(name) if _STAGED in name else name
+        with contextlib.suppress(FileNotFoundError):
+            os.replace(self.path(name), self.path(original + ".corrupt"))
+        skipped = self.result.skipped
+        skipped[skip.reason] = skipped.get(skip.reason, 0) + 1
+
+    def stage(self, names: list[str]) -> list[str]:
+        """Rename the dead pids' files to names of their own; put back those of reused
+        pids (see the module docstring). The staged names, in the order given."""
+        out: list[str] = []
+        for name in names:
+            pid = _dead_pid(name)
+            if pid is None:
+                continue
+            target = _staged_name(name, self.token)
+            try:
+                os.rename(self.path(name), self.path(target))
+            except FileNotFoundError:
+                continue
+            if pid_alive(pid):
+                # Reused since it was checked: its new worker may have this file open.
+                try:
+                    os.link(self.path(target), self.path(name))
+                except FileExistsError:
+                    pass  # the new worker made a file of its own: ours is the dead one's
+                else:
+                    os.unlink(self.path(target))
+                    self.result.restored += 1
+                    continue
+            self.result.pids.add(pid)
+            out.append(target)
+        return out
+
+    def compact_db(self, kind: tuple[str, str], staged_names: list[str]) -> None:
+        """Fold ``staged_names`` (files of one type and mode) into the compacted file."""
+        typ, mode = kind
+        if typ == "gauge" and mode not in _FOLDED_MODES:
+            for name in staged_names:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self.path(name))
+                self.result.dropped += 1
+            return
+        final = f"{typ}_{mode}_{COMPACTED}.db" if mode else f"{typ}_{COMPACTED}.db"
+        values: dict[bytes, tuple[float, float]] = {}
+        try:
+            old, _ = manifest_of(read_entries(self.path(final)))
+        except FileNotFoundError:
+            old = []
+        except SkipFile as skip:
+            # The compacted file itself is unreadable: kept aside, and started afresh.
+            self.set_aside(final, skip)
+            old = []
+        _fold(values, mode, old)
+        folded: list[str] = []
+        for name in staged_names:
+            try:
+                entries = read_entries(self.path(name))
+                for raw, _, _ in entries:
+                    self.check_key(raw)
+            except FileNotFoundError:
+                continue
+            except SkipFile as skip:
+                self.set_aside(name, skip)
+                continue
+            _fold(values, mode, entries)
+            folded.append(name)
+        if not folded:
+            return
+        manifest = _MANIFEST + json.dumps(sorted(folded)).encode("utf-8")
+        temporary = self.path(f".{final}.{self.token}.tmp")
+        _write_entries(
+            temporary,
+            [(manifest, 0.0, 0.0), *((raw, v, ts) for raw, (v, ts) in values.items())],
+        )
+        os.replace(temporary, self.path(final))
+        self.sync_directory()
+        for name in folded:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path(name))
+        self.result.folded += len(folded)
+
+    def compact_exemplars(self, staged_names: list[str]) -> None:
+        """Keep the newest exemplar per sample of ``staged_names`` and the compacted file.
+
+        Newest-wins is idempotent, so no manifest is needed: a file read both here and
+        as itself (a compaction killed after its rename) gives the same exemplars.
+        """
+        final = f"{FILE_PREFIX}{COMPACTED}{FILE_SUFFIX}"
+        merged: ExemplarEntries = {}
+        folded: list[str] = []
+        for name in (final, *staged_names):
+            try:
+                entries = read_exemplars(self.path(name))
+            except FileNotFoundError:
+                continue
+            except SkipFile as skip:
+                self.set_aside(name, skip)
+                continue
+            for raw, item in entries.items():
+                held = merged.get(raw)
+                if held is None or item[0] > held[0]:
+                    merged[raw] = item
+            if name != final:
+                folded.append(name)
+        if not folded:
+            return
+        temporary = self.path(f".{final}.{self.token}.tmp")
+        _write_exemplars(temporary, merged)
+        os.replace(temporary, self.path(final))
+        self.sync_directory()
+        for name in folded:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path(name))
+        self.result.folded += len(folded)
+
+    def sync_directory(self) -> None:
+        with contextlib.suppress(OSError):
+            fd = os.open(self.directory, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+    def run(self) -> None:
+        with os.scandir(self.directory) as it:
+            names = [entry.name for entry in it if entry.is_file(follow_symlinks=False)]
+        # Left by a compaction that was killed: temporary files, and staged files (kept
+        # by the compacted file's manifest when they are already in it).
+        included: set[str] = set()
+        for name in names:
+            if name.endswith(".tmp") and name.startswith("."):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self.path(name))
+            elif name.endswith(f"_{COMPACTED}.db"):
+                with contextlib.suppress(FileNotFoundError, SkipFile):
+                    included |= manifest_of(read_entries(self.path(name)))[1]
+        leftovers = [n for n in names if _is_staged(n)]
+        for name in leftovers:
+            if name in included:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self.path(name))
+        leftovers = [n for n in leftovers if n not in included]
+        # The dead pids, at most max_pids of them per run: a scrape that compacts a
+        # directory of a thousand dead workers at once would outlast its timeout.
+        alive: dict[str, bool] = {}
+        dead: list[str] = []
+        dead_pids = 0
+        for name in names:
+            pid = _dead_pid(name)
+            if pid is None:
+                continue
+            if pid not in alive:
+                if dead_pids >= self.max_pids:
+                    continue
+                alive[pid] = pid_alive(pid)
+                dead_pids += not alive[pid]
+            if not alive[pid]:
+                dead.append(name)
+        by_kind: dict[tuple[str, str], list[str]] = {}
+        exemplar_files: list[str] = []
+        for name in [*leftovers, *self.stage(dead)]:
+            if name.endswith(".db"):
+                parsed: FileName | None = parse_name(name)
+                if parsed is None:
+                    continue
+                by_kind.setdefault((parsed.typ, parsed.mode), []).append(name)
+            else:
+                exemplar_files.append(name)
+        for kind, kind_names in by_kind.items():
+            if kind[0] in SUMMED_TYPES or kind[0] == "gauge":
+                self.compact_db(kind, kind_names)
+        if exemplar_files:
+            self.compact_exemplars(exemplar_files)
+
+
+def compact(
+    directory: str | os.PathLike[str],
+    check_key: Callable[[bytes], Key],
+    *,
+    max_pids: int = MAX_PIDS,
+) -> Compaction:
+    """Compact the files of the dead pids of ``directory`` (see the module docstring).
+
+    At most ``max_pids`` dead pids are compacted per call (the rest at the next one), so
+    that one call stays short when a directory holds thousands of them.
+
+    ``check_key`` validates one key (raises :class:`SkipFile`); a file with a bad key is
+    set aside like a torn one. Returns what was done; ``ran`` is false when another
+    compaction holds the lock, or the directory cannot be written (nothing is done then).
+    """
+    path = os.fspath(directory)
+    try:
+        fd = os.open(
+            os.path.join(path, LOCK_NAME), os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW, 0o644
+        )
+    except OSError:
+        return Compaction(ran=False)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                return Compaction(ran=False)
+            raise
+        if not os.access(path, os.W_OK):
+            return Compaction(ran=False)
+        compactor = _Compactor(path, check_key, max(max_pids, 1))
+        compactor.run()
+        return compactor.result
+    finally:
+        os.close(fd)
