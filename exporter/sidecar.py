@@ -182,6 +182,7 @@ def run_exporter(
             multiprocess_dir=server.multiprocess_dir,
             web_config=web_config,
             multiprocess_check_pids=server.check_worker_pids,
+            multiprocess_compact=server.compact_dead_workers,
             header_timeout=server.header_timeout,
             body_timeout=server.body_timeout,
             tls_handshake_timeout=server.tls_handshake_timeout,

@@ -318,6 +318,7 @@ def values_schema() -> Schema:
                     "pattern": r"^([0-9]+(\.[0-9]+)?(Ki|Mi|Gi|K|M|G)?)?$",
                 },
                 "checkWorkerPids": BOOL,
+                "compactDeadWorkers": BOOL,
                 "portName": {
                     "type": "string",
                     "maxLength": 15,

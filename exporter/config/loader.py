@@ -192,6 +192,18 @@ def _many(ctx: Context, cls: type, node: Node, path: str) -> tuple[Any, ...]:
 def _server(ctx: Context, mapping: CheckedMapping | None, values: dict[str, Any]) -> None:
     if mapping is None or mapping.get("multiprocess_dir") is None:
         values["multiprocess_dir"] = multiprocess_dir_from_env(ctx, "server.multiprocess_dir")
+    if (
+        mapping is not None
+        and values.get("compact_dead_workers")
+        and not values.get("check_worker_pids", True)
+    ):
+        # Without the app's PID namespace every pid looks dead: compaction would fold the
+        # files of live workers.
+        ctx.fail(
+            mapping.entries["compact_dead_workers"].key,
+            join(mapping.path, "compact_dead_workers"),
+            "needs check_worker_pids: true (the app's PID namespace)",
+        )
 
 
 def _reservations(ctx: Context, mapping: CheckedMapping | None, values: dict[str, Any]) -> None:

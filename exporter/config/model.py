@@ -181,6 +181,16 @@ class ServerConfig:
         "(same host, or `shareProcessNamespace: true` in the pod), so set `false` in a "
         "sidecar without it",
     )
+    #: Fold the files of dead workers into one (a pre-fork server that recycles workers
+    #: leaves one file per pid for ever). Needs what ``check_worker_pids`` needs, and a
+    #: writable multiprocess directory.
+    compact_dead_workers: bool = key(
+        False,
+        Bool(),
+        "fold the multiprocess files of dead workers (counters, histograms, summed gauges, "
+        "exemplars) into one, at most every 30 s and 100 pids at a time; needs "
+        "`check_worker_pids: true` and a writable multiprocess directory",
+    )
     telemetry_path: str = key(
         "/metrics",
         Named(

@@ -224,7 +224,9 @@ def build_renderer(
             (
                 "multiprocess",
                 MultiprocessDirCollector(
-                    settings.multiprocess_dir, check_pids=settings.multiprocess_check_pids
+                    settings.multiprocess_dir,
+                    check_pids=settings.multiprocess_check_pids,
+                    compact_dead=settings.multiprocess_compact,
                 ),
             )
         )

@@ -40,6 +40,8 @@ class ServerSettings:
         multiprocess_check_pids: drop ``live*`` gauges of pids that ``os.kill(pid, 0)``
             says are gone; set False when the exporter does not share the app's PID
             namespace (see :mod:`stocksentry.exporter.multiproc`).
+        multiprocess_compact: fold dead workers' files into one before a scrape (needs
+            ``multiprocess_check_pids``).
         shutdown_timeout: seconds in-flight requests get to finish at shutdown.
         drain_seconds: seconds between the stop signal and closing the listener, during
             which ``/readyz`` already answers 503 (for load balancers that must notice).
@@ -64,6 +66,7 @@ class ServerSettings:
     web_config: WebConfig | None = None
     metrics_path: str = "/metrics"
     multiprocess_check_pids: bool = True
+    multiprocess_compact: bool = False
     shutdown_timeout: float = 10.0
     drain_seconds: float = 0.0
     header_timeout: float = HEADER_TIMEOUT

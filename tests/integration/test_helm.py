@@ -505,6 +505,30 @@ def test_example_app_with_sidecar(example_chart: Path, tmp_path: Path) -> None:
     ]
 
 
+def test_sidecar_compaction_mounts_the_directory_writable(
+    example_chart: Path, tmp_path: Path
+) -> None:
+    values = {
+        "stocksentry": {
+            "sidecar": {
+                "multiprocessDir": str(tmp_path),
+                "checkWorkerPids": True,
+                "compactDeadWorkers": True,
+            }
+        }
+    }
+    _, docs = render(values, example_chart)
+    sidecar = containers(one(docs, "Deployment"))["stocksentry"]
+    mount = next(m for m in sidecar["volumeMounts"] if m["name"] == "stocksentry-multiproc")
+    assert mount["readOnly"] is False  # compaction renames and writes files there
+    config_text = one(docs, "ConfigMap", f"{RELEASE}-stocksentry")["data"]["config.yaml"]
+    config = yaml.safe_load(config_text)
+    assert config["server"]["compact_dead_workers"] is True
+    assert config["server"]["check_worker_pids"] is True
+    out = check_config(config_text, sidecar, tmp_path)
+    assert f"multiprocess dir: {tmp_path}" in out
+
+
 def test_sidecar_templates_refuse_prober_mode(example_chart: Path) -> None:
     message = render_error(
         {"stocksentry": {"mode": "prober", "podMonitor": {"enabled": False, "selector": None}}},
@@ -601,6 +625,16 @@ BAD_VALUES: list[tuple[str, dict[str, Any], str]] = [
         "no election in sidecar mode",
         {"mode": "sidecar", "config": {"database": {"leader_election": False}}},
         "config.database.leader_election: false in mode: sidecar",
+    ),
+    (
+        "compaction without the pid namespace",
+        {"mode": "sidecar", "sidecar": {"compactDeadWorkers": True}},
+        "sidecar.compactDeadWorkers needs sidecar.checkWorkerPids: true",
+    ),
+    (
+        "compaction in prober mode",
+        {"sidecar": {"compactDeadWorkers": True}},
+        "sidecar.compactDeadWorkers applies to mode: sidecar only",
     ),
     (
         "tls without secret",

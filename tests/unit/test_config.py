@@ -355,6 +355,13 @@ MALFORMED = [
         "server.web_config_file",
         "/nonexistent/web.yml is not a readable file",
     ),
+    (
+        "compaction-without-pid-checks",
+        "server:\n  check_worker_pids: false\n  compact_dead_workers: true\n",
+        3,
+        "server.compact_dead_workers",
+        "needs check_worker_pids: true",
+    ),
     # Explicit tags reach the constructor with values it refuses.
     (
         "tagged-bool-not-a-bool",

@@ -363,3 +363,31 @@ def test_one_compaction_takes_at_most_max_pids_dead_pids(workers: Workers, tmp_p
 
     assert done == [2, 2, 1, 0]
     assert total(scrape(workers.path)) == before == 5 * sum(1 + j * 0.5 for j in range(3))
+
+
+def test_the_sidecars_setting_compacts_before_its_scrape(workers: Workers) -> None:
+    from stocksentry.exporter.server.exposition import build_renderer
+    from stocksentry.exporter.server.settings import ServerSettings
+
+    workers.start(range(3))  # three workers that have exited: their pids are dead
+    plain = ServerSettings("127.0.0.1", 0, multiprocess_dir=workers.path)
+    before = build_renderer(plain).render(openmetrics=False)
+    files_before = sorted(p.name for p in workers.path.glob("*.db"))
+    compacting = ServerSettings(
+        "127.0.0.1", 0, multiprocess_dir=workers.path, multiprocess_compact=True
+    )
+    after = build_renderer(compacting).render(openmetrics=False)
+    files_after = sorted(p.name for p in workers.path.glob("*.db"))
+    assert len(files_after) < len(files_before)
+    assert all(COMPACTED in name for name in files_after)
+
+    def app_lines(body: bytes) -> list[str]:
+        # The app's series only (our own health series differ by design), less the
+        # per-pid series of "all" gauges, which compaction drops with their dead pids.
+        return sorted(
+            line
+            for line in body.decode().splitlines()
+            if line.startswith("mp_") and not line.startswith("mp_g_all{")
+        )
+
+    assert app_lines(after) == app_lines(before)

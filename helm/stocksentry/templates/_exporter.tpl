@@ -70,7 +70,8 @@ read-only: the exporter only reads the workers' files.
     {{- if $sidecar }}
     - name: stocksentry-multiproc
       mountPath: {{ .Values.sidecar.multiprocessDir }}
-      readOnly: true
+      {{- /* Compaction renames and writes files in the directory. */}}
+      readOnly: {{ not .Values.sidecar.compactDeadWorkers }}
     {{- end }}
     - name: stocksentry-tmp
       mountPath: /tmp

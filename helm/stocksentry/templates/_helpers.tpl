@@ -125,6 +125,10 @@ from the Secrets). Sections whose feature is off are dropped.
 {{- if eq .Values.mode "sidecar" -}}
 {{- $_ := set $server "multiprocess_dir" .Values.sidecar.multiprocessDir -}}
 {{- $_ := set $server "check_worker_pids" .Values.sidecar.checkWorkerPids -}}
+{{- $_ := set $server "compact_dead_workers" .Values.sidecar.compactDeadWorkers -}}
+{{- if and .Values.sidecar.compactDeadWorkers (not .Values.sidecar.checkWorkerPids) -}}
+{{- fail "sidecar.compactDeadWorkers needs sidecar.checkWorkerPids: true (and shareProcessNamespace: true in the application's pod): without the application's PID namespace every worker looks dead" -}}
+{{- end -}}
 {{- end -}}
 {{- $_ := set $config "server" $server -}}
 {{- if .Values.database.enabled -}}
@@ -171,6 +175,9 @@ Rendered by templates/validate.yaml; each failure is one sentence naming the key
 {{- end -}}
 {{- if .Values.sidecar.checkWorkerPids -}}
 {{- fail "sidecar.checkWorkerPids applies to mode: sidecar only: the prober has no application workers" -}}
+{{- end -}}
+{{- if .Values.sidecar.compactDeadWorkers -}}
+{{- fail "sidecar.compactDeadWorkers applies to mode: sidecar only: the prober has no application workers" -}}
 {{- end -}}
 {{- if .Values.podMonitor.selector -}}
 {{- fail "podMonitor.selector is for mode: sidecar (it selects the application's pods); in mode: prober the PodMonitor selects the prober's own pods, leave it empty" -}}
