@@ -218,9 +218,15 @@ async def explain(conn: Any, query: Any, params: Any) -> dict[str, Any]:
 
 
 def plan_shape(plan: dict[str, Any], depth: int = 3) -> str:
-    """The plan's top nodes, ``Outer > inner`` by depth, and any relation scanned."""
-    top = [f"{'  ' * d}{_label(n)}" for d, n in _nodes(plan) if d < depth]
-    return " / ".join(line.strip() for line in top)
+    """The plan's top nodes (``depth`` levels, in order) and then every table it reads,
+    with how: ``Nested Loop / Aggregate / ... | reads: Index Scan orders_created_at_idx``."""
+    top = [_label(n) for d, n in _nodes(plan) if d < depth]
+    reads = [
+        f"{n['Node Type']} {n.get('Index Name') or n['Relation Name']}"
+        for _d, n in _nodes(plan)
+        if "Relation Name" in n
+    ]
+    return " / ".join(top) + (" | reads: " + ", ".join(reads) if reads else "")
 
 
 def seq_scans(plan: dict[str, Any], tables: tuple[str, ...] = BIG_TABLES) -> list[str]:

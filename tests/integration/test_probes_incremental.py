@@ -156,7 +156,8 @@ async def test_an_order_committed_late_is_counted_however_old_its_created_at(
                 await order(writer, "SKU-2", 1)  # traffic that commits meanwhile
                 assert await figures(probe) == {}
             # The open transaction held the boundary at its start.
-            assert probe.totals.boundary is not None and probe.totals.boundary <= started
+            assert probe.totals.boundary is not None
+            assert probe.totals.boundary <= started
             await late.commit()
         # One run after the commit: the oversell is seen, on a SKU that is no promo SKU.
         assert await figures(probe) == {"SKU-1": 2.0}
@@ -230,9 +231,7 @@ async def test_a_restart_rebuilds_in_bounded_steps_and_a_new_leader_equals_the_r
     for sku in ("SKU-450", "SKU-460", "SKU-470"):
         await order(writer, sku, 3, age=dt.timedelta(days=1))
         await order(writer, sku, 1)
-    config = config_for(
-        pg_database, leader_election=True, recount_batch=1, settle_after="1h"
-    )
+    config = config_for(pg_database, leader_election=True, recount_batch=1, settle_after="1h")
     truth = await full_recount(pg_database, config)
     assert truth == {"SKU-450": 1.0, "SKU-460": 1.0, "SKU-470": 1.0}
 
