@@ -460,7 +460,7 @@ class OversoldSettings(ProbeSettings):
         "and cancellations show at the next run); older ones are added once to kept totals",
     )
     clock_margin: float = key(
-        30.0,
+        5.0,
         Duration(maximum=_HOUR, allow_zero=True),
         "how far an order's `created_at` may precede its transaction's start on the "
         "database's clock (app clock skew, timestamp taken before `BEGIN`)",
@@ -472,10 +472,11 @@ class OversoldSettings(ProbeSettings):
         "oversold long ago and corrects kept totals after a change to an older order",
     )
     recount_batch: int = key(
-        200,
+        2000,
         Integer(1, 100_000),
-        "products seen for the first time counted from their history per run (the "
-        "rebuild after a start or a leader change)",
+        "products seen for the first time counted from their history per run; keep it "
+        "above the distinct products sold per interval (an uncounted product's oversell "
+        "waits for its turn); it also paces the rebuild after a start or a leader change",
     )
     max_tracked_products: int = key(
         200_000,
@@ -492,7 +493,7 @@ class DuplicateOrdersSettings(ProbeSettings):
         _HOUR, Duration(maximum=31 * _DAY), "orders created within it are compared"
     )
     clock_margin: float = key(
-        30.0,
+        5.0,
         Duration(maximum=_HOUR, allow_zero=True),
         "how far an order's `created_at` may precede its transaction's start on the "
         "database's clock (as `oversold.clock_margin`)",

@@ -29,6 +29,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import math
+import time
 from typing import Any, Final
 
 from prometheus_client.core import Metric
@@ -47,6 +48,8 @@ __all__ = ["OversoldProbe", "horizon_statement"]
 
 LOGGER: Final = logging.getLogger("stocksentry.exporter.probes")
 
+#: Seconds between two warnings that products wait for their first count.
+PENDING_LOG_INTERVAL: Final = 600.0
 #: The smallest chunk of the rolling recount, so a small shop finishes a pass in a run.
 MIN_CHUNK: Final = 200
 
@@ -97,6 +100,7 @@ class OversoldProbe(DbProbe):
         self.totals = SoldTotals(max_products=settings.max_tracked_products)
         self._chunk = MIN_CHUNK
         self._history_logged = False
+        self._pending_logged = -PENDING_LOG_INTERVAL
         if not self.incremental:
             query = self._builder.oversold(skus=config.sku_guard.promo_skus, worst_first=True)
             self._sql, self._params = composed(query)
@@ -128,8 +132,9 @@ class OversoldProbe(DbProbe):
     async def step(self, conn: Conn) -> None:
         """One incremental run: the horizon, settle, recent, first counts, one chunk.
 
-        The totals change only once every statement has succeeded: a run that fails or
-        times out leaves them as they were (the next run repeats its work).
+        The totals change only after the statements whose rows they need have returned:
+        a run that fails or times out leaves them consistent, and the next run repeats
+        what was not applied (a settle range, a chunk, the first counts).
         """
         s = self._settings
         (horizon,) = await one_row(
@@ -179,6 +184,17 @@ class OversoldProbe(DbProbe):
         totals.counted(missing, counts)
         passes = totals.passes
         totals.recounted(chunk, limit=self._chunk)
+        pending = totals.pending
+        now = time.monotonic()
+        if pending and totals.passes and now - self._pending_logged >= PENDING_LOG_INTERVAL:
+            self._pending_logged = now
+            LOGGER.warning(
+                "probe oversold: %d products with recent sales wait for their first count"
+                " (%d a run); raise probes.oversold.recount_batch",
+                pending,
+                s.recount_batch,
+                extra={"probe": self.name},
+            )
         if passes == 0 and totals.passes == 1 and not self._history_logged:
             self._history_logged = True
             LOGGER.info(
