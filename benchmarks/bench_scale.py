@@ -47,6 +47,7 @@ from stocksentry.exporter.probes.postgres import DbProbe, OversoldProbe
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.scaleshop import (
     StatementRecorder,
+    buffers,
     explain,
     generate,
     plan_shape,
@@ -188,31 +189,34 @@ async def rebuild(runner: ProbeRunner) -> tuple[int, float, float]:
             return len(durations), max(durations), sum(durations)
 
 
-async def plans(runner: ProbeRunner) -> list[tuple[str, str, list[str]]]:
-    """Each database probe's statements, their plan shapes and their big-table seq scans."""
-    out: list[tuple[str, str, list[str]]] = []
+async def plans(runner: ProbeRunner) -> list[tuple[str, str, list[str], float]]:
+    """Each database probe's statements: plan shape with the executed plan's server time
+    and buffers, the big tables read by Seq Scan, and the server time (ms)."""
+    out: list[tuple[str, str, list[str], float]] = []
     for probe in runner.probes:
         if not isinstance(probe, DbProbe):
             continue
 
-        async def capture(conn: Any, probe: DbProbe = probe) -> list[tuple[str, list[str]]]:
+        async def capture(conn: Any, probe: DbProbe = probe) -> list[tuple[str, list[str], float]]:
             recorder: Any = StatementRecorder(conn)
             # The cache-drift probe's database part is its SKU lookup; the rest is Redis.
             query = getattr(probe, "_database_stock", None) or probe.query
             await query(recorder)
             found = []
             for statement, params in recorder.statements:
-                plan = await explain(conn, statement, params)
-                found.append((plan_shape(plan), seq_scans(plan)))
+                plan = await explain(conn, statement, params, analyze=True)
+                ms = float(plan["Execution Time"])
+                cost = f"exec_ms={ms:.1f} buffers={buffers(plan)} shape: "
+                found.append((cost + plan_shape(plan), seq_scans(plan), ms))
             return found
 
         try:
             shapes = await probe.pool.read(capture)
         except Exception as exc:  # a probe that cannot run here (no Redis ...) says so
-            out.append((probe.name, f"(not explained: {type(exc).__name__})", []))
+            out.append((probe.name, f"(not explained: {type(exc).__name__})", [], 0.0))
             continue
-        for shape, scans in shapes:
-            out.append((probe.name, shape, scans))
+        for shape, scans, ms in shapes:
+            out.append((probe.name, shape, scans, ms))
     return out
 
 
@@ -231,9 +235,11 @@ async def measure_probes(url: str, seconds: float) -> None:
             if not isinstance(probe, OversoldProbe):
                 first = await runner.run_once(probe)
                 print(f"bench scale first_run probe={probe.name} ms={first.duration * 1000:.1f}")
-        for name, shape, scans in await plans(runner):
+        server_ms: dict[str, float] = {}
+        for name, shape, scans, ms in await plans(runner):
+            server_ms[name] = server_ms.get(name, 0.0) + ms  # one run's statements
             flag = f" SEQ_SCAN={','.join(scans)}" if scans else ""
-            print(f"bench scale plan probe={name}{flag} shape: {shape}")
+            print(f"bench scale plan probe={name}{flag} {shape}")
         runner.runs.clear()
         loop = asyncio.get_running_loop()
         started = loop.time()
@@ -251,23 +257,30 @@ async def measure_probes(url: str, seconds: float) -> None:
         await runner.stop()
     share = 0.0
     measured = 0.0
+    server_share = sum(ms / 1000 / intervals_of(runner)[n] for n, ms in server_ms.items())
     intervals = {p.name: p.interval for p in runner.probes}
     for name, results in sorted(runner.runs.items()):
         if name not in intervals:
             continue
-        ms = [r.duration * 1000 for r in results]
+        run_ms = [r.duration * 1000 for r in results]
         down = sum(1 for r in results if not r.up)
-        median = statistics.median(ms)
+        median = statistics.median(run_ms)
         share += median / 1000 / intervals[name]
-        measured += sum(ms) / 1000
+        measured += sum(run_ms) / 1000
         print(
-            f"bench scale probe={name} median_ms={median:.1f} runs={len(ms)}"
+            f"bench scale probe={name} median_ms={median:.1f} runs={len(run_ms)}"
             f" interval_s={intervals[name]:g} failed_runs={down}"
         )
     print(
         f"bench scale probes_share_of_one_core={share * 100:.2f}% (sum of median run time /"
-        f" interval) measured_run_time_over_wall={measured / wall * 100:.2f}% over {wall:.0f}s"
+        f" interval, client-side) measured_run_time_over_wall={measured / wall * 100:.2f}%"
+        f" over {wall:.0f}s server_execution_share={server_share * 100:.2f}% (EXPLAIN"
+        " ANALYZE time of one steady-state run's statements / interval)"
     )
+
+
+def intervals_of(runner: ProbeRunner) -> dict[str, float]:
+    return {p.name: p.interval for p in runner.probes}
 
 
 @contextmanager
@@ -337,7 +350,9 @@ def main() -> int:
     )
     parser.add_argument("--seconds", type=float, default=120.0)
     parser.add_argument("--rate", type=float, default=28.0, help="orders a second meanwhile")
-    parser.add_argument("--lab-repeats", type=int, default=3)
+    parser.add_argument(
+        "--lab-repeats", type=int, default=5, help="pairs of lab runs (0: no lab run)"
+    )
     parser.add_argument("--buyers", type=int, default=600)
     parser.add_argument("--concurrency", type=int, default=16)
     args = parser.parse_args()
@@ -351,7 +366,8 @@ def main() -> int:
             )
             with traffic(url, args.rate, args.products, args.orders):
                 asyncio.run(measure_probes(url, args.seconds))
-            measure_lab(url, args.lab_repeats, args.buyers, args.concurrency)
+            if args.lab_repeats:
+                measure_lab(url, args.lab_repeats, args.buyers, args.concurrency)
     except psycopg.OperationalError as exc:
         print(f"bench: cannot reach PostgreSQL: {str(exc).splitlines()[0]}", file=sys.stderr)
         return 2

@@ -38,6 +38,7 @@ __all__ = [
     "OVERSOLD",
     "ShopFacts",
     "StatementRecorder",
+    "buffers",
     "explain",
     "generate",
     "oversold_ids",
@@ -204,17 +205,27 @@ def _label(node: dict[str, Any]) -> str:
     return text
 
 
-async def explain(conn: Any, query: Any, params: Any) -> dict[str, Any]:
-    """The JSON plan (``EXPLAIN (FORMAT JSON)``, not executed) of one statement."""
+async def explain(conn: Any, query: Any, params: Any, *, analyze: bool = False) -> dict[str, Any]:
+    """The JSON plan of one statement (``EXPLAIN (FORMAT JSON)``); with ``analyze`` it is
+    run too, and the plan has ``Execution Time`` (ms) and its buffer counts."""
     from psycopg import sql
 
-    statement = sql.SQL("EXPLAIN (FORMAT JSON) ") + (
+    options = "ANALYZE, BUFFERS, FORMAT JSON" if analyze else "FORMAT JSON"
+    statement = sql.SQL(f"EXPLAIN ({options}) ") + (
         sql.SQL(query) if isinstance(query, str) else query
     )
     cursor = await conn.execute(statement, params)
     row = await cursor.fetchone()
     plan: dict[str, Any] = row[0][0]["Plan"]
+    if analyze:
+        plan["Execution Time"] = row[0][0].get("Execution Time", 0.0)
     return plan
+
+
+def buffers(plan: dict[str, Any]) -> int:
+    """Shared buffers the executed plan touched (hits and reads): work that does not
+    depend on how busy the machine is."""
+    return int(plan.get("Shared Hit Blocks", 0)) + int(plan.get("Shared Read Blocks", 0))
 
 
 def plan_shape(plan: dict[str, Any], depth: int = 3) -> str:

@@ -224,7 +224,8 @@ async def test_figures_equal_a_full_recount_under_traffic_with_old_orders_settle
 async def test_a_restart_rebuilds_in_bounded_steps_and_a_new_leader_equals_the_recount(
     pg_database: str,
 ) -> None:
-    # 500 products: the rolling recount takes 200 a run, so it reaches SKU-450.. at run 3.
+    # 500 products: the rolling recount takes 50 a run and does not reach SKU-450.. in
+    # these first runs, so only the first counts (recount_batch) find them.
     await shop(pg_database, products=500)
     writer = await psycopg.AsyncConnection.connect(pg_database, autocommit=True)
     # Oversold SKUs with recent sales; after a start, one product's history a run.

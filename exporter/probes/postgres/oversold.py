@@ -50,8 +50,9 @@ LOGGER: Final = logging.getLogger("stocksentry.exporter.probes")
 
 #: Seconds between two warnings that products wait for their first count.
 PENDING_LOG_INTERVAL: Final = 600.0
-#: The smallest chunk of the rolling recount, so a small shop finishes a pass in a run.
-MIN_CHUNK: Final = 200
+#: The smallest chunk of the rolling recount: a shop of a few thousand products finishes
+#: a pass in minutes, whatever ``recount_period`` says.
+MIN_CHUNK: Final = 50
 
 
 def horizon_statement(*, with_clock: bool = False) -> sql.Composed:
