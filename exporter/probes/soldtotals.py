@@ -1,9 +1,11 @@
 """Per-product paid totals kept between probe runs: the incremental oversold bookkeeping.
 
-Nothing here speaks SQL or knows a database: a dialect's probe (the PostgreSQL one is
-:mod:`stocksentry.exporter.probes.postgres.oversold`) runs the statements of
-:class:`stocksentry.exporter.invariants.InvariantSql` and feeds their rows to
-:class:`SoldTotals`, which answers which SKUs are oversold and by how much.
+Nothing here writes SQL or knows a driver: :func:`incremental_run` asks
+:class:`stocksentry.exporter.invariants.InvariantSql` (the dialect-aware builder
+``reconcile`` uses) for its statements and a dialect's probe for their rows, through a
+``fetch`` callable, and :class:`SoldTotals` answers which SKUs are oversold and by how
+much. A dialect brings only its *horizon* and its ``fetch`` (the PostgreSQL probe is
+:mod:`stocksentry.exporter.probes.postgres.oversold`).
 
 The paid units of a product are split by the orders' creation time at a **boundary**:
 
@@ -36,12 +38,19 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable
+from collections.abc import Awaitable, Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["OversoldSku", "SoldTotals"]
+if TYPE_CHECKING:
+    from ..invariants import InvariantSql, Query
+
+__all__ = ["Fetch", "OversoldSku", "SoldTotals", "incremental_run"]
+
+#: Runs one statement of :class:`~stocksentry.exporter.invariants.InvariantSql` in the
+#: run's read-only transaction and returns its rows.
+Fetch = Callable[["Query"], Awaitable[Sequence[tuple[Any, ...]]]]
 
 ProductId = Hashable
 
@@ -257,3 +266,48 @@ class SoldTotals:
         )
         for _seen, pid in candidates[: max(0, len(self._settled) - keep)]:
             del self._settled[pid]
+
+
+async def incremental_run(
+    totals: SoldTotals,
+    fetch: Fetch,
+    builder: InvariantSql,
+    *,
+    horizon: datetime,
+    chunk: int,
+    recount_batch: int,
+) -> None:
+    """One run of the incremental oversold count, after the dialect read ``horizon``.
+
+    Settle the orders created between the boundary and the horizon, read the recent ones
+    again, read one chunk of the rolling recount, then count the new products' histories.
+    The totals change only after the statements whose rows they need have returned: a run
+    that fails or times out leaves them consistent, and the next run repeats what was not
+    applied (a settle range, a chunk, the first counts).
+    """
+    boundary = totals.boundary
+    settle_range = None
+    new_boundary = horizon
+    if boundary is not None:
+        if horizon > boundary:
+            settle_range = (boundary, horizon)
+        else:
+            new_boundary = boundary
+    settled = (
+        await fetch(builder.paid_units_created(start=settle_range[0], end=settle_range[1]))
+        if settle_range is not None
+        else []
+    )
+    recent = await fetch(builder.paid_units_created(start=new_boundary))
+    rows = await fetch(
+        builder.paid_units_chunk(after=totals.cursor, limit=chunk, end=new_boundary)
+    )
+    totals.advance(new_boundary)
+    totals.settle((row[0], row[3]) for row in settled)
+    totals.set_recent(recent)
+    missing = totals.uncounted(recount_batch)
+    counts = (
+        await fetch(builder.paid_units_of_products(missing, end=new_boundary)) if missing else []
+    )
+    totals.counted(missing, counts)
+    totals.recounted(rows, limit=chunk)

@@ -40,7 +40,7 @@ from stocksentry.instrumentation.guard import LabelGuard, sanitize_label_value
 from ...config import ExporterConfig
 from ...invariants import InvariantSql, Query
 from ..base import family
-from ..soldtotals import SoldTotals
+from ..soldtotals import SoldTotals, incremental_run
 from .common import DbProbe, composed, number, one_row, quoted_name
 from .pool import Conn, PgPool
 
@@ -131,12 +131,9 @@ class OversoldProbe(DbProbe):
         return [tuple(row) for row in await cursor.fetchall()]
 
     async def step(self, conn: Conn) -> None:
-        """One incremental run: the horizon, settle, recent, first counts, one chunk.
-
-        The totals change only after the statements whose rows they need have returned:
-        a run that fails or times out leaves them consistent, and the next run repeats
-        what was not applied (a settle range, a chunk, the first counts).
-        """
+        """One incremental run: PostgreSQL's horizon, then
+        :func:`~stocksentry.exporter.probes.soldtotals.incremental_run` (the statements of
+        every dialect, and the bookkeeping)."""
         s = self._settings
         (horizon,) = await one_row(
             conn,
@@ -147,44 +144,21 @@ class OversoldProbe(DbProbe):
             },
         )
         totals = self.totals
-        boundary = totals.boundary
-        # Work on copies of the decisions only; apply once every statement has returned.
-        settle_range = None
-        new_boundary = horizon
-        if boundary is not None:
-            if horizon > boundary:
-                settle_range = (boundary, horizon)
-            else:
-                new_boundary = boundary
-        settled = (
-            await self._rows(
-                conn, self._builder.paid_units_created(start=settle_range[0], end=settle_range[1])
-            )
-            if settle_range is not None
-            else []
-        )
-        recent = await self._rows(conn, self._builder.paid_units_created(start=new_boundary))
         if totals.cursor is None:
             await self._size_chunk(conn)
-        chunk = await self._rows(
-            conn,
-            self._builder.paid_units_chunk(
-                after=totals.cursor, limit=self._chunk, end=new_boundary
-            ),
-        )
-        # From here on nothing awaits but the first counts, which come last.
-        totals.advance(new_boundary)
-        totals.settle((pid, units) for pid, _sku, _alloc, units in settled)
-        totals.set_recent(recent)
-        missing = totals.uncounted(s.recount_batch)
-        counts = (
-            await self._rows(conn, self._builder.paid_units_of_products(missing, end=new_boundary))
-            if missing
-            else []
-        )
-        totals.counted(missing, counts)
         passes = totals.passes
-        totals.recounted(chunk, limit=self._chunk)
+
+        async def fetch(query: Query) -> list[tuple[Any, ...]]:
+            return await self._rows(conn, query)
+
+        await incremental_run(
+            totals,
+            fetch,
+            self._builder,
+            horizon=horizon,
+            chunk=self._chunk,
+            recount_batch=s.recount_batch,
+        )
         pending = totals.pending
         now = time.monotonic()
         if pending and totals.passes and now - self._pending_logged >= PENDING_LOG_INTERVAL:
