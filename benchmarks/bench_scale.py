@@ -335,6 +335,7 @@ def measure_lab(url: str, repeats: int, buyers: int, concurrency: int) -> None:
         ratios.append(pair[True] / pair[False])
     print(
         f"bench scale lab_throughput_with_probes_every_1s ratio={statistics.median(ratios):.3f}"
+        f" (median of pairs; pairs {' '.join(f'{r:.2f}' for r in ratios)})"
         f" with_per_s={statistics.median(probed):.0f} without_per_s={statistics.median(bare):.0f}"
         f" repeats={repeats} buyers={buyers} concurrency={concurrency}"
     )
