@@ -14,8 +14,9 @@ The paid units of a product are split by the orders' creation time at a **bounda
   a refund or a cancellation of a recent order shows at the next run).
 
 The probe moves the boundary forward on each run to its *horizon*: before every order
-that may still change or commit (``settle_after`` back from the database's clock, and
-before the start of every open transaction, less a margin). The orders created between
+that may still commit (the start of every open transaction, less a margin) and before
+those young enough to be paid or refunded soon (``settle_after`` back from the database's
+clock). The orders created between
 the old and the new boundary are read once and added to the settled totals.
 
 Settled totals are kept only for products that matter: those with recent paid items

@@ -56,19 +56,21 @@ MIN_CHUNK: Final = 50
 
 
 def horizon_statement(*, with_clock: bool = False) -> sql.Composed:
-    """PostgreSQL's horizon: no row created before it can still commit or change.
+    """PostgreSQL's horizon: no row created before it can still be uncommitted.
 
-    Parameters ``settle_after`` and ``margin`` (intervals). Every transaction of this
-    database but the probe's own counts, those that have written nothing yet too (they
-    may still insert with an old ``now()``): an open transaction holds the horizon at
-    its start. Seeing other roles' ``xact_start`` needs ``pg_monitor``. ``with_clock``
-    adds a second column, the database's clock.
+    Parameters ``settle_after`` and ``margin`` (intervals). Every client transaction of
+    this database but the probe's own counts, those that have written nothing yet too
+    (they may still insert with an old ``now()``): an open transaction holds the horizon
+    at its start. Autovacuum and other server processes insert no orders and do not.
+    Seeing other roles' ``xact_start`` needs ``pg_monitor``. ``with_clock`` adds a second
+    column, the database's clock.
     """
     return sql.SQL(
         "SELECT least(clock_timestamp() - %(settle_after)s,"
         " (SELECT min(a.xact_start) FROM pg_stat_activity AS a"
         " WHERE a.datname = current_database() AND a.pid <> pg_backend_pid()"
-        " AND a.xact_start IS NOT NULL)) - %(margin)s{}"
+        " AND a.backend_type = 'client backend' AND a.xact_start IS NOT NULL))"
+        " - %(margin)s{}"
     ).format(sql.SQL(", clock_timestamp()") if with_clock else sql.SQL(""))
 
 
