@@ -8,7 +8,7 @@ reconcile would list, so the dashboard and the audit agree by construction.
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
+from typing import Any, Final
 
 from prometheus_client.core import Metric
 from stocksentry.instrumentation import catalog
@@ -21,7 +21,10 @@ from .common import DbProbe, composed, number, one_row
 from .oversold import horizon_statement
 from .pool import Conn, PgPool
 
-__all__ = ["DuplicateOrdersProbe", "NegativeStockProbe"]
+__all__ = ["MAX_NEW_KEYS", "DuplicateOrdersProbe", "NegativeStockProbe"]
+
+#: Beyond this many keys of new orders in one run, duplicate_orders reads the window again.
+MAX_NEW_KEYS: Final = 5000
 
 
 class NegativeStockProbe(DbProbe):
@@ -92,16 +95,15 @@ class DuplicateOrdersProbe(DbProbe):
                 new = await self._rows(
                     conn, self._builder.keys_created(column, start=keys.boundary)
                 )
-                rows = (
-                    await self._rows(
-                        conn,
-                        self._builder.duplicate_key_expiry(
-                            column, window=self._window, keys=[k for (k,) in new]
-                        ),
+                if len(new) > MAX_NEW_KEYS:
+                    # A horizon held back long (an open transaction): one read of the window
+                    # costs less than asking about that many keys one by one.
+                    query = self._builder.duplicate_key_expiry(column, window=self._window)
+                else:
+                    query = self._builder.duplicate_key_expiry(
+                        column, window=self._window, keys=[k for (k,) in new]
                     )
-                    if new
-                    else []
-                )
+                rows = await self._rows(conn, query) if new else []
             found.append((kind, rows))
         for kind, rows in found:
             keys.update(kind, rows)
