@@ -225,6 +225,12 @@ async def measure_probes(url: str, seconds: float) -> None:
     time is its own, not time spent waiting for a pooled session)."""
     config = example_config(url)
     runner = RecordingRunner(config)
+    # The writer runs already: let the recent part fill up (settle_after and the margin)
+    # so the rebuild and every run below see a steady state's recent orders.
+    settings = config.probes.oversold
+    fill = settings.settle_after + settings.clock_margin
+    print(f"bench scale waiting {fill:.0f}s for the recent orders of a steady state")
+    await asyncio.sleep(fill)
     try:
         runs, worst, total = await rebuild(runner)
         print(
@@ -235,11 +241,6 @@ async def measure_probes(url: str, seconds: float) -> None:
             if not isinstance(probe, OversoldProbe):
                 first = await runner.run_once(probe)
                 print(f"bench scale first_run probe={probe.name} ms={first.duration * 1000:.1f}")
-        server_ms: dict[str, float] = {}
-        for name, shape, scans, ms in await plans(runner):
-            server_ms[name] = server_ms.get(name, 0.0) + ms  # one run's statements
-            flag = f" SEQ_SCAN={','.join(scans)}" if scans else ""
-            print(f"bench scale plan probe={name}{flag} {shape}")
         runner.runs.clear()
         loop = asyncio.get_running_loop()
         started = loop.time()
@@ -253,6 +254,11 @@ async def measure_probes(url: str, seconds: float) -> None:
             await runner.run_once(by_name[name])
             due[name] += by_name[name].interval
         wall = loop.time() - started
+        server_ms: dict[str, float] = {}
+        for name, shape, scans, ms in await plans(runner):
+            server_ms[name] = server_ms.get(name, 0.0) + ms  # one run's statements
+            flag = f" SEQ_SCAN={','.join(scans)}" if scans else ""
+            print(f"bench scale plan probe={name}{flag} {shape}")
     finally:
         await runner.stop()
     share = 0.0
