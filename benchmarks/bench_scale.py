@@ -7,8 +7,8 @@ docs/exporter-config.md asks for, ``VACUUM ANALYZE``) in a database of its own, 
 at the end; ``--keep`` keeps it under a name made of its size and re-uses it next time.
 
 While it measures, a writer places ``--rate`` orders a second (100k an hour by default)
-and refunds one older paid order in fifty, so the incremental probes have recent work.
-It prints:
+and refunds one older paid order in fifty, so the incremental probes have recent work;
+the measurement starts once ``settle_after`` of those orders is there. It prints:
 
 - each probe's plan shape (the top nodes of ``EXPLAIN``) and any Seq Scan of
   ``products``, ``orders`` or ``order_items``;
