@@ -4,6 +4,8 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
 DEMO_ARGS ?=
+SCALE ?=
+SCALE_ARGS ?=
 
 .PHONY: demo demo-tools test lint format bench services tools helm-tools install dev clean generate fuzz
 
@@ -78,13 +80,16 @@ format: dev
 	$(VENV)/bin/ruff format .
 
 ## bench: instrumented vs bare reservation on real PostgreSQL, the scrape path, the
-## multiprocess merge against prometheus_client's and the probes; medians over repeats
+## multiprocess merge against prometheus_client's and the probes; medians over repeats.
+## `make bench SCALE=1` adds the probes on a generated shop of 1M products and 5M orders
+## (a few minutes; SCALE_ARGS="--products 200000 --orders 1000000 --keep" to change it).
 bench: dev services
 	$(PY) benchmarks/bench_reservation.py
 	$(PY) benchmarks/bench_exporter.py
 	$(PY) benchmarks/bench_multiproc.py
 	$(PY) benchmarks/bench_probes.py
 	$(PY) benchmarks/bench_timeline.py
+	@if [ -n "$(SCALE)" ]; then $(PY) benchmarks/bench_scale.py $(SCALE_ARGS); fi
 
 clean:
 	rm -rf $(VENV) .typecheck build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache

@@ -243,6 +243,79 @@ class InvariantSql:
 
     # --- oversold --------------------------------------------------------------------------
 
+    @property
+    def lateral(self) -> bool:
+        """Whether the dialect has ``LATERAL`` (PostgreSQL): a join that must stay a
+        nested loop over an index is written as one, whatever the planner estimates."""
+        return self.dialect == "postgresql"
+
+    def _paid_items(
+        self, parts: _Parts, *, count_orders: bool = False, by_order: bool = False
+    ) -> None:
+        """``SELECT product_id, sum(quantity) AS sold FROM order_items JOIN orders ON ...
+        WHERE status IN (paid)``: the one definition of a SKU's paid units, which every
+        oversold statement (full, incremental, per SKU) aggregates. The caller adds the
+        rest of the ``WHERE`` and the ``GROUP BY``.
+
+        ``by_order``: the orders drive (a range of ``created_at``), each order's items
+        read through ``order_items(order_id)``: on PostgreSQL a ``LATERAL`` join, so a
+        low estimate of the range never turns it into a scan of every item (``OFFSET 0``
+        keeps the planner from flattening the subquery back into a plain join).
+        """
+        o, oi = self.schema.orders, self.schema.order_items
+        orders = f", count(DISTINCT {self._col('o', o.id)}) AS orders" if count_orders else ""
+        parts.sql(
+            f"SELECT {self._col('oi', oi.product_id)} AS product_id,"
+            f" sum({self._col('oi', oi.quantity)}) AS sold{orders} FROM "
+        )
+        if by_order and self.lateral:
+            parts.sql(
+                f"{self.quote(o.table)} AS o CROSS JOIN LATERAL (SELECT"
+                f" {self._col('i', oi.product_id)}, {self._col('i', oi.quantity)}"
+                f" FROM {self.quote(oi.table)} AS i"
+                f" WHERE {self._col('i', oi.order_id)} = {self._col('o', o.id)} OFFSET 0) AS oi"
+                " WHERE "
+            )
+        else:
+            parts.sql(
+                f"{self.quote(oi.table)} AS oi JOIN {self.quote(o.table)} AS o"
+                f" ON {self._col('o', o.id)} = {self._col('oi', oi.order_id)} WHERE "
+            )
+        self._paid(parts, "o")
+
+    def _with_product(self, parts: _Parts, inner: str) -> None:
+        """``... FROM (inner) AS s JOIN products AS p ON p.id = s.product_id``, on
+        PostgreSQL as a ``LATERAL`` lookup by the primary key per row."""
+        p = self.schema.products
+        if self.lateral:
+            parts.sql(
+                f") AS {inner} CROSS JOIN LATERAL (SELECT {self._col('q', p.sku)},"
+                + (f" {self._col('q', p.allocation)}" if p.allocation else " NULL")
+                + f" FROM {self.quote(p.table)} AS q WHERE {self._col('q', p.id)}"
+                f" = {inner}.product_id OFFSET 0) AS p"
+            )
+        else:
+            parts.sql(
+                f") AS {inner} JOIN {self.quote(p.table)} AS p"
+                f" ON {self._col('p', p.id)} = {inner}.product_id"
+            )
+
+    def _group_by_product(self, parts: _Parts) -> None:
+        parts.sql(f" GROUP BY {self._col('oi', self.schema.order_items.product_id)}")
+
+    def _created_range(self, parts: _Parts, start: datetime | None, end: datetime | None) -> None:
+        created = self._col("o", self.schema.orders.created_at)
+        if start is not None:
+            parts.sql(f" AND {created} >= ").param("start", start)
+        if end is not None:
+            parts.sql(f" AND {created} < ").param("end", end)
+
+    def _allocation(self) -> str:
+        allocation = self.schema.products.allocation
+        if allocation is None:
+            raise ValueError("the oversold check needs schema.products.allocation")
+        return self._col("p", allocation)
+
     def oversold(
         self,
         *,
@@ -258,33 +331,96 @@ class InvariantSql:
         ``order_items(product_id)`` when ``skus`` narrows the scan). Ordered by SKU, or with
         ``worst_first`` by oversold units, largest first. ``count_orders`` adds the number
         of distinct paid orders per SKU. Raises :class:`ValueError` without an allocation.
+        This is the full recount: it reads the whole paid history (the incremental probe
+        reads only recent orders and equals it, see :meth:`paid_units_created`).
         """
-        s = self.schema
-        p, o, oi = s.products, s.orders, s.order_items
-        if p.allocation is None:
-            raise ValueError("the oversold check needs schema.products.allocation")
-        allocation = self._col("p", p.allocation)
-        orders = f", count(DISTINCT {self._col('o', o.id)}) AS orders" if count_orders else ""
+        p = self.schema.products
+        allocation = self._allocation()
         parts = _Parts().sql(
             f"SELECT {self._col('p', p.sku)}, {allocation}, s.sold, s.sold - {allocation}"
             + (", s.orders" if count_orders else "")
-            + f" FROM (SELECT {self._col('oi', oi.product_id)} AS product_id,"
-            f" sum({self._col('oi', oi.quantity)}) AS sold{orders}"
-            f" FROM {self.quote(oi.table)} AS oi JOIN {self.quote(o.table)} AS o"
-            f" ON {self._col('o', o.id)} = {self._col('oi', oi.order_id)} WHERE "
+            + " FROM ("
         )
-        self._paid(parts, "o")
+        self._paid_items(parts, count_orders=count_orders)
         if skus:
-            parts.sql(f" AND {self._col('oi', oi.product_id)} IN ")
+            parts.sql(f" AND {self._col('oi', self.schema.order_items.product_id)} IN ")
             self._product_ids_of(parts, skus)
+        self._group_by_product(parts)
         parts.sql(
-            f" GROUP BY {self._col('oi', oi.product_id)}) AS s"
-            f" JOIN {self.quote(p.table)} AS p ON {self._col('p', p.id)} = s.product_id"
+            f") AS s JOIN {self.quote(p.table)} AS p ON {self._col('p', p.id)} = s.product_id"
             f" WHERE s.sold > {allocation}"
             + (" ORDER BY 4 DESC, 1" if worst_first else " ORDER BY 1")
         )
         columns = ("sku", "allocation", "sold_units", "oversold_units")
         return parts.query((*columns, "paid_orders") if count_orders else columns)
+
+    # --- oversold, incrementally -----------------------------------------------------------
+    #
+    # The statements below split the full recount's sum by the orders' creation time, so
+    # that a caller keeping per-product totals (stocksentry.exporter.probes.soldtotals)
+    # reads only what changed: the sum over all paid items is the sum over orders created
+    # before a boundary plus the sum over those created at or after it.
+
+    def paid_units_created(
+        self, *, start: datetime | None = None, end: datetime | None = None
+    ) -> Query:
+        """Rows ``(product_id, sku, allocation, sold_units)``: paid units per product of
+        the orders created in ``[start, end)`` (either side open when ``None``).
+
+        Reads ``orders(created_at)``, then the items through ``order_items(order_id)``:
+        work proportional to the orders in the range, not to the history.
+        """
+        p = self.schema.products
+        allocation = self._allocation()
+        parts = _Parts().sql(
+            f"SELECT s.product_id, {self._col('p', p.sku)}, {allocation}, s.sold FROM ("
+        )
+        self._paid_items(parts, by_order=True)
+        self._created_range(parts, start, end)
+        self._group_by_product(parts)
+        self._with_product(parts, "s")
+        return parts.query(("product_id", "sku", "allocation", "sold_units"))
+
+    def paid_units_of_products(self, product_ids: Sequence[object], *, end: datetime) -> Query:
+        """Rows ``(product_id, sold_units)``: paid units of these products over the orders
+        created before ``end``; products without any are left out.
+
+        Reads ``order_items(product_id)``, then each order by its primary key: work
+        proportional to these products' items.
+        """
+        if not product_ids:
+            raise ValueError("paid_units_of_products needs at least one product id")
+        parts = _Parts()
+        self._paid_items(parts)
+        parts.sql(f" AND {self._col('oi', self.schema.order_items.product_id)} IN ")
+        parts.in_list("product", product_ids, constant=False)
+        self._created_range(parts, None, end)
+        self._group_by_product(parts)
+        return parts.query(("product_id", "sold_units"))
+
+    def paid_units_chunk(self, *, after: object | None, limit: int, end: datetime) -> Query:
+        """Rows ``(product_id, sku, allocation, sold_units)`` of the next ``limit``
+        products by id after ``after`` (from the first when ``None``), with their paid
+        units over the orders created before ``end`` (0 when none).
+
+        One step of a full recount spread over many runs: the products' primary key, then
+        ``order_items(product_id)`` per product.
+        """
+        p, oi = self.schema.products, self.schema.order_items
+        allocation = self._allocation()
+        parts = _Parts().sql(
+            f"SELECT {self._col('p', p.id)}, {self._col('p', p.sku)}, {allocation},"
+            " coalesce((SELECT sum(s.sold) FROM ("
+        )
+        self._paid_items(parts)
+        parts.sql(f" AND {self._col('oi', oi.product_id)} = {self._col('p', p.id)}")
+        self._created_range(parts, None, end)
+        self._group_by_product(parts)
+        parts.sql(f") AS s), 0) FROM {self.quote(p.table)} AS p")
+        if after is not None:
+            parts.sql(f" WHERE {self._col('p', p.id)} > ").param("after", after)
+        parts.sql(f" ORDER BY {self._col('p', p.id)} LIMIT ").param("limit", limit)
+        return parts.query(("product_id", "sku", "allocation", "sold_units"))
 
     # --- duplicate orders per key ----------------------------------------------------------
 
@@ -326,6 +462,58 @@ class InvariantSql:
         if ordered:
             parts.sql(" ORDER BY 2 DESC, 1")
         return parts.query(("key", "orders"))
+
+    def keys_created(self, column: str, *, start: datetime) -> Query:
+        """Rows ``(key,)``: the distinct values of the orders' ``column`` among the orders
+        created at or after ``start`` (through ``orders(created_at)``)."""
+        o = self.schema.orders
+        key = self._col("o", column)
+        parts = (
+            _Parts()
+            .sql(
+                f"SELECT DISTINCT {key} FROM {self.quote(o.table)} AS o WHERE {key} IS NOT NULL"
+                f" AND {self._col('o', o.created_at)} >= "
+            )
+            .param("start", start)
+        )
+        return parts.query(("key",))
+
+    def duplicate_key_expiry(
+        self, column: str, *, window: timedelta, keys: Sequence[object] | None = None
+    ) -> Query:
+        """Rows ``(key, second_newest)``: the keys of :meth:`duplicate_keys` over the last
+        ``window`` (the same rows), each with the creation time of its second newest order
+        in the window: the key stays a duplicate until that order leaves the window.
+
+        ``keys`` narrows it to those values (through an index on ``column``): what the
+        incremental probe asks about the keys of its newest orders.
+        """
+        o = self.schema.orders
+        key = self._col("o", column)
+        created = self._col("o", o.created_at)
+        if keys and self.lateral:
+            # Per key, its second newest order of the window through the key's index,
+            # whatever the planner thinks the window holds.
+            parts = _Parts().sql("SELECT kk.k, s.created FROM (VALUES ")
+            for index, value in enumerate(keys):
+                parts.sql(", " if index else "", "(").param(f"key{index}", value).sql(")")
+            parts.sql(
+                f") AS kk(k) CROSS JOIN LATERAL (SELECT {created} AS created"
+                f" FROM {self.quote(o.table)} AS o WHERE {key} = kk.k"
+            )
+            self._created_since(parts, "o", window)
+            parts.sql(f" ORDER BY {created} DESC OFFSET 1 LIMIT 1) AS s")
+            return parts.query(("key", "second_newest"))
+        parts = _Parts().sql(
+            f"SELECT d.k, d.created FROM (SELECT {key} AS k, {created} AS created,"
+            f" row_number() OVER (PARTITION BY {key} ORDER BY {created} DESC) AS n"
+            f" FROM {self.quote(o.table)} AS o WHERE {key} IS NOT NULL"
+        )
+        self._created_since(parts, "o", window)
+        if keys:
+            parts.sql(f" AND {key} IN ").in_list("key", keys, constant=False)
+        parts.sql(") AS d WHERE d.n = 2")
+        return parts.query(("key", "second_newest"))
 
     def duplicate_key_totals(self, *, since: datetime | timedelta | None = None) -> Query:
         """One row ``(keys,)``: how many key values, over every mapped key column, are held

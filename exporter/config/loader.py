@@ -171,7 +171,8 @@ def _key(
     if spec.computed is not None:
         return spec.computed(values)
     if spec.inherit is not None:
-        return ctx.values[spec.inherit]
+        # The inherited key's section may be absent (no database: section): its default.
+        return ctx.values.get(spec.inherit, field_default(cls, name))
     return field_default(cls, name)
 
 

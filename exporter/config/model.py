@@ -123,6 +123,7 @@ _DAY: Final = 86400.0
 
 _INTERVAL: Final = 15.0
 _TIMEOUT: Final = 5.0
+_STATEMENT_TIMEOUT: Final = 2.0
 _INTERVAL_KIND: Final = Duration(maximum=_HOUR)
 _TIMEOUT_KIND: Final = Duration(maximum=10 * _MINUTE)
 _COLUMN: Final = Identifier()
@@ -265,9 +266,10 @@ class DatabaseConfig:
     #: Where the URL came from, for messages: ``env NAME``, ``file PATH`` or ``literal``.
     url_source: str = derived("literal", "where the URL came from")
     statement_timeout: float = key(
-        2.0,
+        _STATEMENT_TIMEOUT,
         Duration(maximum=10 * _MINUTE),
-        "`SET LOCAL statement_timeout` of every probe transaction",
+        "`SET LOCAL statement_timeout` of every probe transaction whose probe does not "
+        "set its own `statement_timeout`",
     )
     lock_timeout: float = key(
         0.2,
@@ -447,6 +449,17 @@ def _scheduled(name: str) -> Any:
     )
 
 
+def _statement_timeout() -> Any:
+    """A probe's own ``statement_timeout``: by default ``database.statement_timeout``."""
+    return key(
+        _STATEMENT_TIMEOUT,
+        Duration(maximum=10 * _MINUTE),
+        "`SET LOCAL statement_timeout` of its transactions; keep it below `timeout`",
+        inherit="database.statement_timeout",
+        default_doc="`database.statement_timeout`",
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class ProbeSettings:
     """One probe's schedule: on or off, how often, and how long a run may take."""
@@ -459,14 +472,53 @@ class ProbeSettings:
     )
     interval: float = _scheduled("interval")
     timeout: float = _scheduled("timeout")
+    statement_timeout: float = _statement_timeout()
 
 
 @dataclass(frozen=True, slots=True)
 class OversoldSettings(ProbeSettings):
-    """``probes.oversold``; ``scope: promo`` limits the scan to the promo SKUs."""
+    """``probes.oversold``; ``scope: promo`` limits the scan to the promo SKUs.
+
+    ``scope: all`` runs incrementally: per-product totals kept between runs, orders
+    created within ``settle_after`` read again each run, a rolling recount of every
+    product once per ``recount_period`` (docs/exporter-config.md, "How oversold counts").
+    """
 
     scope: Literal["all", "promo"] = key(
-        "all", Choice(("all", "promo")), "`promo` scans only `sku_guard.promo_skus`"
+        "all",
+        Choice(("all", "promo")),
+        "`all`: every SKU, incrementally; `promo`: only `sku_guard.promo_skus`, their "
+        "whole history each run",
+    )
+    settle_after: float = key(
+        2 * _MINUTE,
+        Duration(maximum=_DAY, allow_zero=True),
+        "orders created this recently are read again on every run (payments, refunds "
+        "and cancellations show at the next run); older ones are added once to kept totals",
+    )
+    clock_margin: float = key(
+        5.0,
+        Duration(maximum=_HOUR, allow_zero=True),
+        "how far an order's `created_at` may precede its transaction's start on the "
+        "database's clock (app clock skew, timestamp taken before `BEGIN`)",
+    )
+    recount_period: float = key(
+        _DAY,
+        Duration(maximum=7 * _DAY),
+        "one pass of the rolling recount over every product, a chunk per run: finds SKUs "
+        "oversold long ago and corrects kept totals after a change to an older order",
+    )
+    recount_batch: int = key(
+        2000,
+        Integer(1, 100_000),
+        "products seen for the first time counted from their history per run; keep it "
+        "above the distinct products sold per interval (an uncounted product's oversell "
+        "waits for its turn); it also paces the rebuild after a start or a leader change",
+    )
+    max_tracked_products: int = key(
+        200_000,
+        Integer(1_000, 10_000_000),
+        "products whose totals are kept; the least recently sold beyond it are dropped",
     )
 
 
@@ -476,6 +528,12 @@ class DuplicateOrdersSettings(ProbeSettings):
 
     window: float = key(
         _HOUR, Duration(maximum=31 * _DAY), "orders created within it are compared"
+    )
+    clock_margin: float = key(
+        5.0,
+        Duration(maximum=_HOUR, allow_zero=True),
+        "how far an order's `created_at` may precede its transaction's start on the "
+        "database's clock (as `oversold.clock_margin`)",
     )
 
 
@@ -523,6 +581,7 @@ class CustomProbe:
     )
     interval: float = _scheduled("interval")
     timeout: float = _scheduled("timeout")
+    statement_timeout: float = _statement_timeout()
     max_series: int = key(
         100, Integer(1, 10_000), "label sets beyond it are dropped, with one warning"
     )

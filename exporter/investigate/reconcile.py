@@ -11,10 +11,12 @@ aggregate, so the audit and the dashboard agree):
 - ``duplicate_keys``: more than one order for one external reference or idempotency key;
 - ``paid_without_items``: paid orders with no order item, i.e. no stock movement.
 
-Exit status 0 when every invariant holds, 1 when any is violated, 2 on bad input, 130
-when interrupted. The schema comes from the exporter config (``--config``), defaulting to
-the common ``products / orders / order_items`` layout. Needs the ``[reconcile]`` extra
-(SQLAlchemy and psycopg).
+Each audit runs in a savepoint of its own within ``--statement-timeout``; one that runs
+out of time is skipped and named, with what would narrow it, and the others still run.
+Exit status 0 when every invariant holds, 1 when any is violated or an audit was skipped,
+2 on bad input, 130 when interrupted. The schema comes from the exporter config
+(``--config``), defaulting to the common ``products / orders / order_items`` layout.
+Needs the ``[reconcile]`` extra (SQLAlchemy and psycopg).
 
 Example::
 
@@ -29,14 +31,14 @@ import json
 import math
 import re
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any, Final, TextIO
 
 from ..commandline import CommandError, ExitCode, Subcommands, duration_in, report_error, say
-from ..durations import parse_duration
+from ..durations import format_duration, parse_duration
 from ..invariants import INVARIANTS, InvariantSql, Query
 
 if TYPE_CHECKING:
@@ -75,6 +77,8 @@ class Report:
     sku: str | None
     checked: tuple[str, ...]
     notes: tuple[str, ...] = ()
+    #: The audits that could not finish, each with why and what to do (``name: reason``).
+    skipped: tuple[str, ...] = ()
     negative_stock: list[dict[str, Any]] = field(default_factory=list)
     oversold: list[dict[str, Any]] = field(default_factory=list)
     duplicate_keys: list[dict[str, Any]] = field(default_factory=list)
@@ -85,11 +89,17 @@ class Report:
         """How many findings in all."""
         return sum(len(getattr(self, kind)) for kind in FINDING_KINDS)
 
+    @property
+    def complete(self) -> bool:
+        """Whether every audit of :attr:`checked` finished."""
+        return not self.skipped
+
     def to_dict(self) -> dict[str, Any]:
         """The ``--format json`` document."""
         data = asdict(self)
         data["checked"] = list(self.checked)
         data["notes"] = list(self.notes)
+        data["skipped"] = list(self.skipped)
         data["violations"] = self.violations
         return data
 
@@ -204,6 +214,47 @@ def _read_only(engine: Engine, statement_timeout: float) -> Iterator[Connection]
             conn.rollback()
 
 
+#: What to do when an audit runs out of time, by audit.
+_NARROWER: Final = {
+    "negative_stock": "give it more time with --statement-timeout",
+    "oversold": (
+        "it sums every paid order item of the whole sale; audit one SKU with --sku "
+        "(through order_items(product_id)) or give it more time with --statement-timeout"
+    ),
+    "duplicate_keys": "narrow it with --since or --sku, or give it more time",
+    "paid_without_items": "narrow it with --since, or give it more time",
+}
+
+
+def _cancelled(exc: Exception) -> bool:
+    """Whether a driver error is the statement timeout's cancellation (SQLSTATE 57014)."""
+    orig = getattr(exc, "orig", None)
+    return getattr(orig, "sqlstate", None) == "57014"
+
+
+def _audit(
+    conn: Connection,
+    name: str,
+    run: Callable[[], list[dict[str, Any]]],
+    statement_timeout: float,
+    skipped: list[str],
+) -> list[dict[str, Any]]:
+    """One audit in a savepoint of its own: a timeout skips it, the others still run."""
+    from sqlalchemy.exc import DBAPIError
+
+    try:
+        with conn.begin_nested():
+            return run()
+    except DBAPIError as exc:
+        if not _cancelled(exc):
+            raise
+    skipped.append(
+        f"{name}: cancelled by the {format_duration(statement_timeout)} statement timeout;"
+        f" {_NARROWER[name]}"
+    )
+    return []
+
+
 def reconcile(
     url: str,
     *,
@@ -247,23 +298,38 @@ def reconcile(
             "oversold not checked: no allocation column mapped (schema.products.allocation "
             "or --allocation); only negative stock shows an oversell then"
         )
+    skipped: list[str] = []
     try:
         with _read_only(engine, statement_timeout) as conn:
+
+            def audit(name: str, run: Callable[[], list[dict[str, Any]]]) -> list[dict[str, Any]]:
+                return _audit(conn, name, run, statement_timeout, skipped)
+
             report = Report(
                 database=shown,
                 since=since.isoformat() if since else None,
                 sku=sku,
                 checked=tuple(checked),
                 notes=tuple(notes),
-                negative_stock=_negative_stock(conn, sql, sku),
+                negative_stock=audit("negative_stock", lambda: _negative_stock(conn, sql, sku)),
                 # The allocation is for the whole sale: all paid units count against it,
                 # so --since does not narrow the oversold check.
-                oversold=_oversold(conn, sql, sku) if "oversold" in checked else [],
-                duplicate_keys=_duplicates(conn, sql, sku, since),
+                oversold=(
+                    audit("oversold", lambda: _oversold(conn, sql, sku))
+                    if "oversold" in checked
+                    else []
+                ),
+                duplicate_keys=audit("duplicate_keys", lambda: _duplicates(conn, sql, sku, since)),
                 paid_without_items=(
-                    _paid_without_items(conn, sql, since, limit) if sku is None else []
+                    audit(
+                        "paid_without_items",
+                        lambda: _paid_without_items(conn, sql, since, limit),
+                    )
+                    if sku is None
+                    else []
                 ),
             )
+            report = replace(report, skipped=tuple(skipped))
     except DBAPIError as exc:
         first = str(exc.orig if exc.orig is not None else exc).strip().splitlines()
         detail = first[0] if first else type(exc).__name__
@@ -296,11 +362,16 @@ def format_table(report: Report) -> str:
     if report.since:
         scope.append(f"orders since {report.since}")
     lines.append("scope: " + ", ".join(scope))
-    lines.append(
-        "verdict: every invariant holds"
-        if report.violations == 0
-        else f"verdict: {report.violations} violation(s)"
-    )
+    if report.violations:
+        lines.append(f"verdict: {report.violations} violation(s)")
+    elif report.skipped:
+        lines.append(
+            f"verdict: no violation in the audits that finished; {len(report.skipped)}"
+            " skipped (below)"
+        )
+    else:
+        lines.append("verdict: every invariant holds")
+    lines.extend(f"skipped: {line}" for line in report.skipped)
     lines.extend(f"note: {note}" for note in report.notes)
     blocks: list[tuple[str, list[str], Sequence[dict[str, Any]]]] = [
         ("NEGATIVE STOCK", ["sku", "stock"], report.negative_stock),
@@ -334,7 +405,8 @@ def add_reconcile_parser(commands: Subcommands) -> None:
         help="audit the database: negative stock, oversold SKUs, duplicate orders per key",
         description=(
             "Run the oversell audit read-only (safe during a sale): exit 0 when every "
-            "invariant holds, 1 when any is violated, 2 on bad input, 130 when interrupted."
+            "invariant holds, 1 when any is violated or an audit ran out of time (it is "
+            "named, the others still run), 2 on bad input, 130 when interrupted."
         ),
     )
     parser.add_argument(
@@ -362,7 +434,8 @@ def add_reconcile_parser(commands: Subcommands) -> None:
         type=duration_in(*STATEMENT_TIMEOUT_RANGE),
         default=10.0,
         metavar="DURATION",
-        help="per-statement limit, above 0 and at most 1d: 10s, 500ms, or seconds (10s)",
+        help="limit of each audit's statements, above 0 and at most 1d: 10s, 500ms, or "
+        "seconds (10s); an audit that runs out of it is skipped and named",
     )
     parser.set_defaults(handler=run_reconcile, parser=parser)
 
@@ -389,7 +462,8 @@ def run_reconcile(args: argparse.Namespace, *, out: TextIO | None = None) -> int
         out.write(json.dumps(report.to_dict(), indent=2, default=str) + "\n")
     else:
         out.write(format_table(report))
-    return ExitCode.OK if report.violations == 0 else ExitCode.FINDINGS
+    # An audit that did not finish proves nothing: not "every invariant holds".
+    return ExitCode.OK if report.violations == 0 and report.complete else ExitCode.FINDINGS
 
 
 def _schema_and_url(args: argparse.Namespace) -> tuple[SchemaConfig, str]:

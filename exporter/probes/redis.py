@@ -148,7 +148,9 @@ class CacheDriftProbe(DbProbe):
         # Redis first, outside the transaction: the database transaction stays as short as
         # one indexed query.
         cached = await self.source.get_many(self._keys)
-        stock = await self.pool.read(self._database_stock)
+        stock = await self.pool.read(
+            self._database_stock, statement_timeout=self.statement_timeout
+        )
         now = self._clock()
         drifting = 0
         for sku, raw in zip(self.skus, cached, strict=True):

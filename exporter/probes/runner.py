@@ -216,6 +216,11 @@ class ProbeRunner:
         if self._election is not None:
             LOGGER.info("leading: this exporter runs the database probes")
         for probe in self._db_probes:
+            # Incremental probes start over on every election: what they kept may be
+            # hours old, and a rebuild is spread over runs where catching up is not.
+            reset = getattr(probe, "reset", None)
+            if callable(reset):
+                reset()
             self._tasks[probe.name] = asyncio.create_task(
                 self._loop(probe), name=f"stocksentry-probe-{probe.name}"
             )

@@ -89,6 +89,9 @@ CREATE INDEX products_stock_negative_idx ON products (available_stock)
     WHERE available_stock < 0;
 CREATE INDEX orders_created_at_idx ON orders (created_at);
 CREATE INDEX order_items_product_id_idx ON order_items (product_id);
+CREATE INDEX order_items_order_id_idx ON order_items (order_id);
+CREATE INDEX orders_external_ref_idx ON orders (external_ref);
+CREATE INDEX orders_idempotency_key_idx ON orders (idempotency_key);
 CREATE INDEX reservations_expires_at_idx ON reservations (expires_at) WHERE released_at IS NULL;
 CREATE INDEX outbox_created_at_idx ON outbox (created_at) WHERE published_at IS NULL;
 """
@@ -381,7 +384,9 @@ async def test_missing_indexes_are_reported_with_the_statement_to_add(
     assert [(a.probe, a.table, a.column) for a in advice] == [
         ("negative_stock", "products", "available_stock"),
         ("oversold", "order_items", "product_id"),
-        ("duplicate_orders", "orders", "created_at"),
+        ("oversold", "orders", "created_at"),
+        ("oversold", "order_items", "order_id"),
+        ("duplicate_orders", "orders", "external_ref"),
         ("expired_reservations", "reservations", "expires_at"),
         ("outbox", "outbox", "created_at"),
     ]
@@ -389,7 +394,7 @@ async def test_missing_indexes_are_reported_with_the_statement_to_add(
         'CREATE INDEX CONCURRENTLY IF NOT EXISTS "products_available_stock_partial_idx" '
         'ON "products" ("available_stock") WHERE "available_stock" < 0;'
     )
-    assert advice[3].statement.endswith('WHERE "released_at" IS NULL;')
+    assert advice[5].statement.endswith('WHERE "released_at" IS NULL;')
     # The statements are valid SQL that create the very indexes asked for.
     async with await psycopg.AsyncConnection.connect(pg_database, autocommit=True) as conn:
         for item in advice:
@@ -412,12 +417,13 @@ async def test_the_runner_logs_each_missing_index(pg_database, registry, caplog)
             lambda: runner.index_advice is not None, timeout=WAIT, message="the index check"
         )
         assert runner.index_advice is not None
-        assert [(a.probe, a.table) for a in runner.index_advice] == [
-            ("negative_stock", "products"),
-            ("duplicate_orders", "orders"),
+        assert [(a.probe, a.table, a.column) for a in runner.index_advice] == [
+            ("negative_stock", "products", "available_stock"),
+            ("duplicate_orders", "orders", "created_at"),
+            ("duplicate_orders", "orders", "external_ref"),
         ]
     lines = [r.getMessage() for r in caplog.records if "no index" in r.getMessage()]
-    assert len(lines) == 2
+    assert len(lines) == 3
     assert "CREATE INDEX CONCURRENTLY" in lines[0]
     assert "products" in lines[0]
     assert "orders" in lines[1]

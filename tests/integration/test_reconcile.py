@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 from stocksentry.exporter.config import SchemaConfig, parse_config
-from stocksentry.exporter.reconcile import ReconcileError, parse_since, reconcile
+from stocksentry.exporter.reconcile import ReconcileError, format_table, parse_since, reconcile
 
 pytestmark = pytest.mark.integration
 
@@ -232,3 +232,25 @@ def test_since_does_not_hide_an_oversell(database: str) -> None:
     assert [r["sku"] for r in report.oversold] == ["EGG-01"]
     assert report.duplicate_keys == []  # the window does narrow the duplicate check
     assert any("--since" in note for note in report.notes)
+
+
+def test_an_audit_out_of_time_is_skipped_by_name_and_the_others_still_run(
+    pg_sqlalchemy_url: str, pg_database: str
+) -> None:
+    import psycopg
+
+    seed(pg_sqlalchemy_url, violations=True)
+    # A writer holding order_items: the audits that read it wait until their timeout.
+    with psycopg.connect(pg_database) as blocker:
+        blocker.execute("LOCK TABLE order_items IN ACCESS EXCLUSIVE MODE")
+        report = reconcile(pg_sqlalchemy_url, schema=SCHEMA, statement_timeout=0.3)
+    assert [line.split(":")[0] for line in report.skipped] == ["oversold", "paid_without_items"]
+    assert "--sku" in report.skipped[0]
+    assert "300ms statement timeout" in report.skipped[0]
+    # The audits that read other tables finished and found what is there.
+    assert report.negative_stock == [{"sku": "EGG-01", "stock": -2}]
+    assert {"kind": "idempotency_key", "key": "key-x", "orders": 3} in report.duplicate_keys
+    assert not report.complete
+    text = format_table(report)
+    assert "skipped: oversold: cancelled by the 300ms statement timeout" in text
+    assert report.to_dict()["skipped"] == list(report.skipped)

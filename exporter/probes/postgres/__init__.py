@@ -4,8 +4,9 @@ One module per role:
 
 - :mod:`.pool`: the read-only sessions and :class:`PgPool`;
 - :mod:`.common`: :class:`DbProbe`, quoting and the invariant statements as psycopg SQL;
-- :mod:`.invariants`: negative stock, oversold units, duplicate orders per key (their SQL
-  comes from :mod:`stocksentry.exporter.invariants`, shared with ``stocksentry reconcile``);
+- :mod:`.invariants`: negative stock, duplicate orders per key, and :mod:`.oversold`:
+  oversold units, incrementally (their SQL comes from :mod:`stocksentry.exporter.invariants`,
+  shared with ``stocksentry reconcile``);
 - :mod:`.server`: lock waiters, deadlocks, long transactions;
 - :mod:`.backlog`: expired reservations still held, the outbox lag;
 - :mod:`.custom`: the operator's own SQL;
@@ -33,7 +34,8 @@ from .backlog import ExpiredReservationsProbe, OutboxProbe
 from .common import DbProbe, ident, quoted_name
 from .custom import CustomSqlProbe
 from .indexes import IndexAdvice, check_indexes, expected_indexes
-from .invariants import DuplicateOrdersProbe, NegativeStockProbe, OversoldProbe
+from .invariants import DuplicateOrdersProbe, NegativeStockProbe
+from .oversold import OversoldProbe
 from .pool import Conn, PgPool, connect
 from .server import DeadlocksProbe, LockWaitersProbe, LongTransactionsProbe
 

@@ -102,9 +102,10 @@ class DbProbe(Probe):
     def __init__(self, name: str, settings: ProbeSettings, pool: PgPool) -> None:
         super().__init__(name, interval=settings.interval, timeout=settings.timeout)
         self.pool = pool
+        self.statement_timeout = settings.statement_timeout
 
     async def run(self) -> tuple[Metric, ...]:
-        return await self.pool.read(self.query)
+        return await self.pool.read(self.query, statement_timeout=self.statement_timeout)
 
     async def query(self, conn: Conn) -> tuple[Metric, ...]:
         """Observe once through ``conn`` (already in a read-only transaction)."""

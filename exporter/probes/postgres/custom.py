@@ -27,7 +27,11 @@ class CustomSqlProbe(DbProbe):
     """
 
     def __init__(self, custom: CustomProbe, pool: PgPool, guard: LabelGuard) -> None:
-        super().__init__(custom.name, ProbeSettings(True, custom.interval, custom.timeout), pool)
+        super().__init__(
+            custom.name,
+            ProbeSettings(True, custom.interval, custom.timeout, custom.statement_timeout),
+            pool,
+        )
         self.custom = custom
         self.spec = MetricSpec(
             custom.metric, "gauge", custom.help, custom.label_columns, source="probe"
@@ -42,7 +46,9 @@ class CustomSqlProbe(DbProbe):
     async def run(self) -> tuple[Metric, ...]:
         # The SQL may take session-level advisory locks, which outlive the transaction:
         # released after each run, so a pooled session never keeps one.
-        return await self.pool.read(self.query, release_locks=True)
+        return await self.pool.read(
+            self.query, release_locks=True, statement_timeout=self.statement_timeout
+        )
 
     async def query(self, conn: Conn) -> tuple[Metric, ...]:
         # prepare=True forces the extended protocol: one statement, no "; COMMIT; ...".

@@ -52,8 +52,14 @@ def expected_indexes(config: ExporterConfig) -> list[_Expected]:
         out.append(_Expected("oversold", s.order_items.table, s.order_items.product_id, None))
         if p.oversold.scope == "promo":
             out.append(_Expected("oversold", s.products.table, s.products.sku, None))
+        else:
+            # The incremental runs: recent orders by creation time, then their items.
+            out.append(_Expected("oversold", s.orders.table, s.orders.created_at, None))
+            out.append(_Expected("oversold", s.order_items.table, s.order_items.order_id, None))
     if p.duplicate_orders.enabled:
         out.append(_Expected("duplicate_orders", s.orders.table, s.orders.created_at, None))
+        for _kind, column in InvariantSql(s).key_columns():
+            out.append(_Expected("duplicate_orders", s.orders.table, column, None))
     if p.expired_reservations.enabled and s.reservations is not None:
         out.append(
             _Expected(

@@ -1,4 +1,4 @@
-"""The invariant probes: negative stock, oversold units per SKU, duplicate orders per key.
+"""The invariant probes: negative stock and duplicate orders per key (oversold: :mod:`.oversold`).
 
 Their statements come from :class:`stocksentry.exporter.invariants.InvariantSql`, the
 builder ``stocksentry reconcile`` uses too: each figure is an aggregate over the rows
@@ -8,18 +8,23 @@ reconcile would list, so the dashboard and the audit agree by construction.
 from __future__ import annotations
 
 import datetime as dt
+from typing import Any, Final
 
 from prometheus_client.core import Metric
 from stocksentry.instrumentation import catalog
-from stocksentry.instrumentation.guard import LabelGuard, sanitize_label_value
 
 from ...config import ExporterConfig
-from ...invariants import InvariantSql
+from ...invariants import InvariantSql, Query
 from ..base import family
+from ..duplicates import DuplicateKeys
 from .common import DbProbe, composed, number, one_row
+from .oversold import horizon_statement
 from .pool import Conn, PgPool
 
-__all__ = ["DuplicateOrdersProbe", "NegativeStockProbe", "OversoldProbe"]
+__all__ = ["MAX_NEW_KEYS", "DuplicateOrdersProbe", "NegativeStockProbe"]
+
+#: Beyond this many keys of new orders in one run, duplicate_orders reads the window again.
+MAX_NEW_KEYS: Final = 5000
 
 
 class NegativeStockProbe(DbProbe):
@@ -42,49 +47,14 @@ class NegativeStockProbe(DbProbe):
         )
 
 
-class OversoldProbe(DbProbe):
-    """``stock_oversold_units{sku}``: paid units beyond each SKU's allocation.
-
-    Only SKUs that are oversold come back from the database; promo SKUs always have a
-    series (0 when not oversold); other SKUs go through the SKU guard, and those folded
-    into ``__other__`` are summed there. With ``scope: promo`` only the promo SKUs' items
-    are read.
-    """
-
-    specs = (catalog.OVERSOLD_UNITS,)
-
-    def __init__(self, config: ExporterConfig, pool: PgPool, guard: LabelGuard) -> None:
-        settings = config.probes.oversold
-        super().__init__("oversold", settings, pool)
-        self._guard = guard
-        self._pinned = tuple(
-            dict.fromkeys(
-                sanitize_label_value(s, guard.max_length) for s in config.sku_guard.promo_skus
-            )
-        )
-        if config.schema.products.allocation is None:
-            raise ValueError("the oversold probe needs schema.products.allocation")
-        promo = config.sku_guard.promo_skus if settings.scope == "promo" else None
-        # Worst first, so the worst SKUs are the ones that get their own series.
-        query = InvariantSql(config.schema).oversold(skus=promo, worst_first=True)
-        self._sql, self._params = composed(query)
-
-    async def query(self, conn: Conn) -> tuple[Metric, ...]:
-        cursor = await conn.execute(self._sql, self._params)
-        by_label: dict[str, float] = dict.fromkeys(self._pinned, 0.0)
-        for sku, _allocation, _sold, units in await cursor.fetchall():
-            label = self._guard(str(sku))
-            by_label[label] = by_label.get(label, 0.0) + number(units)
-        samples = [((label,), value) for label, value in sorted(by_label.items())]
-        return (family(catalog.OVERSOLD_UNITS, samples),)
-
-
 class DuplicateOrdersProbe(DbProbe):
     """``stock_duplicate_order_keys``: keys with more than one order in the recent window.
 
     External references and idempotency keys (whichever are mapped) are counted
-    separately and added up. Only orders with ``created_at`` inside the window are read,
-    through the ``orders(created_at)`` index.
+    separately and added up. The first run reads the whole window (``orders(created_at)``);
+    later runs read only the keys of the orders created since the last horizon and ask
+    about those keys alone, through the index on each key column
+    (:class:`~stocksentry.exporter.probes.duplicates.DuplicateKeys` keeps the rest).
     """
 
     specs = (catalog.DUPLICATE_ORDER_KEYS,)
@@ -92,12 +62,52 @@ class DuplicateOrdersProbe(DbProbe):
     def __init__(self, config: ExporterConfig, pool: PgPool) -> None:
         settings = config.probes.duplicate_orders
         super().__init__("duplicate_orders", settings, pool)
-        builder = InvariantSql(config.schema)
-        if not builder.key_columns():
+        self._builder = InvariantSql(config.schema)
+        if not self._builder.key_columns():
             raise ValueError("the duplicate_orders probe needs external_ref or idempotency_key")
-        window = dt.timedelta(seconds=settings.window)
-        self._sql, self._params = composed(builder.duplicate_key_totals(since=window))
+        self._window = dt.timedelta(seconds=settings.window)
+        self._margin = dt.timedelta(seconds=settings.clock_margin)
+        self.keys = DuplicateKeys(window=settings.window)
+
+    def reset(self) -> None:
+        """Forget the keys (a new leader reads the window again)."""
+        self.keys = DuplicateKeys(window=self._window.total_seconds())
+
+    async def _rows(self, conn: Conn, query: Query) -> list[tuple[Any, ...]]:
+        statement, params = composed(query)
+        cursor = await conn.execute(statement, params)
+        return [tuple(row) for row in await cursor.fetchall()]
 
     async def query(self, conn: Conn) -> tuple[Metric, ...]:
-        (keys,) = await one_row(conn, self._sql, self._params)
-        return (family(catalog.DUPLICATE_ORDER_KEYS, [((), number(keys))]),)
+        horizon, now = await one_row(
+            conn,
+            horizon_statement(with_clock=True),
+            {"settle_after": dt.timedelta(0), "margin": self._margin},
+        )
+        keys = self.keys
+        found: list[tuple[str, list[tuple[Any, ...]]]] = []
+        for kind, column in self._builder.key_columns():
+            if keys.boundary is None:
+                rows = await self._rows(
+                    conn, self._builder.duplicate_key_expiry(column, window=self._window)
+                )
+            else:
+                new = await self._rows(
+                    conn, self._builder.keys_created(column, start=keys.boundary)
+                )
+                if len(new) > MAX_NEW_KEYS:
+                    # A horizon held back long (an open transaction): one read of the window
+                    # costs less than asking about that many keys one by one.
+                    query = self._builder.duplicate_key_expiry(column, window=self._window)
+                else:
+                    query = self._builder.duplicate_key_expiry(
+                        column, window=self._window, keys=[k for (k,) in new]
+                    )
+                rows = await self._rows(conn, query) if new else []
+            found.append((kind, rows))
+        for kind, rows in found:
+            keys.update(kind, rows)
+        if keys.boundary is None or horizon > keys.boundary:
+            keys.boundary = horizon
+        keys.expire(now)
+        return (family(catalog.DUPLICATE_ORDER_KEYS, [((), float(keys.count()))]),)

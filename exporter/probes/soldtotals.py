@@ -1,0 +1,314 @@
+"""Per-product paid totals kept between probe runs: the incremental oversold bookkeeping.
+
+Nothing here writes SQL or knows a driver: :func:`incremental_run` asks
+:class:`stocksentry.exporter.invariants.InvariantSql` (the dialect-aware builder
+``reconcile`` uses) for its statements and a dialect's probe for their rows, through a
+``fetch`` callable, and :class:`SoldTotals` answers which SKUs are oversold and by how
+much. A dialect brings only its *horizon* and its ``fetch`` (the PostgreSQL probe is
+:mod:`stocksentry.exporter.probes.postgres.oversold`).
+
+The paid units of a product are split by the orders' creation time at a **boundary**:
+
+- **settled**: orders created before the boundary, kept here per product;
+- **recent**: orders created at or after it, read again on every run (so a late payment,
+  a refund or a cancellation of a recent order shows at the next run).
+
+The probe moves the boundary forward on each run to its *horizon*: before every order
+that may still commit (the start of every open transaction, less a margin) and before
+those young enough to be paid or refunded soon (``settle_after`` back from the database's
+clock). The orders created between
+the old and the new boundary are read once and added to the settled totals.
+
+Settled totals are kept only for products that matter: those with recent paid items
+(counted once on first sight from their whole history, a few per run) and those found
+oversold. A **rolling recount** reads the whole product table a chunk per run and
+replaces the settled totals it covers: it finds SKUs oversold long ago, and it corrects
+settled totals after a refund or status change of an old order. After a restart or a
+leader change the totals are empty and are rebuilt by exactly these two bounded steps.
+
+Example::
+
+    totals = SoldTotals(max_products=200_000)
+    start, end = totals.advance(horizon)          # the settle range, or None
+    totals.settle(rows_created_between(start, end))
+    totals.set_recent(rows_created_since(end))
+    totals.counted(rows_of(totals.uncounted(limit=2000)))
+    totals.recounted(rows_of_chunk(totals.cursor), limit=chunk)
+    for sku, allocation, sold, over in totals.oversold(): ...
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Hashable, Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..invariants import InvariantSql, Query
+
+__all__ = ["Fetch", "OversoldSku", "SoldTotals", "incremental_run"]
+
+#: Runs one statement of :class:`~stocksentry.exporter.invariants.InvariantSql` in the
+#: run's read-only transaction and returns its rows.
+Fetch = Callable[["Query"], Awaitable[Sequence[tuple[Any, ...]]]]
+
+ProductId = Hashable
+
+
+@dataclass(slots=True)
+class _Settled:
+    sku: str
+    allocation: float
+    units: float
+    #: The run that last saw the product with recent items (for eviction).
+    seen: int
+
+
+@dataclass(frozen=True, slots=True)
+class OversoldSku:
+    """One oversold SKU: its allocation, its paid units and the units beyond."""
+
+    sku: str
+    allocation: float
+    sold_units: float
+
+    @property
+    def oversold_units(self) -> float:
+        return self.sold_units - self.allocation
+
+
+def _number(value: Any) -> float:
+    return 0.0 if value is None else float(value)
+
+
+class SoldTotals:
+    """Settled paid units per product, the recent ones of the last run, the recount cursor.
+
+    ``max_products`` bounds how many products keep a settled total; beyond it the least
+    recently active ones that are not oversold are dropped (and counted again from their
+    history when they are active again).
+    """
+
+    def __init__(self, *, max_products: int = 200_000) -> None:
+        self.max_products = max_products
+        #: Orders created before it are settled; ``None`` until the first run.
+        self.boundary: datetime | None = None
+        self._settled: dict[ProductId, _Settled] = {}
+        #: Products whose settled units alone exceed their allocation.
+        self._over: set[ProductId] = set()
+        self._recent: dict[ProductId, tuple[str, float, float]] = {}
+        #: The last product id the rolling recount covered; ``None``: start a new pass.
+        self.cursor: ProductId | None = None
+        #: Complete passes of the rolling recount since the totals were empty.
+        self.passes = 0
+        self._run = 0
+
+    # --- the boundary ------------------------------------------------------------------
+
+    def advance(self, horizon: datetime) -> tuple[datetime, datetime] | None:
+        """Move the boundary to ``horizon`` (never back) and return the settle range
+        ``[old, new)`` whose orders :meth:`settle` must get, or ``None`` (nothing to
+        settle: the first run, or a horizon not past the boundary)."""
+        self._run += 1
+        old = self.boundary
+        if old is None:
+            self.boundary = horizon
+            return None
+        if horizon <= old:
+            return None
+        self.boundary = horizon
+        return old, horizon
+
+    def settle(self, rows: Iterable[tuple[Any, Any]]) -> None:
+        """Add ``(product_id, sold_units)`` of the settle range to the kept totals.
+
+        Products without a kept total are skipped: their total is counted from their
+        whole history when it is needed (:meth:`counted`, :meth:`recounted`).
+        """
+        for product_id, units in rows:
+            entry = self._settled.get(product_id)
+            if entry is not None:
+                entry.units += _number(units)
+                self._mark(product_id, entry)
+
+    # --- the recent part ---------------------------------------------------------------
+
+    def set_recent(self, rows: Iterable[tuple[Any, Any, Any, Any]]) -> None:
+        """``(product_id, sku, allocation, sold_units)`` of the orders created at or after
+        the boundary: replaces the last run's."""
+        recent: dict[ProductId, tuple[str, float, float]] = {}
+        for product_id, sku, allocation, units in rows:
+            recent[product_id] = (str(sku), _number(allocation), _number(units))
+            entry = self._settled.get(product_id)
+            if entry is not None:
+                entry.seen = self._run
+                if entry.allocation != _number(allocation):
+                    entry.allocation = _number(allocation)
+                    self._mark(product_id, entry)
+        self._recent = recent
+
+    def uncounted(self, limit: int) -> list[ProductId]:
+        """Up to ``limit`` products with recent items and no settled total yet, those
+        nearest to (or beyond) their allocation first."""
+        missing = [pid for pid in self._recent if pid not in self._settled]
+        if len(missing) > limit:
+            missing.sort(key=self._pressure, reverse=True)
+            missing = missing[:limit]
+        return missing
+
+    def _pressure(self, product_id: ProductId) -> float:
+        _sku, allocation, units = self._recent[product_id]
+        return units - allocation
+
+    @property
+    def pending(self) -> int:
+        """Products with recent items whose settled total is not counted yet."""
+        return sum(1 for pid in self._recent if pid not in self._settled)
+
+    def counted(self, product_ids: Iterable[ProductId], rows: Iterable[tuple[Any, Any]]) -> None:
+        """The settled totals of ``product_ids`` counted from their history, as rows
+        ``(product_id, sold_units)`` (products without paid items have no row: 0)."""
+        sold = {product_id: _number(units) for product_id, units in rows}
+        for product_id in product_ids:
+            known = self._recent.get(product_id)
+            if known is None:
+                continue
+            sku, allocation, _units = known
+            entry = _Settled(sku, allocation, sold.get(product_id, 0.0), self._run)
+            self._settled[product_id] = entry
+            self._mark(product_id, entry)
+        self._evict()
+
+    # --- the rolling recount -----------------------------------------------------------
+
+    def recounted(self, rows: Iterable[tuple[Any, Any, Any, Any]], *, limit: int) -> None:
+        """One chunk of the rolling recount: rows ``(product_id, sku, allocation,
+        sold_units)`` of up to ``limit`` products after :attr:`cursor`, in id order, with
+        their units over the orders created before the boundary.
+
+        Replaces the kept totals of those products, keeps the oversold ones, and moves the
+        cursor; fewer rows than ``limit`` end the pass (the next starts from the first).
+        """
+        count = 0
+        last: ProductId | None = None
+        for product_id, sku, allocation, units in rows:
+            count += 1
+            last = product_id
+            entry = self._settled.get(product_id)
+            if entry is None and (
+                product_id in self._recent or _number(units) > _number(allocation)
+            ):
+                entry = _Settled(str(sku), _number(allocation), 0.0, self._run)
+                self._settled[product_id] = entry
+            if entry is not None:
+                entry.sku, entry.allocation, entry.units = (
+                    str(sku),
+                    _number(allocation),
+                    _number(units),
+                )
+                self._mark(product_id, entry)
+        if count < limit:
+            self.cursor = None
+            self.passes += 1
+        else:
+            self.cursor = last
+        self._evict()
+
+    # --- the answer --------------------------------------------------------------------
+
+    def oversold(self) -> list[OversoldSku]:
+        """The SKUs whose settled plus recent paid units exceed their allocation, worst
+        first (then by SKU). Products with recent items but no settled total yet are not
+        among them (:attr:`pending`)."""
+        found: list[OversoldSku] = []
+        for product_id in self._over | self._recent.keys():
+            entry = self._settled.get(product_id)
+            if entry is None:
+                continue
+            recent = self._recent.get(product_id)
+            units = entry.units + (recent[2] if recent is not None else 0.0)
+            if units > entry.allocation:
+                found.append(OversoldSku(entry.sku, entry.allocation, units))
+        found.sort(key=lambda s: (-s.oversold_units, s.sku))
+        return found
+
+    def sold_units(self, product_id: ProductId) -> float | None:
+        """The product's paid units, settled plus recent; ``None`` when not kept."""
+        entry = self._settled.get(product_id)
+        if entry is None:
+            return None
+        recent = self._recent.get(product_id)
+        return entry.units + (recent[2] if recent is not None else 0.0)
+
+    def __len__(self) -> int:
+        return len(self._settled)
+
+    # --- housekeeping ------------------------------------------------------------------
+
+    def _mark(self, product_id: ProductId, entry: _Settled) -> None:
+        if entry.units > entry.allocation:
+            self._over.add(product_id)
+        else:
+            self._over.discard(product_id)
+
+    def _evict(self) -> None:
+        if len(self._settled) <= self.max_products:
+            return
+        # Down to 90 %, so eviction is a rare batch rather than a cost on every run.
+        keep = self.max_products * 9 // 10
+        candidates = sorted(
+            (
+                (entry.seen, pid)
+                for pid, entry in self._settled.items()
+                if pid not in self._over and pid not in self._recent
+            ),
+            key=lambda item: item[0],
+        )
+        for _seen, pid in candidates[: max(0, len(self._settled) - keep)]:
+            del self._settled[pid]
+
+
+async def incremental_run(
+    totals: SoldTotals,
+    fetch: Fetch,
+    builder: InvariantSql,
+    *,
+    horizon: datetime,
+    chunk: int,
+    recount_batch: int,
+) -> None:
+    """One run of the incremental oversold count, after the dialect read ``horizon``.
+
+    Settle the orders created between the boundary and the horizon, read the recent ones
+    again, read one chunk of the rolling recount, then count the new products' histories.
+    The totals change only after the statements whose rows they need have returned: a run
+    that fails or times out leaves them consistent, and the next run repeats what was not
+    applied (a settle range, a chunk, the first counts).
+    """
+    boundary = totals.boundary
+    settle_range = None
+    new_boundary = horizon
+    if boundary is not None:
+        if horizon > boundary:
+            settle_range = (boundary, horizon)
+        else:
+            new_boundary = boundary
+    settled = (
+        await fetch(builder.paid_units_created(start=settle_range[0], end=settle_range[1]))
+        if settle_range is not None
+        else []
+    )
+    recent = await fetch(builder.paid_units_created(start=new_boundary))
+    rows = await fetch(
+        builder.paid_units_chunk(after=totals.cursor, limit=chunk, end=new_boundary)
+    )
+    totals.advance(new_boundary)
+    totals.settle((row[0], row[3]) for row in settled)
+    totals.set_recent(recent)
+    missing = totals.uncounted(recount_batch)
+    counts = (
+        await fetch(builder.paid_units_of_products(missing, end=new_boundary)) if missing else []
+    )
+    totals.counted(missing, counts)
+    totals.recounted(rows, limit=chunk)
