@@ -18,10 +18,15 @@ from __future__ import annotations
 import logging
 import sys
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from .commandline import ExitCode, report_error
 from .config import ConfigError, ExporterConfig, load_config
+
+if TYPE_CHECKING:
+    from prometheus_client.registry import Collector
+
+    from .server import Background
 
 LOGGER = logging.getLogger("stocksentry.exporter")
 
@@ -59,6 +64,17 @@ def describe(config: ExporterConfig) -> list[str]:
             "cache_drift on promo SKUs"
             if config.redis is not None and config.probes.cache_drift.enabled
             else "off"
+        ),
+        "lock watch: "
+        + (
+            "off"
+            if config.lock_watch is None
+            else ", ".join(config.lock_watch.patterns)
+            + (
+                " (sets notify-keyspace-events when flags are missing)"
+                if config.lock_watch.configure_notifications
+                else " (checks notify-keyspace-events, never sets it)"
+            )
         ),
     ]
     lines.extend(config.notes)
@@ -120,10 +136,18 @@ def run_exporter(
         keepalive_timeout=server.keepalive_timeout,
     )
     runner = ProbeRunner(config)
+    collectors: list[Collector] = [runner]
+    background: list[Background] = [runner.cleanup_ctx]
+    if config.lock_watch is not None:
+        from .lockwatch.watcher import LockWatcher
+
+        watcher = LockWatcher(config.lock_watch, config.sku_guard)
+        collectors.append(watcher)
+        background.append(watcher.cleanup_ctx)
     for line in describe(config):
         LOGGER.info("config: %s", line)
     try:
-        run_server(settings, collectors=[runner], background=[runner.cleanup_ctx])
+        run_server(settings, collectors=collectors, background=background)
     except OSError as exc:
         return report_error(
             "exporter",
