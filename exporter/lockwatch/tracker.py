@@ -160,6 +160,10 @@ class LeaseTracker:
 
     def _set(self, key: str, lock: str, now: float) -> None:
         self.acquisitions[lock] = self.acquisitions.get(lock, 0) + 1
+        # The lock's problem counters exist at 0 from its first acquisition on, so the
+        # first expiry is an increase() the alerts see, not a series born at 1.
+        self.expired_while_held.setdefault(lock, 0)
+        self.release_not_owned.setdefault(lock, 0)
         expired = self._expired_at.pop(key, None)
         reacquired = expired is not None and now - expired <= self.reacquire_window
         if key not in self._leases and len(self._leases) >= self.max_tracked:
