@@ -160,7 +160,7 @@ class LockWatcher:
                 await self._follow(client, pubsub, len(prefix))
             finally:
                 with contextlib.suppress(RedisError, OSError, TimeoutError):
-                    await pubsub.aclose()
+                    await pubsub.aclose()  # type: ignore[no-untyped-call]
         finally:
             with contextlib.suppress(RedisError, OSError, TimeoutError):
                 await client.aclose()
