@@ -33,7 +33,7 @@ from typing import Any, Final, Literal
 from .exposition import Exposition, Sample
 from .spec import LABEL_CHARSET, LABEL_MAX_LENGTH, contract
 
-__all__ = ["Problem", "check"]
+__all__ = ["Problem", "check", "exposed_metrics"]
 
 Kind = Literal["missing", "misnamed", "mistyped", "unbounded"]
 _SUFFIXES: Final = ("_bucket", "_sum", "_count", "_total", "_created", "_info")
@@ -69,6 +69,12 @@ def _families(exposition: Exposition) -> dict[str, tuple[str, list[Sample]]]:
             else:
                 families.setdefault(name, ("untyped", []))
         families[name][1].append(sample)
+    # prometheus_client (and OpenMetrics) add a `<name>_created` gauge beside each counter
+    # and histogram: part of the family, not a metric of its own.
+    for name in [n for n in families if n.endswith("_created")]:
+        base = name.removesuffix("_created")
+        if base in exposition.types or f"{base}_total" in exposition.types:
+            del families[name]
     return families
 
 
@@ -87,6 +93,12 @@ def _find(metric: dict[str, Any], families: dict[str, tuple[str, list[Sample]]])
         if families.get(base, ("", []))[0] == "counter":
             return base
     return None
+
+
+def exposed_metrics(exposition: Exposition) -> list[str]:
+    """The contract metrics ``exposition`` exposes under their own names."""
+    families = _families(exposition)
+    return [m["name"] for m in contract()["metrics"] if _find(m, families) is not None]
 
 
 def check(

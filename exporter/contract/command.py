@@ -129,7 +129,7 @@ def _read(stream: BinaryIO, label: str, max_bytes: int, deadline: float) -> byte
 
 def run_check_metrics(args: argparse.Namespace) -> int:
     """Run ``check-metrics``; returns the exit status."""
-    from .check import check
+    from .check import check, exposed_metrics
     from .exposition import ExpositionError, parse
     from .spec import contract_json
 
@@ -158,9 +158,11 @@ def run_check_metrics(args: argparse.Namespace) -> int:
         }
         out.write(json.dumps(payload, indent=2) + "\n")
     else:
-        families = len(exposition.types)
         if not problems:
-            out.write(f"{args.target}: conforms to the metric contract ({families} families)\n")
+            found = len(exposed_metrics(exposition))
+            out.write(
+                f"{args.target}: conforms to the metric contract ({found} contract metrics)\n"
+            )
         else:
             out.write(f"{args.target}: {len(problems)} problem(s) against the metric contract\n")
             for p in problems:
