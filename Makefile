@@ -76,6 +76,7 @@ bench: dev services
 	$(PY) benchmarks/bench_multiproc.py
 	$(PY) benchmarks/bench_probes.py
 	$(PY) benchmarks/bench_timeline.py
+	$(PY) benchmarks/bench_lockwatch.py
 
 clean:
 	rm -rf $(VENV) .typecheck build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache
