@@ -69,7 +69,8 @@ format: dev
 	$(VENV)/bin/ruff format .
 
 ## bench: instrumented vs bare reservation on real PostgreSQL, the scrape path, the
-## multiprocess merge against prometheus_client's and the probes; medians over repeats
+## multiprocess merge against prometheus_client's, the probes and the Redis lock watcher;
+## medians over repeats
 bench: dev services
 	$(PY) benchmarks/bench_reservation.py
 	$(PY) benchmarks/bench_exporter.py
