@@ -490,7 +490,7 @@ class LockPattern(Kind):
         return value
 
     def type_doc(self) -> str:
-        return "key pattern (`*`, at most one `{sku}`)"
+        return "lock key pattern"
 
     def json_schema(self) -> Schema:
         return {"type": "string", "minLength": 1, "maxLength": 256}
