@@ -74,6 +74,10 @@ _NO_DEADLOCK = (
     "the lab's SQLite runs hit no deadlock or serialization failure, and a labelled "
     "counter has no series before its first increment"
 )
+_WATCHER = (
+    "Redis lock watcher metric: the sidecar's lock_watch, not the lab (its panels are "
+    "checked against a real watcher in test_node_app.py)"
+)
 _RETRIES = "lab retries resend the same payload: replays, never a key conflict"
 _HEALTHY = (
     "a labelled counter has no series until its first increment, and the lab never "
@@ -106,6 +110,15 @@ NO_LAB_DATA: dict[tuple[str, str], tuple[str, str]] = {
     ("stocksentry-exporter", "Probe duration"): ("A", _PROBE),
     ("stocksentry-exporter", "Probe data age"): ("A", _PROBE),
     ("stocksentry-exporter", "Label overflow"): ("A", _HEALTHY),
+    ("stocksentry-exporter", "Lock watcher subscribed"): ("A", _WATCHER),
+    ("stocksentry-exporter", "Keyspace notification flags"): ("A", _WATCHER),
+    ("stocksentry-exporter", "Lock notifications"): ("A", _WATCHER),
+    # B and C, expiries and foreign releases, come from the lab's lock wrapper too.
+    ("stocksentry-exporter", "Lock acquisitions, expiries and foreign releases"): (
+        "A",
+        _WATCHER,
+    ),
+    ("stocksentry-exporter", "Leases the watcher lost"): ("AB", _WATCHER),
 }
 UIDS = ("stocksentry-overview", "stocksentry-sku", "stocksentry-exporter")
 

@@ -396,3 +396,41 @@ def test_a_wrong_prom_client_variant_fails_check_metrics_naming_the_metric(shop:
     assert text.returncode == 1
     assert "MISTYPED  stock_orders_paid_total: declared gauge" in text.stdout
     assert "reason='sold_out' not one of out_of_stock" in text.stdout
+
+
+#: The exporter dashboard's lock watcher row, and its variables as Grafana fills them.
+WATCHER_PANELS = (
+    "Lock watcher subscribed",
+    "Keyspace notification flags",
+    "Lock notifications",
+    "Lock acquisitions, expiries and foreign releases",
+    "Leases the watcher lost",
+)
+VARIABLES = {
+    "__rate_interval": "1m",
+    "__range": "5m",
+    "__interval": "1s",
+    "cluster": ".*",
+    "namespace": ".*",
+    "job": "stocksentry",
+}
+
+
+def test_the_dashboards_lock_watcher_row_shows_the_watchers_series(shop: Shop) -> None:
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from dashboards import lint
+
+    board = json.loads((ROOT / "dashboards" / "stocksentry-exporter.json").read_text())
+    panels = {p["title"]: p for p in lint.iter_panels(board) if p["title"] in WATCHER_PANELS}
+    assert sorted(panels) == sorted(WATCHER_PANELS)
+    queries = [
+        (title, target["refId"], lint.substitute(target["expr"], VARIABLES))
+        for title, panel in panels.items()
+        for target in panel["targets"]
+    ]
+
+    def empty() -> list[tuple[str, str]]:
+        return [(title, ref) for title, ref, expr in queries if not shop.prometheus.query(expr)]
+
+    wait_until(empty, accept=lambda found: found == [], timeout=30, interval=0.5)
