@@ -5,19 +5,21 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
 DEMO_ARGS ?=
 
-.PHONY: demo test lint format bench services tools helm-tools install dev clean generate fuzz
+.PHONY: demo demo-tools test lint format bench services tools helm-tools install dev clean generate fuzz
 
 # The venv, created once; Debian ships venv separately, so install it when it is missing.
+# Set-up output goes to stderr: `make demo DEMO_ARGS="--format json"` prints only JSON.
 $(PY):
 	@$(PYTHON) -m venv $(VENV) 2>/dev/null || { \
-	  echo "make: python3-venv missing, installing it"; \
-	  apt-get update -qq && apt-get install -y -qq python3-venv >/dev/null && \
+	  echo "make: python3-venv missing, installing it" >&2; \
+	  apt-get update -qq >&2 && apt-get install -y -qq python3-venv >/dev/null && \
 	  $(PYTHON) -m venv $(VENV); }
-	@$(PIP) install --upgrade pip setuptools
+	@$(PIP) install --upgrade pip setuptools >&2
 
 # Stamps: reinstall when pyproject.toml changes. `make demo` needs only the lab's extra.
 $(VENV)/.stamp-install: pyproject.toml | $(PY)
-	$(PIP) install -e '.[lab]'
+	@echo "make: installing stocksentry[lab] into $(VENV)" >&2
+	@$(PIP) install -e '.[lab]' >&2
 	@touch $@
 
 $(VENV)/.stamp-dev: pyproject.toml | $(PY)
@@ -27,9 +29,16 @@ $(VENV)/.stamp-dev: pyproject.toml | $(PY)
 install: $(VENV)/.stamp-install
 dev: $(VENV)/.stamp-dev
 
-## demo: set up and run the flash-sale lab on its embedded SQLite database
-demo: install
-	$(VENV)/bin/stocksentry demo $(DEMO_ARGS)
+## demo: set up and run the flash-sale lab on an embedded PostgreSQL and Redis, with the
+## exporter and a Prometheus evaluating the alert rules beside it (Prometheus is installed
+## from Debian's package when missing, its daemon kept from starting; without it the demo
+## runs and says the alerts were not evaluated). DEMO_ARGS passes options: --help lists them.
+demo: install demo-tools
+	@$(VENV)/bin/stocksentry demo $(DEMO_ARGS)
+
+demo-tools:
+	@command -v prometheus >/dev/null 2>&1 || bash .ci/tools.sh prometheus >&2 || \
+	  echo "make: prometheus could not be installed; the demo runs without alerts" >&2
 
 services:
 	@bash .ci/services.sh
@@ -82,8 +91,10 @@ bench: dev services
 clean:
 	rm -rf $(VENV) .typecheck build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache
 
-## generate: rebuild generated artefacts (docs/metrics.md, dashboards/*.json, the chart's copies)
+## generate: rebuild generated artefacts (docs/metrics.md, the rendered alert rules,
+## dashboards/*.json, the chart's copies)
 generate: dev
 	$(PY) docs/generate.py
+	$(PY) alert_rules/render.py
 	$(PY) dashboards/build.py
 	$(PY) helm/sync.py

@@ -20,7 +20,8 @@ from its values, in ``templates/prometheusrule.yaml``):
     (``> on() group_left() stocksentry:threshold:...``) stay ``on()``.
 ``$where``
     in annotations, at the end of a summary: `` in cluster a, namespace shop``, from the
-    alert's labels, else from Prometheus's external labels; a label neither has is left out.
+    alert's labels, else from Prometheus's external labels; a label neither has is left
+    out (`` in namespace shop``), and with none of them the summary says nothing more.
 ``$job``
     the scrape job of the exporter: ``up{job="$job"}`` (default ``stocksentry``).
 ``$runbook_base``
@@ -85,7 +86,7 @@ class Options:
         if not self.job or '"' in self.job or "\\" in self.job:
             raise ValueError(f"job: {self.job!r} must be non-empty, without quotes or backslashes")
         for name, base in (("runbook", self.runbook_base), ("dashboard", self.dashboard_base)):
-            if base and not re.match(r"^https?://\S+$", base):
+            if base and not re.match(r'^https?://[^\s"\\]+$', base):
                 raise ValueError(f"{name} URL base: {base!r} is not an http(s) URL")
         if not self.runbook_base:
             raise ValueError("runbook URL base: must not be empty")
@@ -93,12 +94,11 @@ class Options:
 
 def where(labels: Sequence[str]) -> str:
     """The summary suffix naming the alert's location, as a Prometheus template."""
-    parts = []
-    for index, label in enumerate(labels):
-        lead = " in " if index == 0 else ", "
+    parts = ['{{ $locsep := " in " }}']
+    for label in labels:
         parts.append(
             f"{{{{ with or $labels.{label} $externalLabels.{label} }}}}"
-            f"{lead}{label} {{{{ . }}}}{{{{ end }}}}"
+            f'{{{{ $locsep }}}}{label} {{{{ . }}}}{{{{ $locsep = ", " }}}}{{{{ end }}}}'
         )
     return "".join(parts)
 

@@ -48,9 +48,12 @@ Run::
 The headline (stdout, one line per case) is the overhead in microseconds: per reservation
 (the no-op block less the same loop around an empty function) for the reservation cases,
 per statement (the in-memory SQLite pair: instrumented minus bare engine, paired within a
-round) for the SQLAlchemy cases, with the no-op-listener floor (SQLAlchemy's own event
-dispatch) on a line of its own; ``spread`` is the no-op blocks' interquartile range over
-their median; the ratio against bare on PostgreSQL stands beside it.
+round) for the SQLAlchemy cases, with two floors on lines of their own: a no-op dialect
+``do_execute`` listener (the dispatch the integration uses) and no-op engine
+``before/after_cursor_execute`` listeners (SQLAlchemy's engine event path, which the
+integration used before and which any engine listener switches on); ``spread`` is the
+no-op blocks' interquartile range over their median; the ratio against bare on
+PostgreSQL stands beside it.
 
 Targets (from the issue), in microseconds: metrics <= 3 per reservation, metrics + log
 <= 15, with span <= 45, sqlalchemy <= 4 per statement; sqlalchemy_spans has none. The
@@ -415,7 +418,10 @@ class LiteCase:
     blocks: list[float] = field(default_factory=list)
 
 
-def _noop_listeners(engine: Engine) -> None:
+def _noop_engine_listeners(engine: Engine) -> None:
+    """What the integration listened to before: any engine listener switches on
+    SQLAlchemy's per-execute event path."""
+
     def before(*args: Any) -> tuple[Any, Any]:
         return args[2], args[3]
 
@@ -426,18 +432,36 @@ def _noop_listeners(engine: Engine) -> None:
     sa.event.listen(engine, "after_cursor_execute", after)
 
 
+def _noop_dialect_listener(engine: Engine) -> None:
+    """The floor of what the integration listens to now: one dialect ``do_execute``
+    listener that leaves the execution to the dialect."""
+
+    def do_execute(*args: Any) -> bool:
+        return False
+
+    sa.event.listen(engine, "do_execute", do_execute)
+
+
 def lite_cases(sql_provider: TracerProvider) -> list[LiteCase]:
     """Engines on in-memory SQLite: bare, no-op listeners, instrumented without and with
     SQL spans (on ``sql_provider``)."""
     cases: list[LiteCase] = []
-    for name in ("bare", "listener_floor", "sqlalchemy", "sqlalchemy_spans"):
+    for name in (
+        "bare",
+        "listener_floor",
+        "engine_listener_floor",
+        "sqlalchemy",
+        "sqlalchemy_spans",
+    ):
         engine = sa.create_engine("sqlite://")
         _lite.create_all(engine)
         with engine.begin() as conn:
             conn.execute(sa.insert(lite_products).values(sku=SKU, available_stock=INITIAL_STOCK))
         sentry: Sentry | None = None
         if name == "listener_floor":
-            _noop_listeners(engine)
+            _noop_dialect_listener(engine)
+        elif name == "engine_listener_floor":
+            _noop_engine_listeners(engine)
         elif name != "bare":
             sentry = Sentry(registry=CollectorRegistry(), log=False, trace=False)
             instrument_sqlalchemy(
@@ -706,7 +730,12 @@ def print_report(result: dict[str, Any]) -> None:
     print(
         f"bench sqlalchemy_listener_floor overhead_us="
         f"{lite['listener_floor']['us_per_statement']:.2f} per=statement "
-        "(no-op listeners: SQLAlchemy's event dispatch alone)"
+        "(a no-op do_execute dialect listener: the dispatch the integration uses)"
+    )
+    print(
+        f"bench sqlalchemy_engine_listener_floor overhead_us="
+        f"{lite['engine_listener_floor']['us_per_statement']:.2f} per=statement "
+        "(no-op before/after_cursor_execute engine listeners: the dispatch it used before)"
     )
     # Cross-checks on stderr: the instrumentation's time measured between the transactions
     # (commit latency cancels out) and the ratio of blocks paired within a round.

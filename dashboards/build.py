@@ -4,6 +4,13 @@ Usage::
 
     python dashboards/build.py            # writes dashboards/<uid>.json
     python dashboards/build.py --check    # exit 1 if a committed file differs or is extra
+    python dashboards/build.py --location-labels region,cluster,namespace \\
+        --runbook-url-base https://git.shop.example/sre/runbooks --output-dir my-dashboards
+
+``--location-labels`` (default ``cluster,namespace``, as the alert rules): the labels
+every aggregation keeps and every selector matches against a dashboard variable of that
+name. ``--runbook-url-base``: where the panels' runbook links point (``<base>/<Alert>.md``);
+the Helm chart replaces the default base with its ``links.runbookBaseUrl``.
 
 The JSON is what Grafana provisioning and the Helm chart's ConfigMap load; it is
 committed, and ``tests/unit/test_dashboards.py`` fails when it is stale.
@@ -24,7 +31,7 @@ if __package__ in (None, ""):
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models.dashboard import Dashboard
 
-from dashboards import exporter, overview, sku
+from dashboards import exporter, overview, panels, promql, sku
 
 #: Where the JSON goes: beside the builder code.
 OUT_DIR = Path(__file__).resolve().parent
@@ -42,9 +49,10 @@ def render(dashboard: Dashboard) -> str:
     return json.dumps(dashboard, cls=JSONEncoder, indent=2, sort_keys=True) + "\n"
 
 
-def artefacts() -> dict[Path, str]:
-    """Every dashboard file and the text it must hold."""
-    return {OUT_DIR / name: render(build()) for name, build in BUILDERS.items()}
+def artefacts(out_dir: Path | None = None) -> dict[Path, str]:
+    """Every dashboard file and the text it must hold (in ``out_dir``, default OUT_DIR)."""
+    folder = OUT_DIR if out_dir is None else out_dir
+    return {folder / name: render(build()) for name, build in BUILDERS.items()}
 
 
 def stale(expected: dict[Path, str]) -> list[Path]:
@@ -62,7 +70,42 @@ def main(argv: list[str] | None = None) -> int:
     """Build (or ``--check``) the dashboards; returns the exit status."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="exit 1 if a file is stale")
+    parser.add_argument(
+        "--location-labels",
+        default=",".join(promql.LOCATION_LABELS),
+        help="comma-separated labels every aggregation keeps (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--runbook-url-base",
+        default=panels.DEFAULT_RUNBOOK_BASE,
+        help="where runbook links point, <base>/<Alert>.md (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--output-dir",
+        type=Path,
+        default=None,
+        help="write the JSON there instead of dashboards/ (for non-default options)",
+    )
     args = parser.parse_args(argv)
+    labels = [x.strip() for x in args.location_labels.split(",") if x.strip()]
+    custom = labels != list(promql.LOCATION_LABELS) or (
+        args.runbook_url_base.rstrip("/") != panels.DEFAULT_RUNBOOK_BASE.rstrip("/")
+    )
+    try:
+        promql.set_location_labels(labels)
+        panels.set_runbook_base(args.runbook_url_base)
+    except ValueError as exc:
+        print(f"dashboards: {exc}", file=sys.stderr)
+        return 2
+    if args.output_dir is not None:
+        args.output_dir.mkdir(parents=True, exist_ok=True)
+        for path, text in artefacts(args.output_dir).items():
+            path.write_text(text, encoding="utf-8")
+            print(f"dashboards: wrote {path}")
+        return 0
+    if custom:
+        print("dashboards: non-default options need --output-dir", file=sys.stderr)
+        return 2
     expected = artefacts()
     if args.check:
         out_of_date = stale(expected)

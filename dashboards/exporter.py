@@ -17,7 +17,7 @@ from .panels import (
     Query,
     datasource_variable,
     job_variable,
-    namespace_variable,
+    location_variables,
     stat_panel,
     timeseries_panel,
     up_down_mappings,
@@ -33,7 +33,9 @@ def build() -> dashboard_models.Dashboard:
         "Is stocksentry itself healthy? Scrape targets, probe success, duration and data "
         "age, scrape size and time, label overflow and instrumentation errors.",
     )
-    board.variable(datasource_variable()).variable(namespace_variable())
+    board.variable(datasource_variable())
+    for variable in location_variables():
+        board.variable(variable)
     board.variable(job_variable())
     sel = promql.SEL
 
@@ -80,7 +82,8 @@ def build() -> dashboard_models.Dashboard:
             unit="s",
             queries=(
                 Query(
-                    f"max by (instance, probe) ({promql.series(catalog.PROBE_DURATION)})",
+                    f"max {promql.by('instance', 'probe')} "
+                    f"({promql.series(catalog.PROBE_DURATION)})",
                     "{{instance}} {{probe}}",
                 ),
             ),
@@ -96,7 +99,7 @@ def build() -> dashboard_models.Dashboard:
             unit="s",
             queries=(
                 Query(
-                    "time() - max by (instance, probe) "
+                    f"time() - max {promql.by('instance', 'probe')} "
                     f"({promql.series(catalog.PROBE_LAST_SUCCESS)})",
                     "{{instance}} {{probe}}",
                 ),
@@ -114,7 +117,11 @@ def build() -> dashboard_models.Dashboard:
             "the target goes down.",
             runbooks=("StocksentryExporterDown",),
             unit="s",
-            queries=(Query(f"max by (instance) (scrape_duration_seconds{sel})", "{{instance}}"),),
+            queries=(
+                Query(
+                    f"max {promql.by('instance')} (scrape_duration_seconds{sel})", "{{instance}}"
+                ),
+            ),
         )
     )
     board.add(
@@ -125,7 +132,11 @@ def build() -> dashboard_models.Dashboard:
             "big scrapes get slow and cost Prometheus memory.",
             runbooks=("StocksentryExporterDown",),
             unit="short",
-            queries=(Query(f"max by (instance) (scrape_samples_scraped{sel})", "{{instance}}"),),
+            queries=(
+                Query(
+                    f"max {promql.by('instance')} (scrape_samples_scraped{sel})", "{{instance}}"
+                ),
+            ),
         )
     )
 

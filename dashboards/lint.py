@@ -8,7 +8,9 @@
   overlap;
 - expressions use only ``$__rate_interval`` or ``$__range`` as windows (no ``[5m]``),
   only variables the dashboard defines, and only metric names that are allowed (the
-  catalog's sample names, recording rules, Prometheus built-ins).
+  catalog's sample names, recording rules, Prometheus built-ins);
+- every aggregation keeps the location labels (``cluster``, ``namespace``:
+  :func:`location_problems`, which ``tests/unit/test_rules.py`` also runs on the rules).
 
 Metric names come from the syntax tree: each expression is parsed with ``promql-parser``
 (the Rust ``promql-parser`` crate behind a Python wheel) and its vector selectors are
@@ -38,13 +40,15 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from typing import Any
 
 import promql_parser
 
 from .panels import DATASOURCE, RUNBOOK_BASE
+from .promql import LOCATION_LABELS
 
 #: Series Prometheus makes itself, which dashboards may query beside the catalog's.
 BUILTIN_SERIES: frozenset[str] = frozenset(
@@ -205,6 +209,81 @@ def metric_names(expr: str) -> set[str]:
     return names
 
 
+#: Aggregations that keep the labels of the series they pick, so need no ``by``.
+_SELECTING = frozenset({"topk", "bottomk", "limitk", "limit_ratio"})
+
+
+def _node_names(node: promql_parser.Expr) -> set[str]:
+    names: set[str] = set()
+
+    def visit(inner: promql_parser.Expr) -> None:
+        if isinstance(inner, promql_parser.VectorSelector) and inner.name:
+            names.add(inner.name)
+
+    promql_parser.walk(node, visit)
+    return names
+
+
+def location_problems(
+    expr: str,
+    labels: Sequence[str] = LOCATION_LABELS,
+    constants: Collection[str] = (),
+) -> list[str]:
+    """Where ``expr`` drops a location label: one line per aggregation or join that does.
+
+    An aggregation must group ``by`` every label of ``labels`` (or aggregate ``without``
+    none of them); ``topk`` and its kin keep their series' labels and pass. A join
+    ``on(...)`` must list them too, unless one side selects only ``constants`` (the
+    label-less settings: ``> on() group_left() stocksentry:threshold:x``) or nothing at
+    all (``vector(0)``); ``ignoring(...)`` must not list one.
+
+    >>> location_problems("sum by (sku) (rate(x[5m]))", ("cluster",))
+    ['sum by (sku) drops cluster']
+    >>> location_problems("x > on() group_left() t", ("cluster",), {"t"})
+    []
+    """
+    problems: list[str] = []
+    wanted = list(labels)
+
+    def visit(node: promql_parser.Expr) -> None:
+        if isinstance(node, promql_parser.AggregateExpr):
+            op = str(node.op)
+            modifier = node.modifier
+            if modifier is None:
+                if op not in _SELECTING:
+                    problems.append(f"{op}(...) without by drops {', '.join(wanted)}")
+                return
+            kept = list(modifier.labels)
+            if modifier.type == promql_parser.AggModifierType.Without:
+                dropped = [label for label in wanted if label in kept]
+                if dropped:
+                    problems.append(f"{op} without ({', '.join(kept)}) drops {', '.join(dropped)}")
+                return
+            missing = [label for label in wanted if label not in kept]
+            if missing:
+                problems.append(f"{op} by ({', '.join(kept)}) drops {', '.join(missing)}")
+        elif isinstance(node, promql_parser.BinaryExpr) and node.modifier is not None:
+            matching = node.modifier.matching
+            if matching is None:
+                return
+            on = list(matching.labels)
+            if matching.type == promql_parser.LabelModifierType.Exclude:
+                dropped = [label for label in wanted if label in on]
+                if dropped:
+                    problems.append(f"ignoring({', '.join(on)}) drops {', '.join(dropped)}")
+                return
+            missing = [label for label in wanted if label not in on]
+            if not missing:
+                return
+            sides = (_node_names(node.lhs), _node_names(node.rhs))
+            if any(side <= set(constants) for side in sides):
+                return
+            problems.append(f"on({', '.join(on)}) drops {', '.join(missing)}")
+
+    promql_parser.walk(parse(expr), visit)
+    return problems
+
+
 def windows(expr: str) -> list[str]:
     """The contents of every range selector ``[...]`` and every ``offset`` of ``expr``."""
     text = _MATCHERS.sub(" ", _without_strings(expr))
@@ -357,6 +436,8 @@ def _lint_target(
     undefined = sorted(variable_names(expr) - defined)
     if undefined:
         problems.append(f"undefined variable(s) {undefined}")
+    with contextlib.suppress(PromQLSyntaxError, KeyError):  # reported above
+        problems += location_problems(expr)
     return problems
 
 

@@ -19,7 +19,7 @@ from .panels import (
     bargauge_panel,
     datasource_variable,
     job_variable,
-    namespace_variable,
+    location_variables,
     sku_link,
     stat_panel,
     table_panel,
@@ -57,12 +57,15 @@ def race_conflict_ratio(*extra: str) -> str:
 
 
 def checkout_error_ratio() -> str:
-    """Errors and races over all reservations (the SLO's bad events), 0 when none failed."""
+    """Errors and races over all reservations (the SLO's bad events) per location.
+
+    0 when none failed.
+    """
     duration = catalog.RESERVATION_DURATION
     bad = promql.selector('outcome!~"success|out_of_stock"')
+    total = f"sum {promql.by()} ({promql.rate(duration, promql.SEL, '_count')})"
     return (
-        f"(sum({promql.rate(duration, bad, '_count')}) or vector(0))\n"
-        f"/\nsum({promql.rate(duration, promql.SEL, '_count')})"
+        f"(sum {promql.by()} ({promql.rate(duration, bad, '_count')}) or 0 * {total})\n/\n{total}"
     )
 
 
@@ -75,7 +78,9 @@ def build() -> dashboard_models.Dashboard:
         "negative and oversold stock, refunds due to oversell, locks, retries, cache, "
         "outbox, alerts and probe health.",
     )
-    board.variable(datasource_variable()).variable(namespace_variable())
+    board.variable(datasource_variable())
+    for variable in location_variables():
+        board.variable(variable)
     board.variable(job_variable())
 
     sel = promql.SEL
@@ -161,7 +166,10 @@ def build() -> dashboard_models.Dashboard:
             unit="short",
             no_value="no probe data",
             queries=(
-                Query(f"max({promql.series(catalog.NEGATIVE_INVENTORY_SKUS)})", instant=True),
+                Query(
+                    f"max {promql.by()} ({promql.series(catalog.NEGATIVE_INVENTORY_SKUS)})",
+                    instant=True,
+                ),
             ),
         )
     )
@@ -176,7 +184,8 @@ def build() -> dashboard_models.Dashboard:
             no_value="no probe data",
             queries=(
                 Query(
-                    f"sum(max by (sku) ({promql.series(catalog.OVERSOLD_UNITS)}))",
+                    f"sum {promql.by()} "
+                    f"(max {promql.by('sku')} ({promql.series(catalog.OVERSOLD_UNITS)}))",
                     instant=True,
                 ),
             ),
@@ -285,7 +294,9 @@ def build() -> dashboard_models.Dashboard:
             runbooks=("StockLockWaitHighDuringPromo",),
             unit="short",
             width=8,
-            queries=(Query(f"max({promql.series(catalog.DB_LOCK_WAITERS)})", "waiters"),),
+            queries=(
+                Query(f"max {promql.by()} ({promql.series(catalog.DB_LOCK_WAITERS)})", "waiters"),
+            ),
         )
     )
     board.add(
@@ -296,7 +307,12 @@ def build() -> dashboard_models.Dashboard:
             runbooks=("StockLockWaitHigh",),
             unit="s",
             width=8,
-            queries=(Query(f"max({promql.series(catalog.DB_LOCK_WAIT_MAX)})", "longest wait"),),
+            queries=(
+                Query(
+                    f"max {promql.by()} ({promql.series(catalog.DB_LOCK_WAIT_MAX)})",
+                    "longest wait",
+                ),
+            ),
         )
     )
     board.add(
@@ -353,7 +369,12 @@ def build() -> dashboard_models.Dashboard:
             no_value="no probe data",
             width=3,
             height=8,
-            queries=(Query(f"max({promql.series(catalog.DUPLICATE_ORDER_KEYS)})", instant=True),),
+            queries=(
+                Query(
+                    f"max {promql.by()} ({promql.series(catalog.DUPLICATE_ORDER_KEYS)})",
+                    instant=True,
+                ),
+            ),
         )
     )
     board.add(
@@ -380,7 +401,10 @@ def build() -> dashboard_models.Dashboard:
             unit="short",
             width=8,
             queries=(
-                Query(f"max by (cache) ({promql.series(catalog.CACHE_DRIFT_SKUS)})", "{{cache}}"),
+                Query(
+                    f"max {promql.by('cache')} ({promql.series(catalog.CACHE_DRIFT_SKUS)})",
+                    "{{cache}}",
+                ),
             ),
         )
     )
@@ -394,7 +418,7 @@ def build() -> dashboard_models.Dashboard:
             unit="s",
             width=8,
             queries=(
-                Query(f"max({promql.series(catalog.OUTBOX_LAG)})", "oldest event"),
+                Query(f"max {promql.by()} ({promql.series(catalog.OUTBOX_LAG)})", "oldest event"),
                 Query("stocksentry:threshold:outbox_lag_seconds", "alert threshold"),
             ),
         )
@@ -407,7 +431,9 @@ def build() -> dashboard_models.Dashboard:
             runbooks=("StockOutboxLag",),
             unit="short",
             width=8,
-            queries=(Query(f"max({promql.series(catalog.OUTBOX_PENDING)})", "pending"),),
+            queries=(
+                Query(f"max {promql.by()} ({promql.series(catalog.OUTBOX_PENDING)})", "pending"),
+            ),
         )
     )
 
@@ -446,7 +472,7 @@ def build() -> dashboard_models.Dashboard:
             mappings=up_down_mappings(),
             queries=(
                 Query(
-                    f"min by (probe) ({promql.series(catalog.PROBE_UP)})",
+                    f"min {promql.by('probe')} ({promql.series(catalog.PROBE_UP)})",
                     "{{probe}}",
                     instant=True,
                 ),

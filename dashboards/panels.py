@@ -25,6 +25,7 @@ Example::
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -37,8 +38,23 @@ from grafana_foundation_sdk.models import common, prometheus
 from grafana_foundation_sdk.models import dashboard as dashboard_models
 from grafana_foundation_sdk.models import heatmap as heatmap_models
 
-#: Where the runbooks live; one Markdown file per alert of alert_rules/stocksentry.rules.yml.
-RUNBOOK_BASE = "https://github.com/stocksentry/stocksentry/blob/main/docs/runbooks/"
+from . import promql
+
+#: Where the runbooks live by default (``build.py --runbook-url-base``; the Helm chart
+#: replaces it with ``links.runbookBaseUrl``); one Markdown file per alert of the rules.
+#: The same default as alert_rules/render.py's.
+DEFAULT_RUNBOOK_BASE = "https://github.com/stocksentry/stocksentry/blob/main/docs/runbooks/"
+RUNBOOK_BASE = DEFAULT_RUNBOOK_BASE
+
+
+def set_runbook_base(base: str) -> None:
+    """Point every runbook link at ``base`` (``<base>/<Alert>.md``)."""
+    global RUNBOOK_BASE
+    if not re.match(r"^https?://\S+$", base):
+        raise ValueError(f"runbook URL base: {base!r} is not an http(s) URL")
+    RUNBOOK_BASE = base.rstrip("/") + "/"
+
+
 #: Tag shared by the dashboards, for the dashboard links between them.
 TAG = "stocksentry"
 #: Every panel and query names the datasource through the dashboard variable.
@@ -108,7 +124,8 @@ def _target(query: Query, ref_id: str) -> prometheus_builders.Dataquery:
         .exemplar(query.exemplar)
     )
     if query.legend:
-        target = target.legend_format(query.legend)
+        location = " ".join(f"{{{{{label}}}}}" for label in promql.LOCATION_LABELS)
+        target = target.legend_format(f"{query.legend} {location}")
     target = target.instant() if query.instant else target.range()
     if query.heatmap:
         target = target.format(prometheus.PromQueryFormat.HEATMAP)
@@ -421,33 +438,43 @@ def datasource_variable() -> dashboard_builders.DatasourceVariable:
     )
 
 
-def namespace_variable() -> dashboard_builders.QueryVariable:
-    """``$namespace``: Kubernetes namespaces of targets exposing stocksentry metrics.
+def location_variables() -> list[dashboard_builders.QueryVariable]:
+    """One variable per location label (``$cluster``, ``$namespace``), in order.
 
-    "All" is ``.*``, which also matches series without a namespace label, so the
-    dashboards work on a Prometheus outside Kubernetes.
+    Each lists the values of the series the variables before it select.
+
+    The values are those of targets exposing stocksentry metrics. "All" is ``.*``, which
+    also matches series without the label, so the dashboards work on a Prometheus of one
+    cluster, or outside Kubernetes.
     """
-    return (
-        dashboard_builders.QueryVariable("namespace")
-        .label("Namespace")
-        .datasource(DATASOURCE)
-        .query(f"label_values({_STOCKSENTRY_SERIES}, namespace)")
-        .refresh(dashboard_models.VariableRefresh.ON_TIME_RANGE_CHANGED)
-        .sort(dashboard_models.VariableSort.ALPHABETICAL_ASC)
-        .multi(True)
-        .include_all(True)
-        .all_value(".*")
-        .current(dashboard_models.VariableOption(selected=True, text=["All"], value=["$__all"]))
-    )
+    variables = []
+    for index, label in enumerate(promql.LOCATION_LABELS):
+        before = "".join(f', {prev}=~"${prev}"' for prev in promql.LOCATION_LABELS[:index])
+        variables.append(
+            dashboard_builders.QueryVariable(label)
+            .label(label.replace("_", " ").capitalize())
+            .datasource(DATASOURCE)
+            .query(f"label_values({_STOCKSENTRY_SERIES[:-1]}{before}}}, {label})")
+            .refresh(dashboard_models.VariableRefresh.ON_TIME_RANGE_CHANGED)
+            .sort(dashboard_models.VariableSort.ALPHABETICAL_ASC)
+            .multi(True)
+            .include_all(True)
+            .all_value(".*")
+            .current(
+                dashboard_models.VariableOption(selected=True, text=["All"], value=["$__all"])
+            )
+        )
+    return variables
 
 
 def job_variable() -> dashboard_builders.QueryVariable:
-    """``$job``: scrape jobs that expose a stocksentry metric in the chosen namespaces.
+    """``$job``: scrape jobs that expose a stocksentry metric in the chosen locations.
 
     No custom "All" value: All means the listed jobs, so exporter panels on built-in
     series (``up``, ``scrape_*``) do not show every target of the Prometheus.
     """
-    selector = _STOCKSENTRY_SERIES[:-1] + ', namespace=~"$namespace"}'
+    location = "".join(f', {label}=~"${label}"' for label in promql.LOCATION_LABELS)
+    selector = _STOCKSENTRY_SERIES[:-1] + location + "}"
     return (
         dashboard_builders.QueryVariable("job")
         .label("Job")
@@ -467,7 +494,7 @@ def sku_variable(success_metric: str) -> dashboard_builders.QueryVariable:
         dashboard_builders.QueryVariable("sku")
         .label("SKU")
         .datasource(DATASOURCE)
-        .query(f'label_values({success_metric}{{namespace=~"$namespace", job=~"$job"}}, sku)')
+        .query(f"label_values({success_metric}{promql.SEL}, sku)")
         .refresh(dashboard_models.VariableRefresh.ON_TIME_RANGE_CHANGED)
         .sort(dashboard_models.VariableSort.ALPHABETICAL_CASE_INSENSITIVE_ASC)
         .multi(False)

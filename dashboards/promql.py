@@ -3,7 +3,8 @@
 Every metric name comes from the catalog (:mod:`stocksentry.instrumentation.catalog`);
 every rate window is Grafana's ``$__rate_interval`` (or ``$__range`` for totals over the
 dashboard's time range), never a literal like ``[5m]``; every selector carries the
-dashboard's ``namespace`` and ``job`` variables.
+dashboard's location variables (``cluster``, ``namespace``: :data:`LOCATION_LABELS`) and
+its ``job`` variable, and every aggregation keeps the location labels.
 
 Example::
 
@@ -11,8 +12,8 @@ Example::
     from stocksentry.instrumentation import catalog
 
     promql.sum_rate(catalog.RESERVATION_SUCCESS, by=("sku",))
-    # 'sum by (sku) (rate(stock_reservation_success_total{namespace=~"$namespace",
-    #   job=~"$job"}[$__rate_interval]))'
+    # 'sum by (cluster, namespace, sku) (rate(stock_reservation_success_total{
+    #   cluster=~"$cluster", namespace=~"$namespace", job=~"$job"}[$__rate_interval]))'
 """
 
 from __future__ import annotations
@@ -26,11 +27,30 @@ RATE_WINDOW = "$__rate_interval"
 #: The dashboard's whole time range, for "how many in the range" totals.
 RANGE_WINDOW = "$__range"
 
-#: Matchers every query carries. ``namespace`` is a regex so that "All" (``.*``) also
-#: matches series without the label (Prometheus outside Kubernetes).
-BASE_MATCHERS: tuple[str, ...] = ('namespace=~"$namespace"', 'job=~"$job"')
+#: The labels that say where a series comes from (``build.py --location-labels``): every
+#: aggregation keeps them, every selector matches them against a dashboard variable of the
+#: same name (:func:`dashboards.panels.location_variables`).
+LOCATION_LABELS: tuple[str, ...] = ("cluster", "namespace")
+#: Matchers every query carries. The location matchers are regexes so that "All" (``.*``)
+#: also matches series without the label (a Prometheus outside Kubernetes, one cluster).
+BASE_MATCHERS: tuple[str, ...] = ()
 #: The SKU deep dive's SKU: a single value, matched exactly.
 SKU_MATCHER = 'sku="$sku"'
+#: The selector of the overview and exporter dashboards (set by :func:`set_location_labels`).
+SEL = ""
+#: The selector of the SKU deep dive, for metrics that carry a ``sku`` label.
+SKU_SEL = ""
+
+
+def set_location_labels(labels: Sequence[str]) -> None:
+    """Build the dashboards for these location labels (at least one, in this order)."""
+    global LOCATION_LABELS, BASE_MATCHERS, SEL, SKU_SEL
+    if not labels or len(set(labels)) != len(labels):
+        raise ValueError(f"location labels: {list(labels)} must be distinct and not empty")
+    LOCATION_LABELS = tuple(labels)
+    BASE_MATCHERS = (*(f'{label}=~"${label}"' for label in LOCATION_LABELS), 'job=~"$job"')
+    SEL = selector()
+    SKU_SEL = selector(SKU_MATCHER)
 
 
 def selector(*extra: str) -> str:
@@ -38,10 +58,9 @@ def selector(*extra: str) -> str:
     return "{" + ", ".join((*BASE_MATCHERS, *extra)) + "}"
 
 
-#: The selector of the overview and exporter dashboards.
-SEL = selector()
-#: The selector of the SKU deep dive, for metrics that carry a ``sku`` label.
-SKU_SEL = selector(SKU_MATCHER)
+def by(*labels: str) -> str:
+    """``by (<location labels>, labels...)``: the grouping of a hand-written aggregation."""
+    return f"by ({', '.join((*LOCATION_LABELS, *labels))})"
 
 
 def sample(spec: MetricSpec, suffix: str = "") -> str:
@@ -56,27 +75,29 @@ def sample(spec: MetricSpec, suffix: str = "") -> str:
     return name
 
 
-def _sum(by: Sequence[str]) -> str:
-    """``sum(`` or ``sum by (a, b) (``: the opening of an aggregation."""
-    return f"sum by ({', '.join(by)}) (" if by else "sum("
+def _sum(labels: Sequence[str]) -> str:
+    """``sum by (<location labels>, a, b) (``: the opening of an aggregation."""
+    return f"sum {by(*labels)} ("
 
 
-def series(spec: MetricSpec, sel: str = SEL, suffix: str = "") -> str:
+def series(spec: MetricSpec, sel: str | None = None, suffix: str = "") -> str:
     """The instant selector of a catalog metric: ``name{matchers}``."""
-    return sample(spec, suffix) + sel
+    return sample(spec, suffix) + (SEL if sel is None else sel)
 
 
-def rate(spec: MetricSpec, sel: str = SEL, suffix: str = "") -> str:
+def rate(spec: MetricSpec, sel: str | None = None, suffix: str = "") -> str:
     """``rate(name{matchers}[$__rate_interval])``."""
     return f"rate({series(spec, sel, suffix)}[{RATE_WINDOW}])"
 
 
-def sum_rate(spec: MetricSpec, by: Sequence[str] = (), sel: str = SEL, suffix: str = "") -> str:
+def sum_rate(
+    spec: MetricSpec, by: Sequence[str] = (), sel: str | None = None, suffix: str = ""
+) -> str:
     """Per-second rate summed over instances, kept apart by ``by``."""
     return f"{_sum(by)}{rate(spec, sel, suffix)})"
 
 
-def increase_in_range(spec: MetricSpec, by: Sequence[str] = (), sel: str = SEL) -> str:
+def increase_in_range(spec: MetricSpec, by: Sequence[str] = (), sel: str | None = None) -> str:
     """How much a counter grew over the dashboard's time range, kept apart by ``by``.
 
     ``increase()`` alone misses a series born inside the range: a labelled counter child
@@ -101,7 +122,7 @@ def topk(k: int, expr: str) -> str:
     return f"topk({k},\n{expr}\n)"
 
 
-def quantile(q: float, spec: MetricSpec, by: Sequence[str] = (), sel: str = SEL) -> str:
+def quantile(q: float, spec: MetricSpec, by: Sequence[str] = (), sel: str | None = None) -> str:
     """``histogram_quantile`` of a catalog histogram over ``$__rate_interval``."""
     return f"histogram_quantile({q:g}, {_sum(('le', *by))}{rate(spec, sel, '_bucket')}))"
 
@@ -118,3 +139,6 @@ def ratio_zero_filled(part: str, rest: str, by: Sequence[str]) -> str:
     """
     total = f"{_sum(by)}{part} or {rest})"
     return f"({_sum(by)}{part}) or 0 * {total})\n/\n{total}"
+
+
+set_location_labels(LOCATION_LABELS)

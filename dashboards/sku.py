@@ -22,7 +22,7 @@ from .panels import (
     datasource_variable,
     heatmap_panel,
     job_variable,
-    namespace_variable,
+    location_variables,
     sku_variable,
     stat_panel,
     timeseries_panel,
@@ -38,7 +38,9 @@ def build() -> dashboard_models.Dashboard:
         "refunds, with reservation latency (exemplars link to traces) and the lock "
         "contention behind it.",
     )
-    board.variable(datasource_variable()).variable(namespace_variable())
+    board.variable(datasource_variable())
+    for variable in location_variables():
+        board.variable(variable)
     board.variable(job_variable()).variable(sku_variable(catalog.RESERVATION_SUCCESS.name))
 
     sel, sku_sel = promql.SEL, promql.SKU_SEL
@@ -127,7 +129,10 @@ def build() -> dashboard_models.Dashboard:
             unit="short",
             no_value="no probe data",
             queries=(
-                Query(f"max({promql.series(catalog.OVERSOLD_UNITS, sku_sel)})", instant=True),
+                Query(
+                    f"max {promql.by()} ({promql.series(catalog.OVERSOLD_UNITS, sku_sel)})",
+                    instant=True,
+                ),
             ),
         )
     )

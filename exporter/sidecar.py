@@ -15,13 +15,20 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from .commandline import ExitCode, report_error
 from .config import ConfigError, ExporterConfig, load_config
+from .listen import format_listen_address
+from .overrides import Overrides
+
+if TYPE_CHECKING:
+    from .webconfig import WebConfig
 
 if TYPE_CHECKING:
     from prometheus_client.registry import Collector
@@ -40,21 +47,40 @@ def check_config(path: str | Path, *, out: TextIO | None = None, err: TextIO | N
     err = err if err is not None else sys.stderr
     try:
         config = load_config(path)
-        _web_config(config)
+        web_config = _web_config(config)
     except (ConfigError, ValueError) as exc:
         return report_error("check-config", str(exc), err)
     print(f"{path}: ok", file=out)
-    for line in describe(config):
+    for line in describe(config, web_config=web_config):
         print(f"  {line}", file=out)
     return ExitCode.OK
 
 
-def describe(config: ExporterConfig) -> list[str]:
-    """Human lines saying what this config runs (no secrets)."""
+def describe(
+    config: ExporterConfig,
+    addresses: Sequence[tuple[str, int]] | None = None,
+    web_config: WebConfig | None = None,
+) -> list[str]:
+    """Human lines saying what this config runs (no secrets).
+
+    ``addresses``: the ``--web.listen-address`` pairs when given (they replace
+    ``server.listen_address`` and ``server.port``); ``web_config``: the loaded
+    ``server.web_config_file``, whose TLS and authentication the first line states.
+    """
     server = config.server
+    if addresses is None:
+        addresses = [(server.listen_address, server.port)]
+    listen = ", ".join(format_listen_address(host, port) for host, port in addresses)
+    security = web_config.describe() if web_config is not None else None
+    if security is None:
+        security = "plain HTTP, no authentication"
+        if server.web_config_file is not None:
+            security = f"as web config {server.web_config_file} says"
+    elif server.web_config_file is not None:
+        security += f" (web config {server.web_config_file})"
     lines = [
-        f"listen {server.listen_address}:{server.port}"
-        + (" with TLS/auth web config" if server.web_config_file else " (plain HTTP)"),
+        f"listen {listen}, metrics at {server.telemetry_path}: {security}",
+        f"log level {config.log.level}, format {config.log.format}",
         "multiprocess dir: "
         + (str(server.multiprocess_dir) if server.multiprocess_dir else "none"),
         "database probes: "
@@ -81,6 +107,41 @@ def describe(config: ExporterConfig) -> list[str]:
     return lines
 
 
+def apply_overrides(config: ExporterConfig, overrides: Overrides) -> ExporterConfig:
+    """``config`` with the command-line flags given put in place of their YAML keys.
+
+    ``listen_addresses`` is not part of the config (it may name several); the first pair
+    is written to ``server.listen_address``/``port`` so the config says where it serves.
+    """
+    server = config.server
+    server_changes: dict[str, object] = {}
+    if overrides.listen_addresses:
+        host, port = overrides.listen_addresses[0]
+        server_changes.update(listen_address=host, port=port)
+    if overrides.telemetry_path is not None:
+        server_changes["telemetry_path"] = overrides.telemetry_path
+    if overrides.web_config_file is not None:
+        server_changes["web_config_file"] = Path(overrides.web_config_file)
+    log_changes: dict[str, object] = {}
+    if overrides.log_level is not None:
+        log_changes["level"] = overrides.log_level
+    if overrides.log_format is not None:
+        log_changes["format"] = overrides.log_format
+    return dataclasses.replace(
+        config,
+        server=dataclasses.replace(server, **server_changes),  # type: ignore[arg-type]
+        log=dataclasses.replace(config.log, **log_changes),  # type: ignore[arg-type]
+    )
+
+
+def configure_exporter_logging(level: str, fmt: str, stream: TextIO | None = None) -> None:
+    """Log as ``log.level``/``log.format`` say: promslog's levels, logfmt or JSON lines."""
+    from stocksentry.instrumentation.logs import configure_logging
+
+    numeric = {"debug": "DEBUG", "info": "INFO", "warn": "WARNING", "error": "ERROR"}[level]
+    configure_logging(numeric, stream=stream, json=fmt == "json", logfmt=fmt == "logfmt")
+
+
 def _enabled(config: ExporterConfig) -> str:
     probes = config.probes
     names = [name for name, settings in probes.builtin().items() if settings.enabled]
@@ -88,8 +149,8 @@ def _enabled(config: ExporterConfig) -> str:
     return ", ".join(names) if names else "none enabled"
 
 
-def _web_config(config: ExporterConfig, override: str | Path | None = None) -> object:
-    path = override if override is not None else config.server.web_config_file
+def _web_config(config: ExporterConfig) -> WebConfig | None:
+    path = config.server.web_config_file
     if path is None:
         return None
     from .webconfig import load_web_config
@@ -100,41 +161,50 @@ def _web_config(config: ExporterConfig, override: str | Path | None = None) -> o
 def run_exporter(
     path: str | Path,
     *,
+    overrides: Overrides | None = None,
     web_config_file: str | Path | None = None,
     err: TextIO | None = None,
 ) -> int:
     """Load the config at ``path`` and serve until SIGTERM/SIGINT; returns the exit status.
 
-    ``web_config_file`` (the ``--web.config.file`` flag of the Prometheus exporters)
-    overrides ``server.web_config_file`` of the config.
+    ``overrides``: the command-line flags (``--web.listen-address``,
+    ``--web.telemetry-path``, ``--web.config.file``, ``--log.level``, ``--log.format``),
+    each replacing its key of the config. ``web_config_file`` is the same as
+    ``Overrides(web_config_file=...)``.
     """
     err = err if err is not None else sys.stderr
+    overrides = overrides if overrides is not None else Overrides()
+    if web_config_file is not None:
+        overrides = dataclasses.replace(overrides, web_config_file=web_config_file)
     try:
-        config = load_config(path)
-        web_config = _web_config(config, web_config_file)
+        config = apply_overrides(load_config(path), overrides)
+        web_config = _web_config(config)
     except (ConfigError, ValueError) as exc:
         return report_error("exporter", str(exc), err)
 
     # aiohttp and the probes' drivers load only now: check-config and --help stay light.
-    from stocksentry.instrumentation.logs import configure_logging
-
     from .probes import ProbeRunner
     from .server import ServerSettings, run_server
-    from .webconfig import WebConfig
 
-    configure_logging("INFO")
+    configure_exporter_logging(config.log.level, config.log.format)
     server = config.server
-    settings = ServerSettings(
-        listen_address=server.listen_address,
-        port=server.port,
-        multiprocess_dir=server.multiprocess_dir,
-        web_config=web_config if isinstance(web_config, WebConfig) else None,
-        multiprocess_check_pids=server.check_worker_pids,
-        header_timeout=server.header_timeout,
-        body_timeout=server.body_timeout,
-        tls_handshake_timeout=server.tls_handshake_timeout,
-        keepalive_timeout=server.keepalive_timeout,
-    )
+    addresses = overrides.listen_addresses or ((server.listen_address, server.port),)
+    try:
+        settings = ServerSettings(
+            listen_address=addresses[0][0],
+            port=addresses[0][1],
+            also_listen=tuple(addresses[1:]),
+            metrics_path=server.telemetry_path,
+            multiprocess_dir=server.multiprocess_dir,
+            web_config=web_config,
+            multiprocess_check_pids=server.check_worker_pids,
+            header_timeout=server.header_timeout,
+            body_timeout=server.body_timeout,
+            tls_handshake_timeout=server.tls_handshake_timeout,
+            keepalive_timeout=server.keepalive_timeout,
+        )
+    except ValueError as exc:
+        return report_error("exporter", f"--web.listen-address: {exc}", err)
     runner = ProbeRunner(config)
     collectors: list[Collector] = [runner]
     background: list[Background] = [runner.cleanup_ctx]
@@ -144,14 +214,11 @@ def run_exporter(
         watcher = LockWatcher(config.lock_watch, config.sku_guard)
         collectors.append(watcher)
         background.append(watcher.cleanup_ctx)
-    for line in describe(config):
+    for line in describe(config, addresses, web_config):
         LOGGER.info("config: %s", line)
     try:
         run_server(settings, collectors=collectors, background=background)
     except OSError as exc:
-        return report_error(
-            "exporter",
-            f"cannot listen on {server.listen_address}:{server.port}: {exc.strerror or exc}",
-            err,
-        )
+        where = ", ".join(format_listen_address(host, port) for host, port in addresses)
+        return report_error("exporter", f"cannot listen on {where}: {exc.strerror or exc}", err)
     return ExitCode.OK

@@ -193,6 +193,41 @@ class WebConfig:
             return None
         return server_context(self.tls, self._fail)
 
+    @property
+    def requires_client_cert(self) -> bool:
+        """Whether every client must present a certificate the CA verifies."""
+        return self.tls is not None and self.tls.client_auth_type == "RequireAndVerifyClientCert"
+
+    @property
+    def authenticates(self) -> bool:
+        """Whether the metrics ask who is asking: basic auth or verified client certificates."""
+        return bool(self.basic_auth_users) or self.requires_client_cert
+
+    def describe(self) -> str:
+        """What protects the listener, in words: TLS or not, client certificates, basic auth.
+
+        Example::
+
+            >>> parse_web_config("basic_auth_users: {}\\n").describe()
+            'plain HTTP, no authentication'
+        """
+        parts: list[str] = []
+        tls = self.tls
+        if tls is None:
+            parts.append("plain HTTP")
+        else:
+            versions = f"{tls.min_version}-{tls.max_version}"
+            if tls.client_auth_type == "NoClientCert":
+                parts.append(f"TLS ({versions}), no client certificates")
+            else:
+                parts.append(f"TLS ({versions}), client certificates: {tls.client_auth_type}")
+        users = len(self.basic_auth_users)
+        if users:
+            parts.append(f"basic auth ({users} user{'s' if users != 1 else ''})")
+        elif not self.requires_client_cert:
+            parts.append("no authentication")
+        return ", ".join(parts)
+
     def _fail(self, key: str, problem: str) -> NoReturn:
         raise WebConfigError(self.source, self.lines.get(key), key, problem)
 

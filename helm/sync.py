@@ -6,7 +6,8 @@ Usage::
     python helm/sync.py --check    # exit 1 if one is stale, missing or extra
 
 Helm reads only files inside the chart directory, so the chart carries copies of
-``alert_rules/stocksentry.rules.yml`` (the PrometheusRule) and ``dashboards/*.json``
+``alert_rules/source/stocksentry.rules.yml`` (the rules with their placeholders, which
+``templates/_rules.tpl`` fills in from values) and ``dashboards/*.json``
 (the dashboard ConfigMaps) under ``helm/stocksentry/files/``, byte for byte equal to
 their sources. ``helm/stocksentry/values.schema.json`` is built from the exporter's
 config model by ``helm/values_schema.py``. All of them are committed;
@@ -36,7 +37,7 @@ def artefacts() -> dict[Path, bytes]:
     """Every generated file of the chart and the bytes it must hold."""
     files = {
         CHART_FILES / "stocksentry.rules.yml": (
-            ROOT / "alert_rules" / "stocksentry.rules.yml"
+            ROOT / "alert_rules" / "source" / "stocksentry.rules.yml"
         ).read_bytes()
     }
     for source in sorted((ROOT / "dashboards").glob("*.json")):

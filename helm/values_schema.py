@@ -17,8 +17,10 @@ outside an enum fails before anything reaches the cluster.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+import yaml
 from stocksentry.exporter.config import model
 from stocksentry.exporter.config.kinds import TextList
 from stocksentry.exporter.durations import DURATION_PATTERN
@@ -205,6 +207,80 @@ def _monitor(*, pod: bool) -> Schema:
     return strict(properties)
 
 
+#: The rules the chart renders: its alert and setting names become the keys the
+#: prometheusRule section accepts.
+RULES_SOURCE = (
+    Path(__file__).resolve().parents[1] / "alert_rules" / "source" / "stocksentry.rules.yml"
+)
+PROM_LABEL: Schema = {"type": "string", "pattern": "^[a-zA-Z_][a-zA-Z0-9_]*$"}
+#: A Prometheus label name that is not one the rules group by themselves.
+LOCATION_LABEL: Schema = {
+    **PROM_LABEL,
+    "not": {"enum": ["instance", "job", "le", "sku", "table", "lock", "cache"]},
+}
+#: An http(s) URL that can sit in YAML and JSON strings as it is.
+URL: Schema = {"type": "string", "pattern": '^https?://[^\\s"\\\\]+$'}
+
+
+def _rule_names() -> tuple[list[str], list[str]]:
+    """The alert names and the settings' keys (record name after its last ':')."""
+    groups = yaml.safe_load(RULES_SOURCE.read_text(encoding="utf-8"))["groups"]
+    alerts = sorted(r["alert"] for g in groups for r in g["rules"] if "alert" in r)
+    settings = [
+        r["record"].rsplit(":", 1)[-1]
+        for g in groups
+        if g["name"] == "stocksentry-settings"
+        for r in g["rules"]
+    ]
+    return alerts, settings
+
+
+def _prometheus_rule() -> Schema:
+    alerts, settings = _rule_names()
+    alert_name: Schema = {"enum": alerts}
+    setting_values: dict[str, Schema] = {
+        key: {
+            "type": ["number", "string"] if key == "promo_active" else "number",
+            "description": (
+                "PromQL yielding one series, 1 during a promo and 0 otherwise, or a number"
+                if key == "promo_active"
+                else f"replaces the expression of the record ending in :{key} (vector(<n>))"
+            ),
+        }
+        for key in settings
+    }
+    return strict(
+        {
+            "enabled": BOOL,
+            "namespace": K8S_NAME,
+            "additionalLabels": STRING_MAP,
+            "annotations": STRING_MAP,
+            "disabled": {
+                "type": "object",
+                "description": "Alerts left out: {AlertName: true}.",
+                "propertyNames": alert_name,
+                "additionalProperties": BOOL,
+            },
+            "additionalRuleLabels": {**STRING_MAP, "propertyNames": PROM_LABEL},
+            "additionalRuleAnnotations": STRING_MAP,
+            "customRules": {
+                "type": "object",
+                "description": "Per alert: labels, annotations, severity, for.",
+                "propertyNames": alert_name,
+                "additionalProperties": strict(
+                    {
+                        "labels": {**STRING_MAP, "propertyNames": PROM_LABEL},
+                        "annotations": STRING_MAP,
+                        "severity": {"type": "string", "enum": ["critical", "warning", "info"]},
+                        "for": PROM_DURATION,
+                    }
+                ),
+            },
+            "settings": strict(setting_values),
+        }
+    )
+
+
 def values_schema() -> Schema:
     """The whole ``values.schema.json``."""
     properties: dict[str, Schema] = {
@@ -290,14 +366,21 @@ def values_schema() -> Schema:
         ),
         "serviceMonitor": _monitor(pod=False),
         "podMonitor": _monitor(pod=True),
-        "prometheusRule": strict(
+        "scrapeJob": {"type": "string", "pattern": '^[^"\\\\]+$'},
+        "locationLabels": {
+            "type": "array",
+            "items": LOCATION_LABEL,
+            "minItems": 1,
+            "uniqueItems": True,
+        },
+        "links": strict(
             {
-                "enabled": BOOL,
-                "namespace": K8S_NAME,
-                "additionalLabels": STRING_MAP,
-                "annotations": STRING_MAP,
-            }
+                "runbookBaseUrl": URL,
+                "dashboardBaseUrl": {"type": "string", "pattern": '^(https?://[^\\s"\\\\]+)?$'},
+            },
+            required=["runbookBaseUrl"],
         ),
+        "prometheusRule": _prometheus_rule(),
         "dashboards": strict(
             {
                 "enabled": BOOL,

@@ -386,6 +386,15 @@ MULTIPROCESS_FILES = MetricSpec(
     source="exporter",
     multiprocess_mode="mostrecent",
 )
+BUILD_INFO = MetricSpec(
+    "stocksentry_build_info",
+    "gauge",
+    "Always 1; its labels say which build of the exporter runs: the package version, the "
+    "source revision (unknown when the build did not record it) and the Python version.",
+    ("version", "revision", "python_version"),
+    source="exporter",
+    multiprocess_mode="mostrecent",
+)
 
 # --- computed by the exporter's Redis lock watcher --------------------------------------------
 # The watcher also exports stock_lock_hold_ratio, stock_lock_expired_while_held_total and
@@ -497,6 +506,7 @@ ALL: tuple[MetricSpec, ...] = (
     COLLECTOR_ERRORS,
     MULTIPROCESS_FILES_SKIPPED,
     MULTIPROCESS_FILES,
+    BUILD_INFO,
     INSTRUMENTATION_ERRORS,
     LABEL_OVERFLOW,
     LOCK_ACQUISITIONS,

@@ -66,8 +66,9 @@ class LogEvent:
 STOCK_CHECK: Final = LogEvent(
     "stock_check",
     "info",
-    ("sku", "strategy", "available"),
-    "The stock the checkout read before deciding (``Reservation.stock_check``).",
+    ("sku", "strategy", "available", "source", "cache"),
+    "The stock the checkout read before deciding (``Reservation.stock_check``); "
+    '``source`` "cache" and the ``cache`` name when it came from a cache.',
 )
 STOCK_UPDATE: Final = LogEvent(
     "stock_update",
@@ -162,10 +163,13 @@ UNSAFE_READ_MODIFY_WRITE: Final = LogEvent(
         "read_age_s",
         "read_locked",
         "same_transaction",
+        "lock",
+        "reason",
     ),
     "An unlocked read of a stock column followed by an UPDATE writing a value computed in "
     "the app, for the same row; ``code`` is the app's file and line, ``function`` its "
-    "function.",
+    "function. A read made under a distributed lock whose lease ran out before the write "
+    'names the ``lock`` and gives ``reason`` "lock expired before the write".',
 )
 STOCK_UPDATE_MATCHED_NO_ROW: Final = LogEvent(
     "stock_update_matched_no_row",

@@ -44,6 +44,7 @@ from .processors import (
     DEFAULT_REDACT_KEYS,
     REDACTED,
     Redactor,
+    _ContextvarsMerger,
     _JsonLines,
     _LineFields,
     _UtcMillisTimestamper,
@@ -149,6 +150,7 @@ def configure_logging(
     redact_keys: Iterable[str] = (),
     json: bool = True,
     bridge_stdlib: bool = True,
+    logfmt: bool = False,
 ) -> None:
     """Configure structlog (and stdlib ``logging``) for JSON lines.
 
@@ -157,7 +159,9 @@ def configure_logging(
     contextvar (see :func:`bind_correlation`), ``trace_id``/``span_id`` inside
     a span, with secrets masked by :class:`Redactor`. With *bridge_stdlib*,
     records from stdlib ``logging`` (libraries) come out the same way on the
-    same stream. ``json=False`` renders for humans instead.
+    same stream. ``json=False`` renders for humans instead, or, with ``logfmt=True``,
+    as logfmt ``key=value`` pairs (the same fields, ``timestamp level logger event``
+    first), as the Prometheus exporters log.
 
     Calling it again replaces the previous configuration. Loggers are cached
     on first use, so create them (``get_logger``) after configuring.
@@ -182,12 +186,17 @@ def configure_logging(
         renderer = _JsonLines()
         # Tracebacks become text before redaction, so secrets in them are masked.
         before_render = [structlog.processors.format_exc_info, redactor]
+    elif logfmt:
+        renderer = structlog.processors.LogfmtRenderer(
+            key_order=["timestamp", "level", "logger", "event"], drop_missing=True
+        )
+        before_render = [structlog.processors.format_exc_info, redactor]
     else:
         renderer = structlog.dev.ConsoleRenderer(colors=_is_tty(out))
         before_render = [redactor]
     # The structlog chain's level, logger name, trace ids, timestamp (and, for JSON, the
     # traceback) in one processor: one call per line instead of five, same line.
-    line_fields = _LineFields(timestamper, render_exc_info=json)
+    line_fields = _LineFields(timestamper, render_exc_info=json or logfmt)
 
     root = logging.getLogger()
     for old in [h for h in root.handlers if isinstance(h, _BridgeHandler)]:
@@ -200,7 +209,7 @@ def configure_logging(
 
     structlog.configure(
         processors=[
-            structlog.contextvars.merge_contextvars,
+            _ContextvarsMerger(),
             line_fields,
             redactor,
             renderer,

@@ -83,6 +83,11 @@ class StockMetrics:
     ) -> None:
         self.registry = registry
         promo_skus = tuple(promo_skus)  # used twice: by the guard and to prime the series
+        self._promo_skus = promo_skus
+        # Strategies and locks whose known sibling series were created (bounded by the
+        # small guards' budget: a label past it folds, and folded ones are not primed).
+        self._primed_strategies: set[str] = set()
+        self._primed_locks: set[str] = set()
         self.sku_guard = LabelGuard(max_skus, always=promo_skus, max_length=max_label_length)
         # Raw values that sanitise to an admitted label can be endless (a hostile client
         # varying the part past the length cap): the caches stop growing at this size and
@@ -129,6 +134,51 @@ class StockMetrics:
                 catalog.INVENTORY_NEGATIVE,
             ):
                 self._metrics[spec.name].labels(label)
+
+    def prime_tables(self, tables: Iterable[str]) -> None:
+        """Create the per-table series (lock waits, deadlocks, serialization failures,
+        unsafe read-modify-writes) of ``tables`` at zero, as for tables known in advance.
+
+        The SQLAlchemy integration calls it with its configured stock tables, so the first
+        deadlock on a table is an increase from zero that ``increase()`` can see.
+        """
+        for table in tables:
+            label = self._small_guards["table"](table)
+            if label is OVERFLOW_VALUE:
+                continue
+            for spec in (
+                catalog.DB_LOCK_WAIT,
+                catalog.DB_DEADLOCK,
+                catalog.DB_SERIALIZATION_FAILURE,
+                catalog.UNSAFE_READ_MODIFY_WRITE,
+            ):
+                self._metrics[spec.name].labels(label)
+
+    def prime_lock(self, lock: str) -> None:
+        """Create the series of ``lock`` at zero: its acquire outcomes, retries, hold
+        ratio, expiries while held, releases not owned and extension failures.
+
+        Called by the lock wrappers at a lock's first acquire attempt, so the first expiry
+        of a lock that has been in use is an increase that ``increase()`` sees. Once per
+        lock name; a name past the ``lock`` label's budget is not primed.
+        """
+        if lock in self._primed_locks or len(self._primed_locks) >= SMALL_LABEL_BUDGET:
+            return
+        # The guard alone (not _small): priming must not count label overflows.
+        label = self._small_guards["lock"](lock)
+        if label is OVERFLOW_VALUE:
+            return
+        self._primed_locks.add(lock)
+        for spec in (
+            catalog.LOCK_ACQUIRE_RETRIES,
+            catalog.LOCK_HOLD_RATIO,
+            catalog.LOCK_EXPIRED_WHILE_HELD,
+            catalog.LOCK_RELEASE_NOT_OWNED,
+            catalog.LOCK_EXTEND_FAILURES,
+        ):
+            self._metrics[spec.name].labels(label)
+        for outcome in LOCK_OUTCOMES:
+            self._metrics[catalog.LOCK_ACQUIRE_DURATION.name].labels(label, outcome)
 
     def metric(self, spec: MetricSpec) -> Any:
         """The prometheus_client object behind ``spec`` (for reading values in tests)."""
@@ -240,6 +290,15 @@ class StockMetrics:
             folded = sku_label is OVERFLOW_VALUE or strategy_label is OVERFLOW_VALUE
             if not folded and self._may_cache(cache, sku, strategy):
                 cache[key] = child
+            if (
+                strategy_label is not OVERFLOW_VALUE
+                and strategy_label not in self._primed_strategies
+            ):
+                # A strategy seen once is a strategy of this app: its success series for
+                # every promo SKU start at zero now, not at their first sale.
+                self._primed_strategies.add(strategy_label)
+                for promo in self._promo_skus:
+                    self._metrics[spec.name].labels(self.sku_guard(promo), strategy_label)
         return child
 
     def reservation_conflict(self, sku: str, reason: str) -> None:

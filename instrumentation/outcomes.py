@@ -72,16 +72,42 @@ def sqlstate_of(exc: BaseException | None) -> str | None:
     return None
 
 
+# Client libraries' "the lock was not had" errors, by module and class name: importing
+# redis or pottery here would make them dependencies of every install. redis-py's
+# LockNotOwnedError (a LockError subclass) is not among them: it is raised by a release or
+# an extension of a lock that expired, after the work under it was done.
+_LOCK_REFUSALS = frozenset(
+    {("redis.exceptions", "LockError"), ("pottery.exceptions", "QuorumNotAchieved")}
+)
+
+
+def _is_lock_refusal(exc: BaseException) -> bool:
+    kind = type(exc)
+    return (kind.__module__, kind.__name__) in _LOCK_REFUSALS
+
+
 def classify_exception(exc: BaseException) -> Outcome:
     """The outcome a reservation ended by ``exc`` gets.
 
-    :class:`ReservationConflict` gives its reason; a driver error carrying SQLSTATE 40P01,
-    40001 or 55P03 (psycopg, asyncpg, psycopg2, also wrapped by SQLAlchemy) gives
-    ``deadlock``, ``serialization_failure`` or ``lock_timeout``; SQLite's "database is
-    locked" gives ``lock_timeout``; anything else is ``error``.
+    :class:`ReservationConflict` gives its reason (so does the lock wrappers'
+    ``LockNotAcquired``, one of them); a distributed lock a client library refused —
+    redis-py's ``LockError`` from an acquire, pottery's ``QuorumNotAchieved`` — gives
+    ``lock_not_acquired``; a driver error carrying SQLSTATE 40P01, 40001 or 55P03
+    (psycopg, asyncpg, psycopg2, also wrapped by SQLAlchemy) gives ``deadlock``,
+    ``serialization_failure`` or ``lock_timeout``; SQLite's "database is locked" gives
+    ``lock_timeout``; anything else is ``error``.
+
+    Example::
+
+        >>> classify_exception(ReservationConflict("out_of_stock"))
+        'out_of_stock'
+        >>> classify_exception(KeyError("sku"))
+        'error'
     """
     if isinstance(exc, ReservationConflict):
         return exc.reason if exc.reason in catalog.CONFLICT_REASONS else "error"
+    if _is_lock_refusal(exc):
+        return "lock_not_acquired"
     state = sqlstate_of(exc)
     if state is not None and state in SQLSTATE_REASONS:
         return SQLSTATE_REASONS[state]

@@ -7,15 +7,26 @@ chains them. What counts as a secret is :mod:`.secrets`' decision, not theirs.
 
 from __future__ import annotations
 
+import contextvars
 import json
 import time
 from collections.abc import Iterable
+from json.encoder import encode_basestring_ascii
+from typing import Any
 
 from opentelemetry import trace
+from structlog.contextvars import STRUCTLOG_KEY_PREFIX
 from structlog.processors import format_exc_info
 from structlog.typing import EventDict, Processor, WrappedLogger
 
+from .events import EVENTS
 from .secrets import MIN_SENSITIVE_LEN, REDACTED, SECRET_WORDS, is_secret_key, scrub_text
+
+try:  # CPython's C encoder; without it the pure-Python encoder renders every line
+    from _json import make_encoder as _c_make_encoder
+except ImportError:  # pragma: no cover - other interpreters
+    _c_make_encoder = None  # type: ignore[assignment,misc]  # absent on other interpreters
+c_make_encoder: Any = _c_make_encoder
 
 __all__ = [
     "DEFAULT_REDACT_KEYS",
@@ -37,13 +48,17 @@ Example::
 
 # Keys written by our own processors: their values are never sensitive, and
 # skipping them keeps a hex trace id from ever being mistaken for digits.
-_TRUSTED_KEYS = frozenset({"timestamp", "level", "logger", "trace_id", "span_id"})
+_TRUSTED_KEYS = frozenset({"timestamp", "level", "logger", "trace_id", "span_id", "trace_flags"})
 
 _MAX_NESTING = 8
 _KEY_CACHE_LIMIT = 4096
 # Longest key cached (in characters): with the entry limit, the cache holds at most
 # 4096 x 128 characters whatever keys the data brings.
 _KEY_CACHE_MAX_LENGTH = 128
+# The names of the project's own log events: constants, never a secret, so a line's
+# "event" among them skips the text scan (the one string of every line long enough to
+# be scanned).
+_OWN_EVENT_NAMES: frozenset[str] = frozenset(event.name for event in EVENTS)
 # Values that cannot hold a secret as text: skipped without further checks.
 _PLAIN_SCALARS: frozenset[type] = frozenset({int, float, bool, type(None)})
 
@@ -90,7 +105,11 @@ class Redactor:
             kind = type(value)
             if kind is str:
                 # The length check first: most values are short ids, skipped without a call.
-                if len(value) >= MIN_SENSITIVE_LEN and key not in _TRUSTED_KEYS:
+                if (
+                    len(value) >= MIN_SENSITIVE_LEN
+                    and key not in _TRUSTED_KEYS
+                    and value not in _OWN_EVENT_NAMES
+                ):
                     # re.sub hands back the very string when nothing matched: no store.
                     scrubbed = scrub_text(value)
                     if scrubbed is not value:
@@ -142,19 +161,43 @@ class Redactor:
 class _JsonLines:
     """JSON renderer with its encoder built once.
 
-    ``json.dumps`` with a ``default=`` builds a new ``JSONEncoder`` on every call; one kept
-    for the life of the configuration saves that. (Reusing the C encoder underneath too
-    would save a little more, but it keeps one circular-check dict for all callers, which
-    threads logging at once would share: not worth a false "circular reference".)
+    ``json.dumps`` (and ``JSONEncoder.encode``) builds a new C encoder on every call, with a
+    fresh dict for its circular-reference check. This one builds the C encoder once,
+    without that check: nothing mutable is left in it, so threads can share it, and no
+    cycle can reach it, as :class:`Redactor` runs first and copies every dict, list and
+    tuple it is given, down to a depth after which it masks. A line it still cannot encode
+    goes through the checking encoder, which says why in the usual way.
     """
 
-    __slots__ = ("_encode",)
+    __slots__ = ("_checked", "_fast")
 
     def __init__(self) -> None:
-        self._encode = json.JSONEncoder(default=_json_default).encode
+        checked = json.JSONEncoder(default=_json_default)
+        self._checked = checked.encode
+        self._fast = (
+            None
+            if c_make_encoder is None
+            else c_make_encoder(
+                None,  # no circular check
+                _json_default,
+                encode_basestring_ascii,
+                None,  # no indent
+                checked.key_separator,
+                checked.item_separator,
+                False,  # sort_keys
+                False,  # skipkeys
+                True,  # allow_nan, as json.dumps
+            )
+        )
 
     def __call__(self, logger: WrappedLogger, method_name: str, event_dict: EventDict) -> str:
-        return self._encode(event_dict)
+        fast = self._fast
+        if fast is not None:
+            try:
+                return "".join(fast(event_dict, 0))
+            except (RecursionError, ValueError, TypeError):
+                pass
+        return self._checked(event_dict)
 
 
 def _json_default(value: object) -> object:
@@ -163,11 +206,11 @@ def _json_default(value: object) -> object:
 
 
 def add_trace_context(logger: WrappedLogger, method_name: str, event_dict: EventDict) -> EventDict:
-    """Processor adding ``trace_id`` and ``span_id`` of the current span.
+    """Processor adding ``trace_id``, ``span_id`` and ``trace_flags`` of the current span.
 
-    Ids are lowercase hex (32 and 16 characters), as in W3C ``traceparent``.
-    Nothing is added outside a valid span, and keys the caller already set are
-    kept.
+    As in W3C ``traceparent``: ids in lowercase hex (32 and 16 characters), the flags as
+    two hex digits (``"01"``: sampled), the fields of OpenTelemetry's log data model.
+    Nothing is added outside a valid span, and keys the caller already set are kept.
 
     Example::
 
@@ -180,7 +223,56 @@ def add_trace_context(logger: WrappedLogger, method_name: str, event_dict: Event
             event_dict["trace_id"] = trace.format_trace_id(span_context.trace_id)
         if "span_id" not in event_dict:
             event_dict["span_id"] = trace.format_span_id(span_context.span_id)
+        if "trace_flags" not in event_dict:
+            event_dict["trace_flags"] = _FLAGS[span_context.trace_flags & 0xFF]
     return event_dict
+
+
+# The two hex digits of each trace-flags byte, made once.
+_FLAGS = tuple(f"{flags:02x}" for flags in range(256))
+
+
+class _ContextvarsMerger:
+    """structlog's ``merge_contextvars``, with what each context variable is learnt once.
+
+    The same keys, values and order (``setdefault``: the call's own keys win): structlog
+    keeps every bound key in a ``ContextVar`` named with its prefix, and this walks the
+    current context once, where structlog's looks each variable up twice and tests and
+    cuts its name on every line. Which variables are structlog's (and under what key) is
+    remembered for the first :data:`_CONTEXTVARS_KNOWN` variables seen; later ones are
+    worked out each time, so variables made at run time cannot grow the memo.
+    """
+
+    __slots__ = ("_keys",)
+
+    def __init__(self) -> None:
+        self._keys: dict[contextvars.ContextVar[Any], str | None] = {}
+
+    def __call__(
+        self, logger: WrappedLogger, method_name: str, event_dict: EventDict
+    ) -> EventDict:
+        keys = self._keys
+        for var, value in contextvars.copy_context().items():
+            if value is Ellipsis:  # unbound: structlog sets Ellipsis rather than deleting
+                continue
+            key = keys.get(var, _UNSEEN)
+            if key is _UNSEEN:
+                key = self._learn(var)
+            if key is not None:
+                event_dict.setdefault(key, value)
+        return event_dict
+
+    def _learn(self, var: contextvars.ContextVar[Any]) -> str | None:
+        name = var.name
+        key = name[_PREFIX_LEN:] if name.startswith(STRUCTLOG_KEY_PREFIX) else None
+        if len(self._keys) < _CONTEXTVARS_KNOWN:
+            self._keys[var] = key
+        return key
+
+
+_UNSEEN: Any = object()
+_PREFIX_LEN = len(STRUCTLOG_KEY_PREFIX)
+_CONTEXTVARS_KNOWN = 1024
 
 
 class _UtcMillisTimestamper:

@@ -37,6 +37,8 @@ class Reservation(BlockHandle):
     """
 
     __slots__ = (
+        "_cache_name",
+        "_cached",
         "_cv_token",
         "_implied",
         "_log",
@@ -69,6 +71,9 @@ class Reservation(BlockHandle):
         self._implied: ConflictReason | None = None
         self._old_stock: int | None = None
         self._new_stock: int | None = None
+        # The stock a cache answered with, when the decision was taken from a cache.
+        self._cached: int | None = None
+        self._cache_name = ""
         self._span: Span | None = None
         self._ctx_token: object | None = None
         # Whether this reservation logs: read once, not per line (Sentry.log_enabled
@@ -86,17 +91,40 @@ class Reservation(BlockHandle):
 
     # --- marks -----------------------------------------------------------------------------
 
-    def stock_check(self, available: int) -> None:
-        """Record the stock the reservation saw before deciding (logs ``stock_check``)."""
+    def stock_check(self, available: int, *, source: str = "db", cache: str | None = None) -> None:
+        """Record the stock the reservation saw before deciding (logs ``stock_check``).
+
+        ``source="cache"`` says the figure came from a cache (``cache`` names it; default
+        ``"stock"``): the reservation then compares it with what the database says next —
+        a ``success(old_stock=…)`` that differs, or an ``out_of_stock`` refusal of a
+        quantity the cache said was there — and counts a stale-cache decision
+        (``stock_cache_stale_hit_total``, log ``cache_stale_hit``) when they disagree.
+        """
         if type(available) is not int and self._misuse is None:
             self._misuse = misuse(available=available)
         self._old_stock = available
         sentry = self._sentry
+        from_cache = source == "cache"
+        if from_cache:
+            self._cached = available
+            self._cache_name = cache if cache is not None else "stock"
+        elif source != "db" and self._misuse is None:
+            self._misuse = f"source must be 'db' or 'cache', got {source!r:.80}"
         if self._log:
             try:
-                sentry.logger.info(
-                    STOCK_CHECK.name, sku=self.sku, strategy=self.strategy, available=available
-                )
+                if from_cache:
+                    sentry.logger.info(
+                        STOCK_CHECK.name,
+                        sku=self.sku,
+                        strategy=self.strategy,
+                        available=available,
+                        source="cache",
+                        cache=self._cache_name,
+                    )
+                else:
+                    sentry.logger.info(
+                        STOCK_CHECK.name, sku=self.sku, strategy=self.strategy, available=available
+                    )
             except Exception as exc:
                 sentry.internal_error("logging", exc)
 
@@ -111,6 +139,21 @@ class Reservation(BlockHandle):
         if old_stock is not None:
             self._old_stock = old_stock
         self._new_stock = new_stock
+        cached = self._cached
+        if cached is not None and old_stock is not None and old_stock != cached:
+            # The database's figure, read after the cache's: the cache was behind.
+            self._cached = None  # one count per reservation
+            self._stale_cache(cached, old_stock)
+
+    def _stale_cache(self, cached: int, actual: int | None) -> None:
+        if self._misuse is not None:
+            return
+        try:
+            self._sentry.record_stale_cache_hit(
+                self._cache_name, sku=self.sku, cached=cached, actual=actual
+            )
+        except Exception as exc:
+            self._sentry.internal_error("api", exc)
 
     def conflict(self, reason: ConflictReason) -> None:
         """Mark the reservation refused for ``reason`` (one of the catalog's conflict reasons)."""
@@ -185,6 +228,11 @@ class Reservation(BlockHandle):
                 outcome = "error"
         elif outcome is None:
             outcome = self._implied or "success"
+        cached = self._cached
+        if cached is not None and outcome == "out_of_stock" and cached >= self.qty:
+            # The cache said the units were there; the database said they were not.
+            self._cached = None
+            self._stale_cache(cached, None)
         if self._misuse is not None:
             # Validated before any series is touched: nothing of this reservation is
             # recorded, rather than a success without its duration.

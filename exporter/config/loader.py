@@ -286,9 +286,9 @@ def _exporter(ctx: Context, mapping: CheckedMapping | None, values: dict[str, An
         if redis is None:
             missing["cache_drift"] = "there is no redis section"
         elif not _installed("redis"):
-            # The [exporter] extra alone runs the sidecar; Redis comes with [redis].
+            # [exporter] brings redis; an install without it still runs the sidecar.
             missing["cache_drift"] = (
-                "the redis package is not installed (pip install 'stocksentry[redis]')"
+                "the redis package is not installed (pip install 'stocksentry[exporter]')"
             )
         elif not sku_guard.promo_skus:
             missing["cache_drift"] = "sku_guard.promo_skus is empty (it compares promo SKUs)"

@@ -36,6 +36,7 @@ from typing import Any, Final, Literal
 
 from stocksentry.instrumentation.secrets import Secret
 
+from ..overrides import LOG_FORMATS, LOG_LEVELS, TELEMETRY_PATH_PATTERN
 from .kinds import (
     Bool,
     Choice,
@@ -76,6 +77,9 @@ __all__ = [
     "BUILTIN_PROBES",
     "DEFAULT_ADVISORY_LOCK_KEY",
     "ELECTION_PROBE",
+    "LOG_FORMATS",
+    "LOG_LEVELS",
+    "TELEMETRY_PATH_PATTERN",
     "URL_KEYS",
     "CustomProbe",
     "DatabaseConfig",
@@ -84,6 +88,7 @@ __all__ = [
     "ExporterConfig",
     "Key",
     "LockWatchConfig",
+    "LogConfig",
     "LongTransactionsSettings",
     "OrderItemsTable",
     "OrdersTable",
@@ -154,7 +159,7 @@ class ServerConfig:
         Host(),
         "where `/metrics`, `/healthz`, `/readyz` listen",
     )
-    port: int = key(9464, Integer(0, 65535), "`0` picks a free port")
+    port: int = key(19464, Integer(0, 65535), "`0` picks a free port")
     #: Prometheus exporter web-config file (TLS, basic auth); ``None``: plain HTTP.
     web_config_file: Path | None = key(
         None,
@@ -179,6 +184,15 @@ class ServerConfig:
         "(same host, or `shareProcessNamespace: true` in the pod), so set `false` in a "
         "sidecar without it",
     )
+    telemetry_path: str = key(
+        "/metrics",
+        Named(
+            TELEMETRY_PATH_PATTERN,
+            "a path starting with / other than /, /healthz and /readyz",
+            "URL path",
+        ),
+        "where the metrics are served (`--web.telemetry-path` overrides it)",
+    )
     header_timeout: float = key(
         HEADER_TIMEOUT,
         Duration(maximum=_HOUR),
@@ -198,6 +212,19 @@ class ServerConfig:
         KEEPALIVE_TIMEOUT,
         Duration(maximum=24 * _HOUR),
         "how long an idle kept-alive connection stays open between two scrapes",
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class LogConfig:
+    """``log``: what the exporter logs and how (``--log.level``, ``--log.format`` override)."""
+
+    level: str = key("info", Choice(LOG_LEVELS), "the least severe level written")
+    format: str = key(
+        "json",
+        Choice(LOG_FORMATS),
+        "`json`: one JSON object a line (what `stocksentry timeline` and log pipelines "
+        "read); `logfmt`: `key=value` pairs, the Prometheus exporters' default",
     )
 
 
@@ -580,6 +607,7 @@ class ExporterConfig:
     """The whole configuration. Build it with :func:`load_config` or :func:`parse_config`."""
 
     server: ServerConfig = section(ServerConfig, "where `/metrics` listens")
+    log: LogConfig = section(LogConfig, "the exporter's own log lines")
     sku_guard: SkuGuardConfig = section(SkuGuardConfig, "the bound on per-SKU series")
     database: DatabaseConfig | None = section(
         DatabaseConfig, "the PostgreSQL the probes read", optional=True

@@ -91,6 +91,7 @@ def blocks() -> dict[str, str]:
     """Every generated block of the page, by name."""
     names = [
         "server",
+        "log",
         "sku_guard",
         "database",
         "redis",

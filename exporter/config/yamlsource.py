@@ -13,7 +13,7 @@ wrong as exceptions carrying the node (:class:`KeyProblem`) or the line
 
 Example::
 
-    >>> root = compose("server:\\n  port: 9464\\n")
+    >>> root = compose("server:\\n  port: 19464\\n")
     >>> section = mapping_entries(root)["server"].value
     >>> line_of(mapping_entries(section)["port"].value)
     2

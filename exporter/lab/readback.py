@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "count_in_db",
+    "count_outbox",
     "durations",
     "percentile_ms",
     "read_stock_by_id",
@@ -51,6 +52,7 @@ LOCK_EXPIRED = catalog.LOCK_EXPIRED_WHILE_HELD.name
 LOCK_NOT_OWNED = catalog.LOCK_RELEASE_NOT_OWNED.name
 LOCK_EXTEND_FAILED = catalog.LOCK_EXTEND_FAILURES.name
 LOCK_RETRIES = catalog.LOCK_ACQUIRE_RETRIES.name
+DEADLOCK = catalog.DB_DEADLOCK.name
 
 
 # --- the database's figures ------------------------------------------------------------------
@@ -91,6 +93,19 @@ def count_in_db(engine: Engine, product_id: int) -> DbFigures:
     )
 
 
+def count_outbox(engine: Engine, sku: str) -> tuple[int, int]:
+    """The outbox events of ``sku`` and how many of them are still unpublished, by SQL."""
+    with engine.connect() as conn:
+        row = conn.execute(
+            sa.text(
+                "SELECT COUNT(*), COALESCE(SUM(CASE WHEN published_at IS NULL THEN 1 ELSE 0 END),"
+                " 0) FROM outbox WHERE sku = :sku"
+            ),
+            {"sku": sku},
+        ).one()
+    return int(row[0]), int(row[1])
+
+
 def read_stock_by_id(engine: Engine, product_id: int) -> int:
     with engine.connect() as conn:
         return int(
@@ -127,6 +142,7 @@ def unlabelled_totals(registry: CollectorRegistry, lock: str) -> dict[str, float
         REPLAY: sample(registry, REPLAY, {"operation": IDEMPOTENT_OPERATION}),
         STALE: sample(registry, STALE, {"cache": CACHE_NAME}),
         UNSAFE_RMW: sample(registry, UNSAFE_RMW, {"table": STOCK_TABLE}),
+        DEADLOCK: sample(registry, DEADLOCK, {"table": STOCK_TABLE}),
         LOCK_EXPIRED: sample(registry, LOCK_EXPIRED, {"lock": lock}),
         LOCK_NOT_OWNED: sample(registry, LOCK_NOT_OWNED, {"lock": lock}),
         LOCK_EXTEND_FAILED: sample(registry, LOCK_EXTEND_FAILED, {"lock": lock}),
@@ -191,6 +207,23 @@ def strategy_result(
     }
     if unsafe_rmw is not None:
         metrics[UNSAFE_RMW] = unsafe_rmw
+    deadlocks = int(delta[DEADLOCK])
+    extra_checks: list[tuple[bool, str]] = []
+    if name == "deadlock" and lab.detector:
+        metrics[DEADLOCK] = deadlocks
+        extra_checks.append(
+            (
+                deadlocks == conflicts.get("deadlock", 0),
+                f"{DEADLOCK} rose by {deadlocks} for {conflicts.get('deadlock', 0)}"
+                " reservations refused with SQLSTATE 40P01",
+            )
+        )
+    unpublished = 0
+    if name == "outbox":
+        events, unpublished = count_outbox(lab.side, sku)
+        extra_checks.append(
+            (events == db.orders, f"{events} outbox events for {db.orders} paid orders")
+        )
     locks: dict[str, float] = {}
     lock_checks: tuple[tuple[bool, str], ...] = ()
     if name in REDIS_STRATEGIES:
@@ -245,6 +278,7 @@ def strategy_result(
             f"{STALE} rose by {stale} for {tally.stale_hits} decisions the database contradicted",
         ),
         *lock_checks,
+        *extra_checks,
     )
     mismatches = tuple(message for ok, message in checks if not ok)
     return StrategyResult(
@@ -277,6 +311,8 @@ def strategy_result(
         locks=locks,
         samples=tuple(samples),
         notes=_notes(lab, name),
+        deadlocks=deadlocks,
+        outbox_unpublished=unpublished,
     )
 
 
@@ -315,4 +351,14 @@ def _notes(lab: LabRun, name: str) -> tuple[str, ...]:
             "the lab's owned lock (SetNxLock): token, jittered retries,"
             f" compare-and-delete release, {ttl}",
         )
+    if name == "retry_no_key":
+        return (f"{config.retries:.0%} of the buyers resubmit; no idempotency store",)
+    if name == "retry_idempotent":
+        return (f"{config.retries:.0%} of the buyers resubmit; answered by idempotency key",)
+    if name == "stale_cache":
+        return (f"availability read from a cache refreshed every {config.cache_refresh_ms:g} ms",)
+    if name == "outbox":
+        return ("order and outbox event in one transaction; the publisher stalls part-way",)
+    if name == "deadlock":
+        return ("a bundle of two SKUs locked FOR UPDATE in opposite orders",)
     return ()

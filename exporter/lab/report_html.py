@@ -33,6 +33,13 @@ tr.bad td { background: #fdecea; } tr.skipped td { color: #888; font-style: ital
 code { font-size: 0.92em; background: #f4f4f4; padding: 1px 3px; }
 ul.caught li { margin: 0.2em 0; }
 svg text { font: 11px system-ui, sans-serif; fill: #333; }
+/* At 1,100 px nothing overflows: the wide table scrolls in its own box, charts shrink. */
+* { box-sizing: border-box; }
+.wide { max-width: 100%; overflow-x: auto; }
+.wide table { font-size: 13px; }
+svg { display: block; max-width: 100%; height: auto; }
+code { overflow-wrap: anywhere; }
+p.made { color: #555; }
 """
 
 
@@ -231,11 +238,51 @@ def _html_table(results: Sequence[StrategyResult]) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
 
 
-def format_html(config: LabConfig, results: list[StrategyResult]) -> str:
+def _alerts_table(results: Sequence[StrategyResult]) -> str:
+    """The alerts Prometheus evaluated, per strategy (none when it did not run)."""
+    if not any(r.alerts or r.probes for r in results):
+        return ""
+    rows = []
+    for r in results:
+        alerts = ", ".join(
+            f"{name} {a['state']} +{a['after_s']:g} s" for name, a in r.alerts.items()
+        )
+        probes = ", ".join(f"{name} {value:g}" for name, value in r.probes.items() if value)
+        rows.append(
+            f"<tr><td>{_esc(r.strategy)}</td><td class=left>{_esc(alerts or 'none')}</td>"
+            f"<td class=left><code>{_esc(probes or '-')}</code></td></tr>"
+        )
+    return (
+        "<h2>Alerts and the exporter's probes</h2><p>Alert times are seconds after the"
+        " strategy's first oversell, or after the start of its sale when it oversold"
+        " nothing.</p><div class=wide><table><thead><tr><th>strategy</th><th>alerts"
+        f" (Prometheus)</th><th>exporter</th></tr></thead><tbody>{''.join(rows)}</tbody>"
+        "</table></div>"
+    )
+
+
+def _version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("stocksentry")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def format_html(
+    config: LabConfig,
+    results: list[StrategyResult],
+    *,
+    command: str | None = None,
+    notes: Sequence[str] = (),
+) -> str:
     """The report as one self-contained HTML page: no script, no external asset.
 
     The table, then inline SVG charts (stock over time per strategy, outcomes per
-    strategy, reservation latency p50 and p99) and what the metrics caught.
+    strategy, reservation latency p50 and p99) and what the metrics caught. The header
+    records stocksentry's version, the time and ``command`` (the command line that made
+    the page); ``notes`` are extra set-up lines (the exporter, the alerts evaluated).
     """
     ran = [r for r in results if r.skipped is None]
     colors = {r.strategy: _PALETTE[i % len(_PALETTE)] for i, r in enumerate(results)}
@@ -248,13 +295,16 @@ def format_html(config: LabConfig, results: list[StrategyResult]) -> str:
         items += "".join(f"<li>{_esc(line)}</li>" for line in info_lines(r))
         caught.append(f"<h3>{_esc(r.strategy)}</h3><ul class=caught>{items}</ul>")
     stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-    setup = "".join(f"<li>{_esc(line)}</li>" for line in setup_lines(config))
+    setup = "".join(f"<li>{_esc(line)}</li>" for line in (*setup_lines(config), *notes))
+    made = f"stocksentry {_esc(_version())}, {_esc(stamp)}"
+    if command is not None:
+        made += f"<br>command: <code>{_esc(command)}</code>"
     return (
         "<!DOCTYPE html>\n<html lang=en><head><meta charset=utf-8>"
         "<title>stocksentry flash-sale lab</title>"
         f"<style>{_CSS}</style></head><body>"
-        f"<h1>stocksentry flash-sale lab</h1><p>{_esc(stamp)}</p><ul>{setup}</ul>"
-        f"{_html_table(results)}"
+        f"<h1>stocksentry flash-sale lab</h1><p class=made>{made}</p><ul>{setup}</ul>"
+        f"<div class=wide>{_html_table(results)}</div>"
         "<p>sold, oversold, final stock, negative writes and duplicate orders are counted by"
         " SQL in the database; metrics = db: every metric total equals that count.</p>"
         "<h2>Stock over time</h2>"
@@ -265,5 +315,6 @@ def format_html(config: LabConfig, results: list[StrategyResult]) -> str:
         f"{_svg_latency(ran, colors)}"
         "<h2>What caught it</h2>"
         f"{''.join(caught)}"
+        f"{_alerts_table(ran)}"
         "</body></html>\n"
     )

@@ -226,12 +226,16 @@ def describe_redis(config: LabConfig) -> str | None:
     return re.sub(r"(//[^:@/]*):[^@/]*@", r"\1:***@", config.redis_url)
 
 
-def setup_lines(config: LabConfig) -> list[str]:
+def setup_lines(
+    config: LabConfig, *, database: str | None = None, redis: str | None = None
+) -> list[str]:
+    """What ran: sizes, the database and Redis (``database``/``redis`` name them instead
+    of their URLs, e.g. the embedded servers), the options that cut across strategies."""
     lines = [
         f"flash-sale lab: {config.buyers} buyers, {config.stock} units of one SKU per strategy,"
         f" {config.concurrency} threads, {config.work_ms:g} ms of work between read and write",
-        f"database: {describe_database(config)}",
-        f"redis: {describe_redis(config) or 'none (the lock strategies are skipped)'}",
+        f"database: {database or describe_database(config)}",
+        f"redis: {redis or describe_redis(config) or 'none (the lock strategies are skipped)'}",
     ]
     if config.retries:
         lines.append(

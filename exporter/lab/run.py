@@ -19,6 +19,7 @@ import contextlib
 import importlib.util
 import shutil
 import tempfile
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -27,7 +28,7 @@ from typing import Any, cast
 import sqlalchemy as sa
 from prometheus_client import CollectorRegistry, start_http_server
 from sqlalchemy.engine import Engine
-from stocksentry.instrumentation import Sentry
+from stocksentry.instrumentation import Sentry, catalog
 
 from .config import STOCK_TABLE, LabConfig, LabError, StrategyResult
 from .driver import delete_redis_keys, run_strategy
@@ -70,12 +71,17 @@ def run_lab(
     *,
     registry: CollectorRegistry | None = None,
     progress: ProgressSink | None = None,
+    database: str | None = None,
+    settle_s: float = 0.0,
 ) -> list[StrategyResult]:
     """Run every configured strategy in turn and return one result each, in order.
 
     A strategy that cannot run (a Redis strategy without ``redis_url``) is returned as
     skipped, with the reason. ``registry`` receives the lab's metrics (a fresh one when
-    ``None``); serve it with :func:`serve_metrics` to scrape the run live. Raises
+    ``None``); serve it with :func:`serve_metrics` to scrape the run live. ``database``
+    names the database in progress and errors (default: the URL without password).
+    ``settle_s`` is a pause after the counters the sales will raise are created at zero
+    (:func:`prime_counters`), so that a scraper sees them start from zero. Raises
     :class:`LabError` when the database or Redis cannot be reached or prepared.
     """
     registry = registry if registry is not None else CollectorRegistry()
@@ -86,7 +92,7 @@ def run_lab(
         url = sa.make_url(f"sqlite:///{Path(temp_dir) / 'lab.db'}")
     else:
         url = normalize_url(config.database_url)
-    shown = describe_database(config)
+    shown = database if database is not None else describe_database(config)
     engine: Engine | None = None
     side: Engine | None = None
     redis_client: Any = None
@@ -106,7 +112,8 @@ def run_lab(
         ):
             raise LabError("the pottery Redlock needs pottery: pip install 'stocksentry[lab]'")
         if config.redis_url is not None and any(
-            config.skip_reason(name) is None and (name in REDIS_STRATEGIES or config.stale_cache)
+            config.skip_reason(name) is None
+            and (name in REDIS_STRATEGIES or name == "stale_cache" or config.stale_cache)
             for name in names
         ):
             redis_client = _connect_redis(config)
@@ -132,6 +139,9 @@ def run_lab(
                 redis=redis_client,
                 detector=undo_sql is not None,
             )
+            prime_counters(sentry, names)
+            if settle_s > 0:
+                time.sleep(settle_s)
             results = []
             for name in names:
                 reason = config.skip_reason(name)
@@ -151,6 +161,28 @@ def run_lab(
                 each.dispose()
         if temp_dir is not None:
             shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def prime_counters(sentry: Sentry, names: tuple[str, ...]) -> None:
+    """Create, at zero, the counter series the strategies raise (per SKU, lock and table).
+
+    A counter first seen at its final value has no increase to Prometheus: a sale
+    shorter than a scrape interval would pass the ``increase()`` alert rules unseen.
+    Exporting the series at zero first, as Prometheus recommends for known label sets,
+    lets the first scrape after the sale see the rise.
+    """
+    metrics = sentry.metrics
+    zero: list[Any] = [
+        metrics._child_small(catalog.UNSAFE_READ_MODIFY_WRITE, "table", STOCK_TABLE),
+        metrics._child_small(catalog.DB_DEADLOCK, "table", STOCK_TABLE),
+    ]
+    for name in names:
+        zero.append(metrics._child_sku(catalog.INVENTORY_NEGATIVE, sku_for(name)))
+        if name in REDIS_STRATEGIES:
+            for spec in (catalog.LOCK_EXPIRED_WHILE_HELD, catalog.LOCK_RELEASE_NOT_OWNED):
+                zero.append(metrics._child_small(spec, "lock", name))
+    for child in zero:
+        child.inc(0)
 
 
 def instrument_lab_engine(engine: Engine, sentry: Sentry) -> Callable[[], None] | None:

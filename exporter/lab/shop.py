@@ -41,12 +41,14 @@ __all__ = [
     "Shop",
     "connect_and_prepare",
     "create_engine",
+    "create_tables",
     "first_line",
     "idempotency_keys",
     "metadata",
     "normalize_url",
     "order_items",
     "orders",
+    "outbox",
     "prepare_product",
     "products",
     "update_returning",
@@ -102,6 +104,19 @@ idempotency_keys = sa.Table(
 )
 
 
+# The transactional outbox: one event per paid order, written in the order's transaction;
+# a publisher sets published_at when it has sent the event on.
+outbox = sa.Table(
+    "outbox",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True),
+    sa.Column("sku", sa.String(64), nullable=False, index=True),
+    sa.Column("order_id", sa.Integer, nullable=False),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("published_at", sa.DateTime(timezone=True)),
+)
+
+
 @dataclass(frozen=True, slots=True)
 class Buyer:
     """One buyer's identifiers (unique per lab run)."""
@@ -135,6 +150,9 @@ class Shop:
     redlock_ttl_s: float = REDLOCK_MIN_TTL_S
     #: ``"pottery"`` (pottery's Redlock) or ``"lab"`` (the lab's SetNxLock, owned release).
     redlock_impl: str = "lab"
+    #: The ``deadlock`` scenario's second product row (its sku and id).
+    second_sku: str = ""
+    second_product_id: int = 0
 
     @property
     def is_sqlite(self) -> bool:
@@ -206,6 +224,27 @@ class Shop:
             )
         )
         return order_id
+
+    def insert_outbox_event(self, conn: Connection, order_id: int) -> None:
+        """The order's event in the outbox, in the order's own transaction."""
+        conn.execute(
+            outbox.insert().values(
+                sku=self.sku, order_id=order_id, created_at=datetime.now(UTC), published_at=None
+            )
+        )
+
+    def insert_item(
+        self, conn: Connection, order_id: int, product_id: int, stock_after: int
+    ) -> None:
+        """One more item of an order (the ``deadlock`` scenario's second SKU)."""
+        conn.execute(
+            order_items.insert().values(
+                order_id=order_id,
+                product_id=product_id,
+                quantity=self.qty,
+                stock_after=stock_after,
+            )
+        )
 
     def decrement_unconditionally(self, conn: Connection) -> int:
         """``available_stock - :qty`` with no guard; returns the value written."""
@@ -356,7 +395,22 @@ def prepare_product(engine: Engine, sku: str, stock: int) -> int:
             conn.execute(orders.delete().where(orders.c.id.in_(items)))
             conn.execute(order_items.delete().where(order_items.c.product_id == product_id))
             conn.execute(idempotency_keys.delete().where(idempotency_keys.c.sku == sku))
+            conn.execute(outbox.delete().where(outbox.c.sku == sku))
     return int(product_id)
+
+
+def create_tables(database_url: str) -> None:
+    """Create the shop's tables ahead of the run (for the exporter, which probes them from
+    its start). Raises :class:`LabError` when the database cannot be reached."""
+    url = normalize_url(database_url)
+    engine = create_engine(url, 1)
+    try:
+        metadata.create_all(engine)
+    except sa.exc.SQLAlchemyError as exc:
+        shown = url.render_as_string(hide_password=True)
+        raise LabError(f"cannot create the lab tables in {shown}: {first_line(exc)}") from exc
+    finally:
+        engine.dispose()
 
 
 def connect_and_prepare(engine: Engine, shown: str, concurrency: int) -> None:

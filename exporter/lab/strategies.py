@@ -36,9 +36,14 @@ __all__ = [
     "Strategy",
     "atomic",
     "check_then_decrement",
+    "deadlock",
     "for_update",
     "naive_lock",
+    "outbox",
     "redlock",
+    "retry_idempotent",
+    "retry_no_key",
+    "stale_cache",
     "unsafe",
 ]
 
@@ -274,10 +279,100 @@ def _with_pottery_redlock(shop: Shop, r: Reservation, buyer: Buyer) -> None:
         raise LockNotAcquired(shop.lock_name, LOCK_WAIT_S) from exc
 
 
+def retry_no_key(shop: Shop, r: Reservation, buyer: Buyer) -> None:
+    """The atomic update, with a fifth of the buyers resubmitting and no idempotency store.
+
+    Each resubmit reserves again: the stock is never oversold, but one intent becomes two
+    paid orders (duplicate orders per idempotency key).
+    """
+    atomic(shop, r, buyer)
+
+
+def retry_idempotent(shop: Shop, r: Reservation, buyer: Buyer) -> None:
+    """The atomic update, resubmits answered from the idempotency store: one order per key."""
+    atomic(shop, r, buyer)
+
+
+def stale_cache(shop: Shop, r: Reservation, buyer: Buyer) -> None:
+    """The atomic update behind a late cache: a cached "available" the database refuses is
+    a stale decision (``stock_cache_stale_hit_total``), never an oversell."""
+    atomic(shop, r, buyer)
+
+
+def outbox(shop: Shop, r: Reservation, buyer: Buyer) -> None:
+    """The atomic update, the order and its outbox event in one transaction.
+
+    The publisher that sends the events on stalls part-way: the events stay unpublished
+    and the outbox lag grows (the exporter's outbox probe, ``StockOutboxLag``).
+    """
+    shop.work()
+    with shop.engine.begin() as conn:
+        written = shop.decrement_if_available(conn)
+        if written is None:
+            conn.rollback()
+            r.conflict("out_of_stock")
+            return
+        order_id = shop.insert_order(conn, buyer, written)
+        shop.insert_outbox_event(conn, order_id)
+    r.success(old_stock=written + shop.qty, new_stock=written)
+
+
+def deadlock(shop: Shop, r: Reservation, buyer: Buyer) -> None:
+    """A bundle of two SKUs, locked with ``SELECT ... FOR UPDATE`` in opposite orders.
+
+    Most buyers lock the first SKU then the second, every tenth the reverse, with the app's
+    work between the two locks: PostgreSQL finds the cycles and aborts one transaction of
+    each with SQLSTATE 40P01, which the reservation counts as a ``deadlock`` conflict (and
+    the SQLAlchemy integration in ``stock_db_deadlock_total``). The others sell the bundle
+    with a guarded decrement of both rows: never oversold.
+    """
+    first, second = (shop.sku, shop.second_sku)
+    if buyer.number % DEADLOCK_EVERY == 0:
+        first, second = second, first
+    with shop.engine.begin() as conn:
+        stock = {first: _select_stock(conn, first, for_update=True)}
+        shop.work()
+        stock[second] = _select_stock(conn, second, for_update=True)
+        available = min(stock.values())
+        if not _in_stock(shop, r, available):
+            return
+        written = {
+            sku: int(
+                conn.execute(
+                    sa.text(
+                        "UPDATE products SET available_stock = available_stock - :qty"
+                        " WHERE sku = :sku RETURNING available_stock"
+                    ),
+                    {"qty": shop.qty, "sku": sku},
+                ).scalar_one()
+            )
+            for sku in (shop.sku, shop.second_sku)
+        }
+        order_id = shop.insert_order(conn, buyer, written[shop.sku])
+        shop.insert_item(conn, order_id, shop.second_product_id, written[shop.second_sku])
+    r.success(old_stock=written[shop.sku] + shop.qty, new_stock=written[shop.sku])
+
+
+#: One buyer in this many of the ``deadlock`` scenario takes the locks in reverse order.
+DEADLOCK_EVERY = 10
+
+
 # Functions are named as their strategies; a name without a function fails at import.
 _FUNCTIONS: dict[str, Strategy] = {
     strategy.__name__: strategy
-    for strategy in (unsafe, check_then_decrement, naive_lock, atomic, for_update, redlock)
+    for strategy in (
+        unsafe,
+        check_then_decrement,
+        naive_lock,
+        atomic,
+        for_update,
+        redlock,
+        retry_no_key,
+        retry_idempotent,
+        stale_cache,
+        outbox,
+        deadlock,
+    )
 }
 #: Strategy name -> function, in the order of :data:`STRATEGY_NAMES` (unsafe ones first).
 STRATEGIES: dict[str, Strategy] = {name: _FUNCTIONS[name] for name in STRATEGY_NAMES}

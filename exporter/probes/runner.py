@@ -115,7 +115,7 @@ class ProbeRunner:
                         raise
                     raise ModuleNotFoundError(
                         "the redis: section needs the redis package: "
-                        "pip install 'stocksentry[redis]'",
+                        "pip install 'stocksentry[exporter]'",
                         name=exc.name,
                     ) from None
                 self._redis = RedisSource(config.redis, timeout=config.probes.cache_drift.timeout)

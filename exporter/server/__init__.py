@@ -13,7 +13,14 @@ One aiohttp application, built by :func:`create_app` from a :class:`ServerSettin
 - ``/healthz``: 200 ``ok`` while the process serves at all (liveness).
 - ``/readyz``: 200 once the app has started (every ``cleanup_ctx`` start-up ran, the
   ``background`` ones included), 503 before that and from the moment shutdown begins.
-- ``/``: a small HTML page linking the three.
+- ``/``: a small HTML page with the version, linking the three.
+
+Beside the process metrics, every scrape carries ``stocksentry_build_info{version,
+revision, python_version} 1`` (:mod:`.buildinfo`). ``ServerSettings.also_listen`` adds
+listen addresses (a repeated ``--web.listen-address``, parsed by
+:mod:`stocksentry.exporter.listen`); at start
+:func:`run_server` logs one line per bound socket saying whether it speaks TLS and asks
+for authentication.
 
 Generating the exposition is CPU work (and the multiprocess files are read there), so it
 runs in a thread: a slow collector delays its scrape, never ``/healthz``. Scrapes that
@@ -34,7 +41,9 @@ One module per role, all re-exported here:
 - :mod:`.auth`: the basic-auth middleware;
 - :mod:`.app`: routes and :func:`create_app`;
 - :mod:`.quiet`: :class:`ClientErrorLog`, quiet logs for malformed requests;
-- :mod:`.running`: :func:`serving`, :func:`run_server`, signals and shutdown.
+- :mod:`.running`: :func:`serving`, :func:`run_server`, signals and shutdown, the
+  start-up lines;
+- :mod:`.buildinfo`: ``stocksentry_build_info`` and the version line.
 
 Example::
 
@@ -44,7 +53,7 @@ Example::
 
     settings = ServerSettings(
         listen_address="0.0.0.0",
-        port=9464,
+        port=19464,
         multiprocess_dir=Path("/run/stocksentry/prom"),
         web_config=load_web_config("/etc/stocksentry/web.yml"),
     )
@@ -55,14 +64,23 @@ from __future__ import annotations
 
 from .app import LIFECYCLE, RENDERER, SETTINGS, Background, create_app
 from .auth import BASIC_AUTH, basic_auth_middleware
+from .buildinfo import BUILD_INFO, BuildInfo, BuildInfoCollector, build_info
 from .exposition import COLLECTOR_ERRORS, MetricsRenderer, SharedRender, build_renderer
 from .negotiation import CONTENT_TYPE_OPENMETRICS, CONTENT_TYPE_TEXT, wants_gzip, wants_openmetrics
 from .quiet import ClientErrorLog
-from .running import RunningServer, run_server, serving
+from .running import (
+    RunningServer,
+    StartupLine,
+    describe_security,
+    run_server,
+    serving,
+    startup_lines,
+)
 from .settings import HEALTHZ_PATH, READYZ_PATH, Lifecycle, ServerSettings
 
 __all__ = [
     "BASIC_AUTH",
+    "BUILD_INFO",
     "COLLECTOR_ERRORS",
     "CONTENT_TYPE_OPENMETRICS",
     "CONTENT_TYPE_TEXT",
@@ -72,17 +90,23 @@ __all__ = [
     "RENDERER",
     "SETTINGS",
     "Background",
+    "BuildInfo",
+    "BuildInfoCollector",
     "ClientErrorLog",
     "Lifecycle",
     "MetricsRenderer",
     "RunningServer",
     "ServerSettings",
     "SharedRender",
+    "StartupLine",
     "basic_auth_middleware",
+    "build_info",
     "build_renderer",
     "create_app",
+    "describe_security",
     "run_server",
     "serving",
+    "startup_lines",
     "wants_gzip",
     "wants_openmetrics",
 ]

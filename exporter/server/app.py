@@ -2,7 +2,8 @@
 
 Routes: ``/metrics`` (``settings.metrics_path``, the exposition of
 :mod:`.exposition`, negotiated by :mod:`.negotiation`), ``/healthz``, ``/readyz`` and a
-landing page at ``/``. Basic auth (:mod:`.auth`) guards the first and the last.
+landing page at ``/`` (with the version, see :mod:`.buildinfo`). Basic auth
+(:mod:`.auth`) guards the first and the last.
 
 Example::
 
@@ -23,6 +24,7 @@ from prometheus_client.registry import Collector
 
 from ..webconfig import BasicAuth
 from .auth import BASIC_AUTH, basic_auth_middleware
+from .buildinfo import build_info
 from .exposition import MetricsRenderer, SharedRender, build_renderer
 from .negotiation import CONTENT_TYPE_OPENMETRICS, CONTENT_TYPE_TEXT, wants_gzip, wants_openmetrics
 from .settings import HEALTHZ_PATH, READYZ_PATH, Lifecycle, ServerSettings
@@ -50,6 +52,7 @@ _LANDING: Final = """<!DOCTYPE html>
 <body>
 <h1>stocksentry exporter</h1>
 <p>Observability for double-selling in flash sales.</p>
+<p>Version: {version}</p>
 <ul>
 <li><a href="{metrics}">{metrics}</a>: metrics (Prometheus text or OpenMetrics)</li>
 <li><a href="{healthz}">{healthz}</a>: liveness</li>
@@ -89,6 +92,7 @@ async def _readyz(request: web.Request) -> web.Response:
 
 async def _landing(request: web.Request) -> web.Response:
     page = _LANDING.format(
+        version=html.escape(build_info().describe().removeprefix("stocksentry "), quote=True),
         metrics=html.escape(request.app[SETTINGS].metrics_path, quote=True),
         healthz=HEALTHZ_PATH,
         readyz=READYZ_PATH,

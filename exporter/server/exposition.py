@@ -36,6 +36,7 @@ from prometheus_client.registry import Collector
 from stocksentry.instrumentation import catalog
 
 from ..multiproc import MultiprocessDirCollector
+from .buildinfo import BuildInfoCollector
 from .settings import ServerSettings
 
 __all__ = ["COLLECTOR_ERRORS", "MetricsRenderer", "SharedRender", "build_renderer"]
@@ -196,8 +197,10 @@ class MetricsRenderer:
 
 
 def _process_collector() -> Collector:
-    """The exporter's own process, platform and GC metrics, as the default registry has."""
+    """The exporter's build info and its process, platform and GC metrics (as the default
+    registry has them)."""
     registry = CollectorRegistry()
+    registry.register(BuildInfoCollector())
     ProcessCollector(registry=registry)
     PlatformCollector(registry=registry)
     GCCollector(registry=registry)

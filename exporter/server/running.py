@@ -21,12 +21,21 @@ from dataclasses import dataclass, field
 from aiohttp import web
 from prometheus_client.registry import Collector
 
+from ..webconfig import WebConfig
 from .app import LIFECYCLE, Background, create_app
+from .buildinfo import build_info
 from .deadlines import WatchedSite
 from .quiet import ClientErrorLog
-from .settings import ServerSettings
+from .settings import HEALTHZ_PATH, READYZ_PATH, ServerSettings
 
-__all__ = ["RunningServer", "run_server", "serving"]
+__all__ = [
+    "RunningServer",
+    "StartupLine",
+    "describe_security",
+    "run_server",
+    "serving",
+    "startup_lines",
+]
 
 _log = logging.getLogger("stocksentry.exporter.server")
 
@@ -46,15 +55,82 @@ class RunningServer:
 
     @property
     def url(self) -> str:
-        """The base URL of the first bound address, e.g. ``https://127.0.0.1:9464/``."""
-        host, port = self.addresses[0][:2]
-        if ":" in host:
-            host = f"[{host}]"
-        return f"{self.scheme}://{host}:{port}/"
+        """The base URL of the first bound address, e.g. ``https://127.0.0.1:19464/``."""
+        return self.urls[0]
+
+    @property
+    def urls(self) -> tuple[str, ...]:
+        """The base URL of every bound socket, in binding order."""
+        return tuple(_url(self.scheme, host, port) for host, port in self.addresses)
 
     def begin_shutdown(self) -> None:
         """Answer 503 on ``/readyz`` from now on (before the listener closes)."""
         self.app[LIFECYCLE].stopping = True
+
+
+def _url(scheme: str, host: str, port: int) -> str:
+    if ":" in host:
+        host = f"[{host}]"
+    return f"{scheme}://{host}:{port}/"
+
+
+@dataclass(frozen=True, slots=True)
+class StartupLine:
+    """One line of the start-up log: its level and text."""
+
+    level: int
+    text: str
+
+
+def describe_security(web_config: WebConfig | None) -> str:
+    """What protects the listener, in words (see :meth:`WebConfig.describe`).
+
+    Example::
+
+        >>> describe_security(None)
+        'plain HTTP, no authentication'
+    """
+    return web_config.describe() if web_config is not None else "plain HTTP, no authentication"
+
+
+def startup_lines(server: RunningServer, settings: ServerSettings) -> list[StartupLine]:
+    """The lines :func:`run_server` logs once the listeners are open.
+
+    One INFO line per bound socket, saying exactly what it serves (URL of the metrics,
+    TLS or not, client certificates, basic auth); then a WARNING when nothing protects
+    the metrics, or when basic-auth passwords would cross the network unencrypted.
+    """
+    web_config = settings.web_config
+    security = describe_security(web_config)
+    lines = [StartupLine(logging.INFO, f"starting {build_info().describe()}")]
+    path = settings.metrics_path.lstrip("/")
+    for url in server.urls:
+        lines.append(
+            StartupLine(
+                logging.INFO,
+                f"listening on {url} with metrics at {url}{path}, "
+                f"{HEALTHZ_PATH} and {READYZ_PATH} without authentication; {security}",
+            )
+        )
+    tls = web_config.tls if web_config is not None else None
+    users = web_config.basic_auth_users if web_config is not None else {}
+    if web_config is None or not web_config.authenticates:
+        lines.append(
+            StartupLine(
+                logging.WARNING,
+                "no authentication on the metrics (no basic_auth_users or client "
+                "certificates in a web config): anyone who can reach the port can read them",
+            )
+        )
+    if users and tls is None:
+        lines.append(
+            StartupLine(
+                logging.WARNING,
+                "basic auth over plain HTTP: passwords cross the network unencrypted "
+                "(add tls_server_config to the web config)",
+            )
+        )
+    return lines
 
 
 @contextlib.asynccontextmanager
@@ -99,17 +175,18 @@ async def serving(
         await runner.setup()
         # Not aiohttp's TCPSite: its listener has no deadline for a slow client's request
         # head, body or TLS handshake (a half-sent request is held for the keep-alive
-        # timeout); WatchedSite's has (see deadlines.py).
-        site = WatchedSite(
-            runner,
-            settings.listen_address,
-            settings.port,
-            ssl_context=ssl_context,
-            header_timeout=settings.header_timeout,
-            body_timeout=settings.body_timeout,
-            handshake_timeout=settings.tls_handshake_timeout,
-        )
-        await site.start()
+        # timeout); WatchedSite's has (see deadlines.py). One site per listen address.
+        for host, port in settings.addresses:
+            site = WatchedSite(
+                runner,
+                host,
+                port,
+                ssl_context=ssl_context,
+                header_timeout=settings.header_timeout,
+                body_timeout=settings.body_timeout,
+                handshake_timeout=settings.tls_handshake_timeout,
+            )
+            await site.start()
         addresses = tuple((str(a[0]), int(a[1])) for a in runner.addresses)
         yield RunningServer(app, "https" if ssl_context else "http", addresses)
     finally:
@@ -128,13 +205,14 @@ def run_server(
     On the signal: ``/readyz`` turns 503, ``settings.drain_seconds`` pass, the listener
     closes, in-flight requests finish (up to ``settings.shutdown_timeout``), the
     ``background`` clean-ups run, and the function returns normally, so the command
-    exits 0. Without a web config, one warning says that it serves plain HTTP without
-    TLS or authentication. Errors at start (a busy port: ``OSError``; a bad certificate:
+    exits 0. Once listening it logs :func:`startup_lines`: each address, TLS or not,
+    authentication or not, and a warning when the metrics are unprotected. Errors at
+    start (a busy port: ``OSError``; a bad certificate:
     ``WebConfigError``; a failing background start-up) propagate.
 
     Example::
 
-        run_server(ServerSettings("0.0.0.0", 9464, multiprocess_dir=Path("/run/prom")))
+        run_server(ServerSettings("0.0.0.0", 19464, multiprocess_dir=Path("/run/prom")))
     """
     asyncio.run(_serve_until_signal(settings, collectors, background))
 
@@ -158,18 +236,9 @@ async def _serve_until_signal(
     for sig in handled:
         loop.add_signal_handler(sig, on_signal, sig)
     try:
-        web_config = settings.web_config
-        if web_config is None:
-            _log.warning(
-                "serving plain HTTP without TLS or basic auth (no web config given); "
-                "anyone who can reach the port can read the metrics"
-            )
         async with serving(settings, collectors=collectors, background=background) as server:
-            _log.info(
-                "stocksentry exporter listening on %s (metrics at %s)",
-                server.url,
-                settings.metrics_path,
-            )
+            for line in startup_lines(server, settings):
+                _log.log(line.level, "%s", line.text)
             await stop.wait()
             _log.info("received %s: shutting down", received[0] if received else "stop")
             server.begin_shutdown()

@@ -29,8 +29,11 @@ class ServerSettings:
 
     Args:
         listen_address: the address to bind (``0.0.0.0`` in a pod, so Prometheus can reach
-            the pod IP; ``127.0.0.1`` on a laptop).
+            the pod IP; ``127.0.0.1`` on a laptop; ``::`` for IPv6; ``""`` for every
+            interface of both families, as ``--web.listen-address=:19464`` says).
         port: the TCP port; 0 picks a free one (see ``RunningServer.port``).
+        also_listen: more ``(address, port)`` pairs served the same way (a repeated
+            ``--web.listen-address``).
         multiprocess_dir: the app's ``PROMETHEUS_MULTIPROC_DIR``, or None.
         web_config: TLS and basic auth, or None for plain HTTP (logged at start).
         metrics_path: where the exposition is served.
@@ -57,6 +60,7 @@ class ServerSettings:
     listen_address: str
     port: int
     multiprocess_dir: Path | None = None
+    also_listen: tuple[tuple[str, int], ...] = ()
     web_config: WebConfig | None = None
     metrics_path: str = "/metrics"
     multiprocess_check_pids: bool = True
@@ -68,8 +72,12 @@ class ServerSettings:
     keepalive_timeout: float = KEEPALIVE_TIMEOUT
 
     def __post_init__(self) -> None:
-        if not 0 <= self.port <= 65535:
-            raise ValueError(f"port must be 0-65535, got {self.port}")
+        for _, port in self.addresses:
+            if not 0 <= port <= 65535:
+                raise ValueError(f"port must be 0-65535, got {port}")
+        listed = [a for a in self.addresses if a[1] != 0]
+        if len(set(listed)) != len(listed):
+            raise ValueError(f"an address is listed twice: {self.addresses}")
         if not self.metrics_path.startswith("/") or self.metrics_path in (
             "/",
             HEALTHZ_PATH,
@@ -89,6 +97,11 @@ class ServerSettings:
             raise ValueError(
                 f"keepalive_timeout must be > 0 and <= 86400 seconds, got {self.keepalive_timeout}"
             )
+
+    @property
+    def addresses(self) -> tuple[tuple[str, int], ...]:
+        """Every ``(address, port)`` served: the first, then ``also_listen``."""
+        return ((self.listen_address, self.port), *self.also_listen)
 
 
 @dataclass(slots=True)

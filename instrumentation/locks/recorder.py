@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from .. import catalog, events
 from ..events import LogEvent
+from ..heldlocks import hold_released, hold_started
 
 if TYPE_CHECKING:
     from ..sentry import Sentry
@@ -78,6 +79,10 @@ class LockHold:
     holder: str | None
     acquired_at: float
     deadline: float | None
+    #: The lock's name (what its series are labelled with).
+    name: str = ""
+    #: Set at the release: the held-locks view (:mod:`..heldlocks`) then skips it.
+    released: bool = False
 
     @property
     def lease(self) -> float | None:
@@ -157,7 +162,11 @@ class LockRecorder:
         except Exception as exc:
             self._error(exc)
         base = now if attempt_started is None else attempt_started
-        hold = LockHold(holder, base, base + ttl if ttl else None)
+        hold = LockHold(holder, base, base + ttl if ttl else None, self.name)
+        try:
+            hold_started(hold)
+        except Exception as exc:
+            self._error(exc)
         try:
             metrics = self.sentry.metrics
             metrics.lock_acquire_duration(self.name, "acquired", now - started)
@@ -213,6 +222,12 @@ class LockRecorder:
                 attempts.begin()
                 acquired = try_lock()
         """
+        try:
+            # The lock's other series (expiries, foreign releases) exist from its first
+            # attempt on, so their first increase is seen.
+            self.sentry.metrics.prime_lock(self.name)
+        except Exception as exc:
+            self._error(exc)
         attempts = _Attempts()
         try:
             yield attempts
@@ -260,6 +275,12 @@ class LockRecorder:
         expired = False
         held: float | None = None
         lease: float | None = None
+        if hold is not None:
+            hold.released = True
+            try:
+                hold_released(hold)
+            except Exception as exc:
+                self._error(exc)
         try:
             metrics = self.sentry.metrics
             if hold is not None:

@@ -15,16 +15,21 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, Literal
 
+from ..catalog import ConflictReason
+from ..outcomes import ReservationConflict
 from .recorder import LockHold, LockRecorder, _as_bytes, _Attempts
 
 if TYPE_CHECKING:
     from ..sentry import Sentry
 
 
-class LockNotAcquired(Exception):
+class LockNotAcquired(ReservationConflict):
     """A home-made lock (:class:`TrackedLock`) was not acquired in time.
 
-    Raised by ``with`` / ``async with`` only; ``acquire()`` returns ``False`` instead.
+    Raised by ``with`` / ``async with`` only; ``acquire()`` returns ``False`` instead. A
+    :class:`ReservationConflict`: a reservation it ends is a conflict, ``reason``
+    ``lock_not_acquired`` when the lock was tried once and refused, ``lock_timeout`` when
+    it was waited for (a ``blocking_timeout`` above 0) and the wait ran out.
 
     Example::
 
@@ -35,9 +40,12 @@ class LockNotAcquired(Exception):
             answer_busy()
     """
 
-    def __init__(self, name: str, waited: float) -> None:
-        super().__init__(f"lock {name!r} not acquired within {waited:.3f} s")
+    def __init__(
+        self, name: str, waited: float, *, reason: ConflictReason = "lock_not_acquired"
+    ) -> None:
+        super().__init__(reason, f"lock {name!r} not acquired within {waited:.3f} s")
         self.name = name
+        self.waited = waited
 
 
 def _sync_result(value: object) -> object:
@@ -172,6 +180,10 @@ class TrackedLock:
     def _pause(self) -> float:
         return self.retry_delay * random.uniform(0.5, 1.5)  # noqa: S311 - jitter
 
+    def _refusal(self) -> ConflictReason:
+        timeout = self.blocking_timeout
+        return "lock_timeout" if timeout is None or timeout > 0 else "lock_not_acquired"
+
     def _give_up_at(self) -> float | None:
         timeout = self.blocking_timeout
         return None if timeout is None else time.monotonic() + timeout
@@ -249,7 +261,7 @@ class TrackedLock:
     def __enter__(self) -> TrackedLock:
         started = time.perf_counter()
         if not self.acquire():
-            raise LockNotAcquired(self.name, time.perf_counter() - started)
+            raise LockNotAcquired(self.name, time.perf_counter() - started, reason=self._refusal())
         return self
 
     def __exit__(
@@ -301,7 +313,7 @@ class TrackedLock:
     async def __aenter__(self) -> TrackedLock:
         started = time.perf_counter()
         if not await self.aacquire():
-            raise LockNotAcquired(self.name, time.perf_counter() - started)
+            raise LockNotAcquired(self.name, time.perf_counter() - started, reason=self._refusal())
         return self
 
     async def __aexit__(

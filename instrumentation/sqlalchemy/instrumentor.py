@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
     from sqlalchemy.ext.asyncio import AsyncEngine
 
+_EVENTS = ("do_execute", "do_execute_no_params", "do_executemany", "handle_error")
 _instrumented: weakref.WeakKeyDictionary[Engine, _Instrumentation] = weakref.WeakKeyDictionary()
 
 
@@ -75,7 +76,8 @@ def instrument_sqlalchemy(
         raise ValueError(f"spans must be 'off', 'locking' or 'all', got {spans!r}")
     if not read_window > 0:
         raise ValueError("read_window must be positive")
-    tables = _Tables(stock_tables if stock_tables is not None else {"products": StockTable()})
+    configured = stock_tables if stock_tables is not None else {"products": StockTable()}
+    tables = _Tables(configured)
     instrumentation = _Instrumentation(
         sentry if sentry is not None else get_sentry(),
         tables,
@@ -84,15 +86,21 @@ def instrument_sqlalchemy(
         mode,
         tracer_provider,
         read_window,
+        db_namespace=sync.url.database,
     )
-    for name in ("before_cursor_execute", "after_cursor_execute", "handle_error"):
+    # Dialect events only (they are filed under the engine's own dialect): an engine event
+    # would switch on SQLAlchemy's per-execute event path, which costs more than all of
+    # this integration's own work.
+    for name in _EVENTS:
         listener = getattr(instrumentation, name)
-        if name == "before_cursor_execute":
-            sqlalchemy.event.listen(sync, name, listener, retval=True)
-        else:
-            sqlalchemy.event.listen(sync, name, listener)
+        sqlalchemy.event.listen(sync, name, listener)
         instrumentation.listeners.append((name, listener))
     _instrumented[sync] = instrumentation
+    try:
+        # Known tables' series start at zero, so their first deadlock is an increase.
+        instrumentation.metrics.prime_tables(configured)
+    except Exception as exc:
+        instrumentation.sentry.internal_error("sqlalchemy", exc)
     if mode == "all":
         try:
             _otel_engine_tracer(sync, instrumentation, tracer_provider)

@@ -12,6 +12,7 @@ from opentelemetry import trace as otel_trace
 from opentelemetry.trace import SpanKind, StatusCode, TracerProvider
 
 from .. import events
+from ..heldlocks import held_locks, valid_at
 from ..outcomes import SQLSTATE_REASONS, sqlstate_of
 from ..reservation import current_reservation
 from ..sentry import Sentry
@@ -46,9 +47,12 @@ if TYPE_CHECKING:
     from sqlalchemy.engine import Connection, ExceptionContext
     from sqlalchemy.engine.interfaces import DBAPICursor, ExecutionContext
 
-_T0 = "_stocksentry_t0"
-_SPAN = "_stocksentry_span"
+# Which of the dialect's three execute events a statement came through.
+_SINGLE, _NO_PARAMS, _MANY = 0, 1, 2
+# db.operation.name of the locking statements' spans, from the classifier's kind.
+_OPERATIONS = {"select": "SELECT", "update": "UPDATE", "delete": "DELETE", "lock": "LOCK TABLE"}
 _STATE = "_stocksentry_state"
+_DB_SYSTEMS = {"mssql": "microsoft.sql_server", "oracle": "oracle.db"}
 # The line each concurrency refusal logs; which SQLSTATE is which refusal is outcomes'.
 _REASON_EVENTS = {
     "deadlock": events.DB_DEADLOCK,
@@ -69,11 +73,15 @@ class _Instrumentation:
         span_mode: SpanMode,
         tracer_provider: TracerProvider | None,
         read_window: float,
+        db_namespace: str | None = None,
     ) -> None:
         self.sentry = sentry
         self.metrics = sentry.metrics
         self.tables = tables
         self.dialect_name = dialect_name
+        # OpenTelemetry's well-known db.system.name values, from SQLAlchemy's dialect names.
+        self.db_system = _DB_SYSTEMS.get(dialect_name, dialect_name)
+        self.db_namespace = db_namespace
         self.paramstyle = paramstyle
         self.span_mode = span_mode
         self.read_window = read_window
@@ -135,72 +143,145 @@ class _Instrumentation:
 
     # --- events ----------------------------------------------------------------------------
 
-    def before_cursor_execute(
+    def do_execute(
         self,
-        conn: Connection,
         cursor: DBAPICursor,
         statement: str,
         parameters: Any,
-        context: ExecutionContext | None,
-        executemany: bool,
-    ) -> tuple[str, Any]:
-        # Registered with retval=True (the statement goes back unchanged): SQLAlchemy
-        # would otherwise wrap the listener in one more call per statement.
-        try:
-            plan = self.plans.get(statement) or self.plan(statement)
-            if plan.kind in ("begin", "isolation"):
-                self._begin(conn, plan)
-                return statement, parameters
-            if not plan.locking or context is None:
-                return statement, parameters
-            if self.lock_tracer is not None:
-                span = self.lock_tracer.start_span(
-                    "stock.db.lock",
-                    kind=SpanKind.CLIENT,
-                    attributes={
-                        "db.system.name": self.dialect_name,
-                        "stock.table": plan.table or "unknown",
-                        "stock.lock": plan.lock_clause or "",
-                    },
-                )
-                context.__dict__[_SPAN] = span
-            # Last, so the figure is the statement's own time.
-            context.__dict__[_T0] = time.perf_counter()
-        except Exception as exc:
-            self.sentry.internal_error(_COMPONENT, exc)
-        return statement, parameters
+        context: ExecutionContext,
+    ) -> bool:
+        """The dialect's ``do_execute`` event: the statement runs here, timed around the
+        driver call alone.
 
-    def after_cursor_execute(
+        A dialect event, not the engine's ``before/after_cursor_execute`` pair: any
+        engine listener turns on SQLAlchemy's event path for every execute, commit and
+        begin (several microseconds a statement before a listener runs at all), while a
+        dialect listener costs one call. Returning True tells SQLAlchemy the statement
+        was executed; the dialect's own ``do_execute`` (or a later listener's) did it.
+        """
+        return self._execute(_SINGLE, cursor, statement, parameters, context)
+
+    def do_execute_no_params(
+        self, cursor: DBAPICursor, statement: str, context: ExecutionContext
+    ) -> bool:
+        """``do_execute`` for a statement without parameters (``BEGIN``, ``LOCK TABLE``)."""
+        return self._execute(_NO_PARAMS, cursor, statement, None, context)
+
+    def do_executemany(
         self,
-        conn: Connection,
         cursor: DBAPICursor,
         statement: str,
         parameters: Any,
-        context: ExecutionContext | None,
-        executemany: bool,
-    ) -> None:
+        context: ExecutionContext,
+    ) -> bool:
+        """``do_execute`` for ``executemany``: timed, no per-row bookkeeping."""
+        return self._execute(_MANY, cursor, statement, parameters, context)
+
+    def _execute(
+        self,
+        style: int,
+        cursor: DBAPICursor,
+        statement: str,
+        parameters: Any,
+        context: ExecutionContext,
+    ) -> bool:
+        span: Any = None
+        t0 = 0.0
         try:
             plan = self.plans.get(statement) or self.plan(statement)
-            if plan.locking and context is not None:
-                self._lock_done(plan, context, None)
+            kind = plan.kind
+            if kind == "begin" or kind == "isolation":
+                self._begin(context.root_connection, plan)
+            elif plan.locking:
+                if self.lock_tracer is not None:
+                    span = self._lock_span(plan)
+                # Last, so the figure is the statement's own time.
+                t0 = time.perf_counter()
         except Exception as exc:
             self.sentry.internal_error(_COMPONENT, exc)
-            plan = self.plans.get(statement, _IGNORED)
-        # Apart, so that a failure in one part does not switch off the other.
+            plan = _IGNORED
         try:
-            if plan.stock and not executemany:
-                self._stock_statement(conn, cursor, plan, parameters)
-        except Exception as exc:
-            self.sentry.internal_error(_COMPONENT, exc)
+            self._call_driver(style, cursor, statement, parameters, context)
+        except BaseException as exc:
+            if t0:
+                self._lock_done(plan, t0, span, exc)
+            raise  # the driver's own exception, unchanged: SQLAlchemy wraps it as usual
+        if t0:
+            self._lock_done(plan, t0, span, None)
+        # Apart, so that a failure in the timing does not switch off the bookkeeping.
+        if plan.stock and style == _SINGLE and not context.executemany:
+            try:
+                self._stock_statement(context.root_connection, cursor, plan, parameters)
+            except Exception as exc:
+                self.sentry.internal_error(_COMPONENT, exc)
+        return True
+
+    def _call_driver(
+        self,
+        style: int,
+        cursor: DBAPICursor,
+        statement: str,
+        parameters: Any,
+        context: ExecutionContext,
+    ) -> None:
+        dialect = context.dialect
+        listeners: Any = (
+            dialect.dispatch.do_execute
+            if style == _SINGLE
+            else dialect.dispatch.do_execute_no_params
+            if style == _NO_PARAMS
+            else dialect.dispatch.do_executemany
+        )
+        if len(listeners) > 1:
+            # SQLAlchemy stops at the first listener that returns True: give the ones
+            # registered after this one their turn, as they would have had it without us.
+            mine = (
+                self.do_execute
+                if style == _SINGLE
+                else (self.do_execute_no_params if style == _NO_PARAMS else self.do_executemany)
+            )
+            after = False
+            for fn in listeners:
+                if after:
+                    handled = (
+                        fn(cursor, statement, context)
+                        if style == _NO_PARAMS
+                        else fn(cursor, statement, parameters, context)
+                    )
+                    if handled:
+                        return
+                elif fn == mine:
+                    after = True
+        if style == _SINGLE:
+            dialect.do_execute(cursor, statement, parameters, context)
+        elif style == _NO_PARAMS:
+            dialect.do_execute_no_params(cursor, statement, context)
+        else:
+            dialect.do_executemany(cursor, statement, parameters, context)
+
+    def _lock_span(self, plan: StatementInfo) -> Any:
+        # OpenTelemetry's database conventions: "{operation} {collection}" as the name.
+        operation = _OPERATIONS.get(plan.kind, "")
+        table = plan.table or "unknown"
+        attributes: dict[str, str] = {
+            "db.system.name": self.db_system,
+            "db.collection.name": table,
+            "db.operation.name": operation,
+            "stock.lock": plan.lock_clause or "",
+        }
+        if self.db_namespace:
+            attributes["db.namespace"] = self.db_namespace
+        return self.lock_tracer.start_span(
+            f"{operation} {table}" if operation else table,
+            kind=SpanKind.CLIENT,
+            attributes=attributes,
+        )
 
     def handle_error(self, ctx: ExceptionContext) -> None:
         try:
             statement = ctx.statement
             plan = self.plan(statement) if isinstance(statement, str) else None
-            context = ctx.execution_context
             state = sqlstate_of(ctx.original_exception) or sqlstate_of(ctx.sqlalchemy_exception)
-            if plan is not None and plan.locking and context is not None:
-                self._lock_done(plan, context, state)
             reason = SQLSTATE_REASONS.get(state) if state is not None else None
             event = _REASON_EVENTS.get(reason) if reason is not None else None
             if event is None:
@@ -232,19 +313,23 @@ class _Instrumentation:
             state.sync(txn)
             state.apply_begin(plan)
 
-    def _lock_done(self, plan: StatementInfo, context: Any, sqlstate: str | None) -> None:
-        t0 = context.__dict__.pop(_T0, None)
-        if t0 is None:
-            return
-        elapsed = time.perf_counter() - t0
-        span = context.__dict__.pop(_SPAN, None) if self.lock_tracer is not None else None
-        exemplar = exemplar_for(span if span is not None else otel_trace.get_current_span())
-        self.metrics.db_lock_wait(plan.table or "unknown", elapsed, exemplar)
-        if span is not None:
-            if sqlstate is not None and span.is_recording():
-                span.set_attribute("db.response.status_code", sqlstate)
-                span.set_status(StatusCode.ERROR)
-            span.end()
+    def _lock_done(
+        self, plan: StatementInfo, t0: float, span: Any, exc: BaseException | None
+    ) -> None:
+        try:
+            elapsed = time.perf_counter() - t0
+            exemplar = exemplar_for(span if span is not None else otel_trace.get_current_span())
+            self.metrics.db_lock_wait(plan.table or "unknown", elapsed, exemplar)
+            if span is not None:
+                if exc is not None and span.is_recording():
+                    sqlstate = sqlstate_of(exc)
+                    if sqlstate is not None:
+                        span.set_attribute("db.response.status_code", sqlstate)
+                    span.set_attribute("error.type", type(exc).__qualname__)
+                    span.set_status(StatusCode.ERROR)
+                span.end()
+        except Exception as err:
+            self.sentry.internal_error(_COMPONENT, err)
 
     def _resolve(self, plan: StatementInfo, parameters: Any) -> list[_Key]:
         keys: list[_Key] = []
@@ -320,7 +405,7 @@ class _Instrumentation:
             )
         if not plan.reads_stock:
             return
-        read = _Read(locked, state.txn, self.clock())
+        read = _Read(locked, state.txn, self.clock(), held_locks())
         reservation = current_reservation()
         res_store = _scope(_reservation_reads, reservation, True) if reservation else None
         request_id = structlog.contextvars.get_contextvars().get("request_id")
@@ -385,6 +470,20 @@ class _Instrumentation:
         same_txn = txn is not None and latest.txn is not None and latest.txn() is txn
         if same_txn and (latest.locked or self._serializable(conn, state)):
             return
+        lost_lock: tuple[str, str] | None = None
+        if latest.held:
+            # A distributed lock held since before the read and still owned at the write
+            # serialises the read-modify-write as a row lock would: safe. One whose lease
+            # ran out in between let a second holder in: the lost update it exists to stop.
+            at = time.perf_counter()
+            if any(valid_at(hold, at) for hold in latest.held):
+                return
+            expired = [hold for hold in latest.held if not hold.released]
+            lost_lock = (
+                (expired[0].name, "lock expired before the write")
+                if expired
+                else (latest.held[0].name, "lock released before the write")
+            )
         table = plan.table or "unknown"
         self.metrics.unsafe_read_modify_write(table)
         if self.sentry.log_enabled:
@@ -400,6 +499,7 @@ class _Instrumentation:
                 read_age_s=round(now - latest.at, 3),
                 read_locked=latest.locked,
                 same_transaction=same_txn,
+                **({"lock": lost_lock[0], "reason": lost_lock[1]} if lost_lock else {}),
             )
 
     def _no_row(self, plan: StatementInfo, keys: list[_Key]) -> None:

@@ -9,6 +9,7 @@ from decimal import Decimal
 from typing import TYPE_CHECKING, TypeAlias
 from uuid import UUID
 
+from ..heldlocks import HeldLock
 from .model import _MAX_KEY_CHARS, _READS_PER_SCOPE, StatementInfo
 
 if TYPE_CHECKING:
@@ -20,14 +21,21 @@ _ANY_ROW = "\x00any"
 
 
 class _Read:
-    """One remembered read of a stock value."""
+    """One remembered read of a stock value, with the distributed locks held at the time."""
 
-    __slots__ = ("at", "locked", "txn")
+    __slots__ = ("at", "held", "locked", "txn")
 
-    def __init__(self, locked: bool, txn: weakref.ref[RootTransaction] | None, at: float) -> None:
+    def __init__(
+        self,
+        locked: bool,
+        txn: weakref.ref[RootTransaction] | None,
+        at: float,
+        held: tuple[HeldLock, ...] = (),
+    ) -> None:
         self.locked = locked
         self.txn = txn
         self.at = at
+        self.held = held
 
 
 class _ConnState:

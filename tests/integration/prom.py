@@ -170,7 +170,9 @@ class Prometheus:
     alerts to. ``extra_args`` go to the command line (e.g.
     ``["--enable-feature=exemplar-storage"]``). ``history`` is OpenMetrics text that
     :func:`backfill` writes into the storage before the start (data from before the server
-    existed).
+    existed). ``external_labels`` and ``remote_write`` (raw remote_write entries) go into
+    the config as given: a "cluster" Prometheus that forwards to a central one started with
+    ``extra_args=["--web.enable-remote-write-receiver"]``.
     """
 
     def __init__(
@@ -185,6 +187,8 @@ class Prometheus:
         extra_args: Sequence[str] = (),
         binary: str | None = None,
         history: str | None = None,
+        external_labels: Mapping[str, str] | None = None,
+        remote_write: Sequence[Mapping[str, Any]] = (),
     ) -> None:
         self.targets = dict(targets or {})
         self.scrape_configs = list(scrape_configs)
@@ -195,6 +199,8 @@ class Prometheus:
         self.extra_args = list(extra_args)
         self.binary = binary or prometheus_binary()
         self.history = history
+        self.external_labels = dict(external_labels or {})
+        self.remote_write = list(remote_write)
         self.port: int | None = None
         self._dir: tempfile.TemporaryDirectory[str] | None = None
         self._process: subprocess.Popen[bytes] | None = None
@@ -217,6 +223,10 @@ class Prometheus:
             f"  evaluation_interval: {self.evaluation_interval}",
             f"  scrape_timeout: {self.scrape_interval}",
         ]
+        if self.external_labels:
+            lines.append(f"  external_labels: {json.dumps(self.external_labels)}")
+        if self.remote_write:
+            lines.append(f"remote_write: {json.dumps(self.remote_write)}")
         if self.rule_files:
             lines.append(f"rule_files: {_yaml_list(self.rule_files)}")
         if self.alertmanager:

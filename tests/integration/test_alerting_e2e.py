@@ -8,7 +8,8 @@ Everything runs for real, on loopback, with short intervals:
 - Alertmanager with a copy of ``alert_rules/alertmanager.example.yml``: its route tree and
   inhibit rules as they are, each receiver's integrations replaced by a webhook to
   ``/hook/<receiver>``, and ``group_wait`` / ``group_interval`` cut to 1 s;
-- Prometheus (``prom.py``) with the real ``alert_rules/stocksentry.rules.yml``, scraping
+- Prometheus (``prom.py``) with the real rules, rendered by ``alert_rules/render.py`` with
+  a Grafana address (so the alerts carry their ``dashboard_url``), scraping
   and evaluating every second: the lab as job ``stocksentry-lab``, the exporter as job
   ``stocksentry``;
 - ``stocksentry exporter`` probing the lab's PostgreSQL database every 0.5 s, with the
@@ -64,7 +65,8 @@ from prom import Prometheus, free_port, openmetrics_history
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
-RULES_FILE = ROOT / "alert_rules" / "stocksentry.rules.yml"
+#: The rules as a shop renders them with its Grafana address (alert_rules/render.py).
+GRAFANA = "https://grafana.shop.example"
 AM_EXAMPLE = ROOT / "alert_rules" / "alertmanager.example.yml"
 CLI = [sys.executable, "-m", "stocksentry.exporter"]
 
@@ -478,9 +480,25 @@ def stack(
     history = openmetrics_history(
         {f'up{{instance="{lab}",job="{LAB_JOB}"}}': 1}, start=now - 600, end=now - 2
     )
+    rules = tmp_path / "stocksentry.rules.yml"
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "alert_rules" / "render.py"),
+            "--dashboard-url-base",
+            GRAFANA,
+            "-o",
+            str(rules),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
     with Prometheus(
         targets={EXPORTER_JOB: [exporter], LAB_JOB: [lab]},
-        rule_files=[RULES_FILE],
+        rule_files=[rules],
         alertmanager=alertmanager,
         history=history,
     ) as prom:
@@ -581,7 +599,7 @@ def test_unsafe_strategy_pages_oncall(
         rf"SKU {UNSAFE_SKU} is oversold by \d+ unit\(s\)\.", oversold["annotations"]["summary"]
     )
     assert oversold["annotations"]["dashboard_url"] == (
-        f"https://grafana.example.com/d/stocksentry-sku?var-sku={UNSAFE_SKU}"
+        f"{GRAFANA}/d/stocksentry-sku?var-sku={UNSAFE_SKU}"
     )
 
     # Prometheus agrees, and every rule evaluates without error.

@@ -30,6 +30,7 @@ PROMTOOL_VALUES = {
     "__rate_interval": "1m",
     "__range": "1h",
     "__interval": "1m",
+    "cluster": ".*",
     "namespace": ".*",
     "job": "stocksentry",
     "sku": "LAB-UNSAFE",

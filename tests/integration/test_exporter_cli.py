@@ -272,3 +272,116 @@ def test_web_config_flag_enables_basic_auth(
     finally:
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=20) == 0
+
+
+def test_flags_override_the_yaml_and_the_start_up_says_what_is_served(
+    tmp_path: Path, exporter_env: dict[str, str]
+) -> None:
+    """--web.listen-address twice (IPv4 and IPv6), --web.telemetry-path, --web.config.file
+    with basic auth, --log.level and --log.format: each replaces its YAML key (the YAML
+    says port ``yaml_port``, /metrics, info and json), and the start-up lines name each
+    address with its TLS and authentication."""
+    import base64
+
+    import bcrypt
+
+    web = tmp_path / "web.yml"
+    hashed = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=4)).decode()
+    web.write_text(f"basic_auth_users:\n  prometheus: {hashed}\n")
+    yaml_port, v4_port, v6_port = free_port(), free_port(), free_port()
+    config = tmp_path / "exporter.yaml"
+    config.write_text(
+        f"server:\n  listen_address: 127.0.0.1\n  port: {yaml_port}\n"
+        "log:\n  level: info\n  format: json\n"
+    )
+    process = subprocess.Popen(
+        [
+            *CLI,
+            "exporter",
+            f"--config={config}",
+            f"--web.listen-address=127.0.0.1:{v4_port}",
+            f"--web.listen-address=[::1]:{v6_port}",
+            "--web.telemetry-path=/stock-metrics",
+            f"--web.config.file={web}",
+            "--log.level=debug",
+            "--log.format=logfmt",
+        ],
+        env=exporter_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    credentials = "Basic " + base64.b64encode(b"prometheus:s3cret").decode()
+
+    def get(url: str, auth: bool = True) -> tuple[int, str]:
+        request = urllib.request.Request(url)
+        if auth:
+            request.add_header("Authorization", credentials)
+        try:
+            with urllib.request.urlopen(request, timeout=5) as response:
+                return int(response.status), response.read().decode()
+        except urllib.error.HTTPError as exc:
+            return int(exc.code), ""
+
+    try:
+        v4, v6 = f"http://127.0.0.1:{v4_port}", f"http://[::1]:{v6_port}"
+        wait_for(lambda: get(f"{v6}/stock-metrics")[0] == 200, process)
+        status, body = get(f"{v4}/stock-metrics")
+        assert status == 200
+        assert 'stocksentry_build_info{python_version="' in body
+        assert get(f"{v4}/stock-metrics", auth=False)[0] == 401
+        assert get(f"{v4}/metrics")[0] == 404
+        status, page = get(f"{v4}/")
+        version = subprocess.run(
+            [*CLI, "--version"], capture_output=True, text=True, timeout=30, env=exporter_env
+        ).stdout.split()[-1]
+        assert status == 200
+        assert f"Version: {version} (revision " in page
+        assert 'href="/stock-metrics"' in page
+        with pytest.raises(urllib.error.URLError):  # the YAML's port is not served
+            urllib.request.urlopen(f"http://127.0.0.1:{yaml_port}/healthz", timeout=2)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        out, _ = process.communicate(timeout=20)
+    assert process.returncode == 0, out
+    lines = out.splitlines()
+    # logfmt, not JSON: the --log.format flag won over log.format: json.
+    assert lines
+    assert all(line.startswith("timestamp=") for line in lines), lines
+    served = [line for line in lines if "listening on" in line]
+    assert len(served) == 2, lines
+    assert f"listening on http://127.0.0.1:{v4_port}/ with metrics at " in served[0]
+    assert f"listening on http://[::1]:{v6_port}/ with metrics at " in served[1]
+    for line in served:
+        assert "/stock-metrics" in line
+        assert "plain HTTP, basic auth (1 user)" in line
+        assert "no authentication" not in line
+    warnings = [line for line in lines if "level=warning" in line]
+    assert any("basic auth over plain HTTP" in line for line in warnings), lines
+    assert not any("no authentication on the metrics" in line for line in lines)
+    # --log.level=debug: debug lines are written (none at info).
+    assert any("level=debug" in line for line in lines), lines
+
+
+@pytest.mark.parametrize(
+    ("flag", "message"),
+    [
+        ("--web.listen-address=::1:9", "an IPv6 address goes in brackets"),
+        ("--web.listen-address=:70000", "the port must be a number from 0 to 65535"),
+        ("--web.telemetry-path=/healthz", "is not a path starting with /"),
+        ("--log.level=trace", "invalid choice: 'trace'"),
+        ("--log.format=text", "invalid choice: 'text'"),
+    ],
+)
+def test_bad_flags_exit_2_naming_the_flag(tmp_path: Path, flag: str, message: str) -> None:
+    config = tmp_path / "exporter.yaml"
+    config.write_text("server: {port: 0}\n")
+    done = subprocess.run(
+        [*CLI, "exporter", f"--config={config}", flag],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert flag.split("=")[0] in done.stderr
+    assert message in done.stderr

@@ -11,8 +11,14 @@ kubernetes-validate into the venv. Every case renders the chart offline and chec
   in helm/testdata/crds/;
 - the exporter ConfigMap passes `stocksentry check-config` with the environment the
   container gets from its Secrets filled with dummy URLs;
-- the PrometheusRule holds exactly alert_rules/stocksentry.rules.yml's groups and passes
-  `promtool check rules`; the dashboard ConfigMaps hold exactly dashboards/*.json;
+- the PrometheusRule holds exactly alert_rules/stocksentry.rules.yml's groups with the
+  defaults and passes `promtool check rules`; with other values (location labels, links,
+  job, disabled alerts, extra labels, settings) it is what alert_rules/render.py renders
+  and what the values say, and alert_rules/tests/*.yml pass on it; the dashboard
+  ConfigMaps hold exactly dashboards/*.json, runbook links from links.runbookBaseUrl;
+- the health alerts, run by promtool on the rendered rules with the labels
+  prometheus-operator attaches to the rendered ServiceMonitor / PodMonitor's targets
+  (prober and sidecar mode), fire when the target is down and are quiet when it is up;
 - wrong types, typo'd keys and contradictory options fail with a message naming them.
 """
 
@@ -28,6 +34,7 @@ import subprocess
 import sys
 import tomllib
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -329,7 +336,7 @@ def test_prober_secure_defaults() -> None:
     }
     assert exporter["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert exporter["args"] == ["exporter", "--config=/etc/stocksentry/config/config.yaml"]
-    assert exporter["ports"] == [{"name": "metrics", "containerPort": 9464, "protocol": "TCP"}]
+    assert exporter["ports"] == [{"name": "metrics", "containerPort": 19464, "protocol": "TCP"}]
     # The URL comes from the Secret, through the variable the config names.
     assert exporter["env"] == [
         {
@@ -341,7 +348,7 @@ def test_prober_secure_defaults() -> None:
     ]
     config = yaml.safe_load(one(docs, "ConfigMap")["data"]["config.yaml"])
     assert config["database"]["url_env"] == "STOCKSENTRY_DATABASE_URL"
-    assert config["server"] == {"listen_address": "0.0.0.0", "port": 9464}  # noqa: S104
+    assert config["server"] == {"listen_address": "0.0.0.0", "port": 19464}  # noqa: S104
     # checksum/config is the hash of the rendered ConfigMap: a config change restarts.
     annotation = deployment["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
     text = raw["stocksentry/templates/configmap.yaml"]
@@ -653,3 +660,473 @@ def test_schema_refuses_unknown_keys_in_every_section() -> None:
         if "properties" in sub and sub.get("additionalProperties") is not False
     ]
     assert open_objects == []
+
+
+# --- the health alerts under prometheus-operator ---------------------------------------------
+#
+# What prometheus-operator makes of a ServiceMonitor endpoint or PodMonitor
+# podMetricsEndpoint, as its config generator writes it (prometheus-operator,
+# pkg/prometheus/promcfg.go, generateServiceMonitorConfig / generatePodMonitorConfig, e.g.
+# at commit 4d3991d5604ad6a01179c2b9ebbdca5efa331213; later releases build the same list):
+# after keeping the selected targets, its own relabelings set `namespace` (from
+# __meta_kubernetes_namespace), `service` (ServiceMonitor only, the Service's name), `pod`,
+# `container`, then `job` = the Service's name (ServiceMonitor) or
+# "<namespace>/<PodMonitor name>" (PodMonitor), replaced by the value of the Service's /
+# pod's label `spec.jobLabel` when that is set and non-empty, then `endpoint` = the port
+# name; the endpoint's own `relabelings` come after all of these, in order (then only the
+# enforced namespace label and the sharding hashmod). `instance` is Prometheus's default,
+# the target address. So a relabeling of the endpoint that sets `job` has the last word.
+
+_TARGET_ADDRESS = "10.42.0.17"
+
+
+def _expand(replacement: str, match: re.Match[str]) -> str:
+    """Prometheus's $1 / ${1} / ${name} expansion of a relabel replacement."""
+    return re.sub(
+        r"\$\{(\w+)\}|\$(\d+)",
+        lambda m: match.group(int(m.group(2)) if m.group(2) else m.group(1)) or "",
+        replacement,
+    )
+
+
+def relabel(labels: dict[str, str], config: dict[str, Any]) -> dict[str, str] | None:
+    """One relabel_config (operator field names) applied as Prometheus does; None: dropped."""
+    action = config.get("action", "replace").lower()
+    value = config.get("separator", ";").join(
+        labels.get(name, "") for name in config.get("sourceLabels", [])
+    )
+    regex = re.compile(config.get("regex", "(.*)"))
+    match = regex.fullmatch(value)
+    if action == "replace":
+        if match is not None:
+            target = _expand(config["targetLabel"], match)
+            result = _expand(config.get("replacement", "$1"), match)
+            labels = (
+                {**labels, target: result}
+                if result
+                else {k: v for k, v in labels.items() if k != target}
+            )
+        return labels
+    if action == "keep":
+        return labels if match is not None else None
+    if action == "drop":
+        return None if match is not None else labels
+    raise AssertionError(f"relabel action {action!r} is not modelled here")
+
+
+def operator_target_labels(
+    monitor: dict[str, Any], *, service: str, pod: str, container: str, port: int
+) -> dict[str, str]:
+    """The labels of the scraped series of one target of ``monitor`` (model above)."""
+    kind = monitor["kind"]
+    spec = monitor["spec"]
+    endpoint = (spec["endpoints"] if kind == "ServiceMonitor" else spec["podMetricsEndpoints"])[0]
+    namespace = spec["namespaceSelector"]["matchNames"][0]
+    labels: dict[str, str] = {
+        "__address__": f"{_TARGET_ADDRESS}:{port}",
+        "namespace": namespace,
+        "pod": pod,
+        "container": container,
+    }
+    if kind == "ServiceMonitor":
+        labels["service"] = service
+        labels["job"] = service
+    else:
+        labels["job"] = f"{monitor['metadata']['namespace']}/{monitor['metadata']['name']}"
+    if spec.get("jobLabel"):
+        raise AssertionError("the chart sets no jobLabel; model it before relying on it")
+    labels["endpoint"] = endpoint["port"]
+    for config in endpoint.get("relabelings", []):
+        relabelled = relabel(labels, config)
+        assert relabelled is not None, f"the monitor's relabeling drops the target: {config}"
+        labels = relabelled
+    labels.setdefault("instance", labels["__address__"])
+    return {k: v for k, v in labels.items() if not k.startswith("__")}
+
+
+#: The three ways the chart is scraped, with the target's pod and Service as Kubernetes
+#: would name them.
+MONITOR_CASES = {
+    "prober, ServiceMonitor": {"serviceMonitor": {"enabled": True}},
+    "prober, PodMonitor": {"podMonitor": {"enabled": True}},
+    "sidecar, PodMonitor": merge(
+        case_values("sidecar-values.yaml"), {"dashboards": {"enabled": False}}
+    ),
+}
+
+
+def _monitor_labels(values: dict[str, Any], drop_job_relabeling: bool = False) -> dict[str, str]:
+    _, docs = render(values)
+    monitor = copy.deepcopy(next(d for d in docs if d["kind"] in ("ServiceMonitor", "PodMonitor")))
+    if drop_job_relabeling:  # the chart as it was: no relabeling of job
+        for endpoint in monitor["spec"].get(
+            "endpoints", monitor["spec"].get("podMetricsEndpoints")
+        ):
+            endpoint["relabelings"] = [
+                r for r in endpoint["relabelings"] if r.get("targetLabel") != "job"
+            ]
+    sidecar = values.get("mode") == "sidecar"
+    _, prober_docs = render({})
+    container = next(iter(containers(one(prober_docs, "Deployment"))))
+    return operator_target_labels(
+        monitor,
+        service=f"{RELEASE}-stocksentry",
+        pod="checkout-7d9f8b6c5-x2x9q" if sidecar else f"{RELEASE}-stocksentry-5f7c9d8b4-k2p7m",
+        container=container,
+        port=int(values.get("port", 19464)),
+    )
+
+
+def _series(labels: dict[str, str]) -> str:
+    return "up{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}"
+
+
+def _health_test(
+    labels: dict[str, str], *, summary: str, description: str
+) -> list[dict[str, Any]]:
+    """promtool test groups: the target down from 0 (fires at 2m), and up (quiet)."""
+    down = {**labels, "severity": "critical", "team": "sre"}
+    runbook = "https://github.com/stocksentry/stocksentry/blob/main/docs/runbooks/StocksentryExporterDown.md"
+    return [
+        {
+            "name": "down: StocksentryExporterDown fires with the target's labels",
+            "interval": "1m",
+            "external_labels": {"cluster": "eu-1"},
+            "input_series": [{"series": _series(labels), "values": "0x15"}],
+            "alert_rule_test": [
+                {"eval_time": "1m", "alertname": "StocksentryExporterDown", "exp_alerts": []},
+                {
+                    "eval_time": "2m",
+                    "alertname": "StocksentryExporterDown",
+                    "exp_alerts": [
+                        {
+                            "exp_labels": down,
+                            "exp_annotations": {
+                                "summary": summary,
+                                "description": description,
+                                "runbook_url": runbook,
+                            },
+                        }
+                    ],
+                },
+                {"eval_time": "15m", "alertname": "StocksentryMetricsAbsent", "exp_alerts": []},
+            ],
+        },
+        {
+            "name": "up: both health alerts are quiet",
+            "interval": "1m",
+            "input_series": [{"series": _series(labels), "values": "1x15"}],
+            "alert_rule_test": [
+                {"eval_time": "15m", "alertname": "StocksentryExporterDown", "exp_alerts": []},
+                {"eval_time": "15m", "alertname": "StocksentryMetricsAbsent", "exp_alerts": []},
+            ],
+        },
+    ]
+
+
+def _promtool_test(
+    tmp_path: Path, groups: list[dict[str, Any]], tests: list[dict[str, Any]]
+) -> subprocess.CompletedProcess[str]:
+    promtool = shutil.which("promtool")
+    assert promtool is not None, "promtool is not on PATH: `make tools` installs it"
+    rules = tmp_path / "rendered.rules.yml"
+    rules.write_text(yaml.safe_dump({"groups": groups}), encoding="utf-8")
+    test = tmp_path / "health_test.yml"
+    test.write_text(
+        yaml.safe_dump(
+            {
+                "rule_files": [str(rules)],
+                "evaluation_interval": "1m",
+                "group_eval_order": [g["name"] for g in groups],
+                "tests": tests,
+            }
+        ),
+        encoding="utf-8",
+    )
+    return run(promtool, "test", "rules", test)
+
+
+@pytest.mark.parametrize("case", sorted(MONITOR_CASES))
+def test_health_alerts_see_the_targets_the_chart_monitors(case: str, tmp_path: Path) -> None:
+    """Finding: with job = the Service name or "<ns>/<podmonitor>", ExporterDown never fired
+    and MetricsAbsent fired for ever. The monitors now set job=scrapeJob last."""
+    values = merge(MONITOR_CASES[case], {"prometheusRule": {"enabled": True}})
+    labels = _monitor_labels(values)
+    assert labels["job"] == "stocksentry"
+    assert labels["namespace"] == NAMESPACE
+    _, docs = render(values)
+    groups = one(docs, "PrometheusRule")["spec"]["groups"]
+    instance = labels["instance"]
+    done = _promtool_test(
+        tmp_path,
+        groups,
+        _health_test(
+            labels,
+            # In-cluster evaluation: the cluster comes from Prometheus's external labels.
+            summary=(
+                f"stocksentry exporter {instance} is down in cluster eu-1, namespace {NAMESPACE}."
+            ),
+            description=(
+                f"Prometheus cannot scrape {instance}: stock invariants (negative stock,"
+                " oversell, duplicates) are not being watched."
+            ),
+        ),
+    )
+    assert (done.returncode, done.stdout.strip()) == (
+        0,
+        f"Unit Testing:  {tmp_path / 'health_test.yml'}\n  SUCCESS",
+    ), done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("case", sorted(MONITOR_CASES))
+def test_without_the_job_relabeling_the_health_alerts_were_wrong(
+    case: str, tmp_path: Path
+) -> None:
+    """The same promtool test, on the labels the operator gives without the chart's
+    relabeling, fails the way the finding says: no ExporterDown, and MetricsAbsent."""
+    values = merge(MONITOR_CASES[case], {"prometheusRule": {"enabled": True}})
+    labels = _monitor_labels(values, drop_job_relabeling=True)
+    expected_job = (
+        f"{RELEASE}-stocksentry"
+        if "ServiceMonitor" in case
+        else f"{NAMESPACE}/{RELEASE}-stocksentry"
+    )
+    assert labels["job"] == expected_job
+    _, docs = render(values)
+    done = _promtool_test(
+        tmp_path,
+        one(docs, "PrometheusRule")["spec"]["groups"],
+        _health_test(labels, summary="", description=""),
+    )
+    assert done.returncode == 1
+    assert "alertname: StocksentryExporterDown, time: 2m" in done.stderr, done.stderr
+    assert "alertname: StocksentryMetricsAbsent, time: 15m" in done.stderr, done.stderr
+
+
+def test_scrape_job_is_one_value_for_monitors_and_rules(tmp_path: Path) -> None:
+    values = {
+        "scrapeJob": "shop-stocksentry",
+        "serviceMonitor": {
+            "enabled": True,
+            # a user relabeling of job comes before the chart's: the rules still match
+            "relabelings": [{"targetLabel": "job", "replacement": "other", "action": "replace"}],
+        },
+        "prometheusRule": {"enabled": True},
+    }
+    labels = _monitor_labels(values)
+    assert labels["job"] == "shop-stocksentry"
+    _, docs = render(values)
+    alerts = {
+        r["alert"]: r
+        for g in one(docs, "PrometheusRule")["spec"]["groups"]
+        for r in g["rules"]
+        if "alert" in r
+    }
+    assert alerts["StocksentryExporterDown"]["expr"] == 'up{job="shop-stocksentry"} == 0'
+    assert alerts["StocksentryMetricsAbsent"]["expr"] == 'absent(up{job="shop-stocksentry"})'
+
+
+# --- rule customisation from values ----------------------------------------------------------
+
+sys.path.insert(0, str(ROOT / "alert_rules"))
+import render as rules_render  # noqa: E402 - alert_rules/render.py, a script beside the rules
+
+RULE_TESTS = sorted((ROOT / "alert_rules" / "tests").glob("*.yml"))
+
+
+def _rule_groups(values: dict[str, Any]) -> list[dict[str, Any]]:
+    _, docs = render(merge({"prometheusRule": {"enabled": True}}, values))
+    groups: list[dict[str, Any]] = one(docs, "PrometheusRule")["spec"]["groups"]
+    return groups
+
+
+def _rules_by_name(groups: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {str(r.get("alert") or r.get("record")): r for g in groups for r in g["rules"]}
+
+
+def test_rule_unit_tests_pass_on_the_rendered_rules(tmp_path: Path) -> None:
+    """alert_rules/tests/*.yml, pointed at the chart's PrometheusRule instead of the file.
+
+    Rendered with a third location label: the tests' series carry none of them, so the
+    alerts, their labels and summaries are those the tests expect. (With the defaults the
+    chart renders exactly the committed file, which tests/integration/test_promtool.py
+    runs these tests on: test_prometheus_rule_is_the_rules_file.) One promtool per file,
+    two at a time: the files with days of history take most of a minute each.
+    """
+    promtool = shutil.which("promtool")
+    assert promtool is not None, "promtool is not on PATH: `make tools` installs it"
+    rules = tmp_path / "chart.rules.yml"
+    groups = _rule_groups({"locationLabels": ["region", "cluster", "namespace"]})
+    assert "sum by (region, cluster, namespace, sku)" in yaml.safe_dump(groups)
+    rules.write_text(yaml.safe_dump({"groups": groups}), encoding="utf-8")
+    check = run(promtool, "check", "rules", rules)
+    assert check.returncode == 0, check.stdout + check.stderr
+    for source in RULE_TESTS:
+        doc = yaml.safe_load(source.read_text(encoding="utf-8"))
+        doc["rule_files"] = [str(rules)]
+        (tmp_path / source.name).write_text(yaml.safe_dump(doc), encoding="utf-8")
+
+    def one_file(name: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [promtool, "test", "rules", name],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        runs = dict(zip(RULE_TESTS, pool.map(one_file, [p.name for p in RULE_TESTS]), strict=True))
+    failed = {p.name: r.stdout + r.stderr for p, r in runs.items() if r.returncode != 0}
+    assert failed == {}
+
+
+def test_chart_and_render_py_agree_on_every_placeholder() -> None:
+    options = rules_render.Options(
+        location_labels=("region", "namespace"),
+        job="shop-stocksentry",
+        runbook_base="https://git.shop.example/sre/runbooks",
+        dashboard_base="https://grafana.shop.example/",
+    )
+    source = (ROOT / "alert_rules" / "source" / "stocksentry.rules.yml").read_text(
+        encoding="utf-8"
+    )
+    expected = yaml.safe_load(rules_render.render(source, options))["groups"]
+    groups = _rule_groups(
+        {
+            "locationLabels": ["region", "namespace"],
+            "scrapeJob": "shop-stocksentry",
+            "links": {
+                "runbookBaseUrl": "https://git.shop.example/sre/runbooks",
+                "dashboardBaseUrl": "https://grafana.shop.example/",
+            },
+        }
+    )
+    assert groups == expected
+
+
+CUSTOM_RULES = {
+    "links": {"dashboardBaseUrl": "https://grafana.shop.example"},
+    "prometheusRule": {
+        "disabled": {"StockCacheDrift": True, "StockStaleCacheDecisions": True},
+        "additionalRuleLabels": {"owner": "shop-sre", "team": "ignored"},
+        "additionalRuleAnnotations": {"playbook": "https://wiki.shop.example/sale"},
+        "customRules": {
+            "StockOutboxLag": {
+                "severity": "critical",
+                "for": "2m",
+                "labels": {"team": "platform"},
+            }
+        },
+        "settings": {
+            "outbox_lag_seconds": 120,
+            "promo_active": "max(shop_promo_running) or on() vector(0)",
+        },
+    },
+}
+
+
+def test_rules_follow_the_values(tmp_path: Path) -> None:
+    groups = _rule_groups(CUSTOM_RULES)
+    rules = _rules_by_name(groups)
+    assert "StockCacheDrift" not in rules
+    assert "StockStaleCacheDecisions" not in rules
+    default = _rules_by_name(_rule_groups({}))
+    assert set(default) - set(rules) == {"StockCacheDrift", "StockStaleCacheDecisions"}
+    oversold = rules["StockOversold"]
+    # an alert's own labels win over additionalRuleLabels; customRules win over both
+    assert oversold["labels"] == {"severity": "critical", "team": "checkout", "owner": "shop-sre"}
+    assert oversold["annotations"]["playbook"] == "https://wiki.shop.example/sale"
+    assert oversold["annotations"]["dashboard_url"] == (
+        "https://grafana.shop.example/d/stocksentry-sku?var-sku={{ $labels.sku | urlquery }}"
+    )
+    assert rules["stocksentry:threshold:outbox_lag_seconds"]["expr"] == "vector(120)"
+    assert rules["stocksentry:promo_active"]["expr"] == "max(shop_promo_running) or on() vector(0)"
+    # The rendered rules load, and the customised alert behaves as the values say: a lag
+    # of 90 s is quiet (the default 60 s would fire), 150 s fires after 2m, as critical,
+    # with the extra label and annotation.
+    lag = (
+        'stock_outbox_lag_seconds{cluster="a",namespace="shop",instance="p:9184",'
+        'job="stocksentry"}'
+    )
+    tests = [
+        {
+            "name": "outbox lag with the chart's threshold and labels",
+            "interval": "1m",
+            "input_series": [{"series": lag, "values": "90x10 150x10"}],
+            "alert_rule_test": [
+                {"eval_time": "10m", "alertname": "StockOutboxLag", "exp_alerts": []},
+                {"eval_time": "12m", "alertname": "StockOutboxLag", "exp_alerts": []},
+                {
+                    "eval_time": "13m",
+                    "alertname": "StockOutboxLag",
+                    "exp_alerts": [
+                        {
+                            "exp_labels": {
+                                "severity": "critical",
+                                "team": "platform",
+                                "owner": "shop-sre",
+                                "cluster": "a",
+                                "namespace": "shop",
+                            },
+                            "exp_annotations": {
+                                "summary": (
+                                    "Outbox events are 2m 30s behind in cluster a, namespace shop."
+                                ),
+                                "description": (
+                                    "The oldest unpublished outbox event is 2m 30s old: the"
+                                    " publisher is stuck and order or stock events are not"
+                                    " reaching other systems."
+                                ),
+                                "runbook_url": "https://github.com/stocksentry/stocksentry/blob/main/docs/runbooks/StockOutboxLag.md",
+                                "dashboard_url": "https://grafana.shop.example/d/stocksentry-overview",
+                                "playbook": "https://wiki.shop.example/sale",
+                            },
+                        }
+                    ],
+                },
+            ],
+        }
+    ]
+    done = _promtool_test(tmp_path, groups, tests)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"prometheusRule": {"disabled": {"StockNoSuchAlert": True}}}, "invalid propertyName"),
+        (
+            {"prometheusRule": {"settings": {"no_such_threshold": 1}}},
+            "'no_such_threshold' not allowed",
+        ),
+        (
+            {"prometheusRule": {"settings": {"conflict_ratio": "0.3"}}},
+            "/prometheusRule/settings/conflict_ratio",
+        ),
+        ({"prometheusRule": {"customRules": {"StockOversold": {"for": "soon"}}}}, "for"),
+        ({"locationLabels": []}, "/locationLabels"),
+        ({"locationLabels": ["cluster", "sku"]}, "/locationLabels/1"),
+        ({"locationLabels": ["cluster", "cluster"]}, "/locationLabels"),
+        ({"links": {"runbookBaseUrl": "git.shop.example/runbooks"}}, "/links/runbookBaseUrl"),
+        ({"links": {"dashboardBaseUrl": "grafana"}}, "/links/dashboardBaseUrl"),
+        ({"scrapeJob": 'a"b'}, "/scrapeJob"),
+    ],
+)
+def test_bad_rule_values_fail_clearly(values: dict[str, Any], message: str) -> None:
+    assert message in render_error(merge({"prometheusRule": {"enabled": True}}, values))
+
+
+def test_dashboards_link_the_runbook_base_of_the_values() -> None:
+    base = "https://git.shop.example/sre/runbooks"
+    _, docs = render({"dashboards": {"enabled": True}, "links": {"runbookBaseUrl": base + "/"}})
+    maps = [d for d in docs if "grafana_dashboard" in d["metadata"]["labels"]]
+    assert len(maps) == 3
+    for config_map in maps:
+        (text,) = config_map["data"].values()
+        board = json.loads(text)
+        links = re.findall(r"https?://[^\s\"()\]]+\.md", text)
+        assert links, config_map["metadata"]["name"]
+        assert all(link.startswith(base + "/") for link in links), links
+        assert board["uid"].startswith("stocksentry-")
+    assert "github.com/stocksentry" not in json.dumps([m["data"] for m in maps])

@@ -10,9 +10,6 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from polling import http_ok, wait_until
-from prom import free_port
-from services import REDIS_URL
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -84,80 +81,6 @@ def test_wheel_installs_and_imports_with_core_dependencies_only(tmp_path: Path) 
     out = run(python, "-c", CHECK, cwd=tmp_path)
     assert out.splitlines()[-1] == "ok"
     assert (env_dir / "bin" / "stocksentry").exists()
-
-
-def test_the_exporter_extra_alone_serves_the_example_config(
-    tmp_path: Path, pg_database: str
-) -> None:
-    """``pip install 'stocksentry-*.whl[exporter]'`` in a fresh venv, then ``stocksentry
-    exporter`` with the example config: it starts, serves, and says why cache_drift is off
-    (the example has a ``redis:`` section, and ``[exporter]`` brings no redis package)."""
-    dist = tmp_path / "dist"
-    run(sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", dist, ROOT)
-    (wheel,) = dist.glob("stocksentry-*.whl")
-    env_dir = tmp_path / "venv"
-    venv.create(env_dir, with_pip=True)
-    python = env_dir / "bin" / "python"
-    run(python, "-m", "pip", "install", "-q", "--disable-pip-version-check", f"{wheel}[exporter]")
-    absent = run(
-        python,
-        "-c",
-        "import importlib.util as u;"
-        "print([m for m in ('redis', 'sqlalchemy') if u.find_spec(m) is not None])",
-        cwd=tmp_path,
-    )
-    assert absent.strip() == "[]", absent
-
-    port = free_port()
-    example = (ROOT / "exporter" / "config.example.yaml").read_text()
-    assert "  port: 9464 " in example
-    config = tmp_path / "config.yaml"
-    # The example as shipped, on a port of this test's own.
-    config.write_text(example.replace("  port: 9464 ", f"  port: {port} ", 1))
-    env = {
-        "PATH": f"{env_dir / 'bin'}:/usr/bin:/bin",
-        "STOCKSENTRY_DATABASE_URL": pg_database,
-        "STOCKSENTRY_REDIS_URL": REDIS_URL,
-    }
-    checked = subprocess.run(
-        [env_dir / "bin" / "stocksentry", "check-config", config],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env,
-        cwd=tmp_path,
-    )
-    assert checked.returncode == 0, checked.stderr
-    assert "cache_drift is off: the redis package is not installed" in checked.stdout
-
-    log = tmp_path / "exporter.log"
-    with log.open("w") as out:
-        server = subprocess.Popen(
-            [env_dir / "bin" / "stocksentry", "exporter", "--config", config],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env,
-            cwd=tmp_path,
-        )
-    try:
-        base = f"http://127.0.0.1:{port}"
-        wait_until(
-            lambda: http_ok(f"{base}/healthz"),
-            timeout=60,
-            message=lambda _: f"exporter not serving; log:\n{log.read_text()[-3000:]}",
-        )
-        metrics = wait_until(
-            lambda: _get(f"{base}/metrics"),
-            timeout=60,
-            accept=lambda text: 'stocksentry_probe_up{probe="negative_stock"}' in text,
-            message="no probe_up series for negative_stock",
-        )
-        assert "stocksentry_probe_up" in metrics
-        assert server.poll() is None, log.read_text()
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
-    assert server.returncode == 0, log.read_text()[-3000:]
 
 
 def _get(url: str) -> str:

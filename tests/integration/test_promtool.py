@@ -313,8 +313,8 @@ def _states(base: str, case: str) -> dict[frozenset[tuple[str, str]], str]:
     return {frozenset(a["labels"].items()): a["status"]["state"] for a in alerts}
 
 
-SRE0 = {"team": "sre", "job": "stocksentry", "instance": "s-0:9464"}
-SRE1 = {"team": "sre", "job": "stocksentry", "instance": "s-1:9464"}
+SRE0 = {"team": "sre", "job": "stocksentry", "instance": "s-0:19464"}
+SRE1 = {"team": "sre", "job": "stocksentry", "instance": "s-1:19464"}
 CHECKOUT = {"team": "checkout"}
 ON, MUTED = "active", "suppressed"
 
@@ -356,7 +356,7 @@ INHIBITION_CASES = {
                 "severity": "critical",
                 "team": "checkout",
                 "job": "stocksentry",
-                "instance": "s-0:9464",
+                "instance": "s-0:19464",
             },
             ON,
         ),

@@ -812,13 +812,15 @@ async def test_sigterm_drains_cleans_up_and_exits_0(
     proc, marker = server_process
     assert proc.stderr is not None
     lines: list[str] = []
-    while not any("listening on" in line for line in lines):
+    # The start-up lines: what it serves, then the warning that nothing authenticates.
+    while not any("no authentication on the metrics" in line for line in lines):
         line = await asyncio.to_thread(proc.stderr.readline)
         assert line, f"server ended early: {lines}"
         lines.append(line)
-    url = lines[-1].split("listening on ")[1].split(" ")[0]
+    (listening,) = [line for line in lines if "listening on" in line]
+    url = listening.split("listening on ")[1].split(" ")[0]
     assert url.startswith("http://127.0.0.1:")
-    plain_http_warnings = [line for line in lines if "plain HTTP without TLS" in line]
+    plain_http_warnings = [line for line in lines if "no authentication on the metrics" in line]
     assert len(plain_http_warnings) == 1
 
     async with aiohttp.ClientSession() as session:

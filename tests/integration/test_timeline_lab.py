@@ -19,6 +19,7 @@ def lab_log(tmp_path: Path, strategy: str) -> Path:
         [
             *CLI,
             "demo",
+            "--sqlite",
             "--strategy",
             strategy,
             "--buyers",

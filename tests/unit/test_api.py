@@ -114,6 +114,46 @@ def test_classify_sqlalchemy_wrapped_error() -> None:
     assert classify_exception(wrapped) == "deadlock"
 
 
+def test_classify_lock_refusals() -> None:
+    import pottery.exceptions
+    import redis.exceptions
+    from stocksentry.instrumentation.locks import LockNotAcquired
+
+    assert classify_exception(LockNotAcquired("lock:sku", 0.0)) == "lock_not_acquired"
+    waited = LockNotAcquired("lock:sku", 2.0, reason="lock_timeout")
+    assert classify_exception(waited) == "lock_timeout"
+    refused = redis.exceptions.LockError("Unable to acquire lock within the time specified")
+    assert classify_exception(refused) == "lock_not_acquired"
+    quorum = pottery.exceptions.QuorumNotAchieved("redlock:sku", frozenset())
+    assert classify_exception(quorum) == "lock_not_acquired"
+    # Raised by the release of a lock that expired: the work under it was done.
+    assert classify_exception(redis.exceptions.LockNotOwnedError("expired")) == "error"
+
+
+@pytest.mark.parametrize(
+    ("blocking_timeout", "reason"), [(0.0, "lock_not_acquired"), (0.05, "lock_timeout")]
+)
+def test_a_refused_tracked_lock_ends_the_reservation_as_a_lock_conflict(
+    sentry: Sentry, registry: CollectorRegistry, blocking_timeout: float, reason: str
+) -> None:
+    from stocksentry.instrumentation.locks import LockNotAcquired, track_lock
+
+    lock = track_lock(
+        "lock:EGG-01",
+        ttl=5,
+        acquire=lambda token: False,  # always held by someone else
+        release=lambda token: True,
+        blocking_timeout=blocking_timeout,
+        retry_delay=0.01,
+        sentry=sentry,
+    )
+    with pytest.raises(LockNotAcquired) as caught, sentry.reservation("EGG-01"), lock:
+        pytest.fail("the body of a refused lock never runs")
+    assert caught.value.reason == reason
+    assert value(registry, "stock_reservation_conflict_total", sku="EGG-01", reason=reason) == 1
+    assert value(registry, "stocksentry_instrumentation_errors_total", component="api") == 0
+
+
 def test_unknown_conflict_reason_is_an_instrumentation_error(
     sentry: Sentry, registry: CollectorRegistry
 ) -> None:
@@ -442,3 +482,100 @@ def test_reservation_finished_resolves_both_series_before_touching_either() -> N
     assert value(registry, "stock_reservation_success_total", sku="EGG-01", strategy="atomic") == 1
     assert value(registry, "stock_reservation_duration_seconds_count", outcome="success") == 1
     assert value(registry, "stock_reservation_duration_seconds_count", outcome="error") == 1
+
+
+def test_known_label_sets_start_at_zero(registry: CollectorRegistry) -> None:
+    import sqlalchemy as sa
+    from stocksentry.instrumentation.locks import track_lock
+    from stocksentry.instrumentation.sqlalchemy import (
+        instrument_sqlalchemy,
+        uninstrument_sqlalchemy,
+    )
+
+    # A counter series born at its first increment hides a burst inside one scrape from
+    # increase(): series whose labels are known in advance exist at zero before any event.
+    sentry = Sentry(registry=registry, log=False, trace=False, promo_skus=["EGG-01", "EGG-02"])
+
+    def exists(name: str, **labels: str) -> bool:
+        return registry.get_sample_value(name, labels) == 0.0
+
+    for reason in ("out_of_stock", "lock_not_acquired", "deadlock"):
+        assert exists("stock_reservation_conflict_total", sku="EGG-01", reason=reason)
+    assert exists("stock_inventory_negative_total", sku="EGG-02")
+    # A strategy, once seen on any SKU, has its success series for every promo SKU.
+    with sentry.reservation("OTHER-9", strategy="for_update"):
+        pass
+    assert exists("stock_reservation_success_total", sku="EGG-02", strategy="for_update")
+    # The configured stock tables of an instrumented engine.
+    engine = sa.create_engine("sqlite://")
+    instrument_sqlalchemy(engine, sentry=sentry)
+    try:
+        assert exists("stock_db_deadlock_total", table="products")
+        assert exists("stock_unsafe_read_modify_write_total", table="products")
+        assert exists("stock_db_lock_wait_duration_seconds_count", table="products")
+    finally:
+        uninstrument_sqlalchemy(engine)
+        engine.dispose()
+    # A lock's expiry and foreign-release series, from its first acquire on.
+    lock = track_lock(
+        "lock:EGG-01", ttl=5, acquire=lambda token: True, release=lambda token: True, sentry=sentry
+    )
+    assert (
+        registry.get_sample_value("stock_lock_expired_while_held_total", {"lock": "lock:EGG-01"})
+        is None
+    )
+    with lock:
+        pass
+    assert exists("stock_lock_expired_while_held_total", lock="lock:EGG-01")
+    assert exists("stock_lock_release_not_owned_total", lock="lock:EGG-01")
+    assert exists(
+        "stock_lock_acquire_duration_seconds_count", lock="lock:EGG-01", outcome="timeout"
+    )
+    # Priming never counts a label overflow.
+    assert (
+        registry.get_sample_value(
+            "stocksentry_label_overflow_total", {"metric": "stock_lock_expired_while_held_total"}
+        )
+        is None
+    )
+
+
+def test_a_decision_from_a_stale_cache_is_named(registry: CollectorRegistry) -> None:
+    from structlog.testing import capture_logs
+
+    sentry = Sentry(registry=registry, trace=False)
+    stale = "stock_cache_stale_hit_total"
+    with capture_logs() as lines:
+        # The cache said 5; the database, read for the write, said 2.
+        with sentry.reservation("EGG-01", strategy="cached") as r:
+            r.stock_check(5, source="cache", cache="redis_stock")
+            r.success(old_stock=2, new_stock=1)
+        # The cache said 1 was there; the database refused: out of stock.
+        with sentry.reservation("EGG-01", strategy="cached") as r:
+            r.stock_check(1, source="cache", cache="redis_stock")
+            r.conflict("out_of_stock")
+        # A cache that agreed with the database, and a decision from the database itself.
+        with sentry.reservation("EGG-01", strategy="cached") as r:
+            r.stock_check(3, source="cache", cache="redis_stock")
+            r.success(old_stock=3, new_stock=2)
+        with sentry.reservation("EGG-01", strategy="atomic") as r:
+            r.stock_check(0)
+            r.conflict("out_of_stock")
+    assert value(registry, stale, cache="redis_stock") == 2
+    hits = [line for line in lines if line["event"] == "cache_stale_hit"]
+    assert [(h["cached"], h.get("actual")) for h in hits] == [(5, 2), (1, None)]
+    assert all(h["sku"] == "EGG-01" for h in hits)
+    checks = [line for line in lines if line["event"] == "stock_check"]
+    assert checks[0]["source"] == "cache"
+    assert "source" not in checks[-1]
+
+
+def test_a_bad_stock_check_source_records_nothing(
+    sentry: Sentry, registry: CollectorRegistry
+) -> None:
+    with sentry.reservation("EGG-01") as r:
+        r.stock_check(1, source="guess")
+    assert value(registry, "stocksentry_instrumentation_errors_total", component="api") == 1
+    assert (
+        value(registry, "stock_reservation_success_total", sku="EGG-01", strategy="unknown") == 0
+    )

@@ -59,7 +59,9 @@ def test_generated_docs_are_fresh() -> None:
 
 # Keys any line may carry besides its event's own fields: the correlation ids (bound, or
 # passed along by the recording API), the trace ids, and what capture_logs itself adds.
-ALWAYS_ALLOWED = frozenset({*CORRELATION_KEYS, "trace_id", "span_id", "event", "log_level"})
+ALWAYS_ALLOWED = frozenset(
+    {*CORRELATION_KEYS, "trace_id", "span_id", "trace_flags", "event", "log_level"}
+)
 # Events no pure scenario here can produce: the database's own refusals (the PostgreSQL
 # tests check them) and the instrumentation error, a stdlib record (checked below).
 NOT_HERE = {

@@ -566,7 +566,7 @@ def test_the_example_config_needs_its_environment_variables():
 def test_defaults_of_an_empty_mapping():
     config = parse("{}\n", environ={})
     assert config.server.listen_address == "0.0.0.0"  # noqa: S104 - the documented default
-    assert config.server.port == 9464
+    assert config.server.port == 19464
     assert config.server.multiprocess_dir is None
     assert config.sku_guard.max_skus == 100
     assert config.database is None

@@ -218,9 +218,26 @@ def test_trace_and_span_ids_inside_active_span(stream: io.StringIO) -> None:
     assert re.fullmatch(r"[0-9a-f]{16}", inside["span_id"])
     assert nested["trace_id"] == inside["trace_id"]
     assert nested["span_id"] == f"{child.get_span_context().span_id:016x}"
+    # W3C traceparent's flags field, the span's own byte; the SDK's default sampler
+    # samples everything (bit 0; the SDK may also set bit 1, "random trace id").
+    assert inside["trace_flags"] == f"{ctx.trace_flags:02x}"
+    assert int(inside["trace_flags"], 16) & 1 == 1
+    assert nested["trace_flags"] == inside["trace_flags"]
     for outside in (before, after):
         assert "trace_id" not in outside
         assert "span_id" not in outside
+        assert "trace_flags" not in outside
+
+
+def test_trace_flags_say_when_a_span_is_not_sampled(stream: io.StringIO) -> None:
+    from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
+
+    tracer = TracerProvider(sampler=ALWAYS_OFF).get_tracer("test")
+    with tracer.start_as_current_span("reserve"):
+        get_logger().info("inside")
+    (inside,) = lines(stream)
+    assert int(inside["trace_flags"], 16) & 1 == 0
+    assert re.fullmatch(r"[0-9a-f]{32}", inside["trace_id"])
 
 
 def test_add_trace_context_keeps_existing_keys() -> None:
@@ -230,6 +247,7 @@ def test_add_trace_context_keeps_existing_keys() -> None:
     assert event == {
         "trace_id": "from-caller",
         "span_id": f"{span.get_span_context().span_id:016x}",
+        "trace_flags": f"{span.get_span_context().trace_flags:02x}",
     }
     assert add_trace_context(None, "info", {"event": "x"}) == {"event": "x"}
 
@@ -339,6 +357,7 @@ def test_stdlib_records_come_out_as_json_with_context(stream: io.StringIO) -> No
         "password": REDACTED,
         "trace_id": f"{span.get_span_context().trace_id:032x}",
         "span_id": f"{span.get_span_context().span_id:016x}",
+        "trace_flags": f"{span.get_span_context().trace_flags:02x}",
     }
     assert (second["event"], second["level"], second["logger"]) == (
         "after",
@@ -570,3 +589,71 @@ def test_redactor_masks_a_repeated_secret_every_time_and_keeps_no_values() -> No
         assert redact(None, "info", {"note": note})["note"] is note
     assert set(redact._sensitive) == {"event", "note", "sku"}
     assert redact(None, "info", {"note": card}) == {"note": "card ****1111"}
+
+
+class _Odd:
+    def __repr__(self) -> str:
+        return "<odd>"
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        {"event": "stock_update", "sku": "SKU-1", "qty": 1, "success": True, "to": -3},
+        {"event": "x", "ratio": 0.1, "nan": float("nan"), "inf": float("-inf"), "none": None},
+        {"event": "ünïcode ✓", "nested": {"a": [1, (2, 3)], "b": {"c": "d"}}, "empty": {}},
+        {"event": "x", "odd": _Odd(), "set": {1}, "bytes": b"\x00", 7: "int key"},
+    ],
+)
+def test_json_lines_render_as_json_dumps_would(event: dict[Any, Any]) -> None:
+    from stocksentry.instrumentation.processors import _JsonLines
+
+    # The renderer keeps one C encoder without a circular check: same text as json.dumps.
+    assert _JsonLines()(None, "info", dict(event)) == json.dumps(event, default=repr)
+
+
+def test_json_lines_refuse_a_cycle_as_json_does() -> None:
+    from stocksentry.instrumentation.processors import _JsonLines
+
+    # Redactor copies (and masks deep) structures first, so no cycle reaches the renderer
+    # in a configured chain; called alone it fails as the checking encoder does.
+    looped: dict[str, Any] = {"event": "x"}
+    looped["self"] = looped
+    with pytest.raises(ValueError, match="Circular reference"):
+        _JsonLines()(None, "info", looped)
+
+
+def test_contextvars_merge_as_structlogs_own() -> None:
+    import contextvars
+
+    from stocksentry.instrumentation import processors
+    from stocksentry.instrumentation.processors import _ContextvarsMerger
+
+    merge = _ContextvarsMerger()
+
+    def both(event: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        ours = merge(None, "info", dict(event))
+        theirs = structlog.contextvars.merge_contextvars(None, "info", dict(event))
+        return ours, theirs
+
+    def scenario() -> None:
+        other: contextvars.ContextVar[str] = contextvars.ContextVar("not_structlogs")
+        other.set("ignored")
+        structlog.contextvars.bind_contextvars(request_id="r-1", sku="S-1", order_id="o-1")
+        ours, theirs = both({"event": "x", "sku": "from-the-call"})
+        assert ours == theirs
+        assert list(ours) == list(theirs)  # same key order in the rendered line
+        assert ours["sku"] == "from-the-call"
+        assert ours["request_id"] == "r-1"
+        structlog.contextvars.unbind_contextvars("order_id")
+        ours, theirs = both({"event": "y"})
+        assert ours == theirs
+        assert "order_id" not in ours
+        # Past the memo's bound the answer is the same, worked out each time.
+        for k in range(processors._CONTEXTVARS_KNOWN + 5):
+            structlog.contextvars.bind_contextvars(**{f"k{k}": k})
+        ours, theirs = both({"event": "z"})
+        assert ours == theirs
+        assert len(merge._keys) == processors._CONTEXTVARS_KNOWN
+
+    contextvars.copy_context().run(scenario)

@@ -63,7 +63,7 @@ class Hangs(Probe):
 
 
 def no_database() -> ProbeRunner:
-    return ProbeRunner(parse_config("server: {port: 9464}\n", environ={}))
+    return ProbeRunner(parse_config("server: {port: 19464}\n", environ={}))
 
 
 def samples(runner: ProbeRunner) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -145,7 +145,7 @@ async def test_cancellation_passes_through_run_once() -> None:
 async def test_failures_are_logged_once_and_recovery_once(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    config = parse_config("server: {port: 9464}\n", environ={})
+    config = parse_config("server: {port: 19464}\n", environ={})
     runner = ProbeRunner(config, error_log_interval=3600.0)
     failure = ConnectionError("connection refused")
     probe = Scripted([failure, failure, 1.0])
@@ -162,7 +162,7 @@ async def test_failures_are_logged_once_and_recovery_once(
 
 async def test_runner_life_cycle_without_a_database(caplog: pytest.LogCaptureFixture) -> None:
     registry = CollectorRegistry()
-    runner = ProbeRunner(parse_config("server: {port: 9464}\n", environ={}), registry=registry)
+    runner = ProbeRunner(parse_config("server: {port: 19464}\n", environ={}), registry=registry)
     with caplog.at_level(logging.INFO, logger="stocksentry.exporter.probes"):
         async with runner:
             assert not runner.is_leader

@@ -199,7 +199,13 @@ def test_run_server_stops_cleanly_on_sigterm(caplog: pytest.LogCaptureFixture) -
 
     assert events == ["started", "cleaned up"]
     messages = [r.getMessage() for r in caplog.records]
-    assert any(m.startswith("serving plain HTTP without TLS") for m in messages)
+    assert any(
+        m.startswith("listening on http://127.0.0.1:")
+        and m.endswith("; plain HTTP, no authentication")
+        for m in messages
+    ), messages
+    assert any(m.startswith("no authentication on the metrics") for m in messages)
+    assert any(m.startswith("starting stocksentry ") for m in messages)
     assert "received SIGTERM: shutting down" in messages
     assert messages[-1] == "stocksentry exporter stopped"
     # The handlers are removed again: SIGTERM is back to its default.

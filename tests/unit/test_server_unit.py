@@ -33,6 +33,7 @@ from stocksentry.exporter.server import (
     MetricsRenderer,
     RunningServer,
     ServerSettings,
+    build_info,
     build_renderer,
     create_app,
     wants_gzip,
@@ -105,7 +106,7 @@ def value(families: Iterable[Metric], name: str, **labels: str) -> float | None:
 @pytest.fixture
 async def runner() -> AsyncIterator[ProbeRunner]:
     """The probes' collector after one good run of :class:`FixedProbe`."""
-    probes = ProbeRunner(parse_config("server: {port: 9464}\n", environ={}))
+    probes = ProbeRunner(parse_config("server: {port: 19464}\n", environ={}))
     result = await probes.run_once(FixedProbe("fixed", interval=15.0, timeout=5.0))
     assert result.up
     yield probes
@@ -321,6 +322,8 @@ async def test_health_readiness_and_landing(aiohttp_client: AiohttpClient) -> No
     page = await landing.text()
     assert 'href="/probe&lt;x&gt;"' in page
     assert 'href="/healthz"' in page
+    info = build_info()
+    assert f"<p>Version: {info.version} (revision {info.revision}, Python " in page
 
     app[LIFECYCLE].stopping = True
     stopping = await client.get("/readyz")
@@ -344,8 +347,8 @@ def test_lifecycle_and_settings_validation() -> None:
 def test_running_server_urls() -> None:
     app = web.Application()
     app[LIFECYCLE] = Lifecycle(started=True)
-    v6 = RunningServer(app, "https", (("::1", 9464),))
-    assert (v6.url, v6.port) == ("https://[::1]:9464/", 9464)
+    v6 = RunningServer(app, "https", (("::1", 19464),))
+    assert (v6.url, v6.port) == ("https://[::1]:19464/", 19464)
     assert RunningServer(app, "http", (("127.0.0.1", 80),)).url == "http://127.0.0.1:80/"
     v6.begin_shutdown()
     assert not app[LIFECYCLE].ready

@@ -50,7 +50,8 @@ def test_a_good_config_is_ok_and_described(tmp_path: Path) -> None:
     assert (status, err) == (0, "")
     lines = out.splitlines()
     assert lines[0] == f"{path}: ok"
-    assert "  listen 0.0.0.0:9555 (plain HTTP)" in lines
+    assert "  listen 0.0.0.0:9555, metrics at /metrics: plain HTTP, no authentication" in lines
+    assert "  log level info, format json" in lines
     assert "  multiprocess dir: none" in lines
     assert "  database probes: off (no database section)" in lines
     assert "  redis: off" in lines
@@ -71,7 +72,8 @@ def test_describe_names_the_probes_and_never_the_password(
     status, out, _ = check(path)
     assert status == 0
     assert "pw-not-to-print" not in out
-    assert "with TLS/auth web config" in out
+    # The web config is loaded and described: no TLS, no users, so nothing protects it.
+    assert "plain HTTP, no authentication (web config " in out
     assert f"multiprocess dir: {tmp_path}" in out
     assert "database probes: " in out
     assert "negative_stock" in out
@@ -95,7 +97,7 @@ def test_describe_with_every_probe_off() -> None:
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        ("server: {prot: 9464}\n", "server.prot"),
+        ("server: {prot: 19464}\n", "server.prot"),
         ("server:\n  port: 99999\n", ":2:"),
         ("server: [\n", "exporter.yaml"),
     ],
@@ -129,13 +131,13 @@ def test_a_bad_web_config_is_one_line_and_status_2(tmp_path: Path) -> None:
 
 def test_run_exporter_refuses_a_bad_config_before_starting(tmp_path: Path) -> None:
     err = io.StringIO()
-    path = write(tmp_path / "exporter.yaml", "server: {prot: 9464}\n")
+    path = write(tmp_path / "exporter.yaml", "server: {prot: 19464}\n")
     assert run_exporter(path, err=err) == 2
     assert err.getvalue().count("\n") == 1
     assert "server.prot" in err.getvalue()
 
     (tmp_path / "web.yml").write_text("nonsense: 1\n")
-    good = write(tmp_path / "good.yaml", "server: {port: 9464}\n")
+    good = write(tmp_path / "good.yaml", "server: {port: 19464}\n")
     err = io.StringIO()
     assert run_exporter(good, web_config_file=tmp_path / "web.yml", err=err) == 2
     assert "nonsense" in err.getvalue()

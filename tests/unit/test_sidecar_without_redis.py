@@ -1,5 +1,6 @@
-"""`pip install stocksentry[exporter]` without redis starts the sidecar, and says why
-cache drift is off; switching it on without redis is one clear line.
+"""An install without the redis package (the `exporter` extra brings it; a hand-made
+environment may not) starts the sidecar, and says why cache drift is off; switching it on
+without redis is one clear line.
 
 Each case runs in a fresh interpreter whose `sys.meta_path` refuses `redis` (and
 SQLAlchemy, which no sidecar module needs), as on a machine where they are not installed.
@@ -94,7 +95,7 @@ def test_the_example_config_runs_without_redis_and_says_why():
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == [
         "probe cache_drift is off: the redis package is not installed "
-        "(pip install 'stocksentry[redis]')",
+        "(pip install 'stocksentry[exporter]')",
         "probes: negative_stock,oversold,duplicate_orders,lock_waiters,deadlocks,"
         "long_transactions,expired_reservations,outbox,recent_paid_orders",
         "loaded: []",
@@ -123,7 +124,7 @@ def test_cache_drift_switched_on_without_redis_is_one_clear_line(tmp_path: Path)
     assert line.startswith("stocksentry")
     assert line.endswith(
         f"{path}:9: probes.cache_drift.enabled: cannot be true: the redis package is not "
-        "installed (pip install 'stocksentry[redis]')"
+        "installed (pip install 'stocksentry[exporter]')"
     )
 
 
@@ -153,5 +154,5 @@ def test_a_runner_given_redis_settings_without_redis_says_why():
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout == (
-        "the redis: section needs the redis package: pip install 'stocksentry[redis]'\n"
+        "the redis: section needs the redis package: pip install 'stocksentry[exporter]'\n"
     )

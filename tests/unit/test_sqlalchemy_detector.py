@@ -10,6 +10,7 @@ import gc
 import io
 import json
 import sys
+import time
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -528,6 +529,93 @@ def test_warning_line_names_the_code_and_carries_the_correlation_ids(
     assert value(registry, UNSAFE, table="products") == 1
 
 
+def read_then_write(engine: sa.Engine, sku: str, pause: float = 0.0) -> None:
+    """Read in one transaction, write the computed value in another, ``pause`` between."""
+    with engine.begin() as conn:
+        stock = conn.execute(sa.text(READ), {"sku": sku}).scalar_one()
+    time.sleep(pause)
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text("UPDATE products SET available_stock = :computed WHERE sku = :sku"),
+            {"computed": stock - 1, "sku": sku},
+        )
+
+
+def in_process_lock(sentry: Sentry, ttl: float) -> Any:
+    """A home-made lock over a dict, measured by the lock wrappers (no lock server needed:
+    what is checked is what the wrappers tell the detector)."""
+    from stocksentry.instrumentation.locks import track_lock
+
+    store: dict[str, str] = {}
+
+    def acquire(token: str) -> bool:
+        return store.setdefault("lock", token) == token
+
+    def release(token: str) -> bool:
+        return store.pop("lock", None) == token
+
+    return track_lock("lock:EGG-01", ttl=ttl, acquire=acquire, release=release, sentry=sentry)
+
+
+def test_a_read_modify_write_under_an_owned_lock_is_safe(
+    engine: sa.Engine, registry: CollectorRegistry
+) -> None:
+    out = io.StringIO()
+    configure_logging(stream=out, bridge_stdlib=False)
+    sentry = Sentry(registry=registry, trace=False)
+    instrument_sqlalchemy(engine, sentry=sentry)
+    for _ in range(30):
+        with sentry.reservation("EGG-01", strategy="redis_lock"), in_process_lock(sentry, 10):
+            read_then_write(engine, "EGG-01")
+    assert value(registry, UNSAFE, table="products") == 0
+    assert "unsafe_read_modify_write" not in out.getvalue()
+    # Without the lock the same code is flagged every time.
+    with sentry.reservation("EGG-01", strategy="unsafe"):
+        read_then_write(engine, "EGG-01")
+    assert value(registry, UNSAFE, table="products") == 1
+
+
+def test_a_lock_that_expired_before_the_write_is_named(
+    engine: sa.Engine, registry: CollectorRegistry
+) -> None:
+    out = io.StringIO()
+    configure_logging(stream=out, bridge_stdlib=False)
+    sentry = Sentry(registry=registry, trace=False)
+    instrument_sqlalchemy(engine, sentry=sentry)
+    with sentry.reservation("EGG-01", strategy="naive_lock"), in_process_lock(sentry, 0.02):
+        read_then_write(engine, "EGG-01", pause=0.1)  # the work outlives the lease
+    assert value(registry, UNSAFE, table="products") == 1
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    (warning,) = [line for line in lines if line["event"] == "unsafe_read_modify_write"]
+    assert (warning["lock"], warning["reason"]) == ("lock:EGG-01", "lock expired before the write")
+    # The same lock's own series say it outlived its TTL.
+    assert (
+        registry.get_sample_value("stock_lock_expired_while_held_total", {"lock": "lock:EGG-01"})
+        == 1
+    )
+
+
+def test_a_lock_released_before_the_write_does_not_cover_it(
+    engine: sa.Engine, registry: CollectorRegistry
+) -> None:
+    out = io.StringIO()
+    configure_logging(stream=out, bridge_stdlib=False)
+    sentry = Sentry(registry=registry, trace=False)
+    instrument_sqlalchemy(engine, sentry=sentry)
+    with sentry.reservation("EGG-01", strategy="short_lock"):
+        with in_process_lock(sentry, 10), engine.begin() as conn:
+            stock = conn.execute(sa.text(READ), EGG).scalar_one()
+        with engine.begin() as conn:  # the lock is gone: another buyer may have written
+            conn.execute(
+                sa.text("UPDATE products SET available_stock = :v WHERE sku = :sku"),
+                {"v": stock - 1, "sku": "EGG-01"},
+            )
+    assert value(registry, UNSAFE, table="products") == 1
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    (warning,) = [line for line in lines if line["event"] == "unsafe_read_modify_write"]
+    assert warning["reason"] == "lock released before the write"
+
+
 async def test_async_engine_detects_and_finds_the_coroutine(
     tmp_path: Path, registry: CollectorRegistry
 ) -> None:
@@ -596,12 +684,14 @@ def test_conditional_update_without_a_row_marks_the_reservation(
 
 # --- listener hygiene ----------------------------------------------------------------------------
 
-EVENTS = ("before_cursor_execute", "after_cursor_execute", "handle_error")
+DIALECT_EVENTS = ("do_execute", "do_execute_no_params", "do_executemany", "handle_error")
+ENGINE_EVENTS = ("before_cursor_execute", "after_cursor_execute")
+EVENTS = DIALECT_EVENTS + ENGINE_EVENTS
 
 
 def listeners_of(engine: sa.Engine, name: str) -> int:
-    # handle_error is a dialect event: listen(engine, ...) files it under the engine's dialect.
-    dispatch = engine.dialect.dispatch if name == "handle_error" else engine.dispatch
+    # listen(engine, ...) files a dialect event under the engine's own dialect.
+    dispatch = engine.dialect.dispatch if name in DIALECT_EVENTS else engine.dispatch
     return len(getattr(dispatch, name))
 
 
@@ -616,7 +706,9 @@ def test_instrument_twice_listens_once_and_uninstrument_removes_all(
 
     instrument_sqlalchemy(engine, sentry=sentry)
     instrument_sqlalchemy(engine, sentry=sentry, spans="all")  # does nothing more
-    assert listener_count(engine) == 3
+    assert listener_count(engine) == 4
+    # No engine event: SQLAlchemy's per-execute event path stays off.
+    assert not engine._has_events
     listeners = [(name, fn) for name, fn in _instrumented[engine].listeners]
     assert all(sa.event.contains(engine, name, fn) for name, fn in listeners)
     with engine.begin() as conn:
@@ -669,13 +761,16 @@ def test_spans_locking_wraps_locking_statements_only(
         conn.execute(sa.text("UPDATE products SET available_stock = 3 WHERE sku = 'EGG-01'"))
         carrier = r.trace_context()
     names = [s.name for s in exporter.get_finished_spans()]
-    assert names == ["stock.db.lock", "stock.reserve"]
+    # OpenTelemetry's database span name: "{db.operation.name} {db.collection.name}".
+    assert names == ["UPDATE products", "stock.reserve"]
     lock_span, reserve_span = exporter.get_finished_spans()
     assert lock_span.parent is not None
     assert lock_span.parent.span_id == reserve_span.context.span_id
     assert lock_span.attributes == {
         "db.system.name": "sqlite",
-        "stock.table": "products",
+        "db.collection.name": "products",
+        "db.operation.name": "UPDATE",
+        "db.namespace": engine.url.database,
         "stock.lock": "update",
     }
     (exemplar,) = [
@@ -715,6 +810,59 @@ def test_app_errors_pass_unchanged(engine: sa.Engine, sentry: Sentry) -> None:
     with pytest.raises(sa.exc.OperationalError) as caught, engine.begin() as conn:
         conn.execute(sa.text("UPDATE nowhere SET available_stock = 1"))
     assert "no such table" in str(caught.value)
+
+
+def test_the_apps_own_do_execute_listeners_still_run(
+    engine: sa.Engine, sentry: Sentry, registry: CollectorRegistry
+) -> None:
+    # The integration executes the statement inside SQLAlchemy's do_execute event; a
+    # listener the app registers before or after it must see every statement as before,
+    # and one that executes the statement itself must not see it run twice.
+    seen: list[str] = []
+
+    def watcher(cursor: Any, statement: str, parameters: Any, context: Any) -> bool:
+        seen.append("before:" + statement.split()[0])
+        return False
+
+    def executor(cursor: Any, statement: str, parameters: Any, context: Any) -> bool:
+        seen.append("after:" + statement.split()[0])
+        cursor.execute(statement, parameters)
+        return True
+
+    sa.event.listen(engine, "do_execute", watcher)
+    instrument_sqlalchemy(engine, sentry=sentry)
+    sa.event.listen(engine, "do_execute", executor)
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text("UPDATE products SET available_stock = available_stock - 1 WHERE sku = :sku"),
+            EGG,
+        )
+    assert seen == ["before:UPDATE", "after:UPDATE"]
+    with engine.connect() as conn:
+        assert conn.execute(sa.text(READ), EGG).scalar_one() == 9  # decremented once
+    assert value(registry, f"{LOCK_WAIT}_count", table="products") == 1
+    uninstrument_sqlalchemy(engine)
+    sa.event.remove(engine, "do_execute", watcher)
+    sa.event.remove(engine, "do_execute", executor)
+
+
+def test_a_failing_locking_statement_ends_its_span_as_an_error(
+    engine: sa.Engine, registry: CollectorRegistry
+) -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    sentry = Sentry(registry=registry, log=False, tracer_provider=provider)
+    instrument_sqlalchemy(engine, sentry=sentry, spans="locking")
+    with pytest.raises(sa.exc.IntegrityError), engine.begin() as conn:
+        conn.execute(sa.text("UPDATE products SET sku = NULL WHERE sku = 'EGG-01'"))
+    (span,) = exporter.get_finished_spans()
+    assert span.name == "UPDATE products"
+    assert span.status.status_code.name == "ERROR"
+    assert span.attributes is not None
+    assert span.attributes["error.type"] == "IntegrityError"
+    assert value(registry, f"{LOCK_WAIT}_count", table="products") == 1
+    assert value(registry, ERRORS, component="sqlalchemy") == 0
 
 
 def test_listeners_do_not_keep_the_engine_alive(tmp_path: Path, sentry: Sentry) -> None:

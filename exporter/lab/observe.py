@@ -1,0 +1,473 @@
+"""What watches the lab: the exporter sidecar and a real Prometheus with the alert rules.
+
+:func:`observers` starts, beside a lab run on PostgreSQL, the project's exporter
+(``stocksentry exporter``, its probes every second against the lab's database) and, when
+the ``prometheus`` binary is installed, a Prometheus that scrapes the lab's /metrics and
+the exporter every second and evaluates ``alert_rules/stocksentry.rules.yml`` every
+second, unchanged. After the run, :meth:`Observers.annotate` adds to each strategy's
+result the exporter's figures for its SKU and the alerts that went pending or firing
+during its sale, with the seconds from its first oversell (or, when it oversold nothing,
+from the start of its sale).
+
+Everything runs from one temporary folder, removed at the end; the processes are ours
+and are stopped by their pid.
+
+Example::
+
+    with observers(folder, database_url, redis_url, lab_port) as watch:
+        results = run_lab(config, registry=registry)
+        results = watch.annotate(results)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .config import StrategyResult
+from .embedded import sigint_ignored
+from .names import sku_for
+
+__all__ = [
+    "EXPORTER_FIGURES",
+    "RULES_FILE",
+    "Observers",
+    "find_rules",
+    "free_port",
+    "observers",
+    "parse_metrics",
+]
+
+#: The rules Prometheus evaluates: the project's own file.
+RULES_FILE = "alert_rules/stocksentry.rules.yml"
+#: How often Prometheus scrapes and evaluates, and the exporter's probes run.
+INTERVAL = "1s"
+#: The exporter's figures the report shows, per SKU (metric name -> column title).
+EXPORTER_FIGURES = {
+    "stock_negative_inventory_units": "negative units",
+    "stock_oversold_units": "oversold units",
+    "stock_duplicate_order_keys": "duplicate keys",
+    "stock_outbox_lag_seconds": "outbox lag s",
+    "stock_outbox_pending_events": "outbox pending",
+    "stock_db_lock_waiters": "lock waiters",
+}
+#: The exporter's figures without a sku label, and which strategies' rows (by SQL) they
+#: count: a strategy shows the figure when it is the only one.
+SHOP_WIDE: dict[str, Callable[[StrategyResult], bool]] = {
+    "stock_negative_inventory_units": lambda r: r.final_stock < 0,
+    "stock_duplicate_order_keys": lambda r: r.db.duplicate_keys > 0,
+}
+#: The alerts without a sku or lock label, and the strategies (by SQL and the lab's own
+#: counts) that can raise them: such an alert belongs to the last of these whose sale had
+#: started when it went active.
+CAUSES: dict[str, Callable[[StrategyResult], bool]] = {
+    "StockNegativeInventory": lambda r: r.final_stock < 0,
+    "StockDuplicateOrders": lambda r: r.db.duplicate_keys > 0,
+    "StockUnsafeReadModifyWrite": lambda r: bool(r.unsafe_read_modify_write),
+    "StockDeadlocksIncreasing": lambda r: r.deadlocks > 0,
+    "StockOutboxLag": lambda r: r.outbox_unpublished > 0,
+}
+#: How long the lab waits for the exporter's probes to report a first success.
+PROBES_UP_WAIT_S = 5.0
+#: How long the processes get to come up.
+START_TIMEOUT_S = 20.0
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1 (the kernel's pick)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def find_rules() -> Path | None:
+    """The project's alert rules file: beside the source tree (an editable install)."""
+    here = Path(__file__).resolve()
+    for parent in here.parents:
+        candidate = parent / RULES_FILE
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def parse_metrics(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """The samples of a Prometheus text exposition: ``(name, labels) -> value``."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    samples: dict[tuple[str, frozenset[tuple[str, str]]], float] = {}
+    for family in text_string_to_metric_families(text):
+        for each in family.samples:
+            samples[(each.name, frozenset(each.labels.items()))] = float(each.value)
+    return samples
+
+
+def _get(url: str, timeout: float = 5.0) -> bytes:
+    with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 - our own
+        return bytes(response.read())
+
+
+def _wait_http(url: str, proc: subprocess.Popen[bytes], what: str) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with status {proc.returncode}")
+        with contextlib.suppress(OSError):
+            _get(url, timeout=1.0)
+            return
+        time.sleep(0.1)
+    raise RuntimeError(f"{what} did not answer {url} within {START_TIMEOUT_S:g} s")
+
+
+def _wait_scraped(port: int, targets: int, proc: subprocess.Popen[bytes]) -> None:
+    """Wait until every target was scraped once, and (a few seconds at most) until every
+    probe has had a first success, then one rule round: so that the rules about absent
+    targets and probes down do not go pending on an empty start."""
+
+    def count(expr: str) -> int | None:
+        query = urllib.parse.urlencode({"query": expr})
+        with contextlib.suppress(OSError, ValueError):
+            data = json.loads(_get(f"http://127.0.0.1:{port}/api/v1/query?{query}"))
+            return len(data.get("data", {}).get("result", []))
+        return None
+
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline and proc.poll() is None:
+        if (count("up == 1") or 0) >= targets:
+            break
+        time.sleep(0.2)
+    deadline = time.monotonic() + PROBES_UP_WAIT_S
+    while time.monotonic() < deadline and proc.poll() is None:
+        if count("stocksentry_probe_up == 0") == 0:
+            break
+        time.sleep(0.2)
+    time.sleep(1.2)  # one evaluation round on the scraped targets
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+
+
+def _libpq_url(url: str) -> str:
+    # The exporter takes a libpq URL: no SQLAlchemy driver suffix.
+    return url.replace("postgresql+psycopg://", "postgresql://", 1)
+
+
+def exporter_config(database_url: str, port: int, skus: list[str]) -> str:
+    """The exporter's YAML for the lab: its tables, probes every second, no election."""
+    return json.dumps(
+        {
+            "server": {"listen_address": "127.0.0.1", "port": port},
+            "sku_guard": {"promo_skus": skus, "max_skus": 100},
+            "database": {"url": _libpq_url(database_url), "leader_election": False},
+            "schema": {
+                "products": {"allocation": "initial_stock"},
+                # A resubmit repeats the external reference and the idempotency key: the
+                # reference alone counts each duplicated intent once, as reconcile does.
+                "outbox": {
+                    "table": "outbox",
+                    "created_at": "created_at",
+                    "published_at": "published_at",
+                },
+            },
+            "probes": {"defaults": {"interval": INTERVAL, "timeout": "900ms"}},
+        },
+        indent=2,
+    )
+
+
+def prometheus_config(targets: dict[str, int], rules: Path) -> str:
+    """Prometheus's YAML: every target scraped and every rule evaluated each second."""
+    return json.dumps(
+        {
+            "global": {"scrape_interval": INTERVAL, "evaluation_interval": INTERVAL},
+            "rule_files": [str(rules)],
+            "scrape_configs": [
+                {"job_name": job, "static_configs": [{"targets": [f"127.0.0.1:{port}"]}]}
+                for job, port in targets.items()
+            ],
+        },
+        indent=2,
+    )
+
+
+@dataclass(slots=True)
+class Observers:
+    """The running exporter and Prometheus (either may be absent, with the reason)."""
+
+    folder: Path
+    exporter_port: int | None = None
+    prometheus_port: int | None = None
+    exporter_note: str = ""
+    prometheus_note: str = ""
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    #: The exporter's figures per SKU, and its shop-wide ones (no sku label).
+    figures: dict[str, dict[str, float]] = field(default_factory=dict)
+    shop: dict[str, float] = field(default_factory=dict)
+
+    def read_exporter(self) -> None:
+        """Wait for a probe round that began after the sales, then keep the exporter's
+        figures per SKU (the shop's rows stay as each strategy left them)."""
+        if self.exporter_port is None:
+            return
+        # Probes run every second: after two, a whole round has run on the final rows.
+        time.sleep(2.1)
+        try:
+            text = _get(f"http://127.0.0.1:{self.exporter_port}/metrics").decode()
+        except OSError as exc:
+            self.exporter_note += f" (its /metrics could not be read: {exc})"
+            return
+        for (name, labels), value in parse_metrics(text).items():
+            if name not in EXPORTER_FIGURES:
+                continue
+            label = dict(labels)
+            sku = label.get("sku")
+            if sku is None:
+                self.shop[name] = max(self.shop.get(name, 0.0), value)
+                # The outbox figures carry no sku: only the outbox scenario writes events.
+                if not name.startswith("stock_outbox"):
+                    continue
+                sku = sku_for("outbox")
+            figures = self.figures.setdefault(sku, {})
+            figures[name] = max(figures.get(name, 0.0), value)
+
+    def _values(self, expr: str, start: float, end: float) -> list[float]:
+        """The values of ``max(expr)`` between two Unix times, every half second."""
+        if self.prometheus_port is None or end <= start:
+            return []
+        query = urllib.parse.urlencode(
+            {"query": f"max({expr})", "start": f"{start:.3f}", "end": f"{end:.3f}", "step": "0.5"}
+        )
+        url = f"http://127.0.0.1:{self.prometheus_port}/api/v1/query_range?{query}"
+        try:
+            data = json.loads(_get(url))
+        except (OSError, ValueError):
+            return []
+        return [
+            float(v)
+            for series in data.get("data", {}).get("result", [])
+            for _t, v in series.get("values", [])
+        ]
+
+    def max_between(self, expr: str, start: float, end: float) -> float | None:
+        """The highest value of ``expr`` between two Unix times, from Prometheus."""
+        values = self._values(expr, start, end)
+        return max(values) if values else None
+
+    def alert_series(self, start: float, end: float) -> list[AlertSeries]:
+        """Every alert series pending or firing between two Unix times (``ALERTS``)."""
+        if self.prometheus_port is None:
+            return []
+        query = urllib.parse.urlencode(
+            {"query": "ALERTS", "start": f"{start:.3f}", "end": f"{end:.3f}", "step": "1"}
+        )
+        url = f"http://127.0.0.1:{self.prometheus_port}/api/v1/query_range?{query}"
+        try:
+            data = json.loads(_get(url))
+        except (OSError, ValueError):
+            return []
+        found = []
+        for series in data.get("data", {}).get("result", []):
+            labels = dict(series.get("metric", {}))
+            times = [float(t) for t, value in series.get("values", []) if value == "1"]
+            if labels.get("alertname") and times:
+                found.append(AlertSeries(labels, min(times)))
+        return found
+
+    def annotate(self, results: list[StrategyResult]) -> list[StrategyResult]:
+        """Each result with the exporter's figures for its SKU and its alerts.
+
+        An alert series belongs to the strategy its ``sku`` or ``lock`` label names;
+        one without either (``table``, a shop-wide figure) to the strategy that caused
+        it (:func:`_owner`). Its time is
+        counted from the strategy's first oversell, or from the start of its sale when it
+        oversold nothing.
+        """
+        self.read_exporter()
+        ran = [r for r in results if r.skipped is None]
+        if not ran:
+            return results
+        if self.prometheus_port is not None:
+            # One more evaluation round after the last probe round was scraped.
+            time.sleep(1.5)
+        series = self.alert_series(ran[0].started_at, time.time())
+        owner: dict[int, str] = {}
+        for index, each in enumerate(series):
+            owner[index] = _owner(each, ran)
+        annotated = []
+        for result in results:
+            if result.skipped is not None:
+                annotated.append(result)
+                continue
+            probes = dict(self.figures.get(result.sku, {}))
+            position = ran.index(result)
+            later = ran[position + 1].started_at if position + 1 < len(ran) else time.time()
+            waiters = self.max_between(
+                "stock_db_lock_waiters", result.started_at + 1, min(later, result.ended_at) + 2
+            )
+            if waiters is not None:
+                probes["stock_db_lock_waiters"] = waiters
+            for name, signal in SHOP_WIDE.items():
+                # A shop-wide figure is this strategy's when SQL says only its SKU has it.
+                holders = [r for r in ran if signal(r)]
+                if holders == [result] and name in self.shop:
+                    probes[name] = self.shop[name]
+            origin = result.first_oversell_at or result.started_at
+            alerts: dict[str, dict[str, Any]] = {}
+            for number, each in enumerate(series):
+                if owner[number] != result.strategy:
+                    continue
+                name = each.labels["alertname"]
+                state = each.labels.get("alertstate", "pending")
+                after = round(max(0.0, each.first - origin), 1)
+                now = alerts.get(name)
+                if now is None or (state == "firing" and now["state"] != "firing"):
+                    alerts[name] = {"state": state, "after_s": after}
+                elif state == now["state"]:
+                    now["after_s"] = min(now["after_s"], after)
+            annotated.append(
+                dataclasses.replace(result, alerts=dict(sorted(alerts.items())), probes=probes)
+            )
+        return annotated
+
+
+@dataclass(frozen=True, slots=True)
+class AlertSeries:
+    """One ``ALERTS`` series: its labels, and when (Unix time) it was first active."""
+
+    labels: dict[str, str]
+    first: float
+
+
+def _owner(series: AlertSeries, ran: list[StrategyResult]) -> str:
+    """The strategy an alert series belongs to (see :meth:`Observers.annotate`).
+
+    By its ``sku`` or ``lock`` label when it has one; otherwise, among the strategies
+    that can cause it (:data:`CAUSES`), the last whose sale had started when the alert
+    went active; for any other alert (the error budget, the exporter's health) the last
+    strategy whose sale had started a second before.
+    """
+    sku = series.labels.get("sku")
+    lock = series.labels.get("lock")
+    for result in ran:
+        if sku == result.sku or lock == result.strategy:
+            return result.strategy
+    cause = CAUSES.get(series.labels.get("alertname", ""))
+    candidates = [r for r in ran if cause(r)] if cause is not None else []
+    when = series.first if candidates else series.first - 1.0
+    chosen = (candidates or ran)[0].strategy
+    for result in candidates or ran:
+        if result.started_at <= when:
+            chosen = result.strategy
+    return chosen
+
+
+def _start_exporter(watch: Observers, database_url: str, skus: list[str]) -> None:
+    port = free_port()
+    config = watch.folder / "exporter.yml"
+    config.write_text(exporter_config(database_url, port, skus), encoding="utf-8")
+    log = (watch.folder / "exporter.log").open("wb")
+    try:
+        proc = subprocess.Popen(  # noqa: S603 - our own interpreter and module
+            [sys.executable, "-m", "stocksentry.exporter", "exporter", "--config", str(config)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    finally:
+        log.close()
+    watch.procs.append(proc)
+    _wait_http(f"http://127.0.0.1:{port}/metrics", proc, "the exporter")
+    watch.exporter_port = port
+
+
+def _start_prometheus(watch: Observers, lab_port: int) -> None:
+    binary = shutil.which("prometheus")
+    if binary is None:
+        watch.prometheus_note = (
+            "alerts not evaluated: no prometheus binary (Debian: apt-get install prometheus)"
+        )
+        return
+    rules = find_rules()
+    if rules is None:
+        watch.prometheus_note = f"alerts not evaluated: {RULES_FILE} not found"
+        return
+    targets = {"stocksentry-lab": lab_port}
+    if watch.exporter_port is not None:
+        targets["stocksentry"] = watch.exporter_port
+    config = watch.folder / "prometheus.yml"
+    config.write_text(prometheus_config(targets, rules), encoding="utf-8")
+    port = free_port()
+    log = (watch.folder / "prometheus.log").open("wb")
+    try:
+        proc = subprocess.Popen(  # noqa: S603 - the Prometheus binary found on PATH
+            [
+                binary,
+                f"--config.file={config}",
+                f"--storage.tsdb.path={watch.folder / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+                "--storage.tsdb.retention.time=1h",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    finally:
+        log.close()
+    watch.procs.append(proc)
+    _wait_http(f"http://127.0.0.1:{port}/-/ready", proc, "Prometheus")
+    watch.prometheus_port = port
+    _wait_scraped(port, len(targets), proc)
+    watch.prometheus_note = (
+        f"Prometheus evaluated {RULES_FILE} (unchanged) every {INTERVAL}, scraping the lab"
+        f" and the exporter every {INTERVAL}"
+    )
+
+
+@contextlib.contextmanager
+def observers(folder: Path, database_url: str | None, lab_port: int) -> Iterator[Observers]:
+    """Start the exporter (on PostgreSQL only) and Prometheus beside the lab for the block.
+
+    A process that cannot start is left out, with the reason in the ``*_note`` fields; the
+    lab runs anyway. Both are stopped (by pid) and their files removed on the way out.
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    watch = Observers(folder=folder)
+    try:
+        if database_url is not None and database_url.startswith("postgresql"):
+            from .names import STRATEGY_NAMES
+
+            try:
+                _start_exporter(watch, database_url, [sku_for(n) for n in STRATEGY_NAMES])
+                watch.exporter_note = "the exporter's probes ran every 1s on the lab's database"
+            except (RuntimeError, OSError) as exc:
+                watch.exporter_note = f"exporter not run: {exc}"
+        else:
+            watch.exporter_note = "exporter not run: its probes need PostgreSQL"
+        try:
+            _start_prometheus(watch, lab_port)
+        except (RuntimeError, OSError) as exc:
+            watch.prometheus_note = f"alerts not evaluated: {exc}"
+        yield watch
+    finally:
+        with sigint_ignored():
+            for proc in reversed(watch.procs):
+                _stop(proc)
+            shutil.rmtree(folder, ignore_errors=True)

@@ -1,0 +1,103 @@
+"""The lab's 80-column summary and how alerts are attributed to strategies (no service)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from stocksentry.exporter.lab.config import DbFigures, LabConfig, StrategyResult
+from stocksentry.exporter.lab.names import STRATEGY_NAMES
+from stocksentry.exporter.lab.observe import AlertSeries, _owner
+from stocksentry.exporter.lab.report_term import alert_cell, format_summary
+
+CONFIG = LabConfig()
+
+
+def result(name: str, start: float, **changes: object) -> StrategyResult:
+    base = dataclasses.replace(
+        StrategyResult.skip(CONFIG, name, "x"),
+        skipped=None,
+        started_at=start,
+        ended_at=start + 1.0,
+        sold=100,
+        orders=100,
+        final_stock=0,
+        db=DbFigures(100, 100, 0, 0),
+        consistent=True,
+    )
+    return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
+
+
+def a_run() -> list[StrategyResult]:
+    results = [result(name, 1000.0 + 2 * i) for i, name in enumerate(STRATEGY_NAMES)]
+    by_name = {r.strategy: i for i, r in enumerate(results)}
+    results[by_name["unsafe"]] = dataclasses.replace(
+        results[by_name["unsafe"]],
+        sold=500,
+        oversold=400,
+        lost_updates=488,
+        unsafe_read_modify_write=500,
+        first_oversell_at=1000.2,
+        metrics={"stock_reservation_success_total": 500, "stock_inventory_negative_total": 0},
+        probes={"stock_oversold_units": 400.0, "stock_db_lock_waiters": 49.0},
+        alerts={
+            "StockOversold": {"state": "firing", "after_s": 2.3},
+            "StockUnsafeReadModifyWrite": {"state": "firing", "after_s": 0.0},
+            "StockLockWaitHigh": {"state": "pending", "after_s": 0.3},
+        },
+    )
+    check = by_name["check_then_decrement"]
+    results[check] = dataclasses.replace(
+        results[check], final_stock=-49, db=DbFigures(149, 149, 49, -49)
+    )
+    no_key = by_name["retry_no_key"]
+    results[no_key] = dataclasses.replace(
+        results[no_key], db=DbFigures(108, 108, 0, 0, duplicate_keys=8, duplicate_orders=8)
+    )
+    return results
+
+
+def test_the_summary_fits_80_columns() -> None:
+    text = format_summary(
+        CONFIG,
+        a_run(),
+        notes=["alerts: Prometheus evaluated alert_rules/stocksentry.rules.yml (unchanged)"],
+        evaluated=True,
+        watched=True,
+        database="embedded PostgreSQL 16.2 (pgserver)",
+    )
+    assert max(len(line) for line in text.splitlines()) <= 80
+    words = " ".join(text.split())
+    assert "StockUnsafeReadModifyWrite FIRING +0s" in words
+    assert "(atomic, for_update, redlock, retry_idempotent) fired no alert" in words
+    for name in STRATEGY_NAMES:
+        assert any(line.split()[:1] == [name] for line in text.splitlines()), name
+
+
+def test_alerts_not_evaluated_are_said_so() -> None:
+    unsafe = a_run()[0]
+    assert alert_cell(unsafe, evaluated=False) == "not evaluated"
+    assert alert_cell(dataclasses.replace(unsafe, alerts={}), evaluated=True) == "none"
+
+
+def test_an_alert_belongs_to_the_strategy_its_labels_name() -> None:
+    ran = a_run()
+    series = AlertSeries({"alertname": "StockOversold", "sku": "LAB-NAIVE_LOCK"}, 1003.0)
+    assert _owner(series, ran) == "naive_lock"
+    lock = AlertSeries({"alertname": "StockLockExpiredWhileHeld", "lock": "naive_lock"}, 1030.0)
+    assert _owner(lock, ran) == "naive_lock"
+
+
+def test_a_shop_wide_alert_belongs_to_the_strategy_that_can_cause_it() -> None:
+    ran = a_run()
+    # Negative stock went active during the next sale (probe and scrape delay): it is
+    # still check_then_decrement's, the only one with negative stock.
+    negative = AlertSeries({"alertname": "StockNegativeInventory"}, 1004.5)
+    assert _owner(negative, ran) == "check_then_decrement"
+    duplicates = AlertSeries({"alertname": "StockDuplicateOrders"}, 1015.5)
+    assert _owner(duplicates, ran) == "retry_no_key"
+
+
+def test_any_other_alert_belongs_to_the_sale_running_a_second_before() -> None:
+    ran = a_run()
+    budget = AlertSeries({"alertname": "CheckoutErrorBudgetBurnFast"}, 1009.5)
+    assert _owner(budget, ran) == "for_update"
