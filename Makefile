@@ -80,15 +80,17 @@ format: dev
 	$(VENV)/bin/ruff format .
 
 ## bench: instrumented vs bare reservation on real PostgreSQL, the scrape path, the
-## multiprocess merge against prometheus_client's and the probes; medians over repeats.
-## `make bench SCALE=1` adds the probes on a generated shop of 1M products and 5M orders
-## (a few minutes; SCALE_ARGS="--products 200000 --orders 1000000 --keep" to change it).
+## multiprocess merge against prometheus_client's, the probes and the Redis lock watcher;
+## medians over repeats. `make bench SCALE=1` adds the probes on a generated shop of 1M
+## products and 5M orders (a few minutes; SCALE_ARGS="--products 200000 --orders 1000000
+## --keep" to change it).
 bench: dev services
 	$(PY) benchmarks/bench_reservation.py
 	$(PY) benchmarks/bench_exporter.py
 	$(PY) benchmarks/bench_multiproc.py
 	$(PY) benchmarks/bench_probes.py
 	$(PY) benchmarks/bench_timeline.py
+	$(PY) benchmarks/bench_lockwatch.py
 	@if [ -n "$(SCALE)" ]; then $(PY) benchmarks/bench_scale.py $(SCALE_ARGS); fi
 
 clean:

@@ -168,4 +168,95 @@ def build() -> dashboard_models.Dashboard:
             ),
         )
     )
+
+    board.row("Redis lock watcher")
+    board.add(
+        stat_panel(
+            "Lock watcher subscribed",
+            "UP while the sidecar's lock watcher is subscribed to Redis keyspace "
+            "notifications. DOWN: lock expiries and foreign releases happening now are "
+            "not seen, and nothing replays them.",
+            runbooks=("StocksentryLockWatchDisconnected",),
+            unit="none",
+            no_value="no lock watcher",
+            width=6,
+            thresholds=up_thresholds(),
+            mappings=up_down_mappings(),
+            queries=(
+                Query(promql.series(catalog.LOCKWATCH_CONNECTED), "{{instance}}", instant=True),
+            ),
+        )
+    )
+    board.add(
+        stat_panel(
+            "Keyspace notification flags",
+            "UP when Redis's notify-keyspace-events holds the flags the watcher needs "
+            "(K, g, $, x); DOWN when one is missing, so the subscription stays silent. "
+            "No value: the watcher may not read the setting (CONFIG refused); its log "
+            "says which flags to set.",
+            runbooks=("StocksentryLockWatchNotificationsOff",),
+            unit="none",
+            no_value="unknown",
+            width=6,
+            thresholds=up_thresholds(),
+            mappings=up_down_mappings(),
+            queries=(
+                Query(
+                    promql.series(catalog.LOCKWATCH_NOTIFICATIONS), "{{instance}}", instant=True
+                ),
+            ),
+        )
+    )
+    board.add(
+        timeseries_panel(
+            "Lock notifications",
+            "Keyspace notifications of watched lock keys per second, by event: set "
+            "(acquired), expire (TTL set or extended), del (released), expired (the lease "
+            "ran out under its holder).",
+            runbooks=("StocksentryLockWatchNotificationsOff",),
+            unit="ops",
+            queries=(
+                Query(promql.sum_rate(catalog.LOCKWATCH_EVENT_COUNT, ("event",)), "{{event}}"),
+            ),
+        )
+    )
+    board.add(
+        timeseries_panel(
+            "Lock acquisitions, expiries and foreign releases",
+            "Per lock, per second, as the watcher saw them in Redis: acquisitions, leases "
+            "that expired instead of being released, and suspected releases of a lock "
+            "the releaser no longer owned (a DEL right after another holder re-acquired "
+            "an expired lock). Any expiry or foreign release means mutual exclusion broke.",
+            runbooks=("StockLockExpiredWhileHeld", "StockLockReleaseNotOwned"),
+            unit="ops",
+            queries=(
+                Query(promql.sum_rate(catalog.LOCK_ACQUISITIONS, ("lock",)), "acquired {{lock}}"),
+                Query(
+                    promql.sum_rate(catalog.LOCK_EXPIRED_WHILE_HELD, ("lock",)),
+                    "expired {{lock}}",
+                ),
+                Query(
+                    promql.sum_rate(catalog.LOCK_RELEASE_NOT_OWNED, ("lock",)),
+                    "foreign release {{lock}}",
+                ),
+            ),
+        )
+    )
+    board.add(
+        timeseries_panel(
+            "Leases the watcher lost",
+            "Leases per second whose end the watcher did not see, by reason (disconnect, "
+            "tracked_limit, end_unseen, evicted), and the share of time it was not "
+            "subscribed: what the lock panels cannot show.",
+            runbooks=("StocksentryLockWatchLeasesLost", "StocksentryLockWatchDisconnected"),
+            unit="short",
+            queries=(
+                Query(promql.sum_rate(catalog.LOCKWATCH_LEASES_LOST, ("reason",)), "{{reason}}"),
+                Query(
+                    promql.sum_rate(catalog.LOCKWATCH_DISCONNECTED_SECONDS),
+                    "share of time not subscribed",
+                ),
+            ),
+        )
+    )
     return board.build()

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from stocksentry.exporter.config import reference
+from stocksentry.exporter.contract.spec import contract_json
 from stocksentry.instrumentation import catalog
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -20,6 +21,8 @@ def artefacts() -> dict[Path, str]:
         ROOT / "docs" / "metrics.md": head + catalog.markdown_table(),
         # The key tables between the page's GENERATED markers come from the config model.
         config_page: reference.replace_blocks(config_page.read_text()),
+        # The metric contract for apps in other languages (`stocksentry check-metrics`).
+        ROOT / "docs" / "metric-contract.json": contract_json(),
     }
 
 

@@ -29,6 +29,7 @@ from typing import TextIO
 
 from . import sidecar_cli
 from .commandline import PROG, CommandError, ExitCode, report_error, say
+from .contract import add_check_metrics_parser
 from .lab import cli as lab_cli
 from .reconcile import add_reconcile_parser
 from .timeline import add_timeline_parser
@@ -77,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     sidecar_cli.add_parsers(commands)
     add_timeline_parser(commands)
     add_reconcile_parser(commands)
+    add_check_metrics_parser(commands)
     return parser
 
 

@@ -30,6 +30,11 @@ from .overrides import Overrides
 if TYPE_CHECKING:
     from .webconfig import WebConfig
 
+if TYPE_CHECKING:
+    from prometheus_client.registry import Collector
+
+    from .server import Background
+
 LOGGER = logging.getLogger("stocksentry.exporter")
 
 
@@ -85,6 +90,17 @@ def describe(
             "cache_drift on promo SKUs"
             if config.redis is not None and config.probes.cache_drift.enabled
             else "off"
+        ),
+        "lock watch: "
+        + (
+            "off"
+            if config.lock_watch is None
+            else ", ".join(config.lock_watch.patterns)
+            + (
+                " (sets notify-keyspace-events when flags are missing)"
+                if config.lock_watch.configure_notifications
+                else " (checks notify-keyspace-events, never sets it)"
+            )
         ),
     ]
     lines.extend(config.notes)
@@ -191,10 +207,18 @@ def run_exporter(
     except ValueError as exc:
         return report_error("exporter", f"--web.listen-address: {exc}", err)
     runner = ProbeRunner(config)
+    collectors: list[Collector] = [runner]
+    background: list[Background] = [runner.cleanup_ctx]
+    if config.lock_watch is not None:
+        from .lockwatch.watcher import LockWatcher
+
+        watcher = LockWatcher(config.lock_watch, config.sku_guard)
+        collectors.append(watcher)
+        background.append(watcher.cleanup_ctx)
     for line in describe(config, addresses, web_config):
         LOGGER.info("config: %s", line)
     try:
-        run_server(settings, collectors=[runner], background=[runner.cleanup_ctx])
+        run_server(settings, collectors=collectors, background=background)
     except OSError as exc:
         where = ", ".join(format_listen_address(host, port) for host, port in addresses)
         return report_error("exporter", f"cannot listen on {where}: {exc.strerror or exc}", err)

@@ -396,6 +396,75 @@ BUILD_INFO = MetricSpec(
     multiprocess_mode="mostrecent",
 )
 
+# --- computed by the exporter's Redis lock watcher --------------------------------------------
+# The watcher also exports stock_lock_hold_ratio, stock_lock_expired_while_held_total and
+# stock_lock_release_not_owned_total above, with the same meaning and labels, so the lock
+# alerts and panels work for apps that run no stocksentry code (docs/lockwatch.md).
+
+#: The ``event`` values of ``stocksentry_lockwatch_events_total``.
+LOCKWATCH_EVENTS: tuple[str, ...] = (
+    "set",
+    "expire",
+    "persist",
+    "del",
+    "expired",
+    "evicted",
+    "other",
+)
+#: The ``reason`` values of ``stocksentry_lockwatch_leases_lost_total``.
+LOCKWATCH_LOST_REASONS: tuple[str, ...] = ("disconnect", "tracked_limit", "end_unseen", "evicted")
+
+LOCK_ACQUISITIONS = MetricSpec(
+    "stock_lock_acquisitions_total",
+    "counter",
+    "Distributed lock acquisitions seen by the Redis lock watcher (a SET of a watched key).",
+    ("lock",),
+    source="probe",
+)
+LOCKWATCH_EVENT_COUNT = MetricSpec(
+    "stocksentry_lockwatch_events_total",
+    "counter",
+    "Keyspace notifications of watched lock keys received by the lock watcher, by event.",
+    ("event",),
+    source="exporter",
+)
+LOCKWATCH_CONNECTED = MetricSpec(
+    "stocksentry_lockwatch_connected",
+    "gauge",
+    "1 while the lock watcher is subscribed to Redis keyspace notifications, 0 otherwise.",
+    source="exporter",
+    multiprocess_mode="mostrecent",
+)
+LOCKWATCH_NOTIFICATIONS = MetricSpec(
+    "stocksentry_lockwatch_notifications_enabled",
+    "gauge",
+    "1 when Redis's notify-keyspace-events holds the flags the lock watcher needs, 0 when "
+    "it lacks one; absent when CONFIG GET is refused.",
+    source="exporter",
+    multiprocess_mode="mostrecent",
+)
+LOCKWATCH_RECONNECTS = MetricSpec(
+    "stocksentry_lockwatch_reconnects_total",
+    "counter",
+    "Times the lock watcher subscribed again after losing its Redis connection.",
+    source="exporter",
+)
+LOCKWATCH_DISCONNECTED_SECONDS = MetricSpec(
+    "stocksentry_lockwatch_disconnected_seconds_total",
+    "counter",
+    "Seconds the lock watcher was not subscribed after its first subscription: keyspace "
+    "notifications of that time are lost.",
+    source="exporter",
+)
+LOCKWATCH_LEASES_LOST = MetricSpec(
+    "stocksentry_lockwatch_leases_lost_total",
+    "counter",
+    "Lock leases the watcher stopped following before seeing their end (disconnect, "
+    "tracked_limit, end_unseen, evicted): their hold time and release are not counted.",
+    ("reason",),
+    source="exporter",
+)
+
 #: Every metric, in catalog order.
 ALL: tuple[MetricSpec, ...] = (
     RESERVATION_SUCCESS,
@@ -440,6 +509,13 @@ ALL: tuple[MetricSpec, ...] = (
     BUILD_INFO,
     INSTRUMENTATION_ERRORS,
     LABEL_OVERFLOW,
+    LOCK_ACQUISITIONS,
+    LOCKWATCH_EVENT_COUNT,
+    LOCKWATCH_CONNECTED,
+    LOCKWATCH_NOTIFICATIONS,
+    LOCKWATCH_RECONNECTS,
+    LOCKWATCH_DISCONNECTED_SECONDS,
+    LOCKWATCH_LEASES_LOST,
 )
 
 #: Metrics recorded inside the app.

@@ -465,3 +465,52 @@ class Sql(Kind):
 
     def json_schema(self) -> Schema:
         return {"type": "string", "minLength": 1}
+
+
+#: A lock key pattern: literal text with ``*`` wildcards and at most one ``{sku}``.
+_LOCK_PATTERN: Final = re.compile(r"[^?\[\]\\{}\s]*(\{sku\}[^?\[\]\\{}\s]*)?")
+
+
+@dataclass(frozen=True)
+class LockPattern(Kind):
+    """A Redis lock key pattern: ``*`` matches any text, ``{sku}`` (at most once) the SKU."""
+
+    def read(self, ctx: Context, node: Node, path: str) -> str:
+        value = _text(ctx, node, path, False)
+        if len(value) > 256 or not _LOCK_PATTERN.fullmatch(value):
+            ctx.fail(
+                node,
+                path,
+                'expected a key pattern like "lock:product:{sku}" or "lock:cart:*" (at most '
+                "256 characters; `*` and one `{sku}`, no spaces, ? [ ] or \\), got "
+                + describe(node),
+            )
+        if "*" not in value and "{sku}" not in value:
+            ctx.fail(node, path, f'needs a "*" or "{{sku}}", got {describe(node)}')
+        return value
+
+    def type_doc(self) -> str:
+        return "lock key pattern"
+
+    def json_schema(self) -> Schema:
+        return {"type": "string", "minLength": 1, "maxLength": 256}
+
+
+@dataclass(frozen=True)
+class Ratio(Kind):
+    """A number greater than 0 and at most 1."""
+
+    def read(self, ctx: Context, node: Node, path: str) -> float:
+        expected = "expected a number greater than 0 and at most 1"
+        if not isinstance(node, ScalarNode) or node.tag not in (TAG_INT, TAG_FLOAT):
+            ctx.fail(node, path, f"{expected}, got {describe(node)}")
+        value = _number(ctx, node, path, expected)
+        if isinstance(value, bool) or not 0 < float(value) <= 1:
+            ctx.fail(node, path, f"{expected}, got {describe(node)}")
+        return float(value)
+
+    def type_doc(self) -> str:
+        return "number in (0, 1]"
+
+    def json_schema(self) -> Schema:
+        return {"type": "number", "exclusiveMinimum": 0, "maximum": 1}

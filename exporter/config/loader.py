@@ -326,6 +326,13 @@ def _exporter(ctx: Context, mapping: CheckedMapping | None, values: dict[str, An
         path = "probes.custom"
         ctx.fail(ctx.nodes.get(path), path, "custom probes need a database section")
     values["probes"] = dataclasses.replace(probes, **switched)
+    if values.get("lock_watch") is not None and not _installed("redis"):
+        path = "lock_watch"
+        ctx.fail(
+            ctx.nodes.get(path),
+            path,
+            "needs the redis package (pip install 'stocksentry[redis]')",
+        )
     values["source"] = ctx.source
     values["notes"] = tuple(ctx.notes)
 

@@ -46,8 +46,10 @@ from .kinds import (
     Identifier,
     Integer,
     LabelName,
+    LockPattern,
     Named,
     OptionalIdentifier,
+    Ratio,
     Sql,
     Template,
     Text,
@@ -85,6 +87,7 @@ __all__ = [
     "DuplicateOrdersSettings",
     "ExporterConfig",
     "Key",
+    "LockWatchConfig",
     "LogConfig",
     "LongTransactionsSettings",
     "OrderItemsTable",
@@ -431,6 +434,57 @@ class RedisConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class LockWatchConfig:
+    """``lock_watch``: the Redis lock watcher (keyspace notifications of lock keys)."""
+
+    url: Secret = url_keys(
+        ("redis", "rediss", "unix"),
+        "Redis",
+        "the Redis holding the locks: `redis://`, `rediss://` or `unix://`; the database "
+        "number of the URL is the one watched",
+    )
+    url_source: str = derived("literal", "where the URL came from")
+    patterns: tuple[str, ...] = key(
+        ("lock:product:{sku}",),
+        TextList(LockPattern(), non_empty=True),
+        "lock keys to watch: `*` matches any text, `{sku}` the SKU (bounded by `sku_guard`); "
+        "the `lock` label is the key with the SKU guarded, or the pattern itself without "
+        "`{sku}`",
+    )
+    configure_notifications: bool = key(
+        False,
+        Bool(),
+        "add the missing `notify-keyspace-events` flags (`Kg$x`) with `CONFIG SET`, again "
+        "after every reconnect; `false`: only check them and say which to set",
+    )
+    reacquire_window: float = key(
+        30.0,
+        Duration(maximum=_DAY),
+        "a lease acquired within this time after the same key expired is a re-acquisition",
+    )
+    foreign_release_ratio: float = key(
+        0.5,
+        Ratio(),
+        "a re-acquired lease deleted before this share of its TTL passed counts as a "
+        "suspected release not owned (`stock_lock_release_not_owned_total`)",
+    )
+    max_tracked_locks: int = key(
+        10_000,
+        Integer(1, 1_000_000),
+        "leases followed at once; acquisitions beyond it are counted, not followed",
+    )
+    reconnect_interval: float = key(
+        1.0, Duration(maximum=10 * _MINUTE), "wait between two connection attempts"
+    )
+    health_check_interval: float = key(
+        5.0,
+        Duration(maximum=10 * _MINUTE),
+        "a quiet subscription is checked with `PING` this often, so a dead link is noticed",
+    )
+    connect_timeout: float = key(5.0, Duration(maximum=5 * _MINUTE), "connection timeout")
+
+
+@dataclass(frozen=True, slots=True)
 class ProbeDefaults:
     """``probes.defaults``: the schedule of every probe that does not set its own."""
 
@@ -632,6 +686,9 @@ class ExporterConfig:
         RedisConfig, "the stock cache `cache_drift` compares", optional=True
     )
     probes: ProbesConfig = section(ProbesConfig, "the probes' schedules and options")
+    lock_watch: LockWatchConfig | None = section(
+        LockWatchConfig, "the Redis lock watcher", optional=True
+    )
     #: The file the configuration came from, for messages.
     source: str = derived("<string>", "the file the configuration came from")
     #: Informational lines for the start-up log, e.g. why a probe is off.

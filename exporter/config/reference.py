@@ -89,7 +89,16 @@ def _probe_options() -> str:
 
 def blocks() -> dict[str, str]:
     """Every generated block of the page, by name."""
-    names = ["server", "log", "sku_guard", "database", "redis", "probes.defaults", "probes.custom"]
+    names = [
+        "server",
+        "log",
+        "sku_guard",
+        "database",
+        "redis",
+        "lock_watch",
+        "probes.defaults",
+        "probes.custom",
+    ]
     names += [f"schema.{name}" for name, _ in specs(section_class("schema"))]
     found = {f"config.{name}": markdown_table(section_class(name)) for name in names}
     found["config.probes.settings"] = markdown_table(ProbeSettings)

@@ -71,6 +71,10 @@ groups:
 """
 
 _PROBE = "probe metric: computed by the exporter sidecar's database or Redis probes, not the lab"
+_WATCHER = (
+    "Redis lock watcher metric: the sidecar's lock_watch, not the lab (its panels are "
+    "checked against a real watcher in test_node_app.py)"
+)
 _RETRIES = "lab retries resend the same payload: replays, never a key conflict"
 _HEALTHY = (
     "a labelled counter has no series until its first increment, and the lab never "
@@ -104,6 +108,15 @@ NO_LAB_DATA: dict[tuple[str, str], tuple[str, str]] = {
     ("stocksentry-exporter", "Probe duration"): ("A", _PROBE),
     ("stocksentry-exporter", "Probe data age"): ("A", _PROBE),
     ("stocksentry-exporter", "Label overflow"): ("A", _HEALTHY),
+    ("stocksentry-exporter", "Lock watcher subscribed"): ("A", _WATCHER),
+    ("stocksentry-exporter", "Keyspace notification flags"): ("A", _WATCHER),
+    ("stocksentry-exporter", "Lock notifications"): ("A", _WATCHER),
+    # B and C, expiries and foreign releases, come from the lab's lock wrapper too.
+    ("stocksentry-exporter", "Lock acquisitions, expiries and foreign releases"): (
+        "A",
+        _WATCHER,
+    ),
+    ("stocksentry-exporter", "Leases the watcher lost"): ("AB", _WATCHER),
 }
 UIDS = ("stocksentry-overview", "stocksentry-sku", "stocksentry-exporter")
 

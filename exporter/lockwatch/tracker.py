@@ -1,0 +1,262 @@
+"""The lease tracker: each watched lock key's life from its keyspace notifications.
+
+Pure state, no I/O: :meth:`LeaseTracker.apply` takes one notification (key, event, the
+time it was received, and for ``expire`` the deadline read back with ``PTTL``) and updates
+the counts :meth:`LeaseTracker.families` exports. What each event means:
+
+- ``set``: an acquisition (``SET key v NX EX n`` of a naive lock, redlock's ``SET ... NX
+  PX``): ``stock_lock_acquisitions_total`` counts it and a lease starts.
+- ``expire``: the lease got a deadline (the ``EX`` of the ``SET``, or an extension by
+  ``PEXPIRE``); ``persist`` removes it.
+- ``del``: a release. The hold time over the lease (acquisition to the last deadline) is
+  observed in ``stock_lock_hold_ratio``.
+- ``expired``: the lease ran out instead of being released: the holder outlived its lease
+  (``stock_lock_expired_while_held_total``; the hold ratio observed is about 1).
+
+**Suspected release not owned** (``stock_lock_release_not_owned_total``): a key that
+expired and was acquired again within ``reacquire_window`` starts a *re-acquired* lease;
+a ``del`` of that lease before ``foreign_release_ratio`` of its TTL (default half) has
+passed is counted. That is the naive lock of the incident: holder A's lease expires
+mid-work, B acquires the key, A finishes and runs ``DEL`` in ``finally``, deleting B's
+lock a moment after B took it. Keyspace notifications do not say who deleted a key, so
+this is a heuristic; its false positives are a second holder whose work is legitimately
+much shorter than its TTL (B really finished that fast) and a key deleted by an operator
+or cleanup job right after a re-acquisition. It misses a foreign ``DEL`` that comes late
+in B's lease. Owned locks (redlock, a compare-and-delete script) never delete another
+holder's lock, so with them it stays at zero unless B itself releases quickly after an
+expiry.
+
+Bounds: at most ``max_tracked`` leases and as many remembered expiries; acquisitions past
+the bound are counted but not followed (``stocksentry_lockwatch_leases_lost_total
+{reason="tracked_limit"}``). A lease whose deadline passed a minute ago without an
+``expired`` (lost notification) is dropped (``reason="end_unseen"``).
+
+Example::
+
+    >>> from stocksentry.instrumentation.guard import LabelGuard
+    >>> from stocksentry.exporter.lockwatch.patterns import LockPatterns
+    >>> t = LeaseTracker(LockPatterns(["lock:product:{sku}"], LabelGuard()))
+    >>> t.apply("lock:product:A", "set", 0.0); t.apply("lock:product:A", "expire", 0.0, 5.0)
+    >>> t.apply("lock:product:A", "expired", 5.0)
+    >>> t.apply("lock:product:A", "set", 5.1); t.apply("lock:product:A", "expire", 5.1, 10.1)
+    >>> t.apply("lock:product:A", "del", 6.0)
+    >>> t.expired_while_held["lock:product:A"], t.release_not_owned["lock:product:A"]
+    (1, 1)
+"""
+
+from __future__ import annotations
+
+import threading
+from bisect import bisect_left
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Final
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from stocksentry.instrumentation import catalog
+
+from .patterns import LockPatterns
+
+__all__ = ["END_UNSEEN_GRACE", "Lease", "LeaseTracker"]
+
+#: Seconds past a lease's deadline after which a lease without an ``expired`` is dropped.
+END_UNSEEN_GRACE: Final = 60.0
+_EVENTS: Final = frozenset(catalog.LOCKWATCH_EVENTS)
+_BUCKETS: Final = catalog.HOLD_RATIO_BUCKETS
+
+
+@dataclass(slots=True)
+class Lease:
+    """One lease being followed."""
+
+    lock: str
+    acquired_at: float
+    #: The deadline set by the last ``expire`` (``None``: no TTL known).
+    deadline: float | None = None
+    #: The TTL the first ``expire`` gave (seconds).
+    ttl: float | None = None
+    #: Acquired within ``reacquire_window`` of an expiry of the same key.
+    reacquired: bool = False
+
+
+class _Histogram:
+    __slots__ = ("buckets", "count", "total")
+
+    def __init__(self) -> None:
+        self.buckets = [0] * (len(_BUCKETS) + 1)
+        self.count = 0
+        self.total = 0.0
+
+    def observe(self, value: float) -> None:
+        self.buckets[bisect_left(_BUCKETS, value)] += 1
+        self.count += 1
+        self.total += value
+
+
+class LeaseTracker:
+    """The state of every watched lock key and the counts it led to (thread-safe)."""
+
+    def __init__(
+        self,
+        patterns: LockPatterns,
+        *,
+        max_tracked: int = 10_000,
+        reacquire_window: float = 30.0,
+        foreign_release_ratio: float = 0.5,
+    ) -> None:
+        self.patterns = patterns
+        self.max_tracked = max_tracked
+        self.reacquire_window = reacquire_window
+        self.foreign_release_ratio = foreign_release_ratio
+        self._lock = threading.Lock()
+        self._leases: dict[str, Lease] = {}
+        #: Key -> when it last expired (insertion order: oldest first).
+        self._expired_at: dict[str, float] = {}
+        self.acquisitions: dict[str, int] = {}
+        self.expired_while_held: dict[str, int] = {}
+        self.release_not_owned: dict[str, int] = {}
+        self.hold_ratio: dict[str, _Histogram] = {}
+        self.events: dict[str, int] = dict.fromkeys(catalog.LOCKWATCH_EVENTS, 0)
+        self.lost: dict[str, int] = dict.fromkeys(catalog.LOCKWATCH_LOST_REASONS, 0)
+
+    @property
+    def tracked(self) -> int:
+        """Leases followed right now."""
+        return len(self._leases)
+
+    def apply(self, key: str, event: str, now: float, deadline: float | None = None) -> None:
+        """Update the state with one notification received at ``now``.
+
+        ``deadline``: for ``expire``, when the key will expire (``PTTL`` read back);
+        ``None`` when the key was gone by then.
+        """
+        lock = self.patterns.label(key)
+        with self._lock:
+            self.events[event if event in _EVENTS else "other"] += 1
+            if lock is None:
+                return
+            if event == "set":
+                self._set(key, lock, now)
+            elif event == "expire":
+                lease = self._leases.get(key)
+                if lease is not None and deadline is not None:
+                    if lease.ttl is None:
+                        lease.ttl = max(deadline - lease.acquired_at, 0.0)
+                    lease.deadline = deadline
+            elif event == "persist":
+                lease = self._leases.get(key)
+                if lease is not None:
+                    lease.deadline = None
+            elif event == "del":
+                self._del(key, now)
+            elif event == "expired":
+                self._expired(key, lock, now)
+            elif event == "evicted" and self._leases.pop(key, None) is not None:
+                self.lost["evicted"] += 1
+
+    def _set(self, key: str, lock: str, now: float) -> None:
+        self.acquisitions[lock] = self.acquisitions.get(lock, 0) + 1
+        # The lock's problem counters exist at 0 from its first acquisition on, so the
+        # first expiry is an increase() the alerts see, not a series born at 1.
+        self.expired_while_held.setdefault(lock, 0)
+        self.release_not_owned.setdefault(lock, 0)
+        expired = self._expired_at.pop(key, None)
+        reacquired = expired is not None and now - expired <= self.reacquire_window
+        if key not in self._leases and len(self._leases) >= self.max_tracked:
+            self.lost["tracked_limit"] += 1
+            return
+        self._leases[key] = Lease(lock, now, reacquired=reacquired)
+
+    def _del(self, key: str, now: float) -> None:
+        lease = self._leases.pop(key, None)
+        if lease is None:
+            return
+        held = now - lease.acquired_at
+        self._observe(lease, held)
+        if (
+            lease.reacquired
+            and lease.ttl is not None
+            and held < self.foreign_release_ratio * lease.ttl
+        ):
+            self.release_not_owned[lease.lock] = self.release_not_owned.get(lease.lock, 0) + 1
+
+    def _expired(self, key: str, lock: str, now: float) -> None:
+        # Counted whether the lease was followed or not (acquired before the watcher
+        # started, or past the tracking bound): the key ran out instead of being released.
+        self.expired_while_held[lock] = self.expired_while_held.get(lock, 0) + 1
+        lease = self._leases.pop(key, None)
+        if lease is not None:
+            self._observe(lease, now - lease.acquired_at)
+        if len(self._expired_at) >= self.max_tracked:
+            del self._expired_at[next(iter(self._expired_at))]
+        self._expired_at[key] = now
+
+    def _observe(self, lease: Lease, held: float) -> None:
+        if lease.deadline is None:
+            return
+        granted = lease.deadline - lease.acquired_at
+        if granted <= 0:
+            return
+        histogram = self.hold_ratio.get(lease.lock)
+        if histogram is None:
+            histogram = self.hold_ratio[lease.lock] = _Histogram()
+        # The watcher sees an expiry a little after the deadline; 1.0 is what happened.
+        histogram.observe(held / granted)
+
+    def sweep(self, now: float) -> None:
+        """Drop leases whose deadline passed :data:`END_UNSEEN_GRACE` ago (lost ``expired``)."""
+        with self._lock:
+            stale = [
+                key
+                for key, lease in self._leases.items()
+                if lease.deadline is not None and now - lease.deadline > END_UNSEEN_GRACE
+            ]
+            for key in stale:
+                del self._leases[key]
+            self.lost["end_unseen"] += len(stale)
+            cutoff = now - self.reacquire_window
+            old = [key for key, when in self._expired_at.items() if when < cutoff]
+            for key in old:
+                del self._expired_at[key]
+
+    def forget(self) -> int:
+        """Drop every lease (the connection was lost); returns how many were dropped."""
+        with self._lock:
+            dropped = len(self._leases)
+            self._leases.clear()
+            self._expired_at.clear()
+            self.lost["disconnect"] += dropped
+            return dropped
+
+    def families(self) -> Iterator[Metric]:
+        """The lock families and the event/lost counters, from the current counts."""
+        with self._lock:
+            yield _counter(catalog.LOCK_ACQUISITIONS, self.acquisitions)
+            yield _counter(catalog.LOCK_EXPIRED_WHILE_HELD, self.expired_while_held)
+            yield _counter(catalog.LOCK_RELEASE_NOT_OWNED, self.release_not_owned)
+            spec = catalog.LOCK_HOLD_RATIO
+            hist = HistogramMetricFamily(spec.name, spec.help, labels=spec.labels)
+            for lock, h in sorted(self.hold_ratio.items()):
+                cumulative, running = [], 0
+                for bound, n in zip((*_BUCKETS, float("inf")), h.buckets, strict=True):
+                    running += n
+                    cumulative.append((_bound(bound), float(running)))
+                hist.add_metric([lock], cumulative, h.total)
+            yield hist
+            yield _counter(catalog.LOCKWATCH_EVENT_COUNT, self.events)
+            yield _counter(catalog.LOCKWATCH_LEASES_LOST, self.lost)
+
+
+def _bound(value: float) -> str:
+    return "+Inf" if value == float("inf") else repr(float(value))
+
+
+def _counter(spec: catalog.MetricSpec, values: dict[str, int]) -> Metric:
+    family = CounterMetricFamily(spec.name, spec.help, labels=spec.labels)
+    for label, value in sorted(values.items()):
+        family.add_metric([label], float(value))
+    return family

@@ -1,0 +1,313 @@
+"""The lock watcher: a keyspace-notification subscription feeding a :class:`LeaseTracker`.
+
+One asyncio task in the sidecar's event loop: it connects, checks (and, when
+``lock_watch.configure_notifications`` allows it, sets) ``notify-keyspace-events``,
+``PSUBSCRIBE``s to ``__keyspace@<db>__:<glob>`` for every pattern, and applies each
+notification to the tracker. The deadline an ``expire`` set is read back with ``PTTL``,
+pipelined once per batch of notifications that arrived together.
+
+Keyspace notifications are fire-and-forget: while the watcher is not subscribed (Redis
+restarting, a network cut, or Redis dropping a subscriber whose output buffer overflowed)
+they are lost, and nothing replays them. What the watcher counts about that gap:
+``stocksentry_lockwatch_connected`` turns 0, the seconds without a subscription add up in
+``stocksentry_lockwatch_disconnected_seconds_total``, the leases it was following are
+dropped into ``stocksentry_lockwatch_leases_lost_total{reason="disconnect"}`` (their hold
+time and release are not counted), and ``stocksentry_lockwatch_reconnects_total`` counts
+the subscriptions made again. Acquisitions, releases and expiries inside the gap are not
+counted; an expiry after it of a lock acquired during it still is.
+
+Example::
+
+    watcher = LockWatcher(config.lock_watch, config.sku_guard)
+    run_server(settings, collectors=[watcher], background=[watcher.cleanup_ctx])
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any, Final
+
+import redis.asyncio as aioredis
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError, ResponseError
+from stocksentry.instrumentation import catalog
+from stocksentry.instrumentation.guard import LabelGuard
+
+from ..config import LockWatchConfig, SkuGuardConfig
+from .notifications import missing_flags, refused_hint, with_flags
+from .patterns import LockPatterns
+from .tracker import LeaseTracker
+
+__all__ = ["LOGGER", "LockWatcher"]
+
+LOGGER: Final = logging.getLogger("stocksentry.exporter.lockwatch")
+#: Notifications applied in one batch (one ``PTTL`` pipeline) at most.
+BATCH: Final = 512
+_SWEEP_EVERY: Final = 5.0
+
+
+class LockWatcher:
+    """Follows the lock keys of ``config`` and exports what it saw (a collector)."""
+
+    def __init__(
+        self,
+        config: LockWatchConfig,
+        sku_guard: SkuGuardConfig | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        guard_config = sku_guard or SkuGuardConfig()
+        guard = LabelGuard(guard_config.max_skus, always=guard_config.promo_skus)
+        self.patterns = LockPatterns(config.patterns, guard)
+        self.tracker = LeaseTracker(
+            self.patterns,
+            max_tracked=config.max_tracked_locks,
+            reacquire_window=config.reacquire_window,
+            foreign_release_ratio=config.foreign_release_ratio,
+        )
+        self._clock = clock
+        self._task: asyncio.Task[None] | None = None
+        self._subscribed = asyncio.Event()
+        self.connected = False
+        #: True/False once ``notify-keyspace-events`` was read; None when refused.
+        self.notifications: bool | None = None
+        self.reconnects = 0
+        self._ever_connected = False
+        self._down_since: float | None = None
+        self._down_seconds = 0.0
+        self._last_problem = ""
+
+    # --- life cycle ----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start following (returns at once; connection errors are retried, logged)."""
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="stocksentry-lockwatch")
+
+    async def stop(self) -> None:
+        """Stop following and close the connection."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def wait_subscribed(self) -> None:
+        """Return once the watcher is subscribed (bound it with ``asyncio.timeout``)."""
+        await self._subscribed.wait()
+
+    async def cleanup_ctx(self, app: object) -> AsyncIterator[None]:
+        """For ``app.cleanup_ctx``: start before ``yield``, stop after."""
+        await self.start()
+        try:
+            yield
+        finally:
+            await self.stop()
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self._session()
+            except (RedisError, OSError, TimeoutError) as exc:
+                self._lost(exc)
+            await asyncio.sleep(self.config.reconnect_interval)
+
+    def _lost(self, exc: BaseException) -> None:
+        problem = f"{type(exc).__name__}: {exc}"
+        if self.connected:
+            self.connected = False
+            self._subscribed.clear()
+            self._down_since = self._clock()
+            dropped = self.tracker.forget()
+            LOGGER.warning(
+                "lock_watch: lost the Redis subscription (%s); keyspace notifications are "
+                "lost until it is back, %d followed lease(s) dropped",
+                problem,
+                dropped,
+            )
+        elif problem != self._last_problem:
+            LOGGER.warning("lock_watch: cannot subscribe to Redis (%s); retrying", problem)
+        self._last_problem = problem
+
+    # --- one connection --------------------------------------------------------------------
+
+    async def _session(self) -> None:
+        config = self.config
+        client: aioredis.Redis = aioredis.Redis.from_url(
+            config.url.reveal(),
+            socket_connect_timeout=config.connect_timeout,
+            socket_timeout=config.connect_timeout,
+            health_check_interval=int(max(config.health_check_interval, 1)),
+            retry=Retry(NoBackoff(), 0),
+        )
+        try:
+            await client.ping()
+            await self._check_notifications(client)
+            database = int(client.connection_pool.connection_kwargs.get("db", 0) or 0)
+            prefix = f"__keyspace@{database}__:"
+            pubsub = client.pubsub()
+            try:
+                await pubsub.psubscribe(*(prefix + glob for glob in self.patterns.globs))
+                await self._confirm(pubsub)
+                self._on_subscribed()
+                await self._follow(client, pubsub, len(prefix))
+            finally:
+                with contextlib.suppress(RedisError, OSError, TimeoutError):
+                    await pubsub.aclose()  # type: ignore[no-untyped-call]
+        finally:
+            with contextlib.suppress(RedisError, OSError, TimeoutError):
+                await client.aclose()
+
+    async def _confirm(self, pubsub: Any) -> None:
+        """Read Redis's replies to ``PSUBSCRIBE``: from then on no notification is missed."""
+        wanted = len(self.patterns.globs)
+        deadline = self._clock() + self.config.connect_timeout
+        confirmed = 0
+        while confirmed < wanted:
+            left = deadline - self._clock()
+            if left <= 0:
+                raise TimeoutError("Redis did not confirm PSUBSCRIBE")
+            message = await pubsub.get_message(timeout=left)
+            if message is not None and message.get("type") == "psubscribe":
+                confirmed += 1
+
+    def _on_subscribed(self) -> None:
+        now = self._clock()
+        if self._ever_connected:
+            self.reconnects += 1
+            if self._down_since is not None:
+                self._down_seconds += now - self._down_since
+            LOGGER.info("lock_watch: subscribed again")
+        else:
+            LOGGER.info(
+                "lock_watch: following %s through keyspace notifications",
+                ", ".join(self.config.patterns),
+            )
+        self._down_since = None
+        self._ever_connected = True
+        self.connected = True
+        self._last_problem = ""
+        self._subscribed.set()
+
+    async def _check_notifications(self, client: aioredis.Redis) -> None:
+        name = "notify-keyspace-events"
+        try:
+            reply = await client.config_get(name)
+        except ResponseError as exc:
+            # Managed Redis and ACL users without +config: the flags cannot be checked.
+            if self.notifications is not False:
+                LOGGER.warning(
+                    "lock_watch: cannot read %s (%s); %s", name, exc, refused_hint(None)
+                )
+            self.notifications = None
+            return
+        current = _text(next(iter(reply.values()), b"")) if reply else ""
+        missing = missing_flags(current)
+        if not missing:
+            if self.notifications is not True:
+                LOGGER.info("lock_watch: %s is %r, which has the flags it needs", name, current)
+            self.notifications = True
+            return
+        if not self.config.configure_notifications:
+            self.notifications = False
+            LOGGER.warning(
+                "lock_watch: %s is %r and lacks %r, so lock events are not seen; %s",
+                name,
+                current,
+                missing,
+                refused_hint(missing),
+            )
+            return
+        value = with_flags(current, missing)
+        try:
+            await client.config_set(name, value)
+        except ResponseError as exc:
+            self.notifications = False
+            LOGGER.warning(
+                "lock_watch: CONFIG SET %s refused (%s); %s", name, exc, refused_hint(missing)
+            )
+            return
+        self.notifications = True
+        LOGGER.info(
+            "lock_watch: %s was %r, set it to %r (lock_watch.configure_notifications: true)",
+            name,
+            current,
+            value,
+        )
+
+    async def _follow(self, client: aioredis.Redis, pubsub: Any, prefix: int) -> None:
+        tracker = self.tracker
+        clock = self._clock
+        last_sweep = clock()
+        while True:
+            message = await pubsub.get_message(timeout=1.0)
+            now = clock()
+            if now - last_sweep >= _SWEEP_EVERY:
+                tracker.sweep(now)
+                last_sweep = now
+            if message is None:
+                continue
+            batch: list[tuple[str, str, float]] = []
+            while message is not None:
+                if message.get("type") == "pmessage":
+                    channel = _text(message["channel"])[prefix:]
+                    batch.append((channel, _text(message["data"]), clock()))
+                if len(batch) >= BATCH:
+                    break
+                message = await pubsub.get_message(timeout=0.0)
+            await self._apply(client, batch)
+
+    async def _apply(self, client: aioredis.Redis, batch: list[tuple[str, str, float]]) -> None:
+        expiring = [key for key, event, _ in batch if event == "expire"]
+        deadlines: dict[str, float | None] = {}
+        if expiring:
+            pipe = client.pipeline(transaction=False)
+            for key in expiring:
+                pipe.pttl(key)
+            replies = await pipe.execute()
+            read_at = self._clock()
+            for key, pttl in zip(expiring, replies, strict=True):
+                deadlines[key] = read_at + int(pttl) / 1000.0 if int(pttl) >= 0 else None
+        apply = self.tracker.apply
+        for key, event, when in batch:
+            apply(key, event, when, deadlines.get(key) if event == "expire" else None)
+
+    # --- the collector -------------------------------------------------------------------
+
+    def collect(self) -> Iterator[Metric]:
+        """The collector protocol: the counts so far, no I/O."""
+        yield from self.tracker.families()
+        connected = GaugeMetricFamily(
+            catalog.LOCKWATCH_CONNECTED.name, catalog.LOCKWATCH_CONNECTED.help
+        )
+        connected.add_metric([], 1.0 if self.connected else 0.0)
+        yield connected
+        if self.notifications is not None:
+            spec = catalog.LOCKWATCH_NOTIFICATIONS
+            enabled = GaugeMetricFamily(spec.name, spec.help)
+            enabled.add_metric([], 1.0 if self.notifications else 0.0)
+            yield enabled
+        spec = catalog.LOCKWATCH_RECONNECTS
+        yield CounterMetricFamily(spec.name, spec.help, value=float(self.reconnects))
+        down = self._down_seconds
+        if self._down_since is not None:
+            down += self._clock() - self._down_since
+        spec = catalog.LOCKWATCH_DISCONNECTED_SECONDS
+        yield CounterMetricFamily(spec.name, spec.help, value=down)
+
+    def describe(self) -> Iterator[Metric]:
+        """Every family :meth:`collect` may yield (for registry name checks)."""
+        return self.collect()
+
+
+def _text(value: object) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return str(value)
