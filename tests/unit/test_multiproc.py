@@ -10,14 +10,13 @@ from __future__ import annotations
 import os
 import shutil
 import struct
-import subprocess
-import sys
 import textwrap
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from mpworkers import Workers
 from prometheus_client import CollectorRegistry, multiprocess
 from prometheus_client.metrics_core import Metric
 from stocksentry.exporter.multiproc import FILES_MERGED, MultiprocessDirCollector
@@ -71,53 +70,11 @@ mark_process_dead: Callable[[int, str], None] = multiprocess.mark_process_dead
 Row = tuple[str, str, str, str, tuple[tuple[str, str], ...], float]
 
 
-class Workers:
-    """Worker processes writing one directory; ``stay`` ones block until closed."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.procs: list[subprocess.Popen[str]] = []
-
-    def start(self, ks: Iterable[int], *, stay: bool = False) -> list[subprocess.Popen[str]]:
-        env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(self.path)}
-        started = [
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    "-c",
-                    WORKER,
-                    str(k),
-                    "stay" if stay else "exit",
-                    ",".join(MODES),
-                ],
-                env=env,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                text=True,
-            )
-            for k in ks
-        ]
-        for proc in started:
-            assert proc.stdout is not None
-            assert proc.stdout.readline() == "ready\n"
-        if not stay:
-            assert [proc.wait(timeout=60) for proc in started] == [0] * len(started)
-        self.procs.extend(started)
-        return started
-
-    def close(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                assert proc.stdin is not None
-                proc.stdin.close()
-                proc.wait(timeout=60)
-
-
 @pytest.fixture
 def workers(tmp_path: Path) -> Iterator[Workers]:
     directory = tmp_path / "prom"
     directory.mkdir()
-    pool = Workers(directory)
+    pool = Workers(directory, WORKER, MODES)
     try:
         yield pool
     finally:
