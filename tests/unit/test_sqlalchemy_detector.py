@@ -748,14 +748,22 @@ def test_spans_all_adds_and_removes_the_opentelemetry_listeners(
     assert len(exporter.get_finished_spans()) == 1
 
 
-def test_spans_locking_wraps_locking_statements_only(
+def locking_spans(
     engine: sa.Engine, registry: CollectorRegistry
-) -> None:
+) -> tuple[Sentry, InMemorySpanExporter]:
+    """``engine`` instrumented with ``spans="locking"``; its finished spans in the exporter."""
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     sentry = Sentry(registry=registry, log=False, tracer_provider=provider)
     instrument_sqlalchemy(engine, sentry=sentry, spans="locking")
+    return sentry, exporter
+
+
+def test_spans_locking_wraps_locking_statements_only(
+    engine: sa.Engine, registry: CollectorRegistry
+) -> None:
+    sentry, exporter = locking_spans(engine, registry)
     with sentry.reservation("EGG-01") as r, engine.begin() as conn:
         conn.execute(sa.text(READ), EGG).all()
         conn.execute(sa.text("UPDATE products SET available_stock = 3 WHERE sku = 'EGG-01'"))
@@ -849,11 +857,7 @@ def test_the_apps_own_do_execute_listeners_still_run(
 def test_a_failing_locking_statement_ends_its_span_as_an_error(
     engine: sa.Engine, registry: CollectorRegistry
 ) -> None:
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    sentry = Sentry(registry=registry, log=False, tracer_provider=provider)
-    instrument_sqlalchemy(engine, sentry=sentry, spans="locking")
+    _, exporter = locking_spans(engine, registry)
     with pytest.raises(sa.exc.IntegrityError), engine.begin() as conn:
         conn.execute(sa.text("UPDATE products SET sku = NULL WHERE sku = 'EGG-01'"))
     (span,) = exporter.get_finished_spans()
