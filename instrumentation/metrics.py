@@ -124,8 +124,19 @@ class StockMetrics:
             self._metrics[catalog.RESERVATION_DURATION.name].labels(outcome)
         for component in INSTRUMENTATION_COMPONENTS:
             self._metrics[catalog.INSTRUMENTATION_ERRORS.name].labels(component)
-        for sku in promo_skus:
+        self.prime_skus(promo_skus)
+
+    def prime_skus(self, skus: Iterable[str]) -> None:
+        """Create the per-SKU counters of ``skus`` at zero: conflicts (every reason), paid
+        orders, refunds due to oversell and negative-stock writes.
+
+        Done for the promo SKUs at construction; a SKU past the guard's budget is not
+        primed (priming never folds into ``__other__`` nor counts an overflow).
+        """
+        for sku in skus:
             label = self.sku_guard(sku)
+            if label is OVERFLOW_VALUE:
+                continue
             for reason in catalog.CONFLICT_REASONS:
                 self._metrics[catalog.RESERVATION_CONFLICT.name].labels(label, reason)
             for spec in (

@@ -28,7 +28,7 @@ from typing import Any, cast
 import sqlalchemy as sa
 from prometheus_client import CollectorRegistry, start_http_server
 from sqlalchemy.engine import Engine
-from stocksentry.instrumentation import Sentry, catalog
+from stocksentry.instrumentation import Sentry
 
 from .config import STOCK_TABLE, LabConfig, LabError, StrategyResult
 from .driver import delete_redis_keys, run_strategy
@@ -172,17 +172,11 @@ def prime_counters(sentry: Sentry, names: tuple[str, ...]) -> None:
     lets the first scrape after the sale see the rise.
     """
     metrics = sentry.metrics
-    zero: list[Any] = [
-        metrics._child_small(catalog.UNSAFE_READ_MODIFY_WRITE, "table", STOCK_TABLE),
-        metrics._child_small(catalog.DB_DEADLOCK, "table", STOCK_TABLE),
-    ]
+    metrics.prime_tables([STOCK_TABLE])
+    metrics.prime_skus([sku_for(name) for name in names])
     for name in names:
-        zero.append(metrics._child_sku(catalog.INVENTORY_NEGATIVE, sku_for(name)))
         if name in REDIS_STRATEGIES:
-            for spec in (catalog.LOCK_EXPIRED_WHILE_HELD, catalog.LOCK_RELEASE_NOT_OWNED):
-                zero.append(metrics._child_small(spec, "lock", name))
-    for child in zero:
-        child.inc(0)
+            metrics.prime_lock(name)
 
 
 def instrument_lab_engine(engine: Engine, sentry: Sentry) -> Callable[[], None] | None:
