@@ -248,6 +248,26 @@ def test_rerun_resets_each_product(tmp_path: Path) -> None:
         assert db_truth(url, result.sku)[0] == result.orders <= 30
 
 
+def test_a_shop_outbox_of_another_shape_is_left_alone(tmp_path: Path) -> None:
+    # The lab run on an existing shop's database: create_all keeps the shop's own outbox,
+    # which has none of the lab's columns; resetting a product must not touch it.
+    url = f"sqlite:///{tmp_path / 'shop.db'}"
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        conn.exec_driver_sql("CREATE TABLE outbox (id INTEGER PRIMARY KEY, payload TEXT)")
+        conn.exec_driver_sql("INSERT INTO outbox (payload) VALUES ('the shop''s own event')")
+    config = LabConfig(
+        database_url=url, buyers=20, stock=5, concurrency=4, work_ms=0, strategies=("atomic",)
+    )
+    run_lab(config)
+    (result,) = run_lab(config)  # the second run resets the product made by the first
+    assert (result.sold, result.consistent) == (5, True)
+    with engine.connect() as conn:
+        rows = conn.exec_driver_sql("SELECT payload FROM outbox").all()
+    engine.dispose()
+    assert [tuple(row) for row in rows] == [("the shop's own event",)]
+
+
 def test_without_update_returning_reads_back_in_the_transaction(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, registry: CollectorRegistry
 ) -> None:
