@@ -55,20 +55,28 @@ schema:
     allocation: initial_stock
 probes:
   defaults:
-    interval: {interval}s
+    interval: {interval}
     timeout: 2s
 """,
         environ={},
     )
-    runner = ProbeRunner(config)
+    with running_on_a_thread(ProbeRunner(config), 10.0, 30.0) as runner:
+        yield runner
+
+
+@contextmanager
+def running_on_a_thread(
+    runner: ProbeRunner, start_timeout: float = 30.0, stop_timeout: float = 60.0
+) -> Iterator[ProbeRunner]:
+    """``runner`` started on an event loop thread of its own, stopped at the end."""
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
-    asyncio.run_coroutine_threadsafe(runner.start(), loop).result(timeout=10)
+    asyncio.run_coroutine_threadsafe(runner.start(), loop).result(timeout=start_timeout)
     try:
         yield runner
     finally:
-        asyncio.run_coroutine_threadsafe(runner.stop(), loop).result(timeout=30)
+        asyncio.run_coroutine_threadsafe(runner.stop(), loop).result(timeout=stop_timeout)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(timeout=10)
         loop.close()

@@ -38,13 +38,13 @@ from typing import Any
 
 import psycopg
 from stocksentry.exporter.config import ExporterConfig, load_config
-from stocksentry.exporter.lab import LabConfig, run_lab
 from stocksentry.exporter.probes import ProbeRunner
 from stocksentry.exporter.probes.base import Probe, ProbeResult
 from stocksentry.exporter.probes.postgres import DbProbe, OversoldProbe
 
 # The generator is shared with the plan test (tests/integration/test_probes_at_scale.py).
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.bench_probes import running_on_a_thread, throughput
 from benchmarks.scaleshop import (
     StatementRecorder,
     buffers,
@@ -292,38 +292,12 @@ def intervals_of(runner: ProbeRunner) -> dict[str, float]:
 @contextmanager
 def probes_every_second(url: str) -> Iterator[None]:
     """Every probe of the example config, every second, on a loop thread of its own."""
-    runner = ProbeRunner(example_config(url, interval=1.0))
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    asyncio.run_coroutine_threadsafe(runner.start(), loop).result(timeout=30)
-    try:
+    with running_on_a_thread(ProbeRunner(example_config(url, interval=1.0))):
         yield
-    finally:
-        asyncio.run_coroutine_threadsafe(runner.stop(), loop).result(timeout=60)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(timeout=10)
-        loop.close()
-
-
-def lab_throughput(url: str, buyers: int, concurrency: int) -> float:
-    (result,) = run_lab(
-        LabConfig(
-            database_url=url,
-            buyers=buyers,
-            stock=buyers,
-            concurrency=concurrency,
-            work_ms=0.0,
-            strategies=("atomic",),
-        )
-    )
-    if result.sold != buyers or not result.consistent:
-        raise RuntimeError(f"the lab run was not clean: {result}")
-    return buyers / result.wall_s
 
 
 def measure_lab(url: str, repeats: int, buyers: int, concurrency: int) -> None:
-    lab_throughput(url, buyers, concurrency)  # creates the lab's own rows, warms up
+    throughput(url, buyers, concurrency)  # creates the lab's own rows, warms up
     ratios: list[float] = []
     bare: list[float] = []
     probed: list[float] = []
@@ -333,9 +307,9 @@ def measure_lab(url: str, repeats: int, buyers: int, concurrency: int) -> None:
             if with_probes:
                 with probes_every_second(url):
                     time.sleep(1.0)  # the first runs, the oversold rebuild, then the sale
-                    pair[True] = lab_throughput(url, buyers, concurrency)
+                    pair[True] = throughput(url, buyers, concurrency)
             else:
-                pair[False] = lab_throughput(url, buyers, concurrency)
+                pair[False] = throughput(url, buyers, concurrency)
         bare.append(pair[False])
         probed.append(pair[True])
         ratios.append(pair[True] / pair[False])
