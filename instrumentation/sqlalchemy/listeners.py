@@ -49,6 +49,8 @@ if TYPE_CHECKING:
 
 # Which of the dialect's three execute events a statement came through.
 _SINGLE, _NO_PARAMS, _MANY = 0, 1, 2
+# The dialect event (and the dialect's method) of each style, by index.
+_EVENT_NAMES = ("do_execute", "do_execute_no_params", "do_executemany")
 # db.operation.name of the locking statements' spans, from the classifier's kind.
 _OPERATIONS = {"select": "SELECT", "update": "UPDATE", "delete": "DELETE", "lock": "LOCK TABLE"}
 _STATE = "_stocksentry_state"
@@ -225,21 +227,12 @@ class _Instrumentation:
         context: ExecutionContext,
     ) -> None:
         dialect = context.dialect
-        listeners: Any = (
-            dialect.dispatch.do_execute
-            if style == _SINGLE
-            else dialect.dispatch.do_execute_no_params
-            if style == _NO_PARAMS
-            else dialect.dispatch.do_executemany
-        )
+        event = _EVENT_NAMES[style]
+        listeners: Any = getattr(dialect.dispatch, event)
         if len(listeners) > 1:
             # SQLAlchemy stops at the first listener that returns True: give the ones
             # registered after this one their turn, as they would have had it without us.
-            mine = (
-                self.do_execute
-                if style == _SINGLE
-                else (self.do_execute_no_params if style == _NO_PARAMS else self.do_executemany)
-            )
+            mine = getattr(self, event)
             after = False
             for fn in listeners:
                 if after:
@@ -252,6 +245,7 @@ class _Instrumentation:
                         return
                 elif fn == mine:
                     after = True
+        # The dialect's own method of the same name, as SQLAlchemy would call it.
         if style == _SINGLE:
             dialect.do_execute(cursor, statement, parameters, context)
         elif style == _NO_PARAMS:
