@@ -23,7 +23,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import CollectorRegistry
-from sqlalchemy.ext.asyncio import create_async_engine
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from stocksentry.instrumentation import Sentry, catalog
 from stocksentry.instrumentation.logs import bind_correlation, configure_logging
 from stocksentry.instrumentation.sqlalchemy import (
@@ -500,13 +500,21 @@ def unsafe_reserve(engine: sa.Engine, sku: str) -> None:
         )
 
 
-def test_warning_line_names_the_code_and_carries_the_correlation_ids(
-    engine: sa.Engine, registry: CollectorRegistry
-) -> None:
+def logging_sentry(
+    engine: sa.Engine | AsyncEngine, registry: CollectorRegistry
+) -> tuple[Sentry, io.StringIO]:
+    """``engine`` instrumented by a Sentry that logs JSON lines into the returned buffer."""
     out = io.StringIO()
     configure_logging(stream=out, bridge_stdlib=False)
     sentry = Sentry(registry=registry, trace=False)
     instrument_sqlalchemy(engine, sentry=sentry)
+    return sentry, out
+
+
+def test_warning_line_names_the_code_and_carries_the_correlation_ids(
+    engine: sa.Engine, registry: CollectorRegistry
+) -> None:
+    sentry, out = logging_sentry(engine, registry)
     with (
         bind_correlation(request_id="req-7", idempotency_key="idem-7"),
         sentry.reservation("EGG-01", strategy="unsafe"),
@@ -560,10 +568,7 @@ def in_process_lock(sentry: Sentry, ttl: float) -> Any:
 def test_a_read_modify_write_under_an_owned_lock_is_safe(
     engine: sa.Engine, registry: CollectorRegistry
 ) -> None:
-    out = io.StringIO()
-    configure_logging(stream=out, bridge_stdlib=False)
-    sentry = Sentry(registry=registry, trace=False)
-    instrument_sqlalchemy(engine, sentry=sentry)
+    sentry, out = logging_sentry(engine, registry)
     for _ in range(30):
         with sentry.reservation("EGG-01", strategy="redis_lock"), in_process_lock(sentry, 10):
             read_then_write(engine, "EGG-01")
@@ -578,10 +583,7 @@ def test_a_read_modify_write_under_an_owned_lock_is_safe(
 def test_a_lock_that_expired_before_the_write_is_named(
     engine: sa.Engine, registry: CollectorRegistry
 ) -> None:
-    out = io.StringIO()
-    configure_logging(stream=out, bridge_stdlib=False)
-    sentry = Sentry(registry=registry, trace=False)
-    instrument_sqlalchemy(engine, sentry=sentry)
+    sentry, out = logging_sentry(engine, registry)
     with sentry.reservation("EGG-01", strategy="naive_lock"), in_process_lock(sentry, 0.02):
         read_then_write(engine, "EGG-01", pause=0.1)  # the work outlives the lease
     assert value(registry, UNSAFE, table="products") == 1
@@ -598,10 +600,7 @@ def test_a_lock_that_expired_before_the_write_is_named(
 def test_a_lock_released_before_the_write_does_not_cover_it(
     engine: sa.Engine, registry: CollectorRegistry
 ) -> None:
-    out = io.StringIO()
-    configure_logging(stream=out, bridge_stdlib=False)
-    sentry = Sentry(registry=registry, trace=False)
-    instrument_sqlalchemy(engine, sentry=sentry)
+    sentry, out = logging_sentry(engine, registry)
     with sentry.reservation("EGG-01", strategy="short_lock"):
         with in_process_lock(sentry, 10), engine.begin() as conn:
             stock = conn.execute(sa.text(READ), EGG).scalar_one()
@@ -621,10 +620,7 @@ async def test_async_engine_detects_and_finds_the_coroutine(
 ) -> None:
     make_engine(tmp_path / "shop.db").dispose()
     engine = create_async_engine(f"sqlite+aiosqlite:///{tmp_path / 'shop.db'}")
-    out = io.StringIO()
-    configure_logging(stream=out, bridge_stdlib=False)
-    sentry = Sentry(registry=registry, trace=False)
-    instrument_sqlalchemy(engine, sentry=sentry)
+    sentry, out = logging_sentry(engine, registry)
     assert is_instrumented(engine.sync_engine)
 
     async def reserve() -> None:
