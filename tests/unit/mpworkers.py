@@ -13,6 +13,20 @@ import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+#: Every multiprocess mode of prometheus_client's Gauge: the workers write one gauge each.
+MODES = (
+    "all",
+    "liveall",
+    "min",
+    "livemin",
+    "max",
+    "livemax",
+    "sum",
+    "livesum",
+    "mostrecent",
+    "livemostrecent",
+)
+
 
 class Workers:
     """Worker processes writing one directory; ``stay`` ones block until closed."""

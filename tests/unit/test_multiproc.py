@@ -16,23 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mpworkers import Workers
+from mpworkers import MODES, Workers
 from prometheus_client import CollectorRegistry, multiprocess
 from prometheus_client.metrics_core import Metric
 from stocksentry.exporter.multiproc import FILES_MERGED, MultiprocessDirCollector
 
-MODES = (
-    "all",
-    "liveall",
-    "min",
-    "livemin",
-    "max",
-    "livemax",
-    "sum",
-    "livesum",
-    "mostrecent",
-    "livemostrecent",
-)
 SKUS = ("A", "B", "C")
 
 WORKER = textwrap.dedent(

@@ -19,23 +19,11 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pytest
-from mpworkers import Workers
+from mpworkers import MODES, Workers
 from prometheus_client.metrics_core import Metric
 from prometheus_client.openmetrics import exposition as openmetrics
 from stocksentry.exporter.multiproc import COMPACTED, MultiprocessDirCollector, compaction
 
-MODES = (
-    "all",
-    "liveall",
-    "min",
-    "livemin",
-    "max",
-    "livemax",
-    "sum",
-    "livesum",
-    "mostrecent",
-    "livemostrecent",
-)
 #: No Linux process ever has a pid above 2**22.
 NEVER_ALIVE = 2**22 + 1
 
