@@ -66,11 +66,12 @@ class StderrProgress:
 
     @staticmethod
     def line(p: Progress) -> str:
-        """The text of one progress line."""
+        """The text of one progress line: within 80 columns for the lab's strategy names,
+        up to 999 buyers and 9 errors (the line written when no bars are drawn)."""
         return (
-            f"  {p.strategy:<22} {p.done:>{len(str(p.total))}}/{p.total} buyers"
-            f"  sold {p.sold:<5} conflicts {p.conflicts:<5} errors {p.errors:<4}"
-            f" {p.elapsed_s:6.2f} s"
+            f"{p.strategy:<20} {p.done:>{len(str(p.total))}}/{p.total} buyers"
+            f" sold {p.sold:<5} conflicts {p.conflicts:<5} {p.elapsed_s:5.1f} s"
+            f" errors {p.errors}"
         )
 
     def start(self, database: str) -> None:
