@@ -1,4 +1,4 @@
-"""Shared fixtures: a fresh registry per test, and throw-away PostgreSQL databases.
+"""Shared fixtures: a fresh registry per test, throw-away PostgreSQL and MariaDB databases.
 
 PostgreSQL and Redis are the real services (``make test`` starts them when they are down);
 the URLs (:mod:`services`) come from ``STOCKSENTRY_TEST_PG`` (a server URL whose database
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry
-from services import PG_SERVER, REDIS_URL
+from services import MYSQL_SERVER, PG_SERVER, REDIS_URL
 
 INTEGRATION_DIR = Path(__file__).resolve().parent / "integration"
 
@@ -71,6 +71,60 @@ def pg_database() -> Iterator[str]:
 def pg_sqlalchemy_url(pg_database: str) -> str:
     """The fresh database as a SQLAlchemy URL (psycopg 3 driver)."""
     return pg_database.replace("postgresql://", "postgresql+psycopg://", 1)
+
+
+def _mysql_params(url: str) -> dict[str, object]:
+    from urllib.parse import unquote, urlsplit
+
+    parts = urlsplit(url)
+    return {
+        "host": parts.hostname or "127.0.0.1",
+        "port": parts.port or 3306,
+        "user": unquote(parts.username or "root"),
+        "password": unquote(parts.password or ""),
+    }
+
+
+@pytest.fixture
+def mysql_database() -> Iterator[str]:
+    """A fresh, empty MariaDB/MySQL database; yields its ``mysql://`` URL, dropped afterwards."""
+    import pymysql
+
+    name = f"stocksentry_test_{uuid.uuid4().hex[:12]}"
+    params = _mysql_params(MYSQL_SERVER)
+    conn = pymysql.connect(**params, autocommit=True)  # type: ignore[arg-type]
+    try:
+        with conn.cursor() as cur:
+            cur.execute(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4")
+    finally:
+        conn.close()
+    base, _, _ = MYSQL_SERVER.rpartition("/")
+    try:
+        yield f"{base}/{name}"
+    finally:
+        conn = pymysql.connect(**params, autocommit=True)  # type: ignore[arg-type]
+        try:
+            with conn.cursor() as cur:
+                # Sessions a test left open would hold metadata locks and stall the drop.
+                cur.execute(
+                    "SELECT id FROM information_schema.processlist WHERE db = %s AND id <> "
+                    "connection_id()",
+                    (name,),
+                )
+                for (session,) in cur.fetchall():
+                    try:
+                        cur.execute(f"KILL {int(session)}")
+                    except pymysql.MySQLError:
+                        pass  # it ended on its own meanwhile
+                cur.execute(f"DROP DATABASE IF EXISTS `{name}`")
+        finally:
+            conn.close()
+
+
+@pytest.fixture
+def mysql_sqlalchemy_url(mysql_database: str) -> str:
+    """The fresh MariaDB database as a SQLAlchemy URL (PyMySQL driver)."""
+    return mysql_database.replace("mysql://", "mysql+pymysql://", 1)
 
 
 @pytest.fixture

@@ -1,0 +1,1 @@
+"""The MySQL and MariaDB probes (read-only, like the PostgreSQL ones in :mod:`..postgres`)."""
