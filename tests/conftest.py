@@ -13,6 +13,7 @@ guards the other side: a unit test that reaches a service fails.
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -112,10 +113,9 @@ def mysql_database() -> Iterator[str]:
                     (name,),
                 )
                 for (session,) in cur.fetchall():
-                    try:
+                    # It may have ended on its own meanwhile.
+                    with contextlib.suppress(pymysql.MySQLError):
                         cur.execute(f"KILL {int(session)}")
-                    except pymysql.MySQLError:
-                        pass  # it ended on its own meanwhile
                 cur.execute(f"DROP DATABASE IF EXISTS `{name}`")
         finally:
             conn.close()
