@@ -19,6 +19,7 @@ from ..sentry import Sentry
 from ..tracing import TRACER_NAME, exemplar_for
 from .classifier import _classify_tokens
 from .clauses import _Tables
+from .fencing import _Fencing
 from .location import _app_location
 from .model import (
     _COMPONENT,
@@ -30,6 +31,7 @@ from .model import (
     SpanMode,
     StatementInfo,
 )
+from .negative import _NegativeWrites
 from .state import (
     _ANY_ROW,
     _ConnState,
@@ -107,6 +109,11 @@ class _Instrumentation:
         # never the engine itself, which holds this object through its listeners.
         self.listeners: list[tuple[str, Callable[..., Any]]] = []
         self.otel_entries: list[Any] = []
+        # The optional write checks (set by instrument_sqlalchemy); with neither on, an
+        # UPDATE pays one attribute test for them.
+        self.fencing: _Fencing | None = None
+        self.negative: _NegativeWrites | None = None
+        self.checks_writes = False
 
     # --- classification --------------------------------------------------------------------
 
@@ -216,7 +223,30 @@ class _Instrumentation:
                 self._stock_statement(context.root_connection, cursor, plan, parameters)
             except Exception as exc:
                 self.sentry.internal_error(_COMPONENT, exc)
+            if self.checks_writes and plan.kind == "update":
+                self._check_update(context.root_connection, cursor, statement, plan, parameters)
         return True
+
+    def _check_update(
+        self,
+        conn: Connection,
+        cursor: DBAPICursor,
+        statement: str,
+        plan: StatementInfo,
+        parameters: Any,
+    ) -> None:
+        """The optional checks of an UPDATE that ran: fencing tokens, real negative stock."""
+        try:
+            keys = self._resolve(plan, parameters) if plan.keys else []
+            rowcount = getattr(cursor, "rowcount", -1)
+            fencing = self.fencing
+            if fencing is not None and plan.table in fencing.columns:
+                fencing.after_update(conn, statement, plan, parameters, keys, rowcount)
+            negative = self.negative
+            if negative is not None and negative.applies(plan):
+                negative.after_update(conn, cursor, plan, keys, rowcount)
+        except Exception as exc:
+            self.sentry.internal_error(_COMPONENT, exc)
 
     def _call_driver(
         self,
