@@ -237,13 +237,18 @@ class _Instrumentation:
     ) -> None:
         """The optional checks of an UPDATE that ran: fencing tokens, real negative stock."""
         try:
+            fencing = self.fencing
+            negative = self.negative
+            fenced = fencing is not None and plan.table in fencing.columns
+            # Decided from the plan alone first: a guarded decrement stops here.
+            watched = negative is not None and negative.applies(plan)
+            if not (fenced or watched):
+                return
             keys = self._resolve(plan, parameters) if plan.keys else []
             rowcount = getattr(cursor, "rowcount", -1)
-            fencing = self.fencing
-            if fencing is not None and plan.table in fencing.columns:
+            if fencing is not None and fenced:
                 fencing.after_update(conn, statement, plan, parameters, keys, rowcount)
-            negative = self.negative
-            if negative is not None and negative.applies(plan):
+            if negative is not None and watched:
                 negative.after_update(conn, cursor, plan, keys, rowcount)
         except Exception as exc:
             self.sentry.internal_error(_COMPONENT, exc)
