@@ -223,7 +223,13 @@ class _Instrumentation:
                 self._stock_statement(context.root_connection, cursor, plan, parameters)
             except Exception as exc:
                 self.sentry.internal_error(_COMPONENT, exc)
-            if self.checks_writes and plan.kind == "update":
+            # A guarded UPDATE (the atomic reservation) cannot leave the stock negative: with
+            # no fencing to check, it is not even looked at.
+            if (
+                self.checks_writes
+                and plan.kind == "update"
+                and (self.fencing is not None or not plan.stock_guard)
+            ):
                 self._check_update(context.root_connection, cursor, statement, plan, parameters)
         return True
 
