@@ -27,6 +27,7 @@ case), ``executemany``, and writes through the raw driver, outside SQLAlchemy.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import sys
 from collections.abc import Collection, Iterable, Mapping
@@ -69,6 +70,10 @@ def as_int(value: object) -> int | None:
         return None
     if isinstance(value, int):
         return value
+    if isinstance(value, bytes):
+        # A driver's text cell: int() takes it as it is, the common case, without Decimal.
+        with contextlib.suppress(ValueError):
+            return int(value)
     if isinstance(value, bytes | bytearray | memoryview):
         value = bytes(value).decode("ascii", "replace")
     try:
@@ -118,20 +123,29 @@ def read_column(conn: Connection, query: tuple[str, bool], key: object) -> list[
 def returned_column(cursor: Any, column: str) -> list[object] | None:
     """The values of ``column`` in the rows the driver holds for ``cursor``, read without
     consuming them; ``None`` when this cursor's rows cannot be read that way."""
+    wanted = column.lower()
+    psycopg = sys.modules.get("psycopg")
+    if psycopg is not None and isinstance(cursor, psycopg.Cursor):
+        # psycopg 3 keeps the whole result: read its cells in place, no row is built (and
+        # no description either, which costs more than the rest).
+        result = cursor.pgresult
+        if result is None:
+            return None
+        encoded = wanted.encode()
+        for field in range(result.nfields):
+            name = result.fname(field)
+            if name is not None and bytes(name).lower() == encoded:
+                if result.fformat(field) != 0:
+                    return None  # a binary-format result: not parsed here
+                return [result.get_value(row, field) for row in range(result.ntuples)]
+        return None
     description = getattr(cursor, "description", None)
     if not description:
         return None
-    wanted = column.lower()
-    index = next((i for i, col in enumerate(description) if str(col[0]).lower() == wanted), None)
-    if index is None:
+    found = next((i for i, col in enumerate(description) if str(col[0]).lower() == wanted), None)
+    if found is None:
         return None
-    psycopg = sys.modules.get("psycopg")
-    if psycopg is not None and isinstance(cursor, psycopg.Cursor):
-        # psycopg 3 keeps the whole result: read its cells in place, no row is built.
-        result = cursor.pgresult
-        if result is None or result.fformat(index) != 0:
-            return None  # a binary-format result: not parsed here
-        return [result.get_value(row, index) for row in range(result.ntuples)]
+    index = found
     rows = getattr(cursor, "_rows", None)
     if rows is not None and type(rows).__name__ == "deque":
         # SQLAlchemy's asyncio adapters (asyncpg, psycopg async, aiosqlite) fetch every row
