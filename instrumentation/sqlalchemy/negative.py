@@ -261,6 +261,10 @@ class _NegativeWrites:
         # The reservation's SKU when there is one; outside, the row's key value (the guard
         # bounds the label either way).
         sku = reservation.sku if reservation is not None else (str(keys[0][2]) if keys else "")
+        if reservation is not None:
+            # Counted here: the same write's new_stock, should the app pass it to success()
+            # (from this RETURNING), is not counted twice.
+            reservation.negative_write_seen()
         try:
             self.metrics.inventory_negative(sku)
         except Exception as exc:

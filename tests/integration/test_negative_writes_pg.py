@@ -114,6 +114,20 @@ def test_returning_is_read_without_consuming_the_apps_rows(
     assert value(registry, NEGATIVE, sku="EGG-01") == 3
 
 
+def test_a_reservation_reporting_the_returned_value_is_counted_once(
+    engine: sa.Engine, sentry: Sentry, registry: CollectorRegistry
+) -> None:
+    with capture_logs() as lines:
+        for _ in range(7):
+            with sentry.reservation("EGG-01", strategy="naive") as r, engine.begin() as conn:
+                left = conn.execute(DECREMENT_RETURNING, {"n": 1, "sku": "EGG-01"}).scalar_one()
+                # The app reports the real value it got back: the same write, not a second.
+                r.success(old_stock=left + 1, new_stock=left)
+    # 5 - 7 = -2: two negative writes, each counted and logged once.
+    assert value(registry, NEGATIVE, sku="EGG-01") == 2
+    assert negative_lines(lines) == [("EGG-01", -1), ("EGG-01", -2)]
+
+
 def test_safe_atomic_decrement_counts_nothing(
     engine: sa.Engine, registry: CollectorRegistry
 ) -> None:
