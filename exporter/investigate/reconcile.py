@@ -272,7 +272,7 @@ def _cancelled(exc: Exception) -> bool:
     MySQL / MariaDB: the error numbers of :data:`_MYSQL_OUT_OF_TIME`)."""
     orig = getattr(exc, "orig", None)
     if type(orig).__module__.partition(".")[0] == "pymysql":
-        args = getattr(orig, "args", ())
+        args: tuple[Any, ...] = getattr(orig, "args", ())
         return bool(args) and args[0] in _MYSQL_OUT_OF_TIME
     return getattr(orig, "sqlstate", None) == "57014"
 
