@@ -118,14 +118,25 @@ def stock(engine: sa.Engine, sku: str = "EGG-01") -> int:
         return int(conn.execute(READ, {"sku": sku}).scalar_one())
 
 
-def lock_waiters(engine: sa.Engine) -> int:
-    """How many InnoDB transactions wait for a lock now (MariaDB and MySQL 8 alike)."""
-    with engine.connect() as conn:
-        return int(
-            conn.exec_driver_sql(
-                "SELECT count(*) FROM information_schema.innodb_trx WHERE trx_state = 'LOCK WAIT'"
-            ).scalar_one()
-        )
+def lock_waiters(conn: sa.Connection) -> int:
+    """How many sessions of this database wait for an InnoDB lock now (MariaDB and MySQL 8
+    alike); other databases of the server (other test runs) are not counted."""
+    print(
+        "DBG",
+        conn.exec_driver_sql(
+            "SELECT trx_state, trx_mysql_thread_id, DATABASE() FROM information_schema.innodb_trx"
+        ).all(),
+        conn.exec_driver_sql(
+            "SELECT id, db, state, info FROM information_schema.processlist"
+        ).all(),
+    )
+    return int(
+        conn.exec_driver_sql(
+            "SELECT count(*) FROM information_schema.innodb_trx t"
+            " JOIN information_schema.processlist p ON p.id = t.trx_mysql_thread_id"
+            " WHERE t.trx_state = 'LOCK WAIT' AND p.db = DATABASE()"
+        ).scalar_one()
+    )
 
 
 # --- lock waits, deadlocks, lock wait timeouts ------------------------------------------------
@@ -138,15 +149,24 @@ def test_lock_wait_histogram_observes_a_real_wait(
     hold = 1.0  # seconds the holder keeps the row once the waiter is blocked on it
     locked = threading.Event()
     errors: list[BaseException] = []
-    # A plain engine beside it for the waiter count: its statements are not observed.
+    # A plain connection beside it for the waiter count, opened once: its statements are
+    # not observed, and a busy server's connection limit cannot fail a probe half-way.
     watcher = sa.create_engine(engine.url, poolclass=sa.pool.NullPool)
+    watching = watcher.connect().execution_options(isolation_level="AUTOCOMMIT")
 
     def holder() -> None:
         try:
             with engine.begin() as conn:
                 conn.execute(FOR_UPDATE, EGG).all()
                 locked.set()
-                wait_until(lambda: lock_waiters(watcher), timeout=30, message="a blocked waiter")
+                # Polled slower than InnoDB refreshes its information_schema transaction
+                # cache: at most every 0.1 s, and not while it is read more often.
+                wait_until(
+                    lambda: lock_waiters(watching),
+                    timeout=30,
+                    interval=0.25,
+                    message="a blocked waiter",
+                )
                 time.sleep(hold)
         except BaseException as exc:  # reported by the test thread
             errors.append(exc)
@@ -160,6 +180,7 @@ def test_lock_wait_histogram_observes_a_real_wait(
             conn.execute(sa.text(f"{READ.text} {clause}"), EGG).all()
     finally:
         thread.join()
+        watching.close()
         watcher.dispose()
     assert errors == []
 
@@ -242,6 +263,37 @@ def test_lock_wait_timeout_is_classified_and_its_wait_observed(
     assert value(registry, f"{LOCK_WAIT}_bucket", table="products", le="10.0") == 2
     assert value(registry, f"{LOCK_WAIT}_sum", table="products") >= LOCK_TIMEOUT_S
     assert value(registry, "stock_db_deadlock_total", table="products") == 0
+
+
+def test_a_lock_wait_timeout_ends_its_lock_span_with_the_error_number(
+    mysql_sqlalchemy_url: str, registry: CollectorRegistry
+) -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    create_schema(mysql_sqlalchemy_url)
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    sentry = Sentry(registry=registry, log=False, tracer_provider=provider)
+    engine = sa.create_engine(mysql_sqlalchemy_url)
+    instrument_sqlalchemy(engine, sentry=sentry, spans="locking")
+    try:
+        with engine.begin() as holder:
+            holder.execute(FOR_UPDATE, EGG).all()
+            with pytest.raises(sa.exc.OperationalError):
+                reserve_with_lock_timeout(engine, sentry)
+    finally:
+        uninstrument_sqlalchemy(engine)
+        engine.dispose()
+    failed = [s for s in exporter.get_finished_spans() if s.status.status_code.name == "ERROR"]
+    lock_spans = [s for s in failed if s.name == "SELECT products"]
+    assert len(lock_spans) == 1
+    attributes = dict(lock_spans[0].attributes or {})
+    assert attributes["db.response.status_code"] == "1205"
+    assert attributes["db.system.name"] == "mysql"
+    assert attributes["stock.lock"] == "for update"
 
 
 def test_nowait_on_a_locked_row_is_a_lock_timeout(
