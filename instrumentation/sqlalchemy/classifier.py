@@ -27,6 +27,7 @@ from .clauses import (
     _where_keys,
     _write_kind,
 )
+from .dialects import MYSQL_DIALECTS
 from .model import _IGNORED, StatementInfo, StockTable, ValueRef, WriteKind
 from .tokens import _Q, _W, _Tok, _tokenize
 
@@ -298,13 +299,16 @@ def classify_statement(
     *,
     paramstyle: str = "pyformat",
     stock_tables: Mapping[str, StockTable] | None = None,
+    dialect: str | None = None,
 ) -> StatementInfo:
     """Classify one SQL text the way the listeners do (for tests and for "why?" questions).
 
     ``paramstyle`` is the DBAPI style of the text (``pyformat`` for psycopg, ``numeric_dollar``
     for SQLAlchemy's asyncpg dialect, ``qmark`` for SQLite, ``named``, ``numeric``,
-    ``format``); ``stock_tables`` defaults to ``{"products": StockTable()}``. Never raises on
-    unusual SQL: what it does not understand is ``kind="other"``.
+    ``format``); ``stock_tables`` defaults to ``{"products": StockTable()}``; ``dialect``
+    is SQLAlchemy's name of the database (``"mysql"`` and ``"mariadb"`` switch on MySQL's
+    lexical rules: ``#`` comments, backslash escapes, double-quoted strings). Never raises
+    on unusual SQL: what it does not understand is ``kind="other"``.
 
     Example::
 
@@ -315,4 +319,4 @@ def classify_statement(
         ('blind', (('sku', (True, 'sku')),))
     """
     tables = _Tables(stock_tables if stock_tables is not None else {"products": StockTable()})
-    return _classify_tokens(_tokenize(sql, paramstyle), tables)
+    return _classify_tokens(_tokenize(sql, paramstyle, dialect in MYSQL_DIALECTS), tables)

@@ -19,7 +19,7 @@ from ..sentry import Sentry
 from ..tracing import TRACER_NAME, exemplar_for
 from .classifier import _classify_tokens
 from .clauses import _Tables
-from .dialects import lossless_levels, zero_rows_check
+from .dialects import MYSQL_DIALECTS, lossless_levels, zero_rows_check
 from .location import _app_location
 from .model import (
     _COMPONENT,
@@ -90,6 +90,7 @@ class _Instrumentation:
         self.read_window = read_window
         # MySQL drivers may count changed rows, not matched ones: what reads a 0 right.
         self.zero_rows = zero_rows_check(dialect_name)
+        self.mysql_lexer = dialect_name in MYSQL_DIALECTS
         # The read window's clock; a test moves it instead of sleeping.
         self.clock: Callable[[], float] = time.monotonic
         self.plans: dict[str, StatementInfo] = {}
@@ -116,7 +117,9 @@ class _Instrumentation:
     def plan(self, statement: str) -> StatementInfo:
         plan = self.plans.get(statement)
         if plan is None:
-            plan = _classify_tokens(_tokenize(statement, self.paramstyle), self.tables)
+            plan = _classify_tokens(
+                _tokenize(statement, self.paramstyle, self.mysql_lexer), self.tables
+            )
             size = len(statement)
             if size <= _PLAN_CACHE_MAX_TEXT:
                 if (

@@ -427,6 +427,18 @@ def incident_qmark_style(engine: sa.Engine) -> None:
         )
 
 
+def double_quoted_literal_key(engine: sa.Engine) -> None:
+    """MySQL's "..." string as the key (the default sql_mode, without ANSI_QUOTES)."""
+    with engine.begin() as conn:
+        (available,) = conn.exec_driver_sql(
+            'SELECT available_stock FROM products WHERE sku = "EGG-01" # the hot SKU'
+        ).one()
+    with engine.begin() as conn:
+        conn.exec_driver_sql(
+            'UPDATE products SET available_stock = %s WHERE sku = "EGG-01"', (available - 1,)
+        )
+
+
 def lab_atomic(engine: sa.Engine) -> None:
     with engine.begin() as conn:
         conn.execute(ATOMIC, {"qty": 1, "sku": "EGG-01"})
@@ -510,6 +522,7 @@ class Row:
 ROWS = [
     Row("lab unsafe: read and computed write in two transactions", lab_unsafe, 1),
     Row("incident shape: positional driver SQL, read then write", incident_qmark_style, 1),
+    Row("MySQL double-quoted literal key and # comment", double_quoted_literal_key, 1),
     Row("lab atomic conditional update", lab_atomic, 0),
     Row("atomic UPDATE stock = stock - 1 WHERE stock >= 1, driver SQL", atomic_driver_sql, 0),
     Row("lab FOR UPDATE then computed write, one transaction", lab_for_update, 0),

@@ -258,3 +258,52 @@ def test_qmark_driver_sql_read_then_write_is_flagged() -> None:
         registry.get_sample_value("stock_unsafe_read_modify_write_total", {"table": "products"})
         == 1
     )
+
+
+# --- MySQL's lexical rules ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("sql", "locking", "keys"),
+    [
+        # A backslash-escaped quote stays inside the string; # starts a comment.
+        (
+            r"SELECT available_stock FROM products WHERE sku = 'it\'s FOR UPDATE' # FOR UPDATE",
+            False,
+            (("sku", (False, "it's FOR UPDATE")),),
+        ),
+        (
+            r"SELECT available_stock FROM products WHERE sku = 'a\\' FOR UPDATE",
+            True,
+            (("sku", (False, "a\\")),),
+        ),
+        # Double quotes make a string (without ANSI_QUOTES), so the key is a value.
+        (
+            'SELECT available_stock FROM products WHERE sku = "EGG-01"',
+            False,
+            (("sku", (False, "EGG-01")),),
+        ),
+        (
+            "SELECT available_stock FROM products WHERE sku = _utf8mb4'EGG' LOCK IN SHARE MODE",
+            True,
+            (("sku", (False, "EGG")),),
+        ),
+        (
+            "SELECT available_stock FROM products WHERE sku = 'unterminated\\",
+            False,
+            (("sku", (False, "unterminated\\")),),
+        ),
+    ],
+)
+def test_mysql_lexical_rules(sql: str, locking: bool, keys: tuple[Any, ...]) -> None:
+    for dialect in ("mysql", "mariadb"):
+        info = classify_statement(sql, paramstyle="format", dialect=dialect)
+        assert (info.locking, info.keys) == (locking, keys)
+
+
+def test_without_the_mysql_dialect_its_escapes_are_not_read() -> None:
+    sql = r"SELECT available_stock FROM products WHERE sku = 'it\'s FOR UPDATE' # x"
+    assert classify_statement(sql, paramstyle="format", dialect="mysql").locking is False
+    # PostgreSQL's rules: the backslash is a character and the string ends at \', so the
+    # FOR UPDATE inside it is read as SQL. The listeners pass the engine's dialect.
+    assert classify_statement(sql, paramstyle="format").locking is True
