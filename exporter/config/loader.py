@@ -298,6 +298,8 @@ def _exporter(ctx: Context, mapping: CheckedMapping | None, values: dict[str, An
             missing["outbox"] = "schema.outbox is not mapped"
         if redis is None:
             missing["cache_drift"] = "there is no redis section"
+        elif database.dialect == "mysql":
+            missing["cache_drift"] = "it reads PostgreSQL only (not MySQL or MariaDB yet)"
         elif not _installed("redis"):
             # [exporter] brings redis; an install without it still runs the sidecar.
             missing["cache_drift"] = (
@@ -325,6 +327,13 @@ def _exporter(ctx: Context, mapping: CheckedMapping | None, values: dict[str, An
     if probes.custom and database is None:
         path = "probes.custom"
         ctx.fail(ctx.nodes.get(path), path, "custom probes need a database section")
+    if probes.custom and database is not None and database.dialect == "mysql":
+        path = "probes.custom"
+        ctx.fail(
+            ctx.nodes.get(path),
+            path,
+            "custom probes run on PostgreSQL only (not MySQL or MariaDB yet)",
+        )
     values["probes"] = dataclasses.replace(probes, **switched)
     if values.get("lock_watch") is not None and not _installed("redis"):
         path = "lock_watch"

@@ -32,6 +32,7 @@ from stocksentry.instrumentation.catalog import MetricSpec
 from stocksentry.instrumentation.guard import LabelGuard
 
 from ..config import ELECTION_PROBE, ExporterConfig
+from . import mysql as my
 from .base import (
     LOGGER,
     PROBE_LEADER,
@@ -102,9 +103,15 @@ class ProbeRunner:
         self._errors = ErrorLog(LOGGER, interval=error_log_interval, secrets=secrets)
 
         self._pool: PgPool | None = None
+        self._my_pool: my.MyPool | None = None
         self._redis: RedisSource | None = None
         self._db_probes: list[Probe] = []
-        if config.database is not None:
+        if config.database is not None and config.database.dialect == "mysql":
+            # MySQL and MariaDB: the same probes and figures through aiomysql (the loader
+            # has switched off cache_drift and refused custom SQL on this dialect).
+            self._my_pool = my.MyPool(config.database)
+            self._db_probes.extend(my.build_db_probes(config, self._my_pool, self.sku_guard))
+        elif config.database is not None:
             self._pool = PgPool(config.database)
             self._db_probes.extend(build_db_probes(config, self._pool, self.sku_guard))
             if config.probes.cache_drift.enabled and config.redis is not None:
@@ -181,6 +188,8 @@ class ProbeRunner:
             self._election_task = None
         if self._pool is not None:
             await self._pool.close()
+        if self._my_pool is not None:
+            await self._my_pool.close()
         if self._redis is not None:
             await self._redis.close()
 
@@ -242,6 +251,8 @@ class ProbeRunner:
         self._results = {k: v for k, v in self._results.items() if k not in names}
         if self._pool is not None:
             await self._pool.close_idle()
+        if self._my_pool is not None:
+            await self._my_pool.close_idle()
         if self._election is not None and not self._stopping:
             LOGGER.warning("no longer leading: database probes stopped")
 
@@ -290,12 +301,17 @@ class ProbeRunner:
         self._results = {**self._results, name: result}
 
     async def _check_indexes(self) -> None:
-        if self._pool is None:
-            return
         config = self.config
         try:
             async with asyncio.timeout(60.0):
-                advice = await self._pool.read(lambda conn: check_indexes(conn, config))
+                if self._my_pool is not None:
+                    advice = await self._my_pool.read(
+                        lambda session: my.check_indexes(session, config)
+                    )
+                elif self._pool is not None:
+                    advice = await self._pool.read(lambda conn: check_indexes(conn, config))
+                else:
+                    return
         except Exception as exc:
             LOGGER.warning("index check failed: %s", self._errors.clean(describe_error(exc)))
             return
