@@ -9,24 +9,26 @@ as a scrape would. MySQL 8 is not run here (its differences are documented).
 from __future__ import annotations
 
 import asyncio
-import logging
+import datetime as dt
 import random
 import time
 from collections.abc import Callable
+from decimal import Decimal
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
+import psycopg
 import pymysql
 import pytest
 import yaml
 from polling import async_wait_until
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.parser import text_string_to_metric_families
-from stocksentry.exporter.config import ConfigError, ExporterConfig, parse_config
+from prometheus_client import CollectorRegistry
+from stocksentry.exporter.config import ExporterConfig, parse_config
 from stocksentry.exporter.invariants import InvariantSql
 from stocksentry.exporter.probes import ProbeRunner
-from stocksentry.exporter.probes.mysql import MyPool, check_indexes
 from stocksentry.exporter.probes.mysql.common import statement
+from stocksentry.exporter.probes.postgres.common import composed
+from test_probes import seed as pg_seed
 
 pytestmark = pytest.mark.integration
 
@@ -251,3 +253,92 @@ async def test_every_probe_reports_the_seeded_truth(mysql_database, registry):
             lambda: runner.index_advice is not None, timeout=WAIT, message="the index check"
         )
         assert runner.index_advice == ()
+
+
+# --- the invariant statements: the same rows on MariaDB as on PostgreSQL --------------------
+
+
+def invariant_queries(builder: InvariantSql) -> dict[str, Any]:
+    """Every statement InvariantSql builds, with arguments that return rows on the seed."""
+    window = dt.timedelta(hours=1)
+    long_ago = dt.datetime(2000, 1, 1)
+    future = dt.datetime(2100, 1, 1)
+    return {
+        "negative_stock": builder.negative_stock(),
+        "negative_stock_skus": builder.negative_stock(skus=["SKU-NEG1", "SKU-OK"]),
+        "negative_stock_totals": builder.negative_stock_totals(),
+        "oversold": builder.oversold(),
+        "oversold_promo": builder.oversold(skus=["SKU-OVER", "SKU-OK"], worst_first=True),
+        "oversold_orders": builder.oversold(worst_first=True, count_orders=True),
+        "paid_units_created": builder.paid_units_created(start=long_ago, end=future),
+        "paid_units_since": builder.paid_units_created(start=long_ago),
+        "paid_units_of_products": builder.paid_units_of_products([3, 4, 5], end=future),
+        "paid_units_chunk": builder.paid_units_chunk(after=None, limit=3, end=future),
+        "paid_units_chunk_after": builder.paid_units_chunk(after=3, limit=10, end=future),
+        "duplicate_keys": builder.duplicate_keys("external_ref", since=window),
+        "duplicate_keys_all": builder.duplicate_keys("external_ref"),
+        "duplicate_keys_since": builder.duplicate_keys("external_ref", since=long_ago),
+        "duplicate_keys_skus": builder.duplicate_keys("external_ref", skus=["SKU-OVER"]),
+        "keys_created": builder.keys_created("external_ref", start=long_ago),
+        "key_expiry": builder.duplicate_key_expiry("external_ref", window=window),
+        "key_expiry_keys": builder.duplicate_key_expiry(
+            "external_ref", window=window, keys=["dup-1", "single", "old-dup"]
+        ),
+        "duplicate_key_totals": builder.duplicate_key_totals(since=window),
+        "paid_without_items": builder.paid_without_items(since=window),
+    }
+
+
+def normalised(rows: list[tuple[Any, ...]], columns: tuple[str, ...]) -> list[tuple[Any, ...]]:
+    """Rows comparable across drivers: numbers as floats, times dropped (each server's own
+    clock), and in a fixed order where the statement leaves it open."""
+    out = []
+    for row in rows:
+        values = []
+        for _name, value in zip(columns, row, strict=True):
+            if isinstance(value, dt.datetime):
+                continue
+            if isinstance(value, int | float | Decimal) and not isinstance(value, bool):
+                value = float(value)
+            values.append(value if value is None or isinstance(value, float) else str(value))
+        out.append(tuple(values))
+    return sorted(out, key=repr)
+
+
+async def test_every_invariant_statement_gives_postgresql_s_rows(mysql_database, pg_database):
+    seed(mysql_database)
+    await pg_seed(pg_database)
+    schema = make_config(mysql_database).schema
+    on_mysql = invariant_queries(InvariantSql(schema, dialect="mysql"))
+    on_pg = invariant_queries(InvariantSql(schema))
+    conn = connect(mysql_database)
+    try:
+        async with await psycopg.AsyncConnection.connect(pg_database) as pg:
+            for name, query in on_mysql.items():
+                text, params = statement(query)
+                with conn.cursor() as cur:
+                    cur.execute(text, params)
+                    got = [tuple(r) for r in cur.fetchall()]
+                pg_statement, pg_params = composed(on_pg[name])
+                cursor = await pg.execute(pg_statement, pg_params)
+                want = [tuple(r) for r in await cursor.fetchall()]
+                assert normalised(got, query.columns) == normalised(want, query.columns), name
+                # The seed has no duplicate among the orders with items.
+                assert want or name == "duplicate_keys_skus", f"{name} returns no row"
+    finally:
+        conn.close()
+    # The seed's truth, spelled out for the two that matter most.
+    assert normalised(
+        [tuple(r) for r in run_rows(mysql_database, on_mysql["oversold"])], ("a", "b", "c", "d")
+    ) == [("SKU-OVER", 5.0, 7.0, 2.0), ("SKU-OVER2", 1.0, 4.0, 3.0)]
+
+
+def run_rows(url: str, query: Any) -> list[tuple[Any, ...]]:
+    text, params = statement(query)
+    conn = connect(url)
+    try:
+        with conn.cursor() as cur:
+            cur.execute(text, params)
+            return [tuple(r) for r in cur.fetchall()]
+    finally:
+        conn.close()
