@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import logging
 import random
 import time
 from collections.abc import Callable
@@ -22,7 +23,8 @@ import pymysql
 import pytest
 import yaml
 from polling import async_wait_until
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 from stocksentry.exporter.config import ExporterConfig, parse_config
 from stocksentry.exporter.invariants import InvariantSql
 from stocksentry.exporter.probes import ProbeRunner
@@ -342,3 +344,344 @@ def run_rows(url: str, query: Any) -> list[tuple[Any, ...]]:
             return [tuple(r) for r in cur.fetchall()]
     finally:
         conn.close()
+
+
+# --- the server's state: lock waiters, deadlocks, long transactions -------------------------
+
+
+async def test_lock_waiters_and_the_longest_wait(mysql_database, registry):
+    seed(mysql_database)
+    holder = connect(mysql_database, autocommit=False)
+    waiter = connect(mysql_database)
+    update = "UPDATE products SET available_stock = available_stock WHERE id = 1"
+    try:
+        execute(holder, "SET SESSION innodb_lock_wait_timeout = 30")
+        execute(waiter, "SET SESSION innodb_lock_wait_timeout = 30")
+        holder.begin()
+        execute(holder, update)  # holds the row lock in an open transaction
+        waiting = asyncio.create_task(asyncio.to_thread(execute, waiter, update))
+        config = make_config(mysql_database, ("lock_waiters",))
+        async with ProbeRunner(config, registry=registry):
+            await async_wait_until(
+                lambda: sample(registry, "stock_db_lock_waiters") == 1.0,
+                timeout=WAIT,
+                message="one waiter",
+            )
+            await async_wait_until(
+                lambda: (sample(registry, "stock_db_lock_wait_max_seconds") or 0.0) > 0.2,
+                timeout=WAIT,
+                message="a growing wait",
+            )
+            holder.rollback()
+            await waiting
+            await async_wait_until(
+                lambda: sample(registry, "stock_db_lock_waiters") == 0.0,
+                timeout=WAIT,
+                message="no waiter",
+            )
+            assert sample(registry, "stock_db_lock_wait_max_seconds") == 0.0
+    finally:
+        holder.close()
+        waiter.close()
+
+
+def global_deadlocks(url: str) -> float:
+    conn = connect(url)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SHOW GLOBAL STATUS LIKE 'Innodb_deadlocks'")
+            ((_name, value),) = cur.fetchall()
+            return float(value)
+    finally:
+        conn.close()
+
+
+async def test_deadlocks_come_from_innodb_deadlocks(mysql_database, registry):
+    seed(mysql_database)
+    database = database_of(mysql_database)
+    config = make_config(mysql_database, ("deadlocks",))
+    first = connect(mysql_database, autocommit=False)
+    second = connect(mysql_database, autocommit=False)
+    try:
+        async with ProbeRunner(config, registry=registry):
+            await async_wait_until(all_up(registry, ("deadlocks",)), timeout=WAIT)
+            before = sample(registry, "stock_db_deadlocks_total", database=database)
+            assert before is not None
+            first.begin()
+            second.begin()
+            execute(first, "UPDATE products SET initial_stock = initial_stock WHERE id = 1")
+            execute(second, "UPDATE products SET initial_stock = initial_stock WHERE id = 2")
+            crossing = asyncio.create_task(
+                asyncio.to_thread(
+                    execute,
+                    first,
+                    "UPDATE products SET initial_stock = initial_stock WHERE id = 2",
+                )
+            )
+            await asyncio.sleep(0.2)
+            outcomes = await asyncio.gather(
+                crossing,
+                asyncio.to_thread(
+                    execute,
+                    second,
+                    "UPDATE products SET initial_stock = initial_stock WHERE id = 1",
+                ),
+                return_exceptions=True,
+            )
+            errors = [o for o in outcomes if isinstance(o, pymysql.err.OperationalError)]
+            assert [e.args[0] for e in errors] == [1213]
+            # The counter is the server's: other suites' deadlocks may add to it, never
+            # take from it.
+            await async_wait_until(
+                lambda: (
+                    (sample(registry, "stock_db_deadlocks_total", database=database) or 0)
+                    >= before + 1
+                ),
+                timeout=WAIT,
+                message="one more deadlock",
+            )
+            figure = sample(registry, "stock_db_deadlocks_total", database=database)
+            assert figure is not None
+            assert figure <= global_deadlocks(mysql_database)
+    finally:
+        first.close()
+        second.close()
+
+
+async def test_long_transactions_in_this_database(mysql_database, registry):
+    seed(mysql_database)
+    on_stock = connect(mysql_database, autocommit=False)
+    elsewhere = connect(mysql_database, autocommit=False)
+    try:
+        on_stock.begin()
+        execute(on_stock, "SELECT available_stock FROM products WHERE id = 1")
+        elsewhere.begin()
+        execute(elsewhere, "SELECT 1")  # open too, but touches no InnoDB table
+        config = make_config(
+            mysql_database,
+            ("long_transactions",),
+            settings={"long_transactions": {"threshold": "300ms"}},
+        )
+        async with ProbeRunner(config, registry=registry):
+            await async_wait_until(
+                lambda: sample(registry, "stock_db_long_transactions") == 1.0,
+                timeout=WAIT,
+                message="one long transaction",
+            )
+            oldest = sample(registry, "stock_db_long_transaction_max_seconds")
+            assert oldest is not None
+            assert oldest >= 0.3
+            on_stock.rollback()
+            await async_wait_until(
+                lambda: sample(registry, "stock_db_long_transactions") == 0.0,
+                timeout=WAIT,
+                message="none after rollback",
+            )
+    finally:
+        on_stock.close()
+        elsewhere.close()
+
+
+def execute(conn: Any, sql: str) -> None:
+    with conn.cursor() as cur:
+        cur.execute(sql)
+        cur.fetchall()
+
+
+# --- failures: locks, an unreachable or vanishing server -------------------------------------
+
+
+async def test_a_locked_table_times_out_the_probe_then_it_recovers(mysql_database, registry):
+    seed(mysql_database)
+    # A statement limit above the lock wait's whole second, so the lock wait ends it.
+    config = make_config(
+        mysql_database,
+        ("negative_stock", "lock_waiters"),
+        database={"statement_timeout": "1500ms"},
+    )
+    locker = connect(mysql_database)
+    try:
+        async with ProbeRunner(config, registry=registry) as runner:
+            await async_wait_until(all_up(registry, ("negative_stock",)), timeout=WAIT)
+            execute(locker, "LOCK TABLES products WRITE")
+            await async_wait_until(
+                lambda: sample(registry, "stocksentry_probe_up", probe="negative_stock") == 0.0,
+                timeout=WAIT,
+                message="negative_stock down",
+            )
+            result = runner.results["negative_stock"]
+            assert result.error is not None
+            # lock_wait_timeout (200 ms rounded up to the server's 1 s) ended the wait.
+            assert "1205" in result.error
+            assert "Lock wait timeout" in result.error
+            (probe,) = [p for p in runner.probes if p.name == "negative_stock"]
+            assert result.duration < probe.timeout
+            assert sample(registry, "stock_negative_inventory_skus") is None
+            # The other probe is not hidden, and a scrape answers from the stored results.
+            assert sample(registry, "stocksentry_probe_up", probe="lock_waiters") == 1.0
+            started = time.monotonic()
+            scraped = scrape(registry)
+            assert time.monotonic() - started < probe.timeout
+            key = (("probe", "negative_stock"),)
+            assert scraped[("stocksentry_probe_up", key)] == 0.0
+            assert ("stock_negative_inventory_skus", ()) not in scraped
+            execute(locker, "UNLOCK TABLES")
+            await async_wait_until(
+                lambda: sample(registry, "stocksentry_probe_up", probe="negative_stock") == 1.0,
+                timeout=WAIT,
+                message="negative_stock back up",
+            )
+            assert sample(registry, "stock_negative_inventory_skus") == 2.0
+    finally:
+        locker.close()
+
+
+def scrape(registry: CollectorRegistry) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(generate_latest(registry).decode())
+        for s in family.samples
+    }
+
+
+async def test_an_unreachable_server_is_reported_down_without_the_password(registry, caplog):
+    caplog.set_level(logging.INFO, logger="stocksentry.exporter.probes")
+    # Port 1: nothing listens there, the connection is refused at once.
+    config = make_config(
+        "mysql://root@127.0.0.1:1/shop",
+        ("negative_stock", "deadlocks"),
+        database={"url_env": "STOCKSENTRY_DATABASE_URL"},
+        environ={"STOCKSENTRY_DATABASE_URL": "mysql://app:s3cr3t-pw@127.0.0.1:1/shop"},
+    )
+    runner = ProbeRunner(config, registry=registry)
+    await runner.start()
+    try:
+        await async_wait_until(
+            lambda: (
+                sample(registry, "stocksentry_probe_up", probe="negative_stock") == 0.0
+                and sample(registry, "stocksentry_probe_up", probe="deadlocks") == 0.0
+            ),
+            timeout=WAIT,
+            message="both probes down",
+        )
+        assert sample(registry, "stock_negative_inventory_skus") is None
+        assert sample(registry, "stocksentry_probe_last_success_timestamp_seconds",
+                      probe="negative_stock") is None  # fmt: skip
+        started = time.monotonic()
+        scraped = scrape(registry)
+        assert time.monotonic() - started < 1.0
+        assert scraped[("stocksentry_probe_up", (("probe", "negative_stock"),))] == 0.0
+        await asyncio.sleep(0.5)
+        assert runner.results["negative_stock"].up is False
+        assert "2003" in (runner.results["negative_stock"].error or "")
+    finally:
+        await runner.stop()
+    assert "s3cr3t-pw" not in caplog.text
+    assert "probe negative_stock failed" in caplog.text
+    assert all("s3cr3t-pw" not in (r.error or "") for r in runner.results.values())
+
+
+async def test_a_wrong_password_is_never_echoed(mysql_database, registry, caplog):
+    caplog.set_level(logging.INFO, logger="stocksentry.exporter.probes")
+    parts = urlsplit(mysql_database)
+    url = f"mysql://stocksentry_nobody:s3cr3t-pw@{parts.hostname}:{parts.port or 3306}{parts.path}"
+    config = make_config(
+        mysql_database,
+        ("negative_stock",),
+        leader_election=True,
+        database={"url_env": "STOCKSENTRY_DATABASE_URL"},
+        environ={"STOCKSENTRY_DATABASE_URL": url},
+    )
+    async with ProbeRunner(config, registry=registry) as runner:
+        await async_wait_until(
+            lambda: sample(registry, "stocksentry_probe_up", probe="leader_election") == 0.0,
+            timeout=WAIT,
+            message="the election down",
+        )
+        error = runner.results["leader_election"].error or ""
+        assert "Access denied" in error
+    assert "s3cr3t-pw" not in caplog.text
+    assert "s3cr3t-pw" not in error
+
+
+class Proxy:
+    """A TCP forwarder to the MariaDB server that can be cut and restored: the server
+    vanishes for the exporter (connections dropped, the port refusing) and comes back."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.target = (host, port)
+        self.port = 0
+        self._server: asyncio.Server | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", self.port)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def cut(self) -> None:
+        assert self._server is not None
+        self._server.close()
+        for writer in list(self._writers):
+            writer.transport.abort()
+        await self._server.wait_closed()
+        self._server = None
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection(*self.target)
+        self._writers.update((writer, up_writer))
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            try:
+                while data := await src.read(65536):
+                    dst.write(data)
+                    await dst.drain()
+            except (ConnectionError, OSError):
+                pass
+            finally:
+                dst.transport.abort()
+
+        try:
+            await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+        finally:
+            self._writers.difference_update((writer, up_writer))
+
+
+async def test_a_server_that_goes_away_is_down_then_recovers_without_restart(
+    mysql_database, registry
+):
+    seed(mysql_database)
+    parts = urlsplit(mysql_database)
+    proxy = Proxy(parts.hostname or "127.0.0.1", parts.port or 3306)
+    await proxy.start()
+    url = f"mysql://{parts.username or 'root'}@127.0.0.1:{proxy.port}{parts.path}"
+    config = make_config(url, ("negative_stock", "oversold"), leader_election=True)
+    try:
+        async with ProbeRunner(config, registry=registry) as runner:
+            await async_wait_until(
+                all_up(registry, ("negative_stock", "oversold", "leader_election")),
+                timeout=WAIT,
+            )
+            await proxy.cut()
+            # Once the election's session is gone the probes stop (a follower's figures
+            # would be stale); each probe that ran last reports its own failure or goes.
+            await async_wait_until(
+                lambda: sample(registry, "stocksentry_probe_up", probe="leader_election") == 0.0,
+                timeout=WAIT,
+                message="the election down",
+            )
+            assert sample(registry, "stock_negative_inventory_skus") is None
+            started = time.monotonic()
+            scrape(registry)
+            assert time.monotonic() - started < 1.0
+            await proxy.start()  # the same port again
+            await async_wait_until(
+                all_up(registry, ("negative_stock", "oversold", "leader_election")),
+                timeout=WAIT,
+                message="everything back",
+            )
+            assert runner.is_leader
+            assert sample(registry, "stock_negative_inventory_skus") == 2.0
+            assert sample(registry, "stock_oversold_units", sku="SKU-OVER") == 2.0
+    finally:
+        if proxy._server is not None:
+            await proxy.cut()
