@@ -28,6 +28,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from stocksentry.exporter.config import ExporterConfig, parse_config
 from stocksentry.exporter.invariants import InvariantSql
 from stocksentry.exporter.probes import ProbeRunner
+from stocksentry.exporter.probes.base import ErrorLog
+from stocksentry.exporter.probes.election import LeaderElection, lock_name
+from stocksentry.exporter.probes.mysql import MyPool, check_indexes
 from stocksentry.exporter.probes.mysql.common import statement
 from stocksentry.exporter.probes.postgres.common import composed
 from test_probes import seed as pg_seed
@@ -685,3 +688,154 @@ async def test_a_server_that_goes_away_is_down_then_recovers_without_restart(
     finally:
         if proxy._server is not None:
             await proxy.cut()
+
+
+# --- leader election with GET_LOCK -----------------------------------------------------------
+
+
+def lock_is_free(url: str, name: str) -> bool:
+    """Whether another session can take the named lock ``name`` (released at once)."""
+    conn = connect(url)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT GET_LOCK(%s, 0)", (name,))
+            ((got,),) = cur.fetchall()
+            cur.execute("SELECT RELEASE_LOCK(%s)", (name,))
+            return bool(got == 1)
+    finally:
+        conn.close()
+
+
+async def test_one_leader_runs_the_database_probes_and_the_other_takes_over(mysql_database):
+    seed(mysql_database)
+    config = make_config(mysql_database, ("negative_stock",), leader_election=True)
+    first_registry, second_registry = CollectorRegistry(), CollectorRegistry()
+    first = ProbeRunner(config, registry=first_registry)
+    second = ProbeRunner(config, registry=second_registry)
+    await first.start()
+    try:
+        await async_wait_until(
+            all_up(first_registry, ("negative_stock",)), timeout=WAIT, message="first leads"
+        )
+        await second.start()
+        await async_wait_until(
+            lambda: (
+                sample(second_registry, "stocksentry_probe_up", probe="leader_election") == 1.0
+            ),
+            timeout=WAIT,
+            message="second in the election",
+        )
+        await asyncio.sleep(0.6)  # three retries of the follower
+        assert (first.is_leader, second.is_leader) == (True, False)
+        assert sample(second_registry, "stocksentry_probe_leader") == 0.0
+        assert sample(second_registry, "stock_negative_inventory_skus") is None
+        await first.stop()
+        await async_wait_until(
+            lambda: (
+                second.is_leader
+                and sample(second_registry, "stocksentry_probe_up", probe="negative_stock") == 1.0
+            ),
+            timeout=WAIT,
+            message="second takes over",
+        )
+        assert sample(second_registry, "stock_negative_inventory_skus") == 2.0
+    finally:
+        await first.stop()
+        await second.stop()
+
+
+async def test_a_silent_leader_s_session_is_ended_by_the_server(mysql_database):
+    config = make_config(mysql_database, ("negative_stock",), leader_election=True)
+    assert config.database is not None
+    name = lock_name(database_of(mysql_database), config.database.advisory_lock_key)
+
+    async def nothing() -> None:
+        pass
+
+    election = LeaderElection(
+        config.database,
+        on_elected=nothing,
+        on_deposed=nothing,
+        on_result=lambda result: None,
+        errors=ErrorLog(logging.getLogger("test-election")),
+    )
+    try:
+        await election.step()
+        assert election.leading
+        assert not lock_is_free(mysql_database, name)
+        # The leader stops pinging (frozen, cut off): wait_timeout (3 x 200 ms, at least
+        # 1 s) ends its session on the server, which releases the lock.
+        await async_wait_until(
+            lambda: lock_is_free(mysql_database, name), timeout=WAIT, message="the lock is free"
+        )
+        # Its next step finds the session gone and steps down.
+        await election.step()
+        assert not election.leading
+    finally:
+        await election._drop_connection()
+
+
+# --- the index check, and no session left behind ---------------------------------------------
+
+
+async def test_missing_indexes_are_reported_with_the_statement_to_add(mysql_database, registry):
+    seed(mysql_database, indexes=False)
+    config = make_config(mysql_database)
+    pool = MyPool(config.database)  # type: ignore[arg-type]
+    try:
+        advice = await pool.read(lambda session: check_indexes(session, config))
+    finally:
+        await pool.close()
+    # order_items(order_id) and (product_id) come with their foreign keys.
+    assert [(a.probe, a.table, a.column) for a in advice] == [
+        ("negative_stock", "products", "available_stock"),
+        ("oversold", "orders", "created_at"),
+        ("duplicate_orders", "orders", "external_ref"),
+        ("expired_reservations", "reservations", "expires_at"),
+        ("outbox", "outbox", "published_at"),
+    ]
+    assert advice[0].statement == (
+        "ALTER TABLE `products` ADD INDEX `products_available_stock_idx` (`available_stock`),"
+        " ALGORITHM=INPLACE, LOCK=NONE;"
+    )
+    assert "(`published_at`, `created_at`)" in advice[4].statement
+    # The statements are valid SQL that create the very indexes asked for.
+    run_sql(mysql_database, [item.statement.rstrip(";") for item in advice])
+    async with ProbeRunner(config, registry=registry) as runner:
+        await async_wait_until(
+            lambda: runner.index_advice is not None, timeout=WAIT, message="the index check"
+        )
+        assert runner.index_advice == ()
+
+
+def exporter_sessions(url: str) -> set[int]:
+    """The other sessions of the test's own database: the exporter's, in these tests."""
+    conn = connect(url)
+    try:
+        with conn.cursor() as cur:
+            cur.execute(
+                "SELECT id FROM information_schema.processlist"
+                " WHERE db = database() AND id <> connection_id()"
+            )
+            return {int(pid) for (pid,) in cur.fetchall()}
+    finally:
+        conn.close()
+
+
+async def test_stop_leaves_no_session_behind(mysql_database, registry):
+    seed(mysql_database)
+    config = make_config(mysql_database, ALL_DB_PROBES, leader_election=True)
+    runner = ProbeRunner(config, registry=registry)
+    await runner.start()
+    await async_wait_until(all_up(registry, ALL_DB_PROBES), timeout=WAIT)
+    sessions = exporter_sessions(mysql_database)
+    # The election's and the pool's (at most max_connections).
+    assert 2 <= len(sessions) <= 1 + config.database.max_connections  # type: ignore[union-attr]
+    await runner.stop()
+    await runner.stop()  # idempotent
+    await async_wait_until(
+        lambda: not exporter_sessions(mysql_database),
+        timeout=WAIT,
+        message="no session left open",
+    )
+    assert not runner.is_leader
