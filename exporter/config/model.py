@@ -298,12 +298,15 @@ class DatabaseConfig:
         _STATEMENT_TIMEOUT,
         Duration(maximum=10 * _MINUTE),
         "`SET LOCAL statement_timeout` of every probe transaction whose probe does not "
-        "set its own `statement_timeout`",
+        "set its own `statement_timeout` (MariaDB: `max_statement_time`, MySQL: "
+        "`max_execution_time`)",
     )
     lock_timeout: float = key(
         0.2,
         Duration(maximum=10 * _MINUTE),
-        "`SET LOCAL lock_timeout`: a probe gives up instead of queueing behind checkout",
+        "`SET LOCAL lock_timeout`: a probe gives up instead of queueing behind checkout "
+        "(MySQL/MariaDB: `innodb_lock_wait_timeout` and `lock_wait_timeout`, whole seconds, "
+        "at least 1)",
     )
     connect_timeout: float = key(
         5.0,
@@ -316,7 +319,8 @@ class DatabaseConfig:
     advisory_lock_key: int = key(
         DEFAULT_ADVISORY_LOCK_KEY,
         Integer(-(2**63), 2**63 - 1, label="64-bit integer"),
-        "the `pg_try_advisory_lock` key",
+        "the `pg_try_advisory_lock` key (MySQL/MariaDB: "
+        "`GET_LOCK('stocksentry.<database>.<key>', 0)`)",
         default_doc=f'`{DEFAULT_ADVISORY_LOCK_KEY}` (`"stocksen"`)',
     )
     leader_retry_interval: float = key(
