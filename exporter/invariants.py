@@ -305,7 +305,8 @@ class InvariantSql:
 
     def _with_product(self, parts: _Parts, inner: str) -> None:
         """``... FROM (inner) AS s JOIN products AS p ON p.id = s.product_id``, on
-        PostgreSQL as a ``LATERAL`` lookup by the primary key per row."""
+        PostgreSQL as a ``LATERAL`` lookup by the primary key per row, on MySQL as a
+        ``STRAIGHT_JOIN`` (the same order)."""
         p = self.schema.products
         if self.lateral:
             parts.sql(
@@ -315,8 +316,12 @@ class InvariantSql:
                 f" = {inner}.product_id OFFSET 0) AS p"
             )
         else:
+            # MariaDB would otherwise scan products and probe a materialised derived table
+            # by key: STRAIGHT_JOIN keeps the few summed rows first, each product by its
+            # primary key.
+            join = "STRAIGHT_JOIN" if self.mysql else "JOIN"
             parts.sql(
-                f") AS {inner} JOIN {self.quote(p.table)} AS p"
+                f") AS {inner} {join} {self.quote(p.table)} AS p"
                 f" ON {self._col('p', p.id)} = {inner}.product_id"
             )
 

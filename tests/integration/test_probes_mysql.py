@@ -92,7 +92,7 @@ INDEXES = [
     "CREATE INDEX orders_created_at_idx ON orders (created_at)",
     "CREATE INDEX orders_external_ref_idx ON orders (external_ref)",
     "CREATE INDEX orders_idempotency_key_idx ON orders (idempotency_key)",
-    "CREATE INDEX reservations_expires_at_idx ON reservations (expires_at)",
+    "CREATE INDEX reservations_held_idx ON reservations (released_at, expires_at)",
     "CREATE INDEX outbox_pending_idx ON outbox (published_at, created_at)",
 ]
 
@@ -791,13 +791,14 @@ async def test_missing_indexes_are_reported_with_the_statement_to_add(mysql_data
         ("negative_stock", "products", "available_stock"),
         ("oversold", "orders", "created_at"),
         ("duplicate_orders", "orders", "external_ref"),
-        ("expired_reservations", "reservations", "expires_at"),
+        ("expired_reservations", "reservations", "released_at"),
         ("outbox", "outbox", "published_at"),
     ]
     assert advice[0].statement == (
         "ALTER TABLE `products` ADD INDEX `products_available_stock_idx` (`available_stock`),"
         " ALGORITHM=INPLACE, LOCK=NONE;"
     )
+    assert "(`released_at`, `expires_at`)" in advice[3].statement
     assert "(`published_at`, `created_at`)" in advice[4].statement
     # The statements are valid SQL that create the very indexes asked for.
     run_sql(mysql_database, [item.statement.rstrip(";") for item in advice])
