@@ -82,12 +82,17 @@ class DeadlocksProbe(MyDbProbe):
 
     def __init__(self, config: ExporterConfig, pool: MyPool) -> None:
         super().__init__("deadlocks", config.probes.deadlocks, pool)
+        #: The URL's database, read once (it does not change for the probe's sessions).
+        self._database: str | None = None
 
     async def query(self, session: MySession) -> tuple[Metric, ...]:
-        (database,) = await session.one("SELECT database()")
+        database = self._database
+        if database is None:
+            (name,) = await session.one("SELECT database()")
+            database = self._database = str(name or "")
         found = await session.rows(self._SQL)
         deadlocks = number(found[0][1]) if found else 0.0
-        return (family(catalog.DB_DEADLOCKS, [((str(database or ""),), deadlocks)]),)
+        return (family(catalog.DB_DEADLOCKS, [((database,), deadlocks)]),)
 
 
 class LongTransactionsProbe(MyDbProbe):
