@@ -327,13 +327,6 @@ def _exporter(ctx: Context, mapping: CheckedMapping | None, values: dict[str, An
     if probes.custom and database is None:
         path = "probes.custom"
         ctx.fail(ctx.nodes.get(path), path, "custom probes need a database section")
-    if probes.custom and database is not None and database.dialect == "mysql":
-        path = "probes.custom"
-        ctx.fail(
-            ctx.nodes.get(path),
-            path,
-            "custom probes run on PostgreSQL only (not MySQL or MariaDB yet)",
-        )
     values["probes"] = dataclasses.replace(probes, **switched)
     if values.get("lock_watch") is not None and not _installed("redis"):
         path = "lock_watch"

@@ -108,7 +108,7 @@ class ProbeRunner:
         self._db_probes: list[Probe] = []
         if config.database is not None and config.database.dialect == "mysql":
             # MySQL and MariaDB: the same probes and figures through aiomysql (the loader
-            # has switched off cache_drift and refused custom SQL on this dialect).
+            # has switched off cache_drift on this dialect).
             self._my_pool = my.MyPool(config.database)
             self._db_probes.extend(my.build_db_probes(config, self._my_pool, self.sku_guard))
         elif config.database is not None:

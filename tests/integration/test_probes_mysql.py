@@ -840,3 +840,98 @@ async def test_stop_leaves_no_session_behind(mysql_database, registry):
         message="no session left open",
     )
     assert not runner.is_leader
+
+
+# --- custom SQL -------------------------------------------------------------------------------
+
+
+def custom_document(url: str, custom: dict[str, Any], interval: str = "200ms") -> str:
+    return yaml.safe_dump(
+        {
+            "database": {"url": url, "leader_election": False},
+            "probes": {
+                "defaults": {"interval": interval},
+                **{p: {"enabled": False} for p in ALL_DB_PROBES},
+                "custom": [custom],
+            },
+        }
+    )
+
+
+async def test_custom_probe_exports_the_rows_as_a_gauge(mysql_database, registry):
+    seed(mysql_database)
+    custom = {
+        "name": "negative_by_sku",
+        # A % stays as written (no parameters are sent with custom SQL).
+        "sql": "SELECT sku, available_stock AS stock FROM products "
+        "WHERE available_stock < 0 AND sku LIKE 'SKU-%' -- a trailing comment",
+        "metric": "shop_negative_stock",
+        "help": "Stock per SKU below zero.",
+        "value_column": "stock",
+        "label_columns": ["sku"],
+    }
+    config = parse_config(custom_document(mysql_database, custom))
+    async with ProbeRunner(config, registry=registry):
+        await async_wait_until(all_up(registry, ("negative_by_sku",)), timeout=WAIT)
+        assert sample(registry, "shop_negative_stock", sku="SKU-NEG3") == -3.0
+        assert sample(registry, "shop_negative_stock", sku="SKU-NEG1") == -1.0
+        assert sample(registry, "shop_negative_stock", sku="SKU-OK") is None
+
+
+@pytest.mark.parametrize(
+    ("sql", "errno"),
+    [
+        # Closing the wrapper and smuggling more statements in: the sessions do not accept
+        # several statements in one query (a syntax error), so not even a "SET SESSION
+        # TRANSACTION READ WRITE; COMMIT" gets through.
+        (
+            "SELECT 1 AS value) AS x; SET SESSION TRANSACTION READ WRITE; COMMIT;"
+            " DELETE FROM order_items; SELECT * FROM (SELECT 1 AS value",
+            "1064",
+        ),
+        # A locking read: refused by the read-only transaction.
+        (
+            "SELECT count(*) AS value FROM order_items WHERE 0 = (SELECT count(*)"
+            " FROM products FOR UPDATE)",
+            "1792",
+        ),
+    ],
+)
+async def test_custom_sql_cannot_write(mysql_database, registry, sql, errno):
+    seed(mysql_database)
+    config = parse_config(
+        custom_document(mysql_database, {"name": "sneaky", "sql": sql, "metric": "shop_sneaky"})
+    )
+    async with ProbeRunner(config, registry=registry) as runner:
+        await async_wait_until(lambda: "sneaky" in runner.results, timeout=WAIT, message="one run")
+        assert sample(registry, "stocksentry_probe_up", probe="sneaky") == 0.0
+        assert sample(registry, "shop_sneaky") is None
+        assert f"({errno}," in (runner.results["sneaky"].error or "")
+    assert run_rows_text(mysql_database, "SELECT count(*) FROM order_items") == [(5,)]
+
+
+def run_rows_text(url: str, sql: str) -> list[tuple[Any, ...]]:
+    conn = connect(url)
+    try:
+        with conn.cursor() as cur:
+            cur.execute(sql)
+            return [tuple(r) for r in cur.fetchall()]
+    finally:
+        conn.close()
+
+
+async def test_custom_sql_leaves_no_named_lock_behind(mysql_database, registry):
+    seed(mysql_database)
+    name = f"stocksentry-test-{random.randint(1, 2**62)}"
+    custom = {
+        "name": "locker",
+        "sql": f"SELECT GET_LOCK('{name}', 0) AS value",
+        "metric": "shop_locker",
+    }
+    # One run only, so none is in flight while the lock is checked.
+    config = parse_config(custom_document(mysql_database, custom, interval="1h"))
+    async with ProbeRunner(config, registry=registry):
+        await async_wait_until(all_up(registry, ("locker",)), timeout=WAIT, message="one run")
+        assert sample(registry, "shop_locker") == 1.0
+        # The pooled session is still open, but no longer holds the lock.
+        assert lock_is_free(mysql_database, name)

@@ -560,7 +560,7 @@ def test_a_literal_mysql_url_with_a_password_is_refused_unechoed():
     assert str(caught.value).startswith("config.yaml:2: database.url: the URL carries a password")
 
 
-def test_mysql_switches_cache_drift_off_and_refuses_custom_sql():
+def test_mysql_switches_cache_drift_off():
     redis = "redis:\n  url: redis://cache:6379/0\n"
     config = parse(
         DB + redis + "sku_guard:\n  promo_skus: [EGG-01]\n",
@@ -572,12 +572,8 @@ def test_mysql_switches_cache_drift_off_and_refuses_custom_sql():
         in config.notes
     )
     custom = "probes:\n  custom:\n    - {name: c, sql: SELECT 1 AS value, metric: shop_c}\n"
-    with pytest.raises(ConfigError) as caught:
-        parse(DB + custom, {"STOCKSENTRY_DATABASE_URL": "mysql://shop@db/shop"})
-    assert str(caught.value) == (
-        "config.yaml:5: probes.custom: custom probes run on PostgreSQL only "
-        "(not MySQL or MariaDB yet)"
-    )
+    config = parse(DB + custom, {"STOCKSENTRY_DATABASE_URL": "mysql://shop@db/shop"})
+    assert [c.name for c in config.probes.custom] == ["c"]
 
 
 def test_a_literal_url_that_is_not_a_string_is_not_echoed():

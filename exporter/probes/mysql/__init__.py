@@ -9,6 +9,7 @@ by the database URL's scheme (``mysql://``, ``mariadb://``, ``mysql+aiomysql://`
   units, incrementally, with this dialect's horizon (``information_schema.innodb_trx``);
 - :mod:`.server`: lock waiters, deadlocks, long transactions;
 - :mod:`.backlog`: expired reservations still held, the outbox lag;
+- :mod:`.custom`: the operator's own SQL;
 - :mod:`.indexes`: the indexes the probes expect, and how to add a missing one;
 - :mod:`.election`: leader election with ``GET_LOCK``.
 
@@ -27,6 +28,7 @@ from stocksentry.instrumentation.guard import LabelGuard
 from ...config import ExporterConfig
 from .backlog import ExpiredReservationsProbe, OutboxProbe
 from .common import MyDbProbe
+from .custom import CustomSqlProbe
 from .indexes import check_indexes, expected_indexes
 from .invariants import DuplicateOrdersProbe, NegativeStockProbe
 from .oversold import OversoldProbe
@@ -34,6 +36,7 @@ from .pool import MyPool, MySession, connect_session
 from .server import DeadlocksProbe, LockWaitersProbe, LongTransactionsProbe
 
 __all__ = [
+    "CustomSqlProbe",
     "DeadlocksProbe",
     "DuplicateOrdersProbe",
     "ExpiredReservationsProbe",
@@ -72,4 +75,5 @@ def build_db_probes(config: ExporterConfig, pool: MyPool, guard: LabelGuard) -> 
         probes.append(ExpiredReservationsProbe(config, pool))
     if p.outbox.enabled:
         probes.append(OutboxProbe(config, pool))
+    probes.extend(CustomSqlProbe(custom, pool, guard) for custom in p.custom)
     return probes

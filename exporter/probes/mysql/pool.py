@@ -40,6 +40,7 @@ from typing import Any, Final, TypeVar
 
 import aiomysql  # type: ignore[import-untyped]  # ships no types; stubs are not a dependency
 import pymysql  # type: ignore[import-untyped]  # types-PyMySQL is not a dependency
+from pymysql.constants import CLIENT  # type: ignore[import-untyped]  # as above
 
 from ...config import DatabaseConfig
 from ...dburl import mysql_connect_args
@@ -132,8 +133,19 @@ async def connect_session(db: DatabaseConfig, *, lock_timeout: float | None = No
     args.setdefault("program_name", db.application_name)
     args.setdefault("charset", "utf8mb4")
     timeout = max(1.0, db.connect_timeout)
-    async with asyncio.timeout(timeout + 1.0):
-        conn = await aiomysql.connect(**args, autocommit=True, connect_timeout=timeout)
+    # aiomysql always asks for multiple statements per query; the probes send one each,
+    # and custom SQL must not be able to append "; SET SESSION TRANSACTION READ WRITE;
+    # COMMIT; DELETE ...". So the flag is cleared before the handshake, which is what
+    # aiomysql.connect() itself does after building the connection (Connection, then
+    # _connect()).
+    conn = aiomysql.Connection(**args, autocommit=True, connect_timeout=timeout)
+    conn.client_flag &= ~CLIENT.MULTI_STATEMENTS
+    try:
+        async with asyncio.timeout(timeout + 1.0):
+            await conn._connect()
+    except BaseException:
+        conn.close()
+        raise
     session = MySession(
         conn, lock_timeout=db.lock_timeout if lock_timeout is None else lock_timeout
     )
