@@ -163,7 +163,8 @@ def example_config(url: str, *, interval: float | None = None) -> ExporterConfig
     probe's (the lab ratio runs every probe every second)."""
     environ = {"STOCKSENTRY_DATABASE_URL": url, "STOCKSENTRY_REDIS_URL": REDIS_URL}
     if url.startswith("mysql://"):
-        # Custom SQL and cache_drift run on PostgreSQL only: the example without them.
+        # The example's custom SQL is PostgreSQL's (interval '5 minutes'), and no Redis
+        # is fed here: the example without them.
         import yaml
 
         document = yaml.safe_load(EXAMPLE.read_text())

@@ -298,8 +298,6 @@ def _exporter(ctx: Context, mapping: CheckedMapping | None, values: dict[str, An
             missing["outbox"] = "schema.outbox is not mapped"
         if redis is None:
             missing["cache_drift"] = "there is no redis section"
-        elif database.dialect == "mysql":
-            missing["cache_drift"] = "it reads PostgreSQL only (not MySQL or MariaDB yet)"
         elif not _installed("redis"):
             # [exporter] brings redis; an install without it still runs the sidecar.
             missing["cache_drift"] = (

@@ -107,25 +107,33 @@ class ProbeRunner:
         self._redis: RedisSource | None = None
         self._db_probes: list[Probe] = []
         if config.database is not None and config.database.dialect == "mysql":
-            # MySQL and MariaDB: the same probes and figures through aiomysql (the loader
-            # has switched off cache_drift on this dialect).
+            # MySQL and MariaDB: the same probes and figures through aiomysql.
             self._my_pool = my.MyPool(config.database)
             self._db_probes.extend(my.build_db_probes(config, self._my_pool, self.sku_guard))
         elif config.database is not None:
             self._pool = PgPool(config.database)
             self._db_probes.extend(build_db_probes(config, self._pool, self.sku_guard))
-            if config.probes.cache_drift.enabled and config.redis is not None:
-                try:
-                    from .redis import CacheDriftProbe, RedisSource
-                except ModuleNotFoundError as exc:
-                    if exc.name is None or exc.name.partition(".")[0] != "redis":
-                        raise
-                    raise ModuleNotFoundError(
-                        "the redis: section needs the redis package: "
-                        "pip install 'stocksentry[exporter]'",
-                        name=exc.name,
-                    ) from None
-                self._redis = RedisSource(config.redis, timeout=config.probes.cache_drift.timeout)
+        if (
+            config.database is not None
+            and config.probes.cache_drift.enabled
+            and config.redis is not None
+        ):
+            try:
+                from .redis import CacheDriftProbe, RedisSource
+            except ModuleNotFoundError as exc:
+                if exc.name is None or exc.name.partition(".")[0] != "redis":
+                    raise
+                raise ModuleNotFoundError(
+                    "the redis: section needs the redis package: "
+                    "pip install 'stocksentry[exporter]'",
+                    name=exc.name,
+                ) from None
+            self._redis = RedisSource(config.redis, timeout=config.probes.cache_drift.timeout)
+            if self._my_pool is not None:
+                from .mysql.cache import MyCacheDriftProbe
+
+                self._db_probes.append(MyCacheDriftProbe(config, self._my_pool, self._redis))
+            elif self._pool is not None:
                 self._db_probes.append(CacheDriftProbe(config, self._pool, self._redis))
 
         self._election: LeaderElection | None = None

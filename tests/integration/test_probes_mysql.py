@@ -21,10 +21,12 @@ from urllib.parse import unquote, urlsplit
 import psycopg
 import pymysql
 import pytest
+import redis.asyncio as aioredis
 import yaml
 from polling import async_wait_until
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from services import REDIS_URL
 from stocksentry.exporter.config import ExporterConfig, parse_config
 from stocksentry.exporter.invariants import InvariantSql
 from stocksentry.exporter.probes import ProbeRunner
@@ -935,3 +937,52 @@ async def test_custom_sql_leaves_no_named_lock_behind(mysql_database, registry):
         assert sample(registry, "shop_locker") == 1.0
         # The pooled session is still open, but no longer holds the lock.
         assert lock_is_free(mysql_database, name)
+
+
+# --- cache drift ------------------------------------------------------------------------------
+
+
+async def test_cache_drift_counts_skus_that_stay_apart_beyond_the_grace(
+    mysql_database, registry, redis_prefix
+):
+    seed(mysql_database)
+    client = aioredis.Redis.from_url(REDIS_URL)
+    try:
+        # SKU-OK: database 15. SKU-OVER: 0, SKU-NEG1: -1, SKU-NEG3: -3 (no key).
+        await client.set(f"{redis_prefix}stock:SKU-OK", "15")  # equal
+        await client.set(f"{redis_prefix}stock:SKU-OVER", "3")  # 3 apart: drifts
+        await client.set(f"{redis_prefix}stock:SKU-NEG1", "0")  # 1 apart: within tolerance
+        config = parse_config(
+            yaml.safe_dump(
+                {
+                    "sku_guard": {"promo_skus": ["SKU-OK", "SKU-OVER", "SKU-NEG1", "SKU-NEG3"]},
+                    "database": {"url": mysql_database, "leader_election": False},
+                    "redis": {
+                        "url": REDIS_URL,
+                        "key_template": f"{redis_prefix}stock:{{sku}}",
+                        "tolerance": 1,
+                        "grace": "500ms",
+                    },
+                    "probes": {
+                        "defaults": {"interval": "100ms"},
+                        **{p: {"enabled": False} for p in ALL_DB_PROBES},
+                    },
+                }
+            )
+        )
+        async with ProbeRunner(config, registry=registry):
+            await async_wait_until(all_up(registry, ("cache_drift",)), timeout=WAIT)
+            assert sample(registry, "stock_cache_drift_skus", cache="redis") == 0.0
+            await async_wait_until(
+                lambda: sample(registry, "stock_cache_drift_skus", cache="redis") == 1.0,
+                timeout=WAIT,
+                message="one drifting SKU after the grace",
+            )
+            await client.set(f"{redis_prefix}stock:SKU-OVER", "0")
+            await async_wait_until(
+                lambda: sample(registry, "stock_cache_drift_skus", cache="redis") == 0.0,
+                timeout=WAIT,
+                message="the fixed SKU no longer drifts",
+            )
+    finally:
+        await client.aclose()

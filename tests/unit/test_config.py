@@ -560,19 +560,14 @@ def test_a_literal_mysql_url_with_a_password_is_refused_unechoed():
     assert str(caught.value).startswith("config.yaml:2: database.url: the URL carries a password")
 
 
-def test_mysql_switches_cache_drift_off():
+def test_mysql_runs_cache_drift_and_custom_sql_as_postgresql_does():
     redis = "redis:\n  url: redis://cache:6379/0\n"
+    custom = "probes:\n  custom:\n    - {name: c, sql: SELECT 1 AS value, metric: shop_c}\n"
     config = parse(
-        DB + redis + "sku_guard:\n  promo_skus: [EGG-01]\n",
+        DB + redis + "sku_guard:\n  promo_skus: [EGG-01]\n" + custom,
         {"STOCKSENTRY_DATABASE_URL": f"mysql://shop:{PASSWORD}@db/shop"},
     )
-    assert not config.probes.cache_drift.enabled
-    assert (
-        "probe cache_drift is off: it reads PostgreSQL only (not MySQL or MariaDB yet)"
-        in config.notes
-    )
-    custom = "probes:\n  custom:\n    - {name: c, sql: SELECT 1 AS value, metric: shop_c}\n"
-    config = parse(DB + custom, {"STOCKSENTRY_DATABASE_URL": "mysql://shop@db/shop"})
+    assert config.probes.cache_drift.enabled
     assert [c.name for c in config.probes.custom] == ["c"]
 
 

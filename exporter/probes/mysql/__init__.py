@@ -9,7 +9,7 @@ by the database URL's scheme (``mysql://``, ``mariadb://``, ``mysql+aiomysql://`
   units, incrementally, with this dialect's horizon (``information_schema.innodb_trx``);
 - :mod:`.server`: lock waiters, deadlocks, long transactions;
 - :mod:`.backlog`: expired reservations still held, the outbox lag;
-- :mod:`.custom`: the operator's own SQL;
+- :mod:`.custom`: the operator's own SQL; :mod:`.cache`: cache_drift's database read;
 - :mod:`.indexes`: the indexes the probes expect, and how to add a missing one;
 - :mod:`.election`: leader election with ``GET_LOCK``.
 
