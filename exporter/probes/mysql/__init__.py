@@ -11,7 +11,7 @@ by the database URL's scheme (``mysql://``, ``mariadb://``, ``mysql+aiomysql://`
 - :mod:`.backlog`: expired reservations still held, the outbox lag;
 - :mod:`.custom`: the operator's own SQL; :mod:`.cache`: cache_drift's database read;
 - :mod:`.indexes`: the indexes the probes expect, and how to add a missing one;
-- :mod:`.election`: leader election with ``GET_LOCK``.
+- leader election with ``GET_LOCK`` is in :mod:`stocksentry.exporter.probes.election`.
 
 Example::
 
