@@ -986,3 +986,56 @@ async def test_cache_drift_counts_skus_that_stay_apart_beyond_the_grace(
             )
     finally:
         await client.aclose()
+
+
+async def test_the_probe_timeout_kills_a_slow_query_in_the_server(mysql_database, registry):
+    document = {
+        "database": {
+            "url": mysql_database,
+            "leader_election": False,
+            "statement_timeout": "10s",
+            "lock_timeout": "10s",
+        },
+        "probes": {
+            **{p: {"enabled": False} for p in ALL_DB_PROBES},
+            "custom": [
+                {
+                    "name": "slow",
+                    "sql": "SELECT SLEEP(3) AS value",
+                    "metric": "shop_slow",
+                    "interval": "200ms",
+                    "timeout": "300ms",
+                }
+            ],
+        },
+    }
+    async with ProbeRunner(parse_config(yaml.safe_dump(document)), registry=registry) as runner:
+        await async_wait_until(lambda: "slow" in runner.results, timeout=WAIT, message="one run")
+        result = runner.results["slow"]
+        assert (result.up, result.error) == (False, "timed out after 300ms")
+        assert result.duration < 3.0
+        # The query was killed in the server, not left sleeping behind the exporter: the
+        # runner retries every 200 ms, so one may be in flight (and one being killed);
+        # never a pile of them.
+        for _ in range(10):  # watched for a second or more
+            (active,) = run_rows_text(
+                mysql_database,
+                "SELECT count(*) FROM information_schema.processlist"
+                " WHERE info LIKE '%SLEEP(3)%' AND info NOT LIKE '%processlist%'"
+                " AND command = 'Query'",
+            )[0]
+            assert active <= 2
+            await asyncio.sleep(0.1)
+    # Once the exporter stopped, nothing of it sleeps on.
+    await async_wait_until(
+        lambda: (
+            run_rows_text(
+                mysql_database,
+                "SELECT count(*) FROM information_schema.processlist"
+                " WHERE info LIKE '%SLEEP(3)%' AND info NOT LIKE '%processlist%'",
+            )[0][0]
+            == 0
+        ),
+        timeout=2.5,
+        message="no query left sleeping",
+    )

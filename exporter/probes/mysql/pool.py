@@ -72,6 +72,8 @@ class MySession:
         self.statement_timeout: float | None = None
         #: ``True`` between START TRANSACTION and its ROLLBACK.
         self.in_transaction = False
+        #: The server's id of the session (``CONNECTION_ID()``), to kill its query.
+        self.thread_id: int | None = conn.thread_id()
 
     @property
     def closed(self) -> bool:
@@ -176,6 +178,7 @@ class MyPool:
         self._backoff = backoff or Backoff()
         self._last_error = ""
         self._closed = False
+        self._killers: set[asyncio.Task[None]] = set()
         #: ``mariadb`` or ``mysql`` once a session has been opened.
         self.flavor: str | None = None
 
@@ -214,9 +217,12 @@ class MyPool:
                 result = await query(session)
             except asyncio.CancelledError:
                 # Cancelled mid-query (the probe's timeout): the session's state is unknown,
-                # so session() closes it (in_transaction stays set); the server's statement
-                # limit ends the query.
+                # so session() closes it (in_transaction stays set). Closing the socket does
+                # not stop the server's query (it notices only when it writes), so it is
+                # killed from a session of its own, in the background: the server's
+                # statement limit is the backstop if even that cannot connect.
                 session.in_transaction = True
+                self._kill_later(session)
                 raise
             except BaseException:
                 if session.in_transaction and not session.closed:
@@ -229,6 +235,31 @@ class MyPool:
             if release_locks:
                 await self._release(session)
             return result
+
+    def _kill_later(self, session: MySession) -> None:
+        thread_id = session.thread_id
+        if thread_id is None or self._closed:
+            return
+        task = asyncio.get_running_loop().create_task(
+            self._kill(thread_id), name=f"stocksentry-kill-query-{thread_id}"
+        )
+        # Kept until done: a task nobody references may be collected before it runs.
+        self._killers.add(task)
+        task.add_done_callback(self._killers.discard)
+
+    async def _kill(self, thread_id: int) -> None:
+        """``KILL QUERY`` the statement of a session given up on (a user may kill its own
+        sessions' queries without any grant)."""
+        try:
+            async with asyncio.timeout(max(1.0, self.db.connect_timeout) + 2.0):
+                killer = await connect_session(self.db)
+                try:
+                    await killer.execute(f"KILL QUERY {int(thread_id)}")
+                finally:
+                    killer.close()
+        except (*CONNECT_ERRORS, asyncio.CancelledError):
+            # Best effort: max_statement_time / max_execution_time ends it anyway.
+            return
 
     async def _release(self, session: MySession) -> None:
         try:
@@ -261,6 +292,9 @@ class MyPool:
             session.close()
 
     async def close(self) -> None:
-        """Close every session; the pool cannot be used afterwards."""
+        """Close every session (and wait for the queries being killed); the pool cannot be
+        used afterwards."""
         self._closed = True
         await self.close_idle()
+        if self._killers:
+            await asyncio.wait(list(self._killers))
