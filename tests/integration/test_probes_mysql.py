@@ -1039,3 +1039,48 @@ async def test_the_probe_timeout_kills_a_slow_query_in_the_server(mysql_database
         timeout=2.5,
         message="no query left sleeping",
     )
+
+
+async def test_without_process_the_probes_that_read_innodb_trx_are_down(mysql_database, registry):
+    seed(mysql_database)
+    database = database_of(mysql_database)
+    user = f"ss_noproc_{random.randint(0, 16**8):08x}"
+    password = f"pw-{random.randint(0, 16**12):012x}"
+    run_sql(
+        mysql_database,
+        [
+            f"CREATE USER '{user}'@'%' IDENTIFIED BY '{password}'",
+            f"GRANT SELECT ON `{database}`.* TO '{user}'@'%'",
+        ],
+    )
+    parts = urlsplit(mysql_database)
+    url = f"mysql://{user}:{password}@{parts.hostname}:{parts.port or 3306}/{database}"
+    config = make_config(
+        mysql_database,
+        leader_election=True,
+        database={"url_env": "SHOP_URL"},
+        environ={"SHOP_URL": url},
+    )
+    needs_process = ("oversold", "duplicate_orders", "lock_waiters", "long_transactions")
+    others = ("negative_stock", "deadlocks", "expired_reservations", "outbox", "leader_election")
+    try:
+        async with ProbeRunner(config, registry=registry) as runner:
+            await async_wait_until(
+                lambda: (
+                    all(
+                        sample(registry, "stocksentry_probe_up", probe=p) == 0.0
+                        for p in needs_process
+                    )
+                    and all(
+                        sample(registry, "stocksentry_probe_up", probe=p) == 1.0 for p in others
+                    )
+                ),
+                timeout=WAIT,
+                message="the innodb_trx probes down, the others up",
+            )
+            for name in needs_process:
+                assert "(1227," in (runner.results[name].error or ""), name
+                assert password not in (runner.results[name].error or "")
+            assert sample(registry, "stock_negative_inventory_skus") == 2.0
+    finally:
+        run_sql(mysql_database, [f"DROP USER IF EXISTS '{user}'@'%'"])
