@@ -27,15 +27,18 @@ Example::
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from sqlalchemy.engine import URL, make_url
-from sqlalchemy.exc import ArgumentError
 from stocksentry.instrumentation.secrets import mask_url, redact, secret_fragments
 
 from .config.model import MYSQL_URL_SCHEMES as MYSQL_SCHEMES
 from .config.model import POSTGRES_URL_SCHEMES as POSTGRES_SCHEMES
+
+if TYPE_CHECKING:
+    # SQLAlchemy only where a SQLAlchemy URL is made (parse_url, shown): the sidecar uses
+    # dialect_of and mysql_connect_args, and installs no SQLAlchemy.
+    from sqlalchemy.engine import URL
 
 __all__ = [
     "MYSQL_SCHEMES",
@@ -73,6 +76,9 @@ def parse_url(text: str) -> URL:
 
     Raises :class:`ValueError` (whose message never quotes ``text``) when it is not a URL.
     """
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
     try:
         url = make_url(text)
     except (ArgumentError, ValueError):

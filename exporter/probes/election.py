@@ -39,20 +39,20 @@ import contextlib
 import math
 import time
 from collections.abc import Awaitable, Callable
-from typing import Final, Protocol
+from typing import TYPE_CHECKING, Final, Protocol
 
-import psycopg
 from psycopg import sql
 
 from ..config import ELECTION_PROBE, DatabaseConfig
 from .base import Backoff, ErrorLog, ProbeResult, ProbeUnavailableError, describe_error
-from .mysql.pool import CONNECT_ERRORS as _MY_CONNECT_ERRORS
-from .mysql.pool import MySession, connect_session
 from .postgres import Conn, connect
+
+if TYPE_CHECKING:
+    # aiomysql is imported only when the URL is MySQL's (see _connect_mysql).
+    from .mysql.pool import MySession
 
 __all__ = ["LeaderElection", "lock_name"]
 
-_CONNECT_ERRORS: Final = (psycopg.Error, OSError, TimeoutError, *_MY_CONNECT_ERRORS)
 _TRY_LOCK = sql.SQL("SELECT pg_try_advisory_lock(%s)")
 _PING = sql.SQL("SELECT 1")
 _KEEPALIVE_COUNT: Final = 3
@@ -223,7 +223,9 @@ class LeaderElection:
                 self._conn = _MySession(await self._connect_mysql())
             else:
                 self._conn = _PgSession(await self._connect())
-        except (*_CONNECT_ERRORS, asyncio.CancelledError):
+        except (Exception, asyncio.CancelledError):
+            # Any failure to open the session (refused, bad password, a timeout, a URL
+            # that cannot be parsed): the next attempt waits for the backoff.
             self._backoff.failed()
             raise
         self._backoff.succeeded()
@@ -231,6 +233,8 @@ class LeaderElection:
 
     async def _connect_mysql(self) -> MySession:
         """A session the server ends when this sidecar stops pinging it (``wait_timeout``)."""
+        from .mysql.pool import connect_session
+
         session = await connect_session(self.db)
         idle = max(1, math.ceil(max(_IDLE_FLOOR, _IDLE_INTERVALS * self.db.leader_retry_interval)))
         try:

@@ -32,7 +32,6 @@ from stocksentry.instrumentation.catalog import MetricSpec
 from stocksentry.instrumentation.guard import LabelGuard
 
 from ..config import ELECTION_PROBE, ExporterConfig
-from . import mysql as my
 from .base import (
     LOGGER,
     PROBE_LEADER,
@@ -46,6 +45,9 @@ from .election import LeaderElection
 from .postgres import IndexAdvice, PgPool, build_db_probes, check_indexes
 
 if TYPE_CHECKING:
+    # Imported when the URL is MySQL's: a PostgreSQL sidecar needs no aiomysql.
+    from .mysql import MyPool
+
     # Imported when a redis: section is configured: the sidecar runs without the
     # redis package otherwise (it comes with the [redis] extra).
     from .redis import RedisSource
@@ -103,11 +105,13 @@ class ProbeRunner:
         self._errors = ErrorLog(LOGGER, interval=error_log_interval, secrets=secrets)
 
         self._pool: PgPool | None = None
-        self._my_pool: my.MyPool | None = None
+        self._my_pool: MyPool | None = None
         self._redis: RedisSource | None = None
         self._db_probes: list[Probe] = []
         if config.database is not None and config.database.dialect == "mysql":
             # MySQL and MariaDB: the same probes and figures through aiomysql.
+            from . import mysql as my
+
             self._my_pool = my.MyPool(config.database)
             self._db_probes.extend(my.build_db_probes(config, self._my_pool, self.sku_guard))
         elif config.database is not None:
@@ -313,8 +317,10 @@ class ProbeRunner:
         try:
             async with asyncio.timeout(60.0):
                 if self._my_pool is not None:
+                    from .mysql import check_indexes as my_check_indexes
+
                     advice = await self._my_pool.read(
-                        lambda session: my.check_indexes(session, config)
+                        lambda session: my_check_indexes(session, config)
                     )
                 elif self._pool is not None:
                     advice = await self._pool.read(lambda conn: check_indexes(conn, config))
