@@ -5,8 +5,9 @@ The lab and ``stocksentry reconcile`` take ``--database URL``, the sidecar takes
 scheme without a driver gets ours:
 
 - ``postgresql://`` / ``postgres://``: psycopg 3 (sync and async in one package);
-- ``mysql://`` / ``mariadb://``: PyMySQL for SQLAlchemy (``mysql+pymysql``), and aiomysql
-  for the sidecar's probes (:func:`mysql_connect_args`). Both are pure Python, so
+- ``mysql://`` / ``mariadb://``: aiomysql for the sidecar's probes
+  (:func:`mysql_connect_args`), PyMySQL where a SQLAlchemy engine is made of it
+  (``mysql+pymysql``: reconcile and the lab set it). Both are pure Python, so
   nothing is compiled into the image; aiomysql is asyncio built on PyMySQL, so a sync app
   and the async probes raise the same ``pymysql.err`` classes with the same MySQL error
   numbers (1205 lock wait timeout, 1213 deadlock, 1969/3024 statement time limit), and
@@ -72,7 +73,8 @@ _FALSE: Final = ("0", "false", "no", "off")
 
 
 def parse_url(text: str) -> URL:
-    """The SQLAlchemy URL of ``text``; ``postgresql://`` and ``postgres://`` get psycopg 3.
+    """The SQLAlchemy URL of ``text``; ``postgresql://`` and ``postgres://`` get psycopg 3
+    (``mysql://`` stays as written: see the module).
 
     Raises :class:`ValueError` (whose message never quotes ``text``) when it is not a URL.
     """
@@ -85,8 +87,9 @@ def parse_url(text: str) -> URL:
         raise ValueError("not a database URL like postgresql://user@host:5432/shop") from None
     if url.drivername in ("postgresql", "postgres"):
         url = url.set(drivername="postgresql+psycopg")
-    elif url.drivername in ("mysql", "mariadb"):
-        url = url.set(drivername=f"{url.drivername}+pymysql")
+    # A plain mysql:// / mariadb:// stays as written (shown as written too): the callers
+    # that make a SQLAlchemy engine of it give it PyMySQL themselves (reconcile, the lab),
+    # and the sidecar's probes take mysql_connect_args (aiomysql), not a SQLAlchemy URL.
     return url
 
 

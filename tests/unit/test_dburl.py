@@ -82,9 +82,9 @@ def test_docstring_examples() -> None:
     assert (result.failed, result.attempted) == (0, 3)
 
 
-def test_mysql_and_mariadb_urls_get_pymysql_for_sqlalchemy() -> None:
-    assert parse_url("mysql://u@h/db").drivername == "mysql+pymysql"
-    assert parse_url("mariadb://u@h/db").drivername == "mariadb+pymysql"
+def test_mysql_and_mariadb_urls_stay_as_written_for_sqlalchemy() -> None:
+    assert parse_url("mysql://u@h/db").drivername == "mysql"
+    assert parse_url("mariadb://u@h/db").drivername == "mariadb"
     assert parse_url("mysql+aiomysql://u@h/db").drivername == "mysql+aiomysql"
 
 
@@ -110,10 +110,10 @@ def test_the_dialect_of_a_url(text: str, dialect: str | None) -> None:
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        ("mysql://u:hunter2@h:3306/db", "mysql+pymysql://u:***@h:3306/db"),
+        ("mysql://u:hunter2@h:3306/db", "mysql://u:***@h:3306/db"),
         (
             "mariadb://u:hunter2@h/db?charset=utf8mb4",
-            "mariadb+pymysql://u:***@h/db?charset=utf8mb4",
+            "mariadb://u:***@h/db?charset=utf8mb4",
         ),
         ("mysql+aiomysql://u:hunter2@h/db?password=hunter2", "mysql+aiomysql://u:***@h/db"),
     ],
