@@ -674,7 +674,16 @@ async def test_a_server_that_goes_away_is_down_then_recovers_without_restart(
                 timeout=WAIT,
                 message="the election down",
             )
-            assert sample(registry, "stock_negative_inventory_skus") is None
+            # Stepping down stops the probes and drops their figures (just after the
+            # election's own result is recorded).
+            await async_wait_until(
+                lambda: (
+                    not runner.is_leader
+                    and sample(registry, "stock_negative_inventory_skus") is None
+                ),
+                timeout=WAIT,
+                message="the probes stopped, their figures gone",
+            )
             started = time.monotonic()
             scrape(registry)
             assert time.monotonic() - started < 1.0
