@@ -249,3 +249,107 @@ def seq_scans(plan: dict[str, Any], tables: tuple[str, ...] = BIG_TABLES) -> lis
             if n["Node Type"] == "Seq Scan" and n.get("Relation Name") in tables
         }
     )
+
+
+# --- the same shop on MariaDB ----------------------------------------------------------------
+
+
+def _mysql_statements(products: int, orders: int) -> list[str]:
+    """The shop of :func:`_statements` on MariaDB, in SQL only: rows come from MariaDB's
+    Sequence engine (``seq_1_to_N``), so none travels through the client, and the
+    secondary indexes are built after the rows (one sorted build each, not one insert per
+    row into every index)."""
+    recent = max(1, orders // 50)
+    older = max(1, orders - recent)
+    ids = oversold_ids(products)
+    seeded = ", ".join(str(i) for i in ids)
+    extra = OVERSOLD * EXTRA_UNITS
+    return [
+        "CREATE TABLE products (id integer NOT NULL AUTO_INCREMENT PRIMARY KEY,"
+        " sku varchar(64) NOT NULL, available_stock integer NOT NULL,"
+        " initial_stock integer NOT NULL) ENGINE=InnoDB",
+        "CREATE TABLE orders (id integer NOT NULL AUTO_INCREMENT PRIMARY KEY,"
+        " external_ref varchar(128) NOT NULL, idempotency_key varchar(128),"
+        " request_id varchar(128), status varchar(16) NOT NULL,"
+        " created_at datetime(6) NOT NULL) ENGINE=InnoDB",
+        "CREATE TABLE order_items (order_id integer NOT NULL, product_id integer NOT NULL,"
+        " quantity integer NOT NULL, stock_after integer NOT NULL,"
+        " PRIMARY KEY (order_id, product_id)) ENGINE=InnoDB",
+        "CREATE TABLE reservations (id bigint NOT NULL AUTO_INCREMENT PRIMARY KEY,"
+        " product_id integer NOT NULL, quantity integer NOT NULL,"
+        " expires_at datetime(6) NOT NULL, released_at datetime(6)) ENGINE=InnoDB",
+        "CREATE TABLE outbox (id bigint NOT NULL AUTO_INCREMENT PRIMARY KEY,"
+        " payload text NOT NULL, created_at datetime(6) NOT NULL,"
+        " published_at datetime(6)) ENGINE=InnoDB",
+        f"INSERT INTO products (id, sku, available_stock, initial_stock)"
+        f" SELECT seq, concat('SKU-', lpad(seq, 8, '0')), 1 + seq % 50, 100"
+        f" FROM seq_1_to_{products}",
+        f"INSERT INTO orders (id, external_ref, status, created_at)"
+        f" SELECT seq, concat('ref-', seq),"
+        f" CASE WHEN seq % 20 = 0 THEN 'CANCELLED' WHEN seq % 20 = 1 THEN 'PENDING'"
+        f" WHEN seq % 3 = 0 THEN 'COMPLETED' ELSE 'PAID' END,"
+        f" CASE WHEN seq > {orders - recent}"
+        f" THEN now(6) - INTERVAL ({orders} - seq) * 3600000000 DIV {recent} MICROSECOND"
+        f" ELSE now(6) - INTERVAL 1 HOUR"
+        f" - INTERVAL ({orders - recent} - seq) * 7776000 DIV {older} SECOND END"
+        f" FROM seq_1_to_{orders}",
+        f"INSERT INTO order_items (order_id, product_id, quantity, stock_after)"
+        f" SELECT seq, (seq * 7919) % {products} + 1, 1, 0 FROM seq_1_to_{orders}",
+        *(
+            [
+                f"INSERT INTO order_items (order_id, product_id, quantity, stock_after)"
+                f" SELECT seq, ((seq * 7919) % {products} + 1) % {products} + 1, 1, 0"
+                f" FROM seq_5_to_{orders}_step_5"
+            ]
+            if products > 1 and orders >= 5
+            else []
+        ),
+        f"INSERT INTO orders (id, external_ref, status, created_at)"
+        f" SELECT {orders} + seq, concat('extra-', seq), 'PAID', now(6) - INTERVAL 2 DAY"
+        f" FROM seq_1_to_{extra}",
+        f"INSERT INTO order_items (order_id, product_id, quantity, stock_after)"
+        f" SELECT {orders} + seq, elt(1 + (seq - 1) % {len(ids)}, {seeded}), 1, 0"
+        f" FROM seq_1_to_{extra}",
+        f"INSERT INTO orders (id, external_ref, status, created_at)"
+        f" SELECT {orders + extra} + seq, concat('ref-', {orders} - seq), 'PAID',"
+        f" now(6) - INTERVAL 10 MINUTE FROM seq_1_to_{DUPLICATE_REFS}",
+        f"INSERT INTO order_items (order_id, product_id, quantity, stock_after)"
+        f" SELECT {orders + extra} + seq, seq, 1, 0 FROM seq_1_to_{DUPLICATE_REFS}",
+        f"INSERT INTO reservations (product_id, quantity, expires_at, released_at)"
+        f" SELECT seq % {products} + 1, 1, now(6) - INTERVAL seq % 10000 MINUTE,"
+        f" CASE WHEN seq % 200 = 0 THEN NULL ELSE now(6) END"
+        f" FROM seq_1_to_{max(1, products // 5)}",
+        f"INSERT INTO outbox (payload, created_at, published_at)"
+        f" SELECT concat('event ', seq), now(6) - INTERVAL seq SECOND,"
+        f" CASE WHEN seq <= 500 THEN NULL ELSE now(6) END"
+        f" FROM seq_1_to_{max(1, orders // 5)}",
+        # The lab's constraints and indexes ...
+        "ALTER TABLE products ADD UNIQUE INDEX products_sku_key (sku)",
+        "ALTER TABLE orders ADD INDEX ix_orders_external_ref (external_ref),"
+        " ADD INDEX orders_created_at_idx (created_at)",
+        "ALTER TABLE order_items ADD INDEX ix_order_items_product_id (product_id)",
+        # ... and those docs/exporter-config.md tells a MySQL/MariaDB user to create (no
+        # partial indexes there: plain ones, the outbox's led by published_at).
+        "ALTER TABLE products ADD INDEX products_available_stock_idx (available_stock)",
+        "ALTER TABLE reservations ADD INDEX reservations_released_at_expires_at_idx"
+        " (released_at, expires_at)",
+        "ALTER TABLE outbox ADD INDEX outbox_published_at_created_at_idx"
+        " (published_at, created_at)",
+    ]
+
+
+def generate_mysql(conn: Any, *, products: int, orders: int) -> ShopFacts:
+    """Fill the (empty) MariaDB database of the PyMySQL ``conn`` (autocommit) and analyze
+    it (``ANALYZE TABLE``: InnoDB's statistics, what its optimizer's choices rest on)."""
+    tables = ("products", "orders", "order_items", "reservations", "outbox")
+    with conn.cursor() as cur:
+        cur.execute("SET SESSION unique_checks = 0")
+        for statement in _mysql_statements(products, orders):
+            cur.execute(statement)  # generated, no user input
+        cur.execute("ANALYZE TABLE " + ", ".join(tables))
+        cur.fetchall()
+        values = []
+        for table in tables:
+            cur.execute(f"SELECT count(*) FROM {table}")
+            values.append(int(cur.fetchone()[0]))
+    return ShopFacts(*values)

@@ -1,42 +1,183 @@
-"""Database URLs given on the command line: parsed once, shown without their password.
+"""Database URLs: parsed once, their dialect and driver chosen, shown without password.
 
-The lab and ``stocksentry reconcile`` both take ``--database URL``. A plain
-``postgresql://`` URL gets the psycopg 3 driver, and what is printed back never holds a
-password: what counts as one, and how it is masked, is decided by
-:mod:`stocksentry.instrumentation.secrets`; a string SQLAlchemy cannot parse (a libpq
-``key=value`` list, say) is not echoed at all, since no mask can be sure to find the
-password in it.
+The lab and ``stocksentry reconcile`` take ``--database URL``, the sidecar takes
+``database.url``. The dialect comes from the URL's scheme (:func:`dialect_of`), and a
+scheme without a driver gets ours:
+
+- ``postgresql://`` / ``postgres://``: psycopg 3 (sync and async in one package);
+- ``mysql://`` / ``mariadb://``: aiomysql for the sidecar's probes
+  (:func:`mysql_connect_args`), PyMySQL where a SQLAlchemy engine is made of it
+  (``mysql+pymysql``: reconcile and the lab set it). Both are pure Python, so
+  nothing is compiled into the image; aiomysql is asyncio built on PyMySQL, so a sync app
+  and the async probes raise the same ``pymysql.err`` classes with the same MySQL error
+  numbers (1205 lock wait timeout, 1213 deadlock, 1969/3024 statement time limit), and
+  SQLAlchemy supports both drivers for apps (``mysql+pymysql``, ``mysql+aiomysql``).
+
+What is printed back never holds a password: what counts as one, and how it is masked,
+is decided by :mod:`stocksentry.instrumentation.secrets`; a string SQLAlchemy cannot
+parse (a libpq ``key=value`` list, say) is not echoed at all, since no mask can be sure
+to find the password in it.
 
 Example::
 
     url = parse_url("postgresql://shop:secret@db/shop")   # postgresql+psycopg://...
     shown("postgresql://shop:secret@db/shop")              # 'postgresql+psycopg://shop:***@db/shop'
+    dialect_of("mariadb://shop@db/shop")                    # 'mariadb'
+    mysql_connect_args("mysql://shop:pw@db:3307/shop")      # {'host': 'db', 'port': 3307, ...}
 """
 
 from __future__ import annotations
 
-from sqlalchemy.engine import URL, make_url
-from sqlalchemy.exc import ArgumentError
+from typing import TYPE_CHECKING, Any, Final
+from urllib.parse import parse_qsl, unquote, urlsplit
+
 from stocksentry.instrumentation.secrets import mask_url, redact, secret_fragments
 
-__all__ = ["UNPARSEABLE", "parse_url", "password", "scrub", "shown"]
+from .config.model import MYSQL_URL_SCHEMES as MYSQL_SCHEMES
+from .config.model import POSTGRES_URL_SCHEMES as POSTGRES_SCHEMES
+
+if TYPE_CHECKING:
+    # SQLAlchemy only where a SQLAlchemy URL is made (parse_url, shown): the sidecar uses
+    # dialect_of and mysql_connect_args, and installs no SQLAlchemy.
+    from sqlalchemy.engine import URL
+
+__all__ = [
+    "MYSQL_SCHEMES",
+    "POSTGRES_SCHEMES",
+    "UNPARSEABLE",
+    "dialect_of",
+    "mysql_connect_args",
+    "parse_url",
+    "password",
+    "scrub",
+    "shown",
+]
 
 #: What is shown for a database string that is not a URL.
 UNPARSEABLE = "the given database"
 
+# Query options of a MySQL URL the probes' driver understands, and their types; any other
+# is refused by name (a typo must not be ignored silently, e.g. a TLS option).
+_MYSQL_OPTIONS: Final[dict[str, type]] = {
+    "charset": str,
+    "unix_socket": str,
+    "ssl_ca": str,
+    "ssl_cert": str,
+    "ssl_key": str,
+    "ssl_verify_cert": bool,
+    "ssl_verify_identity": bool,
+    "program_name": str,
+}
+_TRUE: Final = ("1", "true", "yes", "on")
+_FALSE: Final = ("0", "false", "no", "off")
+
 
 def parse_url(text: str) -> URL:
-    """The SQLAlchemy URL of ``text``; ``postgresql://`` and ``postgres://`` get psycopg 3.
+    """The SQLAlchemy URL of ``text``; ``postgresql://`` and ``postgres://`` get psycopg 3
+    (``mysql://`` stays as written: see the module).
 
     Raises :class:`ValueError` (whose message never quotes ``text``) when it is not a URL.
     """
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
     try:
         url = make_url(text)
     except (ArgumentError, ValueError):
         raise ValueError("not a database URL like postgresql://user@host:5432/shop") from None
     if url.drivername in ("postgresql", "postgres"):
         url = url.set(drivername="postgresql+psycopg")
+    # A plain mysql:// / mariadb:// stays as written (shown as written too): the callers
+    # that make a SQLAlchemy engine of it give it PyMySQL themselves (reconcile, the lab),
+    # and the sidecar's probes take mysql_connect_args (aiomysql), not a SQLAlchemy URL.
     return url
+
+
+def dialect_of(text: str) -> str | None:
+    """``postgresql``, ``mysql``, ``mariadb`` or ``sqlite`` from the URL's scheme (a libpq
+    ``key=value`` string is PostgreSQL); ``None`` for anything else.
+
+    ``mysql`` and ``mariadb`` are spelled as the user wrote them; the probes ask the
+    server which one it is (a ``mysql://`` URL may well point at a MariaDB).
+
+    Example::
+
+        >>> dialect_of("mysql+aiomysql://app@db/shop"), dialect_of("host=db dbname=shop")
+        ('mysql', 'postgresql')
+    """
+    if "://" not in text:
+        return "postgresql" if "=" in text else None
+    scheme = text.split("://", 1)[0].lower()
+    if scheme in POSTGRES_SCHEMES:
+        return "postgresql"
+    if scheme in MYSQL_SCHEMES:
+        return scheme.partition("+")[0]
+    if scheme.partition("+")[0] == "sqlite":
+        return "sqlite"
+    return None
+
+
+def mysql_connect_args(text: str) -> dict[str, Any]:
+    """The keyword arguments of ``aiomysql.connect`` / ``pymysql.connect`` for a MySQL or
+    MariaDB URL: host, port, user, password and database, and the query options
+    ``charset``, ``unix_socket``, ``program_name`` and the ``ssl_*`` ones.
+
+    Raises :class:`ValueError` naming the problem, never quoting ``text`` or a value.
+
+    Example::
+
+        args = mysql_connect_args("mysql://shop:s3cret@db:3307/shop?charset=utf8mb4")
+        args["host"], args["port"], args["db"], args["charset"]   # ('db', 3307, 'shop', 'utf8mb4')
+    """
+    if dialect_of(text) not in ("mysql", "mariadb"):
+        raise ValueError("not a MySQL or MariaDB URL (mysql://user@host:3306/shop)")
+    try:
+        parts = urlsplit(text)
+        port = parts.port
+    except ValueError:
+        raise ValueError("the MySQL URL cannot be parsed (its host or port)") from None
+    args: dict[str, Any] = {
+        "host": unquote(parts.hostname or "localhost"),
+        "port": port or 3306,
+        "user": unquote(parts.username or "") or None,
+        "password": unquote(parts.password or ""),
+        "db": unquote(parts.path.lstrip("/")) or None,
+    }
+    ssl: dict[str, Any] = {}
+    for name, value in parse_qsl(parts.query, keep_blank_values=True):
+        kind = _MYSQL_OPTIONS.get(name)
+        if kind is None:
+            raise ValueError(
+                f"the MySQL URL has an unknown option {name[:40]!r}"
+                f" (known: {', '.join(_MYSQL_OPTIONS)})"
+            )
+        parsed: Any = value
+        if kind is bool:
+            if value.lower() not in (*_TRUE, *_FALSE):
+                raise ValueError(f"the MySQL URL option {name} takes true or false")
+            parsed = value.lower() in _TRUE
+        if name.startswith("ssl_"):
+            ssl[name.removeprefix("ssl_")] = parsed
+        else:
+            args[name] = parsed
+    if ssl:
+        args["ssl"] = _ssl_context(ssl)
+    return args
+
+
+def _ssl_context(options: dict[str, Any]) -> Any:
+    """An ``ssl.SSLContext`` from the URL's ``ssl_*`` options (aiomysql takes a context)."""
+    import ssl
+
+    context = ssl.create_default_context(cafile=options.get("ca"))
+    if "cert" in options:
+        context.load_cert_chain(options["cert"], options.get("key"))
+    if not options.get("verify_identity", True):
+        context.check_hostname = False
+    if not options.get("verify_cert", True):
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    return context
 
 
 def shown(text: str) -> str:

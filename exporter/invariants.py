@@ -63,7 +63,9 @@ INVARIANTS: Final = ("negative_stock", "oversold", "duplicate_keys", "paid_witho
 #: The order columns that identify one checkout, in the order they are reported.
 DUPLICATE_KEY_KINDS: Final = ("external_ref", "idempotency_key")
 
-#: SQL dialects, as SQLAlchemy names them; only the identifier quoting differs.
+#: SQL dialects, as SQLAlchemy names them. The identifier quoting differs; MySQL and
+#: MariaDB have no ``LATERAL`` (MariaDB) and no outer reference inside a derived table
+#: (MariaDB), so a few statements take another form there, with the same rows.
 Dialect = Literal["postgresql", "sqlite", "mysql", "mariadb"]
 #: ``named``: ``:name`` (SQLAlchemy ``text()``); ``pyformat``: ``%(name)s`` (psycopg).
 ParamStyle = Literal["named", "pyformat"]
@@ -180,6 +182,11 @@ class InvariantSql:
         """``identifier`` quoted for this dialect (:func:`quote`)."""
         return quote(identifier, self.dialect)
 
+    @property
+    def mysql(self) -> bool:
+        """Whether the dialect is MySQL or MariaDB (the same SQL serves both)."""
+        return self.dialect in ("mysql", "mariadb")
+
     def _col(self, alias: str, column: str) -> str:
         return f"{alias}.{self.quote(column)}"
 
@@ -201,7 +208,13 @@ class InvariantSql:
         if since is None:
             return
         created = self._col(alias, self.schema.orders.created_at)
-        if isinstance(since, timedelta):
+        if isinstance(since, timedelta) and self.mysql:
+            # MySQL subtracts an interval only as INTERVAL n unit (a timedelta parameter
+            # would be a TIME string, subtracted as a number); microseconds keep it exact.
+            parts.sql(f" AND {created} >= now(6) - INTERVAL ").param(
+                "window", since // timedelta(microseconds=1)
+            ).sql(" MICROSECOND")
+        elif isinstance(since, timedelta):
             parts.sql(f" AND {created} >= now() - ").param("window", since)
         else:
             parts.sql(f" AND {created} >= ").param("since", since)
@@ -260,7 +273,9 @@ class InvariantSql:
         ``by_order``: the orders drive (a range of ``created_at``), each order's items
         read through ``order_items(order_id)``: on PostgreSQL a ``LATERAL`` join, so a
         low estimate of the range never turns it into a scan of every item (``OFFSET 0``
-        keeps the planner from flattening the subquery back into a plain join).
+        keeps the planner from flattening the subquery back into a plain join). MySQL
+        and MariaDB have no ``LATERAL``: ``STRAIGHT_JOIN`` keeps the same order there (the
+        orders first, then each one's items by the index).
         """
         o, oi = self.schema.orders, self.schema.order_items
         orders = f", count(DISTINCT {self._col('o', o.id)}) AS orders" if count_orders else ""
@@ -276,6 +291,11 @@ class InvariantSql:
                 f" WHERE {self._col('i', oi.order_id)} = {self._col('o', o.id)} OFFSET 0) AS oi"
                 " WHERE "
             )
+        elif by_order and self.mysql:
+            parts.sql(
+                f"{self.quote(o.table)} AS o STRAIGHT_JOIN {self.quote(oi.table)} AS oi"
+                f" ON {self._col('oi', oi.order_id)} = {self._col('o', o.id)} WHERE "
+            )
         else:
             parts.sql(
                 f"{self.quote(oi.table)} AS oi JOIN {self.quote(o.table)} AS o"
@@ -285,7 +305,8 @@ class InvariantSql:
 
     def _with_product(self, parts: _Parts, inner: str) -> None:
         """``... FROM (inner) AS s JOIN products AS p ON p.id = s.product_id``, on
-        PostgreSQL as a ``LATERAL`` lookup by the primary key per row."""
+        PostgreSQL as a ``LATERAL`` lookup by the primary key per row, on MySQL as a
+        ``STRAIGHT_JOIN`` (the same order)."""
         p = self.schema.products
         if self.lateral:
             parts.sql(
@@ -295,8 +316,12 @@ class InvariantSql:
                 f" = {inner}.product_id OFFSET 0) AS p"
             )
         else:
+            # MariaDB would otherwise scan products and probe a materialised derived table
+            # by key: STRAIGHT_JOIN keeps the few summed rows first, each product by its
+            # primary key.
+            join = "STRAIGHT_JOIN" if self.mysql else "JOIN"
             parts.sql(
-                f") AS {inner} JOIN {self.quote(p.table)} AS p"
+                f") AS {inner} {join} {self.quote(p.table)} AS p"
                 f" ON {self._col('p', p.id)} = {inner}.product_id"
             )
 
@@ -406,17 +431,30 @@ class InvariantSql:
         One step of a full recount spread over many runs: the products' primary key, then
         ``order_items(product_id)`` per product.
         """
-        p, oi = self.schema.products, self.schema.order_items
+        p, o, oi = self.schema.products, self.schema.orders, self.schema.order_items
         allocation = self._allocation()
         parts = _Parts().sql(
-            f"SELECT {self._col('p', p.id)}, {self._col('p', p.sku)}, {allocation},"
-            " coalesce((SELECT sum(s.sold) FROM ("
+            f"SELECT {self._col('p', p.id)}, {self._col('p', p.sku)}, {allocation}, coalesce(("
         )
-        self._paid_items(parts)
-        parts.sql(f" AND {self._col('oi', oi.product_id)} = {self._col('p', p.id)}")
-        self._created_range(parts, None, end)
-        self._group_by_product(parts)
-        parts.sql(f") AS s), 0) FROM {self.quote(p.table)} AS p")
+        if self.mysql:
+            # MariaDB refuses an outer reference inside a derived table: the paid items of
+            # the one product summed directly (the same sum as over its single group).
+            parts.sql(
+                f"SELECT sum({self._col('oi', oi.quantity)}) FROM {self.quote(oi.table)} AS oi"
+                f" JOIN {self.quote(o.table)} AS o"
+                f" ON {self._col('o', o.id)} = {self._col('oi', oi.order_id)} WHERE "
+            )
+            self._paid(parts, "o")
+            parts.sql(f" AND {self._col('oi', oi.product_id)} = {self._col('p', p.id)}")
+            self._created_range(parts, None, end)
+        else:
+            parts.sql("SELECT sum(s.sold) FROM (")
+            self._paid_items(parts)
+            parts.sql(f" AND {self._col('oi', oi.product_id)} = {self._col('p', p.id)}")
+            self._created_range(parts, None, end)
+            self._group_by_product(parts)
+            parts.sql(") AS s")
+        parts.sql(f"), 0) FROM {self.quote(p.table)} AS p")
         if after is not None:
             parts.sql(f" WHERE {self._col('p', p.id)} > ").param("after", after)
         parts.sql(f" ORDER BY {self._col('p', p.id)} LIMIT ").param("limit", limit)

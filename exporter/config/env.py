@@ -89,7 +89,11 @@ def resolve_url(ctx: Context, section: CheckedMapping, spec: UrlKeys) -> tuple[S
     )
     if not scheme_ok:
         # Never echo the value: it may be a secret that is only badly formatted.
-        expected = " or ".join(f"{s}://" for s in spec.schemes)
+        # The plain schemes only: a driver-qualified one (mysql+aiomysql://) is a variant.
+        plain = [f"{s}://" for s in spec.schemes if "+" not in s]
+        expected = (
+            " or ".join(plain) if len(plain) < 3 else ", ".join(plain[:-1]) + (f" or {plain[-1]}")
+        )
         ctx.fail(node, path, f"{label} does not hold a {spec.what} URL ({expected}...)")
     return Secret(value), origin
 

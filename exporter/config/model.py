@@ -75,10 +75,13 @@ from .specs import (
 
 __all__ = [
     "BUILTIN_PROBES",
+    "DATABASE_SCHEMES",
     "DEFAULT_ADVISORY_LOCK_KEY",
     "ELECTION_PROBE",
     "LOG_FORMATS",
     "LOG_LEVELS",
+    "MYSQL_URL_SCHEMES",
+    "POSTGRES_URL_SCHEMES",
     "TELEMETRY_PATH_PATTERN",
     "URL_KEYS",
     "CustomProbe",
@@ -116,6 +119,25 @@ __all__ = [
 DEFAULT_ADVISORY_LOCK_KEY: Final = 0x73746F636B73656E
 #: The health series of the leader election use this probe name.
 ELECTION_PROBE: Final = "leader_election"
+#: The schemes of a PostgreSQL URL (a libpq ``key=value`` string is PostgreSQL too).
+POSTGRES_URL_SCHEMES: Final = (
+    "postgresql",
+    "postgres",
+    "postgresql+psycopg",
+    "postgresql+asyncpg",
+)
+#: The schemes of a MySQL or MariaDB URL, with or without a driver named (the probes use
+#: aiomysql whichever is named: see :mod:`stocksentry.exporter.dburl`).
+MYSQL_URL_SCHEMES: Final = (
+    "mysql",
+    "mariadb",
+    "mysql+pymysql",
+    "mysql+aiomysql",
+    "mariadb+pymysql",
+    "mariadb+aiomysql",
+)
+#: Every scheme ``database.url`` accepts.
+DATABASE_SCHEMES: Final = (*POSTGRES_URL_SCHEMES, *MYSQL_URL_SCHEMES)
 
 _MINUTE: Final = 60.0
 _HOUR: Final = 3600.0
@@ -258,12 +280,16 @@ class SkuGuardConfig:
 
 @dataclass(frozen=True, slots=True)
 class DatabaseConfig:
-    """``database``: the PostgreSQL the probes read, and how carefully they read it."""
+    """``database``: the PostgreSQL, MySQL or MariaDB the probes read, and how carefully.
+
+    The dialect comes from the URL's scheme (:attr:`dialect`).
+    """
 
     url: Secret = url_keys(
-        ("postgresql", "postgres"),
-        "PostgreSQL",
-        "the PostgreSQL URL (`postgresql://`, `postgres://` or a libpq `key=value` string)",
+        DATABASE_SCHEMES,
+        "PostgreSQL, MySQL or MariaDB",
+        "the database URL: PostgreSQL (`postgresql://`, `postgres://` or a libpq "
+        "`key=value` string), MySQL (`mysql://`) or MariaDB (`mariadb://`)",
         accept_conninfo=True,
     )
     #: Where the URL came from, for messages: ``env NAME``, ``file PATH`` or ``literal``.
@@ -272,12 +298,15 @@ class DatabaseConfig:
         _STATEMENT_TIMEOUT,
         Duration(maximum=10 * _MINUTE),
         "`SET LOCAL statement_timeout` of every probe transaction whose probe does not "
-        "set its own `statement_timeout`",
+        "set its own `statement_timeout` (MariaDB: `max_statement_time`, MySQL: "
+        "`max_execution_time`)",
     )
     lock_timeout: float = key(
         0.2,
         Duration(maximum=10 * _MINUTE),
-        "`SET LOCAL lock_timeout`: a probe gives up instead of queueing behind checkout",
+        "`SET LOCAL lock_timeout`: a probe gives up instead of queueing behind checkout "
+        "(MySQL/MariaDB: `innodb_lock_wait_timeout` and `lock_wait_timeout`, whole seconds, "
+        "at least 1)",
     )
     connect_timeout: float = key(
         5.0,
@@ -290,7 +319,8 @@ class DatabaseConfig:
     advisory_lock_key: int = key(
         DEFAULT_ADVISORY_LOCK_KEY,
         Integer(-(2**63), 2**63 - 1, label="64-bit integer"),
-        "the `pg_try_advisory_lock` key",
+        "the `pg_try_advisory_lock` key (MySQL/MariaDB: "
+        "`GET_LOCK('stocksentry.<database>.<key>', 0)`)",
         default_doc=f'`{DEFAULT_ADVISORY_LOCK_KEY}` (`"stocksen"`)',
     )
     leader_retry_interval: float = key(
@@ -303,8 +333,18 @@ class DatabaseConfig:
         3, Integer(1, 32), "probe sessions of the leader (plus one for the election)"
     )
     application_name: str = key(
-        "stocksentry-exporter", Text(), "unless the URL sets one; shows in `pg_stat_activity`"
+        "stocksentry-exporter",
+        Text(),
+        "unless the URL sets one; shows in `pg_stat_activity` (MySQL: the `program_name` "
+        "connection attribute)",
     )
+
+    @property
+    def dialect(self) -> str:
+        """``postgresql``, or ``mysql`` for a MySQL or MariaDB URL (one probe family, which
+        asks the server which of the two it is)."""
+        scheme = self.url.reveal().split("://", 1)[0].lower()
+        return "mysql" if scheme in MYSQL_URL_SCHEMES else "postgresql"
 
 
 @dataclass(frozen=True, slots=True)
@@ -679,7 +719,7 @@ class ExporterConfig:
     log: LogConfig = section(LogConfig, "the exporter's own log lines")
     sku_guard: SkuGuardConfig = section(SkuGuardConfig, "the bound on per-SKU series")
     database: DatabaseConfig | None = section(
-        DatabaseConfig, "the PostgreSQL the probes read", optional=True
+        DatabaseConfig, "the PostgreSQL, MySQL or MariaDB the probes read", optional=True
     )
     schema: SchemaConfig = section(SchemaConfig, "how the shop's tables are named")
     redis: RedisConfig | None = section(

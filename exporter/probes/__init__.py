@@ -6,8 +6,9 @@ and is a prometheus_client collector whose ``collect()`` reads the last results 
 - :mod:`.base`: the probe contract, results, backoff, rate-limited error logs, and the
   metrics proposed for the catalog;
 - :mod:`.postgres`: the read-only connection pool, the database probes, the index check;
+- :mod:`.mysql`: the same on MySQL and MariaDB (chosen by the database URL's scheme);
 - :mod:`.redis`: the cache-drift probe;
-- :mod:`.election`: the advisory-lock leader election;
+- :mod:`.election`: the leader election (an advisory lock, or ``GET_LOCK`` on MySQL);
 - :mod:`.runner`: :class:`ProbeRunner`.
 
 Example::

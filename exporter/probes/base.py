@@ -23,13 +23,16 @@ import random
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Final
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from stocksentry.instrumentation import catalog
 from stocksentry.instrumentation.catalog import MetricSpec
+from stocksentry.instrumentation.guard import LabelGuard, sanitize_label_value
 from stocksentry.instrumentation.secrets import redact, secret_fragments
 
+from ..config import CustomProbe
 from ..durations import format_duration
 
 __all__ = [
@@ -37,6 +40,7 @@ __all__ = [
     "LONG_TRANSACTION_MAX",
     "PROBE_LEADER",
     "Backoff",
+    "CustomRows",
     "ErrorLog",
     "Probe",
     "ProbeResult",
@@ -261,3 +265,70 @@ class ErrorLog:
             extra={"probe": probe},
         )
         del self._state[probe]
+
+
+# --- custom SQL's rows as a gauge, on any dialect --------------------------------------------
+
+
+def _value(value: object) -> float:
+    if isinstance(value, bool | int | float | Decimal):
+        return float(value)
+    raise TypeError(f"expected a number, got {type(value).__name__}")
+
+
+class CustomRows:
+    """A ``probes.custom`` entry's rows as its one gauge (what every dialect's custom probe
+    exports from the columns and rows its driver returned).
+
+    Each row gives one sample: the value from ``value_column`` (rows where it is null are
+    skipped), labels from ``label_columns`` (a ``sku`` label goes through the SKU guard,
+    others are sanitised); rows with the same labels are summed; past ``max_series`` label
+    sets the rest are dropped with one warning.
+    """
+
+    def __init__(self, custom: CustomProbe, guard: LabelGuard, *, name: str) -> None:
+        self.custom = custom
+        self.name = name
+        self.spec = MetricSpec(
+            custom.metric, "gauge", custom.help, custom.label_columns, source="probe"
+        )
+        self._guard = guard
+        self._warned = False
+
+    def export(
+        self, columns: Sequence[str], rows: Iterable[Sequence[object]]
+    ) -> tuple[Metric, ...]:
+        """The gauge family of ``rows`` whose columns are named ``columns``."""
+        columns = list(columns)
+        wanted = (self.custom.value_column, *self.custom.label_columns)
+        missing = [c for c in wanted if c not in columns]
+        if missing:
+            raise ValueError(
+                f"the SQL returned no column {', '.join(missing)} (columns: {', '.join(columns)})"
+            )
+        value_at = columns.index(self.custom.value_column)
+        label_at = [columns.index(c) for c in self.custom.label_columns]
+        is_sku = [c == "sku" for c in self.custom.label_columns]
+        samples: dict[tuple[str, ...], float] = {}
+        for row in rows:
+            if row[value_at] is None:
+                continue
+            value = _value(row[value_at])
+            labels = tuple(
+                self._guard("" if row[i] is None else str(row[i]))
+                if sku
+                else sanitize_label_value("" if row[i] is None else row[i])
+                for i, sku in zip(label_at, is_sku, strict=True)
+            )
+            if labels not in samples and len(samples) >= self.custom.max_series:
+                if not self._warned:
+                    LOGGER.warning(
+                        "custom probe %s returned more than %d label sets; the rest are dropped",
+                        self.name,
+                        self.custom.max_series,
+                        extra={"probe": self.name},
+                    )
+                    self._warned = True
+                continue
+            samples[labels] = samples.get(labels, 0.0) + value
+        return (family(self.spec, sorted(samples.items())),)

@@ -45,6 +45,9 @@ from .election import LeaderElection
 from .postgres import IndexAdvice, PgPool, build_db_probes, check_indexes
 
 if TYPE_CHECKING:
+    # Imported when the URL is MySQL's: a PostgreSQL sidecar needs no aiomysql.
+    from .mysql import MyPool
+
     # Imported when a redis: section is configured: the sidecar runs without the
     # redis package otherwise (it comes with the [redis] extra).
     from .redis import RedisSource
@@ -102,23 +105,39 @@ class ProbeRunner:
         self._errors = ErrorLog(LOGGER, interval=error_log_interval, secrets=secrets)
 
         self._pool: PgPool | None = None
+        self._my_pool: MyPool | None = None
         self._redis: RedisSource | None = None
         self._db_probes: list[Probe] = []
-        if config.database is not None:
+        if config.database is not None and config.database.dialect == "mysql":
+            # MySQL and MariaDB: the same probes and figures through aiomysql.
+            from . import mysql as my
+
+            self._my_pool = my.MyPool(config.database)
+            self._db_probes.extend(my.build_db_probes(config, self._my_pool, self.sku_guard))
+        elif config.database is not None:
             self._pool = PgPool(config.database)
             self._db_probes.extend(build_db_probes(config, self._pool, self.sku_guard))
-            if config.probes.cache_drift.enabled and config.redis is not None:
-                try:
-                    from .redis import CacheDriftProbe, RedisSource
-                except ModuleNotFoundError as exc:
-                    if exc.name is None or exc.name.partition(".")[0] != "redis":
-                        raise
-                    raise ModuleNotFoundError(
-                        "the redis: section needs the redis package: "
-                        "pip install 'stocksentry[exporter]'",
-                        name=exc.name,
-                    ) from None
-                self._redis = RedisSource(config.redis, timeout=config.probes.cache_drift.timeout)
+        if (
+            config.database is not None
+            and config.probes.cache_drift.enabled
+            and config.redis is not None
+        ):
+            try:
+                from .redis import CacheDriftProbe, RedisSource
+            except ModuleNotFoundError as exc:
+                if exc.name is None or exc.name.partition(".")[0] != "redis":
+                    raise
+                raise ModuleNotFoundError(
+                    "the redis: section needs the redis package: "
+                    "pip install 'stocksentry[exporter]'",
+                    name=exc.name,
+                ) from None
+            self._redis = RedisSource(config.redis, timeout=config.probes.cache_drift.timeout)
+            if self._my_pool is not None:
+                from .mysql.cache import MyCacheDriftProbe
+
+                self._db_probes.append(MyCacheDriftProbe(config, self._my_pool, self._redis))
+            elif self._pool is not None:
                 self._db_probes.append(CacheDriftProbe(config, self._pool, self._redis))
 
         self._election: LeaderElection | None = None
@@ -181,6 +200,8 @@ class ProbeRunner:
             self._election_task = None
         if self._pool is not None:
             await self._pool.close()
+        if self._my_pool is not None:
+            await self._my_pool.close()
         if self._redis is not None:
             await self._redis.close()
 
@@ -242,6 +263,8 @@ class ProbeRunner:
         self._results = {k: v for k, v in self._results.items() if k not in names}
         if self._pool is not None:
             await self._pool.close_idle()
+        if self._my_pool is not None:
+            await self._my_pool.close_idle()
         if self._election is not None and not self._stopping:
             LOGGER.warning("no longer leading: database probes stopped")
 
@@ -290,12 +313,19 @@ class ProbeRunner:
         self._results = {**self._results, name: result}
 
     async def _check_indexes(self) -> None:
-        if self._pool is None:
-            return
         config = self.config
         try:
             async with asyncio.timeout(60.0):
-                advice = await self._pool.read(lambda conn: check_indexes(conn, config))
+                if self._my_pool is not None:
+                    from .mysql import check_indexes as my_check_indexes
+
+                    advice = await self._my_pool.read(
+                        lambda session: my_check_indexes(session, config)
+                    )
+                elif self._pool is not None:
+                    advice = await self._pool.read(lambda conn: check_indexes(conn, config))
+                else:
+                    return
         except Exception as exc:
             LOGGER.warning("index check failed: %s", self._errors.clean(describe_error(exc)))
             return

@@ -191,7 +191,8 @@ MALFORMED = [
         "database:\n  url_env: STOCKSENTRY_REDIS_URL\n",
         2,
         "database.url_env",
-        "environment variable STOCKSENTRY_REDIS_URL does not hold a PostgreSQL URL",
+        "environment variable STOCKSENTRY_REDIS_URL does not hold a PostgreSQL, MySQL or "
+        "MariaDB URL",
     ),
     ("yaml-syntax-error", "server:\n  port: [1, 2\nprobes: {}\n", 3, "", "invalid YAML"),
     ("yaml-bad-indentation", "server:\n  port: 1\n bad: 2\n", 3, "", "invalid YAML"),
@@ -527,13 +528,47 @@ def test_deeply_nested_yaml_is_one_error_not_a_recursion_error():
 
 
 def test_a_secret_is_not_echoed_when_its_variable_holds_something_else():
-    environ = {"DB": f"mysql://shop:{PASSWORD}@db/shop"}
+    environ = {"DB": f"mssql://shop:{PASSWORD}@db/shop"}
     with pytest.raises(ConfigError) as caught:
         parse("database:\n  url_env: DB\n", environ)
     assert str(caught.value) == (
         "config.yaml:2: database.url_env: environment variable DB does not hold a "
-        "PostgreSQL URL (postgresql:// or postgres://...)"
+        "PostgreSQL, MySQL or MariaDB URL (postgresql://, postgres://, mysql:// or mariadb://...)"
     )
+
+
+@pytest.mark.parametrize(
+    ("url", "dialect"),
+    [
+        ("postgresql://shop@db/shop", "postgresql"),
+        ("host=db dbname=shop", "postgresql"),
+        ("mysql://shop@db:3306/shop", "mysql"),
+        ("mariadb://shop@db/shop", "mysql"),
+        ("mysql+aiomysql://shop@db/shop", "mysql"),
+    ],
+)
+def test_the_dialect_comes_from_the_url(url, dialect):
+    config = parse("database:\n  url_env: DB\n", {"DB": url})
+    assert config.database is not None
+    assert config.database.dialect == dialect
+
+
+def test_a_literal_mysql_url_with_a_password_is_refused_unechoed():
+    with pytest.raises(ConfigError) as caught:
+        parse(f"database:\n  url: mysql://shop:{PASSWORD}@db/shop\n")
+    assert PASSWORD not in str(caught.value)
+    assert str(caught.value).startswith("config.yaml:2: database.url: the URL carries a password")
+
+
+def test_mysql_runs_cache_drift_and_custom_sql_as_postgresql_does():
+    redis = "redis:\n  url: redis://cache:6379/0\n"
+    custom = "probes:\n  custom:\n    - {name: c, sql: SELECT 1 AS value, metric: shop_c}\n"
+    config = parse(
+        DB + redis + "sku_guard:\n  promo_skus: [EGG-01]\n" + custom,
+        {"STOCKSENTRY_DATABASE_URL": f"mysql://shop:{PASSWORD}@db/shop"},
+    )
+    assert config.probes.cache_drift.enabled
+    assert [c.name for c in config.probes.custom] == ["c"]
 
 
 def test_a_literal_url_that_is_not_a_string_is_not_echoed():

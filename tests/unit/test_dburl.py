@@ -6,7 +6,15 @@ import subprocess
 import sys
 
 import pytest
-from stocksentry.exporter.dburl import UNPARSEABLE, parse_url, password, scrub, shown
+from stocksentry.exporter.dburl import (
+    UNPARSEABLE,
+    dialect_of,
+    mysql_connect_args,
+    parse_url,
+    password,
+    scrub,
+    shown,
+)
 
 
 def test_plain_postgresql_gets_psycopg() -> None:
@@ -71,4 +79,78 @@ def test_docstring_examples() -> None:
     from stocksentry.exporter import dburl
 
     result = doctest.testmod(dburl)
-    assert (result.failed, result.attempted) == (0, 2)
+    assert (result.failed, result.attempted) == (0, 3)
+
+
+def test_mysql_and_mariadb_urls_stay_as_written_for_sqlalchemy() -> None:
+    assert parse_url("mysql://u@h/db").drivername == "mysql"
+    assert parse_url("mariadb://u@h/db").drivername == "mariadb"
+    assert parse_url("mysql+aiomysql://u@h/db").drivername == "mysql+aiomysql"
+
+
+@pytest.mark.parametrize(
+    ("text", "dialect"),
+    [
+        ("postgresql://u@h/db", "postgresql"),
+        ("postgres://u@h/db", "postgresql"),
+        ("host=h dbname=db", "postgresql"),
+        ("mysql://u@h/db", "mysql"),
+        ("mysql+pymysql://u@h/db", "mysql"),
+        ("mariadb://u@h/db", "mariadb"),
+        ("mariadb+aiomysql://u@h/db", "mariadb"),
+        ("sqlite:///x.db", "sqlite"),
+        ("mssql://u@h/db", None),
+        ("not a url", None),
+    ],
+)
+def test_the_dialect_of_a_url(text: str, dialect: str | None) -> None:
+    assert dialect_of(text) == dialect
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("mysql://u:hunter2@h:3306/db", "mysql://u:***@h:3306/db"),
+        (
+            "mariadb://u:hunter2@h/db?charset=utf8mb4",
+            "mariadb://u:***@h/db?charset=utf8mb4",
+        ),
+        ("mysql+aiomysql://u:hunter2@h/db?password=hunter2", "mysql+aiomysql://u:***@h/db"),
+    ],
+)
+def test_a_mysql_url_is_shown_without_its_password(text: str, expected: str) -> None:
+    assert shown(text) == expected
+    assert "hunter2" not in scrub(f"Access denied for {text} (hunter2)", text)
+
+
+def test_mysql_connect_args_decode_the_url() -> None:
+    args = mysql_connect_args(
+        "mariadb+aiomysql://ap%40p:p%40ss@db.internal:3307/shop?charset=utf8mb4"
+    )
+    assert args == {
+        "host": "db.internal",
+        "port": 3307,
+        "user": "ap@p",
+        "password": "p@ss",
+        "db": "shop",
+        "charset": "utf8mb4",
+    }
+    assert mysql_connect_args("mysql://h")["port"] == 3306
+    assert mysql_connect_args("mysql://u@h/db?unix_socket=/run/mysqld.sock")["unix_socket"] == (
+        "/run/mysqld.sock"
+    )
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "mysql://u:hunter2@h/db?passwd=hunter2",
+        "mysql://u:hunter2@h/db?ssl_verify_cert=hunter2",
+        "mysql://u:hunter2@h:notaport/db",
+        "postgresql://u:hunter2@h/db",
+    ],
+)
+def test_mysql_connect_args_refuse_without_echoing(text: str) -> None:
+    with pytest.raises(ValueError, match="MySQL") as caught:
+        mysql_connect_args(text)
+    assert "hunter2" not in str(caught.value)

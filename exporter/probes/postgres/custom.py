@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from prometheus_client.core import Metric
 from psycopg import sql
-from stocksentry.instrumentation.catalog import MetricSpec
-from stocksentry.instrumentation.guard import LabelGuard, sanitize_label_value
+from stocksentry.instrumentation.guard import LabelGuard
 
 from ...config import CustomProbe, ProbeSettings
-from ..base import LOGGER, family
-from .common import DbProbe, number
+from ..base import CustomRows
+from .common import DbProbe
 from .pool import Conn, PgPool
 
 __all__ = ["CustomSqlProbe"]
@@ -33,12 +32,9 @@ class CustomSqlProbe(DbProbe):
             pool,
         )
         self.custom = custom
-        self.spec = MetricSpec(
-            custom.metric, "gauge", custom.help, custom.label_columns, source="probe"
-        )
+        self.rows = CustomRows(custom, guard, name=custom.name)
+        self.spec = self.rows.spec
         self.specs = (self.spec,)
-        self._guard = guard
-        self._warned = False
         self._sql = sql.SQL("SELECT * FROM ({}\n) AS stocksentry_custom").format(
             sql.SQL(custom.sql)
         )
@@ -54,35 +50,4 @@ class CustomSqlProbe(DbProbe):
         # prepare=True forces the extended protocol: one statement, no "; COMMIT; ...".
         cursor = await conn.execute(self._sql, prepare=True)
         columns = [c.name for c in cursor.description or ()]
-        wanted = (self.custom.value_column, *self.custom.label_columns)
-        missing = [c for c in wanted if c not in columns]
-        if missing:
-            raise ValueError(
-                f"the SQL returned no column {', '.join(missing)} (columns: {', '.join(columns)})"
-            )
-        value_at = columns.index(self.custom.value_column)
-        label_at = [columns.index(c) for c in self.custom.label_columns]
-        is_sku = [c == "sku" for c in self.custom.label_columns]
-        samples: dict[tuple[str, ...], float] = {}
-        for row in await cursor.fetchall():
-            if row[value_at] is None:
-                continue
-            value = number(row[value_at])
-            labels = tuple(
-                self._guard("" if row[i] is None else str(row[i]))
-                if sku
-                else sanitize_label_value("" if row[i] is None else row[i])
-                for i, sku in zip(label_at, is_sku, strict=True)
-            )
-            if labels not in samples and len(samples) >= self.custom.max_series:
-                if not self._warned:
-                    LOGGER.warning(
-                        "custom probe %s returned more than %d label sets; the rest are dropped",
-                        self.name,
-                        self.custom.max_series,
-                        extra={"probe": self.name},
-                    )
-                    self._warned = True
-                continue
-            samples[labels] = samples.get(labels, 0.0) + value
-        return (family(self.spec, sorted(samples.items())),)
+        return self.rows.export(columns, await cursor.fetchall())

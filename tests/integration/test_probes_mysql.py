@@ -1,0 +1,1095 @@
+"""The probes against a real MariaDB: exact figures, the server's state, failures, election.
+
+The MySQL/MariaDB twin of ``test_probes.py``: each test seeds a fresh database
+(``mysql_database``) with the same shop and the same known violations, runs a
+:class:`ProbeRunner` on short intervals, and reads the figures back from a fresh registry,
+as a scrape would. MySQL 8 is not run here (its differences are documented).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+import random
+import time
+from collections.abc import Callable
+from decimal import Decimal
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+import psycopg
+import pymysql
+import pytest
+import redis.asyncio as aioredis
+import yaml
+from polling import async_wait_until
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+from services import REDIS_URL
+from stocksentry.exporter.config import ExporterConfig, parse_config
+from stocksentry.exporter.invariants import InvariantSql
+from stocksentry.exporter.probes import ProbeRunner
+from stocksentry.exporter.probes.base import ErrorLog
+from stocksentry.exporter.probes.election import LeaderElection, lock_name
+from stocksentry.exporter.probes.mysql import MyPool, check_indexes
+from stocksentry.exporter.probes.mysql.common import statement
+from stocksentry.exporter.probes.postgres.common import composed
+from test_probes import seed as pg_seed
+
+pytestmark = pytest.mark.integration
+
+WAIT = 20.0
+
+ALL_DB_PROBES = (
+    "negative_stock",
+    "oversold",
+    "duplicate_orders",
+    "lock_waiters",
+    "deadlocks",
+    "long_transactions",
+    "expired_reservations",
+    "outbox",
+)
+
+SCHEMA = [
+    """CREATE TABLE products (
+        id bigint AUTO_INCREMENT PRIMARY KEY,
+        sku varchar(64) NOT NULL UNIQUE,
+        available_stock int NOT NULL,
+        initial_stock int NOT NULL
+    ) ENGINE=InnoDB""",
+    """CREATE TABLE orders (
+        id bigint AUTO_INCREMENT PRIMARY KEY,
+        status varchar(32) NOT NULL,
+        external_ref varchar(64),
+        idempotency_key varchar(64),
+        created_at datetime(6) NOT NULL DEFAULT now(6)
+    ) ENGINE=InnoDB""",
+    """CREATE TABLE order_items (
+        id bigint AUTO_INCREMENT PRIMARY KEY,
+        order_id bigint NOT NULL,
+        product_id bigint NOT NULL,
+        quantity int NOT NULL,
+        CONSTRAINT order_items_order_fk FOREIGN KEY (order_id) REFERENCES orders (id),
+        CONSTRAINT order_items_product_fk FOREIGN KEY (product_id) REFERENCES products (id)
+    ) ENGINE=InnoDB""",
+    """CREATE TABLE reservations (
+        id bigint AUTO_INCREMENT PRIMARY KEY,
+        product_id bigint NOT NULL,
+        quantity int NOT NULL,
+        expires_at datetime(6) NOT NULL,
+        released_at datetime(6)
+    ) ENGINE=InnoDB""",
+    """CREATE TABLE outbox (
+        id bigint AUTO_INCREMENT PRIMARY KEY,
+        created_at datetime(6) NOT NULL,
+        published_at datetime(6)
+    ) ENGINE=InnoDB""",
+]
+
+# The foreign keys already index order_items(order_id) and (product_id).
+INDEXES = [
+    "CREATE INDEX products_stock_idx ON products (available_stock)",
+    "CREATE INDEX orders_created_at_idx ON orders (created_at)",
+    "CREATE INDEX orders_external_ref_idx ON orders (external_ref)",
+    "CREATE INDEX orders_idempotency_key_idx ON orders (idempotency_key)",
+    "CREATE INDEX reservations_held_idx ON reservations (released_at, expires_at)",
+    "CREATE INDEX outbox_pending_idx ON outbox (published_at, created_at)",
+]
+
+# The same truth as test_probes.py's SEED.
+SEED = [
+    """INSERT INTO products (id, sku, available_stock, initial_stock) VALUES
+        (1, 'SKU-NEG3', -3, 10), (2, 'SKU-NEG1', -1, 10), (3, 'SKU-OVER', 0, 5),
+        (4, 'SKU-OK', 15, 20), (5, 'SKU-OVER2', 0, 1)""",
+    """INSERT INTO orders (id, status, external_ref, idempotency_key, created_at) VALUES
+        (1, 'PAID', 'ref-a', NULL, now(6)),
+        (2, 'COMPLETED', 'ref-b', NULL, now(6)),
+        (3, 'CANCELLED', 'ref-c', NULL, now(6)),
+        (4, 'PROCESSING', 'ref-d', NULL, now(6)),
+        (5, 'PAID', 'ref-e', NULL, now(6)),
+        (6, 'PAID', 'dup-1', 'idem-1', now(6)),
+        (7, 'PAID', 'dup-1', 'idem-1', now(6)),
+        (8, 'PAID', 'dup-2', NULL, now(6)),
+        (9, 'PENDING', 'dup-2', NULL, now(6)),
+        (10, 'CANCELLED', 'dup-2', NULL, now(6)),
+        (11, 'PAID', 'single', NULL, now(6)),
+        (12, 'PAID', 'old-dup', NULL, now(6) - INTERVAL 2 DAY),
+        (13, 'PAID', 'old-dup', NULL, now(6) - INTERVAL 2 DAY),
+        (14, 'PAID', NULL, NULL, now(6)),
+        (15, 'PAID', NULL, NULL, now(6))""",
+    """INSERT INTO order_items (order_id, product_id, quantity) VALUES
+        (1, 3, 3), (2, 3, 4), (3, 3, 2), (4, 4, 5), (5, 5, 4)""",
+    """INSERT INTO reservations (product_id, quantity, expires_at, released_at) VALUES
+        (4, 1, now(6) - INTERVAL 1 MINUTE, NULL),
+        (4, 1, now(6) - INTERVAL 2 MINUTE, NULL),
+        (4, 1, now(6) - INTERVAL 3 MINUTE, NULL),
+        (4, 1, now(6) - INTERVAL 1 MINUTE, now(6) - INTERVAL 30 SECOND),
+        (4, 1, now(6) - INTERVAL 5 MINUTE, now(6)),
+        (4, 1, now(6) + INTERVAL 5 MINUTE, NULL)""",
+    """INSERT INTO outbox (created_at, published_at) VALUES
+        (now(6) - INTERVAL 120 SECOND, NULL),
+        (now(6) - INTERVAL 30 SECOND, NULL),
+        (now(6) - INTERVAL 1 HOUR, now(6) - INTERVAL 59 MINUTE)""",
+]
+
+
+def connect(url: str, **options: Any) -> pymysql.connections.Connection[Any]:
+    """A plain PyMySQL session on the test database (autocommit unless told otherwise)."""
+    parts = urlsplit(url)
+    return pymysql.connect(
+        host=parts.hostname or "127.0.0.1",
+        port=parts.port or 3306,
+        user=unquote(parts.username or "root"),
+        password=unquote(parts.password or ""),
+        database=parts.path.lstrip("/"),
+        autocommit=options.pop("autocommit", True),
+        **options,
+    )
+
+
+def run_sql(url: str, statements: list[str]) -> None:
+    conn = connect(url)
+    try:
+        with conn.cursor() as cur:
+            for sql in statements:
+                cur.execute(sql)
+    finally:
+        conn.close()
+
+
+def seed(url: str, *, indexes: bool = True) -> None:
+    run_sql(url, SCHEMA + (INDEXES if indexes else []) + SEED)
+
+
+def make_config(
+    url: str,
+    probes: tuple[str, ...] = ALL_DB_PROBES,
+    *,
+    leader_election: bool = False,
+    database: dict[str, Any] | None = None,
+    schema: dict[str, Any] | None = None,
+    promo_skus: tuple[str, ...] = ("SKU-OK",),
+    environ: dict[str, str] | None = None,
+    settings: dict[str, Any] | None = None,
+) -> ExporterConfig:
+    """A config on ``url`` with only ``probes`` enabled, on 0.2 s intervals."""
+    probe_settings: dict[str, Any] = {"defaults": {"interval": "200ms", "timeout": "2s"}}
+    for name in (*ALL_DB_PROBES, "cache_drift"):
+        if name not in probes:
+            probe_settings[name] = {"enabled": False}
+    probe_settings.update(settings or {})
+    db: dict[str, Any] = {
+        "url": url,
+        "leader_election": leader_election,
+        "statement_timeout": "1s",
+        "lock_timeout": "200ms",
+        "connect_timeout": "2s",
+        "leader_retry_interval": "200ms",
+        # Unique per test: other suites elect on the same server at the same time.
+        "advisory_lock_key": random.randint(1, 2**62),
+    }
+    db.update(database or {})
+    if "url_env" in db:
+        del db["url"]
+    document: dict[str, Any] = {
+        "sku_guard": {"promo_skus": list(promo_skus)},
+        "database": db,
+        "schema": {
+            "products": {"allocation": "initial_stock"},
+            "reservations": {},
+            "outbox": {},
+            **(schema or {}),
+        },
+        "probes": probe_settings,
+    }
+    return parse_config(yaml.safe_dump(document), "test.yaml", environ=environ or {})
+
+
+def sample(registry: CollectorRegistry, name: str, **labels: str) -> float | None:
+    return registry.get_sample_value(name, labels)
+
+
+def all_up(registry: CollectorRegistry, probes: tuple[str, ...]) -> Callable[[], bool]:
+    return lambda: all(sample(registry, "stocksentry_probe_up", probe=p) == 1.0 for p in probes)
+
+
+def database_of(url: str) -> str:
+    return url.rsplit("/", 1)[1]
+
+
+async def test_every_probe_reports_the_seeded_truth(mysql_database, registry):
+    before_seed, before_seed_wall = time.monotonic(), time.time()
+    seed(mysql_database)
+    config = make_config(mysql_database)
+    async with ProbeRunner(config, registry=registry) as runner:
+        await async_wait_until(
+            all_up(registry, ALL_DB_PROBES), timeout=WAIT, message="every probe up"
+        )
+        await asyncio.sleep(0.3)
+        assert sample(registry, "stock_negative_inventory_skus") == 2.0
+        assert sample(registry, "stock_negative_inventory_units") == 4.0
+        assert sample(registry, "stock_oversold_units", sku="SKU-OVER") == 2.0
+        assert sample(registry, "stock_oversold_units", sku="SKU-OVER2") == 3.0
+        assert sample(registry, "stock_oversold_units", sku="SKU-OK") == 0.0
+        assert sample(registry, "stock_oversold_units", sku="SKU-NEG3") is None
+        assert sample(registry, "stock_duplicate_order_keys") == 2.0
+        assert sample(registry, "stock_db_lock_waiters") == 0.0
+        assert sample(registry, "stock_db_lock_wait_max_seconds") == 0.0
+        deadlocks = sample(
+            registry, "stock_db_deadlocks_total", database=database_of(mysql_database)
+        )
+        assert deadlocks is not None  # server-wide: other suites' deadlocks count too
+        assert deadlocks >= 0.0
+        assert sample(registry, "stock_db_long_transactions") == 0.0
+        assert sample(registry, "stock_reservations_expired_unreleased") == 3.0
+        assert sample(registry, "stock_outbox_pending_events") == 2.0
+        lag = sample(registry, "stock_outbox_lag_seconds")
+        assert lag is not None
+        assert 120.0 <= lag <= 120.0 + (time.monotonic() - before_seed) + 1.0
+        assert sample(registry, "stocksentry_probe_leader") == 1.0
+        assert runner.is_leader
+        for probe in ALL_DB_PROBES:
+            last = sample(
+                registry, "stocksentry_probe_last_success_timestamp_seconds", probe=probe
+            )
+            assert last is not None
+            assert before_seed_wall <= last <= time.time()
+        await async_wait_until(
+            lambda: runner.index_advice is not None, timeout=WAIT, message="the index check"
+        )
+        assert runner.index_advice == ()
+
+
+# --- the invariant statements: the same rows on MariaDB as on PostgreSQL --------------------
+
+
+def invariant_queries(builder: InvariantSql) -> dict[str, Any]:
+    """Every statement InvariantSql builds, with arguments that return rows on the seed."""
+    window = dt.timedelta(hours=1)
+    long_ago = dt.datetime(2000, 1, 1)
+    future = dt.datetime(2100, 1, 1)
+    return {
+        "negative_stock": builder.negative_stock(),
+        "negative_stock_skus": builder.negative_stock(skus=["SKU-NEG1", "SKU-OK"]),
+        "negative_stock_totals": builder.negative_stock_totals(),
+        "oversold": builder.oversold(),
+        "oversold_promo": builder.oversold(skus=["SKU-OVER", "SKU-OK"], worst_first=True),
+        "oversold_orders": builder.oversold(worst_first=True, count_orders=True),
+        "paid_units_created": builder.paid_units_created(start=long_ago, end=future),
+        "paid_units_since": builder.paid_units_created(start=long_ago),
+        "paid_units_of_products": builder.paid_units_of_products([3, 4, 5], end=future),
+        "paid_units_chunk": builder.paid_units_chunk(after=None, limit=3, end=future),
+        "paid_units_chunk_after": builder.paid_units_chunk(after=3, limit=10, end=future),
+        "duplicate_keys": builder.duplicate_keys("external_ref", since=window),
+        "duplicate_keys_all": builder.duplicate_keys("external_ref"),
+        "duplicate_keys_since": builder.duplicate_keys("external_ref", since=long_ago),
+        "duplicate_keys_skus": builder.duplicate_keys("external_ref", skus=["SKU-OVER"]),
+        "keys_created": builder.keys_created("external_ref", start=long_ago),
+        "key_expiry": builder.duplicate_key_expiry("external_ref", window=window),
+        "key_expiry_keys": builder.duplicate_key_expiry(
+            "external_ref", window=window, keys=["dup-1", "single", "old-dup"]
+        ),
+        "duplicate_key_totals": builder.duplicate_key_totals(since=window),
+        "paid_without_items": builder.paid_without_items(since=window),
+    }
+
+
+def normalised(rows: list[tuple[Any, ...]], columns: tuple[str, ...]) -> list[tuple[Any, ...]]:
+    """Rows comparable across drivers: numbers as floats, times dropped (each server's own
+    clock), and in a fixed order where the statement leaves it open."""
+    out = []
+    for row in rows:
+        values = []
+        for _name, value in zip(columns, row, strict=True):
+            if isinstance(value, dt.datetime):
+                continue
+            if isinstance(value, int | float | Decimal) and not isinstance(value, bool):
+                value = float(value)
+            values.append(value if value is None or isinstance(value, float) else str(value))
+        out.append(tuple(values))
+    return sorted(out, key=repr)
+
+
+async def test_every_invariant_statement_gives_postgresql_s_rows(mysql_database, pg_database):
+    seed(mysql_database)
+    await pg_seed(pg_database)
+    schema = make_config(mysql_database).schema
+    on_mysql = invariant_queries(InvariantSql(schema, dialect="mysql"))
+    on_pg = invariant_queries(InvariantSql(schema))
+    conn = connect(mysql_database)
+    try:
+        async with await psycopg.AsyncConnection.connect(pg_database) as pg:
+            for name, query in on_mysql.items():
+                text, params = statement(query)
+                with conn.cursor() as cur:
+                    cur.execute(text, params)
+                    got = [tuple(r) for r in cur.fetchall()]
+                pg_statement, pg_params = composed(on_pg[name])
+                cursor = await pg.execute(pg_statement, pg_params)
+                want = [tuple(r) for r in await cursor.fetchall()]
+                assert normalised(got, query.columns) == normalised(want, query.columns), name
+                # The seed has no duplicate among the orders with items.
+                assert want or name == "duplicate_keys_skus", f"{name} returns no row"
+    finally:
+        conn.close()
+    # The seed's truth, spelled out for the two that matter most.
+    assert normalised(
+        [tuple(r) for r in run_rows(mysql_database, on_mysql["oversold"])], ("a", "b", "c", "d")
+    ) == [("SKU-OVER", 5.0, 7.0, 2.0), ("SKU-OVER2", 1.0, 4.0, 3.0)]
+
+
+def run_rows(url: str, query: Any) -> list[tuple[Any, ...]]:
+    text, params = statement(query)
+    conn = connect(url)
+    try:
+        with conn.cursor() as cur:
+            cur.execute(text, params)
+            return [tuple(r) for r in cur.fetchall()]
+    finally:
+        conn.close()
+
+
+# --- the server's state: lock waiters, deadlocks, long transactions -------------------------
+
+
+async def test_lock_waiters_and_the_longest_wait(mysql_database, registry):
+    seed(mysql_database)
+    holder = connect(mysql_database, autocommit=False)
+    waiter = connect(mysql_database)
+    update = "UPDATE products SET available_stock = available_stock WHERE id = 1"
+    try:
+        execute(holder, "SET SESSION innodb_lock_wait_timeout = 30")
+        execute(waiter, "SET SESSION innodb_lock_wait_timeout = 30")
+        holder.begin()
+        execute(holder, update)  # holds the row lock in an open transaction
+        waiting = asyncio.create_task(asyncio.to_thread(execute, waiter, update))
+        config = make_config(mysql_database, ("lock_waiters",))
+        async with ProbeRunner(config, registry=registry):
+            await async_wait_until(
+                lambda: sample(registry, "stock_db_lock_waiters") == 1.0,
+                timeout=WAIT,
+                message="one waiter",
+            )
+            await async_wait_until(
+                lambda: (sample(registry, "stock_db_lock_wait_max_seconds") or 0.0) > 0.2,
+                timeout=WAIT,
+                message="a growing wait",
+            )
+            holder.rollback()
+            await waiting
+            await async_wait_until(
+                lambda: sample(registry, "stock_db_lock_waiters") == 0.0,
+                timeout=WAIT,
+                message="no waiter",
+            )
+            assert sample(registry, "stock_db_lock_wait_max_seconds") == 0.0
+    finally:
+        holder.close()
+        waiter.close()
+
+
+def global_deadlocks(url: str) -> float:
+    conn = connect(url)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SHOW GLOBAL STATUS LIKE 'Innodb_deadlocks'")
+            ((_name, value),) = cur.fetchall()
+            return float(value)
+    finally:
+        conn.close()
+
+
+async def test_deadlocks_come_from_innodb_deadlocks(mysql_database, registry):
+    seed(mysql_database)
+    database = database_of(mysql_database)
+    config = make_config(mysql_database, ("deadlocks",))
+    first = connect(mysql_database, autocommit=False)
+    second = connect(mysql_database, autocommit=False)
+    try:
+        async with ProbeRunner(config, registry=registry):
+            await async_wait_until(all_up(registry, ("deadlocks",)), timeout=WAIT)
+            before = sample(registry, "stock_db_deadlocks_total", database=database)
+            assert before is not None
+            first.begin()
+            second.begin()
+            execute(first, "UPDATE products SET initial_stock = initial_stock WHERE id = 1")
+            execute(second, "UPDATE products SET initial_stock = initial_stock WHERE id = 2")
+            crossing = asyncio.create_task(
+                asyncio.to_thread(
+                    execute,
+                    first,
+                    "UPDATE products SET initial_stock = initial_stock WHERE id = 2",
+                )
+            )
+            await asyncio.sleep(0.2)
+            outcomes = await asyncio.gather(
+                crossing,
+                asyncio.to_thread(
+                    execute,
+                    second,
+                    "UPDATE products SET initial_stock = initial_stock WHERE id = 1",
+                ),
+                return_exceptions=True,
+            )
+            errors = [o for o in outcomes if isinstance(o, pymysql.err.OperationalError)]
+            assert [e.args[0] for e in errors] == [1213]
+            # The counter is the server's: other suites' deadlocks may add to it, never
+            # take from it.
+            await async_wait_until(
+                lambda: (
+                    (sample(registry, "stock_db_deadlocks_total", database=database) or 0)
+                    >= before + 1
+                ),
+                timeout=WAIT,
+                message="one more deadlock",
+            )
+            figure = sample(registry, "stock_db_deadlocks_total", database=database)
+            assert figure is not None
+            assert figure <= global_deadlocks(mysql_database)
+    finally:
+        first.close()
+        second.close()
+
+
+async def test_long_transactions_in_this_database(mysql_database, registry):
+    seed(mysql_database)
+    on_stock = connect(mysql_database, autocommit=False)
+    elsewhere = connect(mysql_database, autocommit=False)
+    try:
+        on_stock.begin()
+        execute(on_stock, "SELECT available_stock FROM products WHERE id = 1")
+        elsewhere.begin()
+        execute(elsewhere, "SELECT 1")  # open too, but touches no InnoDB table
+        config = make_config(
+            mysql_database,
+            ("long_transactions",),
+            settings={"long_transactions": {"threshold": "300ms"}},
+        )
+        async with ProbeRunner(config, registry=registry):
+            await async_wait_until(
+                lambda: sample(registry, "stock_db_long_transactions") == 1.0,
+                timeout=WAIT,
+                message="one long transaction",
+            )
+            oldest = sample(registry, "stock_db_long_transaction_max_seconds")
+            assert oldest is not None
+            assert oldest >= 0.3
+            on_stock.rollback()
+            await async_wait_until(
+                lambda: sample(registry, "stock_db_long_transactions") == 0.0,
+                timeout=WAIT,
+                message="none after rollback",
+            )
+    finally:
+        on_stock.close()
+        elsewhere.close()
+
+
+def execute(conn: Any, sql: str) -> None:
+    with conn.cursor() as cur:
+        cur.execute(sql)
+        cur.fetchall()
+
+
+# --- failures: locks, an unreachable or vanishing server -------------------------------------
+
+
+async def test_a_locked_table_times_out_the_probe_then_it_recovers(mysql_database, registry):
+    seed(mysql_database)
+    # A statement limit above the lock wait's whole second, so the lock wait ends it.
+    config = make_config(
+        mysql_database,
+        ("negative_stock", "lock_waiters"),
+        database={"statement_timeout": "1500ms"},
+    )
+    locker = connect(mysql_database)
+    try:
+        async with ProbeRunner(config, registry=registry) as runner:
+            await async_wait_until(all_up(registry, ("negative_stock",)), timeout=WAIT)
+            execute(locker, "LOCK TABLES products WRITE")
+            await async_wait_until(
+                lambda: sample(registry, "stocksentry_probe_up", probe="negative_stock") == 0.0,
+                timeout=WAIT,
+                message="negative_stock down",
+            )
+            result = runner.results["negative_stock"]
+            assert result.error is not None
+            # lock_wait_timeout (200 ms rounded up to the server's 1 s) ended the wait.
+            assert "1205" in result.error
+            assert "Lock wait timeout" in result.error
+            (probe,) = [p for p in runner.probes if p.name == "negative_stock"]
+            assert result.duration < probe.timeout
+            assert sample(registry, "stock_negative_inventory_skus") is None
+            # The other probe is not hidden, and a scrape answers from the stored results.
+            assert sample(registry, "stocksentry_probe_up", probe="lock_waiters") == 1.0
+            started = time.monotonic()
+            scraped = scrape(registry)
+            assert time.monotonic() - started < probe.timeout
+            key = (("probe", "negative_stock"),)
+            assert scraped[("stocksentry_probe_up", key)] == 0.0
+            assert ("stock_negative_inventory_skus", ()) not in scraped
+            execute(locker, "UNLOCK TABLES")
+            await async_wait_until(
+                lambda: sample(registry, "stocksentry_probe_up", probe="negative_stock") == 1.0,
+                timeout=WAIT,
+                message="negative_stock back up",
+            )
+            assert sample(registry, "stock_negative_inventory_skus") == 2.0
+    finally:
+        locker.close()
+
+
+def scrape(registry: CollectorRegistry) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(generate_latest(registry).decode())
+        for s in family.samples
+    }
+
+
+async def test_an_unreachable_server_is_reported_down_without_the_password(registry, caplog):
+    caplog.set_level(logging.INFO, logger="stocksentry.exporter.probes")
+    # Port 1: nothing listens there, the connection is refused at once.
+    config = make_config(
+        "mysql://root@127.0.0.1:1/shop",
+        ("negative_stock", "deadlocks"),
+        database={"url_env": "STOCKSENTRY_DATABASE_URL"},
+        environ={"STOCKSENTRY_DATABASE_URL": "mysql://app:s3cr3t-pw@127.0.0.1:1/shop"},
+    )
+    runner = ProbeRunner(config, registry=registry)
+    await runner.start()
+    try:
+        await async_wait_until(
+            lambda: (
+                sample(registry, "stocksentry_probe_up", probe="negative_stock") == 0.0
+                and sample(registry, "stocksentry_probe_up", probe="deadlocks") == 0.0
+            ),
+            timeout=WAIT,
+            message="both probes down",
+        )
+        assert sample(registry, "stock_negative_inventory_skus") is None
+        assert sample(registry, "stocksentry_probe_last_success_timestamp_seconds",
+                      probe="negative_stock") is None  # fmt: skip
+        started = time.monotonic()
+        scraped = scrape(registry)
+        assert time.monotonic() - started < 1.0
+        assert scraped[("stocksentry_probe_up", (("probe", "negative_stock"),))] == 0.0
+        await asyncio.sleep(0.5)
+        assert runner.results["negative_stock"].up is False
+        assert "2003" in (runner.results["negative_stock"].error or "")
+    finally:
+        await runner.stop()
+    assert "s3cr3t-pw" not in caplog.text
+    assert "probe negative_stock failed" in caplog.text
+    assert all("s3cr3t-pw" not in (r.error or "") for r in runner.results.values())
+
+
+async def test_a_wrong_password_is_never_echoed(mysql_database, registry, caplog):
+    caplog.set_level(logging.INFO, logger="stocksentry.exporter.probes")
+    parts = urlsplit(mysql_database)
+    url = f"mysql://stocksentry_nobody:s3cr3t-pw@{parts.hostname}:{parts.port or 3306}{parts.path}"
+    config = make_config(
+        mysql_database,
+        ("negative_stock",),
+        leader_election=True,
+        database={"url_env": "STOCKSENTRY_DATABASE_URL"},
+        environ={"STOCKSENTRY_DATABASE_URL": url},
+    )
+    async with ProbeRunner(config, registry=registry) as runner:
+        await async_wait_until(
+            lambda: sample(registry, "stocksentry_probe_up", probe="leader_election") == 0.0,
+            timeout=WAIT,
+            message="the election down",
+        )
+        error = runner.results["leader_election"].error or ""
+        assert "Access denied" in error
+    assert "s3cr3t-pw" not in caplog.text
+    assert "s3cr3t-pw" not in error
+
+
+class Proxy:
+    """A TCP forwarder to the MariaDB server that can be cut and restored: the server
+    vanishes for the exporter (connections dropped, the port refusing) and comes back."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.target = (host, port)
+        self.port = 0
+        self._server: asyncio.Server | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", self.port)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def cut(self) -> None:
+        assert self._server is not None
+        self._server.close()
+        for writer in list(self._writers):
+            writer.transport.abort()
+        await self._server.wait_closed()
+        self._server = None
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection(*self.target)
+        self._writers.update((writer, up_writer))
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            try:
+                while data := await src.read(65536):
+                    dst.write(data)
+                    await dst.drain()
+            except (ConnectionError, OSError):
+                pass
+            finally:
+                dst.transport.abort()
+
+        try:
+            await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+        finally:
+            self._writers.difference_update((writer, up_writer))
+
+
+async def test_a_server_that_goes_away_is_down_then_recovers_without_restart(
+    mysql_database, registry
+):
+    seed(mysql_database)
+    parts = urlsplit(mysql_database)
+    proxy = Proxy(parts.hostname or "127.0.0.1", parts.port or 3306)
+    await proxy.start()
+    url = f"mysql://{parts.username or 'root'}@127.0.0.1:{proxy.port}{parts.path}"
+    config = make_config(url, ("negative_stock", "oversold"), leader_election=True)
+    try:
+        async with ProbeRunner(config, registry=registry) as runner:
+            await async_wait_until(
+                all_up(registry, ("negative_stock", "oversold", "leader_election")),
+                timeout=WAIT,
+            )
+            await proxy.cut()
+            # Once the election's session is gone the probes stop (a follower's figures
+            # would be stale); each probe that ran last reports its own failure or goes.
+            await async_wait_until(
+                lambda: sample(registry, "stocksentry_probe_up", probe="leader_election") == 0.0,
+                timeout=WAIT,
+                message="the election down",
+            )
+            # Stepping down stops the probes and drops their figures (just after the
+            # election's own result is recorded).
+            await async_wait_until(
+                lambda: (
+                    not runner.is_leader
+                    and sample(registry, "stock_negative_inventory_skus") is None
+                ),
+                timeout=WAIT,
+                message="the probes stopped, their figures gone",
+            )
+            started = time.monotonic()
+            scrape(registry)
+            assert time.monotonic() - started < 1.0
+            await proxy.start()  # the same port again
+            await async_wait_until(
+                all_up(registry, ("negative_stock", "oversold", "leader_election")),
+                timeout=WAIT,
+                message="everything back",
+            )
+            assert runner.is_leader
+            assert sample(registry, "stock_negative_inventory_skus") == 2.0
+            assert sample(registry, "stock_oversold_units", sku="SKU-OVER") == 2.0
+    finally:
+        if proxy._server is not None:
+            await proxy.cut()
+
+
+# --- leader election with GET_LOCK -----------------------------------------------------------
+
+
+def lock_is_free(url: str, name: str) -> bool:
+    """Whether another session can take the named lock ``name`` (released at once)."""
+    conn = connect(url)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT GET_LOCK(%s, 0)", (name,))
+            ((got,),) = cur.fetchall()
+            cur.execute("SELECT RELEASE_LOCK(%s)", (name,))
+            return bool(got == 1)
+    finally:
+        conn.close()
+
+
+async def test_one_leader_runs_the_database_probes_and_the_other_takes_over(mysql_database):
+    seed(mysql_database)
+    config = make_config(mysql_database, ("negative_stock",), leader_election=True)
+    first_registry, second_registry = CollectorRegistry(), CollectorRegistry()
+    first = ProbeRunner(config, registry=first_registry)
+    second = ProbeRunner(config, registry=second_registry)
+    await first.start()
+    try:
+        await async_wait_until(
+            all_up(first_registry, ("negative_stock",)), timeout=WAIT, message="first leads"
+        )
+        await second.start()
+        await async_wait_until(
+            lambda: (
+                sample(second_registry, "stocksentry_probe_up", probe="leader_election") == 1.0
+            ),
+            timeout=WAIT,
+            message="second in the election",
+        )
+        await asyncio.sleep(0.6)  # three retries of the follower
+        assert (first.is_leader, second.is_leader) == (True, False)
+        assert sample(second_registry, "stocksentry_probe_leader") == 0.0
+        assert sample(second_registry, "stock_negative_inventory_skus") is None
+        await first.stop()
+        await async_wait_until(
+            lambda: (
+                second.is_leader
+                and sample(second_registry, "stocksentry_probe_up", probe="negative_stock") == 1.0
+            ),
+            timeout=WAIT,
+            message="second takes over",
+        )
+        assert sample(second_registry, "stock_negative_inventory_skus") == 2.0
+    finally:
+        await first.stop()
+        await second.stop()
+
+
+async def test_a_silent_leader_s_session_is_ended_by_the_server(mysql_database):
+    config = make_config(mysql_database, ("negative_stock",), leader_election=True)
+    assert config.database is not None
+    name = lock_name(database_of(mysql_database), config.database.advisory_lock_key)
+
+    async def nothing() -> None:
+        pass
+
+    election = LeaderElection(
+        config.database,
+        on_elected=nothing,
+        on_deposed=nothing,
+        on_result=lambda result: None,
+        errors=ErrorLog(logging.getLogger("test-election")),
+    )
+    try:
+        await election.step()
+        assert election.leading
+        assert not lock_is_free(mysql_database, name)
+        # The leader stops pinging (frozen, cut off): wait_timeout (3 x 200 ms, at least
+        # 1 s) ends its session on the server, which releases the lock.
+        await async_wait_until(
+            lambda: lock_is_free(mysql_database, name), timeout=WAIT, message="the lock is free"
+        )
+        # Its next step finds the session gone and steps down.
+        await election.step()
+        assert not election.leading
+    finally:
+        await election._drop_connection()
+
+
+# --- the index check, and no session left behind ---------------------------------------------
+
+
+async def test_missing_indexes_are_reported_with_the_statement_to_add(mysql_database, registry):
+    seed(mysql_database, indexes=False)
+    config = make_config(mysql_database)
+    pool = MyPool(config.database)  # type: ignore[arg-type]
+    try:
+        advice = await pool.read(lambda session: check_indexes(session, config))
+    finally:
+        await pool.close()
+    # order_items(order_id) and (product_id) come with their foreign keys.
+    assert [(a.probe, a.table, a.column) for a in advice] == [
+        ("negative_stock", "products", "available_stock"),
+        ("oversold", "orders", "created_at"),
+        ("duplicate_orders", "orders", "external_ref"),
+        ("expired_reservations", "reservations", "released_at"),
+        ("outbox", "outbox", "published_at"),
+    ]
+    assert advice[0].statement == (
+        "ALTER TABLE `products` ADD INDEX `products_available_stock_idx` (`available_stock`),"
+        " ALGORITHM=INPLACE, LOCK=NONE;"
+    )
+    assert "(`released_at`, `expires_at`)" in advice[3].statement
+    assert "(`published_at`, `created_at`)" in advice[4].statement
+    # The statements are valid SQL that create the very indexes asked for.
+    run_sql(mysql_database, [item.statement.rstrip(";") for item in advice])
+    async with ProbeRunner(config, registry=registry) as runner:
+        await async_wait_until(
+            lambda: runner.index_advice is not None, timeout=WAIT, message="the index check"
+        )
+        assert runner.index_advice == ()
+
+
+def exporter_sessions(url: str) -> set[int]:
+    """The other sessions of the test's own database: the exporter's, in these tests."""
+    conn = connect(url)
+    try:
+        with conn.cursor() as cur:
+            cur.execute(
+                "SELECT id FROM information_schema.processlist"
+                " WHERE db = database() AND id <> connection_id()"
+            )
+            return {int(pid) for (pid,) in cur.fetchall()}
+    finally:
+        conn.close()
+
+
+async def test_stop_leaves_no_session_behind(mysql_database, registry):
+    seed(mysql_database)
+    config = make_config(mysql_database, ALL_DB_PROBES, leader_election=True)
+    runner = ProbeRunner(config, registry=registry)
+    await runner.start()
+    await async_wait_until(all_up(registry, ALL_DB_PROBES), timeout=WAIT)
+    sessions = exporter_sessions(mysql_database)
+    # The election's and the pool's (at most max_connections).
+    assert 2 <= len(sessions) <= 1 + config.database.max_connections  # type: ignore[union-attr]
+    await runner.stop()
+    await runner.stop()  # idempotent
+    await async_wait_until(
+        lambda: not exporter_sessions(mysql_database),
+        timeout=WAIT,
+        message="no session left open",
+    )
+    assert not runner.is_leader
+
+
+# --- custom SQL -------------------------------------------------------------------------------
+
+
+def custom_document(url: str, custom: dict[str, Any], interval: str = "200ms") -> str:
+    return yaml.safe_dump(
+        {
+            "database": {"url": url, "leader_election": False},
+            "probes": {
+                "defaults": {"interval": interval},
+                **{p: {"enabled": False} for p in ALL_DB_PROBES},
+                "custom": [custom],
+            },
+        }
+    )
+
+
+async def test_custom_probe_exports_the_rows_as_a_gauge(mysql_database, registry):
+    seed(mysql_database)
+    custom = {
+        "name": "negative_by_sku",
+        # A % stays as written (no parameters are sent with custom SQL).
+        "sql": "SELECT sku, available_stock AS stock FROM products "
+        "WHERE available_stock < 0 AND sku LIKE 'SKU-%' -- a trailing comment",
+        "metric": "shop_negative_stock",
+        "help": "Stock per SKU below zero.",
+        "value_column": "stock",
+        "label_columns": ["sku"],
+    }
+    config = parse_config(custom_document(mysql_database, custom))
+    async with ProbeRunner(config, registry=registry):
+        await async_wait_until(all_up(registry, ("negative_by_sku",)), timeout=WAIT)
+        assert sample(registry, "shop_negative_stock", sku="SKU-NEG3") == -3.0
+        assert sample(registry, "shop_negative_stock", sku="SKU-NEG1") == -1.0
+        assert sample(registry, "shop_negative_stock", sku="SKU-OK") is None
+
+
+@pytest.mark.parametrize(
+    ("sql", "errno"),
+    [
+        # Closing the wrapper and smuggling more statements in: the sessions do not accept
+        # several statements in one query (a syntax error), so not even a "SET SESSION
+        # TRANSACTION READ WRITE; COMMIT" gets through.
+        (
+            "SELECT 1 AS value) AS x; SET SESSION TRANSACTION READ WRITE; COMMIT;"
+            " DELETE FROM order_items; SELECT * FROM (SELECT 1 AS value",
+            "1064",
+        ),
+        # A locking read: refused by the read-only transaction.
+        (
+            "SELECT count(*) AS value FROM order_items WHERE 0 = (SELECT count(*)"
+            " FROM products FOR UPDATE)",
+            "1792",
+        ),
+    ],
+)
+async def test_custom_sql_cannot_write(mysql_database, registry, sql, errno):
+    seed(mysql_database)
+    config = parse_config(
+        custom_document(mysql_database, {"name": "sneaky", "sql": sql, "metric": "shop_sneaky"})
+    )
+    async with ProbeRunner(config, registry=registry) as runner:
+        await async_wait_until(lambda: "sneaky" in runner.results, timeout=WAIT, message="one run")
+        assert sample(registry, "stocksentry_probe_up", probe="sneaky") == 0.0
+        assert sample(registry, "shop_sneaky") is None
+        assert f"({errno}," in (runner.results["sneaky"].error or "")
+    assert run_rows_text(mysql_database, "SELECT count(*) FROM order_items") == [(5,)]
+
+
+def run_rows_text(url: str, sql: str) -> list[tuple[Any, ...]]:
+    conn = connect(url)
+    try:
+        with conn.cursor() as cur:
+            cur.execute(sql)
+            return [tuple(r) for r in cur.fetchall()]
+    finally:
+        conn.close()
+
+
+async def test_custom_sql_leaves_no_named_lock_behind(mysql_database, registry):
+    seed(mysql_database)
+    name = f"stocksentry-test-{random.randint(1, 2**62)}"
+    custom = {
+        "name": "locker",
+        "sql": f"SELECT GET_LOCK('{name}', 0) AS value",
+        "metric": "shop_locker",
+    }
+    # One run only, so none is in flight while the lock is checked.
+    config = parse_config(custom_document(mysql_database, custom, interval="1h"))
+    async with ProbeRunner(config, registry=registry):
+        await async_wait_until(all_up(registry, ("locker",)), timeout=WAIT, message="one run")
+        assert sample(registry, "shop_locker") == 1.0
+        # The pooled session is still open, but no longer holds the lock.
+        assert lock_is_free(mysql_database, name)
+
+
+# --- cache drift ------------------------------------------------------------------------------
+
+
+async def test_cache_drift_counts_skus_that_stay_apart_beyond_the_grace(
+    mysql_database, registry, redis_prefix
+):
+    seed(mysql_database)
+    client = aioredis.Redis.from_url(REDIS_URL)
+    try:
+        # SKU-OK: database 15. SKU-OVER: 0, SKU-NEG1: -1, SKU-NEG3: -3 (no key).
+        await client.set(f"{redis_prefix}stock:SKU-OK", "15")  # equal
+        await client.set(f"{redis_prefix}stock:SKU-OVER", "3")  # 3 apart: drifts
+        await client.set(f"{redis_prefix}stock:SKU-NEG1", "0")  # 1 apart: within tolerance
+        config = parse_config(
+            yaml.safe_dump(
+                {
+                    "sku_guard": {"promo_skus": ["SKU-OK", "SKU-OVER", "SKU-NEG1", "SKU-NEG3"]},
+                    "database": {"url": mysql_database, "leader_election": False},
+                    "redis": {
+                        "url": REDIS_URL,
+                        "key_template": f"{redis_prefix}stock:{{sku}}",
+                        "tolerance": 1,
+                        "grace": "500ms",
+                    },
+                    "probes": {
+                        "defaults": {"interval": "100ms"},
+                        **{p: {"enabled": False} for p in ALL_DB_PROBES},
+                    },
+                }
+            )
+        )
+        async with ProbeRunner(config, registry=registry):
+            await async_wait_until(all_up(registry, ("cache_drift",)), timeout=WAIT)
+            assert sample(registry, "stock_cache_drift_skus", cache="redis") == 0.0
+            await async_wait_until(
+                lambda: sample(registry, "stock_cache_drift_skus", cache="redis") == 1.0,
+                timeout=WAIT,
+                message="one drifting SKU after the grace",
+            )
+            await client.set(f"{redis_prefix}stock:SKU-OVER", "0")
+            await async_wait_until(
+                lambda: sample(registry, "stock_cache_drift_skus", cache="redis") == 0.0,
+                timeout=WAIT,
+                message="the fixed SKU no longer drifts",
+            )
+    finally:
+        await client.aclose()
+
+
+async def test_the_probe_timeout_kills_a_slow_query_in_the_server(mysql_database, registry):
+    document = {
+        "database": {
+            "url": mysql_database,
+            "leader_election": False,
+            "statement_timeout": "10s",
+            "lock_timeout": "10s",
+        },
+        "probes": {
+            **{p: {"enabled": False} for p in ALL_DB_PROBES},
+            "custom": [
+                {
+                    "name": "slow",
+                    "sql": "SELECT SLEEP(3) AS value",
+                    "metric": "shop_slow",
+                    "interval": "200ms",
+                    "timeout": "300ms",
+                }
+            ],
+        },
+    }
+    async with ProbeRunner(parse_config(yaml.safe_dump(document)), registry=registry) as runner:
+        await async_wait_until(lambda: "slow" in runner.results, timeout=WAIT, message="one run")
+        result = runner.results["slow"]
+        assert (result.up, result.error) == (False, "timed out after 300ms")
+        assert result.duration < 3.0
+        # The query was killed in the server, not left sleeping behind the exporter: the
+        # runner retries every 200 ms, so one may be in flight (and one being killed);
+        # never a pile of them.
+        for _ in range(10):  # watched for a second or more
+            (active,) = run_rows_text(
+                mysql_database,
+                "SELECT count(*) FROM information_schema.processlist"
+                " WHERE info LIKE '%SLEEP(3)%' AND info NOT LIKE '%processlist%'"
+                " AND command = 'Query'",
+            )[0]
+            assert active <= 2
+            await asyncio.sleep(0.1)
+    # Once the exporter stopped, nothing of it sleeps on.
+    await async_wait_until(
+        lambda: (
+            run_rows_text(
+                mysql_database,
+                "SELECT count(*) FROM information_schema.processlist"
+                " WHERE info LIKE '%SLEEP(3)%' AND info NOT LIKE '%processlist%'",
+            )[0][0]
+            == 0
+        ),
+        timeout=2.5,
+        message="no query left sleeping",
+    )
+
+
+async def test_without_process_the_probes_that_read_innodb_trx_are_down(mysql_database, registry):
+    seed(mysql_database)
+    database = database_of(mysql_database)
+    user = f"ss_noproc_{random.randint(0, 16**8):08x}"
+    password = f"pw-{random.randint(0, 16**12):012x}"
+    run_sql(
+        mysql_database,
+        [
+            f"CREATE USER '{user}'@'%' IDENTIFIED BY '{password}'",
+            f"GRANT SELECT ON `{database}`.* TO '{user}'@'%'",
+        ],
+    )
+    parts = urlsplit(mysql_database)
+    url = f"mysql://{user}:{password}@{parts.hostname}:{parts.port or 3306}/{database}"
+    config = make_config(
+        mysql_database,
+        leader_election=True,
+        database={"url_env": "SHOP_URL"},
+        environ={"SHOP_URL": url},
+    )
+    needs_process = ("oversold", "duplicate_orders", "lock_waiters", "long_transactions")
+    others = ("negative_stock", "deadlocks", "expired_reservations", "outbox", "leader_election")
+    try:
+        async with ProbeRunner(config, registry=registry) as runner:
+            await async_wait_until(
+                lambda: (
+                    all(
+                        sample(registry, "stocksentry_probe_up", probe=p) == 0.0
+                        for p in needs_process
+                    )
+                    and all(
+                        sample(registry, "stocksentry_probe_up", probe=p) == 1.0 for p in others
+                    )
+                ),
+                timeout=WAIT,
+                message="the innodb_trx probes down, the others up",
+            )
+            for name in needs_process:
+                assert "(1227," in (runner.results[name].error or ""), name
+                assert password not in (runner.results[name].error or "")
+            assert sample(registry, "stock_negative_inventory_skus") == 2.0
+    finally:
+        run_sql(mysql_database, [f"DROP USER IF EXISTS '{user}'@'%'"])
