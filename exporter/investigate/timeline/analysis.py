@@ -23,7 +23,18 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Iterable
 
-from .incidents import Check, Duplicate, Incident, Overwrite, SameFrom, StaleRead, Write
+from .incidents import (
+    Check,
+    Duplicate,
+    Incident,
+    LockExpiry,
+    LockLine,
+    NegativeStock,
+    Overwrite,
+    SameFrom,
+    StaleRead,
+    Write,
+)
 from .limits import (
     DEFAULT_LIMIT,
     DEFAULT_REORDER_WINDOW,
@@ -36,19 +47,30 @@ from .model import (
     AVAILABLE,
     ERROR,
     FROM,
+    HELD_S,
+    INVENTORY_NEGATIVE_EVENT,
+    LOCK,
+    LOCK_EXPIRED_EVENT,
+    LOCK_EXPIRED_REASON,
+    LOCK_NOT_OWNED_EVENT,
+    NEGATIVE_STOCK,
     ORDER_PAID_EVENT,
     PAID,
     PAYMENT_CALLBACK_EVENT,
     REASON,
     RESULT,
+    RMW_REASON,
     STOCK,
     STOCK_CHECK_EVENT,
     STOCK_UPDATE_EVENT,
     SUCCESS,
     TO,
+    TTL_S,
+    UNSAFE_RMW_EVENT,
     Event,
     Report,
     TimeFormat,
+    summarise,
 )
 from .ordering import OrderedEvents
 from .times import format_time
@@ -85,9 +107,12 @@ def _truthy(value: object) -> bool | None:
 
 
 class _SkuState:
-    __slots__ = ("froms", "last", "stale")
+    __slots__ = ("epoch", "froms", "last", "negative", "stale")
 
     def __init__(self) -> None:
+        #: Restocks seen (writes that raised the stock), and the oversell since the last.
+        self.epoch = 0
+        self.negative: NegativeStock | None = None
         #: The latest write, and the stale-read finding of reads that missed it.
         self.last: Write | None = None
         self.stale: StaleRead | None = None
@@ -104,6 +129,12 @@ _KEY_ROLES = {
     "O": ("payment_reference", "paid", " (order_paid)"),
     "o": ("idempotency_key", "paid", " (order_paid)"),
 }
+
+
+#: The lock events that tell of a lease running out (the SQL detector's only with its
+#: "lock expired" reason), and how many of them are kept per request.
+_LOCK_EVENTS = frozenset({LOCK_EXPIRED_EVENT, LOCK_NOT_OWNED_EVENT, UNSAFE_RMW_EVENT})
+_LOCK_LINES = 3
 
 
 def _time_format(*, dated: bool, with_date: bool) -> TimeFormat:
@@ -153,6 +184,8 @@ class _Analyser:
         self.order_requests: set[str] = set()
         self.min_day = math.inf
         self.max_day = -math.inf
+        #: Request -> what the log said of its lock running out (bounded like ``checks``).
+        self.locks: OrderedDict[str, list[LockLine]] = OrderedDict()
 
     # --- per event ---
 
@@ -176,6 +209,12 @@ class _Analyser:
                 self._paid(event)
         elif name == ORDER_PAID_EVENT:
             self._paid(event)
+        elif name == INVENTORY_NEGATIVE_EVENT:
+            stock = _as_int(event.fields.get(NEGATIVE_STOCK))
+            if stock is not None and stock < 0:
+                self._below(event, stock)
+        elif name in _LOCK_EVENTS:
+            self._lock(event)
         self._keep(event)
 
     def _keep(self, event: Event) -> None:
@@ -238,6 +277,8 @@ class _Analyser:
             return
         fields = event.fields
         available = _as_int(fields.get(AVAILABLE, fields.get(STOCK)))
+        if available is not None and available < 0:
+            self._below(event, available)
         request = event.request
         state = self.state.get(sku)
         last = state.last if state is not None else None
@@ -293,6 +334,8 @@ class _Analyser:
         order_id = event.order_id if self.keep_orders else None
         write = Write(request, frm, to, event.ts, event.source, event.lineno, order_id)
         state = self._sku(sku)
+        if to is not None and to < 0:
+            self._below(event, to)
         if event.idempotency_key is not None:
             self._count(f"R{sku}\x1f{event.idempotency_key}", sku, write)
         if event.payment_reference is not None:
@@ -315,12 +358,16 @@ class _Analyser:
                 return
             else:
                 incident = SameFrom(sku, frm, seen, write)
+                incident.epoch = state.epoch
                 self.incidents.append(incident)
                 froms[frm] = incident
                 same_from = True
             if to is not None and to > frm:
-                # A restock: values below it may legitimately be written from again.
+                # A restock: values below it may legitimately be written from again, and
+                # a stock below zero after it is another oversell.
                 froms.clear()
+                state.epoch += 1
+                state.negative = None
 
         last = state.last
         if last is not None and frm is not None and to is not None and last.to is not None:
@@ -333,12 +380,54 @@ class _Analyser:
                 and frm != last.to
                 and not chained_before
             ):
-                self.incidents.append(Overwrite(sku, last, write, check))
+                overwrite = Overwrite(sku, last, write, check)
+                overwrite.epoch = state.epoch
+                self.incidents.append(overwrite)
             if chained_before:
                 # Logged after a write that started from its result: the later state stays.
                 return
         state.last = write
         state.stale = None
+
+    def _below(self, event: Event, value: int) -> None:
+        """Evidence that the stock of the event's SKU went below zero."""
+        sku = event.sku
+        if sku is None:
+            return
+        state = self._sku(sku)
+        incident = state.negative
+        if incident is None:
+            incident = state.negative = NegativeStock(sku, state.epoch)
+            self.incidents.append(incident)
+        incident.add(event.request, value, event.ts, event.line, event.order_id)
+
+    def _lock(self, event: Event) -> None:
+        """Remember what the log says of a request's lock running out under it."""
+        request = event.request
+        if request is None:
+            return
+        fields = event.fields
+        lock = fields.get(LOCK)
+        name = f"the lock {lock}" if isinstance(lock, str) and lock else "its lock"
+        if event.name == LOCK_EXPIRED_EVENT:
+            held, ttl = fields.get(HELD_S), fields.get(TTL_S)
+            text = f"{name} expired while {request} held it"
+            if isinstance(held, int | float) and isinstance(ttl, int | float):
+                text += f" (held {held:g} s, ttl {ttl:g} s)"
+        elif event.name == LOCK_NOT_OWNED_EVENT:
+            text = f"{request} released {name}, no longer its own"
+        else:
+            reason = fields.get(RMW_REASON)
+            if not isinstance(reason, str) or LOCK_EXPIRED_REASON not in reason:
+                return
+            text = f"{request} wrote under {name}: {reason}"
+        locks = self.locks
+        lines = locks.pop(request, None) or []
+        if len(lines) < _LOCK_LINES:
+            lines.append((event.ts, event.line, text))
+        locks[request] = lines
+        if len(locks) > OPEN_CHECKS:
+            locks.popitem(last=False)
 
     def _paid(self, event: Event) -> None:
         order_id = event.order_id
@@ -426,14 +515,52 @@ class _Analyser:
         if self.max_day == self.min_day:
             report.day = time.strftime("%Y-%m-%d", time.gmtime(self.min_day * 86400))
         fmt = _time_format(dated=self.max_day >= self.min_day, with_date=report.show_date)
-        findings = [incident.finding(fmt) for incident in self.incidents]
+        findings = [incident.finding(fmt) for incident in self._causes()]
         if self.request_filter is not None:
             findings = [f for f in findings if self.request_filter in f.requests]
         if self.order_filter is not None:
             order, related = self.order_filter, self.order_requests
             findings = [f for f in findings if order in f.orders or related & set(f.requests)]
         report.findings = findings
+        report.summary = summarise(findings, fmt)
         return report
+
+    def _causes(self) -> list[Incident]:
+        """The incidents, each under its cause.
+
+        A lost update on a SKU whose stock went below zero before the next restock is the
+        oversell's (:class:`NegativeStock`): shown there, where the first of them was. A
+        lost update one of whose writers logged its lock running out is a lock expiry.
+        """
+        negatives = {
+            (incident.sku, incident.epoch): incident
+            for incident in self.incidents
+            if isinstance(incident, NegativeStock)
+        }
+        shown: set[int] = set()
+        out: list[Incident] = []
+        for incident in self.incidents:
+            if isinstance(incident, SameFrom | Overwrite):
+                negative = negatives.get((incident.sku, incident.epoch))
+                if negative is not None:
+                    negative.absorb(incident)
+                    incident = negative
+                else:
+                    locks = self._lock_lines(incident)
+                    if locks:
+                        incident = LockExpiry(incident, locks)
+            if id(incident) not in shown:
+                shown.add(id(incident))
+                out.append(incident)
+        return out
+
+    def _lock_lines(self, incident: SameFrom | Overwrite) -> list[LockLine]:
+        locks = self.locks
+        lines: list[LockLine] = []
+        for name in dict.fromkeys(write.name for write in incident._participants()):
+            if name is not None and name in locks:
+                lines.extend(locks[name])
+        return lines
 
 
 def analyse(
