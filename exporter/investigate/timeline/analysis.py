@@ -185,7 +185,8 @@ class _Analyser:
         self.min_day = math.inf
         self.max_day = -math.inf
         #: Request -> what the log said of its lock running out (bounded like ``checks``).
-        self.locks: OrderedDict[str, list[LockLine]] = OrderedDict()
+        #: Each line with the SKU it named (``None``: a lock event without one).
+        self.locks: OrderedDict[str, list[tuple[str | None, LockLine]]] = OrderedDict()
 
     # --- per event ---
 
@@ -424,7 +425,7 @@ class _Analyser:
         locks = self.locks
         lines = locks.pop(request, None) or []
         if len(lines) < _LOCK_LINES:
-            lines.append((event.ts, event.line, text))
+            lines.append((event.sku, (event.ts, event.line, text)))
         locks[request] = lines
         if len(locks) > OPEN_CHECKS:
             locks.popitem(last=False)
@@ -557,9 +558,11 @@ class _Analyser:
     def _lock_lines(self, incident: SameFrom | Overwrite) -> list[LockLine]:
         locks = self.locks
         lines: list[LockLine] = []
+        sku = incident.sku
         for name in dict.fromkeys(write.name for write in incident._participants()):
             if name is not None and name in locks:
-                lines.extend(locks[name])
+                # A request id of another SKU's lock (another file's R1) is another request.
+                lines.extend(line for where, line in locks[name] if where in (None, sku))
         return lines
 
 

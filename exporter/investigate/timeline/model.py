@@ -237,7 +237,7 @@ class SkuSummary:
 
     sku: str | None
     #: Findings per cause, in :data:`CAUSES` order (causes without one left out).
-    causes: dict[str, int]
+    causes: dict[FindingKind, int]
     units: int
     first: str | None
     last: str | None
@@ -269,7 +269,7 @@ def summarise(findings: list[Finding], fmt: TimeFormat) -> list[SkuSummary]:
         >>> rows[0].to_dict()
         {'sku': 'A', 'findings': {'lost_update': 1}, 'units': 1, 'first': '1', 'last': '2'}
     """
-    rows: dict[str | None, tuple[dict[str, int], list[int], list[float]]] = {}
+    rows: dict[str | None, tuple[dict[FindingKind, int], list[int], list[float]]] = {}
     for finding in findings:
         row = rows.get(finding.sku)
         if row is None:
