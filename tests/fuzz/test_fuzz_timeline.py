@@ -263,7 +263,7 @@ _writes = st.builds(
 @examples(1500)
 @given(st.lists(_writes, min_size=1, max_size=6))
 def test_a_packed_write_reads_back_as_itself(writes: list[tuple[Any, ...]]) -> None:
-    """The remembered first writes are held as one string each: packing, then unpacking,
+    """The remembered first writes are held as one bytes object each: packing, then unpacking,
     gives the very same write (names with spaces, -0.0, infinities, huge stock numbers),
     also when consecutive writes share a time."""
     from stocksentry.exporter.investigate.timeline.analysis import _Analyser
@@ -273,6 +273,47 @@ def test_a_packed_write_reads_back_as_itself(writes: list[tuple[Any, ...]]) -> N
     for name, frm, to, ts, source, lineno in writes:
         write = Write(name, frm, to, ts, source, lineno, None)
         packed = analyser._pack(write)
-        back = analyser._unpack(packed) if isinstance(packed, str) else packed
+        back = analyser._unpack(packed) if isinstance(packed, bytes) else packed
         assert back == write
         assert repr(back.ts) == repr(ts)
+
+
+# --- the key memory is a dict of the last N keys, oldest forgotten first -------------------
+
+_key_texts = st.one_of(
+    st.sampled_from(["K1", "K2", "K3", "", "\x1e", "\x1f", "K\x1eK", "K\x1f1", "K1\x1f"]),
+    st.text(alphabet="K1\x1e\x1f:", max_size=4),
+)
+
+
+@examples(1500)
+@given(
+    st.integers(1, 6),
+    st.lists(st.tuples(st.sampled_from(["add", "replace"]), _key_texts, _key_texts), max_size=40),
+)
+def test_key_memory_is_a_dict_of_the_newest_keys(
+    limit: int, steps: list[tuple[str, str, str]]
+) -> None:
+    """KeyMemory answers as an insertion-ordered dict that forgets its oldest key beyond
+    its limit would, separators in keys and values included."""
+    from collections import OrderedDict
+
+    from stocksentry.exporter.investigate.timeline.keys import KeyMemory
+
+    memory: KeyMemory[str] = KeyMemory(limit)
+    model: OrderedDict[bytes, bytes | str] = OrderedDict()
+    for action, key_text, value_text in steps:
+        key, value = key_text.encode(), value_text.encode() or b"-"
+        assert memory.get(key) == model.get(key)
+        if key not in model:
+            forgot = memory.add(key, value)
+            model[key] = value
+            assert forgot == (len(model) > limit)
+            if forgot:
+                model.popitem(last=False)
+        elif action == "replace":
+            memory.replace(key, value_text)
+            model[key] = value_text
+        assert len(memory) == len(model)
+    for key in model:
+        assert memory.get(key) == model[key]

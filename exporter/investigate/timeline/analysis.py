@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import re
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Iterable
 
 from .incidents import (
@@ -35,6 +35,7 @@ from .incidents import (
     StaleRead,
     Write,
 )
+from .keys import KeyMemory
 from .limits import (
     DEFAULT_LIMIT,
     DEFAULT_REORDER_WINDOW,
@@ -165,9 +166,12 @@ class _Analyser:
         self.state: dict[str, _SkuState] = {}
         #: Ordered, so that the oldest open window is dropped in O(1) (see ``key_order``).
         self.checks: OrderedDict[tuple[str, str], Check] = OrderedDict()
-        #: "<role letter><sku>\x1f<key>" -> the first write with that key (packed, see
-        #: :func:`_pack`, unless it names an order), or the duplicate.
-        self.keys: dict[str, str | Write | Duplicate] = {}
+        #: "<role letter><SKU's number>:<key>" as UTF-8 -> the first write with that
+        #: key (packed, see :func:`_pack`, unless it names an order), or the duplicate;
+        #: the oldest forgotten beyond ``max_keys`` (see :class:`KeyMemory`).
+        self.keys: KeyMemory[Write | Duplicate] = KeyMemory(max_keys)
+        #: Each SKU's number in those keys, as text (``""``: no SKU).
+        self.sku_tags: dict[str | None, str] = {None: ""}
         #: The inputs' names, so that a packed write names its input by number.
         self.sources: list[str] = []
         self.source_numbers: dict[str, int] = {}
@@ -175,10 +179,6 @@ class _Analyser:
         #: object (see ``parsing._STAMPS``), and repr() is half the cost of packing.
         self.packed_ts = math.nan
         self.packed_ts_text = "nan"
-        #: The keys of ``keys`` oldest first, to forget the oldest in O(1): deleting
-        #: ``next(iter(keys))`` of a plain dict rescans the holes its deletions left at the
-        #: front, which turns quadratic once hundreds of thousands of keys are held.
-        self.key_order: deque[str] = deque()
         self.keep_orders = order is not None
         self.incidents: list[Incident] = []
         self.order_requests: set[str] = set()
@@ -338,9 +338,9 @@ class _Analyser:
         if to is not None and to < 0:
             self._below(event, to)
         if event.idempotency_key is not None:
-            self._count(f"R{sku}\x1f{event.idempotency_key}", sku, write)
+            self._count("R", event.idempotency_key, sku, write)
         if event.payment_reference is not None:
-            self._count(f"r{sku}\x1f{event.payment_reference}", sku, write)
+            self._count("r", event.payment_reference, sku, write)
 
         same_from = False
         if frm is not None:
@@ -437,21 +437,20 @@ class _Analyser:
             order_id = None
         write = Write(name, None, None, event.ts, event.source, event.lineno, order_id)
         sku = event.sku
-        where = sku or ""
         callback = event.name == PAYMENT_CALLBACK_EVENT
         if event.payment_reference is not None:
-            role = "P" if callback else "O"
-            self._count(f"{role}{where}\x1f{event.payment_reference}", sku, write)
+            self._count("P" if callback else "O", event.payment_reference, sku, write)
         if event.idempotency_key is not None:
-            role = "p" if callback else "o"
-            self._count(f"{role}{where}\x1f{event.idempotency_key}", sku, write)
+            self._count("p" if callback else "o", event.idempotency_key, sku, write)
 
-    def _pack(self, write: Write) -> str | Write:
-        """``write`` as one string, a fraction of the memory of the tuple and its values.
+    def _pack(self, write: Write) -> bytes | Write:
+        """``write`` as one bytes object, a fraction of the memory of the tuple and its
+        values.
 
         Up to :data:`MAX_KEYS` first writes are held, and most are never looked at again;
-        one string per write instead of a tuple, a float, three ints and the request's
-        name keeps that memory small. A write naming an order (``--order``) stays a tuple.
+        one bytes object per write instead of a tuple, a float, three ints and the
+        request's name keeps that memory small. A write naming an order (``--order``)
+        stays a tuple.
         """
         name = write.name
         if name is None or write.order_id is not None:
@@ -468,15 +467,16 @@ class _Analyser:
             self.packed_ts_text = repr(ts)
         # repr() of a float reads back as the very same float; the name goes last, so
         # that whatever it holds (spaces too) comes back whole.
+        # surrogatepass: a name from a line that JSON gave a lone surrogate comes back whole.
         return (
             f"{self.packed_ts_text} {write.lineno} {'' if frm is None else frm} "
             f"{'' if to is None else to} {number} {name}"
-        )
+        ).encode("utf-8", "surrogatepass")
 
-    def _unpack(self, packed: str) -> Write:
-        ts, lineno, frm, to, number, name = packed.split(" ", 5)
+    def _unpack(self, packed: bytes) -> Write:
+        ts, lineno, frm, to, number, name = packed.split(b" ", 5)
         return Write(
-            name,
+            name.decode("utf-8", "surrogatepass"),
             int(frm) if frm else None,
             int(to) if to else None,
             float(ts),
@@ -485,28 +485,30 @@ class _Analyser:
             None,
         )
 
-    def _count(self, key: str, sku: str | None, write: Write) -> None:
+    def _count(self, role: str, value: str, sku: str | None, write: Write) -> None:
+        """Remember the first write of ``value`` (an idempotency key or payment reference,
+        by ``role``: see ``_KEY_ROLES``) on ``sku``; open or extend a duplicate after it."""
+        tag = self.sku_tags.get(sku)
+        if tag is None:
+            tag = self.sku_tags[sku] = str(len(self.sku_tags))
+        # Distinct texts give distinct bytes (surrogatepass included): the key stays exact.
+        key = f"{role}{tag}:{value}".encode("utf-8", "surrogatepass")
         keys = self.keys
         first = keys.get(key)
         if first is None:
-            keys[key] = self._pack(write)
-            order = self.key_order
-            order.append(key)
-            if len(order) > self.max_keys:
-                del keys[order.popleft()]
+            if keys.add(key, self._pack(write)):
                 self.report.keys_forgotten += 1
             return
         if isinstance(first, Duplicate):
             first.add(write)
             return
-        if isinstance(first, str):
+        if isinstance(first, bytes):
             first = self._unpack(first)
         if not first.same_record(write):
-            kind, action, how = _KEY_ROLES[key[0]]
-            value = key.partition("\x1f")[2]
+            kind, action, how = _KEY_ROLES[role]
             incident = Duplicate(sku, f"{kind}={value} {action}", how, first, write)
             self.incidents.append(incident)
-            keys[key] = incident
+            keys.replace(key, incident)
 
     # --- the end ---
 
