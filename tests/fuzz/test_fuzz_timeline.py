@@ -263,7 +263,7 @@ _writes = st.builds(
 @examples(1500)
 @given(st.lists(_writes, min_size=1, max_size=6))
 def test_a_packed_write_reads_back_as_itself(writes: list[tuple[Any, ...]]) -> None:
-    """The remembered first writes are held as one bytes object each: packing, then unpacking,
+    """The remembered first writes are held as one string each: packing, then unpacking,
     gives the very same write (names with spaces, -0.0, infinities, huge stock numbers),
     also when consecutive writes share a time."""
     from stocksentry.exporter.investigate.timeline.analysis import _Analyser
@@ -273,7 +273,7 @@ def test_a_packed_write_reads_back_as_itself(writes: list[tuple[Any, ...]]) -> N
     for name, frm, to, ts, source, lineno in writes:
         write = Write(name, frm, to, ts, source, lineno, None)
         packed = analyser._pack(write)
-        back = analyser._unpack(packed) if isinstance(packed, bytes) else packed
+        back = analyser._unpack(packed) if isinstance(packed, str) else packed
         assert back == write
         assert repr(back.ts) == repr(ts)
 
@@ -281,8 +281,8 @@ def test_a_packed_write_reads_back_as_itself(writes: list[tuple[Any, ...]]) -> N
 # --- the key memory is a dict of the last N keys, oldest forgotten first -------------------
 
 _key_texts = st.one_of(
-    st.sampled_from(["K1", "K2", "K3", "", "\x1e", "\x1f", "K\x1eK", "K\x1f1", "K1\x1f"]),
-    st.text(alphabet="K1\x1e\x1f:", max_size=4),
+    st.sampled_from(["K1", "K2", "K3", "", "\x1e", "\x1f", "K\x1eK", "K\x1f1", "K1\x1f", "é\t"]),
+    st.text(alphabet="K1\x1e\x1f: \t\ud800", max_size=4),
 )
 
 
@@ -300,20 +300,25 @@ def test_key_memory_is_a_dict_of_the_newest_keys(
 
     from stocksentry.exporter.investigate.timeline.keys import KeyMemory
 
-    memory: KeyMemory[str] = KeyMemory(limit)
-    model: OrderedDict[bytes, bytes | str] = OrderedDict()
-    for action, key_text, value_text in steps:
-        key, value = key_text.encode(), value_text.encode() or b"-"
+    memory: KeyMemory[list[str]] = KeyMemory(limit)
+    model: OrderedDict[str, str | list[str]] = OrderedDict()
+    for action, key, value_text in steps:
+        value = value_text or "-"
         assert memory.get(key) == model.get(key)
         if key not in model:
-            forgot = memory.add(key, value)
+            forgotten = memory.forgotten
+            assert memory.remember(key, value) is None
             model[key] = value
-            assert forgot == (len(model) > limit)
-            if forgot:
+            if len(model) > limit:
                 model.popitem(last=False)
-        elif action == "replace":
-            memory.replace(key, value_text)
-            model[key] = value_text
+                forgotten += 1
+            assert memory.forgotten == forgotten
+        elif action == "add":
+            # Remembered: the first value comes back, nothing changes.
+            assert memory.remember(key, "other") == model[key]
+        else:
+            memory.replace(key, [value_text])
+            model[key] = [value_text]
         assert len(memory) == len(model)
     for key in model:
         assert memory.get(key) == model[key]

@@ -1,4 +1,5 @@
-"""The three detectors: lost updates, duplicate executions, stale reads.
+"""The detectors (lost updates, duplicate executions, stale reads, stock below zero) and
+the cause each finding names.
 
 Events come in timestamp order (:class:`~.ordering.OrderedEvents`) and each detector
 keeps only compact per-SKU state:
@@ -12,7 +13,13 @@ keeps only compact per-SKU state:
     or paid (``payment_callback result=paid``, ``order_paid``) more than once;
 ``stale_read``
     a ``stock_check`` that saw another value than the ``to`` of the latest successful
-    ``stock_update`` already logged for the SKU.
+    ``stock_update`` already logged for the SKU;
+``oversell_negative_stock``
+    the stock of a SKU logged below zero (``inventory_negative``, a write's ``to``, a
+    check's ``available``); a lost update between the same two restocks was made of
+    relative decrements, and is named this instead;
+``lock_expiry``
+    a lost update one of whose writers logged its lock running out under it.
 """
 
 from __future__ import annotations
@@ -166,7 +173,7 @@ class _Analyser:
         self.state: dict[str, _SkuState] = {}
         #: Ordered, so that the oldest open window is dropped in O(1) (see ``key_order``).
         self.checks: OrderedDict[tuple[str, str], Check] = OrderedDict()
-        #: "<role letter><SKU's number>:<key>" as UTF-8 -> the first write with that
+        #: "<role letter><SKU's number>:<key>" -> the first write with that
         #: key (packed, see :func:`_pack`, unless it names an order), or the duplicate;
         #: the oldest forgotten beyond ``max_keys`` (see :class:`KeyMemory`).
         self.keys: KeyMemory[Write | Duplicate] = KeyMemory(max_keys)
@@ -443,14 +450,12 @@ class _Analyser:
         if event.idempotency_key is not None:
             self._count("p" if callback else "o", event.idempotency_key, sku, write)
 
-    def _pack(self, write: Write) -> bytes | Write:
-        """``write`` as one bytes object, a fraction of the memory of the tuple and its
-        values.
+    def _pack(self, write: Write) -> str | Write:
+        """``write`` as one string, a fraction of the memory of the tuple and its values.
 
         Up to :data:`MAX_KEYS` first writes are held, and most are never looked at again;
-        one bytes object per write instead of a tuple, a float, three ints and the
-        request's name keeps that memory small. A write naming an order (``--order``)
-        stays a tuple.
+        one string per write instead of a tuple, a float, three ints and the request's
+        name keeps that memory small. A write naming an order (``--order``) stays a tuple.
         """
         name = write.name
         if name is None or write.order_id is not None:
@@ -467,16 +472,15 @@ class _Analyser:
             self.packed_ts_text = repr(ts)
         # repr() of a float reads back as the very same float; the name goes last, so
         # that whatever it holds (spaces too) comes back whole.
-        # surrogatepass: a name from a line that JSON gave a lone surrogate comes back whole.
         return (
             f"{self.packed_ts_text} {write.lineno} {'' if frm is None else frm} "
             f"{'' if to is None else to} {number} {name}"
-        ).encode("utf-8", "surrogatepass")
+        )
 
-    def _unpack(self, packed: bytes) -> Write:
-        ts, lineno, frm, to, number, name = packed.split(b" ", 5)
+    def _unpack(self, packed: str) -> Write:
+        ts, lineno, frm, to, number, name = packed.split(" ", 5)
         return Write(
-            name.decode("utf-8", "surrogatepass"),
+            name,
             int(frm) if frm else None,
             int(to) if to else None,
             float(ts),
@@ -491,18 +495,15 @@ class _Analyser:
         tag = self.sku_tags.get(sku)
         if tag is None:
             tag = self.sku_tags[sku] = str(len(self.sku_tags))
-        # Distinct texts give distinct bytes (surrogatepass included): the key stays exact.
-        key = f"{role}{tag}:{value}".encode("utf-8", "surrogatepass")
+        key = f"{role}{tag}:{value}"
         keys = self.keys
-        first = keys.get(key)
+        first = keys.remember(key, self._pack(write))
         if first is None:
-            if keys.add(key, self._pack(write)):
-                self.report.keys_forgotten += 1
             return
         if isinstance(first, Duplicate):
             first.add(write)
             return
-        if isinstance(first, bytes):
+        if isinstance(first, str):
             first = self._unpack(first)
         if not first.same_record(write):
             kind, action, how = _KEY_ROLES[role]
@@ -514,6 +515,7 @@ class _Analyser:
 
     def finish(self) -> Report:
         report = self.report
+        report.keys_forgotten = self.keys.forgotten
         report.show_date = self.max_day > self.min_day
         if self.max_day == self.min_day:
             report.day = time.strftime("%Y-%m-%d", time.gmtime(self.min_day * 86400))
