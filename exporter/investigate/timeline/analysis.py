@@ -189,8 +189,10 @@ class _Analyser:
         self.keep_orders = order is not None
         self.incidents: list[Incident] = []
         self.order_requests: set[str] = set()
-        self.min_day = math.inf
-        self.max_day = -math.inf
+        #: The first and the last dated time seen (their days, at the end, say whether
+        #: the report shows dates).
+        self.min_ts = math.inf
+        self.max_ts = -math.inf
         #: Request -> what the log said of its lock running out (bounded like ``checks``).
         #: Each line with the SKU it named (``None``: a lock event without one).
         self.locks: OrderedDict[str, list[tuple[str | None, LockLine]]] = OrderedDict()
@@ -202,11 +204,11 @@ class _Analyser:
             return
         self.report.events += 1
         if event.dated and event.has_time:
-            day = event.ts // 86400
-            if day < self.min_day:
-                self.min_day = day
-            if day > self.max_day:
-                self.max_day = day
+            ts = event.ts
+            if ts > self.max_ts:
+                self.max_ts = ts
+            if ts < self.min_ts:
+                self.min_ts = ts
         name = event.name
         if name == STOCK_CHECK_EVENT:
             self._stock_check(event)
@@ -516,10 +518,12 @@ class _Analyser:
     def finish(self) -> Report:
         report = self.report
         report.keys_forgotten = self.keys.forgotten
-        report.show_date = self.max_day > self.min_day
-        if self.max_day == self.min_day:
-            report.day = time.strftime("%Y-%m-%d", time.gmtime(self.min_day * 86400))
-        fmt = _time_format(dated=self.max_day >= self.min_day, with_date=report.show_date)
+        # Floor division keeps the order of the times: the days of the first and the last.
+        min_day, max_day = self.min_ts // 86400, self.max_ts // 86400
+        report.show_date = max_day > min_day
+        if max_day == min_day:
+            report.day = time.strftime("%Y-%m-%d", time.gmtime(min_day * 86400))
+        fmt = _time_format(dated=max_day >= min_day, with_date=report.show_date)
         findings = [incident.finding(fmt) for incident in self._causes()]
         if self.request_filter is not None:
             findings = [f for f in findings if self.request_filter in f.requests]
