@@ -171,7 +171,7 @@ class _Analyser:
         self.request_filter = request
         self.report = Report(keys_limit=max_keys)
         self.state: dict[str, _SkuState] = {}
-        #: Ordered, so that the oldest open window is dropped in O(1) (see ``key_order``).
+        #: Ordered, so that the oldest open window is dropped in O(1) (``popitem``).
         self.checks: OrderedDict[tuple[str, str], Check] = OrderedDict()
         #: "<role letter><SKU's number>:<key>" -> the first write with that
         #: key (packed, see :func:`_pack`, unless it names an order), or the duplicate;
@@ -286,7 +286,9 @@ class _Analyser:
         if sku is None:
             return
         fields = event.fields
-        available = _as_int(fields.get(AVAILABLE, fields.get(STOCK)))
+        available = fields[AVAILABLE] if AVAILABLE in fields else fields.get(STOCK)
+        if type(available) is not int:
+            available = _as_int(available)
         if available is not None and available < 0:
             self._below(event, available)
         request = event.request
@@ -332,18 +334,26 @@ class _Analyser:
         fields = event.fields
         request = event.request
         check = self.checks.pop((sku, request), None) if request is not None else None
-        success = _truthy(fields.get(SUCCESS))
+        # The exact types first (nearly every line), the conversions for the others.
+        value = fields.get(SUCCESS)
+        success = value if type(value) is bool else _truthy(value)
         if success is None:
             success = REASON not in fields and ERROR not in fields
         if not success:
             return
-        frm = _as_int(fields.get(FROM))
-        to = _as_int(fields.get(TO))
+        frm = fields.get(FROM)
+        if type(frm) is not int:
+            frm = _as_int(frm)
+        to = fields.get(TO)
+        if type(to) is not int:
+            to = _as_int(to)
         if frm is None and check is not None:
             frm = check.available
         order_id = event.order_id if self.keep_orders else None
         write = Write(request, frm, to, event.ts, event.source, event.lineno, order_id)
-        state = self._sku(sku)
+        state = self.state.get(sku)
+        if state is None:
+            state = self.state[sku] = _SkuState()
         if to is not None and to < 0:
             self._below(event, to)
         if event.idempotency_key is not None:
