@@ -145,6 +145,25 @@ def test_stocksentrys_own_negative_write_line_is_the_oversells_evidence(
     ]
 
 
+def test_negative_lines_without_a_request_still_name_the_oversell() -> None:
+    # What the SQL integration logs when it sees the real stock outside any request id.
+    lines = [
+        "[10:00:00.100] request_id=R1 sku=EGG-13 stock_update from=50 to=49 success=true",
+        "[10:00:00.101] request_id=R2 sku=EGG-13 stock_update from=50 to=49 success=true",
+        "[10:00:00.102] sku=EGG-13 inventory_negative stock=-38",
+    ]
+    report = analyse(read_events(lines, "a.log"))
+
+    assert [(f.kind, f.units, f.requests) for f in report.findings] == [
+        ("oversell_negative_stock", 38, ["R1", "R2"])
+    ]
+    assert report.findings[0].detail.startswith(
+        "the stock went below zero, down to -38: 1 line below zero (10:00:00.102); "
+        "R1 and R2 wrote from=50 at 10:00:00.100/.101"
+    )
+    assert report.findings[0].lines == ["a.log:3", "a.log:1", "a.log:2"]
+
+
 def test_a_restock_between_a_lost_update_and_a_negative_stock_keeps_them_apart() -> None:
     lines = [
         "[10:00:00.100] request_id=R1 sku=EGG-10 stock_update from=2 to=1 success=true",

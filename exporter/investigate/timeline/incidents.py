@@ -370,10 +370,12 @@ class NegativeStock(Incident):
     def finding(self, fmt: TimeFormat) -> Finding:
         below = self.below
         names = [name or "?" for name, *_ in below]
+        # Lines without a request (the SQL integration's, outside a request) name none.
+        who = f"{_names(names, self.dropped)} at " if any(n for n, *_ in below) else ""
+        count = len(below) + self.dropped
         detail = (
             f"the stock went below zero, down to {self.lowest}: "
-            f"{len(below) + self.dropped} lines below zero "
-            f"({_names(names, self.dropped)} at "
+            f"{count} {'line' if count == 1 else 'lines'} below zero ({who}"
             f"{_join_times([ts for _, _, ts, _, _ in below], fmt, self.dropped)})"
         )
         lines = [below_line for _, _, _, below_line, _ in below]
@@ -388,7 +390,7 @@ class NegativeStock(Incident):
                 "took a unit, not lost updates"
             )
             lines = _unique([*lines, *(w.line for w in unique)])
-        requests = _unique([*names, *(w.name for w in writes)])
+        requests = _unique([*(name for name, *_ in below), *(w.name for w in writes)])
         return self._make(requests, detail, lines, (b[4] for b in below), fmt=fmt)
 
 
