@@ -59,7 +59,32 @@ def test_unsafe_lab_logs_show_lost_updates(tmp_path: Path) -> None:
     lost = [f for f in findings if f["kind"] == "lost_update"]
     assert lost, findings
     assert {f["sku"] for f in lost} == {"LAB-UNSAFE"}
+    # Written values computed in the app never go below zero: no oversell into negative.
+    assert {f["cause"] for f in findings} <= {"lost_update", "stale_read"}
     assert report["skipped_lines"] == 0
+    (row,) = report["summary"]
+    assert (row["sku"], row["findings"]["lost_update"]) == ("LAB-UNSAFE", len(lost))
+
+
+def test_relative_decrements_below_zero_are_named_an_oversell(tmp_path: Path) -> None:
+    # check_then_decrement: a stale check, then `stock = stock - 1`: no update is lost,
+    # the stock goes below zero; the writes logged out of their order are no lost update.
+    log = lab_log(tmp_path, "check_then_decrement")
+    status, report = timeline(log)
+    assert status == 1
+    findings = report["findings"]
+    assert isinstance(findings, list)
+    causes = [f["cause"] for f in findings]
+    assert causes.count("oversell_negative_stock") == 1, causes
+    assert "lost_update" not in causes
+    (oversell,) = [f for f in findings if f["cause"] == "oversell_negative_stock"]
+    assert oversell["sku"] == "LAB-CHECK_THEN_DECREMENT"
+    assert oversell["units"] > 0
+    # Its evidence opens with the lines that logged the stock below zero.
+    lines = log.read_text("utf-8").splitlines()
+    first = json.loads(lines[int(oversell["lines"][0].rpartition(":")[2]) - 1])
+    assert first["event"] in ("stock_update", "inventory_negative")
+    assert min(first.get("to", 0), first.get("stock", 0)) < 0
 
 
 @pytest.mark.parametrize("strategy", ["atomic", "for_update"])

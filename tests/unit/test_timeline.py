@@ -99,10 +99,16 @@ def test_seed_file_table_puts_the_finding_first_and_exits_1(
     assert (status, err) == (1, "")
     lines = out.splitlines()
     assert lines[0] == "stocksentry timeline: 4 events from 4 lines"
-    assert lines[2] == "FINDINGS: 1 lost update"
-    assert lines[3] == f"  {SEED_HEADLINE}"
-    assert lines[4] == f"      lines: {SEEDS}:3, {SEEDS}:4"
-    assert lines[6:] == [
+    # The per-SKU summary opens the report.
+    assert lines[2:5] == [
+        "SUMMARY BY SKU (1 SKU with findings)",
+        "    SKU     FINDINGS       UNITS  FIRST         LAST",
+        "    EGG-01  1 lost update      1  10:00:00.120  10:00:00.121",
+    ]
+    assert lines[6] == "FINDINGS: 1 lost update"
+    assert lines[7] == f"  {SEED_HEADLINE}"
+    assert lines[8] == f"      lines: {SEEDS}:3, {SEEDS}:4"
+    assert lines[10:] == [
         "SKU EGG-01 (4 events)",
         "    TIME          REQUEST  EVENT         DETAILS",
         "    10:00:00.101  R1       stock_check   available=1",
@@ -121,7 +127,11 @@ def test_clean_sequential_log_has_no_findings_and_exits_0(
     status, out, err = run(capsys, str(DATA / "clean.jsonl"))
 
     assert (status, err) == (0, "")
-    assert "No findings: no lost update, duplicate execution or stale read." in out
+    assert (
+        "No findings: no lost update, oversell into negative stock, duplicate execution, "
+        "stale read or lock expiry." in out
+    )
+    assert "SUMMARY BY SKU" not in out
     assert "stocksentry timeline: 12 events from 12 lines, 2026-11-29 (times UTC)" in out
     assert "ORDER O-1 (4 events)" in out
     assert "ORDER O-2 (2 events)" in out
@@ -460,6 +470,7 @@ def test_json_output_shape(capsys: pytest.CaptureFixture[str]) -> None:
 
     assert status == 1
     assert set(data) == {
+        "summary",
         "findings",
         "skus",
         "orders",
@@ -475,11 +486,24 @@ def test_json_output_shape(capsys: pytest.CaptureFixture[str]) -> None:
     assert data["findings"] == [
         {
             "kind": "duplicate_execution",
+            "cause": "duplicate_execution",
             "sku": "EGG-03",
             "requests": ["O-9"],
             "detail": "payment_reference=PAY-9 paid 2 times (payment_callback result=paid): "
             "O-9 at 10:00:10.000, O-9 at 10:00:40.000",
             "lines": [f"{path}:2", f"{path}:4"],
+            "units": 1,
+            "first": "10:00:10.000",
+            "last": "10:00:40.000",
+        }
+    ]
+    assert data["summary"] == [
+        {
+            "sku": "EGG-03",
+            "findings": {"duplicate_execution": 1},
+            "units": 1,
+            "first": "10:00:10.000",
+            "last": "10:00:40.000",
         }
     ]
     assert list(data["skus"]) == ["EGG-03"]

@@ -2,9 +2,10 @@
 
 The input is log lines, one event a line: stocksentry's own JSON, other JSON loggers, or
 plain ``key=value`` lines (:mod:`.parsing`). Events are put in timestamp order (stable on
-ties: file order, then line order; :mod:`.ordering`) and run through three detectors,
-each keeping only compact per-SKU state (:mod:`.analysis`): ``lost_update``,
-``duplicate_execution`` and ``stale_read``. The report is a table for humans
+ties: file order, then line order; :mod:`.ordering`) and run through the detectors,
+each keeping only compact per-SKU state (:mod:`.analysis`); each finding names its cause:
+``lost_update``, ``oversell_negative_stock``, ``duplicate_execution``, ``stale_read`` or
+``lock_expiry``, and the report opens with a summary per SKU. The report is a table for humans
 (:mod:`.report`) or JSON (:meth:`Report.to_dict`); :mod:`.command` is the subcommand.
 
 One module per role:
@@ -14,7 +15,8 @@ One module per role:
 - :mod:`.model`: :class:`Event`, :class:`Finding`, :class:`Report`, the limits, and the
   names timeline reads from the log event catalog;
 - :mod:`.parsing`: log lines into events; :mod:`.ordering`: merging inputs in time order;
-- :mod:`.incidents` and :mod:`.analysis`: the detectors;
+- :mod:`.incidents` and :mod:`.analysis`: the detectors and the causes; :mod:`.keys`: the
+  memory of idempotency keys and payment references;
 - :mod:`.report`: the table; :mod:`.command`: ``add_timeline_parser``, ``run_timeline``.
 
 The names below are loaded on first use: ``stocksentry``'s parser imports

@@ -1,4 +1,5 @@
-"""The three detectors: lost updates, duplicate executions, stale reads.
+"""The detectors (lost updates, duplicate executions, stale reads, stock below zero) and
+the cause each finding names.
 
 Events come in timestamp order (:class:`~.ordering.OrderedEvents`) and each detector
 keeps only compact per-SKU state:
@@ -12,7 +13,13 @@ keeps only compact per-SKU state:
     or paid (``payment_callback result=paid``, ``order_paid``) more than once;
 ``stale_read``
     a ``stock_check`` that saw another value than the ``to`` of the latest successful
-    ``stock_update`` already logged for the SKU.
+    ``stock_update`` already logged for the SKU;
+``oversell_negative_stock``
+    the stock of a SKU logged below zero (``inventory_negative``, a write's ``to``, a
+    check's ``available``); a lost update between the same two restocks was made of
+    relative decrements, and is named this instead;
+``lock_expiry``
+    a lost update one of whose writers logged its lock running out under it.
 """
 
 from __future__ import annotations
@@ -20,10 +27,22 @@ from __future__ import annotations
 import math
 import re
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Iterable
 
-from .incidents import Check, Duplicate, Incident, Overwrite, SameFrom, StaleRead, Write
+from .incidents import (
+    Check,
+    Duplicate,
+    Incident,
+    LockExpiry,
+    LockLine,
+    NegativeStock,
+    Overwrite,
+    SameFrom,
+    StaleRead,
+    Write,
+)
+from .keys import KeyMemory
 from .limits import (
     DEFAULT_LIMIT,
     DEFAULT_REORDER_WINDOW,
@@ -36,19 +55,30 @@ from .model import (
     AVAILABLE,
     ERROR,
     FROM,
+    HELD_S,
+    INVENTORY_NEGATIVE_EVENT,
+    LOCK,
+    LOCK_EXPIRED_EVENT,
+    LOCK_EXPIRED_REASON,
+    LOCK_NOT_OWNED_EVENT,
+    NEGATIVE_STOCK,
     ORDER_PAID_EVENT,
     PAID,
     PAYMENT_CALLBACK_EVENT,
     REASON,
     RESULT,
+    RMW_REASON,
     STOCK,
     STOCK_CHECK_EVENT,
     STOCK_UPDATE_EVENT,
     SUCCESS,
     TO,
+    TTL_S,
+    UNSAFE_RMW_EVENT,
     Event,
     Report,
     TimeFormat,
+    summarise,
 )
 from .ordering import OrderedEvents
 from .times import format_time
@@ -85,9 +115,12 @@ def _truthy(value: object) -> bool | None:
 
 
 class _SkuState:
-    __slots__ = ("froms", "last", "stale")
+    __slots__ = ("epoch", "froms", "last", "negative", "stale")
 
     def __init__(self) -> None:
+        #: Restocks seen (writes that raised the stock), and the oversell since the last.
+        self.epoch = 0
+        self.negative: NegativeStock | None = None
         #: The latest write, and the stale-read finding of reads that missed it.
         self.last: Write | None = None
         self.stale: StaleRead | None = None
@@ -104,6 +137,12 @@ _KEY_ROLES = {
     "O": ("payment_reference", "paid", " (order_paid)"),
     "o": ("idempotency_key", "paid", " (order_paid)"),
 }
+
+
+#: The lock events that tell of a lease running out (the SQL detector's only with its
+#: "lock expired" reason), and how many of them are kept per request.
+_LOCK_EVENTS = frozenset({LOCK_EXPIRED_EVENT, LOCK_NOT_OWNED_EVENT, UNSAFE_RMW_EVENT})
+_LOCK_LINES = 3
 
 
 def _time_format(*, dated: bool, with_date: bool) -> TimeFormat:
@@ -132,11 +171,14 @@ class _Analyser:
         self.request_filter = request
         self.report = Report(keys_limit=max_keys)
         self.state: dict[str, _SkuState] = {}
-        #: Ordered, so that the oldest open window is dropped in O(1) (see ``key_order``).
+        #: Ordered, so that the oldest open window is dropped in O(1) (``popitem``).
         self.checks: OrderedDict[tuple[str, str], Check] = OrderedDict()
-        #: "<role letter><sku>\x1f<key>" -> the first write with that key (packed, see
-        #: :func:`_pack`, unless it names an order), or the duplicate.
-        self.keys: dict[str, str | Write | Duplicate] = {}
+        #: "<role letter><SKU's number>:<key>" -> the first write with that
+        #: key (packed, see :func:`_pack`, unless it names an order), or the duplicate;
+        #: the oldest forgotten beyond ``max_keys`` (see :class:`KeyMemory`).
+        self.keys: KeyMemory[Write | Duplicate] = KeyMemory(max_keys)
+        #: Each SKU's number in those keys, as text (``""``: no SKU).
+        self.sku_tags: dict[str | None, str] = {None: ""}
         #: The inputs' names, so that a packed write names its input by number.
         self.sources: list[str] = []
         self.source_numbers: dict[str, int] = {}
@@ -144,15 +186,16 @@ class _Analyser:
         #: object (see ``parsing._STAMPS``), and repr() is half the cost of packing.
         self.packed_ts = math.nan
         self.packed_ts_text = "nan"
-        #: The keys of ``keys`` oldest first, to forget the oldest in O(1): deleting
-        #: ``next(iter(keys))`` of a plain dict rescans the holes its deletions left at the
-        #: front, which turns quadratic once hundreds of thousands of keys are held.
-        self.key_order: deque[str] = deque()
         self.keep_orders = order is not None
         self.incidents: list[Incident] = []
         self.order_requests: set[str] = set()
-        self.min_day = math.inf
-        self.max_day = -math.inf
+        #: The first and the last dated time seen (their days, at the end, say whether
+        #: the report shows dates).
+        self.min_ts = math.inf
+        self.max_ts = -math.inf
+        #: Request -> what the log said of its lock running out (bounded like ``checks``).
+        #: Each line with the SKU it named (``None``: a lock event without one).
+        self.locks: OrderedDict[str, list[tuple[str | None, LockLine]]] = OrderedDict()
 
     # --- per event ---
 
@@ -161,11 +204,11 @@ class _Analyser:
             return
         self.report.events += 1
         if event.dated and event.has_time:
-            day = event.ts // 86400
-            if day < self.min_day:
-                self.min_day = day
-            if day > self.max_day:
-                self.max_day = day
+            ts = event.ts
+            if ts > self.max_ts:
+                self.max_ts = ts
+            if ts < self.min_ts:
+                self.min_ts = ts
         name = event.name
         if name == STOCK_CHECK_EVENT:
             self._stock_check(event)
@@ -176,6 +219,12 @@ class _Analyser:
                 self._paid(event)
         elif name == ORDER_PAID_EVENT:
             self._paid(event)
+        elif name == INVENTORY_NEGATIVE_EVENT:
+            stock = _as_int(event.fields.get(NEGATIVE_STOCK))
+            if stock is not None and stock < 0:
+                self._below(event, stock)
+        elif name in _LOCK_EVENTS:
+            self._lock(event)
         self._keep(event)
 
     def _keep(self, event: Event) -> None:
@@ -237,7 +286,11 @@ class _Analyser:
         if sku is None:
             return
         fields = event.fields
-        available = _as_int(fields.get(AVAILABLE, fields.get(STOCK)))
+        available = fields[AVAILABLE] if AVAILABLE in fields else fields.get(STOCK)
+        if type(available) is not int:
+            available = _as_int(available)
+        if available is not None and available < 0:
+            self._below(event, available)
         request = event.request
         state = self.state.get(sku)
         last = state.last if state is not None else None
@@ -281,22 +334,32 @@ class _Analyser:
         fields = event.fields
         request = event.request
         check = self.checks.pop((sku, request), None) if request is not None else None
-        success = _truthy(fields.get(SUCCESS))
+        # The exact types first (nearly every line), the conversions for the others.
+        value = fields.get(SUCCESS)
+        success = value if type(value) is bool else _truthy(value)
         if success is None:
             success = REASON not in fields and ERROR not in fields
         if not success:
             return
-        frm = _as_int(fields.get(FROM))
-        to = _as_int(fields.get(TO))
+        frm = fields.get(FROM)
+        if type(frm) is not int:
+            frm = _as_int(frm)
+        to = fields.get(TO)
+        if type(to) is not int:
+            to = _as_int(to)
         if frm is None and check is not None:
             frm = check.available
         order_id = event.order_id if self.keep_orders else None
         write = Write(request, frm, to, event.ts, event.source, event.lineno, order_id)
-        state = self._sku(sku)
+        state = self.state.get(sku)
+        if state is None:
+            state = self.state[sku] = _SkuState()
+        if to is not None and to < 0:
+            self._below(event, to)
         if event.idempotency_key is not None:
-            self._count(f"R{sku}\x1f{event.idempotency_key}", sku, write)
+            self._count("R", event.idempotency_key, sku, write)
         if event.payment_reference is not None:
-            self._count(f"r{sku}\x1f{event.payment_reference}", sku, write)
+            self._count("r", event.payment_reference, sku, write)
 
         same_from = False
         if frm is not None:
@@ -315,12 +378,16 @@ class _Analyser:
                 return
             else:
                 incident = SameFrom(sku, frm, seen, write)
+                incident.epoch = state.epoch
                 self.incidents.append(incident)
                 froms[frm] = incident
                 same_from = True
             if to is not None and to > frm:
-                # A restock: values below it may legitimately be written from again.
+                # A restock: values below it may legitimately be written from again, and
+                # a stock below zero after it is another oversell.
                 froms.clear()
+                state.epoch += 1
+                state.negative = None
 
         last = state.last
         if last is not None and frm is not None and to is not None and last.to is not None:
@@ -333,12 +400,54 @@ class _Analyser:
                 and frm != last.to
                 and not chained_before
             ):
-                self.incidents.append(Overwrite(sku, last, write, check))
+                overwrite = Overwrite(sku, last, write, check)
+                overwrite.epoch = state.epoch
+                self.incidents.append(overwrite)
             if chained_before:
                 # Logged after a write that started from its result: the later state stays.
                 return
         state.last = write
         state.stale = None
+
+    def _below(self, event: Event, value: int) -> None:
+        """Evidence that the stock of the event's SKU went below zero."""
+        sku = event.sku
+        if sku is None:
+            return
+        state = self._sku(sku)
+        incident = state.negative
+        if incident is None:
+            incident = state.negative = NegativeStock(sku, state.epoch)
+            self.incidents.append(incident)
+        incident.add(event.request, value, event.ts, event.line, event.order_id)
+
+    def _lock(self, event: Event) -> None:
+        """Remember what the log says of a request's lock running out under it."""
+        request = event.request
+        if request is None:
+            return
+        fields = event.fields
+        lock = fields.get(LOCK)
+        name = f"the lock {lock}" if isinstance(lock, str) and lock else "its lock"
+        if event.name == LOCK_EXPIRED_EVENT:
+            held, ttl = fields.get(HELD_S), fields.get(TTL_S)
+            text = f"{name} expired while {request} held it"
+            if isinstance(held, int | float) and isinstance(ttl, int | float):
+                text += f" (held {held:g} s, ttl {ttl:g} s)"
+        elif event.name == LOCK_NOT_OWNED_EVENT:
+            text = f"{request} released {name}, no longer its own"
+        else:
+            reason = fields.get(RMW_REASON)
+            if not isinstance(reason, str) or LOCK_EXPIRED_REASON not in reason:
+                return
+            text = f"{request} wrote under {name}: {reason}"
+        locks = self.locks
+        lines = locks.pop(request, None) or []
+        if len(lines) < _LOCK_LINES:
+            lines.append((event.sku, (event.ts, event.line, text)))
+        locks[request] = lines
+        if len(locks) > OPEN_CHECKS:
+            locks.popitem(last=False)
 
     def _paid(self, event: Event) -> None:
         order_id = event.order_id
@@ -347,14 +456,11 @@ class _Analyser:
             order_id = None
         write = Write(name, None, None, event.ts, event.source, event.lineno, order_id)
         sku = event.sku
-        where = sku or ""
         callback = event.name == PAYMENT_CALLBACK_EVENT
         if event.payment_reference is not None:
-            role = "P" if callback else "O"
-            self._count(f"{role}{where}\x1f{event.payment_reference}", sku, write)
+            self._count("P" if callback else "O", event.payment_reference, sku, write)
         if event.idempotency_key is not None:
-            role = "p" if callback else "o"
-            self._count(f"{role}{where}\x1f{event.idempotency_key}", sku, write)
+            self._count("p" if callback else "o", event.idempotency_key, sku, write)
 
     def _pack(self, write: Write) -> str | Write:
         """``write`` as one string, a fraction of the memory of the tuple and its values.
@@ -395,16 +501,16 @@ class _Analyser:
             None,
         )
 
-    def _count(self, key: str, sku: str | None, write: Write) -> None:
+    def _count(self, role: str, value: str, sku: str | None, write: Write) -> None:
+        """Remember the first write of ``value`` (an idempotency key or payment reference,
+        by ``role``: see ``_KEY_ROLES``) on ``sku``; open or extend a duplicate after it."""
+        tag = self.sku_tags.get(sku)
+        if tag is None:
+            tag = self.sku_tags[sku] = str(len(self.sku_tags))
+        key = f"{role}{tag}:{value}"
         keys = self.keys
-        first = keys.get(key)
+        first = keys.remember(key, self._pack(write))
         if first is None:
-            keys[key] = self._pack(write)
-            order = self.key_order
-            order.append(key)
-            if len(order) > self.max_keys:
-                del keys[order.popleft()]
-                self.report.keys_forgotten += 1
             return
         if isinstance(first, Duplicate):
             first.add(write)
@@ -412,28 +518,70 @@ class _Analyser:
         if isinstance(first, str):
             first = self._unpack(first)
         if not first.same_record(write):
-            kind, action, how = _KEY_ROLES[key[0]]
-            value = key.partition("\x1f")[2]
+            kind, action, how = _KEY_ROLES[role]
             incident = Duplicate(sku, f"{kind}={value} {action}", how, first, write)
             self.incidents.append(incident)
-            keys[key] = incident
+            keys.replace(key, incident)
 
     # --- the end ---
 
     def finish(self) -> Report:
         report = self.report
-        report.show_date = self.max_day > self.min_day
-        if self.max_day == self.min_day:
-            report.day = time.strftime("%Y-%m-%d", time.gmtime(self.min_day * 86400))
-        fmt = _time_format(dated=self.max_day >= self.min_day, with_date=report.show_date)
-        findings = [incident.finding(fmt) for incident in self.incidents]
+        report.keys_forgotten = self.keys.forgotten
+        # Floor division keeps the order of the times: the days of the first and the last.
+        min_day, max_day = self.min_ts // 86400, self.max_ts // 86400
+        report.show_date = max_day > min_day
+        if max_day == min_day:
+            report.day = time.strftime("%Y-%m-%d", time.gmtime(min_day * 86400))
+        fmt = _time_format(dated=max_day >= min_day, with_date=report.show_date)
+        findings = [incident.finding(fmt) for incident in self._causes()]
         if self.request_filter is not None:
             findings = [f for f in findings if self.request_filter in f.requests]
         if self.order_filter is not None:
             order, related = self.order_filter, self.order_requests
             findings = [f for f in findings if order in f.orders or related & set(f.requests)]
         report.findings = findings
+        report.summary = summarise(findings, fmt)
         return report
+
+    def _causes(self) -> list[Incident]:
+        """The incidents, each under its cause.
+
+        A lost update on a SKU whose stock went below zero before the next restock is the
+        oversell's (:class:`NegativeStock`): shown there, where the first of them was. A
+        lost update one of whose writers logged its lock running out is a lock expiry.
+        """
+        negatives = {
+            (incident.sku, incident.epoch): incident
+            for incident in self.incidents
+            if isinstance(incident, NegativeStock)
+        }
+        shown: set[int] = set()
+        out: list[Incident] = []
+        for incident in self.incidents:
+            if isinstance(incident, SameFrom | Overwrite):
+                negative = negatives.get((incident.sku, incident.epoch))
+                if negative is not None:
+                    negative.absorb(incident)
+                    incident = negative
+                else:
+                    locks = self._lock_lines(incident)
+                    if locks:
+                        incident = LockExpiry(incident, locks)
+            if id(incident) not in shown:
+                shown.add(id(incident))
+                out.append(incident)
+        return out
+
+    def _lock_lines(self, incident: SameFrom | Overwrite) -> list[LockLine]:
+        locks = self.locks
+        lines: list[LockLine] = []
+        sku = incident.sku
+        for name in dict.fromkeys(write.name for write in incident._participants()):
+            if name is not None and name in locks:
+                # A request id of another SKU's lock (another file's R1) is another request.
+                lines.extend(line for where, line in locks[name] if where in (None, sku))
+        return lines
 
 
 def analyse(

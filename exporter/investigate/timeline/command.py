@@ -303,14 +303,15 @@ def add_timeline_parser(subparsers: Subcommands) -> None:
     """
     timeline = subparsers.add_parser(
         "timeline",
-        help="rebuild per-SKU / per-order timelines from logs and flag lost updates",
+        help="rebuild per-SKU / per-order timelines from logs and name the causes of double-sells",
         description=(
             "Read JSON-lines or key=value logs, put the events in timestamp order and print "
-            "them per SKU and per order, after the findings: lost updates (two writes from "
-            "the same old stock, or a write over one its request never read), duplicate "
-            "executions (one idempotency key or payment reference reserving or paying "
-            "twice) and stale reads. Exit status 1 when there is a finding, 0 when none, "
-            "2 on bad input, 130 when interrupted."
+            "them per SKU and per order, after a summary per SKU and the findings, each "
+            "naming its cause with its evidence lines: lost updates (two writes from the "
+            "same old stock, or a write over one its request never read), oversells into "
+            "negative stock, duplicate executions (one idempotency key or payment reference "
+            "reserving or paying twice), stale reads and lock expiries. Exit status 1 when "
+            "there is a finding, 0 when none, 2 on bad input, 130 when interrupted."
         ),
     )
     timeline.add_argument(

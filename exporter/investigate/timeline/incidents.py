@@ -14,7 +14,17 @@ from typing import NamedTuple
 from .limits import FINDING_PARTICIPANTS
 from .model import Finding, FindingKind, TimeFormat
 
-__all__ = ["Check", "Duplicate", "Incident", "Overwrite", "SameFrom", "StaleRead", "Write"]
+__all__ = [
+    "Check",
+    "Duplicate",
+    "Incident",
+    "LockExpiry",
+    "NegativeStock",
+    "Overwrite",
+    "SameFrom",
+    "StaleRead",
+    "Write",
+]
 
 
 class Write(NamedTuple):
@@ -38,6 +48,12 @@ class Write(NamedTuple):
     def line(self) -> str:
         """Where it was logged, as ``source:lineno``."""
         return f"{self.source}:{self.lineno}"
+
+    @property
+    def qty(self) -> int:
+        """The units the write took: ``from - to`` of a sale, else one."""
+        frm, to = self.frm, self.to
+        return frm - to if frm is not None and to is not None and frm > to else 1
 
     def same_record(self, other: Write) -> bool:
         """Whether ``other`` is this very record seen again."""
@@ -102,6 +118,9 @@ class Incident:
     def __init__(self, sku: str | None) -> None:
         self.sku = sku
         self.dropped = 0
+        #: The SKU's restock count when the incident opened: a lost update and a stock
+        #: below zero between the same two restocks are one oversell (see NegativeStock).
+        self.epoch = 0
 
     def finding(self, fmt: TimeFormat) -> Finding:
         """The finding, its times written with ``fmt``."""
@@ -110,15 +129,38 @@ class Incident:
     def _participants(self) -> list[Write]:
         raise NotImplementedError
 
+    def units(self) -> int:
+        """The units of stock the incident is about (0: none sold wrongly)."""
+        return 0
+
+    def stamps(self) -> list[float]:
+        """The times of its evidence."""
+        return [write.ts for write in self._participants()]
+
     def _make(
         self,
         requests: list[str],
         detail: str,
         lines: list[str],
         more_orders: Iterable[str | None] = (),
+        *,
+        fmt: TimeFormat,
     ) -> Finding:
         orders = _unique([*(write.order_id for write in self._participants()), *more_orders])
-        return Finding(self.kind, self.sku, requests, detail, lines, tuple(orders))
+        stamps = self.stamps()
+        span = (min(stamps), max(stamps)) if stamps else None
+        return Finding(
+            self.kind,
+            self.sku,
+            requests,
+            detail,
+            lines,
+            tuple(orders),
+            self.units(),
+            fmt(span[0]) if span else None,
+            fmt(span[1]) if span else None,
+            span,
+        )
 
 
 class _Writes(Incident):
@@ -164,7 +206,11 @@ class SameFrom(_Writes):
             f"{_names(names, self.dropped)} {word} wrote {wrote} at "
             f"{_join_times([write.ts for write in writes], fmt, self.dropped)}"
         )
-        return self._make(_unique(names), detail, [write.line for write in writes])
+        return self._make(_unique(names), detail, [write.line for write in writes], fmt=fmt)
+
+    def units(self) -> int:
+        # Every writer after the first sold a unit the stock never lost.
+        return sum(write.qty for write in self.writes[1:]) + self.dropped
 
 
 class Overwrite(Incident):
@@ -190,7 +236,15 @@ class Overwrite(Incident):
             f"write to={previous.to} at {fmt(previous.ts)}, which came after {who} read "
             f"{read} at {fmt(check.ts)}"
         )
-        return self._make(_unique([other, who]), detail, [check.line, previous.line, write.line])
+        return self._make(
+            _unique([other, who]), detail, [check.line, previous.line, write.line], fmt=fmt
+        )
+
+    def units(self) -> int:
+        return self.previous.qty
+
+    def stamps(self) -> list[float]:
+        return [self.check.ts, self.previous.ts, self.write.ts]
 
 
 class StaleRead(Incident):
@@ -230,7 +284,11 @@ class StaleRead(Incident):
             detail,
             [write.line, *(read[3] for read in reads)],
             (read[4] for read in reads),
+            fmt=fmt,
         )
+
+    def stamps(self) -> list[float]:
+        return [self.write.ts, *(read[2] for read in self.reads)]
 
 
 class Duplicate(_Writes):
@@ -251,4 +309,124 @@ class Duplicate(_Writes):
             each += f" and {count - 5} more"
         detail = f"{self.what} {count} times{self.how}: {each}"
         names = _unique(write.name for write in writes)
-        return self._make(names, detail, [write.line for write in writes])
+        return self._make(names, detail, [write.line for write in writes], fmt=fmt)
+
+    def units(self) -> int:
+        # Each execution after the first took its units (or its payment) once more.
+        return sum(write.qty for write in self.writes[1:]) + self.dropped
+
+
+#: One line of evidence that the stock went below zero: who, the value, when, where, order.
+Below = tuple[str | None, int, float, str, str | None]
+
+
+class NegativeStock(Incident):
+    """Oversell into negative stock: the stock of a SKU went below zero.
+
+    The evidence is what the log says of the stock itself: an ``inventory_negative`` line,
+    a write with a ``to`` below zero, a check that read a value below zero. Writes from
+    one value between the same two restocks, which alone look like a lost update, are
+    then relative decrements (``stock = stock - 1``): none was lost, each took its unit,
+    and together they drove the stock below zero. Those lost updates are folded in
+    (:meth:`absorb`), so the report names the oversell instead.
+    """
+
+    kind: FindingKind = "oversell_negative_stock"
+
+    def __init__(self, sku: str, epoch: int) -> None:
+        super().__init__(sku)
+        self.epoch = epoch
+        self.below: list[Below] = []
+        self.lowest = 0
+        self.absorbed: list[SameFrom | Overwrite] = []
+
+    def add(self, name: str | None, value: int, ts: float, line: str, order: str | None) -> None:
+        self.lowest = min(self.lowest, value)
+        if len(self.below) < FINDING_PARTICIPANTS:
+            self.below.append((name, value, ts, line, order))
+        else:
+            self.dropped += 1
+
+    def absorb(self, incident: SameFrom | Overwrite) -> None:
+        """Fold in a lost update of the same SKU and restock: its writes were decrements."""
+        self.absorbed.append(incident)
+
+    def _writes(self) -> list[Write]:
+        writes: list[Write] = []
+        for incident in self.absorbed:
+            writes.extend(incident._participants())
+        return writes
+
+    def _participants(self) -> list[Write]:
+        return self._writes()
+
+    def units(self) -> int:
+        # Units sold beyond the stock there was.
+        return -self.lowest
+
+    def stamps(self) -> list[float]:
+        return [*(below[2] for below in self.below), *(w.ts for w in self._writes())]
+
+    def finding(self, fmt: TimeFormat) -> Finding:
+        below = self.below
+        names = [name or "?" for name, *_ in below]
+        # Lines without a request (the SQL integration's, outside a request) name none.
+        who = f"{_names(names, self.dropped)} at " if any(n for n, *_ in below) else ""
+        count = len(below) + self.dropped
+        detail = (
+            f"the stock went below zero, down to {self.lowest}: "
+            f"{count} {'line' if count == 1 else 'lines'} below zero ({who}"
+            f"{_join_times([ts for _, _, ts, _, _ in below], fmt, self.dropped)})"
+        )
+        lines = [below_line for _, _, _, below_line, _ in below]
+        writes = self._writes()
+        if writes:
+            unique = list({(w.name, w.ts, w.frm, w.to): w for w in writes}.values())
+            froms = _unique(str(w.frm) for w in unique if w.frm is not None)
+            start = f"from={'/'.join(froms)}" if froms else "from the stock they read"
+            detail += (
+                f"; {_names([w.name or '?' for w in unique])} wrote {start} at "
+                f"{_join_times([w.ts for w in unique], fmt)}: relative decrements that each "
+                "took a unit, not lost updates"
+            )
+            lines = _unique([*lines, *(w.line for w in unique)])
+        requests = _unique([*(name for name, *_ in below), *(w.name for w in writes)])
+        return self._make(requests, detail, lines, (b[4] for b in below), fmt=fmt)
+
+
+#: One line of evidence that a writer's lock ran out: when, where, and what it says.
+LockLine = tuple[float, str, str]
+
+
+class LockExpiry(Incident):
+    """Lock expiry: a lost update whose writers' lock ran out under them.
+
+    The lost update (:class:`SameFrom` or :class:`Overwrite`) is the effect; the cause is
+    the lock's lease: ``lock_expired_while_held``, ``lock_release_not_owned``, or the SQL
+    detector's read-modify-write "lock expired before the write", logged by one of the
+    writers, let a second writer in.
+    """
+
+    kind: FindingKind = "lock_expiry"
+
+    def __init__(self, lost: SameFrom | Overwrite, locks: list[LockLine]) -> None:
+        super().__init__(lost.sku)
+        self.lost = lost
+        self.locks = locks
+
+    def _participants(self) -> list[Write]:
+        return self.lost._participants()
+
+    def units(self) -> int:
+        return self.lost.units()
+
+    def stamps(self) -> list[float]:
+        return [*self.lost.stamps(), *(ts for ts, _, _ in self.locks)]
+
+    def finding(self, fmt: TimeFormat) -> Finding:
+        lost = self.lost.finding(fmt)
+        said = _unique(text for _, _, text in self.locks)
+        what = "; ".join(said[:3]) + (f" (+{len(said) - 3} more)" if len(said) > 3 else "")
+        detail = f"{what}, and the writes were lost updates: {lost.detail}"
+        lines = _unique([*(line for _, line, _ in self.locks), *lost.lines])
+        return self._make(lost.requests, detail, lines, fmt=fmt)

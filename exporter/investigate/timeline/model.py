@@ -12,10 +12,14 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
 from stocksentry.instrumentation.events import (
+    INVENTORY_NEGATIVE,
+    LOCK_EXPIRED_WHILE_HELD,
+    LOCK_RELEASE_NOT_OWNED,
     ORDER_PAID,
     PAYMENT_CALLBACK,
     STOCK_CHECK,
     STOCK_UPDATE,
+    UNSAFE_READ_MODIFY_WRITE,
     LogEvent,
 )
 
@@ -24,23 +28,44 @@ from .limits import MAX_KEYS
 from .times import format_time
 
 __all__ = [
+    "CAUSES",
     "Event",
     "Finding",
     "FindingKind",
     "Report",
+    "SkuSummary",
     "TimeFormat",
 ]
 
-FindingKind = Literal["lost_update", "duplicate_execution", "stale_read"]
+#: The cause a finding names (its ``kind`` in the JSON output, and its ``cause``).
+FindingKind = Literal[
+    "lost_update",
+    "oversell_negative_stock",
+    "duplicate_execution",
+    "stale_read",
+    "lock_expiry",
+]
 #: Renders a timestamp of the report (with or without the date, as the report needs).
 TimeFormat = Callable[[float], str]
 
 
 KIND_TITLES: dict[FindingKind, str] = {
     "lost_update": "LOST UPDATE",
+    "oversell_negative_stock": "OVERSELL INTO NEGATIVE STOCK",
     "duplicate_execution": "DUPLICATE EXECUTION",
     "stale_read": "STALE READ",
+    "lock_expiry": "LOCK EXPIRY",
 }
+#: The causes as the report counts them ("2 lock expiries").
+KIND_PLURALS: dict[FindingKind, str] = {
+    "lost_update": "lost updates",
+    "oversell_negative_stock": "oversells into negative stock",
+    "duplicate_execution": "duplicate executions",
+    "stale_read": "stale reads",
+    "lock_expiry": "lock expiries",
+}
+#: Every cause, in the order the summary lists them.
+CAUSES: Final[tuple[FindingKind, ...]] = tuple(KIND_TITLES)
 
 
 # --- what timeline reads of the log event catalog ----------------------------------------
@@ -56,6 +81,17 @@ STOCK_CHECK_EVENT: Final = STOCK_CHECK.name
 STOCK_UPDATE_EVENT: Final = STOCK_UPDATE.name
 PAYMENT_CALLBACK_EVENT: Final = PAYMENT_CALLBACK.name
 ORDER_PAID_EVENT: Final = ORDER_PAID.name
+INVENTORY_NEGATIVE_EVENT: Final = INVENTORY_NEGATIVE.name
+LOCK_EXPIRED_EVENT: Final = LOCK_EXPIRED_WHILE_HELD.name
+LOCK_NOT_OWNED_EVENT: Final = LOCK_RELEASE_NOT_OWNED.name
+UNSAFE_RMW_EVENT: Final = UNSAFE_READ_MODIFY_WRITE.name
+NEGATIVE_STOCK: Final = _field(INVENTORY_NEGATIVE, "stock")
+LOCK: Final = _field(LOCK_EXPIRED_WHILE_HELD, "lock")
+HELD_S: Final = _field(LOCK_EXPIRED_WHILE_HELD, "held_s")
+TTL_S: Final = _field(LOCK_EXPIRED_WHILE_HELD, "ttl_s")
+RMW_REASON: Final = _field(UNSAFE_READ_MODIFY_WRITE, "reason")
+#: What the SQL detector says of a read-modify-write whose lock ran out before the write.
+LOCK_EXPIRED_REASON: Final = "lock expired"
 AVAILABLE: Final = _field(STOCK_CHECK, "available")
 FROM: Final = _field(STOCK_UPDATE, "from")
 TO: Final = _field(STOCK_UPDATE, "to")
@@ -161,6 +197,18 @@ class Finding:
     lines: list[str]
     #: Orders of the events involved (used by ``--order``; not in :meth:`to_dict`).
     orders: tuple[str, ...] = ()
+    #: Units of stock the finding is about (see docs/timeline.md, "Causes").
+    units: int = 0
+    #: The time of its first and last evidence line, as the report writes times.
+    first: str | None = None
+    last: str | None = None
+    #: The same two times as timestamps (for the summary; not in :meth:`to_dict`).
+    span: tuple[float, float] | None = None
+
+    @property
+    def cause(self) -> FindingKind:
+        """The cause the finding names (the same as ``kind``)."""
+        return self.kind
 
     @property
     def headline(self) -> str:
@@ -172,11 +220,76 @@ class Finding:
         """The finding as JSON-ready data."""
         return {
             "kind": self.kind,
+            "cause": self.kind,
             "sku": self.sku,
             "requests": self.requests,
             "detail": self.detail,
             "lines": self.lines,
+            "units": self.units,
+            "first": self.first,
+            "last": self.last,
         }
+
+
+@dataclass(slots=True)
+class SkuSummary:
+    """One row of the per-SKU summary the report opens with."""
+
+    sku: str | None
+    #: Findings per cause, in :data:`CAUSES` order (causes without one left out).
+    causes: dict[FindingKind, int]
+    units: int
+    first: str | None
+    last: str | None
+
+    @property
+    def findings(self) -> int:
+        """How many findings the SKU has."""
+        return sum(self.causes.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        """The row as JSON-ready data."""
+        return {
+            "sku": self.sku,
+            "findings": self.causes,
+            "units": self.units,
+            "first": self.first,
+            "last": self.last,
+        }
+
+
+def summarise(findings: list[Finding], fmt: TimeFormat) -> list[SkuSummary]:
+    """The per-SKU summary of ``findings``, times written with ``fmt``: the SKUs with the
+    most units first, then by SKU.
+
+    Example::
+
+        >>> rows = summarise([Finding("lost_update", "A", ["R1", "R2"], "...", [], units=1,
+        ...                           span=(1.0, 2.0))], lambda ts: f"{ts:g}")
+        >>> rows[0].to_dict()
+        {'sku': 'A', 'findings': {'lost_update': 1}, 'units': 1, 'first': '1', 'last': '2'}
+    """
+    rows: dict[str | None, tuple[dict[FindingKind, int], list[int], list[float]]] = {}
+    for finding in findings:
+        row = rows.get(finding.sku)
+        if row is None:
+            row = rows[finding.sku] = ({}, [0], [])
+        causes, units, stamps = row
+        causes[finding.kind] = causes.get(finding.kind, 0) + 1
+        units[0] += finding.units
+        if finding.span is not None:
+            stamps.extend(finding.span)
+    out = [
+        SkuSummary(
+            sku,
+            {cause: causes[cause] for cause in CAUSES if cause in causes},
+            units[0],
+            fmt(min(stamps)) if stamps else None,
+            fmt(max(stamps)) if stamps else None,
+        )
+        for sku, (causes, units, stamps) in rows.items()
+    ]
+    return sorted(out, key=lambda row: (-row.units, row.sku or ""))
 
 
 @dataclass(slots=True)
@@ -188,6 +301,8 @@ class Report:
     """
 
     findings: list[Finding] = field(default_factory=list)
+    #: The per-SKU summary of :attr:`findings` (see :func:`summarise`).
+    summary: list[SkuSummary] = field(default_factory=list)
     skus: dict[str, list[Event]] = field(default_factory=dict)
     orders: dict[str, list[Event]] = field(default_factory=dict)
     skus_more: dict[str, int] = field(default_factory=dict)
@@ -220,9 +335,10 @@ class Report:
 
             >>> sorted(Report().to_dict())  # doctest: +NORMALIZE_WHITESPACE
             ['events', 'findings', 'keys_forgotten', 'late_events', 'lines', 'more',
-             'orders', 'skipped_examples', 'skipped_lines', 'skus']
+             'orders', 'skipped_examples', 'skipped_lines', 'skus', 'summary']
         """
         return {
+            "summary": [row.to_dict() for row in self.summary],
             "findings": [finding.to_dict() for finding in self.findings],
             "skus": {sku: [e.to_dict() for e in events] for sku, events in self.skus.items()},
             "orders": {o: [e.to_dict() for e in events] for o, events in self.orders.items()},

@@ -82,6 +82,7 @@ _DROP_KEYS = frozenset(
         "spanId",
     }
 )
+_RARE_DROP_KEYS = _DROP_KEYS - {"level", "logger"}
 _CONTAINERS = frozenset({"fields", "extra", "context", "ctx", "Properties", "attributes"})
 _LEVEL_WORDS = frozenset(
     {"TRACE", "DEBUG", "INFO", "NOTICE", "WARN", "WARNING", "ERROR", "CRITICAL", "FATAL"}
@@ -440,9 +441,13 @@ def _flat_event(text: str, source: str, lineno: int, file_index: int) -> Event |
     name = name.strip()
     if not name:
         return None
-    # frozenset.intersection(dict) walks the line's dozen keys: no set of them is built.
-    for key in _DROP_KEYS.intersection(record):
-        del record[key]
+    # "level" and "logger" are on every line configure_logging writes: popped by name,
+    # the other keys dropped only when the line has one.
+    pop("level", None)
+    pop("logger", None)
+    if not _RARE_DROP_KEYS.isdisjoint(record):
+        for key in _RARE_DROP_KEYS.intersection(record):
+            del record[key]
     for key in _NUMBER_KEY_SET.intersection(record):
         value = record[key]
         if type(value) is int and not -MAX_NUMBER <= value <= MAX_NUMBER:

@@ -12,6 +12,7 @@ from .limits import MAX_GROUPS
 from .model import (
     AVAILABLE,
     FROM,
+    KIND_PLURALS,
     KIND_TITLES,
     QTY,
     REASON,
@@ -20,6 +21,7 @@ from .model import (
     SUCCESS,
     TO,
     Event,
+    FindingKind,
     Report,
 )
 from .times import format_time
@@ -28,6 +30,10 @@ __all__ = ["format_table"]
 
 _FIRST_DETAILS = (FROM, TO, AVAILABLE, SUCCESS, REASON, RESULT, QTY, STOCK)
 _MAX_DETAILS = 120
+_NO_FINDINGS = (
+    "No findings: no lost update, oversell into negative stock, duplicate execution, "
+    "stale read or lock expiry."
+)
 _MAX_CELL = 36
 
 
@@ -71,6 +77,30 @@ def _plural(count: int, word: str) -> str:
     return f"{count} {word}" if count == 1 else f"{count} {word}s"
 
 
+def _counted(count: int, cause: FindingKind) -> str:
+    if count == 1:
+        return f"1 {KIND_TITLES[cause].lower()}"
+    return f"{count} {KIND_PLURALS[cause]}"
+
+
+def _summary(report: Report) -> list[str]:
+    """The per-SKU summary the report opens with: SKU, findings by cause, units, times."""
+    rows = [("SKU", "FINDINGS", "UNITS", "FIRST", "LAST")]
+    for row in report.summary[:MAX_GROUPS]:
+        causes = ", ".join(_counted(n, cause) for cause, n in row.causes.items())
+        rows.append((_cell(row.sku), causes, str(row.units), row.first or "-", row.last or "-"))
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    out = [f"SUMMARY BY SKU ({_plural(len(report.summary), 'SKU')} with findings)"]
+    for sku, causes, units, first, last in rows:
+        out.append(
+            f"    {sku:<{widths[0]}}  {causes:<{widths[1]}}  {units:>{widths[2]}}  "
+            f"{first:<{widths[3]}}  {last}".rstrip()
+        )
+    if len(report.summary) > MAX_GROUPS:
+        out.append(f"    … {len(report.summary) - MAX_GROUPS} more SKUs")
+    return out
+
+
 def format_table(report: Report) -> str:
     """The report for humans: findings first, then one table per SKU and per order.
 
@@ -78,10 +108,12 @@ def format_table(report: Report) -> str:
 
         >>> lines = ["[10:00:00.101] request_id=R1 sku=EGG-01 stock_check available=1"]
         >>> from stocksentry.exporter.investigate.timeline import analyse, read_events
-        >>> print(format_table(analyse(read_events(lines, "a.log"))))  # doctest: +ELLIPSIS
+        >>> print(format_table(analyse(read_events(lines, "a.log"))))
+        ... # doctest: +NORMALIZE_WHITESPACE
         stocksentry timeline: 1 event
         <BLANKLINE>
-        No findings: no lost update, duplicate execution or stale read.
+        No findings: no lost update, oversell into negative stock, duplicate execution,
+        stale read or lock expiry.
         <BLANKLINE>
         SKU EGG-01 (1 event)
             TIME          REQUEST  EVENT        DETAILS
@@ -114,11 +146,12 @@ def format_table(report: Report) -> str:
         )
     out.append("")
     if report.findings:
-        counts: dict[str, int] = {}
+        out.extend(_summary(report))
+        out.append("")
+        counts: dict[FindingKind, int] = {}
         for finding in report.findings:
-            title = KIND_TITLES[finding.kind].lower()
-            counts[title] = counts.get(title, 0) + 1
-        summary = ", ".join(_plural(n, title) for title, n in counts.items())
+            counts[finding.kind] = counts.get(finding.kind, 0) + 1
+        summary = ", ".join(_counted(n, cause) for cause, n in counts.items())
         out.append(f"FINDINGS: {summary}")
         for finding in report.findings:
             out.append(f"  {finding.headline}")
@@ -126,7 +159,7 @@ def format_table(report: Report) -> str:
             if len(finding.lines) > 10:
                 out[-1] += f" … {len(finding.lines) - 10} more"
     else:
-        out.append("No findings: no lost update, duplicate execution or stale read.")
+        out.append(_NO_FINDINGS)
     flagged = {line for finding in report.findings for line in finding.lines}
     with_date = report.show_date
     groups: tuple[tuple[str, dict[str, list[Event]], dict[str, int]], ...] = (
