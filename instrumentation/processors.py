@@ -21,6 +21,7 @@ from structlog.typing import EventDict, Processor, WrappedLogger
 
 from .events import EVENTS
 from .secrets import MIN_SENSITIVE_LEN, REDACTED, SECRET_WORDS, is_secret_key, scrub_text
+from .tracing import trace_fields
 
 try:  # CPython's C encoder; without it the pure-Python encoder renders every line
     from _json import make_encoder as _c_make_encoder
@@ -219,17 +220,15 @@ def add_trace_context(logger: WrappedLogger, method_name: str, event_dict: Event
     """
     span_context = trace.get_current_span().get_span_context()
     if span_context.is_valid:
+        # Formatted once per span, not per line: every line of a reservation has its ids.
+        trace_id, span_id, flags = trace_fields(span_context)
         if "trace_id" not in event_dict:
-            event_dict["trace_id"] = trace.format_trace_id(span_context.trace_id)
+            event_dict["trace_id"] = trace_id
         if "span_id" not in event_dict:
-            event_dict["span_id"] = trace.format_span_id(span_context.span_id)
+            event_dict["span_id"] = span_id
         if "trace_flags" not in event_dict:
-            event_dict["trace_flags"] = _FLAGS[span_context.trace_flags & 0xFF]
+            event_dict["trace_flags"] = flags
     return event_dict
-
-
-# The two hex digits of each trace-flags byte, made once.
-_FLAGS = tuple(f"{flags:02x}" for flags in range(256))
 
 
 class _ContextvarsMerger:

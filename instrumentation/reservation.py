@@ -8,6 +8,8 @@ from contextvars import ContextVar, Token
 from typing import TYPE_CHECKING, Any
 
 import structlog
+from opentelemetry import context as otel_context
+from opentelemetry import trace as otel_trace
 from opentelemetry.trace import Span
 
 from . import catalog
@@ -21,6 +23,28 @@ if TYPE_CHECKING:
     from .sentry import Sentry
 
 _current: ContextVar[Reservation | None] = ContextVar("stocksentry_reservation", default=None)
+
+
+# The type of structlog's lazy proxy, what ``structlog.get_logger`` returns (structlog does
+# not export the class).
+_LAZY_PROXY: type = type(structlog.get_logger())
+
+
+def _line_logger(sentry: Sentry) -> Any:
+    """The logger a reservation's lines go to, resolved once for all of them.
+
+    structlog's lazy proxy finds its logger in ``__getattr__``, after a failed attribute
+    lookup, on each line; ``bind()`` with no values is that same resolution (the logger
+    cached on first use, or one assembled from the configuration of now), done once here.
+    Any other logger (``Sentry(logger=...)``) is used as it is.
+    """
+    logger = sentry.logger
+    if type(logger) is _LAZY_PROXY:
+        try:
+            return logger.bind()
+        except Exception as exc:
+            sentry.internal_error("logging", exc)
+    return logger
 
 
 def current_reservation() -> Reservation | None:
@@ -43,6 +67,7 @@ class Reservation(BlockHandle):
         "_implied",
         "_log",
         "_log_tokens",
+        "_logger",
         "_misuse",
         "_new_stock",
         "_old_stock",
@@ -79,6 +104,7 @@ class Reservation(BlockHandle):
         # Whether this reservation logs: read once, not per line (Sentry.log_enabled
         # looks at structlog's configuration each time).
         self._log = sentry.log_enabled
+        self._logger: Any = _line_logger(sentry) if self._log else None
         self._log_tokens: Mapping[str, Token[Any]] | None = None
         self._cv_token: Token[Reservation | None] | None = None
         self._start = 0.0
@@ -113,7 +139,7 @@ class Reservation(BlockHandle):
         if self._log:
             try:
                 if from_cache:
-                    sentry.logger.info(
+                    self._logger.info(
                         STOCK_CHECK.name,
                         sku=self.sku,
                         strategy=self.strategy,
@@ -122,7 +148,7 @@ class Reservation(BlockHandle):
                         cache=self._cache_name,
                     )
                 else:
-                    sentry.logger.info(
+                    self._logger.info(
                         STOCK_CHECK.name, sku=self.sku, strategy=self.strategy, available=available
                     )
             except Exception as exc:
@@ -198,15 +224,24 @@ class Reservation(BlockHandle):
         try:
             tracer = sentry.tracer
             if tracer is not None:
-                # Cut: an attribute value is kept by the span processor until export.
-                attributes: dict[str, str | int] = {
-                    "stock.sku": str(self.sku)[:256],
-                    "stock.strategy": str(self.strategy)[:256],
-                }
+                # Cut: an attribute value is kept by the span processor until export. All
+                # of them in the one dict start_span takes (the SDK validates them once).
+                attributes: dict[str, str | int]
                 if self._misuse is None:
-                    attributes["stock.qty"] = self.qty
-                span = tracer.start_span("stock.reserve", attributes=attributes)
-                self._use_span(span)
+                    attributes = {
+                        "stock.sku": self.sku[:256],
+                        "stock.strategy": self.strategy[:256],
+                        "stock.qty": self.qty,
+                    }
+                else:
+                    attributes = {
+                        "stock.sku": str(self.sku)[:256],
+                        "stock.strategy": str(self.strategy)[:256],
+                    }
+                span = self._span = tracer.start_span("stock.reserve", attributes=attributes)
+                # Current until the block ends, so log lines and child spans see it: attach
+                # directly, without use_span's context-manager layers.
+                self._ctx_token = otel_context.attach(otel_trace.set_span_in_context(span))
             if self._log:
                 self._log_tokens = structlog.contextvars.bind_contextvars(sku=self.sku, **self.ids)
             self._cv_token = _current.set(self)
@@ -282,7 +317,7 @@ class Reservation(BlockHandle):
     def _log_end(self, outcome: Outcome, exc: BaseException | None) -> None:
         sentry = self._sentry
         try:
-            log = sentry.logger
+            log = self._logger
             if outcome == "success":
                 fields: dict[str, Any] = {
                     "sku": self.sku,
