@@ -181,7 +181,9 @@ def count(mode: str, n: int, env: dict[str, str], out_dir: Path) -> tuple[int, d
         "--n",
         str(n),
     ]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+    done = subprocess.run(  # noqa: S603 - valgrind from PATH on this very script
+        command, env=env, capture_output=True, text=True, check=False
+    )
     if done.returncode != 0:
         raise RuntimeError(f"{mode} n={n}: exit {done.returncode}\n{done.stderr[-2000:]}")
     match = _TOTALS.search(out_file.read_text(encoding="utf-8", errors="replace"))
@@ -224,7 +226,10 @@ def parent(args: argparse.Namespace) -> int:
             check(report0, mode, 0, code)
             check(report, mode, args.n, code)
             per_op[mode] = (total - base) / args.n
-            print(f"# {mode}: {base} instructions with n=0, {total} with n={args.n}", file=sys.stderr)
+            print(
+                f"# {mode}: {base} instructions with n=0, {total} with n={args.n}",
+                file=sys.stderr,
+            )
     result: dict[str, Any] = {"n": args.n, "code": str(code), "modes": {}}
     print(f"callgrind n={args.n} code={code} PYTHONHASHSEED=0")
     for mode in modes:
