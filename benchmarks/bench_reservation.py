@@ -28,32 +28,39 @@ Method: a throw-away database ``stocksentry_bench_<random>`` (dropped at the end
 error or SIGTERM), one product with a stock that never runs out, a warm-up, then
 ``--repeats`` rounds in which every case runs a block of ``--n`` reservations, the order
 rotating each round so drift hits every case alike; ``gc.collect()`` before each block.
-The figure per case is the median over rounds of the per-reservation time of its block.
-Then the same ``with`` block around a no-op shows the absolute cost of the
-instrumentation without a database. The run checks that what it measured really
-happened (rows written, counters, one log line per reservation, spans exported,
-exemplars attached, no instrumentation errors) and fails if not.
+Each reservation marks what it saw and what it did (``stock_check``, then ``success``): with
+logging on, two JSON lines, ``stock_check`` and ``stock_update``.
 
-Commit latency varies a lot from block to block, so the block ratio is noisy. Each
-block also times its transactions, so the time spent outside them is known: its excess
-over ``bare`` is the instrumentation's cost where it really runs, between round trips
-with cold caches, and the commit noise cancels out. That figure (``insitu``) and the
-ratio of blocks paired within a round go to stderr and, with every block, to ``--json``.
+The headline is measured without the database: the same check-then-take reservation on an
+in-memory stock, bare and instrumented, in ``--repeats`` rounds of ``--memory-n`` each,
+rotating as above. Per round, the instrumented block less the bare block of the same round
+is the overhead per reservation; the figure is its median over the rounds, ``spread`` the
+rounds' interquartile range over that median. ``ratio`` beside it is what that overhead
+makes of the bare reservation on PostgreSQL (``(bare + overhead) / bare``); ``pg_ratio`` is
+the PostgreSQL blocks' own median ratio, which the commit latency's noise drowns (a few
+microseconds against a millisecond that varies by a tenth from block to block). The run
+checks that what it measured really happened (rows written, counters, two log lines per
+reservation with the same trace ids when traced, spans exported, exemplars attached, no
+instrumentation errors) and fails if not. The load average before and after the rounds is
+printed: on a shared machine every wall-clock figure moves with it
+(``benchmarks/callgrind_reservation.py`` counts instructions, which do not).
+
+Each PostgreSQL block also times its transactions, so the time spent outside them is known:
+its excess over ``bare`` (``insitu``, between round trips with cold caches) and the ratio of
+blocks paired within a round go to stderr and, with every block, to ``--json``.
 
 Run::
 
-    python benchmarks/bench_reservation.py [--repeats 15] [--n 300] [--dsn URL]
-        [--json FILE] [--profile]
+    python benchmarks/bench_reservation.py [--repeats 15] [--n 300] [--memory-n 2000]
+        [--dsn URL] [--json FILE] [--profile]
 
 The headline (stdout, one line per case) is the overhead in microseconds: per reservation
-(the no-op block less the same loop around an empty function) for the reservation cases,
-per statement (the in-memory SQLite pair: instrumented minus bare engine, paired within a
-round) for the SQLAlchemy cases, with two floors on lines of their own: a no-op dialect
-``do_execute`` listener (the dispatch the integration uses) and no-op engine
-``before/after_cursor_execute`` listeners (SQLAlchemy's engine event path, which the
-integration used before and which any engine listener switches on); ``spread`` is the
-no-op blocks' interquartile range over their median; the ratio against bare on
-PostgreSQL stands beside it.
+(the in-memory pair) for the reservation cases, per statement (the in-memory SQLite pair:
+instrumented minus bare engine, paired within a round) for the SQLAlchemy cases, with two
+floors on lines of their own: a no-op dialect ``do_execute`` listener (the dispatch the
+integration uses) and no-op engine ``before/after_cursor_execute`` listeners (SQLAlchemy's
+engine event path, which the integration used before and which any engine listener
+switches on).
 
 Targets (from the issue), in microseconds: metrics <= 3 per reservation, metrics + log
 <= 15, with span <= 45, sqlalchemy <= 4 per statement; sqlalchemy_spans has none. The
