@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from json.encoder import encode_basestring_ascii
 from typing import Any
 
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 from structlog.contextvars import STRUCTLOG_KEY_PREFIX
 from structlog.processors import format_exc_info
@@ -218,10 +219,22 @@ def add_trace_context(logger: WrappedLogger, method_name: str, event_dict: Event
         >>> add_trace_context(None, "info", {"event": "x"})  # no active span
         {'event': 'x'}
     """
-    span_context = trace.get_current_span().get_span_context()
-    if span_context.is_valid:
-        # Formatted once per span, not per line: every line of a reservation has its ids.
-        trace_id, span_id, flags = trace_fields(span_context)
+    global _last_trace
+    # The current OpenTelemetry context decides the ids, and it is immutable: the same
+    # context object as the last line's (the reservation's lines all run in it) has the
+    # same ids, so the span lookup and its checks run once per context, not once per line.
+    # One tuple, swapped whole: threads never see a torn pair (a race only looks twice).
+    # It keeps the last context (and its span) alive until a line in another context.
+    context = otel_context.get_current()
+    last = _last_trace
+    if last[0] is context:
+        fields = last[1]
+    else:
+        span_context = trace.get_current_span(context).get_span_context()
+        fields = trace_fields(span_context) if span_context.is_valid else None
+        _last_trace = (context, fields)
+    if fields is not None:
+        trace_id, span_id, flags = fields
         if "trace_id" not in event_dict:
             event_dict["trace_id"] = trace_id
         if "span_id" not in event_dict:
@@ -229,6 +242,9 @@ def add_trace_context(logger: WrappedLogger, method_name: str, event_dict: Event
         if "trace_flags" not in event_dict:
             event_dict["trace_flags"] = flags
     return event_dict
+
+
+_last_trace: tuple[object, tuple[str, str, str] | None] = (None, None)
 
 
 class _ContextvarsMerger:
