@@ -42,6 +42,7 @@ from structlog.typing import Processor
 
 from .processors import (
     DEFAULT_REDACT_KEYS,
+    LINE_FIELD_KEYS,
     REDACTED,
     Redactor,
     _ContextvarsMerger,
@@ -195,8 +196,16 @@ def configure_logging(
         renderer = structlog.dev.ConsoleRenderer(colors=_is_tty(out))
         before_render = [redactor]
     # The structlog chain's level, logger name, trace ids, timestamp (and, for JSON, the
-    # traceback) in one processor: one call per line instead of five, same line.
-    line_fields = _LineFields(timestamper, render_exc_info=json or logfmt)
+    # traceback) in one processor: one call per line instead of five, same line. The
+    # redactor runs inside it, before those fields are added, unless it was told to mask
+    # one of them: then after, as its own step, so it masks them.
+    chain: list[Processor]
+    if any(redactor.masks(key) for key in LINE_FIELD_KEYS):
+        line_fields = _LineFields(timestamper, render_exc_info=json or logfmt)
+        chain = [_ContextvarsMerger(), line_fields, redactor, renderer]
+    else:
+        line_fields = _LineFields(timestamper, render_exc_info=json or logfmt, redactor=redactor)
+        chain = [_ContextvarsMerger(), line_fields, renderer]
 
     root = logging.getLogger()
     for old in [h for h in root.handlers if isinstance(h, _BridgeHandler)]:
@@ -208,12 +217,7 @@ def configure_logging(
     shared_lock = handler.lock if handler.lock is not None else threading.RLock()
 
     structlog.configure(
-        processors=[
-            _ContextvarsMerger(),
-            line_fields,
-            redactor,
-            renderer,
-        ],
+        processors=chain,
         wrapper_class=structlog.make_filtering_bound_logger(numeric_level),
         context_class=dict,
         logger_factory=_LineWriterFactory(out, shared_lock),

@@ -124,6 +124,11 @@ class Redactor:
                 event_dict[key] = self._redact_value(value, 1)
         return event_dict
 
+    def masks(self, key: str) -> bool:
+        """Whether this redactor masks the value of ``key`` (a configured or default key)."""
+        is_sensitive = self._sensitive.get(key)
+        return self._classify(key) if is_sensitive is None else is_sensitive
+
     def _classify(self, key: object) -> bool:
         lowered = key.lower() if isinstance(key, str) else ""
         # Configured keys match exactly; the default words also match inside a key
@@ -314,6 +319,17 @@ class _UtcMillisTimestamper:
         return event_dict
 
 
+#: The keys :class:`_LineFields` writes (``exception`` aside): never the caller's secrets.
+LINE_FIELD_KEYS: tuple[str, ...] = (
+    "level",
+    "logger",
+    "trace_id",
+    "span_id",
+    "trace_flags",
+    "timestamp",
+)
+
+
 class _LineFields:
     """``level``, ``logger``, ``trace_id``/``span_id``, ``timestamp`` (and, with
     ``render_exc_info``, ``exception``) in one processor.
@@ -321,17 +337,33 @@ class _LineFields:
     The same keys, values and order as ``add_log_level``, the wrapped logger's ``name``
     (set if absent), :func:`add_trace_context`, :class:`_UtcMillisTimestamper` and
     ``format_exc_info`` chained, for one call per line instead of five.
+
+    With ``redactor``, the same line as those followed by ``redactor``, with the redactor
+    run first, on the caller's fields only: the fields added here are the redactor's
+    trusted keys, which it would skip one by one on every line (pass a redactor only if
+    it masks none of :data:`LINE_FIELD_KEYS`). A rendered traceback is text from the
+    caller's world: the redactor runs again over a line that has one.
     """
 
-    __slots__ = ("_exc_info", "_timestamp")
+    __slots__ = ("_exc_info", "_redact", "_timestamp")
 
-    def __init__(self, timestamper: _UtcMillisTimestamper, *, render_exc_info: bool) -> None:
+    def __init__(
+        self,
+        timestamper: _UtcMillisTimestamper,
+        *,
+        render_exc_info: bool,
+        redactor: Redactor | None = None,
+    ) -> None:
         self._timestamp = timestamper
         self._exc_info: Processor | None = format_exc_info if render_exc_info else None
+        self._redact = redactor
 
     def __call__(
         self, logger: WrappedLogger, method_name: str, event_dict: EventDict
     ) -> EventDict:
+        redact = self._redact
+        if redact is not None:
+            event_dict = redact(logger, method_name, event_dict)
         # structlog's add_log_level mapping: "warn" is the stdlib's alias, "exception" an
         # error with its traceback.
         event_dict["level"] = (
@@ -350,6 +382,10 @@ class _LineFields:
         if render is not None and "exc_info" in event_dict:
             # ExceptionRenderer does nothing else without an exc_info key.
             result: EventDict = render(logger, method_name, event_dict)  # type: ignore[assignment]  # a processor returns the event dict here
+            if redact is not None:
+                # The traceback's text, masked as if the redactor had run after it (a
+                # second pass leaves what the first masked as it is).
+                result = redact(logger, method_name, result)
             return result
         return event_dict
 

@@ -27,7 +27,7 @@ _current: ContextVar[Reservation | None] = ContextVar("stocksentry_reservation",
 
 # The type of structlog's lazy proxy, what ``structlog.get_logger`` returns (structlog does
 # not export the class).
-_LAZY_PROXY: type = type(structlog.get_logger())
+_LAZY_PROXY: type[Any] = type(structlog.get_logger())
 
 
 def _line_logger(sentry: Sentry) -> Any:

@@ -7,6 +7,7 @@ import io
 import json
 import logging
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import structlog
@@ -179,3 +180,60 @@ def test_an_own_logger_receives_the_lines_as_given() -> None:
         r.success(old_stock=2, new_stock=1)
     assert [event for event, _ in seen] == ["stock_check", "stock_update"]
     assert seen[1][1]["to"] == 1
+
+
+def _old_chain(redact_keys: list[str]) -> list[Any]:
+    """The chain before the redactor moved inside the line fields: as its own step after."""
+    from stocksentry.instrumentation.processors import (
+        Redactor,
+        _ContextvarsMerger,
+        _JsonLines,
+        _LineFields,
+        _UtcMillisTimestamper,
+    )
+
+    return [
+        _ContextvarsMerger(),
+        _LineFields(_UtcMillisTimestamper(), render_exc_info=True),
+        Redactor(redact_keys),
+        _JsonLines(),
+    ]
+
+
+@pytest.mark.parametrize("redact_keys", [[], ["email"], ["level", "email"], ["exception"]])
+def test_lines_are_those_of_the_redactor_run_last(
+    out: io.StringIO, provider: TracerProvider, redact_keys: list[str]
+) -> None:
+    """Same lines, secrets masked alike, as with the redactor after every other field."""
+    stream = io.StringIO()
+    configure_logging(stream=stream, bridge_stdlib=False, redact_keys=redact_keys)
+    new_chain = structlog.get_config()["processors"]
+    old_chain = _old_chain(redact_keys)
+    card = "4111-1111-1111-1111"
+
+    def render(chain: list[Any], method: str, event: dict[str, Any]) -> dict[str, Any]:
+        for processor in chain:
+            event = processor(None, method, event)
+        assert isinstance(event, str)
+        line: dict[str, Any] = json.loads(event)
+        line.pop("timestamp")  # may tick between the two renderings
+        return line
+
+    events: list[tuple[str, dict[str, Any]]] = [
+        ("info", {"event": "stock_update", "sku": "EGG-01", "note": f"card {card}"}),
+        ("info", {"event": "x", "email": "a@b.c", "token": "t", "logger": "mine"}),
+        ("warning", {"event": "y", "auth": "Bearer abc.def", "nested": {"password": "p"}}),
+    ]
+    with provider.get_tracer("t").start_as_current_span("s"):
+        for method, event in events:
+            assert render(new_chain, method, dict(event)) == render(old_chain, method, dict(event))
+        try:
+            raise RuntimeError(f"declined {card}")
+        except RuntimeError:
+            event = {"event": "z", "exc_info": True}
+            new = render(new_chain, "error", dict(event))
+            assert new == render(old_chain, "error", dict(event))
+    assert card not in json.dumps(new)
+    assert (new["exception"] == "[REDACTED]") == ("exception" in redact_keys)
+    assert new["trace_id"]
+    assert (new["level"] == "[REDACTED]") == ("level" in redact_keys)
