@@ -108,6 +108,65 @@ class _LineWriter:
     error = err = critical = fatal = exception = failure = msg
 
 
+# The processors of the last configure_logging(), to know its loggers by (see own_line_writer).
+_own_chain: tuple[Processor, ...] | None = None
+# The last logger own_line_writer was asked about, and its answer: a reservation asks for
+# the same logger each time.
+_last_writer: tuple[object, Any] = (None, None)
+
+
+def own_line_writer(logger: Any) -> Any:
+    """For a structlog logger of :func:`configure_logging`'s own chain that writes
+    ``info`` lines: a function ``write(event, fields)`` writing one such line, the same
+    line as ``logger.info(event, **fields)``; ``None`` for any other logger.
+
+    structlog's bound method runs four calls and copies the keywords three times before
+    the chain; this runs the chain itself, on ``fields`` (a fresh dict of the caller's, used
+    as the event dict). Only for a logger with nothing bound, whose processors are this
+    module's very chain (so no processor that looks at the call stack) and whose wrapped
+    logger is this module's line writer; the level is the logger's own.
+    """
+    global _last_writer
+    last = _last_writer
+    if last[0] is logger:
+        return last[1]
+    write = _own_writer(logger)
+    _last_writer = (logger, write)
+    return write
+
+
+def _own_writer(logger: Any) -> Any:
+    chain = _own_chain
+    if chain is None:
+        return None
+    # BoundLoggerBase's attributes, which structlog leaves to wrapper classes to read.
+    writer = getattr(logger, "_logger", None)
+    processors = getattr(logger, "_processors", None)
+    enabled = getattr(logger, "is_enabled_for", None)
+    if (
+        type(writer) is not _LineWriter
+        or getattr(logger, "_context", None) != {}
+        or processors is None
+        or len(processors) != len(chain)
+        or any(mine is not theirs for mine, theirs in zip(chain, processors, strict=True))
+        or enabled is None
+    ):
+        return None
+    if not enabled(logging.INFO):
+        return None
+    msg = writer.msg
+
+    def write(event: str, fields: dict[str, Any]) -> None:
+        # structlog's event dict: the call's keywords, then the event (nothing is bound).
+        fields["event"] = event
+        line: Any = fields
+        for processor in chain:
+            line = processor(writer, "info", line)
+        msg(line)
+
+    return write
+
+
 class _LineWriterFactory:
     __slots__ = ("_lock", "_stream")
 
@@ -216,6 +275,8 @@ def configure_logging(
     # structlog lines and stdlib lines share the handler's lock: no interleaving.
     shared_lock = handler.lock if handler.lock is not None else threading.RLock()
 
+    global _own_chain
+    _own_chain = tuple(chain)
     structlog.configure(
         processors=chain,
         wrapper_class=structlog.make_filtering_bound_logger(numeric_level),

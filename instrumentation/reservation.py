@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Mapping
 from contextvars import ContextVar, Token
@@ -47,6 +48,17 @@ def _line_logger(sentry: Sentry) -> Any:
     return logger
 
 
+# The logs module, by name: only an app that imported it can have configure_logging's chain,
+# and the core import stays without it (and its secrets module's patterns).
+_LOGS_MODULE = f"{__name__.rpartition('.')[0]}.logs"
+
+
+def _own_line_writer(logger: Any) -> Any:
+    """``logs.own_line_writer(logger)`` once the logs module is loaded, else ``None``."""
+    logs = sys.modules.get(_LOGS_MODULE)
+    return None if logs is None else logs.own_line_writer(logger)
+
+
 def current_reservation() -> Reservation | None:
     """The reservation whose block (or decorated function) is running, if any."""
     return _current.get()
@@ -73,6 +85,7 @@ class Reservation(BlockHandle):
         "_old_stock",
         "_outcome",
         "_start",
+        "_write_info",
         "ids",
         "qty",
         "sku",
@@ -105,6 +118,9 @@ class Reservation(BlockHandle):
         # looks at structlog's configuration each time).
         self._log = sentry.log_enabled
         self._logger: Any = _line_logger(sentry) if self._log else None
+        # configure_logging's own chain, run without structlog's per-call layers (None:
+        # through the logger's info()).
+        self._write_info: Any = _own_line_writer(self._logger) if self._log else None
         self._log_tokens: Mapping[str, Token[Any]] | None = None
         self._cv_token: Token[Reservation | None] | None = None
         self._start = 0.0
@@ -138,19 +154,15 @@ class Reservation(BlockHandle):
             self._misuse = f"source must be 'db' or 'cache', got {source!r:.80}"
         if self._log:
             try:
+                fields: dict[str, Any] = {
+                    "sku": self.sku,
+                    "strategy": self.strategy,
+                    "available": available,
+                }
                 if from_cache:
-                    self._logger.info(
-                        STOCK_CHECK.name,
-                        sku=self.sku,
-                        strategy=self.strategy,
-                        available=available,
-                        source="cache",
-                        cache=self._cache_name,
-                    )
-                else:
-                    self._logger.info(
-                        STOCK_CHECK.name, sku=self.sku, strategy=self.strategy, available=available
-                    )
+                    fields["source"] = "cache"
+                    fields["cache"] = self._cache_name
+                self._info(STOCK_CHECK.name, fields)
             except Exception as exc:
                 sentry.internal_error("logging", exc)
 
@@ -314,6 +326,14 @@ class Reservation(BlockHandle):
         if span is not None:
             self._end_span(span, "stock.outcome", outcome, outcome == "error", exc)
 
+    def _info(self, event: str, fields: dict[str, Any]) -> None:
+        """One ``info`` line of ``fields`` (a fresh dict: it becomes the event dict)."""
+        write = self._write_info
+        if write is not None:
+            write(event, fields)
+        else:
+            self._logger.info(event, **fields)
+
     def _log_end(self, outcome: Outcome, exc: BaseException | None) -> None:
         sentry = self._sentry
         try:
@@ -329,25 +349,29 @@ class Reservation(BlockHandle):
                     fields["from"] = self._old_stock
                 if self._new_stock is not None:
                     fields["to"] = self._new_stock
-                log.info(STOCK_UPDATE.name, **fields)
+                self._info(STOCK_UPDATE.name, fields)
                 new_stock = self._new_stock
                 if self._misuse is None and new_stock is not None and new_stock < 0:
                     log.warning(INVENTORY_NEGATIVE.name, sku=self.sku, stock=new_stock, **self.ids)
             elif outcome == "error":
-                log.info(
+                self._info(
                     RESERVATION_ERROR.name,
-                    sku=self.sku,
-                    strategy=self.strategy,
-                    error=type(exc).__name__ if exc is not None else "unknown",
+                    {
+                        "sku": self.sku,
+                        "strategy": self.strategy,
+                        "error": type(exc).__name__ if exc is not None else "unknown",
+                    },
                 )
             else:
-                log.info(
+                self._info(
                     STOCK_UPDATE.name,
-                    sku=self.sku,
-                    strategy=self.strategy,
-                    qty=self.qty,
-                    success=False,
-                    reason=outcome,
+                    {
+                        "sku": self.sku,
+                        "strategy": self.strategy,
+                        "qty": self.qty,
+                        "success": False,
+                        "reason": outcome,
+                    },
                 )
         except Exception as err:
             sentry.internal_error("logging", err)

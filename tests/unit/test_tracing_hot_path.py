@@ -81,14 +81,20 @@ def test_both_lines_and_the_exemplar_carry_the_reservation_span(
         for sample in metric.samples
         if sample.exemplar is not None
     ]
-    # One bucket holds both observations: the latest reservation's exemplar.
+    # Each exemplar names one of the two spans; the latest one, the second reservation's.
+    ids = {
+        (format(span.context.trace_id, "032x"), format(span.context.span_id, "016x"))
+        for span in (first, second)
+        if span.context is not None
+    }
+    assert exemplars
+    assert {(e.labels["trace_id"], e.labels["span_id"]) for e in exemplars} <= ids
+    latest = max(exemplars, key=lambda e: e.timestamp)
     assert second.context is not None
-    assert [e.labels for e in exemplars] == [
-        {
-            "trace_id": format(second.context.trace_id, "032x"),
-            "span_id": format(second.context.span_id, "016x"),
-        }
-    ]
+    assert latest.labels == {
+        "trace_id": format(second.context.trace_id, "032x"),
+        "span_id": format(second.context.span_id, "016x"),
+    }
 
 
 def test_line_ids_follow_the_current_span_from_line_to_line(provider: TracerProvider) -> None:
@@ -237,3 +243,56 @@ def test_lines_are_those_of_the_redactor_run_last(
     assert (new["exception"] == "[REDACTED]") == ("exception" in redact_keys)
     assert new["trace_id"]
     assert (new["level"] == "[REDACTED]") == ("level" in redact_keys)
+
+
+def test_the_own_line_writer_writes_the_line_structlog_would(
+    out: io.StringIO, provider: TracerProvider
+) -> None:
+    from stocksentry.instrumentation.logs import own_line_writer
+
+    logger = structlog.get_logger("stocksentry").bind()
+    write = own_line_writer(logger)
+    assert write is not None
+    fields = {"sku": "EGG-01", "note": "card 4111-1111-1111-1111", "email": "a@b.c"}
+    with provider.get_tracer("t").start_as_current_span("s"):
+        logger.info("stock_update", **fields)
+        write("stock_update", dict(fields))
+    by_structlog, by_writer = lines(out)
+    assert by_structlog.pop("timestamp")
+    assert by_writer.pop("timestamp")
+    assert list(by_writer.items()) == list(by_structlog.items())
+    assert by_writer["note"] == "card ****1111"
+    assert by_writer["trace_id"]
+
+
+def test_the_own_line_writer_is_for_configure_loggings_chain_alone(out: io.StringIO) -> None:
+    from stocksentry.instrumentation.logs import own_line_writer
+
+    logger = structlog.get_logger("stocksentry").bind()
+    assert own_line_writer(logger) is not None
+    assert own_line_writer(logger.bind(request_id="r-1")) is None  # bound values
+    assert own_line_writer(logging.getLogger("x")) is None
+    assert own_line_writer(None) is None
+    # Another configuration's loggers, and info lines below the configured level.
+    configure_logging("WARNING", stream=out, bridge_stdlib=False)
+    assert own_line_writer(structlog.get_logger("stocksentry").bind()) is None
+    configure_logging("INFO", stream=out, bridge_stdlib=False)
+    assert own_line_writer(logger) is None  # built from the configuration before
+    fresh = structlog.get_logger("stocksentry").bind()
+    assert own_line_writer(fresh) is not None
+    structlog.configure(processors=[structlog.processors.JSONRenderer()])
+    assert own_line_writer(structlog.get_logger("stocksentry").bind()) is None
+
+
+def test_a_reservation_under_a_warning_level_writes_no_info_line() -> None:
+    stream = io.StringIO()
+    configure_logging("WARNING", stream=stream, bridge_stdlib=False)
+    try:
+        sentry = Sentry(registry=CollectorRegistry(), trace=False)
+        with sentry.reservation("EGG-01") as r:
+            r.stock_check(1)
+            r.success(old_stock=1, new_stock=-1)  # a negative write: one warning line
+        assert [line["event"] for line in lines(stream)] == ["inventory_negative"]
+    finally:
+        configure_logging(stream=io.StringIO(), bridge_stdlib=False)
+        structlog.reset_defaults()
