@@ -73,6 +73,7 @@ def child(mode: str, n: int) -> dict[str, Any]:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
     from stocksentry import instrumentation
+    from stocksentry.instrumentation import catalog
     from stocksentry.instrumentation.logs import configure_logging
 
     from benchmarks.bench_reservation import (
@@ -94,10 +95,12 @@ def child(mode: str, n: int) -> dict[str, Any]:
     provider.add_span_processor(BatchSpanProcessor(exporter))
     op: Callable[[], None]
     cleanup: Callable[[], None] = lambda: None  # noqa: E731 - replaced by the SQLite modes
+    sentry = None
     if mode == "bare":
         op = bare_memory({SKU: INITIAL_STOCK})
     elif mode in ("metrics", "metrics_log", "metrics_log_span"):
-        op = instrumented_memory({SKU: INITIAL_STOCK}, reservation_sentries(provider)[mode])
+        sentry = reservation_sentries(provider)[mode]
+        op = instrumented_memory({SKU: INITIAL_STOCK}, sentry)
     elif mode == "sdk_span":
         tracer = provider.get_tracer("bench")
         inner = bare_memory({SKU: INITIAL_STOCK})
@@ -133,25 +136,39 @@ def child(mode: str, n: int) -> dict[str, Any]:
     block(WARMUP)
     provider.force_flush()
     gc.collect()
-    written = 0
+    written = traced = 0
     sink.seek(0)
     sink.truncate()
     for i in range(n):
         op()
         if i % SINK_EVERY == SINK_EVERY - 1:
-            written += sink.getvalue().count("\n")
+            text = sink.getvalue()
+            written += text.count("\n")
+            traced += text.count('"trace_id": ')
             sink.seek(0)
             sink.truncate()
-    written += sink.getvalue().count("\n")
+    text = sink.getvalue()
+    written += text.count("\n")
+    traced += text.count('"trace_id": ')
     provider.force_flush()
     provider.shutdown()
     cleanup()
+    exemplars = 0
+    if sentry is not None:
+        exemplars = sum(
+            1
+            for metric in sentry.metrics.metric(catalog.RESERVATION_DURATION).collect()
+            for sample in metric.samples
+            if sample.exemplar is not None
+        )
     return {
         "mode": mode,
         "n": n,
         "code": str(Path(next(iter(instrumentation.__path__))).resolve()),
         "log_lines": written,
+        "traced_lines": traced,
         "spans": exporter.exported,
+        "exemplars": exemplars,
     }
 
 
@@ -201,6 +218,12 @@ def check(report: dict[str, Any], mode: str, n: int, code: Path) -> None:
     spans = WARMUP + n if mode in ("metrics_log_span", "sdk_span") else 0
     if report["log_lines"] != lines or report["spans"] != spans:
         raise RuntimeError(f"{mode} n={n}: {report['log_lines']} lines, {report['spans']} spans")
+    # Traced: every line carries the trace ids and the duration histogram an exemplar.
+    traced = mode == "metrics_log_span"
+    if report["traced_lines"] != (lines if traced else 0) or (report["exemplars"] > 0) != traced:
+        raise RuntimeError(
+            f"{mode} n={n}: {report['traced_lines']} traced lines, {report['exemplars']} exemplars"
+        )
 
 
 def parent(args: argparse.Namespace) -> int:
