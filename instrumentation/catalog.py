@@ -199,6 +199,13 @@ LOCK_EXPIRED_WHILE_HELD = MetricSpec(
     "Distributed locks whose TTL ran out while the holder was still working.",
     ("lock",),
 )
+LOCK_STALE_FENCING_TOKEN = MetricSpec(
+    "stock_lock_stale_fencing_token_total",
+    "counter",
+    "Writes carrying a fencing token below one already written for the row: a holder whose "
+    "lock had run out (refused by the database when the UPDATE compares the token).",
+    ("lock", "table"),
+)
 LOCK_RELEASE_NOT_OWNED = MetricSpec(
     "stock_lock_release_not_owned_total",
     "counter",
@@ -483,6 +490,7 @@ ALL: tuple[MetricSpec, ...] = (
     LOCK_ACQUIRE_DURATION,
     LOCK_HOLD_RATIO,
     LOCK_EXPIRED_WHILE_HELD,
+    LOCK_STALE_FENCING_TOKEN,
     LOCK_RELEASE_NOT_OWNED,
     LOCK_EXTEND_FAILURES,
     LOCK_ACQUIRE_RETRIES,

@@ -42,6 +42,7 @@ __all__ = [
     "PAYMENT_CALLBACK",
     "REFUND_DUE_TO_OVERSELL",
     "RESERVATION_ERROR",
+    "STALE_FENCING_TOKEN",
     "STOCK_CHECK",
     "STOCK_UPDATE",
     "STOCK_UPDATE_MATCHED_NO_ROW",
@@ -171,6 +172,14 @@ UNSAFE_READ_MODIFY_WRITE: Final = LogEvent(
     "function. A read made under a distributed lock whose lease ran out before the write "
     'names the ``lock`` and gives ``reason`` "lock expired before the write".',
 )
+STALE_FENCING_TOKEN: Final = LogEvent(
+    "stale_fencing_token",
+    "warning",
+    ("lock", "table", "key_column", "key", "token", "highest", "refused"),
+    "An UPDATE carried a fencing token below the ``highest`` already written for the row: "
+    "its holder's lock had run out and another holder had written since. ``refused`` when "
+    "the statement's own ``WHERE … < token`` made the database refuse it.",
+)
 STOCK_UPDATE_MATCHED_NO_ROW: Final = LogEvent(
     "stock_update_matched_no_row",
     "debug",
@@ -222,6 +231,7 @@ EVENTS: Final[tuple[LogEvent, ...]] = (
     LOCK_EXPIRED_WHILE_HELD,
     LOCK_RELEASE_NOT_OWNED,
     UNSAFE_READ_MODIFY_WRITE,
+    STALE_FENCING_TOKEN,
     STOCK_UPDATE_MATCHED_NO_ROW,
     DB_DEADLOCK,
     DB_SERIALIZATION_FAILURE,

@@ -18,6 +18,18 @@ SQLSTATE_REASONS: dict[str, ConflictReason] = {  # also read by the SQLAlchemy l
     "55P03": "lock_timeout",
 }
 
+# The same refusals on MySQL and MariaDB, by server error number (PyMySQL, aiomysql,
+# mysqlclient and asyncmy carry it as ``args[0]``; MySQL Connector and MariaDB Connector as
+# ``errno``). Checked before any SQLSTATE: MySQL gives a deadlock SQLSTATE 40001, which on
+# PostgreSQL is a serialization failure.
+MYSQL_ERRNO_REASONS: dict[int, ConflictReason] = {
+    1213: "deadlock",  # ER_LOCK_DEADLOCK: InnoDB rolled the whole transaction back
+    1205: "lock_timeout",  # ER_LOCK_WAIT_TIMEOUT: innodb_lock_wait_timeout; MariaDB's NOWAIT
+    3572: "lock_timeout",  # ER_LOCK_NOWAIT: MySQL 8's NOWAIT found the row locked
+}
+# Top-level packages of the MySQL drivers whose errors carry the error number.
+_MYSQL_DRIVERS = frozenset({"pymysql", "aiomysql", "MySQLdb", "asyncmy", "mysql", "mariadb"})
+
 
 class ReservationConflict(Exception):
     """Raise inside a reservation to end it as a conflict; it is re-raised unchanged.
@@ -72,6 +84,65 @@ def sqlstate_of(exc: BaseException | None) -> str | None:
     return None
 
 
+def mysql_errno_of(exc: BaseException | None) -> int | None:
+    """The MySQL / MariaDB server error number of a driver error, also through SQLAlchemy's
+    wrapping; ``None`` when there is none (or the error is not a MySQL driver's).
+
+    Example::
+
+        >>> import pymysql
+        >>> mysql_errno_of(pymysql.err.OperationalError(1213, "Deadlock found"))
+        1213
+    """
+    for error in driver_errors(exc):
+        if type(error).__module__.partition(".")[0] not in _MYSQL_DRIVERS:
+            continue
+        number = getattr(error, "errno", None)
+        if not isinstance(number, int) and error.args:
+            number = error.args[0]
+        if isinstance(number, int) and not isinstance(number, bool):
+            return number
+    return None
+
+
+def refusal_of(exc: BaseException | None) -> tuple[ConflictReason, str] | None:
+    """The concurrency refusal a driver error is, and its code as the database gives it:
+    ``("deadlock", "40P01")`` on PostgreSQL, ``("deadlock", "1213")`` on MySQL / MariaDB
+    (the server error number, as OpenTelemetry's ``db.response.status_code`` has it);
+    ``None`` for any other error.
+
+    Example::
+
+        >>> import pymysql
+        >>> refusal_of(pymysql.err.OperationalError(1205, "Lock wait timeout exceeded"))
+        ('lock_timeout', '1205')
+    """
+    number = mysql_errno_of(exc)
+    if number is not None:
+        reason = MYSQL_ERRNO_REASONS.get(number)
+        return (reason, str(number)) if reason is not None else None
+    state = sqlstate_of(exc)
+    if state is not None:
+        found = SQLSTATE_REASONS.get(state)
+        if found is not None:
+            return found, state
+    return None
+
+
+def status_code_of(exc: BaseException | None) -> str | None:
+    """The database's own code of a driver error: the SQLSTATE, or on MySQL / MariaDB the
+    server error number (OpenTelemetry's ``db.response.status_code``); else ``None``.
+
+    Example::
+
+        >>> import pymysql
+        >>> status_code_of(pymysql.err.OperationalError(1146, "Table 't' doesn't exist"))
+        '1146'
+    """
+    number = mysql_errno_of(exc)
+    return str(number) if number is not None else sqlstate_of(exc)
+
+
 # Client libraries' "the lock was not had" errors, by module and class name: importing
 # redis or pottery here would make them dependencies of every install. redis-py's
 # LockNotOwnedError (a LockError subclass) is not among them: it is raised by a release or
@@ -94,8 +165,9 @@ def classify_exception(exc: BaseException) -> Outcome:
     redis-py's ``LockError`` from an acquire, pottery's ``QuorumNotAchieved`` — gives
     ``lock_not_acquired``; a driver error carrying SQLSTATE 40P01, 40001 or 55P03
     (psycopg, asyncpg, psycopg2, also wrapped by SQLAlchemy) gives ``deadlock``,
-    ``serialization_failure`` or ``lock_timeout``; SQLite's "database is locked" gives
-    ``lock_timeout``; anything else is ``error``.
+    ``serialization_failure`` or ``lock_timeout``; a MySQL / MariaDB error 1213 or 1205
+    (3572, MySQL 8's ``NOWAIT``) gives ``deadlock`` or ``lock_timeout``; SQLite's
+    "database is locked" gives ``lock_timeout``; anything else is ``error``.
 
     Example::
 
@@ -108,9 +180,9 @@ def classify_exception(exc: BaseException) -> Outcome:
         return exc.reason if exc.reason in catalog.CONFLICT_REASONS else "error"
     if _is_lock_refusal(exc):
         return "lock_not_acquired"
-    state = sqlstate_of(exc)
-    if state is not None and state in SQLSTATE_REASONS:
-        return SQLSTATE_REASONS[state]
+    refusal = refusal_of(exc)
+    if refusal is not None:
+        return refusal[0]
     for error in driver_errors(exc):
         if type(error).__name__ == "OperationalError" and "database is locked" in str(error):
             return "lock_timeout"

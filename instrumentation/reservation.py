@@ -84,6 +84,7 @@ class Reservation(BlockHandle):
         "_new_stock",
         "_old_stock",
         "_outcome",
+        "_sql_negative",
         "_start",
         "_write_info",
         "ids",
@@ -109,6 +110,8 @@ class Reservation(BlockHandle):
         self._implied: ConflictReason | None = None
         self._old_stock: int | None = None
         self._new_stock: int | None = None
+        # Set when an integration counted a negative write of this reservation from the SQL.
+        self._sql_negative = False
         # The stock a cache answered with, when the decision was taken from a cache.
         self._cached: int | None = None
         self._cache_name = ""
@@ -200,6 +203,11 @@ class Reservation(BlockHandle):
         else:
             self._sentry.internal_error("api", ValueError(f"unknown conflict reason {reason!r}"))
             self._outcome = "error"
+
+    def negative_write_seen(self) -> None:
+        """An integration counted a negative stock write of this reservation from the SQL
+        itself: the ``new_stock`` given to :meth:`success` is then not counted again."""
+        self._sql_negative = True
 
     def implied_outcome(self, reason: ConflictReason | None) -> None:
         """What an integration inferred (a conditional update that matched no row).
@@ -297,7 +305,12 @@ class Reservation(BlockHandle):
                     exemplar_for(span) if span is not None else None,
                 )
                 new_stock = self._new_stock
-                if outcome == "success" and new_stock is not None and new_stock < 0:
+                if (
+                    outcome == "success"
+                    and new_stock is not None
+                    and new_stock < 0
+                    and not self._sql_negative
+                ):
                     metrics.inventory_negative(self.sku)
             except Exception as err:
                 sentry.internal_error("metrics", err)
@@ -351,7 +364,12 @@ class Reservation(BlockHandle):
                     fields["to"] = self._new_stock
                 self._info(STOCK_UPDATE.name, fields)
                 new_stock = self._new_stock
-                if self._misuse is None and new_stock is not None and new_stock < 0:
+                if (
+                    self._misuse is None
+                    and new_stock is not None
+                    and new_stock < 0
+                    and not self._sql_negative
+                ):
                     log.warning(INVENTORY_NEGATIVE.name, sku=self.sku, stock=new_stock, **self.ids)
             elif outcome == "error":
                 self._info(

@@ -1,6 +1,7 @@
 """``stocksentry reconcile``: the audit SQL of an oversell investigation, as one command.
 
-Checks the invariants a double-sell breaks, read-only, on PostgreSQL or SQLite, with the
+Checks the invariants a double-sell breaks, read-only, on PostgreSQL, MySQL / MariaDB or
+SQLite, with the
 statements of :mod:`stocksentry.exporter.invariants` (the ones the sidecar's probes
 aggregate, so the audit and the dashboard agree):
 
@@ -16,7 +17,8 @@ out of time is skipped and named, with what would narrow it, and the others stil
 Exit status 0 when every invariant holds, 1 when any is violated or an audit was skipped,
 2 on bad input, 130 when interrupted. The schema comes from the exporter config
 (``--config``), defaulting to the common ``products / orders / order_items`` layout.
-Needs the ``[reconcile]`` extra (SQLAlchemy and psycopg).
+Needs the ``[reconcile]`` extra (SQLAlchemy, psycopg and PyMySQL; a plain ``mysql://`` or
+``mariadb://`` URL is read with PyMySQL).
 
 Example::
 
@@ -42,7 +44,7 @@ from ..durations import format_duration, parse_duration
 from ..invariants import INVARIANTS, InvariantSql, Query
 
 if TYPE_CHECKING:
-    from sqlalchemy.engine import Connection, Engine
+    from sqlalchemy.engine import URL, Connection, Engine
 
     from ..config import SchemaConfig
 
@@ -201,7 +203,9 @@ def _read_only(engine: Engine, statement_timeout: float) -> Iterator[Connection]
     from sqlalchemy import text
 
     with engine.connect() as conn:
-        if engine.dialect.name == "postgresql":
+        if engine.dialect.name in _MYSQL:
+            _mysql_read_only(conn, statement_timeout)
+        elif engine.dialect.name == "postgresql":
             # Whole milliseconds, at least 1: 0 would mean no limit at all.
             millis = max(1, math.ceil(statement_timeout * 1000))
             conn.execute(text("SET TRANSACTION READ ONLY"))
@@ -212,6 +216,43 @@ def _read_only(engine: Engine, statement_timeout: float) -> Iterator[Connection]
             yield conn
         finally:
             conn.rollback()
+
+
+_MYSQL = ("mysql", "mariadb")
+# The server errors of a statement stopped for time: MariaDB's max_statement_time (1969),
+# MySQL's max_execution_time (3024), and a lock wait past innodb_lock_wait_timeout or a
+# metadata lock past lock_wait_timeout (1205).
+_MYSQL_OUT_OF_TIME = frozenset({1969, 3024, 1205})
+
+
+def _mysql_read_only(conn: Connection, statement_timeout: float) -> None:
+    """Make the transaction about to begin read-only, and bound each statement's time."""
+    from sqlalchemy import text
+
+    # Whole seconds, at least 1, for the lock waits (a consistent read takes no row lock,
+    # but a table another session holds with LOCK TABLES ... WRITE or a DDL blocks it).
+    seconds = max(1, math.ceil(statement_timeout))
+    if getattr(conn.dialect, "is_mariadb", False):
+        # MariaDB: seconds, fractions allowed; every statement kind.
+        conn.execute(text(f"SET SESSION max_statement_time = {statement_timeout:.3f}"))
+    else:
+        # MySQL 8: milliseconds, read-only SELECTs only (which is all the audit runs).
+        millis = max(1, math.ceil(statement_timeout * 1000))
+        conn.execute(text(f"SET SESSION max_execution_time = {millis}"))
+    conn.execute(text(f"SET SESSION innodb_lock_wait_timeout = {seconds}"))
+    conn.execute(text(f"SET SESSION lock_wait_timeout = {seconds}"))
+    # SET statements open no transaction: the SQLAlchemy one began before them is rolled
+    # back, and READ ONLY applies to the next, the audit's own.
+    conn.rollback()
+    conn.execute(text("SET TRANSACTION READ ONLY"))
+
+
+def _mysql_url(url: URL) -> URL:
+    """A ``mysql://`` / ``mariadb://`` URL without a driver gets PyMySQL (the one the
+    ``[reconcile]`` extra installs; SQLAlchemy's default, mysqlclient, needs a C build)."""
+    if url.drivername in _MYSQL:
+        return url.set(drivername=f"{url.drivername}+pymysql")
+    return url
 
 
 #: What to do when an audit runs out of time, by audit.
@@ -227,8 +268,12 @@ _NARROWER: Final = {
 
 
 def _cancelled(exc: Exception) -> bool:
-    """Whether a driver error is the statement timeout's cancellation (SQLSTATE 57014)."""
+    """Whether a driver error is the statement timeout's cancellation (SQLSTATE 57014;
+    MySQL / MariaDB: the error numbers of :data:`_MYSQL_OUT_OF_TIME`)."""
     orig = getattr(exc, "orig", None)
+    if type(orig).__module__.partition(".")[0] == "pymysql":
+        args: tuple[Any, ...] = getattr(orig, "args", ())
+        return bool(args) and args[0] in _MYSQL_OUT_OF_TIME
     return getattr(orig, "sqlstate", None) == "57014"
 
 
@@ -278,7 +323,7 @@ def reconcile(
     schema = schema or SchemaConfig()
     shown = dburl.shown(url)
     try:
-        engine = sa.create_engine(dburl.parse_url(url), poolclass=sa.pool.NullPool)
+        engine = sa.create_engine(_mysql_url(dburl.parse_url(url)), poolclass=sa.pool.NullPool)
     except (ArgumentError, NoSuchModuleError, ValueError, ImportError) as exc:
         # The exception text can quote the URL: say what is wrong without echoing it.
         if isinstance(exc, ImportError):

@@ -156,8 +156,8 @@ def add_parser(commands: Subcommands) -> argparse.ArgumentParser:
         metavar="URL",
         help="SQLAlchemy URL of a scratch database, where the lab creates and rewrites "
         "products, orders, order_items and outbox rows of its LAB-* SKUs (postgresql:// "
-        "uses psycopg 3); default: an embedded PostgreSQL 16 and Redis started in a "
-        "temporary folder and removed at the end",
+        "uses psycopg 3, mysql:// PyMySQL); default: an embedded PostgreSQL 16 and Redis "
+        "started in a temporary folder and removed at the end",
     )
     where.add_argument(
         "--sqlite",
@@ -274,6 +274,14 @@ def add_parser(commands: Subcommands) -> argparse.ArgumentParser:
         "how often --stale-cache refreshes the cached stock, in ms",
     )
     demo.add_argument(
+        "--isolation",
+        type=_isolation,
+        metavar="LEVEL",
+        help="the strategies' transaction isolation: read-committed, repeatable-read or "
+        "serializable (default: the server's, REPEATABLE READ on MySQL / MariaDB, READ "
+        "COMMITTED on PostgreSQL)",
+    )
+    demo.add_argument(
         "--report",
         metavar="FILE.html",
         help="also write a self-contained HTML report (tables and inline SVG charts)"
@@ -282,6 +290,18 @@ def add_parser(commands: Subcommands) -> argparse.ArgumentParser:
     demo.add_argument("--quiet", "-q", action="store_true", help="no progress on stderr")
     demo.set_defaults(handler=run_demo, parser=demo)
     return demo
+
+
+def _isolation(text: str) -> str:
+    """``read-committed`` (or ``READ COMMITTED``) → ``READ COMMITTED``, for ``--isolation``."""
+    from .config import ISOLATION_LEVELS
+
+    level = text.strip().upper().replace("-", " ").replace("_", " ")
+    if level not in ISOLATION_LEVELS:
+        raise argparse.ArgumentTypeError(
+            "expected read-committed, repeatable-read or serializable"
+        )
+    return level
 
 
 def run_demo(args: argparse.Namespace) -> int:
@@ -390,6 +410,7 @@ def _run(args: argparse.Namespace, registry: CollectorRegistry) -> int:
             idempotency=args.idempotency,
             stale_cache=args.stale_cache,
             cache_refresh_ms=args.cache_refresh_ms,
+            isolation_level=args.isolation,
         )
         # Parse the URL before binding a port: a bad URL is one line, not a traceback.
         describe_database(config)
@@ -399,7 +420,7 @@ def _run(args: argparse.Namespace, registry: CollectorRegistry) -> int:
         bound = stack.enter_context(serve_metrics(registry, port)) if port is not None else None
         watch = None
         if watch_on:
-            if database_url is not None and config.on_postgres:
+            if database_url is not None and config.on_server:
                 from .shop import create_tables
 
                 create_tables(database_url)

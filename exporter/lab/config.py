@@ -28,6 +28,7 @@ from .names import (
 __all__ = [
     "CACHE_NAME",
     "IDEMPOTENT_OPERATION",
+    "ISOLATION_LEVELS",
     "LOCK_RETRY_S",
     "LOCK_WAIT_S",
     "REDLOCK_MIN_TTL_S",
@@ -56,6 +57,8 @@ CACHE_NAME = "lab_stock"
 IDEMPOTENT_OPERATION = "checkout"
 #: The stock table the SQLAlchemy integration watches.
 STOCK_TABLE = "products"
+#: The transaction isolation levels the strategies may run at (``--isolation``).
+ISOLATION_LEVELS = ("READ COMMITTED", "REPEATABLE READ", "SERIALIZABLE")
 
 
 class LabError(Exception):
@@ -81,7 +84,9 @@ class LabConfig:
     stocksentry's SQLAlchemy integration when it is installed. ``redlock_impl`` is the
     ``redlock`` strategy's lock: ``"lab"`` (the lab's SetNxLock with the owned release) or
     ``"pottery"`` (pottery's Redlock on the one Redis master; slower under 50 contending
-    threads, as pottery starts a thread pool for every attempt).
+    threads, as pottery starts a thread pool for every attempt). ``isolation_level`` is the
+    strategies' transaction isolation (one of :data:`ISOLATION_LEVELS`; ``None``: the
+    server's default, REPEATABLE READ on InnoDB, READ COMMITTED on PostgreSQL).
     """
 
     database_url: str | None = None
@@ -101,6 +106,7 @@ class LabConfig:
     redis_prefix: str = "stocksentry-lab:"
     sql_detector: bool = True
     redlock_impl: str = "lab"
+    isolation_level: str | None = None
 
     def __post_init__(self) -> None:
         if self.buyers < 1:
@@ -124,6 +130,11 @@ class LabConfig:
         if not (self.cache_refresh_ms > 0 and math.isfinite(self.cache_refresh_ms)):
             raise ValueError(
                 f"cache_refresh_ms must be a finite number > 0, got {self.cache_refresh_ms}"
+            )
+        if self.isolation_level is not None and self.isolation_level not in ISOLATION_LEVELS:
+            raise ValueError(
+                f"isolation_level must be one of {', '.join(ISOLATION_LEVELS)},"
+                f" got {self.isolation_level!r}"
             )
         unknown = [name for name in self.strategies if name not in STRATEGY_NAMES]
         if unknown:
@@ -152,7 +163,7 @@ class LabConfig:
         """Why ``strategy`` cannot run with this configuration (``None``: it can)."""
         if strategy in REDIS_STRATEGIES and self.redis_url is None:
             return SKIPPED_WITHOUT_REDIS
-        if strategy in POSTGRES_STRATEGIES and not self.on_postgres:
+        if strategy in POSTGRES_STRATEGIES and not self.on_server:
             return SKIPPED_WITHOUT_POSTGRES
         return None
 
@@ -161,6 +172,17 @@ class LabConfig:
         """Whether the database URL names PostgreSQL (``None`` is a SQLite file)."""
         url = (self.database_url or "").lower()
         return url.startswith(("postgresql", "postgres:"))
+
+    @property
+    def on_mysql(self) -> bool:
+        """Whether the database URL names MySQL or MariaDB."""
+        url = (self.database_url or "").lower()
+        return url.startswith(("mysql", "mariadb"))
+
+    @property
+    def on_server(self) -> bool:
+        """Whether the database is a server with row locks (PostgreSQL, MySQL, MariaDB)."""
+        return self.on_postgres or self.on_mysql
 
 
 def scenario_config(config: LabConfig, strategy: str) -> LabConfig:

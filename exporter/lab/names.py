@@ -45,9 +45,11 @@ SAFE_STRATEGIES = frozenset({"atomic", "for_update", "redlock", "retry_idempoten
 #: Strategies that need Redis; without ``redis_url`` they are skipped, with this reason.
 REDIS_STRATEGIES = frozenset({"naive_lock", "redlock"})
 SKIPPED_WITHOUT_REDIS = "needs --redis URL (a Redis lock strategy)"
-#: Strategies that need PostgreSQL's row locks and deadlock detector.
+#: Strategies that need a server's row locks and deadlock detector (PostgreSQL, InnoDB).
 POSTGRES_STRATEGIES = frozenset({"deadlock"})
-SKIPPED_WITHOUT_POSTGRES = "needs PostgreSQL (row locks taken in opposite orders)"
+SKIPPED_WITHOUT_POSTGRES = (
+    "needs PostgreSQL or MySQL / MariaDB (row locks taken in opposite orders)"
+)
 
 
 def sku_for(strategy: str) -> str:

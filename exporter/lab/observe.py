@@ -451,7 +451,10 @@ def observers(folder: Path, database_url: str | None, lab_port: int) -> Iterator
     folder.mkdir(parents=True, exist_ok=True)
     watch = Observers(folder=folder)
     try:
-        if database_url is not None and database_url.startswith("postgresql"):
+        # MySQL / MariaDB too: the exporter says itself when its probes cannot run there.
+        if database_url is not None and database_url.startswith(
+            ("postgresql", "mysql", "mariadb")
+        ):
             from .names import STRATEGY_NAMES
 
             try:
@@ -460,7 +463,7 @@ def observers(folder: Path, database_url: str | None, lab_port: int) -> Iterator
             except (RuntimeError, OSError) as exc:
                 watch.exporter_note = f"exporter not run: {exc}"
         else:
-            watch.exporter_note = "exporter not run: its probes need PostgreSQL"
+            watch.exporter_note = "exporter not run: its probes need PostgreSQL or MySQL / MariaDB"
         try:
             _start_prometheus(watch, lab_port)
         except (RuntimeError, OSError) as exc:

@@ -99,7 +99,7 @@ def run_lab(
     undo_sql: Callable[[], None] | None = None
     run = uuid.uuid4().hex[:8]
     try:
-        engine = create_engine(url, config.concurrency)
+        engine = create_engine(url, config.concurrency, config.isolation_level)
         connect_and_prepare(engine, shown, config.concurrency)
         # The lab's own reads (reset, samples, cache refresh, counts) go through a second,
         # uninstrumented engine: the SQL detector sees the strategies' statements only.

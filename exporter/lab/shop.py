@@ -4,7 +4,8 @@ The tables are the common ``products / orders / order_items`` layout plus an
 ``idempotency_keys`` store. ``order_items.stock_after`` keeps the stock value each
 reservation wrote, so the database alone tells how many writes went negative.
 :class:`Shop` is what a strategy works with; the functions below create the engine
-(SQLite, PostgreSQL or any SQLAlchemy URL) and reset a strategy's product row.
+(SQLite, PostgreSQL, MySQL / MariaDB or any SQLAlchemy URL) and reset a strategy's
+product row. On MySQL / MariaDB the tables are InnoDB (row locks, transactions).
 
 Example::
 
@@ -59,6 +60,10 @@ __all__ = [
 SQLITE_BUSY_TIMEOUT_S = 30.0
 
 
+# MySQL / MariaDB: InnoDB whatever the server's default engine (MyISAM has neither row
+# locks nor transactions); other dialects ignore the option.
+_INNODB: dict[str, Any] = {"mysql_engine": "InnoDB"}
+
 metadata = sa.MetaData()
 products = sa.Table(
     "products",
@@ -67,6 +72,7 @@ products = sa.Table(
     sa.Column("sku", sa.String(64), nullable=False, unique=True),
     sa.Column("available_stock", sa.Integer, nullable=False),
     sa.Column("initial_stock", sa.Integer, nullable=False),
+    **_INNODB,
 )
 orders = sa.Table(
     "orders",
@@ -77,6 +83,7 @@ orders = sa.Table(
     sa.Column("request_id", sa.String(128)),
     sa.Column("status", sa.String(16), nullable=False),
     sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    **_INNODB,
 )
 order_items = sa.Table(
     "order_items",
@@ -92,6 +99,7 @@ order_items = sa.Table(
     # The stock value the reservation wrote: negative values are negative writes.
     sa.Column("stock_after", sa.Integer, nullable=False),
     sa.Index("ix_order_items_product_id", "product_id"),
+    **_INNODB,
 )
 # The idempotency store: one row per intent, with the outcome a resubmit is answered with.
 idempotency_keys = sa.Table(
@@ -101,6 +109,7 @@ idempotency_keys = sa.Table(
     sa.Column("sku", sa.String(64), nullable=False, index=True),
     sa.Column("outcome", sa.String(32), nullable=False),
     sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    **_INNODB,
 )
 
 
@@ -114,6 +123,7 @@ outbox = sa.Table(
     sa.Column("order_id", sa.Integer, nullable=False),
     sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
     sa.Column("published_at", sa.DateTime(timezone=True)),
+    **_INNODB,
 )
 
 
@@ -257,6 +267,17 @@ class Shop:
         conn.execute(sa.text(sql), params)
         return self._read_back(conn)
 
+    def decrement_sku(self, conn: Connection, sku: str) -> int:
+        """``available_stock - :qty`` of another SKU's row; returns the value written."""
+        params = {"qty": self.qty, "sku": sku}
+        sql = "UPDATE products SET available_stock = available_stock - :qty WHERE sku = :sku"
+        if self.update_returning:
+            return int(
+                conn.execute(sa.text(sql + " RETURNING available_stock"), params).scalar_one()
+            )
+        conn.execute(sa.text(sql), params)
+        return self._read_back(conn, sku)
+
     def decrement_if_available(self, conn: Connection) -> int | None:
         """The atomic conditional update; the value written, or ``None`` if no row matched."""
         params = {"qty": self.qty, "sku": self.sku}
@@ -271,12 +292,13 @@ class Shop:
             return None
         return self._read_back(conn)
 
-    def _read_back(self, conn: Connection) -> int:
-        # Same transaction as the update, so it sees our own write (and holds its lock).
+    def _read_back(self, conn: Connection, sku: str | None = None) -> int:
+        # Same transaction as the update, so it sees our own write (and holds its lock);
+        # on InnoDB at REPEATABLE READ too: a transaction's snapshot shows its own changes.
         return int(
             conn.execute(
                 sa.text("SELECT available_stock FROM products WHERE sku = :sku"),
-                {"sku": self.sku},
+                {"sku": sku or self.sku},
             ).scalar_one()
         )
 
@@ -289,15 +311,20 @@ def _new_id(result: sa.CursorResult[Any]) -> int:
 
 
 def normalize_url(url: str) -> URL:
-    """Parse a SQLAlchemy URL; plain ``postgresql://`` (or ``postgres://``) gets psycopg 3.
+    """Parse a SQLAlchemy URL; plain ``postgresql://`` (or ``postgres://``) gets psycopg 3,
+    plain ``mysql://`` / ``mariadb://`` PyMySQL (the ``[lab]`` extra's driver; SQLAlchemy's
+    default, mysqlclient, needs a C build).
 
     Raises :class:`LabError` for a URL SQLAlchemy cannot parse, without quoting it (it may
     hold a password in a form no mask recognises).
     """
     try:
-        return parse_url(url)
+        parsed = parse_url(url)
     except ValueError as exc:
         raise LabError(f"cannot parse database URL: {exc}") from None
+    if parsed.drivername in ("mysql", "mariadb"):
+        parsed = parsed.set(drivername=f"{parsed.drivername}+pymysql")
+    return parsed
 
 
 def first_line(exc: BaseException) -> str:
@@ -309,8 +336,12 @@ def first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-def create_engine(url: URL, concurrency: int) -> Engine:
+def create_engine(url: URL, concurrency: int, isolation_level: str | None = None) -> Engine:
     """An engine with a pool of ``concurrency`` connections; SQLite in WAL mode.
+
+    ``isolation_level`` (``"READ COMMITTED"``, ``"REPEATABLE READ"``, ``"SERIALIZABLE"``)
+    is every transaction's; ``None`` keeps the server's default (InnoDB: REPEATABLE READ,
+    PostgreSQL: READ COMMITTED).
 
     Raises :class:`LabError` for an in-memory SQLite URL (private to each connection)
     and for a URL whose dialect or driver is not installed.
@@ -323,6 +354,8 @@ def create_engine(url: URL, concurrency: int) -> Engine:
         "max_overflow": 4,
         "pool_timeout": 60,
     }
+    if isolation_level is not None:
+        pool["isolation_level"] = isolation_level
     try:
         if url.get_backend_name() == "sqlite":
             database = url.database or ""
@@ -339,7 +372,7 @@ def create_engine(url: URL, concurrency: int) -> Engine:
             sa.event.listen(engine, "connect", _sqlite_on_connect)
             return engine
         connect_args: dict[str, Any] = {}
-        if url.get_backend_name() == "postgresql":
+        if url.get_backend_name() in ("postgresql", "mysql", "mariadb"):
             # Fail fast on an unreachable server instead of hanging the CLI.
             connect_args["connect_timeout"] = 10
         return sa.create_engine(url, connect_args=connect_args, **pool)

@@ -322,9 +322,9 @@ def deadlock(shop: Shop, r: Reservation, buyer: Buyer) -> None:
 
     Most buyers lock the first SKU then the second, every tenth the reverse, with the app's
     work between the two locks: PostgreSQL finds the cycles and aborts one transaction of
-    each with SQLSTATE 40P01, which the reservation counts as a ``deadlock`` conflict (and
-    the SQLAlchemy integration in ``stock_db_deadlock_total``). The others sell the bundle
-    with a guarded decrement of both rows: never oversold.
+    each with SQLSTATE 40P01 (InnoDB with error 1213), which the reservation counts as a
+    ``deadlock`` conflict (and the SQLAlchemy integration in ``stock_db_deadlock_total``).
+    The others sell the bundle with a guarded decrement of both rows: never oversold.
     """
     first, second = (shop.sku, shop.second_sku)
     if buyer.number % DEADLOCK_EVERY == 0:
@@ -336,18 +336,7 @@ def deadlock(shop: Shop, r: Reservation, buyer: Buyer) -> None:
         available = min(stock.values())
         if not _in_stock(shop, r, available):
             return
-        written = {
-            sku: int(
-                conn.execute(
-                    sa.text(
-                        "UPDATE products SET available_stock = available_stock - :qty"
-                        " WHERE sku = :sku RETURNING available_stock"
-                    ),
-                    {"qty": shop.qty, "sku": sku},
-                ).scalar_one()
-            )
-            for sku in (shop.sku, shop.second_sku)
-        }
+        written = {sku: shop.decrement_sku(conn, sku) for sku in (shop.sku, shop.second_sku)}
         order_id = shop.insert_order(conn, buyer, written[shop.sku])
         shop.insert_item(conn, order_id, shop.second_product_id, written[shop.second_sku])
     r.success(old_stock=written[shop.sku] + shop.qty, new_stock=written[shop.sku])

@@ -18,26 +18,36 @@ if TYPE_CHECKING:
 
 @overload
 def instrument_lock(
-    lock: redis.lock.Lock, *, name: str | None = ..., sentry: Sentry | None = ...
+    lock: redis.lock.Lock,
+    *,
+    name: str | None = ...,
+    sentry: Sentry | None = ...,
+    fencing: bool = ...,
 ) -> InstrumentedLock: ...
 @overload
 def instrument_lock(
-    lock: redis.asyncio.lock.Lock, *, name: str | None = ..., sentry: Sentry | None = ...
+    lock: redis.asyncio.lock.Lock,
+    *,
+    name: str | None = ...,
+    sentry: Sentry | None = ...,
+    fencing: bool = ...,
 ) -> InstrumentedAsyncLock: ...
 @overload
 def instrument_lock(
-    lock: Redlock, *, name: str | None = ..., sentry: Sentry | None = ...
+    lock: Redlock, *, name: str | None = ..., sentry: Sentry | None = ..., fencing: bool = ...
 ) -> InstrumentedRedlock: ...
 @overload
 def instrument_lock(
-    lock: AIORedlock, *, name: str | None = ..., sentry: Sentry | None = ...
+    lock: AIORedlock, *, name: str | None = ..., sentry: Sentry | None = ..., fencing: bool = ...
 ) -> InstrumentedAsyncRedlock: ...
 def instrument_lock(
-    lock: Any, *, name: str | None = None, sentry: Sentry | None = None
+    lock: Any, *, name: str | None = None, sentry: Sentry | None = None, fencing: bool = False
 ) -> InstrumentedLock | InstrumentedAsyncLock | InstrumentedRedlock | InstrumentedAsyncRedlock:
     """Wrap a redis-py ``Lock`` (sync or asyncio) or a pottery ``Redlock`` / ``AIORedlock``.
 
-    Raises ``TypeError`` for anything else (set-up code: fails fast).
+    ``fencing=True`` makes each acquisition fetch a fencing token (``lock.fencing_token``,
+    one more round trip; see ``docs/locks.md``). Raises ``TypeError`` for anything else
+    (set-up code: fails fast).
 
     Example::
 
@@ -48,13 +58,13 @@ def instrument_lock(
     async_redis_lock = sys.modules.get("redis.asyncio.lock")
     redis_lock = sys.modules.get("redis.lock")
     if pottery is not None and isinstance(lock, pottery.AIORedlock):
-        return InstrumentedAsyncRedlock(lock, name=name, sentry=sentry)
+        return InstrumentedAsyncRedlock(lock, name=name, sentry=sentry, fencing=fencing)
     if pottery is not None and isinstance(lock, pottery.Redlock):
-        return InstrumentedRedlock(lock, name=name, sentry=sentry)
+        return InstrumentedRedlock(lock, name=name, sentry=sentry, fencing=fencing)
     if async_redis_lock is not None and isinstance(lock, async_redis_lock.Lock):
-        return InstrumentedAsyncLock(lock, name=name, sentry=sentry)
+        return InstrumentedAsyncLock(lock, name=name, sentry=sentry, fencing=fencing)
     if redis_lock is not None and isinstance(lock, redis_lock.Lock):
-        return InstrumentedLock(lock, name=name, sentry=sentry)
+        return InstrumentedLock(lock, name=name, sentry=sentry, fencing=fencing)
     raise TypeError(
         f"cannot instrument {type(lock).__qualname__}: expected a redis-py Lock or a "
         "pottery Redlock; use track_lock() for a home-made lock"

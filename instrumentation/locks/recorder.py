@@ -83,6 +83,8 @@ class LockHold:
     name: str = ""
     #: Set at the release: the held-locks view (:mod:`..heldlocks`) then skips it.
     released: bool = False
+    #: The fencing token issued for this acquisition (wrappers built with ``fencing=True``).
+    fencing_token: int | None = None
 
     @property
     def lease(self) -> float | None:
@@ -383,3 +385,27 @@ class _LockWrapper(Generic[_L]):
 
     def __getattr__(self, attribute: str) -> Any:
         return getattr(self.lock, attribute)
+
+
+# --- fencing tokens ------------------------------------------------------------------------
+
+#: Issues the next token of ``KEYS[2]`` only while ``KEYS[1]`` (the lock) holds our token
+#: ``ARGV[1]``: atomic on the server, so a token is never issued to a holder that has
+#: already lost the lock, and every later holder's token is higher.
+FENCE_SCRIPT = """
+if redis.call('get', KEYS[1]) == ARGV[1] then
+  return redis.call('incr', KEYS[2])
+end
+return false
+"""
+
+
+def fence_key(lock_key: str | bytes) -> str:
+    """The Redis key of the fencing counter of the lock stored at ``lock_key``.
+
+    Example::
+
+        >>> fence_key("lock:sku:EGG-01")
+        'lock:sku:EGG-01:fence'
+    """
+    return f"{_text(lock_key)}:fence"

@@ -13,7 +13,17 @@ from collections.abc import Iterator
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from .recorder import _L, LockHold, _as_bytes, _Attempts, _Holds, _LockWrapper, _text
+from .recorder import (
+    _L,
+    FENCE_SCRIPT,
+    LockHold,
+    _as_bytes,
+    _Attempts,
+    _Holds,
+    _LockWrapper,
+    _text,
+    fence_key,
+)
 
 if TYPE_CHECKING:
     # Named only in the quoted base classes below (string annotations).
@@ -33,6 +43,7 @@ class _RedisPyLockBase(_LockWrapper[_L]):
         name: str | None = None,
         sentry: Sentry | None = None,
         count_retries: bool = True,
+        fencing: bool = False,
     ) -> None:
         from redis.exceptions import LockError, LockNotOwnedError
 
@@ -42,6 +53,32 @@ class _RedisPyLockBase(_LockWrapper[_L]):
         self._lock_error = LockError
         self._not_owned_error = LockNotOwnedError
         self._holds = _Holds()
+        self.fencing = fencing
+        self._fence_script: Any = None
+
+    @property
+    def fencing_token(self) -> int | None:
+        """The fencing token of the current hold (this thread's, for the sync lock): higher
+        than every token issued before for this lock's key. ``None`` without
+        ``fencing=True``, when not held, or when the lock was lost before the token could be
+        issued (then do not write: another holder may be in)."""
+        hold = self._holds.get(self._token(self.lock))
+        return hold.fencing_token if hold is not None else None
+
+    def _fence_call(self) -> tuple[Any, LockHold] | None:
+        """The token script's call for the current hold (not yet awaited/run), or ``None``."""
+        lock: Any = self.lock
+        token = self._token(lock)
+        hold = self._holds.get(token)
+        if token is None or hold is None:
+            return None
+        if self._fence_script is None:
+            self._fence_script = lock.redis.register_script(FENCE_SCRIPT)
+        return self._fence_script, hold
+
+    def _fence_args(self) -> tuple[list[Any], list[Any]]:
+        lock: Any = self.lock
+        return [lock.name, fence_key(lock.name)], [self._token(lock)]
 
     def _token(self, lock: Any) -> bytes | None:
         try:
@@ -178,7 +215,22 @@ class InstrumentedLock(_RedisPyLockBase["redis.lock.Lock"]):
                     )
                 )
         self._record_acquire(lock, acquired, attempts)
+        if acquired and self.fencing:
+            self._issue_token()
         return acquired
+
+    def _issue_token(self) -> None:
+        # One round trip after the acquire; a failure leaves the token None, never raises.
+        try:
+            call = self._fence_call()
+            if call is None:
+                return
+            script, hold = call
+            keys, args = self._fence_args()
+            issued = script(keys=keys, args=args)
+            hold.fencing_token = int(issued) if issued is not None else None
+        except Exception as exc:
+            self.recorder._error(exc)
 
     def _acquire_counting(
         self,
@@ -275,7 +327,21 @@ class InstrumentedAsyncLock(_RedisPyLockBase["redis.asyncio.lock.Lock"]):
                     )
                 )
         self._record_acquire(lock, acquired, attempts)
+        if acquired and self.fencing:
+            await self._issue_token()
         return acquired
+
+    async def _issue_token(self) -> None:
+        try:
+            call = self._fence_call()
+            if call is None:
+                return
+            script, hold = call
+            keys, args = self._fence_args()
+            issued = await script(keys=keys, args=args)
+            hold.fencing_token = int(issued) if issued is not None else None
+        except Exception as exc:
+            self.recorder._error(exc)
 
     async def _acquire_counting(
         self, blocking_timeout: float | None, token: str | bytes | None, attempts: _Attempts

@@ -13,7 +13,25 @@ from collections.abc import Iterator
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal
 
-from .recorder import _L, LockHold, _Attempts, _LockWrapper
+from .recorder import _L, LockHold, _Attempts, _LockWrapper, fence_key
+
+#: Redlock's token, per master: while ``KEYS[1]`` holds our token ``ARGV[1]``, raise the
+#: counter ``KEYS[2]`` to at least ``ARGV[2]``, plus one when ``ARGV[3]`` is 1.
+REDLOCK_FENCE_SCRIPT = """
+if redis.call('get', KEYS[1]) ~= ARGV[1] then
+  return false
+end
+local c = tonumber(redis.call('get', KEYS[2]) or '0')
+local floor = tonumber(ARGV[2])
+if floor > c then
+  c = floor
+end
+if ARGV[3] == '1' then
+  c = c + 1
+end
+redis.call('set', KEYS[2], c)
+return c
+"""
 
 if TYPE_CHECKING:
     # Named only in the quoted base classes below (string annotations).
@@ -37,6 +55,7 @@ class _RedlockBase(_LockWrapper[_L]):
         sentry: Sentry | None = None,
         count_retries: bool = True,
         retry_delay: float | None = None,
+        fencing: bool = False,
     ) -> None:
         from pottery import (
             ExtendUnlockedLock,
@@ -55,6 +74,43 @@ class _RedlockBase(_LockWrapper[_L]):
             TooManyExtensions,
         )
         self._quorum_not_achieved = QuorumNotAchieved
+        self.fencing = fencing
+        # One registered script per master client (the master objects are the app's).
+        self._fence_scripts: dict[int, Any] = {}
+
+    @property
+    def fencing_token(self) -> int | None:
+        """The fencing token of the current hold, ``None`` without ``fencing=True``, when
+        not held, or when a majority of the masters could not issue it.
+
+        Weaker than a single Redis's: each master keeps its own counter; the token is the
+        highest a majority issued, and the lagging masters of that majority are raised to
+        it. A holder whose majority overlaps ours only in a master that missed the raise
+        (it failed in between) may get a lower token: fencing over Redlock is as monotonic
+        as the masters stay up.
+        """
+        hold = self._hold
+        return hold.fencing_token if hold is not None else None
+
+    def _fence_plan(self) -> tuple[list[Any], list[str], str] | None:
+        """(one script per master, the keys, our token) for the current hold, or ``None``."""
+        lock: Any = self.lock
+        token = getattr(lock, "_uuid", "")
+        if self._hold is None or not token:
+            return None
+        scripts = []
+        for master in lock.masters:
+            script = self._fence_scripts.get(id(master))
+            if script is None:
+                script = self._fence_scripts[id(master)] = master.register_script(
+                    REDLOCK_FENCE_SCRIPT
+                )
+            scripts.append(script)
+        return scripts, [lock.key, fence_key(lock.key)], token
+
+    def _quorum(self, issued: list[int | None]) -> int | None:
+        got = [value for value in issued if value is not None]
+        return max(got) if len(got) > len(issued) // 2 else None
 
     def _delay(self, lock: Any) -> float:
         if self.retry_delay is not None:
@@ -149,7 +205,35 @@ class InstrumentedRedlock(_RedlockBase["Redlock"]):
                     raise_on_redis_errors=raise_on_redis_errors,
                 )
         self._record_acquire(lock, acquired, attempts)
+        if acquired and self.fencing:
+            self._issue_token()
         return acquired
+
+    def _issue_token(self) -> None:
+        # Two rounds over the masters: the next token on each, then the lagging ones
+        # raised to the highest; a failure leaves the token None, never raises.
+        try:
+            plan = self._fence_plan()
+            hold = self._hold
+            if plan is None or hold is None:
+                return
+            scripts, keys, token = plan
+            issued: list[int | None] = []
+            for script in scripts:
+                try:
+                    value = script(keys=keys, args=[token, 0, 1])
+                except Exception:  # a master down: Redlock itself goes on with the rest
+                    value = None
+                issued.append(int(value) if value is not None else None)
+            top = self._quorum(issued)
+            if top is not None:
+                for script, value in zip(scripts, issued, strict=True):
+                    if value is not None and value < top:
+                        with contextlib.suppress(Exception):
+                            script(keys=keys, args=[token, top, 0])
+            hold.fencing_token = top
+        except Exception as exc:
+            self.recorder._error(exc)
 
     def _acquire_counting(
         self, timeout: float, raise_on_redis_errors: bool | None, attempts: _Attempts
@@ -233,7 +317,33 @@ class InstrumentedAsyncRedlock(_RedlockBase["AIORedlock"]):
                     raise_on_redis_errors=raise_on_redis_errors,
                 )
         self._record_acquire(lock, acquired, attempts)
+        if acquired and self.fencing:
+            await self._issue_token()
         return acquired
+
+    async def _issue_token(self) -> None:
+        try:
+            plan = self._fence_plan()
+            hold = self._hold
+            if plan is None or hold is None:
+                return
+            scripts, keys, token = plan
+            issued: list[int | None] = []
+            for script in scripts:
+                try:
+                    value = await script(keys=keys, args=[token, 0, 1])
+                except Exception:  # a master down: Redlock itself goes on with the rest
+                    value = None
+                issued.append(int(value) if value is not None else None)
+            top = self._quorum(issued)
+            if top is not None:
+                for script, value in zip(scripts, issued, strict=True):
+                    if value is not None and value < top:
+                        with contextlib.suppress(Exception):
+                            await script(keys=keys, args=[token, top, 0])
+            hold.fencing_token = top
+        except Exception as exc:
+            self.recorder._error(exc)
 
     async def _acquire_counting(
         self,

@@ -27,6 +27,7 @@ from .clauses import (
     _where_keys,
     _write_kind,
 )
+from .dialects import MYSQL_DIALECTS
 from .model import _IGNORED, StatementInfo, StockTable, ValueRef, WriteKind
 from .tokens import _Q, _W, _Tok, _tokenize
 
@@ -38,9 +39,13 @@ def _classify_select(toks: Sequence[_Tok], start: int, tables: _Tables) -> State
     end_from = _top(toks, frm + 1, _CLAUSE_END)
     target, label = _target(_from_items(toks[frm + 1 : end_from], 0), tables)
     # FOR UPDATE / NO KEY UPDATE / SHARE / KEY SHARE [OF t, ...] [NOWAIT | SKIP LOCKED]
+    # (MySQL adds WAIT n), or MySQL's LOCK IN SHARE MODE.
     lock_clause = None
     lock_of: set[str] | None = None
-    j = end_from
+    share_mode = _lock_in_share_mode(toks, end_from)
+    if share_mode < len(toks):
+        lock_clause = "lock in share mode"
+    j = end_from if lock_clause is None else len(toks)
     while j < len(toks):
         tok = toks[j]
         if tok[2] == 0 and _is_word(tok, "for"):
@@ -72,7 +77,7 @@ def _classify_select(toks: Sequence[_Tok], start: int, tables: _Tables) -> State
     where_at = _top(toks, frm + 1, frozenset({"where"}))
     keys: tuple[tuple[str, ValueRef], ...] = ()
     if where_at < len(toks) and _is_word(toks[where_at], "where"):
-        where_end = _top(toks, where_at + 1, _CLAUSE_END)
+        where_end = min(_top(toks, where_at + 1, _CLAUSE_END), share_mode)
         keys = _where_keys(toks[where_at + 1 : where_end], target, 0)
     compound = any(t[2] == 0 and _is_word(t, "union", "intersect", "except") for t in toks)
     reads = not compound and _reads_column(
@@ -92,9 +97,31 @@ def _classify_select(toks: Sequence[_Tok], start: int, tables: _Tables) -> State
     )
 
 
+def _lock_in_share_mode(toks: Sequence[_Tok], start: int) -> int:
+    """Where a top-level MySQL ``LOCK IN SHARE MODE`` starts at or after ``start`` (or
+    the end). Looked for as the whole phrase: ``lock`` alone may be a column's name."""
+    for j in range(start, len(toks) - 3):
+        if (
+            toks[j][2] == 0
+            and _is_word(toks[j], "lock")
+            and _is_word(toks[j + 1], "in")
+            and _is_word(toks[j + 2], "share")
+            and _is_word(toks[j + 3], "mode")
+        ):
+            return j
+    return len(toks)
+
+
+# MySQL's modifiers between UPDATE / DELETE and the table, and PostgreSQL's ONLY.
+_UPDATE_MODIFIERS = frozenset({"only", "low_priority", "ignore"})
+_DELETE_MODIFIERS = frozenset({"low_priority", "quick", "ignore"})
+# What ends an UPDATE's or DELETE's WHERE: PostgreSQL's RETURNING, MySQL's ORDER BY / LIMIT.
+_WHERE_END = frozenset({"returning", "order", "limit"})
+
+
 def _classify_update(toks: Sequence[_Tok], start: int, tables: _Tables) -> StatementInfo:
     i = start + 1
-    if _is_word(_at(toks, i), "only"):
+    while _is_word(_at(toks, i), *_UPDATE_MODIFIERS):
         i += 1
     if i >= len(toks) or toks[i][0] not in (_W, _Q):
         return _IGNORED
@@ -105,7 +132,7 @@ def _classify_update(toks: Sequence[_Tok], start: int, tables: _Tables) -> State
     set_at = _top(toks, i, frozenset({"set"}))
     if set_at >= len(toks):
         return _IGNORED
-    set_end = _top(toks, set_at + 1, frozenset({"from", "where", "returning"}))
+    set_end = _top(toks, set_at + 1, frozenset({"from", "where", "returning", "order", "limit"}))
     write: WriteKind = "none"
     column = target.spec.stock_column
     for assignment in _split(toks[set_at + 1 : set_end], ",", 0):
@@ -118,7 +145,8 @@ def _classify_update(toks: Sequence[_Tok], start: int, tables: _Tables) -> State
             break
     where_at = _top(toks, set_end, frozenset({"where"}))
     ret_at = _top(toks, set_end, frozenset({"returning"}))
-    where = toks[where_at + 1 : ret_at] if where_at < ret_at else []
+    where_end = _top(toks, where_at + 1, _WHERE_END)
+    where = toks[where_at + 1 : where_end] if where_at < where_end else []
     spec = target.spec
     return StatementInfo(
         "update",
@@ -140,16 +168,19 @@ def _classify_update(toks: Sequence[_Tok], start: int, tables: _Tables) -> State
 
 def _classify_delete(toks: Sequence[_Tok], start: int, tables: _Tables) -> StatementInfo:
     i = start + 1
+    while _is_word(_at(toks, i), *_DELETE_MODIFIERS):
+        i += 1
     if not _is_word(_at(toks, i), "from"):
         return _IGNORED
-    end = _top(toks, i + 1, frozenset({"using", "where", "returning"}))
+    end = _top(toks, i + 1, frozenset({"using", "where", "returning", "order", "limit"}))
     items = _from_items(toks[i + 1 : end], 0)
     target, label = _target(items[:1], tables)
     if target is None:
         return StatementInfo("delete", label) if label else _IGNORED
     where_at = _top(toks, i + 1, frozenset({"where"}))
     ret_at = _top(toks, i + 1, frozenset({"returning"}))
-    where = toks[where_at + 1 : ret_at] if where_at < ret_at else []
+    where_end = _top(toks, where_at + 1, _WHERE_END)
+    where = toks[where_at + 1 : where_end] if where_at < where_end else []
     return StatementInfo(
         "delete",
         target.label,
@@ -162,8 +193,33 @@ def _classify_delete(toks: Sequence[_Tok], start: int, tables: _Tables) -> State
     )
 
 
+_LOCK_TABLES_MODES = ("read", "local", "write", "low_priority")
+
+
+def _classify_mysql_lock_tables(
+    toks: Sequence[_Tok], start: int, tables: _Tables
+) -> StatementInfo:
+    """MySQL's ``LOCK TABLES t [AS a] READ [LOCAL] | [LOW_PRIORITY] WRITE, ...``: both
+    modes keep other sessions from writing the table."""
+    items = _split(toks[start + 2 :], ",", 0)
+    names = [
+        _from_items([t for t in item if not _is_word(t, *_LOCK_TABLES_MODES)], 0) for item in items
+    ]
+    target, label = _target([entry for found in names for entry in found], tables)
+    return StatementInfo(
+        "lock",
+        target.label if target else label,
+        stock=target is not None,
+        locking=True,
+        lock_clause="lock tables",
+        table_lock=target is not None,
+    )
+
+
 def _classify_lock(toks: Sequence[_Tok], start: int, tables: _Tables) -> StatementInfo:
     i = start + 1
+    if _is_word(_at(toks, i), "tables"):
+        return _classify_mysql_lock_tables(toks, start, tables)
     if _is_word(_at(toks, i), "table"):
         i += 1
     end = _top(toks, i, frozenset({"in", "nowait"}))
@@ -243,13 +299,16 @@ def classify_statement(
     *,
     paramstyle: str = "pyformat",
     stock_tables: Mapping[str, StockTable] | None = None,
+    dialect: str | None = None,
 ) -> StatementInfo:
     """Classify one SQL text the way the listeners do (for tests and for "why?" questions).
 
     ``paramstyle`` is the DBAPI style of the text (``pyformat`` for psycopg, ``numeric_dollar``
     for SQLAlchemy's asyncpg dialect, ``qmark`` for SQLite, ``named``, ``numeric``,
-    ``format``); ``stock_tables`` defaults to ``{"products": StockTable()}``. Never raises on
-    unusual SQL: what it does not understand is ``kind="other"``.
+    ``format``); ``stock_tables`` defaults to ``{"products": StockTable()}``; ``dialect``
+    is SQLAlchemy's name of the database (``"mysql"`` and ``"mariadb"`` switch on MySQL's
+    lexical rules: ``#`` comments, backslash escapes, double-quoted strings). Never raises
+    on unusual SQL: what it does not understand is ``kind="other"``.
 
     Example::
 
@@ -260,4 +319,4 @@ def classify_statement(
         ('blind', (('sku', (True, 'sku')),))
     """
     tables = _Tables(stock_tables if stock_tables is not None else {"products": StockTable()})
-    return _classify_tokens(_tokenize(sql, paramstyle), tables)
+    return _classify_tokens(_tokenize(sql, paramstyle, dialect in MYSQL_DIALECTS), tables)

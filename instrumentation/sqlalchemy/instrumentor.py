@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import weakref
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
 import sqlalchemy
@@ -12,8 +12,10 @@ from opentelemetry.trace import TracerProvider
 from ..api import get_sentry
 from ..sentry import Sentry
 from .clauses import _Tables
+from .fencing import _Fencing
 from .listeners import _Instrumentation
 from .model import DEFAULT_READ_WINDOW, SpanMode, StockTable
+from .negative import _NegativeWrites
 from .otel import _otel_engine_tracer
 
 if TYPE_CHECKING:
@@ -39,6 +41,9 @@ def instrument_sqlalchemy(
     spans: SpanMode | bool = "off",
     tracer_provider: TracerProvider | None = None,
     read_window: float = DEFAULT_READ_WINDOW,
+    fencing: Mapping[str, str] | None = None,
+    negative_writes: bool = True,
+    read_back_stock: bool | Iterable[str] = False,
 ) -> None:
     """Watch ``engine``'s SQL for lock waits, deadlocks, conflicts and unsafe writes.
 
@@ -50,6 +55,14 @@ def instrument_sqlalchemy(
     statement); ``tracer_provider`` defaults to the Sentry's tracer for ``"locking"`` and
     the global provider for ``"all"``. ``read_window`` is how long (seconds) a read of a
     stock value is remembered by the unsafe read-modify-write detector.
+
+    ``fencing`` maps stock tables to their fencing-token column (``{"products":
+    "fence_token"}``): an UPDATE carrying a token below one already written for the row
+    counts ``stock_lock_stale_fencing_token_total``. ``negative_writes`` reads the stock an
+    ``UPDATE … RETURNING`` returns (no extra query) and counts a negative one in
+    ``stock_inventory_negative_total``; ``read_back_stock`` (``True`` or table names) also
+    reads it back after a relative decrement without ``RETURNING`` (one ``SELECT`` by key
+    each). See :mod:`.fencing` and :mod:`.negative`.
 
     Calling it again for the same engine does nothing. Listeners never raise into the
     application: their failures count ``stocksentry_instrumentation_errors_total
@@ -88,6 +101,7 @@ def instrument_sqlalchemy(
         read_window,
         db_namespace=sync.url.database,
     )
+    _set_write_checks(instrumentation, configured, fencing, negative_writes, read_back_stock)
     # Dialect events only (they are filed under the engine's own dialect): an engine event
     # would switch on SQLAlchemy's per-execute event path, which costs more than all of
     # this integration's own work.
@@ -107,6 +121,26 @@ def instrument_sqlalchemy(
         except Exception:
             uninstrument_sqlalchemy(sync)
             raise
+
+
+def _set_write_checks(
+    instrumentation: _Instrumentation,
+    tables: Mapping[str, StockTable],
+    fencing: Mapping[str, str] | None,
+    negative_writes: bool,
+    read_back_stock: bool | Iterable[str],
+) -> None:
+    """Switch on the optional UPDATE checks (:mod:`.fencing`, :mod:`.negative`)."""
+    sentry = instrumentation.sentry
+    paramstyle = instrumentation.paramstyle
+    if fencing:
+        instrumentation.fencing = _Fencing(sentry, fencing, tables, paramstyle)
+    instrumentation.negative = _NegativeWrites.build(
+        sentry, tables, returning=negative_writes, read_back=read_back_stock, paramstyle=paramstyle
+    )
+    instrumentation.checks_writes = (
+        instrumentation.fencing is not None or instrumentation.negative is not None
+    )
 
 
 def uninstrument_sqlalchemy(engine: Engine | AsyncEngine) -> None:

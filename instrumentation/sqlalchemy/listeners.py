@@ -13,12 +13,14 @@ from opentelemetry.trace import SpanKind, StatusCode, TracerProvider
 
 from .. import events
 from ..heldlocks import held_locks, valid_at
-from ..outcomes import SQLSTATE_REASONS, sqlstate_of
+from ..outcomes import refusal_of, status_code_of
 from ..reservation import current_reservation
 from ..sentry import Sentry
 from ..tracing import TRACER_NAME, exemplar_for
 from .classifier import _classify_tokens
 from .clauses import _Tables
+from .dialects import MYSQL_DIALECTS, lossless_levels, zero_rows_check
+from .fencing import _Fencing
 from .location import _app_location
 from .model import (
     _COMPONENT,
@@ -30,6 +32,7 @@ from .model import (
     SpanMode,
     StatementInfo,
 )
+from .negative import _NegativeWrites
 from .state import (
     _ANY_ROW,
     _ConnState,
@@ -87,6 +90,9 @@ class _Instrumentation:
         self.paramstyle = paramstyle
         self.span_mode = span_mode
         self.read_window = read_window
+        # MySQL drivers may count changed rows, not matched ones: what reads a 0 right.
+        self.zero_rows = zero_rows_check(dialect_name)
+        self.mysql_lexer = dialect_name in MYSQL_DIALECTS
         # The read window's clock; a test moves it instead of sleeping.
         self.clock: Callable[[], float] = time.monotonic
         self.plans: dict[str, StatementInfo] = {}
@@ -107,13 +113,20 @@ class _Instrumentation:
         # never the engine itself, which holds this object through its listeners.
         self.listeners: list[tuple[str, Callable[..., Any]]] = []
         self.otel_entries: list[Any] = []
+        # The optional write checks (set by instrument_sqlalchemy); with neither on, an
+        # UPDATE pays one attribute test for them.
+        self.fencing: _Fencing | None = None
+        self.negative: _NegativeWrites | None = None
+        self.checks_writes = False
 
     # --- classification --------------------------------------------------------------------
 
     def plan(self, statement: str) -> StatementInfo:
         plan = self.plans.get(statement)
         if plan is None:
-            plan = _classify_tokens(_tokenize(statement, self.paramstyle), self.tables)
+            plan = _classify_tokens(
+                _tokenize(statement, self.paramstyle, self.mysql_lexer), self.tables
+            )
             size = len(statement)
             if size <= _PLAN_CACHE_MAX_TEXT:
                 if (
@@ -216,7 +229,43 @@ class _Instrumentation:
                 self._stock_statement(context.root_connection, cursor, plan, parameters)
             except Exception as exc:
                 self.sentry.internal_error(_COMPONENT, exc)
+            # A guarded UPDATE (the atomic reservation) cannot leave the stock negative: with
+            # no fencing to check, it is not even looked at.
+            if (
+                self.checks_writes
+                and plan.kind == "update"
+                and (self.fencing is not None or not plan.stock_guard)
+            ):
+                self._check_update(context.root_connection, cursor, statement, plan, parameters)
         return True
+
+    def _check_update(
+        self,
+        conn: Connection,
+        cursor: DBAPICursor,
+        statement: str,
+        plan: StatementInfo,
+        parameters: Any,
+    ) -> None:
+        """The optional checks of an UPDATE that ran: fencing tokens, real negative stock."""
+        try:
+            fencing = self.fencing
+            negative = self.negative
+            fenced = fencing is not None and plan.table in fencing.columns
+            # Decided from the plan alone first: a guarded decrement stops here.
+            watched = negative is not None and negative.applies(plan)
+            if not (fenced or watched):
+                return
+            keys = self._resolve(plan, parameters) if plan.keys else []
+            rowcount = getattr(cursor, "rowcount", -1)
+            if rowcount == 0 and self.zero_rows is not None:
+                rowcount = self.zero_rows(cursor)  # MySQL: matched, not changed, rows
+            if fencing is not None and fenced:
+                fencing.after_update(conn, statement, plan, parameters, keys, rowcount)
+            if negative is not None and watched:
+                negative.after_update(conn, cursor, plan, keys, rowcount)
+        except Exception as exc:
+            self.sentry.internal_error(_COMPONENT, exc)
 
     def _call_driver(
         self,
@@ -275,9 +324,12 @@ class _Instrumentation:
         try:
             statement = ctx.statement
             plan = self.plan(statement) if isinstance(statement, str) else None
-            state = sqlstate_of(ctx.original_exception) or sqlstate_of(ctx.sqlalchemy_exception)
-            reason = SQLSTATE_REASONS.get(state) if state is not None else None
-            event = _REASON_EVENTS.get(reason) if reason is not None else None
+            # SQLSTATE 40P01 / 55P03, MySQL 1213 / 1205: which is which refusal is outcomes'.
+            refusal = refusal_of(ctx.original_exception) or refusal_of(ctx.sqlalchemy_exception)
+            if refusal is None:
+                return
+            reason, state = refusal
+            event = _REASON_EVENTS.get(reason)
             if event is None:
                 return
             table = plan.table if plan is not None else None
@@ -316,9 +368,9 @@ class _Instrumentation:
             self.metrics.db_lock_wait(plan.table or "unknown", elapsed, exemplar)
             if span is not None:
                 if exc is not None and span.is_recording():
-                    sqlstate = sqlstate_of(exc)
-                    if sqlstate is not None:
-                        span.set_attribute("db.response.status_code", sqlstate)
+                    code = status_code_of(exc)
+                    if code is not None:
+                        span.set_attribute("db.response.status_code", code)
                     span.set_attribute("error.type", type(exc).__qualname__)
                     span.set_status(StatusCode.ERROR)
                 span.end()
@@ -361,6 +413,8 @@ class _Instrumentation:
         if kind not in ("update", "delete"):
             return
         rowcount = getattr(cursor, "rowcount", -1)
+        if rowcount == 0 and kind == "update" and self.zero_rows is not None:
+            rowcount = self.zero_rows(cursor)
         if plan.returning and self.dialect_name == "sqlite":
             # pysqlite counts RETURNING rows only as they are fetched: unknown here.
             rowcount = -1
@@ -528,13 +582,15 @@ class _Instrumentation:
             # Only a BEGIN the application sends makes pysqlite read inside the transaction
             # (by default it begins before the first write); then SQLite is serializable.
             return state.begun
-        if self.dialect_name != "postgresql":
-            return False  # e.g. MySQL's REPEATABLE READ does lose updates
+        lossless = lossless_levels(self.dialect_name)
+        if not lossless:
+            return False
         level = (
             state.isolation
             or conn.get_execution_options().get("isolation_level")
             or getattr(conn.dialect, "_on_connect_isolation_level", None)
             or conn.default_isolation_level
         )
-        # PostgreSQL aborts the write with 40001 if the row changed since the snapshot.
-        return level in ("REPEATABLE READ", "SERIALIZABLE")
+        # PostgreSQL's REPEATABLE READ aborts the write with 40001 if the row changed since
+        # the snapshot; InnoDB's does not (dialects.lossless_levels).
+        return level in lossless

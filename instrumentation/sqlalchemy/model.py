@@ -71,11 +71,13 @@ class StatementInfo:
     #: Timed as a lock wait.
     locking: bool = False
     #: ``for update``, ``for no key update``, ``for share``, ``for key share``,
-    #: ``lock table``, ``update`` or ``delete``.
+    #: ``lock in share mode`` (MySQL), ``lock table``, ``lock tables`` (MySQL), ``update``
+    #: or ``delete``.
     lock_clause: str | None = None
     #: Takes row locks that keep other transactions from writing the stock rows it names.
     protects_rows: bool = False
-    #: ``LOCK TABLE`` in a mode that blocks writers (or SQLite ``BEGIN IMMEDIATE``).
+    #: ``LOCK TABLE`` in a mode that blocks writers, MySQL's ``LOCK TABLES`` (``READ`` or
+    #: ``WRITE``) or SQLite's ``BEGIN IMMEDIATE``.
     table_lock: bool = False
     reads_stock: bool = False
     #: How an ``UPDATE`` sets the stock column: ``self`` from the column itself

@@ -2,6 +2,8 @@
 
 It knows the quoting and parameter styles of PostgreSQL, SQLite and MySQL well enough to
 find clauses and bound parameters; it never raises on odd input. Standard library only.
+MySQL's own lexical rules (``#`` comments, backslash escapes in strings, double-quoted
+strings) apply when the tokenizer is told the text is MySQL's.
 """
 
 from __future__ import annotations
@@ -40,6 +42,35 @@ _SCAN = re.compile(
     """,
     re.VERBOSE | re.DOTALL,
 )
+# MySQL's rules first, then the common ones: ``#`` starts a comment; a backslash escapes
+# the next character in a string; "..." is a string too (unless the server runs with
+# ANSI_QUOTES, where it is a quoted name: a key written so is then missed, never invented).
+_SCAN_MYSQL = re.compile(
+    r"""
+    (?P<hash>\#[^\n]*)
+  | (?P<ms>(?:[nNbBxX]|_\w+)?'(?:[^'\\]|\\.|'')*(?:'|\Z))
+  | (?P<md>"(?:[^"\\]|\\.|"")*(?:"|\Z))
+    """,
+    re.VERBOSE | re.DOTALL,
+)
+# What a backslash escape in a MySQL string stands for (others are the character itself).
+_MYSQL_ESCAPES = {"0": "\0", "n": "\n", "r": "\r", "t": "\t", "b": "\b", "Z": "\x1a"}
+_MYSQL_ESCAPE = re.compile(r"\\(.)", re.DOTALL)
+
+
+# A string's body up to its closing quote (an unterminated one runs to the end).
+_MYSQL_BODY = {
+    "'": re.compile(r"((?:[^'\\]|\\.|'')*)", re.DOTALL),
+    '"': re.compile(r'((?:[^"\\]|\\.|"")*)', re.DOTALL),
+}
+
+
+def _mysql_string(text: str, quote: str) -> str:
+    """The value of a MySQL string literal (``text``, from its prefix to its end)."""
+    found = _MYSQL_BODY[quote].match(text, text.index(quote) + 1)
+    body = found.group(1) if found is not None else ""
+    body = _MYSQL_ESCAPE.sub(lambda m: _MYSQL_ESCAPES.get(m.group(1), m.group(1)), body)
+    return body.replace(quote * 2, quote)
 
 
 def _number(text: str) -> int | float:
@@ -49,8 +80,12 @@ def _number(text: str) -> int | float:
         return float(text)
 
 
-def _tokenize(sql: str, paramstyle: str) -> list[_Tok]:
-    """Tokens of ``sql`` without whitespace and comments; never raises on odd input."""
+def _tokenize(sql: str, paramstyle: str, mysql: bool = False) -> list[_Tok]:
+    """Tokens of ``sql`` without whitespace and comments; never raises on odd input.
+
+    ``mysql``: the text is MySQL's / MariaDB's (``#`` comments, backslash escapes, "..."
+    strings).
+    """
     out: list[_Tok] = []
     depth = 0
     position = 0  # for positional parameter styles
@@ -62,7 +97,18 @@ def _tokenize(sql: str, paramstyle: str) -> list[_Tok]:
     numeric = paramstyle == "numeric"
     named = paramstyle == "named"
     scan = _SCAN.match
+    mysql_scan = _SCAN_MYSQL.match if mysql else None
     while pos < end:
+        if mysql_scan is not None:
+            special = mysql_scan(sql, pos)
+            if special is not None:
+                pos = special.end()
+                kind = special.lastgroup
+                if kind == "ms":
+                    out.append((_S, _mysql_string(special.group(), "'"), depth))
+                elif kind == "md":
+                    out.append((_S, _mysql_string(special.group(), '"'), depth))
+                continue  # a # comment
         m = scan(sql, pos)
         if m is None:  # pragma: no cover - the last alternative matches any character
             break

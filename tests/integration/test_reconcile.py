@@ -1,4 +1,5 @@
-"""`stocksentry reconcile` finds exactly the seeded violations, on PostgreSQL and SQLite."""
+"""`stocksentry reconcile` finds exactly the seeded violations, on PostgreSQL, MariaDB and
+SQLite."""
 
 from __future__ import annotations
 
@@ -30,13 +31,21 @@ DDL = [
 ]
 
 
+def driver_url(url: str) -> str:
+    """``url`` with a driver SQLAlchemy has here (``mysql://`` would want mysqlclient)."""
+    return url.replace("mysql://", "mysql+pymysql://", 1)
+
+
 def seed(url: str, *, violations: bool) -> None:
     """Three SKUs; with violations: EGG-01 at -2 and oversold by 3 (5 paid of 2), one
     external_ref with two orders, one idempotency key with three, one paid order without
     items, and one old duplicate before the sale."""
-    engine = sa.create_engine(url)
+    engine = sa.create_engine(driver_url(url))
     with engine.begin() as conn:
         for ddl in DDL:
+            if conn.dialect.name in ("mysql", "mariadb"):
+                # MySQL has no time zone in a column type: the times are UTC.
+                ddl = ddl.replace("TIMESTAMP WITH TIME ZONE", "DATETIME(6)")
             conn.execute(sa.text(ddl))
         conn.execute(
             sa.text(
@@ -85,10 +94,13 @@ SCHEMA = parse_config(
 ).schema
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+@pytest.fixture(params=["sqlite", "postgresql", "mariadb"])
 def database(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'shop.db'}"
+    elif request.param == "mariadb":
+        # The plain mysql:// URL a user gives: reconcile picks the driver.
+        yield request.getfixturevalue("mysql_database")
     else:
         yield request.getfixturevalue("pg_sqlalchemy_url")
 
@@ -169,7 +181,8 @@ def test_cli_json_and_exit_codes(pg_sqlalchemy_url: str, pg_database: str) -> No
         (["--database", "sqlite:///:memory:"], "no such table"),
         ([], "--database is required"),
         (["--database", "sqlite:///:memory:", "--since", "999999999d"], "--since"),
-        (["--database", "mysql://u:pw@127.0.0.1/x"], "--database"),
+        (["--database", "mysql://u:pw@127.0.0.1:1/x"], "database mysql://u:***@127.0.0.1:1/x"),
+        (["--database", "mysql+nosuchdriver://u:pw@127.0.0.1/x"], "--database"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(argv: list[str], message: str) -> None:
@@ -254,3 +267,59 @@ def test_an_audit_out_of_time_is_skipped_by_name_and_the_others_still_run(
     text = format_table(report)
     assert "skipped: oversold: cancelled by the 300ms statement timeout" in text
     assert report.to_dict()["skipped"] == list(report.skipped)
+
+
+def test_an_audit_out_of_time_is_skipped_on_mariadb(mysql_database: str) -> None:
+    import pymysql
+
+    seed(mysql_database, violations=True)
+    url = sa.make_url(mysql_database)
+    # Another session holding order_items: the audits that read it wait until their time
+    # runs out (max_statement_time, or lock_wait_timeout for the table's metadata lock).
+    blocker = pymysql.connect(
+        host=url.host, port=url.port or 3306, user=url.username, database=url.database
+    )
+    try:
+        with blocker.cursor() as cur:
+            cur.execute("LOCK TABLES order_items WRITE")
+        report = reconcile(mysql_database, schema=SCHEMA, statement_timeout=0.3)
+    finally:
+        blocker.close()
+    assert [line.split(":")[0] for line in report.skipped] == ["oversold", "paid_without_items"]
+    assert "300ms statement timeout" in report.skipped[0]
+    assert report.negative_stock == [{"sku": "EGG-01", "stock": -2}]
+    assert {"kind": "idempotency_key", "key": "key-x", "orders": 3} in report.duplicate_keys
+    assert not report.complete
+
+
+def test_the_audit_transaction_is_read_only_on_mariadb(mysql_database: str) -> None:
+    from stocksentry.exporter.investigate.reconcile import _read_only
+
+    seed(mysql_database, violations=False)
+    engine = sa.create_engine(driver_url(mysql_database), poolclass=sa.pool.NullPool)
+    try:
+        with _read_only(engine, 1.0) as conn:
+            assert conn.execute(sa.text("SELECT count(*) FROM products")).scalar_one() == 3
+            with pytest.raises(sa.exc.DBAPIError) as refused:
+                conn.execute(sa.text("DELETE FROM products"))
+            assert refused.value.orig is not None
+            assert refused.value.orig.args[0] == 1792  # ER_CANT_EXECUTE_IN_READ_ONLY_TRANSACTION
+            assert conn.execute(sa.text("SELECT @@max_statement_time")).scalar_one() == 1.0
+    finally:
+        engine.dispose()
+
+
+def test_cli_on_mariadb(mysql_database: str) -> None:
+    seed(mysql_database, violations=True)
+    done = subprocess.run(
+        [*CLI, "--database", mysql_database, "--allocation", "initial_stock", "--format", "json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1, done.stderr
+    data = json.loads(done.stdout)
+    assert data["oversold"] == [
+        {"sku": "EGG-01", "allocation": 2, "sold_units": 5, "paid_orders": 5, "oversold_units": 3}
+    ]
+    assert data["violations"] == 5

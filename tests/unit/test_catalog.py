@@ -62,9 +62,11 @@ def test_generated_docs_are_fresh() -> None:
 ALWAYS_ALLOWED = frozenset(
     {*CORRELATION_KEYS, "trace_id", "span_id", "trace_flags", "event", "log_level"}
 )
-# Events no pure scenario here can produce: the database's own refusals (the PostgreSQL
-# tests check them) and the instrumentation error, a stdlib record (checked below).
+# Events no pure scenario here can produce: the database's own refusals and a stale
+# fencing token (the PostgreSQL tests check them) and the instrumentation error, a stdlib
+# record (checked below).
 NOT_HERE = {
+    events.STALE_FENCING_TOKEN.name,
     events.DB_DEADLOCK.name,
     events.DB_SERIALIZATION_FAILURE.name,
     events.DB_LOCK_TIMEOUT.name,

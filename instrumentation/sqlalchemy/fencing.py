@@ -1,0 +1,244 @@
+"""Fencing tokens checked at the write: a holder whose lock ran out cannot hide.
+
+A lease-based lock (redis-py's ``Lock``, Redlock) cannot stop a holder that paused past
+its TTL from writing after a second holder got the lock: the first one still believes it
+holds it. A fencing token fixes that at the storage: every acquisition gets a number
+higher than the one before (the lock wrappers' ``fencing=True`` hands it out as
+``lock.fencing_token``), the app writes it with its update into a token column, and a
+write carrying a lower token than one already written for that row is stale.
+
+For the tables named in ``instrument_sqlalchemy(fencing={"products": "fence_token"})``,
+an ``UPDATE`` that assigns the token column a bound parameter (or a literal) is checked:
+
+- the database refuses it, when the ``WHERE`` compares the column with the token
+  (``… SET stock = :v, fence_token = :t WHERE sku = :s AND fence_token < :t``): a
+  statement that then matches no row reads the row's stored token back (one ``SELECT``
+  by key, on that path only) and, when the stored token is not below the write's (for
+  ``<=``: above it), counts a stale-token write refused;
+- without that comparison in the ``WHERE`` the write goes through; it is counted as stale
+  when this process already saw a higher token written for the same row (a bounded map of
+  the highest token per row). A stale write from another process whose higher token this
+  one never saw is not seen: add the comparison, which the database enforces for all.
+
+Each counts ``stock_lock_stale_fencing_token_total{lock,table}`` (``lock`` is the held
+lock whose token it is, when the wrapper that handed it out is held in this context, else
+``unknown``) and logs one ``stale_fencing_token`` warning.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from .. import catalog, events
+from ..heldlocks import held_locks
+from .clauses import _at, _is_op, _is_word, _read_name, _split, _top, _value
+from .model import _COMPONENT, StatementInfo, StockTable
+from .negative import as_int, read_column, select_column_sql
+from .tokens import _P, _Q, _W, _tokenize
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Connection
+
+    from ..sentry import Sentry
+
+# Rows whose highest token is remembered; the oldest is forgotten first.
+_MAX_ROWS = 4096
+_MAX_PLANS = 1024
+
+
+class _FencePlan:
+    """Where one UPDATE text carries its token, and how its WHERE compares it."""
+
+    __slots__ = ("guard", "token")
+
+    def __init__(self, token: tuple[bool, Any], guard: str | None) -> None:
+        #: ``(True, parameter name or index)`` or ``(False, literal)``.
+        self.token = token
+        #: ``"<"`` or ``"<="`` for ``WHERE … column < token``, else ``None``.
+        self.guard = guard
+
+
+def fence_plan(sql: str, column: str, paramstyle: str) -> _FencePlan | None:
+    """How the UPDATE ``sql`` writes the token ``column``; ``None`` when it does not.
+
+    Example::
+
+        >>> plan = fence_plan(
+        ...     "UPDATE products SET stock = :v, fence = :t WHERE sku = :s AND fence < :t",
+        ...     "fence",
+        ...     "named",
+        ... )
+        >>> plan.token, plan.guard
+        ((True, 't'), '<')
+    """
+    toks = _tokenize(sql, paramstyle)
+    column = column.lower()
+    set_at = _top(toks, 0, frozenset({"set"}))
+    if set_at >= len(toks):
+        return None
+    set_end = _top(toks, set_at + 1, frozenset({"from", "where", "returning"}))
+    token: tuple[bool, Any] | None = None
+    for assignment in _split(toks[set_at + 1 : set_end], ",", 0):
+        eq = next((k for k, t in enumerate(assignment) if _is_op(t, "=") and t[2] == 0), None)
+        if eq is None or not assignment or assignment[0][0] not in (_W, _Q):
+            continue
+        parts, _ = _read_name(assignment, 0)
+        if parts[-1] == column:
+            token = _value(assignment[eq + 1 :])
+            break
+    if token is None:
+        return None
+    guard: str | None = None
+    where_at = _top(toks, set_end, frozenset({"where"}))
+    if where_at < len(toks) and _is_word(toks[where_at], "where"):
+        end = _top(toks, where_at + 1, frozenset({"returning"}))
+        i = where_at + 1
+        while i < end and guard is None:
+            tok = toks[i]
+            if tok[0] in (_W, _Q):
+                parts, j = _read_name(toks, i)
+                op = _at(toks, j)
+                nxt = _at(toks, j + 1)
+                if (
+                    parts[-1] == column
+                    and op is not None
+                    and nxt is not None
+                    and (_is_op(op, "<") or _is_op(op, "<="))
+                    and (nxt[0] == _P or (token[0] is False and nxt[1] == token[1]))
+                ):
+                    guard = op[1]
+                i = j
+            else:
+                i += 1
+    return _FencePlan(token, guard)
+
+
+class _Fencing:
+    """The per-engine fencing check: the configured token columns, their plans, the
+    highest token seen per row."""
+
+    __slots__ = ("columns", "highest", "metrics", "paramstyle", "plans", "selects", "sentry")
+
+    def __init__(
+        self,
+        sentry: Sentry,
+        columns: Mapping[str, str],
+        tables: Mapping[str, StockTable],
+        paramstyle: str,
+    ) -> None:
+        unknown = set(columns) - set(tables)
+        if unknown:
+            raise ValueError(f"fencing names tables not in stock_tables: {sorted(unknown)}")
+        for table, column in columns.items():
+            if not isinstance(column, str) or not column:
+                raise ValueError(f"fencing[{table!r}] must be a column name")
+        self.sentry = sentry
+        self.metrics = sentry.metrics
+        self.columns = dict(columns)
+        self.paramstyle = paramstyle
+        self.plans: dict[str, _FencePlan | None] = {}
+        self.highest: dict[tuple[str, str, object], int] = {}
+        self.selects: dict[tuple[str, str], tuple[str, bool] | None] = {}
+        for table, column in columns.items():
+            for key_column in tables[table].key_columns:
+                self.selects[(table, key_column)] = select_column_sql(
+                    table, column, key_column, paramstyle
+                )
+
+    def plan(self, statement: str, table: str) -> _FencePlan | None:
+        plans = self.plans
+        if statement in plans:
+            return plans[statement]
+        found = fence_plan(statement, self.columns[table], self.paramstyle)
+        if len(plans) >= _MAX_PLANS:
+            plans.clear()
+        plans[statement] = found
+        return found
+
+    def after_update(
+        self,
+        conn: Connection,
+        statement: str,
+        plan: StatementInfo,
+        parameters: Any,
+        keys: list[tuple[str, str, object]],
+        rowcount: int,
+    ) -> None:
+        """Check the token an UPDATE of a fenced table carried (called after it ran)."""
+        table = plan.table or "unknown"
+        fence = self.plan(statement, table)
+        if fence is None or not keys:
+            return
+        is_param, ref = fence.token
+        if is_param:
+            try:
+                raw = parameters[ref]
+            except (KeyError, IndexError, TypeError):
+                return
+        else:
+            raw = ref
+        token = as_int(raw)
+        if token is None:
+            return
+        row = keys[0]
+        if rowcount == 0:
+            if fence.guard is None:
+                return
+            query = self.selects.get((table, row[1]))
+            if query is None:
+                return
+            stored = [
+                v for v in (as_int(s) for s in read_column(conn, query, row[2])) if v is not None
+            ]
+            if not stored:
+                return  # no such row: not a token matter
+            top = max(stored)
+            self._remember(row, top)
+            if token < top or (token == top and fence.guard == "<"):
+                self._stale(table, row, token, top, refused=True)
+            return
+        if rowcount < 0:
+            return  # unknown: nothing to learn
+        seen = self.highest.get(row)
+        if seen is not None and token < seen:
+            self._stale(table, row, token, seen, refused=False)
+            return
+        self._remember(row, token)
+
+    def _remember(self, row: tuple[str, str, object], token: int) -> None:
+        highest = self.highest
+        seen = highest.pop(row, None)
+        highest[row] = token if seen is None or token > seen else seen
+        if len(highest) > _MAX_ROWS:
+            # Another thread may have changed it meanwhile: then it is small enough.
+            with contextlib.suppress(StopIteration, KeyError, RuntimeError):
+                del highest[next(iter(highest))]
+
+    def _stale(
+        self, table: str, row: tuple[str, str, object], token: int, highest: int, *, refused: bool
+    ) -> None:
+        lock = next(
+            (h.name for h in held_locks() if getattr(h, "fencing_token", None) == token),
+            "unknown",
+        )
+        metrics = self.metrics
+        spec = catalog.LOCK_STALE_FENCING_TOKEN
+        try:
+            metrics.metric(spec).labels(
+                metrics._small("lock", spec, lock), metrics._small("table", spec, table)
+            ).inc()
+        except Exception as exc:
+            self.sentry.internal_error(_COMPONENT, exc)
+        if self.sentry.log_enabled:
+            self.sentry.logger.warning(
+                events.STALE_FENCING_TOKEN.name,
+                lock=lock,
+                table=table,
+                key_column=row[1],
+                key=str(row[2]),
+                token=token,
+                highest=highest,
+                refused=refused,
+            )

@@ -1,0 +1,273 @@
+"""Real negative stock writes, seen from the SQL rather than from what the app believes.
+
+``reservation.success(new_stock=available - 1)`` records the value the application
+computed; a transaction without a lock that decrements ``stock = stock - :n`` can leave the
+row far below that. This module looks at the value the database really holds after an
+``UPDATE`` of a configured stock table sets the stock column, and counts
+``stock_inventory_negative_total{sku}`` (with an ``inventory_negative`` warning) when it is
+below zero:
+
+- ``UPDATE … RETURNING <stock column>``: the returned rows are read where the driver
+  already holds them (psycopg 3's result buffer, the asyncio adapters' row buffer,
+  psycopg 2's scrollable cursor), without consuming them: the application still fetches
+  every row. No extra round trip.
+- a relative write without ``RETURNING`` (``SET stock = stock - :n`` or from other
+  columns), only for the tables named in ``read_back_stock``: one ``SELECT <stock> FROM
+  <table> WHERE <key> = :v`` by the statement's key, on a second cursor of the same DBAPI
+  connection, so in the same transaction and without passing through SQLAlchemy (its
+  listeners, this integration's included, never see it).
+
+A statement whose ``WHERE`` checks the stock column (``… AND stock >= :n``) is taken to
+keep it from going negative and is never looked at: the safe atomic decrement costs
+nothing here. What it cannot see: a ``RETURNING`` on a dialect or cursor not listed above
+(a server-side cursor, MySQL/MariaDB, which have no ``UPDATE … RETURNING``), a blind write
+(``SET stock = :computed``, the app's own value: the unsafe read-modify-write detector's
+case), ``executemany``, and writes through the raw driver, outside SQLAlchemy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import sys
+from collections.abc import Collection, Iterable, Mapping
+from decimal import Decimal
+from typing import TYPE_CHECKING, Any
+
+from .. import events
+from ..reservation import current_reservation
+from .model import _COMPONENT, StatementInfo, StockTable
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Connection
+    from sqlalchemy.engine.interfaces import DBAPICursor
+
+    from ..sentry import Sentry
+
+# A name the read-back SELECT may use as written: plain or schema-qualified identifiers.
+_PLAIN_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_$]*(?:\.[A-Za-z_][A-Za-z0-9_$]*)?\Z")
+# One bound parameter in each DBAPI style, and whether its parameters are a mapping.
+_PARAM = {
+    "pyformat": ("%(k)s", True),
+    "named": (":k", True),
+    "format": ("%s", False),
+    "qmark": ("?", False),
+    "numeric": (":1", False),
+    "numeric_dollar": ("$1", False),
+}
+
+
+def as_int(value: object) -> int | None:
+    """A column or parameter value as an ``int`` (driver text, ``Decimal``), ``None`` when
+    it is not a whole number.
+
+    Example::
+
+        >>> as_int(b"-38"), as_int("7"), as_int(None)
+        (-38, 7, None)
+    """
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, bytes):
+        # A driver's text cell: int() takes it as it is, the common case, without Decimal.
+        with contextlib.suppress(ValueError):
+            return int(value)
+    if isinstance(value, bytes | bytearray | memoryview):
+        value = bytes(value).decode("ascii", "replace")
+    try:
+        number = Decimal(str(value))
+    except ArithmeticError:
+        return None
+    if not number.is_finite() or number != number.to_integral_value():
+        return None
+    return int(number)
+
+
+def select_column_sql(
+    table: str, column: str, key_column: str, paramstyle: str
+) -> tuple[str, bool] | None:
+    """The read-back ``SELECT`` of one column of the rows with a key value, in
+    ``paramstyle``, and whether its parameter is passed by name; ``None`` when a name is
+    not a plain identifier.
+
+    Example::
+
+        >>> select_column_sql("products", "stock", "sku", "pyformat")
+        ('SELECT stock FROM products WHERE sku = %(k)s', True)
+    """
+    param = _PARAM.get(paramstyle)
+    if param is None or not all(_PLAIN_NAME.match(name) for name in (table, column, key_column)):
+        return None
+    # Names from the set-up config, checked to be plain identifiers; the value is bound.
+    sql = f"SELECT {column} FROM {table} WHERE {key_column} = {param[0]}"  # noqa: S608
+    return sql, param[1]
+
+
+def read_column(conn: Connection, query: tuple[str, bool], key: object) -> list[object]:
+    """Run a :func:`select_column_sql` query for ``key`` on a second cursor of ``conn``'s
+    DBAPI connection: the same transaction, the app's cursor (its rowcount, read later by
+    SQLAlchemy) untouched, and no SQLAlchemy event (so no listener of ours) on the way."""
+    sql, by_name = query
+    dbapi_conn: Any = conn.connection.dbapi_connection
+    reader = dbapi_conn.cursor()
+    try:
+        reader.execute(sql, {"k": key} if by_name else (key,))
+        rows = reader.fetchall()
+    finally:
+        reader.close()
+    return [row[0] for row in rows]
+
+
+def returned_column(cursor: Any, column: str) -> list[object] | None:
+    """The values of ``column`` in the rows the driver holds for ``cursor``, read without
+    consuming them; ``None`` when this cursor's rows cannot be read that way."""
+    wanted = column.lower()
+    psycopg = sys.modules.get("psycopg")
+    if psycopg is not None and isinstance(cursor, psycopg.Cursor):
+        # psycopg 3 keeps the whole result: read its cells in place, no row is built (and
+        # no description either, which costs more than the rest).
+        result = cursor.pgresult
+        if result is None:
+            return None
+        encoded = wanted.encode()
+        for field in range(result.nfields):
+            name = result.fname(field)
+            if name is not None and bytes(name).lower() == encoded:
+                if result.fformat(field) != 0:
+                    return None  # a binary-format result: not parsed here
+                return [result.get_value(row, field) for row in range(result.ntuples)]
+        return None
+    description = getattr(cursor, "description", None)
+    if not description:
+        return None
+    found = next((i for i, col in enumerate(description) if str(col[0]).lower() == wanted), None)
+    if found is None:
+        return None
+    index = found
+    rows = getattr(cursor, "_rows", None)
+    if rows is not None and type(rows).__name__ == "deque":
+        # SQLAlchemy's asyncio adapters (asyncpg, psycopg async, aiosqlite) fetch every row
+        # at execute into this buffer; a server-side adapter leaves it empty.
+        return [row[index] for row in rows]
+    psycopg2 = sys.modules.get("psycopg2.extensions")
+    if psycopg2 is not None and isinstance(cursor, psycopg2.cursor) and not cursor.name:
+        # A client-side psycopg 2 cursor holds every row and scrolls back.
+        position = cursor.rownumber
+        fetched = cursor.fetchall()
+        cursor.scroll(position, mode="absolute")
+        return [row[index] for row in fetched]
+    return None
+
+
+class _NegativeWrites:
+    """The per-engine checker of :mod:`negative`: what it looks at and how it reads back."""
+
+    __slots__ = ("metrics", "read_back", "returning", "selects", "sentry", "specs")
+
+    def __init__(
+        self,
+        sentry: Sentry,
+        tables: Mapping[str, StockTable],
+        *,
+        returning: bool,
+        read_back: Collection[str],
+        paramstyle: str,
+    ) -> None:
+        self.sentry = sentry
+        self.metrics = sentry.metrics
+        self.specs = dict(tables)
+        self.returning = returning
+        self.read_back = frozenset(read_back)
+        # (table, key column) -> the read-back SELECT and its parameter style, built once.
+        self.selects: dict[tuple[str, str], tuple[str, bool] | None] = {}
+        for table in self.read_back:
+            spec = self.specs[table]
+            for key_column in spec.key_columns:
+                self.selects[(table, key_column)] = select_column_sql(
+                    table, spec.stock_column, key_column, paramstyle
+                )
+
+    @staticmethod
+    def build(
+        sentry: Sentry,
+        tables: Mapping[str, StockTable],
+        *,
+        returning: bool,
+        read_back: bool | Iterable[str],
+        paramstyle: str,
+    ) -> _NegativeWrites | None:
+        """The checker, or ``None`` when nothing is switched on (then it costs nothing)."""
+        names = (
+            set(tables) if read_back is True else set() if read_back is False else set(read_back)
+        )
+        unknown = names - set(tables)
+        if unknown:
+            raise ValueError(
+                f"read_back_stock names tables not in stock_tables: {sorted(unknown)}"
+            )
+        if not returning and not names:
+            return None
+        return _NegativeWrites(
+            sentry, tables, returning=returning, read_back=names, paramstyle=paramstyle
+        )
+
+    def applies(self, plan: StatementInfo) -> bool:
+        """Whether an UPDATE of ``plan`` is looked at (cheap; checked on every UPDATE)."""
+        if plan.stock_guard or plan.write == "none":
+            return False
+        if plan.returning:
+            return self.returning and plan.reads_stock
+        return plan.write != "blind" and plan.table in self.read_back
+
+    def after_update(
+        self,
+        conn: Connection,
+        cursor: DBAPICursor,
+        plan: StatementInfo,
+        keys: list[tuple[str, str, object]],
+        rowcount: int,
+    ) -> None:
+        """Look at the stock the UPDATE of ``plan`` left (called after it ran)."""
+        table = plan.table or "unknown"
+        spec = self.specs.get(table)
+        if spec is None or rowcount == 0:
+            return
+        if plan.returning:
+            values = returned_column(cursor, spec.stock_column)
+        else:
+            values = self._select(conn, table, keys)
+        if not values:
+            return
+        for raw in values:
+            stock = as_int(raw)
+            if stock is not None and stock < 0:
+                self._record(keys, stock)
+
+    def _select(
+        self, conn: Connection, table: str, keys: list[tuple[str, str, object]]
+    ) -> list[object] | None:
+        if not keys:
+            return None  # no key in the WHERE: which rows it touched is not known here
+        _, key_column, key = keys[0]
+        query = self.selects.get((table, key_column))
+        if query is None:
+            return None
+        return read_column(conn, query, key)
+
+    def _record(self, keys: list[tuple[str, str, object]], stock: int) -> None:
+        reservation = current_reservation()
+        # The reservation's SKU when there is one; outside, the row's key value (the guard
+        # bounds the label either way).
+        sku = reservation.sku if reservation is not None else (str(keys[0][2]) if keys else "")
+        if reservation is not None:
+            # Counted here: the same write's new_stock, should the app pass it to success()
+            # (from this RETURNING), is not counted twice.
+            reservation.negative_write_seen()
+        try:
+            self.metrics.inventory_negative(sku)
+        except Exception as exc:
+            self.sentry.internal_error(_COMPONENT, exc)
+        if self.sentry.log_enabled:
+            self.sentry.logger.warning(events.INVENTORY_NEGATIVE.name, sku=sku, stock=stock)

@@ -1,0 +1,197 @@
+"""Real negative stock writes seen from the SQL, on real PostgreSQL (psycopg 3 and asyncpg).
+
+The application believes the stock it computed (``success(new_stock=available - 1)``); a
+transaction without a lock that decrements ``stock = stock - :n`` leaves the row at what
+the database says. These tests drive a row below zero and check that
+``stock_inventory_negative_total`` counts the database's values, not the app's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from prometheus_client import CollectorRegistry
+from sqlalchemy.ext.asyncio import create_async_engine
+from stocksentry.instrumentation import Sentry, events
+from stocksentry.instrumentation.sqlalchemy import instrument_sqlalchemy, uninstrument_sqlalchemy
+from structlog.testing import capture_logs
+
+pytestmark = pytest.mark.integration
+
+NEGATIVE = "stock_inventory_negative_total"
+SCHEMA = (
+    "CREATE TABLE products (id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,"
+    " sku TEXT UNIQUE NOT NULL, available_stock INTEGER NOT NULL)",
+    "INSERT INTO products (sku, available_stock) VALUES ('EGG-01', 5), ('EGG-02', 5)",
+)
+DECREMENT = sa.text("UPDATE products SET available_stock = available_stock - :n WHERE sku = :sku")
+DECREMENT_RETURNING = sa.text(
+    "UPDATE products SET available_stock = available_stock - :n WHERE sku = :sku"
+    " RETURNING available_stock"
+)
+SAFE = sa.text(
+    "UPDATE products SET available_stock = available_stock - :n"
+    " WHERE sku = :sku AND available_stock >= :n"
+)
+READ = sa.text("SELECT available_stock FROM products WHERE sku = :sku")
+
+
+def value(registry: CollectorRegistry, name: str, **labels: str) -> float:
+    return registry.get_sample_value(name, labels) or 0.0
+
+
+@pytest.fixture
+def sentry(registry: CollectorRegistry) -> Sentry:
+    return Sentry(registry=registry, log=True, trace=False)
+
+
+def make_engine(url: str, sentry: Sentry, **options: Any) -> sa.Engine:
+    engine = sa.create_engine(url, pool_size=2)
+    with engine.begin() as conn:
+        for statement in SCHEMA:
+            conn.exec_driver_sql(statement)
+    instrument_sqlalchemy(engine, sentry=sentry, **options)
+    return engine
+
+
+@pytest.fixture
+def engine(pg_sqlalchemy_url: str, sentry: Sentry) -> Iterator[sa.Engine]:
+    engine = make_engine(pg_sqlalchemy_url, sentry, read_back_stock=True)
+    yield engine
+    uninstrument_sqlalchemy(engine)
+    engine.dispose()
+
+
+def negative_lines(lines: list[Any]) -> list[tuple[str, int]]:
+    return [
+        (line["sku"], line["stock"])
+        for line in lines
+        if line["event"] == events.INVENTORY_NEGATIVE.name
+    ]
+
+
+def test_relative_decrements_without_a_lock_count_the_real_negative_values(
+    engine: sa.Engine, sentry: Sentry, registry: CollectorRegistry
+) -> None:
+    with capture_logs() as lines, engine.begin() as conn:
+        with sentry.reservation("EGG-01", strategy="naive") as r:
+            available = conn.execute(READ, {"sku": "EGG-01"}).scalar_one()
+            for _ in range(8):
+                result = conn.execute(DECREMENT, {"n": 1, "sku": "EGG-01"})
+                assert result.rowcount == 1  # the app's own result is untouched
+            # What the app believes: one less than it read.
+            r.success(old_stock=available, new_stock=available - 1)
+        # Outside a reservation the row's key names it.
+        conn.execute(DECREMENT, {"n": 7, "sku": "EGG-02"})
+    # 5 - 8 = -3: the writes that left -1, -2 and -3 count, the app's 4 does not.
+    assert value(registry, NEGATIVE, sku="EGG-01") == 3
+    assert value(registry, NEGATIVE, sku="EGG-02") == 1
+    assert negative_lines(lines) == [
+        ("EGG-01", -1),
+        ("EGG-01", -2),
+        ("EGG-01", -3),
+        ("EGG-02", -2),
+    ]
+    with engine.connect() as conn:
+        assert conn.execute(READ, {"sku": "EGG-01"}).scalar_one() == -3
+
+
+def test_returning_is_read_without_consuming_the_apps_rows(
+    engine: sa.Engine, registry: CollectorRegistry
+) -> None:
+    with engine.begin() as conn:
+        seen = [
+            conn.execute(DECREMENT_RETURNING, {"n": 3, "sku": "EGG-01"}).scalar_one()
+            for _ in range(3)
+        ]
+        # The ORM-style fetch of every row still gets them.
+        rows = conn.execute(DECREMENT_RETURNING, {"n": 1, "sku": "EGG-01"}).all()
+    assert seen == [2, -1, -4]
+    assert [tuple(row) for row in rows] == [(-5,)]
+    assert value(registry, NEGATIVE, sku="EGG-01") == 3
+
+
+def test_a_reservation_reporting_the_returned_value_is_counted_once(
+    engine: sa.Engine, sentry: Sentry, registry: CollectorRegistry
+) -> None:
+    with capture_logs() as lines:
+        for _ in range(7):
+            with sentry.reservation("EGG-01", strategy="naive") as r, engine.begin() as conn:
+                left = conn.execute(DECREMENT_RETURNING, {"n": 1, "sku": "EGG-01"}).scalar_one()
+                # The app reports the real value it got back: the same write, not a second.
+                r.success(old_stock=left + 1, new_stock=left)
+    # 5 - 7 = -2: two negative writes, each counted and logged once.
+    assert value(registry, NEGATIVE, sku="EGG-01") == 2
+    assert negative_lines(lines) == [("EGG-01", -1), ("EGG-01", -2)]
+
+
+def test_safe_atomic_decrement_counts_nothing(
+    engine: sa.Engine, registry: CollectorRegistry
+) -> None:
+    refused = 0
+    with engine.begin() as conn:
+        for _ in range(8):
+            if conn.execute(SAFE, {"n": 1, "sku": "EGG-01"}).rowcount == 0:
+                refused += 1
+        assert conn.execute(READ, {"sku": "EGG-01"}).scalar_one() == 0
+    assert refused == 3
+    assert value(registry, NEGATIVE, sku="EGG-01") == 0
+
+
+def test_read_back_is_off_unless_configured(
+    pg_sqlalchemy_url: str, sentry: Sentry, registry: CollectorRegistry
+) -> None:
+    engine = make_engine(pg_sqlalchemy_url, sentry)
+    try:
+        with engine.begin() as conn:
+            for _ in range(7):
+                conn.execute(DECREMENT, {"n": 1, "sku": "EGG-01"})
+            # RETURNING needs no extra query: it is on by default.
+            conn.execute(DECREMENT_RETURNING, {"n": 1, "sku": "EGG-02"}).all()
+            for _ in range(5):
+                conn.execute(DECREMENT_RETURNING, {"n": 1, "sku": "EGG-02"}).all()
+    finally:
+        uninstrument_sqlalchemy(engine)
+        engine.dispose()
+    assert value(registry, NEGATIVE, sku="EGG-01") == 0
+    assert value(registry, NEGATIVE, sku="EGG-02") == 1
+
+
+def test_read_back_names_unknown_tables_at_set_up(pg_sqlalchemy_url: str, sentry: Sentry) -> None:
+    engine = sa.create_engine(pg_sqlalchemy_url)
+    try:
+        with pytest.raises(ValueError, match="orders"):
+            instrument_sqlalchemy(engine, sentry=sentry, read_back_stock=["orders"])
+    finally:
+        uninstrument_sqlalchemy(engine)
+        engine.dispose()
+
+
+async def test_asyncpg_returning_and_read_back(
+    pg_database: str, sentry: Sentry, registry: CollectorRegistry
+) -> None:
+    url = pg_database.replace("postgresql://", "postgresql+asyncpg://", 1)
+    engine = create_async_engine(url)
+    async with engine.begin() as conn:
+        for statement in SCHEMA:
+            await conn.exec_driver_sql(statement)
+    instrument_sqlalchemy(engine, sentry=sentry, read_back_stock=["products"])
+    try:
+        async with engine.begin() as conn:
+            for _ in range(6):
+                await conn.execute(DECREMENT, {"n": 1, "sku": "EGG-01"})
+            returned = (
+                await conn.execute(DECREMENT_RETURNING, {"n": 4, "sku": "EGG-02"})
+            ).scalar_one()
+            returned2 = (
+                await conn.execute(DECREMENT_RETURNING, {"n": 4, "sku": "EGG-02"})
+            ).scalar_one()
+    finally:
+        uninstrument_sqlalchemy(engine)
+        await engine.dispose()
+    assert (returned, returned2) == (1, -3)
+    assert value(registry, NEGATIVE, sku="EGG-01") == 1
+    assert value(registry, NEGATIVE, sku="EGG-02") == 1
