@@ -79,9 +79,9 @@ format: dev
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
 
-## bench: instrumented vs bare reservation on real PostgreSQL, the scrape path, the
-## multiprocess merge against prometheus_client's, the probes and the Redis lock watcher;
-## medians over repeats. `make bench SCALE=1` adds the probes on a generated shop of 1M
+## bench: the overhead per reservation (in memory, with its ratio on real PostgreSQL), the
+## scrape path, the multiprocess merge against prometheus_client's, the probes and the Redis
+## lock watcher; medians over repeats (instructions: benchmarks/callgrind_reservation.py). `make bench SCALE=1` adds the probes on a generated shop of 1M
 ## products and 5M orders (a few minutes; SCALE_ARGS="--products 200000 --orders 1000000
 ## --keep" to change it).
 bench: dev services

@@ -28,32 +28,39 @@ Method: a throw-away database ``stocksentry_bench_<random>`` (dropped at the end
 error or SIGTERM), one product with a stock that never runs out, a warm-up, then
 ``--repeats`` rounds in which every case runs a block of ``--n`` reservations, the order
 rotating each round so drift hits every case alike; ``gc.collect()`` before each block.
-The figure per case is the median over rounds of the per-reservation time of its block.
-Then the same ``with`` block around a no-op shows the absolute cost of the
-instrumentation without a database. The run checks that what it measured really
-happened (rows written, counters, one log line per reservation, spans exported,
-exemplars attached, no instrumentation errors) and fails if not.
+Each reservation marks what it saw and what it did (``stock_check``, then ``success``): with
+logging on, two JSON lines, ``stock_check`` and ``stock_update``.
 
-Commit latency varies a lot from block to block, so the block ratio is noisy. Each
-block also times its transactions, so the time spent outside them is known: its excess
-over ``bare`` is the instrumentation's cost where it really runs, between round trips
-with cold caches, and the commit noise cancels out. That figure (``insitu``) and the
-ratio of blocks paired within a round go to stderr and, with every block, to ``--json``.
+The headline is measured without the database: the same check-then-take reservation on an
+in-memory stock, bare and instrumented, in ``--repeats`` rounds of ``--memory-n`` each,
+rotating as above. Per round, the instrumented block less the bare block of the same round
+is the overhead per reservation; the figure is its median over the rounds, ``spread`` the
+rounds' interquartile range over that median. ``ratio`` beside it is what that overhead
+makes of the bare reservation on PostgreSQL (``(bare + overhead) / bare``); ``pg_ratio`` is
+the PostgreSQL blocks' own median ratio, which the commit latency's noise drowns (a few
+microseconds against a millisecond that varies by a tenth from block to block). The run
+checks that what it measured really happened (rows written, counters, two log lines per
+reservation with the same trace ids when traced, spans exported, exemplars attached, no
+instrumentation errors) and fails if not. The load average before and after the rounds is
+printed: on a shared machine every wall-clock figure moves with it
+(``benchmarks/callgrind_reservation.py`` counts instructions, which do not).
+
+Each PostgreSQL block also times its transactions, so the time spent outside them is known:
+its excess over ``bare`` (``insitu``, between round trips with cold caches) and the ratio of
+blocks paired within a round go to stderr and, with every block, to ``--json``.
 
 Run::
 
-    python benchmarks/bench_reservation.py [--repeats 15] [--n 300] [--dsn URL]
-        [--json FILE] [--profile]
+    python benchmarks/bench_reservation.py [--repeats 15] [--n 300] [--memory-n 2000]
+        [--dsn URL] [--json FILE] [--profile]
 
 The headline (stdout, one line per case) is the overhead in microseconds: per reservation
-(the no-op block less the same loop around an empty function) for the reservation cases,
-per statement (the in-memory SQLite pair: instrumented minus bare engine, paired within a
-round) for the SQLAlchemy cases, with two floors on lines of their own: a no-op dialect
-``do_execute`` listener (the dispatch the integration uses) and no-op engine
-``before/after_cursor_execute`` listeners (SQLAlchemy's engine event path, which the
-integration used before and which any engine listener switches on); ``spread`` is the
-no-op blocks' interquartile range over their median; the ratio against bare on
-PostgreSQL stands beside it.
+(the in-memory pair) for the reservation cases, per statement (the in-memory SQLite pair:
+instrumented minus bare engine, paired within a round) for the SQLAlchemy cases, with two
+floors on lines of their own: a no-op dialect ``do_execute`` listener (the dispatch the
+integration uses) and no-op engine ``before/after_cursor_execute`` listeners (SQLAlchemy's
+engine event path, which the integration used before and which any engine listener
+switches on).
 
 Targets (from the issue), in microseconds: metrics <= 3 per reservation, metrics + log
 <= 15, with span <= 45, sqlalchemy <= 4 per statement; sqlalchemy_spans has none. The
@@ -207,6 +214,9 @@ def instrumented_reservation(engine: Engine, clock: DbClock, sentry: Sentry) -> 
             if new_stock is None:
                 r.conflict("out_of_stock")
             else:
+                # The stock the update saw (RETURNING gives what it left): the reservation's
+                # two marks, so two log lines, as in the in-memory pair below.
+                r.stock_check(new_stock + QTY)
                 r.success(old_stock=new_stock + QTY, new_stock=new_stock)
         if new_stock is None:
             raise RuntimeError("the conditional update matched no row")
@@ -214,16 +224,35 @@ def instrumented_reservation(engine: Engine, clock: DbClock, sentry: Sentry) -> 
     return reserve
 
 
-def instrumented_noop(sentry: Sentry) -> Callable[[], None]:
+# The in-memory pair, the headline: the same check-then-take reservation on a dict, bare and
+# inside ``sentry.reservation(...)`` with its two marks (``stock_check``, then ``success``:
+# with logging on, the two JSON lines ``stock_check`` and ``stock_update``). No round trip,
+# so the difference of the two is the instrumentation's cost alone, not lost in a
+# PostgreSQL commit's noise.
+
+
+def bare_memory(stock: dict[str, int]) -> Callable[[], None]:
     def reserve() -> None:
-        with sentry.reservation(SKU, strategy=STRATEGY, qty=QTY) as r:
-            r.success(old_stock=INITIAL_STOCK, new_stock=INITIAL_STOCK - QTY)
+        available = stock[SKU]
+        if available < QTY:
+            raise RuntimeError("the in-memory stock ran out")
+        stock[SKU] = available - QTY
 
     return reserve
 
 
-def empty_op() -> None:
-    """The loop's own cost, for reference in the JSON figures."""
+def instrumented_memory(stock: dict[str, int], sentry: Sentry) -> Callable[[], None]:
+    def reserve() -> None:
+        with sentry.reservation(SKU, strategy=STRATEGY, qty=QTY) as r:
+            available = stock[SKU]
+            r.stock_check(available)
+            if available < QTY:
+                r.conflict("out_of_stock")
+                raise RuntimeError("the in-memory stock ran out")
+            stock[SKU] = available - QTY
+            r.success(old_stock=available, new_stock=available - QTY)
+
+    return reserve
 
 
 # --- cases ---------------------------------------------------------------------------------
@@ -237,7 +266,9 @@ class Case:
     sentry: Sentry | None = None
     log_lines: bool = False
     trace_ids: bool = False
-    noop: Callable[[], None] | None = None
+    #: The in-memory reservation of this case (``None`` for the SQLAlchemy cases, whose
+    #: cost is per statement, measured on SQLite).
+    memory: Callable[[], None] | None = None
     #: ``instrument_sqlalchemy`` is on this case's engine (one lock-wait observation and,
     #: with ``sql_spans``, one exported span per statement).
     sqlalchemy: bool = False
@@ -245,9 +276,11 @@ class Case:
     blocks: list[float] = field(default_factory=list)
     # Per reservation, the part of each block spent outside the database transaction.
     outside_db: list[float] = field(default_factory=list)
-    noop_blocks: list[float] = field(default_factory=list)
+    memory_blocks: list[float] = field(default_factory=list)
     reservations: int = 0
-    noop_reservations: int = 0
+    memory_reservations: int = 0
+    #: Reservations of the warm-up (database and in-memory), counted by the checks.
+    warmed: int = 0
 
 
 @dataclass(slots=True)
@@ -263,29 +296,44 @@ class Bench:
     engines: list[Engine]
 
 
-def build_cases(engine: Engine, sink: io.StringIO) -> Bench:
-    exporter = DroppingSpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(BatchSpanProcessor(exporter))
-    sentries = {
+def reservation_sentries(provider: TracerProvider) -> dict[str, Sentry]:
+    """The reservation cases' sentries, each on a registry of its own; spans on ``provider``."""
+    return {
         "metrics": Sentry(registry=CollectorRegistry(), log=False, trace=False),
         "metrics_log": Sentry(registry=CollectorRegistry(), log=True, trace=False),
         "metrics_log_span": Sentry(
             registry=CollectorRegistry(), log=True, trace=True, tracer_provider=provider
         ),
     }
-    bare_clock = DbClock()
-    cases = [Case("bare", bare_reservation(engine, bare_clock), bare_clock)]
 
-    def instrumented(name: str, on: Engine, sentry: Sentry) -> Case:
+
+def build_cases(engine: Engine, sink: io.StringIO) -> Bench:
+    exporter = DroppingSpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(exporter))
+    sentries = reservation_sentries(provider)
+    bare_clock = DbClock()
+    # One in-memory stock per case: the instrumented ones never share the bare one's dict.
+    cases = [
+        Case(
+            "bare",
+            bare_reservation(engine, bare_clock),
+            bare_clock,
+            memory=bare_memory({SKU: INITIAL_STOCK}),
+        )
+    ]
+
+    def instrumented(name: str, on: Engine, sentry: Sentry, *, memory: bool) -> Case:
         clock = DbClock()
         reserve = instrumented_reservation(on, clock, sentry)
-        case = Case(name, reserve, clock, sentry=sentry, noop=instrumented_noop(sentry))
+        case = Case(name, reserve, clock, sentry=sentry)
+        if memory:
+            case.memory = instrumented_memory({SKU: INITIAL_STOCK}, sentry)
         cases.append(case)
         return case
 
     for name, sentry in sentries.items():
-        case = instrumented(name, engine, sentry)
+        case = instrumented(name, engine, sentry, memory=True)
         case.log_lines, case.trace_ids = sentry.log_enabled, sentry.tracer is not None
     # The SQLAlchemy integration needs an engine of its own: listeners are per engine.
     sql_exporter = DroppingSpanExporter()
@@ -302,7 +350,7 @@ def build_cases(engine: Engine, sink: io.StringIO) -> Bench:
             tracer_provider=sql_provider,
         )
         engines.append(own)
-        case = instrumented(name, own, sentry)
+        case = instrumented(name, own, sentry, memory=False)
         case.sqlalchemy, case.sql_spans = True, spans == "all"
     return Bench(cases, sink, exporter, provider, sql_exporter, sql_provider, engines)
 
@@ -321,20 +369,29 @@ def time_block(op: Callable[[], None], n: int) -> float:
     return (time.perf_counter() - start) / n
 
 
+#: The JSON lines of one reservation with logging on, in order.
+LOG_EVENTS = ("stock_check", "stock_update")
+
+
 def check_log_block(case: Case, sink: io.StringIO, n: int) -> None:
-    """One ``stock_update`` JSON line per reservation, with trace ids when traced."""
+    """Two JSON lines per reservation (``stock_check``, ``stock_update``) of its SKU, with
+    the same trace ids when traced, none with ``log=False``."""
     if not case.log_lines:
         if sink.tell():
             raise RuntimeError(f"{case.name}: wrote log lines with log=False")
         return
     lines = sink.getvalue().splitlines()
-    if len(lines) != n:
+    if len(lines) != n * len(LOG_EVENTS):
         raise RuntimeError(f"{case.name}: {len(lines)} log lines for {n} reservations")
-    first = json.loads(lines[0])
-    if first.get("event") != "stock_update":
-        raise RuntimeError(f"{case.name}: unexpected log line {lines[0]!r}")
-    if case.trace_ids != ("trace_id" in first):
-        raise RuntimeError(f"{case.name}: trace_id presence wrong in {lines[0]!r}")
+    first = [json.loads(line) for line in lines[: len(LOG_EVENTS)]]
+    if tuple(line.get("event") for line in first) != LOG_EVENTS or any(
+        line.get("sku") != SKU for line in first
+    ):
+        raise RuntimeError(f"{case.name}: unexpected log lines {lines[:2]!r}")
+    ids = {(line.get("trace_id"), line.get("span_id")) for line in first}
+    traced = all("trace_id" in line and "span_id" in line for line in first)
+    if case.trace_ids != traced or (traced and len(ids) != 1):
+        raise RuntimeError(f"{case.name}: trace ids wrong in {lines[:2]!r}")
 
 
 def rotated(cases: Sequence[Case], shift: int) -> list[Case]:
@@ -368,9 +425,9 @@ def record_db(case: Case, seconds: float, n: int) -> None:
     case.reservations += n
 
 
-def record_noop(case: Case, seconds: float, n: int) -> None:
-    case.noop_blocks.append(seconds)
-    case.noop_reservations += n
+def record_memory(case: Case, seconds: float, n: int) -> None:
+    case.memory_blocks.append(seconds)
+    case.memory_reservations += n
 
 
 # --- the SQLAlchemy integration per statement, without a server ------------------------------
@@ -522,6 +579,9 @@ def lite_figures(cases: list[LiteCase]) -> dict[str, Any]:
             )
             * 1e6,
             "blocks_us": [b * 1e6 for b in case.blocks],
+            "spread": spread_of(
+                [(c - b) / SQL_STATEMENTS for c, b in zip(case.blocks, bare.blocks, strict=True)]
+            ),
         }
     return out
 
@@ -548,7 +608,7 @@ def verify(bench: Bench, engine: Engine, warmup: int) -> None:
         sentry = case.sentry
         if sentry is None:
             continue
-        expected = warmup * 2 + case.reservations + case.noop_reservations
+        expected = case.warmed + case.reservations + case.memory_reservations
         counted = sample(
             sentry,
             catalog.RESERVATION_SUCCESS.name,
@@ -647,10 +707,19 @@ def quartiles_us(values: Sequence[float]) -> tuple[float, float]:
     return q[0] * 1e6, q[2] * 1e6
 
 
-def figures(bench: Bench, settings: dict[str, Any], loop_us: float) -> dict[str, Any]:
+def paired_us(case: Sequence[float], bare: Sequence[float]) -> list[float]:
+    """Per round, the case's block less the bare block of the same round, in µs per op."""
+    return [(c - b) * 1e6 for c, b in zip(case, bare, strict=True)]
+
+
+def figures(bench: Bench, settings: dict[str, Any]) -> dict[str, Any]:
     bare = bench.cases[0]
     bare_med = median_us(bare.blocks)
-    result: dict[str, Any] = {"settings": settings, "loop_us_per_op": loop_us, "cases": {}}
+    result: dict[str, Any] = {
+        "settings": settings,
+        "bare_memory_us": median_us(bare.memory_blocks),
+        "cases": {},
+    }
     for case in bench.cases:
         p25, p75 = quartiles_us(case.blocks)
         entry: dict[str, Any] = {
@@ -660,6 +729,8 @@ def figures(bench: Bench, settings: dict[str, Any], loop_us: float) -> dict[str,
             "blocks_us": [b * 1e6 for b in case.blocks],
         }
         entry["outside_db_us"] = median_us(case.outside_db)
+        if case.memory_blocks:
+            entry["memory_blocks_us"] = [b * 1e6 for b in case.memory_blocks]
         if case.sentry is not None:
             ratio = entry["median_us"] / bare_med
             # Paired within a round (same moment, same drift): a cross-check on the ratio.
@@ -675,24 +746,29 @@ def figures(bench: Bench, settings: dict[str, Any], loop_us: float) -> dict[str,
                 paired_ratio=paired,
                 insitu_overhead_us=insitu,
                 insitu_ratio=(bare_med + insitu) / bare_med,
-                insitu_target_met=(bare_med + insitu) / bare_med <= TARGETS[case.name],
                 target=TARGETS[case.name],
                 target_met=ratio <= TARGETS[case.name],
-                overhead_us_per_op=median_us(case.noop_blocks),
-                # The loop and the call of the block's function are not the
-                # instrumentation's: the empty function's block, timed alike, comes off.
-                overhead_us_net=median_us(case.noop_blocks) - loop_us,
-                overhead_blocks_us=[b * 1e6 for b in case.noop_blocks],
-                noop_spread=spread(case.noop_blocks),
                 per="statement" if case.sqlalchemy else "reservation",
                 target_us=TARGETS_US[case.name],
             )
+            if case.memory_blocks:
+                # The headline: instrumented less bare in-memory reservation, paired per
+                # round, its median over the rounds.
+                diffs = paired_us(case.memory_blocks, bare.memory_blocks)
+                overhead = statistics.median(diffs)
+                entry.update(
+                    overhead_us=overhead,
+                    overhead_rounds_us=diffs,
+                    overhead_spread=spread_of(diffs),
+                    # What the overhead makes of a reservation on PostgreSQL as measured here.
+                    overhead_ratio=(bare_med + overhead) / bare_med,
+                )
         result["cases"][case.name] = entry
     return result
 
 
-def spread(values: Sequence[float]) -> str:
-    """The quartiles' distance as a share of the median: how noisy the blocks were."""
+def spread_of(values: Sequence[float]) -> str:
+    """The quartiles' distance as a share of the median: how noisy the rounds were."""
     if len(values) < 2:
         return "n/a"
     q = statistics.quantiles(values, n=4, method="inclusive")
@@ -707,7 +783,7 @@ def print_report(result: dict[str, Any]) -> None:
     print(
         "bench settings "
         + " ".join(f"{key}={value}" for key, value in settings.items() if key != "dsn")
-        + f" loop_us={result['loop_us_per_op']:.3f}"
+        + f" bare_memory_us={result['bare_memory_us']:.3f}"
     )
     cases = result["cases"]
     lite = result["sqlite_statements"]
@@ -716,16 +792,21 @@ def print_report(result: dict[str, Any]) -> None:
         if name == "bare":
             continue
         target = TARGETS_US[name]
-        if entry.get("per") == "statement":
+        if entry["per"] == "statement":
             overhead = lite[name]["us_per_statement"]
+            per_reservation = overhead * SQL_STATEMENTS
+            spread = lite[name]["spread"]
         else:
-            overhead = entry["overhead_us_net"]
+            overhead = per_reservation = entry["overhead_us"]
+            spread = entry["overhead_spread"]
         met = "n/a" if target is None else ("yes" if overhead <= target else "NO")
+        # ratio: what the overhead measured in memory makes of the PostgreSQL reservation;
+        # pg_ratio: the PostgreSQL blocks' own medians, which the commit's noise drowns.
         print(
             f"bench {name} overhead_us={overhead:.2f} per={entry['per']} "
             f"target_us={'-' if target is None else f'{target:g}'} met={met} "
-            f"ratio={entry['ratio']:.3f} median_us={entry['median_us']:.1f} "
-            f"bare_us={bare_us:.1f} spread={entry['noop_spread']}"
+            f"ratio={(bare_us + per_reservation) / bare_us:.4f} "
+            f"pg_ratio={entry['ratio']:.3f} bare_pg_us={bare_us:.1f} spread={spread}"
         )
     print(
         f"bench sqlalchemy_listener_floor overhead_us="
@@ -737,6 +818,9 @@ def print_report(result: dict[str, Any]) -> None:
         f"{lite['engine_listener_floor']['us_per_statement']:.2f} per=statement "
         "(no-op before/after_cursor_execute engine listeners: the dispatch it used before)"
     )
+    load = result.get("load_average")
+    if load is not None:
+        print("bench load_average " + " ".join(f"{value:.2f}" for value in load))
     # Cross-checks on stderr: the instrumentation's time measured between the transactions
     # (commit latency cancels out) and the ratio of blocks paired within a round.
     for name, entry in cases.items():
@@ -749,22 +833,23 @@ def print_report(result: dict[str, Any]) -> None:
 
 
 def profile_overhead(bench: Bench, n: int, top: int = 18) -> None:
-    """cProfile of the no-op reservation block per case, top functions by own time, stderr."""
+    """cProfile of the in-memory reservation block per case, top functions by own time,
+    to stderr."""
     for case in bench.cases:
-        if case.noop is None:
+        if case.memory is None or case.sentry is None:
             continue
         empty_sink(bench.sink)
         profiler = cProfile.Profile()
         gc.collect()
         profiler.enable()
         for _ in range(n):
-            case.noop()
+            case.memory()
         profiler.disable()
-        case.noop_reservations += n
+        case.memory_reservations += n
         out = io.StringIO()
         stats = pstats.Stats(profiler, stream=out)
         stats.sort_stats("tottime").print_stats(top)
-        print(f"=== profile {case.name}: {n} no-op reservations ===", file=sys.stderr)
+        print(f"=== profile {case.name}: {n} in-memory reservations ===", file=sys.stderr)
         print(out.getvalue(), file=sys.stderr)
 
 
@@ -774,7 +859,15 @@ def profile_overhead(bench: Bench, n: int, top: int = 18) -> None:
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--repeats", type=int, default=15, help="rounds (default 15)")
-    parser.add_argument("--n", type=int, default=300, help="reservations per block (300)")
+    parser.add_argument(
+        "--n", type=int, default=300, help="reservations per PostgreSQL block (300)"
+    )
+    parser.add_argument(
+        "--memory-n",
+        type=int,
+        default=2000,
+        help="reservations per in-memory block, the headline's (2000)",
+    )
     parser.add_argument(
         "--dsn",
         default=os.environ.get("STOCKSENTRY_BENCH_PG", DEFAULT_DSN),
@@ -784,11 +877,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--profile",
         action="store_true",
-        help="print a cProfile of each case's no-op reservation block to stderr",
+        help="print a cProfile of each case's in-memory reservation block to stderr",
     )
     args = parser.parse_args(argv)
-    if args.repeats < 2 or args.n < 1:
-        parser.error("--repeats must be at least 2 and --n at least 1")
+    if args.repeats < 2 or args.n < 1 or args.memory_n < 1:
+        parser.error("--repeats must be at least 2, --n and --memory-n at least 1")
     return args
 
 
@@ -811,6 +904,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def run(args: argparse.Namespace) -> int:
     repeats: int = args.repeats
     n: int = args.n
+    memory_n: int = args.memory_n
     warmup = max(50, n // 3)
 
     # Configured before any Sentry exists: structlog caches loggers on first use.
@@ -825,6 +919,7 @@ def run(args: argparse.Namespace) -> int:
             settings: dict[str, Any] = {
                 "repeats": repeats,
                 "n": n,
+                "memory_n": memory_n,
                 "warmup": warmup,
                 **server_facts(engine),
                 "python": platform.python_version(),
@@ -834,19 +929,23 @@ def run(args: argparse.Namespace) -> int:
             }
             bench = build_cases(engine, sink)
             for case in bench.cases:  # warm-up: pool, statement cache, label children
-                for op in (case.reserve, case.noop):
+                for op in (case.reserve, case.memory):
                     if op is not None:
                         empty_sink(sink)
                         time_block(op, warmup)
+                        case.warmed += warmup
+            load_before = os.getloadavg()
             run_rounds(bench, repeats, n, lambda c: c.reserve, record_db)
-            run_rounds(bench, repeats, n, lambda c: c.noop, record_noop)
-            loop_us = statistics.median(time_block(empty_op, n) for _ in range(repeats)) * 1e6
+            run_rounds(bench, repeats, memory_n, lambda c: c.memory, record_memory)
             if args.profile:
-                profile_overhead(bench, n)
+                profile_overhead(bench, memory_n)
             lite = run_lite(repeats, n)
             verify(bench, engine, warmup)
-            result = figures(bench, settings, loop_us)
+            result = figures(bench, settings)
             result["sqlite_statements"] = lite_figures(lite)
+            # The 1-minute load average before and after the timed rounds: how shared the
+            # machine was while they ran.
+            result["load_average"] = [load_before[0], os.getloadavg()[0]]
         finally:
             if bench is not None:
                 bench.provider.shutdown()

@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from json.encoder import encode_basestring_ascii
 from typing import Any
 
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 from structlog.contextvars import STRUCTLOG_KEY_PREFIX
 from structlog.processors import format_exc_info
@@ -21,6 +22,7 @@ from structlog.typing import EventDict, Processor, WrappedLogger
 
 from .events import EVENTS
 from .secrets import MIN_SENSITIVE_LEN, REDACTED, SECRET_WORDS, is_secret_key, scrub_text
+from .tracing import trace_fields
 
 try:  # CPython's C encoder; without it the pure-Python encoder renders every line
     from _json import make_encoder as _c_make_encoder
@@ -122,6 +124,11 @@ class Redactor:
                 event_dict[key] = self._redact_value(value, 1)
         return event_dict
 
+    def masks(self, key: str) -> bool:
+        """Whether this redactor masks the value of ``key`` (a configured or default key)."""
+        is_sensitive = self._sensitive.get(key)
+        return self._classify(key) if is_sensitive is None else is_sensitive
+
     def _classify(self, key: object) -> bool:
         lowered = key.lower() if isinstance(key, str) else ""
         # Configured keys match exactly; the default words also match inside a key
@@ -217,19 +224,32 @@ def add_trace_context(logger: WrappedLogger, method_name: str, event_dict: Event
         >>> add_trace_context(None, "info", {"event": "x"})  # no active span
         {'event': 'x'}
     """
-    span_context = trace.get_current_span().get_span_context()
-    if span_context.is_valid:
+    global _last_trace
+    # The current OpenTelemetry context decides the ids, and it is immutable: the same
+    # context object as the last line's (the reservation's lines all run in it) has the
+    # same ids, so the span lookup and its checks run once per context, not once per line.
+    # One tuple, swapped whole: threads never see a torn pair (a race only looks twice).
+    # It keeps the last context (and its span) alive until a line in another context.
+    context = otel_context.get_current()
+    last = _last_trace
+    if last[0] is context:
+        fields = last[1]
+    else:
+        span_context = trace.get_current_span(context).get_span_context()
+        fields = trace_fields(span_context) if span_context.is_valid else None
+        _last_trace = (context, fields)
+    if fields is not None:
+        trace_id, span_id, flags = fields
         if "trace_id" not in event_dict:
-            event_dict["trace_id"] = trace.format_trace_id(span_context.trace_id)
+            event_dict["trace_id"] = trace_id
         if "span_id" not in event_dict:
-            event_dict["span_id"] = trace.format_span_id(span_context.span_id)
+            event_dict["span_id"] = span_id
         if "trace_flags" not in event_dict:
-            event_dict["trace_flags"] = _FLAGS[span_context.trace_flags & 0xFF]
+            event_dict["trace_flags"] = flags
     return event_dict
 
 
-# The two hex digits of each trace-flags byte, made once.
-_FLAGS = tuple(f"{flags:02x}" for flags in range(256))
+_last_trace: tuple[object, tuple[str, str, str] | None] = (None, None)
 
 
 class _ContextvarsMerger:
@@ -299,6 +319,17 @@ class _UtcMillisTimestamper:
         return event_dict
 
 
+#: The keys :class:`_LineFields` writes (``exception`` aside): never the caller's secrets.
+LINE_FIELD_KEYS: tuple[str, ...] = (
+    "level",
+    "logger",
+    "trace_id",
+    "span_id",
+    "trace_flags",
+    "timestamp",
+)
+
+
 class _LineFields:
     """``level``, ``logger``, ``trace_id``/``span_id``, ``timestamp`` (and, with
     ``render_exc_info``, ``exception``) in one processor.
@@ -306,17 +337,33 @@ class _LineFields:
     The same keys, values and order as ``add_log_level``, the wrapped logger's ``name``
     (set if absent), :func:`add_trace_context`, :class:`_UtcMillisTimestamper` and
     ``format_exc_info`` chained, for one call per line instead of five.
+
+    With ``redactor``, the same line as those followed by ``redactor``, with the redactor
+    run first, on the caller's fields only: the fields added here are the redactor's
+    trusted keys, which it would skip one by one on every line (pass a redactor only if
+    it masks none of :data:`LINE_FIELD_KEYS`). A rendered traceback is text from the
+    caller's world: the redactor runs again over a line that has one.
     """
 
-    __slots__ = ("_exc_info", "_timestamp")
+    __slots__ = ("_exc_info", "_redact", "_timestamp")
 
-    def __init__(self, timestamper: _UtcMillisTimestamper, *, render_exc_info: bool) -> None:
+    def __init__(
+        self,
+        timestamper: _UtcMillisTimestamper,
+        *,
+        render_exc_info: bool,
+        redactor: Redactor | None = None,
+    ) -> None:
         self._timestamp = timestamper
         self._exc_info: Processor | None = format_exc_info if render_exc_info else None
+        self._redact = redactor
 
     def __call__(
         self, logger: WrappedLogger, method_name: str, event_dict: EventDict
     ) -> EventDict:
+        redact = self._redact
+        if redact is not None:
+            event_dict = redact(logger, method_name, event_dict)
         # structlog's add_log_level mapping: "warn" is the stdlib's alias, "exception" an
         # error with its traceback.
         event_dict["level"] = (
@@ -335,6 +382,10 @@ class _LineFields:
         if render is not None and "exc_info" in event_dict:
             # ExceptionRenderer does nothing else without an exc_info key.
             result: EventDict = render(logger, method_name, event_dict)  # type: ignore[assignment]  # a processor returns the event dict here
+            if redact is not None:
+                # The traceback's text, masked as if the redactor had run after it (a
+                # second pass leaves what the first masked as it is).
+                result = redact(logger, method_name, result)
             return result
         return event_dict
 

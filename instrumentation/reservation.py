@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Mapping
 from contextvars import ContextVar, Token
 from typing import TYPE_CHECKING, Any
 
 import structlog
+from opentelemetry import context as otel_context
+from opentelemetry import trace as otel_trace
 from opentelemetry.trace import Span
 
 from . import catalog
@@ -21,6 +24,39 @@ if TYPE_CHECKING:
     from .sentry import Sentry
 
 _current: ContextVar[Reservation | None] = ContextVar("stocksentry_reservation", default=None)
+
+
+# The type of structlog's lazy proxy, what ``structlog.get_logger`` returns (structlog does
+# not export the class).
+_LAZY_PROXY: type[Any] = type(structlog.get_logger())
+
+
+def _line_logger(sentry: Sentry) -> Any:
+    """The logger a reservation's lines go to, resolved once for all of them.
+
+    structlog's lazy proxy finds its logger in ``__getattr__``, after a failed attribute
+    lookup, on each line; ``bind()`` with no values is that same resolution (the logger
+    cached on first use, or one assembled from the configuration of now), done once here.
+    Any other logger (``Sentry(logger=...)``) is used as it is.
+    """
+    logger = sentry.logger
+    if type(logger) is _LAZY_PROXY:
+        try:
+            return logger.bind()
+        except Exception as exc:
+            sentry.internal_error("logging", exc)
+    return logger
+
+
+# The logs module, by name: only an app that imported it can have configure_logging's chain,
+# and the core import stays without it (and its secrets module's patterns).
+_LOGS_MODULE = f"{__name__.rpartition('.')[0]}.logs"
+
+
+def _own_line_writer(logger: Any) -> Any:
+    """``logs.own_line_writer(logger)`` once the logs module is loaded, else ``None``."""
+    logs = sys.modules.get(_LOGS_MODULE)
+    return None if logs is None else logs.own_line_writer(logger)
 
 
 def current_reservation() -> Reservation | None:
@@ -43,12 +79,14 @@ class Reservation(BlockHandle):
         "_implied",
         "_log",
         "_log_tokens",
+        "_logger",
         "_misuse",
         "_new_stock",
         "_old_stock",
         "_outcome",
         "_sql_negative",
         "_start",
+        "_write_info",
         "ids",
         "qty",
         "sku",
@@ -82,6 +120,10 @@ class Reservation(BlockHandle):
         # Whether this reservation logs: read once, not per line (Sentry.log_enabled
         # looks at structlog's configuration each time).
         self._log = sentry.log_enabled
+        self._logger: Any = _line_logger(sentry) if self._log else None
+        # configure_logging's own chain, run without structlog's per-call layers (None:
+        # through the logger's info()).
+        self._write_info: Any = _own_line_writer(self._logger) if self._log else None
         self._log_tokens: Mapping[str, Token[Any]] | None = None
         self._cv_token: Token[Reservation | None] | None = None
         self._start = 0.0
@@ -115,19 +157,15 @@ class Reservation(BlockHandle):
             self._misuse = f"source must be 'db' or 'cache', got {source!r:.80}"
         if self._log:
             try:
+                fields: dict[str, Any] = {
+                    "sku": self.sku,
+                    "strategy": self.strategy,
+                    "available": available,
+                }
                 if from_cache:
-                    sentry.logger.info(
-                        STOCK_CHECK.name,
-                        sku=self.sku,
-                        strategy=self.strategy,
-                        available=available,
-                        source="cache",
-                        cache=self._cache_name,
-                    )
-                else:
-                    sentry.logger.info(
-                        STOCK_CHECK.name, sku=self.sku, strategy=self.strategy, available=available
-                    )
+                    fields["source"] = "cache"
+                    fields["cache"] = self._cache_name
+                self._info(STOCK_CHECK.name, fields)
             except Exception as exc:
                 sentry.internal_error("logging", exc)
 
@@ -206,15 +244,24 @@ class Reservation(BlockHandle):
         try:
             tracer = sentry.tracer
             if tracer is not None:
-                # Cut: an attribute value is kept by the span processor until export.
-                attributes: dict[str, str | int] = {
-                    "stock.sku": str(self.sku)[:256],
-                    "stock.strategy": str(self.strategy)[:256],
-                }
+                # Cut: an attribute value is kept by the span processor until export. All
+                # of them in the one dict start_span takes (the SDK validates them once).
+                attributes: dict[str, str | int]
                 if self._misuse is None:
-                    attributes["stock.qty"] = self.qty
-                span = tracer.start_span("stock.reserve", attributes=attributes)
-                self._use_span(span)
+                    attributes = {
+                        "stock.sku": self.sku[:256],
+                        "stock.strategy": self.strategy[:256],
+                        "stock.qty": self.qty,
+                    }
+                else:
+                    attributes = {
+                        "stock.sku": str(self.sku)[:256],
+                        "stock.strategy": str(self.strategy)[:256],
+                    }
+                span = self._span = tracer.start_span("stock.reserve", attributes=attributes)
+                # Current until the block ends, so log lines and child spans see it: attach
+                # directly, without use_span's context-manager layers.
+                self._ctx_token = otel_context.attach(otel_trace.set_span_in_context(span))
             if self._log:
                 self._log_tokens = structlog.contextvars.bind_contextvars(sku=self.sku, **self.ids)
             self._cv_token = _current.set(self)
@@ -292,10 +339,18 @@ class Reservation(BlockHandle):
         if span is not None:
             self._end_span(span, "stock.outcome", outcome, outcome == "error", exc)
 
+    def _info(self, event: str, fields: dict[str, Any]) -> None:
+        """One ``info`` line of ``fields`` (a fresh dict: it becomes the event dict)."""
+        write = self._write_info
+        if write is not None:
+            write(event, fields)
+        else:
+            self._logger.info(event, **fields)
+
     def _log_end(self, outcome: Outcome, exc: BaseException | None) -> None:
         sentry = self._sentry
         try:
-            log = sentry.logger
+            log = self._logger
             if outcome == "success":
                 fields: dict[str, Any] = {
                     "sku": self.sku,
@@ -307,7 +362,7 @@ class Reservation(BlockHandle):
                     fields["from"] = self._old_stock
                 if self._new_stock is not None:
                     fields["to"] = self._new_stock
-                log.info(STOCK_UPDATE.name, **fields)
+                self._info(STOCK_UPDATE.name, fields)
                 new_stock = self._new_stock
                 if (
                     self._misuse is None
@@ -317,20 +372,24 @@ class Reservation(BlockHandle):
                 ):
                     log.warning(INVENTORY_NEGATIVE.name, sku=self.sku, stock=new_stock, **self.ids)
             elif outcome == "error":
-                log.info(
+                self._info(
                     RESERVATION_ERROR.name,
-                    sku=self.sku,
-                    strategy=self.strategy,
-                    error=type(exc).__name__ if exc is not None else "unknown",
+                    {
+                        "sku": self.sku,
+                        "strategy": self.strategy,
+                        "error": type(exc).__name__ if exc is not None else "unknown",
+                    },
                 )
             else:
-                log.info(
+                self._info(
                     STOCK_UPDATE.name,
-                    sku=self.sku,
-                    strategy=self.strategy,
-                    qty=self.qty,
-                    success=False,
-                    reason=outcome,
+                    {
+                        "sku": self.sku,
+                        "strategy": self.strategy,
+                        "qty": self.qty,
+                        "success": False,
+                        "reason": outcome,
+                    },
                 )
         except Exception as err:
             sentry.internal_error("logging", err)

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from opentelemetry import trace
-from opentelemetry.trace import Link, Span
+from opentelemetry.trace import Link, Span, SpanContext
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 _PROPAGATOR = TraceContextTextMapPropagator()
@@ -49,12 +49,44 @@ def link_from_carrier(carrier: Mapping[str, str] | None) -> Link | None:
     return Link(span_context, {"stocksentry.link": "checkout"})
 
 
+# The two hex digits of each trace-flags byte, made once.
+_FLAGS = tuple(f"{flags:02x}" for flags in range(256))
+# The span context last formatted and its fields: a reservation asks for the same span's
+# ids for each log line and for its exemplar, so they are formatted once per span. One
+# tuple, swapped whole: a thread reading it never sees a torn pair (a race only formats
+# twice).
+_last_fields: tuple[SpanContext | None, tuple[str, str, str]] = (None, ("", "", ""))
+
+
+def trace_fields(span_context: SpanContext) -> tuple[str, str, str]:
+    """``span_context``'s trace id and span id in lowercase hex (32 and 16 characters) and
+    its flags as two hex digits, as in W3C ``traceparent``.
+
+    Example::
+
+        >>> from opentelemetry.trace import SpanContext
+        >>> trace_fields(SpanContext(0xAB, 0xCD, is_remote=False, trace_flags=1))[1:]
+        ('00000000000000cd', '01')
+    """
+    global _last_fields
+    last = _last_fields
+    if last[0] is span_context:
+        return last[1]
+    fields = (
+        format(span_context.trace_id, "032x"),
+        format(span_context.span_id, "016x"),
+        _FLAGS[span_context.trace_flags & 0xFF],
+    )
+    _last_fields = (span_context, fields)
+    return fields
+
+
 def exemplar_for(span: Span) -> dict[str, str] | None:
     """Exemplar labels (``trace_id``, ``span_id``) for a recording span, else ``None``."""
     if not span.is_recording():
         return None
-    ctx = span.get_span_context()
-    return {"trace_id": format(ctx.trace_id, "032x"), "span_id": format(ctx.span_id, "016x")}
+    trace_id, span_id, _ = trace_fields(span.get_span_context())
+    return {"trace_id": trace_id, "span_id": span_id}
 
 
 def configure_tracing(
