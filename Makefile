@@ -80,10 +80,11 @@ format: dev
 	$(VENV)/bin/ruff format .
 
 ## bench: the overhead per reservation (in memory, with its ratio on real PostgreSQL), the
-## scrape path, the multiprocess merge against prometheus_client's, the probes and the Redis
-## lock watcher; medians over repeats (instructions: benchmarks/callgrind_reservation.py). `make bench SCALE=1` adds the probes on a generated shop of 1M
-## products and 5M orders (a few minutes; SCALE_ARGS="--products 200000 --orders 1000000
-## --keep" to change it).
+## scrape path, the multiprocess merge against prometheus_client's, the probes, the
+## timeline and the Redis lock watcher; medians over repeats (load-independent instruction
+## counts: benchmarks/callgrind_reservation.py). `make bench SCALE=1` adds the probes on a
+## generated shop of 1M products and 5M orders (a few minutes; SCALE_ARGS="--products 200000
+## --orders 1000000 --keep" to change it, "--database mysql" for MariaDB).
 bench: dev services
 	$(PY) benchmarks/bench_reservation.py
 	$(PY) benchmarks/bench_exporter.py
