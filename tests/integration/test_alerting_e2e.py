@@ -24,6 +24,13 @@ written to ``detection-delays.json`` in the test's tmp path; they are held under
 bound, not benchmarked. The safe strategies (``atomic``, ``for_update``) must leave every
 alert quiet, in Prometheus and at the receiver.
 
+Each failure mode of the lab fires its own alert (``test_each_failure_mode_fires_its_own_alert``,
+one fresh stack per mode): the alerts it must fire, the ones allowed alongside (consequences
+of the same failure), the SKU they name, and the seconds from the start of selling to each
+alert's firing, which ``benchmarks/alert_delays.py`` repeats and tabulates. The redlock
+strategy (its read-modify-write inside the owned lock) and the idempotent retry fire
+nothing, like atomic and FOR UPDATE.
+
 A burst of negative writes between two scrapes, a series first scraped at its full count,
 is exactly what the lab produces, and the rules' newborn-series half (alert_rules/
 README.md, "Counters born at their full count") counts it when, a window (5 minutes)
