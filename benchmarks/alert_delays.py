@@ -52,8 +52,13 @@ def pytest(args: list[str], env_file: Path | None) -> int:
         text=True,
         check=False,
     )
-    tail = "\n".join(done.stdout.strip().splitlines()[-1:])
+    lines = done.stdout.strip().splitlines()
+    tail = "\n".join(lines[-1:])
     print(f"  pytest {' '.join(args)}: exit {done.returncode} ({tail})", file=sys.stderr)
+    # Which runs failed, and the first line of each error, for the record.
+    for line in lines:
+        if line.startswith(("FAILED ", "ERROR ")):
+            print(f"    {line[:300]}", file=sys.stderr)
     return done.returncode
 
 
