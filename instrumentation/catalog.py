@@ -254,6 +254,15 @@ NEGATIVE_INVENTORY_UNITS = MetricSpec(
     source="probe",
     multiprocess_mode="mostrecent",
 )
+NEGATIVE_INVENTORY_SKU_UNITS = MetricSpec(
+    "stock_negative_inventory_sku_units",
+    "gauge",
+    "Units below zero of each of the SKUs lowest below zero (the rest summed under "
+    "__other__); promo SKUs always, at 0 when not below zero.",
+    ("sku",),
+    source="probe",
+    multiprocess_mode="mostrecent",
+)
 OVERSOLD_UNITS = MetricSpec(
     "stock_oversold_units",
     "gauge",
@@ -266,6 +275,15 @@ DUPLICATE_ORDER_KEYS = MetricSpec(
     "stock_duplicate_order_keys",
     "gauge",
     "Idempotency keys or external references with more than one order in the window.",
+    source="probe",
+    multiprocess_mode="mostrecent",
+)
+DUPLICATE_ORDER_SKU_KEYS = MetricSpec(
+    "stock_duplicate_order_sku_keys",
+    "gauge",
+    "Keys with more than one order in the window among whose orders' items the SKU is, "
+    "for the SKUs with the most such keys (the rest summed under __other__).",
+    ("sku",),
     source="probe",
     multiprocess_mode="mostrecent",
 )
@@ -323,6 +341,20 @@ OUTBOX_LAG = MetricSpec(
     "stock_outbox_lag_seconds",
     "gauge",
     "Age of the oldest unpublished outbox event.",
+    source="probe",
+    multiprocess_mode="mostrecent",
+)
+OUTBOX_STUCK = MetricSpec(
+    "stock_outbox_stuck_events",
+    "gauge",
+    "Outbox events unpublished for longer than the configured publish latency.",
+    source="probe",
+    multiprocess_mode="mostrecent",
+)
+OUTBOX_MAX_PUBLISH_LATENCY = MetricSpec(
+    "stock_outbox_max_publish_latency_seconds",
+    "gauge",
+    "The publish latency the outbox probe is configured with (the alert's threshold).",
     source="probe",
     multiprocess_mode="mostrecent",
 )
@@ -496,8 +528,10 @@ ALL: tuple[MetricSpec, ...] = (
     LOCK_ACQUIRE_RETRIES,
     NEGATIVE_INVENTORY_SKUS,
     NEGATIVE_INVENTORY_UNITS,
+    NEGATIVE_INVENTORY_SKU_UNITS,
     OVERSOLD_UNITS,
     DUPLICATE_ORDER_KEYS,
+    DUPLICATE_ORDER_SKU_KEYS,
     DB_LOCK_WAITERS,
     DB_LOCK_WAIT_MAX,
     DB_DEADLOCKS,
@@ -506,6 +540,8 @@ ALL: tuple[MetricSpec, ...] = (
     RESERVATIONS_EXPIRED_UNRELEASED,
     OUTBOX_PENDING,
     OUTBOX_LAG,
+    OUTBOX_STUCK,
+    OUTBOX_MAX_PUBLISH_LATENCY,
     CACHE_DRIFT_SKUS,
     PROBE_UP,
     PROBE_DURATION,

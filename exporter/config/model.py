@@ -93,8 +93,10 @@ __all__ = [
     "LockWatchConfig",
     "LogConfig",
     "LongTransactionsSettings",
+    "NegativeStockSettings",
     "OrderItemsTable",
     "OrdersTable",
+    "OutboxSettings",
     "OutboxTable",
     "OversoldSettings",
     "ProbeDefaults",
@@ -430,6 +432,12 @@ class OutboxTable:
     table: str = key("outbox", _TABLE, "the table")
     created_at: str = key("created_at", _COLUMN, "when the event was written")
     published_at: str = key("published_at", _COLUMN, "null until the event is published")
+    id: str | None = key(
+        None,
+        OptionalIdentifier(),
+        "the event's id, e.g. `id`: the sidecar's `outbox stuck` log line names the oldest "
+        "stuck event by it",
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -569,6 +577,35 @@ class ProbeSettings:
     statement_timeout: float = _statement_timeout()
 
 
+def _top_skus(what: str) -> Any:
+    """How many SKUs a probe names in its per-SKU series (alerts name them)."""
+    return key(
+        10,
+        Integer(1, 1_000),
+        f"the SKUs with the most {what} get a `sku` series of their own (through the SKU "
+        "guard), the rest are summed under `__other__`",
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class NegativeStockSettings(ProbeSettings):
+    """``probes.negative_stock``: SKUs below zero, the worst named one by one."""
+
+    top_skus: int = _top_skus("units below zero")
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxSettings(ProbeSettings):
+    """``probes.outbox``: unpublished events, and when one counts as stuck."""
+
+    max_publish_latency: float = key(
+        30.0,
+        Duration(maximum=_DAY),
+        "an event unpublished for longer is stuck: the sidecar logs it and StockOutboxLag "
+        "fires (the probe exports it as the alert's threshold)",
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class OversoldSettings(ProbeSettings):
     """``probes.oversold``; ``scope: promo`` limits the scan to the promo SKUs.
@@ -629,6 +666,7 @@ class DuplicateOrdersSettings(ProbeSettings):
         "how far an order's `created_at` may precede its transaction's start on the "
         "database's clock (as `oversold.clock_margin`)",
     )
+    top_skus: int = _top_skus("duplicate keys")
 
 
 @dataclass(frozen=True, slots=True)
@@ -691,7 +729,7 @@ class ProbesConfig:
     """
 
     defaults: ProbeDefaults = section(ProbeDefaults, "the schedule of every other probe")
-    negative_stock: ProbeSettings = section(ProbeSettings, "SKUs below zero")
+    negative_stock: NegativeStockSettings = section(NegativeStockSettings, "SKUs below zero")
     oversold: OversoldSettings = section(OversoldSettings, "paid units beyond the allocation")
     duplicate_orders: DuplicateOrdersSettings = section(
         DuplicateOrdersSettings, "keys with more than one order"
@@ -702,7 +740,7 @@ class ProbesConfig:
         LongTransactionsSettings, "long transactions holding stock locks"
     )
     expired_reservations: ProbeSettings = section(ProbeSettings, "expired, unreleased holds")
-    outbox: ProbeSettings = section(ProbeSettings, "unpublished events and their lag")
+    outbox: OutboxSettings = section(OutboxSettings, "unpublished events and their lag")
     cache_drift: ProbeSettings = section(ProbeSettings, "cache against database stock")
     custom: tuple[CustomProbe, ...] = sections(CustomProbe, "custom SQL probes")
 

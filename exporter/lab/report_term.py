@@ -202,7 +202,7 @@ def format_summary(
     if evaluated and any(a["state"] == "pending" for r in results for a in r.alerts.values()):
         details.append(
             wrap.fill(
-                "  pending: the alert's condition held, but the rule's for: duration (1 m"
+                "  pending: the alert's condition held, but the rule's for: duration (15 s"
                 " to 1 h in alert_rules/stocksentry.rules.yml) is longer than this demo;"
                 " the rules are evaluated as shipped, not shortened"
             )
@@ -214,7 +214,9 @@ def format_summary(
                 wrap.fill(
                     f"  outbox: {r.outbox_unpublished} of {r.orders} events unpublished (SQL)"
                     + (f"; the exporter's outbox lag {lag:.1f} s" if lag is not None else "")
-                    + "; StockOutboxLag needs a lag above 60 s for 5 m, longer than this demo"
+                    + "; StockOutboxLag fires once the oldest is older than"
+                    " probes.outbox.max_publish_latency (30 s) on two probe runs, if the demo"
+                    " lasts that long"
                 )
             )
     safe = [r for r in results if r.skipped is None and r.strategy in SAFE_STRATEGIES]

@@ -46,6 +46,10 @@ class DuplicateKeys:
         for k in gone:
             del self._ends[k]
 
+    def keys_of(self, kind: str) -> list[str]:
+        """The duplicate keys of one kind (``external_ref``, ``idempotency_key``), sorted."""
+        return sorted(key for k, key in self._ends if k == kind)
+
     def count(self) -> int:
         """How many keys, over every kind, are duplicates now."""
         return len(self._ends)

@@ -24,6 +24,13 @@ written to ``detection-delays.json`` in the test's tmp path; they are held under
 bound, not benchmarked. The safe strategies (``atomic``, ``for_update``) must leave every
 alert quiet, in Prometheus and at the receiver.
 
+Each failure mode of the lab fires its own alert (``test_each_failure_mode_fires_its_own_alert``,
+one fresh stack per mode): the alerts it must fire, the ones allowed alongside (consequences
+of the same failure), the SKU they name, and the seconds from the start of selling to each
+alert's firing, which ``benchmarks/alert_delays.py`` repeats and tabulates. The redlock
+strategy (its read-modify-write inside the owned lock) and the idempotent retry fire
+nothing, like atomic and FOR UPDATE.
+
 A burst of negative writes between two scrapes, a series first scraped at its full count,
 is exactly what the lab produces, and the rules' newborn-series half (alert_rules/
 README.md, "Counters born at their full count") counts it when, a window (5 minutes)
@@ -31,9 +38,10 @@ earlier, its target was scraped successfully, or Prometheus was scraping other t
 this one is new. The test's Prometheus is seconds old: it has no ``up`` of any target from
 5 minutes ago, which the guard cannot tell from a Prometheus that restarts after a gap, so
 it counts no newborn series at all, on an old target or a new one. A checkout app in
-production has been scraped for hours before its sale: so Prometheus starts with ten
+production has been scraped for hours before its sale: so Prometheus starts with twenty
 minutes of ``up`` = 1 history for the lab's target, backfilled with promtool, and the lab's
-newborn series count as on a target scraped 5 minutes ago. Nothing else is backfilled.
+newborn series count as on a target scraped 5 (10, 15) minutes ago. Nothing else is
+backfilled.
 """
 
 from __future__ import annotations
@@ -383,6 +391,8 @@ database:
 schema:
   products:
     allocation: initial_stock
+  outbox:
+    id: id
 probes:
   defaults:
     interval: 500ms
@@ -475,10 +485,11 @@ def stack(
         env,
     )
     # Without it the fresh Prometheus has no up of any target 5 minutes ago, and the rules'
-    # newborn half counts nothing (see the module docstring).
+    # newborn half counts nothing (see the module docstring). Twenty minutes: the longest
+    # window of a counter alert's newborn half is StockUnsafeReadModifyWrite's 15 minutes.
     now = time.time()
     history = openmetrics_history(
-        {f'up{{instance="{lab}",job="{LAB_JOB}"}}': 1}, start=now - 600, end=now - 2
+        {f'up{{instance="{lab}",job="{LAB_JOB}"}}': 1}, start=now - 1200, end=now - 2
     )
     rules = tmp_path / "stocksentry.rules.yml"
     done = subprocess.run(
@@ -537,8 +548,7 @@ def test_unsafe_strategy_pages_oncall(
             "alertname": "StockNegativeInventory",
             "severity": "critical",
             "team": "checkout",
-            "instance": stack.exporter,
-            "job": EXPORTER_JOB,
+            "sku": UNSAFE_SKU,
         },
         "StockOversold": {
             "alertname": "StockOversold",
@@ -732,3 +742,219 @@ def test_safe_strategies_fire_nothing(
     assert _am_alerts(alertmanager) == []
     assert _summary(receiver.deliveries()) == []
     assert lab.poll() is None, "the lab stopped serving before the end"
+
+
+# --- each failure mode fires its own alert ---------------------------------------------------
+
+#: The Redis of the lock strategies; a database number of its own, away from other tests'
+#: keys (the lab deletes its stocksentry-lab: keys at the end).
+LAB_REDIS = os.environ.get("STOCKSENTRY_TEST_LAB_REDIS", "redis://127.0.0.1:6379/11")
+#: When set, each failure-mode run appends one JSON line (mode, alert, seconds) to this
+#: file: benchmarks/alert_delays.py runs the tests repeatedly and tabulates the lines.
+DELAYS_FILE = os.environ.get("STOCKSENTRY_ALERT_DELAYS_FILE", "")
+#: Alerts any failure mode may bring along, since every one of them makes buyers fail or
+#: queue: the SLO's fast burn (a short, intense burst is a large share of a quiet
+#: shop's hour) and the conflict spike.
+COMMON_COFIRING = frozenset({"CheckoutErrorBudgetBurnFast", "StockReservationConflictSpike"})
+
+
+def first_sale(log_file: Path) -> float:
+    """Unix time of the lab's first stock line (a check, or an update with no check)."""
+    with log_file.open(encoding="utf-8") as lines:
+        for line in lines:
+            record = json.loads(line)
+            if record.get("event") in ("stock_check", "stock_update"):
+                return datetime.fromisoformat(record["timestamp"]).timestamp()
+    raise AssertionError(f"no stock_check or stock_update in {log_file}")
+
+
+@dataclass(frozen=True)
+class FailureMode:
+    """A lab strategy that breaks one invariant, the alerts that must name it, and those
+    allowed to fire alongside (a consequence of the same failure, never a false alarm)."""
+
+    strategy: str
+    alerts: tuple[str, ...]
+    allowed: frozenset[str] = frozenset()
+    redis: bool = False
+    #: Seconds the run may take from the lab's start to the last expected alert.
+    bound: float = DETECTION_BOUND_S
+
+
+FAILURE_MODES: dict[str, FailureMode] = {
+    # Check, then decrement without a guard: stock below zero, units sold twice.
+    "negative_write": FailureMode(
+        "check_then_decrement",
+        ("StockNegativeWrite", "StockNegativeInventory", "StockOversold"),
+        frozenset({"StockUnsafeReadModifyWrite"}),
+    ),
+    # Read, compute in the app, write back: lost updates, more sold than stocked.
+    "lost_update": FailureMode(
+        "unsafe",
+        ("StockUnsafeReadModifyWrite", "StockOversold"),
+        frozenset({"StockNegativeWrite", "StockNegativeInventory"}),
+    ),
+    # A Redis lock whose TTL is shorter than the work under it.
+    "lock_expiry": FailureMode(
+        "naive_lock",
+        ("StockLockExpiredWhileHeld",),
+        frozenset(
+            {
+                "StockLockReleaseNotOwned",
+                "StockUnsafeReadModifyWrite",
+                "StockOversold",
+                "StockNegativeWrite",
+                "StockNegativeInventory",
+            }
+        ),
+        redis=True,
+    ),
+    # Resubmits reserve again: two orders for one intent.
+    "duplicate_orders": FailureMode(
+        "retry_no_key", ("StockDuplicateOrders",), frozenset({"StockIdempotencyReplaySpike"})
+    ),
+    # Availability decided from a cache the database contradicts.
+    "stale_cache": FailureMode(
+        "stale_cache", ("StockStaleCacheDecisions",), frozenset({"StockCacheDrift"})
+    ),
+    # Two SKUs locked in opposite orders: the database aborts one transaction of each
+    # pair (a deadlock outcome is a bad checkout, so the fast burn may come along).
+    "deadlocks": FailureMode(
+        "deadlock", ("StockDeadlocksIncreasing",), bound=2 * DETECTION_BOUND_S
+    ),
+    # The publisher stalls: events stay unpublished beyond the publish latency (30 s).
+    "outbox_stuck": FailureMode("outbox", ("StockOutboxLag",), bound=DETECTION_BOUND_S + 30),
+}
+
+
+def _first_firing(
+    prom: Prometheus, mode: FailureMode, until: float
+) -> tuple[dict[str, float], dict[str, set[frozenset[tuple[str, str]]]]]:
+    """Poll Prometheus's alerts until every expected one fires (or ``until``): the first
+    time each alert name was seen firing, and every firing alert's label sets."""
+    first: dict[str, float] = {}
+    seen: dict[str, set[frozenset[tuple[str, str]]]] = {}
+    while time.time() < until:
+        now = time.time()
+        for alert in prom.alerts(state="firing"):
+            name = alert["labels"]["alertname"]
+            first.setdefault(name, now)
+            seen.setdefault(name, set()).add(_labels(alert))
+        if all(name in first for name in mode.alerts):
+            break
+        time.sleep(0.25)
+    return first, seen
+
+
+@pytest.mark.parametrize("mode_name", sorted(FAILURE_MODES))
+def test_each_failure_mode_fires_its_own_alert(
+    mode_name: str, tmp_path: Path, pg_database: str, processes: Processes, stack: Stack
+) -> None:
+    """One failure mode per run, on a fresh stack: its alerts fire, named for its SKU
+    where they carry one, nothing outside the allowed co-firing set fires, and the
+    seconds from the start of selling (the violations come within the first burst) to
+    each alert's firing are recorded."""
+    mode = FAILURE_MODES[mode_name]
+    log_file = tmp_path / "lab.log"
+    args = lab_args(pg_database, mode.strategy, int(stack.lab.rpartition(":")[2]), log_file)
+    if mode.redis:
+        args += ["--redis", LAB_REDIS]
+    lab_started = time.time()
+    lab = processes.start("lab", args, {**os.environ})
+    first, seen = _first_firing(stack.prom, mode, until=lab_started + mode.bound)
+    missing = [name for name in mode.alerts if name not in first]
+    assert missing == [], (
+        f"{mode_name}: {missing} did not fire within {mode.bound:.0f} s; fired: {sorted(first)}"
+        f"\n{processes.tails()}"
+    )
+    # The deadlock scenario's sale takes tens of seconds on a loaded machine.
+    report = wait_for_report(processes, lab, timeout=180)[mode.strategy]
+    sale_started = first_sale(log_file)
+
+    unexpected = set(first) - set(mode.alerts) - mode.allowed - COMMON_COFIRING
+    assert unexpected == set(), f"{mode_name}: unexpected alerts {sorted(unexpected)}"
+    sku = f"LAB-{mode.strategy.upper()}"
+    for name, label_sets in seen.items():
+        for labels in label_sets:
+            got = dict(labels).get("sku")
+            assert got in (None, sku), f"{name} names {got}, not the failing {sku}"
+    for name in ("StockNegativeInventory", "StockOversold", "StockDuplicateOrders"):
+        if name in mode.alerts:
+            assert any(dict(labels).get("sku") == sku for labels in seen[name]), name
+    _rules_healthy(stack.prom)
+
+    delays = {name: round(first[name] - sale_started, 3) for name in mode.alerts}
+    lines = [
+        {
+            "mode": mode_name,
+            "strategy": mode.strategy,
+            "alert": name,
+            "seconds": delay,
+            "cofiring": sorted(set(first) - set(mode.alerts)),
+            "report": {k: report.get(k) for k in ("sold", "oversold", "final_stock")},
+        }
+        for name, delay in delays.items()
+    ]
+    text = "".join(json.dumps(line) + "\n" for line in lines)
+    (tmp_path / "alert-delays.jsonl").write_text(text, encoding="utf-8")
+    if DELAYS_FILE:
+        with open(DELAYS_FILE, "a", encoding="utf-8") as out:
+            out.write(text)
+    for name, delay in delays.items():
+        print(f"\n{mode_name} ({mode.strategy}) -> {name}: {delay:.2f} s from selling start")
+        assert 0 < delay < mode.bound, name
+
+
+def test_redlock_and_idempotent_retry_fire_nothing(
+    tmp_path: Path,
+    pg_database: str,
+    receiver: WebhookReceiver,
+    alertmanager: str,
+    processes: Processes,
+    stack: Stack,
+) -> None:
+    """The owned Redis lock with its read-modify-write inside (redlock) and the
+    idempotent retry: correct, so no alert fires and nothing reaches Alertmanager."""
+    strategies = ("redlock", "retry_idempotent")
+    lab = processes.start(
+        "lab",
+        [
+            *lab_args(
+                pg_database,
+                ",".join(strategies),
+                int(stack.lab.rpartition(":")[2]),
+                tmp_path / "lab.log",
+            ),
+            "--redis",
+            LAB_REDIS,
+        ],
+        {**os.environ},
+    )
+    report = wait_for_report(processes, lab)
+    for name in strategies:
+        assert (report[name]["oversold"], report[name]["final_stock"]) == (0, 0), report[name]
+    sold = 'sum by (sku) (stock_reservation_success_total{job="stocksentry-lab"})'
+    stack.prom.wait_for(
+        sold,
+        lambda result: (
+            {r["metric"]["sku"]: float(r["value"][1]) for r in result}
+            == {f"LAB-{name.upper()}": 40.0 for name in strategies}
+        ),
+    )
+    settled = time.time()
+
+    def evaluated_since() -> bool:
+        return all(
+            datetime.fromisoformat(group["lastEvaluation"].replace("Z", "+00:00")).timestamp()
+            > settled + QUIET_EVALUATIONS
+            for group in stack.prom.rules()
+        )
+
+    wait_until(evaluated_since, timeout=30, interval=0.25, message="rule groups evaluating")
+    time.sleep(2.5)
+    _rules_healthy(stack.prom)
+    pending = sorted(a["labels"]["alertname"] for a in stack.prom.alerts(state="pending"))
+    print(f"\nsafe strategies {', '.join(strategies)}: pending alerts {pending or 'none'}")
+    assert stack.prom.alerts(state="firing") == []
+    assert _am_alerts(alertmanager) == []
+    assert _summary(receiver.deliveries()) == []

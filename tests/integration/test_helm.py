@@ -1077,7 +1077,7 @@ def test_rules_follow_the_values(tmp_path: Path) -> None:
     assert rules["stocksentry:threshold:outbox_lag_seconds"]["expr"] == "vector(120)"
     assert rules["stocksentry:promo_active"]["expr"] == "max(shop_promo_running) or on() vector(0)"
     # The rendered rules load, and the customised alert behaves as the values say: a lag
-    # of 90 s is quiet (the default 60 s would fire), 150 s fires after 2m, as critical,
+    # of 90 s is quiet (the default 30 s would fire), 150 s fires after 2m, as critical,
     # with the extra label and annotation.
     lag = (
         'stock_outbox_lag_seconds{cluster="a",namespace="shop",instance="p:9184",'
@@ -1108,9 +1108,12 @@ def test_rules_follow_the_values(tmp_path: Path) -> None:
                                     "Outbox events are 2m 30s behind in cluster a, namespace shop."
                                 ),
                                 "description": (
-                                    "The oldest unpublished outbox event is 2m 30s old: the"
+                                    "The oldest unpublished outbox event is 2m 30s old,"
+                                    " beyond the publish latency the outbox may take: the"
                                     " publisher is stuck and order or stock events are not"
-                                    " reaching other systems."
+                                    " reaching other systems. The sidecar's log line"
+                                    ' "outbox stuck" names how many events wait and the'
+                                    " oldest one's id."
                                 ),
                                 "runbook_url": "https://github.com/stocksentry/stocksentry/blob/main/docs/runbooks/StockOutboxLag.md",
                                 "dashboard_url": "https://grafana.shop.example/d/stocksentry-overview",

@@ -210,6 +210,12 @@ async def test_every_probe_reports_the_seeded_truth(pg_database, registry):
         await asyncio.sleep(0.3)
         assert sample(registry, "stock_negative_inventory_skus") == 2.0
         assert sample(registry, "stock_negative_inventory_units") == 4.0
+        # Each SKU below zero by name, the promo SKU at 0; nothing left for __other__.
+        per_sku = "stock_negative_inventory_sku_units"
+        assert sample(registry, per_sku, sku="SKU-NEG3") == 3.0
+        assert sample(registry, per_sku, sku="SKU-NEG1") == 1.0
+        assert sample(registry, per_sku, sku="SKU-OK") == 0.0
+        assert sample(registry, per_sku, sku="__other__") is None
         assert sample(registry, "stock_oversold_units", sku="SKU-OVER") == 2.0
         assert sample(registry, "stock_oversold_units", sku="SKU-OVER2") == 3.0
         # The promo SKU keeps its series at 0; the others are not oversold, so absent.
@@ -223,6 +229,10 @@ async def test_every_probe_reports_the_seeded_truth(pg_database, registry):
         assert sample(registry, "stock_db_long_transactions") == 0.0
         assert sample(registry, "stock_reservations_expired_unreleased") == 3.0
         assert sample(registry, "stock_outbox_pending_events") == 2.0
+        # Beyond the default 30 s publish latency: the 120 s old row (the 30 s one has
+        # aged past 30 s too by now, so one or both).
+        assert sample(registry, "stock_outbox_stuck_events") in (1.0, 2.0)
+        assert sample(registry, "stock_outbox_max_publish_latency_seconds") == 30.0
         lag = sample(registry, "stock_outbox_lag_seconds")
         assert lag is not None
         # The oldest pending row was 120 s old at seeding; it has aged since, by no more
@@ -279,6 +289,109 @@ async def test_oversold_skus_beyond_the_budget_fold_into_other(pg_database, regi
         assert sample(registry, "stock_oversold_units", sku="__other__") == 2.0
         assert sample(registry, "stock_oversold_units", sku="SKU-OVER") is None
         assert sample(registry, "stock_oversold_units", sku="SKU-OK") == 0.0
+
+
+async def test_negative_stock_names_the_worst_skus_and_sums_the_rest(pg_database, registry):
+    await seed(pg_database)
+    async with await psycopg.AsyncConnection.connect(pg_database, autocommit=True) as conn:
+        await conn.execute(
+            "INSERT INTO products (id, sku, available_stock, initial_stock) VALUES"
+            " (6, 'SKU-NEG38', -38, 50), (7, 'SKU-NEG2', -2, 10), (8, 'SKU-NEG1B', -1, 10)"
+        )
+    # Below zero: SKU-NEG38 -38, SKU-NEG3 -3, SKU-NEG2 -2, SKU-NEG1 -1, SKU-NEG1B -1.
+    # The two worst by name, the other three's 4 units under __other__.
+    document = {
+        "sku_guard": {"promo_skus": ["SKU-OK"]},
+        "database": {"url": pg_database, "leader_election": False},
+        "schema": {"products": {"allocation": "initial_stock"}},
+        "probes": {
+            "defaults": {"interval": "200ms"},
+            "negative_stock": {"top_skus": 2},
+            **{p: {"enabled": False} for p in ALL_DB_PROBES if p != "negative_stock"},
+        },
+    }
+    config = parse_config(yaml.safe_dump(document))
+    async with ProbeRunner(config, registry=registry):
+        await async_wait_until(all_up(registry, ("negative_stock",)), timeout=WAIT)
+        per_sku = "stock_negative_inventory_sku_units"
+        assert sample(registry, "stock_negative_inventory_skus") == 5.0
+        assert sample(registry, "stock_negative_inventory_units") == 45.0
+        assert sample(registry, per_sku, sku="SKU-NEG38") == 38.0
+        assert sample(registry, per_sku, sku="SKU-NEG3") == 3.0
+        assert sample(registry, per_sku, sku="__other__") == 4.0
+        assert sample(registry, per_sku, sku="SKU-OK") == 0.0
+        for sku in ("SKU-NEG2", "SKU-NEG1", "SKU-NEG1B"):
+            assert sample(registry, per_sku, sku=sku) is None
+
+
+async def test_duplicate_orders_name_the_skus_of_their_keys(pg_database, registry):
+    await seed(pg_database)
+    # dup-1's two orders hold SKU-OK; dup-2's orders hold SKU-OK and SKU-OVER; the
+    # single order holds SKU-OVER2 (not a duplicate). idem-1 (dup-1's orders) counts once
+    # more for SKU-OK when idempotency keys are mapped.
+    async with await psycopg.AsyncConnection.connect(pg_database, autocommit=True) as conn:
+        await conn.execute(
+            "INSERT INTO order_items (order_id, product_id, quantity) VALUES"
+            " (6, 4, 1), (7, 4, 1), (8, 4, 1), (9, 3, 1), (11, 5, 1)"
+        )
+    config = make_config(
+        pg_database,
+        ("duplicate_orders",),
+        schema={"orders": {"idempotency_key": "idempotency_key"}},
+    )
+    async with ProbeRunner(config, registry=registry):
+        await async_wait_until(all_up(registry, ("duplicate_orders",)), timeout=WAIT)
+        per_sku = "stock_duplicate_order_sku_keys"
+        assert sample(registry, "stock_duplicate_order_keys") == 3.0
+        assert sample(registry, per_sku, sku="SKU-OK") == 3.0
+        assert sample(registry, per_sku, sku="SKU-OVER") == 1.0
+        assert sample(registry, per_sku, sku="SKU-OVER2") is None
+        assert sample(registry, per_sku, sku="__other__") is None
+
+
+async def test_outbox_names_its_stuck_events_in_one_line_per_transition(
+    pg_database, registry, caplog
+):
+    await seed(pg_database)
+    caplog.set_level(logging.INFO, logger="stocksentry.exporter.probes")
+    document = {
+        "database": {"url": pg_database, "leader_election": False},
+        "schema": {"outbox": {"id": "id"}},
+        "probes": {
+            "defaults": {"interval": "100ms"},
+            "outbox": {"max_publish_latency": "1m"},
+            **{p: {"enabled": False} for p in ALL_DB_PROBES if p != "outbox"},
+        },
+    }
+    config = parse_config(yaml.safe_dump(document))
+
+    def lines(word: str) -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.getMessage().startswith(word)]
+
+    async with ProbeRunner(config, registry=registry):
+        await async_wait_until(all_up(registry, ("outbox",)), timeout=WAIT)
+        # Only the 120 s old row is beyond the minute.
+        assert sample(registry, "stock_outbox_stuck_events") == 1.0
+        assert sample(registry, "stock_outbox_max_publish_latency_seconds") == 60.0
+        await async_wait_until(lambda: lines("outbox stuck"), timeout=WAIT)
+        # Many runs (every 100 ms) while it stays stuck: still the one line of the
+        # transition, the next one is due a minute later.
+        await asyncio.sleep(1.0)
+        stuck = lines("outbox stuck")
+        assert len(stuck) == 1, stuck
+        assert stuck[0].startswith(
+            "outbox stuck: 1 event(s) unpublished beyond 1m; the oldest, id 1,"
+        )
+        assert stuck[0].endswith(" old")
+        record = next(r for r in caplog.records if r.getMessage() == stuck[0])
+        assert record.levelno == logging.WARNING
+        assert getattr(record, "stuck_events", None) == 1
+        assert getattr(record, "oldest_event_id", None) == "1"
+        async with await psycopg.AsyncConnection.connect(pg_database, autocommit=True) as conn:
+            await conn.execute("UPDATE outbox SET published_at = now()")
+        await async_wait_until(lambda: lines("outbox recovered"), timeout=WAIT)
+        assert sample(registry, "stock_outbox_stuck_events") == 0.0
+        assert len(lines("outbox recovered")) == 1
 
 
 async def test_custom_probe_exports_the_rows_as_a_gauge(pg_database, registry):

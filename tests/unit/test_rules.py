@@ -501,10 +501,13 @@ def test_there_are_test_files() -> None:
 def test_test_file_header(path: Path) -> None:
     doc = _load(path)
     assert doc["rule_files"] == ["../stocksentry.rules.yml"]
-    # One-minute steps; the files that carry days of history say why they take longer ones.
+    # One-minute steps; the files that carry days of history say why they take longer ones,
+    # and those of alerts with a `for` under a minute why they take shorter ones.
     interval = doc["evaluation_interval"]
-    assert interval in {"1m", "5m", "10m"}, interval
-    if interval != "1m":
+    assert interval in {"5s", "1m", "5m", "10m"}, interval
+    if interval == "5s":
+        assert "evaluated every 5 s" in path.read_text(encoding="utf-8")
+    elif interval != "1m":
         assert "not every minute: promtool evaluates all" in path.read_text(encoding="utf-8")
     # Deterministic order: settings before recording rules before the alerts that read them.
     assert doc["group_eval_order"] == [g["name"] for g in GROUPS]

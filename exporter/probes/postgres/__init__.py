@@ -67,11 +67,11 @@ def build_db_probes(config: ExporterConfig, pool: PgPool, guard: LabelGuard) -> 
     p = config.probes
     probes: list[DbProbe] = []
     if p.negative_stock.enabled:
-        probes.append(NegativeStockProbe(config, pool))
+        probes.append(NegativeStockProbe(config, pool, guard))
     if p.oversold.enabled:
         probes.append(OversoldProbe(config, pool, guard))
     if p.duplicate_orders.enabled:
-        probes.append(DuplicateOrdersProbe(config, pool))
+        probes.append(DuplicateOrdersProbe(config, pool, guard))
     if p.lock_waiters.enabled:
         probes.append(LockWaitersProbe(config, pool))
     if p.deadlocks.enabled:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import datetime as dt
+
 from prometheus_client.core import Metric
 from psycopg import sql
 from stocksentry.instrumentation import catalog
 
 from ...config import ExporterConfig
 from ..base import family
+from ..families import OutboxStuck, OutboxStuckLog, outbox_families
 from .common import DbProbe, ident, in_list, number, one_row
 from .pool import Conn, PgPool
 
@@ -48,28 +51,66 @@ def held_predicate(config: ExporterConfig) -> sql.Composable:
 
 
 class OutboxProbe(DbProbe):
-    """``stock_outbox_pending_events`` and ``stock_outbox_lag_seconds`` (oldest pending age)."""
+    """``stock_outbox_pending_events``, ``stock_outbox_lag_seconds`` (oldest pending age),
+    ``stock_outbox_stuck_events`` (pending beyond ``probes.outbox.max_publish_latency``)
+    and that latency itself (the alert's threshold).
 
-    specs = (catalog.OUTBOX_PENDING, catalog.OUTBOX_LAG)
+    While events are stuck it logs ``outbox stuck`` with their count and the oldest one's
+    id and age (:class:`~stocksentry.exporter.probes.families.OutboxStuckLog`).
+    """
+
+    specs = (
+        catalog.OUTBOX_PENDING,
+        catalog.OUTBOX_LAG,
+        catalog.OUTBOX_STUCK,
+        catalog.OUTBOX_MAX_PUBLISH_LATENCY,
+    )
 
     def __init__(self, config: ExporterConfig, pool: PgPool) -> None:
-        super().__init__("outbox", config.probes.outbox, pool)
+        settings = config.probes.outbox
+        super().__init__("outbox", settings, pool)
         b = config.schema.outbox
         if b is None:
             raise ValueError("the outbox probe needs schema.outbox")
+        self.max_publish_latency = settings.max_publish_latency
+        self._latency = dt.timedelta(seconds=settings.max_publish_latency)
+        self.stuck_log = OutboxStuckLog(max_publish_latency=settings.max_publish_latency)
+        # The oldest pending event's id, through the index on created_at when there is one.
+        oldest_id = (
+            sql.SQL(
+                ", (SELECT {id} FROM {table} WHERE {published_at} IS NULL"
+                " ORDER BY {created_at}, {id} LIMIT 1)"
+            )
+            if b.id is not None
+            else sql.SQL(", NULL")
+        )
         self._sql = sql.SQL(
             "SELECT count(*),"
-            " coalesce(extract(epoch FROM clock_timestamp() - min({created_at})), 0)"
+            " coalesce(extract(epoch FROM clock_timestamp() - min({created_at})), 0),"
+            " count(*) FILTER (WHERE {created_at} < clock_timestamp() - %(latency)s){oldest_id}"
             " FROM {table} WHERE {published_at} IS NULL"
         ).format(
             created_at=sql.Identifier(b.created_at),
             table=ident(b.table),
             published_at=sql.Identifier(b.published_at),
+            oldest_id=oldest_id.format(
+                id=sql.Identifier(b.id or "id"),
+                table=ident(b.table),
+                published_at=sql.Identifier(b.published_at),
+                created_at=sql.Identifier(b.created_at),
+            ),
         )
 
     async def query(self, conn: Conn) -> tuple[Metric, ...]:
-        pending, lag = await one_row(conn, self._sql)
-        return (
-            family(catalog.OUTBOX_PENDING, [((), number(pending))]),
-            family(catalog.OUTBOX_LAG, [((), max(0.0, number(lag)))]),
+        pending, lag, stuck_count, oldest_id = await one_row(
+            conn, self._sql, {"latency": self._latency}
+        )
+        stuck = OutboxStuck(
+            count=int(number(stuck_count)),
+            oldest_id=oldest_id if number(stuck_count) else None,
+            oldest_age=max(0.0, number(lag)),
+        )
+        self.stuck_log.observe(stuck)
+        return outbox_families(
+            number(pending), number(lag), stuck, max_publish_latency=self.max_publish_latency
         )

@@ -12,43 +12,83 @@ from typing import Any, Final
 
 from prometheus_client.core import Metric
 from stocksentry.instrumentation import catalog
+from stocksentry.instrumentation.guard import LabelGuard
 
 from ...config import ExporterConfig
 from ...invariants import InvariantSql, Query
-from ..base import family
 from ..duplicates import DuplicateKeys
+from ..families import (
+    MAX_SKU_KEYS,
+    duplicate_key_skus,
+    duplicate_order_families,
+    negative_stock_families,
+    pinned_labels,
+)
 from .common import DbProbe, composed, number, one_row
 from .oversold import horizon_statement
 from .pool import Conn, PgPool
 
-__all__ = ["MAX_NEW_KEYS", "DuplicateOrdersProbe", "NegativeStockProbe"]
+__all__ = ["MAX_NEW_KEYS", "DuplicateOrdersProbe", "NegativeStockProbe", "default_guard"]
 
 #: Beyond this many keys of new orders in one run, duplicate_orders reads the window again.
 MAX_NEW_KEYS: Final = 5000
 
 
-class NegativeStockProbe(DbProbe):
-    """``stock_negative_inventory_skus`` / ``_units``: SKUs below zero and by how much.
+def default_guard(config: ExporterConfig) -> LabelGuard:
+    """The SKU guard of ``config`` (the runner passes its own, shared by every probe)."""
+    return LabelGuard(config.sku_guard.max_skus, always=config.sku_guard.promo_skus)
 
-    Reads the partial index ``products(available_stock) WHERE available_stock < 0``.
+
+class NegativeStockProbe(DbProbe):
+    """``stock_negative_inventory_skus`` / ``_units``: SKUs below zero and by how much;
+    ``stock_negative_inventory_sku_units{sku}``: the ``top_skus`` lowest by name.
+
+    Reads the partial index ``products(available_stock) WHERE available_stock < 0``, twice:
+    the totals, then the worst SKUs (at most ``top_skus`` rows). The units of the SKUs not
+    named are summed under ``__other__``; promo SKUs are exported at 0 when not below zero.
     """
 
-    specs = (catalog.NEGATIVE_INVENTORY_SKUS, catalog.NEGATIVE_INVENTORY_UNITS)
+    specs = (
+        catalog.NEGATIVE_INVENTORY_SKUS,
+        catalog.NEGATIVE_INVENTORY_UNITS,
+        catalog.NEGATIVE_INVENTORY_SKU_UNITS,
+    )
 
-    def __init__(self, config: ExporterConfig, pool: PgPool) -> None:
-        super().__init__("negative_stock", config.probes.negative_stock, pool)
-        self._sql, self._params = composed(InvariantSql(config.schema).negative_stock_totals())
+    def __init__(
+        self, config: ExporterConfig, pool: PgPool, guard: LabelGuard | None = None
+    ) -> None:
+        settings = config.probes.negative_stock
+        super().__init__("negative_stock", settings, pool)
+        self._guard = guard or default_guard(config)
+        self._pinned = pinned_labels(config.sku_guard.promo_skus, self._guard)
+        self.top = settings.top_skus
+        builder = InvariantSql(config.schema)
+        self._sql, self._params = composed(builder.negative_stock_totals())
+        worst = builder.negative_stock(ordered=True)
+        self._worst_sql, self._worst_params = composed(
+            Query((*worst.parts, f" LIMIT {int(self.top)}"), worst.columns)
+        )
 
     async def query(self, conn: Conn) -> tuple[Metric, ...]:
         skus, units = await one_row(conn, self._sql, self._params)
-        return (
-            family(catalog.NEGATIVE_INVENTORY_SKUS, [((), number(skus))]),
-            family(catalog.NEGATIVE_INVENTORY_UNITS, [((), number(units))]),
+        worst: list[tuple[Any, Any]] = []
+        if number(skus):
+            cursor = await conn.execute(self._worst_sql, self._worst_params)
+            worst = [(sku, number(stock)) for sku, stock in await cursor.fetchall()]
+        return negative_stock_families(
+            number(skus),
+            number(units),
+            worst,
+            top=self.top,
+            guard=self._guard,
+            pinned=self._pinned,
         )
 
 
 class DuplicateOrdersProbe(DbProbe):
-    """``stock_duplicate_order_keys``: keys with more than one order in the recent window.
+    """``stock_duplicate_order_keys``: keys with more than one order in the recent window;
+    ``stock_duplicate_order_sku_keys{sku}``: per SKU among those keys' orders' items, the
+    ``top_skus`` with the most keys by name, the rest under ``__other__``.
 
     External references and idempotency keys (whichever are mapped) are counted
     separately and added up. The first run reads the whole window (``orders(created_at)``);
@@ -57,11 +97,15 @@ class DuplicateOrdersProbe(DbProbe):
     (:class:`~stocksentry.exporter.probes.duplicates.DuplicateKeys` keeps the rest).
     """
 
-    specs = (catalog.DUPLICATE_ORDER_KEYS,)
+    specs = (catalog.DUPLICATE_ORDER_KEYS, catalog.DUPLICATE_ORDER_SKU_KEYS)
 
-    def __init__(self, config: ExporterConfig, pool: PgPool) -> None:
+    def __init__(
+        self, config: ExporterConfig, pool: PgPool, guard: LabelGuard | None = None
+    ) -> None:
         settings = config.probes.duplicate_orders
         super().__init__("duplicate_orders", settings, pool)
+        self._guard = guard or default_guard(config)
+        self.top = settings.top_skus
         self._builder = InvariantSql(config.schema)
         if not self._builder.key_columns():
             raise ValueError("the duplicate_orders probe needs external_ref or idempotency_key")
@@ -110,4 +154,14 @@ class DuplicateOrdersProbe(DbProbe):
         if keys.boundary is None or horizon > keys.boundary:
             keys.boundary = horizon
         keys.expire(now)
-        return (family(catalog.DUPLICATE_ORDER_KEYS, [((), float(keys.count()))]),)
+        by_sku: dict[str, float] = {}
+        for kind, column in self._builder.key_columns():
+            held = keys.keys_of(kind)[:MAX_SKU_KEYS]
+            if not held:
+                continue
+            query = duplicate_key_skus(self._builder, column, held, since=now - self._window)
+            for sku, count in await self._rows(conn, query):
+                by_sku[str(sku)] = by_sku.get(str(sku), 0.0) + number(count)
+        return duplicate_order_families(
+            keys.count(), by_sku.items(), top=self.top, guard=self._guard
+        )

@@ -1,0 +1,260 @@
+"""Dialect-neutral result building of the invariant probes: rows in, metric families out.
+
+The PostgreSQL probes (:mod:`.postgres.invariants`, :mod:`.postgres.backlog`) and the
+MySQL/MariaDB ones run their own statements and hand the rows to these functions, so
+every dialect exports the same series with the same bounds:
+
+- :func:`worst_sku_samples`: the worst ``top`` SKUs by value, each through the SKU guard,
+  the rest (and any the guard folds) summed under ``__other__``, the promo SKUs always
+  (at 0 when not among them). What an alert about SKUs names (``{{ $labels.sku }}``).
+- :func:`negative_stock_families`, :func:`duplicate_order_families`,
+  :func:`outbox_families`: every family of one probe run.
+- :func:`duplicate_key_skus`: the statement that finds the SKUs of duplicate keys, built
+  from :class:`~stocksentry.exporter.invariants.InvariantSql`'s quoting, any dialect.
+- :class:`OutboxStuckLog`: the sidecar's log line naming stuck outbox events, once per
+  transition and then at most once a minute.
+
+Example::
+
+    rows = [("EGG-01", 38.0), ("EGG-02", 2.0)]
+    families = negative_stock_families(2, 40.0, rows, top=10, guard=guard)
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Final
+
+from prometheus_client.core import Metric
+from stocksentry.instrumentation import catalog
+from stocksentry.instrumentation.catalog import OVERFLOW_VALUE
+from stocksentry.instrumentation.guard import LabelGuard, sanitize_label_value
+
+from ..durations import format_duration
+from ..invariants import InvariantSql, Param, Query
+from .base import family
+
+__all__ = [
+    "MAX_SKU_KEYS",
+    "OUTBOX_LOG_INTERVAL",
+    "OutboxStuck",
+    "OutboxStuckLog",
+    "duplicate_key_skus",
+    "duplicate_order_families",
+    "negative_stock_families",
+    "outbox_families",
+    "pinned_labels",
+    "worst_sku_samples",
+]
+
+LOGGER: Final = logging.getLogger("stocksentry.exporter.probes")
+
+#: Duplicate keys asked about per statement when naming their SKUs: a bound on the
+#: statement's size. Keys beyond it are counted in the total but name no SKU.
+MAX_SKU_KEYS: Final = 1000
+#: Seconds between two "outbox stuck" lines while the events stay stuck.
+OUTBOX_LOG_INTERVAL: Final = 60.0
+
+
+def pinned_labels(promo_skus: Iterable[str], guard: LabelGuard) -> tuple[str, ...]:
+    """The promo SKUs as label values (sanitised as the guard does), in order, once each."""
+    return tuple(dict.fromkeys(sanitize_label_value(s, guard.max_length) for s in promo_skus))
+
+
+def worst_sku_samples(
+    rows: Iterable[tuple[object, object]],
+    *,
+    top: int,
+    guard: LabelGuard,
+    pinned: Sequence[str] = (),
+    rest: float = 0.0,
+) -> list[tuple[tuple[str], float]]:
+    """Samples ``((sku,), value)``: the ``top`` SKUs with the highest value by name.
+
+    ``rows`` are ``(sku, value)`` in any order; values of 0 or less are left out. The
+    SKUs beyond ``top``, SKUs the guard folds into ``__other__`` and ``rest`` (what the
+    caller counted but did not fetch row by row) are summed under ``__other__``, which
+    appears only when above 0. Every ``pinned`` label appears, at 0 when not among the
+    worst, so a promo SKU's series exists before its first problem. Sorted by label.
+    """
+    positive: list[tuple[str, float]] = []
+    for sku, value in rows:
+        number = float(value)  # type: ignore[arg-type]
+        if number > 0:
+            positive.append((str(sku), number))
+    # Worst first; equal values by SKU, so the same rows always name the same SKUs.
+    positive.sort(key=lambda item: (-item[1], item[0]))
+    by_label: dict[str, float] = dict.fromkeys(pinned, 0.0)
+    other = max(0.0, rest)
+    for index, (sku, number) in enumerate(positive):
+        label = guard(sku) if index < top else OVERFLOW_VALUE
+        if label == OVERFLOW_VALUE:
+            other += number
+        else:
+            by_label[label] = by_label.get(label, 0.0) + number
+    if other > 0:
+        by_label[OVERFLOW_VALUE] = by_label.get(OVERFLOW_VALUE, 0.0) + other
+    return [((label,), value) for label, value in sorted(by_label.items())]
+
+
+def negative_stock_families(
+    skus: float,
+    units: float,
+    worst: Iterable[tuple[object, object]],
+    *,
+    top: int,
+    guard: LabelGuard,
+    pinned: Sequence[str] = (),
+) -> tuple[Metric, ...]:
+    """The negative-stock probe's families.
+
+    ``skus``/``units``: the totals over every SKU below zero; ``worst``: rows
+    ``(sku, stock)`` of the SKUs lowest below zero (stock negative), at least the ``top``
+    worst. Units of SKUs not among the rows are put under ``__other__``, so the per-SKU
+    series always add up to ``units``.
+    """
+    rows = [(sku, -float(stock)) for sku, stock in worst]  # type: ignore[arg-type]
+    listed = sum(u for _, u in rows if u > 0)
+    # What the rows do not cover (SKUs beyond the fetched rows) goes to __other__ too.
+    rest = max(0.0, float(units) - listed)
+    return (
+        family(catalog.NEGATIVE_INVENTORY_SKUS, [((), float(skus))]),
+        family(catalog.NEGATIVE_INVENTORY_UNITS, [((), float(units))]),
+        family(
+            catalog.NEGATIVE_INVENTORY_SKU_UNITS,
+            worst_sku_samples(rows, top=top, guard=guard, pinned=pinned, rest=rest),
+        ),
+    )
+
+
+def duplicate_order_families(
+    keys: int,
+    by_sku: Iterable[tuple[object, object]],
+    *,
+    top: int,
+    guard: LabelGuard,
+) -> tuple[Metric, ...]:
+    """The duplicate-orders probe's families: the key count and rows ``(sku, keys)``."""
+    return (
+        family(catalog.DUPLICATE_ORDER_KEYS, [((), float(keys))]),
+        family(catalog.DUPLICATE_ORDER_SKU_KEYS, worst_sku_samples(by_sku, top=top, guard=guard)),
+    )
+
+
+def duplicate_key_skus(
+    builder: InvariantSql, column: str, keys: Sequence[object], *, since: datetime
+) -> Query:
+    """Rows ``(sku, keys)``: per SKU, how many of ``keys`` (values of the orders'
+    ``column``) have an order created since ``since`` with an item of that SKU.
+
+    Any dialect: plain joins, one parameter per key (pass at most :data:`MAX_SKU_KEYS`).
+    """
+    s = builder.schema
+    o, oi, p = s.orders, s.order_items, s.products
+    q = builder.quote
+    key = f"o.{q(column)}"
+    parts: list[str | Param] = [
+        # Identifiers only through quote(), every value a parameter.
+        f"SELECT p.{q(p.sku)}, count(DISTINCT {key}) FROM {q(o.table)} AS o"  # noqa: S608
+        f" JOIN {q(oi.table)} AS oi ON oi.{q(oi.order_id)} = o.{q(o.id)}"
+        f" JOIN {q(p.table)} AS p ON p.{q(p.id)} = oi.{q(oi.product_id)}"
+        f" WHERE o.{q(o.created_at)} >= ",
+        Param("since", since),
+        f" AND {key} IN (",
+    ]
+    for index, value in enumerate(keys):
+        if index:
+            parts.append(", ")
+        parts.append(Param(f"key{index}", value))
+    parts.append(f") GROUP BY p.{q(p.sku)}")
+    return Query(tuple(parts), ("sku", "keys"))
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxStuck:
+    """What one outbox probe run saw of the events beyond the publish latency."""
+
+    #: Events unpublished for longer than the latency.
+    count: int
+    #: The oldest unpublished event's id (``None``: no id column mapped, or none stuck).
+    oldest_id: object | None
+    #: The oldest unpublished event's age, in seconds.
+    oldest_age: float
+
+
+def outbox_families(
+    pending: float, lag: float, stuck: OutboxStuck, *, max_publish_latency: float
+) -> tuple[Metric, ...]:
+    """The outbox probe's families: pending, lag, stuck events and the configured latency."""
+    return (
+        family(catalog.OUTBOX_PENDING, [((), float(pending))]),
+        family(catalog.OUTBOX_LAG, [((), max(0.0, float(lag)))]),
+        family(catalog.OUTBOX_STUCK, [((), float(stuck.count))]),
+        family(catalog.OUTBOX_MAX_PUBLISH_LATENCY, [((), float(max_publish_latency))]),
+    )
+
+
+class OutboxStuckLog:
+    """Logs stuck outbox events: once when they appear, at most once a minute while they
+    stay, and once when none are left.
+
+    Example::
+
+        log = OutboxStuckLog(max_publish_latency=30.0)
+        log.observe(OutboxStuck(count=3, oldest_id=1042, oldest_age=95.0))
+        # WARNING outbox stuck: 3 event(s) unpublished beyond 30s; the oldest, id 1042,
+        # is 1m 35s old
+    """
+
+    def __init__(
+        self,
+        *,
+        max_publish_latency: float,
+        logger: logging.Logger = LOGGER,
+        interval: float = OUTBOX_LOG_INTERVAL,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.max_publish_latency = max_publish_latency
+        self.logger = logger
+        self.interval = interval
+        self._clock = clock
+        self._stuck = False
+        self._last: float | None = None
+
+    def observe(self, stuck: OutboxStuck) -> bool:
+        """Note one probe run; returns whether it logged."""
+        now = self._clock()
+        if stuck.count <= 0:
+            if not self._stuck:
+                return False
+            self._stuck = False
+            self._last = None
+            self.logger.info(
+                "outbox recovered: no event unpublished beyond %s",
+                format_duration(self.max_publish_latency),
+                extra={"probe": "outbox"},
+            )
+            return True
+        if self._stuck and self._last is not None and now - self._last < self.interval:
+            return False
+        self._stuck = True
+        self._last = now
+        oldest = "" if stuck.oldest_id is None else f", id {stuck.oldest_id},"
+        self.logger.warning(
+            "outbox stuck: %d event(s) unpublished beyond %s; the oldest%s is %s old",
+            stuck.count,
+            format_duration(self.max_publish_latency),
+            oldest,
+            format_duration(stuck.oldest_age),
+            extra={
+                "probe": "outbox",
+                "stuck_events": stuck.count,
+                "oldest_event_id": None if stuck.oldest_id is None else str(stuck.oldest_id),
+                "oldest_event_age_seconds": round(stuck.oldest_age, 3),
+            },
+        )
+        return True
