@@ -4,8 +4,8 @@
 then an unguarded relative decrement), ``naive_lock`` (a Redis ``SET NX PX`` lock with a
 TTL shorter than the work and a naive ``DEL``), ``atomic`` (one conditional ``UPDATE``),
 ``for_update`` (``SELECT ... FOR UPDATE``, or ``BEGIN IMMEDIATE`` on SQLite) and
-``redlock`` (an owned Redis lock with a token, jittered retries and a compare-and-delete
-release: the lab's own, or pottery's Redlock).
+``redlock`` (the unsafe read-modify-write inside an owned Redis lock with a token,
+jittered retries and a compare-and-delete release: the lab's own, or pottery's Redlock).
 
 Adding a strategy is one function here, named as the strategy, and its name in
 :data:`~stocksentry.exporter.lab.names.STRATEGY_NAMES`; it must mark the reservation with
@@ -217,9 +217,13 @@ def redlock(shop: Shop, r: Reservation, buyer: Buyer) -> None:
     compare-and-delete release (``redlock_impl="lab"``), or pottery's ``Redlock`` on the
     one Redis master (``"pottery"``); both instrumented. The TTL is far above the work,
     and the lock is extended (only while still ours) before the write, so a holder that
-    lost it refuses instead of writing. Under the lock the write is the relative
-    decrement: the lock makes the check hold, and the SQL detector, which cannot see a
-    Redis lock, has nothing to flag.
+    lost it refuses instead of writing. Under the lock the checkout is the unsafe
+    strategy's read-modify-write (read the stock, check, work, write ``stock - qty``
+    computed in Python): the lock, not the statement, serialises the buyers, as an app
+    that took a Redis lock around its old code does. The SQL detector sees the lock
+    (:mod:`~stocksentry.instrumentation.heldlocks`): a read-modify-write under an owned
+    lock still valid at the write is not counted, one whose lock expired before the
+    write would be.
     """
     try:
         if shop.redlock_impl == "pottery":
@@ -240,7 +244,11 @@ def _locked_checkout(
     if not still_ours():
         r.conflict("lock_timeout")
         return
-    _decrement_and_order(shop, r, buyer)
+    # The value computed from the read, not a relative decrement: only the lock keeps
+    # this from losing an update, so the detector's verdict on it is the proof.
+    with shop.engine.begin() as conn:
+        computed = _write_computed(conn, shop, buyer, available)
+    r.success(old_stock=available, new_stock=computed)
 
 
 def _with_owned_lock(shop: Shop, r: Reservation, buyer: Buyer) -> None:

@@ -28,8 +28,9 @@ Each failure mode of the lab fires its own alert (``test_each_failure_mode_fires
 one fresh stack per mode): the alerts it must fire, the ones allowed alongside (consequences
 of the same failure), the SKU they name, and the seconds from the start of selling to each
 alert's firing, which ``benchmarks/alert_delays.py`` repeats and tabulates. The redlock
-strategy (its read-modify-write inside the owned lock) and the idempotent retry fire
-nothing, like atomic and FOR UPDATE.
+strategy (a read-modify-write writing the computed value, inside the lab's owned lock or
+pottery's Redlock) and the idempotent retry fire nothing, like atomic and FOR UPDATE, and
+the detector's ``stock_unsafe_read_modify_write_total`` stays 0.
 
 A burst of negative writes between two scrapes, a series first scraped at its full count,
 is exactly what the lab produces, and the rules' newborn-series half (alert_rules/
@@ -905,7 +906,13 @@ def test_each_failure_mode_fires_its_own_alert(
         assert 0 < delay < mode.bound, name
 
 
+#: The detector's counter (catalog.UNSAFE_READ_MODIFY_WRITE), as the lab serves it.
+UNSAFE_RMW = "stock_unsafe_read_modify_write_total"
+
+
+@pytest.mark.parametrize("impl", ["lab", "pottery"])
 def test_redlock_and_idempotent_retry_fire_nothing(
+    impl: str,
     tmp_path: Path,
     pg_database: str,
     receiver: WebhookReceiver,
@@ -913,8 +920,14 @@ def test_redlock_and_idempotent_retry_fire_nothing(
     processes: Processes,
     stack: Stack,
 ) -> None:
-    """The owned Redis lock with its read-modify-write inside (redlock) and the
-    idempotent retry: correct, so no alert fires and nothing reaches Alertmanager."""
+    """An owned Redis lock with a read-modify-write inside (redlock: the lab's owned
+    ``SET NX`` lock, or pottery's Redlock) and the idempotent retry: correct, so the
+    detector counts nothing, no alert fires and nothing reaches Alertmanager.
+
+    redlock reads the stock, checks it, works, and writes the value it computed
+    (``SET available_stock = :computed``), as the unsafe strategy does: only the lock
+    keeps it from losing updates, so the quiet of StockUnsafeReadModifyWrite is the
+    detector telling a valid lock from none."""
     strategies = ("redlock", "retry_idempotent")
     lab = processes.start(
         "lab",
@@ -927,12 +940,24 @@ def test_redlock_and_idempotent_retry_fire_nothing(
             ),
             "--redis",
             LAB_REDIS,
+            "--redlock-impl",
+            impl,
         ],
         {**os.environ},
     )
     report = wait_for_report(processes, lab)
     for name in strategies:
-        assert (report[name]["oversold"], report[name]["final_stock"]) == (0, 0), report[name]
+        item = report[name]
+        assert (item["sold"], item["oversold"], item["lost_updates"], item["final_stock"]) == (
+            40,
+            0,
+            0,
+            0,
+        ), item
+        # The lab runs with the SQLAlchemy integration: its detector saw every statement.
+        assert item["unsafe_read_modify_write"] == 0, item
+    assert report["redlock"]["locks"]["acquired"] == 200, report["redlock"]["locks"]
+    assert report["redlock"]["locks"]["expired_while_held"] == 0
     sold = 'sum by (sku) (stock_reservation_success_total{job="stocksentry-lab"})'
     stack.prom.wait_for(
         sold,
@@ -941,6 +966,10 @@ def test_redlock_and_idempotent_retry_fire_nothing(
             == {f"LAB-{name.upper()}": 40.0 for name in strategies}
         ),
     )
+    # The counter is scraped (primed at 0 for the stock table) and stayed 0.
+    rmw = stack.prom.query(f'{UNSAFE_RMW}{{job="{LAB_JOB}"}}')
+    assert rmw, f"{UNSAFE_RMW} not scraped from the lab"
+    assert [float(r["value"][1]) for r in rmw] == [0.0] * len(rmw), rmw
     settled = time.time()
 
     def evaluated_since() -> bool:
@@ -954,7 +983,10 @@ def test_redlock_and_idempotent_retry_fire_nothing(
     time.sleep(2.5)
     _rules_healthy(stack.prom)
     pending = sorted(a["labels"]["alertname"] for a in stack.prom.alerts(state="pending"))
-    print(f"\nsafe strategies {', '.join(strategies)}: pending alerts {pending or 'none'}")
+    print(f"\nsafe strategies {', '.join(strategies)} ({impl}): pending {pending or 'none'}")
+    assert "StockUnsafeReadModifyWrite" not in pending
+    assert stack.prom.query('ALERTS{alertstate="firing"}') == []
     assert stack.prom.alerts(state="firing") == []
     assert _am_alerts(alertmanager) == []
     assert _summary(receiver.deliveries()) == []
+    assert lab.poll() is None, "the lab stopped serving before the end"

@@ -699,6 +699,40 @@ def test_lock_strategies_on_redis(
     assert redis_keys(redis_prefix) == []
 
 
+@pytest.mark.integration
+@pytest.mark.skipif(not DETECTOR, reason="needs stocksentry's SQLAlchemy integration")
+@pytest.mark.parametrize("impl", ["lab", "pottery"])
+def test_read_modify_write_under_owned_lock_is_not_flagged(
+    impl: str, pg_sqlalchemy_url: str, redis_prefix: str, registry: CollectorRegistry
+) -> None:
+    """redlock writes the value computed from its read, as ``unsafe`` does, but inside an
+    owned lock still valid at the write: exact sales, and the detector counts nothing for
+    it, while it counts the very same read-modify-write without the lock in the same run."""
+    config = LabConfig(
+        database_url=pg_sqlalchemy_url,
+        redis_url=REDIS_URL,
+        redis_prefix=redis_prefix,
+        buyers=80,
+        stock=20,
+        concurrency=16,
+        redlock_impl=impl,
+        strategies=("unsafe", "redlock"),
+    )
+    unsafe, owned = run_and_check(config, registry)
+    # The control: the same statements with no lock lose updates and are flagged.
+    assert unsafe.lost_updates > 0
+    assert unsafe.unsafe_read_modify_write is not None
+    assert unsafe.unsafe_read_modify_write > 0
+    assert (owned.sold, owned.oversold, owned.lost_updates, owned.final_stock) == (20, 0, 0, 0)
+    assert owned.conflicts == {"out_of_stock": 60}
+    assert owned.locks["acquired"] == 80
+    assert owned.locks["expired_while_held"] == owned.locks["release_not_owned"] == 0
+    assert owned.unsafe_read_modify_write == 0
+    assert owned.metrics[UNSAFE_RMW] == 0
+    assert lab.caught_lines(owned) == []
+    assert redis_keys(redis_prefix) == []
+
+
 def run_with_retries(
     tmp_path: Path, registry: CollectorRegistry, *, stock: int, idempotency: bool
 ) -> tuple[str, list[StrategyResult]]:
