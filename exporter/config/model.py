@@ -75,6 +75,8 @@ from .specs import (
 
 __all__ = [
     "BUILTIN_PROBES",
+    "CACHE_DRIFT_GRACE",
+    "CACHE_DRIFT_INTERVAL",
     "DATABASE_SCHEMES",
     "DEFAULT_ADVISORY_LOCK_KEY",
     "ELECTION_PROBE",
@@ -84,6 +86,7 @@ __all__ = [
     "POSTGRES_URL_SCHEMES",
     "TELEMETRY_PATH_PATTERN",
     "URL_KEYS",
+    "CacheDriftSettings",
     "CustomProbe",
     "DatabaseConfig",
     "Derived",
@@ -147,6 +150,24 @@ _DAY: Final = 86400.0
 
 
 # --- the sections ----------------------------------------------------------------------------
+
+#: ``probes.cache_drift.interval`` by default, its own rather than ``probes.defaults``': the
+#: probe compares one snapshot of the cache with one of the database per run, so its
+#: interval is the resolution of ``redis.grace``. 1 s: a difference lasting D seconds is
+#: seen on at least floor(D) runs in a row (the runs keep a fixed rate), for the price of
+#: one ``MGET`` and one indexed read of the promo SKUs a second (about 3 ms a run on a
+#: shop of 1M products).
+CACHE_DRIFT_INTERVAL: Final = 1.0
+#: ``redis.grace`` by default. A SKU counts once its difference, first seen on one run, is
+#: still there on a run ``grace`` later with every run in between differing too: at 1 s
+#: runs, three runs in a row. So a difference lasting 3 s or more always counts (a
+#: 5 s-TTL entry left 5 s late counts from its third run, 2 s before it heals), one
+#: shorter than 2 s never does, whatever the phase: a cache that catches up within
+#: milliseconds of each change is seen differing on isolated runs only. Longer graces
+#: hid the seconds-late cache (10 s hid a 5 s TTL entirely); 0 or 1 s would count a
+#: healthy cache on one or two unlucky runs. What snapshots cannot tell apart: a sale that
+#: moves the stock within the cache's lag before every run for 2 s looks like drift.
+CACHE_DRIFT_GRACE: Final = 2.0
 
 _INTERVAL: Final = 15.0
 _TIMEOUT: Final = 5.0
@@ -464,15 +485,22 @@ class RedisConfig:
     )
     url_source: str = derived("literal", "where the URL came from")
     key_template: str = key("stock:{sku}", Template("sku"), "the cache key of a SKU's stock")
+    # 0: the difference that matters most is in the last units (cached 1, database 0 is
+    # the "available" that oversells); a tolerance of n hides every cache that still says
+    # "n left" of a sold-out SKU.
     tolerance: int = key(
         0,
         Integer(0, 2**31, label="integer ≥ 0"),
-        "units of difference that do not count",
+        "units of difference that do not count; 0, since a cache that says 1 of a sold-out "
+        "SKU is the one that oversells",
     )
+    # See CACHE_DRIFT_GRACE: with cache_drift's 1 s runs, three differing runs in a row.
     grace: float = key(
-        10.0,
+        CACHE_DRIFT_GRACE,
         Duration(maximum=_DAY, allow_zero=True),
-        "how long a difference must last, without interruption, to count",
+        "how long a difference must last, without interruption, to count; with "
+        "`probes.cache_drift.interval` at 1 s, a difference seen on three runs in a row: "
+        "a cache 3 s or more late counts, one that catches up within 2 s never does",
     )
 
     def key(self, sku: str) -> str:
@@ -603,6 +631,19 @@ class OutboxSettings(ProbeSettings):
         Duration(maximum=_DAY),
         "an event unpublished for longer is stuck: the sidecar logs it and StockOutboxLag "
         "fires (the probe exports it as the alert's threshold)",
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class CacheDriftSettings(ProbeSettings):
+    """``probes.cache_drift``: its interval is its own (``redis.grace`` is counted in its
+    runs), not ``probes.defaults``'."""
+
+    interval: float = key(
+        CACHE_DRIFT_INTERVAL,
+        _INTERVAL_KIND,
+        "how often it runs; its own default, not `probes.defaults`: `redis.grace` is "
+        "counted in its runs, so keep the interval at most half the grace",
     )
 
 
@@ -741,7 +782,7 @@ class ProbesConfig:
     )
     expired_reservations: ProbeSettings = section(ProbeSettings, "expired, unreleased holds")
     outbox: OutboxSettings = section(OutboxSettings, "unpublished events and their lag")
-    cache_drift: ProbeSettings = section(ProbeSettings, "cache against database stock")
+    cache_drift: CacheDriftSettings = section(CacheDriftSettings, "cache against database stock")
     custom: tuple[CustomProbe, ...] = sections(CustomProbe, "custom SQL probes")
 
     def builtin(self) -> dict[str, ProbeSettings]:

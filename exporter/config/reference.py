@@ -78,11 +78,12 @@ def markdown_table(cls: type) -> str:
 
 def _probe_options() -> str:
     """The options a built-in probe adds to ``enabled`` / ``interval`` / ``timeout``."""
-    common = {name for name, _ in specs(ProbeSettings)}
+    common = dict(specs(ProbeSettings))
     rows: list[str] = []
     for probe in BUILTIN_PROBES:
         cls = section_class(f"probes.{probe}")
-        own = tuple(name for name, _ in specs(cls) if name not in common)
+        # A common key a probe redefines (cache_drift's own interval) is listed too.
+        own = tuple(name for name, spec in specs(cls) if common.get(name) is not spec)
         rows.extend(row.replace("| `", f"| `{probe}.", 1) for row in _rows(cls, only=own))
     return _HEAD + "\n".join(rows) + "\n"
 
