@@ -594,7 +594,7 @@ def add_reconcile_parser(commands: Subcommands) -> None:
         "--allocation",
         metavar="COLUMN",
         help="products column holding each SKU's inventory for the sale (overrides config);"
-        " without it, or a config that maps it, the oversold audit is NOT AUDITED (exit 3)",
+        " without it, or a config that maps it, the oversold audit is NOT AUDITED: no all-clear",
     )
     parser.add_argument("--format", choices=("table", "json"), default="table")
     parser.add_argument(
@@ -603,7 +603,7 @@ def add_reconcile_parser(commands: Subcommands) -> None:
         default=10.0,
         metavar="DURATION",
         help="limit of each audit's statements, above 0 and at most 1d: 10s, 500ms, or "
-        "seconds (10s); an audit that runs out of it is skipped and named",
+        "seconds (10s); an audit that runs out of it is named NOT AUDITED, the others run",
     )
     parser.set_defaults(handler=run_reconcile, parser=parser)
 
