@@ -1102,12 +1102,19 @@ async def test_cache_drift_counts_skus_that_stay_apart_beyond_the_grace(
                 timeout=WAIT,
                 message="one drifting SKU after the grace",
             )
+            # Named by its own series, 3 units apart; the others at 0, nothing left over.
+            per_sku = "stock_cache_drift_sku_units"
+            assert sample(registry, per_sku, cache="redis", sku="SKU-OVER") == 3.0
+            for sku in ("SKU-OK", "SKU-NEG1", "SKU-NEG3"):
+                assert sample(registry, per_sku, cache="redis", sku=sku) == 0.0
+            assert sample(registry, per_sku, cache="redis", sku="__other__") is None
             await client.set(f"{redis_prefix}stock:SKU-OVER", "0")
             await async_wait_until(
                 lambda: sample(registry, "stock_cache_drift_skus", cache="redis") == 0.0,
                 timeout=WAIT,
                 message="the fixed SKU no longer drifts",
             )
+            assert sample(registry, per_sku, cache="redis", sku="SKU-OVER") == 0.0
     finally:
         await client.aclose()
 
