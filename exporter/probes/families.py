@@ -1,8 +1,9 @@
 """Dialect-neutral result building of the invariant probes: rows in, metric families out.
 
-The PostgreSQL probes (:mod:`.postgres.invariants`, :mod:`.postgres.backlog`) and the
-MySQL/MariaDB ones run their own statements and hand the rows to these functions, so
-every dialect exports the same series with the same bounds:
+The PostgreSQL probes (:mod:`.postgres.invariants`, :mod:`.postgres.backlog`), the
+MySQL/MariaDB ones (:mod:`.mysql.invariants`, :mod:`.mysql.backlog`) and cache_drift
+(:mod:`.redis`) run their own statements and hand the rows to these functions, so every
+dialect exports the same series with the same bounds:
 
 - :func:`worst_sku_samples`: the worst ``top`` SKUs by value, each through the SKU guard,
   the rest (and any the guard folds) summed under ``__other__``, the promo SKUs always
@@ -13,6 +14,7 @@ every dialect exports the same series with the same bounds:
   from :class:`~stocksentry.exporter.invariants.InvariantSql`'s quoting, any dialect.
 - :class:`OutboxStuckLog`: the sidecar's log line naming stuck outbox events, once per
   transition and then at most once a minute.
+- :func:`default_guard`: the SKU guard of a probe built without the runner's.
 
 Example::
 
