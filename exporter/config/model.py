@@ -84,6 +84,7 @@ __all__ = [
     "POSTGRES_URL_SCHEMES",
     "TELEMETRY_PATH_PATTERN",
     "URL_KEYS",
+    "CacheDriftSettings",
     "CustomProbe",
     "DatabaseConfig",
     "Derived",
@@ -670,6 +671,13 @@ class DuplicateOrdersSettings(ProbeSettings):
 
 
 @dataclass(frozen=True, slots=True)
+class CacheDriftSettings(ProbeSettings):
+    """``probes.cache_drift``: the promo SKUs' cached stock against the database's."""
+
+    top_skus: int = _top_skus("units of drift")
+
+
+@dataclass(frozen=True, slots=True)
 class LongTransactionsSettings(ProbeSettings):
     """``probes.long_transactions``: transactions open longer than ``threshold``."""
 
@@ -741,7 +749,7 @@ class ProbesConfig:
     )
     expired_reservations: ProbeSettings = section(ProbeSettings, "expired, unreleased holds")
     outbox: OutboxSettings = section(OutboxSettings, "unpublished events and their lag")
-    cache_drift: ProbeSettings = section(ProbeSettings, "cache against database stock")
+    cache_drift: CacheDriftSettings = section(CacheDriftSettings, "cache against database stock")
     custom: tuple[CustomProbe, ...] = sections(CustomProbe, "custom SQL probes")
 
     def builtin(self) -> dict[str, ProbeSettings]:
