@@ -215,17 +215,87 @@ class _Analyser:
         elif name == STOCK_UPDATE_EVENT:
             self._stock_update(event)
         elif name == PAYMENT_CALLBACK_EVENT:
-            if event.fields.get(RESULT) == PAID:
-                self._paid(event)
+            self._payment_callback(event)
         elif name == ORDER_PAID_EVENT:
             self._paid(event)
         elif name == INVENTORY_NEGATIVE_EVENT:
-            stock = _as_int(event.fields.get(NEGATIVE_STOCK))
-            if stock is not None and stock < 0:
-                self._below(event, stock)
+            self._inventory_negative(event)
         elif name in _LOCK_EVENTS:
             self._lock(event)
         self._keep(event)
+
+    def run(self, events: Iterable[Event]) -> None:
+        """:meth:`feed` every event; without a filter, in one loop of local names.
+
+        The same work as :meth:`feed` and :meth:`_keep`, event for event, with their
+        attribute lookups hoisted out of the loop and the detector picked by one dict
+        lookup: about a microsecond less per event, a tenth of a big run.
+        """
+        if (
+            self.sku_filter is not None
+            or self.request_filter is not None
+            or self.order_filter is not None
+        ):
+            feed = self.feed
+            for event in events:
+                feed(event)
+            return
+        report = self.report
+        skus, skus_more = report.skus, report.skus_more
+        orders, orders_more = report.orders, report.orders_more
+        limit, max_groups, group = self.limit, self.max_groups, self._group
+        detectors = {
+            STOCK_CHECK_EVENT: self._stock_check,
+            STOCK_UPDATE_EVENT: self._stock_update,
+            PAYMENT_CALLBACK_EVENT: self._payment_callback,
+            ORDER_PAID_EVENT: self._paid,
+            INVENTORY_NEGATIVE_EVENT: self._inventory_negative,
+            **dict.fromkeys(_LOCK_EVENTS, self._lock),
+        }
+        detector_of = detectors.get
+        count = ungrouped = 0
+        min_ts, max_ts = self.min_ts, self.max_ts
+        try:
+            for event in events:
+                count += 1
+                if event.dated and event.has_time:
+                    ts = event.ts
+                    if ts > max_ts:
+                        max_ts = ts
+                    if ts < min_ts:
+                        min_ts = ts
+                detector = detector_of(event.name)
+                if detector is not None:
+                    detector(event)
+                sku = event.sku
+                if sku is not None:
+                    rows = skus.get(sku)
+                    if rows is not None and 0 < limit <= len(rows):
+                        skus_more[sku] = skus_more.get(sku, 0) + 1
+                    else:
+                        group(skus, skus_more, sku, event)
+                order_id = event.order_id
+                if order_id is not None:
+                    rows = orders.get(order_id)
+                    if rows is not None and 0 < limit <= len(rows):
+                        orders_more[order_id] = orders_more.get(order_id, 0) + 1
+                    elif rows is None and 0 < max_groups <= len(orders):
+                        ungrouped += 1
+                    else:
+                        group(orders, orders_more, order_id, event)
+        finally:
+            report.events += count
+            report.ungrouped_events += ungrouped
+            self.min_ts, self.max_ts = min_ts, max_ts
+
+    def _payment_callback(self, event: Event) -> None:
+        if event.fields.get(RESULT) == PAID:
+            self._paid(event)
+
+    def _inventory_negative(self, event: Event) -> None:
+        stock = _as_int(event.fields.get(NEGATIVE_STOCK))
+        if stock is not None and stock < 0:
+            self._below(event, stock)
 
     def _keep(self, event: Event) -> None:
         wanted = self.request_filter
@@ -631,9 +701,7 @@ def analyse(
     ordered: Iterable[Event] = events
     if reorder_window is not None and not isinstance(events, OrderedEvents):
         ordered = OrderedEvents([events], reorder_window)
-    feed = analyser.feed
-    for event in ordered:
-        feed(event)
+    analyser.run(ordered)
     report = analyser.finish()
     if isinstance(ordered, OrderedEvents):
         report.late_events = ordered.late

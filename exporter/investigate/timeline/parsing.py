@@ -33,10 +33,10 @@ import math
 import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 from .limits import MAX_DEPTH, MAX_ID, MAX_LINE, MAX_NUMBER, SKIPPED_EXAMPLES
-from .model import AVAILABLE, FROM, QTY, STOCK, TO, Event
+from .model import AVAILABLE, FROM, ID_KEYS, QTY, STOCK, TO, Event
 from .times import UTC_MILLIS as _UTC_MILLIS
 from .times import Stamp, parse_time_text, parse_time_value, utc_millis
 
@@ -82,7 +82,6 @@ _DROP_KEYS = frozenset(
         "spanId",
     }
 )
-_RARE_DROP_KEYS = _DROP_KEYS - {"level", "logger"}
 _CONTAINERS = frozenset({"fields", "extra", "context", "ctx", "Properties", "attributes"})
 _LEVEL_WORDS = frozenset(
     {"TRACE", "DEBUG", "INFO", "NOTICE", "WARN", "WARNING", "ERROR", "CRITICAL", "FATAL"}
@@ -394,6 +393,45 @@ _STAMPS: dict[str, Stamp] = {}
 _STAMPS_SIZE: Final = 4096
 
 
+class _Shape(NamedTuple):
+    """What the keys of a flat line (in their order) say of how to read it."""
+
+    #: Keys dropped besides ``event`` and ``timestamp`` (``level``, ``logger`` ...).
+    drops: tuple[str, ...]
+    #: The stock numbers it has, to check their range.
+    numbers: tuple[str, ...]
+    #: Which of the six ids it has (sku, request, idempotency key, order, payment
+    #: reference, trace), each ``True`` or ``False``.
+    has_ids: tuple[bool, ...]
+
+
+#: The keys of recent lines -> their :class:`_Shape` (``None``: the general path's).
+#: A logger writes a few shapes of line, so that this is a handful of entries; only
+#: lines of at most ``_SHAPE_LINE`` characters are remembered, so that it stays small.
+_SHAPES: dict[tuple[str, ...], _Shape | None] = {}
+_SHAPES_SIZE: Final = 1024
+_SHAPE_LINE: Final = 4096
+
+
+def _shape(keys: tuple[str, ...], text: str) -> _Shape | None:
+    """The :class:`_Shape` of a line with these keys; ``None`` when the general path
+    reads it (a renamed, nested or second-SKU key, or no ``event`` or ``timestamp``)."""
+    if not _SLOW_KEYS.isdisjoint(keys) or "event" not in keys or "timestamp" not in keys:
+        shape = None
+    else:
+        shape = _Shape(
+            tuple(key for key in keys if key in _DROP_KEYS),
+            tuple(key for key in keys if key in _NUMBER_KEY_SET),
+            tuple(key in keys for key in ID_KEYS),
+        )
+    if len(text) > _SHAPE_LINE:
+        return shape
+    if len(_SHAPES) >= _SHAPES_SIZE:
+        _SHAPES.clear()
+    _SHAPES[keys] = shape
+    return shape
+
+
 def _flat_event(text: str, source: str, lineno: int, file_index: int) -> Event | None:
     """The event of one of stocksentry's own JSON lines, read in one pass; else ``None``.
 
@@ -404,6 +442,8 @@ def _flat_event(text: str, source: str, lineno: int, file_index: int) -> Event |
     line, including every line with an absurd value, gives ``None``: the caller then
     parses it the general way, so what a line means never depends on this function.
     The event comes numbered (``source``, ``lineno``, ``file_index``), dated and timed.
+    What its keys say (which to drop, which ids and numbers it has) is looked up once
+    per shape of line (:func:`_shape`), not worked out again for each line.
     """
     try:
         if _fast_loads is None:
@@ -417,14 +457,14 @@ def _flat_event(text: str, source: str, lineno: int, file_index: int) -> Event |
         return None
     if type(record) is not dict:
         return None
+    keys = tuple(record)
+    shape = _SHAPES[keys] if keys in _SHAPES else _shape(keys, text)
     # issuperset(iterator) tests each type without building a set of them.
-    if not record.keys().isdisjoint(_SLOW_KEYS) or not _FLAT_TYPES.issuperset(
-        map(type, record.values())
-    ):
+    if shape is None or not _FLAT_TYPES.issuperset(map(type, record.values())):
         return None
     pop = record.pop
-    name = pop("event", None)
-    stamp_text = pop("timestamp", None)
+    name = pop("event")
+    stamp_text = pop("timestamp")
     if type(name) is not str or type(stamp_text) is not str:
         return None
     # Consecutive lines mostly share their millisecond: the stamps of recent texts.
@@ -441,24 +481,20 @@ def _flat_event(text: str, source: str, lineno: int, file_index: int) -> Event |
     name = name.strip()
     if not name:
         return None
-    # "level" and "logger" are on every line configure_logging writes: popped by name,
-    # the other keys dropped only when the line has one.
-    pop("level", None)
-    pop("logger", None)
-    if not _RARE_DROP_KEYS.isdisjoint(record):
-        for key in _RARE_DROP_KEYS.intersection(record):
-            del record[key]
-    for key in _NUMBER_KEY_SET.intersection(record):
+    for key in shape.drops:
+        del record[key]
+    for key in shape.numbers:
         value = record[key]
         if type(value) is int and not -MAX_NUMBER <= value <= MAX_NUMBER:
             return None
+    has_sku, has_request, has_key, has_order, has_reference, has_trace = shape.has_ids
     ids = (
-        pop("sku", None),
-        pop("request_id", None),
-        pop("idempotency_key", None),
-        pop("order_id", None),
-        pop("payment_reference", None),
-        pop("trace_id", None),
+        pop("sku") if has_sku else None,
+        pop("request_id") if has_request else None,
+        pop("idempotency_key") if has_key else None,
+        pop("order_id") if has_order else None,
+        pop("payment_reference") if has_reference else None,
+        pop("trace_id") if has_trace else None,
     )
     if not _ID_TYPES.issuperset(map(type, ids)):
         return None
