@@ -86,6 +86,9 @@ from .times import format_time
 __all__ = ["analyse"]
 
 _INT = re.compile(r"-?\d{1,18}\Z")
+#: A named tuple made from a tuple of its values in one C call, without the Python-level
+#: ``__new__`` of :func:`~collections.namedtuple` (a third of a microsecond less a write).
+_new_tuple = tuple.__new__
 
 
 def _as_int(value: object) -> int | None:
@@ -182,10 +185,12 @@ class _Analyser:
         #: The inputs' names, so that a packed write names its input by number.
         self.sources: list[str] = []
         self.source_numbers: dict[str, int] = {}
-        #: The last time packed and its text: lines of one millisecond share one float
-        #: object (see ``parsing._STAMPS``), and repr() is half the cost of packing.
+        #: The last time and input packed, and the start of their packed text: lines of
+        #: one millisecond share one float object (see ``parsing._STAMPS``), and repr()
+        #: is half the cost of packing.
         self.packed_ts = math.nan
-        self.packed_ts_text = "nan"
+        self.packed_source: str | None = None
+        self.packed_prefix = "nan 0 "
         self.keep_orders = order is not None
         self.incidents: list[Incident] = []
         self.order_requests: set[str] = set()
@@ -361,7 +366,8 @@ class _Analyser:
             available = _as_int(available)
         if available is not None and available < 0:
             self._below(event, available)
-        request = event.request
+        # Event.request, without the call of a property.
+        request = event.request_id or event.idempotency_key or event.trace_id
         state = self.state.get(sku)
         last = state.last if state is not None else None
         if request is not None:
@@ -371,7 +377,7 @@ class _Analyser:
             checks = self.checks
             key = (sku, request)
             checks.pop(key, None)
-            checks[key] = Check(available, event.ts, event.source, event.lineno)
+            checks[key] = _new_tuple(Check, (available, event.ts, event.source, event.lineno))
             if len(checks) > OPEN_CHECKS:
                 checks.popitem(last=False)
         if (
@@ -402,7 +408,7 @@ class _Analyser:
         if sku is None:
             return
         fields = event.fields
-        request = event.request
+        request = event.request_id or event.idempotency_key or event.trace_id
         check = self.checks.pop((sku, request), None) if request is not None else None
         # The exact types first (nearly every line), the conversions for the others.
         value = fields.get(SUCCESS)
@@ -420,7 +426,9 @@ class _Analyser:
         if frm is None and check is not None:
             frm = check.available
         order_id = event.order_id if self.keep_orders else None
-        write = Write(request, frm, to, event.ts, event.source, event.lineno, order_id)
+        write = _new_tuple(
+            Write, (request, frm, to, event.ts, event.source, event.lineno, order_id)
+        )
         state = self.state.get(sku)
         if state is None:
             state = self.state[sku] = _SkuState()
@@ -521,10 +529,12 @@ class _Analyser:
 
     def _paid(self, event: Event) -> None:
         order_id = event.order_id
-        name = event.request or order_id
+        name = event.request_id or event.idempotency_key or event.trace_id or order_id
         if not self.keep_orders:
             order_id = None
-        write = Write(name, None, None, event.ts, event.source, event.lineno, order_id)
+        write = _new_tuple(
+            Write, (name, None, None, event.ts, event.source, event.lineno, order_id)
+        )
         sku = event.sku
         callback = event.name == PAYMENT_CALLBACK_EVENT
         if event.payment_reference is not None:
@@ -542,25 +552,28 @@ class _Analyser:
         name = write.name
         if name is None or write.order_id is not None:
             return write
-        numbers = self.source_numbers
-        number = numbers.get(write.source)
-        if number is None:
-            number = numbers[write.source] = len(self.sources)
-            self.sources.append(write.source)
-        frm, to, ts = write.frm, write.to, write.ts
-        if ts is not self.packed_ts:
-            # Identity, not equality: 0.0 == -0.0, but their texts differ.
-            self.packed_ts = ts
-            self.packed_ts_text = repr(ts)
+        ts, source = write.ts, write.source
+        # Identity, not equality: 0.0 == -0.0, but their texts differ.
+        if ts is not self.packed_ts or source is not self.packed_source:
+            numbers = self.source_numbers
+            number = numbers.get(source)
+            if number is None:
+                number = numbers[source] = len(self.sources)
+                self.sources.append(source)
+            self.packed_ts, self.packed_source = ts, source
+            self.packed_prefix = f"{ts!r} {number} "
+        frm, to = write.frm, write.to
         # repr() of a float reads back as the very same float; the name goes last, so
         # that whatever it holds (spaces too) comes back whole.
+        if frm is None and to is None:
+            return f"{self.packed_prefix}{write.lineno}   {name}"
         return (
-            f"{self.packed_ts_text} {write.lineno} {'' if frm is None else frm} "
-            f"{'' if to is None else to} {number} {name}"
+            f"{self.packed_prefix}{write.lineno} {'' if frm is None else frm} "
+            f"{'' if to is None else to} {name}"
         )
 
     def _unpack(self, packed: str) -> Write:
-        ts, lineno, frm, to, number, name = packed.split(" ", 5)
+        ts, number, lineno, frm, to, name = packed.split(" ", 5)
         return Write(
             name,
             int(frm) if frm else None,

@@ -53,6 +53,9 @@ class KeyMemory(Generic[T]):
         (['an object'], 2, 1)
     """
 
+    # Slots: the attributes are read on every remember() of a big run.
+    __slots__ = ("_arrived", "_buckets", "_mask", "_others", "_others_order", "limit")
+
     def __init__(self, limit: int) -> None:
         self.limit = max(limit, 1)
         size = 1

@@ -411,6 +411,7 @@ class _Shape(NamedTuple):
 _SHAPES: dict[tuple[str, ...], _Shape | None] = {}
 _SHAPES_SIZE: Final = 1024
 _SHAPE_LINE: Final = 4096
+_UNKNOWN: Final = _Shape((), (), ())
 
 
 def _shape(keys: tuple[str, ...], text: str) -> _Shape | None:
@@ -458,7 +459,9 @@ def _flat_event(text: str, source: str, lineno: int, file_index: int) -> Event |
     if type(record) is not dict:
         return None
     keys = tuple(record)
-    shape = _SHAPES[keys] if keys in _SHAPES else _shape(keys, text)
+    shape = _SHAPES.get(keys, _UNKNOWN)
+    if shape is _UNKNOWN:
+        shape = _shape(keys, text)
     # issuperset(iterator) tests each type without building a set of them.
     if shape is None or not _FLAT_TYPES.issuperset(map(type, record.values())):
         return None
