@@ -30,6 +30,7 @@ from __future__ import annotations
 import importlib
 import json
 import math
+import operator
 import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -394,15 +395,19 @@ _STAMPS_SIZE: Final = 4096
 
 
 class _Shape(NamedTuple):
-    """What the keys of a flat line (in their order) say of how to read it."""
+    """What the keys of a flat line (in their order) say of how to read it: where its
+    values are in ``(*record.values(), None)``, and which keys are no field."""
 
-    #: Keys dropped besides ``event`` and ``timestamp`` (``level``, ``logger`` ...).
-    drops: tuple[str, ...]
-    #: The stock numbers it has, to check their range.
-    numbers: tuple[str, ...]
-    #: Which of the six ids it has (sku, request, idempotency key, order, payment
-    #: reference, trace), each ``True`` or ``False``.
-    has_ids: tuple[bool, ...]
+    #: Where the event's name and its timestamp are.
+    name_at: int
+    time_at: int
+    #: The keys deleted from the record: name, time, ids and the dropped ones.
+    removed: tuple[str, ...]
+    #: Where its stock numbers are, to check their range.
+    numbers_at: tuple[int, ...]
+    #: The six ids (sku, request, idempotency key, order, payment reference, trace), an
+    #: absent one taken from the ``None`` at the end.
+    ids_of: Callable[[tuple[Any, ...]], tuple[Any, ...]]
 
 
 #: The keys of recent lines -> their :class:`_Shape` (``None``: the general path's).
@@ -411,7 +416,7 @@ class _Shape(NamedTuple):
 _SHAPES: dict[tuple[str, ...], _Shape | None] = {}
 _SHAPES_SIZE: Final = 1024
 _SHAPE_LINE: Final = 4096
-_UNKNOWN: Final = _Shape((), (), ())
+_UNKNOWN: Final = _Shape(0, 0, (), (), tuple)
 
 
 def _shape(keys: tuple[str, ...], text: str) -> _Shape | None:
@@ -420,10 +425,18 @@ def _shape(keys: tuple[str, ...], text: str) -> _Shape | None:
     if not _SLOW_KEYS.isdisjoint(keys) or "event" not in keys or "timestamp" not in keys:
         shape = None
     else:
+        at = {key: index for index, key in enumerate(keys)}
+        none = len(keys)
         shape = _Shape(
-            tuple(key for key in keys if key in _DROP_KEYS),
-            tuple(key for key in keys if key in _NUMBER_KEY_SET),
-            tuple(key in keys for key in ID_KEYS),
+            at["event"],
+            at["timestamp"],
+            tuple(
+                key
+                for key in keys
+                if key in _DROP_KEYS or key in ID_KEYS or key in ("event", "timestamp")
+            ),
+            tuple(at[key] for key in keys if key in _NUMBER_KEY_SET),
+            operator.itemgetter(*(at.get(key, none) for key in ID_KEYS)),
         )
     if len(text) > _SHAPE_LINE:
         return shape
@@ -443,8 +456,8 @@ def _flat_event(text: str, source: str, lineno: int, file_index: int) -> Event |
     line, including every line with an absurd value, gives ``None``: the caller then
     parses it the general way, so what a line means never depends on this function.
     The event comes numbered (``source``, ``lineno``, ``file_index``), dated and timed.
-    What its keys say (which to drop, which ids and numbers it has) is looked up once
-    per shape of line (:func:`_shape`), not worked out again for each line.
+    What its keys say (where its name, time, ids and numbers are, which keys to drop) is
+    worked out once per shape of line (:func:`_shape`), not again for each line.
     """
     try:
         if _fast_loads is None:
@@ -462,12 +475,14 @@ def _flat_event(text: str, source: str, lineno: int, file_index: int) -> Event |
     shape = _SHAPES.get(keys, _UNKNOWN)
     if shape is _UNKNOWN:
         shape = _shape(keys, text)
-    # issuperset(iterator) tests each type without building a set of them.
-    if shape is None or not _FLAT_TYPES.issuperset(map(type, record.values())):
+    if shape is None:
         return None
-    pop = record.pop
-    name = pop("event")
-    stamp_text = pop("timestamp")
+    values = (*record.values(), None)
+    # issuperset(iterator) tests each type without building a set of them.
+    if not _FLAT_TYPES.issuperset(map(type, values)):
+        return None
+    name_at, time_at, removed, numbers_at, ids_of = shape
+    name, stamp_text = values[name_at], values[time_at]
     if type(name) is not str or type(stamp_text) is not str:
         return None
     # Consecutive lines mostly share their millisecond: the stamps of recent texts.
@@ -484,26 +499,18 @@ def _flat_event(text: str, source: str, lineno: int, file_index: int) -> Event |
     name = name.strip()
     if not name:
         return None
-    for key in shape.drops:
-        del record[key]
-    for key in shape.numbers:
-        value = record[key]
+    for index in numbers_at:
+        value = values[index]
         if type(value) is int and not -MAX_NUMBER <= value <= MAX_NUMBER:
             return None
-    has_sku, has_request, has_key, has_order, has_reference, has_trace = shape.has_ids
-    ids = (
-        pop("sku") if has_sku else None,
-        pop("request_id") if has_request else None,
-        pop("idempotency_key") if has_key else None,
-        pop("order_id") if has_order else None,
-        pop("payment_reference") if has_reference else None,
-        pop("trace_id") if has_trace else None,
-    )
+    ids = ids_of(values)
     if not _ID_TYPES.issuperset(map(type, ids)):
         return None
     # No id of a line this short can be longer than MAX_ID.
     if len(text) > MAX_ID and any(value is not None and len(value) > MAX_ID for value in ids):
         return None
+    for key in removed:
+        del record[key]
     sku, request_id, idempotency_key, order_id, payment_reference, trace_id = ids
     return Event(
         name[:_MAX_NAME],
