@@ -555,13 +555,7 @@ class _Analyser:
         ts, source = write.ts, write.source
         # Identity, not equality: 0.0 == -0.0, but their texts differ.
         if ts is not self.packed_ts or source is not self.packed_source:
-            numbers = self.source_numbers
-            number = numbers.get(source)
-            if number is None:
-                number = numbers[source] = len(self.sources)
-                self.sources.append(source)
-            self.packed_ts, self.packed_source = ts, source
-            self.packed_prefix = f"{ts!r} {number} "
+            self._pack_prefix(ts, source)
         frm, to = write.frm, write.to
         # repr() of a float reads back as the very same float; the name goes last, so
         # that whatever it holds (spaces too) comes back whole.
@@ -571,6 +565,16 @@ class _Analyser:
             f"{self.packed_prefix}{write.lineno} {'' if frm is None else frm} "
             f"{'' if to is None else to} {name}"
         )
+
+    def _pack_prefix(self, ts: float, source: str) -> None:
+        """Start the packed texts of writes at ``ts`` from ``source``."""
+        numbers = self.source_numbers
+        number = numbers.get(source)
+        if number is None:
+            number = numbers[source] = len(self.sources)
+            self.sources.append(source)
+        self.packed_ts, self.packed_source = ts, source
+        self.packed_prefix = f"{ts!r} {number} "
 
     def _unpack(self, packed: str) -> Write:
         ts, number, lineno, frm, to, name = packed.split(" ", 5)
@@ -592,7 +596,23 @@ class _Analyser:
             tag = self.sku_tags[sku] = str(len(self.sku_tags))
         key = f"{role}{tag}:{value}"
         keys = self.keys
-        first = keys.remember(key, self._pack(write))
+        name = write.name
+        if name is not None and write.order_id is None:
+            # _pack's packing, inline: this runs for nearly every write of a big log.
+            ts, source = write.ts, write.source
+            if ts is not self.packed_ts or source is not self.packed_source:
+                self._pack_prefix(ts, source)
+            frm, to = write.frm, write.to
+            if frm is None and to is None:
+                packed: str | Write = f"{self.packed_prefix}{write.lineno}   {name}"
+            else:
+                packed = (
+                    f"{self.packed_prefix}{write.lineno} {'' if frm is None else frm} "
+                    f"{'' if to is None else to} {name}"
+                )
+        else:
+            packed = write
+        first = keys.remember(key, packed)
         if first is None:
             return
         if isinstance(first, Duplicate):

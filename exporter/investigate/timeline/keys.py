@@ -126,7 +126,11 @@ class KeyMemory(Generic[T]):
                     if found is not None:
                         return found
                 if oldest > 0:
-                    bucket = _drop_forgotten(bucket, oldest)
+                    # The front record's number, read here: most buckets have nothing
+                    # to forget, and then no call is needed.
+                    start = bucket.index(_END_KEY) + 1
+                    if int(bucket[start : bucket.index(" ", start)]) <= oldest:
+                        bucket = _drop_forgotten(bucket, oldest)
             self._arrived += 1
             if type(value) is str and value.isprintable():
                 buckets[number] = f"{bucket}{needle}{self._arrived} {value}"
