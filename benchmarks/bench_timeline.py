@@ -166,6 +166,11 @@ def _figures(walls: list[float], cpus: list[float], rss: list[float]) -> str:
     )
 
 
+def _load() -> str:
+    """The load averages over 1, 5 and 15 minutes: the wall time follows them."""
+    return " ".join(f"{value:.2f}" for value in os.getloadavg())
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
@@ -184,6 +189,7 @@ def main() -> int:
     if args.before is not None:
         commands["before"] = [sys.executable, "-c", _WITH_PACKAGE, str(args.before.resolve())]
     print("timeline --format json: wall time and peak RSS (median of repeats; min-max)")
+    print(f"  load average before: {_load()}", flush=True)
     results: dict[int, tuple[list[float], list[float]]] = {}
     differ = False
     for size in args.sizes:
@@ -232,6 +238,7 @@ def main() -> int:
             same = _comparable(before) == _comparable(data)
             differ |= not same
             print(f"    report {'identical to' if same else 'DIFFERS from'} {args.compare}")
+    print(f"  load average after: {_load()}")
     if len(results) >= 2:
         small, big = min(results), max(results)
         rss_ratio = statistics.median(results[big][1]) / statistics.median(results[small][1])

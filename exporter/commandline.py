@@ -53,12 +53,15 @@ class ExitCode(enum.IntEnum):
 
     ``FINDINGS`` means the command did its job and found something wrong: a violated
     invariant (``reconcile``), a lost update (``timeline``), metric totals that disagree
-    with the database (``demo``).
+    with the database (``demo``). ``INCOMPLETE`` means it found nothing wrong but could
+    not look everywhere (``reconcile``: an audit that could not run or finish), which is
+    not an all-clear.
     """
 
     OK = 0
     FINDINGS = 1
     USAGE = 2
+    INCOMPLETE = 3
     INTERRUPTED = 130
 
 

@@ -366,6 +366,16 @@ CACHE_DRIFT_SKUS = MetricSpec(
     source="probe",
     multiprocess_mode="mostrecent",
 )
+CACHE_DRIFT_SKU_UNITS = MetricSpec(
+    "stock_cache_drift_sku_units",
+    "gauge",
+    "Units between the cached and the database stock of each of the SKUs drifting the "
+    "most beyond tolerance and grace (+Inf: the cached value is not a number; the rest "
+    "summed under __other__); every compared SKU always, at 0 when not drifting.",
+    ("cache", "sku"),
+    source="probe",
+    multiprocess_mode="mostrecent",
+)
 
 # --- the exporter's own health -------------------------------------------------------------
 
@@ -543,6 +553,7 @@ ALL: tuple[MetricSpec, ...] = (
     OUTBOX_STUCK,
     OUTBOX_MAX_PUBLISH_LATENCY,
     CACHE_DRIFT_SKUS,
+    CACHE_DRIFT_SKU_UNITS,
     PROBE_UP,
     PROBE_DURATION,
     PROBE_LAST_SUCCESS,

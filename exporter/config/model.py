@@ -635,19 +635,6 @@ class OutboxSettings(ProbeSettings):
 
 
 @dataclass(frozen=True, slots=True)
-class CacheDriftSettings(ProbeSettings):
-    """``probes.cache_drift``: its interval is its own (``redis.grace`` is counted in its
-    runs), not ``probes.defaults``'."""
-
-    interval: float = key(
-        CACHE_DRIFT_INTERVAL,
-        _INTERVAL_KIND,
-        "how often it runs; its own default, not `probes.defaults`: `redis.grace` is "
-        "counted in its runs, so keep the interval at most half the grace",
-    )
-
-
-@dataclass(frozen=True, slots=True)
 class OversoldSettings(ProbeSettings):
     """``probes.oversold``; ``scope: promo`` limits the scan to the promo SKUs.
 
@@ -708,6 +695,23 @@ class DuplicateOrdersSettings(ProbeSettings):
         "database's clock (as `oversold.clock_margin`)",
     )
     top_skus: int = _top_skus("duplicate keys")
+
+
+@dataclass(frozen=True, slots=True)
+class CacheDriftSettings(ProbeSettings):
+    """``probes.cache_drift``: the promo SKUs' cached stock against the database's.
+
+    Its interval is its own (``redis.grace`` is counted in its runs), not
+    ``probes.defaults``'.
+    """
+
+    interval: float = key(
+        CACHE_DRIFT_INTERVAL,
+        _INTERVAL_KIND,
+        "how often it runs; its own default, not `probes.defaults`: `redis.grace` is "
+        "counted in its runs, so keep the interval at most half the grace",
+    )
+    top_skus: int = _top_skus("units of drift")
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,9 +13,15 @@ aggregate, so the audit and the dashboard agree):
 - ``paid_without_items``: paid orders with no order item, i.e. no stock movement.
 
 Each audit runs in a savepoint of its own within ``--statement-timeout``; one that runs
-out of time is skipped and named, with what would narrow it, and the others still run.
-Exit status 0 when every invariant holds, 1 when any is violated or an audit was skipped,
-2 on bad input, 130 when interrupted. The schema comes from the exporter config
+out of time is named NOT AUDITED, with what would narrow it, and the others still run. So
+is one that cannot run: ``oversold`` without an allocation column, an audit whose table or
+column is not in the database. An audit that did not run proves nothing, so the report
+never says "every invariant holds" then.
+
+Exit status: 0 when every audit ran and every invariant holds; 1 when any invariant is
+violated (even if some audit did not run); 3 when nothing was found but at least one audit
+did not run or finish (incomplete: not an all-clear); 2 on bad input (or when no audit at
+all could run); 130 when interrupted. The schema comes from the exporter config
 (``--config``), defaulting to the common ``products / orders / order_items`` layout.
 Needs the ``[reconcile]`` extra (SQLAlchemy, psycopg and PyMySQL; a plain ``mysql://`` or
 ``mariadb://`` URL is read with PyMySQL).
@@ -50,9 +56,12 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FINDING_KINDS",
+    "NOT_AUDITED_CAUSES",
+    "NotAudited",
     "ReconcileError",
     "Report",
     "add_reconcile_parser",
+    "exit_status",
     "format_table",
     "parse_since",
     "reconcile",
@@ -66,21 +75,47 @@ FINDING_KINDS = INVARIANTS
 STATEMENT_TIMEOUT_RANGE = (0.001, 86400.0)
 
 
+#: Why an audit did not run or finish: no allocation column for ``oversold``, a mapped
+#: table or column the database does not have, the statement timeout.
+NOT_AUDITED_CAUSES: Final = ("no_allocation", "missing_table", "out_of_time")
+
+
 class ReconcileError(CommandError):
     """Bad input or an unusable database; ``str()`` is the one line to print."""
 
 
 @dataclass(frozen=True, slots=True)
+class NotAudited:
+    """An audit that did not run or did not finish: which, why, and what to do."""
+
+    audit: str
+    #: One of :data:`NOT_AUDITED_CAUSES`.
+    cause: str
+    reason: str
+
+    def line(self) -> str:
+        """The report's line: ``oversold: NOT AUDITED — no allocation: ...``."""
+        return f"{self.audit}: NOT AUDITED — {self.reason}"
+
+
+@dataclass(frozen=True, slots=True)
 class Report:
-    """What the audit found; every list empty means every invariant holds."""
+    """What the audit found.
+
+    Every list empty means every invariant holds only when :attr:`complete`: an audit of
+    :attr:`not_audited` did not look.
+    """
 
     database: str
     since: str | None
     sku: str | None
+    #: The audits that ran to the end, in report order.
     checked: tuple[str, ...]
     notes: tuple[str, ...] = ()
-    #: The audits that could not finish, each with why and what to do (``name: reason``).
-    skipped: tuple[str, ...] = ()
+    #: The audits that did not run or did not finish, each with why and what to do.
+    not_audited: tuple[NotAudited, ...] = ()
+    #: Audits left out because the scope cannot hold them (``name: why``); not a gap.
+    out_of_scope: tuple[str, ...] = ()
     negative_stock: list[dict[str, Any]] = field(default_factory=list)
     oversold: list[dict[str, Any]] = field(default_factory=list)
     duplicate_keys: list[dict[str, Any]] = field(default_factory=list)
@@ -93,16 +128,35 @@ class Report:
 
     @property
     def complete(self) -> bool:
-        """Whether every audit of :attr:`checked` finished."""
-        return not self.skipped
+        """Whether every audit in scope ran to the end."""
+        return not self.not_audited
+
+    @property
+    def skipped(self) -> tuple[str, ...]:
+        """The audits cancelled by the statement timeout (``name: reason``)."""
+        return tuple(
+            f"{n.audit}: {n.reason}" for n in self.not_audited if n.cause == "out_of_time"
+        )
+
+    @property
+    def verdict(self) -> str:
+        """``violations``, ``incomplete`` (nothing found, not everything audited) or
+        ``clear``."""
+        if self.violations:
+            return "violations"
+        return "clear" if self.complete else "incomplete"
 
     def to_dict(self) -> dict[str, Any]:
         """The ``--format json`` document."""
         data = asdict(self)
         data["checked"] = list(self.checked)
         data["notes"] = list(self.notes)
+        data["not_audited"] = [asdict(n) for n in self.not_audited]
+        data["out_of_scope"] = list(self.out_of_scope)
         data["skipped"] = list(self.skipped)
         data["violations"] = self.violations
+        data["complete"] = self.complete
+        data["verdict"] = self.verdict
         return data
 
 
@@ -277,27 +331,72 @@ def _cancelled(exc: Exception) -> bool:
     return getattr(orig, "sqlstate", None) == "57014"
 
 
+# Undefined table / column: PostgreSQL's SQLSTATEs, MySQL / MariaDB's error numbers.
+_PG_MISSING = frozenset({"42P01", "42703"})
+_MYSQL_MISSING = frozenset({1146, 1054})
+
+
+def _missing(exc: Exception) -> bool:
+    """Whether a driver error says a table or a column is not in the database."""
+    orig = getattr(exc, "orig", None)
+    if type(orig).__module__.partition(".")[0] == "pymysql":
+        args: tuple[Any, ...] = getattr(orig, "args", ())
+        return bool(args) and args[0] in _MYSQL_MISSING
+    if type(orig).__module__.partition(".")[0] == "sqlite3":
+        return str(orig).startswith(("no such table", "no such column"))
+    return getattr(orig, "sqlstate", None) in _PG_MISSING
+
+
+def _first_line(exc: Exception) -> str:
+    orig = getattr(exc, "orig", None)
+    first = str(orig if orig is not None else exc).strip().splitlines()
+    return first[0] if first else type(exc).__name__
+
+
 def _audit(
     conn: Connection,
     name: str,
     run: Callable[[], list[dict[str, Any]]],
     statement_timeout: float,
-    skipped: list[str],
+    not_audited: list[NotAudited],
+    scrub: Callable[[str], str],
 ) -> list[dict[str, Any]]:
-    """One audit in a savepoint of its own: a timeout skips it, the others still run."""
+    """One audit in a savepoint of its own: a timeout or a missing table stops it (it is
+    named NOT AUDITED), the others still run."""
     from sqlalchemy.exc import DBAPIError
 
     try:
         with conn.begin_nested():
             return run()
     except DBAPIError as exc:
-        if not _cancelled(exc):
+        if _cancelled(exc):
+            not_audited.append(
+                NotAudited(
+                    name,
+                    "out_of_time",
+                    f"cancelled by the {format_duration(statement_timeout)} statement"
+                    f" timeout; {_NARROWER[name]}",
+                )
+            )
+        elif _missing(exc):
+            not_audited.append(
+                NotAudited(
+                    name,
+                    "missing_table",
+                    f"not in the database: {scrub(_first_line(exc))}; map the shop's tables"
+                    " and columns in the config's schema section (--config)",
+                )
+            )
+        else:
             raise
-    skipped.append(
-        f"{name}: cancelled by the {format_duration(statement_timeout)} statement timeout;"
-        f" {_NARROWER[name]}"
-    )
     return []
+
+
+#: Why ``oversold`` cannot run without an allocation, and what to pass.
+NO_ALLOCATION: Final = (
+    "no allocation: pass --allocation COLUMN or --config (schema.products.allocation);"
+    " without it an oversell that stopped the stock at 0 shows nowhere"
+)
 
 
 def reconcile(
@@ -334,58 +433,62 @@ def reconcile(
             why = str(exc) if isinstance(exc, ValueError) else "not a usable database URL"
         raise ReconcileError(f"--database: cannot use {shown}: {why}") from None
     sql = InvariantSql(schema, engine.dialect.name)
-    checked = ["negative_stock", "duplicate_keys", "paid_without_items"]
-    notes: list[str] = []
-    if schema.products.allocation is not None:
-        checked.insert(1, "oversold")
-    else:
-        notes.append(
-            "oversold not checked: no allocation column mapped (schema.products.allocation "
-            "or --allocation); only negative stock shows an oversell then"
+    not_audited: list[NotAudited] = []
+    if schema.products.allocation is None:
+        not_audited.append(NotAudited("oversold", "no_allocation", NO_ALLOCATION))
+    out_of_scope: list[str] = []
+    if sku is not None:
+        # An order without items names no SKU: it belongs to no one SKU's audit.
+        out_of_scope.append(
+            "paid_without_items: an order without items names no SKU; run without --sku"
         )
-    skipped: list[str] = []
+
+    def scrub(detail: str) -> str:
+        return dburl.scrub(detail, url)
+
     try:
         with _read_only(engine, statement_timeout) as conn:
 
             def audit(name: str, run: Callable[[], list[dict[str, Any]]]) -> list[dict[str, Any]]:
-                return _audit(conn, name, run, statement_timeout, skipped)
+                return _audit(conn, name, run, statement_timeout, not_audited, scrub)
 
-            report = Report(
-                database=shown,
-                since=since.isoformat() if since else None,
-                sku=sku,
-                checked=tuple(checked),
-                notes=tuple(notes),
-                negative_stock=audit("negative_stock", lambda: _negative_stock(conn, sql, sku)),
-                # The allocation is for the whole sale: all paid units count against it,
-                # so --since does not narrow the oversold check.
-                oversold=(
-                    audit("oversold", lambda: _oversold(conn, sql, sku))
-                    if "oversold" in checked
-                    else []
-                ),
-                duplicate_keys=audit("duplicate_keys", lambda: _duplicates(conn, sql, sku, since)),
-                paid_without_items=(
-                    audit(
-                        "paid_without_items",
-                        lambda: _paid_without_items(conn, sql, since, limit),
-                    )
-                    if sku is None
-                    else []
-                ),
+            negative = audit("negative_stock", lambda: _negative_stock(conn, sql, sku))
+            # The allocation is for the whole sale: all paid units count against it,
+            # so --since does not narrow the oversold check.
+            oversold = (
+                audit("oversold", lambda: _oversold(conn, sql, sku))
+                if schema.products.allocation is not None
+                else []
             )
-            report = replace(report, skipped=tuple(skipped))
+            duplicates = audit("duplicate_keys", lambda: _duplicates(conn, sql, sku, since))
+            without_items = (
+                audit("paid_without_items", lambda: _paid_without_items(conn, sql, since, limit))
+                if sku is None
+                else []
+            )
     except DBAPIError as exc:
-        first = str(exc.orig if exc.orig is not None else exc).strip().splitlines()
-        detail = first[0] if first else type(exc).__name__
-        raise ReconcileError(f"database {shown}: {dburl.scrub(detail, url)}") from None
+        raise ReconcileError(f"database {shown}: {scrub(_first_line(exc))}") from None
     finally:
         engine.dispose()
-    if sku is not None:
-        report = replace(
-            report,
-            notes=(*report.notes, "paid_without_items is not filtered by SKU: run without --sku"),
-        )
+    missed = {n.audit for n in not_audited}
+    scoped = {line.partition(":")[0] for line in out_of_scope}
+    checked = tuple(k for k in FINDING_KINDS if k not in missed and k not in scoped)
+    missing = [n for n in not_audited if n.cause == "missing_table"]
+    if not checked and missing:
+        # No audit could read anything: the wrong database or mapping, not a partial audit.
+        raise ReconcileError(f"database {shown}: {missing[0].reason}")
+    report = Report(
+        database=shown,
+        since=since.isoformat() if since else None,
+        sku=sku,
+        checked=checked,
+        not_audited=tuple(sorted(not_audited, key=lambda n: FINDING_KINDS.index(n.audit))),
+        out_of_scope=tuple(out_of_scope),
+        negative_stock=negative,
+        oversold=oversold,
+        duplicate_keys=duplicates,
+        paid_without_items=without_items,
+    )
     if since is not None and "oversold" in checked:
         report = replace(
             report,
@@ -407,16 +510,32 @@ def format_table(report: Report) -> str:
     if report.since:
         scope.append(f"orders since {report.since}")
     lines.append("scope: " + ", ".join(scope))
-    if report.violations:
-        lines.append(f"verdict: {report.violations} violation(s)")
-    elif report.skipped:
+    missed = len(report.not_audited)
+    if report.violations and missed:
         lines.append(
-            f"verdict: no violation in the audits that finished; {len(report.skipped)}"
-            " skipped (below)"
+            f"verdict: {report.violations} violation(s), and {missed} audit(s) NOT AUDITED"
+            " (below): there may be more"
+        )
+    elif report.violations:
+        lines.append(f"verdict: {report.violations} violation(s)")
+    elif missed:
+        lines.append(
+            f"verdict: INCOMPLETE — no violation in the audits that ran, but {missed}"
+            " NOT AUDITED (below): this is not an all-clear"
         )
     else:
         lines.append("verdict: every invariant holds")
-    lines.extend(f"skipped: {line}" for line in report.skipped)
+    # One line per audit, in report order: what ran (and found what), what did not and why.
+    not_audited = {n.audit: n for n in report.not_audited}
+    scoped = dict(line.split(": ", 1) for line in report.out_of_scope)
+    for kind in FINDING_KINDS:
+        if kind in not_audited:
+            lines.append(not_audited[kind].line())
+        elif kind in scoped:
+            lines.append(f"{kind}: not in scope — {scoped[kind]}")
+        else:
+            found = len(getattr(report, kind))
+            lines.append(f"{kind}: audited, {found if found else 'nothing'} found")
     lines.extend(f"note: {note}" for note in report.notes)
     blocks: list[tuple[str, list[str], Sequence[dict[str, Any]]]] = [
         ("NEGATIVE STOCK", ["sku", "stock"], report.negative_stock),
@@ -449,9 +568,12 @@ def add_reconcile_parser(commands: Subcommands) -> None:
         "reconcile",
         help="audit the database: negative stock, oversold SKUs, duplicate orders per key",
         description=(
-            "Run the oversell audit read-only (safe during a sale): exit 0 when every "
-            "invariant holds, 1 when any is violated or an audit ran out of time (it is "
-            "named, the others still run), 2 on bad input, 130 when interrupted."
+            "Run the oversell audit read-only (safe during a sale). Every audit that could "
+            "not run or finish (oversold without an allocation, a table or column not in the "
+            "database, out of time) is named NOT AUDITED with why; the others still run. "
+            "Exit status: 0 every audit ran and every invariant holds; 1 an invariant is "
+            "violated; 3 incomplete: nothing found, but an audit did not run (not an "
+            "all-clear); 2 bad input, or no audit could run at all; 130 interrupted."
         ),
     )
     parser.add_argument(
@@ -471,7 +593,8 @@ def add_reconcile_parser(commands: Subcommands) -> None:
     parser.add_argument(
         "--allocation",
         metavar="COLUMN",
-        help="products column holding each SKU's inventory for the sale (overrides config)",
+        help="products column holding each SKU's inventory for the sale (overrides config);"
+        " without it, or a config that maps it, the oversold audit is NOT AUDITED: no all-clear",
     )
     parser.add_argument("--format", choices=("table", "json"), default="table")
     parser.add_argument(
@@ -480,7 +603,7 @@ def add_reconcile_parser(commands: Subcommands) -> None:
         default=10.0,
         metavar="DURATION",
         help="limit of each audit's statements, above 0 and at most 1d: 10s, 500ms, or "
-        "seconds (10s); an audit that runs out of it is skipped and named",
+        "seconds (10s); an audit that runs out of it is named NOT AUDITED, the others run",
     )
     parser.set_defaults(handler=run_reconcile, parser=parser)
 
@@ -505,10 +628,20 @@ def run_reconcile(args: argparse.Namespace, *, out: TextIO | None = None) -> int
         return ExitCode.INTERRUPTED
     if args.format == "json":
         out.write(json.dumps(report.to_dict(), indent=2, default=str) + "\n")
+        # A document piped into a tool is not read by a person: say the gap on stderr too.
+        for missed in report.not_audited:
+            say(sys.stderr, f"stocksentry {COMMAND}: {missed.line()}")
     else:
         out.write(format_table(report))
-    # An audit that did not finish proves nothing: not "every invariant holds".
-    return ExitCode.OK if report.violations == 0 and report.complete else ExitCode.FINDINGS
+    return exit_status(report)
+
+
+def exit_status(report: Report) -> ExitCode:
+    """The exit status of a report: a violation wins; an audit that did not run or finish
+    proves nothing, so no finding then is :attr:`ExitCode.INCOMPLETE`, never ``OK``."""
+    if report.violations:
+        return ExitCode.FINDINGS
+    return ExitCode.OK if report.complete else ExitCode.INCOMPLETE
 
 
 def _schema_and_url(args: argparse.Namespace) -> tuple[SchemaConfig, str]:

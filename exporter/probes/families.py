@@ -1,8 +1,9 @@
 """Dialect-neutral result building of the invariant probes: rows in, metric families out.
 
-The PostgreSQL probes (:mod:`.postgres.invariants`, :mod:`.postgres.backlog`) and the
-MySQL/MariaDB ones run their own statements and hand the rows to these functions, so
-every dialect exports the same series with the same bounds:
+The PostgreSQL probes (:mod:`.postgres.invariants`, :mod:`.postgres.backlog`), the
+MySQL/MariaDB ones (:mod:`.mysql.invariants`, :mod:`.mysql.backlog`) and cache_drift
+(:mod:`.redis`) run their own statements and hand the rows to these functions, so every
+dialect exports the same series with the same bounds:
 
 - :func:`worst_sku_samples`: the worst ``top`` SKUs by value, each through the SKU guard,
   the rest (and any the guard folds) summed under ``__other__``, the promo SKUs always
@@ -13,6 +14,7 @@ every dialect exports the same series with the same bounds:
   from :class:`~stocksentry.exporter.invariants.InvariantSql`'s quoting, any dialect.
 - :class:`OutboxStuckLog`: the sidecar's log line naming stuck outbox events, once per
   transition and then at most once a minute.
+- :func:`default_guard`: the SKU guard of a probe built without the runner's.
 
 Example::
 
@@ -34,6 +36,7 @@ from stocksentry.instrumentation import catalog
 from stocksentry.instrumentation.catalog import OVERFLOW_VALUE
 from stocksentry.instrumentation.guard import LabelGuard, sanitize_label_value
 
+from ..config import ExporterConfig
 from ..durations import format_duration
 from ..invariants import InvariantSql, Param, Query
 from .base import family
@@ -43,6 +46,7 @@ __all__ = [
     "OUTBOX_LOG_INTERVAL",
     "OutboxStuck",
     "OutboxStuckLog",
+    "default_guard",
     "duplicate_key_skus",
     "duplicate_order_families",
     "negative_stock_families",
@@ -58,6 +62,12 @@ LOGGER: Final = logging.getLogger("stocksentry.exporter.probes")
 MAX_SKU_KEYS: Final = 1000
 #: Seconds between two "outbox stuck" lines while the events stay stuck.
 OUTBOX_LOG_INTERVAL: Final = 60.0
+
+
+def default_guard(config: ExporterConfig) -> LabelGuard:
+    """The SKU guard of ``config``, for a probe built alone (the runner passes its own,
+    shared by every probe, so that all of them together stay within ``max_skus``)."""
+    return LabelGuard(config.sku_guard.max_skus, always=config.sku_guard.promo_skus)
 
 
 def pinned_labels(promo_skus: Iterable[str], guard: LabelGuard) -> tuple[str, ...]:
@@ -198,6 +208,14 @@ def outbox_families(
     )
 
 
+def _age_text(seconds: float) -> str:
+    """An age for a log line: whole seconds (``2m``, not ``2m0.05``; the exact age is
+    the line's ``oldest_event_age_seconds``), milliseconds below a second."""
+    if seconds >= 1:
+        return format_duration(round(seconds))
+    return format_duration(max(0.001, round(seconds, 3)))
+
+
 class OutboxStuckLog:
     """Logs stuck outbox events: once when they appear, at most once a minute while they
     stay, and once when none are left.
@@ -249,7 +267,7 @@ class OutboxStuckLog:
             stuck.count,
             format_duration(self.max_publish_latency),
             oldest,
-            format_duration(stuck.oldest_age),
+            _age_text(stuck.oldest_age),
             extra={
                 "probe": "outbox",
                 "stuck_events": stuck.count,

@@ -1,4 +1,5 @@
-"""The Redis side: the stock cache compared with the database (``stock_cache_drift_skus``).
+"""The Redis side: the stock cache compared with the database (``stock_cache_drift_skus``,
+and per SKU ``stock_cache_drift_sku_units``).
 
 For every promo SKU the probe reads the cached stock (``GET`` of ``redis.key_template``,
 one ``MGET`` for all of them) and the database stock (one indexed query on
@@ -15,11 +16,17 @@ What counts:
 - no cache key, or no product row: not drifting (nothing to compare), and its clock
   restarts.
 
+``stock_cache_drift_sku_units{cache, sku}`` names them: the units between the two values
+of each of the ``probes.cache_drift.top_skus`` SKUs drifting the most (``+Inf`` for a
+cached value that is not a number: no number of units measures it), the others summed
+under ``__other__``, every compared SKU at 0 while it does not drift
+(:func:`~stocksentry.exporter.probes.families.worst_sku_samples`, through the SKU guard).
+
 Example::
 
     source = RedisSource(config.redis, timeout=2.0)
     probe = CacheDriftProbe(config, pool, source)
-    await probe.run()     # stock_cache_drift_skus{cache="redis"}
+    await probe.run()     # stock_cache_drift_skus{cache="redis"}, _sku_units{cache, sku}
     await source.close()
 """
 
@@ -38,9 +45,11 @@ from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from stocksentry.instrumentation import catalog
+from stocksentry.instrumentation.guard import LabelGuard
 
 from ..config import ExporterConfig, RedisConfig
 from .base import Backoff, ProbeUnavailableError, describe_error, family
+from .families import default_guard, pinned_labels, worst_sku_samples
 from .postgres import Conn, DbProbe, PgPool, ident
 
 __all__ = ["CACHE_LABEL", "CacheDriftProbe", "RedisSource"]
@@ -113,12 +122,13 @@ def _cached_number(raw: bytes | None) -> float | None:
 
 
 class CacheDriftProbe(DbProbe):
-    """``stock_cache_drift_skus{cache="redis"}`` for the promo SKUs (see the module doc).
+    """``stock_cache_drift_skus{cache="redis"}`` and ``stock_cache_drift_sku_units{cache,
+    sku}`` for the promo SKUs (see the module doc).
 
     It reads the database, so with leader election it runs on the leader only.
     """
 
-    specs = (catalog.CACHE_DRIFT_SKUS,)
+    specs = (catalog.CACHE_DRIFT_SKUS, catalog.CACHE_DRIFT_SKU_UNITS)
 
     def __init__(
         self,
@@ -126,13 +136,19 @@ class CacheDriftProbe(DbProbe):
         pool: PgPool,
         source: RedisSource,
         *,
+        guard: LabelGuard | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        super().__init__("cache_drift", config.probes.cache_drift, pool)
+        settings = config.probes.cache_drift
+        super().__init__("cache_drift", settings, pool)
         if config.redis is None:
             raise ValueError("the cache_drift probe needs a redis section")
         self.source = source
         self.skus = config.sku_guard.promo_skus
+        self.top = settings.top_skus
+        self._guard = guard or default_guard(config)
+        # Every compared SKU is a promo SKU: each keeps its series, at 0 while in step.
+        self._pinned = pinned_labels(self.skus, self._guard)
         self.tolerance = config.redis.tolerance
         self.grace = config.redis.grace
         self._keys = [config.redis.key(sku) for sku in self.skus]
@@ -153,6 +169,7 @@ class CacheDriftProbe(DbProbe):
         )
         now = self._clock()
         drifting = 0
+        units: list[tuple[str, float]] = []
         for sku, raw in zip(self.skus, cached, strict=True):
             value = _cached_number(raw)
             in_db = stock.get(sku)
@@ -166,7 +183,15 @@ class CacheDriftProbe(DbProbe):
             since = self._since.setdefault(sku, now)
             if now - since >= self.grace:
                 drifting += 1
-        return (family(catalog.CACHE_DRIFT_SKUS, [((CACHE_LABEL,), float(drifting))]),)
+                units.append((sku, math.inf if math.isnan(value) else abs(value - in_db)))
+        per_sku = worst_sku_samples(units, top=self.top, guard=self._guard, pinned=self._pinned)
+        return (
+            family(catalog.CACHE_DRIFT_SKUS, [((CACHE_LABEL,), float(drifting))]),
+            family(
+                catalog.CACHE_DRIFT_SKU_UNITS,
+                [((CACHE_LABEL, sku), value) for (sku,), value in per_sku],
+            ),
+        )
 
     async def _database_stock(self, conn: Conn) -> dict[str, float]:
         cursor = await conn.execute(self._sql, [list(self.skus)])

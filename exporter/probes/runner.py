@@ -136,9 +136,13 @@ class ProbeRunner:
             if self._my_pool is not None:
                 from .mysql.cache import MyCacheDriftProbe
 
-                self._db_probes.append(MyCacheDriftProbe(config, self._my_pool, self._redis))
+                self._db_probes.append(
+                    MyCacheDriftProbe(config, self._my_pool, self._redis, guard=self.sku_guard)
+                )
             elif self._pool is not None:
-                self._db_probes.append(CacheDriftProbe(config, self._pool, self._redis))
+                self._db_probes.append(
+                    CacheDriftProbe(config, self._pool, self._redis, guard=self.sku_guard)
+                )
 
         self._election: LeaderElection | None = None
         if config.database is not None and config.database.leader_election:

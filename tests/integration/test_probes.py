@@ -1001,6 +1001,80 @@ async def test_cache_drift_counts_skus_that_stay_apart_beyond_the_grace(
         await client.aclose()
 
 
+async def test_cache_drift_names_the_skus_drifting_the_most(pg_database, registry, redis_prefix):
+    await seed(pg_database)
+    client = aioredis.Redis.from_url(REDIS_URL)
+    per_sku = "stock_cache_drift_sku_units"
+    skus = ("SKU-OK", "SKU-OVER", "SKU-NEG3", "SKU-NEG1")
+
+    def units() -> dict[str, float | None]:
+        names = (*skus, "__other__")
+        return {sku: sample(registry, per_sku, cache="redis", sku=sku) for sku in names}
+
+    try:
+        # Database: SKU-OK 15, SKU-OVER 0, SKU-NEG3 -3, SKU-NEG1 -1.
+        await client.set(f"{redis_prefix}stock:SKU-OK", "15")  # in step
+        await client.set(f"{redis_prefix}stock:SKU-OVER", "3")  # 3 apart
+        await client.set(f"{redis_prefix}stock:SKU-NEG3", "7")  # 10 apart
+        await client.set(f"{redis_prefix}stock:SKU-NEG1", "lots")  # not a number
+        config = parse_config(
+            yaml.safe_dump(
+                {
+                    "sku_guard": {"promo_skus": list(skus)},
+                    "database": {"url": pg_database, "leader_election": False},
+                    "redis": {
+                        "url": REDIS_URL,
+                        "key_template": f"{redis_prefix}stock:{{sku}}",
+                        "grace": "500ms",
+                    },
+                    "probes": {
+                        "defaults": {"interval": "100ms"},
+                        "cache_drift": {"top_skus": 2},
+                        **{p: {"enabled": False} for p in ALL_DB_PROBES},
+                    },
+                }
+            )
+        )
+        async with ProbeRunner(config, registry=registry):
+            await async_wait_until(all_up(registry, ("cache_drift",)), timeout=WAIT)
+            # Within the grace: every compared SKU has its series, at 0.
+            assert units() == dict.fromkeys(skus, 0.0) | {"__other__": None}
+            await async_wait_until(
+                units,
+                accept=lambda u: u["SKU-NEG3"] == 10.0,
+                timeout=WAIT,
+                message="the drifting SKUs named after the grace",
+            )
+            # The two worst by name (the unreadable value first), SKU-OVER's 3 units
+            # under __other__ while its own series stays at 0.
+            assert units() == {
+                "SKU-OK": 0.0,
+                "SKU-OVER": 0.0,
+                "SKU-NEG3": 10.0,
+                "SKU-NEG1": float("inf"),
+                "__other__": 3.0,
+            }
+            assert sample(registry, "stock_cache_drift_skus", cache="redis") == 3.0
+            await client.set(f"{redis_prefix}stock:SKU-NEG3", "-3")
+            await client.set(f"{redis_prefix}stock:SKU-NEG1", "-1")
+            await async_wait_until(
+                units,
+                accept=lambda u: u["SKU-NEG1"] == 0.0,
+                timeout=WAIT,
+                message="the fixed SKUs back at 0",
+            )
+            # SKU-OVER is now among the two worst: named, nothing left for __other__.
+            assert units() == {
+                "SKU-OK": 0.0,
+                "SKU-OVER": 3.0,
+                "SKU-NEG3": 0.0,
+                "SKU-NEG1": 0.0,
+                "__other__": None,
+            }
+    finally:
+        await client.aclose()
+
+
 async def test_cache_drift_is_down_while_redis_is_unreachable(pg_database, registry):
     await seed(pg_database)
     config = parse_config(

@@ -230,6 +230,11 @@ async def test_every_probe_reports_the_seeded_truth(mysql_database, registry):
         await asyncio.sleep(0.3)
         assert sample(registry, "stock_negative_inventory_skus") == 2.0
         assert sample(registry, "stock_negative_inventory_units") == 4.0
+        per_sku = "stock_negative_inventory_sku_units"
+        assert sample(registry, per_sku, sku="SKU-NEG3") == 3.0
+        assert sample(registry, per_sku, sku="SKU-NEG1") == 1.0
+        assert sample(registry, per_sku, sku="SKU-OK") == 0.0
+        assert sample(registry, per_sku, sku="__other__") is None
         assert sample(registry, "stock_oversold_units", sku="SKU-OVER") == 2.0
         assert sample(registry, "stock_oversold_units", sku="SKU-OVER2") == 3.0
         assert sample(registry, "stock_oversold_units", sku="SKU-OK") == 0.0
@@ -245,6 +250,9 @@ async def test_every_probe_reports_the_seeded_truth(mysql_database, registry):
         assert sample(registry, "stock_db_long_transactions") == 0.0
         assert sample(registry, "stock_reservations_expired_unreleased") == 3.0
         assert sample(registry, "stock_outbox_pending_events") == 2.0
+        # Beyond the default 30 s: the 120 s old row, and the 30 s one once it aged too.
+        assert sample(registry, "stock_outbox_stuck_events") in (1.0, 2.0)
+        assert sample(registry, "stock_outbox_max_publish_latency_seconds") == 30.0
         lag = sample(registry, "stock_outbox_lag_seconds")
         assert lag is not None
         assert 120.0 <= lag <= 120.0 + (time.monotonic() - before_seed) + 1.0
@@ -260,6 +268,113 @@ async def test_every_probe_reports_the_seeded_truth(mysql_database, registry):
             lambda: runner.index_advice is not None, timeout=WAIT, message="the index check"
         )
         assert runner.index_advice == ()
+
+
+# --- the same families and samples as on PostgreSQL ------------------------------------------
+
+# The probes whose figures depend on the shop's rows alone (the server-level ones read each
+# server's own state: deadlocks are server-wide on MariaDB, database-wide on PostgreSQL).
+SHOP_PROBES = ("negative_stock", "oversold", "duplicate_orders", "expired_reservations", "outbox")
+
+# Beyond the seed, on both: three more SKUs below zero (five in all, two named with
+# top_skus 2, three summed under __other__), and items for the duplicated keys' orders so
+# that duplicate orders name SKUs: dup-1 (orders 6, 7) and idem-1 hold SKU-OK, dup-2 (8, 9)
+# SKU-OK and SKU-OVER; the single order's SKU-OVER2 is no duplicate's.
+EXTRA_VIOLATIONS = [
+    "INSERT INTO products (id, sku, available_stock, initial_stock) VALUES"
+    " (6, 'SKU-NEG38', -38, 50), (7, 'SKU-NEG2', -2, 10), (8, 'SKU-NEG1B', -1, 10)",
+    "INSERT INTO order_items (order_id, product_id, quantity) VALUES"
+    " (6, 4, 1), (7, 4, 1), (8, 4, 1), (9, 3, 1), (11, 5, 1)",
+]
+
+
+def probe_samples(
+    registry: CollectorRegistry,
+) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """The scraped samples of the probes' own families (the stocksentry_* health series
+    carry timings and timestamps of each run, so they are left out)."""
+    return {k: v for k, v in scrape(registry).items() if not k[0].startswith("stocksentry_")}
+
+
+def family_names(registry: CollectorRegistry) -> set[str]:
+    return {
+        family.name
+        for family in text_string_to_metric_families(generate_latest(registry).decode())
+        if not family.name.startswith("stocksentry_")
+    }
+
+
+async def test_mariadb_exports_postgresql_s_families_and_samples(
+    mysql_database, pg_database, caplog
+):
+    seed(mysql_database)
+    run_sql(mysql_database, EXTRA_VIOLATIONS)
+    await pg_seed(pg_database)
+    async with await psycopg.AsyncConnection.connect(pg_database, autocommit=True) as conn:
+        for sql in EXTRA_VIOLATIONS:
+            await conn.execute(sql)
+    caplog.set_level(logging.INFO, logger="stocksentry.exporter.probes")
+
+    def config_of(url: str) -> ExporterConfig:
+        return make_config(
+            url,
+            SHOP_PROBES,
+            promo_skus=("SKU-OK", "SKU-PROMO"),
+            schema={"orders": {"idempotency_key": "idempotency_key"}, "outbox": {"id": "id"}},
+            settings={
+                "negative_stock": {"top_skus": 2},
+                "duplicate_orders": {"top_skus": 1},
+                "outbox": {"max_publish_latency": "1m"},
+            },
+        )
+
+    scraped: dict[str, tuple[set[str], dict[tuple[str, tuple[tuple[str, str], ...]], float]]] = {}
+    for dialect, url in (("postgresql", pg_database), ("mariadb", mysql_database)):
+        caplog.clear()
+        registry = CollectorRegistry()
+        async with ProbeRunner(config_of(url), registry=registry):
+            await async_wait_until(
+                all_up(registry, SHOP_PROBES), timeout=WAIT, message=f"{dialect}: probes up"
+            )
+            await async_wait_until(
+                lambda: [r for r in caplog.records if r.getMessage().startswith("outbox stuck")],
+                timeout=WAIT,
+                message=f"{dialect}: the outbox stuck line",
+            )
+            scraped[dialect] = (family_names(registry), probe_samples(registry))
+        stuck = [r.getMessage() for r in caplog.records if r.getMessage().startswith("outbox")]
+        # One line for the transition (the next is due a minute later), naming the oldest.
+        assert len(stuck) == 1, (dialect, stuck)
+        assert stuck[0].startswith(
+            "outbox stuck: 1 event(s) unpublished beyond 1m; the oldest, id 1, is 2m"
+        ), (dialect, stuck)
+
+    pg_names, pg_samples = scraped["postgresql"]
+    my_names, my_samples = scraped["mariadb"]
+    assert my_names == pg_names
+    assert set(my_samples) == set(pg_samples)
+    lag = ("stock_outbox_lag_seconds", ())
+    # The lag is each server's clock against a row seeded a moment apart: close, not equal.
+    assert abs(my_samples.pop(lag) - pg_samples.pop(lag)) < 10.0
+    assert my_samples == pg_samples
+    # Not equal by being empty: the seeded violations, sku labels included.
+    negative = "stock_negative_inventory_sku_units"
+    duplicate = "stock_duplicate_order_sku_keys"
+    assert {k: v for k, v in my_samples.items() if k[0] in (negative, duplicate)} == {
+        (negative, (("sku", "SKU-NEG38"),)): 38.0,
+        (negative, (("sku", "SKU-NEG3"),)): 3.0,
+        (negative, (("sku", "__other__"),)): 4.0,
+        (negative, (("sku", "SKU-OK"),)): 0.0,
+        (negative, (("sku", "SKU-PROMO"),)): 0.0,
+        (duplicate, (("sku", "SKU-OK"),)): 3.0,
+        (duplicate, (("sku", "__other__"),)): 1.0,
+    }
+    assert my_samples[("stock_negative_inventory_skus", ())] == 5.0
+    assert my_samples[("stock_negative_inventory_units", ())] == 45.0
+    assert my_samples[("stock_duplicate_order_keys", ())] == 3.0
+    assert my_samples[("stock_outbox_stuck_events", ())] == 1.0
+    assert my_samples[("stock_outbox_max_publish_latency_seconds", ())] == 60.0
+    assert my_samples[("stock_oversold_units", (("sku", "SKU-OVER2"),))] == 4.0
 
 
 # --- the invariant statements: the same rows on MariaDB as on PostgreSQL --------------------
@@ -987,12 +1102,19 @@ async def test_cache_drift_counts_skus_that_stay_apart_beyond_the_grace(
                 timeout=WAIT,
                 message="one drifting SKU after the grace",
             )
+            # Named by its own series, 3 units apart; the others at 0, nothing left over.
+            per_sku = "stock_cache_drift_sku_units"
+            assert sample(registry, per_sku, cache="redis", sku="SKU-OVER") == 3.0
+            for sku in ("SKU-OK", "SKU-NEG1", "SKU-NEG3"):
+                assert sample(registry, per_sku, cache="redis", sku=sku) == 0.0
+            assert sample(registry, per_sku, cache="redis", sku="__other__") is None
             await client.set(f"{redis_prefix}stock:SKU-OVER", "0")
             await async_wait_until(
                 lambda: sample(registry, "stock_cache_drift_skus", cache="redis") == 0.0,
                 timeout=WAIT,
                 message="the fixed SKU no longer drifts",
             )
+            assert sample(registry, per_sku, cache="redis", sku="SKU-OVER") == 0.0
     finally:
         await client.aclose()
 

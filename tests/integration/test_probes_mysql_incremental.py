@@ -282,8 +282,12 @@ async def test_duplicate_keys_incrementally_equal_the_full_query(
     probe = DuplicateOrdersProbe(config, pool)
 
     async def count() -> float:
-        (family,) = await probe.run()
-        return float(family.samples[0].value)
+        keys, per_sku = await probe.run()
+        value = float(keys.samples[0].value)
+        # Every duplicated key's orders hold SKU-1: its series counts them all.
+        by_sku = {s.labels["sku"]: s.value for s in per_sku.samples}
+        assert by_sku == ({"SKU-1": value} if value else {})
+        return value
 
     late = connect(mysql_database, autocommit=False)
     try:

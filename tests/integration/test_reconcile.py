@@ -4,6 +4,7 @@ SQLite."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -12,8 +13,15 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from stocksentry.exporter.commandline import ExitCode
 from stocksentry.exporter.config import SchemaConfig, parse_config
-from stocksentry.exporter.reconcile import ReconcileError, format_table, parse_since, reconcile
+from stocksentry.exporter.reconcile import (
+    ReconcileError,
+    exit_status,
+    format_table,
+    parse_since,
+    reconcile,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -144,7 +152,9 @@ def test_one_sku_and_no_allocation(database: str) -> None:
     assert "oversold" not in plain.checked
     assert plain.oversold == []
     assert plain.negative_stock == [{"sku": "EGG-01", "stock": -2}]
-    assert any("allocation" in note for note in plain.notes)
+    assert [(n.audit, n.cause) for n in plain.not_audited] == [("oversold", "no_allocation")]
+    assert "--allocation" in plain.not_audited[0].reason
+    assert exit_status(plain) == ExitCode.FINDINGS  # the negative stock is still a finding
 
 
 def test_cli_json_and_exit_codes(pg_sqlalchemy_url: str, pg_database: str) -> None:
@@ -162,13 +172,15 @@ def test_cli_json_and_exit_codes(pg_sqlalchemy_url: str, pg_database: str) -> No
     assert data["violations"] == 5  # ref-0, old (no --since) and no idempotency mapping
 
     table = subprocess.run(
-        [*CLI, "--database", pg_database, "--sku", "EGG-02"],
+        [*CLI, "--database", pg_database, "--allocation", "initial_stock", "--sku", "EGG-02"],
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert table.returncode == 0, table.stderr
     assert "verdict: every invariant holds" in table.stdout
+    # paid_without_items names no SKU: out of the scope of --sku, not a gap in the audit.
+    assert "paid_without_items: not in scope" in table.stdout
 
 
 @pytest.mark.parametrize(
@@ -265,8 +277,32 @@ def test_an_audit_out_of_time_is_skipped_by_name_and_the_others_still_run(
     assert {"kind": "idempotency_key", "key": "key-x", "orders": 3} in report.duplicate_keys
     assert not report.complete
     text = format_table(report)
-    assert "skipped: oversold: cancelled by the 300ms statement timeout" in text
+    assert "oversold: NOT AUDITED — cancelled by the 300ms statement timeout" in text
+    assert "there may be more" in text
     assert report.to_dict()["skipped"] == list(report.skipped)
+    assert [n["audit"] for n in report.to_dict()["not_audited"]] == [
+        "oversold",
+        "paid_without_items",
+    ]
+    assert "oversold" not in report.checked
+    assert exit_status(report) == ExitCode.FINDINGS
+
+
+def test_an_audit_out_of_time_on_a_clean_shop_is_incomplete(
+    pg_sqlalchemy_url: str, pg_database: str
+) -> None:
+    import psycopg
+
+    seed(pg_sqlalchemy_url, violations=False)
+    with psycopg.connect(pg_database) as blocker:
+        blocker.execute("LOCK TABLE order_items IN ACCESS EXCLUSIVE MODE")
+        report = reconcile(pg_sqlalchemy_url, schema=SCHEMA, statement_timeout=0.3)
+    assert report.violations == 0
+    assert exit_status(report) == ExitCode.INCOMPLETE
+    assert report.verdict == "incomplete"
+    text = format_table(report)
+    assert "every invariant holds" not in text
+    assert "verdict: INCOMPLETE" in text
 
 
 def test_an_audit_out_of_time_is_skipped_on_mariadb(mysql_database: str) -> None:
@@ -323,3 +359,88 @@ def test_cli_on_mariadb(mysql_database: str) -> None:
         {"sku": "EGG-01", "allocation": 2, "sold_units": 5, "paid_orders": 5, "oversold_units": 3}
     ]
     assert data["violations"] == 5
+
+
+def seed_quiet_oversell(url: str) -> None:
+    """EGG-01 oversold by 400 (5 paid orders of 100 against an allocation of 100) while its
+    stock stopped at 0, not below: nothing but the allocation shows it."""
+    engine = sa.create_engine(driver_url(url))
+    with engine.begin() as conn:
+        for ddl in DDL:
+            if conn.dialect.name in ("mysql", "mariadb"):
+                ddl = ddl.replace("TIMESTAMP WITH TIME ZONE", "DATETIME(6)")
+            conn.execute(sa.text(ddl))
+        conn.execute(sa.text("INSERT INTO products VALUES (1, 'EGG-01', 0, 100)"))
+        conn.execute(
+            sa.text("INSERT INTO orders VALUES (:id, :ref, NULL, 'PAID', :at)"),
+            [{"id": n, "ref": f"ref-{n}", "at": NOW} for n in range(1, 6)],
+        )
+        conn.execute(
+            sa.text("INSERT INTO order_items VALUES (:o, 1, 100)"),
+            [{"o": n} for n in range(1, 6)],
+        )
+    engine.dispose()
+
+
+def test_an_oversell_without_an_allocation_is_never_an_all_clear(database: str) -> None:
+    seed_quiet_oversell(database)
+    done = subprocess.run(
+        [*CLI, "--database", database], capture_output=True, text=True, timeout=60
+    )
+    shown = f"exit {done.returncode}\n{done.stdout}{done.stderr}"
+    assert done.returncode == ExitCode.INCOMPLETE == 3, shown
+    assert "every invariant holds" not in done.stdout, shown
+    assert "verdict: INCOMPLETE" in done.stdout, shown
+    assert re.search(
+        r"^oversold: NOT AUDITED — no allocation: pass --allocation COLUMN or --config",
+        done.stdout,
+        re.MULTILINE,
+    ), shown
+    # The audits that did run say so, one line each.
+    for kind in ("negative_stock", "duplicate_keys", "paid_without_items"):
+        assert f"{kind}: audited, nothing found" in done.stdout, shown
+
+    as_json = subprocess.run(
+        [*CLI, "--database", database, "--format", "json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert as_json.returncode == 3, as_json.stderr
+    data = json.loads(as_json.stdout)
+    assert data["verdict"] == "incomplete"
+    assert data["complete"] is False
+    assert [(n["audit"], n["cause"]) for n in data["not_audited"]] == [
+        ("oversold", "no_allocation")
+    ]
+    assert "oversold: NOT AUDITED" in as_json.stderr
+
+    allocated = subprocess.run(
+        [*CLI, "--database", database, "--allocation", "initial_stock"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    shown = f"exit {allocated.returncode}\n{allocated.stdout}{allocated.stderr}"
+    assert allocated.returncode == ExitCode.FINDINGS == 1, shown
+    assert "NOT AUDITED" not in allocated.stdout, shown
+    assert re.search(r"^\s+EGG-01\s+100\s+500\s+5\s+400$", allocated.stdout, re.MULTILINE), shown
+
+
+def test_a_table_missing_from_the_database_is_named_not_audited(database: str) -> None:
+    seed(database, violations=False)
+    engine = sa.create_engine(driver_url(database), poolclass=sa.pool.NullPool)
+    with engine.begin() as conn:
+        conn.execute(sa.text("DROP TABLE order_items"))
+    engine.dispose()
+    report = reconcile(database, schema=SCHEMA)
+    assert report.checked == ("negative_stock", "duplicate_keys")
+    assert [(n.audit, n.cause) for n in report.not_audited] == [
+        ("oversold", "missing_table"),
+        ("paid_without_items", "missing_table"),
+    ]
+    assert all("order_items" in n.reason for n in report.not_audited)
+    assert exit_status(report) == ExitCode.INCOMPLETE
+    text = format_table(report)
+    assert "every invariant holds" not in text
+    assert "oversold: NOT AUDITED — not in the database:" in text

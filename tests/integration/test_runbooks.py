@@ -9,15 +9,16 @@ written, against:
 - a fresh PostgreSQL database where SKU EGG-01 is oversold by 400 units (500 paid of an
   allocation of 100) while its available stock is 0, not negative: the case that only an
   audit that knows the allocation column can see (a reconcile without ``--config`` or
-  ``--allocation`` reports nothing, which the first test shows);
+  ``--allocation`` cannot run its oversold audit: it says so and exits 3, incomplete,
+  which the first test shows);
 - ``$STOCKSENTRY_CONFIG``, the exporter's config file the runbooks name: its database,
   its schema mapping and the allocation column;
 - ``app.log`` in the working directory, with a lost update on EGG-01.
 
-Each audit must report the violation: exit status 1 and a finding naming EGG-01, and never
-"every invariant holds". Where the commands are: fenced ``sh``/``bash`` blocks, one per
-line, ``#`` starts a comment; and inline code spans in the prose that start with
-``stocksentry``. Placeholders: ``<SKU>`` is EGG-01.
+Each audit must report the violation: exit status 1 (3 would be an incomplete audit) and a
+finding naming EGG-01, never "every invariant holds" nor "NOT AUDITED". Where the
+commands are: fenced ``sh``/``bash`` blocks, one per line, ``#`` starts a comment; and
+inline code spans in the prose that start with ``stocksentry``. Placeholders: ``<SKU>`` is EGG-01.
 """
 
 from __future__ import annotations
@@ -183,12 +184,14 @@ def run(command: str, shop: dict[str, str]) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_the_seed_fools_an_audit_that_does_not_know_the_allocation(shop):
-    """Without the config's allocation column, reconcile sees no oversell here: the
-    shop is the one that gave the old runbook lines their false all-clear."""
+def test_an_audit_that_does_not_know_the_allocation_says_it_is_incomplete(shop):
+    """Without the config's allocation column, reconcile cannot see the oversell here
+    (the shop that gave the old runbook lines their false all-clear): it names the
+    oversold audit NOT AUDITED and exits 3, never "every invariant holds" with 0."""
     done = run(f'stocksentry reconcile --database "{shop["url"]}" --sku {SKU}', shop)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "every invariant holds" in done.stdout
+    assert done.returncode == 3, done.stdout + done.stderr
+    assert "every invariant holds" not in done.stdout
+    assert "oversold: NOT AUDITED — no allocation" in done.stdout
     with_config = run(f'stocksentry reconcile --config "$STOCKSENTRY_CONFIG" --sku {SKU}', shop)
     assert with_config.returncode == 1, with_config.stdout + with_config.stderr
     assert "OVERSOLD (1)" in with_config.stdout
@@ -220,6 +223,7 @@ def test_every_runbook_audit_reports_the_known_violation(command: Command, shop)
     done = run(command.text, shop)
     shown = f"$ {command.text}\nexit {done.returncode}\n{done.stdout}{done.stderr}"
     assert "every invariant holds" not in done.stdout, shown
+    assert "NOT AUDITED" not in done.stdout, shown
     assert done.returncode == 1, shown
     if command.subcommand == "reconcile":
         assert re.search(r"^OVERSOLD \(1\)$", done.stdout, re.MULTILINE), shown

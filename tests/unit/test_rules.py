@@ -233,6 +233,7 @@ NEWBORN_ALERTS = frozenset(
         "StockRefundDueToOversell",
         "StockLockExpiredWhileHeld",
         "StockLockReleaseNotOwned",
+        "StockLockStaleFencingToken",
         "StockUnsafeReadModifyWrite",
         "StockIdempotencyKeyConflict",
         "StockDeadlocksIncreasing",

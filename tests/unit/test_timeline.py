@@ -849,3 +849,36 @@ def test_the_parser_is_built_without_the_analysis() -> None:
         "assert not loaded, loaded\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+# --- the loop without a filter is the loop with one --------------------------------------------
+
+
+def _as_data(report: timeline.Report) -> dict[str, Any]:
+    return json.loads(json.dumps(report.to_dict(), default=str))
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "seeds.log",
+        "stale_read.log",
+        "out_of_order.jsonl",
+        "negative_stock.jsonl",
+        "lock_expiry.jsonl",
+        "duplicate_payment.jsonl",
+    ],
+)
+def test_the_unfiltered_loop_gives_what_a_filter_of_every_sku_gives(name: str) -> None:
+    """Without a filter the events go through one loop of local names; a filter that
+    keeps every SKU (each event of these files has one) goes event by event through
+    ``feed``: the same report, findings, timelines and counts of what was not kept."""
+    path = DATA / name
+    options: dict[str, Any] = {"limit": 2, "max_groups": 1}
+    unfiltered = report_of(path, **options)
+    every = sorted(report_of(path, limit=0).skus)
+    filtered = report_of(path, skus=every, **options)
+    assert unfiltered.findings
+    assert unfiltered.skus_more or unfiltered.orders_more or unfiltered.ungrouped_events
+    assert _as_data(unfiltered) == _as_data(filtered)
+    assert unfiltered.ungrouped_events == filtered.ungrouped_events

@@ -133,11 +133,13 @@ def test_stocksentrys_own_negative_write_line_is_the_oversells_evidence(
 
     findings = findings_of(capsys, app_log)
 
-    assert [(f["cause"], f["sku"], f["units"]) for f in findings] == [
-        ("oversell_negative_stock", "EGG-09", 1)
-    ]
+    # R2's check read available=1 after R1 wrote to=0: a stale read too when the clock
+    # ticked a millisecond in between (in one millisecond the log does not order them).
+    assert {f["cause"] for f in findings} <= {"oversell_negative_stock", "stale_read"}
+    oversells = [f for f in findings if f["cause"] == "oversell_negative_stock"]
+    assert [(f["sku"], f["units"]) for f in oversells] == [("EGG-09", 1)]
     lines = app_log.read_text("utf-8").splitlines()
-    evidence = [lines[int(where.rpartition(":")[2]) - 1] for where in findings[0]["lines"]]
+    evidence = [lines[int(where.rpartition(":")[2]) - 1] for where in oversells[0]["lines"]]
     # The write to -1 and stocksentry's own inventory_negative line.
     assert [json.loads(line)["event"] for line in evidence] == [
         "stock_update",

@@ -335,3 +335,23 @@ def test_lines_read_in_chunks_are_the_lines_of_the_input(
         for line in io.StringIO(text.replace("\r\n", "\n").replace("\r", "\n"))
     ]
     assert got == expected
+
+
+def test_many_shapes_of_line_keep_the_shape_memory_bounded() -> None:
+    """A log of ever new keys: each line still reads as the general parser reads it,
+    the memory of shapes stays within its size, and a long line is not remembered."""
+    from stocksentry.exporter.investigate.timeline import parsing
+
+    stamp = "2026-11-29T13:41:14.262Z"
+    for n in range(parsing._SHAPES_SIZE + 500):
+        line = json.dumps(
+            {"event": "stock_check", "sku": "A", f"extra_{n}": n, "timestamp": stamp}
+        )
+        fast = parsing._flat_event(line, "<input>", 0, 0)
+        assert fast is not None
+        assert fast == parse_line(line)
+        assert len(parsing._SHAPES) <= parsing._SHAPES_SIZE
+    long_key = "k" * (parsing._SHAPE_LINE + 1)
+    line = json.dumps({"event": "stock_check", "sku": "A", long_key: 1, "timestamp": stamp})
+    assert parsing._flat_event(line, "<input>", 0, 0) == parse_line(line)
+    assert not any(long_key in keys for keys in parsing._SHAPES)

@@ -86,6 +86,9 @@ from .times import format_time
 __all__ = ["analyse"]
 
 _INT = re.compile(r"-?\d{1,18}\Z")
+#: A named tuple made from a tuple of its values in one C call, without the Python-level
+#: ``__new__`` of :func:`~collections.namedtuple` (a third of a microsecond less a write).
+_new_tuple = tuple.__new__
 
 
 def _as_int(value: object) -> int | None:
@@ -182,10 +185,12 @@ class _Analyser:
         #: The inputs' names, so that a packed write names its input by number.
         self.sources: list[str] = []
         self.source_numbers: dict[str, int] = {}
-        #: The last time packed and its text: lines of one millisecond share one float
-        #: object (see ``parsing._STAMPS``), and repr() is half the cost of packing.
+        #: The last time and input packed, and the start of their packed text: lines of
+        #: one millisecond share one float object (see ``parsing._STAMPS``), and repr()
+        #: is half the cost of packing.
         self.packed_ts = math.nan
-        self.packed_ts_text = "nan"
+        self.packed_source: str | None = None
+        self.packed_prefix = "nan 0 "
         self.keep_orders = order is not None
         self.incidents: list[Incident] = []
         self.order_requests: set[str] = set()
@@ -215,17 +220,87 @@ class _Analyser:
         elif name == STOCK_UPDATE_EVENT:
             self._stock_update(event)
         elif name == PAYMENT_CALLBACK_EVENT:
-            if event.fields.get(RESULT) == PAID:
-                self._paid(event)
+            self._payment_callback(event)
         elif name == ORDER_PAID_EVENT:
             self._paid(event)
         elif name == INVENTORY_NEGATIVE_EVENT:
-            stock = _as_int(event.fields.get(NEGATIVE_STOCK))
-            if stock is not None and stock < 0:
-                self._below(event, stock)
+            self._inventory_negative(event)
         elif name in _LOCK_EVENTS:
             self._lock(event)
         self._keep(event)
+
+    def run(self, events: Iterable[Event]) -> None:
+        """:meth:`feed` every event; without a filter, in one loop of local names.
+
+        The same work as :meth:`feed` and :meth:`_keep`, event for event, with their
+        attribute lookups hoisted out of the loop and the detector picked by one dict
+        lookup: about a microsecond less per event, a tenth of a big run.
+        """
+        if (
+            self.sku_filter is not None
+            or self.request_filter is not None
+            or self.order_filter is not None
+        ):
+            feed = self.feed
+            for event in events:
+                feed(event)
+            return
+        report = self.report
+        skus, skus_more = report.skus, report.skus_more
+        orders, orders_more = report.orders, report.orders_more
+        limit, max_groups, group = self.limit, self.max_groups, self._group
+        detectors = {
+            STOCK_CHECK_EVENT: self._stock_check,
+            STOCK_UPDATE_EVENT: self._stock_update,
+            PAYMENT_CALLBACK_EVENT: self._payment_callback,
+            ORDER_PAID_EVENT: self._paid,
+            INVENTORY_NEGATIVE_EVENT: self._inventory_negative,
+            **dict.fromkeys(_LOCK_EVENTS, self._lock),
+        }
+        detector_of = detectors.get
+        count = ungrouped = 0
+        min_ts, max_ts = self.min_ts, self.max_ts
+        try:
+            for event in events:
+                count += 1
+                if event.dated and event.has_time:
+                    ts = event.ts
+                    if ts > max_ts:
+                        max_ts = ts
+                    if ts < min_ts:
+                        min_ts = ts
+                detector = detector_of(event.name)
+                if detector is not None:
+                    detector(event)
+                sku = event.sku
+                if sku is not None:
+                    rows = skus.get(sku)
+                    if rows is not None and 0 < limit <= len(rows):
+                        skus_more[sku] = skus_more.get(sku, 0) + 1
+                    else:
+                        group(skus, skus_more, sku, event)
+                order_id = event.order_id
+                if order_id is not None:
+                    rows = orders.get(order_id)
+                    if rows is not None and 0 < limit <= len(rows):
+                        orders_more[order_id] = orders_more.get(order_id, 0) + 1
+                    elif rows is None and 0 < max_groups <= len(orders):
+                        ungrouped += 1
+                    else:
+                        group(orders, orders_more, order_id, event)
+        finally:
+            report.events += count
+            report.ungrouped_events += ungrouped
+            self.min_ts, self.max_ts = min_ts, max_ts
+
+    def _payment_callback(self, event: Event) -> None:
+        if event.fields.get(RESULT) == PAID:
+            self._paid(event)
+
+    def _inventory_negative(self, event: Event) -> None:
+        stock = _as_int(event.fields.get(NEGATIVE_STOCK))
+        if stock is not None and stock < 0:
+            self._below(event, stock)
 
     def _keep(self, event: Event) -> None:
         wanted = self.request_filter
@@ -291,7 +366,8 @@ class _Analyser:
             available = _as_int(available)
         if available is not None and available < 0:
             self._below(event, available)
-        request = event.request
+        # Event.request, without the call of a property.
+        request = event.request_id or event.idempotency_key or event.trace_id
         state = self.state.get(sku)
         last = state.last if state is not None else None
         if request is not None:
@@ -301,7 +377,7 @@ class _Analyser:
             checks = self.checks
             key = (sku, request)
             checks.pop(key, None)
-            checks[key] = Check(available, event.ts, event.source, event.lineno)
+            checks[key] = _new_tuple(Check, (available, event.ts, event.source, event.lineno))
             if len(checks) > OPEN_CHECKS:
                 checks.popitem(last=False)
         if (
@@ -332,7 +408,7 @@ class _Analyser:
         if sku is None:
             return
         fields = event.fields
-        request = event.request
+        request = event.request_id or event.idempotency_key or event.trace_id
         check = self.checks.pop((sku, request), None) if request is not None else None
         # The exact types first (nearly every line), the conversions for the others.
         value = fields.get(SUCCESS)
@@ -350,7 +426,9 @@ class _Analyser:
         if frm is None and check is not None:
             frm = check.available
         order_id = event.order_id if self.keep_orders else None
-        write = Write(request, frm, to, event.ts, event.source, event.lineno, order_id)
+        write = _new_tuple(
+            Write, (request, frm, to, event.ts, event.source, event.lineno, order_id)
+        )
         state = self.state.get(sku)
         if state is None:
             state = self.state[sku] = _SkuState()
@@ -451,10 +529,12 @@ class _Analyser:
 
     def _paid(self, event: Event) -> None:
         order_id = event.order_id
-        name = event.request or order_id
+        name = event.request_id or event.idempotency_key or event.trace_id or order_id
         if not self.keep_orders:
             order_id = None
-        write = Write(name, None, None, event.ts, event.source, event.lineno, order_id)
+        write = _new_tuple(
+            Write, (name, None, None, event.ts, event.source, event.lineno, order_id)
+        )
         sku = event.sku
         callback = event.name == PAYMENT_CALLBACK_EVENT
         if event.payment_reference is not None:
@@ -472,25 +552,32 @@ class _Analyser:
         name = write.name
         if name is None or write.order_id is not None:
             return write
-        numbers = self.source_numbers
-        number = numbers.get(write.source)
-        if number is None:
-            number = numbers[write.source] = len(self.sources)
-            self.sources.append(write.source)
-        frm, to, ts = write.frm, write.to, write.ts
-        if ts is not self.packed_ts:
-            # Identity, not equality: 0.0 == -0.0, but their texts differ.
-            self.packed_ts = ts
-            self.packed_ts_text = repr(ts)
+        ts, source = write.ts, write.source
+        # Identity, not equality: 0.0 == -0.0, but their texts differ.
+        if ts is not self.packed_ts or source is not self.packed_source:
+            self._pack_prefix(ts, source)
+        frm, to = write.frm, write.to
         # repr() of a float reads back as the very same float; the name goes last, so
         # that whatever it holds (spaces too) comes back whole.
+        if frm is None and to is None:
+            return f"{self.packed_prefix}{write.lineno}   {name}"
         return (
-            f"{self.packed_ts_text} {write.lineno} {'' if frm is None else frm} "
-            f"{'' if to is None else to} {number} {name}"
+            f"{self.packed_prefix}{write.lineno} {'' if frm is None else frm} "
+            f"{'' if to is None else to} {name}"
         )
 
+    def _pack_prefix(self, ts: float, source: str) -> None:
+        """Start the packed texts of writes at ``ts`` from ``source``."""
+        numbers = self.source_numbers
+        number = numbers.get(source)
+        if number is None:
+            number = numbers[source] = len(self.sources)
+            self.sources.append(source)
+        self.packed_ts, self.packed_source = ts, source
+        self.packed_prefix = f"{ts!r} {number} "
+
     def _unpack(self, packed: str) -> Write:
-        ts, lineno, frm, to, number, name = packed.split(" ", 5)
+        ts, number, lineno, frm, to, name = packed.split(" ", 5)
         return Write(
             name,
             int(frm) if frm else None,
@@ -509,7 +596,23 @@ class _Analyser:
             tag = self.sku_tags[sku] = str(len(self.sku_tags))
         key = f"{role}{tag}:{value}"
         keys = self.keys
-        first = keys.remember(key, self._pack(write))
+        name = write.name
+        if name is not None and write.order_id is None:
+            # _pack's packing, inline: this runs for nearly every write of a big log.
+            ts, source = write.ts, write.source
+            if ts is not self.packed_ts or source is not self.packed_source:
+                self._pack_prefix(ts, source)
+            frm, to = write.frm, write.to
+            if frm is None and to is None:
+                packed: str | Write = f"{self.packed_prefix}{write.lineno}   {name}"
+            else:
+                packed = (
+                    f"{self.packed_prefix}{write.lineno} {'' if frm is None else frm} "
+                    f"{'' if to is None else to} {name}"
+                )
+        else:
+            packed = write
+        first = keys.remember(key, packed)
         if first is None:
             return
         if isinstance(first, Duplicate):
@@ -631,9 +734,7 @@ def analyse(
     ordered: Iterable[Event] = events
     if reorder_window is not None and not isinstance(events, OrderedEvents):
         ordered = OrderedEvents([events], reorder_window)
-    feed = analyser.feed
-    for event in ordered:
-        feed(event)
+    analyser.run(ordered)
     report = analyser.finish()
     if isinstance(ordered, OrderedEvents):
         report.late_events = ordered.late

@@ -53,6 +53,9 @@ class KeyMemory(Generic[T]):
         (['an object'], 2, 1)
     """
 
+    # Slots: the attributes are read on every remember() of a big run.
+    __slots__ = ("_arrived", "_buckets", "_mask", "_others", "_others_order", "limit")
+
     def __init__(self, limit: int) -> None:
         self.limit = max(limit, 1)
         size = 1
@@ -123,7 +126,11 @@ class KeyMemory(Generic[T]):
                     if found is not None:
                         return found
                 if oldest > 0:
-                    bucket = _drop_forgotten(bucket, oldest)
+                    # The front record's number, read here: most buckets have nothing
+                    # to forget, and then no call is needed.
+                    start = bucket.index(_END_KEY) + 1
+                    if int(bucket[start : bucket.index(" ", start)]) <= oldest:
+                        bucket = _drop_forgotten(bucket, oldest)
             self._arrived += 1
             if type(value) is str and value.isprintable():
                 buckets[number] = f"{bucket}{needle}{self._arrived} {value}"

@@ -69,6 +69,19 @@ class OrderedEvents:
                 push(heap, (ts, event.lineno, event))
             waiting += 1
             limit = newest - window
+            if not heap:
+                # Nothing out of order waits (nearly always): out of the run, in order,
+                # what is old enough or beyond the buffer.
+                while run and (waiting > buffer or run[0].ts <= limit):
+                    head = run.popleft()
+                    waiting -= 1
+                    head_ts = head.ts
+                    if head_ts >= out:
+                        out = head_ts
+                    elif count_late:
+                        self.late += 1
+                    yield head
+                continue
             while waiting:
                 if heap:
                     head_ts, head_line, head = heap[0]

@@ -30,13 +30,14 @@ from __future__ import annotations
 import importlib
 import json
 import math
+import operator
 import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 from .limits import MAX_DEPTH, MAX_ID, MAX_LINE, MAX_NUMBER, SKIPPED_EXAMPLES
-from .model import AVAILABLE, FROM, QTY, STOCK, TO, Event
+from .model import AVAILABLE, FROM, ID_KEYS, QTY, STOCK, TO, Event
 from .times import UTC_MILLIS as _UTC_MILLIS
 from .times import Stamp, parse_time_text, parse_time_value, utc_millis
 
@@ -82,7 +83,6 @@ _DROP_KEYS = frozenset(
         "spanId",
     }
 )
-_RARE_DROP_KEYS = _DROP_KEYS - {"level", "logger"}
 _CONTAINERS = frozenset({"fields", "extra", "context", "ctx", "Properties", "attributes"})
 _LEVEL_WORDS = frozenset(
     {"TRACE", "DEBUG", "INFO", "NOTICE", "WARN", "WARNING", "ERROR", "CRITICAL", "FATAL"}
@@ -394,6 +394,58 @@ _STAMPS: dict[str, Stamp] = {}
 _STAMPS_SIZE: Final = 4096
 
 
+class _Shape(NamedTuple):
+    """What the keys of a flat line (in their order) say of how to read it: where its
+    values are in ``(*record.values(), None)``, and which keys are no field."""
+
+    #: Where the event's name and its timestamp are.
+    name_at: int
+    time_at: int
+    #: The keys deleted from the record: name, time, ids and the dropped ones.
+    removed: tuple[str, ...]
+    #: Where its stock numbers are, to check their range.
+    numbers_at: tuple[int, ...]
+    #: The six ids (sku, request, idempotency key, order, payment reference, trace), an
+    #: absent one taken from the ``None`` at the end.
+    ids_of: Callable[[tuple[Any, ...]], tuple[Any, ...]]
+
+
+#: The keys of recent lines -> their :class:`_Shape` (``None``: the general path's).
+#: A logger writes a few shapes of line, so that this is a handful of entries; only
+#: lines of at most ``_SHAPE_LINE`` characters are remembered, so that it stays small.
+_SHAPES: dict[tuple[str, ...], _Shape | None] = {}
+_SHAPES_SIZE: Final = 1024
+_SHAPE_LINE: Final = 4096
+_UNKNOWN: Final = _Shape(0, 0, (), (), tuple)
+
+
+def _shape(keys: tuple[str, ...], text: str) -> _Shape | None:
+    """The :class:`_Shape` of a line with these keys; ``None`` when the general path
+    reads it (a renamed, nested or second-SKU key, or no ``event`` or ``timestamp``)."""
+    if not _SLOW_KEYS.isdisjoint(keys) or "event" not in keys or "timestamp" not in keys:
+        shape = None
+    else:
+        at = {key: index for index, key in enumerate(keys)}
+        none = len(keys)
+        shape = _Shape(
+            at["event"],
+            at["timestamp"],
+            tuple(
+                key
+                for key in keys
+                if key in _DROP_KEYS or key in ID_KEYS or key in ("event", "timestamp")
+            ),
+            tuple(at[key] for key in keys if key in _NUMBER_KEY_SET),
+            operator.itemgetter(*(at.get(key, none) for key in ID_KEYS)),
+        )
+    if len(text) > _SHAPE_LINE:
+        return shape
+    if len(_SHAPES) >= _SHAPES_SIZE:
+        _SHAPES.clear()
+    _SHAPES[keys] = shape
+    return shape
+
+
 def _flat_event(text: str, source: str, lineno: int, file_index: int) -> Event | None:
     """The event of one of stocksentry's own JSON lines, read in one pass; else ``None``.
 
@@ -404,6 +456,8 @@ def _flat_event(text: str, source: str, lineno: int, file_index: int) -> Event |
     line, including every line with an absurd value, gives ``None``: the caller then
     parses it the general way, so what a line means never depends on this function.
     The event comes numbered (``source``, ``lineno``, ``file_index``), dated and timed.
+    What its keys say (where its name, time, ids and numbers are, which keys to drop) is
+    worked out once per shape of line (:func:`_shape`), not again for each line.
     """
     try:
         if _fast_loads is None:
@@ -417,14 +471,18 @@ def _flat_event(text: str, source: str, lineno: int, file_index: int) -> Event |
         return None
     if type(record) is not dict:
         return None
-    # issuperset(iterator) tests each type without building a set of them.
-    if not record.keys().isdisjoint(_SLOW_KEYS) or not _FLAT_TYPES.issuperset(
-        map(type, record.values())
-    ):
+    keys = tuple(record)
+    shape = _SHAPES.get(keys, _UNKNOWN)
+    if shape is _UNKNOWN:
+        shape = _shape(keys, text)
+    if shape is None:
         return None
-    pop = record.pop
-    name = pop("event", None)
-    stamp_text = pop("timestamp", None)
+    values = (*record.values(), None)
+    # issuperset(iterator) tests each type without building a set of them.
+    if not _FLAT_TYPES.issuperset(map(type, values)):
+        return None
+    name_at, time_at, removed, numbers_at, ids_of = shape
+    name, stamp_text = values[name_at], values[time_at]
     if type(name) is not str or type(stamp_text) is not str:
         return None
     # Consecutive lines mostly share their millisecond: the stamps of recent texts.
@@ -441,30 +499,18 @@ def _flat_event(text: str, source: str, lineno: int, file_index: int) -> Event |
     name = name.strip()
     if not name:
         return None
-    # "level" and "logger" are on every line configure_logging writes: popped by name,
-    # the other keys dropped only when the line has one.
-    pop("level", None)
-    pop("logger", None)
-    if not _RARE_DROP_KEYS.isdisjoint(record):
-        for key in _RARE_DROP_KEYS.intersection(record):
-            del record[key]
-    for key in _NUMBER_KEY_SET.intersection(record):
-        value = record[key]
+    for index in numbers_at:
+        value = values[index]
         if type(value) is int and not -MAX_NUMBER <= value <= MAX_NUMBER:
             return None
-    ids = (
-        pop("sku", None),
-        pop("request_id", None),
-        pop("idempotency_key", None),
-        pop("order_id", None),
-        pop("payment_reference", None),
-        pop("trace_id", None),
-    )
+    ids = ids_of(values)
     if not _ID_TYPES.issuperset(map(type, ids)):
         return None
     # No id of a line this short can be longer than MAX_ID.
     if len(text) > MAX_ID and any(value is not None and len(value) > MAX_ID for value in ids):
         return None
+    for key in removed:
+        del record[key]
     sku, request_id, idempotency_key, order_id, payment_reference, trace_id = ids
     return Event(
         name[:_MAX_NAME],

@@ -17,7 +17,7 @@ Example::
 
     pool = MyPool(config.database)
     probe = NegativeStockProbe(config, pool)
-    families = await probe.run()      # stock_negative_inventory_skus / _units
+    families = await probe.run()      # stock_negative_inventory_skus / _units / _sku_units
     await pool.close()
 """
 
@@ -60,11 +60,11 @@ def build_db_probes(config: ExporterConfig, pool: MyPool, guard: LabelGuard) -> 
     p = config.probes
     probes: list[MyDbProbe] = []
     if p.negative_stock.enabled:
-        probes.append(NegativeStockProbe(config, pool))
+        probes.append(NegativeStockProbe(config, pool, guard))
     if p.oversold.enabled:
         probes.append(OversoldProbe(config, pool, guard))
     if p.duplicate_orders.enabled:
-        probes.append(DuplicateOrdersProbe(config, pool))
+        probes.append(DuplicateOrdersProbe(config, pool, guard))
     if p.lock_waiters.enabled:
         probes.append(LockWaitersProbe(config, pool))
     if p.deadlocks.enabled:

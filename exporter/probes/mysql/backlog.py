@@ -1,5 +1,6 @@
 """Probes of the app's own bookkeeping on MySQL/MariaDB: expired reservations still held,
-the outbox lag."""
+the outbox lag and its stuck events (the families and the log line of :mod:`..families`,
+shared with PostgreSQL)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from stocksentry.instrumentation import catalog
 from ...config import ExporterConfig
 from ...invariants import quote
 from ..base import family
-from .common import MyDbProbe, ident, number
+from ..families import OutboxStuck, OutboxStuckLog, outbox_families
+from .common import MyDbProbe, ident, interval_us, number
 from .pool import MyPool, MySession
 
 __all__ = ["ExpiredReservationsProbe", "OutboxProbe", "held_predicate"]
@@ -54,25 +56,58 @@ class ExpiredReservationsProbe(MyDbProbe):
 
 
 class OutboxProbe(MyDbProbe):
-    """``stock_outbox_pending_events`` and ``stock_outbox_lag_seconds`` (oldest pending age)."""
+    """``stock_outbox_pending_events``, ``stock_outbox_lag_seconds`` (oldest pending age),
+    ``stock_outbox_stuck_events`` (pending beyond ``probes.outbox.max_publish_latency``)
+    and that latency itself (the alert's threshold), as on PostgreSQL.
 
-    specs = (catalog.OUTBOX_PENDING, catalog.OUTBOX_LAG)
+    One statement on the index ``outbox(published_at, created_at)``: the pending rows are
+    its ``published_at IS NULL`` range, ordered by ``created_at``, so the oldest one's id
+    is that range's first entry (``schema.outbox.id`` mapped). While events are stuck it
+    logs ``outbox stuck``
+    (:class:`~stocksentry.exporter.probes.families.OutboxStuckLog`).
+    """
+
+    specs = (
+        catalog.OUTBOX_PENDING,
+        catalog.OUTBOX_LAG,
+        catalog.OUTBOX_STUCK,
+        catalog.OUTBOX_MAX_PUBLISH_LATENCY,
+    )
 
     def __init__(self, config: ExporterConfig, pool: MyPool) -> None:
-        super().__init__("outbox", config.probes.outbox, pool)
+        settings = config.probes.outbox
+        super().__init__("outbox", settings, pool)
         b = config.schema.outbox
         if b is None:
             raise ValueError("the outbox probe needs schema.outbox")
-        created = quote(b.created_at, "mysql")
+        self.max_publish_latency = settings.max_publish_latency
+        self._params = {"latency": interval_us(settings.max_publish_latency)}
+        self.stuck_log = OutboxStuckLog(max_publish_latency=settings.max_publish_latency)
+        table, created = ident(b.table), quote(b.created_at, "mysql")
+        published = quote(b.published_at, "mysql")
+        oldest_id = (
+            f", (SELECT {quote(b.id, 'mysql')} FROM {table}"  # noqa: S608 - quoted identifiers
+            f" WHERE {published} IS NULL ORDER BY {created}, {quote(b.id, 'mysql')} LIMIT 1)"
+            if b.id is not None
+            else ", NULL"
+        )
+        # now(6) is the statement's start, the same for every row (PostgreSQL's probe takes
+        # clock_timestamp(), which moves: the difference is the statement's own run time).
         self._sql = (
-            "SELECT count(*),"  # noqa: S608 - quoted identifiers
-            f" coalesce(timestampdiff(MICROSECOND, min({created}), now(6)), 0) / 1000000"
-            f" FROM {ident(b.table)} WHERE {quote(b.published_at, 'mysql')} IS NULL"
+            "SELECT count(*),"  # noqa: S608 - quoted identifiers, values as parameters
+            f" coalesce(timestampdiff(MICROSECOND, min({created}), now(6)), 0) / 1000000,"
+            f" coalesce(sum({created} < now(6) - INTERVAL %(latency)s MICROSECOND), 0)"
+            f"{oldest_id} FROM {table} WHERE {published} IS NULL"
         )
 
     async def query(self, session: MySession) -> tuple[Metric, ...]:
-        pending, lag = await session.one(self._sql)
-        return (
-            family(catalog.OUTBOX_PENDING, [((), number(pending))]),
-            family(catalog.OUTBOX_LAG, [((), max(0.0, number(lag)))]),
+        pending, lag, stuck_count, oldest_id = await session.one(self._sql, self._params)
+        stuck = OutboxStuck(
+            count=int(number(stuck_count)),
+            oldest_id=oldest_id if number(stuck_count) else None,
+            oldest_age=max(0.0, number(lag)),
+        )
+        self.stuck_log.observe(stuck)
+        return outbox_families(
+            number(pending), number(lag), stuck, max_publish_latency=self.max_publish_latency
         )

@@ -8,6 +8,8 @@ tolerance bookkeeping); only its database read is this dialect's. Imported only 
 
 from __future__ import annotations
 
+from stocksentry.instrumentation.guard import LabelGuard
+
 from ...config import ExporterConfig
 from ...invariants import quote
 from ..redis import CacheDriftProbe, RedisSource
@@ -18,12 +20,20 @@ __all__ = ["MyCacheDriftProbe"]
 
 
 class MyCacheDriftProbe(CacheDriftProbe):
-    """``stock_cache_drift_skus{cache="redis"}`` with the stock read from MySQL/MariaDB."""
+    """``stock_cache_drift_skus{cache="redis"}`` and ``stock_cache_drift_sku_units{cache,
+    sku}`` with the stock read from MySQL/MariaDB."""
 
-    def __init__(self, config: ExporterConfig, pool: MyPool, source: RedisSource) -> None:
+    def __init__(
+        self,
+        config: ExporterConfig,
+        pool: MyPool,
+        source: RedisSource,
+        *,
+        guard: LabelGuard | None = None,
+    ) -> None:
         # The base class reads the database only through pool.read(self._database_stock),
         # which MyPool offers with a MySQL session in place of a psycopg connection.
-        super().__init__(config, pool, source)  # type: ignore[arg-type]
+        super().__init__(config, pool, source, guard=guard)  # type: ignore[arg-type]
         p = config.schema.products
         marks = ", ".join(["%s"] * len(self.skus))
         sku, stock = quote(p.sku, "mysql"), quote(p.stock, "mysql")

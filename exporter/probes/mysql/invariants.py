@@ -2,7 +2,9 @@
 
 Their statements come from :class:`stocksentry.exporter.invariants.InvariantSql` (``mysql``
 dialect), the builder ``stocksentry reconcile`` uses; the duplicate bookkeeping is
-:class:`~stocksentry.exporter.probes.duplicates.DuplicateKeys`, shared with PostgreSQL.
+:class:`~stocksentry.exporter.probes.duplicates.DuplicateKeys` and the families (totals and
+the per-SKU worst N) come from :mod:`..families`, both shared with PostgreSQL, so the two
+dialects export the same series for the same rows.
 """
 
 from __future__ import annotations
@@ -12,11 +14,19 @@ from typing import Any, Final
 
 from prometheus_client.core import Metric
 from stocksentry.instrumentation import catalog
+from stocksentry.instrumentation.guard import LabelGuard
 
 from ...config import ExporterConfig
-from ...invariants import InvariantSql
-from ..base import family
+from ...invariants import InvariantSql, Query
 from ..duplicates import DuplicateKeys
+from ..families import (
+    MAX_SKU_KEYS,
+    default_guard,
+    duplicate_key_skus,
+    duplicate_order_families,
+    negative_stock_families,
+    pinned_labels,
+)
 from .common import MyDbProbe, number, statement
 from .oversold import read_horizon
 from .pool import MyPool, MySession
@@ -28,39 +38,71 @@ MAX_NEW_KEYS: Final = 5000
 
 
 class NegativeStockProbe(MyDbProbe):
-    """``stock_negative_inventory_skus`` / ``_units``: SKUs below zero and by how much.
+    """``stock_negative_inventory_skus`` / ``_units``: SKUs below zero and by how much;
+    ``stock_negative_inventory_sku_units{sku}``: the ``top_skus`` lowest by name.
 
-    MySQL has no partial index: it reads a range of an index on ``products(stock)``.
+    MySQL has no partial index: both statements read the range ``< 0`` of an index on
+    ``products(stock)``, the totals first, then (only when there are SKUs below zero) the
+    worst ``top_skus`` rows, sorted in memory (they are the few rows below zero). The
+    units of the SKUs not named go under ``__other__``; promo SKUs are at 0 when not below
+    zero.
     """
 
-    specs = (catalog.NEGATIVE_INVENTORY_SKUS, catalog.NEGATIVE_INVENTORY_UNITS)
+    specs = (
+        catalog.NEGATIVE_INVENTORY_SKUS,
+        catalog.NEGATIVE_INVENTORY_UNITS,
+        catalog.NEGATIVE_INVENTORY_SKU_UNITS,
+    )
 
-    def __init__(self, config: ExporterConfig, pool: MyPool) -> None:
-        super().__init__("negative_stock", config.probes.negative_stock, pool)
-        self._sql, self._params = statement(
-            InvariantSql(config.schema, dialect="mysql").negative_stock_totals()
-        )
+    def __init__(
+        self, config: ExporterConfig, pool: MyPool, guard: LabelGuard | None = None
+    ) -> None:
+        settings = config.probes.negative_stock
+        super().__init__("negative_stock", settings, pool)
+        self._guard = guard or default_guard(config)
+        self._pinned = pinned_labels(config.sku_guard.promo_skus, self._guard)
+        self.top = settings.top_skus
+        builder = InvariantSql(config.schema, dialect="mysql")
+        self._sql, self._params = statement(builder.negative_stock_totals())
+        worst = builder.negative_stock(ordered=True)
+        self._worst = Query((*worst.parts, f" LIMIT {int(self.top)}"), worst.columns)
 
     async def query(self, session: MySession) -> tuple[Metric, ...]:
         skus, units = await session.one(self._sql, self._params)
-        return (
-            family(catalog.NEGATIVE_INVENTORY_SKUS, [((), number(skus))]),
-            family(catalog.NEGATIVE_INVENTORY_UNITS, [((), number(units))]),
+        worst: list[tuple[Any, Any]] = []
+        if number(skus):
+            worst = [(sku, number(stock)) for sku, stock in await self.fetch(session, self._worst)]
+        return negative_stock_families(
+            number(skus),
+            number(units),
+            worst,
+            top=self.top,
+            guard=self._guard,
+            pinned=self._pinned,
         )
 
 
 class DuplicateOrdersProbe(MyDbProbe):
-    """``stock_duplicate_order_keys``: keys with more than one order in the recent window.
+    """``stock_duplicate_order_keys``: keys with more than one order in the recent window;
+    ``stock_duplicate_order_sku_keys{sku}``: per SKU among those keys' orders' items, the
+    ``top_skus`` with the most keys by name, the rest under ``__other__``.
 
     As on PostgreSQL: the first run reads the window, later runs ask only about the keys
-    of the orders created since the last horizon (this dialect's, :mod:`.oversold`).
+    of the orders created since the last horizon (this dialect's, :mod:`.oversold`); the
+    SKUs of the keys held come from one more statement per key kind
+    (:func:`~stocksentry.exporter.probes.families.duplicate_key_skus`: the key column's
+    index, then each order's items and product by their keys).
     """
 
-    specs = (catalog.DUPLICATE_ORDER_KEYS,)
+    specs = (catalog.DUPLICATE_ORDER_KEYS, catalog.DUPLICATE_ORDER_SKU_KEYS)
 
-    def __init__(self, config: ExporterConfig, pool: MyPool) -> None:
+    def __init__(
+        self, config: ExporterConfig, pool: MyPool, guard: LabelGuard | None = None
+    ) -> None:
         settings = config.probes.duplicate_orders
         super().__init__("duplicate_orders", settings, pool)
+        self._guard = guard or default_guard(config)
+        self.top = settings.top_skus
         self._builder = InvariantSql(config.schema, dialect="mysql")
         if not self._builder.key_columns():
             raise ValueError("the duplicate_orders probe needs external_ref or idempotency_key")
@@ -98,4 +140,14 @@ class DuplicateOrdersProbe(MyDbProbe):
         if keys.boundary is None or horizon > keys.boundary:
             keys.boundary = horizon
         keys.expire(now)
-        return (family(catalog.DUPLICATE_ORDER_KEYS, [((), float(keys.count()))]),)
+        by_sku: dict[str, float] = {}
+        for kind, column in self._builder.key_columns():
+            held = keys.keys_of(kind)[:MAX_SKU_KEYS]
+            if not held:
+                continue
+            query = duplicate_key_skus(self._builder, column, held, since=now - self._window)
+            for sku, count in await self.fetch(session, query):
+                by_sku[str(sku)] = by_sku.get(str(sku), 0.0) + number(count)
+        return duplicate_order_families(
+            keys.count(), by_sku.items(), top=self.top, guard=self._guard
+        )
