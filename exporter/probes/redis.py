@@ -4,9 +4,10 @@ and per SKU ``stock_cache_drift_sku_units``).
 For every promo SKU the probe reads the cached stock (``GET`` of ``redis.key_template``,
 one ``MGET`` for all of them) and the database stock (one indexed query on
 ``products.sku``), and counts the SKUs whose two values have differed by more than
-``redis.tolerance`` units for at least ``redis.grace`` without interruption. A flash sale
-moves the stock faster than a cache is refreshed, so a short difference is normal; one
-that lasts is the "cache says available, database says sold out" of the design.
+``redis.tolerance`` units for at least ``redis.grace`` without interruption, the cached
+value unchanged all that time. A flash sale moves the stock faster than a cache is
+refreshed, so a short difference is normal; one that lasts is the "cache says available,
+database says sold out" of the design.
 
 What counts:
 
@@ -14,7 +15,14 @@ What counts:
   drifting;
 - a cached value that is not a number: drifting (an app would misread it too);
 - no cache key, or no product row: not drifting (nothing to compare), and its clock
-  restarts.
+  restarts;
+- a cached value that changed since the previous run: its clock restarts. A cache being
+  refreshed is not stale, even when a sale moves the database between every refresh and
+  every run: during a flash sale a healthy cache a few milliseconds behind differs from
+  the database at nearly every run, and counting that would page on every promo. What
+  this cannot see: a cache refreshed from a source that is itself late (a lagging
+  replica), whose value keeps changing; StockStaleCacheDecisions, from the app's own
+  decisions, catches that one.
 
 ``stock_cache_drift_sku_units{cache, sku}`` names them: the units between the two values
 of each of the ``probes.cache_drift.top_skus`` SKUs drifting the most (``+Inf`` for a
@@ -121,6 +129,16 @@ def _cached_number(raw: bytes | None) -> float | None:
     return value
 
 
+def _changed(previous: float | None, value: float) -> bool:
+    """Whether the cached value differs from the previous run's (NaN equals NaN here: a
+    value that stays unreadable is not a refresh)."""
+    if previous is None:
+        return True
+    if math.isnan(previous) or math.isnan(value):
+        return not (math.isnan(previous) and math.isnan(value))
+    return previous != value
+
+
 class CacheDriftProbe(DbProbe):
     """``stock_cache_drift_skus{cache="redis"}`` and ``stock_cache_drift_sku_units{cache,
     sku}`` for the promo SKUs (see the module doc).
@@ -153,8 +171,10 @@ class CacheDriftProbe(DbProbe):
         self.grace = config.redis.grace
         self._keys = [config.redis.key(sku) for sku in self.skus]
         self._clock = clock
-        # When each SKU was first seen drifting in the current uninterrupted stretch.
+        # When each SKU was first seen drifting in the current uninterrupted stretch, and
+        # the cached value of the previous run (a changed value restarts the stretch).
         self._since: dict[str, float] = {}
+        self._previous: dict[str, float] = {}
         p = config.schema.products
         self._sql = sql.SQL(
             "SELECT {sku}::text, {stock} FROM {table} WHERE {sku} = ANY(%s)"
@@ -173,13 +193,17 @@ class CacheDriftProbe(DbProbe):
         for sku, raw in zip(self.skus, cached, strict=True):
             value = _cached_number(raw)
             in_db = stock.get(sku)
+            previous = self._previous.pop(sku, None)
             if value is None or in_db is None:
                 self._since.pop(sku, None)
                 continue
+            self._previous[sku] = value
             differs = math.isnan(value) or abs(value - in_db) > self.tolerance
             if not differs:
                 self._since.pop(sku, None)
                 continue
+            if _changed(previous, value):
+                self._since[sku] = now
             since = self._since.setdefault(sku, now)
             if now - since >= self.grace:
                 drifting += 1

@@ -215,3 +215,31 @@ async def test_a_cache_updated_within_100ms_is_not_counted(
     during = runs.between(wall_began, ended)
     assert len(during) >= 9, runs.values  # the probe ran throughout the sale
     assert set(during) == {0.0}, runs.values
+
+
+async def test_a_cache_refreshed_behind_a_fast_sale_is_not_counted(
+    pg_database: str, redis_prefix: str, registry: CollectorRegistry
+) -> None:
+    """A sale every 50 ms and the cache set 100 ms after each: at every run the cache is
+    a unit or two behind the database, for 4 s, twice the grace. It is being refreshed,
+    so it is not stale: every run's value changed since the run before."""
+    async with running(pg_database, redis_prefix, registry) as (shop, runs, _):
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        wall_began = time.time()
+        pending: list[tuple[float, int]] = []
+        step = 0
+        while loop.time() - began < 4.0:
+            step += 1
+            stock = await shop.sell()
+            pending.append((loop.time() + 0.1, stock))
+            # The refreshes due by now, oldest first: the cache trails by 100 ms.
+            while pending and pending[0][0] <= loop.time():
+                await shop.cache_set(pending.pop(0)[1])
+            await asyncio.sleep(max(0.0, began + 0.05 * step - loop.time()))
+        ended = time.time()
+        behind = int((await shop.cache.get(shop.key)) or 0) - stock
+    during = runs.between(wall_began, ended)
+    assert len(during) >= 3, runs.values  # the probe ran throughout the sale
+    assert behind > 0  # the cache was really behind the database
+    assert set(during) == {0.0}, runs.values
