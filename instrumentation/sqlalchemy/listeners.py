@@ -254,8 +254,15 @@ class _Instrumentation:
             self.sentry.internal_error(_COMPONENT, exc)
             return False
         dialect = context.dialect
+        listeners: Any = dialect.dispatch.do_execute
         try:
-            if len(dialect.dispatch.do_execute) > 1:
+            # SQLAlchemy 2.0 keeps the dialect class's listeners and the instance's in two
+            # deques; len() of the collection would be one more Python call.
+            others = len(listeners.listeners) + len(listeners.parent_listeners) > 1
+        except AttributeError:  # pragma: no cover - another collection: ask it
+            others = len(listeners) > 1
+        try:
+            if others:
                 self._call_later(_SINGLE, cursor, statement, parameters, context)
             else:
                 dialect.do_execute(cursor, statement, parameters, context)
