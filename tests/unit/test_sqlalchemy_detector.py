@@ -961,3 +961,32 @@ def test_the_listener_collection_keeps_its_two_deques(engine: sa.Engine, sentry:
     instrument_sqlalchemy(engine, sentry=sentry)
     listeners: Any = engine.dialect.dispatch.do_execute
     assert len(listeners.listeners) + len(listeners.parent_listeners) == len(listeners) == 1
+
+
+def test_the_lock_wait_takes_its_exemplar_from_the_apps_current_span(
+    engine: sa.Engine, sentry: Sentry
+) -> None:
+    # spans="off": no span of the integration's own, but the application's current span
+    # (any provider's) is the lock-wait observation's exemplar; none without one.
+    provider = TracerProvider()
+    instrument_sqlalchemy(engine, sentry=sentry)
+    update = sa.text("UPDATE products SET available_stock = available_stock - 1 WHERE sku = :sku")
+    with engine.begin() as conn:
+        conn.execute(update, EGG)
+    assert not [
+        s
+        for m in sentry.metrics.metric(catalog.DB_LOCK_WAIT).collect()
+        for s in m.samples
+        if s.exemplar is not None
+    ]
+    tracer = provider.get_tracer("app")
+    with tracer.start_as_current_span("checkout") as span, engine.begin() as conn:
+        conn.execute(update, EGG)
+    (exemplar,) = [
+        s.exemplar
+        for m in sentry.metrics.metric(catalog.DB_LOCK_WAIT).collect()
+        for s in m.samples
+        if s.exemplar is not None
+    ]
+    assert exemplar.labels["trace_id"] == format(span.get_span_context().trace_id, "032x")
+    assert exemplar.labels["span_id"] == format(span.get_span_context().span_id, "016x")
