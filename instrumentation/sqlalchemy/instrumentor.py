@@ -138,9 +138,6 @@ def _set_write_checks(
     instrumentation.negative = _NegativeWrites.build(
         sentry, tables, returning=negative_writes, read_back=read_back_stock, paramstyle=paramstyle
     )
-    instrumentation.checks_writes = (
-        instrumentation.fencing is not None or instrumentation.negative is not None
-    )
 
 
 def uninstrument_sqlalchemy(engine: Engine | AsyncEngine) -> None:

@@ -5,11 +5,20 @@ from __future__ import annotations
 import time
 import weakref
 from collections.abc import Callable
+from time import perf_counter
 from typing import TYPE_CHECKING, Any, Literal
 
 import structlog
 from opentelemetry import trace as otel_trace
-from opentelemetry.trace import SpanKind, StatusCode, TracerProvider
+from opentelemetry.context import get_current as get_current_context
+from opentelemetry.trace import (
+    INVALID_SPAN,
+    Span,
+    SpanKind,
+    StatusCode,
+    TracerProvider,
+    get_current_span,
+)
 
 from .. import events
 from ..heldlocks import held_locks, valid_at
@@ -24,7 +33,6 @@ from .fencing import _Fencing
 from .location import _app_location
 from .model import (
     _COMPONENT,
-    _IGNORED,
     _MAX_KEY_CHARS,
     _PLAN_CACHE_CHARS,
     _PLAN_CACHE_MAX_TEXT,
@@ -46,6 +54,14 @@ from .state import (
 )
 from .tokens import _tokenize
 
+try:
+    # The context key get_current_span() reads; without it, get_current_span() is used.
+    from opentelemetry.trace.propagation import _SPAN_KEY as _OTEL_SPAN_KEY
+
+    _SPAN_KEY: str | None = _OTEL_SPAN_KEY
+except ImportError:  # pragma: no cover - an opentelemetry-api that moved it
+    _SPAN_KEY = None
+
 if TYPE_CHECKING:
     from sqlalchemy.engine import Connection, ExceptionContext
     from sqlalchemy.engine.interfaces import DBAPICursor, ExecutionContext
@@ -64,6 +80,40 @@ _REASON_EVENTS = {
     "serialization_failure": events.DB_SERIALIZATION_FAILURE,
     "lock_timeout": events.DB_LOCK_TIMEOUT,
 }
+
+
+class _Route:
+    """What the listeners do with one SQL text, decided once from its plan and cached with
+    it: an already classified statement costs a dict lookup and a few attribute tests."""
+
+    __slots__ = (
+        "begin",
+        "blind",
+        "checks",
+        "conditional",
+        "label",
+        "locking",
+        "plan",
+        "rowcount_unknown",
+        "single",
+        "stock",
+    )
+
+    def __init__(self, plan: StatementInfo, checks: bool, sqlite: bool) -> None:
+        self.plan = plan
+        self.stock = plan.stock
+        self.locking = plan.locking
+        self.label = plan.table or "unknown"
+        # do_execute runs (and times) the statement itself only when it locks or its row
+        # count and keys are read after it ran; anything else is left to SQLAlchemy.
+        self.single = plan.locking or plan.stock
+        self.begin = plan.kind == "begin" or plan.kind == "isolation"
+        self.checks = checks
+        self.conditional = plan.conditional
+        # A blind write of the stock not guarded by the WHERE: the detector's case.
+        self.blind = plan.write == "blind" and not self.conditional
+        # pysqlite counts RETURNING rows only as they are fetched: unknown after execute.
+        self.rowcount_unknown = plan.returning and sqlite
 
 
 class _Instrumentation:
@@ -95,7 +145,7 @@ class _Instrumentation:
         self.mysql_lexer = dialect_name in MYSQL_DIALECTS
         # The read window's clock; a test moves it instead of sleeping.
         self.clock: Callable[[], float] = time.monotonic
-        self.plans: dict[str, StatementInfo] = {}
+        self.plans: dict[str, _Route] = {}
         self.plan_chars = 0
         # Per-Connection state lives in the Connection's own __dict__ (it goes with the
         # Connection, one checkout); this map is the fallback for a Connection class
@@ -113,20 +163,26 @@ class _Instrumentation:
         # never the engine itself, which holds this object through its listeners.
         self.listeners: list[tuple[str, Callable[..., Any]]] = []
         self.otel_entries: list[Any] = []
-        # The optional write checks (set by instrument_sqlalchemy); with neither on, an
-        # UPDATE pays one attribute test for them.
+        # The optional write checks (set by instrument_sqlalchemy before any statement is
+        # seen: each SQL text's route decides once whether its UPDATEs go to them).
         self.fencing: _Fencing | None = None
         self.negative: _NegativeWrites | None = None
-        self.checks_writes = False
 
     # --- classification --------------------------------------------------------------------
 
     def plan(self, statement: str) -> StatementInfo:
-        plan = self.plans.get(statement)
-        if plan is None:
+        """What ``statement`` does (classified once, then cached)."""
+        route = self.plans.get(statement)
+        return (route if route is not None else self.route(statement)).plan
+
+    def route(self, statement: str) -> _Route:
+        """The cached :class:`_Route` of ``statement``, classified on a miss."""
+        route = self.plans.get(statement)
+        if route is None:
             plan = _classify_tokens(
                 _tokenize(statement, self.paramstyle, self.mysql_lexer), self.tables
             )
+            route = _Route(plan, self._checks_of(plan), self.dialect_name == "sqlite")
             size = len(statement)
             if size <= _PLAN_CACHE_MAX_TEXT:
                 if (
@@ -135,9 +191,21 @@ class _Instrumentation:
                 ):
                     self.plans.clear()
                     self.plan_chars = 0
-                self.plans[statement] = plan
+                self.plans[statement] = route
                 self.plan_chars += size
-        return plan
+        return route
+
+    def _checks_of(self, plan: StatementInfo) -> bool:
+        """Whether an UPDATE of ``plan`` that ran goes to the optional write checks: decided
+        from the plan and the engine's set-up alone, once per SQL text."""
+        if not plan.stock or plan.kind != "update":
+            return False
+        fencing = self.fencing
+        negative = self.negative
+        # A guarded UPDATE (the atomic reservation) cannot leave the stock negative: with no
+        # fencing on its table, it is not even looked at.
+        fenced = fencing is not None and plan.table in fencing.columns
+        return fenced or (negative is not None and negative.applies(plan))
 
     def state(self, conn: Connection) -> _ConnState:
         try:
@@ -165,22 +233,94 @@ class _Instrumentation:
         parameters: Any,
         context: ExecutionContext,
     ) -> bool:
-        """The dialect's ``do_execute`` event: the statement runs here, timed around the
-        driver call alone.
+        """The dialect's ``do_execute`` event: a locking or stock statement runs here, timed
+        around the driver call alone; any other is left to SQLAlchemy.
 
         A dialect event, not the engine's ``before/after_cursor_execute`` pair: any
         engine listener turns on SQLAlchemy's event path for every execute, commit and
         begin (several microseconds a statement before a listener runs at all), while a
         dialect listener costs one call. Returning True tells SQLAlchemy the statement
         was executed; the dialect's own ``do_execute`` (or a later listener's) did it.
+        Returning False (nothing to time or to read after it ran) lets SQLAlchemy go on
+        to the later listeners and the dialect, as it would without this one.
+
+        The path of every statement: what :meth:`_run` does for the other two events,
+        written out here (each Python call on it costs about as much as the work).
         """
-        return self._execute(_SINGLE, cursor, statement, parameters, context)
+        span: Any = None
+        t0 = 0.0
+        try:
+            route = self.plans.get(statement) or self.route(statement)
+            if not route.single:
+                if route.begin:
+                    self._begin(context.root_connection, route.plan)
+                return False
+            if route.locking:
+                if self.lock_tracer is not None:
+                    span = self._lock_span(route.plan)
+                # Last, so the figure is the statement's own time.
+                t0 = perf_counter()
+        except Exception as exc:
+            self.sentry.internal_error(_COMPONENT, exc)
+            return False
+        dialect = context.dialect
+        listeners: Any = dialect.dispatch.do_execute
+        try:
+            # SQLAlchemy 2.0 keeps the dialect class's listeners and the instance's in two
+            # deques; len() of the collection would be one more Python call.
+            others = len(listeners.listeners) + len(listeners.parent_listeners) > 1
+        except AttributeError:  # pragma: no cover - another collection: ask it
+            others = len(listeners) > 1
+        try:
+            if others:
+                self._call_later(_SINGLE, cursor, statement, parameters, context)
+            else:
+                dialect.do_execute(cursor, statement, parameters, context)
+        except BaseException as exc:
+            if t0:
+                self._lock_done(route, t0, span, exc)
+            raise  # the driver's own exception, unchanged: SQLAlchemy wraps it as usual
+        if t0:
+            if span is None:
+                try:
+                    elapsed = perf_counter() - t0
+                    # get_current_span(), two calls shorter: this runs on every UPDATE.
+                    current = (
+                        get_current_context().get(_SPAN_KEY)
+                        if _SPAN_KEY is not None
+                        else get_current_span()
+                    )
+                    self.metrics.db_lock_wait(
+                        route.label,
+                        elapsed,
+                        exemplar_for(current)
+                        if current is not None
+                        and current is not INVALID_SPAN
+                        and isinstance(current, Span)
+                        else None,
+                    )
+                except Exception as err:
+                    self.sentry.internal_error(_COMPONENT, err)
+            else:
+                self._lock_done(route, t0, span, None)
+        # Apart, so that a failure in the timing does not switch off the bookkeeping.
+        if route.stock and not context.executemany:
+            try:
+                self._stock_statement(context.root_connection, cursor, route, parameters)
+            except Exception as exc:
+                self.sentry.internal_error(_COMPONENT, exc)
+            if route.checks:
+                self._check_update(
+                    context.root_connection, cursor, statement, route.plan, parameters
+                )
+        return True
 
     def do_execute_no_params(
         self, cursor: DBAPICursor, statement: str, context: ExecutionContext
     ) -> bool:
-        """``do_execute`` for a statement without parameters (``BEGIN``, ``LOCK TABLE``)."""
-        return self._execute(_NO_PARAMS, cursor, statement, None, context)
+        """``do_execute`` for a statement without parameters (``BEGIN``, ``LOCK TABLE``):
+        timed when it locks, no per-row bookkeeping."""
+        return self._run(_NO_PARAMS, cursor, statement, None, context)
 
     def do_executemany(
         self,
@@ -189,10 +329,10 @@ class _Instrumentation:
         parameters: Any,
         context: ExecutionContext,
     ) -> bool:
-        """``do_execute`` for ``executemany``: timed, no per-row bookkeeping."""
-        return self._execute(_MANY, cursor, statement, parameters, context)
+        """``do_execute`` for ``executemany``: timed when it locks, no per-row bookkeeping."""
+        return self._run(_MANY, cursor, statement, parameters, context)
 
-    def _execute(
+    def _run(
         self,
         style: int,
         cursor: DBAPICursor,
@@ -200,43 +340,28 @@ class _Instrumentation:
         parameters: Any,
         context: ExecutionContext,
     ) -> bool:
+        """A statement without parameters or an executemany: a locking one runs (timed)
+        here, any other is left to SQLAlchemy."""
         span: Any = None
         t0 = 0.0
         try:
-            plan = self.plans.get(statement) or self.plan(statement)
-            kind = plan.kind
-            if kind == "begin" or kind == "isolation":
-                self._begin(context.root_connection, plan)
-            elif plan.locking:
-                if self.lock_tracer is not None:
-                    span = self._lock_span(plan)
-                # Last, so the figure is the statement's own time.
-                t0 = time.perf_counter()
+            route = self.plans.get(statement) or self.route(statement)
+            if not route.locking:
+                if route.begin:
+                    self._begin(context.root_connection, route.plan)
+                return False
+            if self.lock_tracer is not None:
+                span = self._lock_span(route.plan)
+            t0 = perf_counter()
         except Exception as exc:
             self.sentry.internal_error(_COMPONENT, exc)
-            plan = _IGNORED
+            return False
         try:
-            self._call_driver(style, cursor, statement, parameters, context)
+            self._call_later(style, cursor, statement, parameters, context)
         except BaseException as exc:
-            if t0:
-                self._lock_done(plan, t0, span, exc)
-            raise  # the driver's own exception, unchanged: SQLAlchemy wraps it as usual
-        if t0:
-            self._lock_done(plan, t0, span, None)
-        # Apart, so that a failure in the timing does not switch off the bookkeeping.
-        if plan.stock and style == _SINGLE and not context.executemany:
-            try:
-                self._stock_statement(context.root_connection, cursor, plan, parameters)
-            except Exception as exc:
-                self.sentry.internal_error(_COMPONENT, exc)
-            # A guarded UPDATE (the atomic reservation) cannot leave the stock negative: with
-            # no fencing to check, it is not even looked at.
-            if (
-                self.checks_writes
-                and plan.kind == "update"
-                and (self.fencing is not None or not plan.stock_guard)
-            ):
-                self._check_update(context.root_connection, cursor, statement, plan, parameters)
+            self._lock_done(route, t0, span, exc)
+            raise
+        self._lock_done(route, t0, span, None)
         return True
 
     def _check_update(
@@ -267,7 +392,7 @@ class _Instrumentation:
         except Exception as exc:
             self.sentry.internal_error(_COMPONENT, exc)
 
-    def _call_driver(
+    def _call_later(
         self,
         style: int,
         cursor: DBAPICursor,
@@ -275,6 +400,8 @@ class _Instrumentation:
         parameters: Any,
         context: ExecutionContext,
     ) -> None:
+        """Run the statement as SQLAlchemy would have after this listener: the listeners
+        registered after it, then (none of them having run it) the dialect's own method."""
         dialect = context.dialect
         event = _EVENT_NAMES[style]
         listeners: Any = getattr(dialect.dispatch, event)
@@ -359,13 +486,11 @@ class _Instrumentation:
             state.sync(txn)
             state.apply_begin(plan)
 
-    def _lock_done(
-        self, plan: StatementInfo, t0: float, span: Any, exc: BaseException | None
-    ) -> None:
+    def _lock_done(self, route: _Route, t0: float, span: Any, exc: BaseException | None) -> None:
         try:
-            elapsed = time.perf_counter() - t0
-            exemplar = exemplar_for(span if span is not None else otel_trace.get_current_span())
-            self.metrics.db_lock_wait(plan.table or "unknown", elapsed, exemplar)
+            elapsed = perf_counter() - t0
+            exemplar = exemplar_for(span if span is not None else get_current_span())
+            self.metrics.db_lock_wait(route.label, elapsed, exemplar)
             if span is not None:
                 if exc is not None and span.is_recording():
                     code = status_code_of(exc)
@@ -396,42 +521,70 @@ class _Instrumentation:
         return keys
 
     def _stock_statement(
-        self, conn: Connection, cursor: DBAPICursor, plan: StatementInfo, parameters: Any
+        self, conn: Connection, cursor: DBAPICursor, route: _Route, parameters: Any
     ) -> None:
+        """The bookkeeping of a statement on a stock table that ran: the reads it made, the
+        row locks it took, the conflict a guarded UPDATE that matched no row implies."""
+        plan = route.plan
         kind = plan.kind
         if kind == "lock":
             if plan.table_lock:
                 locker = self.state(conn)
                 locker.sync(conn.get_transaction())
-                locker.lock_all.add(plan.table or "unknown")
+                locker.lock_all.add(route.label)
             return
-        keys = self._resolve(plan, parameters) if plan.keys else []
+        # _resolve, written out: this runs for every statement on a stock table.
+        keys: list[_Key] = []
+        if plan.keys:
+            label = route.label
+            for column, (is_param, ref) in plan.keys:
+                if is_param:
+                    try:
+                        value = parameters[ref]
+                    except (KeyError, IndexError, TypeError):
+                        continue
+                else:
+                    value = ref
+                # Most keys are plain str or int: skip the call for them.
+                value_type = type(value)
+                if value_type is not int and (
+                    value_type is not str or len(value) > _MAX_KEY_CHARS
+                ):
+                    value = _normalise(value)
+                keys.append((label, column, value))
         if kind == "select":
             if keys and (plan.reads_stock or plan.protects_rows):
                 self._read(conn, plan, keys)
             return
-        if kind not in ("update", "delete"):
+        if kind != "update" and kind != "delete":
             return
-        rowcount = getattr(cursor, "rowcount", -1)
-        if rowcount == 0 and kind == "update" and self.zero_rows is not None:
-            rowcount = self.zero_rows(cursor)
-        if plan.returning and self.dialect_name == "sqlite":
-            # pysqlite counts RETURNING rows only as they are fetched: unknown here.
+        if route.rowcount_unknown:
             rowcount = -1
-        state = self.state(conn) if keys or kind == "update" else None
-        if state is not None:
-            state.sync(conn.get_transaction())
+        else:
+            rowcount = getattr(cursor, "rowcount", -1)
+            if rowcount == 0 and kind == "update" and self.zero_rows is not None:
+                rowcount = self.zero_rows(cursor)
+        state: _ConnState | None = None
+        if keys or kind == "update":
+            try:
+                state = conn.__dict__[_STATE]
+            except (KeyError, AttributeError):
+                state = self.state(conn)
+            txn = conn.get_transaction()
+            held = state.txn
+            if held is None or held() is not txn:
+                state.sync(txn)  # a new transaction: the locks of the last one are gone
             state.last_table = plan.table
-        conditional = plan.conditional  # a property: evaluated once per statement
-        if plan.write == "blind" and not conditional and keys and rowcount != 0:
+        if route.blind and keys and rowcount != 0:
             self._check_write(conn, plan, keys, state)
-        if conditional and rowcount == 0:
-            self._no_row(plan, keys)
-        elif conditional and rowcount > 0:
-            # A retry that now matched undoes the conflict an earlier attempt implied.
-            reservation = current_reservation()
-            if reservation is not None:
-                reservation.implied_outcome(None)
+        if route.conditional:
+            if rowcount == 0:
+                self._no_row(plan, keys)
+            elif rowcount > 0:
+                # A retry that now matched undoes the conflict an earlier attempt implied.
+                reservation = current_reservation()
+                if reservation is not None:
+                    reservation.implied_outcome(None)
         if keys and state is not None and rowcount != 0:
             state.locks.update(keys)
 

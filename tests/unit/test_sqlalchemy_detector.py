@@ -924,3 +924,69 @@ def test_a_retry_that_matches_undoes_the_implied_conflict(
     with sentry.reservation("EGG-01", strategy="alone"), engine.begin() as conn:
         conn.execute(guarded, {"q": 50})
     assert value(registry, conflict, sku="EGG-01", reason="out_of_stock") == 1
+
+
+def test_statements_with_nothing_to_time_are_left_to_sqlalchemy(
+    engine: sa.Engine, sentry: Sentry, registry: CollectorRegistry
+) -> None:
+    # A statement that neither locks nor touches a stock table is not run by the
+    # integration: its do_execute listener declines it, so SQLAlchemy hands it to the
+    # listeners registered after it and then to the dialect, as without the integration.
+    seen: list[str] = []
+
+    def after(cursor: Any, statement: str, parameters: Any, context: Any) -> bool:
+        seen.append(statement.split()[0])
+        return False
+
+    instrument_sqlalchemy(engine, sentry=sentry)
+    sa.event.listen(engine, "do_execute", after)
+    with engine.begin() as conn:
+        conn.execute(sa.text("CREATE TABLE IF NOT EXISTS notes (body TEXT)"))
+        conn.execute(sa.text("INSERT INTO notes (body) VALUES (:b)"), {"b": "hello"})
+        conn.execute(
+            sa.text("UPDATE products SET available_stock = available_stock - 1 WHERE sku = :sku"),
+            EGG,
+        )
+        assert conn.execute(sa.text("SELECT count(*) FROM notes")).scalar_one() == 1
+    assert seen == ["CREATE", "INSERT", "UPDATE", "SELECT"]
+    # Only the UPDATE of the stock table was timed.
+    assert value(registry, f"{LOCK_WAIT}_count", table="products") == 1
+    assert value(registry, ERRORS, component="sqlalchemy") == 0
+    sa.event.remove(engine, "do_execute", after)
+
+
+def test_the_listener_collection_keeps_its_two_deques(engine: sa.Engine, sentry: Sentry) -> None:
+    # do_execute reads whether other listeners run from these two deques (len() of the
+    # collection costs a Python call a statement); a SQLAlchemy without them falls back.
+    instrument_sqlalchemy(engine, sentry=sentry)
+    listeners: Any = engine.dialect.dispatch.do_execute
+    assert len(listeners.listeners) + len(listeners.parent_listeners) == len(listeners) == 1
+
+
+def test_the_lock_wait_takes_its_exemplar_from_the_apps_current_span(
+    engine: sa.Engine, sentry: Sentry
+) -> None:
+    # spans="off": no span of the integration's own, but the application's current span
+    # (any provider's) is the lock-wait observation's exemplar; none without one.
+    provider = TracerProvider()
+    instrument_sqlalchemy(engine, sentry=sentry)
+    update = sa.text("UPDATE products SET available_stock = available_stock - 1 WHERE sku = :sku")
+    with engine.begin() as conn:
+        conn.execute(update, EGG)
+    assert not [
+        s
+        for m in sentry.metrics.metric(catalog.DB_LOCK_WAIT).collect()
+        for s in m.samples
+        if s.exemplar is not None
+    ]
+    tracer = provider.get_tracer("app")
+    with tracer.start_as_current_span("checkout") as span, engine.begin() as conn:
+        conn.execute(update, EGG)
+    (exemplar,) = [
+        s.exemplar
+        for m in sentry.metrics.metric(catalog.DB_LOCK_WAIT).collect()
+        for s in m.samples
+        if s.exemplar is not None
+    ]
+    assert exemplar.labels["trace_id"] == format(span.get_span_context().trace_id, "032x")
+    assert exemplar.labels["span_id"] == format(span.get_span_context().span_id, "016x")
