@@ -26,10 +26,10 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
-from typing import Final
+from datetime import datetime, timedelta
+from typing import Any, Final
 
 from prometheus_client.core import Metric
 from stocksentry.instrumentation import catalog
@@ -40,8 +40,10 @@ from ..config import ExporterConfig
 from ..durations import format_duration
 from ..invariants import InvariantSql, Param, Query
 from .base import family
+from .duplicates import DuplicateKeys
 
 __all__ = [
+    "MAX_NEW_KEYS",
     "MAX_SKU_KEYS",
     "OUTBOX_LOG_INTERVAL",
     "OutboxStuck",
@@ -49,6 +51,7 @@ __all__ = [
     "default_guard",
     "duplicate_key_skus",
     "duplicate_order_families",
+    "refresh_duplicate_keys",
     "negative_stock_families",
     "outbox_families",
     "pinned_labels",
@@ -60,6 +63,8 @@ LOGGER: Final = logging.getLogger("stocksentry.exporter.probes")
 #: Duplicate keys asked about per statement when naming their SKUs: a bound on the
 #: statement's size. Keys beyond it are counted in the total but name no SKU.
 MAX_SKU_KEYS: Final = 1000
+#: New keys asked about one by one at most; beyond it one read of the window is cheaper.
+MAX_NEW_KEYS: Final = 5000
 #: Seconds between two "outbox stuck" lines while the events stay stuck.
 OUTBOX_LOG_INTERVAL: Final = 60.0
 
@@ -182,6 +187,56 @@ def duplicate_key_skus(
         parts.append(Param(f"key{index}", value))
     parts.append(f") GROUP BY p.{q(p.sku)}")
     return Query(tuple(parts), ("sku", "keys"))
+
+
+async def refresh_duplicate_keys(
+    keys: DuplicateKeys,
+    builder: InvariantSql,
+    fetch: Callable[[Query], Awaitable[list[tuple[Any, ...]]]],
+    *,
+    window: timedelta,
+    horizon: datetime,
+    now: datetime,
+    number: Callable[[object], float],
+) -> dict[str, float]:
+    """One run of the duplicate-orders probe on any dialect: ``keys`` brought up to
+    ``horizon`` and ``now``; returns the keys per SKU (:func:`duplicate_key_skus`).
+
+    The first run reads the whole window; later runs ask only about the keys of the orders
+    created since the last horizon (a key becomes a duplicate only through a new order).
+    ``fetch`` runs a :class:`Query` in the probe's transaction; ``number`` reads a count
+    column the way the dialect's driver returns it.
+    """
+    found: list[tuple[str, list[tuple[Any, ...]]]] = []
+    for kind, column in builder.key_columns():
+        if keys.boundary is None:
+            rows = await fetch(builder.duplicate_key_expiry(column, window=window))
+        else:
+            new = await fetch(builder.keys_created(column, start=keys.boundary))
+            if len(new) > MAX_NEW_KEYS:
+                # A horizon held back long (an open transaction): one read of the window
+                # costs less than asking about that many keys one by one.
+                query = builder.duplicate_key_expiry(column, window=window)
+            else:
+                query = builder.duplicate_key_expiry(
+                    column, window=window, keys=[k for (k,) in new]
+                )
+            rows = await fetch(query) if new else []
+        found.append((kind, rows))
+    for kind, rows in found:
+        keys.update(kind, rows)
+    if keys.boundary is None or horizon > keys.boundary:
+        keys.boundary = horizon
+    keys.expire(now)
+    by_sku: dict[str, float] = {}
+    for kind, column in builder.key_columns():
+        held = keys.keys_of(kind)[:MAX_SKU_KEYS]
+        if not held:
+            continue
+        query = duplicate_key_skus(builder, column, held, since=now - window)
+        for sku, count in await fetch(query):
+            by_sku[str(sku)] = by_sku.get(str(sku), 0.0) + number(count)
+    return by_sku
 
 
 @dataclass(frozen=True, slots=True)

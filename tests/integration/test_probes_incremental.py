@@ -23,7 +23,7 @@ from stocksentry.exporter.config import ExporterConfig, parse_config
 from stocksentry.exporter.invariants import InvariantSql
 from stocksentry.exporter.probes import ProbeRunner
 from stocksentry.exporter.probes.postgres import DuplicateOrdersProbe, OversoldProbe, PgPool
-from stocksentry.exporter.probes.postgres import invariants as pg_invariants
+from stocksentry.exporter.probes import families
 from stocksentry.exporter.probes.postgres.common import composed
 from stocksentry.instrumentation.guard import LabelGuard
 from test_probes import INDEXES, SCHEMA
@@ -280,7 +280,7 @@ async def test_duplicate_keys_incrementally_equal_the_full_query(
     many_new_keys: bool,
 ) -> None:
     if many_new_keys:  # every run has "too many" new keys: the window is read again
-        monkeypatch.setattr(pg_invariants, "MAX_NEW_KEYS", 0)
+        monkeypatch.setattr(families, "MAX_NEW_KEYS", 0)
     config = config_for(pg_database)
     pool = PgPool(config.database)  # type: ignore[arg-type]
     probe = DuplicateOrdersProbe(config, pool)

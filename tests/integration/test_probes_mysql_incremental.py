@@ -22,7 +22,7 @@ from stocksentry.exporter.config import ExporterConfig, parse_config
 from stocksentry.exporter.invariants import InvariantSql
 from stocksentry.exporter.probes import ProbeRunner
 from stocksentry.exporter.probes.mysql import DuplicateOrdersProbe, MyPool, OversoldProbe
-from stocksentry.exporter.probes.mysql import invariants as my_invariants
+from stocksentry.exporter.probes import families
 from stocksentry.instrumentation.guard import LabelGuard
 from test_probes_mysql import INDEXES, SCHEMA, connect, run_rows, run_sql
 
@@ -276,7 +276,7 @@ async def test_duplicate_keys_incrementally_equal_the_full_query(
     many_new_keys: bool,
 ) -> None:
     if many_new_keys:  # every run has "too many" new keys: the window is read again
-        monkeypatch.setattr(my_invariants, "MAX_NEW_KEYS", 0)
+        monkeypatch.setattr(families, "MAX_NEW_KEYS", 0)
     config = config_for(mysql_database)
     pool = MyPool(config.database)  # type: ignore[arg-type]
     probe = DuplicateOrdersProbe(config, pool)

@@ -20,9 +20,8 @@ from ...config import ExporterConfig
 from ...invariants import InvariantSql, Query
 from ..duplicates import DuplicateKeys
 from ..families import (
-    MAX_SKU_KEYS,
     default_guard,
-    duplicate_key_skus,
+    refresh_duplicate_keys,
     duplicate_order_families,
     negative_stock_families,
     pinned_labels,
@@ -31,10 +30,7 @@ from .common import MyDbProbe, number, statement
 from .oversold import read_horizon
 from .pool import MyPool, MySession
 
-__all__ = ["MAX_NEW_KEYS", "DuplicateOrdersProbe", "NegativeStockProbe"]
-
-#: Beyond this many keys of new orders in one run, duplicate_orders reads the window again.
-MAX_NEW_KEYS: Final = 5000
+__all__ = ["DuplicateOrdersProbe", "NegativeStockProbe"]
 
 
 class NegativeStockProbe(MyDbProbe):
@@ -116,38 +112,20 @@ class DuplicateOrdersProbe(MyDbProbe):
 
     async def query(self, session: MySession) -> tuple[Metric, ...]:
         horizon, now = await read_horizon(session, settle_after=0.0, margin=self._margin)
+
+        async def fetch(query: Query) -> list[tuple[Any, ...]]:
+            return await self.fetch(session, query)
+
         keys = self.keys
-        found: list[tuple[str, list[tuple[Any, ...]]]] = []
-        for kind, column in self._builder.key_columns():
-            if keys.boundary is None:
-                rows = await self.fetch(
-                    session, self._builder.duplicate_key_expiry(column, window=self._window)
-                )
-            else:
-                new = await self.fetch(
-                    session, self._builder.keys_created(column, start=keys.boundary)
-                )
-                if len(new) > MAX_NEW_KEYS:
-                    query = self._builder.duplicate_key_expiry(column, window=self._window)
-                else:
-                    query = self._builder.duplicate_key_expiry(
-                        column, window=self._window, keys=[k for (k,) in new]
-                    )
-                rows = await self.fetch(session, query) if new else []
-            found.append((kind, rows))
-        for kind, rows in found:
-            keys.update(kind, rows)
-        if keys.boundary is None or horizon > keys.boundary:
-            keys.boundary = horizon
-        keys.expire(now)
-        by_sku: dict[str, float] = {}
-        for kind, column in self._builder.key_columns():
-            held = keys.keys_of(kind)[:MAX_SKU_KEYS]
-            if not held:
-                continue
-            query = duplicate_key_skus(self._builder, column, held, since=now - self._window)
-            for sku, count in await self.fetch(session, query):
-                by_sku[str(sku)] = by_sku.get(str(sku), 0.0) + number(count)
+        by_sku = await refresh_duplicate_keys(
+            keys,
+            self._builder,
+            fetch,
+            window=self._window,
+            horizon=horizon,
+            now=now,
+            number=number,
+        )
         return duplicate_order_families(
             keys.count(), by_sku.items(), top=self.top, guard=self._guard
         )

@@ -18,8 +18,7 @@ from ...config import ExporterConfig
 from ...invariants import InvariantSql, Query
 from ..duplicates import DuplicateKeys
 from ..families import (
-    MAX_SKU_KEYS,
-    duplicate_key_skus,
+    refresh_duplicate_keys,
     duplicate_order_families,
     negative_stock_families,
     pinned_labels,
@@ -28,10 +27,7 @@ from .common import DbProbe, composed, number, one_row
 from .oversold import horizon_statement
 from .pool import Conn, PgPool
 
-__all__ = ["MAX_NEW_KEYS", "DuplicateOrdersProbe", "NegativeStockProbe", "default_guard"]
-
-#: Beyond this many keys of new orders in one run, duplicate_orders reads the window again.
-MAX_NEW_KEYS: Final = 5000
+__all__ = ["DuplicateOrdersProbe", "NegativeStockProbe", "default_guard"]
 
 
 def default_guard(config: ExporterConfig) -> LabelGuard:
@@ -128,40 +124,20 @@ class DuplicateOrdersProbe(DbProbe):
             horizon_statement(with_clock=True),
             {"settle_after": dt.timedelta(0), "margin": self._margin},
         )
+
+        async def fetch(query: Query) -> list[tuple[Any, ...]]:
+            return await self._rows(conn, query)
+
         keys = self.keys
-        found: list[tuple[str, list[tuple[Any, ...]]]] = []
-        for kind, column in self._builder.key_columns():
-            if keys.boundary is None:
-                rows = await self._rows(
-                    conn, self._builder.duplicate_key_expiry(column, window=self._window)
-                )
-            else:
-                new = await self._rows(
-                    conn, self._builder.keys_created(column, start=keys.boundary)
-                )
-                if len(new) > MAX_NEW_KEYS:
-                    # A horizon held back long (an open transaction): one read of the window
-                    # costs less than asking about that many keys one by one.
-                    query = self._builder.duplicate_key_expiry(column, window=self._window)
-                else:
-                    query = self._builder.duplicate_key_expiry(
-                        column, window=self._window, keys=[k for (k,) in new]
-                    )
-                rows = await self._rows(conn, query) if new else []
-            found.append((kind, rows))
-        for kind, rows in found:
-            keys.update(kind, rows)
-        if keys.boundary is None or horizon > keys.boundary:
-            keys.boundary = horizon
-        keys.expire(now)
-        by_sku: dict[str, float] = {}
-        for kind, column in self._builder.key_columns():
-            held = keys.keys_of(kind)[:MAX_SKU_KEYS]
-            if not held:
-                continue
-            query = duplicate_key_skus(self._builder, column, held, since=now - self._window)
-            for sku, count in await self._rows(conn, query):
-                by_sku[str(sku)] = by_sku.get(str(sku), 0.0) + number(count)
+        by_sku = await refresh_duplicate_keys(
+            keys,
+            self._builder,
+            fetch,
+            window=self._window,
+            horizon=horizon,
+            now=now,
+            number=number,
+        )
         return duplicate_order_families(
             keys.count(), by_sku.items(), top=self.top, guard=self._guard
         )
