@@ -51,10 +51,10 @@ __all__ = [
     "default_guard",
     "duplicate_key_skus",
     "duplicate_order_families",
-    "refresh_duplicate_keys",
     "negative_stock_families",
     "outbox_families",
     "pinned_labels",
+    "refresh_duplicate_keys",
     "worst_sku_samples",
 ]
 

@@ -21,9 +21,8 @@ from polling import async_wait_until
 from prometheus_client import CollectorRegistry
 from stocksentry.exporter.config import ExporterConfig, parse_config
 from stocksentry.exporter.invariants import InvariantSql
-from stocksentry.exporter.probes import ProbeRunner
+from stocksentry.exporter.probes import ProbeRunner, families
 from stocksentry.exporter.probes.postgres import DuplicateOrdersProbe, OversoldProbe, PgPool
-from stocksentry.exporter.probes import families
 from stocksentry.exporter.probes.postgres.common import composed
 from stocksentry.instrumentation.guard import LabelGuard
 from test_probes import INDEXES, SCHEMA

@@ -20,9 +20,8 @@ from polling import async_wait_until
 from prometheus_client import CollectorRegistry
 from stocksentry.exporter.config import ExporterConfig, parse_config
 from stocksentry.exporter.invariants import InvariantSql
-from stocksentry.exporter.probes import ProbeRunner
+from stocksentry.exporter.probes import ProbeRunner, families
 from stocksentry.exporter.probes.mysql import DuplicateOrdersProbe, MyPool, OversoldProbe
-from stocksentry.exporter.probes import families
 from stocksentry.instrumentation.guard import LabelGuard
 from test_probes_mysql import INDEXES, SCHEMA, connect, run_rows, run_sql
 

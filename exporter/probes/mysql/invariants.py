@@ -10,7 +10,7 @@ dialects export the same series for the same rows.
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any, Final
+from typing import Any
 
 from prometheus_client.core import Metric
 from stocksentry.instrumentation import catalog
@@ -21,10 +21,10 @@ from ...invariants import InvariantSql, Query
 from ..duplicates import DuplicateKeys
 from ..families import (
     default_guard,
-    refresh_duplicate_keys,
     duplicate_order_families,
     negative_stock_families,
     pinned_labels,
+    refresh_duplicate_keys,
 )
 from .common import MyDbProbe, number, statement
 from .oversold import read_horizon

@@ -8,7 +8,7 @@ reconcile would list, so the dashboard and the audit agree by construction.
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any, Final
+from typing import Any
 
 from prometheus_client.core import Metric
 from stocksentry.instrumentation import catalog
@@ -18,10 +18,10 @@ from ...config import ExporterConfig
 from ...invariants import InvariantSql, Query
 from ..duplicates import DuplicateKeys
 from ..families import (
-    refresh_duplicate_keys,
     duplicate_order_families,
     negative_stock_families,
     pinned_labels,
+    refresh_duplicate_keys,
 )
 from .common import DbProbe, composed, number, one_row
 from .oversold import horizon_statement
