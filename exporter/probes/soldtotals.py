@@ -39,15 +39,24 @@ Example::
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Awaitable, Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:
     from ..invariants import InvariantSql, Query
 
-__all__ = ["Fetch", "OversoldSku", "SoldTotals", "incremental_run"]
+__all__ = [
+    "PENDING_LOG_INTERVAL",
+    "Fetch",
+    "OversoldSku",
+    "RunLog",
+    "SoldTotals",
+    "incremental_run",
+]
 
 #: Runs one statement of :class:`~stocksentry.exporter.invariants.InvariantSql` in the
 #: run's read-only transaction and returns its rows.
@@ -312,3 +321,46 @@ async def incremental_run(
     )
     totals.counted(missing, counts)
     totals.recounted(rows, limit=chunk)
+
+
+LOGGER: Final = logging.getLogger("stocksentry.exporter.probes")
+
+#: Seconds between two warnings that products wait for their first count.
+PENDING_LOG_INTERVAL: Final = 600.0
+
+
+class RunLog:
+    """The incremental oversold probe's two progress lines, the same on every dialect: a
+    warning while products with recent sales wait for their first count (at most every
+    :data:`PENDING_LOG_INTERVAL`), and one line when the whole paid history is counted."""
+
+    def __init__(self, probe: str) -> None:
+        self.probe = probe
+        self._history_logged = False
+        self._pending_logged = -PENDING_LOG_INTERVAL
+
+    def reset(self) -> None:
+        """The totals were emptied: the history line is due again once they are rebuilt."""
+        self._history_logged = False
+
+    def after_run(self, totals: SoldTotals, *, passes_before: int, recount_batch: int) -> None:
+        """Log what :func:`incremental_run` left in ``totals`` (``passes_before``: its
+        completed recount passes before the run)."""
+        pending = totals.pending
+        now = time.monotonic()
+        if pending and totals.passes and now - self._pending_logged >= PENDING_LOG_INTERVAL:
+            self._pending_logged = now
+            LOGGER.warning(
+                "probe oversold: %d products with recent sales wait for their first count"
+                " (%d a run); raise probes.oversold.recount_batch",
+                pending,
+                recount_batch,
+                extra={"probe": self.probe},
+            )
+        if passes_before == 0 and totals.passes == 1 and not self._history_logged:
+            self._history_logged = True
+            LOGGER.info(
+                "probe oversold: the whole paid history is counted; %d products tracked",
+                len(totals),
+                extra={"probe": self.probe},
+            )

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 from datetime import UTC, datetime, timedelta
 
+import pytest
 from stocksentry.exporter.probes.duplicates import DuplicateKeys
-from stocksentry.exporter.probes.soldtotals import SoldTotals
+from stocksentry.exporter.probes.soldtotals import RunLog, SoldTotals
 
 T0 = datetime(2026, 12, 1, 12, tzinfo=UTC)
 
@@ -109,3 +111,29 @@ def test_duplicate_keys_last_until_their_second_newest_order_leaves_the_window()
     keys.update("external_ref", [("a", T0 + timedelta(minutes=50))])
     keys.expire(T0 + timedelta(minutes=61))
     assert keys.count() == 1
+
+
+def test_the_run_log_warns_of_waiting_products_once_a_pass_is_done_then_rests(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    totals = SoldTotals()
+    totals.advance(T0)
+    totals.set_recent([(1, "A", 100, 1), (2, "B", 1, 5)])
+    log = RunLog("oversold")
+    caplog.set_level(logging.INFO, logger="stocksentry.exporter.probes")
+    log.after_run(totals, passes_before=0, recount_batch=2000)
+    assert caplog.messages == []  # no pass done yet: the first counts are still due
+    totals.passes = 1  # the rolling recount completed its first pass in this run
+    log.after_run(totals, passes_before=0, recount_batch=2000)
+    log.after_run(totals, passes_before=1, recount_batch=2000)
+    assert caplog.messages == [
+        "probe oversold: 2 products with recent sales wait for their first count (2000 a"
+        " run); raise probes.oversold.recount_batch",
+        "probe oversold: the whole paid history is counted; 0 products tracked",
+    ]
+    log.reset()
+    totals.counted([1, 2], [])
+    log.after_run(totals, passes_before=0, recount_batch=2000)
+    assert caplog.messages[-1] == (
+        "probe oversold: the whole paid history is counted; 2 products tracked"
+    )

@@ -30,9 +30,7 @@ sees every transaction that had committed when the horizon was read.
 
 from __future__ import annotations
 
-import logging
 import math
-import time
 from datetime import datetime
 from typing import Any, Final
 
@@ -43,16 +41,12 @@ from stocksentry.instrumentation.guard import LabelGuard, sanitize_label_value
 from ...config import ExporterConfig
 from ...invariants import InvariantSql, Query
 from ..base import family
-from ..soldtotals import SoldTotals, incremental_run
+from ..soldtotals import RunLog, SoldTotals, incremental_run
 from .common import MyDbProbe, interval_us, number, table_parts
 from .pool import MyPool, MySession
 
 __all__ = ["HORIZON_SQL", "OversoldProbe", "read_horizon"]
 
-LOGGER: Final = logging.getLogger("stocksentry.exporter.probes")
-
-#: Seconds between two warnings that products wait for their first count.
-PENDING_LOG_INTERVAL: Final = 600.0
 #: The smallest chunk of the rolling recount (as on PostgreSQL).
 MIN_CHUNK: Final = 50
 
@@ -109,14 +103,13 @@ class OversoldProbe(MyDbProbe):
         self.incremental = settings.scope == "all"
         self.totals = SoldTotals(max_products=settings.max_tracked_products)
         self._chunk = MIN_CHUNK
-        self._history_logged = False
-        self._pending_logged = -PENDING_LOG_INTERVAL
+        self._log = RunLog(self.name)
         self._promo = self._builder.oversold(skus=config.sku_guard.promo_skus, worst_first=True)
 
     def reset(self) -> None:
         """Forget the totals (a new leader starts from nothing and rebuilds them)."""
         self.totals = SoldTotals(max_products=self._settings.max_tracked_products)
-        self._history_logged = False
+        self._log.reset()
 
     async def query(self, session: MySession) -> tuple[Metric, ...]:
         if not self.incremental:
@@ -155,24 +148,7 @@ class OversoldProbe(MyDbProbe):
             chunk=self._chunk,
             recount_batch=s.recount_batch,
         )
-        pending = totals.pending
-        now = time.monotonic()
-        if pending and totals.passes and now - self._pending_logged >= PENDING_LOG_INTERVAL:
-            self._pending_logged = now
-            LOGGER.warning(
-                "probe oversold: %d products with recent sales wait for their first count"
-                " (%d a run); raise probes.oversold.recount_batch",
-                pending,
-                s.recount_batch,
-                extra={"probe": self.name},
-            )
-        if passes == 0 and totals.passes == 1 and not self._history_logged:
-            self._history_logged = True
-            LOGGER.info(
-                "probe oversold: the whole paid history is counted; %d products tracked",
-                len(totals),
-                extra={"probe": self.name},
-            )
+        self._log.after_run(totals, passes_before=passes, recount_batch=s.recount_batch)
 
     async def _size_chunk(self, session: MySession) -> None:
         """Products per chunk, so that one pass takes ``recount_period`` (from InnoDB's
