@@ -54,13 +54,6 @@ ALL_STRATEGIES = [
 CLASSIC = ",".join(ALL_STRATEGIES)
 WITHOUT_REDIS = ["unsafe", "check_then_decrement", "atomic", "for_update"]
 REDIS_URL = os.environ.get("STOCKSENTRY_TEST_REDIS", "redis://127.0.0.1:6379/0")
-# The SQLAlchemy integration's detector is in the lab when the module is installed.
-try:
-    import stocksentry.instrumentation.sqlalchemy  # noqa: F401
-
-    DETECTOR = True
-except ImportError:
-    DETECTOR = False
 JSON_KEYS = {
     "strategy",
     "stock_initial",
@@ -183,14 +176,12 @@ def check_default_sale(results: list[StrategyResult], registry: CollectorRegistr
             REPLAY: 0,
             STALE: 0,
         }
-        if DETECTOR:
-            expected[UNSAFE_RMW] = 0
+        expected[UNSAFE_RMW] = 0
         assert safe.metrics == expected
-    if DETECTOR:
-        # The SQL detector flags every unsafe write, and nothing else here.
-        assert unsafe.unsafe_read_modify_write is not None
-        assert unsafe.unsafe_read_modify_write > 0
-        assert by_name["check_then_decrement"].unsafe_read_modify_write == 0
+    # The SQL detector flags every unsafe write, and nothing else here.
+    assert unsafe.unsafe_read_modify_write is not None
+    assert unsafe.unsafe_read_modify_write > 0
+    assert by_name["check_then_decrement"].unsafe_read_modify_write == 0
 
 
 def run_and_check(config: LabConfig, registry: CollectorRegistry) -> list[StrategyResult]:
@@ -690,17 +681,15 @@ def test_lock_strategies_on_redis(
     # Every hold ended within its lease (how long a hold takes is the machine's business).
     assert 0 < owned.locks["hold_ratio_mean"] <= 1.0
     assert lab.caught_lines(owned) == []
-    if DETECTOR:
-        assert naive.unsafe_read_modify_write is not None
-        assert naive.unsafe_read_modify_write > 0
-        assert [r.unsafe_read_modify_write for r in (owned, for_update, atomic)] == [0, 0, 0]
+    assert naive.unsafe_read_modify_write is not None
+    assert naive.unsafe_read_modify_write > 0
+    assert [r.unsafe_read_modify_write for r in (owned, for_update, atomic)] == [0, 0, 0]
     if backend == "sqlite":
         assert any("BEGIN IMMEDIATE" in note for note in for_update.notes)
     assert redis_keys(redis_prefix) == []
 
 
 @pytest.mark.integration
-@pytest.mark.skipif(not DETECTOR, reason="needs stocksentry's SQLAlchemy integration")
 @pytest.mark.parametrize("impl", ["lab", "pottery"])
 def test_read_modify_write_under_owned_lock_is_not_flagged(
     impl: str, pg_sqlalchemy_url: str, redis_prefix: str, registry: CollectorRegistry
