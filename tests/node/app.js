@@ -41,65 +41,42 @@ function log(event, fields) {
 // --- metrics: the contract's names, types, labels and buckets (docs/other-languages.md) ---
 const registry = new client.Registry();
 const LATENCY_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10];
+// The series both variants share: success, conflict and duration as the contract has them.
+function reservationMetrics() {
+  return {
+    success: new client.Counter({
+      name: 'stock_reservation_success_total',
+      help: 'Stock reservations that succeeded.',
+      labelNames: ['sku', 'strategy'],
+      registers: [registry],
+    }),
+    conflict: new client.Counter({
+      name: 'stock_reservation_conflict_total',
+      help: 'Stock reservations refused by a conflict.',
+      labelNames: ['sku', 'reason'],
+      registers: [registry],
+    }),
+    duration: new client.Histogram({
+      name: 'stock_reservation_duration_seconds',
+      help: 'Duration of stock reservations by outcome.',
+      labelNames: ['outcome'],
+      buckets: LATENCY_BUCKETS,
+      registers: [registry],
+    }),
+  };
+}
+const PAID = {
+  name: 'stock_orders_paid_total',
+  help: 'Orders confirmed as paid.',
+  labelNames: ['sku'],
+  registers: [registry],
+};
 let metrics = null;
 if (METRICS === 'contract') {
-  metrics = {
-    success: new client.Counter({
-      name: 'stock_reservation_success_total',
-      help: 'Stock reservations that succeeded.',
-      labelNames: ['sku', 'strategy'],
-      registers: [registry],
-    }),
-    conflict: new client.Counter({
-      name: 'stock_reservation_conflict_total',
-      help: 'Stock reservations refused by a conflict.',
-      labelNames: ['sku', 'reason'],
-      registers: [registry],
-    }),
-    duration: new client.Histogram({
-      name: 'stock_reservation_duration_seconds',
-      help: 'Duration of stock reservations by outcome.',
-      labelNames: ['outcome'],
-      buckets: LATENCY_BUCKETS,
-      registers: [registry],
-    }),
-    paid: new client.Counter({
-      name: 'stock_orders_paid_total',
-      help: 'Orders confirmed as paid.',
-      labelNames: ['sku'],
-      registers: [registry],
-    }),
-  };
+  metrics = { ...reservationMetrics(), paid: new client.Counter(PAID) };
 } else if (METRICS === 'wrong') {
   // Deliberately off the contract: paid orders as a gauge, a conflict reason of its own.
-  metrics = {
-    success: new client.Counter({
-      name: 'stock_reservation_success_total',
-      help: 'Stock reservations that succeeded.',
-      labelNames: ['sku', 'strategy'],
-      registers: [registry],
-    }),
-    conflict: new client.Counter({
-      name: 'stock_reservation_conflict_total',
-      help: 'Stock reservations refused by a conflict.',
-      labelNames: ['sku', 'reason'],
-      registers: [registry],
-    }),
-    duration: new client.Histogram({
-      name: 'stock_reservation_duration_seconds',
-      help: 'Duration of stock reservations by outcome.',
-      labelNames: ['outcome'],
-      buckets: LATENCY_BUCKETS,
-      registers: [registry],
-    }),
-    paid: new client.Gauge({
-      name: 'stock_orders_paid_total',
-      help: 'Orders confirmed as paid.',
-      labelNames: ['sku'],
-      registers: [registry],
-    }),
-    wrongReason: true,
-  };
+  metrics = { ...reservationMetrics(), paid: new client.Gauge(PAID), wrongReason: true };
 }
 
 function record(sku, outcome, seconds) {
