@@ -53,6 +53,7 @@ __all__ = [
     "duplicate_order_families",
     "negative_stock_families",
     "outbox_families",
+    "oversold_families",
     "pinned_labels",
     "refresh_duplicate_keys",
     "worst_sku_samples",
@@ -187,6 +188,24 @@ def duplicate_key_skus(
         parts.append(Param(f"key{index}", value))
     parts.append(f") GROUP BY p.{q(p.sku)}")
     return Query(tuple(parts), ("sku", "keys"))
+
+
+def oversold_families(
+    rows: Iterable[tuple[object, object]],
+    *,
+    pinned: Iterable[str],
+    guard: LabelGuard,
+    number: Callable[[object], float],
+) -> tuple[Metric, ...]:
+    """The oversold probe's family from rows ``(sku, oversold_units)``: each SKU through
+    the guard (the folded ones summed under ``__other__``), the ``pinned`` labels (the promo
+    SKUs) at 0 when they have no row."""
+    by_label: dict[str, float] = dict.fromkeys(pinned, 0.0)
+    for sku, units in rows:
+        label = guard(str(sku))
+        by_label[label] = by_label.get(label, 0.0) + number(units)
+    samples = [((label,), value) for label, value in sorted(by_label.items())]
+    return (family(catalog.OVERSOLD_UNITS, samples),)
 
 
 async def refresh_duplicate_keys(

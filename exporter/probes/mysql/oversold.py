@@ -40,8 +40,8 @@ from stocksentry.instrumentation.guard import LabelGuard, sanitize_label_value
 
 from ...config import ExporterConfig
 from ...invariants import InvariantSql, Query
-from ..base import family
-from ..soldtotals import RunLog, SoldTotals, incremental_run
+from ..families import oversold_families
+from ..soldtotals import RunLog, SoldTotals
 from .common import MyDbProbe, interval_us, number, table_parts
 from .pool import MyPool, MySession
 
@@ -118,12 +118,7 @@ class OversoldProbe(MyDbProbe):
         else:
             await self.step(session)
             rows = [(s.sku, s.oversold_units) for s in self.totals.oversold()]
-        by_label: dict[str, float] = dict.fromkeys(self._pinned, 0.0)
-        for sku, units in rows:
-            label = self._guard(str(sku))
-            by_label[label] = by_label.get(label, 0.0) + number(units)
-        samples = [((label,), value) for label, value in sorted(by_label.items())]
-        return (family(catalog.OVERSOLD_UNITS, samples),)
+        return oversold_families(rows, pinned=self._pinned, guard=self._guard, number=number)
 
     async def step(self, session: MySession) -> None:
         """One incremental run: this dialect's horizon, then
@@ -135,12 +130,11 @@ class OversoldProbe(MyDbProbe):
         totals = self.totals
         if totals.cursor is None:
             await self._size_chunk(session)
-        passes = totals.passes
 
         async def fetch(query: Query) -> list[tuple[Any, ...]]:
             return await self.fetch(session, query)
 
-        await incremental_run(
+        await self._log.run(
             totals,
             fetch,
             self._builder,
@@ -148,7 +142,6 @@ class OversoldProbe(MyDbProbe):
             chunk=self._chunk,
             recount_batch=s.recount_batch,
         )
-        self._log.after_run(totals, passes_before=passes, recount_batch=s.recount_batch)
 
     async def _size_chunk(self, session: MySession) -> None:
         """Products per chunk, so that one pass takes ``recount_period`` (from InnoDB's

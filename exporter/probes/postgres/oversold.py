@@ -37,8 +37,8 @@ from stocksentry.instrumentation.guard import LabelGuard, sanitize_label_value
 
 from ...config import ExporterConfig
 from ...invariants import InvariantSql, Query
-from ..base import family
-from ..soldtotals import RunLog, SoldTotals, incremental_run
+from ..families import oversold_families
+from ..soldtotals import RunLog, SoldTotals
 from .common import DbProbe, composed, number, one_row, quoted_name
 from .pool import Conn, PgPool
 
@@ -113,12 +113,7 @@ class OversoldProbe(DbProbe):
         else:
             await self.step(conn)
             rows = [(s.sku, s.oversold_units) for s in self.totals.oversold()]
-        by_label: dict[str, float] = dict.fromkeys(self._pinned, 0.0)
-        for sku, units in rows:
-            label = self._guard(str(sku))
-            by_label[label] = by_label.get(label, 0.0) + number(units)
-        samples = [((label,), value) for label, value in sorted(by_label.items())]
-        return (family(catalog.OVERSOLD_UNITS, samples),)
+        return oversold_families(rows, pinned=self._pinned, guard=self._guard, number=number)
 
     async def _rows(self, conn: Conn, query: Query) -> list[tuple[Any, ...]]:
         statement, params = composed(query)
@@ -141,12 +136,11 @@ class OversoldProbe(DbProbe):
         totals = self.totals
         if totals.cursor is None:
             await self._size_chunk(conn)
-        passes = totals.passes
 
         async def fetch(query: Query) -> list[tuple[Any, ...]]:
             return await self._rows(conn, query)
 
-        await incremental_run(
+        await self._log.run(
             totals,
             fetch,
             self._builder,
@@ -154,7 +148,6 @@ class OversoldProbe(DbProbe):
             chunk=self._chunk,
             recount_batch=s.recount_batch,
         )
-        self._log.after_run(totals, passes_before=passes, recount_batch=s.recount_batch)
 
     async def _size_chunk(self, conn: Conn) -> None:
         """Products per chunk, so that one pass takes ``recount_period``."""
