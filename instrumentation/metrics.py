@@ -24,6 +24,8 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import math
+from bisect import bisect_left
 from collections.abc import Iterable
 from typing import Any
 
@@ -63,6 +65,58 @@ def _make(spec: MetricSpec, registry: CollectorRegistry | None) -> Any:
             spec.name, spec.help, spec.labels, buckets=spec.buckets or (), registry=registry
         )
     raise ValueError(f"{spec.name}: the app records no {spec.kind}")
+
+
+class HistogramCells:
+    """The value cells of one labelled histogram child, for observations without exemplar.
+
+    ``Histogram.observe`` costs more than the two additions it makes: two method calls
+    check that the child is observable (a labelled child always is), then the bounds are
+    scanned one by one. On the lock wait of every locking statement that is most of the
+    SQLAlchemy integration's cost, so its listener adds to the cells directly::
+
+        cells.sum.inc(seconds)
+        cells.buckets[bisect_left(cells.bounds, seconds)].inc(1)
+
+    which is :meth:`observe`. The cells are prometheus_client's own value objects (the
+    per-process mmap values in multiprocess mode), so the exposition is the same.
+    Built by :func:`histogram_cells` only when the child has the layout relied on.
+    """
+
+    __slots__ = ("bounds", "buckets", "child", "sum")
+
+    def __init__(self, child: Any, bounds: list[float], buckets: list[Any], total: Any) -> None:
+        self.child = child
+        self.bounds = bounds
+        self.buckets = buckets
+        self.sum = total
+
+    def observe(self, amount: float) -> None:
+        """``child.observe(amount)`` for a finite ``amount``, without the checks."""
+        self.sum.inc(amount)
+        self.buckets[bisect_left(self.bounds, amount)].inc(1)
+
+
+def histogram_cells(child: Any) -> HistogramCells | None:
+    """The :class:`HistogramCells` of a labelled ``Histogram`` child, or ``None`` when it
+    does not look as prometheus_client 0.x lays it out (then keep calling ``observe``)."""
+    if not isinstance(child, Histogram) or not getattr(child, "_labelvalues", None):
+        return None
+    bounds = getattr(child, "_upper_bounds", None)
+    buckets = getattr(child, "_buckets", None)
+    total = getattr(child, "_sum", None)
+    if (
+        not isinstance(bounds, list)
+        or not isinstance(buckets, list)
+        or len(bounds) != len(buckets)
+        or not bounds
+        or bounds[-1] != math.inf
+        or bounds != sorted(bounds)
+        or not callable(getattr(total, "inc", None))
+        or not all(callable(getattr(cell, "inc", None)) for cell in buckets)
+    ):
+        return None
+    return HistogramCells(child, bounds, buckets, total)
 
 
 class StockMetrics:
@@ -425,6 +479,16 @@ class StockMetrics:
     ) -> None:
         """Observe the duration of one locking statement on ``table``."""
         self._child_small(catalog.DB_LOCK_WAIT, "table", table).observe(seconds, exemplar)
+
+    def db_lock_wait_cells(self, table: str) -> HistogramCells | None:
+        """The cells of ``table``'s cached lock-wait child, for a caller that observes the
+        same table again and again (the SQLAlchemy integration, per SQL text), once it has
+        observed it through :meth:`db_lock_wait`. ``None`` while ``table`` has no cached
+        child: never observed, its label overflowed (each such observation must count its
+        overflow) or the caches are full. Reads the cache only: no side effect.
+        """
+        child = self._children[catalog.DB_LOCK_WAIT.name].get(table)
+        return None if child is None else histogram_cells(child)
 
     def db_deadlock(self, table: str) -> None:
         """Count one statement on ``table`` that the database ended as a deadlock victim."""

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import time
 import weakref
+from bisect import bisect_left
 from collections.abc import Callable
+from contextvars import ContextVar
 from time import perf_counter
 from typing import TYPE_CHECKING, Any, Literal
 
 import structlog
 from opentelemetry import trace as otel_trace
-from opentelemetry.context import get_current as get_current_context
 from opentelemetry.trace import (
     INVALID_SPAN,
     Span,
@@ -19,10 +20,13 @@ from opentelemetry.trace import (
     TracerProvider,
     get_current_span,
 )
+from sqlalchemy.engine.interfaces import ExecuteStyle
 
 from .. import events
 from ..heldlocks import held_locks, valid_at
+from ..metrics import HistogramCells
 from ..outcomes import refusal_of, status_code_of
+from ..reservation import _current as _current_reservation
 from ..reservation import current_reservation
 from ..sentry import Sentry
 from ..tracing import TRACER_NAME, exemplar_for
@@ -54,18 +58,34 @@ from .state import (
 )
 from .tokens import _tokenize
 
-try:
-    # The context key get_current_span() reads; without it, get_current_span() is used.
-    from opentelemetry.trace.propagation import _SPAN_KEY as _OTEL_SPAN_KEY
 
-    _SPAN_KEY: str | None = _OTEL_SPAN_KEY
-except ImportError:  # pragma: no cover - an opentelemetry-api that moved it
-    _SPAN_KEY = None
+def _span_context_var() -> tuple[ContextVar[Any] | None, str]:
+    """The ContextVar and key that get_current_span() reads, to read them directly: it
+    runs on every UPDATE, and get_current_span() is three Python calls deep (trace,
+    context, runtime context) before that read.
+
+    Found where opentelemetry-api 1.x keeps them, for its default runtime context only;
+    ``(None, "")`` otherwise, and get_current_span() is called instead.
+    """
+    try:
+        from opentelemetry.context import _RUNTIME_CONTEXT
+        from opentelemetry.context.contextvars_context import ContextVarsRuntimeContext
+        from opentelemetry.trace.propagation import _SPAN_KEY
+    except ImportError:  # pragma: no cover - an opentelemetry-api that moved them
+        return None, ""
+    var = getattr(_RUNTIME_CONTEXT, "_current_context", None)
+    if type(_RUNTIME_CONTEXT) is not ContextVarsRuntimeContext or not isinstance(var, ContextVar):
+        return None, ""  # pragma: no cover - another runtime context
+    return var, _SPAN_KEY
+
+
+_SPAN_VAR, _SPAN_KEY = _span_context_var()
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Connection, ExceptionContext
     from sqlalchemy.engine.interfaces import DBAPICursor, ExecutionContext
 
+_EXECUTE = ExecuteStyle.EXECUTE
 # Which of the dialect's three execute events a statement came through.
 _SINGLE, _NO_PARAMS, _MANY = 0, 1, 2
 # The dialect event (and the dialect's method) of each style, by index.
@@ -97,6 +117,7 @@ class _Route:
         "rowcount_unknown",
         "single",
         "stock",
+        "wait",
     )
 
     def __init__(self, plan: StatementInfo, checks: bool, sqlite: bool) -> None:
@@ -114,6 +135,9 @@ class _Route:
         self.blind = plan.write == "blind" and not self.conditional
         # pysqlite counts RETURNING rows only as they are fetched: unknown after execute.
         self.rowcount_unknown = plan.returning and sqlite
+        # The lock-wait histogram cells of this text's table, once observed (None: not yet;
+        # False: observe through the metrics method each time, as for an overflowed label).
+        self.wait: HistogramCells | Literal[False] | None = None
 
 
 class _Instrumentation:
@@ -284,27 +308,34 @@ class _Instrumentation:
             if span is None:
                 try:
                     elapsed = perf_counter() - t0
-                    # get_current_span(), two calls shorter: this runs on every UPDATE.
                     current = (
-                        get_current_context().get(_SPAN_KEY)
-                        if _SPAN_KEY is not None
+                        _SPAN_VAR.get().get(_SPAN_KEY)
+                        if _SPAN_VAR is not None
                         else get_current_span()
                     )
-                    self.metrics.db_lock_wait(
-                        route.label,
-                        elapsed,
+                    exemplar = (
                         exemplar_for(current)
                         if current is not None
                         and current is not INVALID_SPAN
                         and isinstance(current, Span)
-                        else None,
+                        else None
                     )
+                    wait = route.wait
+                    if wait and exemplar is None:
+                        # HistogramCells.observe, written out: this runs on every UPDATE.
+                        wait.sum.inc(elapsed)
+                        wait.buckets[bisect_left(wait.bounds, elapsed)].inc(1)
+                    else:
+                        self.metrics.db_lock_wait(route.label, elapsed, exemplar)
+                        if wait is None:
+                            route.wait = self.metrics.db_lock_wait_cells(route.label) or False
                 except Exception as err:
                     self.sentry.internal_error(_COMPONENT, err)
             else:
                 self._lock_done(route, t0, span, None)
         # Apart, so that a failure in the timing does not switch off the bookkeeping.
-        if route.stock and not context.executemany:
+        # Not context.executemany (a property): insertmanyvalues batches come here too.
+        if route.stock and context.execute_style is _EXECUTE:
             try:
                 self._stock_statement(context.root_connection, cursor, route, parameters)
             except Exception as exc:
@@ -570,7 +601,8 @@ class _Instrumentation:
                 state = conn.__dict__[_STATE]
             except (KeyError, AttributeError):
                 state = self.state(conn)
-            txn = conn.get_transaction()
+            # get_transaction(), one call shorter (SQLAlchemy 2.0's attribute behind it).
+            txn = conn._transaction
             held = state.txn
             if held is None or held() is not txn:
                 state.sync(txn)  # a new transaction: the locks of the last one are gone
@@ -582,7 +614,8 @@ class _Instrumentation:
                 self._no_row(plan, keys)
             elif rowcount > 0:
                 # A retry that now matched undoes the conflict an earlier attempt implied.
-                reservation = current_reservation()
+                # (current_reservation(), one call shorter: this runs on every UPDATE.)
+                reservation = _current_reservation.get()
                 if reservation is not None:
                     reservation.implied_outcome(None)
         if keys and state is not None and rowcount != 0:

@@ -1,0 +1,198 @@
+"""HistogramCells: the lock-wait observation without prometheus_client's per-call checks.
+
+The SQLAlchemy integration adds to a histogram child's cells directly; what it records must
+be what ``Histogram.observe`` records, in one process and in multiprocess mode, and a
+label that overflowed must still count its overflow on every observation.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.multiprocess import MultiProcessCollector
+from stocksentry.instrumentation import Sentry, catalog
+from stocksentry.instrumentation.guard import LabelGuard
+from stocksentry.instrumentation.metrics import HistogramCells, StockMetrics, histogram_cells
+from stocksentry.instrumentation.sqlalchemy import instrument_sqlalchemy, uninstrument_sqlalchemy
+
+BOUNDS = catalog.LATENCY_BUCKETS
+# Every bound exactly, just under and over it, zero and far past the last finite bound.
+AMOUNTS = [
+    0.0,
+    *[b for b in BOUNDS],
+    *[math.nextafter(b, 0.0) for b in BOUNDS],
+    *[math.nextafter(b, math.inf) for b in BOUNDS],
+    1e9,
+]
+
+
+def samples(registry: CollectorRegistry, name: str) -> list[tuple[str, dict[str, str], float]]:
+    """The samples of ``name`` with its ``table`` label dropped, sorted (_created left out)."""
+    out = []
+    for metric in registry.collect():
+        if metric.name != name:
+            continue
+        for s in metric.samples:
+            if s.name.endswith("_created"):
+                continue
+            labels = {k: v for k, v in s.labels.items() if k != "table"}
+            out.append((s.name, labels, s.value))
+    return sorted(out, key=lambda x: (x[0], sorted(x[1].items()), x[2]))
+
+
+def test_cells_record_exactly_what_observe_records() -> None:
+    registry = CollectorRegistry()
+    plain = Histogram("plain_seconds", "h", ["table"], buckets=BOUNDS, registry=registry)
+    fast = Histogram("fast_seconds", "h", ["table"], buckets=BOUNDS, registry=registry)
+    cells = histogram_cells(fast.labels("t"))
+    assert isinstance(cells, HistogramCells)
+    for amount in AMOUNTS:
+        plain.labels("t").observe(amount)
+        cells.observe(amount)
+    expected = samples(registry, "plain_seconds")
+    assert expected  # buckets, count and sum
+    assert [(n.replace("plain", "fast"), lab, v) for n, lab, v in expected] == samples(
+        registry, "fast_seconds"
+    )
+    assert registry.get_sample_value("fast_seconds_count", {"table": "t"}) == len(AMOUNTS)
+
+
+def test_only_a_labelled_histogram_child_has_cells() -> None:
+    registry = CollectorRegistry()
+    labelled = Histogram("h_seconds", "h", ["table"], registry=registry)
+    bare = Histogram("bare_seconds", "h", registry=registry)
+    counter = Counter("c", "c", ["table"], registry=registry)
+    assert histogram_cells(labelled) is None  # the parent: observe() would raise
+    assert histogram_cells(counter.labels("t")) is None
+    assert histogram_cells(object()) is None
+    assert histogram_cells(bare) is None  # no labels: not what the cells are for
+    assert histogram_cells(labelled.labels("t")) is not None
+
+
+def test_a_child_not_laid_out_as_expected_has_no_cells() -> None:
+    child: Any = Histogram("odd_seconds", "h", ["table"], registry=None).labels("t")
+    child._upper_bounds = child._upper_bounds[:-1]  # bounds and buckets out of step
+    assert histogram_cells(child) is None
+
+
+def test_lock_wait_cells_come_from_the_cache_only() -> None:
+    metrics = StockMetrics(CollectorRegistry())
+    assert metrics.db_lock_wait_cells("products") is None  # never observed
+    metrics.db_lock_wait("products", 0.01)
+    cells = metrics.db_lock_wait_cells("products")
+    assert cells is not None
+    cells.observe(0.02)
+    registry = metrics.registry
+    assert registry is not None
+    name = catalog.DB_LOCK_WAIT.name
+    assert registry.get_sample_value(f"{name}_count", {"table": "products"}) == 2
+    assert registry.get_sample_value(f"{name}_sum", {"table": "products"}) == pytest.approx(0.03)
+
+
+MP_WORKER = textwrap.dedent(
+    """
+    import sys
+    from stocksentry.instrumentation.metrics import StockMetrics
+    from stocksentry.instrumentation import mpexemplars
+    amounts = [float(a) for a in sys.argv[1].split(",")]
+    metrics = StockMetrics(None)
+    metrics.db_lock_wait("fast", amounts[0])
+    cells = metrics.db_lock_wait_cells("fast")
+    assert cells is not None, "no cells in multiprocess mode"
+    assert type(cells.child) is mpexemplars.ExemplarHistogram, type(cells.child)
+    for amount in amounts[1:]:
+        cells.observe(amount)
+    for amount in amounts:
+        metrics.db_lock_wait("plain", amount)
+    print("ok")
+    """
+)
+
+
+def test_cells_write_the_same_multiprocess_files_as_observe(tmp_path: Path) -> None:
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "-c", MP_WORKER, ",".join(repr(a) for a in AMOUNTS)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "ok\n"
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=str(tmp_path))
+    by_table: dict[str, list[tuple[str, tuple[tuple[str, str], ...], float]]] = {}
+    for metric in registry.collect():
+        if metric.name != catalog.DB_LOCK_WAIT.name:
+            continue
+        for s in metric.samples:
+            rest = tuple(sorted((k, v) for k, v in s.labels.items() if k != "table"))
+            by_table.setdefault(s.labels["table"], []).append((s.name, rest, s.value))
+    assert sorted(by_table["fast"]) == sorted(by_table["plain"])
+    count = [v for n, _, v in by_table["fast"] if n.endswith("_count")]
+    assert count == [len(AMOUNTS)]
+
+
+STOCK = "CREATE TABLE products (sku TEXT PRIMARY KEY, available_stock INTEGER NOT NULL)"
+UPDATE = "UPDATE products SET available_stock = available_stock - 1 WHERE sku = :sku"
+
+
+def lock_wait_route(engine: sa.Engine) -> Any:
+    for fn in engine.dialect.dispatch.do_execute:
+        owner = getattr(fn, "__self__", None)
+        if owner is not None and hasattr(owner, "plans"):
+            return owner.plans[UPDATE.replace(":sku", "?")]
+    raise AssertionError("not instrumented")
+
+
+@pytest.fixture
+def engine(tmp_path: Path) -> Any:
+    engine = sa.create_engine(f"sqlite:///{tmp_path / 'shop.db'}")
+    with engine.begin() as conn:
+        conn.exec_driver_sql(STOCK)
+        conn.exec_driver_sql("INSERT INTO products VALUES ('EGG-01', 100)")
+    yield engine
+    uninstrument_sqlalchemy(engine)
+    engine.dispose()
+
+
+def test_the_integration_takes_the_cells_path_and_counts_every_update(engine: Any) -> None:
+    registry = CollectorRegistry()
+    instrument_sqlalchemy(engine, sentry=Sentry(registry=registry, log=False, trace=False))
+    for _ in range(5):
+        with engine.begin() as conn:
+            conn.execute(sa.text(UPDATE), {"sku": "EGG-01"})
+    # The installed prometheus_client has the layout relied on: the fast path is in use.
+    assert isinstance(lock_wait_route(engine).wait, HistogramCells)
+    name = catalog.DB_LOCK_WAIT.name
+    assert registry.get_sample_value(f"{name}_count", {"table": "products"}) == 5
+    assert registry.get_sample_value(f"{name}_bucket", {"table": "products", "le": "+Inf"}) == 5
+
+
+def test_an_overflowed_table_label_counts_its_overflow_on_every_update(engine: Any) -> None:
+    registry = CollectorRegistry()
+    sentry = Sentry(registry=registry, log=False, trace=False)
+    # No table label admitted: every lock wait folds into __other__ and must say so.
+    sentry.metrics._small_guards["table"] = LabelGuard(0)
+    instrument_sqlalchemy(engine, sentry=sentry)
+    for _ in range(3):
+        with engine.begin() as conn:
+            conn.execute(sa.text(UPDATE), {"sku": "EGG-01"})
+    assert lock_wait_route(engine).wait is False
+    name = catalog.DB_LOCK_WAIT.name
+    assert registry.get_sample_value(f"{name}_count", {"table": catalog.OVERFLOW_VALUE}) == 3
+    overflow = registry.get_sample_value(
+        "stocksentry_label_overflow_total", {"metric": catalog.DB_LOCK_WAIT.name}
+    )
+    assert overflow == 3
