@@ -170,6 +170,24 @@ def _caught_blocks(
     return lines
 
 
+def _safe_verdict(safe: Sequence[StrategyResult]) -> str:
+    """What the safe strategies' alerts did: none may fire. A pending alert (its condition
+    held for less than the rule's ``for:``) is said as pending, not as raised: that is the
+    ``for:`` doing its job on real contention (fifty checkouts waiting on one row lock)."""
+    firing = [r.strategy for r in safe if any(a["state"] == "firing" for a in r.alerts.values())]
+    pending = [
+        f"{r.strategy} ({', '.join(sorted(r.alerts))})"
+        for r in safe
+        if r.alerts and r.strategy not in firing
+    ]
+    text = f"the safe strategies ({', '.join(r.strategy for r in safe)}) " + (
+        "fired alerts: " + ", ".join(firing) + " (see above)" if firing else "fired no alert"
+    )
+    if pending:
+        text += "; pending only, never firing: " + ", ".join(pending)
+    return text
+
+
 def format_summary(
     config: LabConfig,
     results: Sequence[StrategyResult],
@@ -222,19 +240,7 @@ def format_summary(
     safe = [r for r in results if r.skipped is None and r.strategy in SAFE_STRATEGIES]
     verdict = []
     if safe and evaluated:
-        loud = [r.strategy for r in safe if r.alerts]
-        verdict.append(
-            wrap.fill(
-                "the safe strategies ("
-                + ", ".join(r.strategy for r in safe)
-                + ") "
-                + (
-                    "fired no alert"
-                    if not loud
-                    else "raised alerts: " + ", ".join(loud) + " (see above)"
-                )
-            )
-        )
+        verdict.append(wrap.fill(_safe_verdict(safe)))
     return "\n".join(
         [
             *lines,

@@ -73,6 +73,26 @@ def test_the_summary_fits_80_columns() -> None:
         assert any(line.split()[:1] == [name] for line in text.splitlines()), name
 
 
+def test_a_pending_alert_on_a_safe_strategy_is_said_pending_not_raised() -> None:
+    results = a_run()
+    atomic = next(i for i, r in enumerate(results) if r.strategy == "atomic")
+    # Fifty checkouts waiting on one row lock: a real wait, kept from firing by its for:.
+    results[atomic] = dataclasses.replace(
+        results[atomic], alerts={"StockLockWaitHigh": {"state": "pending", "after_s": 1.2}}
+    )
+    words = " ".join(format_summary(CONFIG, results, evaluated=True).split())
+    assert "retry_idempotent) fired no alert; pending only, never firing: atomic" in words
+    assert "atomic (StockLockWaitHigh)" in words
+    assert "raised" not in words
+    assert "fired alerts" not in words
+    results[atomic] = dataclasses.replace(
+        results[atomic], alerts={"StockOversold": {"state": "firing", "after_s": 2.0}}
+    )
+    words = " ".join(format_summary(CONFIG, results, evaluated=True).split())
+    assert "retry_idempotent) fired alerts: atomic (see above)" in words
+    assert "pending only" not in words
+
+
 def test_alerts_not_evaluated_are_said_so() -> None:
     unsafe = a_run()[0]
     assert alert_cell(unsafe, evaluated=False) == "not evaluated"
