@@ -17,6 +17,8 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace as otel_trace
 from opentelemetry.trace import Span, StatusCode
 
+from .tracing import CONTEXT_VAR
+
 if TYPE_CHECKING:
     from .sentry import Sentry
 
@@ -97,7 +99,13 @@ class BlockHandle:
             token, self._ctx_token = self._ctx_token, None
             if token is not None:
                 try:
-                    otel_context.detach(cast(Any, token))
+                    # detach(), one step. A token that cannot be reset (the block ended in
+                    # another context than it began) is counted here; detach() would log it.
+                    var = CONTEXT_VAR
+                    if var is not None:
+                        var.reset(cast(Any, token))
+                    else:
+                        otel_context.detach(cast(Any, token))
                 except Exception as err:
                     self._sentry.internal_error("tracing", err)
 

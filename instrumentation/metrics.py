@@ -25,16 +25,19 @@ from __future__ import annotations
 
 import contextlib
 import math
+import time
 from bisect import bisect_left
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Literal
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.registry import REGISTRY
+from prometheus_client.samples import Exemplar
 
 from . import catalog, mpexemplars
 from .catalog import OVERFLOW_VALUE, MetricSpec
 from .guard import CACHE_CHAR_BUDGET, MAX_CACHED_KEY_LENGTH, LabelGuard
+from .tracing import TraceExemplar
 
 #: Budgets for the labels whose values come from the app but are not SKUs. They are small
 #: sets by nature (strategy names, operation names, cache and lock names, table names); a
@@ -83,18 +86,35 @@ class HistogramCells:
     Built by :func:`histogram_cells` only when the child has the layout relied on.
     """
 
-    __slots__ = ("bounds", "buckets", "child", "sum")
+    __slots__ = ("bounds", "buckets", "child", "direct_exemplars", "sum")
 
     def __init__(self, child: Any, bounds: list[float], buckets: list[Any], total: Any) -> None:
         self.child = child
         self.bounds = bounds
         self.buckets = buckets
         self.sum = total
+        # A plain Histogram keeps its exemplars on the bucket cells; multiprocess mode's
+        # ExemplarHistogram writes them to its own file, so its observe() is kept for them.
+        self.direct_exemplars = type(child) is Histogram and all(
+            callable(getattr(cell, "set_exemplar", None)) for cell in buckets
+        )
 
     def observe(self, amount: float) -> None:
-        """``child.observe(amount)`` for a finite ``amount``, without the checks."""
+        """``child.observe(amount)`` for a number ``amount`` (not NaN), without the checks."""
         self.sum.inc(amount)
         self.buckets[bisect_left(self.bounds, amount)].inc(1)
+
+    def observe_exemplar(self, amount: float, exemplar: dict[str, str]) -> None:
+        """``child.observe(amount, exemplar)``; a :class:`~.tracing.TraceExemplar` (valid by
+        construction) is set on the bucket without prometheus_client's label-name checks,
+        any other exemplar goes through ``observe`` and its checks."""
+        if self.direct_exemplars and type(exemplar) is TraceExemplar:
+            self.sum.inc(amount)
+            bucket = self.buckets[bisect_left(self.bounds, amount)]
+            bucket.inc(1)
+            bucket.set_exemplar(Exemplar(exemplar, amount, time.time()))
+        else:
+            self.child.observe(amount, exemplar)
 
 
 def histogram_cells(child: Any) -> HistogramCells | None:
@@ -167,6 +187,8 @@ class StockMetrics:
         self._success_children = self._children[catalog.RESERVATION_SUCCESS.name]
         self._conflict_children = self._children[catalog.RESERVATION_CONFLICT.name]
         self._duration_children = self._children[catalog.RESERVATION_DURATION.name]
+        # The duration children's cells, by outcome (False: observe() each time).
+        self._duration_cells: dict[str, HistogramCells | Literal[False]] = {}
         self._prime(promo_skus)
 
     def _prime(self, promo_skus: Iterable[str]) -> None:
@@ -321,9 +343,12 @@ class StockMetrics:
         this is the path of every reservation. Both series are resolved before either is
         touched, so a bad ``outcome`` records nothing.
         """
-        duration = self._duration_children.get(outcome)
-        if duration is None:
-            duration = self._duration_child(outcome)
+        cells = self._duration_cells.get(outcome)
+        duration: Any = None
+        if not cells:
+            duration = self._duration_children.get(outcome)
+            if duration is None:
+                duration = self._duration_child(outcome)  # raises on an unknown outcome
         if outcome == "success":
             child = self._success_children.get((sku, strategy))
             if child is None:
@@ -334,7 +359,20 @@ class StockMetrics:
             if child is None:
                 child = self._conflict_child(sku, outcome)
             child.inc()
+        # The duration child's cells once it has one (HistogramCells): observe()'s checks
+        # and scan of the bounds were a fifth of what the metrics cost a reservation.
+        if cells and seconds == seconds:  # NaN: observe() counts it in no bucket
+            if exemplar is None:
+                cells.sum.inc(seconds)
+                cells.buckets[bisect_left(cells.bounds, seconds)].inc(1)
+            else:
+                cells.observe_exemplar(seconds, exemplar)
+            return
+        if duration is None:
+            duration = self._duration_child(outcome)
         duration.observe(seconds, exemplar)
+        if cells is None:
+            self._duration_cells[outcome] = histogram_cells(duration) or False
 
     def reservation_success(self, sku: str, strategy: str) -> None:
         """Count one successful reservation."""

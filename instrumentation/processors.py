@@ -22,7 +22,7 @@ from structlog.typing import EventDict, Processor, WrappedLogger
 
 from .events import EVENTS
 from .secrets import MIN_SENSITIVE_LEN, REDACTED, SECRET_WORDS, is_secret_key, scrub_text
-from .tracing import trace_fields
+from .tracing import CONTEXT_VAR, trace_fields
 
 try:  # CPython's C encoder; without it the pure-Python encoder renders every line
     from _json import make_encoder as _c_make_encoder
@@ -230,7 +230,8 @@ def add_trace_context(logger: WrappedLogger, method_name: str, event_dict: Event
     # same ids, so the span lookup and its checks run once per context, not once per line.
     # One tuple, swapped whole: threads never see a torn pair (a race only looks twice).
     # It keeps the last context (and its span) alive until a line in another context.
-    context = otel_context.get_current()
+    var = CONTEXT_VAR
+    context = var.get() if var is not None else otel_context.get_current()
     last = _last_trace
     if last[0] is context:
         fields = last[1]

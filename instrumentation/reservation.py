@@ -18,7 +18,7 @@ from .catalog import ConflictReason, Outcome
 from .events import INVENTORY_NEGATIVE, RESERVATION_ERROR, STOCK_CHECK, STOCK_UPDATE
 from .handle import BlockHandle, misuse
 from .outcomes import classify_exception
-from .tracing import carrier_for, exemplar_for
+from .tracing import CONTEXT_VAR, carrier_for, exemplar_for
 
 if TYPE_CHECKING:
     from .sentry import Sentry
@@ -258,10 +258,19 @@ class Reservation(BlockHandle):
                         "stock.sku": str(self.sku)[:256],
                         "stock.strategy": str(self.strategy)[:256],
                     }
-                span = self._span = tracer.start_span("stock.reserve", attributes=attributes)
-                # Current until the block ends, so log lines and child spans see it: attach
-                # directly, without use_span's context-manager layers.
-                self._ctx_token = otel_context.attach(otel_trace.set_span_in_context(span))
+                # The current context read once, for the parent and for the new context.
+                var = CONTEXT_VAR
+                parent = var.get() if var is not None else otel_context.get_current()
+                span = self._span = tracer.start_span(
+                    "stock.reserve", context=parent, attributes=attributes
+                )
+                # Current until the block ends, so log lines and child spans see it: attached
+                # directly, without use_span's context-manager layers (the ContextVar's
+                # token is what attach() returns and detach() takes).
+                current = otel_trace.set_span_in_context(span, parent)
+                self._ctx_token = (
+                    var.set(current) if var is not None else otel_context.attach(current)
+                )
             if self._log:
                 self._log_tokens = structlog.contextvars.bind_contextvars(sku=self.sku, **self.ids)
             self._cv_token = _current.set(self)

@@ -6,7 +6,6 @@ import time
 import weakref
 from bisect import bisect_left
 from collections.abc import Callable
-from contextvars import ContextVar
 from time import perf_counter
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -29,6 +28,8 @@ from ..outcomes import refusal_of, status_code_of
 from ..reservation import _current as _current_reservation
 from ..reservation import current_reservation
 from ..sentry import Sentry
+from ..tracing import CONTEXT_VAR as _SPAN_VAR
+from ..tracing import SPAN_KEY as _SPAN_KEY
 from ..tracing import TRACER_NAME, exemplar_for
 from .classifier import _classify_tokens
 from .clauses import _Tables
@@ -57,29 +58,6 @@ from .state import (
     _scope,
 )
 from .tokens import _tokenize
-
-
-def _span_context_var() -> tuple[ContextVar[Any] | None, str]:
-    """The ContextVar and key that get_current_span() reads, to read them directly: it
-    runs on every UPDATE, and get_current_span() is three Python calls deep (trace,
-    context, runtime context) before that read.
-
-    Found where opentelemetry-api 1.x keeps them, for its default runtime context only;
-    ``(None, "")`` otherwise, and get_current_span() is called instead.
-    """
-    try:
-        from opentelemetry.context import _RUNTIME_CONTEXT
-        from opentelemetry.context.contextvars_context import ContextVarsRuntimeContext
-        from opentelemetry.trace.propagation import _SPAN_KEY
-    except ImportError:  # pragma: no cover - an opentelemetry-api that moved them
-        return None, ""
-    var = getattr(_RUNTIME_CONTEXT, "_current_context", None)
-    if type(_RUNTIME_CONTEXT) is not ContextVarsRuntimeContext or not isinstance(var, ContextVar):
-        return None, ""  # pragma: no cover - another runtime context
-    return var, _SPAN_KEY
-
-
-_SPAN_VAR, _SPAN_KEY = _span_context_var()
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Connection, ExceptionContext

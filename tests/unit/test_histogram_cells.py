@@ -23,6 +23,7 @@ from stocksentry.instrumentation import Sentry, catalog
 from stocksentry.instrumentation.guard import LabelGuard
 from stocksentry.instrumentation.metrics import HistogramCells, StockMetrics, histogram_cells
 from stocksentry.instrumentation.sqlalchemy import instrument_sqlalchemy, uninstrument_sqlalchemy
+from stocksentry.instrumentation.tracing import TraceExemplar
 
 BOUNDS = catalog.LATENCY_BUCKETS
 # Every bound exactly, just under and over it, zero and far past the last finite bound.
@@ -196,3 +197,73 @@ def test_an_overflowed_table_label_counts_its_overflow_on_every_update(engine: A
         "stocksentry_label_overflow_total", {"metric": catalog.DB_LOCK_WAIT.name}
     )
     assert overflow == 3
+
+
+# --- exemplars and the reservation duration ---------------------------------------------------
+
+TRACE = TraceExemplar(trace_id="ab" * 16, span_id="cd" * 8)
+
+
+def exemplars(registry: CollectorRegistry, name: str) -> list[tuple[str, dict[str, str], float]]:
+    return sorted(
+        (s.labels["le"], dict(s.exemplar.labels), s.exemplar.value)
+        for metric in registry.collect()
+        if metric.name == name
+        for s in metric.samples
+        if s.exemplar is not None
+    )
+
+
+def test_an_exemplar_is_set_as_observe_sets_it() -> None:
+    registry = CollectorRegistry()
+    plain = Histogram("plain_seconds", "h", ["table"], buckets=BOUNDS, registry=registry)
+    fast = Histogram("fast_seconds", "h", ["table"], buckets=BOUNDS, registry=registry)
+    cells = histogram_cells(fast.labels("t"))
+    assert cells is not None
+    assert cells.direct_exemplars
+    for amount in (0.0005, 0.02, 0.02, 3.0, 1e9):
+        plain.labels("t").observe(amount, TRACE)
+        cells.observe_exemplar(amount, TRACE)
+    assert exemplars(registry, "plain_seconds") == exemplars(registry, "fast_seconds")
+    assert len(exemplars(registry, "fast_seconds")) == 4  # one per bucket hit, the latest
+    assert [
+        (n.replace("plain", "fast"), lab, v) for n, lab, v in samples(registry, "plain_seconds")
+    ] == samples(registry, "fast_seconds")
+
+
+def test_an_exemplar_not_made_by_stocksentry_is_checked_as_observe_checks_it() -> None:
+    fast = Histogram("fast_seconds", "h", ["table"], registry=CollectorRegistry())
+    cells = histogram_cells(fast.labels("t"))
+    assert cells is not None
+    # A plain dict is whatever the app passed: prometheus_client's checks decide.
+    with pytest.raises(ValueError, match="Exemplar labels"):
+        cells.observe_exemplar(0.1, {"trace_id": "x" * 200})
+    # A TraceExemplar is 63 characters by construction: never checked, never too long.
+    cells.observe_exemplar(0.1, TraceExemplar(trace_id="ab" * 16, span_id="cd" * 8))
+
+
+def test_the_reservation_duration_takes_the_cells_path_with_its_checks() -> None:
+    registry = CollectorRegistry()
+    metrics = StockMetrics(registry)
+    name = catalog.RESERVATION_DURATION.name
+    for _ in range(3):
+        metrics.reservation_finished("EGG-01", "atomic", "success", 0.004, None)
+    metrics.reservation_finished("EGG-01", "atomic", "success", 0.03, TRACE)
+    # NaN, as observe() counts it: in the sum, in no bucket.
+    metrics.reservation_finished("EGG-01", "atomic", "success", math.nan, None)
+    success = {"outcome": "success"}
+    assert registry.get_sample_value(f"{name}_count", success) == 4
+    assert math.isnan(registry.get_sample_value(f"{name}_sum", success) or 0.0)
+    assert registry.get_sample_value(f"{name}_bucket", {**success, "le": "0.005"}) == 3
+    (exemplar,) = exemplars(registry, name)
+    assert exemplar[1] == dict(TRACE)
+    assert exemplar[2] == 0.03
+    assert (
+        registry.get_sample_value(
+            "stock_reservation_success_total", {"sku": "EGG-01", "strategy": "atomic"}
+        )
+        == 5
+    )
+    with pytest.raises(ValueError, match="unknown outcome"):
+        metrics.reservation_finished("EGG-01", "atomic", "no such outcome", 0.1, None)
+    assert registry.get_sample_value(f"{name}_count", success) == 4

@@ -296,3 +296,51 @@ def test_a_reservation_under_a_warning_level_writes_no_info_line() -> None:
     finally:
         configure_logging(stream=io.StringIO(), bridge_stdlib=False)
         structlog.reset_defaults()
+
+
+def test_the_reservation_span_is_current_inside_and_the_parent_restored_after(
+    provider: TracerProvider, spans: InMemorySpanExporter
+) -> None:
+    # The context is read, set and reset through OpenTelemetry's ContextVar directly: the
+    # same as attach()/detach(), parent included.
+    sentry = Sentry(registry=CollectorRegistry(), log=False, trace=True, tracer_provider=provider)
+    tracer = provider.get_tracer("app")
+    with tracer.start_as_current_span("checkout") as outer:
+        before = otel_context.get_current()
+        with sentry.reservation("EGG-01", strategy="atomic", qty=1) as r:
+            inner = trace.get_current_span()
+            assert inner is not outer
+            with tracer.start_as_current_span("child"):
+                pass
+            r.success()
+        assert otel_context.get_current() is before
+        assert trace.get_current_span() is outer
+    by_name = {s.name: s for s in spans.get_finished_spans()}
+    reserve = by_name["stock.reserve"]
+    assert reserve.parent is not None
+    assert reserve.parent.span_id == outer.get_span_context().span_id
+    child = by_name["child"]
+    assert child.parent is not None
+    assert child.parent.span_id == reserve.context.span_id
+    assert reserve.attributes is not None
+    assert reserve.attributes["stock.outcome"] == "success"
+
+
+def test_a_reservation_ended_in_another_context_is_counted_not_raised(
+    provider: TracerProvider, spans: InMemorySpanExporter
+) -> None:
+    import contextvars
+
+    registry = CollectorRegistry()
+    sentry = Sentry(registry=registry, log=False, trace=True, tracer_provider=provider)
+    reservation = sentry.reservation("EGG-01", strategy="atomic", qty=1)
+    contextvars.copy_context().run(reservation.__enter__)
+    # Ended here, where its context token was never set: nothing raised to the app, the
+    # span still ended and exported, the failure counted.
+    assert reservation.__exit__(None, None, None) is False
+    assert [s.name for s in spans.get_finished_spans()] == ["stock.reserve"]
+    errors = registry.get_sample_value(
+        "stocksentry_instrumentation_errors_total", {"component": "tracing"}
+    )
+    assert errors == 1
+    assert trace.get_current_span() is trace.INVALID_SPAN
