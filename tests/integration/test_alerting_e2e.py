@@ -404,7 +404,9 @@ probes:
     return config
 
 
-def lab_args(database: str, strategies: str, port: int, log_file: Path) -> list[str]:
+def lab_args(
+    database: str, strategies: str, port: int, log_file: Path, stock: int = 40
+) -> list[str]:
     return [
         *CLI,
         "demo",
@@ -415,7 +417,7 @@ def lab_args(database: str, strategies: str, port: int, log_file: Path) -> list[
         "--buyers",
         "200",
         "--stock",
-        "40",
+        str(stock),
         "--metrics-port",
         str(port),
         "--linger",
@@ -780,6 +782,8 @@ class FailureMode:
     redis: bool = False
     #: Seconds the run may take from the lab's start to the last expected alert.
     bound: float = DETECTION_BOUND_S
+    #: The lab's stock (of 200 buyers, 50 at a time).
+    stock: int = 40
 
 
 FAILURE_MODES: dict[str, FailureMode] = {
@@ -811,8 +815,14 @@ FAILURE_MODES: dict[str, FailureMode] = {
         redis=True,
     ),
     # Resubmits reserve again: two orders for one intent.
+    # A resubmit reserves again right after its first attempt: with 40 units for a first
+    # wave of 50 buyers, the stock can be gone before any resubmit runs (no duplicate, and
+    # rightly no alert). 100 units outlast the first wave and its ten resubmits.
     "duplicate_orders": FailureMode(
-        "retry_no_key", ("StockDuplicateOrders",), frozenset({"StockIdempotencyReplaySpike"})
+        "retry_no_key",
+        ("StockDuplicateOrders",),
+        frozenset({"StockIdempotencyReplaySpike"}),
+        stock=100,
     ),
     # Availability decided from a cache the database contradicts.
     "stale_cache": FailureMode(
@@ -847,6 +857,46 @@ def _first_firing(
     return first, seen
 
 
+def _why_not_fired(
+    stack: Stack, lab: subprocess.Popen[bytes], log_file: Path, missing: Sequence[str]
+) -> str:
+    """What a failure message needs to tell a slow stack from a blind probe: the lab's
+    state and last lines, the scrape targets' health, every probe's up and last success,
+    the stock_ series the exporter serves, and the missing alerts' states."""
+    out = [f"lab: {'running' if lab.poll() is None else f'exited {lab.returncode}'}"]
+    try:
+        # The lab's JSON report (SQL truth: sold, oversold, duplicate orders), once printed.
+        out.append("lab report: " + log_file.with_name("lab.out").read_text()[-1500:])
+    except OSError as exc:
+        out.append(f"lab report: {exc}")
+    try:
+        out += ["lab log: " + line for line in log_file.read_text().splitlines()[-5:]]
+    except OSError as exc:
+        out.append(f"lab log: {exc}")
+    try:
+        for target in stack.prom.targets_status():
+            out.append(
+                f"target {target['labels'].get('job')}: {target['health']}"
+                f" {target.get('lastError') or ''}"
+            )
+        for expr in (
+            "stocksentry_probe_up",
+            "time() - stocksentry_probe_last_success_timestamp_seconds",
+            f'{{__name__=~"stock_.*", job="{EXPORTER_JOB}"}} != 0',
+        ):
+            for sample in stack.prom.query(expr)[:40]:
+                labels = {k: v for k, v in sample["metric"].items() if k not in ("instance",)}
+                out.append(f"{expr[:40]}: {labels} = {sample['value'][1]}")
+        out += [
+            f"alert {a['labels']['alertname']}: {a['state']}"
+            for a in stack.prom.alerts()
+            if a["labels"]["alertname"] in missing
+        ]
+    except Exception as exc:  # the diagnosis must never hide the failure it explains
+        out.append(f"prometheus: {exc!r}")
+    return "\n".join(out)
+
+
 @pytest.mark.parametrize("mode_name", sorted(FAILURE_MODES))
 def test_each_failure_mode_fires_its_own_alert(
     mode_name: str, tmp_path: Path, pg_database: str, processes: Processes, stack: Stack
@@ -857,7 +907,9 @@ def test_each_failure_mode_fires_its_own_alert(
     each alert's firing are recorded."""
     mode = FAILURE_MODES[mode_name]
     log_file = tmp_path / "lab.log"
-    args = lab_args(pg_database, mode.strategy, int(stack.lab.rpartition(":")[2]), log_file)
+    args = lab_args(
+        pg_database, mode.strategy, int(stack.lab.rpartition(":")[2]), log_file, mode.stock
+    )
     if mode.redis:
         args += ["--redis", LAB_REDIS]
     lab_started = time.time()
@@ -866,11 +918,13 @@ def test_each_failure_mode_fires_its_own_alert(
     missing = [name for name in mode.alerts if name not in first]
     assert missing == [], (
         f"{mode_name}: {missing} did not fire within {mode.bound:.0f} s; fired: {sorted(first)}"
-        f"\n{processes.tails()}"
+        f"\n{_why_not_fired(stack, lab, log_file, missing)}\n{processes.tails()}"
     )
     # The deadlock scenario's sale takes tens of seconds on a loaded machine.
     report = wait_for_report(processes, lab, timeout=180)[mode.strategy]
     sale_started = first_sale(log_file)
+    if mode_name == "duplicate_orders":
+        assert report["duplicate_orders"] > 0, report  # what the alert was about
 
     unexpected = set(first) - set(mode.alerts) - mode.allowed - COMMON_COFIRING
     assert unexpected == set(), f"{mode_name}: unexpected alerts {sorted(unexpected)}"
