@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Final
+from typing import Any, Final, Generic, TypeVar
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from stocksentry.instrumentation import catalog
@@ -32,7 +32,7 @@ from stocksentry.instrumentation.catalog import MetricSpec
 from stocksentry.instrumentation.guard import LabelGuard, sanitize_label_value
 from stocksentry.instrumentation.secrets import redact, secret_fragments
 
-from ..config import CustomProbe
+from ..config import CustomProbe, ExporterConfig
 from ..durations import format_duration
 
 __all__ = [
@@ -41,10 +41,12 @@ __all__ = [
     "PROBE_LEADER",
     "Backoff",
     "CustomRows",
+    "DialectProbes",
     "ErrorLog",
     "Probe",
     "ProbeResult",
     "ProbeUnavailableError",
+    "build_db_probes",
     "describe_error",
     "family",
     "redact",
@@ -332,3 +334,47 @@ class CustomRows:
                 continue
             samples[labels] = samples.get(labels, 0.0) + value
         return (family(self.spec, sorted(samples.items())),)
+
+
+ProbeT = TypeVar("ProbeT", bound=Probe)
+
+
+@dataclass(frozen=True, slots=True)
+class DialectProbes(Generic[ProbeT]):
+    """One dialect's database probe classes, by the config section that enables each:
+    what :func:`build_db_probes` builds from (PostgreSQL's and MySQL's differ only in
+    their SQL and their pool)."""
+
+    negative_stock: Callable[[ExporterConfig, Any, LabelGuard], ProbeT]
+    oversold: Callable[[ExporterConfig, Any, LabelGuard], ProbeT]
+    duplicate_orders: Callable[[ExporterConfig, Any, LabelGuard], ProbeT]
+    lock_waiters: Callable[[ExporterConfig, Any], ProbeT]
+    deadlocks: Callable[[ExporterConfig, Any], ProbeT]
+    long_transactions: Callable[[ExporterConfig, Any], ProbeT]
+    expired_reservations: Callable[[ExporterConfig, Any], ProbeT]
+    outbox: Callable[[ExporterConfig, Any], ProbeT]
+    custom: Callable[[CustomProbe, Any, LabelGuard], ProbeT]
+
+
+def build_db_probes(
+    config: ExporterConfig, pool: object, guard: LabelGuard, kit: DialectProbes[ProbeT]
+) -> list[ProbeT]:
+    """The enabled database probes of ``config`` on ``pool``, from ``kit``'s classes
+    (cache drift is built by the runner). The SKU-labelled ones share ``guard``."""
+    p = config.probes
+    guarded = (
+        (p.negative_stock.enabled, kit.negative_stock),
+        (p.oversold.enabled, kit.oversold),
+        (p.duplicate_orders.enabled, kit.duplicate_orders),
+    )
+    plain = (
+        (p.lock_waiters.enabled, kit.lock_waiters),
+        (p.deadlocks.enabled, kit.deadlocks),
+        (p.long_transactions.enabled, kit.long_transactions),
+        (p.expired_reservations.enabled, kit.expired_reservations),
+        (p.outbox.enabled, kit.outbox),
+    )
+    probes = [make(config, pool, guard) for enabled, make in guarded if enabled]
+    probes += [make(config, pool) for enabled, make in plain if enabled]
+    probes += [kit.custom(custom, pool, guard) for custom in p.custom]
+    return probes

@@ -26,6 +26,8 @@ from __future__ import annotations
 from stocksentry.instrumentation.guard import LabelGuard
 
 from ...config import ExporterConfig
+from ..base import DialectProbes
+from ..base import build_db_probes as build_enabled
 from .backlog import ExpiredReservationsProbe, OutboxProbe
 from .common import MyDbProbe
 from .custom import CustomSqlProbe
@@ -36,6 +38,7 @@ from .pool import MyPool, MySession, connect_session
 from .server import DeadlocksProbe, LockWaitersProbe, LongTransactionsProbe
 
 __all__ = [
+    "PROBES",
     "CustomSqlProbe",
     "DeadlocksProbe",
     "DuplicateOrdersProbe",
@@ -55,25 +58,21 @@ __all__ = [
 ]
 
 
+#: This dialect's probe classes, for the shared builder.
+PROBES: DialectProbes[MyDbProbe] = DialectProbes(
+    negative_stock=NegativeStockProbe,
+    oversold=OversoldProbe,
+    duplicate_orders=DuplicateOrdersProbe,
+    lock_waiters=LockWaitersProbe,
+    deadlocks=DeadlocksProbe,
+    long_transactions=LongTransactionsProbe,
+    expired_reservations=ExpiredReservationsProbe,
+    outbox=OutboxProbe,
+    custom=CustomSqlProbe,
+)
+
+
 def build_db_probes(config: ExporterConfig, pool: MyPool, guard: LabelGuard) -> list[MyDbProbe]:
-    """The enabled database probes of ``config`` on MySQL/MariaDB."""
-    p = config.probes
-    probes: list[MyDbProbe] = []
-    if p.negative_stock.enabled:
-        probes.append(NegativeStockProbe(config, pool, guard))
-    if p.oversold.enabled:
-        probes.append(OversoldProbe(config, pool, guard))
-    if p.duplicate_orders.enabled:
-        probes.append(DuplicateOrdersProbe(config, pool, guard))
-    if p.lock_waiters.enabled:
-        probes.append(LockWaitersProbe(config, pool))
-    if p.deadlocks.enabled:
-        probes.append(DeadlocksProbe(config, pool))
-    if p.long_transactions.enabled:
-        probes.append(LongTransactionsProbe(config, pool))
-    if p.expired_reservations.enabled:
-        probes.append(ExpiredReservationsProbe(config, pool))
-    if p.outbox.enabled:
-        probes.append(OutboxProbe(config, pool))
-    probes.extend(CustomSqlProbe(custom, pool, guard) for custom in p.custom)
-    return probes
+    """The enabled database probes of ``config`` on MySQL/MariaDB (cache drift is built by the
+    runner)."""
+    return build_enabled(config, pool, guard, PROBES)

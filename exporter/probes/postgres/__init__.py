@@ -30,6 +30,8 @@ from __future__ import annotations
 from stocksentry.instrumentation.guard import LabelGuard
 
 from ...config import ExporterConfig
+from ..base import DialectProbes
+from ..base import build_db_probes as build_enabled
 from .backlog import ExpiredReservationsProbe, OutboxProbe
 from .common import DbProbe, ident, quoted_name
 from .custom import CustomSqlProbe
@@ -40,6 +42,7 @@ from .pool import Conn, PgPool, connect
 from .server import DeadlocksProbe, LockWaitersProbe, LongTransactionsProbe
 
 __all__ = [
+    "PROBES",
     "Conn",
     "CustomSqlProbe",
     "DbProbe",
@@ -62,25 +65,21 @@ __all__ = [
 ]
 
 
+#: This dialect's probe classes, for the shared builder.
+PROBES: DialectProbes[DbProbe] = DialectProbes(
+    negative_stock=NegativeStockProbe,
+    oversold=OversoldProbe,
+    duplicate_orders=DuplicateOrdersProbe,
+    lock_waiters=LockWaitersProbe,
+    deadlocks=DeadlocksProbe,
+    long_transactions=LongTransactionsProbe,
+    expired_reservations=ExpiredReservationsProbe,
+    outbox=OutboxProbe,
+    custom=CustomSqlProbe,
+)
+
+
 def build_db_probes(config: ExporterConfig, pool: PgPool, guard: LabelGuard) -> list[DbProbe]:
-    """The enabled database probes of ``config`` (cache drift is built by the runner)."""
-    p = config.probes
-    probes: list[DbProbe] = []
-    if p.negative_stock.enabled:
-        probes.append(NegativeStockProbe(config, pool, guard))
-    if p.oversold.enabled:
-        probes.append(OversoldProbe(config, pool, guard))
-    if p.duplicate_orders.enabled:
-        probes.append(DuplicateOrdersProbe(config, pool, guard))
-    if p.lock_waiters.enabled:
-        probes.append(LockWaitersProbe(config, pool))
-    if p.deadlocks.enabled:
-        probes.append(DeadlocksProbe(config, pool))
-    if p.long_transactions.enabled:
-        probes.append(LongTransactionsProbe(config, pool))
-    if p.expired_reservations.enabled:
-        probes.append(ExpiredReservationsProbe(config, pool))
-    if p.outbox.enabled:
-        probes.append(OutboxProbe(config, pool))
-    probes.extend(CustomSqlProbe(custom, pool, guard) for custom in p.custom)
-    return probes
+    """The enabled database probes of ``config`` on PostgreSQL (cache drift is built by the
+    runner)."""
+    return build_enabled(config, pool, guard, PROBES)
