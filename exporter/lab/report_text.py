@@ -173,6 +173,13 @@ def caught_lines(result: StrategyResult) -> list[str]:
             f" {result.db.duplicate_orders} extra orders;"
             f' {REPLAY}{{operation="{IDEMPOTENT_OPERATION}"}} = {result.replays}'
         )
+    elif result.strategy == "retry_no_key":
+        # A resubmit reserves right after its first attempt: when the first wave alone
+        # sells the stock out, no resubmit finds a unit and the scenario shows nothing.
+        lines.append(
+            "no duplicate order this run: every resubmit found the stock sold out; give"
+            " --stock more units than --concurrency buyers to leave room for them"
+        )
     if result.stale_cache_hits:
         lines.append(
             f'{STALE}{{cache="{CACHE_NAME}"}} = {result.stale_cache_hits}: the cache said'

@@ -93,6 +93,17 @@ def test_a_pending_alert_on_a_safe_strategy_is_said_pending_not_raised() -> None
     assert "pending only" not in words
 
 
+def test_a_retry_run_without_duplicates_says_why() -> None:
+    results = a_run()
+    words = " ".join(format_summary(CONFIG, results, evaluated=True).split())
+    assert "retry_no_key: duplicate orders per idempotency key" in words
+    no_key = next(i for i, r in enumerate(results) if r.strategy == "retry_no_key")
+    results[no_key] = dataclasses.replace(results[no_key], db=DbFigures(100, 100, 0, 0))
+    words = " ".join(format_summary(CONFIG, results, evaluated=True).split())
+    assert "retry_no_key: no duplicate order this run: every resubmit found the stock" in words
+    assert "--stock more units than --concurrency" in words
+
+
 def test_alerts_not_evaluated_are_said_so() -> None:
     unsafe = a_run()[0]
     assert alert_cell(unsafe, evaluated=False) == "not evaluated"
