@@ -89,6 +89,7 @@ class _Route:
         "blind",
         "checks",
         "conditional",
+        "fenced",
         "label",
         "locking",
         "plan",
@@ -96,9 +97,10 @@ class _Route:
         "single",
         "stock",
         "wait",
+        "watched",
     )
 
-    def __init__(self, plan: StatementInfo, checks: bool, sqlite: bool) -> None:
+    def __init__(self, plan: StatementInfo, checks: tuple[bool, bool], sqlite: bool) -> None:
         self.plan = plan
         self.stock = plan.stock
         self.locking = plan.locking
@@ -107,7 +109,10 @@ class _Route:
         # count and keys are read after it ran; anything else is left to SQLAlchemy.
         self.single = plan.locking or plan.stock
         self.begin = plan.kind == "begin" or plan.kind == "isolation"
-        self.checks = checks
+        # Which optional write checks an UPDATE of this text goes to (fencing tokens,
+        # real negative stock), decided once from the plan and the engine's set-up.
+        self.fenced, self.watched = checks
+        self.checks = self.fenced or self.watched
         self.conditional = plan.conditional
         # A blind write of the stock not guarded by the WHERE: the detector's case.
         self.blind = plan.write == "blind" and not self.conditional
@@ -197,17 +202,18 @@ class _Instrumentation:
                 self.plan_chars += size
         return route
 
-    def _checks_of(self, plan: StatementInfo) -> bool:
-        """Whether an UPDATE of ``plan`` that ran goes to the optional write checks: decided
-        from the plan and the engine's set-up alone, once per SQL text."""
+    def _checks_of(self, plan: StatementInfo) -> tuple[bool, bool]:
+        """Whether an UPDATE of ``plan`` that ran goes to the fencing check and to the
+        negative-stock check: decided from the plan and the engine's set-up alone, once
+        per SQL text."""
         if not plan.stock or plan.kind != "update":
-            return False
+            return False, False
         fencing = self.fencing
         negative = self.negative
         # A guarded UPDATE (the atomic reservation) cannot leave the stock negative: with no
         # fencing on its table, it is not even looked at.
         fenced = fencing is not None and plan.table in fencing.columns
-        return fenced or (negative is not None and negative.applies(plan))
+        return fenced, negative is not None and negative.applies(plan)
 
     def state(self, conn: Connection) -> _ConnState:
         try:
@@ -319,9 +325,7 @@ class _Instrumentation:
             except Exception as exc:
                 self.sentry.internal_error(_COMPONENT, exc)
             if route.checks:
-                self._check_update(
-                    context.root_connection, cursor, statement, route.plan, parameters
-                )
+                self._check_update(context.root_connection, cursor, statement, route, parameters)
         return True
 
     def do_execute_no_params(
@@ -378,25 +382,22 @@ class _Instrumentation:
         conn: Connection,
         cursor: DBAPICursor,
         statement: str,
-        plan: StatementInfo,
+        route: _Route,
         parameters: Any,
     ) -> None:
-        """The optional checks of an UPDATE that ran: fencing tokens, real negative stock."""
+        """The optional checks of an UPDATE that ran (its route said which): fencing
+        tokens, real negative stock."""
         try:
-            fencing = self.fencing
-            negative = self.negative
-            fenced = fencing is not None and plan.table in fencing.columns
-            # Decided from the plan alone first: a guarded decrement stops here.
-            watched = negative is not None and negative.applies(plan)
-            if not (fenced or watched):
-                return
+            plan = route.plan
             keys = self._resolve(plan, parameters) if plan.keys else []
             rowcount = getattr(cursor, "rowcount", -1)
             if rowcount == 0 and self.zero_rows is not None:
                 rowcount = self.zero_rows(cursor)  # MySQL: matched, not changed, rows
-            if fencing is not None and fenced:
+            fencing = self.fencing
+            if fencing is not None and route.fenced:
                 fencing.after_update(conn, statement, plan, parameters, keys, rowcount)
-            if negative is not None and watched:
+            negative = self.negative
+            if negative is not None and route.watched:
                 negative.after_update(conn, cursor, plan, keys, rowcount)
         except Exception as exc:
             self.sentry.internal_error(_COMPONENT, exc)
