@@ -321,11 +321,14 @@ class _Instrumentation:
         # Not context.executemany (a property): insertmanyvalues batches come here too.
         if route.stock and context.execute_style is _EXECUTE:
             try:
-                self._stock_statement(context.root_connection, cursor, route, parameters)
+                keys = self._stock_statement(context.root_connection, cursor, route, parameters)
             except Exception as exc:
                 self.sentry.internal_error(_COMPONENT, exc)
-            if route.checks:
-                self._check_update(context.root_connection, cursor, statement, route, parameters)
+            else:
+                if route.checks:
+                    self._check_update(
+                        context.root_connection, cursor, statement, route, parameters, keys
+                    )
         return True
 
     def do_execute_no_params(
@@ -384,12 +387,12 @@ class _Instrumentation:
         statement: str,
         route: _Route,
         parameters: Any,
+        keys: list[_Key],
     ) -> None:
         """The optional checks of an UPDATE that ran (its route said which): fencing
-        tokens, real negative stock."""
+        tokens, real negative stock. ``keys`` are the row keys the bookkeeping resolved."""
         try:
             plan = route.plan
-            keys = self._resolve(plan, parameters) if plan.keys else []
             rowcount = getattr(cursor, "rowcount", -1)
             if rowcount == 0 and self.zero_rows is not None:
                 rowcount = self.zero_rows(cursor)  # MySQL: matched, not changed, rows
@@ -512,29 +515,12 @@ class _Instrumentation:
         except Exception as err:
             self.sentry.internal_error(_COMPONENT, err)
 
-    def _resolve(self, plan: StatementInfo, parameters: Any) -> list[_Key]:
-        keys: list[_Key] = []
-        label = plan.table or "unknown"
-        for column, (is_param, ref) in plan.keys:
-            if is_param:
-                try:
-                    value = parameters[ref]
-                except (KeyError, IndexError, TypeError):
-                    continue
-            else:
-                value = ref
-            # Most keys are plain str or int: skip the call for them.
-            kind = type(value)
-            if kind is not int and (kind is not str or len(value) > _MAX_KEY_CHARS):
-                value = _normalise(value)
-            keys.append((label, column, value))
-        return keys
-
     def _stock_statement(
         self, conn: Connection, cursor: DBAPICursor, route: _Route, parameters: Any
-    ) -> None:
+    ) -> list[_Key]:
         """The bookkeeping of a statement on a stock table that ran: the reads it made, the
-        row locks it took, the conflict a guarded UPDATE that matched no row implies."""
+        row locks it took, the conflict a guarded UPDATE that matched no row implies.
+        Returns the row keys the statement named (the write checks' too)."""
         plan = route.plan
         kind = plan.kind
         if kind == "lock":
@@ -542,8 +528,9 @@ class _Instrumentation:
                 locker = self.state(conn)
                 locker.sync(conn.get_transaction())
                 locker.lock_all.add(route.label)
-            return
-        # _resolve, written out: this runs for every statement on a stock table.
+            return []
+        # The statement's row keys, resolved from its parameters: this runs for every
+        # statement on a stock table, so written out.
         keys: list[_Key] = []
         if plan.keys:
             label = route.label
@@ -565,9 +552,9 @@ class _Instrumentation:
         if kind == "select":
             if keys and (plan.reads_stock or plan.protects_rows):
                 self._read(conn, plan, keys)
-            return
+            return keys
         if kind != "update" and kind != "delete":
-            return
+            return keys
         if route.rowcount_unknown:
             rowcount = -1
         else:
@@ -599,6 +586,7 @@ class _Instrumentation:
                     reservation.implied_outcome(None)
         if keys and state is not None and rowcount != 0:
             state.locks.update(keys)
+        return keys
 
     def _read(self, conn: Connection, plan: StatementInfo, keys: list[_Key]) -> None:
         """A SELECT naming stock rows: remember the read, and the row locks it took."""
