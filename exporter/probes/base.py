@@ -23,7 +23,6 @@ import random
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from decimal import Decimal
 from typing import Any, Final, Generic, TypeVar
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -272,12 +271,6 @@ class ErrorLog:
 # --- custom SQL's rows as a gauge, on any dialect --------------------------------------------
 
 
-def _value(value: object) -> float:
-    if isinstance(value, bool | int | float | Decimal):
-        return float(value)
-    raise TypeError(f"expected a number, got {type(value).__name__}")
-
-
 class CustomRows:
     """A ``probes.custom`` entry's rows as its one gauge (what every dialect's custom probe
     exports from the columns and rows its driver returned).
@@ -288,9 +281,18 @@ class CustomRows:
     sets the rest are dropped with one warning.
     """
 
-    def __init__(self, custom: CustomProbe, guard: LabelGuard, *, name: str) -> None:
+    def __init__(
+        self,
+        custom: CustomProbe,
+        guard: LabelGuard,
+        *,
+        name: str,
+        number: Callable[[object], float],
+    ) -> None:
         self.custom = custom
         self.name = name
+        # The dialect's reading of a numeric column (MySQL's status values are text).
+        self._number = number
         self.spec = MetricSpec(
             custom.metric, "gauge", custom.help, custom.label_columns, source="probe"
         )
@@ -315,7 +317,7 @@ class CustomRows:
         for row in rows:
             if row[value_at] is None:
                 continue
-            value = _value(row[value_at])
+            value = self._number(row[value_at])
             labels = tuple(
                 self._guard("" if row[i] is None else str(row[i]))
                 if sku

@@ -1004,6 +1004,27 @@ async def test_custom_probe_exports_the_rows_as_a_gauge(mysql_database, registry
         assert sample(registry, "shop_negative_stock", sku="SKU-OK") is None
 
 
+async def test_a_custom_probe_reads_a_status_value_that_mysql_returns_as_text(
+    mysql_database, registry
+):
+    # information_schema.global_status holds its values as text: read as a number the
+    # way the dialect's own probes read them, not refused as a non-number.
+    custom = {
+        "name": "server_threads",
+        "sql": "SELECT variable_value AS threads FROM information_schema.global_status"
+        " WHERE variable_name = 'THREADS_CONNECTED'",
+        "metric": "shop_threads_connected",
+        "help": "Connected threads.",
+        "value_column": "threads",
+    }
+    config = parse_config(custom_document(mysql_database, custom))
+    async with ProbeRunner(config, registry=registry):
+        await async_wait_until(all_up(registry, ("server_threads",)), timeout=WAIT)
+        threads = sample(registry, "shop_threads_connected")
+        assert threads is not None
+        assert threads >= 1.0  # the probe's own session at least
+
+
 @pytest.mark.parametrize(
     ("sql", "errno"),
     [

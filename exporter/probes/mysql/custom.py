@@ -7,7 +7,7 @@ from stocksentry.instrumentation.guard import LabelGuard
 
 from ...config import CustomProbe, ProbeSettings
 from ..base import CustomRows
-from .common import MyDbProbe
+from .common import MyDbProbe, number
 from .pool import MyPool, MySession
 
 __all__ = ["CustomSqlProbe"]
@@ -32,7 +32,7 @@ class CustomSqlProbe(MyDbProbe):
             pool,
         )
         self.custom = custom
-        self.rows = CustomRows(custom, guard, name=custom.name)
+        self.rows = CustomRows(custom, guard, name=custom.name, number=number)
         self.spec = self.rows.spec
         self.specs = (self.spec,)
         # The operator's own SQL, by design; it runs read-only (see above).

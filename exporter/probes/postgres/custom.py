@@ -8,7 +8,7 @@ from stocksentry.instrumentation.guard import LabelGuard
 
 from ...config import CustomProbe, ProbeSettings
 from ..base import CustomRows
-from .common import DbProbe
+from .common import DbProbe, number
 from .pool import Conn, PgPool
 
 __all__ = ["CustomSqlProbe"]
@@ -32,7 +32,7 @@ class CustomSqlProbe(DbProbe):
             pool,
         )
         self.custom = custom
-        self.rows = CustomRows(custom, guard, name=custom.name)
+        self.rows = CustomRows(custom, guard, name=custom.name, number=number)
         self.spec = self.rows.spec
         self.specs = (self.spec,)
         self._sql = sql.SQL("SELECT * FROM ({}\n) AS stocksentry_custom").format(
