@@ -199,8 +199,9 @@ class _Fencing:
             if token < top or (token == top and fence.guard == "<"):
                 self._stale(table, row, token, top, refused=True)
             return
-        if rowcount < 0:
-            return  # unknown: nothing to learn
+        # Applied, or (rowcount unknown: pysqlite before RETURNING rows are read) perhaps
+        # refused; either way a token below one seen is a stale holder's, and remembering
+        # it is safe: a refused token is never above the one stored.
         seen = self.highest.get(row)
         if seen is not None and token < seen:
             self._stale(table, row, token, seen, refused=False)

@@ -393,7 +393,9 @@ class _Instrumentation:
         tokens, real negative stock. ``keys`` are the row keys the bookkeeping resolved."""
         try:
             plan = route.plan
-            rowcount = getattr(cursor, "rowcount", -1)
+            # pysqlite's 0 before RETURNING rows are fetched means nothing (as for the
+            # bookkeeping): unknown, so no write reads as refused that was not.
+            rowcount = -1 if route.rowcount_unknown else getattr(cursor, "rowcount", -1)
             if rowcount == 0 and self.zero_rows is not None:
                 rowcount = self.zero_rows(cursor)  # MySQL: matched, not changed, rows
             fencing = self.fencing

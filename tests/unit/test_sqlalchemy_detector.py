@@ -990,3 +990,48 @@ def test_the_lock_wait_takes_its_exemplar_from_the_apps_current_span(
     ]
     assert exemplar.labels["trace_id"] == format(span.get_span_context().trace_id, "032x")
     assert exemplar.labels["span_id"] == format(span.get_span_context().span_id, "016x")
+
+
+def test_a_fenced_update_with_returning_on_sqlite_is_not_a_stale_token(tmp_path: Path) -> None:
+    # pysqlite reports rowcount 0 for UPDATE ... RETURNING until its rows are fetched: a
+    # fenced write that succeeded must not read as one the database refused.
+    engine = sa.create_engine(f"sqlite:///{tmp_path / 'fenced.db'}")
+    with engine.begin() as conn:
+        conn.exec_driver_sql(
+            "CREATE TABLE products (sku TEXT PRIMARY KEY, available_stock INTEGER NOT NULL,"
+            " fence_token INTEGER NOT NULL DEFAULT 0)"
+        )
+        conn.exec_driver_sql("INSERT INTO products (sku, available_stock) VALUES ('EGG-01', 10)")
+    registry = CollectorRegistry()
+    sentry = Sentry(registry=registry, log=False, trace=False)
+    instrument_sqlalchemy(
+        engine,
+        sentry=sentry,
+        stock_tables={"products": StockTable(key_columns=("sku",))},
+        fencing={"products": "fence_token"},
+    )
+    fenced = sa.text(
+        "UPDATE products SET available_stock = available_stock - 1, fence_token = :t"
+        " WHERE sku = :sku AND fence_token < :t RETURNING available_stock"
+    )
+    try:
+        for token in (1, 2, 3):
+            with engine.begin() as conn:
+                assert (
+                    conn.execute(fenced, {"t": token, "sku": "EGG-01"}).scalar_one() == 10 - token
+                )
+        stale = registry.get_sample_value(
+            "stock_lock_stale_fencing_token_total", {"lock": "unknown", "table": "products"}
+        )
+        assert (stale or 0.0) == 0.0
+        assert value(registry, ERRORS, component="sqlalchemy") == 0
+        # A token that really is stale is still counted (refused: no row matched).
+        with engine.begin() as conn:
+            assert conn.execute(fenced, {"t": 2, "sku": "EGG-01"}).all() == []
+        stale = registry.get_sample_value(
+            "stock_lock_stale_fencing_token_total", {"lock": "unknown", "table": "products"}
+        )
+        assert stale == 1.0
+    finally:
+        uninstrument_sqlalchemy(engine)
+        engine.dispose()
