@@ -232,15 +232,16 @@ async def refresh_duplicate_keys(
             rows = await fetch(builder.duplicate_key_expiry(column, window=window))
         else:
             new = await fetch(builder.keys_created(column, start=keys.boundary))
-            if len(new) > MAX_NEW_KEYS:
+            if not new:
+                rows = []
+            elif len(new) > MAX_NEW_KEYS:
                 # A horizon held back long (an open transaction): one read of the window
                 # costs less than asking about that many keys one by one.
-                query = builder.duplicate_key_expiry(column, window=window)
+                rows = await fetch(builder.duplicate_key_expiry(column, window=window))
             else:
-                query = builder.duplicate_key_expiry(
-                    column, window=window, keys=[k for (k,) in new]
+                rows = await fetch(
+                    builder.duplicate_key_expiry(column, window=window, keys=[k for (k,) in new])
                 )
-            rows = await fetch(query) if new else []
         found.append((kind, rows))
     for kind, rows in found:
         keys.update(kind, rows)

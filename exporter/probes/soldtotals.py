@@ -40,6 +40,7 @@ Example::
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
@@ -50,6 +51,7 @@ if TYPE_CHECKING:
     from ..invariants import InvariantSql, Query
 
 __all__ = [
+    "MIN_CHUNK",
     "PENDING_LOG_INTERVAL",
     "Fetch",
     "OversoldSku",
@@ -327,6 +329,24 @@ LOGGER: Final = logging.getLogger("stocksentry.exporter.probes")
 
 #: Seconds between two warnings that products wait for their first count.
 PENDING_LOG_INTERVAL: Final = 600.0
+
+
+#: The smallest chunk of the rolling recount: a shop of a few thousand products finishes
+#: a pass in minutes, whatever ``recount_period`` says.
+MIN_CHUNK: Final = 50
+
+
+def chunk_size(estimate: float, recount_period: float, interval: float) -> int:
+    """Products per chunk of the rolling recount, so that one pass over ``estimate``
+    products takes ``recount_period`` at one chunk a run every ``interval`` seconds.
+
+    Example::
+
+        >>> chunk_size(1_000_000, recount_period=3600, interval=15)
+        4167
+    """
+    runs = max(1.0, recount_period / interval)
+    return max(MIN_CHUNK, math.ceil(estimate / runs))
 
 
 class RunLog:

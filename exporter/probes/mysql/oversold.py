@@ -30,25 +30,22 @@ sees every transaction that had committed when the horizon was read.
 
 from __future__ import annotations
 
-import math
 from datetime import datetime
 from typing import Any, Final
 
 from prometheus_client.core import Metric
 from stocksentry.instrumentation import catalog
-from stocksentry.instrumentation.guard import LabelGuard, sanitize_label_value
+from stocksentry.instrumentation.guard import LabelGuard
 
 from ...config import ExporterConfig
 from ...invariants import InvariantSql, Query
-from ..families import oversold_families
-from ..soldtotals import RunLog, SoldTotals
+from ..families import oversold_families, pinned_labels
+from ..soldtotals import MIN_CHUNK, RunLog, SoldTotals, chunk_size
 from .common import MyDbProbe, interval_us, number, table_parts
 from .pool import MyPool, MySession
 
 __all__ = ["HORIZON_SQL", "OversoldProbe", "read_horizon"]
 
-#: The smallest chunk of the rolling recount (as on PostgreSQL).
-MIN_CHUNK: Final = 50
 
 HORIZON_SQL: Final = (
     "SELECT least(now(6) - INTERVAL %(settle_after)s MICROSECOND,"
@@ -91,11 +88,7 @@ class OversoldProbe(MyDbProbe):
         super().__init__("oversold", settings, pool)
         self._settings = settings
         self._guard = guard
-        self._pinned = tuple(
-            dict.fromkeys(
-                sanitize_label_value(s, guard.max_length) for s in config.sku_guard.promo_skus
-            )
-        )
+        self._pinned = pinned_labels(config.sku_guard.promo_skus, guard)
         if config.schema.products.allocation is None:
             raise ValueError("the oversold probe needs schema.products.allocation")
         self._builder = InvariantSql(config.schema, dialect="mysql")
@@ -148,5 +141,4 @@ class OversoldProbe(MyDbProbe):
         row estimate in ``information_schema.tables``)."""
         schema, table = self._products
         (estimate,) = await session.one(_ROW_ESTIMATE, {"schema": schema, "table": table})
-        runs = max(1.0, self._settings.recount_period / self.interval)
-        self._chunk = max(MIN_CHUNK, math.ceil(number(estimate) / runs))
+        self._chunk = chunk_size(number(estimate), self._settings.recount_period, self.interval)

@@ -18,6 +18,7 @@ from ...config import ExporterConfig
 from ...invariants import InvariantSql, Query
 from ..duplicates import DuplicateKeys
 from ..families import (
+    default_guard,
     duplicate_order_families,
     negative_stock_families,
     pinned_labels,
@@ -27,12 +28,7 @@ from .common import DbProbe, composed, number, one_row
 from .oversold import horizon_statement
 from .pool import Conn, PgPool
 
-__all__ = ["DuplicateOrdersProbe", "NegativeStockProbe", "default_guard"]
-
-
-def default_guard(config: ExporterConfig) -> LabelGuard:
-    """The SKU guard of ``config`` (the runner passes its own, shared by every probe)."""
-    return LabelGuard(config.sku_guard.max_skus, always=config.sku_guard.promo_skus)
+__all__ = ["DuplicateOrdersProbe", "NegativeStockProbe"]
 
 
 class NegativeStockProbe(DbProbe):

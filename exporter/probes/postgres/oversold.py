@@ -27,26 +27,21 @@ One run, in one read-only ``READ COMMITTED`` transaction:
 from __future__ import annotations
 
 import datetime as dt
-import math
-from typing import Any, Final
+from typing import Any
 
 from prometheus_client.core import Metric
 from psycopg import sql
 from stocksentry.instrumentation import catalog
-from stocksentry.instrumentation.guard import LabelGuard, sanitize_label_value
+from stocksentry.instrumentation.guard import LabelGuard
 
 from ...config import ExporterConfig
 from ...invariants import InvariantSql, Query
-from ..families import oversold_families
-from ..soldtotals import RunLog, SoldTotals
+from ..families import oversold_families, pinned_labels
+from ..soldtotals import MIN_CHUNK, RunLog, SoldTotals, chunk_size
 from .common import DbProbe, composed, number, one_row, quoted_name
 from .pool import Conn, PgPool
 
 __all__ = ["OversoldProbe", "horizon_statement"]
-
-#: The smallest chunk of the rolling recount: a shop of a few thousand products finishes
-#: a pass in minutes, whatever ``recount_period`` says.
-MIN_CHUNK: Final = 50
 
 
 def horizon_statement(*, with_clock: bool = False) -> sql.Composed:
@@ -84,11 +79,7 @@ class OversoldProbe(DbProbe):
         super().__init__("oversold", settings, pool)
         self._settings = settings
         self._guard = guard
-        self._pinned = tuple(
-            dict.fromkeys(
-                sanitize_label_value(s, guard.max_length) for s in config.sku_guard.promo_skus
-            )
-        )
+        self._pinned = pinned_labels(config.sku_guard.promo_skus, guard)
         if config.schema.products.allocation is None:
             raise ValueError("the oversold probe needs schema.products.allocation")
         self._builder = InvariantSql(config.schema)
@@ -156,5 +147,4 @@ class OversoldProbe(DbProbe):
             sql.SQL("SELECT greatest(reltuples, 0) FROM pg_class WHERE oid = to_regclass(%s)"),
             (self._products,),
         )
-        runs = max(1.0, self._settings.recount_period / self.interval)
-        self._chunk = max(MIN_CHUNK, math.ceil(number(estimate) / runs))
+        self._chunk = chunk_size(number(estimate), self._settings.recount_period, self.interval)
