@@ -28,7 +28,7 @@ import math
 import re
 import time
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from .incidents import (
     Check,
@@ -201,6 +201,15 @@ class _Analyser:
         #: Request -> what the log said of its lock running out (bounded like ``checks``).
         #: Each line with the SKU it named (``None``: a lock event without one).
         self.locks: OrderedDict[str, list[tuple[str | None, LockLine]]] = OrderedDict()
+        #: The detector of each event name: one table for :meth:`feed` and :meth:`run`.
+        self.detector_of: Callable[[str], Callable[[Event], None] | None] = {
+            STOCK_CHECK_EVENT: self._stock_check,
+            STOCK_UPDATE_EVENT: self._stock_update,
+            PAYMENT_CALLBACK_EVENT: self._payment_callback,
+            ORDER_PAID_EVENT: self._paid,
+            INVENTORY_NEGATIVE_EVENT: self._inventory_negative,
+            **dict.fromkeys(_LOCK_EVENTS, self._lock),
+        }.get
 
     # --- per event ---
 
@@ -214,19 +223,9 @@ class _Analyser:
                 self.max_ts = ts
             if ts < self.min_ts:
                 self.min_ts = ts
-        name = event.name
-        if name == STOCK_CHECK_EVENT:
-            self._stock_check(event)
-        elif name == STOCK_UPDATE_EVENT:
-            self._stock_update(event)
-        elif name == PAYMENT_CALLBACK_EVENT:
-            self._payment_callback(event)
-        elif name == ORDER_PAID_EVENT:
-            self._paid(event)
-        elif name == INVENTORY_NEGATIVE_EVENT:
-            self._inventory_negative(event)
-        elif name in _LOCK_EVENTS:
-            self._lock(event)
+        detector = self.detector_of(event.name)
+        if detector is not None:
+            detector(event)
         self._keep(event)
 
     def run(self, events: Iterable[Event]) -> None:
@@ -249,15 +248,7 @@ class _Analyser:
         skus, skus_more = report.skus, report.skus_more
         orders, orders_more = report.orders, report.orders_more
         limit, max_groups, group = self.limit, self.max_groups, self._group
-        detectors = {
-            STOCK_CHECK_EVENT: self._stock_check,
-            STOCK_UPDATE_EVENT: self._stock_update,
-            PAYMENT_CALLBACK_EVENT: self._payment_callback,
-            ORDER_PAID_EVENT: self._paid,
-            INVENTORY_NEGATIVE_EVENT: self._inventory_negative,
-            **dict.fromkeys(_LOCK_EVENTS, self._lock),
-        }
-        detector_of = detectors.get
+        detector_of = self.detector_of
         count = ungrouped = 0
         min_ts, max_ts = self.min_ts, self.max_ts
         try:
