@@ -471,6 +471,14 @@ class StockMetrics:
 
     # --- distributed locks (recorded by instrumentation/locks/) ---------------------------
 
+    def lock_stale_fencing_token(self, lock: str, table: str) -> None:
+        """Count one write to ``table`` with a fencing token below the highest seen (or
+        refused for it): a holder of ``lock`` whose lease another holder took over."""
+        spec = catalog.LOCK_STALE_FENCING_TOKEN
+        self._metrics[spec.name].labels(
+            self._small("lock", spec, lock), self._small("table", spec, table)
+        ).inc()
+
     def lock_acquire_duration(self, lock: str, outcome: str, seconds: float) -> None:
         """Observe the wait to acquire ``lock``; ``outcome`` is acquired, timeout or error."""
         spec = catalog.LOCK_ACQUIRE_DURATION

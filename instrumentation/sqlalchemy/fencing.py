@@ -31,7 +31,7 @@ import contextlib
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from .. import catalog, events
+from .. import events
 from ..heldlocks import held_locks
 from .clauses import _at, _is_op, _is_word, _read_name, _split, _top, _value
 from .model import _COMPONENT, StatementInfo, StockTable
@@ -224,12 +224,8 @@ class _Fencing:
             (h.name for h in held_locks() if getattr(h, "fencing_token", None) == token),
             "unknown",
         )
-        metrics = self.metrics
-        spec = catalog.LOCK_STALE_FENCING_TOKEN
         try:
-            metrics.metric(spec).labels(
-                metrics._small("lock", spec, lock), metrics._small("table", spec, table)
-            ).inc()
+            self.metrics.lock_stale_fencing_token(lock, table)
         except Exception as exc:
             self.sentry.internal_error(_COMPONENT, exc)
         if self.sentry.log_enabled:
