@@ -427,7 +427,10 @@ def _run(args: argparse.Namespace, registry: CollectorRegistry) -> int:
             if not args.quiet:
                 say(err, "starting the exporter and Prometheus beside the lab...")
             folder = Path(tempfile.mkdtemp(prefix="stocksentry-demo-watch-"))
-            watch = stack.enter_context(observers(folder, database_url, int(bound or 0)))
+            # The exporter only beside a server database (its probes need PostgreSQL or
+            # MySQL / MariaDB): a SQLite file gets Prometheus alone.
+            server_url = database_url if config.on_server else None
+            watch = stack.enter_context(observers(folder, server_url, int(bound or 0)))
         header = []
         if bound is not None and args.metrics_port is not None:
             header.append(f"serving lab metrics at http://127.0.0.1:{bound}/metrics")

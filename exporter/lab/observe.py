@@ -443,7 +443,8 @@ def _start_prometheus(watch: Observers, lab_port: int) -> None:
 
 @contextlib.contextmanager
 def observers(folder: Path, database_url: str | None, lab_port: int) -> Iterator[Observers]:
-    """Start the exporter (on PostgreSQL only) and Prometheus beside the lab for the block.
+    """Start the exporter (when ``database_url`` names a server database: the caller
+    decides, see ``LabConfig.on_server``) and Prometheus beside the lab for the block.
 
     A process that cannot start is left out, with the reason in the ``*_note`` fields; the
     lab runs anyway. Both are stopped (by pid) and their files removed on the way out.
@@ -451,10 +452,7 @@ def observers(folder: Path, database_url: str | None, lab_port: int) -> Iterator
     folder.mkdir(parents=True, exist_ok=True)
     watch = Observers(folder=folder)
     try:
-        # MySQL / MariaDB too: the exporter says itself when its probes cannot run there.
-        if database_url is not None and database_url.startswith(
-            ("postgresql", "mysql", "mariadb")
-        ):
+        if database_url is not None:
             from .names import STRATEGY_NAMES
 
             try:

@@ -256,19 +256,10 @@ class Shop:
             )
         )
 
-    def decrement_unconditionally(self, conn: Connection) -> int:
-        """``available_stock - :qty`` with no guard; returns the value written."""
-        params = {"qty": self.qty, "sku": self.sku}
-        sql = "UPDATE products SET available_stock = available_stock - :qty WHERE sku = :sku"
-        if self.update_returning:
-            return int(
-                conn.execute(sa.text(sql + " RETURNING available_stock"), params).scalar_one()
-            )
-        conn.execute(sa.text(sql), params)
-        return self._read_back(conn)
-
-    def decrement_sku(self, conn: Connection, sku: str) -> int:
-        """``available_stock - :qty`` of another SKU's row; returns the value written."""
+    def decrement_unconditionally(self, conn: Connection, sku: str | None = None) -> int:
+        """``available_stock - :qty`` of ``sku`` (default: the shop's SKU) with no guard;
+        returns the value written."""
+        sku = self.sku if sku is None else sku
         params = {"qty": self.qty, "sku": sku}
         sql = "UPDATE products SET available_stock = available_stock - :qty WHERE sku = :sku"
         if self.update_returning:

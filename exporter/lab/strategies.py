@@ -344,7 +344,9 @@ def deadlock(shop: Shop, r: Reservation, buyer: Buyer) -> None:
         available = min(stock.values())
         if not _in_stock(shop, r, available):
             return
-        written = {sku: shop.decrement_sku(conn, sku) for sku in (shop.sku, shop.second_sku)}
+        written = {
+            sku: shop.decrement_unconditionally(conn, sku) for sku in (shop.sku, shop.second_sku)
+        }
         order_id = shop.insert_order(conn, buyer, written[shop.sku])
         shop.insert_item(conn, order_id, shop.second_product_id, written[shop.second_sku])
     r.success(old_stock=written[shop.sku] + shop.qty, new_stock=written[shop.sku])
