@@ -183,8 +183,10 @@ def test_a_scrape_during_compaction_never_counts_a_sample_twice_nor_loses_one(
     try:
         for batch in range(12):
             for copy in copies[batch * 10 : (batch + 1) * 10]:
-                os.rename(copy, workers.path / copy.name)  # a worker's file, atomically
+                # Counted first: a scrape between the rename and the count would see the
+                # file above a ceiling that does not include it yet.
                 added += 1
+                os.rename(copy, workers.path / copy.name)  # a worker's file, atomically
             scraped = len(seen)
             compactor.compact()
             # Let the scrapers run between compactions (and during the next one).
