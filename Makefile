@@ -86,6 +86,8 @@ format: dev
 ## generated shop of 1M products and 5M orders (a few minutes; SCALE_ARGS="--products 200000
 ## --orders 1000000 --keep" to change it, "--database mysql" for MariaDB).
 bench: dev services
+	$(PY) benchmarks/bench_floor.py
+	$(PY) benchmarks/bench_floor_sqlalchemy.py
 	$(PY) benchmarks/bench_reservation.py
 	$(PY) benchmarks/bench_exporter.py
 	$(PY) benchmarks/bench_multiproc.py

@@ -33,7 +33,9 @@ daemon_pids() {
     pid="${pid%/exe}"
     daemon="$(readlink "$exe" 2>/dev/null)" || continue
     for d in "${DAEMONS[@]}"; do
-      [ "$daemon" = "$d" ] && echo "$pid"
+      # `if`, not `&&`: a last test that fails would end the loop with status 1, which
+      # pipefail turns into a failed `before=$(daemon_pids)` and set -e into an exit.
+      if [ "$daemon" = "$d" ]; then echo "$pid"; fi
     done
   done | sort
 }
