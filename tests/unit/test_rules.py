@@ -48,7 +48,9 @@ ANNOTATIONS = {"summary", "description", "runbook_url"}
 #: The location labels of the committed rendering, as the expressions spell them.
 LOCATION = ", ".join(render.DEFAULT_LOCATION_LABELS)
 #: Series Prometheus makes itself that rules may use.
-PROMETHEUS_BUILTINS = frozenset({"up"})
+# `up` comes from the scrape; `ALERTS` from the rule evaluator (the stock pages that hold
+# themselves through a probe outage read it).
+PROMETHEUS_BUILTINS = frozenset({"up", "ALERTS"})
 
 # --- metric names, from promql-parser's syntax tree (dashboards.lint) -------------------------
 
