@@ -100,6 +100,11 @@ def _helm_tools() -> None:
 # --- helpers --------------------------------------------------------------------------------
 
 
+#: The least an install sets (README "Kubernetes"): the chart refuses to render without the
+#: allocation column, so StockOversold can fire.
+SHOP = {"config": {"schema": {"products": {"allocation": "initial_stock"}}}}
+
+
 def case_values(case: str) -> dict[str, Any]:
     if case == "default":
         return {}
@@ -117,8 +122,11 @@ def merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
-def render_raw(values: dict[str, Any], chart: Path = CHART) -> dict[str, str]:
-    """Template path -> rendered text, as `helm template` would print it."""
+def render_raw(values: dict[str, Any], chart: Path = CHART, *, shop: bool = True) -> dict[str, str]:
+    """Template path -> rendered text, as `helm template` would print it; the chart's own
+    values over :data:`SHOP` unless ``shop`` is false."""
+    if shop and chart == CHART:
+        values = merge(SHOP, values)
     with helm_python.Chart.load(chart) as loaded:
         rendered: dict[str, str] = loaded.render(values, name=RELEASE, namespace=NAMESPACE)
     return rendered
@@ -144,9 +152,9 @@ def render(
     return _render_cached(json.dumps(values, sort_keys=True), str(chart))
 
 
-def render_error(values: dict[str, Any], chart: Path = CHART) -> str:
+def render_error(values: dict[str, Any], chart: Path = CHART, *, shop: bool = True) -> str:
     with pytest.raises(helm_python.HelmError) as caught:
-        render_raw(values, chart)
+        render_raw(values, chart, shop=shop)
     return str(caught.value)
 
 
@@ -245,7 +253,9 @@ def test_app_version_is_the_package_version() -> None:
 
 @pytest.mark.parametrize("case", CASES)
 def test_lint_strict(case: str) -> None:
-    report = helm_python.lint(CHART, case_values(case), strict=True, namespace=NAMESPACE)
+    report = helm_python.lint(
+        CHART, merge(SHOP, case_values(case)), strict=True, namespace=NAMESPACE
+    )
     findings = [m for m in report["messages"] if m["severity"] >= 2]
     assert (report["errors"], findings) == ([], []), report
 
@@ -359,14 +369,18 @@ def test_prober_secure_defaults() -> None:
 
 
 def test_default_config_is_the_exporters_default(tmp_path: Path) -> None:
-    """values.yaml's `config` spells out the exporter's own defaults, nothing else."""
+    """values.yaml's `config` spells out the exporter's own defaults, nothing else (with
+    the allocation every install must set)."""
     from stocksentry.exporter.config import parse_config
 
     _, docs = render({})
     environ = {"STOCKSENTRY_DATABASE_URL": DUMMY_URLS["database"]}
     rendered = parse_config(one(docs, "ConfigMap")["data"]["config.yaml"], environ=environ)
     bare = parse_config(
-        "database: {url_env: STOCKSENTRY_DATABASE_URL}\n", environ=environ, base_dir=tmp_path
+        "database: {url_env: STOCKSENTRY_DATABASE_URL}\n"
+        "schema: {products: {allocation: initial_stock}}\n",
+        environ=environ,
+        base_dir=tmp_path,
     )
     for section in ("sku_guard", "database", "schema", "probes", "redis"):
         assert getattr(rendered, section) == getattr(bare, section), section
@@ -437,7 +451,8 @@ def test_monitors_scrape_what_the_chart_serves() -> None:
 def test_long_release_names_stay_within_63_characters() -> None:
     name = "a-very-long-release-name-for-a-flash-sale-checkout-stack-x"
     with helm_python.Chart.load(CHART) as chart:
-        raw = chart.render({"dashboards": {"enabled": True}}, name=name, namespace=NAMESPACE)
+        values = merge(SHOP, {"dashboards": {"enabled": True}})
+        raw = chart.render(values, name=name, namespace=NAMESPACE)
     docs = [
         d
         for p, t in raw.items()
@@ -1167,3 +1182,26 @@ def test_dashboards_link_the_runbook_base_of_the_values() -> None:
         assert all(link.startswith(base + "/") for link in links), links
         assert board["uid"].startswith("stocksentry-")
     assert "github.com/stocksentry" not in json.dumps([m["data"] for m in maps])
+
+
+# --- the headline alert can fire -----------------------------------------------------------
+
+
+def test_the_chart_refuses_to_render_without_the_allocation() -> None:
+    message = render_error({}, shop=False)
+    assert "config.schema.products.allocation is empty" in message
+    assert "StockOversold could never fire" in message
+    assert "config.probes.oversold.enabled: false" in message
+
+
+def test_opting_out_of_the_oversold_probe_renders_it_off() -> None:
+    raw = render_raw({"config": {"probes": {"oversold": {"enabled": False}}}}, shop=False)
+    config = yaml.safe_load(
+        yaml.safe_load(raw["stocksentry/templates/configmap.yaml"])["data"]["config.yaml"]
+    )
+    assert config["probes"]["oversold"]["enabled"] is False
+
+
+def test_a_sidecar_without_the_database_needs_no_allocation() -> None:
+    raw = render_raw({"mode": "sidecar", "database": {"enabled": False}}, shop=False)
+    assert "stocksentry/templates/configmap.yaml" in raw

@@ -218,6 +218,19 @@ Rendered by templates/validate.yaml; each failure is one sentence naming the key
 {{- fail "config.database.leader_election: false in mode: sidecar: every application pod would run the database probes against the shop's database; keep it true" -}}
 {{- end -}}
 {{- end -}}
+{{- /* StockOversold, the headline page, needs the allocation column: an install that
+     forgot it would watch everything but the oversell. Opting out is explicit. */ -}}
+{{- if .Values.database.enabled -}}
+{{- $allocation := "" -}}
+{{- $oversold := true -}}
+{{- with .Values.config -}}
+{{- with .schema -}}{{- with .products -}}{{- $allocation = .allocation | default "" -}}{{- end -}}{{- end -}}
+{{- with .probes -}}{{- with .oversold -}}{{- if and (hasKey . "enabled") (not .enabled) -}}{{- $oversold = false -}}{{- end -}}{{- end -}}{{- end -}}
+{{- end -}}
+{{- if and $oversold (not $allocation) -}}
+{{- fail "config.schema.products.allocation is empty: the oversold probe would be off and StockOversold could never fire. Map the column holding each SKU's units for the sale (--set config.schema.products.allocation=initial_stock), or opt out explicitly with config.probes.oversold.enabled: false" -}}
+{{- end -}}
+{{- end -}}
 {{- if and .Values.webConfig.tls (not .Values.webConfig.existingSecret) -}}
 {{- fail "webConfig.tls: true needs webConfig.existingSecret: the Secret holding the web config and its certificate and key" -}}
 {{- end -}}
