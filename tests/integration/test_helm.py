@@ -122,7 +122,9 @@ def merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
-def render_raw(values: dict[str, Any], chart: Path = CHART, *, shop: bool = True) -> dict[str, str]:
+def render_raw(
+    values: dict[str, Any], chart: Path = CHART, *, shop: bool = True
+) -> dict[str, str]:
     """Template path -> rendered text, as `helm template` would print it; the chart's own
     values over :data:`SHOP` unless ``shop`` is false."""
     if shop and chart == CHART:

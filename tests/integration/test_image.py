@@ -55,7 +55,8 @@ SCHEMA = """
 CREATE TABLE products (
     id bigserial PRIMARY KEY,
     sku text NOT NULL UNIQUE,
-    available_stock integer NOT NULL
+    available_stock integer NOT NULL,
+    initial_stock integer NOT NULL DEFAULT 10
 );
 CREATE TABLE orders (
     id bigserial PRIMARY KEY,
@@ -257,7 +258,7 @@ def test_the_image_build_serves_the_charts_configmap(
             timeout=60,
             message=lambda _: f"exporter not ready; log:\n{log.read_text()[-3000:]}",
         )
-        probes = ("negative_stock", "duplicate_orders", "lock_waiters", "cache_drift")
+        probes = ("negative_stock", "oversold", "duplicate_orders", "lock_waiters", "cache_drift")
         metrics = wait_until(
             lambda: scrape(f"{base}/metrics"),
             timeout=60,
