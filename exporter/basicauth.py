@@ -1,14 +1,7 @@
 """Basic auth for ``/metrics``: the ``Authorization: Basic`` header checked against bcrypt.
 
-The users and their bcrypt hashes come from ``basic_auth_users`` of the web config
-(:mod:`stocksentry.exporter.webconfig`). The header is decoded by aiohttp's
-:meth:`aiohttp.BasicAuth.decode`; the user name must be UTF-8, the password is compared
-as the bytes the client sent (browsers and curl send UTF-8, some clients latin-1).
-
-Example::
-
-    auth = BasicAuth(config.basic_auth_users)   # empty: no authentication
-    ok = await auth.check(request.headers.get("Authorization"))
+The users and their bcrypt hashes come from ``basic_auth_users`` of the web config. The
+user name must be UTF-8; the password is compared as the bytes the client sent.
 """
 
 from __future__ import annotations
@@ -81,14 +74,17 @@ class BasicAuth:
             self._key, user.encode("utf-8") + b"\0" + password, hashlib.sha256
         ).digest()
 
+    def _cached(self, user: str, digest: bytes) -> bool:
+        with self._lock:
+            cached = self._verified.get(user)
+        return cached is not None and hmac.compare_digest(cached, digest)
+
     def verify(self, user: str, password: bytes) -> bool:
         """Check one user and password (blocking: may run bcrypt)."""
         if not self._users:
             return True
         digest = self._digest(user, password)
-        with self._lock:
-            cached = self._verified.get(user)
-        if cached is not None and hmac.compare_digest(cached, digest):
+        if self._cached(user, digest):
             return True
         hashed = self._users.get(user)
         with self._lock:
@@ -112,12 +108,8 @@ class BasicAuth:
         if credentials is None:
             return False
         user, password = credentials
-        digest = self._digest(user, password)
-        with self._lock:
-            cached = self._verified.get(user)
-        if cached is not None and hmac.compare_digest(cached, digest):
-            # The common case, answered without leaving the event loop.
-            return True
+        if self._cached(user, self._digest(user, password)):
+            return True  # the common case, answered without leaving the event loop
         return await asyncio.to_thread(self.verify, user, password)
 
 

@@ -1,12 +1,8 @@
-"""TLS for ``/metrics``: the ``tls_server_config`` of the web config and its SSL context.
+"""TLS for ``/metrics``: the web config's ``tls_server_config`` and its SSL context.
 
-:mod:`stocksentry.exporter.webconfig` reads and checks the section into a
-:class:`TLSServerConfig`; :func:`server_context` turns it into the server's
+:func:`read_tls` checks the section into a :class:`TLSServerConfig` (through the web
+config's parser); :func:`server_context` turns it into the server's
 :class:`ssl.SSLContext`, loading the certificate, key and CA files.
-
-Example::
-
-    context = server_context(config.tls, fail)   # fail(key, problem) raises
 """
 
 from __future__ import annotations

@@ -1,49 +1,17 @@
 """TLS and basic auth for ``/metrics``, from a web config file in the exporters' format.
 
 The file is the one the Prometheus exporters read with ``--web.config.file``
-(prometheus/exporter-toolkit), so an SRE can reuse what they already run::
-
-    tls_server_config:
-      cert_file: server.crt            # relative paths: relative to this file
-      key_file: server.key
-      client_auth_type: RequireAndVerifyClientCert
-      client_ca_file: clients-ca.crt
-      min_version: TLS12               # TLS12 (default) or TLS13
-    http_server_config:
-      headers:
-        Strict-Transport-Security: max-age=31536000
-    basic_auth_users:
-      prometheus: $2y$10$X0h1gDsPszWURQaxFh.zoubFi6DXncSjhoQNJgRrnGs7EsimhC7zG
-
-:func:`load_web_config` reads it into a :class:`WebConfig` and checks it completely at
-start: unknown keys, values of the wrong type or outside their set, and certificate or
-key files that do not load are one-line :class:`WebConfigError`\\ s naming the key and
-the line, e.g. ``web.yml:7: tls_server_config.min_version: must be one of TLS12,
-TLS13 (TLS 1.0 and 1.1 are not supported), got 'TLS11'``.
-
-What differs from exporter-toolkit, on purpose:
-
-- ``min_version`` and ``max_version`` accept only ``TLS12`` and ``TLS13``;
-- ``client_auth_type`` accepts ``NoClientCert``, ``VerifyClientCertIfGiven`` and
-  ``RequireAndVerifyClientCert`` (Python's ``ssl`` cannot ask for a certificate without
-  verifying it, which is what ``RequestClientCert`` and ``RequireAnyClientCert`` do);
-- inline ``cert``, ``key`` and ``client_ca`` are refused: secrets come from files;
-- ``client_allowed_sans``, ``curve_preferences`` and ``rate_limit`` are refused as not
-  supported rather than silently ignored;
-- ``cipher_suites`` takes the Go names of the TLS 1.2 suites (TLS 1.3 suites are not
-  configurable, as in Go) and maps them to OpenSSL's;
-- ``http_server_config.http2`` is accepted and has no effect (aiohttp serves HTTP/1.1);
-- the file is read once at start, not on every request: restart to rotate certificates.
-
-As in exporter-toolkit, a ``tls_server_config`` without ``cert_file`` and ``key_file``
-means plain HTTP; any other key in it is then an error, since it would do nothing.
+(prometheus/exporter-toolkit): ``tls_server_config``, ``http_server_config`` (extra
+headers) and ``basic_auth_users`` (bcrypt hashes). :func:`load_web_config` reads it into
+a :class:`WebConfig` and checks it completely at start: every problem is a one-line
+:class:`WebConfigError` naming the file, line and key. docs/exporter-server.md lists what
+differs from exporter-toolkit on purpose (TLS 1.2+ only, verified client certificates
+only, secrets from files only, unsupported keys refused rather than ignored).
 
 Example::
 
     config = load_web_config("/etc/stocksentry/web.yml")
     ssl_context = config.ssl_context()          # None without tls_server_config
-    auth = BasicAuth(config.basic_auth_users)   # empty: no authentication
-    ok = await auth.check(request.headers.get("Authorization"))
 """
 
 from __future__ import annotations
@@ -56,7 +24,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, NoReturn
 
-from .basicauth import AUTH_REALM, BasicAuth
 from .config.yamlsource import (
     TAG_BOOL,
     TAG_STR,
@@ -81,21 +48,10 @@ from .inputs import (
     read_text_bounded,
     shorten,
 )
-from .tlsconfig import (
-    ClientAuthType,
-    TLSServerConfig,
-    TLSVersionName,
-    read_tls,
-    server_context,
-)
+from .tlsconfig import TLSServerConfig, read_tls, server_context
 
 __all__ = [
-    "AUTH_REALM",
-    "BasicAuth",
-    "ClientAuthType",
     "HTTPServerConfig",
-    "TLSServerConfig",
-    "TLSVersionName",
     "WebConfig",
     "WebConfigError",
     "load_web_config",
@@ -236,13 +192,8 @@ def load_web_config(path: str | os.PathLike[str]) -> WebConfig:
     """Read, validate and return the web config at ``path``; also loads its TLS files.
 
     Relative file names in the config are relative to the config file's directory, as in
-    exporter-toolkit. Every problem is a :class:`WebConfigError`. The file must be a
-    regular file of at most :data:`~stocksentry.exporter.inputs.WEB_CONFIG_LIMIT`
-    (1 MiB), and so must each TLS file it names (``TLS_FILE_LIMIT``, 1 MiB).
-
-    Example::
-
-        config = load_web_config("/etc/stocksentry/web.yml")
+    exporter-toolkit. The file, and each TLS file it names, must be a regular file of at
+    most 1 MiB. Every problem is a :class:`WebConfigError`.
     """
     source = os.fspath(path)
     try:
@@ -420,7 +371,6 @@ class _Parser:
             # Never echo the value, even of the wrong type: it may be a plain password.
             hashed = self.scalar_str(value_node, key, secret=True)
             if not _BCRYPT_HASH.fullmatch(hashed):
-                # Never echo the value: it may be a plain password put there by mistake.
                 self.fail(
                     value_node,
                     key,
