@@ -23,20 +23,16 @@ AUTH_REALM: Final = "stocksentry"
 class BasicAuth:
     """Checks ``Authorization: Basic`` headers against bcrypt hashes, with a verified cache.
 
-    bcrypt is slow on purpose (tens of milliseconds at cost 10), and Prometheus sends the
-    same credentials every few seconds, so a successful check is remembered: the cache
-    holds, per user, an HMAC of user and password under a key drawn at start (never the
-    password, nor a plain hash of it that could be brute-forced offline), compared in
-    constant time. Failed checks are not cached, so guessing always pays bcrypt. Unknown
-    users are checked against a dummy hash, so the answer takes as long as for a known
-    user and does not reveal which names exist. bcrypt runs in a thread so that a burst
-    of bad credentials cannot stall the event loop (and the health checks).
+    bcrypt is slow on purpose and Prometheus sends the same credentials every few seconds,
+    so a success is remembered as an HMAC of user and password under a key drawn at start
+    (never the password), compared in constant time; failures are not cached. Unknown
+    users are checked against a dummy hash of the same cost, so timing does not reveal
+    which names exist. bcrypt runs in a thread, off the event loop.
 
     Example::
 
         auth = BasicAuth({"prometheus": b"$2b$10$..."})
-        if not await auth.check(request.headers.get("Authorization")):
-            raise web.HTTPUnauthorized(headers={"WWW-Authenticate": auth.challenge})
+        ok = await auth.check(request.headers.get("Authorization"))
     """
 
     #: The ``WWW-Authenticate`` value for a 401.
@@ -120,8 +116,7 @@ def _refuse(password: bytes, hashed: bytes) -> bool:
 def parse_basic(header: str | None) -> tuple[str, bytes] | None:
     """``Basic dXNlcjpwYXNz`` -> ("user", b"pass"); None when absent or malformed.
 
-    aiohttp decodes the header; latin-1 gives back every byte the client sent, so the
-    password is compared as sent and only the user name has to be UTF-8.
+    Decoded as latin-1, which gives back every byte the client sent.
 
     Example::
 

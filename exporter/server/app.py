@@ -209,22 +209,8 @@ def create_app(
 
     ``collectors`` join the exposition after the multiprocess directory and before the
     process metrics. ``background`` callables are async generators appended to
-    ``app.cleanup_ctx``: start their tasks before ``yield``, cancel and await them after;
-    ``/readyz`` turns 200 only once all of them have started. (It flips in an
-    ``on_startup`` handler registered here, which runs after every ``cleanup_ctx``
-    start-up; ``on_startup`` handlers added later by the caller run after it.)
-
-    Example::
-
-        async def probes(app: web.Application) -> AsyncIterator[None]:
-            task = asyncio.create_task(runner.run_forever())
-            yield
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-
-        app = create_app(settings, collectors=[snapshot_collector], background=[probes])
-        web.run_app(app)  # or run_server(...), which also handles TLS and signals
+    ``app.cleanup_ctx`` (start before ``yield``, clean up after); ``/readyz`` turns 200
+    once all of them have started, from an ``on_startup`` handler registered here.
     """
     web_config = settings.web_config
     auth = BasicAuth(web_config.basic_auth_users if web_config else {})
