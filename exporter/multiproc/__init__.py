@@ -49,7 +49,6 @@ from .compaction import (
 )
 from .exemplars import exemplar_pid, read_exemplars
 from .files import (
-    GAUGE_MODES,
     SKIP_REASONS,
     Entries,
     Key,
@@ -62,16 +61,7 @@ from .files import (
 )
 from .merge import Merge
 
-__all__ = [
-    "COMPACTED",
-    "FILES_MERGED",
-    "FILES_SKIPPED",
-    "GAUGE_MODES",
-    "SKIP_REASONS",
-    "Compaction",
-    "MultiprocessDirCollector",
-    "SkipReason",
-]
+__all__ = ["COMPACTED", "FILES_MERGED", "FILES_SKIPPED", "Compaction", "MultiprocessDirCollector"]
 
 _log = logging.getLogger(__name__)
 
@@ -99,9 +89,8 @@ class MultiprocessDirCollector:
             ``os.kill(pid, 0)``; off when the exporter does not share the app's PID
             namespace.
         compact_dead: compact the files of dead pids (:mod:`.compaction`) at most every
-            ``compact_interval`` seconds, before a scrape. Needs ``check_pids`` (it is
-            refused without: every pid of another PID namespace looks dead) and a
-            directory this process can write; off by default.
+            ``compact_interval`` seconds, before a scrape. Needs ``check_pids`` and a
+            directory this process can write.
 
     Example::
 

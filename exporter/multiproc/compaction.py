@@ -33,7 +33,7 @@ import struct
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, TypeVar
 
 from stocksentry.instrumentation.mpexemplars import (
     CAPACITY,
@@ -53,10 +53,8 @@ from .files import (
 )
 from .files import (
     INT,
-    SUMMED_TYPES,
     TWO_DOUBLES,
     Entries,
-    FileName,
     Key,
     SkipFile,
     SkipReason,
@@ -91,6 +89,7 @@ _MANIFEST: Final = b"\x00stocksentry-compacted\x00"
 #: Gauge modes folded with their rule; the other modes of a dead pid are dropped.
 _FOLDED_MODES: Final = frozenset({"sum", "min", "max", "mostrecent"})
 _CRC: Final = struct.Struct("=I")
+_T = TypeVar("_T")
 
 
 def staged(pid: str) -> bool:
@@ -245,6 +244,10 @@ class _Compactor:
     def path(self, name: str) -> str:
         return os.path.join(self.directory, name)
 
+    def remove(self, name: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path(name))
+
     def set_aside(self, name: str, skip: SkipFile) -> None:
         """An unreadable file of a dead pid: renamed ``<its name>.corrupt``, counted once."""
         original = _original_name(name) if _STAGED in name else name
@@ -252,6 +255,22 @@ class _Compactor:
             os.replace(self.path(name), self.path(original + ".corrupt"))
         skipped = self.result.skipped
         skipped[skip.reason] = skipped.get(skip.reason, 0) + 1
+
+    def read(self, name: str, reader: Callable[[str], _T]) -> _T | None:
+        """``reader`` of one file; ``None`` when it is gone or unreadable (set aside)."""
+        try:
+            return reader(self.path(name))
+        except FileNotFoundError:
+            return None
+        except SkipFile as skip:
+            self.set_aside(name, skip)
+            return None
+
+    def checked_entries(self, path: str) -> Entries:
+        entries = read_entries(path)
+        for raw, _, _ in entries:
+            self.check_key(raw)
+        return entries
 
     def stage(self, names: list[str]) -> list[str]:
         """Rename the dead pids' files to names of their own; put back those of reused
@@ -285,39 +304,24 @@ class _Compactor:
         typ, mode = kind
         if typ == "gauge" and mode not in _FOLDED_MODES:
             for name in staged_names:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(self.path(name))
+                self.remove(name)
                 self.result.dropped += 1
             return
         final = f"{typ}_{mode}_{COMPACTED}.db" if mode else f"{typ}_{COMPACTED}.db"
         values: Values = {}
-        try:
-            old, _ = manifest_of(read_entries(self.path(final)))
-        except FileNotFoundError:
-            old = []
-        except SkipFile as skip:
-            # The compacted file itself is unreadable: kept aside, and started afresh.
-            self.set_aside(final, skip)
-            old = []
-        fold(values, mode, old)
+        # An unreadable compacted file is set aside, and started afresh.
+        fold(values, mode, self.read(final, lambda path: manifest_of(read_entries(path))[0]) or [])
         folded: list[str] = []
         for name in staged_names:
-            try:
-                entries = read_entries(self.path(name))
-                for raw, _, _ in entries:
-                    self.check_key(raw)
-            except FileNotFoundError:
-                continue
-            except SkipFile as skip:
-                self.set_aside(name, skip)
-                continue
-            fold(values, mode, entries)
-            folded.append(name)
+            entries = self.read(name, self.checked_entries)
+            if entries is not None:
+                fold(values, mode, entries)
+                folded.append(name)
         if not folded:
             return
         manifest = _MANIFEST + json.dumps(sorted(folded)).encode("utf-8")
-        entries = [(manifest, 0.0, 0.0), *((raw, v, ts) for raw, (v, ts) in values.items())]
-        self.publish(final, folded, lambda path: _write_entries(path, entries))
+        written = [(manifest, 0.0, 0.0), *((raw, v, ts) for raw, (v, ts) in values.items())]
+        self.publish(final, folded, lambda path: _write_entries(path, written))
 
     def compact_exemplars(self, staged_names: list[str]) -> None:
         """Keep the newest exemplar per sample of ``staged_names`` and the compacted file.
@@ -329,12 +333,8 @@ class _Compactor:
         merged: ExemplarEntries = {}
         folded: list[str] = []
         for name in (final, *staged_names):
-            try:
-                entries = read_exemplars(self.path(name))
-            except FileNotFoundError:
-                continue
-            except SkipFile as skip:
-                self.set_aside(name, skip)
+            entries = self.read(name, read_exemplars)
+            if entries is None:
                 continue
             for raw, item in entries.items():
                 keep_newest(merged, raw, item)
@@ -357,8 +357,7 @@ class _Compactor:
             finally:
                 os.close(fd)
         for name in folded:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.path(name))
+            self.remove(name)
         self.result.folded += len(folded)
 
     def run(self) -> None:
@@ -369,17 +368,16 @@ class _Compactor:
         included: set[str] = set()
         for name in names:
             if name.endswith(".tmp") and name.startswith("."):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(self.path(name))
+                self.remove(name)
             elif name.endswith(f"_{COMPACTED}.db"):
                 with contextlib.suppress(FileNotFoundError, SkipFile):
                     included |= manifest_of(read_entries(self.path(name)))[1]
-        leftovers = [n for n in names if _is_staged(n)]
-        for name in leftovers:
+        leftovers: list[str] = []
+        for name in filter(_is_staged, names):
             if name in included:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(self.path(name))
-        leftovers = [n for n in leftovers if n not in included]
+                self.remove(name)
+            else:
+                leftovers.append(name)
         # The dead pids, at most max_pids of them per run: a scrape that compacts a
         # directory of a thousand dead workers at once would outlast its timeout.
         alive: dict[str, bool] = {}
@@ -399,16 +397,12 @@ class _Compactor:
         by_kind: dict[tuple[str, str], list[str]] = {}
         exemplar_files: list[str] = []
         for name in [*leftovers, *self.stage(dead)]:
-            if name.endswith(".db"):
-                parsed: FileName | None = parse_name(name)
-                if parsed is None:
-                    continue
-                by_kind.setdefault((parsed.typ, parsed.mode), []).append(name)
-            else:
+            if not name.endswith(".db"):
                 exemplar_files.append(name)
+            elif (parsed := parse_name(name)) is not None:
+                by_kind.setdefault((parsed.typ, parsed.mode), []).append(name)
         for kind, kind_names in by_kind.items():
-            if kind[0] in SUMMED_TYPES or kind[0] == "gauge":
-                self.compact_db(kind, kind_names)
+            self.compact_db(kind, kind_names)
         if exemplar_files:
             self.compact_exemplars(exemplar_files)
 
