@@ -54,19 +54,6 @@ class HeadDeadline(asyncio.Protocol):
     is passed on to the wrapped handler unchanged.
     """
 
-    __slots__ = (
-        "_body_left",
-        "_body_timeout",
-        "_chunked_tail",
-        "_head",
-        "_header_timeout",
-        "_inner",
-        "_loop",
-        "_state",
-        "_timer",
-        "_transport",
-    )
-
     def __init__(
         self,
         inner: asyncio.Protocol,
