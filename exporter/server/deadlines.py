@@ -67,8 +67,10 @@ class HeadDeadline(asyncio.Protocol):
         self._loop = asyncio.get_running_loop()
         self._transport: asyncio.Transport | None = None
         self._timer: asyncio.TimerHandle | None = None
-        self._state = "head"
-        self._head = b""
+        #: "head" (waiting for one), "body" (reading one) or "idle" (between requests).
+        self.state = "head"
+        #: The part of a request head received so far (its last 128 KiB at most).
+        self.pending_head = b""
         self._body_left = 0  # bytes of a Content-Length body still to come; -1: chunked
         self._chunked_tail = b""
 
@@ -95,23 +97,23 @@ class HeadDeadline(asyncio.Protocol):
 
     def _watch(self, data: bytes) -> None:
         while data:
-            state = self._state
+            state = self.state
             if state == "idle":
-                self._state = "head"
-                self._head = b""
+                self.state = "head"
+                self.pending_head = b""
                 self._arm(self._header_timeout)
                 continue
             if state == "head":
                 # Keep the last 3 bytes seen, so an end split across reads is found.
-                start = max(len(self._head) - 3, 0)
-                buffer = self._head + data
+                start = max(len(self.pending_head) - 3, 0)
+                buffer = self.pending_head + data
                 end = buffer.find(_HEAD_END, start)
                 if end < 0:
-                    self._head = buffer[-_MAX_HEAD_KEPT:]
+                    self.pending_head = buffer[-_MAX_HEAD_KEPT:]
                     return
                 head = buffer[: end + 4]
                 data = buffer[end + 4 :]
-                self._head = b""
+                self.pending_head = b""
                 self._begin_body(head)
                 continue
             data = self._read_body(data)
@@ -124,10 +126,10 @@ class HeadDeadline(asyncio.Protocol):
             match = _CONTENT_LENGTH.search(head)
             self._body_left = int(match.group(1)) if match is not None else 0
         if self._body_left == 0:
-            self._state = "idle"
+            self.state = "idle"
             self._disarm()
         else:
-            self._state = "body"
+            self.state = "body"
             self._arm(self._body_timeout)
 
     def _read_body(self, data: bytes) -> bytes:
@@ -137,7 +139,7 @@ class HeadDeadline(asyncio.Protocol):
             self._body_left -= taken
             rest = data[taken:]
             if self._body_left == 0:
-                self._state = "idle"
+                self.state = "idle"
                 self._disarm()
             return rest
         buffer = self._chunked_tail + data
@@ -145,7 +147,7 @@ class HeadDeadline(asyncio.Protocol):
         if end < 0:
             self._chunked_tail = buffer[-(len(_LAST_CHUNK) - 1) :]
             return b""
-        self._state = "idle"
+        self.state = "idle"
         self._disarm()
         # What follows the last chunk is all from ``data``: the tail kept is shorter than
         # the marker, so the marker ends inside ``data``.
