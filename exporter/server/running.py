@@ -17,7 +17,7 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -81,28 +81,11 @@ class ClientErrorLog(logging.LoggerAdapter[logging.Logger]):
         """Pass messages through unchanged (no extra context)."""
         return msg, kwargs
 
-    def exception(
-        self,
-        msg: object,
-        *args: object,
-        exc_info: Any = True,
-        stack_info: bool = False,
-        stacklevel: int = 1,
-        extra: Mapping[str, object] | None = None,
-        **kwargs: Any,
-    ) -> None:
+    def exception(self, msg: object, *args: object, exc_info: Any = True, **kwargs: Any) -> None:
         """Client errors: one rate-limited INFO line; anything else: ERROR with traceback."""
         error = exc_info[1] if isinstance(exc_info, tuple) and len(exc_info) == 3 else exc_info
         if not (isinstance(error, HttpProcessingError) and 400 <= error.code < 500):
-            super().exception(
-                msg,
-                *args,
-                exc_info=exc_info,
-                stack_info=stack_info,
-                stacklevel=stacklevel,
-                extra=extra,
-                **kwargs,
-            )
+            super().exception(msg, *args, exc_info=exc_info, **kwargs)
             return
         now = self._clock()
         with self._lock:
