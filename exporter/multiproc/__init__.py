@@ -231,7 +231,7 @@ class MultiprocessDirCollector:
         """
         if self.compact_dead:
             self._maybe_compact()
-        merge = Merge(self._key_of, self._keys)
+        merge = Merge(self._key_of)
         with scrape_lock(str(self.path)):
             self._merge_files(merge, exemplars=exemplars)
         yield from merge.families()

@@ -273,19 +273,18 @@ def fold(target: Values, mode: str, entries: Entries) -> None:
     removed): ``""`` (counters, histograms, summaries) and ``sum`` add, ``min``/``max``
     keep the smaller/larger, ``mostrecent`` the strictly newer timestamp (as
     prometheus_client merges)."""
-    get = target.get
     if mode in ("", "sum"):
         for raw, value, _ in entries:
-            held = get(raw)
+            held = target.get(raw)
             target[raw] = ((held[0] if held is not None else 0.0) + value, 0.0)
     elif mode in ("min", "max"):
         smaller = mode == "min"
         for raw, value, timestamp in entries:
-            held = get(raw)
+            held = target.get(raw)
             if held is None or (value < held[0] if smaller else value > held[0]):
                 target[raw] = (value, timestamp)
     else:
         for raw, value, timestamp in entries:
-            held = get(raw)
+            held = target.get(raw)
             if timestamp > (held[1] if held is not None else 0.0):
                 target[raw] = (value, timestamp)

@@ -2,7 +2,7 @@
 
 Example::
 
-    merge = Merge(collector_key_of, known_keys)
+    merge = Merge(collector_key_of)
     merge.add(parse_name("counter_12.db"), read_entries(path))
     families = merge.families()
 """
@@ -28,9 +28,8 @@ _go_float: Final[Callable[[float], str]] = floatToGoString
 class Merge:
     """Accumulators for one scrape; files are added one by one, families built at the end."""
 
-    def __init__(self, key_of: Callable[[bytes], Key], known: dict[bytes, Key]) -> None:
+    def __init__(self, key_of: Callable[[bytes], Key]) -> None:
         self._key_of = key_of
-        self._known = known
         # counter/summary/histogram: key -> sum over pids; dicts keep first-seen order.
         self.summed: dict[str, Values] = {t: {} for t in SUMMED_TYPES}
         # all/liveall: (key, pid) -> value.
@@ -48,10 +47,8 @@ class Merge:
 
     def add(self, name: FileName, entries: Entries) -> None:
         """Merge one file's entries; a key that does not parse skips the whole file."""
-        # Keys seen by an earlier scrape are already valid, so this is one lookup each.
         for raw, _, _ in entries:
-            if raw not in self._known:
-                self._key_of(raw)
+            self._key_of(raw)  # parsed once, then cached by the collector
         self.files += 1
         if name.typ != "gauge":
             fold(self.summed[name.typ], "", entries)

@@ -110,7 +110,7 @@ def test_latest_exemplar_wins_across_workers(tmp_path: Path) -> None:
     older = read_exemplars(str(path))
     path = write(tmp_path, trace="b" * 32)
     newer = read_exemplars(str(path))
-    merge = Merge(lambda raw: None, {})  # type: ignore[arg-type, return-value]
+    merge = Merge(lambda raw: None)  # type: ignore[arg-type, return-value]
     merge.add_exemplars(newer)
     merge.add_exemplars(older)
     ((_, exemplar),) = merge.exemplars.values()
