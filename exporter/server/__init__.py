@@ -26,44 +26,21 @@ Example::
 
 from __future__ import annotations
 
-from .app import (
-    BASIC_AUTH,
-    CONTENT_TYPE_OPENMETRICS,
-    CONTENT_TYPE_TEXT,
-    LIFECYCLE,
-    RENDERER,
-    SETTINGS,
-    Background,
-    create_app,
-    wants_gzip,
-    wants_openmetrics,
-)
-from .buildinfo import BuildInfo, BuildInfoCollector, build_info
-from .exposition import MetricsRenderer, build_renderer
-from .running import ClientErrorLog, RunningServer, run_server, serving, startup_lines
-from .settings import Lifecycle, ServerSettings
+from .app import BASIC_AUTH, LIFECYCLE, RENDERER, SETTINGS, Background, create_app
+from .exposition import build_renderer
+from .running import RunningServer, run_server, serving
+from .settings import ServerSettings
 
 __all__ = [
     "BASIC_AUTH",
-    "CONTENT_TYPE_OPENMETRICS",
-    "CONTENT_TYPE_TEXT",
     "LIFECYCLE",
     "RENDERER",
     "SETTINGS",
     "Background",
-    "BuildInfo",
-    "BuildInfoCollector",
-    "ClientErrorLog",
-    "Lifecycle",
-    "MetricsRenderer",
     "RunningServer",
     "ServerSettings",
-    "build_info",
     "build_renderer",
     "create_app",
     "run_server",
     "serving",
-    "startup_lines",
-    "wants_gzip",
-    "wants_openmetrics",
 ]
