@@ -1,14 +1,7 @@
 """Basic auth for ``/metrics``: the ``Authorization: Basic`` header checked against bcrypt.
 
-The users and their bcrypt hashes come from ``basic_auth_users`` of the web config
-(:mod:`stocksentry.exporter.webconfig`). The header is decoded by aiohttp's
-:meth:`aiohttp.BasicAuth.decode`; the user name must be UTF-8, the password is compared
-as the bytes the client sent (browsers and curl send UTF-8, some clients latin-1).
-
-Example::
-
-    auth = BasicAuth(config.basic_auth_users)   # empty: no authentication
-    ok = await auth.check(request.headers.get("Authorization"))
+The users and their bcrypt hashes come from ``basic_auth_users`` of the web config. The
+user name must be UTF-8; the password is compared as the bytes the client sent.
 """
 
 from __future__ import annotations
@@ -30,20 +23,16 @@ AUTH_REALM: Final = "stocksentry"
 class BasicAuth:
     """Checks ``Authorization: Basic`` headers against bcrypt hashes, with a verified cache.
 
-    bcrypt is slow on purpose (tens of milliseconds at cost 10), and Prometheus sends the
-    same credentials every few seconds, so a successful check is remembered: the cache
-    holds, per user, an HMAC of user and password under a key drawn at start (never the
-    password, nor a plain hash of it that could be brute-forced offline), compared in
-    constant time. Failed checks are not cached, so guessing always pays bcrypt. Unknown
-    users are checked against a dummy hash, so the answer takes as long as for a known
-    user and does not reveal which names exist. bcrypt runs in a thread so that a burst
-    of bad credentials cannot stall the event loop (and the health checks).
+    bcrypt is slow on purpose and Prometheus sends the same credentials every few seconds,
+    so a success is remembered as an HMAC of user and password under a key drawn at start
+    (never the password), compared in constant time; failures are not cached. Unknown
+    users are checked against a dummy hash of the same cost, so timing does not reveal
+    which names exist. bcrypt runs in a thread, off the event loop.
 
     Example::
 
         auth = BasicAuth({"prometheus": b"$2b$10$..."})
-        if not await auth.check(request.headers.get("Authorization")):
-            raise web.HTTPUnauthorized(headers={"WWW-Authenticate": auth.challenge})
+        ok = await auth.check(request.headers.get("Authorization"))
     """
 
     #: The ``WWW-Authenticate`` value for a 401.
@@ -81,14 +70,17 @@ class BasicAuth:
             self._key, user.encode("utf-8") + b"\0" + password, hashlib.sha256
         ).digest()
 
+    def _cached(self, user: str, digest: bytes) -> bool:
+        with self._lock:
+            cached = self._verified.get(user)
+        return cached is not None and hmac.compare_digest(cached, digest)
+
     def verify(self, user: str, password: bytes) -> bool:
         """Check one user and password (blocking: may run bcrypt)."""
         if not self._users:
             return True
         digest = self._digest(user, password)
-        with self._lock:
-            cached = self._verified.get(user)
-        if cached is not None and hmac.compare_digest(cached, digest):
+        if self._cached(user, digest):
             return True
         hashed = self._users.get(user)
         with self._lock:
@@ -112,12 +104,8 @@ class BasicAuth:
         if credentials is None:
             return False
         user, password = credentials
-        digest = self._digest(user, password)
-        with self._lock:
-            cached = self._verified.get(user)
-        if cached is not None and hmac.compare_digest(cached, digest):
-            # The common case, answered without leaving the event loop.
-            return True
+        if self._cached(user, self._digest(user, password)):
+            return True  # the common case, answered without leaving the event loop
         return await asyncio.to_thread(self.verify, user, password)
 
 
@@ -128,8 +116,7 @@ def _refuse(password: bytes, hashed: bytes) -> bool:
 def parse_basic(header: str | None) -> tuple[str, bytes] | None:
     """``Basic dXNlcjpwYXNz`` -> ("user", b"pass"); None when absent or malformed.
 
-    aiohttp decodes the header; latin-1 gives back every byte the client sent, so the
-    password is compared as sent and only the user name has to be UTF-8.
+    Decoded as latin-1, which gives back every byte the client sent.
 
     Example::
 

@@ -1,12 +1,7 @@
-"""``--web.listen-address``: the exporter-toolkit's ``[host]:port`` listen addresses.
+"""``--web.listen-address``: ``[host]:port`` as Go's ``net.Listen`` reads it.
 
-The Prometheus exporters take ``--web.listen-address`` once per address, each written
-as Go's ``net.Listen`` reads it:
-
-- ``:19464``: every interface, IPv4 and IPv6 (the host left empty);
-- ``0.0.0.0:19464``, ``127.0.0.1:19464``, ``exporter.local:19464``: one IPv4 address or
-  host name;
-- ``[::]:19464``, ``[::1]:19464``: an IPv6 address, in brackets.
+``:19464`` is every interface, IPv4 and IPv6; ``0.0.0.0:19464`` or ``exporter.local:19464``
+one IPv4 address or host name; ``[::1]:19464`` an IPv6 address, in brackets.
 
 Example::
 

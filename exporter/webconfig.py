@@ -1,49 +1,17 @@
 """TLS and basic auth for ``/metrics``, from a web config file in the exporters' format.
 
 The file is the one the Prometheus exporters read with ``--web.config.file``
-(prometheus/exporter-toolkit), so an SRE can reuse what they already run::
-
-    tls_server_config:
-      cert_file: server.crt            # relative paths: relative to this file
-      key_file: server.key
-      client_auth_type: RequireAndVerifyClientCert
-      client_ca_file: clients-ca.crt
-      min_version: TLS12               # TLS12 (default) or TLS13
-    http_server_config:
-      headers:
-        Strict-Transport-Security: max-age=31536000
-    basic_auth_users:
-      prometheus: $2y$10$X0h1gDsPszWURQaxFh.zoubFi6DXncSjhoQNJgRrnGs7EsimhC7zG
-
-:func:`load_web_config` reads it into a :class:`WebConfig` and checks it completely at
-start: unknown keys, values of the wrong type or outside their set, and certificate or
-key files that do not load are one-line :class:`WebConfigError`\\ s naming the key and
-the line, e.g. ``web.yml:7: tls_server_config.min_version: must be one of TLS12,
-TLS13 (TLS 1.0 and 1.1 are not supported), got 'TLS11'``.
-
-What differs from exporter-toolkit, on purpose:
-
-- ``min_version`` and ``max_version`` accept only ``TLS12`` and ``TLS13``;
-- ``client_auth_type`` accepts ``NoClientCert``, ``VerifyClientCertIfGiven`` and
-  ``RequireAndVerifyClientCert`` (Python's ``ssl`` cannot ask for a certificate without
-  verifying it, which is what ``RequestClientCert`` and ``RequireAnyClientCert`` do);
-- inline ``cert``, ``key`` and ``client_ca`` are refused: secrets come from files;
-- ``client_allowed_sans``, ``curve_preferences`` and ``rate_limit`` are refused as not
-  supported rather than silently ignored;
-- ``cipher_suites`` takes the Go names of the TLS 1.2 suites (TLS 1.3 suites are not
-  configurable, as in Go) and maps them to OpenSSL's;
-- ``http_server_config.http2`` is accepted and has no effect (aiohttp serves HTTP/1.1);
-- the file is read once at start, not on every request: restart to rotate certificates.
-
-As in exporter-toolkit, a ``tls_server_config`` without ``cert_file`` and ``key_file``
-means plain HTTP; any other key in it is then an error, since it would do nothing.
+(prometheus/exporter-toolkit): ``tls_server_config``, ``http_server_config`` (extra
+headers) and ``basic_auth_users`` (bcrypt hashes). :func:`load_web_config` reads it into
+a :class:`WebConfig` and checks it completely at start: every problem is a one-line
+:class:`WebConfigError` naming the file, line and key. docs/exporter-server.md lists what
+differs from exporter-toolkit on purpose (TLS 1.2+ only, verified client certificates
+only, secrets from files only, unsupported keys refused rather than ignored).
 
 Example::
 
     config = load_web_config("/etc/stocksentry/web.yml")
     ssl_context = config.ssl_context()          # None without tls_server_config
-    auth = BasicAuth(config.basic_auth_users)   # empty: no authentication
-    ok = await auth.check(request.headers.get("Authorization"))
 """
 
 from __future__ import annotations
@@ -54,9 +22,8 @@ import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final, NoReturn
+from typing import Final, NoReturn, cast, get_args
 
-from .basicauth import AUTH_REALM, BasicAuth
 from .config.yamlsource import (
     TAG_BOOL,
     TAG_STR,
@@ -82,20 +49,17 @@ from .inputs import (
     shorten,
 )
 from .tlsconfig import (
+    CIPHER_SUITES,
+    TLS13_SUITES,
+    TLS_VERSIONS,
     ClientAuthType,
     TLSServerConfig,
     TLSVersionName,
-    read_tls,
     server_context,
 )
 
 __all__ = [
-    "AUTH_REALM",
-    "BasicAuth",
-    "ClientAuthType",
     "HTTPServerConfig",
-    "TLSServerConfig",
-    "TLSVersionName",
     "WebConfig",
     "WebConfigError",
     "load_web_config",
@@ -236,13 +200,8 @@ def load_web_config(path: str | os.PathLike[str]) -> WebConfig:
     """Read, validate and return the web config at ``path``; also loads its TLS files.
 
     Relative file names in the config are relative to the config file's directory, as in
-    exporter-toolkit. Every problem is a :class:`WebConfigError`. The file must be a
-    regular file of at most :data:`~stocksentry.exporter.inputs.WEB_CONFIG_LIMIT`
-    (1 MiB), and so must each TLS file it names (``TLS_FILE_LIMIT``, 1 MiB).
-
-    Example::
-
-        config = load_web_config("/etc/stocksentry/web.yml")
+    exporter-toolkit. The file, and each TLS file it names, must be a regular file of at
+    most 1 MiB. Every problem is a :class:`WebConfigError`.
     """
     source = os.fspath(path)
     try:
@@ -298,7 +257,7 @@ class _Parser:
         )
         tls = http = users = None
         if (entry := sections.get("tls_server_config")) is not None:
-            tls = read_tls(self, entry.value)
+            tls = self.tls(entry.value)
         if (entry := sections.get("http_server_config")) is not None:
             http = self.http(entry.value)
         if (entry := sections.get("basic_auth_users")) is not None:
@@ -407,6 +366,138 @@ class _Parser:
                     headers[name] = value
         return HTTPServerConfig(http2=http2, headers=headers)
 
+    def tls(self, node: Node) -> TLSServerConfig | None:
+        """``tls_server_config``; ``None``: plain HTTP."""
+        if is_null(node):
+            return None
+        entries = self.mapping(node, "tls_server_config")
+        prefix = "tls_server_config."
+        self.check_keys(
+            entries,
+            prefix,
+            (
+                "cert_file",
+                "key_file",
+                "client_auth_type",
+                "client_ca_file",
+                "min_version",
+                "max_version",
+                "cipher_suites",
+                "prefer_server_cipher_suites",
+            ),
+        )
+
+        def value(name: str) -> Node | None:
+            entry = entries.get(name)
+            return entry.value if entry is not None else None
+
+        paths: dict[str, Path | None] = {}
+        for name in ("cert_file", "key_file", "client_ca_file"):
+            node_ = value(name)
+            paths[name] = (
+                None if node_ is None or is_null(node_) else self.path(node_, prefix + name)
+            )
+        cert, key = paths["cert_file"], paths["key_file"]
+        if cert is None and key is None:
+            # exporter-toolkit serves plain HTTP for a TLS section without certificate;
+            # anything else in it would then be silently ignored, so refuse that.
+            others = [name for name in entries if name not in ("cert_file", "key_file")]
+            if others:
+                self.fail(
+                    entries[others[0]].key,
+                    prefix + others[0],
+                    "needs cert_file and key_file (without them TLS is off)",
+                )
+            return None
+        if cert is None or key is None:
+            missing = "cert_file" if cert is None else "key_file"
+            self.fail(node, prefix + missing, f"missing: required with {_other_file(missing)}")
+
+        auth: ClientAuthType = "NoClientCert"
+        if (node_ := value("client_auth_type")) is not None:
+            refused = ("RequestClientCert", "RequireAnyClientCert")
+            if isinstance(node_, ScalarNode) and node_.value in refused:
+                self.fail(
+                    node_,
+                    prefix + "client_auth_type",
+                    f"{node_.value} accepts unverified certificates and is not supported; "
+                    "use RequireAndVerifyClientCert",
+                )
+            auth = cast(
+                ClientAuthType,
+                self.choice(node_, prefix + "client_auth_type", get_args(ClientAuthType)),
+            )
+        ca = paths["client_ca_file"]
+        if auth != "NoClientCert" and ca is None:
+            self.fail(
+                node_ if node_ is not None else node,
+                prefix + "client_ca_file",
+                f"required when client_auth_type is {auth}",
+            )
+        if auth == "NoClientCert" and ca is not None:
+            ca_node = entries["client_ca_file"].key
+            self.fail(
+                ca_node,
+                prefix + "client_ca_file",
+                "set without client_auth_type: set client_auth_type to "
+                "RequireAndVerifyClientCert (or remove client_ca_file)",
+            )
+
+        versions: dict[str, TLSVersionName] = {"min_version": "TLS12", "max_version": "TLS13"}
+        for name in versions:
+            if (node_ := value(name)) is not None:
+                versions[name] = cast(
+                    TLSVersionName,
+                    self.choice(
+                        node_,
+                        prefix + name,
+                        get_args(TLSVersionName),
+                        " (TLS 1.0 and 1.1 are not supported)",
+                    ),
+                )
+        if TLS_VERSIONS[versions["min_version"]] > TLS_VERSIONS[versions["max_version"]]:
+            node_ = value("max_version") or value("min_version")
+            self.fail(node_, prefix + "max_version", "is lower than min_version")
+
+        suites: list[str] = []
+        if (node_ := value("cipher_suites")) is not None:
+            for item, suite in self.string_list(node_, prefix + "cipher_suites"):
+                if suite in TLS13_SUITES:
+                    self.fail(
+                        item,
+                        prefix + "cipher_suites",
+                        f"{suite} is a TLS 1.3 suite; TLS 1.3 suites are not configurable",
+                    )
+                if suite not in CIPHER_SUITES:
+                    self.fail(
+                        item,
+                        prefix + "cipher_suites",
+                        f"unknown or insecure cipher suite {suite[:80]!r} "
+                        f"(supported: {', '.join(CIPHER_SUITES)})",
+                    )
+                suites.append(suite)
+            if suites and versions["min_version"] == "TLS13":
+                self.fail(
+                    node_,
+                    prefix + "cipher_suites",
+                    "has no effect with min_version TLS13 (TLS 1.3 suites are fixed)",
+                )
+
+        prefer = True
+        if (node_ := value("prefer_server_cipher_suites")) is not None:
+            prefer = self.boolean(node_, prefix + "prefer_server_cipher_suites")
+
+        return TLSServerConfig(
+            cert_file=cert,
+            key_file=key,
+            client_auth_type=auth,
+            client_ca_file=ca,
+            min_version=versions["min_version"],
+            max_version=versions["max_version"],
+            cipher_suites=tuple(suites),
+            prefer_server_cipher_suites=prefer,
+        )
+
     def users(self, node: Node) -> dict[str, bytes]:
         if is_null(node):
             return {}
@@ -420,7 +511,6 @@ class _Parser:
             # Never echo the value, even of the wrong type: it may be a plain password.
             hashed = self.scalar_str(value_node, key, secret=True)
             if not _BCRYPT_HASH.fullmatch(hashed):
-                # Never echo the value: it may be a plain password put there by mistake.
                 self.fail(
                     value_node,
                     key,
@@ -457,3 +547,7 @@ def quote(value: str) -> str:
     """A value from the file as a message shows it: ``repr``-quoted (control characters
     escaped), cut at 80 characters with "…"."""
     return repr(value[:ECHO_LIMIT]) + ("…" if len(value) > ECHO_LIMIT else "")
+
+
+def _other_file(name: str) -> str:
+    return "key_file" if name == "cert_file" else "cert_file"

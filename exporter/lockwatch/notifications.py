@@ -1,8 +1,7 @@
 """The ``notify-keyspace-events`` flags the watcher needs, checked and (if allowed) set.
 
-The watcher subscribes to keyspace notifications (``K``) of generic commands (``g``:
-``del``, ``expire``, ``persist``), string commands (``$``: ``set``) and expiries (``x``:
-``expired``): the flags ``Kg$x``. ``A`` stands for ``g$lshzxetd`` and covers the last three.
+The watcher needs keyspace notifications (``K``) of generic commands (``g``), string
+commands (``$``) and expiries (``x``): ``Kg$x``; ``A`` covers the last three.
 
 Example::
 

@@ -1,10 +1,8 @@
 """Lock key patterns: which keys are watched, their subscription glob, their ``lock`` label.
 
 A pattern is literal text with ``*`` (any text) and at most one ``{sku}`` (the SKU, which
-goes through the SKU guard). ``lock:product:{sku}`` watches ``lock:product:*`` and labels
-``lock:product:EGG-01`` as ``lock="lock:product:EGG-01"``, or ``lock:product:__other__``
-once the guard's budget is spent; a pattern without ``{sku}`` is its own label
-(``lock:cart:*``), so the label's values are bounded whatever keys the app writes.
+goes through the SKU guard); a pattern without ``{sku}`` is its own label, so the label's
+values are bounded whatever keys the app writes.
 
 Example::
 

@@ -1,35 +1,13 @@
 """The lease tracker: each watched lock key's life from its keyspace notifications.
 
 Pure state, no I/O: :meth:`LeaseTracker.apply` takes one notification (key, event, the
-time it was received, and for ``expire`` the deadline read back with ``PTTL``) and updates
-the counts :meth:`LeaseTracker.families` exports. What each event means:
-
-- ``set``: an acquisition (``SET key v NX EX n`` of a naive lock, redlock's ``SET ... NX
-  PX``): ``stock_lock_acquisitions_total`` counts it and a lease starts.
-- ``expire``: the lease got a deadline (the ``EX`` of the ``SET``, or an extension by
-  ``PEXPIRE``); ``persist`` removes it.
-- ``del``: a release. The hold time over the lease (acquisition to the last deadline) is
-  observed in ``stock_lock_hold_ratio``.
-- ``expired``: the lease ran out instead of being released: the holder outlived its lease
-  (``stock_lock_expired_while_held_total``; the hold ratio observed is about 1).
-
-**Suspected release not owned** (``stock_lock_release_not_owned_total``): a key that
-expired and was acquired again within ``reacquire_window`` starts a *re-acquired* lease;
-a ``del`` of that lease before ``foreign_release_ratio`` of its TTL (default half) has
-passed is counted. That is the naive lock of the incident: holder A's lease expires
-mid-work, B acquires the key, A finishes and runs ``DEL`` in ``finally``, deleting B's
-lock a moment after B took it. Keyspace notifications do not say who deleted a key, so
-this is a heuristic; its false positives are a second holder whose work is legitimately
-much shorter than its TTL (B really finished that fast) and a key deleted by an operator
-or cleanup job right after a re-acquisition. It misses a foreign ``DEL`` that comes late
-in B's lease. Owned locks (redlock, a compare-and-delete script) never delete another
-holder's lock, so with them it stays at zero unless B itself releases quickly after an
-expiry.
-
-Bounds: at most ``max_tracked`` leases and as many remembered expiries; acquisitions past
-the bound are counted but not followed (``stocksentry_lockwatch_leases_lost_total
-{reason="tracked_limit"}``). A lease whose deadline passed a minute ago without an
-``expired`` (lost notification) is dropped (``reason="end_unseen"``).
+time it was received, and for ``expire`` the deadline read back with ``PTTL``); ``set``
+starts a lease, ``expire``/``persist`` set or clear its deadline, ``del`` releases it
+(hold over TTL observed), ``expired`` counts a lease that ran out while held. A ``del``
+of a lease re-acquired within ``reacquire_window`` of an expiry, before
+``foreign_release_ratio`` of its TTL, is a suspected release not owned (a heuristic:
+docs/lockwatch.md gives its false positives and misses). At most ``max_tracked`` leases
+are followed; the others are counted in ``stocksentry_lockwatch_leases_lost_total``.
 
 Example::
 

@@ -3,18 +3,9 @@
 One asyncio task in the sidecar's event loop: it connects, checks (and, when
 ``lock_watch.configure_notifications`` allows it, sets) ``notify-keyspace-events``,
 ``PSUBSCRIBE``s to ``__keyspace@<db>__:<glob>`` for every pattern, and applies each
-notification to the tracker. The deadline an ``expire`` set is read back with ``PTTL``,
-pipelined once per batch of notifications that arrived together.
-
-Keyspace notifications are fire-and-forget: while the watcher is not subscribed (Redis
-restarting, a network cut, or Redis dropping a subscriber whose output buffer overflowed)
-they are lost, and nothing replays them. What the watcher counts about that gap:
-``stocksentry_lockwatch_connected`` turns 0, the seconds without a subscription add up in
-``stocksentry_lockwatch_disconnected_seconds_total``, the leases it was following are
-dropped into ``stocksentry_lockwatch_leases_lost_total{reason="disconnect"}`` (their hold
-time and release are not counted), and ``stocksentry_lockwatch_reconnects_total`` counts
-the subscriptions made again. Acquisitions, releases and expiries inside the gap are not
-counted; an expiry after it of a lock acquired during it still is.
+notification to the tracker, reading the deadline an ``expire`` set with one pipelined
+``PTTL`` per batch. Notifications sent while it is not subscribed are lost; what it
+counts about such a gap is in docs/lockwatch.md ("Disconnects").
 
 Example::
 

@@ -1,65 +1,23 @@
 """Compacting the files of dead workers into one file per type, safely against scrapes.
 
-A pre-fork server that recycles its workers (gunicorn's ``max_requests``) leaves every
-dead worker's files in the directory for ever: ``counter_<pid>.db``,
-``histogram_<pid>.db``, gauges, ``exemplars_<pid>.mmap``. The directory, and the work of
-every scrape, grow without bound. :func:`compact` folds the files of dead pids into
-``<type>[_<mode>]_compacted.db`` (and ``exemplars_compacted.mmap``), which the reader
-merges like any other file, so the scrape gives the same numbers from a few files.
+A pre-fork server that recycles its workers leaves every dead worker's files behind, so
+the directory and every scrape grow without bound. :func:`compact` folds the files of dead
+pids into ``<type>[_<mode>]_compacted.db`` and ``exemplars_compacted.mmap``, which the
+reader merges like any other file. docs/exporter-server.md ("Dead workers' files") has
+the table of what happens to each kind of file and the reasons; in short:
 
-What happens to each kind of file of a dead pid:
-
-- ``counter``, ``histogram``, ``summary``: summed into the compacted file of the type;
-- ``gauge`` ``sum``, ``min``, ``max``, ``mostrecent``: folded into the compacted file of
-  the mode with the mode's own rule (summed; the smaller; the larger; the value with the
-  newer timestamp): the merged gauge stays what it was;
-- ``gauge`` ``all``: deleted: its series (``pid="<dead pid>"``) leave the scrape;
-  prometheus_client keeps them for ever, one per worker that ever ran, which is the part
-  that grows without bound;
-- ``gauge`` ``liveall``, ``livesum``, ``livemin``, ``livemax``, ``livemostrecent``:
-  deleted; the reader already left them out (``check_pids``);
-- ``exemplars``: the newest exemplar per sample kept in ``exemplars_compacted.mmap``;
-- a file that cannot be read (torn, corrupt: see :mod:`.files`) is not folded: it is
-  renamed ``<name>.corrupt`` (kept for a human, no longer read), and counted once in
-  ``stocksentry_multiprocess_files_skipped_total``.
-
-Who decides a pid is dead. A pid is dead when its number names no process that this
-process can see: ``os.kill(pid, 0)`` raises ``ProcessLookupError``. That is only true
-of the app's workers when the sidecar shares the app's PID namespace (the same
-container, or a pod with ``shareProcessNamespace: true``; the chart's
-``sidecar.checkWorkerPids``, the server's ``check_worker_pids``): in a namespace of its
-own every app pid looks dead, and compacting a live worker's file would lose what it
-writes afterwards. So :class:`~stocksentry.exporter.multiproc.MultiprocessDirCollector`
-compacts only with ``check_pids`` on. prometheus_client's ``mark_process_dead`` (in
-gunicorn's ``child_exit``) is no signal here: it deletes the ``live*`` gauge files only,
-and a worker may have none.
-
-Pid reuse. A new worker that gets a dead worker's pid reopens that worker's files
-(prometheus_client continues the values in them). A pid that is dead when it is checked
-may be reused before the file is moved; so each file is first renamed to a name of its
-own (``<name>.staged-<token>.db``, which no worker opens), the pid is checked again, and
-a pid alive again gets its file back under its name unless its new worker has already
-made a new one (then the renamed file holds only the dead worker's values). A worker
-started between the second check and the rename back of a file it has open is the
-remaining hazard: with ``pid_max`` pids to go round before one is reused, a window of
-microseconds.
-
-Safety against scrapes and crashes. A compaction holds an exclusive ``flock`` on
-``.stocksentry-compaction.lock`` in the directory, and the reader a shared one while it
-lists and reads, so a scrape sees the directory before or after a compaction, never
-half of one. The new compacted file is written under a temporary name (no ``.db``:
-never read) and renamed over the old one (atomic); it names, in an entry of its own, the
-renamed files folded into it, and a reader leaves those out. The renamed files are
-deleted after that rename. A compaction killed at any point thus never counts a sample
-twice nor loses one: before the rename the renamed files are read as they are (with the
-old compacted file), after it they are ignored, and the next compaction deletes them.
-prometheus_client's own ``MultiProcessCollector`` takes no lock and reads no manifest:
-only stocksentry's reader may read a directory that is being compacted.
-
-Floating-point sums: adding the dead workers' values first and the live ones after is
-another order of additions than the directory's, so a sum of fractional values can
-differ from the uncompacted merge in its last bit (integer counts and bucket counts do
-not).
+- a pid is dead when ``os.kill(pid, 0)`` raises ``ProcessLookupError``, which is only
+  true of the app's workers in the app's PID namespace, so the collector compacts only
+  with ``check_pids``;
+- pid reuse: each file is first renamed to a name no worker opens
+  (``<name>.staged-<token>.db``), the pid checked again, and a pid alive again gets its
+  file back unless its new worker has already made its own;
+- scrapes and crashes: a compaction holds an exclusive ``flock`` on
+  :data:`LOCK_NAME`, a scrape a shared one; each compacted file is written under a
+  temporary name, renamed into place, and names (in a manifest entry) the files folded
+  into it, which a reader then leaves out: a compaction killed at any point never counts
+  a sample twice nor loses one. prometheus_client's ``MultiProcessCollector`` takes no
+  lock and reads no manifest.
 """
 
 from __future__ import annotations
@@ -75,7 +33,7 @@ import struct
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, TypeVar
 
 from stocksentry.instrumentation.mpexemplars import (
     CAPACITY,
@@ -89,14 +47,19 @@ from stocksentry.instrumentation.mpexemplars import (
     VERSION,
 )
 
-from .exemplars import ExemplarEntries, exemplar_pid, read_exemplars
+from .exemplars import ExemplarEntries, exemplar_pid, keep_newest, read_exemplars
 from .files import (
-    SUMMED_TYPES,
+    HEADER_SIZE as DB_HEADER_SIZE,
+)
+from .files import (
+    INT,
+    TWO_DOUBLES,
     Entries,
-    FileName,
     Key,
     SkipFile,
     SkipReason,
+    Values,
+    fold,
     parse_name,
     pid_alive,
     read_entries,
@@ -125,10 +88,8 @@ _STAGED_PID: Final = re.compile(r"[0-9]+\.staged-[0-9a-f]+\Z")
 _MANIFEST: Final = b"\x00stocksentry-compacted\x00"
 #: Gauge modes folded with their rule; the other modes of a dead pid are dropped.
 _FOLDED_MODES: Final = frozenset({"sum", "min", "max", "mostrecent"})
-_INT: Final = struct.Struct("i")
-_ENTRY_TAIL: Final = struct.Struct("dd")
-_BODY: Final = struct.Struct("=IddBBH4x32s16s")
 _CRC: Final = struct.Struct("=I")
+_T = TypeVar("_T")
 
 
 def staged(pid: str) -> bool:
@@ -196,23 +157,23 @@ class Compaction:
     ran: bool = True
 
 
-def _dead_pid(name: str) -> str | None:
-    """The pid of a worker's file when it is a number (not a staged or compacted one)."""
+def _pid_of(name: str) -> str | None:
+    """The pid part of a metrics or exemplar file's name."""
     if name.endswith(".db"):
         parsed = parse_name(name)
-        pid = parsed.pid if parsed is not None else None
-    else:
-        pid = exemplar_pid(name)
+        return parsed.pid if parsed is not None else None
+    return exemplar_pid(name)
+
+
+def _dead_pid(name: str) -> str | None:
+    """The pid of a worker's file when it is a number (not a staged or compacted one)."""
+    pid = _pid_of(name)
     return pid if pid is not None and pid.isdigit() else None
 
 
 def _is_staged(name: str) -> bool:
     """Whether ``name`` is a dead pid's file renamed by a compaction."""
-    if name.endswith(".db"):
-        parsed = parse_name(name)
-        pid = parsed.pid if parsed is not None else None
-    else:
-        pid = exemplar_pid(name)
+    pid = _pid_of(name)
     return pid is not None and staged(pid)
 
 
@@ -229,15 +190,14 @@ def _original_name(name: str) -> str:
 def _write_entries(path: str, entries: list[tuple[bytes, float, float]]) -> None:
     """Write ``entries`` in prometheus_client's mmap_dict layout (see :mod:`.files`)."""
     parts = [b""]
-    used = 8
+    used = DB_HEADER_SIZE
     for raw, value, timestamp in entries:
-        length = len(raw)
-        padding = 8 - (length + 4) % 8
+        padding = 8 - (len(raw) + 4) % 8
         parts.append(
-            _INT.pack(length) + raw + b"\0" * padding + _ENTRY_TAIL.pack(value, timestamp)
+            INT.pack(len(raw)) + raw + b"\0" * padding + TWO_DOUBLES.pack(value, timestamp)
         )
-        used += 4 + length + padding + 16
-    parts[0] = _INT.pack(used) + b"\0" * 4
+        used += 4 + len(raw) + padding + 16
+    parts[0] = INT.pack(used) + b"\0" * 4
     _write_file(path, b"".join(parts))
 
 
@@ -259,42 +219,18 @@ def _write_exemplars(path: str, entries: ExemplarEntries) -> None:
     for index, (raw, (timestamp, exemplar)) in enumerate(newest):
         trace = exemplar.labels.get("trace_id", "").encode("ascii")
         span = exemplar.labels.get("span_id", "").encode("ascii")
-        body = _BODY.pack(
-            0, exemplar.value, timestamp, len(trace), len(span), len(raw), trace, span
+        head = SLOT_HEAD.pack(
+            0, 0, exemplar.value, timestamp, len(trace), len(span), len(raw), trace, span
         )
         # The CRC covers the key, then the slot after the CRC (as the worker writes it).
-        crc = zlib.crc32(body, zlib.crc32(raw))
+        crc = zlib.crc32(head[4:], zlib.crc32(raw))
         offset = index * SLOT_SIZE
-        slots[offset : offset + SLOT_HEAD.size] = _CRC.pack(crc) + body
+        slots[offset : offset + SLOT_HEAD.size] = _CRC.pack(crc) + head[4:]
         slots[offset + SLOT_HEAD.size : offset + SLOT_HEAD.size + len(raw)] = raw
     head = HEADER.pack(MAGIC, VERSION, SLOT_SIZE, CAPACITY, 0, 0)[:20]
     header = HEADER.pack(MAGIC, VERSION, SLOT_SIZE, CAPACITY, zlib.crc32(head), len(newest))
     data = header.ljust(HEADER_SIZE, b"\0") + bytes(slots)
     _write_file(path, data.ljust(HEADER_SIZE + CAPACITY * SLOT_SIZE, b"\0"))
-
-
-def _fold(target: dict[bytes, tuple[float, float]], mode: str, entries: Entries) -> None:
-    """Fold one file's entries into ``target`` (key -> (value, timestamp)) by ``mode``."""
-    get = target.get
-    if mode in ("", "sum"):
-        for raw, value, _ in entries:
-            held = get(raw)
-            target[raw] = (value if held is None else held[0] + value, 0.0)
-    elif mode == "min":
-        for raw, value, timestamp in entries:
-            held = get(raw)
-            if held is None or value < held[0]:
-                target[raw] = (value, timestamp)
-    elif mode == "max":
-        for raw, value, timestamp in entries:
-            held = get(raw)
-            if held is None or value > held[0]:
-                target[raw] = (value, timestamp)
-    else:  # mostrecent: strictly newer wins, as the reader (and prometheus_client) merge
-        for raw, value, timestamp in entries:
-            held = get(raw)
-            if timestamp > (held[1] if held is not None else 0.0):
-                target[raw] = (value, timestamp)
 
 
 class _Compactor:
@@ -308,6 +244,10 @@ class _Compactor:
     def path(self, name: str) -> str:
         return os.path.join(self.directory, name)
 
+    def remove(self, name: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path(name))
+
     def set_aside(self, name: str, skip: SkipFile) -> None:
         """An unreadable file of a dead pid: renamed ``<its name>.corrupt``, counted once."""
         original = _original_name(name) if _STAGED in name else name
@@ -315,6 +255,22 @@ class _Compactor:
             os.replace(self.path(name), self.path(original + ".corrupt"))
         skipped = self.result.skipped
         skipped[skip.reason] = skipped.get(skip.reason, 0) + 1
+
+    def read(self, name: str, reader: Callable[[str], _T]) -> _T | None:
+        """``reader`` of one file; ``None`` when it is gone or unreadable (set aside)."""
+        try:
+            return reader(self.path(name))
+        except FileNotFoundError:
+            return None
+        except SkipFile as skip:
+            self.set_aside(name, skip)
+            return None
+
+    def checked_entries(self, path: str) -> Entries:
+        entries = read_entries(path)
+        for raw, _, _ in entries:
+            self.check_key(raw)
+        return entries
 
     def stage(self, names: list[str]) -> list[str]:
         """Rename the dead pids' files to names of their own; put back those of reused
@@ -348,48 +304,24 @@ class _Compactor:
         typ, mode = kind
         if typ == "gauge" and mode not in _FOLDED_MODES:
             for name in staged_names:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(self.path(name))
+                self.remove(name)
                 self.result.dropped += 1
             return
         final = f"{typ}_{mode}_{COMPACTED}.db" if mode else f"{typ}_{COMPACTED}.db"
-        values: dict[bytes, tuple[float, float]] = {}
-        try:
-            old, _ = manifest_of(read_entries(self.path(final)))
-        except FileNotFoundError:
-            old = []
-        except SkipFile as skip:
-            # The compacted file itself is unreadable: kept aside, and started afresh.
-            self.set_aside(final, skip)
-            old = []
-        _fold(values, mode, old)
+        values: Values = {}
+        # An unreadable compacted file is set aside, and started afresh.
+        fold(values, mode, self.read(final, lambda path: manifest_of(read_entries(path))[0]) or [])
         folded: list[str] = []
         for name in staged_names:
-            try:
-                entries = read_entries(self.path(name))
-                for raw, _, _ in entries:
-                    self.check_key(raw)
-            except FileNotFoundError:
-                continue
-            except SkipFile as skip:
-                self.set_aside(name, skip)
-                continue
-            _fold(values, mode, entries)
-            folded.append(name)
+            entries = self.read(name, self.checked_entries)
+            if entries is not None:
+                fold(values, mode, entries)
+                folded.append(name)
         if not folded:
             return
         manifest = _MANIFEST + json.dumps(sorted(folded)).encode("utf-8")
-        temporary = self.path(f".{final}.{self.token}.tmp")
-        _write_entries(
-            temporary,
-            [(manifest, 0.0, 0.0), *((raw, v, ts) for raw, (v, ts) in values.items())],
-        )
-        os.replace(temporary, self.path(final))
-        self.sync_directory()
-        for name in folded:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.path(name))
-        self.result.folded += len(folded)
+        written = [(manifest, 0.0, 0.0), *((raw, v, ts) for raw, (v, ts) in values.items())]
+        self.publish(final, folded, lambda path: _write_entries(path, written))
 
     def compact_exemplars(self, staged_names: list[str]) -> None:
         """Keep the newest exemplar per sample of ``staged_names`` and the compacted file.
@@ -401,37 +333,32 @@ class _Compactor:
         merged: ExemplarEntries = {}
         folded: list[str] = []
         for name in (final, *staged_names):
-            try:
-                entries = read_exemplars(self.path(name))
-            except FileNotFoundError:
-                continue
-            except SkipFile as skip:
-                self.set_aside(name, skip)
+            entries = self.read(name, read_exemplars)
+            if entries is None:
                 continue
             for raw, item in entries.items():
-                held = merged.get(raw)
-                if held is None or item[0] > held[0]:
-                    merged[raw] = item
+                keep_newest(merged, raw, item)
             if name != final:
                 folded.append(name)
         if not folded:
             return
-        temporary = self.path(f".{final}.{self.token}.tmp")
-        _write_exemplars(temporary, merged)
-        os.replace(temporary, self.path(final))
-        self.sync_directory()
-        for name in folded:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.path(name))
-        self.result.folded += len(folded)
+        self.publish(final, folded, lambda path: _write_exemplars(path, merged))
 
-    def sync_directory(self) -> None:
+    def publish(self, final: str, folded: list[str], write: Callable[[str], None]) -> None:
+        """Write ``final`` under a temporary name, rename it into place, then delete the
+        ``folded`` files it now holds."""
+        temporary = self.path(f".{final}.{self.token}.tmp")
+        write(temporary)
+        os.replace(temporary, self.path(final))
         with contextlib.suppress(OSError):
             fd = os.open(self.directory, os.O_RDONLY)
             try:
                 os.fsync(fd)
             finally:
                 os.close(fd)
+        for name in folded:
+            self.remove(name)
+        self.result.folded += len(folded)
 
     def run(self) -> None:
         with os.scandir(self.directory) as it:
@@ -441,17 +368,16 @@ class _Compactor:
         included: set[str] = set()
         for name in names:
             if name.endswith(".tmp") and name.startswith("."):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(self.path(name))
+                self.remove(name)
             elif name.endswith(f"_{COMPACTED}.db"):
                 with contextlib.suppress(FileNotFoundError, SkipFile):
                     included |= manifest_of(read_entries(self.path(name)))[1]
-        leftovers = [n for n in names if _is_staged(n)]
-        for name in leftovers:
+        leftovers: list[str] = []
+        for name in filter(_is_staged, names):
             if name in included:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(self.path(name))
-        leftovers = [n for n in leftovers if n not in included]
+                self.remove(name)
+            else:
+                leftovers.append(name)
         # The dead pids, at most max_pids of them per run: a scrape that compacts a
         # directory of a thousand dead workers at once would outlast its timeout.
         alive: dict[str, bool] = {}
@@ -471,16 +397,12 @@ class _Compactor:
         by_kind: dict[tuple[str, str], list[str]] = {}
         exemplar_files: list[str] = []
         for name in [*leftovers, *self.stage(dead)]:
-            if name.endswith(".db"):
-                parsed: FileName | None = parse_name(name)
-                if parsed is None:
-                    continue
-                by_kind.setdefault((parsed.typ, parsed.mode), []).append(name)
-            else:
+            if not name.endswith(".db"):
                 exemplar_files.append(name)
+            elif (parsed := parse_name(name)) is not None:
+                by_kind.setdefault((parsed.typ, parsed.mode), []).append(name)
         for kind, kind_names in by_kind.items():
-            if kind[0] in SUMMED_TYPES or kind[0] == "gauge":
-                self.compact_db(kind, kind_names)
+            self.compact_db(kind, kind_names)
         if exemplar_files:
             self.compact_exemplars(exemplar_files)
 

@@ -1,16 +1,11 @@
 """Reading the workers' exemplar files (``exemplars_<pid>.mmap``) safely.
 
-The layout is defined by :mod:`stocksentry.instrumentation.mpexemplars`, which writes it.
-:func:`read_exemplars` returns ``{key bytes: Exemplar}`` for one file or raises
-:class:`~.files.SkipFile` with the reason, like the metrics files: ``truncated`` (shorter
-than its header says), ``corrupt`` (bad magic, version, header CRC, lengths),
-``unreadable``. A slot whose CRC fails is read again up to five times, then left out of
-this scrape only; the rest of the file still counts. A torn slot cannot be told from a
-corrupt one: a worker descheduled in the middle of its (one-microsecond) rewrite leaves
-the same half-written bytes for as long as it is paused, so "the same bytes twice" is no
-proof of corruption on a loaded machine, and one bad slot must not cost the other 2,047
-exemplars of the file.
-Internal to :mod:`stocksentry.exporter.multiproc`.
+The layout is :mod:`stocksentry.instrumentation.mpexemplars`'s, which writes it.
+:func:`read_exemplars` raises :class:`~.files.SkipFile` like the metrics reader. A slot
+whose CRC fails is read again up to five times, then left out of this scrape only: a
+worker paused in the middle of its rewrite leaves the same torn bytes for as long as it is
+paused, so a stable bad checksum is no proof of corruption, and one bad slot must not cost
+the file's other exemplars.
 """
 
 from __future__ import annotations
@@ -33,7 +28,7 @@ from stocksentry.instrumentation.mpexemplars import (
 
 from .files import SkipFile, open_regular
 
-__all__ = ["ExemplarEntries", "exemplar_pid", "read_exemplars"]
+__all__ = ["ExemplarEntries", "exemplar_pid", "keep_newest", "parse_slot", "read_exemplars"]
 
 # key bytes -> (timestamp, Exemplar)
 ExemplarEntries = dict[bytes, tuple[float, Exemplar]]
@@ -48,7 +43,14 @@ def exemplar_pid(name: str) -> str | None:
     return None
 
 
-def _slot(data: bytes, pos: int, slot_size: int) -> tuple[bytes, float, Exemplar] | None:
+def keep_newest(target: ExemplarEntries, raw: bytes, item: tuple[float, Exemplar]) -> None:
+    """Put ``item`` in ``target`` unless ``target`` holds a newer one for ``raw``."""
+    held = target.get(raw)
+    if held is None or item[0] > held[0]:
+        target[raw] = item
+
+
+def parse_slot(data: bytes, pos: int, slot_size: int) -> tuple[bytes, float, Exemplar] | None:
     """One slot, or ``None`` when its CRC fails; ``SkipFile`` when its lengths are wrong."""
     crc, _seq, value, ts, trace_len, span_len, key_len, trace, span = SLOT_HEAD.unpack_from(
         data, pos
@@ -75,13 +77,12 @@ def _slot(data: bytes, pos: int, slot_size: int) -> tuple[bytes, float, Exemplar
 
 def _reread(fd: int, offset: int, slot_size: int) -> tuple[bytes, float, Exemplar] | None:
     """Read a slot whose CRC failed again, up to ``_REREADS`` times; ``None`` if it never
-    passes (it is left out of this scrape: see the module docstring for why a stable bad
-    checksum is not taken as proof of a corrupt file)."""
+    passes."""
     for _ in range(_REREADS):
         again = os.pread(fd, slot_size, offset)
         if len(again) < slot_size:
             raise SkipFile("truncated", f"slot at {offset} cut short")
-        got = _slot(again, 0, slot_size)
+        got = parse_slot(again, 0, slot_size)
         if got is not None:
             return got
     return None
@@ -111,15 +112,13 @@ def read_exemplars(path: str) -> ExemplarEntries:
             out: ExemplarEntries = {}
             for index in range(used):
                 pos = index * slot_size
-                got = _slot(data, pos, slot_size)
+                got = parse_slot(data, pos, slot_size)
                 if got is None:
                     got = _reread(fd, HEADER_SIZE + pos, slot_size)
                     if got is None:
                         continue  # still being rewritten: the next scrape will have it
                 key, ts, exemplar = got
-                held = out.get(key)
-                if held is None or ts > held[0]:
-                    out[key] = (ts, exemplar)
+                keep_newest(out, key, (ts, exemplar))
             return out
     except (FileNotFoundError, SkipFile):
         raise

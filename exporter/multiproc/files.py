@@ -1,12 +1,8 @@
 """The multiprocess files: their names, their binary layout, and reading one safely.
 
-prometheus_client's ``mmap_dict`` writes each file as a 4-byte int "bytes used", 4 bytes
-of padding, then entries of [4-byte key length][UTF-8 JSON key, padded to 8-byte
-alignment][value: double][timestamp: double], in native byte order (writer and reader
-share a machine). :func:`read_entries` reads one file completely or raises
-:class:`SkipFile` with the reason; :func:`parse_key` validates one key;
-:func:`parse_name` splits ``<type>[_<mode>]_<pid>.db``. Internal to
-:mod:`stocksentry.exporter.multiproc`.
+:func:`read_entries` reads one file completely or raises :class:`SkipFile` with the
+reason; :func:`parse_key` validates one key; :func:`parse_name` splits
+``<type>[_<mode>]_<pid>.db``; :func:`fold` merges one file's entries by gauge mode.
 
 Example::
 
@@ -30,13 +26,19 @@ from prometheus_client.metrics_core import Metric
 
 __all__ = [
     "GAUGE_MODES",
+    "HEADER_SIZE",
+    "INT",
     "SKIP_REASONS",
     "SUMMED_TYPES",
+    "TWO_DOUBLES",
     "Entries",
     "FileName",
     "Key",
     "SkipFile",
     "SkipReason",
+    "Values",
+    "fold",
+    "open_regular",
     "parse_key",
     "parse_name",
     "pid_alive",
@@ -52,20 +54,8 @@ SkipReason = Literal["bad_name", "corrupt", "truncated", "unreadable"]
 SKIP_REASONS: Final[tuple[SkipReason, ...]] = ("bad_name", "corrupt", "truncated", "unreadable")
 
 #: The gauge multiprocess modes prometheus_client writes, one file per mode and pid.
-GAUGE_MODES: Final[frozenset[str]] = frozenset(
-    {
-        "all",
-        "liveall",
-        "min",
-        "livemin",
-        "max",
-        "livemax",
-        "sum",
-        "livesum",
-        "mostrecent",
-        "livemostrecent",
-    }
-)
+_MODES: Final = ("all", "min", "max", "sum", "mostrecent")
+GAUGE_MODES: Final[frozenset[str]] = frozenset((*_MODES, *(f"live{mode}" for mode in _MODES)))
 SUMMED_TYPES: Final[frozenset[str]] = frozenset({"counter", "histogram", "summary"})
 
 
@@ -73,9 +63,9 @@ SUMMED_TYPES: Final[frozenset[str]] = frozenset({"counter", "histogram", "summar
 # writer and reader share a machine): a 4-byte int "bytes used", 4 bytes of padding, then
 # entries of [4-byte key length][UTF-8 key, padded to 8-byte alignment][value: double]
 # [timestamp: double].
-_INT: Final = struct.Struct("i")
-_TWO_DOUBLES: Final = struct.Struct("dd")
-_HEADER_SIZE: Final = 8
+INT: Final = struct.Struct("i")
+TWO_DOUBLES: Final = struct.Struct("dd")
+HEADER_SIZE: Final = 8
 # The sample names prometheus_client's multiprocess mode writes: the metric's name and
 # one of these suffixes (gauges none, counters _total, histograms _bucket and _sum...).
 _SAMPLE_SUFFIXES: Final = frozenset(
@@ -105,10 +95,7 @@ class SkipFile(Exception):
 @contextlib.contextmanager
 def open_regular(path: str) -> Iterator[tuple[BinaryIO, int, int]]:
     """Open ``path`` for reading as ``(file, fd, size)``; :class:`SkipFile` unless it is a
-    regular file. ``O_NONBLOCK``: a FIFO (or another special file) dropped into the
-    directory must not block the scrape in ``open()``; it is refused instead. No effect on
-    regular files.
-    """
+    regular file (``O_NONBLOCK``: a FIFO must not block the scrape in ``open()``)."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     with open(fd, "rb") as f:
         info = os.fstat(fd)
@@ -195,17 +182,17 @@ def read_entries(path: str) -> Entries:
             if size == 0:
                 # Created by a starting worker, not sized yet.
                 return []
-            if size < _HEADER_SIZE:
+            if size < HEADER_SIZE:
                 raise SkipFile("truncated", f"{size} bytes, shorter than the header")
             data = f.read(min(size, _FIRST_READ))
-            if len(data) < _HEADER_SIZE:
+            if len(data) < HEADER_SIZE:
                 # Shrunk since the fstat: someone truncated it under us.
                 raise SkipFile("truncated", f"read {len(data)} bytes, shorter than the header")
-            (used,) = _INT.unpack_from(data, 0)
+            (used,) = INT.unpack_from(data, 0)
             if used == 0:
                 # Sized but nothing written yet.
                 return []
-            if used < _HEADER_SIZE:
+            if used < HEADER_SIZE:
                 raise SkipFile("corrupt", f"header says {used} bytes used")
             if used > size:
                 raise SkipFile("truncated", f"header says {used} bytes used, file has {size}")
@@ -219,24 +206,21 @@ def read_entries(path: str) -> Entries:
         raise SkipFile("unreadable", f"{type(exc).__name__}: {exc}") from None
 
     entries: Entries = []
-    append = entries.append
-    unpack_int = _INT.unpack_from
-    unpack_two = _TWO_DOUBLES.unpack_from
-    pos = _HEADER_SIZE
+    pos = HEADER_SIZE
     while pos < used:
         # Every bound is checked before it is used: a garbage length must neither read
         # past `used` nor move `pos` backwards (which would loop forever).
         if pos + 4 > used:
             raise SkipFile("corrupt", f"entry header at {pos} runs past {used}")
-        (length,) = unpack_int(data, pos)
+        (length,) = INT.unpack_from(data, pos)
         if length <= 0:
             raise SkipFile("corrupt", f"key length {length} at {pos}")
         value_pos = pos + 4 + length + (8 - (length + 4) % 8)
         end = value_pos + 16
         if end > used:
             raise SkipFile("corrupt", f"entry at {pos} runs past {used}")
-        value, timestamp = unpack_two(data, value_pos)
-        append((data[pos + 4 : pos + 4 + length], value, timestamp))
+        value, timestamp = TWO_DOUBLES.unpack_from(data, value_pos)
+        entries.append((data[pos + 4 : pos + 4 + length], value, timestamp))
         pos = end
     return entries
 
@@ -275,8 +259,32 @@ def pid_alive(pid: str) -> bool:
         os.kill(number, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
-        return True
     except OSError:
-        return True
+        return True  # PermissionError: it exists, under another user
     return True
+
+
+# key bytes -> (value, timestamp), as folded by :func:`fold`.
+Values = dict[bytes, tuple[float, float]]
+
+
+def fold(target: Values, mode: str, entries: Entries) -> None:
+    """Fold one file's entries into ``target`` by gauge ``mode`` (``live`` prefix
+    removed): ``""`` (counters, histograms, summaries) and ``sum`` add, ``min``/``max``
+    keep the smaller/larger, ``mostrecent`` the strictly newer timestamp (as
+    prometheus_client merges)."""
+    if mode in ("", "sum"):
+        for raw, value, _ in entries:
+            held = target.get(raw)
+            target[raw] = ((held[0] if held is not None else 0.0) + value, 0.0)
+    elif mode in ("min", "max"):
+        smaller = mode == "min"
+        for raw, value, timestamp in entries:
+            held = target.get(raw)
+            if held is None or (value < held[0] if smaller else value > held[0]):
+                target[raw] = (value, timestamp)
+    else:
+        for raw, value, timestamp in entries:
+            held = target.get(raw)
+            if timestamp > (held[1] if held is not None else 0.0):
+                target[raw] = (value, timestamp)

@@ -1,14 +1,16 @@
-"""The aiohttp application: its routes, its state, and :func:`create_app`.
+"""The aiohttp application: its routes, content negotiation, basic auth, :func:`create_app`.
 
-Routes: ``/metrics`` (``settings.metrics_path``, the exposition of
-:mod:`.exposition`, negotiated by :mod:`.negotiation`), ``/healthz``, ``/readyz`` and a
-landing page at ``/`` (with the version, see :mod:`.buildinfo`). Basic auth
-(:mod:`.auth`) guards the first and the last.
+Routes: ``/metrics`` (``settings.metrics_path``, the exposition of :mod:`.exposition`:
+Prometheus text 0.0.4 by default, OpenMetrics 1.0.0, the only format with exemplars,
+when ``Accept`` prefers it, gzip when ``Accept-Encoding`` allows it), ``/healthz``,
+``/readyz`` and a landing page at ``/``. Basic auth guards ``/metrics`` and ``/``; the
+health endpoints stay open, because kubelet probes carry no credentials and the answers
+reveal nothing.
 
 Example::
 
-    app = create_app(ServerSettings("127.0.0.1", 0), collectors=[probe_runner])
-    web.run_app(app)  # or run_server(...), which also handles TLS and signals
+    >>> wants_openmetrics("application/openmetrics-text;version=1.0.0,*/*;q=0.1")
+    True
 """
 
 from __future__ import annotations
@@ -16,20 +18,30 @@ from __future__ import annotations
 import asyncio
 import gzip
 import html
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from typing import Final
 
 from aiohttp import hdrs, web
 from prometheus_client.registry import Collector
 
-from ..webconfig import BasicAuth
-from .auth import BASIC_AUTH, basic_auth_middleware
+from ..basicauth import BasicAuth
 from .buildinfo import build_info
 from .exposition import MetricsRenderer, SharedRender, build_renderer
-from .negotiation import CONTENT_TYPE_OPENMETRICS, CONTENT_TYPE_TEXT, wants_gzip, wants_openmetrics
 from .settings import HEALTHZ_PATH, READYZ_PATH, Lifecycle, ServerSettings
 
-__all__ = ["LIFECYCLE", "RENDERER", "SETTINGS", "Background", "create_app"]
+__all__ = [
+    "BASIC_AUTH",
+    "CONTENT_TYPE_OPENMETRICS",
+    "CONTENT_TYPE_TEXT",
+    "LIFECYCLE",
+    "RENDERER",
+    "SETTINGS",
+    "Background",
+    "basic_auth_middleware",
+    "create_app",
+    "wants_gzip",
+    "wants_openmetrics",
+]
 
 #: A background resource for ``app.cleanup_ctx``: start-up before ``yield``, clean-up after.
 Background = Callable[[web.Application], AsyncIterator[None]]
@@ -40,6 +52,8 @@ SETTINGS: Final = web.AppKey("stocksentry_settings", ServerSettings)
 LIFECYCLE: Final = web.AppKey("stocksentry_lifecycle", Lifecycle)
 #: The renderer behind ``/metrics`` (its error counts, its sources).
 RENDERER: Final = web.AppKey("stocksentry_renderer", MetricsRenderer)
+#: The basic-auth checker (disabled when the web config has no users).
+BASIC_AUTH: Final = web.AppKey("stocksentry_basic_auth", BasicAuth)
 _SHARED: Final = web.AppKey("stocksentry_shared_render", SharedRender)
 
 # Level 6 is what Go's gzip (and so the Prometheus exporters) use by default: most of the
@@ -61,6 +75,91 @@ _LANDING: Final = """<!DOCTYPE html>
 </body>
 </html>
 """
+
+
+@web.middleware
+async def basic_auth_middleware(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """401 with a ``WWW-Authenticate`` challenge unless the credentials check out; the
+    health endpoints pass without credentials."""
+    if request.path in (HEALTHZ_PATH, READYZ_PATH):
+        return await handler(request)
+    auth = request.app[BASIC_AUTH]
+    if await auth.check(request.headers.get(hdrs.AUTHORIZATION)):
+        return await handler(request)
+    return web.Response(
+        status=401,
+        text="401: credentials missing or wrong\n",
+        headers={hdrs.WWW_AUTHENTICATE: auth.challenge},
+    )
+
+
+#: Prometheus text format, the default.
+CONTENT_TYPE_TEXT: Final = "text/plain; version=0.0.4; charset=utf-8"
+#: OpenMetrics 1.0.0, chosen by ``Accept``; the only format that carries exemplars.
+CONTENT_TYPE_OPENMETRICS: Final = "application/openmetrics-text; version=1.0.0; charset=utf-8"
+
+
+def _media_ranges(header: str) -> Iterable[tuple[str, dict[str, str], float]]:
+    """``a/b;version=1;q=0.5, c/d`` -> (media type, params, q) per range."""
+    for part in header.split(","):
+        media, *raw_params = part.split(";")
+        params: dict[str, str] = {}
+        for raw in raw_params:
+            name, _, value = raw.partition("=")
+            params[name.strip().lower()] = value.strip().strip('"')
+        try:
+            q = float(params.pop("q", "1"))
+        except ValueError:
+            q = 0.0
+        yield media.strip().lower(), params, q
+
+
+def wants_openmetrics(accept: str) -> bool:
+    """True when ``Accept`` prefers OpenMetrics 1.x over the Prometheus text format.
+
+    OpenMetrics is chosen when an ``application/openmetrics-text`` range without a
+    version, or with a 1.x version, has a q above 0 and at least that of ``text/plain``
+    and ``*/*``. Prometheus itself sends exactly such a header.
+
+    Example::
+
+        >>> wants_openmetrics("application/openmetrics-text;version=1.0.0;q=0.6,*/*;q=0.2")
+        True
+        >>> wants_openmetrics("text/plain;version=0.0.4")
+        False
+    """
+    best_om = 0.0
+    best_other = 0.0
+    for media, params, q in _media_ranges(accept):
+        if media == "application/openmetrics-text":
+            version = params.get("version", "1.0.0")
+            if version.split(".")[0] == "1":
+                best_om = max(best_om, q)
+        elif media in ("text/plain", "*/*", "text/*"):
+            best_other = max(best_other, q)
+    return best_om > 0 and best_om >= best_other
+
+
+def wants_gzip(accept_encoding: str) -> bool:
+    """True when ``Accept-Encoding`` allows gzip (explicitly or through ``*``).
+
+    Example::
+
+        >>> wants_gzip("gzip, deflate"), wants_gzip("gzip;q=0, *"), wants_gzip("")
+        (True, False, False)
+    """
+    gzip_q: float | None = None
+    star_q: float | None = None
+    for coding, _, q in _media_ranges(accept_encoding):
+        if coding in ("gzip", "x-gzip"):
+            gzip_q = q
+        elif coding == "*":
+            star_q = q
+    if gzip_q is not None:
+        return gzip_q > 0
+    return star_q is not None and star_q > 0
 
 
 async def _metrics(request: web.Request) -> web.Response:
@@ -110,22 +209,8 @@ def create_app(
 
     ``collectors`` join the exposition after the multiprocess directory and before the
     process metrics. ``background`` callables are async generators appended to
-    ``app.cleanup_ctx``: start their tasks before ``yield``, cancel and await them after;
-    ``/readyz`` turns 200 only once all of them have started. (It flips in an
-    ``on_startup`` handler registered here, which runs after every ``cleanup_ctx``
-    start-up; ``on_startup`` handlers added later by the caller run after it.)
-
-    Example::
-
-        async def probes(app: web.Application) -> AsyncIterator[None]:
-            task = asyncio.create_task(runner.run_forever())
-            yield
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-
-        app = create_app(settings, collectors=[snapshot_collector], background=[probes])
-        web.run_app(app)  # or run_server(...), which also handles TLS and signals
+    ``app.cleanup_ctx`` (start before ``yield``, clean up after); ``/readyz`` turns 200
+    once all of them have started, from an ``on_startup`` handler registered here.
     """
     web_config = settings.web_config
     auth = BasicAuth(web_config.basic_auth_users if web_config else {})

@@ -1,22 +1,12 @@
-"""What build of the exporter runs: ``stocksentry_build_info`` and the landing page's line.
+"""What build of the exporter runs: ``stocksentry_build_info{version, revision,
+python_version} 1`` (the exporters' ``*_build_info`` convention) and the landing page's line.
 
-``stocksentry_build_info{version, revision, python_version} 1``, the Prometheus
-exporters' ``*_build_info`` convention: join it on ``instance`` to see which build runs
-where, e.g. ``count by (version, revision) (stocksentry_build_info)`` during a rollout.
-
-- ``version``: the installed distribution's version (``importlib.metadata``);
-- ``revision``: the source commit, from the first of
-  1. the ``REVISION`` file shipped inside the package, written when the wheel is built
-     (the Dockerfile writes ``--build-arg REVISION=$(git rev-parse HEAD)`` there);
-  2. the installer's record of a VCS install (PEP 610 ``direct_url.json``, e.g.
-     ``pip install git+https://…@<commit>``);
-  3. ``unknown``;
-- ``python_version``: the interpreter running the exporter, ``3.12.7``.
+``revision`` is the first of: the ``REVISION`` file written into the package when the
+wheel is built, the commit of a VCS install (PEP 610 ``direct_url.json``), ``unknown``.
 
 Example::
 
-    >>> info = BuildInfo("0.1.0", "4f2a9c1", "3.12.7")
-    >>> info.describe()
+    >>> BuildInfo("0.1.0", "4f2a9c1", "3.12.7").describe()
     'stocksentry 0.1.0 (revision 4f2a9c1, Python 3.12.7)'
 """
 

@@ -1,25 +1,14 @@
 """Read deadlines for slow clients: a request head, a request body and a TLS handshake.
 
-aiohttp bounds the size of a request line and of its headers, but not the time a client
-takes to send them: a client that sends half a request line and then nothing holds its
-connection (and a file descriptor, and with TLS a session) for aiohttp's keep-alive
-timeout, about an hour. A few hundred such clients exhaust the exporter's descriptors
-while Prometheus is refused. So the listener here wraps each connection's protocol in a
-:class:`HeadDeadline` that aborts the connection when
-
-- a request head (request line and headers, up to the empty line) has not arrived in
-  full within ``header_timeout`` seconds of the connection opening or of its first byte;
-- a request body announced by ``Content-Length`` (or ``chunked``) has not arrived in full
-  within ``body_timeout`` seconds of the end of its head;
-
-and the TLS handshake itself is bounded by ``loop.create_server``'s
-``ssl_handshake_timeout``. Between requests a kept-alive connection is idle, which is
-aiohttp's ``keepalive_timeout`` to bound, not ours: Prometheus reuses its connection
-from one scrape to the next.
-
-The watch reads the bytes as they pass, without parsing them for aiohttp: it only finds
-where a head ends (``\\r\\n\\r\\n``) and how long the body that follows is. aiohttp still
-parses, and refuses malformed requests with 400 as before.
+aiohttp bounds the size of a request head but not the time a client takes to send it: a
+client that sends half a request line and then nothing holds its connection for the
+keep-alive timeout, and a few hundred of them exhaust the descriptors while Prometheus is
+refused. :func:`listen` opens a listener whose connections are wrapped in a
+:class:`HeadDeadline`, which aborts a connection whose request head has not arrived within
+``header_timeout`` seconds (of the connection opening or of the head's first byte), or
+whose body (``Content-Length`` or ``chunked``) has not arrived within ``body_timeout``
+seconds of its head; ``ssl_handshake_timeout`` bounds the TLS handshake. The watch only
+finds where a head ends and how long its body is; aiohttp still parses the request.
 """
 
 from __future__ import annotations
@@ -30,8 +19,6 @@ from collections.abc import Callable
 from ssl import SSLContext
 from typing import Final, cast
 
-from aiohttp import web
-
 from ..config import model
 
 __all__ = [
@@ -40,7 +27,7 @@ __all__ = [
     "HEADER_TIMEOUT",
     "KEEPALIVE_TIMEOUT",
     "HeadDeadline",
-    "WatchedSite",
+    "listen",
 ]
 
 # The defaults are the config model's (``server:`` in the exporter's config), where their
@@ -63,22 +50,9 @@ class HeadDeadline(asyncio.Protocol):
     """Wraps an aiohttp request handler: aborts the connection of a slow sender.
 
     States: waiting for a head (deadline ``header_timeout``), reading a body (deadline
-    ``body_timeout``), or idle between requests (no deadline here). Every call is passed
-    on to the wrapped handler unchanged.
+    ``body_timeout``), or idle between requests (aiohttp's keep-alive timeout). Every call
+    is passed on to the wrapped handler unchanged.
     """
-
-    __slots__ = (
-        "_body_left",
-        "_body_timeout",
-        "_chunked_tail",
-        "_head",
-        "_header_timeout",
-        "_inner",
-        "_loop",
-        "_state",
-        "_timer",
-        "_transport",
-    )
 
     def __init__(
         self,
@@ -93,8 +67,10 @@ class HeadDeadline(asyncio.Protocol):
         self._loop = asyncio.get_running_loop()
         self._transport: asyncio.Transport | None = None
         self._timer: asyncio.TimerHandle | None = None
-        self._state = "head"
-        self._head = b""
+        #: "head" (waiting for one), "body" (reading one) or "idle" (between requests).
+        self.state = "head"
+        #: The part of a request head received so far (its last 128 KiB at most).
+        self.pending_head = b""
         self._body_left = 0  # bytes of a Content-Length body still to come; -1: chunked
         self._chunked_tail = b""
 
@@ -121,23 +97,23 @@ class HeadDeadline(asyncio.Protocol):
 
     def _watch(self, data: bytes) -> None:
         while data:
-            state = self._state
+            state = self.state
             if state == "idle":
-                self._state = "head"
-                self._head = b""
+                self.state = "head"
+                self.pending_head = b""
                 self._arm(self._header_timeout)
                 continue
             if state == "head":
                 # Keep the last 3 bytes seen, so an end split across reads is found.
-                start = max(len(self._head) - 3, 0)
-                buffer = self._head + data
+                start = max(len(self.pending_head) - 3, 0)
+                buffer = self.pending_head + data
                 end = buffer.find(_HEAD_END, start)
                 if end < 0:
-                    self._head = buffer[-_MAX_HEAD_KEPT:]
+                    self.pending_head = buffer[-_MAX_HEAD_KEPT:]
                     return
                 head = buffer[: end + 4]
                 data = buffer[end + 4 :]
-                self._head = b""
+                self.pending_head = b""
                 self._begin_body(head)
                 continue
             data = self._read_body(data)
@@ -150,10 +126,10 @@ class HeadDeadline(asyncio.Protocol):
             match = _CONTENT_LENGTH.search(head)
             self._body_left = int(match.group(1)) if match is not None else 0
         if self._body_left == 0:
-            self._state = "idle"
+            self.state = "idle"
             self._disarm()
         else:
-            self._state = "body"
+            self.state = "body"
             self._arm(self._body_timeout)
 
     def _read_body(self, data: bytes) -> bytes:
@@ -163,7 +139,7 @@ class HeadDeadline(asyncio.Protocol):
             self._body_left -= taken
             rest = data[taken:]
             if self._body_left == 0:
-                self._state = "idle"
+                self.state = "idle"
                 self._disarm()
             return rest
         buffer = self._chunked_tail + data
@@ -171,7 +147,7 @@ class HeadDeadline(asyncio.Protocol):
         if end < 0:
             self._chunked_tail = buffer[-(len(_LAST_CHUNK) - 1) :]
             return b""
-        self._state = "idle"
+        self.state = "idle"
         self._disarm()
         # What follows the last chunk is all from ``data``: the tail kept is shorter than
         # the marker, so the marker ends inside ``data``.
@@ -204,61 +180,29 @@ class HeadDeadline(asyncio.Protocol):
         self._inner.resume_writing()
 
 
-class WatchedSite(web.BaseSite):
-    """A TCP site like aiohttp's ``TCPSite``, whose connections have read deadlines.
+async def listen(
+    handler_factory: Callable[[], asyncio.Protocol],
+    host: str,
+    port: int,
+    *,
+    ssl_context: SSLContext | None = None,
+    header_timeout: float = HEADER_TIMEOUT,
+    body_timeout: float = BODY_TIMEOUT,
+    handshake_timeout: float = HANDSHAKE_TIMEOUT,
+) -> asyncio.Server:
+    """A listener on ``host``:``port`` (``""``: every interface) whose connections have
+    read deadlines; ``handler_factory`` is the runner's ``web.Server``."""
 
-    Each connection's handler is wrapped in a :class:`HeadDeadline`, and a TLS
-    handshake must finish within ``handshake_timeout`` seconds.
-    """
-
-    __slots__ = ("_body_timeout", "_handshake_timeout", "_header_timeout", "_host", "_port")
-
-    def __init__(
-        self,
-        runner: web.BaseRunner,
-        host: str,
-        port: int,
-        *,
-        ssl_context: SSLContext | None = None,
-        header_timeout: float = HEADER_TIMEOUT,
-        body_timeout: float = BODY_TIMEOUT,
-        handshake_timeout: float = HANDSHAKE_TIMEOUT,
-    ) -> None:
-        super().__init__(runner, ssl_context=ssl_context)
-        self._host = host
-        self._port = port
-        self._header_timeout = header_timeout
-        self._body_timeout = body_timeout
-        self._handshake_timeout = handshake_timeout
-
-    @property
-    def name(self) -> str:
-        """The site's URL, as aiohttp names sites in its logs."""
-        scheme = "https" if self._ssl_context else "http"
-        host = f"[{self._host}]" if ":" in self._host else self._host
-        return f"{scheme}://{host}:{self._port}"
-
-    async def start(self) -> None:
-        """Open the listener (registering the site with its runner first)."""
-        await super().start()
-        server = self._runner.server
-        if server is None:  # setup() was undone meanwhile
-            raise RuntimeError("the runner has no server: call runner.setup() first")
-        handler_factory: Callable[[], asyncio.Protocol] = server
-
-        def protocol() -> asyncio.Protocol:
-            return HeadDeadline(
-                handler_factory(),
-                header_timeout=self._header_timeout,
-                body_timeout=self._body_timeout,
-            )
-
-        loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
-            protocol,
-            self._host,
-            self._port,
-            ssl=self._ssl_context,
-            ssl_handshake_timeout=self._handshake_timeout if self._ssl_context else None,
-            backlog=self._backlog,
+    def protocol() -> asyncio.Protocol:
+        return HeadDeadline(
+            handler_factory(), header_timeout=header_timeout, body_timeout=body_timeout
         )
+
+    return await asyncio.get_running_loop().create_server(
+        protocol,
+        host,
+        port,
+        ssl=ssl_context,
+        ssl_handshake_timeout=handshake_timeout if ssl_context else None,
+        backlog=128,  # aiohttp's TCPSite default
+    )

@@ -1,19 +1,9 @@
 """The ``/metrics`` exposition: every source collected, encoded, with its errors counted.
 
-:class:`MetricsRenderer` collects the sources one by one and encodes them into one
-Prometheus text or OpenMetrics body; :func:`build_renderer` lines up the sources the
-server uses (the multiprocess directory, the collectors handed in, the process metrics).
-Generating the body is CPU work (and the multiprocess files are read there), so the
-server runs it in a thread; :class:`SharedRender` makes scrapes of one format that arrive
-together share one render, so a hung collector holds at most one thread per format.
-
-Example::
-
-    >>> from prometheus_client import CollectorRegistry, Counter
-    >>> registry = CollectorRegistry()
-    >>> Counter("demo", "Demo.", registry=registry).inc()
-    >>> b"demo_total 1.0" in MetricsRenderer([("demo", registry)]).render(openmetrics=False)
-    True
+:class:`MetricsRenderer` collects the sources one by one into one Prometheus text or
+OpenMetrics body; :func:`build_renderer` lines up the server's sources. Rendering is CPU
+work (the multiprocess files are read there), so the server runs it in a thread, and
+:class:`SharedRender` makes scrapes of one format that arrive together share one render.
 """
 
 from __future__ import annotations
@@ -97,13 +87,9 @@ class MetricsRenderer:
     cannot be encoded, or that repeats a family name an earlier source already exposed,
     is left out of the scrape and counted in ``stocksentry_collector_errors_total``
     (its first error and then one a minute, by ``clock``, are logged with the
-    traceback). The counter itself is always the last family.
+    traceback). The counter itself is always the last family. Thread-safe.
 
-    A collector's label value is its ``name`` attribute when it has a string one, else
-    its class name (``#2``, ``#3``... for repeats); the built-in sources are
-    ``multiprocess`` and ``process``.
-
-    Thread-safe. Example::
+    Example::
 
         >>> from prometheus_client import CollectorRegistry, Counter
         >>> registry = CollectorRegistry()
@@ -242,8 +228,7 @@ def _in_daemon_thread(fn: Callable[[], _T]) -> asyncio.Future[_T]:
     """Run ``fn`` in a new daemon thread; the future resolves on the calling loop.
 
     Not the default executor: ``asyncio.run`` waits for its threads at exit, so a
-    collector stuck forever would turn a clean SIGTERM into a SIGKILL. A daemon thread is
-    abandoned instead. Threads are few: scrapes of one format share a render.
+    collector stuck forever would turn a clean SIGTERM into a SIGKILL.
     """
     loop = asyncio.get_running_loop()
     future: asyncio.Future[_T] = loop.create_future()

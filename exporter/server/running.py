@@ -1,4 +1,4 @@
-"""Serving the app: the listener with TLS, graceful shutdown, and the signals that start it.
+"""Serving the app: the listeners with TLS, graceful shutdown, quiet client-error logs.
 
 :func:`serving` is the ``async with`` form (tests and embedding); :func:`run_server` is
 what ``stocksentry exporter`` calls: it serves until SIGTERM or SIGINT and returns.
@@ -15,29 +15,92 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import AsyncIterator, Sequence
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any, Final
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client.registry import Collector
 
-from ..webconfig import WebConfig
 from .app import LIFECYCLE, Background, create_app
 from .buildinfo import build_info
-from .deadlines import WatchedSite
-from .quiet import ClientErrorLog
+from .deadlines import listen
 from .settings import HEALTHZ_PATH, READYZ_PATH, ServerSettings
 
 __all__ = [
+    "ClientErrorLog",
     "RunningServer",
     "StartupLine",
-    "describe_security",
     "run_server",
     "serving",
     "startup_lines",
 ]
 
-_log = logging.getLogger("stocksentry.exporter.server")
+_log: Final = logging.getLogger("stocksentry.exporter.server")
+
+
+class ClientErrorLog(logging.LoggerAdapter[logging.Logger]):
+    """The logger handed to aiohttp's request handler: client errors are not ours.
+
+    aiohttp answers a request it cannot parse with a correct 4xx, then logs it at error
+    level with a traceback, once per request: anyone who can reach the port could flood
+    the log. Here a client error (``HttpProcessingError`` with a 4xx code) is one INFO line
+    without a traceback, at most once per ``interval`` seconds, with the count of those
+    left out since; anything else is logged as before.
+
+    Example::
+
+        >>> from aiohttp.http_exceptions import BadHttpMessage
+        >>> log = ClientErrorLog(clock=lambda: 0.0)
+        >>> log.exception("Error handling request from %s", "10.0.0.7",
+        ...               exc_info=BadHttpMessage("bad header"))
+        >>> log.client_errors
+        1
+    """
+
+    def __init__(
+        self,
+        logger: logging.Logger = _log,
+        *,
+        interval: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__(logger, {})
+        self.interval = interval
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._last_logged: float | None = None
+        self._suppressed = 0
+        #: Client errors seen since this logger was made.
+        self.client_errors = 0
+
+    def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
+        """Pass messages through unchanged (no extra context)."""
+        return msg, kwargs
+
+    def exception(self, msg: object, *args: object, exc_info: Any = True, **kwargs: Any) -> None:
+        """Client errors: one rate-limited INFO line; anything else: ERROR with traceback."""
+        error = exc_info[1] if isinstance(exc_info, tuple) and len(exc_info) == 3 else exc_info
+        if not (isinstance(error, HttpProcessingError) and 400 <= error.code < 500):
+            super().exception(msg, *args, exc_info=exc_info, **kwargs)
+            return
+        now = self._clock()
+        with self._lock:
+            self.client_errors += 1
+            if self._last_logged is not None and now - self._last_logged < self.interval:
+                self._suppressed += 1
+                return
+            self._last_logged = now
+            suppressed, self._suppressed = self._suppressed, 0
+        remote = args[0] if args else "?"
+        detail = " ".join(str(error.message or type(error).__name__).split())[:200]
+        note = f" ({suppressed} more since the last line)" if suppressed else ""
+        self.logger.info(
+            "malformed request from %s answered %d: %s%s", remote, error.code, detail, note
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,17 +124,14 @@ class RunningServer:
     @property
     def urls(self) -> tuple[str, ...]:
         """The base URL of every bound socket, in binding order."""
-        return tuple(_url(self.scheme, host, port) for host, port in self.addresses)
+        return tuple(
+            f"{self.scheme}://{f'[{host}]' if ':' in host else host}:{port}/"
+            for host, port in self.addresses
+        )
 
     def begin_shutdown(self) -> None:
         """Answer 503 on ``/readyz`` from now on (before the listener closes)."""
         self.app[LIFECYCLE].stopping = True
-
-
-def _url(scheme: str, host: str, port: int) -> str:
-    if ":" in host:
-        host = f"[{host}]"
-    return f"{scheme}://{host}:{port}/"
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,17 +142,6 @@ class StartupLine:
     text: str
 
 
-def describe_security(web_config: WebConfig | None) -> str:
-    """What protects the listener, in words (see :meth:`WebConfig.describe`).
-
-    Example::
-
-        >>> describe_security(None)
-        'plain HTTP, no authentication'
-    """
-    return web_config.describe() if web_config is not None else "plain HTTP, no authentication"
-
-
 def startup_lines(server: RunningServer, settings: ServerSettings) -> list[StartupLine]:
     """The lines :func:`run_server` logs once the listeners are open.
 
@@ -101,7 +150,7 @@ def startup_lines(server: RunningServer, settings: ServerSettings) -> list[Start
     the metrics, or when basic-auth passwords would cross the network unencrypted.
     """
     web_config = settings.web_config
-    security = describe_security(web_config)
+    security = web_config.describe() if web_config else "plain HTTP, no authentication"
     lines = [StartupLine(logging.INFO, f"starting {build_info().describe()}")]
     path = settings.metrics_path.lstrip("/")
     for url in server.urls:
@@ -112,8 +161,6 @@ def startup_lines(server: RunningServer, settings: ServerSettings) -> list[Start
                 f"{HEALTHZ_PATH} and {READYZ_PATH} without authentication; {security}",
             )
         )
-    tls = web_config.tls if web_config is not None else None
-    users = web_config.basic_auth_users if web_config is not None else {}
     if web_config is None or not web_config.authenticates:
         lines.append(
             StartupLine(
@@ -122,7 +169,7 @@ def startup_lines(server: RunningServer, settings: ServerSettings) -> list[Start
                 "certificates in a web config): anyone who can reach the port can read them",
             )
         )
-    if users and tls is None:
+    if web_config is not None and web_config.basic_auth_users and web_config.tls is None:
         lines.append(
             StartupLine(
                 logging.WARNING,
@@ -140,29 +187,22 @@ async def serving(
     collectors: Sequence[Collector] = (),
     background: Sequence[Background] = (),
 ) -> AsyncIterator[RunningServer]:
-    """Serve the app on ``settings.listen_address``/``port`` for the ``async with`` body.
+    """Serve the app on every address of ``settings`` for the ``async with`` body.
 
     On entry: the SSL context is built from the web config (a bad certificate raises
     :class:`~stocksentry.exporter.webconfig.WebConfigError` before anything starts), the
-    app starts (``background`` start-ups run) and the listener opens. On exit: the
-    listener closes, ``/readyz`` turns 503, in-flight requests get
+    app starts (``background`` start-ups run) and the listeners open. On exit: the
+    listeners close, ``/readyz`` turns 503, in-flight requests get
     ``settings.shutdown_timeout`` seconds, then ``background`` clean-ups run. Start-up
     errors propagate after the clean-up of what had started. No signal handling: that is
-    :func:`run_server`'s job. Malformed requests are answered 4xx and logged quietly
-    (:class:`~.quiet.ClientErrorLog`).
-
-    Example::
-
-        async with serving(ServerSettings("127.0.0.1", 0)) as server:
-            print("listening on", server.url)
-            await stop_event.wait()
+    :func:`run_server`'s job.
     """
     web_config = settings.web_config
     ssl_context = web_config.ssl_context() if web_config else None
     app = create_app(settings, collectors=collectors, background=background)
     # No access log: Prometheus scrapes every few seconds and kubelet probes as often.
     # lingering_time: how long aiohttp drains a body no handler read (none reads one)
-    # before closing; the body deadline of the site bounds it the same way.
+    # before closing; the body deadline bounds it the same way.
     runner = web.AppRunner(
         app,
         access_log=None,
@@ -171,14 +211,17 @@ async def serving(
         keepalive_timeout=settings.keepalive_timeout,
         lingering_time=settings.body_timeout,
     )
+    listeners: list[asyncio.Server] = []
     try:
         await runner.setup()
+        handler_factory = runner.server
+        if handler_factory is None:  # setup() failed without raising
+            raise RuntimeError("the aiohttp runner has no server after setup()")
         # Not aiohttp's TCPSite: its listener has no deadline for a slow client's request
-        # head, body or TLS handshake (a half-sent request is held for the keep-alive
-        # timeout); WatchedSite's has (see deadlines.py). One site per listen address.
+        # head, body or TLS handshake (see deadlines.py).
         for host, port in settings.addresses:
-            site = WatchedSite(
-                runner,
+            listener = await listen(
+                handler_factory,
                 host,
                 port,
                 ssl_context=ssl_context,
@@ -186,11 +229,17 @@ async def serving(
                 body_timeout=settings.body_timeout,
                 handshake_timeout=settings.tls_handshake_timeout,
             )
-            await site.start()
-        addresses = tuple((str(a[0]), int(a[1])) for a in runner.addresses)
+            listeners.append(listener)
+        addresses = tuple(
+            (str(sock.getsockname()[0]), int(sock.getsockname()[1]))
+            for listener in listeners
+            for sock in listener.sockets
+        )
         yield RunningServer(app, "https" if ssl_context else "http", addresses)
     finally:
         app[LIFECYCLE].stopping = True
+        for listener in listeners:
+            listener.close()
         await runner.cleanup()
 
 
@@ -202,13 +251,12 @@ def run_server(
 ) -> None:
     """Serve until SIGTERM or SIGINT, then shut down gracefully and return.
 
-    On the signal: ``/readyz`` turns 503, ``settings.drain_seconds`` pass, the listener
-    closes, in-flight requests finish (up to ``settings.shutdown_timeout``), the
+    On the signal: ``/readyz`` turns 503, ``settings.drain_seconds`` pass, the listeners
+    close, in-flight requests finish (up to ``settings.shutdown_timeout``), the
     ``background`` clean-ups run, and the function returns normally, so the command
-    exits 0. Once listening it logs :func:`startup_lines`: each address, TLS or not,
-    authentication or not, and a warning when the metrics are unprotected. Errors at
-    start (a busy port: ``OSError``; a bad certificate:
-    ``WebConfigError``; a failing background start-up) propagate.
+    exits 0. Once listening it logs :func:`startup_lines`. Errors at start (a busy port:
+    ``OSError``; a bad certificate: ``WebConfigError``; a failing background start-up)
+    propagate.
 
     Example::
 

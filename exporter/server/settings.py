@@ -1,10 +1,4 @@
-"""Where and how the exporter serves: :class:`ServerSettings`, and the app's life cycle.
-
-Example::
-
-    >>> ServerSettings(listen_address="127.0.0.1", port=0).metrics_path
-    '/metrics'
-"""
+"""Where and how the exporter serves: :class:`ServerSettings`, and the app's life cycle."""
 
 from __future__ import annotations
 
@@ -25,33 +19,14 @@ READYZ_PATH: Final = "/readyz"
 
 @dataclass(frozen=True, slots=True)
 class ServerSettings:
-    """Where and how the exporter serves.
+    """Where and how the exporter serves; docs/exporter-server.md describes each field.
 
-    Args:
-        listen_address: the address to bind (``0.0.0.0`` in a pod, so Prometheus can reach
-            the pod IP; ``127.0.0.1`` on a laptop; ``::`` for IPv6; ``""`` for every
-            interface of both families, as ``--web.listen-address=:19464`` says).
-        port: the TCP port; 0 picks a free one (see ``RunningServer.port``).
-        also_listen: more ``(address, port)`` pairs served the same way (a repeated
-            ``--web.listen-address``).
-        multiprocess_dir: the app's ``PROMETHEUS_MULTIPROC_DIR``, or None.
-        web_config: TLS and basic auth, or None for plain HTTP (logged at start).
-        metrics_path: where the exposition is served.
-        multiprocess_check_pids: drop ``live*`` gauges of pids that ``os.kill(pid, 0)``
-            says are gone; set False when the exporter does not share the app's PID
-            namespace (see :mod:`stocksentry.exporter.multiproc`).
-        multiprocess_compact: fold dead workers' files into one before a scrape (needs
-            ``multiprocess_check_pids``).
-        shutdown_timeout: seconds in-flight requests get to finish at shutdown.
-        drain_seconds: seconds between the stop signal and closing the listener, during
-            which ``/readyz`` already answers 503 (for load balancers that must notice).
-        header_timeout: seconds a client has to send a whole request head (request line
-            and headers), from the connection's start or the head's first byte; then the
-            connection is closed (see :mod:`~.deadlines`).
-        body_timeout: seconds a client has to send a request body after its head.
-        tls_handshake_timeout: seconds a TLS handshake may take.
-        keepalive_timeout: seconds an idle kept-alive connection stays open between
-            requests (Prometheus reuses its connection from one scrape to the next).
+    ``listen_address`` ``""`` is every interface of both families (as
+    ``--web.listen-address=:19464`` says); ``port`` 0 picks a free one (see
+    ``RunningServer.port``); ``also_listen`` adds ``(address, port)`` pairs served the same
+    way. ``multiprocess_check_pids`` must be False when the exporter does not share the
+    app's PID namespace (see :mod:`stocksentry.exporter.multiproc`). The timeouts are in
+    seconds.
 
     Example::
 

@@ -37,13 +37,15 @@ from prometheus_client.parser import text_string_to_metric_families as parse_tex
 from pytest_aiohttp import AiohttpClient
 from stocksentry.exporter.server import (
     BASIC_AUTH,
-    CONTENT_TYPE_OPENMETRICS,
-    CONTENT_TYPE_TEXT,
     LIFECYCLE,
     RENDERER,
     ServerSettings,
     create_app,
     serving,
+)
+from stocksentry.exporter.server.app import (
+    CONTENT_TYPE_OPENMETRICS,
+    CONTENT_TYPE_TEXT,
     wants_gzip,
     wants_openmetrics,
 )

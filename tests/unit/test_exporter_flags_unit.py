@@ -20,15 +20,14 @@ from stocksentry.exporter.cli import build_parser
 from stocksentry.exporter.config import parse_config
 from stocksentry.exporter.listen import format_listen_address, parse_listen_address
 from stocksentry.exporter.overrides import Overrides
-from stocksentry.exporter.server import (
+from stocksentry.exporter.server import RunningServer, ServerSettings
+from stocksentry.exporter.server.buildinfo import (
     BuildInfo,
     BuildInfoCollector,
-    RunningServer,
-    ServerSettings,
     build_info,
-    startup_lines,
+    read_revision,
 )
-from stocksentry.exporter.server.buildinfo import read_revision
+from stocksentry.exporter.server.running import startup_lines
 from stocksentry.exporter.sidecar import apply_overrides, configure_exporter_logging
 from stocksentry.exporter.sidecar_cli import overrides
 from stocksentry.exporter.tlsconfig import TLSServerConfig

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry
 from stocksentry.exporter.config import ConfigError, parse_config
-from stocksentry.exporter.lockwatch import LeaseTracker, LockPatterns, missing_flags
-from stocksentry.exporter.lockwatch.notifications import refused_hint, with_flags
-from stocksentry.exporter.lockwatch.tracker import END_UNSEEN_GRACE
+from stocksentry.exporter.lockwatch.notifications import missing_flags, refused_hint, with_flags
+from stocksentry.exporter.lockwatch.patterns import LockPatterns
+from stocksentry.exporter.lockwatch.tracker import END_UNSEEN_GRACE, LeaseTracker
 from stocksentry.instrumentation.guard import LabelGuard
 
 KEY = "lock:product:EGG-01"

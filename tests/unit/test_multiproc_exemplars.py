@@ -110,7 +110,7 @@ def test_latest_exemplar_wins_across_workers(tmp_path: Path) -> None:
     older = read_exemplars(str(path))
     path = write(tmp_path, trace="b" * 32)
     newer = read_exemplars(str(path))
-    merge = Merge(lambda raw: None, {})  # type: ignore[arg-type, return-value]
+    merge = Merge(lambda raw: None)  # type: ignore[arg-type, return-value]
     merge.add_exemplars(newer)
     merge.add_exemplars(older)
     ((_, exemplar),) = merge.exemplars.values()
@@ -125,7 +125,7 @@ def test_a_slot_caught_half_written_is_read_again(tmp_path: Path) -> None:
     torn[HEADER_SIZE + 9] ^= 0xFF
     from stocksentry.exporter.multiproc import exemplars as reader
 
-    real_slot = reader._slot
+    real_slot = reader.parse_slot
     calls: list[int] = []
 
     def first_torn(data: bytes, pos: int, size: int):  # type: ignore[no-untyped-def]
@@ -134,11 +134,11 @@ def test_a_slot_caught_half_written_is_read_again(tmp_path: Path) -> None:
             return real_slot(bytes(torn[HEADER_SIZE:]), pos, size)
         return real_slot(data, pos, size)
 
-    reader._slot = first_torn  # type: ignore[assignment]
+    reader.parse_slot = first_torn  # type: ignore[assignment]
     try:
         entries = read_exemplars(str(path))
     finally:
-        reader._slot = real_slot  # type: ignore[assignment]
+        reader.parse_slot = real_slot  # type: ignore[assignment]
     assert len(calls) == 2
     assert [e.value for _, e in entries.values()] == [0.3]
 

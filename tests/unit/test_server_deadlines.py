@@ -246,13 +246,13 @@ def _watch(*pieces: bytes) -> HeadDeadline:
 )
 async def test_the_watch_follows_heads_and_bodies(pieces: tuple[bytes, ...], state: str) -> None:
     watch = _watch(*pieces)
-    assert watch._state == state
+    assert watch.state == state
     watch.connection_lost(None)
 
 
 async def test_the_watch_keeps_a_bounded_head() -> None:
     watch = _watch(b"GET / HTTP/1.1\r\n", b"X: " + b"a" * 1_000_000)
-    assert len(watch._head) <= 128 * 1024
+    assert len(watch.pending_head) <= 128 * 1024
     watch.connection_lost(None)
 
 

@@ -22,14 +22,8 @@ import trustme
 from aiohttp import web
 from aiohttp.http_exceptions import BadHttpMessage
 from pytest_aiohttp import AiohttpClient
-from stocksentry.exporter.server import (
-    BASIC_AUTH,
-    ClientErrorLog,
-    ServerSettings,
-    create_app,
-    run_server,
-    serving,
-)
+from stocksentry.exporter.server import BASIC_AUTH, ServerSettings, create_app, run_server, serving
+from stocksentry.exporter.server.running import ClientErrorLog
 from stocksentry.exporter.webconfig import WebConfig, load_web_config
 
 

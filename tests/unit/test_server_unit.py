@@ -25,20 +25,22 @@ from stocksentry.exporter.config import parse_config
 from stocksentry.exporter.probes import ProbeRunner
 from stocksentry.exporter.probes.base import Probe
 from stocksentry.exporter.server import (
-    CONTENT_TYPE_OPENMETRICS,
-    CONTENT_TYPE_TEXT,
     LIFECYCLE,
     RENDERER,
-    Lifecycle,
-    MetricsRenderer,
     RunningServer,
     ServerSettings,
-    build_info,
     build_renderer,
     create_app,
+)
+from stocksentry.exporter.server.app import (
+    CONTENT_TYPE_OPENMETRICS,
+    CONTENT_TYPE_TEXT,
     wants_gzip,
     wants_openmetrics,
 )
+from stocksentry.exporter.server.buildinfo import build_info
+from stocksentry.exporter.server.exposition import MetricsRenderer
+from stocksentry.exporter.server.settings import Lifecycle
 
 parse_openmetrics: Callable[[str], Iterable[Metric]] = (
     openmetrics_parser.text_string_to_metric_families
