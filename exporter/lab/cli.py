@@ -1,20 +1,11 @@
 """``stocksentry demo``: the flash-sale lab's arguments and its run.
 
-:func:`add_parser` declares the subcommand on the ``stocksentry`` parser without loading
-SQLAlchemy (the strategy names come from :mod:`~stocksentry.exporter.lab.names`);
-:func:`run_demo` imports the lab only when it runs. A set-up problem (bad URL,
-unreachable database or Redis, busy port) raises
-:class:`~stocksentry.exporter.commandline.CommandError`, which the dispatcher prints as
-one line (``stocksentry demo: error: ...``) with exit status 2. The exit status is 1
-only when the metric totals disagree with the database.
-
-Every numeric argument has a range, shown in ``--help``; the bounds keep a run within
-what one laptop (two cores) carries: at most 100000 buyers and 256 buyer threads (each
-one a database connection) per strategy, and at most 10 s of work per reservation.
-
-Example::
-
-    stocksentry demo --buyers 200 --stock 20 --strategy unsafe,atomic
+:func:`add_parser` declares the subcommand without loading SQLAlchemy; :func:`run_demo`
+imports the lab only when it runs. A set-up problem raises
+:class:`~stocksentry.exporter.commandline.CommandError` (one line, exit status 2); the
+exit status is 1 only when the metric totals disagree with the database. The numeric
+ranges keep a run within what one laptop carries: at most 100000 buyers and 256 buyer
+threads (each a database connection) per strategy, 10 s of work per reservation.
 """
 
 from __future__ import annotations
@@ -29,7 +20,6 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
@@ -40,18 +30,6 @@ if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
     from .config import StrategyResult
-
-__all__ = [
-    "BUYERS",
-    "CACHE_REFRESH_MS",
-    "CONCURRENCY",
-    "LINGER_S",
-    "LOCK_TTL_MS",
-    "STOCK",
-    "WORK_MS",
-    "add_parser",
-    "run_demo",
-]
 
 #: The accepted ranges, ``(lowest, highest)``, as ``--help`` shows them.
 BUYERS = (1, 100_000)
@@ -325,8 +303,14 @@ def run_demo(args: argparse.Namespace) -> int:
         raise CommandError(
             f"needs SQLAlchemy ({exc.name or exc} is missing): pip install 'stocksentry[lab]'"
         ) from exc
+    from .embedded import signal_handler
+
+    def interrupt(_signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt
+
     try:
-        with _sigterm_as_interrupt():
+        # SIGTERM ends the run as Ctrl-C does: the same clean-up.
+        with signal_handler(signal.SIGTERM, interrupt):
             return _run(args, CollectorRegistry())
     except LabError as exc:
         raise CommandError(str(exc)) from exc
@@ -337,24 +321,6 @@ def run_demo(args: argparse.Namespace) -> int:
             f"needs the lab's packages ({exc.name or exc} is missing):"
             " pip install 'stocksentry[lab]'"
         ) from exc
-
-
-@contextlib.contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM ends the run as Ctrl-C does: the same clean-up (main thread only)."""
-
-    def interrupt(_signum: int, _frame: object) -> None:
-        raise KeyboardInterrupt
-
-    try:
-        previous = signal.signal(signal.SIGTERM, interrupt)
-    except ValueError:
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def _default(value: str | None, embedded: bool, name: str) -> str | None:
@@ -368,8 +334,9 @@ def _run(args: argparse.Namespace, registry: CollectorRegistry) -> int:
     from .config import LabConfig
     from .embedded import embedded_servers
     from .observe import observers
+    from .progress import LiveProgress
     from .report_html import format_html
-    from .report_term import LiveProgress, format_summary
+    from .report_term import format_summary
     from .report_text import describe_database
     from .run import run_lab, serve_metrics
 

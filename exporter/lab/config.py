@@ -1,13 +1,8 @@
-"""What the lab runs and what it returns: :class:`LabConfig`, :class:`StrategyResult`.
+"""What the lab runs and what it returns: plain dataclasses and constants, no SQLAlchemy.
 
-Plain dataclasses and constants, no SQLAlchemy: a caller can build and check a
-configuration, and read results, without the lab's database dependencies loaded.
-
-Example::
-
-    >>> config = LabConfig(buyers=200, stock=20, strategies=("unsafe", "atomic"))
-    >>> config.strategy_names, config.skip_reason("naive_lock")
-    (('unsafe', 'atomic'), 'needs --redis URL (a Redis lock strategy)')
+>>> config = LabConfig(buyers=200, stock=20, strategies=("unsafe", "atomic"))
+>>> config.strategy_names, config.skip_reason("naive_lock")
+(('unsafe', 'atomic'), 'needs --redis URL (a Redis lock strategy)')
 """
 
 from __future__ import annotations
@@ -24,21 +19,6 @@ from .names import (
     STRATEGY_NAMES,
     sku_for,
 )
-
-__all__ = [
-    "CACHE_NAME",
-    "IDEMPOTENT_OPERATION",
-    "ISOLATION_LEVELS",
-    "LOCK_RETRY_S",
-    "LOCK_WAIT_S",
-    "REDLOCK_MIN_TTL_S",
-    "STOCK_TABLE",
-    "DbFigures",
-    "LabConfig",
-    "LabError",
-    "StrategyResult",
-    "scenario_config",
-]
 
 #: The share of buyers who resubmit in the retry scenarios.
 SCENARIO_RETRIES = 0.2
@@ -69,24 +49,16 @@ class LabError(Exception):
 class LabConfig:
     """What to run. ``database_url=None`` means a temporary SQLite file, removed at the end.
 
-    ``work_ms`` is the app's work between reading the stock and writing it (pricing,
-    fraud checks...): the window in which unsafe strategies lose updates.
-
-    ``redis_url`` enables the Redis lock strategies (their keys start with
-    ``redis_prefix`` and are deleted at the end). ``lock_ttl_ms`` is the naive lock's TTL,
-    by default 80 % of the work (as a 5 s lock taken around 6 s of work: it expires under
-    its holder); the owned
-    lock's TTL is :data:`REDLOCK_MIN_TTL_S` or 20 times the work, whichever is longer.
-    ``retries`` is the share of buyers (0 to 1) who submit the same intent a second time;
-    ``idempotency`` answers those from the stored result. ``stale_cache`` makes the
-    availability decision from a cache (a Redis key with ``redis_url``, else a dict)
-    refreshed every ``cache_refresh_ms``. ``sql_detector`` instruments the engine with
-    stocksentry's SQLAlchemy integration when it is installed. ``redlock_impl`` is the
-    ``redlock`` strategy's lock: ``"lab"`` (the lab's SetNxLock with the owned release) or
-    ``"pottery"`` (pottery's Redlock on the one Redis master; slower under 50 contending
-    threads, as pottery starts a thread pool for every attempt). ``isolation_level`` is the
-    strategies' transaction isolation (one of :data:`ISOLATION_LEVELS`; ``None``: the
-    server's default, REPEATABLE READ on InnoDB, READ COMMITTED on PostgreSQL).
+    ``work_ms`` is the app's work between reading the stock and writing it: the window in
+    which unsafe strategies lose updates. ``redis_url`` enables the Redis lock strategies
+    (keys under ``redis_prefix``, deleted at the end); ``lock_ttl_ms`` is the naive lock's
+    TTL (default 80 % of the work, so it expires under its holder). ``retries`` is the
+    share of buyers (0 to 1) who submit the same intent twice; ``idempotency`` answers
+    those from the stored result. ``stale_cache`` decides availability from a cache
+    refreshed every ``cache_refresh_ms``. ``sql_detector`` instruments the engine with the
+    SQLAlchemy integration when installed. ``redlock_impl`` is ``"lab"`` (the lab's
+    SetNxLock, owned release) or ``"pottery"`` (pottery's Redlock). ``isolation_level`` is
+    one of :data:`ISOLATION_LEVELS` (``None``: the server's default).
     """
 
     database_url: str | None = None
@@ -168,21 +140,10 @@ class LabConfig:
         return None
 
     @property
-    def on_postgres(self) -> bool:
-        """Whether the database URL names PostgreSQL (``None`` is a SQLite file)."""
-        url = (self.database_url or "").lower()
-        return url.startswith(("postgresql", "postgres:"))
-
-    @property
-    def on_mysql(self) -> bool:
-        """Whether the database URL names MySQL or MariaDB."""
-        url = (self.database_url or "").lower()
-        return url.startswith(("mysql", "mariadb"))
-
-    @property
     def on_server(self) -> bool:
         """Whether the database is a server with row locks (PostgreSQL, MySQL, MariaDB)."""
-        return self.on_postgres or self.on_mysql
+        url = (self.database_url or "").lower()
+        return url.startswith(("postgresql", "postgres:", "mysql", "mariadb"))
 
 
 def scenario_config(config: LabConfig, strategy: str) -> LabConfig:
@@ -222,17 +183,12 @@ class StrategyResult:
     """One strategy's run: ground truth from SQL, metric totals from the registry.
 
     ``sold``, ``oversold``, ``final_stock`` and ``negative_writes`` are the database's
-    figures; ``metrics`` holds the registry's totals for the strategy (by metric name; the
-    ones without a ``sku`` label are the difference over the strategy's run); ``consistent``
-    is true when every metric total equals its database figure (or, for replays, stale
-    hits and lock acquires, the lab's own count) and the outcomes add up to the
-    reservations made (``mismatches`` says which did not).
-
-    ``reservations`` is the buyers plus the resubmits that reserved again; ``replays`` the
-    resubmits answered from the idempotency record. ``locks`` holds the lock metrics of a
-    lock strategy; ``unsafe_read_modify_write`` is ``None`` when the SQLAlchemy integration
-    is not installed. ``samples`` is the stock over time, ``(seconds, stock)``. A strategy
-    that could not run has ``skipped`` set to the reason and zero figures.
+    figures; ``metrics`` the registry's totals for the strategy (the metrics without a
+    ``sku`` label as their rise over the run); ``consistent`` is true when every metric
+    total equals its database figure (or the lab's own count) and the outcomes add up to
+    the reservations made (``mismatches`` says which did not). ``samples`` is the stock
+    over time, ``(seconds, stock)``. A strategy that could not run has ``skipped`` set to
+    the reason and zero figures.
     """
 
     strategy: str
@@ -301,22 +257,14 @@ class StrategyResult:
             skipped=reason,
         )
 
-    @property
-    def duplicate_orders(self) -> int:
-        """Orders beyond the first per idempotency key, counted by SQL."""
-        return self.db.duplicate_orders
-
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dictionary (one item of ``--format json``).
-
-        A skipped strategy gives only ``strategy``, ``sku`` and ``skipped`` (the reason);
-        the others have ``"skipped": null`` and every figure.
-        """
+        """One item of ``--format json``; a skipped strategy gives only its name, sku and
+        the reason."""
         if self.skipped is not None:
             return {"strategy": self.strategy, "sku": self.sku, "skipped": self.skipped}
         data = asdict(self)
         data["mismatches"] = list(self.mismatches)
         data["notes"] = list(self.notes)
         data["samples"] = [[t, stock] for t, stock in self.samples]
-        data["duplicate_orders"] = self.duplicate_orders
+        data["duplicate_orders"] = self.db.duplicate_orders
         return data

@@ -2,14 +2,9 @@
 
 :func:`run_strategy` opens the sale to ``buyers`` threads (``concurrency`` at a time): the
 first wave waits at a gate so that they really collide, each buyer reserves through the
-instrumentation (a resubmit may follow, answered from the idempotency store or not), and
-a :class:`Tally` counts outcomes on the Python side for live progress and for the lab's
-own checks against the metrics. Beside the buyers, a sampler records the stock for the
-report's chart and, with a stale cache, a timer refreshes it late.
-
-Example::
-
-    result = run_strategy(lab_run, "atomic")
+instrumentation (a resubmit may follow), and a :class:`Tally` counts outcomes on the
+Python side for live progress and the lab's own checks. Beside the buyers, timers sample
+the stock for the report's chart, refresh a stale cache late and publish the outbox.
 """
 
 from __future__ import annotations
@@ -37,7 +32,7 @@ from .config import (
     StrategyResult,
     scenario_config,
 )
-from .names import second_sku_for, sku_for
+from .names import sku_for
 from .progress import PROGRESS_INTERVAL_S, Progress
 from .readback import durations, read_stock_by_id, strategy_result, unlabelled_totals
 from .shop import (
@@ -51,8 +46,6 @@ from .shop import (
     update_returning,
 )
 from .strategies import STRATEGIES
-
-__all__ = ["SAMPLE_INTERVAL_S", "Tally", "delete_redis_keys", "resubmits", "run_strategy"]
 
 #: How often the stock is sampled for the report's stock-over-time chart.
 SAMPLE_INTERVAL_S = 0.02
@@ -69,7 +62,7 @@ def run_strategy(lab: LabRun, name: str) -> StrategyResult:
     strategy = STRATEGIES[name]
     sku = sku_for(name)
     product_id = prepare_product(lab.side, sku, config.stock)
-    second_sku = second_sku_for(name) if name == "deadlock" else ""
+    second_sku = f"{sku}-B" if name == "deadlock" else ""
     second_id = prepare_product(lab.side, second_sku, config.stock) if second_sku else 0
     keys = f"{config.redis_prefix}{lab.run}:{name}"
     shop = Shop(

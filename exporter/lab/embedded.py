@@ -30,8 +30,6 @@ from typing import Any
 
 from .config import LabError
 
-__all__ = ["EmbeddedServers", "embedded_servers", "sigint_ignored"]
-
 #: How long a server may take to stop by itself before it is sent SIGKILL (by its pid).
 STOP_TIMEOUT_S = 10.0
 #: The embedded PostgreSQL's deadlock_timeout.
@@ -189,18 +187,18 @@ def _unrecorded_postgres(servers: EmbeddedServers) -> list[tuple[int, int]]:
 
 
 @contextlib.contextmanager
-def sigint_ignored() -> Iterator[None]:
-    """Ignore Ctrl-C for the block (a clean-up that must finish); a no-op off the main
-    thread, where signal handlers cannot be set."""
+def signal_handler(signum: int, handler: Any) -> Iterator[None]:
+    """Handle ``signum`` with ``handler`` for the block; a no-op off the main thread,
+    where signal handlers cannot be set."""
     try:
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        previous = signal.signal(signum, handler)
     except ValueError:
         yield
         return
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        signal.signal(signum, previous)
 
 
 @contextlib.contextmanager
@@ -220,7 +218,7 @@ def embedded_servers() -> Iterator[EmbeddedServers]:
         yield servers
     finally:
         # Ctrl-C during the clean-up must not leave a server behind: ignore it meanwhile.
-        with sigint_ignored():
+        with signal_handler(signal.SIGINT, signal.SIG_IGN):
             if redis_client is not None:
                 with contextlib.suppress(Exception):
                     redis_client.connection_pool.disconnect()

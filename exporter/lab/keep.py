@@ -20,8 +20,6 @@ import sqlalchemy as sa
 from .config import LabError
 from .shop import first_line, metadata, normalize_url
 
-__all__ = ["save_shop"]
-
 #: Rows copied per INSERT.
 BATCH = 2000
 

@@ -1,27 +1,8 @@
-"""The lab's strategy names: the one list, light enough for ``--help``.
+"""The lab's strategy names: the one list, light enough for ``--help`` (no imports).
 
-This module imports nothing, so the ``stocksentry demo`` parser can name and check the
-strategies without loading SQLAlchemy. :data:`~stocksentry.exporter.lab.strategies.STRATEGIES`
-maps each of these names to its function, in this order.
-
-Example::
-
-    >>> STRATEGY_NAMES[0], sku_for("for_update")
-    ('unsafe', 'LAB-FOR_UPDATE')
+>>> STRATEGY_NAMES[0], sku_for("for_update")
+('unsafe', 'LAB-FOR_UPDATE')
 """
-
-from __future__ import annotations
-
-__all__ = [
-    "POSTGRES_STRATEGIES",
-    "REDIS_STRATEGIES",
-    "SAFE_STRATEGIES",
-    "SKIPPED_WITHOUT_POSTGRES",
-    "SKIPPED_WITHOUT_REDIS",
-    "STRATEGY_NAMES",
-    "second_sku_for",
-    "sku_for",
-]
 
 #: Every strategy, in the order the report shows them (unsafe ones first).
 STRATEGY_NAMES: tuple[str, ...] = (
@@ -55,8 +36,3 @@ SKIPPED_WITHOUT_POSTGRES = (
 def sku_for(strategy: str) -> str:
     """The product row a strategy sells: ``LAB-<STRATEGY>``."""
     return f"LAB-{strategy.upper()}"
-
-
-def second_sku_for(strategy: str) -> str:
-    """The second product row of the ``deadlock`` scenario: ``LAB-<STRATEGY>-B``."""
-    return f"{sku_for(strategy)}-B"

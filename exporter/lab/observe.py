@@ -1,22 +1,11 @@
 """What watches the lab: the exporter sidecar and a real Prometheus with the alert rules.
 
-:func:`observers` starts, beside a lab run on PostgreSQL, the project's exporter
-(``stocksentry exporter``, its probes every second against the lab's database) and, when
-the ``prometheus`` binary is installed, a Prometheus that scrapes the lab's /metrics and
-the exporter every second and evaluates ``alert_rules/stocksentry.rules.yml`` every
-second, unchanged. After the run, :meth:`Observers.annotate` adds to each strategy's
-result the exporter's figures for its SKU and the alerts that went pending or firing
-during its sale, with the seconds from its first oversell (or, when it oversold nothing,
-from the start of its sale).
-
-Everything runs from one temporary folder, removed at the end; the processes are ours
-and are stopped by their pid.
-
-Example::
-
-    with observers(folder, database_url, redis_url, lab_port) as watch:
-        results = run_lab(config, registry=registry)
-        results = watch.annotate(results)
+:func:`observers` starts, beside a lab run, the project's exporter (its probes every
+second against the lab's database) and, when the ``prometheus`` binary is installed, a
+Prometheus that scrapes the lab and the exporter and evaluates
+``alert_rules/stocksentry.rules.yml`` unchanged, every second. :meth:`Observers.annotate`
+then adds to each result the exporter's figures for its SKU and the alerts that went
+pending or firing during its sale. The processes are ours, stopped by their pid.
 """
 
 from __future__ import annotations
@@ -25,6 +14,7 @@ import contextlib
 import dataclasses
 import json
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -37,31 +27,21 @@ from pathlib import Path
 from typing import Any
 
 from .config import StrategyResult
-from .embedded import sigint_ignored
+from .embedded import signal_handler
 from .names import sku_for
-
-__all__ = [
-    "EXPORTER_FIGURES",
-    "RULES_FILE",
-    "Observers",
-    "find_rules",
-    "free_port",
-    "observers",
-    "parse_metrics",
-]
 
 #: The rules Prometheus evaluates: the project's own file.
 RULES_FILE = "alert_rules/stocksentry.rules.yml"
 #: How often Prometheus scrapes and evaluates, and the exporter's probes run.
 INTERVAL = "1s"
-#: The exporter's figures the report shows, per SKU (metric name -> column title).
+#: The exporter's figures the report shows, per SKU (metric name -> short title).
 EXPORTER_FIGURES = {
-    "stock_negative_inventory_units": "negative units",
-    "stock_oversold_units": "oversold units",
-    "stock_duplicate_order_keys": "duplicate keys",
+    "stock_oversold_units": "oversold",
+    "stock_negative_inventory_units": "negative",
+    "stock_duplicate_order_keys": "dup keys",
     "stock_outbox_lag_seconds": "outbox lag s",
-    "stock_outbox_pending_events": "outbox pending",
-    "stock_db_lock_waiters": "lock waiters",
+    "stock_outbox_pending_events": "pending",
+    "stock_db_lock_waiters": "waiters",
 }
 #: The exporter's figures without a sku label, and which strategies' rows (by SQL) they
 #: count: a strategy shows the figure when it is the only one.
@@ -248,43 +228,29 @@ class Observers:
             figures = self.figures.setdefault(sku, {})
             figures[name] = max(figures.get(name, 0.0), value)
 
-    def _values(self, expr: str, start: float, end: float) -> list[float]:
-        """The values of ``max(expr)`` between two Unix times, every half second."""
+    def _query_range(self, expr: str, start: float, end: float, step: str) -> list[Any]:
+        """The series of ``expr`` between two Unix times (none without Prometheus)."""
         if self.prometheus_port is None or end <= start:
             return []
         query = urllib.parse.urlencode(
-            {"query": f"max({expr})", "start": f"{start:.3f}", "end": f"{end:.3f}", "step": "0.5"}
+            {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": step}
         )
         url = f"http://127.0.0.1:{self.prometheus_port}/api/v1/query_range?{query}"
         try:
-            data = json.loads(_get(url))
+            return list(json.loads(_get(url)).get("data", {}).get("result", []))
         except (OSError, ValueError):
             return []
-        return [
-            float(v)
-            for series in data.get("data", {}).get("result", [])
-            for _t, v in series.get("values", [])
-        ]
 
     def max_between(self, expr: str, start: float, end: float) -> float | None:
         """The highest value of ``expr`` between two Unix times, from Prometheus."""
-        values = self._values(expr, start, end)
+        series = self._query_range(f"max({expr})", start, end, "0.5")
+        values = [float(v) for each in series for _t, v in each.get("values", [])]
         return max(values) if values else None
 
     def alert_series(self, start: float, end: float) -> list[AlertSeries]:
         """Every alert series pending or firing between two Unix times (``ALERTS``)."""
-        if self.prometheus_port is None:
-            return []
-        query = urllib.parse.urlencode(
-            {"query": "ALERTS", "start": f"{start:.3f}", "end": f"{end:.3f}", "step": "1"}
-        )
-        url = f"http://127.0.0.1:{self.prometheus_port}/api/v1/query_range?{query}"
-        try:
-            data = json.loads(_get(url))
-        except (OSError, ValueError):
-            return []
         found = []
-        for series in data.get("data", {}).get("result", []):
+        for series in self._query_range("ALERTS", start, end, "1"):
             labels = dict(series.get("metric", {}))
             times = [float(t) for t, value in series.get("values", []) if value == "1"]
             if labels.get("alertname") and times:
@@ -296,7 +262,7 @@ class Observers:
 
         An alert series belongs to the strategy its ``sku`` or ``lock`` label names;
         one without either (``table``, a shop-wide figure) to the strategy that caused
-        it (:func:`_owner`). Its time is
+        it (:func:`alert_owner`). Its time is
         counted from the strategy's first oversell, or from the start of its sale when it
         oversold nothing.
         """
@@ -308,9 +274,7 @@ class Observers:
             # One more evaluation round after the last probe round was scraped.
             time.sleep(1.5)
         series = self.alert_series(ran[0].started_at, time.time())
-        owner: dict[int, str] = {}
-        for index, each in enumerate(series):
-            owner[index] = _owner(each, ran)
+        owners = [alert_owner(each, ran) for each in series]
         annotated = []
         for result in results:
             if result.skipped is not None:
@@ -324,15 +288,15 @@ class Observers:
             )
             if waiters is not None:
                 probes["stock_db_lock_waiters"] = waiters
-            for name, signal in SHOP_WIDE.items():
+            for name, has_it in SHOP_WIDE.items():
                 # A shop-wide figure is this strategy's when SQL says only its SKU has it.
-                holders = [r for r in ran if signal(r)]
+                holders = [r for r in ran if has_it(r)]
                 if holders == [result] and name in self.shop:
                     probes[name] = self.shop[name]
             origin = result.first_oversell_at or result.started_at
             alerts: dict[str, dict[str, Any]] = {}
-            for number, each in enumerate(series):
-                if owner[number] != result.strategy:
+            for each, strategy in zip(series, owners, strict=True):
+                if strategy != result.strategy:
                     continue
                 name = each.labels["alertname"]
                 state = each.labels.get("alertstate", "pending")
@@ -356,7 +320,7 @@ class AlertSeries:
     first: float
 
 
-def _owner(series: AlertSeries, ran: list[StrategyResult]) -> str:
+def alert_owner(series: AlertSeries, ran: list[StrategyResult]) -> str:
     """The strategy an alert series belongs to (see :meth:`Observers.annotate`).
 
     By its ``sku`` or ``lock`` label when it has one; otherwise, among the strategies
@@ -468,7 +432,7 @@ def observers(folder: Path, database_url: str | None, lab_port: int) -> Iterator
             watch.prometheus_note = f"alerts not evaluated: {exc}"
         yield watch
     finally:
-        with sigint_ignored():
+        with signal_handler(signal.SIGINT, signal.SIG_IGN):
             for proc in reversed(watch.procs):
                 _stop(proc)
             shutil.rmtree(folder, ignore_errors=True)

@@ -29,15 +29,6 @@ if TYPE_CHECKING:
     from .driver import Tally
     from .shop import LabRun
 
-__all__ = [
-    "count_in_db",
-    "count_outbox",
-    "durations",
-    "percentile_ms",
-    "read_stock_by_id",
-    "strategy_result",
-    "unlabelled_totals",
-]
 
 SUCCESS = catalog.RESERVATION_SUCCESS.name
 CONFLICT = catalog.RESERVATION_CONFLICT.name

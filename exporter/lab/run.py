@@ -37,8 +37,6 @@ from .progress import ProgressSink
 from .report_text import describe_database, describe_redis
 from .shop import LabRun, connect_and_prepare, create_engine, first_line, normalize_url
 
-__all__ = ["instrument_lab_engine", "run_lab", "serve_metrics"]
-
 
 @contextlib.contextmanager
 def _json_logs_to(path: str | None) -> Iterator[bool]:

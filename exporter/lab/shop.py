@@ -1,17 +1,9 @@
 """The shop the lab sells from: its schema, its engine, one product row per strategy.
 
-The tables are the common ``products / orders / order_items`` layout plus an
-``idempotency_keys`` store. ``order_items.stock_after`` keeps the stock value each
-reservation wrote, so the database alone tells how many writes went negative.
-:class:`Shop` is what a strategy works with; the functions below create the engine
-(SQLite, PostgreSQL, MySQL / MariaDB or any SQLAlchemy URL) and reset a strategy's
-product row. On MySQL / MariaDB the tables are InnoDB (row locks, transactions).
-
-Example::
-
-    engine = create_engine(normalize_url("sqlite:///lab.db"), concurrency=10)
-    connect_and_prepare(engine, "lab.db", concurrency=10)
-    product_id = prepare_product(engine, "LAB-ATOMIC", stock=20)
+The common ``products / orders / order_items`` layout, an ``idempotency_keys`` store and
+an ``outbox``; ``order_items.stock_after`` keeps the stock value each reservation wrote,
+so the database alone tells how many writes went negative. On MySQL / MariaDB the tables
+are InnoDB (row locks, transactions). :class:`Shop` is what a strategy works with.
 """
 
 from __future__ import annotations
@@ -35,25 +27,6 @@ if TYPE_CHECKING:
 
     from .progress import ProgressSink
 
-__all__ = [
-    "SQLITE_BUSY_TIMEOUT_S",
-    "Buyer",
-    "LabRun",
-    "Shop",
-    "connect_and_prepare",
-    "create_engine",
-    "create_tables",
-    "first_line",
-    "idempotency_keys",
-    "metadata",
-    "normalize_url",
-    "order_items",
-    "orders",
-    "outbox",
-    "prepare_product",
-    "products",
-    "update_returning",
-]
 
 #: SQLite's busy timeout: writers queue behind the one holding the lock instead of failing
 #: with "database is locked" (a lock_timeout conflict would blur the strategies' results).
@@ -205,12 +178,7 @@ class Shop:
         tries to write fails with "database is locked" instead of losing the update.
         """
         with self.engine.begin() as conn:
-            return int(
-                conn.execute(
-                    sa.text("SELECT available_stock FROM products WHERE sku = :sku"),
-                    {"sku": self.sku},
-                ).scalar_one()
-            )
+            return select_stock(conn, self.sku)
 
     def insert_order(self, conn: Connection, buyer: Buyer, stock_after: int) -> int:
         """Insert a paid order and its item; returns the order id."""
@@ -225,14 +193,7 @@ class Shop:
                 )
             )
         )
-        conn.execute(
-            order_items.insert().values(
-                order_id=order_id,
-                product_id=self.product_id,
-                quantity=self.qty,
-                stock_after=stock_after,
-            )
-        )
+        self.insert_item(conn, order_id, self.product_id, stock_after)
         return order_id
 
     def insert_outbox_event(self, conn: Connection, order_id: int) -> None:
@@ -246,7 +207,7 @@ class Shop:
     def insert_item(
         self, conn: Connection, order_id: int, product_id: int, stock_after: int
     ) -> None:
-        """One more item of an order (the ``deadlock`` scenario's second SKU)."""
+        """An item of an order (the ``deadlock`` scenario's has two)."""
         conn.execute(
             order_items.insert().values(
                 order_id=order_id,
@@ -256,42 +217,39 @@ class Shop:
             )
         )
 
-    def decrement_unconditionally(self, conn: Connection, sku: str | None = None) -> int:
+    def decrement(self, conn: Connection, sku: str | None = None) -> int:
         """``available_stock - :qty`` of ``sku`` (default: the shop's SKU) with no guard;
         returns the value written."""
-        sku = self.sku if sku is None else sku
-        params = {"qty": self.qty, "sku": sku}
-        sql = "UPDATE products SET available_stock = available_stock - :qty WHERE sku = :sku"
-        if self.update_returning:
-            return int(
-                conn.execute(sa.text(sql + " RETURNING available_stock"), params).scalar_one()
-            )
-        conn.execute(sa.text(sql), params)
-        return self._read_back(conn, sku)
+        written = self._decrement(conn, sku or self.sku, guarded=False)
+        if written is None:
+            raise RuntimeError(f"no product row {sku or self.sku}")
+        return written
 
     def decrement_if_available(self, conn: Connection) -> int | None:
         """The atomic conditional update; the value written, or ``None`` if no row matched."""
-        params = {"qty": self.qty, "sku": self.sku}
-        sql = (
-            "UPDATE products SET available_stock = available_stock - :qty"
-            " WHERE sku = :sku AND available_stock >= :qty"
-        )
+        return self._decrement(conn, self.sku, guarded=True)
+
+    def _decrement(self, conn: Connection, sku: str, *, guarded: bool) -> int | None:
+        params = {"qty": self.qty, "sku": sku}
+        sql = "UPDATE products SET available_stock = available_stock - :qty WHERE sku = :sku"
+        if guarded:
+            sql += " AND available_stock >= :qty"
         if self.update_returning:
             value = conn.execute(sa.text(sql + " RETURNING available_stock"), params).scalar()
             return None if value is None else int(value)
         if conn.execute(sa.text(sql), params).rowcount == 0:
             return None
-        return self._read_back(conn)
-
-    def _read_back(self, conn: Connection, sku: str | None = None) -> int:
         # Same transaction as the update, so it sees our own write (and holds its lock);
         # on InnoDB at REPEATABLE READ too: a transaction's snapshot shows its own changes.
-        return int(
-            conn.execute(
-                sa.text("SELECT available_stock FROM products WHERE sku = :sku"),
-                {"sku": sku or self.sku},
-            ).scalar_one()
-        )
+        return select_stock(conn, sku)
+
+
+def select_stock(conn: Connection, sku: str, *, for_update: bool = False) -> int:
+    """The stock of ``sku``, read in ``conn``'s transaction (``FOR UPDATE``: row-locked)."""
+    sql = "SELECT available_stock FROM products WHERE sku = :sku"
+    if for_update:
+        sql += " FOR UPDATE"
+    return int(conn.execute(sa.text(sql), {"sku": sku}).scalar_one())
 
 
 def _new_id(result: sa.CursorResult[Any]) -> int:

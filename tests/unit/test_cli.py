@@ -122,7 +122,7 @@ def test_help_gives_every_numeric_range(capsys: pytest.CaptureFixture[str]) -> N
 
 
 def test_the_lab_runs_the_strategies_the_parser_knows() -> None:
-    from stocksentry.exporter.lab import STRATEGIES
+    from stocksentry.exporter.lab.strategies import STRATEGIES
 
     assert tuple(STRATEGIES) == STRATEGY_NAMES
 
