@@ -770,9 +770,7 @@ def test_retries_without_idempotency_duplicate_orders(
         # Each intent at most twice: every duplicated key has exactly one extra order.
         assert 0 < result.db.duplicate_orders == result.db.duplicate_keys <= 15
         assert duplicates_by_own_sql(url, result.sku) == result.db.duplicate_orders
-        assert any(
-            "duplicate orders per idempotency key" in line for line in caught_lines(result)
-        )
+        assert any("duplicate orders per idempotency key" in line for line in caught_lines(result))
     unsafe, atomic = results
     # The unsafe strategy never refuses: every resubmit became a second order.
     assert unsafe.db.duplicate_orders == 15
