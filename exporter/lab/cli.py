@@ -285,30 +285,21 @@ def _isolation(text: str) -> str:
 def run_demo(args: argparse.Namespace) -> int:
     """Run the lab as the parsed ``demo`` arguments say; returns the exit status.
 
-    Without ``--database`` or ``--sqlite`` the lab runs on an embedded PostgreSQL and
-    Redis, with the exporter and Prometheus beside it. Servers, processes and temporary
-    folders are removed on the way out, on success, on error, on Ctrl-C and on SIGTERM.
-    Raises :class:`~stocksentry.exporter.commandline.CommandError` for a set-up problem.
+    Servers, processes and temporary folders are removed on the way out, on success, on
+    error, on Ctrl-C and on SIGTERM. A set-up problem raises ``CommandError``.
     """
     parser: argparse.ArgumentParser = args.parser
     if args.linger and args.metrics_port is None:
         parser.error("--linger needs --metrics-port")
-    try:
-        from prometheus_client import CollectorRegistry
-
-        from .config import LabError
-    except ImportError as exc:
-        if (exc.name or "").startswith("stocksentry"):
-            raise  # one of our own modules is broken: a bug, not a missing extra
-        raise CommandError(
-            f"needs SQLAlchemy ({exc.name or exc} is missing): pip install 'stocksentry[lab]'"
-        ) from exc
+    from .config import LabError
     from .embedded import signal_handler
 
     def interrupt(_signum: int, _frame: object) -> None:
         raise KeyboardInterrupt
 
     try:
+        from prometheus_client import CollectorRegistry
+
         # SIGTERM ends the run as Ctrl-C does: the same clean-up.
         with signal_handler(signal.SIGTERM, interrupt):
             return _run(args, CollectorRegistry())
@@ -316,7 +307,7 @@ def run_demo(args: argparse.Namespace) -> int:
         raise CommandError(str(exc)) from exc
     except ImportError as exc:
         if (exc.name or "").startswith("stocksentry"):
-            raise
+            raise  # one of our own modules is broken: a bug, not a missing extra
         raise CommandError(
             f"needs the lab's packages ({exc.name or exc} is missing):"
             " pip install 'stocksentry[lab]'"
@@ -429,7 +420,7 @@ def _run(args: argparse.Namespace, registry: CollectorRegistry) -> int:
                     )
                 )
         if save_shop is not None and database_url is not None:
-            from .keep import save_shop as copy_shop
+            from .shop import save_shop as copy_shop
 
             copy_shop(database_url, save_shop)
         evaluated = watch is not None and watch.prometheus_port is not None
@@ -449,9 +440,13 @@ def _run(args: argparse.Namespace, registry: CollectorRegistry) -> int:
             )
         sys.stdout.flush()
         if report is not None:
-            _write_report(
-                report, format_html(config, results, command=_command_line(), notes=notes)
+            page = format_html(
+                config, results, command=shlex.join([_program(), *sys.argv[1:]]), notes=notes
             )
+            try:
+                Path(report).write_text(page, encoding="utf-8")
+            except OSError as exc:
+                raise CommandError(f"cannot write report {report}: {exc.strerror or exc}") from exc
         status = _judge(results, err)
         closing = _closing_lines(log_file, save_shop, report, strategies)
         if closing and not (json_out and args.quiet):
@@ -465,7 +460,9 @@ def _run(args: argparse.Namespace, registry: CollectorRegistry) -> int:
                     f"lingering {args.linger:g} s: http://127.0.0.1:{bound}/metrics "
                     "(Ctrl-C to stop)",
                 )
-            _linger(args.linger)
+            # Lingering is a courtesy to scrapers; stopping it early is not a failure.
+            with contextlib.suppress(KeyboardInterrupt):
+                time.sleep(args.linger)
         if not args.quiet:
             # The clean-up (servers, processes, folders) runs as the block ends.
             say(err, f"demo ran {time.monotonic() - began:.0f} s; stopping its servers")
@@ -479,10 +476,6 @@ def _program() -> str:
         relative = os.path.relpath(called)
         return relative if not relative.startswith("..") else called
     return "stocksentry"
-
-
-def _command_line() -> str:
-    return shlex.join([_program(), *sys.argv[1:]])
 
 
 def _closing_lines(
@@ -510,20 +503,6 @@ def _closing_lines(
     if report is not None:
         lines.append(f"HTML report: {report}")
     return lines
-
-
-def _write_report(path: str, page: str) -> None:
-    try:
-        with open(path, "w", encoding="utf-8") as out:
-            out.write(page)
-    except OSError as exc:
-        raise CommandError(f"cannot write report {path}: {exc.strerror or exc}") from exc
-
-
-def _linger(seconds: float) -> None:
-    # Lingering is a courtesy to scrapers; stopping it early is not a failure.
-    with contextlib.suppress(KeyboardInterrupt):
-        time.sleep(seconds)
 
 
 def _judge(results: list[StrategyResult], err: TextIO) -> ExitCode:

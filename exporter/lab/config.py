@@ -195,20 +195,20 @@ class StrategyResult:
     sku: str
     stock_initial: int
     buyers: int
-    sold: int
-    orders: int
-    oversold: int
-    lost_updates: int
-    final_stock: int
-    conflicts: dict[str, int]
-    errors: int
-    negative_writes: int
-    p50_ms: float
-    p99_ms: float
-    wall_s: float
-    metrics: dict[str, int]
-    db: DbFigures
-    consistent: bool
+    sold: int = 0
+    orders: int = 0
+    oversold: int = 0
+    lost_updates: int = 0
+    final_stock: int = 0
+    conflicts: dict[str, int] = field(default_factory=dict)
+    errors: int = 0
+    negative_writes: int = 0
+    p50_ms: float = 0.0
+    p99_ms: float = 0.0
+    wall_s: float = 0.0
+    metrics: dict[str, int] = field(default_factory=dict)
+    db: DbFigures = DbFigures(0, 0, 0, 0)
+    consistent: bool = True
     mismatches: tuple[str, ...] = ()
     first_error: str | None = None
     skipped: str | None = None
@@ -240,20 +240,8 @@ class StrategyResult:
             sku=sku_for(strategy),
             stock_initial=config.stock,
             buyers=config.buyers,
-            sold=0,
-            orders=0,
-            oversold=0,
-            lost_updates=0,
             final_stock=config.stock,
-            conflicts={},
-            errors=0,
-            negative_writes=0,
-            p50_ms=0.0,
-            p99_ms=0.0,
-            wall_s=0.0,
-            metrics={},
             db=DbFigures(0, 0, 0, config.stock),
-            consistent=True,
             skipped=reason,
         )
 

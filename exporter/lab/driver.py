@@ -34,7 +34,7 @@ from .config import (
 )
 from .names import sku_for
 from .progress import PROGRESS_INTERVAL_S, Progress
-from .readback import durations, read_stock_by_id, strategy_result, unlabelled_totals
+from .readback import read_stock_by_id, strategy_result, unlabelled_totals
 from .shop import (
     Buyer,
     LabRun,
@@ -82,7 +82,8 @@ def run_strategy(lab: LabRun, name: str) -> StrategyResult:
         second_sku=second_sku,
         second_product_id=second_id,
     )
-    store = _IdempotencyStore(engine, sku) if config.retries > 0 and config.idempotency else None
+    # Resubmits answered from the idempotency store (intent key -> its outcome)?
+    store = config.retries > 0 and config.idempotency
     cache = None
     if config.stale_cache:
         cache = _StockCache(
@@ -90,7 +91,6 @@ def run_strategy(lab: LabRun, name: str) -> StrategyResult:
         )
         cache.refresh()
     before = unlabelled_totals(registry, name)
-    durations_before = durations(registry)
     tally = Tally(stock=config.stock)
     started_at = time.time()
     gate = threading.Event()
@@ -134,20 +134,20 @@ def run_strategy(lab: LabRun, name: str) -> StrategyResult:
         return outcome
 
     def submit(buyer: Buyer) -> None:
-        if store is not None:
+        if store:
             try:
-                if store.seen(buyer.idempotency_key) is not None:
+                if _answered(engine, buyer.idempotency_key):
                     sentry.record_idempotency_replay(
                         IDEMPOTENT_OPERATION, key=buyer.idempotency_key
                     )
-                    tally.replay()
+                    tally.bump("replays")
                     return
             except sa.exc.SQLAlchemyError as exc:
                 tally.note(exc)
         outcome = reserve(buyer)
-        if store is not None and outcome != "error":
+        if store and outcome != "error":
             try:
-                store.save(buyer.idempotency_key, outcome)
+                _store_outcome(engine, sku, buyer.idempotency_key, outcome)
             except sa.exc.SQLAlchemyError as exc:
                 tally.note(exc)
 
@@ -168,10 +168,10 @@ def run_strategy(lab: LabRun, name: str) -> StrategyResult:
             if resubmits(number, config.retries):
                 # The same intent again (a mobile retry, a proxy retry): new request id,
                 # same idempotency key and external reference.
-                tally.resubmit()
+                tally.bump("resubmitted")
                 submit(dataclasses.replace(buyer, request_id=buyer.request_id + "-retry"))
         finally:
-            tally.buyer_done()
+            tally.bump("done")
 
     def snapshot(elapsed: float) -> Progress:
         with tally.lock:
@@ -191,34 +191,27 @@ def run_strategy(lab: LabRun, name: str) -> StrategyResult:
             sampler.samples.append((0.0, config.stock))
             gate.set()
             transient = _transient_errors()
-            ticker = (
-                _Every(
-                    PROGRESS_INTERVAL_S,
-                    lambda: progress.update(snapshot(time.perf_counter() - started)),
-                    "lab-progress",
+            timers = [(SAMPLE_INTERVAL_S, sampler.sample, "lab-sampler", transient)]
+            if progress is not None:
+                timers.append(
+                    (
+                        PROGRESS_INTERVAL_S,
+                        lambda: progress.update(snapshot(time.perf_counter() - started)),
+                        "lab-progress",
+                        (),
+                    )
                 )
-                if progress is not None
-                else contextlib.nullcontext()
-            )
-            refresher = (
-                _Every(config.cache_refresh_ms / 1000, cache.refresh, "lab-cache", skip=transient)
-                if cache is not None
-                else contextlib.nullcontext()
-            )
-            sampling = _Every(SAMPLE_INTERVAL_S, sampler.sample, "lab-sampler", skip=transient)
-            publisher = (
-                _Every(
-                    OUTBOX_PUBLISH_INTERVAL_S,
-                    _StalledPublisher(
-                        lab.side, sku, math.floor(OUTBOX_PUBLISHED_SHARE * config.stock)
-                    ).publish,
-                    "lab-outbox",
-                    skip=transient,
+            if cache is not None:
+                timers.append(
+                    (config.cache_refresh_ms / 1000, cache.refresh, "lab-cache", transient)
                 )
-                if name == "outbox"
-                else contextlib.nullcontext()
-            )
-            with ticker, refresher, sampling, publisher:
+            if name == "outbox":
+                limit = math.floor(OUTBOX_PUBLISHED_SHARE * config.stock)
+                publish = _StalledPublisher(lab.side, sku, limit).publish
+                timers.append((OUTBOX_PUBLISH_INTERVAL_S, publish, "lab-outbox", transient))
+            with contextlib.ExitStack() as running:
+                for interval, call, thread, skip in timers:
+                    running.enter_context(_Every(interval, call, thread, skip=skip))
                 for future in futures:
                     future.result()
         except BaseException:
@@ -234,9 +227,7 @@ def run_strategy(lab: LabRun, name: str) -> StrategyResult:
         progress.finish(snapshot(wall))
     if lab.redis is not None:
         delete_redis_keys(lab.redis, keys)
-    result = strategy_result(
-        lab, name, sku, product_id, tally, wall, durations_before, before, sampler.samples
-    )
+    result = strategy_result(lab, name, sku, product_id, tally, wall, before, sampler.samples)
     return dataclasses.replace(
         result,
         started_at=round(started_at, 3),
@@ -320,17 +311,10 @@ class Tally:
         with self.lock:
             self._note(exc)
 
-    def buyer_done(self) -> None:
+    def bump(self, counter: str) -> None:
+        """Add one to ``done``, ``resubmitted`` or ``replays``."""
         with self.lock:
-            self.done += 1
-
-    def resubmit(self) -> None:
-        with self.lock:
-            self.resubmitted += 1
-
-    def replay(self) -> None:
-        with self.lock:
-            self.replays += 1
+            setattr(self, counter, getattr(self, counter) + 1)
 
 
 def resubmits(number: int, share: float) -> bool:
@@ -345,32 +329,26 @@ def resubmits(number: int, share: float) -> bool:
     return math.floor(number * share) > math.floor((number - 1) * share)
 
 
-class _IdempotencyStore:
-    """The idempotency records: intent key -> the outcome it was answered with."""
-
-    def __init__(self, engine: Engine, sku: str) -> None:
-        self.engine = engine
-        self.sku = sku
-
-    def seen(self, key: str) -> str | None:
-        with self.engine.connect() as conn:
-            outcome = conn.execute(
+def _answered(engine: Engine, key: str) -> bool:
+    """Whether the idempotency store holds an outcome for ``key``."""
+    with engine.connect() as conn:
+        return (
+            conn.execute(
                 sa.select(idempotency_keys.c.outcome).where(
                     idempotency_keys.c.idempotency_key == key
                 )
             ).scalar_one_or_none()
-        return None if outcome is None else str(outcome)
+            is not None
+        )
 
-    def save(self, key: str, outcome: str) -> None:
-        with self.engine.begin() as conn:
-            conn.execute(
-                idempotency_keys.insert().values(
-                    idempotency_key=key,
-                    sku=self.sku,
-                    outcome=outcome,
-                    created_at=datetime.now(UTC),
-                )
+
+def _store_outcome(engine: Engine, sku: str, key: str, outcome: str) -> None:
+    with engine.begin() as conn:
+        conn.execute(
+            idempotency_keys.insert().values(
+                idempotency_key=key, sku=sku, outcome=outcome, created_at=datetime.now(UTC)
             )
+        )
 
 
 def _transient_errors() -> tuple[type[Exception], ...]:

@@ -98,6 +98,15 @@ def _get(url: str, timeout: float = 5.0) -> bytes:
         return bytes(response.read())
 
 
+def _prometheus(port: int, api: str, params: dict[str, str]) -> list[Any] | None:
+    """The ``result`` list of a Prometheus HTTP API query (``None`` when it failed)."""
+    url = f"http://127.0.0.1:{port}/api/v1/{api}?{urllib.parse.urlencode(params)}"
+    try:
+        return list(json.loads(_get(url)).get("data", {}).get("result", []))
+    except (OSError, ValueError):
+        return None
+
+
 def _wait_http(url: str, proc: subprocess.Popen[bytes], what: str) -> None:
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
@@ -116,11 +125,8 @@ def _wait_scraped(port: int, targets: int, proc: subprocess.Popen[bytes]) -> Non
     targets and probes down do not go pending on an empty start."""
 
     def count(expr: str) -> int | None:
-        query = urllib.parse.urlencode({"query": expr})
-        with contextlib.suppress(OSError, ValueError):
-            data = json.loads(_get(f"http://127.0.0.1:{port}/api/v1/query?{query}"))
-            return len(data.get("data", {}).get("result", []))
-        return None
+        result = _prometheus(port, "query", {"query": expr})
+        return None if result is None else len(result)
 
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline and proc.poll() is None:
@@ -145,18 +151,17 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait(timeout=5)
 
 
-def _libpq_url(url: str) -> str:
-    # The exporter takes a libpq URL: no SQLAlchemy driver suffix.
-    return url.replace("postgresql+psycopg://", "postgresql://", 1)
-
-
 def exporter_config(database_url: str, port: int, skus: list[str]) -> str:
     """The exporter's YAML for the lab: its tables, probes every second, no election."""
     return json.dumps(
         {
             "server": {"listen_address": "127.0.0.1", "port": port},
             "sku_guard": {"promo_skus": skus, "max_skus": 100},
-            "database": {"url": _libpq_url(database_url), "leader_election": False},
+            # The exporter takes a libpq URL: no SQLAlchemy driver suffix.
+            "database": {
+                "url": database_url.replace("postgresql+psycopg://", "postgresql://", 1),
+                "leader_election": False,
+            },
             "schema": {
                 "products": {"allocation": "initial_stock"},
                 # A resubmit repeats the external reference and the idempotency key: the
@@ -232,14 +237,8 @@ class Observers:
         """The series of ``expr`` between two Unix times (none without Prometheus)."""
         if self.prometheus_port is None or end <= start:
             return []
-        query = urllib.parse.urlencode(
-            {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": step}
-        )
-        url = f"http://127.0.0.1:{self.prometheus_port}/api/v1/query_range?{query}"
-        try:
-            return list(json.loads(_get(url)).get("data", {}).get("result", []))
-        except (OSError, ValueError):
-            return []
+        params = {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": step}
+        return _prometheus(self.prometheus_port, "query_range", params) or []
 
     def max_between(self, expr: str, start: float, end: float) -> float | None:
         """The highest value of ``expr`` between two Unix times, from Prometheus."""
@@ -343,22 +342,23 @@ def alert_owner(series: AlertSeries, ran: list[StrategyResult]) -> str:
     return chosen
 
 
+def _spawn(watch: Observers, name: str, argv: list[str], ready_url: str, what: str) -> None:
+    """Start one of our processes, its output in ``<name>.log``, and wait until it answers
+    ``ready_url``; it is stopped (by pid) with the others on the way out."""
+    with (watch.folder / f"{name}.log").open("wb") as log:
+        proc = subprocess.Popen(  # noqa: S603 - our own interpreter, or Prometheus from PATH
+            argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    watch.procs.append(proc)
+    _wait_http(ready_url, proc, what)
+
+
 def _start_exporter(watch: Observers, database_url: str, skus: list[str]) -> None:
     port = free_port()
     config = watch.folder / "exporter.yml"
     config.write_text(exporter_config(database_url, port, skus), encoding="utf-8")
-    log = (watch.folder / "exporter.log").open("wb")
-    try:
-        proc = subprocess.Popen(  # noqa: S603 - our own interpreter and module
-            [sys.executable, "-m", "stocksentry.exporter", "exporter", "--config", str(config)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    finally:
-        log.close()
-    watch.procs.append(proc)
-    _wait_http(f"http://127.0.0.1:{port}/metrics", proc, "the exporter")
+    argv = [sys.executable, "-m", "stocksentry.exporter", "exporter", "--config", str(config)]
+    _spawn(watch, "exporter", argv, f"http://127.0.0.1:{port}/metrics", "the exporter")
     watch.exporter_port = port
 
 
@@ -379,26 +379,16 @@ def _start_prometheus(watch: Observers, lab_port: int) -> None:
     config = watch.folder / "prometheus.yml"
     config.write_text(prometheus_config(targets, rules), encoding="utf-8")
     port = free_port()
-    log = (watch.folder / "prometheus.log").open("wb")
-    try:
-        proc = subprocess.Popen(  # noqa: S603 - the Prometheus binary found on PATH
-            [
-                binary,
-                f"--config.file={config}",
-                f"--storage.tsdb.path={watch.folder / 'tsdb'}",
-                f"--web.listen-address=127.0.0.1:{port}",
-                "--storage.tsdb.retention.time=1h",
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    finally:
-        log.close()
-    watch.procs.append(proc)
-    _wait_http(f"http://127.0.0.1:{port}/-/ready", proc, "Prometheus")
+    argv = [
+        binary,
+        f"--config.file={config}",
+        f"--storage.tsdb.path={watch.folder / 'tsdb'}",
+        f"--web.listen-address=127.0.0.1:{port}",
+        "--storage.tsdb.retention.time=1h",
+    ]
+    _spawn(watch, "prometheus", argv, f"http://127.0.0.1:{port}/-/ready", "Prometheus")
     watch.prometheus_port = port
-    _wait_scraped(port, len(targets), proc)
+    _wait_scraped(port, len(targets), watch.procs[-1])
     watch.prometheus_note = (
         f"Prometheus evaluated {RULES_FILE} (unchanged) every {INTERVAL}, scraping the lab"
         f" and the exporter every {INTERVAL}"

@@ -1,17 +1,5 @@
 """Running the lab: :func:`run_lab` sets up the database, Redis and the instrumentation,
-then runs every configured strategy in turn.
-
-Example::
-
-    from stocksentry.exporter.lab import LabConfig, format_report, run_lab
-
-    for result in run_lab(LabConfig(buyers=200, stock=20, strategies=("unsafe", "atomic"))):
-        print(result.strategy, result.sold, result.oversold, result.consistent)
-
-    # Every strategy, the Redis locks included; a fifth of the buyers resubmit, unprotected.
-    config = LabConfig(redis_url="redis://127.0.0.1:6379/0", retries=0.2, idempotency=False)
-    print(format_report(config, run_lab(config)))
-"""
+then runs every configured strategy in turn."""
 
 from __future__ import annotations
 
@@ -164,10 +152,8 @@ def run_lab(
 def prime_counters(sentry: Sentry, names: tuple[str, ...]) -> None:
     """Create, at zero, the counter series the strategies raise (per SKU, lock and table).
 
-    A counter first seen at its final value has no increase to Prometheus: a sale
-    shorter than a scrape interval would pass the ``increase()`` alert rules unseen.
-    Exporting the series at zero first, as Prometheus recommends for known label sets,
-    lets the first scrape after the sale see the rise.
+    A counter first seen at its final value has no increase to Prometheus: a sale shorter
+    than a scrape interval would pass the ``increase()`` alert rules unseen.
     """
     metrics = sentry.metrics
     metrics.prime_tables([STOCK_TABLE])
@@ -178,14 +164,9 @@ def prime_counters(sentry: Sentry, names: tuple[str, ...]) -> None:
 
 
 def instrument_lab_engine(engine: Engine, sentry: Sentry) -> Callable[[], None] | None:
-    """Watch the lab's engine with stocksentry's SQLAlchemy integration, spans off.
-
-    The hook that puts ``stock_unsafe_read_modify_write_total{table="products"}`` (and the
-    lock-wait, deadlock and conflict metrics) into the lab. Returns the function that
-    removes the listeners again, or ``None`` when the integration is not installed (the
-    ``sqlalchemy`` extra): the lab then runs without the detector. Any other error is a
-    bug and raises.
-    """
+    """Watch the lab's engine with the SQLAlchemy integration (spans off), which counts
+    the unsafe read-modify-writes; returns the function that removes it again, or
+    ``None`` when the integration is not installed."""
     try:
         from stocksentry.instrumentation.sqlalchemy import (
             StockTable,
@@ -221,11 +202,8 @@ def _connect_redis(config: LabConfig) -> Any:
 
 @contextlib.contextmanager
 def serve_metrics(registry: CollectorRegistry, port: int) -> Iterator[int]:
-    """Serve ``registry`` at ``http://127.0.0.1:<port>/metrics`` for the block.
-
-    Yields the bound port (useful with ``port=0``). Raises :class:`LabError` when the
-    port cannot be bound.
-    """
+    """Serve ``registry`` at ``http://127.0.0.1:<port>/metrics`` for the block; yields the
+    bound port. Raises :class:`LabError` when the port cannot be bound."""
     try:
         server, thread = start_http_server(port, addr="127.0.0.1", registry=registry)
     except OSError as exc:

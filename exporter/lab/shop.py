@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import sqlalchemy as sa
@@ -396,12 +397,16 @@ def create_tables(database_url: str) -> None:
     url = normalize_url(database_url)
     engine = create_engine(url, 1)
     try:
-        metadata.create_all(engine)
-    except sa.exc.SQLAlchemyError as exc:
-        shown = url.render_as_string(hide_password=True)
-        raise LabError(f"cannot create the lab tables in {shown}: {first_line(exc)}") from exc
+        _create_all(engine, url.render_as_string(hide_password=True))
     finally:
         engine.dispose()
+
+
+def _create_all(engine: Engine, shown: str) -> None:
+    try:
+        metadata.create_all(engine)
+    except sa.exc.SQLAlchemyError as exc:
+        raise LabError(f"cannot create the lab tables in {shown}: {first_line(exc)}") from exc
 
 
 def connect_and_prepare(engine: Engine, shown: str, concurrency: int) -> None:
@@ -429,10 +434,28 @@ def connect_and_prepare(engine: Engine, shown: str, concurrency: int) -> None:
         for conn in held:
             conn.close()
     # After the connections: a run that cannot get them leaves no tables behind.
+    _create_all(engine, shown)
+
+
+def save_shop(database_url: str, path: str) -> None:
+    """Copy the shop's tables into the SQLite file ``path`` (replaced), for
+    ``stocksentry reconcile`` once the embedded servers are gone. Raises :class:`LabError`."""
+    target = Path(path)
+    source = sa.create_engine(normalize_url(database_url))
+    copy = sa.create_engine(f"sqlite:///{target}")
     try:
-        metadata.create_all(engine)
-    except sa.exc.SQLAlchemyError as exc:
-        raise LabError(f"cannot create the lab tables in {shown}: {first_line(exc)}") from exc
+        target.unlink(missing_ok=True)
+        metadata.create_all(copy)
+        with source.connect() as src, copy.begin() as dst:
+            for table in metadata.sorted_tables:
+                result = src.execute(sa.select(table)).mappings()
+                while rows := result.fetchmany(2000):
+                    dst.execute(table.insert(), [dict(row) for row in rows])
+    except (sa.exc.SQLAlchemyError, OSError) as exc:
+        raise LabError(f"cannot save the shop to {target}: {first_line(exc)}") from exc
+    finally:
+        source.dispose()
+        copy.dispose()
 
 
 @dataclass(slots=True)
