@@ -4,7 +4,7 @@ Many buyers reserve one unit each of a small stock, all at once, under each chec
 strategy; every reservation goes through the public instrumentation API, and at the end
 the lab counts the truth in the database with SQL and compares it with the metric
 totals. It is used through ``stocksentry demo``; one module per role:
-:mod:`.names` (the strategy names, no dependency, for ``--help``), :mod:`.config`,
+:mod:`.config` (the strategy names and settings, light enough for ``--help``),
 :mod:`.shop`, :mod:`.strategies`, :mod:`.naive_lock`, :mod:`.driver`, :mod:`.readback`,
 :mod:`.run`, :mod:`.embedded`, :mod:`.observe`, the reports and :mod:`.cli`.
 

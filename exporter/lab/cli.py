@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from ..commandline import CommandError, ExitCode, Subcommands, float_in, int_in, port, say
-from .names import STRATEGY_NAMES
+from .config import STRATEGY_NAMES
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry

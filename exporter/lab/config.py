@@ -1,5 +1,8 @@
-"""What the lab runs and what it returns: plain dataclasses and constants, no SQLAlchemy.
+"""What the lab runs and what it returns: the strategy names, plain dataclasses and
+constants, nothing heavy (``stocksentry --help`` imports it).
 
+>>> STRATEGY_NAMES[0], sku_for("for_update")
+('unsafe', 'LAB-FOR_UPDATE')
 >>> config = LabConfig(buyers=200, stock=20, strategies=("unsafe", "atomic"))
 >>> config.strategy_names, config.skip_reason("naive_lock")
 (('unsafe', 'atomic'), 'needs --redis URL (a Redis lock strategy)')
@@ -11,14 +14,39 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from .names import (
-    POSTGRES_STRATEGIES,
-    REDIS_STRATEGIES,
-    SKIPPED_WITHOUT_POSTGRES,
-    SKIPPED_WITHOUT_REDIS,
-    STRATEGY_NAMES,
-    sku_for,
+#: Every strategy, in the order the report shows them (unsafe ones first).
+STRATEGY_NAMES: tuple[str, ...] = (
+    "unsafe",
+    "check_then_decrement",
+    "naive_lock",
+    "atomic",
+    "for_update",
+    "redlock",
+    # Scenarios around the atomic update: a fifth of the buyers resubmit, without and with
+    # an idempotency key; the availability decision read from a late cache; an outbox whose
+    # publisher stalls; two SKUs locked in opposite orders (a deadlock).
+    "retry_no_key",
+    "retry_idempotent",
+    "stale_cache",
+    "outbox",
+    "deadlock",
 )
+#: The strategies that must sell exactly the stock, without a finding or an alert.
+SAFE_STRATEGIES = frozenset({"atomic", "for_update", "redlock", "retry_idempotent"})
+#: Strategies that need Redis; without ``redis_url`` they are skipped, with this reason.
+REDIS_STRATEGIES = frozenset({"naive_lock", "redlock"})
+SKIPPED_WITHOUT_REDIS = "needs --redis URL (a Redis lock strategy)"
+#: Strategies that need a server's row locks and deadlock detector (PostgreSQL, InnoDB).
+POSTGRES_STRATEGIES = frozenset({"deadlock"})
+SKIPPED_WITHOUT_POSTGRES = (
+    "needs PostgreSQL or MySQL / MariaDB (row locks taken in opposite orders)"
+)
+
+
+def sku_for(strategy: str) -> str:
+    """The product row a strategy sells: ``LAB-<STRATEGY>``."""
+    return f"LAB-{strategy.upper()}"
+
 
 #: The share of buyers who resubmit in the retry scenarios.
 SCENARIO_RETRIES = 0.2

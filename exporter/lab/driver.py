@@ -31,8 +31,8 @@ from .config import (
     OUTBOX_PUBLISHED_SHARE,
     StrategyResult,
     scenario_config,
+    sku_for,
 )
-from .names import sku_for
 from .progress import PROGRESS_INTERVAL_S, Progress
 from .readback import read_stock_by_id, strategy_result, unlabelled_totals
 from .shop import (
@@ -181,17 +181,23 @@ def run_strategy(lab: LabRun, name: str) -> StrategyResult:
 
     first_wave = min(config.concurrency, config.buyers)
     started = time.perf_counter()
-    sampler = _Sampler(lambda: read_stock_by_id(lab.side, product_id))
+    # The stock over time for the report's chart, in seconds from the sale's start.
+    samples: list[tuple[float, int]] = []
+
+    def sample() -> None:
+        stock = read_stock_by_id(lab.side, product_id)
+        samples.append((round(time.perf_counter() - started, 4), stock))
+
     with ThreadPoolExecutor(max_workers=config.concurrency, thread_name_prefix="buyer") as pool:
         futures = [pool.submit(buy, n) for n in range(1, config.buyers + 1)]
         try:
             for _ in range(first_wave):
                 arrived.acquire()
-            started = sampler.origin = time.perf_counter()
-            sampler.samples.append((0.0, config.stock))
+            started = time.perf_counter()
+            samples.append((0.0, config.stock))
             gate.set()
             transient = _transient_errors()
-            timers = [(SAMPLE_INTERVAL_S, sampler.sample, "lab-sampler", transient)]
+            timers = [(SAMPLE_INTERVAL_S, sample, "lab-sampler", transient)]
             if progress is not None:
                 timers.append(
                     (
@@ -222,12 +228,12 @@ def run_strategy(lab: LabRun, name: str) -> StrategyResult:
             raise
     wall = time.perf_counter() - started
     with contextlib.suppress(sa.exc.SQLAlchemyError):
-        sampler.sample()
+        sample()
     if progress is not None:
         progress.finish(snapshot(wall))
     if lab.redis is not None:
         delete_redis_keys(lab.redis, keys)
-    result = strategy_result(lab, name, sku, product_id, tally, wall, before, sampler.samples)
+    result = strategy_result(lab, name, sku, product_id, tally, wall, before, samples)
     return dataclasses.replace(
         result,
         started_at=round(started_at, 3),
@@ -459,17 +465,3 @@ class _StalledPublisher:
                     .values(published_at=datetime.now(UTC))
                 )
         self._left -= len(ids)
-
-
-class _Sampler:
-    """Samples the stock for the report's stock-over-time chart."""
-
-    def __init__(self, read: Callable[[], int]) -> None:
-        self._read = read
-        #: ``perf_counter()`` at the start of the sale: sample times count from there.
-        self.origin = time.perf_counter()
-        self.samples: list[tuple[float, int]] = []
-
-    def sample(self) -> None:
-        stock = self._read()
-        self.samples.append((round(time.perf_counter() - self.origin, 4), stock))

@@ -26,9 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .config import StrategyResult
+from .config import StrategyResult, sku_for
 from .embedded import signal_handler
-from .names import sku_for
 
 #: The rules Prometheus evaluates: the project's own file.
 RULES_FILE = "alert_rules/stocksentry.rules.yml"
@@ -407,7 +406,7 @@ def observers(folder: Path, database_url: str | None, lab_port: int) -> Iterator
     watch = Observers(folder=folder)
     try:
         if database_url is not None:
-            from .names import STRATEGY_NAMES
+            from .config import STRATEGY_NAMES
 
             try:
                 _start_exporter(watch, database_url, [sku_for(n) for n in STRATEGY_NAMES])

@@ -16,8 +16,14 @@ from prometheus_client import CollectorRegistry
 from sqlalchemy.engine import Engine
 from stocksentry.instrumentation import catalog
 
-from .config import CACHE_NAME, IDEMPOTENT_OPERATION, STOCK_TABLE, DbFigures, StrategyResult
-from .names import REDIS_STRATEGIES
+from .config import (
+    CACHE_NAME,
+    IDEMPOTENT_OPERATION,
+    REDIS_STRATEGIES,
+    STOCK_TABLE,
+    DbFigures,
+    StrategyResult,
+)
 
 if TYPE_CHECKING:
     from .driver import Tally

@@ -9,8 +9,7 @@ import textwrap
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from .config import LabConfig, StrategyResult
-from .names import SAFE_STRATEGIES
+from .config import SAFE_STRATEGIES, LabConfig, StrategyResult
 from .observe import EXPORTER_FIGURES
 from .progress import WIDTH
 from .report_text import alert_text, caught_lines, info_lines, setup_lines

@@ -18,9 +18,8 @@ from prometheus_client import CollectorRegistry, start_http_server
 from sqlalchemy.engine import Engine
 from stocksentry.instrumentation import Sentry
 
-from .config import STOCK_TABLE, LabConfig, LabError, StrategyResult
+from .config import REDIS_STRATEGIES, STOCK_TABLE, LabConfig, LabError, StrategyResult, sku_for
 from .driver import delete_redis_keys, run_strategy
-from .names import REDIS_STRATEGIES, sku_for
 from .progress import ProgressSink
 from .report_text import describe_database, describe_redis
 from .shop import LabRun, connect_and_prepare, create_engine, first_line, normalize_url

@@ -1,7 +1,7 @@
 """The checkout strategies, unsafe first, each one function ``(shop, reservation, buyer)``.
 
 Adding a strategy is one function here and its name in
-:data:`~stocksentry.exporter.lab.names.STRATEGY_NAMES` and :data:`STRATEGIES`; it must
+:data:`~stocksentry.exporter.lab.config.STRATEGY_NAMES` and :data:`STRATEGIES`; it must
 mark the reservation with ``success`` or ``conflict``. docs/demo.md tells what each does
 and what goes wrong.
 """

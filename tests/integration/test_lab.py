@@ -27,8 +27,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 from stocksentry.exporter.cli import main
 from stocksentry.exporter.lab import driver as lab_driver
-from stocksentry.exporter.lab.config import LabConfig, StrategyResult
-from stocksentry.exporter.lab.names import SKIPPED_WITHOUT_REDIS
+from stocksentry.exporter.lab.config import SKIPPED_WITHOUT_REDIS, LabConfig, StrategyResult
 from stocksentry.exporter.lab.progress import Progress
 from stocksentry.exporter.lab.report_html import format_html
 from stocksentry.exporter.lab.report_text import caught_lines

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from stocksentry.exporter.lab.config import DbFigures, LabConfig, StrategyResult
-from stocksentry.exporter.lab.names import STRATEGY_NAMES
+from stocksentry.exporter.lab.config import STRATEGY_NAMES, DbFigures, LabConfig, StrategyResult
 from stocksentry.exporter.lab.observe import AlertSeries, alert_owner
 from stocksentry.exporter.lab.report_term import alert_cell, format_summary
 
