@@ -411,14 +411,7 @@ def _run(args: argparse.Namespace, registry: CollectorRegistry) -> int:
             if not args.quiet:
                 say(err, "reading the exporter's probes and the alerts Prometheus evaluated...")
             results = watch.annotate(results)
-            notes = [f"exporter: {watch.exporter_note}", f"alerts: {watch.prometheus_note}"]
-            if watch.shop:
-                notes.append(
-                    "exporter, shop-wide at the end: "
-                    + ", ".join(
-                        f"{name} {value:.3g}" for name, value in sorted(watch.shop.items())
-                    )
-                )
+            notes = watch.notes()
         if save_shop is not None and database_url is not None:
             from .shop import save_shop as copy_shop
 

@@ -206,6 +206,14 @@ class Observers:
     figures: dict[str, dict[str, float]] = field(default_factory=dict)
     shop: dict[str, float] = field(default_factory=dict)
 
+    def notes(self) -> list[str]:
+        """The set-up lines the reports show: what ran beside the lab, what it saw."""
+        notes = [f"exporter: {self.exporter_note}", f"alerts: {self.prometheus_note}"]
+        if self.shop:
+            shop = ", ".join(f"{name} {value:.3g}" for name, value in sorted(self.shop.items()))
+            notes.append(f"exporter, shop-wide at the end: {shop}")
+        return notes
+
     def read_exporter(self) -> None:
         """Wait for a probe round that began after the sales, then keep the exporter's
         figures per SKU (the shop's rows stay as each strategy left them)."""

@@ -310,29 +310,25 @@ def lock_figures(delta: Mapping[str, float]) -> dict[str, float]:
 
 def _notes(lab: LabRun, name: str) -> tuple[str, ...]:
     config = lab.config
+    owned = (
+        "pottery Redlock on one Redis master, retries with jitter"
+        if config.redlock_impl == "pottery"
+        else "the lab's owned lock (SetNxLock): token, jittered retries,"
+        " compare-and-delete release"
+    )
+    notes = {
+        "naive_lock": f"SET NX PX {config.naive_lock_ttl_s * 1000:g} ms around"
+        f" {config.work_ms:g} ms of work, DEL without checking the token",
+        "redlock": f"{owned}, TTL {config.redlock_ttl_s:g} s, extended only while owned"
+        " before the write",
+        "retry_no_key": f"{config.retries:.0%} of the buyers resubmit; no idempotency store",
+        "retry_idempotent": f"{config.retries:.0%} of the buyers resubmit; answered by"
+        " idempotency key",
+        "stale_cache": "availability read from a cache refreshed every"
+        f" {config.cache_refresh_ms:g} ms",
+        "outbox": "order and outbox event in one transaction; the publisher stalls part-way",
+        "deadlock": "a bundle of two SKUs locked FOR UPDATE in opposite orders",
+    }
     if name == "for_update" and lab.engine.dialect.name == "sqlite":
         return ("SQLite has no SELECT ... FOR UPDATE: BEGIN IMMEDIATE takes the write lock first",)
-    if name == "naive_lock":
-        return (
-            f"SET NX PX {config.naive_lock_ttl_s * 1000:g} ms around {config.work_ms:g} ms of"
-            " work, DEL without checking the token",
-        )
-    if name == "redlock":
-        ttl = f"TTL {config.redlock_ttl_s:g} s, extended only while owned before the write"
-        if config.redlock_impl == "pottery":
-            return (f"pottery Redlock on one Redis master, retries with jitter, {ttl}",)
-        return (
-            "the lab's owned lock (SetNxLock): token, jittered retries,"
-            f" compare-and-delete release, {ttl}",
-        )
-    if name == "retry_no_key":
-        return (f"{config.retries:.0%} of the buyers resubmit; no idempotency store",)
-    if name == "retry_idempotent":
-        return (f"{config.retries:.0%} of the buyers resubmit; answered by idempotency key",)
-    if name == "stale_cache":
-        return (f"availability read from a cache refreshed every {config.cache_refresh_ms:g} ms",)
-    if name == "outbox":
-        return ("order and outbox event in one transaction; the publisher stalls part-way",)
-    if name == "deadlock":
-        return ("a bundle of two SKUs locked FOR UPDATE in opposite orders",)
-    return ()
+    return (notes[name],) if name in notes else ()

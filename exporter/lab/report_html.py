@@ -54,6 +54,14 @@ def _swatch(x: float, y: float, color: str, text: str) -> str:
     )
 
 
+def _row_label(y: float, height: float, color: str, name: str) -> str:
+    """A strategy's row in a bar chart: its colour marker and its name, centred on it."""
+    return (
+        f'<rect x="0" y="{y + 2}" width="6" height="{height - 4}" fill="{color}"/>'
+        f'<text x="12" y="{y + height / 2 + 4:.0f}">{_esc(name)}</text>'
+    )
+
+
 def _nice_ticks(low: float, high: float, count: int = 5) -> list[float]:
     """Round tick values covering [low, high]."""
     if high <= low:
@@ -155,11 +163,7 @@ def _svg_outcomes(results: Sequence[StrategyResult], colors: Mapping[str, str]) 
         lx += 24 + 7 * len(name)
     for i, result in enumerate(results):
         y0 = top + i * (bar_h + gap)
-        out.append(
-            f'<rect x="0" y="{y0 + 4}" width="6" height="{bar_h - 8}"'
-            f' fill="{colors[result.strategy]}"/>'
-            f'<text x="12" y="{y0 + bar_h / 2 + 4:.0f}">{_esc(result.strategy)}</text>'
-        )
+        out.append(_row_label(y0 + 2, bar_h - 4, colors[result.strategy], result.strategy))
         x0 = float(label_w)
         for name, color, f in segments:
             n = f(result)
@@ -194,11 +198,7 @@ def _svg_latency(results: Sequence[StrategyResult], colors: Mapping[str, str]) -
     ]
     for i, result in enumerate(results):
         y0 = top + i * (2 * bar_h + gap)
-        out.append(
-            f'<rect x="0" y="{y0 + 2}" width="6" height="{2 * bar_h - 4}"'
-            f' fill="{colors[result.strategy]}"/>'
-            f'<text x="12" y="{y0 + bar_h + 4}">{_esc(result.strategy)}</text>'
-        )
+        out.append(_row_label(y0, 2 * bar_h, colors[result.strategy], result.strategy))
         bars = ((result.p50_ms, "#9ecae1"), (result.p99_ms, "#3182bd"))
         for j, (value, color) in enumerate(bars):
             w = max(1.0, plot_w * value / longest)
