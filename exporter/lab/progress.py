@@ -95,11 +95,7 @@ class LiveProgress:
         self._bars.start()
 
     def _show(self, p: Progress) -> None:
-        task = self._tasks.get(p.strategy)
-        if task is None:
-            task = self._tasks[p.strategy] = self._bars.add_task(
-                p.strategy, total=p.total, sold="", secs=""
-            )
+        task = self._tasks[p.strategy]
         self._bars.start_task(task)
         self._bars.update(
             task,
