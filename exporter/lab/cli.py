@@ -64,11 +64,8 @@ def _bounded(
     metavar: str,
     text: str,
 ) -> None:
-    """Add a numeric option within ``bounds``, its help ``TEXT, LOW..HIGH (DEFAULT)``.
-
-    Whole-number bounds take whole numbers (:func:`int_in`), others any number
-    (:func:`float_in`).
-    """
+    """Add a numeric option within ``bounds`` (whole numbers when both are ints), its
+    help ``TEXT, LOW..HIGH (DEFAULT)``."""
     low, high = bounds
     whole = isinstance(low, int) and isinstance(high, int)
     parser.add_argument(

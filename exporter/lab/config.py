@@ -175,12 +175,9 @@ class LabConfig:
 
 
 def scenario_config(config: LabConfig, strategy: str) -> LabConfig:
-    """The configuration ``strategy`` runs with: the scenarios set their own options.
-
-    ``retry_no_key`` and ``retry_idempotent`` make :data:`SCENARIO_RETRIES` of the buyers
-    resubmit, without and with the idempotency store; ``stale_cache`` decides from the
-    late cache. Every other strategy runs with ``config`` as given.
-    """
+    """The configuration ``strategy`` runs with: the retry scenarios make
+    :data:`SCENARIO_RETRIES` of the buyers resubmit (without, then with the idempotency
+    store), ``stale_cache`` decides from the late cache; the others run with ``config``."""
     if strategy == "retry_no_key":
         return replace(config, retries=config.retries or SCENARIO_RETRIES, idempotency=False)
     if strategy == "retry_idempotent":
@@ -192,11 +189,8 @@ def scenario_config(config: LabConfig, strategy: str) -> LabConfig:
 
 @dataclass(frozen=True, slots=True)
 class DbFigures:
-    """What the database says after a strategy's run, counted by SQL.
-
-    ``duplicate_keys`` are idempotency keys with more than one order; ``duplicate_orders``
-    the orders beyond the first for each of them.
-    """
+    """What the database says after a strategy's run, counted by SQL (``duplicate_orders``:
+    the orders beyond the first of each idempotency key that has several)."""
 
     orders: int
     units: int

@@ -243,11 +243,8 @@ def run_strategy(lab: LabRun, name: str) -> StrategyResult:
 
 
 def delete_redis_keys(client: Any, prefix: str) -> None:
-    """Delete the lab's keys under ``prefix``: locks, pottery's and the stock cache.
-
-    Clean-up is best effort: a Redis that went away leaves the keys behind (they carry
-    the run's id, and the naive locks their TTL).
-    """
+    """Delete the lab's keys under ``prefix`` (locks, pottery's, the stock cache), best
+    effort: keys a vanished Redis keeps carry the run's id, the naive locks their TTL."""
     import redis
 
     # pottery puts "redlock:" in front of its keys.
@@ -262,9 +259,8 @@ def delete_redis_keys(client: Any, prefix: str) -> None:
 class Tally:
     """Outcomes counted on the Python side, for live progress and the lab's own checks.
 
-    ``done`` counts buyers; ``reservations`` every reservation made (a resubmit without
-    idempotency is a second one); ``locked`` the reservations that went to the strategy
-    (not refused by the cache first), each of which asks a lock strategy's lock once.
+    ``reservations`` counts every reservation (a resubmit without idempotency is a second
+    one); ``locked`` those that reached the strategy, each asking a lock strategy's lock.
     """
 
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -368,11 +364,9 @@ def _transient_errors() -> tuple[type[Exception], ...]:
 
 
 class _Every:
-    """Calls ``tick()`` every ``interval`` seconds in a thread, for the ``with`` block.
-
-    A tick that raises one of ``skip`` (a server too busy for a sample) is skipped and the
-    error kept in :attr:`error`; any other exception ends the thread loudly.
-    """
+    """Calls ``tick()`` every ``interval`` seconds in a thread, for the ``with`` block; a
+    tick that raises one of ``skip`` (a server too busy for a sample) is skipped, any
+    other exception ends the thread loudly."""
 
     def __init__(
         self,
@@ -409,11 +403,9 @@ class _Every:
 
 
 class _StockCache:
-    """The stock as a cache holds it, refreshed from the database late, on a timer.
-
-    A Redis key when the lab has Redis, else a value in memory. Between refreshes the
-    cache still says "available" after the last unit went: the decision it feeds is stale.
-    """
+    """The stock as a cache holds it (a Redis key, else a value in memory), refreshed from
+    the database late: between refreshes it still says "available" after the last unit
+    went."""
 
     def __init__(self, read: Callable[[], int], redis: Any, key: str) -> None:
         self._read = read

@@ -264,14 +264,9 @@ class Observers:
         return found
 
     def annotate(self, results: list[StrategyResult]) -> list[StrategyResult]:
-        """Each result with the exporter's figures for its SKU and its alerts.
-
-        An alert series belongs to the strategy its ``sku`` or ``lock`` label names;
-        one without either (``table``, a shop-wide figure) to the strategy that caused
-        it (:func:`alert_owner`). Its time is
-        counted from the strategy's first oversell, or from the start of its sale when it
-        oversold nothing.
-        """
+        """Each result with the exporter's figures for its SKU and its alerts (see
+        :func:`alert_owner`), timed from the strategy's first oversell, or from the start
+        of its sale when it oversold nothing."""
         self.read_exporter()
         ran = [r for r in results if r.skipped is None]
         if not ran:
@@ -404,12 +399,9 @@ def _start_prometheus(watch: Observers, lab_port: int) -> None:
 
 @contextlib.contextmanager
 def observers(folder: Path, database_url: str | None, lab_port: int) -> Iterator[Observers]:
-    """Start the exporter (when ``database_url`` names a server database: the caller
-    decides, see ``LabConfig.on_server``) and Prometheus beside the lab for the block.
-
-    A process that cannot start is left out, with the reason in the ``*_note`` fields; the
-    lab runs anyway. Both are stopped (by pid) and their files removed on the way out.
-    """
+    """Start the exporter (when ``database_url`` names a server database) and Prometheus
+    beside the lab for the block; one that cannot start is left out, with the reason in
+    its note. Both are stopped (by pid) and their files removed on the way out."""
     folder.mkdir(parents=True, exist_ok=True)
     watch = Observers(folder=folder)
     try:

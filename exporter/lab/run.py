@@ -27,10 +27,8 @@ from .shop import LabRun, connect_and_prepare, create_engine, first_line, normal
 
 @contextlib.contextmanager
 def _json_logs_to(path: str | None) -> Iterator[bool]:
-    """Send the instrumentation's JSON log lines to ``path`` for the block; yields ``log``.
-
-    structlog's configuration is process-wide: the previous one is put back afterwards.
-    """
+    """Send the instrumentation's JSON log lines to ``path`` for the block (structlog's
+    process-wide configuration is put back afterwards); yields whether it logs."""
     if path is None:
         yield False
         return
@@ -59,15 +57,13 @@ def run_lab(
     database: str | None = None,
     settle_s: float = 0.0,
 ) -> list[StrategyResult]:
-    """Run every configured strategy in turn and return one result each, in order.
+    """Run every configured strategy in turn; one result each, in order (a strategy that
+    cannot run is returned as skipped, with the reason).
 
-    A strategy that cannot run (a Redis strategy without ``redis_url``) is returned as
-    skipped, with the reason. ``registry`` receives the lab's metrics (a fresh one when
-    ``None``); serve it with :func:`serve_metrics` to scrape the run live. ``database``
-    names the database in progress and errors (default: the URL without password).
-    ``settle_s`` is a pause after the counters the sales will raise are created at zero
-    (:func:`prime_counters`), so that a scraper sees them start from zero. Raises
-    :class:`LabError` when the database or Redis cannot be reached or prepared.
+    ``registry`` receives the lab's metrics; ``database`` names the database in progress
+    and errors; ``settle_s`` is a pause after the counters are created at zero, so that
+    a scraper sees them start there. Raises :class:`LabError` when the database or Redis
+    cannot be reached or prepared.
     """
     registry = registry if registry is not None else CollectorRegistry()
     names = config.strategy_names

@@ -113,11 +113,8 @@ class Buyer:
 
 @dataclass(frozen=True, slots=True)
 class Shop:
-    """What a strategy works with: the engine, its product row and the app's work time.
-
-    The lock strategies also get the Redis client, their lock key and name, the TTLs and
-    the :class:`~stocksentry.instrumentation.Sentry` their lock records into.
-    """
+    """What a strategy works with: the engine, its product row, the app's work time, and
+    for the lock strategies Redis, their lock key and name and the TTLs."""
 
     engine: Engine
     sku: str
@@ -261,13 +258,9 @@ def _new_id(result: sa.CursorResult[Any]) -> int:
 
 
 def normalize_url(url: str) -> URL:
-    """Parse a SQLAlchemy URL; plain ``postgresql://`` (or ``postgres://``) gets psycopg 3,
-    plain ``mysql://`` / ``mariadb://`` PyMySQL (the ``[lab]`` extra's driver; SQLAlchemy's
-    default, mysqlclient, needs a C build).
-
-    Raises :class:`LabError` for a URL SQLAlchemy cannot parse, without quoting it (it may
-    hold a password in a form no mask recognises).
-    """
+    """Parse a SQLAlchemy URL; plain ``postgresql://`` gets psycopg 3, plain ``mysql://``
+    / ``mariadb://`` PyMySQL (the ``lab`` extra's drivers). Raises :class:`LabError`
+    without quoting the URL (it may hold a password in a form no mask recognises)."""
     try:
         parsed = parse_url(url)
     except ValueError as exc:
@@ -287,15 +280,9 @@ def first_line(exc: BaseException) -> str:
 
 
 def create_engine(url: URL, concurrency: int, isolation_level: str | None = None) -> Engine:
-    """An engine with a pool of ``concurrency`` connections; SQLite in WAL mode.
-
-    ``isolation_level`` (``"READ COMMITTED"``, ``"REPEATABLE READ"``, ``"SERIALIZABLE"``)
-    is every transaction's; ``None`` keeps the server's default (InnoDB: REPEATABLE READ,
-    PostgreSQL: READ COMMITTED).
-
-    Raises :class:`LabError` for an in-memory SQLite URL (private to each connection)
-    and for a URL whose dialect or driver is not installed.
-    """
+    """An engine with a pool of ``concurrency`` connections (SQLite in WAL mode), every
+    transaction at ``isolation_level`` (``None``: the server's default). Raises
+    :class:`LabError` for an in-memory SQLite URL or a dialect that is not installed."""
     # One connection per worker thread: a buyer holds at most one at a time, and a pool
     # smaller than the workers would make them queue in the pool instead of the database.
     pool: dict[str, Any] = {
@@ -460,11 +447,8 @@ def save_shop(database_url: str, path: str) -> None:
 
 @dataclass(slots=True)
 class LabRun:
-    """What every strategy's run shares: both engines, the instrumentation, the config.
-
-    ``engine`` is the instrumented one the strategies use; ``side`` the lab's own
-    (reset, samples, cache refresh, counts), which the SQL detector does not watch.
-    """
+    """What every strategy's run shares. ``engine`` is the instrumented one the strategies
+    use; ``side`` the lab's own (reset, samples, counts), unseen by the SQL detector."""
 
     engine: Engine
     side: Engine

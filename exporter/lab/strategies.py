@@ -163,12 +163,10 @@ def redlock(shop: Shop, r: Reservation, buyer: Buyer) -> None:
     """The fix: an owned lock (token), retries with jitter, release only if owned.
 
     The lab's :class:`SetNxLock` with the compare-and-delete release, or pottery's
-    ``Redlock`` on the one Redis master (``redlock_impl``); both instrumented. The TTL is
-    far above the work, and the lock is extended (only while still ours) before the
-    write, so a holder that lost it refuses instead of writing. Under the lock the
-    checkout is the unsafe read-modify-write: the lock, not the statement, serialises the
-    buyers, and the SQL detector, which sees the lock still valid at the write, does not
-    count it.
+    ``Redlock`` (``redlock_impl``). The TTL is far above the work and the lock is extended
+    (only while ours) before the write. Under it the checkout is the unsafe
+    read-modify-write: the lock serialises the buyers, and the SQL detector, which sees
+    it still valid at the write, does not count it.
     """
     try:
         if shop.redlock_impl == "pottery":
