@@ -82,8 +82,8 @@ def run_strategy(lab: LabRun, name: str) -> StrategyResult:
         second_sku=second_sku,
         second_product_id=second_id,
     )
-    # Resubmits answered from the idempotency store (intent key -> its outcome)?
-    store = config.retries > 0 and config.idempotency
+    # Resubmits are answered from the idempotency store (intent key -> outcome).
+    idempotent = config.retries > 0 and config.idempotency
     cache = None
     if config.stale_cache:
         cache = _StockCache(
@@ -134,7 +134,7 @@ def run_strategy(lab: LabRun, name: str) -> StrategyResult:
         return outcome
 
     def submit(buyer: Buyer) -> None:
-        if store:
+        if idempotent:
             try:
                 if _answered(engine, buyer.idempotency_key):
                     sentry.record_idempotency_replay(
@@ -145,7 +145,7 @@ def run_strategy(lab: LabRun, name: str) -> StrategyResult:
             except sa.exc.SQLAlchemyError as exc:
                 tally.note(exc)
         outcome = reserve(buyer)
-        if store and outcome != "error":
+        if idempotent and outcome != "error":
             try:
                 _store_outcome(engine, sku, buyer.idempotency_key, outcome)
             except sa.exc.SQLAlchemyError as exc:
