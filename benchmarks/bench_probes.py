@@ -21,7 +21,8 @@ from contextlib import contextmanager
 
 import psycopg
 from stocksentry.exporter.config import parse_config
-from stocksentry.exporter.lab import LabConfig, run_lab
+from stocksentry.exporter.lab.config import LabConfig
+from stocksentry.exporter.lab.run import run_lab
 from stocksentry.exporter.probes import ProbeRunner
 
 DEFAULT_DSN = os.environ.get(

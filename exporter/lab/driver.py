@@ -2,14 +2,9 @@
 
 :func:`run_strategy` opens the sale to ``buyers`` threads (``concurrency`` at a time): the
 first wave waits at a gate so that they really collide, each buyer reserves through the
-instrumentation (a resubmit may follow, answered from the idempotency store or not), and
-a :class:`Tally` counts outcomes on the Python side for live progress and for the lab's
-own checks against the metrics. Beside the buyers, a sampler records the stock for the
-report's chart and, with a stale cache, a timer refreshes it late.
-
-Example::
-
-    result = run_strategy(lab_run, "atomic")
+instrumentation (a resubmit may follow), and a :class:`Tally` counts outcomes on the
+Python side for live progress and the lab's own checks. Beside the buyers, timers sample
+the stock for the report's chart, refresh a stale cache late and publish the outbox.
 """
 
 from __future__ import annotations
@@ -36,10 +31,10 @@ from .config import (
     OUTBOX_PUBLISHED_SHARE,
     StrategyResult,
     scenario_config,
+    sku_for,
 )
-from .names import second_sku_for, sku_for
 from .progress import PROGRESS_INTERVAL_S, Progress
-from .readback import durations, read_stock_by_id, strategy_result, unlabelled_totals
+from .readback import read_stock_by_id, strategy_result, unlabelled_totals
 from .shop import (
     Buyer,
     LabRun,
@@ -51,8 +46,6 @@ from .shop import (
     update_returning,
 )
 from .strategies import STRATEGIES
-
-__all__ = ["SAMPLE_INTERVAL_S", "Tally", "delete_redis_keys", "resubmits", "run_strategy"]
 
 #: How often the stock is sampled for the report's stock-over-time chart.
 SAMPLE_INTERVAL_S = 0.02
@@ -69,7 +62,7 @@ def run_strategy(lab: LabRun, name: str) -> StrategyResult:
     strategy = STRATEGIES[name]
     sku = sku_for(name)
     product_id = prepare_product(lab.side, sku, config.stock)
-    second_sku = second_sku_for(name) if name == "deadlock" else ""
+    second_sku = f"{sku}-B" if name == "deadlock" else ""
     second_id = prepare_product(lab.side, second_sku, config.stock) if second_sku else 0
     keys = f"{config.redis_prefix}{lab.run}:{name}"
     shop = Shop(
@@ -89,7 +82,8 @@ def run_strategy(lab: LabRun, name: str) -> StrategyResult:
         second_sku=second_sku,
         second_product_id=second_id,
     )
-    store = _IdempotencyStore(engine, sku) if config.retries > 0 and config.idempotency else None
+    # Resubmits are answered from the idempotency store (intent key -> outcome).
+    idempotent = config.retries > 0 and config.idempotency
     cache = None
     if config.stale_cache:
         cache = _StockCache(
@@ -97,7 +91,6 @@ def run_strategy(lab: LabRun, name: str) -> StrategyResult:
         )
         cache.refresh()
     before = unlabelled_totals(registry, name)
-    durations_before = durations(registry)
     tally = Tally(stock=config.stock)
     started_at = time.time()
     gate = threading.Event()
@@ -141,20 +134,20 @@ def run_strategy(lab: LabRun, name: str) -> StrategyResult:
         return outcome
 
     def submit(buyer: Buyer) -> None:
-        if store is not None:
+        if idempotent:
             try:
-                if store.seen(buyer.idempotency_key) is not None:
+                if _answered(engine, buyer.idempotency_key):
                     sentry.record_idempotency_replay(
                         IDEMPOTENT_OPERATION, key=buyer.idempotency_key
                     )
-                    tally.replay()
+                    tally.bump("replays")
                     return
             except sa.exc.SQLAlchemyError as exc:
                 tally.note(exc)
         outcome = reserve(buyer)
-        if store is not None and outcome != "error":
+        if idempotent and outcome != "error":
             try:
-                store.save(buyer.idempotency_key, outcome)
+                _store_outcome(engine, sku, buyer.idempotency_key, outcome)
             except sa.exc.SQLAlchemyError as exc:
                 tally.note(exc)
 
@@ -175,10 +168,10 @@ def run_strategy(lab: LabRun, name: str) -> StrategyResult:
             if resubmits(number, config.retries):
                 # The same intent again (a mobile retry, a proxy retry): new request id,
                 # same idempotency key and external reference.
-                tally.resubmit()
+                tally.bump("resubmitted")
                 submit(dataclasses.replace(buyer, request_id=buyer.request_id + "-retry"))
         finally:
-            tally.buyer_done()
+            tally.bump("done")
 
     def snapshot(elapsed: float) -> Progress:
         with tally.lock:
@@ -188,44 +181,43 @@ def run_strategy(lab: LabRun, name: str) -> StrategyResult:
 
     first_wave = min(config.concurrency, config.buyers)
     started = time.perf_counter()
-    sampler = _Sampler(lambda: read_stock_by_id(lab.side, product_id))
+    # The stock over time for the report's chart, in seconds from the sale's start.
+    samples: list[tuple[float, int]] = []
+
+    def sample() -> None:
+        stock = read_stock_by_id(lab.side, product_id)
+        samples.append((round(time.perf_counter() - started, 4), stock))
+
     with ThreadPoolExecutor(max_workers=config.concurrency, thread_name_prefix="buyer") as pool:
         futures = [pool.submit(buy, n) for n in range(1, config.buyers + 1)]
         try:
             for _ in range(first_wave):
                 arrived.acquire()
-            started = sampler.origin = time.perf_counter()
-            sampler.samples.append((0.0, config.stock))
+            started = time.perf_counter()
+            samples.append((0.0, config.stock))
             gate.set()
             transient = _transient_errors()
-            ticker = (
-                _Every(
-                    PROGRESS_INTERVAL_S,
-                    lambda: progress.update(snapshot(time.perf_counter() - started)),
-                    "lab-progress",
+            timers = [(SAMPLE_INTERVAL_S, sample, "lab-sampler", transient)]
+            if progress is not None:
+                timers.append(
+                    (
+                        PROGRESS_INTERVAL_S,
+                        lambda: progress.update(snapshot(time.perf_counter() - started)),
+                        "lab-progress",
+                        (),
+                    )
                 )
-                if progress is not None
-                else contextlib.nullcontext()
-            )
-            refresher = (
-                _Every(config.cache_refresh_ms / 1000, cache.refresh, "lab-cache", skip=transient)
-                if cache is not None
-                else contextlib.nullcontext()
-            )
-            sampling = _Every(SAMPLE_INTERVAL_S, sampler.sample, "lab-sampler", skip=transient)
-            publisher = (
-                _Every(
-                    OUTBOX_PUBLISH_INTERVAL_S,
-                    _StalledPublisher(
-                        lab.side, sku, math.floor(OUTBOX_PUBLISHED_SHARE * config.stock)
-                    ).publish,
-                    "lab-outbox",
-                    skip=transient,
+            if cache is not None:
+                timers.append(
+                    (config.cache_refresh_ms / 1000, cache.refresh, "lab-cache", transient)
                 )
-                if name == "outbox"
-                else contextlib.nullcontext()
-            )
-            with ticker, refresher, sampling, publisher:
+            if name == "outbox":
+                limit = math.floor(OUTBOX_PUBLISHED_SHARE * config.stock)
+                publish = _StalledPublisher(lab.side, sku, limit).publish
+                timers.append((OUTBOX_PUBLISH_INTERVAL_S, publish, "lab-outbox", transient))
+            with contextlib.ExitStack() as running:
+                for interval, call, thread, skip in timers:
+                    running.enter_context(_Every(interval, call, thread, skip=skip))
                 for future in futures:
                     future.result()
         except BaseException:
@@ -236,14 +228,12 @@ def run_strategy(lab: LabRun, name: str) -> StrategyResult:
             raise
     wall = time.perf_counter() - started
     with contextlib.suppress(sa.exc.SQLAlchemyError):
-        sampler.sample()
+        sample()
     if progress is not None:
         progress.finish(snapshot(wall))
     if lab.redis is not None:
         delete_redis_keys(lab.redis, keys)
-    result = strategy_result(
-        lab, name, sku, product_id, tally, wall, durations_before, before, sampler.samples
-    )
+    result = strategy_result(lab, name, sku, product_id, tally, wall, before, samples)
     return dataclasses.replace(
         result,
         started_at=round(started_at, 3),
@@ -253,11 +243,8 @@ def run_strategy(lab: LabRun, name: str) -> StrategyResult:
 
 
 def delete_redis_keys(client: Any, prefix: str) -> None:
-    """Delete the lab's keys under ``prefix``: locks, pottery's and the stock cache.
-
-    Clean-up is best effort: a Redis that went away leaves the keys behind (they carry
-    the run's id, and the naive locks their TTL).
-    """
+    """Delete the lab's keys under ``prefix`` (locks, pottery's, the stock cache), best
+    effort: keys a vanished Redis keeps carry the run's id, the naive locks their TTL."""
     import redis
 
     # pottery puts "redlock:" in front of its keys.
@@ -272,9 +259,8 @@ def delete_redis_keys(client: Any, prefix: str) -> None:
 class Tally:
     """Outcomes counted on the Python side, for live progress and the lab's own checks.
 
-    ``done`` counts buyers; ``reservations`` every reservation made (a resubmit without
-    idempotency is a second one); ``locked`` the reservations that went to the strategy
-    (not refused by the cache first), each of which asks a lock strategy's lock once.
+    ``reservations`` counts every reservation (a resubmit without idempotency is a second
+    one); ``locked`` those that reached the strategy, each asking a lock strategy's lock.
     """
 
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -327,17 +313,10 @@ class Tally:
         with self.lock:
             self._note(exc)
 
-    def buyer_done(self) -> None:
+    def bump(self, counter: str) -> None:
+        """Add one to ``done``, ``resubmitted`` or ``replays``."""
         with self.lock:
-            self.done += 1
-
-    def resubmit(self) -> None:
-        with self.lock:
-            self.resubmitted += 1
-
-    def replay(self) -> None:
-        with self.lock:
-            self.replays += 1
+            setattr(self, counter, getattr(self, counter) + 1)
 
 
 def resubmits(number: int, share: float) -> bool:
@@ -352,32 +331,26 @@ def resubmits(number: int, share: float) -> bool:
     return math.floor(number * share) > math.floor((number - 1) * share)
 
 
-class _IdempotencyStore:
-    """The idempotency records: intent key -> the outcome it was answered with."""
-
-    def __init__(self, engine: Engine, sku: str) -> None:
-        self.engine = engine
-        self.sku = sku
-
-    def seen(self, key: str) -> str | None:
-        with self.engine.connect() as conn:
-            outcome = conn.execute(
+def _answered(engine: Engine, key: str) -> bool:
+    """Whether the idempotency store holds an outcome for ``key``."""
+    with engine.connect() as conn:
+        return (
+            conn.execute(
                 sa.select(idempotency_keys.c.outcome).where(
                     idempotency_keys.c.idempotency_key == key
                 )
             ).scalar_one_or_none()
-        return None if outcome is None else str(outcome)
+            is not None
+        )
 
-    def save(self, key: str, outcome: str) -> None:
-        with self.engine.begin() as conn:
-            conn.execute(
-                idempotency_keys.insert().values(
-                    idempotency_key=key,
-                    sku=self.sku,
-                    outcome=outcome,
-                    created_at=datetime.now(UTC),
-                )
+
+def _store_outcome(engine: Engine, sku: str, key: str, outcome: str) -> None:
+    with engine.begin() as conn:
+        conn.execute(
+            idempotency_keys.insert().values(
+                idempotency_key=key, sku=sku, outcome=outcome, created_at=datetime.now(UTC)
             )
+        )
 
 
 def _transient_errors() -> tuple[type[Exception], ...]:
@@ -391,11 +364,9 @@ def _transient_errors() -> tuple[type[Exception], ...]:
 
 
 class _Every:
-    """Calls ``tick()`` every ``interval`` seconds in a thread, for the ``with`` block.
-
-    A tick that raises one of ``skip`` (a server too busy for a sample) is skipped and the
-    error kept in :attr:`error`; any other exception ends the thread loudly.
-    """
+    """Calls ``tick()`` every ``interval`` seconds in a thread, for the ``with`` block; a
+    tick that raises one of ``skip`` (a server too busy for a sample) is skipped, any
+    other exception ends the thread loudly."""
 
     def __init__(
         self,
@@ -432,11 +403,9 @@ class _Every:
 
 
 class _StockCache:
-    """The stock as a cache holds it, refreshed from the database late, on a timer.
-
-    A Redis key when the lab has Redis, else a value in memory. Between refreshes the
-    cache still says "available" after the last unit went: the decision it feeds is stale.
-    """
+    """The stock as a cache holds it (a Redis key, else a value in memory), refreshed from
+    the database late: between refreshes it still says "available" after the last unit
+    went."""
 
     def __init__(self, read: Callable[[], int], redis: Any, key: str) -> None:
         self._read = read
@@ -488,17 +457,3 @@ class _StalledPublisher:
                     .values(published_at=datetime.now(UTC))
                 )
         self._left -= len(ids)
-
-
-class _Sampler:
-    """Samples the stock for the report's stock-over-time chart."""
-
-    def __init__(self, read: Callable[[], int]) -> None:
-        self._read = read
-        #: ``perf_counter()`` at the start of the sale: sample times count from there.
-        self.origin = time.perf_counter()
-        self.samples: list[tuple[float, int]] = []
-
-    def sample(self) -> None:
-        stock = self._read()
-        self.samples.append((round(time.perf_counter() - self.origin, 4), stock))

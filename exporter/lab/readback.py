@@ -1,14 +1,8 @@
 """What the lab reads back after a strategy's run: the registry's totals and SQL's truth.
 
-The metric totals come from the run's ``CollectorRegistry`` (``get_sample_value``); the
-ground truth (paid orders, units, negative writes, duplicate orders per key, the final
-stock) from SQL against the shop's tables. :func:`strategy_result` compares the two and
-builds the :class:`~stocksentry.exporter.lab.config.StrategyResult`.
-
-Example::
-
-    figures = count_in_db(engine, product_id)
-    print(figures.orders, figures.negative_writes, figures.final_stock)
+The metric totals come from the run's ``CollectorRegistry``, the ground truth (paid
+orders, units, negative writes, duplicate orders per key, the final stock) from SQL;
+:func:`strategy_result` compares the two.
 """
 
 from __future__ import annotations
@@ -22,22 +16,19 @@ from prometheus_client import CollectorRegistry
 from sqlalchemy.engine import Engine
 from stocksentry.instrumentation import catalog
 
-from .config import CACHE_NAME, IDEMPOTENT_OPERATION, STOCK_TABLE, DbFigures, StrategyResult
-from .names import REDIS_STRATEGIES
+from .config import (
+    CACHE_NAME,
+    IDEMPOTENT_OPERATION,
+    REDIS_STRATEGIES,
+    STOCK_TABLE,
+    DbFigures,
+    StrategyResult,
+)
 
 if TYPE_CHECKING:
     from .driver import Tally
     from .shop import LabRun
 
-__all__ = [
-    "count_in_db",
-    "count_outbox",
-    "durations",
-    "percentile_ms",
-    "read_stock_by_id",
-    "strategy_result",
-    "unlabelled_totals",
-]
 
 SUCCESS = catalog.RESERVATION_SUCCESS.name
 CONFLICT = catalog.RESERVATION_CONFLICT.name
@@ -118,39 +109,39 @@ def read_stock_by_id(engine: Engine, product_id: int) -> int:
 
 # --- the registry's totals --------------------------------------------------------------------
 
+#: The metrics without a ``sku`` label, by their labels (``lock`` is the strategy's name).
+UNLABELLED = {
+    REPLAY: {"operation": IDEMPOTENT_OPERATION},
+    STALE: {"cache": CACHE_NAME},
+    UNSAFE_RMW: {"table": STOCK_TABLE},
+    DEADLOCK: {"table": STOCK_TABLE},
+}
+LOCK_SERIES = (
+    LOCK_EXPIRED,
+    LOCK_NOT_OWNED,
+    LOCK_EXTEND_FAILED,
+    LOCK_RETRIES,
+    f"{LOCK_RATIO}_count",
+    f"{LOCK_RATIO}_sum",
+)
+LOCK_OUTCOMES = ("acquired", "timeout", "error")
+
 
 def sample(registry: CollectorRegistry, name: str, labels: Mapping[str, str]) -> float:
     value = registry.get_sample_value(name, dict(labels))
     return 0.0 if value is None else value
 
 
-def durations(registry: CollectorRegistry) -> dict[str, float]:
-    # The duration histogram has no sku label (bounded cardinality), so the lab takes the
-    # difference before and after each strategy; strategies run one after the other.
-    return {
-        outcome: sample(registry, DURATION_COUNT, {"outcome": outcome})
-        for outcome in catalog.OUTCOMES
-    }
-
-
 def unlabelled_totals(registry: CollectorRegistry, lock: str) -> dict[str, float]:
-    """Totals of the metrics without a ``sku`` label, read before and after a strategy.
-
-    Strategies run one after the other, so the difference is the strategy's own.
-    """
-    totals = {
-        REPLAY: sample(registry, REPLAY, {"operation": IDEMPOTENT_OPERATION}),
-        STALE: sample(registry, STALE, {"cache": CACHE_NAME}),
-        UNSAFE_RMW: sample(registry, UNSAFE_RMW, {"table": STOCK_TABLE}),
-        DEADLOCK: sample(registry, DEADLOCK, {"table": STOCK_TABLE}),
-        LOCK_EXPIRED: sample(registry, LOCK_EXPIRED, {"lock": lock}),
-        LOCK_NOT_OWNED: sample(registry, LOCK_NOT_OWNED, {"lock": lock}),
-        LOCK_EXTEND_FAILED: sample(registry, LOCK_EXTEND_FAILED, {"lock": lock}),
-        LOCK_RETRIES: sample(registry, LOCK_RETRIES, {"lock": lock}),
-        f"{LOCK_RATIO}_count": sample(registry, f"{LOCK_RATIO}_count", {"lock": lock}),
-        f"{LOCK_RATIO}_sum": sample(registry, f"{LOCK_RATIO}_sum", {"lock": lock}),
-    }
-    for outcome in ("acquired", "timeout", "error"):
+    """Totals of the series without a ``sku`` label (the duration histogram has none
+    either: bounded cardinality), read before and after a strategy. Strategies run one
+    after the other, so the difference is the strategy's own."""
+    totals = {name: sample(registry, name, labels) for name, labels in UNLABELLED.items()}
+    totals.update({name: sample(registry, name, {"lock": lock}) for name in LOCK_SERIES})
+    for outcome in catalog.OUTCOMES:
+        labels = {"outcome": outcome}
+        totals[f"{DURATION_COUNT}:{outcome}"] = sample(registry, DURATION_COUNT, labels)
+    for outcome in LOCK_OUTCOMES:
         labels = {"lock": lock, "outcome": outcome}
         totals[f"{LOCK_WAIT}_count:{outcome}"] = sample(registry, f"{LOCK_WAIT}_count", labels)
         totals[f"{LOCK_WAIT}_sum:{outcome}"] = sample(registry, f"{LOCK_WAIT}_sum", labels)
@@ -176,7 +167,6 @@ def strategy_result(
     product_id: int,
     tally: Tally,
     wall: float,
-    durations_before: dict[str, float],
     before: dict[str, float],
     samples: list[tuple[float, int]],
 ) -> StrategyResult:
@@ -189,11 +179,10 @@ def strategy_result(
     }
     conflict_total = sum(conflicts.values())
     negative = int(sample(registry, NEGATIVE, {"sku": sku}))
-    durations_after = durations(registry)
-    observed = {k: int(durations_after[k] - durations_before[k]) for k in durations_after}
-    errors = observed["error"]
     after = unlabelled_totals(registry, name)
     delta = {key: after[key] - before[key] for key in after}
+    observed = {o: int(delta[f"{DURATION_COUNT}:{o}"]) for o in catalog.OUTCOMES}
+    errors = observed["error"]
     replays = int(delta[REPLAY])
     stale = int(delta[STALE])
     unsafe_rmw = int(delta[UNSAFE_RMW]) if lab.detector else None
@@ -207,52 +196,8 @@ def strategy_result(
     }
     if unsafe_rmw is not None:
         metrics[UNSAFE_RMW] = unsafe_rmw
-    deadlocks = int(delta[DEADLOCK])
-    extra_checks: list[tuple[bool, str]] = []
-    if name == "deadlock" and lab.detector:
-        metrics[DEADLOCK] = deadlocks
-        extra_checks.append(
-            (
-                deadlocks == conflicts.get("deadlock", 0),
-                f"{DEADLOCK} rose by {deadlocks} for {conflicts.get('deadlock', 0)}"
-                " reservations refused with SQLSTATE 40P01",
-            )
-        )
-    unpublished = 0
-    if name == "outbox":
-        events, unpublished = count_outbox(lab.side, sku)
-        extra_checks.append(
-            (events == db.orders, f"{events} outbox events for {db.orders} paid orders")
-        )
-    locks: dict[str, float] = {}
-    lock_checks: tuple[tuple[bool, str], ...] = ()
-    if name in REDIS_STRATEGIES:
-        locks = lock_figures(delta)
-        metrics.update(
-            {
-                LOCK_EXPIRED: int(locks["expired_while_held"]),
-                LOCK_NOT_OWNED: int(locks["release_not_owned"]),
-                LOCK_EXTEND_FAILED: int(locks["extend_failures"]),
-                LOCK_RETRIES: int(locks["acquire_retries"]),
-                f"{LOCK_WAIT}_count": int(
-                    locks["acquired"] + locks["acquire_timeouts"] + locks["acquire_errors"]
-                ),
-            }
-        )
-        asked = metrics[f"{LOCK_WAIT}_count"]
-        lock_checks = (
-            (
-                asked == tally.locked,
-                f"{LOCK_WAIT}_count rose by {asked} for {tally.locked} reservations that"
-                " asked for the lock",
-            ),
-        )
-
-    checks = (
-        (
-            success == db.orders,
-            f"{SUCCESS} = {success} but the database holds {db.orders} orders",
-        ),
+    checks = [
+        (success == db.orders, f"{SUCCESS} = {success} but the database holds {db.orders} orders"),
         (
             negative == db.negative_writes,
             f"{NEGATIVE} = {negative} but the database holds {db.negative_writes}"
@@ -277,9 +222,38 @@ def strategy_result(
             stale == tally.stale_hits,
             f"{STALE} rose by {stale} for {tally.stale_hits} decisions the database contradicted",
         ),
-        *lock_checks,
-        *extra_checks,
-    )
+    ]
+    locks: dict[str, float] = {}
+    if name in REDIS_STRATEGIES:
+        locks = lock_figures(delta)
+        asked = int(locks["acquired"] + locks["acquire_timeouts"] + locks["acquire_errors"])
+        metrics[LOCK_EXPIRED] = int(locks["expired_while_held"])
+        metrics[LOCK_NOT_OWNED] = int(locks["release_not_owned"])
+        metrics[LOCK_EXTEND_FAILED] = int(locks["extend_failures"])
+        metrics[LOCK_RETRIES] = int(locks["acquire_retries"])
+        metrics[f"{LOCK_WAIT}_count"] = asked
+        checks.append(
+            (
+                asked == tally.locked,
+                f"{LOCK_WAIT}_count rose by {asked} for {tally.locked} reservations that"
+                " asked for the lock",
+            )
+        )
+    deadlocks = int(delta[DEADLOCK])
+    if name == "deadlock" and lab.detector:
+        metrics[DEADLOCK] = deadlocks
+        refused = conflicts.get("deadlock", 0)
+        checks.append(
+            (
+                deadlocks == refused,
+                f"{DEADLOCK} rose by {deadlocks} for {refused} reservations refused with"
+                " SQLSTATE 40P01",
+            )
+        )
+    unpublished = 0
+    if name == "outbox":
+        events, unpublished = count_outbox(lab.side, sku)
+        checks.append((events == db.orders, f"{events} outbox events for {db.orders} paid orders"))
     mismatches = tuple(message for ok, message in checks if not ok)
     return StrategyResult(
         strategy=name,
@@ -317,16 +291,16 @@ def strategy_result(
 
 
 def lock_figures(delta: Mapping[str, float]) -> dict[str, float]:
-    acquired = delta[f"{LOCK_WAIT}_count:acquired"]
+    asked = {o: int(delta[f"{LOCK_WAIT}_count:{o}"]) for o in LOCK_OUTCOMES}
+    total = sum(asked.values())
+    waited = sum(delta[f"{LOCK_WAIT}_sum:{o}"] for o in LOCK_OUTCOMES)
     ratios = delta[f"{LOCK_RATIO}_count"]
-    waited = sum(delta[f"{LOCK_WAIT}_sum:{o}"] for o in ("acquired", "timeout", "error"))
-    asked = sum(delta[f"{LOCK_WAIT}_count:{o}"] for o in ("acquired", "timeout", "error"))
     return {
-        "acquired": int(acquired),
-        "acquire_timeouts": int(delta[f"{LOCK_WAIT}_count:timeout"]),
-        "acquire_errors": int(delta[f"{LOCK_WAIT}_count:error"]),
+        "acquired": asked["acquired"],
+        "acquire_timeouts": asked["timeout"],
+        "acquire_errors": asked["error"],
         "acquire_retries": int(delta[LOCK_RETRIES]),
-        "acquire_wait_ms_mean": round(1000 * waited / asked, 3) if asked else 0.0,
+        "acquire_wait_ms_mean": round(1000 * waited / total, 3) if total else 0.0,
         "expired_while_held": int(delta[LOCK_EXPIRED]),
         "release_not_owned": int(delta[LOCK_NOT_OWNED]),
         "extend_failures": int(delta[LOCK_EXTEND_FAILED]),
@@ -336,29 +310,25 @@ def lock_figures(delta: Mapping[str, float]) -> dict[str, float]:
 
 def _notes(lab: LabRun, name: str) -> tuple[str, ...]:
     config = lab.config
+    owned = (
+        "pottery Redlock on one Redis master, retries with jitter"
+        if config.redlock_impl == "pottery"
+        else "the lab's owned lock (SetNxLock): token, jittered retries,"
+        " compare-and-delete release"
+    )
+    notes = {
+        "naive_lock": f"SET NX PX {config.naive_lock_ttl_s * 1000:g} ms around"
+        f" {config.work_ms:g} ms of work, DEL without checking the token",
+        "redlock": f"{owned}, TTL {config.redlock_ttl_s:g} s, extended only while owned"
+        " before the write",
+        "retry_no_key": f"{config.retries:.0%} of the buyers resubmit; no idempotency store",
+        "retry_idempotent": f"{config.retries:.0%} of the buyers resubmit; answered by"
+        " idempotency key",
+        "stale_cache": "availability read from a cache refreshed every"
+        f" {config.cache_refresh_ms:g} ms",
+        "outbox": "order and outbox event in one transaction; the publisher stalls part-way",
+        "deadlock": "a bundle of two SKUs locked FOR UPDATE in opposite orders",
+    }
     if name == "for_update" and lab.engine.dialect.name == "sqlite":
         return ("SQLite has no SELECT ... FOR UPDATE: BEGIN IMMEDIATE takes the write lock first",)
-    if name == "naive_lock":
-        return (
-            f"SET NX PX {config.naive_lock_ttl_s * 1000:g} ms around {config.work_ms:g} ms of"
-            " work, DEL without checking the token",
-        )
-    if name == "redlock":
-        ttl = f"TTL {config.redlock_ttl_s:g} s, extended only while owned before the write"
-        if config.redlock_impl == "pottery":
-            return (f"pottery Redlock on one Redis master, retries with jitter, {ttl}",)
-        return (
-            "the lab's owned lock (SetNxLock): token, jittered retries,"
-            f" compare-and-delete release, {ttl}",
-        )
-    if name == "retry_no_key":
-        return (f"{config.retries:.0%} of the buyers resubmit; no idempotency store",)
-    if name == "retry_idempotent":
-        return (f"{config.retries:.0%} of the buyers resubmit; answered by idempotency key",)
-    if name == "stale_cache":
-        return (f"availability read from a cache refreshed every {config.cache_refresh_ms:g} ms",)
-    if name == "outbox":
-        return ("order and outbox event in one transaction; the publisher stalls part-way",)
-    if name == "deadlock":
-        return ("a bundle of two SKUs locked FOR UPDATE in opposite orders",)
-    return ()
+    return (notes[name],) if name in notes else ()

@@ -1,25 +1,17 @@
-"""The lab's report as one self-contained HTML page, with inline SVG charts.
-
-No script and no external asset: the page can be mailed, attached to an incident or
-opened from a CI artefact as it is.
-
-Example::
-
-    Path("lab.html").write_text(format_html(config, run_lab(config)), encoding="utf-8")
-"""
+"""The lab's report as one self-contained HTML page with inline SVG charts: no script and
+no external asset, so it can be mailed or opened from a CI artefact as it is."""
 
 from __future__ import annotations
 
 import html
 import math
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from .config import LabConfig, StrategyResult
-from .report_text import caught_lines, columns_for, info_lines, setup_lines
-
-__all__ = ["format_html"]
-
+from .readback import STALE
+from .report_text import alert_text, caught_lines, info_lines, setup_lines
 
 _PALETTE = ("#d62728", "#ff7f0e", "#9467bd", "#2ca02c", "#1f77b4", "#17becf", "#8c564b")
 _CSS = """
@@ -45,6 +37,29 @@ p.made { color: #555; }
 
 def _esc(text: object) -> str:
     return html.escape(str(text), quote=True)
+
+
+def _svg_open(width: int, height: int, label: str) -> str:
+    return (
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}"'
+        f' viewBox="0 0 {width} {height}" role="img" aria-label="{label}">'
+    )
+
+
+def _swatch(x: float, y: float, color: str, text: str) -> str:
+    """A legend entry: a coloured square and its (escaped) text."""
+    return (
+        f'<rect x="{x}" y="{y}" width="12" height="12" fill="{color}"/>'
+        f'<text x="{x + 16}" y="{y + 10}">{_esc(text)}</text>'
+    )
+
+
+def _row_label(y: float, height: float, color: str, name: str) -> str:
+    """A strategy's row in a bar chart: its colour marker and its name, centred on it."""
+    return (
+        f'<rect x="0" y="{y + 2}" width="6" height="{height - 4}" fill="{color}"/>'
+        f'<text x="12" y="{y + height / 2 + 4:.0f}">{_esc(name)}</text>'
+    )
 
 
 def _nice_ticks(low: float, high: float, count: int = 5) -> list[float]:
@@ -95,8 +110,7 @@ def _svg_stock(results: Sequence[StrategyResult], colors: Mapping[str, str]) -> 
         return top + plot_h * (y_high - v) / (y_high - y_low)
 
     out = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}"'
-        f' viewBox="0 0 {width} {height}" role="img" aria-label="stock over time">'
+        _svg_open(width, height, "stock over time"),
     ]
     for v in y_ticks:
         # The zero line is the one that matters: dark and dashed; the others light.
@@ -121,12 +135,7 @@ def _svg_stock(results: Sequence[StrategyResult], colors: Mapping[str, str]) -> 
             f'<polyline fill="none" stroke="{color}" stroke-width="2" points="{path}">'
             f"<title>{_esc(result.strategy)}</title></polyline>"
         )
-        ly = top + 14 + 18 * i
-        out.append(
-            f'<rect x="{width - right + 14}" y="{ly - 9}" width="12" height="12"'
-            f' fill="{color}"/><text x="{width - right + 32}" y="{ly + 1}">'
-            f"{_esc(legend[result.strategy])}</text>"
-        )
+        out.append(_swatch(width - right + 14, top + 5 + 18 * i, color, legend[result.strategy]))
     out.append("</svg>")
     return "".join(out)
 
@@ -146,23 +155,15 @@ def _svg_outcomes(results: Sequence[StrategyResult], colors: Mapping[str, str]) 
     height = top + len(results) * (bar_h + gap) + 10
     total = max((sum(f(r) for _, _, f in segments) for r in results), default=1) or 1
     out = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}"'
-        f' viewBox="0 0 {width} {height}" role="img" aria-label="outcomes per strategy">'
+        _svg_open(width, height, "outcomes per strategy"),
     ]
     lx = label_w
     for name, color, _ in segments:
-        out.append(
-            f'<rect x="{lx}" y="6" width="12" height="12" fill="{color}"/>'
-            f'<text x="{lx + 16}" y="16">{name}</text>'
-        )
+        out.append(_swatch(lx, 6, color, name))
         lx += 24 + 7 * len(name)
     for i, result in enumerate(results):
         y0 = top + i * (bar_h + gap)
-        out.append(
-            f'<rect x="0" y="{y0 + 4}" width="6" height="{bar_h - 8}"'
-            f' fill="{colors[result.strategy]}"/>'
-            f'<text x="12" y="{y0 + bar_h / 2 + 4:.0f}">{_esc(result.strategy)}</text>'
-        )
+        out.append(_row_label(y0 + 2, bar_h - 4, colors[result.strategy], result.strategy))
         x0 = float(label_w)
         for name, color, f in segments:
             n = f(result)
@@ -191,20 +192,13 @@ def _svg_latency(results: Sequence[StrategyResult], colors: Mapping[str, str]) -
     height = top + len(results) * (2 * bar_h + gap) + 10
     longest = max((r.p99_ms for r in results), default=1.0) or 1.0
     out = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}"'
-        f' viewBox="0 0 {width} {height}" role="img" aria-label="latency p50 and p99">'
-        f'<rect x="{label_w}" y="6" width="12" height="12" fill="#9ecae1"/>'
-        f'<text x="{label_w + 16}" y="16">p50</text>'
-        f'<rect x="{label_w + 60}" y="6" width="12" height="12" fill="#3182bd"/>'
-        f'<text x="{label_w + 76}" y="16">p99 (ms, reservation)</text>'
+        _svg_open(width, height, "latency p50 and p99"),
+        _swatch(label_w, 6, "#9ecae1", "p50"),
+        _swatch(label_w + 60, 6, "#3182bd", "p99 (ms, reservation)"),
     ]
     for i, result in enumerate(results):
         y0 = top + i * (2 * bar_h + gap)
-        out.append(
-            f'<rect x="0" y="{y0 + 2}" width="6" height="{2 * bar_h - 4}"'
-            f' fill="{colors[result.strategy]}"/>'
-            f'<text x="12" y="{y0 + bar_h + 4}">{_esc(result.strategy)}</text>'
-        )
+        out.append(_row_label(y0, 2 * bar_h, colors[result.strategy], result.strategy))
         bars = ((result.p50_ms, "#9ecae1"), (result.p99_ms, "#3182bd"))
         for j, (value, color) in enumerate(bars):
             w = max(1.0, plot_w * value / longest)
@@ -216,6 +210,69 @@ def _svg_latency(results: Sequence[StrategyResult], colors: Mapping[str, str]) -
             )
     out.append("</svg>")
     return "".join(out)
+
+
+def _conflict_text(conflicts: Mapping[str, int]) -> str:
+    return ", ".join(f"{reason} {n}" for reason, n in conflicts.items()) or "-"
+
+
+@dataclass(frozen=True, slots=True)
+class Column:
+    """One column of the table: its header, how a row's cell reads, and its alignment."""
+
+    header: str
+    cell: Callable[[StrategyResult], str]
+    left: bool = False
+
+
+def columns_for(results: Sequence[StrategyResult]) -> list[Column]:
+    """The table's columns: the fixed ones, and those the run has something to say in."""
+    ran = [r for r in results if r.skipped is None]
+
+    def lock_cell(key: str) -> Callable[[StrategyResult], str]:
+        return lambda r: str(int(r.locks[key])) if r.locks else "-"
+
+    columns = [
+        Column("strategy", lambda r: r.strategy, left=True),
+        Column("stock", lambda r: str(r.stock_initial)),
+        Column("buyers", lambda r: str(r.buyers)),
+        Column("sold", lambda r: str(r.sold)),
+        Column("oversold", lambda r: str(r.oversold)),
+        Column("final stock", lambda r: str(r.final_stock)),
+        Column(
+            "conflicts",
+            lambda r: _conflict_text(r.conflicts) + (f", error {r.errors}" if r.errors else ""),
+            left=True,
+        ),
+        Column("negative writes", lambda r: str(r.negative_writes)),
+    ]
+    if any(r.locks for r in ran):
+        columns += [
+            Column("lock expired", lock_cell("expired_while_held")),
+            Column("not owned", lock_cell("release_not_owned")),
+        ]
+    if any(r.resubmitted for r in ran):
+        columns += [
+            Column("replays", lambda r: str(r.replays)),
+            Column("dup orders", lambda r: str(r.db.duplicate_orders)),
+        ]
+    if any(STALE in r.metrics and r.stale_cache_hits for r in ran):
+        columns.append(Column("stale hits", lambda r: str(r.stale_cache_hits)))
+    if any(r.unsafe_read_modify_write is not None for r in ran):
+        columns.append(
+            Column(
+                "unsafe rmw",
+                lambda r: (
+                    "-" if r.unsafe_read_modify_write is None else str(r.unsafe_read_modify_write)
+                ),
+            )
+        )
+    columns += [
+        Column("p50 ms", lambda r: f"{r.p50_ms:.1f}"),
+        Column("p99 ms", lambda r: f"{r.p99_ms:.1f}"),
+        Column("metrics = db", lambda r: "yes" if r.consistent else "NO", left=True),
+    ]
+    return columns
 
 
 def _html_table(results: Sequence[StrategyResult]) -> str:
@@ -230,7 +287,7 @@ def _html_table(results: Sequence[StrategyResult]) -> str:
                 f'<td class="left" colspan="{span}">skipped: {_esc(r.skipped)}</td></tr>'
             )
             continue
-        bad = r.oversold or r.negative_writes or not r.consistent or r.duplicate_orders
+        bad = r.oversold or r.negative_writes or not r.consistent or r.db.duplicate_orders
         cells = "".join(
             f"<td{' class=left' if c.left else ''}>{_esc(c.cell(r))}</td>" for c in columns
         )
@@ -244,9 +301,7 @@ def _alerts_table(results: Sequence[StrategyResult]) -> str:
         return ""
     rows = []
     for r in results:
-        alerts = ", ".join(
-            f"{name} {a['state']} +{a['after_s']:g} s" for name, a in r.alerts.items()
-        )
+        alerts = ", ".join(alert_text(name, a) for name, a in r.alerts.items())
         probes = ", ".join(f"{name} {value:g}" for name, value in r.probes.items() if value)
         rows.append(
             f"<tr><td>{_esc(r.strategy)}</td><td class=left>{_esc(alerts or 'none')}</td>"

@@ -1,16 +1,11 @@
-"""The lab's text report: the side-by-side table and what the metrics caught.
-
-Example::
-
-    results = run_lab(config)
-    print(format_report(config, results))   # set-up lines, the table, what caught it
-"""
+"""What every report of the lab says: the table's columns, what caught each strategy,
+what went right, and what ran (the terminal summary and the HTML page both use these)."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping
+from typing import Any
 
 from stocksentry.instrumentation import catalog
 
@@ -25,111 +20,6 @@ from .readback import (
     SUCCESS,
     UNSAFE_RMW,
 )
-
-__all__ = [
-    "Column",
-    "caught_lines",
-    "columns_for",
-    "describe_database",
-    "describe_redis",
-    "format_report",
-    "format_table",
-    "info_lines",
-    "setup_lines",
-]
-
-
-def _conflict_text(conflicts: Mapping[str, int]) -> str:
-    return ", ".join(f"{reason} {n}" for reason, n in conflicts.items()) or "-"
-
-
-@dataclass(frozen=True, slots=True)
-class Column:
-    """One column of the table: its header, how a row's cell reads, and its alignment."""
-
-    header: str
-    cell: Callable[[StrategyResult], str]
-    left: bool = False
-
-
-def columns_for(results: Sequence[StrategyResult]) -> list[Column]:
-    """The table's columns: the fixed ones, and those the run has something to say in."""
-    ran = [r for r in results if r.skipped is None]
-
-    def lock_cell(key: str) -> Callable[[StrategyResult], str]:
-        return lambda r: str(int(r.locks[key])) if r.locks else "-"
-
-    columns = [
-        Column("strategy", lambda r: r.strategy, left=True),
-        Column("stock", lambda r: str(r.stock_initial)),
-        Column("buyers", lambda r: str(r.buyers)),
-        Column("sold", lambda r: str(r.sold)),
-        Column("oversold", lambda r: str(r.oversold)),
-        Column("final stock", lambda r: str(r.final_stock)),
-        Column(
-            "conflicts",
-            lambda r: _conflict_text(r.conflicts) + (f", error {r.errors}" if r.errors else ""),
-            left=True,
-        ),
-        Column("negative writes", lambda r: str(r.negative_writes)),
-    ]
-    if any(r.locks for r in ran):
-        columns += [
-            Column("lock expired", lock_cell("expired_while_held")),
-            Column("not owned", lock_cell("release_not_owned")),
-        ]
-    if any(r.resubmitted for r in ran):
-        columns += [
-            Column("replays", lambda r: str(r.replays)),
-            Column("dup orders", lambda r: str(r.duplicate_orders)),
-        ]
-    if any(STALE in r.metrics and r.stale_cache_hits for r in ran):
-        columns.append(Column("stale hits", lambda r: str(r.stale_cache_hits)))
-    if any(r.unsafe_read_modify_write is not None for r in ran):
-        columns.append(
-            Column(
-                "unsafe rmw",
-                lambda r: (
-                    "-" if r.unsafe_read_modify_write is None else str(r.unsafe_read_modify_write)
-                ),
-            )
-        )
-    columns += [
-        Column("p50 ms", lambda r: f"{r.p50_ms:.1f}"),
-        Column("p99 ms", lambda r: f"{r.p99_ms:.1f}"),
-        Column("metrics = db", lambda r: "yes" if r.consistent else "NO", left=True),
-    ]
-    return columns
-
-
-def format_table(results: list[StrategyResult]) -> str:
-    """The side-by-side report, one row per strategy; a skipped one says why.
-
-    Columns for lock metrics, replays and duplicate orders, stale cache hits and unsafe
-    read-modify-writes appear when the run has them.
-    """
-    columns = columns_for(results)
-    headers = tuple(c.header for c in columns)
-    rows = [tuple(c.cell(r) for c in columns) for r in results if r.skipped is None]
-    widths = [max(len(row[i]) for row in (headers, *rows)) for i in range(len(headers))]
-    widths[0] = max([widths[0], *(len(r.strategy) for r in results)])
-
-    def render(row: tuple[str, ...]) -> str:
-        cells = (
-            cell.ljust(widths[i]) if columns[i].left else cell.rjust(widths[i])
-            for i, cell in enumerate(row)
-        )
-        return "  ".join(cells).rstrip()
-
-    rule = "  ".join("-" * w for w in widths)
-    lines = [render(headers), rule]
-    rendered = iter(rows)
-    for result in results:
-        if result.skipped is not None:
-            lines.append(f"{result.strategy.ljust(widths[0])}  skipped: {result.skipped}")
-        else:
-            lines.append(render(next(rendered)))
-    return "\n".join(lines)
 
 
 def caught_lines(result: StrategyResult) -> list[str]:
@@ -258,25 +148,7 @@ def setup_lines(
     return lines
 
 
-def format_report(config: LabConfig, results: list[StrategyResult]) -> str:
-    """The whole text report: what ran, the table, and what the metrics caught."""
-    lines = [*setup_lines(config), "", format_table(results), "", "what caught it:"]
-    width = max((len(r.strategy) for r in results), default=0)
-    for result in results:
-        if result.skipped is None:
-            refused = sum(result.conflicts.values())
-            caught = caught_lines(result) or [
-                f"nothing to catch: sold {result.sold} of {result.stock_initial},"
-                f" {refused} refused"
-                + (f" as {', '.join(result.conflicts)}" if result.conflicts else "")
-            ]
-        else:
-            caught = []
-        for i, line in enumerate([*caught, *info_lines(result)]):
-            lines.append(f"  {(result.strategy if i == 0 else ''):<{width}}  {line}")
-    lines += [
-        "",
-        "sold, oversold, final stock, negative writes and duplicate orders are counted by SQL",
-        "in the database; metrics = db: every metric total of the strategy equals that count.",
-    ]
-    return "\n".join(lines)
+def alert_text(name: str, alert: Mapping[str, Any]) -> str:
+    """One alert of a strategy: its name, state and seconds after the first oversell."""
+    state = "FIRING" if alert["state"] == "firing" else "pending"
+    return f"{name} {state} +{alert['after_s']:g}s"

@@ -1,17 +1,5 @@
 """Running the lab: :func:`run_lab` sets up the database, Redis and the instrumentation,
-then runs every configured strategy in turn.
-
-Example::
-
-    from stocksentry.exporter.lab import LabConfig, format_report, run_lab
-
-    for result in run_lab(LabConfig(buyers=200, stock=20, strategies=("unsafe", "atomic"))):
-        print(result.strategy, result.sold, result.oversold, result.consistent)
-
-    # Every strategy, the Redis locks included; a fifth of the buyers resubmit, unprotected.
-    config = LabConfig(redis_url="redis://127.0.0.1:6379/0", retries=0.2, idempotency=False)
-    print(format_report(config, run_lab(config)))
-"""
+then runs every configured strategy in turn."""
 
 from __future__ import annotations
 
@@ -30,22 +18,17 @@ from prometheus_client import CollectorRegistry, start_http_server
 from sqlalchemy.engine import Engine
 from stocksentry.instrumentation import Sentry
 
-from .config import STOCK_TABLE, LabConfig, LabError, StrategyResult
+from .config import REDIS_STRATEGIES, STOCK_TABLE, LabConfig, LabError, StrategyResult, sku_for
 from .driver import delete_redis_keys, run_strategy
-from .names import REDIS_STRATEGIES, sku_for
 from .progress import ProgressSink
 from .report_text import describe_database, describe_redis
 from .shop import LabRun, connect_and_prepare, create_engine, first_line, normalize_url
 
-__all__ = ["instrument_lab_engine", "run_lab", "serve_metrics"]
-
 
 @contextlib.contextmanager
 def _json_logs_to(path: str | None) -> Iterator[bool]:
-    """Send the instrumentation's JSON log lines to ``path`` for the block; yields ``log``.
-
-    structlog's configuration is process-wide: the previous one is put back afterwards.
-    """
+    """Send the instrumentation's JSON log lines to ``path`` for the block (structlog's
+    process-wide configuration is put back afterwards); yields whether it logs."""
     if path is None:
         yield False
         return
@@ -74,15 +57,13 @@ def run_lab(
     database: str | None = None,
     settle_s: float = 0.0,
 ) -> list[StrategyResult]:
-    """Run every configured strategy in turn and return one result each, in order.
+    """Run every configured strategy in turn; one result each, in order (a strategy that
+    cannot run is returned as skipped, with the reason).
 
-    A strategy that cannot run (a Redis strategy without ``redis_url``) is returned as
-    skipped, with the reason. ``registry`` receives the lab's metrics (a fresh one when
-    ``None``); serve it with :func:`serve_metrics` to scrape the run live. ``database``
-    names the database in progress and errors (default: the URL without password).
-    ``settle_s`` is a pause after the counters the sales will raise are created at zero
-    (:func:`prime_counters`), so that a scraper sees them start from zero. Raises
-    :class:`LabError` when the database or Redis cannot be reached or prepared.
+    ``registry`` receives the lab's metrics; ``database`` names the database in progress
+    and errors; ``settle_s`` is a pause after the counters are created at zero, so that
+    a scraper sees them start there. Raises :class:`LabError` when the database or Redis
+    cannot be reached or prepared.
     """
     registry = registry if registry is not None else CollectorRegistry()
     names = config.strategy_names
@@ -166,10 +147,8 @@ def run_lab(
 def prime_counters(sentry: Sentry, names: tuple[str, ...]) -> None:
     """Create, at zero, the counter series the strategies raise (per SKU, lock and table).
 
-    A counter first seen at its final value has no increase to Prometheus: a sale
-    shorter than a scrape interval would pass the ``increase()`` alert rules unseen.
-    Exporting the series at zero first, as Prometheus recommends for known label sets,
-    lets the first scrape after the sale see the rise.
+    A counter first seen at its final value has no increase to Prometheus: a sale shorter
+    than a scrape interval would pass the ``increase()`` alert rules unseen.
     """
     metrics = sentry.metrics
     metrics.prime_tables([STOCK_TABLE])
@@ -180,14 +159,9 @@ def prime_counters(sentry: Sentry, names: tuple[str, ...]) -> None:
 
 
 def instrument_lab_engine(engine: Engine, sentry: Sentry) -> Callable[[], None] | None:
-    """Watch the lab's engine with stocksentry's SQLAlchemy integration, spans off.
-
-    The hook that puts ``stock_unsafe_read_modify_write_total{table="products"}`` (and the
-    lock-wait, deadlock and conflict metrics) into the lab. Returns the function that
-    removes the listeners again, or ``None`` when the integration is not installed (the
-    ``sqlalchemy`` extra): the lab then runs without the detector. Any other error is a
-    bug and raises.
-    """
+    """Watch the lab's engine with the SQLAlchemy integration (spans off), which counts
+    the unsafe read-modify-writes; returns the function that removes it again, or
+    ``None`` when the integration is not installed."""
     try:
         from stocksentry.instrumentation.sqlalchemy import (
             StockTable,
@@ -223,11 +197,8 @@ def _connect_redis(config: LabConfig) -> Any:
 
 @contextlib.contextmanager
 def serve_metrics(registry: CollectorRegistry, port: int) -> Iterator[int]:
-    """Serve ``registry`` at ``http://127.0.0.1:<port>/metrics`` for the block.
-
-    Yields the bound port (useful with ``port=0``). Raises :class:`LabError` when the
-    port cannot be bound.
-    """
+    """Serve ``registry`` at ``http://127.0.0.1:<port>/metrics`` for the block; yields the
+    bound port. Raises :class:`LabError` when the port cannot be bound."""
     try:
         server, thread = start_http_server(port, addr="127.0.0.1", registry=registry)
     except OSError as exc:

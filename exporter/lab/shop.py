@@ -1,17 +1,9 @@
 """The shop the lab sells from: its schema, its engine, one product row per strategy.
 
-The tables are the common ``products / orders / order_items`` layout plus an
-``idempotency_keys`` store. ``order_items.stock_after`` keeps the stock value each
-reservation wrote, so the database alone tells how many writes went negative.
-:class:`Shop` is what a strategy works with; the functions below create the engine
-(SQLite, PostgreSQL, MySQL / MariaDB or any SQLAlchemy URL) and reset a strategy's
-product row. On MySQL / MariaDB the tables are InnoDB (row locks, transactions).
-
-Example::
-
-    engine = create_engine(normalize_url("sqlite:///lab.db"), concurrency=10)
-    connect_and_prepare(engine, "lab.db", concurrency=10)
-    product_id = prepare_product(engine, "LAB-ATOMIC", stock=20)
+The common ``products / orders / order_items`` layout, an ``idempotency_keys`` store and
+an ``outbox``; ``order_items.stock_after`` keeps the stock value each reservation wrote,
+so the database alone tells how many writes went negative. On MySQL / MariaDB the tables
+are InnoDB (row locks, transactions). :class:`Shop` is what a strategy works with.
 """
 
 from __future__ import annotations
@@ -21,6 +13,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import sqlalchemy as sa
@@ -35,25 +28,6 @@ if TYPE_CHECKING:
 
     from .progress import ProgressSink
 
-__all__ = [
-    "SQLITE_BUSY_TIMEOUT_S",
-    "Buyer",
-    "LabRun",
-    "Shop",
-    "connect_and_prepare",
-    "create_engine",
-    "create_tables",
-    "first_line",
-    "idempotency_keys",
-    "metadata",
-    "normalize_url",
-    "order_items",
-    "orders",
-    "outbox",
-    "prepare_product",
-    "products",
-    "update_returning",
-]
 
 #: SQLite's busy timeout: writers queue behind the one holding the lock instead of failing
 #: with "database is locked" (a lock_timeout conflict would blur the strategies' results).
@@ -139,11 +113,8 @@ class Buyer:
 
 @dataclass(frozen=True, slots=True)
 class Shop:
-    """What a strategy works with: the engine, its product row and the app's work time.
-
-    The lock strategies also get the Redis client, their lock key and name, the TTLs and
-    the :class:`~stocksentry.instrumentation.Sentry` their lock records into.
-    """
+    """What a strategy works with: the engine, its product row, the app's work time, and
+    for the lock strategies Redis, their lock key and name and the TTLs."""
 
     engine: Engine
     sku: str
@@ -205,12 +176,7 @@ class Shop:
         tries to write fails with "database is locked" instead of losing the update.
         """
         with self.engine.begin() as conn:
-            return int(
-                conn.execute(
-                    sa.text("SELECT available_stock FROM products WHERE sku = :sku"),
-                    {"sku": self.sku},
-                ).scalar_one()
-            )
+            return select_stock(conn, self.sku)
 
     def insert_order(self, conn: Connection, buyer: Buyer, stock_after: int) -> int:
         """Insert a paid order and its item; returns the order id."""
@@ -225,14 +191,7 @@ class Shop:
                 )
             )
         )
-        conn.execute(
-            order_items.insert().values(
-                order_id=order_id,
-                product_id=self.product_id,
-                quantity=self.qty,
-                stock_after=stock_after,
-            )
-        )
+        self.insert_item(conn, order_id, self.product_id, stock_after)
         return order_id
 
     def insert_outbox_event(self, conn: Connection, order_id: int) -> None:
@@ -246,7 +205,7 @@ class Shop:
     def insert_item(
         self, conn: Connection, order_id: int, product_id: int, stock_after: int
     ) -> None:
-        """One more item of an order (the ``deadlock`` scenario's second SKU)."""
+        """An item of an order (the ``deadlock`` scenario's has two)."""
         conn.execute(
             order_items.insert().values(
                 order_id=order_id,
@@ -256,42 +215,39 @@ class Shop:
             )
         )
 
-    def decrement_unconditionally(self, conn: Connection, sku: str | None = None) -> int:
+    def decrement(self, conn: Connection, sku: str | None = None) -> int:
         """``available_stock - :qty`` of ``sku`` (default: the shop's SKU) with no guard;
         returns the value written."""
-        sku = self.sku if sku is None else sku
-        params = {"qty": self.qty, "sku": sku}
-        sql = "UPDATE products SET available_stock = available_stock - :qty WHERE sku = :sku"
-        if self.update_returning:
-            return int(
-                conn.execute(sa.text(sql + " RETURNING available_stock"), params).scalar_one()
-            )
-        conn.execute(sa.text(sql), params)
-        return self._read_back(conn, sku)
+        written = self._decrement(conn, sku or self.sku, guarded=False)
+        if written is None:
+            raise RuntimeError(f"no product row {sku or self.sku}")
+        return written
 
     def decrement_if_available(self, conn: Connection) -> int | None:
         """The atomic conditional update; the value written, or ``None`` if no row matched."""
-        params = {"qty": self.qty, "sku": self.sku}
-        sql = (
-            "UPDATE products SET available_stock = available_stock - :qty"
-            " WHERE sku = :sku AND available_stock >= :qty"
-        )
+        return self._decrement(conn, self.sku, guarded=True)
+
+    def _decrement(self, conn: Connection, sku: str, *, guarded: bool) -> int | None:
+        params = {"qty": self.qty, "sku": sku}
+        sql = "UPDATE products SET available_stock = available_stock - :qty WHERE sku = :sku"
+        if guarded:
+            sql += " AND available_stock >= :qty"
         if self.update_returning:
             value = conn.execute(sa.text(sql + " RETURNING available_stock"), params).scalar()
             return None if value is None else int(value)
         if conn.execute(sa.text(sql), params).rowcount == 0:
             return None
-        return self._read_back(conn)
-
-    def _read_back(self, conn: Connection, sku: str | None = None) -> int:
         # Same transaction as the update, so it sees our own write (and holds its lock);
         # on InnoDB at REPEATABLE READ too: a transaction's snapshot shows its own changes.
-        return int(
-            conn.execute(
-                sa.text("SELECT available_stock FROM products WHERE sku = :sku"),
-                {"sku": sku or self.sku},
-            ).scalar_one()
-        )
+        return select_stock(conn, sku)
+
+
+def select_stock(conn: Connection, sku: str, *, for_update: bool = False) -> int:
+    """The stock of ``sku``, read in ``conn``'s transaction (``FOR UPDATE``: row-locked)."""
+    sql = "SELECT available_stock FROM products WHERE sku = :sku"
+    if for_update:
+        sql += " FOR UPDATE"
+    return int(conn.execute(sa.text(sql), {"sku": sku}).scalar_one())
 
 
 def _new_id(result: sa.CursorResult[Any]) -> int:
@@ -302,13 +258,9 @@ def _new_id(result: sa.CursorResult[Any]) -> int:
 
 
 def normalize_url(url: str) -> URL:
-    """Parse a SQLAlchemy URL; plain ``postgresql://`` (or ``postgres://``) gets psycopg 3,
-    plain ``mysql://`` / ``mariadb://`` PyMySQL (the ``[lab]`` extra's driver; SQLAlchemy's
-    default, mysqlclient, needs a C build).
-
-    Raises :class:`LabError` for a URL SQLAlchemy cannot parse, without quoting it (it may
-    hold a password in a form no mask recognises).
-    """
+    """Parse a SQLAlchemy URL; plain ``postgresql://`` gets psycopg 3, plain ``mysql://``
+    / ``mariadb://`` PyMySQL (the ``lab`` extra's drivers). Raises :class:`LabError`
+    without quoting the URL (it may hold a password in a form no mask recognises)."""
     try:
         parsed = parse_url(url)
     except ValueError as exc:
@@ -328,15 +280,9 @@ def first_line(exc: BaseException) -> str:
 
 
 def create_engine(url: URL, concurrency: int, isolation_level: str | None = None) -> Engine:
-    """An engine with a pool of ``concurrency`` connections; SQLite in WAL mode.
-
-    ``isolation_level`` (``"READ COMMITTED"``, ``"REPEATABLE READ"``, ``"SERIALIZABLE"``)
-    is every transaction's; ``None`` keeps the server's default (InnoDB: REPEATABLE READ,
-    PostgreSQL: READ COMMITTED).
-
-    Raises :class:`LabError` for an in-memory SQLite URL (private to each connection)
-    and for a URL whose dialect or driver is not installed.
-    """
+    """An engine with a pool of ``concurrency`` connections (SQLite in WAL mode), every
+    transaction at ``isolation_level`` (``None``: the server's default). Raises
+    :class:`LabError` for an in-memory SQLite URL or a dialect that is not installed."""
     # One connection per worker thread: a buyer holds at most one at a time, and a pool
     # smaller than the workers would make them queue in the pool instead of the database.
     pool: dict[str, Any] = {
@@ -438,12 +384,16 @@ def create_tables(database_url: str) -> None:
     url = normalize_url(database_url)
     engine = create_engine(url, 1)
     try:
-        metadata.create_all(engine)
-    except sa.exc.SQLAlchemyError as exc:
-        shown = url.render_as_string(hide_password=True)
-        raise LabError(f"cannot create the lab tables in {shown}: {first_line(exc)}") from exc
+        _create_all(engine, url.render_as_string(hide_password=True))
     finally:
         engine.dispose()
+
+
+def _create_all(engine: Engine, shown: str) -> None:
+    try:
+        metadata.create_all(engine)
+    except sa.exc.SQLAlchemyError as exc:
+        raise LabError(f"cannot create the lab tables in {shown}: {first_line(exc)}") from exc
 
 
 def connect_and_prepare(engine: Engine, shown: str, concurrency: int) -> None:
@@ -471,19 +421,34 @@ def connect_and_prepare(engine: Engine, shown: str, concurrency: int) -> None:
         for conn in held:
             conn.close()
     # After the connections: a run that cannot get them leaves no tables behind.
+    _create_all(engine, shown)
+
+
+def save_shop(database_url: str, path: str) -> None:
+    """Copy the shop's tables into the SQLite file ``path`` (replaced), for
+    ``stocksentry reconcile`` once the embedded servers are gone. Raises :class:`LabError`."""
+    target = Path(path)
+    source = sa.create_engine(normalize_url(database_url))
+    copy = sa.create_engine(f"sqlite:///{target}")
     try:
-        metadata.create_all(engine)
-    except sa.exc.SQLAlchemyError as exc:
-        raise LabError(f"cannot create the lab tables in {shown}: {first_line(exc)}") from exc
+        target.unlink(missing_ok=True)
+        metadata.create_all(copy)
+        with source.connect() as src, copy.begin() as dst:
+            for table in metadata.sorted_tables:
+                result = src.execute(sa.select(table)).mappings()
+                while rows := result.fetchmany(2000):
+                    dst.execute(table.insert(), [dict(row) for row in rows])
+    except (sa.exc.SQLAlchemyError, OSError) as exc:
+        raise LabError(f"cannot save the shop to {target}: {first_line(exc)}") from exc
+    finally:
+        source.dispose()
+        copy.dispose()
 
 
 @dataclass(slots=True)
 class LabRun:
-    """What every strategy's run shares: both engines, the instrumentation, the config.
-
-    ``engine`` is the instrumented one the strategies use; ``side`` the lab's own
-    (reset, samples, cache refresh, counts), which the SQL detector does not watch.
-    """
+    """What every strategy's run shares. ``engine`` is the instrumented one the strategies
+    use; ``side`` the lab's own (reset, samples, counts), unseen by the SQL detector."""
 
     engine: Engine
     side: Engine

@@ -1,19 +1,9 @@
 """The checkout strategies, unsafe first, each one function ``(shop, reservation, buyer)``.
 
-``unsafe`` (read, then write a value computed in Python), ``check_then_decrement`` (read,
-then an unguarded relative decrement), ``naive_lock`` (a Redis ``SET NX PX`` lock with a
-TTL shorter than the work and a naive ``DEL``), ``atomic`` (one conditional ``UPDATE``),
-``for_update`` (``SELECT ... FOR UPDATE``, or ``BEGIN IMMEDIATE`` on SQLite) and
-``redlock`` (the unsafe read-modify-write inside an owned Redis lock with a token,
-jittered retries and a compare-and-delete release: the lab's own, or pottery's Redlock).
-
-Adding a strategy is one function here, named as the strategy, and its name in
-:data:`~stocksentry.exporter.lab.names.STRATEGY_NAMES`; it must mark the reservation with
-``success`` or ``conflict``.
-
-Example::
-
-    STRATEGIES["atomic"](shop, reservation, buyer)
+Adding a strategy is one function here and its name in
+:data:`~stocksentry.exporter.lab.config.STRATEGY_NAMES` and :data:`STRATEGIES`; it must
+mark the reservation with ``success`` or ``conflict``. docs/demo.md tells what each does
+and what goes wrong.
 """
 
 from __future__ import annotations
@@ -28,24 +18,10 @@ from stocksentry.instrumentation.locks import InstrumentedRedlock, LockNotAcquir
 
 from .config import LOCK_RETRY_S, LOCK_WAIT_S
 from .naive_lock import SetNxLock
-from .names import STRATEGY_NAMES
-from .shop import Buyer, Shop
+from .shop import Buyer, Shop, select_stock
 
-__all__ = [
-    "STRATEGIES",
-    "Strategy",
-    "atomic",
-    "check_then_decrement",
-    "deadlock",
-    "for_update",
-    "naive_lock",
-    "outbox",
-    "redlock",
-    "retry_idempotent",
-    "retry_no_key",
-    "stale_cache",
-    "unsafe",
-]
+#: One buyer in this many of the ``deadlock`` scenario takes the locks in reverse order.
+DEADLOCK_EVERY = 10
 
 
 class Strategy(Protocol):
@@ -80,10 +56,8 @@ def _write_computed(conn: Connection, shop: Shop, buyer: Buyer, available: int) 
 
 
 def _read_before_work(shop: Shop, r: Reservation) -> int | None:
-    """Read the stock, do the app's work, then decide on the value read before it.
-
-    The stale check of the unsafe strategies; ``None`` when refused as ``out_of_stock``.
-    """
+    """Read the stock, do the app's work, then decide on the value read before it (the
+    stale check of the unsafe strategies); ``None`` when refused as ``out_of_stock``."""
     available = shop.read_stock()
     r.stock_check(available)
     shop.work()
@@ -102,41 +76,23 @@ def _in_stock(shop: Shop, r: Reservation, available: int) -> bool:
     return True
 
 
-def _set_nx_lock(shop: Shop, ttl: float, release: Literal["naive", "owned"]) -> SetNxLock:
-    """The lab's ``SET NX`` lock on the shop's key, waiting as every lock strategy does."""
-    return SetNxLock(
-        shop.redis,
-        shop.lock_key,
-        name=shop.lock_name,
-        ttl=ttl,
-        release=release,
-        blocking_timeout=LOCK_WAIT_S,
-        retry_delay=LOCK_RETRY_S,
-        sentry=shop.sentry,
-    )
-
-
-def _decrement_and_order(shop: Shop, r: Reservation, buyer: Buyer) -> None:
-    # The relative decrement and the order in one transaction, then the success mark with
-    # the stock before and after as the database saw them.
-    with shop.engine.begin() as conn:
-        written = shop.decrement_unconditionally(conn)
-        shop.insert_order(conn, buyer, written)
-    r.success(old_stock=written + shop.qty, new_stock=written)
-
-
 def check_then_decrement(shop: Shop, r: Reservation, buyer: Buyer) -> None:
     """Check a value read earlier, then decrement relatively without a guard.
 
     No update is lost, but every buyer who passed the check decrements: stock goes below
     zero and each such write counts in ``stock_inventory_negative_total``.
     """
-    if _read_before_work(shop, r) is not None:
-        _decrement_and_order(shop, r, buyer)
+    if _read_before_work(shop, r) is None:
+        return
+    with shop.engine.begin() as conn:
+        written = shop.decrement(conn)
+        shop.insert_order(conn, buyer, written)
+    r.success(old_stock=written + shop.qty, new_stock=written)
 
 
-def atomic(shop: Shop, r: Reservation, buyer: Buyer) -> None:
-    """The fix: one conditional ``UPDATE ... WHERE available_stock >= :qty`` and the order.
+def atomic(shop: Shop, r: Reservation, buyer: Buyer, event: bool = False) -> None:
+    """The fix: one conditional ``UPDATE ... WHERE available_stock >= :qty`` and the order
+    (and with ``event`` the order's outbox event, in the same transaction).
 
     The database checks and writes in one statement under the row lock; a buyer whose
     update matched no row is refused as ``out_of_stock``. Sells exactly the stock.
@@ -150,28 +106,28 @@ def atomic(shop: Shop, r: Reservation, buyer: Buyer) -> None:
             conn.rollback()
             r.conflict("out_of_stock")
             return
-        shop.insert_order(conn, buyer, written)
+        order_id = shop.insert_order(conn, buyer, written)
+        if event:
+            shop.insert_outbox_event(conn, order_id)
     r.success(old_stock=written + shop.qty, new_stock=written)
+
+
+def outbox(shop: Shop, r: Reservation, buyer: Buyer) -> None:
+    """The atomic update with the order's outbox event; the publisher that sends the
+    events on stalls part-way (the driver's), so the outbox lag grows."""
+    atomic(shop, r, buyer, event=True)
 
 
 def naive_lock(shop: Shop, r: Reservation, buyer: Buyer) -> None:
     """The usual hotfix: ``SET lock token NX PX ttl``, the unsafe read-then-write, ``DEL``.
 
-    The TTL is shorter than the work (``naive_lock_ttl_s``), as a 5 s lock taken around
-    6 s of work: the lock expires under its holder, a second buyer gets it and reads the
-    same stock, and the first one's ``DEL`` deletes the second one's lock. The lock is
-    :class:`~stocksentry.exporter.lab.naive_lock.SetNxLock` with the naive release, so every
-    expiry and every foreign ``DEL`` is counted.
+    The TTL is shorter than the work, as a 5 s lock taken around 6 s of work: the lock
+    expires under its holder, a second buyer gets it and reads the same stock, and the
+    first one's ``DEL`` deletes the second one's lock; :class:`SetNxLock` counts both.
     """
     try:
         with _set_nx_lock(shop, shop.naive_lock_ttl_s, "naive"):
-            available = shop.read_stock()
-            if not _in_stock(shop, r, available):
-                return
-            shop.work()
-            with shop.engine.begin() as conn:
-                computed = _write_computed(conn, shop, buyer, available)
-            r.success(old_stock=available, new_stock=computed)
+            _locked_checkout(shop, r, buyer, lambda: True)
     except LockNotAcquired:
         r.conflict("lock_not_acquired")
 
@@ -186,16 +142,16 @@ def for_update(shop: Shop, r: Reservation, buyer: Buyer) -> None:
     """
     if shop.is_sqlite:
         with shop.begin_immediate() as conn:
-            available = _select_stock(conn, shop.sku, for_update=False)
+            available = select_stock(conn, shop.sku)
             if not _in_stock(shop, r, available):
                 return
             shop.work()
-            written = shop.decrement_unconditionally(conn)
+            written = shop.decrement(conn)
             shop.insert_order(conn, buyer, written)
         r.success(old_stock=available, new_stock=written)
         return
     with shop.engine.begin() as conn:
-        available = _select_stock(conn, shop.sku, for_update=True)
+        available = select_stock(conn, shop.sku, for_update=True)
         if not _in_stock(shop, r, available):
             return
         shop.work()
@@ -203,40 +159,46 @@ def for_update(shop: Shop, r: Reservation, buyer: Buyer) -> None:
     r.success(old_stock=available, new_stock=computed)
 
 
-def _select_stock(conn: Connection, sku: str, *, for_update: bool) -> int:
-    sql = "SELECT available_stock FROM products WHERE sku = :sku"
-    if for_update:
-        sql += " FOR UPDATE"
-    return int(conn.execute(sa.text(sql), {"sku": sku}).scalar_one())
-
-
 def redlock(shop: Shop, r: Reservation, buyer: Buyer) -> None:
     """The fix: an owned lock (token), retries with jitter, release only if owned.
 
-    The lab's :class:`~stocksentry.exporter.lab.naive_lock.SetNxLock` with the
-    compare-and-delete release (``redlock_impl="lab"``), or pottery's ``Redlock`` on the
-    one Redis master (``"pottery"``); both instrumented. The TTL is far above the work,
-    and the lock is extended (only while still ours) before the write, so a holder that
-    lost it refuses instead of writing. Under the lock the checkout is the unsafe
-    strategy's read-modify-write (read the stock, check, work, write ``stock - qty``
-    computed in Python): the lock, not the statement, serialises the buyers, as an app
-    that took a Redis lock around its old code does. The SQL detector sees the lock
-    (:mod:`~stocksentry.instrumentation.heldlocks`): a read-modify-write under an owned
-    lock still valid at the write is not counted, one whose lock expired before the
-    write would be.
+    The lab's :class:`SetNxLock` with the compare-and-delete release, or pottery's
+    ``Redlock`` (``redlock_impl``). The TTL is far above the work and the lock is extended
+    (only while ours) before the write. Under it the checkout is the unsafe
+    read-modify-write: the lock serialises the buyers, and the SQL detector, which sees
+    it still valid at the write, does not count it.
     """
     try:
         if shop.redlock_impl == "pottery":
             _with_pottery_redlock(shop, r, buyer)
         else:
-            _with_owned_lock(shop, r, buyer)
+            lock = _set_nx_lock(shop, shop.redlock_ttl_s, "owned")
+            with lock:
+                _locked_checkout(shop, r, buyer, lock.extend)
     except LockNotAcquired:
         r.conflict("lock_not_acquired")
+
+
+def _set_nx_lock(shop: Shop, ttl: float, release: Literal["naive", "owned"]) -> SetNxLock:
+    """The lab's ``SET NX`` lock on the shop's key, waiting as every lock strategy does."""
+    return SetNxLock(
+        shop.redis,
+        shop.lock_key,
+        name=shop.lock_name,
+        ttl=ttl,
+        release=release,
+        blocking_timeout=LOCK_WAIT_S,
+        retry_delay=LOCK_RETRY_S,
+        sentry=shop.sentry,
+    )
 
 
 def _locked_checkout(
     shop: Shop, r: Reservation, buyer: Buyer, still_ours: Callable[[], bool]
 ) -> None:
+    """Under a lock: read, check, work, then (if the lock is still ours) write the value
+    computed from the read, not a relative decrement: only the lock keeps it from losing
+    an update."""
     available = shop.read_stock()
     if not _in_stock(shop, r, available):
         return
@@ -244,17 +206,9 @@ def _locked_checkout(
     if not still_ours():
         r.conflict("lock_timeout")
         return
-    # The value computed from the read, not a relative decrement: only the lock keeps
-    # this from losing an update, so the detector's verdict on it is the proof.
     with shop.engine.begin() as conn:
         computed = _write_computed(conn, shop, buyer, available)
     r.success(old_stock=available, new_stock=computed)
-
-
-def _with_owned_lock(shop: Shop, r: Reservation, buyer: Buyer) -> None:
-    lock = _set_nx_lock(shop, shop.redlock_ttl_s, "owned")
-    with lock:
-        _locked_checkout(shop, r, buyer, lock.extend)
 
 
 def _with_pottery_redlock(shop: Shop, r: Reservation, buyer: Buyer) -> None:
@@ -287,91 +241,41 @@ def _with_pottery_redlock(shop: Shop, r: Reservation, buyer: Buyer) -> None:
         raise LockNotAcquired(shop.lock_name, LOCK_WAIT_S) from exc
 
 
-def retry_no_key(shop: Shop, r: Reservation, buyer: Buyer) -> None:
-    """The atomic update, with a fifth of the buyers resubmitting and no idempotency store.
-
-    Each resubmit reserves again: the stock is never oversold, but one intent becomes two
-    paid orders (duplicate orders per idempotency key).
-    """
-    atomic(shop, r, buyer)
-
-
-def retry_idempotent(shop: Shop, r: Reservation, buyer: Buyer) -> None:
-    """The atomic update, resubmits answered from the idempotency store: one order per key."""
-    atomic(shop, r, buyer)
-
-
-def stale_cache(shop: Shop, r: Reservation, buyer: Buyer) -> None:
-    """The atomic update behind a late cache: a cached "available" the database refuses is
-    a stale decision (``stock_cache_stale_hit_total``), never an oversell."""
-    atomic(shop, r, buyer)
-
-
-def outbox(shop: Shop, r: Reservation, buyer: Buyer) -> None:
-    """The atomic update, the order and its outbox event in one transaction.
-
-    The publisher that sends the events on stalls part-way: the events stay unpublished
-    and the outbox lag grows (the exporter's outbox probe, ``StockOutboxLag``).
-    """
-    shop.work()
-    with shop.engine.begin() as conn:
-        written = shop.decrement_if_available(conn)
-        if written is None:
-            conn.rollback()
-            r.conflict("out_of_stock")
-            return
-        order_id = shop.insert_order(conn, buyer, written)
-        shop.insert_outbox_event(conn, order_id)
-    r.success(old_stock=written + shop.qty, new_stock=written)
-
-
 def deadlock(shop: Shop, r: Reservation, buyer: Buyer) -> None:
     """A bundle of two SKUs, locked with ``SELECT ... FOR UPDATE`` in opposite orders.
 
-    Most buyers lock the first SKU then the second, every tenth the reverse, with the app's
-    work between the two locks: PostgreSQL finds the cycles and aborts one transaction of
-    each with SQLSTATE 40P01 (InnoDB with error 1213), which the reservation counts as a
-    ``deadlock`` conflict (and the SQLAlchemy integration in ``stock_db_deadlock_total``).
-    The others sell the bundle with a guarded decrement of both rows: never oversold.
+    Every tenth buyer takes the locks in reverse, with the app's work between the two:
+    the database aborts one transaction of each cycle (SQLSTATE 40P01, InnoDB error 1213),
+    counted as a ``deadlock`` conflict. The others sell the bundle: never oversold.
     """
     first, second = (shop.sku, shop.second_sku)
     if buyer.number % DEADLOCK_EVERY == 0:
         first, second = second, first
     with shop.engine.begin() as conn:
-        stock = {first: _select_stock(conn, first, for_update=True)}
+        stock = {first: select_stock(conn, first, for_update=True)}
         shop.work()
-        stock[second] = _select_stock(conn, second, for_update=True)
-        available = min(stock.values())
-        if not _in_stock(shop, r, available):
+        stock[second] = select_stock(conn, second, for_update=True)
+        if not _in_stock(shop, r, min(stock.values())):
             return
-        written = {
-            sku: shop.decrement_unconditionally(conn, sku) for sku in (shop.sku, shop.second_sku)
-        }
+        written = {sku: shop.decrement(conn, sku) for sku in (shop.sku, shop.second_sku)}
         order_id = shop.insert_order(conn, buyer, written[shop.sku])
         shop.insert_item(conn, order_id, shop.second_product_id, written[shop.second_sku])
     r.success(old_stock=written[shop.sku] + shop.qty, new_stock=written[shop.sku])
 
 
-#: One buyer in this many of the ``deadlock`` scenario takes the locks in reverse order.
-DEADLOCK_EVERY = 10
-
-
-# Functions are named as their strategies; a name without a function fails at import.
-_FUNCTIONS: dict[str, Strategy] = {
-    strategy.__name__: strategy
-    for strategy in (
-        unsafe,
-        check_then_decrement,
-        naive_lock,
-        atomic,
-        for_update,
-        redlock,
-        retry_no_key,
-        retry_idempotent,
-        stale_cache,
-        outbox,
-        deadlock,
-    )
+#: Strategy name -> function, in the order of ``names.STRATEGY_NAMES`` (unsafe ones first).
+#: The retry and stale-cache scenarios are the atomic update; the driver adds the
+#: resubmits and the late cache around it.
+STRATEGIES: dict[str, Strategy] = {
+    "unsafe": unsafe,
+    "check_then_decrement": check_then_decrement,
+    "naive_lock": naive_lock,
+    "atomic": atomic,
+    "for_update": for_update,
+    "redlock": redlock,
+    "retry_no_key": atomic,
+    "retry_idempotent": atomic,
+    "stale_cache": atomic,
+    "outbox": outbox,
+    "deadlock": deadlock,
 }
-#: Strategy name -> function, in the order of :data:`STRATEGY_NAMES` (unsafe ones first).
-STRATEGIES: dict[str, Strategy] = {name: _FUNCTIONS[name] for name in STRATEGY_NAMES}

@@ -25,10 +25,13 @@ import structlog
 from prom import free_port
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
-from stocksentry.exporter import lab
 from stocksentry.exporter.cli import main
-from stocksentry.exporter.lab import LabConfig, StrategyResult, run_lab
 from stocksentry.exporter.lab import driver as lab_driver
+from stocksentry.exporter.lab.config import SKIPPED_WITHOUT_REDIS, LabConfig, StrategyResult
+from stocksentry.exporter.lab.progress import Progress
+from stocksentry.exporter.lab.report_html import format_html
+from stocksentry.exporter.lab.report_text import caught_lines
+from stocksentry.exporter.lab.run import run_lab
 from stocksentry.instrumentation import CONFLICT_REASONS, StockMetrics
 
 pytestmark = pytest.mark.integration
@@ -135,8 +138,8 @@ def check_default_sale(results: list[StrategyResult], registry: CollectorRegistr
     assert [r.strategy for r in results] == ALL_STRATEGIES
     # Without --redis the lock strategies are listed, skipped, with the reason.
     assert {r.strategy: r.skipped for r in results if r.skipped} == {
-        "naive_lock": lab.SKIPPED_WITHOUT_REDIS,
-        "redlock": lab.SKIPPED_WITHOUT_REDIS,
+        "naive_lock": SKIPPED_WITHOUT_REDIS,
+        "redlock": SKIPPED_WITHOUT_REDIS,
     }
     by_name = {r.strategy: r for r in ran(results)}
     assert list(by_name) == WITHOUT_REDIS
@@ -352,7 +355,7 @@ def test_without_the_sqlalchemy_integration_the_lab_runs_without_the_detector(
     check_consistent(unsafe, registry)
     assert unsafe.unsafe_read_modify_write is None
     assert UNSAFE_RMW not in unsafe.metrics
-    assert "unsafe rmw" not in lab.format_table([unsafe])
+    assert "unsafe rmw" not in format_html(config, [unsafe])
 
 
 def test_a_failure_to_instrument_the_engine_is_not_hidden(
@@ -389,15 +392,15 @@ def test_progress_reports_every_buyer(tmp_path: Path) -> None:
     class Sink:
         def __init__(self) -> None:
             self.database = ""
-            self.finished: list[lab.Progress] = []
+            self.finished: list[Progress] = []
 
         def start(self, database: str) -> None:
             self.database = database
 
-        def update(self, progress: lab.Progress) -> None:
+        def update(self, progress: Progress) -> None:
             assert progress.done <= progress.total
 
-        def finish(self, progress: lab.Progress) -> None:
+        def finish(self, progress: Progress) -> None:
             self.finished.append(progress)
 
     sink = Sink()
@@ -423,7 +426,7 @@ def test_cli_json_report(capsys: pytest.CaptureFixture[str]) -> None:
     assert [item["strategy"] for item in report] == ALL_STRATEGIES
     skipped = [item for item in report if item["skipped"]]
     assert skipped == [
-        {"strategy": name, "sku": f"LAB-{name.upper()}", "skipped": lab.SKIPPED_WITHOUT_REDIS}
+        {"strategy": name, "sku": f"LAB-{name.upper()}", "skipped": SKIPPED_WITHOUT_REDIS}
         for name in ("naive_lock", "redlock")
     ]
     report = [item for item in report if not item["skipped"]]
@@ -669,7 +672,7 @@ def test_lock_strategies_on_redis(
     assert value(registry, EXPIRED, lock="naive_lock") == naive.locks["expired_while_held"]
     assert value(registry, NOT_OWNED, lock="naive_lock") == naive.locks["release_not_owned"]
     assert naive.metrics[EXPIRED] == naive.locks["expired_while_held"]
-    assert any(EXPIRED in line for line in lab.caught_lines(naive))
+    assert any(EXPIRED in line for line in caught_lines(naive))
 
     for safe in (owned, for_update, atomic):
         assert (safe.sold, safe.oversold, safe.final_stock) == (20, 0, 0), safe.strategy
@@ -680,7 +683,7 @@ def test_lock_strategies_on_redis(
     assert owned.locks["extend_failures"] == 0
     # Every hold ended within its lease (how long a hold takes is the machine's business).
     assert 0 < owned.locks["hold_ratio_mean"] <= 1.0
-    assert lab.caught_lines(owned) == []
+    assert caught_lines(owned) == []
     assert naive.unsafe_read_modify_write is not None
     assert naive.unsafe_read_modify_write > 0
     assert [r.unsafe_read_modify_write for r in (owned, for_update, atomic)] == [0, 0, 0]
@@ -718,7 +721,7 @@ def test_read_modify_write_under_owned_lock_is_not_flagged(
     assert owned.locks["expired_while_held"] == owned.locks["release_not_owned"] == 0
     assert owned.unsafe_read_modify_write == 0
     assert owned.metrics[UNSAFE_RMW] == 0
-    assert lab.caught_lines(owned) == []
+    assert caught_lines(owned) == []
     assert redis_keys(redis_prefix) == []
 
 
@@ -766,9 +769,7 @@ def test_retries_without_idempotency_duplicate_orders(
         # Each intent at most twice: every duplicated key has exactly one extra order.
         assert 0 < result.db.duplicate_orders == result.db.duplicate_keys <= 15
         assert duplicates_by_own_sql(url, result.sku) == result.db.duplicate_orders
-        assert any(
-            "duplicate orders per idempotency key" in line for line in lab.caught_lines(result)
-        )
+        assert any("duplicate orders per idempotency key" in line for line in caught_lines(result))
     unsafe, atomic = results
     # The unsafe strategy never refuses: every resubmit became a second order.
     assert unsafe.db.duplicate_orders == 15
@@ -818,7 +819,7 @@ def test_stale_cache_counts_stale_hits(
     assert atomic.stale_cache_hits > 0
     assert atomic.stale_cache_hits == value(registry, STALE, cache="lab_stock")
     assert atomic.stale_cache_hits <= atomic.conflicts["out_of_stock"]
-    assert any(STALE in line for line in lab.caught_lines(atomic))
+    assert any(STALE in line for line in caught_lines(atomic))
     if with_redis:
         assert redis_keys(redis_prefix) == []
 
@@ -880,18 +881,6 @@ def test_cli_unreachable_redis_is_one_line_and_exit_2(capsys: pytest.CaptureFixt
         "stocksentry demo: error: cannot connect to Redis redis://:***@127.0.0.1:1/0"
     )
     assert "sekrit" not in err
-
-
-def test_the_package_exports_each_name_from_the_module_that_defines_it() -> None:
-    # The package's lazy table, its __all__ and each module's own __all__ must agree: the
-    # three lists cannot be one without loading SQLAlchemy at import or losing the types.
-    import importlib
-
-    assert sorted(lab._HOMES) == sorted(lab.__all__)
-    for name, home in lab._HOMES.items():
-        module = importlib.import_module(f"stocksentry.exporter.lab.{home}")
-        assert name in module.__all__, (name, home)
-        assert getattr(lab, name) is getattr(module, name)
 
 
 def test_cli_on_mariadb_with_isolation(

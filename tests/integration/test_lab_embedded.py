@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from stocksentry.exporter.lab.names import SAFE_STRATEGIES, STRATEGY_NAMES
+from stocksentry.exporter.lab.config import SAFE_STRATEGIES, STRATEGY_NAMES
 
 pytestmark = pytest.mark.integration
 CLI = [sys.executable, "-m", "stocksentry.exporter"]

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 from stocksentry.exporter import cli
-from stocksentry.exporter.lab.names import STRATEGY_NAMES
+from stocksentry.exporter.lab.config import STRATEGY_NAMES
 
 
 def usage_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
@@ -122,7 +122,7 @@ def test_help_gives_every_numeric_range(capsys: pytest.CaptureFixture[str]) -> N
 
 
 def test_the_lab_runs_the_strategies_the_parser_knows() -> None:
-    from stocksentry.exporter.lab import STRATEGIES
+    from stocksentry.exporter.lab.strategies import STRATEGIES
 
     assert tuple(STRATEGIES) == STRATEGY_NAMES
 
@@ -178,9 +178,9 @@ def test_importing_the_cli_stays_light() -> None:
 def test_the_lab_modules_doctests_pass() -> None:
     import doctest
 
-    from stocksentry.exporter.lab import config, driver, names
+    from stocksentry.exporter.lab import config, driver
 
-    for module in (names, config, driver):
+    for module in (config, driver):
         result = doctest.testmod(module)
         assert result.failed == 0, module.__name__
         assert result.attempted > 0, module.__name__

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from stocksentry.exporter.lab.config import DbFigures, LabConfig, StrategyResult
-from stocksentry.exporter.lab.names import STRATEGY_NAMES
-from stocksentry.exporter.lab.observe import AlertSeries, _owner
+from stocksentry.exporter.lab.config import STRATEGY_NAMES, DbFigures, LabConfig, StrategyResult
+from stocksentry.exporter.lab.observe import AlertSeries, alert_owner
 from stocksentry.exporter.lab.report_term import alert_cell, format_summary
 
 CONFIG = LabConfig()
@@ -113,9 +112,9 @@ def test_alerts_not_evaluated_are_said_so() -> None:
 def test_an_alert_belongs_to_the_strategy_its_labels_name() -> None:
     ran = a_run()
     series = AlertSeries({"alertname": "StockOversold", "sku": "LAB-NAIVE_LOCK"}, 1003.0)
-    assert _owner(series, ran) == "naive_lock"
+    assert alert_owner(series, ran) == "naive_lock"
     lock = AlertSeries({"alertname": "StockLockExpiredWhileHeld", "lock": "naive_lock"}, 1030.0)
-    assert _owner(lock, ran) == "naive_lock"
+    assert alert_owner(lock, ran) == "naive_lock"
 
 
 def test_a_shop_wide_alert_belongs_to_the_strategy_that_can_cause_it() -> None:
@@ -123,12 +122,12 @@ def test_a_shop_wide_alert_belongs_to_the_strategy_that_can_cause_it() -> None:
     # Negative stock went active during the next sale (probe and scrape delay): it is
     # still check_then_decrement's, the only one with negative stock.
     negative = AlertSeries({"alertname": "StockNegativeInventory"}, 1004.5)
-    assert _owner(negative, ran) == "check_then_decrement"
+    assert alert_owner(negative, ran) == "check_then_decrement"
     duplicates = AlertSeries({"alertname": "StockDuplicateOrders"}, 1015.5)
-    assert _owner(duplicates, ran) == "retry_no_key"
+    assert alert_owner(duplicates, ran) == "retry_no_key"
 
 
 def test_any_other_alert_belongs_to_the_sale_running_a_second_before() -> None:
     ran = a_run()
     budget = AlertSeries({"alertname": "CheckoutErrorBudgetBurnFast"}, 1009.5)
-    assert _owner(budget, ran) == "for_update"
+    assert alert_owner(budget, ran) == "for_update"
