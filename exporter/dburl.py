@@ -33,8 +33,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 from stocksentry.instrumentation.secrets import mask_url, redact, secret_fragments
 
-from .config.model import MYSQL_URL_SCHEMES as MYSQL_SCHEMES
-from .config.model import POSTGRES_URL_SCHEMES as POSTGRES_SCHEMES
+from .config.model import MYSQL_URL_SCHEMES, POSTGRES_URL_SCHEMES
 
 if TYPE_CHECKING:
     # SQLAlchemy only where a SQLAlchemy URL is made (parse_url, shown): the sidecar uses
@@ -42,8 +41,6 @@ if TYPE_CHECKING:
     from sqlalchemy.engine import URL
 
 __all__ = [
-    "MYSQL_SCHEMES",
-    "POSTGRES_SCHEMES",
     "UNPARSEABLE",
     "dialect_of",
     "mysql_connect_args",
@@ -108,9 +105,9 @@ def dialect_of(text: str) -> str | None:
     if "://" not in text:
         return "postgresql" if "=" in text else None
     scheme = text.split("://", 1)[0].lower()
-    if scheme in POSTGRES_SCHEMES:
+    if scheme in POSTGRES_URL_SCHEMES:
         return "postgresql"
-    if scheme in MYSQL_SCHEMES:
+    if scheme in MYSQL_URL_SCHEMES:
         return scheme.partition("+")[0]
     if scheme.partition("+")[0] == "sqlite":
         return "sqlite"

@@ -20,10 +20,8 @@ from stocksentry.instrumentation.secrets import Secret, url_has_password
 from ..inputs import URL_FILE_LIMIT, InputFileError, read_bytes_bounded, shorten
 from .errors import CheckedMapping, ConfigError, Context, describe, join
 from .kinds import Text, read_path
-from .model import URL_KEYS, UrlKeys
+from .specs import URL_KEYS, UrlKeys
 from .yamlsource import TAG_STR, ScalarNode, line_of
-
-__all__ = ["multiprocess_dir_from_env", "resolve_url"]
 
 _ENV_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -39,12 +37,8 @@ def resolve_url(ctx: Context, section: CheckedMapping, spec: UrlKeys) -> tuple[S
     if not given:
         ctx.fail(section.node, section.path, "one of url_env, url_file or url is required")
     if len(given) > 1:
-        second = given[1]
-        ctx.fail(
-            section.entries[second].key,
-            join(section.path, second),
-            f"give only one of url_env, url_file and url (found {', '.join(given)})",
-        )
+        found = ", ".join(given)
+        section.fail(given[1], f"give only one of url_env, url_file and url (found {found})")
     name = given[0]
     node = section.require(name)
     path = join(section.path, name)

@@ -20,8 +20,6 @@ from .yamlsource import (
     mapping_entries,
 )
 
-__all__ = ["CheckedMapping", "ConfigError", "Context", "describe", "join"]
-
 # How much of the file's own text an error line echoes: a source path, a key path, and
 # the whole line (a message never grows with the file).
 _SOURCE_ECHO: Final = 200
@@ -30,17 +28,11 @@ _LINE_LIMIT: Final = 1000
 
 
 class ConfigError(Exception):
-    """The configuration cannot be used; ``str()`` is one line naming file, line and key.
+    """The configuration cannot be used; ``str()`` is one line naming file, line and key:
+    ``config.yaml:1: server.port: must be at most 65535, got 99999``.
 
-    Attributes ``source``, ``line`` (1-based, ``None`` when unknown), ``path`` (dotted key
-    path, ``""`` for the whole file) and ``message`` hold the parts.
-
-    Example::
-
-        try:
-            parse_config("server: {port: 99999}\\n", "config.yaml")
-        except ConfigError as exc:
-            str(exc)  # 'config.yaml:1: server.port: must be at most 65535, got 99999'
+    ``line`` is 1-based (``None`` when unknown), ``path`` the dotted key path (``""``: the
+    whole file).
     """
 
     def __init__(
@@ -66,9 +58,8 @@ class ConfigError(Exception):
 class Context:
     """Where errors point, and where secrets and relative paths are looked up.
 
-    ``values`` and ``nodes`` record, by dotted key path, every key read so far (its
-    value, default included) and the value node it was read from: the rules that relate
-    two sections (a probe switched on without its table) find their line there.
+    ``values`` and ``nodes`` hold, by dotted key path, every key read so far and its value
+    node: the rules that relate two sections find their line there.
     """
 
     def __init__(self, source: str, environ: Mapping[str, str], base_dir: Path) -> None:
@@ -94,9 +85,8 @@ def join(path: str, key: str) -> str:
 
 
 def describe(node: Node, *, secret: bool = False) -> str:
-    """How an error message shows a value: its kind for collections, else its text
-    quoted, cut at :data:`~stocksentry.exporter.inputs.ECHO_LIMIT` (80) characters with
-    "…", control characters escaped (or not at all for a secret)."""
+    """How a message shows a value: its kind for collections, else its text quoted, cut
+    at 80 characters, control characters escaped (or not at all for a secret)."""
     if isinstance(node, MappingNode):
         return "a mapping"
     if isinstance(node, SequenceNode):
@@ -115,12 +105,8 @@ def describe(node: Node, *, secret: bool = False) -> str:
 
 
 class CheckedMapping:
-    """A YAML mapping whose keys were checked against ``allowed`` on construction.
-
-    Unknown, duplicate and non-string keys are refused first, in document order, so a
-    typo is reported at its own line before anything that depends on it. Every value node
-    is recorded in ``ctx.nodes`` under its dotted path.
-    """
+    """A YAML mapping whose keys were checked against ``allowed`` on construction (in
+    document order, so a typo is reported first); its value nodes go to ``ctx.nodes``."""
 
     def __init__(self, ctx: Context, node: Node, path: str, allowed: Sequence[str]) -> None:
         if not isinstance(node, MappingNode):
@@ -158,6 +144,10 @@ class CheckedMapping:
             ctx.fail(problem.node, where, f"unknown key ({hint})")
         for name, entry in self.entries.items():
             ctx.nodes[join(path, name)] = entry.value
+
+    def fail(self, name: str, message: str) -> NoReturn:
+        """Raise the :class:`ConfigError` of key ``name``, at the line of the key."""
+        self.ctx.fail(self.entries[name].key, join(self.path, name), message)
 
     def get(self, name: str) -> Node | None:
         """The value node, or ``None`` when the key is absent or explicitly null."""

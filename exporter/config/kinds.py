@@ -1,18 +1,13 @@
 """The kinds of value a config key holds: how each is read, documented and schema'd.
 
-A kind reads one YAML node (never null: the loader handles absent and null keys) into
-a Python value, or fails with the message the user sees; it also says how the docs show
-its type (:meth:`Kind.type_doc`) and a value of it (:meth:`Kind.show`), and gives its
-JSON schema (:meth:`Kind.json_schema`, draft-07), from which the chart's
-``values.schema.json`` is built. So a range or a pattern is written once, here or in the
-model, and the loader, the docs and the chart agree on it.
+A kind reads one YAML node (never null: the loader handles absent and null keys) or fails
+with the message the user sees; it also gives its type in the docs (:meth:`Kind.type_doc`)
+and its JSON schema (draft-07, for the chart's ``values.schema.json``).
 
 Example::
 
     >>> Duration(maximum=600).type_doc()
     'duration ≤ 10m'
-    >>> Duration(maximum=600).json_schema()["maximum"]
-    600
 """
 
 from __future__ import annotations
@@ -38,26 +33,10 @@ from .yamlsource import (
     scalar_value,
 )
 
-__all__ = [
-    "IDENTIFIER",
-    "Bool",
-    "Choice",
-    "Duration",
-    "FilePath",
-    "Host",
-    "Identifier",
-    "Integer",
-    "Kind",
-    "LabelName",
-    "Named",
-    "OptionalIdentifier",
-    "Sql",
-    "Template",
-    "Text",
-    "TextList",
-]
-
 Schema = dict[str, Any]
+MINUTE: Final = 60.0
+HOUR: Final = 3600.0
+DAY: Final = 86400.0
 
 # Plain SQL identifiers: what PostgreSQL accepts unquoted, minus the case folding (names
 # are quoted when SQL is built, so they must be written as stored, usually lower case).
@@ -74,6 +53,8 @@ class Kind:
 
     #: An explicit null switches the key off (``None``) instead of taking its default.
     null_clears: ClassVar[bool] = False
+    #: The type column of the docs' key reference, unless :meth:`type_doc` says more.
+    doc_type: ClassVar[str] = "string"
 
     def read(self, ctx: Context, node: Node, path: str) -> Any:
         """The value of ``node`` (never a null node), or a :class:`ConfigError`."""
@@ -81,11 +62,11 @@ class Kind:
 
     def type_doc(self) -> str:
         """The type column of the docs' key reference."""
-        raise NotImplementedError
+        return self.doc_type
 
     def json_schema(self) -> Schema:
         """The JSON schema (draft-07) of a value of this kind."""
-        raise NotImplementedError
+        return {"type": "string", "minLength": 1}
 
     def show(self, value: Any) -> str:
         """A value of this kind as the docs write it (without backticks)."""
@@ -123,14 +104,13 @@ def _number(ctx: Context, node: ScalarNode, path: str, expected: str) -> bool | 
 class Bool(Kind):
     """``true`` or ``false`` (YAML 1.1 spellings: yes/no/on/off too)."""
 
+    doc_type: ClassVar[str] = "bool"
+
     def read(self, ctx: Context, node: Node, path: str) -> bool:
         expected = "expected true or false"
         if not isinstance(node, ScalarNode) or node.tag != TAG_BOOL:
             ctx.fail(node, path, f"{expected}, got {describe(node)}")
         return bool(_number(ctx, node, path, expected))
-
-    def type_doc(self) -> str:
-        return "bool"
 
     def json_schema(self) -> Schema:
         return {"type": "boolean"}
@@ -223,12 +203,6 @@ class Text(Kind):
 
     def read(self, ctx: Context, node: Node, path: str) -> str:
         return _text(ctx, node, path, self.allow_numbers)
-
-    def type_doc(self) -> str:
-        return "string"
-
-    def json_schema(self) -> Schema:
-        return {"type": "string", "minLength": 1}
 
 
 @dataclass(frozen=True)
@@ -372,6 +346,8 @@ class TextList(Kind):
 class Host(Kind):
     """An IP address or a host name."""
 
+    doc_type: ClassVar[str] = "IP address or host name"
+
     def read(self, ctx: Context, node: Node, path: str) -> str:
         value = _text(ctx, node, path, False)
         try:
@@ -380,12 +356,6 @@ class Host(Kind):
             if not _HOST.fullmatch(value):
                 ctx.fail(node, path, f"{describe(node)} is not an IP address or host")
         return value
-
-    def type_doc(self) -> str:
-        return "IP address or host name"
-
-    def json_schema(self) -> Schema:
-        return {"type": "string", "minLength": 1}
 
 
 def read_path(ctx: Context, node: Node, path: str) -> Path:
@@ -417,9 +387,6 @@ class FilePath(Kind):
 
     def type_doc(self) -> str:
         return "path (must exist)" if self.must == "file" else "path (must be a directory)"
-
-    def json_schema(self) -> Schema:
-        return {"type": "string", "minLength": 1}
 
 
 @dataclass(frozen=True)
@@ -454,17 +421,13 @@ class Template(Kind):
 class Sql(Kind):
     """One SQL statement; surrounding blanks and a trailing ``;`` are removed."""
 
+    doc_type: ClassVar[str] = "SQL"
+
     def read(self, ctx: Context, node: Node, path: str) -> str:
         sql = _text(ctx, node, path, False).strip().rstrip(";").strip()
         if not sql:
             ctx.fail(node, path, "must not be empty")
         return sql
-
-    def type_doc(self) -> str:
-        return "SQL"
-
-    def json_schema(self) -> Schema:
-        return {"type": "string", "minLength": 1}
 
 
 #: A lock key pattern: literal text with ``*`` wildcards and at most one ``{sku}``.
@@ -474,6 +437,8 @@ _LOCK_PATTERN: Final = re.compile(r"[^?\[\]\\{}\s]*(\{sku\}[^?\[\]\\{}\s]*)?")
 @dataclass(frozen=True)
 class LockPattern(Kind):
     """A Redis lock key pattern: ``*`` matches any text, ``{sku}`` (at most once) the SKU."""
+
+    doc_type: ClassVar[str] = "lock key pattern"
 
     def read(self, ctx: Context, node: Node, path: str) -> str:
         value = _text(ctx, node, path, False)
@@ -489,9 +454,6 @@ class LockPattern(Kind):
             ctx.fail(node, path, f'needs a "*" or "{{sku}}", got {describe(node)}')
         return value
 
-    def type_doc(self) -> str:
-        return "lock key pattern"
-
     def json_schema(self) -> Schema:
         return {"type": "string", "minLength": 1, "maxLength": 256}
 
@@ -499,6 +461,8 @@ class LockPattern(Kind):
 @dataclass(frozen=True)
 class Ratio(Kind):
     """A number greater than 0 and at most 1."""
+
+    doc_type: ClassVar[str] = "number in (0, 1]"
 
     def read(self, ctx: Context, node: Node, path: str) -> float:
         expected = "expected a number greater than 0 and at most 1"
@@ -508,9 +472,6 @@ class Ratio(Kind):
         if isinstance(value, bool) or not 0 < float(value) <= 1:
             ctx.fail(node, path, f"{expected}, got {describe(node)}")
         return float(value)
-
-    def type_doc(self) -> str:
-        return "number in (0, 1]"
 
     def json_schema(self) -> Schema:
         return {"type": "number", "exclusiveMinimum": 0, "maximum": 1}

@@ -1,11 +1,8 @@
-"""YAML text to the model: one generic walk over the model's specs, then the rules.
+"""YAML text to the model: one generic walk over the field specs, then the rules.
 
-:func:`build` reads any section class of :mod:`.model` from its YAML node: the keys it
-accepts, their kinds, defaults and inherited defaults all come from the model's field
-specs. What relates several keys or sections (a probe switched on without the table it
-reads, a reservation table with both ``released_at`` and ``status``, a custom metric
-that collides with the catalog) is a rule, below, run once its section is read. Every
-error is a :class:`~.errors.ConfigError` at the line of the value at fault.
+:func:`build` reads any section class from its YAML node as its specs say. What relates
+several keys or sections (a probe switched on without the table it reads, a custom metric
+that collides with the catalog) is a rule in :data:`_RULES`, run once its section is read.
 """
 
 from __future__ import annotations
@@ -23,27 +20,17 @@ from ..inputs import CONFIG_LIMIT, InputFileError, read_bytes_bounded
 from .env import multiprocess_dir_from_env, resolve_url
 from .errors import CheckedMapping, ConfigError, Context, describe, join
 from .model import (
-    BUILTIN_PROBES,
-    ELECTION_PROBE,
-    CustomProbe,
     DatabaseConfig,
     ExporterConfig,
-    Key,
-    ProbeSettings,
     RedisConfig,
     ReservationsTable,
     SchemaConfig,
-    Section,
     ServerConfig,
     SkuGuardConfig,
-    UrlKeys,
-    field_default,
-    key_names,
-    specs,
 )
+from .probing import BUILTIN_PROBES, ELECTION_PROBE, CustomProbe, ProbeSettings
+from .specs import Key, Section, UrlKeys, field_default, key_names, specs
 from .yamlsource import Node, SequenceNode, YamlSyntaxError, compose, is_null
-
-__all__ = ["build", "load_config", "parse_config"]
 
 # The prefixes of stocksentry's own metrics: a custom gauge may not use them, so it can
 # never collide with a metric the catalog has or will have.
@@ -53,19 +40,10 @@ Rule = Callable[[Context, CheckedMapping | None, dict[str, Any]], None]
 
 
 def load_config(path: str | Path, *, environ: Mapping[str, str] | None = None) -> ExporterConfig:
-    """Load and validate the YAML file at ``path``.
+    """Load and validate the YAML file at ``path`` (a regular file of at most 4 MiB).
 
-    Relative paths inside the file (``url_file``, ``web_config_file``,
-    ``multiprocess_dir``) are taken relative to the file's folder. ``environ`` defaults to
+    Relative paths inside it are relative to its folder; ``environ`` defaults to
     ``os.environ``. Raises :class:`ConfigError`, and nothing else, for every problem.
-
-    The file must be a regular file of at most
-    :data:`~stocksentry.exporter.inputs.CONFIG_LIMIT` (4 MiB); a FIFO, a device or a
-    directory is refused at once (:mod:`stocksentry.exporter.inputs`).
-
-    Example::
-
-        config = load_config("exporter/config.example.yaml")
     """
     source = str(path)
     try:
@@ -87,14 +65,7 @@ def parse_config(
     environ: Mapping[str, str] | None = None,
     base_dir: Path | None = None,
 ) -> ExporterConfig:
-    """Validate a configuration given as YAML text; ``source`` names it in errors.
-
-    Example::
-
-        config = parse_config("sku_guard: {promo_skus: [EGG-01]}\\n")
-        config.sku_guard.promo_skus   # ('EGG-01',)
-        config.database               # None: no database, no database probes
-    """
+    """Validate a configuration given as YAML text; ``source`` names it in errors."""
     ctx = Context(
         source,
         os.environ if environ is None else environ,
@@ -103,11 +74,8 @@ def parse_config(
     try:
         root = compose(text)
     except YamlSyntaxError as exc:
-        if exc.kind == "marked":
-            what = "; ".join(part for part in (exc.context, exc.problem) if part)
-            raise ConfigError(f"invalid YAML: {what}", source=source, line=exc.line) from None
-        problem = exc.problem or exc.kind
-        raise ConfigError(f"invalid YAML: {problem}", source=source, line=exc.line) from None
+        what = "; ".join(part for part in (exc.context, exc.problem) if part) or exc.kind
+        raise ConfigError(f"invalid YAML: {what}", source=source, line=exc.line) from None
     if root is None or is_null(root):
         raise ConfigError(
             "the file is empty; expected a mapping of sections "
@@ -200,10 +168,8 @@ def _server(ctx: Context, mapping: CheckedMapping | None, values: dict[str, Any]
     ):
         # Without the app's PID namespace every pid looks dead: compaction would fold the
         # files of live workers.
-        ctx.fail(
-            mapping.entries["compact_dead_workers"].key,
-            join(mapping.path, "compact_dead_workers"),
-            "needs check_worker_pids: true (the app's PID namespace)",
+        mapping.fail(
+            "compact_dead_workers", "needs check_worker_pids: true (the app's PID namespace)"
         )
 
 
@@ -213,10 +179,8 @@ def _reservations(ctx: Context, mapping: CheckedMapping | None, values: dict[str
     entries = mapping.entries
     if mapping.get("status") is not None:
         if mapping.get("released_at") is not None:
-            ctx.fail(
-                entries["released_at"].key,
-                join(mapping.path, "released_at"),
-                "give either released_at or status with held_statuses, not both",
+            mapping.fail(
+                "released_at", "give either released_at or status with held_statuses, not both"
             )
         if not values["held_statuses"]:
             where = entries["held_statuses"].value if "held_statuses" in entries else None
@@ -227,11 +191,7 @@ def _reservations(ctx: Context, mapping: CheckedMapping | None, values: dict[str
             )
         values["released_at"] = None
     elif mapping.get("held_statuses") is not None:
-        ctx.fail(
-            entries["held_statuses"].key,
-            join(mapping.path, "held_statuses"),
-            "needs status as well",
-        )
+        mapping.fail("held_statuses", "needs status as well")
 
 
 def _custom(ctx: Context, mapping: CheckedMapping | None, values: dict[str, Any]) -> None:

@@ -15,19 +15,9 @@ from __future__ import annotations
 import re
 from typing import Final
 
-from .model import (
-    BUILTIN_PROBES,
-    URL_KEYS,
-    ExporterConfig,
-    Key,
-    ProbeSettings,
-    Section,
-    UrlKeys,
-    field_default,
-    specs,
-)
-
-__all__ = ["BLOCK", "blocks", "markdown_table", "replace_blocks", "section_class"]
+from .model import ExporterConfig
+from .probing import BUILTIN_PROBES, ProbeSettings
+from .specs import URL_KEYS, Key, Section, UrlKeys, field_default, specs
 
 #: A generated block of the page; group 1 is its name (``config.server``).
 BLOCK: Final = re.compile(

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from stocksentry.exporter.config import ExporterConfig, model, reference
+from stocksentry.exporter.config import ExporterConfig, reference, specs
 from stocksentry.exporter.config.errors import Context
 from stocksentry.exporter.config.yamlsource import (
     TAG_STR,
@@ -61,16 +61,16 @@ def test_the_charts_config_schema_is_fresh(monkeypatch):
     # Nothing the chart owns is in values: no server section, no URL key anywhere.
     assert "server" not in stored["properties"]
     text = json.dumps(stored)
-    for key in model.URL_KEYS:
+    for key in specs.URL_KEYS:
         assert f'"{key}"' not in text
 
 
 def test_every_key_of_the_model_is_documented_and_typed():
-    def walk(cls: type) -> Iterator[tuple[str, model.Key]]:
-        for name, spec in model.specs(cls):
-            if isinstance(spec, model.Section):
+    def walk(cls: type) -> Iterator[tuple[str, specs.Key]]:
+        for name, spec in specs.specs(cls):
+            if isinstance(spec, specs.Section):
                 yield from walk(spec.cls)
-            elif isinstance(spec, model.Key):
+            elif isinstance(spec, specs.Key):
                 yield name, spec
 
     for name, spec in walk(ExporterConfig):
@@ -95,21 +95,21 @@ def stated(node: Node, cls: type, path: str, lines: list[str]) -> Iterator[tuple
     """(path, value as the loader reads it, model default) of every stated key."""
     assert isinstance(node, MappingNode), path
     ctx = Context("stated", {}, ROOT)
-    specs = dict(model.specs(cls))
+    known = dict(specs.specs(cls))
     for name, entry in mapping_entries(node).items():
         child = f"{path}.{name}" if path else name
         if "example" in _comments_above(lines, line_of(entry.key) - 1):
             continue
-        spec = specs.get(name)
+        spec = known.get(name)
         if spec is None:
-            assert name in model.URL_KEYS, f"{child}: not a key of the model"
+            assert name in specs.URL_KEYS, f"{child}: not a key of the model"
             continue
-        if isinstance(spec, model.Section):
+        if isinstance(spec, specs.Section):
             if not spec.many and not is_null(entry.value):
                 yield from stated(entry.value, spec.cls, child, lines)
             continue
-        assert isinstance(spec, model.Key), child
-        default = model.field_default(cls, name)
+        assert isinstance(spec, specs.Key), child
+        default = specs.field_default(cls, name)
         value = entry.value
         if spec.kind.null_clears and (
             is_null(value)
