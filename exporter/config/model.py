@@ -18,6 +18,7 @@ from typing import Final
 
 from stocksentry.instrumentation.secrets import Secret
 
+from ..sidecar_cli import LOG_FORMATS, LOG_LEVELS, TELEMETRY_PATH, TELEMETRY_PATH_PATTERN
 from .kinds import (
     DAY,
     HOUR,
@@ -60,11 +61,6 @@ MYSQL_URL_SCHEMES: Final = (
     "mariadb+aiomysql",
 )
 DATABASE_SCHEMES: Final = (*POSTGRES_URL_SCHEMES, *MYSQL_URL_SCHEMES)
-#: ``log.level`` / ``--log.level`` and ``log.format`` / ``--log.format``, as promslog names them.
-LOG_LEVELS: Final = ("debug", "info", "warn", "error")
-LOG_FORMATS: Final = ("logfmt", "json")
-#: A metrics path: starts with ``/``, is neither ``/`` (the landing page) nor a health path.
-TELEMETRY_PATH_PATTERN: Final = r"/(?!(?:healthz|readyz)$)[A-Za-z0-9._~/-]+"
 
 _COLUMN: Final = Identifier()
 _TABLE: Final = Identifier(qualified=True)
@@ -114,11 +110,7 @@ class ServerConfig:
     )
     telemetry_path: str = key(
         "/metrics",
-        Named(
-            TELEMETRY_PATH_PATTERN,
-            "a path starting with / other than /, /healthz and /readyz",
-            "URL path",
-        ),
+        Named(TELEMETRY_PATH_PATTERN, TELEMETRY_PATH, "URL path"),
         "where the metrics are served (`--web.telemetry-path` overrides it)",
     )
     header_timeout: float = key(
