@@ -124,9 +124,7 @@ class ServerConfig:
         "time a client has to send a request body after its head",
     )
     tls_handshake_timeout: float = key(
-        TLS_HANDSHAKE_TIMEOUT,
-        Duration(maximum=HOUR),
-        "time a TLS handshake may take",
+        TLS_HANDSHAKE_TIMEOUT, Duration(maximum=HOUR), "time a TLS handshake may take"
     )
     keepalive_timeout: float = key(
         KEEPALIVE_TIMEOUT,

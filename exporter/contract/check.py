@@ -1,17 +1,9 @@
 """The conformance check: an app's exposition against the metric contract.
 
-What is reported, per metric of the contract:
-
-- **missing**: a required metric (or one named with ``--require``) is not exposed; a
-  metric that is not required may be absent (the app does not use that feature);
-- **misnamed**: a metric exposed under a name close to a contract name (a typo, a missing
-  ``_total``, a camelCase spelling), a ``stock_``/``stocksentry_`` metric the contract does
-  not know, or a label the contract does not list / a listed label that is absent;
-- **mistyped**: the declared type differs (a gauge for a counter, a summary for a
-  histogram), or a histogram's buckets differ from the contract's;
-- **unbounded**: a label value outside the allowed list, more distinct values than the
-  label's bound, or a value the SKU guard would not let through (longer than 64
-  characters, characters outside ``[A-Za-z0-9_.:/@#+-]``).
+Per contract metric: **missing** (a required one, or one named with ``--require``, is not
+exposed), **misnamed** (a close name, a missing ``_total``, an unknown ``stock_`` metric,
+a label too many or too few), **mistyped** (another type, other buckets), **unbounded**
+(a label value outside the allowed list or the SKU guard's charset, or too many values).
 
 Example::
 

@@ -1,10 +1,8 @@
 """The metric contract: the catalog as a machine-readable, language-neutral spec.
 
-Built from :mod:`stocksentry.instrumentation.catalog` (names, types, labels, help,
-buckets) and :mod:`stocksentry.instrumentation.events` (the log lines ``stocksentry
-timeline`` reads), plus the allowed values and bounds of each label, so there is one
-source: ``docs/metric-contract.json`` is this spec written out by ``make generate``, and
-``stocksentry check-metrics`` checks an exposition against the same data.
+Built from :mod:`stocksentry.instrumentation.catalog` and ``.events`` plus each label's
+allowed values and bounds: ``docs/metric-contract.json`` is this spec written out by
+``make generate``, and ``stocksentry check-metrics`` checks an exposition against it.
 
 Example::
 
