@@ -38,10 +38,7 @@ MINUTE: Final = 60.0
 HOUR: Final = 3600.0
 DAY: Final = 86400.0
 
-# Plain SQL identifiers: what PostgreSQL accepts unquoted, minus the case folding (names
-# are quoted when SQL is built, so they must be written as stored, usually lower case).
 IDENTIFIER: Final = r"[A-Za-z_][A-Za-z0-9_$]{0,62}"
-_IDENTIFIER: Final = re.compile(IDENTIFIER)
 _HOST: Final = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.-]{0,252}[A-Za-z0-9])?")
 _DURATION_EXAMPLE: Final = (
     'expected a duration like "5s", "500ms" or "1m" (or a number of seconds)'
@@ -52,7 +49,7 @@ class Kind:
     """One kind of value; subclasses override :meth:`read` and the documentation."""
 
     #: An explicit null switches the key off (``None``) instead of taking its default.
-    null_clears: ClassVar[bool] = False
+    null_clears: bool = False
     #: The type column of the docs' key reference, unless :meth:`type_doc` says more.
     doc_type: ClassVar[str] = "string"
 
@@ -207,16 +204,21 @@ class Text(Kind):
 
 @dataclass(frozen=True)
 class Named(Kind):
-    """A name that must match ``pattern`` (Python and JSON-schema regex alike);
-    ``what`` names it in the message: ``"x-y" is not a metric name``."""
+    """A name that must match ``pattern`` (Python and JSON-schema regex alike) and not
+    start with ``reserved``; ``what`` names it in the message: ``"x-y" is not a metric
+    name``. ``null_clears``: an explicit null switches the key off."""
 
     pattern: str
     what: str
     type_label: str
+    reserved: str = ""
+    null_clears: bool = False
 
     def read(self, ctx: Context, node: Node, path: str) -> str:
         value = _text(ctx, node, path, False)
-        if not re.fullmatch(self.pattern, value):
+        if not re.fullmatch(self.pattern, value) or (
+            self.reserved and value.startswith(self.reserved)
+        ):
             ctx.fail(node, path, f"{describe(node)} is not {self.what}")
         return value
 
@@ -227,58 +229,18 @@ class Named(Kind):
         return {"type": "string", "pattern": f"^{self.pattern}$"}
 
 
-@dataclass(frozen=True)
-class LabelName(Named):
-    """A Prometheus label name; ``__``-prefixed names are Prometheus's own."""
-
-    pattern: str = "[a-zA-Z_][a-zA-Z0-9_]*"
-    what: str = "a label name"
-    type_label: str = "label name"
-
-    def read(self, ctx: Context, node: Node, path: str) -> str:
-        value = _text(ctx, node, path, False)
-        if not re.fullmatch(self.pattern, value) or value.startswith("__"):
-            ctx.fail(node, path, f"{describe(node)} is not {self.what}")
-        return value
-
-
-@dataclass(frozen=True)
-class Identifier(Kind):
-    """A plain SQL identifier; ``qualified`` allows ``schema.table``."""
-
-    qualified: bool = False
-
-    def read(self, ctx: Context, node: Node, path: str) -> str:
-        value = _text(ctx, node, path, False)
-        parts = value.split(".")
-        if len(parts) > (2 if self.qualified else 1) or not all(
-            _IDENTIFIER.fullmatch(p) for p in parts
-        ):
-            shape = (
-                "a plain SQL identifier, optionally schema-qualified (schema.table)"
-                if self.qualified
-                else "a plain SQL identifier (letters, digits, _ and $, not starting with a digit)"
-            )
-            ctx.fail(node, path, f"{describe(node)} is not {shape}")
-        return value
-
-    def type_doc(self) -> str:
-        return "table name" if self.qualified else "column name"
-
-    def json_schema(self) -> Schema:
-        if self.qualified:
-            return {"type": "string", "pattern": rf"^{IDENTIFIER}(\.{IDENTIFIER})?$"}
-        return {"type": "string", "pattern": f"^{IDENTIFIER}$"}
-
-
-@dataclass(frozen=True)
-class OptionalIdentifier(Identifier):
-    """A column that may be unmapped: an explicit null switches it off."""
-
-    null_clears: ClassVar[bool] = True
-
-    def type_doc(self) -> str:
-        return "column name or null"
+_PLAIN: Final = "a plain SQL identifier (letters, digits, _ and $, not starting with a digit)"
+#: A Prometheus label name; ``__``-prefixed names are Prometheus's own.
+LABEL_NAME: Final = Named("[a-zA-Z_][a-zA-Z0-9_]*", "a label name", "label name", "__")
+#: Plain SQL identifiers: what PostgreSQL accepts unquoted, minus the case folding (names
+#: are quoted when SQL is built, so they are written as stored, usually lower case).
+COLUMN: Final = Named(IDENTIFIER, _PLAIN, "column name")
+OPTIONAL_COLUMN: Final = Named(IDENTIFIER, _PLAIN, "column name or null", null_clears=True)
+TABLE: Final = Named(
+    rf"{IDENTIFIER}(\.{IDENTIFIER})?",
+    "a plain SQL identifier, optionally schema-qualified (schema.table)",
+    "table name",
+)
 
 
 @dataclass(frozen=True)

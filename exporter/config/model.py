@@ -20,19 +20,20 @@ from stocksentry.instrumentation.secrets import Secret
 
 from ..sidecar_cli import LOG_FORMATS, LOG_LEVELS, TELEMETRY_PATH, TELEMETRY_PATH_PATTERN
 from .kinds import (
+    COLUMN,
     DAY,
     HOUR,
     MINUTE,
+    OPTIONAL_COLUMN,
+    TABLE,
     Bool,
     Choice,
     Duration,
     FilePath,
     Host,
-    Identifier,
     Integer,
     LockPattern,
     Named,
-    OptionalIdentifier,
     Ratio,
     Template,
     Text,
@@ -62,8 +63,6 @@ MYSQL_URL_SCHEMES: Final = (
 )
 DATABASE_SCHEMES: Final = (*POSTGRES_URL_SCHEMES, *MYSQL_URL_SCHEMES)
 
-_COLUMN: Final = Identifier()
-_TABLE: Final = Identifier(qualified=True)
 
 # The server's deadlines: a scrape's request head comes in one write; no endpoint reads a
 # body; a TLS handshake is two round trips; an idle connection outlives a scrape interval.
@@ -236,13 +235,13 @@ class DatabaseConfig:
 class ProductsTable:
     """``schema.products``: one row per SKU with its current stock."""
 
-    table: str = key("products", _TABLE, "the table")
-    id: str = key("id", _COLUMN, "primary key, referenced by `order_items.product_id`")
-    sku: str = key("sku", _COLUMN, "the SKU (label value)")
-    stock: str = key("available_stock", _COLUMN, "current stock")
+    table: str = key("products", TABLE, "the table")
+    id: str = key("id", COLUMN, "primary key, referenced by `order_items.product_id`")
+    sku: str = key("sku", COLUMN, "the SKU (label value)")
+    stock: str = key("available_stock", COLUMN, "current stock")
     allocation: str | None = key(
         None,
-        OptionalIdentifier(),
+        OPTIONAL_COLUMN,
         "the SKU's inventory for the sale, e.g. `initial_stock`; without it only negative "
         "stock is visible and `oversold` is off",
     )
@@ -252,9 +251,9 @@ class ProductsTable:
 class OrdersTable:
     """``schema.orders``: orders with their status, keys and creation time."""
 
-    table: str = key("orders", _TABLE, "the table")
-    id: str = key("id", _COLUMN, "primary key, referenced by `order_items.order_id`")
-    status: str = key("status", _COLUMN, "compared with literals, so enum columns work")
+    table: str = key("orders", TABLE, "the table")
+    id: str = key("id", COLUMN, "primary key, referenced by `order_items.order_id`")
+    status: str = key("status", COLUMN, "compared with literals, so enum columns work")
     paid_statuses: tuple[str, ...] = key(
         ("PAID", "PROCESSING", "COMPLETED"),
         TextList(Text(allow_numbers=True), non_empty=True),
@@ -262,23 +261,23 @@ class OrdersTable:
     )
     external_ref: str | None = key(
         "external_ref",
-        OptionalIdentifier(),
+        OPTIONAL_COLUMN,
         "compared for duplicate orders; `null` switches it off",
     )
     idempotency_key: str | None = key(
-        None, OptionalIdentifier(), "mapped: also compared for duplicate orders"
+        None, OPTIONAL_COLUMN, "mapped: also compared for duplicate orders"
     )
-    created_at: str = key("created_at", _COLUMN, "limits the duplicate search to a recent window")
+    created_at: str = key("created_at", COLUMN, "limits the duplicate search to a recent window")
 
 
 @dataclass(frozen=True, slots=True)
 class OrderItemsTable:
     """``schema.order_items``: which product, how many, in which order."""
 
-    table: str = key("order_items", _TABLE, "the table")
-    order_id: str = key("order_id", _COLUMN, "the order (`orders.id`)")
-    product_id: str = key("product_id", _COLUMN, "the product (`products.id`)")
-    quantity: str = key("quantity", _COLUMN, "units of the product in the order")
+    table: str = key("order_items", TABLE, "the table")
+    order_id: str = key("order_id", COLUMN, "the order (`orders.id`)")
+    product_id: str = key("product_id", COLUMN, "the product (`products.id`)")
+    quantity: str = key("quantity", COLUMN, "units of the product in the order")
 
 
 @dataclass(frozen=True, slots=True)
@@ -289,16 +288,16 @@ class ReservationsTable:
     column instead, when its status is one of ``held_statuses``.
     """
 
-    table: str = key("reservations", _TABLE, "the table")
-    expires_at: str = key("expires_at", _COLUMN, "when the hold ends")
+    table: str = key("reservations", TABLE, "the table")
+    expires_at: str = key("expires_at", COLUMN, "when the hold ends")
     released_at: str | None = key(
         "released_at",
-        _COLUMN,
+        COLUMN,
         "null while the reservation holds its stock; not with `status`",
         default_doc="`released_at` (none with `status`)",
     )
     status: str | None = key(
-        None, _COLUMN, "a status column instead of `released_at`; needs `held_statuses`"
+        None, COLUMN, "a status column instead of `released_at`; needs `held_statuses`"
     )
     held_statuses: tuple[str, ...] = key(
         (),
@@ -311,12 +310,12 @@ class ReservationsTable:
 class OutboxTable:
     """``schema.outbox``: the transactional outbox; unpublished rows have no ``published_at``."""
 
-    table: str = key("outbox", _TABLE, "the table")
-    created_at: str = key("created_at", _COLUMN, "when the event was written")
-    published_at: str = key("published_at", _COLUMN, "null until the event is published")
+    table: str = key("outbox", TABLE, "the table")
+    created_at: str = key("created_at", COLUMN, "when the event was written")
+    published_at: str = key("published_at", COLUMN, "null until the event is published")
     id: str | None = key(
         None,
-        OptionalIdentifier(),
+        OPTIONAL_COLUMN,
         "the event's id, e.g. `id`: the sidecar's `outbox stuck` log line names the oldest "
         "stuck event by it",
     )

@@ -10,12 +10,12 @@ from typing import Any, Final, Literal
 from .kinds import (
     DAY,
     HOUR,
+    LABEL_NAME,
     MINUTE,
     Bool,
     Choice,
     Duration,
     Integer,
-    LabelName,
     Named,
     Sql,
     Text,
@@ -220,7 +220,7 @@ class CustomProbe:
     )
     label_columns: tuple[str, ...] = key(
         (),
-        TextList(LabelName()),
+        TextList(LABEL_NAME),
         "columns exported as labels; a `sku` label goes through the SKU guard, others are "
         "sanitised like every label",
     )
