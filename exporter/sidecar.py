@@ -31,16 +31,12 @@ LOGGER = logging.getLogger("stocksentry.exporter")
 def check_config(path: str | Path, *, out: TextIO | None = None, err: TextIO | None = None) -> int:
     """Validate the config at ``path`` (and its web config): ``<file>: ok`` and what would
     run, or one error line and exit status 2."""
-    out = out if out is not None else sys.stdout
-    err = err if err is not None else sys.stderr
     try:
-        config = load_config(path)
-        web_config = _web_config(config)
+        config, web_config = _load(path, Overrides())
     except (ConfigError, ValueError) as exc:
         return report_error("check-config", str(exc), err)
-    print(f"{path}: ok", file=out)
-    for line in describe(config, web_config=web_config):
-        print(f"  {line}", file=out)
+    lines = [f"{path}: ok", *(f"  {line}" for line in describe(config, web_config=web_config))]
+    print("\n".join(lines), file=out if out is not None else sys.stdout)
     return ExitCode.OK
 
 
@@ -129,13 +125,14 @@ def _enabled(config: ExporterConfig) -> str:
     return ", ".join(names) if names else "none enabled"
 
 
-def _web_config(config: ExporterConfig) -> WebConfig | None:
-    path = config.server.web_config_file
-    if path is None:
-        return None
+def _load(path: str | Path, overrides: Overrides) -> tuple[ExporterConfig, WebConfig | None]:
+    config = apply_overrides(load_config(path), overrides)
+    web_config_file = config.server.web_config_file
+    if web_config_file is None:
+        return config, None
     from .webconfig import load_web_config
 
-    return load_web_config(path)
+    return config, load_web_config(web_config_file)
 
 
 def run_exporter(
@@ -146,11 +143,9 @@ def run_exporter(
 ) -> int:
     """Load the config at ``path``, the command-line ``overrides`` in place of their keys,
     and serve until SIGTERM/SIGINT; returns the exit status."""
-    err = err if err is not None else sys.stderr
     overrides = overrides if overrides is not None else Overrides()
     try:
-        config = apply_overrides(load_config(path), overrides)
-        web_config = _web_config(config)
+        config, web_config = _load(path, overrides)
     except (ConfigError, ValueError) as exc:
         return report_error("exporter", str(exc), err)
 
