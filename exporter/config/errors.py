@@ -11,6 +11,7 @@ from typing import Any, Final, NoReturn
 from ..inputs import ECHO_LIMIT, escape, shorten
 from .yamlsource import (
     TAG_NULL,
+    Entry,
     KeyProblem,
     MappingNode,
     Node,
@@ -106,9 +107,16 @@ def describe(node: Node, *, secret: bool = False) -> str:
 
 class CheckedMapping:
     """A YAML mapping whose keys were checked against ``allowed`` on construction (in
-    document order, so a typo is reported first); its value nodes go to ``ctx.nodes``."""
+    document order, so a typo is reported first); its value nodes go to ``ctx.nodes``.
+    ``node`` ``None`` is a section left out: no keys."""
 
-    def __init__(self, ctx: Context, node: Node, path: str, allowed: Sequence[str]) -> None:
+    def __init__(self, ctx: Context, node: Node | None, path: str, allowed: Sequence[str]) -> None:
+        self.ctx = ctx
+        self.node = node
+        self.path = path
+        self.entries: dict[str, Entry] = {}
+        if node is None:
+            return
         if not isinstance(node, MappingNode):
             if path:
                 ctx.fail(node, path, f"expected a mapping, got {describe(node)}")
@@ -117,9 +125,6 @@ class CheckedMapping:
                 source=ctx.source,
                 line=line_of(node),
             )
-        self.ctx = ctx
-        self.node = node
-        self.path = path
         try:
             self.entries = mapping_entries(node, allowed)
         except KeyProblem as problem:

@@ -36,7 +36,7 @@ from .yamlsource import Node, SequenceNode, YamlSyntaxError, compose, is_null
 # never collide with a metric the catalog has or will have.
 _RESERVED_PREFIXES: Final = ("stock_", "stocksentry_")
 
-Rule = Callable[[Context, CheckedMapping | None, dict[str, Any]], None]
+Rule = Callable[[Context, CheckedMapping, dict[str, Any]], None]
 
 
 def load_config(path: str | Path, *, environ: Mapping[str, str] | None = None) -> ExporterConfig:
@@ -92,16 +92,14 @@ def parse_config(
 
 def build(ctx: Context, cls: type, node: Node | None, path: str) -> Any:
     """An instance of section ``cls`` read from ``node`` (``None``: all defaults)."""
-    mapping = None if node is None else CheckedMapping(ctx, node, path, key_names(cls))
+    mapping = CheckedMapping(ctx, node, path, key_names(cls))
     values: dict[str, Any] = {}
     for name, spec in specs(cls):
         child = join(path, name)
         if isinstance(spec, UrlKeys):
-            if mapping is None:
-                ctx.fail(None, path, "one of url_env, url_file or url is required")
             values[name], values[spec.origin] = resolve_url(ctx, mapping, spec)
         elif isinstance(spec, Section):
-            sub = None if mapping is None else mapping.get(name)
+            sub = mapping.get(name)
             if spec.many:
                 values[name] = () if sub is None else _many(ctx, spec.cls, sub, child)
             elif sub is None and spec.optional:
@@ -120,21 +118,19 @@ def build(ctx: Context, cls: type, node: Node | None, path: str) -> Any:
 def _key(
     ctx: Context,
     cls: type,
-    mapping: CheckedMapping | None,
+    mapping: CheckedMapping,
     name: str,
     spec: Key,
     path: str,
     values: Mapping[str, Any],
 ) -> Any:
-    node = None if mapping is None else mapping.get(name)
+    node = mapping.get(name)
     if node is not None:
         return spec.kind.read(ctx, node, path)
-    if mapping is not None and spec.kind.null_clears and name in mapping.entries:
+    if spec.kind.null_clears and name in mapping.entries:
         # An explicit null switches an optional column off even when it has a default.
         return None
     if spec.required:
-        if mapping is None:
-            ctx.fail(None, path, "is required")
         mapping.require(name)
     if spec.computed is not None:
         return spec.computed(values)
@@ -158,14 +154,10 @@ def _many(ctx: Context, cls: type, node: Node, path: str) -> tuple[Any, ...]:
 # --- the rules -------------------------------------------------------------------------------
 
 
-def _server(ctx: Context, mapping: CheckedMapping | None, values: dict[str, Any]) -> None:
-    if mapping is None or mapping.get("multiprocess_dir") is None:
+def _server(ctx: Context, mapping: CheckedMapping, values: dict[str, Any]) -> None:
+    if mapping.get("multiprocess_dir") is None:
         values["multiprocess_dir"] = multiprocess_dir_from_env(ctx, "server.multiprocess_dir")
-    if (
-        mapping is not None
-        and values.get("compact_dead_workers")
-        and not values.get("check_worker_pids", True)
-    ):
+    if values["compact_dead_workers"] and not values["check_worker_pids"]:
         # Without the app's PID namespace every pid looks dead: compaction would fold the
         # files of live workers.
         mapping.fail(
@@ -173,9 +165,7 @@ def _server(ctx: Context, mapping: CheckedMapping | None, values: dict[str, Any]
         )
 
 
-def _reservations(ctx: Context, mapping: CheckedMapping | None, values: dict[str, Any]) -> None:
-    if mapping is None:
-        return
+def _reservations(ctx: Context, mapping: CheckedMapping, values: dict[str, Any]) -> None:
     entries = mapping.entries
     if mapping.get("status") is not None:
         if mapping.get("released_at") is not None:
@@ -194,8 +184,7 @@ def _reservations(ctx: Context, mapping: CheckedMapping | None, values: dict[str
         mapping.fail("held_statuses", "needs status as well")
 
 
-def _custom(ctx: Context, mapping: CheckedMapping | None, values: dict[str, Any]) -> None:
-    assert mapping is not None  # noqa: S101 - a list item always has its node
+def _custom(ctx: Context, mapping: CheckedMapping, values: dict[str, Any]) -> None:
     earlier: list[CustomProbe] = list(ctx.earlier)
     node = mapping.entries["name"].value
     path = join(mapping.path, "name")
@@ -231,7 +220,7 @@ def _custom(ctx: Context, mapping: CheckedMapping | None, values: dict[str, Any]
             )
 
 
-def _exporter(ctx: Context, mapping: CheckedMapping | None, values: dict[str, Any]) -> None:
+def _exporter(ctx: Context, mapping: CheckedMapping, values: dict[str, Any]) -> None:
     """Switch off the probes whose prerequisites are missing, and say why."""
     database: DatabaseConfig | None = values["database"]
     schema: SchemaConfig = values["schema"]
