@@ -79,6 +79,10 @@ class Context:
             message, source=self.source, line=None if node is None else line_of(node), path=path
         )
 
+    def fail_at(self, path: str, message: str) -> NoReturn:
+        """Raise the :class:`ConfigError` of the key read at ``path``, at its value's line."""
+        self.fail(self.nodes.get(path), path, message)
+
 
 def join(path: str, key: str) -> str:
     """The dotted path of ``key`` inside ``path`` (``""`` is the top level)."""

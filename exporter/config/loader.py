@@ -186,38 +186,28 @@ def _reservations(ctx: Context, mapping: CheckedMapping, values: dict[str, Any])
 
 def _custom(ctx: Context, mapping: CheckedMapping, values: dict[str, Any]) -> None:
     earlier: list[CustomProbe] = list(ctx.earlier)
-    node = mapping.entries["name"].value
-    path = join(mapping.path, "name")
-    name = values["name"]
+    path, name = join(mapping.path, "name"), values["name"]
     if name in BUILTIN_PROBES or name == ELECTION_PROBE:
-        ctx.fail(node, path, f'"{name}" is the name of a built-in probe')
+        ctx.fail_at(path, f'"{name}" is the name of a built-in probe')
     if any(c.name == name for c in earlier):
-        ctx.fail(node, path, f'another custom probe is named "{name}"')
-
-    node = mapping.entries["metric"].value
-    path = join(mapping.path, "metric")
-    metric = values["metric"]
+        ctx.fail_at(path, f'another custom probe is named "{name}"')
+    path, metric = join(mapping.path, "metric"), values["metric"]
     for spec in catalog.ALL:
         if metric in (spec.name, spec.base_name, *spec.sample_names):
-            ctx.fail(node, path, f'"{metric}" collides with the catalog metric {spec.name}')
+            ctx.fail_at(path, f'"{metric}" collides with the catalog metric {spec.name}')
     if metric.startswith(_RESERVED_PREFIXES):
-        ctx.fail(
-            node,
+        ctx.fail_at(
             path,
             f'"{metric}": the prefixes stock_ and stocksentry_ are reserved for '
             "stocksentry's own metrics",
         )
     if any(c.metric == metric for c in earlier):
-        ctx.fail(node, path, f'another custom probe exports "{metric}"')
-
+        ctx.fail_at(path, f'another custom probe exports "{metric}"')
     for index, label in enumerate(values["label_columns"]):
         if label == values["value_column"]:
             item = mapping.entries["label_columns"].value.value[index]
-            ctx.fail(
-                item,
-                f"{join(mapping.path, 'label_columns')}[{index}]",
-                "the value column cannot also be a label",
-            )
+            path = f"{join(mapping.path, 'label_columns')}[{index}]"
+            ctx.fail(item, path, "the value column cannot also be a label")
 
 
 def _exporter(ctx: Context, mapping: CheckedMapping, values: dict[str, Any]) -> None:
@@ -260,28 +250,19 @@ def _exporter(ctx: Context, mapping: CheckedMapping, values: dict[str, Any]) -> 
         settings: ProbeSettings = getattr(probes, name)
         reason = missing[name]
         if reason is not None and settings.enabled:
-            path = f"probes.{name}.enabled"
-            node = ctx.nodes.get(path)
-            if not is_null(node):
-                ctx.fail(node, path, f"cannot be true: {reason}")
+            if not is_null(ctx.nodes.get(f"probes.{name}.enabled")):
+                ctx.fail_at(f"probes.{name}.enabled", f"cannot be true: {reason}")
             if database is not None:
                 ctx.notes.append(f"probe {name} is off: {reason}")
             switched[name] = settings = dataclasses.replace(settings, enabled=False)
     oversold = switched.get("oversold", probes.oversold)
     if oversold.scope == "promo" and oversold.enabled and not sku_guard.promo_skus:
-        path = "probes.oversold.scope"
-        ctx.fail(ctx.nodes.get(path), path, "promo needs sku_guard.promo_skus")
+        ctx.fail_at("probes.oversold.scope", "promo needs sku_guard.promo_skus")
     if probes.custom and database is None:
-        path = "probes.custom"
-        ctx.fail(ctx.nodes.get(path), path, "custom probes need a database section")
+        ctx.fail_at("probes.custom", "custom probes need a database section")
     values["probes"] = dataclasses.replace(probes, **switched)
     if values.get("lock_watch") is not None and not _installed("redis"):
-        path = "lock_watch"
-        ctx.fail(
-            ctx.nodes.get(path),
-            path,
-            "needs the redis package (pip install 'stocksentry[redis]')",
-        )
+        ctx.fail_at("lock_watch", "needs the redis package (pip install 'stocksentry[redis]')")
     values["source"] = ctx.source
     values["notes"] = tuple(ctx.notes)
 
