@@ -1,15 +1,8 @@
 """What every ``stocksentry`` subcommand shares: exit codes, the error line, argument types.
 
-A problem is one line on stderr, ``stocksentry <command>: error: <what is wrong>``, where a
-problem in a file names it first (``config.yaml:12: probes.oversold.interval: …``): an
-implementation raises :class:`CommandError`, the dispatcher prints it and exits 2.
-Numeric arguments go through the bounded types below, so each has a range and a clear
-refusal.
-
-Example::
-
-    parser.add_argument("--buyers", type=int_in(1, 1_000_000), default=500)
-    parser.add_argument("--since", type=duration_in(0, 10 * 365 * 86400))
+A problem is one line on stderr, ``stocksentry <command>: error: <what is wrong>``: a
+subcommand raises :class:`CommandError`, the dispatcher prints it and exits 2. Numeric
+arguments go through the bounded types below, each with a range and a clear refusal.
 """
 
 from __future__ import annotations
@@ -81,9 +74,7 @@ def report_error(command: str, message: str, stream: TextIO | None = None) -> Ex
     """Print ``stocksentry <command>: error: <message>`` as one line on stderr (or
     ``stream``) and return :attr:`ExitCode.USAGE`.
 
-    Example::
-
-        >>> report_error("reconcile", "--since: not a duration:\\n'x'", sys.stdout)
+    >>> report_error("reconcile", "--since: not a duration:\\n'x'", sys.stdout)
         stocksentry reconcile: error: --since: not a duration: 'x'
         <ExitCode.USAGE: 2>
     """
@@ -144,13 +135,7 @@ def _duration(text: str) -> float:
 
 
 def int_in(minimum: int, maximum: int) -> Callable[[str], int]:
-    """An argparse type: a whole number in ``[minimum, maximum]``.
-
-    Example::
-
-        >>> int_in(1, 10)("3")
-        3
-    """
+    """An argparse type: a whole number in ``[minimum, maximum]``."""
     return _bounded(_whole, minimum, maximum)
 
 
@@ -160,13 +145,10 @@ def float_in(minimum: float, maximum: float) -> Callable[[str], float]:
 
 
 def duration_in(minimum: float, maximum: float) -> Callable[[str], float]:
-    """An argparse type: a duration (:mod:`stocksentry.exporter.durations`) in seconds,
-    within ``[minimum, maximum]``.
+    """An argparse type: a duration in seconds within ``[minimum, maximum]``.
 
-    Example::
-
-        >>> duration_in(0, 86400)("1h30m")
-        5400.0
+    >>> duration_in(0, 86400)("1h30m")
+    5400.0
     """
     return _bounded(_duration, minimum, maximum, format_duration)
 

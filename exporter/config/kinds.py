@@ -90,7 +90,12 @@ def _text(ctx: Context, node: Node, path: str, allow_numbers: bool) -> str:
     return value
 
 
-def _number(ctx: Context, node: ScalarNode, path: str, expected: str) -> bool | int | float:
+def _scalar(
+    ctx: Context, node: Node, path: str, tags: tuple[str, ...], expected: str
+) -> bool | int | float:
+    """The value of a bool, int or float scalar whose tag is one of ``tags``."""
+    if not isinstance(node, ScalarNode) or node.tag not in tags:
+        ctx.fail(node, path, f"{expected}, got {describe(node)}")
     try:
         return scalar_value(node)
     except ValueError:
@@ -104,10 +109,7 @@ class Bool(Kind):
     doc_type: ClassVar[str] = "bool"
 
     def read(self, ctx: Context, node: Node, path: str) -> bool:
-        expected = "expected true or false"
-        if not isinstance(node, ScalarNode) or node.tag != TAG_BOOL:
-            ctx.fail(node, path, f"{expected}, got {describe(node)}")
-        return bool(_number(ctx, node, path, expected))
+        return bool(_scalar(ctx, node, path, (TAG_BOOL,), "expected true or false"))
 
     def json_schema(self) -> Schema:
         return {"type": "boolean"}
@@ -123,10 +125,7 @@ class Integer(Kind):
     label: str = ""
 
     def read(self, ctx: Context, node: Node, path: str) -> int:
-        expected = "expected a whole number"
-        if not isinstance(node, ScalarNode) or node.tag != TAG_INT:
-            ctx.fail(node, path, f"{expected}, got {describe(node)}")
-        value = int(_number(ctx, node, path, expected))
+        value = int(_scalar(ctx, node, path, (TAG_INT,), "expected a whole number"))
         if value < self.minimum:
             ctx.fail(node, path, f"must be at least {self.minimum}, got {value}")
         if value > self.maximum:
@@ -149,13 +148,11 @@ class Duration(Kind):
     allow_zero: bool = False
 
     def read(self, ctx: Context, node: Node, path: str) -> float:
-        if not isinstance(node, ScalarNode) or node.tag not in (TAG_INT, TAG_FLOAT, TAG_STR):
-            ctx.fail(node, path, f"{_DURATION_EXAMPLE}, got {describe(node)}")
         raw: str | float
-        if node.tag == TAG_STR:
+        if isinstance(node, ScalarNode) and node.tag == TAG_STR:
             raw = str(node.value)
         else:
-            raw = float(_number(ctx, node, path, _DURATION_EXAMPLE))
+            raw = float(_scalar(ctx, node, path, (TAG_INT, TAG_FLOAT), _DURATION_EXAMPLE))
             if raw < 0:
                 ctx.fail(node, path, f"must not be negative, got {node.value}")
         try:
@@ -428,9 +425,7 @@ class Ratio(Kind):
 
     def read(self, ctx: Context, node: Node, path: str) -> float:
         expected = "expected a number greater than 0 and at most 1"
-        if not isinstance(node, ScalarNode) or node.tag not in (TAG_INT, TAG_FLOAT):
-            ctx.fail(node, path, f"{expected}, got {describe(node)}")
-        value = _number(ctx, node, path, expected)
+        value = _scalar(ctx, node, path, (TAG_INT, TAG_FLOAT), expected)
         if isinstance(value, bool) or not 0 < float(value) <= 1:
             ctx.fail(node, path, f"{expected}, got {describe(node)}")
         return float(value)

@@ -164,10 +164,7 @@ class SkuGuardConfig:
 
 @dataclass(frozen=True, slots=True)
 class DatabaseConfig:
-    """``database``: the PostgreSQL, MySQL or MariaDB the probes read, and how carefully.
-
-    The dialect comes from the URL's scheme (:attr:`dialect`).
-    """
+    """``database``: the PostgreSQL, MySQL or MariaDB the probes read, and how carefully."""
 
     url: Secret = url_keys(
         DATABASE_SCHEMES,
@@ -225,8 +222,7 @@ class DatabaseConfig:
 
     @property
     def dialect(self) -> str:
-        """``postgresql``, or ``mysql`` for a MySQL or MariaDB URL (one probe family, which
-        asks the server which of the two it is)."""
+        """``postgresql``, or ``mysql`` for a MySQL or MariaDB URL (one probe family)."""
         scheme = self.url.reveal().split("://", 1)[0].lower()
         return "mysql" if scheme in MYSQL_URL_SCHEMES else "postgresql"
 
@@ -282,11 +278,8 @@ class OrderItemsTable:
 
 @dataclass(frozen=True, slots=True)
 class ReservationsTable:
-    """``schema.reservations``: stock held for a checkout until ``expires_at``.
-
-    A reservation still holds its stock when ``released_at`` is null or, with a status
-    column instead, when its status is one of ``held_statuses``.
-    """
+    """``schema.reservations``: stock held for a checkout until ``expires_at`` (while
+    ``released_at`` is null, or its ``status`` is one of ``held_statuses``)."""
 
     table: str = key("reservations", TABLE, "the table")
     expires_at: str = key("expires_at", COLUMN, "when the hold ends")
@@ -360,8 +353,7 @@ class RedisConfig:
     )
 
     def key(self, sku: str) -> str:
-        """The cache key of ``sku``; with ``key_template: "stock:{sku}"``, ``key("A")`` is
-        ``"stock:A"``."""
+        """The cache key of ``sku``: ``key_template`` with ``{sku}`` replaced."""
         return self.key_template.replace("{sku}", sku)
 
 

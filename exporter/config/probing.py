@@ -108,12 +108,7 @@ class OutboxSettings(ProbeSettings):
 
 @dataclass(frozen=True, slots=True)
 class OversoldSettings(ProbeSettings):
-    """``probes.oversold``; ``scope: promo`` limits the scan to the promo SKUs.
-
-    ``scope: all`` runs incrementally: per-product totals kept between runs, orders
-    created within ``settle_after`` read again each run, a rolling recount of every
-    product once per ``recount_period`` (docs/exporter-config.md, "How oversold counts").
-    """
+    """``probes.oversold`` (docs/exporter-config.md, "How oversold counts")."""
 
     scope: Literal["all", "promo"] = key(
         "all",
@@ -169,11 +164,7 @@ class DuplicateOrdersSettings(ProbeSettings):
 
 @dataclass(frozen=True, slots=True)
 class CacheDriftSettings(ProbeSettings):
-    """``probes.cache_drift``: the promo SKUs' cached stock against the database's.
-
-    Its interval is its own (``redis.grace`` is counted in its runs), not
-    ``probes.defaults``'.
-    """
+    """``probes.cache_drift``: the promo SKUs' cached stock against the database's."""
 
     interval: float = key(
         1.0,
@@ -234,12 +225,8 @@ class CustomProbe:
 
 @dataclass(frozen=True, slots=True)
 class ProbesConfig:
-    """``probes``: every built-in probe's settings and the custom ones.
-
-    ``enabled`` is the effective value: a probe whose prerequisites are missing (no
-    database, no allocation column, no Redis ...) is off, and
-    :attr:`ExporterConfig.notes` says why.
-    """
+    """``probes``: every built-in probe's settings (``enabled`` is the effective value:
+    :attr:`ExporterConfig.notes` says why a probe is off) and the custom ones."""
 
     defaults: ProbeDefaults = section(ProbeDefaults, "the schedule of every other probe")
     negative_stock: NegativeStockSettings = section(NegativeStockSettings, "SKUs below zero")
