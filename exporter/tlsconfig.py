@@ -17,7 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Literal, NoReturn, Protocol, cast, get_args
 
-from .config.yamlsource import Entry, Node, ScalarNode, is_null
+from yaml.nodes import Node, ScalarNode
+
+from .config.yamlsource import Entry, is_null
 from .inputs import TLS_FILE_LIMIT, InputFileError, check_regular_file, shorten
 
 __all__ = [

@@ -56,16 +56,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, NoReturn
 
+from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+
 from .basicauth import AUTH_REALM, BasicAuth
 from .config.yamlsource import (
     TAG_BOOL,
     TAG_STR,
     Entry,
     KeyProblem,
-    MappingNode,
-    Node,
-    ScalarNode,
-    SequenceNode,
     YamlSyntaxError,
     compose,
     is_null,

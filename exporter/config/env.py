@@ -11,19 +11,19 @@ file of at most :data:`~stocksentry.exporter.inputs.URL_FILE_LIMIT` (64 KiB): a 
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Final
 
 from stocksentry.instrumentation.secrets import Secret, url_has_password
+from yaml.nodes import ScalarNode
 
 from ..inputs import URL_FILE_LIMIT, InputFileError, read_bytes_bounded, shorten
 from .errors import CheckedMapping, ConfigError, Context, describe, join
-from .kinds import Text, read_path
+from .kinds import Named, read_path
 from .specs import URL_KEYS, UrlKeys
-from .yamlsource import TAG_STR, ScalarNode, line_of
+from .yamlsource import TAG_STR, line_of
 
-_ENV_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_ENV_NAME: Final = Named("[A-Za-z_][A-Za-z0-9_]*", "an environment variable name", "")
 
 
 def resolve_url(ctx: Context, section: CheckedMapping, spec: UrlKeys) -> tuple[Secret, str]:
@@ -56,9 +56,7 @@ def resolve_url(ctx: Context, section: CheckedMapping, spec: UrlKeys) -> tuple[S
         origin = "literal"
         label = "the URL"
     elif name == "url_env":
-        variable = Text().read(ctx, node, path)
-        if not _ENV_NAME.fullmatch(variable):
-            ctx.fail(node, path, f"{describe(node)} is not an environment variable name")
+        variable = _ENV_NAME.read(ctx, node, path)
         value = ctx.environ.get(variable, "").strip()
         if not value:
             ctx.fail(node, path, f"environment variable {variable} is not set or empty")
@@ -85,9 +83,7 @@ def resolve_url(ctx: Context, section: CheckedMapping, spec: UrlKeys) -> tuple[S
         # Never echo the value: it may be a secret that is only badly formatted.
         # The plain schemes only: a driver-qualified one (mysql+aiomysql://) is a variant.
         plain = [f"{s}://" for s in spec.schemes if "+" not in s]
-        expected = (
-            " or ".join(plain) if len(plain) < 3 else ", ".join(plain[:-1]) + (f" or {plain[-1]}")
-        )
+        expected = ", ".join(plain[:-1]) + f" or {plain[-1]}"
         ctx.fail(node, path, f"{label} does not hold a {spec.what} URL ({expected}...)")
     return Secret(value), origin
 

@@ -8,14 +8,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final, NoReturn
 
+from yaml.nodes import MappingNode, Node, SequenceNode
+
 from ..inputs import ECHO_LIMIT, escape, shorten
 from .yamlsource import (
     TAG_NULL,
     Entry,
     KeyProblem,
-    MappingNode,
-    Node,
-    SequenceNode,
     is_null,
     line_of,
     mapping_entries,

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Final, Literal
 
+from yaml.nodes import Node, ScalarNode, SequenceNode
+
 from ..durations import DURATION_PATTERN, format_duration, parse_duration
 from .errors import Context, describe
 from .yamlsource import (
@@ -27,9 +29,6 @@ from .yamlsource import (
     TAG_FLOAT,
     TAG_INT,
     TAG_STR,
-    Node,
-    ScalarNode,
-    SequenceNode,
     scalar_value,
 )
 

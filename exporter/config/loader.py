@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from stocksentry.instrumentation import catalog
+from yaml.nodes import Node, SequenceNode
 
 from ..inputs import CONFIG_LIMIT, InputFileError, read_bytes_bounded
 from .env import multiprocess_dir_from_env, resolve_url
@@ -30,7 +31,7 @@ from .model import (
 )
 from .probing import BUILTIN_PROBES, ELECTION_PROBE, CustomProbe, ProbeSettings
 from .specs import Key, Section, UrlKeys, field_default, key_names, specs
-from .yamlsource import Node, SequenceNode, YamlSyntaxError, compose, is_null
+from .yamlsource import YamlSyntaxError, compose, is_null
 
 # The prefixes of stocksentry's own metrics: a custom gauge may not use them, so it can
 # never collide with a metric the catalog has or will have.

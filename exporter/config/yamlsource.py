@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Final, Literal
 
 import yaml
-from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+from yaml.nodes import MappingNode, Node, ScalarNode
 
 __all__ = [
     "TAG_BOOL",
@@ -28,10 +28,6 @@ __all__ = [
     "TAG_STR",
     "Entry",
     "KeyProblem",
-    "MappingNode",
-    "Node",
-    "ScalarNode",
-    "SequenceNode",
     "YamlSyntaxError",
     "compose",
     "is_null",

@@ -19,14 +19,12 @@ from stocksentry.exporter.config import ExporterConfig, reference, specs
 from stocksentry.exporter.config.errors import Context
 from stocksentry.exporter.config.yamlsource import (
     TAG_STR,
-    MappingNode,
-    Node,
-    ScalarNode,
     compose,
     is_null,
     line_of,
     mapping_entries,
 )
+from yaml.nodes import MappingNode, Node, ScalarNode
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "exporter-config.md"
