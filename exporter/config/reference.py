@@ -81,15 +81,11 @@ def _probe_options() -> str:
 def blocks() -> dict[str, str]:
     """Every generated block of the page, by name."""
     names = [
-        "server",
-        "log",
-        "sku_guard",
-        "database",
-        "redis",
-        "lock_watch",
-        "probes.defaults",
-        "probes.custom",
+        name
+        for name, spec in specs(ExporterConfig)
+        if isinstance(spec, Section) and name not in ("schema", "probes")
     ]
+    names += ["probes.defaults", "probes.custom"]
     names += [f"schema.{name}" for name, _ in specs(section_class("schema"))]
     found = {f"config.{name}": markdown_table(section_class(name)) for name in names}
     found["config.probes.settings"] = markdown_table(ProbeSettings)

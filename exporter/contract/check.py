@@ -25,8 +25,6 @@ from typing import Any, Final, Literal
 from .exposition import Exposition, Sample
 from .spec import LABEL_CHARSET, LABEL_MAX_LENGTH, contract
 
-__all__ = ["Problem", "check", "exposed_metrics"]
-
 Kind = Literal["missing", "misnamed", "mistyped", "unbounded"]
 _SUFFIXES: Final = ("_bucket", "_sum", "_count", "_total", "_created", "_info")
 _SAFE: Final = re.compile(f"{LABEL_CHARSET}{{1,{LABEL_MAX_LENGTH}}}")

@@ -23,16 +23,6 @@ from typing import Any, Final
 from stocksentry.instrumentation import catalog, events
 from stocksentry.instrumentation.catalog import MetricSpec
 
-__all__ = [
-    "ALLOWED",
-    "LABEL_CHARSET",
-    "LABEL_MAX_LENGTH",
-    "MAX_VALUES",
-    "REQUIRED",
-    "contract",
-    "contract_json",
-]
-
 #: Metrics an app must expose for the overview dashboard and the checkout alerts to work;
 #: the others are expected once the app uses the feature (locks, idempotency ...).
 REQUIRED: Final = frozenset(
