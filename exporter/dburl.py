@@ -19,14 +19,14 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 from stocksentry.instrumentation.secrets import mask_url, redact, secret_fragments
 
-from .config.model import MYSQL_URL_SCHEMES, POSTGRES_URL_SCHEMES
-
 if TYPE_CHECKING:
     # SQLAlchemy only where a SQLAlchemy URL is made (parse_url, shown): the sidecar uses
     # dialect_of and mysql_connect_args, and installs no SQLAlchemy.
     from sqlalchemy.engine import URL
 
 __all__ = [
+    "MYSQL_URL_SCHEMES",
+    "POSTGRES_URL_SCHEMES",
     "UNPARSEABLE",
     "dialect_of",
     "mysql_connect_args",
@@ -36,6 +36,22 @@ __all__ = [
     "shown",
 ]
 
+#: The schemes of a PostgreSQL URL (a libpq ``key=value`` string is PostgreSQL too).
+POSTGRES_URL_SCHEMES: Final = (
+    "postgresql",
+    "postgres",
+    "postgresql+psycopg",
+    "postgresql+asyncpg",
+)
+#: The schemes of a MySQL or MariaDB URL (the probes use aiomysql whichever is named).
+MYSQL_URL_SCHEMES: Final = (
+    "mysql",
+    "mariadb",
+    "mysql+pymysql",
+    "mysql+aiomysql",
+    "mariadb+pymysql",
+    "mariadb+aiomysql",
+)
 #: What is shown for a database string that is not a URL.
 UNPARSEABLE = "the given database"
 

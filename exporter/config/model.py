@@ -18,6 +18,7 @@ from typing import Final
 
 from stocksentry.instrumentation.secrets import Secret
 
+from ..dburl import MYSQL_URL_SCHEMES, POSTGRES_URL_SCHEMES, dialect_of
 from ..sidecar_cli import LOG_FORMATS, LOG_LEVELS, TELEMETRY_PATH, TELEMETRY_PATH_PATTERN
 from .kinds import (
     COLUMN,
@@ -45,23 +46,6 @@ from .specs import derived, key, section, url_keys
 #: The advisory-lock key sidecars compete for with ``database.leader_election``: the
 #: ASCII bytes of "stocksen" as one signed 64-bit integer.
 DEFAULT_ADVISORY_LOCK_KEY: Final = 0x73746F636B73656E
-#: The schemes of a PostgreSQL URL (a libpq ``key=value`` string is PostgreSQL too).
-POSTGRES_URL_SCHEMES: Final = (
-    "postgresql",
-    "postgres",
-    "postgresql+psycopg",
-    "postgresql+asyncpg",
-)
-#: The schemes of a MySQL or MariaDB URL (the probes use aiomysql whichever is named).
-MYSQL_URL_SCHEMES: Final = (
-    "mysql",
-    "mariadb",
-    "mysql+pymysql",
-    "mysql+aiomysql",
-    "mariadb+pymysql",
-    "mariadb+aiomysql",
-)
-DATABASE_SCHEMES: Final = (*POSTGRES_URL_SCHEMES, *MYSQL_URL_SCHEMES)
 
 
 # The server's deadlines: a scrape's request head comes in one write; no endpoint reads a
@@ -167,7 +151,7 @@ class DatabaseConfig:
     """``database``: the PostgreSQL, MySQL or MariaDB the probes read, and how carefully."""
 
     url: Secret = url_keys(
-        DATABASE_SCHEMES,
+        (*POSTGRES_URL_SCHEMES, *MYSQL_URL_SCHEMES),
         "PostgreSQL, MySQL or MariaDB",
         "the database URL: PostgreSQL (`postgresql://`, `postgres://` or a libpq "
         "`key=value` string), MySQL (`mysql://`) or MariaDB (`mariadb://`)",
@@ -223,8 +207,7 @@ class DatabaseConfig:
     @property
     def dialect(self) -> str:
         """``postgresql``, or ``mysql`` for a MySQL or MariaDB URL (one probe family)."""
-        scheme = self.url.reveal().split("://", 1)[0].lower()
-        return "mysql" if scheme in MYSQL_URL_SCHEMES else "postgresql"
+        return "mysql" if dialect_of(self.url.reveal()) in ("mysql", "mariadb") else "postgresql"
 
 
 @dataclass(frozen=True, slots=True)
