@@ -2,11 +2,6 @@
 
 Each subcommand's module adds its parser and sets a ``handler``, which imports its heavy
 dependencies only when it runs, so ``stocksentry --help`` stays fast without the extras.
-Exit codes and the error line: :mod:`stocksentry.exporter.commandline`.
-
-Example::
-
-    stocksentry demo --database postgresql://postgres@127.0.0.1:5432/lab --format json
 """
 
 from __future__ import annotations

@@ -1,15 +1,8 @@
 """``stocksentry exporter`` and ``stocksentry check-config``: their flags, and the YAML keys
-the flags override.
+the flags override (exporter-toolkit's ``--web.*``, promslog's ``--log.*``).
 
-The flags are the Prometheus exporters' (exporter-toolkit's ``--web.*``, promslog's
-``--log.*``). The work is in :mod:`stocksentry.exporter.sidecar`, imported only when a
-command runs: this module loads nothing but the standard library, so ``stocksentry
---help`` stays light.
-
-Example::
-
-    stocksentry check-config exporter/config.example.yaml
-    stocksentry exporter --config config.yaml --web.listen-address=:19464 --log.level=debug
+The work is in :mod:`stocksentry.exporter.sidecar`, imported only when a command runs:
+this module loads nothing but the standard library, so ``stocksentry --help`` stays light.
 """
 
 from __future__ import annotations

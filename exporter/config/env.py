@@ -1,12 +1,8 @@
 """What the config takes from outside the file: secret URLs and the multiprocess directory.
 
-A secret URL comes from exactly one of ``url_env`` (an environment variable), ``url_file``
-(a file, relative to the config's folder) or ``url`` (a literal, accepted only without a
-password: :func:`stocksentry.instrumentation.secrets.url_has_password` decides). The value
-is wrapped in a :class:`~stocksentry.instrumentation.secrets.Secret` at once and never
-quoted in a message, even when it is badly formatted. A ``url_file`` must be a regular
-file of at most :data:`~stocksentry.exporter.inputs.URL_FILE_LIMIT` (64 KiB): a FIFO
-(which would block ``check-config`` waiting for a writer) or a device is refused at once.
+A secret URL comes from exactly one of ``url_env``, ``url_file`` (a regular file of at
+most 64 KiB) or ``url`` (only without a password); it is held in a
+:class:`~stocksentry.instrumentation.secrets.Secret` at once and never quoted in a message.
 """
 
 from __future__ import annotations

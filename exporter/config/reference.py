@@ -1,13 +1,7 @@
 """The key reference of ``docs/exporter-config.md``, generated from the model.
 
-``docs/generate.py`` replaces every block of the page between
-``<!-- BEGIN GENERATED config.<path> -->`` and ``<!-- END GENERATED -->`` with the table
-that :func:`blocks` gives for ``<path>``: a section's keys with their type, default and
-meaning, exactly as the loader reads them (:mod:`.model`).
-
-Example::
-
-    print(markdown_table(ServerConfig))   # | key | type | default | meaning | ...
+``docs/generate.py`` fills every ``<!-- BEGIN GENERATED config.<path> -->`` block of the
+page with the table :func:`blocks` gives for ``<path>``.
 """
 
 from __future__ import annotations

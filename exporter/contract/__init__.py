@@ -1,14 +1,8 @@
 """The language-neutral metric contract and ``stocksentry check-metrics URL|FILE``.
 
-:mod:`.spec` builds the contract from the catalog (``docs/metric-contract.json``),
-:mod:`.exposition` reads an exposition strictly and boundedly, :mod:`.check` compares the
-two (docs/other-languages.md). The command reads a URL, a file or ``-`` within
-``--max-bytes`` and ``--timeout`` and exits 0 conforming, 1 not (one line per problem), 2
-on bad input.
-
-Example::
-
-    stocksentry check-metrics http://127.0.0.1:3000/metrics --format json
+:mod:`.spec` builds the contract from the catalog, :mod:`.exposition` reads an exposition
+strictly and boundedly, :mod:`.check` compares the two (docs/other-languages.md). The
+command exits 0 conforming, 1 not (one line per problem), 2 on bad input.
 """
 
 from __future__ import annotations

@@ -122,17 +122,14 @@ def check(
                 and f not in known
                 and _normal(f) not in catalog_bases - {_normal(name)}
             ]
-            close = _close(name, candidates)
-            if close is not None:
-                claimed.add(close)
-                problems.append(
-                    Problem("misnamed", name, f"exposed as {close}; the contract names it {name}")
-                )
-                kind, samples = families[close]
-                problems.extend(_check_metric(metric, close, kind, samples, max_values))
-            elif metric["required"] or name in required:
-                problems.append(Problem("missing", name, "required, not exposed"))
-            continue
+            found = _close(name, candidates)
+            if found is None:
+                if metric["required"] or name in required:
+                    problems.append(Problem("missing", name, "required, not exposed"))
+                continue
+            problems.append(
+                Problem("misnamed", name, f"exposed as {found}; the contract names it {name}")
+            )
         claimed.add(found)
         kind, samples = families[found]
         problems.extend(_check_metric(metric, found, kind, samples, max_values))
