@@ -8,6 +8,7 @@ they state (except those their comments mark as an example) must be the model's 
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 from collections.abc import Iterator
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from stocksentry.exporter.config import ExporterConfig, reference, specs
+from stocksentry.exporter.config import ExporterConfig, specs
 from stocksentry.exporter.config.errors import Context
 from stocksentry.exporter.config.yamlsource import (
     TAG_STR,
@@ -33,17 +34,24 @@ VALUES = ROOT / "helm" / "stocksentry" / "values.yaml"
 SCHEMA = ROOT / "helm" / "stocksentry" / "values.schema.json"
 
 
-def test_the_docs_key_reference_is_fresh():
+@pytest.fixture
+def reference(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """docs/config_reference.py, the generator of the page's key tables."""
+    monkeypatch.syspath_prepend(str(ROOT / "docs"))
+    return importlib.import_module("config_reference")
+
+
+def test_the_docs_key_reference_is_fresh(reference):
     text = PAGE.read_text()
     assert reference.replace_blocks(text) == text, "stale: run `python docs/generate.py`"
 
 
-def test_every_generated_table_is_on_the_page():
+def test_every_generated_table_is_on_the_page(reference):
     names = {match.group(2) for match in reference.BLOCK.finditer(PAGE.read_text())}
     assert names == set(reference.blocks())
 
 
-def test_an_unknown_block_is_an_error():
+def test_an_unknown_block_is_an_error(reference):
     text = "<!-- BEGIN GENERATED config.nope (x) -->\n<!-- END GENERATED -->\n"
     with pytest.raises(KeyError, match=r"config\.nope"):
         reference.replace_blocks(text)

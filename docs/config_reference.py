@@ -1,6 +1,6 @@
-"""The key reference of ``docs/exporter-config.md``, generated from the model.
+"""The key reference of ``docs/exporter-config.md``, generated from the config model.
 
-``docs/generate.py`` fills every ``<!-- BEGIN GENERATED config.<path> -->`` block of the
+``generate.py`` fills every ``<!-- BEGIN GENERATED config.<path> -->`` block of the
 page with the table :func:`blocks` gives for ``<path>``.
 """
 
@@ -9,9 +9,16 @@ from __future__ import annotations
 import re
 from typing import Final
 
-from .model import ExporterConfig
-from .probing import BUILTIN_PROBES, ProbeSettings
-from .specs import URL_KEYS, Key, Section, UrlKeys, field_default, specs
+from stocksentry.exporter.config.model import ExporterConfig
+from stocksentry.exporter.config.probing import BUILTIN_PROBES, ProbeSettings
+from stocksentry.exporter.config.specs import (
+    URL_KEYS,
+    Key,
+    Section,
+    UrlKeys,
+    field_default,
+    specs,
+)
 
 #: A generated block of the page; group 1 is its name (``config.server``).
 BLOCK: Final = re.compile(
