@@ -8,6 +8,7 @@ command exits 0 conforming, 1 not (one line per problem), 2 on bad input.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -143,9 +144,7 @@ def _run(args: argparse.Namespace) -> int:
         payload = {
             "target": args.target,
             "conforming": not problems,
-            "problems": [
-                {"kind": p.kind, "metric": p.metric, "message": p.message} for p in problems
-            ],
+            "problems": [dataclasses.asdict(p) for p in problems],
         }
         out.write(json.dumps(payload, indent=2) + "\n")
     else:
