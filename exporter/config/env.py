@@ -24,7 +24,7 @@ _ENV_NAME: Final = Named("[A-Za-z_][A-Za-z0-9_]*", "an environment variable name
 
 def resolve_url(ctx: Context, section: CheckedMapping, spec: UrlKeys) -> tuple[Secret, str]:
     """The URL of ``section`` and where it came from (``env NAME``, ``file PATH`` or
-    ``literal``), from exactly one of :data:`~.model.URL_KEYS`."""
+    ``literal``), from exactly one of :data:`~.specs.URL_KEYS`."""
     # In document order, so that "only one of" points at the later of two keys.
     given = sorted(
         (name for name in URL_KEYS if name in section.entries),
