@@ -18,7 +18,7 @@ from __future__ import annotations
 import difflib
 import re
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
@@ -132,7 +132,10 @@ def check(
             )
         claimed.add(found)
         kind, samples = families[found]
-        problems.extend(_check_metric(metric, found, kind, samples, max_values))
+        problems.extend(
+            Problem(what, name, message)
+            for what, message in _check_metric(metric, found, kind, samples, max_values)
+        )
     for family, (_, samples) in families.items():
         if family in claimed or not family.startswith(_OURS):
             continue
@@ -156,101 +159,66 @@ def _check_metric(
     kind: str,
     samples: list[Sample],
     max_values: int | None,
-) -> list[Problem]:
-    name: str = metric["name"]
-    problems: list[Problem] = []
+) -> Iterator[tuple[Kind, str]]:
+    """The problems of one exposed family, as (kind, message) pairs."""
     if kind != metric["type"]:
-        problems.append(
-            Problem("mistyped", name, f"declared {kind}; the contract type is {metric['type']}")
-        )
+        yield "mistyped", f"declared {kind}; the contract type is {metric['type']}"
     if metric["type"] == "counter":
         bare = [s for s in samples if s.name == found and not s.name.endswith("_total")]
         if bare:
-            problems.append(
-                Problem(
-                    "misnamed", name, f"sample {bare[0].name} (line {bare[0].line}) lacks _total"
-                )
-            )
+            yield "misnamed", f"sample {bare[0].name} (line {bare[0].line}) lacks _total"
     spec_labels = [label["name"] for label in metric["labels"]]
-    seen_labels: set[str] = set()
     values: dict[str, set[str]] = defaultdict(set)
     les: set[str] = set()
     for sample in samples:
         for label, value in sample.labels.items():
-            if label in ("le", "quantile"):
-                if label == "le":
-                    les.add(value)
-                continue
-            seen_labels.add(label)
-            values[label].add(value)
-    extra = sorted(seen_labels - set(spec_labels))
+            if label == "le":
+                les.add(value)
+            elif label != "quantile":
+                values[label].add(value)
+    extra = sorted(set(values) - set(spec_labels))
     if extra:
-        problems.append(
-            Problem(
-                "misnamed",
-                name,
-                f"label(s) {', '.join(extra)} not in the contract (labels: "
-                f"{', '.join(spec_labels) or 'none'})",
-            )
+        yield (
+            "misnamed",
+            f"label(s) {', '.join(extra)} not in the contract (labels: "
+            f"{', '.join(spec_labels) or 'none'})",
         )
-    lacking = [label for label in spec_labels if label not in seen_labels]
+    lacking = [label for label in spec_labels if label not in values]
     if samples and lacking:
-        problems.append(Problem("misnamed", name, f"lacks label(s) {', '.join(lacking)}"))
+        yield "misnamed", f"lacks label(s) {', '.join(lacking)}"
     if metric["type"] == "histogram" and kind == "histogram" and les:
-        expected = {_le(b) for b in metric["buckets"]} | {"+Inf"}
-        exposed = {_le_text(v) for v in les}
-        if exposed != expected:
-            problems.append(
-                Problem(
-                    "mistyped",
-                    name,
-                    "buckets differ from the contract's "
-                    f"({', '.join(sorted(expected - {'+Inf'}, key=float))})",
-                )
-            )
+        expected = {_le(str(bound)) for bound in metric["buckets"]} | {"+Inf"}
+        if {_le(value) for value in les} != expected:
+            shown = ", ".join(sorted(expected - {"+Inf"}, key=float))
+            yield "mistyped", f"buckets differ from the contract's ({shown})"
     for label in metric["labels"]:
-        problems.extend(_check_values(name, label, values.get(label["name"], set()), max_values))
-    return problems
+        yield from _check_values(label, values.get(label["name"], set()), max_values)
 
 
 def _check_values(
-    name: str, label: dict[str, Any], values: set[str], max_values: int | None
-) -> list[Problem]:
-    problems = []
-    label_name = label["name"]
+    label: dict[str, Any], values: set[str], max_values: int | None
+) -> Iterator[tuple[Kind, str]]:
+    name = label["name"]
     allowed = label.get("allowed")
     if allowed is not None:
         outside = sorted(values - set(allowed))
         if outside:
-            problems.append(
-                Problem(
-                    "unbounded",
-                    name,
-                    f"{label_name}={_show(outside)} not one of {', '.join(allowed)}",
-                )
-            )
-        return problems
+            yield "unbounded", f"{name}={_show(outside)} not one of {', '.join(allowed)}"
+        return
     bound = max_values if max_values is not None else int(label["max_values"])
     if len(values) > bound:
-        problems.append(
-            Problem(
-                "unbounded",
-                name,
-                f"{len(values)} distinct {label_name} values, more than {bound} (fold the "
-                "rest into __other__)",
-            )
+        yield (
+            "unbounded",
+            f"{len(values)} distinct {name} values, more than {bound} (fold the rest into "
+            "__other__)",
         )
     unsafe = sorted(v for v in values if not _SAFE.fullmatch(v))
     if unsafe:
-        problems.append(
-            Problem(
-                "unbounded",
-                name,
-                f"{label_name}={_show(unsafe)} not a guarded value (at most "
-                f"{LABEL_MAX_LENGTH} characters of {LABEL_CHARSET})",
-            )
+        yield (
+            "unbounded",
+            f"{name}={_show(unsafe)} not a guarded value (at most {LABEL_MAX_LENGTH} "
+            f"characters of {LABEL_CHARSET})",
         )
-    return problems
 
 
 def _show(values: list[str]) -> str:
@@ -258,11 +226,7 @@ def _show(values: list[str]) -> str:
     return shown + (f" and {len(values) - _SHOWN} more" if len(values) > _SHOWN else "")
 
 
-def _le(bound: float) -> str:
-    return repr(float(bound))
-
-
-def _le_text(value: str) -> str:
+def _le(value: str) -> str:
     if value in ("+Inf", "Inf", "inf", "+inf"):
         return "+Inf"
     try:
