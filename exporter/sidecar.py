@@ -58,30 +58,24 @@ def describe(
             security = f"as web config {server.web_config_file} says"
     elif server.web_config_file is not None:
         security += f" (web config {server.web_config_file})"
+    watch = config.lock_watch
+    watched = "off"
+    if watch is not None:
+        how = (
+            "sets notify-keyspace-events when flags are missing"
+            if watch.configure_notifications
+            else "checks notify-keyspace-events, never sets it"
+        )
+        watched = f"{', '.join(watch.patterns)} ({how})"
+    cache = config.redis is not None and config.probes.cache_drift.enabled
     lines = [
         f"listen {listen}, metrics at {server.telemetry_path}: {security}",
         f"log level {config.log.level}, format {config.log.format}",
-        "multiprocess dir: "
-        + (str(server.multiprocess_dir) if server.multiprocess_dir else "none"),
+        f"multiprocess dir: {server.multiprocess_dir or 'none'}",
         "database probes: "
         + ("off (no database section)" if config.database is None else _enabled(config)),
-        "redis: "
-        + (
-            "cache_drift on promo SKUs"
-            if config.redis is not None and config.probes.cache_drift.enabled
-            else "off"
-        ),
-        "lock watch: "
-        + (
-            "off"
-            if config.lock_watch is None
-            else ", ".join(config.lock_watch.patterns)
-            + (
-                " (sets notify-keyspace-events when flags are missing)"
-                if config.lock_watch.configure_notifications
-                else " (checks notify-keyspace-events, never sets it)"
-            )
-        ),
+        f"redis: {'cache_drift on promo SKUs' if cache else 'off'}",
+        f"lock watch: {watched}",
     ]
     lines.extend(config.notes)
     return lines

@@ -109,12 +109,8 @@ def derived(default: Any, doc: str) -> Any:
 
 def specs(cls: type) -> list[tuple[str, Spec]]:
     """The fields of section ``cls`` that the file writes, in order, with their specs."""
-    found: list[tuple[str, Spec]] = []
-    for item in dataclasses.fields(cls):
-        spec = item.metadata.get(_METADATA)
-        if isinstance(spec, Key | Section | UrlKeys):
-            found.append((item.name, spec))
-    return found
+    fields = ((item.name, item.metadata.get(_METADATA)) for item in dataclasses.fields(cls))
+    return [(name, spec) for name, spec in fields if isinstance(spec, Key | Section | UrlKeys)]
 
 
 def key_names(cls: type) -> tuple[str, ...]:
