@@ -20,22 +20,6 @@ from typing import Final, Literal
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode
 
-__all__ = [
-    "TAG_BOOL",
-    "TAG_FLOAT",
-    "TAG_INT",
-    "TAG_NULL",
-    "TAG_STR",
-    "Entry",
-    "KeyProblem",
-    "YamlSyntaxError",
-    "compose",
-    "is_null",
-    "line_of",
-    "mapping_entries",
-    "scalar_value",
-]
-
 TAG_NULL: Final = "tag:yaml.org,2002:null"
 TAG_BOOL: Final = "tag:yaml.org,2002:bool"
 TAG_INT: Final = "tag:yaml.org,2002:int"
