@@ -121,13 +121,8 @@ class CheckedMapping:
         if node is None:
             return
         if not isinstance(node, MappingNode):
-            if path:
-                ctx.fail(node, path, f"expected a mapping, got {describe(node)}")
-            raise ConfigError(
-                f"expected a mapping at the top level, got {describe(node)}",
-                source=ctx.source,
-                line=line_of(node),
-            )
+            top = "" if path else " at the top level"
+            ctx.fail(node, path, f"expected a mapping{top}, got {describe(node)}")
         try:
             self.entries = mapping_entries(node, allowed)
         except KeyProblem as problem:
