@@ -45,7 +45,14 @@ def _default(cls: type, name: str, spec: Key) -> str:
     if spec.required:
         return "required"
     default = field_default(cls, name)
-    return "none" if default is None else f"`{spec.kind.show(default)}`"
+    if default is None:
+        return "none"
+    shown = spec.kind.json_value(default)
+    if isinstance(shown, bool):
+        shown = "true" if shown else "false"
+    elif isinstance(shown, list):
+        shown = "[" + ", ".join(map(str, shown)) + "]"
+    return f"`{shown}`"
 
 
 def _rows(cls: type, *, only: tuple[str, ...] | None = None) -> list[str]:

@@ -64,18 +64,8 @@ class Kind:
         """The JSON schema (draft-07) of a value of this kind."""
         return {"type": "string", "minLength": 1}
 
-    def show(self, value: Any) -> str:
-        """A value of this kind as the docs write it (without backticks)."""
-        if value is None:
-            return "none"
-        if isinstance(value, bool):
-            return "true" if value else "false"
-        if isinstance(value, tuple):
-            return "[" + ", ".join(map(str, value)) + "]"
-        return str(value)
-
     def json_value(self, value: Any) -> Any:
-        """A value of this kind as JSON (the schema's ``default``)."""
+        """A value of this kind as JSON (the schema's ``default``, the docs' default)."""
         return list(value) if isinstance(value, tuple) else value
 
 
@@ -180,9 +170,6 @@ class Duration(Kind):
             "maximum": int(self.maximum) if float(self.maximum).is_integer() else self.maximum,
             "pattern": DURATION_PATTERN,
         }
-
-    def show(self, value: Any) -> str:
-        return format_duration(float(value))
 
     def json_value(self, value: Any) -> Any:
         return format_duration(float(value))
