@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from stocksentry.exporter.config import reference
+import config_reference  # beside this script
 from stocksentry.exporter.contract.spec import contract_json
 from stocksentry.instrumentation import catalog
 
@@ -20,7 +20,7 @@ def artefacts() -> dict[Path, str]:
     return {
         ROOT / "docs" / "metrics.md": head + catalog.markdown_table(),
         # The key tables between the page's GENERATED markers come from the config model.
-        config_page: reference.replace_blocks(config_page.read_text()),
+        config_page: config_reference.replace_blocks(config_page.read_text()),
         # The metric contract for apps in other languages (`stocksentry check-metrics`).
         ROOT / "docs" / "metric-contract.json": contract_json(),
     }

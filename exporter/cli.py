@@ -1,22 +1,7 @@
 """The ``stocksentry`` command line: one dispatcher, each subcommand in its own module.
 
-Each subcommand's module declares its arguments with an ``add_parser``-style function and
-sets a ``handler`` that runs it: ``demo`` in :mod:`stocksentry.exporter.lab.cli`,
-``exporter`` and ``check-config`` in :mod:`stocksentry.exporter.sidecar_cli`, ``timeline``
-and ``reconcile`` with the investigation tools. Handlers import their heavy dependencies
-(SQLAlchemy, aiohttp) only when they run, so ``stocksentry --help`` stays fast and works
-without the optional extras.
-
-Argument types, exit codes and the error line come from
-:mod:`stocksentry.exporter.commandline`: 0 when the command did its job, 1 when it found
-something wrong (``demo``: metric totals that disagree with the database), 2 for bad
-arguments or an unusable environment (one line, ``stocksentry <command>: error: ...``),
-130 when interrupted.
-
-Example::
-
-    stocksentry demo                       # the flash-sale lab on a temporary SQLite file
-    stocksentry demo --database postgresql://postgres@127.0.0.1:5432/lab --format json
+Each subcommand's module adds its parser and sets a ``handler``, which imports its heavy
+dependencies only when it runs, so ``stocksentry --help`` stays fast without the extras.
 """
 
 from __future__ import annotations
@@ -40,16 +25,8 @@ Handler = Callable[[argparse.Namespace], int]
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the ``stocksentry`` command line; returns the exit status.
-
-    Bad arguments end in argparse's usage error (``SystemExit(2)``); a
-    :class:`~stocksentry.exporter.commandline.CommandError` from any subcommand is one
-    line on stderr and exit 2; Ctrl-C is exit 130.
-
-    Example::
-
-        raise SystemExit(main(["demo", "--buyers", "200"]))
-    """
+    """Run the ``stocksentry`` command line; returns the exit status (bad arguments:
+    argparse's ``SystemExit(2)``; a ``CommandError``: one line, 2; Ctrl-C: 130)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     handler: Handler = args.handler

@@ -1,21 +1,8 @@
 """What every ``stocksentry`` subcommand shares: exit codes, the error line, argument types.
 
-Every subcommand (``demo``, ``exporter``, ``check-config``, ``reconcile``, ``timeline``)
-ends with one of the :class:`ExitCode` values and reports a problem as one line on
-stderr, in one format::
-
-    stocksentry <command>: error: <what is wrong>
-
-where a problem in a file names it first (``config.yaml:12: probes.oversold.interval:
-…``). An implementation raises :class:`CommandError` with the message; the dispatcher in
-:mod:`stocksentry.exporter.cli` prints it and exits 2. Numeric arguments are parsed by the
-bounded types below, so every one has a documented range and a clear refusal.
-
-Example::
-
-    parser.add_argument("--buyers", type=int_in(1, 1_000_000), default=500)
-    parser.add_argument("--since", type=duration_in(0, 10 * 365 * 86400))
-    raise CommandError("--database: not a database URL")   # exit 2, one line
+A problem is one line on stderr, ``stocksentry <command>: error: <what is wrong>``: a
+subcommand raises :class:`CommandError`, the dispatcher prints it and exits 2. Numeric
+arguments go through the bounded types below, each with a range and a clear refusal.
 """
 
 from __future__ import annotations
@@ -25,7 +12,7 @@ import enum
 import math
 import sys
 from collections.abc import Callable
-from typing import TextIO, TypeAlias
+from typing import Protocol, TextIO, TypeVar
 
 from .durations import format_duration, parse_duration
 
@@ -35,7 +22,6 @@ __all__ = [
     "ExitCode",
     "Subcommands",
     "duration_in",
-    "error_line",
     "float_in",
     "int_in",
     "port",
@@ -44,18 +30,24 @@ __all__ = [
 ]
 
 PROG = "stocksentry"
+_Number = TypeVar("_Number", int, float)
 
-Subcommands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+
+class Subcommands(Protocol):
+    """What ``ArgumentParser.add_subparsers()`` returns, as far as a subcommand uses it
+    (argparse documents the object, not a public name for its type)."""
+
+    def add_parser(
+        self, name: str, *, help: str | None = ..., description: str | None = ...
+    ) -> argparse.ArgumentParser: ...
 
 
 class ExitCode(enum.IntEnum):
     """The exit status of every subcommand.
 
-    ``FINDINGS`` means the command did its job and found something wrong: a violated
-    invariant (``reconcile``), a lost update (``timeline``), metric totals that disagree
-    with the database (``demo``). ``INCOMPLETE`` means it found nothing wrong but could
-    not look everywhere (``reconcile``: an audit that could not run or finish), which is
-    not an all-clear.
+    ``FINDINGS``: the command did its job and found something wrong (a violated invariant,
+    a lost update, metrics that disagree with the database). ``INCOMPLETE``: nothing wrong
+    found, but it could not look everywhere, which is not an all-clear.
     """
 
     OK = 0
@@ -72,20 +64,6 @@ class CommandError(Exception):
     """
 
 
-def error_line(command: str, message: str) -> str:
-    """The one error-line format: ``stocksentry <command>: error: <message>``, on one line.
-
-    Example::
-
-        >>> error_line("reconcile", "--since: not a duration: 'x'")
-        "stocksentry reconcile: error: --since: not a duration: 'x'"
-    """
-    text = " ".join(message.split())
-    if len(text) > 1000:
-        text = text[:997] + "..."
-    return f"{PROG} {command}: error: {text}" if command else f"{PROG}: error: {text}"
-
-
 def say(stream: TextIO, line: str) -> None:
     """Write one line and flush, so it is seen before a long run goes on."""
     stream.write(line + "\n")
@@ -93,98 +71,86 @@ def say(stream: TextIO, line: str) -> None:
 
 
 def report_error(command: str, message: str, stream: TextIO | None = None) -> ExitCode:
-    """Print :func:`error_line` on stderr (or ``stream``) and return :attr:`ExitCode.USAGE`."""
-    say(stream if stream is not None else sys.stderr, error_line(command, message))
+    """Print ``stocksentry <command>: error: <message>`` as one line on stderr (or
+    ``stream``) and return :attr:`ExitCode.USAGE`.
+
+    >>> report_error("reconcile", "--since: not a duration:\\n'x'", sys.stdout)
+        stocksentry reconcile: error: --since: not a duration: 'x'
+        <ExitCode.USAGE: 2>
+    """
+    text = " ".join(message.split())
+    if len(text) > 1000:
+        text = text[:997] + "..."
+    prefix = f"{PROG} {command}" if command else PROG
+    say(stream if stream is not None else sys.stderr, f"{prefix}: error: {text}")
     return ExitCode.USAGE
 
 
-# --- argument types ------------------------------------------------------------------------
+def _bounded(
+    read: Callable[[str], _Number],
+    minimum: _Number,
+    maximum: _Number,
+    show: Callable[[_Number], str] = str,
+    what: str = "",
+) -> Callable[[str], _Number]:
+    """An argparse type: ``read`` the text (its ``ValueError`` says why it is refused),
+    then check it is within ``[minimum, maximum]`` (NaN is not)."""
 
-
-def int_in(minimum: int, maximum: int) -> Callable[[str], int]:
-    """An argparse type: a whole number in ``[minimum, maximum]``.
-
-    Example::
-
-        >>> int_in(1, 10)("3")
-        3
-    """
-
-    def parse(text: str) -> int:
-        stripped = text.strip()
-        if len(stripped) > 20:
-            raise argparse.ArgumentTypeError(f"must be between {minimum} and {maximum}")
+    def parse(text: str) -> _Number:
         try:
-            value = int(stripped)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a whole number: {text[:40]!r}") from None
-        if not minimum <= value <= maximum:
-            raise argparse.ArgumentTypeError(
-                f"must be between {minimum} and {maximum}, got {value}"
-            )
-        return value
-
-    parse.__name__ = f"whole number {minimum}..{maximum}"
-    return parse
-
-
-def float_in(minimum: float, maximum: float) -> Callable[[str], float]:
-    """An argparse type: a finite number in ``[minimum, maximum]``.
-
-    Example::
-
-        >>> float_in(0, 1)("0.25")
-        0.25
-    """
-
-    def parse(text: str) -> float:
-        try:
-            value = float(text) if len(text) <= 40 else math.nan
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a number: {text[:40]!r}") from None
-        # `not minimum <= value` also refuses NaN.
-        if not minimum <= value <= maximum:
-            raise argparse.ArgumentTypeError(
-                f"must be a number between {minimum:g} and {maximum:g}, got {text[:40]}"
-            )
-        return value
-
-    parse.__name__ = f"number {minimum:g}..{maximum:g}"
-    return parse
-
-
-def duration_in(minimum: float, maximum: float) -> Callable[[str], float]:
-    """An argparse type: a duration (:mod:`stocksentry.exporter.durations`) in seconds,
-    within ``[minimum, maximum]``.
-
-    Example::
-
-        >>> duration_in(0, 86400)("1h30m")
-        5400.0
-    """
-
-    def parse(text: str) -> float:
-        try:
-            value = parse_duration(_number_or_text(text))
+            value = read(text)
         except ValueError as exc:
             raise argparse.ArgumentTypeError(str(exc)) from None
         if not minimum <= value <= maximum:
+            got = str(value) if isinstance(value, int) else text
             raise argparse.ArgumentTypeError(
-                f"must be between {format_duration(minimum)} and {format_duration(maximum)},"
-                f" got {text[:40]}"
+                f"must be {what}between {show(minimum)} and {show(maximum)}, got {got[:40]}"
             )
         return value
 
-    parse.__name__ = "duration"
     return parse
 
 
-def _number_or_text(text: str) -> str | float:
+def _whole(text: str) -> int:
+    try:
+        return int(text.strip())
+    except ValueError:
+        raise ValueError(f"not a whole number: {text[:40]!r}") from None
+
+
+def _real(text: str) -> float:
+    try:
+        return float(text) if len(text) <= 40 else math.nan
+    except ValueError:
+        raise ValueError(f"not a number: {text[:40]!r}") from None
+
+
+def _duration(text: str) -> float:
     # A bare number on the command line is seconds, as in the config.
     try:
-        return float(text) if len(text) <= 40 else text
+        value: str | float = float(text) if len(text) <= 40 else text
     except ValueError:
-        return text
+        value = text
+    return parse_duration(value)
+
+
+def int_in(minimum: int, maximum: int) -> Callable[[str], int]:
+    """An argparse type: a whole number in ``[minimum, maximum]``."""
+    return _bounded(_whole, minimum, maximum)
+
+
+def float_in(minimum: float, maximum: float) -> Callable[[str], float]:
+    """An argparse type: a finite number in ``[minimum, maximum]``."""
+    return _bounded(_real, minimum, maximum, lambda value: f"{value:g}", "a number ")
+
+
+def duration_in(minimum: float, maximum: float) -> Callable[[str], float]:
+    """An argparse type: a duration in seconds within ``[minimum, maximum]``.
+
+    >>> duration_in(0, 86400)("1h30m")
+    5400.0
+    """
+    return _bounded(_duration, minimum, maximum, format_duration)
 
 
 def port(text: str) -> int:

@@ -1,29 +1,15 @@
 """Database URLs: parsed once, their dialect and driver chosen, shown without password.
 
-The lab and ``stocksentry reconcile`` take ``--database URL``, the sidecar takes
-``database.url``. The dialect comes from the URL's scheme (:func:`dialect_of`), and a
-scheme without a driver gets ours:
-
-- ``postgresql://`` / ``postgres://``: psycopg 3 (sync and async in one package);
-- ``mysql://`` / ``mariadb://``: aiomysql for the sidecar's probes
-  (:func:`mysql_connect_args`), PyMySQL where a SQLAlchemy engine is made of it
-  (``mysql+pymysql``: reconcile and the lab set it). Both are pure Python, so
-  nothing is compiled into the image; aiomysql is asyncio built on PyMySQL, so a sync app
-  and the async probes raise the same ``pymysql.err`` classes with the same MySQL error
-  numbers (1205 lock wait timeout, 1213 deadlock, 1969/3024 statement time limit), and
-  SQLAlchemy supports both drivers for apps (``mysql+pymysql``, ``mysql+aiomysql``).
-
-What is printed back never holds a password: what counts as one, and how it is masked,
-is decided by :mod:`stocksentry.instrumentation.secrets`; a string SQLAlchemy cannot
-parse (a libpq ``key=value`` list, say) is not echoed at all, since no mask can be sure
-to find the password in it.
+The dialect comes from the URL's scheme (:func:`dialect_of`). ``postgresql://`` gets
+psycopg 3; ``mysql://`` / ``mariadb://`` get aiomysql in the sidecar's probes
+(:func:`mysql_connect_args`) and PyMySQL where a SQLAlchemy engine is made of them: both
+pure Python, raising the same ``pymysql.err`` classes. What is printed back never holds a
+password (:mod:`stocksentry.instrumentation.secrets` decides what counts as one), and a
+string SQLAlchemy cannot parse is not echoed at all.
 
 Example::
 
-    url = parse_url("postgresql://shop:secret@db/shop")   # postgresql+psycopg://...
-    shown("postgresql://shop:secret@db/shop")              # 'postgresql+psycopg://shop:***@db/shop'
-    dialect_of("mariadb://shop@db/shop")                    # 'mariadb'
-    mysql_connect_args("mysql://shop:pw@db:3307/shop")      # {'host': 'db', 'port': 3307, ...}
+    shown("postgresql://shop:secret@db/shop")   # 'postgresql+psycopg://shop:***@db/shop'
 """
 
 from __future__ import annotations
@@ -33,17 +19,14 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 from stocksentry.instrumentation.secrets import mask_url, redact, secret_fragments
 
-from .config.model import MYSQL_URL_SCHEMES as MYSQL_SCHEMES
-from .config.model import POSTGRES_URL_SCHEMES as POSTGRES_SCHEMES
-
 if TYPE_CHECKING:
     # SQLAlchemy only where a SQLAlchemy URL is made (parse_url, shown): the sidecar uses
     # dialect_of and mysql_connect_args, and installs no SQLAlchemy.
     from sqlalchemy.engine import URL
 
 __all__ = [
-    "MYSQL_SCHEMES",
-    "POSTGRES_SCHEMES",
+    "MYSQL_URL_SCHEMES",
+    "POSTGRES_URL_SCHEMES",
     "UNPARSEABLE",
     "dialect_of",
     "mysql_connect_args",
@@ -53,6 +36,22 @@ __all__ = [
     "shown",
 ]
 
+#: The schemes of a PostgreSQL URL (a libpq ``key=value`` string is PostgreSQL too).
+POSTGRES_URL_SCHEMES: Final = (
+    "postgresql",
+    "postgres",
+    "postgresql+psycopg",
+    "postgresql+asyncpg",
+)
+#: The schemes of a MySQL or MariaDB URL (the probes use aiomysql whichever is named).
+MYSQL_URL_SCHEMES: Final = (
+    "mysql",
+    "mariadb",
+    "mysql+pymysql",
+    "mysql+aiomysql",
+    "mariadb+pymysql",
+    "mariadb+aiomysql",
+)
 #: What is shown for a database string that is not a URL.
 UNPARSEABLE = "the given database"
 
@@ -73,8 +72,7 @@ _FALSE: Final = ("0", "false", "no", "off")
 
 
 def parse_url(text: str) -> URL:
-    """The SQLAlchemy URL of ``text``; ``postgresql://`` and ``postgres://`` get psycopg 3
-    (``mysql://`` stays as written: see the module).
+    """The SQLAlchemy URL of ``text``; ``postgresql://`` and ``postgres://`` get psycopg 3.
 
     Raises :class:`ValueError` (whose message never quotes ``text``) when it is not a URL.
     """
@@ -85,20 +83,17 @@ def parse_url(text: str) -> URL:
         url = make_url(text)
     except (ArgumentError, ValueError):
         raise ValueError("not a database URL like postgresql://user@host:5432/shop") from None
+    # A plain mysql:// stays as written: the callers that make an engine of it give it
+    # PyMySQL themselves, and the sidecar's probes take mysql_connect_args instead.
     if url.drivername in ("postgresql", "postgres"):
         url = url.set(drivername="postgresql+psycopg")
-    # A plain mysql:// / mariadb:// stays as written (shown as written too): the callers
-    # that make a SQLAlchemy engine of it give it PyMySQL themselves (reconcile, the lab),
-    # and the sidecar's probes take mysql_connect_args (aiomysql), not a SQLAlchemy URL.
     return url
 
 
 def dialect_of(text: str) -> str | None:
-    """``postgresql``, ``mysql``, ``mariadb`` or ``sqlite`` from the URL's scheme (a libpq
-    ``key=value`` string is PostgreSQL); ``None`` for anything else.
-
-    ``mysql`` and ``mariadb`` are spelled as the user wrote them; the probes ask the
-    server which one it is (a ``mysql://`` URL may well point at a MariaDB).
+    """``postgresql``, ``mysql``, ``mariadb`` (as written: the probes ask the server) or
+    ``sqlite`` from the URL's scheme (a libpq ``key=value`` string is PostgreSQL), else
+    ``None``.
 
     Example::
 
@@ -108,9 +103,9 @@ def dialect_of(text: str) -> str | None:
     if "://" not in text:
         return "postgresql" if "=" in text else None
     scheme = text.split("://", 1)[0].lower()
-    if scheme in POSTGRES_SCHEMES:
+    if scheme in POSTGRES_URL_SCHEMES:
         return "postgresql"
-    if scheme in MYSQL_SCHEMES:
+    if scheme in MYSQL_URL_SCHEMES:
         return scheme.partition("+")[0]
     if scheme.partition("+")[0] == "sqlite":
         return "sqlite"
@@ -119,16 +114,8 @@ def dialect_of(text: str) -> str | None:
 
 def mysql_connect_args(text: str) -> dict[str, Any]:
     """The keyword arguments of ``aiomysql.connect`` / ``pymysql.connect`` for a MySQL or
-    MariaDB URL: host, port, user, password and database, and the query options
-    ``charset``, ``unix_socket``, ``program_name`` and the ``ssl_*`` ones.
-
-    Raises :class:`ValueError` naming the problem, never quoting ``text`` or a value.
-
-    Example::
-
-        args = mysql_connect_args("mysql://shop:s3cret@db:3307/shop?charset=utf8mb4")
-        args["host"], args["port"], args["db"], args["charset"]   # ('db', 3307, 'shop', 'utf8mb4')
-    """
+    MariaDB URL, its query options included; :class:`ValueError` names a problem without
+    quoting ``text`` or a value."""
     if dialect_of(text) not in ("mysql", "mariadb"):
         raise ValueError("not a MySQL or MariaDB URL (mysql://user@host:3306/shop)")
     try:
@@ -183,10 +170,8 @@ def _ssl_context(options: dict[str, Any]) -> Any:
 def shown(text: str) -> str:
     """``text`` as it may be printed: password masked, password query options dropped.
 
-    Example::
-
-        >>> shown("postgresql://u:hunter2@db/shop?sslmode=require&password=hunter2")
-        'postgresql+psycopg://u:***@db/shop?sslmode=require'
+    >>> shown("postgresql://u:hunter2@db/shop?sslmode=require&password=hunter2")
+    'postgresql+psycopg://u:***@db/shop?sslmode=require'
     """
     try:
         url = parse_url(text)
@@ -197,8 +182,7 @@ def shown(text: str) -> str:
 
 
 def password(text: str) -> str | None:
-    """The password in ``text``'s user part; ``None`` when there is none (see :func:`scrub`
-    to blank every secret of a URL out of a message)."""
+    """The password in ``text``'s user part; ``None`` when there is none."""
     try:
         return parse_url(text).password or None
     except ValueError:
@@ -208,9 +192,7 @@ def password(text: str) -> str | None:
 def scrub(message: str, text: str) -> str:
     """``message`` (a driver's error, say) without any secret of the database URL ``text``.
 
-    Example::
-
-        >>> scrub("auth failed for hunter2", "postgresql://u@db/x?password=hunter2")
-        'auth failed for ***'
+    >>> scrub("auth failed for hunter2", "postgresql://u@db/x?password=hunter2")
+    'auth failed for ***'
     """
     return redact(message, secret_fragments(text))

@@ -1,20 +1,15 @@
-"""The one duration grammar of stocksentry: Prometheus's.
+"""The one duration grammar of stocksentry: Prometheus's (``model.ParseDuration``).
 
-Every duration a user writes — a probe interval in the config, ``reconcile --since``, a
-chart value — is spelled as Prometheus spells its own (``model.ParseDuration``): whole
-numbers with the units ``ms``, ``s``, ``m``, ``h``, ``d``, ``w`` and ``y``, largest unit
-first, each at most once (``1h30m``, ``500ms``, ``2d``, ``0``). A YAML or command-line
-*number* is a number of seconds and may have a fraction (``0.25``); a string may not
-(``1.5s`` is refused, as Prometheus refuses it), so what works in a rule file works here.
-A day is 24 h, a week 7 d and a year 365 d, as in Prometheus.
-
-:data:`DURATION_PATTERN` is the same grammar as a regular expression, for JSON schemas.
+Whole numbers with the units ``ms``, ``s``, ``m``, ``h``, ``d``, ``w`` and ``y``, largest
+first, each at most once (``1h30m``, ``500ms``, ``0``); a day is 24 h, a year 365 d. A
+YAML or command-line *number* is seconds and may have a fraction; a string may not
+(``1.5s`` is refused, as Prometheus refuses it). :data:`DURATION_PATTERN` is the grammar
+as a regular expression, for JSON schemas.
 
 Example::
 
-    parse_duration("1m30s")   # 90.0
-    parse_duration(0.25)      # 0.25
-    format_duration(90)       # '1m30s'
+    >>> parse_duration("1m30s"), format_duration(90)
+    (90.0, '1m30s')
 """
 
 from __future__ import annotations
@@ -51,26 +46,14 @@ def _pattern() -> str:
 #: The grammar as a regular expression (anchored), for ``values.schema.json`` and friends;
 #: plain RE2 (no lookaround), so Go's JSON-schema validators (Helm's) take it too.
 DURATION_PATTERN: Final = _pattern()
-_GRAMMAR: Final = re.compile(
-    r"(?:(?P<y>[0-9]+)y)?(?:(?P<w>[0-9]+)w)?(?:(?P<d>[0-9]+)d)?(?:(?P<h>[0-9]+)h)?"
-    r"(?:(?P<m>[0-9]+)m)?(?:(?P<s>[0-9]+)s)?(?:(?P<ms>[0-9]+)ms)?"
-)
+_GRAMMAR: Final = re.compile("".join(f"(?:(?P<{unit}>[0-9]+){unit})?" for unit in UNIT_SECONDS))
 # Digits in one part: far beyond any sensible duration, short enough to parse in no time.
 _MAX_DIGITS: Final = 18
 
 
 def parse_duration(value: str | int | float) -> float:
-    """Seconds from a non-negative number of seconds or a Prometheus duration string.
-
-    Raises :class:`ValueError` (whose message quotes at most 40 characters of the input)
-    for anything else: booleans, negative or non-finite numbers, fractions inside a
-    string, units out of order, an empty string.
-
-    Example::
-
-        parse_duration("1h30m")  # 5400.0
-        parse_duration("0")      # 0.0
-    """
+    """Seconds from a non-negative number of seconds or a Prometheus duration string;
+    :class:`ValueError` (quoting at most 40 characters) for anything else."""
     if isinstance(value, bool):
         raise ValueError(f"not a duration: {value!r}")
     if isinstance(value, int | float):
@@ -112,17 +95,8 @@ def _shown(value: object) -> str:
 
 
 def format_duration(seconds: float) -> str:
-    """The shortest spelling of ``seconds`` that :func:`parse_duration` reads back.
-
-    Whole milliseconds become a Prometheus string; a finer fraction stays a number of
-    seconds (``format_duration(0.0001) == "0.0001"``), since the grammar cannot hold it.
-
-    Example::
-
-        format_duration(90)     # '1m30s'
-        format_duration(0.25)   # '250ms'
-        format_duration(86400)  # '1d'
-    """
+    """The shortest spelling of ``seconds`` that :func:`parse_duration` reads back (a
+    fraction finer than a millisecond stays a number of seconds: ``"0.0001"``)."""
     if seconds == 0:
         return "0"
     millis = round(seconds * 1000)

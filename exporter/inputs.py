@@ -1,54 +1,14 @@
 """Reading the files the exporter is given, within bounds: nothing read can hang or grow it.
 
-Every file the exporter reads itself goes through here: the exporter config, a
-``url_file`` (a database or Redis URL), the web config, and the timeline's log inputs.
-The TLS certificate, key and CA files are read by OpenSSL; :func:`check_regular_file`
-checks them first with the same rules.
-
-The rules, one per class of hostile input:
-
-- **Only regular files**, for every config-like input: a FIFO, a socket, a directory or
-  a device (``/dev/zero``, a terminal) is refused with a message saying what it is. The
-  file is opened with ``O_NONBLOCK``, so a FIFO with no writer is seen and refused at once
-  instead of blocking ``open`` forever.
-- **A size limit per kind of file** (checked on the size the file claims, then again on
-  what is actually read, since a file may grow while it is read):
-
-  ============================  ==========  ============================================
-  file                          limit       why that much
-  ============================  ==========  ============================================
-  exporter config               4 MiB       about 200k promo SKUs; real ones are < 100 kB
-  ``url_file``                  64 KiB      one URL, with room to spare
-  web config                    1 MiB       a few users and headers
-  TLS cert, key, client CA      1 MiB each  a CA bundle of every public root is ~220 kB
-  ============================  ==========  ============================================
-
-- **Log inputs** (timeline) may be big, and pipes are legitimate there: regular files
-  and FIFOs are read (a FIFO is opened without blocking, then read normally, so an
-  absent writer reads as an empty input); directories, sockets and devices are refused.
-  Their bound is per line, in :mod:`stocksentry.exporter.investigate.timeline.limits`.
-
-A refusal is an :class:`InputFileError` whose ``problem`` is one short line; each caller
-words it as its own error (a :class:`~stocksentry.exporter.config.ConfigError`, a
-``WebConfigError``, a timeline input error), which the command line prints as one line
-with exit status 2.
-
-:func:`shorten` is how error messages echo text taken from a file: control characters
-escaped, at most 80 characters.
+Config-like inputs (the exporter config, a ``url_file``, the web config; the TLS files,
+which OpenSSL reads, are checked by :func:`check_regular_file`) must be regular files
+within a size limit per kind (docs/exporter-config.md, "Files it reads"); they are opened with
+``O_NONBLOCK``, so a FIFO without a writer is refused at once instead of blocking. Log
+inputs (timeline) may also be FIFOs. A refusal is an :class:`InputFileError` whose
+``problem`` is one short line, which each caller words as its own error.
 
 Example::
 
-    >>> import tempfile, os
-    >>> with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
-    ...     _ = f.write("server: {}\\n")
-    >>> read_text_bounded(f.name, limit=CONFIG_LIMIT, what="config")
-    'server: {}\\n'
-    >>> os.unlink(f.name)
-    >>> try:
-    ...     read_text_bounded("/dev/null", limit=CONFIG_LIMIT, what="config")
-    ... except InputFileError as exc:
-    ...     exc.problem
-    'it is a character device, not a regular file'
     >>> shorten("a\\x00b" + "x" * 10, 8)
     'a\\\\x00bxx…'
 """
@@ -97,10 +57,7 @@ _KINDS: Final = (
 
 
 class InputFileError(Exception):
-    """A file that cannot be read within the rules; ``problem`` is one short line.
-
-    ``str()`` is ``cannot read <what> <path>: <problem>``.
-    """
+    """A file that cannot be read within the rules; ``problem`` is one short line."""
 
     def __init__(self, path: str, what: str, problem: str) -> None:
         self.path = path
@@ -110,13 +67,7 @@ class InputFileError(Exception):
 
 
 def format_size(size: int) -> str:
-    """``4 MiB``, ``64 KiB``, ``512 bytes``: how the limits are written in messages.
-
-    Example::
-
-        >>> format_size(4 * 1024 * 1024), format_size(65536), format_size(10)
-        ('4 MiB', '64 KiB', '10 bytes')
-    """
+    """``4 MiB``, ``64 KiB``, ``512 bytes``: how the limits are written in messages."""
     for unit, scale in (("MiB", 1024 * 1024), ("KiB", 1024)):
         if size >= scale and size % scale == 0:
             return f"{size // scale} {unit}"
@@ -156,19 +107,12 @@ def _too_big(size: int, limit: int) -> str:
 
 
 def read_bytes_bounded(path: str | os.PathLike[str], *, limit: int, what: str) -> bytes:
-    """The bytes of the regular file at ``path``, at most ``limit`` of them.
-
-    Raises :class:`InputFileError` for anything but a regular file, a file larger than
-    ``limit`` bytes (claimed or read), and any OS error; never blocks on a FIFO.
-    """
+    """The bytes of the regular file at ``path``, at most ``limit`` of them (claimed or
+    read); :class:`InputFileError` for anything else and any OS error."""
     name = os.fspath(path)
     fd, info = _open_nonblocking(name, what)
     try:
-        kind = _kind(info.st_mode)
-        if kind is not None or not stat.S_ISREG(info.st_mode):
-            raise InputFileError(name, what, f"it is {kind or 'not a file'}, not a regular file")
-        if info.st_size > limit:
-            raise InputFileError(name, what, _too_big(info.st_size, limit))
+        _check_regular(name, what, info, limit)
         chunks: list[bytes] = []
         total = 0
         while total <= limit:
@@ -188,11 +132,8 @@ def read_bytes_bounded(path: str | os.PathLike[str], *, limit: int, what: str) -
 
 
 def read_text_bounded(path: str | os.PathLike[str], *, limit: int, what: str) -> str:
-    """The UTF-8 text of the regular file at ``path``, at most ``limit`` bytes of it.
-
-    As :func:`read_bytes_bounded`; text that is not UTF-8 is an :class:`InputFileError`
-    naming the line of the first bad byte.
-    """
+    """As :func:`read_bytes_bounded`, decoded; text that is not UTF-8 is an
+    :class:`InputFileError` naming the line of the first bad byte."""
     raw = read_bytes_bounded(path, limit=limit, what=what)
     try:
         return raw.decode("utf-8")
@@ -205,11 +146,14 @@ def read_text_bounded(path: str | os.PathLike[str], *, limit: int, what: str) ->
 
 def check_regular_file(path: str | os.PathLike[str], *, limit: int, what: str) -> None:
     """Check, without reading it, that ``path`` is a regular file of at most ``limit``
-    bytes: for files another library opens (OpenSSL's certificates), which would block
-    on a FIFO or read a device without end."""
+    bytes: for files another library opens (OpenSSL's certificates)."""
     name = os.fspath(path)
     fd, info = _open_nonblocking(name, what)
     os.close(fd)
+    _check_regular(name, what, info, limit)
+
+
+def _check_regular(name: str, what: str, info: os.stat_result, limit: int) -> None:
     kind = _kind(info.st_mode)
     if kind is not None or not stat.S_ISREG(info.st_mode):
         raise InputFileError(name, what, f"it is {kind or 'not a file'}, not a regular file")
@@ -218,12 +162,8 @@ def check_regular_file(path: str | os.PathLike[str], *, limit: int, what: str) -
 
 
 def open_log_input(path: str, *, what: str = "log input") -> BinaryIO:
-    """Open a log input for reading: a regular file or a FIFO, never blocking on open.
-
-    A FIFO is opened with ``O_NONBLOCK`` (so a FIFO without a writer does not block the
-    open), which is then cleared so that reads wait for data as usual. Directories,
-    sockets and devices are refused: ``/dev/zero`` is not a log (read stdin with ``-``).
-    """
+    """Open a log input, a regular file or a FIFO, without blocking on the open (reads
+    then wait for data as usual); directories, sockets and devices are refused."""
     fd, info = _open_nonblocking(path, what)
     try:
         if not (stat.S_ISREG(info.st_mode) or stat.S_ISFIFO(info.st_mode)):
@@ -240,41 +180,20 @@ def open_log_input(path: str, *, what: str = "log input") -> BinaryIO:
     return os.fdopen(fd, "rb")
 
 
-def _escape(char: str) -> str:
-    code = ord(char)
-    if code < 0x100:
-        return f"\\x{code:02x}"
-    return f"\\u{code:04x}"
-
-
 def escape(text: str) -> str:
-    """``text`` with every non-printable character (NUL, ESC, line breaks, C1 codes,
-    U+2028 ...) written as ``\\xNN`` or ``\\uNNNN``, so that an error line stays one
-    line and no terminal control sequence from a file reaches the user's terminal.
-
-    Example::
-
-        >>> escape("a\\x1b[31mb")
-        'a\\\\x1b[31mb'
-    """
+    """``text`` with every non-printable character written as ``\\xNN`` or ``\\uNNNN``: an
+    error line stays one line, and no control sequence reaches the user's terminal."""
     if text.isprintable():
         return text
-    return "".join(c if c.isprintable() else _escape(c) for c in text)
+    return "".join(
+        c if c.isprintable() else f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}"
+        for c in text
+    )
 
 
 def shorten(text: str, limit: int = ECHO_LIMIT) -> str:
-    """``text`` as an error message may echo it: control and other non-printable
-    characters (NUL, ESC, line breaks, C1 codes, U+2028) escaped as ``\\xNN``/``\\uNNNN``,
-    and cut to ``limit`` characters with a trailing "…".
-
-    The cut is made on the original text before escaping, then the escaped form is cut
-    again, so a 100k-character key costs no more than ``limit`` characters of work to show.
-
-    Example::
-
-        >>> shorten("EGG-01"), shorten("x" * 100, 10), shorten("a\\nb")
-        ('EGG-01', 'xxxxxxxxxx…', 'a\\\\x0ab')
-    """
+    """``text`` as an error message may echo it: escaped (:func:`escape`) and cut to
+    ``limit`` characters with "…" (cut before escaping too, so a huge text costs no more)."""
     escaped = escape(text[: limit + 1])
     if len(text) > limit or len(escaped) > limit:
         return escaped[:limit] + "…"

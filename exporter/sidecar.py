@@ -1,16 +1,8 @@
 """``stocksentry exporter`` and ``stocksentry check-config``: config in, sidecar out.
 
-This module turns a validated :class:`~stocksentry.exporter.config.ExporterConfig` into
-the running pieces: the :class:`~stocksentry.exporter.probes.ProbeRunner` (background
-database and Redis probes, a collector reading their last snapshot) and the aiohttp
-server (``/metrics`` merging the app's multiprocess directory, ``/healthz``,
-``/readyz``). Bad input never ends in a traceback: a bad config or web config prints one
-line naming file, line and key (``stocksentry check-config: error: config.yaml:12:
-probes.oversold.interval: …``) and returns exit status 2.
-
-Example::
-
-    raise SystemExit(run_exporter("exporter/config.example.yaml"))
+A validated config becomes the :class:`~stocksentry.exporter.probes.ProbeRunner` and the
+aiohttp server. A bad config or web config is one line naming file, line and key, and
+exit status 2, never a traceback.
 """
 
 from __future__ import annotations
@@ -20,39 +12,31 @@ import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from .commandline import ExitCode, report_error
 from .config import ConfigError, ExporterConfig, load_config
 from .listen import format_listen_address
-from .overrides import Overrides
-
-if TYPE_CHECKING:
-    from .webconfig import WebConfig
+from .sidecar_cli import Overrides
 
 if TYPE_CHECKING:
     from prometheus_client.registry import Collector
 
     from .server import Background
+    from .webconfig import WebConfig
 
 LOGGER = logging.getLogger("stocksentry.exporter")
 
 
 def check_config(path: str | Path, *, out: TextIO | None = None, err: TextIO | None = None) -> int:
-    """Validate the exporter config at ``path`` (and its web config) without starting.
-
-    Prints ``<file>: ok`` and a summary of what would run; or one error line and returns 2.
-    """
-    out = out if out is not None else sys.stdout
-    err = err if err is not None else sys.stderr
+    """Validate the config at ``path`` (and its web config): ``<file>: ok`` and what would
+    run, or one error line and exit status 2."""
     try:
-        config = load_config(path)
-        web_config = _web_config(config)
+        config, web_config = _load(path, Overrides())
     except (ConfigError, ValueError) as exc:
         return report_error("check-config", str(exc), err)
-    print(f"{path}: ok", file=out)
-    for line in describe(config, web_config=web_config):
-        print(f"  {line}", file=out)
+    lines = [f"{path}: ok", *(f"  {line}" for line in describe(config, web_config=web_config))]
+    print("\n".join(lines), file=out if out is not None else sys.stdout)
     return ExitCode.OK
 
 
@@ -61,12 +45,8 @@ def describe(
     addresses: Sequence[tuple[str, int]] | None = None,
     web_config: WebConfig | None = None,
 ) -> list[str]:
-    """Human lines saying what this config runs (no secrets).
-
-    ``addresses``: the ``--web.listen-address`` pairs when given (they replace
-    ``server.listen_address`` and ``server.port``); ``web_config``: the loaded
-    ``server.web_config_file``, whose TLS and authentication the first line states.
-    """
+    """Human lines saying what this config runs (no secrets); ``addresses``: the
+    ``--web.listen-address`` pairs when given, ``web_config``: the loaded web config."""
     server = config.server
     if addresses is None:
         addresses = [(server.listen_address, server.port)]
@@ -78,60 +58,50 @@ def describe(
             security = f"as web config {server.web_config_file} says"
     elif server.web_config_file is not None:
         security += f" (web config {server.web_config_file})"
+    watch = config.lock_watch
+    watched = "off"
+    if watch is not None:
+        how = (
+            "sets notify-keyspace-events when flags are missing"
+            if watch.configure_notifications
+            else "checks notify-keyspace-events, never sets it"
+        )
+        watched = f"{', '.join(watch.patterns)} ({how})"
+    cache = config.redis is not None and config.probes.cache_drift.enabled
     lines = [
         f"listen {listen}, metrics at {server.telemetry_path}: {security}",
         f"log level {config.log.level}, format {config.log.format}",
-        "multiprocess dir: "
-        + (str(server.multiprocess_dir) if server.multiprocess_dir else "none"),
+        f"multiprocess dir: {server.multiprocess_dir or 'none'}",
         "database probes: "
         + ("off (no database section)" if config.database is None else _enabled(config)),
-        "redis: "
-        + (
-            "cache_drift on promo SKUs"
-            if config.redis is not None and config.probes.cache_drift.enabled
-            else "off"
-        ),
-        "lock watch: "
-        + (
-            "off"
-            if config.lock_watch is None
-            else ", ".join(config.lock_watch.patterns)
-            + (
-                " (sets notify-keyspace-events when flags are missing)"
-                if config.lock_watch.configure_notifications
-                else " (checks notify-keyspace-events, never sets it)"
-            )
-        ),
+        f"redis: {'cache_drift on promo SKUs' if cache else 'off'}",
+        f"lock watch: {watched}",
     ]
     lines.extend(config.notes)
     return lines
 
 
 def apply_overrides(config: ExporterConfig, overrides: Overrides) -> ExporterConfig:
-    """``config`` with the command-line flags given put in place of their YAML keys.
-
-    ``listen_addresses`` is not part of the config (it may name several); the first pair
-    is written to ``server.listen_address``/``port`` so the config says where it serves.
-    """
-    server = config.server
-    server_changes: dict[str, object] = {}
-    if overrides.listen_addresses:
-        host, port = overrides.listen_addresses[0]
-        server_changes.update(listen_address=host, port=port)
-    if overrides.telemetry_path is not None:
-        server_changes["telemetry_path"] = overrides.telemetry_path
-    if overrides.web_config_file is not None:
-        server_changes["web_config_file"] = Path(overrides.web_config_file)
-    log_changes: dict[str, object] = {}
-    if overrides.log_level is not None:
-        log_changes["level"] = overrides.log_level
-    if overrides.log_format is not None:
-        log_changes["format"] = overrides.log_format
+    """``config`` with the flags given in place of their YAML keys (the first listen
+    address in ``server.listen_address``/``port``)."""
+    first = overrides.listen_addresses[0] if overrides.listen_addresses else (None, None)
+    path = overrides.web_config_file
+    server = _given(
+        listen_address=first[0],
+        port=first[1],
+        telemetry_path=overrides.telemetry_path,
+        web_config_file=None if path is None else Path(path),
+    )
+    log = _given(level=overrides.log_level, format=overrides.log_format)
     return dataclasses.replace(
         config,
-        server=dataclasses.replace(server, **server_changes),  # type: ignore[arg-type]
-        log=dataclasses.replace(config.log, **log_changes),  # type: ignore[arg-type]
+        server=dataclasses.replace(config.server, **server),
+        log=dataclasses.replace(config.log, **log),
     )
+
+
+def _given(**values: Any) -> dict[str, Any]:
+    return {name: value for name, value in values.items() if value is not None}
 
 
 def configure_exporter_logging(level: str, fmt: str, stream: TextIO | None = None) -> None:
@@ -149,36 +119,27 @@ def _enabled(config: ExporterConfig) -> str:
     return ", ".join(names) if names else "none enabled"
 
 
-def _web_config(config: ExporterConfig) -> WebConfig | None:
-    path = config.server.web_config_file
-    if path is None:
-        return None
+def _load(path: str | Path, overrides: Overrides) -> tuple[ExporterConfig, WebConfig | None]:
+    config = apply_overrides(load_config(path), overrides)
+    web_config_file = config.server.web_config_file
+    if web_config_file is None:
+        return config, None
     from .webconfig import load_web_config
 
-    return load_web_config(path)
+    return config, load_web_config(web_config_file)
 
 
 def run_exporter(
     path: str | Path,
     *,
     overrides: Overrides | None = None,
-    web_config_file: str | Path | None = None,
     err: TextIO | None = None,
 ) -> int:
-    """Load the config at ``path`` and serve until SIGTERM/SIGINT; returns the exit status.
-
-    ``overrides``: the command-line flags (``--web.listen-address``,
-    ``--web.telemetry-path``, ``--web.config.file``, ``--log.level``, ``--log.format``),
-    each replacing its key of the config. ``web_config_file`` is the same as
-    ``Overrides(web_config_file=...)``.
-    """
-    err = err if err is not None else sys.stderr
+    """Load the config at ``path``, the command-line ``overrides`` in place of their keys,
+    and serve until SIGTERM/SIGINT; returns the exit status."""
     overrides = overrides if overrides is not None else Overrides()
-    if web_config_file is not None:
-        overrides = dataclasses.replace(overrides, web_config_file=web_config_file)
     try:
-        config = apply_overrides(load_config(path), overrides)
-        web_config = _web_config(config)
+        config, web_config = _load(path, overrides)
     except (ConfigError, ValueError) as exc:
         return report_error("exporter", str(exc), err)
 

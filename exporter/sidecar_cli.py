@@ -1,45 +1,60 @@
-"""``stocksentry exporter`` and ``stocksentry check-config``: the sidecar's subcommands.
+"""``stocksentry exporter`` and ``stocksentry check-config``: their flags, and the YAML keys
+the flags override (exporter-toolkit's ``--web.*``, promslog's ``--log.*``).
 
-Their arguments are declared here; the work is :func:`stocksentry.exporter.sidecar.run_exporter`
-and :func:`~stocksentry.exporter.sidecar.check_config`, imported only when the command
-runs, so building the ``stocksentry`` parser loads neither aiohttp nor a database driver.
-A bad config prints one line naming file, line and key, and exits 2.
-
-Example::
-
-    stocksentry check-config exporter/config.example.yaml
-    stocksentry exporter --config exporter/config.example.yaml --web.config.file web.yaml
-    stocksentry exporter --config config.yaml --web.listen-address=:19464 \
-        --web.listen-address=[::1]:19465 --log.level=debug --log.format=logfmt
+The work is in :mod:`stocksentry.exporter.sidecar`, imported only when a command runs:
+this module loads nothing but the standard library, so ``stocksentry --help`` stays light.
 """
 
 from __future__ import annotations
 
 import argparse
 import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
 
 from .commandline import Subcommands
 from .listen import parse_listen_address
-from .overrides import LOG_FORMATS, LOG_LEVELS, TELEMETRY_PATH_PATTERN, Overrides
 
-__all__ = [
-    "add_check_config_parser",
-    "add_exporter_parser",
-    "add_parsers",
-    "listen_address",
-    "overrides",
-    "telemetry_path",
-]
+__all__ = ["LOG_FORMATS", "LOG_LEVELS", "TELEMETRY_PATH_PATTERN", "Overrides", "add_parsers"]
+
+#: The levels of ``log.level`` and ``--log.level``, as promslog names them.
+LOG_LEVELS: Final = ("debug", "info", "warn", "error")
+#: The formats of ``log.format`` and ``--log.format``, as promslog names them.
+LOG_FORMATS: Final = ("logfmt", "json")
+#: A metrics path: starts with ``/``, is not ``/`` (the landing page) nor a health path.
+TELEMETRY_PATH_PATTERN: Final = r"/(?!(?:healthz|readyz)$)[A-Za-z0-9._~/-]+"
+TELEMETRY_PATH: Final = "a path starting with / other than /, /healthz and /readyz"
+
+
+@dataclass(frozen=True, slots=True)
+class Overrides:
+    """Flags given on the command line; ``None``: keep the YAML config's value.
+
+    ``listen_addresses``: ``(host, port)`` pairs, ``host`` ``""`` for every interface.
+    """
+
+    listen_addresses: tuple[tuple[str, int], ...] | None = None
+    telemetry_path: str | None = None
+    web_config_file: str | Path | None = None
+    log_level: str | None = None
+    log_format: str | None = None
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> Overrides:
+        """The flags of a parsed ``exporter`` command line."""
+        addresses = args.listen_addresses
+        return cls(
+            listen_addresses=tuple(addresses) if addresses else None,
+            telemetry_path=args.telemetry_path,
+            web_config_file=args.web_config_file,
+            log_level=args.log_level,
+            log_format=args.log_format,
+        )
 
 
 def add_parsers(commands: Subcommands) -> None:
     """Add ``exporter`` and ``check-config`` to the ``stocksentry`` parser."""
-    add_exporter_parser(commands)
-    add_check_config_parser(commands)
-
-
-def add_exporter_parser(commands: Subcommands) -> argparse.ArgumentParser:
-    """Add the ``exporter`` subcommand; returns its parser."""
     exporter = commands.add_parser(
         "exporter",
         help="run the sidecar: /metrics, /healthz, /readyz and the background probes",
@@ -61,7 +76,7 @@ def add_exporter_parser(commands: Subcommands) -> argparse.ArgumentParser:
         "--web.listen-address",
         dest="listen_addresses",
         action="append",
-        type=listen_address,
+        type=_listen_address,
         metavar="[HOST]:PORT",
         help="an address to listen on, repeatable: ':19464' (every interface, IPv4 and "
         "IPv6), '0.0.0.0:19464', '[::]:19464' (IPv6), '127.0.0.1:19464' "
@@ -70,7 +85,7 @@ def add_exporter_parser(commands: Subcommands) -> argparse.ArgumentParser:
     web.add_argument(
         "--web.telemetry-path",
         dest="telemetry_path",
-        type=telemetry_path,
+        type=_telemetry_path,
         metavar="PATH",
         help="where the metrics are served, e.g. /metrics (overrides server.telemetry_path)",
     )
@@ -93,61 +108,37 @@ def add_exporter_parser(commands: Subcommands) -> argparse.ArgumentParser:
         choices=LOG_FORMATS,
         help="output format of log messages (overrides log.format)",
     )
-    exporter.set_defaults(handler=run_exporter_command, parser=exporter)
-    return exporter
-
-
-def listen_address(text: str) -> tuple[str, int]:
-    """An argparse type: one ``--web.listen-address`` (see :mod:`.listen`)."""
-    try:
-        return parse_listen_address(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def telemetry_path(text: str) -> str:
-    """An argparse type: a ``--web.telemetry-path``, as ``server.telemetry_path`` allows."""
-    if not re.fullmatch(TELEMETRY_PATH_PATTERN, text):
-        shown = text if len(text) <= 60 else text[:57] + "..."
-        raise argparse.ArgumentTypeError(
-            f"{shown!r} is not a path starting with / other than /, /healthz and /readyz"
-        )
-    return text
-
-
-def overrides(args: argparse.Namespace) -> Overrides:
-    """The flags given on the command line, as overrides of the YAML config."""
-    addresses = args.listen_addresses
-    return Overrides(
-        listen_addresses=tuple(addresses) if addresses else None,
-        telemetry_path=args.telemetry_path,
-        web_config_file=args.web_config_file,
-        log_level=args.log_level,
-        log_format=args.log_format,
-    )
-
-
-def run_exporter_command(args: argparse.Namespace) -> int:
-    """Serve until SIGTERM/SIGINT; returns the exit status."""
-    from .sidecar import run_exporter
-
-    return run_exporter(args.config, overrides=overrides(args))
-
-
-def add_check_config_parser(commands: Subcommands) -> argparse.ArgumentParser:
-    """Add the ``check-config`` subcommand; returns its parser."""
+    exporter.set_defaults(handler=_run_exporter, parser=exporter)
     check = commands.add_parser(
         "check-config",
         help="validate an exporter config (and its web config) without starting",
         description="Validate an exporter config; exit 0 when usable, 2 with one line if not.",
     )
     check.add_argument("file", metavar="FILE", help="the exporter's YAML config")
-    check.set_defaults(handler=run_check_config_command, parser=check)
-    return check
+    check.set_defaults(handler=_check_config, parser=check)
 
 
-def run_check_config_command(args: argparse.Namespace) -> int:
-    """Validate the config; returns the exit status."""
-    from .sidecar import check_config
+def _listen_address(text: str) -> tuple[str, int]:
+    try:
+        return parse_listen_address(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
-    return check_config(args.file)
+
+def _telemetry_path(text: str) -> str:
+    if not re.fullmatch(TELEMETRY_PATH_PATTERN, text):
+        shown = text if len(text) <= 60 else text[:57] + "..."
+        raise argparse.ArgumentTypeError(f"{shown!r} is not {TELEMETRY_PATH}")
+    return text
+
+
+def _run_exporter(args: argparse.Namespace) -> int:
+    from . import sidecar
+
+    return sidecar.run_exporter(args.config, overrides=Overrides.from_args(args))
+
+
+def _check_config(args: argparse.Namespace) -> int:
+    from . import sidecar
+
+    return sidecar.check_config(args.file)

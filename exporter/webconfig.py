@@ -24,15 +24,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, NoReturn, cast, get_args
 
+from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+
 from .config.yamlsource import (
     TAG_BOOL,
     TAG_STR,
     Entry,
     KeyProblem,
-    MappingNode,
-    Node,
-    ScalarNode,
-    SequenceNode,
     YamlSyntaxError,
     compose,
     is_null,

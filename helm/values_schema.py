@@ -2,7 +2,7 @@
 
 ``helm/sync.py`` writes it to ``helm/stocksentry/values.schema.json``. The ``config`` part
 is generated from the declarative model of ``stocksentry.exporter.config`` (its field
-specs: :func:`~stocksentry.exporter.config.model.specs`): every section and key, its JSON
+specs: :func:`~stocksentry.exporter.config.specs.specs`): every section and key, its JSON
 type, range, allowed values, pattern (durations use ``durations.DURATION_PATTERN``),
 default and description come from there, so the schema cannot fall behind the exporter.
 What is the chart's own knowledge stays here: the ``server`` section and the secret URLs
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from stocksentry.exporter.config import model
+from stocksentry.exporter.config import model, specs
 from stocksentry.exporter.config.kinds import TextList
 from stocksentry.exporter.durations import DURATION_PATTERN
 
@@ -52,7 +52,7 @@ def strict(properties: dict[str, Schema], *, description: str = "", **extra: Any
     return schema
 
 
-def key_schema(cls: type, name: str, spec: model.Key) -> Schema:
+def key_schema(cls: type, name: str, spec: specs.Key) -> Schema:
     """The schema of one key of section ``cls``, shaped for Helm."""
     schema: Schema = {"description": spec.doc, **spec.kind.json_schema()}
     if schema.get("type") == "integer":
@@ -67,7 +67,7 @@ def key_schema(cls: type, name: str, spec: model.Key) -> Schema:
     if spec.inherit is not None:
         schema["description"] += f"; default: {spec.inherit}"
     elif not spec.required and spec.computed is None:
-        default = model.field_default(cls, name)
+        default = specs.field_default(cls, name)
         if default is None and spec.kind.null_clears:
             schema["default"] = ""
         elif default is not None and not (isinstance(default, int) and abs(default) > _SAFE_INT):
@@ -79,10 +79,10 @@ def section_schema(cls: type, *, description: str = "", nullable: bool = False) 
     """The strict object schema of one exporter section, from the model's specs."""
     properties: dict[str, Schema] = {}
     required: list[str] = []
-    for name, spec in model.specs(cls):
-        if isinstance(spec, model.UrlKeys) or name in CHART_SECTIONS:
+    for name, spec in specs.specs(cls):
+        if isinstance(spec, specs.UrlKeys) or name in CHART_SECTIONS:
             continue
-        if isinstance(spec, model.Section):
+        if isinstance(spec, specs.Section):
             sub = section_schema(
                 spec.cls, description=CHART_NOTES.get(name, spec.doc), nullable=spec.optional
             )

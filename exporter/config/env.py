@@ -1,36 +1,30 @@
 """What the config takes from outside the file: secret URLs and the multiprocess directory.
 
-A secret URL comes from exactly one of ``url_env`` (an environment variable), ``url_file``
-(a file, relative to the config's folder) or ``url`` (a literal, accepted only without a
-password: :func:`stocksentry.instrumentation.secrets.url_has_password` decides). The value
-is wrapped in a :class:`~stocksentry.instrumentation.secrets.Secret` at once and never
-quoted in a message, even when it is badly formatted. A ``url_file`` must be a regular
-file of at most :data:`~stocksentry.exporter.inputs.URL_FILE_LIMIT` (64 KiB): a FIFO
-(which would block ``check-config`` waiting for a writer) or a device is refused at once.
+A secret URL comes from exactly one of ``url_env``, ``url_file`` (a regular file of at
+most 64 KiB) or ``url`` (only without a password); it is held in a
+:class:`~stocksentry.instrumentation.secrets.Secret` at once and never quoted in a message.
 """
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Final
 
 from stocksentry.instrumentation.secrets import Secret, url_has_password
+from yaml.nodes import ScalarNode
 
 from ..inputs import URL_FILE_LIMIT, InputFileError, read_bytes_bounded, shorten
 from .errors import CheckedMapping, ConfigError, Context, describe, join
-from .kinds import Text, read_path
-from .model import URL_KEYS, UrlKeys
-from .yamlsource import TAG_STR, ScalarNode, line_of
+from .kinds import Named, read_path
+from .specs import URL_KEYS, UrlKeys
+from .yamlsource import TAG_STR, line_of
 
-__all__ = ["multiprocess_dir_from_env", "resolve_url"]
-
-_ENV_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_ENV_NAME: Final = Named("[A-Za-z_][A-Za-z0-9_]*", "an environment variable name", "")
 
 
 def resolve_url(ctx: Context, section: CheckedMapping, spec: UrlKeys) -> tuple[Secret, str]:
     """The URL of ``section`` and where it came from (``env NAME``, ``file PATH`` or
-    ``literal``), from exactly one of :data:`~.model.URL_KEYS`."""
+    ``literal``), from exactly one of :data:`~.specs.URL_KEYS`."""
     # In document order, so that "only one of" points at the later of two keys.
     given = sorted(
         (name for name in URL_KEYS if name in section.entries),
@@ -39,12 +33,8 @@ def resolve_url(ctx: Context, section: CheckedMapping, spec: UrlKeys) -> tuple[S
     if not given:
         ctx.fail(section.node, section.path, "one of url_env, url_file or url is required")
     if len(given) > 1:
-        second = given[1]
-        ctx.fail(
-            section.entries[second].key,
-            join(section.path, second),
-            f"give only one of url_env, url_file and url (found {', '.join(given)})",
-        )
+        found = ", ".join(given)
+        section.fail(given[1], f"give only one of url_env, url_file and url (found {found})")
     name = given[0]
     node = section.require(name)
     path = join(section.path, name)
@@ -62,9 +52,7 @@ def resolve_url(ctx: Context, section: CheckedMapping, spec: UrlKeys) -> tuple[S
         origin = "literal"
         label = "the URL"
     elif name == "url_env":
-        variable = Text().read(ctx, node, path)
-        if not _ENV_NAME.fullmatch(variable):
-            ctx.fail(node, path, f"{describe(node)} is not an environment variable name")
+        variable = _ENV_NAME.read(ctx, node, path)
         value = ctx.environ.get(variable, "").strip()
         if not value:
             ctx.fail(node, path, f"environment variable {variable} is not set or empty")
@@ -91,9 +79,7 @@ def resolve_url(ctx: Context, section: CheckedMapping, spec: UrlKeys) -> tuple[S
         # Never echo the value: it may be a secret that is only badly formatted.
         # The plain schemes only: a driver-qualified one (mysql+aiomysql://) is a variant.
         plain = [f"{s}://" for s in spec.schemes if "+" not in s]
-        expected = (
-            " or ".join(plain) if len(plain) < 3 else ", ".join(plain[:-1]) + (f" or {plain[-1]}")
-        )
+        expected = ", ".join(plain[:-1]) + f" or {plain[-1]}"
         ctx.fail(node, path, f"{label} does not hold a {spec.what} URL ({expected}...)")
     return Secret(value), origin
 

@@ -8,19 +8,17 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final, NoReturn
 
+from yaml.nodes import MappingNode, Node, SequenceNode
+
 from ..inputs import ECHO_LIMIT, escape, shorten
 from .yamlsource import (
     TAG_NULL,
+    Entry,
     KeyProblem,
-    MappingNode,
-    Node,
-    SequenceNode,
     is_null,
     line_of,
     mapping_entries,
 )
-
-__all__ = ["CheckedMapping", "ConfigError", "Context", "describe", "join"]
 
 # How much of the file's own text an error line echoes: a source path, a key path, and
 # the whole line (a message never grows with the file).
@@ -30,17 +28,11 @@ _LINE_LIMIT: Final = 1000
 
 
 class ConfigError(Exception):
-    """The configuration cannot be used; ``str()`` is one line naming file, line and key.
+    """The configuration cannot be used; ``str()`` is one line naming file, line and key:
+    ``config.yaml:1: server.port: must be at most 65535, got 99999``.
 
-    Attributes ``source``, ``line`` (1-based, ``None`` when unknown), ``path`` (dotted key
-    path, ``""`` for the whole file) and ``message`` hold the parts.
-
-    Example::
-
-        try:
-            parse_config("server: {port: 99999}\\n", "config.yaml")
-        except ConfigError as exc:
-            str(exc)  # 'config.yaml:1: server.port: must be at most 65535, got 99999'
+    ``line`` is 1-based (``None`` when unknown), ``path`` the dotted key path (``""``: the
+    whole file).
     """
 
     def __init__(
@@ -66,9 +58,8 @@ class ConfigError(Exception):
 class Context:
     """Where errors point, and where secrets and relative paths are looked up.
 
-    ``values`` and ``nodes`` record, by dotted key path, every key read so far (its
-    value, default included) and the value node it was read from: the rules that relate
-    two sections (a probe switched on without its table) find their line there.
+    ``values`` and ``nodes`` hold, by dotted key path, every key read so far and its value
+    node: the rules that relate two sections find their line there.
     """
 
     def __init__(self, source: str, environ: Mapping[str, str], base_dir: Path) -> None:
@@ -87,6 +78,10 @@ class Context:
             message, source=self.source, line=None if node is None else line_of(node), path=path
         )
 
+    def fail_at(self, path: str, message: str) -> NoReturn:
+        """Raise the :class:`ConfigError` of the key read at ``path``, at its value's line."""
+        self.fail(self.nodes.get(path), path, message)
+
 
 def join(path: str, key: str) -> str:
     """The dotted path of ``key`` inside ``path`` (``""`` is the top level)."""
@@ -94,9 +89,8 @@ def join(path: str, key: str) -> str:
 
 
 def describe(node: Node, *, secret: bool = False) -> str:
-    """How an error message shows a value: its kind for collections, else its text
-    quoted, cut at :data:`~stocksentry.exporter.inputs.ECHO_LIMIT` (80) characters with
-    "…", control characters escaped (or not at all for a secret)."""
+    """How a message shows a value: its kind for collections, else its text quoted, cut
+    at 80 characters, control characters escaped (or not at all for a secret)."""
     if isinstance(node, MappingNode):
         return "a mapping"
     if isinstance(node, SequenceNode):
@@ -115,25 +109,20 @@ def describe(node: Node, *, secret: bool = False) -> str:
 
 
 class CheckedMapping:
-    """A YAML mapping whose keys were checked against ``allowed`` on construction.
+    """A YAML mapping whose keys were checked against ``allowed`` on construction (in
+    document order, so a typo is reported first); its value nodes go to ``ctx.nodes``.
+    ``node`` ``None`` is a section left out: no keys."""
 
-    Unknown, duplicate and non-string keys are refused first, in document order, so a
-    typo is reported at its own line before anything that depends on it. Every value node
-    is recorded in ``ctx.nodes`` under its dotted path.
-    """
-
-    def __init__(self, ctx: Context, node: Node, path: str, allowed: Sequence[str]) -> None:
-        if not isinstance(node, MappingNode):
-            if path:
-                ctx.fail(node, path, f"expected a mapping, got {describe(node)}")
-            raise ConfigError(
-                f"expected a mapping at the top level, got {describe(node)}",
-                source=ctx.source,
-                line=line_of(node),
-            )
+    def __init__(self, ctx: Context, node: Node | None, path: str, allowed: Sequence[str]) -> None:
         self.ctx = ctx
         self.node = node
         self.path = path
+        self.entries: dict[str, Entry] = {}
+        if node is None:
+            return
+        if not isinstance(node, MappingNode):
+            top = "" if path else " at the top level"
+            ctx.fail(node, path, f"expected a mapping{top}, got {describe(node)}")
         try:
             self.entries = mapping_entries(node, allowed)
         except KeyProblem as problem:
@@ -158,6 +147,10 @@ class CheckedMapping:
             ctx.fail(problem.node, where, f"unknown key ({hint})")
         for name, entry in self.entries.items():
             ctx.nodes[join(path, name)] = entry.value
+
+    def fail(self, name: str, message: str) -> NoReturn:
+        """Raise the :class:`ConfigError` of key ``name``, at the line of the key."""
+        self.ctx.fail(self.entries[name].key, join(self.path, name), message)
 
     def get(self, name: str) -> Node | None:
         """The value node, or ``None`` when the key is absent or explicitly null."""

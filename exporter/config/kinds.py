@@ -1,18 +1,13 @@
 """The kinds of value a config key holds: how each is read, documented and schema'd.
 
-A kind reads one YAML node (never null: the loader handles absent and null keys) into
-a Python value, or fails with the message the user sees; it also says how the docs show
-its type (:meth:`Kind.type_doc`) and a value of it (:meth:`Kind.show`), and gives its
-JSON schema (:meth:`Kind.json_schema`, draft-07), from which the chart's
-``values.schema.json`` is built. So a range or a pattern is written once, here or in the
-model, and the loader, the docs and the chart agree on it.
+A kind reads one YAML node (never null: the loader handles absent and null keys) or fails
+with the message the user sees; it also gives its type in the docs (:meth:`Kind.type_doc`)
+and its JSON schema (draft-07, for the chart's ``values.schema.json``).
 
 Example::
 
     >>> Duration(maximum=600).type_doc()
     'duration ≤ 10m'
-    >>> Duration(maximum=600).json_schema()["maximum"]
-    600
 """
 
 from __future__ import annotations
@@ -25,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Final, Literal
 
+from yaml.nodes import Node, ScalarNode, SequenceNode
+
 from ..durations import DURATION_PATTERN, format_duration, parse_duration
 from .errors import Context, describe
 from .yamlsource import (
@@ -32,37 +29,15 @@ from .yamlsource import (
     TAG_FLOAT,
     TAG_INT,
     TAG_STR,
-    Node,
-    ScalarNode,
-    SequenceNode,
     scalar_value,
 )
 
-__all__ = [
-    "IDENTIFIER",
-    "Bool",
-    "Choice",
-    "Duration",
-    "FilePath",
-    "Host",
-    "Identifier",
-    "Integer",
-    "Kind",
-    "LabelName",
-    "Named",
-    "OptionalIdentifier",
-    "Sql",
-    "Template",
-    "Text",
-    "TextList",
-]
-
 Schema = dict[str, Any]
+MINUTE: Final = 60.0
+HOUR: Final = 3600.0
+DAY: Final = 86400.0
 
-# Plain SQL identifiers: what PostgreSQL accepts unquoted, minus the case folding (names
-# are quoted when SQL is built, so they must be written as stored, usually lower case).
 IDENTIFIER: Final = r"[A-Za-z_][A-Za-z0-9_$]{0,62}"
-_IDENTIFIER: Final = re.compile(IDENTIFIER)
 _HOST: Final = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.-]{0,252}[A-Za-z0-9])?")
 _DURATION_EXAMPLE: Final = (
     'expected a duration like "5s", "500ms" or "1m" (or a number of seconds)'
@@ -73,7 +48,9 @@ class Kind:
     """One kind of value; subclasses override :meth:`read` and the documentation."""
 
     #: An explicit null switches the key off (``None``) instead of taking its default.
-    null_clears: ClassVar[bool] = False
+    null_clears: bool = False
+    #: The type column of the docs' key reference, unless :meth:`type_doc` says more.
+    doc_type: ClassVar[str] = "string"
 
     def read(self, ctx: Context, node: Node, path: str) -> Any:
         """The value of ``node`` (never a null node), or a :class:`ConfigError`."""
@@ -81,24 +58,14 @@ class Kind:
 
     def type_doc(self) -> str:
         """The type column of the docs' key reference."""
-        raise NotImplementedError
+        return self.doc_type
 
     def json_schema(self) -> Schema:
         """The JSON schema (draft-07) of a value of this kind."""
-        raise NotImplementedError
-
-    def show(self, value: Any) -> str:
-        """A value of this kind as the docs write it (without backticks)."""
-        if value is None:
-            return "none"
-        if isinstance(value, bool):
-            return "true" if value else "false"
-        if isinstance(value, tuple):
-            return "[" + ", ".join(map(str, value)) + "]"
-        return str(value)
+        return {"type": "string", "minLength": 1}
 
     def json_value(self, value: Any) -> Any:
-        """A value of this kind as JSON (the schema's ``default``)."""
+        """A value of this kind as JSON (the schema's ``default``, the docs' default)."""
         return list(value) if isinstance(value, tuple) else value
 
 
@@ -112,7 +79,12 @@ def _text(ctx: Context, node: Node, path: str, allow_numbers: bool) -> str:
     return value
 
 
-def _number(ctx: Context, node: ScalarNode, path: str, expected: str) -> bool | int | float:
+def _scalar(
+    ctx: Context, node: Node, path: str, tags: tuple[str, ...], expected: str
+) -> bool | int | float:
+    """The value of a bool, int or float scalar whose tag is one of ``tags``."""
+    if not isinstance(node, ScalarNode) or node.tag not in tags:
+        ctx.fail(node, path, f"{expected}, got {describe(node)}")
     try:
         return scalar_value(node)
     except ValueError:
@@ -123,14 +95,10 @@ def _number(ctx: Context, node: ScalarNode, path: str, expected: str) -> bool | 
 class Bool(Kind):
     """``true`` or ``false`` (YAML 1.1 spellings: yes/no/on/off too)."""
 
-    def read(self, ctx: Context, node: Node, path: str) -> bool:
-        expected = "expected true or false"
-        if not isinstance(node, ScalarNode) or node.tag != TAG_BOOL:
-            ctx.fail(node, path, f"{expected}, got {describe(node)}")
-        return bool(_number(ctx, node, path, expected))
+    doc_type: ClassVar[str] = "bool"
 
-    def type_doc(self) -> str:
-        return "bool"
+    def read(self, ctx: Context, node: Node, path: str) -> bool:
+        return bool(_scalar(ctx, node, path, (TAG_BOOL,), "expected true or false"))
 
     def json_schema(self) -> Schema:
         return {"type": "boolean"}
@@ -146,10 +114,7 @@ class Integer(Kind):
     label: str = ""
 
     def read(self, ctx: Context, node: Node, path: str) -> int:
-        expected = "expected a whole number"
-        if not isinstance(node, ScalarNode) or node.tag != TAG_INT:
-            ctx.fail(node, path, f"{expected}, got {describe(node)}")
-        value = int(_number(ctx, node, path, expected))
+        value = int(_scalar(ctx, node, path, (TAG_INT,), "expected a whole number"))
         if value < self.minimum:
             ctx.fail(node, path, f"must be at least {self.minimum}, got {value}")
         if value > self.maximum:
@@ -172,13 +137,11 @@ class Duration(Kind):
     allow_zero: bool = False
 
     def read(self, ctx: Context, node: Node, path: str) -> float:
-        if not isinstance(node, ScalarNode) or node.tag not in (TAG_INT, TAG_FLOAT, TAG_STR):
-            ctx.fail(node, path, f"{_DURATION_EXAMPLE}, got {describe(node)}")
         raw: str | float
-        if node.tag == TAG_STR:
+        if isinstance(node, ScalarNode) and node.tag == TAG_STR:
             raw = str(node.value)
         else:
-            raw = float(_number(ctx, node, path, _DURATION_EXAMPLE))
+            raw = float(_scalar(ctx, node, path, (TAG_INT, TAG_FLOAT), _DURATION_EXAMPLE))
             if raw < 0:
                 ctx.fail(node, path, f"must not be negative, got {node.value}")
         try:
@@ -208,9 +171,6 @@ class Duration(Kind):
             "pattern": DURATION_PATTERN,
         }
 
-    def show(self, value: Any) -> str:
-        return format_duration(float(value))
-
     def json_value(self, value: Any) -> Any:
         return format_duration(float(value))
 
@@ -224,25 +184,24 @@ class Text(Kind):
     def read(self, ctx: Context, node: Node, path: str) -> str:
         return _text(ctx, node, path, self.allow_numbers)
 
-    def type_doc(self) -> str:
-        return "string"
-
-    def json_schema(self) -> Schema:
-        return {"type": "string", "minLength": 1}
-
 
 @dataclass(frozen=True)
 class Named(Kind):
-    """A name that must match ``pattern`` (Python and JSON-schema regex alike);
-    ``what`` names it in the message: ``"x-y" is not a metric name``."""
+    """A name that must match ``pattern`` (Python and JSON-schema regex alike) and not
+    start with ``reserved``; ``what`` names it in the message: ``"x-y" is not a metric
+    name``. ``null_clears``: an explicit null switches the key off."""
 
     pattern: str
     what: str
     type_label: str
+    reserved: str = ""
+    null_clears: bool = False
 
     def read(self, ctx: Context, node: Node, path: str) -> str:
         value = _text(ctx, node, path, False)
-        if not re.fullmatch(self.pattern, value):
+        if not re.fullmatch(self.pattern, value) or (
+            self.reserved and value.startswith(self.reserved)
+        ):
             ctx.fail(node, path, f"{describe(node)} is not {self.what}")
         return value
 
@@ -253,58 +212,18 @@ class Named(Kind):
         return {"type": "string", "pattern": f"^{self.pattern}$"}
 
 
-@dataclass(frozen=True)
-class LabelName(Named):
-    """A Prometheus label name; ``__``-prefixed names are Prometheus's own."""
-
-    pattern: str = "[a-zA-Z_][a-zA-Z0-9_]*"
-    what: str = "a label name"
-    type_label: str = "label name"
-
-    def read(self, ctx: Context, node: Node, path: str) -> str:
-        value = _text(ctx, node, path, False)
-        if not re.fullmatch(self.pattern, value) or value.startswith("__"):
-            ctx.fail(node, path, f"{describe(node)} is not {self.what}")
-        return value
-
-
-@dataclass(frozen=True)
-class Identifier(Kind):
-    """A plain SQL identifier; ``qualified`` allows ``schema.table``."""
-
-    qualified: bool = False
-
-    def read(self, ctx: Context, node: Node, path: str) -> str:
-        value = _text(ctx, node, path, False)
-        parts = value.split(".")
-        if len(parts) > (2 if self.qualified else 1) or not all(
-            _IDENTIFIER.fullmatch(p) for p in parts
-        ):
-            shape = (
-                "a plain SQL identifier, optionally schema-qualified (schema.table)"
-                if self.qualified
-                else "a plain SQL identifier (letters, digits, _ and $, not starting with a digit)"
-            )
-            ctx.fail(node, path, f"{describe(node)} is not {shape}")
-        return value
-
-    def type_doc(self) -> str:
-        return "table name" if self.qualified else "column name"
-
-    def json_schema(self) -> Schema:
-        if self.qualified:
-            return {"type": "string", "pattern": rf"^{IDENTIFIER}(\.{IDENTIFIER})?$"}
-        return {"type": "string", "pattern": f"^{IDENTIFIER}$"}
-
-
-@dataclass(frozen=True)
-class OptionalIdentifier(Identifier):
-    """A column that may be unmapped: an explicit null switches it off."""
-
-    null_clears: ClassVar[bool] = True
-
-    def type_doc(self) -> str:
-        return "column name or null"
+_PLAIN: Final = "a plain SQL identifier (letters, digits, _ and $, not starting with a digit)"
+#: A Prometheus label name; ``__``-prefixed names are Prometheus's own.
+LABEL_NAME: Final = Named("[a-zA-Z_][a-zA-Z0-9_]*", "a label name", "label name", "__")
+#: Plain SQL identifiers: what PostgreSQL accepts unquoted, minus the case folding (names
+#: are quoted when SQL is built, so they are written as stored, usually lower case).
+COLUMN: Final = Named(IDENTIFIER, _PLAIN, "column name")
+OPTIONAL_COLUMN: Final = Named(IDENTIFIER, _PLAIN, "column name or null", null_clears=True)
+TABLE: Final = Named(
+    rf"{IDENTIFIER}(\.{IDENTIFIER})?",
+    "a plain SQL identifier, optionally schema-qualified (schema.table)",
+    "table name",
+)
 
 
 @dataclass(frozen=True)
@@ -372,6 +291,8 @@ class TextList(Kind):
 class Host(Kind):
     """An IP address or a host name."""
 
+    doc_type: ClassVar[str] = "IP address or host name"
+
     def read(self, ctx: Context, node: Node, path: str) -> str:
         value = _text(ctx, node, path, False)
         try:
@@ -380,12 +301,6 @@ class Host(Kind):
             if not _HOST.fullmatch(value):
                 ctx.fail(node, path, f"{describe(node)} is not an IP address or host")
         return value
-
-    def type_doc(self) -> str:
-        return "IP address or host name"
-
-    def json_schema(self) -> Schema:
-        return {"type": "string", "minLength": 1}
 
 
 def read_path(ctx: Context, node: Node, path: str) -> Path:
@@ -417,9 +332,6 @@ class FilePath(Kind):
 
     def type_doc(self) -> str:
         return "path (must exist)" if self.must == "file" else "path (must be a directory)"
-
-    def json_schema(self) -> Schema:
-        return {"type": "string", "minLength": 1}
 
 
 @dataclass(frozen=True)
@@ -454,17 +366,13 @@ class Template(Kind):
 class Sql(Kind):
     """One SQL statement; surrounding blanks and a trailing ``;`` are removed."""
 
+    doc_type: ClassVar[str] = "SQL"
+
     def read(self, ctx: Context, node: Node, path: str) -> str:
         sql = _text(ctx, node, path, False).strip().rstrip(";").strip()
         if not sql:
             ctx.fail(node, path, "must not be empty")
         return sql
-
-    def type_doc(self) -> str:
-        return "SQL"
-
-    def json_schema(self) -> Schema:
-        return {"type": "string", "minLength": 1}
 
 
 #: A lock key pattern: literal text with ``*`` wildcards and at most one ``{sku}``.
@@ -474,6 +382,8 @@ _LOCK_PATTERN: Final = re.compile(r"[^?\[\]\\{}\s]*(\{sku\}[^?\[\]\\{}\s]*)?")
 @dataclass(frozen=True)
 class LockPattern(Kind):
     """A Redis lock key pattern: ``*`` matches any text, ``{sku}`` (at most once) the SKU."""
+
+    doc_type: ClassVar[str] = "lock key pattern"
 
     def read(self, ctx: Context, node: Node, path: str) -> str:
         value = _text(ctx, node, path, False)
@@ -489,9 +399,6 @@ class LockPattern(Kind):
             ctx.fail(node, path, f'needs a "*" or "{{sku}}", got {describe(node)}')
         return value
 
-    def type_doc(self) -> str:
-        return "lock key pattern"
-
     def json_schema(self) -> Schema:
         return {"type": "string", "minLength": 1, "maxLength": 256}
 
@@ -500,17 +407,14 @@ class LockPattern(Kind):
 class Ratio(Kind):
     """A number greater than 0 and at most 1."""
 
+    doc_type: ClassVar[str] = "number in (0, 1]"
+
     def read(self, ctx: Context, node: Node, path: str) -> float:
         expected = "expected a number greater than 0 and at most 1"
-        if not isinstance(node, ScalarNode) or node.tag not in (TAG_INT, TAG_FLOAT):
-            ctx.fail(node, path, f"{expected}, got {describe(node)}")
-        value = _number(ctx, node, path, expected)
+        value = _scalar(ctx, node, path, (TAG_INT, TAG_FLOAT), expected)
         if isinstance(value, bool) or not 0 < float(value) <= 1:
             ctx.fail(node, path, f"{expected}, got {describe(node)}")
         return float(value)
-
-    def type_doc(self) -> str:
-        return "number in (0, 1]"
 
     def json_schema(self) -> Schema:
         return {"type": "number", "exclusiveMinimum": 0, "maximum": 1}

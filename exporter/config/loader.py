@@ -1,11 +1,8 @@
-"""YAML text to the model: one generic walk over the model's specs, then the rules.
+"""YAML text to the model: one generic walk over the field specs, then the rules.
 
-:func:`build` reads any section class of :mod:`.model` from its YAML node: the keys it
-accepts, their kinds, defaults and inherited defaults all come from the model's field
-specs. What relates several keys or sections (a probe switched on without the table it
-reads, a reservation table with both ``released_at`` and ``status``, a custom metric
-that collides with the catalog) is a rule, below, run once its section is read. Every
-error is a :class:`~.errors.ConfigError` at the line of the value at fault.
+:func:`build` reads any section class from its YAML node as its specs say. What relates
+several keys or sections (a probe switched on without the table it reads, a custom metric
+that collides with the catalog) is a rule in :data:`_RULES`, run once its section is read.
 """
 
 from __future__ import annotations
@@ -18,54 +15,36 @@ from pathlib import Path
 from typing import Any, Final
 
 from stocksentry.instrumentation import catalog
+from yaml.nodes import Node, SequenceNode
 
 from ..inputs import CONFIG_LIMIT, InputFileError, read_bytes_bounded
 from .env import multiprocess_dir_from_env, resolve_url
 from .errors import CheckedMapping, ConfigError, Context, describe, join
 from .model import (
-    BUILTIN_PROBES,
-    ELECTION_PROBE,
-    CustomProbe,
     DatabaseConfig,
     ExporterConfig,
-    Key,
-    ProbeSettings,
     RedisConfig,
     ReservationsTable,
     SchemaConfig,
-    Section,
     ServerConfig,
     SkuGuardConfig,
-    UrlKeys,
-    field_default,
-    key_names,
-    specs,
 )
-from .yamlsource import Node, SequenceNode, YamlSyntaxError, compose, is_null
-
-__all__ = ["build", "load_config", "parse_config"]
+from .probing import BUILTIN_PROBES, ELECTION_PROBE, CustomProbe, ProbeSettings
+from .specs import Key, Section, UrlKeys, field_default, key_names, specs
+from .yamlsource import YamlSyntaxError, compose, is_null
 
 # The prefixes of stocksentry's own metrics: a custom gauge may not use them, so it can
 # never collide with a metric the catalog has or will have.
 _RESERVED_PREFIXES: Final = ("stock_", "stocksentry_")
 
-Rule = Callable[[Context, CheckedMapping | None, dict[str, Any]], None]
+Rule = Callable[[Context, CheckedMapping, dict[str, Any]], None]
 
 
 def load_config(path: str | Path, *, environ: Mapping[str, str] | None = None) -> ExporterConfig:
-    """Load and validate the YAML file at ``path``.
+    """Load and validate the YAML file at ``path`` (a regular file of at most 4 MiB).
 
-    Relative paths inside the file (``url_file``, ``web_config_file``,
-    ``multiprocess_dir``) are taken relative to the file's folder. ``environ`` defaults to
+    Relative paths inside it are relative to its folder; ``environ`` defaults to
     ``os.environ``. Raises :class:`ConfigError`, and nothing else, for every problem.
-
-    The file must be a regular file of at most
-    :data:`~stocksentry.exporter.inputs.CONFIG_LIMIT` (4 MiB); a FIFO, a device or a
-    directory is refused at once (:mod:`stocksentry.exporter.inputs`).
-
-    Example::
-
-        config = load_config("exporter/config.example.yaml")
     """
     source = str(path)
     try:
@@ -87,14 +66,7 @@ def parse_config(
     environ: Mapping[str, str] | None = None,
     base_dir: Path | None = None,
 ) -> ExporterConfig:
-    """Validate a configuration given as YAML text; ``source`` names it in errors.
-
-    Example::
-
-        config = parse_config("sku_guard: {promo_skus: [EGG-01]}\\n")
-        config.sku_guard.promo_skus   # ('EGG-01',)
-        config.database               # None: no database, no database probes
-    """
+    """Validate a configuration given as YAML text; ``source`` names it in errors."""
     ctx = Context(
         source,
         os.environ if environ is None else environ,
@@ -103,11 +75,8 @@ def parse_config(
     try:
         root = compose(text)
     except YamlSyntaxError as exc:
-        if exc.kind == "marked":
-            what = "; ".join(part for part in (exc.context, exc.problem) if part)
-            raise ConfigError(f"invalid YAML: {what}", source=source, line=exc.line) from None
-        problem = exc.problem or exc.kind
-        raise ConfigError(f"invalid YAML: {problem}", source=source, line=exc.line) from None
+        what = "; ".join(part for part in (exc.context, exc.problem) if part) or exc.kind
+        raise ConfigError(f"invalid YAML: {what}", source=source, line=exc.line) from None
     if root is None or is_null(root):
         raise ConfigError(
             "the file is empty; expected a mapping of sections "
@@ -124,16 +93,14 @@ def parse_config(
 
 def build(ctx: Context, cls: type, node: Node | None, path: str) -> Any:
     """An instance of section ``cls`` read from ``node`` (``None``: all defaults)."""
-    mapping = None if node is None else CheckedMapping(ctx, node, path, key_names(cls))
+    mapping = CheckedMapping(ctx, node, path, key_names(cls))
     values: dict[str, Any] = {}
     for name, spec in specs(cls):
         child = join(path, name)
         if isinstance(spec, UrlKeys):
-            if mapping is None:
-                ctx.fail(None, path, "one of url_env, url_file or url is required")
             values[name], values[spec.origin] = resolve_url(ctx, mapping, spec)
         elif isinstance(spec, Section):
-            sub = None if mapping is None else mapping.get(name)
+            sub = mapping.get(name)
             if spec.many:
                 values[name] = () if sub is None else _many(ctx, spec.cls, sub, child)
             elif sub is None and spec.optional:
@@ -152,21 +119,19 @@ def build(ctx: Context, cls: type, node: Node | None, path: str) -> Any:
 def _key(
     ctx: Context,
     cls: type,
-    mapping: CheckedMapping | None,
+    mapping: CheckedMapping,
     name: str,
     spec: Key,
     path: str,
     values: Mapping[str, Any],
 ) -> Any:
-    node = None if mapping is None else mapping.get(name)
+    node = mapping.get(name)
     if node is not None:
         return spec.kind.read(ctx, node, path)
-    if mapping is not None and spec.kind.null_clears and name in mapping.entries:
+    if spec.kind.null_clears and name in mapping.entries:
         # An explicit null switches an optional column off even when it has a default.
         return None
     if spec.required:
-        if mapping is None:
-            ctx.fail(None, path, "is required")
         mapping.require(name)
     if spec.computed is not None:
         return spec.computed(values)
@@ -190,33 +155,23 @@ def _many(ctx: Context, cls: type, node: Node, path: str) -> tuple[Any, ...]:
 # --- the rules -------------------------------------------------------------------------------
 
 
-def _server(ctx: Context, mapping: CheckedMapping | None, values: dict[str, Any]) -> None:
-    if mapping is None or mapping.get("multiprocess_dir") is None:
+def _server(ctx: Context, mapping: CheckedMapping, values: dict[str, Any]) -> None:
+    if mapping.get("multiprocess_dir") is None:
         values["multiprocess_dir"] = multiprocess_dir_from_env(ctx, "server.multiprocess_dir")
-    if (
-        mapping is not None
-        and values.get("compact_dead_workers")
-        and not values.get("check_worker_pids", True)
-    ):
+    if values["compact_dead_workers"] and not values["check_worker_pids"]:
         # Without the app's PID namespace every pid looks dead: compaction would fold the
         # files of live workers.
-        ctx.fail(
-            mapping.entries["compact_dead_workers"].key,
-            join(mapping.path, "compact_dead_workers"),
-            "needs check_worker_pids: true (the app's PID namespace)",
+        mapping.fail(
+            "compact_dead_workers", "needs check_worker_pids: true (the app's PID namespace)"
         )
 
 
-def _reservations(ctx: Context, mapping: CheckedMapping | None, values: dict[str, Any]) -> None:
-    if mapping is None:
-        return
+def _reservations(ctx: Context, mapping: CheckedMapping, values: dict[str, Any]) -> None:
     entries = mapping.entries
     if mapping.get("status") is not None:
         if mapping.get("released_at") is not None:
-            ctx.fail(
-                entries["released_at"].key,
-                join(mapping.path, "released_at"),
-                "give either released_at or status with held_statuses, not both",
+            mapping.fail(
+                "released_at", "give either released_at or status with held_statuses, not both"
             )
         if not values["held_statuses"]:
             where = entries["held_statuses"].value if "held_statuses" in entries else None
@@ -227,51 +182,36 @@ def _reservations(ctx: Context, mapping: CheckedMapping | None, values: dict[str
             )
         values["released_at"] = None
     elif mapping.get("held_statuses") is not None:
-        ctx.fail(
-            entries["held_statuses"].key,
-            join(mapping.path, "held_statuses"),
-            "needs status as well",
-        )
+        mapping.fail("held_statuses", "needs status as well")
 
 
-def _custom(ctx: Context, mapping: CheckedMapping | None, values: dict[str, Any]) -> None:
-    assert mapping is not None  # noqa: S101 - a list item always has its node
+def _custom(ctx: Context, mapping: CheckedMapping, values: dict[str, Any]) -> None:
     earlier: list[CustomProbe] = list(ctx.earlier)
-    node = mapping.entries["name"].value
-    path = join(mapping.path, "name")
-    name = values["name"]
+    path, name = join(mapping.path, "name"), values["name"]
     if name in BUILTIN_PROBES or name == ELECTION_PROBE:
-        ctx.fail(node, path, f'"{name}" is the name of a built-in probe')
+        ctx.fail_at(path, f'"{name}" is the name of a built-in probe')
     if any(c.name == name for c in earlier):
-        ctx.fail(node, path, f'another custom probe is named "{name}"')
-
-    node = mapping.entries["metric"].value
-    path = join(mapping.path, "metric")
-    metric = values["metric"]
+        ctx.fail_at(path, f'another custom probe is named "{name}"')
+    path, metric = join(mapping.path, "metric"), values["metric"]
     for spec in catalog.ALL:
         if metric in (spec.name, spec.base_name, *spec.sample_names):
-            ctx.fail(node, path, f'"{metric}" collides with the catalog metric {spec.name}')
+            ctx.fail_at(path, f'"{metric}" collides with the catalog metric {spec.name}')
     if metric.startswith(_RESERVED_PREFIXES):
-        ctx.fail(
-            node,
+        ctx.fail_at(
             path,
             f'"{metric}": the prefixes stock_ and stocksentry_ are reserved for '
             "stocksentry's own metrics",
         )
     if any(c.metric == metric for c in earlier):
-        ctx.fail(node, path, f'another custom probe exports "{metric}"')
-
+        ctx.fail_at(path, f'another custom probe exports "{metric}"')
     for index, label in enumerate(values["label_columns"]):
         if label == values["value_column"]:
             item = mapping.entries["label_columns"].value.value[index]
-            ctx.fail(
-                item,
-                f"{join(mapping.path, 'label_columns')}[{index}]",
-                "the value column cannot also be a label",
-            )
+            path = f"{join(mapping.path, 'label_columns')}[{index}]"
+            ctx.fail(item, path, "the value column cannot also be a label")
 
 
-def _exporter(ctx: Context, mapping: CheckedMapping | None, values: dict[str, Any]) -> None:
+def _exporter(ctx: Context, mapping: CheckedMapping, values: dict[str, Any]) -> None:
     """Switch off the probes whose prerequisites are missing, and say why."""
     database: DatabaseConfig | None = values["database"]
     schema: SchemaConfig = values["schema"]
@@ -311,28 +251,19 @@ def _exporter(ctx: Context, mapping: CheckedMapping | None, values: dict[str, An
         settings: ProbeSettings = getattr(probes, name)
         reason = missing[name]
         if reason is not None and settings.enabled:
-            path = f"probes.{name}.enabled"
-            node = ctx.nodes.get(path)
-            if not is_null(node):
-                ctx.fail(node, path, f"cannot be true: {reason}")
+            if not is_null(ctx.nodes.get(f"probes.{name}.enabled")):
+                ctx.fail_at(f"probes.{name}.enabled", f"cannot be true: {reason}")
             if database is not None:
                 ctx.notes.append(f"probe {name} is off: {reason}")
             switched[name] = settings = dataclasses.replace(settings, enabled=False)
     oversold = switched.get("oversold", probes.oversold)
     if oversold.scope == "promo" and oversold.enabled and not sku_guard.promo_skus:
-        path = "probes.oversold.scope"
-        ctx.fail(ctx.nodes.get(path), path, "promo needs sku_guard.promo_skus")
+        ctx.fail_at("probes.oversold.scope", "promo needs sku_guard.promo_skus")
     if probes.custom and database is None:
-        path = "probes.custom"
-        ctx.fail(ctx.nodes.get(path), path, "custom probes need a database section")
+        ctx.fail_at("probes.custom", "custom probes need a database section")
     values["probes"] = dataclasses.replace(probes, **switched)
     if values.get("lock_watch") is not None and not _installed("redis"):
-        path = "lock_watch"
-        ctx.fail(
-            ctx.nodes.get(path),
-            path,
-            "needs the redis package (pip install 'stocksentry[redis]')",
-        )
+        ctx.fail_at("lock_watch", "needs the redis package (pip install 'stocksentry[redis]')")
     values["source"] = ctx.source
     values["notes"] = tuple(ctx.notes)
 

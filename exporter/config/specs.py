@@ -1,9 +1,8 @@
-"""The field specs of the config model: what a dataclass field of :mod:`.model` is.
+"""The field specs of the config model: what a dataclass field of a section is.
 
-A section of the model is a frozen dataclass whose fields carry one of these specs in
-their metadata, put there by :func:`key`, :func:`required`, :func:`computed`,
-:func:`section`, :func:`sections`, :func:`url_keys` or :func:`derived`. :func:`specs`
-reads them back in field order, for the loader, the docs and the chart's schema.
+:func:`key`, :func:`required`, :func:`computed`, :func:`section`, :func:`sections`,
+:func:`url_keys` and :func:`derived` put a spec in a field's metadata; :func:`specs` reads
+them back in field order, for the loader, the docs and the chart's schema.
 """
 
 from __future__ import annotations
@@ -14,25 +13,6 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from .kinds import Kind
-
-__all__ = [
-    "URL_KEYS",
-    "Derived",
-    "Key",
-    "Section",
-    "Spec",
-    "UrlKeys",
-    "computed",
-    "derived",
-    "field_default",
-    "key",
-    "key_names",
-    "required",
-    "section",
-    "sections",
-    "specs",
-    "url_keys",
-]
 
 #: The keys a secret URL may come from, in the order the docs give them.
 URL_KEYS: Final = ("url_env", "url_file", "url")
@@ -129,12 +109,8 @@ def derived(default: Any, doc: str) -> Any:
 
 def specs(cls: type) -> list[tuple[str, Spec]]:
     """The fields of section ``cls`` that the file writes, in order, with their specs."""
-    found: list[tuple[str, Spec]] = []
-    for item in dataclasses.fields(cls):
-        spec = item.metadata.get(_METADATA)
-        if isinstance(spec, Key | Section | UrlKeys):
-            found.append((item.name, spec))
-    return found
+    fields = ((item.name, item.metadata.get(_METADATA)) for item in dataclasses.fields(cls))
+    return [(name, spec) for name, spec in fields if isinstance(spec, Key | Section | UrlKeys)]
 
 
 def key_names(cls: type) -> tuple[str, ...]:

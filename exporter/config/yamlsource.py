@@ -1,21 +1,13 @@
-"""The one YAML reader of the sidecar's files: composed nodes that keep their line.
+"""The one YAML reader of the sidecar's files (the exporter config and the web config).
 
-Both the exporter config (:mod:`.loader`) and the web config
-(:mod:`stocksentry.exporter.webconfig`) are read through this module. PyYAML's node API
-(``yaml.compose`` with the safe loader) is used instead of ``yaml.safe_load``, so every
-value keeps the line it was written on for the error messages, and no Python object is
-ever built from a tag in the file: a scalar's value is constructed only after its tag
-was checked, by :func:`scalar_value`.
-
-What each file calls an error is worded by its own loader; this module reports what went
-wrong as exceptions carrying the node (:class:`KeyProblem`) or the line
-(:class:`YamlSyntaxError`).
+Nodes are composed with PyYAML's safe loader, not loaded: every value keeps its line for
+the messages, and no Python object is built from a tag in the file (a scalar's value is
+constructed by :func:`scalar_value` only after its tag was checked).
 
 Example::
 
     >>> root = compose("server:\\n  port: 19464\\n")
-    >>> section = mapping_entries(root)["server"].value
-    >>> line_of(mapping_entries(section)["port"].value)
+    >>> line_of(mapping_entries(mapping_entries(root)["server"].value)["port"].value)
     2
 """
 
@@ -26,27 +18,7 @@ from dataclasses import dataclass
 from typing import Final, Literal
 
 import yaml
-from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
-
-__all__ = [
-    "TAG_BOOL",
-    "TAG_FLOAT",
-    "TAG_INT",
-    "TAG_NULL",
-    "TAG_STR",
-    "Entry",
-    "KeyProblem",
-    "MappingNode",
-    "Node",
-    "ScalarNode",
-    "SequenceNode",
-    "YamlSyntaxError",
-    "compose",
-    "is_null",
-    "line_of",
-    "mapping_entries",
-    "scalar_value",
-]
+from yaml.nodes import MappingNode, Node, ScalarNode
 
 TAG_NULL: Final = "tag:yaml.org,2002:null"
 TAG_BOOL: Final = "tag:yaml.org,2002:bool"
@@ -59,12 +31,11 @@ _CONSTRUCTOR: Final = yaml.constructor.SafeConstructor()
 
 
 class YamlSyntaxError(Exception):
-    """The text is not one YAML document.
+    """The text is not one YAML document; ``line`` is 1-based or ``None``.
 
-    ``line`` is 1-based (``None`` when PyYAML gave no position); ``context`` and
-    ``problem`` are PyYAML's own words without the snippet of the file it would quote
-    (a snippet may sit next to something secret); ``kind`` is the PyYAML error class for
-    errors without a position, and ``"nesting"`` for a document nested too deeply.
+    ``context`` and ``problem`` are PyYAML's words without the snippet it would quote (it
+    may sit next to a secret); ``kind`` is ``"marked"``, PyYAML's error class, or
+    ``"nesting"``.
     """
 
     def __init__(
@@ -101,10 +72,10 @@ class KeyProblem(Exception):
 
 
 def compose(text: str) -> Node | None:
-    """The root node of the single YAML document in ``text``; ``None`` when it is empty.
+    """The root node of the one YAML document in ``text``; ``None`` when it is empty.
 
-    Raises :class:`YamlSyntaxError` for anything PyYAML refuses, two documents, or a
-    document nested so deeply that composing it would overflow the stack.
+    Raises :class:`YamlSyntaxError` for anything PyYAML refuses, two documents, or nesting
+    deep enough to overflow the stack.
     """
     try:
         return yaml.compose(text, Loader=yaml.SafeLoader)
@@ -140,9 +111,8 @@ def is_null(node: Node | None) -> bool:
 def mapping_entries(node: MappingNode, known: Collection[str] | None = None) -> dict[str, Entry]:
     """The entries of a mapping node by name, in document order.
 
-    Raises :class:`KeyProblem` at the first key, in document order, that is not a plain
-    string scalar, that repeats an earlier key, or (with ``known``) that is not known:
-    a typo is reported at its own line before anything that depends on it.
+    Raises :class:`KeyProblem` at the first key that is not a plain string, repeats an
+    earlier one, or (with ``known``) is unknown: a typo is reported at its own line.
     """
     entries: dict[str, Entry] = {}
     for key_node, value_node in node.value:
@@ -160,9 +130,8 @@ def mapping_entries(node: MappingNode, known: Collection[str] | None = None) -> 
 def scalar_value(node: ScalarNode) -> bool | int | float:
     """The value of a bool, int or float scalar whose tag the caller checked.
 
-    An explicit tag the constructor refuses (``!!bool maybe``, ``!!int abc``) or a
-    resolver edge case (``0b_``) raises :class:`ValueError`, never a traceback of
-    PyYAML's internals.
+    ``!!bool maybe``, ``!!int abc`` or ``0b_`` raise :class:`ValueError`, never a
+    traceback from inside PyYAML.
     """
     try:
         if node.tag == TAG_BOOL:

@@ -1,17 +1,9 @@
 """The conformance check: an app's exposition against the metric contract.
 
-What is reported, per metric of the contract:
-
-- **missing**: a required metric (or one named with ``--require``) is not exposed; a
-  metric that is not required may be absent (the app does not use that feature);
-- **misnamed**: a metric exposed under a name close to a contract name (a typo, a missing
-  ``_total``, a camelCase spelling), a ``stock_``/``stocksentry_`` metric the contract does
-  not know, or a label the contract does not list / a listed label that is absent;
-- **mistyped**: the declared type differs (a gauge for a counter, a summary for a
-  histogram), or a histogram's buckets differ from the contract's;
-- **unbounded**: a label value outside the allowed list, more distinct values than the
-  label's bound, or a value the SKU guard would not let through (longer than 64
-  characters, characters outside ``[A-Za-z0-9_.:/@#+-]``).
+Per contract metric: **missing** (a required one, or one named with ``--require``, is not
+exposed), **misnamed** (a close name, a missing ``_total``, an unknown ``stock_`` metric,
+a label too many or too few), **mistyped** (another type, other buckets), **unbounded**
+(a label value outside the allowed list or the SKU guard's charset, or too many values).
 
 Example::
 
@@ -26,14 +18,12 @@ from __future__ import annotations
 import difflib
 import re
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 from .exposition import Exposition, Sample
 from .spec import LABEL_CHARSET, LABEL_MAX_LENGTH, contract
-
-__all__ = ["Problem", "check", "exposed_metrics"]
 
 Kind = Literal["missing", "misnamed", "mistyped", "unbounded"]
 _SUFFIXES: Final = ("_bucket", "_sum", "_count", "_total", "_created", "_info")
@@ -132,20 +122,20 @@ def check(
                 and f not in known
                 and _normal(f) not in catalog_bases - {_normal(name)}
             ]
-            close = _close(name, candidates)
-            if close is not None:
-                claimed.add(close)
-                problems.append(
-                    Problem("misnamed", name, f"exposed as {close}; the contract names it {name}")
-                )
-                kind, samples = families[close]
-                problems.extend(_check_metric(metric, close, kind, samples, max_values))
-            elif metric["required"] or name in required:
-                problems.append(Problem("missing", name, "required, not exposed"))
-            continue
+            found = _close(name, candidates)
+            if found is None:
+                if metric["required"] or name in required:
+                    problems.append(Problem("missing", name, "required, not exposed"))
+                continue
+            problems.append(
+                Problem("misnamed", name, f"exposed as {found}; the contract names it {name}")
+            )
         claimed.add(found)
         kind, samples = families[found]
-        problems.extend(_check_metric(metric, found, kind, samples, max_values))
+        problems.extend(
+            Problem(what, name, message)
+            for what, message in _check_metric(metric, found, kind, samples, max_values)
+        )
     for family, (_, samples) in families.items():
         if family in claimed or not family.startswith(_OURS):
             continue
@@ -169,101 +159,66 @@ def _check_metric(
     kind: str,
     samples: list[Sample],
     max_values: int | None,
-) -> list[Problem]:
-    name: str = metric["name"]
-    problems: list[Problem] = []
+) -> Iterator[tuple[Kind, str]]:
+    """The problems of one exposed family, as (kind, message) pairs."""
     if kind != metric["type"]:
-        problems.append(
-            Problem("mistyped", name, f"declared {kind}; the contract type is {metric['type']}")
-        )
+        yield "mistyped", f"declared {kind}; the contract type is {metric['type']}"
     if metric["type"] == "counter":
         bare = [s for s in samples if s.name == found and not s.name.endswith("_total")]
         if bare:
-            problems.append(
-                Problem(
-                    "misnamed", name, f"sample {bare[0].name} (line {bare[0].line}) lacks _total"
-                )
-            )
+            yield "misnamed", f"sample {bare[0].name} (line {bare[0].line}) lacks _total"
     spec_labels = [label["name"] for label in metric["labels"]]
-    seen_labels: set[str] = set()
     values: dict[str, set[str]] = defaultdict(set)
     les: set[str] = set()
     for sample in samples:
         for label, value in sample.labels.items():
-            if label in ("le", "quantile"):
-                if label == "le":
-                    les.add(value)
-                continue
-            seen_labels.add(label)
-            values[label].add(value)
-    extra = sorted(seen_labels - set(spec_labels))
+            if label == "le":
+                les.add(value)
+            elif label != "quantile":
+                values[label].add(value)
+    extra = sorted(set(values) - set(spec_labels))
     if extra:
-        problems.append(
-            Problem(
-                "misnamed",
-                name,
-                f"label(s) {', '.join(extra)} not in the contract (labels: "
-                f"{', '.join(spec_labels) or 'none'})",
-            )
+        yield (
+            "misnamed",
+            f"label(s) {', '.join(extra)} not in the contract (labels: "
+            f"{', '.join(spec_labels) or 'none'})",
         )
-    lacking = [label for label in spec_labels if label not in seen_labels]
+    lacking = [label for label in spec_labels if label not in values]
     if samples and lacking:
-        problems.append(Problem("misnamed", name, f"lacks label(s) {', '.join(lacking)}"))
+        yield "misnamed", f"lacks label(s) {', '.join(lacking)}"
     if metric["type"] == "histogram" and kind == "histogram" and les:
-        expected = {_le(b) for b in metric["buckets"]} | {"+Inf"}
-        exposed = {_le_text(v) for v in les}
-        if exposed != expected:
-            problems.append(
-                Problem(
-                    "mistyped",
-                    name,
-                    "buckets differ from the contract's "
-                    f"({', '.join(sorted(expected - {'+Inf'}, key=float))})",
-                )
-            )
+        expected = {_le(str(bound)) for bound in metric["buckets"]} | {"+Inf"}
+        if {_le(value) for value in les} != expected:
+            shown = ", ".join(sorted(expected - {"+Inf"}, key=float))
+            yield "mistyped", f"buckets differ from the contract's ({shown})"
     for label in metric["labels"]:
-        problems.extend(_check_values(name, label, values.get(label["name"], set()), max_values))
-    return problems
+        yield from _check_values(label, values.get(label["name"], set()), max_values)
 
 
 def _check_values(
-    name: str, label: dict[str, Any], values: set[str], max_values: int | None
-) -> list[Problem]:
-    problems = []
-    label_name = label["name"]
+    label: dict[str, Any], values: set[str], max_values: int | None
+) -> Iterator[tuple[Kind, str]]:
+    name = label["name"]
     allowed = label.get("allowed")
     if allowed is not None:
         outside = sorted(values - set(allowed))
         if outside:
-            problems.append(
-                Problem(
-                    "unbounded",
-                    name,
-                    f"{label_name}={_show(outside)} not one of {', '.join(allowed)}",
-                )
-            )
-        return problems
+            yield "unbounded", f"{name}={_show(outside)} not one of {', '.join(allowed)}"
+        return
     bound = max_values if max_values is not None else int(label["max_values"])
     if len(values) > bound:
-        problems.append(
-            Problem(
-                "unbounded",
-                name,
-                f"{len(values)} distinct {label_name} values, more than {bound} (fold the "
-                "rest into __other__)",
-            )
+        yield (
+            "unbounded",
+            f"{len(values)} distinct {name} values, more than {bound} (fold the rest into "
+            "__other__)",
         )
     unsafe = sorted(v for v in values if not _SAFE.fullmatch(v))
     if unsafe:
-        problems.append(
-            Problem(
-                "unbounded",
-                name,
-                f"{label_name}={_show(unsafe)} not a guarded value (at most "
-                f"{LABEL_MAX_LENGTH} characters of {LABEL_CHARSET})",
-            )
+        yield (
+            "unbounded",
+            f"{name}={_show(unsafe)} not a guarded value (at most {LABEL_MAX_LENGTH} "
+            f"characters of {LABEL_CHARSET})",
         )
-    return problems
 
 
 def _show(values: list[str]) -> str:
@@ -271,11 +226,7 @@ def _show(values: list[str]) -> str:
     return shown + (f" and {len(values) - _SHOWN} more" if len(values) > _SHOWN else "")
 
 
-def _le(bound: float) -> str:
-    return repr(float(bound))
-
-
-def _le_text(value: str) -> str:
+def _le(value: str) -> str:
     if value in ("+Inf", "Inf", "inf", "+inf"):
         return "+Inf"
     try:

@@ -18,8 +18,6 @@ import re
 from dataclasses import dataclass, field
 from typing import Final
 
-__all__ = ["Exposition", "ExpositionError", "Sample", "parse"]
-
 _NAME: Final = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 _LABEL_NAME: Final = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 _TYPES: Final = frozenset(

@@ -10,10 +10,10 @@ from stocksentry.exporter.config import (
     DEFAULT_ADVISORY_LOCK_KEY,
     ConfigError,
     ExporterConfig,
-    Secret,
     load_config,
     parse_config,
 )
+from stocksentry.instrumentation.secrets import Secret
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "exporter" / "config.example.yaml"
@@ -768,16 +768,15 @@ def test_a_control_character_is_one_line_with_its_line():
     )
 
 
-def test_the_old_module_names_still_import():
+def test_the_package_names_import():
     from stocksentry.exporter import config as package
     from stocksentry.exporter.config import (
         BUILTIN_PROBES,
         ELECTION_PROBE,
         ProbeSettings,
         SchemaConfig,
-        format_duration,
-        parse_duration,
     )
+    from stocksentry.exporter.durations import format_duration, parse_duration
 
     assert BUILTIN_PROBES[0] == "negative_stock"
     assert BUILTIN_PROBES[-1] == "cache_drift"

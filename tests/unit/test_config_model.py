@@ -8,6 +8,7 @@ they state (except those their comments mark as an example) must be the model's 
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 from collections.abc import Iterator
@@ -15,18 +16,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from stocksentry.exporter.config import ExporterConfig, model, reference
+from stocksentry.exporter.config import ExporterConfig, specs
 from stocksentry.exporter.config.errors import Context
 from stocksentry.exporter.config.yamlsource import (
     TAG_STR,
-    MappingNode,
-    Node,
-    ScalarNode,
     compose,
     is_null,
     line_of,
     mapping_entries,
 )
+from yaml.nodes import MappingNode, Node, ScalarNode
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "exporter-config.md"
@@ -35,17 +34,24 @@ VALUES = ROOT / "helm" / "stocksentry" / "values.yaml"
 SCHEMA = ROOT / "helm" / "stocksentry" / "values.schema.json"
 
 
-def test_the_docs_key_reference_is_fresh():
+@pytest.fixture
+def reference(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """docs/config_reference.py, the generator of the page's key tables."""
+    monkeypatch.syspath_prepend(str(ROOT / "docs"))
+    return importlib.import_module("config_reference")
+
+
+def test_the_docs_key_reference_is_fresh(reference):
     text = PAGE.read_text()
     assert reference.replace_blocks(text) == text, "stale: run `python docs/generate.py`"
 
 
-def test_every_generated_table_is_on_the_page():
+def test_every_generated_table_is_on_the_page(reference):
     names = {match.group(2) for match in reference.BLOCK.finditer(PAGE.read_text())}
     assert names == set(reference.blocks())
 
 
-def test_an_unknown_block_is_an_error():
+def test_an_unknown_block_is_an_error(reference):
     text = "<!-- BEGIN GENERATED config.nope (x) -->\n<!-- END GENERATED -->\n"
     with pytest.raises(KeyError, match=r"config\.nope"):
         reference.replace_blocks(text)
@@ -61,16 +67,16 @@ def test_the_charts_config_schema_is_fresh(monkeypatch):
     # Nothing the chart owns is in values: no server section, no URL key anywhere.
     assert "server" not in stored["properties"]
     text = json.dumps(stored)
-    for key in model.URL_KEYS:
+    for key in specs.URL_KEYS:
         assert f'"{key}"' not in text
 
 
 def test_every_key_of_the_model_is_documented_and_typed():
-    def walk(cls: type) -> Iterator[tuple[str, model.Key]]:
-        for name, spec in model.specs(cls):
-            if isinstance(spec, model.Section):
+    def walk(cls: type) -> Iterator[tuple[str, specs.Key]]:
+        for name, spec in specs.specs(cls):
+            if isinstance(spec, specs.Section):
                 yield from walk(spec.cls)
-            elif isinstance(spec, model.Key):
+            elif isinstance(spec, specs.Key):
                 yield name, spec
 
     for name, spec in walk(ExporterConfig):
@@ -95,21 +101,21 @@ def stated(node: Node, cls: type, path: str, lines: list[str]) -> Iterator[tuple
     """(path, value as the loader reads it, model default) of every stated key."""
     assert isinstance(node, MappingNode), path
     ctx = Context("stated", {}, ROOT)
-    specs = dict(model.specs(cls))
+    known = dict(specs.specs(cls))
     for name, entry in mapping_entries(node).items():
         child = f"{path}.{name}" if path else name
         if "example" in _comments_above(lines, line_of(entry.key) - 1):
             continue
-        spec = specs.get(name)
+        spec = known.get(name)
         if spec is None:
-            assert name in model.URL_KEYS, f"{child}: not a key of the model"
+            assert name in specs.URL_KEYS, f"{child}: not a key of the model"
             continue
-        if isinstance(spec, model.Section):
+        if isinstance(spec, specs.Section):
             if not spec.many and not is_null(entry.value):
                 yield from stated(entry.value, spec.cls, child, lines)
             continue
-        assert isinstance(spec, model.Key), child
-        default = model.field_default(cls, name)
+        assert isinstance(spec, specs.Key), child
+        default = specs.field_default(cls, name)
         value = entry.value
         if spec.kind.null_clears and (
             is_null(value)

@@ -19,7 +19,6 @@ from prometheus_client import CollectorRegistry, generate_latest
 from stocksentry.exporter.cli import build_parser
 from stocksentry.exporter.config import parse_config
 from stocksentry.exporter.listen import format_listen_address, parse_listen_address
-from stocksentry.exporter.overrides import Overrides
 from stocksentry.exporter.server import RunningServer, ServerSettings
 from stocksentry.exporter.server.buildinfo import (
     BuildInfo,
@@ -29,7 +28,7 @@ from stocksentry.exporter.server.buildinfo import (
 )
 from stocksentry.exporter.server.running import startup_lines
 from stocksentry.exporter.sidecar import apply_overrides, configure_exporter_logging
-from stocksentry.exporter.sidecar_cli import overrides
+from stocksentry.exporter.sidecar_cli import Overrides
 from stocksentry.exporter.tlsconfig import TLSServerConfig
 from stocksentry.exporter.webconfig import WebConfig
 from stocksentry.instrumentation.logs import configure_logging
@@ -76,7 +75,9 @@ def test_bad_listen_addresses_say_what_is_wrong(text: str, message: str) -> None
 
 
 def parse(*argv: str) -> Overrides:
-    return overrides(build_parser().parse_args(["exporter", "--config", "c.yaml", *argv]))
+    return Overrides.from_args(
+        build_parser().parse_args(["exporter", "--config", "c.yaml", *argv])
+    )
 
 
 def test_no_flag_overrides_nothing() -> None:

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from stocksentry.exporter.config import parse_config
 from stocksentry.exporter.sidecar import check_config, describe, run_exporter
+from stocksentry.exporter.sidecar_cli import Overrides
 
 DB_URL_ENV = "STOCKSENTRY_TEST_SIDECAR_DB"
 RUN = (
@@ -139,7 +140,9 @@ def test_run_exporter_refuses_a_bad_config_before_starting(tmp_path: Path) -> No
     (tmp_path / "web.yml").write_text("nonsense: 1\n")
     good = write(tmp_path / "good.yaml", "server: {port: 19464}\n")
     err = io.StringIO()
-    assert run_exporter(good, web_config_file=tmp_path / "web.yml", err=err) == 2
+    assert (
+        run_exporter(good, overrides=Overrides(web_config_file=tmp_path / "web.yml"), err=err) == 2
+    )
     assert "nonsense" in err.getvalue()
 
 

@@ -132,7 +132,8 @@ def test_a_runner_given_redis_settings_without_redis_says_why():
     done = run(
         """
         import dataclasses
-        from stocksentry.exporter.config import RedisConfig, Secret, parse_config
+        from stocksentry.exporter.config import RedisConfig, parse_config
+        from stocksentry.instrumentation.secrets import Secret
         from stocksentry.exporter.probes import ProbeRunner
 
         config = parse_config(

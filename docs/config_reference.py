@@ -1,13 +1,7 @@
-"""The key reference of ``docs/exporter-config.md``, generated from the model.
+"""The key reference of ``docs/exporter-config.md``, generated from the config model.
 
-``docs/generate.py`` replaces every block of the page between
-``<!-- BEGIN GENERATED config.<path> -->`` and ``<!-- END GENERATED -->`` with the table
-that :func:`blocks` gives for ``<path>``: a section's keys with their type, default and
-meaning, exactly as the loader reads them (:mod:`.model`).
-
-Example::
-
-    print(markdown_table(ServerConfig))   # | key | type | default | meaning | ...
+``generate.py`` fills every ``<!-- BEGIN GENERATED config.<path> -->`` block of the
+page with the table :func:`blocks` gives for ``<path>``.
 """
 
 from __future__ import annotations
@@ -15,19 +9,16 @@ from __future__ import annotations
 import re
 from typing import Final
 
-from .model import (
-    BUILTIN_PROBES,
+from stocksentry.exporter.config.model import ExporterConfig
+from stocksentry.exporter.config.probing import BUILTIN_PROBES, ProbeSettings
+from stocksentry.exporter.config.specs import (
     URL_KEYS,
-    ExporterConfig,
     Key,
-    ProbeSettings,
     Section,
     UrlKeys,
     field_default,
     specs,
 )
-
-__all__ = ["BLOCK", "blocks", "markdown_table", "replace_blocks", "section_class"]
 
 #: A generated block of the page; group 1 is its name (``config.server``).
 BLOCK: Final = re.compile(
@@ -54,7 +45,14 @@ def _default(cls: type, name: str, spec: Key) -> str:
     if spec.required:
         return "required"
     default = field_default(cls, name)
-    return "none" if default is None else f"`{spec.kind.show(default)}`"
+    if default is None:
+        return "none"
+    shown = spec.kind.json_value(default)
+    if isinstance(shown, bool):
+        shown = "true" if shown else "false"
+    elif isinstance(shown, list):
+        shown = "[" + ", ".join(map(str, shown)) + "]"
+    return f"`{shown}`"
 
 
 def _rows(cls: type, *, only: tuple[str, ...] | None = None) -> list[str]:
@@ -91,15 +89,11 @@ def _probe_options() -> str:
 def blocks() -> dict[str, str]:
     """Every generated block of the page, by name."""
     names = [
-        "server",
-        "log",
-        "sku_guard",
-        "database",
-        "redis",
-        "lock_watch",
-        "probes.defaults",
-        "probes.custom",
+        name
+        for name, spec in specs(ExporterConfig)
+        if isinstance(spec, Section) and name not in ("schema", "probes")
     ]
+    names += ["probes.defaults", "probes.custom"]
     names += [f"schema.{name}" for name, _ in specs(section_class("schema"))]
     found = {f"config.{name}": markdown_table(section_class(name)) for name in names}
     found["config.probes.settings"] = markdown_table(ProbeSettings)
