@@ -1,7 +1,7 @@
 """The invariant SQL: the one place that says how a double-sell shows in the shop's tables.
 
 A double-sell breaks four invariants, and both the sidecar's probes
-(:mod:`stocksentry.exporter.probes.postgres`) and ``stocksentry reconcile`` check them with
+(:mod:`stocksentry.exporter.probes.db`) and ``stocksentry reconcile`` check them with
 the statements built here, from the ``schema`` mapping of the config:
 
 - **negative stock**: a SKU whose stock is below zero;

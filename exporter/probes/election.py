@@ -36,96 +36,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Final, Protocol
-
-from psycopg import sql
 
 from ..config import ELECTION_PROBE, DatabaseConfig
 from .base import Backoff, ErrorLog, ProbeResult, ProbeUnavailableError, describe_error
-from .postgres import Conn, connect
+from .dialects import Connection, dialect_for
 
-if TYPE_CHECKING:
-    # aiomysql is imported only when the URL is MySQL's (see _connect_mysql).
-    from .mysql.pool import MySession
-
-__all__ = ["LeaderElection", "lock_name"]
-
-_TRY_LOCK = sql.SQL("SELECT pg_try_advisory_lock(%s)")
-_PING = sql.SQL("SELECT 1")
-_KEEPALIVE_COUNT: Final = 3
-# The server ends an election session idle this many retry intervals (but at least the
-# floor): a live leader pings every interval, so only a frozen or cut-off one is ended.
-_IDLE_INTERVALS: Final = 3
-_IDLE_FLOOR: Final = 1.0
-
-
-class _Session(Protocol):
-    """The election's dedicated session on one dialect."""
-
-    @property
-    def usable(self) -> bool: ...
-
-    async def try_lock(self, key: int) -> bool: ...
-
-    async def ping(self) -> None: ...
-
-    async def close(self) -> None: ...
-
-
-class _PgSession:
-    """PostgreSQL: a session-level advisory lock, ``idle_session_timeout`` (see above)."""
-
-    def __init__(self, conn: Conn) -> None:
-        self.conn = conn
-
-    @property
-    def usable(self) -> bool:
-        return not self.conn.closed and not self.conn.broken
-
-    async def try_lock(self, key: int) -> bool:
-        cursor = await self.conn.execute(_TRY_LOCK, [key])
-        row = await cursor.fetchone()
-        return bool(row and row[0])
-
-    async def ping(self) -> None:
-        await self.conn.execute(_PING)
-
-    async def close(self) -> None:
-        await self.conn.close()
-
-
-def lock_name(database: str | None, key: int) -> str:
-    """The MySQL ``GET_LOCK`` name of ``key``: per database, as PostgreSQL's advisory locks
-    are (MySQL's named locks are server-wide), within the 64 characters allowed."""
-    return f"stocksentry.{database or ''}.{key}"[-64:]
-
-
-class _MySession:
-    """MySQL/MariaDB: ``GET_LOCK(name, 0)``, ``wait_timeout`` (see above)."""
-
-    def __init__(self, session: MySession) -> None:
-        self.session = session
-        self._name: str | None = None
-
-    @property
-    def usable(self) -> bool:
-        return not self.session.closed
-
-    async def try_lock(self, key: int) -> bool:
-        if self._name is None:
-            (database,) = await self.session.one("SELECT database()")
-            self._name = lock_name(None if database is None else str(database), key)
-        (got,) = await self.session.one("SELECT GET_LOCK(%s, 0)", (self._name,))
-        return bool(got == 1)
-
-    async def ping(self) -> None:
-        await self.session.one("SELECT 1")
-
-    async def close(self) -> None:
-        self.session.close()
+__all__ = ["LeaderElection"]
 
 
 class LeaderElection:
@@ -148,7 +66,8 @@ class LeaderElection:
         self._on_result = on_result
         self._errors = errors
         self._backoff = backoff or Backoff()
-        self._conn: _Session | None = None
+        self._dialect = dialect_for(db)
+        self._conn: Connection | None = None
         self._last_success: float | None = None
         # One step may connect and run one statement.
         self._timeout = db.connect_timeout + db.statement_timeout
@@ -177,10 +96,10 @@ class LeaderElection:
             async with asyncio.timeout(self._timeout):
                 conn = await self._connection()
                 if self.leading:
-                    await conn.ping()
+                    await conn.one("SELECT 1")
                     elected = False
                 else:
-                    elected = await conn.try_lock(self.db.advisory_lock_key)
+                    elected = await self._dialect.try_lock(conn, self.db.advisory_lock_key)
         except Exception as exc:
             message = self._errors.failed(ELECTION_PROBE, describe_error(exc, self._timeout))
             self._record(False, started, message)
@@ -212,17 +131,14 @@ class LeaderElection:
             )
         )
 
-    async def _connection(self) -> _Session:
+    async def _connection(self) -> Connection:
         if self._conn is not None and self._conn.usable:
             return self._conn
         wait = self._backoff.wait_time()
         if wait > 0:
             raise ProbeUnavailableError(f"database unreachable; next attempt in {wait:.1f}s")
         try:
-            if self.db.dialect == "mysql":
-                self._conn = _MySession(await self._connect_mysql())
-            else:
-                self._conn = _PgSession(await self._connect())
+            self._conn = await self._dialect.connect(self.db, elector=True)
         except (Exception, asyncio.CancelledError):
             # Any failure to open the session (refused, bad password, a timeout, a URL
             # that cannot be parsed): the next attempt waits for the backoff.
@@ -230,46 +146,6 @@ class LeaderElection:
             raise
         self._backoff.succeeded()
         return self._conn
-
-    async def _connect_mysql(self) -> MySession:
-        """A session the server ends when this sidecar stops pinging it (``wait_timeout``)."""
-        from .mysql.pool import connect_session
-
-        session = await connect_session(self.db)
-        idle = max(1, math.ceil(max(_IDLE_FLOOR, _IDLE_INTERVALS * self.db.leader_retry_interval)))
-        try:
-            await session.execute(f"SET SESSION wait_timeout = {idle}")
-        except BaseException:
-            session.close()
-            raise
-        return session
-
-    async def _connect(self) -> Conn:
-        """A session the server ends when this sidecar stops pinging it (see above)."""
-        interval = self.db.leader_retry_interval
-        keepalive = max(1, math.ceil(interval))
-        conn = await connect(
-            self.db,
-            params={
-                "keepalives": 1,
-                "keepalives_idle": keepalive,
-                "keepalives_interval": keepalive,
-                "keepalives_count": _KEEPALIVE_COUNT,
-            },
-        )
-        settings = sql.SQL(
-            "SET tcp_keepalives_idle = {0}; SET tcp_keepalives_interval = {0}; "
-            "SET tcp_keepalives_count = {1}"
-        ).format(sql.Literal(keepalive), sql.Literal(_KEEPALIVE_COUNT))
-        if conn.info.server_version >= 140000:
-            idle_ms = math.ceil(max(_IDLE_FLOOR, _IDLE_INTERVALS * interval) * 1000)
-            settings += sql.SQL("; SET idle_session_timeout = {}").format(sql.Literal(idle_ms))
-        try:
-            await conn.execute(settings)
-        except BaseException:
-            await conn.close()
-            raise
-        return conn
 
     async def _drop_connection(self) -> None:
         conn, self._conn = self._conn, None

@@ -1,20 +1,8 @@
-"""Dialect-neutral result building of the invariant probes: rows in, metric families out.
+"""Rows in, metric families out: what every dialect's probes (:mod:`.db`) and cache_drift
+(:mod:`.redis`) share, so they export the same series with the same bounds.
 
-The PostgreSQL probes (:mod:`.postgres.invariants`, :mod:`.postgres.backlog`), the
-MySQL/MariaDB ones (:mod:`.mysql.invariants`, :mod:`.mysql.backlog`) and cache_drift
-(:mod:`.redis`) run their own statements and hand the rows to these functions, so every
-dialect exports the same series with the same bounds:
-
-- :func:`worst_sku_samples`: the worst ``top`` SKUs by value, each through the SKU guard,
-  the rest (and any the guard folds) summed under ``__other__``, the promo SKUs always
-  (at 0 when not among them). What an alert about SKUs names (``{{ $labels.sku }}``).
-- :func:`negative_stock_families`, :func:`duplicate_order_families`,
-  :func:`outbox_families`: every family of one probe run.
-- :func:`duplicate_key_skus`: the statement that finds the SKUs of duplicate keys, built
-  from :class:`~stocksentry.exporter.invariants.InvariantSql`'s quoting, any dialect.
-- :class:`OutboxStuckLog`: the sidecar's log line naming stuck outbox events, once per
-  transition and then at most once a minute.
-- :func:`default_guard`: the SKU guard of a probe built without the runner's.
+:func:`worst_sku_samples` names the worst ``top`` SKUs through the SKU guard, the rest
+summed under ``__other__`` and the promo SKUs always there (at 0 when not among them).
 
 Example::
 

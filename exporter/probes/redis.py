@@ -47,7 +47,6 @@ from typing import Final
 
 import redis.asyncio as aioredis
 from prometheus_client.core import Metric
-from psycopg import sql
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -57,8 +56,10 @@ from stocksentry.instrumentation.guard import LabelGuard
 
 from ..config import ExporterConfig, RedisConfig
 from .base import Backoff, ProbeUnavailableError, describe_error, family
+from .db import DbProbe
+from .dialects import Session
 from .families import default_guard, pinned_labels, worst_sku_samples
-from .postgres import Conn, DbProbe, PgPool, ident
+from .pool import Pool
 
 __all__ = ["CACHE_LABEL", "CacheDriftProbe", "RedisSource"]
 
@@ -151,7 +152,7 @@ class CacheDriftProbe(DbProbe):
     def __init__(
         self,
         config: ExporterConfig,
-        pool: PgPool,
+        pool: Pool,
         source: RedisSource,
         *,
         guard: LabelGuard | None = None,
@@ -175,18 +176,19 @@ class CacheDriftProbe(DbProbe):
         # the cached value of the previous run (a changed value restarts the stretch).
         self._since: dict[str, float] = {}
         self._previous: dict[str, float] = {}
-        p = config.schema.products
-        self._sql = sql.SQL(
-            "SELECT {sku}::text, {stock} FROM {table} WHERE {sku} = ANY(%s)"
-        ).format(sku=sql.Identifier(p.sku), stock=sql.Identifier(p.stock), table=ident(p.table))
+        p, q = config.schema.products, self.dialect.quote
+        marks = ", ".join(["%s"] * len(self.skus))
+        # Quoted identifiers, values as parameters.
+        self._sql = (
+            f"SELECT {q(p.sku)}, {q(p.stock)} FROM {q(p.table)}"  # noqa: S608
+            f" WHERE {q(p.sku)} IN ({marks})"
+        )
 
     async def run(self) -> tuple[Metric, ...]:
         # Redis first, outside the transaction: the database transaction stays as short as
         # one indexed query.
         cached = await self.source.get_many(self._keys)
-        stock = await self.pool.read(
-            self._database_stock, statement_timeout=self.statement_timeout
-        )
+        stock = await self.pool.read(self.database_stock, statement_timeout=self.statement_timeout)
         now = self._clock()
         drifting = 0
         units: list[tuple[str, float]] = []
@@ -217,8 +219,9 @@ class CacheDriftProbe(DbProbe):
             ),
         )
 
-    async def _database_stock(self, conn: Conn) -> dict[str, float]:
-        cursor = await conn.execute(self._sql, [list(self.skus)])
-        return {
-            str(sku): float(stock) for sku, stock in await cursor.fetchall() if stock is not None
-        }
+    async def database_stock(self, session: Session) -> dict[str, float]:
+        """The promo SKUs' stock in the database (one indexed read)."""
+        if not self.skus:
+            return {}
+        rows = await session.rows(self._sql, list(self.skus))
+        return {str(sku): float(stock) for sku, stock in rows if stock is not None}

@@ -1,11 +1,8 @@
 """Per-product paid totals kept between probe runs: the incremental oversold bookkeeping.
 
-Nothing here writes SQL or knows a driver: :func:`incremental_run` asks
-:class:`stocksentry.exporter.invariants.InvariantSql` (the dialect-aware builder
-``reconcile`` uses) for its statements and a dialect's probe for their rows, through a
-``fetch`` callable, and :class:`SoldTotals` answers which SKUs are oversold and by how
-much. A dialect brings only its *horizon* and its ``fetch`` (the PostgreSQL probe is
-:mod:`stocksentry.exporter.probes.postgres.oversold`).
+No SQL here: :func:`incremental_run` takes its statements from
+:class:`stocksentry.exporter.invariants.InvariantSql` and their rows from the probe's
+``fetch``; :class:`SoldTotals` answers which SKUs are oversold and by how much.
 
 The paid units of a product are split by the orders' creation time at a **boundary**:
 
@@ -16,8 +13,8 @@ The paid units of a product are split by the orders' creation time at a **bounda
 The probe moves the boundary forward on each run to its *horizon*: before every order
 that may still commit (the start of every open transaction, less a margin) and before
 those young enough to be paid or refunded soon (``settle_after`` back from the database's
-clock). The orders created between
-the old and the new boundary are read once and added to the settled totals.
+clock). The orders created between the old and the new boundary are read once and added
+to the settled totals.
 
 Settled totals are kept only for products that matter: those with recent paid items
 (counted once on first sight from their whole history, a few per run) and those found

@@ -27,9 +27,10 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from stocksentry.exporter.config import ExporterConfig, parse_config
 from stocksentry.exporter.probes import ProbeRunner, check_indexes
-from stocksentry.exporter.probes.base import Backoff, ErrorLog, ProbeResult, secret_fragments
+from stocksentry.exporter.probes.base import Backoff, ErrorLog, ProbeResult
 from stocksentry.exporter.probes.election import LeaderElection
-from stocksentry.exporter.probes.postgres import PgPool
+from stocksentry.exporter.probes.pool import Pool
+from stocksentry.instrumentation.secrets import secret_fragments
 
 pytestmark = pytest.mark.integration
 
@@ -489,9 +490,9 @@ async def test_missing_indexes_are_reported_with_the_statement_to_add(
 ):
     await seed(pg_database, indexes=False)
     config = make_config(pg_database, schema={"orders": {"idempotency_key": None}})
-    pool = PgPool(config.database)
+    pool = Pool(config.database)
     try:
-        advice = await pool.read(lambda conn: check_indexes(conn, config))
+        advice = await check_indexes(pool, config)
     finally:
         await pool.close()
     assert [(a.probe, a.table, a.column) for a in advice] == [

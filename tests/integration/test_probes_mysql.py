@@ -29,12 +29,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from services import REDIS_URL
 from stocksentry.exporter.config import ExporterConfig, parse_config
 from stocksentry.exporter.invariants import InvariantSql
-from stocksentry.exporter.probes import ProbeRunner
+from stocksentry.exporter.probes import ProbeRunner, check_indexes
 from stocksentry.exporter.probes.base import ErrorLog
-from stocksentry.exporter.probes.election import LeaderElection, lock_name
-from stocksentry.exporter.probes.mysql import MyPool, check_indexes
-from stocksentry.exporter.probes.mysql.common import statement
-from stocksentry.exporter.probes.postgres.common import composed
+from stocksentry.exporter.probes.election import LeaderElection
+from stocksentry.exporter.probes.my import MySQL, lock_name
+from stocksentry.exporter.probes.pg import PostgreSQL
+from stocksentry.exporter.probes.pool import Pool
 from test_probes import seed as pg_seed
 
 pytestmark = pytest.mark.integration
@@ -437,11 +437,11 @@ async def test_every_invariant_statement_gives_postgresql_s_rows(mysql_database,
     try:
         async with await psycopg.AsyncConnection.connect(pg_database) as pg:
             for name, query in on_mysql.items():
-                text, params = statement(query)
+                text, params = MySQL().render(query)
                 with conn.cursor() as cur:
                     cur.execute(text, params)
                     got = [tuple(r) for r in cur.fetchall()]
-                pg_statement, pg_params = composed(on_pg[name])
+                pg_statement, pg_params = PostgreSQL().render(on_pg[name])
                 cursor = await pg.execute(pg_statement, pg_params)
                 want = [tuple(r) for r in await cursor.fetchall()]
                 assert normalised(got, query.columns) == normalised(want, query.columns), name
@@ -456,7 +456,7 @@ async def test_every_invariant_statement_gives_postgresql_s_rows(mysql_database,
 
 
 def run_rows(url: str, query: Any) -> list[tuple[Any, ...]]:
-    text, params = statement(query)
+    text, params = MySQL().render(query)
     conn = connect(url)
     try:
         with conn.cursor() as cur:
@@ -907,9 +907,9 @@ async def test_a_silent_leader_s_session_is_ended_by_the_server(mysql_database):
 async def test_missing_indexes_are_reported_with_the_statement_to_add(mysql_database, registry):
     seed(mysql_database, indexes=False)
     config = make_config(mysql_database)
-    pool = MyPool(config.database)  # type: ignore[arg-type]
+    pool = Pool(config.database)  # type: ignore[arg-type]
     try:
-        advice = await pool.read(lambda session: check_indexes(session, config))
+        advice = await check_indexes(pool, config)
     finally:
         await pool.close()
     # order_items(order_id) and (product_id) come with their foreign keys.
