@@ -4,7 +4,8 @@
 and is a prometheus_client collector whose ``collect()`` reads the last results only.
 
 - :mod:`.base`: the probe contract, results, backoff, rate-limited error logs;
-- :mod:`.db`: the database probes (one class each for every dialect) and the index check;
+- :mod:`.db`: the database probes (one class each for every dialect); :mod:`.indexes`: the
+  indexes they expect;
 - :mod:`.dialects`: what differs between PostgreSQL (:mod:`.pg`) and MySQL/MariaDB
   (:mod:`.my`), chosen by the database URL's scheme; :mod:`.pool`: their sessions' pool;
 - :mod:`.redis`: the cache-drift probe;
@@ -25,7 +26,7 @@ Example::
 from __future__ import annotations
 
 from .base import Probe, ProbeResult
-from .db import IndexAdvice, check_indexes
+from .indexes import IndexAdvice, check_indexes
 from .runner import ProbeRunner
 
 __all__ = [

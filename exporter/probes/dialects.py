@@ -38,11 +38,14 @@ class Session(Protocol):
 
     flavor: str
 
+    async def rows(self, statement: str, params: Params = None) -> list[tuple[Any, ...]]: ...
+
     async def one(self, statement: str, params: Params = None) -> tuple[Any, ...]:
         """The single row of an aggregate statement."""
-        ...
-
-    async def rows(self, statement: str, params: Params = None) -> list[tuple[Any, ...]]: ...
+        found = await self.rows(statement, params)
+        if not found:  # aggregates always return a row; a view mapped as a table might not
+            raise ValueError("the query returned no row")
+        return found[0]
 
     async def execute(self, statement: str, params: Params = None) -> None: ...
 

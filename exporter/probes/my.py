@@ -102,7 +102,7 @@ def _table_parts(name: str) -> dict[str, str | None]:
     return {"schema": schema or None, "table": table}
 
 
-class MySession:
+class MySession(Connection):
     """An aiomysql connection as a probe session (see the module)."""
 
     def __init__(self, conn: aiomysql.Connection, *, lock_timeout: float) -> None:
@@ -129,12 +129,6 @@ class MySession:
         async with self.conn.cursor() as cursor:
             await cursor.execute(statement, params)
             return [tuple(row) for row in await cursor.fetchall()]
-
-    async def one(self, statement: str, params: Params = None) -> tuple[Any, ...]:
-        found = await self.rows(statement, params)
-        if not found:  # aggregates always return a row; a view mapped as a table might not
-            raise ValueError("the query returned no row")
-        return found[0]
 
     async def table(self, statement: str) -> tuple[list[str], list[tuple[Any, ...]]]:
         # One statement: the session never asked for multiple ones (see MySQL.connect).

@@ -27,7 +27,7 @@ from psycopg.rows import TupleRow
 
 from ..config import DatabaseConfig
 from .base import ProbeUnavailableError
-from .dialects import Dialect, Params, Session
+from .dialects import Connection, Dialect, Params, Session
 
 __all__ = ["PgSession", "PostgreSQL"]
 
@@ -77,7 +77,7 @@ def _ms(seconds: float) -> int:
     return max(1, math.ceil(seconds * 1000))
 
 
-class PgSession:
+class PgSession(Connection):
     """A psycopg connection as a probe session (autocommit; see the module)."""
 
     flavor = "postgresql"
@@ -103,12 +103,6 @@ class PgSession:
     async def rows(self, statement: str, params: Params = None) -> list[tuple[Any, ...]]:
         cursor = await self.conn.execute(statement, params)
         return [tuple(row) for row in await cursor.fetchall()]
-
-    async def one(self, statement: str, params: Params = None) -> tuple[Any, ...]:
-        found = await self.rows(statement, params)
-        if not found:  # aggregates always return a row; a view mapped as a table might not
-            raise ValueError("the query returned no row")
-        return found[0]
 
     async def table(self, statement: str) -> tuple[list[str], list[tuple[Any, ...]]]:
         # prepare=True forces the extended protocol: one statement, no "; COMMIT; ...".

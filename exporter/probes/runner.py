@@ -34,8 +34,9 @@ from stocksentry.instrumentation.secrets import secret_fragments
 
 from ..config import ELECTION_PROBE, ExporterConfig
 from .base import LOGGER, ErrorLog, Probe, ProbeResult, describe_error
-from .db import IndexAdvice, build_db_probes, check_indexes
+from .db import build_db_probes
 from .election import LeaderElection
+from .indexes import IndexAdvice, check_indexes
 from .pool import Pool
 
 if TYPE_CHECKING:

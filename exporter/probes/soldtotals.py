@@ -114,19 +114,23 @@ class SoldTotals:
 
     # --- the boundary ------------------------------------------------------------------
 
-    def advance(self, horizon: datetime) -> tuple[datetime, datetime] | None:
-        """Move the boundary to ``horizon`` (never back) and return the settle range
-        ``[old, new)`` whose orders :meth:`settle` must get, or ``None`` (nothing to
-        settle: the first run, or a horizon not past the boundary)."""
-        self._run += 1
+    def settle_range(self, horizon: datetime) -> tuple[tuple[datetime, datetime] | None, datetime]:
+        """The range ``[old, new)`` whose orders :meth:`settle` must get when the boundary
+        moves to ``horizon`` (``None``: nothing to settle, the first run or a horizon not
+        past the boundary), and the boundary after it (never moved back)."""
         old = self.boundary
         if old is None:
-            self.boundary = horizon
-            return None
+            return None, horizon
         if horizon <= old:
-            return None
-        self.boundary = horizon
-        return old, horizon
+            return None, old
+        return (old, horizon), horizon
+
+    def advance(self, horizon: datetime) -> tuple[datetime, datetime] | None:
+        """Move the boundary to ``horizon`` (:meth:`settle_range`); returns the range to
+        settle."""
+        self._run += 1
+        settle, self.boundary = self.settle_range(horizon)
+        return settle
 
     def settle(self, rows: Iterable[tuple[Any, Any]]) -> None:
         """Add ``(product_id, sold_units)`` of the settle range to the kept totals.
@@ -294,14 +298,7 @@ async def incremental_run(
     that fails or times out leaves them consistent, and the next run repeats what was not
     applied (a settle range, a chunk, the first counts).
     """
-    boundary = totals.boundary
-    settle_range = None
-    new_boundary = horizon
-    if boundary is not None:
-        if horizon > boundary:
-            settle_range = (boundary, horizon)
-        else:
-            new_boundary = boundary
+    settle_range, new_boundary = totals.settle_range(horizon)
     settled = (
         await fetch(builder.paid_units_created(start=settle_range[0], end=settle_range[1]))
         if settle_range is not None
