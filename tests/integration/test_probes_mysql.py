@@ -1,9 +1,9 @@
-"""The probes against a real MariaDB: exact figures, the server's state, failures, election.
+"""The probes' behaviours of MariaDB's own: the server's state, failures, election.
 
-The MySQL/MariaDB twin of ``test_probes.py``: each test seeds a fresh database
-(``mysql_database``) with the same shop and the same known violations, runs a
-:class:`ProbeRunner` on short intervals, and reads the figures back from a fresh registry,
-as a scrape would. MySQL 8 is not run here (its differences are documented).
+The behaviours both databases share are tested once, on both, in ``test_probes.py`` (the
+``db`` fixture); this module holds MariaDB's shop (the same rows and known violations as
+PostgreSQL's) and helpers, and the tests of what only MySQL/MariaDB do. MySQL 8 is not run
+here (its differences are documented).
 """
 
 from __future__ import annotations
@@ -21,12 +21,10 @@ from urllib.parse import unquote, urlsplit
 import psycopg
 import pymysql
 import pytest
-import redis.asyncio as aioredis
 import yaml
 from polling import async_wait_until
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
-from services import REDIS_URL
 from stocksentry.exporter.config import ExporterConfig, parse_config
 from stocksentry.exporter.invariants import InvariantSql
 from stocksentry.exporter.probes import ProbeRunner, check_indexes
@@ -217,57 +215,6 @@ def all_up(registry: CollectorRegistry, probes: tuple[str, ...]) -> Callable[[],
 
 def database_of(url: str) -> str:
     return url.rsplit("/", 1)[1]
-
-
-async def test_every_probe_reports_the_seeded_truth(mysql_database, registry):
-    before_seed, before_seed_wall = time.monotonic(), time.time()
-    seed(mysql_database)
-    config = make_config(mysql_database)
-    async with ProbeRunner(config, registry=registry) as runner:
-        await async_wait_until(
-            all_up(registry, ALL_DB_PROBES), timeout=WAIT, message="every probe up"
-        )
-        await asyncio.sleep(0.3)
-        assert sample(registry, "stock_negative_inventory_skus") == 2.0
-        assert sample(registry, "stock_negative_inventory_units") == 4.0
-        per_sku = "stock_negative_inventory_sku_units"
-        assert sample(registry, per_sku, sku="SKU-NEG3") == 3.0
-        assert sample(registry, per_sku, sku="SKU-NEG1") == 1.0
-        assert sample(registry, per_sku, sku="SKU-OK") == 0.0
-        assert sample(registry, per_sku, sku="__other__") is None
-        assert sample(registry, "stock_oversold_units", sku="SKU-OVER") == 2.0
-        assert sample(registry, "stock_oversold_units", sku="SKU-OVER2") == 3.0
-        assert sample(registry, "stock_oversold_units", sku="SKU-OK") == 0.0
-        assert sample(registry, "stock_oversold_units", sku="SKU-NEG3") is None
-        assert sample(registry, "stock_duplicate_order_keys") == 2.0
-        assert sample(registry, "stock_db_lock_waiters") == 0.0
-        assert sample(registry, "stock_db_lock_wait_max_seconds") == 0.0
-        deadlocks = sample(
-            registry, "stock_db_deadlocks_total", database=database_of(mysql_database)
-        )
-        assert deadlocks is not None  # server-wide: other suites' deadlocks count too
-        assert deadlocks >= 0.0
-        assert sample(registry, "stock_db_long_transactions") == 0.0
-        assert sample(registry, "stock_reservations_expired_unreleased") == 3.0
-        assert sample(registry, "stock_outbox_pending_events") == 2.0
-        # Beyond the default 30 s: the 120 s old row, and the 30 s one once it aged too.
-        assert sample(registry, "stock_outbox_stuck_events") in (1.0, 2.0)
-        assert sample(registry, "stock_outbox_max_publish_latency_seconds") == 30.0
-        lag = sample(registry, "stock_outbox_lag_seconds")
-        assert lag is not None
-        assert 120.0 <= lag <= 120.0 + (time.monotonic() - before_seed) + 1.0
-        assert sample(registry, "stocksentry_probe_leader") == 1.0
-        assert runner.is_leader
-        for probe in ALL_DB_PROBES:
-            last = sample(
-                registry, "stocksentry_probe_last_success_timestamp_seconds", probe=probe
-            )
-            assert last is not None
-            assert before_seed_wall <= last <= time.time()
-        await async_wait_until(
-            lambda: runner.index_advice is not None, timeout=WAIT, message="the index check"
-        )
-        assert runner.index_advice == ()
 
 
 # --- the same families and samples as on PostgreSQL ------------------------------------------
@@ -611,51 +558,6 @@ def execute(conn: Any, sql: str) -> None:
 # --- failures: locks, an unreachable or vanishing server -------------------------------------
 
 
-async def test_a_locked_table_times_out_the_probe_then_it_recovers(mysql_database, registry):
-    seed(mysql_database)
-    # A statement limit above the lock wait's whole second, so the lock wait ends it.
-    config = make_config(
-        mysql_database,
-        ("negative_stock", "lock_waiters"),
-        database={"statement_timeout": "1500ms"},
-    )
-    locker = connect(mysql_database)
-    try:
-        async with ProbeRunner(config, registry=registry) as runner:
-            await async_wait_until(all_up(registry, ("negative_stock",)), timeout=WAIT)
-            execute(locker, "LOCK TABLES products WRITE")
-            await async_wait_until(
-                lambda: sample(registry, "stocksentry_probe_up", probe="negative_stock") == 0.0,
-                timeout=WAIT,
-                message="negative_stock down",
-            )
-            result = runner.results["negative_stock"]
-            assert result.error is not None
-            # lock_wait_timeout (200 ms rounded up to the server's 1 s) ended the wait.
-            assert "1205" in result.error
-            assert "Lock wait timeout" in result.error
-            (probe,) = [p for p in runner.probes if p.name == "negative_stock"]
-            assert result.duration < probe.timeout
-            assert sample(registry, "stock_negative_inventory_skus") is None
-            # The other probe is not hidden, and a scrape answers from the stored results.
-            assert sample(registry, "stocksentry_probe_up", probe="lock_waiters") == 1.0
-            started = time.monotonic()
-            scraped = scrape(registry)
-            assert time.monotonic() - started < probe.timeout
-            key = (("probe", "negative_stock"),)
-            assert scraped[("stocksentry_probe_up", key)] == 0.0
-            assert ("stock_negative_inventory_skus", ()) not in scraped
-            execute(locker, "UNLOCK TABLES")
-            await async_wait_until(
-                lambda: sample(registry, "stocksentry_probe_up", probe="negative_stock") == 1.0,
-                timeout=WAIT,
-                message="negative_stock back up",
-            )
-            assert sample(registry, "stock_negative_inventory_skus") == 2.0
-    finally:
-        locker.close()
-
-
 def scrape(registry: CollectorRegistry) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     return {
         (s.name, tuple(sorted(s.labels.items()))): s.value
@@ -832,44 +734,6 @@ def lock_is_free(url: str, name: str) -> bool:
         conn.close()
 
 
-async def test_one_leader_runs_the_database_probes_and_the_other_takes_over(mysql_database):
-    seed(mysql_database)
-    config = make_config(mysql_database, ("negative_stock",), leader_election=True)
-    first_registry, second_registry = CollectorRegistry(), CollectorRegistry()
-    first = ProbeRunner(config, registry=first_registry)
-    second = ProbeRunner(config, registry=second_registry)
-    await first.start()
-    try:
-        await async_wait_until(
-            all_up(first_registry, ("negative_stock",)), timeout=WAIT, message="first leads"
-        )
-        await second.start()
-        await async_wait_until(
-            lambda: (
-                sample(second_registry, "stocksentry_probe_up", probe="leader_election") == 1.0
-            ),
-            timeout=WAIT,
-            message="second in the election",
-        )
-        await asyncio.sleep(0.6)  # three retries of the follower
-        assert (first.is_leader, second.is_leader) == (True, False)
-        assert sample(second_registry, "stocksentry_probe_leader") == 0.0
-        assert sample(second_registry, "stock_negative_inventory_skus") is None
-        await first.stop()
-        await async_wait_until(
-            lambda: (
-                second.is_leader
-                and sample(second_registry, "stocksentry_probe_up", probe="negative_stock") == 1.0
-            ),
-            timeout=WAIT,
-            message="second takes over",
-        )
-        assert sample(second_registry, "stock_negative_inventory_skus") == 2.0
-    finally:
-        await first.stop()
-        await second.stop()
-
-
 async def test_a_silent_leader_s_session_is_ended_by_the_server(mysql_database):
     config = make_config(mysql_database, ("negative_stock",), leader_election=True)
     assert config.database is not None
@@ -949,25 +813,6 @@ def exporter_sessions(url: str) -> set[int]:
         conn.close()
 
 
-async def test_stop_leaves_no_session_behind(mysql_database, registry):
-    seed(mysql_database)
-    config = make_config(mysql_database, ALL_DB_PROBES, leader_election=True)
-    runner = ProbeRunner(config, registry=registry)
-    await runner.start()
-    await async_wait_until(all_up(registry, ALL_DB_PROBES), timeout=WAIT)
-    sessions = exporter_sessions(mysql_database)
-    # The election's and the pool's (at most max_connections).
-    assert 2 <= len(sessions) <= 1 + config.database.max_connections  # type: ignore[union-attr]
-    await runner.stop()
-    await runner.stop()  # idempotent
-    await async_wait_until(
-        lambda: not exporter_sessions(mysql_database),
-        timeout=WAIT,
-        message="no session left open",
-    )
-    assert not runner.is_leader
-
-
 # --- custom SQL -------------------------------------------------------------------------------
 
 
@@ -982,26 +827,6 @@ def custom_document(url: str, custom: dict[str, Any], interval: str = "200ms") -
             },
         }
     )
-
-
-async def test_custom_probe_exports_the_rows_as_a_gauge(mysql_database, registry):
-    seed(mysql_database)
-    custom = {
-        "name": "negative_by_sku",
-        # A % stays as written (no parameters are sent with custom SQL).
-        "sql": "SELECT sku, available_stock AS stock FROM products "
-        "WHERE available_stock < 0 AND sku LIKE 'SKU-%' -- a trailing comment",
-        "metric": "shop_negative_stock",
-        "help": "Stock per SKU below zero.",
-        "value_column": "stock",
-        "label_columns": ["sku"],
-    }
-    config = parse_config(custom_document(mysql_database, custom))
-    async with ProbeRunner(config, registry=registry):
-        await async_wait_until(all_up(registry, ("negative_by_sku",)), timeout=WAIT)
-        assert sample(registry, "shop_negative_stock", sku="SKU-NEG3") == -3.0
-        assert sample(registry, "shop_negative_stock", sku="SKU-NEG1") == -1.0
-        assert sample(registry, "shop_negative_stock", sku="SKU-OK") is None
 
 
 async def test_a_custom_probe_reads_a_status_value_that_mysql_returns_as_text(
@@ -1067,130 +892,7 @@ def run_rows_text(url: str, sql: str) -> list[tuple[Any, ...]]:
         conn.close()
 
 
-async def test_custom_sql_leaves_no_named_lock_behind(mysql_database, registry):
-    seed(mysql_database)
-    name = f"stocksentry-test-{random.randint(1, 2**62)}"
-    custom = {
-        "name": "locker",
-        "sql": f"SELECT GET_LOCK('{name}', 0) AS value",
-        "metric": "shop_locker",
-    }
-    # One run only, so none is in flight while the lock is checked.
-    config = parse_config(custom_document(mysql_database, custom, interval="1h"))
-    async with ProbeRunner(config, registry=registry):
-        await async_wait_until(all_up(registry, ("locker",)), timeout=WAIT, message="one run")
-        assert sample(registry, "shop_locker") == 1.0
-        # The pooled session is still open, but no longer holds the lock.
-        assert lock_is_free(mysql_database, name)
-
-
 # --- cache drift ------------------------------------------------------------------------------
-
-
-async def test_cache_drift_counts_skus_that_stay_apart_beyond_the_grace(
-    mysql_database, registry, redis_prefix
-):
-    seed(mysql_database)
-    client = aioredis.Redis.from_url(REDIS_URL)
-    try:
-        # SKU-OK: database 15. SKU-OVER: 0, SKU-NEG1: -1, SKU-NEG3: -3 (no key).
-        await client.set(f"{redis_prefix}stock:SKU-OK", "15")  # equal
-        await client.set(f"{redis_prefix}stock:SKU-OVER", "3")  # 3 apart: drifts
-        await client.set(f"{redis_prefix}stock:SKU-NEG1", "0")  # 1 apart: within tolerance
-        config = parse_config(
-            yaml.safe_dump(
-                {
-                    "sku_guard": {"promo_skus": ["SKU-OK", "SKU-OVER", "SKU-NEG1", "SKU-NEG3"]},
-                    "database": {"url": mysql_database, "leader_election": False},
-                    "redis": {
-                        "url": REDIS_URL,
-                        "key_template": f"{redis_prefix}stock:{{sku}}",
-                        "tolerance": 1,
-                        "grace": "500ms",
-                    },
-                    "probes": {
-                        "defaults": {"interval": "100ms"},
-                        **{p: {"enabled": False} for p in ALL_DB_PROBES},
-                    },
-                }
-            )
-        )
-        async with ProbeRunner(config, registry=registry):
-            await async_wait_until(all_up(registry, ("cache_drift",)), timeout=WAIT)
-            assert sample(registry, "stock_cache_drift_skus", cache="redis") == 0.0
-            await async_wait_until(
-                lambda: sample(registry, "stock_cache_drift_skus", cache="redis") == 1.0,
-                timeout=WAIT,
-                message="one drifting SKU after the grace",
-            )
-            # Named by its own series, 3 units apart; the others at 0, nothing left over.
-            per_sku = "stock_cache_drift_sku_units"
-            assert sample(registry, per_sku, cache="redis", sku="SKU-OVER") == 3.0
-            for sku in ("SKU-OK", "SKU-NEG1", "SKU-NEG3"):
-                assert sample(registry, per_sku, cache="redis", sku=sku) == 0.0
-            assert sample(registry, per_sku, cache="redis", sku="__other__") is None
-            await client.set(f"{redis_prefix}stock:SKU-OVER", "0")
-            await async_wait_until(
-                lambda: sample(registry, "stock_cache_drift_skus", cache="redis") == 0.0,
-                timeout=WAIT,
-                message="the fixed SKU no longer drifts",
-            )
-            assert sample(registry, per_sku, cache="redis", sku="SKU-OVER") == 0.0
-    finally:
-        await client.aclose()
-
-
-async def test_the_probe_timeout_kills_a_slow_query_in_the_server(mysql_database, registry):
-    document = {
-        "database": {
-            "url": mysql_database,
-            "leader_election": False,
-            "statement_timeout": "10s",
-            "lock_timeout": "10s",
-        },
-        "probes": {
-            **{p: {"enabled": False} for p in ALL_DB_PROBES},
-            "custom": [
-                {
-                    "name": "slow",
-                    "sql": "SELECT SLEEP(3) AS value",
-                    "metric": "shop_slow",
-                    "interval": "200ms",
-                    "timeout": "300ms",
-                }
-            ],
-        },
-    }
-    async with ProbeRunner(parse_config(yaml.safe_dump(document)), registry=registry) as runner:
-        await async_wait_until(lambda: "slow" in runner.results, timeout=WAIT, message="one run")
-        result = runner.results["slow"]
-        assert (result.up, result.error) == (False, "timed out after 300ms")
-        assert result.duration < 3.0
-        # The query was killed in the server, not left sleeping behind the exporter: the
-        # runner retries every 200 ms, so one may be in flight (and one being killed);
-        # never a pile of them.
-        for _ in range(10):  # watched for a second or more
-            (active,) = run_rows_text(
-                mysql_database,
-                "SELECT count(*) FROM information_schema.processlist"
-                " WHERE info LIKE '%SLEEP(3)%' AND info NOT LIKE '%processlist%'"
-                " AND command = 'Query'",
-            )[0]
-            assert active <= 2
-            await asyncio.sleep(0.1)
-    # Once the exporter stopped, nothing of it sleeps on.
-    await async_wait_until(
-        lambda: (
-            run_rows_text(
-                mysql_database,
-                "SELECT count(*) FROM information_schema.processlist"
-                " WHERE info LIKE '%SLEEP(3)%' AND info NOT LIKE '%processlist%'",
-            )[0][0]
-            == 0
-        ),
-        timeout=2.5,
-        message="no query left sleeping",
-    )
 
 
 async def test_without_process_the_probes_that_read_innodb_trx_are_down(mysql_database, registry):
