@@ -18,10 +18,12 @@ Example::
 from __future__ import annotations
 
 import abc
+import asyncio
+import contextlib
 import logging
 import random
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -122,13 +124,8 @@ class Backoff:
     Example::
 
         backoff = Backoff(initial=0.5, maximum=30.0)
-        if backoff.wait_time() == 0:
-            try:
-                connect()
-            except OSError:
-                backoff.failed()      # next attempt in ~0.5 s, then ~1 s, ~2 s ... 30 s
-            else:
-                backoff.succeeded()
+        with backoff.attempt("database"):   # next attempt in ~0.5 s, ~1 s, ~2 s ... 30 s
+            connect()
     """
 
     def __init__(
@@ -144,6 +141,7 @@ class Backoff:
         self._delay = 0.0
         self._next_attempt = 0.0
         self.failures = 0
+        self.last_error = ""
 
     def wait_time(self) -> float:
         """Seconds until the next attempt is allowed (0: now)."""
@@ -163,6 +161,28 @@ class Backoff:
         self.failures = 0
         self._delay = 0.0
         self._next_attempt = 0.0
+
+    @contextlib.contextmanager
+    def attempt(
+        self,
+        source: str,
+        errors: tuple[type[BaseException], ...] = (Exception, asyncio.CancelledError),
+    ) -> Iterator[None]:
+        """One attempt to reach ``source``: refused at once with
+        :class:`ProbeUnavailableError` while backing off; one of ``errors`` counts as a
+        failure (and passes through), the end of the block as a success."""
+        wait = self.wait_time()
+        if wait > 0:
+            raise ProbeUnavailableError(
+                f"{source} unreachable ({self.last_error}); next attempt in {wait:.1f}s"
+            )
+        try:
+            yield
+        except errors as exc:
+            self.last_error = describe_error(exc)
+            self.failed()
+            raise
+        self.succeeded()
 
 
 # --- errors without secrets, without floods ------------------------------------------------

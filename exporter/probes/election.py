@@ -40,7 +40,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from ..config import ELECTION_PROBE, DatabaseConfig
-from .base import Backoff, ErrorLog, ProbeResult, ProbeUnavailableError, describe_error
+from .base import Backoff, ErrorLog, ProbeResult, describe_error
 from .dialects import Connection, dialect_for
 
 __all__ = ["LeaderElection"]
@@ -134,17 +134,10 @@ class LeaderElection:
     async def _connection(self) -> Connection:
         if self._conn is not None and self._conn.usable:
             return self._conn
-        wait = self._backoff.wait_time()
-        if wait > 0:
-            raise ProbeUnavailableError(f"database unreachable; next attempt in {wait:.1f}s")
-        try:
+        # Any failure to open the session (refused, bad password, a timeout, a URL that
+        # cannot be parsed): the next attempt waits for the backoff.
+        with self._backoff.attempt("database"):
             self._conn = await self._dialect.connect(self.db, elector=True)
-        except (Exception, asyncio.CancelledError):
-            # Any failure to open the session (refused, bad password, a timeout, a URL
-            # that cannot be parsed): the next attempt waits for the backoff.
-            self._backoff.failed()
-            raise
-        self._backoff.succeeded()
         return self._conn
 
     async def _drop_connection(self) -> None:

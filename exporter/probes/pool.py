@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeVar
 
 from ..config import DatabaseConfig
-from .base import Backoff, ProbeUnavailableError, describe_error
+from .base import Backoff, ProbeUnavailableError
 from .dialects import Connection, Session, dialect_for
 
 __all__ = ["Pool"]
@@ -44,7 +44,6 @@ class Pool:
         self._slots = asyncio.Semaphore(db.max_connections)
         self._idle: list[Connection] = []
         self._backoff = backoff or Backoff()
-        self._last_error = ""
         self._closed = False
         self._stoppers: set[asyncio.Task[None]] = set()
 
@@ -107,19 +106,8 @@ class Pool:
         task.add_done_callback(self._stoppers.discard)
 
     async def _connect(self) -> Connection:
-        wait = self._backoff.wait_time()
-        if wait > 0:
-            raise ProbeUnavailableError(
-                f"database unreachable ({self._last_error}); next attempt in {wait:.1f}s"
-            )
-        try:
-            session = await self.dialect.connect(self.db)
-        except (Exception, asyncio.CancelledError) as exc:
-            self._last_error = describe_error(exc)
-            self._backoff.failed()
-            raise
-        self._backoff.succeeded()
-        return session
+        with self._backoff.attempt("database"):
+            return await self.dialect.connect(self.db)
 
     async def close_idle(self) -> None:
         """Close the sessions nobody uses (a follower keeps none open)."""

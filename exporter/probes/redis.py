@@ -55,7 +55,7 @@ from stocksentry.instrumentation import catalog
 from stocksentry.instrumentation.guard import LabelGuard
 
 from ..config import ExporterConfig, RedisConfig
-from .base import Backoff, ProbeUnavailableError, describe_error, family
+from .base import Backoff, family
 from .db import DbProbe
 from .dialects import Session
 from .families import default_guard, pinned_labels, worst_sku_samples
@@ -81,7 +81,6 @@ class RedisSource:
         self.timeout = timeout
         self._client: aioredis.Redis | None = None
         self._backoff = backoff or Backoff()
-        self._last_error = ""
 
     def _get_client(self) -> aioredis.Redis:
         if self._client is None:
@@ -97,18 +96,8 @@ class RedisSource:
         """``MGET keys``: the raw values, ``None`` where a key is missing."""
         if not keys:
             return []
-        wait = self._backoff.wait_time()
-        if wait > 0:
-            raise ProbeUnavailableError(
-                f"redis unreachable ({self._last_error}); next attempt in {wait:.1f}s"
-            )
-        try:
+        with self._backoff.attempt("redis", (RedisConnectionError, RedisTimeoutError, OSError)):
             values = await self._get_client().mget(list(keys))
-        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
-            self._last_error = describe_error(exc)
-            self._backoff.failed()
-            raise
-        self._backoff.succeeded()
         # Without decode_responses the values are bytes; str only if someone turned it on.
         return [v.encode() if isinstance(v, str) else v for v in values]
 

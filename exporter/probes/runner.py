@@ -25,15 +25,14 @@ from collections.abc import AsyncIterator, Iterator, Mapping
 from types import MappingProxyType, TracebackType
 from typing import TYPE_CHECKING
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import Metric
 from prometheus_client.registry import CollectorRegistry
 from stocksentry.instrumentation import catalog
-from stocksentry.instrumentation.catalog import MetricSpec
 from stocksentry.instrumentation.guard import LabelGuard
 from stocksentry.instrumentation.secrets import secret_fragments
 
 from ..config import ELECTION_PROBE, ExporterConfig
-from .base import LOGGER, ErrorLog, Probe, ProbeResult, describe_error
+from .base import LOGGER, ErrorLog, Probe, ProbeResult, describe_error, family
 from .db import build_db_probes
 from .election import LeaderElection
 from .indexes import IndexAdvice, check_indexes
@@ -317,42 +316,25 @@ class ProbeRunner:
     def collect(self) -> Iterator[Metric]:
         """The collector protocol: the last results, with no I/O."""
         results = self._results
-        up = _gauge(catalog.PROBE_UP)
-        duration = _gauge(catalog.PROBE_DURATION)
-        last_success = _gauge(catalog.PROBE_LAST_SUCCESS)
-        for name, result in sorted(results.items()):
-            up.add_metric([name], 1.0 if result.up else 0.0)
-            duration.add_metric([name], result.duration)
-            if result.last_success is not None:
-                last_success.add_metric([name], result.last_success)
-        yield up
-        yield duration
-        yield last_success
+        ran = sorted(results.items())
+        yield family(catalog.PROBE_UP, [((n,), 1.0 if r.up else 0.0) for n, r in ran])
+        yield family(catalog.PROBE_DURATION, [((n,), r.duration) for n, r in ran])
+        yield family(
+            catalog.PROBE_LAST_SUCCESS,
+            [((n,), r.last_success) for n, r in ran if r.last_success is not None],
+        )
         if self.config.database is not None:
-            leader = _gauge(catalog.PROBE_LEADER)
-            leader.add_metric([], 1.0 if self._db_running else 0.0)
-            yield leader
+            yield family(catalog.PROBE_LEADER, [((), 1.0 if self._db_running else 0.0)])
         for result in results.values():
             if result.up:
                 yield from result.families
 
     def describe(self) -> Iterator[Metric]:
         """Every family :meth:`collect` may yield, empty (for registry name checks)."""
-        specs: list[MetricSpec] = [
-            catalog.PROBE_UP,
-            catalog.PROBE_DURATION,
-            catalog.PROBE_LAST_SUCCESS,
-        ]
+        specs = [catalog.PROBE_UP, catalog.PROBE_DURATION, catalog.PROBE_LAST_SUCCESS]
         if self.config.database is not None:
             specs.append(catalog.PROBE_LEADER)
         for probe in self._db_probes:
             specs.extend(probe.specs)
         for spec in specs:
-            if spec.kind == "counter":
-                yield CounterMetricFamily(spec.name, spec.help, labels=spec.labels)
-            else:
-                yield _gauge(spec)
-
-
-def _gauge(spec: MetricSpec) -> GaugeMetricFamily:
-    return GaugeMetricFamily(spec.name, spec.help, labels=spec.labels)
+            yield family(spec)
