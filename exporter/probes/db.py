@@ -1,4 +1,4 @@
-"""The database probes, one class each for every dialect, and the index check.
+"""The database probes, one class each for every dialect.
 
 Each probe runs in the pool's read-only transaction (:class:`~.pool.Pool`) and leaves
 what differs between PostgreSQL and MySQL/MariaDB to its :class:`~.dialects.Dialect`.
@@ -6,18 +6,9 @@ The invariant probes' statements come from
 :class:`stocksentry.exporter.invariants.InvariantSql`, the builder ``stocksentry
 reconcile`` uses: each figure is an aggregate over the rows reconcile would list.
 
-The incremental oversold run (``scope: all``), in one read-only READ COMMITTED
-transaction:
-
-1. the horizon: ``least(clock - settle_after, start of the oldest open transaction) -
-   clock_margin``, read *first*, so every later statement's snapshot holds every
-   transaction that had committed by then. A row not committed yet belongs to a
-   transaction still open, so it was created after that transaction started (less the
-   margin for the app's clock): at or after the horizon. An order that commits late is
-   never settled unseen, however old its ``created_at``;
-2. :func:`~.soldtotals.incremental_run`: the orders created between the last and the new
-   boundary are settled, the recent ones read again, new products counted, one chunk of
-   the rolling recount (``recount_period`` per pass over all products) read.
+The incremental oversold run (``scope: all``) reads the dialect's *horizon* first (no row
+created before it can still be uncommitted), then :func:`~.soldtotals.incremental_run`;
+why a late commit is never missed: docs/exporter-config.md, "How ``oversold`` counts".
 
 Example::
 

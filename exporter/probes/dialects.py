@@ -111,26 +111,21 @@ class Dialect(abc.ABC):
         Constants (paid statuses, promo SKUs) are inlined where :meth:`literal` says so:
         they then match a partial index whose predicate lists the same values.
         """
-        literals: dict[str, str] = {}
-        params: dict[str, object] = {}
-        for part in query.parts:
-            if isinstance(part, Param):
-                text = self.literal(part.value) if part.constant else None
-                if text is None:
-                    params[part.name] = part.value
-                else:
-                    literals[part.name] = text
-        pieces: list[str] = []
-        for part in query.parts:
-            if isinstance(part, str):
-                pieces.append(part)
-            elif part.name in literals:
-                # With parameters the driver reads every % as the start of a placeholder.
-                text = literals[part.name]
-                pieces.append(text.replace("%", "%%") if params else text)
-            else:
-                pieces.append(f"%({part.name})s")
-        return "".join(pieces), params or None
+        literals = {
+            p.name: text
+            for p in query.parts
+            if isinstance(p, Param) and p.constant and (text := self.literal(p.value)) is not None
+        }
+        params = {k: v for k, v in query.params.items() if k not in literals}
+        # With parameters the driver reads every % as the start of a placeholder.
+        marks = "%%" if params else "%"
+        parts = tuple(
+            literals[p.name].replace("%", marks)
+            if isinstance(p, Param) and p.name in literals
+            else p
+            for p in query.parts
+        )
+        return Query(parts, query.columns).text("pyformat"), params or None
 
     @abc.abstractmethod
     def interval(self, seconds: float) -> object:

@@ -1,32 +1,20 @@
 """Leader election: of many sidecars, one runs the database probes.
 
-Each sidecar keeps one dedicated session and tries ``pg_try_advisory_lock(key)`` on it
-every ``database.leader_retry_interval``. The one that gets the session-level lock leads
-until its session ends, so a leader that dies, or loses its connection, lets the lock go
-and the next try of another sidecar takes over. The leader checks its session on the same
-schedule (``SELECT 1``) and steps down, stopping its database probes, as soon as the
-session fails.
-
-A leader that is frozen (SIGSTOP, a stalled node) or cut off by a partition does not close
-its session, and TCP would keep it open for hours. So the election session sets
-``idle_session_timeout`` (PostgreSQL 14+) to three retry intervals (at least one second):
-the server ends a session whose leader stopped pinging, which releases the lock. TCP
-keepalives on both ends (libpq's ``keepalives*`` parameters and the server's
-``tcp_keepalives_*`` settings), a few seconds apart, cover a partition on older servers.
-
-On MySQL and MariaDB the lock is ``GET_LOCK('stocksentry.<database>.<key>', 0)``, a named
-lock held by the session until it ends, and the server-side end of a silent session is
-``wait_timeout`` (whole seconds, three retry intervals, at least one second): the leader's
-pings keep its session from ever being idle that long.
+Each sidecar keeps one dedicated session and tries a session-level lock on it every
+``database.leader_retry_interval`` (``pg_try_advisory_lock(key)``, or ``GET_LOCK`` on
+MySQL/MariaDB). The one that gets it leads until its session ends; it pings the session
+on the same schedule and steps down, stopping its probes, as soon as that fails. The
+server ends the session of a frozen or cut-off leader (``idle_session_timeout``,
+``wait_timeout``, TCP keepalives: :meth:`.dialects.Dialect.connect` with ``elector``),
+which frees the lock. See docs/exporter-config.md, "Leader election".
 
 The election's own health is exported like a probe's, as
-``stocksentry_probe_up{probe="leader_election"}``: every sidecar reports whether it can
-reach the database, leader or not.
+``stocksentry_probe_up{probe="leader_election"}``.
 
 Example::
 
     election = LeaderElection(db, on_elected=start_probes, on_deposed=stop_probes,
-                              on_result=record)
+                              on_result=record, errors=errors)
     task = asyncio.create_task(election.run())
     ...
     task.cancel()            # closes the session: the lock is released at once

@@ -1,23 +1,11 @@
 """MySQL and MariaDB through aiomysql: the probes' sessions and the SQL only they speak.
 
-Each session is opened in autocommit mode and set up once::
-
-    SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED, READ ONLY
-
-READ COMMITTED, so each statement of a run sees what had committed when it started
-(InnoDB's REPEATABLE READ would freeze the first statement's snapshot; the oversold
-horizon relies on later statements seeing later commits), and READ ONLY, so nothing
-outside a probe's transaction writes either. Every run is ``START TRANSACTION READ ONLY``
-... ``ROLLBACK``, after the session's limits (sent only when they change)::
-
-    SET SESSION max_statement_time = 2.0,           -- MariaDB, seconds
-                innodb_lock_wait_timeout = 1, lock_wait_timeout = 1
-    SET SESSION max_execution_time = 2000, ...      -- MySQL 8, milliseconds, SELECT only
-
-The lock waits take whole seconds, at least 1. Which server it is comes from the
-handshake's version string, not the URL's scheme: a ``mysql://`` URL may reach a MariaDB.
-``information_schema.innodb_trx`` and ``processlist`` show other users' sessions only with
-the ``PROCESS`` privilege.
+Each session is autocommit, ``READ COMMITTED, READ ONLY`` (each statement of a run sees
+what had committed when it started: the oversold horizon relies on it), and every run is
+``START TRANSACTION READ ONLY`` ... ``ROLLBACK`` under the session's statement limit
+(MariaDB's ``max_statement_time``, MySQL's ``max_execution_time``) and lock waits (whole
+seconds, at least 1), sent only when they change. Which server it is comes from the
+handshake, not the URL's scheme. How and why: docs/exporter-config.md, "How the probes read there".
 """
 
 from __future__ import annotations
@@ -39,12 +27,9 @@ from .dialects import Connection, Dialect, Params, Session
 
 __all__ = ["MySQL", "MySession", "lock_name"]
 
-# The horizon: MySQL's least() is NULL when an argument is, hence the coalesce. innodb_trx
-# lists every InnoDB transaction of the server that has read or written (another
-# database's too: a longer recent part, never a missed order); one that has run no
-# statement yet is not listed, but its first INSERT stamps NOW() of that statement, after
-# its trx_started (a created_at taken before BEGIN is what clock_margin is for).
-# trx_started has whole seconds, rounded down: the horizon is at most a second early.
+# The horizon (see the docs): MySQL's least() is NULL when an argument is, hence the
+# coalesce; innodb_trx has whole seconds, rounded down, so the horizon is at most a second
+# early (safe).
 _HORIZON: Final = (
     "SELECT least(now(6) - INTERVAL %(settle_after)s MICROSECOND,"
     " coalesce((SELECT min(t.trx_started) FROM information_schema.innodb_trx AS t"

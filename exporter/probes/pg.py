@@ -1,14 +1,10 @@
 """PostgreSQL through psycopg: the probes' sessions and the SQL only PostgreSQL speaks.
 
-Every probe run is one read-only transaction opened with one round trip::
-
-    BEGIN READ ONLY; SET LOCAL statement_timeout = 2000; SET LOCAL lock_timeout = 200;
-    SET LOCAL jit = off; SET LOCAL max_parallel_workers_per_gather = 0
-
-and ended with ``ROLLBACK``. ``jit = off``: over a big table the planner's estimate can
-pass ``jit_above_cost`` and compiling costs more than a probe's few indexed rows;
-``max_parallel_workers_per_gather = 0``: a probe stays one backend's work. The sessions
-themselves are read-only by default too, so nothing outside that transaction writes.
+Every probe run is one read-only transaction opened in one round trip (``BEGIN READ
+ONLY`` with ``statement_timeout``, ``lock_timeout``, ``jit = off`` and no parallel
+workers: a probe reads few rows through indexes and stays one backend's work) and ended
+with ``ROLLBACK``; the sessions are read-only by default too. See
+docs/exporter-config.md, "Safety: how the probes read".
 """
 
 from __future__ import annotations

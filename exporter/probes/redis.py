@@ -1,34 +1,13 @@
 """The Redis side: the stock cache compared with the database (``stock_cache_drift_skus``,
 and per SKU ``stock_cache_drift_sku_units``).
 
-For every promo SKU the probe reads the cached stock (``GET`` of ``redis.key_template``,
-one ``MGET`` for all of them) and the database stock (one indexed query on
-``products.sku``), and counts the SKUs whose two values have differed by more than
-``redis.tolerance`` units for at least ``redis.grace`` without interruption, the cached
-value unchanged all that time. A flash sale moves the stock faster than a cache is
-refreshed, so a short difference is normal; one that lasts is the "cache says available,
-database says sold out" of the design.
-
-What counts:
-
-- both values present and ``|cached - database| > tolerance`` for ``grace`` or longer:
-  drifting;
-- a cached value that is not a number: drifting (an app would misread it too);
-- no cache key, or no product row: not drifting (nothing to compare), and its clock
-  restarts;
-- a cached value that changed since the previous run: its clock restarts. A cache being
-  refreshed is not stale, even when a sale moves the database between every refresh and
-  every run: during a flash sale a healthy cache a few milliseconds behind differs from
-  the database at nearly every run, and counting that would page on every promo. What
-  this cannot see: a cache refreshed from a source that is itself late (a lagging
-  replica), whose value keeps changing; StockStaleCacheDecisions, from the app's own
-  decisions, catches that one.
-
-``stock_cache_drift_sku_units{cache, sku}`` names them: the units between the two values
-of each of the ``probes.cache_drift.top_skus`` SKUs drifting the most (``+Inf`` for a
-cached value that is not a number: no number of units measures it), the others summed
-under ``__other__``, every compared SKU at 0 while it does not drift
-(:func:`~stocksentry.exporter.probes.families.worst_sku_samples`, through the SKU guard).
+For every promo SKU the probe reads the cached stock (one ``MGET`` of
+``redis.key_template``) and the database stock (one indexed query), and counts the SKUs
+whose two values have differed by more than ``redis.tolerance`` for at least
+``redis.grace``, the cached value unchanged all that time: a cache being refreshed is not
+stale, however far a flash sale moves the database between refreshes. A cached value that
+is not a number drifts (``+Inf`` units); a missing key or product row restarts the clock.
+What counts, and what this cannot see: docs/exporter-config.md (``probes.cache_drift``).
 
 Example::
 

@@ -5,23 +5,11 @@ No SQL here: :func:`incremental_run` takes its statements from
 ``fetch``; :class:`SoldTotals` answers which SKUs are oversold and by how much.
 
 The paid units of a product are split by the orders' creation time at a **boundary**:
-
-- **settled**: orders created before the boundary, kept here per product;
-- **recent**: orders created at or after it, read again on every run (so a late payment,
-  a refund or a cancellation of a recent order shows at the next run).
-
-The probe moves the boundary forward on each run to its *horizon*: before every order
-that may still commit (the start of every open transaction, less a margin) and before
-those young enough to be paid or refunded soon (``settle_after`` back from the database's
-clock). The orders created between the old and the new boundary are read once and added
-to the settled totals.
-
-Settled totals are kept only for products that matter: those with recent paid items
-(counted once on first sight from their whole history, a few per run) and those found
-oversold. A **rolling recount** reads the whole product table a chunk per run and
-replaces the settled totals it covers: it finds SKUs oversold long ago, and it corrects
-settled totals after a refund or status change of an old order. After a restart or a
-leader change the totals are empty and are rebuilt by exactly these two bounded steps.
+**settled** (created before it, kept here per product) and **recent** (read again every
+run, so a late payment or a refund shows at once). Each run moves the boundary to the
+probe's horizon and settles what it passed; a **rolling recount** reads the products a
+chunk per run and corrects the settled totals; new products are counted from their
+history a few a run. The whole design: docs/exporter-config.md, "How ``oversold`` counts".
 
 Example::
 
