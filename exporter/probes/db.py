@@ -20,7 +20,7 @@ Example::
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
+from typing import Any, Final
 
 from prometheus_client.core import Metric
 from stocksentry.instrumentation import catalog
@@ -33,15 +33,13 @@ from .base import LOGGER, Probe, family
 from .dialects import Dialect, Session, number
 from .duplicates import DuplicateKeys
 from .families import (
+    MAX_SKU_KEYS,
     OutboxStuck,
     OutboxStuckLog,
     default_guard,
-    duplicate_order_families,
     negative_stock_families,
-    outbox_families,
-    oversold_families,
     pinned_labels,
-    refresh_duplicate_keys,
+    worst_sku_samples,
 )
 from .pool import Pool
 from .soldtotals import MIN_CHUNK, RunLog, SoldTotals, chunk_size
@@ -59,6 +57,9 @@ __all__ = [
     "OversoldProbe",
     "build_db_probes",
 ]
+
+#: New keys asked about one by one at most; beyond it one read of the window is cheaper.
+MAX_NEW_KEYS: Final = 5000
 
 
 class DbProbe(Probe):
@@ -164,7 +165,13 @@ class OversoldProbe(DbProbe):
         else:
             await self.step(session)
             rows = [(s.sku, s.oversold_units) for s in self.totals.oversold()]
-        return oversold_families(rows, pinned=self._pinned, guard=self._guard, number=number)
+        # Each SKU through the guard (the folded ones summed under __other__), the promo
+        # SKUs at 0 when they have no row.
+        by_label: dict[str, float] = dict.fromkeys(self._pinned, 0.0)
+        for sku, units in rows:
+            label = self._guard(str(sku))
+            by_label[label] = by_label.get(label, 0.0) + number(units)
+        return (family(catalog.OVERSOLD_UNITS, [((k,), v) for k, v in sorted(by_label.items())]),)
 
     async def step(self, session: Session) -> None:
         """One incremental run: the dialect's horizon, then
@@ -224,22 +231,38 @@ class DuplicateOrdersProbe(DbProbe):
 
     async def query(self, session: Session) -> tuple[Metric, ...]:
         horizon, now = await self.dialect.horizon(session, settle_after=0.0, margin=self._margin)
-
-        async def fetch(query: Query) -> list[tuple[Any, ...]]:
-            return await self.fetch(session, query)
-
-        keys = self.keys
-        by_sku = await refresh_duplicate_keys(
-            keys,
-            self._builder,
-            fetch,
-            window=dt.timedelta(seconds=self._window),
-            horizon=horizon,
-            now=now,
-            number=number,
-        )
-        return duplicate_order_families(
-            keys.count(), by_sku.items(), top=self.top, guard=self._guard
+        keys, builder = self.keys, self._builder
+        window = dt.timedelta(seconds=self._window)
+        found: list[tuple[str, list[tuple[Any, ...]]]] = []
+        for kind, column in builder.key_columns():
+            if keys.boundary is None:
+                rows = await self.fetch(
+                    session, builder.duplicate_key_expiry(column, window=window)
+                )
+            else:
+                new = await self.fetch(session, builder.keys_created(column, start=keys.boundary))
+                # A horizon held back long (an open transaction): beyond MAX_NEW_KEYS one
+                # read of the window costs less than asking about each key.
+                asked = [k for (k,) in new] if len(new) <= MAX_NEW_KEYS else None
+                expiry = builder.duplicate_key_expiry(column, window=window, keys=asked)
+                rows = await self.fetch(session, expiry) if new else []
+            found.append((kind, rows))
+        # The keys change only once every statement has answered: a failed run repeats.
+        for kind, rows in found:
+            keys.update(kind, rows)
+        if keys.boundary is None or horizon > keys.boundary:
+            keys.boundary = horizon
+        keys.expire(now)
+        by_sku: dict[str, float] = {}
+        for kind, column in builder.key_columns():
+            if held := keys.keys_of(kind)[:MAX_SKU_KEYS]:
+                query = builder.duplicate_key_skus(column, held, since=now - window)
+                for sku, count in await self.fetch(session, query):
+                    by_sku[str(sku)] = by_sku.get(str(sku), 0.0) + number(count)
+        samples = worst_sku_samples(by_sku.items(), top=self.top, guard=self._guard)
+        return (
+            family(catalog.DUPLICATE_ORDER_KEYS, [((), float(keys.count()))]),
+            family(catalog.DUPLICATE_ORDER_SKU_KEYS, samples),
         )
 
 
@@ -392,8 +415,11 @@ class OutboxProbe(DbProbe):
             oldest_age=max(0.0, number(lag)),
         )
         self.stuck_log.observe(stuck)
-        return outbox_families(
-            number(pending), number(lag), stuck, max_publish_latency=self.max_publish_latency
+        return (
+            family(catalog.OUTBOX_PENDING, [((), number(pending))]),
+            family(catalog.OUTBOX_LAG, [((), max(0.0, number(lag)))]),
+            family(catalog.OUTBOX_STUCK, [((), float(stuck.count))]),
+            family(catalog.OUTBOX_MAX_PUBLISH_LATENCY, [((), self.max_publish_latency)]),
         )
 
 

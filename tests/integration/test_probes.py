@@ -750,13 +750,17 @@ async def test_a_locked_table_times_out_the_probe_then_it_recovers(db, registry)
             await locker.close()
 
 
-async def test_an_unreachable_database_is_reported_down(registry, caplog):
+@pytest.mark.parametrize("scheme", ["postgresql", "mysql"])
+async def test_an_unreachable_database_is_reported_down_without_the_password(
+    scheme, registry, caplog
+):
     caplog.set_level(logging.INFO, logger="stocksentry.exporter.probes")
-    config = make_config(
-        "postgresql://postgres@127.0.0.1:1/postgres",
+    # Port 1: nothing listens there, the connection is refused at once.
+    config = (mariadb().make_config if scheme == "mysql" else make_config)(
+        f"{scheme}://root@127.0.0.1:1/shop",
         ("negative_stock", "deadlocks"),
         database={"url_env": "STOCKSENTRY_DATABASE_URL"},
-        environ={"STOCKSENTRY_DATABASE_URL": "postgresql://app:s3cr3t-pw@127.0.0.1:1/shop"},
+        environ={"STOCKSENTRY_DATABASE_URL": f"{scheme}://app:s3cr3t-pw@127.0.0.1:1/shop"},
     )
     runner = ProbeRunner(config, registry=registry)
     await runner.start()
@@ -772,13 +776,20 @@ async def test_an_unreachable_database_is_reported_down(registry, caplog):
         assert sample(registry, "stock_negative_inventory_skus") is None
         assert sample(registry, "stocksentry_probe_last_success_timestamp_seconds",
                       probe="negative_stock") is None  # fmt: skip
+        started = time.monotonic()
+        scraped = mariadb().scrape(registry)
+        assert time.monotonic() - started < 1.0
+        assert scraped[("stocksentry_probe_up", (("probe", "negative_stock"),))] == 0.0
         # Keep failing for a while: no exception escapes, the loops keep going.
         await asyncio.sleep(0.5)
         assert runner.results["negative_stock"].up is False
+        if scheme == "mysql":
+            assert "2003" in (runner.results["negative_stock"].error or "")
     finally:
         await runner.stop()
     assert "s3cr3t-pw" not in caplog.text
     assert "failed" in caplog.text
+    assert "probe negative_stock failed" in caplog.text
     assert all("s3cr3t-pw" not in (r.error or "") for r in runner.results.values())
 
 

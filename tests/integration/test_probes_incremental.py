@@ -22,7 +22,8 @@ from polling import async_wait_until
 from prometheus_client import CollectorRegistry
 from stocksentry.exporter.config import ExporterConfig, parse_config
 from stocksentry.exporter.invariants import InvariantSql, Query
-from stocksentry.exporter.probes import ProbeRunner, families
+from stocksentry.exporter.probes import ProbeRunner
+from stocksentry.exporter.probes import db as db_probes
 from stocksentry.exporter.probes.db import DuplicateOrdersProbe, OversoldProbe
 from stocksentry.exporter.probes.my import MySQL
 from stocksentry.exporter.probes.pg import PostgreSQL
@@ -338,7 +339,7 @@ async def test_duplicate_keys_incrementally_equal_the_full_query(
     many_new_keys: bool,
 ) -> None:
     if many_new_keys:  # every run has "too many" new keys: the window is read again
-        monkeypatch.setattr(families, "MAX_NEW_KEYS", 0)
+        monkeypatch.setattr(db_probes, "MAX_NEW_KEYS", 0)
     config = config_for(db.url)
     pool = Pool(config.database)  # type: ignore[arg-type]
     probe = DuplicateOrdersProbe(config, pool)
