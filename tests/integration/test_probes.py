@@ -516,34 +516,50 @@ async def test_custom_sql_leaves_no_lock_behind(db, registry):
             assert await try_advisory_lock(db.url, key)
 
 
-async def test_missing_indexes_are_reported_with_the_statement_to_add(
-    pg_database, registry, caplog
-):
-    await seed(pg_database, indexes=False)
-    config = make_config(pg_database, schema={"orders": {"idempotency_key": None}})
-    pool = Pool(config.database)
+async def test_missing_indexes_are_reported_with_the_statement_to_add(db, registry, caplog):
+    await seed_db(db, indexes=False)
+    config = config_on(db, schema=None if db.mysql else {"orders": {"idempotency_key": None}})
+    pool = Pool(config.database)  # type: ignore[arg-type]
     try:
         advice = await check_indexes(pool, config)
     finally:
         await pool.close()
-    assert [(a.probe, a.table, a.column) for a in advice] == [
-        ("negative_stock", "products", "available_stock"),
-        ("oversold", "order_items", "product_id"),
-        ("oversold", "orders", "created_at"),
-        ("oversold", "order_items", "order_id"),
-        ("duplicate_orders", "orders", "external_ref"),
-        ("expired_reservations", "reservations", "expires_at"),
-        ("outbox", "outbox", "created_at"),
-    ]
-    assert advice[0].statement == (
-        'CREATE INDEX CONCURRENTLY IF NOT EXISTS "products_available_stock_partial_idx" '
-        'ON "products" ("available_stock") WHERE "available_stock" < 0;'
-    )
-    assert advice[5].statement.endswith('WHERE "released_at" IS NULL;')
-    # The statements are valid SQL that create the very indexes asked for.
-    async with await psycopg.AsyncConnection.connect(pg_database, autocommit=True) as conn:
-        for item in advice:
-            await conn.execute(item.statement)
+    if db.mysql:
+        # order_items(order_id) and (product_id) come with their foreign keys.
+        assert [(a.probe, a.table, a.column) for a in advice] == [
+            ("negative_stock", "products", "available_stock"),
+            ("oversold", "orders", "created_at"),
+            ("duplicate_orders", "orders", "external_ref"),
+            ("expired_reservations", "reservations", "released_at"),
+            ("outbox", "outbox", "published_at"),
+        ]
+        assert advice[0].statement == (
+            "ALTER TABLE `products` ADD INDEX `products_available_stock_idx` (`available_stock`),"
+            " ALGORITHM=INPLACE, LOCK=NONE;"
+        )
+        assert "(`released_at`, `expires_at`)" in advice[3].statement
+        assert "(`published_at`, `created_at`)" in advice[4].statement
+        # The statements are valid SQL that create the very indexes asked for.
+        mariadb().run_sql(db.url, [item.statement.rstrip(";") for item in advice])
+    else:
+        assert [(a.probe, a.table, a.column) for a in advice] == [
+            ("negative_stock", "products", "available_stock"),
+            ("oversold", "order_items", "product_id"),
+            ("oversold", "orders", "created_at"),
+            ("oversold", "order_items", "order_id"),
+            ("duplicate_orders", "orders", "external_ref"),
+            ("expired_reservations", "reservations", "expires_at"),
+            ("outbox", "outbox", "created_at"),
+        ]
+        assert advice[0].statement == (
+            'CREATE INDEX CONCURRENTLY IF NOT EXISTS "products_available_stock_partial_idx" '
+            'ON "products" ("available_stock") WHERE "available_stock" < 0;'
+        )
+        assert advice[5].statement.endswith('WHERE "released_at" IS NULL;')
+        # The statements are valid SQL that create the very indexes asked for.
+        async with await psycopg.AsyncConnection.connect(db.url, autocommit=True) as conn:
+            for item in advice:
+                await conn.execute(item.statement)
     caplog.set_level(logging.WARNING, logger="stocksentry.exporter.probes")
     async with ProbeRunner(config, registry=registry) as runner:
         await async_wait_until(

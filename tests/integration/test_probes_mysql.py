@@ -27,12 +27,11 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from stocksentry.exporter.config import ExporterConfig, parse_config
 from stocksentry.exporter.invariants import InvariantSql
-from stocksentry.exporter.probes import ProbeRunner, check_indexes
+from stocksentry.exporter.probes import ProbeRunner
 from stocksentry.exporter.probes.base import ErrorLog
 from stocksentry.exporter.probes.election import LeaderElection
 from stocksentry.exporter.probes.my import MySQL, lock_name
 from stocksentry.exporter.probes.pg import PostgreSQL
-from stocksentry.exporter.probes.pool import Pool
 from test_probes import seed as pg_seed
 
 pytestmark = pytest.mark.integration
@@ -729,37 +728,6 @@ async def test_a_silent_leader_s_session_is_ended_by_the_server(mysql_database):
 
 
 # --- the index check, and no session left behind ---------------------------------------------
-
-
-async def test_missing_indexes_are_reported_with_the_statement_to_add(mysql_database, registry):
-    seed(mysql_database, indexes=False)
-    config = make_config(mysql_database)
-    pool = Pool(config.database)  # type: ignore[arg-type]
-    try:
-        advice = await check_indexes(pool, config)
-    finally:
-        await pool.close()
-    # order_items(order_id) and (product_id) come with their foreign keys.
-    assert [(a.probe, a.table, a.column) for a in advice] == [
-        ("negative_stock", "products", "available_stock"),
-        ("oversold", "orders", "created_at"),
-        ("duplicate_orders", "orders", "external_ref"),
-        ("expired_reservations", "reservations", "released_at"),
-        ("outbox", "outbox", "published_at"),
-    ]
-    assert advice[0].statement == (
-        "ALTER TABLE `products` ADD INDEX `products_available_stock_idx` (`available_stock`),"
-        " ALGORITHM=INPLACE, LOCK=NONE;"
-    )
-    assert "(`released_at`, `expires_at`)" in advice[3].statement
-    assert "(`published_at`, `created_at`)" in advice[4].statement
-    # The statements are valid SQL that create the very indexes asked for.
-    run_sql(mysql_database, [item.statement.rstrip(";") for item in advice])
-    async with ProbeRunner(config, registry=registry) as runner:
-        await async_wait_until(
-            lambda: runner.index_advice is not None, timeout=WAIT, message="the index check"
-        )
-        assert runner.index_advice == ()
 
 
 def exporter_sessions(url: str) -> set[int]:
