@@ -590,15 +590,36 @@ async def test_the_runner_logs_each_missing_index(pg_database, registry, caplog)
     assert "orders" in lines[1]
 
 
-async def test_lock_waiters_and_the_longest_wait(pg_database, registry):
-    await seed(pg_database)
-    holder = await psycopg.AsyncConnection.connect(pg_database)
-    waiter = await psycopg.AsyncConnection.connect(pg_database, autocommit=True)
+def plain(db: Db, *, autocommit: bool = True) -> Any:
+    """A plain DB-API session on the test database (psycopg or PyMySQL); without
+    autocommit, in a transaction."""
+    if not db.mysql:
+        return psycopg.connect(db.url, autocommit=autocommit)
+    conn = mariadb().connect(db.url, autocommit=autocommit)
+    if not autocommit:
+        conn.begin()
+    return conn
+
+
+def run(conn: Any, sql: str) -> None:
+    with conn.cursor() as cur:
+        cur.execute(sql)
+        if cur.description:
+            cur.fetchall()
+
+
+async def test_lock_waiters_and_the_longest_wait(db, registry):
+    await seed_db(db)
+    holder = plain(db, autocommit=False)
+    waiter = plain(db)
     update = "UPDATE products SET available_stock = available_stock WHERE id = 1"
     try:
-        await holder.execute(update)  # holds the row lock in an open transaction
-        waiting = asyncio.create_task(waiter.execute(update))
-        config = make_config(pg_database, ("lock_waiters",))
+        if db.mysql:
+            for conn in (holder, waiter):
+                run(conn, "SET SESSION innodb_lock_wait_timeout = 30")
+        run(holder, update)  # holds the row lock in an open transaction
+        waiting = asyncio.create_task(asyncio.to_thread(run, waiter, update))
+        config = config_on(db, ("lock_waiters",))
         async with ProbeRunner(config, registry=registry):
             await async_wait_until(
                 lambda: sample(registry, "stock_db_lock_waiters") == 1.0,
@@ -610,7 +631,7 @@ async def test_lock_waiters_and_the_longest_wait(pg_database, registry):
                 timeout=WAIT,
                 message="a growing wait",
             )
-            await holder.rollback()
+            holder.rollback()
             await waiting
             await async_wait_until(
                 lambda: sample(registry, "stock_db_lock_waiters") == 0.0,
@@ -619,8 +640,8 @@ async def test_lock_waiters_and_the_longest_wait(pg_database, registry):
             )
             assert sample(registry, "stock_db_lock_wait_max_seconds") == 0.0
     finally:
-        await holder.close()
-        await waiter.close()
+        holder.close()
+        waiter.close()
 
 
 async def test_deadlocks_come_from_pg_stat_database(pg_database, registry):
@@ -655,17 +676,18 @@ async def test_deadlocks_come_from_pg_stat_database(pg_database, registry):
         )
 
 
-async def test_long_transactions_on_stock_tables(pg_database, registry):
-    await seed(pg_database)
-    on_stock = await psycopg.AsyncConnection.connect(pg_database)
-    elsewhere = await psycopg.AsyncConnection.connect(pg_database)
+async def test_long_transactions_on_stock_tables(db, registry):
+    await seed_db(db)
+    on_stock = plain(db, autocommit=False)
+    elsewhere = plain(db, autocommit=False)
     try:
-        await on_stock.execute("SELECT available_stock FROM products WHERE id = 1")
-        await elsewhere.execute("SELECT 1")  # open too, but touches no stock table
+        run(on_stock, "SELECT available_stock FROM products WHERE id = 1")
+        # Open too, but touches no stock table (MariaDB: no InnoDB table).
+        run(elsewhere, "SELECT 1")
         config = parse_config(
             yaml.safe_dump(
                 {
-                    "database": {"url": pg_database, "leader_election": False},
+                    "database": {"url": db.url, "leader_election": False},
                     "probes": {
                         "defaults": {"interval": "200ms"},
                         **{p: {"enabled": False} for p in ALL_DB_PROBES},
@@ -683,15 +705,15 @@ async def test_long_transactions_on_stock_tables(pg_database, registry):
             oldest = sample(registry, "stock_db_long_transaction_max_seconds")
             assert oldest is not None
             assert oldest >= 0.3
-            await on_stock.rollback()
+            on_stock.rollback()
             await async_wait_until(
                 lambda: sample(registry, "stock_db_long_transactions") == 0.0,
                 timeout=WAIT,
                 message="none after rollback",
             )
     finally:
-        await on_stock.close()
-        await elsewhere.close()
+        on_stock.close()
+        elsewhere.close()
 
 
 async def test_a_locked_table_times_out_the_probe_then_it_recovers(db, registry):

@@ -415,42 +415,6 @@ def run_rows(url: str, query: Any) -> list[tuple[Any, ...]]:
 # --- the server's state: lock waiters, deadlocks, long transactions -------------------------
 
 
-async def test_lock_waiters_and_the_longest_wait(mysql_database, registry):
-    seed(mysql_database)
-    holder = connect(mysql_database, autocommit=False)
-    waiter = connect(mysql_database)
-    update = "UPDATE products SET available_stock = available_stock WHERE id = 1"
-    try:
-        execute(holder, "SET SESSION innodb_lock_wait_timeout = 30")
-        execute(waiter, "SET SESSION innodb_lock_wait_timeout = 30")
-        holder.begin()
-        execute(holder, update)  # holds the row lock in an open transaction
-        waiting = asyncio.create_task(asyncio.to_thread(execute, waiter, update))
-        config = make_config(mysql_database, ("lock_waiters",))
-        async with ProbeRunner(config, registry=registry):
-            await async_wait_until(
-                lambda: sample(registry, "stock_db_lock_waiters") == 1.0,
-                timeout=WAIT,
-                message="one waiter",
-            )
-            await async_wait_until(
-                lambda: (sample(registry, "stock_db_lock_wait_max_seconds") or 0.0) > 0.2,
-                timeout=WAIT,
-                message="a growing wait",
-            )
-            holder.rollback()
-            await waiting
-            await async_wait_until(
-                lambda: sample(registry, "stock_db_lock_waiters") == 0.0,
-                timeout=WAIT,
-                message="no waiter",
-            )
-            assert sample(registry, "stock_db_lock_wait_max_seconds") == 0.0
-    finally:
-        holder.close()
-        waiter.close()
-
-
 def global_deadlocks(url: str) -> float:
     conn = connect(url)
     try:
@@ -512,40 +476,6 @@ async def test_deadlocks_come_from_innodb_deadlocks(mysql_database, registry):
     finally:
         first.close()
         second.close()
-
-
-async def test_long_transactions_in_this_database(mysql_database, registry):
-    seed(mysql_database)
-    on_stock = connect(mysql_database, autocommit=False)
-    elsewhere = connect(mysql_database, autocommit=False)
-    try:
-        on_stock.begin()
-        execute(on_stock, "SELECT available_stock FROM products WHERE id = 1")
-        elsewhere.begin()
-        execute(elsewhere, "SELECT 1")  # open too, but touches no InnoDB table
-        config = make_config(
-            mysql_database,
-            ("long_transactions",),
-            settings={"long_transactions": {"threshold": "300ms"}},
-        )
-        async with ProbeRunner(config, registry=registry):
-            await async_wait_until(
-                lambda: sample(registry, "stock_db_long_transactions") == 1.0,
-                timeout=WAIT,
-                message="one long transaction",
-            )
-            oldest = sample(registry, "stock_db_long_transaction_max_seconds")
-            assert oldest is not None
-            assert oldest >= 0.3
-            on_stock.rollback()
-            await async_wait_until(
-                lambda: sample(registry, "stock_db_long_transactions") == 0.0,
-                timeout=WAIT,
-                message="none after rollback",
-            )
-    finally:
-        on_stock.close()
-        elsewhere.close()
 
 
 def execute(conn: Any, sql: str) -> None:
