@@ -2,21 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pytest
-
-
-@dataclass(frozen=True)
-class Db:
-    """A fresh, empty database: its URL and its dialect (``postgresql`` or ``mysql``)."""
-
-    url: str
-    dialect: str
-
-    @property
-    def mysql(self) -> bool:
-        return self.dialect == "mysql"
+from shopdb import Db
 
 
 @pytest.fixture(params=["postgresql", "mariadb"])

@@ -24,10 +24,10 @@ import psycopg
 import pytest
 import redis.asyncio as aioredis
 import yaml
-from conftest import Db
 from polling import async_wait_until
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from shopdb import Db
 from stocksentry.exporter.config import ExporterConfig, parse_config
 from stocksentry.exporter.probes import ProbeRunner, check_indexes
 from stocksentry.exporter.probes.base import Backoff, ErrorLog, ProbeResult

@@ -19,7 +19,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from conftest import Db
+from shopdb import Db
 from stocksentry.exporter.invariants import InvariantSql
 from stocksentry.exporter.probes import ProbeRunner
 from stocksentry.exporter.probes.db import DbProbe

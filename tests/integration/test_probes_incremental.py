@@ -17,9 +17,9 @@ from typing import Any
 import psycopg
 import pytest
 import yaml
-from conftest import Db
 from polling import async_wait_until
 from prometheus_client import CollectorRegistry
+from shopdb import Db
 from stocksentry.exporter.config import ExporterConfig, parse_config
 from stocksentry.exporter.invariants import InvariantSql, Query
 from stocksentry.exporter.probes import ProbeRunner
