@@ -57,8 +57,8 @@ class LeaderElection:
         self._dialect = dialect_for(db)
         self._conn: Connection | None = None
         self._last_success: float | None = None
-        # One step may connect and run one statement.
-        self._timeout = db.connect_timeout + db.statement_timeout
+        #: Seconds one :meth:`step` may take: it may connect and run one statement.
+        self.timeout = db.connect_timeout + db.statement_timeout
 
     async def run(self) -> None:
         """Take part in the election until cancelled (cancelling releases the lock)."""
@@ -75,13 +75,13 @@ class LeaderElection:
         finally:
             # The leader's probes are stopped by the runner before it cancels this task,
             # so closing the session here is what hands the lock over.
-            await self._drop_connection()
+            await self.close()
 
     async def step(self) -> None:
         """One round: (re)connect if needed, then try the lock or check the session."""
         started = time.perf_counter()
         try:
-            async with asyncio.timeout(self._timeout):
+            async with asyncio.timeout(self.timeout):
                 conn = await self._connection()
                 if self.leading:
                     await conn.one("SELECT 1")
@@ -89,7 +89,7 @@ class LeaderElection:
                 else:
                     elected = await self._dialect.try_lock(conn, self.db.advisory_lock_key)
         except Exception as exc:
-            message = self._errors.failed(ELECTION_PROBE, describe_error(exc, self._timeout))
+            message = self._errors.failed(ELECTION_PROBE, describe_error(exc, self.timeout))
             self._record(False, started, message)
             try:
                 if self.leading:
@@ -99,7 +99,7 @@ class LeaderElection:
                     self.leading = False
                     await self._on_deposed()
             finally:
-                await self._drop_connection()
+                await self.close()
             return
         self._errors.recovered(ELECTION_PROBE)
         self._record(True, started, None)
@@ -128,7 +128,8 @@ class LeaderElection:
             self._conn = await self._dialect.connect(self.db, elector=True)
         return self._conn
 
-    async def _drop_connection(self) -> None:
+    async def close(self) -> None:
+        """Close the election's session (which releases the lock it holds)."""
         conn, self._conn = self._conn, None
         if conn is not None:
             with contextlib.suppress(Exception):

@@ -995,7 +995,7 @@ async def test_a_leader_stops_its_probes_before_its_session_goes(pg_database):
         assert election.leading
         # The next ping does not answer in time (as behind a slow network), while the
         # session is still alive and holds the lock.
-        election._timeout = 0.0
+        election.timeout = 0.0
         await election.step()
         assert not election.leading
         assert taken_while_deposing == [False] * 10
@@ -1005,7 +1005,7 @@ async def test_a_leader_stops_its_probes_before_its_session_goes(pg_database):
             lambda: try_advisory_lock(pg_database, key), timeout=WAIT, message="the lock is free"
         )
     finally:
-        await election._drop_connection()
+        await election.close()
 
 
 async def db_sessions(db: Db) -> set[int]:

@@ -654,7 +654,7 @@ async def test_a_silent_leader_s_session_is_ended_by_the_server(mysql_database):
         await election.step()
         assert not election.leading
     finally:
-        await election._drop_connection()
+        await election.close()
 
 
 # --- the index check, and no session left behind ---------------------------------------------
