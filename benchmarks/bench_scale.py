@@ -49,15 +49,13 @@ from typing import Any
 import psycopg
 from stocksentry.exporter.config import ExporterConfig, load_config, parse_config
 from stocksentry.exporter.probes import ProbeRunner
-from stocksentry.exporter.probes import mysql as my
 from stocksentry.exporter.probes.base import Probe, ProbeResult
-from stocksentry.exporter.probes.postgres import DbProbe, OversoldProbe
+from stocksentry.exporter.probes.db import DbProbe, OversoldProbe
 
 # The generator is shared with the plan test (tests/integration/test_probes_at_scale.py).
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.bench_probes import running_on_a_thread, throughput
 from benchmarks.scaleshop import (
-    StatementRecorder,
     buffers,
     explain,
     generate,
@@ -201,7 +199,7 @@ async def rebuild(runner: ProbeRunner) -> tuple[int, float, float, int]:
     """Run oversold until every active product is counted: (runs, max ms, total ms,
     failed runs). A run that fails (its statement limit on a cold cache) changes nothing
     and the next repeats it, as in the sidecar; five failures in a row end the benchmark."""
-    probe = next(p for p in runner.probes if isinstance(p, OversoldProbe | my.OversoldProbe))
+    probe = next(p for p in runner.probes if isinstance(p, OversoldProbe))
     durations: list[float] = []
     failed = 0
     in_a_row = 0
@@ -227,14 +225,16 @@ async def plans(runner: ProbeRunner) -> list[tuple[str, str, list[str], float]]:
         if not isinstance(probe, DbProbe):
             continue
 
-        async def capture(conn: Any, probe: DbProbe = probe) -> list[tuple[str, list[str], float]]:
-            recorder: Any = StatementRecorder(conn)
+        async def capture(
+            session: Any, probe: DbProbe = probe
+        ) -> list[tuple[str, list[str], float]]:
+            recorder: Any = SessionRecorder(session)
             # The cache-drift probe's database part is its SKU lookup; the rest is Redis.
-            query = getattr(probe, "_database_stock", None) or probe.query
+            query = getattr(probe, "database_stock", None) or probe.query
             await query(recorder)
             found = []
             for statement, params in recorder.statements:
-                plan = await explain(conn, statement, params, analyze=True)
+                plan = await explain(session.conn, statement, params, analyze=True)
                 ms = float(plan["Execution Time"])
                 cost = f"exec_ms={ms:.1f} buffers={buffers(plan)} shape: "
                 found.append((cost + plan_shape(plan), seq_scans(plan), ms))
@@ -269,7 +269,7 @@ async def measure_probes(url: str, seconds: float, dialect: str = "postgresql") 
             " (after a start or a leader change, until every active product is counted)"
         )
         for probe in runner.probes:
-            if not isinstance(probe, OversoldProbe | my.OversoldProbe):
+            if not isinstance(probe, OversoldProbe):
                 first = await runner.run_once(probe)
                 print(f"bench scale first_run probe={probe.name} ms={first.duration * 1000:.1f}")
         runner.runs.clear()
@@ -545,7 +545,7 @@ WRITERS: set[int] = set()
 
 
 class SessionRecorder:
-    """Stands in for a MySQL probe session: records every statement, then runs it."""
+    """Stands in for a probe session: records every statement, then runs it."""
 
     def __init__(self, session: Any) -> None:
         self.session = session
@@ -559,6 +559,10 @@ class SessionRecorder:
         self.statements.append((statement, params))
         return await self.session.one(statement, params)
 
+    async def table(self, statement: str) -> Any:
+        self.statements.append((statement, None))
+        return await self.session.table(statement)
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self.session, name)
 
@@ -571,11 +575,11 @@ async def mysql_plans(runner: ProbeRunner) -> list[tuple[str, str, list[str], fl
 
     out: list[tuple[str, str, list[str], float]] = []
     for probe in runner.probes:
-        if not isinstance(probe, my.MyDbProbe):
+        if not isinstance(probe, DbProbe):
             continue
 
         async def capture(
-            session: Any, probe: my.MyDbProbe = probe
+            session: Any, probe: DbProbe = probe
         ) -> list[tuple[str, list[str], float]]:
             recorder: Any = SessionRecorder(session)
             await probe.query(recorder)

@@ -1,7 +1,7 @@
 """The invariant SQL: the one place that says how a double-sell shows in the shop's tables.
 
 A double-sell breaks four invariants, and both the sidecar's probes
-(:mod:`stocksentry.exporter.probes.postgres`) and ``stocksentry reconcile`` check them with
+(:mod:`stocksentry.exporter.probes.db`) and ``stocksentry reconcile`` check them with
 the statements built here, from the ``schema`` mapping of the config:
 
 - **negative stock**: a SKU whose stock is below zero;
@@ -18,7 +18,7 @@ never disagree on what counts. Nothing here needs SQLAlchemy or a driver: a
 :func:`quote` (the config has already validated them as plain names); values only as
 parameters. A :class:`Param` marked ``constant`` comes from the config (paid statuses,
 promo SKUs): a caller may inline it as a literal, so that a partial index whose predicate
-lists the same values stays usable, as the probes do through psycopg's quoting.
+lists the same values stays usable (the probes do on PostgreSQL).
 
 Example::
 
@@ -163,10 +163,9 @@ class _Parts:
 class InvariantSql:
     """The invariant statements for one schema mapping and dialect.
 
-    ``since`` arguments are either a point in time (``created_at >= :since``, any dialect)
-    or a window back from the server's clock (``created_at >= now() - :window``,
-    PostgreSQL, which is what the probes run on). ``skus`` narrows a statement to those
-    SKUs; the statements without it read every SKU.
+    ``since`` arguments are a point in time (``created_at >= :since``) or a window back
+    from the server's clock (``created_at >= now() - :window``). ``skus`` narrows a
+    statement to those SKUs; the statements without it read every SKU.
 
     Example::
 
@@ -267,16 +266,12 @@ class InvariantSql:
     ) -> None:
         """``SELECT product_id, sum(quantity) AS sold FROM order_items JOIN orders ON ...
         WHERE status IN (paid)``: the one definition of a SKU's paid units, which every
-        oversold statement (full, incremental, per SKU) aggregates. The caller adds the
-        rest of the ``WHERE`` and the ``GROUP BY``.
-
-        ``by_order``: the orders drive (a range of ``created_at``), each order's items
-        read through ``order_items(order_id)``: on PostgreSQL a ``LATERAL`` join, so a
-        low estimate of the range never turns it into a scan of every item (``OFFSET 0``
-        keeps the planner from flattening the subquery back into a plain join). MySQL
-        and MariaDB have no ``LATERAL``: ``STRAIGHT_JOIN`` keeps the same order there (the
-        orders first, then each one's items by the index).
-        """
+        oversold statement aggregates (the caller adds the rest of the ``WHERE`` and the
+        ``GROUP BY``). ``by_order``: the orders drive (a range of ``created_at``), each
+        one's items read through ``order_items(order_id)``: a ``LATERAL`` join on
+        PostgreSQL, so a low estimate of the range never turns it into a scan of every
+        item (``OFFSET 0`` keeps the planner from flattening it), ``STRAIGHT_JOIN`` on
+        MySQL/MariaDB (no ``LATERAL``) for the same order."""
         o, oi = self.schema.orders, self.schema.order_items
         orders = f", count(DISTINCT {self._col('o', o.id)}) AS orders" if count_orders else ""
         parts.sql(
@@ -351,13 +346,11 @@ class InvariantSql:
         """Rows ``(sku, allocation, sold_units, oversold_units[, paid_orders])`` of the SKUs
         whose paid units exceed ``schema.products.allocation``.
 
-        Paid units are summed per product over ``order_items`` of paid orders first, then
-        compared with the products' allocation, so only the items are aggregated (through
-        ``order_items(product_id)`` when ``skus`` narrows the scan). Ordered by SKU, or with
-        ``worst_first`` by oversold units, largest first. ``count_orders`` adds the number
-        of distinct paid orders per SKU. Raises :class:`ValueError` without an allocation.
-        This is the full recount: it reads the whole paid history (the incremental probe
-        reads only recent orders and equals it, see :meth:`paid_units_created`).
+        Paid units are summed per product over the paid orders' items first (through
+        ``order_items(product_id)`` when ``skus`` narrows the scan), then compared with
+        the allocation. Ordered by SKU, or with ``worst_first`` by oversold units, largest
+        first; ``count_orders`` adds the distinct paid orders per SKU. The full recount
+        (the incremental probe equals it, see :meth:`paid_units_created`).
         """
         p = self.schema.products
         allocation = self._allocation()
@@ -565,6 +558,23 @@ class InvariantSql:
             parts.extend((" + " if index else "", "(SELECT count(*) FROM (", *inner.parts))
             parts.append(f") AS d{index})")
         return Query(tuple(parts), ("keys",))
+
+    def duplicate_key_skus(self, column: str, keys: Sequence[object], *, since: datetime) -> Query:
+        """Rows ``(sku, keys)``: per SKU, how many of ``keys`` (values of the orders'
+        ``column``) have an order created since ``since`` with an item of that SKU (plain
+        joins, one parameter per key)."""
+        o, oi, p = self.schema.orders, self.schema.order_items, self.schema.products
+        key = self._col("o", column)
+        parts = _Parts().sql(
+            f"SELECT {self._col('p', p.sku)}, count(DISTINCT {key}) FROM {self.quote(o.table)}"
+            f" AS o JOIN {self.quote(oi.table)} AS oi"
+            f" ON {self._col('oi', oi.order_id)} = {self._col('o', o.id)}"
+            f" JOIN {self.quote(p.table)} AS p"
+            f" ON {self._col('p', p.id)} = {self._col('oi', oi.product_id)}"
+            f" WHERE {self._col('o', o.created_at)} >= "
+        )
+        parts.param("since", since).sql(f" AND {key} IN ").in_list("key", keys, constant=False)
+        return parts.sql(f" GROUP BY {self._col('p', p.sku)}").query(("sku", "keys"))
 
     # --- paid without items ----------------------------------------------------------------
 

@@ -3,10 +3,11 @@
 :class:`ProbeRunner` is the entry point: it runs each enabled probe on its own schedule
 and is a prometheus_client collector whose ``collect()`` reads the last results only.
 
-- :mod:`.base`: the probe contract, results, backoff, rate-limited error logs, and the
-  metrics proposed for the catalog;
-- :mod:`.postgres`: the read-only connection pool, the database probes, the index check;
-- :mod:`.mysql`: the same on MySQL and MariaDB (chosen by the database URL's scheme);
+- :mod:`.base`: the probe contract, results, backoff, rate-limited error logs;
+- :mod:`.db`: the database probes (one class each for every dialect); :mod:`.indexes`: the
+  indexes they expect;
+- :mod:`.dialects`: what differs between PostgreSQL (:mod:`.pg`) and MySQL/MariaDB
+  (:mod:`.my`), chosen by the database URL's scheme; :mod:`.pool`: their sessions' pool;
 - :mod:`.redis`: the cache-drift probe;
 - :mod:`.election`: the leader election (an advisory lock, or ``GET_LOCK`` on MySQL);
 - :mod:`.runner`: :class:`ProbeRunner`.
@@ -25,7 +26,7 @@ Example::
 from __future__ import annotations
 
 from .base import Probe, ProbeResult
-from .postgres import IndexAdvice, check_indexes
+from .indexes import IndexAdvice, check_indexes
 from .runner import ProbeRunner
 
 __all__ = [

@@ -18,47 +18,32 @@ Example::
 from __future__ import annotations
 
 import abc
+import asyncio
+import contextlib
 import logging
 import random
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, Generic, TypeVar
+from typing import Final
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from stocksentry.instrumentation import catalog
 from stocksentry.instrumentation.catalog import MetricSpec
-from stocksentry.instrumentation.guard import LabelGuard, sanitize_label_value
-from stocksentry.instrumentation.secrets import redact, secret_fragments
+from stocksentry.instrumentation.secrets import redact
 
-from ..config import CustomProbe, ExporterConfig
 from ..durations import format_duration
 
 __all__ = [
-    "LONG_TRANSACTIONS",
-    "LONG_TRANSACTION_MAX",
-    "PROBE_LEADER",
     "Backoff",
-    "CustomRows",
-    "DialectProbes",
     "ErrorLog",
     "Probe",
     "ProbeResult",
     "ProbeUnavailableError",
-    "build_db_probes",
     "describe_error",
     "family",
-    "redact",
-    "secret_fragments",
 ]
 
 LOGGER: Final = logging.getLogger("stocksentry.exporter.probes")
-
-
-# Short names for the catalog specs the probes use most.
-LONG_TRANSACTIONS: Final = catalog.DB_LONG_TRANSACTIONS
-LONG_TRANSACTION_MAX: Final = catalog.DB_LONG_TRANSACTION_MAX
-PROBE_LEADER: Final = catalog.PROBE_LEADER
 
 
 def family(spec: MetricSpec, samples: Iterable[tuple[Sequence[str], float]] = ()) -> Metric:
@@ -121,6 +106,11 @@ class Probe(abc.ABC):
     async def run(self) -> tuple[Metric, ...]:
         """Observe once and return the families to export until the next run."""
 
+    def reset(self) -> None:
+        """Forget what earlier runs kept (called when this instance starts leading: what
+        an incremental probe kept may be hours old)."""
+        return None
+
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name} every {format_duration(self.interval)}>"
 
@@ -134,13 +124,8 @@ class Backoff:
     Example::
 
         backoff = Backoff(initial=0.5, maximum=30.0)
-        if backoff.wait_time() == 0:
-            try:
-                connect()
-            except OSError:
-                backoff.failed()      # next attempt in ~0.5 s, then ~1 s, ~2 s ... 30 s
-            else:
-                backoff.succeeded()
+        with backoff.attempt("database"):   # next attempt in ~0.5 s, ~1 s, ~2 s ... 30 s
+            connect()
     """
 
     def __init__(
@@ -156,6 +141,7 @@ class Backoff:
         self._delay = 0.0
         self._next_attempt = 0.0
         self.failures = 0
+        self.last_error = ""
 
     def wait_time(self) -> float:
         """Seconds until the next attempt is allowed (0: now)."""
@@ -175,6 +161,28 @@ class Backoff:
         self.failures = 0
         self._delay = 0.0
         self._next_attempt = 0.0
+
+    @contextlib.contextmanager
+    def attempt(
+        self,
+        source: str,
+        errors: tuple[type[BaseException], ...] = (Exception, asyncio.CancelledError),
+    ) -> Iterator[None]:
+        """One attempt to reach ``source``: refused at once with
+        :class:`ProbeUnavailableError` while backing off; one of ``errors`` counts as a
+        failure (and passes through), the end of the block as a success."""
+        wait = self.wait_time()
+        if wait > 0:
+            raise ProbeUnavailableError(
+                f"{source} unreachable ({self.last_error}); next attempt in {wait:.1f}s"
+            )
+        try:
+            yield
+        except errors as exc:
+            self.last_error = describe_error(exc)
+            self.failed()
+            raise
+        self.succeeded()
 
 
 # --- errors without secrets, without floods ------------------------------------------------
@@ -266,117 +274,3 @@ class ErrorLog:
             extra={"probe": probe},
         )
         del self._state[probe]
-
-
-# --- custom SQL's rows as a gauge, on any dialect --------------------------------------------
-
-
-class CustomRows:
-    """A ``probes.custom`` entry's rows as its one gauge (what every dialect's custom probe
-    exports from the columns and rows its driver returned).
-
-    Each row gives one sample: the value from ``value_column`` (rows where it is null are
-    skipped), labels from ``label_columns`` (a ``sku`` label goes through the SKU guard,
-    others are sanitised); rows with the same labels are summed; past ``max_series`` label
-    sets the rest are dropped with one warning.
-    """
-
-    def __init__(
-        self,
-        custom: CustomProbe,
-        guard: LabelGuard,
-        *,
-        name: str,
-        number: Callable[[object], float],
-    ) -> None:
-        self.custom = custom
-        self.name = name
-        # The dialect's reading of a numeric column (MySQL's status values are text).
-        self._number = number
-        self.spec = MetricSpec(
-            custom.metric, "gauge", custom.help, custom.label_columns, source="probe"
-        )
-        self._guard = guard
-        self._warned = False
-
-    def export(
-        self, columns: Sequence[str], rows: Iterable[Sequence[object]]
-    ) -> tuple[Metric, ...]:
-        """The gauge family of ``rows`` whose columns are named ``columns``."""
-        columns = list(columns)
-        wanted = (self.custom.value_column, *self.custom.label_columns)
-        missing = [c for c in wanted if c not in columns]
-        if missing:
-            raise ValueError(
-                f"the SQL returned no column {', '.join(missing)} (columns: {', '.join(columns)})"
-            )
-        value_at = columns.index(self.custom.value_column)
-        label_at = [columns.index(c) for c in self.custom.label_columns]
-        is_sku = [c == "sku" for c in self.custom.label_columns]
-        samples: dict[tuple[str, ...], float] = {}
-        for row in rows:
-            if row[value_at] is None:
-                continue
-            value = self._number(row[value_at])
-            labels = tuple(
-                self._guard("" if row[i] is None else str(row[i]))
-                if sku
-                else sanitize_label_value("" if row[i] is None else row[i])
-                for i, sku in zip(label_at, is_sku, strict=True)
-            )
-            if labels not in samples and len(samples) >= self.custom.max_series:
-                if not self._warned:
-                    LOGGER.warning(
-                        "custom probe %s returned more than %d label sets; the rest are dropped",
-                        self.name,
-                        self.custom.max_series,
-                        extra={"probe": self.name},
-                    )
-                    self._warned = True
-                continue
-            samples[labels] = samples.get(labels, 0.0) + value
-        return (family(self.spec, sorted(samples.items())),)
-
-
-ProbeT = TypeVar("ProbeT", bound=Probe)
-
-
-@dataclass(frozen=True, slots=True)
-class DialectProbes(Generic[ProbeT]):
-    """One dialect's database probe classes, by the config section that enables each:
-    what :func:`build_db_probes` builds from (PostgreSQL's and MySQL's differ only in
-    their SQL and their pool)."""
-
-    negative_stock: Callable[[ExporterConfig, Any, LabelGuard], ProbeT]
-    oversold: Callable[[ExporterConfig, Any, LabelGuard], ProbeT]
-    duplicate_orders: Callable[[ExporterConfig, Any, LabelGuard], ProbeT]
-    lock_waiters: Callable[[ExporterConfig, Any], ProbeT]
-    deadlocks: Callable[[ExporterConfig, Any], ProbeT]
-    long_transactions: Callable[[ExporterConfig, Any], ProbeT]
-    expired_reservations: Callable[[ExporterConfig, Any], ProbeT]
-    outbox: Callable[[ExporterConfig, Any], ProbeT]
-    custom: Callable[[CustomProbe, Any, LabelGuard], ProbeT]
-
-
-def build_db_probes(
-    config: ExporterConfig, pool: object, guard: LabelGuard, kit: DialectProbes[ProbeT]
-) -> list[ProbeT]:
-    """The enabled database probes of ``config`` on ``pool``, from ``kit``'s classes
-    (cache drift is built by the runner). The SKU-labelled ones share ``guard``."""
-    p = config.probes
-    guarded = (
-        (p.negative_stock.enabled, kit.negative_stock),
-        (p.oversold.enabled, kit.oversold),
-        (p.duplicate_orders.enabled, kit.duplicate_orders),
-    )
-    plain = (
-        (p.lock_waiters.enabled, kit.lock_waiters),
-        (p.deadlocks.enabled, kit.deadlocks),
-        (p.long_transactions.enabled, kit.long_transactions),
-        (p.expired_reservations.enabled, kit.expired_reservations),
-        (p.outbox.enabled, kit.outbox),
-    )
-    probes = [make(config, pool, guard) for enabled, make in guarded if enabled]
-    probes += [make(config, pool) for enabled, make in plain if enabled]
-    probes += [kit.custom(custom, pool, guard) for custom in p.custom]
-    return probes

@@ -1,12 +1,10 @@
 """Duplicate order keys kept between probe runs: the incremental duplicate bookkeeping.
 
-No SQL here (the PostgreSQL probe is :class:`~.postgres.DuplicateOrdersProbe`; its
-statements come from :class:`stocksentry.exporter.invariants.InvariantSql`). A key is a
-duplicate while at least two orders of the window hold it, so it stays one until its
-second newest order leaves the window: that time is all that is kept per key. A key can
-only *become* a duplicate through a new order, so after one full read of the window each
-run asks only about the keys of the orders created since the last horizon (see
-:mod:`.postgres.oversold` for why the horizon catches late commits).
+A key is a duplicate while at least two orders of the window hold it, so it stays one
+until its second newest order leaves the window: that time is all that is kept per key. A
+key can only *become* a duplicate through a new order, so after one full read of the
+window each run asks only about the keys of the orders created since the last horizon
+(see :mod:`.db` for why the horizon catches late commits).
 
 Example::
 

@@ -1,20 +1,8 @@
-"""Dialect-neutral result building of the invariant probes: rows in, metric families out.
+"""Rows in, metric families out: what every dialect's probes (:mod:`.db`) and cache_drift
+(:mod:`.redis`) share, so they export the same series with the same bounds.
 
-The PostgreSQL probes (:mod:`.postgres.invariants`, :mod:`.postgres.backlog`), the
-MySQL/MariaDB ones (:mod:`.mysql.invariants`, :mod:`.mysql.backlog`) and cache_drift
-(:mod:`.redis`) run their own statements and hand the rows to these functions, so every
-dialect exports the same series with the same bounds:
-
-- :func:`worst_sku_samples`: the worst ``top`` SKUs by value, each through the SKU guard,
-  the rest (and any the guard folds) summed under ``__other__``, the promo SKUs always
-  (at 0 when not among them). What an alert about SKUs names (``{{ $labels.sku }}``).
-- :func:`negative_stock_families`, :func:`duplicate_order_families`,
-  :func:`outbox_families`: every family of one probe run.
-- :func:`duplicate_key_skus`: the statement that finds the SKUs of duplicate keys, built
-  from :class:`~stocksentry.exporter.invariants.InvariantSql`'s quoting, any dialect.
-- :class:`OutboxStuckLog`: the sidecar's log line naming stuck outbox events, once per
-  transition and then at most once a minute.
-- :func:`default_guard`: the SKU guard of a probe built without the runner's.
+:func:`worst_sku_samples` names the worst ``top`` SKUs through the SKU guard, the rest
+summed under ``__other__`` and the promo SKUs always there (at 0 when not among them).
 
 Example::
 
@@ -26,10 +14,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
-from typing import Any, Final
+from typing import Final
 
 from prometheus_client.core import Metric
 from stocksentry.instrumentation import catalog
@@ -38,24 +25,16 @@ from stocksentry.instrumentation.guard import LabelGuard, sanitize_label_value
 
 from ..config import ExporterConfig
 from ..durations import format_duration
-from ..invariants import InvariantSql, Param, Query
 from .base import family
-from .duplicates import DuplicateKeys
 
 __all__ = [
-    "MAX_NEW_KEYS",
     "MAX_SKU_KEYS",
     "OUTBOX_LOG_INTERVAL",
     "OutboxStuck",
     "OutboxStuckLog",
     "default_guard",
-    "duplicate_key_skus",
-    "duplicate_order_families",
     "negative_stock_families",
-    "outbox_families",
-    "oversold_families",
     "pinned_labels",
-    "refresh_duplicate_keys",
     "worst_sku_samples",
 ]
 
@@ -64,8 +43,6 @@ LOGGER: Final = logging.getLogger("stocksentry.exporter.probes")
 #: Duplicate keys asked about per statement when naming their SKUs: a bound on the
 #: statement's size. Keys beyond it are counted in the total but name no SKU.
 MAX_SKU_KEYS: Final = 1000
-#: New keys asked about one by one at most; beyond it one read of the window is cheaper.
-MAX_NEW_KEYS: Final = 5000
 #: Seconds between two "outbox stuck" lines while the events stay stuck.
 OUTBOX_LOG_INTERVAL: Final = 60.0
 
@@ -147,118 +124,6 @@ def negative_stock_families(
     )
 
 
-def duplicate_order_families(
-    keys: int,
-    by_sku: Iterable[tuple[object, object]],
-    *,
-    top: int,
-    guard: LabelGuard,
-) -> tuple[Metric, ...]:
-    """The duplicate-orders probe's families: the key count and rows ``(sku, keys)``."""
-    return (
-        family(catalog.DUPLICATE_ORDER_KEYS, [((), float(keys))]),
-        family(catalog.DUPLICATE_ORDER_SKU_KEYS, worst_sku_samples(by_sku, top=top, guard=guard)),
-    )
-
-
-def duplicate_key_skus(
-    builder: InvariantSql, column: str, keys: Sequence[object], *, since: datetime
-) -> Query:
-    """Rows ``(sku, keys)``: per SKU, how many of ``keys`` (values of the orders'
-    ``column``) have an order created since ``since`` with an item of that SKU.
-
-    Any dialect: plain joins, one parameter per key (pass at most :data:`MAX_SKU_KEYS`).
-    """
-    s = builder.schema
-    o, oi, p = s.orders, s.order_items, s.products
-    q = builder.quote
-    key = f"o.{q(column)}"
-    parts: list[str | Param] = [
-        # Identifiers only through quote(), every value a parameter.
-        f"SELECT p.{q(p.sku)}, count(DISTINCT {key}) FROM {q(o.table)} AS o"  # noqa: S608
-        f" JOIN {q(oi.table)} AS oi ON oi.{q(oi.order_id)} = o.{q(o.id)}"
-        f" JOIN {q(p.table)} AS p ON p.{q(p.id)} = oi.{q(oi.product_id)}"
-        f" WHERE o.{q(o.created_at)} >= ",
-        Param("since", since),
-        f" AND {key} IN (",
-    ]
-    for index, value in enumerate(keys):
-        if index:
-            parts.append(", ")
-        parts.append(Param(f"key{index}", value))
-    parts.append(f") GROUP BY p.{q(p.sku)}")
-    return Query(tuple(parts), ("sku", "keys"))
-
-
-def oversold_families(
-    rows: Iterable[tuple[object, object]],
-    *,
-    pinned: Iterable[str],
-    guard: LabelGuard,
-    number: Callable[[object], float],
-) -> tuple[Metric, ...]:
-    """The oversold probe's family from rows ``(sku, oversold_units)``: each SKU through
-    the guard (the folded ones summed under ``__other__``), the ``pinned`` labels (the promo
-    SKUs) at 0 when they have no row."""
-    by_label: dict[str, float] = dict.fromkeys(pinned, 0.0)
-    for sku, units in rows:
-        label = guard(str(sku))
-        by_label[label] = by_label.get(label, 0.0) + number(units)
-    samples = [((label,), value) for label, value in sorted(by_label.items())]
-    return (family(catalog.OVERSOLD_UNITS, samples),)
-
-
-async def refresh_duplicate_keys(
-    keys: DuplicateKeys,
-    builder: InvariantSql,
-    fetch: Callable[[Query], Awaitable[list[tuple[Any, ...]]]],
-    *,
-    window: timedelta,
-    horizon: datetime,
-    now: datetime,
-    number: Callable[[object], float],
-) -> dict[str, float]:
-    """One run of the duplicate-orders probe on any dialect: ``keys`` brought up to
-    ``horizon`` and ``now``; returns the keys per SKU (:func:`duplicate_key_skus`).
-
-    The first run reads the whole window; later runs ask only about the keys of the orders
-    created since the last horizon (a key becomes a duplicate only through a new order).
-    ``fetch`` runs a :class:`Query` in the probe's transaction; ``number`` reads a count
-    column the way the dialect's driver returns it.
-    """
-    found: list[tuple[str, list[tuple[Any, ...]]]] = []
-    for kind, column in builder.key_columns():
-        if keys.boundary is None:
-            rows = await fetch(builder.duplicate_key_expiry(column, window=window))
-        else:
-            new = await fetch(builder.keys_created(column, start=keys.boundary))
-            if not new:
-                rows = []
-            elif len(new) > MAX_NEW_KEYS:
-                # A horizon held back long (an open transaction): one read of the window
-                # costs less than asking about that many keys one by one.
-                rows = await fetch(builder.duplicate_key_expiry(column, window=window))
-            else:
-                rows = await fetch(
-                    builder.duplicate_key_expiry(column, window=window, keys=[k for (k,) in new])
-                )
-        found.append((kind, rows))
-    for kind, rows in found:
-        keys.update(kind, rows)
-    if keys.boundary is None or horizon > keys.boundary:
-        keys.boundary = horizon
-    keys.expire(now)
-    by_sku: dict[str, float] = {}
-    for kind, column in builder.key_columns():
-        held = keys.keys_of(kind)[:MAX_SKU_KEYS]
-        if not held:
-            continue
-        query = duplicate_key_skus(builder, column, held, since=now - window)
-        for sku, count in await fetch(query):
-            by_sku[str(sku)] = by_sku.get(str(sku), 0.0) + number(count)
-    return by_sku
-
-
 @dataclass(frozen=True, slots=True)
 class OutboxStuck:
     """What one outbox probe run saw of the events beyond the publish latency."""
@@ -269,18 +134,6 @@ class OutboxStuck:
     oldest_id: object | None
     #: The oldest unpublished event's age, in seconds.
     oldest_age: float
-
-
-def outbox_families(
-    pending: float, lag: float, stuck: OutboxStuck, *, max_publish_latency: float
-) -> tuple[Metric, ...]:
-    """The outbox probe's families: pending, lag, stuck events and the configured latency."""
-    return (
-        family(catalog.OUTBOX_PENDING, [((), float(pending))]),
-        family(catalog.OUTBOX_LAG, [((), max(0.0, float(lag)))]),
-        family(catalog.OUTBOX_STUCK, [((), float(stuck.count))]),
-        family(catalog.OUTBOX_MAX_PUBLISH_LATENCY, [((), float(max_publish_latency))]),
-    )
 
 
 def _age_text(seconds: float) -> str:

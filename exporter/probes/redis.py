@@ -1,34 +1,13 @@
 """The Redis side: the stock cache compared with the database (``stock_cache_drift_skus``,
 and per SKU ``stock_cache_drift_sku_units``).
 
-For every promo SKU the probe reads the cached stock (``GET`` of ``redis.key_template``,
-one ``MGET`` for all of them) and the database stock (one indexed query on
-``products.sku``), and counts the SKUs whose two values have differed by more than
-``redis.tolerance`` units for at least ``redis.grace`` without interruption, the cached
-value unchanged all that time. A flash sale moves the stock faster than a cache is
-refreshed, so a short difference is normal; one that lasts is the "cache says available,
-database says sold out" of the design.
-
-What counts:
-
-- both values present and ``|cached - database| > tolerance`` for ``grace`` or longer:
-  drifting;
-- a cached value that is not a number: drifting (an app would misread it too);
-- no cache key, or no product row: not drifting (nothing to compare), and its clock
-  restarts;
-- a cached value that changed since the previous run: its clock restarts. A cache being
-  refreshed is not stale, even when a sale moves the database between every refresh and
-  every run: during a flash sale a healthy cache a few milliseconds behind differs from
-  the database at nearly every run, and counting that would page on every promo. What
-  this cannot see: a cache refreshed from a source that is itself late (a lagging
-  replica), whose value keeps changing; StockStaleCacheDecisions, from the app's own
-  decisions, catches that one.
-
-``stock_cache_drift_sku_units{cache, sku}`` names them: the units between the two values
-of each of the ``probes.cache_drift.top_skus`` SKUs drifting the most (``+Inf`` for a
-cached value that is not a number: no number of units measures it), the others summed
-under ``__other__``, every compared SKU at 0 while it does not drift
-(:func:`~stocksentry.exporter.probes.families.worst_sku_samples`, through the SKU guard).
+For every promo SKU the probe reads the cached stock (one ``MGET`` of
+``redis.key_template``) and the database stock (one indexed query), and counts the SKUs
+whose two values have differed by more than ``redis.tolerance`` for at least
+``redis.grace``, the cached value unchanged all that time: a cache being refreshed is not
+stale, however far a flash sale moves the database between refreshes. A cached value that
+is not a number drifts (``+Inf`` units); a missing key or product row restarts the clock.
+What counts, and what this cannot see: docs/exporter-config.md (``probes.cache_drift``).
 
 Example::
 
@@ -47,7 +26,6 @@ from typing import Final
 
 import redis.asyncio as aioredis
 from prometheus_client.core import Metric
-from psycopg import sql
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -56,9 +34,11 @@ from stocksentry.instrumentation import catalog
 from stocksentry.instrumentation.guard import LabelGuard
 
 from ..config import ExporterConfig, RedisConfig
-from .base import Backoff, ProbeUnavailableError, describe_error, family
+from .base import Backoff, family
+from .db import DbProbe
+from .dialects import Session
 from .families import default_guard, pinned_labels, worst_sku_samples
-from .postgres import Conn, DbProbe, PgPool, ident
+from .pool import Pool
 
 __all__ = ["CACHE_LABEL", "CacheDriftProbe", "RedisSource"]
 
@@ -80,7 +60,6 @@ class RedisSource:
         self.timeout = timeout
         self._client: aioredis.Redis | None = None
         self._backoff = backoff or Backoff()
-        self._last_error = ""
 
     def _get_client(self) -> aioredis.Redis:
         if self._client is None:
@@ -96,18 +75,8 @@ class RedisSource:
         """``MGET keys``: the raw values, ``None`` where a key is missing."""
         if not keys:
             return []
-        wait = self._backoff.wait_time()
-        if wait > 0:
-            raise ProbeUnavailableError(
-                f"redis unreachable ({self._last_error}); next attempt in {wait:.1f}s"
-            )
-        try:
+        with self._backoff.attempt("redis", (RedisConnectionError, RedisTimeoutError, OSError)):
             values = await self._get_client().mget(list(keys))
-        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
-            self._last_error = describe_error(exc)
-            self._backoff.failed()
-            raise
-        self._backoff.succeeded()
         # Without decode_responses the values are bytes; str only if someone turned it on.
         return [v.encode() if isinstance(v, str) else v for v in values]
 
@@ -151,7 +120,7 @@ class CacheDriftProbe(DbProbe):
     def __init__(
         self,
         config: ExporterConfig,
-        pool: PgPool,
+        pool: Pool,
         source: RedisSource,
         *,
         guard: LabelGuard | None = None,
@@ -175,18 +144,19 @@ class CacheDriftProbe(DbProbe):
         # the cached value of the previous run (a changed value restarts the stretch).
         self._since: dict[str, float] = {}
         self._previous: dict[str, float] = {}
-        p = config.schema.products
-        self._sql = sql.SQL(
-            "SELECT {sku}::text, {stock} FROM {table} WHERE {sku} = ANY(%s)"
-        ).format(sku=sql.Identifier(p.sku), stock=sql.Identifier(p.stock), table=ident(p.table))
+        p, q = config.schema.products, self.dialect.quote
+        marks = ", ".join(["%s"] * len(self.skus))
+        # Quoted identifiers, values as parameters.
+        self._sql = (
+            f"SELECT {q(p.sku)}, {q(p.stock)} FROM {q(p.table)}"  # noqa: S608
+            f" WHERE {q(p.sku)} IN ({marks})"
+        )
 
     async def run(self) -> tuple[Metric, ...]:
         # Redis first, outside the transaction: the database transaction stays as short as
         # one indexed query.
         cached = await self.source.get_many(self._keys)
-        stock = await self.pool.read(
-            self._database_stock, statement_timeout=self.statement_timeout
-        )
+        stock = await self.pool.read(self.database_stock, statement_timeout=self.statement_timeout)
         now = self._clock()
         drifting = 0
         units: list[tuple[str, float]] = []
@@ -217,8 +187,9 @@ class CacheDriftProbe(DbProbe):
             ),
         )
 
-    async def _database_stock(self, conn: Conn) -> dict[str, float]:
-        cursor = await conn.execute(self._sql, [list(self.skus)])
-        return {
-            str(sku): float(stock) for sku, stock in await cursor.fetchall() if stock is not None
-        }
+    async def database_stock(self, session: Session) -> dict[str, float]:
+        """The promo SKUs' stock in the database (one indexed read)."""
+        if not self.skus:
+            return {}
+        rows = await session.rows(self._sql, list(self.skus))
+        return {str(sku): float(stock) for sku, stock in rows if stock is not None}

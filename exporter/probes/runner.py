@@ -25,29 +25,20 @@ from collections.abc import AsyncIterator, Iterator, Mapping
 from types import MappingProxyType, TracebackType
 from typing import TYPE_CHECKING
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import Metric
 from prometheus_client.registry import CollectorRegistry
 from stocksentry.instrumentation import catalog
-from stocksentry.instrumentation.catalog import MetricSpec
 from stocksentry.instrumentation.guard import LabelGuard
+from stocksentry.instrumentation.secrets import secret_fragments
 
 from ..config import ELECTION_PROBE, ExporterConfig
-from .base import (
-    LOGGER,
-    PROBE_LEADER,
-    ErrorLog,
-    Probe,
-    ProbeResult,
-    describe_error,
-    secret_fragments,
-)
+from .base import LOGGER, ErrorLog, Probe, ProbeResult, describe_error, family
+from .db import build_db_probes
 from .election import LeaderElection
-from .postgres import IndexAdvice, PgPool, build_db_probes, check_indexes
+from .indexes import IndexAdvice, check_indexes
+from .pool import Pool
 
 if TYPE_CHECKING:
-    # Imported when the URL is MySQL's: a PostgreSQL sidecar needs no aiomysql.
-    from .mysql import MyPool
-
     # Imported when a redis: section is configured: the sidecar runs without the
     # redis package otherwise (it comes with the [redis] extra).
     from .redis import RedisSource
@@ -104,24 +95,14 @@ class ProbeRunner:
             secrets.extend(secret_fragments(config.redis.url.reveal()))
         self._errors = ErrorLog(LOGGER, interval=error_log_interval, secrets=secrets)
 
-        self._pool: PgPool | None = None
-        self._my_pool: MyPool | None = None
+        self._pool: Pool | None = None
         self._redis: RedisSource | None = None
         self._db_probes: list[Probe] = []
-        if config.database is not None and config.database.dialect == "mysql":
-            # MySQL and MariaDB: the same probes and figures through aiomysql.
-            from . import mysql as my
-
-            self._my_pool = my.MyPool(config.database)
-            self._db_probes.extend(my.build_db_probes(config, self._my_pool, self.sku_guard))
-        elif config.database is not None:
-            self._pool = PgPool(config.database)
+        if config.database is not None:
+            self._pool = Pool(config.database)
             self._db_probes.extend(build_db_probes(config, self._pool, self.sku_guard))
-        if (
-            config.database is not None
-            and config.probes.cache_drift.enabled
-            and config.redis is not None
-        ):
+        redis = config.redis
+        if self._pool is not None and config.probes.cache_drift.enabled and redis is not None:
             try:
                 from .redis import CacheDriftProbe, RedisSource
             except ModuleNotFoundError as exc:
@@ -132,17 +113,10 @@ class ProbeRunner:
                     "pip install 'stocksentry[exporter]'",
                     name=exc.name,
                 ) from None
-            self._redis = RedisSource(config.redis, timeout=config.probes.cache_drift.timeout)
-            if self._my_pool is not None:
-                from .mysql.cache import MyCacheDriftProbe
-
-                self._db_probes.append(
-                    MyCacheDriftProbe(config, self._my_pool, self._redis, guard=self.sku_guard)
-                )
-            elif self._pool is not None:
-                self._db_probes.append(
-                    CacheDriftProbe(config, self._pool, self._redis, guard=self.sku_guard)
-                )
+            self._redis = RedisSource(redis, timeout=config.probes.cache_drift.timeout)
+            self._db_probes.append(
+                CacheDriftProbe(config, self._pool, self._redis, guard=self.sku_guard)
+            )
 
         self._election: LeaderElection | None = None
         if config.database is not None and config.database.leader_election:
@@ -204,8 +178,6 @@ class ProbeRunner:
             self._election_task = None
         if self._pool is not None:
             await self._pool.close()
-        if self._my_pool is not None:
-            await self._my_pool.close()
         if self._redis is not None:
             await self._redis.close()
 
@@ -243,15 +215,14 @@ class ProbeRunner:
         for probe in self._db_probes:
             # Incremental probes start over on every election: what they kept may be
             # hours old, and a rebuild is spread over runs where catching up is not.
-            reset = getattr(probe, "reset", None)
-            if callable(reset):
-                reset()
+            probe.reset()
             self._tasks[probe.name] = asyncio.create_task(
                 self._loop(probe), name=f"stocksentry-probe-{probe.name}"
             )
-        self._tasks["__index_check__"] = asyncio.create_task(
-            self._check_indexes(), name="stocksentry-index-check"
-        )
+        if self._pool is not None:
+            self._tasks["__index_check__"] = asyncio.create_task(
+                self._check_indexes(self._pool), name="stocksentry-index-check"
+            )
 
     async def _stop_db_probes(self) -> None:
         if not self._db_running:
@@ -267,8 +238,6 @@ class ProbeRunner:
         self._results = {k: v for k, v in self._results.items() if k not in names}
         if self._pool is not None:
             await self._pool.close_idle()
-        if self._my_pool is not None:
-            await self._my_pool.close_idle()
         if self._election is not None and not self._stopping:
             LOGGER.warning("no longer leading: database probes stopped")
 
@@ -316,20 +285,10 @@ class ProbeRunner:
     def _set_result(self, name: str, result: ProbeResult) -> None:
         self._results = {**self._results, name: result}
 
-    async def _check_indexes(self) -> None:
-        config = self.config
+    async def _check_indexes(self, pool: Pool) -> None:
         try:
             async with asyncio.timeout(60.0):
-                if self._my_pool is not None:
-                    from .mysql import check_indexes as my_check_indexes
-
-                    advice = await self._my_pool.read(
-                        lambda session: my_check_indexes(session, config)
-                    )
-                elif self._pool is not None:
-                    advice = await self._pool.read(lambda conn: check_indexes(conn, config))
-                else:
-                    return
+                advice = await check_indexes(pool, self.config)
         except Exception as exc:
             LOGGER.warning("index check failed: %s", self._errors.clean(describe_error(exc)))
             return
@@ -357,42 +316,25 @@ class ProbeRunner:
     def collect(self) -> Iterator[Metric]:
         """The collector protocol: the last results, with no I/O."""
         results = self._results
-        up = _gauge(catalog.PROBE_UP)
-        duration = _gauge(catalog.PROBE_DURATION)
-        last_success = _gauge(catalog.PROBE_LAST_SUCCESS)
-        for name, result in sorted(results.items()):
-            up.add_metric([name], 1.0 if result.up else 0.0)
-            duration.add_metric([name], result.duration)
-            if result.last_success is not None:
-                last_success.add_metric([name], result.last_success)
-        yield up
-        yield duration
-        yield last_success
+        ran = sorted(results.items())
+        yield family(catalog.PROBE_UP, [((n,), 1.0 if r.up else 0.0) for n, r in ran])
+        yield family(catalog.PROBE_DURATION, [((n,), r.duration) for n, r in ran])
+        yield family(
+            catalog.PROBE_LAST_SUCCESS,
+            [((n,), r.last_success) for n, r in ran if r.last_success is not None],
+        )
         if self.config.database is not None:
-            leader = _gauge(PROBE_LEADER)
-            leader.add_metric([], 1.0 if self._db_running else 0.0)
-            yield leader
+            yield family(catalog.PROBE_LEADER, [((), 1.0 if self._db_running else 0.0)])
         for result in results.values():
             if result.up:
                 yield from result.families
 
     def describe(self) -> Iterator[Metric]:
         """Every family :meth:`collect` may yield, empty (for registry name checks)."""
-        specs: list[MetricSpec] = [
-            catalog.PROBE_UP,
-            catalog.PROBE_DURATION,
-            catalog.PROBE_LAST_SUCCESS,
-        ]
+        specs = [catalog.PROBE_UP, catalog.PROBE_DURATION, catalog.PROBE_LAST_SUCCESS]
         if self.config.database is not None:
-            specs.append(PROBE_LEADER)
+            specs.append(catalog.PROBE_LEADER)
         for probe in self._db_probes:
             specs.extend(probe.specs)
         for spec in specs:
-            if spec.kind == "counter":
-                yield CounterMetricFamily(spec.name, spec.help, labels=spec.labels)
-            else:
-                yield _gauge(spec)
-
-
-def _gauge(spec: MetricSpec) -> GaugeMetricFamily:
-    return GaugeMetricFamily(spec.name, spec.help, labels=spec.labels)
+            yield family(spec)

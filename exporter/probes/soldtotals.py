@@ -1,30 +1,15 @@
 """Per-product paid totals kept between probe runs: the incremental oversold bookkeeping.
 
-Nothing here writes SQL or knows a driver: :func:`incremental_run` asks
-:class:`stocksentry.exporter.invariants.InvariantSql` (the dialect-aware builder
-``reconcile`` uses) for its statements and a dialect's probe for their rows, through a
-``fetch`` callable, and :class:`SoldTotals` answers which SKUs are oversold and by how
-much. A dialect brings only its *horizon* and its ``fetch`` (the PostgreSQL probe is
-:mod:`stocksentry.exporter.probes.postgres.oversold`).
+No SQL here: :func:`incremental_run` takes its statements from
+:class:`stocksentry.exporter.invariants.InvariantSql` and their rows from the probe's
+``fetch``; :class:`SoldTotals` answers which SKUs are oversold and by how much.
 
 The paid units of a product are split by the orders' creation time at a **boundary**:
-
-- **settled**: orders created before the boundary, kept here per product;
-- **recent**: orders created at or after it, read again on every run (so a late payment,
-  a refund or a cancellation of a recent order shows at the next run).
-
-The probe moves the boundary forward on each run to its *horizon*: before every order
-that may still commit (the start of every open transaction, less a margin) and before
-those young enough to be paid or refunded soon (``settle_after`` back from the database's
-clock). The orders created between
-the old and the new boundary are read once and added to the settled totals.
-
-Settled totals are kept only for products that matter: those with recent paid items
-(counted once on first sight from their whole history, a few per run) and those found
-oversold. A **rolling recount** reads the whole product table a chunk per run and
-replaces the settled totals it covers: it finds SKUs oversold long ago, and it corrects
-settled totals after a refund or status change of an old order. After a restart or a
-leader change the totals are empty and are rebuilt by exactly these two bounded steps.
+**settled** (created before it, kept here per product) and **recent** (read again every
+run, so a late payment or a refund shows at once). Each run moves the boundary to the
+probe's horizon and settles what it passed; a **rolling recount** reads the products a
+chunk per run and corrects the settled totals; new products are counted from their
+history a few a run. The whole design: docs/exporter-config.md, "How ``oversold`` counts".
 
 Example::
 
@@ -117,19 +102,23 @@ class SoldTotals:
 
     # --- the boundary ------------------------------------------------------------------
 
-    def advance(self, horizon: datetime) -> tuple[datetime, datetime] | None:
-        """Move the boundary to ``horizon`` (never back) and return the settle range
-        ``[old, new)`` whose orders :meth:`settle` must get, or ``None`` (nothing to
-        settle: the first run, or a horizon not past the boundary)."""
-        self._run += 1
+    def settle_range(self, horizon: datetime) -> tuple[tuple[datetime, datetime] | None, datetime]:
+        """The range ``[old, new)`` whose orders :meth:`settle` must get when the boundary
+        moves to ``horizon`` (``None``: nothing to settle, the first run or a horizon not
+        past the boundary), and the boundary after it (never moved back)."""
         old = self.boundary
         if old is None:
-            self.boundary = horizon
-            return None
+            return None, horizon
         if horizon <= old:
-            return None
-        self.boundary = horizon
-        return old, horizon
+            return None, old
+        return (old, horizon), horizon
+
+    def advance(self, horizon: datetime) -> tuple[datetime, datetime] | None:
+        """Move the boundary to ``horizon`` (:meth:`settle_range`); returns the range to
+        settle."""
+        self._run += 1
+        settle, self.boundary = self.settle_range(horizon)
+        return settle
 
     def settle(self, rows: Iterable[tuple[Any, Any]]) -> None:
         """Add ``(product_id, sold_units)`` of the settle range to the kept totals.
@@ -297,14 +286,7 @@ async def incremental_run(
     that fails or times out leaves them consistent, and the next run repeats what was not
     applied (a settle range, a chunk, the first counts).
     """
-    boundary = totals.boundary
-    settle_range = None
-    new_boundary = horizon
-    if boundary is not None:
-        if horizon > boundary:
-            settle_range = (boundary, horizon)
-        else:
-            new_boundary = boundary
+    settle_range, new_boundary = totals.settle_range(horizon)
     settled = (
         await fetch(builder.paid_units_created(start=settle_range[0], end=settle_range[1]))
         if settle_range is not None

@@ -1,8 +1,10 @@
-"""The probes against a real PostgreSQL and Redis: exact figures, timeouts, failover.
+"""The probes against a real PostgreSQL (and MariaDB) and Redis: exact figures, timeouts,
+failover.
 
-Each test seeds a fresh database (``pg_database``) with the default schema and known
-violations, runs a :class:`ProbeRunner` on short intervals, and reads the figures back from
-a fresh registry, as a scrape would.
+Each test seeds a fresh database with the default schema and known violations, runs a
+:class:`ProbeRunner` on short intervals, and reads the figures back from a fresh registry,
+as a scrape would. The tests taking the ``db`` fixture run on PostgreSQL and on MariaDB
+(whose shop and helpers are in ``test_probes_mysql.py``); the others are PostgreSQL's own.
 """
 
 from __future__ import annotations
@@ -25,11 +27,13 @@ import yaml
 from polling import async_wait_until
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from shopdb import Db
 from stocksentry.exporter.config import ExporterConfig, parse_config
 from stocksentry.exporter.probes import ProbeRunner, check_indexes
-from stocksentry.exporter.probes.base import Backoff, ErrorLog, ProbeResult, secret_fragments
+from stocksentry.exporter.probes.base import Backoff, ErrorLog, ProbeResult
 from stocksentry.exporter.probes.election import LeaderElection
-from stocksentry.exporter.probes.postgres import PgPool
+from stocksentry.exporter.probes.pool import Pool
+from stocksentry.instrumentation.secrets import secret_fragments
 
 pytestmark = pytest.mark.integration
 
@@ -190,6 +194,25 @@ def make_config(
     return parse_config(yaml.safe_dump(document), "test.yaml", environ=environ or {})
 
 
+def mariadb() -> Any:
+    """The MariaDB helpers (test_probes_mysql imports this module: imported when needed)."""
+    import test_probes_mysql
+
+    return test_probes_mysql
+
+
+async def seed_db(db: Db, *, indexes: bool = True) -> None:
+    if db.mysql:
+        mariadb().seed(db.url, indexes=indexes)
+    else:
+        await seed(db.url, indexes=indexes)
+
+
+def config_on(db: Db, probes: tuple[str, ...] = ALL_DB_PROBES, **options: Any) -> ExporterConfig:
+    """:func:`make_config` of the database's test module."""
+    return (mariadb().make_config if db.mysql else make_config)(db.url, probes, **options)
+
+
 def sample(registry: CollectorRegistry, name: str, **labels: str) -> float | None:
     return registry.get_sample_value(name, labels)
 
@@ -198,10 +221,10 @@ def all_up(registry: CollectorRegistry, probes: tuple[str, ...]) -> Callable[[],
     return lambda: all(sample(registry, "stocksentry_probe_up", probe=p) == 1.0 for p in probes)
 
 
-async def test_every_probe_reports_the_seeded_truth(pg_database, registry):
+async def test_every_probe_reports_the_seeded_truth(db, registry):
     before_seed, before_seed_wall = time.monotonic(), time.time()
-    await seed(pg_database)
-    config = make_config(pg_database)
+    await seed_db(db)
+    config = config_on(db)
     async with ProbeRunner(config, registry=registry) as runner:
         await async_wait_until(
             all_up(registry, ALL_DB_PROBES), timeout=WAIT, message="every probe up"
@@ -224,8 +247,13 @@ async def test_every_probe_reports_the_seeded_truth(pg_database, registry):
         assert sample(registry, "stock_duplicate_order_keys") == 2.0
         assert sample(registry, "stock_db_lock_waiters") == 0.0
         assert sample(registry, "stock_db_lock_wait_max_seconds") == 0.0
-        database = pg_database.rsplit("/", 1)[1]
-        assert sample(registry, "stock_db_deadlocks_total", database=database) == 0.0
+        database = db.url.rsplit("/", 1)[1]
+        deadlocks = sample(registry, "stock_db_deadlocks_total", database=database)
+        if db.mysql:
+            assert deadlocks is not None  # server-wide: other suites' deadlocks count too
+            assert deadlocks >= 0.0
+        else:
+            assert deadlocks == 0.0
         assert sample(registry, "stock_db_long_transactions") == 0.0
         assert sample(registry, "stock_reservations_expired_unreleased") == 3.0
         assert sample(registry, "stock_outbox_pending_events") == 2.0
@@ -394,18 +422,19 @@ async def test_outbox_names_its_stuck_events_in_one_line_per_transition(
         assert len(lines("outbox recovered")) == 1
 
 
-async def test_custom_probe_exports_the_rows_as_a_gauge(pg_database, registry):
-    await seed(pg_database)
+async def test_custom_probe_exports_the_rows_as_a_gauge(db, registry):
+    await seed_db(db)
     document = {
-        "database": {"url": pg_database, "leader_election": False},
+        "database": {"url": db.url, "leader_election": False},
         "probes": {
             "defaults": {"interval": "200ms"},
             **{p: {"enabled": False} for p in ALL_DB_PROBES},
             "custom": [
                 {
                     "name": "negative_by_sku",
+                    # A % stays as written (no parameters are sent with custom SQL).
                     "sql": "SELECT sku, available_stock AS stock FROM products "
-                    "WHERE available_stock < 0 -- a trailing comment;",
+                    "WHERE available_stock < 0 AND sku LIKE 'SKU-%' -- a trailing comment;",
                     "metric": "shop_negative_stock",
                     "help": "Stock per SKU below zero.",
                     "value_column": "stock",
@@ -459,59 +488,78 @@ async def try_advisory_lock(url: str, key: int) -> bool:
         return bool(row and row[0])
 
 
-async def test_custom_sql_leaves_no_advisory_lock_behind(pg_database, registry):
-    await seed(pg_database)
+async def test_custom_sql_leaves_no_lock_behind(db, registry):
+    await seed_db(db)
     key = random.randint(1, 2**62)
+    name = f"stocksentry-test-{key}"
+    sql = (
+        f"SELECT GET_LOCK('{name}', 0) AS value"
+        if db.mysql
+        else f"SELECT 1 AS value FROM (SELECT pg_advisory_lock({key})) AS x"
+    )
     document = {
-        "database": {"url": pg_database, "leader_election": False},
+        "database": {"url": db.url, "leader_election": False},
         "probes": {
             # One run only, so none is in flight while the lock is checked.
             "defaults": {"interval": "1h"},
             **{p: {"enabled": False} for p in ALL_DB_PROBES},
-            "custom": [
-                {
-                    "name": "locker",
-                    "sql": f"SELECT 1 AS value FROM (SELECT pg_advisory_lock({key})) AS x",
-                    "metric": "shop_locker",
-                }
-            ],
+            "custom": [{"name": "locker", "sql": sql, "metric": "shop_locker"}],
         },
     }
     async with ProbeRunner(parse_config(yaml.safe_dump(document)), registry=registry):
         await async_wait_until(all_up(registry, ("locker",)), timeout=WAIT, message="one run")
         assert sample(registry, "shop_locker") == 1.0
         # The pooled session is still open, but no longer holds the lock.
-        assert await try_advisory_lock(pg_database, key)
+        if db.mysql:
+            assert mariadb().lock_is_free(db.url, name)
+        else:
+            assert await try_advisory_lock(db.url, key)
 
 
-async def test_missing_indexes_are_reported_with_the_statement_to_add(
-    pg_database, registry, caplog
-):
-    await seed(pg_database, indexes=False)
-    config = make_config(pg_database, schema={"orders": {"idempotency_key": None}})
-    pool = PgPool(config.database)
+async def test_missing_indexes_are_reported_with_the_statement_to_add(db, registry, caplog):
+    await seed_db(db, indexes=False)
+    config = config_on(db, schema=None if db.mysql else {"orders": {"idempotency_key": None}})
+    pool = Pool(config.database)  # type: ignore[arg-type]
     try:
-        advice = await pool.read(lambda conn: check_indexes(conn, config))
+        advice = await check_indexes(pool, config)
     finally:
         await pool.close()
-    assert [(a.probe, a.table, a.column) for a in advice] == [
-        ("negative_stock", "products", "available_stock"),
-        ("oversold", "order_items", "product_id"),
-        ("oversold", "orders", "created_at"),
-        ("oversold", "order_items", "order_id"),
-        ("duplicate_orders", "orders", "external_ref"),
-        ("expired_reservations", "reservations", "expires_at"),
-        ("outbox", "outbox", "created_at"),
-    ]
-    assert advice[0].statement == (
-        'CREATE INDEX CONCURRENTLY IF NOT EXISTS "products_available_stock_partial_idx" '
-        'ON "products" ("available_stock") WHERE "available_stock" < 0;'
-    )
-    assert advice[5].statement.endswith('WHERE "released_at" IS NULL;')
-    # The statements are valid SQL that create the very indexes asked for.
-    async with await psycopg.AsyncConnection.connect(pg_database, autocommit=True) as conn:
-        for item in advice:
-            await conn.execute(item.statement)
+    if db.mysql:
+        # order_items(order_id) and (product_id) come with their foreign keys.
+        assert [(a.probe, a.table, a.column) for a in advice] == [
+            ("negative_stock", "products", "available_stock"),
+            ("oversold", "orders", "created_at"),
+            ("duplicate_orders", "orders", "external_ref"),
+            ("expired_reservations", "reservations", "released_at"),
+            ("outbox", "outbox", "published_at"),
+        ]
+        assert advice[0].statement == (
+            "ALTER TABLE `products` ADD INDEX `products_available_stock_idx` (`available_stock`),"
+            " ALGORITHM=INPLACE, LOCK=NONE;"
+        )
+        assert "(`released_at`, `expires_at`)" in advice[3].statement
+        assert "(`published_at`, `created_at`)" in advice[4].statement
+        # The statements are valid SQL that create the very indexes asked for.
+        mariadb().run_sql(db.url, [item.statement.rstrip(";") for item in advice])
+    else:
+        assert [(a.probe, a.table, a.column) for a in advice] == [
+            ("negative_stock", "products", "available_stock"),
+            ("oversold", "order_items", "product_id"),
+            ("oversold", "orders", "created_at"),
+            ("oversold", "order_items", "order_id"),
+            ("duplicate_orders", "orders", "external_ref"),
+            ("expired_reservations", "reservations", "expires_at"),
+            ("outbox", "outbox", "created_at"),
+        ]
+        assert advice[0].statement == (
+            'CREATE INDEX CONCURRENTLY IF NOT EXISTS "products_available_stock_partial_idx" '
+            'ON "products" ("available_stock") WHERE "available_stock" < 0;'
+        )
+        assert advice[5].statement.endswith('WHERE "released_at" IS NULL;')
+        # The statements are valid SQL that create the very indexes asked for.
+        async with await psycopg.AsyncConnection.connect(db.url, autocommit=True) as conn:
+            for item in advice:
+                await conn.execute(item.statement)
     caplog.set_level(logging.WARNING, logger="stocksentry.exporter.probes")
     async with ProbeRunner(config, registry=registry) as runner:
         await async_wait_until(
@@ -542,15 +590,36 @@ async def test_the_runner_logs_each_missing_index(pg_database, registry, caplog)
     assert "orders" in lines[1]
 
 
-async def test_lock_waiters_and_the_longest_wait(pg_database, registry):
-    await seed(pg_database)
-    holder = await psycopg.AsyncConnection.connect(pg_database)
-    waiter = await psycopg.AsyncConnection.connect(pg_database, autocommit=True)
+def plain(db: Db, *, autocommit: bool = True) -> Any:
+    """A plain DB-API session on the test database (psycopg or PyMySQL); without
+    autocommit, in a transaction."""
+    if not db.mysql:
+        return psycopg.connect(db.url, autocommit=autocommit)
+    conn = mariadb().connect(db.url, autocommit=autocommit)
+    if not autocommit:
+        conn.begin()
+    return conn
+
+
+def run(conn: Any, sql: str) -> None:
+    with conn.cursor() as cur:
+        cur.execute(sql)
+        if cur.description:
+            cur.fetchall()
+
+
+async def test_lock_waiters_and_the_longest_wait(db, registry):
+    await seed_db(db)
+    holder = plain(db, autocommit=False)
+    waiter = plain(db)
     update = "UPDATE products SET available_stock = available_stock WHERE id = 1"
     try:
-        await holder.execute(update)  # holds the row lock in an open transaction
-        waiting = asyncio.create_task(waiter.execute(update))
-        config = make_config(pg_database, ("lock_waiters",))
+        if db.mysql:
+            for conn in (holder, waiter):
+                run(conn, "SET SESSION innodb_lock_wait_timeout = 30")
+        run(holder, update)  # holds the row lock in an open transaction
+        waiting = asyncio.create_task(asyncio.to_thread(run, waiter, update))
+        config = config_on(db, ("lock_waiters",))
         async with ProbeRunner(config, registry=registry):
             await async_wait_until(
                 lambda: sample(registry, "stock_db_lock_waiters") == 1.0,
@@ -562,7 +631,7 @@ async def test_lock_waiters_and_the_longest_wait(pg_database, registry):
                 timeout=WAIT,
                 message="a growing wait",
             )
-            await holder.rollback()
+            holder.rollback()
             await waiting
             await async_wait_until(
                 lambda: sample(registry, "stock_db_lock_waiters") == 0.0,
@@ -571,8 +640,8 @@ async def test_lock_waiters_and_the_longest_wait(pg_database, registry):
             )
             assert sample(registry, "stock_db_lock_wait_max_seconds") == 0.0
     finally:
-        await holder.close()
-        await waiter.close()
+        holder.close()
+        waiter.close()
 
 
 async def test_deadlocks_come_from_pg_stat_database(pg_database, registry):
@@ -607,17 +676,18 @@ async def test_deadlocks_come_from_pg_stat_database(pg_database, registry):
         )
 
 
-async def test_long_transactions_on_stock_tables(pg_database, registry):
-    await seed(pg_database)
-    on_stock = await psycopg.AsyncConnection.connect(pg_database)
-    elsewhere = await psycopg.AsyncConnection.connect(pg_database)
+async def test_long_transactions_on_stock_tables(db, registry):
+    await seed_db(db)
+    on_stock = plain(db, autocommit=False)
+    elsewhere = plain(db, autocommit=False)
     try:
-        await on_stock.execute("SELECT available_stock FROM products WHERE id = 1")
-        await elsewhere.execute("SELECT 1")  # open too, but touches no stock table
+        run(on_stock, "SELECT available_stock FROM products WHERE id = 1")
+        # Open too, but touches no stock table (MariaDB: no InnoDB table).
+        run(elsewhere, "SELECT 1")
         config = parse_config(
             yaml.safe_dump(
                 {
-                    "database": {"url": pg_database, "leader_election": False},
+                    "database": {"url": db.url, "leader_election": False},
                     "probes": {
                         "defaults": {"interval": "200ms"},
                         **{p: {"enabled": False} for p in ALL_DB_PROBES},
@@ -635,25 +705,37 @@ async def test_long_transactions_on_stock_tables(pg_database, registry):
             oldest = sample(registry, "stock_db_long_transaction_max_seconds")
             assert oldest is not None
             assert oldest >= 0.3
-            await on_stock.rollback()
+            on_stock.rollback()
             await async_wait_until(
                 lambda: sample(registry, "stock_db_long_transactions") == 0.0,
                 timeout=WAIT,
                 message="none after rollback",
             )
     finally:
-        await on_stock.close()
-        await elsewhere.close()
+        on_stock.close()
+        elsewhere.close()
 
 
-async def test_a_locked_table_times_out_the_probe_then_it_recovers(pg_database, registry):
-    await seed(pg_database)
-    config = make_config(pg_database, ("negative_stock", "lock_waiters"))
-    locker = await psycopg.AsyncConnection.connect(pg_database)
+async def test_a_locked_table_times_out_the_probe_then_it_recovers(db, registry):
+    await seed_db(db)
+    # On MariaDB a statement limit above the lock wait's whole second, so the lock wait
+    # ends it.
+    config = config_on(
+        db,
+        ("negative_stock", "lock_waiters"),
+        database={"statement_timeout": "1500ms"} if db.mysql else None,
+    )
+    if db.mysql:
+        locker: Any = mariadb().connect(db.url)
+    else:
+        locker = await psycopg.AsyncConnection.connect(db.url)
     try:
         async with ProbeRunner(config, registry=registry) as runner:
             await async_wait_until(all_up(registry, ("negative_stock",)), timeout=WAIT)
-            await locker.execute("LOCK TABLE products IN ACCESS EXCLUSIVE MODE")
+            if db.mysql:
+                mariadb().execute(locker, "LOCK TABLES products WRITE")
+            else:
+                await locker.execute("LOCK TABLE products IN ACCESS EXCLUSIVE MODE")
             await async_wait_until(
                 lambda: sample(registry, "stocksentry_probe_up", probe="negative_stock") == 0.0,
                 timeout=WAIT,
@@ -661,10 +743,15 @@ async def test_a_locked_table_times_out_the_probe_then_it_recovers(pg_database, 
             )
             result = runner.results["negative_stock"]
             assert result.error is not None
-            assert "LockNotAvailable" in result.error
-            assert "55P03" in result.error
-            # lock_timeout (200 ms) ended the wait (the error says so), within the probe's
-            # own timeout.
+            if db.mysql:
+                # lock_wait_timeout (200 ms rounded up to the server's 1 s) ended the wait.
+                assert "1205" in result.error
+                assert "Lock wait timeout" in result.error
+            else:
+                # lock_timeout (200 ms) ended the wait (the error says so).
+                assert "LockNotAvailable" in result.error
+                assert "55P03" in result.error
+            # Within the probe's own timeout.
             (probe,) = [p for p in runner.probes if p.name == "negative_stock"]
             assert result.duration < probe.timeout
             # Nothing stale: the figures are gone while the probe is down ...
@@ -684,7 +771,10 @@ async def test_a_locked_table_times_out_the_probe_then_it_recovers(pg_database, 
             assert scraped[("stocksentry_probe_up", key)] == 0.0
             assert scraped[("stocksentry_probe_duration_seconds", key)] == result.duration
             assert ("stock_negative_inventory_skus", ()) not in scraped
-            await locker.rollback()
+            if db.mysql:
+                mariadb().execute(locker, "UNLOCK TABLES")
+            else:
+                await locker.rollback()
             await async_wait_until(
                 lambda: sample(registry, "stocksentry_probe_up", probe="negative_stock") == 1.0,
                 timeout=WAIT,
@@ -692,16 +782,23 @@ async def test_a_locked_table_times_out_the_probe_then_it_recovers(pg_database, 
             )
             assert sample(registry, "stock_negative_inventory_skus") == 2.0
     finally:
-        await locker.close()
+        if db.mysql:
+            locker.close()
+        else:
+            await locker.close()
 
 
-async def test_an_unreachable_database_is_reported_down(registry, caplog):
+@pytest.mark.parametrize("scheme", ["postgresql", "mysql"])
+async def test_an_unreachable_database_is_reported_down_without_the_password(
+    scheme, registry, caplog
+):
     caplog.set_level(logging.INFO, logger="stocksentry.exporter.probes")
-    config = make_config(
-        "postgresql://postgres@127.0.0.1:1/postgres",
+    # Port 1: nothing listens there, the connection is refused at once.
+    config = (mariadb().make_config if scheme == "mysql" else make_config)(
+        f"{scheme}://root@127.0.0.1:1/shop",
         ("negative_stock", "deadlocks"),
         database={"url_env": "STOCKSENTRY_DATABASE_URL"},
-        environ={"STOCKSENTRY_DATABASE_URL": "postgresql://app:s3cr3t-pw@127.0.0.1:1/shop"},
+        environ={"STOCKSENTRY_DATABASE_URL": f"{scheme}://app:s3cr3t-pw@127.0.0.1:1/shop"},
     )
     runner = ProbeRunner(config, registry=registry)
     await runner.start()
@@ -717,13 +814,20 @@ async def test_an_unreachable_database_is_reported_down(registry, caplog):
         assert sample(registry, "stock_negative_inventory_skus") is None
         assert sample(registry, "stocksentry_probe_last_success_timestamp_seconds",
                       probe="negative_stock") is None  # fmt: skip
+        started = time.monotonic()
+        scraped = mariadb().scrape(registry)
+        assert time.monotonic() - started < 1.0
+        assert scraped[("stocksentry_probe_up", (("probe", "negative_stock"),))] == 0.0
         # Keep failing for a while: no exception escapes, the loops keep going.
         await asyncio.sleep(0.5)
         assert runner.results["negative_stock"].up is False
+        if scheme == "mysql":
+            assert "2003" in (runner.results["negative_stock"].error or "")
     finally:
         await runner.stop()
     assert "s3cr3t-pw" not in caplog.text
     assert "failed" in caplog.text
+    assert "probe negative_stock failed" in caplog.text
     assert all("s3cr3t-pw" not in (r.error or "") for r in runner.results.values())
 
 
@@ -742,11 +846,11 @@ async def test_an_unreachable_database_with_election_reports_the_election_down(r
         assert not runner.is_leader
 
 
-async def test_one_leader_runs_the_database_probes_and_the_other_takes_over(pg_database):
-    await seed(pg_database)
+async def test_one_leader_runs_the_database_probes_and_the_other_takes_over(db):
+    await seed_db(db)
     key = random.randint(1, 2**62)
-    config = make_config(
-        pg_database,
+    config = config_on(
+        db,
         ("negative_stock",),
         leader_election=True,
         database={"advisory_lock_key": key},
@@ -891,7 +995,7 @@ async def test_a_leader_stops_its_probes_before_its_session_goes(pg_database):
         assert election.leading
         # The next ping does not answer in time (as behind a slow network), while the
         # session is still alive and holds the lock.
-        election._timeout = 0.0
+        election.timeout = 0.0
         await election.step()
         assert not election.leading
         assert taken_while_deposing == [False] * 10
@@ -901,7 +1005,14 @@ async def test_a_leader_stops_its_probes_before_its_session_goes(pg_database):
             lambda: try_advisory_lock(pg_database, key), timeout=WAIT, message="the lock is free"
         )
     finally:
-        await election._drop_connection()
+        await election.close()
+
+
+async def db_sessions(db: Db) -> set[int]:
+    """The exporter's sessions of the test's own database."""
+    if db.mysql:
+        return set(mariadb().exporter_sessions(db.url))
+    return await exporter_sessions(db.url)
 
 
 async def exporter_sessions(url: str) -> set[int]:
@@ -947,9 +1058,9 @@ async def test_probes_reconnect_after_their_sessions_are_killed(pg_database, reg
 
 
 async def test_cache_drift_counts_skus_that_stay_apart_beyond_the_grace(
-    pg_database, registry, redis_prefix
+    db, registry, redis_prefix
 ):
-    await seed(pg_database)
+    await seed_db(db)
     client = aioredis.Redis.from_url(REDIS_URL)
     key = f"{redis_prefix}stock:{{sku}}"
     try:
@@ -961,7 +1072,7 @@ async def test_cache_drift_counts_skus_that_stay_apart_beyond_the_grace(
             yaml.safe_dump(
                 {
                     "sku_guard": {"promo_skus": ["SKU-OK", "SKU-OVER", "SKU-NEG1", "SKU-NEG3"]},
-                    "database": {"url": pg_database, "leader_election": False},
+                    "database": {"url": db.url, "leader_election": False},
                     "redis": {
                         "url": REDIS_URL,
                         "key_template": key,
@@ -984,6 +1095,12 @@ async def test_cache_drift_counts_skus_that_stay_apart_beyond_the_grace(
                 timeout=WAIT,
                 message="one drifting SKU after the grace",
             )
+            # Named by its own series, 3 units apart; the others at 0, nothing left over.
+            per_sku = "stock_cache_drift_sku_units"
+            assert sample(registry, per_sku, cache="redis", sku="SKU-OVER") == 3.0
+            for sku in ("SKU-OK", "SKU-NEG1", "SKU-NEG3"):
+                assert sample(registry, per_sku, cache="redis", sku=sku) == 0.0
+            assert sample(registry, per_sku, cache="redis", sku="__other__") is None
             # A value that is not a number drifts too; a fixed value stops drifting.
             await client.set(f"{redis_prefix}stock:SKU-OK", "lots")
             await client.set(f"{redis_prefix}stock:SKU-OVER", "0")
@@ -992,6 +1109,7 @@ async def test_cache_drift_counts_skus_that_stay_apart_beyond_the_grace(
                 timeout=WAIT,
                 message="the fixed SKU no longer drifts, the garbled one within its grace",
             )
+            assert sample(registry, per_sku, cache="redis", sku="SKU-OVER") == 0.0
             await async_wait_until(
                 lambda: sample(registry, "stock_cache_drift_skus", cache="redis") == 1.0,
                 timeout=WAIT,
@@ -1102,10 +1220,10 @@ async def test_cache_drift_is_down_while_redis_is_unreachable(pg_database, regis
         assert sample(registry, "stock_cache_drift_skus", cache="redis") is None
 
 
-async def test_the_probe_timeout_cancels_a_slow_query_in_the_server(pg_database, registry):
+async def test_the_probe_timeout_stops_a_slow_query_in_the_server(db, registry):
     document = {
         "database": {
-            "url": pg_database,
+            "url": db.url,
             "leader_election": False,
             "statement_timeout": "10s",
             "lock_timeout": "10s",
@@ -1115,7 +1233,9 @@ async def test_the_probe_timeout_cancels_a_slow_query_in_the_server(pg_database,
             "custom": [
                 {
                     "name": "slow",
-                    "sql": "SELECT 1 AS value FROM pg_sleep(3)",
+                    "sql": "SELECT SLEEP(3) AS value"
+                    if db.mysql
+                    else "SELECT 1 AS value FROM pg_sleep(3)",
                     "metric": "shop_slow",
                     "interval": "200ms",
                     "timeout": "300ms",
@@ -1129,32 +1249,57 @@ async def test_the_probe_timeout_cancels_a_slow_query_in_the_server(pg_database,
         assert (result.up, result.error) == (False, "timed out after 300ms")
         # Ended by the 300 ms timeout (the error says so), not by the query's own 3 s.
         assert result.duration < 3.0
-        # The query was cancelled in the server, not left running behind the exporter.
-        async with await psycopg.AsyncConnection.connect(pg_database, autocommit=True) as conn:
+        if db.mysql:
+            # Killed in the server, not left sleeping behind the exporter: the runner
+            # retries every 200 ms, so one may be in flight (and one being killed); never
+            # a pile of them.
             for _ in range(10):  # watched for a second or more
-                cursor = await conn.execute(
-                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-                    " AND query LIKE '%%pg_sleep(3)%%' AND state = 'active'"
-                    " AND pid <> pg_backend_pid()"
-                )
-                (active,) = await cursor.fetchone() or (None,)
-                # The runner retries every 200 ms, so one may be in flight; never a pile.
-                assert active is not None
-                assert active <= 1
+                (active,) = mariadb().run_rows_text(db.url, SLEEPING + " AND command = 'Query'")[0]
+                assert active <= 2
                 await asyncio.sleep(0.1)
+        else:
+            # Cancelled in the server, not left running behind the exporter.
+            async with await psycopg.AsyncConnection.connect(db.url, autocommit=True) as conn:
+                for _ in range(10):  # watched for a second or more
+                    cursor = await conn.execute(
+                        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                        " AND query LIKE '%%pg_sleep(3)%%' AND state = 'active'"
+                        " AND pid <> pg_backend_pid()"
+                    )
+                    (active,) = await cursor.fetchone() or (None,)
+                    # The runner retries every 200 ms, so one may be in flight; never a pile.
+                    assert active is not None
+                    assert active <= 1
+                    await asyncio.sleep(0.1)
+    if db.mysql:
+        # Once the exporter stopped, nothing of it sleeps on.
+        await async_wait_until(
+            lambda: mariadb().run_rows_text(db.url, SLEEPING)[0][0] == 0,
+            timeout=2.5,
+            message="no query left sleeping",
+        )
 
 
-async def test_stop_leaves_no_session_behind(pg_database, registry):
-    await seed(pg_database)
-    config = make_config(pg_database, ALL_DB_PROBES, leader_election=True)
+#: MariaDB's sessions running the slow custom query (not this one).
+SLEEPING = (
+    "SELECT count(*) FROM information_schema.processlist"
+    " WHERE info LIKE '%SLEEP(3)%' AND info NOT LIKE '%processlist%'"
+)
+
+
+async def test_stop_leaves_no_session_behind(db, registry):
+    await seed_db(db)
+    config = config_on(db, ALL_DB_PROBES, leader_election=True)
     runner = ProbeRunner(config, registry=registry)
     await runner.start()
     await async_wait_until(all_up(registry, ALL_DB_PROBES), timeout=WAIT)
-    assert await exporter_sessions(pg_database)
+    sessions = await db_sessions(db)
+    # The election's and the pool's (at most max_connections).
+    assert 2 <= len(sessions) <= 1 + config.database.max_connections  # type: ignore[union-attr]
     await runner.stop()
     await runner.stop()  # idempotent
     await async_wait_until(
-        lambda: exporter_sessions(pg_database),
+        lambda: db_sessions(db),
         accept=lambda sessions: not sessions,
         timeout=WAIT,
         message="no session left open",

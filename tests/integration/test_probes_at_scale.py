@@ -3,10 +3,11 @@
 The shop is the scale benchmark's generator (benchmarks/scaleshop.py) at 100k products
 and 500k orders (600k items): big enough that a scan of ``orders`` or ``order_items``
 costs the planner far more than an index path, and generated in seconds. After its
-``VACUUM ANALYZE`` and a little live traffic, each probe of exporter/config.example.yaml
-runs twice (the incremental probes' second run takes their steady-state branches) and
-every statement it sent is explained; so are reconcile's ``--sku`` statements. No
-``enable_*`` setting is touched: the plans are the planner's own.
+``VACUUM ANALYZE`` / ``ANALYZE TABLE`` and a little live traffic, each probe of
+exporter/config.example.yaml (on MariaDB without the PostgreSQL-only custom SQL and
+cache_drift) runs twice (the incremental probes' second run takes their steady-state
+branches) and every statement it sent is explained; so are reconcile's ``--sku``
+statements. No planner or optimizer setting is touched: the plans are the server's own.
 """
 
 from __future__ import annotations
@@ -18,60 +19,84 @@ from typing import Any
 
 import psycopg
 import pytest
-from stocksentry.exporter.config import load_config
+from shopdb import Db
 from stocksentry.exporter.invariants import InvariantSql
 from stocksentry.exporter.probes import ProbeRunner
-from stocksentry.exporter.probes.postgres import DbProbe
-from stocksentry.exporter.probes.postgres.common import composed
+from stocksentry.exporter.probes.db import DbProbe
+from test_probes_mysql import connect
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-from benchmarks.scaleshop import StatementRecorder, explain, generate, seq_scans  # noqa: E402
+from benchmarks.bench_scale import SessionRecorder, example_config  # noqa: E402
+from benchmarks.scaleshop import explain, generate, generate_mysql, seq_scans  # noqa: E402
 
 pytestmark = pytest.mark.integration
 
 PRODUCTS = 100_000
 ORDERS = 500_000
+#: The aliases the statements give products, orders and order_items (and their names).
+BIG = {"p", "q", "sp", "o", "oi", "i", "products", "orders", "order_items"}
 
 
-async def _traffic(url: str, count: int) -> None:
-    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
-        for n in range(count):
-            cursor = await conn.execute(
-                "INSERT INTO orders (external_ref, status, created_at)"
-                " VALUES (%s, 'PAID', now()) RETURNING id",
-                (f"live-{n}",),
-            )
-            row = await cursor.fetchone()
-            assert row is not None
-            await conn.execute(
-                "INSERT INTO order_items (order_id, product_id, quantity, stock_after)"
-                " VALUES (%s, %s, 1, 0)",
-                (row[0], 1 + (n * 7919) % PRODUCTS),
-            )
+def _traffic(db: Db, count: int) -> None:
+    conn: Any = connect(db.url) if db.mysql else psycopg.connect(db.url, autocommit=True)
+    try:
+        with conn.cursor() as cur:
+            for n in range(count):
+                cur.execute(
+                    "INSERT INTO orders (external_ref, status, created_at)"
+                    f" VALUES (%s, 'PAID', {'now(6)' if db.mysql else 'now()'})"
+                    + ("" if db.mysql else " RETURNING id"),
+                    (f"live-{n}",),
+                )
+                order_id = cur.lastrowid if db.mysql else cur.fetchone()[0]
+                cur.execute(
+                    "INSERT INTO order_items (order_id, product_id, quantity, stock_after)"
+                    " VALUES (%s, %s, 1, 0)",
+                    (order_id, 1 + (n * 7919) % PRODUCTS),
+                )
+    finally:
+        conn.close()
 
 
 async def _statements(probe: DbProbe) -> list[tuple[Any, Any]]:
-    async def capture(conn: Any) -> list[tuple[Any, Any]]:
-        recorder: Any = StatementRecorder(conn)
-        query = getattr(probe, "_database_stock", None) or probe.query
+    async def capture(session: Any) -> list[tuple[Any, Any]]:
+        recorder: Any = SessionRecorder(session)
+        query = getattr(probe, "database_stock", None) or probe.query
         await query(recorder)
         return list(recorder.statements)
 
     return await probe.pool.read(capture)
 
 
-async def test_no_probe_plan_reads_the_big_tables_by_seq_scan(pg_database: str) -> None:
-    with psycopg.connect(pg_database, autocommit=True) as conn:
-        facts = generate(conn, products=PRODUCTS, orders=ORDERS)
+def _mysql_full_scans(url: str, text: str, params: Any) -> list[str]:
+    """The big tables ``EXPLAIN`` reads whole (access type ALL, or a full index scan)."""
+    if "information_schema" in text or not text.lstrip().upper().startswith("SELECT"):
+        return []
+    conn = connect(url)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("EXPLAIN " + text, params)
+            # id, select_type, table, type, possible_keys, key, key_len, ref, rows, Extra
+            return sorted(
+                {str(r[2]) for r in cur.fetchall() if r[3] in ("ALL", "index") and r[2] in BIG}
+            )
+    finally:
+        conn.close()
+
+
+async def test_no_probe_plan_reads_the_big_tables_whole(db: Db) -> None:
+    if db.mysql:
+        conn: Any = connect(db.url)
+        try:
+            facts = generate_mysql(conn, products=PRODUCTS, orders=ORDERS)
+        finally:
+            conn.close()
+    else:
+        with psycopg.connect(db.url, autocommit=True) as conn:
+            facts = generate(conn, products=PRODUCTS, orders=ORDERS)
     assert facts.order_items > ORDERS
-    config = load_config(
-        ROOT / "exporter" / "config.example.yaml",
-        environ={
-            "STOCKSENTRY_DATABASE_URL": pg_database,
-            "STOCKSENTRY_REDIS_URL": "redis://127.0.0.1:6379/0",
-        },
-    )
+    config = example_config(db.url)
     runner = ProbeRunner(config)
     probes = [p for p in runner.probes if isinstance(p, DbProbe)]
     assert {"oversold", "duplicate_orders", "negative_stock"} <= {p.name for p in probes}
@@ -79,33 +104,46 @@ async def test_no_probe_plan_reads_the_big_tables_by_seq_scan(pg_database: str) 
     try:
         for probe in probes:
             await _statements(probe)  # the first run (full read of the window, rebuild)
-        await _traffic(pg_database, 20)
+        _traffic(db, 20)
         for probe in probes:
             sent.extend((probe.name, q, p) for q, p in await _statements(probe))
     finally:
         await runner.stop()
     names = {name for name, _q, _p in sent}
-    assert {"oversold", "duplicate_orders", "recent_paid_orders"} <= names
+    if db.mysql:
+        assert {"oversold", "duplicate_orders", "expired_reservations", "outbox"} <= names
+    else:
+        assert {"oversold", "duplicate_orders", "recent_paid_orders"} <= names
     # reconcile --sku: the statements of a one-SKU audit.
-    builder = InvariantSql(config.schema)
+    builder = InvariantSql(config.schema, db.dialect)
+    now = dt.datetime.now() if db.mysql else dt.datetime.now(dt.UTC)
     for query in (
         builder.negative_stock(skus=["SKU-00000042"]),
         builder.oversold(skus=["SKU-00000042"], count_orders=True),
         builder.duplicate_keys("external_ref", skus=["SKU-00000042"]),
         builder.duplicate_keys(
-            "external_ref",
-            skus=["SKU-00000042"],
-            since=dt.datetime.now(dt.UTC) - dt.timedelta(hours=2),
+            "external_ref", skus=["SKU-00000042"], since=now - dt.timedelta(hours=2)
         ),
     ):
-        statement, params = composed(query)
-        sent.append(("reconcile --sku", statement, params))
+        sent.append(("reconcile --sku", *runner_render(runner, query)))
 
     found: list[str] = []
-    async with await psycopg.AsyncConnection.connect(pg_database) as conn:
-        for name, statement, params in sent:
-            plan = await explain(conn, statement, params)
-            scans = seq_scans(plan)
-            if scans:
-                found.append(f"{name}: Seq Scan on {', '.join(scans)}")
+    if db.mysql:
+        found = [
+            f"{name}: full scan of {', '.join(scans)}: {text[:120]}"
+            for name, text, params in sent
+            if (scans := _mysql_full_scans(db.url, text, params))
+        ]
+    else:
+        async with await psycopg.AsyncConnection.connect(db.url) as conn:
+            for name, statement, params in sent:
+                scans = seq_scans(await explain(conn, statement, params))
+                if scans:
+                    found.append(f"{name}: Seq Scan on {', '.join(scans)}")
     assert found == []
+
+
+def runner_render(runner: ProbeRunner, query: Any) -> tuple[str, Any]:
+    """``query`` as the runner's probes send it (the dialect's text and parameters)."""
+    probe = next(p for p in runner.probes if isinstance(p, DbProbe))
+    return probe.dialect.render(query)

@@ -1,10 +1,10 @@
 """The incremental oversold and duplicate_orders probes against a full SQL recount.
 
-Each test drives the probes run by run on a real PostgreSQL and compares their figures
-with the statements ``stocksentry reconcile`` runs (the full recount of
-:class:`~stocksentry.exporter.invariants.InvariantSql`): a transaction that commits late,
-late payments, refunds and cancellations of recent and of old orders, a restart and a
-leader change.
+Each test drives the probes run by run on a real PostgreSQL and on a real MariaDB and
+compares their figures with the statements ``stocksentry reconcile`` runs (the full
+recount of :class:`~stocksentry.exporter.invariants.InvariantSql`, in the database's
+dialect): a transaction that commits late, late payments, refunds and cancellations of
+recent and of old orders, a restart and a leader change (an advisory lock, ``GET_LOCK``).
 """
 
 from __future__ import annotations
@@ -19,13 +19,20 @@ import pytest
 import yaml
 from polling import async_wait_until
 from prometheus_client import CollectorRegistry
+from shopdb import Db
 from stocksentry.exporter.config import ExporterConfig, parse_config
-from stocksentry.exporter.invariants import InvariantSql
-from stocksentry.exporter.probes import ProbeRunner, families
-from stocksentry.exporter.probes.postgres import DuplicateOrdersProbe, OversoldProbe, PgPool
-from stocksentry.exporter.probes.postgres.common import composed
+from stocksentry.exporter.invariants import InvariantSql, Query
+from stocksentry.exporter.probes import ProbeRunner
+from stocksentry.exporter.probes import db as db_probes
+from stocksentry.exporter.probes.db import DuplicateOrdersProbe, OversoldProbe
+from stocksentry.exporter.probes.my import MySQL
+from stocksentry.exporter.probes.pg import PostgreSQL
+from stocksentry.exporter.probes.pool import Pool
 from stocksentry.instrumentation.guard import LabelGuard
 from test_probes import INDEXES, SCHEMA
+from test_probes_mysql import INDEXES as MY_INDEXES
+from test_probes_mysql import SCHEMA as MY_SCHEMA
+from test_probes_mysql import connect
 
 pytestmark = pytest.mark.integration
 
@@ -65,61 +72,113 @@ def config_for(url: str, *, leader_election: bool = False, **oversold: Any) -> E
     return parse_config(yaml.safe_dump(document), environ={})
 
 
-async def shop(url: str, products: int = 6) -> None:
-    """Products SKU-1..n with an allocation of 3, no orders yet."""
-    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
-        await conn.execute(SCHEMA)
-        await conn.execute(INDEXES)
-        await conn.execute(
-            "INSERT INTO products (sku, available_stock, initial_stock)"
-            " SELECT 'SKU-' || g, 10, 3 FROM generate_series(1, %s) AS g",
-            (products,),
+class Shop:
+    """A plain session on the test database (autocommit unless told otherwise)."""
+
+    def __init__(self, db: Db, *, autocommit: bool = True) -> None:
+        self.db = db
+        self.conn: Any = (
+            connect(db.url, autocommit=autocommit)
+            if db.mysql
+            else psycopg.connect(db.url, autocommit=autocommit)
         )
+        if db.mysql and not autocommit:
+            self.conn.begin()
+
+    def execute(self, sql: str, *params: Any) -> list[tuple[Any, ...]]:
+        with self.conn.cursor() as cur:
+            cur.execute(sql, params or None)
+            return [tuple(r) for r in cur.fetchall()] if cur.description else []
+
+    def rows(self, query: Query) -> list[tuple[Any, ...]]:
+        """The rows of an invariant statement, in this database's dialect."""
+        text, params = (MySQL() if self.db.mysql else PostgreSQL()).render(query)
+        with self.conn.cursor() as cur:
+            cur.execute(text, params)
+            return [tuple(r) for r in cur.fetchall()]
+
+    def order(
+        self,
+        sku: str,
+        quantity: int,
+        *,
+        status: str = "PAID",
+        age: dt.timedelta | None = None,
+        ref: str | None = None,
+    ) -> int:
+        """One order of ``quantity`` units of ``sku``, ``age`` old (default: now)."""
+        age = age or dt.timedelta(0)
+        if self.db.mysql:
+            self.execute(
+                "INSERT INTO orders (status, external_ref, created_at)"
+                " VALUES (%s, %s, now(6) - INTERVAL %s MICROSECOND)",
+                status,
+                ref,
+                age // dt.timedelta(microseconds=1),
+            )
+            order_id = int(self.conn.insert_id())
+        else:
+            ((order_id,),) = self.execute(
+                "INSERT INTO orders (status, external_ref, created_at)"
+                " VALUES (%s, %s, now() - %s) RETURNING id",
+                status,
+                ref,
+                age,
+            )
+        self.execute(
+            "INSERT INTO order_items (order_id, product_id, quantity)"
+            " SELECT %s, id, %s FROM products WHERE sku = %s",
+            order_id,
+            quantity,
+            sku,
+        )
+        return int(order_id)
+
+    def now(self) -> dt.datetime:
+        ((now,),) = self.execute("SELECT now(6)" if self.db.mysql else "SELECT now()")
+        return now  # type: ignore[no-any-return]
+
+    def commit(self) -> None:
+        self.conn.commit()
+
+    def close(self) -> None:
+        self.conn.close()
 
 
-async def order(
-    conn: psycopg.AsyncConnection[Any],
-    sku: str,
-    quantity: int,
-    *,
-    status: str = "PAID",
-    age: dt.timedelta | None = None,
-    ref: str | None = None,
-) -> int:
-    """One order of ``quantity`` units of ``sku``, ``age`` old (default: now())."""
-    cursor = await conn.execute(
-        "INSERT INTO orders (status, external_ref, created_at)"
-        " VALUES (%s, %s, now() - %s) RETURNING id",
-        (status, ref, age or dt.timedelta(0)),
-    )
-    row = await cursor.fetchone()
-    assert row is not None
-    await conn.execute(
-        "INSERT INTO order_items (order_id, product_id, quantity)"
-        " SELECT %s, id, %s FROM products WHERE sku = %s",
-        (row[0], quantity, sku),
-    )
-    return int(row[0])
+def shop(db: Db, products: int = 6) -> None:
+    """Products SKU-1..n with an allocation of 3, no orders yet."""
+    values = ", ".join(f"('SKU-{i}', 10, 3)" for i in range(1, products + 1))
+    writer = Shop(db)
+    try:
+        for statement in [*MY_SCHEMA, *MY_INDEXES] if db.mysql else [SCHEMA, INDEXES]:
+            writer.execute(statement)
+        writer.execute(
+            f"INSERT INTO products (sku, available_stock, initial_stock) VALUES {values}"
+        )
+    finally:
+        writer.close()
 
 
-async def full_recount(url: str, config: ExporterConfig) -> dict[str, float]:
+def full_recount(db: Db, config: ExporterConfig) -> dict[str, float]:
     """``{sku: oversold units}`` by reconcile's statement over the whole history."""
-    statement, params = composed(InvariantSql(config.schema).oversold())
-    async with await psycopg.AsyncConnection.connect(url) as conn:
-        cursor = await conn.execute(statement, params)
-        return {str(sku): float(units) for sku, _a, _s, units in await cursor.fetchall()}
+    reader = Shop(db)
+    try:
+        rows = reader.rows(InvariantSql(config.schema, db.dialect).oversold())
+    finally:
+        reader.close()
+    return {str(sku): float(units) for sku, _a, _s, units in rows}
 
 
-async def full_duplicates(url: str, config: ExporterConfig) -> float:
-    query = InvariantSql(config.schema).duplicate_key_totals(
+def full_duplicates(db: Db, config: ExporterConfig) -> float:
+    query = InvariantSql(config.schema, db.dialect).duplicate_key_totals(
         since=dt.timedelta(seconds=config.probes.duplicate_orders.window)
     )
-    statement, params = composed(query)
-    async with await psycopg.AsyncConnection.connect(url) as conn:
-        cursor = await conn.execute(statement, params)
-        row = await cursor.fetchone()
-        assert row is not None
-        return float(row[0])
+    reader = Shop(db)
+    try:
+        ((count,),) = reader.rows(query)
+    finally:
+        reader.close()
+    return float(count)
 
 
 async def figures(probe: OversoldProbe) -> dict[str, float]:
@@ -129,85 +188,86 @@ async def figures(probe: OversoldProbe) -> dict[str, float]:
 
 
 @pytest.fixture
-async def writer(pg_database: str) -> Any:
-    await shop(pg_database)
-    async with await psycopg.AsyncConnection.connect(pg_database, autocommit=True) as conn:
-        yield conn
+def writer(db: Db) -> Any:
+    shop(db)
+    writer = Shop(db)
+    try:
+        yield writer
+    finally:
+        writer.close()
 
 
 async def test_an_order_committed_late_is_counted_however_old_its_created_at(
-    pg_database: str, writer: psycopg.AsyncConnection[Any]
+    db: Db, writer: Shop
 ) -> None:
-    config = config_for(pg_database)
-    pool = PgPool(config.database)  # type: ignore[arg-type]
+    config = config_for(db.url)
+    pool = Pool(config.database)  # type: ignore[arg-type]
     probe = OversoldProbe(config, pool, LabelGuard(100))
     try:
-        await order(writer, "SKU-1", 3, age=dt.timedelta(hours=2))
+        writer.order("SKU-1", 3, age=dt.timedelta(hours=2))
         assert await figures(probe) == {}
-        async with await psycopg.AsyncConnection.connect(pg_database) as late:
-            # created_at is now() of this transaction: older than every later boundary.
-            await order(late, "SKU-1", 2)
-            cursor = await late.execute("SELECT now()")
-            row = await cursor.fetchone()
-            assert row is not None
-            started = row[0]
+        late = Shop(db, autocommit=False)
+        try:
+            # created_at is now() of this transaction (MariaDB: of the INSERT): older than
+            # every later boundary.
+            late.order("SKU-1", 2)
+            started = late.now()
             for _ in range(3):
                 await asyncio.sleep(0.3)
-                await order(writer, "SKU-2", 1)  # traffic that commits meanwhile
+                writer.order("SKU-2", 1)  # traffic that commits meanwhile
                 assert await figures(probe) == {}
-            # The open transaction held the boundary at its start.
+            # The open transaction held the boundary at its start (innodb_trx's second).
             assert probe.totals.boundary is not None
             assert probe.totals.boundary <= started
-            await late.commit()
+            late.commit()
+        finally:
+            late.close()
         # One run after the commit: the oversell is seen, on a SKU that is no promo SKU.
         assert await figures(probe) == {"SKU-1": 2.0}
-        assert await figures(probe) == await full_recount(pg_database, config)
+        assert await figures(probe) == full_recount(db, config)
     finally:
         await pool.close()
 
 
-async def test_payments_refunds_and_cancellations_recent_and_old(
-    pg_database: str, writer: psycopg.AsyncConnection[Any]
-) -> None:
+async def test_payments_refunds_and_cancellations_recent_and_old(db: Db, writer: Shop) -> None:
     # A small shop: one chunk of the rolling recount covers every product, every run.
-    config = config_for(pg_database, settle_after="1h")
-    pool = PgPool(config.database)  # type: ignore[arg-type]
+    config = config_for(db.url, settle_after="1h")
+    pool = Pool(config.database)  # type: ignore[arg-type]
     probe = OversoldProbe(config, pool, LabelGuard(100))
     try:
-        old = await order(writer, "SKU-1", 4, age=dt.timedelta(days=3))
-        recent = await order(writer, "SKU-2", 2, status="PENDING")
-        await order(writer, "SKU-2", 2)
-        await order(writer, "SKU-3", 5, age=dt.timedelta(days=2), status="CANCELLED")
+        old = writer.order("SKU-1", 4, age=dt.timedelta(days=3))
+        recent = writer.order("SKU-2", 2, status="PENDING")
+        writer.order("SKU-2", 2)
+        writer.order("SKU-3", 5, age=dt.timedelta(days=2), status="CANCELLED")
         assert await figures(probe) == {"SKU-1": 1.0}
         # A late payment of a recent order: the next run.
-        await writer.execute("UPDATE orders SET status = 'PAID' WHERE id = %s", (recent,))
+        writer.execute("UPDATE orders SET status = 'PAID' WHERE id = %s", recent)
         assert await figures(probe) == {"SKU-1": 1.0, "SKU-2": 1.0}
         # Its refund: the next run.
-        await writer.execute("UPDATE orders SET status = 'REFUNDED' WHERE id = %s", (recent,))
+        writer.execute("UPDATE orders SET status = 'REFUNDED' WHERE id = %s", recent)
         assert await figures(probe) == {"SKU-1": 1.0}
         # A refund and a reinstated order days old: the rolling recount's next chunk.
-        await writer.execute("UPDATE orders SET status = 'REFUNDED' WHERE id = %s", (old,))
-        await writer.execute("UPDATE orders SET status = 'PAID' WHERE status = 'CANCELLED'")
+        writer.execute("UPDATE orders SET status = 'REFUNDED' WHERE id = %s", old)
+        writer.execute("UPDATE orders SET status = 'PAID' WHERE status = 'CANCELLED'")
         assert await figures(probe) == {"SKU-3": 2.0}
-        assert await figures(probe) == await full_recount(pg_database, config)
+        assert await figures(probe) == full_recount(db, config)
     finally:
         await pool.close()
 
 
 async def test_figures_equal_a_full_recount_under_traffic_with_old_orders_settled(
-    pg_database: str, writer: psycopg.AsyncConnection[Any]
+    db: Db, writer: Shop
 ) -> None:
-    config = config_for(pg_database)
-    pool = PgPool(config.database)  # type: ignore[arg-type]
+    config = config_for(db.url)
+    pool = Pool(config.database)  # type: ignore[arg-type]
     probe = OversoldProbe(config, pool, LabelGuard(100))
     rng = random.Random(12)
     try:
         for _ in range(20):
-            await order(writer, f"SKU-{rng.randint(1, 6)}", rng.randint(1, 2))
+            writer.order(f"SKU-{rng.randint(1, 6)}", rng.randint(1, 2))
         for _ in range(6):
             for _ in range(5):
-                await order(
-                    writer,
+                writer.order(
                     f"SKU-{rng.randint(1, 6)}",
                     1,
                     status=rng.choice(("PAID", "COMPLETED", "PENDING")),
@@ -215,28 +275,28 @@ async def test_figures_equal_a_full_recount_under_traffic_with_old_orders_settle
             await asyncio.sleep(0.05)
             await figures(probe)
         assert probe.totals.boundary is not None
-        assert await figures(probe) == await full_recount(pg_database, config)
-        assert await full_recount(pg_database, config)  # the traffic did oversell
+        assert await figures(probe) == full_recount(db, config)
+        assert full_recount(db, config)  # the traffic did oversell
     finally:
         await pool.close()
 
 
 async def test_a_restart_rebuilds_in_bounded_steps_and_a_new_leader_equals_the_recount(
-    pg_database: str,
+    db: Db,
 ) -> None:
     # 500 products: the rolling recount takes 50 a run and does not reach SKU-450.. in
     # these first runs, so only the first counts (recount_batch) find them.
-    await shop(pg_database, products=500)
-    writer = await psycopg.AsyncConnection.connect(pg_database, autocommit=True)
+    shop(db, products=500)
+    writer = Shop(db)
     # Oversold SKUs with recent sales; after a start, one product's history a run.
     for sku in ("SKU-450", "SKU-460", "SKU-470"):
-        await order(writer, sku, 3, age=dt.timedelta(days=1))
-        await order(writer, sku, 1)
-    config = config_for(pg_database, leader_election=True, recount_batch=1, settle_after="1h")
-    truth = await full_recount(pg_database, config)
+        writer.order(sku, 3, age=dt.timedelta(days=1))
+        writer.order(sku, 1)
+    config = config_for(db.url, leader_election=True, recount_batch=1, settle_after="1h")
+    truth = full_recount(db, config)
     assert truth == {"SKU-450": 1.0, "SKU-460": 1.0, "SKU-470": 1.0}
 
-    pool = PgPool(config.database)  # type: ignore[arg-type]
+    pool = Pool(config.database)  # type: ignore[arg-type]
     probe = OversoldProbe(config, pool, LabelGuard(100))
     try:
         seen = [await figures(probe) for _ in range(3)]
@@ -256,8 +316,8 @@ async def test_a_restart_rebuilds_in_bounded_steps_and_a_new_leader_equals_the_r
             await async_wait_until(
                 lambda: follower.is_leader, timeout=WAIT, message="the takeover"
             )
-            await order(writer, "SKU-4", 4)  # sold after the change of leader
-            truth = await full_recount(pg_database, config)
+            writer.order("SKU-4", 4)  # sold after the change of leader
+            truth = full_recount(db, config)
 
             def settled() -> bool:
                 return {
@@ -268,20 +328,20 @@ async def test_a_restart_rebuilds_in_bounded_steps_and_a_new_leader_equals_the_r
             await async_wait_until(settled, timeout=WAIT, message="the new leader's figures")
             taken = next(p for p in follower.probes if isinstance(p, OversoldProbe))
             assert taken.totals.pending == 0
-    await writer.close()
+    writer.close()
 
 
 @pytest.mark.parametrize("many_new_keys", [False, True])
 async def test_duplicate_keys_incrementally_equal_the_full_query(
-    pg_database: str,
-    writer: psycopg.AsyncConnection[Any],
+    db: Db,
+    writer: Shop,
     monkeypatch: pytest.MonkeyPatch,
     many_new_keys: bool,
 ) -> None:
     if many_new_keys:  # every run has "too many" new keys: the window is read again
-        monkeypatch.setattr(families, "MAX_NEW_KEYS", 0)
-    config = config_for(pg_database)
-    pool = PgPool(config.database)  # type: ignore[arg-type]
+        monkeypatch.setattr(db_probes, "MAX_NEW_KEYS", 0)
+    config = config_for(db.url)
+    pool = Pool(config.database)  # type: ignore[arg-type]
     probe = DuplicateOrdersProbe(config, pool)
 
     async def count() -> float:
@@ -293,19 +353,22 @@ async def test_duplicate_keys_incrementally_equal_the_full_query(
         return value
 
     try:
-        await order(writer, "SKU-1", 1, ref="a")
-        await order(writer, "SKU-1", 1, ref="a")
-        await order(writer, "SKU-1", 1, ref="b", age=dt.timedelta(hours=2))
-        assert await count() == 1.0 == await full_duplicates(pg_database, config)
+        writer.order("SKU-1", 1, ref="a")
+        writer.order("SKU-1", 1, ref="a")
+        writer.order("SKU-1", 1, ref="b", age=dt.timedelta(hours=2))
+        assert await count() == 1.0 == full_duplicates(db, config)
         # A duplicate of an order outside the window is none; a late commit is one.
-        await order(writer, "SKU-1", 1, ref="b")
-        async with await psycopg.AsyncConnection.connect(pg_database) as late:
-            await order(late, "SKU-1", 1, ref="c")
-            await order(writer, "SKU-1", 1, ref="c")
+        writer.order("SKU-1", 1, ref="b")
+        late = Shop(db, autocommit=False)
+        try:
+            late.order("SKU-1", 1, ref="c")
+            writer.order("SKU-1", 1, ref="c")
             await asyncio.sleep(0.3)
             assert await count() == 1.0
-            await late.commit()
-        assert await count() == 2.0 == await full_duplicates(pg_database, config)
+            late.commit()
+        finally:
+            late.close()
+        assert await count() == 2.0 == full_duplicates(db, config)
         # A restart reads the window again.
         probe.reset()
         assert await count() == 2.0

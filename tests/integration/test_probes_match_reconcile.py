@@ -16,12 +16,8 @@ import yaml
 from prometheus_client.core import Metric
 from stocksentry.exporter.config import ExporterConfig, parse_config
 from stocksentry.exporter.investigate.reconcile import reconcile
-from stocksentry.exporter.probes.postgres import (
-    DuplicateOrdersProbe,
-    NegativeStockProbe,
-    OversoldProbe,
-    PgPool,
-)
+from stocksentry.exporter.probes.db import DuplicateOrdersProbe, NegativeStockProbe, OversoldProbe
+from stocksentry.exporter.probes.pool import Pool
 from stocksentry.instrumentation.guard import LabelGuard
 
 pytestmark = pytest.mark.integration
@@ -89,7 +85,7 @@ async def test_the_probes_count_what_reconcile_lists(
 ) -> None:
     seed(pg_database, random.Random(seed_value))
     config = config_for(pg_database)
-    pool = PgPool(config.database)
+    pool = Pool(config.database)
     guard = LabelGuard(max_values=100)
     try:
         negative = values(await NegativeStockProbe(config, pool).run())

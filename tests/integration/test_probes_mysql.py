@@ -1,9 +1,9 @@
-"""The probes against a real MariaDB: exact figures, the server's state, failures, election.
+"""The probes' behaviours of MariaDB's own: the server's state, failures, election.
 
-The MySQL/MariaDB twin of ``test_probes.py``: each test seeds a fresh database
-(``mysql_database``) with the same shop and the same known violations, runs a
-:class:`ProbeRunner` on short intervals, and reads the figures back from a fresh registry,
-as a scrape would. MySQL 8 is not run here (its differences are documented).
+The behaviours both databases share are tested once, on both, in ``test_probes.py`` (the
+``db`` fixture); this module holds MariaDB's shop (the same rows and known violations as
+PostgreSQL's) and helpers, and the tests of what only MySQL/MariaDB do. MySQL 8 is not run
+here (its differences are documented).
 """
 
 from __future__ import annotations
@@ -21,20 +21,17 @@ from urllib.parse import unquote, urlsplit
 import psycopg
 import pymysql
 import pytest
-import redis.asyncio as aioredis
 import yaml
 from polling import async_wait_until
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
-from services import REDIS_URL
 from stocksentry.exporter.config import ExporterConfig, parse_config
 from stocksentry.exporter.invariants import InvariantSql
 from stocksentry.exporter.probes import ProbeRunner
 from stocksentry.exporter.probes.base import ErrorLog
-from stocksentry.exporter.probes.election import LeaderElection, lock_name
-from stocksentry.exporter.probes.mysql import MyPool, check_indexes
-from stocksentry.exporter.probes.mysql.common import statement
-from stocksentry.exporter.probes.postgres.common import composed
+from stocksentry.exporter.probes.election import LeaderElection
+from stocksentry.exporter.probes.my import MySQL, lock_name
+from stocksentry.exporter.probes.pg import PostgreSQL
 from test_probes import seed as pg_seed
 
 pytestmark = pytest.mark.integration
@@ -219,57 +216,6 @@ def database_of(url: str) -> str:
     return url.rsplit("/", 1)[1]
 
 
-async def test_every_probe_reports_the_seeded_truth(mysql_database, registry):
-    before_seed, before_seed_wall = time.monotonic(), time.time()
-    seed(mysql_database)
-    config = make_config(mysql_database)
-    async with ProbeRunner(config, registry=registry) as runner:
-        await async_wait_until(
-            all_up(registry, ALL_DB_PROBES), timeout=WAIT, message="every probe up"
-        )
-        await asyncio.sleep(0.3)
-        assert sample(registry, "stock_negative_inventory_skus") == 2.0
-        assert sample(registry, "stock_negative_inventory_units") == 4.0
-        per_sku = "stock_negative_inventory_sku_units"
-        assert sample(registry, per_sku, sku="SKU-NEG3") == 3.0
-        assert sample(registry, per_sku, sku="SKU-NEG1") == 1.0
-        assert sample(registry, per_sku, sku="SKU-OK") == 0.0
-        assert sample(registry, per_sku, sku="__other__") is None
-        assert sample(registry, "stock_oversold_units", sku="SKU-OVER") == 2.0
-        assert sample(registry, "stock_oversold_units", sku="SKU-OVER2") == 3.0
-        assert sample(registry, "stock_oversold_units", sku="SKU-OK") == 0.0
-        assert sample(registry, "stock_oversold_units", sku="SKU-NEG3") is None
-        assert sample(registry, "stock_duplicate_order_keys") == 2.0
-        assert sample(registry, "stock_db_lock_waiters") == 0.0
-        assert sample(registry, "stock_db_lock_wait_max_seconds") == 0.0
-        deadlocks = sample(
-            registry, "stock_db_deadlocks_total", database=database_of(mysql_database)
-        )
-        assert deadlocks is not None  # server-wide: other suites' deadlocks count too
-        assert deadlocks >= 0.0
-        assert sample(registry, "stock_db_long_transactions") == 0.0
-        assert sample(registry, "stock_reservations_expired_unreleased") == 3.0
-        assert sample(registry, "stock_outbox_pending_events") == 2.0
-        # Beyond the default 30 s: the 120 s old row, and the 30 s one once it aged too.
-        assert sample(registry, "stock_outbox_stuck_events") in (1.0, 2.0)
-        assert sample(registry, "stock_outbox_max_publish_latency_seconds") == 30.0
-        lag = sample(registry, "stock_outbox_lag_seconds")
-        assert lag is not None
-        assert 120.0 <= lag <= 120.0 + (time.monotonic() - before_seed) + 1.0
-        assert sample(registry, "stocksentry_probe_leader") == 1.0
-        assert runner.is_leader
-        for probe in ALL_DB_PROBES:
-            last = sample(
-                registry, "stocksentry_probe_last_success_timestamp_seconds", probe=probe
-            )
-            assert last is not None
-            assert before_seed_wall <= last <= time.time()
-        await async_wait_until(
-            lambda: runner.index_advice is not None, timeout=WAIT, message="the index check"
-        )
-        assert runner.index_advice == ()
-
-
 # --- the same families and samples as on PostgreSQL ------------------------------------------
 
 # The probes whose figures depend on the shop's rows alone (the server-level ones read each
@@ -437,11 +383,11 @@ async def test_every_invariant_statement_gives_postgresql_s_rows(mysql_database,
     try:
         async with await psycopg.AsyncConnection.connect(pg_database) as pg:
             for name, query in on_mysql.items():
-                text, params = statement(query)
+                text, params = MySQL().render(query)
                 with conn.cursor() as cur:
                     cur.execute(text, params)
                     got = [tuple(r) for r in cur.fetchall()]
-                pg_statement, pg_params = composed(on_pg[name])
+                pg_statement, pg_params = PostgreSQL().render(on_pg[name])
                 cursor = await pg.execute(pg_statement, pg_params)
                 want = [tuple(r) for r in await cursor.fetchall()]
                 assert normalised(got, query.columns) == normalised(want, query.columns), name
@@ -456,7 +402,7 @@ async def test_every_invariant_statement_gives_postgresql_s_rows(mysql_database,
 
 
 def run_rows(url: str, query: Any) -> list[tuple[Any, ...]]:
-    text, params = statement(query)
+    text, params = MySQL().render(query)
     conn = connect(url)
     try:
         with conn.cursor() as cur:
@@ -467,42 +413,6 @@ def run_rows(url: str, query: Any) -> list[tuple[Any, ...]]:
 
 
 # --- the server's state: lock waiters, deadlocks, long transactions -------------------------
-
-
-async def test_lock_waiters_and_the_longest_wait(mysql_database, registry):
-    seed(mysql_database)
-    holder = connect(mysql_database, autocommit=False)
-    waiter = connect(mysql_database)
-    update = "UPDATE products SET available_stock = available_stock WHERE id = 1"
-    try:
-        execute(holder, "SET SESSION innodb_lock_wait_timeout = 30")
-        execute(waiter, "SET SESSION innodb_lock_wait_timeout = 30")
-        holder.begin()
-        execute(holder, update)  # holds the row lock in an open transaction
-        waiting = asyncio.create_task(asyncio.to_thread(execute, waiter, update))
-        config = make_config(mysql_database, ("lock_waiters",))
-        async with ProbeRunner(config, registry=registry):
-            await async_wait_until(
-                lambda: sample(registry, "stock_db_lock_waiters") == 1.0,
-                timeout=WAIT,
-                message="one waiter",
-            )
-            await async_wait_until(
-                lambda: (sample(registry, "stock_db_lock_wait_max_seconds") or 0.0) > 0.2,
-                timeout=WAIT,
-                message="a growing wait",
-            )
-            holder.rollback()
-            await waiting
-            await async_wait_until(
-                lambda: sample(registry, "stock_db_lock_waiters") == 0.0,
-                timeout=WAIT,
-                message="no waiter",
-            )
-            assert sample(registry, "stock_db_lock_wait_max_seconds") == 0.0
-    finally:
-        holder.close()
-        waiter.close()
 
 
 def global_deadlocks(url: str) -> float:
@@ -568,40 +478,6 @@ async def test_deadlocks_come_from_innodb_deadlocks(mysql_database, registry):
         second.close()
 
 
-async def test_long_transactions_in_this_database(mysql_database, registry):
-    seed(mysql_database)
-    on_stock = connect(mysql_database, autocommit=False)
-    elsewhere = connect(mysql_database, autocommit=False)
-    try:
-        on_stock.begin()
-        execute(on_stock, "SELECT available_stock FROM products WHERE id = 1")
-        elsewhere.begin()
-        execute(elsewhere, "SELECT 1")  # open too, but touches no InnoDB table
-        config = make_config(
-            mysql_database,
-            ("long_transactions",),
-            settings={"long_transactions": {"threshold": "300ms"}},
-        )
-        async with ProbeRunner(config, registry=registry):
-            await async_wait_until(
-                lambda: sample(registry, "stock_db_long_transactions") == 1.0,
-                timeout=WAIT,
-                message="one long transaction",
-            )
-            oldest = sample(registry, "stock_db_long_transaction_max_seconds")
-            assert oldest is not None
-            assert oldest >= 0.3
-            on_stock.rollback()
-            await async_wait_until(
-                lambda: sample(registry, "stock_db_long_transactions") == 0.0,
-                timeout=WAIT,
-                message="none after rollback",
-            )
-    finally:
-        on_stock.close()
-        elsewhere.close()
-
-
 def execute(conn: Any, sql: str) -> None:
     with conn.cursor() as cur:
         cur.execute(sql)
@@ -611,94 +487,12 @@ def execute(conn: Any, sql: str) -> None:
 # --- failures: locks, an unreachable or vanishing server -------------------------------------
 
 
-async def test_a_locked_table_times_out_the_probe_then_it_recovers(mysql_database, registry):
-    seed(mysql_database)
-    # A statement limit above the lock wait's whole second, so the lock wait ends it.
-    config = make_config(
-        mysql_database,
-        ("negative_stock", "lock_waiters"),
-        database={"statement_timeout": "1500ms"},
-    )
-    locker = connect(mysql_database)
-    try:
-        async with ProbeRunner(config, registry=registry) as runner:
-            await async_wait_until(all_up(registry, ("negative_stock",)), timeout=WAIT)
-            execute(locker, "LOCK TABLES products WRITE")
-            await async_wait_until(
-                lambda: sample(registry, "stocksentry_probe_up", probe="negative_stock") == 0.0,
-                timeout=WAIT,
-                message="negative_stock down",
-            )
-            result = runner.results["negative_stock"]
-            assert result.error is not None
-            # lock_wait_timeout (200 ms rounded up to the server's 1 s) ended the wait.
-            assert "1205" in result.error
-            assert "Lock wait timeout" in result.error
-            (probe,) = [p for p in runner.probes if p.name == "negative_stock"]
-            assert result.duration < probe.timeout
-            assert sample(registry, "stock_negative_inventory_skus") is None
-            # The other probe is not hidden, and a scrape answers from the stored results.
-            assert sample(registry, "stocksentry_probe_up", probe="lock_waiters") == 1.0
-            started = time.monotonic()
-            scraped = scrape(registry)
-            assert time.monotonic() - started < probe.timeout
-            key = (("probe", "negative_stock"),)
-            assert scraped[("stocksentry_probe_up", key)] == 0.0
-            assert ("stock_negative_inventory_skus", ()) not in scraped
-            execute(locker, "UNLOCK TABLES")
-            await async_wait_until(
-                lambda: sample(registry, "stocksentry_probe_up", probe="negative_stock") == 1.0,
-                timeout=WAIT,
-                message="negative_stock back up",
-            )
-            assert sample(registry, "stock_negative_inventory_skus") == 2.0
-    finally:
-        locker.close()
-
-
 def scrape(registry: CollectorRegistry) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     return {
         (s.name, tuple(sorted(s.labels.items()))): s.value
         for family in text_string_to_metric_families(generate_latest(registry).decode())
         for s in family.samples
     }
-
-
-async def test_an_unreachable_server_is_reported_down_without_the_password(registry, caplog):
-    caplog.set_level(logging.INFO, logger="stocksentry.exporter.probes")
-    # Port 1: nothing listens there, the connection is refused at once.
-    config = make_config(
-        "mysql://root@127.0.0.1:1/shop",
-        ("negative_stock", "deadlocks"),
-        database={"url_env": "STOCKSENTRY_DATABASE_URL"},
-        environ={"STOCKSENTRY_DATABASE_URL": "mysql://app:s3cr3t-pw@127.0.0.1:1/shop"},
-    )
-    runner = ProbeRunner(config, registry=registry)
-    await runner.start()
-    try:
-        await async_wait_until(
-            lambda: (
-                sample(registry, "stocksentry_probe_up", probe="negative_stock") == 0.0
-                and sample(registry, "stocksentry_probe_up", probe="deadlocks") == 0.0
-            ),
-            timeout=WAIT,
-            message="both probes down",
-        )
-        assert sample(registry, "stock_negative_inventory_skus") is None
-        assert sample(registry, "stocksentry_probe_last_success_timestamp_seconds",
-                      probe="negative_stock") is None  # fmt: skip
-        started = time.monotonic()
-        scraped = scrape(registry)
-        assert time.monotonic() - started < 1.0
-        assert scraped[("stocksentry_probe_up", (("probe", "negative_stock"),))] == 0.0
-        await asyncio.sleep(0.5)
-        assert runner.results["negative_stock"].up is False
-        assert "2003" in (runner.results["negative_stock"].error or "")
-    finally:
-        await runner.stop()
-    assert "s3cr3t-pw" not in caplog.text
-    assert "probe negative_stock failed" in caplog.text
-    assert all("s3cr3t-pw" not in (r.error or "") for r in runner.results.values())
 
 
 async def test_a_wrong_password_is_never_echoed(mysql_database, registry, caplog):
@@ -832,44 +626,6 @@ def lock_is_free(url: str, name: str) -> bool:
         conn.close()
 
 
-async def test_one_leader_runs_the_database_probes_and_the_other_takes_over(mysql_database):
-    seed(mysql_database)
-    config = make_config(mysql_database, ("negative_stock",), leader_election=True)
-    first_registry, second_registry = CollectorRegistry(), CollectorRegistry()
-    first = ProbeRunner(config, registry=first_registry)
-    second = ProbeRunner(config, registry=second_registry)
-    await first.start()
-    try:
-        await async_wait_until(
-            all_up(first_registry, ("negative_stock",)), timeout=WAIT, message="first leads"
-        )
-        await second.start()
-        await async_wait_until(
-            lambda: (
-                sample(second_registry, "stocksentry_probe_up", probe="leader_election") == 1.0
-            ),
-            timeout=WAIT,
-            message="second in the election",
-        )
-        await asyncio.sleep(0.6)  # three retries of the follower
-        assert (first.is_leader, second.is_leader) == (True, False)
-        assert sample(second_registry, "stocksentry_probe_leader") == 0.0
-        assert sample(second_registry, "stock_negative_inventory_skus") is None
-        await first.stop()
-        await async_wait_until(
-            lambda: (
-                second.is_leader
-                and sample(second_registry, "stocksentry_probe_up", probe="negative_stock") == 1.0
-            ),
-            timeout=WAIT,
-            message="second takes over",
-        )
-        assert sample(second_registry, "stock_negative_inventory_skus") == 2.0
-    finally:
-        await first.stop()
-        await second.stop()
-
-
 async def test_a_silent_leader_s_session_is_ended_by_the_server(mysql_database):
     config = make_config(mysql_database, ("negative_stock",), leader_election=True)
     assert config.database is not None
@@ -898,41 +654,10 @@ async def test_a_silent_leader_s_session_is_ended_by_the_server(mysql_database):
         await election.step()
         assert not election.leading
     finally:
-        await election._drop_connection()
+        await election.close()
 
 
 # --- the index check, and no session left behind ---------------------------------------------
-
-
-async def test_missing_indexes_are_reported_with_the_statement_to_add(mysql_database, registry):
-    seed(mysql_database, indexes=False)
-    config = make_config(mysql_database)
-    pool = MyPool(config.database)  # type: ignore[arg-type]
-    try:
-        advice = await pool.read(lambda session: check_indexes(session, config))
-    finally:
-        await pool.close()
-    # order_items(order_id) and (product_id) come with their foreign keys.
-    assert [(a.probe, a.table, a.column) for a in advice] == [
-        ("negative_stock", "products", "available_stock"),
-        ("oversold", "orders", "created_at"),
-        ("duplicate_orders", "orders", "external_ref"),
-        ("expired_reservations", "reservations", "released_at"),
-        ("outbox", "outbox", "published_at"),
-    ]
-    assert advice[0].statement == (
-        "ALTER TABLE `products` ADD INDEX `products_available_stock_idx` (`available_stock`),"
-        " ALGORITHM=INPLACE, LOCK=NONE;"
-    )
-    assert "(`released_at`, `expires_at`)" in advice[3].statement
-    assert "(`published_at`, `created_at`)" in advice[4].statement
-    # The statements are valid SQL that create the very indexes asked for.
-    run_sql(mysql_database, [item.statement.rstrip(";") for item in advice])
-    async with ProbeRunner(config, registry=registry) as runner:
-        await async_wait_until(
-            lambda: runner.index_advice is not None, timeout=WAIT, message="the index check"
-        )
-        assert runner.index_advice == ()
 
 
 def exporter_sessions(url: str) -> set[int]:
@@ -949,25 +674,6 @@ def exporter_sessions(url: str) -> set[int]:
         conn.close()
 
 
-async def test_stop_leaves_no_session_behind(mysql_database, registry):
-    seed(mysql_database)
-    config = make_config(mysql_database, ALL_DB_PROBES, leader_election=True)
-    runner = ProbeRunner(config, registry=registry)
-    await runner.start()
-    await async_wait_until(all_up(registry, ALL_DB_PROBES), timeout=WAIT)
-    sessions = exporter_sessions(mysql_database)
-    # The election's and the pool's (at most max_connections).
-    assert 2 <= len(sessions) <= 1 + config.database.max_connections  # type: ignore[union-attr]
-    await runner.stop()
-    await runner.stop()  # idempotent
-    await async_wait_until(
-        lambda: not exporter_sessions(mysql_database),
-        timeout=WAIT,
-        message="no session left open",
-    )
-    assert not runner.is_leader
-
-
 # --- custom SQL -------------------------------------------------------------------------------
 
 
@@ -982,26 +688,6 @@ def custom_document(url: str, custom: dict[str, Any], interval: str = "200ms") -
             },
         }
     )
-
-
-async def test_custom_probe_exports_the_rows_as_a_gauge(mysql_database, registry):
-    seed(mysql_database)
-    custom = {
-        "name": "negative_by_sku",
-        # A % stays as written (no parameters are sent with custom SQL).
-        "sql": "SELECT sku, available_stock AS stock FROM products "
-        "WHERE available_stock < 0 AND sku LIKE 'SKU-%' -- a trailing comment",
-        "metric": "shop_negative_stock",
-        "help": "Stock per SKU below zero.",
-        "value_column": "stock",
-        "label_columns": ["sku"],
-    }
-    config = parse_config(custom_document(mysql_database, custom))
-    async with ProbeRunner(config, registry=registry):
-        await async_wait_until(all_up(registry, ("negative_by_sku",)), timeout=WAIT)
-        assert sample(registry, "shop_negative_stock", sku="SKU-NEG3") == -3.0
-        assert sample(registry, "shop_negative_stock", sku="SKU-NEG1") == -1.0
-        assert sample(registry, "shop_negative_stock", sku="SKU-OK") is None
 
 
 async def test_a_custom_probe_reads_a_status_value_that_mysql_returns_as_text(
@@ -1067,130 +753,7 @@ def run_rows_text(url: str, sql: str) -> list[tuple[Any, ...]]:
         conn.close()
 
 
-async def test_custom_sql_leaves_no_named_lock_behind(mysql_database, registry):
-    seed(mysql_database)
-    name = f"stocksentry-test-{random.randint(1, 2**62)}"
-    custom = {
-        "name": "locker",
-        "sql": f"SELECT GET_LOCK('{name}', 0) AS value",
-        "metric": "shop_locker",
-    }
-    # One run only, so none is in flight while the lock is checked.
-    config = parse_config(custom_document(mysql_database, custom, interval="1h"))
-    async with ProbeRunner(config, registry=registry):
-        await async_wait_until(all_up(registry, ("locker",)), timeout=WAIT, message="one run")
-        assert sample(registry, "shop_locker") == 1.0
-        # The pooled session is still open, but no longer holds the lock.
-        assert lock_is_free(mysql_database, name)
-
-
 # --- cache drift ------------------------------------------------------------------------------
-
-
-async def test_cache_drift_counts_skus_that_stay_apart_beyond_the_grace(
-    mysql_database, registry, redis_prefix
-):
-    seed(mysql_database)
-    client = aioredis.Redis.from_url(REDIS_URL)
-    try:
-        # SKU-OK: database 15. SKU-OVER: 0, SKU-NEG1: -1, SKU-NEG3: -3 (no key).
-        await client.set(f"{redis_prefix}stock:SKU-OK", "15")  # equal
-        await client.set(f"{redis_prefix}stock:SKU-OVER", "3")  # 3 apart: drifts
-        await client.set(f"{redis_prefix}stock:SKU-NEG1", "0")  # 1 apart: within tolerance
-        config = parse_config(
-            yaml.safe_dump(
-                {
-                    "sku_guard": {"promo_skus": ["SKU-OK", "SKU-OVER", "SKU-NEG1", "SKU-NEG3"]},
-                    "database": {"url": mysql_database, "leader_election": False},
-                    "redis": {
-                        "url": REDIS_URL,
-                        "key_template": f"{redis_prefix}stock:{{sku}}",
-                        "tolerance": 1,
-                        "grace": "500ms",
-                    },
-                    "probes": {
-                        "defaults": {"interval": "100ms"},
-                        **{p: {"enabled": False} for p in ALL_DB_PROBES},
-                    },
-                }
-            )
-        )
-        async with ProbeRunner(config, registry=registry):
-            await async_wait_until(all_up(registry, ("cache_drift",)), timeout=WAIT)
-            assert sample(registry, "stock_cache_drift_skus", cache="redis") == 0.0
-            await async_wait_until(
-                lambda: sample(registry, "stock_cache_drift_skus", cache="redis") == 1.0,
-                timeout=WAIT,
-                message="one drifting SKU after the grace",
-            )
-            # Named by its own series, 3 units apart; the others at 0, nothing left over.
-            per_sku = "stock_cache_drift_sku_units"
-            assert sample(registry, per_sku, cache="redis", sku="SKU-OVER") == 3.0
-            for sku in ("SKU-OK", "SKU-NEG1", "SKU-NEG3"):
-                assert sample(registry, per_sku, cache="redis", sku=sku) == 0.0
-            assert sample(registry, per_sku, cache="redis", sku="__other__") is None
-            await client.set(f"{redis_prefix}stock:SKU-OVER", "0")
-            await async_wait_until(
-                lambda: sample(registry, "stock_cache_drift_skus", cache="redis") == 0.0,
-                timeout=WAIT,
-                message="the fixed SKU no longer drifts",
-            )
-            assert sample(registry, per_sku, cache="redis", sku="SKU-OVER") == 0.0
-    finally:
-        await client.aclose()
-
-
-async def test_the_probe_timeout_kills_a_slow_query_in_the_server(mysql_database, registry):
-    document = {
-        "database": {
-            "url": mysql_database,
-            "leader_election": False,
-            "statement_timeout": "10s",
-            "lock_timeout": "10s",
-        },
-        "probes": {
-            **{p: {"enabled": False} for p in ALL_DB_PROBES},
-            "custom": [
-                {
-                    "name": "slow",
-                    "sql": "SELECT SLEEP(3) AS value",
-                    "metric": "shop_slow",
-                    "interval": "200ms",
-                    "timeout": "300ms",
-                }
-            ],
-        },
-    }
-    async with ProbeRunner(parse_config(yaml.safe_dump(document)), registry=registry) as runner:
-        await async_wait_until(lambda: "slow" in runner.results, timeout=WAIT, message="one run")
-        result = runner.results["slow"]
-        assert (result.up, result.error) == (False, "timed out after 300ms")
-        assert result.duration < 3.0
-        # The query was killed in the server, not left sleeping behind the exporter: the
-        # runner retries every 200 ms, so one may be in flight (and one being killed);
-        # never a pile of them.
-        for _ in range(10):  # watched for a second or more
-            (active,) = run_rows_text(
-                mysql_database,
-                "SELECT count(*) FROM information_schema.processlist"
-                " WHERE info LIKE '%SLEEP(3)%' AND info NOT LIKE '%processlist%'"
-                " AND command = 'Query'",
-            )[0]
-            assert active <= 2
-            await asyncio.sleep(0.1)
-    # Once the exporter stopped, nothing of it sleeps on.
-    await async_wait_until(
-        lambda: (
-            run_rows_text(
-                mysql_database,
-                "SELECT count(*) FROM information_schema.processlist"
-                " WHERE info LIKE '%SLEEP(3)%' AND info NOT LIKE '%processlist%'",
-            )[0][0]
-            == 0
-        ),
-        timeout=2.5,
-        message="no query left sleeping",
-    )
 
 
 async def test_without_process_the_probes_that_read_innodb_trx_are_down(mysql_database, registry):

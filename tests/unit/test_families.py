@@ -10,7 +10,6 @@ from stocksentry.exporter.invariants import InvariantSql
 from stocksentry.exporter.probes.families import (
     OutboxStuck,
     OutboxStuckLog,
-    duplicate_key_skus,
     negative_stock_families,
     worst_sku_samples,
 )
@@ -51,8 +50,8 @@ def test_the_duplicate_sku_statement_is_parameterised_in_every_dialect():
     schema = parse_config("schema: {}\n", environ={}).schema
     since = datetime(2026, 12, 1, tzinfo=UTC)
     for dialect, quote in (("postgresql", '"'), ("mysql", "`")):
-        query = duplicate_key_skus(
-            InvariantSql(schema, dialect), "external_ref", ["k1", "k'2"], since=since
+        query = InvariantSql(schema, dialect).duplicate_key_skus(
+            "external_ref", ["k1", "k'2"], since=since
         )
         text = query.text()
         assert f"o.{quote}external_ref{quote} IN (:key0, :key1)" in text

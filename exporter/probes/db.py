@@ -1,0 +1,513 @@
+"""The database probes, one class each for every dialect.
+
+Each probe runs in the pool's read-only transaction (:class:`~.pool.Pool`) and leaves
+what differs between PostgreSQL and MySQL/MariaDB to its :class:`~.dialects.Dialect`.
+The invariant probes' statements come from
+:class:`stocksentry.exporter.invariants.InvariantSql`, the builder ``stocksentry
+reconcile`` uses: each figure is an aggregate over the rows reconcile would list.
+
+The incremental oversold run (``scope: all``) reads the dialect's *horizon* first (no row
+created before it can still be uncommitted), then :func:`~.soldtotals.incremental_run`;
+why a late commit is never missed: docs/exporter-config.md, "How ``oversold`` counts".
+
+Example::
+
+    pool = Pool(config.database)
+    families = await NegativeStockProbe(config, pool).run()
+    await pool.close()
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any, Final
+
+from prometheus_client.core import Metric
+from stocksentry.instrumentation import catalog
+from stocksentry.instrumentation.catalog import MetricSpec
+from stocksentry.instrumentation.guard import LabelGuard, sanitize_label_value
+
+from ..config import CustomProbe, ExporterConfig, ProbeSettings
+from ..invariants import InvariantSql, Param, Query
+from .base import LOGGER, Probe, family
+from .dialects import Dialect, Session, number
+from .duplicates import DuplicateKeys
+from .families import (
+    MAX_SKU_KEYS,
+    OutboxStuck,
+    OutboxStuckLog,
+    default_guard,
+    negative_stock_families,
+    pinned_labels,
+    worst_sku_samples,
+)
+from .pool import Pool
+from .soldtotals import MIN_CHUNK, RunLog, SoldTotals, chunk_size
+
+__all__ = [
+    "CustomSqlProbe",
+    "DbProbe",
+    "DeadlocksProbe",
+    "DuplicateOrdersProbe",
+    "ExpiredReservationsProbe",
+    "LockWaitersProbe",
+    "LongTransactionsProbe",
+    "NegativeStockProbe",
+    "OutboxProbe",
+    "OversoldProbe",
+    "build_db_probes",
+]
+
+#: New keys asked about one by one at most; beyond it one read of the window is cheaper.
+MAX_NEW_KEYS: Final = 5000
+
+
+class DbProbe(Probe):
+    """A probe whose :meth:`query` runs in the pool's read-only transaction."""
+
+    def __init__(self, name: str, settings: ProbeSettings, pool: Pool) -> None:
+        super().__init__(name, interval=settings.interval, timeout=settings.timeout)
+        self.pool = pool
+        self.dialect = pool.dialect
+        self.statement_timeout = settings.statement_timeout
+
+    async def run(self) -> tuple[Metric, ...]:
+        return await self.pool.read(self.query, statement_timeout=self.statement_timeout)
+
+    async def query(self, session: Session) -> tuple[Metric, ...]:
+        """Observe once through ``session`` (already in a read-only transaction)."""
+        raise NotImplementedError
+
+    async def fetch(self, session: Session, query: Query) -> list[tuple[Any, ...]]:
+        """The rows of an invariant statement."""
+        return await session.rows(*self.dialect.render(query))
+
+
+class NegativeStockProbe(DbProbe):
+    """``stock_negative_inventory_skus`` / ``_units``: SKUs below zero and by how much;
+    ``stock_negative_inventory_sku_units{sku}``: the ``top_skus`` lowest by name.
+
+    Reads the range below zero of an index on ``products(stock)`` (partial on
+    PostgreSQL), twice: the totals, then the worst ``top_skus`` SKUs. The units of the
+    SKUs not named are summed under ``__other__``; promo SKUs are at 0 when not below zero.
+    """
+
+    specs = (
+        catalog.NEGATIVE_INVENTORY_SKUS,
+        catalog.NEGATIVE_INVENTORY_UNITS,
+        catalog.NEGATIVE_INVENTORY_SKU_UNITS,
+    )
+
+    def __init__(
+        self, config: ExporterConfig, pool: Pool, guard: LabelGuard | None = None
+    ) -> None:
+        settings = config.probes.negative_stock
+        super().__init__("negative_stock", settings, pool)
+        self._guard = guard or default_guard(config)
+        self._pinned = pinned_labels(config.sku_guard.promo_skus, self._guard)
+        self.top = settings.top_skus
+        builder = InvariantSql(config.schema, self.dialect.name)
+        self._totals = builder.negative_stock_totals()
+        worst = builder.negative_stock(ordered=True)
+        self._worst = Query((*worst.parts, f" LIMIT {int(self.top)}"), worst.columns)
+
+    async def query(self, session: Session) -> tuple[Metric, ...]:
+        skus, units = (await self.fetch(session, self._totals))[0]
+        worst: list[tuple[Any, Any]] = []
+        if number(skus):
+            worst = [(sku, number(stock)) for sku, stock in await self.fetch(session, self._worst)]
+        return negative_stock_families(
+            number(skus),
+            number(units),
+            worst,
+            top=self.top,
+            guard=self._guard,
+            pinned=self._pinned,
+        )
+
+
+class OversoldProbe(DbProbe):
+    """``stock_oversold_units{sku}``: paid units beyond each SKU's allocation.
+
+    Only oversold SKUs get a series, and every promo SKU (0 when not oversold); other
+    SKUs go through the SKU guard, and those folded into ``__other__`` are summed there.
+    ``scope: promo`` reads the promo SKUs' whole history on every run (a few SKUs);
+    ``scope: all`` runs incrementally (see the module).
+    """
+
+    specs = (catalog.OVERSOLD_UNITS,)
+
+    def __init__(self, config: ExporterConfig, pool: Pool, guard: LabelGuard) -> None:
+        settings = config.probes.oversold
+        super().__init__("oversold", settings, pool)
+        self._settings = settings
+        self._guard = guard
+        self._pinned = pinned_labels(config.sku_guard.promo_skus, guard)
+        if config.schema.products.allocation is None:
+            raise ValueError("the oversold probe needs schema.products.allocation")
+        self._builder = InvariantSql(config.schema, self.dialect.name)
+        self._products = config.schema.products.table
+        self.incremental = settings.scope == "all"
+        self.totals = SoldTotals(max_products=settings.max_tracked_products)
+        self._chunk = MIN_CHUNK
+        self._log = RunLog(self.name)
+        self._promo = self._builder.oversold(skus=config.sku_guard.promo_skus, worst_first=True)
+
+    def reset(self) -> None:
+        """Forget the totals (a new leader starts from nothing and rebuilds them)."""
+        self.totals = SoldTotals(max_products=self._settings.max_tracked_products)
+        self._log.reset()
+
+    async def query(self, session: Session) -> tuple[Metric, ...]:
+        if not self.incremental:
+            found = await self.fetch(session, self._promo)
+            rows = [(sku, units) for sku, _a, _s, units in found]
+        else:
+            await self.step(session)
+            rows = [(s.sku, s.oversold_units) for s in self.totals.oversold()]
+        # Each SKU through the guard (the folded ones summed under __other__), the promo
+        # SKUs at 0 when they have no row.
+        by_label: dict[str, float] = dict.fromkeys(self._pinned, 0.0)
+        for sku, units in rows:
+            label = self._guard(str(sku))
+            by_label[label] = by_label.get(label, 0.0) + number(units)
+        return (family(catalog.OVERSOLD_UNITS, [((k,), v) for k, v in sorted(by_label.items())]),)
+
+    async def step(self, session: Session) -> None:
+        """One incremental run: the dialect's horizon, then
+        :func:`~stocksentry.exporter.probes.soldtotals.incremental_run`."""
+        s = self._settings
+        horizon, _now = await self.dialect.horizon(
+            session, settle_after=s.settle_after, margin=s.clock_margin
+        )
+        if self.totals.cursor is None:
+            # Products per chunk, so that one pass takes recount_period.
+            estimate = await self.dialect.row_estimate(session, self._products)
+            self._chunk = chunk_size(estimate, s.recount_period, self.interval)
+
+        async def fetch(query: Query) -> list[tuple[Any, ...]]:
+            return await self.fetch(session, query)
+
+        await self._log.run(
+            self.totals,
+            fetch,
+            self._builder,
+            horizon=horizon,
+            chunk=self._chunk,
+            recount_batch=s.recount_batch,
+        )
+
+
+class DuplicateOrdersProbe(DbProbe):
+    """``stock_duplicate_order_keys``: keys with more than one order in the recent window;
+    ``stock_duplicate_order_sku_keys{sku}``: per SKU among those keys' orders' items, the
+    ``top_skus`` with the most keys by name, the rest under ``__other__``.
+
+    External references and idempotency keys (whichever are mapped) are counted
+    separately and added up. The first run reads the whole window (``orders(created_at)``);
+    later runs ask only about the keys of the orders created since the last horizon,
+    through the index on each key column (:class:`~.duplicates.DuplicateKeys`).
+    """
+
+    specs = (catalog.DUPLICATE_ORDER_KEYS, catalog.DUPLICATE_ORDER_SKU_KEYS)
+
+    def __init__(
+        self, config: ExporterConfig, pool: Pool, guard: LabelGuard | None = None
+    ) -> None:
+        settings = config.probes.duplicate_orders
+        super().__init__("duplicate_orders", settings, pool)
+        self._guard = guard or default_guard(config)
+        self.top = settings.top_skus
+        self._builder = InvariantSql(config.schema, self.dialect.name)
+        if not self._builder.key_columns():
+            raise ValueError("the duplicate_orders probe needs external_ref or idempotency_key")
+        self._window = settings.window
+        self._margin = settings.clock_margin
+        self.keys = DuplicateKeys(window=settings.window)
+
+    def reset(self) -> None:
+        """Forget the keys (a new leader reads the window again)."""
+        self.keys = DuplicateKeys(window=self._window)
+
+    async def query(self, session: Session) -> tuple[Metric, ...]:
+        horizon, now = await self.dialect.horizon(session, settle_after=0.0, margin=self._margin)
+        keys, builder = self.keys, self._builder
+        window = dt.timedelta(seconds=self._window)
+        found: list[tuple[str, list[tuple[Any, ...]]]] = []
+        for kind, column in builder.key_columns():
+            if keys.boundary is None:
+                rows = await self.fetch(
+                    session, builder.duplicate_key_expiry(column, window=window)
+                )
+            else:
+                new = await self.fetch(session, builder.keys_created(column, start=keys.boundary))
+                # A horizon held back long (an open transaction): beyond MAX_NEW_KEYS one
+                # read of the window costs less than asking about each key.
+                asked = [k for (k,) in new] if len(new) <= MAX_NEW_KEYS else None
+                expiry = builder.duplicate_key_expiry(column, window=window, keys=asked)
+                rows = await self.fetch(session, expiry) if new else []
+            found.append((kind, rows))
+        # The keys change only once every statement has answered: a failed run repeats.
+        for kind, rows in found:
+            keys.update(kind, rows)
+        if keys.boundary is None or horizon > keys.boundary:
+            keys.boundary = horizon
+        keys.expire(now)
+        by_sku: dict[str, float] = {}
+        for kind, column in builder.key_columns():
+            if held := keys.keys_of(kind)[:MAX_SKU_KEYS]:
+                query = builder.duplicate_key_skus(column, held, since=now - window)
+                for sku, count in await self.fetch(session, query):
+                    by_sku[str(sku)] = by_sku.get(str(sku), 0.0) + number(count)
+        samples = worst_sku_samples(by_sku.items(), top=self.top, guard=self._guard)
+        return (
+            family(catalog.DUPLICATE_ORDER_KEYS, [((), float(keys.count()))]),
+            family(catalog.DUPLICATE_ORDER_SKU_KEYS, samples),
+        )
+
+
+class LockWaitersProbe(DbProbe):
+    """``stock_db_lock_waiters`` and ``stock_db_lock_wait_max_seconds`` in this database."""
+
+    specs = (catalog.DB_LOCK_WAITERS, catalog.DB_LOCK_WAIT_MAX)
+
+    def __init__(self, config: ExporterConfig, pool: Pool) -> None:
+        super().__init__("lock_waiters", config.probes.lock_waiters, pool)
+
+    async def query(self, session: Session) -> tuple[Metric, ...]:
+        waiters, longest = await self.dialect.lock_waiters(session)
+        return (
+            family(catalog.DB_LOCK_WAITERS, [((), number(waiters))]),
+            family(catalog.DB_LOCK_WAIT_MAX, [((), max(0.0, number(longest)))]),
+        )
+
+
+class DeadlocksProbe(DbProbe):
+    """``stock_db_deadlocks_total{database}``: ``pg_stat_database``'s count, or InnoDB's
+    server-wide ``Innodb_deadlocks`` labelled with the URL's database."""
+
+    specs = (catalog.DB_DEADLOCKS,)
+
+    def __init__(self, config: ExporterConfig, pool: Pool) -> None:
+        super().__init__("deadlocks", config.probes.deadlocks, pool)
+
+    async def query(self, session: Session) -> tuple[Metric, ...]:
+        database, deadlocks = await self.dialect.deadlocks(session)
+        return (family(catalog.DB_DEADLOCKS, [((database,), number(deadlocks))]),)
+
+
+class LongTransactionsProbe(DbProbe):
+    """Transactions open longer than ``threshold`` that hold a lock on a stock table
+    (the mapped products, orders, order_items, reservations and outbox tables; on MySQL,
+    whose locked tables are not visible, any InnoDB transaction of this database).
+
+    Exports ``stock_db_long_transactions`` and ``stock_db_long_transaction_max_seconds``.
+    """
+
+    specs = (catalog.DB_LONG_TRANSACTIONS, catalog.DB_LONG_TRANSACTION_MAX)
+
+    def __init__(self, config: ExporterConfig, pool: Pool) -> None:
+        settings = config.probes.long_transactions
+        super().__init__("long_transactions", settings, pool)
+        self.threshold = settings.threshold
+        s = config.schema
+        tables = [s.products.table, s.orders.table, s.order_items.table]
+        tables += [t.table for t in (s.reservations, s.outbox) if t is not None]
+        self._tables = list(dict.fromkeys(tables))
+
+    async def query(self, session: Session) -> tuple[Metric, ...]:
+        count, oldest = await self.dialect.long_transactions(
+            session, threshold=self.threshold, tables=self._tables
+        )
+        return (
+            family(catalog.DB_LONG_TRANSACTIONS, [((), number(count))]),
+            family(catalog.DB_LONG_TRANSACTION_MAX, [((), max(0.0, number(oldest)))]),
+        )
+
+
+def held_predicate(config: ExporterConfig, dialect: Dialect) -> Query:
+    """The predicate of a reservation that still holds its stock (statuses as constants)."""
+    r = config.schema.reservations
+    assert r is not None  # noqa: S101 - callers checked
+    q = dialect.quote
+    if r.status is None:
+        assert r.released_at is not None  # noqa: S101 - the config sets one of the two
+        return Query((f"{q(r.released_at)} IS NULL",), ())
+    parts: list[str | Param] = [f"{q(r.status)} IN ("]
+    for index, status in enumerate(r.held_statuses):
+        parts += [", "] if index else []
+        parts.append(Param(f"held{index}", status, constant=True))
+    return Query((*parts, ")"), ())
+
+
+class ExpiredReservationsProbe(DbProbe):
+    """``stock_reservations_expired_unreleased``: past ``expires_at``, still holding stock."""
+
+    specs = (catalog.RESERVATIONS_EXPIRED_UNRELEASED,)
+
+    def __init__(self, config: ExporterConfig, pool: Pool) -> None:
+        super().__init__("expired_reservations", config.probes.expired_reservations, pool)
+        r = config.schema.reservations
+        if r is None:
+            raise ValueError("the expired_reservations probe needs schema.reservations")
+        q = self.dialect.quote
+        self._sql = Query(
+            (
+                f"SELECT count(*) FROM {q(r.table)}"  # noqa: S608 - quoted identifiers
+                f" WHERE {q(r.expires_at)} < {self.dialect.now} AND ",
+                *held_predicate(config, self.dialect).parts,
+            ),
+            ("count",),
+        )
+
+    async def query(self, session: Session) -> tuple[Metric, ...]:
+        ((count,),) = await self.fetch(session, self._sql)
+        return (family(catalog.RESERVATIONS_EXPIRED_UNRELEASED, [((), number(count))]),)
+
+
+class OutboxProbe(DbProbe):
+    """``stock_outbox_pending_events``, ``stock_outbox_lag_seconds`` (oldest pending age),
+    ``stock_outbox_stuck_events`` (pending beyond ``probes.outbox.max_publish_latency``)
+    and that latency itself (the alert's threshold).
+
+    One statement on the pending rows (``published_at IS NULL``, the leading part of the
+    index ``outbox(published_at, created_at)`` or a partial one). While events are stuck
+    it logs ``outbox stuck`` with their count and the oldest one's id and age
+    (:class:`~stocksentry.exporter.probes.families.OutboxStuckLog`).
+    """
+
+    specs = (
+        catalog.OUTBOX_PENDING,
+        catalog.OUTBOX_LAG,
+        catalog.OUTBOX_STUCK,
+        catalog.OUTBOX_MAX_PUBLISH_LATENCY,
+    )
+
+    def __init__(self, config: ExporterConfig, pool: Pool) -> None:
+        settings = config.probes.outbox
+        super().__init__("outbox", settings, pool)
+        b = config.schema.outbox
+        if b is None:
+            raise ValueError("the outbox probe needs schema.outbox")
+        self.max_publish_latency = settings.max_publish_latency
+        self.stuck_log = OutboxStuckLog(max_publish_latency=settings.max_publish_latency)
+        d, q = self.dialect, self.dialect.quote
+        self._params = {"latency": d.interval(settings.max_publish_latency)}
+        table, created, published = q(b.table), q(b.created_at), q(b.published_at)
+        # The oldest pending event's id, through the index on created_at.
+        oldest_id = (
+            f", (SELECT {q(b.id)} FROM {table} WHERE {published} IS NULL"  # noqa: S608
+            f" ORDER BY {created}, {q(b.id)} LIMIT 1)"
+            if b.id is not None
+            else ", NULL"
+        )
+        self._sql = (
+            f"SELECT count(*), coalesce({d.seconds_since(f'min({created})')}, 0),"  # noqa: S608
+            f" count(CASE WHEN {created} < {d.ago('latency')} THEN 1 END){oldest_id}"
+            f" FROM {table} WHERE {published} IS NULL"
+        )
+
+    async def query(self, session: Session) -> tuple[Metric, ...]:
+        pending, lag, stuck_count, oldest_id = await session.one(self._sql, self._params)
+        stuck = OutboxStuck(
+            count=int(number(stuck_count)),
+            oldest_id=oldest_id if number(stuck_count) else None,
+            oldest_age=max(0.0, number(lag)),
+        )
+        self.stuck_log.observe(stuck)
+        return (
+            family(catalog.OUTBOX_PENDING, [((), number(pending))]),
+            family(catalog.OUTBOX_LAG, [((), max(0.0, number(lag)))]),
+            family(catalog.OUTBOX_STUCK, [((), float(stuck.count))]),
+            family(catalog.OUTBOX_MAX_PUBLISH_LATENCY, [((), self.max_publish_latency)]),
+        )
+
+
+class CustomSqlProbe(DbProbe):
+    """A ``probes.custom`` entry: its SQL's rows exported as one gauge.
+
+    The SQL runs wrapped as ``SELECT * FROM (<sql>) AS stocksentry_custom``, one statement
+    (the session refuses several) in a read-only transaction of a read-only session, sent
+    without parameters, so a ``%`` in it stays as written. Session-level locks it may take
+    are released after each run.
+
+    Each row gives one sample: the value from ``value_column`` (rows where it is null are
+    skipped), labels from ``label_columns`` (a ``sku`` label goes through the SKU guard,
+    others are sanitised); rows with the same labels are summed; past ``max_series`` label
+    sets the rest are dropped with one warning.
+    """
+
+    def __init__(self, custom: CustomProbe, pool: Pool, guard: LabelGuard) -> None:
+        settings = ProbeSettings(True, custom.interval, custom.timeout, custom.statement_timeout)
+        super().__init__(custom.name, settings, pool)
+        self.custom = custom
+        self.spec = MetricSpec(
+            custom.metric, "gauge", custom.help, custom.label_columns, source="probe"
+        )
+        self.specs = (self.spec,)
+        self._guard = guard
+        self._warned = False
+        # The operator's own SQL, by design; it runs read-only (see above).
+        self._sql = f"SELECT * FROM ({custom.sql}\n) AS stocksentry_custom"  # noqa: S608
+
+    async def run(self) -> tuple[Metric, ...]:
+        return await self.pool.read(
+            self.query, release_locks=True, statement_timeout=self.statement_timeout
+        )
+
+    async def query(self, session: Session) -> tuple[Metric, ...]:
+        columns, rows = await session.table(self._sql)
+        wanted = (self.custom.value_column, *self.custom.label_columns)
+        missing = [c for c in wanted if c not in columns]
+        if missing:
+            raise ValueError(
+                f"the SQL returned no column {', '.join(missing)} (columns: {', '.join(columns)})"
+            )
+        value_at = columns.index(self.custom.value_column)
+        label_at = [columns.index(c) for c in self.custom.label_columns]
+        is_sku = [c == "sku" for c in self.custom.label_columns]
+        samples: dict[tuple[str, ...], float] = {}
+        for row in rows:
+            if row[value_at] is None:
+                continue
+            labels = tuple(
+                self._guard("" if row[i] is None else str(row[i]))
+                if sku
+                else sanitize_label_value("" if row[i] is None else row[i])
+                for i, sku in zip(label_at, is_sku, strict=True)
+            )
+            if labels not in samples and len(samples) >= self.custom.max_series:
+                if not self._warned:
+                    LOGGER.warning(
+                        "custom probe %s returned more than %d label sets; the rest are dropped",
+                        self.name,
+                        self.custom.max_series,
+                        extra={"probe": self.name},
+                    )
+                    self._warned = True
+                continue
+            samples[labels] = samples.get(labels, 0.0) + number(row[value_at])
+        return (family(self.spec, sorted(samples.items())),)
+
+
+def build_db_probes(config: ExporterConfig, pool: Pool, guard: LabelGuard) -> list[DbProbe]:
+    """The enabled database probes of ``config`` on ``pool`` (cache drift is built by the
+    runner). The SKU-labelled ones share ``guard``."""
+    p = config.probes
+    probes: list[DbProbe] = []
+    if p.negative_stock.enabled:
+        probes.append(NegativeStockProbe(config, pool, guard))
+    if p.oversold.enabled:
+        probes.append(OversoldProbe(config, pool, guard))
+    if p.duplicate_orders.enabled:
+        probes.append(DuplicateOrdersProbe(config, pool, guard))
+    plain = (
+        (p.lock_waiters.enabled, LockWaitersProbe),
+        (p.deadlocks.enabled, DeadlocksProbe),
+        (p.long_transactions.enabled, LongTransactionsProbe),
+        (p.expired_reservations.enabled, ExpiredReservationsProbe),
+        (p.outbox.enabled, OutboxProbe),
+    )
+    probes += [make(config, pool) for enabled, make in plain if enabled]
+    probes += [CustomSqlProbe(custom, pool, guard) for custom in p.custom]
+    return probes

@@ -1,0 +1,215 @@
+"""What a probe needs of a database, whatever it is: a :class:`Session`, and a :class:`Dialect`
+holding only the SQL that differs between PostgreSQL and MySQL/MariaDB and the driver's
+plumbing (:mod:`.pg` with psycopg, :mod:`.my` with aiomysql).
+
+Every probe statement is text with ``%(name)s`` parameters, which both drivers take; the
+invariant statements (:class:`~stocksentry.exporter.invariants.Query`) become such text
+through :meth:`Dialect.render`. Identifiers reach SQL only through :meth:`Dialect.quote`
+(validated names from the ``schema`` config).
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Coroutine, Mapping, Sequence
+from datetime import datetime
+from decimal import Decimal
+from typing import TYPE_CHECKING, Any, Final, Protocol
+
+from ..invariants import Param, Query, quote
+
+if TYPE_CHECKING:
+    from ..config import DatabaseConfig
+
+__all__ = ["Connection", "Dialect", "Params", "Session", "dialect_for", "number"]
+
+#: A statement's parameters: ``%(name)s`` by name or ``%s`` in order; ``None``: none, so a
+#: ``%`` in the text stays as written.
+Params = Mapping[str, object] | Sequence[object] | None
+
+# The election's session is ended by the server when idle this many retry intervals (at
+# least the floor): a live leader pings every interval, so only a frozen one is ended.
+IDLE_INTERVALS: Final = 3
+IDLE_FLOOR: Final = 1.0
+
+
+class Session(Protocol):
+    """A probe's read-only session. ``flavor``: ``postgresql``, ``mariadb`` or ``mysql``."""
+
+    flavor: str
+
+    async def rows(self, statement: str, params: Params = None) -> list[tuple[Any, ...]]: ...
+
+    async def one(self, statement: str, params: Params = None) -> tuple[Any, ...]:
+        """The single row of an aggregate statement."""
+        found = await self.rows(statement, params)
+        if not found:  # aggregates always return a row; a view mapped as a table might not
+            raise ValueError("the query returned no row")
+        return found[0]
+
+    async def execute(self, statement: str, params: Params = None) -> None: ...
+
+    async def table(self, statement: str) -> tuple[list[str], list[tuple[Any, ...]]]:
+        """The column names and rows of one statement (never several), sent without
+        parameters."""
+        ...
+
+
+class Connection(Session, Protocol):
+    """A session as the pool and the election hold it: its transaction and its life."""
+
+    @property
+    def usable(self) -> bool:
+        """Open, healthy, and outside any transaction: it may be handed out again."""
+        ...
+
+    async def begin(self, statement_timeout: float) -> None:
+        """Open a read-only transaction whose statements stop after ``statement_timeout``."""
+        ...
+
+    async def rollback(self) -> None: ...
+
+    async def release_locks(self) -> None:
+        """Release the session-level locks custom SQL may have taken (a rollback does not);
+        when that fails the session is never handed out again."""
+        ...
+
+    def spoil(self) -> None:
+        """Mark the session as never to be reused (its state is unknown)."""
+        ...
+
+    async def close(self) -> None:
+        """Close; never raises."""
+        ...
+
+
+class Dialect(abc.ABC):
+    """The SQL of one database family that the probes cannot share, and its driver."""
+
+    #: The dialect of :class:`~stocksentry.exporter.invariants.InvariantSql` and quoting.
+    name: str
+    #: Whether ``CREATE INDEX ... WHERE`` exists (the index advice differs without).
+    partial_indexes: bool
+    #: The SQL of the database's clock within a probe statement.
+    now: str
+
+    def quote(self, name: str) -> str:
+        return quote(name, self.name)
+
+    def fold(self, column: str) -> str:
+        """A column name as :meth:`leading_columns` spells it."""
+        return column
+
+    def literal(self, value: object) -> str | None:
+        """``value`` as an SQL literal, for the constants of a :class:`Query`; ``None``:
+        keep them as parameters."""
+        return None
+
+    def render(self, query: Query) -> tuple[str, dict[str, object] | None]:
+        """An invariant statement as text and parameters.
+
+        Constants (paid statuses, promo SKUs) are inlined where :meth:`literal` says so:
+        they then match a partial index whose predicate lists the same values.
+        """
+        literals = {
+            p.name: text
+            for p in query.parts
+            if isinstance(p, Param) and p.constant and (text := self.literal(p.value)) is not None
+        }
+        params = {k: v for k, v in query.params.items() if k not in literals}
+        # With parameters the driver reads every % as the start of a placeholder.
+        marks = "%%" if params else "%"
+        parts = tuple(
+            literals[p.name].replace("%", marks)
+            if isinstance(p, Param) and p.name in literals
+            else p
+            for p in query.parts
+        )
+        return Query(parts, query.columns).text("pyformat"), params or None
+
+    @abc.abstractmethod
+    def interval(self, seconds: float) -> object:
+        """``seconds`` as the parameter :meth:`ago` takes."""
+
+    @abc.abstractmethod
+    def ago(self, param: str) -> str:
+        """The SQL of the clock less the interval parameter ``param``."""
+
+    @abc.abstractmethod
+    def seconds_since(self, expression: str) -> str:
+        """The SQL of the seconds from a point in time to the clock."""
+
+    @abc.abstractmethod
+    async def connect(self, db: DatabaseConfig, *, elector: bool = False) -> Connection:
+        """Open a session whose transactions are read-only. ``elector``: the election's,
+        which the server ends once it goes silent."""
+
+    def stop_query(
+        self, db: DatabaseConfig, session: Connection
+    ) -> Coroutine[Any, Any, None] | None:
+        """What stops the server's query of a session given up on mid-query (``None``:
+        closing it does)."""
+        return None
+
+    @abc.abstractmethod
+    async def horizon(
+        self, session: Session, *, settle_after: float, margin: float
+    ) -> tuple[datetime, datetime]:
+        """``(horizon, the clock)``: no row created before the horizon can still be
+        uncommitted (see :mod:`stocksentry.exporter.probes.db`, the oversold probe)."""
+
+    @abc.abstractmethod
+    async def row_estimate(self, session: Session, table: str) -> float:
+        """The planner's estimate of the rows of ``table``."""
+
+    @abc.abstractmethod
+    async def lock_waiters(self, session: Session) -> tuple[Any, Any]:
+        """``(sessions waiting for a lock, the longest wait in seconds)`` in this database."""
+
+    @abc.abstractmethod
+    async def deadlocks(self, session: Session) -> tuple[str, Any]:
+        """``(database, deadlocks counted by the server)``."""
+
+    @abc.abstractmethod
+    async def long_transactions(
+        self, session: Session, *, threshold: float, tables: Sequence[str]
+    ) -> tuple[Any, Any]:
+        """``(transactions open beyond threshold, the oldest one's age)`` touching
+        ``tables``."""
+
+    @abc.abstractmethod
+    async def leading_columns(self, session: Session, table: str) -> set[str] | None:
+        """The first column of each index of ``table``; ``None``: no such table."""
+
+    @abc.abstractmethod
+    def add_index(self, table: str, columns: Sequence[str], where: str | None) -> str:
+        """The statement that adds an index on ``columns`` (``where``: its predicate)."""
+
+    @abc.abstractmethod
+    async def try_lock(self, session: Session, key: int) -> bool:
+        """Take the election's session-level lock ``key`` if it is free."""
+
+    def idle_limit(self, db: DatabaseConfig) -> float:
+        """Seconds of silence after which the server ends the election's session."""
+        return max(IDLE_FLOOR, IDLE_INTERVALS * db.leader_retry_interval)
+
+
+def dialect_for(db: DatabaseConfig) -> Dialect:
+    """The dialect of the database URL (a PostgreSQL sidecar never imports aiomysql)."""
+    if db.dialect == "mysql":
+        from .my import MySQL
+
+        return MySQL()
+    from .pg import PostgreSQL
+
+    return PostgreSQL()
+
+
+def number(value: object) -> float:
+    """A numeric column's value as a float; ``NULL`` (an empty aggregate) is 0. MySQL's
+    status values and some ``information_schema`` columns are text."""
+    if value is None:
+        return 0.0
+    if isinstance(value, bool | int | float | Decimal | bytes | str):
+        return float(value)
+    raise TypeError(f"expected a number, got {type(value).__name__}")

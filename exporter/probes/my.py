@@ -1,0 +1,298 @@
+"""MySQL and MariaDB through aiomysql: the probes' sessions and the SQL only they speak.
+
+Each session is autocommit, ``READ COMMITTED, READ ONLY`` (each statement of a run sees
+what had committed when it started: the oversold horizon relies on it), and every run is
+``START TRANSACTION READ ONLY`` ... ``ROLLBACK`` under the session's statement limit
+(MariaDB's ``max_statement_time``, MySQL's ``max_execution_time``) and lock waits (whole
+seconds, at least 1), sent only when they change. Which server it is comes from the
+handshake, not the URL's scheme. How and why: docs/exporter-config.md, "How the probes read there".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+from collections.abc import Coroutine, Sequence
+from datetime import datetime
+from typing import Any, Final
+
+import aiomysql  # type: ignore[import-untyped]  # ships no types; stubs are not a dependency
+from pymysql.constants import CLIENT  # type: ignore[import-untyped]  # as above
+
+from ..config import DatabaseConfig
+from ..dburl import mysql_connect_args
+from .base import ProbeUnavailableError
+from .dialects import Connection, Dialect, Params, Session
+
+__all__ = ["MySQL", "MySession", "lock_name"]
+
+# The horizon (see the docs): MySQL's least() is NULL when an argument is, hence the
+# coalesce; innodb_trx has whole seconds, rounded down, so the horizon is at most a second
+# early (safe).
+_HORIZON: Final = (
+    "SELECT least(now(6) - INTERVAL %(settle_after)s MICROSECOND,"
+    " coalesce((SELECT min(t.trx_started) FROM information_schema.innodb_trx AS t"
+    " WHERE t.trx_mysql_thread_id <> connection_id()), now(6)))"
+    " - INTERVAL %(margin)s MICROSECOND, now(6)"
+)
+_ROW_ESTIMATE: Final = (
+    "SELECT coalesce(max(table_rows), 0) FROM information_schema.tables"
+    " WHERE table_schema = coalesce(%(schema)s, database()) AND table_name = %(table)s"
+)
+_TABLE_EXISTS: Final = (
+    "SELECT count(*) FROM information_schema.tables"
+    " WHERE table_schema = coalesce(%(schema)s, database()) AND table_name = %(table)s"
+)
+_LEADING: Final = (
+    "SELECT DISTINCT column_name FROM information_schema.statistics"
+    " WHERE table_schema = coalesce(%(schema)s, database()) AND table_name = %(table)s"
+    " AND seq_in_index = 1"
+)
+# A waiting transaction of a session of this database. trx_wait_started has whole seconds;
+# on MariaDB the statement's own time in processlist (ms, never shorter than its wait)
+# bounds it too. MySQL 8 has no processlist.time_ms.
+_WAITERS: Final = (
+    "SELECT count(*), coalesce(max({wait}), 0) / 1000000"
+    " FROM information_schema.innodb_trx AS t"
+    " JOIN information_schema.processlist AS p ON p.id = t.trx_mysql_thread_id"
+    " WHERE t.trx_state = 'LOCK WAIT' AND p.db = database()"
+    " AND t.trx_mysql_thread_id <> connection_id()"
+)
+_WAIT: Final = {
+    "mariadb": "least(timestampdiff(MICROSECOND, t.trx_wait_started, now(6)), p.time_ms * 1000)",
+    "mysql": "timestampdiff(MICROSECOND, t.trx_wait_started, now(6))",
+}
+# Without performance_schema (off by default on MariaDB) the tables a transaction locked
+# are not visible: every InnoDB transaction of a session of this database counts.
+_LONG_TRANSACTIONS: Final = (
+    "SELECT count(*),"
+    " coalesce(max(timestampdiff(MICROSECOND, t.trx_started, now(6))), 0) / 1000000"
+    " FROM information_schema.innodb_trx AS t"
+    " JOIN information_schema.processlist AS p ON p.id = t.trx_mysql_thread_id"
+    " WHERE p.db = database() AND t.trx_mysql_thread_id <> connection_id()"
+    " AND t.trx_started < now(6) - INTERVAL %(threshold)s MICROSECOND"
+)
+
+
+def lock_name(database: str | None, key: int) -> str:
+    """The ``GET_LOCK`` name of ``key``: per database, as PostgreSQL's advisory locks are
+    (MySQL's named locks are server-wide), within the 64 characters allowed."""
+    return f"stocksentry.{database or ''}.{key}"[-64:]
+
+
+def _table_parts(name: str) -> dict[str, str | None]:
+    """``schema`` (``None``: the URL's) and ``table`` of a possibly qualified name."""
+    schema, _, table = name.rpartition(".")
+    return {"schema": schema or None, "table": table}
+
+
+class MySession(Connection):
+    """An aiomysql connection as a probe session (see the module)."""
+
+    def __init__(self, conn: aiomysql.Connection, *, lock_timeout: float) -> None:
+        self.conn = conn
+        self.version = str(conn.get_server_info() or "")
+        self.flavor = "mariadb" if "mariadb" in self.version.lower() else "mysql"
+        self.lock_seconds = max(1, math.ceil(lock_timeout))
+        self.statement_timeout: float | None = None
+        #: Set between START TRANSACTION and its ROLLBACK.
+        self.in_transaction = False
+        self._spoiled = False
+        #: The server's id of the session (``CONNECTION_ID()``), to kill its query.
+        self.thread_id: int | None = conn.thread_id()
+
+    @property
+    def usable(self) -> bool:
+        return not self.conn.closed and not self.in_transaction and not self._spoiled
+
+    async def execute(self, statement: str, params: Params = None) -> None:
+        async with self.conn.cursor() as cursor:
+            await cursor.execute(statement, params)
+
+    async def rows(self, statement: str, params: Params = None) -> list[tuple[Any, ...]]:
+        async with self.conn.cursor() as cursor:
+            await cursor.execute(statement, params)
+            return [tuple(row) for row in await cursor.fetchall()]
+
+    async def table(self, statement: str) -> tuple[list[str], list[tuple[Any, ...]]]:
+        # One statement: the session never asked for multiple ones (see MySQL.connect).
+        async with self.conn.cursor() as cursor:
+            await cursor.execute(statement)
+            columns = [str(c[0]) for c in cursor.description or ()]
+            return columns, [tuple(row) for row in await cursor.fetchall()]
+
+    def limits(self, statement_timeout: float) -> str:
+        """The ``SET SESSION`` of this server's statement time limit and lock waits."""
+        if self.flavor == "mariadb":
+            limit = f"max_statement_time = {max(0.001, statement_timeout):.3f}"
+        else:
+            limit = f"max_execution_time = {max(1, math.ceil(statement_timeout * 1000))}"
+        return (
+            f"SET SESSION {limit}, innodb_lock_wait_timeout = {self.lock_seconds},"
+            f" lock_wait_timeout = {self.lock_seconds}"
+        )
+
+    async def begin(self, statement_timeout: float) -> None:
+        if self.statement_timeout != statement_timeout:
+            await self.execute(self.limits(statement_timeout))
+            self.statement_timeout = statement_timeout
+        self.in_transaction = True
+        await self.execute("START TRANSACTION READ ONLY")
+
+    async def rollback(self) -> None:
+        await self.execute("ROLLBACK")
+        self.in_transaction = False
+
+    async def release_locks(self) -> None:
+        try:
+            await self.execute("SELECT RELEASE_ALL_LOCKS()")
+        except BaseException:
+            self._spoiled = True  # never handed out again: the locks may remain
+            raise
+
+    def spoil(self) -> None:
+        self._spoiled = True
+
+    async def close(self) -> None:
+        """Close at once (no goodbye to the server: the session may be mid-query)."""
+        with contextlib.suppress(Exception):
+            self.conn.close()
+
+
+class MySQL(Dialect):
+    """MySQL's and MariaDB's own SQL, and their sessions (:class:`MySession`)."""
+
+    name = "mysql"
+    # MySQL has no partial index: a plain one whose leading IS NULL / status part skips the
+    # released and published rows does the same job.
+    partial_indexes = False
+    now = "now(6)"
+
+    def fold(self, column: str) -> str:
+        return column.lower()  # column names compare without case in MySQL
+
+    def interval(self, seconds: float) -> int:
+        """Whole microseconds, for ``INTERVAL %s MICROSECOND``."""
+        return round(seconds * 1_000_000)
+
+    def ago(self, param: str) -> str:
+        return f"now(6) - INTERVAL %({param})s MICROSECOND"
+
+    def seconds_since(self, expression: str) -> str:
+        return f"timestampdiff(MICROSECOND, {expression}, now(6)) / 1000000"
+
+    async def connect(self, db: DatabaseConfig, *, elector: bool = False) -> MySession:
+        try:
+            args = mysql_connect_args(db.url.reveal())
+        except ValueError as exc:
+            raise ProbeUnavailableError(f"the database URL from {db.url_source}: {exc}") from None
+        args.setdefault("program_name", db.application_name)
+        args.setdefault("charset", "utf8mb4")
+        timeout = max(1.0, db.connect_timeout)
+        # aiomysql.Connection always asks for multiple statements per query, and neither
+        # aiomysql.connect() nor create_pool() lets a caller clear the flag before the
+        # handshake. Custom SQL must not be able to append "; SET SESSION TRANSACTION READ
+        # WRITE; COMMIT; DELETE ...", so this does what aiomysql.connect() does (build the
+        # Connection, then its _connect(): no public method opens a built one) with the
+        # flag cleared in between.
+        conn = aiomysql.Connection(**args, autocommit=True, connect_timeout=timeout)
+        conn.client_flag &= ~CLIENT.MULTI_STATEMENTS
+        try:
+            async with asyncio.timeout(timeout + 1.0):
+                await conn._connect()
+        except BaseException:
+            conn.close()
+            raise
+        session = MySession(conn, lock_timeout=db.lock_timeout)
+        settings = [
+            "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED, READ ONLY",
+            session.limits(db.statement_timeout),
+        ]
+        if elector:
+            # The leader's pings keep its session from ever being idle that long.
+            settings.append(f"SET SESSION wait_timeout = {math.ceil(self.idle_limit(db))}")
+        try:
+            for statement in settings:
+                await session.execute(statement)
+        except BaseException:
+            await session.close()
+            raise
+        session.statement_timeout = db.statement_timeout
+        return session
+
+    def stop_query(
+        self, db: DatabaseConfig, session: Connection
+    ) -> Coroutine[Any, Any, None] | None:
+        # Closing the socket does not stop the server's query (it notices only when it
+        # writes): KILL QUERY from a session of its own. A user may kill its own sessions'
+        # queries without any grant; the statement limit is the backstop.
+        thread_id = session.thread_id if isinstance(session, MySession) else None
+        if thread_id is None:
+            return None
+
+        async def kill() -> None:
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                async with asyncio.timeout(max(1.0, db.connect_timeout) + 2.0):
+                    killer = await self.connect(db)
+                    try:
+                        await killer.execute(f"KILL QUERY {int(thread_id)}")
+                    finally:
+                        await killer.close()
+
+        return kill()
+
+    async def horizon(
+        self, session: Session, *, settle_after: float, margin: float
+    ) -> tuple[datetime, datetime]:
+        params = {"settle_after": self.interval(settle_after), "margin": self.interval(margin)}
+        horizon, now = await session.one(_HORIZON, params)
+        if not isinstance(horizon, datetime) or not isinstance(now, datetime):
+            raise TypeError("the horizon is not a point in time")
+        return horizon, now
+
+    async def row_estimate(self, session: Session, table: str) -> float:
+        (estimate,) = await session.one(_ROW_ESTIMATE, _table_parts(table))
+        return float(estimate)
+
+    async def lock_waiters(self, session: Session) -> tuple[Any, Any]:
+        waiters, longest = await session.one(_WAITERS.format(wait=_WAIT[session.flavor]))
+        return waiters, longest
+
+    async def deadlocks(self, session: Session) -> tuple[str, Any]:
+        # InnoDB counts deadlocks for the whole server (mysqld_exporter's
+        # mysql_global_status_innodb_deadlocks); the label is the URL's database.
+        (database,) = await session.one("SELECT database()")
+        found = await session.rows("SHOW GLOBAL STATUS LIKE 'Innodb_deadlocks'")
+        return str(database or ""), (found[0][1] if found else 0)
+
+    async def long_transactions(
+        self, session: Session, *, threshold: float, tables: Sequence[str]
+    ) -> tuple[Any, Any]:
+        count, oldest = await session.one(
+            _LONG_TRANSACTIONS, {"threshold": self.interval(threshold)}
+        )
+        return count, oldest
+
+    async def leading_columns(self, session: Session, table: str) -> set[str] | None:
+        params = _table_parts(table)
+        (exists,) = await session.one(_TABLE_EXISTS, params)
+        if not exists:
+            return None
+        found = await session.rows(_LEADING, params)
+        return {str(c).lower() for (c,) in found}
+
+    def add_index(self, table: str, columns: Sequence[str], where: str | None) -> str:
+        # ALGORITHM=INPLACE, LOCK=NONE: reads and writes go on while it is built.
+        name = f"{table.rsplit('.', 1)[-1]}_{'_'.join(columns)}_idx"[:64]
+        listed = ", ".join(self.quote(c) for c in columns)
+        return (
+            f"ALTER TABLE {self.quote(table)} ADD INDEX {self.quote(name)} ({listed}),"
+            " ALGORITHM=INPLACE, LOCK=NONE;"
+        )
+
+    async def try_lock(self, session: Session, key: int) -> bool:
+        (database,) = await session.one("SELECT database()")
+        name = lock_name(None if database is None else str(database), key)
+        (got,) = await session.one("SELECT GET_LOCK(%s, 0)", (name,))
+        return bool(got == 1)

@@ -1,0 +1,124 @@
+"""The probes' small connection pool, on either dialect.
+
+psycopg-pool and aiomysql's pool were weighed and not taken: the probes need a pool that
+fails *at once* while the database is known to be down (spaced by :class:`Backoff`, so a
+scrape reports it instead of every probe waiting out its timeout), closes rather than
+reuses a session cancelled mid-query, and releases the locks custom SQL took.
+
+Example::
+
+    pool = Pool(config.database)
+    rows = await pool.read(lambda session: session.rows("SELECT 1"))
+    await pool.close()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TypeVar
+
+from ..config import DatabaseConfig
+from .base import Backoff, ProbeUnavailableError
+from .dialects import Connection, Session, dialect_for
+
+__all__ = ["Pool"]
+
+_T = TypeVar("_T")
+
+
+class Pool:
+    """A few lazily opened read-only sessions shared by the probes.
+
+    At most ``database.max_connections`` sessions are open; a probe waits for a free one
+    within its own timeout. A session left in a transaction, broken or cancelled mid-query
+    is closed rather than reused. While the database is unreachable, connection attempts
+    are spaced by :class:`Backoff` and probe runs fail at once with
+    :class:`ProbeUnavailableError`.
+    """
+
+    def __init__(self, db: DatabaseConfig, *, backoff: Backoff | None = None) -> None:
+        self.db = db
+        self.dialect = dialect_for(db)
+        self._slots = asyncio.Semaphore(db.max_connections)
+        self._idle: list[Connection] = []
+        self._backoff = backoff or Backoff()
+        self._closed = False
+        self._stoppers: set[asyncio.Task[None]] = set()
+
+    @contextlib.asynccontextmanager
+    async def session(self) -> AsyncIterator[Connection]:
+        """A session of the pool for the duration of the block."""
+        if self._closed:
+            raise ProbeUnavailableError("the pool is closed")
+        async with self._slots:
+            session = self._idle.pop() if self._idle else await self._connect()
+            try:
+                yield session
+            finally:
+                if session.usable and not self._closed:
+                    self._idle.append(session)
+                else:
+                    await session.close()
+
+    async def read(
+        self,
+        query: Callable[[Session], Awaitable[_T]],
+        *,
+        release_locks: bool = False,
+        statement_timeout: float | None = None,
+    ) -> _T:
+        """Run ``query(session)`` in a read-only transaction with the configured limits.
+
+        ``release_locks``: afterwards, also release the session-level locks the query may
+        have taken (custom SQL can); a rollback does not. ``statement_timeout``: the
+        probe's own, instead of ``database.statement_timeout``.
+        """
+        limit = self.db.statement_timeout if statement_timeout is None else statement_timeout
+        async with self.session() as session:
+            try:
+                await session.begin(limit)
+                result = await query(session)
+            except asyncio.CancelledError:
+                # Cancelled mid-query (the probe's timeout): the session's state is unknown.
+                session.spoil()
+                self._stop_query(session)
+                raise
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    await session.rollback()
+                    if release_locks:
+                        await session.release_locks()
+                raise
+            await session.rollback()
+            if release_locks:
+                await session.release_locks()
+            return result
+
+    def _stop_query(self, session: Connection) -> None:
+        stop = None if self._closed else self.dialect.stop_query(self.db, session)
+        if stop is None:
+            return
+        task = asyncio.get_running_loop().create_task(stop, name="stocksentry-stop-query")
+        # Kept until done: a task nobody references may be collected before it runs.
+        self._stoppers.add(task)
+        task.add_done_callback(self._stoppers.discard)
+
+    async def _connect(self) -> Connection:
+        with self._backoff.attempt("database"):
+            return await self.dialect.connect(self.db)
+
+    async def close_idle(self) -> None:
+        """Close the sessions nobody uses (a follower keeps none open)."""
+        idle, self._idle = self._idle, []
+        for session in idle:
+            await session.close()
+
+    async def close(self) -> None:
+        """Close every session (and wait for the queries being stopped); the pool cannot
+        be used afterwards."""
+        self._closed = True
+        await self.close_idle()
+        if self._stoppers:
+            await asyncio.wait(list(self._stoppers))
