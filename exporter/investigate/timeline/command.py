@@ -52,7 +52,7 @@ MAX_LIMIT = 1_000_000_000
 #: ``--reorder-window``: at most a day of disorder is put back in order.
 MAX_REORDER_WINDOW = 86400.0
 #: Characters read from an input at a time.
-_READ_CHUNK: Final = 256 * 1024
+READ_CHUNK: Final = 256 * 1024
 
 
 class InputError(CommandError):
@@ -124,15 +124,15 @@ def _peek(raw: IO[bytes]) -> bytes:
     return bytes(peek(2))[:2] if callable(peek) else b""
 
 
-def _lines_of(label: str, stream: TextIO) -> Iterator[str]:
-    """The lines of ``stream`` without their line break, each cut to ``MAX_LINE + 1``
+def read_lines(
+    label: str, stream: TextIO, *, chunk: int = READ_CHUNK, max_line: int = MAX_LINE
+) -> Iterator[str]:
+    """The lines of ``stream`` without their line break, each cut to ``max_line + 1``
     characters.
 
-    Read in chunks of :data:`_READ_CHUNK` characters and split there (a ``readline`` per
-    line costs about a microsecond more per line, a tenth of a big run). A longer line is
-    never held whole: beyond ``MAX_LINE + 1`` characters its rest is dropped chunk by
-    chunk, and what is yielded is long enough for the parser to skip and count it. An
-    input with no line break in ``MAX_LINE_SCAN`` characters (``/dev/zero`` on stdin) is
+    Read ``chunk`` characters at a time: a longer line is never held whole, what is
+    yielded of it is long enough for the parser to skip and count it. An input with no
+    line break in :data:`~.limits.MAX_LINE_SCAN` characters (``/dev/zero`` on stdin) is
     not a log: an :class:`InputError`.
     """
     read = stream.read
@@ -142,25 +142,25 @@ def _lines_of(label: str, stream: TextIO) -> Iterator[str]:
     pending_length = 0
     try:
         while True:
-            chunk = read(_READ_CHUNK)
-            if not chunk:
+            text = read(chunk)
+            if not text:
                 if pending_length:
                     yield pending
                 return
-            lines = chunk.split("\n")
+            lines = text.split("\n")
             last = lines.pop()
             if lines:
                 if pending_length:
                     # The line that began in an earlier chunk ends in this one.
                     pending_length += len(lines[0])
                     first = pending + lines[0]
-                    lines[0] = first if pending_length <= MAX_LINE else first[: MAX_LINE + 1]
+                    lines[0] = first if pending_length <= max_line else first[: max_line + 1]
                 lineno += len(lines)
                 yield from lines
                 pending, pending_length = "", 0
             if last:
-                if pending_length <= MAX_LINE:
-                    pending = (pending + last)[: MAX_LINE + 1]
+                if pending_length <= max_line:
+                    pending = (pending + last)[: max_line + 1]
                 pending_length += len(last)
                 if pending_length > MAX_LINE_SCAN:
                     raise InputError(
@@ -251,7 +251,7 @@ def run_timeline(args: argparse.Namespace) -> int:
         for index, path in enumerate(options.paths):
             source = _open_input(path)
             opened.append(source)
-            lines = _lines_of(source.label, source.stream)
+            lines = read_lines(source.label, source.stream)
             streams.append(read_events(lines, source.label, file_index=index, stats=stats))
         ordered = OrderedEvents(streams, options.window)
         report = analyse(
