@@ -1,25 +1,10 @@
-"""The detectors (lost updates, duplicate executions, stale reads, stock below zero) and
-the cause each finding names.
+"""The detectors and the cause each finding names (see docs/timeline.md, "The detectors").
 
-Events come in timestamp order (:class:`~.ordering.OrderedEvents`) and each detector
-keeps only compact per-SKU state:
-
-``lost_update``
-    two successful ``stock_update`` events on one SKU written from the same old value
-    (``from``), or a write made from a value that another request had already replaced
-    inside the writer's own ``stock_check`` -> ``stock_update`` window;
-``duplicate_execution``
-    one idempotency key or payment reference that reserved (successful ``stock_update``)
-    or paid (``payment_callback result=paid``, ``order_paid``) more than once;
-``stale_read``
-    a ``stock_check`` that saw another value than the ``to`` of the latest successful
-    ``stock_update`` already logged for the SKU;
-``oversell_negative_stock``
-    the stock of a SKU logged below zero (``inventory_negative``, a write's ``to``, a
-    check's ``available``); a lost update between the same two restocks was made of
-    relative decrements, and is named this instead;
-``lock_expiry``
-    a lost update one of whose writers logged its lock running out under it.
+Events come in timestamp order (:class:`~.ordering.OrderedEvents`) and each detector keeps
+only compact per-SKU state: ``lost_update`` (two writes from one old value, or a write over
+a change its request never read), ``duplicate_execution`` (a key reserving or paying twice),
+``stale_read``, ``oversell_negative_stock`` (which takes in the lost updates between the
+same restocks) and ``lock_expiry`` (a lost update whose writer's lock ran out).
 """
 
 from __future__ import annotations
@@ -42,7 +27,6 @@ from .incidents import (
     StaleRead,
     Write,
 )
-from .keys import KeyMemory
 from .limits import (
     DEFAULT_LIMIT,
     DEFAULT_REORDER_WINDOW,
@@ -175,8 +159,9 @@ class _Analyser:
         self.checks: OrderedDict[tuple[str, str], Check] = OrderedDict()
         #: "<role letter><SKU's number>:<key>" -> the first write with that key (packed,
         #: see :meth:`Write.pack`, unless it names an order), or the duplicate; the oldest
-        #: forgotten beyond ``max_keys`` (see :class:`KeyMemory`).
-        self.keys: KeyMemory[Write | Duplicate] = KeyMemory(max_keys)
+        #: forgotten beyond ``max_keys``.
+        self.keys: OrderedDict[str, str | Write | Duplicate] = OrderedDict()
+        self.keys_forgotten = 0
         #: Each SKU's number in those keys, as text (``""``: no SKU).
         self.sku_tags: dict[str | None, str] = {None: ""}
         #: The inputs' names, so that a packed write names its input by number.
@@ -457,8 +442,13 @@ class _Analyser:
         packed: str | Write = write
         if write.name is not None and write.order_id is None:
             packed = write.pack(self._source_number(write.source))
-        first = self.keys.remember(key, packed)
+        keys = self.keys
+        first = keys.get(key)
         if first is None:
+            keys[key] = packed
+            if len(keys) > self.max_keys:
+                keys.popitem(last=False)
+                self.keys_forgotten += 1
             return
         if isinstance(first, Duplicate):
             first.add(write)
@@ -469,13 +459,13 @@ class _Analyser:
             kind, action, how = _KEY_ROLES[role]
             incident = Duplicate(sku, f"{kind}={value} {action}", how, first, write)
             self.incidents.append(incident)
-            self.keys.replace(key, incident)
+            keys[key] = incident
 
     # --- the end ---
 
     def finish(self) -> Report:
         report = self.report
-        report.keys_forgotten = self.keys.forgotten
+        report.keys_forgotten = self.keys_forgotten
         # Floor division keeps the order of the times: the days of the first and the last.
         min_day, max_day = self.min_ts // 86400, self.max_ts // 86400
         report.show_date = max_day > min_day

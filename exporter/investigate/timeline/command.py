@@ -18,11 +18,12 @@ import contextlib
 import gc
 import gzip
 import io
+import json
 import math
 import os
 import sys
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Final, TextIO, cast
 
@@ -65,53 +66,34 @@ def _describe(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
-class _Input:
-    """One opened input: its label, a text stream and what to release afterwards."""
+def _open_input(path: str, closers: list[Callable[[], object]]) -> tuple[str, TextIO]:
+    """Its label and its text: ``-`` is stdin; gzip by ``.gz`` suffix or magic bytes.
 
-    __slots__ = ("_raw", "label", "stream")
-
-    def __init__(self, label: str, stream: TextIO, raw: IO[bytes] | None) -> None:
-        self.label = label
-        self.stream = stream
-        self._raw = raw
-
-    def close(self) -> None:
-        if self._raw is None:
-            # stdin: detach, so the wrapper never closes the process's stdin.
-            if isinstance(self.stream, io.TextIOWrapper):
-                self.stream.detach()
-            return
-        self.stream.close()
-        self._raw.close()
-
-
-def _open_input(path: str) -> _Input:
-    """Open one input as text: ``-`` is stdin; gzip by ``.gz`` suffix or magic bytes."""
+    What to release afterwards goes to ``closers``."""
+    label = "<stdin>" if path == "-" else path
     if path == "-":
-        buffer: IO[bytes] | None = getattr(sys.stdin, "buffer", None)
-        if buffer is None:
-            return _Input("<stdin>", sys.stdin, None)
-        binary: IO[bytes] = buffer
-        peek = getattr(buffer, "peek", None)
-        if callable(peek) and bytes(peek(2))[:2] == b"\x1f\x8b":
-            binary = cast(IO[bytes], gzip.GzipFile(fileobj=buffer, mode="rb"))
-        text = io.TextIOWrapper(binary, encoding="utf-8", errors="replace")
-        return _Input("<stdin>", text, None)
-    try:
-        # A regular file or a pipe; a FIFO without a writer does not block the open, and
-        # a device or a directory is refused (inputs.open_log_input).
-        raw = open_log_input(path)
-    except InputFileError as exc:
-        raise InputError(f"cannot read {shorten(path, 200)}: {exc.problem}") from None
+        raw: IO[bytes] | None = getattr(sys.stdin, "buffer", None)
+        if raw is None:
+            return label, sys.stdin
+    else:
+        try:
+            # A regular file or a pipe; a FIFO without a writer does not block the open,
+            # and a device or a directory is refused.
+            raw = open_log_input(path)
+        except InputFileError as exc:
+            raise InputError(f"cannot read {shorten(path, 200)}: {exc.problem}") from None
+        closers.append(raw.close)
     try:
         magic = _peek(raw)
     except OSError as exc:
-        raw.close()
         raise InputError(f"cannot read {shorten(path, 200)}: {_describe(exc)}") from None
     binary = raw
     if path.endswith(".gz") or magic == b"\x1f\x8b":
         binary = cast(IO[bytes], gzip.GzipFile(fileobj=raw, mode="rb"))
-    return _Input(path, io.TextIOWrapper(binary, encoding="utf-8", errors="replace"), raw)
+    text = io.TextIOWrapper(binary, encoding="utf-8", errors="replace")
+    # stdin is detached, so that the wrapper never closes the process's stdin.
+    closers.insert(0, text.detach if path == "-" else text.close)
+    return label, text
 
 
 def _peek(raw: IO[bytes]) -> bytes:
@@ -228,7 +210,6 @@ def run_timeline(args: argparse.Namespace) -> int:
     # The analysis reads the log event catalog, which brings the instrumentation (and
     # prometheus_client) along: imported here, so that building the parser stays light.
     from .analysis import analyse
-    from .jsontext import dumps_indented
     from .ordering import OrderedEvents
     from .parsing import ReadStats, read_events
     from .report import format_table
@@ -238,7 +219,7 @@ def run_timeline(args: argparse.Namespace) -> int:
         options = _options(args)
     except InputError as exc:
         return report_error(COMMAND, str(exc), err)
-    opened: list[_Input] = []
+    closers: list[Callable[[], object]] = []
     stats = ReadStats()
     # Millions of short-lived events, and hundreds of thousands of remembered keys that
     # every collection of the older generations walks: collecting the youngest generation
@@ -249,10 +230,9 @@ def run_timeline(args: argparse.Namespace) -> int:
     try:
         streams: list[Iterator[Event]] = []
         for index, path in enumerate(options.paths):
-            source = _open_input(path)
-            opened.append(source)
-            lines = read_lines(source.label, source.stream)
-            streams.append(read_events(lines, source.label, file_index=index, stats=stats))
+            label, stream = _open_input(path, closers)
+            lines = read_lines(label, stream)
+            streams.append(read_events(lines, label, file_index=index, stats=stats))
         ordered = OrderedEvents(streams, options.window)
         report = analyse(
             ordered,
@@ -269,14 +249,17 @@ def run_timeline(args: argparse.Namespace) -> int:
         return ExitCode.INTERRUPTED
     finally:
         gc.set_threshold(*thresholds)
-        for source in opened:
+        for close in closers:
             # Closing a half-read input must not hide the report.
             with contextlib.suppress(OSError, ValueError):
-                source.close()
+                close()
     report.lines = stats.lines
     report.skipped_lines = stats.skipped
     report.skipped_examples = stats.skipped_examples
-    text = dumps_indented(report.to_dict()) if options.form == "json" else format_table(report)
+    if options.form == "json":
+        text = json.dumps(report.to_dict(), indent=2, default=str)
+    else:
+        text = format_table(report)
     try:
         sys.stdout.write(text + "\n")
         sys.stdout.flush()

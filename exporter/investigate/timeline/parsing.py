@@ -1,24 +1,9 @@
 """Parsing log lines into events: JSON of any logger, ``key=value`` lines, field aliases.
 
-The input is log lines, one event a line, in any mix of three shapes:
-
-* stocksentry's own JSON lines (``event``, ``timestamp``, ``sku``, ``request_id`` ...);
-* other JSON loggers: the time under ``ts``, ``time`` or ``@timestamp`` (ISO-8601 or epoch
-  seconds / milliseconds), the event name under ``msg`` or ``message`` (which may itself
-  hold ``key=value`` pairs), extras optionally nested under ``fields``, ``extra`` or
-  ``context``;
-* plain ``key=value`` lines such as ``[10:00:00.101] request_id=R1 sku=EGG-01 stock_check
-  available=1``: a leading ``[time]`` or ISO timestamp, and a bare word among the pairs
-  is the event name.
-
-Other spellings of the keys the detectors read (``requestId``, ``old_stock`` ...) are
-mapped to stocksentry's own (:data:`ALIASES`).
-
-A line with an absurd value in any field is skipped and counted like an unparsable one,
-never a traceback: a timestamp outside the years 1 to 9999 (``"timestamp": 1e30``), NaN
-or an infinity anywhere, a stock number (``from``, ``to``, ``available``, ``stock``,
-``qty``) beyond ±2**63, an id that is a list, an object or a boolean, JSON nested deeper
-than :data:`~.limits.MAX_DEPTH` levels, a line longer than :data:`~.limits.MAX_LINE`.
+The shapes read (stocksentry's own JSON, other JSON loggers, plain ``key=value`` lines)
+and the absurd values that make a line skipped and counted, never a traceback, are listed
+in docs/timeline.md ("Input"). Other spellings of the keys the detectors read
+(``requestId``, ``old_stock`` ...) are mapped to stocksentry's own (:data:`ALIASES`).
 """
 
 from __future__ import annotations
@@ -32,8 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from .limits import MAX_DEPTH, MAX_ID, MAX_LINE, MAX_NUMBER, SKIPPED_EXAMPLES
-from .model import AVAILABLE, FROM, QTY, STOCK, TO, Event
-from .times import Stamp, parse_time_text, parse_time_value
+from .model import AVAILABLE, FROM, ID_KEYS, QTY, STOCK, TO, Event
+from .times import NUMBER, Stamp, parse_time_text, parse_time_value
 
 __all__ = ["ALIASES", "ReadStats", "decode_object", "parse_line", "read_events"]
 
@@ -86,18 +71,8 @@ _MAX_NAME = 80
 # timestamp outside them cannot be shown as a date (and is no log's).
 _MIN_EPOCH: Final = -62135596800.0
 _MAX_EPOCH: Final = 253402300799.0
-_ID_KEYS: Final = (
-    "sku",
-    "product_id",
-    "request_id",
-    "idempotency_key",
-    "order_id",
-    "payment_reference",
-    "trace_id",
-)
-_NUMBER_KEYS: Final = (FROM, TO, AVAILABLE, STOCK, QTY)
-# A time written as a number, in text: what parse_time_value reads as epoch seconds.
-_NUMBER_TEXT: Final = re.compile(r"-?\d+(?:\.\d+)?\Z")
+_ID_KEYS: Final = frozenset({*ID_KEYS, "product_id"})
+_NUMBER_KEYS: Final = frozenset({FROM, TO, AVAILABLE, STOCK, QTY})
 _INT = re.compile(r"-?\d{1,18}\Z")
 _DATE_ONLY = re.compile(r"\d{4}-\d\d-\d\d\Z")
 
@@ -174,22 +149,18 @@ def _absurd_stamp(stamp: Stamp | None) -> bool:
     return dated and not _MIN_EPOCH <= ts <= _MAX_EPOCH
 
 
-_ID_KEY_SET: Final = frozenset(_ID_KEYS)
-_NUMBER_KEY_SET: Final = frozenset(_NUMBER_KEYS)
-
-
 def _absurd_fields(fields: dict[str, Any]) -> bool:
     """Whether a value of ``fields`` would break the analysis or the report: NaN or an
     infinity anywhere, nesting deeper than ``MAX_DEPTH``, an id that is not a string or
     a number or is longer than ``MAX_ID``, a stock number beyond ``MAX_NUMBER``."""
     keys = fields.keys()
-    for key in keys & _ID_KEY_SET:
+    for key in keys & _ID_KEYS:
         value = fields[key]
         if value is not None and (
             type(value) not in (str, int, float) or (type(value) is str and len(value) > MAX_ID)
         ):
             return True
-    for key in keys & _NUMBER_KEY_SET:
+    for key in keys & _NUMBER_KEYS:
         value = fields[key]
         if (
             isinstance(value, int | float)
@@ -315,7 +286,7 @@ def _find_time(record: dict[str, Any]) -> tuple[Stamp, str] | None:
 
 def _is_number(value: object) -> bool:
     if isinstance(value, str):
-        return _NUMBER_TEXT.match(value.strip()) is not None
+        return NUMBER.match(value.strip()) is not None
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 

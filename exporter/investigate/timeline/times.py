@@ -35,7 +35,8 @@ Stamp = tuple[float, bool]
 
 _DATE_AND_TIME: Final = re.compile(r"\d{4}-\d\d-\d\d[Tt ]\d\d:\d\d:\d\d")
 _TIME_OF_DAY: Final = re.compile(r"\d\d?:\d\d:\d\d(?:[.,]\d+)?\Z")
-_NUMBER: Final = re.compile(r"-?\d+(?:\.\d+)?\Z")
+#: A time written as a number, in text: epoch seconds (or ms, us, ns).
+NUMBER: Final = re.compile(r"-?\d+(?:\.\d+)?\Z")
 
 
 def parse_time_text(text: str) -> Stamp | None:
@@ -66,7 +67,7 @@ def parse_time_value(value: object) -> Stamp | None:
     if isinstance(value, str):
         text = value.strip()
         parsed = parse_time_text(text)
-        if parsed is not None or not _NUMBER.match(text):
+        if parsed is not None or not NUMBER.match(text):
             return parsed
         value = float(text)
     if isinstance(value, bool) or not isinstance(value, int | float):
