@@ -144,8 +144,6 @@ class Report:
         return data
 
 
-# --- input ---------------------------------------------------------------------------------
-
 # A duration has a unit (``2h``, ``1m30s``); a bare number would be ambiguous with an
 # ISO-8601 basic date (``20261129``), so it is read as a timestamp.
 _HAS_UNIT = re.compile(r"[0-9]+[a-z]")
@@ -183,9 +181,6 @@ def parse_since(text: str, *, now: datetime | None = None) -> datetime:
             f"--since: expected an ISO-8601 time or a duration like 2h or 1m30s, got {text[:40]!r}"
         ) from None
     return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
-
-
-# --- the audit -----------------------------------------------------------------------------
 
 
 def _rows(conn: Connection, query: Query) -> Sequence[Any]:
@@ -326,39 +321,6 @@ def _first_line(exc: Exception) -> str:
     return first[0] if first else type(exc).__name__
 
 
-def _audit(
-    conn: Connection,
-    name: str,
-    run: Callable[[], list[dict[str, Any]]],
-    statement_timeout: float,
-    not_audited: list[NotAudited],
-    scrub: Callable[[str], str],
-) -> list[dict[str, Any]]:
-    """One audit in a savepoint of its own: a timeout or a missing table stops it (it is
-    named NOT AUDITED), the others still run."""
-    from sqlalchemy.exc import DBAPIError
-
-    try:
-        with conn.begin_nested():
-            return run()
-    except DBAPIError as exc:
-        cause = _why_not_audited(exc)
-        if cause == "out_of_time":
-            reason = (
-                f"cancelled by the {format_duration(statement_timeout)} statement"
-                f" timeout; {_NARROWER[name]}"
-            )
-        elif cause == "missing_table":
-            reason = (
-                f"not in the database: {scrub(_first_line(exc))}; map the shop's tables"
-                " and columns in the config's schema section (--config)"
-            )
-        else:
-            raise
-        not_audited.append(NotAudited(name, cause, reason))
-    return []
-
-
 #: Why ``oversold`` cannot run without an allocation, and what to pass.
 NO_ALLOCATION: Final = (
     "no allocation: pass --allocation COLUMN or --config (schema.products.allocation);"
@@ -410,15 +372,31 @@ def reconcile(
             "paid_without_items: an order without items names no SKU; run without --sku"
         )
 
-    def scrub(detail: str) -> str:
-        return dburl.scrub(detail, url)
+    def audit(name: str, run: Callable[[], list[dict[str, Any]]]) -> list[dict[str, Any]]:
+        """One audit in a savepoint of its own: a timeout or a missing table stops it
+        (named NOT AUDITED), the others still run."""
+        try:
+            with conn.begin_nested():
+                return run()
+        except DBAPIError as exc:
+            cause = _why_not_audited(exc)
+            if cause == "out_of_time":
+                reason = (
+                    f"cancelled by the {format_duration(statement_timeout)} statement"
+                    f" timeout; {_NARROWER[name]}"
+                )
+            elif cause == "missing_table":
+                reason = (
+                    f"not in the database: {dburl.scrub(_first_line(exc), url)}; map the"
+                    " shop's tables and columns in the config's schema section (--config)"
+                )
+            else:
+                raise
+            not_audited.append(NotAudited(name, cause, reason))
+        return []
 
     try:
         with read_only(engine, statement_timeout) as conn:
-
-            def audit(name: str, run: Callable[[], list[dict[str, Any]]]) -> list[dict[str, Any]]:
-                return _audit(conn, name, run, statement_timeout, not_audited, scrub)
-
             negative = audit("negative_stock", lambda: _negative_stock(conn, sql, sku))
             # The allocation is for the whole sale: all paid units count against it,
             # so --since does not narrow the oversold check.
@@ -434,7 +412,7 @@ def reconcile(
                 else []
             )
     except DBAPIError as exc:
-        raise ReconcileError(f"database {shown}: {scrub(_first_line(exc))}") from None
+        raise ReconcileError(f"database {shown}: {dburl.scrub(_first_line(exc), url)}") from None
     finally:
         engine.dispose()
     missed = {n.audit for n in not_audited}
@@ -458,9 +436,6 @@ def reconcile(
         duplicate_keys=duplicates,
         paid_without_items=without_items,
     )
-
-
-# --- output --------------------------------------------------------------------------------
 
 
 def format_table(report: Report) -> str:
@@ -517,9 +492,6 @@ def format_table(report: Report) -> str:
             padded = (cell.ljust(width) for cell, width in zip(cells, widths, strict=True))
             lines.append(("  " + "  ".join(padded)).rstrip())
     return "\n".join(lines) + "\n"
-
-
-# --- command line ----------------------------------------------------------------------------
 
 
 def add_reconcile_parser(commands: Subcommands) -> None:

@@ -2,13 +2,6 @@
 
 Building the parser imports nothing beyond the standard library and the command-line
 helpers; :func:`run_timeline` imports the analysis when it runs.
-
-Inputs are files (gzip read as is), pipes, or ``-`` for stdin, merged in timestamp order;
-directories, sockets and devices are refused, and a line longer than
-:data:`~.limits.MAX_LINE` is skipped and counted without being held whole. The
-exit status is :class:`~stocksentry.exporter.commandline.ExitCode`'s: 1 with a finding,
-0 without, 2 on bad input (one line on stderr, ``stocksentry timeline: error: ...``),
-130 when interrupted.
 """
 
 from __future__ import annotations
@@ -195,17 +188,9 @@ def _options(args: argparse.Namespace) -> _Options:
 
 def run_timeline(args: argparse.Namespace) -> int:
     """Run ``stocksentry timeline``: print the report; 1 with findings, 0 without, 2 on bad
-    input, 130 when interrupted.
+    input (one line on stderr, never a traceback), 130 when interrupted.
 
-    Reads every ``args.logfile`` (``-`` for stdin) at once, merged in timestamp order.
-    Errors are one line on stderr, never a traceback.
-
-    Example::
-
-        parser = argparse.ArgumentParser()
-        add_timeline_parser(parser.add_subparsers())
-        args = parser.parse_args(["timeline", "app.log.gz", "--sku", "EGG-01"])
-        raise SystemExit(run_timeline(args))
+    Every ``args.logfile`` (``-`` for stdin) is read at once, merged in timestamp order.
     """
     # The analysis reads the log event catalog, which brings the instrumentation (and
     # prometheus_client) along: imported here, so that building the parser stays light.
@@ -221,10 +206,8 @@ def run_timeline(args: argparse.Namespace) -> int:
         return report_error(COMMAND, str(exc), err)
     closers: list[Callable[[], object]] = []
     stats = ReadStats()
-    # Millions of short-lived events, and hundreds of thousands of remembered keys that
-    # every collection of the older generations walks: collecting the youngest generation
-    # every 700 allocations (the default) costs about 15% of a big run. Nothing the
-    # analysis builds is a reference cycle that needs the collector soon.
+    # Millions of short-lived events and hundreds of thousands of remembered keys, none in
+    # a reference cycle: the default thresholds collect so often they cost 15% of a run.
     thresholds = gc.get_threshold()
     gc.set_threshold(_GC_YOUNG, *_GC_OLDER)
     try:

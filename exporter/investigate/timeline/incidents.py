@@ -211,6 +211,11 @@ class _Writes(Incident):
     def participants(self) -> list[Write]:
         return self.writes
 
+    def units(self) -> int:
+        # Each write after the first sold a unit the stock never lost (a lost update), or
+        # took its units (or its payment) once more (a duplicate execution).
+        return sum(write.qty for write in self.writes[1:]) + self.dropped
+
 
 class SameFrom(_Writes):
     """A lost update: writes on one SKU that all started from the same old value."""
@@ -236,10 +241,6 @@ class SameFrom(_Writes):
             f"{_join_times([write.ts for write in writes], fmt, self.dropped)}"
         )
         return self._make(_unique(names), detail, [write.line for write in writes], fmt=fmt)
-
-    def units(self) -> int:
-        # Every writer after the first sold a unit the stock never lost.
-        return sum(write.qty for write in self.writes[1:]) + self.dropped
 
 
 class Overwrite(Incident):
@@ -340,10 +341,6 @@ class Duplicate(_Writes):
         names = _unique(write.name for write in writes)
         return self._make(names, detail, [write.line for write in writes], fmt=fmt)
 
-    def units(self) -> int:
-        # Each execution after the first took its units (or its payment) once more.
-        return sum(write.qty for write in self.writes[1:]) + self.dropped
-
 
 #: One line of evidence that the stock went below zero: who, the value, when, where, order.
 Below = tuple[str | None, int, float, str, str | None]
@@ -380,21 +377,15 @@ class NegativeStock(Incident):
         """Fold in a lost update of the same SKU and restock: its writes were decrements."""
         self.absorbed.append(incident)
 
-    def _writes(self) -> list[Write]:
-        writes: list[Write] = []
-        for incident in self.absorbed:
-            writes.extend(incident.participants())
-        return writes
-
     def participants(self) -> list[Write]:
-        return self._writes()
+        return [write for incident in self.absorbed for write in incident.participants()]
 
     def units(self) -> int:
         # Units sold beyond the stock there was.
         return -self.lowest
 
     def stamps(self) -> list[float]:
-        return [*(below[2] for below in self.below), *(w.ts for w in self._writes())]
+        return [*(below[2] for below in self.below), *(w.ts for w in self.participants())]
 
     def finding(self, fmt: TimeFormat) -> Finding:
         below = self.below
@@ -408,7 +399,7 @@ class NegativeStock(Incident):
             f"{_join_times([ts for _, _, ts, _, _ in below], fmt, self.dropped)})"
         )
         lines = [below_line for _, _, _, below_line, _ in below]
-        writes = self._writes()
+        writes = self.participants()
         if writes:
             unique = list({(w.name, w.ts, w.frm, w.to): w for w in writes}.values())
             froms = _unique(str(w.frm) for w in unique if w.frm is not None)

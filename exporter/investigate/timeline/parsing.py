@@ -189,23 +189,18 @@ def _absurd_fields(fields: dict[str, Any]) -> bool:
 def _make_event(
     name: str, stamp: Stamp | None, record: dict[str, Any], used: tuple[str, ...]
 ) -> Event | None:
-    """Build the event; ``record`` (a dict of the caller's own) becomes its ``fields``.
-
-    ``None`` when a value is absurd (see the module's docstring): the line is skipped.
-    """
+    """Build the event, ``record`` (the caller's own) its ``fields``; ``None`` when a
+    value is absurd: the line is skipped."""
     if _absurd_stamp(stamp):
         return None
     fields = record
     pop = fields.pop
     for key in used:
         pop(key, None)
-    keys = fields.keys()
-    if not keys.isdisjoint(_CANONICAL_KEYS):
-        for raw_key in keys & _CANONICAL_KEYS:
-            fields.setdefault(ALIASES[raw_key], pop(raw_key))
-    if not keys.isdisjoint(_DROP_KEYS):
-        for key in keys & _DROP_KEYS:
-            del fields[key]
+    for raw_key in fields.keys() & _CANONICAL_KEYS:
+        fields.setdefault(ALIASES[raw_key], pop(raw_key))
+    for key in fields.keys() & _DROP_KEYS:
+        del fields[key]
     if _absurd_fields(fields):
         return None
     sku = _text_id(pop("sku", None))
@@ -269,9 +264,9 @@ def _from_mapping(record: dict[str, Any], stamp: Stamp | None) -> Event | None:
 def _find_time(record: dict[str, Any]) -> tuple[Stamp, str] | None:
     """The first time key of ``record`` that parses, and its value.
 
-    A number that is no time (negative, NaN, an infinity, 10**400, or such a number as
-    text) is an absurd value: it gives an infinite stamp, which :func:`_make_event`
-    refuses, so the line is skipped instead of taking the time of the line before it.
+    A number that is no time (negative, NaN, 10**400, or such a number as text) gives an
+    infinite stamp, which :func:`_make_event` refuses: the line is skipped instead of
+    taking the time of the line before it.
     """
     for key in _TIME_KEYS:
         if key in record:
