@@ -73,6 +73,9 @@ _MIN_EPOCH: Final = -62135596800.0
 _MAX_EPOCH: Final = 253402300799.0
 _ID_KEYS: Final = frozenset({*ID_KEYS, "product_id"})
 _NUMBER_KEYS: Final = frozenset({FROM, TO, AVAILABLE, STOCK, QTY})
+# Values that can be neither NaN, an infinity nor nested: a line of only these (nearly
+# every line) needs no walk through its values.
+_FLAT_TYPES: Final = frozenset({str, int, bool, type(None)})
 _INT = re.compile(r"-?\d{1,18}\Z")
 _DATE_ONLY = re.compile(r"\d{4}-\d\d-\d\d\Z")
 
@@ -168,8 +171,11 @@ def _absurd_fields(fields: dict[str, Any]) -> bool:
             and not -MAX_NUMBER <= value <= MAX_NUMBER
         ):
             return True
+    values = fields.values()
+    if _FLAT_TYPES.issuperset(map(type, values)):
+        return False
     # Iterative, so that the check itself never recurses as deep as the line is nested.
-    stack: list[tuple[Any, int]] = [(value, 1) for value in fields.values()]
+    stack: list[tuple[Any, int]] = [(value, 1) for value in values]
     while stack:
         value, depth = stack.pop()
         if type(value) is float:
@@ -197,10 +203,13 @@ def _make_event(
     pop = fields.pop
     for key in used:
         pop(key, None)
-    for raw_key in fields.keys() & _CANONICAL_KEYS:
-        fields.setdefault(ALIASES[raw_key], pop(raw_key))
-    for key in fields.keys() & _DROP_KEYS:
-        del fields[key]
+    keys = fields.keys()
+    if not keys.isdisjoint(_CANONICAL_KEYS):
+        for raw_key in keys & _CANONICAL_KEYS:
+            fields.setdefault(ALIASES[raw_key], pop(raw_key))
+    if not keys.isdisjoint(_DROP_KEYS):
+        for key in keys & _DROP_KEYS:
+            del fields[key]
     if _absurd_fields(fields):
         return None
     sku = _text_id(pop("sku", None))
@@ -325,17 +334,15 @@ def _orjson_loads() -> Callable[[str], Any] | None:
 #: orjson's ``loads`` when the ``timeline`` extra installed it: faster than ``json``.
 _fast_loads = _orjson_loads()
 _decoder = json.JSONDecoder()
-# An integer literal beyond 64 bits (19 digits or more), which orjson reads as a float.
-_LONG_DIGITS: Final = re.compile(r"\d{19}")
 
 
 def decode_object(text: str) -> dict[str, Any] | None:
     """The JSON object that is all of ``text`` (already stripped), else ``None``.
 
     What :mod:`json` reads, NaN and infinities included. orjson, when installed, decodes
-    first; a text it refuses (NaN, lone surrogates, deep nesting) or may read otherwise
-    (an integer beyond 64 bits) is decoded by :mod:`json`, so the result never depends on
-    it.
+    first; a text it refuses (NaN, lone surrogates, deep nesting) or may have read
+    otherwise (an integer beyond 64 bits it makes a float, maybe nested) is decoded by
+    :mod:`json`, so the result never depends on it.
 
     Example::
 
@@ -344,18 +351,16 @@ def decode_object(text: str) -> dict[str, Any] | None:
         >>> decode_object('[1]') is None, decode_object('{"a": 1} x') is None
         (True, True)
     """
-    value: Any = None
-    if _fast_loads is not None and not _LONG_DIGITS.search(text):
+    if _fast_loads is not None:
         with contextlib.suppress(ValueError):
             value = _fast_loads(text)
-    if value is None:
-        try:
-            value, end = _decoder.raw_decode(text)
-        except (ValueError, RecursionError):
-            return None
-        if end != len(text):
-            return None
-    return value if isinstance(value, dict) else None
+            if type(value) is dict and _FLAT_TYPES.issuperset(map(type, value.values())):
+                return value
+    try:
+        value, end = _decoder.raw_decode(text)
+    except (ValueError, RecursionError):
+        return None
+    return value if end == len(text) and isinstance(value, dict) else None
 
 
 def _parse_stripped(text: str) -> Event | None:
