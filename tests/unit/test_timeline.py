@@ -849,7 +849,7 @@ def test_the_parser_is_built_without_the_analysis() -> None:
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
-# --- the loop without a filter is the loop with one --------------------------------------------
+# --- no filter is a filter of every SKU --------------------------------------------
 
 
 def _as_data(report: timeline.Report) -> dict[str, Any]:
@@ -868,9 +868,8 @@ def _as_data(report: timeline.Report) -> dict[str, Any]:
     ],
 )
 def test_the_unfiltered_loop_gives_what_a_filter_of_every_sku_gives(name: str) -> None:
-    """Without a filter the events go through one loop of local names; a filter that
-    keeps every SKU (each event of these files has one) goes event by event through
-    ``feed``: the same report, findings, timelines and counts of what was not kept."""
+    """A filter that keeps every SKU (each event of these files has one) changes
+    nothing: the same report, findings, timelines and counts of what was not kept."""
     path = DATA / name
     options: dict[str, Any] = {"limit": 2, "max_groups": 1}
     unfiltered = report_of(path, **options)
