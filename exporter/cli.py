@@ -15,9 +15,9 @@ from typing import TextIO
 from . import sidecar_cli
 from .commandline import PROG, CommandError, ExitCode, report_error, say
 from .contract import add_check_metrics_parser
+from .investigate.reconcile import add_reconcile_parser
+from .investigate.timeline.command import add_timeline_parser
 from .lab import cli as lab_cli
-from .reconcile import add_reconcile_parser
-from .timeline import add_timeline_parser
 
 __all__ = ["build_parser", "main"]
 

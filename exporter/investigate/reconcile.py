@@ -1,30 +1,17 @@
 """``stocksentry reconcile``: the audit SQL of an oversell investigation, as one command.
 
-Checks the invariants a double-sell breaks, read-only, on PostgreSQL, MySQL / MariaDB or
-SQLite, with the
-statements of :mod:`stocksentry.exporter.invariants` (the ones the sidecar's probes
-aggregate, so the audit and the dashboard agree):
+Checks, read-only, on PostgreSQL, MySQL / MariaDB or SQLite, the invariants a
+double-sell breaks, with the statements the sidecar's probes aggregate
+(:mod:`stocksentry.exporter.invariants`), so the audit and the dashboard agree:
+``negative_stock``, ``oversold`` (paid units against the sale's allocation column),
+``duplicate_keys`` (several orders for one key) and ``paid_without_items``.
 
-- ``negative_stock``: SKUs whose stock is below zero;
-- ``oversold``: all paid units per SKU against the SKU's allocation for the sale (needs the
-  ``schema.products.allocation`` column, or ``--allocation``; without it a lost update
-  from 1 to 0 twice leaves the stock at 0 and only negative stock is visible);
-- ``duplicate_keys``: more than one order for one external reference or idempotency key;
-- ``paid_without_items``: paid orders with no order item, i.e. no stock movement.
-
-Each audit runs in a savepoint of its own within ``--statement-timeout``; one that runs
-out of time is named NOT AUDITED, with what would narrow it, and the others still run. So
-is one that cannot run: ``oversold`` without an allocation column, an audit whose table or
-column is not in the database. An audit that did not run proves nothing, so the report
-never says "every invariant holds" then.
-
-Exit status: 0 when every audit ran and every invariant holds; 1 when any invariant is
-violated (even if some audit did not run); 3 when nothing was found but at least one audit
-did not run or finish (incomplete: not an all-clear); 2 on bad input (or when no audit at
-all could run); 130 when interrupted. The schema comes from the exporter config
-(``--config``), defaulting to the common ``products / orders / order_items`` layout.
-Needs the ``[reconcile]`` extra (SQLAlchemy, psycopg and PyMySQL; a plain ``mysql://`` or
-``mariadb://`` URL is read with PyMySQL).
+Each audit runs in a savepoint of its own within ``--statement-timeout``. One that cannot
+run or finish (no allocation column, a table or column not in the database, out of time)
+is named NOT AUDITED with what to do, and the others still run; the report then never
+says "every invariant holds". Exit status: 0 clear, 1 a violation, 3 incomplete (nothing
+found, an audit did not run), 2 bad input or no audit could run, 130 interrupted.
+Needs the ``[reconcile]`` extra (a plain ``mysql://`` URL is read with PyMySQL).
 
 Example::
 
@@ -64,6 +51,7 @@ __all__ = [
     "exit_status",
     "format_table",
     "parse_since",
+    "read_only",
     "reconcile",
     "run_reconcile",
 ]
@@ -149,18 +137,12 @@ class Report:
     def to_dict(self) -> dict[str, Any]:
         """The ``--format json`` document."""
         data = asdict(self)
-        data["checked"] = list(self.checked)
-        data["notes"] = list(self.notes)
-        data["not_audited"] = [asdict(n) for n in self.not_audited]
-        data["out_of_scope"] = list(self.out_of_scope)
+        for key in ("checked", "notes", "not_audited", "out_of_scope"):
+            data[key] = list(data[key])
         data["skipped"] = list(self.skipped)
-        data["violations"] = self.violations
-        data["complete"] = self.complete
-        data["verdict"] = self.verdict
+        data.update(violations=self.violations, complete=self.complete, verdict=self.verdict)
         return data
 
-
-# --- input ---------------------------------------------------------------------------------
 
 # A duration has a unit (``2h``, ``1m30s``); a bare number would be ambiguous with an
 # ISO-8601 basic date (``20261129``), so it is read as a timestamp.
@@ -199,9 +181,6 @@ def parse_since(text: str, *, now: datetime | None = None) -> datetime:
             f"--since: expected an ISO-8601 time or a duration like 2h or 1m30s, got {text[:40]!r}"
         ) from None
     return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
-
-
-# --- the audit -----------------------------------------------------------------------------
 
 
 def _rows(conn: Connection, query: Query) -> Sequence[Any]:
@@ -252,7 +231,7 @@ def _paid_without_items(
 
 
 @contextmanager
-def _read_only(engine: Engine, statement_timeout: float) -> Iterator[Connection]:
+def read_only(engine: Engine, statement_timeout: float) -> Iterator[Connection]:
     """A connection in a read-only transaction with a statement timeout."""
     from sqlalchemy import text
 
@@ -273,10 +252,6 @@ def _read_only(engine: Engine, statement_timeout: float) -> Iterator[Connection]
 
 
 _MYSQL = ("mysql", "mariadb")
-# The server errors of a statement stopped for time: MariaDB's max_statement_time (1969),
-# MySQL's max_execution_time (3024), and a lock wait past innodb_lock_wait_timeout or a
-# metadata lock past lock_wait_timeout (1205).
-_MYSQL_OUT_OF_TIME = frozenset({1969, 3024, 1205})
 
 
 def _mysql_read_only(conn: Connection, statement_timeout: float) -> None:
@@ -321,75 +296,29 @@ _NARROWER: Final = {
 }
 
 
-def _cancelled(exc: Exception) -> bool:
-    """Whether a driver error is the statement timeout's cancellation (SQLSTATE 57014;
-    MySQL / MariaDB: the error numbers of :data:`_MYSQL_OUT_OF_TIME`)."""
+def _why_not_audited(exc: Exception) -> str | None:
+    """``out_of_time`` for the statement timeout's cancellation, ``missing_table`` for an
+    undefined table or column, else ``None`` (SQLSTATEs; MySQL / MariaDB error numbers)."""
     orig = getattr(exc, "orig", None)
-    if type(orig).__module__.partition(".")[0] == "pymysql":
+    driver = type(orig).__module__.partition(".")[0]
+    if driver == "pymysql":
         args: tuple[Any, ...] = getattr(orig, "args", ())
-        return bool(args) and args[0] in _MYSQL_OUT_OF_TIME
-    return getattr(orig, "sqlstate", None) == "57014"
-
-
-# Undefined table / column: PostgreSQL's SQLSTATEs, MySQL / MariaDB's error numbers.
-_PG_MISSING = frozenset({"42P01", "42703"})
-_MYSQL_MISSING = frozenset({1146, 1054})
-
-
-def _missing(exc: Exception) -> bool:
-    """Whether a driver error says a table or a column is not in the database."""
-    orig = getattr(exc, "orig", None)
-    if type(orig).__module__.partition(".")[0] == "pymysql":
-        args: tuple[Any, ...] = getattr(orig, "args", ())
-        return bool(args) and args[0] in _MYSQL_MISSING
-    if type(orig).__module__.partition(".")[0] == "sqlite3":
-        return str(orig).startswith(("no such table", "no such column"))
-    return getattr(orig, "sqlstate", None) in _PG_MISSING
+        code = args[0] if args else None
+        # Statement time (MariaDB 1969, MySQL 3024), a lock wait past its timeout (1205);
+        # no such table (1146) or column (1054).
+        out_of_time, missing = code in (1969, 3024, 1205), code in (1146, 1054)
+    elif driver == "sqlite3":
+        out_of_time, missing = False, str(orig).startswith(("no such table", "no such column"))
+    else:
+        sqlstate = getattr(orig, "sqlstate", None)
+        out_of_time, missing = sqlstate == "57014", sqlstate in ("42P01", "42703")
+    return "out_of_time" if out_of_time else "missing_table" if missing else None
 
 
 def _first_line(exc: Exception) -> str:
     orig = getattr(exc, "orig", None)
     first = str(orig if orig is not None else exc).strip().splitlines()
     return first[0] if first else type(exc).__name__
-
-
-def _audit(
-    conn: Connection,
-    name: str,
-    run: Callable[[], list[dict[str, Any]]],
-    statement_timeout: float,
-    not_audited: list[NotAudited],
-    scrub: Callable[[str], str],
-) -> list[dict[str, Any]]:
-    """One audit in a savepoint of its own: a timeout or a missing table stops it (it is
-    named NOT AUDITED), the others still run."""
-    from sqlalchemy.exc import DBAPIError
-
-    try:
-        with conn.begin_nested():
-            return run()
-    except DBAPIError as exc:
-        if _cancelled(exc):
-            not_audited.append(
-                NotAudited(
-                    name,
-                    "out_of_time",
-                    f"cancelled by the {format_duration(statement_timeout)} statement"
-                    f" timeout; {_NARROWER[name]}",
-                )
-            )
-        elif _missing(exc):
-            not_audited.append(
-                NotAudited(
-                    name,
-                    "missing_table",
-                    f"not in the database: {scrub(_first_line(exc))}; map the shop's tables"
-                    " and columns in the config's schema section (--config)",
-                )
-            )
-        else:
-            raise
-    return []
 
 
 #: Why ``oversold`` cannot run without an allocation, and what to pass.
@@ -443,15 +372,31 @@ def reconcile(
             "paid_without_items: an order without items names no SKU; run without --sku"
         )
 
-    def scrub(detail: str) -> str:
-        return dburl.scrub(detail, url)
+    def audit(name: str, run: Callable[[], list[dict[str, Any]]]) -> list[dict[str, Any]]:
+        """One audit in a savepoint of its own: a timeout or a missing table stops it
+        (named NOT AUDITED), the others still run."""
+        try:
+            with conn.begin_nested():
+                return run()
+        except DBAPIError as exc:
+            cause = _why_not_audited(exc)
+            if cause == "out_of_time":
+                reason = (
+                    f"cancelled by the {format_duration(statement_timeout)} statement"
+                    f" timeout; {_NARROWER[name]}"
+                )
+            elif cause == "missing_table":
+                reason = (
+                    f"not in the database: {dburl.scrub(_first_line(exc), url)}; map the"
+                    " shop's tables and columns in the config's schema section (--config)"
+                )
+            else:
+                raise
+            not_audited.append(NotAudited(name, cause, reason))
+        return []
 
     try:
-        with _read_only(engine, statement_timeout) as conn:
-
-            def audit(name: str, run: Callable[[], list[dict[str, Any]]]) -> list[dict[str, Any]]:
-                return _audit(conn, name, run, statement_timeout, not_audited, scrub)
-
+        with read_only(engine, statement_timeout) as conn:
             negative = audit("negative_stock", lambda: _negative_stock(conn, sql, sku))
             # The allocation is for the whole sale: all paid units count against it,
             # so --since does not narrow the oversold check.
@@ -467,7 +412,7 @@ def reconcile(
                 else []
             )
     except DBAPIError as exc:
-        raise ReconcileError(f"database {shown}: {scrub(_first_line(exc))}") from None
+        raise ReconcileError(f"database {shown}: {dburl.scrub(_first_line(exc), url)}") from None
     finally:
         engine.dispose()
     missed = {n.audit for n in not_audited}
@@ -477,11 +422,13 @@ def reconcile(
     if not checked and missing:
         # No audit could read anything: the wrong database or mapping, not a partial audit.
         raise ReconcileError(f"database {shown}: {missing[0].reason}")
-    report = Report(
+    notes = ("oversold counts every paid order, not only those since --since",)
+    return Report(
         database=shown,
         since=since.isoformat() if since else None,
         sku=sku,
         checked=checked,
+        notes=notes if since is not None and "oversold" in checked else (),
         not_audited=tuple(sorted(not_audited, key=lambda n: FINDING_KINDS.index(n.audit))),
         out_of_scope=tuple(out_of_scope),
         negative_stock=negative,
@@ -489,18 +436,6 @@ def reconcile(
         duplicate_keys=duplicates,
         paid_without_items=without_items,
     )
-    if since is not None and "oversold" in checked:
-        report = replace(
-            report,
-            notes=(
-                *report.notes,
-                "oversold counts every paid order, not only those since --since",
-            ),
-        )
-    return report
-
-
-# --- output --------------------------------------------------------------------------------
 
 
 def format_table(report: Report) -> str:
@@ -557,9 +492,6 @@ def format_table(report: Report) -> str:
             padded = (cell.ljust(width) for cell, width in zip(cells, widths, strict=True))
             lines.append(("  " + "  ".join(padded)).rstrip())
     return "\n".join(lines) + "\n"
-
-
-# --- command line ----------------------------------------------------------------------------
 
 
 def add_reconcile_parser(commands: Subcommands) -> None:

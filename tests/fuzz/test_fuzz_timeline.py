@@ -14,9 +14,16 @@ from typing import Any
 from fuzzing import any_text, examples, hostile_text
 from hypothesis import given
 from hypothesis import strategies as st
-from stocksentry.exporter.investigate.timeline import Event, analyse, parse_line, read_events
-from stocksentry.exporter.investigate.timeline.parsing import ReadStats
-from stocksentry.exporter.investigate.timeline.report import format_table
+from stocksentry.exporter.investigate.timeline import (
+    Event,
+    ReadStats,
+    analyse,
+    format_table,
+    parse_line,
+    read_events,
+)
+from stocksentry.exporter.investigate.timeline.incidents import Write
+from stocksentry.exporter.investigate.timeline.parsing import decode_object
 
 _KEYS = [
     "event",
@@ -146,7 +153,7 @@ def test_lines_through_the_whole_report_never_raise(lines: list[str]) -> None:
     json.dumps(report.to_dict())
 
 
-# --- the one-pass reader of the project's own lines agrees with the general parser ------
+# --- the project's own lines: what json reads, orjson installed or not -------------------
 
 _OWN_KEYS = (
     "sku",
@@ -208,43 +215,62 @@ def _own_line(draw: st.DrawFn) -> str:
         record["timestamp"] = draw(_own_stamps)
     for key in draw(st.lists(st.sampled_from(_OWN_KEYS), max_size=8, unique=True)):
         record[key] = draw(_own_values)
-    return json.dumps(record)
+    return json.dumps(record, ensure_ascii=draw(st.booleans()))
+
+
+def _json_object(text: str) -> dict[str, Any] | None:
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    return value if isinstance(value, dict) else None
 
 
 @examples(1500)
-@given(_own_line(), st.booleans())
-def test_the_one_pass_reader_agrees_with_the_general_parser(line: str, stdlib: bool) -> None:
-    """With orjson (the ``timeline`` extra) and with ``json`` alone."""
-    from stocksentry.exporter.investigate.timeline import parsing
+@given(st.one_of(_own_line(), _json_line(), _lines))
+def test_a_line_decodes_as_json_reads_it(line: str) -> None:
+    """orjson (the ``timeline`` extra) decodes first: the result is json's all the same,
+    NaN, infinities, huge integers and lone surrogates included."""
+    text = line.strip()
+    assert repr(decode_object(text)) == repr(_json_object(text)), line
 
-    fast_loads = parsing._fast_loads
-    if stdlib:
-        parsing._fast_loads = None
-    try:
-        fast = parsing._flat_event(line, "<input>", 0, 0)
-    finally:
-        parsing._fast_loads = fast_loads
-    assert fast is None or fast == parse_line(line), line
+
+@examples(300)
+@given(_own_line())
+def test_the_projects_own_lines_read_as_parsed(line: str) -> None:
+    """A line read from a file is the line parsed, numbered where it was read."""
+    stats = ReadStats()
+    events = list(read_events([line], "own.log", file_index=2, stats=stats))
+    event = parse_line(line)
+    if event is None:
+        assert events == []
+        assert stats.skipped == 1
+    else:
+        event.source, event.lineno, event.file_index = "own.log", 1, 2
+        assert events == [event]
 
 
 def test_the_faster_decoder_is_there_when_the_extra_is() -> None:
     """The dev install has the ``timeline`` extra: the agreement above tested orjson."""
-    from stocksentry.exporter.investigate.timeline import parsing
+    import importlib.util
 
-    assert parsing._fast_loads is not None
+    assert importlib.util.find_spec("orjson") is not None
 
 
-def test_the_one_pass_reader_takes_the_projects_own_lines() -> None:
-    """Not a vacuous agreement: a line as ``configure_logging`` writes it takes that path."""
-    from stocksentry.exporter.investigate.timeline.parsing import _flat_event
-
+def test_the_projects_own_lines_parse() -> None:
+    """Not a vacuous agreement: a line as ``configure_logging`` writes it is an event."""
     line = (
         '{"event": "stock_update", "timestamp": "2026-11-29T13:41:14.262Z", "sku": "A",'
         ' "from": 1, "to": 0, "success": true, "request_id": "R1"}'
     )
-    fast = _flat_event(line, "<input>", 0, 0)
-    assert fast is not None
-    assert fast == parse_line(line)
+    event = parse_line(line)
+    assert event is not None
+    assert (event.name, event.sku, event.request_id, event.fields) == (
+        "stock_update",
+        "A",
+        "R1",
+        {"from": 1, "to": 0, "success": True},
+    )
 
 
 # --- the packed first writes read back as the writes they were ----------------------------
@@ -264,61 +290,11 @@ _writes = st.builds(
 @given(st.lists(_writes, min_size=1, max_size=6))
 def test_a_packed_write_reads_back_as_itself(writes: list[tuple[Any, ...]]) -> None:
     """The remembered first writes are held as one string each: packing, then unpacking,
-    gives the very same write (names with spaces, -0.0, infinities, huge stock numbers),
-    also when consecutive writes share a time."""
-    from stocksentry.exporter.investigate.timeline.analysis import _Analyser
-    from stocksentry.exporter.investigate.timeline.incidents import Write
-
-    analyser = _Analyser(limit=10, max_groups=10, skus=None, order=None, request=None, max_keys=10)
+    gives the very same write (names with spaces, -0.0, infinities, huge stock numbers)."""
+    sources: list[str] = []
     for name, frm, to, ts, source, lineno in writes:
         write = Write(name, frm, to, ts, source, lineno, None)
-        packed = analyser._pack(write)
-        back = analyser._unpack(packed) if isinstance(packed, str) else packed
+        sources.append(source)
+        back = Write.unpack(write.pack(len(sources) - 1), sources)
         assert back == write
         assert repr(back.ts) == repr(ts)
-
-
-# --- the key memory is a dict of the last N keys, oldest forgotten first -------------------
-
-_key_texts = st.one_of(
-    st.sampled_from(["K1", "K2", "K3", "", "\x1e", "\x1f", "K\x1eK", "K\x1f1", "K1\x1f", "é\t"]),
-    st.text(alphabet="K1\x1e\x1f: \t\ud800", max_size=4),
-)
-
-
-@examples(1500)
-@given(
-    st.integers(1, 6),
-    st.lists(st.tuples(st.sampled_from(["add", "replace"]), _key_texts, _key_texts), max_size=40),
-)
-def test_key_memory_is_a_dict_of_the_newest_keys(
-    limit: int, steps: list[tuple[str, str, str]]
-) -> None:
-    """KeyMemory answers as an insertion-ordered dict that forgets its oldest key beyond
-    its limit would, separators in keys and values included."""
-    from collections import OrderedDict
-
-    from stocksentry.exporter.investigate.timeline.keys import KeyMemory
-
-    memory: KeyMemory[list[str]] = KeyMemory(limit)
-    model: OrderedDict[str, str | list[str]] = OrderedDict()
-    for action, key, value_text in steps:
-        value = value_text or "-"
-        assert memory.get(key) == model.get(key)
-        if key not in model:
-            forgotten = memory.forgotten
-            assert memory.remember(key, value) is None
-            model[key] = value
-            if len(model) > limit:
-                model.popitem(last=False)
-                forgotten += 1
-            assert memory.forgotten == forgotten
-        elif action == "add":
-            # Remembered: the first value comes back, nothing changes.
-            assert memory.remember(key, "other") == model[key]
-        else:
-            memory.replace(key, [value_text])
-            model[key] = [value_text]
-        assert len(memory) == len(model)
-    for key in model:
-        assert memory.get(key) == model[key]

@@ -15,11 +15,12 @@ import pytest
 import sqlalchemy as sa
 from stocksentry.exporter.commandline import ExitCode
 from stocksentry.exporter.config import SchemaConfig, parse_config
-from stocksentry.exporter.reconcile import (
+from stocksentry.exporter.investigate.reconcile import (
     ReconcileError,
     exit_status,
     format_table,
     parse_since,
+    read_only,
     reconcile,
 )
 
@@ -329,12 +330,10 @@ def test_an_audit_out_of_time_is_skipped_on_mariadb(mysql_database: str) -> None
 
 
 def test_the_audit_transaction_is_read_only_on_mariadb(mysql_database: str) -> None:
-    from stocksentry.exporter.investigate.reconcile import _read_only
-
     seed(mysql_database, violations=False)
     engine = sa.create_engine(driver_url(mysql_database), poolclass=sa.pool.NullPool)
     try:
-        with _read_only(engine, 1.0) as conn:
+        with read_only(engine, 1.0) as conn:
             assert conn.execute(sa.text("SELECT count(*) FROM products")).scalar_one() == 3
             with pytest.raises(sa.exc.DBAPIError) as refused:
                 conn.execute(sa.text("DELETE FROM products"))

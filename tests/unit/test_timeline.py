@@ -21,9 +21,8 @@ from typing import Any
 import pytest
 import structlog
 from prometheus_client import CollectorRegistry
-from stocksentry.exporter import timeline
-from stocksentry.exporter.investigate import timeline as package
-from stocksentry.exporter.timeline import (
+from stocksentry.exporter.investigate import timeline
+from stocksentry.exporter.investigate.timeline import (
     Event,
     OrderedEvents,
     ReadStats,
@@ -816,11 +815,11 @@ def test_stocksentry_logs_of_a_safe_sequential_sale(
 
 
 def test_docstring_examples() -> None:
-    # The old import path and every module of the package it re-exports.
-    modules = [timeline, package]
+    # The package and every module of it.
+    modules = [timeline]
     modules += [
-        importlib.import_module(f"{package.__name__}.{info.name}")
-        for info in pkgutil.iter_modules(package.__path__)
+        importlib.import_module(f"{timeline.__name__}.{info.name}")
+        for info in pkgutil.iter_modules(timeline.__path__)
     ]
     results = [doctest.testmod(module) for module in modules]
 
@@ -830,11 +829,10 @@ def test_docstring_examples() -> None:
     assert sum(result.attempted for result in results) >= 30
 
 
-def test_the_old_path_offers_every_name_of_the_package() -> None:
-    # Both load their names on first use: each listed name must resolve, in both places.
-    assert sorted(timeline.__all__) == sorted(package.__all__)
-    for name in package.__all__:
-        assert getattr(timeline, name) is getattr(package, name)
+def test_the_package_offers_every_name_it_lists() -> None:
+    # The names load on first use: each listed name must resolve.
+    for name in timeline.__all__:
+        assert getattr(timeline, name) is not None
     with pytest.raises(AttributeError):
         _ = timeline.EXIT_OK
 
@@ -842,7 +840,7 @@ def test_the_old_path_offers_every_name_of_the_package() -> None:
 def test_the_parser_is_built_without_the_analysis() -> None:
     code = (
         "import sys, argparse\n"
-        "from stocksentry.exporter.timeline import add_timeline_parser\n"
+        "from stocksentry.exporter.investigate.timeline.command import add_timeline_parser\n"
         "add_timeline_parser(argparse.ArgumentParser().add_subparsers())\n"
         "loaded = sorted(m for m in sys.modules if m.startswith(('prometheus_client',"
         " 'stocksentry.instrumentation', 'stocksentry.exporter.investigate.timeline.analysis')))\n"
@@ -851,7 +849,7 @@ def test_the_parser_is_built_without_the_analysis() -> None:
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
-# --- the loop without a filter is the loop with one --------------------------------------------
+# --- no filter is a filter of every SKU --------------------------------------------
 
 
 def _as_data(report: timeline.Report) -> dict[str, Any]:
@@ -870,9 +868,8 @@ def _as_data(report: timeline.Report) -> dict[str, Any]:
     ],
 )
 def test_the_unfiltered_loop_gives_what_a_filter_of_every_sku_gives(name: str) -> None:
-    """Without a filter the events go through one loop of local names; a filter that
-    keeps every SKU (each event of these files has one) goes event by event through
-    ``feed``: the same report, findings, timelines and counts of what was not kept."""
+    """A filter that keeps every SKU (each event of these files has one) changes
+    nothing: the same report, findings, timelines and counts of what was not kept."""
     path = DATA / name
     options: dict[str, Any] = {"limit": 2, "max_groups": 1}
     unfiltered = report_of(path, **options)

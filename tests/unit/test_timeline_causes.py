@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import structlog
 from prometheus_client import CollectorRegistry
-from stocksentry.exporter.timeline import add_timeline_parser, analyse, read_events
+from stocksentry.exporter.investigate.timeline import add_timeline_parser, analyse, read_events
 from stocksentry.instrumentation.api import Sentry
 from stocksentry.instrumentation.logs import configure_logging
 

@@ -324,34 +324,9 @@ def test_lines_read_in_chunks_are_the_lines_of_the_input(
 
     text = ending.join(lines) + (ending if last_ending and lines else "")
     stream = io.TextIOWrapper(io.BytesIO(text.encode("utf-8")), encoding="utf-8", newline=None)
-    saved = command._READ_CHUNK, command.MAX_LINE
-    command._READ_CHUNK, command.MAX_LINE = chunk, 32  # type: ignore[misc]
-    try:
-        got = list(command._lines_of("t.log", stream))
-    finally:
-        command._READ_CHUNK, command.MAX_LINE = saved  # type: ignore[misc]
+    got = list(command.read_lines("t.log", stream, chunk=chunk, max_line=32))
     expected = [
         line.removesuffix("\n")[:33]
         for line in io.StringIO(text.replace("\r\n", "\n").replace("\r", "\n"))
     ]
     assert got == expected
-
-
-def test_many_shapes_of_line_keep_the_shape_memory_bounded() -> None:
-    """A log of ever new keys: each line still reads as the general parser reads it,
-    the memory of shapes stays within its size, and a long line is not remembered."""
-    from stocksentry.exporter.investigate.timeline import parsing
-
-    stamp = "2026-11-29T13:41:14.262Z"
-    for n in range(parsing._SHAPES_SIZE + 500):
-        line = json.dumps(
-            {"event": "stock_check", "sku": "A", f"extra_{n}": n, "timestamp": stamp}
-        )
-        fast = parsing._flat_event(line, "<input>", 0, 0)
-        assert fast is not None
-        assert fast == parse_line(line)
-        assert len(parsing._SHAPES) <= parsing._SHAPES_SIZE
-    long_key = "k" * (parsing._SHAPE_LINE + 1)
-    line = json.dumps({"event": "stock_check", "sku": "A", long_key: 1, "timestamp": stamp})
-    assert parsing._flat_event(line, "<input>", 0, 0) == parse_line(line)
-    assert not any(long_key in keys for keys in parsing._SHAPES)

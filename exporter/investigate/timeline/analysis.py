@@ -1,25 +1,10 @@
-"""The detectors (lost updates, duplicate executions, stale reads, stock below zero) and
-the cause each finding names.
+"""The detectors and the cause each finding names (see docs/timeline.md, "The detectors").
 
-Events come in timestamp order (:class:`~.ordering.OrderedEvents`) and each detector
-keeps only compact per-SKU state:
-
-``lost_update``
-    two successful ``stock_update`` events on one SKU written from the same old value
-    (``from``), or a write made from a value that another request had already replaced
-    inside the writer's own ``stock_check`` -> ``stock_update`` window;
-``duplicate_execution``
-    one idempotency key or payment reference that reserved (successful ``stock_update``)
-    or paid (``payment_callback result=paid``, ``order_paid``) more than once;
-``stale_read``
-    a ``stock_check`` that saw another value than the ``to`` of the latest successful
-    ``stock_update`` already logged for the SKU;
-``oversell_negative_stock``
-    the stock of a SKU logged below zero (``inventory_negative``, a write's ``to``, a
-    check's ``available``); a lost update between the same two restocks was made of
-    relative decrements, and is named this instead;
-``lock_expiry``
-    a lost update one of whose writers logged its lock running out under it.
+Events come in timestamp order (:class:`~.ordering.OrderedEvents`) and each detector keeps
+only compact per-SKU state: ``lost_update`` (two writes from one old value, or a write over
+a change its request never read), ``duplicate_execution`` (a key reserving or paying twice),
+``stale_read``, ``oversell_negative_stock`` (which takes in the lost updates between the
+same restocks) and ``lock_expiry`` (a lost update whose writer's lock ran out).
 """
 
 from __future__ import annotations
@@ -42,7 +27,6 @@ from .incidents import (
     StaleRead,
     Write,
 )
-from .keys import KeyMemory
 from .limits import (
     DEFAULT_LIMIT,
     DEFAULT_REORDER_WINDOW,
@@ -86,9 +70,6 @@ from .times import format_time
 __all__ = ["analyse"]
 
 _INT = re.compile(r"-?\d{1,18}\Z")
-#: A named tuple made from a tuple of its values in one C call, without the Python-level
-#: ``__new__`` of :func:`~collections.namedtuple` (a third of a microsecond less a write).
-_new_tuple = tuple.__new__
 
 
 def _as_int(value: object) -> int | None:
@@ -131,7 +112,7 @@ class _SkuState:
         self.froms: dict[int, Write | SameFrom] = {}
 
 
-# First letter of a key in _Analyser.keys -> (key kind, action, how).
+# First letter of a key in Analyser.keys -> (key kind, action, how).
 _KEY_ROLES = {
     "R": ("idempotency_key", "reserved", ""),
     "r": ("payment_reference", "reserved", ""),
@@ -176,21 +157,16 @@ class _Analyser:
         self.state: dict[str, _SkuState] = {}
         #: Ordered, so that the oldest open window is dropped in O(1) (``popitem``).
         self.checks: OrderedDict[tuple[str, str], Check] = OrderedDict()
-        #: "<role letter><SKU's number>:<key>" -> the first write with that
-        #: key (packed, see :func:`_pack`, unless it names an order), or the duplicate;
-        #: the oldest forgotten beyond ``max_keys`` (see :class:`KeyMemory`).
-        self.keys: KeyMemory[Write | Duplicate] = KeyMemory(max_keys)
+        #: "<role letter><SKU's number>:<key>" -> the first write with that key (packed,
+        #: see :meth:`Write.pack`, unless it names an order), or the duplicate; the oldest
+        #: forgotten beyond ``max_keys``.
+        self.keys: OrderedDict[str, str | Write | Duplicate] = OrderedDict()
+        self.keys_forgotten = 0
         #: Each SKU's number in those keys, as text (``""``: no SKU).
         self.sku_tags: dict[str | None, str] = {None: ""}
         #: The inputs' names, so that a packed write names its input by number.
         self.sources: list[str] = []
         self.source_numbers: dict[str, int] = {}
-        #: The last time and input packed, and the start of their packed text: lines of
-        #: one millisecond share one float object (see ``parsing._STAMPS``), and repr()
-        #: is half the cost of packing.
-        self.packed_ts = math.nan
-        self.packed_source: str | None = None
-        self.packed_prefix = "nan 0 "
         self.keep_orders = order is not None
         self.incidents: list[Incident] = []
         self.order_requests: set[str] = set()
@@ -201,7 +177,7 @@ class _Analyser:
         #: Request -> what the log said of its lock running out (bounded like ``checks``).
         #: Each line with the SKU it named (``None``: a lock event without one).
         self.locks: OrderedDict[str, list[tuple[str | None, LockLine]]] = OrderedDict()
-        #: The detector of each event name: one table for :meth:`feed` and :meth:`run`.
+        #: The detector of each event name.
         self.detector_of: Callable[[str], Callable[[Event], None] | None] = {
             STOCK_CHECK_EVENT: self._stock_check,
             STOCK_UPDATE_EVENT: self._stock_update,
@@ -228,62 +204,6 @@ class _Analyser:
             detector(event)
         self._keep(event)
 
-    def run(self, events: Iterable[Event]) -> None:
-        """:meth:`feed` every event; without a filter, in one loop of local names.
-
-        The same work as :meth:`feed` and :meth:`_keep`, event for event, with their
-        attribute lookups hoisted out of the loop and the detector picked by one dict
-        lookup: about a microsecond less per event, a tenth of a big run.
-        """
-        if (
-            self.sku_filter is not None
-            or self.request_filter is not None
-            or self.order_filter is not None
-        ):
-            feed = self.feed
-            for event in events:
-                feed(event)
-            return
-        report = self.report
-        skus, skus_more = report.skus, report.skus_more
-        orders, orders_more = report.orders, report.orders_more
-        limit, max_groups, group = self.limit, self.max_groups, self._group
-        detector_of = self.detector_of
-        count = ungrouped = 0
-        min_ts, max_ts = self.min_ts, self.max_ts
-        try:
-            for event in events:
-                count += 1
-                if event.dated and event.has_time:
-                    ts = event.ts
-                    if ts > max_ts:
-                        max_ts = ts
-                    if ts < min_ts:
-                        min_ts = ts
-                detector = detector_of(event.name)
-                if detector is not None:
-                    detector(event)
-                sku = event.sku
-                if sku is not None:
-                    rows = skus.get(sku)
-                    if rows is not None and 0 < limit <= len(rows):
-                        skus_more[sku] = skus_more.get(sku, 0) + 1
-                    else:
-                        group(skus, skus_more, sku, event)
-                order_id = event.order_id
-                if order_id is not None:
-                    rows = orders.get(order_id)
-                    if rows is not None and 0 < limit <= len(rows):
-                        orders_more[order_id] = orders_more.get(order_id, 0) + 1
-                    elif rows is None and 0 < max_groups <= len(orders):
-                        ungrouped += 1
-                    else:
-                        group(orders, orders_more, order_id, event)
-        finally:
-            report.events += count
-            report.ungrouped_events += ungrouped
-            self.min_ts, self.max_ts = min_ts, max_ts
-
     def _payment_callback(self, event: Event) -> None:
         if event.fields.get(RESULT) == PAID:
             self._paid(event)
@@ -307,25 +227,11 @@ class _Analyser:
                 return
             if event.request is not None:
                 self.order_requests.add(event.request)
-        report, limit = self.report, self.limit
-        sku, order_id = event.sku, event.order_id
-        # Inline fast path: a full timeline only counts (most events of a big log).
-        if sku is not None:
-            rows = report.skus.get(sku)
-            if rows is not None and 0 < limit <= len(rows):
-                report.skus_more[sku] = report.skus_more.get(sku, 0) + 1
-            else:
-                self._group(report.skus, report.skus_more, sku, event)
-        if order_id is not None:
-            orders = report.orders
-            rows = orders.get(order_id)
-            if rows is not None and 0 < limit <= len(rows):
-                report.orders_more[order_id] = report.orders_more.get(order_id, 0) + 1
-            elif rows is None and 0 < self.max_groups <= len(orders):
-                # An order beyond the timelines kept (most orders of a big log): counted.
-                report.ungrouped_events += 1
-            else:
-                self._group(orders, report.orders_more, order_id, event)
+        report = self.report
+        if event.sku is not None:
+            self._group(report.skus, report.skus_more, event.sku, event)
+        if event.order_id is not None:
+            self._group(report.orders, report.orders_more, event.order_id, event)
 
     def _group(
         self, groups: dict[str, list[Event]], more: dict[str, int], key: str, event: Event
@@ -352,13 +258,10 @@ class _Analyser:
         if sku is None:
             return
         fields = event.fields
-        available = fields[AVAILABLE] if AVAILABLE in fields else fields.get(STOCK)
-        if type(available) is not int:
-            available = _as_int(available)
+        available = _as_int(fields[AVAILABLE] if AVAILABLE in fields else fields.get(STOCK))
         if available is not None and available < 0:
             self._below(event, available)
-        # Event.request, without the call of a property.
-        request = event.request_id or event.idempotency_key or event.trace_id
+        request = event.request
         state = self.state.get(sku)
         last = state.last if state is not None else None
         if request is not None:
@@ -368,7 +271,7 @@ class _Analyser:
             checks = self.checks
             key = (sku, request)
             checks.pop(key, None)
-            checks[key] = _new_tuple(Check, (available, event.ts, event.source, event.lineno))
+            checks[key] = Check(available, event.ts, event.source, event.lineno)
             if len(checks) > OPEN_CHECKS:
                 checks.popitem(last=False)
         if (
@@ -399,30 +302,19 @@ class _Analyser:
         if sku is None:
             return
         fields = event.fields
-        request = event.request_id or event.idempotency_key or event.trace_id
+        request = event.request
         check = self.checks.pop((sku, request), None) if request is not None else None
-        # The exact types first (nearly every line), the conversions for the others.
-        value = fields.get(SUCCESS)
-        success = value if type(value) is bool else _truthy(value)
+        success = _truthy(fields.get(SUCCESS))
         if success is None:
             success = REASON not in fields and ERROR not in fields
         if not success:
             return
-        frm = fields.get(FROM)
-        if type(frm) is not int:
-            frm = _as_int(frm)
-        to = fields.get(TO)
-        if type(to) is not int:
-            to = _as_int(to)
+        frm, to = _as_int(fields.get(FROM)), _as_int(fields.get(TO))
         if frm is None and check is not None:
             frm = check.available
         order_id = event.order_id if self.keep_orders else None
-        write = _new_tuple(
-            Write, (request, frm, to, event.ts, event.source, event.lineno, order_id)
-        )
-        state = self.state.get(sku)
-        if state is None:
-            state = self.state[sku] = _SkuState()
+        write = Write(request, frm, to, event.ts, event.source, event.lineno, order_id)
+        state = self._sku(sku)
         if to is not None and to < 0:
             self._below(event, to)
         if event.idempotency_key is not None:
@@ -523,9 +415,7 @@ class _Analyser:
         name = event.request_id or event.idempotency_key or event.trace_id or order_id
         if not self.keep_orders:
             order_id = None
-        write = _new_tuple(
-            Write, (name, None, None, event.ts, event.source, event.lineno, order_id)
-        )
+        write = Write(name, None, None, event.ts, event.source, event.lineno, order_id)
         sku = event.sku
         callback = event.name == PAYMENT_CALLBACK_EVENT
         if event.payment_reference is not None:
@@ -533,51 +423,12 @@ class _Analyser:
         if event.idempotency_key is not None:
             self._count("p" if callback else "o", event.idempotency_key, sku, write)
 
-    def _pack(self, write: Write) -> str | Write:
-        """``write`` as one string, a fraction of the memory of the tuple and its values.
-
-        Up to :data:`MAX_KEYS` first writes are held, and most are never looked at again;
-        one string per write instead of a tuple, a float, three ints and the request's
-        name keeps that memory small. A write naming an order (``--order``) stays a tuple.
-        """
-        name = write.name
-        if name is None or write.order_id is not None:
-            return write
-        ts, source = write.ts, write.source
-        # Identity, not equality: 0.0 == -0.0, but their texts differ.
-        if ts is not self.packed_ts or source is not self.packed_source:
-            self._pack_prefix(ts, source)
-        frm, to = write.frm, write.to
-        # repr() of a float reads back as the very same float; the name goes last, so
-        # that whatever it holds (spaces too) comes back whole.
-        if frm is None and to is None:
-            return f"{self.packed_prefix}{write.lineno}   {name}"
-        return (
-            f"{self.packed_prefix}{write.lineno} {'' if frm is None else frm} "
-            f"{'' if to is None else to} {name}"
-        )
-
-    def _pack_prefix(self, ts: float, source: str) -> None:
-        """Start the packed texts of writes at ``ts`` from ``source``."""
-        numbers = self.source_numbers
-        number = numbers.get(source)
+    def _source_number(self, source: str) -> int:
+        number = self.source_numbers.get(source)
         if number is None:
-            number = numbers[source] = len(self.sources)
+            number = self.source_numbers[source] = len(self.sources)
             self.sources.append(source)
-        self.packed_ts, self.packed_source = ts, source
-        self.packed_prefix = f"{ts!r} {number} "
-
-    def _unpack(self, packed: str) -> Write:
-        ts, number, lineno, frm, to, name = packed.split(" ", 5)
-        return Write(
-            name,
-            int(frm) if frm else None,
-            int(to) if to else None,
-            float(ts),
-            self.sources[int(number)],
-            int(lineno),
-            None,
-        )
+        return number
 
     def _count(self, role: str, value: str, sku: str | None, write: Write) -> None:
         """Remember the first write of ``value`` (an idempotency key or payment reference,
@@ -586,42 +437,35 @@ class _Analyser:
         if tag is None:
             tag = self.sku_tags[sku] = str(len(self.sku_tags))
         key = f"{role}{tag}:{value}"
+        # Up to max_keys first writes are held, and most are never looked at again: one
+        # string each (a write naming an order, for --order, stays a tuple).
+        packed: str | Write = write
+        if write.name is not None and write.order_id is None:
+            packed = write.pack(self._source_number(write.source))
         keys = self.keys
-        name = write.name
-        if name is not None and write.order_id is None:
-            # _pack's packing, inline: this runs for nearly every write of a big log.
-            ts, source = write.ts, write.source
-            if ts is not self.packed_ts or source is not self.packed_source:
-                self._pack_prefix(ts, source)
-            frm, to = write.frm, write.to
-            if frm is None and to is None:
-                packed: str | Write = f"{self.packed_prefix}{write.lineno}   {name}"
-            else:
-                packed = (
-                    f"{self.packed_prefix}{write.lineno} {'' if frm is None else frm} "
-                    f"{'' if to is None else to} {name}"
-                )
-        else:
-            packed = write
-        first = keys.remember(key, packed)
+        first = keys.get(key)
         if first is None:
+            keys[key] = packed
+            if len(keys) > self.max_keys:
+                keys.popitem(last=False)
+                self.keys_forgotten += 1
             return
         if isinstance(first, Duplicate):
             first.add(write)
             return
         if isinstance(first, str):
-            first = self._unpack(first)
+            first = Write.unpack(first, self.sources)
         if not first.same_record(write):
             kind, action, how = _KEY_ROLES[role]
             incident = Duplicate(sku, f"{kind}={value} {action}", how, first, write)
             self.incidents.append(incident)
-            keys.replace(key, incident)
+            keys[key] = incident
 
     # --- the end ---
 
     def finish(self) -> Report:
         report = self.report
-        report.keys_forgotten = self.keys.forgotten
+        report.keys_forgotten = self.keys_forgotten
         # Floor division keeps the order of the times: the days of the first and the last.
         min_day, max_day = self.min_ts // 86400, self.max_ts // 86400
         report.show_date = max_day > min_day
@@ -671,7 +515,7 @@ class _Analyser:
         locks = self.locks
         lines: list[LockLine] = []
         sku = incident.sku
-        for name in dict.fromkeys(write.name for write in incident._participants()):
+        for name in dict.fromkeys(write.name for write in incident.participants()):
             if name is not None and name in locks:
                 # A request id of another SKU's lock (another file's R1) is another request.
                 lines.extend(line for where, line in locks[name] if where in (None, sku))
@@ -725,7 +569,8 @@ def analyse(
     ordered: Iterable[Event] = events
     if reorder_window is not None and not isinstance(events, OrderedEvents):
         ordered = OrderedEvents([events], reorder_window)
-    analyser.run(ordered)
+    for event in ordered:
+        analyser.feed(event)
     report = analyser.finish()
     if isinstance(ordered, OrderedEvents):
         report.late_events = ordered.late

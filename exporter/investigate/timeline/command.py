@@ -2,13 +2,6 @@
 
 Building the parser imports nothing beyond the standard library and the command-line
 helpers; :func:`run_timeline` imports the analysis when it runs.
-
-Inputs are files (gzip read as is), pipes, or ``-`` for stdin, merged in timestamp order;
-directories, sockets and devices are refused, and a line longer than
-:data:`~.limits.MAX_LINE` is skipped and counted without being held whole. The
-exit status is :class:`~stocksentry.exporter.commandline.ExitCode`'s: 1 with a finding,
-0 without, 2 on bad input (one line on stderr, ``stocksentry timeline: error: ...``),
-130 when interrupted.
 """
 
 from __future__ import annotations
@@ -18,11 +11,12 @@ import contextlib
 import gc
 import gzip
 import io
+import json
 import math
 import os
 import sys
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Final, TextIO, cast
 
@@ -52,7 +46,7 @@ MAX_LIMIT = 1_000_000_000
 #: ``--reorder-window``: at most a day of disorder is put back in order.
 MAX_REORDER_WINDOW = 86400.0
 #: Characters read from an input at a time.
-_READ_CHUNK: Final = 256 * 1024
+READ_CHUNK: Final = 256 * 1024
 
 
 class InputError(CommandError):
@@ -65,53 +59,34 @@ def _describe(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
-class _Input:
-    """One opened input: its label, a text stream and what to release afterwards."""
+def _open_input(path: str, closers: list[Callable[[], object]]) -> tuple[str, TextIO]:
+    """Its label and its text: ``-`` is stdin; gzip by ``.gz`` suffix or magic bytes.
 
-    __slots__ = ("_raw", "label", "stream")
-
-    def __init__(self, label: str, stream: TextIO, raw: IO[bytes] | None) -> None:
-        self.label = label
-        self.stream = stream
-        self._raw = raw
-
-    def close(self) -> None:
-        if self._raw is None:
-            # stdin: detach, so the wrapper never closes the process's stdin.
-            if isinstance(self.stream, io.TextIOWrapper):
-                self.stream.detach()
-            return
-        self.stream.close()
-        self._raw.close()
-
-
-def _open_input(path: str) -> _Input:
-    """Open one input as text: ``-`` is stdin; gzip by ``.gz`` suffix or magic bytes."""
+    What to release afterwards goes to ``closers``."""
+    label = "<stdin>" if path == "-" else path
     if path == "-":
-        buffer: IO[bytes] | None = getattr(sys.stdin, "buffer", None)
-        if buffer is None:
-            return _Input("<stdin>", sys.stdin, None)
-        binary: IO[bytes] = buffer
-        peek = getattr(buffer, "peek", None)
-        if callable(peek) and bytes(peek(2))[:2] == b"\x1f\x8b":
-            binary = cast(IO[bytes], gzip.GzipFile(fileobj=buffer, mode="rb"))
-        text = io.TextIOWrapper(binary, encoding="utf-8", errors="replace")
-        return _Input("<stdin>", text, None)
-    try:
-        # A regular file or a pipe; a FIFO without a writer does not block the open, and
-        # a device or a directory is refused (inputs.open_log_input).
-        raw = open_log_input(path)
-    except InputFileError as exc:
-        raise InputError(f"cannot read {shorten(path, 200)}: {exc.problem}") from None
+        raw: IO[bytes] | None = getattr(sys.stdin, "buffer", None)
+        if raw is None:
+            return label, sys.stdin
+    else:
+        try:
+            # A regular file or a pipe; a FIFO without a writer does not block the open,
+            # and a device or a directory is refused.
+            raw = open_log_input(path)
+        except InputFileError as exc:
+            raise InputError(f"cannot read {shorten(path, 200)}: {exc.problem}") from None
+        closers.append(raw.close)
     try:
         magic = _peek(raw)
     except OSError as exc:
-        raw.close()
         raise InputError(f"cannot read {shorten(path, 200)}: {_describe(exc)}") from None
     binary = raw
     if path.endswith(".gz") or magic == b"\x1f\x8b":
         binary = cast(IO[bytes], gzip.GzipFile(fileobj=raw, mode="rb"))
-    return _Input(path, io.TextIOWrapper(binary, encoding="utf-8", errors="replace"), raw)
+    text = io.TextIOWrapper(binary, encoding="utf-8", errors="replace")
+    # stdin is detached, so that the wrapper never closes the process's stdin.
+    closers.insert(0, text.detach if path == "-" else text.close)
+    return label, text
 
 
 def _peek(raw: IO[bytes]) -> bytes:
@@ -124,15 +99,15 @@ def _peek(raw: IO[bytes]) -> bytes:
     return bytes(peek(2))[:2] if callable(peek) else b""
 
 
-def _lines_of(label: str, stream: TextIO) -> Iterator[str]:
-    """The lines of ``stream`` without their line break, each cut to ``MAX_LINE + 1``
+def read_lines(
+    label: str, stream: TextIO, *, chunk: int = READ_CHUNK, max_line: int = MAX_LINE
+) -> Iterator[str]:
+    """The lines of ``stream`` without their line break, each cut to ``max_line + 1``
     characters.
 
-    Read in chunks of :data:`_READ_CHUNK` characters and split there (a ``readline`` per
-    line costs about a microsecond more per line, a tenth of a big run). A longer line is
-    never held whole: beyond ``MAX_LINE + 1`` characters its rest is dropped chunk by
-    chunk, and what is yielded is long enough for the parser to skip and count it. An
-    input with no line break in ``MAX_LINE_SCAN`` characters (``/dev/zero`` on stdin) is
+    Read ``chunk`` characters at a time: a longer line is never held whole, what is
+    yielded of it is long enough for the parser to skip and count it. An input with no
+    line break in :data:`~.limits.MAX_LINE_SCAN` characters (``/dev/zero`` on stdin) is
     not a log: an :class:`InputError`.
     """
     read = stream.read
@@ -142,25 +117,25 @@ def _lines_of(label: str, stream: TextIO) -> Iterator[str]:
     pending_length = 0
     try:
         while True:
-            chunk = read(_READ_CHUNK)
-            if not chunk:
+            text = read(chunk)
+            if not text:
                 if pending_length:
                     yield pending
                 return
-            lines = chunk.split("\n")
+            lines = text.split("\n")
             last = lines.pop()
             if lines:
                 if pending_length:
                     # The line that began in an earlier chunk ends in this one.
                     pending_length += len(lines[0])
                     first = pending + lines[0]
-                    lines[0] = first if pending_length <= MAX_LINE else first[: MAX_LINE + 1]
+                    lines[0] = first if pending_length <= max_line else first[: max_line + 1]
                 lineno += len(lines)
                 yield from lines
                 pending, pending_length = "", 0
             if last:
-                if pending_length <= MAX_LINE:
-                    pending = (pending + last)[: MAX_LINE + 1]
+                if pending_length <= max_line:
+                    pending = (pending + last)[: max_line + 1]
                 pending_length += len(last)
                 if pending_length > MAX_LINE_SCAN:
                     raise InputError(
@@ -213,22 +188,13 @@ def _options(args: argparse.Namespace) -> _Options:
 
 def run_timeline(args: argparse.Namespace) -> int:
     """Run ``stocksentry timeline``: print the report; 1 with findings, 0 without, 2 on bad
-    input, 130 when interrupted.
+    input (one line on stderr, never a traceback), 130 when interrupted.
 
-    Reads every ``args.logfile`` (``-`` for stdin) at once, merged in timestamp order.
-    Errors are one line on stderr, never a traceback.
-
-    Example::
-
-        parser = argparse.ArgumentParser()
-        add_timeline_parser(parser.add_subparsers())
-        args = parser.parse_args(["timeline", "app.log.gz", "--sku", "EGG-01"])
-        raise SystemExit(run_timeline(args))
+    Every ``args.logfile`` (``-`` for stdin) is read at once, merged in timestamp order.
     """
     # The analysis reads the log event catalog, which brings the instrumentation (and
     # prometheus_client) along: imported here, so that building the parser stays light.
     from .analysis import analyse
-    from .jsontext import dumps_indented
     from .ordering import OrderedEvents
     from .parsing import ReadStats, read_events
     from .report import format_table
@@ -238,21 +204,18 @@ def run_timeline(args: argparse.Namespace) -> int:
         options = _options(args)
     except InputError as exc:
         return report_error(COMMAND, str(exc), err)
-    opened: list[_Input] = []
+    closers: list[Callable[[], object]] = []
     stats = ReadStats()
-    # Millions of short-lived events, and hundreds of thousands of remembered keys that
-    # every collection of the older generations walks: collecting the youngest generation
-    # every 700 allocations (the default) costs about 15% of a big run. Nothing the
-    # analysis builds is a reference cycle that needs the collector soon.
+    # Millions of short-lived events and hundreds of thousands of remembered keys, none in
+    # a reference cycle: the default thresholds collect so often they cost 15% of a run.
     thresholds = gc.get_threshold()
     gc.set_threshold(_GC_YOUNG, *_GC_OLDER)
     try:
         streams: list[Iterator[Event]] = []
         for index, path in enumerate(options.paths):
-            source = _open_input(path)
-            opened.append(source)
-            lines = _lines_of(source.label, source.stream)
-            streams.append(read_events(lines, source.label, file_index=index, stats=stats))
+            label, stream = _open_input(path, closers)
+            lines = read_lines(label, stream)
+            streams.append(read_events(lines, label, file_index=index, stats=stats))
         ordered = OrderedEvents(streams, options.window)
         report = analyse(
             ordered,
@@ -269,14 +232,17 @@ def run_timeline(args: argparse.Namespace) -> int:
         return ExitCode.INTERRUPTED
     finally:
         gc.set_threshold(*thresholds)
-        for source in opened:
+        for close in closers:
             # Closing a half-read input must not hide the report.
             with contextlib.suppress(OSError, ValueError):
-                source.close()
+                close()
     report.lines = stats.lines
     report.skipped_lines = stats.skipped
     report.skipped_examples = stats.skipped_examples
-    text = dumps_indented(report.to_dict()) if options.form == "json" else format_table(report)
+    if options.form == "json":
+        text = json.dumps(report.to_dict(), indent=2, default=str)
+    else:
+        text = format_table(report)
     try:
         sys.stdout.write(text + "\n")
         sys.stdout.flush()

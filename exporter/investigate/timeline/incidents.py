@@ -30,10 +30,8 @@ __all__ = [
 class Write(NamedTuple):
     """A successful stock write (or a paid order), as little as the detectors need.
 
-    A tuple of plain values, so the garbage collector stops tracking it. The hundreds of
-    thousands of first writes remembered per idempotency key are held packed in one
-    string each instead (``_Analyser._pack`` in :mod:`.analysis`), and made a ``Write``
-    again only when the key is seen a second time.
+    The first writes remembered per idempotency key are held as one string each
+    (:meth:`pack`), a fraction of the memory of the tuple and its values.
     """
 
     name: str | None
@@ -54,6 +52,37 @@ class Write(NamedTuple):
         """The units the write took: ``from - to`` of a sale, else one."""
         frm, to = self.frm, self.to
         return frm - to if frm is not None and to is not None and frm > to else 1
+
+    def pack(self, source_number: int) -> str:
+        """The write as text, its source given by number (see :meth:`unpack`).
+
+        ``repr()`` of a float reads back as the very same float; the name goes last, so
+        that whatever it holds (spaces too) comes back whole. The order is not packed.
+        """
+        frm = "" if self.frm is None else self.frm
+        to = "" if self.to is None else self.to
+        return f"{self.ts!r} {source_number} {self.lineno} {frm} {to} {self.name}"
+
+    @classmethod
+    def unpack(cls, packed: str, sources: Sequence[str]) -> Write:
+        """The write :meth:`pack` made ``packed`` of, ``sources`` naming its source.
+
+        Example::
+
+            >>> write = Write("R 1", 3, None, 0.1, "a.log", 7, None)
+            >>> Write.unpack(write.pack(0), ["a.log"]) == write
+            True
+        """
+        ts, number, lineno, frm, to, name = packed.split(" ", 5)
+        return cls(
+            name,
+            int(frm) if frm else None,
+            int(to) if to else None,
+            float(ts),
+            sources[int(number)],
+            int(lineno),
+            None,
+        )
 
     def same_record(self, other: Write) -> bool:
         """Whether ``other`` is this very record seen again."""
@@ -126,7 +155,7 @@ class Incident:
         """The finding, its times written with ``fmt``."""
         raise NotImplementedError
 
-    def _participants(self) -> list[Write]:
+    def participants(self) -> list[Write]:
         raise NotImplementedError
 
     def units(self) -> int:
@@ -135,7 +164,7 @@ class Incident:
 
     def stamps(self) -> list[float]:
         """The times of its evidence."""
-        return [write.ts for write in self._participants()]
+        return [write.ts for write in self.participants()]
 
     def _make(
         self,
@@ -146,7 +175,7 @@ class Incident:
         *,
         fmt: TimeFormat,
     ) -> Finding:
-        orders = _unique([*(write.order_id for write in self._participants()), *more_orders])
+        orders = _unique([*(write.order_id for write in self.participants()), *more_orders])
         stamps = self.stamps()
         span = (min(stamps), max(stamps)) if stamps else None
         return Finding(
@@ -179,8 +208,13 @@ class _Writes(Incident):
         else:
             self.dropped += 1
 
-    def _participants(self) -> list[Write]:
+    def participants(self) -> list[Write]:
         return self.writes
+
+    def units(self) -> int:
+        # Each write after the first sold a unit the stock never lost (a lost update), or
+        # took its units (or its payment) once more (a duplicate execution).
+        return sum(write.qty for write in self.writes[1:]) + self.dropped
 
 
 class SameFrom(_Writes):
@@ -208,10 +242,6 @@ class SameFrom(_Writes):
         )
         return self._make(_unique(names), detail, [write.line for write in writes], fmt=fmt)
 
-    def units(self) -> int:
-        # Every writer after the first sold a unit the stock never lost.
-        return sum(write.qty for write in self.writes[1:]) + self.dropped
-
 
 class Overwrite(Incident):
     """A lost update: a write over another request's write that its writer never read."""
@@ -224,7 +254,7 @@ class Overwrite(Incident):
         self.write = write
         self.check = check
 
-    def _participants(self) -> list[Write]:
+    def participants(self) -> list[Write]:
         return [self.previous, self.write]
 
     def finding(self, fmt: TimeFormat) -> Finding:
@@ -265,7 +295,7 @@ class StaleRead(Incident):
         else:
             self.dropped += 1
 
-    def _participants(self) -> list[Write]:
+    def participants(self) -> list[Write]:
         return [self.write]
 
     def finding(self, fmt: TimeFormat) -> Finding:
@@ -311,10 +341,6 @@ class Duplicate(_Writes):
         names = _unique(write.name for write in writes)
         return self._make(names, detail, [write.line for write in writes], fmt=fmt)
 
-    def units(self) -> int:
-        # Each execution after the first took its units (or its payment) once more.
-        return sum(write.qty for write in self.writes[1:]) + self.dropped
-
 
 #: One line of evidence that the stock went below zero: who, the value, when, where, order.
 Below = tuple[str | None, int, float, str, str | None]
@@ -351,21 +377,15 @@ class NegativeStock(Incident):
         """Fold in a lost update of the same SKU and restock: its writes were decrements."""
         self.absorbed.append(incident)
 
-    def _writes(self) -> list[Write]:
-        writes: list[Write] = []
-        for incident in self.absorbed:
-            writes.extend(incident._participants())
-        return writes
-
-    def _participants(self) -> list[Write]:
-        return self._writes()
+    def participants(self) -> list[Write]:
+        return [write for incident in self.absorbed for write in incident.participants()]
 
     def units(self) -> int:
         # Units sold beyond the stock there was.
         return -self.lowest
 
     def stamps(self) -> list[float]:
-        return [*(below[2] for below in self.below), *(w.ts for w in self._writes())]
+        return [*(below[2] for below in self.below), *(w.ts for w in self.participants())]
 
     def finding(self, fmt: TimeFormat) -> Finding:
         below = self.below
@@ -379,7 +399,7 @@ class NegativeStock(Incident):
             f"{_join_times([ts for _, _, ts, _, _ in below], fmt, self.dropped)})"
         )
         lines = [below_line for _, _, _, below_line, _ in below]
-        writes = self._writes()
+        writes = self.participants()
         if writes:
             unique = list({(w.name, w.ts, w.frm, w.to): w for w in writes}.values())
             froms = _unique(str(w.frm) for w in unique if w.frm is not None)
@@ -414,8 +434,8 @@ class LockExpiry(Incident):
         self.lost = lost
         self.locks = locks
 
-    def _participants(self) -> list[Write]:
-        return self.lost._participants()
+    def participants(self) -> list[Write]:
+        return self.lost.participants()
 
     def units(self) -> int:
         return self.lost.units()

@@ -1,8 +1,8 @@
-"""What timeline works with: the event of one log line, a finding, the report, the limits.
+"""What timeline works with: the event of one log line, a finding, the report.
 
 The names of the events and fields timeline reads come from the log event catalog
-(:mod:`stocksentry.instrumentation.events`), so a renamed event or field breaks the
-import here instead of a timeline that silently finds nothing.
+(:mod:`stocksentry.instrumentation.events`): a renamed one breaks the import here, not a
+timeline that silently finds nothing.
 """
 
 from __future__ import annotations
@@ -49,23 +49,17 @@ FindingKind = Literal[
 TimeFormat = Callable[[float], str]
 
 
-KIND_TITLES: dict[FindingKind, str] = {
-    "lost_update": "LOST UPDATE",
-    "oversell_negative_stock": "OVERSELL INTO NEGATIVE STOCK",
-    "duplicate_execution": "DUPLICATE EXECUTION",
-    "stale_read": "STALE READ",
-    "lock_expiry": "LOCK EXPIRY",
-}
-#: The causes as the report counts them ("2 lock expiries").
-KIND_PLURALS: dict[FindingKind, str] = {
-    "lost_update": "lost updates",
-    "oversell_negative_stock": "oversells into negative stock",
-    "duplicate_execution": "duplicate executions",
-    "stale_read": "stale reads",
-    "lock_expiry": "lock expiries",
+#: Each cause's title, and its plural as the report counts them ("2 lock expiries"), in
+#: the order the summary lists them.
+KIND_NAMES: dict[FindingKind, tuple[str, str]] = {
+    "lost_update": ("LOST UPDATE", "lost updates"),
+    "oversell_negative_stock": ("OVERSELL INTO NEGATIVE STOCK", "oversells into negative stock"),
+    "duplicate_execution": ("DUPLICATE EXECUTION", "duplicate executions"),
+    "stale_read": ("STALE READ", "stale reads"),
+    "lock_expiry": ("LOCK EXPIRY", "lock expiries"),
 }
 #: Every cause, in the order the summary lists them.
-CAUSES: Final[tuple[FindingKind, ...]] = tuple(KIND_TITLES)
+CAUSES: Final[tuple[FindingKind, ...]] = tuple(KIND_NAMES)
 
 
 # --- what timeline reads of the log event catalog ----------------------------------------
@@ -214,7 +208,7 @@ class Finding:
     def headline(self) -> str:
         """One line for humans: kind, SKU and detail."""
         where = f" sku={self.sku}" if self.sku is not None else ""
-        return f"{KIND_TITLES[self.kind]}{where}: {self.detail}"
+        return f"{KIND_NAMES[self.kind][0]}{where}: {self.detail}"
 
     def to_dict(self) -> dict[str, Any]:
         """The finding as JSON-ready data."""

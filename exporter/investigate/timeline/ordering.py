@@ -46,90 +46,43 @@ class OrderedEvents:
         #: Events that came out of order by more than the window allowed.
         self.late = 0
 
-    def _reorder(self, stream: Iterable[Event], *, count_late: bool) -> Iterator[Event]:
+    def _reorder(self, stream: Iterable[Event]) -> Iterator[Event]:
         # Lines already in order (nearly all) wait in a FIFO run; only lines older than the
-        # newest one seen go through the heap. Out comes the smaller head of the two, once
+        # newest one seen go through the heap. Out comes the older head of the two, once
         # it is `window` seconds older than the newest line, or when too many wait.
-        # With `count_late` (a single input: no merge after this), the events that come
-        # out older than one already out are counted here, saving a generator per event.
         run: deque[Event] = deque()
         heap: list[tuple[float, int, Event]] = []
-        push, pop = heapq.heappush, heapq.heappop
-        window, buffer = self.window, self.buffer
         newest = -math.inf
-        # The newest timestamp passed on (only kept with count_late).
-        out = -math.inf if count_late else math.inf
-        waiting = 0
         for event in stream:
-            ts = event.ts
-            if ts >= newest:
+            if event.ts >= newest:
                 run.append(event)
-                newest = ts
+                newest = event.ts
             else:
-                push(heap, (ts, event.lineno, event))
-            waiting += 1
-            limit = newest - window
-            if not heap:
-                # Nothing out of order waits (nearly always): out of the run, in order,
-                # what is old enough or beyond the buffer.
-                while run and (waiting > buffer or run[0].ts <= limit):
-                    head = run.popleft()
-                    waiting -= 1
-                    head_ts = head.ts
-                    if head_ts >= out:
-                        out = head_ts
-                    elif count_late:
-                        self.late += 1
-                    yield head
-                continue
-            while waiting:
-                if heap:
-                    head_ts, head_line, head = heap[0]
-                    if run:
-                        first = run[0]
-                        if first.ts < head_ts or (
-                            first.ts == head_ts and first.lineno < head_line
-                        ):
-                            head, head_ts = first, first.ts
-                else:
-                    head = run[0]
-                    head_ts = head.ts
-                if head_ts > limit and waiting <= buffer:
+                heapq.heappush(heap, (event.ts, event.lineno, event))
+            while run or heap:
+                head = heap[0][2] if _heap_first(run, heap) else run[0]
+                if head.ts > newest - self.window and len(run) + len(heap) <= self.buffer:
                     break
-                if run and head is run[0]:
-                    run.popleft()
-                else:
-                    pop(heap)
-                waiting -= 1
-                if head_ts >= out:
-                    out = head_ts
-                elif count_late:
-                    self.late += 1
-                yield head
+                yield _take(run, heap)
         while run or heap:
-            if heap and (not run or (heap[0][0], heap[0][1]) < (run[0].ts, run[0].lineno)):
-                head = pop(heap)[2]
-            else:
-                head = run.popleft()
-            if head.ts >= out:
-                out = head.ts
-            elif count_late:
-                self.late += 1
-            yield head
+            yield _take(run, heap)
 
     def __iter__(self) -> Iterator[Event]:
-        if len(self.streams) == 1:
-            return self._reorder(self.streams[0], count_late=True)
-        return self._merged()
-
-    def _merged(self) -> Iterator[Event]:
-        parts = [self._reorder(stream, count_late=False) for stream in self.streams]
-        merged = heapq.merge(*parts, key=_order_key)
+        parts = [self._reorder(stream) for stream in self.streams]
         newest = -math.inf
-        for event in merged:
-            ts = event.ts
-            if ts < newest:
+        for event in heapq.merge(*parts, key=_order_key):
+            if event.ts < newest:
                 self.late += 1
             else:
-                newest = ts
+                newest = event.ts
             yield event
+
+
+def _heap_first(run: deque[Event], heap: list[tuple[float, int, Event]]) -> bool:
+    """Whether the heap's head is older than the run's (the earlier line on a tie)."""
+    return bool(heap) and (not run or heap[0][:2] < (run[0].ts, run[0].lineno))
+
+
+def _take(run: deque[Event], heap: list[tuple[float, int, Event]]) -> Event:
+    """Take the older of the heads of ``run`` and ``heap``."""
+    return heapq.heappop(heap)[2] if _heap_first(run, heap) else run.popleft()

@@ -1,47 +1,26 @@
 """Parsing log lines into events: JSON of any logger, ``key=value`` lines, field aliases.
 
-The input is log lines, one event a line, in any mix of three shapes:
-
-* stocksentry's own JSON lines (``event``, ``timestamp``, ``sku``, ``request_id`` ...);
-* other JSON loggers: the time under ``ts``, ``time`` or ``@timestamp`` (ISO-8601 or epoch
-  seconds / milliseconds), the event name under ``msg`` or ``message`` (which may itself
-  hold ``key=value`` pairs), extras optionally nested under ``fields``, ``extra`` or
-  ``context``;
-* plain ``key=value`` lines such as ``[10:00:00.101] request_id=R1 sku=EGG-01 stock_check
-  available=1``: a leading ``[time]`` or ISO timestamp, and a bare word among the pairs
-  is the event name.
-
-Other spellings of the keys the detectors read (``requestId``, ``old_stock`` ...) are
-mapped to stocksentry's own (:data:`ALIASES`).
-
-A line with an absurd value in any field is skipped and counted like an unparsable one,
-never a traceback: a timestamp outside the years 1 to 9999 (``"timestamp": 1e30``), NaN
-or an infinity anywhere, a stock number (``from``, ``to``, ``available``, ``stock``,
-``qty``) beyond ±2**63, an id that is a list, an object or a boolean, JSON nested deeper
-than :data:`~.limits.MAX_DEPTH` levels, a line longer than :data:`~.limits.MAX_LINE`.
-
-Longer than 500 lines on purpose: stocksentry's own flat JSON lines (nearly all of a big
-input) are read in one pass by ``_flat_event``, which must give exactly what the general
-path gives; it stays beside that path so that a change to one is seen next to the other.
+The shapes read (stocksentry's own JSON, other JSON loggers, plain ``key=value`` lines)
+and the absurd values that make a line skipped and counted, never a traceback, are listed
+in docs/timeline.md ("Input"). Other spellings of the keys the detectors read
+(``requestId``, ``old_stock`` ...) are mapped to stocksentry's own (:data:`ALIASES`).
 """
 
 from __future__ import annotations
 
-import importlib
+import contextlib
 import json
 import math
-import operator
 import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Final, NamedTuple
+from typing import Any, Final
 
 from .limits import MAX_DEPTH, MAX_ID, MAX_LINE, MAX_NUMBER, SKIPPED_EXAMPLES
 from .model import AVAILABLE, FROM, ID_KEYS, QTY, STOCK, TO, Event
-from .times import UTC_MILLIS as _UTC_MILLIS
-from .times import Stamp, parse_time_text, parse_time_value, utc_millis
+from .times import NUMBER, Stamp, parse_time_text, parse_time_value
 
-__all__ = ["ALIASES", "ReadStats", "parse_line", "read_events"]
+__all__ = ["ALIASES", "ReadStats", "decode_object", "parse_line", "read_events"]
 
 #: Other spellings of the keys the detectors read, as other loggers and apps write them.
 ALIASES: Final = {
@@ -92,18 +71,11 @@ _MAX_NAME = 80
 # timestamp outside them cannot be shown as a date (and is no log's).
 _MIN_EPOCH: Final = -62135596800.0
 _MAX_EPOCH: Final = 253402300799.0
-_ID_KEYS: Final = (
-    "sku",
-    "product_id",
-    "request_id",
-    "idempotency_key",
-    "order_id",
-    "payment_reference",
-    "trace_id",
-)
-_NUMBER_KEYS: Final = (FROM, TO, AVAILABLE, STOCK, QTY)
-# A time written as a number, in text: what parse_time_value reads as epoch seconds.
-_NUMBER_TEXT: Final = re.compile(r"-?\d+(?:\.\d+)?\Z")
+_ID_KEYS: Final = frozenset({*ID_KEYS, "product_id"})
+_NUMBER_KEYS: Final = frozenset({FROM, TO, AVAILABLE, STOCK, QTY})
+# Values that can be neither NaN, an infinity nor nested: a line of only these (nearly
+# every line) needs no walk through its values.
+_FLAT_TYPES: Final = frozenset({str, int, bool, type(None)})
 _INT = re.compile(r"-?\d{1,18}\Z")
 _DATE_ONLY = re.compile(r"\d{4}-\d\d-\d\d\Z")
 
@@ -171,12 +143,6 @@ def _text_id(value: object) -> str | None:
     return None
 
 
-def _id_value(value: object) -> str | None:
-    if type(value) is str:
-        return value or None
-    return None if value is None else _text_id(value)
-
-
 def _absurd_stamp(stamp: Stamp | None) -> bool:
     if stamp is None:
         return False
@@ -186,25 +152,18 @@ def _absurd_stamp(stamp: Stamp | None) -> bool:
     return dated and not _MIN_EPOCH <= ts <= _MAX_EPOCH
 
 
-_ID_KEY_SET: Final = frozenset(_ID_KEYS)
-_NUMBER_KEY_SET: Final = frozenset(_NUMBER_KEYS)
-# Values that can be neither NaN, an infinity nor nested: a line of only these (nearly
-# every line) needs no walk through its values.
-_FLAT_TYPES: Final = frozenset({str, int, bool, type(None)})
-
-
 def _absurd_fields(fields: dict[str, Any]) -> bool:
     """Whether a value of ``fields`` would break the analysis or the report: NaN or an
     infinity anywhere, nesting deeper than ``MAX_DEPTH``, an id that is not a string or
     a number or is longer than ``MAX_ID``, a stock number beyond ``MAX_NUMBER``."""
     keys = fields.keys()
-    for key in keys & _ID_KEY_SET:
+    for key in keys & _ID_KEYS:
         value = fields[key]
         if value is not None and (
             type(value) not in (str, int, float) or (type(value) is str and len(value) > MAX_ID)
         ):
             return True
-    for key in keys & _NUMBER_KEY_SET:
+    for key in keys & _NUMBER_KEYS:
         value = fields[key]
         if (
             isinstance(value, int | float)
@@ -213,7 +172,7 @@ def _absurd_fields(fields: dict[str, Any]) -> bool:
         ):
             return True
     values = fields.values()
-    if set(map(type, values)) <= _FLAT_TYPES:
+    if _FLAT_TYPES.issuperset(map(type, values)):
         return False
     # Iterative, so that the check itself never recurses as deep as the line is nested.
     stack: list[tuple[Any, int]] = [(value, 1) for value in values]
@@ -236,10 +195,8 @@ def _absurd_fields(fields: dict[str, Any]) -> bool:
 def _make_event(
     name: str, stamp: Stamp | None, record: dict[str, Any], used: tuple[str, ...]
 ) -> Event | None:
-    """Build the event; ``record`` (a dict of the caller's own) becomes its ``fields``.
-
-    ``None`` when a value is absurd (see the module's docstring): the line is skipped.
-    """
+    """Build the event, ``record`` (the caller's own) its ``fields``; ``None`` when a
+    value is absurd: the line is skipped."""
     if _absurd_stamp(stamp):
         return None
     fields = record
@@ -255,7 +212,7 @@ def _make_event(
             del fields[key]
     if _absurd_fields(fields):
         return None
-    sku = _id_value(pop("sku", None))
+    sku = _text_id(pop("sku", None))
     if sku is None and "product_id" in fields:
         sku = _text_id(fields["product_id"])
     return Event(
@@ -264,11 +221,11 @@ def _make_event(
         stamp[1] if stamp is not None else True,
         stamp is not None,
         sku,
-        _id_value(pop("request_id", None)),
-        _id_value(pop("idempotency_key", None)),
-        _id_value(pop("order_id", None)),
-        _id_value(pop("payment_reference", None)),
-        _id_value(pop("trace_id", None)),
+        _text_id(pop("request_id", None)),
+        _text_id(pop("idempotency_key", None)),
+        _text_id(pop("order_id", None)),
+        _text_id(pop("payment_reference", None)),
+        _text_id(pop("trace_id", None)),
         fields,
     )
 
@@ -316,9 +273,9 @@ def _from_mapping(record: dict[str, Any], stamp: Stamp | None) -> Event | None:
 def _find_time(record: dict[str, Any]) -> tuple[Stamp, str] | None:
     """The first time key of ``record`` that parses, and its value.
 
-    A number that is no time (negative, NaN, an infinity, 10**400, or such a number as
-    text) is an absurd value: it gives an infinite stamp, which :func:`_make_event`
-    refuses, so the line is skipped instead of taking the time of the line before it.
+    A number that is no time (negative, NaN, 10**400, or such a number as text) gives an
+    infinite stamp, which :func:`_make_event` refuses: the line is skipped instead of
+    taking the time of the line before it.
     """
     for key in _TIME_KEYS:
         if key in record:
@@ -333,7 +290,7 @@ def _find_time(record: dict[str, Any]) -> tuple[Stamp, str] | None:
 
 def _is_number(value: object) -> bool:
     if isinstance(value, str):
-        return _NUMBER_TEXT.match(value.strip()) is not None
+        return NUMBER.match(value.strip()) is not None
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
@@ -365,173 +322,40 @@ def _from_text(text: str) -> Event | None:
     return _make_event(name, stamp, pairs, used)
 
 
-_decoder = json.JSONDecoder()
-_raw_decode = _decoder.raw_decode
-
-
-def _fast_decoder() -> Callable[[str], Any] | None:
-    """orjson's ``loads`` when the ``timeline`` extra installed it, else ``None``.
-
-    Only the one-pass reader of stocksentry's own lines uses it (about 1.4 µs less per
-    line than ``json``, a seventh of a big run). It is stricter than ``json`` (no NaN,
-    no lone surrogates, integers beyond 64 bits as floats), and every line it refuses or
-    reads differently (a float is never a flat line's value) goes to the general path,
-    which is ``json``'s: what a line means does not depend on it.
-    """
+def _orjson_loads() -> Callable[[str], Any] | None:
     try:
-        module = importlib.import_module("orjson")
+        import orjson
     except ImportError:
         return None
-    loads: Callable[[str], Any] = module.loads
+    loads: Callable[[str], Any] = orjson.loads
     return loads
 
 
-_fast_loads = _fast_decoder()
-# Keys after which a line needs the general path: renamed, nested or a second sku.
-_SLOW_KEYS: Final = _CANONICAL_KEYS | _CONTAINERS | {"product_id"}
-_ID_TYPES: Final = frozenset({str, type(None)})
-_STAMPS: dict[str, Stamp] = {}
-_STAMPS_SIZE: Final = 4096
+#: orjson's ``loads`` when the ``timeline`` extra installed it: faster than ``json``.
+_fast_loads = _orjson_loads()
+_decoder = json.JSONDecoder()
 
 
-class _Shape(NamedTuple):
-    """What the keys of a flat line (in their order) say of how to read it: where its
-    values are in ``(*record.values(), None)``, and which keys are no field."""
+def decode_object(text: str) -> dict[str, Any] | None:
+    """The JSON object that is all of ``text`` (already stripped), else ``None``.
 
-    #: Where the event's name and its timestamp are.
-    name_at: int
-    time_at: int
-    #: The keys deleted from the record: name, time, ids and the dropped ones.
-    removed: tuple[str, ...]
-    #: Where its stock numbers are, to check their range.
-    numbers_at: tuple[int, ...]
-    #: The six ids (sku, request, idempotency key, order, payment reference, trace), an
-    #: absent one taken from the ``None`` at the end.
-    ids_of: Callable[[tuple[Any, ...]], tuple[Any, ...]]
+    What :mod:`json` reads, NaN and infinities included. orjson, when installed, decodes
+    first; a text it refuses (NaN, lone surrogates, deep nesting) or may have read
+    otherwise (an integer beyond 64 bits it makes a float, maybe nested) is decoded by
+    :mod:`json`, so the result never depends on it.
 
+    Example::
 
-#: The keys of recent lines -> their :class:`_Shape` (``None``: the general path's).
-#: A logger writes a few shapes of line, so that this is a handful of entries; only
-#: lines of at most ``_SHAPE_LINE`` characters are remembered, so that it stays small.
-_SHAPES: dict[tuple[str, ...], _Shape | None] = {}
-_SHAPES_SIZE: Final = 1024
-_SHAPE_LINE: Final = 4096
-_UNKNOWN: Final = _Shape(0, 0, (), (), tuple)
-
-
-def _shape(keys: tuple[str, ...], text: str) -> _Shape | None:
-    """The :class:`_Shape` of a line with these keys; ``None`` when the general path
-    reads it (a renamed, nested or second-SKU key, or no ``event`` or ``timestamp``)."""
-    if not _SLOW_KEYS.isdisjoint(keys) or "event" not in keys or "timestamp" not in keys:
-        shape = None
-    else:
-        at = {key: index for index, key in enumerate(keys)}
-        none = len(keys)
-        shape = _Shape(
-            at["event"],
-            at["timestamp"],
-            tuple(
-                key
-                for key in keys
-                if key in _DROP_KEYS or key in ID_KEYS or key in ("event", "timestamp")
-            ),
-            tuple(at[key] for key in keys if key in _NUMBER_KEY_SET),
-            operator.itemgetter(*(at.get(key, none) for key in ID_KEYS)),
-        )
-    if len(text) > _SHAPE_LINE:
-        return shape
-    if len(_SHAPES) >= _SHAPES_SIZE:
-        _SHAPES.clear()
-    _SHAPES[keys] = shape
-    return shape
-
-
-def _flat_event(text: str, source: str, lineno: int, file_index: int) -> Event | None:
-    """The event of one of stocksentry's own JSON lines, read in one pass; else ``None``.
-
-    The lines ``configure_logging`` writes (an ``event``, a ``timestamp`` such as
-    ``2026-11-29T13:41:14.262Z``, ids that are text, values of plain types, no renamed or
-    nested keys) are nearly all of a big input. This reads them as :func:`_from_mapping`
-    would, without its passes for aliases, containers and other time keys. Any other
-    line, including every line with an absurd value, gives ``None``: the caller then
-    parses it the general way, so what a line means never depends on this function.
-    The event comes numbered (``source``, ``lineno``, ``file_index``), dated and timed.
-    What its keys say (where its name, time, ids and numbers are, which keys to drop) is
-    worked out once per shape of line (:func:`_shape`), not again for each line.
+        >>> decode_object('{"a": NaN, "b": 12345678901234567890123}')
+        {'a': nan, 'b': 12345678901234567890123}
+        >>> decode_object('[1]') is None, decode_object('{"a": 1} x') is None
+        (True, True)
     """
-    try:
-        if _fast_loads is None:
-            record, end = _raw_decode(text)
-            if end != len(text):
-                return None
-        else:
-            # The whole text or an error (orjson's errors are ValueErrors).
-            record = _fast_loads(text)
-    except (ValueError, RecursionError):
-        return None
-    if type(record) is not dict:
-        return None
-    keys = tuple(record)
-    shape = _SHAPES.get(keys, _UNKNOWN)
-    if shape is _UNKNOWN:
-        shape = _shape(keys, text)
-    if shape is None:
-        return None
-    values = (*record.values(), None)
-    # issuperset(iterator) tests each type without building a set of them.
-    if not _FLAT_TYPES.issuperset(map(type, values)):
-        return None
-    name_at, time_at, removed, numbers_at, ids_of = shape
-    name, stamp_text = values[name_at], values[time_at]
-    if type(name) is not str or type(stamp_text) is not str:
-        return None
-    # Consecutive lines mostly share their millisecond: the stamps of recent texts.
-    stamp = _STAMPS.get(stamp_text)
-    if stamp is None:
-        if len(stamp_text) != 24 or not _UTC_MILLIS.match(stamp_text):
-            return None
-        stamp = utc_millis(stamp_text)
-        if stamp is None:
-            return None
-        if len(_STAMPS) >= _STAMPS_SIZE:
-            _STAMPS.clear()
-        _STAMPS[stamp_text] = stamp
-    name = name.strip()
-    if not name:
-        return None
-    for index in numbers_at:
-        value = values[index]
-        if type(value) is int and not -MAX_NUMBER <= value <= MAX_NUMBER:
-            return None
-    ids = ids_of(values)
-    if not _ID_TYPES.issuperset(map(type, ids)):
-        return None
-    # No id of a line this short can be longer than MAX_ID.
-    if len(text) > MAX_ID and any(value is not None and len(value) > MAX_ID for value in ids):
-        return None
-    for key in removed:
-        del record[key]
-    sku, request_id, idempotency_key, order_id, payment_reference, trace_id = ids
-    return Event(
-        name[:_MAX_NAME],
-        stamp[0],
-        True,
-        True,
-        sku or None,
-        request_id or None,
-        idempotency_key or None,
-        order_id or None,
-        payment_reference or None,
-        trace_id or None,
-        record,
-        source,
-        lineno,
-        file_index,
-    )
-
-
-def _decode_object(text: str) -> dict[str, Any] | None:
-    """The JSON object that is all of ``text`` (already stripped), else ``None``."""
+    if _fast_loads is not None:
+        with contextlib.suppress(ValueError):
+            value = _fast_loads(text)
+            if type(value) is dict and _FLAT_TYPES.issuperset(map(type, value.values())):
+                return value
     try:
         value, end = _decoder.raw_decode(text)
     except (ValueError, RecursionError):
@@ -541,12 +365,12 @@ def _decode_object(text: str) -> dict[str, Any] | None:
 
 def _parse_stripped(text: str) -> Event | None:
     if text[0] == "{":
-        record = _decode_object(text)
+        record = decode_object(text)
         return None if record is None else _from_mapping(record, None)
     brace = text.find("{")
     if brace > 0 and text[-1] == "}":
         # A JSON line behind a prefix: "2026-11-29T13:41:14.262Z stdout F {...}".
-        record = _decode_object(text[brace:])
+        record = decode_object(text[brace:])
         if record is not None:
             prefix = text[:brace].split()
             stamp = parse_time_text(prefix[0]) if prefix else None
@@ -628,8 +452,6 @@ def read_events(
     day_offset = 0.0
     last_clock: float | None = None
     lineno = 0
-    flat_event = _flat_event
-    parse_stripped = _parse_stripped
     for lineno, raw in enumerate(lines, 1):
         if len(raw) > MAX_LINE and _too_long(raw):
             stats.skip(source, lineno)
@@ -637,15 +459,7 @@ def read_events(
         text = raw.strip()
         if not text:
             continue
-        if text[0] == "{":
-            event = flat_event(text, source, lineno, file_index)
-            if event is not None:
-                # Dated and timed: nothing of the line before it to take.
-                last_ts = event.ts
-                last_dated = True
-                yield event
-                continue
-        event = parse_stripped(text)
+        event = _parse_stripped(text)
         if event is None:
             stats.skip(source, lineno)
             continue

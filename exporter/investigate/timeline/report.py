@@ -12,8 +12,7 @@ from .limits import MAX_GROUPS
 from .model import (
     AVAILABLE,
     FROM,
-    KIND_PLURALS,
-    KIND_TITLES,
+    KIND_NAMES,
     QTY,
     REASON,
     RESULT,
@@ -79,8 +78,8 @@ def _plural(count: int, word: str) -> str:
 
 def _counted(count: int, cause: FindingKind) -> str:
     if count == 1:
-        return f"1 {KIND_TITLES[cause].lower()}"
-    return f"{count} {KIND_PLURALS[cause]}"
+        return f"1 {KIND_NAMES[cause][0].lower()}"
+    return f"{count} {KIND_NAMES[cause][1]}"
 
 
 def _summary(report: Report) -> list[str]:

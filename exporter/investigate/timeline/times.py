@@ -35,49 +35,12 @@ Stamp = tuple[float, bool]
 
 _DATE_AND_TIME: Final = re.compile(r"\d{4}-\d\d-\d\d[Tt ]\d\d:\d\d:\d\d")
 _TIME_OF_DAY: Final = re.compile(r"\d\d?:\d\d:\d\d(?:[.,]\d+)?\Z")
-_NUMBER: Final = re.compile(r"-?\d+(?:\.\d+)?\Z")
-#: The shape most logs write (stocksentry's own: ``2026-11-29T13:41:14.262Z``), read by
-#: :func:`utc_millis` without fromisoformat: the date's start in microseconds is cached,
-#: the rest is arithmetic.
-UTC_MILLIS: Final = re.compile(
-    r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{3}Z\Z"
-)
-_EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
-_DAY_CACHE: dict[str, int | None] = {}
-_DAY_CACHE_SIZE: Final = 4096
-
-
-def _day_micros(date: str) -> int | None:
-    """Microseconds from the epoch to midnight UTC of ``date`` (``None``: no date)."""
-    try:
-        day = datetime.fromisoformat(date).replace(tzinfo=UTC)
-    except ValueError:
-        micros = None
-    else:
-        delta = day - _EPOCH
-        micros = (delta.days * 86400 + delta.seconds) * 1_000_000
-    if len(_DAY_CACHE) >= _DAY_CACHE_SIZE:
-        _DAY_CACHE.clear()
-    _DAY_CACHE[date] = micros
-    return micros
-
-
-def utc_millis(text: str) -> Stamp | None:
-    """:func:`parse_time_text` of a :data:`UTC_MILLIS` text, to the same float."""
-    date = text[:10]
-    day = _DAY_CACHE[date] if date in _DAY_CACHE else _day_micros(date)
-    hour, minute, second = int(text[11:13]), int(text[14:16]), int(text[17:19])
-    if day is None or hour > 23 or minute > 59 or second > 59:
-        return None
-    # Integer microseconds divided once: what datetime.timestamp() computes, bit for bit.
-    millis = ((hour * 60 + minute) * 60 + second) * 1000 + int(text[20:23])
-    return (day + millis * 1000) / 1_000_000, True
+#: A time written as a number, in text: epoch seconds (or ms, us, ns).
+NUMBER: Final = re.compile(r"-?\d+(?:\.\d+)?\Z")
 
 
 def parse_time_text(text: str) -> Stamp | None:
     """An ISO-8601 date-time (UTC unless it says otherwise) or a bare time of day."""
-    if len(text) == 24 and UTC_MILLIS.match(text):
-        return utc_millis(text)
     if _DATE_AND_TIME.match(text):
         if text[-1] == "z":
             # Some loggers write the zone in lower case; fromisoformat wants "Z".
@@ -104,7 +67,7 @@ def parse_time_value(value: object) -> Stamp | None:
     if isinstance(value, str):
         text = value.strip()
         parsed = parse_time_text(text)
-        if parsed is not None or not _NUMBER.match(text):
+        if parsed is not None or not NUMBER.match(text):
             return parsed
         value = float(text)
     if isinstance(value, bool) or not isinstance(value, int | float):
