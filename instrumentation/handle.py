@@ -10,14 +10,14 @@ context detached even when ending it raised. Internal: the public handles are
 
 from __future__ import annotations
 
+from contextvars import Token
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal, Self, cast
+from typing import TYPE_CHECKING, Literal, Self
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace as otel_trace
+from opentelemetry.context import Context
 from opentelemetry.trace import Span, StatusCode
-
-from .tracing import CONTEXT_VAR
 
 if TYPE_CHECKING:
     from .sentry import Sentry
@@ -68,7 +68,7 @@ class BlockHandle:
 
     _sentry: Sentry
     _span: Span | None
-    _ctx_token: object | None
+    _ctx_token: Token[Context] | None
 
     def _enter(self) -> None:
         raise NotImplementedError
@@ -98,16 +98,13 @@ class BlockHandle:
         finally:
             token, self._ctx_token = self._ctx_token, None
             if token is not None:
-                try:
-                    # detach(), one step. A token that cannot be reset (the block ended in
-                    # another context than it began) is counted here; detach() would log it.
-                    var = CONTEXT_VAR
-                    if var is not None:
-                        var.reset(cast(Any, token))
-                    else:
-                        otel_context.detach(cast(Any, token))
-                except Exception as err:
-                    self._sentry.internal_error("tracing", err)
+                if otel_trace.get_current_span() is not span:
+                    # Ended in another context than it began (another task, say): detach()
+                    # cannot restore this one; counted here, as detach() only logs it.
+                    self._sentry.internal_error(
+                        "tracing", RuntimeError("span context not current at the block's end")
+                    )
+                otel_context.detach(token)
 
     def __enter__(self) -> Self:
         self._enter()

@@ -42,13 +42,10 @@ from structlog.typing import Processor
 
 from .processors import (
     DEFAULT_REDACT_KEYS,
-    LINE_FIELD_KEYS,
     REDACTED,
     Redactor,
-    _ContextvarsMerger,
-    _JsonLines,
-    _LineFields,
-    _UtcMillisTimestamper,
+    add_logger_name,
+    add_timestamp,
     add_trace_context,
     drop_formatter_text,
 )
@@ -106,65 +103,6 @@ class _LineWriter:
 
     log = debug = info = warn = warning = msg
     error = err = critical = fatal = exception = failure = msg
-
-
-# The processors of the last configure_logging(), to know its loggers by (see own_line_writer).
-_own_chain: tuple[Processor, ...] | None = None
-# The last logger own_line_writer was asked about, and its answer: a reservation asks for
-# the same logger each time.
-_last_writer: tuple[object, Any] = (None, None)
-
-
-def own_line_writer(logger: Any) -> Any:
-    """For a structlog logger of :func:`configure_logging`'s own chain that writes
-    ``info`` lines: a function ``write(event, fields)`` writing one such line, the same
-    line as ``logger.info(event, **fields)``; ``None`` for any other logger.
-
-    structlog's bound method runs four calls and copies the keywords three times before
-    the chain; this runs the chain itself, on ``fields`` (a fresh dict of the caller's, used
-    as the event dict). Only for a logger with nothing bound, whose processors are this
-    module's very chain (so no processor that looks at the call stack) and whose wrapped
-    logger is this module's line writer; the level is the logger's own.
-    """
-    global _last_writer
-    last = _last_writer
-    if last[0] is logger:
-        return last[1]
-    write = _own_writer(logger)
-    _last_writer = (logger, write)
-    return write
-
-
-def _own_writer(logger: Any) -> Any:
-    chain = _own_chain
-    if chain is None:
-        return None
-    # BoundLoggerBase's attributes, which structlog leaves to wrapper classes to read.
-    writer = getattr(logger, "_logger", None)
-    processors = getattr(logger, "_processors", None)
-    enabled = getattr(logger, "is_enabled_for", None)
-    if (
-        type(writer) is not _LineWriter
-        or getattr(logger, "_context", None) != {}
-        or processors is None
-        or len(processors) != len(chain)
-        or any(mine is not theirs for mine, theirs in zip(chain, processors, strict=True))
-        or enabled is None
-    ):
-        return None
-    if not enabled(logging.INFO):
-        return None
-    msg = writer.msg
-
-    def write(event: str, fields: dict[str, Any]) -> None:
-        # structlog's event dict: the call's keywords, then the event (nothing is bound).
-        fields["event"] = event
-        line: Any = fields
-        for processor in chain:
-            line = processor(writer, "info", line)
-        msg(line)
-
-    return write
 
 
 class _LineWriterFactory:
@@ -237,34 +175,25 @@ def configure_logging(
     numeric_level = _resolve_level(level)
     out: TextIO = stream if stream is not None else sys.stdout
 
-    # Everything is built once here; the per-line chain is flat.
-    timestamper = _UtcMillisTimestamper()
     redactor = Redactor(redact_keys)
     renderer: Processor
-    before_render: list[Processor]
+    # Tracebacks become text before redaction, so secrets in them are masked.
+    before_render: list[Processor] = [structlog.processors.format_exc_info, redactor]
     if json:
-        renderer = _JsonLines()
-        # Tracebacks become text before redaction, so secrets in them are masked.
-        before_render = [structlog.processors.format_exc_info, redactor]
+        renderer = structlog.processors.JSONRenderer(default=repr)
     elif logfmt:
         renderer = structlog.processors.LogfmtRenderer(
             key_order=["timestamp", "level", "logger", "event"], drop_missing=True
         )
-        before_render = [structlog.processors.format_exc_info, redactor]
     else:
         renderer = structlog.dev.ConsoleRenderer(colors=_is_tty(out))
         before_render = [redactor]
-    # The structlog chain's level, logger name, trace ids, timestamp (and, for JSON, the
-    # traceback) in one processor: one call per line instead of five, same line. The
-    # redactor runs inside it, before those fields are added, unless it was told to mask
-    # one of them: then after, as its own step, so it masks them.
-    chain: list[Processor]
-    if any(redactor.masks(key) for key in LINE_FIELD_KEYS):
-        line_fields = _LineFields(timestamper, render_exc_info=json or logfmt)
-        chain = [_ContextvarsMerger(), line_fields, redactor, renderer]
-    else:
-        line_fields = _LineFields(timestamper, render_exc_info=json or logfmt, redactor=redactor)
-        chain = [_ContextvarsMerger(), line_fields, renderer]
+    line_fields: list[Processor] = [
+        structlog.processors.add_log_level,
+        add_logger_name,
+        add_trace_context,
+        add_timestamp,
+    ]
 
     root = logging.getLogger()
     for old in [h for h in root.handlers if isinstance(h, _BridgeHandler)]:
@@ -275,10 +204,13 @@ def configure_logging(
     # structlog lines and stdlib lines share the handler's lock: no interleaving.
     shared_lock = handler.lock if handler.lock is not None else threading.RLock()
 
-    global _own_chain
-    _own_chain = tuple(chain)
     structlog.configure(
-        processors=chain,
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            *line_fields,
+            *before_render,
+            renderer,
+        ],
         wrapper_class=structlog.make_filtering_bound_logger(numeric_level),
         context_class=dict,
         logger_factory=_LineWriterFactory(out, shared_lock),
@@ -296,9 +228,9 @@ def configure_logging(
         drop_formatter_text,
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,
-        structlog.stdlib.add_logger_name,
+        structlog.stdlib.add_logger_name,  # the record's name
         add_trace_context,
-        timestamper,
+        add_timestamp,
     )
     handler.setFormatter(
         structlog.stdlib.ProcessorFormatter(

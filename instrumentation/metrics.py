@@ -3,8 +3,7 @@
 :class:`StockMetrics` creates every ``source == "app"`` metric of
 :mod:`~stocksentry.instrumentation.catalog` in the registry it is given and offers one
 flat method per event. Label values go through guards decided at construction, and the
-label children are cached in plain dictionaries, so a recorded event is a dictionary
-lookup, a lock and an add.
+label children are cached in plain dictionaries, keyed by the raw values the app passed.
 
 Most applications use the higher-level :class:`~stocksentry.instrumentation.Sentry`;
 this class is the layer under it.
@@ -24,20 +23,15 @@ Example::
 from __future__ import annotations
 
 import contextlib
-import math
-import time
-from bisect import bisect_left
 from collections.abc import Iterable
-from typing import Any, Literal
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.registry import REGISTRY
-from prometheus_client.samples import Exemplar
 
 from . import catalog, mpexemplars
 from .catalog import OVERFLOW_VALUE, MetricSpec
 from .guard import CACHE_CHAR_BUDGET, MAX_CACHED_KEY_LENGTH, LabelGuard
-from .tracing import TraceExemplar
 
 #: Budgets for the labels whose values come from the app but are not SKUs. They are small
 #: sets by nature (strategy names, operation names, cache and lock names, table names); a
@@ -68,75 +62,6 @@ def _make(spec: MetricSpec, registry: CollectorRegistry | None) -> Any:
             spec.name, spec.help, spec.labels, buckets=spec.buckets or (), registry=registry
         )
     raise ValueError(f"{spec.name}: the app records no {spec.kind}")
-
-
-class HistogramCells:
-    """The value cells of one labelled histogram child, for observations without exemplar.
-
-    ``Histogram.observe`` costs more than the two additions it makes: two method calls
-    check that the child is observable (a labelled child always is), then the bounds are
-    scanned one by one. On the lock wait of every locking statement that is most of the
-    SQLAlchemy integration's cost, so its listener adds to the cells directly::
-
-        cells.sum.inc(seconds)
-        cells.buckets[bisect_left(cells.bounds, seconds)].inc(1)
-
-    which is :meth:`observe`. The cells are prometheus_client's own value objects (the
-    per-process mmap values in multiprocess mode), so the exposition is the same.
-    Built by :func:`histogram_cells` only when the child has the layout relied on.
-    """
-
-    __slots__ = ("bounds", "buckets", "child", "direct_exemplars", "sum")
-
-    def __init__(self, child: Any, bounds: list[float], buckets: list[Any], total: Any) -> None:
-        self.child = child
-        self.bounds = bounds
-        self.buckets = buckets
-        self.sum = total
-        # A plain Histogram keeps its exemplars on the bucket cells; multiprocess mode's
-        # ExemplarHistogram writes them to its own file, so its observe() is kept for them.
-        self.direct_exemplars = type(child) is Histogram and all(
-            callable(getattr(cell, "set_exemplar", None)) for cell in buckets
-        )
-
-    def observe(self, amount: float) -> None:
-        """``child.observe(amount)`` for a number ``amount`` (not NaN), without the checks."""
-        self.sum.inc(amount)
-        self.buckets[bisect_left(self.bounds, amount)].inc(1)
-
-    def observe_exemplar(self, amount: float, exemplar: dict[str, str]) -> None:
-        """``child.observe(amount, exemplar)``; a :class:`~.tracing.TraceExemplar` (valid by
-        construction) is set on the bucket without prometheus_client's label-name checks,
-        any other exemplar goes through ``observe`` and its checks."""
-        if self.direct_exemplars and type(exemplar) is TraceExemplar:
-            self.sum.inc(amount)
-            bucket = self.buckets[bisect_left(self.bounds, amount)]
-            bucket.inc(1)
-            bucket.set_exemplar(Exemplar(exemplar, amount, time.time()))
-        else:
-            self.child.observe(amount, exemplar)
-
-
-def histogram_cells(child: Any) -> HistogramCells | None:
-    """The :class:`HistogramCells` of a labelled ``Histogram`` child, or ``None`` when it
-    does not look as prometheus_client 0.x lays it out (then keep calling ``observe``)."""
-    if not isinstance(child, Histogram) or not getattr(child, "_labelvalues", None):
-        return None
-    bounds = getattr(child, "_upper_bounds", None)
-    buckets = getattr(child, "_buckets", None)
-    total = getattr(child, "_sum", None)
-    if (
-        not isinstance(bounds, list)
-        or not isinstance(buckets, list)
-        or len(bounds) != len(buckets)
-        or not bounds
-        or bounds[-1] != math.inf
-        or bounds != sorted(bounds)
-        or not callable(getattr(total, "inc", None))
-        or not all(callable(getattr(cell, "inc", None)) for cell in buckets)
-    ):
-        return None
-    return HistogramCells(child, bounds, buckets, total)
 
 
 class StockMetrics:
@@ -187,8 +112,6 @@ class StockMetrics:
         self._success_children = self._children[catalog.RESERVATION_SUCCESS.name]
         self._conflict_children = self._children[catalog.RESERVATION_CONFLICT.name]
         self._duration_children = self._children[catalog.RESERVATION_DURATION.name]
-        # The duration children's cells, by outcome (False: observe() each time).
-        self._duration_cells: dict[str, HistogramCells | Literal[False]] = {}
         self._prime(promo_skus)
 
     def _prime(self, promo_skus: Iterable[str]) -> None:
@@ -343,36 +266,14 @@ class StockMetrics:
         this is the path of every reservation. Both series are resolved before either is
         touched, so a bad ``outcome`` records nothing.
         """
-        cells = self._duration_cells.get(outcome)
-        duration: Any = None
-        if not cells:
-            duration = self._duration_children.get(outcome)
-            if duration is None:
-                duration = self._duration_child(outcome)  # raises on an unknown outcome
-        if outcome == "success":
-            child = self._success_children.get((sku, strategy))
-            if child is None:
-                child = self._success_child(sku, strategy)
-            child.inc()
-        elif outcome != "error":
-            child = self._conflict_children.get((sku, outcome))
-            if child is None:
-                child = self._conflict_child(sku, outcome)
-            child.inc()
-        # The duration child's cells once it has one (HistogramCells): observe()'s checks
-        # and scan of the bounds were a fifth of what the metrics cost a reservation.
-        if cells and seconds == seconds:  # NaN: observe() counts it in no bucket
-            if exemplar is None:
-                cells.sum.inc(seconds)
-                cells.buckets[bisect_left(cells.bounds, seconds)].inc(1)
-            else:
-                cells.observe_exemplar(seconds, exemplar)
-            return
+        duration = self._duration_children.get(outcome)
         if duration is None:
-            duration = self._duration_child(outcome)
+            duration = self._duration_child(outcome)  # raises on an unknown outcome
+        if outcome == "success":
+            self.reservation_success(sku, strategy)
+        elif outcome != "error":
+            self.reservation_conflict(sku, outcome)
         duration.observe(seconds, exemplar)
-        if cells is None:
-            self._duration_cells[outcome] = histogram_cells(duration) or False
 
     def reservation_success(self, sku: str, strategy: str) -> None:
         """Count one successful reservation."""
@@ -525,16 +426,6 @@ class StockMetrics:
     ) -> None:
         """Observe the duration of one locking statement on ``table``."""
         self._child_small(catalog.DB_LOCK_WAIT, "table", table).observe(seconds, exemplar)
-
-    def db_lock_wait_cells(self, table: str) -> HistogramCells | None:
-        """The cells of ``table``'s cached lock-wait child, for a caller that observes the
-        same table again and again (the SQLAlchemy integration, per SQL text), once it has
-        observed it through :meth:`db_lock_wait`. ``None`` while ``table`` has no cached
-        child: never observed, its label overflowed (each such observation must count its
-        overflow) or the caches are full. Reads the cache only: no side effect.
-        """
-        child = self._children[catalog.DB_LOCK_WAIT.name].get(table)
-        return None if child is None else histogram_cells(child)
 
     def db_deadlock(self, table: str) -> None:
         """Count one statement on ``table`` that the database ended as a deadlock victim."""

@@ -41,7 +41,7 @@ class PaymentCallback(BlockHandle):
         self.checkout = checkout
         self._mark: Literal["paid", "replay", "refund", "failed"] = "paid"
         self._span: Span | None = None
-        self._ctx_token: object | None = None
+        self._ctx_token = None
         # A value of the wrong type from the app: the callback then records none of its
         # series and counts one instrumentation error (all or nothing).
         self._misuse: str | None = None

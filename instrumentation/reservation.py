@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Mapping
 from contextvars import ContextVar, Token
 from typing import TYPE_CHECKING, Any
 
 import structlog
-from opentelemetry import context as otel_context
-from opentelemetry import trace as otel_trace
 from opentelemetry.trace import Span
 
 from . import catalog
@@ -18,45 +15,12 @@ from .catalog import ConflictReason, Outcome
 from .events import INVENTORY_NEGATIVE, RESERVATION_ERROR, STOCK_CHECK, STOCK_UPDATE
 from .handle import BlockHandle, misuse
 from .outcomes import classify_exception
-from .tracing import CONTEXT_VAR, carrier_for, exemplar_for
+from .tracing import carrier_for, exemplar_for
 
 if TYPE_CHECKING:
     from .sentry import Sentry
 
 _current: ContextVar[Reservation | None] = ContextVar("stocksentry_reservation", default=None)
-
-
-# The type of structlog's lazy proxy, what ``structlog.get_logger`` returns (structlog does
-# not export the class).
-_LAZY_PROXY: type[Any] = type(structlog.get_logger())
-
-
-def _line_logger(sentry: Sentry) -> Any:
-    """The logger a reservation's lines go to, resolved once for all of them.
-
-    structlog's lazy proxy finds its logger in ``__getattr__``, after a failed attribute
-    lookup, on each line; ``bind()`` with no values is that same resolution (the logger
-    cached on first use, or one assembled from the configuration of now), done once here.
-    Any other logger (``Sentry(logger=...)``) is used as it is.
-    """
-    logger = sentry.logger
-    if type(logger) is _LAZY_PROXY:
-        try:
-            return logger.bind()
-        except Exception as exc:
-            sentry.internal_error("logging", exc)
-    return logger
-
-
-# The logs module, by name: only an app that imported it can have configure_logging's chain,
-# and the core import stays without it (and its secrets module's patterns).
-_LOGS_MODULE = f"{__name__.rpartition('.')[0]}.logs"
-
-
-def _own_line_writer(logger: Any) -> Any:
-    """``logs.own_line_writer(logger)`` once the logs module is loaded, else ``None``."""
-    logs = sys.modules.get(_LOGS_MODULE)
-    return None if logs is None else logs.own_line_writer(logger)
 
 
 def current_reservation() -> Reservation | None:
@@ -79,14 +43,12 @@ class Reservation(BlockHandle):
         "_implied",
         "_log",
         "_log_tokens",
-        "_logger",
         "_misuse",
         "_new_stock",
         "_old_stock",
         "_outcome",
         "_sql_negative",
         "_start",
-        "_write_info",
         "ids",
         "qty",
         "sku",
@@ -110,20 +72,16 @@ class Reservation(BlockHandle):
         self._implied: ConflictReason | None = None
         self._old_stock: int | None = None
         self._new_stock: int | None = None
-        # Set when an integration counted a negative write of this reservation from the SQL.
+        # Set by note_negative_write(): an integration counted this reservation's negative
+        # write from the SQL itself.
         self._sql_negative = False
         # The stock a cache answered with, when the decision was taken from a cache.
         self._cached: int | None = None
         self._cache_name = ""
         self._span: Span | None = None
-        self._ctx_token: object | None = None
-        # Whether this reservation logs: read once, not per line (Sentry.log_enabled
-        # looks at structlog's configuration each time).
+        self._ctx_token = None
+        # Whether this reservation logs: read once, for all of its lines.
         self._log = sentry.log_enabled
-        self._logger: Any = _line_logger(sentry) if self._log else None
-        # configure_logging's own chain, run without structlog's per-call layers (None:
-        # through the logger's info()).
-        self._write_info: Any = _own_line_writer(self._logger) if self._log else None
         self._log_tokens: Mapping[str, Token[Any]] | None = None
         self._cv_token: Token[Reservation | None] | None = None
         self._start = 0.0
@@ -204,20 +162,6 @@ class Reservation(BlockHandle):
             self._sentry.internal_error("api", ValueError(f"unknown conflict reason {reason!r}"))
             self._outcome = "error"
 
-    def negative_write_seen(self) -> None:
-        """An integration counted a negative stock write of this reservation from the SQL
-        itself: the ``new_stock`` given to :meth:`success` is then not counted again."""
-        self._sql_negative = True
-
-    def implied_outcome(self, reason: ConflictReason | None) -> None:
-        """What an integration inferred (a conditional update that matched no row).
-
-        Weaker than :meth:`success`/:meth:`conflict` and than an exception: it decides the
-        outcome only of a block that ends with none of those. ``None`` clears it, as when
-        a retried update then matched.
-        """
-        self._implied = reason
-
     @property
     def outcome(self) -> Outcome | None:
         """The outcome marked (or implied by an integration) so far; ``None`` before any."""
@@ -244,33 +188,14 @@ class Reservation(BlockHandle):
         try:
             tracer = sentry.tracer
             if tracer is not None:
-                # Cut: an attribute value is kept by the span processor until export. All
-                # of them in the one dict start_span takes (the SDK validates them once).
-                attributes: dict[str, str | int]
+                # Cut: an attribute value is kept by the span processor until export.
+                attributes: dict[str, str | int] = {
+                    "stock.sku": str(self.sku)[:256],
+                    "stock.strategy": str(self.strategy)[:256],
+                }
                 if self._misuse is None:
-                    attributes = {
-                        "stock.sku": self.sku[:256],
-                        "stock.strategy": self.strategy[:256],
-                        "stock.qty": self.qty,
-                    }
-                else:
-                    attributes = {
-                        "stock.sku": str(self.sku)[:256],
-                        "stock.strategy": str(self.strategy)[:256],
-                    }
-                # The current context read once, for the parent and for the new context.
-                var = CONTEXT_VAR
-                parent = var.get() if var is not None else otel_context.get_current()
-                span = self._span = tracer.start_span(
-                    "stock.reserve", context=parent, attributes=attributes
-                )
-                # Current until the block ends, so log lines and child spans see it: attached
-                # directly, without use_span's context-manager layers (the ContextVar's
-                # token is what attach() returns and detach() takes).
-                current = otel_trace.set_span_in_context(span, parent)
-                self._ctx_token = (
-                    var.set(current) if var is not None else otel_context.attach(current)
-                )
+                    attributes["stock.qty"] = self.qty
+                self._use_span(tracer.start_span("stock.reserve", attributes=attributes))
             if self._log:
                 self._log_tokens = structlog.contextvars.bind_contextvars(sku=self.sku, **self.ids)
             self._cv_token = _current.set(self)
@@ -302,7 +227,6 @@ class Reservation(BlockHandle):
             # recorded, rather than a success without its duration.
             sentry.internal_error("api", TypeError(self._misuse))
         else:
-            # The hot path, inline: every call layer here is paid on each reservation.
             try:
                 metrics = sentry.metrics
                 span = self._span
@@ -349,17 +273,11 @@ class Reservation(BlockHandle):
             self._end_span(span, "stock.outcome", outcome, outcome == "error", exc)
 
     def _info(self, event: str, fields: dict[str, Any]) -> None:
-        """One ``info`` line of ``fields`` (a fresh dict: it becomes the event dict)."""
-        write = self._write_info
-        if write is not None:
-            write(event, fields)
-        else:
-            self._logger.info(event, **fields)
+        self._sentry.logger.info(event, **fields)
 
     def _log_end(self, outcome: Outcome, exc: BaseException | None) -> None:
         sentry = self._sentry
         try:
-            log = self._logger
             if outcome == "success":
                 fields: dict[str, Any] = {
                     "sku": self.sku,
@@ -379,7 +297,9 @@ class Reservation(BlockHandle):
                     and new_stock < 0
                     and not self._sql_negative
                 ):
-                    log.warning(INVENTORY_NEGATIVE.name, sku=self.sku, stock=new_stock, **self.ids)
+                    sentry.logger.warning(
+                        INVENTORY_NEGATIVE.name, sku=self.sku, stock=new_stock, **self.ids
+                    )
             elif outcome == "error":
                 self._info(
                     RESERVATION_ERROR.name,
@@ -402,3 +322,22 @@ class Reservation(BlockHandle):
                 )
         except Exception as err:
             sentry.internal_error("logging", err)
+
+
+# --- for the integrations (instrumentation/sqlalchemy), not on the user's handle ----------
+
+
+def note_negative_write(reservation: Reservation) -> None:
+    """An integration counted a negative stock write of ``reservation`` from the SQL itself:
+    the ``new_stock`` given to :meth:`Reservation.success` is then not counted again."""
+    reservation._sql_negative = True
+
+
+def imply_outcome(reservation: Reservation, reason: ConflictReason | None) -> None:
+    """What an integration inferred for ``reservation`` (a conditional update that matched
+    no row); ``None`` clears it, as when a retried update then matched.
+
+    Weaker than a mark and than an exception: it decides the outcome only of a block that
+    ends with none of those.
+    """
+    reservation._implied = reason
