@@ -225,19 +225,6 @@ LOCK_ACQUIRE_RETRIES = MetricSpec(
     "Distributed lock acquire attempts after the first one.",
     ("lock",),
 )
-INSTRUMENTATION_ERRORS = MetricSpec(
-    "stocksentry_instrumentation_errors_total",
-    "counter",
-    "Failures inside stocksentry's instrumentation (swallowed, never raised into the app).",
-    ("component",),
-)
-LABEL_OVERFLOW = MetricSpec(
-    "stocksentry_label_overflow_total",
-    "counter",
-    "Label values folded into __other__ because the label's series budget was spent.",
-    ("metric",),
-)
-
 # --- computed by the exporter's probes -----------------------------------------------------
 
 NEGATIVE_INVENTORY_SKUS = MetricSpec(
@@ -445,6 +432,19 @@ BUILD_INFO = MetricSpec(
     multiprocess_mode="mostrecent",
 )
 
+INSTRUMENTATION_ERRORS = MetricSpec(
+    "stocksentry_instrumentation_errors_total",
+    "counter",
+    "Failures inside stocksentry's instrumentation (swallowed, never raised into the app).",
+    ("component",),
+)
+LABEL_OVERFLOW = MetricSpec(
+    "stocksentry_label_overflow_total",
+    "counter",
+    "Label values folded into __other__ because the label's series budget was spent.",
+    ("metric",),
+)
+
 # --- computed by the exporter's Redis lock watcher --------------------------------------------
 # The watcher also exports stock_lock_hold_ratio, stock_lock_expired_while_held_total and
 # stock_lock_release_not_owned_total above, with the same meaning and labels, so the lock
@@ -514,63 +514,9 @@ LOCKWATCH_LEASES_LOST = MetricSpec(
     source="exporter",
 )
 
-#: Every metric, in catalog order.
-ALL: tuple[MetricSpec, ...] = (
-    RESERVATION_SUCCESS,
-    RESERVATION_CONFLICT,
-    RESERVATION_DURATION,
-    ORDERS_PAID,
-    REFUND_DUE_TO_OVERSELL,
-    INVENTORY_NEGATIVE,
-    IDEMPOTENCY_REPLAY,
-    IDEMPOTENCY_CONFLICT,
-    CACHE_STALE_HIT,
-    DB_LOCK_WAIT,
-    DB_DEADLOCK,
-    DB_SERIALIZATION_FAILURE,
-    UNSAFE_READ_MODIFY_WRITE,
-    LOCK_ACQUIRE_DURATION,
-    LOCK_HOLD_RATIO,
-    LOCK_EXPIRED_WHILE_HELD,
-    LOCK_STALE_FENCING_TOKEN,
-    LOCK_RELEASE_NOT_OWNED,
-    LOCK_EXTEND_FAILURES,
-    LOCK_ACQUIRE_RETRIES,
-    NEGATIVE_INVENTORY_SKUS,
-    NEGATIVE_INVENTORY_UNITS,
-    NEGATIVE_INVENTORY_SKU_UNITS,
-    OVERSOLD_UNITS,
-    DUPLICATE_ORDER_KEYS,
-    DUPLICATE_ORDER_SKU_KEYS,
-    DB_LOCK_WAITERS,
-    DB_LOCK_WAIT_MAX,
-    DB_DEADLOCKS,
-    DB_LONG_TRANSACTIONS,
-    DB_LONG_TRANSACTION_MAX,
-    RESERVATIONS_EXPIRED_UNRELEASED,
-    OUTBOX_PENDING,
-    OUTBOX_LAG,
-    OUTBOX_STUCK,
-    OUTBOX_MAX_PUBLISH_LATENCY,
-    CACHE_DRIFT_SKUS,
-    CACHE_DRIFT_SKU_UNITS,
-    PROBE_UP,
-    PROBE_DURATION,
-    PROBE_LAST_SUCCESS,
-    PROBE_LEADER,
-    COLLECTOR_ERRORS,
-    MULTIPROCESS_FILES_SKIPPED,
-    MULTIPROCESS_FILES,
-    BUILD_INFO,
-    INSTRUMENTATION_ERRORS,
-    LABEL_OVERFLOW,
-    LOCK_ACQUISITIONS,
-    LOCKWATCH_EVENT_COUNT,
-    LOCKWATCH_CONNECTED,
-    LOCKWATCH_NOTIFICATIONS,
-    LOCKWATCH_RECONNECTS,
-    LOCKWATCH_DISCONNECTED_SECONDS,
-    LOCKWATCH_LEASES_LOST,
+#: Every metric, in catalog order (the order of definition above).
+ALL: tuple[MetricSpec, ...] = tuple(
+    v for v in list(globals().values()) if isinstance(v, MetricSpec)
 )
 
 #: Metrics recorded inside the app.
