@@ -16,21 +16,63 @@ The SQLAlchemy integration lives in :mod:`stocksentry.instrumentation.sqlalchemy
 
 from __future__ import annotations
 
-from . import api
-from .api import *  # noqa: F403 - the recording API, its names listed once in api.__all__
-from .catalog import CONFLICT_REASONS, OUTCOMES, OVERFLOW_VALUE, MetricSpec
+from .api import (
+    configure,
+    get_sentry,
+    payment_callback,
+    record_idempotency_conflict,
+    record_idempotency_replay,
+    record_negative_inventory,
+    record_paid_order,
+    record_refund_due_to_oversell,
+    record_reservation,
+    record_stale_cache_hit,
+    reservation,
+    reserves,
+)
+from .catalog import (
+    CONFLICT_REASONS,
+    OUTCOMES,
+    OVERFLOW_VALUE,
+    ConflictReason,
+    MetricSpec,
+    Outcome,
+)
 from .guard import LabelGuard, sanitize_label_value
 from .metrics import StockMetrics
+from .outcomes import ReservationConflict, classify_exception
+from .payment import PaymentCallback
+from .reservation import Reservation, current_reservation
+from .sentry import Sentry
 from .tracing import configure_tracing
 
 __all__ = [
     "CONFLICT_REASONS",
     "OUTCOMES",
     "OVERFLOW_VALUE",
+    "ConflictReason",
     "LabelGuard",
     "MetricSpec",
+    "Outcome",
+    "PaymentCallback",
+    "Reservation",
+    "ReservationConflict",
+    "Sentry",
     "StockMetrics",
+    "classify_exception",
+    "configure",
     "configure_tracing",
+    "current_reservation",
+    "get_sentry",
+    "payment_callback",
+    "record_idempotency_conflict",
+    "record_idempotency_replay",
+    "record_negative_inventory",
+    "record_paid_order",
+    "record_refund_due_to_oversell",
+    "record_reservation",
+    "record_stale_cache_hit",
+    "reservation",
+    "reserves",
     "sanitize_label_value",
 ]
-__all__ += api.__all__

@@ -20,7 +20,7 @@ from opentelemetry import propagate, trace
 
 from .logs import bind_correlation, new_request_id, sanitize_id
 
-__all__ = ["IDEMPOTENCY_HEADER", "correlation_middleware"]
+__all__ = ["correlation_middleware"]
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 """Request header read as ``idempotency_key``.

@@ -22,7 +22,7 @@ Example::
         else:
             r.conflict("out_of_stock")
 
-The module is the facade of the recording API; the parts live by role in
+The names are imported from :mod:`stocksentry.instrumentation`; the parts live by role in
 :mod:`.outcomes`, :mod:`.reservation`, :mod:`.payment` and :mod:`.sentry`.
 """
 
@@ -37,34 +37,7 @@ from opentelemetry.trace import TracerProvider
 from prometheus_client import CollectorRegistry
 from prometheus_client.registry import REGISTRY
 
-from .catalog import ConflictReason, Outcome
-from .outcomes import ReservationConflict, classify_exception
-from .payment import PaymentCallback
-from .reservation import Reservation, current_reservation
 from .sentry import Sentry, reserving
-
-__all__ = [
-    "ConflictReason",
-    "Outcome",
-    "PaymentCallback",
-    "Reservation",
-    "ReservationConflict",
-    "Sentry",
-    "classify_exception",
-    "configure",
-    "current_reservation",
-    "get_sentry",
-    "payment_callback",
-    "record_idempotency_conflict",
-    "record_idempotency_replay",
-    "record_negative_inventory",
-    "record_paid_order",
-    "record_refund_due_to_oversell",
-    "record_reservation",
-    "record_stale_cache_hit",
-    "reservation",
-    "reserves",
-]
 
 P = ParamSpec("P")
 R = TypeVar("R")

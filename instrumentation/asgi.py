@@ -20,7 +20,7 @@ from opentelemetry import propagate, trace
 
 from .logs import bind_correlation, new_request_id, sanitize_id
 
-__all__ = ["ASGIApp", "CorrelationMiddleware", "Message", "Receive", "Scope", "Send"]
+__all__ = ["CorrelationMiddleware"]
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]

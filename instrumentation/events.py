@@ -22,35 +22,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final, Literal
 
-__all__ = [
-    "CACHE_STALE_HIT",
-    "DB_DEADLOCK",
-    "DB_LOCK_TIMEOUT",
-    "DB_SERIALIZATION_FAILURE",
-    "EVENTS",
-    "IDEMPOTENCY_CONFLICT",
-    "IDEMPOTENCY_REPLAY",
-    "INSTRUMENTATION_ERROR",
-    "INVENTORY_NEGATIVE",
-    "LOCK_ACQUIRED",
-    "LOCK_ACQUIRE_ERROR",
-    "LOCK_ACQUIRE_TIMEOUT",
-    "LOCK_EXPIRED_WHILE_HELD",
-    "LOCK_EXTEND_FAILED",
-    "LOCK_RELEASE_NOT_OWNED",
-    "ORDER_PAID",
-    "PAYMENT_CALLBACK",
-    "REFUND_DUE_TO_OVERSELL",
-    "RESERVATION_ERROR",
-    "STALE_FENCING_TOKEN",
-    "STOCK_CHECK",
-    "STOCK_UPDATE",
-    "STOCK_UPDATE_MATCHED_NO_ROW",
-    "UNSAFE_READ_MODIFY_WRITE",
-    "LogEvent",
-    "by_name",
-]
-
 Level = Literal["debug", "info", "warning", "error"]
 
 

@@ -44,20 +44,6 @@ from prometheus_client import Histogram
 from prometheus_client.mmap_dict import mmap_key
 from prometheus_client.utils import floatToGoString
 
-__all__ = [
-    "CAPACITY",
-    "FILE_PREFIX",
-    "FILE_SUFFIX",
-    "HEADER",
-    "HEADER_SIZE",
-    "MAGIC",
-    "SLOT_HEAD",
-    "SLOT_SIZE",
-    "ExemplarFile",
-    "ExemplarHistogram",
-    "histogram_class",
-]
-
 _log = logging.getLogger(__name__)
 # floatToGoString is untyped in prometheus_client; this gives it a type once.
 _go_float: Final[Callable[[float], str]] = floatToGoString

@@ -19,8 +19,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 from prometheus_client import CollectorRegistry
 from stocksentry.instrumentation import Sentry, catalog
-from stocksentry.instrumentation.logs import configure_logging
-from stocksentry.instrumentation.processors import add_trace_context
+from stocksentry.instrumentation.logs import add_trace_context, configure_logging
 from stocksentry.instrumentation.tracing import exemplar_for, trace_fields
 
 
@@ -190,7 +189,7 @@ def test_an_own_logger_receives_the_lines_as_given() -> None:
 def _redactor_last_chain(redact_keys: list[str]) -> list[Any]:
     """structlog's public processors and ours, chained by hand: the redactor after every
     other field, before the renderer."""
-    from stocksentry.instrumentation.processors import (
+    from stocksentry.instrumentation.logs import (
         Redactor,
         add_logger_name,
         add_timestamp,
