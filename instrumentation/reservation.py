@@ -12,7 +12,7 @@ from opentelemetry.trace import Span
 
 from . import catalog
 from .catalog import ConflictReason, Outcome
-from .events import INVENTORY_NEGATIVE, RESERVATION_ERROR, STOCK_CHECK, STOCK_UPDATE
+from .events import INVENTORY_NEGATIVE, RESERVATION_ERROR, STOCK_CHECK, STOCK_UPDATE, LogEvent
 from .handle import BlockHandle, misuse
 from .outcomes import classify_exception
 from .tracing import carrier_for, exemplar_for
@@ -35,25 +35,6 @@ class Reservation(BlockHandle):
     a mark and without an exception counts as a success. An exception ends it as
     :func:`classify_exception` says and propagates unchanged.
     """
-
-    __slots__ = (
-        "_cache_name",
-        "_cached",
-        "_cv_token",
-        "_implied",
-        "_log",
-        "_log_tokens",
-        "_misuse",
-        "_new_stock",
-        "_old_stock",
-        "_outcome",
-        "_sql_negative",
-        "_start",
-        "ids",
-        "qty",
-        "sku",
-        "strategy",
-    )
 
     def __init__(
         self,
@@ -86,11 +67,12 @@ class Reservation(BlockHandle):
         self._cv_token: Token[Reservation | None] | None = None
         self._start = 0.0
         # A value of the wrong type from the app, described: the reservation then records
-        # none of its series (all or nothing) and counts one instrumentation error. The
-        # exact-type checks keep the common case to three comparisons.
-        self._misuse: str | None = None
-        if type(sku) is not str or type(strategy) is not str or type(qty) is not int:
-            self._misuse = misuse(sku=sku, strategy=strategy, qty=qty)
+        # none of its series (all or nothing) and counts one instrumentation error.
+        self._misuse = misuse(sku=sku, strategy=strategy, qty=qty)
+
+    def _check(self, **values: object) -> None:
+        if self._misuse is None:
+            self._misuse = misuse(**values)
 
     # --- marks -----------------------------------------------------------------------------
 
@@ -103,38 +85,25 @@ class Reservation(BlockHandle):
         quantity the cache said was there — and counts a stale-cache decision
         (``stock_cache_stale_hit_total``, log ``cache_stale_hit``) when they disagree.
         """
-        if type(available) is not int and self._misuse is None:
-            self._misuse = misuse(available=available)
+        self._check(available=available)
         self._old_stock = available
-        sentry = self._sentry
-        from_cache = source == "cache"
-        if from_cache:
+        fields: dict[str, Any] = {
+            "sku": self.sku,
+            "strategy": self.strategy,
+            "available": available,
+        }
+        if source == "cache":
             self._cached = available
             self._cache_name = cache if cache is not None else "stock"
+            fields.update(source="cache", cache=self._cache_name)
         elif source != "db" and self._misuse is None:
             self._misuse = f"source must be 'db' or 'cache', got {source!r:.80}"
-        if self._log:
-            try:
-                fields: dict[str, Any] = {
-                    "sku": self.sku,
-                    "strategy": self.strategy,
-                    "available": available,
-                }
-                if from_cache:
-                    fields["source"] = "cache"
-                    fields["cache"] = self._cache_name
-                self._info(STOCK_CHECK.name, fields)
-            except Exception as exc:
-                sentry.internal_error("logging", exc)
+        self._line(STOCK_CHECK, fields)
 
     def success(self, *, old_stock: int | None = None, new_stock: int | None = None) -> None:
         """Mark the reservation successful; ``new_stock`` below zero counts a negative write."""
         self._outcome = "success"
-        if (
-            (old_stock is not None and type(old_stock) is not int)
-            or (new_stock is not None and type(new_stock) is not int)
-        ) and self._misuse is None:
-            self._misuse = misuse(old_stock=old_stock, new_stock=new_stock)
+        self._check(old_stock=old_stock, new_stock=new_stock)
         if old_stock is not None:
             self._old_stock = old_stock
         self._new_stock = new_stock
@@ -228,27 +197,16 @@ class Reservation(BlockHandle):
             sentry.internal_error("api", TypeError(self._misuse))
         else:
             try:
-                metrics = sentry.metrics
                 span = self._span
-                metrics.reservation_finished(
-                    self.sku,
-                    self.strategy,
-                    outcome,
-                    elapsed,
-                    exemplar_for(span) if span is not None else None,
+                exemplar = exemplar_for(span) if span is not None else None
+                sentry.metrics.reservation_finished(
+                    self.sku, self.strategy, outcome, elapsed, exemplar
                 )
-                new_stock = self._new_stock
-                if (
-                    outcome == "success"
-                    and new_stock is not None
-                    and new_stock < 0
-                    and not self._sql_negative
-                ):
-                    metrics.inventory_negative(self.sku)
+                if outcome == "success" and self._negative_write():
+                    sentry.metrics.inventory_negative(self.sku)
             except Exception as err:
                 sentry.internal_error("metrics", err)
-        if self._log:
-            self._log_end(outcome, exc)
+        self._log_end(outcome, exc)
         if self._cv_token is not None or self._log_tokens is not None or self._span is not None:
             self._restore(outcome, exc)
 
@@ -272,56 +230,36 @@ class Reservation(BlockHandle):
         if span is not None:
             self._end_span(span, "stock.outcome", outcome, outcome == "error", exc)
 
-    def _info(self, event: str, fields: dict[str, Any]) -> None:
-        self._sentry.logger.info(event, **fields)
+    def _negative_write(self) -> bool:
+        """Whether ``success(new_stock=...)`` reported a negative write of its own (not one
+        an integration already counted from the SQL)."""
+        new_stock = self._new_stock
+        return new_stock is not None and new_stock < 0 and not self._sql_negative
+
+    def _line(self, event: LogEvent, fields: dict[str, Any]) -> None:
+        if self._log:
+            try:
+                getattr(self._sentry.logger, event.level)(event.name, **fields)
+            except Exception as exc:
+                self._sentry.internal_error("logging", exc)
 
     def _log_end(self, outcome: Outcome, exc: BaseException | None) -> None:
-        sentry = self._sentry
-        try:
-            if outcome == "success":
-                fields: dict[str, Any] = {
-                    "sku": self.sku,
-                    "strategy": self.strategy,
-                    "qty": self.qty,
-                    "success": True,
-                }
-                if self._old_stock is not None:
-                    fields["from"] = self._old_stock
-                if self._new_stock is not None:
-                    fields["to"] = self._new_stock
-                self._info(STOCK_UPDATE.name, fields)
-                new_stock = self._new_stock
-                if (
-                    self._misuse is None
-                    and new_stock is not None
-                    and new_stock < 0
-                    and not self._sql_negative
-                ):
-                    sentry.logger.warning(
-                        INVENTORY_NEGATIVE.name, sku=self.sku, stock=new_stock, **self.ids
-                    )
-            elif outcome == "error":
-                self._info(
-                    RESERVATION_ERROR.name,
-                    {
-                        "sku": self.sku,
-                        "strategy": self.strategy,
-                        "error": type(exc).__name__ if exc is not None else "unknown",
-                    },
-                )
-            else:
-                self._info(
-                    STOCK_UPDATE.name,
-                    {
-                        "sku": self.sku,
-                        "strategy": self.strategy,
-                        "qty": self.qty,
-                        "success": False,
-                        "reason": outcome,
-                    },
-                )
-        except Exception as err:
-            sentry.internal_error("logging", err)
+        fields: dict[str, Any] = {"sku": self.sku, "strategy": self.strategy}
+        if outcome == "error":
+            fields["error"] = type(exc).__name__ if exc is not None else "unknown"
+            self._line(RESERVATION_ERROR, fields)
+            return
+        fields.update(qty=self.qty, success=outcome == "success")
+        if outcome != "success":
+            fields["reason"] = outcome
+        if self._old_stock is not None and outcome == "success":
+            fields["from"] = self._old_stock
+        if self._new_stock is not None and outcome == "success":
+            fields["to"] = self._new_stock
+        self._line(STOCK_UPDATE, fields)
+        if outcome == "success" and self._misuse is None and self._negative_write():
+            fields = {"sku": self.sku, "stock": self._new_stock, **self.ids}
+            self._line(INVENTORY_NEGATIVE, fields)
 
 
 # --- for the integrations (instrumentation/sqlalchemy), not on the user's handle ----------
