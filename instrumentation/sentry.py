@@ -31,14 +31,8 @@ R = TypeVar("R")
 
 _stdlib_log = logging.getLogger("stocksentry")
 
-_NO_IDS: dict[str, object] = {}
-
 
 def _ids(**ids: object) -> dict[str, object]:
-    # Most reservations carry no IDs of their own (they are bound by the middleware):
-    # share one empty dict instead of building one per call. Never mutated.
-    if not any(value is not None for value in ids.values()):
-        return _NO_IDS
     return {key: value for key, value in ids.items() if value is not None}
 
 
@@ -168,17 +162,8 @@ class Sentry:
         order_id: str | None = None,
     ) -> Reservation:
         """A context manager (``with`` or ``async with``) recording one reservation."""
-        # The hot path: most reservations carry no IDs of their own (the middleware binds
-        # them), and three comparisons cost less than building and scanning a keyword dict.
-        if request_id is None and idempotency_key is None and order_id is None:
-            return Reservation(self, sku, strategy, qty, _NO_IDS)
-        return Reservation(
-            self,
-            sku,
-            strategy,
-            qty,
-            _ids(request_id=request_id, idempotency_key=idempotency_key, order_id=order_id),
-        )
+        ids = _ids(request_id=request_id, idempotency_key=idempotency_key, order_id=order_id)
+        return Reservation(self, sku, strategy, qty, ids)
 
     def reserves(
         self,
