@@ -42,7 +42,7 @@ import structlog
 from opentelemetry import trace
 from structlog.typing import EventDict, Processor, WrappedLogger
 
-from .secrets import MIN_SENSITIVE_LEN, REDACTED, SECRET_WORDS, is_secret_key, scrub_text
+from .secrets import REDACTED, SECRET_WORDS, is_secret_key, scrub_text
 from .tracing import trace_fields
 
 __all__ = [
@@ -98,8 +98,6 @@ _KEY_CACHE_LIMIT = 4096
 # Longest key cached (in characters): with the entry limit, the cache holds at most
 # 4096 x 128 characters whatever keys the data brings.
 _KEY_CACHE_MAX_LENGTH = 128
-# Values that cannot hold a secret as text: skipped without further checks.
-_PLAIN_SCALARS: frozenset[type] = frozenset({int, float, bool, type(None)})
 
 
 class Redactor:
@@ -124,56 +122,35 @@ class Redactor:
     def __init__(self, keys: Iterable[str] = ()) -> None:
         # The configured keys only: the default words are is_secret_key's to match.
         self._keys = frozenset(key.lower() for key in keys)
-        # Key -> is it sensitive; log keys are a small set of code constants, so the
-        # lower() and set lookup run once per key instead of once per line.
+        # Key -> is it sensitive: log keys are a small set of code constants.
         self._sensitive: dict[str, bool] = {}
 
     def __call__(
         self, logger: WrappedLogger, method_name: str, event_dict: EventDict
     ) -> EventDict:
-        sensitive = self._sensitive
-        # Assigning to existing keys while iterating is safe: the size of the
-        # dict does not change.
+        # Assigning to existing keys while iterating is safe: the dict's size does not change.
         for key, value in event_dict.items():
-            is_sensitive = sensitive.get(key)
-            if is_sensitive is None:
-                is_sensitive = self._classify(key)
-            if is_sensitive:
+            if self.masks(key):
                 event_dict[key] = REDACTED
+            elif type(value) is str and key in _TRUSTED_KEYS:
                 continue
-            kind = type(value)
-            if kind is str:
-                # The length check first: most values are short ids, skipped without a call.
-                if len(value) >= MIN_SENSITIVE_LEN and key not in _TRUSTED_KEYS:
-                    # re.sub hands back the very string when nothing matched: no store.
-                    scrubbed = scrub_text(value)
-                    if scrubbed is not value:
-                        event_dict[key] = scrubbed
-            elif kind in _PLAIN_SCALARS:
-                continue
-            elif isinstance(value, str):  # a str subclass
-                event_dict[key] = scrub_text(value)
-            elif isinstance(value, (dict, list, tuple)):
+            elif isinstance(value, (str, dict, list, tuple)):
                 event_dict[key] = self._redact_value(value, 1)
         return event_dict
 
-    def masks(self, key: str) -> bool:
+    def masks(self, key: object) -> bool:
         """Whether this redactor masks the value of ``key`` (a configured or default key)."""
+        if not isinstance(key, str):
+            return False
         is_sensitive = self._sensitive.get(key)
-        return self._classify(key) if is_sensitive is None else is_sensitive
-
-    def _classify(self, key: object) -> bool:
-        lowered = key.lower() if isinstance(key, str) else ""
-        # Configured keys match exactly; the default words also match inside a key
-        # (access_token, client_secret, x-api-key), as secrets come with prefixes.
-        is_sensitive = bool(lowered) and (lowered in self._keys or is_secret_key(lowered))
-        # Bounded: keys built from data (not code) must not grow the cache without limit.
-        if (
-            isinstance(key, str)
-            and len(key) <= _KEY_CACHE_MAX_LENGTH
-            and len(self._sensitive) < _KEY_CACHE_LIMIT
-        ):
-            self._sensitive[key] = is_sensitive
+        if is_sensitive is None:
+            lowered = key.lower()
+            # Configured keys match exactly; the default words also match inside a key
+            # (access_token, client_secret, x-api-key), as secrets come with prefixes.
+            is_sensitive = bool(lowered) and (lowered in self._keys or is_secret_key(lowered))
+            # Bounded: keys built from data (not code) must not grow the cache without limit.
+            if len(key) <= _KEY_CACHE_MAX_LENGTH and len(self._sensitive) < _KEY_CACHE_LIMIT:
+                self._sensitive[key] = is_sensitive
         return is_sensitive
 
     def _redact_value(self, value: object, depth: int) -> object:
@@ -183,13 +160,8 @@ class Redactor:
             # Too deep to inspect cheaply (or a cycle): mask rather than leak.
             return REDACTED if isinstance(value, (dict, list, tuple)) else value
         if isinstance(value, dict):
-            sensitive = self._sensitive
             return {
-                k: (
-                    REDACTED
-                    if (sensitive.get(k) if isinstance(k, str) else None) or self._classify(k)
-                    else self._redact_value(v, depth + 1)
-                )
+                k: REDACTED if self.masks(k) else self._redact_value(v, depth + 1)
                 for k, v in value.items()
             }
         if isinstance(value, (list, tuple)):
