@@ -1,29 +1,10 @@
-"""The public recording API: reservations, payments, refunds, idempotency, cache.
+"""The process-wide :class:`Sentry` and the module functions that record on it.
 
-One :class:`Sentry` holds the metrics (in an injectable registry), the SKU guard, the
-logger and the tracer. :func:`configure` installs the process-wide one that the module
-functions use; tests build their own ``Sentry(registry=CollectorRegistry())``.
-
-Every method is safe to call from threads and asyncio tasks and never raises into the
-application at run time: a failure inside stocksentry is counted in
-``stocksentry_instrumentation_errors_total{component}`` and logged at most once per
-``error_log_interval`` seconds per component. Exceptions raised by the application inside
-a ``with`` block pass through unchanged.
-
-Example::
-
-    from stocksentry.instrumentation import configure, reservation
-
-    configure(promo_skus=["EGG-01"])
-    with reservation("EGG-01", strategy="atomic") as r:
-        r.stock_check(available=1)
-        if update_matched_a_row():
-            r.success(old_stock=1, new_stock=0)
-        else:
-            r.conflict("out_of_stock")
-
-The names are imported from :mod:`stocksentry.instrumentation`; the parts live by role in
-:mod:`.outcomes`, :mod:`.reservation`, :mod:`.payment` and :mod:`.sentry`.
+:func:`configure` installs the instance the functions use (tests build their own
+``Sentry(registry=CollectorRegistry())``). Every recording call is safe from threads and
+asyncio tasks and never raises into the application at run time: a failure inside
+stocksentry is counted in ``stocksentry_instrumentation_errors_total{component}`` and
+logged at most once per ``error_log_interval`` seconds per component.
 """
 
 from __future__ import annotations

@@ -2,14 +2,6 @@
 
 Everything else (the recording API, the exporter's probes, dashboards, alert-rule tests and
 docs) refers to these specs, so a rename breaks the build instead of leaving an empty panel.
-
-Example::
-
-    from stocksentry.instrumentation import catalog
-
-    spec = catalog.RESERVATION_SUCCESS
-    assert spec.name == "stock_reservation_success_total"
-    assert spec.labels == ("sku", "strategy")
 """
 
 from __future__ import annotations

@@ -1,27 +1,12 @@
 """Structured JSON logs with correlation ids, trace ids and redaction.
 
-Every log line is one JSON object carrying the ids that let on-call follow a
-double-sell across services: ``request_id``, ``idempotency_key``, ``sku``,
-``product_id``, ``order_id``, ``payment_reference`` (bound through
-:mod:`contextvars`, so asyncio tasks inherit them) plus ``trace_id`` and
-``span_id`` of the active OpenTelemetry span.
-
-Typical use in a checkout service::
-
-    from stocksentry.instrumentation.logs import (
-        bind_correlation,
-        configure_logging,
-        get_logger,
-    )
+Every line is one JSON object carrying the ids that follow a double-sell across services
+(:data:`CORRELATION_KEYS`, bound through :mod:`contextvars`, so asyncio tasks inherit
+them) and the ``trace_id``/``span_id`` of the active OpenTelemetry span::
 
     configure_logging("INFO")
-    log = get_logger(__name__)
-
     with bind_correlation(request_id="r-1", sku="SKU-42"):
-        log.info("stock_update", **{"from": 1, "to": 0})
-
-This module imports only the standard library, structlog and
-opentelemetry-api, so it is safe in the lightest install.
+        get_logger(__name__).info("stock_update", **{"from": 1, "to": 0})
 """
 
 from __future__ import annotations

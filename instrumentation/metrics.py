@@ -2,22 +2,9 @@
 
 :class:`StockMetrics` creates every ``source == "app"`` metric of
 :mod:`~stocksentry.instrumentation.catalog` in the registry it is given and offers one
-flat method per event. Label values go through guards decided at construction, and the
-label children are cached in plain dictionaries, keyed by the raw values the app passed.
-
-Most applications use the higher-level :class:`~stocksentry.instrumentation.Sentry`;
-this class is the layer under it.
-
-Example::
-
-    from prometheus_client import CollectorRegistry
-
-    registry = CollectorRegistry()
-    metrics = StockMetrics(registry)
-    metrics.reservation_success("EGG-01", "atomic")
-    registry.get_sample_value(
-        "stock_reservation_success_total", {"sku": "EGG-01", "strategy": "atomic"}
-    )  # 1.0
+method per event; label values go through guards, and the labelled children are cached
+by the raw values the app passed. Most applications use
+:class:`~stocksentry.instrumentation.Sentry`, the layer above.
 """
 
 from __future__ import annotations
