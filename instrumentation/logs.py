@@ -113,12 +113,15 @@ class Redactor:
     def __call__(
         self, logger: WrappedLogger, method_name: str, event_dict: EventDict
     ) -> EventDict:
+        sensitive = self._sensitive
         # Assigning to existing keys while iterating is safe: the dict's size does not change.
         for key, value in event_dict.items():
-            if self.masks(key):
+            masked = sensitive.get(key)
+            if masked or (masked is None and self.masks(key)):
                 event_dict[key] = REDACTED
-            elif type(value) is str and key in _TRUSTED_KEYS:
-                continue
+            elif type(value) is str:
+                if key not in _TRUSTED_KEYS:
+                    event_dict[key] = scrub_text(value)
             elif isinstance(value, (str, dict, list, tuple)):
                 event_dict[key] = self._redact_value(value, 1)
         return event_dict

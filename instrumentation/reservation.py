@@ -63,6 +63,14 @@ class Reservation(BlockHandle):
         self._ctx_token = None
         # Whether this reservation logs: read once, for all of its lines.
         self._log = sentry.log_enabled
+        # The logger of this reservation's lines, resolved once: bind() with no values
+        # gives structlog's logger behind its lazy proxy, not one more lookup per line.
+        self._logger: Any = sentry.logger
+        if self._log and callable(getattr(self._logger, "bind", None)):
+            try:
+                self._logger = self._logger.bind()
+            except Exception as exc:
+                sentry.internal_error("logging", exc)
         self._log_tokens: Mapping[str, Token[Any]] | None = None
         self._cv_token: Token[Reservation | None] | None = None
         self._start = 0.0
@@ -87,18 +95,20 @@ class Reservation(BlockHandle):
         """
         self._check(available=available)
         self._old_stock = available
-        fields: dict[str, Any] = {
-            "sku": self.sku,
-            "strategy": self.strategy,
-            "available": available,
-        }
         if source == "cache":
             self._cached = available
             self._cache_name = cache if cache is not None else "stock"
-            fields.update(source="cache", cache=self._cache_name)
         elif source != "db" and self._misuse is None:
             self._misuse = f"source must be 'db' or 'cache', got {source!r:.80}"
-        self._line(STOCK_CHECK, fields)
+        if self._log:
+            fields: dict[str, Any] = {
+                "sku": self.sku,
+                "strategy": self.strategy,
+                "available": available,
+            }
+            if source == "cache":
+                fields.update(source="cache", cache=self._cache_name)
+            self._line(STOCK_CHECK, fields)
 
     def success(self, *, old_stock: int | None = None, new_stock: int | None = None) -> None:
         """Mark the reservation successful; ``new_stock`` below zero counts a negative write."""
@@ -206,7 +216,8 @@ class Reservation(BlockHandle):
                     sentry.metrics.inventory_negative(self.sku)
             except Exception as err:
                 sentry.internal_error("metrics", err)
-        self._log_end(outcome, exc)
+        if self._log:
+            self._log_end(outcome, exc)
         if self._cv_token is not None or self._log_tokens is not None or self._span is not None:
             self._restore(outcome, exc)
 
@@ -237,11 +248,10 @@ class Reservation(BlockHandle):
         return new_stock is not None and new_stock < 0 and not self._sql_negative
 
     def _line(self, event: LogEvent, fields: dict[str, Any]) -> None:
-        if self._log:
-            try:
-                getattr(self._sentry.logger, event.level)(event.name, **fields)
-            except Exception as exc:
-                self._sentry.internal_error("logging", exc)
+        try:
+            getattr(self._logger, event.level)(event.name, **fields)
+        except Exception as exc:
+            self._sentry.internal_error("logging", exc)
 
     def _log_end(self, outcome: Outcome, exc: BaseException | None) -> None:
         fields: dict[str, Any] = {"sku": self.sku, "strategy": self.strategy}
