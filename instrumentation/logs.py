@@ -17,10 +17,8 @@ import re
 import sys
 import threading
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
-from contextvars import Token
+from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
-from types import TracebackType
 from typing import Any, TextIO
 
 import structlog
@@ -372,34 +370,13 @@ def configure_logging(
     root.setLevel(numeric_level)
 
 
-class _CorrelationBinding(contextlib.AbstractContextManager[None]):
-    __slots__ = ("_stack", "_values")
-
-    def __init__(self, values: dict[str, object]) -> None:
-        self._values = values
-        # A stack, so one binding object can be entered again while active.
-        self._stack: list[Mapping[str, Token[Any]]] = []
-
-    def __enter__(self) -> None:
-        self._stack.append(structlog.contextvars.bind_contextvars(**self._values))
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        structlog.contextvars.reset_contextvars(**self._stack.pop())
-
-
 def bind_correlation(**ids: object) -> contextlib.AbstractContextManager[None]:
     """Bind correlation ids to every log line inside the ``with`` block.
 
     ``None`` values are skipped. On exit the previous values (or absence) of
-    exactly these keys are restored, so bindings nest. Works in sync and async
-    code; tasks created inside the block (``asyncio.create_task``,
-    ``asyncio.gather``) inherit the ids, concurrent tasks do not see each
-    other's. Enter and exit in the same task or thread.
+    exactly these keys are restored, so bindings nest (structlog's
+    ``bound_contextvars``). Tasks created inside the block inherit the ids;
+    concurrent tasks do not see each other's.
 
     Example::
 
@@ -408,7 +385,8 @@ def bind_correlation(**ids: object) -> contextlib.AbstractContextManager[None]:
                 log.info("reserved")  # request_id, sku and order_id
             log.info("done")  # request_id only
     """
-    return _CorrelationBinding({k: v for k, v in ids.items() if v is not None})
+    values = {key: value for key, value in ids.items() if value is not None}
+    return structlog.contextvars.bound_contextvars(**values)
 
 
 def get_correlation() -> dict[str, object]:
