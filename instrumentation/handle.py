@@ -64,8 +64,6 @@ class BlockHandle:
     catch, count and log.
     """
 
-    __slots__ = ("_ctx_token", "_sentry", "_span")
-
     _sentry: Sentry
     _span: Span | None
     _ctx_token: Token[Context] | None

@@ -24,8 +24,6 @@ class PaymentCallback(BlockHandle):
     marks a payment that must be refunded because the stock was not there.
     """
 
-    __slots__ = ("_mark", "_misuse", "checkout", "ids", "qty", "sku")
-
     def __init__(
         self,
         sentry: Sentry,
