@@ -83,11 +83,7 @@ class PaymentCallback(BlockHandle):
             sentry.internal_error("api", TypeError(self._misuse))
         else:
             self._record(mark)
-        if sentry.log_enabled:
-            try:
-                sentry.logger.info(PAYMENT_CALLBACK.name, sku=self.sku, result=mark, **self.ids)
-            except Exception as err:
-                sentry.internal_error("logging", err)
+        sentry.log_event(PAYMENT_CALLBACK, sku=self.sku, result=mark, **self.ids)
         span = self._span
         if span is not None:
             self._end_span(span, "stock.payment_result", mark, exc is not None, exc)

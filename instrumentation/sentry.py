@@ -141,7 +141,8 @@ class Sentry:
         self.internal_error("api", TypeError(problem))
         return True
 
-    def _log(self, event: LogEvent, **fields: Any) -> None:
+    def log_event(self, event: LogEvent, **fields: Any) -> None:
+        """Write one line of ``event`` when logging is on; a failure is counted, not raised."""
         if not self.log_enabled:
             return
         try:
@@ -321,7 +322,7 @@ class Sentry:
             count(value)
         except Exception as exc:
             self.internal_error("metrics", exc)
-        self._log(event, **fields)
+        self.log_event(event, **fields)
 
 
 def reserving(
@@ -333,20 +334,16 @@ def reserving(
         signature = inspect.signature(func)
         if sku is None and sku_arg not in signature.parameters:
             raise TypeError(f"{func.__qualname__} has no argument {sku_arg!r} for the SKU")
-        # Where the SKU sits among positional arguments, decided once here.
-        position = list(signature.parameters).index(sku_arg) if sku is None else -1
-        default = signature.parameters[sku_arg].default if sku is None else inspect.Parameter.empty
 
         def sku_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
             if sku is not None:
                 return sku
-            if sku_arg in kwargs:
-                return str(kwargs[sku_arg])
-            if 0 <= position < len(args):
-                return str(args[position])
-            if default is not inspect.Parameter.empty:
-                return str(default)
-            return "unknown"
+            try:
+                bound = signature.bind_partial(*args, **kwargs)
+            except TypeError:  # the call itself fails, inside the reservation
+                return "unknown"
+            bound.apply_defaults()
+            return str(bound.arguments.get(sku_arg, "unknown"))
 
         if inspect.iscoroutinefunction(func):
             async_func = cast(Callable[..., Awaitable[Any]], func)
