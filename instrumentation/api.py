@@ -11,12 +11,8 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Concatenate, ParamSpec, TypeVar
-
-from opentelemetry.trace import TracerProvider
-from prometheus_client import CollectorRegistry
-from prometheus_client.registry import REGISTRY
 
 from .sentry import Sentry, reserving
 
@@ -27,39 +23,25 @@ _default: Sentry | None = None
 _default_lock = threading.Lock()
 
 
-def configure(
-    *,
-    registry: CollectorRegistry | None = REGISTRY,
-    promo_skus: Iterable[str] = (),
-    max_skus: int = 100,
-    max_label_length: int = 64,
-    log: bool = True,
-    trace: bool = True,
-    tracer_provider: TracerProvider | None = None,
-    error_log_interval: float = 60.0,
-) -> Sentry:
-    """Install the process-wide :class:`Sentry` the module functions use, and return it.
+def _installing(build: Callable[P, Sentry]) -> Callable[P, Sentry]:
+    def configure(*args: P.args, **kwargs: P.kwargs) -> Sentry:
+        """Install the process-wide :class:`Sentry` the module functions use, and return
+        it; the arguments are :class:`Sentry`'s.
 
-    Calling it again replaces the previous instance and unregisters its metrics.
-    Set-up code: it raises on bad arguments (for example ``max_skus < 0``).
-    """
-    global _default
-    sentry = None
-    with _default_lock:
-        if _default is not None:
-            _default.close()
-        sentry = Sentry(
-            registry=registry,
-            promo_skus=promo_skus,
-            max_skus=max_skus,
-            max_label_length=max_label_length,
-            log=log,
-            trace=trace,
-            tracer_provider=tracer_provider,
-            error_log_interval=error_log_interval,
-        )
-        _default = sentry
-    return sentry
+        Calling it again replaces the previous instance and unregisters its metrics.
+        Set-up code: it raises on bad arguments (for example ``max_skus < 0``).
+        """
+        global _default
+        with _default_lock:
+            if _default is not None:
+                _default.close()
+            _default = build(*args, **kwargs)
+            return _default
+
+    return configure
+
+
+configure = _installing(Sentry)
 
 
 def get_sentry() -> Sentry:
