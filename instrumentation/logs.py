@@ -17,12 +17,13 @@ import re
 import sys
 import threading
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
 import structlog
-from opentelemetry import trace
+from opentelemetry import context as otel_context
+from opentelemetry import propagate, trace
 from structlog.typing import EventDict, Processor, WrappedLogger
 
 from .secrets import REDACTED, SECRET_WORDS, is_secret_key, scrub_text
@@ -387,6 +388,27 @@ def bind_correlation(**ids: object) -> contextlib.AbstractContextManager[None]:
     """
     values = {key: value for key, value in ids.items() if value is not None}
     return structlog.contextvars.bound_contextvars(**values)
+
+
+@contextlib.contextmanager
+def request_correlation(
+    headers: Mapping[str, str], header: str, idempotency_header: str
+) -> Iterator[str]:
+    """One HTTP request's correlation, for the middlewares: ``request_id`` (the ``header``
+    value when :func:`sanitize_id` accepts it, else a new one) and ``idempotency_key``
+    bound, and the caller's W3C ``traceparent``/``tracestate`` context current unless a
+    span already is (an earlier server instrumentation's). Yields the request id."""
+    request_id = sanitize_id(headers.get(header)) or new_request_id()
+    idempotency_key = sanitize_id(headers.get(idempotency_header))
+    token = None
+    if not trace.get_current_span().get_span_context().is_valid:
+        token = otel_context.attach(propagate.extract(headers))
+    try:
+        with bind_correlation(request_id=request_id, idempotency_key=idempotency_key):
+            yield request_id
+    finally:
+        if token is not None:
+            otel_context.detach(token)
 
 
 def get_correlation() -> dict[str, object]:
