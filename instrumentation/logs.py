@@ -267,6 +267,17 @@ def _is_tty(stream: TextIO) -> bool:
         return False
 
 
+def _line_fields(logger_name: Processor) -> list[Processor]:
+    """The fields every line gets, in their order; ``logger_name`` adds ``logger``."""
+    return [
+        structlog.contextvars.merge_contextvars,
+        structlog.processors.add_log_level,
+        logger_name,
+        add_trace_context,
+        add_timestamp,
+    ]
+
+
 def configure_logging(
     level: int | str = "INFO",
     *,
@@ -324,15 +335,7 @@ def configure_logging(
     shared_lock = handler.lock if handler.lock is not None else threading.RLock()
 
     structlog.configure(
-        processors=[
-            structlog.contextvars.merge_contextvars,
-            structlog.processors.add_log_level,
-            add_logger_name,
-            add_trace_context,
-            add_timestamp,
-            *before_render,
-            renderer,
-        ],
+        processors=[*_line_fields(add_logger_name), *before_render, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(numeric_level),
         context_class=dict,
         # get_logger(name)'s name, kept on the line writer for the ``logger`` field.
@@ -351,11 +354,7 @@ def configure_logging(
     foreign_pre_chain: Sequence[Processor] = (
         structlog.stdlib.ExtraAdder(),
         drop_formatter_text,
-        structlog.contextvars.merge_contextvars,
-        structlog.processors.add_log_level,
-        structlog.stdlib.add_logger_name,  # the record's name
-        add_trace_context,
-        add_timestamp,
+        *_line_fields(structlog.stdlib.add_logger_name),  # the record's name
     )
     handler.setFormatter(
         structlog.stdlib.ProcessorFormatter(
