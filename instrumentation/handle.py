@@ -59,14 +59,16 @@ _STR_ARGS = frozenset({"sku", "strategy", "operation", "cache", "reason", "outco
 class BlockHandle:
     """A sync and async context manager over ``_enter()`` and ``_exit(exc)``, with a span.
 
-    A subclass sets ``_sentry``, ``_span`` and ``_ctx_token`` in ``__init__`` and
+    A subclass sets ``_sentry`` in ``__init__`` and
     implements :meth:`_enter` and :meth:`_exit`, which never raise into the host: they
     catch, count and log.
     """
 
     _sentry: Sentry
-    _span: Span | None
-    _ctx_token: Token[Context] | None
+    _span: Span | None = None
+    # The context _use_span attached, and the token to detach it with.
+    _ctx: Context | None = None
+    _ctx_token: Token[Context] | None = None
 
     def _enter(self) -> None:
         raise NotImplementedError
@@ -77,7 +79,8 @@ class BlockHandle:
     def _use_span(self, span: Span) -> None:
         """Make ``span`` this handle's, current until :meth:`_end_span`."""
         self._span = span
-        self._ctx_token = otel_context.attach(otel_trace.set_span_in_context(span))
+        self._ctx = otel_trace.set_span_in_context(span)
+        self._ctx_token = otel_context.attach(self._ctx)
 
     def _end_span(
         self, span: Span, key: str, result: str, failed: bool, exc: BaseException | None
@@ -96,7 +99,7 @@ class BlockHandle:
         finally:
             token, self._ctx_token = self._ctx_token, None
             if token is not None:
-                if otel_trace.get_current_span() is not span:
+                if otel_context.get_current() is not self._ctx:
                     # Ended in another context than it began (another task, say): detach()
                     # cannot restore this one; counted here, as detach() only logs it.
                     self._sentry.internal_error(

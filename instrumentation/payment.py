@@ -5,8 +5,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Literal
 
-from opentelemetry.trace import Span
-
 from .events import PAYMENT_CALLBACK
 from .handle import BlockHandle, misuse
 from .tracing import link_from_carrier
@@ -38,8 +36,6 @@ class PaymentCallback(BlockHandle):
         self.ids = ids
         self.checkout = checkout
         self._mark: Literal["paid", "replay", "refund", "failed"] = "paid"
-        self._span: Span | None = None
-        self._ctx_token = None
         # A value of the wrong type from the app: the callback then records none of its
         # series and counts one instrumentation error (all or nothing).
         self._misuse: str | None = None

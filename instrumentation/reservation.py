@@ -8,7 +8,6 @@ from contextvars import ContextVar, Token
 from typing import TYPE_CHECKING, Any
 
 import structlog
-from opentelemetry.trace import Span
 
 from . import catalog
 from .catalog import ConflictReason, Outcome
@@ -59,8 +58,6 @@ class Reservation(BlockHandle):
         # The stock a cache answered with, when the decision was taken from a cache.
         self._cached: int | None = None
         self._cache_name = ""
-        self._span: Span | None = None
-        self._ctx_token = None
         # Whether this reservation logs: read once, for all of its lines.
         self._log = sentry.log_enabled
         # The logger of this reservation's lines, resolved once: bind() with no values
