@@ -11,7 +11,7 @@ from typing import Literal, get_args
 
 MetricKind = Literal["counter", "gauge", "histogram"]
 Source = Literal["app", "probe", "exporter"]
-# prometheus_client's multiprocess modes for gauges; each gauge names one explicitly.
+# prometheus_client's multiprocess modes for gauges (``mostrecent`` unless a spec names one).
 MultiprocessMode = Literal[
     "all", "liveall", "min", "livemin", "max", "livemax", "sum", "livesum", "mostrecent"
 ]
@@ -74,6 +74,11 @@ class MetricSpec:
     buckets: tuple[float, ...] | None = None
     multiprocess_mode: MultiprocessMode | None = None
     exemplars: bool = False
+
+    def __post_init__(self) -> None:
+        # A gauge is one process's latest reading unless its spec says otherwise.
+        if self.kind == "gauge" and self.multiprocess_mode is None:
+            object.__setattr__(self, "multiprocess_mode", "mostrecent")
 
     @property
     def base_name(self) -> str:
@@ -224,14 +229,12 @@ NEGATIVE_INVENTORY_SKUS = MetricSpec(
     "gauge",
     "SKUs whose stock is below zero.",
     source="probe",
-    multiprocess_mode="mostrecent",
 )
 NEGATIVE_INVENTORY_UNITS = MetricSpec(
     "stock_negative_inventory_units",
     "gauge",
     "Units below zero summed over all SKUs.",
     source="probe",
-    multiprocess_mode="mostrecent",
 )
 NEGATIVE_INVENTORY_SKU_UNITS = MetricSpec(
     "stock_negative_inventory_sku_units",
@@ -240,7 +243,6 @@ NEGATIVE_INVENTORY_SKU_UNITS = MetricSpec(
     "__other__); promo SKUs always, at 0 when not below zero.",
     ("sku",),
     source="probe",
-    multiprocess_mode="mostrecent",
 )
 OVERSOLD_UNITS = MetricSpec(
     "stock_oversold_units",
@@ -248,14 +250,12 @@ OVERSOLD_UNITS = MetricSpec(
     "Paid units beyond the SKU's inventory for the sale.",
     ("sku",),
     source="probe",
-    multiprocess_mode="mostrecent",
 )
 DUPLICATE_ORDER_KEYS = MetricSpec(
     "stock_duplicate_order_keys",
     "gauge",
     "Idempotency keys or external references with more than one order in the window.",
     source="probe",
-    multiprocess_mode="mostrecent",
 )
 DUPLICATE_ORDER_SKU_KEYS = MetricSpec(
     "stock_duplicate_order_sku_keys",
@@ -264,21 +264,18 @@ DUPLICATE_ORDER_SKU_KEYS = MetricSpec(
     "for the SKUs with the most such keys (the rest summed under __other__).",
     ("sku",),
     source="probe",
-    multiprocess_mode="mostrecent",
 )
 DB_LOCK_WAITERS = MetricSpec(
     "stock_db_lock_waiters",
     "gauge",
     "Sessions currently waiting for a lock.",
     source="probe",
-    multiprocess_mode="mostrecent",
 )
 DB_LOCK_WAIT_MAX = MetricSpec(
     "stock_db_lock_wait_max_seconds",
     "gauge",
     "Longest current lock wait.",
     source="probe",
-    multiprocess_mode="mostrecent",
 )
 DB_DEADLOCKS = MetricSpec(
     "stock_db_deadlocks_total",
@@ -292,7 +289,6 @@ DB_LONG_TRANSACTIONS = MetricSpec(
     "gauge",
     "Transactions open longer than the threshold that hold locks on stock tables.",
     source="probe",
-    multiprocess_mode="mostrecent",
 )
 DB_LONG_TRANSACTION_MAX = MetricSpec(
     "stock_db_long_transaction_max_seconds",
@@ -300,42 +296,36 @@ DB_LONG_TRANSACTION_MAX = MetricSpec(
     "Age of the oldest transaction holding locks on stock tables (0 when none is over the "
     "threshold).",
     source="probe",
-    multiprocess_mode="mostrecent",
 )
 RESERVATIONS_EXPIRED_UNRELEASED = MetricSpec(
     "stock_reservations_expired_unreleased",
     "gauge",
     "Reservations past their expiry whose stock was not given back.",
     source="probe",
-    multiprocess_mode="mostrecent",
 )
 OUTBOX_PENDING = MetricSpec(
     "stock_outbox_pending_events",
     "gauge",
     "Outbox events not yet published.",
     source="probe",
-    multiprocess_mode="mostrecent",
 )
 OUTBOX_LAG = MetricSpec(
     "stock_outbox_lag_seconds",
     "gauge",
     "Age of the oldest unpublished outbox event.",
     source="probe",
-    multiprocess_mode="mostrecent",
 )
 OUTBOX_STUCK = MetricSpec(
     "stock_outbox_stuck_events",
     "gauge",
     "Outbox events unpublished for longer than the configured publish latency.",
     source="probe",
-    multiprocess_mode="mostrecent",
 )
 OUTBOX_MAX_PUBLISH_LATENCY = MetricSpec(
     "stock_outbox_max_publish_latency_seconds",
     "gauge",
     "The publish latency the outbox probe is configured with (the alert's threshold).",
     source="probe",
-    multiprocess_mode="mostrecent",
 )
 CACHE_DRIFT_SKUS = MetricSpec(
     "stock_cache_drift_skus",
@@ -343,7 +333,6 @@ CACHE_DRIFT_SKUS = MetricSpec(
     "SKUs whose cached stock differs from the database beyond tolerance and grace.",
     ("cache",),
     source="probe",
-    multiprocess_mode="mostrecent",
 )
 CACHE_DRIFT_SKU_UNITS = MetricSpec(
     "stock_cache_drift_sku_units",
@@ -353,7 +342,6 @@ CACHE_DRIFT_SKU_UNITS = MetricSpec(
     "summed under __other__); every compared SKU always, at 0 when not drifting.",
     ("cache", "sku"),
     source="probe",
-    multiprocess_mode="mostrecent",
 )
 
 # --- the exporter's own health -------------------------------------------------------------
@@ -364,7 +352,6 @@ PROBE_UP = MetricSpec(
     "1 when the probe's last run succeeded, 0 otherwise.",
     ("probe",),
     source="exporter",
-    multiprocess_mode="mostrecent",
 )
 PROBE_DURATION = MetricSpec(
     "stocksentry_probe_duration_seconds",
@@ -372,7 +359,6 @@ PROBE_DURATION = MetricSpec(
     "Duration of the probe's last run.",
     ("probe",),
     source="exporter",
-    multiprocess_mode="mostrecent",
 )
 PROBE_LAST_SUCCESS = MetricSpec(
     "stocksentry_probe_last_success_timestamp_seconds",
@@ -380,7 +366,6 @@ PROBE_LAST_SUCCESS = MetricSpec(
     "Unix time of the probe's last successful run.",
     ("probe",),
     source="exporter",
-    multiprocess_mode="mostrecent",
 )
 
 PROBE_LEADER = MetricSpec(
@@ -388,7 +373,6 @@ PROBE_LEADER = MetricSpec(
     "gauge",
     "1 when this exporter runs the database probes (it holds the advisory lock), 0 otherwise.",
     source="exporter",
-    multiprocess_mode="mostrecent",
 )
 COLLECTOR_ERRORS = MetricSpec(
     "stocksentry_collector_errors_total",
@@ -412,7 +396,6 @@ MULTIPROCESS_FILES = MetricSpec(
     "gauge",
     "Multiprocess files merged into the last scrape.",
     source="exporter",
-    multiprocess_mode="mostrecent",
 )
 BUILD_INFO = MetricSpec(
     "stocksentry_build_info",
@@ -421,7 +404,6 @@ BUILD_INFO = MetricSpec(
     "source revision (unknown when the build did not record it) and the Python version.",
     ("version", "revision", "python_version"),
     source="exporter",
-    multiprocess_mode="mostrecent",
 )
 
 INSTRUMENTATION_ERRORS = MetricSpec(
@@ -474,7 +456,6 @@ LOCKWATCH_CONNECTED = MetricSpec(
     "gauge",
     "1 while the lock watcher is subscribed to Redis keyspace notifications, 0 otherwise.",
     source="exporter",
-    multiprocess_mode="mostrecent",
 )
 LOCKWATCH_NOTIFICATIONS = MetricSpec(
     "stocksentry_lockwatch_notifications_enabled",
@@ -482,7 +463,6 @@ LOCKWATCH_NOTIFICATIONS = MetricSpec(
     "1 when Redis's notify-keyspace-events holds the flags the lock watcher needs, 0 when "
     "it lacks one; absent when CONFIG GET is refused.",
     source="exporter",
-    multiprocess_mode="mostrecent",
 )
 LOCKWATCH_RECONNECTS = MetricSpec(
     "stocksentry_lockwatch_reconnects_total",
