@@ -10,58 +10,69 @@ cache decisions as Prometheus metrics, JSON log lines and OpenTelemetry spans::
         r.success(old_stock=1, new_stock=0)
 
 Importing this package pulls in prometheus-client, opentelemetry-api and structlog only.
-The SQLAlchemy integration (``instrument_sqlalchemy``, ``uninstrument_sqlalchemy``,
-``StockTable``) is loaded from :mod:`.sqlalchemy` on first access, so SQLAlchemy is
-imported only by applications that use it.
+The SQLAlchemy integration lives in :mod:`stocksentry.instrumentation.sqlalchemy` (the
+``sqlalchemy`` extra).
 """
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
-
-from . import api
-from .api import *  # noqa: F403 - the recording API, its names listed once in api.__all__
-from .catalog import CONFLICT_REASONS, OUTCOMES, OVERFLOW_VALUE, MetricSpec
+from .api import (
+    configure,
+    get_sentry,
+    payment_callback,
+    record_idempotency_conflict,
+    record_idempotency_replay,
+    record_negative_inventory,
+    record_paid_order,
+    record_refund_due_to_oversell,
+    record_reservation,
+    record_stale_cache_hit,
+    reservation,
+    reserves,
+)
+from .catalog import (
+    CONFLICT_REASONS,
+    OUTCOMES,
+    OVERFLOW_VALUE,
+    ConflictReason,
+    MetricSpec,
+    Outcome,
+)
 from .guard import LabelGuard, sanitize_label_value
 from .metrics import StockMetrics
+from .outcomes import ReservationConflict, classify_exception
+from .payment import PaymentCallback
+from .reservation import Reservation, current_reservation
+from .sentry import Sentry
 from .tracing import configure_tracing
-
-if TYPE_CHECKING:
-    from .sqlalchemy import StockTable, instrument_sqlalchemy, uninstrument_sqlalchemy
-
-# Names served by a submodule that needs an optional extra, imported when first used.
-_LAZY = {
-    "StockTable": "sqlalchemy",
-    "instrument_sqlalchemy": "sqlalchemy",
-    "uninstrument_sqlalchemy": "sqlalchemy",
-}
-
-
-def __getattr__(name: str) -> Any:
-    module_name = _LAZY.get(name)
-    if module_name is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    try:
-        module = import_module(f".{module_name}", __name__)
-    except ImportError as exc:
-        raise ImportError(
-            f"{name} needs the {module_name} extra: pip install 'stocksentry[{module_name}]'"
-        ) from exc
-    return getattr(module, name)
-
 
 __all__ = [
     "CONFLICT_REASONS",
     "OUTCOMES",
     "OVERFLOW_VALUE",
+    "ConflictReason",
     "LabelGuard",
     "MetricSpec",
+    "Outcome",
+    "PaymentCallback",
+    "Reservation",
+    "ReservationConflict",
+    "Sentry",
     "StockMetrics",
-    "StockTable",
+    "classify_exception",
+    "configure",
     "configure_tracing",
-    "instrument_sqlalchemy",
+    "current_reservation",
+    "get_sentry",
+    "payment_callback",
+    "record_idempotency_conflict",
+    "record_idempotency_replay",
+    "record_negative_inventory",
+    "record_paid_order",
+    "record_refund_due_to_oversell",
+    "record_reservation",
+    "record_stale_cache_hit",
+    "reservation",
+    "reserves",
     "sanitize_label_value",
-    "uninstrument_sqlalchemy",
 ]
-__all__ += api.__all__

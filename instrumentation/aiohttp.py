@@ -15,12 +15,10 @@ from __future__ import annotations
 
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
-from opentelemetry import context as otel_context
-from opentelemetry import propagate, trace
 
-from .logs import bind_correlation, new_request_id, sanitize_id
+from .logs import request_correlation
 
-__all__ = ["IDEMPOTENCY_HEADER", "correlation_middleware"]
+__all__ = ["correlation_middleware"]
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 """Request header read as ``idempotency_key``.
@@ -57,25 +55,12 @@ def correlation_middleware(*, header: str = "X-Request-ID") -> Middleware:
 
     @web.middleware
     async def correlation(request: web.Request, handler: Handler) -> web.StreamResponse:
-        headers = request.headers
-        request_id = sanitize_id(headers.get(header)) or new_request_id()
-        idempotency_key = sanitize_id(headers.get(IDEMPOTENCY_HEADER))
-
-        # An earlier instrumentation (e.g. an OpenTelemetry server middleware)
-        # may have made its server span current already: keep it as the parent.
-        token = None
-        if not trace.get_current_span().get_span_context().is_valid:
-            token = otel_context.attach(propagate.extract(headers))
-        try:
-            with bind_correlation(request_id=request_id, idempotency_key=idempotency_key):
-                try:
-                    response = await handler(request)
-                except web.HTTPException as exc:
-                    exc.headers[header] = request_id
-                    raise
-        finally:
-            if token is not None:
-                otel_context.detach(token)
+        with request_correlation(request.headers, header, IDEMPOTENCY_HEADER) as request_id:
+            try:
+                response = await handler(request)
+            except web.HTTPException as exc:
+                exc.headers[header] = request_id
+                raise
 
         # A streamed response already sent its headers; they cannot change now.
         if not response.prepared:

@@ -15,12 +15,9 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from opentelemetry import context as otel_context
-from opentelemetry import propagate, trace
+from .logs import request_correlation
 
-from .logs import bind_correlation, new_request_id, sanitize_id
-
-__all__ = ["ASGIApp", "CorrelationMiddleware", "Message", "Receive", "Scope", "Send"]
+__all__ = ["CorrelationMiddleware"]
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -68,9 +65,6 @@ class CorrelationMiddleware:
             # Repeated header lines form one comma-separated list (RFC 9110).
             carrier[name] = f"{carrier[name]},{value}" if name in carrier else value
 
-        request_id = sanitize_id(carrier.get(self._header)) or new_request_id()
-        idempotency_key = sanitize_id(carrier.get(_IDEMPOTENCY_HEADER))
-        echoed = (self._header_bytes, request_id.encode("ascii"))
         header_bytes = self._header_bytes
 
         async def send_with_request_id(message: Message) -> None:
@@ -80,16 +74,9 @@ class CorrelationMiddleware:
                     for name, value in message.get("headers", ())
                     if bytes(name).lower() != header_bytes
                 ]
-                headers.append(echoed)
+                headers.append((header_bytes, request_id.encode("ascii")))
                 message = {**message, "headers": headers}
             await send(message)
 
-        token = None
-        if not trace.get_current_span().get_span_context().is_valid:
-            token = otel_context.attach(propagate.extract(carrier))
-        try:
-            with bind_correlation(request_id=request_id, idempotency_key=idempotency_key):
-                await self.app(scope, receive, send_with_request_id)
-        finally:
-            if token is not None:
-                otel_context.detach(token)
+        with request_correlation(carrier, self._header, _IDEMPOTENCY_HEADER) as request_id:
+            await self.app(scope, receive, send_with_request_id)

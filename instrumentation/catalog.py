@@ -2,14 +2,6 @@
 
 Everything else (the recording API, the exporter's probes, dashboards, alert-rule tests and
 docs) refers to these specs, so a rename breaks the build instead of leaving an empty panel.
-
-Example::
-
-    from stocksentry.instrumentation import catalog
-
-    spec = catalog.RESERVATION_SUCCESS
-    assert spec.name == "stock_reservation_success_total"
-    assert spec.labels == ("sku", "strategy")
 """
 
 from __future__ import annotations
@@ -19,7 +11,7 @@ from typing import Literal, get_args
 
 MetricKind = Literal["counter", "gauge", "histogram"]
 Source = Literal["app", "probe", "exporter"]
-# prometheus_client's multiprocess modes for gauges; each gauge names one explicitly.
+# prometheus_client's multiprocess modes for gauges (``mostrecent`` unless a spec names one).
 MultiprocessMode = Literal[
     "all", "liveall", "min", "livemin", "max", "livemax", "sum", "livesum", "mostrecent"
 ]
@@ -82,6 +74,11 @@ class MetricSpec:
     buckets: tuple[float, ...] | None = None
     multiprocess_mode: MultiprocessMode | None = None
     exemplars: bool = False
+
+    def __post_init__(self) -> None:
+        # A gauge is one process's latest reading unless its spec says otherwise.
+        if self.kind == "gauge" and self.multiprocess_mode is None:
+            object.__setattr__(self, "multiprocess_mode", "mostrecent")
 
     @property
     def base_name(self) -> str:
@@ -225,19 +222,6 @@ LOCK_ACQUIRE_RETRIES = MetricSpec(
     "Distributed lock acquire attempts after the first one.",
     ("lock",),
 )
-INSTRUMENTATION_ERRORS = MetricSpec(
-    "stocksentry_instrumentation_errors_total",
-    "counter",
-    "Failures inside stocksentry's instrumentation (swallowed, never raised into the app).",
-    ("component",),
-)
-LABEL_OVERFLOW = MetricSpec(
-    "stocksentry_label_overflow_total",
-    "counter",
-    "Label values folded into __other__ because the label's series budget was spent.",
-    ("metric",),
-)
-
 # --- computed by the exporter's probes -----------------------------------------------------
 
 NEGATIVE_INVENTORY_SKUS = MetricSpec(
@@ -245,14 +229,12 @@ NEGATIVE_INVENTORY_SKUS = MetricSpec(
     "gauge",
     "SKUs whose stock is below zero.",
     source="probe",
-    multiprocess_mode="mostrecent",
 )
 NEGATIVE_INVENTORY_UNITS = MetricSpec(
     "stock_negative_inventory_units",
     "gauge",
     "Units below zero summed over all SKUs.",
     source="probe",
-    multiprocess_mode="mostrecent",
 )
 NEGATIVE_INVENTORY_SKU_UNITS = MetricSpec(
     "stock_negative_inventory_sku_units",
@@ -261,7 +243,6 @@ NEGATIVE_INVENTORY_SKU_UNITS = MetricSpec(
     "__other__); promo SKUs always, at 0 when not below zero.",
     ("sku",),
     source="probe",
-    multiprocess_mode="mostrecent",
 )
 OVERSOLD_UNITS = MetricSpec(
     "stock_oversold_units",
@@ -269,14 +250,12 @@ OVERSOLD_UNITS = MetricSpec(
     "Paid units beyond the SKU's inventory for the sale.",
     ("sku",),
     source="probe",
-    multiprocess_mode="mostrecent",
 )
 DUPLICATE_ORDER_KEYS = MetricSpec(
     "stock_duplicate_order_keys",
     "gauge",
     "Idempotency keys or external references with more than one order in the window.",
     source="probe",
-    multiprocess_mode="mostrecent",
 )
 DUPLICATE_ORDER_SKU_KEYS = MetricSpec(
     "stock_duplicate_order_sku_keys",
@@ -285,21 +264,18 @@ DUPLICATE_ORDER_SKU_KEYS = MetricSpec(
     "for the SKUs with the most such keys (the rest summed under __other__).",
     ("sku",),
     source="probe",
-    multiprocess_mode="mostrecent",
 )
 DB_LOCK_WAITERS = MetricSpec(
     "stock_db_lock_waiters",
     "gauge",
     "Sessions currently waiting for a lock.",
     source="probe",
-    multiprocess_mode="mostrecent",
 )
 DB_LOCK_WAIT_MAX = MetricSpec(
     "stock_db_lock_wait_max_seconds",
     "gauge",
     "Longest current lock wait.",
     source="probe",
-    multiprocess_mode="mostrecent",
 )
 DB_DEADLOCKS = MetricSpec(
     "stock_db_deadlocks_total",
@@ -313,7 +289,6 @@ DB_LONG_TRANSACTIONS = MetricSpec(
     "gauge",
     "Transactions open longer than the threshold that hold locks on stock tables.",
     source="probe",
-    multiprocess_mode="mostrecent",
 )
 DB_LONG_TRANSACTION_MAX = MetricSpec(
     "stock_db_long_transaction_max_seconds",
@@ -321,42 +296,36 @@ DB_LONG_TRANSACTION_MAX = MetricSpec(
     "Age of the oldest transaction holding locks on stock tables (0 when none is over the "
     "threshold).",
     source="probe",
-    multiprocess_mode="mostrecent",
 )
 RESERVATIONS_EXPIRED_UNRELEASED = MetricSpec(
     "stock_reservations_expired_unreleased",
     "gauge",
     "Reservations past their expiry whose stock was not given back.",
     source="probe",
-    multiprocess_mode="mostrecent",
 )
 OUTBOX_PENDING = MetricSpec(
     "stock_outbox_pending_events",
     "gauge",
     "Outbox events not yet published.",
     source="probe",
-    multiprocess_mode="mostrecent",
 )
 OUTBOX_LAG = MetricSpec(
     "stock_outbox_lag_seconds",
     "gauge",
     "Age of the oldest unpublished outbox event.",
     source="probe",
-    multiprocess_mode="mostrecent",
 )
 OUTBOX_STUCK = MetricSpec(
     "stock_outbox_stuck_events",
     "gauge",
     "Outbox events unpublished for longer than the configured publish latency.",
     source="probe",
-    multiprocess_mode="mostrecent",
 )
 OUTBOX_MAX_PUBLISH_LATENCY = MetricSpec(
     "stock_outbox_max_publish_latency_seconds",
     "gauge",
     "The publish latency the outbox probe is configured with (the alert's threshold).",
     source="probe",
-    multiprocess_mode="mostrecent",
 )
 CACHE_DRIFT_SKUS = MetricSpec(
     "stock_cache_drift_skus",
@@ -364,7 +333,6 @@ CACHE_DRIFT_SKUS = MetricSpec(
     "SKUs whose cached stock differs from the database beyond tolerance and grace.",
     ("cache",),
     source="probe",
-    multiprocess_mode="mostrecent",
 )
 CACHE_DRIFT_SKU_UNITS = MetricSpec(
     "stock_cache_drift_sku_units",
@@ -374,7 +342,6 @@ CACHE_DRIFT_SKU_UNITS = MetricSpec(
     "summed under __other__); every compared SKU always, at 0 when not drifting.",
     ("cache", "sku"),
     source="probe",
-    multiprocess_mode="mostrecent",
 )
 
 # --- the exporter's own health -------------------------------------------------------------
@@ -385,7 +352,6 @@ PROBE_UP = MetricSpec(
     "1 when the probe's last run succeeded, 0 otherwise.",
     ("probe",),
     source="exporter",
-    multiprocess_mode="mostrecent",
 )
 PROBE_DURATION = MetricSpec(
     "stocksentry_probe_duration_seconds",
@@ -393,7 +359,6 @@ PROBE_DURATION = MetricSpec(
     "Duration of the probe's last run.",
     ("probe",),
     source="exporter",
-    multiprocess_mode="mostrecent",
 )
 PROBE_LAST_SUCCESS = MetricSpec(
     "stocksentry_probe_last_success_timestamp_seconds",
@@ -401,7 +366,6 @@ PROBE_LAST_SUCCESS = MetricSpec(
     "Unix time of the probe's last successful run.",
     ("probe",),
     source="exporter",
-    multiprocess_mode="mostrecent",
 )
 
 PROBE_LEADER = MetricSpec(
@@ -409,7 +373,6 @@ PROBE_LEADER = MetricSpec(
     "gauge",
     "1 when this exporter runs the database probes (it holds the advisory lock), 0 otherwise.",
     source="exporter",
-    multiprocess_mode="mostrecent",
 )
 COLLECTOR_ERRORS = MetricSpec(
     "stocksentry_collector_errors_total",
@@ -433,7 +396,6 @@ MULTIPROCESS_FILES = MetricSpec(
     "gauge",
     "Multiprocess files merged into the last scrape.",
     source="exporter",
-    multiprocess_mode="mostrecent",
 )
 BUILD_INFO = MetricSpec(
     "stocksentry_build_info",
@@ -442,7 +404,19 @@ BUILD_INFO = MetricSpec(
     "source revision (unknown when the build did not record it) and the Python version.",
     ("version", "revision", "python_version"),
     source="exporter",
-    multiprocess_mode="mostrecent",
+)
+
+INSTRUMENTATION_ERRORS = MetricSpec(
+    "stocksentry_instrumentation_errors_total",
+    "counter",
+    "Failures inside stocksentry's instrumentation (swallowed, never raised into the app).",
+    ("component",),
+)
+LABEL_OVERFLOW = MetricSpec(
+    "stocksentry_label_overflow_total",
+    "counter",
+    "Label values folded into __other__ because the label's series budget was spent.",
+    ("metric",),
 )
 
 # --- computed by the exporter's Redis lock watcher --------------------------------------------
@@ -482,7 +456,6 @@ LOCKWATCH_CONNECTED = MetricSpec(
     "gauge",
     "1 while the lock watcher is subscribed to Redis keyspace notifications, 0 otherwise.",
     source="exporter",
-    multiprocess_mode="mostrecent",
 )
 LOCKWATCH_NOTIFICATIONS = MetricSpec(
     "stocksentry_lockwatch_notifications_enabled",
@@ -490,7 +463,6 @@ LOCKWATCH_NOTIFICATIONS = MetricSpec(
     "1 when Redis's notify-keyspace-events holds the flags the lock watcher needs, 0 when "
     "it lacks one; absent when CONFIG GET is refused.",
     source="exporter",
-    multiprocess_mode="mostrecent",
 )
 LOCKWATCH_RECONNECTS = MetricSpec(
     "stocksentry_lockwatch_reconnects_total",
@@ -514,63 +486,9 @@ LOCKWATCH_LEASES_LOST = MetricSpec(
     source="exporter",
 )
 
-#: Every metric, in catalog order.
-ALL: tuple[MetricSpec, ...] = (
-    RESERVATION_SUCCESS,
-    RESERVATION_CONFLICT,
-    RESERVATION_DURATION,
-    ORDERS_PAID,
-    REFUND_DUE_TO_OVERSELL,
-    INVENTORY_NEGATIVE,
-    IDEMPOTENCY_REPLAY,
-    IDEMPOTENCY_CONFLICT,
-    CACHE_STALE_HIT,
-    DB_LOCK_WAIT,
-    DB_DEADLOCK,
-    DB_SERIALIZATION_FAILURE,
-    UNSAFE_READ_MODIFY_WRITE,
-    LOCK_ACQUIRE_DURATION,
-    LOCK_HOLD_RATIO,
-    LOCK_EXPIRED_WHILE_HELD,
-    LOCK_STALE_FENCING_TOKEN,
-    LOCK_RELEASE_NOT_OWNED,
-    LOCK_EXTEND_FAILURES,
-    LOCK_ACQUIRE_RETRIES,
-    NEGATIVE_INVENTORY_SKUS,
-    NEGATIVE_INVENTORY_UNITS,
-    NEGATIVE_INVENTORY_SKU_UNITS,
-    OVERSOLD_UNITS,
-    DUPLICATE_ORDER_KEYS,
-    DUPLICATE_ORDER_SKU_KEYS,
-    DB_LOCK_WAITERS,
-    DB_LOCK_WAIT_MAX,
-    DB_DEADLOCKS,
-    DB_LONG_TRANSACTIONS,
-    DB_LONG_TRANSACTION_MAX,
-    RESERVATIONS_EXPIRED_UNRELEASED,
-    OUTBOX_PENDING,
-    OUTBOX_LAG,
-    OUTBOX_STUCK,
-    OUTBOX_MAX_PUBLISH_LATENCY,
-    CACHE_DRIFT_SKUS,
-    CACHE_DRIFT_SKU_UNITS,
-    PROBE_UP,
-    PROBE_DURATION,
-    PROBE_LAST_SUCCESS,
-    PROBE_LEADER,
-    COLLECTOR_ERRORS,
-    MULTIPROCESS_FILES_SKIPPED,
-    MULTIPROCESS_FILES,
-    BUILD_INFO,
-    INSTRUMENTATION_ERRORS,
-    LABEL_OVERFLOW,
-    LOCK_ACQUISITIONS,
-    LOCKWATCH_EVENT_COUNT,
-    LOCKWATCH_CONNECTED,
-    LOCKWATCH_NOTIFICATIONS,
-    LOCKWATCH_RECONNECTS,
-    LOCKWATCH_DISCONNECTED_SECONDS,
-    LOCKWATCH_LEASES_LOST,
+#: Every metric, in catalog order (the order of definition above).
+ALL: tuple[MetricSpec, ...] = tuple(
+    v for v in list(globals().values()) if isinstance(v, MetricSpec)
 )
 
 #: Metrics recorded inside the app.

@@ -22,35 +22,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final, Literal
 
-__all__ = [
-    "CACHE_STALE_HIT",
-    "DB_DEADLOCK",
-    "DB_LOCK_TIMEOUT",
-    "DB_SERIALIZATION_FAILURE",
-    "EVENTS",
-    "IDEMPOTENCY_CONFLICT",
-    "IDEMPOTENCY_REPLAY",
-    "INSTRUMENTATION_ERROR",
-    "INVENTORY_NEGATIVE",
-    "LOCK_ACQUIRED",
-    "LOCK_ACQUIRE_ERROR",
-    "LOCK_ACQUIRE_TIMEOUT",
-    "LOCK_EXPIRED_WHILE_HELD",
-    "LOCK_EXTEND_FAILED",
-    "LOCK_RELEASE_NOT_OWNED",
-    "ORDER_PAID",
-    "PAYMENT_CALLBACK",
-    "REFUND_DUE_TO_OVERSELL",
-    "RESERVATION_ERROR",
-    "STALE_FENCING_TOKEN",
-    "STOCK_CHECK",
-    "STOCK_UPDATE",
-    "STOCK_UPDATE_MATCHED_NO_ROW",
-    "UNSAFE_READ_MODIFY_WRITE",
-    "LogEvent",
-    "by_name",
-]
-
 Level = Literal["debug", "info", "warning", "error"]
 
 
@@ -212,31 +183,9 @@ INSTRUMENTATION_ERROR: Final = LogEvent(
     "stocksentry itself failed (rate-limited, once a minute per component).",
 )
 
-#: Every event, in documentation order.
-EVENTS: Final[tuple[LogEvent, ...]] = (
-    STOCK_CHECK,
-    STOCK_UPDATE,
-    RESERVATION_ERROR,
-    INVENTORY_NEGATIVE,
-    PAYMENT_CALLBACK,
-    ORDER_PAID,
-    REFUND_DUE_TO_OVERSELL,
-    IDEMPOTENCY_REPLAY,
-    IDEMPOTENCY_CONFLICT,
-    CACHE_STALE_HIT,
-    LOCK_ACQUIRED,
-    LOCK_ACQUIRE_TIMEOUT,
-    LOCK_ACQUIRE_ERROR,
-    LOCK_EXTEND_FAILED,
-    LOCK_EXPIRED_WHILE_HELD,
-    LOCK_RELEASE_NOT_OWNED,
-    UNSAFE_READ_MODIFY_WRITE,
-    STALE_FENCING_TOKEN,
-    STOCK_UPDATE_MATCHED_NO_ROW,
-    DB_DEADLOCK,
-    DB_SERIALIZATION_FAILURE,
-    DB_LOCK_TIMEOUT,
-    INSTRUMENTATION_ERROR,
+#: Every event, in documentation order (the order of definition above).
+EVENTS: Final[tuple[LogEvent, ...]] = tuple(
+    v for v in list(globals().values()) if isinstance(v, LogEvent)
 )
 _BY_NAME: Final = {event.name: event for event in EVENTS}
 

@@ -62,17 +62,6 @@ class LabelGuard:
     Thread-safe; the common path (a value seen before) is one dictionary lookup.
     """
 
-    __slots__ = (
-        "_admitted",
-        "_cache",
-        "_cache_chars",
-        "_cache_limit",
-        "_count",
-        "_lock",
-        "max_length",
-        "max_values",
-    )
-
     def __init__(
         self,
         max_values: int = 100,

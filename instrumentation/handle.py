@@ -10,14 +10,14 @@ context detached even when ending it raised. Internal: the public handles are
 
 from __future__ import annotations
 
+from contextvars import Token
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal, Self, cast
+from typing import TYPE_CHECKING, Literal, Self
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace as otel_trace
+from opentelemetry.context import Context
 from opentelemetry.trace import Span, StatusCode
-
-from .tracing import CONTEXT_VAR
 
 if TYPE_CHECKING:
     from .sentry import Sentry
@@ -59,16 +59,16 @@ _STR_ARGS = frozenset({"sku", "strategy", "operation", "cache", "reason", "outco
 class BlockHandle:
     """A sync and async context manager over ``_enter()`` and ``_exit(exc)``, with a span.
 
-    A subclass sets ``_sentry``, ``_span`` and ``_ctx_token`` in ``__init__`` and
+    A subclass sets ``_sentry`` in ``__init__`` and
     implements :meth:`_enter` and :meth:`_exit`, which never raise into the host: they
     catch, count and log.
     """
 
-    __slots__ = ("_ctx_token", "_sentry", "_span")
-
     _sentry: Sentry
-    _span: Span | None
-    _ctx_token: object | None
+    _span: Span | None = None
+    # The context _use_span attached, and the token to detach it with.
+    _ctx: Context | None = None
+    _ctx_token: Token[Context] | None = None
 
     def _enter(self) -> None:
         raise NotImplementedError
@@ -79,7 +79,8 @@ class BlockHandle:
     def _use_span(self, span: Span) -> None:
         """Make ``span`` this handle's, current until :meth:`_end_span`."""
         self._span = span
-        self._ctx_token = otel_context.attach(otel_trace.set_span_in_context(span))
+        self._ctx = otel_trace.set_span_in_context(span)
+        self._ctx_token = otel_context.attach(self._ctx)
 
     def _end_span(
         self, span: Span, key: str, result: str, failed: bool, exc: BaseException | None
@@ -98,16 +99,13 @@ class BlockHandle:
         finally:
             token, self._ctx_token = self._ctx_token, None
             if token is not None:
-                try:
-                    # detach(), one step. A token that cannot be reset (the block ended in
-                    # another context than it began) is counted here; detach() would log it.
-                    var = CONTEXT_VAR
-                    if var is not None:
-                        var.reset(cast(Any, token))
-                    else:
-                        otel_context.detach(cast(Any, token))
-                except Exception as err:
-                    self._sentry.internal_error("tracing", err)
+                if otel_context.get_current() is not self._ctx:
+                    # Ended in another context than it began (another task, say): detach()
+                    # cannot restore this one; counted here, as detach() only logs it.
+                    self._sentry.internal_error(
+                        "tracing", RuntimeError("span context not current at the block's end")
+                    )
+                otel_context.detach(token)
 
     def __enter__(self) -> Self:
         self._enter()

@@ -14,8 +14,6 @@ import time
 from contextvars import ContextVar
 from typing import Protocol
 
-__all__ = ["HeldLock", "held_locks", "hold_released", "hold_started", "valid_at"]
-
 
 class HeldLock(Protocol):
     """What the detector needs of one acquisition (``LockHold`` is one)."""

@@ -1,27 +1,12 @@
 """Structured JSON logs with correlation ids, trace ids and redaction.
 
-Every log line is one JSON object carrying the ids that let on-call follow a
-double-sell across services: ``request_id``, ``idempotency_key``, ``sku``,
-``product_id``, ``order_id``, ``payment_reference`` (bound through
-:mod:`contextvars`, so asyncio tasks inherit them) plus ``trace_id`` and
-``span_id`` of the active OpenTelemetry span.
-
-Typical use in a checkout service::
-
-    from stocksentry.instrumentation.logs import (
-        bind_correlation,
-        configure_logging,
-        get_logger,
-    )
+Every line is one JSON object carrying the ids that follow a double-sell across services
+(:data:`CORRELATION_KEYS`, bound through :mod:`contextvars`, so asyncio tasks inherit
+them) and the ``trace_id``/``span_id`` of the active OpenTelemetry span::
 
     configure_logging("INFO")
-    log = get_logger(__name__)
-
     with bind_correlation(request_id="r-1", sku="SKU-42"):
-        log.info("stock_update", **{"from": 1, "to": 0})
-
-This module imports only the standard library, structlog and
-opentelemetry-api, so it is safe in the lightest install.
+        get_logger(__name__).info("stock_update", **{"from": 1, "to": 0})
 """
 
 from __future__ import annotations
@@ -32,26 +17,17 @@ import re
 import sys
 import threading
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
-from contextvars import Token
-from types import TracebackType
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from datetime import UTC, datetime
 from typing import Any, TextIO
 
 import structlog
-from structlog.typing import Processor
+from opentelemetry import context as otel_context
+from opentelemetry import propagate, trace
+from structlog.typing import EventDict, Processor, WrappedLogger
 
-from .processors import (
-    DEFAULT_REDACT_KEYS,
-    LINE_FIELD_KEYS,
-    REDACTED,
-    Redactor,
-    _ContextvarsMerger,
-    _JsonLines,
-    _LineFields,
-    _UtcMillisTimestamper,
-    add_trace_context,
-    drop_formatter_text,
-)
+from .secrets import REDACTED, SECRET_WORDS, is_secret_key, scrub_text
+from .tracing import trace_fields
 
 __all__ = [
     "CORRELATION_KEYS",
@@ -84,6 +60,165 @@ Example::
 """
 
 
+DEFAULT_REDACT_KEYS: frozenset[str] = SECRET_WORDS
+"""Keys (compared case-insensitively) whose values :class:`Redactor` always masks; the
+words of :data:`stocksentry.instrumentation.secrets.SECRET_WORDS`.
+
+Example::
+
+    >>> "cvv" in DEFAULT_REDACT_KEYS
+    True
+"""
+
+
+# --- the processors (structlog's contract: (logger, method_name, event_dict) -> event_dict)
+
+# Keys written by our own processors: their values are never sensitive, and
+# skipping them keeps a hex trace id from ever being mistaken for digits.
+_TRUSTED_KEYS = frozenset({"timestamp", "level", "logger", "trace_id", "span_id", "trace_flags"})
+
+_MAX_NESTING = 8
+_KEY_CACHE_LIMIT = 4096
+# Longest key cached (in characters): with the entry limit, the cache holds at most
+# 4096 x 128 characters whatever keys the data brings.
+_KEY_CACHE_MAX_LENGTH = 128
+
+
+class Redactor:
+    """Processor that masks secrets and card numbers before rendering.
+
+    Values whose key is sensitive (case-insensitively one of
+    :data:`DEFAULT_REDACT_KEYS` or *keys*; the defaults also inside a longer key such as
+    ``access_token`` or ``X-Api-Key``) become ``"[REDACTED]"``, also in
+    nested dicts, lists and tuples (copied, never mutated in place). Inside any
+    string value, Luhn-valid card numbers keep only their last four digits and
+    ``Bearer <token>`` loses the token. Non-string leaves are left alone.
+
+    Example::
+
+        >>> redact = Redactor(keys=["email"])
+        >>> redact(None, "info", {"Email": "a@b.c", "note": "card 4111-1111-1111-1111"})
+        {'Email': '[REDACTED]', 'note': 'card ****1111'}
+    """
+
+    __slots__ = ("_keys", "_sensitive")
+
+    def __init__(self, keys: Iterable[str] = ()) -> None:
+        # The configured keys only: the default words are is_secret_key's to match.
+        self._keys = frozenset(key.lower() for key in keys)
+        # Key -> is it sensitive: log keys are a small set of code constants.
+        self._sensitive: dict[str, bool] = {}
+
+    def __call__(
+        self, logger: WrappedLogger, method_name: str, event_dict: EventDict
+    ) -> EventDict:
+        sensitive = self._sensitive
+        # Assigning to existing keys while iterating is safe: the dict's size does not change.
+        for key, value in event_dict.items():
+            masked = sensitive.get(key)
+            if masked or (masked is None and self.masks(key)):
+                event_dict[key] = REDACTED
+            elif type(value) is str:
+                if key not in _TRUSTED_KEYS:
+                    event_dict[key] = scrub_text(value)
+            elif isinstance(value, (str, dict, list, tuple)):
+                event_dict[key] = self._redact_value(value, 1)
+        return event_dict
+
+    def masks(self, key: object) -> bool:
+        """Whether this redactor masks the value of ``key`` (a configured or default key)."""
+        if not isinstance(key, str):
+            return False
+        is_sensitive = self._sensitive.get(key)
+        if is_sensitive is None:
+            lowered = key.lower()
+            # Configured keys match exactly; the default words also match inside a key
+            # (access_token, client_secret, x-api-key), as secrets come with prefixes.
+            is_sensitive = bool(lowered) and (lowered in self._keys or is_secret_key(lowered))
+            # Bounded: keys built from data (not code) must not grow the cache without limit.
+            if len(key) <= _KEY_CACHE_MAX_LENGTH and len(self._sensitive) < _KEY_CACHE_LIMIT:
+                self._sensitive[key] = is_sensitive
+        return is_sensitive
+
+    def _redact_value(self, value: object, depth: int) -> object:
+        if isinstance(value, str):
+            return scrub_text(value)
+        if depth > _MAX_NESTING:
+            # Too deep to inspect cheaply (or a cycle): mask rather than leak.
+            return REDACTED if isinstance(value, (dict, list, tuple)) else value
+        if isinstance(value, dict):
+            return {
+                k: REDACTED if self.masks(k) else self._redact_value(v, depth + 1)
+                for k, v in value.items()
+            }
+        if isinstance(value, (list, tuple)):
+            items = [self._redact_value(v, depth + 1) for v in value]
+            return items if isinstance(value, list) else tuple(items)
+        return value
+
+
+def add_trace_context(logger: WrappedLogger, method_name: str, event_dict: EventDict) -> EventDict:
+    """Processor adding ``trace_id``, ``span_id`` and ``trace_flags`` of the current span.
+
+    As in W3C ``traceparent``: ids in lowercase hex (32 and 16 characters), the flags as
+    two hex digits (``"01"``: sampled), the fields of OpenTelemetry's log data model.
+    Nothing is added outside a valid span, and keys the caller already set are kept.
+
+    Example::
+
+        >>> add_trace_context(None, "info", {"event": "x"})  # no active span
+        {'event': 'x'}
+    """
+    span_context = trace.get_current_span().get_span_context()
+    if span_context.is_valid:
+        trace_id, span_id, flags = trace_fields(span_context)
+        event_dict.setdefault("trace_id", trace_id)
+        event_dict.setdefault("span_id", span_id)
+        event_dict.setdefault("trace_flags", flags)
+    return event_dict
+
+
+def add_logger_name(logger: WrappedLogger, method_name: str, event_dict: EventDict) -> EventDict:
+    """Processor adding ``logger``: the wrapped logger's ``name``, unless the caller set one.
+
+    (structlog's own ``add_logger_name`` overwrites the caller's key and needs a stdlib
+    logger.)
+    """
+    name = getattr(logger, "name", None)
+    if name is not None:
+        event_dict.setdefault("logger", name)
+    return event_dict
+
+
+def add_timestamp(logger: WrappedLogger, method_name: str, event_dict: EventDict) -> EventDict:
+    """Processor adding ``timestamp``: ISO-8601 UTC with milliseconds, e.g.
+    ``2025-01-31T12:00:00.123Z`` (structlog's ``TimeStamper`` has no millisecond format)."""
+    now = datetime.now(UTC).isoformat(timespec="milliseconds")
+    event_dict["timestamp"] = now.replace("+00:00", "Z")
+    return event_dict
+
+
+def drop_formatter_text(
+    logger: WrappedLogger, method_name: str, event_dict: EventDict
+) -> EventDict:
+    """Drop ``message`` and ``asctime``: what another handler's ``Formatter`` left on a
+    stdlib record it saw first, copied by ``ExtraAdder`` as if it were an ``extra``.
+
+    ``logging`` refuses both names in ``extra=``, so they are never the caller's.
+
+    Example::
+
+        >>> drop_formatter_text(None, "info", {"event": "x", "message": "x", "asctime": "t"})
+        {'event': 'x'}
+    """
+    event_dict.pop("message", None)
+    event_dict.pop("asctime", None)
+    return event_dict
+
+
+# --- set-up -------------------------------------------------------------------------------
+
+
 class _LineWriter:
     """structlog's wrapped logger: writes one rendered line to the stream.
 
@@ -108,77 +243,6 @@ class _LineWriter:
     error = err = critical = fatal = exception = failure = msg
 
 
-# The processors of the last configure_logging(), to know its loggers by (see own_line_writer).
-_own_chain: tuple[Processor, ...] | None = None
-# The last logger own_line_writer was asked about, and its answer: a reservation asks for
-# the same logger each time.
-_last_writer: tuple[object, Any] = (None, None)
-
-
-def own_line_writer(logger: Any) -> Any:
-    """For a structlog logger of :func:`configure_logging`'s own chain that writes
-    ``info`` lines: a function ``write(event, fields)`` writing one such line, the same
-    line as ``logger.info(event, **fields)``; ``None`` for any other logger.
-
-    structlog's bound method runs four calls and copies the keywords three times before
-    the chain; this runs the chain itself, on ``fields`` (a fresh dict of the caller's, used
-    as the event dict). Only for a logger with nothing bound, whose processors are this
-    module's very chain (so no processor that looks at the call stack) and whose wrapped
-    logger is this module's line writer; the level is the logger's own.
-    """
-    global _last_writer
-    last = _last_writer
-    if last[0] is logger:
-        return last[1]
-    write = _own_writer(logger)
-    _last_writer = (logger, write)
-    return write
-
-
-def _own_writer(logger: Any) -> Any:
-    chain = _own_chain
-    if chain is None:
-        return None
-    # BoundLoggerBase's attributes, which structlog leaves to wrapper classes to read.
-    writer = getattr(logger, "_logger", None)
-    processors = getattr(logger, "_processors", None)
-    enabled = getattr(logger, "is_enabled_for", None)
-    if (
-        type(writer) is not _LineWriter
-        or getattr(logger, "_context", None) != {}
-        or processors is None
-        or len(processors) != len(chain)
-        or any(mine is not theirs for mine, theirs in zip(chain, processors, strict=True))
-        or enabled is None
-    ):
-        return None
-    if not enabled(logging.INFO):
-        return None
-    msg = writer.msg
-
-    def write(event: str, fields: dict[str, Any]) -> None:
-        # structlog's event dict: the call's keywords, then the event (nothing is bound).
-        fields["event"] = event
-        line: Any = fields
-        for processor in chain:
-            line = processor(writer, "info", line)
-        msg(line)
-
-    return write
-
-
-class _LineWriterFactory:
-    __slots__ = ("_lock", "_stream")
-
-    def __init__(self, stream: TextIO, lock: threading.RLock) -> None:
-        self._stream = stream
-        self._lock = lock
-
-    def __call__(self, *args: Any) -> _LineWriter:
-        name = args[0] if args and isinstance(args[0], str) else None
-        return _LineWriter(name, self._stream, self._lock)
-
-
 class _BridgeHandler(logging.StreamHandler[TextIO]):
     """Root handler rendering stdlib records through our processors.
 
@@ -201,6 +265,17 @@ def _is_tty(stream: TextIO) -> bool:
         return stream.isatty()
     except (AttributeError, ValueError):
         return False
+
+
+def _line_fields(logger_name: Processor) -> list[Processor]:
+    """The fields every line gets, in their order; ``logger_name`` adds ``logger``."""
+    return [
+        structlog.contextvars.merge_contextvars,
+        structlog.processors.add_log_level,
+        logger_name,
+        add_trace_context,
+        add_timestamp,
+    ]
 
 
 def configure_logging(
@@ -237,35 +312,19 @@ def configure_logging(
     numeric_level = _resolve_level(level)
     out: TextIO = stream if stream is not None else sys.stdout
 
-    # Everything is built once here; the per-line chain is flat.
-    timestamper = _UtcMillisTimestamper()
     redactor = Redactor(redact_keys)
     renderer: Processor
-    before_render: list[Processor]
+    # Tracebacks become text before redaction, so secrets in them are masked.
+    before_render: list[Processor] = [structlog.processors.format_exc_info, redactor]
     if json:
-        renderer = _JsonLines()
-        # Tracebacks become text before redaction, so secrets in them are masked.
-        before_render = [structlog.processors.format_exc_info, redactor]
+        renderer = structlog.processors.JSONRenderer(default=repr)
     elif logfmt:
         renderer = structlog.processors.LogfmtRenderer(
             key_order=["timestamp", "level", "logger", "event"], drop_missing=True
         )
-        before_render = [structlog.processors.format_exc_info, redactor]
     else:
         renderer = structlog.dev.ConsoleRenderer(colors=_is_tty(out))
         before_render = [redactor]
-    # The structlog chain's level, logger name, trace ids, timestamp (and, for JSON, the
-    # traceback) in one processor: one call per line instead of five, same line. The
-    # redactor runs inside it, before those fields are added, unless it was told to mask
-    # one of them: then after, as its own step, so it masks them.
-    chain: list[Processor]
-    if any(redactor.masks(key) for key in LINE_FIELD_KEYS):
-        line_fields = _LineFields(timestamper, render_exc_info=json or logfmt)
-        chain = [_ContextvarsMerger(), line_fields, redactor, renderer]
-    else:
-        line_fields = _LineFields(timestamper, render_exc_info=json or logfmt, redactor=redactor)
-        chain = [_ContextvarsMerger(), line_fields, renderer]
-
     root = logging.getLogger()
     for old in [h for h in root.handlers if isinstance(h, _BridgeHandler)]:
         root.removeHandler(old)
@@ -275,13 +334,14 @@ def configure_logging(
     # structlog lines and stdlib lines share the handler's lock: no interleaving.
     shared_lock = handler.lock if handler.lock is not None else threading.RLock()
 
-    global _own_chain
-    _own_chain = tuple(chain)
     structlog.configure(
-        processors=chain,
+        processors=[*_line_fields(add_logger_name), *before_render, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(numeric_level),
         context_class=dict,
-        logger_factory=_LineWriterFactory(out, shared_lock),
+        # get_logger(name)'s name, kept on the line writer for the ``logger`` field.
+        logger_factory=lambda *args: _LineWriter(
+            args[0] if args and isinstance(args[0], str) else None, out, shared_lock
+        ),
         cache_logger_on_first_use=True,
     )
 
@@ -294,11 +354,7 @@ def configure_logging(
     foreign_pre_chain: Sequence[Processor] = (
         structlog.stdlib.ExtraAdder(),
         drop_formatter_text,
-        structlog.contextvars.merge_contextvars,
-        structlog.processors.add_log_level,
-        structlog.stdlib.add_logger_name,
-        add_trace_context,
-        timestamper,
+        *_line_fields(structlog.stdlib.add_logger_name),  # the record's name
     )
     handler.setFormatter(
         structlog.stdlib.ProcessorFormatter(
@@ -314,34 +370,13 @@ def configure_logging(
     root.setLevel(numeric_level)
 
 
-class _CorrelationBinding(contextlib.AbstractContextManager[None]):
-    __slots__ = ("_stack", "_values")
-
-    def __init__(self, values: dict[str, object]) -> None:
-        self._values = values
-        # A stack, so one binding object can be entered again while active.
-        self._stack: list[Mapping[str, Token[Any]]] = []
-
-    def __enter__(self) -> None:
-        self._stack.append(structlog.contextvars.bind_contextvars(**self._values))
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        structlog.contextvars.reset_contextvars(**self._stack.pop())
-
-
 def bind_correlation(**ids: object) -> contextlib.AbstractContextManager[None]:
     """Bind correlation ids to every log line inside the ``with`` block.
 
     ``None`` values are skipped. On exit the previous values (or absence) of
-    exactly these keys are restored, so bindings nest. Works in sync and async
-    code; tasks created inside the block (``asyncio.create_task``,
-    ``asyncio.gather``) inherit the ids, concurrent tasks do not see each
-    other's. Enter and exit in the same task or thread.
+    exactly these keys are restored, so bindings nest (structlog's
+    ``bound_contextvars``). Tasks created inside the block inherit the ids;
+    concurrent tasks do not see each other's.
 
     Example::
 
@@ -350,7 +385,29 @@ def bind_correlation(**ids: object) -> contextlib.AbstractContextManager[None]:
                 log.info("reserved")  # request_id, sku and order_id
             log.info("done")  # request_id only
     """
-    return _CorrelationBinding({k: v for k, v in ids.items() if v is not None})
+    values = {key: value for key, value in ids.items() if value is not None}
+    return structlog.contextvars.bound_contextvars(**values)
+
+
+@contextlib.contextmanager
+def request_correlation(
+    headers: Mapping[str, str], header: str, idempotency_header: str
+) -> Iterator[str]:
+    """One HTTP request's correlation, for the middlewares: ``request_id`` (the ``header``
+    value when :func:`sanitize_id` accepts it, else a new one) and ``idempotency_key``
+    bound, and the caller's W3C ``traceparent``/``tracestate`` context current unless a
+    span already is (an earlier server instrumentation's). Yields the request id."""
+    request_id = sanitize_id(headers.get(header)) or new_request_id()
+    idempotency_key = sanitize_id(headers.get(idempotency_header))
+    token = None
+    if not trace.get_current_span().get_span_context().is_valid:
+        token = otel_context.attach(propagate.extract(headers))
+    try:
+        with bind_correlation(request_id=request_id, idempotency_key=idempotency_key):
+            yield request_id
+    finally:
+        if token is not None:
+            otel_context.detach(token)
 
 
 def get_correlation() -> dict[str, object]:

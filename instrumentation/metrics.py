@@ -2,42 +2,23 @@
 
 :class:`StockMetrics` creates every ``source == "app"`` metric of
 :mod:`~stocksentry.instrumentation.catalog` in the registry it is given and offers one
-flat method per event. Label values go through guards decided at construction, and the
-label children are cached in plain dictionaries, so a recorded event is a dictionary
-lookup, a lock and an add.
-
-Most applications use the higher-level :class:`~stocksentry.instrumentation.Sentry`;
-this class is the layer under it.
-
-Example::
-
-    from prometheus_client import CollectorRegistry
-
-    registry = CollectorRegistry()
-    metrics = StockMetrics(registry)
-    metrics.reservation_success("EGG-01", "atomic")
-    registry.get_sample_value(
-        "stock_reservation_success_total", {"sku": "EGG-01", "strategy": "atomic"}
-    )  # 1.0
+method per event; label values go through guards, and the labelled children are cached
+by the raw values the app passed. Most applications use
+:class:`~stocksentry.instrumentation.Sentry`, the layer above.
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
-import time
-from bisect import bisect_left
 from collections.abc import Iterable
-from typing import Any, Literal
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.registry import REGISTRY
-from prometheus_client.samples import Exemplar
 
 from . import catalog, mpexemplars
 from .catalog import OVERFLOW_VALUE, MetricSpec
 from .guard import CACHE_CHAR_BUDGET, MAX_CACHED_KEY_LENGTH, LabelGuard
-from .tracing import TraceExemplar
 
 #: Budgets for the labels whose values come from the app but are not SKUs. They are small
 #: sets by nature (strategy names, operation names, cache and lock names, table names); a
@@ -57,6 +38,14 @@ INSTRUMENTATION_COMPONENTS: tuple[str, ...] = (
 LOCK_OUTCOMES = catalog.LOCK_OUTCOMES
 
 
+#: Labels whose values come from a closed list: checked, never guarded.
+_CHECKED: dict[tuple[str, str], tuple[str, ...]] = {
+    (catalog.RESERVATION_CONFLICT.name, "reason"): catalog.CONFLICT_REASONS,
+    (catalog.RESERVATION_DURATION.name, "outcome"): catalog.OUTCOMES,
+    (catalog.LOCK_ACQUIRE_DURATION.name, "outcome"): LOCK_OUTCOMES,
+}
+
+
 def _make(spec: MetricSpec, registry: CollectorRegistry | None) -> Any:
     if spec.kind == "counter":
         return Counter(spec.base_name, spec.help, spec.labels, registry=registry)
@@ -68,75 +57,6 @@ def _make(spec: MetricSpec, registry: CollectorRegistry | None) -> Any:
             spec.name, spec.help, spec.labels, buckets=spec.buckets or (), registry=registry
         )
     raise ValueError(f"{spec.name}: the app records no {spec.kind}")
-
-
-class HistogramCells:
-    """The value cells of one labelled histogram child, for observations without exemplar.
-
-    ``Histogram.observe`` costs more than the two additions it makes: two method calls
-    check that the child is observable (a labelled child always is), then the bounds are
-    scanned one by one. On the lock wait of every locking statement that is most of the
-    SQLAlchemy integration's cost, so its listener adds to the cells directly::
-
-        cells.sum.inc(seconds)
-        cells.buckets[bisect_left(cells.bounds, seconds)].inc(1)
-
-    which is :meth:`observe`. The cells are prometheus_client's own value objects (the
-    per-process mmap values in multiprocess mode), so the exposition is the same.
-    Built by :func:`histogram_cells` only when the child has the layout relied on.
-    """
-
-    __slots__ = ("bounds", "buckets", "child", "direct_exemplars", "sum")
-
-    def __init__(self, child: Any, bounds: list[float], buckets: list[Any], total: Any) -> None:
-        self.child = child
-        self.bounds = bounds
-        self.buckets = buckets
-        self.sum = total
-        # A plain Histogram keeps its exemplars on the bucket cells; multiprocess mode's
-        # ExemplarHistogram writes them to its own file, so its observe() is kept for them.
-        self.direct_exemplars = type(child) is Histogram and all(
-            callable(getattr(cell, "set_exemplar", None)) for cell in buckets
-        )
-
-    def observe(self, amount: float) -> None:
-        """``child.observe(amount)`` for a number ``amount`` (not NaN), without the checks."""
-        self.sum.inc(amount)
-        self.buckets[bisect_left(self.bounds, amount)].inc(1)
-
-    def observe_exemplar(self, amount: float, exemplar: dict[str, str]) -> None:
-        """``child.observe(amount, exemplar)``; a :class:`~.tracing.TraceExemplar` (valid by
-        construction) is set on the bucket without prometheus_client's label-name checks,
-        any other exemplar goes through ``observe`` and its checks."""
-        if self.direct_exemplars and type(exemplar) is TraceExemplar:
-            self.sum.inc(amount)
-            bucket = self.buckets[bisect_left(self.bounds, amount)]
-            bucket.inc(1)
-            bucket.set_exemplar(Exemplar(exemplar, amount, time.time()))
-        else:
-            self.child.observe(amount, exemplar)
-
-
-def histogram_cells(child: Any) -> HistogramCells | None:
-    """The :class:`HistogramCells` of a labelled ``Histogram`` child, or ``None`` when it
-    does not look as prometheus_client 0.x lays it out (then keep calling ``observe``)."""
-    if not isinstance(child, Histogram) or not getattr(child, "_labelvalues", None):
-        return None
-    bounds = getattr(child, "_upper_bounds", None)
-    buckets = getattr(child, "_buckets", None)
-    total = getattr(child, "_sum", None)
-    if (
-        not isinstance(bounds, list)
-        or not isinstance(buckets, list)
-        or len(bounds) != len(buckets)
-        or not bounds
-        or bounds[-1] != math.inf
-        or bounds != sorted(bounds)
-        or not callable(getattr(total, "inc", None))
-        or not all(callable(getattr(cell, "inc", None)) for cell in buckets)
-    ):
-        return None
-    return HistogramCells(child, bounds, buckets, total)
 
 
 class StockMetrics:
@@ -164,31 +84,22 @@ class StockMetrics:
         self._primed_locks: set[str] = set()
         self.sku_guard = LabelGuard(max_skus, always=promo_skus, max_length=max_label_length)
         # Raw values that sanitise to an admitted label can be endless (a hostile client
-        # varying the part past the length cap): the caches stop growing at this size and
-        # later keys take the guarded slow path, still correct.
+        # varying the part past the length cap): the caches stop growing at this size, and
+        # in characters at CACHE_CHAR_BUDGET for all of them together (keys longer than
+        # MAX_CACHED_KEY_LENGTH are never cached); later keys take the guarded path, still
+        # correct. Counted without a lock: a race can only miscount by a few keys.
         self._cache_limit = 32 * (max_skus + len(promo_skus)) + 4096
-        # And in bytes: only raw keys up to MAX_CACHED_KEY_LENGTH characters are cached
-        # (longer ones, hostile or not, take the slow path each time), and all the
-        # children caches together hold at most CACHE_CHAR_BUDGET characters of keys.
-        # Counted without a lock: a race can only miscount by a few keys.
         self._cached_chars = 0
         self._small_guards: dict[str, LabelGuard] = {
             name: LabelGuard(SMALL_LABEL_BUDGET, max_length=max_label_length)
             for name in ("strategy", "operation", "cache", "lock", "table", "component")
         }
-        self._metrics: dict[str, Any] = {}
-        for spec in catalog.APP:
-            self._metrics[spec.name] = _make(spec, registry)
-        # Children caches, keyed by the raw values the app passed: after the first event
-        # for a key, recording skips both the guards and prometheus_client's label lock.
-        self._children: dict[str, dict[Any, Any]] = {spec.name: {} for spec in catalog.APP}
-        self._overflow = self._metrics[catalog.LABEL_OVERFLOW.name]
-        # The caches every reservation reads, looked up once here rather than per event.
-        self._success_children = self._children[catalog.RESERVATION_SUCCESS.name]
-        self._conflict_children = self._children[catalog.RESERVATION_CONFLICT.name]
-        self._duration_children = self._children[catalog.RESERVATION_DURATION.name]
-        # The duration children's cells, by outcome (False: observe() each time).
-        self._duration_cells: dict[str, HistogramCells | Literal[False]] = {}
+        self._metrics: dict[str, Any] = {spec.name: _make(spec, registry) for spec in catalog.APP}
+        # The labelled children, keyed by the tuple of raw values the app passed: after the
+        # first event for a key, recording skips the guards and prometheus_client's lock.
+        self._children: dict[str, dict[tuple[Any, ...], Any]] = {
+            spec.name: {} for spec in catalog.APP
+        }
         self._prime(promo_skus)
 
     def _prime(self, promo_skus: Iterable[str]) -> None:
@@ -225,9 +136,6 @@ class StockMetrics:
     def prime_tables(self, tables: Iterable[str]) -> None:
         """Create the per-table series (lock waits, deadlocks, serialization failures,
         unsafe read-modify-writes) of ``tables`` at zero, as for tables known in advance.
-
-        The SQLAlchemy integration calls it with its configured stock tables, so the first
-        deadlock on a table is an increase from zero that ``increase()`` can see.
         """
         for table in tables:
             label = self._small_guards["table"](table)
@@ -245,13 +153,12 @@ class StockMetrics:
         """Create the series of ``lock`` at zero: its acquire outcomes, retries, hold
         ratio, expiries while held, releases not owned and extension failures.
 
-        Called by the lock wrappers at a lock's first acquire attempt, so the first expiry
-        of a lock that has been in use is an increase that ``increase()`` sees. Once per
-        lock name; a name past the ``lock`` label's budget is not primed.
+        Called by the lock wrappers at a lock's first acquire attempt. Once per lock name;
+        a name past the ``lock`` label's budget is not primed.
         """
         if lock in self._primed_locks or len(self._primed_locks) >= SMALL_LABEL_BUDGET:
             return
-        # The guard alone (not _small): priming must not count label overflows.
+        # The guard alone: priming must not count label overflows.
         label = self._small_guards["lock"](lock)
         if label is OVERFLOW_VALUE:
             return
@@ -279,21 +186,41 @@ class StockMetrics:
             with contextlib.suppress(KeyError):
                 self.registry.unregister(metric)
 
-    # --- label resolution (slow path, once per distinct key) -------------------------------
+    # --- the labelled children ---------------------------------------------------------
 
-    def _sku(self, spec: MetricSpec, sku: str) -> str:
-        label = self.sku_guard(sku)
-        if label is OVERFLOW_VALUE:
-            self._overflow.labels(spec.name).inc()
-        return label
+    def _child(self, spec: MetricSpec, *values: Any) -> Any:
+        """The child of ``spec`` for the raw label ``values``, from the cache when it can."""
+        child = self._children[spec.name].get(values)
+        if child is None:
+            child = self._new_child(spec, values)
+        return child
 
-    def _small(self, guard_name: str, spec: MetricSpec, value: str) -> str:
-        label = self._small_guards[guard_name](value)
-        if label is OVERFLOW_VALUE:
-            self._overflow.labels(spec.name).inc()
-        return label
+    def _new_child(self, spec: MetricSpec, values: tuple[Any, ...]) -> Any:
+        labels: list[str] = []
+        guarded: list[Any] = []  # the raw values that went through a guard
+        for name, value in zip(spec.labels, values, strict=True):
+            allowed = _CHECKED.get((spec.name, name))
+            if allowed is not None:
+                if value not in allowed:
+                    raise ValueError(f"unknown {name} {value!r}")
+                labels.append(value)
+                continue
+            guard = self.sku_guard if name == "sku" else self._small_guards[name]
+            label = guard(value)
+            if label is OVERFLOW_VALUE:
+                self._metrics[catalog.LABEL_OVERFLOW.name].labels(spec.name).inc()
+            labels.append(label)
+            guarded.append(value)
+        child = self._metrics[spec.name].labels(*labels)
+        if spec is catalog.RESERVATION_SUCCESS:
+            self._prime_strategy(labels[1])
+        # Overflowed raw values are not cached: each one must count its overflow.
+        cache = self._children[spec.name]
+        if OVERFLOW_VALUE not in labels and self._may_cache(cache, guarded):
+            cache[values] = child
+        return child
 
-    def _may_cache(self, cache: dict[Any, Any], *keys: object) -> bool:
+    def _may_cache(self, cache: dict[Any, Any], keys: list[Any]) -> bool:
         """Whether a key made of ``keys`` fits the children caches' bounds; if so, counted."""
         size = 0
         for key in keys:
@@ -305,26 +232,14 @@ class StockMetrics:
         self._cached_chars += size
         return True
 
-    def _child_sku(self, spec: MetricSpec, sku: str) -> Any:
-        cache = self._children[spec.name]
-        child = cache.get(sku)
-        if child is None:
-            label = self._sku(spec, sku)
-            child = self._metrics[spec.name].labels(label)
-            # Overflowed raw values are not cached: each one must count its overflow.
-            if label is not OVERFLOW_VALUE and self._may_cache(cache, sku):
-                cache[sku] = child
-        return child
-
-    def _child_small(self, spec: MetricSpec, guard_name: str, value: str) -> Any:
-        cache = self._children[spec.name]
-        child = cache.get(value)
-        if child is None:
-            label = self._small(guard_name, spec, value)
-            child = self._metrics[spec.name].labels(label)
-            if label is not OVERFLOW_VALUE and self._may_cache(cache, value):
-                cache[value] = child
-        return child
+    def _prime_strategy(self, strategy: str) -> None:
+        # A strategy seen once is a strategy of this app: its success series for every
+        # promo SKU start at zero now, not at their first sale.
+        if strategy is OVERFLOW_VALUE or strategy in self._primed_strategies:
+            return
+        self._primed_strategies.add(strategy)
+        for promo in self._promo_skus:
+            self._metrics[catalog.RESERVATION_SUCCESS.name].labels(self.sku_guard(promo), strategy)
 
     # --- events ------------------------------------------------------------------------
 
@@ -338,185 +253,89 @@ class StockMetrics:
     ) -> None:
         """Record one ended reservation: its outcome's counter and its duration.
 
-        The same series as :meth:`reservation_success` or :meth:`reservation_conflict`
-        (``error`` counts no outcome counter) and :meth:`reservation_duration`, in one call:
-        this is the path of every reservation. Both series are resolved before either is
-        touched, so a bad ``outcome`` records nothing.
+        The series of :meth:`reservation_success` or :meth:`reservation_conflict`
+        (``error`` counts no outcome counter) and :meth:`reservation_duration`, in one
+        call. The duration child is resolved first, so a bad ``outcome`` records nothing.
         """
-        cells = self._duration_cells.get(outcome)
-        duration: Any = None
-        if not cells:
-            duration = self._duration_children.get(outcome)
-            if duration is None:
-                duration = self._duration_child(outcome)  # raises on an unknown outcome
+        duration = self._child(catalog.RESERVATION_DURATION, outcome)
         if outcome == "success":
-            child = self._success_children.get((sku, strategy))
-            if child is None:
-                child = self._success_child(sku, strategy)
-            child.inc()
+            self._child(catalog.RESERVATION_SUCCESS, sku, strategy).inc()
         elif outcome != "error":
-            child = self._conflict_children.get((sku, outcome))
-            if child is None:
-                child = self._conflict_child(sku, outcome)
-            child.inc()
-        # The duration child's cells once it has one (HistogramCells): observe()'s checks
-        # and scan of the bounds were a fifth of what the metrics cost a reservation.
-        if cells and seconds == seconds:  # NaN: observe() counts it in no bucket
-            if exemplar is None:
-                cells.sum.inc(seconds)
-                cells.buckets[bisect_left(cells.bounds, seconds)].inc(1)
-            else:
-                cells.observe_exemplar(seconds, exemplar)
-            return
-        if duration is None:
-            duration = self._duration_child(outcome)
+            self._child(catalog.RESERVATION_CONFLICT, sku, outcome).inc()
         duration.observe(seconds, exemplar)
-        if cells is None:
-            self._duration_cells[outcome] = histogram_cells(duration) or False
 
     def reservation_success(self, sku: str, strategy: str) -> None:
         """Count one successful reservation."""
-        child = self._success_children.get((sku, strategy))
-        if child is None:
-            child = self._success_child(sku, strategy)
-        child.inc()
-
-    def _success_child(self, sku: str, strategy: str) -> Any:
-        cache = self._success_children
-        key = (sku, strategy)
-        child = cache.get(key)
-        if child is None:
-            spec = catalog.RESERVATION_SUCCESS
-            sku_label = self._sku(spec, sku)
-            strategy_label = self._small("strategy", spec, strategy)
-            child = self._metrics[spec.name].labels(sku_label, strategy_label)
-            folded = sku_label is OVERFLOW_VALUE or strategy_label is OVERFLOW_VALUE
-            if not folded and self._may_cache(cache, sku, strategy):
-                cache[key] = child
-            if (
-                strategy_label is not OVERFLOW_VALUE
-                and strategy_label not in self._primed_strategies
-            ):
-                # A strategy seen once is a strategy of this app: its success series for
-                # every promo SKU start at zero now, not at their first sale.
-                self._primed_strategies.add(strategy_label)
-                for promo in self._promo_skus:
-                    self._metrics[spec.name].labels(self.sku_guard(promo), strategy_label)
-        return child
+        self._child(catalog.RESERVATION_SUCCESS, sku, strategy).inc()
 
     def reservation_conflict(self, sku: str, reason: str) -> None:
         """Count one reservation refused for ``reason`` (one of ``CONFLICT_REASONS``)."""
-        child = self._conflict_children.get((sku, reason))
-        if child is None:
-            child = self._conflict_child(sku, reason)
-        child.inc()
-
-    def _conflict_child(self, sku: str, reason: str) -> Any:
-        cache = self._conflict_children
-        key = (sku, reason)
-        child = cache.get(key)
-        if child is None:
-            spec = catalog.RESERVATION_CONFLICT
-            if reason not in catalog.CONFLICT_REASONS:
-                raise ValueError(f"unknown conflict reason {reason!r}")
-            sku_label = self._sku(spec, sku)
-            child = self._metrics[spec.name].labels(sku_label, reason)
-            if sku_label is not OVERFLOW_VALUE and self._may_cache(cache, sku):
-                cache[key] = child
-        return child
+        self._child(catalog.RESERVATION_CONFLICT, sku, reason).inc()
 
     def reservation_duration(
         self, outcome: str, seconds: float, exemplar: dict[str, str] | None = None
     ) -> None:
         """Observe a reservation's duration under its outcome (one of ``OUTCOMES``)."""
-        child = self._duration_children.get(outcome)
-        if child is None:
-            child = self._duration_child(outcome)
-        child.observe(seconds, exemplar)
-
-    def _duration_child(self, outcome: str) -> Any:
-        cache = self._duration_children
-        child = cache.get(outcome)
-        if child is None:
-            if outcome not in catalog.OUTCOMES:
-                raise ValueError(f"unknown outcome {outcome!r}")
-            child = cache[outcome] = self._metrics[catalog.RESERVATION_DURATION.name].labels(
-                outcome
-            )
-        return child
+        self._child(catalog.RESERVATION_DURATION, outcome).observe(seconds, exemplar)
 
     def order_paid(self, sku: str, amount: float = 1.0) -> None:
         """Count paid orders for ``sku``."""
-        self._child_sku(catalog.ORDERS_PAID, sku).inc(amount)
+        self._child(catalog.ORDERS_PAID, sku).inc(amount)
 
     def refund_due_to_oversell(self, sku: str, amount: float = 1.0) -> None:
         """Count refunds issued because the stock was oversold."""
-        self._child_sku(catalog.REFUND_DUE_TO_OVERSELL, sku).inc(amount)
+        self._child(catalog.REFUND_DUE_TO_OVERSELL, sku).inc(amount)
 
     def inventory_negative(self, sku: str) -> None:
         """Count one stock write that left ``sku`` below zero."""
-        self._child_sku(catalog.INVENTORY_NEGATIVE, sku).inc()
+        self._child(catalog.INVENTORY_NEGATIVE, sku).inc()
 
     def idempotency_replay(self, operation: str) -> None:
         """Count one request answered from its idempotency record."""
-        self._child_small(catalog.IDEMPOTENCY_REPLAY, "operation", operation).inc()
+        self._child(catalog.IDEMPOTENCY_REPLAY, operation).inc()
 
     def idempotency_conflict(self, operation: str) -> None:
         """Count one reuse of an idempotency key with a different payload."""
-        self._child_small(catalog.IDEMPOTENCY_CONFLICT, "operation", operation).inc()
+        self._child(catalog.IDEMPOTENCY_CONFLICT, operation).inc()
 
     def cache_stale_hit(self, cache: str) -> None:
         """Count one decision taken on a stale cached stock value."""
-        self._child_small(catalog.CACHE_STALE_HIT, "cache", cache).inc()
+        self._child(catalog.CACHE_STALE_HIT, cache).inc()
 
     # --- distributed locks (recorded by instrumentation/locks/) ---------------------------
 
     def lock_stale_fencing_token(self, lock: str, table: str) -> None:
         """Count one write to ``table`` with a fencing token below the highest seen (or
         refused for it): a holder of ``lock`` whose lease another holder took over."""
-        spec = catalog.LOCK_STALE_FENCING_TOKEN
-        self._metrics[spec.name].labels(
-            self._small("lock", spec, lock), self._small("table", spec, table)
-        ).inc()
+        self._child(catalog.LOCK_STALE_FENCING_TOKEN, lock, table).inc()
 
     def lock_acquire_duration(self, lock: str, outcome: str, seconds: float) -> None:
         """Observe the wait to acquire ``lock``; ``outcome`` is acquired, timeout or error."""
-        spec = catalog.LOCK_ACQUIRE_DURATION
-        cache = self._children[spec.name]
-        key = (lock, outcome)
-        child = cache.get(key)
-        if child is None:
-            if outcome not in LOCK_OUTCOMES:
-                raise ValueError(f"unknown lock outcome {outcome!r}")
-            label = self._small("lock", spec, lock)
-            child = self._metrics[spec.name].labels(label, outcome)
-            if label is not OVERFLOW_VALUE and self._may_cache(cache, lock):
-                cache[key] = child
-        child.observe(seconds)
+        self._child(catalog.LOCK_ACQUIRE_DURATION, lock, outcome).observe(seconds)
 
     def lock_hold_ratio(self, lock: str, ratio: float) -> None:
         """Observe one hold of ``lock``: time held divided by its TTL (>= 1.0: expired)."""
-        self._child_small(catalog.LOCK_HOLD_RATIO, "lock", lock).observe(ratio)
+        self._child(catalog.LOCK_HOLD_RATIO, lock).observe(ratio)
 
     def lock_expired_while_held(self, lock: str) -> None:
         """Count one hold of ``lock`` that outlived its TTL."""
-        self._child_small(catalog.LOCK_EXPIRED_WHILE_HELD, "lock", lock).inc()
+        self._child(catalog.LOCK_EXPIRED_WHILE_HELD, lock).inc()
 
     def lock_release_not_owned(self, lock: str) -> None:
         """Count one release of ``lock`` by a holder that no longer owned it."""
-        self._child_small(catalog.LOCK_RELEASE_NOT_OWNED, "lock", lock).inc()
+        self._child(catalog.LOCK_RELEASE_NOT_OWNED, lock).inc()
 
     def lock_extend_failure(self, lock: str) -> None:
         """Count one refused extension of ``lock``."""
-        self._child_small(catalog.LOCK_EXTEND_FAILURES, "lock", lock).inc()
+        self._child(catalog.LOCK_EXTEND_FAILURES, lock).inc()
 
     def lock_acquire_retries(self, lock: str, retries: int) -> None:
         """Count ``retries`` acquire attempts after the first."""
-        self._child_small(catalog.LOCK_ACQUIRE_RETRIES, "lock", lock).inc(retries)
+        self._child(catalog.LOCK_ACQUIRE_RETRIES, lock).inc(retries)
 
     def instrumentation_error(self, component: str) -> None:
         """Count one failure inside the instrumentation."""
-        self._child_small(catalog.INSTRUMENTATION_ERRORS, "component", component).inc()
+        self._child(catalog.INSTRUMENTATION_ERRORS, component).inc()
 
     # --- database (recorded by instrumentation/sqlalchemy/) --------------------------------
 
@@ -524,26 +343,16 @@ class StockMetrics:
         self, table: str, seconds: float, exemplar: dict[str, str] | None = None
     ) -> None:
         """Observe the duration of one locking statement on ``table``."""
-        self._child_small(catalog.DB_LOCK_WAIT, "table", table).observe(seconds, exemplar)
-
-    def db_lock_wait_cells(self, table: str) -> HistogramCells | None:
-        """The cells of ``table``'s cached lock-wait child, for a caller that observes the
-        same table again and again (the SQLAlchemy integration, per SQL text), once it has
-        observed it through :meth:`db_lock_wait`. ``None`` while ``table`` has no cached
-        child: never observed, its label overflowed (each such observation must count its
-        overflow) or the caches are full. Reads the cache only: no side effect.
-        """
-        child = self._children[catalog.DB_LOCK_WAIT.name].get(table)
-        return None if child is None else histogram_cells(child)
+        self._child(catalog.DB_LOCK_WAIT, table).observe(seconds, exemplar)
 
     def db_deadlock(self, table: str) -> None:
         """Count one statement on ``table`` that the database ended as a deadlock victim."""
-        self._child_small(catalog.DB_DEADLOCK, "table", table).inc()
+        self._child(catalog.DB_DEADLOCK, table).inc()
 
     def db_serialization_failure(self, table: str) -> None:
         """Count one serialization failure (SQLSTATE 40001) of a statement on ``table``."""
-        self._child_small(catalog.DB_SERIALIZATION_FAILURE, "table", table).inc()
+        self._child(catalog.DB_SERIALIZATION_FAILURE, table).inc()
 
     def unsafe_read_modify_write(self, table: str) -> None:
         """Count one write of a stock value computed from an unlocked read of ``table``."""
-        self._child_small(catalog.UNSAFE_READ_MODIFY_WRITE, "table", table).inc()
+        self._child(catalog.UNSAFE_READ_MODIFY_WRITE, table).inc()

@@ -20,7 +20,6 @@ bytecode, so threads of a worker never interleave); a reader in another process 
 catches it half written sees a CRC mismatch and reads it again. A new slot is written
 completely before the count in use is raised. Keys longer than the slot allows and
 exemplars past the capacity are not carried (counted in :attr:`ExemplarFile.dropped`).
-A write costs about a microsecond (``benchmarks/bench_multiproc.py`` measures it).
 
 Only ``trace_id`` and ``span_id`` labels are carried (the ones
 :func:`~stocksentry.instrumentation.tracing.exemplar_for` makes); other exemplar labels
@@ -31,32 +30,19 @@ from __future__ import annotations
 
 import bisect
 import logging
+import math
 import mmap
 import os
 import struct
 import threading
 import time
 import zlib
-from collections.abc import Callable
-from typing import Any, Final
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Final, Self
 
 from prometheus_client import Histogram
 from prometheus_client.mmap_dict import mmap_key
 from prometheus_client.utils import floatToGoString
-
-__all__ = [
-    "CAPACITY",
-    "FILE_PREFIX",
-    "FILE_SUFFIX",
-    "HEADER",
-    "HEADER_SIZE",
-    "MAGIC",
-    "SLOT_HEAD",
-    "SLOT_SIZE",
-    "ExemplarFile",
-    "ExemplarHistogram",
-    "histogram_class",
-]
 
 _log = logging.getLogger(__name__)
 # floatToGoString is untyped in prometheus_client; this gives it a type once.
@@ -202,42 +188,65 @@ class ExemplarHistogram(Histogram):
 
     Only used in multiprocess mode, where prometheus_client itself keeps no exemplar: the
     observation goes to prometheus_client without its exemplar (it would be validated and
-    dropped), and the exemplar to :class:`ExemplarFile`.
+    dropped), and the exemplar to :class:`ExemplarFile`, under the mmap key of its bucket
+    (built from the constructor's arguments and the child's label values, as
+    prometheus_client builds its own).
     """
+
+    def __init__(
+        self,
+        name: str,
+        documentation: str,
+        labelnames: Iterable[str] = (),
+        *,
+        buckets: Sequence[float] = Histogram.DEFAULT_BUCKETS,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(name, documentation, labelnames, buckets=buckets, **kwargs)
+        bounds = [float(bound) for bound in buckets]
+        if bounds[-1] != math.inf:
+            bounds.append(math.inf)
+        self._ss_meta = (name, documentation, tuple(labelnames), bounds)
+        # A labelled parent's children get theirs from labels().
+        self._ss_keys = None if self._ss_meta[2] else self._bucket_keys(())
+
+    def _bucket_keys(self, values: Sequence[object]) -> list[bytes]:
+        name, documentation, labelnames, bounds = self._ss_meta
+        return [
+            mmap_key(
+                name,
+                name + "_bucket",
+                [*labelnames, "le"],
+                [*(str(value) for value in values), _go_float(bound)],
+                documentation,
+            ).encode("utf-8")
+            for bound in bounds
+        ]
+
+    def labels(self, *values: Any, **named: Any) -> Self:
+        """The labelled child, as ``Histogram.labels``."""
+        child = super().labels(*values, **named)
+        if child._ss_keys is None:
+            labelnames = self._ss_meta[2]
+            child._ss_keys = self._bucket_keys(values or [named[n] for n in labelnames])
+        return child
 
     def observe(self, amount: float, exemplar: dict[str, str] | None = None) -> None:
         """Observe ``amount``; carry ``exemplar`` (``trace_id``/``span_id``) to the sidecar."""
         super().observe(amount)
-        if not exemplar:
+        keys = self._ss_keys
+        target = _file()
+        if not exemplar or keys is None or target is None:
             return
+        index = bisect.bisect_left(self._ss_meta[3], amount)
+        if index >= len(keys):
+            return  # NaN
         try:
-            self._write_exemplar(amount, exemplar)
+            trace_id, span_id = exemplar.get("trace_id", ""), exemplar.get("span_id", "")
+            target.write(keys[index], amount, trace_id, span_id)
         except (OSError, ValueError, TypeError, struct.error, AttributeError) as exc:
             # Never into the host app: an exemplar is a convenience.
             _log.debug("exemplar not written: %s", exc)
-
-    def _write_exemplar(self, amount: float, exemplar: dict[str, str]) -> None:
-        keys: list[bytes] | None = self.__dict__.get("_ss_keys")
-        if keys is None:
-            keys = self._ss_keys = [
-                mmap_key(
-                    self._name,
-                    self._name + "_bucket",
-                    [*self._labelnames, "le"],
-                    [*self._labelvalues, _go_float(bound)],
-                    self._documentation,
-                ).encode("utf-8")
-                for bound in self._upper_bounds
-            ]
-        target = _file()
-        if target is None:
-            return
-        index = bisect.bisect_left(self._upper_bounds, amount)
-        if index >= len(keys):
-            return  # NaN
-        target.write(
-            keys[index], amount, exemplar.get("trace_id", ""), exemplar.get("span_id", "")
-        )
 
 
 def histogram_class() -> Any:

@@ -5,8 +5,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Literal
 
-from opentelemetry.trace import Span
-
 from .events import PAYMENT_CALLBACK
 from .handle import BlockHandle, misuse
 from .tracing import link_from_carrier
@@ -24,8 +22,6 @@ class PaymentCallback(BlockHandle):
     marks a payment that must be refunded because the stock was not there.
     """
 
-    __slots__ = ("_mark", "_misuse", "checkout", "ids", "qty", "sku")
-
     def __init__(
         self,
         sentry: Sentry,
@@ -40,8 +36,6 @@ class PaymentCallback(BlockHandle):
         self.ids = ids
         self.checkout = checkout
         self._mark: Literal["paid", "replay", "refund", "failed"] = "paid"
-        self._span: Span | None = None
-        self._ctx_token: object | None = None
         # A value of the wrong type from the app: the callback then records none of its
         # series and counts one instrumentation error (all or nothing).
         self._misuse: str | None = None
@@ -85,11 +79,7 @@ class PaymentCallback(BlockHandle):
             sentry.internal_error("api", TypeError(self._misuse))
         else:
             self._record(mark)
-        if sentry.log_enabled:
-            try:
-                sentry.logger.info(PAYMENT_CALLBACK.name, sku=self.sku, result=mark, **self.ids)
-            except Exception as err:
-                sentry.internal_error("logging", err)
+        sentry.log_event(PAYMENT_CALLBACK, sku=self.sku, result=mark, **self.ids)
         span = self._span
         if span is not None:
             self._end_span(span, "stock.payment_result", mark, exc is not None, exc)

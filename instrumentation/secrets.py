@@ -23,18 +23,6 @@ from collections.abc import Iterable
 from typing import Final
 from urllib.parse import parse_qs, unquote, urlsplit
 
-__all__ = [
-    "REDACTED",
-    "SECRET_WORDS",
-    "Secret",
-    "is_secret_key",
-    "mask_url",
-    "redact",
-    "scrub_text",
-    "secret_fragments",
-    "url_has_password",
-]
-
 SECRET_WORDS: Final[frozenset[str]] = frozenset(
     {
         "password",

@@ -31,14 +31,8 @@ R = TypeVar("R")
 
 _stdlib_log = logging.getLogger("stocksentry")
 
-_NO_IDS: dict[str, object] = {}
-
 
 def _ids(**ids: object) -> dict[str, object]:
-    # Most reservations carry no IDs of their own (they are bound by the middleware):
-    # share one empty dict instead of building one per call. Never mutated.
-    if not any(value is not None for value in ids.values()):
-        return _NO_IDS
     return {key: value for key, value in ids.items() if value is not None}
 
 
@@ -147,7 +141,8 @@ class Sentry:
         self.internal_error("api", TypeError(problem))
         return True
 
-    def _log(self, event: LogEvent, **fields: Any) -> None:
+    def log_event(self, event: LogEvent, **fields: Any) -> None:
+        """Write one line of ``event`` when logging is on; a failure is counted, not raised."""
         if not self.log_enabled:
             return
         try:
@@ -168,17 +163,8 @@ class Sentry:
         order_id: str | None = None,
     ) -> Reservation:
         """A context manager (``with`` or ``async with``) recording one reservation."""
-        # The hot path: most reservations carry no IDs of their own (the middleware binds
-        # them), and three comparisons cost less than building and scanning a keyword dict.
-        if request_id is None and idempotency_key is None and order_id is None:
-            return Reservation(self, sku, strategy, qty, _NO_IDS)
-        return Reservation(
-            self,
-            sku,
-            strategy,
-            qty,
-            _ids(request_id=request_id, idempotency_key=idempotency_key, order_id=order_id),
-        )
+        ids = _ids(request_id=request_id, idempotency_key=idempotency_key, order_id=order_id)
+        return Reservation(self, sku, strategy, qty, ids)
 
     def reserves(
         self,
@@ -200,53 +186,7 @@ class Sentry:
                 return conditional_update(sku, qty) == 1
         """
 
-        def decorate(func: Callable[P, R]) -> Callable[P, R]:
-            signature = inspect.signature(func)
-            if sku is None and sku_arg not in signature.parameters:
-                raise TypeError(f"{func.__qualname__} has no argument {sku_arg!r} for the SKU")
-
-            # Where the SKU sits among positional arguments, decided once here.
-            names = list(signature.parameters)
-            position = names.index(sku_arg) if sku is None else -1
-            default = (
-                signature.parameters[sku_arg].default if sku is None else inspect.Parameter.empty
-            )
-
-            def sku_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
-                if sku is not None:
-                    return sku
-                if sku_arg in kwargs:
-                    return str(kwargs[sku_arg])
-                if 0 <= position < len(args):
-                    return str(args[position])
-                if default is not inspect.Parameter.empty:
-                    return str(default)
-                return "unknown"
-
-            if inspect.iscoroutinefunction(func):
-                async_func = cast(Callable[..., Awaitable[Any]], func)
-
-                @functools.wraps(func)
-                async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
-                    async with self.reservation(sku_of(args, kwargs), strategy=strategy) as handle:
-                        result = await async_func(*args, **kwargs)
-                        if result is False and handle.outcome is None:
-                            handle.conflict("out_of_stock")
-                        return result
-
-                return cast(Callable[P, R], async_wrapper)
-
-            @functools.wraps(func)
-            def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-                with self.reservation(sku_of(args, kwargs), strategy=strategy) as handle:
-                    result = func(*args, **kwargs)
-                    if result is False and handle.outcome is None:
-                        handle.conflict("out_of_stock")
-                    return result
-
-            return wrapper
-
-        return decorate
+        return reserving(lambda: self, strategy=strategy, sku=sku, sku_arg=sku_arg)
 
     def record_reservation(
         self,
@@ -306,59 +246,58 @@ class Sentry:
         payment_reference: str | None = None,
     ) -> None:
         """Count one paid order."""
-        if self._misused(sku=sku):
-            return
-        try:
-            self.metrics.order_paid(sku)
-        except Exception as exc:
-            self.internal_error("metrics", exc)
-        self._log(
-            events.ORDER_PAID,
-            sku=sku,
-            **_ids(order_id=order_id, payment_reference=payment_reference),
-        )
+        ids = _ids(order_id=order_id, payment_reference=payment_reference)
+        if not self._misused(sku=sku):
+            self._event(self.metrics.order_paid, sku, events.ORDER_PAID, sku=sku, **ids)
 
     def record_refund_due_to_oversell(self, sku: str, *, order_id: str | None = None) -> None:
         """Count one refund issued because the stock had been oversold."""
-        if self._misused(sku=sku):
-            return
-        try:
-            self.metrics.refund_due_to_oversell(sku)
-        except Exception as exc:
-            self.internal_error("metrics", exc)
-        self._log(events.REFUND_DUE_TO_OVERSELL, sku=sku, **_ids(order_id=order_id))
+        ids = _ids(order_id=order_id)
+        if not self._misused(sku=sku):
+            self._event(
+                self.metrics.refund_due_to_oversell,
+                sku,
+                events.REFUND_DUE_TO_OVERSELL,
+                sku=sku,
+                **ids,
+            )
 
     def record_negative_inventory(self, sku: str, *, stock: int) -> None:
         """Count one stock write that left ``sku`` at ``stock`` below zero."""
-        if self._misused(sku=sku, stock=stock):
-            return
-        try:
-            self.metrics.inventory_negative(sku)
-        except Exception as exc:
-            self.internal_error("metrics", exc)
-        self._log(events.INVENTORY_NEGATIVE, sku=sku, stock=stock)
+        if not self._misused(sku=sku, stock=stock):
+            self._event(
+                self.metrics.inventory_negative,
+                sku,
+                events.INVENTORY_NEGATIVE,
+                sku=sku,
+                stock=stock,
+            )
 
     # --- idempotency and cache -------------------------------------------------------------
 
     def record_idempotency_replay(self, operation: str, *, key: str | None = None) -> None:
         """Count one request answered from its stored result (same key, same payload)."""
-        if self._misused(operation=operation):
-            return
-        try:
-            self.metrics.idempotency_replay(operation)
-        except Exception as exc:
-            self.internal_error("metrics", exc)
-        self._log(events.IDEMPOTENCY_REPLAY, operation=operation, **_ids(idempotency_key=key))
+        ids = _ids(idempotency_key=key)
+        if not self._misused(operation=operation):
+            self._event(
+                self.metrics.idempotency_replay,
+                operation,
+                events.IDEMPOTENCY_REPLAY,
+                operation=operation,
+                **ids,
+            )
 
     def record_idempotency_conflict(self, operation: str, *, key: str | None = None) -> None:
         """Count one reuse of an idempotency key with a different payload."""
-        if self._misused(operation=operation):
-            return
-        try:
-            self.metrics.idempotency_conflict(operation)
-        except Exception as exc:
-            self.internal_error("metrics", exc)
-        self._log(events.IDEMPOTENCY_CONFLICT, operation=operation, **_ids(idempotency_key=key))
+        ids = _ids(idempotency_key=key)
+        if not self._misused(operation=operation):
+            self._event(
+                self.metrics.idempotency_conflict,
+                operation,
+                events.IDEMPOTENCY_CONFLICT,
+                operation=operation,
+                **ids,
+            )
 
     def record_stale_cache_hit(
         self,
@@ -369,14 +308,65 @@ class Sentry:
         actual: int | None = None,
     ) -> None:
         """Count one stock decision taken on a cached value the database contradicted."""
-        if self._misused(cache=cache, cached=cached, actual=actual):
-            return
+        ids = _ids(sku=sku, cached=cached, actual=actual)
+        if not self._misused(cache=cache, cached=cached, actual=actual):
+            self._event(
+                self.metrics.cache_stale_hit, cache, events.CACHE_STALE_HIT, cache=cache, **ids
+            )
+
+    def _event(
+        self, count: Callable[[str], None], value: str, event: LogEvent, **fields: Any
+    ) -> None:
+        """``count(value)`` (a failure counted as a ``metrics`` error), then the log line."""
         try:
-            self.metrics.cache_stale_hit(cache)
+            count(value)
         except Exception as exc:
             self.internal_error("metrics", exc)
-        self._log(
-            events.CACHE_STALE_HIT,
-            cache=cache,
-            **_ids(sku=sku, cached=cached, actual=actual),
-        )
+        self.log_event(event, **fields)
+
+
+def reserving(
+    resolve: Callable[[], Sentry], *, strategy: str, sku: str | None, sku_arg: str
+) -> Callable[[Callable[P, R]], Callable[P, R]]:
+    """The decorator of :meth:`Sentry.reserves`, recording on ``resolve()``'s instance."""
+
+    def decorate(func: Callable[P, R]) -> Callable[P, R]:
+        signature = inspect.signature(func)
+        if sku is None and sku_arg not in signature.parameters:
+            raise TypeError(f"{func.__qualname__} has no argument {sku_arg!r} for the SKU")
+
+        def sku_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+            if sku is not None:
+                return sku
+            try:
+                bound = signature.bind_partial(*args, **kwargs)
+            except TypeError:  # the call itself fails, inside the reservation
+                return "unknown"
+            bound.apply_defaults()
+            return str(bound.arguments.get(sku_arg, "unknown"))
+
+        if inspect.iscoroutinefunction(func):
+            async_func = cast(Callable[..., Awaitable[Any]], func)
+
+            @functools.wraps(func)
+            async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+                handle = resolve().reservation(sku_of(args, kwargs), strategy=strategy)
+                async with handle:
+                    result = await async_func(*args, **kwargs)
+                    if result is False and handle.outcome is None:
+                        handle.conflict("out_of_stock")
+                    return result
+
+            return cast(Callable[P, R], async_wrapper)
+
+        @functools.wraps(func)
+        def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+            with resolve().reservation(sku_of(args, kwargs), strategy=strategy) as handle:
+                result = func(*args, **kwargs)
+                if result is False and handle.outcome is None:
+                    handle.conflict("out_of_stock")
+                return result
+
+        return wrapper
+
+    return decorate

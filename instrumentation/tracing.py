@@ -16,7 +16,6 @@ stored with the order::
 from __future__ import annotations
 
 from collections.abc import Mapping
-from contextvars import ContextVar
 from typing import Any
 
 from opentelemetry import trace
@@ -25,34 +24,6 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 _PROPAGATOR = TraceContextTextMapPropagator()
 
-
-def _runtime_context_var() -> tuple[ContextVar[Any] | None, str]:
-    """The ContextVar holding OpenTelemetry's current Context, and the key of the current
-    span in it: for the hot paths (every reservation, log line and locking statement) to
-    read, set and reset the context in one step. ``opentelemetry.context.get_current()``
-    and ``attach()`` are two Python calls deep before that very ContextVar operation, and
-    ``trace.get_current_span()`` three.
-
-    Found where opentelemetry-api 1.x keeps them, for its default runtime context only
-    (``OTEL_PYTHON_CONTEXT`` unset or ``contextvars_context``); ``(None, "")`` otherwise,
-    and the callers use the API functions instead.
-    """
-    try:
-        from opentelemetry.context import _RUNTIME_CONTEXT
-        from opentelemetry.context.contextvars_context import ContextVarsRuntimeContext
-        from opentelemetry.trace.propagation import _SPAN_KEY
-    except ImportError:  # pragma: no cover - an opentelemetry-api that moved them
-        return None, ""
-    var = getattr(_RUNTIME_CONTEXT, "_current_context", None)
-    if type(_RUNTIME_CONTEXT) is not ContextVarsRuntimeContext or not isinstance(var, ContextVar):
-        return None, ""  # pragma: no cover - another runtime context
-    return var, _SPAN_KEY
-
-
-#: OpenTelemetry's current-context ContextVar and its span key (see _runtime_context_var):
-#: ``CONTEXT_VAR.get()`` is ``opentelemetry.context.get_current()``, ``CONTEXT_VAR.set(c)``
-#: is ``attach(c)`` and ``CONTEXT_VAR.get().get(SPAN_KEY)`` the current span (or None).
-CONTEXT_VAR, SPAN_KEY = _runtime_context_var()
 #: The instrumentation scope name of stocksentry's spans.
 TRACER_NAME = "stocksentry"
 
@@ -79,15 +50,6 @@ def link_from_carrier(carrier: Mapping[str, str] | None) -> Link | None:
     return Link(span_context, {"stocksentry.link": "checkout"})
 
 
-# The two hex digits of each trace-flags byte, made once.
-_FLAGS = tuple(f"{flags:02x}" for flags in range(256))
-# The span context last formatted and its fields: a reservation asks for the same span's
-# ids for each log line and for its exemplar, so they are formatted once per span. One
-# tuple, swapped whole: a thread reading it never sees a torn pair (a race only formats
-# twice).
-_last_fields: tuple[SpanContext | None, tuple[str, str, str]] = (None, ("", "", ""))
-
-
 def trace_fields(span_context: SpanContext) -> tuple[str, str, str]:
     """``span_context``'s trace id and span id in lowercase hex (32 and 16 characters) and
     its flags as two hex digits, as in W3C ``traceparent``.
@@ -98,25 +60,11 @@ def trace_fields(span_context: SpanContext) -> tuple[str, str, str]:
         >>> trace_fields(SpanContext(0xAB, 0xCD, is_remote=False, trace_flags=1))[1:]
         ('00000000000000cd', '01')
     """
-    global _last_fields
-    last = _last_fields
-    if last[0] is span_context:
-        return last[1]
-    fields = (
+    return (
         format(span_context.trace_id, "032x"),
         format(span_context.span_id, "016x"),
-        _FLAGS[span_context.trace_flags & 0xFF],
+        format(span_context.trace_flags & 0xFF, "02x"),
     )
-    _last_fields = (span_context, fields)
-    return fields
-
-
-class TraceExemplar(dict[str, str]):
-    """The exemplar labels :func:`exemplar_for` makes: ``trace_id`` and ``span_id``, 32 and
-    16 hex digits, 63 characters in all. Valid by construction (OpenMetrics allows 128), so
-    the hot paths that know the type skip prometheus_client's check of every label name."""
-
-    __slots__ = ()
 
 
 def exemplar_for(span: Span) -> dict[str, str] | None:
@@ -124,7 +72,7 @@ def exemplar_for(span: Span) -> dict[str, str] | None:
     if not span.is_recording():
         return None
     trace_id, span_id, _ = trace_fields(span.get_span_context())
-    return TraceExemplar(trace_id=trace_id, span_id=span_id)
+    return {"trace_id": trace_id, "span_id": span_id}
 
 
 def configure_tracing(

@@ -55,14 +55,13 @@ from .instrumentor import (
     is_instrumented,
     uninstrument_sqlalchemy,
 )
-from .model import DEFAULT_READ_WINDOW, SpanMode, StatementInfo, StockTable, ValueRef, WriteKind
+from .model import DEFAULT_READ_WINDOW, SpanMode, StatementInfo, StockTable, WriteKind
 
 __all__ = [
     "DEFAULT_READ_WINDOW",
     "SpanMode",
     "StatementInfo",
     "StockTable",
-    "ValueRef",
     "WriteKind",
     "classify_statement",
     "instrument_sqlalchemy",

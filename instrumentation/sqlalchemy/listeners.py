@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 import weakref
-from bisect import bisect_left
 from collections.abc import Callable
 from time import perf_counter
 from typing import TYPE_CHECKING, Any, Literal
@@ -12,8 +11,6 @@ from typing import TYPE_CHECKING, Any, Literal
 import structlog
 from opentelemetry import trace as otel_trace
 from opentelemetry.trace import (
-    INVALID_SPAN,
-    Span,
     SpanKind,
     StatusCode,
     TracerProvider,
@@ -23,13 +20,9 @@ from sqlalchemy.engine.interfaces import ExecuteStyle
 
 from .. import events
 from ..heldlocks import held_locks, valid_at
-from ..metrics import HistogramCells
 from ..outcomes import refusal_of, status_code_of
-from ..reservation import _current as _current_reservation
-from ..reservation import current_reservation
+from ..reservation import current_reservation, imply_outcome
 from ..sentry import Sentry
-from ..tracing import CONTEXT_VAR as _SPAN_VAR
-from ..tracing import SPAN_KEY as _SPAN_KEY
 from ..tracing import TRACER_NAME, exemplar_for
 from .classifier import _classify_tokens
 from .clauses import _Tables
@@ -118,9 +111,6 @@ class _Route:
         self.blind = plan.write == "blind" and not self.conditional
         # pysqlite counts RETURNING rows only as they are fetched: unknown after execute.
         self.rowcount_unknown = plan.returning and sqlite
-        # The lock-wait histogram cells of this text's table, once observed (None: not yet;
-        # False: observe through the metrics method each time, as for an overflowed label).
-        self.wait: HistogramCells | Literal[False] | None = None
 
 
 class _Instrumentation:
@@ -292,27 +282,8 @@ class _Instrumentation:
             if span is None:
                 try:
                     elapsed = perf_counter() - t0
-                    current = (
-                        _SPAN_VAR.get().get(_SPAN_KEY)
-                        if _SPAN_VAR is not None
-                        else get_current_span()
-                    )
-                    exemplar = (
-                        exemplar_for(current)
-                        if current is not None
-                        and current is not INVALID_SPAN
-                        and isinstance(current, Span)
-                        else None
-                    )
-                    wait = route.wait
-                    if wait and exemplar is None:
-                        # HistogramCells.observe, written out: this runs on every UPDATE.
-                        wait.sum.inc(elapsed)
-                        wait.buckets[bisect_left(wait.bounds, elapsed)].inc(1)
-                    else:
-                        self.metrics.db_lock_wait(route.label, elapsed, exemplar)
-                        if wait is None:
-                            route.wait = self.metrics.db_lock_wait_cells(route.label) or False
+                    exemplar = exemplar_for(get_current_span())
+                    self.metrics.db_lock_wait(route.label, elapsed, exemplar)
                 except Exception as err:
                     self.sentry.internal_error(_COMPONENT, err)
             else:
@@ -582,10 +553,9 @@ class _Instrumentation:
                 self._no_row(plan, keys)
             elif rowcount > 0:
                 # A retry that now matched undoes the conflict an earlier attempt implied.
-                # (current_reservation(), one call shorter: this runs on every UPDATE.)
-                reservation = _current_reservation.get()
+                reservation = current_reservation()
                 if reservation is not None:
-                    reservation.implied_outcome(None)
+                    imply_outcome(reservation, None)
         if keys and state is not None and rowcount != 0:
             state.locks.update(keys)
         return keys
@@ -711,7 +681,7 @@ class _Instrumentation:
         )
         reservation = current_reservation()
         if reservation is not None:
-            reservation.implied_outcome(reason)
+            imply_outcome(reservation, reason)
             return
         # Outside a reservation there is no SKU label or outcome to attach it to: a debug
         # line only, so a batch job's guarded updates do not count as checkout conflicts.

@@ -35,7 +35,7 @@ from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 from .. import events
-from ..reservation import current_reservation
+from ..reservation import current_reservation, note_negative_write
 from .model import _COMPONENT, StatementInfo, StockTable
 
 if TYPE_CHECKING:
@@ -264,7 +264,7 @@ class _NegativeWrites:
         if reservation is not None:
             # Counted here: the same write's new_stock, should the app pass it to success()
             # (from this RETURNING), is not counted twice.
-            reservation.negative_write_seen()
+            note_negative_write(reservation)
         try:
             self.metrics.inventory_negative(sku)
         except Exception as exc:

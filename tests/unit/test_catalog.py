@@ -243,10 +243,10 @@ def test_the_instrumentation_error_record_carries_its_catalogued_fields(
 
 
 def test_conflict_reasons_and_outcomes_are_one_list() -> None:
-    from stocksentry.instrumentation import api
+    import stocksentry.instrumentation as package
 
-    assert api.ConflictReason is catalog.ConflictReason
-    assert api.Outcome is catalog.Outcome
+    assert package.ConflictReason is catalog.ConflictReason
+    assert package.Outcome is catalog.Outcome
     assert get_args(catalog.ConflictReason) == catalog.CONFLICT_REASONS
     assert get_args(catalog.Outcome) == ("success", *catalog.CONFLICT_REASONS, "error")
     assert get_args(catalog.Outcome) == catalog.OUTCOMES

@@ -18,9 +18,8 @@ import sqlalchemy as sa
 from prometheus_client import CollectorRegistry
 from stocksentry.instrumentation import Sentry
 from stocksentry.instrumentation.guard import MAX_CACHED_KEY_LENGTH, LabelGuard
-from stocksentry.instrumentation.logs import sanitize_id
+from stocksentry.instrumentation.logs import Redactor, sanitize_id
 from stocksentry.instrumentation.metrics import StockMetrics
-from stocksentry.instrumentation.processors import Redactor
 from stocksentry.instrumentation.sqlalchemy import instrument_sqlalchemy, uninstrument_sqlalchemy
 from stocksentry.instrumentation.sqlalchemy.instrumentor import _instrumented
 from stocksentry.instrumentation.sqlalchemy.model import _PLAN_CACHE_CHARS, _PLAN_CACHE_MAX_TEXT

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import io
 import json
 import logging
@@ -495,18 +494,21 @@ def test_another_handlers_formatting_does_not_leak_into_the_json_line(
     assert line == {"event": "retry 2", "level": "warning", "logger": "lib", "order_id": "o-1"}
 
 
-# --- the fast paths of the JSON line: same bytes as the plain chain ----------------------
+# --- the line's fields and its JSON: same bytes as the standard library's encoder ---------
 
 
-def test_json_renderer_bytes_match_the_stdlib_encoder() -> None:
-    from stocksentry.instrumentation.processors import _JsonLines
+def _renderer() -> Any:
+    """The JSON renderer configure_logging chained (its last processor)."""
+    return structlog.get_config()["processors"][-1]
 
+
+def test_json_renderer_bytes_match_the_stdlib_encoder(stream: io.StringIO) -> None:
     class Odd:
         def __repr__(self) -> str:
             return "<odd>"
 
     reference = json.JSONEncoder(default=repr)
-    render = _JsonLines()
+    render = _renderer()
     samples: list[dict[str, Any]] = [
         {"event": "stock_update", "sku": "EGG-01", "qty": 1, "success": True, "from": 3, "to": 2},
         {"event": "ünïcödé ✓", "emoji": "\U0001f95a", "ctrl": 'a\nb\t"c"\\', "none": None},
@@ -518,10 +520,8 @@ def test_json_renderer_bytes_match_the_stdlib_encoder() -> None:
         assert render(None, "info", dict(event)) == reference.encode(event)
 
 
-def test_json_renderer_recovers_after_a_circular_value() -> None:
-    from stocksentry.instrumentation.processors import _JsonLines
-
-    render = _JsonLines()
+def test_json_renderer_recovers_after_a_circular_value(stream: io.StringIO) -> None:
+    render = _renderer()
     cycle: list[Any] = []
     cycle.append(cycle)
     with pytest.raises(ValueError, match="Circular"):
@@ -531,49 +531,40 @@ def test_json_renderer_recovers_after_a_circular_value() -> None:
     assert render(None, "info", {"event": "x", "cycle": cycle}) == '{"event": "x", "cycle": []}'
 
 
-def test_line_fields_equal_the_chained_processors() -> None:
-    from stocksentry.instrumentation.processors import _LineFields, _UtcMillisTimestamper
+def test_line_fields_in_order_with_the_callers_own_kept(stream: io.StringIO) -> None:
+    chain = structlog.get_config()["processors"][:-1]  # all but the renderer
 
     class Named:
         name = "checkout"
 
-    def chained(logger: Any, method: str, event: dict[str, Any]) -> dict[str, Any]:
-        event = structlog.processors.add_log_level(logger, method, event)
-        name = getattr(logger, "name", None)
-        if name is not None:
-            event.setdefault("logger", name)
-        event = add_trace_context(logger, method, event)
-        event = _UtcMillisTimestamper()(logger, method, event)
-        return dict(structlog.processors.format_exc_info(logger, method, event))
+    def run(logger: Any, method: str, event: dict[str, Any]) -> dict[str, Any]:
+        for processor in chain:
+            event = processor(logger, method, event)
+        return event
 
-    combined = _LineFields(_UtcMillisTimestamper(), render_exc_info=True)
-    provider = TracerProvider()
-    cases: list[tuple[Any, str, dict[str, Any]]] = [
-        (Named(), "info", {"event": "a", "sku": "S"}),
-        (None, "warn", {"event": "b"}),
-        (Named(), "exception", {"event": "c", "logger": "mine"}),
-        (Named(), "info", {"event": "d", "exc_info": False}),
+    got = run(Named(), "info", {"event": "a", "sku": "S"})
+    assert list(got) == ["event", "sku", "level", "logger", "timestamp"]
+    assert TIMESTAMP.match(got["timestamp"])
+    assert run(None, "warn", {"event": "b"})["level"] == "warning"
+    got = run(Named(), "exception", {"event": "c", "logger": "mine"})
+    assert (got["level"], got["logger"]) == ("error", "mine")
+    with TracerProvider().get_tracer("t").start_as_current_span("s"):
+        got = run(Named(), "info", {"event": "d", "exc_info": False})
+    assert list(got) == [
+        "event",
+        "level",
+        "logger",
+        "trace_id",
+        "span_id",
+        "trace_flags",
+        "timestamp",
     ]
-    for logger, method, event in cases:
-        for in_span in (False, True):
-            with contextlib.ExitStack() as stack:
-                if in_span:
-                    stack.enter_context(provider.get_tracer("t").start_as_current_span("s"))
-                want = chained(logger, method, dict(event))
-                got = combined(logger, method, dict(event))
-            # The timestamp may tick between the two calls; its place must not move.
-            assert list(got) == list(want)
-            assert {k: v for k, v in got.items() if k != "timestamp"} == {
-                k: v for k, v in want.items() if k != "timestamp"
-            }
     try:
         raise RuntimeError("boom")
     except RuntimeError:
-        got = combined(None, "error", {"event": "e", "exc_info": True})
+        got = run(None, "error", {"event": "e", "exc_info": True})
     assert "exc_info" not in got
     assert "RuntimeError: boom" in got["exception"]
-    plain = _LineFields(_UtcMillisTimestamper(), render_exc_info=False)
-    assert plain(None, "info", {"event": "f", "exc_info": True})["exc_info"] is True
 
 
 def test_redactor_masks_a_repeated_secret_every_time_and_keeps_no_values() -> None:
@@ -605,55 +596,14 @@ class _Odd:
         {"event": "x", "odd": _Odd(), "set": {1}, "bytes": b"\x00", 7: "int key"},
     ],
 )
-def test_json_lines_render_as_json_dumps_would(event: dict[Any, Any]) -> None:
-    from stocksentry.instrumentation.processors import _JsonLines
-
-    # The renderer keeps one C encoder without a circular check: same text as json.dumps.
-    assert _JsonLines()(None, "info", dict(event)) == json.dumps(event, default=repr)
+def test_json_lines_render_as_json_dumps_would(stream: io.StringIO, event: dict[Any, Any]) -> None:
+    assert _renderer()(None, "info", dict(event)) == json.dumps(event, default=repr)
 
 
-def test_json_lines_refuse_a_cycle_as_json_does() -> None:
-    from stocksentry.instrumentation.processors import _JsonLines
-
+def test_json_lines_refuse_a_cycle_as_json_does(stream: io.StringIO) -> None:
     # Redactor copies (and masks deep) structures first, so no cycle reaches the renderer
     # in a configured chain; called alone it fails as the checking encoder does.
     looped: dict[str, Any] = {"event": "x"}
     looped["self"] = looped
     with pytest.raises(ValueError, match="Circular reference"):
-        _JsonLines()(None, "info", looped)
-
-
-def test_contextvars_merge_as_structlogs_own() -> None:
-    import contextvars
-
-    from stocksentry.instrumentation import processors
-    from stocksentry.instrumentation.processors import _ContextvarsMerger
-
-    merge = _ContextvarsMerger()
-
-    def both(event: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-        ours = merge(None, "info", dict(event))
-        theirs = structlog.contextvars.merge_contextvars(None, "info", dict(event))
-        return ours, theirs
-
-    def scenario() -> None:
-        other: contextvars.ContextVar[str] = contextvars.ContextVar("not_structlogs")
-        other.set("ignored")
-        structlog.contextvars.bind_contextvars(request_id="r-1", sku="S-1", order_id="o-1")
-        ours, theirs = both({"event": "x", "sku": "from-the-call"})
-        assert ours == theirs
-        assert list(ours) == list(theirs)  # same key order in the rendered line
-        assert ours["sku"] == "from-the-call"
-        assert ours["request_id"] == "r-1"
-        structlog.contextvars.unbind_contextvars("order_id")
-        ours, theirs = both({"event": "y"})
-        assert ours == theirs
-        assert "order_id" not in ours
-        # Past the memo's bound the answer is the same, worked out each time.
-        for k in range(processors._CONTEXTVARS_KNOWN + 5):
-            structlog.contextvars.bind_contextvars(**{f"k{k}": k})
-        ours, theirs = both({"event": "z"})
-        assert ours == theirs
-        assert len(merge._keys) == processors._CONTEXTVARS_KNOWN
-
-    contextvars.copy_context().run(scenario)
+        _renderer()(None, "info", looped)

@@ -32,7 +32,7 @@ from stocksentry.exporter.investigate.timeline import (
     read_events,
     run_timeline,
 )
-from stocksentry.instrumentation.api import Sentry
+from stocksentry.instrumentation import Sentry
 from stocksentry.instrumentation.logs import configure_logging
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "timeline"

@@ -14,7 +14,7 @@ import pytest
 import structlog
 from prometheus_client import CollectorRegistry
 from stocksentry.exporter.investigate.timeline import add_timeline_parser, analyse, read_events
-from stocksentry.instrumentation.api import Sentry
+from stocksentry.instrumentation import Sentry
 from stocksentry.instrumentation.logs import configure_logging
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "timeline"

@@ -1,5 +1,5 @@
-"""The reservation's span path done once per span: its ids in both log lines and the
-exemplar, the ids following the current span from line to line, the logger resolved once."""
+"""The reservation's span: its ids in both log lines and the exemplar, the ids following
+the current span from line to line, the parent context restored after."""
 
 from __future__ import annotations
 
@@ -19,8 +19,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 from prometheus_client import CollectorRegistry
 from stocksentry.instrumentation import Sentry, catalog
-from stocksentry.instrumentation.logs import configure_logging
-from stocksentry.instrumentation.processors import add_trace_context
+from stocksentry.instrumentation.logs import add_trace_context, configure_logging
 from stocksentry.instrumentation.tracing import exemplar_for, trace_fields
 
 
@@ -138,7 +137,6 @@ def test_trace_fields_of_alternating_contexts() -> None:
     for _ in range(2):
         assert trace_fields(a) == (format(1, "032x"), format(2, "016x"), "01")
         assert trace_fields(b) == (format(0xFFFF, "032x"), format(0xEEEE, "016x"), "03")
-        assert trace_fields(b) is trace_fields(b)
 
 
 def test_exemplar_only_for_a_recording_span(provider: TracerProvider) -> None:
@@ -188,21 +186,24 @@ def test_an_own_logger_receives_the_lines_as_given() -> None:
     assert seen[1][1]["to"] == 1
 
 
-def _old_chain(redact_keys: list[str]) -> list[Any]:
-    """The chain before the redactor moved inside the line fields: as its own step after."""
-    from stocksentry.instrumentation.processors import (
+def _redactor_last_chain(redact_keys: list[str]) -> list[Any]:
+    """structlog's public processors and ours, chained by hand: the redactor after every
+    other field, before the renderer."""
+    from stocksentry.instrumentation.logs import (
         Redactor,
-        _ContextvarsMerger,
-        _JsonLines,
-        _LineFields,
-        _UtcMillisTimestamper,
+        add_logger_name,
+        add_timestamp,
     )
 
     return [
-        _ContextvarsMerger(),
-        _LineFields(_UtcMillisTimestamper(), render_exc_info=True),
+        structlog.contextvars.merge_contextvars,
+        structlog.processors.add_log_level,
+        add_logger_name,
+        add_trace_context,
+        add_timestamp,
+        structlog.processors.format_exc_info,
         Redactor(redact_keys),
-        _JsonLines(),
+        structlog.processors.JSONRenderer(default=repr),
     ]
 
 
@@ -214,7 +215,7 @@ def test_lines_are_those_of_the_redactor_run_last(
     stream = io.StringIO()
     configure_logging(stream=stream, bridge_stdlib=False, redact_keys=redact_keys)
     new_chain = structlog.get_config()["processors"]
-    old_chain = _old_chain(redact_keys)
+    old_chain = _redactor_last_chain(redact_keys)
     card = "4111-1111-1111-1111"
 
     def render(chain: list[Any], method: str, event: dict[str, Any]) -> dict[str, Any]:
@@ -245,45 +246,6 @@ def test_lines_are_those_of_the_redactor_run_last(
     assert (new["level"] == "[REDACTED]") == ("level" in redact_keys)
 
 
-def test_the_own_line_writer_writes_the_line_structlog_would(
-    out: io.StringIO, provider: TracerProvider
-) -> None:
-    from stocksentry.instrumentation.logs import own_line_writer
-
-    logger = structlog.get_logger("stocksentry").bind()
-    write = own_line_writer(logger)
-    assert write is not None
-    fields = {"sku": "EGG-01", "note": "card 4111-1111-1111-1111", "email": "a@b.c"}
-    with provider.get_tracer("t").start_as_current_span("s"):
-        logger.info("stock_update", **fields)
-        write("stock_update", dict(fields))
-    by_structlog, by_writer = lines(out)
-    assert by_structlog.pop("timestamp")
-    assert by_writer.pop("timestamp")
-    assert list(by_writer.items()) == list(by_structlog.items())
-    assert by_writer["note"] == "card ****1111"
-    assert by_writer["trace_id"]
-
-
-def test_the_own_line_writer_is_for_configure_loggings_chain_alone(out: io.StringIO) -> None:
-    from stocksentry.instrumentation.logs import own_line_writer
-
-    logger = structlog.get_logger("stocksentry").bind()
-    assert own_line_writer(logger) is not None
-    assert own_line_writer(logger.bind(request_id="r-1")) is None  # bound values
-    assert own_line_writer(logging.getLogger("x")) is None
-    assert own_line_writer(None) is None
-    # Another configuration's loggers, and info lines below the configured level.
-    configure_logging("WARNING", stream=out, bridge_stdlib=False)
-    assert own_line_writer(structlog.get_logger("stocksentry").bind()) is None
-    configure_logging("INFO", stream=out, bridge_stdlib=False)
-    assert own_line_writer(logger) is None  # built from the configuration before
-    fresh = structlog.get_logger("stocksentry").bind()
-    assert own_line_writer(fresh) is not None
-    structlog.configure(processors=[structlog.processors.JSONRenderer()])
-    assert own_line_writer(structlog.get_logger("stocksentry").bind()) is None
-
-
 def test_a_reservation_under_a_warning_level_writes_no_info_line() -> None:
     stream = io.StringIO()
     configure_logging("WARNING", stream=stream, bridge_stdlib=False)
@@ -301,8 +263,6 @@ def test_a_reservation_under_a_warning_level_writes_no_info_line() -> None:
 def test_the_reservation_span_is_current_inside_and_the_parent_restored_after(
     provider: TracerProvider, spans: InMemorySpanExporter
 ) -> None:
-    # The context is read, set and reset through OpenTelemetry's ContextVar directly: the
-    # same as attach()/detach(), parent included.
     sentry = Sentry(registry=CollectorRegistry(), log=False, trace=True, tracer_provider=provider)
     tracer = provider.get_tracer("app")
     with tracer.start_as_current_span("checkout") as outer:

@@ -1,8 +1,7 @@
-"""HistogramCells: the lock-wait observation without prometheus_client's per-call checks.
-
-The SQLAlchemy integration adds to a histogram child's cells directly; what it records must
-be what ``Histogram.observe`` records, in one process and in multiprocess mode, and a
-label that overflowed must still count its overflow on every observation.
+"""The histograms of lock waits and reservation durations, recorded through a cached
+``labels()`` child's ``observe()``: in one process and in multiprocess mode, a label that
+overflowed counting its overflow on every observation, exemplars as prometheus_client sets
+and checks them.
 """
 
 from __future__ import annotations
@@ -17,13 +16,12 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.multiprocess import MultiProcessCollector
 from stocksentry.instrumentation import Sentry, catalog
 from stocksentry.instrumentation.guard import LabelGuard
-from stocksentry.instrumentation.metrics import HistogramCells, StockMetrics, histogram_cells
+from stocksentry.instrumentation.metrics import StockMetrics
 from stocksentry.instrumentation.sqlalchemy import instrument_sqlalchemy, uninstrument_sqlalchemy
-from stocksentry.instrumentation.tracing import TraceExemplar
 
 BOUNDS = catalog.LATENCY_BUCKETS
 # Every bound exactly, just under and over it, zero and far past the last finite bound.
@@ -50,48 +48,10 @@ def samples(registry: CollectorRegistry, name: str) -> list[tuple[str, dict[str,
     return sorted(out, key=lambda x: (x[0], sorted(x[1].items()), x[2]))
 
 
-def test_cells_record_exactly_what_observe_records() -> None:
-    registry = CollectorRegistry()
-    plain = Histogram("plain_seconds", "h", ["table"], buckets=BOUNDS, registry=registry)
-    fast = Histogram("fast_seconds", "h", ["table"], buckets=BOUNDS, registry=registry)
-    cells = histogram_cells(fast.labels("t"))
-    assert isinstance(cells, HistogramCells)
-    for amount in AMOUNTS:
-        plain.labels("t").observe(amount)
-        cells.observe(amount)
-    expected = samples(registry, "plain_seconds")
-    assert expected  # buckets, count and sum
-    assert [(n.replace("plain", "fast"), lab, v) for n, lab, v in expected] == samples(
-        registry, "fast_seconds"
-    )
-    assert registry.get_sample_value("fast_seconds_count", {"table": "t"}) == len(AMOUNTS)
-
-
-def test_only_a_labelled_histogram_child_has_cells() -> None:
-    registry = CollectorRegistry()
-    labelled = Histogram("h_seconds", "h", ["table"], registry=registry)
-    bare = Histogram("bare_seconds", "h", registry=registry)
-    counter = Counter("c", "c", ["table"], registry=registry)
-    assert histogram_cells(labelled) is None  # the parent: observe() would raise
-    assert histogram_cells(counter.labels("t")) is None
-    assert histogram_cells(object()) is None
-    assert histogram_cells(bare) is None  # no labels: not what the cells are for
-    assert histogram_cells(labelled.labels("t")) is not None
-
-
-def test_a_child_not_laid_out_as_expected_has_no_cells() -> None:
-    child: Any = Histogram("odd_seconds", "h", ["table"], registry=None).labels("t")
-    child._upper_bounds = child._upper_bounds[:-1]  # bounds and buckets out of step
-    assert histogram_cells(child) is None
-
-
-def test_lock_wait_cells_come_from_the_cache_only() -> None:
+def test_lock_waits_of_a_table_add_up() -> None:
     metrics = StockMetrics(CollectorRegistry())
-    assert metrics.db_lock_wait_cells("products") is None  # never observed
     metrics.db_lock_wait("products", 0.01)
-    cells = metrics.db_lock_wait_cells("products")
-    assert cells is not None
-    cells.observe(0.02)
+    metrics.db_lock_wait("products", 0.02)
     registry = metrics.registry
     assert registry is not None
     name = catalog.DB_LOCK_WAIT.name
@@ -102,24 +62,20 @@ def test_lock_wait_cells_come_from_the_cache_only() -> None:
 MP_WORKER = textwrap.dedent(
     """
     import sys
+    from stocksentry.instrumentation import catalog, mpexemplars
     from stocksentry.instrumentation.metrics import StockMetrics
-    from stocksentry.instrumentation import mpexemplars
     amounts = [float(a) for a in sys.argv[1].split(",")]
     metrics = StockMetrics(None)
-    metrics.db_lock_wait("fast", amounts[0])
-    cells = metrics.db_lock_wait_cells("fast")
-    assert cells is not None, "no cells in multiprocess mode"
-    assert type(cells.child) is mpexemplars.ExemplarHistogram, type(cells.child)
-    for amount in amounts[1:]:
-        cells.observe(amount)
+    kind = type(metrics.metric(catalog.DB_LOCK_WAIT))
+    assert kind is mpexemplars.ExemplarHistogram, kind
     for amount in amounts:
-        metrics.db_lock_wait("plain", amount)
+        metrics.db_lock_wait("t", amount)
     print("ok")
     """
 )
 
 
-def test_cells_write_the_same_multiprocess_files_as_observe(tmp_path: Path) -> None:
+def test_lock_waits_write_the_multiprocess_files_as_observe_would(tmp_path: Path) -> None:
     env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
     done = subprocess.run(
         [sys.executable, "-c", MP_WORKER, ",".join(repr(a) for a in AMOUNTS)],
@@ -133,28 +89,19 @@ def test_cells_write_the_same_multiprocess_files_as_observe(tmp_path: Path) -> N
     assert done.stdout == "ok\n"
     registry = CollectorRegistry()
     MultiProcessCollector(registry, path=str(tmp_path))
-    by_table: dict[str, list[tuple[str, tuple[tuple[str, str], ...], float]]] = {}
-    for metric in registry.collect():
-        if metric.name != catalog.DB_LOCK_WAIT.name:
-            continue
-        for s in metric.samples:
-            rest = tuple(sorted((k, v) for k, v in s.labels.items() if k != "table"))
-            by_table.setdefault(s.labels["table"], []).append((s.name, rest, s.value))
-    assert sorted(by_table["fast"]) == sorted(by_table["plain"])
-    count = [v for n, _, v in by_table["fast"] if n.endswith("_count")]
-    assert count == [len(AMOUNTS)]
+    reference = CollectorRegistry()
+    plain = Histogram(
+        catalog.DB_LOCK_WAIT.name, "h", ["table"], buckets=BOUNDS, registry=reference
+    )
+    for amount in AMOUNTS:
+        plain.labels("t").observe(amount)
+    name = catalog.DB_LOCK_WAIT.name
+    assert samples(registry, name) == samples(reference, name)
+    assert registry.get_sample_value(f"{name}_count", {"table": "t"}) == len(AMOUNTS)
 
 
 STOCK = "CREATE TABLE products (sku TEXT PRIMARY KEY, available_stock INTEGER NOT NULL)"
 UPDATE = "UPDATE products SET available_stock = available_stock - 1 WHERE sku = :sku"
-
-
-def lock_wait_route(engine: sa.Engine) -> Any:
-    for fn in engine.dialect.dispatch.do_execute:
-        owner = getattr(fn, "__self__", None)
-        if owner is not None and hasattr(owner, "plans"):
-            return owner.plans[UPDATE.replace(":sku", "?")]
-    raise AssertionError("not instrumented")
 
 
 @pytest.fixture
@@ -168,14 +115,12 @@ def engine(tmp_path: Path) -> Any:
     engine.dispose()
 
 
-def test_the_integration_takes_the_cells_path_and_counts_every_update(engine: Any) -> None:
+def test_the_integration_counts_every_update(engine: Any) -> None:
     registry = CollectorRegistry()
     instrument_sqlalchemy(engine, sentry=Sentry(registry=registry, log=False, trace=False))
     for _ in range(5):
         with engine.begin() as conn:
             conn.execute(sa.text(UPDATE), {"sku": "EGG-01"})
-    # The installed prometheus_client has the layout relied on: the fast path is in use.
-    assert isinstance(lock_wait_route(engine).wait, HistogramCells)
     name = catalog.DB_LOCK_WAIT.name
     assert registry.get_sample_value(f"{name}_count", {"table": "products"}) == 5
     assert registry.get_sample_value(f"{name}_bucket", {"table": "products", "le": "+Inf"}) == 5
@@ -190,7 +135,6 @@ def test_an_overflowed_table_label_counts_its_overflow_on_every_update(engine: A
     for _ in range(3):
         with engine.begin() as conn:
             conn.execute(sa.text(UPDATE), {"sku": "EGG-01"})
-    assert lock_wait_route(engine).wait is False
     name = catalog.DB_LOCK_WAIT.name
     assert registry.get_sample_value(f"{name}_count", {"table": catalog.OVERFLOW_VALUE}) == 3
     overflow = registry.get_sample_value(
@@ -201,7 +145,7 @@ def test_an_overflowed_table_label_counts_its_overflow_on_every_update(engine: A
 
 # --- exemplars and the reservation duration ---------------------------------------------------
 
-TRACE = TraceExemplar(trace_id="ab" * 16, span_id="cd" * 8)
+TRACE = {"trace_id": "ab" * 16, "span_id": "cd" * 8}
 
 
 def exemplars(registry: CollectorRegistry, name: str) -> list[tuple[str, dict[str, str], float]]:
@@ -214,35 +158,15 @@ def exemplars(registry: CollectorRegistry, name: str) -> list[tuple[str, dict[st
     )
 
 
-def test_an_exemplar_is_set_as_observe_sets_it() -> None:
-    registry = CollectorRegistry()
-    plain = Histogram("plain_seconds", "h", ["table"], buckets=BOUNDS, registry=registry)
-    fast = Histogram("fast_seconds", "h", ["table"], buckets=BOUNDS, registry=registry)
-    cells = histogram_cells(fast.labels("t"))
-    assert cells is not None
-    assert cells.direct_exemplars
-    for amount in (0.0005, 0.02, 0.02, 3.0, 1e9):
-        plain.labels("t").observe(amount, TRACE)
-        cells.observe_exemplar(amount, TRACE)
-    assert exemplars(registry, "plain_seconds") == exemplars(registry, "fast_seconds")
-    assert len(exemplars(registry, "fast_seconds")) == 4  # one per bucket hit, the latest
-    assert [
-        (n.replace("plain", "fast"), lab, v) for n, lab, v in samples(registry, "plain_seconds")
-    ] == samples(registry, "fast_seconds")
-
-
-def test_an_exemplar_not_made_by_stocksentry_is_checked_as_observe_checks_it() -> None:
-    fast = Histogram("fast_seconds", "h", ["table"], registry=CollectorRegistry())
-    cells = histogram_cells(fast.labels("t"))
-    assert cells is not None
-    # A plain dict is whatever the app passed: prometheus_client's checks decide.
+def test_an_exemplar_is_checked_as_observe_checks_it() -> None:
+    metrics = StockMetrics(CollectorRegistry())
+    # Whatever the app passed: prometheus_client's checks decide.
     with pytest.raises(ValueError, match="Exemplar labels"):
-        cells.observe_exemplar(0.1, {"trace_id": "x" * 200})
-    # A TraceExemplar is 63 characters by construction: never checked, never too long.
-    cells.observe_exemplar(0.1, TraceExemplar(trace_id="ab" * 16, span_id="cd" * 8))
+        metrics.db_lock_wait("t", 0.1, {"trace_id": "x" * 200})
+    metrics.db_lock_wait("t", 0.1, TRACE)  # 63 characters: within the limit
 
 
-def test_the_reservation_duration_takes_the_cells_path_with_its_checks() -> None:
+def test_the_reservation_duration_with_its_checks() -> None:
     registry = CollectorRegistry()
     metrics = StockMetrics(registry)
     name = catalog.RESERVATION_DURATION.name
