@@ -33,10 +33,10 @@ from typing import TYPE_CHECKING, Any
 
 from .. import events
 from ..heldlocks import held_locks
-from .clauses import _at, _is_op, _is_word, _read_name, _split, _top, _value
-from .model import _COMPONENT, StatementInfo, StockTable
+from .clauses import is_op, is_word, read_name, split_at, tok_at, top_level, value_ref
+from .model import COMPONENT, StatementInfo, StockTable
 from .negative import as_int, read_column, select_column_sql
-from .tokens import _P, _Q, _W, _tokenize
+from .tokens import PARAM, QUOTED, WORD, tokenize
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Connection
@@ -48,7 +48,7 @@ _MAX_ROWS = 4096
 _MAX_PLANS = 1024
 
 
-class _FencePlan:
+class FencePlan:
     """Where one UPDATE text carries its token, and how its WHERE compares it."""
 
     __slots__ = ("guard", "token")
@@ -60,7 +60,7 @@ class _FencePlan:
         self.guard = guard
 
 
-def fence_plan(sql: str, column: str, paramstyle: str) -> _FencePlan | None:
+def fence_plan(sql: str, column: str, paramstyle: str) -> FencePlan | None:
     """How the UPDATE ``sql`` writes the token ``column``; ``None`` when it does not.
 
     Example::
@@ -73,49 +73,49 @@ def fence_plan(sql: str, column: str, paramstyle: str) -> _FencePlan | None:
         >>> plan.token, plan.guard
         ((True, 't'), '<')
     """
-    toks = _tokenize(sql, paramstyle)
+    toks = tokenize(sql, paramstyle)
     column = column.lower()
-    set_at = _top(toks, 0, frozenset({"set"}))
+    set_at = top_level(toks, 0, frozenset({"set"}))
     if set_at >= len(toks):
         return None
-    set_end = _top(toks, set_at + 1, frozenset({"from", "where", "returning"}))
+    set_end = top_level(toks, set_at + 1, frozenset({"from", "where", "returning"}))
     token: tuple[bool, Any] | None = None
-    for assignment in _split(toks[set_at + 1 : set_end], ",", 0):
-        eq = next((k for k, t in enumerate(assignment) if _is_op(t, "=") and t[2] == 0), None)
-        if eq is None or not assignment or assignment[0][0] not in (_W, _Q):
+    for assignment in split_at(toks[set_at + 1 : set_end], ",", 0):
+        eq = next((k for k, t in enumerate(assignment) if is_op(t, "=") and t[2] == 0), None)
+        if eq is None or not assignment or assignment[0][0] not in (WORD, QUOTED):
             continue
-        parts, _ = _read_name(assignment, 0)
+        parts, _ = read_name(assignment, 0)
         if parts[-1] == column:
-            token = _value(assignment[eq + 1 :])
+            token = value_ref(assignment[eq + 1 :])
             break
     if token is None:
         return None
     guard: str | None = None
-    where_at = _top(toks, set_end, frozenset({"where"}))
-    if where_at < len(toks) and _is_word(toks[where_at], "where"):
-        end = _top(toks, where_at + 1, frozenset({"returning"}))
+    where_at = top_level(toks, set_end, frozenset({"where"}))
+    if where_at < len(toks) and is_word(toks[where_at], "where"):
+        end = top_level(toks, where_at + 1, frozenset({"returning"}))
         i = where_at + 1
         while i < end and guard is None:
             tok = toks[i]
-            if tok[0] in (_W, _Q):
-                parts, j = _read_name(toks, i)
-                op = _at(toks, j)
-                nxt = _at(toks, j + 1)
+            if tok[0] in (WORD, QUOTED):
+                parts, j = read_name(toks, i)
+                op = tok_at(toks, j)
+                nxt = tok_at(toks, j + 1)
                 if (
                     parts[-1] == column
                     and op is not None
                     and nxt is not None
-                    and (_is_op(op, "<") or _is_op(op, "<="))
-                    and (nxt[0] == _P or (token[0] is False and nxt[1] == token[1]))
+                    and (is_op(op, "<") or is_op(op, "<="))
+                    and (nxt[0] == PARAM or (token[0] is False and nxt[1] == token[1]))
                 ):
                     guard = op[1]
                 i = j
             else:
                 i += 1
-    return _FencePlan(token, guard)
+    return FencePlan(token, guard)
 
 
-class _Fencing:
+class Fencing:
     """The per-engine fencing check: the configured token columns, their plans, the
     highest token seen per row."""
 
@@ -138,7 +138,7 @@ class _Fencing:
         self.metrics = sentry.metrics
         self.columns = dict(columns)
         self.paramstyle = paramstyle
-        self.plans: dict[str, _FencePlan | None] = {}
+        self.plans: dict[str, FencePlan | None] = {}
         self.highest: dict[tuple[str, str, object], int] = {}
         self.selects: dict[tuple[str, str], tuple[str, bool] | None] = {}
         for table, column in columns.items():
@@ -147,7 +147,7 @@ class _Fencing:
                     table, column, key_column, paramstyle
                 )
 
-    def plan(self, statement: str, table: str) -> _FencePlan | None:
+    def plan(self, statement: str, table: str) -> FencePlan | None:
         plans = self.plans
         if statement in plans:
             return plans[statement]
@@ -227,7 +227,7 @@ class _Fencing:
         try:
             self.metrics.lock_stale_fencing_token(lock, table)
         except Exception as exc:
-            self.sentry.internal_error(_COMPONENT, exc)
+            self.sentry.internal_error(COMPONENT, exc)
         if self.sentry.log_enabled:
             self.sentry.logger.warning(
                 events.STALE_FENCING_TOKEN.name,

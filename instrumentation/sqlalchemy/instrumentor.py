@@ -11,19 +11,19 @@ from opentelemetry.trace import TracerProvider
 
 from ..api import get_sentry
 from ..sentry import Sentry
-from .clauses import _Tables
-from .fencing import _Fencing
-from .listeners import _Instrumentation
+from .clauses import Tables
+from .fencing import Fencing
+from .listeners import Instrumentation
 from .model import DEFAULT_READ_WINDOW, SpanMode, StockTable
-from .negative import _NegativeWrites
-from .otel import _otel_engine_tracer
+from .negative import NegativeWrites
+from .otel import attach_engine_tracer
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
     from sqlalchemy.ext.asyncio import AsyncEngine
 
 _EVENTS = ("do_execute", "do_execute_no_params", "do_executemany", "handle_error")
-_instrumented: weakref.WeakKeyDictionary[Engine, _Instrumentation] = weakref.WeakKeyDictionary()
+instrumented: weakref.WeakKeyDictionary[Engine, Instrumentation] = weakref.WeakKeyDictionary()
 
 
 def _sync_engine(engine: Engine | AsyncEngine) -> Engine:
@@ -76,7 +76,7 @@ def instrument_sqlalchemy(
         uninstrument_sqlalchemy(engine)
     """
     sync = _sync_engine(engine)
-    if sync in _instrumented:
+    if sync in instrumented:
         return
     mode: SpanMode
     if spans is True:
@@ -90,8 +90,8 @@ def instrument_sqlalchemy(
     if not read_window > 0:
         raise ValueError("read_window must be positive")
     configured = stock_tables if stock_tables is not None else {"products": StockTable()}
-    tables = _Tables(configured)
-    instrumentation = _Instrumentation(
+    tables = Tables(configured)
+    instrumentation = Instrumentation(
         sentry if sentry is not None else get_sentry(),
         tables,
         sync.dialect.name,
@@ -109,7 +109,7 @@ def instrument_sqlalchemy(
         listener = getattr(instrumentation, name)
         sqlalchemy.event.listen(sync, name, listener)
         instrumentation.listeners.append((name, listener))
-    _instrumented[sync] = instrumentation
+    instrumented[sync] = instrumentation
     try:
         # Known tables' series start at zero, so their first deadlock is an increase.
         instrumentation.metrics.prime_tables(configured)
@@ -117,14 +117,14 @@ def instrument_sqlalchemy(
         instrumentation.sentry.internal_error("sqlalchemy", exc)
     if mode == "all":
         try:
-            _otel_engine_tracer(sync, instrumentation, tracer_provider)
+            attach_engine_tracer(sync, instrumentation, tracer_provider)
         except Exception:
             uninstrument_sqlalchemy(sync)
             raise
 
 
 def _set_write_checks(
-    instrumentation: _Instrumentation,
+    instrumentation: Instrumentation,
     tables: Mapping[str, StockTable],
     fencing: Mapping[str, str] | None,
     negative_writes: bool,
@@ -134,8 +134,8 @@ def _set_write_checks(
     sentry = instrumentation.sentry
     paramstyle = instrumentation.paramstyle
     if fencing:
-        instrumentation.fencing = _Fencing(sentry, fencing, tables, paramstyle)
-    instrumentation.negative = _NegativeWrites.build(
+        instrumentation.fencing = Fencing(sentry, fencing, tables, paramstyle)
+    instrumentation.negative = NegativeWrites.build(
         sentry, tables, returning=negative_writes, read_back=read_back_stock, paramstyle=paramstyle
     )
 
@@ -149,7 +149,7 @@ def uninstrument_sqlalchemy(engine: Engine | AsyncEngine) -> None:
         assert not is_instrumented(engine)
     """
     sync = _sync_engine(engine)
-    instrumentation = _instrumented.pop(sync, None)
+    instrumentation = instrumented.pop(sync, None)
     if instrumentation is None:
         return
     for name, listener in instrumentation.listeners:
@@ -176,4 +176,4 @@ def is_instrumented(engine: Engine | AsyncEngine) -> bool:
         instrument_sqlalchemy(engine)
         assert is_instrumented(engine)
     """
-    return _sync_engine(engine) in _instrumented
+    return _sync_engine(engine) in instrumented

@@ -81,7 +81,7 @@ def _first_app_frame(frame: FrameType | None, libraries: _Libraries) -> FrameTyp
     return None
 
 
-def _app_location() -> tuple[str, str]:
+def app_location() -> tuple[str, str]:
     """``(file:line, function)`` of the first frame outside SQLAlchemy, drivers and stocksentry.
 
     Under an ``AsyncEngine`` the listener runs in a greenlet whose stack ends in SQLAlchemy;

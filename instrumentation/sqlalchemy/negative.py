@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import events
 from ..reservation import current_reservation
-from .model import _COMPONENT, StatementInfo, StockTable
+from .model import COMPONENT, StatementInfo, StockTable
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Connection
@@ -161,7 +161,7 @@ def returned_column(cursor: Any, column: str) -> list[object] | None:
     return None
 
 
-class _NegativeWrites:
+class NegativeWrites:
     """The per-engine checker of :mod:`negative`: what it looks at and how it reads back."""
 
     __slots__ = ("metrics", "read_back", "returning", "selects", "sentry", "specs")
@@ -197,7 +197,7 @@ class _NegativeWrites:
         returning: bool,
         read_back: bool | Iterable[str],
         paramstyle: str,
-    ) -> _NegativeWrites | None:
+    ) -> NegativeWrites | None:
         """The checker, or ``None`` when nothing is switched on (then it costs nothing)."""
         names = (
             set(tables) if read_back is True else set() if read_back is False else set(read_back)
@@ -209,7 +209,7 @@ class _NegativeWrites:
             )
         if not returning and not names:
             return None
-        return _NegativeWrites(
+        return NegativeWrites(
             sentry, tables, returning=returning, read_back=names, paramstyle=paramstyle
         )
 
@@ -268,6 +268,6 @@ class _NegativeWrites:
         try:
             self.metrics.inventory_negative(sku)
         except Exception as exc:
-            self.sentry.internal_error(_COMPONENT, exc)
+            self.sentry.internal_error(COMPONENT, exc)
         if self.sentry.log_enabled:
             self.sentry.logger.warning(events.INVENTORY_NEGATIVE.name, sku=sku, stock=stock)

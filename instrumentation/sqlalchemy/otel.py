@@ -7,16 +7,16 @@ from typing import TYPE_CHECKING, Any
 from opentelemetry import trace as otel_trace
 from opentelemetry.trace import TracerProvider
 
-from .model import _COMPONENT
+from .model import COMPONENT
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
 
-    from .listeners import _Instrumentation
+    from .listeners import Instrumentation
 
 
-def _otel_engine_tracer(
-    engine: Engine, instrumentation: _Instrumentation, tracer_provider: TracerProvider | None
+def attach_engine_tracer(
+    engine: Engine, instrumentation: Instrumentation, tracer_provider: TracerProvider | None
 ) -> None:
     """Attach opentelemetry-instrumentation-sqlalchemy's per-engine tracer to ``engine``.
 
@@ -34,7 +34,7 @@ def _otel_engine_tracer(
     conflict = get_dependency_conflicts(SQLAlchemyInstrumentor().instrumentation_dependencies())
     if conflict is not None:
         # As the instrumentor itself would: no spans rather than wrong ones.
-        instrumentation.sentry.internal_error(_COMPONENT, RuntimeError(str(conflict)))
+        instrumentation.sentry.internal_error(COMPONENT, RuntimeError(str(conflict)))
         return
     scope = "opentelemetry.instrumentation.sqlalchemy"
     tracer = otel_trace.get_tracer(scope, __version__, tracer_provider)
