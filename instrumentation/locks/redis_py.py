@@ -14,14 +14,14 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from .recorder import (
-    _L,
     FENCE_SCRIPT,
+    Attempts,
+    Holds,
     LockHold,
-    _as_bytes,
-    _Attempts,
-    _Holds,
-    _LockWrapper,
-    _text,
+    LockT,
+    LockWrapper,
+    as_bytes,
+    as_text,
     fence_key,
 )
 
@@ -33,12 +33,12 @@ if TYPE_CHECKING:
     from ..sentry import Sentry
 
 
-class _RedisPyLockBase(_LockWrapper[_L]):
+class _RedisPyLockBase(LockWrapper[LockT]):
     """What the sync and asyncio wrappers of redis-py's ``Lock`` share."""
 
     def __init__(
         self,
-        lock: _L,
+        lock: LockT,
         *,
         name: str | None = None,
         sentry: Sentry | None = None,
@@ -48,11 +48,11 @@ class _RedisPyLockBase(_LockWrapper[_L]):
         from redis.exceptions import LockError, LockNotOwnedError
 
         # The library lock is typed per subclass; its name attribute is read untyped here.
-        label = name if name is not None else _text(getattr(lock, "name", ""))
+        label = name if name is not None else as_text(getattr(lock, "name", ""))
         super().__init__(lock, label, sentry, count_retries)
         self._lock_error = LockError
         self._not_owned_error = LockNotOwnedError
-        self._holds = _Holds()
+        self._holds = Holds()
         self.fencing = fencing
         self._fence_script: Any = None
 
@@ -82,12 +82,12 @@ class _RedisPyLockBase(_LockWrapper[_L]):
 
     def _token(self, lock: Any) -> bytes | None:
         try:
-            return _as_bytes(lock.local.token)
+            return as_bytes(lock.local.token)
         except Exception as exc:
-            self.recorder._error(exc)
+            self.recorder.internal_error(exc)
             return None
 
-    def _record_acquire(self, lock: Any, acquired: bool, attempts: _Attempts) -> None:
+    def _record_acquire(self, lock: Any, acquired: bool, attempts: Attempts) -> None:
         try:
             if acquired:
                 token = self._token(lock)
@@ -102,7 +102,7 @@ class _RedisPyLockBase(_LockWrapper[_L]):
             else:
                 self.recorder.not_acquired(attempts.started, retries=attempts.retries)
         except Exception as exc:
-            self.recorder._error(exc)
+            self.recorder.internal_error(exc)
 
     def _extend_deadline(
         self, hold: LockHold | None, started: float, additional: float, replace: bool
@@ -122,7 +122,7 @@ class _RedisPyLockBase(_LockWrapper[_L]):
                 # No token: never acquired by this thread, or released twice.
                 self.recorder.released(None, owned=False, started=started)
         except Exception as err:
-            self.recorder._error(err)
+            self.recorder.internal_error(err)
 
     @contextlib.contextmanager
     def _releasing(self) -> Iterator[None]:
@@ -137,7 +137,7 @@ class _RedisPyLockBase(_LockWrapper[_L]):
         try:
             self.recorder.released(self._holds.pop(token), owned=True, started=started)
         except Exception as exc:
-            self.recorder._error(exc)
+            self.recorder.internal_error(exc)
 
     @contextlib.contextmanager
     def _extending(self, additional: float | None, replace: bool = False) -> Iterator[None]:
@@ -230,14 +230,14 @@ class InstrumentedLock(_RedisPyLockBase["redis.lock.Lock"]):
             issued = script(keys=keys, args=args)
             hold.fencing_token = int(issued) if issued is not None else None
         except Exception as exc:
-            self.recorder._error(exc)
+            self.recorder.internal_error(exc)
 
     def _acquire_counting(
         self,
         sleep: float | None,
         blocking_timeout: float | None,
         token: str | bytes | None,
-        attempts: _Attempts,
+        attempts: Attempts,
     ) -> bool:
         # redis-py's blocking loop, one non-blocking attempt at a time.
         lock = self.lock
@@ -341,10 +341,10 @@ class InstrumentedAsyncLock(_RedisPyLockBase["redis.asyncio.lock.Lock"]):
             issued = await script(keys=keys, args=args)
             hold.fencing_token = int(issued) if issued is not None else None
         except Exception as exc:
-            self.recorder._error(exc)
+            self.recorder.internal_error(exc)
 
     async def _acquire_counting(
-        self, blocking_timeout: float | None, token: str | bytes | None, attempts: _Attempts
+        self, blocking_timeout: float | None, token: str | bytes | None, attempts: Attempts
     ) -> bool:
         lock = self.lock
         pause = float(lock.sleep)

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal
 
-from .recorder import _L, LockHold, _Attempts, _LockWrapper, fence_key
+from .recorder import Attempts, LockHold, LockT, LockWrapper, fence_key
 
 #: Redlock's token, per master: while ``KEYS[1]`` holds our token ``ARGV[1]``, raise the
 #: counter ``KEYS[2]`` to at least ``ARGV[2]``, plus one when ``ARGV[3]`` is 1.
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from ..sentry import Sentry
 
 
-class _RedlockBase(_LockWrapper[_L]):
+class _RedlockBase(LockWrapper[LockT]):
     """What the wrappers of pottery's ``Redlock`` and ``AIORedlock`` share.
 
     A pottery lock holds one lease at a time (its token is an attribute of the object), so
@@ -49,7 +49,7 @@ class _RedlockBase(_LockWrapper[_L]):
 
     def __init__(
         self,
-        lock: _L,
+        lock: LockT,
         *,
         name: str | None = None,
         sentry: Sentry | None = None,
@@ -117,7 +117,7 @@ class _RedlockBase(_LockWrapper[_L]):
             return self.retry_delay
         return float(getattr(lock, "_RETRY_DELAY", 0.2))
 
-    def _record_acquire(self, lock: Any, acquired: bool, attempts: _Attempts) -> None:
+    def _record_acquire(self, lock: Any, acquired: bool, attempts: Attempts) -> None:
         try:
             if acquired:
                 self._hold = self.recorder.acquired(
@@ -131,7 +131,7 @@ class _RedlockBase(_LockWrapper[_L]):
             else:
                 self.recorder.not_acquired(attempts.started, retries=attempts.retries)
         except Exception as exc:
-            self.recorder._error(exc)
+            self.recorder.internal_error(exc)
 
     @contextlib.contextmanager
     def _releasing(self) -> Iterator[None]:
@@ -233,10 +233,10 @@ class InstrumentedRedlock(_RedlockBase["Redlock"]):
                             script(keys=keys, args=[token, top, 0])
             hold.fencing_token = top
         except Exception as exc:
-            self.recorder._error(exc)
+            self.recorder.internal_error(exc)
 
     def _acquire_counting(
-        self, timeout: float, raise_on_redis_errors: bool | None, attempts: _Attempts
+        self, timeout: float, raise_on_redis_errors: bool | None, attempts: Attempts
     ) -> bool:
         # pottery's blocking loop, one non-blocking attempt at a time.
         lock = self.lock
@@ -343,13 +343,13 @@ class InstrumentedAsyncRedlock(_RedlockBase["AIORedlock"]):
                             await script(keys=keys, args=[token, top, 0])
             hold.fencing_token = top
         except Exception as exc:
-            self.recorder._error(exc)
+            self.recorder.internal_error(exc)
 
     async def _acquire_counting(
         self,
         timeout: float,  # noqa: ASYNC109 - AIORedlock.acquire's own argument
         raise_on_redis_errors: bool | None,
-        attempts: _Attempts,
+        attempts: Attempts,
     ) -> bool:
         lock = self.lock
         delay = self._delay(lock)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Literal
 
 from ..catalog import ConflictReason
 from ..outcomes import ReservationConflict
-from .recorder import LockHold, LockRecorder, _as_bytes, _Attempts
+from .recorder import Attempts, LockHold, LockRecorder, as_bytes
 
 if TYPE_CHECKING:
     from ..sentry import Sentry
@@ -59,7 +59,7 @@ def _sync_result(value: object) -> object:
     return value
 
 
-async def _resolve(value: object) -> object:
+async def resolve(value: object) -> object:
     if inspect.isawaitable(value):
         return await value
     return value
@@ -140,7 +140,7 @@ class TrackedLock:
         owned: bool | None = None
         if self._owner_fn is not None:
             current = self._owner_fn()
-            owned = _as_bytes(current) == self.token.encode()
+            owned = as_bytes(current) == self.token.encode()
         if self._release_fn is not None:
             self._release_fn(self.token)
         # Whether the release deleted the other holder's key depends on the callable.
@@ -154,22 +154,22 @@ class TrackedLock:
     async def _aattempt(self) -> object:
         if self._acquire_fn is None:
             raise TypeError("TrackedLock needs an acquire callable")
-        return await _resolve(self._acquire_fn(self.token))
+        return await resolve(self._acquire_fn(self.token))
 
     async def _arelease_once(self) -> tuple[bool | None, object, bool | None]:
         current: object = None
         owned: bool | None = None
         if self._owner_fn is not None:
-            current = await _resolve(self._owner_fn())
-            owned = _as_bytes(current) == self.token.encode()
+            current = await resolve(self._owner_fn())
+            owned = as_bytes(current) == self.token.encode()
         if self._release_fn is not None:
-            await _resolve(self._release_fn(self.token))
+            await resolve(self._release_fn(self.token))
         return owned, current, None
 
     async def _aextend_once(self, ttl: float) -> object:
         if self._extend_fn is None:
             raise TypeError("this lock has no extend callable")
-        return await _resolve(self._extend_fn(self.token, ttl))
+        return await resolve(self._extend_fn(self.token, ttl))
 
     # --- shared bookkeeping ----------------------------------------------------------------
 
@@ -188,7 +188,7 @@ class TrackedLock:
         timeout = self.blocking_timeout
         return None if timeout is None else time.monotonic() + timeout
 
-    def _record_acquired(self, attempts: _Attempts) -> None:
+    def _record_acquired(self, attempts: Attempts) -> None:
         self.hold = self.recorder.acquired(
             attempts.started,
             token=self.token,
@@ -206,7 +206,7 @@ class TrackedLock:
             hold,
             owned=owned,
             started=started,
-            current_holder=_as_bytes(current) if owned is False else None,
+            current_holder=as_bytes(current) if owned is False else None,
             deleted_other_holder=deleted_other if owned is False else None,
         )
         return owned
