@@ -1,7 +1,7 @@
 """The SQLAlchemy integration on SQLite: classifier, detector verdicts, listener hygiene.
 
 Rows that need row locks (``FOR UPDATE``) and real concurrency are in
-``tests/integration/test_sqlalchemy_pg.py``.
+``tests/integration/test_sqlalchemy.py``.
 """
 
 from __future__ import annotations
