@@ -24,8 +24,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Literal
 
 from stocksentry.instrumentation.locks import TrackedLock
-from stocksentry.instrumentation.locks.recorder import as_bytes
-from stocksentry.instrumentation.locks.tracked import resolve
+from stocksentry.instrumentation.locks.recorder import as_bytes, resolve
 
 if TYPE_CHECKING:
     from stocksentry.instrumentation import Sentry

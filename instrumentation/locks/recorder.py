@@ -8,11 +8,13 @@ the redis-py and pottery wrappers share. Nothing here imports a lock library.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
+import inspect
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -28,6 +30,75 @@ _MAX_OPEN_HOLDS = 1024
 _COMPONENT = "locks"
 # The wrapped library lock: redis-py Lock (sync or asyncio) or pottery Redlock/AIORedlock.
 LockT = TypeVar("LockT")
+T = TypeVar("T")
+
+
+class Pause(float):
+    """A step of :data:`Steps`: sleep this many seconds (``time.sleep`` or ``asyncio.sleep``)."""
+
+
+#: What a lock operation does, written once for sync and asyncio: a generator that yields
+#: each call to the lock library (a zero-argument callable, or a :class:`Pause`) and is sent
+#: its result (or thrown its exception); :func:`run_sync` and :func:`run_async` drive it.
+Steps = Generator[Callable[[], object] | Pause, Any, T]
+
+
+def sync_result(value: object) -> object:
+    """``value``, refused when awaitable: an asyncio client or coroutine callable in sync
+    code would be a truthy coroutine that never runs. Set-up error, said plainly."""
+    if inspect.isawaitable(value):
+        close = getattr(value, "close", None)
+        if close is not None:
+            close()
+        raise TypeError("this lock's client or callables are asyncio: use async with")
+    return value
+
+
+async def resolve(value: object) -> object:
+    """``value``, awaited when it is awaitable."""
+    if inspect.isawaitable(value):
+        return await value
+    return value
+
+
+def run_sync(steps: Steps[T]) -> T:
+    """Drive ``steps`` in sync code."""
+    try:
+        step = next(steps)
+        while True:
+            try:
+                if isinstance(step, Pause):
+                    time.sleep(step)
+                    result: object = None
+                else:
+                    result = sync_result(step())
+            except BaseException as exc:
+                step = steps.throw(exc)
+            else:
+                step = steps.send(result)
+    except StopIteration as done:
+        value: T = done.value
+        return value
+
+
+async def run_async(steps: Steps[T]) -> T:
+    """Drive ``steps`` in asyncio code: each call's result is awaited when awaitable."""
+    try:
+        step = next(steps)
+        while True:
+            try:
+                if isinstance(step, Pause):
+                    await asyncio.sleep(step)
+                    result: object = None
+                else:
+                    result = await resolve(step())
+            except BaseException as exc:
+                step = steps.throw(exc)
+            else:
+                step = steps.send(result)
+    except StopIteration as done:
+        value: T = done.value
+        return value
 
 
 def token_hash(token: str | bytes | None) -> str | None:

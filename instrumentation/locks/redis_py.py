@@ -5,7 +5,6 @@ redis itself is imported when a wrapper is built, from the lock the app made.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import time
@@ -20,9 +19,13 @@ from .recorder import (
     LockHold,
     LockT,
     LockWrapper,
+    Pause,
+    Steps,
     as_bytes,
     as_text,
     fence_key,
+    run_async,
+    run_sync,
 )
 
 if TYPE_CHECKING:
@@ -65,20 +68,65 @@ class _RedisPyLockBase(LockWrapper[LockT]):
         hold = self._holds.get(self._token(self.lock))
         return hold.fencing_token if hold is not None else None
 
-    def _fence_call(self) -> tuple[Any, LockHold] | None:
-        """The token script's call for the current hold (not yet awaited/run), or ``None``."""
-        lock: Any = self.lock
-        token = self._token(lock)
-        hold = self._holds.get(token)
-        if token is None or hold is None:
-            return None
-        if self._fence_script is None:
-            self._fence_script = lock.redis.register_script(FENCE_SCRIPT)
-        return self._fence_script, hold
+    def _issuing_token(self) -> Steps[None]:
+        # One round trip after the acquire; a failure leaves the token None, never raises.
+        try:
+            lock: Any = self.lock
+            token = self._token(lock)
+            hold = self._holds.get(token)
+            if token is None or hold is None:
+                return
+            if self._fence_script is None:
+                self._fence_script = lock.redis.register_script(FENCE_SCRIPT)
+            script = self._fence_script
+            issued = yield lambda: script(keys=[lock.name, fence_key(lock.name)], args=[token])
+            hold.fencing_token = int(issued) if issued is not None else None
+        except Exception as exc:
+            self.recorder.internal_error(exc)
 
-    def _fence_args(self) -> tuple[list[Any], list[Any]]:
+    def _acquiring(
+        self,
+        sleep: float | None,
+        blocking: bool | None,
+        blocking_timeout: float | None,
+        token: str | bytes | None,
+    ) -> Steps[bool]:
+        """``Lock.acquire``, timed; with ``count_retries`` redis-py's blocking loop, one
+        non-blocking attempt at a time. ``sleep`` is the sync lock's own argument only."""
         lock: Any = self.lock
-        return [lock.name, fence_key(lock.name)], [self._token(lock)]
+        with self.recorder.attempting() as attempts:
+            blocks = lock.blocking if blocking is None else blocking
+            if self.count_retries and blocks:
+                pause = float(lock.sleep if sleep is None else sleep)
+                limit = lock.blocking_timeout if blocking_timeout is None else blocking_timeout
+                stop_at = None if limit is None else time.monotonic() + float(limit)
+                while True:
+                    attempts.begin()
+                    if (yield lambda: lock.acquire(blocking=False, token=token)):
+                        acquired = True
+                        break
+                    if stop_at is not None and time.monotonic() + pause > stop_at:
+                        acquired = False
+                        break
+                    yield Pause(pause)
+            else:
+                if not blocks:
+                    attempts.begin()  # one attempt: the lease starts no later than now
+                options: dict[str, Any] = {"sleep": sleep} if sleep is not None else {}
+                acquired = bool(
+                    (
+                        yield lambda: lock.acquire(
+                            blocking=blocking,
+                            blocking_timeout=blocking_timeout,
+                            token=token,
+                            **options,
+                        )
+                    )
+                )
+        self._record_acquire(lock, acquired, attempts)
+        if acquired and self.fencing:
+            yield from self._issuing_token()
+        return acquired
 
     def _token(self, lock: Any) -> bytes | None:
         try:
@@ -198,59 +246,7 @@ class InstrumentedLock(_RedisPyLockBase["redis.lock.Lock"]):
         token: str | bytes | None = None,
     ) -> bool:
         """``Lock.acquire``, timed: outcome acquired, timeout (returned False) or error."""
-        lock = self.lock
-        with self.recorder.attempting() as attempts:
-            blocks = lock.blocking if blocking is None else blocking
-            if self.count_retries and blocks:
-                acquired = self._acquire_counting(sleep, blocking_timeout, token, attempts)
-            else:
-                if not blocks:
-                    attempts.begin()  # one attempt: the lease starts no later than now
-                acquired = bool(
-                    lock.acquire(
-                        sleep=sleep,
-                        blocking=blocking,
-                        blocking_timeout=blocking_timeout,
-                        token=token,  # type: ignore[arg-type]
-                    )
-                )
-        self._record_acquire(lock, acquired, attempts)
-        if acquired and self.fencing:
-            self._issue_token()
-        return acquired
-
-    def _issue_token(self) -> None:
-        # One round trip after the acquire; a failure leaves the token None, never raises.
-        try:
-            call = self._fence_call()
-            if call is None:
-                return
-            script, hold = call
-            keys, args = self._fence_args()
-            issued = script(keys=keys, args=args)
-            hold.fencing_token = int(issued) if issued is not None else None
-        except Exception as exc:
-            self.recorder.internal_error(exc)
-
-    def _acquire_counting(
-        self,
-        sleep: float | None,
-        blocking_timeout: float | None,
-        token: str | bytes | None,
-        attempts: Attempts,
-    ) -> bool:
-        # redis-py's blocking loop, one non-blocking attempt at a time.
-        lock = self.lock
-        pause = float(lock.sleep if sleep is None else sleep)
-        limit = lock.blocking_timeout if blocking_timeout is None else blocking_timeout
-        stop_at = None if limit is None else time.monotonic() + float(limit)
-        while True:
-            attempts.begin()
-            if lock.acquire(blocking=False, token=token):  # type: ignore[arg-type]
-                return True
-            if stop_at is not None and time.monotonic() + pause > stop_at:
-                return False
-            time.sleep(pause)
+        return run_sync(self._acquiring(sleep, blocking, blocking_timeout, token))
 
     def release(self) -> None:
         """``Lock.release``; a ``LockNotOwnedError`` is counted, then re-raised unchanged."""
@@ -313,51 +309,7 @@ class InstrumentedAsyncLock(_RedisPyLockBase["redis.asyncio.lock.Lock"]):
         token: str | bytes | None = None,
     ) -> bool:
         """``Lock.acquire``, timed: outcome acquired, timeout (returned False) or error."""
-        lock = self.lock
-        with self.recorder.attempting() as attempts:
-            blocks = lock.blocking if blocking is None else blocking
-            if self.count_retries and blocks:
-                acquired = await self._acquire_counting(blocking_timeout, token, attempts)
-            else:
-                if not blocks:
-                    attempts.begin()  # one attempt: the lease starts no later than now
-                acquired = bool(
-                    await lock.acquire(
-                        blocking=blocking, blocking_timeout=blocking_timeout, token=token
-                    )
-                )
-        self._record_acquire(lock, acquired, attempts)
-        if acquired and self.fencing:
-            await self._issue_token()
-        return acquired
-
-    async def _issue_token(self) -> None:
-        try:
-            call = self._fence_call()
-            if call is None:
-                return
-            script, hold = call
-            keys, args = self._fence_args()
-            issued = await script(keys=keys, args=args)
-            hold.fencing_token = int(issued) if issued is not None else None
-        except Exception as exc:
-            self.recorder.internal_error(exc)
-
-    async def _acquire_counting(
-        self, blocking_timeout: float | None, token: str | bytes | None, attempts: Attempts
-    ) -> bool:
-        lock = self.lock
-        pause = float(lock.sleep)
-        limit = lock.blocking_timeout if blocking_timeout is None else blocking_timeout
-        loop = asyncio.get_running_loop()
-        stop_at = None if limit is None else loop.time() + float(limit)
-        while True:
-            attempts.begin()
-            if await lock.acquire(blocking=False, token=token):
-                return True
-            if stop_at is not None and loop.time() + pause > stop_at:
-                return False
-            await asyncio.sleep(pause)
+        return await run_async(self._acquiring(None, blocking, blocking_timeout, token))
 
     async def release(self) -> None:
         """``Lock.release``; a ``LockNotOwnedError`` is counted, then re-raised unchanged."""

@@ -5,15 +5,25 @@ pottery is imported when a wrapper is built, from the lock the app made.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import random
 import time
 from collections.abc import Iterator
+from functools import partial
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal
 
-from .recorder import Attempts, LockHold, LockT, LockWrapper, fence_key
+from .recorder import (
+    Attempts,
+    LockHold,
+    LockT,
+    LockWrapper,
+    Pause,
+    Steps,
+    fence_key,
+    run_async,
+    run_sync,
+)
 
 #: Redlock's token, per master: while ``KEYS[1]`` holds our token ``ARGV[1]``, raise the
 #: counter ``KEYS[2]`` to at least ``ARGV[2]``, plus one when ``ARGV[3]`` is 1.
@@ -92,25 +102,80 @@ class _RedlockBase(LockWrapper[LockT]):
         hold = self._hold
         return hold.fencing_token if hold is not None else None
 
-    def _fence_plan(self) -> tuple[list[Any], list[str], str] | None:
-        """(one script per master, the keys, our token) for the current hold, or ``None``."""
-        lock: Any = self.lock
-        token = getattr(lock, "_uuid", "")
-        if self._hold is None or not token:
-            return None
-        scripts = []
-        for master in lock.masters:
-            script = self._fence_scripts.get(id(master))
-            if script is None:
-                script = self._fence_scripts[id(master)] = master.register_script(
-                    REDLOCK_FENCE_SCRIPT
-                )
-            scripts.append(script)
-        return scripts, [lock.key, fence_key(lock.key)], token
+    def _issuing_token(self) -> Steps[None]:
+        # Two rounds over the masters: the next token on each, then the lagging ones
+        # raised to the highest; a failure leaves the token None, never raises.
+        try:
+            lock: Any = self.lock
+            hold = self._hold
+            # pottery keeps the holder's token private (no public accessor): read it here.
+            token = getattr(lock, "_uuid", "")
+            if hold is None or not token:
+                return
+            keys = [lock.key, fence_key(lock.key)]
+            scripts = [self._fence_script(master) for master in lock.masters]
+            issued: list[int | None] = []
+            for script in scripts:
+                try:
+                    value = yield partial(script, keys=keys, args=[token, 0, 1])
+                except Exception:  # a master down: Redlock itself goes on with the rest
+                    value = None
+                issued.append(int(value) if value is not None else None)
+            got = [value for value in issued if value is not None]
+            top = max(got) if len(got) > len(issued) // 2 else None
+            if top is not None:
+                for script, value in zip(scripts, issued, strict=True):
+                    if value is not None and value < top:
+                        with contextlib.suppress(Exception):
+                            yield partial(script, keys=keys, args=[token, top, 0])
+            hold.fencing_token = top
+        except Exception as exc:
+            self.recorder.internal_error(exc)
 
-    def _quorum(self, issued: list[int | None]) -> int | None:
-        got = [value for value in issued if value is not None]
-        return max(got) if len(got) > len(issued) // 2 else None
+    def _fence_script(self, master: Any) -> Any:
+        """The token script registered on ``master`` (one per master client)."""
+        script = self._fence_scripts.get(id(master))
+        if script is None:
+            script = self._fence_scripts[id(master)] = master.register_script(REDLOCK_FENCE_SCRIPT)
+        return script
+
+    def _acquiring(
+        self, blocking: bool, timeout: float, raise_on_redis_errors: bool | None
+    ) -> Steps[bool]:
+        """``acquire``, timed; with ``count_retries`` pottery's blocking loop, one
+        non-blocking attempt at a time with a random pause of up to ``retry_delay``."""
+        lock: Any = self.lock
+        with self.recorder.attempting() as attempts:
+            if blocking and self.count_retries:
+                delay = self._delay(lock)
+                start = time.monotonic()
+                acquired = False
+                while timeout == -1 or time.monotonic() - start < timeout:
+                    attempts.begin()
+                    if (
+                        yield lambda: lock.acquire(
+                            blocking=False, raise_on_redis_errors=raise_on_redis_errors
+                        )
+                    ):
+                        acquired = True
+                        break
+                    yield Pause(random.uniform(0, delay))  # noqa: S311 - jitter
+            else:
+                if not blocking:
+                    attempts.begin()  # one attempt: the lease starts no later than now
+                acquired = bool(
+                    (
+                        yield lambda: lock.acquire(
+                            blocking=blocking,
+                            timeout=timeout,
+                            raise_on_redis_errors=raise_on_redis_errors,
+                        )
+                    )
+                )
+        self._record_acquire(lock, acquired, attempts)
+        if acquired and self.fencing:
+            yield from self._issuing_token()
+        return acquired
 
     def _delay(self, lock: Any) -> float:
         if self.retry_delay is not None:
@@ -192,62 +257,7 @@ class InstrumentedRedlock(_RedlockBase["Redlock"]):
         raise_on_redis_errors: bool | None = None,
     ) -> bool:
         """``Redlock.acquire``, timed: outcome acquired, timeout or error."""
-        lock = self.lock
-        with self.recorder.attempting() as attempts:
-            if blocking and self.count_retries:
-                acquired = self._acquire_counting(timeout, raise_on_redis_errors, attempts)
-            else:
-                if not blocking:
-                    attempts.begin()  # one attempt: the lease starts no later than now
-                acquired = lock.acquire(
-                    blocking=blocking,
-                    timeout=timeout,
-                    raise_on_redis_errors=raise_on_redis_errors,
-                )
-        self._record_acquire(lock, acquired, attempts)
-        if acquired and self.fencing:
-            self._issue_token()
-        return acquired
-
-    def _issue_token(self) -> None:
-        # Two rounds over the masters: the next token on each, then the lagging ones
-        # raised to the highest; a failure leaves the token None, never raises.
-        try:
-            plan = self._fence_plan()
-            hold = self._hold
-            if plan is None or hold is None:
-                return
-            scripts, keys, token = plan
-            issued: list[int | None] = []
-            for script in scripts:
-                try:
-                    value = script(keys=keys, args=[token, 0, 1])
-                except Exception:  # a master down: Redlock itself goes on with the rest
-                    value = None
-                issued.append(int(value) if value is not None else None)
-            top = self._quorum(issued)
-            if top is not None:
-                for script, value in zip(scripts, issued, strict=True):
-                    if value is not None and value < top:
-                        with contextlib.suppress(Exception):
-                            script(keys=keys, args=[token, top, 0])
-            hold.fencing_token = top
-        except Exception as exc:
-            self.recorder.internal_error(exc)
-
-    def _acquire_counting(
-        self, timeout: float, raise_on_redis_errors: bool | None, attempts: Attempts
-    ) -> bool:
-        # pottery's blocking loop, one non-blocking attempt at a time.
-        lock = self.lock
-        delay = self._delay(lock)
-        start = time.monotonic()
-        while timeout == -1 or time.monotonic() - start < timeout:
-            attempts.begin()
-            if lock.acquire(blocking=False, raise_on_redis_errors=raise_on_redis_errors):
-                return True
-            time.sleep(random.uniform(0, delay))  # noqa: S311 - jitter, not cryptography
-        return False
+        return run_sync(self._acquiring(blocking, timeout, raise_on_redis_errors))
 
     def release(self, *, raise_on_redis_errors: bool | None = None) -> None:
         """``Redlock.release``; ``ReleaseUnlockedLock`` is counted, then re-raised."""
@@ -304,62 +314,7 @@ class InstrumentedAsyncRedlock(_RedlockBase["AIORedlock"]):
         raise_on_redis_errors: bool | None = None,
     ) -> bool:
         """``AIORedlock.acquire``, timed: outcome acquired, timeout or error."""
-        lock = self.lock
-        with self.recorder.attempting() as attempts:
-            if blocking and self.count_retries:
-                acquired = await self._acquire_counting(timeout, raise_on_redis_errors, attempts)
-            else:
-                if not blocking:
-                    attempts.begin()  # one attempt: the lease starts no later than now
-                acquired = await lock.acquire(
-                    blocking=blocking,
-                    timeout=timeout,
-                    raise_on_redis_errors=raise_on_redis_errors,
-                )
-        self._record_acquire(lock, acquired, attempts)
-        if acquired and self.fencing:
-            await self._issue_token()
-        return acquired
-
-    async def _issue_token(self) -> None:
-        try:
-            plan = self._fence_plan()
-            hold = self._hold
-            if plan is None or hold is None:
-                return
-            scripts, keys, token = plan
-            issued: list[int | None] = []
-            for script in scripts:
-                try:
-                    value = await script(keys=keys, args=[token, 0, 1])
-                except Exception:  # a master down: Redlock itself goes on with the rest
-                    value = None
-                issued.append(int(value) if value is not None else None)
-            top = self._quorum(issued)
-            if top is not None:
-                for script, value in zip(scripts, issued, strict=True):
-                    if value is not None and value < top:
-                        with contextlib.suppress(Exception):
-                            await script(keys=keys, args=[token, top, 0])
-            hold.fencing_token = top
-        except Exception as exc:
-            self.recorder.internal_error(exc)
-
-    async def _acquire_counting(
-        self,
-        timeout: float,  # noqa: ASYNC109 - AIORedlock.acquire's own argument
-        raise_on_redis_errors: bool | None,
-        attempts: Attempts,
-    ) -> bool:
-        lock = self.lock
-        delay = self._delay(lock)
-        start = time.monotonic()
-        while timeout == -1 or time.monotonic() - start < timeout:
-            attempts.begin()
-            if await lock.acquire(blocking=False, raise_on_redis_errors=raise_on_redis_errors):
-                return True
-            await asyncio.sleep(random.uniform(0, delay))  # noqa: S311 - jitter
-        return False
+        return await run_async(self._acquiring(blocking, timeout, raise_on_redis_errors))
 
     async def release(self, *, raise_on_redis_errors: bool | None = None) -> None:
         """``AIORedlock.release``; ``ReleaseUnlockedLock`` is counted, then re-raised."""

@@ -6,8 +6,6 @@ given as callables) gets the same metrics and log lines as the library wrappers.
 
 from __future__ import annotations
 
-import asyncio
-import inspect
 import random
 import time
 import uuid
@@ -17,7 +15,17 @@ from typing import TYPE_CHECKING, Literal
 
 from ..catalog import ConflictReason
 from ..outcomes import ReservationConflict
-from .recorder import Attempts, LockHold, LockRecorder, as_bytes
+from .recorder import (
+    Attempts,
+    LockHold,
+    LockRecorder,
+    Pause,
+    Steps,
+    as_bytes,
+    resolve,
+    run_async,
+    run_sync,
+)
 
 if TYPE_CHECKING:
     from ..sentry import Sentry
@@ -46,23 +54,6 @@ class LockNotAcquired(ReservationConflict):
         super().__init__(reason, f"lock {name!r} not acquired within {waited:.3f} s")
         self.name = name
         self.waited = waited
-
-
-def _sync_result(value: object) -> object:
-    # An asyncio client or coroutine callable in a sync ``with``: its coroutine would be
-    # truthy and never run. Set-up error, said plainly.
-    if inspect.isawaitable(value):
-        close = getattr(value, "close", None)
-        if close is not None:
-            close()
-        raise TypeError("this lock's client or callables are asyncio: use async with")
-    return value
-
-
-async def resolve(value: object) -> object:
-    if inspect.isawaitable(value):
-        return await value
-    return value
 
 
 class TrackedLock:
@@ -218,45 +209,65 @@ class TrackedLock:
         self.recorder.extend_failed(self.hold)
         return False
 
-    # --- sync ------------------------------------------------------------------------------
-
-    def acquire(self) -> bool:
-        """Try (and retry until ``blocking_timeout``); ``True`` once held."""
+    def _acquiring(self, attempt: Callable[[], object]) -> Steps[bool]:
         stop_at = self._give_up_at()
         self._new_token()
         with self.recorder.attempting() as attempts:
             while True:
                 attempts.begin()
-                if _sync_result(self._attempt()):
+                if (yield attempt):
                     break
                 pause = self._pause()
                 if stop_at is not None and time.monotonic() + pause > stop_at:
                     self.recorder.not_acquired(attempts.started, retries=attempts.retries)
                     return False
-                time.sleep(pause)
+                yield Pause(pause)
         self._record_acquired(attempts)
         return True
 
-    def release(self) -> bool | None:
-        """Release; returns whether the lock was still ours (``None``: not known)."""
+    def _releasing(self, release: Callable[[], object]) -> Steps[bool | None]:
         started = time.perf_counter()
         try:
-            verdict = self._release_once()
+            verdict = yield release
         except Exception:
             self.hold = None
             raise
         return self._record_release(started, verdict)
+
+    def _extending(self, ttl: float | None, extend: Callable[[float], object]) -> Steps[bool]:
+        started = time.perf_counter()
+        seconds = ttl if ttl is not None else self.ttl
+        if seconds is None:
+            raise ValueError("extend needs a ttl: this lock has none")
+        ok = yield lambda: extend(seconds)
+        return self._record_extend(ok, seconds, started)
+
+    def acquire(self) -> bool:
+        """Try (and retry until ``blocking_timeout``); ``True`` once held."""
+        return run_sync(self._acquiring(self._attempt))
+
+    def release(self) -> bool | None:
+        """Release; returns whether the lock was still ours (``None``: not known)."""
+        return run_sync(self._releasing(self._release_once))
 
     def extend(self, ttl: float | None = None) -> bool:
         """Renew the lease for ``ttl`` (default: the lock's TTL) seconds from now.
 
         Returns ``False`` (and counts an extension failure) when the lock refused.
         """
-        started = time.perf_counter()
-        seconds = ttl if ttl is not None else self.ttl
-        if seconds is None:
-            raise ValueError("extend needs a ttl: this lock has none")
-        return self._record_extend(_sync_result(self._extend_once(seconds)), seconds, started)
+        return run_sync(self._extending(ttl, self._extend_once))
+
+    async def aacquire(self) -> bool:
+        """The asyncio form of :meth:`acquire`."""
+        return await run_async(self._acquiring(self._aattempt))
+
+    async def arelease(self) -> bool | None:
+        """The asyncio form of :meth:`release`."""
+        return await run_async(self._releasing(self._arelease_once))
+
+    async def aextend(self, ttl: float | None = None) -> bool:
+        """The asyncio form of :meth:`extend`."""
+        return await run_async(self._extending(ttl, self._aextend_once))
 
     def __enter__(self) -> TrackedLock:
         started = time.perf_counter()
@@ -272,43 +283,6 @@ class TrackedLock:
     ) -> Literal[False]:
         self.release()
         return False
-
-    # --- asyncio ---------------------------------------------------------------------------
-
-    async def aacquire(self) -> bool:
-        """The asyncio form of :meth:`acquire`."""
-        stop_at = self._give_up_at()
-        self._new_token()
-        with self.recorder.attempting() as attempts:
-            while True:
-                attempts.begin()
-                if await self._aattempt():
-                    break
-                pause = self._pause()
-                if stop_at is not None and time.monotonic() + pause > stop_at:
-                    self.recorder.not_acquired(attempts.started, retries=attempts.retries)
-                    return False
-                await asyncio.sleep(pause)
-        self._record_acquired(attempts)
-        return True
-
-    async def arelease(self) -> bool | None:
-        """The asyncio form of :meth:`release`."""
-        started = time.perf_counter()
-        try:
-            verdict = await self._arelease_once()
-        except Exception:
-            self.hold = None
-            raise
-        return self._record_release(started, verdict)
-
-    async def aextend(self, ttl: float | None = None) -> bool:
-        """The asyncio form of :meth:`extend`."""
-        started = time.perf_counter()
-        seconds = ttl if ttl is not None else self.ttl
-        if seconds is None:
-            raise ValueError("extend needs a ttl: this lock has none")
-        return self._record_extend(await self._aextend_once(seconds), seconds, started)
 
     async def __aenter__(self) -> TrackedLock:
         started = time.perf_counter()
