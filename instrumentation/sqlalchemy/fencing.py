@@ -1,28 +1,11 @@
 """Fencing tokens checked at the write: a holder whose lock ran out cannot hide.
 
-A lease-based lock (redis-py's ``Lock``, Redlock) cannot stop a holder that paused past
-its TTL from writing after a second holder got the lock: the first one still believes it
-holds it. A fencing token fixes that at the storage: every acquisition gets a number
-higher than the one before (the lock wrappers' ``fencing=True`` hands it out as
-``lock.fencing_token``), the app writes it with its update into a token column, and a
-write carrying a lower token than one already written for that row is stale.
-
-For the tables named in ``instrument_sqlalchemy(fencing={"products": "fence_token"})``,
-an ``UPDATE`` that assigns the token column a bound parameter (or a literal) is checked:
-
-- the database refuses it, when the ``WHERE`` compares the column with the token
-  (``… SET stock = :v, fence_token = :t WHERE sku = :s AND fence_token < :t``): a
-  statement that then matches no row reads the row's stored token back (one ``SELECT``
-  by key, on that path only) and, when the stored token is not below the write's (for
-  ``<=``: above it), counts a stale-token write refused;
-- without that comparison in the ``WHERE`` the write goes through; it is counted as stale
-  when this process already saw a higher token written for the same row (a bounded map of
-  the highest token per row). A stale write from another process whose higher token this
-  one never saw is not seen: add the comparison, which the database enforces for all.
-
-Each counts ``stock_lock_stale_fencing_token_total{lock,table}`` (``lock`` is the held
-lock whose token it is, when the wrapper that handed it out is held in this context, else
-``unknown``) and logs one ``stale_fencing_token`` warning.
+For the tables in ``instrument_sqlalchemy(fencing={"products": "fence_token"})``, an
+``UPDATE`` that assigns the token column is checked: refused by its ``WHERE … fence_token
+< :t`` (the stored token is read back when it matched no row), or applied with a token
+below one this process saw written for the row. Either counts
+``stock_lock_stale_fencing_token_total{lock,table}`` and logs ``stale_fencing_token``.
+See docs/sqlalchemy.md, "Fencing tokens".
 """
 
 from __future__ import annotations

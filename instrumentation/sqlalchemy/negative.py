@@ -1,28 +1,11 @@
 """Real negative stock writes, seen from the SQL rather than from what the app believes.
 
-``reservation.success(new_stock=available - 1)`` records the value the application
-computed; a transaction without a lock that decrements ``stock = stock - :n`` can leave the
-row far below that. This module looks at the value the database really holds after an
-``UPDATE`` of a configured stock table sets the stock column, and counts
-``stock_inventory_negative_total{sku}`` (with an ``inventory_negative`` warning) when it is
-below zero:
-
-- ``UPDATE … RETURNING <stock column>``: the returned rows are read where the driver
-  already holds them (psycopg 3's result buffer, the asyncio adapters' row buffer,
-  psycopg 2's scrollable cursor), without consuming them: the application still fetches
-  every row. No extra round trip.
-- a relative write without ``RETURNING`` (``SET stock = stock - :n`` or from other
-  columns), only for the tables named in ``read_back_stock``: one ``SELECT <stock> FROM
-  <table> WHERE <key> = :v`` by the statement's key, on a second cursor of the same DBAPI
-  connection, so in the same transaction and without passing through SQLAlchemy (its
-  listeners, this integration's included, never see it).
-
-A statement whose ``WHERE`` checks the stock column (``… AND stock >= :n``) is taken to
-keep it from going negative and is never looked at: the safe atomic decrement costs
-nothing here. What it cannot see: a ``RETURNING`` on a dialect or cursor not listed above
-(a server-side cursor, MySQL/MariaDB, which have no ``UPDATE … RETURNING``), a blind write
-(``SET stock = :computed``, the app's own value: the unsafe read-modify-write detector's
-case), ``executemany``, and writes through the raw driver, outside SQLAlchemy.
+After an ``UPDATE`` of a configured stock table sets the stock column, the value the
+database holds is read (from the rows an ``UPDATE … RETURNING`` returned, without
+consuming them; or, for the tables in ``read_back_stock``, by one ``SELECT`` on a second
+cursor of the same DBAPI connection) and a value below zero counts
+``stock_inventory_negative_total{sku}``. An UPDATE whose ``WHERE`` checks the stock is
+never looked at. See docs/sqlalchemy.md, "Real negative writes".
 """
 
 from __future__ import annotations
