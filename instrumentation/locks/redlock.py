@@ -43,6 +43,18 @@ redis.call('set', KEYS[2], c)
 return c
 """
 
+# pottery's own pause between blocking attempts (at most; it keeps the constant private).
+_POTTERY_RETRY_DELAY = 0.2
+
+
+def _token_of(lock: Any) -> str:
+    """The holder token of a pottery lock ("" when not held). pottery keeps it in the
+    private ``_uuid`` and has no public accessor: read there, for the fencing script and
+    the log's token hash."""
+    token = getattr(lock, "_uuid", "")
+    return token if isinstance(token, str) else ""
+
+
 if TYPE_CHECKING:
     # Named only in the quoted base classes below (string annotations).
     from pottery import AIORedlock, Redlock  # noqa: F401
@@ -108,8 +120,7 @@ class _RedlockBase(LockWrapper[LockT]):
         try:
             lock: Any = self.lock
             hold = self._hold
-            # pottery keeps the holder's token private (no public accessor): read it here.
-            token = getattr(lock, "_uuid", "")
+            token = _token_of(lock)
             if hold is None or not token:
                 return
             keys = [lock.key, fence_key(lock.key)]
@@ -147,7 +158,7 @@ class _RedlockBase(LockWrapper[LockT]):
         lock: Any = self.lock
         with self.recorder.attempting() as attempts:
             if blocking and self.count_retries:
-                delay = self._delay(lock)
+                delay = _POTTERY_RETRY_DELAY if self.retry_delay is None else self.retry_delay
                 start = time.monotonic()
                 acquired = False
                 while timeout == -1 or time.monotonic() - start < timeout:
@@ -177,18 +188,12 @@ class _RedlockBase(LockWrapper[LockT]):
             yield from self._issuing_token()
         return acquired
 
-    def _delay(self, lock: Any) -> float:
-        if self.retry_delay is not None:
-            return self.retry_delay
-        return float(getattr(lock, "_RETRY_DELAY", 0.2))
-
     def _record_acquire(self, lock: Any, acquired: bool, attempts: Attempts) -> None:
         try:
             if acquired:
                 self._hold = self.recorder.acquired(
                     attempts.started,
-                    # pottery keeps the token private; only its hash is logged.
-                    token=getattr(lock, "_uuid", None) or None,
+                    token=_token_of(lock) or None,  # only its hash is logged
                     ttl=float(lock.auto_release_time),
                     retries=attempts.retries,
                     attempt_started=attempts.last_started,

@@ -66,7 +66,9 @@ def mysql_matched_rows(cursor: Any) -> int:
         >>> mysql_matched_rows(Cursor())
         1
     """
-    # SQLAlchemy's asyncio adapter keeps the driver's own cursor as _cursor.
+    # Private names, for want of public ones: SQLAlchemy's asyncio adapter keeps the
+    # driver's own cursor as _cursor, and PyMySQL / aiomysql keep the server's info text
+    # only on the cursor's _result (there is no accessor for it).
     raw = getattr(cursor, "_cursor", cursor)
     message = getattr(getattr(raw, "_result", None), "message", None)
     if isinstance(message, bytes):

@@ -132,7 +132,8 @@ def returned_column(cursor: Any, column: str) -> list[object] | None:
     rows = getattr(cursor, "_rows", None)
     if rows is not None and type(rows).__name__ == "deque":
         # SQLAlchemy's asyncio adapters (asyncpg, psycopg async, aiosqlite) fetch every row
-        # at execute into this buffer; a server-side adapter leaves it empty.
+        # at execute into this private buffer; they document no way to read their rows
+        # without consuming them. A server-side adapter leaves it empty.
         return [row[index] for row in rows]
     psycopg2 = sys.modules.get("psycopg2.extensions")
     if psycopg2 is not None and isinstance(cursor, psycopg2.cursor) and not cursor.name:
