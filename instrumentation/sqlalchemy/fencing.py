@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 from .. import events
 from ..heldlocks import held_locks
 from .clauses import is_op, is_word, read_name, split_at, tok_at, top_level, value_ref
-from .model import COMPONENT, StatementInfo, StockTable
-from .negative import as_int, read_column, select_column_sql
+from .model import COMPONENT, MISSING, StatementInfo, StockTable, bound_value
+from .negative import as_int, key_selects, read_column
 from .tokens import PARAM, QUOTED, WORD, tokenize
 
 if TYPE_CHECKING:
@@ -123,12 +123,7 @@ class Fencing:
         self.paramstyle = paramstyle
         self.plans: dict[str, FencePlan | None] = {}
         self.highest: dict[tuple[str, str, object], int] = {}
-        self.selects: dict[tuple[str, str], tuple[str, bool] | None] = {}
-        for table, column in columns.items():
-            for key_column in tables[table].key_columns:
-                self.selects[(table, key_column)] = select_column_sql(
-                    table, column, key_column, paramstyle
-                )
+        self.selects = key_selects(columns, tables, paramstyle)
 
     def plan(self, statement: str, table: str) -> FencePlan | None:
         plans = self.plans
@@ -154,15 +149,8 @@ class Fencing:
         fence = self.plan(statement, table)
         if fence is None or not keys:
             return
-        is_param, ref = fence.token
-        if is_param:
-            try:
-                raw = parameters[ref]
-            except (KeyError, IndexError, TypeError):
-                return
-        else:
-            raw = ref
-        token = as_int(raw)
+        raw = bound_value(fence.token, parameters)
+        token = as_int(raw) if raw is not MISSING else None
         if token is None:
             return
         row = keys[0]

@@ -26,11 +26,13 @@ from .fencing import Fencing
 from .location import app_location
 from .model import (
     COMPONENT,
+    MISSING,
     PLAN_CACHE_CHARS,
     PLAN_CACHE_MAX_TEXT,
     PLAN_CACHE_SIZE,
     SpanMode,
     StatementInfo,
+    bound_value,
 )
 from .negative import NegativeWrites
 from .state import (
@@ -561,15 +563,10 @@ class Instrumentation:
 def _row_keys(route: Route, parameters: Any) -> list[Key]:
     """The row keys a statement on a stock table names, resolved from its parameters."""
     keys: list[Key] = []
-    for column, (is_param, ref) in route.plan.keys:
-        if is_param:
-            try:
-                value = parameters[ref]
-            except (KeyError, IndexError, TypeError):
-                continue
-        else:
-            value = ref
-        keys.append((route.label, column, normalise(value)))
+    for column, ref in route.plan.keys:
+        value = bound_value(ref, parameters)
+        if value is not MISSING:
+            keys.append((route.label, column, normalise(value)))
     return keys
 
 

@@ -55,6 +55,19 @@ class StockTable:
 #: A value in a statement: ``(True, name_or_index)`` for a bound parameter, ``(False,
 #: value)`` for a literal.
 ValueRef: TypeAlias = tuple[bool, Any]
+#: What :func:`bound_value` returns for a parameter the statement's parameters lack.
+MISSING: Any = object()
+
+
+def bound_value(ref: ValueRef, parameters: Any) -> Any:
+    """The value ``ref`` stands for in a statement run with ``parameters`` (or MISSING)."""
+    is_param, value = ref
+    if not is_param:
+        return value
+    try:
+        return parameters[value]
+    except (KeyError, IndexError, TypeError):
+        return MISSING
 
 
 @dataclass(frozen=True, slots=True)

@@ -68,28 +68,35 @@ def as_int(value: object) -> int | None:
     return int(number)
 
 
-def select_column_sql(
-    table: str, column: str, key_column: str, paramstyle: str
-) -> tuple[str, bool] | None:
-    """The read-back ``SELECT`` of one column of the rows with a key value, in
-    ``paramstyle``, and whether its parameter is passed by name; ``None`` when a name is
-    not a plain identifier.
+def key_selects(
+    columns: Mapping[str, str], tables: Mapping[str, StockTable], paramstyle: str
+) -> dict[tuple[str, str], tuple[str, bool] | None]:
+    """For each table of ``columns`` (table -> column) and each of its key columns, the
+    ``SELECT`` of that column by key in ``paramstyle`` and whether its parameter is passed
+    by name; ``None`` when a name is not a plain identifier.
 
     Example::
 
-        >>> select_column_sql("products", "stock", "sku", "pyformat")
-        ('SELECT stock FROM products WHERE sku = %(k)s', True)
+        >>> key_selects({"products": "stock"}, {"products": StockTable(key_columns=("sku",))},
+        ...             "pyformat")
+        {('products', 'sku'): ('SELECT stock FROM products WHERE sku = %(k)s', True)}
     """
-    param = _PARAM.get(paramstyle)
-    if param is None or not all(_PLAIN_NAME.match(name) for name in (table, column, key_column)):
-        return None
-    # Names from the set-up config, checked to be plain identifiers; the value is bound.
-    sql = f"SELECT {column} FROM {table} WHERE {key_column} = {param[0]}"  # noqa: S608
-    return sql, param[1]
+    selects: dict[tuple[str, str], tuple[str, bool] | None] = {}
+    for table, column in columns.items():
+        param = _PARAM.get(paramstyle)
+        for key_column in tables[table].key_columns:
+            names = (table, column, key_column)
+            if param is None or not all(_PLAIN_NAME.match(name) for name in names):
+                selects[(table, key_column)] = None
+                continue
+            # Names from the set-up config, checked to be plain identifiers; the value is bound.
+            sql = f"SELECT {column} FROM {table} WHERE {key_column} = {param[0]}"  # noqa: S608
+            selects[(table, key_column)] = sql, param[1]
+    return selects
 
 
 def read_column(conn: Connection, query: tuple[str, bool], key: object) -> list[object]:
-    """Run a :func:`select_column_sql` query for ``key`` on a second cursor of ``conn``'s
+    """Run a :func:`key_selects` query for ``key`` on a second cursor of ``conn``'s
     DBAPI connection: the same transaction, the app's cursor (its rowcount, read later by
     SQLAlchemy) untouched, and no SQLAlchemy event (so no listener of ours) on the way."""
     sql, by_name = query
@@ -165,13 +172,11 @@ class NegativeWrites:
         self.returning = returning
         self.read_back = frozenset(read_back)
         # (table, key column) -> the read-back SELECT and its parameter style, built once.
-        self.selects: dict[tuple[str, str], tuple[str, bool] | None] = {}
-        for table in self.read_back:
-            spec = self.specs[table]
-            for key_column in spec.key_columns:
-                self.selects[(table, key_column)] = select_column_sql(
-                    table, spec.stock_column, key_column, paramstyle
-                )
+        self.selects = key_selects(
+            {table: self.specs[table].stock_column for table in self.read_back},
+            self.specs,
+            paramstyle,
+        )
 
     @staticmethod
     def build(
