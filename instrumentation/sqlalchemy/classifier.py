@@ -198,48 +198,38 @@ def _classify_delete(toks: Sequence[Tok], start: int, tables: Tables) -> Stateme
 _LOCK_TABLES_MODES = ("read", "local", "write", "low_priority")
 
 
-def _classify_mysql_lock_tables(toks: Sequence[Tok], start: int, tables: Tables) -> StatementInfo:
-    """MySQL's ``LOCK TABLES t [AS a] READ [LOCAL] | [LOW_PRIORITY] WRITE, ...``: both
-    modes keep other sessions from writing the table."""
-    items = split_at(toks[start + 2 :], ",", 0)
-    names = [
-        from_items([t for t in item if not is_word(t, *_LOCK_TABLES_MODES)], 0) for item in items
-    ]
-    target, label = find_target([entry for found in names for entry in found], tables)
-    return StatementInfo(
-        "lock",
-        target.label if target else label,
-        stock=target is not None,
-        locking=True,
-        lock_clause="lock tables",
-        table_lock=target is not None,
-    )
-
-
 def _classify_lock(toks: Sequence[Tok], start: int, tables: Tables) -> StatementInfo:
     i = start + 1
     if is_word(tok_at(toks, i), "tables"):
-        return _classify_mysql_lock_tables(toks, start, tables)
-    if is_word(tok_at(toks, i), "table"):
-        i += 1
-    end = top_level(toks, i, frozenset({"in", "nowait"}))
-    items = from_items(toks[i:end], 0)
-    target, label = find_target(items, tables)
-    mode = "access exclusive"
-    if end < len(toks) and is_word(toks[end], "in"):
-        words = []
-        k = end + 1
-        while k < len(toks) and toks[k][0] == WORD and toks[k][1] != "mode":
-            words.append(toks[k][1])
-            k += 1
-        mode = " ".join(words)
+        # MySQL's LOCK TABLES t [AS a] READ [LOCAL] | [LOW_PRIORITY] WRITE, ...: both modes
+        # keep other sessions from writing the table.
+        names = [
+            from_items([t for t in item if not is_word(t, *_LOCK_TABLES_MODES)], 0)
+            for item in split_at(toks[i + 1 :], ",", 0)
+        ]
+        target, label = find_target([entry for found in names for entry in found], tables)
+        clause, blocks = "lock tables", True
+    else:
+        if is_word(tok_at(toks, i), "table"):
+            i += 1
+        end = top_level(toks, i, frozenset({"in", "nowait"}))
+        target, label = find_target(from_items(toks[i:end], 0), tables)
+        mode = "access exclusive"
+        if end < len(toks) and is_word(toks[end], "in"):
+            words = []
+            k = end + 1
+            while k < len(toks) and toks[k][0] == WORD and toks[k][1] != "mode":
+                words.append(toks[k][1])
+                k += 1
+            mode = " ".join(words)
+        clause, blocks = "lock table", mode in BLOCKING_LOCK_MODES
     return StatementInfo(
         "lock",
         target.label if target else label,
         stock=target is not None,
         locking=True,
-        lock_clause="lock table",
-        table_lock=target is not None and mode in BLOCKING_LOCK_MODES,
+        lock_clause=clause,
+        table_lock=target is not None and blocks,
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import sysconfig
@@ -25,17 +26,10 @@ _DRIVER_PACKAGES = (
 )
 
 
-_LIBRARIES: list[tuple[tuple[bool, ...], _Libraries]] = []
-
-
-def _libraries() -> _Libraries:
-    # sysconfig.get_paths() costs ~0.2 ms: build once, again only when a driver loads.
-    loaded = tuple(name in sys.modules for name in _DRIVER_PACKAGES)
-    if _LIBRARIES and _LIBRARIES[0][0] == loaded:
-        return _LIBRARIES[0][1]
-    libraries = _Libraries()
-    _LIBRARIES[:] = [(loaded, libraries)]
-    return libraries
+@functools.lru_cache(maxsize=1)
+def _libraries(loaded: tuple[bool, ...]) -> _Libraries:
+    # sysconfig.get_paths() costs ~0.2 ms: built once, again only when a driver loads.
+    return _Libraries()
 
 
 class _Libraries:
@@ -88,7 +82,7 @@ def app_location() -> tuple[str, str]:
     the application's coroutine is suspended in the parent greenlet, so its frames are
     searched next.
     """
-    libraries = _libraries()
+    libraries = _libraries(tuple(name in sys.modules for name in _DRIVER_PACKAGES))
     frame = _first_app_frame(sys._getframe(1), libraries)
     if frame is None:
         greenlet = sys.modules.get("greenlet")
