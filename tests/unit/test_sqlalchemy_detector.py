@@ -1024,3 +1024,31 @@ def test_a_fenced_update_with_returning_on_sqlite_is_not_a_stale_token(tmp_path:
     finally:
         uninstrument_sqlalchemy(engine)
         engine.dispose()
+
+
+def test_every_locking_update_is_observed(engine: sa.Engine) -> None:
+    registry = CollectorRegistry()
+    instrument_sqlalchemy(engine, sentry=Sentry(registry=registry, log=False, trace=False))
+    for _ in range(5):
+        with engine.begin() as conn:
+            conn.execute(sa.text("UPDATE products SET available_stock = 5 WHERE sku = :sku"), EGG)
+    assert value(registry, f"{LOCK_WAIT}_count", table="products") == 5
+    assert value(registry, f"{LOCK_WAIT}_bucket", table="products", le="+Inf") == 5
+
+
+def test_an_overflowed_table_label_counts_its_overflow_on_every_update(engine: sa.Engine) -> None:
+    from stocksentry.instrumentation.guard import LabelGuard
+
+    registry = CollectorRegistry()
+    sentry = Sentry(registry=registry, log=False, trace=False)
+    # No table label admitted: every lock wait folds into __other__ and must say so.
+    sentry.metrics._small_guards["table"] = LabelGuard(0)
+    instrument_sqlalchemy(engine, sentry=sentry)
+    for _ in range(3):
+        with engine.begin() as conn:
+            conn.execute(sa.text("UPDATE products SET available_stock = 5 WHERE sku = :sku"), EGG)
+    assert value(registry, f"{LOCK_WAIT}_count", table=catalog.OVERFLOW_VALUE) == 3
+    overflow = value(
+        registry, "stocksentry_label_overflow_total", metric=catalog.DB_LOCK_WAIT.name
+    )
+    assert overflow == 3
