@@ -87,33 +87,17 @@ class Route:
     """What the listeners do with one SQL text, decided once from its plan and cached with
     it: an already classified statement costs a dict lookup and a few attribute tests."""
 
-    __slots__ = (
-        "begin",
-        "blind",
-        "checks",
-        "conditional",
-        "fenced",
-        "label",
-        "locking",
-        "plan",
-        "rowcount_unknown",
-        "stock",
-        "watched",
-    )
+    __slots__ = ("begin", "blind", "fenced", "label", "plan", "rowcount_unknown", "watched")
 
     def __init__(self, plan: StatementInfo, checks: tuple[bool, bool], sqlite: bool) -> None:
         self.plan = plan
-        self.stock = plan.stock
-        self.locking = plan.locking
         self.label = plan.table or "unknown"
         self.begin = plan.kind == "begin" or plan.kind == "isolation"
         # Which optional write checks an UPDATE of this text goes to (fencing tokens,
         # real negative stock), decided once from the plan and the engine's set-up.
         self.fenced, self.watched = checks
-        self.checks = self.fenced or self.watched
-        self.conditional = plan.conditional
         # A blind write of the stock not guarded by the WHERE: the detector's case.
-        self.blind = plan.write == "blind" and not self.conditional
+        self.blind = plan.write == "blind" and not plan.conditional
         # pysqlite counts RETURNING rows only as they are fetched: unknown after execute.
         self.rowcount_unknown = plan.returning and sqlite
 
@@ -234,17 +218,18 @@ class Instrumentation:
         try:
             cursor, statement = args[0], args[1]
             route = self.route(statement)
+            plan = route.plan
             bookkeeping = (
-                route.stock
+                plan.stock
                 and event == "do_execute"
                 and context.execute_style is ExecuteStyle.EXECUTE
             )
-            if not route.locking and not bookkeeping:
+            if not plan.locking and not bookkeeping:
                 if route.begin:
-                    self._begin(context.root_connection, route.plan)
+                    self._begin(context.root_connection, plan)
                 return False
-            if route.locking and self.lock_tracer is not None:
-                span = self._lock_span(route.plan)
+            if plan.locking and self.lock_tracer is not None:
+                span = self._lock_span(plan)
             t0 = perf_counter()  # last, so the figure is the statement's own time
         except Exception as exc:
             self.sentry.internal_error(COMPONENT, exc)
@@ -252,10 +237,10 @@ class Instrumentation:
         try:
             _call_later(self, event, args, context)
         except BaseException as exc:
-            if route.locking:
+            if plan.locking:
                 self._lock_done(route, t0, span, exc)
             raise  # the driver's own exception, unchanged: SQLAlchemy wraps it as usual
-        if route.locking:
+        if plan.locking:
             self._lock_done(route, t0, span, None)
         if bookkeeping:
             # Apart, so that a failure in the timing does not switch off the bookkeeping.
@@ -266,7 +251,7 @@ class Instrumentation:
             except Exception as exc:
                 self.sentry.internal_error(COMPONENT, exc)
             else:
-                if route.checks:
+                if route.fenced or route.watched:
                     self._check_update(conn, cursor, statement, route, parameters, keys)
         return True
 
@@ -402,7 +387,7 @@ class Instrumentation:
             state.last_table = plan.table
         if route.blind and keys and rowcount != 0:
             self._check_write(conn, plan, keys, state)
-        if route.conditional:
+        if plan.conditional:
             if rowcount == 0:
                 self._no_row(plan, keys)
             elif rowcount > 0:
