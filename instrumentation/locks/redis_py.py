@@ -231,11 +231,6 @@ class InstrumentedLock(_RedisPyLockBase["redis.lock.Lock"]):
     Example::
 
         lock = InstrumentedLock(client.lock("lock:sku:EGG-01", timeout=5), name="checkout")
-        if lock.acquire(blocking_timeout=2):
-            try:
-                reserve()
-            finally:
-                lock.release()  # LockNotOwnedError if the 5 s ran out: counted, re-raised
     """
 
     def acquire(

@@ -244,14 +244,7 @@ class InstrumentedRedlock(_RedlockBase["Redlock"]):
 
     Example::
 
-        from pottery import Redlock
-
-        lock = InstrumentedRedlock(
-            Redlock(key="sku:EGG-01", masters={client}, auto_release_time=5),
-            name="checkout",
-        )
-        with lock:
-            reserve()
+        lock = InstrumentedRedlock(Redlock(key="sku:EGG-01", masters={client}), name="checkout")
     """
 
     def acquire(
@@ -301,14 +294,7 @@ class InstrumentedAsyncRedlock(_RedlockBase["AIORedlock"]):
 
     Example::
 
-        from pottery import AIORedlock
-
-        lock = InstrumentedAsyncRedlock(
-            AIORedlock(key="sku:EGG-01", masters={async_client}, auto_release_time=5),
-            name="checkout",
-        )
-        async with lock:
-            await reserve()
+        lock = InstrumentedAsyncRedlock(AIORedlock(key="sku:EGG-01", masters={client}))
     """
 
     async def acquire(

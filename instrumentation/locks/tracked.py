@@ -38,14 +38,6 @@ class LockNotAcquired(ReservationConflict):
     :class:`ReservationConflict`: a reservation it ends is a conflict, ``reason``
     ``lock_not_acquired`` when the lock was tried once and refused, ``lock_timeout`` when
     it was waited for (a ``blocking_timeout`` above 0) and the wait ran out.
-
-    Example::
-
-        try:
-            with track_lock("checkout", ttl=5, acquire=try_lock, release=unlock):
-                reserve()
-        except LockNotAcquired:
-            answer_busy()
     """
 
     def __init__(
@@ -62,29 +54,15 @@ class TrackedLock:
     ``acquire(token)`` tries once and returns something truthy when the lock was taken;
     ``release(token)`` releases (its return value is ignored); ``owner()``, when given,
     returns the token currently under the lock and is called just before ``release`` to
-    tell whether we still owned it (a read, then the release: not atomic; redis-py's
-    ``Lock`` through :func:`instrument_lock` is the owned, atomic form). ``extend(token,
-    ttl)``, optional, returns
-    something truthy when the lease was renewed for ``ttl`` seconds from now. In
-    ``async with`` the callables may be coroutine functions.
+    tell whether we still owned it (a read, then the release: not atomic). ``extend(token,
+    ttl)``, optional, returns something truthy when the lease was renewed for ``ttl``
+    seconds from now. In ``async with`` the callables may be coroutine functions.
 
-    ``blocking_timeout``: 0 tries once (a naive lock's single try), ``None`` waits for ever, more
-    retries every ``retry_delay`` seconds with jitter (x0.5 to x1.5) until that many seconds
-    have passed. Not acquired in time: ``with`` raises :class:`LockNotAcquired`, and
-    :meth:`acquire` returns ``False``. An exception from a callable is the app's: counted as
-    an ``error`` outcome and passed through unchanged. One instance is one holder: make
-    one per use (cheap), do not share one between concurrent threads or tasks.
-
-    Example (a naive ``SET NX`` lock released by a plain ``DEL``, unchanged, measured)::
-
-        with track_lock(
-            "checkout",
-            ttl=5,
-            acquire=lambda token: r.set("lock:product:8891", token, nx=True, ex=5),
-            release=lambda token: r.delete("lock:product:8891"),
-            owner=lambda: r.get("lock:product:8891"),
-        ):
-            reserve()
+    ``blocking_timeout``: 0 tries once, ``None`` waits for ever, more retries every
+    ``retry_delay`` seconds with jitter until that many seconds have passed. Not acquired
+    in time: ``with`` raises :class:`LockNotAcquired`, :meth:`acquire` returns ``False``.
+    One instance is one holder: make one per use, do not share one between threads or tasks.
+    Example: :func:`track_lock`.
     """
 
     def __init__(
