@@ -121,9 +121,7 @@ class TrackedLock:
         return self._extend_fn(self.token, ttl)
 
     async def _aattempt(self) -> object:
-        if self._acquire_fn is None:
-            raise TypeError("TrackedLock needs an acquire callable")
-        return await resolve(self._acquire_fn(self.token))
+        return await resolve(self._attempt())
 
     async def _arelease_once(self) -> tuple[bool | None, object, bool | None]:
         current: object = None
@@ -136,9 +134,7 @@ class TrackedLock:
         return owned, current, None
 
     async def _aextend_once(self, ttl: float) -> object:
-        if self._extend_fn is None:
-            raise TypeError("this lock has no extend callable")
-        return await resolve(self._extend_fn(self.token, ttl))
+        return await resolve(self._extend_once(ttl))
 
     # --- shared bookkeeping ----------------------------------------------------------------
 
