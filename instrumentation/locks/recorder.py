@@ -445,14 +445,56 @@ class LockWrapper(Generic[LockT]):
     The attributes a wrapper does not define are the wrapped lock's.
     """
 
-    def __init__(self, lock: LockT, name: str, sentry: Sentry | None, count_retries: bool) -> None:
+    def __init__(
+        self, lock: LockT, name: str, sentry: Sentry | None, count_retries: bool, fencing: bool
+    ) -> None:
         self.lock = lock
         self.name = name
         self.count_retries = count_retries
+        self.fencing = fencing
         self.recorder = LockRecorder(name, sentry)
 
     def __getattr__(self, attribute: str) -> Any:
         return getattr(self.lock, attribute)
+
+    def _acquiring(
+        self,
+        blocks: bool,
+        once: Callable[[], object],
+        attempt: Callable[[], object],
+        keep_trying: Callable[[], bool],
+        pause: Callable[[], float | None],
+    ) -> Steps[bool]:
+        """One acquire, timed. With ``count_retries`` a blocking acquire is the library's
+        own loop run here, so that its retries are counted: ``attempt`` (one non-blocking
+        try) while ``keep_trying()``, ``pause()`` seconds apart (``None``: give up). Else
+        ``once`` is the library's own call, which does its own waiting (if any)."""
+        with self.recorder.attempting() as attempts:
+            if self.count_retries and blocks:
+                acquired = False
+                while keep_trying():
+                    attempts.begin()
+                    if (yield attempt):
+                        acquired = True
+                        break
+                    seconds = pause()
+                    if seconds is None:
+                        break
+                    yield Pause(seconds)
+            else:
+                if not blocks:
+                    attempts.begin()  # one attempt: the lease starts no later than now
+                acquired = bool((yield once))
+        self._record_acquire(acquired, attempts)
+        if acquired and self.fencing:
+            yield from self._issuing_token()
+        return acquired
+
+    def _record_acquire(self, acquired: bool, attempts: Attempts) -> None:
+        raise NotImplementedError
+
+    def _issuing_token(self) -> Steps[None]:
+        raise NotImplementedError
 
 
 # --- fencing tokens ------------------------------------------------------------------------

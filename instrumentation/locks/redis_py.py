@@ -19,7 +19,6 @@ from .recorder import (
     LockHold,
     LockT,
     LockWrapper,
-    Pause,
     Steps,
     as_bytes,
     as_text,
@@ -52,11 +51,10 @@ class _RedisPyLockBase(LockWrapper[LockT]):
 
         # The library lock is typed per subclass; its name attribute is read untyped here.
         label = name if name is not None else as_text(getattr(lock, "name", ""))
-        super().__init__(lock, label, sentry, count_retries)
+        super().__init__(lock, label, sentry, count_retries, fencing)
         self._lock_error = LockError
         self._not_owned_error = LockNotOwnedError
         self._holds = Holds()
-        self.fencing = fencing
         self._fence_script: Any = None
 
     @property
@@ -84,49 +82,34 @@ class _RedisPyLockBase(LockWrapper[LockT]):
         except Exception as exc:
             self.recorder.internal_error(exc)
 
-    def _acquiring(
+    def _acquire_steps(
         self,
         sleep: float | None,
         blocking: bool | None,
         blocking_timeout: float | None,
         token: str | bytes | None,
     ) -> Steps[bool]:
-        """``Lock.acquire``, timed; with ``count_retries`` redis-py's blocking loop, one
-        non-blocking attempt at a time. ``sleep`` is the sync lock's own argument only."""
+        """``Lock.acquire``; its blocking loop sleeps ``sleep`` seconds between attempts
+        until ``blocking_timeout`` (``sleep`` is the sync lock's own argument only)."""
         lock: Any = self.lock
-        with self.recorder.attempting() as attempts:
-            blocks = lock.blocking if blocking is None else blocking
-            if self.count_retries and blocks:
-                pause = float(lock.sleep if sleep is None else sleep)
-                limit = lock.blocking_timeout if blocking_timeout is None else blocking_timeout
-                stop_at = None if limit is None else time.monotonic() + float(limit)
-                while True:
-                    attempts.begin()
-                    if (yield lambda: lock.acquire(blocking=False, token=token)):
-                        acquired = True
-                        break
-                    if stop_at is not None and time.monotonic() + pause > stop_at:
-                        acquired = False
-                        break
-                    yield Pause(pause)
-            else:
-                if not blocks:
-                    attempts.begin()  # one attempt: the lease starts no later than now
-                options: dict[str, Any] = {"sleep": sleep} if sleep is not None else {}
-                acquired = bool(
-                    (
-                        yield lambda: lock.acquire(
-                            blocking=blocking,
-                            blocking_timeout=blocking_timeout,
-                            token=token,
-                            **options,
-                        )
-                    )
-                )
-        self._record_acquire(lock, acquired, attempts)
-        if acquired and self.fencing:
-            yield from self._issuing_token()
-        return acquired
+        seconds = float(lock.sleep if sleep is None else sleep)
+        limit = lock.blocking_timeout if blocking_timeout is None else blocking_timeout
+        stop_at = None if limit is None else time.monotonic() + float(limit)
+        options: dict[str, Any] = {"sleep": sleep} if sleep is not None else {}
+
+        def pause() -> float | None:
+            late = stop_at is not None and time.monotonic() + seconds > stop_at
+            return None if late else seconds
+
+        return self._acquiring(
+            lock.blocking if blocking is None else blocking,
+            once=lambda: lock.acquire(
+                blocking=blocking, blocking_timeout=blocking_timeout, token=token, **options
+            ),
+            attempt=lambda: lock.acquire(blocking=False, token=token),
+            keep_trying=lambda: True,
+            pause=pause,
+        )
 
     def _token(self, lock: Any) -> bytes | None:
         try:
@@ -135,7 +118,8 @@ class _RedisPyLockBase(LockWrapper[LockT]):
             self.recorder.internal_error(exc)
             return None
 
-    def _record_acquire(self, lock: Any, acquired: bool, attempts: Attempts) -> None:
+    def _record_acquire(self, acquired: bool, attempts: Attempts) -> None:
+        lock: Any = self.lock
         try:
             if acquired:
                 token = self._token(lock)
@@ -241,7 +225,7 @@ class InstrumentedLock(_RedisPyLockBase["redis.lock.Lock"]):
         token: str | bytes | None = None,
     ) -> bool:
         """``Lock.acquire``, timed: outcome acquired, timeout (returned False) or error."""
-        return run_sync(self._acquiring(sleep, blocking, blocking_timeout, token))
+        return run_sync(self._acquire_steps(sleep, blocking, blocking_timeout, token))
 
     def release(self) -> None:
         """``Lock.release``; a ``LockNotOwnedError`` is counted, then re-raised unchanged."""
@@ -304,7 +288,7 @@ class InstrumentedAsyncLock(_RedisPyLockBase["redis.asyncio.lock.Lock"]):
         token: str | bytes | None = None,
     ) -> bool:
         """``Lock.acquire``, timed: outcome acquired, timeout (returned False) or error."""
-        return await run_async(self._acquiring(None, blocking, blocking_timeout, token))
+        return await run_async(self._acquire_steps(None, blocking, blocking_timeout, token))
 
     async def release(self) -> None:
         """``Lock.release``; a ``LockNotOwnedError`` is counted, then re-raised unchanged."""

@@ -18,7 +18,6 @@ from .recorder import (
     LockHold,
     LockT,
     LockWrapper,
-    Pause,
     Steps,
     fence_key,
     run_async,
@@ -87,7 +86,7 @@ class _RedlockBase(LockWrapper[LockT]):
         )
 
         label = name if name is not None else str(getattr(lock, "key", ""))
-        super().__init__(lock, label, sentry, count_retries)
+        super().__init__(lock, label, sentry, count_retries, fencing)
         self.retry_delay = retry_delay
         self._hold: LockHold | None = None
         self._release_unlocked = ReleaseUnlockedLock
@@ -96,7 +95,6 @@ class _RedlockBase(LockWrapper[LockT]):
             TooManyExtensions,
         )
         self._quorum_not_achieved = QuorumNotAchieved
-        self.fencing = fencing
         # One registered script per master client (the master objects are the app's).
         self._fence_scripts: dict[int, Any] = {}
 
@@ -150,45 +148,28 @@ class _RedlockBase(LockWrapper[LockT]):
             script = self._fence_scripts[id(master)] = master.register_script(REDLOCK_FENCE_SCRIPT)
         return script
 
-    def _acquiring(
+    def _acquire_steps(
         self, blocking: bool, timeout: float, raise_on_redis_errors: bool | None
     ) -> Steps[bool]:
-        """``acquire``, timed; with ``count_retries`` pottery's blocking loop, one
-        non-blocking attempt at a time with a random pause of up to ``retry_delay``."""
+        """``acquire``; its blocking loop pauses at random up to ``retry_delay`` between
+        attempts, until ``timeout`` (-1: for ever)."""
         lock: Any = self.lock
-        with self.recorder.attempting() as attempts:
-            if blocking and self.count_retries:
-                delay = _POTTERY_RETRY_DELAY if self.retry_delay is None else self.retry_delay
-                start = time.monotonic()
-                acquired = False
-                while timeout == -1 or time.monotonic() - start < timeout:
-                    attempts.begin()
-                    if (
-                        yield lambda: lock.acquire(
-                            blocking=False, raise_on_redis_errors=raise_on_redis_errors
-                        )
-                    ):
-                        acquired = True
-                        break
-                    yield Pause(random.uniform(0, delay))  # noqa: S311 - jitter
-            else:
-                if not blocking:
-                    attempts.begin()  # one attempt: the lease starts no later than now
-                acquired = bool(
-                    (
-                        yield lambda: lock.acquire(
-                            blocking=blocking,
-                            timeout=timeout,
-                            raise_on_redis_errors=raise_on_redis_errors,
-                        )
-                    )
-                )
-        self._record_acquire(lock, acquired, attempts)
-        if acquired and self.fencing:
-            yield from self._issuing_token()
-        return acquired
+        delay = _POTTERY_RETRY_DELAY if self.retry_delay is None else self.retry_delay
+        start = time.monotonic()
+        return self._acquiring(
+            blocking,
+            once=lambda: lock.acquire(
+                blocking=blocking, timeout=timeout, raise_on_redis_errors=raise_on_redis_errors
+            ),
+            attempt=lambda: lock.acquire(
+                blocking=False, raise_on_redis_errors=raise_on_redis_errors
+            ),
+            keep_trying=lambda: timeout == -1 or time.monotonic() - start < timeout,
+            pause=lambda: random.uniform(0, delay),  # noqa: S311 - jitter
+        )
 
-    def _record_acquire(self, lock: Any, acquired: bool, attempts: Attempts) -> None:
+    def _record_acquire(self, acquired: bool, attempts: Attempts) -> None:
+        lock: Any = self.lock
         try:
             if acquired:
                 self._hold = self.recorder.acquired(
@@ -255,7 +236,7 @@ class InstrumentedRedlock(_RedlockBase["Redlock"]):
         raise_on_redis_errors: bool | None = None,
     ) -> bool:
         """``Redlock.acquire``, timed: outcome acquired, timeout or error."""
-        return run_sync(self._acquiring(blocking, timeout, raise_on_redis_errors))
+        return run_sync(self._acquire_steps(blocking, timeout, raise_on_redis_errors))
 
     def release(self, *, raise_on_redis_errors: bool | None = None) -> None:
         """``Redlock.release``; ``ReleaseUnlockedLock`` is counted, then re-raised."""
@@ -305,7 +286,7 @@ class InstrumentedAsyncRedlock(_RedlockBase["AIORedlock"]):
         raise_on_redis_errors: bool | None = None,
     ) -> bool:
         """``AIORedlock.acquire``, timed: outcome acquired, timeout or error."""
-        return await run_async(self._acquiring(blocking, timeout, raise_on_redis_errors))
+        return await run_async(self._acquire_steps(blocking, timeout, raise_on_redis_errors))
 
     async def release(self, *, raise_on_redis_errors: bool | None = None) -> None:
         """``AIORedlock.release``; ``ReleaseUnlockedLock`` is counted, then re-raised."""
