@@ -14,7 +14,8 @@ three alike:
   classifier's cached route, the row-lock and conflict bookkeeping of a stock UPDATE).
 
 ``overhead_us`` = ours - bare, ``floor_us`` = floor - bare, per statement, medians over the
-repeats of CPU time; ``ratio`` = overhead / floor. Run: ``python benchmarks/bench_floor_sqlalchemy.py``.
+repeats of CPU time; ``ratio`` = overhead / floor.
+Run: ``python benchmarks/bench_floor_sqlalchemy.py``.
 """
 
 from __future__ import annotations
