@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 import sys
 import sysconfig
@@ -83,7 +84,8 @@ def app_location() -> tuple[str, str]:
     searched next.
     """
     libraries = _libraries(tuple(name in sys.modules for name in _DRIVER_PACKAGES))
-    frame = _first_app_frame(sys._getframe(1), libraries)
+    # The caller's frame (not kept in a local: a frame holding itself is a cycle).
+    frame = _first_app_frame(getattr(inspect.currentframe(), "f_back", None), libraries)
     if frame is None:
         greenlet = sys.modules.get("greenlet")
         parent = greenlet.getcurrent().parent if greenlet is not None else None
