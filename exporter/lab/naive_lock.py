@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Literal
 
-# _as_bytes and _resolve: the helpers the locks package keeps for a TrackedLock subclass.
-from stocksentry.instrumentation.locks import TrackedLock, _as_bytes, _resolve
+from stocksentry.instrumentation.locks import TrackedLock
+from stocksentry.instrumentation.locks.recorder import as_bytes, resolve
 
 if TYPE_CHECKING:
     from stocksentry.instrumentation import Sentry
@@ -92,7 +92,7 @@ class SetNxLock(TrackedLock):
         return [self.token, "1" if self.release_mode == "naive" else "0"]
 
     def _verdict(self, current: object) -> tuple[bool | None, object, bool | None]:
-        owned = _as_bytes(current) == self.token.encode()
+        owned = as_bytes(current) == self.token.encode()
         deleted_other = self.release_mode == "naive" and not owned and current is not None
         return owned, current, deleted_other
 
@@ -106,11 +106,11 @@ class SetNxLock(TrackedLock):
         return self._extend_script(keys=[self.key], args=[self.token, _ms(ttl)])
 
     async def _aattempt(self) -> object:
-        return await _resolve(self.client.set(self.key, self.token, nx=True, px=self._ttl_ms))
+        return await resolve(self.client.set(self.key, self.token, nx=True, px=self._ttl_ms))
 
     async def _arelease_once(self) -> tuple[bool | None, object, bool | None]:
-        current = await _resolve(self._release_script(keys=[self.key], args=self._release_args()))
+        current = await resolve(self._release_script(keys=[self.key], args=self._release_args()))
         return self._verdict(current)
 
     async def _aextend_once(self, ttl: float) -> object:
-        return await _resolve(self._extend_script(keys=[self.key], args=[self.token, _ms(ttl)]))
+        return await resolve(self._extend_script(keys=[self.key], args=[self.token, _ms(ttl)]))

@@ -2,35 +2,103 @@
 
 :class:`LockRecorder` turns acquire, extend and release into the catalog's lock metrics
 and log lines (:meth:`LockRecorder.attempting` times one acquire and counts the error
-outcome, for every form); :class:`LockHold` is one acquisition; ``_LockWrapper`` is what
+outcome, for every form); :class:`LockHold` is one acquisition; ``LockWrapper`` is what
 the redis-py and pottery wrappers share. Nothing here imports a lock library.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
+import inspect
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from .. import catalog, events
+from .. import events
 from ..events import LogEvent
 from ..heldlocks import hold_released, hold_started
 
 if TYPE_CHECKING:
     from ..sentry import Sentry
 
-LOCK_EXTEND_FAILURES = catalog.LOCK_EXTEND_FAILURES
-LOCK_ACQUIRE_RETRIES = catalog.LOCK_ACQUIRE_RETRIES
-
 #: Holds kept per wrapper for locks the app never released (a bound against leaks).
 _MAX_OPEN_HOLDS = 1024
 _COMPONENT = "locks"
 # The wrapped library lock: redis-py Lock (sync or asyncio) or pottery Redlock/AIORedlock.
-_L = TypeVar("_L")
+LockT = TypeVar("LockT")
+T = TypeVar("T")
+
+
+class Pause(float):
+    """A step of :data:`Steps`: sleep this many seconds (``time.sleep`` or ``asyncio.sleep``)."""
+
+
+#: What a lock operation does, written once for sync and asyncio: a generator that yields
+#: each call to the lock library (a zero-argument callable, or a :class:`Pause`) and is sent
+#: its result (or thrown its exception); :func:`run_sync` and :func:`run_async` drive it.
+Steps = Generator[Callable[[], object] | Pause, Any, T]
+
+
+def sync_result(value: object) -> object:
+    """``value``, refused when awaitable: an asyncio client or coroutine callable in sync
+    code would be a truthy coroutine that never runs. Set-up error, said plainly."""
+    if inspect.isawaitable(value):
+        close = getattr(value, "close", None)
+        if close is not None:
+            close()
+        raise TypeError("this lock's client or callables are asyncio: use async with")
+    return value
+
+
+async def resolve(value: object) -> object:
+    """``value``, awaited when it is awaitable."""
+    if inspect.isawaitable(value):
+        return await value
+    return value
+
+
+def run_sync(steps: Steps[T]) -> T:
+    """Drive ``steps`` in sync code."""
+    try:
+        step = next(steps)
+        while True:
+            try:
+                if isinstance(step, Pause):
+                    time.sleep(step)
+                    result: object = None
+                else:
+                    result = sync_result(step())
+            except BaseException as exc:
+                step = steps.throw(exc)
+            else:
+                step = steps.send(result)
+    except StopIteration as done:
+        value: T = done.value
+        return value
+
+
+async def run_async(steps: Steps[T]) -> T:
+    """Drive ``steps`` in asyncio code: each call's result is awaited when awaitable."""
+    try:
+        step = next(steps)
+        while True:
+            try:
+                if isinstance(step, Pause):
+                    await asyncio.sleep(step)
+                    result: object = None
+                else:
+                    result = await resolve(step())
+            except BaseException as exc:
+                step = steps.throw(exc)
+            else:
+                step = steps.send(result)
+    except StopIteration as done:
+        value: T = done.value
+        return value
 
 
 def token_hash(token: str | bytes | None) -> str | None:
@@ -51,7 +119,7 @@ def token_hash(token: str | bytes | None) -> str | None:
     return hashlib.blake2s(data, digest_size=4).hexdigest()
 
 
-def _as_bytes(value: object) -> bytes | None:
+def as_bytes(value: object) -> bytes | None:
     if value is None:
         return None
     if isinstance(value, bytes):
@@ -61,7 +129,7 @@ def _as_bytes(value: object) -> bytes | None:
     return str(value).encode()
 
 
-def _text(value: str | bytes) -> str:
+def as_text(value: str | bytes) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
@@ -128,7 +196,7 @@ class LockRecorder:
 
         return get_sentry()
 
-    def _error(self, exc: BaseException) -> None:
+    def internal_error(self, exc: BaseException) -> None:
         # internal_error never raises; the suppress is belt and braces.
         with contextlib.suppress(Exception):
             self.sentry.internal_error(_COMPONENT, exc)
@@ -140,7 +208,7 @@ class LockRecorder:
         try:
             getattr(sentry.logger, event.level)(event.name, lock=self.name, **fields)
         except Exception as exc:
-            self._error(exc)
+            self.internal_error(exc)
 
     def acquired(
         self,
@@ -162,20 +230,20 @@ class LockRecorder:
         try:
             holder = token_hash(token)
         except Exception as exc:
-            self._error(exc)
+            self.internal_error(exc)
         base = now if attempt_started is None else attempt_started
         hold = LockHold(holder, base, base + ttl if ttl else None, self.name)
         try:
             hold_started(hold)
         except Exception as exc:
-            self._error(exc)
+            self.internal_error(exc)
         try:
             metrics = self.sentry.metrics
             metrics.lock_acquire_duration(self.name, "acquired", now - started)
             if retries:
                 metrics.lock_acquire_retries(self.name, retries)
         except Exception as exc:
-            self._error(exc)
+            self.internal_error(exc)
         self._log(
             events.LOCK_ACQUIRED,
             holder=holder,
@@ -197,7 +265,7 @@ class LockRecorder:
             if retries:
                 metrics.lock_acquire_retries(self.name, retries)
         except Exception as err:
-            self._error(err)
+            self.internal_error(err)
         if exc is None:
             self._log(
                 events.LOCK_ACQUIRE_TIMEOUT,
@@ -212,7 +280,7 @@ class LockRecorder:
             )
 
     @contextlib.contextmanager
-    def attempting(self) -> Iterator[_Attempts]:
+    def attempting(self) -> Iterator[Attempts]:
         """Time one acquire, from now: the body counts its attempts in what this yields.
 
         An exception from the body (the app's or the lock library's) is recorded as an
@@ -229,8 +297,8 @@ class LockRecorder:
             # attempt on, so their first increase is seen.
             self.sentry.metrics.prime_lock(self.name)
         except Exception as exc:
-            self._error(exc)
-        attempts = _Attempts()
+            self.internal_error(exc)
+        attempts = Attempts()
         try:
             yield attempts
         except Exception as exc:
@@ -247,7 +315,7 @@ class LockRecorder:
         try:
             self.sentry.metrics.lock_extend_failure(self.name)
         except Exception as err:
-            self._error(err)
+            self.internal_error(err)
         self._log(
             events.LOCK_EXTEND_FAILED,
             holder=hold.holder if hold is not None else None,
@@ -282,7 +350,7 @@ class LockRecorder:
             try:
                 hold_released(hold)
             except Exception as exc:
-                self._error(exc)
+                self.internal_error(exc)
         try:
             metrics = self.sentry.metrics
             if hold is not None:
@@ -300,7 +368,7 @@ class LockRecorder:
             if owned is False:
                 metrics.lock_release_not_owned(self.name)
         except Exception as exc:
-            self._error(exc)
+            self.internal_error(exc)
         holder = hold.holder if hold is not None else None
         if expired:
             self._log(
@@ -315,7 +383,7 @@ class LockRecorder:
                 if current_holder is not None:
                     fields["current_holder"] = token_hash(current_holder)
             except Exception as exc:
-                self._error(exc)
+                self.internal_error(exc)
             if deleted_other_holder is not None:
                 fields["deleted_other_holder"] = deleted_other_holder
             if hold is None:
@@ -325,7 +393,7 @@ class LockRecorder:
             self._log(events.LOCK_RELEASE_NOT_OWNED, **fields)
 
 
-class _Attempts:
+class Attempts:
     """The attempts of one acquire that began at ``started`` (readable after an exception)."""
 
     __slots__ = ("count", "last_started", "started")
@@ -346,7 +414,7 @@ class _Attempts:
         return max(0, self.count - 1)
 
 
-class _Holds:
+class Holds:
     """Open holds of one wrapper, by token: redis-py keeps one token per thread."""
 
     __slots__ = ("_holds", "_lock")
@@ -371,20 +439,62 @@ class _Holds:
             return self._holds.pop(token, None)
 
 
-class _LockWrapper(Generic[_L]):
+class LockWrapper(Generic[LockT]):
     """What every wrapper of a library's lock holds: the lock, its label, its recorder.
 
     The attributes a wrapper does not define are the wrapped lock's.
     """
 
-    def __init__(self, lock: _L, name: str, sentry: Sentry | None, count_retries: bool) -> None:
+    def __init__(
+        self, lock: LockT, name: str, sentry: Sentry | None, count_retries: bool, fencing: bool
+    ) -> None:
         self.lock = lock
         self.name = name
         self.count_retries = count_retries
+        self.fencing = fencing
         self.recorder = LockRecorder(name, sentry)
 
     def __getattr__(self, attribute: str) -> Any:
         return getattr(self.lock, attribute)
+
+    def _acquiring(
+        self,
+        blocks: bool,
+        once: Callable[[], object],
+        attempt: Callable[[], object],
+        keep_trying: Callable[[], bool],
+        pause: Callable[[], float | None],
+    ) -> Steps[bool]:
+        """One acquire, timed. With ``count_retries`` a blocking acquire is the library's
+        own loop run here, so that its retries are counted: ``attempt`` (one non-blocking
+        try) while ``keep_trying()``, ``pause()`` seconds apart (``None``: give up). Else
+        ``once`` is the library's own call, which does its own waiting (if any)."""
+        with self.recorder.attempting() as attempts:
+            if self.count_retries and blocks:
+                acquired = False
+                while keep_trying():
+                    attempts.begin()
+                    if (yield attempt):
+                        acquired = True
+                        break
+                    seconds = pause()
+                    if seconds is None:
+                        break
+                    yield Pause(seconds)
+            else:
+                if not blocks:
+                    attempts.begin()  # one attempt: the lease starts no later than now
+                acquired = bool((yield once))
+        self._record_acquire(acquired, attempts)
+        if acquired and self.fencing:
+            yield from self._issuing_token()
+        return acquired
+
+    def _record_acquire(self, acquired: bool, attempts: Attempts) -> None:
+        raise NotImplementedError
+
+    def _issuing_token(self) -> Steps[None]:
+        raise NotImplementedError
 
 
 # --- fencing tokens ------------------------------------------------------------------------
@@ -408,4 +518,4 @@ def fence_key(lock_key: str | bytes) -> str:
         >>> fence_key("lock:sku:EGG-01")
         'lock:sku:EGG-01:fence'
     """
-    return f"{_text(lock_key)}:fence"
+    return f"{as_text(lock_key)}:fence"

@@ -5,7 +5,6 @@ redis itself is imported when a wrapper is built, from the lock the app made.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import time
@@ -14,31 +13,34 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from .recorder import (
-    _L,
     FENCE_SCRIPT,
+    Attempts,
+    Holds,
     LockHold,
-    _as_bytes,
-    _Attempts,
-    _Holds,
-    _LockWrapper,
-    _text,
+    LockT,
+    LockWrapper,
+    Steps,
+    as_bytes,
+    as_text,
     fence_key,
+    run_async,
+    run_sync,
 )
 
 if TYPE_CHECKING:
     # Named only in the quoted base classes below (string annotations).
-    import redis.asyncio.lock
+    import redis.asyncio.lock  # noqa: F401
     import redis.lock  # noqa: F401
 
     from ..sentry import Sentry
 
 
-class _RedisPyLockBase(_LockWrapper[_L]):
+class _RedisPyLockBase(LockWrapper[LockT]):
     """What the sync and asyncio wrappers of redis-py's ``Lock`` share."""
 
     def __init__(
         self,
-        lock: _L,
+        lock: LockT,
         *,
         name: str | None = None,
         sentry: Sentry | None = None,
@@ -48,12 +50,11 @@ class _RedisPyLockBase(_LockWrapper[_L]):
         from redis.exceptions import LockError, LockNotOwnedError
 
         # The library lock is typed per subclass; its name attribute is read untyped here.
-        label = name if name is not None else _text(getattr(lock, "name", ""))
-        super().__init__(lock, label, sentry, count_retries)
+        label = name if name is not None else as_text(getattr(lock, "name", ""))
+        super().__init__(lock, label, sentry, count_retries, fencing)
         self._lock_error = LockError
         self._not_owned_error = LockNotOwnedError
-        self._holds = _Holds()
-        self.fencing = fencing
+        self._holds = Holds()
         self._fence_script: Any = None
 
     @property
@@ -65,29 +66,60 @@ class _RedisPyLockBase(_LockWrapper[_L]):
         hold = self._holds.get(self._token(self.lock))
         return hold.fencing_token if hold is not None else None
 
-    def _fence_call(self) -> tuple[Any, LockHold] | None:
-        """The token script's call for the current hold (not yet awaited/run), or ``None``."""
-        lock: Any = self.lock
-        token = self._token(lock)
-        hold = self._holds.get(token)
-        if token is None or hold is None:
-            return None
-        if self._fence_script is None:
-            self._fence_script = lock.redis.register_script(FENCE_SCRIPT)
-        return self._fence_script, hold
+    def _issuing_token(self) -> Steps[None]:
+        # One round trip after the acquire; a failure leaves the token None, never raises.
+        try:
+            lock: Any = self.lock
+            token = self._token(lock)
+            hold = self._holds.get(token)
+            if token is None or hold is None:
+                return
+            if self._fence_script is None:
+                self._fence_script = lock.redis.register_script(FENCE_SCRIPT)
+            script = self._fence_script
+            issued = yield lambda: script(keys=[lock.name, fence_key(lock.name)], args=[token])
+            hold.fencing_token = int(issued) if issued is not None else None
+        except Exception as exc:
+            self.recorder.internal_error(exc)
 
-    def _fence_args(self) -> tuple[list[Any], list[Any]]:
+    def _acquire_steps(
+        self,
+        sleep: float | None,
+        blocking: bool | None,
+        blocking_timeout: float | None,
+        token: str | bytes | None,
+    ) -> Steps[bool]:
+        """``Lock.acquire``; its blocking loop sleeps ``sleep`` seconds between attempts
+        until ``blocking_timeout`` (``sleep`` is the sync lock's own argument only)."""
         lock: Any = self.lock
-        return [lock.name, fence_key(lock.name)], [self._token(lock)]
+        seconds = float(lock.sleep if sleep is None else sleep)
+        limit = lock.blocking_timeout if blocking_timeout is None else blocking_timeout
+        stop_at = None if limit is None else time.monotonic() + float(limit)
+        options: dict[str, Any] = {"sleep": sleep} if sleep is not None else {}
+
+        def pause() -> float | None:
+            late = stop_at is not None and time.monotonic() + seconds > stop_at
+            return None if late else seconds
+
+        return self._acquiring(
+            lock.blocking if blocking is None else blocking,
+            once=lambda: lock.acquire(
+                blocking=blocking, blocking_timeout=blocking_timeout, token=token, **options
+            ),
+            attempt=lambda: lock.acquire(blocking=False, token=token),
+            keep_trying=lambda: True,
+            pause=pause,
+        )
 
     def _token(self, lock: Any) -> bytes | None:
         try:
-            return _as_bytes(lock.local.token)
+            return as_bytes(lock.local.token)
         except Exception as exc:
-            self.recorder._error(exc)
+            self.recorder.internal_error(exc)
             return None
 
-    def _record_acquire(self, lock: Any, acquired: bool, attempts: _Attempts) -> None:
+    def _record_acquire(self, acquired: bool, attempts: Attempts) -> None:
+        lock: Any = self.lock
         try:
             if acquired:
                 token = self._token(lock)
@@ -102,7 +134,7 @@ class _RedisPyLockBase(_LockWrapper[_L]):
             else:
                 self.recorder.not_acquired(attempts.started, retries=attempts.retries)
         except Exception as exc:
-            self.recorder._error(exc)
+            self.recorder.internal_error(exc)
 
     def _extend_deadline(
         self, hold: LockHold | None, started: float, additional: float, replace: bool
@@ -122,7 +154,7 @@ class _RedisPyLockBase(_LockWrapper[_L]):
                 # No token: never acquired by this thread, or released twice.
                 self.recorder.released(None, owned=False, started=started)
         except Exception as err:
-            self.recorder._error(err)
+            self.recorder.internal_error(err)
 
     @contextlib.contextmanager
     def _releasing(self) -> Iterator[None]:
@@ -137,7 +169,7 @@ class _RedisPyLockBase(_LockWrapper[_L]):
         try:
             self.recorder.released(self._holds.pop(token), owned=True, started=started)
         except Exception as exc:
-            self.recorder._error(exc)
+            self.recorder.internal_error(exc)
 
     @contextlib.contextmanager
     def _extending(self, additional: float | None, replace: bool = False) -> Iterator[None]:
@@ -183,11 +215,6 @@ class InstrumentedLock(_RedisPyLockBase["redis.lock.Lock"]):
     Example::
 
         lock = InstrumentedLock(client.lock("lock:sku:EGG-01", timeout=5), name="checkout")
-        if lock.acquire(blocking_timeout=2):
-            try:
-                reserve()
-            finally:
-                lock.release()  # LockNotOwnedError if the 5 s ran out: counted, re-raised
     """
 
     def acquire(
@@ -198,59 +225,7 @@ class InstrumentedLock(_RedisPyLockBase["redis.lock.Lock"]):
         token: str | bytes | None = None,
     ) -> bool:
         """``Lock.acquire``, timed: outcome acquired, timeout (returned False) or error."""
-        lock = self.lock
-        with self.recorder.attempting() as attempts:
-            blocks = lock.blocking if blocking is None else blocking
-            if self.count_retries and blocks:
-                acquired = self._acquire_counting(sleep, blocking_timeout, token, attempts)
-            else:
-                if not blocks:
-                    attempts.begin()  # one attempt: the lease starts no later than now
-                acquired = bool(
-                    lock.acquire(
-                        sleep=sleep,
-                        blocking=blocking,
-                        blocking_timeout=blocking_timeout,
-                        token=token,  # type: ignore[arg-type]
-                    )
-                )
-        self._record_acquire(lock, acquired, attempts)
-        if acquired and self.fencing:
-            self._issue_token()
-        return acquired
-
-    def _issue_token(self) -> None:
-        # One round trip after the acquire; a failure leaves the token None, never raises.
-        try:
-            call = self._fence_call()
-            if call is None:
-                return
-            script, hold = call
-            keys, args = self._fence_args()
-            issued = script(keys=keys, args=args)
-            hold.fencing_token = int(issued) if issued is not None else None
-        except Exception as exc:
-            self.recorder._error(exc)
-
-    def _acquire_counting(
-        self,
-        sleep: float | None,
-        blocking_timeout: float | None,
-        token: str | bytes | None,
-        attempts: _Attempts,
-    ) -> bool:
-        # redis-py's blocking loop, one non-blocking attempt at a time.
-        lock = self.lock
-        pause = float(lock.sleep if sleep is None else sleep)
-        limit = lock.blocking_timeout if blocking_timeout is None else blocking_timeout
-        stop_at = None if limit is None else time.monotonic() + float(limit)
-        while True:
-            attempts.begin()
-            if lock.acquire(blocking=False, token=token):  # type: ignore[arg-type]
-                return True
-            if stop_at is not None and time.monotonic() + pause > stop_at:
-                return False
-            time.sleep(pause)
+        return run_sync(self._acquire_steps(sleep, blocking, blocking_timeout, token))
 
     def release(self) -> None:
         """``Lock.release``; a ``LockNotOwnedError`` is counted, then re-raised unchanged."""
@@ -313,51 +288,7 @@ class InstrumentedAsyncLock(_RedisPyLockBase["redis.asyncio.lock.Lock"]):
         token: str | bytes | None = None,
     ) -> bool:
         """``Lock.acquire``, timed: outcome acquired, timeout (returned False) or error."""
-        lock = self.lock
-        with self.recorder.attempting() as attempts:
-            blocks = lock.blocking if blocking is None else blocking
-            if self.count_retries and blocks:
-                acquired = await self._acquire_counting(blocking_timeout, token, attempts)
-            else:
-                if not blocks:
-                    attempts.begin()  # one attempt: the lease starts no later than now
-                acquired = bool(
-                    await lock.acquire(
-                        blocking=blocking, blocking_timeout=blocking_timeout, token=token
-                    )
-                )
-        self._record_acquire(lock, acquired, attempts)
-        if acquired and self.fencing:
-            await self._issue_token()
-        return acquired
-
-    async def _issue_token(self) -> None:
-        try:
-            call = self._fence_call()
-            if call is None:
-                return
-            script, hold = call
-            keys, args = self._fence_args()
-            issued = await script(keys=keys, args=args)
-            hold.fencing_token = int(issued) if issued is not None else None
-        except Exception as exc:
-            self.recorder._error(exc)
-
-    async def _acquire_counting(
-        self, blocking_timeout: float | None, token: str | bytes | None, attempts: _Attempts
-    ) -> bool:
-        lock = self.lock
-        pause = float(lock.sleep)
-        limit = lock.blocking_timeout if blocking_timeout is None else blocking_timeout
-        loop = asyncio.get_running_loop()
-        stop_at = None if limit is None else loop.time() + float(limit)
-        while True:
-            attempts.begin()
-            if await lock.acquire(blocking=False, token=token):
-                return True
-            if stop_at is not None and loop.time() + pause > stop_at:
-                return False
-            await asyncio.sleep(pause)
+        return await run_async(self._acquire_steps(None, blocking, blocking_timeout, token))
 
     async def release(self) -> None:
         """``Lock.release``; a ``LockNotOwnedError`` is counted, then re-raised unchanged."""

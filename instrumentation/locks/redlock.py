@@ -5,15 +5,24 @@ pottery is imported when a wrapper is built, from the lock the app made.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import random
 import time
 from collections.abc import Iterator
+from functools import partial
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal
 
-from .recorder import _L, LockHold, _Attempts, _LockWrapper, fence_key
+from .recorder import (
+    Attempts,
+    LockHold,
+    LockT,
+    LockWrapper,
+    Steps,
+    fence_key,
+    run_async,
+    run_sync,
+)
 
 #: Redlock's token, per master: while ``KEYS[1]`` holds our token ``ARGV[1]``, raise the
 #: counter ``KEYS[2]`` to at least ``ARGV[2]``, plus one when ``ARGV[3]`` is 1.
@@ -33,6 +42,18 @@ redis.call('set', KEYS[2], c)
 return c
 """
 
+# pottery's own pause between blocking attempts (at most; it keeps the constant private).
+_POTTERY_RETRY_DELAY = 0.2
+
+
+def _token_of(lock: Any) -> str:
+    """The holder token of a pottery lock ("" when not held). pottery keeps it in the
+    private ``_uuid`` and has no public accessor: read there, for the fencing script and
+    the log's token hash."""
+    token = getattr(lock, "_uuid", "")
+    return token if isinstance(token, str) else ""
+
+
 if TYPE_CHECKING:
     # Named only in the quoted base classes below (string annotations).
     from pottery import AIORedlock, Redlock  # noqa: F401
@@ -40,7 +61,7 @@ if TYPE_CHECKING:
     from ..sentry import Sentry
 
 
-class _RedlockBase(_LockWrapper[_L]):
+class _RedlockBase(LockWrapper[LockT]):
     """What the wrappers of pottery's ``Redlock`` and ``AIORedlock`` share.
 
     A pottery lock holds one lease at a time (its token is an attribute of the object), so
@@ -49,7 +70,7 @@ class _RedlockBase(_LockWrapper[_L]):
 
     def __init__(
         self,
-        lock: _L,
+        lock: LockT,
         *,
         name: str | None = None,
         sentry: Sentry | None = None,
@@ -65,7 +86,7 @@ class _RedlockBase(_LockWrapper[_L]):
         )
 
         label = name if name is not None else str(getattr(lock, "key", ""))
-        super().__init__(lock, label, sentry, count_retries)
+        super().__init__(lock, label, sentry, count_retries, fencing)
         self.retry_delay = retry_delay
         self._hold: LockHold | None = None
         self._release_unlocked = ReleaseUnlockedLock
@@ -74,7 +95,6 @@ class _RedlockBase(_LockWrapper[_L]):
             TooManyExtensions,
         )
         self._quorum_not_achieved = QuorumNotAchieved
-        self.fencing = fencing
         # One registered script per master client (the master objects are the app's).
         self._fence_scripts: dict[int, Any] = {}
 
@@ -92,38 +112,69 @@ class _RedlockBase(_LockWrapper[_L]):
         hold = self._hold
         return hold.fencing_token if hold is not None else None
 
-    def _fence_plan(self) -> tuple[list[Any], list[str], str] | None:
-        """(one script per master, the keys, our token) for the current hold, or ``None``."""
+    def _issuing_token(self) -> Steps[None]:
+        # Two rounds over the masters: the next token on each, then the lagging ones
+        # raised to the highest; a failure leaves the token None, never raises.
+        try:
+            lock: Any = self.lock
+            hold = self._hold
+            token = _token_of(lock)
+            if hold is None or not token:
+                return
+            keys = [lock.key, fence_key(lock.key)]
+            scripts = [self._fence_script(master) for master in lock.masters]
+            issued: list[int | None] = []
+            for script in scripts:
+                try:
+                    value = yield partial(script, keys=keys, args=[token, 0, 1])
+                except Exception:  # a master down: Redlock itself goes on with the rest
+                    value = None
+                issued.append(int(value) if value is not None else None)
+            got = [value for value in issued if value is not None]
+            top = max(got) if len(got) > len(issued) // 2 else None
+            if top is not None:
+                for script, value in zip(scripts, issued, strict=True):
+                    if value is not None and value < top:
+                        with contextlib.suppress(Exception):
+                            yield partial(script, keys=keys, args=[token, top, 0])
+            hold.fencing_token = top
+        except Exception as exc:
+            self.recorder.internal_error(exc)
+
+    def _fence_script(self, master: Any) -> Any:
+        """The token script registered on ``master`` (one per master client)."""
+        script = self._fence_scripts.get(id(master))
+        if script is None:
+            script = self._fence_scripts[id(master)] = master.register_script(REDLOCK_FENCE_SCRIPT)
+        return script
+
+    def _acquire_steps(
+        self, blocking: bool, timeout: float, raise_on_redis_errors: bool | None
+    ) -> Steps[bool]:
+        """``acquire``; its blocking loop pauses at random up to ``retry_delay`` between
+        attempts, until ``timeout`` (-1: for ever)."""
         lock: Any = self.lock
-        token = getattr(lock, "_uuid", "")
-        if self._hold is None or not token:
-            return None
-        scripts = []
-        for master in lock.masters:
-            script = self._fence_scripts.get(id(master))
-            if script is None:
-                script = self._fence_scripts[id(master)] = master.register_script(
-                    REDLOCK_FENCE_SCRIPT
-                )
-            scripts.append(script)
-        return scripts, [lock.key, fence_key(lock.key)], token
+        delay = _POTTERY_RETRY_DELAY if self.retry_delay is None else self.retry_delay
+        start = time.monotonic()
+        return self._acquiring(
+            blocking,
+            once=lambda: lock.acquire(
+                blocking=blocking, timeout=timeout, raise_on_redis_errors=raise_on_redis_errors
+            ),
+            attempt=lambda: lock.acquire(
+                blocking=False, raise_on_redis_errors=raise_on_redis_errors
+            ),
+            keep_trying=lambda: timeout == -1 or time.monotonic() - start < timeout,
+            pause=lambda: random.uniform(0, delay),  # noqa: S311 - jitter
+        )
 
-    def _quorum(self, issued: list[int | None]) -> int | None:
-        got = [value for value in issued if value is not None]
-        return max(got) if len(got) > len(issued) // 2 else None
-
-    def _delay(self, lock: Any) -> float:
-        if self.retry_delay is not None:
-            return self.retry_delay
-        return float(getattr(lock, "_RETRY_DELAY", 0.2))
-
-    def _record_acquire(self, lock: Any, acquired: bool, attempts: _Attempts) -> None:
+    def _record_acquire(self, acquired: bool, attempts: Attempts) -> None:
+        lock: Any = self.lock
         try:
             if acquired:
                 self._hold = self.recorder.acquired(
                     attempts.started,
-                    # pottery keeps the token private; only its hash is logged.
-                    token=getattr(lock, "_uuid", None) or None,
+                    token=_token_of(lock) or None,  # only its hash is logged
                     ttl=float(lock.auto_release_time),
                     retries=attempts.retries,
                     attempt_started=attempts.last_started,
@@ -131,7 +182,7 @@ class _RedlockBase(_LockWrapper[_L]):
             else:
                 self.recorder.not_acquired(attempts.started, retries=attempts.retries)
         except Exception as exc:
-            self.recorder._error(exc)
+            self.recorder.internal_error(exc)
 
     @contextlib.contextmanager
     def _releasing(self) -> Iterator[None]:
@@ -174,14 +225,7 @@ class InstrumentedRedlock(_RedlockBase["Redlock"]):
 
     Example::
 
-        from pottery import Redlock
-
-        lock = InstrumentedRedlock(
-            Redlock(key="sku:EGG-01", masters={client}, auto_release_time=5),
-            name="checkout",
-        )
-        with lock:
-            reserve()
+        lock = InstrumentedRedlock(Redlock(key="sku:EGG-01", masters={client}), name="checkout")
     """
 
     def acquire(
@@ -192,62 +236,7 @@ class InstrumentedRedlock(_RedlockBase["Redlock"]):
         raise_on_redis_errors: bool | None = None,
     ) -> bool:
         """``Redlock.acquire``, timed: outcome acquired, timeout or error."""
-        lock = self.lock
-        with self.recorder.attempting() as attempts:
-            if blocking and self.count_retries:
-                acquired = self._acquire_counting(timeout, raise_on_redis_errors, attempts)
-            else:
-                if not blocking:
-                    attempts.begin()  # one attempt: the lease starts no later than now
-                acquired = lock.acquire(
-                    blocking=blocking,
-                    timeout=timeout,
-                    raise_on_redis_errors=raise_on_redis_errors,
-                )
-        self._record_acquire(lock, acquired, attempts)
-        if acquired and self.fencing:
-            self._issue_token()
-        return acquired
-
-    def _issue_token(self) -> None:
-        # Two rounds over the masters: the next token on each, then the lagging ones
-        # raised to the highest; a failure leaves the token None, never raises.
-        try:
-            plan = self._fence_plan()
-            hold = self._hold
-            if plan is None or hold is None:
-                return
-            scripts, keys, token = plan
-            issued: list[int | None] = []
-            for script in scripts:
-                try:
-                    value = script(keys=keys, args=[token, 0, 1])
-                except Exception:  # a master down: Redlock itself goes on with the rest
-                    value = None
-                issued.append(int(value) if value is not None else None)
-            top = self._quorum(issued)
-            if top is not None:
-                for script, value in zip(scripts, issued, strict=True):
-                    if value is not None and value < top:
-                        with contextlib.suppress(Exception):
-                            script(keys=keys, args=[token, top, 0])
-            hold.fencing_token = top
-        except Exception as exc:
-            self.recorder._error(exc)
-
-    def _acquire_counting(
-        self, timeout: float, raise_on_redis_errors: bool | None, attempts: _Attempts
-    ) -> bool:
-        # pottery's blocking loop, one non-blocking attempt at a time.
-        lock = self.lock
-        delay = self._delay(lock)
-        start = time.monotonic()
-        while timeout == -1 or time.monotonic() - start < timeout:
-            attempts.begin()
-            if lock.acquire(blocking=False, raise_on_redis_errors=raise_on_redis_errors):
-                return True
-            time.sleep(random.uniform(0, delay))  # noqa: S311 - jitter, not cryptography
-        return False
+        return run_sync(self._acquire_steps(blocking, timeout, raise_on_redis_errors))
 
     def release(self, *, raise_on_redis_errors: bool | None = None) -> None:
         """``Redlock.release``; ``ReleaseUnlockedLock`` is counted, then re-raised."""
@@ -286,14 +275,7 @@ class InstrumentedAsyncRedlock(_RedlockBase["AIORedlock"]):
 
     Example::
 
-        from pottery import AIORedlock
-
-        lock = InstrumentedAsyncRedlock(
-            AIORedlock(key="sku:EGG-01", masters={async_client}, auto_release_time=5),
-            name="checkout",
-        )
-        async with lock:
-            await reserve()
+        lock = InstrumentedAsyncRedlock(AIORedlock(key="sku:EGG-01", masters={client}))
     """
 
     async def acquire(
@@ -304,62 +286,7 @@ class InstrumentedAsyncRedlock(_RedlockBase["AIORedlock"]):
         raise_on_redis_errors: bool | None = None,
     ) -> bool:
         """``AIORedlock.acquire``, timed: outcome acquired, timeout or error."""
-        lock = self.lock
-        with self.recorder.attempting() as attempts:
-            if blocking and self.count_retries:
-                acquired = await self._acquire_counting(timeout, raise_on_redis_errors, attempts)
-            else:
-                if not blocking:
-                    attempts.begin()  # one attempt: the lease starts no later than now
-                acquired = await lock.acquire(
-                    blocking=blocking,
-                    timeout=timeout,
-                    raise_on_redis_errors=raise_on_redis_errors,
-                )
-        self._record_acquire(lock, acquired, attempts)
-        if acquired and self.fencing:
-            await self._issue_token()
-        return acquired
-
-    async def _issue_token(self) -> None:
-        try:
-            plan = self._fence_plan()
-            hold = self._hold
-            if plan is None or hold is None:
-                return
-            scripts, keys, token = plan
-            issued: list[int | None] = []
-            for script in scripts:
-                try:
-                    value = await script(keys=keys, args=[token, 0, 1])
-                except Exception:  # a master down: Redlock itself goes on with the rest
-                    value = None
-                issued.append(int(value) if value is not None else None)
-            top = self._quorum(issued)
-            if top is not None:
-                for script, value in zip(scripts, issued, strict=True):
-                    if value is not None and value < top:
-                        with contextlib.suppress(Exception):
-                            await script(keys=keys, args=[token, top, 0])
-            hold.fencing_token = top
-        except Exception as exc:
-            self.recorder._error(exc)
-
-    async def _acquire_counting(
-        self,
-        timeout: float,  # noqa: ASYNC109 - AIORedlock.acquire's own argument
-        raise_on_redis_errors: bool | None,
-        attempts: _Attempts,
-    ) -> bool:
-        lock = self.lock
-        delay = self._delay(lock)
-        start = time.monotonic()
-        while timeout == -1 or time.monotonic() - start < timeout:
-            attempts.begin()
-            if await lock.acquire(blocking=False, raise_on_redis_errors=raise_on_redis_errors):
-                return True
-            await asyncio.sleep(random.uniform(0, delay))  # noqa: S311 - jitter
-        return False
+        return await run_async(self._acquire_steps(blocking, timeout, raise_on_redis_errors))
 
     async def release(self, *, raise_on_redis_errors: bool | None = None) -> None:
         """``AIORedlock.release``; ``ReleaseUnlockedLock`` is counted, then re-raised."""

@@ -6,8 +6,6 @@ given as callables) gets the same metrics and log lines as the library wrappers.
 
 from __future__ import annotations
 
-import asyncio
-import inspect
 import random
 import time
 import uuid
@@ -17,7 +15,17 @@ from typing import TYPE_CHECKING, Literal
 
 from ..catalog import ConflictReason
 from ..outcomes import ReservationConflict
-from .recorder import LockHold, LockRecorder, _as_bytes, _Attempts
+from .recorder import (
+    Attempts,
+    LockHold,
+    LockRecorder,
+    Pause,
+    Steps,
+    as_bytes,
+    resolve,
+    run_async,
+    run_sync,
+)
 
 if TYPE_CHECKING:
     from ..sentry import Sentry
@@ -30,14 +38,6 @@ class LockNotAcquired(ReservationConflict):
     :class:`ReservationConflict`: a reservation it ends is a conflict, ``reason``
     ``lock_not_acquired`` when the lock was tried once and refused, ``lock_timeout`` when
     it was waited for (a ``blocking_timeout`` above 0) and the wait ran out.
-
-    Example::
-
-        try:
-            with track_lock("checkout", ttl=5, acquire=try_lock, release=unlock):
-                reserve()
-        except LockNotAcquired:
-            answer_busy()
     """
 
     def __init__(
@@ -48,52 +48,21 @@ class LockNotAcquired(ReservationConflict):
         self.waited = waited
 
 
-def _sync_result(value: object) -> object:
-    # An asyncio client or coroutine callable in a sync ``with``: its coroutine would be
-    # truthy and never run. Set-up error, said plainly.
-    if inspect.isawaitable(value):
-        close = getattr(value, "close", None)
-        if close is not None:
-            close()
-        raise TypeError("this lock's client or callables are asyncio: use async with")
-    return value
-
-
-async def _resolve(value: object) -> object:
-    if inspect.isawaitable(value):
-        return await value
-    return value
-
-
 class TrackedLock:
     """A home-made lock given as callables, measured: sync ``with`` and ``async with``.
 
     ``acquire(token)`` tries once and returns something truthy when the lock was taken;
     ``release(token)`` releases (its return value is ignored); ``owner()``, when given,
     returns the token currently under the lock and is called just before ``release`` to
-    tell whether we still owned it (a read, then the release: not atomic; redis-py's
-    ``Lock`` through :func:`instrument_lock` is the owned, atomic form). ``extend(token,
-    ttl)``, optional, returns
-    something truthy when the lease was renewed for ``ttl`` seconds from now. In
-    ``async with`` the callables may be coroutine functions.
+    tell whether we still owned it (a read, then the release: not atomic). ``extend(token,
+    ttl)``, optional, returns something truthy when the lease was renewed for ``ttl``
+    seconds from now. In ``async with`` the callables may be coroutine functions.
 
-    ``blocking_timeout``: 0 tries once (a naive lock's single try), ``None`` waits for ever, more
-    retries every ``retry_delay`` seconds with jitter (x0.5 to x1.5) until that many seconds
-    have passed. Not acquired in time: ``with`` raises :class:`LockNotAcquired`, and
-    :meth:`acquire` returns ``False``. An exception from a callable is the app's: counted as
-    an ``error`` outcome and passed through unchanged. One instance is one holder: make
-    one per use (cheap), do not share one between concurrent threads or tasks.
-
-    Example (a naive ``SET NX`` lock released by a plain ``DEL``, unchanged, measured)::
-
-        with track_lock(
-            "checkout",
-            ttl=5,
-            acquire=lambda token: r.set("lock:product:8891", token, nx=True, ex=5),
-            release=lambda token: r.delete("lock:product:8891"),
-            owner=lambda: r.get("lock:product:8891"),
-        ):
-            reserve()
+    ``blocking_timeout``: 0 tries once, ``None`` waits for ever, more retries every
+    ``retry_delay`` seconds with jitter until that many seconds have passed. Not acquired
+    in time: ``with`` raises :class:`LockNotAcquired`, :meth:`acquire` returns ``False``.
+    One instance is one holder: make one per use, do not share one between threads or tasks.
+    Example: :func:`track_lock`.
     """
 
     def __init__(
@@ -140,7 +109,7 @@ class TrackedLock:
         owned: bool | None = None
         if self._owner_fn is not None:
             current = self._owner_fn()
-            owned = _as_bytes(current) == self.token.encode()
+            owned = as_bytes(current) == self.token.encode()
         if self._release_fn is not None:
             self._release_fn(self.token)
         # Whether the release deleted the other holder's key depends on the callable.
@@ -152,24 +121,20 @@ class TrackedLock:
         return self._extend_fn(self.token, ttl)
 
     async def _aattempt(self) -> object:
-        if self._acquire_fn is None:
-            raise TypeError("TrackedLock needs an acquire callable")
-        return await _resolve(self._acquire_fn(self.token))
+        return await resolve(self._attempt())
 
     async def _arelease_once(self) -> tuple[bool | None, object, bool | None]:
         current: object = None
         owned: bool | None = None
         if self._owner_fn is not None:
-            current = await _resolve(self._owner_fn())
-            owned = _as_bytes(current) == self.token.encode()
+            current = await resolve(self._owner_fn())
+            owned = as_bytes(current) == self.token.encode()
         if self._release_fn is not None:
-            await _resolve(self._release_fn(self.token))
+            await resolve(self._release_fn(self.token))
         return owned, current, None
 
     async def _aextend_once(self, ttl: float) -> object:
-        if self._extend_fn is None:
-            raise TypeError("this lock has no extend callable")
-        return await _resolve(self._extend_fn(self.token, ttl))
+        return await resolve(self._extend_once(ttl))
 
     # --- shared bookkeeping ----------------------------------------------------------------
 
@@ -188,7 +153,7 @@ class TrackedLock:
         timeout = self.blocking_timeout
         return None if timeout is None else time.monotonic() + timeout
 
-    def _record_acquired(self, attempts: _Attempts) -> None:
+    def _record_acquired(self, attempts: Attempts) -> None:
         self.hold = self.recorder.acquired(
             attempts.started,
             token=self.token,
@@ -206,7 +171,7 @@ class TrackedLock:
             hold,
             owned=owned,
             started=started,
-            current_holder=_as_bytes(current) if owned is False else None,
+            current_holder=as_bytes(current) if owned is False else None,
             deleted_other_holder=deleted_other if owned is False else None,
         )
         return owned
@@ -218,45 +183,65 @@ class TrackedLock:
         self.recorder.extend_failed(self.hold)
         return False
 
-    # --- sync ------------------------------------------------------------------------------
-
-    def acquire(self) -> bool:
-        """Try (and retry until ``blocking_timeout``); ``True`` once held."""
+    def _acquiring(self, attempt: Callable[[], object]) -> Steps[bool]:
         stop_at = self._give_up_at()
         self._new_token()
         with self.recorder.attempting() as attempts:
             while True:
                 attempts.begin()
-                if _sync_result(self._attempt()):
+                if (yield attempt):
                     break
                 pause = self._pause()
                 if stop_at is not None and time.monotonic() + pause > stop_at:
                     self.recorder.not_acquired(attempts.started, retries=attempts.retries)
                     return False
-                time.sleep(pause)
+                yield Pause(pause)
         self._record_acquired(attempts)
         return True
 
-    def release(self) -> bool | None:
-        """Release; returns whether the lock was still ours (``None``: not known)."""
+    def _releasing(self, release: Callable[[], object]) -> Steps[bool | None]:
         started = time.perf_counter()
         try:
-            verdict = self._release_once()
+            verdict = yield release
         except Exception:
             self.hold = None
             raise
         return self._record_release(started, verdict)
+
+    def _extending(self, ttl: float | None, extend: Callable[[float], object]) -> Steps[bool]:
+        started = time.perf_counter()
+        seconds = ttl if ttl is not None else self.ttl
+        if seconds is None:
+            raise ValueError("extend needs a ttl: this lock has none")
+        ok = yield lambda: extend(seconds)
+        return self._record_extend(ok, seconds, started)
+
+    def acquire(self) -> bool:
+        """Try (and retry until ``blocking_timeout``); ``True`` once held."""
+        return run_sync(self._acquiring(self._attempt))
+
+    def release(self) -> bool | None:
+        """Release; returns whether the lock was still ours (``None``: not known)."""
+        return run_sync(self._releasing(self._release_once))
 
     def extend(self, ttl: float | None = None) -> bool:
         """Renew the lease for ``ttl`` (default: the lock's TTL) seconds from now.
 
         Returns ``False`` (and counts an extension failure) when the lock refused.
         """
-        started = time.perf_counter()
-        seconds = ttl if ttl is not None else self.ttl
-        if seconds is None:
-            raise ValueError("extend needs a ttl: this lock has none")
-        return self._record_extend(_sync_result(self._extend_once(seconds)), seconds, started)
+        return run_sync(self._extending(ttl, self._extend_once))
+
+    async def aacquire(self) -> bool:
+        """The asyncio form of :meth:`acquire`."""
+        return await run_async(self._acquiring(self._aattempt))
+
+    async def arelease(self) -> bool | None:
+        """The asyncio form of :meth:`release`."""
+        return await run_async(self._releasing(self._arelease_once))
+
+    async def aextend(self, ttl: float | None = None) -> bool:
+        """The asyncio form of :meth:`extend`."""
+        return await run_async(self._extending(ttl, self._aextend_once))
 
     def __enter__(self) -> TrackedLock:
         started = time.perf_counter()
@@ -272,43 +257,6 @@ class TrackedLock:
     ) -> Literal[False]:
         self.release()
         return False
-
-    # --- asyncio ---------------------------------------------------------------------------
-
-    async def aacquire(self) -> bool:
-        """The asyncio form of :meth:`acquire`."""
-        stop_at = self._give_up_at()
-        self._new_token()
-        with self.recorder.attempting() as attempts:
-            while True:
-                attempts.begin()
-                if await self._aattempt():
-                    break
-                pause = self._pause()
-                if stop_at is not None and time.monotonic() + pause > stop_at:
-                    self.recorder.not_acquired(attempts.started, retries=attempts.retries)
-                    return False
-                await asyncio.sleep(pause)
-        self._record_acquired(attempts)
-        return True
-
-    async def arelease(self) -> bool | None:
-        """The asyncio form of :meth:`release`."""
-        started = time.perf_counter()
-        try:
-            verdict = await self._arelease_once()
-        except Exception:
-            self.hold = None
-            raise
-        return self._record_release(started, verdict)
-
-    async def aextend(self, ttl: float | None = None) -> bool:
-        """The asyncio form of :meth:`extend`."""
-        started = time.perf_counter()
-        seconds = ttl if ttl is not None else self.ttl
-        if seconds is None:
-            raise ValueError("extend needs a ttl: this lock has none")
-        return self._record_extend(await self._aextend_once(seconds), seconds, started)
 
     async def __aenter__(self) -> TrackedLock:
         started = time.perf_counter()

@@ -9,35 +9,35 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from .clauses import (
-    _BLOCKING_LOCK_MODES,
-    _CLAUSE_END,
-    _at,
-    _from_items,
-    _is_op,
-    _is_word,
-    _isolation,
-    _mentions,
-    _read_name,
-    _reads_column,
-    _skip_group,
-    _split,
-    _Tables,
-    _target,
-    _top,
-    _where_keys,
-    _write_kind,
+    BLOCKING_LOCK_MODES,
+    CLAUSE_END,
+    Tables,
+    find_target,
+    from_items,
+    is_op,
+    is_word,
+    isolation_level,
+    mentions,
+    read_name,
+    reads_column,
+    skip_group,
+    split_at,
+    tok_at,
+    top_level,
+    where_keys,
+    write_kind,
 )
 from .dialects import MYSQL_DIALECTS
-from .model import _IGNORED, StatementInfo, StockTable, ValueRef, WriteKind
-from .tokens import _Q, _W, _Tok, _tokenize
+from .model import IGNORED, StatementInfo, StockTable, ValueRef, WriteKind
+from .tokens import QUOTED, WORD, Tok, tokenize
 
 
-def _classify_select(toks: Sequence[_Tok], start: int, tables: _Tables) -> StatementInfo:
-    frm = _top(toks, start + 1, frozenset({"from"}))
-    if frm >= len(toks) or not _is_word(toks[frm], "from"):
-        return _IGNORED
-    end_from = _top(toks, frm + 1, _CLAUSE_END)
-    target, label = _target(_from_items(toks[frm + 1 : end_from], 0), tables)
+def _classify_select(toks: Sequence[Tok], start: int, tables: Tables) -> StatementInfo:
+    frm = top_level(toks, start + 1, frozenset({"from"}))
+    if frm >= len(toks) or not is_word(toks[frm], "from"):
+        return IGNORED
+    end_from = top_level(toks, frm + 1, CLAUSE_END)
+    target, label = find_target(from_items(toks[frm + 1 : end_from], 0), tables)
     # FOR UPDATE / NO KEY UPDATE / SHARE / KEY SHARE [OF t, ...] [NOWAIT | SKIP LOCKED]
     # (MySQL adds WAIT n), or MySQL's LOCK IN SHARE MODE.
     lock_clause = None
@@ -48,23 +48,23 @@ def _classify_select(toks: Sequence[_Tok], start: int, tables: _Tables) -> State
     j = end_from if lock_clause is None else len(toks)
     while j < len(toks):
         tok = toks[j]
-        if tok[2] == 0 and _is_word(tok, "for"):
+        if tok[2] == 0 and is_word(tok, "for"):
             words = []
             k = j + 1
-            while k < len(toks) and _is_word(toks[k], "update", "no", "key", "share"):
+            while k < len(toks) and is_word(toks[k], "update", "no", "key", "share"):
                 words.append(toks[k][1])
                 k += 1
                 if words[-1] in ("update", "share"):
                     break
             if words and words[-1] in ("update", "share"):
                 lock_clause = "for " + " ".join(words)
-                if _is_word(_at(toks, k), "of"):
+                if is_word(tok_at(toks, k), "of"):
                     lock_of = set()
                     k += 1
-                    while k < len(toks) and toks[k][0] in (_W, _Q):
-                        parts, k = _read_name(toks, k)
+                    while k < len(toks) and toks[k][0] in (WORD, QUOTED):
+                        parts, k = read_name(toks, k)
                         lock_of.add(parts[-1])
-                        if not _is_op(_at(toks, k), ","):
+                        if not is_op(tok_at(toks, k), ","):
                             break
                         k += 1
                 break
@@ -73,15 +73,15 @@ def _classify_select(toks: Sequence[_Tok], start: int, tables: _Tables) -> State
     if target is None:
         if locking:
             return StatementInfo("select", label, locking=True, lock_clause=lock_clause)
-        return StatementInfo("select", label) if label else _IGNORED
-    where_at = _top(toks, frm + 1, frozenset({"where"}))
+        return StatementInfo("select", label) if label else IGNORED
+    where_at = top_level(toks, frm + 1, frozenset({"where"}))
     keys: tuple[tuple[str, ValueRef], ...] = ()
-    if where_at < len(toks) and _is_word(toks[where_at], "where"):
-        where_end = min(_top(toks, where_at + 1, _CLAUSE_END), share_mode)
-        keys = _where_keys(toks[where_at + 1 : where_end], target, 0)
-    compound = any(t[2] == 0 and _is_word(t, "union", "intersect", "except") for t in toks)
-    reads = not compound and _reads_column(
-        _split(toks[start + 1 : frm], ",", 0), target.spec.stock_column, target
+    if where_at < len(toks) and is_word(toks[where_at], "where"):
+        where_end = min(top_level(toks, where_at + 1, CLAUSE_END), share_mode)
+        keys = where_keys(toks[where_at + 1 : where_end], target, 0)
+    compound = any(t[2] == 0 and is_word(t, "union", "intersect", "except") for t in toks)
+    reads = not compound and reads_column(
+        split_at(toks[start + 1 : frm], ",", 0), target.spec.stock_column, target
     )
     covers = lock_of is None or bool(lock_of & target.qualifiers)
     return StatementInfo(
@@ -97,16 +97,16 @@ def _classify_select(toks: Sequence[_Tok], start: int, tables: _Tables) -> State
     )
 
 
-def _lock_in_share_mode(toks: Sequence[_Tok], start: int) -> int:
+def _lock_in_share_mode(toks: Sequence[Tok], start: int) -> int:
     """Where a top-level MySQL ``LOCK IN SHARE MODE`` starts at or after ``start`` (or
     the end). Looked for as the whole phrase: ``lock`` alone may be a column's name."""
     for j in range(start, len(toks) - 3):
         if (
             toks[j][2] == 0
-            and _is_word(toks[j], "lock")
-            and _is_word(toks[j + 1], "in")
-            and _is_word(toks[j + 2], "share")
-            and _is_word(toks[j + 3], "mode")
+            and is_word(toks[j], "lock")
+            and is_word(toks[j + 1], "in")
+            and is_word(toks[j + 2], "share")
+            and is_word(toks[j + 3], "mode")
         ):
             return j
     return len(toks)
@@ -119,33 +119,35 @@ _DELETE_MODIFIERS = frozenset({"low_priority", "quick", "ignore"})
 _WHERE_END = frozenset({"returning", "order", "limit"})
 
 
-def _classify_update(toks: Sequence[_Tok], start: int, tables: _Tables) -> StatementInfo:
+def _classify_update(toks: Sequence[Tok], start: int, tables: Tables) -> StatementInfo:
     i = start + 1
-    while _is_word(_at(toks, i), *_UPDATE_MODIFIERS):
+    while is_word(tok_at(toks, i), *_UPDATE_MODIFIERS):
         i += 1
-    if i >= len(toks) or toks[i][0] not in (_W, _Q):
-        return _IGNORED
-    items = _from_items(toks[i : _top(toks, i, frozenset({"set"}))], 0)
-    target, label = _target(items[:1], tables)
+    if i >= len(toks) or toks[i][0] not in (WORD, QUOTED):
+        return IGNORED
+    items = from_items(toks[i : top_level(toks, i, frozenset({"set"}))], 0)
+    target, label = find_target(items[:1], tables)
     if target is None:
-        return StatementInfo("update", label) if label else _IGNORED
-    set_at = _top(toks, i, frozenset({"set"}))
+        return StatementInfo("update", label) if label else IGNORED
+    set_at = top_level(toks, i, frozenset({"set"}))
     if set_at >= len(toks):
-        return _IGNORED
-    set_end = _top(toks, set_at + 1, frozenset({"from", "where", "returning", "order", "limit"}))
+        return IGNORED
+    set_end = top_level(
+        toks, set_at + 1, frozenset({"from", "where", "returning", "order", "limit"})
+    )
     write: WriteKind = "none"
     column = target.spec.stock_column
-    for assignment in _split(toks[set_at + 1 : set_end], ",", 0):
-        eq = next((k for k, t in enumerate(assignment) if _is_op(t, "=") and t[2] == 0), None)
+    for assignment in split_at(toks[set_at + 1 : set_end], ",", 0):
+        eq = next((k for k, t in enumerate(assignment) if is_op(t, "=") and t[2] == 0), None)
         if eq is None:
             continue
         left = assignment[:eq]
-        if any(t[0] in (_W, _Q) and t[1] == column for t in left):
-            write = _write_kind(assignment[eq + 1 :], target)
+        if any(t[0] in (WORD, QUOTED) and t[1] == column for t in left):
+            write = write_kind(assignment[eq + 1 :], target)
             break
-    where_at = _top(toks, set_end, frozenset({"where"}))
-    ret_at = _top(toks, set_end, frozenset({"returning"}))
-    where_end = _top(toks, where_at + 1, _WHERE_END)
+    where_at = top_level(toks, set_end, frozenset({"where"}))
+    ret_at = top_level(toks, set_end, frozenset({"returning"}))
+    where_end = top_level(toks, where_at + 1, _WHERE_END)
     where = toks[where_at + 1 : where_end] if where_at < where_end else []
     spec = target.spec
     return StatementInfo(
@@ -156,30 +158,30 @@ def _classify_update(toks: Sequence[_Tok], start: int, tables: _Tables) -> State
         lock_clause="update",
         protects_rows=True,
         write=write,
-        stock_guard=_mentions(where, column, target),
+        stock_guard=mentions(where, column, target),
         version_guard=spec.version_column is not None
-        and _mentions(where, spec.version_column, target),
-        keys=_where_keys(where, target, 0),
+        and mentions(where, spec.version_column, target),
+        keys=where_keys(where, target, 0),
         returning=ret_at < len(toks),
         reads_stock=ret_at < len(toks)
-        and _reads_column(_split(toks[ret_at + 1 :], ",", 0), column, target),
+        and reads_column(split_at(toks[ret_at + 1 :], ",", 0), column, target),
     )
 
 
-def _classify_delete(toks: Sequence[_Tok], start: int, tables: _Tables) -> StatementInfo:
+def _classify_delete(toks: Sequence[Tok], start: int, tables: Tables) -> StatementInfo:
     i = start + 1
-    while _is_word(_at(toks, i), *_DELETE_MODIFIERS):
+    while is_word(tok_at(toks, i), *_DELETE_MODIFIERS):
         i += 1
-    if not _is_word(_at(toks, i), "from"):
-        return _IGNORED
-    end = _top(toks, i + 1, frozenset({"using", "where", "returning", "order", "limit"}))
-    items = _from_items(toks[i + 1 : end], 0)
-    target, label = _target(items[:1], tables)
+    if not is_word(tok_at(toks, i), "from"):
+        return IGNORED
+    end = top_level(toks, i + 1, frozenset({"using", "where", "returning", "order", "limit"}))
+    items = from_items(toks[i + 1 : end], 0)
+    target, label = find_target(items[:1], tables)
     if target is None:
-        return StatementInfo("delete", label) if label else _IGNORED
-    where_at = _top(toks, i + 1, frozenset({"where"}))
-    ret_at = _top(toks, i + 1, frozenset({"returning"}))
-    where_end = _top(toks, where_at + 1, _WHERE_END)
+        return StatementInfo("delete", label) if label else IGNORED
+    where_at = top_level(toks, i + 1, frozenset({"where"}))
+    ret_at = top_level(toks, i + 1, frozenset({"returning"}))
+    where_end = top_level(toks, where_at + 1, _WHERE_END)
     where = toks[where_at + 1 : where_end] if where_at < where_end else []
     return StatementInfo(
         "delete",
@@ -188,7 +190,7 @@ def _classify_delete(toks: Sequence[_Tok], start: int, tables: _Tables) -> State
         locking=True,
         lock_clause="delete",
         protects_rows=True,
-        keys=_where_keys(where, target, 0),
+        keys=where_keys(where, target, 0),
         returning=ret_at < len(toks),
     )
 
@@ -196,68 +198,56 @@ def _classify_delete(toks: Sequence[_Tok], start: int, tables: _Tables) -> State
 _LOCK_TABLES_MODES = ("read", "local", "write", "low_priority")
 
 
-def _classify_mysql_lock_tables(
-    toks: Sequence[_Tok], start: int, tables: _Tables
-) -> StatementInfo:
-    """MySQL's ``LOCK TABLES t [AS a] READ [LOCAL] | [LOW_PRIORITY] WRITE, ...``: both
-    modes keep other sessions from writing the table."""
-    items = _split(toks[start + 2 :], ",", 0)
-    names = [
-        _from_items([t for t in item if not _is_word(t, *_LOCK_TABLES_MODES)], 0) for item in items
-    ]
-    target, label = _target([entry for found in names for entry in found], tables)
-    return StatementInfo(
-        "lock",
-        target.label if target else label,
-        stock=target is not None,
-        locking=True,
-        lock_clause="lock tables",
-        table_lock=target is not None,
-    )
-
-
-def _classify_lock(toks: Sequence[_Tok], start: int, tables: _Tables) -> StatementInfo:
+def _classify_lock(toks: Sequence[Tok], start: int, tables: Tables) -> StatementInfo:
     i = start + 1
-    if _is_word(_at(toks, i), "tables"):
-        return _classify_mysql_lock_tables(toks, start, tables)
-    if _is_word(_at(toks, i), "table"):
-        i += 1
-    end = _top(toks, i, frozenset({"in", "nowait"}))
-    items = _from_items(toks[i:end], 0)
-    target, label = _target(items, tables)
-    mode = "access exclusive"
-    if end < len(toks) and _is_word(toks[end], "in"):
-        words = []
-        k = end + 1
-        while k < len(toks) and toks[k][0] == _W and toks[k][1] != "mode":
-            words.append(toks[k][1])
-            k += 1
-        mode = " ".join(words)
+    if is_word(tok_at(toks, i), "tables"):
+        # MySQL's LOCK TABLES t [AS a] READ [LOCAL] | [LOW_PRIORITY] WRITE, ...: both modes
+        # keep other sessions from writing the table.
+        names = [
+            from_items([t for t in item if not is_word(t, *_LOCK_TABLES_MODES)], 0)
+            for item in split_at(toks[i + 1 :], ",", 0)
+        ]
+        target, label = find_target([entry for found in names for entry in found], tables)
+        clause, blocks = "lock tables", True
+    else:
+        if is_word(tok_at(toks, i), "table"):
+            i += 1
+        end = top_level(toks, i, frozenset({"in", "nowait"}))
+        target, label = find_target(from_items(toks[i:end], 0), tables)
+        mode = "access exclusive"
+        if end < len(toks) and is_word(toks[end], "in"):
+            words = []
+            k = end + 1
+            while k < len(toks) and toks[k][0] == WORD and toks[k][1] != "mode":
+                words.append(toks[k][1])
+                k += 1
+            mode = " ".join(words)
+        clause, blocks = "lock table", mode in BLOCKING_LOCK_MODES
     return StatementInfo(
         "lock",
         target.label if target else label,
         stock=target is not None,
         locking=True,
-        lock_clause="lock table",
-        table_lock=target is not None and mode in _BLOCKING_LOCK_MODES,
+        lock_clause=clause,
+        table_lock=target is not None and blocks,
     )
 
 
-def _classify_tokens(toks: Sequence[_Tok], tables: _Tables) -> StatementInfo:
+def classify_tokens(toks: Sequence[Tok], tables: Tables) -> StatementInfo:
     start = 0
-    first = _at(toks, start)
-    if first is None or first[0] != _W:
-        return _IGNORED
+    first = tok_at(toks, start)
+    if first is None or first[0] != WORD:
+        return IGNORED
     word = first[1]
     if word == "with":
         # Skip the CTEs: name [(cols)] AS [[NOT] MATERIALIZED] (...), ...; classify the rest.
         j = start + 1
         while j < len(toks) and not (
-            toks[j][2] == 0 and _is_word(toks[j], "select", "update", "delete", "insert")
+            toks[j][2] == 0 and is_word(toks[j], "select", "update", "delete", "insert")
         ):
-            j = _skip_group(toks, j) if _is_op(toks[j], "(") else j + 1
+            j = skip_group(toks, j) if is_op(toks[j], "(") else j + 1
         if j >= len(toks):
-            return _IGNORED
+            return IGNORED
         start, word = j, toks[j][1]
     if word == "select":
         return _classify_select(toks, start, tables)
@@ -268,30 +258,30 @@ def _classify_tokens(toks: Sequence[_Tok], tables: _Tables) -> StatementInfo:
     if word == "lock":
         return _classify_lock(toks, start, tables)
     if word == "insert":
-        if _is_word(_at(toks, start + 1), "into") and _at(toks, start + 2) is not None:
+        if is_word(tok_at(toks, start + 1), "into") and tok_at(toks, start + 2) is not None:
             nxt = toks[start + 2]
-            if nxt[0] in (_W, _Q):
-                parts, _ = _read_name(toks, start + 2)
+            if nxt[0] in (WORD, QUOTED):
+                parts, _ = read_name(toks, start + 2)
                 found = tables.find(parts)
                 return StatementInfo("insert", found[0] if found else parts[-1])
-        return _IGNORED
+        return IGNORED
     if word in ("begin", "start"):
         # BEGIN [DEFERRED | IMMEDIATE | EXCLUSIVE] [TRANSACTION] [ISOLATION LEVEL ...]
         level = None
         immediate = False
         for k in range(start + 1, len(toks)):
-            if _is_word(toks[k], "immediate", "exclusive"):
+            if is_word(toks[k], "immediate", "exclusive"):
                 immediate = True
-            if _is_word(toks[k], "level"):
-                level = _isolation(toks, k + 1)
-        if word == "start" and not _is_word(_at(toks, start + 1), "transaction"):
-            return _IGNORED
+            if is_word(toks[k], "level"):
+                level = isolation_level(toks, k + 1)
+        if word == "start" and not is_word(tok_at(toks, start + 1), "transaction"):
+            return IGNORED
         return StatementInfo("begin", table_lock=immediate, isolation=level)
-    if word == "set" and _is_word(_at(toks, start + 1), "transaction"):
+    if word == "set" and is_word(tok_at(toks, start + 1), "transaction"):
         for k in range(start + 2, len(toks)):
-            if _is_word(toks[k], "level"):
-                return StatementInfo("isolation", isolation=_isolation(toks, k + 1))
-    return _IGNORED
+            if is_word(toks[k], "level"):
+                return StatementInfo("isolation", isolation=isolation_level(toks, k + 1))
+    return IGNORED
 
 
 def classify_statement(
@@ -318,5 +308,5 @@ def classify_statement(
         >>> info.write, info.keys
         ('blind', (('sku', (True, 'sku')),))
     """
-    tables = _Tables(stock_tables if stock_tables is not None else {"products": StockTable()})
-    return _classify_tokens(_tokenize(sql, paramstyle, dialect in MYSQL_DIALECTS), tables)
+    tables = Tables(stock_tables if stock_tables is not None else {"products": StockTable()})
+    return classify_tokens(tokenize(sql, paramstyle, dialect in MYSQL_DIALECTS), tables)

@@ -48,14 +48,10 @@ _MATCHED = re.compile(rb"Rows matched: (\d+)")
 def mysql_matched_rows(cursor: Any) -> int:
     """How many rows an ``UPDATE`` that reported ``rowcount`` 0 matched, on MySQL / MariaDB.
 
-    MySQL drivers report *changed* rows unless the connection set ``CLIENT.FOUND_ROWS``:
-    then an update that sets a row to the value it has (``stock - 0``, a compare-and-set
-    of the same value) reports 0 though it matched. SQLAlchemy's MySQL dialects always set
-    the flag (rowcount = matched rows); a connection made without it (``creator=``, a
-    pool of raw driver connections) does not. The server's info text of the statement
-    (``Rows matched: 1  Changed: 0``) says it either way; PyMySQL and aiomysql keep it
-    on the cursor's result. Without it, 0 is believed only when the flag is set; otherwise
-    the count is unknown, ``-1``.
+    Without ``CLIENT.FOUND_ROWS`` (set by SQLAlchemy's dialects, not by a ``creator=``
+    connection) the driver counts *changed* rows: an update to the value the row has
+    reports 0 though it matched. The server's info text (``Rows matched: 1  Changed: 0``)
+    says it either way; without it, 0 is believed only when the flag is set, else -1.
 
     Example::
 
@@ -66,7 +62,9 @@ def mysql_matched_rows(cursor: Any) -> int:
         >>> mysql_matched_rows(Cursor())
         1
     """
-    # SQLAlchemy's asyncio adapter keeps the driver's own cursor as _cursor.
+    # Private names, for want of public ones: SQLAlchemy's asyncio adapter keeps the
+    # driver's own cursor as _cursor, and PyMySQL / aiomysql keep the server's info text
+    # only on the cursor's _result (there is no accessor for it).
     raw = getattr(cursor, "_cursor", cursor)
     message = getattr(getattr(raw, "_result", None), "message", None)
     if isinstance(message, bytes):

@@ -1,28 +1,11 @@
 """Fencing tokens checked at the write: a holder whose lock ran out cannot hide.
 
-A lease-based lock (redis-py's ``Lock``, Redlock) cannot stop a holder that paused past
-its TTL from writing after a second holder got the lock: the first one still believes it
-holds it. A fencing token fixes that at the storage: every acquisition gets a number
-higher than the one before (the lock wrappers' ``fencing=True`` hands it out as
-``lock.fencing_token``), the app writes it with its update into a token column, and a
-write carrying a lower token than one already written for that row is stale.
-
-For the tables named in ``instrument_sqlalchemy(fencing={"products": "fence_token"})``,
-an ``UPDATE`` that assigns the token column a bound parameter (or a literal) is checked:
-
-- the database refuses it, when the ``WHERE`` compares the column with the token
-  (``… SET stock = :v, fence_token = :t WHERE sku = :s AND fence_token < :t``): a
-  statement that then matches no row reads the row's stored token back (one ``SELECT``
-  by key, on that path only) and, when the stored token is not below the write's (for
-  ``<=``: above it), counts a stale-token write refused;
-- without that comparison in the ``WHERE`` the write goes through; it is counted as stale
-  when this process already saw a higher token written for the same row (a bounded map of
-  the highest token per row). A stale write from another process whose higher token this
-  one never saw is not seen: add the comparison, which the database enforces for all.
-
-Each counts ``stock_lock_stale_fencing_token_total{lock,table}`` (``lock`` is the held
-lock whose token it is, when the wrapper that handed it out is held in this context, else
-``unknown``) and logs one ``stale_fencing_token`` warning.
+For the tables in ``instrument_sqlalchemy(fencing={"products": "fence_token"})``, an
+``UPDATE`` that assigns the token column is checked: refused by its ``WHERE … fence_token
+< :t`` (the stored token is read back when it matched no row), or applied with a token
+below one this process saw written for the row. Either counts
+``stock_lock_stale_fencing_token_total{lock,table}`` and logs ``stale_fencing_token``.
+See docs/sqlalchemy.md, "Fencing tokens".
 """
 
 from __future__ import annotations
@@ -33,10 +16,10 @@ from typing import TYPE_CHECKING, Any
 
 from .. import events
 from ..heldlocks import held_locks
-from .clauses import _at, _is_op, _is_word, _read_name, _split, _top, _value
-from .model import _COMPONENT, StatementInfo, StockTable
-from .negative import as_int, read_column, select_column_sql
-from .tokens import _P, _Q, _W, _tokenize
+from .clauses import is_op, is_word, read_name, split_at, tok_at, top_level, value_ref
+from .model import COMPONENT, MISSING, StatementInfo, StockTable, bound_value
+from .negative import as_int, key_selects, read_column
+from .tokens import PARAM, QUOTED, WORD, tokenize
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Connection
@@ -48,7 +31,7 @@ _MAX_ROWS = 4096
 _MAX_PLANS = 1024
 
 
-class _FencePlan:
+class FencePlan:
     """Where one UPDATE text carries its token, and how its WHERE compares it."""
 
     __slots__ = ("guard", "token")
@@ -60,7 +43,7 @@ class _FencePlan:
         self.guard = guard
 
 
-def fence_plan(sql: str, column: str, paramstyle: str) -> _FencePlan | None:
+def fence_plan(sql: str, column: str, paramstyle: str) -> FencePlan | None:
     """How the UPDATE ``sql`` writes the token ``column``; ``None`` when it does not.
 
     Example::
@@ -73,49 +56,49 @@ def fence_plan(sql: str, column: str, paramstyle: str) -> _FencePlan | None:
         >>> plan.token, plan.guard
         ((True, 't'), '<')
     """
-    toks = _tokenize(sql, paramstyle)
+    toks = tokenize(sql, paramstyle)
     column = column.lower()
-    set_at = _top(toks, 0, frozenset({"set"}))
+    set_at = top_level(toks, 0, frozenset({"set"}))
     if set_at >= len(toks):
         return None
-    set_end = _top(toks, set_at + 1, frozenset({"from", "where", "returning"}))
+    set_end = top_level(toks, set_at + 1, frozenset({"from", "where", "returning"}))
     token: tuple[bool, Any] | None = None
-    for assignment in _split(toks[set_at + 1 : set_end], ",", 0):
-        eq = next((k for k, t in enumerate(assignment) if _is_op(t, "=") and t[2] == 0), None)
-        if eq is None or not assignment or assignment[0][0] not in (_W, _Q):
+    for assignment in split_at(toks[set_at + 1 : set_end], ",", 0):
+        eq = next((k for k, t in enumerate(assignment) if is_op(t, "=") and t[2] == 0), None)
+        if eq is None or not assignment or assignment[0][0] not in (WORD, QUOTED):
             continue
-        parts, _ = _read_name(assignment, 0)
+        parts, _ = read_name(assignment, 0)
         if parts[-1] == column:
-            token = _value(assignment[eq + 1 :])
+            token = value_ref(assignment[eq + 1 :])
             break
     if token is None:
         return None
     guard: str | None = None
-    where_at = _top(toks, set_end, frozenset({"where"}))
-    if where_at < len(toks) and _is_word(toks[where_at], "where"):
-        end = _top(toks, where_at + 1, frozenset({"returning"}))
+    where_at = top_level(toks, set_end, frozenset({"where"}))
+    if where_at < len(toks) and is_word(toks[where_at], "where"):
+        end = top_level(toks, where_at + 1, frozenset({"returning"}))
         i = where_at + 1
         while i < end and guard is None:
             tok = toks[i]
-            if tok[0] in (_W, _Q):
-                parts, j = _read_name(toks, i)
-                op = _at(toks, j)
-                nxt = _at(toks, j + 1)
+            if tok[0] in (WORD, QUOTED):
+                parts, j = read_name(toks, i)
+                op = tok_at(toks, j)
+                nxt = tok_at(toks, j + 1)
                 if (
                     parts[-1] == column
                     and op is not None
                     and nxt is not None
-                    and (_is_op(op, "<") or _is_op(op, "<="))
-                    and (nxt[0] == _P or (token[0] is False and nxt[1] == token[1]))
+                    and (is_op(op, "<") or is_op(op, "<="))
+                    and (nxt[0] == PARAM or (token[0] is False and nxt[1] == token[1]))
                 ):
                     guard = op[1]
                 i = j
             else:
                 i += 1
-    return _FencePlan(token, guard)
+    return FencePlan(token, guard)
 
 
-class _Fencing:
+class Fencing:
     """The per-engine fencing check: the configured token columns, their plans, the
     highest token seen per row."""
 
@@ -138,16 +121,11 @@ class _Fencing:
         self.metrics = sentry.metrics
         self.columns = dict(columns)
         self.paramstyle = paramstyle
-        self.plans: dict[str, _FencePlan | None] = {}
+        self.plans: dict[str, FencePlan | None] = {}
         self.highest: dict[tuple[str, str, object], int] = {}
-        self.selects: dict[tuple[str, str], tuple[str, bool] | None] = {}
-        for table, column in columns.items():
-            for key_column in tables[table].key_columns:
-                self.selects[(table, key_column)] = select_column_sql(
-                    table, column, key_column, paramstyle
-                )
+        self.selects = key_selects(columns, tables, paramstyle)
 
-    def plan(self, statement: str, table: str) -> _FencePlan | None:
+    def plan(self, statement: str, table: str) -> FencePlan | None:
         plans = self.plans
         if statement in plans:
             return plans[statement]
@@ -171,15 +149,8 @@ class _Fencing:
         fence = self.plan(statement, table)
         if fence is None or not keys:
             return
-        is_param, ref = fence.token
-        if is_param:
-            try:
-                raw = parameters[ref]
-            except (KeyError, IndexError, TypeError):
-                return
-        else:
-            raw = ref
-        token = as_int(raw)
+        raw = bound_value(fence.token, parameters)
+        token = as_int(raw) if raw is not MISSING else None
         if token is None:
             return
         row = keys[0]
@@ -227,7 +198,7 @@ class _Fencing:
         try:
             self.metrics.lock_stale_fencing_token(lock, table)
         except Exception as exc:
-            self.sentry.internal_error(_COMPONENT, exc)
+            self.sentry.internal_error(COMPONENT, exc)
         if self.sentry.log_enabled:
             self.sentry.logger.warning(
                 events.STALE_FENCING_TOKEN.name,

@@ -11,19 +11,19 @@ from opentelemetry.trace import TracerProvider
 
 from ..api import get_sentry
 from ..sentry import Sentry
-from .clauses import _Tables
-from .fencing import _Fencing
-from .listeners import _Instrumentation
+from .clauses import Tables
+from .fencing import Fencing
+from .listeners import Instrumentation
 from .model import DEFAULT_READ_WINDOW, SpanMode, StockTable
-from .negative import _NegativeWrites
-from .otel import _otel_engine_tracer
+from .negative import NegativeWrites
+from .otel import attach_engine_tracer, detach_engine_tracer
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
     from sqlalchemy.ext.asyncio import AsyncEngine
 
 _EVENTS = ("do_execute", "do_execute_no_params", "do_executemany", "handle_error")
-_instrumented: weakref.WeakKeyDictionary[Engine, _Instrumentation] = weakref.WeakKeyDictionary()
+instrumented: weakref.WeakKeyDictionary[Engine, Instrumentation] = weakref.WeakKeyDictionary()
 
 
 def _sync_engine(engine: Engine | AsyncEngine) -> Engine:
@@ -47,36 +47,24 @@ def instrument_sqlalchemy(
 ) -> None:
     """Watch ``engine``'s SQL for lock waits, deadlocks, conflicts and unsafe writes.
 
-    ``sentry`` defaults to the process-wide one (:func:`get_sentry`, looked up now: call
-    this after :func:`configure`). ``stock_tables`` maps table names to
-    :class:`StockTable` (default ``{"products": StockTable()}``). ``spans``: ``"off"``
-    (``False``), ``"locking"`` (a ``stock.db.lock`` span around each locking statement) or
-    ``"all"`` (``True``: opentelemetry-instrumentation-sqlalchemy's span for every
-    statement); ``tracer_provider`` defaults to the Sentry's tracer for ``"locking"`` and
-    the global provider for ``"all"``. ``read_window`` is how long (seconds) a read of a
-    stock value is remembered by the unsafe read-modify-write detector.
-
-    ``fencing`` maps stock tables to their fencing-token column (``{"products":
-    "fence_token"}``): an UPDATE carrying a token below one already written for the row
-    counts ``stock_lock_stale_fencing_token_total``. ``negative_writes`` reads the stock an
-    ``UPDATE … RETURNING`` returns (no extra query) and counts a negative one in
-    ``stock_inventory_negative_total``; ``read_back_stock`` (``True`` or table names) also
-    reads it back after a relative decrement without ``RETURNING`` (one ``SELECT`` by key
-    each). See :mod:`.fencing` and :mod:`.negative`.
+    ``sentry`` defaults to :func:`get_sentry` (looked up now: call this after
+    :func:`configure`); ``stock_tables`` to ``{"products": StockTable()}``. ``spans``:
+    ``"off"``, ``"locking"`` (a span around each locking statement) or ``"all"``
+    (opentelemetry-instrumentation-sqlalchemy's span for every statement). ``fencing``,
+    ``negative_writes`` and ``read_back_stock`` switch on the write checks of
+    :mod:`.fencing` and :mod:`.negative`; every argument is in docs/sqlalchemy.md.
 
     Calling it again for the same engine does nothing. Listeners never raise into the
-    application: their failures count ``stocksentry_instrumentation_errors_total
-    {component="sqlalchemy"}``. Bad arguments raise (set-up code).
+    application (their failures count ``stocksentry_instrumentation_errors_total``); bad
+    arguments raise.
 
     Example::
 
         engine = create_async_engine("postgresql+asyncpg://shop@db/shop")
         instrument_sqlalchemy(engine, stock_tables={"products": StockTable()})
-        ...
-        uninstrument_sqlalchemy(engine)
     """
     sync = _sync_engine(engine)
-    if sync in _instrumented:
+    if sync in instrumented:
         return
     mode: SpanMode
     if spans is True:
@@ -90,18 +78,27 @@ def instrument_sqlalchemy(
     if not read_window > 0:
         raise ValueError("read_window must be positive")
     configured = stock_tables if stock_tables is not None else {"products": StockTable()}
-    tables = _Tables(configured)
-    instrumentation = _Instrumentation(
+    tables = Tables(configured)
+    paramstyle = sync.dialect.paramstyle
+    instrumentation = Instrumentation(
         sentry if sentry is not None else get_sentry(),
         tables,
         sync.dialect.name,
-        sync.dialect.paramstyle,
+        paramstyle,
         mode,
         tracer_provider,
         read_window,
         db_namespace=sync.url.database,
     )
-    _set_write_checks(instrumentation, configured, fencing, negative_writes, read_back_stock)
+    if fencing:
+        instrumentation.fencing = Fencing(instrumentation.sentry, fencing, configured, paramstyle)
+    instrumentation.negative = NegativeWrites.build(
+        instrumentation.sentry,
+        configured,
+        returning=negative_writes,
+        read_back=read_back_stock,
+        paramstyle=paramstyle,
+    )
     # Dialect events only (they are filed under the engine's own dialect): an engine event
     # would switch on SQLAlchemy's per-execute event path, which costs more than all of
     # this integration's own work.
@@ -109,7 +106,7 @@ def instrument_sqlalchemy(
         listener = getattr(instrumentation, name)
         sqlalchemy.event.listen(sync, name, listener)
         instrumentation.listeners.append((name, listener))
-    _instrumented[sync] = instrumentation
+    instrumented[sync] = instrumentation
     try:
         # Known tables' series start at zero, so their first deadlock is an increase.
         instrumentation.metrics.prime_tables(configured)
@@ -117,27 +114,10 @@ def instrument_sqlalchemy(
         instrumentation.sentry.internal_error("sqlalchemy", exc)
     if mode == "all":
         try:
-            _otel_engine_tracer(sync, instrumentation, tracer_provider)
+            attach_engine_tracer(sync, instrumentation, tracer_provider)
         except Exception:
             uninstrument_sqlalchemy(sync)
             raise
-
-
-def _set_write_checks(
-    instrumentation: _Instrumentation,
-    tables: Mapping[str, StockTable],
-    fencing: Mapping[str, str] | None,
-    negative_writes: bool,
-    read_back_stock: bool | Iterable[str],
-) -> None:
-    """Switch on the optional UPDATE checks (:mod:`.fencing`, :mod:`.negative`)."""
-    sentry = instrumentation.sentry
-    paramstyle = instrumentation.paramstyle
-    if fencing:
-        instrumentation.fencing = _Fencing(sentry, fencing, tables, paramstyle)
-    instrumentation.negative = _NegativeWrites.build(
-        sentry, tables, returning=negative_writes, read_back=read_back_stock, paramstyle=paramstyle
-    )
 
 
 def uninstrument_sqlalchemy(engine: Engine | AsyncEngine) -> None:
@@ -149,21 +129,13 @@ def uninstrument_sqlalchemy(engine: Engine | AsyncEngine) -> None:
         assert not is_instrumented(engine)
     """
     sync = _sync_engine(engine)
-    instrumentation = _instrumented.pop(sync, None)
+    instrumentation = instrumented.pop(sync, None)
     if instrumentation is None:
         return
     for name, listener in instrumentation.listeners:
         if sqlalchemy.event.contains(sync, name, listener):
             sqlalchemy.event.remove(sync, name, listener)
-    if instrumentation.otel_entries:
-        from opentelemetry.instrumentation.sqlalchemy.engine import EngineTracer
-
-        for entry in instrumentation.otel_entries:
-            target_ref, name, listener = entry
-            target = target_ref()
-            if target is not None and sqlalchemy.event.contains(target, name, listener):
-                sqlalchemy.event.remove(target, name, listener)
-            EngineTracer._dispose_of_event_listener(entry)  # type: ignore[no-untyped-call]  # untyped library
+    detach_engine_tracer(instrumentation.otel_entries)
     instrumentation.listeners.clear()
     instrumentation.otel_entries = []
 
@@ -176,4 +148,4 @@ def is_instrumented(engine: Engine | AsyncEngine) -> bool:
         instrument_sqlalchemy(engine)
         assert is_instrumented(engine)
     """
-    return _sync_engine(engine) in _instrumented
+    return _sync_engine(engine) in instrumented

@@ -10,12 +10,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import structlog
 from opentelemetry import trace as otel_trace
-from opentelemetry.trace import (
-    SpanKind,
-    StatusCode,
-    TracerProvider,
-    get_current_span,
-)
+from opentelemetry.trace import SpanKind, StatusCode, TracerProvider, get_current_span
 from sqlalchemy.engine.interfaces import ExecuteStyle
 
 from .. import events
@@ -24,46 +19,41 @@ from ..outcomes import refusal_of, status_code_of
 from ..reservation import current_reservation, imply_outcome
 from ..sentry import Sentry
 from ..tracing import TRACER_NAME, exemplar_for
-from .classifier import _classify_tokens
-from .clauses import _Tables
+from .classifier import classify_tokens
+from .clauses import Tables
 from .dialects import MYSQL_DIALECTS, lossless_levels, zero_rows_check
-from .fencing import _Fencing
-from .location import _app_location
+from .fencing import Fencing
+from .location import app_location
 from .model import (
-    _COMPONENT,
-    _MAX_KEY_CHARS,
-    _PLAN_CACHE_CHARS,
-    _PLAN_CACHE_MAX_TEXT,
-    _PLAN_CACHE_SIZE,
+    COMPONENT,
+    MISSING,
+    PLAN_CACHE_CHARS,
+    PLAN_CACHE_MAX_TEXT,
+    PLAN_CACHE_SIZE,
     SpanMode,
     StatementInfo,
+    bound_value,
 )
-from .negative import _NegativeWrites
+from .negative import NegativeWrites
 from .state import (
-    _ANY_ROW,
-    _ConnState,
-    _Key,
-    _normalise,
-    _Read,
-    _remember,
-    _request_reads,
-    _reservation_reads,
-    _scope,
+    ANY_ROW,
+    ConnState,
+    Key,
+    Read,
+    normalise,
+    remember,
+    request_reads,
+    reservation_reads,
+    scope,
 )
-from .tokens import _tokenize
+from .tokens import tokenize
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Connection, ExceptionContext
     from sqlalchemy.engine.interfaces import DBAPICursor, ExecutionContext
 
-_EXECUTE = ExecuteStyle.EXECUTE
-# Which of the dialect's three execute events a statement came through.
-_SINGLE, _NO_PARAMS, _MANY = 0, 1, 2
-# The dialect event (and the dialect's method) of each style, by index.
-_EVENT_NAMES = ("do_execute", "do_execute_no_params", "do_executemany")
 # db.operation.name of the locking statements' spans, from the classifier's kind.
 _OPERATIONS = {"select": "SELECT", "update": "UPDATE", "delete": "DELETE", "lock": "LOCK TABLE"}
-_STATE = "_stocksentry_state"
 _DB_SYSTEMS = {"mssql": "microsoft.sql_server", "oracle": "oracle.db"}
 # The line each concurrency refusal logs; which SQLSTATE is which refusal is outcomes'.
 _REASON_EVENTS = {
@@ -73,53 +63,52 @@ _REASON_EVENTS = {
 }
 
 
-class _Route:
+def _call_later(
+    instrumentation: Instrumentation, event: str, args: tuple[Any, ...], context: ExecutionContext
+) -> None:
+    """Run the statement as SQLAlchemy would have after our listener of ``event``: the
+    listeners registered after it, then (none of them having run it) the dialect's method.
+
+    SQLAlchemy stops at the first ``do_execute`` listener that returns True and documents
+    no call for "the listeners after this one": its dispatch collection for the event is
+    iterated, as SQLAlchemy itself iterates it, so those listeners keep their turn.
+    """
+    dialect = context.dialect
+    mine = getattr(instrumentation, event)
+    after = False
+    for fn in getattr(dialect.dispatch, event):
+        if after and fn(*args):
+            return
+        after = after or fn == mine
+    getattr(dialect, event)(*args)
+
+
+class Route:
     """What the listeners do with one SQL text, decided once from its plan and cached with
     it: an already classified statement costs a dict lookup and a few attribute tests."""
 
-    __slots__ = (
-        "begin",
-        "blind",
-        "checks",
-        "conditional",
-        "fenced",
-        "label",
-        "locking",
-        "plan",
-        "rowcount_unknown",
-        "single",
-        "stock",
-        "wait",
-        "watched",
-    )
+    __slots__ = ("begin", "blind", "fenced", "label", "plan", "rowcount_unknown", "watched")
 
     def __init__(self, plan: StatementInfo, checks: tuple[bool, bool], sqlite: bool) -> None:
         self.plan = plan
-        self.stock = plan.stock
-        self.locking = plan.locking
         self.label = plan.table or "unknown"
-        # do_execute runs (and times) the statement itself only when it locks or its row
-        # count and keys are read after it ran; anything else is left to SQLAlchemy.
-        self.single = plan.locking or plan.stock
         self.begin = plan.kind == "begin" or plan.kind == "isolation"
         # Which optional write checks an UPDATE of this text goes to (fencing tokens,
         # real negative stock), decided once from the plan and the engine's set-up.
         self.fenced, self.watched = checks
-        self.checks = self.fenced or self.watched
-        self.conditional = plan.conditional
         # A blind write of the stock not guarded by the WHERE: the detector's case.
-        self.blind = plan.write == "blind" and not self.conditional
+        self.blind = plan.write == "blind" and not plan.conditional
         # pysqlite counts RETURNING rows only as they are fetched: unknown after execute.
         self.rowcount_unknown = plan.returning and sqlite
 
 
-class _Instrumentation:
+class Instrumentation:
     """The listeners of one engine. Holds no reference to the engine itself."""
 
     def __init__(
         self,
         sentry: Sentry,
-        tables: _Tables,
+        tables: Tables,
         dialect_name: str,
         paramstyle: str,
         span_mode: SpanMode,
@@ -135,19 +124,16 @@ class _Instrumentation:
         self.db_system = _DB_SYSTEMS.get(dialect_name, dialect_name)
         self.db_namespace = db_namespace
         self.paramstyle = paramstyle
-        self.span_mode = span_mode
         self.read_window = read_window
         # MySQL drivers may count changed rows, not matched ones: what reads a 0 right.
         self.zero_rows = zero_rows_check(dialect_name)
         self.mysql_lexer = dialect_name in MYSQL_DIALECTS
         # The read window's clock; a test moves it instead of sleeping.
         self.clock: Callable[[], float] = time.monotonic
-        self.plans: dict[str, _Route] = {}
+        self.plans: dict[str, Route] = {}
         self.plan_chars = 0
-        # Per-Connection state lives in the Connection's own __dict__ (it goes with the
-        # Connection, one checkout); this map is the fallback for a Connection class
-        # without a __dict__.
-        self.conns: weakref.WeakKeyDictionary[Connection, _ConnState] = weakref.WeakKeyDictionary()
+        # Per SQLAlchemy Connection (one checkout): it goes with the Connection.
+        self.conns: weakref.WeakKeyDictionary[Connection, ConnState] = weakref.WeakKeyDictionary()
         self.lock_tracer: Any = None
         if span_mode == "locking":
             if tracer_provider is None and sentry.tracer is not None:
@@ -162,30 +148,22 @@ class _Instrumentation:
         self.otel_entries: list[Any] = []
         # The optional write checks (set by instrument_sqlalchemy before any statement is
         # seen: each SQL text's route decides once whether its UPDATEs go to them).
-        self.fencing: _Fencing | None = None
-        self.negative: _NegativeWrites | None = None
+        self.fencing: Fencing | None = None
+        self.negative: NegativeWrites | None = None
 
     # --- classification --------------------------------------------------------------------
 
-    def plan(self, statement: str) -> StatementInfo:
-        """What ``statement`` does (classified once, then cached)."""
-        route = self.plans.get(statement)
-        return (route if route is not None else self.route(statement)).plan
-
-    def route(self, statement: str) -> _Route:
-        """The cached :class:`_Route` of ``statement``, classified on a miss."""
+    def route(self, statement: str) -> Route:
+        """The cached :class:`Route` of ``statement``, classified on a miss."""
         route = self.plans.get(statement)
         if route is None:
-            plan = _classify_tokens(
-                _tokenize(statement, self.paramstyle, self.mysql_lexer), self.tables
+            plan = classify_tokens(
+                tokenize(statement, self.paramstyle, self.mysql_lexer), self.tables
             )
-            route = _Route(plan, self._checks_of(plan), self.dialect_name == "sqlite")
+            route = Route(plan, self._checks_of(plan), self.dialect_name == "sqlite")
             size = len(statement)
-            if size <= _PLAN_CACHE_MAX_TEXT:
-                if (
-                    len(self.plans) >= _PLAN_CACHE_SIZE
-                    or self.plan_chars + size > _PLAN_CACHE_CHARS
-                ):
+            if size <= PLAN_CACHE_MAX_TEXT:
+                if len(self.plans) >= PLAN_CACHE_SIZE or self.plan_chars + size > PLAN_CACHE_CHARS:
                     self.plans.clear()
                     self.plan_chars = 0
                 self.plans[statement] = route
@@ -194,161 +172,87 @@ class _Instrumentation:
 
     def _checks_of(self, plan: StatementInfo) -> tuple[bool, bool]:
         """Whether an UPDATE of ``plan`` that ran goes to the fencing check and to the
-        negative-stock check: decided from the plan and the engine's set-up alone, once
-        per SQL text."""
+        negative-stock check, from the plan and the engine's set-up alone."""
         if not plan.stock or plan.kind != "update":
             return False, False
-        fencing = self.fencing
-        negative = self.negative
         # A guarded UPDATE (the atomic reservation) cannot leave the stock negative: with no
         # fencing on its table, it is not even looked at.
-        fenced = fencing is not None and plan.table in fencing.columns
-        return fenced, negative is not None and negative.applies(plan)
+        fenced = self.fencing is not None and plan.table in self.fencing.columns
+        return fenced, self.negative is not None and self.negative.applies(plan)
 
-    def state(self, conn: Connection) -> _ConnState:
-        try:
-            attrs = conn.__dict__
-        except AttributeError:  # pragma: no cover - SQLAlchemy 2.0's Connection has one
-            state = self.conns.get(conn)
-            if state is None:
-                state = self.conns[conn] = _ConnState()
-            return state
-        state = attrs.get(_STATE)
+    def state(self, conn: Connection) -> ConnState:
+        state = self.conns.get(conn)
         if state is None:
-            state = attrs[_STATE] = _ConnState()
+            state = self.conns[conn] = ConnState()
         return state
-
-    def existing_state(self, conn: Connection) -> _ConnState | None:
-        state = getattr(conn, _STATE, None)
-        return state if isinstance(state, _ConnState) else self.conns.get(conn)
 
     # --- events ----------------------------------------------------------------------------
 
     def do_execute(
-        self,
-        cursor: DBAPICursor,
-        statement: str,
-        parameters: Any,
-        context: ExecutionContext,
+        self, cursor: DBAPICursor, statement: str, parameters: Any, context: ExecutionContext
     ) -> bool:
-        """The dialect's ``do_execute`` event: a locking or stock statement runs here, timed
-        around the driver call alone; any other is left to SQLAlchemy.
-
-        A dialect event, not the engine's ``before/after_cursor_execute`` pair: any
-        engine listener turns on SQLAlchemy's event path for every execute, commit and
-        begin (several microseconds a statement before a listener runs at all), while a
-        dialect listener costs one call. Returning True tells SQLAlchemy the statement
-        was executed; the dialect's own ``do_execute`` (or a later listener's) did it.
-        Returning False (nothing to time or to read after it ran) lets SQLAlchemy go on
-        to the later listeners and the dialect, as it would without this one.
-
-        The path of every statement: what :meth:`_run` does for the other two events,
-        written out here (each Python call on it costs about as much as the work).
-        """
-        span: Any = None
-        t0 = 0.0
-        try:
-            route = self.plans.get(statement) or self.route(statement)
-            if not route.single:
-                if route.begin:
-                    self._begin(context.root_connection, route.plan)
-                return False
-            if route.locking:
-                if self.lock_tracer is not None:
-                    span = self._lock_span(route.plan)
-                # Last, so the figure is the statement's own time.
-                t0 = perf_counter()
-        except Exception as exc:
-            self.sentry.internal_error(_COMPONENT, exc)
-            return False
-        dialect = context.dialect
-        listeners: Any = dialect.dispatch.do_execute
-        try:
-            # SQLAlchemy 2.0 keeps the dialect class's listeners and the instance's in two
-            # deques; len() of the collection would be one more Python call.
-            others = len(listeners.listeners) + len(listeners.parent_listeners) > 1
-        except AttributeError:  # pragma: no cover - another collection: ask it
-            others = len(listeners) > 1
-        try:
-            if others:
-                self._call_later(_SINGLE, cursor, statement, parameters, context)
-            else:
-                dialect.do_execute(cursor, statement, parameters, context)
-        except BaseException as exc:
-            if t0:
-                self._lock_done(route, t0, span, exc)
-            raise  # the driver's own exception, unchanged: SQLAlchemy wraps it as usual
-        if t0:
-            if span is None:
-                try:
-                    elapsed = perf_counter() - t0
-                    exemplar = exemplar_for(get_current_span())
-                    self.metrics.db_lock_wait(route.label, elapsed, exemplar)
-                except Exception as err:
-                    self.sentry.internal_error(_COMPONENT, err)
-            else:
-                self._lock_done(route, t0, span, None)
-        # Apart, so that a failure in the timing does not switch off the bookkeeping.
-        # Not context.executemany (a property): insertmanyvalues batches come here too.
-        if route.stock and context.execute_style is _EXECUTE:
-            try:
-                keys = self._stock_statement(context.root_connection, cursor, route, parameters)
-            except Exception as exc:
-                self.sentry.internal_error(_COMPONENT, exc)
-            else:
-                if route.checks:
-                    self._check_update(
-                        context.root_connection, cursor, statement, route, parameters, keys
-                    )
-        return True
+        """The dialect's ``do_execute`` event (see :meth:`_run`)."""
+        return self._run("do_execute", (cursor, statement, parameters, context), context)
 
     def do_execute_no_params(
         self, cursor: DBAPICursor, statement: str, context: ExecutionContext
     ) -> bool:
-        """``do_execute`` for a statement without parameters (``BEGIN``, ``LOCK TABLE``):
-        timed when it locks, no per-row bookkeeping."""
-        return self._run(_NO_PARAMS, cursor, statement, None, context)
+        """``do_execute`` for a statement without parameters (``BEGIN``, ``LOCK TABLE``)."""
+        return self._run("do_execute_no_params", (cursor, statement, context), context)
 
     def do_executemany(
-        self,
-        cursor: DBAPICursor,
-        statement: str,
-        parameters: Any,
-        context: ExecutionContext,
+        self, cursor: DBAPICursor, statement: str, parameters: Any, context: ExecutionContext
     ) -> bool:
-        """``do_execute`` for ``executemany``: timed when it locks, no per-row bookkeeping."""
-        return self._run(_MANY, cursor, statement, parameters, context)
+        """``do_execute`` for ``executemany``."""
+        return self._run("do_executemany", (cursor, statement, parameters, context), context)
 
-    def _run(
-        self,
-        style: int,
-        cursor: DBAPICursor,
-        statement: str,
-        parameters: Any,
-        context: ExecutionContext,
-    ) -> bool:
-        """A statement without parameters or an executemany: a locking one runs (timed)
-        here, any other is left to SQLAlchemy."""
+    def _run(self, event: str, args: tuple[Any, ...], context: ExecutionContext) -> bool:
+        """Run a locking statement (timed around the driver call alone) or one on a stock
+        table (its row count and keys read after it ran) here, and return True
+        (SQLAlchemy's contract for "executed"); leave any other to SQLAlchemy (False).
+
+        Only a single execute (not ``executemany``, not an insertmanyvalues batch) gets the
+        per-row bookkeeping.
+        """
         span: Any = None
-        t0 = 0.0
         try:
-            route = self.plans.get(statement) or self.route(statement)
-            if not route.locking:
+            cursor, statement = args[0], args[1]
+            route = self.route(statement)
+            plan = route.plan
+            bookkeeping = (
+                plan.stock
+                and event == "do_execute"
+                and context.execute_style is ExecuteStyle.EXECUTE
+            )
+            if not plan.locking and not bookkeeping:
                 if route.begin:
-                    self._begin(context.root_connection, route.plan)
+                    self._begin(context.root_connection, plan)
                 return False
-            if self.lock_tracer is not None:
-                span = self._lock_span(route.plan)
-            t0 = perf_counter()
+            if plan.locking and self.lock_tracer is not None:
+                span = self._lock_span(plan)
+            t0 = perf_counter()  # last, so the figure is the statement's own time
         except Exception as exc:
-            self.sentry.internal_error(_COMPONENT, exc)
+            self.sentry.internal_error(COMPONENT, exc)
             return False
         try:
-            self._call_later(style, cursor, statement, parameters, context)
+            _call_later(self, event, args, context)
         except BaseException as exc:
-            self._lock_done(route, t0, span, exc)
-            raise
-        self._lock_done(route, t0, span, None)
+            if plan.locking:
+                self._lock_done(route, t0, span, exc)
+            raise  # the driver's own exception, unchanged: SQLAlchemy wraps it as usual
+        if plan.locking:
+            self._lock_done(route, t0, span, None)
+        if bookkeeping:
+            # Apart, so that a failure in the timing does not switch off the bookkeeping.
+            conn = context.root_connection
+            parameters = args[2]
+            try:
+                keys = self._stock_statement(conn, cursor, route, parameters)
+            except Exception as exc:
+                self.sentry.internal_error(COMPONENT, exc)
+            else:
+                if route.fenced or route.watched:
+                    self._check_update(conn, cursor, statement, route, parameters, keys)
         return True
 
     def _check_update(
@@ -356,64 +260,30 @@ class _Instrumentation:
         conn: Connection,
         cursor: DBAPICursor,
         statement: str,
-        route: _Route,
+        route: Route,
         parameters: Any,
-        keys: list[_Key],
+        keys: list[Key],
     ) -> None:
         """The optional checks of an UPDATE that ran (its route said which): fencing
         tokens, real negative stock. ``keys`` are the row keys the bookkeeping resolved."""
         try:
             plan = route.plan
-            # pysqlite's 0 before RETURNING rows are fetched means nothing (as for the
-            # bookkeeping): unknown, so no write reads as refused that was not.
-            rowcount = -1 if route.rowcount_unknown else getattr(cursor, "rowcount", -1)
-            if rowcount == 0 and self.zero_rows is not None:
-                rowcount = self.zero_rows(cursor)  # MySQL: matched, not changed, rows
-            fencing = self.fencing
-            if fencing is not None and route.fenced:
-                fencing.after_update(conn, statement, plan, parameters, keys, rowcount)
-            negative = self.negative
-            if negative is not None and route.watched:
-                negative.after_update(conn, cursor, plan, keys, rowcount)
+            rowcount = self._rowcount(cursor, route)
+            if self.fencing is not None and route.fenced:
+                self.fencing.after_update(conn, statement, plan, parameters, keys, rowcount)
+            if self.negative is not None and route.watched:
+                self.negative.after_update(conn, cursor, plan, keys, rowcount)
         except Exception as exc:
-            self.sentry.internal_error(_COMPONENT, exc)
+            self.sentry.internal_error(COMPONENT, exc)
 
-    def _call_later(
-        self,
-        style: int,
-        cursor: DBAPICursor,
-        statement: str,
-        parameters: Any,
-        context: ExecutionContext,
-    ) -> None:
-        """Run the statement as SQLAlchemy would have after this listener: the listeners
-        registered after it, then (none of them having run it) the dialect's own method."""
-        dialect = context.dialect
-        event = _EVENT_NAMES[style]
-        listeners: Any = getattr(dialect.dispatch, event)
-        if len(listeners) > 1:
-            # SQLAlchemy stops at the first listener that returns True: give the ones
-            # registered after this one their turn, as they would have had it without us.
-            mine = getattr(self, event)
-            after = False
-            for fn in listeners:
-                if after:
-                    handled = (
-                        fn(cursor, statement, context)
-                        if style == _NO_PARAMS
-                        else fn(cursor, statement, parameters, context)
-                    )
-                    if handled:
-                        return
-                elif fn == mine:
-                    after = True
-        # The dialect's own method of the same name, as SQLAlchemy would call it.
-        if style == _SINGLE:
-            dialect.do_execute(cursor, statement, parameters, context)
-        elif style == _NO_PARAMS:
-            dialect.do_execute_no_params(cursor, statement, context)
-        else:
-            dialect.do_executemany(cursor, statement, parameters, context)
+    def _rowcount(self, cursor: DBAPICursor, route: Route) -> int:
+        """The rows an UPDATE or DELETE matched; -1 when not known."""
+        if route.rowcount_unknown:
+            return -1
+        rowcount: int = getattr(cursor, "rowcount", -1)
+        if rowcount == 0 and route.plan.kind == "update" and self.zero_rows is not None:
+            rowcount = self.zero_rows(cursor)  # MySQL: matched, not changed, rows
+        return rowcount
 
     def _lock_span(self, plan: StatementInfo) -> Any:
         # OpenTelemetry's database conventions: "{operation} {collection}" as the name.
@@ -436,7 +306,7 @@ class _Instrumentation:
     def handle_error(self, ctx: ExceptionContext) -> None:
         try:
             statement = ctx.statement
-            plan = self.plan(statement) if isinstance(statement, str) else None
+            plan = self.route(statement).plan if isinstance(statement, str) else None
             # SQLSTATE 40P01 / 55P03, MySQL 1213 / 1205: which is which refusal is outcomes'.
             refusal = refusal_of(ctx.original_exception) or refusal_of(ctx.sqlalchemy_exception)
             if refusal is None:
@@ -449,7 +319,7 @@ class _Instrumentation:
             if table is None and ctx.connection is not None:
                 # A failure at COMMIT (SERIALIZABLE) names no statement: use the last stock
                 # table this connection worked on.
-                held = self.existing_state(ctx.connection)
+                held = self.conns.get(ctx.connection)
                 table = held.last_table if held is not None else None
             table = table or "unknown"
             if reason == "deadlock":
@@ -459,7 +329,7 @@ class _Instrumentation:
             if self.sentry.log_enabled:
                 getattr(self.sentry.logger, event.level)(event.name, table=table, sqlstate=state)
         except Exception as exc:
-            self.sentry.internal_error(_COMPONENT, exc)
+            self.sentry.internal_error(COMPONENT, exc)
 
     # --- pieces ----------------------------------------------------------------------------
 
@@ -472,7 +342,7 @@ class _Instrumentation:
             state.sync(txn)
             state.apply_begin(plan)
 
-    def _lock_done(self, route: _Route, t0: float, span: Any, exc: BaseException | None) -> None:
+    def _lock_done(self, route: Route, t0: float, span: Any, exc: BaseException | None) -> None:
         try:
             elapsed = perf_counter() - t0
             exemplar = exemplar_for(span if span is not None else get_current_span())
@@ -486,11 +356,11 @@ class _Instrumentation:
                     span.set_status(StatusCode.ERROR)
                 span.end()
         except Exception as err:
-            self.sentry.internal_error(_COMPONENT, err)
+            self.sentry.internal_error(COMPONENT, err)
 
     def _stock_statement(
-        self, conn: Connection, cursor: DBAPICursor, route: _Route, parameters: Any
-    ) -> list[_Key]:
+        self, conn: Connection, cursor: DBAPICursor, route: Route, parameters: Any
+    ) -> list[Key]:
         """The bookkeeping of a statement on a stock table that ran: the reads it made, the
         row locks it took, the conflict a guarded UPDATE that matched no row implies.
         Returns the row keys the statement named (the write checks' too)."""
@@ -502,53 +372,22 @@ class _Instrumentation:
                 locker.sync(conn.get_transaction())
                 locker.lock_all.add(route.label)
             return []
-        # The statement's row keys, resolved from its parameters: this runs for every
-        # statement on a stock table, so written out.
-        keys: list[_Key] = []
-        if plan.keys:
-            label = route.label
-            for column, (is_param, ref) in plan.keys:
-                if is_param:
-                    try:
-                        value = parameters[ref]
-                    except (KeyError, IndexError, TypeError):
-                        continue
-                else:
-                    value = ref
-                # Most keys are plain str or int: skip the call for them.
-                value_type = type(value)
-                if value_type is not int and (
-                    value_type is not str or len(value) > _MAX_KEY_CHARS
-                ):
-                    value = _normalise(value)
-                keys.append((label, column, value))
+        keys = _row_keys(route, parameters)
         if kind == "select":
             if keys and (plan.reads_stock or plan.protects_rows):
                 self._read(conn, plan, keys)
             return keys
         if kind != "update" and kind != "delete":
             return keys
-        if route.rowcount_unknown:
-            rowcount = -1
-        else:
-            rowcount = getattr(cursor, "rowcount", -1)
-            if rowcount == 0 and kind == "update" and self.zero_rows is not None:
-                rowcount = self.zero_rows(cursor)
-        state: _ConnState | None = None
+        rowcount = self._rowcount(cursor, route)
+        state: ConnState | None = None
         if keys or kind == "update":
-            try:
-                state = conn.__dict__[_STATE]
-            except (KeyError, AttributeError):
-                state = self.state(conn)
-            # get_transaction(), one call shorter (SQLAlchemy 2.0's attribute behind it).
-            txn = conn._transaction
-            held = state.txn
-            if held is None or held() is not txn:
-                state.sync(txn)  # a new transaction: the locks of the last one are gone
+            state = self.state(conn)
+            state.sync(conn.get_transaction())  # a new transaction: the last one's locks go
             state.last_table = plan.table
         if route.blind and keys and rowcount != 0:
             self._check_write(conn, plan, keys, state)
-        if route.conditional:
+        if plan.conditional:
             if rowcount == 0:
                 self._no_row(plan, keys)
             elif rowcount > 0:
@@ -560,11 +399,11 @@ class _Instrumentation:
             state.locks.update(keys)
         return keys
 
-    def _read(self, conn: Connection, plan: StatementInfo, keys: list[_Key]) -> None:
+    def _read(self, conn: Connection, plan: StatementInfo, keys: list[Key]) -> None:
         """A SELECT naming stock rows: remember the read, and the row locks it took."""
         state = self.state(conn)
         state.sync(conn.get_transaction())
-        if self._autocommit(conn):
+        if _isolation_option(conn) == "AUTOCOMMIT":
             locked = False  # each statement is its own transaction: no lock outlives it
         elif plan.protects_rows:
             state.locks.update(keys)
@@ -578,27 +417,27 @@ class _Instrumentation:
             )
         if not plan.reads_stock:
             return
-        read = _Read(locked, state.txn, self.clock(), held_locks())
+        read = Read(locked, state.txn, self.clock(), held_locks())
         reservation = current_reservation()
-        res_store = _scope(_reservation_reads, reservation, True) if reservation else None
+        res_store = scope(reservation_reads, reservation, True) if reservation else None
         request_id = structlog.contextvars.get_contextvars().get("request_id")
-        req_store = _scope(_request_reads, request_id, True) if request_id is not None else None
+        req_store = scope(request_reads, request_id, True) if request_id is not None else None
         for key in keys:
-            _remember(state.reads, key, read)
+            remember(state.reads, key, read)
             if res_store is not None:
-                _remember(res_store, key, read)
+                remember(res_store, key, read)
                 # A reservation is for one SKU: a later write keyed by another column (the
                 # ORM reads by sku and flushes by id) is taken to be about the same row.
-                _remember(res_store, (key[0], _ANY_ROW, key[1]), read)
+                remember(res_store, (key[0], ANY_ROW, key[1]), read)
             if req_store is not None:
-                _remember(req_store, key, read)
+                remember(req_store, key, read)
 
     def _check_write(
         self,
         conn: Connection,
         plan: StatementInfo,
-        keys: list[_Key],
-        state: _ConnState | None,
+        keys: list[Key],
+        state: ConnState | None,
     ) -> None:
         if state is None:
             return
@@ -606,17 +445,17 @@ class _Instrumentation:
         oldest = now - self.read_window
         reservation = current_reservation()
         request_id = structlog.contextvars.get_contextvars().get("request_id")
-        stores: list[tuple[str, dict[_Key, _Read]]] = [("connection", state.reads)]
-        res_store = _scope(_reservation_reads, reservation, False) if reservation else None
+        stores: list[tuple[str, dict[Key, Read]]] = [("connection", state.reads)]
+        res_store = scope(reservation_reads, reservation, False) if reservation else None
         if res_store is not None:
             stores.append(("reservation", res_store))
         if request_id is not None:
-            store = _scope(_request_reads, request_id, False)
+            store = scope(request_reads, request_id, False)
             if store is not None:
                 stores.append(("request", store))
-        latest: _Read | None = None
+        latest: Read | None = None
         latest_scope = ""
-        latest_key: _Key | None = None
+        latest_key: Key | None = None
         for key in keys:
             for scope_name, store in stores:
                 read = store.pop(key, None)  # a write uses up the read it was computed from
@@ -631,7 +470,7 @@ class _Instrumentation:
             table = keys[0][0]
             written = {key[1] for key in keys}
             exact = latest is not None
-            for any_key in [k for k in list(res_store) if k[0] == table and k[1] == _ANY_ROW]:
+            for any_key in [k for k in list(res_store) if k[0] == table and k[1] == ANY_ROW]:
                 read = res_store.pop(any_key, None)
                 if exact or read is None or read.at < oldest or any_key[2] in written:
                     continue  # same key column, other value: another row
@@ -660,7 +499,7 @@ class _Instrumentation:
         table = plan.table or "unknown"
         self.metrics.unsafe_read_modify_write(table)
         if self.sentry.log_enabled:
-            code, function = _app_location()
+            code, function = app_location()
             self.sentry.logger.warning(
                 events.UNSAFE_READ_MODIFY_WRITE.name,
                 table=table,
@@ -675,7 +514,7 @@ class _Instrumentation:
                 **({"lock": lost_lock[0], "reason": lost_lock[1]} if lost_lock else {}),
             )
 
-    def _no_row(self, plan: StatementInfo, keys: list[_Key]) -> None:
+    def _no_row(self, plan: StatementInfo, keys: list[Key]) -> None:
         reason: Literal["out_of_stock", "lost_race"] = (
             "out_of_stock" if plan.write == "self" else "lost_race"
         )
@@ -693,29 +532,35 @@ class _Instrumentation:
                 key=str(keys[0][2]) if keys else None,
             )
 
-    def _autocommit(self, conn: Connection) -> bool:
-        level = conn.get_execution_options().get("isolation_level")
-        if level is None:
-            # create_engine(isolation_level=...) is kept by the dialect; SQLAlchemy has no
-            # public accessor for it that avoids a round trip.
-            level = getattr(conn.dialect, "_on_connect_isolation_level", None)
-        return level == "AUTOCOMMIT"
-
-    def _serializable(self, conn: Connection, state: _ConnState) -> bool:
+    def _serializable(self, conn: Connection, state: ConnState) -> bool:
         """Whether a plain read and a write in one transaction cannot lose an update."""
         if self.dialect_name == "sqlite":
             # Only a BEGIN the application sends makes pysqlite read inside the transaction
             # (by default it begins before the first write); then SQLite is serializable.
             return state.begun
         lossless = lossless_levels(self.dialect_name)
-        if not lossless:
-            return False
-        level = (
-            state.isolation
-            or conn.get_execution_options().get("isolation_level")
-            or getattr(conn.dialect, "_on_connect_isolation_level", None)
-            or conn.default_isolation_level
-        )
+        level = state.isolation or _isolation_option(conn) or conn.default_isolation_level
         # PostgreSQL's REPEATABLE READ aborts the write with 40001 if the row changed since
         # the snapshot; InnoDB's does not (dialects.lossless_levels).
         return level in lossless
+
+
+def _row_keys(route: Route, parameters: Any) -> list[Key]:
+    """The row keys a statement on a stock table names, resolved from its parameters."""
+    keys: list[Key] = []
+    for column, ref in route.plan.keys:
+        value = bound_value(ref, parameters)
+        if value is not MISSING:
+            keys.append((route.label, column, normalise(value)))
+    return keys
+
+
+def _isolation_option(conn: Connection) -> str | None:
+    """The isolation level set on ``conn`` or its engine (``None``: the server's default)."""
+    level = conn.get_execution_options().get("isolation_level")
+    if level is None:
+        # create_engine(isolation_level=...) is kept by the dialect alone: SQLAlchemy has
+        # no public accessor for it short of Connection.get_isolation_level(), a round trip
+        # to the server per statement.
+        level = getattr(conn.dialect, "_on_connect_isolation_level", None)
+    return level if isinstance(level, str) else None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
 import os
 import sys
 import sysconfig
@@ -25,17 +27,10 @@ _DRIVER_PACKAGES = (
 )
 
 
-_LIBRARIES: list[tuple[tuple[bool, ...], _Libraries]] = []
-
-
-def _libraries() -> _Libraries:
-    # sysconfig.get_paths() costs ~0.2 ms: build once, again only when a driver loads.
-    loaded = tuple(name in sys.modules for name in _DRIVER_PACKAGES)
-    if _LIBRARIES and _LIBRARIES[0][0] == loaded:
-        return _LIBRARIES[0][1]
-    libraries = _Libraries()
-    _LIBRARIES[:] = [(loaded, libraries)]
-    return libraries
+@functools.lru_cache(maxsize=1)
+def _libraries(loaded: tuple[bool, ...]) -> _Libraries:
+    # sysconfig.get_paths() costs ~0.2 ms: built once, again only when a driver loads.
+    return _Libraries()
 
 
 class _Libraries:
@@ -81,15 +76,16 @@ def _first_app_frame(frame: FrameType | None, libraries: _Libraries) -> FrameTyp
     return None
 
 
-def _app_location() -> tuple[str, str]:
+def app_location() -> tuple[str, str]:
     """``(file:line, function)`` of the first frame outside SQLAlchemy, drivers and stocksentry.
 
     Under an ``AsyncEngine`` the listener runs in a greenlet whose stack ends in SQLAlchemy;
     the application's coroutine is suspended in the parent greenlet, so its frames are
     searched next.
     """
-    libraries = _libraries()
-    frame = _first_app_frame(sys._getframe(1), libraries)
+    libraries = _libraries(tuple(name in sys.modules for name in _DRIVER_PACKAGES))
+    # The caller's frame (not kept in a local: a frame holding itself is a cycle).
+    frame = _first_app_frame(getattr(inspect.currentframe(), "f_back", None), libraries)
     if frame is None:
         greenlet = sys.modules.get("greenlet")
         parent = greenlet.getcurrent().parent if greenlet is not None else None

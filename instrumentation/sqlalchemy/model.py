@@ -16,17 +16,17 @@ WriteKind = Literal["none", "self", "sql", "blind"]
 DEFAULT_READ_WINDOW = 30.0
 # Distinct SQL texts classified before the cache starts over. An application has a few
 # hundred; one that renders literals into its SQL would otherwise grow it without end.
-_PLAN_CACHE_SIZE = 2048
+PLAN_CACHE_SIZE = 2048
 # And in bytes: the cached SQL texts hold at most this many characters in all (at most
-# 4 bytes each), and a text longer than _PLAN_CACHE_MAX_TEXT is classified every time
+# 4 bytes each), and a text longer than PLAN_CACHE_MAX_TEXT is classified every time
 # instead of kept (a bulk INSERT with rendered literals runs once anyway).
-_PLAN_CACHE_CHARS = 1 << 21
-_PLAN_CACHE_MAX_TEXT = 16384
+PLAN_CACHE_CHARS = 1 << 21
+PLAN_CACHE_MAX_TEXT = 16384
 # Keys remembered per scope (connection, reservation, request): a checkout touches a few.
-_READS_PER_SCOPE = 64
+READS_PER_SCOPE = 64
 # Longest key value kept (and compared); a longer one is cut.
-_MAX_KEY_CHARS = 256
-_COMPONENT = "sqlalchemy"
+MAX_KEY_CHARS = 256
+COMPONENT = "sqlalchemy"
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +55,19 @@ class StockTable:
 #: A value in a statement: ``(True, name_or_index)`` for a bound parameter, ``(False,
 #: value)`` for a literal.
 ValueRef: TypeAlias = tuple[bool, Any]
+#: What :func:`bound_value` returns for a parameter the statement's parameters lack.
+MISSING: Any = object()
+
+
+def bound_value(ref: ValueRef, parameters: Any) -> Any:
+    """The value ``ref`` stands for in a statement run with ``parameters`` (or MISSING)."""
+    is_param, value = ref
+    if not is_param:
+        return value
+    try:
+        return parameters[value]
+    except (KeyError, IndexError, TypeError):
+        return MISSING
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,4 +110,4 @@ class StatementInfo:
         return self.write in ("self", "blind") and (self.stock_guard or self.version_guard)
 
 
-_IGNORED = StatementInfo("other")
+IGNORED = StatementInfo("other")

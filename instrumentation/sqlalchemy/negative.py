@@ -1,28 +1,11 @@
 """Real negative stock writes, seen from the SQL rather than from what the app believes.
 
-``reservation.success(new_stock=available - 1)`` records the value the application
-computed; a transaction without a lock that decrements ``stock = stock - :n`` can leave the
-row far below that. This module looks at the value the database really holds after an
-``UPDATE`` of a configured stock table sets the stock column, and counts
-``stock_inventory_negative_total{sku}`` (with an ``inventory_negative`` warning) when it is
-below zero:
-
-- ``UPDATE … RETURNING <stock column>``: the returned rows are read where the driver
-  already holds them (psycopg 3's result buffer, the asyncio adapters' row buffer,
-  psycopg 2's scrollable cursor), without consuming them: the application still fetches
-  every row. No extra round trip.
-- a relative write without ``RETURNING`` (``SET stock = stock - :n`` or from other
-  columns), only for the tables named in ``read_back_stock``: one ``SELECT <stock> FROM
-  <table> WHERE <key> = :v`` by the statement's key, on a second cursor of the same DBAPI
-  connection, so in the same transaction and without passing through SQLAlchemy (its
-  listeners, this integration's included, never see it).
-
-A statement whose ``WHERE`` checks the stock column (``… AND stock >= :n``) is taken to
-keep it from going negative and is never looked at: the safe atomic decrement costs
-nothing here. What it cannot see: a ``RETURNING`` on a dialect or cursor not listed above
-(a server-side cursor, MySQL/MariaDB, which have no ``UPDATE … RETURNING``), a blind write
-(``SET stock = :computed``, the app's own value: the unsafe read-modify-write detector's
-case), ``executemany``, and writes through the raw driver, outside SQLAlchemy.
+After an ``UPDATE`` of a configured stock table sets the stock column, the value the
+database holds is read (from the rows an ``UPDATE … RETURNING`` returned, without
+consuming them; or, for the tables in ``read_back_stock``, by one ``SELECT`` on a second
+cursor of the same DBAPI connection) and a value below zero counts
+``stock_inventory_negative_total{sku}``. An UPDATE whose ``WHERE`` checks the stock is
+never looked at. See docs/sqlalchemy.md, "Real negative writes".
 """
 
 from __future__ import annotations
@@ -36,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import events
 from ..reservation import current_reservation, note_negative_write
-from .model import _COMPONENT, StatementInfo, StockTable
+from .model import COMPONENT, StatementInfo, StockTable
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Connection
@@ -85,28 +68,35 @@ def as_int(value: object) -> int | None:
     return int(number)
 
 
-def select_column_sql(
-    table: str, column: str, key_column: str, paramstyle: str
-) -> tuple[str, bool] | None:
-    """The read-back ``SELECT`` of one column of the rows with a key value, in
-    ``paramstyle``, and whether its parameter is passed by name; ``None`` when a name is
-    not a plain identifier.
+def key_selects(
+    columns: Mapping[str, str], tables: Mapping[str, StockTable], paramstyle: str
+) -> dict[tuple[str, str], tuple[str, bool] | None]:
+    """For each table of ``columns`` (table -> column) and each of its key columns, the
+    ``SELECT`` of that column by key in ``paramstyle`` and whether its parameter is passed
+    by name; ``None`` when a name is not a plain identifier.
 
     Example::
 
-        >>> select_column_sql("products", "stock", "sku", "pyformat")
-        ('SELECT stock FROM products WHERE sku = %(k)s', True)
+        >>> key_selects({"products": "stock"}, {"products": StockTable(key_columns=("sku",))},
+        ...             "pyformat")
+        {('products', 'sku'): ('SELECT stock FROM products WHERE sku = %(k)s', True)}
     """
-    param = _PARAM.get(paramstyle)
-    if param is None or not all(_PLAIN_NAME.match(name) for name in (table, column, key_column)):
-        return None
-    # Names from the set-up config, checked to be plain identifiers; the value is bound.
-    sql = f"SELECT {column} FROM {table} WHERE {key_column} = {param[0]}"  # noqa: S608
-    return sql, param[1]
+    selects: dict[tuple[str, str], tuple[str, bool] | None] = {}
+    for table, column in columns.items():
+        param = _PARAM.get(paramstyle)
+        for key_column in tables[table].key_columns:
+            names = (table, column, key_column)
+            if param is None or not all(_PLAIN_NAME.match(name) for name in names):
+                selects[(table, key_column)] = None
+                continue
+            # Names from the set-up config, checked to be plain identifiers; the value is bound.
+            sql = f"SELECT {column} FROM {table} WHERE {key_column} = {param[0]}"  # noqa: S608
+            selects[(table, key_column)] = sql, param[1]
+    return selects
 
 
 def read_column(conn: Connection, query: tuple[str, bool], key: object) -> list[object]:
-    """Run a :func:`select_column_sql` query for ``key`` on a second cursor of ``conn``'s
+    """Run a :func:`key_selects` query for ``key`` on a second cursor of ``conn``'s
     DBAPI connection: the same transaction, the app's cursor (its rowcount, read later by
     SQLAlchemy) untouched, and no SQLAlchemy event (so no listener of ours) on the way."""
     sql, by_name = query
@@ -149,7 +139,8 @@ def returned_column(cursor: Any, column: str) -> list[object] | None:
     rows = getattr(cursor, "_rows", None)
     if rows is not None and type(rows).__name__ == "deque":
         # SQLAlchemy's asyncio adapters (asyncpg, psycopg async, aiosqlite) fetch every row
-        # at execute into this buffer; a server-side adapter leaves it empty.
+        # at execute into this private buffer; they document no way to read their rows
+        # without consuming them. A server-side adapter leaves it empty.
         return [row[index] for row in rows]
     psycopg2 = sys.modules.get("psycopg2.extensions")
     if psycopg2 is not None and isinstance(cursor, psycopg2.cursor) and not cursor.name:
@@ -161,7 +152,7 @@ def returned_column(cursor: Any, column: str) -> list[object] | None:
     return None
 
 
-class _NegativeWrites:
+class NegativeWrites:
     """The per-engine checker of :mod:`negative`: what it looks at and how it reads back."""
 
     __slots__ = ("metrics", "read_back", "returning", "selects", "sentry", "specs")
@@ -181,13 +172,11 @@ class _NegativeWrites:
         self.returning = returning
         self.read_back = frozenset(read_back)
         # (table, key column) -> the read-back SELECT and its parameter style, built once.
-        self.selects: dict[tuple[str, str], tuple[str, bool] | None] = {}
-        for table in self.read_back:
-            spec = self.specs[table]
-            for key_column in spec.key_columns:
-                self.selects[(table, key_column)] = select_column_sql(
-                    table, spec.stock_column, key_column, paramstyle
-                )
+        self.selects = key_selects(
+            {table: self.specs[table].stock_column for table in self.read_back},
+            self.specs,
+            paramstyle,
+        )
 
     @staticmethod
     def build(
@@ -197,7 +186,7 @@ class _NegativeWrites:
         returning: bool,
         read_back: bool | Iterable[str],
         paramstyle: str,
-    ) -> _NegativeWrites | None:
+    ) -> NegativeWrites | None:
         """The checker, or ``None`` when nothing is switched on (then it costs nothing)."""
         names = (
             set(tables) if read_back is True else set() if read_back is False else set(read_back)
@@ -209,7 +198,7 @@ class _NegativeWrites:
             )
         if not returning and not names:
             return None
-        return _NegativeWrites(
+        return NegativeWrites(
             sentry, tables, returning=returning, read_back=names, paramstyle=paramstyle
         )
 
@@ -268,6 +257,6 @@ class _NegativeWrites:
         try:
             self.metrics.inventory_negative(sku)
         except Exception as exc:
-            self.sentry.internal_error(_COMPONENT, exc)
+            self.sentry.internal_error(COMPONENT, exc)
         if self.sentry.log_enabled:
             self.sentry.logger.warning(events.INVENTORY_NEGATIVE.name, sku=sku, stock=stock)

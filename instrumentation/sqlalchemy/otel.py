@@ -1,29 +1,34 @@
-"""OpenTelemetry glue: opentelemetry-instrumentation-sqlalchemy's spans for one engine."""
+"""OpenTelemetry glue: opentelemetry-instrumentation-sqlalchemy's spans for one engine.
+
+That library documents one entry point, ``SQLAlchemyInstrumentor().instrument()``: a
+process-wide singleton that also patches ``create_engine`` and ``Engine.connect`` and
+ignores a second engine, and whose ``uninstrument()`` removes every engine's listeners.
+Its per-engine part, ``EngineTracer``, is used here instead; the listeners it registers
+are kept only in its private class list ``_remove_event_listener_params``, the one way to
+find (and remove) one engine's: no public alternative exists.
+"""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import sqlalchemy
 from opentelemetry import trace as otel_trace
 from opentelemetry.trace import TracerProvider
 
-from .model import _COMPONENT
+from .model import COMPONENT
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
 
-    from .listeners import _Instrumentation
+    from .listeners import Instrumentation
 
 
-def _otel_engine_tracer(
-    engine: Engine, instrumentation: _Instrumentation, tracer_provider: TracerProvider | None
+def attach_engine_tracer(
+    engine: Engine, instrumentation: Instrumentation, tracer_provider: TracerProvider | None
 ) -> None:
-    """Attach opentelemetry-instrumentation-sqlalchemy's per-engine tracer to ``engine``.
-
-    ``SQLAlchemyInstrumentor().instrument(engine=...)`` would also patch ``create_engine``
-    and ``Engine.connect`` process-wide, and as a singleton it ignores a second engine; its
-    ``EngineTracer`` is the per-engine part. The version check it would do is done here.
-    """
+    """Attach opentelemetry-instrumentation-sqlalchemy's per-engine tracer to ``engine``
+    (with the version check the instrumentor would do)."""
     from opentelemetry.instrumentation.dependencies import get_dependency_conflicts
     from opentelemetry.instrumentation.sqlalchemy import SQLAlchemyInstrumentor
     from opentelemetry.instrumentation.sqlalchemy.engine import EngineTracer
@@ -34,7 +39,7 @@ def _otel_engine_tracer(
     conflict = get_dependency_conflicts(SQLAlchemyInstrumentor().instrumentation_dependencies())
     if conflict is not None:
         # As the instrumentor itself would: no spans rather than wrong ones.
-        instrumentation.sentry.internal_error(_COMPONENT, RuntimeError(str(conflict)))
+        instrumentation.sentry.internal_error(COMPONENT, RuntimeError(str(conflict)))
         return
     scope = "opentelemetry.instrumentation.sqlalchemy"
     tracer = otel_trace.get_tracer(scope, __version__, tracer_provider)
@@ -48,3 +53,17 @@ def _otel_engine_tracer(
     before = len(registered)
     EngineTracer(tracer, engine, usage)  # type: ignore[no-untyped-call]  # untyped library
     instrumentation.otel_entries = registered[before:]
+
+
+def detach_engine_tracer(entries: list[Any]) -> None:
+    """Remove the listeners :func:`attach_engine_tracer` recorded for one engine."""
+    if not entries:
+        return
+    from opentelemetry.instrumentation.sqlalchemy.engine import EngineTracer
+
+    for entry in entries:
+        target_ref, name, listener = entry
+        target = target_ref()
+        if target is not None and sqlalchemy.event.contains(target, name, listener):
+            sqlalchemy.event.remove(target, name, listener)
+        EngineTracer._dispose_of_event_listener(entry)  # type: ignore[no-untyped-call]  # untyped library

@@ -10,17 +10,17 @@ from typing import TYPE_CHECKING, TypeAlias
 from uuid import UUID
 
 from ..heldlocks import HeldLock
-from .model import _MAX_KEY_CHARS, _READS_PER_SCOPE, StatementInfo
+from .model import MAX_KEY_CHARS, READS_PER_SCOPE, StatementInfo
 
 if TYPE_CHECKING:
     from sqlalchemy.engine.base import RootTransaction
 
-_Key: TypeAlias = tuple[str, str, object]  # table label, key column, normalised value
-# In a reservation's store, (table, _ANY_ROW, key column) holds the table's latest read.
-_ANY_ROW = "\x00any"
+Key: TypeAlias = tuple[str, str, object]  # table label, key column, normalised value
+# In a reservation's store, (table, ANY_ROW, key column) holds the table's latest read.
+ANY_ROW = "\x00any"
 
 
-class _Read:
+class Read:
     """One remembered read of a stock value, with the distributed locks held at the time."""
 
     __slots__ = ("at", "held", "locked", "txn")
@@ -38,7 +38,7 @@ class _Read:
         self.held = held
 
 
-class _ConnState:
+class ConnState:
     """Per SQLAlchemy ``Connection`` (one checkout): its reads, its transaction's locks."""
 
     __slots__ = (
@@ -53,9 +53,9 @@ class _ConnState:
     )
 
     def __init__(self) -> None:
-        self.reads: dict[_Key, _Read] = {}
+        self.reads: dict[Key, Read] = {}
         self.txn: weakref.ref[RootTransaction] | None = None
-        self.locks: set[_Key] = set()
+        self.locks: set[Key] = set()
         self.lock_all: set[str] = set()
         self.isolation: str | None = None
         self.begun = False
@@ -90,10 +90,10 @@ class _ConnState:
             self.isolation = info.isolation
 
 
-def _remember(store: dict[_Key, _Read], key: _Key, read: _Read) -> None:
+def remember(store: dict[Key, Read], key: Key, read: Read) -> None:
     store.pop(key, None)  # re-insert at the end: the oldest entry is first
     store[key] = read
-    if len(store) > _READS_PER_SCOPE:
+    if len(store) > READS_PER_SCOPE:
         # Another thread may have changed the store meanwhile: then it is small enough.
         with contextlib.suppress(StopIteration, KeyError, RuntimeError):
             del store[next(iter(store))]
@@ -102,33 +102,33 @@ def _remember(store: dict[_Key, _Read], key: _Key, read: _Read) -> None:
 # Reads remembered for the active reservation and for the bound request_id. The var holds
 # (owner, store): a store belongs to one reservation / request, a new owner starts afresh,
 # so the reads of an ended reservation are never seen again.
-_reservation_reads: ContextVar[tuple[object, dict[_Key, _Read]] | None] = ContextVar(
+reservation_reads: ContextVar[tuple[object, dict[Key, Read]] | None] = ContextVar(
     "stocksentry_sqlalchemy_reservation_reads", default=None
 )
-_request_reads: ContextVar[tuple[object, dict[_Key, _Read]] | None] = ContextVar(
+request_reads: ContextVar[tuple[object, dict[Key, Read]] | None] = ContextVar(
     "stocksentry_sqlalchemy_request_reads", default=None
 )
 
 
-def _scope(
-    var: ContextVar[tuple[object, dict[_Key, _Read]] | None], owner: object, create: bool
-) -> dict[_Key, _Read] | None:
+def scope(
+    var: ContextVar[tuple[object, dict[Key, Read]] | None], owner: object, create: bool
+) -> dict[Key, Read] | None:
     held = var.get()
     if held is not None and (held[0] is owner or held[0] == owner):
         return held[1]
     if not create:
         return None
-    store: dict[_Key, _Read] = {}
+    store: dict[Key, Read] = {}
     var.set((owner, store))
     return store
 
 
-def _normalise(value: object) -> object:
+def normalise(value: object) -> object:
     """A comparable form of a key value: 5, 5.0 and Decimal(5) meet; long strings are cut."""
     if isinstance(value, bool | int):
         return value
     if isinstance(value, str):
-        return value[:_MAX_KEY_CHARS]
+        return value[:MAX_KEY_CHARS]
     if isinstance(value, float) and value.is_integer():
         return int(value)
     if isinstance(value, Decimal) and value == value.to_integral_value():
@@ -136,5 +136,5 @@ def _normalise(value: object) -> object:
     if isinstance(value, UUID):
         return str(value)
     if isinstance(value, bytes):
-        return value[:_MAX_KEY_CHARS]
-    return str(value)[:_MAX_KEY_CHARS]
+        return value[:MAX_KEY_CHARS]
+    return str(value)[:MAX_KEY_CHARS]

@@ -12,14 +12,14 @@ import re
 from typing import Any, TypeAlias
 
 # Token kinds.
-_W = 0  # word (keyword or unquoted identifier), lower-cased
-_Q = 1  # quoted identifier, lower-cased for matching
-_S = 2  # string literal (its value)
-_N = 3  # number literal (its value)
-_P = 4  # bound parameter (name or position)
-_O = 5  # operator or punctuation
+WORD = 0  # word (keyword or unquoted identifier), lower-cased
+QUOTED = 1  # quoted identifier, lower-cased for matching
+STRING = 2  # string literal (its value)
+NUMBER = 3  # number literal (its value)
+PARAM = 4  # bound parameter (name or position)
+OP = 5  # operator or punctuation
 
-_Tok: TypeAlias = tuple[int, Any, int]  # kind, value, parenthesis depth
+Tok: TypeAlias = tuple[int, Any, int]  # kind, value, parenthesis depth
 
 _SCAN = re.compile(
     r"""
@@ -80,13 +80,13 @@ def _number(text: str) -> int | float:
         return float(text)
 
 
-def _tokenize(sql: str, paramstyle: str, mysql: bool = False) -> list[_Tok]:
+def tokenize(sql: str, paramstyle: str, mysql: bool = False) -> list[Tok]:
     """Tokens of ``sql`` without whitespace and comments; never raises on odd input.
 
     ``mysql``: the text is MySQL's / MariaDB's (``#`` comments, backslash escapes, "..."
     strings).
     """
-    out: list[_Tok] = []
+    out: list[Tok] = []
     depth = 0
     position = 0  # for positional parameter styles
     pos = 0
@@ -105,9 +105,9 @@ def _tokenize(sql: str, paramstyle: str, mysql: bool = False) -> list[_Tok]:
                 pos = special.end()
                 kind = special.lastgroup
                 if kind == "ms":
-                    out.append((_S, _mysql_string(special.group(), "'"), depth))
+                    out.append((STRING, _mysql_string(special.group(), "'"), depth))
                 elif kind == "md":
-                    out.append((_S, _mysql_string(special.group(), '"'), depth))
+                    out.append((STRING, _mysql_string(special.group(), '"'), depth))
                 continue  # a # comment
         m = scan(sql, pos)
         if m is None:  # pragma: no cover - the last alternative matches any character
@@ -139,67 +139,67 @@ def _tokenize(sql: str, paramstyle: str, mysql: bool = False) -> list[_Tok]:
                 body = body[:-1]
             if group == "es":
                 body = body.replace("\\'", "'")
-            out.append((_S, body.replace("''", "'"), depth))
+            out.append((STRING, body.replace("''", "'"), depth))
         elif group == "q" or group == "bt":
             quote = '"' if group == "q" else "`"
             body = text[text.index(quote) + 1 :]
             if body.endswith(quote):
                 body = body[:-1]
-            out.append((_Q, body.replace(quote * 2, quote).lower(), depth))
+            out.append((QUOTED, body.replace(quote * 2, quote).lower(), depth))
         elif group == "dollar":
             number = m.group("num")
             if number is not None:
                 if dollar:
-                    out.append((_P, int(number) - 1, depth))
+                    out.append((PARAM, int(number) - 1, depth))
                 else:
-                    out.append((_O, "$", depth))
-                    out.append((_N, int(number), depth))
+                    out.append((OP, "$", depth))
+                    out.append((NUMBER, int(number), depth))
                 continue
             # A dollar-quoted string: the body runs to the same tag.
             close = sql.find(text, pos)
             body = sql[pos:close] if close >= 0 else sql[pos:]
             pos = close + len(text) if close >= 0 else end
-            out.append((_S, body, depth))
+            out.append((STRING, body, depth))
         elif group == "pyf":
             if fmt:
-                out.append((_P, m.group("pyname"), depth))
+                out.append((PARAM, m.group("pyname"), depth))
             else:
-                out.append((_O, "%", depth))
+                out.append((OP, "%", depth))
                 pos = m.start() + 1
         elif group == "fmt":
             if fmt:
-                out.append((_P, position, depth))
+                out.append((PARAM, position, depth))
                 position += 1
             else:
-                out.append((_O, "%", depth))
+                out.append((OP, "%", depth))
                 pos = m.start() + 1
         elif group == "pct":
-            out.append((_O, "%", depth))
+            out.append((OP, "%", depth))
             if not fmt:
                 pos = m.start() + 1
         elif group == "cast":
-            out.append((_O, "::", depth))
+            out.append((OP, "::", depth))
         elif group == "colon":
             if numeric and m.group("cnum") is not None:
-                out.append((_P, int(m.group("cnum")) - 1, depth))
+                out.append((PARAM, int(m.group("cnum")) - 1, depth))
             elif named and m.group("cname") is not None:
-                out.append((_P, m.group("cname"), depth))
+                out.append((PARAM, m.group("cname"), depth))
             else:
-                out.append((_O, ":", depth))
+                out.append((OP, ":", depth))
                 pos = m.start() + 1
         elif group == "n":
-            out.append((_N, _number(text), depth))
+            out.append((NUMBER, _number(text), depth))
         elif group == "w":
-            out.append((_W, text.lower(), depth))
+            out.append((WORD, text.lower(), depth))
         elif text == "?" and qmark:
-            out.append((_P, position, depth))
+            out.append((PARAM, position, depth))
             position += 1
         elif text == "(":
-            out.append((_O, "(", depth))
+            out.append((OP, "(", depth))
             depth += 1
         elif text == ")":
             depth = max(0, depth - 1)
-            out.append((_O, ")", depth))
+            out.append((OP, ")", depth))
         else:
-            out.append((_O, text, depth))
+            out.append((OP, text, depth))
     return out

@@ -1,13 +1,14 @@
-"""The ``db`` fixture: one test per behaviour, run on PostgreSQL and on MariaDB."""
+"""The ``db`` fixture: a fresh PostgreSQL, then a fresh MariaDB database (see dbs.py)."""
 
 from __future__ import annotations
 
 import pytest
-from shopdb import Db
+from dbs import Db, mariadb, postgresql
 
 
 @pytest.fixture(params=["postgresql", "mariadb"])
 def db(request: pytest.FixtureRequest) -> Db:
-    if request.param == "mariadb":
-        return Db(request.getfixturevalue("mysql_database"), "mysql")
-    return Db(request.getfixturevalue("pg_database"), "postgresql")
+    """A fresh database of each kind in turn (``indirect`` parametrisation picks one)."""
+    if request.param == "postgresql":
+        return postgresql(request.getfixturevalue("pg_database"))
+    return mariadb(request.getfixturevalue("mysql_database"))

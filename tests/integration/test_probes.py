@@ -24,10 +24,10 @@ import psycopg
 import pytest
 import redis.asyncio as aioredis
 import yaml
+from dbs import Db
 from polling import async_wait_until
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
-from shopdb import Db
 from stocksentry.exporter.config import ExporterConfig, parse_config
 from stocksentry.exporter.probes import ProbeRunner, check_indexes
 from stocksentry.exporter.probes.base import Backoff, ErrorLog, ProbeResult
@@ -203,14 +203,14 @@ def mariadb() -> Any:
 
 async def seed_db(db: Db, *, indexes: bool = True) -> None:
     if db.mysql:
-        mariadb().seed(db.url, indexes=indexes)
+        mariadb().seed(db.raw_url, indexes=indexes)
     else:
-        await seed(db.url, indexes=indexes)
+        await seed(db.raw_url, indexes=indexes)
 
 
 def config_on(db: Db, probes: tuple[str, ...] = ALL_DB_PROBES, **options: Any) -> ExporterConfig:
     """:func:`make_config` of the database's test module."""
-    return (mariadb().make_config if db.mysql else make_config)(db.url, probes, **options)
+    return (mariadb().make_config if db.mysql else make_config)(db.raw_url, probes, **options)
 
 
 def sample(registry: CollectorRegistry, name: str, **labels: str) -> float | None:
@@ -247,7 +247,7 @@ async def test_every_probe_reports_the_seeded_truth(db, registry):
         assert sample(registry, "stock_duplicate_order_keys") == 2.0
         assert sample(registry, "stock_db_lock_waiters") == 0.0
         assert sample(registry, "stock_db_lock_wait_max_seconds") == 0.0
-        database = db.url.rsplit("/", 1)[1]
+        database = db.raw_url.rsplit("/", 1)[1]
         deadlocks = sample(registry, "stock_db_deadlocks_total", database=database)
         if db.mysql:
             assert deadlocks is not None  # server-wide: other suites' deadlocks count too
@@ -425,7 +425,7 @@ async def test_outbox_names_its_stuck_events_in_one_line_per_transition(
 async def test_custom_probe_exports_the_rows_as_a_gauge(db, registry):
     await seed_db(db)
     document = {
-        "database": {"url": db.url, "leader_election": False},
+        "database": {"url": db.raw_url, "leader_election": False},
         "probes": {
             "defaults": {"interval": "200ms"},
             **{p: {"enabled": False} for p in ALL_DB_PROBES},
@@ -498,7 +498,7 @@ async def test_custom_sql_leaves_no_lock_behind(db, registry):
         else f"SELECT 1 AS value FROM (SELECT pg_advisory_lock({key})) AS x"
     )
     document = {
-        "database": {"url": db.url, "leader_election": False},
+        "database": {"url": db.raw_url, "leader_election": False},
         "probes": {
             # One run only, so none is in flight while the lock is checked.
             "defaults": {"interval": "1h"},
@@ -511,9 +511,9 @@ async def test_custom_sql_leaves_no_lock_behind(db, registry):
         assert sample(registry, "shop_locker") == 1.0
         # The pooled session is still open, but no longer holds the lock.
         if db.mysql:
-            assert mariadb().lock_is_free(db.url, name)
+            assert mariadb().lock_is_free(db.raw_url, name)
         else:
-            assert await try_advisory_lock(db.url, key)
+            assert await try_advisory_lock(db.raw_url, key)
 
 
 async def test_missing_indexes_are_reported_with_the_statement_to_add(db, registry, caplog):
@@ -540,7 +540,7 @@ async def test_missing_indexes_are_reported_with_the_statement_to_add(db, regist
         assert "(`released_at`, `expires_at`)" in advice[3].statement
         assert "(`published_at`, `created_at`)" in advice[4].statement
         # The statements are valid SQL that create the very indexes asked for.
-        mariadb().run_sql(db.url, [item.statement.rstrip(";") for item in advice])
+        mariadb().run_sql(db.raw_url, [item.statement.rstrip(";") for item in advice])
     else:
         assert [(a.probe, a.table, a.column) for a in advice] == [
             ("negative_stock", "products", "available_stock"),
@@ -557,7 +557,7 @@ async def test_missing_indexes_are_reported_with_the_statement_to_add(db, regist
         )
         assert advice[5].statement.endswith('WHERE "released_at" IS NULL;')
         # The statements are valid SQL that create the very indexes asked for.
-        async with await psycopg.AsyncConnection.connect(db.url, autocommit=True) as conn:
+        async with await psycopg.AsyncConnection.connect(db.raw_url, autocommit=True) as conn:
             for item in advice:
                 await conn.execute(item.statement)
     caplog.set_level(logging.WARNING, logger="stocksentry.exporter.probes")
@@ -594,8 +594,8 @@ def plain(db: Db, *, autocommit: bool = True) -> Any:
     """A plain DB-API session on the test database (psycopg or PyMySQL); without
     autocommit, in a transaction."""
     if not db.mysql:
-        return psycopg.connect(db.url, autocommit=autocommit)
-    conn = mariadb().connect(db.url, autocommit=autocommit)
+        return psycopg.connect(db.raw_url, autocommit=autocommit)
+    conn = mariadb().connect(db.raw_url, autocommit=autocommit)
     if not autocommit:
         conn.begin()
     return conn
@@ -687,7 +687,7 @@ async def test_long_transactions_on_stock_tables(db, registry):
         config = parse_config(
             yaml.safe_dump(
                 {
-                    "database": {"url": db.url, "leader_election": False},
+                    "database": {"url": db.raw_url, "leader_election": False},
                     "probes": {
                         "defaults": {"interval": "200ms"},
                         **{p: {"enabled": False} for p in ALL_DB_PROBES},
@@ -726,9 +726,9 @@ async def test_a_locked_table_times_out_the_probe_then_it_recovers(db, registry)
         database={"statement_timeout": "1500ms"} if db.mysql else None,
     )
     if db.mysql:
-        locker: Any = mariadb().connect(db.url)
+        locker: Any = mariadb().connect(db.raw_url)
     else:
-        locker = await psycopg.AsyncConnection.connect(db.url)
+        locker = await psycopg.AsyncConnection.connect(db.raw_url)
     try:
         async with ProbeRunner(config, registry=registry) as runner:
             await async_wait_until(all_up(registry, ("negative_stock",)), timeout=WAIT)
@@ -1011,8 +1011,8 @@ async def test_a_leader_stops_its_probes_before_its_session_goes(pg_database):
 async def db_sessions(db: Db) -> set[int]:
     """The exporter's sessions of the test's own database."""
     if db.mysql:
-        return set(mariadb().exporter_sessions(db.url))
-    return await exporter_sessions(db.url)
+        return set(mariadb().exporter_sessions(db.raw_url))
+    return await exporter_sessions(db.raw_url)
 
 
 async def exporter_sessions(url: str) -> set[int]:
@@ -1072,7 +1072,7 @@ async def test_cache_drift_counts_skus_that_stay_apart_beyond_the_grace(
             yaml.safe_dump(
                 {
                     "sku_guard": {"promo_skus": ["SKU-OK", "SKU-OVER", "SKU-NEG1", "SKU-NEG3"]},
-                    "database": {"url": db.url, "leader_election": False},
+                    "database": {"url": db.raw_url, "leader_election": False},
                     "redis": {
                         "url": REDIS_URL,
                         "key_template": key,
@@ -1223,7 +1223,7 @@ async def test_cache_drift_is_down_while_redis_is_unreachable(pg_database, regis
 async def test_the_probe_timeout_stops_a_slow_query_in_the_server(db, registry):
     document = {
         "database": {
-            "url": db.url,
+            "url": db.raw_url,
             "leader_election": False,
             "statement_timeout": "10s",
             "lock_timeout": "10s",
@@ -1254,12 +1254,14 @@ async def test_the_probe_timeout_stops_a_slow_query_in_the_server(db, registry):
             # retries every 200 ms, so one may be in flight (and one being killed); never
             # a pile of them.
             for _ in range(10):  # watched for a second or more
-                (active,) = mariadb().run_rows_text(db.url, SLEEPING + " AND command = 'Query'")[0]
+                (active,) = mariadb().run_rows_text(
+                    db.raw_url, SLEEPING + " AND command = 'Query'"
+                )[0]
                 assert active <= 2
                 await asyncio.sleep(0.1)
         else:
             # Cancelled in the server, not left running behind the exporter.
-            async with await psycopg.AsyncConnection.connect(db.url, autocommit=True) as conn:
+            async with await psycopg.AsyncConnection.connect(db.raw_url, autocommit=True) as conn:
                 for _ in range(10):  # watched for a second or more
                     cursor = await conn.execute(
                         "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
@@ -1274,7 +1276,7 @@ async def test_the_probe_timeout_stops_a_slow_query_in_the_server(db, registry):
     if db.mysql:
         # Once the exporter stopped, nothing of it sleeps on.
         await async_wait_until(
-            lambda: mariadb().run_rows_text(db.url, SLEEPING)[0][0] == 0,
+            lambda: mariadb().run_rows_text(db.raw_url, SLEEPING)[0][0] == 0,
             timeout=2.5,
             message="no query left sleeping",
         )

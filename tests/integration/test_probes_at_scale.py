@@ -19,7 +19,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from shopdb import Db
+from dbs import Db
 from stocksentry.exporter.invariants import InvariantSql
 from stocksentry.exporter.probes import ProbeRunner
 from stocksentry.exporter.probes.db import DbProbe
@@ -39,7 +39,7 @@ BIG = {"p", "q", "sp", "o", "oi", "i", "products", "orders", "order_items"}
 
 
 def _traffic(db: Db, count: int) -> None:
-    conn: Any = connect(db.url) if db.mysql else psycopg.connect(db.url, autocommit=True)
+    conn: Any = connect(db.raw_url) if db.mysql else psycopg.connect(db.raw_url, autocommit=True)
     try:
         with conn.cursor() as cur:
             for n in range(count):
@@ -87,16 +87,16 @@ def _mysql_full_scans(url: str, text: str, params: Any) -> list[str]:
 
 async def test_no_probe_plan_reads_the_big_tables_whole(db: Db) -> None:
     if db.mysql:
-        conn: Any = connect(db.url)
+        conn: Any = connect(db.raw_url)
         try:
             facts = generate_mysql(conn, products=PRODUCTS, orders=ORDERS)
         finally:
             conn.close()
     else:
-        with psycopg.connect(db.url, autocommit=True) as conn:
+        with psycopg.connect(db.raw_url, autocommit=True) as conn:
             facts = generate(conn, products=PRODUCTS, orders=ORDERS)
     assert facts.order_items > ORDERS
-    config = example_config(db.url)
+    config = example_config(db.raw_url)
     runner = ProbeRunner(config)
     probes = [p for p in runner.probes if isinstance(p, DbProbe)]
     assert {"oversold", "duplicate_orders", "negative_stock"} <= {p.name for p in probes}
@@ -132,10 +132,10 @@ async def test_no_probe_plan_reads_the_big_tables_whole(db: Db) -> None:
         found = [
             f"{name}: full scan of {', '.join(scans)}: {text[:120]}"
             for name, text, params in sent
-            if (scans := _mysql_full_scans(db.url, text, params))
+            if (scans := _mysql_full_scans(db.raw_url, text, params))
         ]
     else:
-        async with await psycopg.AsyncConnection.connect(db.url) as conn:
+        async with await psycopg.AsyncConnection.connect(db.raw_url) as conn:
             for name, statement, params in sent:
                 scans = seq_scans(await explain(conn, statement, params))
                 if scans:

@@ -17,9 +17,9 @@ from typing import Any
 import psycopg
 import pytest
 import yaml
+from dbs import Db
 from polling import async_wait_until
 from prometheus_client import CollectorRegistry
-from shopdb import Db
 from stocksentry.exporter.config import ExporterConfig, parse_config
 from stocksentry.exporter.invariants import InvariantSql, Query
 from stocksentry.exporter.probes import ProbeRunner
@@ -78,9 +78,9 @@ class Shop:
     def __init__(self, db: Db, *, autocommit: bool = True) -> None:
         self.db = db
         self.conn: Any = (
-            connect(db.url, autocommit=autocommit)
+            connect(db.raw_url, autocommit=autocommit)
             if db.mysql
-            else psycopg.connect(db.url, autocommit=autocommit)
+            else psycopg.connect(db.raw_url, autocommit=autocommit)
         )
         if db.mysql and not autocommit:
             self.conn.begin()
@@ -200,7 +200,7 @@ def writer(db: Db) -> Any:
 async def test_an_order_committed_late_is_counted_however_old_its_created_at(
     db: Db, writer: Shop
 ) -> None:
-    config = config_for(db.url)
+    config = config_for(db.raw_url)
     pool = Pool(config.database)  # type: ignore[arg-type]
     probe = OversoldProbe(config, pool, LabelGuard(100))
     try:
@@ -231,7 +231,7 @@ async def test_an_order_committed_late_is_counted_however_old_its_created_at(
 
 async def test_payments_refunds_and_cancellations_recent_and_old(db: Db, writer: Shop) -> None:
     # A small shop: one chunk of the rolling recount covers every product, every run.
-    config = config_for(db.url, settle_after="1h")
+    config = config_for(db.raw_url, settle_after="1h")
     pool = Pool(config.database)  # type: ignore[arg-type]
     probe = OversoldProbe(config, pool, LabelGuard(100))
     try:
@@ -258,7 +258,7 @@ async def test_payments_refunds_and_cancellations_recent_and_old(db: Db, writer:
 async def test_figures_equal_a_full_recount_under_traffic_with_old_orders_settled(
     db: Db, writer: Shop
 ) -> None:
-    config = config_for(db.url)
+    config = config_for(db.raw_url)
     pool = Pool(config.database)  # type: ignore[arg-type]
     probe = OversoldProbe(config, pool, LabelGuard(100))
     rng = random.Random(12)
@@ -292,7 +292,7 @@ async def test_a_restart_rebuilds_in_bounded_steps_and_a_new_leader_equals_the_r
     for sku in ("SKU-450", "SKU-460", "SKU-470"):
         writer.order(sku, 3, age=dt.timedelta(days=1))
         writer.order(sku, 1)
-    config = config_for(db.url, leader_election=True, recount_batch=1, settle_after="1h")
+    config = config_for(db.raw_url, leader_election=True, recount_batch=1, settle_after="1h")
     truth = full_recount(db, config)
     assert truth == {"SKU-450": 1.0, "SKU-460": 1.0, "SKU-470": 1.0}
 
@@ -340,7 +340,7 @@ async def test_duplicate_keys_incrementally_equal_the_full_query(
 ) -> None:
     if many_new_keys:  # every run has "too many" new keys: the window is read again
         monkeypatch.setattr(db_probes, "MAX_NEW_KEYS", 0)
-    config = config_for(db.url)
+    config = config_for(db.raw_url)
     pool = Pool(config.database)  # type: ignore[arg-type]
     probe = DuplicateOrdersProbe(config, pool)
 

@@ -12,16 +12,12 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
-from typing import Any
 
 import pytest
-import sqlalchemy as sa
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.multiprocess import MultiProcessCollector
-from stocksentry.instrumentation import Sentry, catalog
-from stocksentry.instrumentation.guard import LabelGuard
+from stocksentry.instrumentation import catalog
 from stocksentry.instrumentation.metrics import StockMetrics
-from stocksentry.instrumentation.sqlalchemy import instrument_sqlalchemy, uninstrument_sqlalchemy
 
 BOUNDS = catalog.LATENCY_BUCKETS
 # Every bound exactly, just under and over it, zero and far past the last finite bound.
@@ -98,49 +94,6 @@ def test_lock_waits_write_the_multiprocess_files_as_observe_would(tmp_path: Path
     name = catalog.DB_LOCK_WAIT.name
     assert samples(registry, name) == samples(reference, name)
     assert registry.get_sample_value(f"{name}_count", {"table": "t"}) == len(AMOUNTS)
-
-
-STOCK = "CREATE TABLE products (sku TEXT PRIMARY KEY, available_stock INTEGER NOT NULL)"
-UPDATE = "UPDATE products SET available_stock = available_stock - 1 WHERE sku = :sku"
-
-
-@pytest.fixture
-def engine(tmp_path: Path) -> Any:
-    engine = sa.create_engine(f"sqlite:///{tmp_path / 'shop.db'}")
-    with engine.begin() as conn:
-        conn.exec_driver_sql(STOCK)
-        conn.exec_driver_sql("INSERT INTO products VALUES ('EGG-01', 100)")
-    yield engine
-    uninstrument_sqlalchemy(engine)
-    engine.dispose()
-
-
-def test_the_integration_counts_every_update(engine: Any) -> None:
-    registry = CollectorRegistry()
-    instrument_sqlalchemy(engine, sentry=Sentry(registry=registry, log=False, trace=False))
-    for _ in range(5):
-        with engine.begin() as conn:
-            conn.execute(sa.text(UPDATE), {"sku": "EGG-01"})
-    name = catalog.DB_LOCK_WAIT.name
-    assert registry.get_sample_value(f"{name}_count", {"table": "products"}) == 5
-    assert registry.get_sample_value(f"{name}_bucket", {"table": "products", "le": "+Inf"}) == 5
-
-
-def test_an_overflowed_table_label_counts_its_overflow_on_every_update(engine: Any) -> None:
-    registry = CollectorRegistry()
-    sentry = Sentry(registry=registry, log=False, trace=False)
-    # No table label admitted: every lock wait folds into __other__ and must say so.
-    sentry.metrics._small_guards["table"] = LabelGuard(0)
-    instrument_sqlalchemy(engine, sentry=sentry)
-    for _ in range(3):
-        with engine.begin() as conn:
-            conn.execute(sa.text(UPDATE), {"sku": "EGG-01"})
-    name = catalog.DB_LOCK_WAIT.name
-    assert registry.get_sample_value(f"{name}_count", {"table": catalog.OVERFLOW_VALUE}) == 3
-    overflow = registry.get_sample_value(
-        "stocksentry_label_overflow_total", {"metric": catalog.DB_LOCK_WAIT.name}
-    )
-    assert overflow == 3
 
 
 # --- exemplars and the reservation duration ---------------------------------------------------

@@ -21,8 +21,8 @@ from stocksentry.instrumentation.guard import MAX_CACHED_KEY_LENGTH, LabelGuard
 from stocksentry.instrumentation.logs import Redactor, sanitize_id
 from stocksentry.instrumentation.metrics import StockMetrics
 from stocksentry.instrumentation.sqlalchemy import instrument_sqlalchemy, uninstrument_sqlalchemy
-from stocksentry.instrumentation.sqlalchemy.instrumentor import _instrumented
-from stocksentry.instrumentation.sqlalchemy.model import _PLAN_CACHE_CHARS, _PLAN_CACHE_MAX_TEXT
+from stocksentry.instrumentation.sqlalchemy.instrumentor import instrumented
+from stocksentry.instrumentation.sqlalchemy.model import PLAN_CACHE_CHARS, PLAN_CACHE_MAX_TEXT
 
 # What the child may grow by, after 2,000 distinct 256 kB SKUs went through reservations
 # (500 MB of input, each SKU freed by the app after its reservation).
@@ -280,17 +280,17 @@ def test_sqlalchemy_statement_cache_is_bounded_in_characters(registry: Collector
     engine = sa.create_engine("sqlite://")
     instrument_sqlalchemy(engine, sentry=Sentry(registry=registry, log=False, trace=False))
     try:
-        state = _instrumented[engine]
+        state = instrumented[engine]
         with engine.connect() as conn:
             for i in range(40):
                 # Distinct texts, as an app that renders literals into its SQL sends.
-                padding = "x" * (_PLAN_CACHE_MAX_TEXT + i)
+                padding = "x" * (PLAN_CACHE_MAX_TEXT + i)
                 conn.exec_driver_sql(f"SELECT 1 /* {padding} */")
             for i in range(300):
                 conn.exec_driver_sql(f"SELECT {i} /* {'y' * 10_000} */")
-        assert all(len(text) <= _PLAN_CACHE_MAX_TEXT for text in state.plans)
+        assert all(len(text) <= PLAN_CACHE_MAX_TEXT for text in state.plans)
         assert state.plan_chars == sum(len(text) for text in state.plans)
-        assert state.plan_chars <= _PLAN_CACHE_CHARS
+        assert state.plan_chars <= PLAN_CACHE_CHARS
     finally:
         uninstrument_sqlalchemy(engine)
 

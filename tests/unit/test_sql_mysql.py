@@ -1,7 +1,7 @@
 """MySQL and MariaDB in the SQLAlchemy integration, without a server: the classifier's MySQL
 syntax in the ``%s`` / ``%(name)s`` / ``?`` paramstyles, error numbers → refusals, and the
 matched-rows reading of an ``UPDATE``'s 0. Against the real MariaDB:
-``tests/integration/test_sqlalchemy_mysql.py``.
+``tests/integration/test_sqlalchemy.py``.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The SQLAlchemy integration on SQLite: classifier, detector verdicts, listener hygiene.
 
 Rows that need row locks (``FOR UPDATE``) and real concurrency are in
-``tests/integration/test_sqlalchemy_pg.py``.
+``tests/integration/test_sqlalchemy.py``.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from stocksentry.instrumentation.sqlalchemy import (
     is_instrumented,
     uninstrument_sqlalchemy,
 )
+from stocksentry.instrumentation.sqlalchemy.instrumentor import instrumented
 
 UNSAFE = "stock_unsafe_read_modify_write_total"
 LOCK_WAIT = "stock_db_lock_wait_duration_seconds"
@@ -416,11 +417,9 @@ def test_core_statements_are_classified_as_compiled(
 def test_a_read_is_forgotten_after_the_window(
     engine: sa.Engine, sentry: Sentry, registry: CollectorRegistry
 ) -> None:
-    from stocksentry.instrumentation.sqlalchemy import _instrumented
-
     instrument_sqlalchemy(engine, sentry=sentry, read_window=0.05)
     now = [100.0]
-    _instrumented[engine].clock = lambda: now[0]  # moved by hand: no test sleeps
+    instrumented[engine].clock = lambda: now[0]  # moved by hand: no test sleeps
     write = sa.text("UPDATE products SET available_stock = 9 WHERE sku = :sku")
     with engine.connect() as conn:
         conn.execute(sa.text(READ), EGG).all()
@@ -698,14 +697,12 @@ def listener_count(engine: sa.Engine) -> int:
 def test_instrument_twice_listens_once_and_uninstrument_removes_all(
     engine: sa.Engine, sentry: Sentry, registry: CollectorRegistry
 ) -> None:
-    from stocksentry.instrumentation.sqlalchemy import _instrumented
-
     instrument_sqlalchemy(engine, sentry=sentry)
     instrument_sqlalchemy(engine, sentry=sentry, spans="all")  # does nothing more
     assert listener_count(engine) == 4
     # No engine event: SQLAlchemy's per-execute event path stays off.
     assert not engine._has_events
-    listeners = [(name, fn) for name, fn in _instrumented[engine].listeners]
+    listeners = [(name, fn) for name, fn in instrumented[engine].listeners]
     assert all(sa.event.contains(engine, name, fn) for name, fn in listeners)
     with engine.begin() as conn:
         conn.execute(sa.text("UPDATE products SET available_stock = 5 WHERE id = 1"))
@@ -955,14 +952,6 @@ def test_statements_with_nothing_to_time_are_left_to_sqlalchemy(
     sa.event.remove(engine, "do_execute", after)
 
 
-def test_the_listener_collection_keeps_its_two_deques(engine: sa.Engine, sentry: Sentry) -> None:
-    # do_execute reads whether other listeners run from these two deques (len() of the
-    # collection costs a Python call a statement); a SQLAlchemy without them falls back.
-    instrument_sqlalchemy(engine, sentry=sentry)
-    listeners: Any = engine.dialect.dispatch.do_execute
-    assert len(listeners.listeners) + len(listeners.parent_listeners) == len(listeners) == 1
-
-
 def test_the_lock_wait_takes_its_exemplar_from_the_apps_current_span(
     engine: sa.Engine, sentry: Sentry
 ) -> None:
@@ -1035,3 +1024,31 @@ def test_a_fenced_update_with_returning_on_sqlite_is_not_a_stale_token(tmp_path:
     finally:
         uninstrument_sqlalchemy(engine)
         engine.dispose()
+
+
+def test_every_locking_update_is_observed(engine: sa.Engine) -> None:
+    registry = CollectorRegistry()
+    instrument_sqlalchemy(engine, sentry=Sentry(registry=registry, log=False, trace=False))
+    for _ in range(5):
+        with engine.begin() as conn:
+            conn.execute(sa.text("UPDATE products SET available_stock = 5 WHERE sku = :sku"), EGG)
+    assert value(registry, f"{LOCK_WAIT}_count", table="products") == 5
+    assert value(registry, f"{LOCK_WAIT}_bucket", table="products", le="+Inf") == 5
+
+
+def test_an_overflowed_table_label_counts_its_overflow_on_every_update(engine: sa.Engine) -> None:
+    from stocksentry.instrumentation.guard import LabelGuard
+
+    registry = CollectorRegistry()
+    sentry = Sentry(registry=registry, log=False, trace=False)
+    # No table label admitted: every lock wait folds into __other__ and must say so.
+    sentry.metrics._small_guards["table"] = LabelGuard(0)
+    instrument_sqlalchemy(engine, sentry=sentry)
+    for _ in range(3):
+        with engine.begin() as conn:
+            conn.execute(sa.text("UPDATE products SET available_stock = 5 WHERE sku = :sku"), EGG)
+    assert value(registry, f"{LOCK_WAIT}_count", table=catalog.OVERFLOW_VALUE) == 3
+    overflow = value(
+        registry, "stocksentry_label_overflow_total", metric=catalog.DB_LOCK_WAIT.name
+    )
+    assert overflow == 3

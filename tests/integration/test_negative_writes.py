@@ -1,4 +1,5 @@
-"""Real negative stock writes seen from the SQL, on real PostgreSQL (psycopg 3 and asyncpg).
+"""Real negative stock writes seen from the SQL, on PostgreSQL (psycopg 3 and asyncpg) and
+MariaDB (PyMySQL; it has no ``UPDATE … RETURNING``, so only the read-back applies).
 
 The application believes the stock it computed (``success(new_stock=available - 1)``); a
 transaction without a lock that decrements ``stock = stock - :n`` leaves the row at what
@@ -13,6 +14,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from dbs import Db
 from prometheus_client import CollectorRegistry
 from sqlalchemy.ext.asyncio import create_async_engine
 from stocksentry.instrumentation import Sentry, events
@@ -22,11 +24,8 @@ from structlog.testing import capture_logs
 pytestmark = pytest.mark.integration
 
 NEGATIVE = "stock_inventory_negative_total"
-SCHEMA = (
-    "CREATE TABLE products (id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,"
-    " sku TEXT UNIQUE NOT NULL, available_stock INTEGER NOT NULL)",
-    "INSERT INTO products (sku, available_stock) VALUES ('EGG-01', 5), ('EGG-02', 5)",
-)
+ROWS = "('EGG-01', 'egg', 5), ('EGG-02', 'big egg', 5), ('EGG-03', 'egg', 2), ('EGG-04', 'egg', 2)"
+pg_only = pytest.mark.parametrize("db", ["postgresql"], indirect=True)
 DECREMENT = sa.text("UPDATE products SET available_stock = available_stock - :n WHERE sku = :sku")
 DECREMENT_RETURNING = sa.text(
     "UPDATE products SET available_stock = available_stock - :n WHERE sku = :sku"
@@ -48,18 +47,16 @@ def sentry(registry: CollectorRegistry) -> Sentry:
     return Sentry(registry=registry, log=True, trace=False)
 
 
-def make_engine(url: str, sentry: Sentry, **options: Any) -> sa.Engine:
-    engine = sa.create_engine(url, pool_size=2)
-    with engine.begin() as conn:
-        for statement in SCHEMA:
-            conn.exec_driver_sql(statement)
+def make_engine(db: Db, sentry: Sentry, **options: Any) -> sa.Engine:
+    db.create_products(ROWS)
+    engine = sa.create_engine(db.url, pool_size=2)
     instrument_sqlalchemy(engine, sentry=sentry, **options)
     return engine
 
 
 @pytest.fixture
-def engine(pg_sqlalchemy_url: str, sentry: Sentry) -> Iterator[sa.Engine]:
-    engine = make_engine(pg_sqlalchemy_url, sentry, read_back_stock=True)
+def engine(db: Db, sentry: Sentry) -> Iterator[sa.Engine]:
+    engine = make_engine(db, sentry, read_back_stock=True)
     yield engine
     uninstrument_sqlalchemy(engine)
     engine.dispose()
@@ -99,6 +96,7 @@ def test_relative_decrements_without_a_lock_count_the_real_negative_values(
         assert conn.execute(READ, {"sku": "EGG-01"}).scalar_one() == -3
 
 
+@pg_only
 def test_returning_is_read_without_consuming_the_apps_rows(
     engine: sa.Engine, registry: CollectorRegistry
 ) -> None:
@@ -114,6 +112,7 @@ def test_returning_is_read_without_consuming_the_apps_rows(
     assert value(registry, NEGATIVE, sku="EGG-01") == 3
 
 
+@pg_only
 def test_a_reservation_reporting_the_returned_value_is_counted_once(
     engine: sa.Engine, sentry: Sentry, registry: CollectorRegistry
 ) -> None:
@@ -141,10 +140,11 @@ def test_safe_atomic_decrement_counts_nothing(
     assert value(registry, NEGATIVE, sku="EGG-01") == 0
 
 
+@pg_only
 def test_read_back_is_off_unless_configured(
-    pg_sqlalchemy_url: str, sentry: Sentry, registry: CollectorRegistry
+    db: Db, sentry: Sentry, registry: CollectorRegistry
 ) -> None:
-    engine = make_engine(pg_sqlalchemy_url, sentry)
+    engine = make_engine(db, sentry)
     try:
         with engine.begin() as conn:
             for _ in range(7):
@@ -160,8 +160,9 @@ def test_read_back_is_off_unless_configured(
     assert value(registry, NEGATIVE, sku="EGG-02") == 1
 
 
-def test_read_back_names_unknown_tables_at_set_up(pg_sqlalchemy_url: str, sentry: Sentry) -> None:
-    engine = sa.create_engine(pg_sqlalchemy_url)
+@pg_only
+def test_read_back_names_unknown_tables_at_set_up(db: Db, sentry: Sentry) -> None:
+    engine = sa.create_engine(db.url)
     try:
         with pytest.raises(ValueError, match="orders"):
             instrument_sqlalchemy(engine, sentry=sentry, read_back_stock=["orders"])
@@ -170,14 +171,12 @@ def test_read_back_names_unknown_tables_at_set_up(pg_sqlalchemy_url: str, sentry
         engine.dispose()
 
 
+@pg_only
 async def test_asyncpg_returning_and_read_back(
-    pg_database: str, sentry: Sentry, registry: CollectorRegistry
+    db: Db, sentry: Sentry, registry: CollectorRegistry
 ) -> None:
-    url = pg_database.replace("postgresql://", "postgresql+asyncpg://", 1)
-    engine = create_async_engine(url)
-    async with engine.begin() as conn:
-        for statement in SCHEMA:
-            await conn.exec_driver_sql(statement)
+    db.create_products(ROWS)
+    engine = create_async_engine(db.async_url)
     instrument_sqlalchemy(engine, sentry=sentry, read_back_stock=["products"])
     try:
         async with engine.begin() as conn:
@@ -195,3 +194,16 @@ async def test_asyncpg_returning_and_read_back(
     assert (returned, returned2) == (1, -3)
     assert value(registry, NEGATIVE, sku="EGG-01") == 1
     assert value(registry, NEGATIVE, sku="EGG-02") == 1
+
+
+def test_relative_decrements_read_back_leave_the_apps_rowcounts(
+    engine: sa.Engine, registry: CollectorRegistry
+) -> None:
+    with engine.begin() as conn:
+        counts = [conn.execute(DECREMENT, {"n": 1, "sku": "EGG-03"}).rowcount for _ in range(5)]
+        refused = [conn.execute(SAFE, {"n": 1, "sku": "EGG-04"}).rowcount for _ in range(5)]
+    assert counts == [1] * 5  # the app's rowcounts are untouched by the read-back
+    assert refused == [1, 1, 0, 0, 0]
+    # 2 - 5 = -3: the writes that left -1, -2, -3; the guarded decrements count nothing.
+    assert value(registry, NEGATIVE, sku="EGG-03") == 3
+    assert value(registry, NEGATIVE, sku="EGG-04") == 0

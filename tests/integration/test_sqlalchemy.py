@@ -1,14 +1,16 @@
-"""The SQLAlchemy integration against real MariaDB: PyMySQL (sync) and aiomysql (async).
+"""The SQLAlchemy integration against real PostgreSQL (psycopg 3, asyncpg) and MariaDB
+(PyMySQL, aiomysql): each test over the ``db`` fixture runs on both.
 
-The MySQL side of ``test_sqlalchemy_pg.py``: a real deadlock (errno 1213) and lock wait
-timeout (1205) counted and classified as PostgreSQL's 40P01 / 55P03 are, real lock waits
-of ``FOR UPDATE`` and ``LOCK IN SHARE MODE``, conditional updates read from the matched
-rows with and without ``CLIENT.FOUND_ROWS``, and the detector's verdicts where InnoDB's
-isolation differs from PostgreSQL's (a plain read at REPEATABLE READ does lose updates).
+Real lock waits, real deadlocks (40P01 / 1213) and lock timeouts (55P03 / 1205) counted and
+classified alike, and the detector rows that need row locks and isolation levels (SQLite
+has neither), where InnoDB's isolation differs from PostgreSQL's (a plain read at
+REPEATABLE READ does lose updates on InnoDB). What exists on one database only (RETURNING,
+serialization failures at REPEATABLE READ, CLIENT.FOUND_ROWS) is tested there only.
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Callable, Iterator, MutableMapping
@@ -18,6 +20,10 @@ from typing import Any
 import pymysql
 import pytest
 import sqlalchemy as sa
+from dbs import Db, error_code
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from polling import wait_until
 from prometheus_client import CollectorRegistry
 from pymysql.constants import CLIENT
@@ -36,22 +42,18 @@ CONFLICT = "stock_reservation_conflict_total"
 SUCCESS = "stock_reservation_success_total"
 ERRORS = "stocksentry_instrumentation_errors_total"
 
-SCHEMA = (
-    "CREATE TABLE products (id BIGINT AUTO_INCREMENT PRIMARY KEY,"
-    " sku VARCHAR(64) UNIQUE NOT NULL, name VARCHAR(200), available_stock INTEGER NOT NULL)"
-    " ENGINE=InnoDB",
-    "INSERT INTO products (sku, name, available_stock) VALUES"
-    " ('EGG-01', 'egg', 10), ('EGG-02', 'big egg', 10)",
-)
+ROWS = "('EGG-01', 'egg', 10), ('EGG-02', 'big egg', 10)"
 EGG = {"sku": "EGG-01"}
 READ = sa.text("SELECT available_stock FROM products WHERE sku = :sku")
 FOR_UPDATE = sa.text("SELECT available_stock FROM products WHERE sku = :sku FOR UPDATE")
 BLIND = sa.text("UPDATE products SET available_stock = :computed WHERE sku = :sku")
-# MariaDB has no UPDATE ... RETURNING: the atomic reservation is the guarded UPDATE alone.
-ATOMIC = sa.text(
+GUARDED = (
     "UPDATE products SET available_stock = available_stock - :qty"
     " WHERE sku = :sku AND available_stock >= :qty"
 )
+# MariaDB has no UPDATE ... RETURNING: there the atomic reservation is the guarded UPDATE.
+ATOMIC = sa.text(GUARDED)
+ATOMIC_RETURNING = sa.text(f"{GUARDED} RETURNING available_stock")
 
 
 class Base(DeclarativeBase):
@@ -70,25 +72,25 @@ def value(registry: CollectorRegistry, name: str, **labels: str) -> float:
     return registry.get_sample_value(name, labels) or 0.0
 
 
+def atomic(db: Db) -> sa.TextClause:
+    """The atomic reservation: with RETURNING where the database has it."""
+    return ATOMIC_RETURNING if db.returning else ATOMIC
+
+
+def matched(db: Db, result: sa.CursorResult[Any]) -> int:
+    """Rows the atomic reservation matched (RETURNING rows are fetched, as an app does)."""
+    return len(result.all()) if db.returning else result.rowcount
+
+
 @pytest.fixture
 def sentry(registry: CollectorRegistry) -> Sentry:
     return Sentry(registry=registry, log=False, trace=False)
 
 
-def create_schema(url: str) -> None:
-    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
-    try:
-        with engine.begin() as conn:
-            for statement in SCHEMA:
-                conn.exec_driver_sql(statement)
-    finally:
-        engine.dispose()
-
-
 @pytest.fixture
-def engine(mysql_sqlalchemy_url: str, sentry: Sentry) -> Iterator[sa.Engine]:
-    create_schema(mysql_sqlalchemy_url)
-    engine = sa.create_engine(mysql_sqlalchemy_url, pool_size=4)
+def engine(db: Db, sentry: Sentry) -> Iterator[sa.Engine]:
+    db.create_products(ROWS)
+    engine = sa.create_engine(db.url, pool_size=4)
     instrument_sqlalchemy(engine, sentry=sentry)
     yield engine
     uninstrument_sqlalchemy(engine)
@@ -96,9 +98,9 @@ def engine(mysql_sqlalchemy_url: str, sentry: Sentry) -> Iterator[sa.Engine]:
 
 
 @pytest.fixture
-async def async_engine(mysql_database: str, sentry: Sentry) -> Any:
-    create_schema(mysql_database.replace("mysql://", "mysql+pymysql://", 1))
-    engine = create_async_engine(mysql_database.replace("mysql://", "mysql+aiomysql://", 1))
+async def async_engine(db: Db, sentry: Sentry) -> Any:
+    db.create_products(ROWS)
+    engine = create_async_engine(db.async_url)
     instrument_sqlalchemy(engine, sentry=sentry)
     yield engine
     uninstrument_sqlalchemy(engine)
@@ -118,33 +120,16 @@ def stock(engine: sa.Engine, sku: str = "EGG-01") -> int:
         return int(conn.execute(READ, {"sku": sku}).scalar_one())
 
 
-def lock_waiters(conn: sa.Connection) -> int:
-    """How many sessions of this database wait for an InnoDB lock now (MariaDB and MySQL 8
-    alike); other databases of the server (other test runs) are not counted."""
-    print(
-        "DBG",
-        conn.exec_driver_sql(
-            "SELECT trx_state, trx_mysql_thread_id, DATABASE() FROM information_schema.innodb_trx"
-        ).all(),
-        conn.exec_driver_sql(
-            "SELECT id, db, state, info FROM information_schema.processlist"
-        ).all(),
-    )
-    return int(
-        conn.exec_driver_sql(
-            "SELECT count(*) FROM information_schema.innodb_trx t"
-            " JOIN information_schema.processlist p ON p.id = t.trx_mysql_thread_id"
-            " WHERE t.trx_state = 'LOCK WAIT' AND p.db = DATABASE()"
-        ).scalar_one()
-    )
+pg_only = pytest.mark.parametrize("db", ["postgresql"], indirect=True)
+mariadb_only = pytest.mark.parametrize("db", ["mariadb"], indirect=True)
 
 
-# --- lock waits, deadlocks, lock wait timeouts ------------------------------------------------
+# --- lock waits, deadlocks, lock timeouts -----------------------------------------------------
 
 
-@pytest.mark.parametrize("clause", ["FOR UPDATE", "LOCK IN SHARE MODE"])
+@pytest.mark.parametrize("shared", [False, True], ids=["for_update", "shared"])
 def test_lock_wait_histogram_observes_a_real_wait(
-    engine: sa.Engine, registry: CollectorRegistry, clause: str
+    db: Db, engine: sa.Engine, registry: CollectorRegistry, shared: bool
 ) -> None:
     hold = 1.0  # seconds the holder keeps the row once the waiter is blocked on it
     locked = threading.Event()
@@ -159,10 +144,11 @@ def test_lock_wait_histogram_observes_a_real_wait(
             with engine.begin() as conn:
                 conn.execute(FOR_UPDATE, EGG).all()
                 locked.set()
-                # Polled slower than InnoDB refreshes its information_schema transaction
-                # cache: at most every 0.1 s, and not while it is read more often.
+                # The hold starts once the waiter is blocked: its wait is at least `hold`,
+                # however slowly the waiter's thread got going. Polled slower than InnoDB
+                # refreshes its information_schema transaction cache (every 0.1 s).
                 wait_until(
-                    lambda: lock_waiters(watching),
+                    lambda: int(watching.exec_driver_sql(db.lock_waiters_sql).scalar_one()),
                     timeout=30,
                     interval=0.25,
                     message="a blocked waiter",
@@ -175,6 +161,7 @@ def test_lock_wait_histogram_observes_a_real_wait(
     thread.start()
     try:
         assert locked.wait(10)
+        clause = db.share_clause if shared else "FOR UPDATE"
         with engine.begin() as conn:
             # Waits for the holder's commit.
             conn.execute(sa.text(f"{READ.text} {clause}"), EGG).all()
@@ -196,7 +183,7 @@ def test_lock_wait_histogram_observes_a_real_wait(
 
 
 def test_real_deadlock_counts_once_and_ends_the_reservation_as_deadlock(
-    engine: sa.Engine, sentry: Sentry, registry: CollectorRegistry
+    db: Db, engine: sa.Engine, sentry: Sentry, registry: CollectorRegistry
 ) -> None:
     both_locked = threading.Barrier(2, timeout=10)
     errors: list[BaseException] = []
@@ -204,6 +191,10 @@ def test_real_deadlock_counts_once_and_ends_the_reservation_as_deadlock(
     def buyer(first: str, second: str) -> None:
         try:
             with sentry.reservation("EGG-PAIR", strategy="for_update"), engine.begin() as conn:
+                if db.name == "postgresql":
+                    # Detect the deadlock after 100 ms instead of the default second (InnoDB
+                    # finds the cycle at once).
+                    conn.exec_driver_sql("SET LOCAL deadlock_timeout = '100ms'")
                 conn.execute(FOR_UPDATE, {"sku": first}).all()
                 both_locked.wait()
                 conn.execute(FOR_UPDATE, {"sku": second}).all()
@@ -220,41 +211,42 @@ def test_real_deadlock_counts_once_and_ends_the_reservation_as_deadlock(
             t.start()
         for t in threads:
             t.join()
-    # InnoDB finds the cycle at once and rolls one transaction back with error 1213.
     line = logged(lines, events.DB_DEADLOCK)
-    assert (line["table"], line["sqlstate"]) == ("products", "1213")
+    assert (line["table"], line["sqlstate"]) == ("products", db.deadlock)
+
     assert len(errors) == 1
-    orig = getattr(errors[0], "orig", None)
-    assert isinstance(orig, pymysql.err.OperationalError)
-    assert orig.args[0] == 1213
+    assert error_code(errors[0]) == db.deadlock
     assert classify_exception(errors[0]) == "deadlock"
+    if db.name == "postgresql":
+        assert "deadlock" in str(errors[0])
+    else:
+        assert isinstance(getattr(errors[0], "orig", None), pymysql.err.OperationalError)
     assert value(registry, "stock_db_deadlock_total", table="products") == 1
     assert value(registry, CONFLICT, sku="EGG-PAIR", reason="deadlock") == 1
     assert value(registry, SUCCESS, sku="EGG-PAIR", strategy="for_update") == 1
     assert value(registry, "stock_db_serialization_failure_total", table="products") == 0
 
 
-LOCK_TIMEOUT_S = 1  # innodb_lock_wait_timeout takes whole seconds
+LOCK_TIMEOUT_S = 1.0  # what db.lock_timeout_sql sets
 
 
-def reserve_with_lock_timeout(engine: sa.Engine, sentry: Sentry) -> None:
+def reserve_with_lock_timeout(db: Db, engine: sa.Engine, sentry: Sentry) -> None:
     with sentry.reservation("EGG-01", strategy="for_update"), engine.begin() as conn:
-        conn.exec_driver_sql(f"SET SESSION innodb_lock_wait_timeout = {LOCK_TIMEOUT_S}")
+        conn.exec_driver_sql(db.lock_timeout_sql)
         conn.execute(FOR_UPDATE, EGG).all()
 
 
-def test_lock_wait_timeout_is_classified_and_its_wait_observed(
-    engine: sa.Engine, sentry: Sentry, registry: CollectorRegistry
+def test_lock_timeout_is_classified_and_its_wait_observed(
+    db: Db, engine: sa.Engine, sentry: Sentry, registry: CollectorRegistry
 ) -> None:
     sentry.log_enabled = True
     with engine.begin() as holder, capture_logs() as lines:
         holder.execute(FOR_UPDATE, EGG).all()
         with pytest.raises(sa.exc.OperationalError) as caught:
-            reserve_with_lock_timeout(engine, sentry)
-    assert caught.value.orig is not None
-    assert caught.value.orig.args[0] == 1205
+            reserve_with_lock_timeout(db, engine, sentry)
+    assert error_code(caught.value) == db.lock_timeout
     line = logged(lines, events.DB_LOCK_TIMEOUT)
-    assert (line["table"], line["sqlstate"]) == ("products", "1205")
+    assert (line["table"], line["sqlstate"]) == ("products", db.lock_timeout)
     assert value(registry, CONFLICT, sku="EGG-01", reason="lock_timeout") == 1
     # Both statements observed: the holder's (no wait: loosely, under half a second) and
     # the one that timed out (at least the timeout; loosely, under ten seconds).
@@ -265,25 +257,21 @@ def test_lock_wait_timeout_is_classified_and_its_wait_observed(
     assert value(registry, "stock_db_deadlock_total", table="products") == 0
 
 
-def test_a_lock_wait_timeout_ends_its_lock_span_with_the_error_number(
-    mysql_sqlalchemy_url: str, registry: CollectorRegistry
+def test_a_lock_timeout_ends_its_lock_span_with_the_error_code(
+    db: Db, registry: CollectorRegistry
 ) -> None:
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-
-    create_schema(mysql_sqlalchemy_url)
+    db.create_products(ROWS)
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     sentry = Sentry(registry=registry, log=False, tracer_provider=provider)
-    engine = sa.create_engine(mysql_sqlalchemy_url)
+    engine = sa.create_engine(db.url)
     instrument_sqlalchemy(engine, sentry=sentry, spans="locking")
     try:
         with engine.begin() as holder:
             holder.execute(FOR_UPDATE, EGG).all()
             with pytest.raises(sa.exc.OperationalError):
-                reserve_with_lock_timeout(engine, sentry)
+                reserve_with_lock_timeout(db, engine, sentry)
     finally:
         uninstrument_sqlalchemy(engine)
         engine.dispose()
@@ -291,13 +279,13 @@ def test_a_lock_wait_timeout_ends_its_lock_span_with_the_error_number(
     lock_spans = [s for s in failed if s.name == "SELECT products"]
     assert len(lock_spans) == 1
     attributes = dict(lock_spans[0].attributes or {})
-    assert attributes["db.response.status_code"] == "1205"
-    assert attributes["db.system.name"] == "mysql"
+    assert attributes["db.response.status_code"] == db.lock_timeout
+    assert attributes["db.system.name"] == ("postgresql" if db.returning else "mysql")
     assert attributes["stock.lock"] == "for update"
 
 
 def test_nowait_on_a_locked_row_is_a_lock_timeout(
-    engine: sa.Engine, sentry: Sentry, registry: CollectorRegistry
+    db: Db, engine: sa.Engine, sentry: Sentry, registry: CollectorRegistry
 ) -> None:
     with engine.begin() as holder:
         holder.execute(FOR_UPDATE, EGG).all()
@@ -308,8 +296,7 @@ def test_nowait_on_a_locked_row_is_a_lock_timeout(
         ):
             conn.execute(sa.text(f"{FOR_UPDATE.text} NOWAIT"), EGG).all()
     # MariaDB answers NOWAIT with 1205 (MySQL 8 with 3572): a lock_timeout either way.
-    assert caught.value.orig is not None
-    assert caught.value.orig.args[0] in (1205, 3572)
+    assert error_code(caught.value) in (db.lock_timeout, "3572")
     assert value(registry, CONFLICT, sku="EGG-01", reason="lock_timeout") == 1
     assert value(registry, f"{LOCK_WAIT}_count", table="products") == 2
 
@@ -325,17 +312,48 @@ def test_skip_locked_is_timed_and_reads_nothing(
     assert value(registry, f"{LOCK_WAIT}_count", table="products") == 2
 
 
-# --- conditional updates: matched rows, with and without CLIENT.FOUND_ROWS --------------------
+def reserve_after_a_concurrent_commit(engine: sa.Engine, sentry: Sentry) -> None:
+    with (
+        sentry.reservation("EGG-01", strategy="repeatable_read"),
+        engine.connect().execution_options(isolation_level="REPEATABLE READ") as mine,
+        mine.begin(),
+    ):
+        mine.execute(READ, EGG).all()  # the snapshot is taken here
+        with engine.begin() as theirs:
+            theirs.execute(ATOMIC_RETURNING, {"qty": 1, "sku": "EGG-01"}).all()
+        mine.execute(ATOMIC_RETURNING, {"qty": 1, "sku": "EGG-01"}).all()
+
+
+@pg_only
+def test_serialization_failure_at_repeatable_read(
+    engine: sa.Engine, sentry: Sentry, registry: CollectorRegistry
+) -> None:
+    sentry.log_enabled = True
+    with capture_logs() as lines, pytest.raises(sa.exc.OperationalError) as caught:
+        reserve_after_a_concurrent_commit(engine, sentry)
+    assert getattr(caught.value.orig, "sqlstate", None) == "40001"
+    line = logged(lines, events.DB_SERIALIZATION_FAILURE)
+    assert (line["table"], line["sqlstate"]) == ("products", "40001")
+    assert value(registry, "stock_db_serialization_failure_total", table="products") == 1
+    assert value(registry, CONFLICT, sku="EGG-01", reason="serialization_failure") == 1
+    assert value(registry, "stock_db_deadlock_total", table="products") == 0
+
+
+# --- conditional updates ------------------------------------------------------------------------
 
 
 def test_conditional_update_without_a_row_marks_the_reservation(
-    engine: sa.Engine, sentry: Sentry, registry: CollectorRegistry
+    db: Db, engine: sa.Engine, sentry: Sentry, registry: CollectorRegistry
 ) -> None:
     with sentry.reservation("EGG-01", strategy="atomic") as r, engine.begin() as conn:
-        assert conn.execute(ATOMIC, {"qty": 11, "sku": "EGG-01"}).rowcount == 0
+        assert matched(db, conn.execute(atomic(db), {"qty": 11, "sku": "EGG-01"})) == 0
     assert r.outcome == "out_of_stock"
     with sentry.reservation("EGG-01", strategy="atomic") as r, engine.begin() as conn:
-        assert conn.execute(ATOMIC, {"qty": 10, "sku": "EGG-01"}).rowcount == 1
+        result = conn.execute(atomic(db), {"qty": 10, "sku": "EGG-01"})
+        if db.returning:
+            assert [tuple(row) for row in result] == [(0,)]
+        else:
+            assert result.rowcount == 1
     assert r.outcome is None
     assert stock(engine) == 0
     assert value(registry, CONFLICT, sku="EGG-01", reason="out_of_stock") == 1
@@ -359,14 +377,15 @@ def raw_engine(url: str, found_rows: bool) -> sa.Engine:
     return sa.create_engine(url, creator=connect)
 
 
+@mariadb_only
 @pytest.mark.parametrize("found_rows", [True, False], ids=["found_rows", "changed_rows"])
 def test_an_update_that_changes_nothing_is_no_conflict_either_way(
-    mysql_sqlalchemy_url: str, sentry: Sentry, registry: CollectorRegistry, found_rows: bool
+    db: Db, sentry: Sentry, registry: CollectorRegistry, found_rows: bool
 ) -> None:
     # `stock - 0` and a compare-and-set to the value it has both match the row and change
     # nothing: a driver without FOUND_ROWS reports 0 rows, which must not read as a lost race.
-    create_schema(mysql_sqlalchemy_url)
-    engine = raw_engine(mysql_sqlalchemy_url, found_rows)
+    db.create_products(ROWS)
+    engine = raw_engine(db.url, found_rows)
     instrument_sqlalchemy(engine, sentry=sentry)
     cas = sa.text(
         "UPDATE products SET available_stock = :new WHERE sku = :sku AND available_stock = :seen"
@@ -400,10 +419,12 @@ def test_an_update_that_changes_nothing_is_no_conflict_either_way(
     assert value(registry, ERRORS, component="sqlalchemy") == 0
 
 
-# --- detector rows on InnoDB -------------------------------------------------------------------
+# --- detector rows ------------------------------------------------------------------------------
+
+Flow = Callable[[sa.Engine, Db], None]
 
 
-def lab_unsafe(engine: sa.Engine) -> None:
+def lab_unsafe(engine: sa.Engine, db: Db) -> None:
     """The lab's unsafe strategy: read in one transaction, write computed in another."""
     with engine.begin() as conn:
         available = int(conn.execute(READ, EGG).scalar_one())
@@ -411,7 +432,86 @@ def lab_unsafe(engine: sa.Engine) -> None:
         conn.execute(BLIND, {"computed": available - 1, "sku": "EGG-01"})
 
 
-def incident_qmark_style(engine: sa.Engine) -> None:
+def lab_atomic(engine: sa.Engine, db: Db) -> None:
+    with engine.begin() as conn:
+        matched(db, conn.execute(atomic(db), {"qty": 1, "sku": "EGG-01"}))
+
+
+def lab_for_update(engine: sa.Engine, db: Db) -> None:
+    with engine.begin() as conn:
+        available = int(conn.execute(FOR_UPDATE, EGG).scalar_one())
+        conn.execute(BLIND, {"computed": available - 1, "sku": "EGG-01"})
+
+
+def for_update_then_write_later(engine: sa.Engine, db: Db) -> None:
+    with engine.begin() as conn:
+        available = int(conn.execute(FOR_UPDATE, EGG).scalar_one())
+    with engine.begin() as conn:  # the lock went with the first commit
+        conn.execute(BLIND, {"computed": available - 1, "sku": "EGG-01"})
+
+
+def read_write_one_transaction(isolation: str | None, lock: str = "") -> Flow:
+    def flow(engine: sa.Engine, db: Db) -> None:
+        with engine.connect() as conn:
+            if isolation is not None:
+                conn = conn.execution_options(isolation_level=isolation)
+            with conn.begin():
+                shared = db.share_clause if lock == "share" else lock
+                available = int(conn.execute(sa.text(f"{READ.text} {shared}"), EGG).scalar_one())
+                conn.execute(BLIND, {"computed": available - 1, "sku": "EGG-01"})
+
+    return flow
+
+
+def orm_read_then_flush_later(engine: sa.Engine, db: Db) -> None:
+    # Read by sku in one session transaction; the flush writes by primary key in the next.
+    with Session(engine) as session:
+        product = session.scalars(sa.select(Product).where(Product.sku == "EGG-01")).one()
+        available = product.available_stock
+        session.commit()
+        product.available_stock = available - 1
+        session.commit()
+
+
+def orm_with_for_update(engine: sa.Engine, db: Db) -> None:
+    with Session(engine) as session, session.begin():
+        product = session.scalars(
+            sa.select(Product).where(Product.sku == "EGG-01").with_for_update()
+        ).one()
+        product.available_stock -= 1
+
+
+def set_transaction_serializable(engine: sa.Engine, db: Db) -> None:
+    with engine.begin() as conn:
+        conn.exec_driver_sql("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE")
+        available = int(conn.execute(READ, EGG).scalar_one())
+        conn.execute(BLIND, {"computed": available - 1, "sku": "EGG-01"})
+
+
+def lock_table_then_read_write(engine: sa.Engine, db: Db) -> None:
+    with engine.begin() as conn:
+        conn.exec_driver_sql("LOCK TABLE products IN SHARE ROW EXCLUSIVE MODE")
+        available = int(conn.execute(READ, EGG).scalar_one())
+        conn.execute(BLIND, {"computed": available - 1, "sku": "EGG-01"})
+
+
+def decrement_then_read_then_write(engine: sa.Engine, db: Db) -> None:
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text("UPDATE products SET available_stock = available_stock - 1 WHERE sku = :sku"),
+            EGG,
+        )
+        available = int(conn.execute(READ, EGG).scalar_one())  # under our own row lock
+        conn.execute(BLIND, {"computed": available, "sku": "EGG-01"})
+
+
+def autocommit_for_update(engine: sa.Engine, db: Db) -> None:
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        available = int(conn.execute(FOR_UPDATE, EGG).scalar_one())  # lock gone at once
+        conn.execute(BLIND, {"computed": available - 1, "sku": "EGG-01"})
+
+
+def incident_qmark_style(engine: sa.Engine, db: Db) -> None:
     """The incident's shape: driver SQL with positional placeholders, read then write.
 
     PyMySQL takes ``%s`` where the incident's driver took ``?``; the classifier reads both
@@ -427,7 +527,7 @@ def incident_qmark_style(engine: sa.Engine) -> None:
         )
 
 
-def double_quoted_literal_key(engine: sa.Engine) -> None:
+def double_quoted_literal_key(engine: sa.Engine, db: Db) -> None:
     """MySQL's "..." string as the key (the default sql_mode, without ANSI_QUOTES)."""
     with engine.begin() as conn:
         (available,) = conn.exec_driver_sql(
@@ -439,12 +539,7 @@ def double_quoted_literal_key(engine: sa.Engine) -> None:
         )
 
 
-def lab_atomic(engine: sa.Engine) -> None:
-    with engine.begin() as conn:
-        conn.execute(ATOMIC, {"qty": 1, "sku": "EGG-01"})
-
-
-def atomic_driver_sql(engine: sa.Engine) -> None:
+def atomic_driver_sql(engine: sa.Engine, db: Db) -> None:
     with engine.begin() as conn:
         conn.exec_driver_sql(
             "UPDATE products SET available_stock = available_stock - 1"
@@ -453,34 +548,7 @@ def atomic_driver_sql(engine: sa.Engine) -> None:
         )
 
 
-def lab_for_update(engine: sa.Engine) -> None:
-    with engine.begin() as conn:
-        available = int(conn.execute(FOR_UPDATE, EGG).scalar_one())
-        conn.execute(BLIND, {"computed": available - 1, "sku": "EGG-01"})
-
-
-def for_update_then_write_later(engine: sa.Engine) -> None:
-    with engine.begin() as conn:
-        available = int(conn.execute(FOR_UPDATE, EGG).scalar_one())
-    with engine.begin() as conn:  # the lock went with the first commit
-        conn.execute(BLIND, {"computed": available - 1, "sku": "EGG-01"})
-
-
-def read_write_one_transaction(
-    isolation: str | None, lock: str = ""
-) -> Callable[[sa.Engine], None]:
-    def flow(engine: sa.Engine) -> None:
-        with engine.connect() as conn:
-            if isolation is not None:
-                conn = conn.execution_options(isolation_level=isolation)
-            with conn.begin():
-                available = int(conn.execute(sa.text(f"{READ.text} {lock}"), EGG).scalar_one())
-                conn.execute(BLIND, {"computed": available - 1, "sku": "EGG-01"})
-
-    return flow
-
-
-def lock_tables_then_read_write(engine: sa.Engine) -> None:
+def lock_tables_then_read_write(engine: sa.Engine, db: Db) -> None:
     # MySQL's recipe: LOCK TABLES inside the transaction (autocommit off), COMMIT, then
     # UNLOCK TABLES; a LOCK TABLES would commit a transaction begun before it.
     with engine.connect() as conn:
@@ -494,42 +562,21 @@ def lock_tables_then_read_write(engine: sa.Engine) -> None:
             conn.commit()
 
 
-def orm_read_then_flush_later(engine: sa.Engine) -> None:
-    with Session(engine) as session:
-        product = session.scalars(sa.select(Product).where(Product.sku == "EGG-01")).one()
-        available = product.available_stock
-        session.commit()
-        product.available_stock = available - 1
-        session.commit()
-
-
-def orm_with_for_update(engine: sa.Engine) -> None:
-    with Session(engine) as session, session.begin():
-        product = session.scalars(
-            sa.select(Product).where(Product.sku == "EGG-01").with_for_update()
-        ).one()
-        product.available_stock -= 1
-
-
 @dataclass(frozen=True)
 class Row:
     name: str
-    flow: Callable[[sa.Engine], None]
+    flow: Flow
     flagged: int
     units_sold: int = 1
 
 
-ROWS = [
+BOTH = [
     Row("lab unsafe: read and computed write in two transactions", lab_unsafe, 1),
-    Row("incident shape: positional driver SQL, read then write", incident_qmark_style, 1),
-    Row("MySQL double-quoted literal key and # comment", double_quoted_literal_key, 1),
     Row("lab atomic conditional update", lab_atomic, 0),
-    Row("atomic UPDATE stock = stock - 1 WHERE stock >= 1, driver SQL", atomic_driver_sql, 0),
     Row("lab FOR UPDATE then computed write, one transaction", lab_for_update, 0),
     Row("FOR UPDATE, then computed write after commit", for_update_then_write_later, 1),
-    # InnoDB's default: the plain read is a snapshot read, the write overwrites the latest row.
     Row(
-        "plain read, computed write, one REPEATABLE READ txn",
+        "plain read, computed write, one txn at the default level",
         read_write_one_transaction(None),
         1,
     ),
@@ -543,24 +590,76 @@ ROWS = [
         read_write_one_transaction("SERIALIZABLE"),
         0,
     ),
-    Row("LOCK IN SHARE MODE protects", read_write_one_transaction(None, "LOCK IN SHARE MODE"), 0),
-    Row("LOCK TABLES products WRITE", lock_tables_then_read_write, 0),
+    Row("shared row lock protects", read_write_one_transaction(None, "share"), 0),
     Row("ORM: read by sku, flush by id after commit", orm_read_then_flush_later, 1),
     Row("ORM: with_for_update, flush in the same transaction", orm_with_for_update, 0),
 ]
+POSTGRESQL = [
+    # PostgreSQL's REPEATABLE READ aborts the computed write with 40001 rather than lose it.
+    Row(
+        "plain read, computed write, one REPEATABLE READ txn",
+        read_write_one_transaction("REPEATABLE READ"),
+        0,
+    ),
+    Row("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE", set_transaction_serializable, 0),
+    Row("FOR KEY SHARE does not", read_write_one_transaction(None, "FOR KEY SHARE"), 1),
+    Row("LOCK TABLE in SHARE ROW EXCLUSIVE mode", lock_table_then_read_write, 0),
+    Row("read under our own UPDATE's row lock", decrement_then_read_then_write, 0),
+    Row("FOR UPDATE on an AUTOCOMMIT connection", autocommit_for_update, 1),
+]
+MARIADB = [
+    # InnoDB's default: the plain read is a snapshot read, the write overwrites the latest row.
+    Row(
+        "plain read, computed write, one REPEATABLE READ txn",
+        read_write_one_transaction("REPEATABLE READ"),
+        1,
+    ),
+    Row("incident shape: positional driver SQL, read then write", incident_qmark_style, 1),
+    Row("MySQL double-quoted literal key and # comment", double_quoted_literal_key, 1),
+    Row("atomic UPDATE stock = stock - 1 WHERE stock >= 1, driver SQL", atomic_driver_sql, 0),
+    Row("LOCK TABLES products WRITE", lock_tables_then_read_write, 0),
+]
+CASES = [("postgresql", row) for row in BOTH + POSTGRESQL] + [
+    ("mariadb", row) for row in BOTH + MARIADB
+]
 
 
-@pytest.mark.parametrize("row", ROWS, ids=[r.name for r in ROWS])
-def test_detector_rows_on_mariadb(
-    engine: sa.Engine, sentry: Sentry, registry: CollectorRegistry, row: Row
+@pytest.mark.parametrize(
+    ("db", "row"), CASES, ids=[f"{name}: {row.name}" for name, row in CASES], indirect=["db"]
+)
+def test_detector_rows(
+    db: Db, engine: sa.Engine, sentry: Sentry, registry: CollectorRegistry, row: Row
 ) -> None:
     with sentry.reservation("EGG-01", strategy="lab"):
-        row.flow(engine)
+        row.flow(engine, db)
     assert value(registry, UNSAFE, table="products") == row.flagged
     assert stock(engine) == 10 - row.units_sold
     assert value(registry, ERRORS, component="sqlalchemy") == 0
 
 
+def test_lab_style_flow_across_threads_only_flags_its_own_reservations(
+    db: Db, engine: sa.Engine, sentry: Sentry, registry: CollectorRegistry
+) -> None:
+    # Concurrent buyers, each in its own reservation on its own thread: every unsafe buyer
+    # is flagged once, no atomic buyer is, and no buyer is linked to another's read.
+    def unsafe_buyer() -> None:
+        with sentry.reservation("EGG-01", strategy="unsafe"):
+            lab_unsafe(engine, db)
+
+    def atomic_buyer() -> None:
+        with sentry.reservation("EGG-01", strategy="atomic"):
+            lab_atomic(engine, db)
+
+    threads = [threading.Thread(target=unsafe_buyer) for _ in range(3)]
+    threads += [threading.Thread(target=atomic_buyer) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert value(registry, UNSAFE, table="products") == 3
+
+
+@mariadb_only
 def test_repeatable_read_loses_the_update_the_detector_flags(
     engine: sa.Engine, sentry: Sentry, registry: CollectorRegistry
 ) -> None:
@@ -580,11 +679,11 @@ def test_repeatable_read_loses_the_update_the_detector_flags(
     assert value(registry, UNSAFE, table="products") == 1
 
 
-# --- aiomysql -----------------------------------------------------------------------------------
+# --- asyncio drivers: asyncpg, aiomysql -----------------------------------------------------
 
 
-async def test_aiomysql_detector_conditional_and_lock_wait(
-    async_engine: AsyncEngine, sentry: Sentry, registry: CollectorRegistry
+async def test_async_detector_conditional_and_lock_wait(
+    db: Db, async_engine: AsyncEngine, sentry: Sentry, registry: CollectorRegistry
 ) -> None:
     async with sentry.reservation("EGG-01", strategy="unsafe"):
         async with async_engine.begin() as conn:
@@ -601,14 +700,15 @@ async def test_aiomysql_detector_conditional_and_lock_wait(
         sentry.reservation("EGG-01", strategy="atomic") as r,
         async_engine.begin() as conn,
     ):
-        matched = (await conn.execute(ATOMIC, {"qty": 99, "sku": "EGG-01"})).rowcount
-    assert matched == 0
+        rows = matched(db, await conn.execute(atomic(db), {"qty": 99, "sku": "EGG-01"}))
+    assert rows == 0
     assert r.outcome == "out_of_stock"
     async with (
         sentry.reservation("EGG-01", strategy="atomic") as r,
         async_engine.begin() as conn,
     ):
-        await conn.execute(ATOMIC, {"qty": 0, "sku": "EGG-01"})  # matched, nothing changed
+        # Matched, nothing changed.
+        matched(db, await conn.execute(atomic(db), {"qty": 0, "sku": "EGG-01"}))
     assert r.outcome is None
     assert value(registry, UNSAFE, table="products") == 1
     # Locking statements: the blind UPDATE, the FOR UPDATE and its UPDATE, the two atomic.
@@ -617,11 +717,49 @@ async def test_aiomysql_detector_conditional_and_lock_wait(
     assert value(registry, ERRORS, component="sqlalchemy") == 0
 
 
-async def test_aiomysql_deadlock_and_lock_wait_timeout(
+async def reserve_after_a_concurrent_commit_async(engine: AsyncEngine, sentry: Sentry) -> None:
+    async with (
+        sentry.reservation("EGG-01", strategy="repeatable_read"),
+        engine.connect() as plain,
+    ):
+        mine = await plain.execution_options(isolation_level="REPEATABLE READ")
+        async with mine.begin():
+            await mine.execute(READ, EGG)  # the snapshot is taken here
+            async with engine.begin() as theirs:
+                await theirs.execute(ATOMIC_RETURNING, {"qty": 1, "sku": "EGG-01"})
+            await mine.execute(ATOMIC_RETURNING, {"qty": 1, "sku": "EGG-01"})
+
+
+async def reserve_with_lock_timeout_async(engine: AsyncEngine, sentry: Sentry, sql: str) -> None:
+    async with sentry.reservation("EGG-01", strategy="for_update"), engine.begin() as conn:
+        await conn.exec_driver_sql(sql)
+        await conn.execute(FOR_UPDATE, EGG)
+
+
+@pg_only
+async def test_asyncpg_sqlstates(
     async_engine: AsyncEngine, sentry: Sentry, registry: CollectorRegistry
 ) -> None:
-    import asyncio
+    with pytest.raises(sa.exc.DBAPIError) as serialization:
+        await reserve_after_a_concurrent_commit_async(async_engine, sentry)
+    async with async_engine.begin() as holder:
+        await holder.execute(FOR_UPDATE, EGG)
+        with pytest.raises(sa.exc.DBAPIError) as timeout:
+            await reserve_with_lock_timeout_async(
+                async_engine, sentry, "SET LOCAL lock_timeout = '50ms'"
+            )
+    # SQLAlchemy's asyncpg adapter carries the driver's SQLSTATE on its own error class.
+    assert getattr(serialization.value.orig, "sqlstate", None) == "40001"
+    assert getattr(timeout.value.orig, "sqlstate", None) == "55P03"
+    assert value(registry, "stock_db_serialization_failure_total", table="products") == 1
+    assert value(registry, CONFLICT, sku="EGG-01", reason="serialization_failure") == 1
+    assert value(registry, CONFLICT, sku="EGG-01", reason="lock_timeout") == 1
 
+
+@mariadb_only
+async def test_aiomysql_deadlock_and_lock_wait_timeout(
+    db: Db, async_engine: AsyncEngine, sentry: Sentry, registry: CollectorRegistry
+) -> None:
     both_locked = asyncio.Barrier(2)
     errors: list[BaseException] = []
 
@@ -640,19 +778,10 @@ async def test_aiomysql_deadlock_and_lock_wait_timeout(
     await asyncio.wait_for(
         asyncio.gather(buyer("EGG-01", "EGG-02"), buyer("EGG-02", "EGG-01")), timeout=30
     )
-
-    async def reserve_with_lock_timeout() -> None:
-        async with (
-            sentry.reservation("EGG-01", strategy="for_update"),
-            async_engine.begin() as conn,
-        ):
-            await conn.exec_driver_sql("SET SESSION innodb_lock_wait_timeout = 1")
-            await conn.execute(FOR_UPDATE, EGG)
-
     async with async_engine.begin() as holder:
         await holder.execute(FOR_UPDATE, EGG)
         with pytest.raises(sa.exc.OperationalError) as timeout:
-            await reserve_with_lock_timeout()
+            await reserve_with_lock_timeout_async(async_engine, sentry, db.lock_timeout_sql)
     assert len(errors) == 1
     assert getattr(errors[0], "orig", None) is not None
     assert errors[0].orig.args[0] == 1213  # type: ignore[attr-defined]  # checked just above
@@ -661,3 +790,47 @@ async def test_aiomysql_deadlock_and_lock_wait_timeout(
     assert value(registry, "stock_db_deadlock_total", table="products") == 1
     assert value(registry, CONFLICT, sku="EGG-PAIR", reason="deadlock") == 1
     assert value(registry, CONFLICT, sku="EGG-01", reason="lock_timeout") == 1
+
+
+# --- spans ------------------------------------------------------------------------------------
+
+
+@pg_only
+def test_spans_all_produces_sql_spans(db: Db, registry: CollectorRegistry) -> None:
+    # This also guards the SQLAlchemy < 2.1 pin: on a version the OpenTelemetry
+    # instrumentation does not support, no spans appear and this fails.
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    sentry = Sentry(registry=registry, log=False, tracer_provider=provider)
+    engine = sa.create_engine(db.url)
+    instrument_sqlalchemy(engine, sentry=sentry, spans="all", tracer_provider=provider)
+    try:
+        with engine.begin() as conn:
+            conn.exec_driver_sql(db.products_ddl)
+            conn.exec_driver_sql(
+                f"INSERT INTO products (sku, name, available_stock) VALUES {ROWS}"
+            )
+        with sentry.reservation("EGG-01", strategy="atomic"), engine.begin() as conn:
+            conn.execute(ATOMIC_RETURNING, {"qty": 1, "sku": "EGG-01"}).all()
+    finally:
+        uninstrument_sqlalchemy(engine)
+        engine.dispose()
+    spans = exporter.get_finished_spans()
+    database = sa.make_url(db.url).database
+    sql = [
+        s
+        for s in spans
+        if s.instrumentation_scope is not None
+        and s.instrumentation_scope.name.endswith("sqlalchemy")
+    ]
+    assert [s.name for s in sql] == [
+        f"CREATE {database}",
+        f"INSERT {database}",
+        f"UPDATE {database}",
+    ]
+    reserve = next(s for s in spans if s.name == "stock.reserve")
+    assert sql[-1].parent is not None
+    assert sql[-1].parent.span_id == reserve.context.span_id
+    assert sql[-1].attributes is not None
+    assert sql[-1].attributes.get("db.system") == "postgresql"
