@@ -25,6 +25,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client.registry import Collector
 
+from ..listen import format_listen_address
 from .app import LIFECYCLE, Background, create_app
 from .buildinfo import build_info
 from .deadlines import listen
@@ -125,7 +126,7 @@ class RunningServer:
     def urls(self) -> tuple[str, ...]:
         """The base URL of every bound socket, in binding order."""
         return tuple(
-            f"{self.scheme}://{f'[{host}]' if ':' in host else host}:{port}/"
+            f"{self.scheme}://{format_listen_address(host, port)}/"
             for host, port in self.addresses
         )
 
@@ -143,12 +144,8 @@ class StartupLine:
 
 
 def startup_lines(server: RunningServer, settings: ServerSettings) -> list[StartupLine]:
-    """The lines :func:`run_server` logs once the listeners are open.
-
-    One INFO line per bound socket, saying exactly what it serves (URL of the metrics,
-    TLS or not, client certificates, basic auth); then a WARNING when nothing protects
-    the metrics, or when basic-auth passwords would cross the network unencrypted.
-    """
+    """The lines :func:`run_server` logs once listening: one per bound socket, then
+    warnings when nothing protects the metrics or passwords would cross unencrypted."""
     web_config = settings.web_config
     security = web_config.describe() if web_config else "plain HTTP, no authentication"
     lines = [StartupLine(logging.INFO, f"starting {build_info().describe()}")]
@@ -189,13 +186,9 @@ async def serving(
 ) -> AsyncIterator[RunningServer]:
     """Serve the app on every address of ``settings`` for the ``async with`` body.
 
-    On entry: the SSL context is built from the web config (a bad certificate raises
-    :class:`~stocksentry.exporter.webconfig.WebConfigError` before anything starts), the
-    app starts (``background`` start-ups run) and the listeners open. On exit: the
-    listeners close, ``/readyz`` turns 503, in-flight requests get
-    ``settings.shutdown_timeout`` seconds, then ``background`` clean-ups run. Start-up
-    errors propagate after the clean-up of what had started. No signal handling: that is
-    :func:`run_server`'s job.
+    A bad certificate raises :class:`~stocksentry.exporter.webconfig.WebConfigError`
+    before anything starts. On exit the listeners close, ``/readyz`` turns 503, in-flight
+    requests get ``settings.shutdown_timeout`` seconds, then ``background`` clean-ups run.
     """
     web_config = settings.web_config
     ssl_context = web_config.ssl_context() if web_config else None
@@ -249,26 +242,17 @@ def run_server(
     collectors: Sequence[Collector] = (),
     background: Sequence[Background] = (),
 ) -> None:
-    """Serve until SIGTERM or SIGINT, then shut down gracefully and return.
+    """Serve until SIGTERM or SIGINT, then shut down gracefully and return (exit 0).
 
-    On the signal: ``/readyz`` turns 503, ``settings.drain_seconds`` pass, the listeners
-    close, in-flight requests finish (up to ``settings.shutdown_timeout``), the
-    ``background`` clean-ups run, and the function returns normally, so the command
-    exits 0. Once listening it logs :func:`startup_lines`. Errors at start (a busy port:
-    ``OSError``; a bad certificate: ``WebConfigError``; a failing background start-up)
-    propagate.
-
-    Example::
-
-        run_server(ServerSettings("0.0.0.0", 19464, multiprocess_dir=Path("/run/prom")))
+    On the signal ``/readyz`` turns 503 and ``settings.drain_seconds`` pass before
+    :func:`serving` closes. Errors at start (a busy port, a bad certificate, a failing
+    background start-up) propagate.
     """
     asyncio.run(_serve_until_signal(settings, collectors, background))
 
 
 async def _serve_until_signal(
-    settings: ServerSettings,
-    collectors: Sequence[Collector],
-    background: Sequence[Background],
+    settings: ServerSettings, collectors: Sequence[Collector], background: Sequence[Background]
 ) -> None:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
