@@ -1,11 +1,4 @@
-"""One scrape's merge: files added one by one, families built at the end.
-
-Example::
-
-    merge = Merge(collector_key_of)
-    merge.add(parse_name("counter_12.db"), read_entries(path))
-    families = merge.families()
-"""
+"""One scrape's merge: files added one by one, families built at the end."""
 
 from __future__ import annotations
 
@@ -26,7 +19,7 @@ _go_float: Final[Callable[[float], str]] = floatToGoString
 
 
 class Merge:
-    """Accumulators for one scrape; files are added one by one, families built at the end."""
+    """The accumulators of one scrape."""
 
     def __init__(self, key_of: Callable[[bytes], Key]) -> None:
         self._key_of = key_of

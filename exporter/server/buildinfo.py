@@ -93,12 +93,7 @@ def build_info() -> BuildInfo:
 
 
 class BuildInfoCollector:
-    """Exports ``stocksentry_build_info`` with the labels of ``info`` (this build's by default).
-
-    Example::
-
-        registry.register(BuildInfoCollector())
-    """
+    """Exports ``stocksentry_build_info`` with the labels of ``info`` (this build's by default)."""
 
     def __init__(self, info: BuildInfo | None = None) -> None:
         self.info = info if info is not None else build_info()

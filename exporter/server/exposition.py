@@ -113,7 +113,7 @@ class MetricsRenderer:
 
     @property
     def source_names(self) -> tuple[str, ...]:
-        """The collector label values, in exposition order."""
+        """The ``collector`` label values, in exposition order."""
         return tuple(name for name, _ in self._sources)
 
     def errors(self) -> dict[str, int]:
@@ -196,13 +196,7 @@ def _process_collector() -> Collector:
 def build_renderer(
     settings: ServerSettings, collectors: Sequence[Collector] = ()
 ) -> MetricsRenderer:
-    """The renderer ``/metrics`` uses: multiprocess dir, then ``collectors``, then process.
-
-    Example::
-
-        renderer = build_renderer(ServerSettings("127.0.0.1", 0, multiprocess_dir=path))
-        body = renderer.render(openmetrics=False)
-    """
+    """The renderer ``/metrics`` uses: multiprocess dir, then ``collectors``, then process."""
     taken = {"multiprocess", "process"}
     sources: list[tuple[str, Collector]] = []
     if settings.multiprocess_dir is not None:
@@ -257,13 +251,7 @@ def _in_daemon_thread(fn: Callable[[], _T]) -> asyncio.Future[_T]:
 
 
 class SharedRender:
-    """Single-flight renders: one thread per format at a time, shared by its waiters.
-
-    Example::
-
-        shared = SharedRender(renderer)
-        body = await shared.render(openmetrics=True)
-    """
+    """Single-flight renders: one thread per format at a time, shared by its waiters."""
 
     def __init__(self, renderer: MetricsRenderer) -> None:
         self._renderer = renderer

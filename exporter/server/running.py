@@ -2,11 +2,6 @@
 
 :func:`serving` is the ``async with`` form (tests and embedding); :func:`run_server` is
 what ``stocksentry exporter`` calls: it serves until SIGTERM or SIGINT and returns.
-
-Example::
-
-    async with serving(ServerSettings("127.0.0.1", 0)) as server:
-        print("listening on", server.url)
 """
 
 from __future__ import annotations
@@ -79,8 +74,7 @@ class ClientErrorLog(logging.LoggerAdapter[logging.Logger]):
         self.client_errors = 0
 
     def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
-        """Pass messages through unchanged (no extra context)."""
-        return msg, kwargs
+        return msg, kwargs  # no extra context
 
     def exception(self, msg: object, *args: object, exc_info: Any = True, **kwargs: Any) -> None:
         """Client errors: one rate-limited INFO line; anything else: ERROR with traceback."""
