@@ -14,16 +14,6 @@ from typing import Final, Literal, NoReturn
 
 from .inputs import TLS_FILE_LIMIT, InputFileError, check_regular_file, shorten
 
-__all__ = [
-    "CIPHER_SUITES",
-    "TLS13_SUITES",
-    "TLS_VERSIONS",
-    "ClientAuthType",
-    "TLSServerConfig",
-    "TLSVersionName",
-    "server_context",
-]
-
 TLSVersionName = Literal["TLS12", "TLS13"]
 ClientAuthType = Literal["NoClientCert", "VerifyClientCertIfGiven", "RequireAndVerifyClientCert"]
 

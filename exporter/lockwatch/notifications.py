@@ -17,8 +17,6 @@ from __future__ import annotations
 
 from typing import Final
 
-__all__ = ["REQUIRED_FLAGS", "missing_flags", "refused_hint", "with_flags"]
-
 #: The flags the watcher needs.
 REQUIRED_FLAGS: Final = "Kg$x"
 _ALL_ALIAS: Final = "g$lshzxetd"

@@ -35,8 +35,6 @@ from stocksentry.instrumentation import catalog
 
 from .patterns import LockPatterns
 
-__all__ = ["END_UNSEEN_GRACE", "Lease", "LeaseTracker"]
-
 #: Seconds past a lease's deadline after which a lease without an ``expired`` is dropped.
 END_UNSEEN_GRACE: Final = 60.0
 _EVENTS: Final = frozenset(catalog.LOCKWATCH_EVENTS)

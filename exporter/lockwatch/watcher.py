@@ -34,8 +34,6 @@ from .notifications import missing_flags, refused_hint, with_flags
 from .patterns import LockPatterns
 from .tracker import LeaseTracker
 
-__all__ = ["LOGGER", "LockWatcher"]
-
 LOGGER: Final = logging.getLogger("stocksentry.exporter.lockwatch")
 #: Notifications applied in one batch (one ``PTTL`` pipeline) at most.
 BATCH: Final = 512

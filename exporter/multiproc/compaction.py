@@ -55,17 +55,6 @@ from .files import (
     read_entries,
 )
 
-__all__ = [
-    "COMPACTED",
-    "LOCK_NAME",
-    "MAX_PIDS",
-    "Compaction",
-    "compact",
-    "manifest_of",
-    "scrape_lock",
-    "staged",
-]
-
 #: Dead pids compacted per run at most (a run over 100 of them takes a few hundred ms).
 MAX_PIDS: Final = 100
 #: The "pid" of the compacted files: ``counter_compacted.db``.

@@ -28,8 +28,6 @@ from stocksentry.instrumentation.mpexemplars import (
 
 from .files import SkipFile, open_regular
 
-__all__ = ["ExemplarEntries", "exemplar_pid", "keep_newest", "parse_slot", "read_exemplars"]
-
 # key bytes -> (timestamp, Exemplar)
 ExemplarEntries = dict[bytes, tuple[float, Exemplar]]
 _REREADS: Final = 5

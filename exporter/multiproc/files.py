@@ -24,27 +24,6 @@ from typing import BinaryIO, Final, Literal
 
 from prometheus_client.metrics_core import Metric
 
-__all__ = [
-    "GAUGE_MODES",
-    "HEADER_SIZE",
-    "INT",
-    "SKIP_REASONS",
-    "SUMMED_TYPES",
-    "TWO_DOUBLES",
-    "Entries",
-    "FileName",
-    "Key",
-    "SkipFile",
-    "SkipReason",
-    "Values",
-    "fold",
-    "open_regular",
-    "parse_key",
-    "parse_name",
-    "pid_alive",
-    "read_entries",
-]
-
 SkipReason = Literal["bad_name", "corrupt", "truncated", "unreadable"]
 #: Why a file was skipped: ``bad_name`` (``*.db`` not named ``<type>[_<mode>]_<pid>.db``),
 #: ``truncated`` (shorter than its own header says), ``corrupt`` (the content does not

@@ -12,8 +12,6 @@ from prometheus_client.utils import floatToGoString
 from .exemplars import ExemplarEntries, keep_newest
 from .files import SUMMED_TYPES, Entries, FileName, Key, Values, fold
 
-__all__ = ["Merge"]
-
 # floatToGoString is untyped in prometheus_client; this gives it a type once.
 _go_float: Final[Callable[[float], str]] = floatToGoString
 

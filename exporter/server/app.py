@@ -29,20 +29,6 @@ from .buildinfo import build_info
 from .exposition import MetricsRenderer, SharedRender, build_renderer
 from .settings import HEALTHZ_PATH, READYZ_PATH, Lifecycle, ServerSettings
 
-__all__ = [
-    "BASIC_AUTH",
-    "CONTENT_TYPE_OPENMETRICS",
-    "CONTENT_TYPE_TEXT",
-    "LIFECYCLE",
-    "RENDERER",
-    "SETTINGS",
-    "Background",
-    "basic_auth_middleware",
-    "create_app",
-    "wants_gzip",
-    "wants_openmetrics",
-]
-
 #: A background resource for ``app.cleanup_ctx``: start-up before ``yield``, clean-up after.
 Background = Callable[[web.Application], AsyncIterator[None]]
 

@@ -25,8 +25,6 @@ from typing import Final
 from prometheus_client.core import GaugeMetricFamily, Metric
 from stocksentry.instrumentation import catalog
 
-__all__ = ["BUILD_INFO", "BuildInfo", "BuildInfoCollector", "build_info", "read_revision"]
-
 BUILD_INFO: Final = catalog.BUILD_INFO
 DISTRIBUTION: Final = "stocksentry"
 #: Where the wheel build writes the commit, inside the ``stocksentry.exporter`` package.

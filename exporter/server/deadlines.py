@@ -21,15 +21,6 @@ from typing import Final, cast
 
 from ..config import model
 
-__all__ = [
-    "BODY_TIMEOUT",
-    "HANDSHAKE_TIMEOUT",
-    "HEADER_TIMEOUT",
-    "KEEPALIVE_TIMEOUT",
-    "HeadDeadline",
-    "listen",
-]
-
 # The defaults are the config model's (``server:`` in the exporter's config), where their
 # reasons are written; a ServerSettings built in code gets the same.
 HEADER_TIMEOUT: Final = model.HEADER_TIMEOUT

@@ -29,8 +29,6 @@ from ..multiproc import MultiprocessDirCollector
 from .buildinfo import BuildInfoCollector
 from .settings import ServerSettings
 
-__all__ = ["COLLECTOR_ERRORS", "MetricsRenderer", "SharedRender", "build_renderer"]
-
 _log = logging.getLogger("stocksentry.exporter.server")
 
 #: Counter, label ``collector``: a collector left out of a scrape.

@@ -26,15 +26,6 @@ from .buildinfo import build_info
 from .deadlines import listen
 from .settings import HEALTHZ_PATH, READYZ_PATH, ServerSettings
 
-__all__ = [
-    "ClientErrorLog",
-    "RunningServer",
-    "StartupLine",
-    "run_server",
-    "serving",
-    "startup_lines",
-]
-
 _log: Final = logging.getLogger("stocksentry.exporter.server")
 
 

@@ -9,8 +9,6 @@ from typing import Final
 from ..webconfig import WebConfig
 from .deadlines import BODY_TIMEOUT, HANDSHAKE_TIMEOUT, HEADER_TIMEOUT, KEEPALIVE_TIMEOUT
 
-__all__ = ["HEALTHZ_PATH", "READYZ_PATH", "Lifecycle", "ServerSettings"]
-
 #: Liveness: 200 while the process serves at all.
 HEALTHZ_PATH: Final = "/healthz"
 #: Readiness: 200 between the end of start-up and the start of shutdown.
