@@ -1,17 +1,9 @@
 """TLS and basic auth for ``/metrics``, from a web config file in the exporters' format.
 
 The file is the one the Prometheus exporters read with ``--web.config.file``
-(prometheus/exporter-toolkit): ``tls_server_config``, ``http_server_config`` (extra
-headers) and ``basic_auth_users`` (bcrypt hashes). :func:`load_web_config` reads it into
-a :class:`WebConfig` and checks it completely at start: every problem is a one-line
-:class:`WebConfigError` naming the file, line and key. docs/exporter-server.md lists what
-differs from exporter-toolkit on purpose (TLS 1.2+ only, verified client certificates
-only, secrets from files only, unsupported keys refused rather than ignored).
-
-Example::
-
-    config = load_web_config("/etc/stocksentry/web.yml")
-    ssl_context = config.ssl_context()          # None without tls_server_config
+(prometheus/exporter-toolkit). :func:`load_web_config` checks it completely at start:
+every problem is a one-line :class:`WebConfigError` naming the file, line and key.
+docs/exporter-server.md lists what differs from exporter-toolkit on purpose.
 """
 
 from __future__ import annotations
@@ -146,11 +138,8 @@ class WebConfig:
     lines: Mapping[str, int] = field(default_factory=dict, repr=False, compare=False)
 
     def ssl_context(self) -> ssl.SSLContext | None:
-        """A server ``SSLContext`` for ``tls_server_config``, or None without TLS.
-
-        Raises :class:`WebConfigError` (naming the key and line) when a certificate, key
-        or CA file cannot be loaded or the cipher list is refused by OpenSSL.
-        """
+        """A server ``SSLContext`` for ``tls_server_config``, or None without TLS;
+        :class:`WebConfigError` when a file cannot be loaded or OpenSSL refuses a cipher."""
         if self.tls is None:
             return None
         return server_context(self.tls, self._fail)
@@ -197,9 +186,8 @@ class WebConfig:
 def load_web_config(path: str | os.PathLike[str]) -> WebConfig:
     """Read, validate and return the web config at ``path``; also loads its TLS files.
 
-    Relative file names in the config are relative to the config file's directory, as in
-    exporter-toolkit. The file, and each TLS file it names, must be a regular file of at
-    most 1 MiB. Every problem is a :class:`WebConfigError`.
+    Relative file names are relative to the config file's directory, as in
+    exporter-toolkit. Every problem is a :class:`WebConfigError`.
     """
     source = os.fspath(path)
     try:
@@ -218,11 +206,6 @@ def parse_web_config(
     """Parse web config YAML ``text``; file names resolve against ``base_dir`` (or cwd).
 
     Files are not opened here; :meth:`WebConfig.ssl_context` loads them.
-
-    Example::
-
-        >>> parse_web_config("").tls is None
-        True
     """
     return _Parser(source, base_dir or Path.cwd()).parse(text)
 

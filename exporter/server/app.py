@@ -1,11 +1,7 @@
 """The aiohttp application: its routes, content negotiation, basic auth, :func:`create_app`.
 
-Routes: ``/metrics`` (``settings.metrics_path``, the exposition of :mod:`.exposition`:
-Prometheus text 0.0.4 by default, OpenMetrics 1.0.0, the only format with exemplars,
-when ``Accept`` prefers it, gzip when ``Accept-Encoding`` allows it), ``/healthz``,
-``/readyz`` and a landing page at ``/``. Basic auth guards ``/metrics`` and ``/``; the
-health endpoints stay open, because kubelet probes carry no credentials and the answers
-reveal nothing.
+Basic auth guards ``/metrics`` and the landing page; the health endpoints stay open,
+because kubelet probes carry no credentials and the answers reveal nothing.
 
 Example::
 
@@ -103,11 +99,8 @@ def _media_ranges(header: str) -> Iterable[tuple[str, dict[str, str], float]]:
 
 
 def wants_openmetrics(accept: str) -> bool:
-    """True when ``Accept`` prefers OpenMetrics 1.x over the Prometheus text format.
-
-    OpenMetrics is chosen when an ``application/openmetrics-text`` range without a
-    version, or with a 1.x version, has a q above 0 and at least that of ``text/plain``
-    and ``*/*``. Prometheus itself sends exactly such a header.
+    """True when ``Accept`` prefers OpenMetrics 1.x (or no version) over the text format,
+    at a q above 0 and at least that of ``text/plain`` and ``*/*``.
 
     Example::
 
@@ -194,9 +187,8 @@ def create_app(
     """Build the exporter's aiohttp application.
 
     ``collectors`` join the exposition after the multiprocess directory and before the
-    process metrics. ``background`` callables are async generators appended to
-    ``app.cleanup_ctx`` (start before ``yield``, clean up after); ``/readyz`` turns 200
-    once all of them have started, from an ``on_startup`` handler registered here.
+    process metrics; ``background`` goes to ``app.cleanup_ctx``, and ``/readyz`` turns
+    200 once all of it has started.
     """
     web_config = settings.web_config
     auth = BasicAuth(web_config.basic_auth_users if web_config else {})

@@ -17,16 +17,7 @@ import asyncio
 import re
 from collections.abc import Callable
 from ssl import SSLContext
-from typing import Final, cast
-
-from ..config import model
-
-# The defaults are the config model's (``server:`` in the exporter's config), where their
-# reasons are written; a ServerSettings built in code gets the same.
-HEADER_TIMEOUT: Final = model.HEADER_TIMEOUT
-BODY_TIMEOUT: Final = model.BODY_TIMEOUT
-HANDSHAKE_TIMEOUT: Final = model.TLS_HANDSHAKE_TIMEOUT
-KEEPALIVE_TIMEOUT: Final = model.KEEPALIVE_TIMEOUT
+from typing import cast
 
 _HEAD_END = b"\r\n\r\n"
 _CONTENT_LENGTH = re.compile(rb"\r\ncontent-length[ \t]*:[ \t]*(\d{1,18})[ \t]*\r\n", re.I)
@@ -49,8 +40,8 @@ class HeadDeadline(asyncio.Protocol):
         self,
         inner: asyncio.Protocol,
         *,
-        header_timeout: float = HEADER_TIMEOUT,
-        body_timeout: float = BODY_TIMEOUT,
+        header_timeout: float,
+        body_timeout: float,
     ) -> None:
         self._inner = inner
         self._header_timeout = header_timeout
@@ -177,9 +168,9 @@ async def listen(
     port: int,
     *,
     ssl_context: SSLContext | None = None,
-    header_timeout: float = HEADER_TIMEOUT,
-    body_timeout: float = BODY_TIMEOUT,
-    handshake_timeout: float = HANDSHAKE_TIMEOUT,
+    header_timeout: float,
+    body_timeout: float,
+    handshake_timeout: float,
 ) -> asyncio.Server:
     """A listener on ``host``:``port`` (``""``: every interface) whose connections have
     read deadlines; ``handler_factory`` is the runner's ``web.Server``."""

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from ..config import model
 from ..webconfig import WebConfig
-from .deadlines import BODY_TIMEOUT, HANDSHAKE_TIMEOUT, HEADER_TIMEOUT, KEEPALIVE_TIMEOUT
 
 #: Liveness: 200 while the process serves at all.
 HEALTHZ_PATH: Final = "/healthz"
@@ -42,10 +42,11 @@ class ServerSettings:
     multiprocess_compact: bool = False
     shutdown_timeout: float = 10.0
     drain_seconds: float = 0.0
-    header_timeout: float = HEADER_TIMEOUT
-    body_timeout: float = BODY_TIMEOUT
-    tls_handshake_timeout: float = HANDSHAKE_TIMEOUT
-    keepalive_timeout: float = KEEPALIVE_TIMEOUT
+    # The defaults are the config model's (``server:``), where their reasons are written.
+    header_timeout: float = model.HEADER_TIMEOUT
+    body_timeout: float = model.BODY_TIMEOUT
+    tls_handshake_timeout: float = model.TLS_HANDSHAKE_TIMEOUT
+    keepalive_timeout: float = model.KEEPALIVE_TIMEOUT
 
     def __post_init__(self) -> None:
         for _, port in self.addresses:
@@ -82,18 +83,16 @@ class ServerSettings:
 
 @dataclass(slots=True)
 class Lifecycle:
-    """Where the app is in its life; ``/readyz`` answers from it.
-
-    Example::
-
-        >>> Lifecycle(started=True).ready, Lifecycle(started=True, stopping=True).ready
-        (True, False)
-    """
+    """Where the app is in its life; ``/readyz`` answers from it."""
 
     started: bool = False
     stopping: bool = False
 
     @property
     def ready(self) -> bool:
-        """True between the end of start-up and the start of shutdown."""
+        """True between the end of start-up and the start of shutdown.
+
+        >>> Lifecycle(started=True).ready, Lifecycle(started=True, stopping=True).ready
+        (True, False)
+        """
         return self.started and not self.stopping
