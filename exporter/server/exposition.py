@@ -9,7 +9,7 @@ work (the multiprocess files are read there), so the server runs it in a thread,
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import concurrent.futures
 import logging
 import threading
 import time
@@ -222,30 +222,18 @@ def _in_daemon_thread(fn: Callable[[], _T]) -> asyncio.Future[_T]:
     Not the default executor: ``asyncio.run`` waits for its threads at exit, so a
     collector stuck forever would turn a clean SIGTERM into a SIGKILL.
     """
-    loop = asyncio.get_running_loop()
-    future: asyncio.Future[_T] = loop.create_future()
-
-    def succeed(result: _T) -> None:
-        if not future.done():
-            future.set_result(result)
-
-    def fail(error: BaseException) -> None:
-        if not future.done():
-            future.set_exception(error)
+    done: concurrent.futures.Future[_T] = concurrent.futures.Future()
 
     def run() -> None:
-        # RuntimeError from call_soon_threadsafe: the loop is closed, nobody waits.
+        if not done.set_running_or_notify_cancel():
+            return
         try:
-            result = fn()
+            done.set_result(fn())
         except BaseException as exc:
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(fail, exc)
-        else:
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(succeed, result)
+            done.set_exception(exc)
 
     threading.Thread(target=run, name="stocksentry-scrape", daemon=True).start()
-    return future
+    return asyncio.wrap_future(done)
 
 
 class SharedRender:
