@@ -162,16 +162,17 @@ class WebConfig:
             >>> parse_web_config("basic_auth_users: {}\\n").describe()
             'plain HTTP, no authentication'
         """
-        parts: list[str] = []
         tls = self.tls
         if tls is None:
-            parts.append("plain HTTP")
+            parts = ["plain HTTP"]
         else:
-            versions = f"{tls.min_version}-{tls.max_version}"
-            if tls.client_auth_type == "NoClientCert":
-                parts.append(f"TLS ({versions}), no client certificates")
-            else:
-                parts.append(f"TLS ({versions}), client certificates: {tls.client_auth_type}")
+            clients = tls.client_auth_type
+            parts = [
+                f"TLS ({tls.min_version}-{tls.max_version})",
+                "no client certificates"
+                if clients == "NoClientCert"
+                else f"client certificates: {clients}",
+            ]
         users = len(self.basic_auth_users)
         if users:
             parts.append(f"basic auth ({users} user{'s' if users != 1 else ''})")
@@ -210,9 +211,6 @@ def parse_web_config(
     return _Parser(source, base_dir or Path.cwd()).parse(text)
 
 
-# --- parsing ---------------------------------------------------------------------------------
-
-
 class _Parser:
     """Walks the composed YAML nodes, so every value keeps its line for the errors."""
 
@@ -243,8 +241,6 @@ class _Parser:
             source=self.source,
             lines=dict(self.lines),
         )
-
-    # -- node helpers
 
     def mapping(
         self, node: Node, key: str, known: tuple[str, ...] | None = None
@@ -291,10 +287,8 @@ class _Parser:
     def choice(self, node: Node, key: str, choices: tuple[str, ...], note: str = "") -> str:
         value = self.scalar_str(node, key)
         if value not in choices:
-            self.fail(node, key, f"must be one of {', '.join(choices)}{note}, got {quote(value)}")
+            self.fail(node, key, f"must be one of {', '.join(choices)}{note}, got {_quote(value)}")
         return value
-
-    # -- sections
 
     def http(self, node: Node | None) -> HTTPServerConfig:
         if node is None or is_null(node):
@@ -490,10 +484,9 @@ def _kind(node: Node, *, secret: bool = False) -> str:
         # A local tag is text of the file too: "alice: !pa55word" tags an empty value.
         standard = str(node.tag).startswith("tag:yaml.org,2002:")
         return f"{tag if standard else 'a tagged'} value (not shown)"
-    return f"{shorten(tag, 40)} {quote(str(node.value))}"
+    return f"{shorten(tag, 40)} {_quote(str(node.value))}"
 
 
-def quote(value: str) -> str:
-    """A value from the file as a message shows it: ``repr``-quoted (control characters
-    escaped), cut at 80 characters with "…"."""
+def _quote(value: str) -> str:
+    """A value from the file as a message shows it: ``repr``-quoted, cut with "…"."""
     return repr(value[:ECHO_LIMIT]) + ("…" if len(value) > ECHO_LIMIT else "")

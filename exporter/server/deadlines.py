@@ -56,8 +56,6 @@ class HeadDeadline(asyncio.Protocol):
         self._body_left = 0  # bytes of a Content-Length body still to come; -1: chunked
         self._chunked_tail = b""
 
-    # --- the deadlines -------------------------------------------------------------------
-
     def _arm(self, seconds: float) -> None:
         self._disarm()
         self._timer = self._loop.call_later(seconds, self._expired)
@@ -74,8 +72,6 @@ class HeadDeadline(asyncio.Protocol):
             # abort, not close: close() would wait for the very client that stalls (to
             # flush, or for its TLS close_notify).
             transport.abort()
-
-    # --- reading the stream --------------------------------------------------------------
 
     def _watch(self, data: bytes) -> None:
         while data:
@@ -134,8 +130,6 @@ class HeadDeadline(asyncio.Protocol):
         # What follows the last chunk is all from ``data``: the tail kept is shorter than
         # the marker, so the marker ends inside ``data``.
         return buffer[end + len(_LAST_CHUNK) :]
-
-    # --- the protocol, passed on -----------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # create_server gives a stream transport (TCP or TLS), which has abort().

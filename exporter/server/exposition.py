@@ -213,9 +213,6 @@ def build_renderer(
     return MetricsRenderer(sources)
 
 
-# --- threads -------------------------------------------------------------------------------
-
-
 def _in_daemon_thread(fn: Callable[[], _T]) -> asyncio.Future[_T]:
     """Run ``fn`` in a new daemon thread; the future resolves on the calling loop.
 

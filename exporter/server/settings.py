@@ -19,12 +19,8 @@ READYZ_PATH: Final = "/readyz"
 class ServerSettings:
     """Where and how the exporter serves; docs/exporter-server.md describes each field.
 
-    ``listen_address`` ``""`` is every interface of both families (as
-    ``--web.listen-address=:19464`` says); ``port`` 0 picks a free one (see
-    ``RunningServer.port``); ``also_listen`` adds ``(address, port)`` pairs served the same
-    way. ``multiprocess_check_pids`` must be False when the exporter does not share the
-    app's PID namespace (see :mod:`stocksentry.exporter.multiproc`). The timeouts are in
-    seconds.
+    ``listen_address`` ``""`` is every interface of both families; ``port`` 0 picks a free
+    one (see ``RunningServer.port``). The timeouts are in seconds.
 
     Example::
 
