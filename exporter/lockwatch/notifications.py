@@ -9,8 +9,8 @@ Example::
     'Kg$x'
     >>> missing_flags("AK"), missing_flags("Ex")
     ('', 'Kg$')
-    >>> with_flags("Ex", missing_flags("Ex"))
-    'ExKg$'
+    >>> missing_flags("Ex" + missing_flags("Ex"))
+    ''
 """
 
 from __future__ import annotations
@@ -28,11 +28,6 @@ def missing_flags(current: str) -> str:
     if "A" in have:
         have.update(_ALL_ALIAS)
     return "".join(flag for flag in REQUIRED_FLAGS if flag not in have)
-
-
-def with_flags(current: str, missing: str) -> str:
-    """``current`` with ``missing`` added (the value for ``CONFIG SET``)."""
-    return current + missing
 
 
 def refused_hint(missing: str | None) -> str:

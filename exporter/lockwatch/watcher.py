@@ -30,7 +30,7 @@ from stocksentry.instrumentation import catalog
 from stocksentry.instrumentation.guard import LabelGuard
 
 from ..config import LockWatchConfig, SkuGuardConfig
-from .notifications import missing_flags, refused_hint, with_flags
+from .notifications import missing_flags, refused_hint
 from .patterns import LockPatterns
 from .tracker import LeaseTracker
 
@@ -209,7 +209,7 @@ class LockWatcher:
                 refused_hint(missing),
             )
             return
-        value = with_flags(current, missing)
+        value = current + missing
         try:
             await client.config_set(name, value)
         except ResponseError as exc:
