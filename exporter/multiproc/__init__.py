@@ -46,14 +46,9 @@ from .files import (
 )
 from .merge import Merge
 
-__all__ = ["COMPACTED", "FILES_MERGED", "FILES_SKIPPED", "Compaction", "MultiprocessDirCollector"]
+__all__ = ["Compaction", "MultiprocessDirCollector"]
 
 _log = logging.getLogger(__name__)
-
-#: Counter (exposed as ``..._total``), label ``reason`` (one of :data:`SKIP_REASONS`).
-FILES_SKIPPED: Final = catalog.MULTIPROCESS_FILES_SKIPPED
-#: Gauge, no labels: how many files the last scrape merged.
-FILES_MERGED: Final = catalog.MULTIPROCESS_FILES
 
 # Parsed keys are kept across scrapes; this bounds the cache if label values churn.
 _KEY_CACHE_LIMIT: Final = 500_000
@@ -276,10 +271,10 @@ class MultiprocessDirCollector:
         return os.path.join(self.path, name)
 
     def _own_metrics(self, files: int) -> Iterator[Metric]:
-        skipped = CounterMetricFamily(
-            FILES_SKIPPED.base_name, FILES_SKIPPED.help, labels=["reason"]
-        )
+        spec = catalog.MULTIPROCESS_FILES_SKIPPED
+        skipped = CounterMetricFamily(spec.base_name, spec.help, labels=["reason"])
         for reason, count in self.skipped.items():
             skipped.add_metric([reason], float(count))
         yield skipped
-        yield GaugeMetricFamily(FILES_MERGED.name, FILES_MERGED.help, value=float(files))
+        spec = catalog.MULTIPROCESS_FILES
+        yield GaugeMetricFamily(spec.name, spec.help, value=float(files))
