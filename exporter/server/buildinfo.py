@@ -25,7 +25,6 @@ from typing import Final
 from prometheus_client.core import GaugeMetricFamily, Metric
 from stocksentry.instrumentation import catalog
 
-BUILD_INFO: Final = catalog.BUILD_INFO
 DISTRIBUTION: Final = "stocksentry"
 #: Where the wheel build writes the commit, inside the ``stocksentry.exporter`` package.
 REVISION_FILE: Final = "REVISION"
@@ -97,9 +96,8 @@ class BuildInfoCollector:
         self.info = info if info is not None else build_info()
 
     def collect(self) -> Iterator[Metric]:
-        family = GaugeMetricFamily(
-            BUILD_INFO.base_name, BUILD_INFO.help, labels=list(BUILD_INFO.labels)
-        )
+        spec = catalog.BUILD_INFO
+        family = GaugeMetricFamily(spec.base_name, spec.help, labels=list(spec.labels))
         info = self.info
         family.add_metric([info.version, info.revision, info.python_version], 1.0)
         yield family

@@ -31,9 +31,6 @@ from .settings import ServerSettings
 
 _log = logging.getLogger("stocksentry.exporter.server")
 
-#: Counter, label ``collector``: a collector left out of a scrape.
-COLLECTOR_ERRORS: Final = catalog.COLLECTOR_ERRORS
-
 # Errors of one collector are logged at most this often (they recur every scrape).
 _ERROR_LOG_INTERVAL_S: Final = 60.0
 _EOF: Final = b"# EOF\n"
@@ -170,11 +167,8 @@ class MetricsRenderer:
             )
 
     def _own_family(self) -> Metric:
-        family = CounterMetricFamily(
-            COLLECTOR_ERRORS.base_name,
-            COLLECTOR_ERRORS.help,
-            labels=list(COLLECTOR_ERRORS.labels),
-        )
+        spec = catalog.COLLECTOR_ERRORS
+        family = CounterMetricFamily(spec.base_name, spec.help, labels=list(spec.labels))
         for name, count in self.errors().items():
             family.add_metric([name], float(count))
         return family
