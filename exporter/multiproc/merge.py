@@ -87,28 +87,24 @@ class Merge:
         # Histograms: buckets are stored per bound and per pid; sum them, then make them
         # cumulative per label set and derive _count from the +Inf bucket.
         Group = tuple[str, tuple[tuple[str, str], ...]]
-        buckets_of: dict[Group, dict[float, tuple[float, Exemplar | None]]] = {}
+        Buckets = dict[float, tuple[float, Exemplar | None]]
         # The first key of each group stands for its metric (name, help).
-        others_of: dict[Group, tuple[Key, list[Sample]]] = {}
+        groups: dict[Group, tuple[Key, Buckets, list[Sample]]] = {}
         for raw, (value, _) in self.summed["histogram"].items():
             key = key_of(raw)
             group = (key.metric, key.labels_without_le)
-            first = others_of.get(group)
-            if first is None:
-                first = others_of[group] = (key, [])
-                buckets_of[group] = {}
+            if group not in groups:
+                groups[group] = (key, {}, [])
+            _, buckets, others = groups[group]
             if key.le is None:
-                first[1].append(Sample(key.sample, key.labels_dict, value))
+                others.append(Sample(key.sample, key.labels_dict, value))
             else:
-                buckets = buckets_of[group]
                 held, exemplar = buckets.get(key.le, (0.0, None))
                 buckets[key.le] = (held + value, exemplar_of(raw) or exemplar)
-        for group, (first_key, others) in others_of.items():
-            metric_name, labels = group
+        for (metric_name, labels), (first_key, buckets, others) in groups.items():
             family = by_name.get(metric_name)
             if family is not None and family.type != "histogram":
                 continue
-            buckets = buckets_of[group]
             if buckets:
                 running = 0.0
                 for bound in sorted(buckets):
