@@ -21,6 +21,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client.registry import Collector
 
 from ..listen import format_listen_address
+from ..webconfig import WebConfig
 from .app import LIFECYCLE, Background, create_app
 from .buildinfo import build_info
 from .deadlines import listen
@@ -131,35 +132,27 @@ class StartupLine:
 def startup_lines(server: RunningServer, settings: ServerSettings) -> list[StartupLine]:
     """The lines :func:`run_server` logs once listening: one per bound socket, then
     warnings when nothing protects the metrics or passwords would cross unencrypted."""
-    web_config = settings.web_config
-    security = web_config.describe() if web_config else "plain HTTP, no authentication"
-    lines = [StartupLine(logging.INFO, f"starting {build_info().describe()}")]
+    web_config = settings.web_config or WebConfig()
     path = settings.metrics_path.lstrip("/")
-    for url in server.urls:
-        lines.append(
-            StartupLine(
-                logging.INFO,
-                f"listening on {url} with metrics at {url}{path}, "
-                f"{HEALTHZ_PATH} and {READYZ_PATH} without authentication; {security}",
-            )
+    info = [f"starting {build_info().describe()}"] + [
+        f"listening on {url} with metrics at {url}{path}, {HEALTHZ_PATH} and {READYZ_PATH} "
+        f"without authentication; {web_config.describe()}"
+        for url in server.urls
+    ]
+    warnings: list[str] = []
+    if not web_config.authenticates:
+        warnings.append(
+            "no authentication on the metrics (no basic_auth_users or client certificates "
+            "in a web config): anyone who can reach the port can read them"
         )
-    if web_config is None or not web_config.authenticates:
-        lines.append(
-            StartupLine(
-                logging.WARNING,
-                "no authentication on the metrics (no basic_auth_users or client "
-                "certificates in a web config): anyone who can reach the port can read them",
-            )
+    if web_config.basic_auth_users and web_config.tls is None:
+        warnings.append(
+            "basic auth over plain HTTP: passwords cross the network unencrypted "
+            "(add tls_server_config to the web config)"
         )
-    if web_config is not None and web_config.basic_auth_users and web_config.tls is None:
-        lines.append(
-            StartupLine(
-                logging.WARNING,
-                "basic auth over plain HTTP: passwords cross the network unencrypted "
-                "(add tls_server_config to the web config)",
-            )
-        )
-    return lines
+    return [StartupLine(logging.INFO, text) for text in info] + [
+        StartupLine(logging.WARNING, text) for text in warnings
+    ]
 
 
 @contextlib.asynccontextmanager
