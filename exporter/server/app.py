@@ -21,6 +21,7 @@ from aiohttp import hdrs, web
 from prometheus_client.registry import Collector
 
 from ..basicauth import BasicAuth
+from ..webconfig import WebConfig
 from .buildinfo import build_info
 from .exposition import MetricsRenderer, SharedRender, build_renderer
 from .settings import HEALTHZ_PATH, READYZ_PATH, Lifecycle, ServerSettings
@@ -190,8 +191,8 @@ def create_app(
     process metrics; ``background`` goes to ``app.cleanup_ctx``, and ``/readyz`` turns
     200 once all of it has started.
     """
-    web_config = settings.web_config
-    auth = BasicAuth(web_config.basic_auth_users if web_config else {})
+    web_config = settings.web_config or WebConfig()
+    auth = BasicAuth(web_config.basic_auth_users)
     app = web.Application(middlewares=[basic_auth_middleware] if auth.enabled else [])
     app[SETTINGS] = settings
     app[LIFECYCLE] = Lifecycle()
@@ -205,7 +206,7 @@ def create_app(
     app.router.add_get(READYZ_PATH, _readyz)
     app.router.add_get("/", _landing)
 
-    extra_headers = dict(web_config.http.headers) if web_config else {}
+    extra_headers = dict(web_config.http.headers)
     if extra_headers:
 
         async def add_headers(request: web.Request, response: web.StreamResponse) -> None:

@@ -168,8 +168,7 @@ async def serving(
     before anything starts. On exit the listeners close, ``/readyz`` turns 503, in-flight
     requests get ``settings.shutdown_timeout`` seconds, then ``background`` clean-ups run.
     """
-    web_config = settings.web_config
-    ssl_context = web_config.ssl_context() if web_config else None
+    ssl_context = (settings.web_config or WebConfig()).ssl_context()
     app = create_app(settings, collectors=collectors, background=background)
     # No access log: Prometheus scrapes every few seconds and kubelet probes as often.
     # lingering_time: how long aiohttp drains a body no handler read (none reads one)
