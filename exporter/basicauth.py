@@ -11,7 +11,7 @@ import hashlib
 import hmac
 import secrets
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Final
 
 __all__ = ["AUTH_REALM", "BasicAuth", "parse_basic"]
@@ -45,11 +45,9 @@ class BasicAuth:
         self._lock = threading.Lock()
         self._dummy = b""
         self._bcrypt_checks = 0
-        self._checkpw: Callable[[bytes, bytes], bool] = _refuse
         if self._users:
             import bcrypt
 
-            self._checkpw = bcrypt.checkpw
             # Same cost as the configured hashes, so a miss costs what a hit does.
             cost = int(next(iter(self._users.values()))[4:6])
             self._dummy = bcrypt.hashpw(secrets.token_bytes(16), bcrypt.gensalt(rounds=cost))
@@ -82,11 +80,13 @@ class BasicAuth:
         digest = self._digest(user, password)
         if self._cached(user, digest):
             return True
+        import bcrypt  # loaded by __init__ already, since there are users
+
         hashed = self._users.get(user)
         with self._lock:
             self._bcrypt_checks += 1
         try:
-            ok = self._checkpw(password, hashed if hashed is not None else self._dummy)
+            ok = bcrypt.checkpw(password, hashed if hashed is not None else self._dummy)
         except ValueError:
             # bcrypt refuses passwords over 72 bytes: wrong by definition.
             ok = False
@@ -107,10 +107,6 @@ class BasicAuth:
         if self._cached(user, self._digest(user, password)):
             return True  # the common case, answered without leaving the event loop
         return await asyncio.to_thread(self.verify, user, password)
-
-
-def _refuse(password: bytes, hashed: bytes) -> bool:
-    return False
 
 
 def parse_basic(header: str | None) -> tuple[str, bytes] | None:

@@ -1,8 +1,4 @@
-"""TLS for ``/metrics``: the web config's :class:`TLSServerConfig` and its SSL context.
-
-:func:`server_context` turns the section (read by :mod:`stocksentry.exporter.webconfig`)
-into the server's :class:`ssl.SSLContext`, loading the certificate, key and CA files.
-"""
+"""TLS for ``/metrics``: the web config's :class:`TLSServerConfig` and its SSL context."""
 
 from __future__ import annotations
 
@@ -13,16 +9,6 @@ from pathlib import Path
 from typing import Final, Literal, NoReturn
 
 from .inputs import TLS_FILE_LIMIT, InputFileError, check_regular_file, shorten
-
-__all__ = [
-    "CIPHER_SUITES",
-    "TLS13_SUITES",
-    "TLS_VERSIONS",
-    "ClientAuthType",
-    "TLSServerConfig",
-    "TLSVersionName",
-    "server_context",
-]
 
 TLSVersionName = Literal["TLS12", "TLS13"]
 ClientAuthType = Literal["NoClientCert", "VerifyClientCertIfGiven", "RequireAndVerifyClientCert"]
@@ -66,10 +52,7 @@ TLS13_SUITES: Final = frozenset(
 
 @dataclass(frozen=True, slots=True)
 class TLSServerConfig:
-    """``tls_server_config``: the server certificate, client verification, versions.
-
-    Paths are absolute (resolved against the config file's directory when loaded).
-    """
+    """``tls_server_config``; paths are absolute (resolved against the config's folder)."""
 
     cert_file: Path
     key_file: Path

@@ -1,17 +1,9 @@
 """TLS and basic auth for ``/metrics``, from a web config file in the exporters' format.
 
 The file is the one the Prometheus exporters read with ``--web.config.file``
-(prometheus/exporter-toolkit): ``tls_server_config``, ``http_server_config`` (extra
-headers) and ``basic_auth_users`` (bcrypt hashes). :func:`load_web_config` reads it into
-a :class:`WebConfig` and checks it completely at start: every problem is a one-line
-:class:`WebConfigError` naming the file, line and key. docs/exporter-server.md lists what
-differs from exporter-toolkit on purpose (TLS 1.2+ only, verified client certificates
-only, secrets from files only, unsupported keys refused rather than ignored).
-
-Example::
-
-    config = load_web_config("/etc/stocksentry/web.yml")
-    ssl_context = config.ssl_context()          # None without tls_server_config
+(prometheus/exporter-toolkit). :func:`load_web_config` checks it completely at start:
+every problem is a one-line :class:`WebConfigError` naming the file, line and key.
+docs/exporter-server.md lists what differs from exporter-toolkit on purpose.
 """
 
 from __future__ import annotations
@@ -20,7 +12,7 @@ import os
 import re
 import ssl
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Final, NoReturn, cast, get_args
 
@@ -146,11 +138,8 @@ class WebConfig:
     lines: Mapping[str, int] = field(default_factory=dict, repr=False, compare=False)
 
     def ssl_context(self) -> ssl.SSLContext | None:
-        """A server ``SSLContext`` for ``tls_server_config``, or None without TLS.
-
-        Raises :class:`WebConfigError` (naming the key and line) when a certificate, key
-        or CA file cannot be loaded or the cipher list is refused by OpenSSL.
-        """
+        """A server ``SSLContext`` for ``tls_server_config``, or None without TLS;
+        :class:`WebConfigError` when a file cannot be loaded or OpenSSL refuses a cipher."""
         if self.tls is None:
             return None
         return server_context(self.tls, self._fail)
@@ -173,16 +162,17 @@ class WebConfig:
             >>> parse_web_config("basic_auth_users: {}\\n").describe()
             'plain HTTP, no authentication'
         """
-        parts: list[str] = []
         tls = self.tls
         if tls is None:
-            parts.append("plain HTTP")
+            parts = ["plain HTTP"]
         else:
-            versions = f"{tls.min_version}-{tls.max_version}"
-            if tls.client_auth_type == "NoClientCert":
-                parts.append(f"TLS ({versions}), no client certificates")
-            else:
-                parts.append(f"TLS ({versions}), client certificates: {tls.client_auth_type}")
+            clients = tls.client_auth_type
+            parts = [
+                f"TLS ({tls.min_version}-{tls.max_version})",
+                "no client certificates"
+                if clients == "NoClientCert"
+                else f"client certificates: {clients}",
+            ]
         users = len(self.basic_auth_users)
         if users:
             parts.append(f"basic auth ({users} user{'s' if users != 1 else ''})")
@@ -197,9 +187,8 @@ class WebConfig:
 def load_web_config(path: str | os.PathLike[str]) -> WebConfig:
     """Read, validate and return the web config at ``path``; also loads its TLS files.
 
-    Relative file names in the config are relative to the config file's directory, as in
-    exporter-toolkit. The file, and each TLS file it names, must be a regular file of at
-    most 1 MiB. Every problem is a :class:`WebConfigError`.
+    Relative file names are relative to the config file's directory, as in
+    exporter-toolkit. Every problem is a :class:`WebConfigError`.
     """
     source = os.fspath(path)
     try:
@@ -218,16 +207,8 @@ def parse_web_config(
     """Parse web config YAML ``text``; file names resolve against ``base_dir`` (or cwd).
 
     Files are not opened here; :meth:`WebConfig.ssl_context` loads them.
-
-    Example::
-
-        >>> parse_web_config("").tls is None
-        True
     """
     return _Parser(source, base_dir or Path.cwd()).parse(text)
-
-
-# --- parsing ---------------------------------------------------------------------------------
 
 
 class _Parser:
@@ -249,29 +230,23 @@ class _Parser:
             raise WebConfigError(self.source, exc.line, "(yaml)", problem) from None
         if root is None or is_null(root):
             return WebConfig(source=self.source)
-        sections = self.mapping(root, "(top level)")
-        self.check_keys(
-            sections, "", ("tls_server_config", "http_server_config", "basic_auth_users")
+        sections = self.mapping(
+            root, "(top level)", ("tls_server_config", "http_server_config", "basic_auth_users")
         )
-        tls = http = users = None
-        if (entry := sections.get("tls_server_config")) is not None:
-            tls = self.tls(entry.value)
-        if (entry := sections.get("http_server_config")) is not None:
-            http = self.http(entry.value)
-        if (entry := sections.get("basic_auth_users")) is not None:
-            users = self.users(entry.value)
+        given = {name: entry.value for name, entry in sections.items()}
         return WebConfig(
-            tls=tls,
-            http=http or HTTPServerConfig(),
-            basic_auth_users=users or {},
+            tls=self.tls(given.get("tls_server_config")),
+            http=self.http(given.get("http_server_config")),
+            basic_auth_users=self.users(given.get("basic_auth_users")),
             source=self.source,
             lines=dict(self.lines),
         )
 
-    # -- node helpers
-
-    def mapping(self, node: Node, key: str) -> dict[str, Entry]:
-        """The entries of a mapping node; refuses other nodes and duplicate keys."""
+    def mapping(
+        self, node: Node, key: str, known: tuple[str, ...] | None = None
+    ) -> dict[str, Entry]:
+        """The entries of a mapping node; refuses other nodes, duplicate keys and (when
+        ``known`` is given) keys not in ``known``."""
         if not isinstance(node, MappingNode):
             self.fail(node, key, f"must be a mapping, got {_kind(node)}")
         prefix = f"{key}." if not key.startswith("(") else ""
@@ -286,69 +261,46 @@ class _Parser:
                 f"keys must be strings, got {_kind(problem.node)}",
             )
         for name, entry in entries.items():
-            self.lines[f"{prefix}{name}"] = line_of(entry.key)
-        return entries
-
-    def check_keys(
-        self, entries: Mapping[str, Entry], prefix: str, known: tuple[str, ...]
-    ) -> None:
-        for name, entry in entries.items():
             path = f"{prefix}{name}"
-            if name in known:
-                continue
-            if path in _UNSUPPORTED:
-                self.fail(entry.key, path, _UNSUPPORTED[path])
-            self.fail(entry.key, path, f"unknown key (known: {', '.join(known)})")
+            self.lines[path] = line_of(entry.key)
+            if known is not None and name not in known:
+                if path in _UNSUPPORTED:
+                    self.fail(entry.key, path, _UNSUPPORTED[path])
+                self.fail(entry.key, path, f"unknown key (known: {', '.join(known)})")
+        return entries
 
     def scalar_str(self, node: Node, key: str, *, secret: bool = False) -> str:
         if not (isinstance(node, ScalarNode) and node.tag == TAG_STR):
             self.fail(node, key, f"must be a string, got {_kind(node, secret=secret)}")
         return str(node.value)
 
-    def boolean(self, node: Node, key: str) -> bool:
-        if not (isinstance(node, ScalarNode) and node.tag == TAG_BOOL):
-            self.fail(node, key, f"must be true or false, got {_kind(node)}")
-        try:
-            return bool(scalar_value(node))
-        except ValueError:
-            # An explicit tag: "!!bool maybe" is not false.
-            self.fail(node, key, f"must be true or false, got {_kind(node)}")
+    def boolean(self, node: Node | None, key: str, default: bool) -> bool:
+        if node is None:
+            return default
+        if isinstance(node, ScalarNode) and node.tag == TAG_BOOL:
+            try:
+                return bool(scalar_value(node))
+            except ValueError:
+                pass  # an explicit tag: "!!bool maybe" is not false
+        self.fail(node, key, f"must be true or false, got {_kind(node)}")
 
     def choice(self, node: Node, key: str, choices: tuple[str, ...], note: str = "") -> str:
         value = self.scalar_str(node, key)
         if value not in choices:
-            self.fail(node, key, f"must be one of {', '.join(choices)}{note}, got {quote(value)}")
+            self.fail(node, key, f"must be one of {', '.join(choices)}{note}, got {_quote(value)}")
         return value
 
-    def path(self, node: Node, key: str) -> Path:
-        value = self.scalar_str(node, key)
-        if not value:
-            self.fail(node, key, "must not be empty")
-        return (self.base_dir / value).resolve()
-
-    def string_list(self, node: Node, key: str) -> list[tuple[Node, str]]:
-        if is_null(node):
-            return []
-        if not isinstance(node, SequenceNode):
-            self.fail(node, key, f"must be a list, got {_kind(node)}")
-        return [(item, self.scalar_str(item, f"{key}[{i}]")) for i, item in enumerate(node.value)]
-
-    # -- sections
-
-    def http(self, node: Node) -> HTTPServerConfig | None:
-        if is_null(node):
-            return None
-        entries = self.mapping(node, "http_server_config")
+    def http(self, node: Node | None) -> HTTPServerConfig:
+        if node is None or is_null(node):
+            return HTTPServerConfig()
         prefix = "http_server_config."
-        self.check_keys(entries, prefix, ("http2", "headers"))
-        http2 = True
-        if (entry := entries.get("http2")) is not None:
-            http2 = self.boolean(entry.value, prefix + "http2")
+        entries = self.mapping(node, "http_server_config", _field_names(HTTPServerConfig))
+        http2 = self.boolean(
+            entries["http2"].value if "http2" in entries else None, prefix + "http2", True
+        )
         headers: dict[str, str] = {}
         if (entry := entries.get("headers")) is not None and not is_null(entry.value):
-            header_entries = self.mapping(entry.value, prefix + "headers")
-            self.check_keys(header_entries, prefix + "headers.", _HEADERS)
-            for name, header in header_entries.items():
+            for name, header in self.mapping(entry.value, prefix + "headers", _HEADERS).items():
                 value_node = header.value
                 key = f"{prefix}headers.{name}"
                 if is_null(value_node):
@@ -364,38 +316,24 @@ class _Parser:
                     headers[name] = value
         return HTTPServerConfig(http2=http2, headers=headers)
 
-    def tls(self, node: Node) -> TLSServerConfig | None:
+    def tls(self, node: Node | None) -> TLSServerConfig | None:
         """``tls_server_config``; ``None``: plain HTTP."""
-        if is_null(node):
+        if node is None or is_null(node):
             return None
-        entries = self.mapping(node, "tls_server_config")
         prefix = "tls_server_config."
-        self.check_keys(
-            entries,
-            prefix,
-            (
-                "cert_file",
-                "key_file",
-                "client_auth_type",
-                "client_ca_file",
-                "min_version",
-                "max_version",
-                "cipher_suites",
-                "prefer_server_cipher_suites",
-            ),
-        )
+        entries = self.mapping(node, "tls_server_config", _field_names(TLSServerConfig))
+        given = {name: entry.value for name, entry in entries.items()}
 
-        def value(name: str) -> Node | None:
-            entry = entries.get(name)
-            return entry.value if entry is not None else None
+        def path(name: str) -> Path | None:
+            value = given.get(name)
+            if value is None or is_null(value):
+                return None
+            text = self.scalar_str(value, prefix + name)
+            if not text:
+                self.fail(value, prefix + name, "must not be empty")
+            return (self.base_dir / text).resolve()
 
-        paths: dict[str, Path | None] = {}
-        for name in ("cert_file", "key_file", "client_ca_file"):
-            node_ = value(name)
-            paths[name] = (
-                None if node_ is None or is_null(node_) else self.path(node_, prefix + name)
-            )
-        cert, key = paths["cert_file"], paths["key_file"]
+        cert, key, ca = path("cert_file"), path("key_file"), path("client_ca_file")
         if cert is None and key is None:
             # exporter-toolkit serves plain HTTP for a TLS section without certificate;
             # anything else in it would then be silently ignored, so refuse that.
@@ -408,34 +346,34 @@ class _Parser:
                 )
             return None
         if cert is None or key is None:
-            missing = "cert_file" if cert is None else "key_file"
-            self.fail(node, prefix + missing, f"missing: required with {_other_file(missing)}")
+            missing, other = (
+                ("cert_file", "key_file") if cert is None else ("key_file", "cert_file")
+            )
+            self.fail(node, prefix + missing, f"missing: required with {other}")
 
         auth: ClientAuthType = "NoClientCert"
-        if (node_ := value("client_auth_type")) is not None:
+        if (auth_node := given.get("client_auth_type")) is not None:
             refused = ("RequestClientCert", "RequireAnyClientCert")
-            if isinstance(node_, ScalarNode) and node_.value in refused:
+            if isinstance(auth_node, ScalarNode) and auth_node.value in refused:
                 self.fail(
-                    node_,
+                    auth_node,
                     prefix + "client_auth_type",
-                    f"{node_.value} accepts unverified certificates and is not supported; "
+                    f"{auth_node.value} accepts unverified certificates and is not supported; "
                     "use RequireAndVerifyClientCert",
                 )
             auth = cast(
                 ClientAuthType,
-                self.choice(node_, prefix + "client_auth_type", get_args(ClientAuthType)),
+                self.choice(auth_node, prefix + "client_auth_type", get_args(ClientAuthType)),
             )
-        ca = paths["client_ca_file"]
         if auth != "NoClientCert" and ca is None:
             self.fail(
-                node_ if node_ is not None else node,
+                auth_node or node,
                 prefix + "client_ca_file",
                 f"required when client_auth_type is {auth}",
             )
         if auth == "NoClientCert" and ca is not None:
-            ca_node = entries["client_ca_file"].key
             self.fail(
-                ca_node,
+                entries["client_ca_file"].key,
                 prefix + "client_ca_file",
                 "set without client_auth_type: set client_auth_type to "
                 "RequireAndVerifyClientCert (or remove client_ca_file)",
@@ -443,47 +381,47 @@ class _Parser:
 
         versions: dict[str, TLSVersionName] = {"min_version": "TLS12", "max_version": "TLS13"}
         for name in versions:
-            if (node_ := value(name)) is not None:
+            if (version_node := given.get(name)) is not None:
                 versions[name] = cast(
                     TLSVersionName,
                     self.choice(
-                        node_,
+                        version_node,
                         prefix + name,
                         get_args(TLSVersionName),
                         " (TLS 1.0 and 1.1 are not supported)",
                     ),
                 )
         if TLS_VERSIONS[versions["min_version"]] > TLS_VERSIONS[versions["max_version"]]:
-            node_ = value("max_version") or value("min_version")
-            self.fail(node_, prefix + "max_version", "is lower than min_version")
+            at = given.get("max_version") or given.get("min_version")
+            self.fail(at, prefix + "max_version", "is lower than min_version")
 
         suites: list[str] = []
-        if (node_ := value("cipher_suites")) is not None:
-            for item, suite in self.string_list(node_, prefix + "cipher_suites"):
+        if (suites_node := given.get("cipher_suites")) is not None and not is_null(suites_node):
+            key_name = prefix + "cipher_suites"
+            if not isinstance(suites_node, SequenceNode):
+                self.fail(suites_node, key_name, f"must be a list, got {_kind(suites_node)}")
+            for i, item in enumerate(suites_node.value):
+                suite = self.scalar_str(item, f"{key_name}[{i}]")
                 if suite in TLS13_SUITES:
                     self.fail(
                         item,
-                        prefix + "cipher_suites",
+                        key_name,
                         f"{suite} is a TLS 1.3 suite; TLS 1.3 suites are not configurable",
                     )
                 if suite not in CIPHER_SUITES:
                     self.fail(
                         item,
-                        prefix + "cipher_suites",
+                        key_name,
                         f"unknown or insecure cipher suite {suite[:80]!r} "
                         f"(supported: {', '.join(CIPHER_SUITES)})",
                     )
                 suites.append(suite)
             if suites and versions["min_version"] == "TLS13":
                 self.fail(
-                    node_,
-                    prefix + "cipher_suites",
+                    suites_node,
+                    key_name,
                     "has no effect with min_version TLS13 (TLS 1.3 suites are fixed)",
                 )
-
-        prefer = True
-        if (node_ := value("prefer_server_cipher_suites")) is not None:
-            prefer = self.boolean(node_, prefix + "prefer_server_cipher_suites")
 
         return TLSServerConfig(
             cert_file=cert,
@@ -493,15 +431,18 @@ class _Parser:
             min_version=versions["min_version"],
             max_version=versions["max_version"],
             cipher_suites=tuple(suites),
-            prefer_server_cipher_suites=prefer,
+            prefer_server_cipher_suites=self.boolean(
+                given.get("prefer_server_cipher_suites"),
+                prefix + "prefer_server_cipher_suites",
+                True,
+            ),
         )
 
-    def users(self, node: Node) -> dict[str, bytes]:
-        if is_null(node):
+    def users(self, node: Node | None) -> dict[str, bytes]:
+        if node is None or is_null(node):
             return {}
-        entries = self.mapping(node, "basic_auth_users")
         users: dict[str, bytes] = {}
-        for name, entry in entries.items():
+        for name, entry in self.mapping(node, "basic_auth_users").items():
             key_node, value_node = entry.key, entry.value
             key = f"basic_auth_users.{name}"
             if not name or ":" in name:
@@ -526,6 +467,11 @@ class _Parser:
         return users
 
 
+def _field_names(cls: type) -> tuple[str, ...]:
+    """A section's known keys: the fields of the dataclass it is read into."""
+    return tuple(f.name for f in fields(cls))
+
+
 def _kind(node: Node, *, secret: bool = False) -> str:
     if isinstance(node, MappingNode):
         return "a mapping"
@@ -538,14 +484,9 @@ def _kind(node: Node, *, secret: bool = False) -> str:
         # A local tag is text of the file too: "alice: !pa55word" tags an empty value.
         standard = str(node.tag).startswith("tag:yaml.org,2002:")
         return f"{tag if standard else 'a tagged'} value (not shown)"
-    return f"{shorten(tag, 40)} {quote(str(node.value))}"
+    return f"{shorten(tag, 40)} {_quote(str(node.value))}"
 
 
-def quote(value: str) -> str:
-    """A value from the file as a message shows it: ``repr``-quoted (control characters
-    escaped), cut at 80 characters with "…"."""
+def _quote(value: str) -> str:
+    """A value from the file as a message shows it: ``repr``-quoted, cut with "…"."""
     return repr(value[:ECHO_LIMIT]) + ("…" if len(value) > ECHO_LIMIT else "")
-
-
-def _other_file(name: str) -> str:
-    return "key_file" if name == "cert_file" else "cert_file"

@@ -9,15 +9,13 @@ Example::
     'Kg$x'
     >>> missing_flags("AK"), missing_flags("Ex")
     ('', 'Kg$')
-    >>> with_flags("Ex", missing_flags("Ex"))
-    'ExKg$'
+    >>> missing_flags("Ex" + missing_flags("Ex"))
+    ''
 """
 
 from __future__ import annotations
 
 from typing import Final
-
-__all__ = ["REQUIRED_FLAGS", "missing_flags", "refused_hint", "with_flags"]
 
 #: The flags the watcher needs.
 REQUIRED_FLAGS: Final = "Kg$x"
@@ -30,11 +28,6 @@ def missing_flags(current: str) -> str:
     if "A" in have:
         have.update(_ALL_ALIAS)
     return "".join(flag for flag in REQUIRED_FLAGS if flag not in have)
-
-
-def with_flags(current: str, missing: str) -> str:
-    """``current`` with ``missing`` added (the value for ``CONFIG SET``)."""
-    return current + missing
 
 
 def refused_hint(missing: str | None) -> str:

@@ -24,8 +24,6 @@ from typing import Final
 
 from stocksentry.instrumentation.guard import LabelGuard
 
-__all__ = ["LockPattern", "LockPatterns"]
-
 _SKU: Final = "{sku}"
 
 

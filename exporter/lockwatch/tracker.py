@@ -1,13 +1,9 @@
 """The lease tracker: each watched lock key's life from its keyspace notifications.
 
-Pure state, no I/O: :meth:`LeaseTracker.apply` takes one notification (key, event, the
-time it was received, and for ``expire`` the deadline read back with ``PTTL``); ``set``
-starts a lease, ``expire``/``persist`` set or clear its deadline, ``del`` releases it
-(hold over TTL observed), ``expired`` counts a lease that ran out while held. A ``del``
-of a lease re-acquired within ``reacquire_window`` of an expiry, before
-``foreign_release_ratio`` of its TTL, is a suspected release not owned (a heuristic:
-docs/lockwatch.md gives its false positives and misses). At most ``max_tracked`` leases
-are followed; the others are counted in ``stocksentry_lockwatch_leases_lost_total``.
+Pure state, no I/O: :meth:`LeaseTracker.apply` takes one notification at a time. A
+``del`` of a lease re-acquired within ``reacquire_window`` of an expiry, before
+``foreign_release_ratio`` of its TTL, is a suspected release not owned (a heuristic whose
+false positives and misses docs/lockwatch.md gives).
 
 Example::
 
@@ -39,8 +35,6 @@ from stocksentry.instrumentation import catalog
 
 from .patterns import LockPatterns
 
-__all__ = ["END_UNSEEN_GRACE", "Lease", "LeaseTracker"]
-
 #: Seconds past a lease's deadline after which a lease without an ``expired`` is dropped.
 END_UNSEEN_GRACE: Final = 60.0
 _EVENTS: Final = frozenset(catalog.LOCKWATCH_EVENTS)
@@ -49,15 +43,13 @@ _BUCKETS: Final = catalog.HOLD_RATIO_BUCKETS
 
 @dataclass(slots=True)
 class Lease:
-    """One lease being followed."""
+    """One lease being followed: its ``deadline`` is the last ``expire``'s, its ``ttl``
+    the first's; ``reacquired`` within ``reacquire_window`` of an expiry of its key."""
 
     lock: str
     acquired_at: float
-    #: The deadline set by the last ``expire`` (``None``: no TTL known).
     deadline: float | None = None
-    #: The TTL the first ``expire`` gave (seconds).
     ttl: float | None = None
-    #: Acquired within ``reacquire_window`` of an expiry of the same key.
     reacquired: bool = False
 
 
@@ -103,7 +95,6 @@ class LeaseTracker:
 
     @property
     def tracked(self) -> int:
-        """Leases followed right now."""
         return len(self._leases)
 
     def apply(self, key: str, event: str, now: float, deadline: float | None = None) -> None:

@@ -1,11 +1,10 @@
 """The lock watcher: a keyspace-notification subscription feeding a :class:`LeaseTracker`.
 
-One asyncio task in the sidecar's event loop: it connects, checks (and, when
-``lock_watch.configure_notifications`` allows it, sets) ``notify-keyspace-events``,
-``PSUBSCRIBE``s to ``__keyspace@<db>__:<glob>`` for every pattern, and applies each
-notification to the tracker, reading the deadline an ``expire`` set with one pipelined
-``PTTL`` per batch. Notifications sent while it is not subscribed are lost; what it
-counts about such a gap is in docs/lockwatch.md ("Disconnects").
+One asyncio task in the sidecar's event loop: it checks (or, when allowed, sets)
+``notify-keyspace-events``, ``PSUBSCRIBE``s to ``__keyspace@<db>__:<glob>`` for every
+pattern, and applies each notification to the tracker, with one pipelined ``PTTL`` per
+batch for the deadlines ``expire`` set. Notifications sent while it is not subscribed are
+lost (docs/lockwatch.md, "Disconnects").
 
 Example::
 
@@ -31,11 +30,9 @@ from stocksentry.instrumentation import catalog
 from stocksentry.instrumentation.guard import LabelGuard
 
 from ..config import LockWatchConfig, SkuGuardConfig
-from .notifications import missing_flags, refused_hint, with_flags
+from .notifications import missing_flags, refused_hint
 from .patterns import LockPatterns
 from .tracker import LeaseTracker
-
-__all__ = ["LOGGER", "LockWatcher"]
 
 LOGGER: Final = logging.getLogger("stocksentry.exporter.lockwatch")
 #: Notifications applied in one batch (one ``PTTL`` pipeline) at most.
@@ -74,8 +71,6 @@ class LockWatcher:
         self._down_since: float | None = None
         self._down_seconds = 0.0
         self._last_problem = ""
-
-    # --- life cycle ----------------------------------------------------------------------
 
     async def start(self) -> None:
         """Start following (returns at once; connection errors are retried, logged)."""
@@ -126,8 +121,6 @@ class LockWatcher:
         elif problem != self._last_problem:
             LOGGER.warning("lock_watch: cannot subscribe to Redis (%s); retrying", problem)
         self._last_problem = problem
-
-    # --- one connection --------------------------------------------------------------------
 
     async def _session(self) -> None:
         config = self.config
@@ -216,7 +209,7 @@ class LockWatcher:
                 refused_hint(missing),
             )
             return
-        value = with_flags(current, missing)
+        value = current + missing
         try:
             await client.config_set(name, value)
         except ResponseError as exc:
@@ -270,21 +263,14 @@ class LockWatcher:
         for key, event, when in batch:
             apply(key, event, when, deadlines.get(key) if event == "expire" else None)
 
-    # --- the collector -------------------------------------------------------------------
-
     def collect(self) -> Iterator[Metric]:
-        """The collector protocol: the counts so far, no I/O."""
+        """The counts so far (no I/O)."""
         yield from self.tracker.families()
-        connected = GaugeMetricFamily(
-            catalog.LOCKWATCH_CONNECTED.name, catalog.LOCKWATCH_CONNECTED.help
-        )
-        connected.add_metric([], 1.0 if self.connected else 0.0)
-        yield connected
+        spec = catalog.LOCKWATCH_CONNECTED
+        yield GaugeMetricFamily(spec.name, spec.help, value=float(self.connected))
         if self.notifications is not None:
             spec = catalog.LOCKWATCH_NOTIFICATIONS
-            enabled = GaugeMetricFamily(spec.name, spec.help)
-            enabled.add_metric([], 1.0 if self.notifications else 0.0)
-            yield enabled
+            yield GaugeMetricFamily(spec.name, spec.help, value=float(self.notifications))
         spec = catalog.LOCKWATCH_RECONNECTS
         yield CounterMetricFamily(spec.name, spec.help, value=float(self.reconnects))
         down = self._down_seconds

@@ -1,27 +1,12 @@
 """Read prometheus_client's multiprocess directory, one file at a time, without failing.
 
-prometheus_client's ``MultiProcessCollector`` reads every file of
-``PROMETHEUS_MULTIPROC_DIR`` in one pass, and one truncated or corrupt file fails the
-whole scrape. :class:`MultiprocessDirCollector` reads each file on its own, skips a bad
-one (counted in ``stocksentry_multiprocess_files_skipped_total{reason}``) and merges the
-rest with prometheus_client's semantics, in directory order so that sums are bit for bit
-the same. Beyond it: ``live*`` gauges of dead pids are dropped (``check_pids``), the
-workers' exemplar files are read, and dead workers' files can be compacted
-(``compact_dead``, :mod:`.compaction`). docs/exporter-server.md ("The multiprocess
-directory") says what each choice does and why, and how it measures against
-prometheus_client.
-
-Parts: :mod:`.files` (names, layout, reading one file), :mod:`.merge` (one scrape's
-merge), :mod:`.exemplars` (the workers' exemplar files), :mod:`.compaction`.
-
-Example::
-
-    from prometheus_client import CollectorRegistry, generate_latest
-    from stocksentry.exporter.multiproc import MultiprocessDirCollector
-
-    registry = CollectorRegistry()
-    registry.register(MultiprocessDirCollector("/run/stocksentry/prom", check_pids=False))
-    print(generate_latest(registry).decode())
+Unlike prometheus_client's ``MultiProcessCollector``, which one corrupt file fails
+whole, :class:`MultiprocessDirCollector` skips a bad file (counted in
+``stocksentry_multiprocess_files_skipped_total{reason}``) and merges the rest with
+prometheus_client's semantics, in directory order so that sums are bit for bit the same.
+It also drops ``live*`` gauges of dead pids, reads the workers' exemplar files and can
+compact dead workers' files (:mod:`.compaction`). docs/exporter-server.md ("The
+multiprocess directory") says what each choice does and why.
 """
 
 from __future__ import annotations
@@ -61,14 +46,9 @@ from .files import (
 )
 from .merge import Merge
 
-__all__ = ["COMPACTED", "FILES_MERGED", "FILES_SKIPPED", "Compaction", "MultiprocessDirCollector"]
+__all__ = ["Compaction", "MultiprocessDirCollector"]
 
 _log = logging.getLogger(__name__)
-
-#: Counter (exposed as ``..._total``), label ``reason`` (one of :data:`SKIP_REASONS`).
-FILES_SKIPPED: Final = catalog.MULTIPROCESS_FILES_SKIPPED
-#: Gauge, no labels: how many files the last scrape merged.
-FILES_MERGED: Final = catalog.MULTIPROCESS_FILES
 
 # Parsed keys are kept across scrapes; this bounds the cache if label values churn.
 _KEY_CACHE_LIMIT: Final = 500_000
@@ -185,11 +165,9 @@ class MultiprocessDirCollector:
         return names
 
     def compact(self, *, max_pids: int = MAX_PIDS) -> Compaction:
-        """Compact the files of at most ``max_pids`` dead pids now (see
-        :mod:`.compaction`); what was done.
+        """Compact the files of at most ``max_pids`` dead pids now; what was done.
 
-        Unreadable files of dead pids are counted in the skipped-files counter, like a
-        scrape counts them. Refused (``ValueError``) without ``check_pids``.
+        Unreadable files of dead pids are counted as skipped, as a scrape counts them.
         """
         if not self.check_pids:
             raise ValueError("compaction needs check_pids (the app's PID namespace)")
@@ -197,8 +175,8 @@ class MultiprocessDirCollector:
             result = compact(self.path, self._key_of, max_pids=max_pids)
         except FileNotFoundError:
             return Compaction(ran=False)
-        for reason, count in result.skipped.items():
-            with self._lock:
+        with self._lock:
+            for reason, count in result.skipped.items():
                 self._skipped[reason] += count
         if result.pids:
             _log.info(
@@ -293,10 +271,10 @@ class MultiprocessDirCollector:
         return os.path.join(self.path, name)
 
     def _own_metrics(self, files: int) -> Iterator[Metric]:
-        skipped = CounterMetricFamily(
-            FILES_SKIPPED.base_name, FILES_SKIPPED.help, labels=["reason"]
-        )
+        spec = catalog.MULTIPROCESS_FILES_SKIPPED
+        skipped = CounterMetricFamily(spec.base_name, spec.help, labels=["reason"])
         for reason, count in self.skipped.items():
             skipped.add_metric([reason], float(count))
         yield skipped
-        yield GaugeMetricFamily(FILES_MERGED.name, FILES_MERGED.help, value=float(files))
+        spec = catalog.MULTIPROCESS_FILES
+        yield GaugeMetricFamily(spec.name, spec.help, value=float(files))

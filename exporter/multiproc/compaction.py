@@ -1,23 +1,13 @@
 """Compacting the files of dead workers into one file per type, safely against scrapes.
 
-A pre-fork server that recycles its workers leaves every dead worker's files behind, so
-the directory and every scrape grow without bound. :func:`compact` folds the files of dead
-pids into ``<type>[_<mode>]_compacted.db`` and ``exemplars_compacted.mmap``, which the
-reader merges like any other file. docs/exporter-server.md ("Dead workers' files") has
-the table of what happens to each kind of file and the reasons; in short:
-
-- a pid is dead when ``os.kill(pid, 0)`` raises ``ProcessLookupError``, which is only
-  true of the app's workers in the app's PID namespace, so the collector compacts only
-  with ``check_pids``;
-- pid reuse: each file is first renamed to a name no worker opens
-  (``<name>.staged-<token>.db``), the pid checked again, and a pid alive again gets its
-  file back unless its new worker has already made its own;
-- scrapes and crashes: a compaction holds an exclusive ``flock`` on
-  :data:`LOCK_NAME`, a scrape a shared one; each compacted file is written under a
-  temporary name, renamed into place, and names (in a manifest entry) the files folded
-  into it, which a reader then leaves out: a compaction killed at any point never counts
-  a sample twice nor loses one. prometheus_client's ``MultiProcessCollector`` takes no
-  lock and reads no manifest.
+:func:`compact` folds the files of dead pids into ``<type>[_<mode>]_compacted.db`` and
+``exemplars_compacted.mmap``, which the reader merges like any other file, so that a
+server recycling its workers does not grow the directory and every scrape without bound.
+Each file is renamed to a name no worker opens before it is read (and given back when its
+pid turns out reused), a compaction holds an exclusive ``flock`` on :data:`LOCK_NAME`
+(scrapes a shared one), and each compacted file names the files folded into it, so a
+compaction killed at any point never counts a sample twice nor loses one.
+docs/exporter-server.md ("Dead workers' files") gives each kind of file and the reasons.
 """
 
 from __future__ import annotations
@@ -65,17 +55,6 @@ from .files import (
     read_entries,
 )
 
-__all__ = [
-    "COMPACTED",
-    "LOCK_NAME",
-    "MAX_PIDS",
-    "Compaction",
-    "compact",
-    "manifest_of",
-    "scrape_lock",
-    "staged",
-]
-
 #: Dead pids compacted per run at most (a run over 100 of them takes a few hundred ms).
 MAX_PIDS: Final = 100
 #: The "pid" of the compacted files: ``counter_compacted.db``.
@@ -116,6 +95,13 @@ def manifest_of(entries: Entries) -> tuple[Entries, frozenset[str]]:
     return kept, names
 
 
+def _open_lock(directory: str) -> int:
+    """The lock file's descriptor, the file created when missing."""
+    return os.open(
+        os.path.join(directory, LOCK_NAME), os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW, 0o644
+    )
+
+
 @contextlib.contextmanager
 def scrape_lock(directory: str) -> Iterator[None]:
     """A shared lock on the directory's compaction lock, for one scrape.
@@ -124,12 +110,11 @@ def scrape_lock(directory: str) -> Iterator[None]:
     directory this process cannot write and nobody has compacted, there is nothing to
     lock against, and the scrape goes on without.
     """
-    path = os.path.join(directory, LOCK_NAME)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        fd = _open_lock(directory)
     except OSError:
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+            fd = os.open(os.path.join(directory, LOCK_NAME), os.O_RDONLY | os.O_NOFOLLOW)
         except OSError:
             yield
             return
@@ -163,18 +148,6 @@ def _pid_of(name: str) -> str | None:
         parsed = parse_name(name)
         return parsed.pid if parsed is not None else None
     return exemplar_pid(name)
-
-
-def _dead_pid(name: str) -> str | None:
-    """The pid of a worker's file when it is a number (not a staged or compacted one)."""
-    pid = _pid_of(name)
-    return pid if pid is not None and pid.isdigit() else None
-
-
-def _is_staged(name: str) -> bool:
-    """Whether ``name`` is a dead pid's file renamed by a compaction."""
-    pid = _pid_of(name)
-    return pid is not None and staged(pid)
 
 
 def _staged_name(name: str, token: str) -> str:
@@ -277,8 +250,8 @@ class _Compactor:
         pids (see the module docstring). The staged names, in the order given."""
         out: list[str] = []
         for name in names:
-            pid = _dead_pid(name)
-            if pid is None:
+            pid = _pid_of(name)
+            if pid is None or not pid.isdigit():
                 continue
             target = _staged_name(name, self.token)
             try:
@@ -373,7 +346,10 @@ class _Compactor:
                 with contextlib.suppress(FileNotFoundError, SkipFile):
                     included |= manifest_of(read_entries(self.path(name)))[1]
         leftovers: list[str] = []
-        for name in filter(_is_staged, names):
+        for name in names:
+            pid = _pid_of(name)
+            if pid is None or not staged(pid):
+                continue
             if name in included:
                 self.remove(name)
             else:
@@ -384,8 +360,8 @@ class _Compactor:
         dead: list[str] = []
         dead_pids = 0
         for name in names:
-            pid = _dead_pid(name)
-            if pid is None:
+            pid = _pid_of(name)
+            if pid is None or not pid.isdigit():
                 continue
             if pid not in alive:
                 if dead_pids >= self.max_pids:
@@ -413,20 +389,15 @@ def compact(
     *,
     max_pids: int = MAX_PIDS,
 ) -> Compaction:
-    """Compact the files of the dead pids of ``directory`` (see the module docstring).
-
-    At most ``max_pids`` dead pids are compacted per call (the rest at the next one), so
-    that one call stays short when a directory holds thousands of them.
+    """Compact the files of at most ``max_pids`` dead pids of ``directory`` (the rest at
+    the next call, so that one call stays short).
 
     ``check_key`` validates one key (raises :class:`SkipFile`); a file with a bad key is
-    set aside like a torn one. Returns what was done; ``ran`` is false when another
-    compaction holds the lock, or the directory cannot be written (nothing is done then).
+    set aside like a torn one.
     """
     path = os.fspath(directory)
     try:
-        fd = os.open(
-            os.path.join(path, LOCK_NAME), os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW, 0o644
-        )
+        fd = _open_lock(path)
     except OSError:
         return Compaction(ran=False)
     try:

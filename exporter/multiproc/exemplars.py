@@ -28,8 +28,6 @@ from stocksentry.instrumentation.mpexemplars import (
 
 from .files import SkipFile, open_regular
 
-__all__ = ["ExemplarEntries", "exemplar_pid", "keep_newest", "parse_slot", "read_exemplars"]
-
 # key bytes -> (timestamp, Exemplar)
 ExemplarEntries = dict[bytes, tuple[float, Exemplar]]
 _REREADS: Final = 5
@@ -90,37 +88,32 @@ def _reread(fd: int, offset: int, slot_size: int) -> tuple[bytes, float, Exempla
 
 def read_exemplars(path: str) -> ExemplarEntries:
     """Every exemplar of one file, or ``SkipFile``; ``FileNotFoundError`` passes."""
-    try:
-        with open_regular(path) as (f, fd, size):
-            if size == 0:
-                return {}  # a starting worker
-            header = f.read(HEADER_SIZE)
-            if len(header) < HEADER_SIZE:
-                raise SkipFile("truncated", f"{len(header)} bytes, shorter than the header")
-            magic, version, slot_size, capacity, crc, used = HEADER.unpack_from(header)
-            if magic != MAGIC or zlib.crc32(header[:20]) != crc:
-                if header == bytes(HEADER_SIZE):
-                    return {}  # sized, header not written yet
-                raise SkipFile("corrupt", "bad magic or header checksum")
-            if version != VERSION or slot_size < SLOT_HEAD.size or used > capacity:
-                raise SkipFile("corrupt", f"version {version}, {used}/{capacity} slots")
-            if size < HEADER_SIZE + capacity * slot_size:
-                raise SkipFile("truncated", f"{size} bytes for {capacity} slots")
-            data = f.read(used * slot_size)
-            if len(data) < used * slot_size:
-                raise SkipFile("truncated", f"read {len(data)} of {used * slot_size} bytes")
-            out: ExemplarEntries = {}
-            for index in range(used):
-                pos = index * slot_size
-                got = parse_slot(data, pos, slot_size)
+    with open_regular(path) as (f, fd, size):
+        if size == 0:
+            return {}  # a starting worker
+        header = f.read(HEADER_SIZE)
+        if len(header) < HEADER_SIZE:
+            raise SkipFile("truncated", f"{len(header)} bytes, shorter than the header")
+        magic, version, slot_size, capacity, crc, used = HEADER.unpack_from(header)
+        if magic != MAGIC or zlib.crc32(header[:20]) != crc:
+            if header == bytes(HEADER_SIZE):
+                return {}  # sized, header not written yet
+            raise SkipFile("corrupt", "bad magic or header checksum")
+        if version != VERSION or slot_size < SLOT_HEAD.size or used > capacity:
+            raise SkipFile("corrupt", f"version {version}, {used}/{capacity} slots")
+        if size < HEADER_SIZE + capacity * slot_size:
+            raise SkipFile("truncated", f"{size} bytes for {capacity} slots")
+        data = f.read(used * slot_size)
+        if len(data) < used * slot_size:
+            raise SkipFile("truncated", f"read {len(data)} of {used * slot_size} bytes")
+        out: ExemplarEntries = {}
+        for index in range(used):
+            pos = index * slot_size
+            got = parse_slot(data, pos, slot_size)
+            if got is None:
+                got = _reread(fd, HEADER_SIZE + pos, slot_size)
                 if got is None:
-                    got = _reread(fd, HEADER_SIZE + pos, slot_size)
-                    if got is None:
-                        continue  # still being rewritten: the next scrape will have it
-                key, ts, exemplar = got
-                keep_newest(out, key, (ts, exemplar))
-            return out
-    except (FileNotFoundError, SkipFile):
-        raise
-    except OSError as exc:
-        raise SkipFile("unreadable", f"{type(exc).__name__}: {exc}") from None
+                    continue  # still being rewritten: the next scrape will have it
+            key, ts, exemplar = got
+            keep_newest(out, key, (ts, exemplar))
+        return out

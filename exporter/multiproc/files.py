@@ -24,27 +24,6 @@ from typing import BinaryIO, Final, Literal
 
 from prometheus_client.metrics_core import Metric
 
-__all__ = [
-    "GAUGE_MODES",
-    "HEADER_SIZE",
-    "INT",
-    "SKIP_REASONS",
-    "SUMMED_TYPES",
-    "TWO_DOUBLES",
-    "Entries",
-    "FileName",
-    "Key",
-    "SkipFile",
-    "SkipReason",
-    "Values",
-    "fold",
-    "open_regular",
-    "parse_key",
-    "parse_name",
-    "pid_alive",
-    "read_entries",
-]
-
 SkipReason = Literal["bad_name", "corrupt", "truncated", "unreadable"]
 #: Why a file was skipped: ``bad_name`` (``*.db`` not named ``<type>[_<mode>]_<pid>.db``),
 #: ``truncated`` (shorter than its own header says), ``corrupt`` (the content does not
@@ -95,13 +74,19 @@ class SkipFile(Exception):
 @contextlib.contextmanager
 def open_regular(path: str) -> Iterator[tuple[BinaryIO, int, int]]:
     """Open ``path`` for reading as ``(file, fd, size)``; :class:`SkipFile` unless it is a
-    regular file (``O_NONBLOCK``: a FIFO must not block the scrape in ``open()``)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    with open(fd, "rb") as f:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise SkipFile("unreadable", "not a regular file")
-        yield f, fd, info.st_size
+    regular file (``O_NONBLOCK``: a FIFO must not block the scrape in ``open()``), and for
+    any ``OSError`` but ``FileNotFoundError``, also while reading it."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        with open(fd, "rb") as f:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise SkipFile("unreadable", "not a regular file")
+            yield f, fd, info.st_size
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise SkipFile("unreadable", f"{type(exc).__name__}: {exc}") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,33 +162,28 @@ def read_entries(path: str) -> Entries:
     The file is read completely before anything is merged, so a file that turns out bad
     halfway contributes nothing.
     """
-    try:
-        with open_regular(path) as (f, _, size):
-            if size == 0:
-                # Created by a starting worker, not sized yet.
-                return []
-            if size < HEADER_SIZE:
-                raise SkipFile("truncated", f"{size} bytes, shorter than the header")
-            data = f.read(min(size, _FIRST_READ))
-            if len(data) < HEADER_SIZE:
-                # Shrunk since the fstat: someone truncated it under us.
-                raise SkipFile("truncated", f"read {len(data)} bytes, shorter than the header")
-            (used,) = INT.unpack_from(data, 0)
-            if used == 0:
-                # Sized but nothing written yet.
-                return []
-            if used < HEADER_SIZE:
-                raise SkipFile("corrupt", f"header says {used} bytes used")
-            if used > size:
-                raise SkipFile("truncated", f"header says {used} bytes used, file has {size}")
-            if used > len(data):
-                data += f.read(used - len(data))
-                if len(data) < used:
-                    raise SkipFile("truncated", f"read {len(data)} of {used} bytes")
-    except FileNotFoundError:
-        raise
-    except OSError as exc:
-        raise SkipFile("unreadable", f"{type(exc).__name__}: {exc}") from None
+    with open_regular(path) as (f, _, size):
+        if size == 0:
+            # Created by a starting worker, not sized yet.
+            return []
+        if size < HEADER_SIZE:
+            raise SkipFile("truncated", f"{size} bytes, shorter than the header")
+        data = f.read(min(size, _FIRST_READ))
+        if len(data) < HEADER_SIZE:
+            # Shrunk since the fstat: someone truncated it under us.
+            raise SkipFile("truncated", f"read {len(data)} bytes, shorter than the header")
+        (used,) = INT.unpack_from(data, 0)
+        if used == 0:
+            # Sized but nothing written yet.
+            return []
+        if used < HEADER_SIZE:
+            raise SkipFile("corrupt", f"header says {used} bytes used")
+        if used > size:
+            raise SkipFile("truncated", f"header says {used} bytes used, file has {size}")
+        if used > len(data):
+            data += f.read(used - len(data))
+            if len(data) < used:
+                raise SkipFile("truncated", f"read {len(data)} of {used} bytes")
 
     entries: Entries = []
     pos = HEADER_SIZE

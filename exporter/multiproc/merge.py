@@ -1,11 +1,4 @@
-"""One scrape's merge: files added one by one, families built at the end.
-
-Example::
-
-    merge = Merge(collector_key_of)
-    merge.add(parse_name("counter_12.db"), read_entries(path))
-    families = merge.families()
-"""
+"""One scrape's merge: files added one by one, families built at the end."""
 
 from __future__ import annotations
 
@@ -19,14 +12,12 @@ from prometheus_client.utils import floatToGoString
 from .exemplars import ExemplarEntries, keep_newest
 from .files import SUMMED_TYPES, Entries, FileName, Key, Values, fold
 
-__all__ = ["Merge"]
-
 # floatToGoString is untyped in prometheus_client; this gives it a type once.
 _go_float: Final[Callable[[float], str]] = floatToGoString
 
 
 class Merge:
-    """Accumulators for one scrape; files are added one by one, families built at the end."""
+    """The accumulators of one scrape."""
 
     def __init__(self, key_of: Callable[[bytes], Key]) -> None:
         self._key_of = key_of
@@ -96,28 +87,24 @@ class Merge:
         # Histograms: buckets are stored per bound and per pid; sum them, then make them
         # cumulative per label set and derive _count from the +Inf bucket.
         Group = tuple[str, tuple[tuple[str, str], ...]]
-        buckets_of: dict[Group, dict[float, tuple[float, Exemplar | None]]] = {}
+        Buckets = dict[float, tuple[float, Exemplar | None]]
         # The first key of each group stands for its metric (name, help).
-        others_of: dict[Group, tuple[Key, list[Sample]]] = {}
+        groups: dict[Group, tuple[Key, Buckets, list[Sample]]] = {}
         for raw, (value, _) in self.summed["histogram"].items():
             key = key_of(raw)
             group = (key.metric, key.labels_without_le)
-            first = others_of.get(group)
-            if first is None:
-                first = others_of[group] = (key, [])
-                buckets_of[group] = {}
+            if group not in groups:
+                groups[group] = (key, {}, [])
+            _, buckets, others = groups[group]
             if key.le is None:
-                first[1].append(Sample(key.sample, key.labels_dict, value))
+                others.append(Sample(key.sample, key.labels_dict, value))
             else:
-                buckets = buckets_of[group]
                 held, exemplar = buckets.get(key.le, (0.0, None))
                 buckets[key.le] = (held + value, exemplar_of(raw) or exemplar)
-        for group, (first_key, others) in others_of.items():
-            metric_name, labels = group
+        for (metric_name, labels), (first_key, buckets, others) in groups.items():
             family = by_name.get(metric_name)
             if family is not None and family.type != "histogram":
                 continue
-            buckets = buckets_of[group]
             if buckets:
                 running = 0.0
                 for bound in sorted(buckets):

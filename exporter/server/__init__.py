@@ -4,16 +4,7 @@ One aiohttp application, built by :func:`create_app` from a :class:`ServerSettin
 served by :func:`run_server` (until SIGTERM) or :func:`serving` (``async with``).
 docs/exporter-server.md describes the endpoints, the settings, TLS and basic auth.
 
-Modules: :mod:`.settings` (:class:`ServerSettings`, the life cycle), :mod:`.app` (routes,
-negotiation, basic auth), :mod:`.exposition` (the ``/metrics`` body, off the event loop),
-:mod:`.deadlines` (slow clients), :mod:`.running` (listeners, shutdown, start-up lines),
-:mod:`.buildinfo` (``stocksentry_build_info``).
-
 Example::
-
-    from pathlib import Path
-    from stocksentry.exporter.server import ServerSettings, run_server
-    from stocksentry.exporter.webconfig import load_web_config
 
     settings = ServerSettings(
         listen_address="0.0.0.0",

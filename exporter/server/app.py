@@ -1,11 +1,7 @@
 """The aiohttp application: its routes, content negotiation, basic auth, :func:`create_app`.
 
-Routes: ``/metrics`` (``settings.metrics_path``, the exposition of :mod:`.exposition`:
-Prometheus text 0.0.4 by default, OpenMetrics 1.0.0, the only format with exemplars,
-when ``Accept`` prefers it, gzip when ``Accept-Encoding`` allows it), ``/healthz``,
-``/readyz`` and a landing page at ``/``. Basic auth guards ``/metrics`` and ``/``; the
-health endpoints stay open, because kubelet probes carry no credentials and the answers
-reveal nothing.
+Basic auth guards ``/metrics`` and the landing page; the health endpoints stay open,
+because kubelet probes carry no credentials and the answers reveal nothing.
 
 Example::
 
@@ -25,23 +21,10 @@ from aiohttp import hdrs, web
 from prometheus_client.registry import Collector
 
 from ..basicauth import BasicAuth
+from ..webconfig import WebConfig
 from .buildinfo import build_info
 from .exposition import MetricsRenderer, SharedRender, build_renderer
 from .settings import HEALTHZ_PATH, READYZ_PATH, Lifecycle, ServerSettings
-
-__all__ = [
-    "BASIC_AUTH",
-    "CONTENT_TYPE_OPENMETRICS",
-    "CONTENT_TYPE_TEXT",
-    "LIFECYCLE",
-    "RENDERER",
-    "SETTINGS",
-    "Background",
-    "basic_auth_middleware",
-    "create_app",
-    "wants_gzip",
-    "wants_openmetrics",
-]
 
 #: A background resource for ``app.cleanup_ctx``: start-up before ``yield``, clean-up after.
 Background = Callable[[web.Application], AsyncIterator[None]]
@@ -117,11 +100,8 @@ def _media_ranges(header: str) -> Iterable[tuple[str, dict[str, str], float]]:
 
 
 def wants_openmetrics(accept: str) -> bool:
-    """True when ``Accept`` prefers OpenMetrics 1.x over the Prometheus text format.
-
-    OpenMetrics is chosen when an ``application/openmetrics-text`` range without a
-    version, or with a 1.x version, has a q above 0 and at least that of ``text/plain``
-    and ``*/*``. Prometheus itself sends exactly such a header.
+    """True when ``Accept`` prefers OpenMetrics 1.x (or no version) over the text format,
+    at a q above 0 and at least that of ``text/plain`` and ``*/*``.
 
     Example::
 
@@ -208,12 +188,11 @@ def create_app(
     """Build the exporter's aiohttp application.
 
     ``collectors`` join the exposition after the multiprocess directory and before the
-    process metrics. ``background`` callables are async generators appended to
-    ``app.cleanup_ctx`` (start before ``yield``, clean up after); ``/readyz`` turns 200
-    once all of them have started, from an ``on_startup`` handler registered here.
+    process metrics; ``background`` goes to ``app.cleanup_ctx``, and ``/readyz`` turns
+    200 once all of it has started.
     """
-    web_config = settings.web_config
-    auth = BasicAuth(web_config.basic_auth_users if web_config else {})
+    web_config = settings.web_config or WebConfig()
+    auth = BasicAuth(web_config.basic_auth_users)
     app = web.Application(middlewares=[basic_auth_middleware] if auth.enabled else [])
     app[SETTINGS] = settings
     app[LIFECYCLE] = Lifecycle()
@@ -227,7 +206,7 @@ def create_app(
     app.router.add_get(READYZ_PATH, _readyz)
     app.router.add_get("/", _landing)
 
-    extra_headers = dict(web_config.http.headers) if web_config else {}
+    extra_headers = dict(web_config.http.headers)
     if extra_headers:
 
         async def add_headers(request: web.Request, response: web.StreamResponse) -> None:

@@ -25,9 +25,6 @@ from typing import Final
 from prometheus_client.core import GaugeMetricFamily, Metric
 from stocksentry.instrumentation import catalog
 
-__all__ = ["BUILD_INFO", "BuildInfo", "BuildInfoCollector", "build_info", "read_revision"]
-
-BUILD_INFO: Final = catalog.BUILD_INFO
 DISTRIBUTION: Final = "stocksentry"
 #: Where the wheel build writes the commit, inside the ``stocksentry.exporter`` package.
 REVISION_FILE: Final = "REVISION"
@@ -93,20 +90,14 @@ def build_info() -> BuildInfo:
 
 
 class BuildInfoCollector:
-    """Exports ``stocksentry_build_info`` with the labels of ``info`` (this build's by default).
-
-    Example::
-
-        registry.register(BuildInfoCollector())
-    """
+    """Exports ``stocksentry_build_info`` with the labels of ``info`` (this build's by default)."""
 
     def __init__(self, info: BuildInfo | None = None) -> None:
         self.info = info if info is not None else build_info()
 
     def collect(self) -> Iterator[Metric]:
-        family = GaugeMetricFamily(
-            BUILD_INFO.base_name, BUILD_INFO.help, labels=list(BUILD_INFO.labels)
-        )
+        spec = catalog.BUILD_INFO
+        family = GaugeMetricFamily(spec.base_name, spec.help, labels=list(spec.labels))
         info = self.info
         family.add_metric([info.version, info.revision, info.python_version], 1.0)
         yield family

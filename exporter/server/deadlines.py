@@ -17,25 +17,7 @@ import asyncio
 import re
 from collections.abc import Callable
 from ssl import SSLContext
-from typing import Final, cast
-
-from ..config import model
-
-__all__ = [
-    "BODY_TIMEOUT",
-    "HANDSHAKE_TIMEOUT",
-    "HEADER_TIMEOUT",
-    "KEEPALIVE_TIMEOUT",
-    "HeadDeadline",
-    "listen",
-]
-
-# The defaults are the config model's (``server:`` in the exporter's config), where their
-# reasons are written; a ServerSettings built in code gets the same.
-HEADER_TIMEOUT: Final = model.HEADER_TIMEOUT
-BODY_TIMEOUT: Final = model.BODY_TIMEOUT
-HANDSHAKE_TIMEOUT: Final = model.TLS_HANDSHAKE_TIMEOUT
-KEEPALIVE_TIMEOUT: Final = model.KEEPALIVE_TIMEOUT
+from typing import cast
 
 _HEAD_END = b"\r\n\r\n"
 _CONTENT_LENGTH = re.compile(rb"\r\ncontent-length[ \t]*:[ \t]*(\d{1,18})[ \t]*\r\n", re.I)
@@ -58,8 +40,8 @@ class HeadDeadline(asyncio.Protocol):
         self,
         inner: asyncio.Protocol,
         *,
-        header_timeout: float = HEADER_TIMEOUT,
-        body_timeout: float = BODY_TIMEOUT,
+        header_timeout: float,
+        body_timeout: float,
     ) -> None:
         self._inner = inner
         self._header_timeout = header_timeout
@@ -73,8 +55,6 @@ class HeadDeadline(asyncio.Protocol):
         self.pending_head = b""
         self._body_left = 0  # bytes of a Content-Length body still to come; -1: chunked
         self._chunked_tail = b""
-
-    # --- the deadlines -------------------------------------------------------------------
 
     def _arm(self, seconds: float) -> None:
         self._disarm()
@@ -92,8 +72,6 @@ class HeadDeadline(asyncio.Protocol):
             # abort, not close: close() would wait for the very client that stalls (to
             # flush, or for its TLS close_notify).
             transport.abort()
-
-    # --- reading the stream --------------------------------------------------------------
 
     def _watch(self, data: bytes) -> None:
         while data:
@@ -153,8 +131,6 @@ class HeadDeadline(asyncio.Protocol):
         # the marker, so the marker ends inside ``data``.
         return buffer[end + len(_LAST_CHUNK) :]
 
-    # --- the protocol, passed on -----------------------------------------------------------
-
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # create_server gives a stream transport (TCP or TLS), which has abort().
         self._transport = cast(asyncio.Transport, transport)
@@ -186,9 +162,9 @@ async def listen(
     port: int,
     *,
     ssl_context: SSLContext | None = None,
-    header_timeout: float = HEADER_TIMEOUT,
-    body_timeout: float = BODY_TIMEOUT,
-    handshake_timeout: float = HANDSHAKE_TIMEOUT,
+    header_timeout: float,
+    body_timeout: float,
+    handshake_timeout: float,
 ) -> asyncio.Server:
     """A listener on ``host``:``port`` (``""``: every interface) whose connections have
     read deadlines; ``handler_factory`` is the runner's ``web.Server``."""

@@ -9,7 +9,7 @@ work (the multiprocess files are read there), so the server runs it in a thread,
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import concurrent.futures
 import logging
 import threading
 import time
@@ -29,12 +29,7 @@ from ..multiproc import MultiprocessDirCollector
 from .buildinfo import BuildInfoCollector
 from .settings import ServerSettings
 
-__all__ = ["COLLECTOR_ERRORS", "MetricsRenderer", "SharedRender", "build_renderer"]
-
 _log = logging.getLogger("stocksentry.exporter.server")
-
-#: Counter, label ``collector``: a collector left out of a scrape.
-COLLECTOR_ERRORS: Final = catalog.COLLECTOR_ERRORS
 
 # Errors of one collector are logged at most this often (they recur every scrape).
 _ERROR_LOG_INTERVAL_S: Final = 60.0
@@ -113,7 +108,7 @@ class MetricsRenderer:
 
     @property
     def source_names(self) -> tuple[str, ...]:
-        """The collector label values, in exposition order."""
+        """The ``collector`` label values, in exposition order."""
         return tuple(name for name, _ in self._sources)
 
     def errors(self) -> dict[str, int]:
@@ -172,11 +167,8 @@ class MetricsRenderer:
             )
 
     def _own_family(self) -> Metric:
-        family = CounterMetricFamily(
-            COLLECTOR_ERRORS.base_name,
-            COLLECTOR_ERRORS.help,
-            labels=list(COLLECTOR_ERRORS.labels),
-        )
+        spec = catalog.COLLECTOR_ERRORS
+        family = CounterMetricFamily(spec.base_name, spec.help, labels=list(spec.labels))
         for name, count in self.errors().items():
             family.add_metric([name], float(count))
         return family
@@ -196,13 +188,7 @@ def _process_collector() -> Collector:
 def build_renderer(
     settings: ServerSettings, collectors: Sequence[Collector] = ()
 ) -> MetricsRenderer:
-    """The renderer ``/metrics`` uses: multiprocess dir, then ``collectors``, then process.
-
-    Example::
-
-        renderer = build_renderer(ServerSettings("127.0.0.1", 0, multiprocess_dir=path))
-        body = renderer.render(openmetrics=False)
-    """
+    """The renderer ``/metrics`` uses: multiprocess dir, then ``collectors``, then process."""
     taken = {"multiprocess", "process"}
     sources: list[tuple[str, Collector]] = []
     if settings.multiprocess_dir is not None:
@@ -221,49 +207,28 @@ def build_renderer(
     return MetricsRenderer(sources)
 
 
-# --- threads -------------------------------------------------------------------------------
-
-
 def _in_daemon_thread(fn: Callable[[], _T]) -> asyncio.Future[_T]:
     """Run ``fn`` in a new daemon thread; the future resolves on the calling loop.
 
     Not the default executor: ``asyncio.run`` waits for its threads at exit, so a
     collector stuck forever would turn a clean SIGTERM into a SIGKILL.
     """
-    loop = asyncio.get_running_loop()
-    future: asyncio.Future[_T] = loop.create_future()
-
-    def succeed(result: _T) -> None:
-        if not future.done():
-            future.set_result(result)
-
-    def fail(error: BaseException) -> None:
-        if not future.done():
-            future.set_exception(error)
+    done: concurrent.futures.Future[_T] = concurrent.futures.Future()
 
     def run() -> None:
-        # RuntimeError from call_soon_threadsafe: the loop is closed, nobody waits.
+        if not done.set_running_or_notify_cancel():
+            return
         try:
-            result = fn()
+            done.set_result(fn())
         except BaseException as exc:
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(fail, exc)
-        else:
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(succeed, result)
+            done.set_exception(exc)
 
     threading.Thread(target=run, name="stocksentry-scrape", daemon=True).start()
-    return future
+    return asyncio.wrap_future(done)
 
 
 class SharedRender:
-    """Single-flight renders: one thread per format at a time, shared by its waiters.
-
-    Example::
-
-        shared = SharedRender(renderer)
-        body = await shared.render(openmetrics=True)
-    """
+    """Single-flight renders: one thread per format at a time, shared by its waiters."""
 
     def __init__(self, renderer: MetricsRenderer) -> None:
         self._renderer = renderer

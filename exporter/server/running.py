@@ -2,11 +2,6 @@
 
 :func:`serving` is the ``async with`` form (tests and embedding); :func:`run_server` is
 what ``stocksentry exporter`` calls: it serves until SIGTERM or SIGINT and returns.
-
-Example::
-
-    async with serving(ServerSettings("127.0.0.1", 0)) as server:
-        print("listening on", server.url)
 """
 
 from __future__ import annotations
@@ -25,19 +20,12 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client.registry import Collector
 
+from ..listen import format_listen_address
+from ..webconfig import WebConfig
 from .app import LIFECYCLE, Background, create_app
 from .buildinfo import build_info
 from .deadlines import listen
 from .settings import HEALTHZ_PATH, READYZ_PATH, ServerSettings
-
-__all__ = [
-    "ClientErrorLog",
-    "RunningServer",
-    "StartupLine",
-    "run_server",
-    "serving",
-    "startup_lines",
-]
 
 _log: Final = logging.getLogger("stocksentry.exporter.server")
 
@@ -78,8 +66,7 @@ class ClientErrorLog(logging.LoggerAdapter[logging.Logger]):
         self.client_errors = 0
 
     def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
-        """Pass messages through unchanged (no extra context)."""
-        return msg, kwargs
+        return msg, kwargs  # no extra context
 
     def exception(self, msg: object, *args: object, exc_info: Any = True, **kwargs: Any) -> None:
         """Client errors: one rate-limited INFO line; anything else: ERROR with traceback."""
@@ -125,7 +112,7 @@ class RunningServer:
     def urls(self) -> tuple[str, ...]:
         """The base URL of every bound socket, in binding order."""
         return tuple(
-            f"{self.scheme}://{f'[{host}]' if ':' in host else host}:{port}/"
+            f"{self.scheme}://{format_listen_address(host, port)}/"
             for host, port in self.addresses
         )
 
@@ -143,41 +130,29 @@ class StartupLine:
 
 
 def startup_lines(server: RunningServer, settings: ServerSettings) -> list[StartupLine]:
-    """The lines :func:`run_server` logs once the listeners are open.
-
-    One INFO line per bound socket, saying exactly what it serves (URL of the metrics,
-    TLS or not, client certificates, basic auth); then a WARNING when nothing protects
-    the metrics, or when basic-auth passwords would cross the network unencrypted.
-    """
-    web_config = settings.web_config
-    security = web_config.describe() if web_config else "plain HTTP, no authentication"
-    lines = [StartupLine(logging.INFO, f"starting {build_info().describe()}")]
+    """The lines :func:`run_server` logs once listening: one per bound socket, then
+    warnings when nothing protects the metrics or passwords would cross unencrypted."""
+    web_config = settings.web_config or WebConfig()
     path = settings.metrics_path.lstrip("/")
-    for url in server.urls:
-        lines.append(
-            StartupLine(
-                logging.INFO,
-                f"listening on {url} with metrics at {url}{path}, "
-                f"{HEALTHZ_PATH} and {READYZ_PATH} without authentication; {security}",
-            )
+    info = [f"starting {build_info().describe()}"] + [
+        f"listening on {url} with metrics at {url}{path}, {HEALTHZ_PATH} and {READYZ_PATH} "
+        f"without authentication; {web_config.describe()}"
+        for url in server.urls
+    ]
+    warnings: list[str] = []
+    if not web_config.authenticates:
+        warnings.append(
+            "no authentication on the metrics (no basic_auth_users or client certificates "
+            "in a web config): anyone who can reach the port can read them"
         )
-    if web_config is None or not web_config.authenticates:
-        lines.append(
-            StartupLine(
-                logging.WARNING,
-                "no authentication on the metrics (no basic_auth_users or client "
-                "certificates in a web config): anyone who can reach the port can read them",
-            )
+    if web_config.basic_auth_users and web_config.tls is None:
+        warnings.append(
+            "basic auth over plain HTTP: passwords cross the network unencrypted "
+            "(add tls_server_config to the web config)"
         )
-    if web_config is not None and web_config.basic_auth_users and web_config.tls is None:
-        lines.append(
-            StartupLine(
-                logging.WARNING,
-                "basic auth over plain HTTP: passwords cross the network unencrypted "
-                "(add tls_server_config to the web config)",
-            )
-        )
-    return lines
+    return [StartupLine(logging.INFO, text) for text in info] + [
+        StartupLine(logging.WARNING, text) for text in warnings
+    ]
 
 
 @contextlib.asynccontextmanager
@@ -189,16 +164,11 @@ async def serving(
 ) -> AsyncIterator[RunningServer]:
     """Serve the app on every address of ``settings`` for the ``async with`` body.
 
-    On entry: the SSL context is built from the web config (a bad certificate raises
-    :class:`~stocksentry.exporter.webconfig.WebConfigError` before anything starts), the
-    app starts (``background`` start-ups run) and the listeners open. On exit: the
-    listeners close, ``/readyz`` turns 503, in-flight requests get
-    ``settings.shutdown_timeout`` seconds, then ``background`` clean-ups run. Start-up
-    errors propagate after the clean-up of what had started. No signal handling: that is
-    :func:`run_server`'s job.
+    A bad certificate raises :class:`~stocksentry.exporter.webconfig.WebConfigError`
+    before anything starts. On exit the listeners close, ``/readyz`` turns 503, in-flight
+    requests get ``settings.shutdown_timeout`` seconds, then ``background`` clean-ups run.
     """
-    web_config = settings.web_config
-    ssl_context = web_config.ssl_context() if web_config else None
+    ssl_context = (settings.web_config or WebConfig()).ssl_context()
     app = create_app(settings, collectors=collectors, background=background)
     # No access log: Prometheus scrapes every few seconds and kubelet probes as often.
     # lingering_time: how long aiohttp drains a body no handler read (none reads one)
@@ -249,26 +219,17 @@ def run_server(
     collectors: Sequence[Collector] = (),
     background: Sequence[Background] = (),
 ) -> None:
-    """Serve until SIGTERM or SIGINT, then shut down gracefully and return.
+    """Serve until SIGTERM or SIGINT, then shut down gracefully and return (exit 0).
 
-    On the signal: ``/readyz`` turns 503, ``settings.drain_seconds`` pass, the listeners
-    close, in-flight requests finish (up to ``settings.shutdown_timeout``), the
-    ``background`` clean-ups run, and the function returns normally, so the command
-    exits 0. Once listening it logs :func:`startup_lines`. Errors at start (a busy port:
-    ``OSError``; a bad certificate: ``WebConfigError``; a failing background start-up)
-    propagate.
-
-    Example::
-
-        run_server(ServerSettings("0.0.0.0", 19464, multiprocess_dir=Path("/run/prom")))
+    On the signal ``/readyz`` turns 503 and ``settings.drain_seconds`` pass before
+    :func:`serving` closes. Errors at start (a busy port, a bad certificate, a failing
+    background start-up) propagate.
     """
     asyncio.run(_serve_until_signal(settings, collectors, background))
 
 
 async def _serve_until_signal(
-    settings: ServerSettings,
-    collectors: Sequence[Collector],
-    background: Sequence[Background],
+    settings: ServerSettings, collectors: Sequence[Collector], background: Sequence[Background]
 ) -> None:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()

@@ -6,10 +6,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from ..config import model
 from ..webconfig import WebConfig
-from .deadlines import BODY_TIMEOUT, HANDSHAKE_TIMEOUT, HEADER_TIMEOUT, KEEPALIVE_TIMEOUT
-
-__all__ = ["HEALTHZ_PATH", "READYZ_PATH", "Lifecycle", "ServerSettings"]
 
 #: Liveness: 200 while the process serves at all.
 HEALTHZ_PATH: Final = "/healthz"
@@ -21,12 +19,8 @@ READYZ_PATH: Final = "/readyz"
 class ServerSettings:
     """Where and how the exporter serves; docs/exporter-server.md describes each field.
 
-    ``listen_address`` ``""`` is every interface of both families (as
-    ``--web.listen-address=:19464`` says); ``port`` 0 picks a free one (see
-    ``RunningServer.port``); ``also_listen`` adds ``(address, port)`` pairs served the same
-    way. ``multiprocess_check_pids`` must be False when the exporter does not share the
-    app's PID namespace (see :mod:`stocksentry.exporter.multiproc`). The timeouts are in
-    seconds.
+    ``listen_address`` ``""`` is every interface of both families; ``port`` 0 picks a free
+    one (see ``RunningServer.port``). The timeouts are in seconds.
 
     Example::
 
@@ -44,10 +38,11 @@ class ServerSettings:
     multiprocess_compact: bool = False
     shutdown_timeout: float = 10.0
     drain_seconds: float = 0.0
-    header_timeout: float = HEADER_TIMEOUT
-    body_timeout: float = BODY_TIMEOUT
-    tls_handshake_timeout: float = HANDSHAKE_TIMEOUT
-    keepalive_timeout: float = KEEPALIVE_TIMEOUT
+    # The defaults are the config model's (``server:``), where their reasons are written.
+    header_timeout: float = model.HEADER_TIMEOUT
+    body_timeout: float = model.BODY_TIMEOUT
+    tls_handshake_timeout: float = model.TLS_HANDSHAKE_TIMEOUT
+    keepalive_timeout: float = model.KEEPALIVE_TIMEOUT
 
     def __post_init__(self) -> None:
         for _, port in self.addresses:
@@ -84,18 +79,16 @@ class ServerSettings:
 
 @dataclass(slots=True)
 class Lifecycle:
-    """Where the app is in its life; ``/readyz`` answers from it.
-
-    Example::
-
-        >>> Lifecycle(started=True).ready, Lifecycle(started=True, stopping=True).ready
-        (True, False)
-    """
+    """Where the app is in its life; ``/readyz`` answers from it."""
 
     started: bool = False
     stopping: bool = False
 
     @property
     def ready(self) -> bool:
-        """True between the end of start-up and the start of shutdown."""
+        """True between the end of start-up and the start of shutdown.
+
+        >>> Lifecycle(started=True).ready, Lifecycle(started=True, stopping=True).ready
+        (True, False)
+        """
         return self.started and not self.stopping

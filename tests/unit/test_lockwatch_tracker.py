@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry
 from stocksentry.exporter.config import ConfigError, parse_config
-from stocksentry.exporter.lockwatch.notifications import missing_flags, refused_hint, with_flags
+from stocksentry.exporter.lockwatch.notifications import missing_flags, refused_hint
 from stocksentry.exporter.lockwatch.patterns import LockPatterns
 from stocksentry.exporter.lockwatch.tracker import END_UNSEEN_GRACE, LeaseTracker
 from stocksentry.instrumentation.guard import LabelGuard
@@ -163,7 +163,7 @@ def test_families_export_the_catalog_names_with_zeroes_from_the_first_acquisitio
 )
 def test_missing_flags(current: str, missing: str) -> None:
     assert missing_flags(current) == missing
-    assert missing_flags(with_flags(current, missing)) == ""
+    assert missing_flags(current + missing) == ""
 
 
 def test_refused_hint_names_the_flags() -> None:

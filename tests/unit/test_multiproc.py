@@ -19,7 +19,8 @@ import pytest
 from mpworkers import MODES, Workers
 from prometheus_client import CollectorRegistry, multiprocess
 from prometheus_client.metrics_core import Metric
-from stocksentry.exporter.multiproc import FILES_MERGED, MultiprocessDirCollector
+from stocksentry.exporter.multiproc import MultiprocessDirCollector
+from stocksentry.instrumentation import catalog
 
 SKUS = ("A", "B", "C")
 
@@ -116,7 +117,7 @@ def test_healthy_directory_merges_exactly_like_prometheus_client(workers: Worker
     assert value(ours, "mp_g_livemax", sku="C") == 22
     pids = [str(proc.pid) for proc in workers.procs]
     assert [value(ours, "mp_g_liveall", sku="A", pid=pid) for pid in pids] == [0, 10, 20]
-    assert value(ours, FILES_MERGED.name) == 3 * (3 + len(MODES))
+    assert value(ours, catalog.MULTIPROCESS_FILES.name) == 3 * (3 + len(MODES))
     assert collector.skipped == {"bad_name": 0, "corrupt": 0, "truncated": 0, "unreadable": 0}
 
 
@@ -186,7 +187,7 @@ def test_truncated_and_garbage_files_are_skipped_counted_and_the_rest_merged(
     assert collector.skipped == {"bad_name": 1, "corrupt": 3, "truncated": 1, "unreadable": 0}
     assert value(ours, "stocksentry_multiprocess_files_skipped_total", reason="corrupt") == 3
     assert value(ours, "stocksentry_multiprocess_files_skipped_total", reason="truncated") == 1
-    assert value(ours, FILES_MERGED.name) == 3 * (3 + len(MODES)) + 1
+    assert value(ours, catalog.MULTIPROCESS_FILES.name) == 3 * (3 + len(MODES)) + 1
 
     # The counter counts per scrape that met the file.
     again = list(collector.collect())
@@ -241,7 +242,7 @@ def test_missing_directory_yields_only_health_series(tmp_path: Path) -> None:
     registry = CollectorRegistry()
     registry.register(MultiprocessDirCollector(tmp_path / "not-yet"))
 
-    assert registry.get_sample_value(FILES_MERGED.name) == 0
+    assert registry.get_sample_value(catalog.MULTIPROCESS_FILES.name) == 0
     assert (
         registry.get_sample_value(
             "stocksentry_multiprocess_files_skipped_total", {"reason": "corrupt"}

@@ -22,7 +22,8 @@ import pytest
 from mpworkers import MODES, Workers
 from prometheus_client.metrics_core import Metric
 from prometheus_client.openmetrics import exposition as openmetrics
-from stocksentry.exporter.multiproc import COMPACTED, MultiprocessDirCollector, compaction
+from stocksentry.exporter.multiproc import MultiprocessDirCollector, compaction
+from stocksentry.exporter.multiproc.compaction import COMPACTED
 
 #: No Linux process ever has a pid above 2**22.
 NEVER_ALIVE = 2**22 + 1

@@ -202,11 +202,12 @@ def test_run_exporter_serves_and_exits_0_on_sigterm(tmp_path: Path) -> None:
 
 def test_the_servers_read_deadlines_come_from_the_config(tmp_path):
     from stocksentry.exporter.config import parse_config
-    from stocksentry.exporter.server import deadlines
+    from stocksentry.exporter.server import ServerSettings
 
     default = parse_config("server: {port: 0}\n", "c.yaml", environ={}).server
-    assert default.header_timeout == deadlines.HEADER_TIMEOUT == 10.0
-    assert default.keepalive_timeout == deadlines.KEEPALIVE_TIMEOUT == 150.0
+    in_code = ServerSettings("", 0)
+    assert default.header_timeout == in_code.header_timeout == 10.0
+    assert default.keepalive_timeout == in_code.keepalive_timeout == 150.0
     tuned = parse_config(
         "server:\n  header_timeout: 2s\n  body_timeout: 1m\n"
         "  tls_handshake_timeout: 500ms\n  keepalive_timeout: 1h\n",
