@@ -1,11 +1,8 @@
 """``stocksentry demo``: the flash-sale lab's arguments and its run.
 
-:func:`add_parser` declares the subcommand without loading SQLAlchemy; :func:`run_demo`
-imports the lab only when it runs. A set-up problem raises
-:class:`~stocksentry.exporter.commandline.CommandError` (one line, exit status 2); the
-exit status is 1 only when the metric totals disagree with the database. The numeric
-ranges keep a run within what one laptop carries: at most 100000 buyers and 256 buyer
-threads (each a database connection) per strategy, 10 s of work per reservation.
+:func:`add_parser` declares the subcommand without loading SQLAlchemy (``--help`` stays
+fast); :func:`run_demo` imports the lab only when it runs. The numeric ranges keep a run
+within what one laptop carries.
 """
 
 from __future__ import annotations
@@ -64,8 +61,7 @@ def _bounded(
     metavar: str,
     text: str,
 ) -> None:
-    """Add a numeric option within ``bounds`` (whole numbers when both are ints), its
-    help ``TEXT, LOW..HIGH (DEFAULT)``."""
+    """A numeric option within ``bounds`` (whole numbers when both are ints)."""
     low, high = bounds
     whole = isinstance(low, int) and isinstance(high, int)
     parser.add_argument(
@@ -129,41 +125,32 @@ def add_parser(commands: Subcommands) -> argparse.ArgumentParser:
     where.add_argument(
         "--database",
         metavar="URL",
-        help="SQLAlchemy URL of a scratch database, where the lab creates and rewrites "
-        "products, orders, order_items and outbox rows of its LAB-* SKUs (postgresql:// "
-        "uses psycopg 3, mysql:// PyMySQL); default: an embedded PostgreSQL 16 and Redis "
-        "started in a temporary folder and removed at the end",
+        help="SQLAlchemy URL of a scratch database (the lab rewrites its LAB-* rows); "
+        "default: an embedded PostgreSQL and Redis, removed at the end",
     )
     where.add_argument(
         "--sqlite",
         action="store_true",
-        help="run on a temporary SQLite file instead of the embedded servers (the Redis "
-        "strategies then need --redis, the deadlock scenario is skipped)",
+        help="run on a temporary SQLite file instead (no deadlock scenario; the Redis "
+        "strategies need --redis)",
     )
     demo.add_argument(
         "--watch",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="run the exporter's probes (on PostgreSQL) and a Prometheus evaluating the "
-        "alert rules (when the prometheus binary is installed) beside the lab (default: "
-        "on with the embedded servers)",
+        help="run the exporter and a Prometheus evaluating the alert rules beside the lab "
+        "(default: on with the embedded servers)",
     )
     demo.add_argument(
         "--save-shop",
         metavar="FILE.db",
-        help=f"copy the shop's tables into this SQLite file for `stocksentry reconcile` "
-        f"(default with the embedded servers: {DEFAULT_SHOP}; '' for none)",
+        help=f"copy the shop into this SQLite file for `stocksentry reconcile` ({DEFAULT_SHOP}"
+        " with the embedded servers; '' for none)",
     )
     bounded("--buyers", BUYERS, 500, "N", "buyers per strategy")
     bounded("--stock", STOCK, 100, "N", "units on sale per strategy")
     bounded("--concurrency", CONCURRENCY, 50, "N", "buyer threads, and database connections")
-    bounded(
-        "--work-ms",
-        WORK_MS,
-        5.0,
-        "MS",
-        "the app's work between reading and writing the stock, in ms",
-    )
+    bounded("--work-ms", WORK_MS, 5.0, "MS", "the app's work between read and write, in ms")
     demo.add_argument(
         "--strategy",
         type=_strategy_list,
@@ -182,44 +169,33 @@ def add_parser(commands: Subcommands) -> argparse.ArgumentParser:
         "--metrics-port",
         type=port,
         metavar="PORT",
-        help="serve the lab's /metrics on 127.0.0.1:PORT while it runs, 0..65535 (0: any"
-        " free port)",
+        help="serve the lab's /metrics on 127.0.0.1:PORT while it runs, 0..65535 (0: any)",
     )
-    bounded(
-        "--linger",
-        LINGER_S,
-        0.0,
-        "SECONDS",
-        "keep serving /metrics this long after the report (needs --metrics-port)",
-    )
+    bounded("--linger", LINGER_S, 0.0, "SECONDS", "keep serving /metrics after the report")
     demo.add_argument(
         "--log-file",
         metavar="PATH",
-        help="write the instrumentation's JSON log lines (stock_check, stock_update...) here,"
-        f" for `stocksentry timeline` (default with the embedded servers: {DEFAULT_LOG};"
-        " '' for none)",
+        help=f"write the JSON log lines here, for `stocksentry timeline` ({DEFAULT_LOG} with"
+        " the embedded servers; '' for none)",
     )
     demo.add_argument(
         "--redis",
         metavar="URL",
-        help="Redis for the lock strategies naive_lock and redlock and the stale cache "
-        "(their keys start with stocksentry-lab: and are deleted at the end); default: "
-        "the embedded one (with --database or --sqlite: none, they are skipped)",
+        help="Redis for the lock strategies and the stale cache (keys stocksentry-lab:*, "
+        "deleted at the end); default: the embedded one, else none (they are skipped)",
     )
     demo.add_argument(
         "--lock-ttl-ms",
         type=float_in(*LOCK_TTL_MS),
         metavar="MS",
-        help=f"TTL of naive_lock's SET NX lock, in ms, {_range(LOCK_TTL_MS)} (default: 80%% "
-        "of --work-ms, so the lock expires under its holder, as a 5 s lock taken around "
-        "6 s of work does)",
+        help=f"TTL of naive_lock's lock, in ms, {_range(LOCK_TTL_MS)} (default: 80%% of "
+        "--work-ms, so that it expires under its holder)",
     )
     demo.add_argument(
         "--redlock-impl",
         choices=("lab", "pottery"),
         default="lab",
-        help="redlock's owned lock: the lab's compare-and-delete lock, or pottery's Redlock "
-        "(slower with many threads) (lab)",
+        help="redlock's owned lock: the lab's compare-and-delete lock or pottery's (lab)",
     )
     demo.add_argument(
         "--retries",
@@ -232,14 +208,13 @@ def add_parser(commands: Subcommands) -> argparse.ArgumentParser:
         "--idempotency",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="answer a resubmitted intent from its stored result by idempotency key; "
-        "--no-idempotency reserves it again: duplicate orders per key (on)",
+        help="answer a resubmitted intent from its stored result; --no-idempotency "
+        "reserves it again (on)",
     )
     demo.add_argument(
         "--stale-cache",
         action="store_true",
-        help="decide availability from a cache refreshed late (a Redis key with --redis, "
-        "else in memory) and count the stale hits",
+        help="decide availability from a cache refreshed late, and count the stale hits",
     )
     bounded(
         "--cache-refresh-ms",
@@ -252,15 +227,14 @@ def add_parser(commands: Subcommands) -> argparse.ArgumentParser:
         "--isolation",
         type=_isolation,
         metavar="LEVEL",
-        help="the strategies' transaction isolation: read-committed, repeatable-read or "
-        "serializable (default: the server's, REPEATABLE READ on MySQL / MariaDB, READ "
-        "COMMITTED on PostgreSQL)",
+        help="transaction isolation: read-committed, repeatable-read or serializable "
+        "(default: the server's)",
     )
     demo.add_argument(
         "--report",
         metavar="FILE.html",
-        help="also write a self-contained HTML report (tables and inline SVG charts)"
-        f" (default with the embedded servers: {DEFAULT_REPORT}; '' for none)",
+        help=f"also write an HTML report with charts ({DEFAULT_REPORT} with the embedded "
+        "servers; '' for none)",
     )
     demo.add_argument("--quiet", "-q", action="store_true", help="no progress on stderr")
     demo.set_defaults(handler=run_demo, parser=demo)

@@ -12,10 +12,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -69,16 +68,12 @@ def run_strategy(lab: LabRun, name: str) -> StrategyResult:
         engine=engine,
         sku=sku,
         product_id=product_id,
-        qty=config.quantity,
-        work_s=config.work_ms / 1000,
+        config=config,
         update_returning=update_returning(engine),
         sentry=sentry,
         redis=lab.redis,
         lock_key=f"{keys}:lock",
         lock_name=name,
-        naive_lock_ttl_s=config.naive_lock_ttl_s,
-        redlock_ttl_s=config.redlock_ttl_s,
-        redlock_impl=config.redlock_impl,
         second_sku=second_sku,
         second_product_id=second_id,
     )
@@ -196,7 +191,12 @@ def run_strategy(lab: LabRun, name: str) -> StrategyResult:
             started = time.perf_counter()
             samples.append((0.0, config.stock))
             gate.set()
-            transient = _transient_errors()
+            # What a sample or a cache refresh may meet from a busy or vanished server.
+            transient: tuple[type[Exception], ...] = (sa.exc.SQLAlchemyError, OSError)
+            if lab.redis is not None:
+                import redis
+
+                transient += (redis.RedisError,)
             timers = [(SAMPLE_INTERVAL_S, sample, "lab-sampler", transient)]
             if progress is not None:
                 timers.append(
@@ -217,7 +217,7 @@ def run_strategy(lab: LabRun, name: str) -> StrategyResult:
                 timers.append((OUTBOX_PUBLISH_INTERVAL_S, publish, "lab-outbox", transient))
             with contextlib.ExitStack() as running:
                 for interval, call, thread, skip in timers:
-                    running.enter_context(_Every(interval, call, thread, skip=skip))
+                    running.enter_context(_every(interval, call, thread, skip))
                 for future in futures:
                     future.result()
         except BaseException:
@@ -353,53 +353,27 @@ def _store_outcome(engine: Engine, sku: str, key: str, outcome: str) -> None:
         )
 
 
-def _transient_errors() -> tuple[type[Exception], ...]:
-    # What a sample or a cache refresh may meet from a busy or vanished server; anything
-    # else is a bug and ends the thread loudly.
-    errors: tuple[type[Exception], ...] = (sa.exc.SQLAlchemyError, OSError)
-    redis = sys.modules.get("redis")
-    if redis is not None:
-        errors += (redis.RedisError,)
-    return errors
+@contextlib.contextmanager
+def _every(
+    interval: float, tick: Callable[[], None], name: str, skip: tuple[type[Exception], ...]
+) -> Iterator[None]:
+    """Call ``tick()`` every ``interval`` seconds in a thread for the block; a tick that
+    raises one of ``skip`` (a server too busy for a sample) is skipped, anything else
+    ends the thread loudly."""
+    stop = threading.Event()
 
+    def loop() -> None:
+        while not stop.wait(interval):
+            with contextlib.suppress(*skip):
+                tick()
 
-class _Every:
-    """Calls ``tick()`` every ``interval`` seconds in a thread, for the ``with`` block; a
-    tick that raises one of ``skip`` (a server too busy for a sample) is skipped, any
-    other exception ends the thread loudly."""
-
-    def __init__(
-        self,
-        interval: float,
-        tick: Callable[[], None],
-        name: str,
-        *,
-        skip: tuple[type[Exception], ...] = (),
-    ) -> None:
-        self._interval = interval
-        self._tick = tick
-        self._name = name
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._skip = skip
-        self.error: BaseException | None = None
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self._interval):
-            try:
-                self._tick()
-            except self._skip as exc:
-                self.error = exc
-
-    def __enter__(self) -> _Every:
-        self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
+    thread = threading.Thread(target=loop, name=name, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
 
 
 class _StockCache:

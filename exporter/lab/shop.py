@@ -20,7 +20,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL, Connection, Engine
 
 from ..dburl import parse_url
-from .config import REDLOCK_MIN_TTL_S, LabConfig, LabError
+from .config import LabConfig, LabError
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -113,24 +113,19 @@ class Buyer:
 
 @dataclass(frozen=True, slots=True)
 class Shop:
-    """What a strategy works with: the engine, its product row, the app's work time, and
-    for the lock strategies Redis, their lock key and name and the TTLs."""
+    """What a strategy works with: the engine, its product row, the settings, and for the
+    lock strategies Redis and their lock's key and name."""
 
     engine: Engine
     sku: str
     product_id: int
-    qty: int
-    work_s: float
+    config: LabConfig
     #: Whether ``UPDATE ... RETURNING`` is available; otherwise read back in the transaction.
     update_returning: bool
-    sentry: Sentry | None = None
-    redis: Any = None
-    lock_key: str = ""
-    lock_name: str = ""
-    naive_lock_ttl_s: float = 0.004
-    redlock_ttl_s: float = REDLOCK_MIN_TTL_S
-    #: ``"pottery"`` (pottery's Redlock) or ``"lab"`` (the lab's SetNxLock, owned release).
-    redlock_impl: str = "lab"
+    sentry: Sentry
+    redis: Any
+    lock_key: str
+    lock_name: str
     #: The ``deadlock`` scenario's second product row (its sku and id).
     second_sku: str = ""
     second_product_id: int = 0
@@ -166,8 +161,8 @@ class Shop:
 
     def work(self) -> None:
         """The app's work between read and write; a real sleep, so buyers overlap in it."""
-        if self.work_s > 0:
-            time.sleep(self.work_s)
+        if self.config.work_ms > 0:
+            time.sleep(self.config.work_ms / 1000)
 
     def read_stock(self) -> int:
         """Read the stock in a short transaction of its own.
@@ -210,7 +205,7 @@ class Shop:
             order_items.insert().values(
                 order_id=order_id,
                 product_id=product_id,
-                quantity=self.qty,
+                quantity=self.config.quantity,
                 stock_after=stock_after,
             )
         )
@@ -228,7 +223,7 @@ class Shop:
         return self._decrement(conn, self.sku, guarded=True)
 
     def _decrement(self, conn: Connection, sku: str, *, guarded: bool) -> int | None:
-        params = {"qty": self.qty, "sku": sku}
+        params = {"qty": self.config.quantity, "sku": sku}
         sql = "UPDATE products SET available_stock = available_stock - :qty WHERE sku = :sku"
         if guarded:
             sql += " AND available_stock >= :qty"

@@ -25,7 +25,7 @@ DEADLOCK_EVERY = 10
 
 
 class Strategy(Protocol):
-    """A checkout strategy: reserve ``shop.qty`` for ``buyer`` and mark ``r``."""
+    """A checkout strategy: reserve ``shop.config.quantity`` for ``buyer`` and mark ``r``."""
 
     def __call__(self, shop: Shop, r: Reservation, buyer: Buyer, /) -> None: ...
 
@@ -46,7 +46,7 @@ def unsafe(shop: Shop, r: Reservation, buyer: Buyer) -> None:
 
 def _write_computed(conn: Connection, shop: Shop, buyer: Buyer, available: int) -> int:
     """Write ``available - qty`` as a value computed in Python, and the order."""
-    computed = available - shop.qty
+    computed = available - shop.config.quantity
     conn.execute(
         sa.text("UPDATE products SET available_stock = :computed WHERE sku = :sku"),
         {"computed": computed, "sku": shop.sku},
@@ -61,7 +61,7 @@ def _read_before_work(shop: Shop, r: Reservation) -> int | None:
     available = shop.read_stock()
     r.stock_check(available)
     shop.work()
-    if available < shop.qty:
+    if available < shop.config.quantity:
         r.conflict("out_of_stock")
         return None
     return available
@@ -70,7 +70,7 @@ def _read_before_work(shop: Shop, r: Reservation) -> int | None:
 def _in_stock(shop: Shop, r: Reservation, available: int) -> bool:
     """Record the stock seen; ``False``, marked ``out_of_stock``, when it is too little."""
     r.stock_check(available)
-    if available < shop.qty:
+    if available < shop.config.quantity:
         r.conflict("out_of_stock")
         return False
     return True
@@ -87,7 +87,7 @@ def check_then_decrement(shop: Shop, r: Reservation, buyer: Buyer) -> None:
     with shop.engine.begin() as conn:
         written = shop.decrement(conn)
         shop.insert_order(conn, buyer, written)
-    r.success(old_stock=written + shop.qty, new_stock=written)
+    r.success(old_stock=written + shop.config.quantity, new_stock=written)
 
 
 def atomic(shop: Shop, r: Reservation, buyer: Buyer, event: bool = False) -> None:
@@ -109,7 +109,7 @@ def atomic(shop: Shop, r: Reservation, buyer: Buyer, event: bool = False) -> Non
         order_id = shop.insert_order(conn, buyer, written)
         if event:
             shop.insert_outbox_event(conn, order_id)
-    r.success(old_stock=written + shop.qty, new_stock=written)
+    r.success(old_stock=written + shop.config.quantity, new_stock=written)
 
 
 def outbox(shop: Shop, r: Reservation, buyer: Buyer) -> None:
@@ -126,7 +126,7 @@ def naive_lock(shop: Shop, r: Reservation, buyer: Buyer) -> None:
     first one's ``DEL`` deletes the second one's lock; :class:`SetNxLock` counts both.
     """
     try:
-        with _set_nx_lock(shop, shop.naive_lock_ttl_s, "naive"):
+        with _set_nx_lock(shop, shop.config.naive_lock_ttl_s, "naive"):
             _locked_checkout(shop, r, buyer, lambda: True)
     except LockNotAcquired:
         r.conflict("lock_not_acquired")
@@ -169,10 +169,10 @@ def redlock(shop: Shop, r: Reservation, buyer: Buyer) -> None:
     it still valid at the write, does not count it.
     """
     try:
-        if shop.redlock_impl == "pottery":
+        if shop.config.redlock_impl == "pottery":
             _with_pottery_redlock(shop, r, buyer)
         else:
-            lock = _set_nx_lock(shop, shop.redlock_ttl_s, "owned")
+            lock = _set_nx_lock(shop, shop.config.redlock_ttl_s, "owned")
             with lock:
                 _locked_checkout(shop, r, buyer, lock.extend)
     except LockNotAcquired:
@@ -218,7 +218,7 @@ def _with_pottery_redlock(shop: Shop, r: Reservation, buyer: Buyer) -> None:
         Redlock(
             key=shop.lock_key,
             masters={shop.redis},
-            auto_release_time=shop.redlock_ttl_s,
+            auto_release_time=shop.config.redlock_ttl_s,
             context_manager_timeout=LOCK_WAIT_S,
         ),
         name=shop.lock_name,
@@ -260,7 +260,7 @@ def deadlock(shop: Shop, r: Reservation, buyer: Buyer) -> None:
         written = {sku: shop.decrement(conn, sku) for sku in (shop.sku, shop.second_sku)}
         order_id = shop.insert_order(conn, buyer, written[shop.sku])
         shop.insert_item(conn, order_id, shop.second_product_id, written[shop.second_sku])
-    r.success(old_stock=written[shop.sku] + shop.qty, new_stock=written[shop.sku])
+    r.success(old_stock=written[shop.sku] + shop.config.quantity, new_stock=written[shop.sku])
 
 
 #: Strategy name -> function, in the order of ``names.STRATEGY_NAMES`` (unsafe ones first).
