@@ -1,5 +1,4 @@
-"""What the lab runs and what it returns: the strategy names, plain dataclasses and
-constants, nothing heavy (``stocksentry --help`` imports it).
+"""What the lab runs and returns: plain dataclasses and constants (``--help`` imports it).
 
 >>> STRATEGY_NAMES[0], sku_for("for_update")
 ('unsafe', 'LAB-FOR_UPDATE')
@@ -140,9 +139,7 @@ class LabConfig:
 
 
 def scenario_config(config: LabConfig, strategy: str) -> LabConfig:
-    """The configuration ``strategy`` runs with: the retry scenarios make
-    :data:`SCENARIO_RETRIES` of the buyers resubmit (without, then with the idempotency
-    store), ``stale_cache`` decides from the late cache; the others run with ``config``."""
+    """The configuration ``strategy`` runs with (the scenarios' resubmits or late cache)."""
     if strategy == "retry_no_key":
         return replace(config, retries=config.retries or SCENARIO_RETRIES, idempotency=False)
     if strategy == "retry_idempotent":
@@ -167,15 +164,10 @@ class DbFigures:
 
 @dataclass(frozen=True, slots=True)
 class StrategyResult:
-    """One strategy's run: ground truth from SQL, metric totals from the registry.
-
-    ``sold``, ``oversold``, ``final_stock`` and ``negative_writes`` are the database's
-    figures; ``metrics`` the registry's totals for the strategy (the metrics without a
-    ``sku`` label as their rise over the run); ``consistent`` is true when every metric
-    total equals its database figure (or the lab's own count) and the outcomes add up to
-    the reservations made (``mismatches`` says which did not). ``samples`` is the stock
-    over time, ``(seconds, stock)``. A strategy that could not run has ``skipped`` set to
-    the reason and zero figures.
+    """One strategy's run: the database's figures (counted by SQL) and the registry's
+    ``metrics`` (those without a ``sku`` label as their rise over the run); ``consistent``
+    when every metric total equals its count (``mismatches`` says which did not).
+    ``samples`` is the stock over time, ``(seconds, stock)``.
     """
 
     strategy: str
@@ -221,7 +213,6 @@ class StrategyResult:
 
     @classmethod
     def skip(cls, config: LabConfig, strategy: str, reason: str) -> StrategyResult:
-        """The result of a strategy that could not run."""
         return cls(
             strategy=strategy,
             sku=sku_for(strategy),
@@ -233,8 +224,7 @@ class StrategyResult:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        """One item of ``--format json``; a skipped strategy gives only its name, sku and
-        the reason."""
+        """One item of ``--format json`` (a skipped strategy: its name, sku and reason)."""
         if self.skipped is not None:
             return {"strategy": self.strategy, "sku": self.sku, "skipped": self.skipped}
         data = asdict(self)

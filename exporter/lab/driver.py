@@ -1,11 +1,4 @@
-"""The threaded sale: many buyers at once against one strategy, counted as they go.
-
-:func:`run_strategy` opens the sale to ``buyers`` threads (``concurrency`` at a time): the
-first wave waits at a gate so that they really collide, each buyer reserves through the
-instrumentation (a resubmit may follow), and a :class:`Tally` counts outcomes on the
-Python side for live progress and the lab's own checks. Beside the buyers, timers sample
-the stock for the report's chart, refresh a stale cache late and publish the outbox.
-"""
+"""The threaded sale: many buyers at once against one strategy, counted as they go."""
 
 from __future__ import annotations
 
@@ -53,8 +46,7 @@ OUTBOX_PUBLISH_INTERVAL_S = 0.05
 
 
 def run_strategy(lab: LabRun, name: str) -> StrategyResult:
-    """Run the sale for strategy ``name``: reset its product row, let the buyers in, and
-    read the result back from the registry and the database."""
+    """Reset the strategy's product row, let the buyers in, read the result back."""
     lab = dataclasses.replace(lab, config=scenario_config(lab.config, name))
     engine, sentry, registry, config = lab.engine, lab.sentry, lab.registry, lab.config
     progress = lab.progress
@@ -257,16 +249,12 @@ def delete_redis_keys(client: Any, prefix: str) -> None:
 
 @dataclass(slots=True)
 class Tally:
-    """Outcomes counted on the Python side, for live progress and the lab's own checks.
-
-    ``reservations`` counts every reservation (a resubmit without idempotency is a second
-    one); ``locked`` those that reached the strategy, each asking a lock strategy's lock.
-    """
+    """Outcomes counted on the Python side, for live progress and the lab's own checks
+    (``locked``: the reservations that reached the strategy, and so asked for its lock)."""
 
     lock: threading.Lock = field(default_factory=threading.Lock)
-    #: The stock on sale: the success that goes beyond it is the first oversell.
     stock: int = 0
-    #: When (Unix time) the first unit beyond the stock was sold.
+    #: When (Unix time) the first unit beyond ``stock`` was sold.
     first_oversell_at: float | None = None
     done: int = 0
     reservations: int = 0
@@ -309,30 +297,25 @@ class Tally:
             self.first_error = f"{type(exc).__name__}: {first_line(exc)}"
 
     def note(self, exc: BaseException) -> None:
-        """Remember a failure outside any reservation (the idempotency store)."""
         with self.lock:
             self._note(exc)
 
     def bump(self, counter: str) -> None:
-        """Add one to ``done``, ``resubmitted`` or ``replays``."""
         with self.lock:
             setattr(self, counter, getattr(self, counter) + 1)
 
 
 def resubmits(number: int, share: float) -> bool:
-    """Whether buyer ``number`` (from 1) submits its intent twice; exactly
-    ``floor(buyers * share)`` of the buyers do, spread evenly.
+    """Whether buyer ``number`` (from 1) submits twice: ``floor(buyers * share)`` of them,
+    spread evenly.
 
-    Example::
-
-        >>> [n for n in range(1, 11) if resubmits(n, 0.3)]
-        [4, 7, 10]
+    >>> [n for n in range(1, 11) if resubmits(n, 0.3)]
+    [4, 7, 10]
     """
     return math.floor(number * share) > math.floor((number - 1) * share)
 
 
 def _answered(engine: Engine, key: str) -> bool:
-    """Whether the idempotency store holds an outcome for ``key``."""
     with engine.connect() as conn:
         return (
             conn.execute(
@@ -377,9 +360,8 @@ def _every(
 
 
 class _StockCache:
-    """The stock as a cache holds it (a Redis key, else a value in memory), refreshed from
-    the database late: between refreshes it still says "available" after the last unit
-    went."""
+    """The stock in a cache (a Redis key, else in memory), refreshed late: between
+    refreshes it still says "available" after the last unit went."""
 
     def __init__(self, read: Callable[[], int], redis: Any, key: str) -> None:
         self._read = read
@@ -402,8 +384,8 @@ class _StockCache:
 
 
 class _StalledPublisher:
-    """The outbox's publisher: sends events on (sets ``published_at``) up to ``limit``, then
-    stalls, as a publisher whose broker connection hung does; the rest stay unpublished."""
+    """The outbox's publisher: publishes up to ``limit`` events, then stalls, as one whose
+    broker connection hung."""
 
     def __init__(self, engine: Engine, sku: str, limit: int) -> None:
         self._engine = engine

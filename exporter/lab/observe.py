@@ -1,12 +1,5 @@
-"""What watches the lab: the exporter sidecar and a real Prometheus with the alert rules.
-
-:func:`observers` starts, beside a lab run, the project's exporter (its probes every
-second against the lab's database) and, when the ``prometheus`` binary is installed, a
-Prometheus that scrapes the lab and the exporter and evaluates
-``alert_rules/stocksentry.rules.yml`` unchanged, every second. :meth:`Observers.annotate`
-then adds to each result the exporter's figures for its SKU and the alerts that went
-pending or firing during its sale. The processes are ours, stopped by their pid.
-"""
+"""What watches the lab: the exporter sidecar and, when the binary is installed, a real
+Prometheus evaluating ``alert_rules/stocksentry.rules.yml`` unchanged, every second."""
 
 from __future__ import annotations
 
@@ -65,16 +58,14 @@ START_TIMEOUT_S = 20.0
 
 
 def free_port() -> int:
-    """A free TCP port on 127.0.0.1 (the kernel's pick)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
 
 
 def find_rules() -> Path | None:
-    """The project's alert rules file: beside the source tree (an editable install)."""
-    here = Path(__file__).resolve()
-    for parent in here.parents:
+    """The project's alert rules file, beside the source tree (an editable install)."""
+    for parent in Path(__file__).resolve().parents:
         candidate = parent / RULES_FILE
         if candidate.is_file():
             return candidate
@@ -119,9 +110,9 @@ def _wait_http(url: str, proc: subprocess.Popen[bytes], what: str) -> None:
 
 
 def _wait_scraped(port: int, targets: int, proc: subprocess.Popen[bytes]) -> None:
-    """Wait until every target was scraped once, and (a few seconds at most) until every
-    probe has had a first success, then one rule round: so that the rules about absent
-    targets and probes down do not go pending on an empty start."""
+    """Wait until every target was scraped once and (briefly) every probe succeeded once,
+    then one rule round: the rules about absent targets and probes down would otherwise
+    go pending on an empty start."""
 
     def count(expr: str) -> int | None:
         result = _prometheus(port, "query", {"query": expr})
@@ -151,7 +142,6 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 def exporter_config(database_url: str, port: int, skus: list[str]) -> str:
-    """The exporter's YAML for the lab: its tables, probes every second, no election."""
     return json.dumps(
         {
             "server": {"listen_address": "127.0.0.1", "port": port},
@@ -163,8 +153,6 @@ def exporter_config(database_url: str, port: int, skus: list[str]) -> str:
             },
             "schema": {
                 "products": {"allocation": "initial_stock"},
-                # A resubmit repeats the external reference and the idempotency key: the
-                # reference alone counts each duplicated intent once, as reconcile does.
                 "outbox": {
                     "table": "outbox",
                     "created_at": "created_at",
@@ -178,7 +166,6 @@ def exporter_config(database_url: str, port: int, skus: list[str]) -> str:
 
 
 def prometheus_config(targets: dict[str, int], rules: Path) -> str:
-    """Prometheus's YAML: every target scraped and every rule evaluated each second."""
     return json.dumps(
         {
             "global": {"scrape_interval": INTERVAL, "evaluation_interval": INTERVAL},
@@ -207,7 +194,6 @@ class Observers:
     shop: dict[str, float] = field(default_factory=dict)
 
     def notes(self) -> list[str]:
-        """The set-up lines the reports show: what ran beside the lab, what it saw."""
         notes = [f"exporter: {self.exporter_note}", f"alerts: {self.prometheus_note}"]
         if self.shop:
             shop = ", ".join(f"{name} {value:.3g}" for name, value in sorted(self.shop.items()))
@@ -241,14 +227,12 @@ class Observers:
             figures[name] = max(figures.get(name, 0.0), value)
 
     def _query_range(self, expr: str, start: float, end: float, step: str) -> list[Any]:
-        """The series of ``expr`` between two Unix times (none without Prometheus)."""
         if self.prometheus_port is None or end <= start:
             return []
         params = {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": step}
         return _prometheus(self.prometheus_port, "query_range", params) or []
 
     def max_between(self, expr: str, start: float, end: float) -> float | None:
-        """The highest value of ``expr`` between two Unix times, from Prometheus."""
         series = self._query_range(f"max({expr})", start, end, "0.5")
         values = [float(v) for each in series for _t, v in each.get("values", [])]
         return max(values) if values else None
@@ -345,8 +329,7 @@ def alert_owner(series: AlertSeries, ran: list[StrategyResult]) -> str:
 
 
 def _spawn(watch: Observers, name: str, argv: list[str], ready_url: str, what: str) -> None:
-    """Start one of our processes, its output in ``<name>.log``, and wait until it answers
-    ``ready_url``; it is stopped (by pid) with the others on the way out."""
+    """Start one of our processes (output in ``<name>.log``) and wait until it answers."""
     with (watch.folder / f"{name}.log").open("wb") as log:
         proc = subprocess.Popen(  # noqa: S603 - our own interpreter, or Prometheus from PATH
             argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
@@ -399,9 +382,8 @@ def _start_prometheus(watch: Observers, lab_port: int) -> None:
 
 @contextlib.contextmanager
 def observers(folder: Path, database_url: str | None, lab_port: int) -> Iterator[Observers]:
-    """Start the exporter (when ``database_url`` names a server database) and Prometheus
-    beside the lab for the block; one that cannot start is left out, with the reason in
-    its note. Both are stopped (by pid) and their files removed on the way out."""
+    """Start the exporter (beside a server database) and Prometheus for the block; one that
+    cannot start is left out, with the reason in its note. Both are stopped by pid."""
     folder.mkdir(parents=True, exist_ok=True)
     watch = Observers(folder=folder)
     try:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from .config import SAFE_STRATEGIES, LabConfig, StrategyResult
 from .observe import EXPORTER_FIGURES
 from .progress import WIDTH
-from .report_text import alert_text, caught_lines, info_lines, setup_lines
+from .report_text import alert_text, caught_lines, info_lines, setup_lines, signal_cell
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -24,25 +24,6 @@ def _render(width: int, table: Table) -> str:
     out = io.StringIO()
     Console(file=out, width=width, color_system=None, emoji=False, highlight=False).print(table)
     return "\n".join(line.rstrip() for line in out.getvalue().splitlines())
-
-
-def signal_cell(result: StrategyResult) -> str:
-    """What the lab's own metrics flagged, in a few words."""
-    locks = result.locks
-    figures = (
-        ("oversold", result.oversold),
-        ("lost updates", result.lost_updates),
-        ("negative writes", result.negative_writes),
-        ("lock expired", locks.get("expired_while_held", 0)),
-        ("foreign DEL", locks.get("release_not_owned", 0)),
-        ("dup orders", result.db.duplicate_orders),
-        ("stale hits", result.stale_cache_hits),
-        ("deadlocks", result.deadlocks),
-        ("unpublished", result.outbox_unpublished),
-        ("unsafe rmw", result.unsafe_read_modify_write),
-        ("replays", result.replays),
-    )
-    return ", ".join(f"{label} {int(n)}" for label, n in figures if n) or "-"
 
 
 def _probe_cell(result: StrategyResult) -> str:

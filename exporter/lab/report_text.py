@@ -22,6 +22,25 @@ from .readback import (
 )
 
 
+def signal_cell(result: StrategyResult) -> str:
+    """What the lab's own metrics flagged, in a few words."""
+    locks = result.locks
+    figures = (
+        ("oversold", result.oversold),
+        ("lost updates", result.lost_updates),
+        ("negative writes", result.negative_writes),
+        ("lock expired", locks.get("expired_while_held", 0)),
+        ("foreign DEL", locks.get("release_not_owned", 0)),
+        ("dup orders", result.db.duplicate_orders),
+        ("stale hits", result.stale_cache_hits),
+        ("deadlocks", result.deadlocks),
+        ("unpublished", result.outbox_unpublished),
+        ("unsafe rmw", result.unsafe_read_modify_write),
+        ("replays", result.replays),
+    )
+    return ", ".join(f"{label} {int(n)}" for label, n in figures if n) or "-"
+
+
 def caught_lines(result: StrategyResult) -> list[str]:
     """What the metrics said about a strategy that went wrong, one line per signal.
 
