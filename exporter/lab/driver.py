@@ -171,6 +171,10 @@ def run_strategy(lab: LabRun, name: str) -> StrategyResult:
     # The stock over time for the report's chart, in seconds from the sale's start.
     samples: list[tuple[float, int]] = []
 
+    def show_progress() -> None:
+        if progress is not None:
+            progress.update(snapshot(time.perf_counter() - started))
+
     def sample() -> None:
         stock = read_stock_by_id(lab.side, product_id)
         samples.append((round(time.perf_counter() - started, 4), stock))
@@ -189,27 +193,18 @@ def run_strategy(lab: LabRun, name: str) -> StrategyResult:
                 import redis
 
                 transient += (redis.RedisError,)
-            timers = [(SAMPLE_INTERVAL_S, sample, "lab-sampler", transient)]
+            timers = [(SAMPLE_INTERVAL_S, sample, "lab-sampler")]
             if progress is not None:
-                timers.append(
-                    (
-                        PROGRESS_INTERVAL_S,
-                        lambda: progress.update(snapshot(time.perf_counter() - started)),
-                        "lab-progress",
-                        (),
-                    )
-                )
+                timers.append((PROGRESS_INTERVAL_S, show_progress, "lab-progress"))
             if cache is not None:
-                timers.append(
-                    (config.cache_refresh_ms / 1000, cache.refresh, "lab-cache", transient)
-                )
+                timers.append((config.cache_refresh_ms / 1000, cache.refresh, "lab-cache"))
             if name == "outbox":
                 limit = math.floor(OUTBOX_PUBLISHED_SHARE * config.stock)
                 publish = _StalledPublisher(lab.side, sku, limit).publish
-                timers.append((OUTBOX_PUBLISH_INTERVAL_S, publish, "lab-outbox", transient))
+                timers.append((OUTBOX_PUBLISH_INTERVAL_S, publish, "lab-outbox"))
             with contextlib.ExitStack() as running:
-                for interval, call, thread, skip in timers:
-                    running.enter_context(_every(interval, call, thread, skip))
+                for interval, call, thread in timers:
+                    running.enter_context(_every(interval, call, thread, transient))
                 for future in futures:
                     future.result()
         except BaseException:
@@ -225,13 +220,7 @@ def run_strategy(lab: LabRun, name: str) -> StrategyResult:
         progress.finish(snapshot(wall))
     if lab.redis is not None:
         delete_redis_keys(lab.redis, keys)
-    result = strategy_result(lab, name, sku, product_id, tally, wall, before, samples)
-    return dataclasses.replace(
-        result,
-        started_at=round(started_at, 3),
-        ended_at=round(started_at + wall, 3),
-        first_oversell_at=tally.first_oversell_at,
-    )
+    return strategy_result(lab, name, sku, product_id, tally, (started_at, wall), before, samples)
 
 
 def delete_redis_keys(client: Any, prefix: str) -> None:

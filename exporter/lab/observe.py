@@ -141,44 +141,6 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait(timeout=5)
 
 
-def exporter_config(database_url: str, port: int, skus: list[str]) -> str:
-    return json.dumps(
-        {
-            "server": {"listen_address": "127.0.0.1", "port": port},
-            "sku_guard": {"promo_skus": skus, "max_skus": 100},
-            # The exporter takes a libpq URL: no SQLAlchemy driver suffix.
-            "database": {
-                "url": database_url.replace("postgresql+psycopg://", "postgresql://", 1),
-                "leader_election": False,
-            },
-            "schema": {
-                "products": {"allocation": "initial_stock"},
-                "outbox": {
-                    "table": "outbox",
-                    "created_at": "created_at",
-                    "published_at": "published_at",
-                },
-            },
-            "probes": {"defaults": {"interval": INTERVAL, "timeout": "900ms"}},
-        },
-        indent=2,
-    )
-
-
-def prometheus_config(targets: dict[str, int], rules: Path) -> str:
-    return json.dumps(
-        {
-            "global": {"scrape_interval": INTERVAL, "evaluation_interval": INTERVAL},
-            "rule_files": [str(rules)],
-            "scrape_configs": [
-                {"job_name": job, "static_configs": [{"targets": [f"127.0.0.1:{port}"]}]}
-                for job, port in targets.items()
-            ],
-        },
-        indent=2,
-    )
-
-
 @dataclass(slots=True)
 class Observers:
     """The running exporter and Prometheus (either may be absent, with the reason)."""
@@ -341,7 +303,26 @@ def _spawn(watch: Observers, name: str, argv: list[str], ready_url: str, what: s
 def _start_exporter(watch: Observers, database_url: str, skus: list[str]) -> None:
     port = free_port()
     config = watch.folder / "exporter.yml"
-    config.write_text(exporter_config(database_url, port, skus), encoding="utf-8")
+    # JSON is YAML: the exporter on the lab's tables, probes every second, no election.
+    exporter = {
+        "server": {"listen_address": "127.0.0.1", "port": port},
+        "sku_guard": {"promo_skus": skus, "max_skus": 100},
+        # The exporter takes a libpq URL: no SQLAlchemy driver suffix.
+        "database": {
+            "url": database_url.replace("postgresql+psycopg://", "postgresql://", 1),
+            "leader_election": False,
+        },
+        "schema": {
+            "products": {"allocation": "initial_stock"},
+            "outbox": {
+                "table": "outbox",
+                "created_at": "created_at",
+                "published_at": "published_at",
+            },
+        },
+        "probes": {"defaults": {"interval": INTERVAL, "timeout": "900ms"}},
+    }
+    config.write_text(json.dumps(exporter, indent=2), encoding="utf-8")
     argv = [sys.executable, "-m", "stocksentry.exporter", "exporter", "--config", str(config)]
     _spawn(watch, "exporter", argv, f"http://127.0.0.1:{port}/metrics", "the exporter")
     watch.exporter_port = port
@@ -362,7 +343,16 @@ def _start_prometheus(watch: Observers, lab_port: int) -> None:
     if watch.exporter_port is not None:
         targets["stocksentry"] = watch.exporter_port
     config = watch.folder / "prometheus.yml"
-    config.write_text(prometheus_config(targets, rules), encoding="utf-8")
+    scrape = [
+        {"job_name": job, "static_configs": [{"targets": [f"127.0.0.1:{port}"]}]}
+        for job, port in targets.items()
+    ]
+    prometheus = {
+        "global": {"scrape_interval": INTERVAL, "evaluation_interval": INTERVAL},
+        "rule_files": [str(rules)],
+        "scrape_configs": scrape,
+    }
+    config.write_text(json.dumps(prometheus, indent=2), encoding="utf-8")
     port = free_port()
     argv = [
         binary,

@@ -166,11 +166,12 @@ def strategy_result(
     sku: str,
     product_id: int,
     tally: Tally,
-    wall: float,
+    timing: tuple[float, float],
     before: dict[str, float],
     samples: list[tuple[float, int]],
 ) -> StrategyResult:
     registry, config = lab.registry, lab.config
+    started_at, wall = timing
     db = count_in_db(lab.side, product_id)
     success = int(sample(registry, SUCCESS, {"sku": sku, "strategy": name}))
     conflicts = {
@@ -287,6 +288,9 @@ def strategy_result(
         notes=_notes(lab, name),
         deadlocks=deadlocks,
         outbox_unpublished=unpublished,
+        started_at=round(started_at, 3),
+        ended_at=round(started_at + wall, 3),
+        first_oversell_at=tally.first_oversell_at,
     )
 
 

@@ -7,6 +7,7 @@ import html
 import math
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
+from importlib import metadata
 
 from .config import LabConfig, StrategyResult
 from .report_text import alert_text, caught_lines, info_lines, setup_lines, signal_cell
@@ -275,15 +276,6 @@ def _alerts_table(results: Sequence[StrategyResult]) -> str:
     )
 
 
-def _version() -> str:
-    from importlib import metadata
-
-    try:
-        return metadata.version("stocksentry")
-    except metadata.PackageNotFoundError:
-        return "unknown"
-
-
 def format_html(
     config: LabConfig,
     results: list[StrategyResult],
@@ -308,9 +300,13 @@ def format_html(
         items = "".join(f"<li><code>{_esc(line)}</code></li>" for line in lines)
         items += "".join(f"<li>{_esc(line)}</li>" for line in info_lines(r))
         caught.append(f"<h3>{_esc(r.strategy)}</h3><ul class=caught>{items}</ul>")
+    try:
+        version = metadata.version("stocksentry")
+    except metadata.PackageNotFoundError:
+        version = "unknown"
     stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     setup = "".join(f"<li>{_esc(line)}</li>" for line in (*setup_lines(config), *notes))
-    made = f"stocksentry {_esc(_version())}, {_esc(stamp)}"
+    made = f"stocksentry {_esc(version)}, {_esc(stamp)}"
     if command is not None:
         made += f"<br>command: <code>{_esc(command)}</code>"
     return (

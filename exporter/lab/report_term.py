@@ -7,23 +7,11 @@ from __future__ import annotations
 import io
 import textwrap
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from .config import SAFE_STRATEGIES, LabConfig, StrategyResult
 from .observe import EXPORTER_FIGURES
 from .progress import WIDTH
 from .report_text import alert_text, caught_lines, info_lines, setup_lines, signal_cell
-
-if TYPE_CHECKING:
-    from rich.table import Table
-
-
-def _render(width: int, table: Table) -> str:
-    from rich.console import Console
-
-    out = io.StringIO()
-    Console(file=out, width=width, color_system=None, emoji=False, highlight=False).print(table)
-    return "\n".join(line.rstrip() for line in out.getvalue().splitlines())
 
 
 def _probe_cell(result: StrategyResult) -> str:
@@ -45,8 +33,9 @@ def alert_cell(result: StrategyResult, evaluated: bool) -> str:
     return "\n".join(alert_text(name, alert) for name, alert in result.alerts.items()) or "none"
 
 
-def _truth_table(results: Sequence[StrategyResult]) -> Table:
+def _truth_table(results: Sequence[StrategyResult], width: int) -> str:
     from rich import box
+    from rich.console import Console
     from rich.table import Table
 
     truth = Table(
@@ -68,7 +57,9 @@ def _truth_table(results: Sequence[StrategyResult]) -> Table:
             f"{r.p99_ms:.0f}",
             "= db" if r.consistent else "NO",
         )
-    return truth
+    out = io.StringIO()
+    Console(file=out, width=width, color_system=None, emoji=False, highlight=False).print(truth)
+    return "\n".join(line.rstrip() for line in out.getvalue().splitlines())
 
 
 def _caught_blocks(
@@ -138,7 +129,7 @@ def format_summary(
             for line in (*setup_lines(config, database=database, redis=redis), *notes)
         ),
         "",
-        _render(width, _truth_table(ran)),
+        _truth_table(ran, width),
         "",
         *_caught_blocks(results, evaluated, watched, width),
         "",

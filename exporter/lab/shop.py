@@ -124,11 +124,6 @@ class Shop:
     second_sku: str = ""
     second_product_id: int = 0
 
-    @property
-    def is_sqlite(self) -> bool:
-        """Whether the shop runs on SQLite (no ``FOR UPDATE``)."""
-        return self.engine.dialect.name == "sqlite"
-
     @contextlib.contextmanager
     def begin_immediate(self) -> Iterator[Connection]:
         """A SQLite transaction that takes the write lock at ``BEGIN``. pysqlite's own

@@ -113,7 +113,7 @@ def naive_lock(shop: Shop, r: Reservation, buyer: Buyer) -> None:
 def for_update(shop: Shop, r: Reservation, buyer: Buyer) -> None:
     """Lock the row first (``SELECT ... FOR UPDATE``), check, write. SQLite has no ``FOR
     UPDATE``: there ``BEGIN IMMEDIATE`` takes the write lock before the read."""
-    if shop.is_sqlite:
+    if shop.engine.dialect.name == "sqlite":
         with shop.begin_immediate() as conn:
             available = select_stock(conn, shop.sku)
             if not _in_stock(shop, r, available):
