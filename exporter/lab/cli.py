@@ -290,9 +290,8 @@ def _run(args: argparse.Namespace, registry: CollectorRegistry) -> int:
     from .embedded import embedded_servers
     from .observe import observers
     from .progress import LiveProgress
+    from .report import describe_database, format_summary
     from .report_html import format_html
-    from .report_term import format_summary
-    from .report_text import describe_database
     from .run import run_lab, serve_metrics
 
     embedded = args.database is None and not args.sqlite

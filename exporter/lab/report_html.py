@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from importlib import metadata
 
 from .config import LabConfig, StrategyResult
-from .report_text import alert_text, caught_lines, info_lines, setup_lines, signal_cell
+from .report import alert_text, caught_lines, info_lines, setup_lines, signal_cell
 
 _PALETTE = ("#d62728", "#ff7f0e", "#9467bd", "#2ca02c", "#1f77b4", "#17becf", "#8c564b")
 _CSS = """

@@ -21,7 +21,7 @@ from stocksentry.instrumentation import Sentry
 from .config import REDIS_STRATEGIES, STOCK_TABLE, LabConfig, LabError, StrategyResult, sku_for
 from .driver import delete_redis_keys, run_strategy
 from .progress import ProgressSink
-from .report_text import describe_database, describe_redis
+from .report import describe_database, describe_redis
 from .shop import LabRun, connect_and_prepare, create_engine, first_line, normalize_url
 
 
