@@ -247,11 +247,9 @@ def _isolation(text: str) -> str:
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    """Run the lab as the parsed ``demo`` arguments say; returns the exit status.
-
-    Servers, processes and temporary folders are removed on the way out, on success, on
-    error, on Ctrl-C and on SIGTERM. A set-up problem raises ``CommandError``.
-    """
+    """Run the lab as the parsed ``demo`` arguments say; returns the exit status (1 only
+    when the metrics disagree with the database). Everything started is removed on the
+    way out, also on Ctrl-C and SIGTERM."""
     parser: argparse.ArgumentParser = args.parser
     if args.linger and args.metrics_port is None:
         parser.error("--linger needs --metrics-port")

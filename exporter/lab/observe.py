@@ -72,17 +72,6 @@ def find_rules() -> Path | None:
     return None
 
 
-def parse_metrics(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
-    """The samples of a Prometheus text exposition: ``(name, labels) -> value``."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    samples: dict[tuple[str, frozenset[tuple[str, str]]], float] = {}
-    for family in text_string_to_metric_families(text):
-        for each in family.samples:
-            samples[(each.name, frozenset(each.labels.items()))] = float(each.value)
-    return samples
-
-
 def _get(url: str, timeout: float = 5.0) -> bytes:
     with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 - our own
         return bytes(response.read())
@@ -167,6 +156,8 @@ class Observers:
         figures per SKU (the shop's rows stay as each strategy left them)."""
         if self.exporter_port is None:
             return
+        from prometheus_client.parser import text_string_to_metric_families
+
         # Probes run every second: after two, a whole round has run on the final rows.
         time.sleep(2.1)
         try:
@@ -174,11 +165,11 @@ class Observers:
         except OSError as exc:
             self.exporter_note += f" (its /metrics could not be read: {exc})"
             return
-        for (name, labels), value in parse_metrics(text).items():
+        samples = (s for family in text_string_to_metric_families(text) for s in family.samples)
+        for each in samples:
+            name, value, sku = each.name, float(each.value), each.labels.get("sku")
             if name not in EXPORTER_FIGURES:
                 continue
-            label = dict(labels)
-            sku = label.get("sku")
             if sku is None:
                 self.shop[name] = max(self.shop.get(name, 0.0), value)
                 # The outbox figures carry no sku: only the outbox scenario writes events.

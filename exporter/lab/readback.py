@@ -1,9 +1,5 @@
-"""What the lab reads back after a strategy's run: the registry's totals and SQL's truth.
-
-The metric totals come from the run's ``CollectorRegistry``, the ground truth (paid
-orders, units, negative writes, duplicate orders per key, the final stock) from SQL;
-:func:`strategy_result` compares the two.
-"""
+"""What the lab reads back after a strategy's run: the registry's totals and SQL's truth,
+compared by :func:`strategy_result`."""
 
 from __future__ import annotations
 
@@ -133,9 +129,8 @@ def sample(registry: CollectorRegistry, name: str, labels: Mapping[str, str]) ->
 
 
 def unlabelled_totals(registry: CollectorRegistry, lock: str) -> dict[str, float]:
-    """Totals of the series without a ``sku`` label (the duration histogram has none
-    either: bounded cardinality), read before and after a strategy. Strategies run one
-    after the other, so the difference is the strategy's own."""
+    """Totals of the series without a ``sku`` label, read before and after a strategy:
+    strategies run one after the other, so the difference is the strategy's own."""
     totals = {name: sample(registry, name, labels) for name, labels in UNLABELLED.items()}
     totals.update({name: sample(registry, name, {"lock": lock}) for name in LOCK_SERIES})
     for outcome in catalog.OUTCOMES:

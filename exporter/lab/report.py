@@ -53,13 +53,8 @@ def signal_cell(result: StrategyResult) -> str:
 
 
 def caught_lines(result: StrategyResult) -> list[str]:
-    """What the metrics said about a strategy that went wrong, one line per signal.
-
-    Oversold and negative stock (counted against the database), a lock that expired
-    under its holder or was released by a holder that no longer owned it, duplicate
-    orders per idempotency key, stale cache decisions, unsafe read-modify-writes seen in
-    the SQL. Empty for a strategy that did none of these (and for a skipped one).
-    """
+    """What the metrics said about a strategy that went wrong, one line per signal
+    (empty for one that did nothing wrong, or was skipped)."""
     if result.skipped is not None:
         return []
     sku = result.sku
@@ -262,9 +257,8 @@ def _caught_blocks(
 
 
 def _safe_verdict(safe: Sequence[StrategyResult]) -> str:
-    """What the safe strategies' alerts did: none may fire. A pending alert (its condition
-    held for less than the rule's ``for:``) is said as pending, not as raised: that is the
-    ``for:`` doing its job on real contention (fifty checkouts waiting on one row lock)."""
+    """What the safe strategies' alerts did: none may fire. A pending one is said as
+    pending, not raised: that is the rule's ``for:`` doing its job on real contention."""
     firing = [r.strategy for r in safe if any(a["state"] == "firing" for a in r.alerts.values())]
     pending = [
         f"{r.strategy} ({', '.join(sorted(r.alerts))})"

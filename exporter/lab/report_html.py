@@ -283,13 +283,9 @@ def format_html(
     command: str | None = None,
     notes: Sequence[str] = (),
 ) -> str:
-    """The report as one self-contained HTML page: no script, no external asset.
-
-    The table, then inline SVG charts (stock over time per strategy, outcomes per
-    strategy, reservation latency p50 and p99) and what the metrics caught. The header
-    records stocksentry's version, the time and ``command`` (the command line that made
-    the page); ``notes`` are extra set-up lines (the exporter, the alerts evaluated).
-    """
+    """The report as one self-contained HTML page (no script, no external asset): the
+    table, three charts, what caught each strategy. ``command`` is the command line that
+    made the page; ``notes`` are extra set-up lines."""
     ran = [r for r in results if r.skipped is None]
     colors = {r.strategy: _PALETTE[i % len(_PALETTE)] for i, r in enumerate(results)}
     caught = []
