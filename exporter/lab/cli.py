@@ -431,10 +431,9 @@ def _closing_lines(
     if log_file is not None or save_shop is not None:
         lines += ["", "reproduce the findings on what this demo just ran:"]
     if log_file is not None:
-        sku = "LAB-UNSAFE" if not strategies or "unsafe" in strategies else None
         command = [program, "timeline", log_file, "--limit", "5"]
-        if sku is not None:
-            command += ["--sku", sku]
+        if not strategies or "unsafe" in strategies:
+            command += ["--sku", "LAB-UNSAFE"]
         lines.append("  " + shlex.join(command))
     if save_shop is not None:
         # Two lines (a shell continuation) so that it fits 80 columns.

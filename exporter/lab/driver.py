@@ -200,7 +200,7 @@ def run_strategy(lab: LabRun, name: str) -> StrategyResult:
                 timers.append((config.cache_refresh_ms / 1000, cache.refresh, "lab-cache"))
             if name == "outbox":
                 limit = math.floor(OUTBOX_PUBLISHED_SHARE * config.stock)
-                publish = _StalledPublisher(lab.side, sku, limit).publish
+                publish = _stalled_publisher(lab.side, sku, limit)
                 timers.append((OUTBOX_PUBLISH_INTERVAL_S, publish, "lab-outbox"))
             with contextlib.ExitStack() as running:
                 for interval, call, thread in timers:
@@ -372,33 +372,22 @@ class _StockCache:
         return None if raw is None else int(raw)
 
 
-class _StalledPublisher:
+def _stalled_publisher(engine: Engine, sku: str, limit: int) -> Callable[[], None]:
     """The outbox's publisher: publishes up to ``limit`` events, then stalls, as one whose
     broker connection hung."""
+    left = limit
 
-    def __init__(self, engine: Engine, sku: str, limit: int) -> None:
-        self._engine = engine
-        self._sku = sku
-        self._left = limit
-
-    def publish(self) -> None:
-        if self._left <= 0:
+    def publish() -> None:
+        nonlocal left
+        if left <= 0:
             return  # stalled
-        with self._engine.begin() as conn:
-            ids = (
-                conn.execute(
-                    sa.select(outbox.c.id)
-                    .where(outbox.c.sku == self._sku, outbox.c.published_at.is_(None))
-                    .order_by(outbox.c.id)
-                    .limit(self._left)
-                )
-                .scalars()
-                .all()
-            )
+        with engine.begin() as conn:
+            pending = outbox.c.sku == sku, outbox.c.published_at.is_(None)
+            query = sa.select(outbox.c.id).where(*pending).order_by(outbox.c.id).limit(left)
+            ids = conn.execute(query).scalars().all()
             if ids:
-                conn.execute(
-                    outbox.update()
-                    .where(outbox.c.id.in_(ids))
-                    .values(published_at=datetime.now(UTC))
-                )
-        self._left -= len(ids)
+                published = outbox.update().where(outbox.c.id.in_(ids))
+                conn.execute(published.values(published_at=datetime.now(UTC)))
+        left -= len(ids)
+
+    return publish
