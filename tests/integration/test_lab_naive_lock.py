@@ -15,7 +15,6 @@ from typing import Any
 import lockscenarios
 import pytest
 import redis
-import redis.asyncio
 from lockscenarios import EXPIRED, NOT_OWNED, value
 from prometheus_client import CollectorRegistry
 from stocksentry.exporter.lab.naive_lock import SetNxLock
