@@ -4,12 +4,12 @@
 from __future__ import annotations
 
 import io
-import re
 import textwrap
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from stocksentry.instrumentation import catalog
+from stocksentry.instrumentation.secrets import mask_url
 
 from ..dburl import shown
 from .config import (
@@ -145,7 +145,7 @@ def describe_redis(config: LabConfig) -> str | None:
     """The Redis URL without its password, for people (``None`` without Redis)."""
     if config.redis_url is None:
         return None
-    return re.sub(r"(//[^:@/]*):[^@/]*@", r"\1:***@", config.redis_url)
+    return mask_url(config.redis_url) or "the given Redis"
 
 
 def setup_lines(
