@@ -22,15 +22,7 @@ from .config import (
 )
 from .observe import EXPORTER_FIGURES
 from .progress import WIDTH
-from .readback import (
-    LOCK_EXPIRED,
-    LOCK_NOT_OWNED,
-    NEGATIVE,
-    REPLAY,
-    STALE,
-    SUCCESS,
-    UNSAFE_RMW,
-)
+from .readback import LOCK_EXPIRED, LOCK_NOT_OWNED, NEGATIVE, REPLAY, STALE, SUCCESS, UNSAFE_RMW
 
 
 def signal_cell(result: StrategyResult) -> str:
@@ -246,10 +238,7 @@ def _caught_blocks(
         for i, (label, text) in enumerate(rows):
             lead = (r.strategy if i == 0 else "").ljust(name_width) + f"{label:<9}"
             wrapped = textwrap.wrap(
-                text,
-                width=width - len(lead),
-                break_on_hyphens=False,
-                break_long_words=False,
+                text, width=width - len(lead), break_on_hyphens=False, break_long_words=False
             ) or ["-"]
             lines.append(lead + wrapped[0])
             lines += [" " * len(lead) + more for more in wrapped[1:]]

@@ -108,9 +108,7 @@ def _svg_stock(results: Sequence[StrategyResult], colors: Mapping[str, str]) -> 
     def y(v: float) -> float:
         return top + plot_h * (y_high - v) / (y_high - y_low)
 
-    out = [
-        _svg_open(width, height, "stock over time"),
-    ]
+    out = [_svg_open(width, height, "stock over time")]
     for v in y_ticks:
         # The zero line is the one that matters: dark and dashed; the others light.
         style = 'stroke="#444" stroke-dasharray="4 3"' if v == 0 else 'stroke="#e5e5e5"'
@@ -153,9 +151,7 @@ def _svg_outcomes(results: Sequence[StrategyResult], colors: Mapping[str, str]) 
     plot_w = width - label_w - 60
     height = top + len(results) * (bar_h + gap) + 10
     total = max((sum(f(r) for _, _, f in segments) for r in results), default=1) or 1
-    out = [
-        _svg_open(width, height, "outcomes per strategy"),
-    ]
+    out = [_svg_open(width, height, "outcomes per strategy")]
     lx = label_w
     for name, color, _ in segments:
         out.append(_swatch(lx, 6, color, name))

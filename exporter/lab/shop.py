@@ -57,10 +57,7 @@ order_items = sa.Table(
     "order_items",
     metadata,
     sa.Column(
-        "order_id",
-        sa.Integer,
-        sa.ForeignKey("orders.id", ondelete="CASCADE"),
-        primary_key=True,
+        "order_id", sa.Integer, sa.ForeignKey("orders.id", ondelete="CASCADE"), primary_key=True
     ),
     sa.Column("product_id", sa.Integer, sa.ForeignKey("products.id"), primary_key=True),
     sa.Column("quantity", sa.Integer, nullable=False),
