@@ -69,14 +69,6 @@ class LiveProgress:
             for name in strategies
         }
 
-    @staticmethod
-    def line(p: Progress) -> str:
-        return (
-            f"{p.strategy:<20} {p.done:>{len(str(p.total))}}/{p.total} buyers"
-            f" sold {p.sold:<5} conflicts {p.conflicts:<5} {p.elapsed_s:5.1f} s"
-            f" errors {p.errors}"
-        )
-
     def start(self, database: str) -> None:
         # Written only once the database answered, so a failed connection stays one line.
         lines = (*self._header, f"flash-sale lab on {database}:")
@@ -105,7 +97,12 @@ class LiveProgress:
 
     def finish(self, progress: Progress) -> None:
         if not self._tty:
-            self._stream.write(self.line(progress) + "\n")
+            p = progress
+            self._stream.write(
+                f"{p.strategy:<20} {p.done:>{len(str(p.total))}}/{p.total} buyers"
+                f" sold {p.sold:<5} conflicts {p.conflicts:<5} {p.elapsed_s:5.1f} s"
+                f" errors {p.errors}\n"
+            )
             self._stream.flush()
             return
         self._show(progress)

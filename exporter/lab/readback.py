@@ -42,9 +42,6 @@ LOCK_RETRIES = catalog.LOCK_ACQUIRE_RETRIES.name
 DEADLOCK = catalog.DB_DEADLOCK.name
 
 
-# --- the database's figures ------------------------------------------------------------------
-
-
 def count_in_db(engine: Engine, product_id: int) -> DbFigures:
     """The ground truth: paid orders, units and negative writes by SQL, and the stock."""
     with engine.begin() as conn:
@@ -103,8 +100,6 @@ def read_stock_by_id(engine: Engine, product_id: int) -> int:
         )
 
 
-# --- the registry's totals --------------------------------------------------------------------
-
 #: The metrics without a ``sku`` label, by their labels (``lock`` is the strategy's name).
 UNLABELLED = {
     REPLAY: {"operation": IDEMPOTENT_OPERATION},
@@ -150,9 +145,6 @@ def percentile_ms(values: list[float], q: float) -> float:
     ordered = sorted(values)
     rank = max(1, math.ceil(q * len(ordered)))
     return round(ordered[rank - 1] * 1000, 1)
-
-
-# --- the result --------------------------------------------------------------------------------
 
 
 def strategy_result(
