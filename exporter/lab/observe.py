@@ -185,11 +185,6 @@ class Observers:
         params = {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": step}
         return _prometheus(self.prometheus_port, "query_range", params) or []
 
-    def max_between(self, expr: str, start: float, end: float) -> float | None:
-        series = self._query_range(f"max({expr})", start, end, "0.5")
-        values = [float(v) for each in series for _t, v in each.get("values", [])]
-        return max(values) if values else None
-
     def alert_series(self, start: float, end: float) -> list[AlertSeries]:
         """Every alert series pending or firing between two Unix times (``ALERTS``)."""
         found = []
@@ -221,11 +216,13 @@ class Observers:
             probes = dict(self.figures.get(result.sku, {}))
             position = ran.index(result)
             later = ran[position + 1].started_at if position + 1 < len(ran) else time.time()
-            waiters = self.max_between(
-                "stock_db_lock_waiters", result.started_at + 1, min(later, result.ended_at) + 2
+            end = min(later, result.ended_at) + 2
+            waiters = self._query_range(
+                "max(stock_db_lock_waiters)", result.started_at + 1, end, "0.5"
             )
-            if waiters is not None:
-                probes["stock_db_lock_waiters"] = waiters
+            values = [float(v) for each in waiters for _t, v in each.get("values", [])]
+            if values:
+                probes["stock_db_lock_waiters"] = max(values)
             for name, has_it in SHOP_WIDE.items():
                 # A shop-wide figure is this strategy's when SQL says only its SKU has it.
                 holders = [r for r in ran if has_it(r)]

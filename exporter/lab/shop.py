@@ -351,16 +351,9 @@ def create_tables(database_url: str) -> None:
     url = normalize_url(database_url)
     engine = create_engine(url, 1)
     try:
-        _create_all(engine, url.render_as_string(hide_password=True))
+        connect_and_prepare(engine, url.render_as_string(hide_password=True), 1)
     finally:
         engine.dispose()
-
-
-def _create_all(engine: Engine, shown: str) -> None:
-    try:
-        metadata.create_all(engine)
-    except sa.exc.SQLAlchemyError as exc:
-        raise LabError(f"cannot create the lab tables in {shown}: {first_line(exc)}") from exc
 
 
 def connect_and_prepare(engine: Engine, shown: str, concurrency: int) -> None:
@@ -386,7 +379,10 @@ def connect_and_prepare(engine: Engine, shown: str, concurrency: int) -> None:
         for conn in held:
             conn.close()
     # After the connections: a run that cannot get them leaves no tables behind.
-    _create_all(engine, shown)
+    try:
+        metadata.create_all(engine)
+    except sa.exc.SQLAlchemyError as exc:
+        raise LabError(f"cannot create the lab tables in {shown}: {first_line(exc)}") from exc
 
 
 def save_shop(database_url: str, path: str) -> None:
