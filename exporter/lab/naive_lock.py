@@ -45,17 +45,10 @@ class SetNxLock(TrackedLock):
     """A home-made Redis lock, ``SET key token NX PX ttl``, measured as a
     :class:`~stocksentry.instrumentation.locks.TrackedLock`.
 
-    ``release="naive"`` is the plain ``DEL key``: it deletes whatever is under the key,
-    another holder's token included, but reads the value in the same Lua step, so the bug
-    is counted (``release_not_owned``, ``expired_while_held``). ``release="owned"`` is the
-    fix: compare and delete. :meth:`extend` renews the TTL only while the token is ours.
-    ``client`` is a ``redis.Redis`` (``with``) or ``redis.asyncio.Redis`` (``async with``);
-    ``ttl`` is in seconds, kept to the millisecond.
-
-    Example::
-
-        with SetNxLock(client, "lock:product:8891", name="checkout", ttl=5, release="naive"):
-            reserve()  # 6 s of work: counted as expired while held at release
+    ``release="naive"`` is the plain ``DEL key``, which deletes another holder's token
+    too, but reads the value in the same Lua step, so the bug is counted;
+    ``release="owned"`` is the fix: compare and delete. ``client`` is a ``redis.Redis``
+    (``with``) or ``redis.asyncio.Redis`` (``async with``).
     """
 
     def __init__(

@@ -1,12 +1,5 @@
-"""What watches the lab: the exporter sidecar and a real Prometheus with the alert rules.
-
-:func:`observers` starts, beside a lab run, the project's exporter (its probes every
-second against the lab's database) and, when the ``prometheus`` binary is installed, a
-Prometheus that scrapes the lab and the exporter and evaluates
-``alert_rules/stocksentry.rules.yml`` unchanged, every second. :meth:`Observers.annotate`
-then adds to each result the exporter's figures for its SKU and the alerts that went
-pending or firing during its sale. The processes are ours, stopped by their pid.
-"""
+"""What watches the lab: the exporter sidecar and, when the binary is installed, a real
+Prometheus evaluating ``alert_rules/stocksentry.rules.yml`` unchanged, every second."""
 
 from __future__ import annotations
 
@@ -65,31 +58,18 @@ START_TIMEOUT_S = 20.0
 
 
 def free_port() -> int:
-    """A free TCP port on 127.0.0.1 (the kernel's pick)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
 
 
 def find_rules() -> Path | None:
-    """The project's alert rules file: beside the source tree (an editable install)."""
-    here = Path(__file__).resolve()
-    for parent in here.parents:
+    """The project's alert rules file, beside the source tree (an editable install)."""
+    for parent in Path(__file__).resolve().parents:
         candidate = parent / RULES_FILE
         if candidate.is_file():
             return candidate
     return None
-
-
-def parse_metrics(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
-    """The samples of a Prometheus text exposition: ``(name, labels) -> value``."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    samples: dict[tuple[str, frozenset[tuple[str, str]]], float] = {}
-    for family in text_string_to_metric_families(text):
-        for each in family.samples:
-            samples[(each.name, frozenset(each.labels.items()))] = float(each.value)
-    return samples
 
 
 def _get(url: str, timeout: float = 5.0) -> bytes:
@@ -119,9 +99,9 @@ def _wait_http(url: str, proc: subprocess.Popen[bytes], what: str) -> None:
 
 
 def _wait_scraped(port: int, targets: int, proc: subprocess.Popen[bytes]) -> None:
-    """Wait until every target was scraped once, and (a few seconds at most) until every
-    probe has had a first success, then one rule round: so that the rules about absent
-    targets and probes down do not go pending on an empty start."""
+    """Wait until every target was scraped once and (briefly) every probe succeeded once,
+    then one rule round: the rules about absent targets and probes down would otherwise
+    go pending on an empty start."""
 
     def count(expr: str) -> int | None:
         result = _prometheus(port, "query", {"query": expr})
@@ -150,48 +130,6 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait(timeout=5)
 
 
-def exporter_config(database_url: str, port: int, skus: list[str]) -> str:
-    """The exporter's YAML for the lab: its tables, probes every second, no election."""
-    return json.dumps(
-        {
-            "server": {"listen_address": "127.0.0.1", "port": port},
-            "sku_guard": {"promo_skus": skus, "max_skus": 100},
-            # The exporter takes a libpq URL: no SQLAlchemy driver suffix.
-            "database": {
-                "url": database_url.replace("postgresql+psycopg://", "postgresql://", 1),
-                "leader_election": False,
-            },
-            "schema": {
-                "products": {"allocation": "initial_stock"},
-                # A resubmit repeats the external reference and the idempotency key: the
-                # reference alone counts each duplicated intent once, as reconcile does.
-                "outbox": {
-                    "table": "outbox",
-                    "created_at": "created_at",
-                    "published_at": "published_at",
-                },
-            },
-            "probes": {"defaults": {"interval": INTERVAL, "timeout": "900ms"}},
-        },
-        indent=2,
-    )
-
-
-def prometheus_config(targets: dict[str, int], rules: Path) -> str:
-    """Prometheus's YAML: every target scraped and every rule evaluated each second."""
-    return json.dumps(
-        {
-            "global": {"scrape_interval": INTERVAL, "evaluation_interval": INTERVAL},
-            "rule_files": [str(rules)],
-            "scrape_configs": [
-                {"job_name": job, "static_configs": [{"targets": [f"127.0.0.1:{port}"]}]}
-                for job, port in targets.items()
-            ],
-        },
-        indent=2,
-    )
-
-
 @dataclass(slots=True)
 class Observers:
     """The running exporter and Prometheus (either may be absent, with the reason)."""
@@ -207,7 +145,6 @@ class Observers:
     shop: dict[str, float] = field(default_factory=dict)
 
     def notes(self) -> list[str]:
-        """The set-up lines the reports show: what ran beside the lab, what it saw."""
         notes = [f"exporter: {self.exporter_note}", f"alerts: {self.prometheus_note}"]
         if self.shop:
             shop = ", ".join(f"{name} {value:.3g}" for name, value in sorted(self.shop.items()))
@@ -219,6 +156,8 @@ class Observers:
         figures per SKU (the shop's rows stay as each strategy left them)."""
         if self.exporter_port is None:
             return
+        from prometheus_client.parser import text_string_to_metric_families
+
         # Probes run every second: after two, a whole round has run on the final rows.
         time.sleep(2.1)
         try:
@@ -226,11 +165,11 @@ class Observers:
         except OSError as exc:
             self.exporter_note += f" (its /metrics could not be read: {exc})"
             return
-        for (name, labels), value in parse_metrics(text).items():
+        samples = (s for family in text_string_to_metric_families(text) for s in family.samples)
+        for each in samples:
+            name, value, sku = each.name, float(each.value), each.labels.get("sku")
             if name not in EXPORTER_FIGURES:
                 continue
-            label = dict(labels)
-            sku = label.get("sku")
             if sku is None:
                 self.shop[name] = max(self.shop.get(name, 0.0), value)
                 # The outbox figures carry no sku: only the outbox scenario writes events.
@@ -241,17 +180,10 @@ class Observers:
             figures[name] = max(figures.get(name, 0.0), value)
 
     def _query_range(self, expr: str, start: float, end: float, step: str) -> list[Any]:
-        """The series of ``expr`` between two Unix times (none without Prometheus)."""
         if self.prometheus_port is None or end <= start:
             return []
         params = {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": step}
         return _prometheus(self.prometheus_port, "query_range", params) or []
-
-    def max_between(self, expr: str, start: float, end: float) -> float | None:
-        """The highest value of ``expr`` between two Unix times, from Prometheus."""
-        series = self._query_range(f"max({expr})", start, end, "0.5")
-        values = [float(v) for each in series for _t, v in each.get("values", [])]
-        return max(values) if values else None
 
     def alert_series(self, start: float, end: float) -> list[AlertSeries]:
         """Every alert series pending or firing between two Unix times (``ALERTS``)."""
@@ -284,11 +216,13 @@ class Observers:
             probes = dict(self.figures.get(result.sku, {}))
             position = ran.index(result)
             later = ran[position + 1].started_at if position + 1 < len(ran) else time.time()
-            waiters = self.max_between(
-                "stock_db_lock_waiters", result.started_at + 1, min(later, result.ended_at) + 2
+            end = min(later, result.ended_at) + 2
+            waiters = self._query_range(
+                "max(stock_db_lock_waiters)", result.started_at + 1, end, "0.5"
             )
-            if waiters is not None:
-                probes["stock_db_lock_waiters"] = waiters
+            values = [float(v) for each in waiters for _t, v in each.get("values", [])]
+            if values:
+                probes["stock_db_lock_waiters"] = max(values)
             for name, has_it in SHOP_WIDE.items():
                 # A shop-wide figure is this strategy's when SQL says only its SKU has it.
                 holders = [r for r in ran if has_it(r)]
@@ -345,8 +279,7 @@ def alert_owner(series: AlertSeries, ran: list[StrategyResult]) -> str:
 
 
 def _spawn(watch: Observers, name: str, argv: list[str], ready_url: str, what: str) -> None:
-    """Start one of our processes, its output in ``<name>.log``, and wait until it answers
-    ``ready_url``; it is stopped (by pid) with the others on the way out."""
+    """Start one of our processes (output in ``<name>.log``) and wait until it answers."""
     with (watch.folder / f"{name}.log").open("wb") as log:
         proc = subprocess.Popen(  # noqa: S603 - our own interpreter, or Prometheus from PATH
             argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
@@ -358,7 +291,26 @@ def _spawn(watch: Observers, name: str, argv: list[str], ready_url: str, what: s
 def _start_exporter(watch: Observers, database_url: str, skus: list[str]) -> None:
     port = free_port()
     config = watch.folder / "exporter.yml"
-    config.write_text(exporter_config(database_url, port, skus), encoding="utf-8")
+    # JSON is YAML: the exporter on the lab's tables, probes every second, no election.
+    exporter = {
+        "server": {"listen_address": "127.0.0.1", "port": port},
+        "sku_guard": {"promo_skus": skus, "max_skus": 100},
+        # The exporter takes a libpq URL: no SQLAlchemy driver suffix.
+        "database": {
+            "url": database_url.replace("postgresql+psycopg://", "postgresql://", 1),
+            "leader_election": False,
+        },
+        "schema": {
+            "products": {"allocation": "initial_stock"},
+            "outbox": {
+                "table": "outbox",
+                "created_at": "created_at",
+                "published_at": "published_at",
+            },
+        },
+        "probes": {"defaults": {"interval": INTERVAL, "timeout": "900ms"}},
+    }
+    config.write_text(json.dumps(exporter, indent=2), encoding="utf-8")
     argv = [sys.executable, "-m", "stocksentry.exporter", "exporter", "--config", str(config)]
     _spawn(watch, "exporter", argv, f"http://127.0.0.1:{port}/metrics", "the exporter")
     watch.exporter_port = port
@@ -379,7 +331,16 @@ def _start_prometheus(watch: Observers, lab_port: int) -> None:
     if watch.exporter_port is not None:
         targets["stocksentry"] = watch.exporter_port
     config = watch.folder / "prometheus.yml"
-    config.write_text(prometheus_config(targets, rules), encoding="utf-8")
+    scrape = [
+        {"job_name": job, "static_configs": [{"targets": [f"127.0.0.1:{port}"]}]}
+        for job, port in targets.items()
+    ]
+    prometheus = {
+        "global": {"scrape_interval": INTERVAL, "evaluation_interval": INTERVAL},
+        "rule_files": [str(rules)],
+        "scrape_configs": scrape,
+    }
+    config.write_text(json.dumps(prometheus, indent=2), encoding="utf-8")
     port = free_port()
     argv = [
         binary,
@@ -399,9 +360,8 @@ def _start_prometheus(watch: Observers, lab_port: int) -> None:
 
 @contextlib.contextmanager
 def observers(folder: Path, database_url: str | None, lab_port: int) -> Iterator[Observers]:
-    """Start the exporter (when ``database_url`` names a server database) and Prometheus
-    beside the lab for the block; one that cannot start is left out, with the reason in
-    its note. Both are stopped (by pid) and their files removed on the way out."""
+    """Start the exporter (beside a server database) and Prometheus for the block; one that
+    cannot start is left out, with the reason in its note. Both are stopped by pid."""
     folder.mkdir(parents=True, exist_ok=True)
     watch = Observers(folder=folder)
     try:

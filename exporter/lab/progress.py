@@ -1,5 +1,4 @@
-"""Live progress of a lab run: :class:`Progress` snapshots, and :class:`LiveProgress`, a
-bar per strategy on an 80-column terminal (rich) or one line per strategy elsewhere."""
+"""Live progress of a lab run: a bar per strategy on a terminal, one line elsewhere."""
 
 from __future__ import annotations
 
@@ -15,8 +14,6 @@ WIDTH = 80
 
 @dataclass(frozen=True, slots=True)
 class Progress:
-    """A live snapshot of one strategy's run, counted on the Python side."""
-
     strategy: str
     done: int
     total: int
@@ -27,8 +24,8 @@ class Progress:
 
 
 class ProgressSink(Protocol):
-    """Receives live progress: ``start`` once the database is reached and prepared, then
-    per strategy ``update`` every :data:`PROGRESS_INTERVAL_S` and ``finish`` at its end."""
+    """``start`` once the database is ready, then per strategy ``update`` now and then and
+    ``finish`` at its end."""
 
     def start(self, database: str) -> None: ...
 
@@ -38,9 +35,8 @@ class ProgressSink(Protocol):
 
 
 class LiveProgress:
-    """One progress bar per strategy (rich) on a TTY; elsewhere (a pipe, a CI log) one line
-    per finished strategy, so logs do not fill with redraws. Call :meth:`close` at the end
-    (also on error) to give the terminal back."""
+    """One progress bar per strategy (rich) on a TTY; elsewhere one line per finished
+    strategy, so logs do not fill with redraws. :meth:`close` gives the terminal back."""
 
     def __init__(
         self, stream: TextIO, strategies: Sequence[str], *, total: int, header: Sequence[str] = ()
@@ -73,16 +69,6 @@ class LiveProgress:
             for name in strategies
         }
 
-    @staticmethod
-    def line(p: Progress) -> str:
-        """The line written for a finished strategy when no bars are drawn (within 80
-        columns for the lab's strategy names, up to 999 buyers and 9 errors)."""
-        return (
-            f"{p.strategy:<20} {p.done:>{len(str(p.total))}}/{p.total} buyers"
-            f" sold {p.sold:<5} conflicts {p.conflicts:<5} {p.elapsed_s:5.1f} s"
-            f" errors {p.errors}"
-        )
-
     def start(self, database: str) -> None:
         # Written only once the database answered, so a failed connection stays one line.
         lines = (*self._header, f"flash-sale lab on {database}:")
@@ -111,7 +97,12 @@ class LiveProgress:
 
     def finish(self, progress: Progress) -> None:
         if not self._tty:
-            self._stream.write(self.line(progress) + "\n")
+            p = progress
+            self._stream.write(
+                f"{p.strategy:<20} {p.done:>{len(str(p.total))}}/{p.total} buyers"
+                f" sold {p.sold:<5} conflicts {p.conflicts:<5} {p.elapsed_s:5.1f} s"
+                f" errors {p.errors}\n"
+            )
             self._stream.flush()
             return
         self._show(progress)

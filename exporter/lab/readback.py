@@ -1,9 +1,5 @@
-"""What the lab reads back after a strategy's run: the registry's totals and SQL's truth.
-
-The metric totals come from the run's ``CollectorRegistry``, the ground truth (paid
-orders, units, negative writes, duplicate orders per key, the final stock) from SQL;
-:func:`strategy_result` compares the two.
-"""
+"""What the lab reads back after a strategy's run: the registry's totals and SQL's truth,
+compared by :func:`strategy_result`."""
 
 from __future__ import annotations
 
@@ -44,9 +40,6 @@ LOCK_NOT_OWNED = catalog.LOCK_RELEASE_NOT_OWNED.name
 LOCK_EXTEND_FAILED = catalog.LOCK_EXTEND_FAILURES.name
 LOCK_RETRIES = catalog.LOCK_ACQUIRE_RETRIES.name
 DEADLOCK = catalog.DB_DEADLOCK.name
-
-
-# --- the database's figures ------------------------------------------------------------------
 
 
 def count_in_db(engine: Engine, product_id: int) -> DbFigures:
@@ -107,8 +100,6 @@ def read_stock_by_id(engine: Engine, product_id: int) -> int:
         )
 
 
-# --- the registry's totals --------------------------------------------------------------------
-
 #: The metrics without a ``sku`` label, by their labels (``lock`` is the strategy's name).
 UNLABELLED = {
     REPLAY: {"operation": IDEMPOTENT_OPERATION},
@@ -133,9 +124,8 @@ def sample(registry: CollectorRegistry, name: str, labels: Mapping[str, str]) ->
 
 
 def unlabelled_totals(registry: CollectorRegistry, lock: str) -> dict[str, float]:
-    """Totals of the series without a ``sku`` label (the duration histogram has none
-    either: bounded cardinality), read before and after a strategy. Strategies run one
-    after the other, so the difference is the strategy's own."""
+    """Totals of the series without a ``sku`` label, read before and after a strategy:
+    strategies run one after the other, so the difference is the strategy's own."""
     totals = {name: sample(registry, name, labels) for name, labels in UNLABELLED.items()}
     totals.update({name: sample(registry, name, {"lock": lock}) for name in LOCK_SERIES})
     for outcome in catalog.OUTCOMES:
@@ -157,20 +147,18 @@ def percentile_ms(values: list[float], q: float) -> float:
     return round(ordered[rank - 1] * 1000, 1)
 
 
-# --- the result --------------------------------------------------------------------------------
-
-
 def strategy_result(
     lab: LabRun,
     name: str,
     sku: str,
     product_id: int,
     tally: Tally,
-    wall: float,
+    timing: tuple[float, float],
     before: dict[str, float],
     samples: list[tuple[float, int]],
 ) -> StrategyResult:
     registry, config = lab.registry, lab.config
+    started_at, wall = timing
     db = count_in_db(lab.side, product_id)
     success = int(sample(registry, SUCCESS, {"sku": sku, "strategy": name}))
     conflicts = {
@@ -287,6 +275,9 @@ def strategy_result(
         notes=_notes(lab, name),
         deadlocks=deadlocks,
         outbox_unpublished=unpublished,
+        started_at=round(started_at, 3),
+        ended_at=round(started_at + wall, 3),
+        first_oversell_at=tally.first_oversell_at,
     )
 
 

@@ -6,12 +6,11 @@ from __future__ import annotations
 import html
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
+from importlib import metadata
 
 from .config import LabConfig, StrategyResult
-from .readback import STALE
-from .report_text import alert_text, caught_lines, info_lines, setup_lines
+from .report import alert_text, caught_lines, info_lines, setup_lines, signal_cell
 
 _PALETTE = ("#d62728", "#ff7f0e", "#9467bd", "#2ca02c", "#1f77b4", "#17becf", "#8c564b")
 _CSS = """
@@ -109,9 +108,7 @@ def _svg_stock(results: Sequence[StrategyResult], colors: Mapping[str, str]) -> 
     def y(v: float) -> float:
         return top + plot_h * (y_high - v) / (y_high - y_low)
 
-    out = [
-        _svg_open(width, height, "stock over time"),
-    ]
+    out = [_svg_open(width, height, "stock over time")]
     for v in y_ticks:
         # The zero line is the one that matters: dark and dashed; the others light.
         style = 'stroke="#444" stroke-dasharray="4 3"' if v == 0 else 'stroke="#e5e5e5"'
@@ -154,9 +151,7 @@ def _svg_outcomes(results: Sequence[StrategyResult], colors: Mapping[str, str]) 
     plot_w = width - label_w - 60
     height = top + len(results) * (bar_h + gap) + 10
     total = max((sum(f(r) for _, _, f in segments) for r in results), default=1) or 1
-    out = [
-        _svg_open(width, height, "outcomes per strategy"),
-    ]
+    out = [_svg_open(width, height, "outcomes per strategy")]
     lx = label_w
     for name, color, _ in segments:
         out.append(_swatch(lx, 6, color, name))
@@ -212,84 +207,45 @@ def _svg_latency(results: Sequence[StrategyResult], colors: Mapping[str, str]) -
     return "".join(out)
 
 
-def _conflict_text(conflicts: Mapping[str, int]) -> str:
-    return ", ".join(f"{reason} {n}" for reason, n in conflicts.items()) or "-"
+def _conflict_cell(r: StrategyResult) -> str:
+    parts = [f"{reason} {n}" for reason, n in r.conflicts.items()]
+    if r.errors:
+        parts.append(f"error {r.errors}")
+    return ", ".join(parts) or "-"
 
 
-@dataclass(frozen=True, slots=True)
-class Column:
-    """One column of the table: its header, how a row's cell reads, and its alignment."""
-
-    header: str
-    cell: Callable[[StrategyResult], str]
-    left: bool = False
-
-
-def columns_for(results: Sequence[StrategyResult]) -> list[Column]:
-    """The table's columns: the fixed ones, and those the run has something to say in."""
-    ran = [r for r in results if r.skipped is None]
-
-    def lock_cell(key: str) -> Callable[[StrategyResult], str]:
-        return lambda r: str(int(r.locks[key])) if r.locks else "-"
-
-    columns = [
-        Column("strategy", lambda r: r.strategy, left=True),
-        Column("stock", lambda r: str(r.stock_initial)),
-        Column("buyers", lambda r: str(r.buyers)),
-        Column("sold", lambda r: str(r.sold)),
-        Column("oversold", lambda r: str(r.oversold)),
-        Column("final stock", lambda r: str(r.final_stock)),
-        Column(
-            "conflicts",
-            lambda r: _conflict_text(r.conflicts) + (f", error {r.errors}" if r.errors else ""),
-            left=True,
-        ),
-        Column("negative writes", lambda r: str(r.negative_writes)),
-    ]
-    if any(r.locks for r in ran):
-        columns += [
-            Column("lock expired", lock_cell("expired_while_held")),
-            Column("not owned", lock_cell("release_not_owned")),
-        ]
-    if any(r.resubmitted for r in ran):
-        columns += [
-            Column("replays", lambda r: str(r.replays)),
-            Column("dup orders", lambda r: str(r.db.duplicate_orders)),
-        ]
-    if any(STALE in r.metrics and r.stale_cache_hits for r in ran):
-        columns.append(Column("stale hits", lambda r: str(r.stale_cache_hits)))
-    if any(r.unsafe_read_modify_write is not None for r in ran):
-        columns.append(
-            Column(
-                "unsafe rmw",
-                lambda r: (
-                    "-" if r.unsafe_read_modify_write is None else str(r.unsafe_read_modify_write)
-                ),
-            )
-        )
-    columns += [
-        Column("p50 ms", lambda r: f"{r.p50_ms:.1f}"),
-        Column("p99 ms", lambda r: f"{r.p99_ms:.1f}"),
-        Column("metrics = db", lambda r: "yes" if r.consistent else "NO", left=True),
-    ]
-    return columns
+#: The table's columns: header, how a row's cell reads, and whether it is left-aligned.
+_COLUMNS: tuple[tuple[str, Callable[[StrategyResult], object], bool], ...] = (
+    ("strategy", lambda r: r.strategy, True),
+    ("stock", lambda r: r.stock_initial, False),
+    ("buyers", lambda r: r.buyers, False),
+    ("sold", lambda r: r.sold, False),
+    ("oversold", lambda r: r.oversold, False),
+    ("final stock", lambda r: r.final_stock, False),
+    ("conflicts", _conflict_cell, True),
+    ("negative writes", lambda r: r.negative_writes, False),
+    ("what the metrics flagged", signal_cell, True),
+    ("p50 ms", lambda r: f"{r.p50_ms:.1f}", False),
+    ("p99 ms", lambda r: f"{r.p99_ms:.1f}", False),
+    ("metrics = db", lambda r: "yes" if r.consistent else "NO", True),
+)
 
 
 def _html_table(results: Sequence[StrategyResult]) -> str:
-    columns = columns_for(results)
-    head = "".join(f"<th>{_esc(c.header)}</th>" for c in columns)
+    head = "".join(f"<th>{_esc(header)}</th>" for header, _, _ in _COLUMNS)
     rows = []
     for r in results:
         if r.skipped is not None:
-            span = len(columns) - 1
             rows.append(
                 f'<tr class="skipped"><td>{_esc(r.strategy)}</td>'
-                f'<td class="left" colspan="{span}">skipped: {_esc(r.skipped)}</td></tr>'
+                f'<td class="left" colspan="{len(_COLUMNS) - 1}">'
+                f"skipped: {_esc(r.skipped)}</td></tr>"
             )
             continue
         bad = r.oversold or r.negative_writes or not r.consistent or r.db.duplicate_orders
         cells = "".join(
-            f"<td{' class=left' if c.left else ''}>{_esc(c.cell(r))}</td>" for c in columns
+            f"<td{' class=left' if left else ''}>{_esc(cell(r))}</td>"
+            for _, cell, left in _COLUMNS
         )
         rows.append(f"<tr{' class=bad' if bad else ''}>{cells}</tr>")
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
@@ -316,15 +272,6 @@ def _alerts_table(results: Sequence[StrategyResult]) -> str:
     )
 
 
-def _version() -> str:
-    from importlib import metadata
-
-    try:
-        return metadata.version("stocksentry")
-    except metadata.PackageNotFoundError:
-        return "unknown"
-
-
 def format_html(
     config: LabConfig,
     results: list[StrategyResult],
@@ -332,13 +279,9 @@ def format_html(
     command: str | None = None,
     notes: Sequence[str] = (),
 ) -> str:
-    """The report as one self-contained HTML page: no script, no external asset.
-
-    The table, then inline SVG charts (stock over time per strategy, outcomes per
-    strategy, reservation latency p50 and p99) and what the metrics caught. The header
-    records stocksentry's version, the time and ``command`` (the command line that made
-    the page); ``notes`` are extra set-up lines (the exporter, the alerts evaluated).
-    """
+    """The report as one self-contained HTML page (no script, no external asset): the
+    table, three charts, what caught each strategy. ``command`` is the command line that
+    made the page; ``notes`` are extra set-up lines."""
     ran = [r for r in results if r.skipped is None]
     colors = {r.strategy: _PALETTE[i % len(_PALETTE)] for i, r in enumerate(results)}
     caught = []
@@ -349,9 +292,13 @@ def format_html(
         items = "".join(f"<li><code>{_esc(line)}</code></li>" for line in lines)
         items += "".join(f"<li>{_esc(line)}</li>" for line in info_lines(r))
         caught.append(f"<h3>{_esc(r.strategy)}</h3><ul class=caught>{items}</ul>")
+    try:
+        version = metadata.version("stocksentry")
+    except metadata.PackageNotFoundError:
+        version = "unknown"
     stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     setup = "".join(f"<li>{_esc(line)}</li>" for line in (*setup_lines(config), *notes))
-    made = f"stocksentry {_esc(_version())}, {_esc(stamp)}"
+    made = f"stocksentry {_esc(version)}, {_esc(stamp)}"
     if command is not None:
         made += f"<br>command: <code>{_esc(command)}</code>"
     return (

@@ -21,14 +21,14 @@ from stocksentry.instrumentation import Sentry
 from .config import REDIS_STRATEGIES, STOCK_TABLE, LabConfig, LabError, StrategyResult, sku_for
 from .driver import delete_redis_keys, run_strategy
 from .progress import ProgressSink
-from .report_text import describe_database, describe_redis
+from .report import describe_database, describe_redis
 from .shop import LabRun, connect_and_prepare, create_engine, first_line, normalize_url
 
 
 @contextlib.contextmanager
 def _json_logs_to(path: str | None) -> Iterator[bool]:
-    """Send the instrumentation's JSON log lines to ``path`` for the block (structlog's
-    process-wide configuration is put back afterwards); yields whether it logs."""
+    """Send the JSON log lines to ``path`` for the block (structlog's process-wide
+    configuration is put back afterwards); yields whether it logs."""
     if path is None:
         yield False
         return
@@ -57,13 +57,9 @@ def run_lab(
     database: str | None = None,
     settle_s: float = 0.0,
 ) -> list[StrategyResult]:
-    """Run every configured strategy in turn; one result each, in order (a strategy that
-    cannot run is returned as skipped, with the reason).
-
-    ``registry`` receives the lab's metrics; ``database`` names the database in progress
-    and errors; ``settle_s`` is a pause after the counters are created at zero, so that
-    a scraper sees them start there. Raises :class:`LabError` when the database or Redis
-    cannot be reached or prepared.
+    """Run every configured strategy in turn; one result each (a skipped one with the
+    reason). ``database`` names the database in progress and errors; ``settle_s`` pauses
+    after the counters are created at zero, so that a scraper sees them start there.
     """
     registry = registry if registry is not None else CollectorRegistry()
     names = config.strategy_names
@@ -145,11 +141,8 @@ def run_lab(
 
 
 def prime_counters(sentry: Sentry, names: tuple[str, ...]) -> None:
-    """Create, at zero, the counter series the strategies raise (per SKU, lock and table).
-
-    A counter first seen at its final value has no increase to Prometheus: a sale shorter
-    than a scrape interval would pass the ``increase()`` alert rules unseen.
-    """
+    """Create the strategies' counter series at zero: a counter first seen at its final
+    value has no ``increase()`` to Prometheus, and a short sale would pass unseen."""
     metrics = sentry.metrics
     metrics.prime_tables([STOCK_TABLE])
     metrics.prime_skus([sku_for(name) for name in names])
@@ -159,9 +152,8 @@ def prime_counters(sentry: Sentry, names: tuple[str, ...]) -> None:
 
 
 def instrument_lab_engine(engine: Engine, sentry: Sentry) -> Callable[[], None] | None:
-    """Watch the lab's engine with the SQLAlchemy integration (spans off), which counts
-    the unsafe read-modify-writes; returns the function that removes it again, or
-    ``None`` when the integration is not installed."""
+    """Watch the engine with the SQLAlchemy integration (it counts the unsafe
+    read-modify-writes); returns its undo, or ``None`` when it is not installed."""
     try:
         from stocksentry.instrumentation.sqlalchemy import (
             StockTable,
@@ -197,8 +189,7 @@ def _connect_redis(config: LabConfig) -> Any:
 
 @contextlib.contextmanager
 def serve_metrics(registry: CollectorRegistry, port: int) -> Iterator[int]:
-    """Serve ``registry`` at ``http://127.0.0.1:<port>/metrics`` for the block; yields the
-    bound port. Raises :class:`LabError` when the port cannot be bound."""
+    """Serve ``registry`` on 127.0.0.1 for the block; yields the bound port."""
     try:
         server, thread = start_http_server(port, addr="127.0.0.1", registry=registry)
     except OSError as exc:

@@ -1,10 +1,4 @@
-"""The shop the lab sells from: its schema, its engine, one product row per strategy.
-
-The common ``products / orders / order_items`` layout, an ``idempotency_keys`` store and
-an ``outbox``; ``order_items.stock_after`` keeps the stock value each reservation wrote,
-so the database alone tells how many writes went negative. On MySQL / MariaDB the tables
-are InnoDB (row locks, transactions). :class:`Shop` is what a strategy works with.
-"""
+"""The shop the lab sells from: its schema, its engine, one product row per strategy."""
 
 from __future__ import annotations
 
@@ -20,7 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL, Connection, Engine
 
 from ..dburl import parse_url
-from .config import REDLOCK_MIN_TTL_S, LabConfig, LabError
+from .config import LabConfig, LabError
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -63,10 +57,7 @@ order_items = sa.Table(
     "order_items",
     metadata,
     sa.Column(
-        "order_id",
-        sa.Integer,
-        sa.ForeignKey("orders.id", ondelete="CASCADE"),
-        primary_key=True,
+        "order_id", sa.Integer, sa.ForeignKey("orders.id", ondelete="CASCADE"), primary_key=True
     ),
     sa.Column("product_id", sa.Integer, sa.ForeignKey("products.id"), primary_key=True),
     sa.Column("quantity", sa.Integer, nullable=False),
@@ -113,42 +104,28 @@ class Buyer:
 
 @dataclass(frozen=True, slots=True)
 class Shop:
-    """What a strategy works with: the engine, its product row, the app's work time, and
-    for the lock strategies Redis, their lock key and name and the TTLs."""
+    """What a strategy works with: the engine, its product row, the settings, and for the
+    lock strategies Redis and their lock's key and name."""
 
     engine: Engine
     sku: str
     product_id: int
-    qty: int
-    work_s: float
+    config: LabConfig
     #: Whether ``UPDATE ... RETURNING`` is available; otherwise read back in the transaction.
     update_returning: bool
-    sentry: Sentry | None = None
-    redis: Any = None
-    lock_key: str = ""
-    lock_name: str = ""
-    naive_lock_ttl_s: float = 0.004
-    redlock_ttl_s: float = REDLOCK_MIN_TTL_S
-    #: ``"pottery"`` (pottery's Redlock) or ``"lab"`` (the lab's SetNxLock, owned release).
-    redlock_impl: str = "lab"
+    sentry: Sentry
+    redis: Any
+    lock_key: str
+    lock_name: str
     #: The ``deadlock`` scenario's second product row (its sku and id).
     second_sku: str = ""
     second_product_id: int = 0
 
-    @property
-    def is_sqlite(self) -> bool:
-        """Whether the shop runs on SQLite (no ``FOR UPDATE``)."""
-        return self.engine.dialect.name == "sqlite"
-
     @contextlib.contextmanager
     def begin_immediate(self) -> Iterator[Connection]:
-        """A SQLite transaction that takes the database's write lock at ``BEGIN``.
-
-        SQLite has no ``SELECT ... FOR UPDATE``; ``BEGIN IMMEDIATE`` is its equivalent for
-        one writer: the next buyer's ``BEGIN IMMEDIATE`` waits (busy timeout) until this
-        one commits. pysqlite's own implicit ``BEGIN`` is switched off for the connection
-        while it runs, so the explicit one is the transaction.
-        """
+        """A SQLite transaction that takes the write lock at ``BEGIN``. pysqlite's own
+        implicit ``BEGIN`` is switched off meanwhile, so the explicit one is the
+        transaction."""
         with self.engine.connect() as conn:
             dbapi = cast(Any, conn.connection.dbapi_connection)
             previous = dbapi.isolation_level
@@ -166,20 +143,16 @@ class Shop:
 
     def work(self) -> None:
         """The app's work between read and write; a real sleep, so buyers overlap in it."""
-        if self.work_s > 0:
-            time.sleep(self.work_s)
+        if self.config.work_ms > 0:
+            time.sleep(self.config.work_ms / 1000)
 
     def read_stock(self) -> int:
-        """Read the stock in a short transaction of its own.
-
-        It ends before any write: on SQLite in WAL mode a read transaction that later
-        tries to write fails with "database is locked" instead of losing the update.
-        """
+        """Read the stock in a short transaction of its own: on SQLite in WAL mode a read
+        transaction that later writes fails with "database is locked"."""
         with self.engine.begin() as conn:
             return select_stock(conn, self.sku)
 
     def insert_order(self, conn: Connection, buyer: Buyer, stock_after: int) -> int:
-        """Insert a paid order and its item; returns the order id."""
         order_id = _new_id(
             conn.execute(
                 orders.insert().values(
@@ -195,7 +168,6 @@ class Shop:
         return order_id
 
     def insert_outbox_event(self, conn: Connection, order_id: int) -> None:
-        """The order's event in the outbox, in the order's own transaction."""
         conn.execute(
             outbox.insert().values(
                 sku=self.sku, order_id=order_id, created_at=datetime.now(UTC), published_at=None
@@ -205,12 +177,11 @@ class Shop:
     def insert_item(
         self, conn: Connection, order_id: int, product_id: int, stock_after: int
     ) -> None:
-        """An item of an order (the ``deadlock`` scenario's has two)."""
         conn.execute(
             order_items.insert().values(
                 order_id=order_id,
                 product_id=product_id,
-                quantity=self.qty,
+                quantity=self.config.quantity,
                 stock_after=stock_after,
             )
         )
@@ -228,7 +199,7 @@ class Shop:
         return self._decrement(conn, self.sku, guarded=True)
 
     def _decrement(self, conn: Connection, sku: str, *, guarded: bool) -> int | None:
-        params = {"qty": self.qty, "sku": sku}
+        params = {"qty": self.config.quantity, "sku": sku}
         sql = "UPDATE products SET available_stock = available_stock - :qty WHERE sku = :sku"
         if guarded:
             sql += " AND available_stock >= :qty"
@@ -258,9 +229,8 @@ def _new_id(result: sa.CursorResult[Any]) -> int:
 
 
 def normalize_url(url: str) -> URL:
-    """Parse a SQLAlchemy URL; plain ``postgresql://`` gets psycopg 3, plain ``mysql://``
-    / ``mariadb://`` PyMySQL (the ``lab`` extra's drivers). Raises :class:`LabError`
-    without quoting the URL (it may hold a password in a form no mask recognises)."""
+    """Parse a SQLAlchemy URL; plain ``mysql://`` / ``mariadb://`` get PyMySQL. The error
+    does not quote the URL (it may hold a password in a form no mask recognises)."""
     try:
         parsed = parse_url(url)
     except ValueError as exc:
@@ -281,8 +251,7 @@ def first_line(exc: BaseException) -> str:
 
 def create_engine(url: URL, concurrency: int, isolation_level: str | None = None) -> Engine:
     """An engine with a pool of ``concurrency`` connections (SQLite in WAL mode), every
-    transaction at ``isolation_level`` (``None``: the server's default). Raises
-    :class:`LabError` for an in-memory SQLite URL or a dialect that is not installed."""
+    transaction at ``isolation_level`` (``None``: the server's default)."""
     # One connection per worker thread: a buyer holds at most one at a time, and a pool
     # smaller than the workers would make them queue in the pool instead of the database.
     pool: dict[str, Any] = {
@@ -371,36 +340,25 @@ def prepare_product(engine: Engine, sku: str, stock: int) -> int:
 
 
 def _is_lab_outbox(conn: Connection) -> bool:
-    """Whether the database's ``outbox`` is the lab's own: a shop's outbox of another shape
-    (the lab run on an existing database, which ``create_all`` leaves as it is) holds no
-    lab rows to reset, and only the ``outbox`` strategy needs the lab's."""
+    """Whether ``outbox`` is the lab's own: ``create_all`` leaves an existing shop's outbox
+    of another shape as it is, and that one holds no lab rows to reset."""
     columns = {column["name"] for column in sa.inspect(conn).get_columns("outbox")}
     return {"sku", "order_id", "published_at"} <= columns
 
 
 def create_tables(database_url: str) -> None:
-    """Create the shop's tables ahead of the run (for the exporter, which probes them from
-    its start). Raises :class:`LabError` when the database cannot be reached."""
+    """Create the shop's tables ahead of the run, for the exporter that probes them."""
     url = normalize_url(database_url)
     engine = create_engine(url, 1)
     try:
-        _create_all(engine, url.render_as_string(hide_password=True))
+        connect_and_prepare(engine, url.render_as_string(hide_password=True), 1)
     finally:
         engine.dispose()
 
 
-def _create_all(engine: Engine, shown: str) -> None:
-    try:
-        metadata.create_all(engine)
-    except sa.exc.SQLAlchemyError as exc:
-        raise LabError(f"cannot create the lab tables in {shown}: {first_line(exc)}") from exc
-
-
 def connect_and_prepare(engine: Engine, shown: str, concurrency: int) -> None:
-    """Reach the database, open the workers' connections, create the lab's tables.
-
-    ``shown`` names the database in errors (:class:`LabError`, one line, no password).
-    """
+    """Reach the database, open the workers' connections, create the lab's tables;
+    ``shown`` names the database in errors."""
     try:
         with engine.connect() as conn:
             conn.execute(sa.text("SELECT 1"))
@@ -421,12 +379,15 @@ def connect_and_prepare(engine: Engine, shown: str, concurrency: int) -> None:
         for conn in held:
             conn.close()
     # After the connections: a run that cannot get them leaves no tables behind.
-    _create_all(engine, shown)
+    try:
+        metadata.create_all(engine)
+    except sa.exc.SQLAlchemyError as exc:
+        raise LabError(f"cannot create the lab tables in {shown}: {first_line(exc)}") from exc
 
 
 def save_shop(database_url: str, path: str) -> None:
     """Copy the shop's tables into the SQLite file ``path`` (replaced), for
-    ``stocksentry reconcile`` once the embedded servers are gone. Raises :class:`LabError`."""
+    ``stocksentry reconcile`` once the embedded servers are gone."""
     target = Path(path)
     source = sa.create_engine(normalize_url(database_url))
     copy = sa.create_engine(f"sqlite:///{target}")

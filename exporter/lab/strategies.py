@@ -1,10 +1,5 @@
-"""The checkout strategies, unsafe first, each one function ``(shop, reservation, buyer)``.
-
-Adding a strategy is one function here and its name in
-:data:`~stocksentry.exporter.lab.config.STRATEGY_NAMES` and :data:`STRATEGIES`; it must
-mark the reservation with ``success`` or ``conflict``. docs/demo.md tells what each does
-and what goes wrong.
-"""
+"""The checkout strategies, each one function ``(shop, reservation, buyer)`` that marks
+the reservation ``success`` or ``conflict``; docs/demo.md tells what goes wrong in each."""
 
 from __future__ import annotations
 
@@ -25,17 +20,13 @@ DEADLOCK_EVERY = 10
 
 
 class Strategy(Protocol):
-    """A checkout strategy: reserve ``shop.qty`` for ``buyer`` and mark ``r``."""
+    """A checkout strategy: reserve ``shop.config.quantity`` for ``buyer`` and mark ``r``."""
 
     def __call__(self, shop: Shop, r: Reservation, buyer: Buyer, /) -> None: ...
 
 
 def unsafe(shop: Shop, r: Reservation, buyer: Buyer) -> None:
-    """Read-then-write: check a value read earlier, write a value computed in Python.
-
-    Two buyers that read the same stock both write ``stock - qty``: one update is lost and
-    one unit is sold twice.
-    """
+    """Read-then-write: check a value read earlier, write a value computed in Python."""
     available = _read_before_work(shop, r)
     if available is None:
         return
@@ -45,8 +36,7 @@ def unsafe(shop: Shop, r: Reservation, buyer: Buyer) -> None:
 
 
 def _write_computed(conn: Connection, shop: Shop, buyer: Buyer, available: int) -> int:
-    """Write ``available - qty`` as a value computed in Python, and the order."""
-    computed = available - shop.qty
+    computed = available - shop.config.quantity
     conn.execute(
         sa.text("UPDATE products SET available_stock = :computed WHERE sku = :sku"),
         {"computed": computed, "sku": shop.sku},
@@ -56,12 +46,12 @@ def _write_computed(conn: Connection, shop: Shop, buyer: Buyer, available: int) 
 
 
 def _read_before_work(shop: Shop, r: Reservation) -> int | None:
-    """Read the stock, do the app's work, then decide on the value read before it (the
-    stale check of the unsafe strategies); ``None`` when refused as ``out_of_stock``."""
+    """The unsafe strategies' stale check: read, work, then decide on the value read
+    before it; ``None`` when refused as ``out_of_stock``."""
     available = shop.read_stock()
     r.stock_check(available)
     shop.work()
-    if available < shop.qty:
+    if available < shop.config.quantity:
         r.conflict("out_of_stock")
         return None
     return available
@@ -70,33 +60,26 @@ def _read_before_work(shop: Shop, r: Reservation) -> int | None:
 def _in_stock(shop: Shop, r: Reservation, available: int) -> bool:
     """Record the stock seen; ``False``, marked ``out_of_stock``, when it is too little."""
     r.stock_check(available)
-    if available < shop.qty:
+    if available < shop.config.quantity:
         r.conflict("out_of_stock")
         return False
     return True
 
 
 def check_then_decrement(shop: Shop, r: Reservation, buyer: Buyer) -> None:
-    """Check a value read earlier, then decrement relatively without a guard.
-
-    No update is lost, but every buyer who passed the check decrements: stock goes below
-    zero and each such write counts in ``stock_inventory_negative_total``.
-    """
+    """Check a value read earlier, then decrement relatively without a guard: no update
+    is lost, but the stock goes below zero."""
     if _read_before_work(shop, r) is None:
         return
     with shop.engine.begin() as conn:
         written = shop.decrement(conn)
         shop.insert_order(conn, buyer, written)
-    r.success(old_stock=written + shop.qty, new_stock=written)
+    r.success(old_stock=written + shop.config.quantity, new_stock=written)
 
 
 def atomic(shop: Shop, r: Reservation, buyer: Buyer, event: bool = False) -> None:
     """The fix: one conditional ``UPDATE ... WHERE available_stock >= :qty`` and the order
-    (and with ``event`` the order's outbox event, in the same transaction).
-
-    The database checks and writes in one statement under the row lock; a buyer whose
-    update matched no row is refused as ``out_of_stock``. Sells exactly the stock.
-    """
+    (with ``event``, also its outbox event in the same transaction)."""
     # The same app work as the other strategies, so latencies compare like with like; it
     # happens before the transaction, as an app would price the cart before reserving.
     shop.work()
@@ -109,38 +92,28 @@ def atomic(shop: Shop, r: Reservation, buyer: Buyer, event: bool = False) -> Non
         order_id = shop.insert_order(conn, buyer, written)
         if event:
             shop.insert_outbox_event(conn, order_id)
-    r.success(old_stock=written + shop.qty, new_stock=written)
+    r.success(old_stock=written + shop.config.quantity, new_stock=written)
 
 
 def outbox(shop: Shop, r: Reservation, buyer: Buyer) -> None:
-    """The atomic update with the order's outbox event; the publisher that sends the
-    events on stalls part-way (the driver's), so the outbox lag grows."""
+    """The atomic update with the order's outbox event (the driver's publisher stalls)."""
     atomic(shop, r, buyer, event=True)
 
 
 def naive_lock(shop: Shop, r: Reservation, buyer: Buyer) -> None:
-    """The usual hotfix: ``SET lock token NX PX ttl``, the unsafe read-then-write, ``DEL``.
-
-    The TTL is shorter than the work, as a 5 s lock taken around 6 s of work: the lock
-    expires under its holder, a second buyer gets it and reads the same stock, and the
-    first one's ``DEL`` deletes the second one's lock; :class:`SetNxLock` counts both.
-    """
+    """The usual hotfix: ``SET lock token NX PX ttl``, the unsafe read-then-write, ``DEL``;
+    the TTL is shorter than the work, so the lock expires under its holder."""
     try:
-        with _set_nx_lock(shop, shop.naive_lock_ttl_s, "naive"):
+        with _set_nx_lock(shop, shop.config.naive_lock_ttl_s, "naive"):
             _locked_checkout(shop, r, buyer, lambda: True)
     except LockNotAcquired:
         r.conflict("lock_not_acquired")
 
 
 def for_update(shop: Shop, r: Reservation, buyer: Buyer) -> None:
-    """A transaction that locks the row first: ``SELECT ... FOR UPDATE``, check, write.
-
-    The next buyer's ``SELECT ... FOR UPDATE`` waits for this transaction to end, so each
-    one reads the stock the previous one wrote. On SQLite, which has no ``FOR UPDATE``,
-    ``BEGIN IMMEDIATE`` takes the write lock before the read and the write is the relative
-    decrement (the lock, not the statement, makes it safe). Sells exactly the stock.
-    """
-    if shop.is_sqlite:
+    """Lock the row first (``SELECT ... FOR UPDATE``), check, write. SQLite has no ``FOR
+    UPDATE``: there ``BEGIN IMMEDIATE`` takes the write lock before the read."""
+    if shop.engine.dialect.name == "sqlite":
         with shop.begin_immediate() as conn:
             available = select_stock(conn, shop.sku)
             if not _in_stock(shop, r, available):
@@ -160,19 +133,14 @@ def for_update(shop: Shop, r: Reservation, buyer: Buyer) -> None:
 
 
 def redlock(shop: Shop, r: Reservation, buyer: Buyer) -> None:
-    """The fix: an owned lock (token), retries with jitter, release only if owned.
-
-    The lab's :class:`SetNxLock` with the compare-and-delete release, or pottery's
-    ``Redlock`` (``redlock_impl``). The TTL is far above the work and the lock is extended
-    (only while ours) before the write. Under it the checkout is the unsafe
-    read-modify-write: the lock serialises the buyers, and the SQL detector, which sees
-    it still valid at the write, does not count it.
-    """
+    """The fix: an owned lock (the lab's :class:`SetNxLock` or pottery's ``Redlock``), a
+    TTL far above the work, extended only while ours before the write. Under it runs the
+    unsafe read-modify-write: the lock alone serialises the buyers."""
     try:
-        if shop.redlock_impl == "pottery":
+        if shop.config.redlock_impl == "pottery":
             _with_pottery_redlock(shop, r, buyer)
         else:
-            lock = _set_nx_lock(shop, shop.redlock_ttl_s, "owned")
+            lock = _set_nx_lock(shop, shop.config.redlock_ttl_s, "owned")
             with lock:
                 _locked_checkout(shop, r, buyer, lock.extend)
     except LockNotAcquired:
@@ -180,7 +148,6 @@ def redlock(shop: Shop, r: Reservation, buyer: Buyer) -> None:
 
 
 def _set_nx_lock(shop: Shop, ttl: float, release: Literal["naive", "owned"]) -> SetNxLock:
-    """The lab's ``SET NX`` lock on the shop's key, waiting as every lock strategy does."""
     return SetNxLock(
         shop.redis,
         shop.lock_key,
@@ -197,8 +164,7 @@ def _locked_checkout(
     shop: Shop, r: Reservation, buyer: Buyer, still_ours: Callable[[], bool]
 ) -> None:
     """Under a lock: read, check, work, then (if the lock is still ours) write the value
-    computed from the read, not a relative decrement: only the lock keeps it from losing
-    an update."""
+    computed from the read: only the lock keeps it from losing an update."""
     available = shop.read_stock()
     if not _in_stock(shop, r, available):
         return
@@ -218,7 +184,7 @@ def _with_pottery_redlock(shop: Shop, r: Reservation, buyer: Buyer) -> None:
         Redlock(
             key=shop.lock_key,
             masters={shop.redis},
-            auto_release_time=shop.redlock_ttl_s,
+            auto_release_time=shop.config.redlock_ttl_s,
             context_manager_timeout=LOCK_WAIT_S,
         ),
         name=shop.lock_name,
@@ -242,12 +208,8 @@ def _with_pottery_redlock(shop: Shop, r: Reservation, buyer: Buyer) -> None:
 
 
 def deadlock(shop: Shop, r: Reservation, buyer: Buyer) -> None:
-    """A bundle of two SKUs, locked with ``SELECT ... FOR UPDATE`` in opposite orders.
-
-    Every tenth buyer takes the locks in reverse, with the app's work between the two:
-    the database aborts one transaction of each cycle (SQLSTATE 40P01, InnoDB error 1213),
-    counted as a ``deadlock`` conflict. The others sell the bundle: never oversold.
-    """
+    """A bundle of two SKUs locked ``FOR UPDATE``, every tenth buyer in reverse order:
+    the database aborts one transaction of each cycle (a ``deadlock`` conflict)."""
     first, second = (shop.sku, shop.second_sku)
     if buyer.number % DEADLOCK_EVERY == 0:
         first, second = second, first
@@ -260,12 +222,11 @@ def deadlock(shop: Shop, r: Reservation, buyer: Buyer) -> None:
         written = {sku: shop.decrement(conn, sku) for sku in (shop.sku, shop.second_sku)}
         order_id = shop.insert_order(conn, buyer, written[shop.sku])
         shop.insert_item(conn, order_id, shop.second_product_id, written[shop.second_sku])
-    r.success(old_stock=written[shop.sku] + shop.qty, new_stock=written[shop.sku])
+    r.success(old_stock=written[shop.sku] + shop.config.quantity, new_stock=written[shop.sku])
 
 
-#: Strategy name -> function, in the order of ``names.STRATEGY_NAMES`` (unsafe ones first).
-#: The retry and stale-cache scenarios are the atomic update; the driver adds the
-#: resubmits and the late cache around it.
+#: Strategy name -> function, in the order of ``STRATEGY_NAMES``. The retry and stale-cache
+#: scenarios are the atomic update; the driver adds the resubmits and the late cache.
 STRATEGIES: dict[str, Strategy] = {
     "unsafe": unsafe,
     "check_then_decrement": check_then_decrement,

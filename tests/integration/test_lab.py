@@ -29,8 +29,8 @@ from stocksentry.exporter.cli import main
 from stocksentry.exporter.lab import driver as lab_driver
 from stocksentry.exporter.lab.config import SKIPPED_WITHOUT_REDIS, LabConfig, StrategyResult
 from stocksentry.exporter.lab.progress import Progress
+from stocksentry.exporter.lab.report import caught_lines
 from stocksentry.exporter.lab.report_html import format_html
-from stocksentry.exporter.lab.report_text import caught_lines
 from stocksentry.exporter.lab.run import run_lab
 from stocksentry.instrumentation import CONFLICT_REASONS, StockMetrics
 

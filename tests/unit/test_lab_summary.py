@@ -6,7 +6,7 @@ import dataclasses
 
 from stocksentry.exporter.lab.config import STRATEGY_NAMES, DbFigures, LabConfig, StrategyResult
 from stocksentry.exporter.lab.observe import AlertSeries, alert_owner
-from stocksentry.exporter.lab.report_term import alert_cell, format_summary
+from stocksentry.exporter.lab.report import alert_cell, format_summary
 
 CONFIG = LabConfig()
 
