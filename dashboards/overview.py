@@ -24,8 +24,7 @@ from .panels import (
     stat_panel,
     table_panel,
     timeseries_panel,
-    up_down_mappings,
-    up_thresholds,
+    up_panel,
 )
 
 #: Races, not sell-outs: an out_of_stock refusal is the stock doing its job.
@@ -458,18 +457,15 @@ def build() -> dashboard_models.Dashboard:
         )
     )
     board.add(
-        stat_panel(
+        up_panel(
             "Probe health",
             "Whether each of the exporter's probes (database, Redis) succeeded on its "
             "last run. DOWN means that invariant (negative stock, oversell, duplicates, "
             "drift...) is not being checked: the panels above that say (probe) are blind.",
             runbooks=("StocksentryProbeDown", "StocksentryProbeStale"),
-            unit="none",
             no_value="no probes",
             width=8,
             height=8,
-            thresholds=up_thresholds(),
-            mappings=up_down_mappings(),
             queries=(
                 Query(
                     f"min {promql.by('probe')} ({promql.series(catalog.PROBE_UP)})",

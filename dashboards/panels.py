@@ -28,6 +28,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from grafana_foundation_sdk.builders import bargauge, heatmap, stat, table, timeseries
 from grafana_foundation_sdk.builders import common as common_builders
@@ -157,6 +158,46 @@ def _runbook_links(
     ]
 
 
+#: The panel builders, each with the title, description, links, unit and size setters.
+_Panel = TypeVar(
+    "_Panel", timeseries.Panel, stat.Panel, bargauge.Panel, heatmap.Panel, table.Panel
+)
+
+
+def _panel(
+    panel: _Panel,
+    title: str,
+    description: str,
+    runbooks: Sequence[str],
+    unit: str,
+    width: int,
+    height: int,
+) -> _Panel:
+    """What every panel has: title, description and runbook links, datasource, unit, size."""
+    return (
+        panel.title(title)
+        .description(describe(description, runbooks))
+        .links(_runbook_links(runbooks))
+        .datasource(DATASOURCE)
+        .unit(unit)
+        .span(width)
+        .height(height)
+    )
+
+
+def _with_queries(
+    panel: _Panel,
+    queries: Sequence[Query],
+    links: Sequence[dashboard_builders.DashboardLink] = (),
+) -> _Panel:
+    """``panel`` with its queries (ref ids A, B...) and data links."""
+    for index, query in enumerate(queries):
+        panel = panel.with_target(_target(query, _ref_id(index)))
+    if links:
+        panel = panel.data_links(list(links))
+    return panel
+
+
 def red_above_zero() -> dashboard_builders.ThresholdsConfig:
     """Green at zero, red for anything above it."""
     return (
@@ -196,14 +237,7 @@ def timeseries_panel(
 ) -> timeseries.Panel:
     """A time series panel; ``threshold_line`` draws a dashed red line at that value."""
     panel = (
-        timeseries.Panel()
-        .title(title)
-        .description(describe(description, runbooks))
-        .links(_runbook_links(runbooks))
-        .datasource(DATASOURCE)
-        .unit(unit)
-        .span(width)
-        .height(height)
+        _panel(timeseries.Panel(), title, description, runbooks, unit, width, height)
         .legend(_legend())
         .tooltip(
             common_builders.VizTooltipOptions()
@@ -213,8 +247,7 @@ def timeseries_panel(
         .fill_opacity(10)
         .span_nulls(False)
     )
-    for index, query in enumerate(queries):
-        panel = panel.with_target(_target(query, _ref_id(index)))
+    panel = _with_queries(panel, queries)
     if min_value is not None:
         panel = panel.min(min_value)
     if max_value is not None:
@@ -258,14 +291,7 @@ def stat_panel(
     (no series means the probe is not running, not that all is well).
     """
     panel = (
-        stat.Panel()
-        .title(title)
-        .description(describe(description, runbooks))
-        .links(_runbook_links(runbooks))
-        .datasource(DATASOURCE)
-        .unit(unit)
-        .span(width)
-        .height(height)
+        _panel(stat.Panel(), title, description, runbooks, unit, width, height)
         .no_value(no_value)
         .decimals(0)
         .thresholds(thresholds if thresholds is not None else red_above_zero())
@@ -274,13 +300,9 @@ def stat_panel(
         .text_mode(common.BigValueTextMode.VALUE_AND_NAME)
         .reduce_options(common_builders.ReduceDataOptions().calcs(["lastNotNull"]).values(False))
     )
-    for index, query in enumerate(queries):
-        panel = panel.with_target(_target(query, _ref_id(index)))
     if mappings:
         panel = panel.mappings(list(mappings))
-    if links:
-        panel = panel.data_links(list(links))
-    return panel
+    return _with_queries(panel, queries, links)
 
 
 def bargauge_panel(
@@ -296,14 +318,7 @@ def bargauge_panel(
 ) -> bargauge.Panel:
     """Horizontal bars, one per series (a top-k list), red above zero."""
     panel = (
-        bargauge.Panel()
-        .title(title)
-        .description(describe(description, runbooks))
-        .links(_runbook_links(runbooks))
-        .datasource(DATASOURCE)
-        .unit(unit)
-        .span(width)
-        .height(height)
+        _panel(bargauge.Panel(), title, description, runbooks, unit, width, height)
         .min(0)
         .decimals(0)
         .thresholds(red_above_zero())
@@ -311,11 +326,7 @@ def bargauge_panel(
         .display_mode(common.BarGaugeDisplayMode.BASIC)
         .reduce_options(common_builders.ReduceDataOptions().calcs(["lastNotNull"]).values(False))
     )
-    for index, query in enumerate(queries):
-        panel = panel.with_target(_target(query, _ref_id(index)))
-    if links:
-        panel = panel.data_links(list(links))
-    return panel
+    return _with_queries(panel, queries, links)
 
 
 def heatmap_panel(
@@ -332,14 +343,7 @@ def heatmap_panel(
     if not query.heatmap:
         raise ValueError("a heatmap query needs heatmap=True (format heatmap)")
     return (
-        heatmap.Panel()
-        .title(title)
-        .description(describe(description, runbooks))
-        .links(_runbook_links(runbooks))
-        .datasource(DATASOURCE)
-        .unit(unit)
-        .span(width)
-        .height(height)
+        _panel(heatmap.Panel(), title, description, runbooks, unit, width, height)
         .with_target(_target(query, "A"))
         .calculate(False)
         .y_axis(heatmap.YAxisConfig().unit(unit))
@@ -376,17 +380,7 @@ def table_panel(
     """A table of an instant query's series, one row each, some label columns hidden."""
     if not (query.instant and query.table):
         raise ValueError("a table query needs instant=True and table=True")
-    panel = (
-        table.Panel()
-        .title(title)
-        .description(describe(description, runbooks))
-        .links(_runbook_links(runbooks))
-        .datasource(DATASOURCE)
-        .unit(unit)
-        .span(width)
-        .height(height)
-        .with_target(_target(query, "A"))
-    )
+    panel = _panel(table.Panel(), title, description, runbooks, unit, width, height)
     if hidden_columns:
         panel = panel.with_transformation(
             dashboard_models.DataTransformerConfig(
@@ -394,9 +388,32 @@ def table_panel(
                 options={"excludeByName": dict.fromkeys(hidden_columns, True)},
             )
         )
-    if links:
-        panel = panel.data_links(list(links))
-    return panel
+    return _with_queries(panel, (query,), links)
+
+
+def up_panel(
+    title: str,
+    description: str,
+    *,
+    runbooks: Sequence[str],
+    no_value: str,
+    queries: Sequence[Query],
+    width: int = 6,
+    height: int = 5,
+) -> stat.Panel:
+    """A stat panel of 0/1 series shown as DOWN (red) or UP (green)."""
+    return stat_panel(
+        title,
+        description,
+        runbooks=runbooks,
+        unit="none",
+        no_value=no_value,
+        width=width,
+        height=height,
+        thresholds=up_thresholds(),
+        mappings=up_down_mappings(),
+        queries=queries,
+    )
 
 
 def up_down_mappings() -> list[dashboard_models.ValueMapping]:
