@@ -146,16 +146,21 @@ orders = sa.Table(
     ),
 )
 
+
 # Built once: SQLAlchemy caches their compiled form, as in an application.
-RESERVE_STOCK = (
-    sa.update(products)
-    .where(
-        products.c.sku == sa.bindparam("req_sku"),
-        products.c.available_stock >= sa.bindparam("req_qty"),
+def reserve(table: sa.Table) -> sa.Update:
+    """The conditional stock update of ``table``: take req_qty of req_sku if there is enough."""
+    return (
+        sa.update(table)
+        .where(
+            table.c.sku == sa.bindparam("req_sku"),
+            table.c.available_stock >= sa.bindparam("req_qty"),
+        )
+        .values(available_stock=table.c.available_stock - sa.bindparam("req_qty"))
     )
-    .values(available_stock=products.c.available_stock - sa.bindparam("req_qty"))
-    .returning(products.c.available_stock)
-)
+
+
+RESERVE_STOCK = reserve(products).returning(products.c.available_stock)
 INSERT_ORDER = sa.insert(orders)
 RESERVE_PARAMS: dict[str, Any] = {"req_sku": SKU, "req_qty": QTY}
 ORDER_PARAMS: dict[str, Any] = {"sku": SKU, "qty": QTY}
@@ -455,14 +460,7 @@ lite_orders = sa.Table(
 )
 # No RETURNING: pysqlite reports no row count for it, and the conditional-update
 # bookkeeping (what PostgreSQL's row count drives) must run here too.
-LITE_RESERVE = (
-    sa.update(lite_products)
-    .where(
-        lite_products.c.sku == sa.bindparam("req_sku"),
-        lite_products.c.available_stock >= sa.bindparam("req_qty"),
-    )
-    .values(available_stock=lite_products.c.available_stock - sa.bindparam("req_qty"))
-)
+LITE_RESERVE = reserve(lite_products)
 LITE_ORDER = sa.insert(lite_orders)
 
 
