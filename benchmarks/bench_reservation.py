@@ -86,6 +86,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -954,9 +955,7 @@ def run(args: argparse.Namespace) -> int:
 
     print_report(result)
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as out:
-            json.dump(result, out, indent=2)
-            out.write("\n")
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     return 0
 
 
