@@ -68,6 +68,32 @@ def checkout_error_ratio() -> str:
     )
 
 
+def lock_wait_queries(*, p50_exemplar: bool = False) -> tuple[Query, ...]:
+    """Lock wait p50 and p99 by table (exemplars on p99), and the p99 alert threshold."""
+    return (
+        Query(
+            promql.quantile(0.5, catalog.DB_LOCK_WAIT, ("table",)),
+            "p50 {{table}}",
+            exemplar=p50_exemplar,
+        ),
+        Query(
+            promql.quantile(0.99, catalog.DB_LOCK_WAIT, ("table",)), "p99 {{table}}", exemplar=True
+        ),
+        Query("stocksentry:threshold:lock_wait_p99_seconds", "p99 alert threshold"),
+    )
+
+
+def abort_queries() -> tuple[Query, ...]:
+    """Deadlocks and serialization failures per second by table, as the app saw them."""
+    return (
+        Query(promql.sum_rate(catalog.DB_DEADLOCK, ("table",)), "deadlocks {{table}}"),
+        Query(
+            promql.sum_rate(catalog.DB_SERIALIZATION_FAILURE, ("table",)),
+            "serialization failures {{table}}",
+        ),
+    )
+
+
 def build() -> dashboard_models.Dashboard:
     """The overview dashboard."""
     board = Board(
@@ -252,15 +278,7 @@ def build() -> dashboard_models.Dashboard:
             "to the trace of a slow statement.",
             runbooks=("StockLockWaitHigh", "StockLockWaitHighDuringPromo"),
             unit="s",
-            queries=(
-                Query(promql.quantile(0.5, catalog.DB_LOCK_WAIT, ("table",)), "p50 {{table}}"),
-                Query(
-                    promql.quantile(0.99, catalog.DB_LOCK_WAIT, ("table",)),
-                    "p99 {{table}}",
-                    exemplar=True,
-                ),
-                Query("stocksentry:threshold:lock_wait_p99_seconds", "p99 alert threshold"),
-            ),
+            queries=lock_wait_queries(),
         )
     )
     board.add(
@@ -273,11 +291,7 @@ def build() -> dashboard_models.Dashboard:
             runbooks=("StockDeadlocksIncreasing",),
             unit="ops",
             queries=(
-                Query(promql.sum_rate(catalog.DB_DEADLOCK, ("table",)), "deadlocks {{table}}"),
-                Query(
-                    promql.sum_rate(catalog.DB_SERIALIZATION_FAILURE, ("table",)),
-                    "serialization failures {{table}}",
-                ),
+                *abort_queries(),
                 Query(
                     promql.sum_rate(catalog.DB_DEADLOCKS, ("database",)),
                     "deadlocks in {{database}} (pg_stat_database)",

@@ -198,18 +198,23 @@ def _with_queries(
     return panel
 
 
-def red_above_zero() -> dashboard_builders.ThresholdsConfig:
-    """Green at zero, red for anything above it."""
+def _steps(below: str, at: float, color: str) -> dashboard_builders.ThresholdsConfig:
+    """Absolute thresholds: ``below`` under ``at``, ``color`` from ``at`` on."""
     return (
         dashboard_builders.ThresholdsConfig()
         .mode(dashboard_models.ThresholdsMode.ABSOLUTE)
         .steps(
             [
-                dashboard_models.Threshold(value=None, color="green"),
-                dashboard_models.Threshold(value=ABOVE_ZERO, color="red"),
+                dashboard_models.Threshold(value=None, color=below),
+                dashboard_models.Threshold(value=at, color=color),
             ]
         )
     )
+
+
+def red_above_zero() -> dashboard_builders.ThresholdsConfig:
+    """Green at zero, red for anything above it."""
+    return _steps("green", ABOVE_ZERO, "red")
 
 
 def _legend() -> common_builders.VizLegendOptions:
@@ -253,16 +258,7 @@ def timeseries_panel(
     if max_value is not None:
         panel = panel.max(max_value)
     if threshold_line is not None:
-        panel = panel.thresholds(
-            dashboard_builders.ThresholdsConfig()
-            .mode(dashboard_models.ThresholdsMode.ABSOLUTE)
-            .steps(
-                [
-                    dashboard_models.Threshold(value=None, color="transparent"),
-                    dashboard_models.Threshold(value=threshold_line, color="red"),
-                ]
-            )
-        ).thresholds_style(
+        panel = panel.thresholds(_steps("transparent", threshold_line, "red")).thresholds_style(
             common_builders.GraphThresholdsStyleConfig().mode(
                 common.GraphThresholdsStyleMode.DASHED
             )
@@ -430,16 +426,7 @@ def up_down_mappings() -> list[dashboard_models.ValueMapping]:
 
 def up_thresholds() -> dashboard_builders.ThresholdsConfig:
     """Red below 1 (down), green at 1 (up)."""
-    return (
-        dashboard_builders.ThresholdsConfig()
-        .mode(dashboard_models.ThresholdsMode.ABSOLUTE)
-        .steps(
-            [
-                dashboard_models.Threshold(value=None, color="red"),
-                dashboard_models.Threshold(value=1, color="green"),
-            ]
-        )
-    )
+    return _steps("red", 1, "green")
 
 
 # --- variables -----------------------------------------------------------------------------
@@ -455,6 +442,34 @@ def datasource_variable() -> dashboard_builders.DatasourceVariable:
     )
 
 
+def _query_variable(
+    name: str,
+    label: str,
+    query: str,
+    *,
+    sort: dashboard_models.VariableSort = dashboard_models.VariableSort.ALPHABETICAL_ASC,
+    multi: bool = True,
+) -> dashboard_builders.QueryVariable:
+    """A variable over ``query``'s values, refreshed with the time range; a ``multi`` one
+    offers and starts at All."""
+    variable = (
+        dashboard_builders.QueryVariable(name)
+        .label(label)
+        .datasource(DATASOURCE)
+        .query(query)
+        .refresh(dashboard_models.VariableRefresh.ON_TIME_RANGE_CHANGED)
+        .sort(sort)
+        .multi(multi)
+        .include_all(multi)
+    )
+    if multi:
+        all_selected = dashboard_models.VariableOption(
+            selected=True, text=["All"], value=["$__all"]
+        )
+        variable = variable.current(all_selected)
+    return variable
+
+
 def location_variables() -> list[dashboard_builders.QueryVariable]:
     """One variable per location label (``$cluster``, ``$namespace``), in order.
 
@@ -468,18 +483,11 @@ def location_variables() -> list[dashboard_builders.QueryVariable]:
     for index, label in enumerate(promql.LOCATION_LABELS):
         before = "".join(f', {prev}=~"${prev}"' for prev in promql.LOCATION_LABELS[:index])
         variables.append(
-            dashboard_builders.QueryVariable(label)
-            .label(label.replace("_", " ").capitalize())
-            .datasource(DATASOURCE)
-            .query(f"label_values({_STOCKSENTRY_SERIES[:-1]}{before}}}, {label})")
-            .refresh(dashboard_models.VariableRefresh.ON_TIME_RANGE_CHANGED)
-            .sort(dashboard_models.VariableSort.ALPHABETICAL_ASC)
-            .multi(True)
-            .include_all(True)
-            .all_value(".*")
-            .current(
-                dashboard_models.VariableOption(selected=True, text=["All"], value=["$__all"])
-            )
+            _query_variable(
+                label,
+                label.replace("_", " ").capitalize(),
+                f"label_values({_STOCKSENTRY_SERIES[:-1]}{before}}}, {label})",
+            ).all_value(".*")
         )
     return variables
 
@@ -492,30 +500,17 @@ def job_variable() -> dashboard_builders.QueryVariable:
     """
     location = "".join(f', {label}=~"${label}"' for label in promql.LOCATION_LABELS)
     selector = _STOCKSENTRY_SERIES[:-1] + location + "}"
-    return (
-        dashboard_builders.QueryVariable("job")
-        .label("Job")
-        .datasource(DATASOURCE)
-        .query(f"label_values({selector}, job)")
-        .refresh(dashboard_models.VariableRefresh.ON_TIME_RANGE_CHANGED)
-        .sort(dashboard_models.VariableSort.ALPHABETICAL_ASC)
-        .multi(True)
-        .include_all(True)
-        .current(dashboard_models.VariableOption(selected=True, text=["All"], value=["$__all"]))
-    )
+    return _query_variable("job", "Job", f"label_values({selector}, job)")
 
 
 def sku_variable(success_metric: str) -> dashboard_builders.QueryVariable:
     """``$sku``: one SKU that had a successful reservation (promo SKUs and the hottest N)."""
-    return (
-        dashboard_builders.QueryVariable("sku")
-        .label("SKU")
-        .datasource(DATASOURCE)
-        .query(f"label_values({success_metric}{promql.SEL}, sku)")
-        .refresh(dashboard_models.VariableRefresh.ON_TIME_RANGE_CHANGED)
-        .sort(dashboard_models.VariableSort.ALPHABETICAL_CASE_INSENSITIVE_ASC)
-        .multi(False)
-        .include_all(False)
+    return _query_variable(
+        "sku",
+        "SKU",
+        f"label_values({success_metric}{promql.SEL}, sku)",
+        sort=dashboard_models.VariableSort.ALPHABETICAL_CASE_INSENSITIVE_ASC,
+        multi=False,
     )
 
 

@@ -13,7 +13,12 @@ from grafana_foundation_sdk.models import dashboard as dashboard_models
 from stocksentry.instrumentation import catalog
 
 from . import promql
-from .overview import race_conflict_ratio, success_ratio
+from .overview import (
+    abort_queries,
+    lock_wait_queries,
+    race_conflict_ratio,
+    success_ratio,
+)
 from .panels import (
     SKU_UID,
     Board,
@@ -219,19 +224,7 @@ def build() -> dashboard_models.Dashboard:
             runbooks=("StockLockWaitHigh", "StockLockWaitHighDuringPromo"),
             unit="s",
             width=8,
-            queries=(
-                Query(
-                    promql.quantile(0.5, catalog.DB_LOCK_WAIT, ("table",)),
-                    "p50 {{table}}",
-                    exemplar=True,
-                ),
-                Query(
-                    promql.quantile(0.99, catalog.DB_LOCK_WAIT, ("table",)),
-                    "p99 {{table}}",
-                    exemplar=True,
-                ),
-                Query("stocksentry:threshold:lock_wait_p99_seconds", "p99 alert threshold"),
-            ),
+            queries=lock_wait_queries(p50_exemplar=True),
         )
     )
     board.add(
@@ -243,13 +236,7 @@ def build() -> dashboard_models.Dashboard:
             runbooks=("StockDeadlocksIncreasing",),
             unit="ops",
             width=8,
-            queries=(
-                Query(promql.sum_rate(catalog.DB_DEADLOCK, ("table",)), "deadlocks {{table}}"),
-                Query(
-                    promql.sum_rate(catalog.DB_SERIALIZATION_FAILURE, ("table",)),
-                    "serialization failures {{table}}",
-                ),
-            ),
+            queries=abort_queries(),
         )
     )
     board.add(
