@@ -78,15 +78,6 @@ def _url(dsn: str, name: str) -> str:
     return dsn.rsplit("/", 1)[0] + "/" + name
 
 
-def print_generated(facts: ShopFacts, started: float) -> None:
-    """One line of what the generator wrote and how long it took since ``started``."""
-    print(
-        f"bench scale generated products={facts.products} orders={facts.orders}"
-        f" order_items={facts.order_items} reservations={facts.reservations}"
-        f" outbox={facts.outbox} seconds={time.perf_counter() - started:.0f}"
-    )
-
-
 def follow_order(
     execute: Callable[[str, tuple[object, ...]], object],
     order_id: int,
@@ -109,33 +100,62 @@ def follow_order(
 
 
 @contextmanager
-def scale_database(dsn: str, products: int, orders: int, *, keep: bool) -> Iterator[str]:
-    """The generated shop's URL; generated now unless ``keep`` finds a complete one."""
-    name = f"stocksentry_scale_{products}_{orders}"
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        row = conn.execute(
-            "SELECT shobj_description(oid, 'pg_database') FROM pg_database WHERE datname = %s",
-            (name,),
-        ).fetchone()
-        reuse = keep and row is not None and row[0] == COMPLETE
-        if not reuse:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-            conn.execute(f'CREATE DATABASE "{name}"')
-    url = _url(dsn, name)
+def shop_database(
+    url: str,
+    name: str,
+    *,
+    reuse: bool,
+    keep: bool,
+    fill: Callable[[], ShopFacts],
+    drop: Callable[[], None],
+) -> Iterator[str]:
+    """``url``, the shop ``name``: reused as it is, or filled now (``fill`` marks it
+    complete); dropped at the end unless ``keep``."""
     try:
         if reuse:
             print(f"bench scale reusing database {name}")
         else:
             started = time.perf_counter()
-            with psycopg.connect(url, autocommit=True) as conn:
-                facts = generate(conn, products=products, orders=orders)
-                conn.execute(f"COMMENT ON DATABASE \"{name}\" IS '{COMPLETE}'")
-            print_generated(facts, started)
+            facts = fill()
+            print(
+                f"bench scale generated products={facts.products} orders={facts.orders}"
+                f" order_items={facts.order_items} reservations={facts.reservations}"
+                f" outbox={facts.outbox} seconds={time.perf_counter() - started:.0f}"
+            )
         yield url
     finally:
         if not keep:
-            with psycopg.connect(dsn, autocommit=True) as conn:
-                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            drop()
+
+
+@contextmanager
+def scale_database(dsn: str, products: int, orders: int, *, keep: bool) -> Iterator[str]:
+    """The generated shop's URL; generated now unless ``keep`` finds a complete one."""
+    name = f"stocksentry_scale_{products}_{orders}"
+    url = _url(dsn, name)
+
+    def drop() -> None:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+    def fill() -> ShopFacts:
+        with psycopg.connect(url, autocommit=True) as conn:
+            facts = generate(conn, products=products, orders=orders)
+            conn.execute(f"COMMENT ON DATABASE \"{name}\" IS '{COMPLETE}'")
+        return facts
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT shobj_description(oid, 'pg_database') FROM pg_database WHERE datname = %s",
+            (name,),
+        ).fetchone()
+    reuse = keep and row is not None and row[0] == COMPLETE
+    if not reuse:
+        drop()
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+    with shop_database(url, name, reuse=reuse, keep=keep, fill=fill, drop=drop):
+        yield url
 
 
 @contextmanager
@@ -419,6 +439,26 @@ def mysql_scale_database(dsn: str, products: int, orders: int, *, keep: bool) ->
     """The generated shop on MariaDB; generated now unless ``keep`` finds a complete one
     (marked by the database's comment)."""
     name = f"stocksentry_scale_{products}_{orders}"
+    url = _url(dsn, name)
+
+    def drop() -> None:
+        conn = _mysql(dsn)
+        try:
+            with conn.cursor() as cur:
+                cur.execute(f"DROP DATABASE IF EXISTS `{name}`")
+        finally:
+            conn.close()
+
+    def fill() -> ShopFacts:
+        conn = _mysql(dsn, name)
+        try:
+            facts = generate_mysql(conn, products=products, orders=orders)
+            with conn.cursor() as cur:
+                cur.execute(f"ALTER DATABASE `{name}` COMMENT '{COMPLETE}'")
+        finally:
+            conn.close()
+        return facts
+
     conn = _mysql(dsn)
     try:
         with conn.cursor() as cur:
@@ -433,29 +473,8 @@ def mysql_scale_database(dsn: str, products: int, orders: int, *, keep: bool) ->
                 cur.execute(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4")
     finally:
         conn.close()
-    url = _url(dsn, name)
-    try:
-        if reuse:
-            print(f"bench scale reusing database {name}")
-        else:
-            started = time.perf_counter()
-            conn = _mysql(dsn, name)
-            try:
-                facts = generate_mysql(conn, products=products, orders=orders)
-                with conn.cursor() as cur:
-                    cur.execute(f"ALTER DATABASE `{name}` COMMENT '{COMPLETE}'")
-            finally:
-                conn.close()
-            print_generated(facts, started)
+    with shop_database(url, name, reuse=reuse, keep=keep, fill=fill, drop=drop):
         yield url
-    finally:
-        if not keep:
-            conn = _mysql(dsn)
-            try:
-                with conn.cursor() as cur:
-                    cur.execute(f"DROP DATABASE IF EXISTS `{name}`")
-            finally:
-                conn.close()
 
 
 @contextmanager
