@@ -15,9 +15,6 @@ from .panels import (
     EXPORTER_UID,
     Board,
     Query,
-    datasource_variable,
-    job_variable,
-    location_variables,
     timeseries_panel,
     up_panel,
 )
@@ -31,10 +28,6 @@ def build() -> dashboard_models.Dashboard:
         "Is stocksentry itself healthy? Scrape targets, probe success, duration and data "
         "age, scrape size and time, label overflow and instrumentation errors.",
     )
-    board.variable(datasource_variable())
-    for variable in location_variables():
-        board.variable(variable)
-    board.variable(job_variable())
     sel = promql.SEL
 
     board.row("Targets and probes")

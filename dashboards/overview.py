@@ -17,9 +17,6 @@ from .panels import (
     Query,
     alert_runbook_link,
     bargauge_panel,
-    datasource_variable,
-    job_variable,
-    location_variables,
     sku_link,
     stat_panel,
     table_panel,
@@ -103,10 +100,6 @@ def build() -> dashboard_models.Dashboard:
         "negative and oversold stock, refunds due to oversell, locks, retries, cache, "
         "outbox, alerts and probe health.",
     )
-    board.variable(datasource_variable())
-    for variable in location_variables():
-        board.variable(variable)
-    board.variable(job_variable())
 
     sel = promql.SEL
     board.row("Reservations")

@@ -520,8 +520,9 @@ def sku_variable(success_metric: str) -> dashboard_builders.QueryVariable:
 class Board:
     """A dashboard under assembly: panels numbered in order, laid out left to right.
 
-    Rows are open (not collapsed) and hold no panels of their own; the panels after a row
-    belong to it, as Grafana expects of an open row.
+    It starts with the variables every panel's queries use: ``$datasource``, the location
+    variables and ``$job``. Rows are open (not collapsed) and hold no panels of their own;
+    the panels after a row belong to it, as Grafana expects of an open row.
     """
 
     def __init__(self, uid: str, title: str, description: str) -> None:
@@ -557,6 +558,9 @@ class Board:
                 .built_in(1)
             )
         )
+        self.variable(datasource_variable())
+        for variable in (*location_variables(), job_variable()):
+            self.variable(variable)
 
     def variable(
         self, variable: dashboard_builders.QueryVariable | dashboard_builders.DatasourceVariable

@@ -24,10 +24,7 @@ from .panels import (
     Board,
     Query,
     bargauge_panel,
-    datasource_variable,
     heatmap_panel,
-    job_variable,
-    location_variables,
     sku_variable,
     stat_panel,
     timeseries_panel,
@@ -43,10 +40,7 @@ def build() -> dashboard_models.Dashboard:
         "refunds, with reservation latency (exemplars link to traces) and the lock "
         "contention behind it.",
     )
-    board.variable(datasource_variable())
-    for variable in location_variables():
-        board.variable(variable)
-    board.variable(job_variable()).variable(sku_variable(catalog.RESERVATION_SUCCESS.name))
+    board.variable(sku_variable(catalog.RESERVATION_SUCCESS.name))
 
     sel, sku_sel = promql.SEL, promql.SKU_SEL
     board.row("Reservations of $sku")
