@@ -17,6 +17,7 @@ from .panels import (
     Query,
     alert_runbook_link,
     bargauge_panel,
+    count_panel,
     sku_link,
     stat_panel,
     table_panel,
@@ -210,36 +211,25 @@ def build() -> dashboard_models.Dashboard:
         )
     )
     board.add(
-        stat_panel(
+        count_panel(
             "Negative stock writes by SKU (app)",
             "Stock writes in the time range that left a SKU's stock below zero, counted "
             "by the checkout app as it wrote them: a check-then-decrement without a "
             "guard. Every such write is an oversold unit. Click for the SKU deep dive.",
             runbooks=("StockNegativeWrite",),
-            unit="short",
-            no_value="0",
-            queries=(
-                Query(
-                    promql.increase_in_range(catalog.INVENTORY_NEGATIVE, ("sku",)),
-                    "{{sku}}",
-                    instant=True,
-                ),
-            ),
+            counter=catalog.INVENTORY_NEGATIVE,
+            by=("sku",),
             links=(sku_link(),),
         )
     )
     board.add(
-        stat_panel(
+        count_panel(
             "Refunds due to oversell",
             "Paid orders refunded in the time range because their stock was not there. "
             "Each one is a customer who paid and got nothing; above 0 during a sale "
             "means the oversell has reached payments.",
             runbooks=("StockRefundDueToOversell", "StockRefundsAboveBaseline"),
-            unit="short",
-            no_value="0",
-            queries=(
-                Query(promql.increase_in_range(catalog.REFUND_DUE_TO_OVERSELL), instant=True),
-            ),
+            counter=catalog.REFUND_DUE_TO_OVERSELL,
         )
     )
     board.add(
@@ -322,23 +312,16 @@ def build() -> dashboard_models.Dashboard:
         )
     )
     board.add(
-        stat_panel(
+        count_panel(
             "Unsafe read-modify-write",
             "Times in the time range the app read a stock column without a lock and "
             "wrote back a value computed in the app, by table. Above 0: a lost-update bug "
             "is in the code path; the unsafe_read_modify_write log line names the file.",
             runbooks=("StockUnsafeReadModifyWrite",),
-            unit="short",
-            no_value="0",
+            counter=catalog.UNSAFE_READ_MODIFY_WRITE,
+            by=("table",),
             width=8,
             height=8,
-            queries=(
-                Query(
-                    promql.increase_in_range(catalog.UNSAFE_READ_MODIFY_WRITE, ("table",)),
-                    "{{table}}",
-                    instant=True,
-                ),
-            ),
         )
     )
 

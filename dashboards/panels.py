@@ -38,6 +38,7 @@ from grafana_foundation_sdk.cog import builder as cogbuilder
 from grafana_foundation_sdk.models import common, prometheus
 from grafana_foundation_sdk.models import dashboard as dashboard_models
 from grafana_foundation_sdk.models import heatmap as heatmap_models
+from stocksentry.instrumentation.catalog import MetricSpec
 
 from . import promql
 
@@ -299,6 +300,34 @@ def stat_panel(
     if mappings:
         panel = panel.mappings(list(mappings))
     return _with_queries(panel, queries, links)
+
+
+def count_panel(
+    title: str,
+    description: str,
+    *,
+    runbooks: Sequence[str],
+    counter: MetricSpec,
+    by: Sequence[str] = (),
+    sel: str | None = None,
+    width: int = 6,
+    height: int = 5,
+    links: Sequence[dashboard_builders.DashboardLink] = (),
+) -> stat.Panel:
+    """How much an app counter grew in the time range (one number per ``by`` group), red
+    above zero; no series (a counter never incremented) shows 0."""
+    legend = " ".join(f"{{{{{label}}}}}" for label in by)
+    return stat_panel(
+        title,
+        description,
+        runbooks=runbooks,
+        unit="short",
+        no_value="0",
+        width=width,
+        height=height,
+        queries=(Query(promql.increase_in_range(counter, by, sel), legend, instant=True),),
+        links=links,
+    )
 
 
 def bargauge_panel(

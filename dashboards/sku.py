@@ -24,6 +24,7 @@ from .panels import (
     Board,
     Query,
     bargauge_panel,
+    count_panel,
     heatmap_panel,
     sku_variable,
     stat_panel,
@@ -104,19 +105,13 @@ def build() -> dashboard_models.Dashboard:
 
     board.row("Oversell of $sku")
     board.add(
-        stat_panel(
+        count_panel(
             "Negative stock writes",
             "Stock writes of the SKU in the time range that left its stock below zero "
             "(counted by the app). Above 0: units were sold that do not exist.",
             runbooks=("StockNegativeWrite",),
-            unit="short",
-            no_value="0",
-            queries=(
-                Query(
-                    promql.increase_in_range(catalog.INVENTORY_NEGATIVE, (), sku_sel),
-                    instant=True,
-                ),
-            ),
+            counter=catalog.INVENTORY_NEGATIVE,
+            sel=sku_sel,
         )
     )
     board.add(
@@ -136,19 +131,13 @@ def build() -> dashboard_models.Dashboard:
         )
     )
     board.add(
-        stat_panel(
+        count_panel(
             "Refunds due to oversell",
             "The SKU's paid orders refunded in the time range because the stock was "
             "not there. Above 0: the oversell has reached customers.",
             runbooks=("StockRefundDueToOversell",),
-            unit="short",
-            no_value="0",
-            queries=(
-                Query(
-                    promql.increase_in_range(catalog.REFUND_DUE_TO_OVERSELL, (), sku_sel),
-                    instant=True,
-                ),
-            ),
+            counter=catalog.REFUND_DUE_TO_OVERSELL,
+            sel=sku_sel,
         )
     )
     board.add(
