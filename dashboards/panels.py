@@ -136,27 +136,12 @@ def _target(query: Query, ref_id: str) -> prometheus_builders.Dataquery:
     return target
 
 
-def _ref_id(index: int) -> str:
-    return "ABCDEFGHIJKLMNOPQRSTUVWXYZ"[index]
-
-
 def describe(text: str, runbooks: Sequence[str]) -> str:
     """A panel description: what a bad value means, then the runbook link(s)."""
     if not runbooks:
         raise ValueError("every panel links at least one runbook")
     links = ", ".join(f"[{alert}]({runbook_url(alert)})" for alert in runbooks)
     return f"{text}\n\nRunbook: {links}"
-
-
-def _runbook_links(
-    runbooks: Sequence[str],
-) -> list[cogbuilder.Builder[dashboard_models.DashboardLink]]:
-    return [
-        dashboard_builders.DashboardLink(f"Runbook: {alert}")
-        .url(runbook_url(alert))
-        .target_blank(True)
-        for alert in runbooks
-    ]
 
 
 #: The panel builders, each with the title, description, links, unit and size setters.
@@ -175,10 +160,16 @@ def _panel(
     height: int,
 ) -> _Panel:
     """What every panel has: title, description and runbook links, datasource, unit, size."""
+    links: list[cogbuilder.Builder[dashboard_models.DashboardLink]] = [
+        dashboard_builders.DashboardLink(f"Runbook: {alert}")
+        .url(runbook_url(alert))
+        .target_blank(True)
+        for alert in runbooks
+    ]
     return (
         panel.title(title)
         .description(describe(description, runbooks))
-        .links(_runbook_links(runbooks))
+        .links(links)
         .datasource(DATASOURCE)
         .unit(unit)
         .span(width)
@@ -193,7 +184,7 @@ def _with_queries(
 ) -> _Panel:
     """``panel`` with its queries (ref ids A, B...) and data links."""
     for index, query in enumerate(queries):
-        panel = panel.with_target(_target(query, _ref_id(index)))
+        panel = panel.with_target(_target(query, "ABCDEFGHIJKLMNOPQRSTUVWXYZ"[index]))
     if links:
         panel = panel.data_links(list(links))
     return panel
@@ -218,16 +209,6 @@ def red_above_zero() -> dashboard_builders.ThresholdsConfig:
     return _steps("green", ABOVE_ZERO, "red")
 
 
-def _legend() -> common_builders.VizLegendOptions:
-    return (
-        common_builders.VizLegendOptions()
-        .display_mode(common.LegendDisplayMode.TABLE)
-        .placement(common.LegendPlacement.BOTTOM)
-        .show_legend(True)
-        .calcs(["max", "lastNotNull"])
-    )
-
-
 def timeseries_panel(
     title: str,
     description: str,
@@ -244,7 +225,13 @@ def timeseries_panel(
     """A time series panel; ``threshold_line`` draws a dashed red line at that value."""
     panel = (
         _panel(timeseries.Panel(), title, description, runbooks, unit, width, height)
-        .legend(_legend())
+        .legend(
+            common_builders.VizLegendOptions()
+            .display_mode(common.LegendDisplayMode.TABLE)
+            .placement(common.LegendPlacement.BOTTOM)
+            .show_legend(True)
+            .calcs(["max", "lastNotNull"])
+        )
         .tooltip(
             common_builders.VizTooltipOptions()
             .mode(common.TooltipDisplayMode.MULTI)
@@ -277,11 +264,9 @@ def stat_panel(
     no_value: str,
     width: int = 6,
     height: int = 5,
-    thresholds: dashboard_builders.ThresholdsConfig | None = None,
-    mappings: Sequence[dashboard_models.ValueMapping] = (),
     links: Sequence[dashboard_builders.DashboardLink] = (),
 ) -> stat.Panel:
-    """A big-number panel coloured by ``thresholds`` (default: red above zero).
+    """A big-number panel, red above zero.
 
     ``no_value`` is what an empty result means: ``"0"`` for an app counter that was never
     incremented (its labelled series does not exist yet), a warning for a probe gauge
@@ -291,14 +276,12 @@ def stat_panel(
         _panel(stat.Panel(), title, description, runbooks, unit, width, height)
         .no_value(no_value)
         .decimals(0)
-        .thresholds(thresholds if thresholds is not None else red_above_zero())
+        .thresholds(red_above_zero())
         .color_mode(common.BigValueColorMode.BACKGROUND)
         .graph_mode(common.BigValueGraphMode.NONE)
         .text_mode(common.BigValueTextMode.VALUE_AND_NAME)
         .reduce_options(common_builders.ReduceDataOptions().calcs(["lastNotNull"]).values(False))
     )
-    if mappings:
-        panel = panel.mappings(list(mappings))
     return _with_queries(panel, queries, links)
 
 
@@ -427,7 +410,7 @@ def up_panel(
     height: int = 5,
 ) -> stat.Panel:
     """A stat panel of 0/1 series shown as DOWN (red) or UP (green)."""
-    return stat_panel(
+    panel = stat_panel(
         title,
         description,
         runbooks=runbooks,
@@ -435,10 +418,9 @@ def up_panel(
         no_value=no_value,
         width=width,
         height=height,
-        thresholds=up_thresholds(),
-        mappings=up_down_mappings(),
         queries=queries,
     )
+    return panel.thresholds(_steps("red", 1, "green")).mappings(up_down_mappings())
 
 
 def up_down_mappings() -> list[dashboard_models.ValueMapping]:
@@ -451,11 +433,6 @@ def up_down_mappings() -> list[dashboard_models.ValueMapping]:
             }
         )
     ]
-
-
-def up_thresholds() -> dashboard_builders.ThresholdsConfig:
-    """Red below 1 (down), green at 1 (up)."""
-    return _steps("red", 1, "green")
 
 
 # --- variables -----------------------------------------------------------------------------
