@@ -21,7 +21,6 @@ import argparse
 import asyncio
 import multiprocessing
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -32,23 +31,18 @@ from pathlib import Path
 
 import redis
 from stocksentry.exporter.config import parse_config
+from stocksentry.exporter.lab.observe import free_port
 from stocksentry.exporter.lockwatch.watcher import LockWatcher
 
 KEYS = 1000
 EVENTS_PER_CYCLE = 3
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def start_redis(directory: str) -> tuple[subprocess.Popen[bytes], str]:
     binary = shutil.which("redis-server")
     if binary is None:
         sys.exit("bench_lockwatch: redis-server is not installed (make services)")
-    port = _free_port()
+    port = free_port()
     process = subprocess.Popen(  # noqa: S603 - redis-server from PATH, fixed arguments
         [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly",
          "no", "--dir", directory, "--notify-keyspace-events", "Kg$x"],

@@ -16,7 +16,7 @@ import statistics
 import sys
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import psycopg
@@ -100,6 +100,25 @@ def throughput(url: str, buyers: int, concurrency: int) -> float:
     return buyers / result.wall_s
 
 
+def alternate(
+    repeats: int, without: Callable[[], float], with_probes: Callable[[], float]
+) -> tuple[list[float], list[float], list[float]]:
+    """Throughputs without and with probes, and each pair's ratio (with / without).
+
+    Which side runs first alternates, so drift hits both alike.
+    """
+    bare: list[float] = []
+    probed: list[float] = []
+    for repeat in range(repeats):
+        if repeat % 2 == 0:
+            bare.append(without())
+            probed.append(with_probes())
+        else:
+            probed.append(with_probes())
+            bare.append(without())
+    return bare, probed, [p / b for p, b in zip(probed, bare, strict=True)]
+
+
 def measure(url: str, args: argparse.Namespace) -> None:
     """Alternate runs with and without probes; print the median throughput ratio."""
     throughput(url, args.buyers, args.concurrency)  # creates the schema, warms up
@@ -107,21 +126,14 @@ def measure(url: str, args: argparse.Namespace) -> None:
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("CREATE INDEX ON orders (created_at)")
         conn.execute("CREATE INDEX ON products (available_stock) WHERE available_stock < 0")
-    ratios: list[float] = []
-    bare: list[float] = []
-    probed: list[float] = []
-    for repeat in range(args.repeats):
-        # Alternate which side runs first, so drift hits both alike.
-        pair: dict[bool, float] = {}
-        for with_probes in (repeat % 2 == 1, repeat % 2 == 0):
-            if with_probes:
-                with probes_running(url, args.interval):
-                    pair[True] = throughput(url, args.buyers, args.concurrency)
-            else:
-                pair[False] = throughput(url, args.buyers, args.concurrency)
-        bare.append(pair[False])
-        probed.append(pair[True])
-        ratios.append(pair[True] / pair[False])
+
+    def with_probes() -> float:
+        with probes_running(url, args.interval):
+            return throughput(url, args.buyers, args.concurrency)
+
+    bare, probed, ratios = alternate(
+        args.repeats, lambda: throughput(url, args.buyers, args.concurrency), with_probes
+    )
     print(
         f"bench settings repeats={args.repeats} buyers={args.buyers} "
         f"concurrency={args.concurrency} probe_interval={args.interval}s"

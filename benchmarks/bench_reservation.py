@@ -86,6 +86,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -146,16 +147,21 @@ orders = sa.Table(
     ),
 )
 
+
 # Built once: SQLAlchemy caches their compiled form, as in an application.
-RESERVE_STOCK = (
-    sa.update(products)
-    .where(
-        products.c.sku == sa.bindparam("req_sku"),
-        products.c.available_stock >= sa.bindparam("req_qty"),
+def reserve(table: sa.Table) -> sa.Update:
+    """The conditional stock update of ``table``: take req_qty of req_sku if there is enough."""
+    return (
+        sa.update(table)
+        .where(
+            table.c.sku == sa.bindparam("req_sku"),
+            table.c.available_stock >= sa.bindparam("req_qty"),
+        )
+        .values(available_stock=table.c.available_stock - sa.bindparam("req_qty"))
     )
-    .values(available_stock=products.c.available_stock - sa.bindparam("req_qty"))
-    .returning(products.c.available_stock)
-)
+
+
+RESERVE_STOCK = reserve(products).returning(products.c.available_stock)
 INSERT_ORDER = sa.insert(orders)
 RESERVE_PARAMS: dict[str, Any] = {"req_sku": SKU, "req_qty": QTY}
 ORDER_PARAMS: dict[str, Any] = {"sku": SKU, "qty": QTY}
@@ -455,14 +461,7 @@ lite_orders = sa.Table(
 )
 # No RETURNING: pysqlite reports no row count for it, and the conditional-update
 # bookkeeping (what PostgreSQL's row count drives) must run here too.
-LITE_RESERVE = (
-    sa.update(lite_products)
-    .where(
-        lite_products.c.sku == sa.bindparam("req_sku"),
-        lite_products.c.available_stock >= sa.bindparam("req_qty"),
-    )
-    .values(available_stock=lite_products.c.available_stock - sa.bindparam("req_qty"))
-)
+LITE_RESERVE = reserve(lite_products)
 LITE_ORDER = sa.insert(lite_orders)
 
 
@@ -956,9 +955,7 @@ def run(args: argparse.Namespace) -> int:
 
     print_report(result)
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as out:
-            json.dump(result, out, indent=2)
-            out.write("\n")
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     return 0
 
 

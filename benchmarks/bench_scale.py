@@ -41,7 +41,7 @@ import statistics
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -54,8 +54,9 @@ from stocksentry.exporter.probes.db import DbProbe, OversoldProbe
 
 # The generator is shared with the plan test (tests/integration/test_probes_at_scale.py).
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.bench_probes import running_on_a_thread, throughput
+from benchmarks.bench_probes import alternate, running_on_a_thread, throughput
 from benchmarks.scaleshop import (
+    ShopFacts,
     buffers,
     explain,
     generate,
@@ -77,28 +78,45 @@ def _url(dsn: str, name: str) -> str:
     return dsn.rsplit("/", 1)[0] + "/" + name
 
 
+def follow_order(
+    execute: Callable[[str, tuple[object, ...]], object],
+    order_id: int,
+    placed: int,
+    rng: random.Random,
+    products: int,
+    orders: int,
+) -> None:
+    """The live traffic after the ``placed``-th new order: its item, every 50th a refund of
+    an old order, every 3rd order paid."""
+    execute(
+        "INSERT INTO order_items (order_id, product_id, quantity, stock_after)"
+        " VALUES (%s, %s, 1, 0)",
+        (order_id, rng.randint(1, products)),
+    )
+    if placed % 50 == 0:
+        execute("UPDATE orders SET status = 'REFUNDED' WHERE id = %s", (rng.randint(1, orders),))
+    if placed % 3 == 0:
+        execute("UPDATE orders SET status = 'PAID' WHERE id = %s", (order_id,))
+
+
 @contextmanager
-def scale_database(dsn: str, products: int, orders: int, *, keep: bool) -> Iterator[str]:
-    """The generated shop's URL; generated now unless ``keep`` finds a complete one."""
-    name = f"stocksentry_scale_{products}_{orders}"
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        row = conn.execute(
-            "SELECT shobj_description(oid, 'pg_database') FROM pg_database WHERE datname = %s",
-            (name,),
-        ).fetchone()
-        reuse = keep and row is not None and row[0] == COMPLETE
-        if not reuse:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-            conn.execute(f'CREATE DATABASE "{name}"')
-    url = _url(dsn, name)
+def shop_database(
+    url: str,
+    name: str,
+    *,
+    reuse: bool,
+    keep: bool,
+    fill: Callable[[], ShopFacts],
+    drop: Callable[[], None],
+) -> Iterator[str]:
+    """``url``, the shop ``name``: reused as it is, or filled now (``fill`` marks it
+    complete); dropped at the end unless ``keep``."""
     try:
         if reuse:
             print(f"bench scale reusing database {name}")
         else:
             started = time.perf_counter()
-            with psycopg.connect(url, autocommit=True) as conn:
-                facts = generate(conn, products=products, orders=orders)
-                conn.execute(f"COMMENT ON DATABASE \"{name}\" IS '{COMPLETE}'")
+            facts = fill()
             print(
                 f"bench scale generated products={facts.products} orders={facts.orders}"
                 f" order_items={facts.order_items} reservations={facts.reservations}"
@@ -107,16 +125,57 @@ def scale_database(dsn: str, products: int, orders: int, *, keep: bool) -> Itera
         yield url
     finally:
         if not keep:
-            with psycopg.connect(dsn, autocommit=True) as conn:
-                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            drop()
+
+
+@contextmanager
+def scale_database(dsn: str, products: int, orders: int, *, keep: bool) -> Iterator[str]:
+    """The generated shop's URL; generated now unless ``keep`` finds a complete one."""
+    name = f"stocksentry_scale_{products}_{orders}"
+    url = _url(dsn, name)
+
+    def drop() -> None:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+    def fill() -> ShopFacts:
+        with psycopg.connect(url, autocommit=True) as conn:
+            facts = generate(conn, products=products, orders=orders)
+            conn.execute(f"COMMENT ON DATABASE \"{name}\" IS '{COMPLETE}'")
+        return facts
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT shobj_description(oid, 'pg_database') FROM pg_database WHERE datname = %s",
+            (name,),
+        ).fetchone()
+    reuse = keep and row is not None and row[0] == COMPLETE
+    if not reuse:
+        drop()
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+    with shop_database(url, name, reuse=reuse, keep=keep, fill=fill, drop=drop):
+        yield url
+
+
+@contextmanager
+def in_background(write: Callable[[threading.Event], None]) -> Iterator[None]:
+    """Run ``write(stop)`` on a thread until the block ends, then set ``stop`` and join."""
+    stop = threading.Event()
+    thread = threading.Thread(target=write, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=30)
 
 
 @contextmanager
 def traffic(url: str, rate: float, products: int, orders: int) -> Iterator[None]:
     """A writer placing ``rate`` paid orders a second and refunding one in fifty."""
-    stop = threading.Event()
 
-    def write() -> None:
+    def write(stop: threading.Event) -> None:
         rng = random.Random(7)
         with psycopg.connect(url) as conn:
             placed = 0
@@ -131,29 +190,11 @@ def traffic(url: str, rate: float, products: int, orders: int) -> Iterator[None]
                             (f"live-{time.time_ns()}-{placed}", rng.choice(("PAID", "PENDING"))),
                         ).fetchone()
                         assert row is not None
-                        conn.execute(
-                            "INSERT INTO order_items (order_id, product_id, quantity, stock_after)"
-                            " VALUES (%s, %s, 1, 0)",
-                            (row[0], rng.randint(1, products)),
-                        )
-                        if placed % 50 == 0:
-                            conn.execute(
-                                "UPDATE orders SET status = 'REFUNDED' WHERE id = %s",
-                                (rng.randint(1, orders),),
-                            )
-                        if placed % 3 == 0:
-                            conn.execute(
-                                "UPDATE orders SET status = 'PAID' WHERE id = %s", (row[0],)
-                            )
+                        follow_order(conn.execute, row[0], placed, rng, products, orders)
                 stop.wait(0.25)
 
-    thread = threading.Thread(target=write, daemon=True)
-    thread.start()
-    try:
+    with in_background(write):
         yield
-    finally:
-        stop.set()
-        thread.join(timeout=30)
 
 
 def example_config(url: str, *, interval: float | None = None) -> ExporterConfig:
@@ -217,37 +258,55 @@ async def rebuild(runner: ProbeRunner) -> tuple[int, float, float, int]:
             return len(durations), max(durations), sum(durations), failed
 
 
-async def plans(runner: ProbeRunner) -> list[tuple[str, str, list[str], float]]:
-    """Each database probe's statements: plan shape with the executed plan's server time
-    and buffers, the big tables read by Seq Scan, and the server time (ms)."""
+#: A probe's statements, each explained: (plan text, big tables scanned, server time ms).
+Found = list[tuple[str, list[str], float]]
+Explain = Callable[[Any, str, Any], Awaitable[tuple[str, list[str], float]]]
+
+
+async def explained(
+    runner: ProbeRunner, explain_one: Explain, *, database_part: bool
+) -> list[tuple[str, str, list[str], float]]:
+    """Each database probe's statements as ``explain_one`` explains them, by probe name.
+
+    ``database_part``: explain only the cache-drift probe's SKU lookup (the rest is Redis).
+    """
     out: list[tuple[str, str, list[str], float]] = []
     for probe in runner.probes:
         if not isinstance(probe, DbProbe):
             continue
 
-        async def capture(
-            session: Any, probe: DbProbe = probe
-        ) -> list[tuple[str, list[str], float]]:
+        async def capture(session: Any, probe: DbProbe = probe) -> Found:
             recorder: Any = SessionRecorder(session)
-            # The cache-drift probe's database part is its SKU lookup; the rest is Redis.
-            query = getattr(probe, "database_stock", None) or probe.query
-            await query(recorder)
-            found = []
-            for statement, params in recorder.statements:
-                plan = await explain(session.conn, statement, params, analyze=True)
-                ms = float(plan["Execution Time"])
-                cost = f"exec_ms={ms:.1f} buffers={buffers(plan)} shape: "
-                found.append((cost + plan_shape(plan), seq_scans(plan), ms))
-            return found
+            query = getattr(probe, "database_stock", None) if database_part else None
+            await (query or probe.query)(recorder)
+            return [
+                await explain_one(session, statement, params)
+                for statement, params in recorder.statements
+            ]
 
         try:
             shapes = await probe.pool.read(capture)
         except Exception as exc:  # a probe that cannot run here (no Redis ...) says so
-            out.append((probe.name, f"(not explained: {type(exc).__name__})", [], 0.0))
+            out.append((probe.name, f"(not explained: {type(exc).__name__}: {exc})", [], 0.0))
             continue
         for shape, scans, ms in shapes:
             out.append((probe.name, shape, scans, ms))
     return out
+
+
+async def plans(runner: ProbeRunner) -> list[tuple[str, str, list[str], float]]:
+    """Each database probe's statements: plan shape with the executed plan's server time
+    and buffers, the big tables read by Seq Scan, and the server time (ms)."""
+
+    async def explain_one(
+        session: Any, statement: str, params: Any
+    ) -> tuple[str, list[str], float]:
+        plan = await explain(session.conn, statement, params, analyze=True)
+        ms = float(plan["Execution Time"])
+        cost = f"exec_ms={ms:.1f} buffers={buffers(plan)} shape: "
+        return cost + plan_shape(plan), seq_scans(plan), ms
+
+    return await explained(runner, explain_one, database_part=True)
 
 
 async def measure_probes(url: str, seconds: float, dialect: str = "postgresql") -> None:
@@ -344,21 +403,15 @@ def probes_every_second(url: str) -> Iterator[None]:
 
 def measure_lab(url: str, repeats: int, buyers: int, concurrency: int) -> None:
     throughput(url, buyers, concurrency)  # creates the lab's own rows, warms up
-    ratios: list[float] = []
-    bare: list[float] = []
-    probed: list[float] = []
-    for repeat in range(repeats):
-        pair: dict[bool, float] = {}
-        for with_probes in (repeat % 2 == 1, repeat % 2 == 0):
-            if with_probes:
-                with probes_every_second(url):
-                    time.sleep(1.0)  # the first runs, the oversold rebuild, then the sale
-                    pair[True] = throughput(url, buyers, concurrency)
-            else:
-                pair[False] = throughput(url, buyers, concurrency)
-        bare.append(pair[False])
-        probed.append(pair[True])
-        ratios.append(pair[True] / pair[False])
+
+    def with_probes() -> float:
+        with probes_every_second(url):
+            time.sleep(1.0)  # the first runs, the oversold rebuild, then the sale
+            return throughput(url, buyers, concurrency)
+
+    bare, probed, ratios = alternate(
+        repeats, lambda: throughput(url, buyers, concurrency), with_probes
+    )
     print(
         f"bench scale lab_throughput_with_probes_every_1s ratio={statistics.median(ratios):.3f}"
         f" (median of pairs; pairs {' '.join(f'{r:.2f}' for r in ratios)})"
@@ -386,6 +439,26 @@ def mysql_scale_database(dsn: str, products: int, orders: int, *, keep: bool) ->
     """The generated shop on MariaDB; generated now unless ``keep`` finds a complete one
     (marked by the database's comment)."""
     name = f"stocksentry_scale_{products}_{orders}"
+    url = _url(dsn, name)
+
+    def drop() -> None:
+        conn = _mysql(dsn)
+        try:
+            with conn.cursor() as cur:
+                cur.execute(f"DROP DATABASE IF EXISTS `{name}`")
+        finally:
+            conn.close()
+
+    def fill() -> ShopFacts:
+        conn = _mysql(dsn, name)
+        try:
+            facts = generate_mysql(conn, products=products, orders=orders)
+            with conn.cursor() as cur:
+                cur.execute(f"ALTER DATABASE `{name}` COMMENT '{COMPLETE}'")
+        finally:
+            conn.close()
+        return facts
+
     conn = _mysql(dsn)
     try:
         with conn.cursor() as cur:
@@ -400,41 +473,15 @@ def mysql_scale_database(dsn: str, products: int, orders: int, *, keep: bool) ->
                 cur.execute(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4")
     finally:
         conn.close()
-    url = _url(dsn, name)
-    try:
-        if reuse:
-            print(f"bench scale reusing database {name}")
-        else:
-            started = time.perf_counter()
-            conn = _mysql(dsn, name)
-            try:
-                facts = generate_mysql(conn, products=products, orders=orders)
-                with conn.cursor() as cur:
-                    cur.execute(f"ALTER DATABASE `{name}` COMMENT '{COMPLETE}'")
-            finally:
-                conn.close()
-            print(
-                f"bench scale generated products={facts.products} orders={facts.orders}"
-                f" order_items={facts.order_items} reservations={facts.reservations}"
-                f" outbox={facts.outbox} seconds={time.perf_counter() - started:.0f}"
-            )
+    with shop_database(url, name, reuse=reuse, keep=keep, fill=fill, drop=drop):
         yield url
-    finally:
-        if not keep:
-            conn = _mysql(dsn)
-            try:
-                with conn.cursor() as cur:
-                    cur.execute(f"DROP DATABASE IF EXISTS `{name}`")
-            finally:
-                conn.close()
 
 
 @contextmanager
 def mysql_traffic(url: str, rate: float, products: int, orders: int) -> Iterator[None]:
     """The writer of :func:`traffic` on MariaDB: ``rate`` orders a second, refunds."""
-    stop = threading.Event()
 
-    def write() -> None:
+    def write(stop: threading.Event) -> None:
         rng = random.Random(7)
         conn = _mysql(url)
         with conn.cursor() as cur:
@@ -453,33 +500,14 @@ def mysql_traffic(url: str, rate: float, products: int, orders: int) -> Iterator
                             " VALUES (%s, %s, now(6))",
                             (f"live-{time.time_ns()}-{placed}", rng.choice(("PAID", "PENDING"))),
                         )
-                        order_id = cur.lastrowid
-                        cur.execute(
-                            "INSERT INTO order_items (order_id, product_id, quantity, stock_after)"
-                            " VALUES (%s, %s, 1, 0)",
-                            (order_id, rng.randint(1, products)),
-                        )
-                        if placed % 50 == 0:
-                            cur.execute(
-                                "UPDATE orders SET status = 'REFUNDED' WHERE id = %s",
-                                (rng.randint(1, orders),),
-                            )
-                        if placed % 3 == 0:
-                            cur.execute(
-                                "UPDATE orders SET status = 'PAID' WHERE id = %s", (order_id,)
-                            )
+                        follow_order(cur.execute, cur.lastrowid, placed, rng, products, orders)
                 conn.commit()
                 stop.wait(0.25)
         finally:
             conn.close()
 
-    thread = threading.Thread(target=write, daemon=True)
-    thread.start()
-    try:
+    with in_background(write):
         yield
-    finally:
-        stop.set()
-        thread.join(timeout=30)
 
 
 class ServerCpu:
@@ -573,47 +601,28 @@ async def mysql_plans(runner: ProbeRunner) -> list[tuple[str, str, list[str], fl
     the big tables read by a full scan (type ALL or index), and that time (ms)."""
     import json
 
-    out: list[tuple[str, str, list[str], float]] = []
-    for probe in runner.probes:
-        if not isinstance(probe, DbProbe):
-            continue
+    async def explain_one(
+        session: Any, statement: str, params: Any
+    ) -> tuple[str, list[str], float]:
+        if not statement.lstrip().upper().startswith("SELECT"):
+            return f"(not a SELECT: {statement[:60]})", [], 0.0
+        rows = await session.rows("EXPLAIN " + statement, params)
+        ms = 0.0
+        if session.flavor == "mariadb":
+            (analyzed,) = await session.one("ANALYZE FORMAT=JSON " + statement, params)
+            ms = float(json.loads(analyzed)["query_block"].get("r_total_time_ms", 0.0))
+        # id, select_type, table, type, possible_keys, key, key_len, ref, rows, Extra
+        steps = [
+            f"{r[2]}:{r[3]}:{r[5] or '-'}:rows={r[8]}" + (f":{r[9]}" if r[9] else "") for r in rows
+        ]
+        # information_schema views are no shop table, whatever their alias.
+        shop = "information_schema" not in statement
+        scans = sorted(
+            {str(r[2]) for r in rows if shop and r[3] in ("ALL", "index") and r[2] in BIG}
+        )
+        return f"exec_ms={ms:.1f} explain: " + " | ".join(steps), scans, ms
 
-        async def capture(
-            session: Any, probe: DbProbe = probe
-        ) -> list[tuple[str, list[str], float]]:
-            recorder: Any = SessionRecorder(session)
-            await probe.query(recorder)
-            found: list[tuple[str, list[str], float]] = []
-            for statement, params in recorder.statements:
-                if not statement.lstrip().upper().startswith("SELECT"):
-                    found.append((f"(not a SELECT: {statement[:60]})", [], 0.0))
-                    continue
-                rows = await session.rows("EXPLAIN " + statement, params)
-                ms = 0.0
-                if session.flavor == "mariadb":
-                    (analyzed,) = await session.one("ANALYZE FORMAT=JSON " + statement, params)
-                    ms = float(json.loads(analyzed)["query_block"].get("r_total_time_ms", 0.0))
-                # id, select_type, table, type, possible_keys, key, key_len, ref, rows, Extra
-                steps = [
-                    f"{r[2]}:{r[3]}:{r[5] or '-'}:rows={r[8]}" + (f":{r[9]}" if r[9] else "")
-                    for r in rows
-                ]
-                # information_schema views are no shop table, whatever their alias.
-                shop = "information_schema" not in statement
-                scans = sorted(
-                    {str(r[2]) for r in rows if shop and r[3] in ("ALL", "index") and r[2] in BIG}
-                )
-                found.append((f"exec_ms={ms:.1f} explain: " + " | ".join(steps), scans, ms))
-            return found
-
-        try:
-            shapes = await probe.pool.read(capture)
-        except Exception as exc:  # a probe that cannot run here says so
-            out.append((probe.name, f"(not explained: {type(exc).__name__}: {exc})", [], 0.0))
-            continue
-        for shape, scans, ms in shapes:
-            out.append((probe.name, shape, scans, ms))
-    return out
+    return await explained(runner, explain_one, database_part=False)
 
 
 #: The big tables, by the names (aliases) the invariant statements give them.

@@ -268,9 +268,7 @@ def parent(args: argparse.Namespace) -> int:
         result["modes"][mode] = entry
         print(line)
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as out:
-            json.dump(result, out, indent=2)
-            out.write("\n")
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     return 0
 
 

@@ -15,13 +15,8 @@ from .panels import (
     EXPORTER_UID,
     Board,
     Query,
-    datasource_variable,
-    job_variable,
-    location_variables,
-    stat_panel,
     timeseries_panel,
-    up_down_mappings,
-    up_thresholds,
+    up_panel,
 )
 
 
@@ -33,40 +28,30 @@ def build() -> dashboard_models.Dashboard:
         "Is stocksentry itself healthy? Scrape targets, probe success, duration and data "
         "age, scrape size and time, label overflow and instrumentation errors.",
     )
-    board.variable(datasource_variable())
-    for variable in location_variables():
-        board.variable(variable)
-    board.variable(job_variable())
     sel = promql.SEL
 
     board.row("Targets and probes")
     board.add(
-        stat_panel(
+        up_panel(
             "Scrape targets up",
             "Whether Prometheus can scrape each stocksentry target. DOWN means every "
             "stocksentry metric of that target is missing: no panel or alert sees its "
             "stock.",
             runbooks=("StocksentryExporterDown", "StocksentryMetricsAbsent"),
-            unit="none",
             no_value="no targets",
             width=8,
-            thresholds=up_thresholds(),
-            mappings=up_down_mappings(),
             queries=(Query(f"up{sel}", "{{instance}}", instant=True),),
         )
     )
     board.add(
-        stat_panel(
+        up_panel(
             "Probes up",
             "Whether each probe's last run succeeded, per exporter. DOWN means the "
             "database or Redis is down, slow (probe timeout) or locked, and that probe's "
             "invariant is not being checked.",
             runbooks=("StocksentryProbeDown",),
-            unit="none",
             no_value="no probes",
             width=16,
-            thresholds=up_thresholds(),
-            mappings=up_down_mappings(),
             queries=(
                 Query(promql.series(catalog.PROBE_UP), "{{instance}} {{probe}}", instant=True),
             ),
@@ -171,35 +156,29 @@ def build() -> dashboard_models.Dashboard:
 
     board.row("Redis lock watcher")
     board.add(
-        stat_panel(
+        up_panel(
             "Lock watcher subscribed",
             "UP while the sidecar's lock watcher is subscribed to Redis keyspace "
             "notifications. DOWN: lock expiries and foreign releases happening now are "
             "not seen, and nothing replays them.",
             runbooks=("StocksentryLockWatchDisconnected",),
-            unit="none",
             no_value="no lock watcher",
             width=6,
-            thresholds=up_thresholds(),
-            mappings=up_down_mappings(),
             queries=(
                 Query(promql.series(catalog.LOCKWATCH_CONNECTED), "{{instance}}", instant=True),
             ),
         )
     )
     board.add(
-        stat_panel(
+        up_panel(
             "Keyspace notification flags",
             "UP when Redis's notify-keyspace-events holds the flags the watcher needs "
             "(K, g, $, x); DOWN when one is missing, so the subscription stays silent. "
             "No value: the watcher may not read the setting (CONFIG refused); its log "
             "says which flags to set.",
             runbooks=("StocksentryLockWatchNotificationsOff",),
-            unit="none",
             no_value="unknown",
             width=6,
-            thresholds=up_thresholds(),
-            mappings=up_down_mappings(),
             queries=(
                 Query(
                     promql.series(catalog.LOCKWATCH_NOTIFICATIONS), "{{instance}}", instant=True

@@ -224,6 +224,12 @@ def _node_names(node: promql_parser.Expr) -> set[str]:
     return names
 
 
+def _lost(wanted: Sequence[str], listed: Sequence[str], *, listed_are_lost: bool) -> list[str]:
+    """The labels of ``wanted`` that a ``by``/``on`` list (or ``without``/``ignoring`` list,
+    ``listed_are_lost``) does not keep."""
+    return [label for label in wanted if (label in listed) == listed_are_lost]
+
+
 def location_problems(
     expr: str,
     labels: Sequence[str] = LOCATION_LABELS,
@@ -254,31 +260,25 @@ def location_problems(
                     problems.append(f"{op}(...) without by drops {', '.join(wanted)}")
                 return
             kept = list(modifier.labels)
-            if modifier.type == promql_parser.AggModifierType.Without:
-                dropped = [label for label in wanted if label in kept]
-                if dropped:
-                    problems.append(f"{op} without ({', '.join(kept)}) drops {', '.join(dropped)}")
-                return
-            missing = [label for label in wanted if label not in kept]
-            if missing:
-                problems.append(f"{op} by ({', '.join(kept)}) drops {', '.join(missing)}")
+            without = modifier.type == promql_parser.AggModifierType.Without
+            lost = _lost(wanted, kept, listed_are_lost=without)
+            if lost:
+                grouping = "without" if without else "by"
+                problems.append(f"{op} {grouping} ({', '.join(kept)}) drops {', '.join(lost)}")
         elif isinstance(node, promql_parser.BinaryExpr) and node.modifier is not None:
             matching = node.modifier.matching
             if matching is None:
                 return
             on = list(matching.labels)
-            if matching.type == promql_parser.LabelModifierType.Exclude:
-                dropped = [label for label in wanted if label in on]
-                if dropped:
-                    problems.append(f"ignoring({', '.join(on)}) drops {', '.join(dropped)}")
-                return
-            missing = [label for label in wanted if label not in on]
-            if not missing:
+            ignoring = matching.type == promql_parser.LabelModifierType.Exclude
+            lost = _lost(wanted, on, listed_are_lost=ignoring)
+            if not lost:
                 return
             sides = (_node_names(node.lhs), _node_names(node.rhs))
-            if any(side <= set(constants) for side in sides):
+            if not ignoring and any(side <= set(constants) for side in sides):
                 return
-            problems.append(f"on({', '.join(on)}) drops {', '.join(missing)}")
+            keyword = "ignoring" if ignoring else "on"
+            problems.append(f"{keyword}({', '.join(on)}) drops {', '.join(lost)}")
 
     promql_parser.walk(parse(expr), visit)
     return problems

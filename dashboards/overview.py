@@ -17,15 +17,12 @@ from .panels import (
     Query,
     alert_runbook_link,
     bargauge_panel,
-    datasource_variable,
-    job_variable,
-    location_variables,
+    count_panel,
     sku_link,
     stat_panel,
     table_panel,
     timeseries_panel,
-    up_down_mappings,
-    up_thresholds,
+    up_panel,
 )
 
 #: Races, not sell-outs: an out_of_stock refusal is the stock doing its job.
@@ -69,6 +66,32 @@ def checkout_error_ratio() -> str:
     )
 
 
+def lock_wait_queries(*, p50_exemplar: bool = False) -> tuple[Query, ...]:
+    """Lock wait p50 and p99 by table (exemplars on p99), and the p99 alert threshold."""
+    return (
+        Query(
+            promql.quantile(0.5, catalog.DB_LOCK_WAIT, ("table",)),
+            "p50 {{table}}",
+            exemplar=p50_exemplar,
+        ),
+        Query(
+            promql.quantile(0.99, catalog.DB_LOCK_WAIT, ("table",)), "p99 {{table}}", exemplar=True
+        ),
+        Query("stocksentry:threshold:lock_wait_p99_seconds", "p99 alert threshold"),
+    )
+
+
+def abort_queries() -> tuple[Query, ...]:
+    """Deadlocks and serialization failures per second by table, as the app saw them."""
+    return (
+        Query(promql.sum_rate(catalog.DB_DEADLOCK, ("table",)), "deadlocks {{table}}"),
+        Query(
+            promql.sum_rate(catalog.DB_SERIALIZATION_FAILURE, ("table",)),
+            "serialization failures {{table}}",
+        ),
+    )
+
+
 def build() -> dashboard_models.Dashboard:
     """The overview dashboard."""
     board = Board(
@@ -78,10 +101,6 @@ def build() -> dashboard_models.Dashboard:
         "negative and oversold stock, refunds due to oversell, locks, retries, cache, "
         "outbox, alerts and probe health.",
     )
-    board.variable(datasource_variable())
-    for variable in location_variables():
-        board.variable(variable)
-    board.variable(job_variable())
 
     sel = promql.SEL
     board.row("Reservations")
@@ -192,36 +211,25 @@ def build() -> dashboard_models.Dashboard:
         )
     )
     board.add(
-        stat_panel(
+        count_panel(
             "Negative stock writes by SKU (app)",
             "Stock writes in the time range that left a SKU's stock below zero, counted "
             "by the checkout app as it wrote them: a check-then-decrement without a "
             "guard. Every such write is an oversold unit. Click for the SKU deep dive.",
             runbooks=("StockNegativeWrite",),
-            unit="short",
-            no_value="0",
-            queries=(
-                Query(
-                    promql.increase_in_range(catalog.INVENTORY_NEGATIVE, ("sku",)),
-                    "{{sku}}",
-                    instant=True,
-                ),
-            ),
+            counter=catalog.INVENTORY_NEGATIVE,
+            by=("sku",),
             links=(sku_link(),),
         )
     )
     board.add(
-        stat_panel(
+        count_panel(
             "Refunds due to oversell",
             "Paid orders refunded in the time range because their stock was not there. "
             "Each one is a customer who paid and got nothing; above 0 during a sale "
             "means the oversell has reached payments.",
             runbooks=("StockRefundDueToOversell", "StockRefundsAboveBaseline"),
-            unit="short",
-            no_value="0",
-            queries=(
-                Query(promql.increase_in_range(catalog.REFUND_DUE_TO_OVERSELL), instant=True),
-            ),
+            counter=catalog.REFUND_DUE_TO_OVERSELL,
         )
     )
     board.add(
@@ -253,15 +261,7 @@ def build() -> dashboard_models.Dashboard:
             "to the trace of a slow statement.",
             runbooks=("StockLockWaitHigh", "StockLockWaitHighDuringPromo"),
             unit="s",
-            queries=(
-                Query(promql.quantile(0.5, catalog.DB_LOCK_WAIT, ("table",)), "p50 {{table}}"),
-                Query(
-                    promql.quantile(0.99, catalog.DB_LOCK_WAIT, ("table",)),
-                    "p99 {{table}}",
-                    exemplar=True,
-                ),
-                Query("stocksentry:threshold:lock_wait_p99_seconds", "p99 alert threshold"),
-            ),
+            queries=lock_wait_queries(),
         )
     )
     board.add(
@@ -274,11 +274,7 @@ def build() -> dashboard_models.Dashboard:
             runbooks=("StockDeadlocksIncreasing",),
             unit="ops",
             queries=(
-                Query(promql.sum_rate(catalog.DB_DEADLOCK, ("table",)), "deadlocks {{table}}"),
-                Query(
-                    promql.sum_rate(catalog.DB_SERIALIZATION_FAILURE, ("table",)),
-                    "serialization failures {{table}}",
-                ),
+                *abort_queries(),
                 Query(
                     promql.sum_rate(catalog.DB_DEADLOCKS, ("database",)),
                     "deadlocks in {{database}} (pg_stat_database)",
@@ -316,23 +312,16 @@ def build() -> dashboard_models.Dashboard:
         )
     )
     board.add(
-        stat_panel(
+        count_panel(
             "Unsafe read-modify-write",
             "Times in the time range the app read a stock column without a lock and "
             "wrote back a value computed in the app, by table. Above 0: a lost-update bug "
             "is in the code path; the unsafe_read_modify_write log line names the file.",
             runbooks=("StockUnsafeReadModifyWrite",),
-            unit="short",
-            no_value="0",
+            counter=catalog.UNSAFE_READ_MODIFY_WRITE,
+            by=("table",),
             width=8,
             height=8,
-            queries=(
-                Query(
-                    promql.increase_in_range(catalog.UNSAFE_READ_MODIFY_WRITE, ("table",)),
-                    "{{table}}",
-                    instant=True,
-                ),
-            ),
         )
     )
 
@@ -458,18 +447,15 @@ def build() -> dashboard_models.Dashboard:
         )
     )
     board.add(
-        stat_panel(
+        up_panel(
             "Probe health",
             "Whether each of the exporter's probes (database, Redis) succeeded on its "
             "last run. DOWN means that invariant (negative stock, oversell, duplicates, "
             "drift...) is not being checked: the panels above that say (probe) are blind.",
             runbooks=("StocksentryProbeDown", "StocksentryProbeStale"),
-            unit="none",
             no_value="no probes",
             width=8,
             height=8,
-            thresholds=up_thresholds(),
-            mappings=up_down_mappings(),
             queries=(
                 Query(
                     f"min {promql.by('probe')} ({promql.series(catalog.PROBE_UP)})",

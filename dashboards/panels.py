@@ -28,6 +28,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from grafana_foundation_sdk.builders import bargauge, heatmap, stat, table, timeseries
 from grafana_foundation_sdk.builders import common as common_builders
@@ -37,6 +38,7 @@ from grafana_foundation_sdk.cog import builder as cogbuilder
 from grafana_foundation_sdk.models import common, prometheus
 from grafana_foundation_sdk.models import dashboard as dashboard_models
 from grafana_foundation_sdk.models import heatmap as heatmap_models
+from stocksentry.instrumentation.catalog import MetricSpec
 
 from . import promql
 
@@ -134,10 +136,6 @@ def _target(query: Query, ref_id: str) -> prometheus_builders.Dataquery:
     return target
 
 
-def _ref_id(index: int) -> str:
-    return "ABCDEFGHIJKLMNOPQRSTUVWXYZ"[index]
-
-
 def describe(text: str, runbooks: Sequence[str]) -> str:
     """A panel description: what a bad value means, then the runbook link(s)."""
     if not runbooks:
@@ -146,39 +144,69 @@ def describe(text: str, runbooks: Sequence[str]) -> str:
     return f"{text}\n\nRunbook: {links}"
 
 
-def _runbook_links(
+#: The panel builders, each with the title, description, links, unit and size setters.
+_Panel = TypeVar(
+    "_Panel", timeseries.Panel, stat.Panel, bargauge.Panel, heatmap.Panel, table.Panel
+)
+
+
+def _panel(
+    panel: _Panel,
+    title: str,
+    description: str,
     runbooks: Sequence[str],
-) -> list[cogbuilder.Builder[dashboard_models.DashboardLink]]:
-    return [
+    unit: str,
+    width: int,
+    height: int,
+) -> _Panel:
+    """What every panel has: title, description and runbook links, datasource, unit, size."""
+    links: list[cogbuilder.Builder[dashboard_models.DashboardLink]] = [
         dashboard_builders.DashboardLink(f"Runbook: {alert}")
         .url(runbook_url(alert))
         .target_blank(True)
         for alert in runbooks
     ]
+    return (
+        panel.title(title)
+        .description(describe(description, runbooks))
+        .links(links)
+        .datasource(DATASOURCE)
+        .unit(unit)
+        .span(width)
+        .height(height)
+    )
 
 
-def red_above_zero() -> dashboard_builders.ThresholdsConfig:
-    """Green at zero, red for anything above it."""
+def _with_queries(
+    panel: _Panel,
+    queries: Sequence[Query],
+    links: Sequence[dashboard_builders.DashboardLink] = (),
+) -> _Panel:
+    """``panel`` with its queries (ref ids A, B...) and data links."""
+    for index, query in enumerate(queries):
+        panel = panel.with_target(_target(query, "ABCDEFGHIJKLMNOPQRSTUVWXYZ"[index]))
+    if links:
+        panel = panel.data_links(list(links))
+    return panel
+
+
+def _steps(below: str, at: float, color: str) -> dashboard_builders.ThresholdsConfig:
+    """Absolute thresholds: ``below`` under ``at``, ``color`` from ``at`` on."""
     return (
         dashboard_builders.ThresholdsConfig()
         .mode(dashboard_models.ThresholdsMode.ABSOLUTE)
         .steps(
             [
-                dashboard_models.Threshold(value=None, color="green"),
-                dashboard_models.Threshold(value=ABOVE_ZERO, color="red"),
+                dashboard_models.Threshold(value=None, color=below),
+                dashboard_models.Threshold(value=at, color=color),
             ]
         )
     )
 
 
-def _legend() -> common_builders.VizLegendOptions:
-    return (
-        common_builders.VizLegendOptions()
-        .display_mode(common.LegendDisplayMode.TABLE)
-        .placement(common.LegendPlacement.BOTTOM)
-        .show_legend(True)
-        .calcs(["max", "lastNotNull"])
-    )
+def red_above_zero() -> dashboard_builders.ThresholdsConfig:
+    """Green at zero, red for anything above it."""
+    return _steps("green", ABOVE_ZERO, "red")
 
 
 def timeseries_panel(
@@ -196,15 +224,14 @@ def timeseries_panel(
 ) -> timeseries.Panel:
     """A time series panel; ``threshold_line`` draws a dashed red line at that value."""
     panel = (
-        timeseries.Panel()
-        .title(title)
-        .description(describe(description, runbooks))
-        .links(_runbook_links(runbooks))
-        .datasource(DATASOURCE)
-        .unit(unit)
-        .span(width)
-        .height(height)
-        .legend(_legend())
+        _panel(timeseries.Panel(), title, description, runbooks, unit, width, height)
+        .legend(
+            common_builders.VizLegendOptions()
+            .display_mode(common.LegendDisplayMode.TABLE)
+            .placement(common.LegendPlacement.BOTTOM)
+            .show_legend(True)
+            .calcs(["max", "lastNotNull"])
+        )
         .tooltip(
             common_builders.VizTooltipOptions()
             .mode(common.TooltipDisplayMode.MULTI)
@@ -213,23 +240,13 @@ def timeseries_panel(
         .fill_opacity(10)
         .span_nulls(False)
     )
-    for index, query in enumerate(queries):
-        panel = panel.with_target(_target(query, _ref_id(index)))
+    panel = _with_queries(panel, queries)
     if min_value is not None:
         panel = panel.min(min_value)
     if max_value is not None:
         panel = panel.max(max_value)
     if threshold_line is not None:
-        panel = panel.thresholds(
-            dashboard_builders.ThresholdsConfig()
-            .mode(dashboard_models.ThresholdsMode.ABSOLUTE)
-            .steps(
-                [
-                    dashboard_models.Threshold(value=None, color="transparent"),
-                    dashboard_models.Threshold(value=threshold_line, color="red"),
-                ]
-            )
-        ).thresholds_style(
+        panel = panel.thresholds(_steps("transparent", threshold_line, "red")).thresholds_style(
             common_builders.GraphThresholdsStyleConfig().mode(
                 common.GraphThresholdsStyleMode.DASHED
             )
@@ -247,40 +264,53 @@ def stat_panel(
     no_value: str,
     width: int = 6,
     height: int = 5,
-    thresholds: dashboard_builders.ThresholdsConfig | None = None,
-    mappings: Sequence[dashboard_models.ValueMapping] = (),
     links: Sequence[dashboard_builders.DashboardLink] = (),
 ) -> stat.Panel:
-    """A big-number panel coloured by ``thresholds`` (default: red above zero).
+    """A big-number panel, red above zero.
 
     ``no_value`` is what an empty result means: ``"0"`` for an app counter that was never
     incremented (its labelled series does not exist yet), a warning for a probe gauge
     (no series means the probe is not running, not that all is well).
     """
     panel = (
-        stat.Panel()
-        .title(title)
-        .description(describe(description, runbooks))
-        .links(_runbook_links(runbooks))
-        .datasource(DATASOURCE)
-        .unit(unit)
-        .span(width)
-        .height(height)
+        _panel(stat.Panel(), title, description, runbooks, unit, width, height)
         .no_value(no_value)
         .decimals(0)
-        .thresholds(thresholds if thresholds is not None else red_above_zero())
+        .thresholds(red_above_zero())
         .color_mode(common.BigValueColorMode.BACKGROUND)
         .graph_mode(common.BigValueGraphMode.NONE)
         .text_mode(common.BigValueTextMode.VALUE_AND_NAME)
         .reduce_options(common_builders.ReduceDataOptions().calcs(["lastNotNull"]).values(False))
     )
-    for index, query in enumerate(queries):
-        panel = panel.with_target(_target(query, _ref_id(index)))
-    if mappings:
-        panel = panel.mappings(list(mappings))
-    if links:
-        panel = panel.data_links(list(links))
-    return panel
+    return _with_queries(panel, queries, links)
+
+
+def count_panel(
+    title: str,
+    description: str,
+    *,
+    runbooks: Sequence[str],
+    counter: MetricSpec,
+    by: Sequence[str] = (),
+    sel: str | None = None,
+    width: int = 6,
+    height: int = 5,
+    links: Sequence[dashboard_builders.DashboardLink] = (),
+) -> stat.Panel:
+    """How much an app counter grew in the time range (one number per ``by`` group), red
+    above zero; no series (a counter never incremented) shows 0."""
+    legend = " ".join(f"{{{{{label}}}}}" for label in by)
+    return stat_panel(
+        title,
+        description,
+        runbooks=runbooks,
+        unit="short",
+        no_value="0",
+        width=width,
+        height=height,
+        queries=(Query(promql.increase_in_range(counter, by, sel), legend, instant=True),),
+        links=links,
+    )
 
 
 def bargauge_panel(
@@ -296,14 +326,7 @@ def bargauge_panel(
 ) -> bargauge.Panel:
     """Horizontal bars, one per series (a top-k list), red above zero."""
     panel = (
-        bargauge.Panel()
-        .title(title)
-        .description(describe(description, runbooks))
-        .links(_runbook_links(runbooks))
-        .datasource(DATASOURCE)
-        .unit(unit)
-        .span(width)
-        .height(height)
+        _panel(bargauge.Panel(), title, description, runbooks, unit, width, height)
         .min(0)
         .decimals(0)
         .thresholds(red_above_zero())
@@ -311,11 +334,7 @@ def bargauge_panel(
         .display_mode(common.BarGaugeDisplayMode.BASIC)
         .reduce_options(common_builders.ReduceDataOptions().calcs(["lastNotNull"]).values(False))
     )
-    for index, query in enumerate(queries):
-        panel = panel.with_target(_target(query, _ref_id(index)))
-    if links:
-        panel = panel.data_links(list(links))
-    return panel
+    return _with_queries(panel, queries, links)
 
 
 def heatmap_panel(
@@ -332,14 +351,7 @@ def heatmap_panel(
     if not query.heatmap:
         raise ValueError("a heatmap query needs heatmap=True (format heatmap)")
     return (
-        heatmap.Panel()
-        .title(title)
-        .description(describe(description, runbooks))
-        .links(_runbook_links(runbooks))
-        .datasource(DATASOURCE)
-        .unit(unit)
-        .span(width)
-        .height(height)
+        _panel(heatmap.Panel(), title, description, runbooks, unit, width, height)
         .with_target(_target(query, "A"))
         .calculate(False)
         .y_axis(heatmap.YAxisConfig().unit(unit))
@@ -376,17 +388,7 @@ def table_panel(
     """A table of an instant query's series, one row each, some label columns hidden."""
     if not (query.instant and query.table):
         raise ValueError("a table query needs instant=True and table=True")
-    panel = (
-        table.Panel()
-        .title(title)
-        .description(describe(description, runbooks))
-        .links(_runbook_links(runbooks))
-        .datasource(DATASOURCE)
-        .unit(unit)
-        .span(width)
-        .height(height)
-        .with_target(_target(query, "A"))
-    )
+    panel = _panel(table.Panel(), title, description, runbooks, unit, width, height)
     if hidden_columns:
         panel = panel.with_transformation(
             dashboard_models.DataTransformerConfig(
@@ -394,9 +396,31 @@ def table_panel(
                 options={"excludeByName": dict.fromkeys(hidden_columns, True)},
             )
         )
-    if links:
-        panel = panel.data_links(list(links))
-    return panel
+    return _with_queries(panel, (query,), links)
+
+
+def up_panel(
+    title: str,
+    description: str,
+    *,
+    runbooks: Sequence[str],
+    no_value: str,
+    queries: Sequence[Query],
+    width: int = 6,
+    height: int = 5,
+) -> stat.Panel:
+    """A stat panel of 0/1 series shown as DOWN (red) or UP (green)."""
+    panel = stat_panel(
+        title,
+        description,
+        runbooks=runbooks,
+        unit="none",
+        no_value=no_value,
+        width=width,
+        height=height,
+        queries=queries,
+    )
+    return panel.thresholds(_steps("red", 1, "green")).mappings(up_down_mappings())
 
 
 def up_down_mappings() -> list[dashboard_models.ValueMapping]:
@@ -409,20 +433,6 @@ def up_down_mappings() -> list[dashboard_models.ValueMapping]:
             }
         )
     ]
-
-
-def up_thresholds() -> dashboard_builders.ThresholdsConfig:
-    """Red below 1 (down), green at 1 (up)."""
-    return (
-        dashboard_builders.ThresholdsConfig()
-        .mode(dashboard_models.ThresholdsMode.ABSOLUTE)
-        .steps(
-            [
-                dashboard_models.Threshold(value=None, color="red"),
-                dashboard_models.Threshold(value=1, color="green"),
-            ]
-        )
-    )
 
 
 # --- variables -----------------------------------------------------------------------------
@@ -438,6 +448,34 @@ def datasource_variable() -> dashboard_builders.DatasourceVariable:
     )
 
 
+def _query_variable(
+    name: str,
+    label: str,
+    query: str,
+    *,
+    sort: dashboard_models.VariableSort = dashboard_models.VariableSort.ALPHABETICAL_ASC,
+    multi: bool = True,
+) -> dashboard_builders.QueryVariable:
+    """A variable over ``query``'s values, refreshed with the time range; a ``multi`` one
+    offers and starts at All."""
+    variable = (
+        dashboard_builders.QueryVariable(name)
+        .label(label)
+        .datasource(DATASOURCE)
+        .query(query)
+        .refresh(dashboard_models.VariableRefresh.ON_TIME_RANGE_CHANGED)
+        .sort(sort)
+        .multi(multi)
+        .include_all(multi)
+    )
+    if multi:
+        all_selected = dashboard_models.VariableOption(
+            selected=True, text=["All"], value=["$__all"]
+        )
+        variable = variable.current(all_selected)
+    return variable
+
+
 def location_variables() -> list[dashboard_builders.QueryVariable]:
     """One variable per location label (``$cluster``, ``$namespace``), in order.
 
@@ -451,18 +489,11 @@ def location_variables() -> list[dashboard_builders.QueryVariable]:
     for index, label in enumerate(promql.LOCATION_LABELS):
         before = "".join(f', {prev}=~"${prev}"' for prev in promql.LOCATION_LABELS[:index])
         variables.append(
-            dashboard_builders.QueryVariable(label)
-            .label(label.replace("_", " ").capitalize())
-            .datasource(DATASOURCE)
-            .query(f"label_values({_STOCKSENTRY_SERIES[:-1]}{before}}}, {label})")
-            .refresh(dashboard_models.VariableRefresh.ON_TIME_RANGE_CHANGED)
-            .sort(dashboard_models.VariableSort.ALPHABETICAL_ASC)
-            .multi(True)
-            .include_all(True)
-            .all_value(".*")
-            .current(
-                dashboard_models.VariableOption(selected=True, text=["All"], value=["$__all"])
-            )
+            _query_variable(
+                label,
+                label.replace("_", " ").capitalize(),
+                f"label_values({_STOCKSENTRY_SERIES[:-1]}{before}}}, {label})",
+            ).all_value(".*")
         )
     return variables
 
@@ -475,30 +506,17 @@ def job_variable() -> dashboard_builders.QueryVariable:
     """
     location = "".join(f', {label}=~"${label}"' for label in promql.LOCATION_LABELS)
     selector = _STOCKSENTRY_SERIES[:-1] + location + "}"
-    return (
-        dashboard_builders.QueryVariable("job")
-        .label("Job")
-        .datasource(DATASOURCE)
-        .query(f"label_values({selector}, job)")
-        .refresh(dashboard_models.VariableRefresh.ON_TIME_RANGE_CHANGED)
-        .sort(dashboard_models.VariableSort.ALPHABETICAL_ASC)
-        .multi(True)
-        .include_all(True)
-        .current(dashboard_models.VariableOption(selected=True, text=["All"], value=["$__all"]))
-    )
+    return _query_variable("job", "Job", f"label_values({selector}, job)")
 
 
 def sku_variable(success_metric: str) -> dashboard_builders.QueryVariable:
     """``$sku``: one SKU that had a successful reservation (promo SKUs and the hottest N)."""
-    return (
-        dashboard_builders.QueryVariable("sku")
-        .label("SKU")
-        .datasource(DATASOURCE)
-        .query(f"label_values({success_metric}{promql.SEL}, sku)")
-        .refresh(dashboard_models.VariableRefresh.ON_TIME_RANGE_CHANGED)
-        .sort(dashboard_models.VariableSort.ALPHABETICAL_CASE_INSENSITIVE_ASC)
-        .multi(False)
-        .include_all(False)
+    return _query_variable(
+        "sku",
+        "SKU",
+        f"label_values({success_metric}{promql.SEL}, sku)",
+        sort=dashboard_models.VariableSort.ALPHABETICAL_CASE_INSENSITIVE_ASC,
+        multi=False,
     )
 
 
@@ -508,8 +526,9 @@ def sku_variable(success_metric: str) -> dashboard_builders.QueryVariable:
 class Board:
     """A dashboard under assembly: panels numbered in order, laid out left to right.
 
-    Rows are open (not collapsed) and hold no panels of their own; the panels after a row
-    belong to it, as Grafana expects of an open row.
+    It starts with the variables every panel's queries use: ``$datasource``, the location
+    variables and ``$job``. Rows are open (not collapsed) and hold no panels of their own;
+    the panels after a row belong to it, as Grafana expects of an open row.
     """
 
     def __init__(self, uid: str, title: str, description: str) -> None:
@@ -545,6 +564,9 @@ class Board:
                 .built_in(1)
             )
         )
+        self.variable(datasource_variable())
+        for variable in (*location_variables(), job_variable()):
+            self.variable(variable)
 
     def variable(
         self, variable: dashboard_builders.QueryVariable | dashboard_builders.DatasourceVariable

@@ -13,16 +13,19 @@ from grafana_foundation_sdk.models import dashboard as dashboard_models
 from stocksentry.instrumentation import catalog
 
 from . import promql
-from .overview import race_conflict_ratio, success_ratio
+from .overview import (
+    abort_queries,
+    lock_wait_queries,
+    race_conflict_ratio,
+    success_ratio,
+)
 from .panels import (
     SKU_UID,
     Board,
     Query,
     bargauge_panel,
-    datasource_variable,
+    count_panel,
     heatmap_panel,
-    job_variable,
-    location_variables,
     sku_variable,
     stat_panel,
     timeseries_panel,
@@ -38,10 +41,7 @@ def build() -> dashboard_models.Dashboard:
         "refunds, with reservation latency (exemplars link to traces) and the lock "
         "contention behind it.",
     )
-    board.variable(datasource_variable())
-    for variable in location_variables():
-        board.variable(variable)
-    board.variable(job_variable()).variable(sku_variable(catalog.RESERVATION_SUCCESS.name))
+    board.variable(sku_variable(catalog.RESERVATION_SUCCESS.name))
 
     sel, sku_sel = promql.SEL, promql.SKU_SEL
     board.row("Reservations of $sku")
@@ -105,19 +105,13 @@ def build() -> dashboard_models.Dashboard:
 
     board.row("Oversell of $sku")
     board.add(
-        stat_panel(
+        count_panel(
             "Negative stock writes",
             "Stock writes of the SKU in the time range that left its stock below zero "
             "(counted by the app). Above 0: units were sold that do not exist.",
             runbooks=("StockNegativeWrite",),
-            unit="short",
-            no_value="0",
-            queries=(
-                Query(
-                    promql.increase_in_range(catalog.INVENTORY_NEGATIVE, (), sku_sel),
-                    instant=True,
-                ),
-            ),
+            counter=catalog.INVENTORY_NEGATIVE,
+            sel=sku_sel,
         )
     )
     board.add(
@@ -137,19 +131,13 @@ def build() -> dashboard_models.Dashboard:
         )
     )
     board.add(
-        stat_panel(
+        count_panel(
             "Refunds due to oversell",
             "The SKU's paid orders refunded in the time range because the stock was "
             "not there. Above 0: the oversell has reached customers.",
             runbooks=("StockRefundDueToOversell",),
-            unit="short",
-            no_value="0",
-            queries=(
-                Query(
-                    promql.increase_in_range(catalog.REFUND_DUE_TO_OVERSELL, (), sku_sel),
-                    instant=True,
-                ),
-            ),
+            counter=catalog.REFUND_DUE_TO_OVERSELL,
+            sel=sku_sel,
         )
     )
     board.add(
@@ -219,19 +207,7 @@ def build() -> dashboard_models.Dashboard:
             runbooks=("StockLockWaitHigh", "StockLockWaitHighDuringPromo"),
             unit="s",
             width=8,
-            queries=(
-                Query(
-                    promql.quantile(0.5, catalog.DB_LOCK_WAIT, ("table",)),
-                    "p50 {{table}}",
-                    exemplar=True,
-                ),
-                Query(
-                    promql.quantile(0.99, catalog.DB_LOCK_WAIT, ("table",)),
-                    "p99 {{table}}",
-                    exemplar=True,
-                ),
-                Query("stocksentry:threshold:lock_wait_p99_seconds", "p99 alert threshold"),
-            ),
+            queries=lock_wait_queries(p50_exemplar=True),
         )
     )
     board.add(
@@ -243,13 +219,7 @@ def build() -> dashboard_models.Dashboard:
             runbooks=("StockDeadlocksIncreasing",),
             unit="ops",
             width=8,
-            queries=(
-                Query(promql.sum_rate(catalog.DB_DEADLOCK, ("table",)), "deadlocks {{table}}"),
-                Query(
-                    promql.sum_rate(catalog.DB_SERIALIZATION_FAILURE, ("table",)),
-                    "serialization failures {{table}}",
-                ),
-            ),
+            queries=abort_queries(),
         )
     )
     board.add(

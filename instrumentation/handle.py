@@ -59,16 +59,20 @@ _STR_ARGS = frozenset({"sku", "strategy", "operation", "cache", "reason", "outco
 class BlockHandle:
     """A sync and async context manager over ``_enter()`` and ``_exit(exc)``, with a span.
 
-    A subclass sets ``_sentry`` in ``__init__`` and
-    implements :meth:`_enter` and :meth:`_exit`, which never raise into the host: they
-    catch, count and log.
+    A subclass implements :meth:`_enter` and :meth:`_exit`, which never raise into the
+    host: they catch, count and log.
     """
 
-    _sentry: Sentry
     _span: Span | None = None
     # The context _use_span attached, and the token to detach it with.
     _ctx: Context | None = None
     _ctx_token: Token[Context] | None = None
+
+    def __init__(self, sentry: Sentry, sku: str, qty: int, ids: dict[str, object]) -> None:
+        self._sentry = sentry
+        self.sku = sku
+        self.qty = qty
+        self.ids = ids
 
     def _enter(self) -> None:
         raise NotImplementedError

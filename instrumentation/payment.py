@@ -30,17 +30,12 @@ class PaymentCallback(BlockHandle):
         ids: dict[str, object],
         checkout: Mapping[str, str] | None,
     ) -> None:
-        self._sentry = sentry
-        self.sku = sku
-        self.qty = qty
-        self.ids = ids
+        super().__init__(sentry, sku, qty, ids)
         self.checkout = checkout
         self._mark: Literal["paid", "replay", "refund", "failed"] = "paid"
         # A value of the wrong type from the app: the callback then records none of its
         # series and counts one instrumentation error (all or nothing).
-        self._misuse: str | None = None
-        if type(sku) is not str or type(qty) is not int:
-            self._misuse = misuse(sku=sku, qty=qty)
+        self._misuse = misuse(sku=sku, qty=qty)
 
     def replay(self) -> None:
         """This callback repeats one already processed: count a replay, not a payment."""

@@ -43,11 +43,8 @@ class Reservation(BlockHandle):
         qty: int,
         ids: dict[str, object],
     ) -> None:
-        self._sentry = sentry
-        self.sku = sku
+        super().__init__(sentry, sku, qty, ids)
         self.strategy = strategy
-        self.qty = qty
-        self.ids = ids
         self._outcome: Outcome | None = None
         self._implied: ConflictReason | None = None
         self._old_stock: int | None = None

@@ -277,27 +277,22 @@ class Sentry:
 
     def record_idempotency_replay(self, operation: str, *, key: str | None = None) -> None:
         """Count one request answered from its stored result (same key, same payload)."""
-        ids = _ids(idempotency_key=key)
-        if not self._misused(operation=operation):
-            self._event(
-                self.metrics.idempotency_replay,
-                operation,
-                events.IDEMPOTENCY_REPLAY,
-                operation=operation,
-                **ids,
-            )
+        self._idempotency(
+            self.metrics.idempotency_replay, events.IDEMPOTENCY_REPLAY, operation, key
+        )
 
     def record_idempotency_conflict(self, operation: str, *, key: str | None = None) -> None:
         """Count one reuse of an idempotency key with a different payload."""
+        self._idempotency(
+            self.metrics.idempotency_conflict, events.IDEMPOTENCY_CONFLICT, operation, key
+        )
+
+    def _idempotency(
+        self, count: Callable[[str], None], event: LogEvent, operation: str, key: str | None
+    ) -> None:
         ids = _ids(idempotency_key=key)
         if not self._misused(operation=operation):
-            self._event(
-                self.metrics.idempotency_conflict,
-                operation,
-                events.IDEMPOTENCY_CONFLICT,
-                operation=operation,
-                **ids,
-            )
+            self._event(count, operation, event, operation=operation, **ids)
 
     def record_stale_cache_hit(
         self,

@@ -42,7 +42,7 @@ from .families import (
     worst_sku_samples,
 )
 from .pool import Pool
-from .soldtotals import MIN_CHUNK, RunLog, SoldTotals, chunk_size
+from .soldtotals import MIN_CHUNK, RunLog, SoldTotals, chunk_size, incremental_run
 
 __all__ = [
     "CustomSqlProbe",
@@ -188,7 +188,8 @@ class OversoldProbe(DbProbe):
         async def fetch(query: Query) -> list[tuple[Any, ...]]:
             return await self.fetch(session, query)
 
-        await self._log.run(
+        passes = self.totals.passes
+        await incremental_run(
             self.totals,
             fetch,
             self._builder,
@@ -196,6 +197,7 @@ class OversoldProbe(DbProbe):
             chunk=self._chunk,
             recount_batch=s.recount_batch,
         )
+        self._log.after_run(self.totals, passes_before=passes, recount_batch=s.recount_batch)
 
 
 class DuplicateOrdersProbe(DbProbe):

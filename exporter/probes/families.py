@@ -168,16 +168,15 @@ class OutboxStuckLog:
         self.logger = logger
         self.interval = interval
         self._clock = clock
-        self._stuck = False
+        # When it last logged "stuck"; None while nothing is stuck.
         self._last: float | None = None
 
     def observe(self, stuck: OutboxStuck) -> bool:
         """Note one probe run; returns whether it logged."""
         now = self._clock()
         if stuck.count <= 0:
-            if not self._stuck:
+            if self._last is None:
                 return False
-            self._stuck = False
             self._last = None
             self.logger.info(
                 "outbox recovered: no event unpublished beyond %s",
@@ -185,9 +184,8 @@ class OutboxStuckLog:
                 extra={"probe": "outbox"},
             )
             return True
-        if self._stuck and self._last is not None and now - self._last < self.interval:
+        if self._last is not None and now - self._last < self.interval:
             return False
-        self._stuck = True
         self._last = now
         oldest = "" if stuck.oldest_id is None else f", id {stuck.oldest_id},"
         self.logger.warning(

@@ -200,11 +200,8 @@ class ProbeRunner:
 
             app.cleanup_ctx.append(runner.cleanup_ctx)
         """
-        await self.start()
-        try:
+        async with self:
             yield
-        finally:
-            await self.stop()
 
     async def _start_db_probes(self) -> None:
         if self._stopping or self._db_running:

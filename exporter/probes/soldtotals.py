@@ -345,23 +345,6 @@ class RunLog:
         """The totals were emptied: the history line is due again once they are rebuilt."""
         self._history_logged = False
 
-    async def run(
-        self,
-        totals: SoldTotals,
-        fetch: Fetch,
-        builder: InvariantSql,
-        *,
-        horizon: datetime,
-        chunk: int,
-        recount_batch: int,
-    ) -> None:
-        """:func:`incremental_run`, then its progress lines (:meth:`after_run`)."""
-        passes = totals.passes
-        await incremental_run(
-            totals, fetch, builder, horizon=horizon, chunk=chunk, recount_batch=recount_batch
-        )
-        self.after_run(totals, passes_before=passes, recount_batch=recount_batch)
-
     def after_run(self, totals: SoldTotals, *, passes_before: int, recount_batch: int) -> None:
         """Log what :func:`incremental_run` left in ``totals`` (``passes_before``: its
         completed recount passes before the run)."""

@@ -202,13 +202,7 @@ class LockRecorder:
             self.sentry.internal_error(_COMPONENT, exc)
 
     def _log(self, event: LogEvent, **fields: Any) -> None:
-        sentry = self.sentry
-        if not sentry.log_enabled:
-            return
-        try:
-            getattr(sentry.logger, event.level)(event.name, lock=self.name, **fields)
-        except Exception as exc:
-            self.internal_error(exc)
+        self.sentry.log_event(event, lock=self.name, **fields)
 
     def acquired(
         self,

@@ -199,14 +199,13 @@ class Fencing:
             self.metrics.lock_stale_fencing_token(lock, table)
         except Exception as exc:
             self.sentry.internal_error(COMPONENT, exc)
-        if self.sentry.log_enabled:
-            self.sentry.logger.warning(
-                events.STALE_FENCING_TOKEN.name,
-                lock=lock,
-                table=table,
-                key_column=row[1],
-                key=str(row[2]),
-                token=token,
-                highest=highest,
-                refused=refused,
-            )
+        self.sentry.log_event(
+            events.STALE_FENCING_TOKEN,
+            lock=lock,
+            table=table,
+            key_column=row[1],
+            key=str(row[2]),
+            token=token,
+            highest=highest,
+            refused=refused,
+        )

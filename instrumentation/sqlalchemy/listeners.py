@@ -326,8 +326,7 @@ class Instrumentation:
                 self.metrics.db_deadlock(table)
             elif reason == "serialization_failure":
                 self.metrics.db_serialization_failure(table)
-            if self.sentry.log_enabled:
-                getattr(self.sentry.logger, event.level)(event.name, table=table, sqlstate=state)
+            self.sentry.log_event(event, table=table, sqlstate=state)
         except Exception as exc:
             self.sentry.internal_error(COMPONENT, exc)
 
@@ -498,10 +497,10 @@ class Instrumentation:
             )
         table = plan.table or "unknown"
         self.metrics.unsafe_read_modify_write(table)
-        if self.sentry.log_enabled:
+        if self.sentry.log_enabled:  # app_location() walks the stack: only for a line
             code, function = app_location()
-            self.sentry.logger.warning(
-                events.UNSAFE_READ_MODIFY_WRITE.name,
+            self.sentry.log_event(
+                events.UNSAFE_READ_MODIFY_WRITE,
                 table=table,
                 key_column=latest_key[1],
                 key=str(latest_key[2]),
@@ -524,13 +523,12 @@ class Instrumentation:
             return
         # Outside a reservation there is no SKU label or outcome to attach it to: a debug
         # line only, so a batch job's guarded updates do not count as checkout conflicts.
-        if self.sentry.log_enabled:
-            self.sentry.logger.debug(
-                events.STOCK_UPDATE_MATCHED_NO_ROW.name,
-                table=plan.table,
-                reason=reason,
-                key=str(keys[0][2]) if keys else None,
-            )
+        self.sentry.log_event(
+            events.STOCK_UPDATE_MATCHED_NO_ROW,
+            table=plan.table,
+            reason=reason,
+            key=str(keys[0][2]) if keys else None,
+        )
 
     def _serializable(self, conn: Connection, state: ConnState) -> bool:
         """Whether a plain read and a write in one transaction cannot lose an update."""

@@ -258,5 +258,4 @@ class NegativeWrites:
             self.metrics.inventory_negative(sku)
         except Exception as exc:
             self.sentry.internal_error(COMPONENT, exc)
-        if self.sentry.log_enabled:
-            self.sentry.logger.warning(events.INVENTORY_NEGATIVE.name, sku=sku, stock=stock)
+        self.sentry.log_event(events.INVENTORY_NEGATIVE, sku=sku, stock=stock)
