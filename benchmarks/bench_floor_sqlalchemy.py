@@ -124,13 +124,16 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=2000, help="statements per block")
     parser.add_argument("--floor", choices=["cursor", "dialect", "both"], default="both")
     args = parser.parse_args()
-    floors = ["cursor", "dialect"] if args.floor == "both" else [args.floor]
+    floors = ["dialect", "cursor"] if args.floor == "both" else [args.floor]
+    # `sqlalchemy` is the floor the integration is judged by (one do_execute listener, the
+    # dispatch it uses); the cursor-event pair is printed beside it under its own name.
+    names = {"dialect": "sqlalchemy", "cursor": "sqlalchemy_cursor_events"}
     for floor in floors:
         overhead, by_hand = measure(floor, args.repeats, args.n)
         ratio = overhead / by_hand if by_hand > 0 else float("inf")
         print(
-            f"bench floor sqlalchemy overhead_us={overhead * 1e6:.2f}"
-            f" floor_us={by_hand * 1e6:.2f} ratio={ratio:.2f} floor={floor}"
+            f"bench floor {names[floor]} overhead_us={overhead * 1e6:.2f}"
+            f" floor_us={by_hand * 1e6:.2f} ratio={ratio:.2f}"
         )
 
 
