@@ -24,7 +24,7 @@ import psycopg
 import pytest
 import redis.asyncio as aioredis
 import yaml
-from dbs import Db
+from dbs import ALL_DB_PROBES, PG_SHOP_TABLES, Db
 from polling import async_wait_until
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
@@ -43,37 +43,9 @@ REDIS_URL = os.environ.get("STOCKSENTRY_TEST_REDIS", "redis://127.0.0.1:6379/0")
 # machine is slow; a passing test waits only as long as the probes take.
 WAIT = 20.0
 
-ALL_DB_PROBES = (
-    "negative_stock",
-    "oversold",
-    "duplicate_orders",
-    "lock_waiters",
-    "deadlocks",
-    "long_transactions",
-    "expired_reservations",
-    "outbox",
-)
-
-SCHEMA = """
-CREATE TABLE products (
-    id bigserial PRIMARY KEY,
-    sku text NOT NULL UNIQUE,
-    available_stock integer NOT NULL,
-    initial_stock integer NOT NULL
-);
-CREATE TABLE orders (
-    id bigserial PRIMARY KEY,
-    status text NOT NULL,
-    external_ref text,
-    idempotency_key text,
-    created_at timestamptz NOT NULL DEFAULT now()
-);
-CREATE TABLE order_items (
-    id bigserial PRIMARY KEY,
-    order_id bigint NOT NULL REFERENCES orders (id),
-    product_id bigint NOT NULL REFERENCES products (id),
-    quantity integer NOT NULL
-);
+SCHEMA = (
+    PG_SHOP_TABLES
+    + """
 CREATE TABLE reservations (
     id bigserial PRIMARY KEY,
     product_id bigint NOT NULL REFERENCES products (id),
@@ -87,6 +59,7 @@ CREATE TABLE outbox (
     published_at timestamptz
 );
 """
+)
 
 INDEXES = """
 CREATE INDEX products_stock_negative_idx ON products (available_stock)
@@ -163,12 +136,15 @@ def make_config(
     schema: dict[str, Any] | None = None,
     promo_skus: tuple[str, ...] = ("SKU-OK",),
     environ: dict[str, str] | None = None,
+    settings: dict[str, Any] | None = None,
 ) -> ExporterConfig:
-    """A config on ``url`` with only ``probes`` enabled, on 0.2 s intervals."""
-    settings: dict[str, Any] = {"defaults": {"interval": "200ms", "timeout": "2s"}}
+    """A config on ``url`` with only ``probes`` enabled, on 0.2 s intervals; ``settings``
+    is laid over the probes' section."""
+    probe_settings: dict[str, Any] = {"defaults": {"interval": "200ms", "timeout": "2s"}}
     for name in (*ALL_DB_PROBES, "cache_drift"):
         if name not in probes:
-            settings[name] = {"enabled": False}
+            probe_settings[name] = {"enabled": False}
+    probe_settings.update(settings or {})
     db: dict[str, Any] = {
         "url": url,
         "leader_election": leader_election,
@@ -189,7 +165,7 @@ def make_config(
             "outbox": {},
             **(schema or {}),
         },
-        "probes": settings,
+        "probes": probe_settings,
     }
     return parse_config(yaml.safe_dump(document), "test.yaml", environ=environ or {})
 
