@@ -21,6 +21,8 @@ import time
 from pathlib import Path
 from types import TracebackType
 
+from processes import stop
+
 __all__ = ["PrivateRedis", "free_port"]
 
 
@@ -75,13 +77,7 @@ class PrivateRedis:
 
     def stop(self) -> None:
         process, self.process = self.process, None
-        if process is not None and process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(5)
+        stop(process)
 
     def restart(self) -> None:
         """Stop and start again on the same port (the config set at runtime is gone)."""

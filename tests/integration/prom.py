@@ -56,6 +56,7 @@ from types import TracebackType
 from typing import Any
 
 from polling import WaitTimeout, http_ok, wait_until
+from processes import stop
 
 __all__ = [
     "Prometheus",
@@ -316,13 +317,7 @@ class Prometheus:
 
     def _stop_process(self) -> None:
         process, self._process = self._process, None
-        if process is not None and process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(timeout=STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        stop(process, STOP_TIMEOUT_S)
         if self._log is not None:
             self._log.close()
             self._log = None

@@ -11,18 +11,17 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from exportercli import CLI, run_demo, write_exporter_config
 from polling import wait_until
 from prom import free_port
 from stocksentry.instrumentation import catalog
 
 pytestmark = pytest.mark.integration
-CLI = [sys.executable, "-m", "stocksentry.exporter"]
 
 
 def scrape(port: int) -> dict[str, float]:
@@ -55,28 +54,6 @@ def wait_for(
     wait_until(probe, accept=lambda v: v is True, timeout=timeout, interval=0.2)
 
 
-def write_config(tmp_path: Path, port: int, *, allocation: bool = True) -> Path:
-    config = tmp_path / "exporter.yaml"
-    products = "  products:\n    allocation: initial_stock\n" if allocation else ""
-    config.write_text(
-        f"""
-server:
-  listen_address: 127.0.0.1
-  port: {port}
-database:
-  url_env: STOCKSENTRY_DATABASE_URL
-  leader_election: false
-schema:
-{products or "  {}"}
-probes:
-  defaults:
-    interval: 500ms
-    timeout: 2s
-"""
-    )
-    return config
-
-
 @pytest.fixture
 def exporter_env(pg_database: str) -> dict[str, str]:
     return {**os.environ, "STOCKSENTRY_DATABASE_URL": pg_database}
@@ -85,27 +62,16 @@ def exporter_env(pg_database: str) -> dict[str, str]:
 @pytest.fixture
 def oversold_database(pg_database: str) -> str:
     """The lab's check_then_decrement run: stock below zero and more paid than allocated."""
-    done = subprocess.run(
-        [
-            *CLI,
-            "demo",
-            "--database",
-            pg_database,
-            "--strategy",
-            "check_then_decrement,atomic",
-            "--buyers",
-            "200",
-            "--stock",
-            "40",
-            "--quiet",
-            "--format",
-            "json",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
+    done = run_demo(
+        "--database",
+        pg_database,
+        "--strategy",
+        "check_then_decrement,atomic",
+        "--buyers",
+        "200",
+        "--stock",
+        "40",
     )
-    assert done.returncode == 0, done.stderr
     results = {r["strategy"]: r for r in json.loads(done.stdout)}
     assert results["check_then_decrement"]["final_stock"] < 0
     return pg_database
@@ -154,7 +120,7 @@ def test_probes_report_the_labs_oversell(
     assert len(oversold) == 1
 
     port = free_port()
-    process = run_exporter(write_config(tmp_path, port))
+    process = run_exporter(write_exporter_config(tmp_path, port))
     up = f'{catalog.PROBE_UP.name}{{probe="oversold"}}'
     wait_for(lambda: scrape(port).get(up) == 1.0, process)
     negative_up = f'{catalog.PROBE_UP.name}{{probe="negative_stock"}}'
@@ -183,7 +149,7 @@ def test_database_down_keeps_serving_and_says_which_probe(
         **exporter_env,
         "STOCKSENTRY_DATABASE_URL": "postgresql://postgres:hunter2@127.0.0.1:1/none",
     }
-    process = run_exporter(write_config(tmp_path, port), env)
+    process = run_exporter(write_exporter_config(tmp_path, port), env)
     key = f'{catalog.PROBE_UP.name}{{probe="negative_stock"}}'
     wait_for(lambda: key in scrape(port), process)
     # The probe has failed: /metrics still answers, within the scrape's own HTTP timeout,
@@ -243,7 +209,7 @@ def test_web_config_flag_enables_basic_auth(
     hashed = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=4)).decode()
     web.write_text(f"basic_auth_users:\n  prometheus: {hashed}\n")
     port = free_port()
-    config = write_config(tmp_path, port)
+    config = write_exporter_config(tmp_path, port)
     process = subprocess.Popen(
         [*CLI, "exporter", "--config", str(config), "--web.config.file", str(web)],
         env={**exporter_env, "STOCKSENTRY_DATABASE_URL": "postgresql://postgres@127.0.0.1:1/x"},

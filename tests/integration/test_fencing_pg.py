@@ -19,6 +19,7 @@ import pytest
 import redis
 import redis.asyncio
 import sqlalchemy as sa
+from lockscenarios import value
 from prometheus_client import CollectorRegistry
 from redis.exceptions import LockNotOwnedError
 from services import REDIS_URL
@@ -55,22 +56,9 @@ TTL = 0.2
 WORK = 0.4
 
 
-def value(registry: CollectorRegistry, name: str, **labels: str) -> float:
-    return registry.get_sample_value(name, labels) or 0.0
-
-
 @pytest.fixture
 def sentry(registry: CollectorRegistry) -> Sentry:
     return Sentry(registry=registry, log=True, trace=False)
-
-
-@pytest.fixture
-def client() -> Iterator[redis.Redis]:
-    c = redis.Redis.from_url(REDIS_URL)
-    try:
-        yield c
-    finally:
-        c.close()
 
 
 def fenced_engine(url: str, sentry: Sentry) -> sa.Engine:

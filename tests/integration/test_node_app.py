@@ -43,6 +43,7 @@ import pytest
 import redis
 from polling import http_ok, wait_until
 from privateredis import PrivateRedis, free_port
+from processes import stop
 from prom import Prometheus
 from services import PG_SERVER
 
@@ -147,16 +148,6 @@ def buy(url: str, sku: str, buyers: int) -> list[int]:
         return sorted(f.result() for f in futures)
 
 
-def _stop(process: subprocess.Popen[Any]) -> None:
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(5)
-
-
 @pytest.fixture(scope="module")
 def shop(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shop]:
     _node_modules()
@@ -218,10 +209,10 @@ lock_watch:
                     yield shop
                 finally:
                     for app in shop.apps:
-                        _stop(app)
+                        stop(app)
     finally:
         if sidecar is not None:
-            _stop(sidecar)
+            stop(sidecar)
         with psycopg.connect(PG_SERVER, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 

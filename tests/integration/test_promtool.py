@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 import yaml
 from polling import WaitTimeout, http_ok, wait_until
+from processes import stop
 from prom import free_port
 
 pytestmark = pytest.mark.integration
@@ -287,12 +288,7 @@ def alertmanager(tmp_path: Path) -> Iterator[str]:
             pytest.fail("Alertmanager did not start:\n" + (data / "alertmanager.log").read_text())
         yield base
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc)
         log.close()
 
 

@@ -17,6 +17,7 @@ from stocksentry.exporter.commandline import ExitCode
 from stocksentry.exporter.config import SchemaConfig, parse_config
 from stocksentry.exporter.investigate.reconcile import (
     ReconcileError,
+    Report,
     exit_status,
     format_table,
     parse_since,
@@ -260,23 +261,32 @@ def test_since_does_not_hide_an_oversell(database: str) -> None:
     assert any("--since" in note for note in report.notes)
 
 
-def test_an_audit_out_of_time_is_skipped_by_name_and_the_others_still_run(
-    pg_sqlalchemy_url: str, pg_database: str
-) -> None:
+def reconcile_with_order_items_locked(url: str, raw_url: str, *, violations: bool) -> Report:
+    """Reconcile on PostgreSQL while a writer holds order_items: the audits that read it
+    wait until their 300 ms timeout."""
     import psycopg
 
-    seed(pg_sqlalchemy_url, violations=True)
-    # A writer holding order_items: the audits that read it wait until their timeout.
-    with psycopg.connect(pg_database) as blocker:
+    seed(url, violations=violations)
+    with psycopg.connect(raw_url) as blocker:
         blocker.execute("LOCK TABLE order_items IN ACCESS EXCLUSIVE MODE")
-        report = reconcile(pg_sqlalchemy_url, schema=SCHEMA, statement_timeout=0.3)
+        return reconcile(url, schema=SCHEMA, statement_timeout=0.3)
+
+
+def assert_the_order_items_audits_skipped(report: Report) -> None:
+    """The audits of order_items named as skipped, the others finished with what is there."""
     assert [line.split(":")[0] for line in report.skipped] == ["oversold", "paid_without_items"]
-    assert "--sku" in report.skipped[0]
     assert "300ms statement timeout" in report.skipped[0]
-    # The audits that read other tables finished and found what is there.
     assert report.negative_stock == [{"sku": "EGG-01", "stock": -2}]
     assert {"kind": "idempotency_key", "key": "key-x", "orders": 3} in report.duplicate_keys
     assert not report.complete
+
+
+def test_an_audit_out_of_time_is_skipped_by_name_and_the_others_still_run(
+    pg_sqlalchemy_url: str, pg_database: str
+) -> None:
+    report = reconcile_with_order_items_locked(pg_sqlalchemy_url, pg_database, violations=True)
+    assert_the_order_items_audits_skipped(report)
+    assert "--sku" in report.skipped[0]
     text = format_table(report)
     assert "oversold: NOT AUDITED — cancelled by the 300ms statement timeout" in text
     assert "there may be more" in text
@@ -292,12 +302,7 @@ def test_an_audit_out_of_time_is_skipped_by_name_and_the_others_still_run(
 def test_an_audit_out_of_time_on_a_clean_shop_is_incomplete(
     pg_sqlalchemy_url: str, pg_database: str
 ) -> None:
-    import psycopg
-
-    seed(pg_sqlalchemy_url, violations=False)
-    with psycopg.connect(pg_database) as blocker:
-        blocker.execute("LOCK TABLE order_items IN ACCESS EXCLUSIVE MODE")
-        report = reconcile(pg_sqlalchemy_url, schema=SCHEMA, statement_timeout=0.3)
+    report = reconcile_with_order_items_locked(pg_sqlalchemy_url, pg_database, violations=False)
     assert report.violations == 0
     assert exit_status(report) == ExitCode.INCOMPLETE
     assert report.verdict == "incomplete"
@@ -322,11 +327,7 @@ def test_an_audit_out_of_time_is_skipped_on_mariadb(mysql_database: str) -> None
         report = reconcile(mysql_database, schema=SCHEMA, statement_timeout=0.3)
     finally:
         blocker.close()
-    assert [line.split(":")[0] for line in report.skipped] == ["oversold", "paid_without_items"]
-    assert "300ms statement timeout" in report.skipped[0]
-    assert report.negative_stock == [{"sku": "EGG-01", "stock": -2}]
-    assert {"kind": "idempotency_key", "key": "key-x", "orders": 3} in report.duplicate_keys
-    assert not report.complete
+    assert_the_order_items_audits_skipped(report)
 
 
 def test_the_audit_transaction_is_read_only_on_mariadb(mysql_database: str) -> None:
