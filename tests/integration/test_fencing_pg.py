@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import lockscenarios
 import pottery
 import pytest
 import redis
@@ -37,6 +38,9 @@ from stocksentry.instrumentation.sqlalchemy.fencing import fence_plan
 from structlog.testing import capture_logs
 
 pytestmark = pytest.mark.integration
+
+# The Redis client fixture of lockscenarios, named here so that pytest finds it.
+client = lockscenarios.client
 
 STALE = "stock_lock_stale_fencing_token_total"
 SCHEMA = (

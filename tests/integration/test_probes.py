@@ -42,6 +42,7 @@ REDIS_URL = os.environ.get("STOCKSENTRY_TEST_REDIS", "redis://127.0.0.1:6379/0")
 # How long a test waits for a probe to get somewhere. Generous, because a loaded two-core
 # machine is slow; a passing test waits only as long as the probes take.
 WAIT = 20.0
+INF = float("inf")
 
 SCHEMA = (
     PG_SHOP_TABLES
@@ -1105,6 +1106,13 @@ async def test_cache_drift_names_the_skus_drifting_the_most(pg_database, registr
         names = (*skus, "__other__")
         return {sku: sample(registry, per_sku, cache="redis", sku=sku) for sku in names}
 
+    async def units_once(sku: str, value: float, message: str) -> dict[str, float | None]:
+        """The figures once ``sku``'s is ``value``."""
+        await async_wait_until(
+            units, accept=lambda u: u[sku] == value, timeout=WAIT, message=message
+        )
+        return units()
+
     try:
         # Database: SKU-OK 15, SKU-OVER 0, SKU-NEG3 -3, SKU-NEG1 -1.
         await client.set(f"{redis_prefix}stock:SKU-OK", "15")  # in step
@@ -1133,38 +1141,19 @@ async def test_cache_drift_names_the_skus_drifting_the_most(pg_database, registr
             await async_wait_until(all_up(registry, ("cache_drift",)), timeout=WAIT)
             # Within the grace: every compared SKU has its series, at 0.
             assert units() == dict.fromkeys(skus, 0.0) | {"__other__": None}
-            await async_wait_until(
-                units,
-                accept=lambda u: u["SKU-NEG3"] == 10.0,
-                timeout=WAIT,
-                message="the drifting SKUs named after the grace",
-            )
             # The two worst by name (the unreadable value first), SKU-OVER's 3 units
             # under __other__ while its own series stays at 0.
-            assert units() == {
-                "SKU-OK": 0.0,
-                "SKU-OVER": 0.0,
-                "SKU-NEG3": 10.0,
-                "SKU-NEG1": float("inf"),
-                "__other__": 3.0,
-            }
+            named = await units_once("SKU-NEG3", 10.0, "the drifting SKUs named after the grace")
+            assert named == (
+                dict.fromkeys(skus, 0.0) | {"SKU-NEG3": 10.0, "SKU-NEG1": INF, "__other__": 3.0}
+            )
             assert sample(registry, "stock_cache_drift_skus", cache="redis") == 3.0
             await client.set(f"{redis_prefix}stock:SKU-NEG3", "-3")
             await client.set(f"{redis_prefix}stock:SKU-NEG1", "-1")
-            await async_wait_until(
-                units,
-                accept=lambda u: u["SKU-NEG1"] == 0.0,
-                timeout=WAIT,
-                message="the fixed SKUs back at 0",
-            )
             # SKU-OVER is now among the two worst: named, nothing left for __other__.
-            assert units() == {
-                "SKU-OK": 0.0,
-                "SKU-OVER": 3.0,
-                "SKU-NEG3": 0.0,
-                "SKU-NEG1": 0.0,
-                "__other__": None,
-            }
+            assert await units_once("SKU-NEG1", 0.0, "the fixed SKUs back at 0") == (
+                dict.fromkeys(skus, 0.0) | {"SKU-OVER": 3.0, "__other__": None}
+            )
     finally:
         await client.aclose()
 

@@ -12,6 +12,9 @@ from pathlib import Path
 
 import pytest
 import structlog
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from service_guard import ServiceUsedInUnitTest, services_refused
 from stocksentry.instrumentation.logs import configure_logging
 
@@ -54,3 +57,17 @@ def app_log(tmp_path: Path) -> Iterator[Path]:
         structlog.reset_defaults()
         structlog.contextvars.clear_contextvars()
         stream.close()
+
+
+@pytest.fixture
+def spans() -> InMemorySpanExporter:
+    """The spans the ``provider`` fixture's tracers ended."""
+    return InMemorySpanExporter()
+
+
+@pytest.fixture
+def provider(spans: InMemorySpanExporter) -> TracerProvider:
+    """A tracer provider exporting every span, as it ends, to ``spans``."""
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(spans))
+    return provider
