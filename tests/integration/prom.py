@@ -78,24 +78,25 @@ class PrometheusError(RuntimeError):
     """Prometheus did not start, or its HTTP API answered with an error."""
 
 
-def prometheus_binary() -> str | None:
-    """The Prometheus server to run: ``$PROMETHEUS``, ``/usr/bin/prometheus`` or on PATH."""
-    candidate = os.environ.get("PROMETHEUS")
+def binary(name: str) -> str | None:
+    """The ``name`` binary (prometheus, promtool) to run: ``$NAME`` (upper case),
+    ``/usr/bin/NAME`` or on PATH."""
+    candidate = os.environ.get(name.upper())
     if candidate:
         return candidate if Path(candidate).exists() else None
-    if Path("/usr/bin/prometheus").exists():
-        return "/usr/bin/prometheus"
-    return shutil.which("prometheus")
+    if Path(f"/usr/bin/{name}").exists():
+        return f"/usr/bin/{name}"
+    return shutil.which(name)
+
+
+def prometheus_binary() -> str | None:
+    """The Prometheus server to run: ``$PROMETHEUS``, ``/usr/bin/prometheus`` or on PATH."""
+    return binary("prometheus")
 
 
 def promtool_binary() -> str | None:
     """promtool, for :func:`backfill`: ``$PROMTOOL``, ``/usr/bin/promtool`` or on PATH."""
-    candidate = os.environ.get("PROMTOOL")
-    if candidate:
-        return candidate if Path(candidate).exists() else None
-    if Path("/usr/bin/promtool").exists():
-        return "/usr/bin/promtool"
-    return shutil.which("promtool")
+    return binary("promtool")
 
 
 def openmetrics_history(

@@ -25,7 +25,7 @@ import pytest
 import redis.asyncio as aioredis
 import yaml
 from dbs import ALL_DB_PROBES, PG_SHOP_TABLES, Db
-from polling import async_wait_until
+from polling import FakeClock, async_wait_until
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from stocksentry.exporter.config import ExporterConfig, parse_config
@@ -1277,18 +1277,10 @@ async def test_stop_leaves_no_session_behind(db, registry):
 # --- the pieces that need no service: error logs and backoff --------------------------------
 
 
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_error_log_is_rate_limited_per_probe_and_blanks_secrets(caplog):
     caplog.set_level(logging.INFO, logger="test.errors")
     url = "postgresql://app:s%40cret@db/shop"
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     errors = ErrorLog(
         logging.getLogger("test.errors"),
         interval=60.0,
@@ -1315,7 +1307,7 @@ def test_error_log_is_rate_limited_per_probe_and_blanks_secrets(caplog):
 
 
 def test_backoff_doubles_up_to_the_maximum_and_resets():
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     backoff = Backoff(initial=0.5, maximum=4.0, clock=clock)
     assert backoff.wait_time() == 0.0
     delays = [backoff.failed() for _ in range(6)]
