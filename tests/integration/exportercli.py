@@ -25,10 +25,12 @@ def run_demo(*options: str) -> subprocess.CompletedProcess[str]:
     return done
 
 
-def write_exporter_config(tmp_path: Path, port: int, schema: str = ALLOCATION) -> Path:
+def write_exporter_config(
+    tmp_path: Path, port: int, schema: str = ALLOCATION, more: str = ""
+) -> Path:
     """An exporter config serving on 127.0.0.1:``port``, the database's URL in
-    ``STOCKSENTRY_DATABASE_URL``, ``schema`` (indented YAML) as its schema section, and
-    the probes every 500 ms."""
+    ``STOCKSENTRY_DATABASE_URL``, ``schema`` (indented YAML) as its schema section, the
+    probes every 500 ms, and the sections of ``more`` (YAML)."""
     config = tmp_path / "exporter.yaml"
     config.write_text(
         f"""
@@ -44,7 +46,8 @@ probes:
   defaults:
     interval: 500ms
     timeout: 2s
-""",
+"""
+        + more,
         encoding="utf-8",
     )
     return config

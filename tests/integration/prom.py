@@ -52,7 +52,6 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 from polling import WaitTimeout, http_ok, wait_until
@@ -341,12 +340,7 @@ class Prometheus:
     def __enter__(self) -> Prometheus:
         return self.start()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
     # --- HTTP API --------------------------------------------------------------------------
