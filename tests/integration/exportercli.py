@@ -13,14 +13,16 @@ CLI = [sys.executable, "-m", "stocksentry.exporter"]
 ALLOCATION = "  products:\n    allocation: initial_stock\n"
 
 
+def run_cli(
+    *argv: str, env: dict[str, str] | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    """``stocksentry *argv``, run to its end, its output captured as text."""
+    return subprocess.run([*CLI, *argv], capture_output=True, text=True, env=env, timeout=timeout)
+
+
 def run_demo(*options: str) -> subprocess.CompletedProcess[str]:
     """``stocksentry demo *options --quiet --format json``, which must succeed."""
-    done = subprocess.run(
-        [*CLI, "demo", *options, "--quiet", "--format", "json"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = run_cli("demo", *options, "--quiet", "--format", "json", timeout=300)
     assert done.returncode == 0, done.stderr
     return done
 

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from exportercli import CLI, run_demo, write_exporter_config
+from exportercli import CLI, run_cli, run_demo, write_exporter_config
 from polling import wait_until
 from prom import free_port
 from stocksentry.instrumentation import catalog
@@ -177,9 +177,7 @@ def test_bad_config_is_one_line_and_exit_2(tmp_path: Path, body: str, expected: 
     config = tmp_path / "bad.yaml"
     config.write_text(body)
     for command in ("exporter --config", "check-config"):
-        done = subprocess.run(
-            [*CLI, *command.split(), str(config)], capture_output=True, text=True, timeout=60
-        )
+        done = run_cli(*command.split(), str(config))
         assert done.returncode == 2, done.stderr
         lines = done.stderr.strip().splitlines()
         assert len(lines) == 1, done.stderr
@@ -191,9 +189,7 @@ def test_bad_config_is_one_line_and_exit_2(tmp_path: Path, body: str, expected: 
 def test_check_config_accepts_the_shipped_example(exporter_env: dict[str, str]) -> None:
     example = Path(__file__).resolve().parents[2] / "exporter" / "config.example.yaml"
     env = {**exporter_env, "STOCKSENTRY_REDIS_URL": "redis://127.0.0.1:6379/0"}
-    done = subprocess.run(
-        [*CLI, "check-config", str(example)], capture_output=True, text=True, env=env, timeout=60
-    )
+    done = run_cli("check-config", str(example), env=env)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith(f"{example}: ok\n")
 
@@ -298,9 +294,7 @@ def test_flags_override_the_yaml_and_the_start_up_says_what_is_served(
         assert get(f"{v4}/stock-metrics", auth=False)[0] == 401
         assert get(f"{v4}/metrics")[0] == 404
         status, page = get(f"{v4}/")
-        version = subprocess.run(
-            [*CLI, "--version"], capture_output=True, text=True, timeout=30, env=exporter_env
-        ).stdout.split()[-1]
+        version = run_cli("--version", env=exporter_env, timeout=30).stdout.split()[-1]
         assert status == 200
         assert f"Version: {version} (revision " in page
         assert 'href="/stock-metrics"' in page
@@ -342,12 +336,7 @@ def test_flags_override_the_yaml_and_the_start_up_says_what_is_served(
 def test_bad_flags_exit_2_naming_the_flag(tmp_path: Path, flag: str, message: str) -> None:
     config = tmp_path / "exporter.yaml"
     config.write_text("server: {port: 0}\n")
-    done = subprocess.run(
-        [*CLI, "exporter", f"--config={config}", flag],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = run_cli("exporter", f"--config={config}", flag)
     assert done.returncode == 2
     assert flag.split("=")[0] in done.stderr
     assert message in done.stderr
