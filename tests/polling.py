@@ -97,3 +97,19 @@ def http_ok(url: str, timeout: float = 1.0) -> bool:
             return bool(response.status == 200)
     except OSError:  # refused, reset, timed out, or an HTTP error status
         return False
+
+
+class FakeClock:
+    """A clock for the ``clock=`` of the code under test: it moves only when told
+    (``now``) or when the code sleeps through :meth:`sleep`."""
+
+    def __init__(self, now: float = 100.0) -> None:
+        self.now = now
+        self.sleeps: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds

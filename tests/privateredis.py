@@ -19,7 +19,8 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from types import TracebackType
+
+from processes import stop
 
 __all__ = ["PrivateRedis", "free_port"]
 
@@ -75,13 +76,7 @@ class PrivateRedis:
 
     def stop(self) -> None:
         process, self.process = self.process, None
-        if process is not None and process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(5)
+        stop(process)
 
     def restart(self) -> None:
         """Stop and start again on the same port (the config set at runtime is gone)."""
@@ -92,11 +87,6 @@ class PrivateRedis:
         self.start()
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.stop()
         shutil.rmtree(self.dir, ignore_errors=True)

@@ -14,6 +14,7 @@ from typing import Any
 from fuzzing import any_text, examples, hostile_text
 from hypothesis import given
 from hypothesis import strategies as st
+from stocksentry.exporter.contract.spec import CORRELATION_FIELDS
 from stocksentry.exporter.investigate.timeline import (
     Event,
     ReadStats,
@@ -164,12 +165,7 @@ _OWN_KEYS = (
     "qty",
     "success",
     "reason",
-    "request_id",
-    "idempotency_key",
-    "order_id",
-    "payment_reference",
-    "trace_id",
-    "span_id",
+    *CORRELATION_FIELDS,
     "level",
     "logger",
     "result",

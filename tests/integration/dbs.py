@@ -7,6 +7,41 @@ from dataclasses import dataclass
 
 import sqlalchemy as sa
 
+#: The probes that read the shop's database (cache_drift reads Redis too).
+ALL_DB_PROBES = (
+    "negative_stock",
+    "oversold",
+    "duplicate_orders",
+    "lock_waiters",
+    "deadlocks",
+    "long_transactions",
+    "expired_reservations",
+    "outbox",
+)
+
+#: The shop's products, orders and their items on PostgreSQL, as the probes read them.
+PG_SHOP_TABLES = """
+CREATE TABLE products (
+    id bigserial PRIMARY KEY,
+    sku text NOT NULL UNIQUE,
+    available_stock integer NOT NULL,
+    initial_stock integer NOT NULL
+);
+CREATE TABLE orders (
+    id bigserial PRIMARY KEY,
+    status text NOT NULL,
+    external_ref text,
+    idempotency_key text,
+    created_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE TABLE order_items (
+    id bigserial PRIMARY KEY,
+    order_id bigint NOT NULL REFERENCES orders (id),
+    product_id bigint NOT NULL REFERENCES products (id),
+    quantity integer NOT NULL
+);
+"""
+
 
 @dataclass(frozen=True)
 class Db:

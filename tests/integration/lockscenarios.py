@@ -86,6 +86,22 @@ class NaiveLockScenarios:
     #: cannot tell).
     deleted_other_holder: ClassVar[bool | None]
 
+    def next_holder(
+        self, client: redis.Redis | redis.asyncio.Redis, key: str, name: str, sentry: Sentry
+    ) -> TrackedLock:
+        """The naive lock of a second holder: it waits up to 3 s for ``key``, trying every
+        10 ms, then holds it for 5 s."""
+        return self.make(
+            client,
+            key,
+            name=name,
+            ttl=5.0,
+            naive_del=True,
+            blocking_timeout=3.0,
+            retry_delay=0.01,
+            sentry=sentry,
+        )
+
     def test_happy_path_acquire_hold_release(
         self, client: redis.Redis, redis_prefix: str, registry: CollectorRegistry, sentry: Sentry
     ) -> None:
@@ -116,16 +132,7 @@ class NaiveLockScenarios:
         seen_by_b: list[bytes | None] = []
 
         def holder_b() -> None:
-            lock = self.make(
-                client,
-                key,
-                name="checkout",
-                ttl=5.0,
-                naive_del=True,
-                blocking_timeout=3.0,
-                retry_delay=0.01,
-                sentry=sentry,
-            )
+            lock = self.next_holder(client, key, "checkout", sentry)
             with lock:
                 b_inside.set()
                 a_released.wait(5)
@@ -277,16 +284,7 @@ class NaiveLockScenarios:
                 client, naive_key, name="async-naive", ttl=0.1, naive_del=True, sentry=sentry
             )
             assert await a.aacquire()
-            b = self.make(
-                client,
-                naive_key,
-                name="async-naive",
-                ttl=5,
-                naive_del=True,
-                blocking_timeout=3,
-                retry_delay=0.01,
-                sentry=sentry,
-            )
+            b = self.next_holder(client, naive_key, "async-naive", sentry)
             async with b:
                 assert await a.arelease() is False
                 assert await client.get(naive_key) is None

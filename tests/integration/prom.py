@@ -52,10 +52,10 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 from polling import WaitTimeout, http_ok, wait_until
+from processes import stop
 
 __all__ = [
     "Prometheus",
@@ -77,24 +77,25 @@ class PrometheusError(RuntimeError):
     """Prometheus did not start, or its HTTP API answered with an error."""
 
 
-def prometheus_binary() -> str | None:
-    """The Prometheus server to run: ``$PROMETHEUS``, ``/usr/bin/prometheus`` or on PATH."""
-    candidate = os.environ.get("PROMETHEUS")
+def binary(name: str) -> str | None:
+    """The ``name`` binary (prometheus, promtool) to run: ``$NAME`` (upper case),
+    ``/usr/bin/NAME`` or on PATH."""
+    candidate = os.environ.get(name.upper())
     if candidate:
         return candidate if Path(candidate).exists() else None
-    if Path("/usr/bin/prometheus").exists():
-        return "/usr/bin/prometheus"
-    return shutil.which("prometheus")
+    if Path(f"/usr/bin/{name}").exists():
+        return f"/usr/bin/{name}"
+    return shutil.which(name)
+
+
+def prometheus_binary() -> str | None:
+    """The Prometheus server to run: ``$PROMETHEUS``, ``/usr/bin/prometheus`` or on PATH."""
+    return binary("prometheus")
 
 
 def promtool_binary() -> str | None:
     """promtool, for :func:`backfill`: ``$PROMTOOL``, ``/usr/bin/promtool`` or on PATH."""
-    candidate = os.environ.get("PROMTOOL")
-    if candidate:
-        return candidate if Path(candidate).exists() else None
-    if Path("/usr/bin/promtool").exists():
-        return "/usr/bin/promtool"
-    return shutil.which("promtool")
+    return binary("promtool")
 
 
 def openmetrics_history(
@@ -316,13 +317,7 @@ class Prometheus:
 
     def _stop_process(self) -> None:
         process, self._process = self._process, None
-        if process is not None and process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(timeout=STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        stop(process, STOP_TIMEOUT_S)
         if self._log is not None:
             self._log.close()
             self._log = None
@@ -345,12 +340,7 @@ class Prometheus:
     def __enter__(self) -> Prometheus:
         return self.start()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
     # --- HTTP API --------------------------------------------------------------------------

@@ -68,7 +68,9 @@ from typing import IO, Any
 import pytest
 import yaml
 from aiohttp import web
+from exportercli import ALLOCATION, CLI, write_exporter_config
 from polling import WaitTimeout, http_ok, wait_until
+from processes import stop
 from prom import Prometheus, free_port, openmetrics_history
 
 pytestmark = pytest.mark.integration
@@ -77,7 +79,6 @@ ROOT = Path(__file__).resolve().parents[2]
 #: The rules as a shop renders them with its Grafana address (alert_rules/render.py).
 GRAFANA = "https://grafana.shop.example"
 AM_EXAMPLE = ROOT / "alert_rules" / "alertmanager.example.yml"
-CLI = [sys.executable, "-m", "stocksentry.exporter"]
 
 LAB_JOB = "stocksentry-lab"
 EXPORTER_JOB = "stocksentry"  # the job the health alerts select on
@@ -297,7 +298,7 @@ def alertmanager(tmp_path: Path, receiver: WebhookReceiver) -> Iterator[str]:
             )
             yield f"127.0.0.1:{port}"
         finally:
-            _stop(process)
+            stop(process)
 
 
 def _wait_http_ok(
@@ -320,16 +321,6 @@ def _am_alerts(address: str) -> list[dict[str, Any]]:
 
 
 # --- the lab and the exporter ---------------------------------------------------------------
-
-
-def _stop(process: subprocess.Popen[Any]) -> None:
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 class Processes:
@@ -364,7 +355,7 @@ class Processes:
 
     def stop_all(self) -> None:
         for process, out, err in reversed(self._running):
-            _stop(process)
+            stop(process)
             out.close()
             err.close()
         self._running.clear()
@@ -379,29 +370,8 @@ def processes(tmp_path: Path) -> Iterator[Processes]:
         group.stop_all()
 
 
-def write_exporter_config(tmp_path: Path, port: int) -> Path:
-    config = tmp_path / "exporter.yaml"
-    config.write_text(
-        f"""
-server:
-  listen_address: 127.0.0.1
-  port: {port}
-database:
-  url_env: STOCKSENTRY_DATABASE_URL
-  leader_election: false
-schema:
-  products:
-    allocation: initial_stock
-  outbox:
-    id: id
-probes:
-  defaults:
-    interval: 500ms
-    timeout: 2s
-""",
-        encoding="utf-8",
-    )
-    return config
+#: The exporter's schema section: the allocation and the outbox.
+SCHEMA = ALLOCATION + "  outbox:\n    id: id\n"
 
 
 def lab_args(
@@ -482,11 +452,8 @@ def stack(
     exporter_port, lab_port = free_port(), free_port()
     exporter = f"127.0.0.1:{exporter_port}"
     lab = f"127.0.0.1:{lab_port}"
-    processes.start(
-        "exporter",
-        [*CLI, "exporter", "--config", str(write_exporter_config(tmp_path, exporter_port))],
-        env,
-    )
+    config = write_exporter_config(tmp_path, exporter_port, SCHEMA)
+    processes.start("exporter", [*CLI, "exporter", "--config", str(config)], env)
     # Without it the fresh Prometheus has no up of any target 5 minutes ago, and the rules'
     # newborn half counts nothing (see the module docstring). Twenty minutes: the longest
     # window of a counter alert's newborn half is StockUnsafeReadModifyWrite's 15 minutes.
@@ -518,6 +485,22 @@ def stack(
     ) as prom:
         prom.wait_for_targets_up(EXPORTER_JOB, timeout=30)
         yield Stack(prom, exporter, lab)
+
+
+def settle(prom: Prometheus) -> None:
+    """Wait until every rule group has evaluated the present several times, then for
+    Alertmanager's group_wait and group_interval to send anything."""
+    settled = time.time()
+
+    def evaluated_since() -> bool:
+        return all(
+            datetime.fromisoformat(group["lastEvaluation"].replace("Z", "+00:00")).timestamp()
+            > settled + QUIET_EVALUATIONS
+            for group in prom.rules()
+        )
+
+    wait_until(evaluated_since, timeout=30, interval=0.25, message="rule groups evaluating")
+    time.sleep(2.5)  # group_wait + group_interval (1 s each) and a margin
 
 
 def _rules_healthy(prom: Prometheus) -> None:
@@ -725,17 +708,7 @@ def test_safe_strategies_fire_nothing(
 
     # ... and every rule group has evaluated it several times, then Alertmanager had its
     # group_wait and group_interval to send anything.
-    settled = time.time()
-
-    def evaluated_since() -> bool:
-        return all(
-            datetime.fromisoformat(group["lastEvaluation"].replace("Z", "+00:00")).timestamp()
-            > settled + QUIET_EVALUATIONS
-            for group in stack.prom.rules()
-        )
-
-    wait_until(evaluated_since, timeout=30, interval=0.25, message="rule groups evaluating")
-    time.sleep(2.5)  # group_wait + group_interval (1 s each) and a margin
+    settle(stack.prom)
 
     _rules_healthy(stack.prom)
     pending = sorted(a["labels"]["alertname"] for a in stack.prom.alerts(state="pending"))
@@ -1024,17 +997,7 @@ def test_redlock_and_idempotent_retry_fire_nothing(
     rmw = stack.prom.query(f'{UNSAFE_RMW}{{job="{LAB_JOB}"}}')
     assert rmw, f"{UNSAFE_RMW} not scraped from the lab"
     assert [float(r["value"][1]) for r in rmw] == [0.0] * len(rmw), rmw
-    settled = time.time()
-
-    def evaluated_since() -> bool:
-        return all(
-            datetime.fromisoformat(group["lastEvaluation"].replace("Z", "+00:00")).timestamp()
-            > settled + QUIET_EVALUATIONS
-            for group in stack.prom.rules()
-        )
-
-    wait_until(evaluated_since, timeout=30, interval=0.25, message="rule groups evaluating")
-    time.sleep(2.5)
+    settle(stack.prom)
     _rules_healthy(stack.prom)
     pending = sorted(a["labels"]["alertname"] for a in stack.prom.alerts(state="pending"))
     print(f"\nsafe strategies {', '.join(strategies)} ({impl}): pending {pending or 'none'}")

@@ -28,6 +28,7 @@ import psycopg
 import pytest
 import redis.asyncio as aioredis
 import yaml
+from dbs import ALL_DB_PROBES
 from polling import async_wait_until
 from prometheus_client import CollectorRegistry
 from stocksentry.exporter.config import ExporterConfig, parse_config
@@ -40,16 +41,6 @@ SKU = "SKU-CACHED"
 START = 100
 #: Seconds to wait for the probe to come up; far above its 1 s interval.
 WAIT = 20.0
-OTHER_PROBES = (
-    "negative_stock",
-    "oversold",
-    "duplicate_orders",
-    "lock_waiters",
-    "deadlocks",
-    "long_transactions",
-    "expired_reservations",
-    "outbox",
-)
 
 
 def defaults_config(database: str, key_template: str) -> ExporterConfig:
@@ -58,7 +49,7 @@ def defaults_config(database: str, key_template: str) -> ExporterConfig:
         "sku_guard": {"promo_skus": [SKU]},
         "database": {"url": database, "leader_election": False},
         "redis": {"url": REDIS_URL, "key_template": key_template},
-        "probes": {name: {"enabled": False} for name in OTHER_PROBES},
+        "probes": {name: {"enabled": False} for name in ALL_DB_PROBES},
     }
     return parse_config(yaml.safe_dump(document), "test.yaml", environ={})
 

@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 from polling import WaitTimeout, wait_until
+from processes import stop
 from prom import Prometheus, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -204,12 +205,7 @@ def sale(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sale]:
             )
             yield Sale(prom, report)
         finally:
-            lab.terminate()
-            try:
-                lab.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                lab.kill()
-                lab.wait()
+            stop(lab)
             lab_stderr.close()
 
 

@@ -11,18 +11,17 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from exportercli import CLI, run_cli, run_demo, write_exporter_config
 from polling import wait_until
 from prom import free_port
 from stocksentry.instrumentation import catalog
 
 pytestmark = pytest.mark.integration
-CLI = [sys.executable, "-m", "stocksentry.exporter"]
 
 
 def scrape(port: int) -> dict[str, float]:
@@ -55,28 +54,6 @@ def wait_for(
     wait_until(probe, accept=lambda v: v is True, timeout=timeout, interval=0.2)
 
 
-def write_config(tmp_path: Path, port: int, *, allocation: bool = True) -> Path:
-    config = tmp_path / "exporter.yaml"
-    products = "  products:\n    allocation: initial_stock\n" if allocation else ""
-    config.write_text(
-        f"""
-server:
-  listen_address: 127.0.0.1
-  port: {port}
-database:
-  url_env: STOCKSENTRY_DATABASE_URL
-  leader_election: false
-schema:
-{products or "  {}"}
-probes:
-  defaults:
-    interval: 500ms
-    timeout: 2s
-"""
-    )
-    return config
-
-
 @pytest.fixture
 def exporter_env(pg_database: str) -> dict[str, str]:
     return {**os.environ, "STOCKSENTRY_DATABASE_URL": pg_database}
@@ -85,27 +62,16 @@ def exporter_env(pg_database: str) -> dict[str, str]:
 @pytest.fixture
 def oversold_database(pg_database: str) -> str:
     """The lab's check_then_decrement run: stock below zero and more paid than allocated."""
-    done = subprocess.run(
-        [
-            *CLI,
-            "demo",
-            "--database",
-            pg_database,
-            "--strategy",
-            "check_then_decrement,atomic",
-            "--buyers",
-            "200",
-            "--stock",
-            "40",
-            "--quiet",
-            "--format",
-            "json",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
+    done = run_demo(
+        "--database",
+        pg_database,
+        "--strategy",
+        "check_then_decrement,atomic",
+        "--buyers",
+        "200",
+        "--stock",
+        "40",
     )
-    assert done.returncode == 0, done.stderr
     results = {r["strategy"]: r for r in json.loads(done.stdout)}
     assert results["check_then_decrement"]["final_stock"] < 0
     return pg_database
@@ -154,7 +120,7 @@ def test_probes_report_the_labs_oversell(
     assert len(oversold) == 1
 
     port = free_port()
-    process = run_exporter(write_config(tmp_path, port))
+    process = run_exporter(write_exporter_config(tmp_path, port))
     up = f'{catalog.PROBE_UP.name}{{probe="oversold"}}'
     wait_for(lambda: scrape(port).get(up) == 1.0, process)
     negative_up = f'{catalog.PROBE_UP.name}{{probe="negative_stock"}}'
@@ -183,7 +149,7 @@ def test_database_down_keeps_serving_and_says_which_probe(
         **exporter_env,
         "STOCKSENTRY_DATABASE_URL": "postgresql://postgres:hunter2@127.0.0.1:1/none",
     }
-    process = run_exporter(write_config(tmp_path, port), env)
+    process = run_exporter(write_exporter_config(tmp_path, port), env)
     key = f'{catalog.PROBE_UP.name}{{probe="negative_stock"}}'
     wait_for(lambda: key in scrape(port), process)
     # The probe has failed: /metrics still answers, within the scrape's own HTTP timeout,
@@ -211,9 +177,7 @@ def test_bad_config_is_one_line_and_exit_2(tmp_path: Path, body: str, expected: 
     config = tmp_path / "bad.yaml"
     config.write_text(body)
     for command in ("exporter --config", "check-config"):
-        done = subprocess.run(
-            [*CLI, *command.split(), str(config)], capture_output=True, text=True, timeout=60
-        )
+        done = run_cli(*command.split(), str(config))
         assert done.returncode == 2, done.stderr
         lines = done.stderr.strip().splitlines()
         assert len(lines) == 1, done.stderr
@@ -225,9 +189,7 @@ def test_bad_config_is_one_line_and_exit_2(tmp_path: Path, body: str, expected: 
 def test_check_config_accepts_the_shipped_example(exporter_env: dict[str, str]) -> None:
     example = Path(__file__).resolve().parents[2] / "exporter" / "config.example.yaml"
     env = {**exporter_env, "STOCKSENTRY_REDIS_URL": "redis://127.0.0.1:6379/0"}
-    done = subprocess.run(
-        [*CLI, "check-config", str(example)], capture_output=True, text=True, env=env, timeout=60
-    )
+    done = run_cli("check-config", str(example), env=env)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith(f"{example}: ok\n")
 
@@ -243,7 +205,7 @@ def test_web_config_flag_enables_basic_auth(
     hashed = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=4)).decode()
     web.write_text(f"basic_auth_users:\n  prometheus: {hashed}\n")
     port = free_port()
-    config = write_config(tmp_path, port)
+    config = write_exporter_config(tmp_path, port)
     process = subprocess.Popen(
         [*CLI, "exporter", "--config", str(config), "--web.config.file", str(web)],
         env={**exporter_env, "STOCKSENTRY_DATABASE_URL": "postgresql://postgres@127.0.0.1:1/x"},
@@ -332,9 +294,7 @@ def test_flags_override_the_yaml_and_the_start_up_says_what_is_served(
         assert get(f"{v4}/stock-metrics", auth=False)[0] == 401
         assert get(f"{v4}/metrics")[0] == 404
         status, page = get(f"{v4}/")
-        version = subprocess.run(
-            [*CLI, "--version"], capture_output=True, text=True, timeout=30, env=exporter_env
-        ).stdout.split()[-1]
+        version = run_cli("--version", env=exporter_env, timeout=30).stdout.split()[-1]
         assert status == 200
         assert f"Version: {version} (revision " in page
         assert 'href="/stock-metrics"' in page
@@ -376,12 +336,7 @@ def test_flags_override_the_yaml_and_the_start_up_says_what_is_served(
 def test_bad_flags_exit_2_naming_the_flag(tmp_path: Path, flag: str, message: str) -> None:
     config = tmp_path / "exporter.yaml"
     config.write_text("server: {port: 0}\n")
-    done = subprocess.run(
-        [*CLI, "exporter", f"--config={config}", flag],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = run_cli("exporter", f"--config={config}", flag)
     assert done.returncode == 2
     assert flag.split("=")[0] in done.stderr
     assert message in done.stderr

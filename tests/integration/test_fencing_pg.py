@@ -14,11 +14,13 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import lockscenarios
 import pottery
 import pytest
 import redis
 import redis.asyncio
 import sqlalchemy as sa
+from lockscenarios import value
 from prometheus_client import CollectorRegistry
 from redis.exceptions import LockNotOwnedError
 from services import REDIS_URL
@@ -36,6 +38,9 @@ from stocksentry.instrumentation.sqlalchemy.fencing import fence_plan
 from structlog.testing import capture_logs
 
 pytestmark = pytest.mark.integration
+
+# The Redis client fixture of lockscenarios, named here so that pytest finds it.
+client = lockscenarios.client
 
 STALE = "stock_lock_stale_fencing_token_total"
 SCHEMA = (
@@ -55,22 +60,9 @@ TTL = 0.2
 WORK = 0.4
 
 
-def value(registry: CollectorRegistry, name: str, **labels: str) -> float:
-    return registry.get_sample_value(name, labels) or 0.0
-
-
 @pytest.fixture
 def sentry(registry: CollectorRegistry) -> Sentry:
     return Sentry(registry=registry, log=True, trace=False)
-
-
-@pytest.fixture
-def client() -> Iterator[redis.Redis]:
-    c = redis.Redis.from_url(REDIS_URL)
-    try:
-        yield c
-    finally:
-        c.close()
 
 
 def fenced_engine(url: str, sentry: Sentry) -> sa.Engine:

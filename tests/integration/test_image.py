@@ -34,6 +34,7 @@ import psycopg
 import pytest
 import redis
 import yaml
+from dbs import PG_SHOP_TABLES
 from polling import http_ok, wait_until
 from prom import free_port
 from prometheus_client.parser import text_string_to_metric_families
@@ -51,32 +52,17 @@ CHART = ROOT / "helm" / "stocksentry"
 CONFIG_MOUNT = "/etc/stocksentry/config/config.yaml"
 VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
 
-SCHEMA = """
-CREATE TABLE products (
-    id bigserial PRIMARY KEY,
-    sku text NOT NULL UNIQUE,
-    available_stock integer NOT NULL,
-    initial_stock integer NOT NULL DEFAULT 10
-);
-CREATE TABLE orders (
-    id bigserial PRIMARY KEY,
-    status text NOT NULL,
-    external_ref text,
-    created_at timestamptz NOT NULL DEFAULT now()
-);
-CREATE TABLE order_items (
-    id bigserial PRIMARY KEY,
-    order_id bigint NOT NULL REFERENCES orders (id),
-    product_id bigint NOT NULL REFERENCES products (id),
-    quantity integer NOT NULL
-);
+SCHEMA = (
+    PG_SHOP_TABLES
+    + """
 CREATE INDEX products_stock_negative_idx ON products (available_stock)
     WHERE available_stock < 0;
 CREATE INDEX orders_created_at_idx ON orders (created_at);
 CREATE INDEX order_items_product_id_idx ON order_items (product_id);
-INSERT INTO products (sku, available_stock) VALUES
-    ('EGG-01', 4), ('EGG-02', 7), ('0012', 1), ('SKU-NEG', -2);
+INSERT INTO products (sku, available_stock, initial_stock) VALUES
+    ('EGG-01', 4, 10), ('EGG-02', 7, 10), ('0012', 1, 10), ('SKU-NEG', -2, 10);
 """
+)
 
 
 def run(*cmd: str | Path, cwd: Path | None = None) -> str:

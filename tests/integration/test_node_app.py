@@ -41,8 +41,10 @@ from typing import Any
 import psycopg
 import pytest
 import redis
+from exportercli import CLI, write_exporter_config
 from polling import http_ok, wait_until
 from privateredis import PrivateRedis, free_port
+from processes import stop
 from prom import Prometheus
 from services import PG_SERVER
 
@@ -51,7 +53,6 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 NODE_DIR = ROOT / "tests" / "node"
 RULES = ROOT / "alert_rules" / "stocksentry.rules.yml"
-CLI = [sys.executable, "-m", "stocksentry.exporter"]
 #: The naive lock's lease and the work done under it: the work outlives the lease.
 LOCK_TTL_S = 1
 WORK_MS = 1300
@@ -147,16 +148,6 @@ def buy(url: str, sku: str, buyers: int) -> list[int]:
         return sorted(f.result() for f in futures)
 
 
-def _stop(process: subprocess.Popen[Any]) -> None:
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(5)
-
-
 @pytest.fixture(scope="module")
 def shop(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shop]:
     _node_modules()
@@ -171,30 +162,15 @@ def shop(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shop]:
             conn.execute((NODE_DIR / "schema.sql").read_text())
         with PrivateRedis() as private_redis:
             port = free_port()
-            config = tmp / "exporter.yaml"
-            config.write_text(
-                f"""
-server:
-  listen_address: 127.0.0.1
-  port: {port}
+            more = f"""
 sku_guard:
   promo_skus: [EGG-01, MILK-01]
-database:
-  url_env: STOCKSENTRY_DATABASE_URL
-  leader_election: false
-schema:
-  products:
-    allocation: initial_stock
-probes:
-  defaults:
-    interval: 500ms
-    timeout: 2s
 lock_watch:
   url: {private_redis.url}
   patterns: ["lock:product:{{sku}}"]
   configure_notifications: true
 """
-            )
+            config = write_exporter_config(tmp, port, more=more)
             sidecar_log = (tmp / "sidecar.log").open("wb")
             sidecar = subprocess.Popen(
                 [*CLI, "exporter", "--config", str(config)],
@@ -218,10 +194,10 @@ lock_watch:
                     yield shop
                 finally:
                     for app in shop.apps:
-                        _stop(app)
+                        stop(app)
     finally:
         if sidecar is not None:
-            _stop(sidecar)
+            stop(sidecar)
         with psycopg.connect(PG_SERVER, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 

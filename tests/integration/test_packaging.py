@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import urllib.request
 import venv
 import zipfile
 from pathlib import Path
@@ -81,11 +80,3 @@ def test_wheel_installs_and_imports_with_core_dependencies_only(tmp_path: Path) 
     out = run(python, "-c", CHECK, cwd=tmp_path)
     assert out.splitlines()[-1] == "ok"
     assert (env_dir / "bin" / "stocksentry").exists()
-
-
-def _get(url: str) -> str:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as response:
-            return str(response.read().decode())
-    except OSError:
-        return ""

@@ -24,8 +24,8 @@ import psycopg
 import pytest
 import redis.asyncio as aioredis
 import yaml
-from dbs import Db
-from polling import async_wait_until
+from dbs import ALL_DB_PROBES, PG_SHOP_TABLES, Db
+from polling import FakeClock, async_wait_until
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from stocksentry.exporter.config import ExporterConfig, parse_config
@@ -42,38 +42,11 @@ REDIS_URL = os.environ.get("STOCKSENTRY_TEST_REDIS", "redis://127.0.0.1:6379/0")
 # How long a test waits for a probe to get somewhere. Generous, because a loaded two-core
 # machine is slow; a passing test waits only as long as the probes take.
 WAIT = 20.0
+INF = float("inf")
 
-ALL_DB_PROBES = (
-    "negative_stock",
-    "oversold",
-    "duplicate_orders",
-    "lock_waiters",
-    "deadlocks",
-    "long_transactions",
-    "expired_reservations",
-    "outbox",
-)
-
-SCHEMA = """
-CREATE TABLE products (
-    id bigserial PRIMARY KEY,
-    sku text NOT NULL UNIQUE,
-    available_stock integer NOT NULL,
-    initial_stock integer NOT NULL
-);
-CREATE TABLE orders (
-    id bigserial PRIMARY KEY,
-    status text NOT NULL,
-    external_ref text,
-    idempotency_key text,
-    created_at timestamptz NOT NULL DEFAULT now()
-);
-CREATE TABLE order_items (
-    id bigserial PRIMARY KEY,
-    order_id bigint NOT NULL REFERENCES orders (id),
-    product_id bigint NOT NULL REFERENCES products (id),
-    quantity integer NOT NULL
-);
+SCHEMA = (
+    PG_SHOP_TABLES
+    + """
 CREATE TABLE reservations (
     id bigserial PRIMARY KEY,
     product_id bigint NOT NULL REFERENCES products (id),
@@ -87,6 +60,7 @@ CREATE TABLE outbox (
     published_at timestamptz
 );
 """
+)
 
 INDEXES = """
 CREATE INDEX products_stock_negative_idx ON products (available_stock)
@@ -163,12 +137,15 @@ def make_config(
     schema: dict[str, Any] | None = None,
     promo_skus: tuple[str, ...] = ("SKU-OK",),
     environ: dict[str, str] | None = None,
+    settings: dict[str, Any] | None = None,
 ) -> ExporterConfig:
-    """A config on ``url`` with only ``probes`` enabled, on 0.2 s intervals."""
-    settings: dict[str, Any] = {"defaults": {"interval": "200ms", "timeout": "2s"}}
+    """A config on ``url`` with only ``probes`` enabled, on 0.2 s intervals; ``settings``
+    is laid over the probes' section."""
+    probe_settings: dict[str, Any] = {"defaults": {"interval": "200ms", "timeout": "2s"}}
     for name in (*ALL_DB_PROBES, "cache_drift"):
         if name not in probes:
-            settings[name] = {"enabled": False}
+            probe_settings[name] = {"enabled": False}
+    probe_settings.update(settings or {})
     db: dict[str, Any] = {
         "url": url,
         "leader_election": leader_election,
@@ -189,7 +166,7 @@ def make_config(
             "outbox": {},
             **(schema or {}),
         },
-        "probes": settings,
+        "probes": probe_settings,
     }
     return parse_config(yaml.safe_dump(document), "test.yaml", environ=environ or {})
 
@@ -1129,6 +1106,13 @@ async def test_cache_drift_names_the_skus_drifting_the_most(pg_database, registr
         names = (*skus, "__other__")
         return {sku: sample(registry, per_sku, cache="redis", sku=sku) for sku in names}
 
+    async def units_once(sku: str, value: float, message: str) -> dict[str, float | None]:
+        """The figures once ``sku``'s is ``value``."""
+        await async_wait_until(
+            units, accept=lambda u: u[sku] == value, timeout=WAIT, message=message
+        )
+        return units()
+
     try:
         # Database: SKU-OK 15, SKU-OVER 0, SKU-NEG3 -3, SKU-NEG1 -1.
         await client.set(f"{redis_prefix}stock:SKU-OK", "15")  # in step
@@ -1157,38 +1141,19 @@ async def test_cache_drift_names_the_skus_drifting_the_most(pg_database, registr
             await async_wait_until(all_up(registry, ("cache_drift",)), timeout=WAIT)
             # Within the grace: every compared SKU has its series, at 0.
             assert units() == dict.fromkeys(skus, 0.0) | {"__other__": None}
-            await async_wait_until(
-                units,
-                accept=lambda u: u["SKU-NEG3"] == 10.0,
-                timeout=WAIT,
-                message="the drifting SKUs named after the grace",
-            )
             # The two worst by name (the unreadable value first), SKU-OVER's 3 units
             # under __other__ while its own series stays at 0.
-            assert units() == {
-                "SKU-OK": 0.0,
-                "SKU-OVER": 0.0,
-                "SKU-NEG3": 10.0,
-                "SKU-NEG1": float("inf"),
-                "__other__": 3.0,
-            }
+            named = await units_once("SKU-NEG3", 10.0, "the drifting SKUs named after the grace")
+            assert named == (
+                dict.fromkeys(skus, 0.0) | {"SKU-NEG3": 10.0, "SKU-NEG1": INF, "__other__": 3.0}
+            )
             assert sample(registry, "stock_cache_drift_skus", cache="redis") == 3.0
             await client.set(f"{redis_prefix}stock:SKU-NEG3", "-3")
             await client.set(f"{redis_prefix}stock:SKU-NEG1", "-1")
-            await async_wait_until(
-                units,
-                accept=lambda u: u["SKU-NEG1"] == 0.0,
-                timeout=WAIT,
-                message="the fixed SKUs back at 0",
-            )
             # SKU-OVER is now among the two worst: named, nothing left for __other__.
-            assert units() == {
-                "SKU-OK": 0.0,
-                "SKU-OVER": 3.0,
-                "SKU-NEG3": 0.0,
-                "SKU-NEG1": 0.0,
-                "__other__": None,
-            }
+            assert await units_once("SKU-NEG1", 0.0, "the fixed SKUs back at 0") == (
+                dict.fromkeys(skus, 0.0) | {"SKU-OVER": 3.0, "__other__": None}
+            )
     finally:
         await client.aclose()
 
@@ -1312,18 +1277,10 @@ async def test_stop_leaves_no_session_behind(db, registry):
 # --- the pieces that need no service: error logs and backoff --------------------------------
 
 
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_error_log_is_rate_limited_per_probe_and_blanks_secrets(caplog):
     caplog.set_level(logging.INFO, logger="test.errors")
     url = "postgresql://app:s%40cret@db/shop"
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     errors = ErrorLog(
         logging.getLogger("test.errors"),
         interval=60.0,
@@ -1350,7 +1307,7 @@ def test_error_log_is_rate_limited_per_probe_and_blanks_secrets(caplog):
 
 
 def test_backoff_doubles_up_to_the_maximum_and_resets():
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     backoff = Backoff(initial=0.5, maximum=4.0, clock=clock)
     assert backoff.wait_time() == 0.0
     delays = [backoff.failed() for _ in range(6)]

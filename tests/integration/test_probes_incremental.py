@@ -10,8 +10,10 @@ recent and of old orders, a restart and a leader change (an advisory lock, ``GET
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import random
+from collections.abc import AsyncIterator
 from typing import Any
 
 import psycopg
@@ -181,6 +183,16 @@ def full_duplicates(db: Db, config: ExporterConfig) -> float:
     return float(count)
 
 
+@contextlib.asynccontextmanager
+async def oversold_probe(config: ExporterConfig) -> AsyncIterator[OversoldProbe]:
+    """The oversold probe on a pool of its own, closed after."""
+    pool = Pool(config.database)  # type: ignore[arg-type]
+    try:
+        yield OversoldProbe(config, pool, LabelGuard(100))
+    finally:
+        await pool.close()
+
+
 async def figures(probe: OversoldProbe) -> dict[str, float]:
     """One run of the probe: its ``stock_oversold_units`` samples."""
     (family,) = await probe.run()
@@ -201,9 +213,7 @@ async def test_an_order_committed_late_is_counted_however_old_its_created_at(
     db: Db, writer: Shop
 ) -> None:
     config = config_for(db.raw_url)
-    pool = Pool(config.database)  # type: ignore[arg-type]
-    probe = OversoldProbe(config, pool, LabelGuard(100))
-    try:
+    async with oversold_probe(config) as probe:
         writer.order("SKU-1", 3, age=dt.timedelta(hours=2))
         assert await figures(probe) == {}
         late = Shop(db, autocommit=False)
@@ -225,16 +235,12 @@ async def test_an_order_committed_late_is_counted_however_old_its_created_at(
         # One run after the commit: the oversell is seen, on a SKU that is no promo SKU.
         assert await figures(probe) == {"SKU-1": 2.0}
         assert await figures(probe) == full_recount(db, config)
-    finally:
-        await pool.close()
 
 
 async def test_payments_refunds_and_cancellations_recent_and_old(db: Db, writer: Shop) -> None:
     # A small shop: one chunk of the rolling recount covers every product, every run.
     config = config_for(db.raw_url, settle_after="1h")
-    pool = Pool(config.database)  # type: ignore[arg-type]
-    probe = OversoldProbe(config, pool, LabelGuard(100))
-    try:
+    async with oversold_probe(config) as probe:
         old = writer.order("SKU-1", 4, age=dt.timedelta(days=3))
         recent = writer.order("SKU-2", 2, status="PENDING")
         writer.order("SKU-2", 2)
@@ -251,18 +257,14 @@ async def test_payments_refunds_and_cancellations_recent_and_old(db: Db, writer:
         writer.execute("UPDATE orders SET status = 'PAID' WHERE status = 'CANCELLED'")
         assert await figures(probe) == {"SKU-3": 2.0}
         assert await figures(probe) == full_recount(db, config)
-    finally:
-        await pool.close()
 
 
 async def test_figures_equal_a_full_recount_under_traffic_with_old_orders_settled(
     db: Db, writer: Shop
 ) -> None:
     config = config_for(db.raw_url)
-    pool = Pool(config.database)  # type: ignore[arg-type]
-    probe = OversoldProbe(config, pool, LabelGuard(100))
     rng = random.Random(12)
-    try:
+    async with oversold_probe(config) as probe:
         for _ in range(20):
             writer.order(f"SKU-{rng.randint(1, 6)}", rng.randint(1, 2))
         for _ in range(6):
@@ -277,8 +279,6 @@ async def test_figures_equal_a_full_recount_under_traffic_with_old_orders_settle
         assert probe.totals.boundary is not None
         assert await figures(probe) == full_recount(db, config)
         assert full_recount(db, config)  # the traffic did oversell
-    finally:
-        await pool.close()
 
 
 async def test_a_restart_rebuilds_in_bounded_steps_and_a_new_leader_equals_the_recount(
@@ -296,12 +296,8 @@ async def test_a_restart_rebuilds_in_bounded_steps_and_a_new_leader_equals_the_r
     truth = full_recount(db, config)
     assert truth == {"SKU-450": 1.0, "SKU-460": 1.0, "SKU-470": 1.0}
 
-    pool = Pool(config.database)  # type: ignore[arg-type]
-    probe = OversoldProbe(config, pool, LabelGuard(100))
-    try:
+    async with oversold_probe(config) as probe:
         seen = [await figures(probe) for _ in range(3)]
-    finally:
-        await pool.close()
     # A restart reads at most recount_batch products' histories a run (plus one chunk).
     assert [len(s) for s in seen] == [1, 2, 3]
     assert seen[-1] == truth

@@ -13,7 +13,6 @@ import datetime as dt
 import logging
 import random
 import time
-from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -32,22 +31,13 @@ from stocksentry.exporter.probes.base import ErrorLog
 from stocksentry.exporter.probes.election import LeaderElection
 from stocksentry.exporter.probes.my import MySQL, lock_name
 from stocksentry.exporter.probes.pg import PostgreSQL
+from test_probes import ALL_DB_PROBES, all_up, sample
+from test_probes import make_config as pg_make_config
 from test_probes import seed as pg_seed
 
 pytestmark = pytest.mark.integration
 
 WAIT = 20.0
-
-ALL_DB_PROBES = (
-    "negative_stock",
-    "oversold",
-    "duplicate_orders",
-    "lock_waiters",
-    "deadlocks",
-    "long_transactions",
-    "expired_reservations",
-    "outbox",
-)
 
 SCHEMA = [
     """CREATE TABLE products (
@@ -164,52 +154,13 @@ def make_config(
     url: str,
     probes: tuple[str, ...] = ALL_DB_PROBES,
     *,
-    leader_election: bool = False,
     database: dict[str, Any] | None = None,
-    schema: dict[str, Any] | None = None,
-    promo_skus: tuple[str, ...] = ("SKU-OK",),
-    environ: dict[str, str] | None = None,
-    settings: dict[str, Any] | None = None,
+    **options: Any,
 ) -> ExporterConfig:
-    """A config on ``url`` with only ``probes`` enabled, on 0.2 s intervals."""
-    probe_settings: dict[str, Any] = {"defaults": {"interval": "200ms", "timeout": "2s"}}
-    for name in (*ALL_DB_PROBES, "cache_drift"):
-        if name not in probes:
-            probe_settings[name] = {"enabled": False}
-    probe_settings.update(settings or {})
-    db: dict[str, Any] = {
-        "url": url,
-        "leader_election": leader_election,
-        "statement_timeout": "1s",
-        "lock_timeout": "200ms",
-        "connect_timeout": "2s",
-        "leader_retry_interval": "200ms",
-        # Unique per test: other suites elect on the same server at the same time.
-        "advisory_lock_key": random.randint(1, 2**62),
-    }
-    db.update(database or {})
-    if "url_env" in db:
-        del db["url"]
-    document: dict[str, Any] = {
-        "sku_guard": {"promo_skus": list(promo_skus)},
-        "database": db,
-        "schema": {
-            "products": {"allocation": "initial_stock"},
-            "reservations": {},
-            "outbox": {},
-            **(schema or {}),
-        },
-        "probes": probe_settings,
-    }
-    return parse_config(yaml.safe_dump(document), "test.yaml", environ=environ or {})
-
-
-def sample(registry: CollectorRegistry, name: str, **labels: str) -> float | None:
-    return registry.get_sample_value(name, labels)
-
-
-def all_up(registry: CollectorRegistry, probes: tuple[str, ...]) -> Callable[[], bool]:
-    return lambda: all(sample(registry, "stocksentry_probe_up", probe=p) == 1.0 for p in probes)
+    """test_probes' config, with an election key of its own."""
+    # Unique per test: other suites elect on the same server at the same time.
+    database = {"advisory_lock_key": random.randint(1, 2**62), **(database or {})}
+    return pg_make_config(url, probes, database=database, **options)
 
 
 def database_of(url: str) -> str:

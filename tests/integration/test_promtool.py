@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 import yaml
 from polling import WaitTimeout, http_ok, wait_until
+from processes import stop
 from prom import free_port
 
 pytestmark = pytest.mark.integration
@@ -90,7 +91,9 @@ def test_promtool_unit_tests(
     assert (done.returncode, done.stdout, done.stderr) == (0, expected, ""), show(done)
 
 
-def _write_test(tmp_path: Path, test: dict[str, Any]) -> Path:
+def _write_test(tmp_path: Path, series: str, values: str, **checks: Any) -> Path:
+    """A promtool rule test: one input series every minute, and ``checks``."""
+    test = {"interval": "1m", "input_series": [{"series": series, "values": values}], **checks}
     path = tmp_path / "case.yml"
     doc = {"rule_files": [str(RULES_FILE)], "evaluation_interval": "1m", "tests": [test]}
     path.write_text(yaml.safe_dump(doc), encoding="utf-8")
@@ -99,27 +102,14 @@ def _write_test(tmp_path: Path, test: dict[str, Any]) -> Path:
 
 def test_promtool_reports_a_wrong_expectation(tmp_path: Path) -> None:
     """The harness can fail: a StockOversold test that expects the wrong severity does."""
+    expected = {"exp_labels": {"severity": "warning", "team": "checkout", "sku": "EGG-01"}}
     path = _write_test(
         tmp_path,
-        {
-            "interval": "1m",
-            "input_series": [{"series": 'stock_oversold_units{sku="EGG-01"}', "values": "3x5"}],
-            "alert_rule_test": [
-                {
-                    "eval_time": "1m",
-                    "alertname": "StockOversold",
-                    "exp_alerts": [
-                        {
-                            "exp_labels": {
-                                "severity": "warning",
-                                "team": "checkout",
-                                "sku": "EGG-01",
-                            }
-                        }
-                    ],
-                }
-            ],
-        },
+        'stock_oversold_units{sku="EGG-01"}',
+        "3x5",
+        alert_rule_test=[
+            {"eval_time": "1m", "alertname": "StockOversold", "exp_alerts": [expected]}
+        ],
     )
     done = run(tool("promtool"), "test", "rules", path)
     assert done.returncode == 1, show(done)
@@ -137,17 +127,15 @@ def test_promtool_rejects_a_series_named_like_a_recording_rule(tmp_path: Path) -
     """
     path = _write_test(
         tmp_path,
-        {
-            "interval": "1m",
-            "input_series": [{"series": "stocksentry:promo_active", "values": "1x5"}],
-            "promql_expr_test": [
-                {
-                    "expr": "stocksentry:promo_active",
-                    "eval_time": "1m",
-                    "exp_samples": [{"labels": "stocksentry:promo_active", "value": 1}],
-                }
-            ],
-        },
+        "stocksentry:promo_active",
+        "1x5",
+        promql_expr_test=[
+            {
+                "expr": "stocksentry:promo_active",
+                "eval_time": "1m",
+                "exp_samples": [{"labels": "stocksentry:promo_active", "value": 1}],
+            }
+        ],
     )
     done = run(tool("promtool"), "test", "rules", path)
     assert done.returncode == 1, show(done)
@@ -287,12 +275,7 @@ def alertmanager(tmp_path: Path) -> Iterator[str]:
             pytest.fail("Alertmanager did not start:\n" + (data / "alertmanager.log").read_text())
         yield base
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc)
         log.close()
 
 
@@ -318,119 +301,48 @@ SRE1 = {"team": "sre", "job": "stocksentry", "instance": "s-1:19464"}
 CHECKOUT = {"team": "checkout"}
 ON, MUTED = "active", "suppressed"
 
+
+def alert(name: str, severity: str, state: str, **labels: str) -> tuple[dict[str, str], str]:
+    """An alert's labels, and the state Alertmanager must give it."""
+    return {"alertname": name, "severity": severity, **labels}, state
+
+
 # Each case: the alerts fired together, each with the state Alertmanager must give it.
 INHIBITION_CASES = {
     "exporter-down-mutes-its-probe-alerts": [
-        ({"alertname": "StocksentryExporterDown", "severity": "critical", **SRE0}, ON),
-        (
-            {
-                "alertname": "StocksentryProbeDown",
-                "severity": "warning",
-                "probe": "oversold",
-                **SRE0,
-            },
-            MUTED,
-        ),
-        (
-            {
-                "alertname": "StocksentryProbeStale",
-                "severity": "warning",
-                "probe": "outbox",
-                **SRE0,
-            },
-            MUTED,
-        ),
+        alert("StocksentryExporterDown", "critical", ON, **SRE0),
+        alert("StocksentryProbeDown", "warning", MUTED, probe="oversold", **SRE0),
+        alert("StocksentryProbeStale", "warning", MUTED, probe="outbox", **SRE0),
         # Another instance's probe, and the invariant alerts, are not muted.
-        (
-            {
-                "alertname": "StocksentryProbeDown",
-                "severity": "warning",
-                "probe": "oversold",
-                **SRE1,
-            },
+        alert("StocksentryProbeDown", "warning", ON, probe="oversold", **SRE1),
+        alert(
+            "StockNegativeInventory",
+            "critical",
             ON,
-        ),
-        (
-            {
-                "alertname": "StockNegativeInventory",
-                "severity": "critical",
-                "team": "checkout",
-                "job": "stocksentry",
-                "instance": "s-0:19464",
-            },
-            ON,
+            team="checkout",
+            job="stocksentry",
+            instance="s-0:19464",
         ),
     ],
     "probe-down-mutes-its-own-staleness": [
-        (
-            {
-                "alertname": "StocksentryProbeDown",
-                "severity": "warning",
-                "probe": "oversold",
-                **SRE0,
-            },
-            ON,
-        ),
-        (
-            {
-                "alertname": "StocksentryProbeStale",
-                "severity": "warning",
-                "probe": "oversold",
-                **SRE0,
-            },
-            MUTED,
-        ),
-        (
-            {
-                "alertname": "StocksentryProbeStale",
-                "severity": "warning",
-                "probe": "outbox",
-                **SRE0,
-            },
-            ON,
-        ),
+        alert("StocksentryProbeDown", "warning", ON, probe="oversold", **SRE0),
+        alert("StocksentryProbeStale", "warning", MUTED, probe="oversold", **SRE0),
+        alert("StocksentryProbeStale", "warning", ON, probe="outbox", **SRE0),
     ],
     "promo-lock-wait-mutes-the-everyday-one": [
-        (
-            {
-                "alertname": "StockLockWaitHighDuringPromo",
-                "severity": "critical",
-                "table": "products",
-                **CHECKOUT,
-            },
-            ON,
-        ),
-        (
-            {
-                "alertname": "StockLockWaitHigh",
-                "severity": "warning",
-                "table": "products",
-                **CHECKOUT,
-            },
-            MUTED,
-        ),
-        (
-            {
-                "alertname": "StockLockWaitHigh",
-                "severity": "warning",
-                "table": "orders",
-                **CHECKOUT,
-            },
-            ON,
-        ),
+        alert("StockLockWaitHighDuringPromo", "critical", ON, table="products", **CHECKOUT),
+        alert("StockLockWaitHigh", "warning", MUTED, table="products", **CHECKOUT),
+        alert("StockLockWaitHigh", "warning", ON, table="orders", **CHECKOUT),
     ],
     "page-mutes-ticket": [
-        ({"alertname": "CheckoutErrorBudgetBurnFast", "severity": "critical", **CHECKOUT}, ON),
-        ({"alertname": "CheckoutErrorBudgetBurnSlow", "severity": "warning", **CHECKOUT}, MUTED),
+        alert("CheckoutErrorBudgetBurnFast", "critical", ON, **CHECKOUT),
+        alert("CheckoutErrorBudgetBurnSlow", "warning", MUTED, **CHECKOUT),
     ],
     # No rule has two severities today; the inhibit rule is there for when one does.
     "critical-mutes-warning-of-same-alert-and-sku": [
-        ({"alertname": "StockOversold", "severity": "critical", "sku": "EGG-01", **CHECKOUT}, ON),
-        (
-            {"alertname": "StockOversold", "severity": "warning", "sku": "EGG-01", **CHECKOUT},
-            MUTED,
-        ),
-        ({"alertname": "StockOversold", "severity": "warning", "sku": "EGG-02", **CHECKOUT}, ON),
+        alert("StockOversold", "critical", ON, sku="EGG-01", **CHECKOUT),
+        alert("StockOversold", "warning", MUTED, sku="EGG-01", **CHECKOUT),
+        alert("StockOversold", "warning", ON, sku="EGG-02", **CHECKOUT),
     ],
 }
 

@@ -10,6 +10,7 @@ import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -17,6 +18,7 @@ from stocksentry.exporter.commandline import ExitCode
 from stocksentry.exporter.config import SchemaConfig, parse_config
 from stocksentry.exporter.investigate.reconcile import (
     ReconcileError,
+    Report,
     exit_status,
     format_table,
     parse_since,
@@ -45,17 +47,21 @@ def driver_url(url: str) -> str:
     return url.replace("mysql://", "mysql+pymysql://", 1)
 
 
+def create_tables(conn: sa.Connection) -> None:
+    for ddl in DDL:
+        if conn.dialect.name in ("mysql", "mariadb"):
+            # MySQL has no time zone in a column type: the times are UTC.
+            ddl = ddl.replace("TIMESTAMP WITH TIME ZONE", "DATETIME(6)")
+        conn.execute(sa.text(ddl))
+
+
 def seed(url: str, *, violations: bool) -> None:
     """Three SKUs; with violations: EGG-01 at -2 and oversold by 3 (5 paid of 2), one
     external_ref with two orders, one idempotency key with three, one paid order without
     items, and one old duplicate before the sale."""
     engine = sa.create_engine(driver_url(url))
     with engine.begin() as conn:
-        for ddl in DDL:
-            if conn.dialect.name in ("mysql", "mariadb"):
-                # MySQL has no time zone in a column type: the times are UTC.
-                ddl = ddl.replace("TIMESTAMP WITH TIME ZONE", "DATETIME(6)")
-            conn.execute(sa.text(ddl))
+        create_tables(conn)
         conn.execute(
             sa.text(
                 "INSERT INTO products VALUES (1, 'EGG-01', :s, 2), (2, 'EGG-02', 0, 3),"
@@ -158,26 +164,27 @@ def test_one_sku_and_no_allocation(database: str) -> None:
     assert exit_status(plain) == ExitCode.FINDINGS  # the negative stock is still a finding
 
 
+def cli(*argv: str) -> subprocess.CompletedProcess[str]:
+    """``stocksentry reconcile *argv``, run to its end."""
+    return subprocess.run([*CLI, *argv], capture_output=True, text=True, timeout=60)
+
+
+def findings_of_cli(database: str) -> dict[str, Any]:
+    """The JSON report of ``stocksentry reconcile`` on ``database``, which found violations."""
+    done = cli("--database", database, "--allocation", "initial_stock", "--format", "json")
+    assert done.returncode == 1, done.stderr
+    data: dict[str, Any] = json.loads(done.stdout)
+    return data
+
+
 def test_cli_json_and_exit_codes(pg_sqlalchemy_url: str, pg_database: str) -> None:
     seed(pg_sqlalchemy_url, violations=True)
-    done = subprocess.run(
-        [*CLI, "--database", pg_database, "--allocation", "initial_stock", "--format", "json"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == 1, done.stderr
-    data = json.loads(done.stdout)
+    data = findings_of_cli(pg_database)
     assert set(data) >= {"negative_stock", "oversold", "duplicate_keys", "paid_without_items"}
     assert data["negative_stock"] == [{"sku": "EGG-01", "stock": -2}]
     assert data["violations"] == 5  # ref-0, old (no --since) and no idempotency mapping
 
-    table = subprocess.run(
-        [*CLI, "--database", pg_database, "--allocation", "initial_stock", "--sku", "EGG-02"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    table = cli("--database", pg_database, "--allocation", "initial_stock", "--sku", "EGG-02")
     assert table.returncode == 0, table.stderr
     assert "verdict: every invariant holds" in table.stdout
     # paid_without_items names no SKU: out of the scope of --sku, not a gap in the audit.
@@ -199,7 +206,7 @@ def test_cli_json_and_exit_codes(pg_sqlalchemy_url: str, pg_database: str) -> No
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(argv: list[str], message: str) -> None:
-    done = subprocess.run([*CLI, *argv], capture_output=True, text=True, timeout=60)
+    done = cli(*argv)
     assert done.returncode == 2, done.stdout + done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1, done.stderr
@@ -232,7 +239,7 @@ def test_parse_since() -> None:
     ],
 )
 def test_no_password_ever_reaches_the_message(url: str) -> None:
-    done = subprocess.run([*CLI, "--database", url], capture_output=True, text=True, timeout=60)
+    done = cli("--database", url)
     assert done.returncode == 2, done.stdout + done.stderr
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert "hunter2" not in done.stdout + done.stderr
@@ -240,12 +247,7 @@ def test_no_password_ever_reaches_the_message(url: str) -> None:
 
 @pytest.mark.parametrize("value", ["nan", "inf", "0", "-1", "soon"])
 def test_statement_timeout_must_be_a_positive_finite_number(value: str) -> None:
-    done = subprocess.run(
-        [*CLI, "--database", "sqlite:///:memory:", "--statement-timeout", value],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = cli("--database", "sqlite:///:memory:", "--statement-timeout", value)
     assert done.returncode == 2
     assert "--statement-timeout" in done.stderr
     assert "Traceback" not in done.stderr
@@ -260,23 +262,32 @@ def test_since_does_not_hide_an_oversell(database: str) -> None:
     assert any("--since" in note for note in report.notes)
 
 
-def test_an_audit_out_of_time_is_skipped_by_name_and_the_others_still_run(
-    pg_sqlalchemy_url: str, pg_database: str
-) -> None:
+def reconcile_with_order_items_locked(url: str, raw_url: str, *, violations: bool) -> Report:
+    """Reconcile on PostgreSQL while a writer holds order_items: the audits that read it
+    wait until their 300 ms timeout."""
     import psycopg
 
-    seed(pg_sqlalchemy_url, violations=True)
-    # A writer holding order_items: the audits that read it wait until their timeout.
-    with psycopg.connect(pg_database) as blocker:
+    seed(url, violations=violations)
+    with psycopg.connect(raw_url) as blocker:
         blocker.execute("LOCK TABLE order_items IN ACCESS EXCLUSIVE MODE")
-        report = reconcile(pg_sqlalchemy_url, schema=SCHEMA, statement_timeout=0.3)
+        return reconcile(url, schema=SCHEMA, statement_timeout=0.3)
+
+
+def assert_the_order_items_audits_skipped(report: Report) -> None:
+    """The audits of order_items named as skipped, the others finished with what is there."""
     assert [line.split(":")[0] for line in report.skipped] == ["oversold", "paid_without_items"]
-    assert "--sku" in report.skipped[0]
     assert "300ms statement timeout" in report.skipped[0]
-    # The audits that read other tables finished and found what is there.
     assert report.negative_stock == [{"sku": "EGG-01", "stock": -2}]
     assert {"kind": "idempotency_key", "key": "key-x", "orders": 3} in report.duplicate_keys
     assert not report.complete
+
+
+def test_an_audit_out_of_time_is_skipped_by_name_and_the_others_still_run(
+    pg_sqlalchemy_url: str, pg_database: str
+) -> None:
+    report = reconcile_with_order_items_locked(pg_sqlalchemy_url, pg_database, violations=True)
+    assert_the_order_items_audits_skipped(report)
+    assert "--sku" in report.skipped[0]
     text = format_table(report)
     assert "oversold: NOT AUDITED — cancelled by the 300ms statement timeout" in text
     assert "there may be more" in text
@@ -292,12 +303,7 @@ def test_an_audit_out_of_time_is_skipped_by_name_and_the_others_still_run(
 def test_an_audit_out_of_time_on_a_clean_shop_is_incomplete(
     pg_sqlalchemy_url: str, pg_database: str
 ) -> None:
-    import psycopg
-
-    seed(pg_sqlalchemy_url, violations=False)
-    with psycopg.connect(pg_database) as blocker:
-        blocker.execute("LOCK TABLE order_items IN ACCESS EXCLUSIVE MODE")
-        report = reconcile(pg_sqlalchemy_url, schema=SCHEMA, statement_timeout=0.3)
+    report = reconcile_with_order_items_locked(pg_sqlalchemy_url, pg_database, violations=False)
     assert report.violations == 0
     assert exit_status(report) == ExitCode.INCOMPLETE
     assert report.verdict == "incomplete"
@@ -322,11 +328,7 @@ def test_an_audit_out_of_time_is_skipped_on_mariadb(mysql_database: str) -> None
         report = reconcile(mysql_database, schema=SCHEMA, statement_timeout=0.3)
     finally:
         blocker.close()
-    assert [line.split(":")[0] for line in report.skipped] == ["oversold", "paid_without_items"]
-    assert "300ms statement timeout" in report.skipped[0]
-    assert report.negative_stock == [{"sku": "EGG-01", "stock": -2}]
-    assert {"kind": "idempotency_key", "key": "key-x", "orders": 3} in report.duplicate_keys
-    assert not report.complete
+    assert_the_order_items_audits_skipped(report)
 
 
 def test_the_audit_transaction_is_read_only_on_mariadb(mysql_database: str) -> None:
@@ -346,14 +348,7 @@ def test_the_audit_transaction_is_read_only_on_mariadb(mysql_database: str) -> N
 
 def test_cli_on_mariadb(mysql_database: str) -> None:
     seed(mysql_database, violations=True)
-    done = subprocess.run(
-        [*CLI, "--database", mysql_database, "--allocation", "initial_stock", "--format", "json"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == 1, done.stderr
-    data = json.loads(done.stdout)
+    data = findings_of_cli(mysql_database)
     assert data["oversold"] == [
         {"sku": "EGG-01", "allocation": 2, "sold_units": 5, "paid_orders": 5, "oversold_units": 3}
     ]
@@ -365,10 +360,7 @@ def seed_quiet_oversell(url: str) -> None:
     stock stopped at 0, not below: nothing but the allocation shows it."""
     engine = sa.create_engine(driver_url(url))
     with engine.begin() as conn:
-        for ddl in DDL:
-            if conn.dialect.name in ("mysql", "mariadb"):
-                ddl = ddl.replace("TIMESTAMP WITH TIME ZONE", "DATETIME(6)")
-            conn.execute(sa.text(ddl))
+        create_tables(conn)
         conn.execute(sa.text("INSERT INTO products VALUES (1, 'EGG-01', 0, 100)"))
         conn.execute(
             sa.text("INSERT INTO orders VALUES (:id, :ref, NULL, 'PAID', :at)"),
@@ -383,9 +375,7 @@ def seed_quiet_oversell(url: str) -> None:
 
 def test_an_oversell_without_an_allocation_is_never_an_all_clear(database: str) -> None:
     seed_quiet_oversell(database)
-    done = subprocess.run(
-        [*CLI, "--database", database], capture_output=True, text=True, timeout=60
-    )
+    done = cli("--database", database)
     shown = f"exit {done.returncode}\n{done.stdout}{done.stderr}"
     assert done.returncode == ExitCode.INCOMPLETE == 3, shown
     assert "every invariant holds" not in done.stdout, shown
@@ -399,12 +389,7 @@ def test_an_oversell_without_an_allocation_is_never_an_all_clear(database: str) 
     for kind in ("negative_stock", "duplicate_keys", "paid_without_items"):
         assert f"{kind}: audited, nothing found" in done.stdout, shown
 
-    as_json = subprocess.run(
-        [*CLI, "--database", database, "--format", "json"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    as_json = cli("--database", database, "--format", "json")
     assert as_json.returncode == 3, as_json.stderr
     data = json.loads(as_json.stdout)
     assert data["verdict"] == "incomplete"
@@ -414,12 +399,7 @@ def test_an_oversell_without_an_allocation_is_never_an_all_clear(database: str) 
     ]
     assert "oversold: NOT AUDITED" in as_json.stderr
 
-    allocated = subprocess.run(
-        [*CLI, "--database", database, "--allocation", "initial_stock"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    allocated = cli("--database", database, "--allocation", "initial_stock")
     shown = f"exit {allocated.returncode}\n{allocated.stdout}{allocated.stderr}"
     assert allocated.returncode == ExitCode.FINDINGS == 1, shown
     assert "NOT AUDITED" not in allocated.stdout, shown

@@ -35,6 +35,7 @@ from pathlib import Path
 import psycopg
 import pytest
 import yaml
+from dbs import PG_SHOP_TABLES
 
 pytestmark = pytest.mark.integration
 
@@ -47,27 +48,6 @@ SKU = "EGG-01"
 FENCE = re.compile(r"^[ \t]*```([a-z]*)[ \t]*\n(.*?)^[ \t]*```", re.MULTILINE | re.DOTALL)
 INLINE = re.compile(r"`(stocksentry [^`]+)`")
 
-SCHEMA = """
-CREATE TABLE products (
-    id bigserial PRIMARY KEY,
-    sku text NOT NULL UNIQUE,
-    available_stock integer NOT NULL,
-    initial_stock integer NOT NULL
-);
-CREATE TABLE orders (
-    id bigserial PRIMARY KEY,
-    status text NOT NULL,
-    external_ref text,
-    idempotency_key text,
-    created_at timestamptz NOT NULL DEFAULT now()
-);
-CREATE TABLE order_items (
-    id bigserial PRIMARY KEY,
-    order_id bigint NOT NULL REFERENCES orders (id),
-    product_id bigint NOT NULL REFERENCES products (id),
-    quantity integer NOT NULL
-);
-"""
 # EGG-01: 5 paid orders of 100 units against an allocation of 100, stock at 0 (the
 # checkout stopped at zero, a second path sold the rest). EGG-02 sells within its own.
 SEED = """
@@ -143,7 +123,7 @@ def shop(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
         conn.execute(f'CREATE DATABASE "{name}"')
     try:
         with psycopg.connect(url, autocommit=True) as conn:
-            conn.execute(SCHEMA)
+            conn.execute(PG_SHOP_TABLES)
             conn.execute(SEED)
         work = tmp_path_factory.mktemp("runbooks")
         config = work / "stocksentry.yaml"

@@ -570,6 +570,12 @@ class Row:
     units_sold: int = 1
 
 
+def repeatable_read(flagged: int) -> Row:
+    """A plain read and a computed write in one REPEATABLE READ transaction."""
+    flow = read_write_one_transaction("REPEATABLE READ")
+    return Row("plain read, computed write, one REPEATABLE READ txn", flow, flagged)
+
+
 BOTH = [
     Row("lab unsafe: read and computed write in two transactions", lab_unsafe, 1),
     Row("lab atomic conditional update", lab_atomic, 0),
@@ -596,11 +602,7 @@ BOTH = [
 ]
 POSTGRESQL = [
     # PostgreSQL's REPEATABLE READ aborts the computed write with 40001 rather than lose it.
-    Row(
-        "plain read, computed write, one REPEATABLE READ txn",
-        read_write_one_transaction("REPEATABLE READ"),
-        0,
-    ),
+    repeatable_read(flagged=0),
     Row("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE", set_transaction_serializable, 0),
     Row("FOR KEY SHARE does not", read_write_one_transaction(None, "FOR KEY SHARE"), 1),
     Row("LOCK TABLE in SHARE ROW EXCLUSIVE mode", lock_table_then_read_write, 0),
@@ -609,11 +611,7 @@ POSTGRESQL = [
 ]
 MARIADB = [
     # InnoDB's default: the plain read is a snapshot read, the write overwrites the latest row.
-    Row(
-        "plain read, computed write, one REPEATABLE READ txn",
-        read_write_one_transaction("REPEATABLE READ"),
-        1,
-    ),
+    repeatable_read(flagged=1),
     Row("incident shape: positional driver SQL, read then write", incident_qmark_style, 1),
     Row("MySQL double-quoted literal key and # comment", double_quoted_literal_key, 1),
     Row("atomic UPDATE stock = stock - 1 WHERE stock >= 1, driver SQL", atomic_driver_sql, 0),

@@ -4,39 +4,18 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from exportercli import CLI, run_demo
 
 pytestmark = pytest.mark.integration
-CLI = [sys.executable, "-m", "stocksentry.exporter"]
 
 
 def lab_log(tmp_path: Path, strategy: str) -> Path:
     log = tmp_path / f"{strategy}.jsonl"
-    done = subprocess.run(
-        [
-            *CLI,
-            "demo",
-            "--sqlite",
-            "--strategy",
-            strategy,
-            "--buyers",
-            "120",
-            "--stock",
-            "30",
-            "--log-file",
-            str(log),
-            "--quiet",
-            "--format",
-            "json",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr
+    options = ("--sqlite", "--strategy", strategy, "--buyers", "120", "--stock", "30")
+    run_demo(*options, "--log-file", str(log))
     return log
 
 

@@ -6,10 +6,17 @@ ones that fail, so a unit test asking for a database says where it belongs.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+import structlog
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from service_guard import ServiceUsedInUnitTest, services_refused
+from stocksentry.instrumentation.logs import configure_logging
 
 
 @pytest.fixture(autouse=True)
@@ -29,3 +36,38 @@ def pg_database() -> str:
 def redis_prefix() -> str:
     """Unit tests get no Redis: the fixture lives in the integration suite."""
     raise ServiceUsedInUnitTest("redis_prefix is for tests/integration")
+
+
+@pytest.fixture
+def app_log(tmp_path: Path) -> Iterator[Path]:
+    """stocksentry's JSON logging into a file; every global logging change undone after."""
+    path = tmp_path / "app.log"
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    stream = path.open("w", encoding="utf-8")
+    configure_logging("INFO", stream=stream)
+    try:
+        yield path
+    finally:
+        for handler in root.handlers[:]:
+            if handler not in handlers:
+                root.removeHandler(handler)
+                handler.close()
+        root.setLevel(level)
+        structlog.reset_defaults()
+        structlog.contextvars.clear_contextvars()
+        stream.close()
+
+
+@pytest.fixture
+def spans() -> InMemorySpanExporter:
+    """The spans the ``provider`` fixture's tracers ended."""
+    return InMemorySpanExporter()
+
+
+@pytest.fixture
+def provider(spans: InMemorySpanExporter) -> TracerProvider:
+    """A tracer provider exporting every span, as it ends, to ``spans``."""
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(spans))
+    return provider

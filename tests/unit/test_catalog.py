@@ -118,15 +118,15 @@ def recording_api_scenarios(sentry: Sentry) -> None:
 
 def sqlalchemy_scenarios(sentry: Sentry, path: Path) -> None:
     import sqlalchemy as sa
+    from sqlitedb import sqlite_engine
     from stocksentry.instrumentation.sqlalchemy import instrument_sqlalchemy
 
-    engine = sa.create_engine(f"sqlite:///{path}")
-    with engine.begin() as conn:
-        conn.exec_driver_sql(
-            "CREATE TABLE products (id INTEGER PRIMARY KEY, sku TEXT UNIQUE NOT NULL,"
-            " available_stock INTEGER NOT NULL)"
-        )
-        conn.exec_driver_sql("INSERT INTO products VALUES (1, 'EGG-01', 1)")
+    engine = sqlite_engine(
+        f"sqlite:///{path}",
+        "CREATE TABLE products (id INTEGER PRIMARY KEY, sku TEXT UNIQUE NOT NULL,"
+        " available_stock INTEGER NOT NULL)",
+        "INSERT INTO products VALUES (1, 'EGG-01', 1)",
+    )
     instrument_sqlalchemy(engine, sentry=sentry)
     try:
         # A lost update: read in one transaction, a computed value written in another.

@@ -17,10 +17,21 @@ from stocksentry.exporter.dburl import (
 )
 
 
-def test_plain_postgresql_gets_psycopg() -> None:
-    assert parse_url("postgresql://u@h/db").drivername == "postgresql+psycopg"
-    assert parse_url("postgres://u@h/db").drivername == "postgresql+psycopg"
-    assert parse_url("sqlite:///x.db").drivername == "sqlite"
+@pytest.mark.parametrize(
+    ("text", "driver"),
+    [
+        # Plain PostgreSQL gets psycopg.
+        ("postgresql://u@h/db", "postgresql+psycopg"),
+        ("postgres://u@h/db", "postgresql+psycopg"),
+        ("sqlite:///x.db", "sqlite"),
+        # MySQL and MariaDB URLs stay as written for SQLAlchemy.
+        ("mysql://u@h/db", "mysql"),
+        ("mariadb://u@h/db", "mariadb"),
+        ("mysql+aiomysql://u@h/db", "mysql+aiomysql"),
+    ],
+)
+def test_parse_url_gives_sqlalchemy_its_driver(text: str, driver: str) -> None:
+    assert parse_url(text).drivername == driver
 
 
 @pytest.mark.parametrize(
@@ -80,12 +91,6 @@ def test_docstring_examples() -> None:
 
     result = doctest.testmod(dburl)
     assert (result.failed, result.attempted) == (0, 3)
-
-
-def test_mysql_and_mariadb_urls_stay_as_written_for_sqlalchemy() -> None:
-    assert parse_url("mysql://u@h/db").drivername == "mysql"
-    assert parse_url("mariadb://u@h/db").drivername == "mariadb"
-    assert parse_url("mysql+aiomysql://u@h/db").drivername == "mysql+aiomysql"
 
 
 @pytest.mark.parametrize(

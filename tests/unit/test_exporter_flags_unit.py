@@ -11,6 +11,7 @@ import io
 import json
 import logging
 from pathlib import Path
+from typing import Any
 
 import pytest
 import structlog
@@ -237,6 +238,17 @@ TLS = TLSServerConfig(cert_file=Path("/tls/crt"), key_file=Path("/tls/key"))
 HASH = {"prometheus": b"$2b$04$abcdefghijklmnopqrstuu1234567890123456789012345678901"}
 
 
+def client_cert_tls(client_auth_type: str, **options: Any) -> TLSServerConfig:
+    """TLS that asks for client certificates signed by /ca."""
+    return TLSServerConfig(
+        cert_file=Path("/c"),
+        key_file=Path("/k"),
+        client_auth_type=client_auth_type,
+        client_ca_file=Path("/ca"),
+        **options,
+    )
+
+
 def lines_for(web_config: WebConfig | None, *addresses: tuple[str, int]) -> list[str]:
     server = RunningServer(web.Application(), "https" if web_config and web_config.tls else "http",
                            addresses)  # fmt: skip
@@ -269,24 +281,13 @@ def test_tls_with_basic_auth_or_client_certificates() -> None:
     assert both[1].startswith("INFO listening on https://127.0.0.1:19464/")
     assert both[1].endswith("; TLS (TLS12-TLS13), no client certificates, basic auth (1 user)")
     assert len(both) == 2
-    mtls = TLSServerConfig(
-        cert_file=Path("/c"),
-        key_file=Path("/k"),
-        client_auth_type="RequireAndVerifyClientCert",
-        client_ca_file=Path("/ca"),
-        min_version="TLS13",
-    )
+    mtls = client_cert_tls("RequireAndVerifyClientCert", min_version="TLS13")
     certs = lines_for(WebConfig(tls=mtls), ("127.0.0.1", 19464))
     assert certs[1].endswith(
         "; TLS (TLS13-TLS13), client certificates: RequireAndVerifyClientCert"
     )
     assert len(certs) == 2
-    optional = TLSServerConfig(
-        cert_file=Path("/c"),
-        key_file=Path("/k"),
-        client_auth_type="VerifyClientCertIfGiven",
-        client_ca_file=Path("/ca"),
-    )
+    optional = client_cert_tls("VerifyClientCertIfGiven")
     lines = lines_for(WebConfig(tls=optional), ("127.0.0.1", 19464))
     assert lines[1].endswith("client certificates: VerifyClientCertIfGiven, no authentication")
     assert lines[2].startswith("WARNING no authentication on the metrics")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from datetime import UTC, datetime
 
+from polling import FakeClock
 from stocksentry.exporter.config import parse_config
 from stocksentry.exporter.invariants import InvariantSql
 from stocksentry.exporter.probes.families import (
@@ -60,17 +61,9 @@ def test_the_duplicate_sku_statement_is_parameterised_in_every_dialect():
         assert query.columns == ("sku", "keys")
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_outbox_stuck_logs_once_per_transition_then_once_a_minute(caplog):
     caplog.set_level(logging.INFO, logger="test.outbox")
-    clock = Clock()
+    clock = FakeClock(0.0)
     log = OutboxStuckLog(
         max_publish_latency=30.0, logger=logging.getLogger("test.outbox"), clock=clock
     )

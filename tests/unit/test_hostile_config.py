@@ -95,21 +95,24 @@ def test_a_url_file_over_64_kib_is_refused(tmp_path: Path) -> None:
     assert "postgresql" not in str(caught.value)
 
 
-@pytest.mark.parametrize("kind", ["fifo", "device", "directory", "too-big"])
-def test_a_config_path_that_is_not_a_small_regular_file_exits_2(tmp_path: Path, kind: str) -> None:
-    path = tmp_path / "c.yaml"
+def not_a_small_file(path: Path, kind: str, limit: int, limit_text: str) -> tuple[Path, str]:
+    """``path`` made a file of ``kind`` (``too-big``: a regular file over ``limit`` bytes):
+    the path to read, and the problem the reader must name."""
     if kind == "fifo":
         os.mkfifo(path)
-        problem = "it is a FIFO (named pipe), not a regular file"
-    elif kind == "device":
-        path = Path("/dev/zero")
-        problem = "it is a character device, not a regular file"
-    elif kind == "directory":
+        return path, "it is a FIFO (named pipe), not a regular file"
+    if kind == "device":
+        return Path("/dev/zero"), "it is a character device, not a regular file"
+    if kind == "directory":
         path.mkdir()
-        problem = "it is a directory, not a regular file"
-    else:
-        path.write_bytes(b"# padding\n" * (CONFIG_LIMIT // 10 + 1))
-        problem = "it is larger than the limit of 4 MiB"
+        return path, "it is a directory, not a regular file"
+    path.write_bytes(b"# padding\n" * (limit // 10 + 1))
+    return path, f"it is larger than the limit of {limit_text}"
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "directory", "too-big"])
+def test_a_config_path_that_is_not_a_small_regular_file_exits_2(tmp_path: Path, kind: str) -> None:
+    path, problem = not_a_small_file(tmp_path / "c.yaml", kind, CONFIG_LIMIT, "4 MiB")
     result = check_config(path, tmp_path)
     assert_one_error_line(result, f"{path}: cannot read the file: {problem}")
 
@@ -118,16 +121,7 @@ def test_a_config_path_that_is_not_a_small_regular_file_exits_2(tmp_path: Path, 
 def test_a_web_config_that_is_not_a_small_regular_file_is_one_error(
     tmp_path: Path, kind: str
 ) -> None:
-    path = tmp_path / "web.yml"
-    if kind == "fifo":
-        os.mkfifo(path)
-        problem = "it is a FIFO (named pipe), not a regular file"
-    elif kind == "device":
-        path = Path("/dev/zero")
-        problem = "it is a character device, not a regular file"
-    else:
-        path.write_bytes(b"# padding\n" * (WEB_CONFIG_LIMIT // 10 + 1))
-        problem = "it is larger than the limit of 1 MiB"
+    path, problem = not_a_small_file(tmp_path / "web.yml", kind, WEB_CONFIG_LIMIT, "1 MiB")
     with pytest.raises(WebConfigError) as caught:
         load_web_config(path)
     assert str(caught.value).startswith(f"{path}: (file): cannot read: {problem}")

@@ -10,22 +10,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import polling
 import pytest
-from polling import WaitTimeout, async_wait_until, http_ok, wait_until
-
-
-class FakeClock:
-    """A clock that moves only when the helper sleeps."""
-
-    def __init__(self) -> None:
-        self.now = 100.0
-        self.sleeps: list[float] = []
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.sleeps.append(seconds)
-        self.now += seconds
+from polling import FakeClock, WaitTimeout, async_wait_until, http_ok, wait_until
 
 
 def test_returns_the_first_accepted_value() -> None:

@@ -13,6 +13,7 @@ import pytest
 import sqlalchemy as sa
 from prometheus_client import CollectorRegistry
 from pymysql.constants import CLIENT
+from sqlitedb import sqlite_engine
 from stocksentry.instrumentation import ReservationConflict, Sentry, classify_exception
 from stocksentry.instrumentation.outcomes import mysql_errno_of, refusal_of, status_code_of
 from stocksentry.instrumentation.sqlalchemy import (
@@ -226,13 +227,12 @@ def test_zero_rows_check_is_mysql_only() -> None:
 def test_qmark_driver_sql_read_then_write_is_flagged() -> None:
     registry = CollectorRegistry()
     sentry = Sentry(registry=registry, log=False, trace=False)
-    engine = sa.create_engine("sqlite://")
+    engine = sqlite_engine(
+        "sqlite://",
+        "CREATE TABLE products (id INTEGER PRIMARY KEY, sku TEXT, available_stock INTEGER)",
+        "INSERT INTO products VALUES (1, 'EGG-01', 5)",
+    )
     assert engine.dialect.paramstyle == "qmark"
-    with engine.begin() as conn:
-        conn.exec_driver_sql(
-            "CREATE TABLE products (id INTEGER PRIMARY KEY, sku TEXT, available_stock INTEGER)"
-        )
-        conn.exec_driver_sql("INSERT INTO products VALUES (1, 'EGG-01', 5)")
     instrument_sqlalchemy(engine, sentry=sentry)
     try:
         with sentry.reservation("EGG-01", strategy="unsafe"):

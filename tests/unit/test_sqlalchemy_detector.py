@@ -24,6 +24,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import CollectorRegistry
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlitedb import sqlite_engine
 from stocksentry.instrumentation import Sentry, catalog
 from stocksentry.instrumentation.logs import bind_correlation, configure_logging
 from stocksentry.instrumentation.sqlalchemy import (
@@ -74,11 +75,7 @@ def sentry(registry: CollectorRegistry) -> Sentry:
 
 
 def make_engine(path: Path) -> sa.Engine:
-    engine = sa.create_engine(f"sqlite:///{path}")
-    with engine.begin() as conn:
-        for statement in SCHEMA:
-            conn.exec_driver_sql(statement)
-    return engine
+    return sqlite_engine(f"sqlite:///{path}", *SCHEMA)
 
 
 @pytest.fixture
@@ -984,13 +981,12 @@ def test_the_lock_wait_takes_its_exemplar_from_the_apps_current_span(
 def test_a_fenced_update_with_returning_on_sqlite_is_not_a_stale_token(tmp_path: Path) -> None:
     # pysqlite reports rowcount 0 for UPDATE ... RETURNING until its rows are fetched: a
     # fenced write that succeeded must not read as one the database refused.
-    engine = sa.create_engine(f"sqlite:///{tmp_path / 'fenced.db'}")
-    with engine.begin() as conn:
-        conn.exec_driver_sql(
-            "CREATE TABLE products (sku TEXT PRIMARY KEY, available_stock INTEGER NOT NULL,"
-            " fence_token INTEGER NOT NULL DEFAULT 0)"
-        )
-        conn.exec_driver_sql("INSERT INTO products (sku, available_stock) VALUES ('EGG-01', 10)")
+    engine = sqlite_engine(
+        f"sqlite:///{tmp_path / 'fenced.db'}",
+        "CREATE TABLE products (sku TEXT PRIMARY KEY, available_stock INTEGER NOT NULL,"
+        " fence_token INTEGER NOT NULL DEFAULT 0)",
+        "INSERT INTO products (sku, available_stock) VALUES ('EGG-01', 10)",
+    )
     registry = CollectorRegistry()
     sentry = Sentry(registry=registry, log=False, trace=False)
     instrument_sqlalchemy(

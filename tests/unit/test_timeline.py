@@ -9,54 +9,31 @@ import gzip
 import importlib
 import io
 import json
-import logging
 import pkgutil
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import structlog
 from prometheus_client import CollectorRegistry
 from stocksentry.exporter.investigate import timeline
 from stocksentry.exporter.investigate.timeline import (
     Event,
     OrderedEvents,
     ReadStats,
-    add_timeline_parser,
     analyse,
     parse_line,
     read_events,
     run_timeline,
 )
 from stocksentry.instrumentation import Sentry
-from stocksentry.instrumentation.logs import configure_logging
+from timelinecli import parse_args, run, run_json
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "timeline"
 SEEDS = DATA / "seeds.log"
 SEED_HEADLINE = "LOST UPDATE sku=EGG-01: R1 and R2 both wrote from=1 to=0 at 10:00:00.120/.121"
-
-
-def parse_args(*argv: str) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="stocksentry")
-    add_timeline_parser(parser.add_subparsers(dest="command", required=True))
-    return parser.parse_args(["timeline", *argv])
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    args = parse_args(*argv)
-    status = args.func(args)
-    out, err = capsys.readouterr()
-    return status, out, err
-
-
-def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict[str, Any]]:
-    status, out, err = run(capsys, *argv, "--format", "json")
-    assert err == ""
-    return status, json.loads(out)
 
 
 def report_of(path: Path, **options: Any) -> timeline.Report:
@@ -687,27 +664,6 @@ def test_parser_defaults_dispatch_to_run_timeline() -> None:
 
 
 # --- logs written by stocksentry itself --------------------------------------------------------
-
-
-@pytest.fixture
-def app_log(tmp_path: Path) -> Iterator[Path]:
-    """stocksentry's JSON logging into a file; every global logging change undone after."""
-    path = tmp_path / "app.log"
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    stream = path.open("w", encoding="utf-8")
-    configure_logging("INFO", stream=stream)
-    try:
-        yield path
-    finally:
-        for handler in root.handlers[:]:
-            if handler not in handlers:
-                root.removeHandler(handler)
-                handler.close()
-        root.setLevel(level)
-        structlog.reset_defaults()
-        structlog.contextvars.clear_contextvars()
-        stream.close()
 
 
 def sentry() -> Sentry:

@@ -3,59 +3,19 @@ opens the report with a per-SKU summary."""
 
 from __future__ import annotations
 
-import argparse
 import json
-import logging
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import structlog
 from prometheus_client import CollectorRegistry
-from stocksentry.exporter.investigate.timeline import add_timeline_parser, analyse, read_events
+from stocksentry.exporter.investigate.timeline import analyse, read_events
 from stocksentry.instrumentation import Sentry
-from stocksentry.instrumentation.logs import configure_logging
+from timelinecli import run, run_json
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "timeline"
 NEGATIVE = DATA / "negative_stock.jsonl"
 LOCK = DATA / "lock_expiry.jsonl"
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    parser = argparse.ArgumentParser(prog="stocksentry")
-    add_timeline_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["timeline", *argv])
-    status = args.func(args)
-    out, err = capsys.readouterr()
-    return status, out, err
-
-
-def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict[str, Any]]:
-    status, out, err = run(capsys, *argv, "--format", "json")
-    assert err == ""
-    return status, json.loads(out)
-
-
-@pytest.fixture
-def app_log(tmp_path: Path) -> Iterator[Path]:
-    """stocksentry's JSON logging into a file; every global logging change undone after."""
-    path = tmp_path / "app.log"
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    stream = path.open("w", encoding="utf-8")
-    configure_logging("INFO", stream=stream)
-    try:
-        yield path
-    finally:
-        for handler in root.handlers[:]:
-            if handler not in handlers:
-                root.removeHandler(handler)
-                handler.close()
-        root.setLevel(level)
-        structlog.reset_defaults()
-        structlog.contextvars.clear_contextvars()
-        stream.close()
 
 
 def at(path: Path, *numbers: int) -> list[str]:

@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 from stocksentry.exporter.investigate.timeline import ReadStats, parse_line, read_events
 from stocksentry.exporter.investigate.timeline.command import add_timeline_parser
 from stocksentry.exporter.investigate.timeline.limits import MAX_DEPTH, MAX_LINE
+from timelinecli import run
 
 SAFETY_TIMEOUT = 120
 
@@ -36,15 +37,6 @@ GOOD = {
     "request_id": "R-good",
     "available": 1,
 }
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    parser = argparse.ArgumentParser(prog="stocksentry")
-    add_timeline_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["timeline", *argv])
-    status = args.func(args)
-    out, err = capsys.readouterr()
-    return status, out, err
 
 
 def _update(**fields: Any) -> dict[str, Any]:

@@ -14,7 +14,6 @@ import structlog
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 from prometheus_client import CollectorRegistry
@@ -35,18 +34,6 @@ def out() -> Iterator[io.StringIO]:
         logging.getLogger().setLevel(saved_level)
         structlog.reset_defaults()
         structlog.contextvars.clear_contextvars()
-
-
-@pytest.fixture
-def spans() -> InMemorySpanExporter:
-    return InMemorySpanExporter()
-
-
-@pytest.fixture
-def provider(spans: InMemorySpanExporter) -> TracerProvider:
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(spans))
-    return provider
 
 
 def lines(stream: io.StringIO) -> list[dict[str, object]]:
