@@ -26,6 +26,29 @@ if TYPE_CHECKING:
     from .webconfig import WebConfig
 
 LOGGER = logging.getLogger("stocksentry.exporter")
+#: The pages an on-call most needs from the database probes, and the probe each reads.
+HEADLINE_ALERTS: tuple[tuple[str, str], ...] = (
+    ("StockOversold", "oversold"),
+    ("StockNegativeInventory", "negative_stock"),
+    ("StockDuplicateOrders", "duplicate_orders"),
+)
+
+
+def silent_headlines(config: ExporterConfig) -> str | None:
+    """The line naming the headline alerts this config can never fire (their probe is
+    off), or None. Only with a database section: without one the exporter probes nothing
+    by design (a sidecar serving the app's metrics), and says so."""
+    if config.database is None:
+        return None
+    builtin = config.probes.builtin()
+    silent = [
+        f"{alert} (probe {probe} is off)"
+        for alert, probe in HEADLINE_ALERTS
+        if not builtin[probe].enabled
+    ]
+    if not silent:
+        return None
+    return "headline alerts that cannot fire with this config: " + ", ".join(silent)
 
 
 def check_config(path: str | Path, *, out: TextIO | None = None, err: TextIO | None = None) -> int:
@@ -78,6 +101,9 @@ def describe(
         f"lock watch: {watched}",
     ]
     lines.extend(config.notes)
+    headline = silent_headlines(config)
+    if headline is not None:
+        lines.append(headline)
     return lines
 
 
@@ -176,8 +202,10 @@ def run_exporter(
         watcher = LockWatcher(config.lock_watch, config.sku_guard)
         collectors.append(watcher)
         background.append(watcher.cleanup_ctx)
+    headline = silent_headlines(config)
     for line in describe(config, addresses, web_config):
-        LOGGER.info("config: %s", line)
+        # The silent headline alerts are a warning: the page on-call expects will not come.
+        LOGGER.log(logging.WARNING if line == headline else logging.INFO, "config: %s", line)
     try:
         run_server(settings, collectors=collectors, background=background)
     except OSError as exc:

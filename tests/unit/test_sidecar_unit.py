@@ -80,6 +80,47 @@ def test_describe_names_the_probes_and_never_the_password(
     assert "negative_stock" in out
 
 
+HEADLINE = "headline alerts that cannot fire with this config: "
+EXAMPLE = Path(__file__).resolve().parents[2] / "exporter" / "config.example.yaml"
+
+
+def test_check_config_names_the_headline_alert_an_unmapped_allocation_silences(
+    tmp_path: Path,
+) -> None:
+    path = write(tmp_path / "exporter.yaml", "database: {url: 'postgresql://app@db/shop'}\n")
+    status, out, _ = check(path)
+    assert status == 0
+    assert f"  {HEADLINE}StockOversold (probe oversold is off)" in out.splitlines()
+
+
+def test_every_headline_alert_off_is_named() -> None:
+    config = parse_config(
+        "database: {url: 'postgresql://app@db/shop'}\n"
+        "schema: {products: {allocation: initial_stock}}\n"
+        "probes: {negative_stock: {enabled: false}, duplicate_orders: {enabled: false}}\n",
+        environ={},
+    )
+    assert describe(config)[-1] == (
+        HEADLINE + "StockNegativeInventory (probe negative_stock is off), "
+        "StockDuplicateOrders (probe duplicate_orders is off)"
+    )
+
+
+def test_the_example_config_silences_no_headline_alert(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STOCKSENTRY_DATABASE_URL", "postgresql://app@db/shop")
+    monkeypatch.setenv("STOCKSENTRY_REDIS_URL", "redis://127.0.0.1:6379/0")
+    status, out, err = check(EXAMPLE)
+    assert (status, err) == (0, "")
+    assert HEADLINE not in out
+
+
+def test_without_a_database_no_headline_line_is_said() -> None:
+    assert not any(
+        line.startswith(HEADLINE)
+        for line in describe(parse_config("server: {port: 9555}\n", environ={}))
+    )
+
+
 def test_describe_with_every_probe_off() -> None:
     config = parse_config(
         "database: {url: 'postgresql://app@db/shop'}\n"
