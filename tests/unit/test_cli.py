@@ -184,3 +184,47 @@ def test_the_lab_modules_doctests_pass() -> None:
         result = doctest.testmod(module)
         assert result.failed == 0, module.__name__
         assert result.attempted > 0, module.__name__
+
+
+#: Runs the command line in a fresh interpreter where the named top-level modules cannot be
+#: imported, as in an install without the extra that brings them.
+WITHOUT = """
+import importlib.abc, sys
+blocked = set(sys.argv[1].split(","))
+class Missing(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in blocked:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+sys.meta_path.insert(0, Missing())
+from stocksentry.exporter.cli import main
+raise SystemExit(main(sys.argv[2:]))
+"""
+
+
+@pytest.mark.parametrize(
+    ("blocked", "argv", "extra", "named"),
+    [
+        ("yaml", ["exporter", "--config", "nowhere.yaml"], "exporter", "yaml"),
+        ("yaml", ["check-config", "nowhere.yaml"], "exporter", "yaml"),
+        ("sqlalchemy", ["reconcile", "--database", "sqlite:///x.db"], "reconcile", "sqlalchemy"),
+        ("rich,pgserver", ["demo"], "lab", "pgserver, rich"),
+    ],
+)
+def test_a_missing_extra_is_one_line_and_exit_2_before_any_work(
+    blocked: str, argv: list[str], extra: str, named: str, tmp_path: object
+) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", WITHOUT, blocked, *argv],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=str(tmp_path),
+    )
+    command = argv[0]
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr == (
+        f"stocksentry {command}: error: {named} not installed: this command needs the"
+        f" {extra} extra, pip install 'stocksentry[{extra}]'\n"
+    )
