@@ -36,6 +36,9 @@ LOCK_OUTCOMES: tuple[str, ...] = ("acquired", "timeout", "error")
 
 #: The value a bounded label folds into once its budget is spent.
 OVERFLOW_VALUE = "__other__"
+#: The ``sku`` label of a reservation or order the app gave no usable SKU for (``None``,
+#: bytes that are not UTF-8): recorded under this value and counted as an ``api`` error.
+UNKNOWN_SKU = "__unknown__"
 
 # Reservations in a healthy checkout take milliseconds; a lock queue at promo start can take
 # seconds. The buckets cover both ends so that p99 is meaningful in either regime.

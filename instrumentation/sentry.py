@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.registry import REGISTRY
 
 from . import catalog, events
-from .catalog import Outcome
+from .catalog import UNKNOWN_SKU, Outcome
 from .events import LogEvent
 from .handle import misuse
 from .metrics import StockMetrics
@@ -132,6 +132,25 @@ class Sentry:
         except Exception:  # noqa: S110 - logging failed too; the counter already has it
             pass
 
+    def sku(self, value: object) -> Any:
+        """The SKU the app gave, as the label the series use: an ``int`` (a product id, as
+        many shops pass it) as its decimal string, UTF-8 ``bytes`` decoded. ``None`` and
+        undecodable bytes become :data:`~.catalog.UNKNOWN_SKU`, counted as an ``api``
+        error. Any other type is returned as it is, for the type check to refuse."""
+        if isinstance(value, str):
+            return value
+        if isinstance(value, int) and not isinstance(value, bool):
+            return str(value)
+        if isinstance(value, (bytes, bytearray)):
+            try:
+                return bytes(value).decode("utf-8")
+            except UnicodeDecodeError:
+                pass
+        elif value is not None:
+            return value
+        self.internal_error("api", ValueError(f"no usable SKU: recorded as {UNKNOWN_SKU}"))
+        return UNKNOWN_SKU
+
     def _misused(self, **values: object) -> bool:
         """Whether an app-provided value has the wrong type; if so, counted as an ``api``
         error, so the caller records nothing (all of an event's series or none)."""
@@ -154,7 +173,7 @@ class Sentry:
 
     def reservation(
         self,
-        sku: str,
+        sku: str | int,
         *,
         strategy: str = "default",
         qty: int = 1,
@@ -164,7 +183,7 @@ class Sentry:
     ) -> Reservation:
         """A context manager (``with`` or ``async with``) recording one reservation."""
         ids = _ids(request_id=request_id, idempotency_key=idempotency_key, order_id=order_id)
-        return Reservation(self, sku, strategy, qty, ids)
+        return Reservation(self, self.sku(sku), strategy, qty, ids)
 
     def reserves(
         self,
@@ -190,7 +209,7 @@ class Sentry:
 
     def record_reservation(
         self,
-        sku: str,
+        sku: str | int,
         outcome: Outcome,
         *,
         strategy: str = "default",
@@ -198,9 +217,10 @@ class Sentry:
         new_stock: int | None = None,
     ) -> None:
         """Record a reservation the app timed itself (the plain-function form)."""
+        label: str = self.sku(sku)  # a wrong type is refused by _misused below
         # Everything checked before the first series is touched: all or nothing.
         if self._misused(
-            sku=sku, outcome=outcome, strategy=strategy, duration=duration, new_stock=new_stock
+            sku=label, outcome=outcome, strategy=strategy, duration=duration, new_stock=new_stock
         ):
             return
         if outcome not in catalog.OUTCOMES:
@@ -208,11 +228,11 @@ class Sentry:
             return
         try:
             if outcome == "success":
-                self.metrics.reservation_success(sku, strategy)
+                self.metrics.reservation_success(label, strategy)
                 if new_stock is not None and new_stock < 0:
-                    self.metrics.inventory_negative(sku)
+                    self.metrics.inventory_negative(label)
             elif outcome != "error":
-                self.metrics.reservation_conflict(sku, outcome)
+                self.metrics.reservation_conflict(label, outcome)
             if duration is not None:
                 self.metrics.reservation_duration(outcome, duration)
         except Exception as exc:
@@ -222,7 +242,7 @@ class Sentry:
 
     def payment_callback(
         self,
-        sku: str,
+        sku: str | int,
         *,
         qty: int = 1,
         order_id: str | None = None,
@@ -232,7 +252,7 @@ class Sentry:
         """A context manager for one payment callback, linked to its checkout's span."""
         return PaymentCallback(
             self,
-            sku,
+            self.sku(sku),
             qty,
             _ids(order_id=order_id, payment_reference=payment_reference),
             checkout_context,
@@ -240,36 +260,41 @@ class Sentry:
 
     def record_paid_order(
         self,
-        sku: str,
+        sku: str | int,
         *,
         order_id: str | None = None,
         payment_reference: str | None = None,
     ) -> None:
         """Count one paid order."""
         ids = _ids(order_id=order_id, payment_reference=payment_reference)
-        if not self._misused(sku=sku):
-            self._event(self.metrics.order_paid, sku, events.ORDER_PAID, sku=sku, **ids)
+        label: str = self.sku(sku)  # a wrong type is refused by _misused below
+        if not self._misused(sku=label):
+            self._event(self.metrics.order_paid, label, events.ORDER_PAID, sku=label, **ids)
 
-    def record_refund_due_to_oversell(self, sku: str, *, order_id: str | None = None) -> None:
+    def record_refund_due_to_oversell(
+        self, sku: str | int, *, order_id: str | None = None
+    ) -> None:
         """Count one refund issued because the stock had been oversold."""
         ids = _ids(order_id=order_id)
-        if not self._misused(sku=sku):
+        label: str = self.sku(sku)  # a wrong type is refused by _misused below
+        if not self._misused(sku=label):
             self._event(
                 self.metrics.refund_due_to_oversell,
-                sku,
+                label,
                 events.REFUND_DUE_TO_OVERSELL,
-                sku=sku,
+                sku=label,
                 **ids,
             )
 
-    def record_negative_inventory(self, sku: str, *, stock: int) -> None:
+    def record_negative_inventory(self, sku: str | int, *, stock: int) -> None:
         """Count one stock write that left ``sku`` at ``stock`` below zero."""
-        if not self._misused(sku=sku, stock=stock):
+        label: str = self.sku(sku)  # a wrong type is refused by _misused below
+        if not self._misused(sku=label, stock=stock):
             self._event(
                 self.metrics.inventory_negative,
-                sku,
+                label,
                 events.INVENTORY_NEGATIVE,
-                sku=sku,
+                sku=label,
                 stock=stock,
             )
 
@@ -330,7 +355,7 @@ def reserving(
         if sku is None and sku_arg not in signature.parameters:
             raise TypeError(f"{func.__qualname__} has no argument {sku_arg!r} for the SKU")
 
-        def sku_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+        def sku_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             if sku is not None:
                 return sku
             try:
@@ -338,7 +363,10 @@ def reserving(
             except TypeError:  # the call itself fails, inside the reservation
                 return "unknown"
             bound.apply_defaults()
-            return str(bound.arguments.get(sku_arg, "unknown"))
+            value = bound.arguments.get(sku_arg)
+            if value is None or isinstance(value, (str, int, bytes, bytearray)):
+                return value  # reservation() makes it a label (Sentry.sku)
+            return str(value)  # another type (a UUID, say): labelled by its text
 
         if inspect.iscoroutinefunction(func):
             async_func = cast(Callable[..., Awaitable[Any]], func)

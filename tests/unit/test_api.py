@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry
 from stocksentry.instrumentation import (
     ReservationConflict,
     Sentry,
+    catalog,
     classify_exception,
     configure,
     current_reservation,
@@ -578,4 +579,69 @@ def test_a_bad_stock_check_source_records_nothing(
     assert value(registry, "stocksentry_instrumentation_errors_total", component="api") == 1
     assert (
         value(registry, "stock_reservation_success_total", sku="EGG-01", strategy="unknown") == 0
+    )
+
+
+# --- SKUs as shops pass them ---------------------------------------------------------------
+
+
+def _sku_registry() -> tuple[CollectorRegistry, Sentry]:
+    registry = CollectorRegistry()
+    return registry, Sentry(registry=registry, log=False, trace=False)
+
+
+@pytest.mark.parametrize(
+    ("given", "label", "errors"),
+    [
+        (8891, "8891", 0.0),  # a product id, as the incident's checkout passes it
+        (b"EGG-01", "EGG-01", 0.0),
+        (bytearray(b"EGG-02"), "EGG-02", 0.0),
+        (None, catalog.UNKNOWN_SKU, 1.0),
+        (b"\xff\xfe", catalog.UNKNOWN_SKU, 1.0),
+    ],
+)
+def test_a_reservation_records_an_int_or_bytes_sku_and_names_a_missing_one(
+    given: object, label: str, errors: float
+) -> None:
+    registry, sentry = _sku_registry()
+    with sentry.reservation(given, strategy="atomic") as r:  # type: ignore[arg-type]
+        r.success(old_stock=1, new_stock=0)
+    sentry.record_paid_order(given)  # type: ignore[arg-type]
+    value = registry.get_sample_value
+    assert value("stock_reservation_success_total", {"sku": label, "strategy": "atomic"}) == 1
+    assert value("stock_orders_paid_total", {"sku": label}) == 1
+    # One per call that had no usable SKU: the reservation and the paid order.
+    api_errors = value("stocksentry_instrumentation_errors_total", {"component": "api"})
+    assert api_errors == 2 * errors
+
+
+def test_a_bool_is_still_not_a_sku() -> None:
+    registry, sentry = _sku_registry()
+    with sentry.reservation(True, strategy="atomic") as r:  # type: ignore[arg-type]
+        r.success(old_stock=1, new_stock=0)
+    assert (
+        registry.get_sample_value("stocksentry_instrumentation_errors_total", {"component": "api"})
+        == 1
+    )
+    assert (
+        registry.get_sample_value(
+            "stock_reservation_success_total", {"sku": "True", "strategy": "atomic"}
+        )
+        is None
+    )
+
+
+def test_the_decorator_takes_an_int_product_id() -> None:
+    registry, sentry = _sku_registry()
+
+    @sentry.reserves(strategy="atomic", sku_arg="product_id")
+    def reserve(product_id: int) -> bool:
+        return True
+
+    reserve(8891)
+    assert (
+        registry.get_sample_value(
+            "stock_reservation_success_total", {"sku": "8891", "strategy": "atomic"}
+        )
+        == 1
     )

@@ -229,9 +229,10 @@ def test_payment_callback_misuse_records_nothing(
         lambda s: s.record_reservation("EGG", "success", duration="0.1"),
         lambda s: s.record_reservation("EGG", "success", strategy=1),
         lambda s: s.record_reservation("EGG", "no_such_outcome", duration=0.1),
-        lambda s: s.record_reservation(None, "out_of_stock", duration=0.1),
-        lambda s: s.record_paid_order(b"EGG"),
-        lambda s: s.record_refund_due_to_oversell(7),
+        # A SKU of no usable type (ints, bytes and None are labels: test_api.py).
+        lambda s: s.record_reservation(["EGG"], "out_of_stock", duration=0.1),
+        lambda s: s.record_paid_order({"sku": "EGG"}),
+        lambda s: s.record_refund_due_to_oversell(7.5),
         lambda s: s.record_negative_inventory("EGG", stock="-1"),
         lambda s: s.record_idempotency_replay(None),
         lambda s: s.record_idempotency_conflict(["op"]),
