@@ -276,11 +276,27 @@ def _mysql_read_only(conn: Connection, statement_timeout: float) -> None:
     conn.execute(text("SET TRANSACTION READ ONLY"))
 
 
-def _mysql_url(url: URL) -> URL:
-    """A ``mysql://`` / ``mariadb://`` URL without a driver gets PyMySQL (the one the
-    ``[reconcile]`` extra installs; SQLAlchemy's default, mysqlclient, needs a C build)."""
-    if url.drivername in _MYSQL:
-        return url.set(drivername=f"{url.drivername}+pymysql")
+#: The synchronous twin of each driver the exporter's URLs may name: the audit runs on a
+#: plain engine, where an asyncio driver fails at the first statement (MissingGreenlet).
+#: A MySQL URL without a driver gets PyMySQL (the one the ``[reconcile]`` extra installs;
+#: SQLAlchemy's default, mysqlclient, needs a C build).
+_SYNC_DRIVERS: Final = {
+    "mysql": "mysql+pymysql",
+    "mariadb": "mariadb+pymysql",
+    "mysql+aiomysql": "mysql+pymysql",
+    "mariadb+aiomysql": "mariadb+pymysql",
+    "postgresql+asyncpg": "postgresql+psycopg",
+    "sqlite+aiosqlite": "sqlite",
+}
+
+
+def sync_url(url: URL) -> URL:
+    """``url`` with a synchronous driver; a SQLite file opened read-only, so a wrong path
+    fails instead of creating an empty database that holds every invariant."""
+    url = url.set(drivername=_SYNC_DRIVERS.get(url.drivername, url.drivername))
+    if url.drivername == "sqlite" and url.database not in (None, "", ":memory:"):
+        query = {**url.query, "mode": "ro", "uri": "true"}
+        url = url.set(database=f"file:{url.database}", query=query)
     return url
 
 
@@ -351,7 +367,7 @@ def reconcile(
     schema = schema or SchemaConfig()
     shown = dburl.shown(url)
     try:
-        engine = sa.create_engine(_mysql_url(dburl.parse_url(url)), poolclass=sa.pool.NullPool)
+        engine = sa.create_engine(sync_url(dburl.parse_url(url)), poolclass=sa.pool.NullPool)
     except (ArgumentError, NoSuchModuleError, ValueError, ImportError) as exc:
         # The exception text can quote the URL: say what is wrong without echoing it.
         if isinstance(exc, ImportError):

@@ -423,3 +423,39 @@ def test_a_table_missing_from_the_database_is_named_not_audited(database: str) -
     text = format_table(report)
     assert "every invariant holds" not in text
     assert "oversold: NOT AUDITED — not in the database:" in text
+
+
+# --- the URLs the exporter takes, and a path that is not there ------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kind", "scheme", "driver"),
+    [
+        ("postgresql", "postgresql://", "postgresql+asyncpg://"),
+        ("mariadb", "mysql://", "mysql+aiomysql://"),
+        ("mariadb", "mysql://", "mariadb+aiomysql://"),
+    ],
+)
+def test_an_asyncio_driver_url_audits_through_its_sync_twin(
+    kind: str, scheme: str, driver: str, request: pytest.FixtureRequest
+) -> None:
+    plain = request.getfixturevalue("pg_database" if kind == "postgresql" else "mysql_database")
+    seed(
+        request.getfixturevalue("pg_sqlalchemy_url") if kind == "postgresql" else plain,
+        violations=True,
+    )
+    data = findings_of_cli(plain.replace(scheme, driver, 1))
+    assert data["oversold"] == [
+        {"sku": "EGG-01", "allocation": 2, "sold_units": 5, "paid_orders": 5, "oversold_units": 3}
+    ]
+    assert data["violations"] == 5
+
+
+def test_a_sqlite_path_that_is_not_there_is_one_line_and_creates_nothing(tmp_path: Path) -> None:
+    missing = tmp_path / "wrong" / "path.db"
+    done = cli("--database", f"sqlite:///{missing}", "--allocation", "initial_stock")
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr.count("\n") == 1
+    assert "unable to open database file" in done.stderr
+    assert not missing.exists()
+    assert not missing.parent.exists()
