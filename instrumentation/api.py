@@ -33,9 +33,17 @@ def _installing(build: Callable[P, Sentry]) -> Callable[P, Sentry]:
         """
         global _default
         with _default_lock:
-            if _default is not None:
-                _default.close()
-            _default = build(*args, **kwargs)
+            # The old instance's metrics go first (the new one registers the same names),
+            # and come back if the new settings are refused: a bad call changes nothing.
+            old = _default
+            if old is not None:
+                old.close()
+            try:
+                _default = build(*args, **kwargs)
+            except Exception:
+                if old is not None:
+                    old.reopen()
+                raise
             return _default
 
     return configure

@@ -186,6 +186,12 @@ class StockMetrics:
             with contextlib.suppress(KeyError):
                 self.registry.unregister(metric)
 
+    def register(self) -> None:
+        """Put back what :meth:`unregister` removed (the same metrics, their counts kept)."""
+        if self.registry is not None:
+            for metric in self._metrics.values():
+                self.registry.register(metric)
+
     # --- the labelled children ---------------------------------------------------------
 
     def _child(self, spec: MetricSpec, *values: Any) -> Any:

@@ -69,6 +69,7 @@ class Sentry:
         logger: Any = None,
         error_log_interval: float = 60.0,
     ) -> None:
+        promo_skus = _checked_settings(promo_skus, max_skus, max_label_length, error_log_interval)
         self.metrics = StockMetrics(
             registry,
             promo_skus=promo_skus,
@@ -99,6 +100,10 @@ class Sentry:
     def close(self) -> None:
         """Unregister this instance's metrics from its registry."""
         self.metrics.unregister()
+
+    def reopen(self) -> None:
+        """Register this instance's metrics again after :meth:`close`."""
+        self.metrics.register()
 
     # --- failures inside stocksentry -----------------------------------------------------
 
@@ -343,6 +348,34 @@ class Sentry:
         except Exception as exc:
             self.internal_error("metrics", exc)
         self.log_event(event, **fields)
+
+
+def _checked_settings(
+    promo_skus: object, max_skus: object, max_label_length: object, error_log_interval: object
+) -> tuple[str, ...]:
+    """The promo SKUs as labels, once every setting is checked: set-up code raises one
+    clear error naming the argument, so a wrong type fails at ``configure()``, not at the
+    first reservation (and a string is never taken for a list of one-letter SKUs)."""
+    if isinstance(promo_skus, (str, bytes)) or not isinstance(promo_skus, Iterable):
+        raise TypeError(
+            f"promo_skus must be a list of SKUs (promo_skus=['EGG-01']), got "
+            f"{type(promo_skus).__name__}"
+        )
+    skus = tuple(promo_skus)
+    for sku in skus:
+        if isinstance(sku, bool) or not isinstance(sku, (str, int)):
+            raise TypeError(
+                f"promo_skus: each SKU must be a str or an int, got {type(sku).__name__}"
+            )
+    for name, value in (("max_skus", max_skus), ("max_label_length", max_label_length)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if isinstance(max_skus, int) and max_skus < 0:
+        raise ValueError(f"max_skus must be >= 0, got {max_skus}")
+    interval = error_log_interval
+    if isinstance(interval, bool) or not isinstance(interval, (int, float)):
+        raise TypeError(f"error_log_interval must be seconds, got {type(interval).__name__}")
+    return tuple(str(sku) for sku in skus)
 
 
 def reserving(

@@ -645,3 +645,51 @@ def test_the_decorator_takes_an_int_product_id() -> None:
         )
         == 1
     )
+
+
+@pytest.mark.parametrize(
+    ("settings", "error", "message"),
+    [
+        ({"promo_skus": "EGG-01"}, TypeError, "promo_skus must be a list of SKUs"),
+        ({"promo_skus": [None]}, TypeError, "promo_skus: each SKU must be a str or an int"),
+        ({"max_skus": "100"}, TypeError, "max_skus must be an int, got str"),
+        ({"max_skus": -1}, ValueError, "max_skus must be >= 0, got -1"),
+        ({"max_label_length": 64.0}, TypeError, "max_label_length must be an int, got float"),
+        ({"error_log_interval": "60"}, TypeError, "error_log_interval must be seconds"),
+    ],
+)
+def test_configure_refuses_bad_settings_at_the_call(
+    settings: dict[str, object], error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error, match=message):
+        configure(registry=CollectorRegistry(), **settings)  # type: ignore[arg-type]
+
+
+def test_promo_skus_may_be_product_ids() -> None:
+    registry = CollectorRegistry()
+    sentry = Sentry(registry=registry, promo_skus=[8891], max_skus=0, log=False, trace=False)
+    with sentry.reservation(8891, strategy="atomic") as r:
+        r.success(old_stock=1, new_stock=0)
+    assert (
+        registry.get_sample_value(
+            "stock_reservation_success_total", {"sku": "8891", "strategy": "atomic"}
+        )
+        == 1
+    )
+
+
+def test_a_refused_configure_keeps_the_instance_it_had() -> None:
+    registry = CollectorRegistry()
+    before = configure(registry=registry, log=False, trace=False)
+    with pytest.raises(TypeError, match="max_skus"):
+        configure(registry=registry, max_skus="100")  # type: ignore[arg-type]
+    assert get_sentry() is before
+    # Its metrics are registered again: the process-wide functions still record.
+    with reservation("EGG-01", strategy="atomic") as r:
+        r.success(old_stock=1, new_stock=0)
+    assert (
+        registry.get_sample_value(
+            "stock_reservation_success_total", {"sku": "EGG-01", "strategy": "atomic"}
+        )
+        == 1
+    )
