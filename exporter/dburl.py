@@ -34,6 +34,7 @@ __all__ = [
     "password",
     "scrub",
     "shown",
+    "sync_url",
 ]
 
 #: The schemes of a PostgreSQL URL (a libpq ``key=value`` string is PostgreSQL too).
@@ -196,3 +197,27 @@ def scrub(message: str, text: str) -> str:
     'auth failed for ***'
     """
     return redact(message, secret_fragments(text))
+
+
+#: The synchronous twin of each driver the exporter's URLs may name: reconcile runs on a
+#: plain engine, where an asyncio driver fails at the first statement (MissingGreenlet).
+#: A MySQL URL without a driver gets PyMySQL (the one the ``[reconcile]`` extra installs;
+#: SQLAlchemy's default, mysqlclient, needs a C build).
+_SYNC_DRIVERS: Final = {
+    "mysql": "mysql+pymysql",
+    "mariadb": "mariadb+pymysql",
+    "mysql+aiomysql": "mysql+pymysql",
+    "mariadb+aiomysql": "mariadb+pymysql",
+    "postgresql+asyncpg": "postgresql+psycopg",
+    "sqlite+aiosqlite": "sqlite",
+}
+
+
+def sync_url(url: URL) -> URL:
+    """``url`` with a synchronous driver; a SQLite file opened read-only, so a wrong path
+    fails instead of creating an empty database that holds every invariant."""
+    url = url.set(drivername=_SYNC_DRIVERS.get(url.drivername, url.drivername))
+    if url.drivername == "sqlite" and url.database not in (None, "", ":memory:"):
+        query = {**url.query, "mode": "ro", "uri": "true"}
+        url = url.set(database=f"file:{url.database}", query=query)
+    return url

@@ -37,7 +37,7 @@ from ..durations import format_duration, parse_duration
 from ..invariants import INVARIANTS, InvariantSql, Query
 
 if TYPE_CHECKING:
-    from sqlalchemy.engine import URL, Connection, Engine
+    from sqlalchemy.engine import Connection, Engine
 
     from ..config import SchemaConfig
 
@@ -276,30 +276,6 @@ def _mysql_read_only(conn: Connection, statement_timeout: float) -> None:
     conn.execute(text("SET TRANSACTION READ ONLY"))
 
 
-#: The synchronous twin of each driver the exporter's URLs may name: the audit runs on a
-#: plain engine, where an asyncio driver fails at the first statement (MissingGreenlet).
-#: A MySQL URL without a driver gets PyMySQL (the one the ``[reconcile]`` extra installs;
-#: SQLAlchemy's default, mysqlclient, needs a C build).
-_SYNC_DRIVERS: Final = {
-    "mysql": "mysql+pymysql",
-    "mariadb": "mariadb+pymysql",
-    "mysql+aiomysql": "mysql+pymysql",
-    "mariadb+aiomysql": "mariadb+pymysql",
-    "postgresql+asyncpg": "postgresql+psycopg",
-    "sqlite+aiosqlite": "sqlite",
-}
-
-
-def sync_url(url: URL) -> URL:
-    """``url`` with a synchronous driver; a SQLite file opened read-only, so a wrong path
-    fails instead of creating an empty database that holds every invariant."""
-    url = url.set(drivername=_SYNC_DRIVERS.get(url.drivername, url.drivername))
-    if url.drivername == "sqlite" and url.database not in (None, "", ":memory:"):
-        query = {**url.query, "mode": "ro", "uri": "true"}
-        url = url.set(database=f"file:{url.database}", query=query)
-    return url
-
-
 #: What to do when an audit runs out of time, by audit.
 _NARROWER: Final = {
     "negative_stock": "give it more time with --statement-timeout",
@@ -367,7 +343,7 @@ def reconcile(
     schema = schema or SchemaConfig()
     shown = dburl.shown(url)
     try:
-        engine = sa.create_engine(sync_url(dburl.parse_url(url)), poolclass=sa.pool.NullPool)
+        engine = sa.create_engine(dburl.sync_url(dburl.parse_url(url)), poolclass=sa.pool.NullPool)
     except (ArgumentError, NoSuchModuleError, ValueError, ImportError) as exc:
         # The exception text can quote the URL: say what is wrong without echoing it.
         if isinstance(exc, ImportError):
