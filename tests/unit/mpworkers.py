@@ -10,7 +10,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterable, Sequence
+import textwrap
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 #: Every multiprocess mode of prometheus_client's Gauge: the workers write one gauge each.
@@ -26,6 +28,47 @@ MODES = (
     "mostrecent",
     "livemostrecent",
 )
+
+
+def worker_script(*, exemplars: bool = False) -> str:
+    """A worker writing a counter, a histogram (with exemplars through stocksentry's
+    ``ExemplarHistogram`` when ``exemplars``), a summary and one gauge per mode, for the
+    SKUs A, B and C, with values derived from its ``k``."""
+    histogram = "ExemplarHistogram" if exemplars else "Histogram"
+    observe = (
+        'latency.labels(sku).observe(0.125 * n, {"trace_id": f"{k:016x}{j:08x}{n:08x}", '
+        '"span_id": "0" * 16})'
+        if exemplars
+        else "latency.labels(sku).observe(0.125 * n)"
+    )
+    return textwrap.dedent(
+        f"""
+        import sys
+        from prometheus_client import Counter, Gauge, Histogram, Summary
+        from stocksentry.instrumentation.mpexemplars import ExemplarHistogram
+
+        k, stay = int(sys.argv[1]), sys.argv[2] == "stay"
+        reserved = Counter("mp_reserved", "Reserved units.", ["sku"])
+        latency = {histogram}(
+            "mp_latency_seconds", "Latency.", ["sku"], buckets=(0.25, 0.5, 1.0)
+        )
+        batch = Summary("mp_batch_size", "Batch sizes.")
+        gauges = {{
+            mode: Gauge(f"mp_g_{{mode}}", f"Gauge {{mode}}.", ["sku"], multiprocess_mode=mode)
+            for mode in sys.argv[3].split(",")
+        }}
+        for j, sku in enumerate(("A", "B", "C")):
+            reserved.labels(sku).inc(k + 1 + j * 0.5)
+            for n in range(k + j + 1):
+                {observe}
+            batch.observe(k + j)
+            for gauge in gauges.values():
+                gauge.labels(sku).set(10 * k + j)
+        print("ready", flush=True)
+        if stay:
+            sys.stdin.read()
+        """
+    )
 
 
 class Workers:
@@ -70,3 +113,16 @@ class Workers:
                 assert proc.stdin is not None
                 proc.stdin.close()
                 proc.wait(timeout=60)
+
+
+@contextmanager
+def workers_in(tmp_path: Path, *, exemplars: bool = False) -> Iterator[Workers]:
+    """Workers on a new directory below ``tmp_path`` writing every gauge mode, closed at
+    the end."""
+    directory = tmp_path / "prom"
+    directory.mkdir()
+    pool = Workers(directory, worker_script(exemplars=exemplars), MODES)
+    try:
+        yield pool
+    finally:
+        pool.close()

@@ -10,13 +10,12 @@ from __future__ import annotations
 import os
 import shutil
 import struct
-import textwrap
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from mpworkers import MODES, Workers
+from mpworkers import MODES, Workers, workers_in
 from prometheus_client import CollectorRegistry, multiprocess
 from prometheus_client.metrics_core import Metric
 from stocksentry.exporter.multiproc import MultiprocessDirCollector
@@ -24,33 +23,6 @@ from stocksentry.instrumentation import catalog
 
 SKUS = ("A", "B", "C")
 
-WORKER = textwrap.dedent(
-    """
-    import sys
-    from prometheus_client import Counter, Gauge, Histogram, Summary
-
-    k, stay = int(sys.argv[1]), sys.argv[2] == "stay"
-    reserved = Counter("mp_reserved", "Reserved units.", ["sku"])
-    latency = Histogram(
-        "mp_latency_seconds", "Latency.", ["sku"], buckets=(0.25, 0.5, 1.0)
-    )
-    batch = Summary("mp_batch_size", "Batch sizes.")
-    gauges = {
-        mode: Gauge(f"mp_g_{mode}", f"Gauge {mode}.", ["sku"], multiprocess_mode=mode)
-        for mode in sys.argv[3].split(",")
-    }
-    for j, sku in enumerate(("A", "B", "C")):
-        reserved.labels(sku).inc(k + 1 + j * 0.5)
-        for n in range(k + j + 1):
-            latency.labels(sku).observe(0.125 * n)
-        batch.observe(k + j)
-        for gauge in gauges.values():
-            gauge.labels(sku).set(10 * k + j)
-    print("ready", flush=True)
-    if stay:
-        sys.stdin.read()
-    """
-)
 
 # prometheus_client's multiprocess module is untyped; these give it types once.
 MultiProcessCollector: Callable[..., Any] = multiprocess.MultiProcessCollector
@@ -61,13 +33,8 @@ Row = tuple[str, str, str, str, tuple[tuple[str, str], ...], float]
 
 @pytest.fixture
 def workers(tmp_path: Path) -> Iterator[Workers]:
-    directory = tmp_path / "prom"
-    directory.mkdir()
-    pool = Workers(directory, WORKER, MODES)
-    try:
+    with workers_in(tmp_path, exemplars=False) as pool:
         yield pool
-    finally:
-        pool.close()
 
 
 def rows(families: Iterable[Metric]) -> list[Row]:

@@ -12,14 +12,13 @@ from __future__ import annotations
 import os
 import shutil
 import struct
-import textwrap
 import threading
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pytest
-from mpworkers import MODES, Workers
+from mpworkers import Workers, workers_in
 from prometheus_client.metrics_core import Metric
 from prometheus_client.openmetrics import exposition as openmetrics
 from stocksentry.exporter.multiproc import MultiprocessDirCollector, compaction
@@ -28,48 +27,14 @@ from stocksentry.exporter.multiproc.compaction import COMPACTED
 #: No Linux process ever has a pid above 2**22.
 NEVER_ALIVE = 2**22 + 1
 
-WORKER = textwrap.dedent(
-    """
-    import sys
-    from prometheus_client import Counter, Gauge, Summary
-    from stocksentry.instrumentation.mpexemplars import ExemplarHistogram
-
-    k, stay = int(sys.argv[1]), sys.argv[2] == "stay"
-    reserved = Counter("mp_reserved", "Reserved units.", ["sku"])
-    latency = ExemplarHistogram(
-        "mp_latency_seconds", "Latency.", ["sku"], buckets=(0.25, 0.5, 1.0)
-    )
-    batch = Summary("mp_batch_size", "Batch sizes.")
-    gauges = {
-        mode: Gauge(f"mp_g_{mode}", f"Gauge {mode}.", ["sku"], multiprocess_mode=mode)
-        for mode in sys.argv[3].split(",")
-    }
-    for j, sku in enumerate(("A", "B", "C")):
-        reserved.labels(sku).inc(k + 1 + j * 0.5)
-        for n in range(k + j + 1):
-            trace = f"{k:016x}{j:08x}{n:08x}"
-            latency.labels(sku).observe(0.125 * n, {"trace_id": trace, "span_id": "0" * 16})
-        batch.observe(k + j)
-        for gauge in gauges.values():
-            gauge.labels(sku).set(10 * k + j)
-    print("ready", flush=True)
-    if stay:
-        sys.stdin.read()
-    """
-)
 
 Row = tuple[str, str, tuple[tuple[str, str], ...], float]
 
 
 @pytest.fixture
 def workers(tmp_path: Path) -> Iterator[Workers]:
-    directory = tmp_path / "prom"
-    directory.mkdir()
-    pool = Workers(directory, WORKER, MODES)
-    try:
+    with workers_in(tmp_path, exemplars=True) as pool:
         yield pool
-    finally:
-        pool.close()
 
 
 def rows(families: Iterable[Metric]) -> list[Row]:
