@@ -228,19 +228,19 @@ LOCK_ACQUIRE_RETRIES = MetricSpec(
 # --- computed by the exporter's probes -----------------------------------------------------
 
 NEGATIVE_INVENTORY_SKUS = MetricSpec(
-    "stock_negative_inventory_skus",
+    "stock_inventory_negative_skus",
     "gauge",
     "SKUs whose stock is below zero.",
     source="probe",
 )
 NEGATIVE_INVENTORY_UNITS = MetricSpec(
-    "stock_negative_inventory_units",
+    "stock_inventory_negative_units",
     "gauge",
     "Units below zero summed over all SKUs.",
     source="probe",
 )
 NEGATIVE_INVENTORY_SKU_UNITS = MetricSpec(
-    "stock_negative_inventory_sku_units",
+    "stock_inventory_negative_sku_units",
     "gauge",
     "Units below zero of each of the SKUs lowest below zero (the rest summed under "
     "__other__); promo SKUs always, at 0 when not below zero.",
@@ -281,7 +281,7 @@ DB_LOCK_WAIT_MAX = MetricSpec(
     source="probe",
 )
 DB_DEADLOCKS = MetricSpec(
-    "stock_db_deadlocks_total",
+    "stock_db_server_deadlock_total",
     "counter",
     "Deadlocks since the database statistics were reset (pg_stat_database).",
     ("database",),

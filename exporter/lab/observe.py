@@ -29,7 +29,7 @@ INTERVAL = "1s"
 #: The exporter's figures the report shows, per SKU (metric name -> short title).
 EXPORTER_FIGURES = {
     "stock_oversold_units": "oversold",
-    "stock_negative_inventory_units": "negative",
+    "stock_inventory_negative_units": "negative",
     "stock_duplicate_order_keys": "dup keys",
     "stock_outbox_lag_seconds": "outbox lag s",
     "stock_outbox_pending_events": "pending",
@@ -38,7 +38,7 @@ EXPORTER_FIGURES = {
 #: The exporter's figures without a sku label, and which strategies' rows (by SQL) they
 #: count: a strategy shows the figure when it is the only one.
 SHOP_WIDE: dict[str, Callable[[StrategyResult], bool]] = {
-    "stock_negative_inventory_units": lambda r: r.final_stock < 0,
+    "stock_inventory_negative_units": lambda r: r.final_stock < 0,
     "stock_duplicate_order_keys": lambda r: r.db.duplicate_keys > 0,
 }
 #: The alerts without a sku or lock label, and the strategies (by SQL and the lab's own

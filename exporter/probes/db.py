@@ -84,8 +84,8 @@ class DbProbe(Probe):
 
 
 class NegativeStockProbe(DbProbe):
-    """``stock_negative_inventory_skus`` / ``_units``: SKUs below zero and by how much;
-    ``stock_negative_inventory_sku_units{sku}``: the ``top_skus`` lowest by name.
+    """``stock_inventory_negative_skus`` / ``_units``: SKUs below zero and by how much;
+    ``stock_inventory_negative_sku_units{sku}``: the ``top_skus`` lowest by name.
 
     Reads the range below zero of an index on ``products(stock)`` (partial on
     PostgreSQL), twice: the totals, then the worst ``top_skus`` SKUs. The units of the
@@ -285,7 +285,7 @@ class LockWaitersProbe(DbProbe):
 
 
 class DeadlocksProbe(DbProbe):
-    """``stock_db_deadlocks_total{database}``: ``pg_stat_database``'s count, or InnoDB's
+    """``stock_db_server_deadlock_total{database}``: ``pg_stat_database``'s count, or InnoDB's
     server-wide ``Innodb_deadlocks`` labelled with the URL's database."""
 
     specs = (catalog.DB_DEADLOCKS,)

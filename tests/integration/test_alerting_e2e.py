@@ -703,7 +703,7 @@ def test_safe_strategies_fire_nothing(
         probes,
         lambda result: len(result) == 2 and all(float(r["value"][1]) > since for r in result),
     )
-    assert stack.prom.query(f'stock_negative_inventory_skus{{job="{EXPORTER_JOB}"}} > 0') == []
+    assert stack.prom.query(f'stock_inventory_negative_skus{{job="{EXPORTER_JOB}"}} > 0') == []
     assert stack.prom.query("stock_oversold_units > 0") == []
 
     # ... and every rule group has evaluated it several times, then Alertmanager had its

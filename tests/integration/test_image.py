@@ -254,7 +254,7 @@ def test_the_image_build_serves_the_charts_configmap(
             message=lambda text: f"not every probe up:\n{text[-3000:]}\n{log.read_text()}",
         )
         # The SQL truth: one SKU below zero.
-        assert "stock_negative_inventory_skus 1.0" in metrics
+        assert "stock_inventory_negative_skus 1.0" in metrics
         python_version = run(env_dir / "bin" / "python", "-c", "import platform;"
                              "print(platform.python_version())").strip()  # fmt: skip
         (info,) = [

@@ -182,7 +182,7 @@ def test_the_exporter_probes_agree_with_the_database(default_run: dict[str, Any]
         assert results[name]["probes"]["stock_oversold_units"] == results[name]["oversold"]
     # Shop-wide figures (no sku label): what they rose during the strategy's sale.
     check = results["check_then_decrement"]
-    assert check["probes"]["stock_negative_inventory_units"] == -check["final_stock"]
+    assert check["probes"]["stock_inventory_negative_units"] == -check["final_stock"]
     no_key = results["retry_no_key"]
     assert no_key["probes"]["stock_duplicate_order_keys"] == no_key["db"]["duplicate_keys"]
     for name in SAFE_STRATEGIES:

@@ -208,10 +208,10 @@ async def test_every_probe_reports_the_seeded_truth(db, registry):
         )
         # Read once everything is up; one more round proves the figures are stable.
         await asyncio.sleep(0.3)
-        assert sample(registry, "stock_negative_inventory_skus") == 2.0
-        assert sample(registry, "stock_negative_inventory_units") == 4.0
+        assert sample(registry, "stock_inventory_negative_skus") == 2.0
+        assert sample(registry, "stock_inventory_negative_units") == 4.0
         # Each SKU below zero by name, the promo SKU at 0; nothing left for __other__.
-        per_sku = "stock_negative_inventory_sku_units"
+        per_sku = "stock_inventory_negative_sku_units"
         assert sample(registry, per_sku, sku="SKU-NEG3") == 3.0
         assert sample(registry, per_sku, sku="SKU-NEG1") == 1.0
         assert sample(registry, per_sku, sku="SKU-OK") == 0.0
@@ -225,7 +225,7 @@ async def test_every_probe_reports_the_seeded_truth(db, registry):
         assert sample(registry, "stock_db_lock_waiters") == 0.0
         assert sample(registry, "stock_db_lock_wait_max_seconds") == 0.0
         database = db.raw_url.rsplit("/", 1)[1]
-        deadlocks = sample(registry, "stock_db_deadlocks_total", database=database)
+        deadlocks = sample(registry, "stock_db_server_deadlock_total", database=database)
         if db.mysql:
             assert deadlocks is not None  # server-wide: other suites' deadlocks count too
             assert deadlocks >= 0.0
@@ -318,9 +318,9 @@ async def test_negative_stock_names_the_worst_skus_and_sums_the_rest(pg_database
     config = parse_config(yaml.safe_dump(document))
     async with ProbeRunner(config, registry=registry):
         await async_wait_until(all_up(registry, ("negative_stock",)), timeout=WAIT)
-        per_sku = "stock_negative_inventory_sku_units"
-        assert sample(registry, "stock_negative_inventory_skus") == 5.0
-        assert sample(registry, "stock_negative_inventory_units") == 45.0
+        per_sku = "stock_inventory_negative_sku_units"
+        assert sample(registry, "stock_inventory_negative_skus") == 5.0
+        assert sample(registry, "stock_inventory_negative_units") == 45.0
         assert sample(registry, per_sku, sku="SKU-NEG38") == 38.0
         assert sample(registry, per_sku, sku="SKU-NEG3") == 3.0
         assert sample(registry, per_sku, sku="__other__") == 4.0
@@ -647,7 +647,7 @@ async def test_deadlocks_come_from_pg_stat_database(pg_database, registry):
     config = make_config(pg_database, ("deadlocks",))
     async with ProbeRunner(config, registry=registry):
         await async_wait_until(
-            lambda: sample(registry, "stock_db_deadlocks_total", database=database) == 1.0,
+            lambda: sample(registry, "stock_db_server_deadlock_total", database=database) == 1.0,
             timeout=WAIT,
             message="one deadlock",
         )
@@ -732,7 +732,7 @@ async def test_a_locked_table_times_out_the_probe_then_it_recovers(db, registry)
             (probe,) = [p for p in runner.probes if p.name == "negative_stock"]
             assert result.duration < probe.timeout
             # Nothing stale: the figures are gone while the probe is down ...
-            assert sample(registry, "stock_negative_inventory_skus") is None
+            assert sample(registry, "stock_inventory_negative_skus") is None
             # ... the other probe is not hidden, and a scrape does no I/O: while the table
             # is still locked it answers at once with the stored results (the failed run's
             # own duration, not a new run's).
@@ -747,7 +747,7 @@ async def test_a_locked_table_times_out_the_probe_then_it_recovers(db, registry)
             key = (("probe", "negative_stock"),)
             assert scraped[("stocksentry_probe_up", key)] == 0.0
             assert scraped[("stocksentry_probe_duration_seconds", key)] == result.duration
-            assert ("stock_negative_inventory_skus", ()) not in scraped
+            assert ("stock_inventory_negative_skus", ()) not in scraped
             if db.mysql:
                 mariadb().execute(locker, "UNLOCK TABLES")
             else:
@@ -757,7 +757,7 @@ async def test_a_locked_table_times_out_the_probe_then_it_recovers(db, registry)
                 timeout=WAIT,
                 message="negative_stock back up",
             )
-            assert sample(registry, "stock_negative_inventory_skus") == 2.0
+            assert sample(registry, "stock_inventory_negative_skus") == 2.0
     finally:
         if db.mysql:
             locker.close()
@@ -788,7 +788,7 @@ async def test_an_unreachable_database_is_reported_down_without_the_password(
             timeout=WAIT,
             message="both probes down",
         )
-        assert sample(registry, "stock_negative_inventory_skus") is None
+        assert sample(registry, "stock_inventory_negative_skus") is None
         assert sample(registry, "stocksentry_probe_last_success_timestamp_seconds",
                       probe="negative_stock") is None  # fmt: skip
         started = time.monotonic()
@@ -853,7 +853,7 @@ async def test_one_leader_runs_the_database_probes_and_the_other_takes_over(db):
         assert sample(first_registry, "stocksentry_probe_leader") == 1.0
         assert sample(second_registry, "stocksentry_probe_leader") == 0.0
         assert sample(second_registry, "stocksentry_probe_up", probe="negative_stock") is None
-        assert sample(second_registry, "stock_negative_inventory_skus") is None
+        assert sample(second_registry, "stock_inventory_negative_skus") is None
 
         await first.stop()
         await async_wait_until(
@@ -864,7 +864,7 @@ async def test_one_leader_runs_the_database_probes_and_the_other_takes_over(db):
             timeout=WAIT,
             message="second takes over",
         )
-        assert sample(second_registry, "stock_negative_inventory_skus") == 2.0
+        assert sample(second_registry, "stock_inventory_negative_skus") == 2.0
         assert sample(second_registry, "stocksentry_probe_leader") == 1.0
     finally:
         await first.stop()
@@ -1031,7 +1031,7 @@ async def test_probes_reconnect_after_their_sessions_are_killed(pg_database, reg
             interval=0.1,
             message="reconnected (sessions, leading, probe up)",
         )
-        assert sample(registry, "stock_negative_inventory_skus") == 2.0
+        assert sample(registry, "stock_inventory_negative_skus") == 2.0
 
 
 async def test_cache_drift_counts_skus_that_stay_apart_beyond_the_grace(

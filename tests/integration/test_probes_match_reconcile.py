@@ -108,8 +108,8 @@ async def test_the_probes_count_what_reconcile_lists(
     assert report.negative_stock, "the seed breaks every invariant"
     assert report.oversold
     assert report.duplicate_keys
-    assert negative[("stock_negative_inventory_skus", ())] == len(report.negative_stock)
-    assert negative[("stock_negative_inventory_units", ())] == -sum(
+    assert negative[("stock_inventory_negative_skus", ())] == len(report.negative_stock)
+    assert negative[("stock_inventory_negative_units", ())] == -sum(
         row["stock"] for row in report.negative_stock
     )
     assert {labels[0]: v for (_, labels), v in oversold.items()} == {

@@ -255,7 +255,7 @@ async def test_mariadb_exports_postgresql_s_families_and_samples(
     assert abs(my_samples.pop(lag) - pg_samples.pop(lag)) < 10.0
     assert my_samples == pg_samples
     # Not equal by being empty: the seeded violations, sku labels included.
-    negative = "stock_negative_inventory_sku_units"
+    negative = "stock_inventory_negative_sku_units"
     duplicate = "stock_duplicate_order_sku_keys"
     assert {k: v for k, v in my_samples.items() if k[0] in (negative, duplicate)} == {
         (negative, (("sku", "SKU-NEG38"),)): 38.0,
@@ -266,8 +266,8 @@ async def test_mariadb_exports_postgresql_s_families_and_samples(
         (duplicate, (("sku", "SKU-OK"),)): 3.0,
         (duplicate, (("sku", "__other__"),)): 1.0,
     }
-    assert my_samples[("stock_negative_inventory_skus", ())] == 5.0
-    assert my_samples[("stock_negative_inventory_units", ())] == 45.0
+    assert my_samples[("stock_inventory_negative_skus", ())] == 5.0
+    assert my_samples[("stock_inventory_negative_units", ())] == 45.0
     assert my_samples[("stock_duplicate_order_keys", ())] == 3.0
     assert my_samples[("stock_outbox_stuck_events", ())] == 1.0
     assert my_samples[("stock_outbox_max_publish_latency_seconds", ())] == 60.0
@@ -386,7 +386,7 @@ async def test_deadlocks_come_from_innodb_deadlocks(mysql_database, registry):
     try:
         async with ProbeRunner(config, registry=registry):
             await async_wait_until(all_up(registry, ("deadlocks",)), timeout=WAIT)
-            before = sample(registry, "stock_db_deadlocks_total", database=database)
+            before = sample(registry, "stock_db_server_deadlock_total", database=database)
             assert before is not None
             first.begin()
             second.begin()
@@ -415,13 +415,13 @@ async def test_deadlocks_come_from_innodb_deadlocks(mysql_database, registry):
             # take from it.
             await async_wait_until(
                 lambda: (
-                    (sample(registry, "stock_db_deadlocks_total", database=database) or 0)
+                    (sample(registry, "stock_db_server_deadlock_total", database=database) or 0)
                     >= before + 1
                 ),
                 timeout=WAIT,
                 message="one more deadlock",
             )
-            figure = sample(registry, "stock_db_deadlocks_total", database=database)
+            figure = sample(registry, "stock_db_server_deadlock_total", database=database)
             assert figure is not None
             assert figure <= global_deadlocks(mysql_database)
     finally:
@@ -539,7 +539,7 @@ async def test_a_server_that_goes_away_is_down_then_recovers_without_restart(
             await async_wait_until(
                 lambda: (
                     not runner.is_leader
-                    and sample(registry, "stock_negative_inventory_skus") is None
+                    and sample(registry, "stock_inventory_negative_skus") is None
                 ),
                 timeout=WAIT,
                 message="the probes stopped, their figures gone",
@@ -554,7 +554,7 @@ async def test_a_server_that_goes_away_is_down_then_recovers_without_restart(
                 message="everything back",
             )
             assert runner.is_leader
-            assert sample(registry, "stock_negative_inventory_skus") == 2.0
+            assert sample(registry, "stock_inventory_negative_skus") == 2.0
             assert sample(registry, "stock_oversold_units", sku="SKU-OVER") == 2.0
     finally:
         if proxy._server is not None:
@@ -747,6 +747,6 @@ async def test_without_process_the_probes_that_read_innodb_trx_are_down(mysql_da
             for name in needs_process:
                 assert "(1227," in (runner.results[name].error or ""), name
                 assert password not in (runner.results[name].error or "")
-            assert sample(registry, "stock_negative_inventory_skus") == 2.0
+            assert sample(registry, "stock_inventory_negative_skus") == 2.0
     finally:
         run_sql(mysql_database, [f"DROP USER IF EXISTS '{user}'@'%'"])

@@ -38,6 +38,28 @@ def test_names_prefixes_and_uniqueness() -> None:
         assert not set(m.labels) & {"request_id", "order_id", "idempotency_key", "trace_id"}
 
 
+#: What a name may end in to say what it counts or measures: names that differ only here
+#: are one family's (stock_inventory_negative_total, _skus, _units).
+UNIT_WORDS = frozenset(
+    {"total", "units", "unit", "skus", "sku", "keys", "seconds", "ratio", "events", "max"}
+)
+
+
+def test_one_name_per_thing() -> None:
+    """No twins: two names with the same words, give or take a plural or the word order
+    (stock_db_deadlock_total beside stock_db_deadlocks_total; stock_negative_inventory_units
+    beside stock_inventory_negative_total) are one thing named twice."""
+    seen: dict[tuple[str, ...], str] = {}
+    orders: dict[tuple[str, ...], tuple[str, tuple[str, ...]]] = {}
+    for m in catalog.ALL:
+        words = tuple(word.removesuffix("s") for word in m.name.split("_") if word != "total")
+        twin = seen.setdefault(tuple(sorted(words)), m.name)
+        assert twin == m.name, f"{m.name} and {twin} are one name twice"
+        stem = tuple(word for word in m.name.split("_") if word not in UNIT_WORDS)
+        first = orders.setdefault(tuple(sorted(stem)), (m.name, stem))
+        assert first[1] == stem, f"{m.name} orders the words of {first[0]} otherwise"
+
+
 def test_app_metrics_register_exactly_as_cataloged() -> None:
     registry = CollectorRegistry()
     StockMetrics(registry)

@@ -253,11 +253,11 @@ MALFORMED = [
     (
         "custom-metric-collides-with-catalog",
         DB + "probes:\n  custom:\n    - name: mine\n      sql: SELECT 1 AS value\n"
-        "      metric: stock_negative_inventory_skus\n",
+        "      metric: stock_inventory_negative_skus\n",
         7,
         "probes.custom[0].metric",
-        '"stock_negative_inventory_skus" collides with the catalog metric '
-        "stock_negative_inventory_skus",
+        '"stock_inventory_negative_skus" collides with the catalog metric '
+        "stock_inventory_negative_skus",
     ),
     (
         "custom-metric-collides-with-a-counter-sample",

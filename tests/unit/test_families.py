@@ -44,7 +44,7 @@ def test_negative_units_not_fetched_row_by_row_go_to_other():
     assert samples(skus) == {(): 3.0}
     assert samples(units) == {(): 10.0}
     assert samples(per_sku) == {("EGG-01",): 6.0, ("EGG-02",): 3.0, ("__other__",): 1.0}
-    assert per_sku.name == "stock_negative_inventory_sku_units"
+    assert per_sku.name == "stock_inventory_negative_sku_units"
 
 
 def test_the_duplicate_sku_statement_is_parameterised_in_every_dialect():

@@ -59,7 +59,7 @@ class FixedProbe(Probe):
     needs_leader = False
 
     async def run(self) -> tuple[Metric, ...]:
-        skus = GaugeMetricFamily("stock_negative_inventory_skus", "SKUs below zero.", value=2)
+        skus = GaugeMetricFamily("stock_inventory_negative_skus", "SKUs below zero.", value=2)
         units = GaugeMetricFamily("stock_oversold_units", "Oversold.", labels=["sku"])
         units.add_metric(["EGG-01"], 3.0)
         return (skus, units)
@@ -135,7 +135,7 @@ async def test_metrics_text_serves_the_probe_families_and_own_health(
     assert response.headers["Vary"] == "Accept, Accept-Encoding"
     families = list(parse_text(await response.text()))
 
-    assert value(families, "stock_negative_inventory_skus") == 2
+    assert value(families, "stock_inventory_negative_skus") == 2
     assert value(families, "stock_oversold_units", sku="EGG-01") == 3
     assert value(families, "stocksentry_probe_up", probe="fixed") == 1
     last_success = value(
