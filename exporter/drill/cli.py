@@ -1,0 +1,249 @@
+"""``stocksentry drill``: the pre-sale drill against the shop's own checkout.
+
+:func:`add_parser` declares the subcommand without loading its dependencies;
+:func:`run_drill` reads the drill file, refuses without ``--yes`` (or ``confirm: true``),
+names the target and the database, runs the scenarios, restores the drill SKU's stock and
+reports. Exit status: 0 every verdict passed, 1 a verdict failed, 2 bad input, 3 could not
+verify (the database could not be read: never a pass), 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..commandline import CommandError, ExitCode, Subcommands, say
+
+if TYPE_CHECKING:
+    from .config import DrillConfig
+    from .scenarios import Drill, ScenarioResult
+
+__all__ = ["add_parser", "run_drill"]
+
+COMMAND = "drill"
+#: The scenarios (as in .config.SCENARIOS, which --help does not import).
+SCENARIO_NAMES = ("burst", "retry", "duplicate_callback", "stale_availability", "observability")
+
+
+def add_parser(commands: Subcommands) -> argparse.ArgumentParser:
+    """Add the ``drill`` subcommand to the ``stocksentry`` parser."""
+    parser = commands.add_parser(
+        "drill",
+        help="pre-sale drill: fire concurrent checkouts at the shop, judge by its database",
+        description=(
+            "Fire concurrent checkouts (released together by last-byte synchronisation) "
+            "at the shop's own checkout over HTTP, then judge by its database: did the "
+            "successes exceed the stock, is the final stock negative or inconsistent, "
+            "was an intent ordered twice. It writes to the shop it is pointed at: it "
+            "refuses to run without --yes (or confirm: true), touches only the drill SKU "
+            "and restores its stock at the end. Exit status: 0 every verdict passed; "
+            "1 a verdict failed; 2 bad input; 3 could not verify (not a pass)."
+        ),
+    )
+    parser.add_argument("--config", required=True, metavar="FILE", help="the drill file (YAML)")
+    parser.add_argument(
+        "--yes", action="store_true", help="run: the drill sells the drill SKU in the shop"
+    )
+    parser.add_argument(
+        "--checkout-url", metavar="URL", help="override target.checkout.url of the file"
+    )
+    parser.add_argument(
+        "--scenario",
+        action="append",
+        choices=SCENARIO_NAMES,
+        metavar="NAME",
+        help="run this scenario (repeatable; overrides drill.scenarios): "
+        + ", ".join(SCENARIO_NAMES),
+    )
+    parser.add_argument("--format", choices=("table", "json"), default="table")
+    parser.add_argument("--junit", metavar="FILE", help="also write JUnit XML here")
+    parser.add_argument("--quiet", "-q", action="store_true", help="no progress on stderr")
+    parser.set_defaults(handler=run_drill, parser=parser)
+    return parser
+
+
+def _load(args: argparse.Namespace) -> DrillConfig:
+    import dataclasses
+
+    from ..config import ConfigError
+    from .config import load_drill_config
+
+    try:
+        config = load_drill_config(args.config)
+    except ConfigError as exc:
+        raise CommandError(str(exc)) from None
+    if args.checkout_url:
+        from .config import url_problem
+
+        url = args.checkout_url.strip()
+        problem = url_problem(url)
+        if problem is not None:
+            raise CommandError(f"--checkout-url: {problem}, got {url[:200]!r}")
+        checkout = dataclasses.replace(config.target.checkout, url=url)
+        config = dataclasses.replace(
+            config, target=dataclasses.replace(config.target, checkout=checkout)
+        )
+    if args.scenario:
+        from .config import scenario_problem
+
+        scenarios = tuple(dict.fromkeys(args.scenario))
+        settings = dataclasses.replace(config.drill, scenarios=scenarios)
+        config = dataclasses.replace(config, drill=settings)
+        problem = scenario_problem(config)
+        if problem is not None:
+            raise CommandError(f"--scenario: {problem}")
+    return config
+
+
+def run_drill(args: argparse.Namespace) -> int:
+    """Run ``stocksentry drill``; returns the exit status."""
+    from .config import describe_target
+
+    config = _load(args)
+    err = sys.stderr
+    target = describe_target(config)
+    if not (args.yes or config.confirm):
+        raise CommandError(
+            f"refusing to run without --yes: the drill sells SKU {config.drill.sku} through"
+            f" {target['checkout']} and writes its stock in {target['database']}"
+        )
+    from .truth import Shop, Unverifiable
+
+    try:
+        shop = Shop(config.database.url.reveal(), config.schema, config.drill.sku)
+    except ValueError as exc:
+        raise CommandError(str(exc)) from None
+    if not args.quiet:
+        say(err, f"stocksentry drill: target {target['checkout']}")
+        say(err, f"stocksentry drill: database {target['database']}, SKU {config.drill.sku}")
+    try:
+        try:
+            original = shop.find().stock
+        except LookupError as exc:
+            raise CommandError(str(exc)) from None
+        except Unverifiable as exc:
+            say(err, f"stocksentry {COMMAND}: cannot verify: {exc}")
+            return int(ExitCode.INCOMPLETE)
+        results, restored = _run(config, shop, original, args)
+    finally:
+        shop.close()
+    return _report(config, results, target, restored, args)
+
+
+def _run(
+    config: DrillConfig, shop: Any, original: int, args: argparse.Namespace
+) -> tuple[list[ScenarioResult], str]:
+    from .scenarios import Drill
+
+    progress = _progress(config, args)
+    drill = Drill(config, shop, uuid.uuid4().hex[:8], tick=progress)
+    try:
+        results = asyncio.run(_scenarios(drill, config))
+    finally:
+        if progress is not None:
+            progress.close()
+        restored = _restore(shop, original)
+    return results, restored
+
+
+async def _scenarios(drill: Drill, config: DrillConfig) -> list[ScenarioResult]:
+    from .scenarios import ScenarioResult
+    from .truth import Unverifiable
+
+    results = []
+    for name in config.drill.scenarios:
+        run = getattr(drill, name, None)
+        if run is None:
+            result = ScenarioResult(name, unverified="not available in this version")
+        else:
+            try:
+                result = await run()
+            except Unverifiable as exc:
+                current = drill.current
+                keep = current is not None and current.name == name
+                result = current if current is not None and keep else ScenarioResult(name)
+                result.passed, result.failures, result.unverified = None, [], str(exc)
+        results.append(result)
+    return results
+
+
+def _restore(shop: Any, original: int) -> str:
+    from .truth import Unverifiable
+
+    try:
+        shop.set_stock(original)
+    except Unverifiable as exc:
+        return f"the stock of {shop.sku} could NOT be restored to {original}: {exc}"
+    return f"restored the stock of {shop.sku} to {original}"
+
+
+class _Ticker:
+    """Live progress through the lab's bars, one per scenario."""
+
+    def __init__(self, config: DrillConfig) -> None:
+        from ..lab.progress import LiveProgress
+
+        self.bars = LiveProgress(
+            sys.stderr,
+            config.drill.scenarios,
+            total=config.drill.requests,
+            title="stocksentry drill",
+            unit="requests",
+        )
+        self.bars.start(config.drill.sku)
+        self.began = time.perf_counter()
+
+    def __call__(self, name: str, done: int, total: int, successes: int) -> None:
+        from ..lab.progress import Progress
+
+        snapshot = Progress(name, done, total, successes, 0, 0, time.perf_counter() - self.began)
+        if done >= total:
+            self.bars.finish(snapshot)
+        else:
+            self.bars.update(snapshot)
+
+    def close(self) -> None:
+        self.bars.close()
+
+
+def _progress(config: DrillConfig, args: argparse.Namespace) -> _Ticker | None:
+    if args.quiet or args.format == "json":
+        return None
+    try:
+        return _Ticker(config)
+    except ImportError:
+        return None
+
+
+def _report(
+    config: DrillConfig,
+    results: list[ScenarioResult],
+    target: dict[str, str],
+    restored: str,
+    args: argparse.Namespace,
+) -> int:
+    from .report import format_json, format_junit, format_text, overall
+
+    if args.format == "json":
+        sys.stdout.write(format_json(results, target=target, restored=restored))
+    else:
+        sys.stdout.write(format_text(results, target=target, restored=restored))
+    sys.stdout.flush()
+    if args.junit:
+        try:
+            Path(args.junit).write_text(format_junit(results, target=target), encoding="utf-8")
+        except OSError as exc:
+            raise CommandError(f"--junit: cannot write {args.junit}: {exc.strerror}") from exc
+    verdict = overall(results)
+    if "NOT be restored" in restored:
+        say(sys.stderr, f"stocksentry {COMMAND}: warning: {restored}")
+    return int(
+        {"pass": ExitCode.OK, "fail": ExitCode.FINDINGS, "unverified": ExitCode.INCOMPLETE}[
+            verdict
+        ]
+    )

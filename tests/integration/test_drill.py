@@ -1,0 +1,241 @@
+"""`stocksentry drill` against the lab's HTTP shop on real PostgreSQL and MariaDB: each
+verdict both ways, the stock restored, the refusal, exit 3 when the database goes away,
+the JUnit file parsed."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import threading
+import xml.etree.ElementTree as ET
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from dbs import Db
+from stocksentry.exporter.cli import main
+from stocksentry.exporter.lab.config import LabConfig
+from stocksentry.exporter.lab.serve import DRILL_SKU, drill_file, serve_shop
+
+pytestmark = pytest.mark.integration
+
+#: The stock the SKU holds before a drill: the drill must leave it so.
+BEFORE = 3
+
+
+@pytest.fixture
+def shop(db: Db) -> Iterator[tuple[int, Any]]:
+    """The lab's HTTP shop on a fresh database, ``LAB-DRILL`` at stock ``BEFORE``."""
+    with serve_shop(db.url, LabConfig(concurrency=24, work_ms=5.0)) as (port, served):
+        set_stock(db, BEFORE)
+        yield port, served
+
+
+def set_stock(db: Db, stock: int) -> None:
+    engine = sa.create_engine(db.url, poolclass=sa.pool.NullPool)
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text("UPDATE products SET available_stock = :s WHERE sku = :sku"),
+            {"s": stock, "sku": DRILL_SKU},
+        )
+    engine.dispose()
+
+
+def read_shop(db: Db) -> tuple[int, int]:
+    """The SKU's stock, and how many orders the shop holds in all."""
+    engine = sa.create_engine(db.url, poolclass=sa.pool.NullPool)
+    with engine.connect() as conn:
+        stock = conn.execute(
+            sa.text("SELECT available_stock FROM products WHERE sku = :sku"), {"sku": DRILL_SKU}
+        ).scalar_one()
+        orders = conn.execute(sa.text("SELECT count(*) FROM orders")).scalar_one()
+    engine.dispose()
+    return int(stock), int(orders)
+
+
+def write_config(tmp_path: Path, port: int, url: str) -> Path:
+    text = drill_file(port, url)
+    path = tmp_path / "drill.yaml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def drill(
+    capsys: pytest.CaptureFixture[str], config: Path, endpoint: str, *extra: str
+) -> tuple[int, dict[str, Any]]:
+    port = config.read_text().split("127.0.0.1:", 1)[1].split("/", 1)[0]
+    status = main(
+        [
+            "drill",
+            "--config",
+            str(config),
+            "--checkout-url",
+            f"http://127.0.0.1:{port}/checkout/{endpoint}",
+            "--format",
+            "json",
+            *extra,
+        ]
+    )
+    out = capsys.readouterr().out
+    return status, json.loads(out)
+
+
+def scenario(report: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(s for s in report["scenarios"] if s["name"] == name)
+
+
+def test_burst_unsafe_oversells_atomic_does_not(
+    db: Db, shop: tuple[int, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    port, _ = shop
+    config = write_config(tmp_path, port, db.raw_url)
+    status, report = drill(capsys, config, "unsafe", "--yes", "--scenario", "burst")
+    burst = scenario(report, "burst")
+    assert status == 1
+    assert report["verdict"] == "fail"
+    assert burst["passed"] is False
+    assert burst["stock"] == 10
+    assert burst["successes"] > 10
+    assert burst["oversold"] > 0
+    assert any("successes exceed the stock" in f for f in burst["failures"])
+    assert read_shop(db)[0] == BEFORE
+
+    status, report = drill(capsys, config, "atomic", "--yes", "--scenario", "burst")
+    burst = scenario(report, "burst")
+    assert status == 0, report
+    assert report["verdict"] == "pass"
+    assert burst["passed"] is True
+    assert (burst["successes"], burst["final_stock"], burst["oversold"]) == (10, 0, 0)
+    assert burst["units_sold"] == 10
+    assert read_shop(db)[0] == BEFORE
+
+
+def test_retry_without_key_orders_twice_idempotent_once(
+    db: Db, shop: tuple[int, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    port, _ = shop
+    config = write_config(tmp_path, port, db.raw_url)
+    status, report = drill(capsys, config, "retry_no_key", "--yes", "--scenario", "retry")
+    retry = scenario(report, "retry")
+    assert status == 1
+    assert retry["passed"] is False
+    # Every intent was sent twice and the endpoint ignores the key: each ordered twice.
+    assert retry["duplicated_keys"] == retry["intents"] == 10
+    assert any("duplicate orders per idempotency_key" in f for f in retry["failures"])
+
+    status, report = drill(capsys, config, "retry_idempotent", "--yes", "--scenario", "retry")
+    retry = scenario(report, "retry")
+    assert status == 0, report
+    assert (retry["passed"], retry["duplicated_keys"], retry["units_sold"]) == (True, 0, 10)
+    assert read_shop(db)[0] == BEFORE
+
+
+def test_refuses_without_yes_and_touches_nothing(
+    db: Db, shop: tuple[int, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    port, _ = shop
+    config = write_config(tmp_path, port, db.raw_url)
+    status = main(["drill", "--config", str(config)])
+    err = capsys.readouterr().err
+    assert status == 2
+    assert err.count("\n") == 1
+    assert "refusing to run without --yes" in err
+    assert f"127.0.0.1:{port}/checkout/unsafe" in err
+    assert read_shop(db) == (BEFORE, 0)
+
+
+def test_junit_has_one_case_per_scenario(
+    db: Db, shop: tuple[int, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    port, _ = shop
+    config = write_config(tmp_path, port, db.raw_url)
+    junit = tmp_path / "drill.xml"
+    status, _report = drill(capsys, config, "atomic", "--yes", "--junit", str(junit))
+    assert status == 1  # atomic sells once per request: the retry scenario fails
+    # Our own file, just written.
+    suite = ET.parse(junit).getroot().find("testsuite")  # noqa: S314
+    assert suite is not None
+    cases = {case.get("name"): case for case in suite.iter("testcase")}
+    assert set(cases) == {"burst", "retry"}
+    assert cases["burst"].find("failure") is None
+    failure = cases["retry"].find("failure")
+    assert failure is not None
+    assert "duplicate orders" in (failure.get("message") or "")
+    assert (suite.get("tests"), suite.get("failures"), suite.get("errors")) == ("2", "1", "0")
+
+
+class Proxy:
+    """A TCP relay to the database that can be cut: the database going away mid-drill."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.target = (host, port)
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self.listener.getsockname()[1])
+        self.sockets: list[socket.socket] = []
+        self.cut = threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self.cut.is_set():
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            if self.cut.is_set():
+                client.close()
+                return
+            upstream = socket.create_connection(self.target)
+            self.sockets += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for each in (src, dst):
+                with contextlib.suppress(OSError):
+                    each.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        self.cut.set()
+        self.listener.close()
+        for each in self.sockets:
+            with contextlib.suppress(OSError):
+                each.shutdown(socket.SHUT_RDWR)
+            each.close()
+
+
+def test_database_gone_mid_drill_is_unverified_exit_3(
+    db: Db, shop: tuple[int, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    port, served = shop
+    url = sa.make_url(db.raw_url)
+    proxy = Proxy(url.host or "127.0.0.1", url.port or (5432 if db.name == "postgresql" else 3306))
+    through = url.set(host="127.0.0.1", port=proxy.port).render_as_string(hide_password=False)
+    config = write_config(tmp_path, port, through)
+    checkout = served.checkout
+
+    def cut_then_checkout(*args: Any) -> Any:
+        # The first checkout of the burst cuts the drill's way to the database.
+        proxy.close()
+        return checkout(*args)
+
+    served.checkout = cut_then_checkout
+    try:
+        status, report = drill(capsys, config, "atomic", "--yes", "--scenario", "burst")
+    finally:
+        proxy.close()
+    assert status == 3
+    assert report["verdict"] == "unverified"
+    burst = scenario(report, "burst")
+    assert burst["passed"] is False
+    assert burst["verdict"] == "unverified"
+    assert "database" in burst["unverified"]
