@@ -155,7 +155,14 @@ async def _scenarios(drill: Drill, config: DrillConfig) -> list[ScenarioResult]:
     from .scenarios import ScenarioResult
     from .truth import Unverifiable
 
-    results = []
+    results = drill.results
+    metrics_url = config.observability.metrics_url
+    if "observability" in config.drill.scenarios and metrics_url is not None:
+        from .observability import scrape
+
+        # Before the first scenario: the counters the drill makes grow.
+        page = await scrape(metrics_url, config.target.timeout)
+        drill.baseline = page if isinstance(page, dict) else {}
     for name in config.drill.scenarios:
         run = getattr(drill, name, None)
         if run is None:

@@ -282,6 +282,12 @@ class DrillSettings:
     qty: int = key(1, Integer(1, 1000), "units per checkout")
     retry_intents: int = key(10, Integer(1, 10_000), "intents sent twice in the retry scenario")
     callbacks: int = key(5, Integer(1, 10_000), "payments called back twice")
+    callback_after_checkout: bool = key(
+        False,
+        Bool(),
+        "send each payment's checkout (same {payment_reference}) before its callbacks, for a "
+        "shop whose callback pays an existing order",
+    )
     scenarios: tuple[str, ...] = key(
         ("burst", "retry"), TextList(Choice(SCENARIOS), non_empty=True), "what to run"
     )

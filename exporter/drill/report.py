@@ -95,10 +95,28 @@ _SUMMARIES: Final = {
     " stock {final_stock}, oversold {oversold}, arrival spread {arrival_spread_ms} ms",
     "retry": "{intents} intents sent twice: {duplicated_keys} ordered more than once"
     " ({extra_orders} extra orders), {units_sold} units sold",
+    "duplicate_callback": "{payments} payments called back twice: {duplicated_keys} paid"
+    " more than once ({extra_orders} extra orders), {units_sold} units sold",
+    "stale_availability": "said available for {stale_window_ms} ms after the sell-out"
+    " (threshold {threshold_ms} ms), {stale_answers} stale answers",
 }
 
 
+def _observed(figures: dict[str, Any]) -> str:
+    caused = figures.get("caused", [])
+    seen = figures.get("seen", {})
+    if not caused:
+        return f"nothing to see; monitor on, lock waits {figures.get('lock_waits', 0)}"
+    parts = [
+        f"{problem.replace('_', ' ')}: {', '.join(seen.get(problem, [])) or 'NOT SEEN'}"
+        for problem in caused
+    ]
+    return "; ".join(parts) + f"; lock waits {figures.get('lock_waits', 0)}"
+
+
 def _figures_line(result: ScenarioResult) -> str:
+    if result.name == "observability" and "caused" in result.figures:
+        return _observed(result.figures)
     template = _SUMMARIES.get(result.name)
     if template is not None:
         try:

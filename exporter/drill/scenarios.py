@@ -93,6 +93,9 @@ class Drill:
         self.started = time.perf_counter()
         #: The scenario running: what it measured so far stays when the database fails.
         self.current: ScenarioResult | None = None
+        #: The scenarios run so far, and the monitoring's samples before the first.
+        self.results: list[ScenarioResult] = []
+        self.baseline: dict[str, float] = {}
 
     def begin(self, name: str) -> ScenarioResult:
         """The result of scenario ``name``, kept as :attr:`current`."""
@@ -278,3 +281,21 @@ class Drill:
             )
         result.judge(failures)
         return result
+
+    async def duplicate_callback(self) -> ScenarioResult:
+        """The payment callback delivered twice at once (see :mod:`.failures`)."""
+        from .failures import duplicate_callback
+
+        return await duplicate_callback(self)
+
+    async def stale_availability(self) -> ScenarioResult:
+        """How long availability says "available" after the sell-out (:mod:`.failures`)."""
+        from .failures import stale_availability
+
+        return await stale_availability(self)
+
+    async def observability(self) -> ScenarioResult:
+        """Did the shop's monitoring see what the drill caused (:mod:`.observability`)."""
+        from .observability import observability
+
+        return await observability(self)

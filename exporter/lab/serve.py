@@ -18,7 +18,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import socket
+import textwrap
 import threading
 import time
 from collections.abc import Iterator
@@ -30,6 +32,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from .config import IDEMPOTENT_OPERATION, LabConfig, LabError
+from .run import instrument_lab_engine
 from .shop import (
     Buyer,
     Shop,
@@ -37,11 +40,12 @@ from .shop import (
     create_engine,
     idempotency_keys,
     normalize_url,
+    orders,
     prepare_product,
     select_stock,
     update_returning,
 )
-from .strategies import STRATEGIES, Strategy
+from .strategies import STRATEGIES, Strategy, atomic
 
 __all__ = ["DRILL_SKU", "SERVED", "ServedShop", "serve_shop"]
 
@@ -106,6 +110,34 @@ def idempotent_checkout(shop: Shop, r: Any, buyer: Buyer) -> None:
         r.success(old_stock=written + shop.config.quantity, new_stock=written)
 
 
+def callback_check_then_insert(shop: Shop, r: Any, buyer: Buyer) -> None:
+    """The payment callback as it is often written: look for the payment's order, and
+    without one take the stock and write it. Two deliveries at once both look first."""
+    with shop.engine.connect() as conn:
+        known = conn.execute(
+            sa.select(sa.func.count())
+            .select_from(orders)
+            .where(orders.c.external_ref == buyer.external_ref)
+        ).scalar_one()
+    if known:
+        raise Replayed("success")
+    atomic(shop, r, buyer)
+
+
+def callback_idempotent(shop: Shop, r: Any, buyer: Buyer) -> None:
+    """The payment callback behind a claim of its payment reference (as
+    :func:`idempotent_checkout` claims an intent's key)."""
+    claimed = dataclasses.replace(buyer, idempotency_key=f"payment:{buyer.external_ref}")
+    idempotent_checkout(shop, r, claimed)
+
+
+#: The payment callback's variants, ``POST /callback/<mode>``.
+CALLBACKS: Final[dict[str, Strategy]] = {
+    "unsafe": callback_check_then_insert,
+    "idempotent": callback_idempotent,
+}
+
+
 class ServedShop:
     """The shop behind the endpoints: its engine, instrumentation and stale cache."""
 
@@ -136,11 +168,13 @@ class ServedShop:
             lock_name="",
         )
 
-    def checkout(self, name: str, shop: Shop, buyer: Buyer) -> tuple[str, bool]:
-        """Run strategy ``name`` for ``buyer``; ``(outcome, replayed)``."""
-        strategy: Strategy = (
-            idempotent_checkout if name == "retry_idempotent" else STRATEGIES[name]
-        )
+    def checkout(
+        self, name: str, shop: Shop, buyer: Buyer, strategy: Strategy | None = None
+    ) -> tuple[str, bool]:
+        """Run strategy ``name`` (or ``strategy`` under that name) for ``buyer``;
+        ``(outcome, replayed)``."""
+        if strategy is None:
+            strategy = idempotent_checkout if name == "retry_idempotent" else STRATEGIES[name]
         try:
             with self.sentry.reservation(
                 shop.sku,
@@ -181,6 +215,15 @@ def build_app(served: ServedShop) -> Any:
         name = request.match_info["strategy"]
         if name not in SERVED:
             return web.json_response({"ok": False, "error": f"no strategy {name}"}, status=404)
+        return await sell(request, name, None)
+
+    async def callback(request: web.Request) -> web.Response:
+        mode = request.match_info["mode"]
+        if mode not in CALLBACKS:
+            return web.json_response({"ok": False, "error": f"no callback {mode}"}, status=404)
+        return await sell(request, f"callback_{mode}", CALLBACKS[mode])
+
+    async def sell(request: web.Request, name: str, strategy: Strategy | None) -> web.Response:
         try:
             body = await request.json()
             sku = str(body.get("sku", DRILL_SKU))
@@ -200,9 +243,8 @@ def build_app(served: ServedShop) -> Any:
         )
         loop = asyncio.get_running_loop()
         try:
-            outcome, replayed = await loop.run_in_executor(
-                served.pool, served.checkout, name, shop, buyer
-            )
+            run = functools.partial(served.checkout, name, shop, buyer, strategy)
+            outcome, replayed = await loop.run_in_executor(served.pool, run)
         except Exception as exc:
             return web.json_response({"ok": False, "error": type(exc).__name__}, status=500)
         ok = outcome == "success"
@@ -225,6 +267,7 @@ def build_app(served: ServedShop) -> Any:
 
     app = web.Application()
     app.router.add_post("/checkout/{strategy}", checkout)
+    app.router.add_post("/callback/{mode}", callback)
     app.router.add_get("/availability/{strategy}", availability)
     app.router.add_get("/metrics", metrics)
     return app
@@ -246,6 +289,8 @@ def serve_shop(
     registry = CollectorRegistry()
     sentry = Sentry(registry=registry, promo_skus=[DRILL_SKU], log=False, trace=False)
     served = ServedShop(engine, config, sentry, registry)
+    # The SQL detector, as in the lab: the unsafe read-modify-writes show in /metrics.
+    undo = instrument_lab_engine(engine, sentry)
     ready = threading.Event()
     stop: asyncio.Event | None = None
     loop = asyncio.new_event_loop()
@@ -280,7 +325,8 @@ def serve_shop(
             ready.set()
 
     try:
-        connect_and_prepare(engine, shown, 1)
+        # Every connection opened now: the first burst races in the shop, not in connecting.
+        connect_and_prepare(engine, shown, config.concurrency)
         served.product_ids[DRILL_SKU] = prepare_product(engine, DRILL_SKU, 0)
         served.refresh()
         thread = threading.Thread(target=run, name="lab-http-shop", daemon=True)
@@ -297,6 +343,8 @@ def serve_shop(
             thread.join(30)
     finally:
         served.pool.shutdown(wait=False, cancel_futures=True)
+        if undo is not None:
+            undo()
         engine.dispose()
         loop.close()
 
@@ -322,6 +370,12 @@ target:
   success:
     status: [200]
     json_field: ok
+  # The payment callback (also /callback/idempotent), and what the buyer is shown.
+  callback:
+    url: {base}/callback/unsafe
+    body: |
+      {{"sku": "{{sku}}", "qty": {{qty}}, "request_id": "{{request_id}}",
+       "payment_reference": "{{payment_reference}}"}}
   availability:
     request:
       method: GET
@@ -337,8 +391,10 @@ drill:
   requests: 50
   concurrency: 20
   scenarios: [burst, retry]
+  stale_threshold: 500ms
 observability:
   metrics_url: {base}/metrics
+  wait: 2s
 """
 
 
@@ -377,7 +433,9 @@ def run_serve(args: Any) -> int:
         base = f"http://127.0.0.1:{port}"
         for line in (
             f"the lab's HTTP shop on {shown}, selling {DRILL_SKU}:",
-            f"  POST {base}/checkout/<strategy>  ({', '.join(SERVED)})",
+            f"  POST {base}/checkout/<strategy>",
+            *textwrap.wrap(", ".join(SERVED), 76, initial_indent="    ", subsequent_indent="    "),
+            f"  POST {base}/callback/<unsafe|idempotent>",
             f"  GET  {base}/availability/<strategy>?sku={DRILL_SKU}",
             f"  GET  {base}/metrics",
             f"wrote {DRILL_FILE}; in another terminal:",

@@ -56,8 +56,12 @@ def read_shop(db: Db) -> tuple[int, int]:
     return int(stock), int(orders)
 
 
-def write_config(tmp_path: Path, port: int, url: str) -> Path:
+def write_config(tmp_path: Path, port: int, url: str, **replace: tuple[str, str]) -> Path:
+    """The drill file ``--serve`` writes, with text replaced (``old=new``)."""
     text = drill_file(port, url)
+    for old, new in replace.values():
+        assert old in text
+        text = text.replace(old, new)
     path = tmp_path / "drill.yaml"
     path.write_text(text, encoding="utf-8")
     return path
@@ -239,3 +243,79 @@ def test_database_gone_mid_drill_is_unverified_exit_3(
     assert burst["passed"] is False
     assert burst["verdict"] == "unverified"
     assert "database" in burst["unverified"]
+
+
+def test_duplicate_callback_unsafe_pays_twice_idempotent_once(
+    db: Db, shop: tuple[int, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    port, _ = shop
+    config = write_config(tmp_path, port, db.raw_url)
+    status, report = drill(capsys, config, "atomic", "--yes", "--scenario", "duplicate_callback")
+    callback = scenario(report, "duplicate_callback")
+    assert status == 1
+    assert callback["passed"] is False
+    assert callback["duplicated_keys"] == callback["payments"] == 5
+    assert any("duplicate paid orders per external_ref" in f for f in callback["failures"])
+
+    config = write_config(
+        tmp_path, port, db.raw_url, callback=("/callback/unsafe", "/callback/idempotent")
+    )
+    status, report = drill(capsys, config, "atomic", "--yes", "--scenario", "duplicate_callback")
+    callback = scenario(report, "duplicate_callback")
+    assert status == 0, report
+    assert (callback["duplicated_keys"], callback["units_sold"]) == (0, 5)
+    assert read_shop(db)[0] == BEFORE
+
+
+def test_stale_availability_cache_fails_live_passes(
+    db: Db, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The cache is refreshed every 3 s: after the sell-out it says "available" for longer
+    # than the file's 500 ms threshold.
+    with serve_shop(db.url, LabConfig(concurrency=8, cache_refresh_ms=3000)) as (port, _):
+        config = write_config(tmp_path, port, db.raw_url)
+        status, report = drill(
+            capsys, config, "atomic", "--yes", "--scenario", "stale_availability"
+        )
+        stale = scenario(report, "stale_availability")
+        assert status == 1, report
+        assert stale["passed"] is False
+        assert stale["stale_answers"] > 0
+        assert "availability" in stale["failures"][0]
+
+        config = write_config(
+            tmp_path, port, db.raw_url, live=("availability/stale_cache", "availability/atomic")
+        )
+        status, report = drill(
+            capsys, config, "atomic", "--yes", "--scenario", "stale_availability"
+        )
+        stale = scenario(report, "stale_availability")
+        assert status == 0, report
+        assert stale["stale_window_ms"] <= stale["threshold_ms"]
+
+
+def test_observability_sees_the_oversell_not_the_duplicates(
+    db: Db, shop: tuple[int, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    port, _ = shop
+    config = write_config(tmp_path, port, db.raw_url)
+    args = ("--yes", "--scenario", "burst", "--scenario", "observability")
+    status, report = drill(capsys, config, "unsafe", *args)
+    seen = scenario(report, "observability")
+    assert status == 1
+    # The app's SQL detector counts the unsafe read-modify-writes: the oversell is seen.
+    assert seen["passed"] is True
+    assert seen["caused"] == ["oversell"]
+    assert "stock_unsafe_read_modify_write_total" in seen["seen"]["oversell"]
+
+    args = ("--yes", "--scenario", "retry", "--scenario", "observability")
+    status, report = drill(capsys, config, "retry_no_key", *args)
+    seen = scenario(report, "observability")
+    # Duplicate orders show only in the exporter's probe, not in the app's /metrics.
+    assert seen["passed"] is False
+    assert seen["caused"] == ["duplicate_orders"]
+    assert "stock_duplicate_order_keys" in seen["failures"][0]
+
+    status, report = drill(capsys, config, "retry_idempotent", *args)
+    assert status == 0, report
+    assert scenario(report, "observability")["caused"] == []
