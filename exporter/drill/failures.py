@@ -106,8 +106,7 @@ async def stale_availability(drill: Drill) -> ScenarioResult:
     while not await _ask(drill, request, rule.json_field):
         if time.perf_counter() - began > patience:
             raise Unverifiable(
-                f"availability did not say available within {patience:g} s of setting the"
-                " stock"
+                f"availability did not say available within {patience:g} s of setting the stock"
             )
         await asyncio.sleep(POLL_INTERVAL_S)
     # One checkout at a time: a sell-out, not a race (even an unsafe checkout sells out).
