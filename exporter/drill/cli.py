@@ -62,6 +62,12 @@ def add_parser(commands: Subcommands) -> argparse.ArgumentParser:
     )
     parser.add_argument("--format", choices=("table", "json"), default="table")
     parser.add_argument("--junit", metavar="FILE", help="also write JUnit XML here")
+    parser.add_argument(
+        "--report",
+        metavar="FILE.html",
+        help="also write an HTML report (latency histogram, successes against the stock,"
+        " the burst's timeline)",
+    )
     parser.add_argument("--quiet", "-q", action="store_true", help="no progress on stderr")
     parser.set_defaults(handler=run_drill, parser=parser)
     return parser
@@ -246,6 +252,21 @@ def _report(
             Path(args.junit).write_text(format_junit(results, target=target), encoding="utf-8")
         except OSError as exc:
             raise CommandError(f"--junit: cannot write {args.junit}: {exc.strerror}") from exc
+    if args.report:
+        import shlex
+
+        from .report_html import format_html
+
+        page = format_html(
+            results,
+            target=target,
+            restored=restored,
+            command=shlex.join(["stocksentry", *sys.argv[1:]]),
+        )
+        try:
+            Path(args.report).write_text(page, encoding="utf-8")
+        except OSError as exc:
+            raise CommandError(f"--report: cannot write {args.report}: {exc.strerror}") from exc
     verdict = overall(results)
     if "NOT be restored" in restored:
         say(sys.stderr, f"stocksentry {COMMAND}: warning: {restored}")

@@ -157,7 +157,15 @@ def test_junit_has_one_case_per_scenario(
     port, _ = shop
     config = write_config(tmp_path, port, db.raw_url)
     junit = tmp_path / "drill.xml"
-    status, _report = drill(capsys, config, "atomic", "--yes", "--junit", str(junit))
+    page = tmp_path / "drill.html"
+    status, _report = drill(
+        capsys, config, "atomic", "--yes", "--junit", str(junit), "--report", str(page)
+    )
+    text = page.read_text(encoding="utf-8")
+    assert "<svg" in text
+    assert "How many checkouts succeeded?" in text
+    assert "<script" not in text
+    assert "duplicate orders per idempotency_key" in text
     assert status == 1  # atomic sells once per request: the retry scenario fails
     # Our own file, just written.
     suite = ET.parse(junit).getroot().find("testsuite")  # noqa: S314
