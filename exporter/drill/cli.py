@@ -17,7 +17,7 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..commandline import CommandError, ExitCode, Subcommands, say
+from ..commandline import CommandError, ExitCode, Subcommands, int_in, say
 
 if TYPE_CHECKING:
     from .config import DrillConfig
@@ -59,6 +59,27 @@ def add_parser(commands: Subcommands) -> argparse.ArgumentParser:
         metavar="NAME",
         help="run this scenario (repeatable; overrides drill.scenarios): "
         + ", ".join(SCENARIO_NAMES),
+    )
+    parser.add_argument(
+        "--engine",
+        choices=("asyncio", "locust"),
+        default="asyncio",
+        help="who sends the burst: this process (asyncio, last-byte synchronised), or "
+        "Locust's master and workers (locust, needs the drill extra)",
+    )
+    parser.add_argument(
+        "--workers",
+        type=int_in(0, 64),
+        default=2,
+        metavar="N",
+        help="--engine locust: workers started on this machine, 0..64 (2)",
+    )
+    parser.add_argument(
+        "--expect-workers",
+        type=int_in(1, 1024),
+        metavar="N",
+        help="--engine locust: workers the master waits for in all, those started elsewhere"
+        " included (default: --workers)",
     )
     parser.add_argument("--format", choices=("table", "json"), default="table")
     parser.add_argument("--junit", metavar="FILE", help="also write JUnit XML here")
@@ -148,6 +169,17 @@ def _run(
 
     progress = _progress(config, args)
     drill = Drill(config, shop, uuid.uuid4().hex[:8], tick=progress)
+    if args.engine == "locust":
+        import importlib.util
+
+        if importlib.util.find_spec("locust") is None:
+            raise CommandError("--engine locust needs locust: pip install 'stocksentry[drill]'")
+        from .locust_engine import LocustEngine
+
+        expect = args.expect_workers or args.workers
+        if expect < 1:
+            raise CommandError("--engine locust needs --workers or --expect-workers above 0")
+        drill.engine = LocustEngine(args.workers, expect)
     try:
         results = asyncio.run(_scenarios(drill, config))
     finally:

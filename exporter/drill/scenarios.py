@@ -9,8 +9,9 @@ nothing, or one that answered 500 after it sold, counts as the database says.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,7 +19,7 @@ from .config import DrillConfig, RequestSpec
 from .truth import Shop, Snapshot, Unverifiable
 from .wire import Request, Response, WaveResult, send_one, send_wave
 
-__all__ = ["Drill", "ScenarioResult", "is_success"]
+__all__ = ["Drill", "Engine", "ScenarioResult", "is_success", "success_of"]
 
 
 @dataclass(slots=True)
@@ -65,19 +66,38 @@ def _field(document: Any, path: str) -> Any:
     return document
 
 
+def success_of(
+    status: int, body: bytes, statuses: tuple[int, ...], json_field: str | None
+) -> bool:
+    """Whether a response of ``status`` and ``body`` is a sale: a status of ``statuses``
+    and, when ``json_field`` is given, that field of the JSON body true or non-empty."""
+    if status not in statuses:
+        return False
+    if json_field is None:
+        return True
+    try:
+        document = json.loads(body)
+    except ValueError:
+        return False
+    value = _field(document, json_field)
+    return value is not None and value is not False and value not in ("", 0, [], {})
+
+
 def is_success(config: DrillConfig, response: Response) -> bool:
     """Whether a checkout response is a sale as ``target.success`` says."""
-    rule = config.target.success
-    if response.error is not None or response.status not in rule.status:
+    if response.sale is not None:
+        return response.sale
+    if response.error is not None:
         return False
-    if rule.json_field is None:
-        return True
-    value = _field(response.json(), rule.json_field)
-    return value is not None and value is not False and value not in ("", 0, [], {})
+    rule = config.target.success
+    return success_of(response.status, response.body, rule.status, rule.json_field)
 
 
 #: Progress callback: (scenario, requests done, requests in all, successes).
 Tick = Callable[[str, int, int, int], None]
+#: Another load engine for the burst: sends the drill's ``requests`` checkouts and returns
+#: the responses and the arrival spread of each release.
+Engine = Callable[["Drill"], Awaitable[tuple[list[Response], list[float]]]]
 
 
 class Drill:
@@ -96,6 +116,8 @@ class Drill:
         #: The scenarios run so far, and the monitoring's samples before the first.
         self.results: list[ScenarioResult] = []
         self.baseline: dict[str, float] = {}
+        #: The burst's load engine; ``None``: this process, by waves.
+        self.engine: Engine | None = None
 
     def begin(self, name: str) -> ScenarioResult:
         """The result of scenario ``name``, kept as :attr:`current`."""
@@ -174,7 +196,10 @@ class Drill:
         responses: list[Response] = []
         spreads: list[float] = []
         checkout = self.config.target.checkout
-        for start in range(0, total, settings.concurrency):
+        if self.engine is not None:
+            responses, spreads = await self.engine(self)
+            result.figures["engine"] = "locust"
+        for start in range(0, total if self.engine is None else 0, settings.concurrency):
             numbers = range(start + 1, min(total, start + settings.concurrency) + 1)
             requests = [self.request(checkout, self.values("burst", n)) for n in numbers]
             wave = await self.wave("burst", requests, done)
@@ -187,8 +212,8 @@ class Drill:
             successes=successes,
             refused=total - successes - len(errors),
             errors=len(errors),
-            arrival_spread_ms=round(1000 * spreads[0], 3),
-            worst_arrival_spread_ms=round(1000 * max(spreads), 3),
+            arrival_spread_ms=round(1000 * spreads[0], 3) if spreads else None,
+            worst_arrival_spread_ms=round(1000 * max(spreads), 3) if spreads else None,
         )
         after = await asyncio.to_thread(self.shop.snapshot)
         sold = after.paid_units - before.paid_units

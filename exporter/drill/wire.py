@@ -61,6 +61,9 @@ class Response:
     #: When the request's last byte went out, and when the response was read (perf_counter).
     sent_at: float = 0.0
     done_at: float = 0.0
+    #: Whether it was a sale, when the engine that sent it judged so already (Locust's
+    #: workers); ``None``: judge the status and body.
+    sale: bool | None = None
 
     @property
     def latency(self) -> float:

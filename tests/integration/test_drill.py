@@ -29,7 +29,7 @@ BEFORE = 3
 @pytest.fixture
 def shop(db: Db) -> Iterator[tuple[int, Any]]:
     """The lab's HTTP shop on a fresh database, ``LAB-DRILL`` at stock ``BEFORE``."""
-    with serve_shop(db.url, LabConfig(concurrency=24, work_ms=5.0)) as (port, served):
+    with serve_shop(db.url, LabConfig(concurrency=12, work_ms=5.0)) as (port, served):
         set_stock(db, BEFORE)
         yield port, served
 
@@ -327,3 +327,25 @@ def test_observability_sees_the_oversell_not_the_duplicates(
     status, report = drill(capsys, config, "retry_idempotent", *args)
     assert status == 0, report
     assert scenario(report, "observability")["caused"] == []
+
+
+def test_locust_master_and_two_workers_give_the_same_verdicts(
+    db: Db, shop: tuple[int, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    port, _ = shop
+    config = write_config(tmp_path, port, db.raw_url)
+    args = ("--yes", "--scenario", "burst", "--engine", "locust", "--workers", "2")
+    status, report = drill(capsys, config, "unsafe", *args)
+    burst = scenario(report, "burst")
+    assert status == 1, report
+    assert burst["engine"] == "locust"
+    assert burst["requests"] == 50
+    assert burst["successes"] > burst["stock"] == 10
+    assert any("successes exceed the stock" in f for f in burst["failures"])
+
+    status, report = drill(capsys, config, "atomic", *args)
+    burst = scenario(report, "burst")
+    assert status == 0, report
+    assert (burst["engine"], burst["successes"], burst["final_stock"]) == ("locust", 10, 0)
+    assert burst["successes"] + burst["refused"] + burst["errors"] == 50
+    assert read_shop(db)[0] == BEFORE
