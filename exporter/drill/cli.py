@@ -69,17 +69,10 @@ def add_parser(commands: Subcommands) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--workers",
-        type=int_in(0, 64),
+        type=int_in(1, 64),
         default=2,
         metavar="N",
-        help="--engine locust: workers started on this machine, 0..64 (2)",
-    )
-    parser.add_argument(
-        "--expect-workers",
-        type=int_in(1, 1024),
-        metavar="N",
-        help="--engine locust: workers the master waits for in all, those started elsewhere"
-        " included (default: --workers)",
+        help="--engine locust: Locust workers started on this machine, 1..64 (2)",
     )
     parser.add_argument("--format", choices=("table", "json"), default="table")
     parser.add_argument("--junit", metavar="FILE", help="also write JUnit XML here")
@@ -176,10 +169,7 @@ def _run(
             raise CommandError("--engine locust needs locust: pip install 'stocksentry[drill]'")
         from .locust_engine import LocustEngine
 
-        expect = args.expect_workers or args.workers
-        if expect < 1:
-            raise CommandError("--engine locust needs --workers or --expect-workers above 0")
-        drill.engine = LocustEngine(args.workers, expect)
+        drill.engine = LocustEngine(args.workers)
     try:
         results = asyncio.run(_scenarios(drill, config))
     finally:

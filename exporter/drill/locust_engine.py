@@ -5,8 +5,8 @@ When one machine cannot offer the load, the burst's checkouts go out from Locust
 drill still sets the stock, reads the database and judges. The workers run
 :mod:`.locustfile`; its plan (the checkout request, the success rule, the run's id) is a
 JSON file named by ``STOCKSENTRY_DRILL_PLAN``. ``--workers N`` starts N workers on this
-machine; with ``--workers 0`` the master waits for ``--expect-workers`` started
-elsewhere with the same file and plan.
+machine, the master bound to loopback; workers on other machines (the master bound to
+an address they reach, the plan copied to them) are not wired up yet.
 """
 
 from __future__ import annotations
@@ -44,12 +44,10 @@ def _free_port() -> int:
 
 
 class LocustEngine:
-    """Sends a drill's burst through a Locust master and ``workers`` local workers
-    (``expect`` workers in all, the others started elsewhere)."""
+    """Sends a drill's burst through a Locust master and ``workers`` local workers."""
 
-    def __init__(self, workers: int, expect: int | None = None, port: int | None = None) -> None:
+    def __init__(self, workers: int, port: int | None = None) -> None:
         self.workers = workers
-        self.expect = expect if expect is not None else workers
         self.port = port
         #: The master's and the workers' last lines on stderr, for a failed run.
         self.stderr = ""
@@ -101,7 +99,7 @@ class LocustEngine:
                 "--master-bind-port",
                 str(port),
                 "--expect-workers",
-                str(self.expect),
+                str(self.workers),
                 "--users",
                 str(total),
                 "--spawn-rate",
