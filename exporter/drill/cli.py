@@ -139,8 +139,15 @@ def run_drill(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise CommandError(str(exc)) from None
     if not args.quiet:
-        say(err, f"stocksentry drill: target {target['checkout']}")
-        say(err, f"stocksentry drill: database {target['database']}, SKU {config.drill.sku}")
+        import textwrap
+
+        # Named before anything is written, so a wrong target is seen in time.
+        for text in (
+            f"stocksentry drill: target {target['checkout']}",
+            f"stocksentry drill: database {target['database']}, SKU {config.drill.sku}",
+        ):
+            for line in textwrap.wrap(text, 80, subsequent_indent="    "):
+                say(err, line)
     try:
         try:
             original = shop.find().stock
@@ -236,7 +243,8 @@ class _Ticker:
     def __call__(self, name: str, done: int, total: int, successes: int) -> None:
         from ..lab.progress import Progress
 
-        snapshot = Progress(name, done, total, successes, 0, 0, time.perf_counter() - self.began)
+        elapsed = time.perf_counter() - self.began
+        snapshot = Progress(name, done, total, successes, done - successes, 0, elapsed)
         if done >= total:
             self.bars.finish(snapshot)
         else:

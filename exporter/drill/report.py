@@ -131,13 +131,15 @@ def format_text(
 ) -> str:
     """The terminal report, at most :data:`WIDTH` columns."""
     wrap = textwrap.TextWrapper(width=WIDTH, subsequent_indent="    ", break_on_hyphens=False)
-    lines = [f"stocksentry drill: {target['checkout']}"]
-    lines += wrap.wrap(f"database: {target['database']}, SKU {target['sku']}")
-    lines.append("")
+    # The incident's four questions first: what a reader of the drill asks.
+    lines = []
     width = max(len(q) for q, _ in answers(results)) + 1
     for question, answer in answers(results):
         text = f"{question:<{width}} {answer}"
         lines += textwrap.wrap(text, WIDTH, subsequent_indent=" " * (width + 1))
+    lines.append("")
+    lines += wrap.wrap(f"target: {target['checkout']}")
+    lines += wrap.wrap(f"database: {target['database']}, SKU {target['sku']}")
     lines.append("")
     for result in results:
         head = f"{result.name:<19} {result.verdict.upper():<5}"

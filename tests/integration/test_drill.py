@@ -116,6 +116,16 @@ def test_burst_unsafe_oversells_atomic_does_not(
     assert burst["units_sold"] == 10
     assert read_shop(db)[0] == BEFORE
 
+    # The terminal report: the four answers first, 80 columns at most.
+    url = f"http://127.0.0.1:{port}/checkout/unsafe"
+    status = main(["drill", "--config", str(config), "--yes", "-q", "--checkout-url", url])
+    text = capsys.readouterr().out
+    assert status == 1
+    assert text.startswith("How many checkouts succeeded?")
+    assert "Did successes exceed the stock?               YES, oversold by" in text
+    assert max(len(line) for line in text.splitlines()) <= 80
+    assert text.rstrip().endswith("verdict: FAIL (2 of 2 scenarios failed)")
+
 
 def test_retry_without_key_orders_twice_idempotent_once(
     db: Db, shop: tuple[int, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
