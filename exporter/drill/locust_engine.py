@@ -3,7 +3,7 @@
 When one machine cannot offer the load, the burst's checkouts go out from Locust workers
 (``locust --worker``, here or on other machines) under one ``locust --master``; the
 drill still sets the stock, reads the database and judges. The workers run
-:mod:`.locustfile`; its plan (the checkout request, the success rule, the run's id) is a
+:data:`LOCUSTFILE`; its plan (the checkout request, the success rule, the run's id) is a
 JSON file named by ``STOCKSENTRY_DRILL_PLAN``. ``--workers N`` starts N workers on this
 machine, the master bound to loopback; workers on other machines (the master bound to
 an address they reach, the plan copied to them) are not wired up yet.
@@ -31,8 +31,9 @@ if TYPE_CHECKING:
 
 __all__ = ["LOCUSTFILE", "LocustEngine"]
 
-#: The Locust file the master and the workers run.
-LOCUSTFILE: Final = Path(__file__).with_name("locustfile.py")
+#: The Locust file the master and the workers run: in a folder that is not a package, as
+#: importing locust monkey-patches the process for gevent (only Locust's own may import it).
+LOCUSTFILE: Final = Path(__file__).with_name("locust_files") / "locustfile.py"
 #: How long the master may take to start, spawn and collect, beyond the requests' own time.
 STARTUP_S: Final = 60.0
 

@@ -165,7 +165,7 @@ def format_text(
     failed = sum(r.passed is False for r in results)
     unverified = sum(r.passed is None for r in results)
     summary = {
-        "pass": f"verdict: PASS ({len(results)} scenarios)",
+        "pass": f"verdict: PASS ({len(results)} scenario{'s' if len(results) != 1 else ''})",
         "fail": f"verdict: FAIL ({failed} of {len(results)} scenarios failed)",
         "unverified": f"verdict: UNVERIFIED ({unverified} of {len(results)} scenarios"
         " could not be judged: not a pass)",

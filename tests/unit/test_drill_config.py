@@ -117,3 +117,19 @@ def test_checkout_url_override_is_checked(
     status = main(["drill", "--config", str(path), "--yes", "--checkout-url", "nope"])
     assert status == 2
     assert "--checkout-url: expected an http:// or https:// URL" in capsys.readouterr().err
+
+
+def test_the_docs_staging_file_is_valid() -> None:
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "drill.md").read_text("utf-8")
+    staging = docs.split("## On your own staging", 1)[1]
+    block = staging.split("```yaml\n", 1)[1].split("```", 1)[0]
+    config = parse_drill_config(
+        block,
+        "docs/drill.md",
+        environ={"STAGING_DATABASE_URL": "postgresql://drill@staging-db/shop"},
+    )
+    assert config.drill.sku == "DRILL-EGG-01"
+    assert config.database.url_source == "env STAGING_DATABASE_URL"
+    assert config.target.success.json_field == "order.id"
+    assert config.schema.orders.external_ref == "payment_reference"
+    assert len(config.drill.scenarios) == 5
