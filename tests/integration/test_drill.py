@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 from dbs import Db
+from privateredis import PrivateRedis
 from stocksentry.exporter.cli import main
 from stocksentry.exporter.lab.config import LabConfig
 from stocksentry.exporter.lab.serve import DRILL_SKU, drill_file, serve_shop
@@ -359,3 +360,26 @@ def test_locust_master_and_two_workers_give_the_same_verdicts(
     assert (burst["engine"], burst["successes"], burst["final_stock"]) == ("locust", 10, 0)
     assert burst["successes"] + burst["refused"] + burst["errors"] == 50
     assert read_shop(db)[0] == BEFORE
+
+
+def test_redis_locks_naive_oversells_redlock_does_not(
+    db: Db, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with PrivateRedis() as private_redis:
+        lab = LabConfig(concurrency=12, work_ms=5.0, redis_url=private_redis.url)
+        with serve_shop(db.url, lab) as (port, served):
+            assert {"naive_lock", "redlock"} <= set(served.served)
+            set_stock(db, BEFORE)
+            config = write_config(tmp_path, port, db.raw_url)
+            status, report = drill(capsys, config, "naive_lock", "--yes", "--scenario", "burst")
+            burst = scenario(report, "burst")
+            # The lock's TTL (80 % of the work) runs out under its holder: the next buyer
+            # reads the stock before the first one wrote it.
+            assert status == 1, report
+            assert burst["oversold"] > 0
+
+            status, report = drill(capsys, config, "redlock", "--yes", "--scenario", "burst")
+            burst = scenario(report, "burst")
+            assert status == 0, report
+            assert (burst["successes"], burst["final_stock"]) == (10, 0)
+            assert read_shop(db)[0] == BEFORE
