@@ -154,9 +154,16 @@ def run_drill(args: argparse.Namespace) -> int:
         except LookupError as exc:
             raise CommandError(str(exc)) from None
         except Unverifiable as exc:
+            # Nothing sent, nothing written: every scenario unverified, in every report.
+            from .scenarios import ScenarioResult
+
             say(err, f"stocksentry {COMMAND}: cannot verify: {exc}")
-            return int(ExitCode.INCOMPLETE)
-        results, restored = _run(config, shop, original, args)
+            results = [
+                ScenarioResult(name, unverified=str(exc)) for name in config.drill.scenarios
+            ]
+            restored = f"nothing was sent or written: {exc}"
+        else:
+            results, restored = _run(config, shop, original, args)
     finally:
         shop.close()
     return _report(config, results, target, restored, args)

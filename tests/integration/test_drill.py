@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 from dbs import Db
-from privateredis import PrivateRedis
+from privateredis import PrivateRedis, free_port
 from stocksentry.exporter.cli import main
 from stocksentry.exporter.lab.config import LabConfig
 from stocksentry.exporter.lab.serve import DRILL_SKU, drill_file, serve_shop
@@ -383,3 +383,20 @@ def test_redis_locks_naive_oversells_redlock_does_not(
             assert status == 0, report
             assert (burst["successes"], burst["final_stock"]) == (10, 0)
             assert read_shop(db)[0] == BEFORE
+
+
+def test_database_unreachable_from_the_start_is_unverified_in_json_and_junit(
+    db: Db, shop: tuple[int, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    port, _ = shop
+    url = sa.make_url(db.raw_url).set(host="127.0.0.1", port=free_port())
+    config = write_config(tmp_path, port, url.render_as_string(hide_password=False))
+    junit = tmp_path / "drill.xml"
+    status, report = drill(capsys, config, "atomic", "--yes", "--junit", str(junit))
+    assert status == 3
+    assert report["verdict"] == "unverified"
+    assert [s["verdict"] for s in report["scenarios"]] == ["unverified", "unverified"]
+    suite = ET.parse(junit).getroot().find("testsuite")  # noqa: S314 - our own file
+    assert suite is not None
+    assert suite.get("errors") == "2"
+    assert read_shop(db) == (BEFORE, 0)
