@@ -174,8 +174,7 @@ def _run(
 ) -> tuple[list[ScenarioResult], str]:
     from .scenarios import Drill
 
-    progress = _progress(config, args)
-    drill = Drill(config, shop, uuid.uuid4().hex[:8], tick=progress)
+    engine = None
     if args.engine == "locust":
         import importlib.util
 
@@ -183,13 +182,16 @@ def _run(
             raise CommandError("--engine locust needs locust: pip install 'stocksentry[drill]'")
         from .locust_engine import LocustEngine
 
-        drill.engine = LocustEngine(args.workers)
+        engine = LocustEngine(args.workers)
+    progress = _progress(config, args)
+    drill = Drill(config, shop, uuid.uuid4().hex[:8], tick=progress)
+    drill.engine = engine
     try:
         results = asyncio.run(_scenarios(drill, config))
     finally:
         if progress is not None:
             progress.close()
-        restored = _restore(shop, original)
+        restored = _restore(drill, original)
     return results, restored
 
 
@@ -221,11 +223,17 @@ async def _scenarios(drill: Drill, config: DrillConfig) -> list[ScenarioResult]:
     return results
 
 
-def _restore(shop: Any, original: int) -> str:
+def _restore(drill: Drill, original: int) -> str:
+    """Set the drill SKU's stock back as it was found: the same way it was set (the
+    shop's reset request, or the stock column)."""
     from .truth import Unverifiable
 
+    shop = drill.shop
     try:
-        shop.set_stock(original)
+        if drill.config.target.reset is not None:
+            asyncio.run(drill.reset(original))
+        else:
+            shop.set_stock(original)
     except Unverifiable as exc:
         return f"the stock of {shop.sku} could NOT be restored to {original}: {exc}"
     return f"restored the stock of {shop.sku} to {original}"

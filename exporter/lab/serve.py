@@ -10,7 +10,8 @@ copies at once are one order too). With Redis (``--redis``, or the embedded one)
 strategies too: ``naive_lock`` (its TTL runs out under the work) oversells, ``redlock``
 does not. ``GET /availability/<strategy>?sku=`` says whether the
 SKU is on sale (``stale_cache``: from a copy refreshed every ``--cache-refresh-ms``);
-``GET /metrics`` is the shop's own instrumentation.
+``PUT /stock`` (``{"sku", "stock"}``) is the shop's own reset; ``GET /metrics`` its
+instrumentation.
 
 200 ``{"ok": true}`` is a sale, 409 ``{"ok": false, "outcome": ...}`` a refusal.
 """
@@ -45,6 +46,7 @@ from .shop import (
     normalize_url,
     orders,
     prepare_product,
+    products,
     select_stock,
     update_returning,
 )
@@ -209,6 +211,15 @@ class ServedShop:
         with self.engine.connect() as conn:
             return select_stock(conn, sku)
 
+    def set_stock(self, sku: str, units: int) -> None:
+        """Set ``sku``'s stock and allocation (``PUT /stock``)."""
+        with self.engine.begin() as conn:
+            conn.execute(
+                products.update()
+                .where(products.c.sku == sku)
+                .values(available_stock=units, initial_stock=units)
+            )
+
     def refresh(self) -> None:
         """Copy every product's stock into the cache (the late refresh)."""
         with self.engine.connect() as conn:
@@ -271,6 +282,19 @@ def build_app(served: ServedShop) -> Any:
         stock = await loop.run_in_executor(served.pool, served.available, name, sku)
         return web.json_response({"sku": sku, "available": stock > 0, "stock": stock})
 
+    async def stock(request: web.Request) -> web.Response:
+        # The shop's own reset request: sets a product's stock (and its allocation).
+        try:
+            body = await request.json()
+            sku, units = str(body["sku"]), int(body["stock"])
+        except (ValueError, TypeError, KeyError, AttributeError):
+            return web.json_response({"error": 'expected {"sku": ..., "stock": N}'}, status=400)
+        if sku not in served.product_ids or units < 0:
+            return web.json_response({"error": f"no product {sku}"}, status=404)
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(served.pool, served.set_stock, sku, units)
+        return web.json_response({"sku": sku, "stock": units})
+
     async def metrics(_request: web.Request) -> web.Response:
         text = generate_latest(served.registry)
         return web.Response(body=text, headers={"Content-Type": CONTENT_TYPE_LATEST})
@@ -280,6 +304,7 @@ def build_app(served: ServedShop) -> Any:
     app.router.add_post("/callback/{mode}", callback)
     app.router.add_get("/availability/{strategy}", availability)
     app.router.add_get("/metrics", metrics)
+    app.router.add_put("/stock", stock)
     return app
 
 

@@ -400,3 +400,30 @@ def test_database_unreachable_from_the_start_is_unverified_in_json_and_junit(
     assert suite is not None
     assert suite.get("errors") == "2"
     assert read_shop(db) == (BEFORE, 0)
+
+
+def test_reset_through_the_shops_own_request(
+    db: Db, shop: tuple[int, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    port, _ = shop
+    reset = (
+        "  success:",
+        f"  reset:\n    method: PUT\n    url: http://127.0.0.1:{port}/stock\n"
+        '    body: \'{"sku": "{sku}", "stock": {qty}}\'\n  success:',
+    )
+    config = write_config(tmp_path, port, db.raw_url, reset=reset)
+    status, report = drill(capsys, config, "atomic", "--yes", "--scenario", "burst")
+    burst = scenario(report, "burst")
+    assert status == 0, report
+    assert (burst["successes"], burst["final_stock"]) == (10, 0)
+    # Restored by the same request: stock and allocation back to what the drill found.
+    assert report["restored"] == f"restored the stock of {DRILL_SKU} to {BEFORE}"
+    assert read_shop(db)[0] == BEFORE
+    # PUT /stock sets the allocation as well: the stock went through the shop's request.
+    engine = sa.create_engine(db.url, poolclass=sa.pool.NullPool)
+    with engine.connect() as conn:
+        allocation = conn.execute(
+            sa.text("SELECT initial_stock FROM products WHERE sku = :sku"), {"sku": DRILL_SKU}
+        ).scalar_one()
+    engine.dispose()
+    assert allocation == BEFORE
