@@ -494,6 +494,7 @@ def run_serve(args: Any) -> int:
             f"  POST {base}/callback/<unsafe|idempotent>",
             f"  GET  {base}/availability/<strategy>?sku={DRILL_SKU}",
             f"  GET  {base}/metrics",
+            f"  PUT  {base}/stock",
             f"wrote {DRILL_FILE}; in another terminal:",
             f"  stocksentry drill --config {DRILL_FILE} --yes",
             f"  stocksentry drill --config {DRILL_FILE} --yes \\",
