@@ -34,7 +34,7 @@ from typing import Any, Final
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from .config import IDEMPOTENT_OPERATION, LabConfig, LabError
+from .config import IDEMPOTENT_OPERATION, STOCK_TABLE, LabConfig, LabError
 from .driver import delete_redis_keys
 from .run import instrument_lab_engine
 from .shop import (
@@ -327,6 +327,10 @@ def serve_shop(
     served = ServedShop(engine, config, sentry, registry, redis_client)
     # The SQL detector, as in the lab: the unsafe read-modify-writes show in /metrics.
     undo = instrument_lab_engine(engine, sentry)
+    # Every counter at zero from the start: a series first seen at its final value has no
+    # increase() to Prometheus, and a drill's burst would pass its alerts unseen.
+    sentry.metrics.prime_tables([STOCK_TABLE])
+    sentry.metrics.prime_skus([DRILL_SKU])
     ready = threading.Event()
     stop: asyncio.Event | None = None
     loop = asyncio.new_event_loop()

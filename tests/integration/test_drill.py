@@ -17,6 +17,7 @@ import pytest
 import sqlalchemy as sa
 from dbs import Db
 from privateredis import PrivateRedis, free_port
+from prom import Prometheus
 from stocksentry.exporter.cli import main
 from stocksentry.exporter.lab.config import LabConfig
 from stocksentry.exporter.lab.serve import DRILL_SKU, drill_file, serve_shop
@@ -427,3 +428,26 @@ def test_reset_through_the_shops_own_request(
         ).scalar_one()
     engine.dispose()
     assert allocation == BEFORE
+
+
+def test_observability_reads_the_alerts_prometheus_fired(
+    db: Db, shop: tuple[int, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    port, _ = shop
+    rules = Path(__file__).resolve().parents[2] / "alert_rules" / "stocksentry.rules.yml"
+    with Prometheus(targets={"shop": [f"127.0.0.1:{port}"]}, rule_files=[rules]) as prom:
+        prom.wait_for_targets_up("shop")
+        # The counter at zero is scraped before the drill makes it grow.
+        prom.wait_for("stock_unsafe_read_modify_write_total")
+        watch = (
+            f"  metrics_url: http://127.0.0.1:{port}/metrics\n  wait: 2s",
+            f"  prometheus_url: {prom.url}\n  wait: 60s",
+        )
+        config = write_config(tmp_path, port, db.raw_url, watch=watch)
+        args = ("--yes", "--scenario", "burst", "--scenario", "observability")
+        status, report = drill(capsys, config, "unsafe", *args)
+    seen = scenario(report, "observability")
+    assert status == 1
+    assert seen["passed"] is True, seen
+    assert "StockUnsafeReadModifyWrite" in seen["seen"]["oversell"]
+    assert "StockUnsafeReadModifyWrite" in seen["alerts"]
