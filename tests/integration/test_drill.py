@@ -402,6 +402,12 @@ def test_database_unreachable_from_the_start_is_unverified_in_json_and_junit(
     assert suite.get("errors") == "2"
     assert read_shop(db) == (BEFORE, 0)
 
+    # confirm: true in the file stands for --yes: the same run, not a refusal.
+    config.write_text(config.read_text() + "confirm: true\n", encoding="utf-8")
+    status, report = drill(capsys, config, "atomic")
+    assert status == 3
+    assert report["verdict"] == "unverified"
+
 
 def test_reset_through_the_shops_own_request(
     db: Db, shop: tuple[int, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
