@@ -115,11 +115,20 @@ def _timeline(results: Sequence[ScenarioResult]) -> str:
     span = max(t for t, _ in burst.timeline) - start or 1e-3
     width, height = 720, 120
     body = [f'<line x1="20" x2="{width - 20}" y1="60" y2="60" stroke="#999"/>']
-    for t, ok in burst.timeline:
+    # The sales the stock covers in green, those beyond it in red, in the order answered.
+    covered = int(burst.figures.get("stock", 0)) // max(1, int(burst.figures.get("qty", 1)))
+    sales = 0
+    for t, ok in sorted(burst.timeline):
         x = 20 + (width - 40) * (t - start) / span
-        y = 40 if ok else 80
-        body.append(f'<circle cx="{x:.1f}" cy="{y}" r="4" fill="{_GOOD if ok else _BAD}"/>')
-    body.append('<text x="20" y="20">sales (top) and refusals (bottom), as answered</text>')
+        sales += ok
+        color = (_GOOD if sales <= covered else _BAD) if ok else "#999"
+        # Answers a moment apart would hide each other: each a little lower than the last.
+        y = 28 + (sales % 4) * 7 if ok else 76 + (len(body) % 3) * 6
+        body.append(f'<circle cx="{x:.1f}" cy="{y}" r="4" fill="{color}"/>')
+    body.append(
+        '<text x="20" y="20">sales (top: green within the stock, red beyond it) and'
+        " refusals (bottom, grey), as answered</text>"
+    )
     body.append(f'<text x="{width - 120}" y="112">{span * 1000:.1f} ms in all</text>')
     return _svg(width, height, "burst timeline", body)
 

@@ -190,7 +190,9 @@ class Drill:
         settings = self.config.drill
         stock, qty, total = settings.stock, settings.qty, settings.requests
         result = self.begin("burst")
-        result.figures.update(stock=stock, requests=total, concurrency=settings.concurrency)
+        result.figures.update(
+            stock=stock, qty=qty, requests=total, concurrency=settings.concurrency
+        )
         before = await self.reset(stock)
         done = [0, 0, total]
         responses: list[Response] = []
