@@ -16,6 +16,7 @@ from typing import TextIO
 from . import sidecar_cli
 from .commandline import PROG, CommandError, ExitCode, report_error, say
 from .contract import add_check_metrics_parser
+from .drill import cli as drill_cli
 from .investigate.reconcile import add_reconcile_parser
 from .investigate.timeline.command import add_timeline_parser
 from .lab import cli as lab_cli
@@ -38,6 +39,7 @@ NEEDS: dict[str, tuple[str, tuple[str, ...]]] = {
     "exporter": ("exporter", ("yaml", "aiohttp")),
     "check-config": ("exporter", ("yaml",)),
     "reconcile": ("reconcile", ("sqlalchemy",)),
+    "drill": ("drill", ("sqlalchemy", "yaml")),
 }
 
 
@@ -79,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_timeline_parser(commands)
     add_reconcile_parser(commands)
     add_check_metrics_parser(commands)
+    drill_cli.add_parser(commands)
     return parser
 
 

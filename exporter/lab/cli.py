@@ -232,6 +232,15 @@ def add_parser(commands: Subcommands) -> argparse.ArgumentParser:
         "servers; '' for none)",
     )
     demo.add_argument("--quiet", "-q", action="store_true", help="no progress on stderr")
+    demo.add_argument(
+        "--serve",
+        action="store_true",
+        help="serve the strategies as an HTTP shop for `stocksentry drill` (POST "
+        "/checkout/<strategy>) until Ctrl-C, and write stocksentry-drill.yaml for it",
+    )
+    demo.add_argument(
+        "--port", type=port, default=8080, metavar="PORT", help="--serve's port (8080; 0: any)"
+    )
     demo.set_defaults(handler=run_demo, parser=demo)
     return demo
 
@@ -264,6 +273,10 @@ def run_demo(args: argparse.Namespace) -> int:
 
         # SIGTERM ends the run as Ctrl-C does: the same clean-up.
         with signal_handler(signal.SIGTERM, interrupt):
+            if args.serve:
+                from .serve import run_serve
+
+                return run_serve(args)
             return _run(args, CollectorRegistry())
     except LabError as exc:
         raise CommandError(str(exc)) from exc

@@ -39,9 +39,18 @@ class LiveProgress:
     strategy, so logs do not fill with redraws. :meth:`close` gives the terminal back."""
 
     def __init__(
-        self, stream: TextIO, strategies: Sequence[str], *, total: int, header: Sequence[str] = ()
+        self,
+        stream: TextIO,
+        strategies: Sequence[str],
+        *,
+        total: int,
+        header: Sequence[str] = (),
+        title: str = "flash-sale lab",
+        unit: str = "buyers",
     ) -> None:
         self._stream = stream
+        self._title = title
+        self._unit = unit
         self._header = tuple(header)
         try:
             self._tty = stream.isatty()
@@ -71,7 +80,7 @@ class LiveProgress:
 
     def start(self, database: str) -> None:
         # Written only once the database answered, so a failed connection stays one line.
-        lines = (*self._header, f"flash-sale lab on {database}:")
+        lines = (*self._header, f"{self._title} on {database}:")
         if not self._tty:
             self._stream.write("".join(line + "\n" for line in lines))
             self._stream.flush()
@@ -99,7 +108,7 @@ class LiveProgress:
         if not self._tty:
             p = progress
             self._stream.write(
-                f"{p.strategy:<20} {p.done:>{len(str(p.total))}}/{p.total} buyers"
+                f"{p.strategy:<20} {p.done:>{len(str(p.total))}}/{p.total} {self._unit}"
                 f" sold {p.sold:<5} conflicts {p.conflicts:<5} {p.elapsed_s:5.1f} s"
                 f" errors {p.errors}\n"
             )

@@ -60,7 +60,7 @@ LOCK_ALERTS = ("StockLockExpiredWhileHeld", "StockLockReleaseNotOwned")
 NPM_TIMEOUT_S = 300
 
 
-def _node_modules() -> None:
+def install_node_modules() -> None:
     """``npm ci`` from the committed lock file, unless node_modules already matches it."""
     npm = shutil.which("npm")
     if npm is None or shutil.which("node") is None:
@@ -150,7 +150,7 @@ def buy(url: str, sku: str, buyers: int) -> list[int]:
 
 @pytest.fixture(scope="module")
 def shop(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shop]:
-    _node_modules()
+    install_node_modules()
     tmp = tmp_path_factory.mktemp("node-shop")
     name = f"stocksentry_node_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(PG_SERVER, autocommit=True) as conn:

@@ -1,0 +1,322 @@
+"""``stocksentry drill``: the pre-sale drill against the shop's own checkout.
+
+:func:`add_parser` declares the subcommand without loading its dependencies;
+:func:`run_drill` reads the drill file, refuses without ``--yes`` (or ``confirm: true``),
+names the target and the database, runs the scenarios, restores the drill SKU's stock and
+reports. Exit status: 0 every verdict passed, 1 a verdict failed, 2 bad input, 3 could not
+verify (the database could not be read: never a pass), 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..commandline import CommandError, ExitCode, Subcommands, int_in, say
+
+if TYPE_CHECKING:
+    from .config import DrillConfig
+    from .scenarios import Drill, ScenarioResult
+
+__all__ = ["add_parser", "run_drill"]
+
+COMMAND = "drill"
+#: The scenarios (as in .config.SCENARIOS, which --help does not import).
+SCENARIO_NAMES = ("burst", "retry", "duplicate_callback", "stale_availability", "observability")
+
+
+def add_parser(commands: Subcommands) -> argparse.ArgumentParser:
+    """Add the ``drill`` subcommand to the ``stocksentry`` parser."""
+    parser = commands.add_parser(
+        "drill",
+        help="pre-sale drill: fire concurrent checkouts at the shop, judge by its database",
+        description=(
+            "Fire concurrent checkouts (released together by last-byte synchronisation) "
+            "at the shop's own checkout over HTTP, then judge by its database: did the "
+            "successes exceed the stock, is the final stock negative or inconsistent, "
+            "was an intent ordered twice. It writes to the shop it is pointed at: it "
+            "refuses to run without --yes (or confirm: true), touches only the drill SKU "
+            "and restores its stock at the end. Exit status: 0 every verdict passed; "
+            "1 a verdict failed; 2 bad input; 3 could not verify (not a pass)."
+        ),
+    )
+    parser.add_argument("--config", required=True, metavar="FILE", help="the drill file (YAML)")
+    parser.add_argument(
+        "--yes", action="store_true", help="run: the drill sells the drill SKU in the shop"
+    )
+    parser.add_argument(
+        "--checkout-url", metavar="URL", help="override target.checkout.url of the file"
+    )
+    parser.add_argument(
+        "--scenario",
+        action="append",
+        choices=SCENARIO_NAMES,
+        metavar="NAME",
+        help="run this scenario (repeatable; overrides drill.scenarios): "
+        + ", ".join(SCENARIO_NAMES),
+    )
+    parser.add_argument(
+        "--engine",
+        choices=("asyncio", "locust"),
+        default="asyncio",
+        help="who sends the burst: this process (asyncio, last-byte synchronised), or "
+        "Locust's master and workers (locust, needs the drill extra)",
+    )
+    parser.add_argument(
+        "--workers",
+        type=int_in(1, 64),
+        default=2,
+        metavar="N",
+        help="--engine locust: Locust workers started on this machine, 1..64 (2)",
+    )
+    parser.add_argument("--format", choices=("table", "json"), default="table")
+    parser.add_argument("--junit", metavar="FILE", help="also write JUnit XML here")
+    parser.add_argument(
+        "--report",
+        metavar="FILE.html",
+        help="also write an HTML report (latency histogram, successes against the stock,"
+        " the burst's timeline)",
+    )
+    parser.add_argument("--quiet", "-q", action="store_true", help="no progress on stderr")
+    parser.set_defaults(handler=run_drill, parser=parser)
+    return parser
+
+
+def _load(args: argparse.Namespace) -> DrillConfig:
+    import dataclasses
+
+    from ..config import ConfigError
+    from .config import load_drill_config
+
+    try:
+        config = load_drill_config(args.config)
+    except ConfigError as exc:
+        raise CommandError(str(exc)) from None
+    if args.checkout_url:
+        from .config import url_problem
+
+        url = args.checkout_url.strip()
+        problem = url_problem(url)
+        if problem is not None:
+            raise CommandError(f"--checkout-url: {problem}, got {url[:200]!r}")
+        checkout = dataclasses.replace(config.target.checkout, url=url)
+        config = dataclasses.replace(
+            config, target=dataclasses.replace(config.target, checkout=checkout)
+        )
+    if args.scenario:
+        from .config import scenario_problem
+
+        scenarios = tuple(dict.fromkeys(args.scenario))
+        settings = dataclasses.replace(config.drill, scenarios=scenarios)
+        config = dataclasses.replace(config, drill=settings)
+        problem = scenario_problem(config)
+        if problem is not None:
+            raise CommandError(f"--scenario: {problem}")
+    return config
+
+
+def run_drill(args: argparse.Namespace) -> int:
+    """Run ``stocksentry drill``; returns the exit status."""
+    from .config import describe_target
+
+    config = _load(args)
+    err = sys.stderr
+    target = describe_target(config)
+    if not (args.yes or config.confirm):
+        raise CommandError(
+            f"refusing to run without --yes: the drill sells SKU {config.drill.sku} through"
+            f" {target['checkout']} and writes its stock in {target['database']}"
+        )
+    from .truth import Shop, Unverifiable
+
+    try:
+        shop = Shop(config.database.url.reveal(), config.schema, config.drill.sku)
+    except ValueError as exc:
+        raise CommandError(str(exc)) from None
+    if not args.quiet:
+        import textwrap
+
+        # Named before anything is written, so a wrong target is seen in time.
+        for text in (
+            f"stocksentry drill: target {target['checkout']}",
+            f"stocksentry drill: database {target['database']}, SKU {config.drill.sku}",
+        ):
+            for line in textwrap.wrap(text, 80, subsequent_indent="    "):
+                say(err, line)
+    try:
+        try:
+            original = shop.find().stock
+        except LookupError as exc:
+            raise CommandError(str(exc)) from None
+        except Unverifiable as exc:
+            # Nothing sent, nothing written: every scenario unverified, in every report.
+            from .scenarios import ScenarioResult
+
+            say(err, f"stocksentry {COMMAND}: cannot verify: {exc}")
+            results = [
+                ScenarioResult(name, unverified=str(exc)) for name in config.drill.scenarios
+            ]
+            restored = f"nothing was sent or written: {exc}"
+        else:
+            results, restored = _run(config, shop, original, args)
+    finally:
+        shop.close()
+    return _report(config, results, target, restored, args)
+
+
+def _run(
+    config: DrillConfig, shop: Any, original: int, args: argparse.Namespace
+) -> tuple[list[ScenarioResult], str]:
+    from .scenarios import Drill
+
+    engine = None
+    if args.engine == "locust":
+        import importlib.util
+
+        if importlib.util.find_spec("locust") is None:
+            raise CommandError("--engine locust needs locust: pip install 'stocksentry[drill]'")
+        from .locust_engine import LocustEngine
+
+        engine = LocustEngine(args.workers)
+    progress = _progress(config, args)
+    drill = Drill(config, shop, uuid.uuid4().hex[:8], tick=progress)
+    drill.engine = engine
+    try:
+        results = asyncio.run(_scenarios(drill, config))
+    finally:
+        if progress is not None:
+            progress.close()
+        restored = _restore(drill, original)
+    return results, restored
+
+
+async def _scenarios(drill: Drill, config: DrillConfig) -> list[ScenarioResult]:
+    from .scenarios import ScenarioResult
+    from .truth import Unverifiable
+
+    results = drill.results
+    metrics_url = config.observability.metrics_url
+    if "observability" in config.drill.scenarios and metrics_url is not None:
+        from .observability import scrape
+
+        # Before the first scenario: the counters the drill makes grow.
+        page = await scrape(metrics_url, config.target.timeout)
+        drill.baseline = page if isinstance(page, dict) else {}
+    for name in config.drill.scenarios:
+        run = getattr(drill, name, None)
+        if run is None:
+            result = ScenarioResult(name, unverified="not available in this version")
+        else:
+            try:
+                result = await run()
+            except Unverifiable as exc:
+                current = drill.current
+                keep = current is not None and current.name == name
+                result = current if current is not None and keep else ScenarioResult(name)
+                result.passed, result.failures, result.unverified = None, [], str(exc)
+        results.append(result)
+    return results
+
+
+def _restore(drill: Drill, original: int) -> str:
+    """Set the drill SKU's stock back as it was found: the same way it was set (the
+    shop's reset request, or the stock column)."""
+    from .truth import Unverifiable
+
+    shop = drill.shop
+    try:
+        if drill.config.target.reset is not None:
+            asyncio.run(drill.reset(original))
+        else:
+            shop.set_stock(original)
+    except Unverifiable as exc:
+        return f"the stock of {shop.sku} could NOT be restored to {original}: {exc}"
+    return f"restored the stock of {shop.sku} to {original}"
+
+
+class _Ticker:
+    """Live progress through the lab's bars, one per scenario."""
+
+    def __init__(self, config: DrillConfig) -> None:
+        from ..lab.progress import LiveProgress
+
+        self.bars = LiveProgress(
+            sys.stderr,
+            config.drill.scenarios,
+            total=config.drill.requests,
+            title="stocksentry drill",
+            unit="requests",
+        )
+        self.bars.start(config.drill.sku)
+        self.began = time.perf_counter()
+
+    def __call__(self, name: str, done: int, total: int, successes: int) -> None:
+        from ..lab.progress import Progress
+
+        elapsed = time.perf_counter() - self.began
+        snapshot = Progress(name, done, total, successes, done - successes, 0, elapsed)
+        if done >= total:
+            self.bars.finish(snapshot)
+        else:
+            self.bars.update(snapshot)
+
+    def close(self) -> None:
+        self.bars.close()
+
+
+def _progress(config: DrillConfig, args: argparse.Namespace) -> _Ticker | None:
+    if args.quiet or args.format == "json":
+        return None
+    try:
+        return _Ticker(config)
+    except ImportError:
+        return None
+
+
+def _report(
+    config: DrillConfig,
+    results: list[ScenarioResult],
+    target: dict[str, str],
+    restored: str,
+    args: argparse.Namespace,
+) -> int:
+    from .report import format_json, format_junit, format_text, overall
+
+    if args.format == "json":
+        sys.stdout.write(format_json(results, target=target, restored=restored))
+    else:
+        sys.stdout.write(format_text(results, target=target, restored=restored))
+    sys.stdout.flush()
+    if args.junit:
+        try:
+            Path(args.junit).write_text(format_junit(results, target=target), encoding="utf-8")
+        except OSError as exc:
+            raise CommandError(f"--junit: cannot write {args.junit}: {exc.strerror}") from exc
+    if args.report:
+        import shlex
+
+        from .report_html import format_html
+
+        page = format_html(
+            results,
+            target=target,
+            restored=restored,
+            command=shlex.join(["stocksentry", *sys.argv[1:]]),
+        )
+        try:
+            Path(args.report).write_text(page, encoding="utf-8")
+        except OSError as exc:
+            raise CommandError(f"--report: cannot write {args.report}: {exc.strerror}") from exc
+    verdict = overall(results)
+    if "NOT be restored" in restored:
+        say(sys.stderr, f"stocksentry {COMMAND}: warning: {restored}")
+    return int(
+        {"pass": ExitCode.OK, "fail": ExitCode.FINDINGS, "unverified": ExitCode.INCOMPLETE}[
+            verdict
+        ]
+    )

@@ -1,0 +1,184 @@
+"""The checklist's failure scenarios beyond the burst and the retry: a payment callback
+delivered twice, and availability that keeps saying "available" after the sell-out."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from typing import TYPE_CHECKING
+
+from .scenarios import ScenarioResult
+from .truth import Unverifiable
+from .wire import Request, Response, send_one
+
+if TYPE_CHECKING:
+    from .scenarios import Drill
+
+__all__ = ["duplicate_callback", "stale_availability"]
+
+#: How often availability is asked while the drill waits for it to say sold out.
+POLL_INTERVAL_S = 0.01
+
+
+async def duplicate_callback(drill: Drill) -> ScenarioResult:
+    """Each payment's callback delivered twice at once (a gateway that retries, a queue
+    that redelivers): one paid order and one stock movement per payment reference."""
+    config, settings = drill.config, drill.config.drill
+    callback = config.target.callback
+    payments = settings.callbacks
+    result = drill.begin("duplicate_callback")
+    result.figures.update(payments=payments, requests=2 * payments)
+    kind = drill.shop.key_kind("external_ref")
+    if callback is None or kind is None:
+        raise Unverifiable("needs target.callback and schema.orders.external_ref mapped")
+    # Stock for every payment taken twice: the stock never decides, the references do.
+    stock = 2 * payments * settings.qty
+    before = await drill.reset(stock)
+    done = [0, 0, 2 * payments]
+    if settings.callback_after_checkout:
+        # The shop knows the payment from its checkout first.
+        orders = [
+            drill.request(config.target.checkout, drill.values("duplicate_callback", n))
+            for n in range(1, payments + 1)
+        ]
+        await drill.wave("duplicate_callback", orders, [0, 0, payments])
+    pairs = [
+        drill.request(callback, drill.values("duplicate_callback", n, copy=copy))
+        for n in range(1, payments + 1)
+        for copy in (0, 1)
+    ]
+    wave = await drill.wave("duplicate_callback", pairs, done)
+    drill.record(result, wave.responses)
+    after = await asyncio.to_thread(drill.shop.snapshot)
+    sold = after.paid_units - before.paid_units
+    prefix = "pay-" if kind == "external_ref" else "idem-"
+    duplicated = await asyncio.to_thread(
+        drill.shop.orders_per_key, kind, f"{prefix}{drill.run}-duplicate_callback-"
+    )
+    extra = sum(count - 1 for count in duplicated.values())
+    result.figures.update(
+        key_column=kind,
+        duplicated_keys=len(duplicated),
+        extra_orders=extra,
+        units_sold=sold,
+        final_stock=after.stock,
+        accepted=sum(r.error is None and 200 <= r.status < 300 for r in wave.responses),
+    )
+    failures = []
+    if duplicated:
+        failures.append(
+            f"duplicate paid orders per {kind}: {len(duplicated)} of {payments} payments"
+            f" made more than one order ({extra} extra)"
+        )
+    if sold > payments * settings.qty:
+        failures.append(
+            f"stock taken twice: {sold} units sold for {payments} payments of"
+            f" {settings.qty} unit(s)"
+        )
+    if after.stock + sold != stock:
+        failures.append(
+            f"stock inconsistent: final stock {after.stock} + {sold} units sold"
+            f" = {after.stock + sold}, not {stock}"
+        )
+    result.judge(failures)
+    return result
+
+
+async def stale_availability(drill: Drill) -> ScenarioResult:
+    """Sell the stock out through the checkout, then ask availability until it says sold
+    out: how long it kept saying "available" (a cache that is not invalidated)."""
+    config, settings = drill.config, drill.config.drill
+    rule = config.target.availability
+    if rule is None:
+        raise Unverifiable("needs target.availability")
+    threshold = settings.stale_threshold
+    result = drill.begin("stale_availability")
+    stock = settings.stock
+    result.figures.update(stock=stock, threshold_ms=round(1000 * threshold, 1))
+    await drill.reset(stock)
+    request = drill.request(rule.request, drill.values("stale", 0))
+    limit = max(5 * threshold, 2.0)
+    # A window can only be measured from "available": a cache that still shows an
+    # earlier sell-out would pass for a fresh one.
+    began = time.perf_counter()
+    patience = max(limit, config.target.timeout)
+    while not await _ask(drill, request, rule.json_field):
+        if time.perf_counter() - began > patience:
+            raise Unverifiable(
+                f"availability did not say available within {patience:g} s of setting the stock"
+            )
+        await asyncio.sleep(POLL_INTERVAL_S)
+    # One checkout at a time: a sell-out, not a race (even an unsafe checkout sells out).
+    needed = math.ceil(stock / settings.qty)
+    done = [0, 0, needed]
+    sold_out = None
+    for n in range(1, 3 * needed + 1):
+        sale = drill.request(config.target.checkout, drill.values("stale", n))
+        responses = (await drill.wave("stale_availability", [sale], done)).responses
+        drill.record(result, responses)
+        snapshot = await asyncio.to_thread(drill.shop.snapshot)
+        if snapshot.stock < settings.qty:
+            sold_out = time.perf_counter()
+            break
+    if sold_out is None:
+        raise Unverifiable(
+            f"{3 * needed} checkouts one at a time did not sell out a stock of {stock}"
+        )
+    polls = stale = 0
+    window: float | None = None
+    while time.perf_counter() - sold_out < limit:
+        shown = await _ask(drill, request, rule.json_field)
+        polls += 1
+        if not shown:
+            window = time.perf_counter() - sold_out
+            break
+        stale += 1
+        await asyncio.sleep(POLL_INTERVAL_S)
+    result.figures.update(
+        polls=polls,
+        stale_answers=stale,
+        stale_window_ms=None if window is None else round(1000 * window, 1),
+    )
+    if window is None:
+        result.judge(
+            [
+                f"availability still said available {limit:g} s after the sell-out"
+                f" (threshold {threshold:g} s)"
+            ]
+        )
+    elif window > threshold:
+        result.judge(
+            [
+                f"availability said available for {1000 * window:.0f} ms after the sell-out"
+                f" (threshold {1000 * threshold:.0f} ms): buyers are sent to a sold-out checkout"
+            ]
+        )
+    else:
+        result.judge([])
+    return result
+
+
+async def _ask(drill: Drill, request: Request, field: str) -> bool:
+    """Whether availability says available now; :class:`Unverifiable` when unreadable."""
+    response = await send_one(request, wait_s=drill.config.target.timeout)
+    shown = _available(response, field)
+    if shown is None:
+        raise Unverifiable(
+            f"the availability request answered {response.error or response.status}"
+            f" without a usable {field!r} field"
+        )
+    return shown
+
+
+def _available(response: Response, field: str) -> bool | None:
+    """What availability says: ``True`` / ``False``, ``None`` when it cannot be read."""
+    if response.error is not None or not 200 <= response.status < 300:
+        return None
+    document = response.json()
+    value = document.get(field) if isinstance(document, dict) else None
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int | float):
+        return value > 0
+    return None

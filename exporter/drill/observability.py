@@ -1,0 +1,168 @@
+"""The checklist's "is the monitor on?": did the shop's own monitoring see what the drill
+caused?
+
+The app's (or the sidecar's) ``/metrics`` is read before the first scenario and after the
+others; each problem the drill caused (an oversell, negative stock, a duplicate order, a
+stale availability) must show in at least one of its metrics (from stocksentry's catalog:
+the names the dashboards and alert rules use) or, given ``prometheus_url``, in one of its
+alerts, within ``observability.wait``. Lock waits the drill caused are a figure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import urllib.parse
+from typing import TYPE_CHECKING, Final
+
+from stocksentry.instrumentation import catalog
+
+from .scenarios import ScenarioResult
+from .wire import Request, send_one
+
+if TYPE_CHECKING:
+    from .scenarios import Drill
+
+__all__ = ["SIGNALS", "observability", "scrape"]
+
+#: Per problem: the metric samples and the alerts that show it.
+SIGNALS: Final[dict[str, tuple[tuple[str, ...], tuple[str, ...]]]] = {
+    "oversell": (
+        (
+            catalog.OVERSOLD_UNITS.name,
+            f"{catalog.INVENTORY_NEGATIVE.name}",
+            f"{catalog.UNSAFE_READ_MODIFY_WRITE.name}",
+            catalog.NEGATIVE_INVENTORY_UNITS.name,
+        ),
+        (
+            "StockOversold",
+            "StockNegativeInventory",
+            "StockNegativeWrite",
+            "StockUnsafeReadModifyWrite",
+        ),
+    ),
+    "negative_stock": (
+        (catalog.INVENTORY_NEGATIVE.name, catalog.NEGATIVE_INVENTORY_UNITS.name),
+        ("StockNegativeInventory", "StockNegativeWrite"),
+    ),
+    "duplicate_orders": ((catalog.DUPLICATE_ORDER_KEYS.name,), ("StockDuplicateOrders",)),
+    "stale_availability": (
+        (catalog.CACHE_STALE_HIT.name, catalog.CACHE_DRIFT_SKUS.name),
+        ("StockStaleCacheDecisions", "StockCacheDrift"),
+    ),
+}
+#: The lock waits the drill caused, as a figure.
+LOCK_WAITS: Final = f"{catalog.DB_LOCK_WAIT.name}_count"
+#: How often the monitoring is asked again while the drill waits for it.
+POLL_S: Final = 1.0
+
+
+def _totals(text: str) -> dict[str, float]:
+    """Every sample of a Prometheus text page summed by its sample name."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    totals: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            totals[sample.name] = totals.get(sample.name, 0.0) + float(sample.value)
+    return totals
+
+
+async def scrape(url: str, wait_s: float) -> dict[str, float] | str:
+    """The samples of ``url`` summed by name, or why they could not be read."""
+    response = await send_one(Request("GET", url), wait_s=wait_s)
+    if response.error is not None or response.status != 200:
+        return f"{url} answered {response.error or response.status}"
+    try:
+        return _totals(response.body.decode("utf-8", "replace"))
+    except ValueError as exc:
+        return f"{url} is not a Prometheus text page: {exc}"
+
+
+async def _alerts(url: str, wait_s: float) -> set[str] | str:
+    endpoint = urllib.parse.urljoin(url.rstrip("/") + "/", "api/v1/alerts")
+    response = await send_one(Request("GET", endpoint), wait_s=wait_s)
+    if response.error is not None or response.status != 200:
+        return f"{endpoint} answered {response.error or response.status}"
+    try:
+        alerts = json.loads(response.body)["data"]["alerts"]
+        return {str(a["labels"]["alertname"]) for a in alerts if a.get("state") != "inactive"}
+    except (ValueError, KeyError, TypeError):
+        return f"{endpoint} did not answer Prometheus's alerts document"
+
+
+def _seen(name: str, before: dict[str, float], after: dict[str, float]) -> bool:
+    value = after.get(name, after.get(f"{name}_total", 0.0))
+    was = before.get(name, before.get(f"{name}_total", 0.0))
+    # A gauge above zero shows the problem now; a counter must have grown in the drill.
+    return value > was or (not name.endswith(("_total", "_count")) and value > 0)
+
+
+def caused(results: list[ScenarioResult]) -> list[str]:
+    """The problems the earlier scenarios found, as :data:`SIGNALS` names them."""
+    found: list[str] = []
+    for result in results:
+        f = result.figures
+        if result.name == "burst" and result.passed is False:
+            found.append("oversell")
+            if f.get("final_stock", 0) < 0:
+                found.append("negative_stock")
+        if result.name in ("retry", "duplicate_callback") and f.get("duplicated_keys"):
+            found.append("duplicate_orders")
+        if result.name == "stale_availability" and result.passed is False:
+            found.append("stale_availability")
+    return list(dict.fromkeys(found))
+
+
+async def observability(drill: Drill) -> ScenarioResult:
+    """Ask the monitoring whether it saw each problem the drill caused."""
+    rule = drill.config.observability
+    result = drill.begin("observability")
+    problems = caused(drill.results)
+    wait_s = drill.config.target.timeout
+    failures: list[str] = []
+    seen: dict[str, list[str]] = {problem: [] for problem in problems}
+    deadline = time.monotonic() + rule.wait
+    after: dict[str, float] = {}
+    firing: set[str] = set()
+    while True:
+        if rule.metrics_url is not None:
+            page = await scrape(rule.metrics_url, wait_s)
+            if isinstance(page, str):
+                failures.append(f"the monitor is off: {page}")
+                break
+            after = page
+        if rule.prometheus_url is not None:
+            alerts = await _alerts(rule.prometheus_url, wait_s)
+            if isinstance(alerts, str):
+                failures.append(f"the alerts cannot be read: {alerts}")
+                break
+            firing = alerts
+        for problem in problems:
+            metrics, alert_names = SIGNALS[problem]
+            seen[problem] = [m for m in metrics if _seen(m, drill.baseline, after)]
+            seen[problem] += [a for a in alert_names if a in firing]
+        if all(seen.values()) or time.monotonic() >= deadline:
+            break
+        await asyncio.sleep(POLL_S)
+    monitored = any(name.startswith(("stock_", "stocksentry_")) for name in after)
+    if rule.metrics_url is not None and not failures and not monitored:
+        failures.append(f"the monitor is off: no stocksentry metrics at {rule.metrics_url}")
+    if not failures:
+        for problem in problems:
+            if not seen[problem]:
+                metrics, alert_names = SIGNALS[problem]
+                shown = ", ".join((*metrics, *(alert_names if rule.prometheus_url else ())))
+                failures.append(
+                    f"the drill caused {problem.replace('_', ' ')} but the monitoring showed"
+                    f" none of: {shown} (within {rule.wait:g} s)"
+                )
+    result.figures.update(
+        caused=problems,
+        seen={problem: names for problem, names in seen.items()},
+        lock_waits=int(after.get(LOCK_WAITS, 0.0) - drill.baseline.get(LOCK_WAITS, 0.0)),
+        alerts=sorted(firing),
+    )
+    result.judge(failures)
+    return result

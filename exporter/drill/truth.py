@@ -1,0 +1,190 @@
+"""The database's truth about the drill SKU, read with the exporter's invariant SQL.
+
+The stock column, the paid units and the duplicate orders per key are read with the
+statements the sidecar's probes and ``stocksentry reconcile`` use
+(:class:`~stocksentry.exporter.invariants.InvariantSql`), through the same ``schema``
+mapping: the drill, the dashboard and the audit agree on what an oversell is. The one
+write is the drill SKU's stock column (set before each scenario, restored at the end).
+"""
+
+# ruff: noqa: S608 - identifiers only through InvariantSql.quote(), values as parameters.
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from .. import dburl
+from ..invariants import InvariantSql, Query
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Connection, Engine
+
+    from ..config import SchemaConfig
+
+__all__ = ["Shop", "Snapshot", "Unverifiable"]
+
+#: How far ahead of now "every order so far" reaches: the shop's clock may run ahead.
+_CLOCK_SLACK = timedelta(days=1)
+
+
+class Unverifiable(Exception):
+    """The database could not be read: the drill cannot judge (exit 3, never a pass).
+    ``str()`` is one line without the URL's secrets."""
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """The drill SKU at one moment: its stock and the paid units of all its orders."""
+
+    stock: int
+    paid_units: int
+
+
+class Shop:
+    """The shop's database as the drill reads and resets it (one short connection per
+    call, so a database that goes away is seen at the next call)."""
+
+    def __init__(self, url: str, schema: SchemaConfig, sku: str) -> None:
+        import sqlalchemy as sa
+
+        self.url = url
+        self.shown = dburl.shown(url)
+        self.sku = sku
+        self.schema = schema
+        try:
+            self.engine: Engine = sa.create_engine(
+                _engine_url(dburl.parse_url(url)),
+                poolclass=sa.pool.NullPool,
+                connect_args=_connect_args(url),
+            )
+        except (sa.exc.ArgumentError, sa.exc.NoSuchModuleError, ValueError, ImportError) as exc:
+            raise ValueError(f"database: cannot use {self.shown}: {type(exc).__name__}") from None
+        self.sql = InvariantSql(schema, self.engine.dialect.name)
+        self.product_id: Any = None
+
+    def close(self) -> None:
+        """Release the engine."""
+        self.engine.dispose()
+
+    def _fail(self, exc: Exception) -> Unverifiable:
+        orig = getattr(exc, "orig", None)
+        text = str(orig if orig is not None else exc).strip().splitlines()
+        first = text[0] if text else type(exc).__name__
+        return Unverifiable(f"database {self.shown}: {dburl.scrub(first, self.url)}")
+
+    def _run(self, work: Any) -> Any:
+        import sqlalchemy as sa
+
+        try:
+            with self.engine.begin() as conn:
+                return work(conn)
+        except (sa.exc.SQLAlchemyError, OSError) as exc:
+            raise self._fail(exc) from None
+
+    def _rows(self, conn: Connection, query: Query) -> Sequence[Any]:
+        import sqlalchemy as sa
+
+        return conn.execute(sa.text(query.text("named")), query.params).all()
+
+    def find(self) -> Snapshot:
+        """Find the drill SKU's row (a missing one is :class:`LookupError`) and read it."""
+        import sqlalchemy as sa
+
+        p = self.schema.products
+
+        def work(conn: Connection) -> Any:
+            return conn.execute(
+                sa.text(
+                    f"SELECT {self.sql.quote(p.id)} FROM {self.sql.quote(p.table)}"
+                    f" WHERE {self.sql.quote(p.sku)} = :sku"
+                ),
+                {"sku": self.sku},
+            ).scalar_one_or_none()
+
+        self.product_id = self._run(work)
+        if self.product_id is None:
+            raise LookupError(f"no product {self.sku!r} in {self.shown}")
+        return self.snapshot()
+
+    def snapshot(self) -> Snapshot:
+        """The stock and the paid units now."""
+        import sqlalchemy as sa
+
+        p = self.schema.products
+
+        def work(conn: Connection) -> Snapshot:
+            stock = conn.execute(
+                sa.text(
+                    f"SELECT {self.sql.quote(p.stock)} FROM {self.sql.quote(p.table)}"
+                    f" WHERE {self.sql.quote(p.sku)} = :sku"
+                ),
+                {"sku": self.sku},
+            ).scalar_one()
+            query = self.sql.paid_units_of_products(
+                [self.product_id], end=datetime.now(UTC) + _CLOCK_SLACK
+            )
+            rows = self._rows(conn, query)
+            return Snapshot(int(stock), int(rows[0][1]) if rows else 0)
+
+        result: Snapshot = self._run(work)
+        return result
+
+    def negative(self) -> bool:
+        """Whether the invariant ``negative_stock`` holds the drill SKU now."""
+        rows = self._run(lambda conn: self._rows(conn, self.sql.negative_stock(skus=[self.sku])))
+        return bool(rows)
+
+    def set_stock(self, stock: int) -> None:
+        """Write the drill SKU's stock column (the one row, by its SKU)."""
+        import sqlalchemy as sa
+
+        p = self.schema.products
+
+        def work(conn: Connection) -> int:
+            return int(
+                conn.execute(
+                    sa.text(
+                        f"UPDATE {self.sql.quote(p.table)} SET {self.sql.quote(p.stock)} = :stock"
+                        f" WHERE {self.sql.quote(p.sku)} = :sku"
+                    ),
+                    {"stock": stock, "sku": self.sku},
+                ).rowcount
+            )
+
+        if self._run(work) != 1:
+            raise Unverifiable(f"database {self.shown}: product {self.sku!r} is gone")
+
+    def orders_per_key(self, kind: str, prefix: str) -> dict[str, int]:
+        """The drill's keys (values starting with ``prefix``) held by more than one order
+        of the drill SKU, by the mapped column of ``kind`` (``external_ref`` or
+        ``idempotency_key``), as the duplicate-orders invariant counts them."""
+        columns = dict(self.sql.key_columns())
+        column = columns.get(kind)
+        if column is None:
+            raise LookupError(f"schema.orders.{kind} is not mapped")
+        query = self.sql.duplicate_keys(column, skus=[self.sku], ordered=False)
+        rows = self._run(lambda conn: self._rows(conn, query))
+        return {str(k): int(n) for k, n in rows if str(k).startswith(prefix)}
+
+    def key_kind(self, preferred: str) -> str | None:
+        """``preferred`` when mapped, else the other key column, else ``None``."""
+        kinds = [kind for kind, _ in self.sql.key_columns()]
+        if preferred in kinds:
+            return preferred
+        return kinds[0] if kinds else None
+
+
+def _engine_url(url: Any) -> Any:
+    """A synchronous driver; a SQLite file stays writable (the stock reset writes)."""
+    return url if url.get_backend_name() == "sqlite" else dburl.sync_url(url)
+
+
+def _connect_args(url: str) -> dict[str, Any]:
+    kind = dburl.dialect_of(url)
+    if kind in ("postgresql", "mysql", "mariadb"):
+        # An unreachable server is a verdict of its own (exit 3), soon.
+        return {"connect_timeout": 5}
+    return {}
