@@ -12,6 +12,8 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import math
+import os
+import socket
 from collections.abc import Sequence
 from typing import Any, Final
 
@@ -82,6 +84,7 @@ class PgSession(Connection):
         self.conn = conn
         self.lock_timeout = lock_timeout
         self._spoiled = False
+        self._backend_pid: int | None = conn.info.backend_pid
 
     @property
     def usable(self) -> bool:
@@ -126,6 +129,23 @@ class PgSession(Connection):
 
     def spoil(self) -> None:
         self._spoiled = True
+
+    @property
+    def server_id(self) -> int | None:
+        return self._backend_pid
+
+    def abandon(self) -> None:
+        self._spoiled = True
+        if self.conn.closed:
+            return
+        # Shut down, not closed: psycopg still watches this descriptor (closing it could
+        # hand its number to another socket); shut down, it reads the end at once and fails
+        # the statement without sending the cancel request that waits on the server.
+        with (
+            contextlib.suppress(OSError, psycopg.Error),
+            socket.socket(fileno=os.dup(self.conn.pgconn.socket)) as sock,
+        ):
+            sock.shutdown(socket.SHUT_RDWR)
 
     async def close(self) -> None:
         # Closing a broken session may raise anything the driver has; it is dropped anyway.
@@ -241,6 +261,9 @@ class PostgreSQL(Dialect):
             f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {self.quote(name)} ON {self.quote(table)}"
             f" ({self.quote(columns[0])})" + (f" WHERE {where}" if where else "") + ";"
         )
+
+    def stop_statement(self, server_id: int) -> str:
+        return f"SELECT pg_cancel_backend({int(server_id)})"
 
     async def try_lock(self, session: Session, key: int) -> bool:
         (got,) = await session.one("SELECT pg_try_advisory_lock(%s)", (key,))
