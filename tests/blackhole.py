@@ -14,8 +14,8 @@ connection bound is about.
 
 Example::
 
-    async with Blackhole("127.0.0.1", 5432) as proxy:
-        url = f"postgresql://postgres@127.0.0.1:{proxy.port}/shop"
+    async with Blackhole.before(pg_url) as proxy:
+        url = proxy.url(pg_url)          # the same database, through the proxy
         ...
         proxy.cut()          # silence
         proxy.heal()         # forwarding again
@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from types import TracebackType
+from urllib.parse import urlsplit, urlunsplit
 
 __all__ = ["Blackhole"]
 
@@ -159,10 +160,19 @@ class Blackhole:
         """Deliver what was held and forward again."""
         self.flowing.set()
 
+    @classmethod
+    def before(cls, url: str, default_port: int = 0) -> Blackhole:
+        """A proxy in front of the host and port of ``url`` (PostgreSQL, MySQL, Redis)."""
+        parts = urlsplit(url)
+        port = parts.port or default_port or {"redis": 6379, "mysql": 3306}.get(parts.scheme, 5432)
+        return cls(parts.hostname or "127.0.0.1", port)
+
     def url(self, url: str) -> str:
-        """``url`` (a PostgreSQL, MySQL or Redis URL on the upstream) through this proxy."""
-        host, port = self.upstream
-        return url.replace(f"{host}:{port}", f"127.0.0.1:{self.port}", 1)
+        """``url`` with this proxy as its host and port (call once started)."""
+        parts = urlsplit(url)
+        credentials, _, _ = parts.netloc.rpartition("@")
+        netloc = f"{credentials}@" if credentials else ""
+        return urlunsplit(parts._replace(netloc=f"{netloc}127.0.0.1:{self.port}"))
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.accepted += 1
@@ -173,5 +183,7 @@ class Blackhole:
         self._pairs.add(task)
         try:
             await pair.run()
+        except asyncio.CancelledError:
+            pass  # the proxy is closing (a handler's error would be logged by asyncio)
         finally:
             self._pairs.discard(task)

@@ -9,6 +9,7 @@ docs/exporter-config.md, "Safety: how the probes read".
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import datetime as dt
 import math
@@ -183,7 +184,7 @@ class PostgreSQL(Dialect):
             ) from None
         options: dict[str, Any] = {
             "application_name": db.application_name,
-            "connect_timeout": max(2, math.ceil(db.connect_timeout)),
+            "connect_timeout": max(2, math.ceil(db.connect_timeout)) + 1,
         }
         # The election's session: TCP keepalives on both ends, a few seconds apart, end it
         # across a partition, and idle_session_timeout (14+) once its leader is frozen.
@@ -205,9 +206,12 @@ class PostgreSQL(Dialect):
                 f"SET tcp_keepalives_interval = {keepalive}",
                 f"SET tcp_keepalives_count = {_KEEPALIVE_COUNT}",
             ]
-        conn = await AsyncConnection.connect(
-            url, autocommit=True, **{k: v for k, v in options.items() if k not in in_url}
-        )
+        # Bounded here too, a second before libpq's own limit: psycopg's connect timeout
+        # leaves the socket open until garbage collection, a cancelled connect closes it.
+        async with asyncio.timeout(max(2.0, db.connect_timeout)):
+            conn = await AsyncConnection.connect(
+                url, autocommit=True, **{k: v for k, v in options.items() if k not in in_url}
+            )
         if elector and conn.info.server_version >= 140000:
             settings.append(f"SET idle_session_timeout = {_ms(self.idle_limit(db))}")
         session = PgSession(conn, lock_timeout=db.lock_timeout)
