@@ -1,8 +1,11 @@
 """The lease tracker: each watched lock key's life from its keyspace notifications.
 
-Pure state, no I/O: :meth:`LeaseTracker.apply` takes one notification at a time. A
-``del`` of a lease re-acquired within ``reacquire_window`` of an expiry, before
-``foreign_release_ratio`` of its TTL, is a suspected release not owned (a heuristic whose
+Pure state, no I/O: :meth:`LeaseTracker.apply` takes one notification at a time. A key
+is *orphaned* when it leaves a holder who still believes it holds it: at an expiry, and at
+a suspected release not owned (the robbed holder works on and will ``DEL`` too). A ``del``
+of a lease acquired within ``reacquire_window`` of its key being orphaned, before
+``foreign_release_ratio`` of its TTL, is a suspected release not owned — so every link of
+the naive lock's cascade counts, not only the first after the expiry (a heuristic whose
 false positives and misses docs/lockwatch.md gives).
 
 Example::
@@ -44,7 +47,8 @@ _BUCKETS: Final = catalog.HOLD_RATIO_BUCKETS
 @dataclass(slots=True)
 class Lease:
     """One lease being followed: its ``deadline`` is the last ``expire``'s, its ``ttl``
-    the first's; ``reacquired`` within ``reacquire_window`` of an expiry of its key."""
+    the first's; ``reacquired`` within ``reacquire_window`` of its key being orphaned (an
+    expiry, or a suspected release not owned)."""
 
     lock: str
     acquired_at: float
@@ -84,8 +88,9 @@ class LeaseTracker:
         self.foreign_release_ratio = foreign_release_ratio
         self._lock = threading.Lock()
         self._leases: dict[str, Lease] = {}
-        #: Key -> when it last expired (insertion order: oldest first).
-        self._expired_at: dict[str, float] = {}
+        #: Key -> when it last left a holder who still believes it holds it: an expiry or a
+        #: suspected release not owned (insertion order: oldest first).
+        self._orphaned_at: dict[str, float] = {}
         self.acquisitions: dict[str, int] = {}
         self.expired_while_held: dict[str, int] = {}
         self.release_not_owned: dict[str, int] = {}
@@ -133,8 +138,8 @@ class LeaseTracker:
         # first expiry is an increase() the alerts see, not a series born at 1.
         self.expired_while_held.setdefault(lock, 0)
         self.release_not_owned.setdefault(lock, 0)
-        expired = self._expired_at.pop(key, None)
-        reacquired = expired is not None and now - expired <= self.reacquire_window
+        orphaned = self._orphaned_at.pop(key, None)
+        reacquired = orphaned is not None and now - orphaned <= self.reacquire_window
         if key not in self._leases and len(self._leases) >= self.max_tracked:
             self.lost["tracked_limit"] += 1
             return
@@ -152,6 +157,8 @@ class LeaseTracker:
             and held < self.foreign_release_ratio * lease.ttl
         ):
             self.release_not_owned[lease.lock] = self.release_not_owned.get(lease.lock, 0) + 1
+            # The robbed holder works on and will DEL whoever holds the key next.
+            self._orphan(key, now)
 
     def _expired(self, key: str, lock: str, now: float) -> None:
         # Counted whether the lease was followed or not (acquired before the watcher
@@ -160,9 +167,13 @@ class LeaseTracker:
         lease = self._leases.pop(key, None)
         if lease is not None:
             self._observe(lease, now - lease.acquired_at)
-        if len(self._expired_at) >= self.max_tracked:
-            del self._expired_at[next(iter(self._expired_at))]
-        self._expired_at[key] = now
+        self._orphan(key, now)
+
+    def _orphan(self, key: str, now: float) -> None:
+        self._orphaned_at.pop(key, None)  # re-inserted last: the oldest go first
+        if len(self._orphaned_at) >= self.max_tracked:
+            del self._orphaned_at[next(iter(self._orphaned_at))]
+        self._orphaned_at[key] = now
 
     def _observe(self, lease: Lease, held: float) -> None:
         if lease.deadline is None:
@@ -188,16 +199,16 @@ class LeaseTracker:
                 del self._leases[key]
             self.lost["end_unseen"] += len(stale)
             cutoff = now - self.reacquire_window
-            old = [key for key, when in self._expired_at.items() if when < cutoff]
+            old = [key for key, when in self._orphaned_at.items() if when < cutoff]
             for key in old:
-                del self._expired_at[key]
+                del self._orphaned_at[key]
 
     def forget(self) -> int:
         """Drop every lease (the connection was lost); returns how many were dropped."""
         with self._lock:
             dropped = len(self._leases)
             self._leases.clear()
-            self._expired_at.clear()
+            self._orphaned_at.clear()
             self.lost["disconnect"] += dropped
             return dropped
 
