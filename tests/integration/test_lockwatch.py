@@ -157,7 +157,7 @@ async def test_every_link_of_the_naive_lock_cascade_is_counted(
             assert await holders[robber + 2].aacquire()
     # The last holder's lock is gone too; its own DEL would delete nothing (and Redis
     # sends nothing for it): the chain has five foreign DELs.
-    # 1 set + expire + expired, 5 × (set + expire), 5 del.
+    # 1 set + expire + expired, 5 times set + expire, 5 del.
     await settle(watcher, 3 + 2 * 5 + 5)
     foreign = truth.get_sample_value(NOT_OWNED_TOTAL, {"lock": "cascade"})
     assert foreign == 5
