@@ -3,10 +3,10 @@
 Pure state, no I/O: :meth:`LeaseTracker.apply` takes one notification at a time. A key
 is *orphaned* when it leaves a holder who still believes it holds it: at an expiry, and at
 a suspected release not owned (the robbed holder works on and will ``DEL`` too). A ``del``
-of a lease acquired within ``reacquire_window`` of its key being orphaned, before
-``foreign_release_ratio`` of its TTL, is a suspected release not owned — so every link of
-the naive lock's cascade counts, not only the first after the expiry (a heuristic whose
-false positives and misses docs/lockwatch.md gives).
+of a lease acquired within ``reacquire_window`` of the expiry that started the chain,
+before ``foreign_release_ratio`` of its TTL, is a suspected release not owned — so every
+link of the naive lock's cascade counts, not only the first after the expiry (a heuristic
+whose false positives and misses docs/lockwatch.md gives).
 
 Example::
 
@@ -47,14 +47,14 @@ _BUCKETS: Final = catalog.HOLD_RATIO_BUCKETS
 @dataclass(slots=True)
 class Lease:
     """One lease being followed: its ``deadline`` is the last ``expire``'s, its ``ttl``
-    the first's; ``reacquired`` within ``reacquire_window`` of its key being orphaned (an
-    expiry, or a suspected release not owned)."""
+    the first's; ``orphaned_at``: when the expiry that left a holder believing it still
+    holds the key happened, if within ``reacquire_window`` (the lease is re-acquired)."""
 
     lock: str
     acquired_at: float
     deadline: float | None = None
     ttl: float | None = None
-    reacquired: bool = False
+    orphaned_at: float | None = None
 
 
 class _Histogram:
@@ -88,8 +88,9 @@ class LeaseTracker:
         self.foreign_release_ratio = foreign_release_ratio
         self._lock = threading.Lock()
         self._leases: dict[str, Lease] = {}
-        #: Key -> when it last left a holder who still believes it holds it: an expiry or a
-        #: suspected release not owned (insertion order: oldest first).
+        #: Key -> when the expiry happened that left a holder believing it still holds the
+        #: key (directly, or through a chain of suspected releases not owned; insertion
+        #: order: oldest first).
         self._orphaned_at: dict[str, float] = {}
         self.acquisitions: dict[str, int] = {}
         self.expired_while_held: dict[str, int] = {}
@@ -143,7 +144,7 @@ class LeaseTracker:
         if key not in self._leases and len(self._leases) >= self.max_tracked:
             self.lost["tracked_limit"] += 1
             return
-        self._leases[key] = Lease(lock, now, reacquired=reacquired)
+        self._leases[key] = Lease(lock, now, orphaned_at=orphaned if reacquired else None)
 
     def _del(self, key: str, now: float) -> None:
         lease = self._leases.pop(key, None)
@@ -152,13 +153,16 @@ class LeaseTracker:
         held = now - lease.acquired_at
         self._observe(lease, held)
         if (
-            lease.reacquired
+            lease.orphaned_at is not None
             and lease.ttl is not None
             and held < self.foreign_release_ratio * lease.ttl
         ):
             self.release_not_owned[lease.lock] = self.release_not_owned.get(lease.lock, 0) + 1
-            # The robbed holder works on and will DEL whoever holds the key next.
-            self._orphan(key, now)
+            # The robbed holder works on and will DEL whoever holds the key next. The chain
+            # keeps the time of the expiry that started it: one expiry makes links for
+            # reacquire_window at most (quick own releases after an expiry would otherwise
+            # keep a chain of false positives going for as long as they follow each other).
+            self._orphan(key, lease.orphaned_at)
 
     def _expired(self, key: str, lock: str, now: float) -> None:
         # Counted whether the lease was followed or not (acquired before the watcher
@@ -169,11 +173,11 @@ class LeaseTracker:
             self._observe(lease, now - lease.acquired_at)
         self._orphan(key, now)
 
-    def _orphan(self, key: str, now: float) -> None:
+    def _orphan(self, key: str, since: float) -> None:
         self._orphaned_at.pop(key, None)  # re-inserted last: the oldest go first
         if len(self._orphaned_at) >= self.max_tracked:
             del self._orphaned_at[next(iter(self._orphaned_at))]
-        self._orphaned_at[key] = now
+        self._orphaned_at[key] = since
 
     def _observe(self, lease: Lease, held: float) -> None:
         if lease.deadline is None:

@@ -77,6 +77,39 @@ def test_a_release_late_in_the_new_lease_or_without_expiry_is_not_suspected() ->
     assert t.expired_while_held == {KEY: 1}
 
 
+def test_every_link_of_the_cascade_counts_within_the_window_of_its_expiry() -> None:
+    t = tracker(reacquire_window=10.0)
+    lease(t, KEY, 0.0, 5.0)  # A works past its lease
+    t.apply(KEY, "expired", 5.0)
+    lease(t, KEY, 5.05, 5.0)  # B
+    t.apply(KEY, "del", 6.0)  # A deletes B's lock
+    lease(t, KEY, 6.02, 5.0)  # C takes it at once
+    t.apply(KEY, "del", 6.5)  # B, robbed, deletes C's
+    lease(t, KEY, 6.52, 5.0)  # D
+    t.apply(KEY, "del", 7.0)  # C deletes D's
+    assert t.release_not_owned == {KEY: 3}
+    # The chain carries the time of its expiry: past reacquire_window of it, a quick
+    # release no longer counts (a run of quick own releases after one expiry would
+    # otherwise count forever).
+    lease(t, KEY, 7.1, 5.0)
+    t.apply(KEY, "del", 7.2)  # E's: counted (still within 10 s of the expiry at 5.0)
+    lease(t, KEY, 15.5, 5.0)
+    t.apply(KEY, "del", 15.6)  # 10.5 s after the expiry
+    assert t.release_not_owned == {KEY: 4}
+    assert t.expired_while_held == {KEY: 1}
+
+
+def test_a_late_release_ends_the_chain() -> None:
+    t = tracker()
+    lease(t, KEY, 0.0, 1.0)
+    t.apply(KEY, "expired", 1.0)
+    lease(t, KEY, 1.05, 1.0)
+    t.apply(KEY, "del", 1.8)  # late: may be B's own release, not counted
+    lease(t, KEY, 1.85, 1.0)
+    t.apply(KEY, "del", 1.9)  # quick, but the key was not orphaned again
+    assert t.release_not_owned == {KEY: 0}
+
+
 def test_reacquire_window_bounds_what_counts_as_a_reacquisition() -> None:
     t = tracker(reacquire_window=10.0)
     lease(t, KEY, 0.0, 1.0)
