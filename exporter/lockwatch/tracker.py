@@ -1,12 +1,12 @@
 """The lease tracker: each watched lock key's life from its keyspace notifications.
 
-Pure state, no I/O: :meth:`LeaseTracker.apply` takes one notification at a time. A key
-is *orphaned* when it leaves a holder who still believes it holds it: at an expiry, and at
-a suspected release not owned (the robbed holder works on and will ``DEL`` too). A ``del``
-of a lease acquired within ``reacquire_window`` of the expiry that started the chain,
-before ``foreign_release_ratio`` of its TTL, is a suspected release not owned — so every
-link of the naive lock's cascade counts, not only the first after the expiry (a heuristic
-whose false positives and misses docs/lockwatch.md gives).
+Pure state, no I/O: :meth:`LeaseTracker.apply` takes one notification at a time. A
+lease acquired within ``reacquire_window`` of an expiry of its key is *re-acquired*: the
+expired holder works on and will ``DEL``, and so will each holder whose lock it deletes
+(the naive lock's cascade). A ``del`` of a re-acquired lease before
+``foreign_release_ratio`` of its TTL is a suspected release not owned — so every early
+link of the cascade counts, not only the first after the expiry (a heuristic whose false
+positives and misses docs/lockwatch.md gives).
 
 Example::
 
@@ -47,14 +47,13 @@ _BUCKETS: Final = catalog.HOLD_RATIO_BUCKETS
 @dataclass(slots=True)
 class Lease:
     """One lease being followed: its ``deadline`` is the last ``expire``'s, its ``ttl``
-    the first's; ``orphaned_at``: when the expiry that left a holder believing it still
-    holds the key happened, if within ``reacquire_window`` (the lease is re-acquired)."""
+    the first's; ``reacquired`` within ``reacquire_window`` of an expiry of its key."""
 
     lock: str
     acquired_at: float
     deadline: float | None = None
     ttl: float | None = None
-    orphaned_at: float | None = None
+    reacquired: bool = False
 
 
 class _Histogram:
@@ -88,10 +87,10 @@ class LeaseTracker:
         self.foreign_release_ratio = foreign_release_ratio
         self._lock = threading.Lock()
         self._leases: dict[str, Lease] = {}
-        #: Key -> when the expiry happened that left a holder believing it still holds the
-        #: key (directly, or through a chain of suspected releases not owned; insertion
-        #: order: oldest first).
-        self._orphaned_at: dict[str, float] = {}
+        #: Key -> when it last expired (insertion order: oldest first). Kept through the
+        #: leases that follow, not only the next one: in the cascade, every holder whose
+        #: lock was deleted works on and deletes the next holder's.
+        self._expired_at: dict[str, float] = {}
         self.acquisitions: dict[str, int] = {}
         self.expired_while_held: dict[str, int] = {}
         self.release_not_owned: dict[str, int] = {}
@@ -139,12 +138,12 @@ class LeaseTracker:
         # first expiry is an increase() the alerts see, not a series born at 1.
         self.expired_while_held.setdefault(lock, 0)
         self.release_not_owned.setdefault(lock, 0)
-        orphaned = self._orphaned_at.pop(key, None)
-        reacquired = orphaned is not None and now - orphaned <= self.reacquire_window
+        expired = self._expired_at.get(key)
+        reacquired = expired is not None and now - expired <= self.reacquire_window
         if key not in self._leases and len(self._leases) >= self.max_tracked:
             self.lost["tracked_limit"] += 1
             return
-        self._leases[key] = Lease(lock, now, orphaned_at=orphaned if reacquired else None)
+        self._leases[key] = Lease(lock, now, reacquired=reacquired)
 
     def _del(self, key: str, now: float) -> None:
         lease = self._leases.pop(key, None)
@@ -153,16 +152,11 @@ class LeaseTracker:
         held = now - lease.acquired_at
         self._observe(lease, held)
         if (
-            lease.orphaned_at is not None
+            lease.reacquired
             and lease.ttl is not None
             and held < self.foreign_release_ratio * lease.ttl
         ):
             self.release_not_owned[lease.lock] = self.release_not_owned.get(lease.lock, 0) + 1
-            # The robbed holder works on and will DEL whoever holds the key next. The chain
-            # keeps the time of the expiry that started it: one expiry makes links for
-            # reacquire_window at most (quick own releases after an expiry would otherwise
-            # keep a chain of false positives going for as long as they follow each other).
-            self._orphan(key, lease.orphaned_at)
 
     def _expired(self, key: str, lock: str, now: float) -> None:
         # Counted whether the lease was followed or not (acquired before the watcher
@@ -171,13 +165,10 @@ class LeaseTracker:
         lease = self._leases.pop(key, None)
         if lease is not None:
             self._observe(lease, now - lease.acquired_at)
-        self._orphan(key, now)
-
-    def _orphan(self, key: str, since: float) -> None:
-        self._orphaned_at.pop(key, None)  # re-inserted last: the oldest go first
-        if len(self._orphaned_at) >= self.max_tracked:
-            del self._orphaned_at[next(iter(self._orphaned_at))]
-        self._orphaned_at[key] = since
+        self._expired_at.pop(key, None)  # re-inserted last: the oldest go first
+        if len(self._expired_at) >= self.max_tracked:
+            del self._expired_at[next(iter(self._expired_at))]
+        self._expired_at[key] = now
 
     def _observe(self, lease: Lease, held: float) -> None:
         if lease.deadline is None:
@@ -203,16 +194,16 @@ class LeaseTracker:
                 del self._leases[key]
             self.lost["end_unseen"] += len(stale)
             cutoff = now - self.reacquire_window
-            old = [key for key, when in self._orphaned_at.items() if when < cutoff]
+            old = [key for key, when in self._expired_at.items() if when < cutoff]
             for key in old:
-                del self._orphaned_at[key]
+                del self._expired_at[key]
 
     def forget(self) -> int:
         """Drop every lease (the connection was lost); returns how many were dropped."""
         with self._lock:
             dropped = len(self._leases)
             self._leases.clear()
-            self._orphaned_at.clear()
+            self._expired_at.clear()
             self.lost["disconnect"] += dropped
             return dropped
 

@@ -397,12 +397,13 @@ def test_the_naive_lock_cascade_is_counted_link_by_link(shop: Shop) -> None:
         f"{len(early)} within half the TTL; watcher counted {counted:g} release(s) not "
         f"owned and {expired:g} expiries"
     )
-    # A cascade: more foreign DELs than the one right after the first expiry.
-    assert len(foreign) >= 2
-    # No false positive: every count is a real foreign DEL.
-    assert counted <= len(foreign)
-    # More than the first link is counted (the watcher used to stop at one per expiry).
-    assert counted > expired or counted == len(early)
+    # A cascade: more early links than the one right after the first expiry.
+    assert len(early) >= 2
+    # Every early link counted, nothing else: a DEL at the end of the victim's lease looks
+    # like its own release. (Lease ages fall near 0.3 s and 1 s, far from the 0.5 s
+    # boundary; the bounds allow 50 ms of clock difference between the app and Redis.)
+    assert len([h for h in held if h < 0.45 * LOCK_TTL_S]) <= counted
+    assert counted <= len([h for h in held if h < 0.55 * LOCK_TTL_S])
 
 
 def test_a_wrong_prom_client_variant_fails_check_metrics_naming_the_metric(shop: Shop) -> None:
