@@ -124,11 +124,14 @@ async def test_every_probe_says_down_within_its_timeout_and_holds_its_connection
             await sampler
 
     down_after = {p: samples.first(lambda row, p=p: not row[p].up) for p in ALL_DB_PROBES}
+    seen_down = [after for after in down_after.values() if after is not None]
     during = [row for t, row in samples.rows if 0 <= t <= CUT]
     durations = [row[p].duration for row in during for p in ALL_DB_PROBES if not row[p].up]
     connections = [row["connections"] for row in during]
     print(
-        f"\npartition figures ({db.name}): seconds to down per probe {down_after}; "
+        f"\npartition figures ({db.name}): seconds from the cut to down, "
+        f"{len(seen_down)} of {len(down_after)} probes: {min(seen_down, default=0):.2f} to "
+        f"{max(seen_down, default=0):.2f}; "
         f"longest probe_duration_seconds while down {max(durations):.3f}; "
         f"max connections {max(connections)} (max_connections {MAX_CONNECTIONS}); "
         f"all up {back:.1f} s after the heal"
