@@ -66,7 +66,19 @@ async def sample_every(
         await asyncio.sleep(period)
 
 
-def probe_config(db: Db, url: str, **database: Any) -> Any:
+#: A custom probe whose query takes most of its interval: in flight when the network goes.
+SLOW = "slow_query"
+
+
+def probe_config(db: Db, url: str, *, slow: bool = False, **database: Any) -> Any:
+    settings: dict[str, Any] = {
+        "defaults": {"interval": f"{INTERVAL:g}s", "timeout": f"{TIMEOUT:g}s"}
+    }
+    if slow:
+        sleep = (
+            "SELECT SLEEP(0.8) AS value" if db.mysql else "SELECT 1 AS value FROM pg_sleep(0.8)"
+        )
+        settings["custom"] = [{"name": SLOW, "sql": sleep, "metric": "shop_slow_query"}]
     return config_on(
         db,
         ALL_DB_PROBES,
@@ -78,7 +90,7 @@ def probe_config(db: Db, url: str, **database: Any) -> Any:
             "leader_retry_interval": f"{RETRY:g}s",
             **database,
         },
-        settings={"defaults": {"interval": f"{INTERVAL:g}s", "timeout": f"{TIMEOUT:g}s"}},
+        settings=settings,
     )
 
 
@@ -87,25 +99,30 @@ async def test_every_probe_says_down_within_its_timeout_and_holds_its_connection
 ) -> None:
     await seed_db(db)
     caplog.set_level(logging.INFO, logger="stocksentry.exporter.probes")
+    probes = (*ALL_DB_PROBES, SLOW)
     async with Blackhole.before(db.raw_url) as proxy:
-        config = probe_config(db, proxy.url(db.raw_url))
+        config = probe_config(db, proxy.url(db.raw_url), slow=True)
         async with ProbeRunner(config) as runner:
             await async_wait_until(
-                lambda: all(
-                    (r := runner.results.get(p)) is not None and r.up for p in ALL_DB_PROBES
-                ),
+                lambda: all((r := runner.results.get(p)) is not None and r.up for p in probes),
                 timeout=WAIT,
                 message="every probe up",
             )
+            # Cut in the middle of the slow query: its run ended, the next starts 0.2 s
+            # later and sleeps 0.8 s.
+            ended = runner.results[SLOW].last_success
+            await async_wait_until(
+                lambda: runner.results[SLOW].last_success != ended,
+                timeout=WAIT,
+                message="a run of the slow query",
+            )
+            await asyncio.sleep(0.5)
             samples = Samples()
             stop = asyncio.Event()
 
             def read() -> dict[str, Any]:
                 results = runner.results
-                return {
-                    "connections": proxy.open_clients,
-                    **{p: results[p] for p in ALL_DB_PROBES},
-                }
+                return {"connections": proxy.open_clients, **{p: results[p] for p in probes}}
 
             caplog.clear()
             samples.cut_at = time.monotonic()
@@ -115,7 +132,7 @@ async def test_every_probe_says_down_within_its_timeout_and_holds_its_connection
             proxy.heal()
             healed = time.monotonic() - samples.cut_at
             await async_wait_until(
-                lambda: all(runner.results[p].up for p in ALL_DB_PROBES),
+                lambda: all(runner.results[p].up for p in probes),
                 timeout=WAIT,
                 message="every probe up again after the partition",
             )
@@ -123,10 +140,10 @@ async def test_every_probe_says_down_within_its_timeout_and_holds_its_connection
             stop.set()
             await sampler
 
-    down_after = {p: samples.first(lambda row, p=p: not row[p].up) for p in ALL_DB_PROBES}
+    down_after = {p: samples.first(lambda row, p=p: not row[p].up) for p in probes}
     seen_down = [after for after in down_after.values() if after is not None]
     during = [row for t, row in samples.rows if 0 <= t <= CUT]
-    durations = [row[p].duration for row in during for p in ALL_DB_PROBES if not row[p].up]
+    durations = [row[p].duration for row in during for p in probes if not row[p].up]
     connections = [row["connections"] for row in during]
     print(
         f"\npartition figures ({db.name}): seconds from the cut to down, "
@@ -134,7 +151,8 @@ async def test_every_probe_says_down_within_its_timeout_and_holds_its_connection
         f"{max(seen_down, default=0):.2f}; "
         f"longest probe_duration_seconds while down {max(durations):.3f}; "
         f"max connections {max(connections)} (max_connections {MAX_CONNECTIONS}); "
-        f"all up {back:.1f} s after the heal"
+        f"all up {back:.1f} s after the heal; the query in flight at the cut down after "
+        f"{down_after[SLOW]} s"
     )
     for probe, after in down_after.items():
         assert after is not None, f"{probe} never said down"
@@ -144,14 +162,14 @@ async def test_every_probe_says_down_within_its_timeout_and_holds_its_connection
     assert max(durations) <= TIMEOUT + 0.5
     # Down means no stale figures: a failed run exports nothing of its own.
     for row in during[-5:]:
-        assert all(not row[p].up and row[p].families == () for p in ALL_DB_PROBES)
+        assert all(not row[p].up and row[p].families == () for p in probes)
     assert max(connections) <= MAX_CONNECTIONS
     # One log line per probe for the whole partition (the next within a minute are counted
     # and reported with the recovery), each with its reason.
     failed = [r for r in caplog.records if " failed: " in r.getMessage()]
     per_probe = {
         p: [r.getMessage() for r in failed if r.getMessage().startswith(f"probe {p} ")]
-        for p in ALL_DB_PROBES
+        for p in probes
     }
     assert all(len(lines) == 1 for lines in per_probe.values()), per_probe
     for lines in per_probe.values():
