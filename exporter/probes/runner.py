@@ -268,7 +268,6 @@ class ProbeRunner:
         previous = self._results.get(probe.name)
         last_success = None if previous is None else previous.last_success
         started = time.perf_counter()
-        families: tuple[Metric, ...] = ()
         try:
             families = await self._run_abandoning(probe)
         except Exception as exc:
