@@ -159,7 +159,8 @@ async def test_every_probe_says_down_within_its_timeout_and_holds_its_connection
         assert after <= TIMEOUT + INTERVAL + SLACK, (probe, after)
     # probe_duration_seconds is true: a run given up on lasts its timeout, not the time
     # a driver would spend waiting on a silent server.
-    assert max(durations) <= TIMEOUT + 0.5
+    # (A driver waiting on a cancel request would take 10 s.)
+    assert max(durations) <= TIMEOUT + SLACK
     # Down means no stale figures: a failed run exports nothing of its own.
     for row in during[-5:]:
         assert all(not row[p].up and row[p].families == () for p in probes)
