@@ -191,8 +191,9 @@ class DatabaseConfig:
     leader_retry_interval: float = key(
         5.0,
         Duration(maximum=10 * MINUTE),
-        "how often followers try the lock and the leader checks its session; the server "
-        "ends an election session silent for 3 intervals (at least 1 s)",
+        "how often followers try the lock and the leader renews its lease; the server "
+        "ends an election session silent for 3 intervals (at least 1 s), and a leader that "
+        "cannot renew stops leading one interval before that",
     )
     max_connections: int = key(
         3, Integer(1, 32), "probe sessions of the leader (plus one for the election)"
@@ -386,9 +387,14 @@ class LockWatchConfig:
     health_check_interval: float = key(
         5.0,
         Duration(maximum=10 * MINUTE),
-        "a quiet subscription is checked with `PING` this often, so a dead link is noticed",
+        "a subscription that heard nothing this long sends `PING`, which must be answered "
+        "within `connect_timeout`, so a dead or silent link is noticed",
     )
-    connect_timeout: float = key(5.0, Duration(maximum=5 * MINUTE), "connection timeout")
+    connect_timeout: float = key(
+        5.0,
+        Duration(maximum=5 * MINUTE),
+        "connection timeout, and the deadline of the health check's `PING`",
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,9 +1,12 @@
 """The lease tracker: each watched lock key's life from its keyspace notifications.
 
 Pure state, no I/O: :meth:`LeaseTracker.apply` takes one notification at a time. A
-``del`` of a lease re-acquired within ``reacquire_window`` of an expiry, before
-``foreign_release_ratio`` of its TTL, is a suspected release not owned (a heuristic whose
-false positives and misses docs/lockwatch.md gives).
+lease acquired within ``reacquire_window`` of an expiry of its key is *re-acquired*: the
+expired holder works on and will ``DEL``, and so will each holder whose lock it deletes
+(the naive lock's cascade). A ``del`` of a re-acquired lease before
+``foreign_release_ratio`` of its TTL is a suspected release not owned — so every early
+link of the cascade counts, not only the first after the expiry (a heuristic whose false
+positives and misses docs/lockwatch.md gives).
 
 Example::
 
@@ -84,7 +87,9 @@ class LeaseTracker:
         self.foreign_release_ratio = foreign_release_ratio
         self._lock = threading.Lock()
         self._leases: dict[str, Lease] = {}
-        #: Key -> when it last expired (insertion order: oldest first).
+        #: Key -> when it last expired (insertion order: oldest first). Kept through the
+        #: leases that follow, not only the next one: in the cascade, every holder whose
+        #: lock was deleted works on and deletes the next holder's.
         self._expired_at: dict[str, float] = {}
         self.acquisitions: dict[str, int] = {}
         self.expired_while_held: dict[str, int] = {}
@@ -133,7 +138,7 @@ class LeaseTracker:
         # first expiry is an increase() the alerts see, not a series born at 1.
         self.expired_while_held.setdefault(lock, 0)
         self.release_not_owned.setdefault(lock, 0)
-        expired = self._expired_at.pop(key, None)
+        expired = self._expired_at.get(key)
         reacquired = expired is not None and now - expired <= self.reacquire_window
         if key not in self._leases and len(self._leases) >= self.max_tracked:
             self.lost["tracked_limit"] += 1
@@ -160,6 +165,7 @@ class LeaseTracker:
         lease = self._leases.pop(key, None)
         if lease is not None:
             self._observe(lease, now - lease.acquired_at)
+        self._expired_at.pop(key, None)  # re-inserted last: the oldest go first
         if len(self._expired_at) >= self.max_tracked:
             del self._expired_at[next(iter(self._expired_at))]
         self._expired_at[key] = now

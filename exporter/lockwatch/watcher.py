@@ -6,6 +6,10 @@ pattern, and applies each notification to the tracker, with one pipelined ``PTTL
 batch for the deadlines ``expire`` set. Notifications sent while it is not subscribed are
 lost (docs/lockwatch.md, "Disconnects").
 
+A subscription that has heard nothing for ``health_check_interval`` sends ``PING`` and
+must hear back within ``connect_timeout``: a silent network (a partition, a dead load
+balancer) gives no error, only no answer, and would otherwise look like a quiet shop.
+
 Example::
 
     watcher = LockWatcher(config.lock_watch, config.sku_guard)
@@ -99,10 +103,8 @@ class LockWatcher:
 
     async def _run(self) -> None:
         while True:
-            try:
-                await self._session()
-            except (RedisError, OSError, TimeoutError) as exc:
-                self._lost(exc)
+            with contextlib.suppress(RedisError, OSError, TimeoutError):
+                await self._session()  # reports its own loss (see _session)
             await asyncio.sleep(self.config.reconnect_interval)
 
     def _lost(self, exc: BaseException) -> None:
@@ -124,30 +126,35 @@ class LockWatcher:
 
     async def _session(self) -> None:
         config = self.config
+        # redis-py's own health check sends PING but never waits for the answer: the
+        # watcher checks with a deadline itself (_follow).
         client: aioredis.Redis = aioredis.Redis.from_url(
             config.url.reveal(),
             socket_connect_timeout=config.connect_timeout,
             socket_timeout=config.connect_timeout,
-            health_check_interval=int(max(config.health_check_interval, 1)),
             retry=Retry(NoBackoff(), 0),
         )
+        pubsub: Any = None
         try:
             await client.ping()
             await self._check_notifications(client)
             database = int(client.connection_pool.connection_kwargs.get("db", 0) or 0)
             prefix = f"__keyspace@{database}__:"
             pubsub = client.pubsub()
-            try:
-                await pubsub.psubscribe(*(prefix + glob for glob in self.patterns.globs))
-                await self._confirm(pubsub)
-                self._on_subscribed()
-                await self._follow(client, pubsub, len(prefix))
-            finally:
-                with contextlib.suppress(RedisError, OSError, TimeoutError):
-                    await pubsub.aclose()  # type: ignore[no-untyped-call]
+            await pubsub.psubscribe(*(prefix + glob for glob in self.patterns.globs))
+            await self._confirm(pubsub)
+            self._on_subscribed()
+            await self._follow(client, pubsub, len(prefix))
+        except (RedisError, OSError, TimeoutError) as exc:
+            # Reported before the connection is closed: closing may wait on a silent peer.
+            self._lost(exc)
+            raise
         finally:
             with contextlib.suppress(RedisError, OSError, TimeoutError):
-                await client.aclose()
+                async with asyncio.timeout(config.connect_timeout):
+                    if pubsub is not None:
+                        await pubsub.aclose()
+                    await client.aclose()
 
     async def _confirm(self, pubsub: Any) -> None:
         """Read Redis's replies to ``PSUBSCRIBE``: from then on no notification is missed."""
@@ -229,15 +236,27 @@ class LockWatcher:
     async def _follow(self, client: aioredis.Redis, pubsub: Any, prefix: int) -> None:
         tracker = self.tracker
         clock = self._clock
-        last_sweep = clock()
+        quiet_for = self.config.health_check_interval
+        deadline = self.config.connect_timeout
+        last_sweep = last_heard = clock()
+        ping_sent: float | None = None
         while True:
-            message = await pubsub.get_message(timeout=1.0)
+            due = last_heard + quiet_for if ping_sent is None else ping_sent + deadline
+            message = await pubsub.get_message(timeout=max(0.0, min(1.0, due - clock())))
             now = clock()
             if now - last_sweep >= _SWEEP_EVERY:
                 tracker.sweep(now)
                 last_sweep = now
             if message is None:
+                if ping_sent is not None and now - ping_sent >= deadline:
+                    raise TimeoutError(f"no answer to PING within {deadline:g}s (health check)")
+                if ping_sent is None and now - last_heard >= quiet_for:
+                    async with asyncio.timeout(deadline):
+                        await pubsub.ping()
+                    ping_sent = now
                 continue
+            # Anything from Redis (a notification, the answer to PING) says the link works.
+            last_heard, ping_sent = now, None
             batch: list[tuple[str, str, float]] = []
             while message is not None:
                 if message.get("type") == "pmessage":

@@ -24,6 +24,7 @@ import logging
 import random
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Final
 
@@ -41,6 +42,8 @@ __all__ = [
     "ProbeUnavailableError",
     "describe_error",
     "family",
+    "new_phase",
+    "note_phase",
 ]
 
 LOGGER: Final = logging.getLogger("stocksentry.exporter.probes")
@@ -115,11 +118,36 @@ class Probe(abc.ABC):
         return f"<{type(self).__name__} {self.name} every {format_duration(self.interval)}>"
 
 
+# --- what a run is doing, for the message of a run that timed out ----------------------
+
+#: The phase of the current probe run (a one-item list the runner reads), if any.
+_PHASE: ContextVar[list[str] | None] = ContextVar("stocksentry_probe_phase", default=None)
+
+
+def note_phase(text: str) -> None:
+    """Say what the current probe run waits for (``waiting for a free database session``):
+    a run that times out is reported with it. Outside a run, nothing happens."""
+    phase = _PHASE.get()
+    if phase is not None:
+        phase[0] = text
+
+
+def new_phase() -> list[str]:
+    """A phase record for a run about to start (the runner sets it in the run's context)."""
+    phase = [""]
+    _PHASE.set(phase)
+    return phase
+
+
 # --- reconnecting politely -----------------------------------------------------------------
 
 
 class Backoff:
     """Exponential backoff with jitter between attempts to reach a source that is down.
+
+    While the source is down (a failure not yet followed by a success) one attempt at a
+    time goes out: the others are refused at once rather than each opening a socket into
+    a network that may be silent, so reconnecting never holds more than one connection.
 
     Example::
 
@@ -142,6 +170,7 @@ class Backoff:
         self._next_attempt = 0.0
         self.failures = 0
         self.last_error = ""
+        self._in_flight = 0
 
     def wait_time(self) -> float:
         """Seconds until the next attempt is allowed (0: now)."""
@@ -176,12 +205,23 @@ class Backoff:
             raise ProbeUnavailableError(
                 f"{source} unreachable ({self.last_error}); next attempt in {wait:.1f}s"
             )
+        if self.failures and self._in_flight:
+            raise ProbeUnavailableError(
+                f"{source} unreachable ({self.last_error}); another attempt is under way"
+            )
+        self._in_flight += 1
         try:
             yield
         except errors as exc:
-            self.last_error = describe_error(exc)
+            self.last_error = (
+                "no answer in time"
+                if isinstance(exc, asyncio.CancelledError)
+                else describe_error(exc)
+            )
             self.failed()
             raise
+        finally:
+            self._in_flight -= 1
         self.succeeded()
 
 

@@ -11,17 +11,29 @@ through :meth:`Dialect.render`. Identifiers reach SQL only through :meth:`Dialec
 from __future__ import annotations
 
 import abc
-from collections.abc import Coroutine, Mapping, Sequence
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Coroutine, Mapping, Sequence
 from datetime import datetime
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar
 
 from ..invariants import Param, Query, quote
 
 if TYPE_CHECKING:
     from ..config import DatabaseConfig
 
-__all__ = ["Connection", "Dialect", "Params", "Session", "dialect_for", "number"]
+__all__ = [
+    "Connection",
+    "Dialect",
+    "Params",
+    "Session",
+    "abandoning",
+    "dialect_for",
+    "number",
+]
+
+_T = TypeVar("_T")
 
 #: A statement's parameters: ``%(name)s`` by name or ``%s`` in order; ``None``: none, so a
 #: ``%`` in the text stays as written.
@@ -31,6 +43,9 @@ Params = Mapping[str, object] | Sequence[object] | None
 # least the floor): a live leader pings every interval, so only a frozen one is ended.
 IDLE_INTERVALS: Final = 3
 IDLE_FLOOR: Final = 1.0
+#: Seconds a statement cut off by :meth:`Connection.abandon` may take to notice (the socket
+#: is shut down, so it fails at once; this only bounds a driver that would not).
+ABANDON_GRACE: Final = 1.0
 
 
 class Session(Protocol):
@@ -76,6 +91,17 @@ class Connection(Session, Protocol):
 
     def spoil(self) -> None:
         """Mark the session as never to be reused (its state is unknown)."""
+        ...
+
+    def abandon(self) -> None:
+        """Cut the connection at once, never waiting on the server (which may be silent):
+        its socket is shut down, so a statement in flight fails at once and the driver
+        sends nothing more (no cancel request, no goodbye). The session is spoiled."""
+        ...
+
+    @property
+    def server_id(self) -> int | None:
+        """The server's id of the session (a backend pid, a thread id), to stop its query."""
         ...
 
     async def close(self) -> None:
@@ -144,12 +170,34 @@ class Dialect(abc.ABC):
         """Open a session whose transactions are read-only. ``elector``: the election's,
         which the server ends once it goes silent."""
 
+    @abc.abstractmethod
+    def stop_statement(self, server_id: int) -> str:
+        """The statement that stops the query of the session ``server_id``, from another."""
+
     def stop_query(
         self, db: DatabaseConfig, session: Connection
     ) -> Coroutine[Any, Any, None] | None:
-        """What stops the server's query of a session given up on mid-query (``None``:
-        closing it does)."""
-        return None
+        """What stops the server's query of a session abandoned mid-query (``None``: it
+        has no id). Closing the socket does not: a server notices a gone client only when
+        it writes, so the statement would run up to its ``statement_timeout``. A session of
+        its own runs :meth:`stop_statement` (a user may stop its own sessions' queries
+        without any grant), bounded by the connect timeout; the statement limit is the
+        backstop when the server cannot be reached."""
+        server_id = session.server_id
+        if server_id is None:
+            return None
+        statement = self.stop_statement(server_id)
+
+        async def stop() -> None:
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                async with asyncio.timeout(max(1.0, db.connect_timeout) + 2.0):
+                    stopper = await self.connect(db)
+                    try:
+                        await stopper.execute(statement)
+                    finally:
+                        await stopper.close()
+
+        return stop()
 
     @abc.abstractmethod
     async def horizon(
@@ -192,6 +240,40 @@ class Dialect(abc.ABC):
     def idle_limit(self, db: DatabaseConfig) -> float:
         """Seconds of silence after which the server ends the election's session."""
         return max(IDLE_FLOOR, IDLE_INTERVALS * db.leader_retry_interval)
+
+    def lease(self, db: DatabaseConfig) -> float:
+        """Seconds a leader leads after the start of its last successful ping: one
+        ``leader_retry_interval`` shorter than :meth:`idle_limit`, the earliest the
+        server can free the lock for another sidecar (whose next try is up to one more
+        interval away)."""
+        return self.idle_limit(db) - db.leader_retry_interval
+
+
+async def abandoning(conn: Connection, work: Awaitable[_T]) -> _T:
+    """``await work`` (statements on ``conn``); if this is cancelled (a timeout), cut
+    ``conn`` first (:meth:`Connection.abandon`) and only then let ``work`` end.
+
+    A driver cancelled mid-statement asks the server to cancel it and waits for the answer
+    (psycopg: up to 10 s), which a silent network never gives; cut, the statement fails
+    at once instead. The caller then closes ``conn``.
+
+    Example::
+
+        rows = await abandoning(conn, conn.rows("SELECT 1"))
+    """
+    task = asyncio.ensure_future(work)
+    try:
+        # wait() does not pass a cancellation on to the task: this one decides how it ends.
+        await asyncio.wait([task])
+    except asyncio.CancelledError:
+        conn.abandon()
+        done, _ = await asyncio.wait([task], timeout=ABANDON_GRACE)
+        if not done:
+            task.cancel()
+        elif not task.cancelled():
+            task.exception()  # retrieved, so the loop does not log it: the error is the cut
+        raise
+    return task.result()
 
 
 def dialect_for(db: DatabaseConfig) -> Dialect:

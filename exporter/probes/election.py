@@ -3,10 +3,16 @@
 Each sidecar keeps one dedicated session and tries a session-level lock on it every
 ``database.leader_retry_interval`` (``pg_try_advisory_lock(key)``, or ``GET_LOCK`` on
 MySQL/MariaDB). The one that gets it leads until its session ends; it pings the session
-on the same schedule and steps down, stopping its probes, as soon as that fails. The
-server ends the session of a frozen or cut-off leader (``idle_session_timeout``,
-``wait_timeout``, TCP keepalives: :meth:`.dialects.Dialect.connect` with ``elector``),
-which frees the lock. See docs/exporter-config.md, "Leader election".
+on the same schedule and steps down, stopping its probes, as soon as that fails.
+
+The server ends the session of a frozen or cut-off leader (``idle_session_timeout``,
+``wait_timeout``, TCP keepalives: :meth:`.dialects.Dialect.connect` with ``elector``) once
+it has been silent :meth:`~.dialects.Dialect.idle_limit` seconds, which frees the lock for
+the next follower. So a leader holds a *lease* (:meth:`~.dialects.Dialect.lease`, one
+interval shorter than that limit) from the start of each ping that succeeded: a leader
+that cannot renew it in time — a silent network gives no error, only no answer — steps
+down when it runs out, before the server can let another sidecar in. See
+docs/exporter-config.md, "Leader election".
 
 The election's own health is exported like a probe's, as
 ``stocksentry_probe_up{probe="leader_election"}``.
@@ -28,8 +34,9 @@ import time
 from collections.abc import Awaitable, Callable
 
 from ..config import ELECTION_PROBE, DatabaseConfig
+from ..durations import format_duration
 from .base import Backoff, ErrorLog, ProbeResult, describe_error
-from .dialects import Connection, dialect_for
+from .dialects import Connection, abandoning, dialect_for
 
 __all__ = ["LeaderElection"]
 
@@ -59,6 +66,10 @@ class LeaderElection:
         self._last_success: float | None = None
         #: Seconds one :meth:`step` may take: it may connect and run one statement.
         self.timeout = db.connect_timeout + db.statement_timeout
+        #: Seconds the leader leads after the start of its last successful ping.
+        self.lease = self._dialect.lease(db)
+        #: When (event loop clock) the lease runs out while leading.
+        self._lease_end = 0.0
 
     async def run(self) -> None:
         """Take part in the election until cancelled (cancelling releases the lock)."""
@@ -78,34 +89,62 @@ class LeaderElection:
             await self.close()
 
     async def step(self) -> None:
-        """One round: (re)connect if needed, then try the lock or check the session."""
+        """One round: (re)connect if needed, then try the lock or renew the lease."""
+        loop = asyncio.get_running_loop()
         started = time.perf_counter()
+        sent = loop.time()
+        timeout = self.timeout
+        if self.leading:
+            timeout = min(timeout, self._lease_end - sent)
+        work = asyncio.ensure_future(self._round())
         try:
-            async with asyncio.timeout(self.timeout):
-                conn = await self._connection()
-                if self.leading:
-                    await conn.one("SELECT 1")
-                    elected = False
-                else:
-                    elected = await self._dialect.try_lock(conn, self.db.advisory_lock_key)
-        except Exception as exc:
-            message = self._errors.failed(ELECTION_PROBE, describe_error(exc, self.timeout))
-            self._record(False, started, message)
-            try:
-                if self.leading:
-                    # Probes first: the session may still be alive and hold the lock (a
-                    # ping that timed out), and closing it lets another sidecar lead, so
-                    # this one must have stopped probing by then.
-                    self.leading = False
-                    await self._on_deposed()
-            finally:
-                await self.close()
+            # wait() leaves the round running at the timeout: a leader stops its probes
+            # while its session still holds the lock, and only then cuts it.
+            done, _ = await asyncio.wait([work], timeout=max(0.0, timeout))
+        except asyncio.CancelledError:
+            work.cancel()
+            raise
+        error = work.exception() if done else None
+        if done and error is None:
+            self._errors.recovered(ELECTION_PROBE)
+            self._record(True, started, None)
+            if self.leading or work.result():
+                # The server's silence clock restarted no earlier than this was sent.
+                self._lease_end = sent + self.lease
+            if not self.leading and work.result():
+                self.leading = True
+                await self._on_elected()
             return
-        self._errors.recovered(ELECTION_PROBE)
-        self._record(True, started, None)
-        if elected:
-            self.leading = True
-            await self._on_elected()
+        if error is not None:
+            reason = describe_error(error, timeout)
+        elif self.leading and timeout < self.timeout:
+            reason = f"lease of {format_duration(self.lease)} not renewed: stepping down"
+        else:
+            reason = f"timed out after {format_duration(timeout)}"
+        message = self._errors.failed(ELECTION_PROBE, reason)
+        self._record(False, started, message)
+        try:
+            if self.leading:
+                # Probes first: the session may still be alive and hold the lock (a ping
+                # that timed out), and closing it lets another sidecar lead, so this one
+                # must have stopped probing by then.
+                self.leading = False
+                await self._on_deposed()
+        finally:
+            if not done:
+                work.cancel()  # cuts the session (abandoning): no wait on a silent server
+                await asyncio.wait([work])
+                if not work.cancelled():
+                    work.exception()
+            await self.close()
+
+    async def _round(self) -> bool:
+        """Connect if needed, then ping (leading) or try the lock; True when elected."""
+        conn = await self._connection()
+        if self.leading:
+            await abandoning(conn, conn.one("SELECT 1"))
+            return False
+        return await abandoning(conn, self._dialect.try_lock(conn, self.db.advisory_lock_key))
 
     def _record(self, up: bool, started: float, error: str | None) -> None:
         if up:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-from collections.abc import Coroutine, Sequence
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, Final
 
@@ -99,8 +99,7 @@ class MySession(Connection):
         #: Set between START TRANSACTION and its ROLLBACK.
         self.in_transaction = False
         self._spoiled = False
-        #: The server's id of the session (``CONNECTION_ID()``), to kill its query.
-        self.thread_id: int | None = conn.thread_id()
+        self._thread_id: int | None = conn.thread_id()
 
     @property
     def usable(self) -> bool:
@@ -153,6 +152,18 @@ class MySession(Connection):
 
     def spoil(self) -> None:
         self._spoiled = True
+
+    @property
+    def server_id(self) -> int | None:
+        """``CONNECTION_ID()``, to kill the session's query."""
+        return self._thread_id
+
+    def abandon(self) -> None:
+        # aiomysql's close() is already the cut: the transport goes at once, no COM_QUIT,
+        # and a read in flight ends with a lost connection.
+        self._spoiled = True
+        with contextlib.suppress(Exception):
+            self.conn.close()
 
     async def close(self) -> None:
         """Close at once (no goodbye to the server: the session may be mid-query)."""
@@ -221,26 +232,8 @@ class MySQL(Dialect):
         session.statement_timeout = db.statement_timeout
         return session
 
-    def stop_query(
-        self, db: DatabaseConfig, session: Connection
-    ) -> Coroutine[Any, Any, None] | None:
-        # Closing the socket does not stop the server's query (it notices only when it
-        # writes): KILL QUERY from a session of its own. A user may kill its own sessions'
-        # queries without any grant; the statement limit is the backstop.
-        thread_id = session.thread_id if isinstance(session, MySession) else None
-        if thread_id is None:
-            return None
-
-        async def kill() -> None:
-            with contextlib.suppress(Exception, asyncio.CancelledError):
-                async with asyncio.timeout(max(1.0, db.connect_timeout) + 2.0):
-                    killer = await self.connect(db)
-                    try:
-                        await killer.execute(f"KILL QUERY {int(thread_id)}")
-                    finally:
-                        await killer.close()
-
-        return kill()
+    def stop_statement(self, server_id: int) -> str:
+        return f"KILL QUERY {int(server_id)}"
 
     async def horizon(
         self, session: Session, *, settle_after: float, margin: float

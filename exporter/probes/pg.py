@@ -9,9 +9,12 @@ docs/exporter-config.md, "Safety: how the probes read".
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import datetime as dt
 import math
+import os
+import socket
 from collections.abc import Sequence
 from typing import Any, Final
 
@@ -82,6 +85,7 @@ class PgSession(Connection):
         self.conn = conn
         self.lock_timeout = lock_timeout
         self._spoiled = False
+        self._backend_pid: int | None = conn.info.backend_pid
 
     @property
     def usable(self) -> bool:
@@ -127,6 +131,23 @@ class PgSession(Connection):
     def spoil(self) -> None:
         self._spoiled = True
 
+    @property
+    def server_id(self) -> int | None:
+        return self._backend_pid
+
+    def abandon(self) -> None:
+        self._spoiled = True
+        if self.conn.closed:
+            return
+        # Shut down, not closed: psycopg still watches this descriptor (closing it could
+        # hand its number to another socket); shut down, it reads the end at once and fails
+        # the statement without sending the cancel request that waits on the server.
+        with (
+            contextlib.suppress(OSError, psycopg.Error),
+            socket.socket(fileno=os.dup(self.conn.pgconn.socket)) as sock,
+        ):
+            sock.shutdown(socket.SHUT_RDWR)
+
     async def close(self) -> None:
         # Closing a broken session may raise anything the driver has; it is dropped anyway.
         with contextlib.suppress(Exception):
@@ -163,7 +184,7 @@ class PostgreSQL(Dialect):
             ) from None
         options: dict[str, Any] = {
             "application_name": db.application_name,
-            "connect_timeout": max(2, math.ceil(db.connect_timeout)),
+            "connect_timeout": max(2, math.ceil(db.connect_timeout)) + 1,
         }
         # The election's session: TCP keepalives on both ends, a few seconds apart, end it
         # across a partition, and idle_session_timeout (14+) once its leader is frozen.
@@ -185,9 +206,12 @@ class PostgreSQL(Dialect):
                 f"SET tcp_keepalives_interval = {keepalive}",
                 f"SET tcp_keepalives_count = {_KEEPALIVE_COUNT}",
             ]
-        conn = await AsyncConnection.connect(
-            url, autocommit=True, **{k: v for k, v in options.items() if k not in in_url}
-        )
+        # Bounded here too, a second before libpq's own limit: psycopg's connect timeout
+        # leaves the socket open until garbage collection, a cancelled connect closes it.
+        async with asyncio.timeout(max(2.0, db.connect_timeout)):
+            conn = await AsyncConnection.connect(
+                url, autocommit=True, **{k: v for k, v in options.items() if k not in in_url}
+            )
         if elector and conn.info.server_version >= 140000:
             settings.append(f"SET idle_session_timeout = {_ms(self.idle_limit(db))}")
         session = PgSession(conn, lock_timeout=db.lock_timeout)
@@ -241,6 +265,9 @@ class PostgreSQL(Dialect):
             f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {self.quote(name)} ON {self.quote(table)}"
             f" ({self.quote(columns[0])})" + (f" WHERE {where}" if where else "") + ";"
         )
+
+    def stop_statement(self, server_id: int) -> str:
+        return f"SELECT pg_cancel_backend({int(server_id)})"
 
     async def try_lock(self, session: Session, key: int) -> bool:
         (got,) = await session.one("SELECT pg_try_advisory_lock(%s)", (key,))

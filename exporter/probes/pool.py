@@ -2,8 +2,10 @@
 
 psycopg-pool and aiomysql's pool were weighed and not taken: the probes need a pool that
 fails *at once* while the database is known to be down (spaced by :class:`Backoff`, so a
-scrape reports it instead of every probe waiting out its timeout), closes rather than
-reuses a session cancelled mid-query, and releases the locks custom SQL took.
+scrape reports it instead of every probe waiting out its timeout), cuts rather than waits
+on a session cancelled mid-query (:func:`~.dialects.abandoning`: a silent network never
+answers a cancel request), never holds more than ``max_connections`` sockets (the session
+that stops an abandoned query counts), and releases the locks custom SQL took.
 
 Example::
 
@@ -20,8 +22,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeVar
 
 from ..config import DatabaseConfig
-from .base import Backoff, ProbeUnavailableError
-from .dialects import Connection, Session, dialect_for
+from .base import Backoff, ProbeUnavailableError, note_phase
+from .dialects import Connection, Session, abandoning, dialect_for
 
 __all__ = ["Pool"]
 
@@ -31,10 +33,12 @@ _T = TypeVar("_T")
 class Pool:
     """A few lazily opened read-only sessions shared by the probes.
 
-    At most ``database.max_connections`` sessions are open; a probe waits for a free one
-    within its own timeout. A session left in a transaction, broken or cancelled mid-query
-    is closed rather than reused. While the database is unreachable, connection attempts
-    are spaced by :class:`Backoff` and probe runs fail at once with
+    At most ``database.max_connections`` sockets are open (sessions, connection attempts
+    and the sessions stopping an abandoned query); a probe waits for a free one within its
+    own timeout. A session left in a transaction or broken is closed rather than reused;
+    one cancelled mid-query is cut at once (its query then stopped from another session,
+    which keeps the slot until it is done). While the database is unreachable, connection
+    attempts are spaced by :class:`Backoff` and probe runs fail at once with
     :class:`ProbeUnavailableError`.
     """
 
@@ -52,15 +56,36 @@ class Pool:
         """A session of the pool for the duration of the block."""
         if self._closed:
             raise ProbeUnavailableError("the pool is closed")
-        async with self._slots:
-            session = self._idle.pop() if self._idle else await self._connect()
+        if self._slots.locked():
+            note_phase(
+                f"waiting for a free database session ({self.db.max_connections} of "
+                f"{self.db.max_connections} in use)"
+            )
+        await self._slots.acquire()
+        release = True
+        try:
+            if self._idle:
+                session = self._idle.pop()
+            else:
+                note_phase("connecting to the database")
+                session = await self._connect()
+            note_phase("waiting for the database's reply")
             try:
                 yield session
+            except asyncio.CancelledError:
+                # Cancelled mid-query (the probe's timeout): the session's state is
+                # unknown. Stopping its query takes a socket: it keeps this slot.
+                session.abandon()
+                release = not self._stop_query(session)
+                raise
             finally:
                 if session.usable and not self._closed:
                     self._idle.append(session)
                 else:
                     await session.close()
+        finally:
+            if release:
+                self._slots.release()
 
     async def read(
         self,
@@ -78,32 +103,33 @@ class Pool:
         limit = self.db.statement_timeout if statement_timeout is None else statement_timeout
         async with self.session() as session:
             try:
-                await session.begin(limit)
-                result = await query(session)
+                await abandoning(session, session.begin(limit))
+                result = await abandoning(session, query(session))
             except asyncio.CancelledError:
-                # Cancelled mid-query (the probe's timeout): the session's state is unknown.
-                session.spoil()
-                self._stop_query(session)
-                raise
+                raise  # the session is cut (see session())
             except BaseException:
                 with contextlib.suppress(Exception):
-                    await session.rollback()
+                    await abandoning(session, session.rollback())
                     if release_locks:
-                        await session.release_locks()
+                        await abandoning(session, session.release_locks())
                 raise
-            await session.rollback()
+            await abandoning(session, session.rollback())
             if release_locks:
-                await session.release_locks()
+                await abandoning(session, session.release_locks())
             return result
 
-    def _stop_query(self, session: Connection) -> None:
+    def _stop_query(self, session: Connection) -> bool:
+        """Stop the query of the abandoned ``session`` in the background; True when a
+        task does, which releases the caller's slot once done."""
         stop = None if self._closed else self.dialect.stop_query(self.db, session)
         if stop is None:
-            return
+            return False
         task = asyncio.get_running_loop().create_task(stop, name="stocksentry-stop-query")
         # Kept until done: a task nobody references may be collected before it runs.
         self._stoppers.add(task)
         task.add_done_callback(self._stoppers.discard)
+        task.add_done_callback(lambda _: self._slots.release())
+        return True
 
     async def _connect(self) -> Connection:
         with self._backoff.attempt("database"):

@@ -20,6 +20,7 @@ or in any aiohttp app, where ``runner.cleanup_ctx`` starts the probes before its
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping
 from types import MappingProxyType, TracebackType
@@ -32,7 +33,8 @@ from stocksentry.instrumentation.guard import LabelGuard
 from stocksentry.instrumentation.secrets import secret_fragments
 
 from ..config import ELECTION_PROBE, ExporterConfig
-from .base import LOGGER, ErrorLog, Probe, ProbeResult, describe_error, family
+from ..durations import format_duration
+from .base import LOGGER, ErrorLog, Probe, ProbeResult, describe_error, family, new_phase
 from .db import build_db_probes
 from .election import LeaderElection
 from .indexes import IndexAdvice, check_indexes
@@ -130,6 +132,8 @@ class ProbeRunner:
         # Replaced, never mutated, so collect() in another thread reads a consistent dict.
         self._results: Mapping[str, ProbeResult] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        #: Runs given up on at their timeout, still ending (their sessions are cut).
+        self._abandoned: dict[str, asyncio.Task[tuple[Metric, ...]]] = {}
         self._election_task: asyncio.Task[None] | None = None
         self._db_running = False
         self._started = False
@@ -176,6 +180,8 @@ class ProbeRunner:
             self._election_task.cancel()
             await asyncio.wait([self._election_task])
             self._election_task = None
+        if self._abandoned:
+            await asyncio.wait(list(self._abandoned.values()))
         if self._pool is not None:
             await self._pool.close()
         if self._redis is not None:
@@ -252,16 +258,20 @@ class ProbeRunner:
     async def run_once(self, probe: Probe) -> ProbeResult:
         """Run ``probe`` once within its timeout, record and return the result.
 
-        Never raises for a probe failure (only cancellation passes through).
+        At the timeout the run is given up on at once, not waited for: it is cancelled
+        (which cuts its database session, see :func:`~.dialects.abandoning`) and ends in
+        the background, while the result says down with what it was waiting for. The next
+        run of the probe starts only once that one has ended (waited for within the next
+        run's own timeout). Never raises for a probe failure (only cancellation passes
+        through).
         """
         previous = self._results.get(probe.name)
         last_success = None if previous is None else previous.last_success
         started = time.perf_counter()
         try:
-            async with asyncio.timeout(probe.timeout):
-                families = await probe.run()
+            families = await self._run_abandoning(probe)
         except Exception as exc:
-            message = self._errors.failed(probe.name, describe_error(exc, probe.timeout))
+            message = self._errors.failed(probe.name, self._describe(exc, probe))
             result = ProbeResult(
                 up=False,
                 duration=time.perf_counter() - started,
@@ -278,6 +288,50 @@ class ProbeRunner:
             )
         self._set_result(probe.name, result)
         return result
+
+    async def _run_abandoning(self, probe: Probe) -> tuple[Metric, ...]:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + probe.timeout
+        earlier = self._abandoned.get(probe.name)
+        if earlier is not None:
+            # Cut, it ends within a few iterations of the loop; this run's own timeout
+            # bounds the wait (the probe's state is the earlier run's until it has).
+            if not earlier.done():
+                await asyncio.wait([earlier], timeout=probe.timeout)
+            if not earlier.done():
+                raise _StillEnding()
+            del self._abandoned[probe.name]
+        context = contextvars.copy_context()
+        phase = context.run(new_phase)
+        task = asyncio.create_task(
+            probe.run(), name=f"stocksentry-run-{probe.name}", context=context
+        )
+        try:
+            # wait() never passes a cancellation on, so neither the timeout nor a stop
+            # waits for the run's own clean-up.
+            done, _ = await asyncio.wait([task], timeout=max(0.0, deadline - loop.time()))
+        except asyncio.CancelledError:
+            self._abandon(probe, task)
+            raise
+        if not done:
+            self._abandon(probe, task)
+            raise _TimedOut(phase[0])
+        return task.result()
+
+    def _abandon(self, probe: Probe, task: asyncio.Task[tuple[Metric, ...]]) -> None:
+        task.cancel()
+        self._abandoned[probe.name] = task
+        # Its outcome is the timeout, already reported: retrieve it so nothing is logged.
+        task.add_done_callback(lambda t: None if t.cancelled() else t.exception())
+
+    @staticmethod
+    def _describe(exc: Exception, probe: Probe) -> str:
+        if isinstance(exc, _TimedOut):
+            timeout = format_duration(probe.timeout)
+            return f"timed out after {timeout}" + (f" {exc.phase}" if exc.phase else "")
+        if isinstance(exc, _StillEnding):
+            return "the previous run, given up on at its timeout, is still ending"
+        return describe_error(exc, probe.timeout)
 
     def _set_result(self, name: str, result: ProbeResult) -> None:
         self._results = {**self._results, name: result}
@@ -335,3 +389,15 @@ class ProbeRunner:
             specs.extend(probe.specs)
         for spec in specs:
             yield family(spec)
+
+
+class _TimedOut(Exception):
+    """A run given up on at its timeout; ``phase``: what it was waiting for."""
+
+    def __init__(self, phase: str) -> None:
+        super().__init__(phase)
+        self.phase = phase
+
+
+class _StillEnding(Exception):
+    """The probe's previous run, given up on, has not ended yet."""

@@ -18,10 +18,13 @@ from polling import async_wait_until
 from privateredis import PrivateRedis
 from prometheus_client import CollectorRegistry
 from stocksentry.exporter.config import parse_config
+from stocksentry.exporter.lab.naive_lock import SetNxLock
 from stocksentry.exporter.lockwatch.watcher import LockWatcher
+from stocksentry.instrumentation import Sentry
 
 pytestmark = pytest.mark.integration
 
+NOT_OWNED_TOTAL = "stock_lock_release_not_owned_total"
 #: Compare-and-delete: what an owned lock (redlock, redis-py Lock) runs to release.
 RELEASE = (
     "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
@@ -122,6 +125,45 @@ async def test_naive_lock_expiry_and_foreign_release_are_counted(
     assert value(watcher, "stocksentry_lockwatch_events_total", event="set") == 3
     assert value(watcher, "stocksentry_lockwatch_events_total", event="expired") == 1
     assert value(watcher, "stocksentry_lockwatch_events_total", event="del") == 2
+
+
+async def test_every_link_of_the_naive_lock_cascade_is_counted(
+    watched: tuple[LockWatcher, aioredis.Redis],
+) -> None:
+    """The incident's cascade: a lease expires under its holder; the next request takes the
+    lock; the first holder's DEL removes it, the next request takes it at once, and the
+    robbed holder's own DEL removes *that* one, and so on. The lab's naive lock reads the
+    key in the same step as its DEL, so it knows the truth; the watcher, outside, must
+    count every foreign DEL, not only the first after the expiry."""
+    watcher, r = watched
+    key = "lock:product:EGG-01"
+    truth = CollectorRegistry()
+    sentry = Sentry(registry=truth, log=False, trace=False)
+    holders = [
+        SetNxLock(r, key, name="cascade", ttl=2.0, release="naive", sentry=sentry)
+        for _ in range(6)
+    ]
+    assert await holders[0].aacquire()
+    await async_wait_until(
+        lambda: value(watcher, "stock_lock_expired_while_held_total", lock=key), timeout=10
+    )
+    assert await holders[1].aacquire()
+    for robber in range(5):
+        # Holder `robber` ends its work and DELs the lock of holder robber + 1, 0.2 s into
+        # that holder's 2 s lease; the next request takes the lock at once.
+        await asyncio.sleep(0.2)
+        await holders[robber].arelease()
+        if robber + 2 < len(holders):
+            assert await holders[robber + 2].aacquire()
+    # The last holder's lock is gone too; its own DEL would delete nothing (and Redis
+    # sends nothing for it): the chain has five foreign DELs.
+    # 1 set + expire + expired, 5 times set + expire, 5 del.
+    await settle(watcher, 3 + 2 * 5 + 5)
+    foreign = truth.get_sample_value(NOT_OWNED_TOTAL, {"lock": "cascade"})
+    assert foreign == 5
+    assert value(watcher, "stock_lock_expired_while_held_total", lock=key) == 1
+    assert value(watcher, "stock_lock_acquisitions_total", lock=key) == 6
+    assert value(watcher, "stock_lock_release_not_owned_total", lock=key) == foreign
 
 
 async def test_owned_lock_with_extension_raises_nothing(

@@ -46,6 +46,7 @@ from polling import http_ok, wait_until
 from privateredis import PrivateRedis, free_port
 from processes import stop
 from prom import Prometheus
+from prometheus_client.parser import text_string_to_metric_families
 from services import PG_SERVER
 
 pytestmark = pytest.mark.integration
@@ -346,6 +347,63 @@ def test_naive_lock_is_alerted_by_the_watcher_and_the_oversell_by_the_probes(
     )
     assert check.returncode == 0, check.stdout + check.stderr
     assert "conforms to the metric contract" in check.stdout
+
+
+def _sidecar_sample(shop: Shop, name: str, **labels: str) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{shop.sidecar_port}/metrics") as response:
+        text = response.read().decode()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return float(sample.value)
+    return 0.0
+
+
+def _at(event: dict[str, Any]) -> float:
+    return dt.datetime.fromisoformat(event["timestamp"].replace("Z", "+00:00")).timestamp()
+
+
+def test_the_naive_lock_cascade_is_counted_link_by_link(shop: Shop) -> None:
+    """Eight buyers through the naive lock: after the first expiry, each holder's DEL
+    removes the next holder's lock and the next buyer takes it at once. The app's log says
+    whose lock each DEL removed (the truth); the sidecar's watcher, outside, counts the
+    links whose DEL came within the first half of the victim's lease (what keyspace
+    notifications can show, docs/lockwatch.md) — more than the first one."""
+    sku, buyers = "CASCADE-01", 8
+    lock = f"lock:product:{sku}"
+    shop.add_product(sku, 100)
+    url, log = shop.start_app("naive")
+    assert buy(url, sku, buyers) == [200] * buyers
+    events = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
+    acquired = {
+        e["token"]: _at(e) for e in events if e["event"] == "lock_acquired" and e["sku"] == sku
+    }
+    released = [e for e in events if e["event"] == "lock_released" and e["sku"] == sku]
+    foreign = [e for e in released if e["deleted_other"]]
+    held = sorted(round(_at(e) - acquired[e["deleted"]], 3) for e in foreign)
+    early = [h for h in held if h < 0.5 * LOCK_TTL_S]
+    wait_until(
+        lambda: _sidecar_sample(shop, "stock_lock_acquisitions_total", lock=lock),
+        timeout=15,
+        accept=lambda n: n == buyers,
+        message="every acquisition seen by the watcher",
+    )
+    time.sleep(0.5)  # the last DEL's notification
+    counted = _sidecar_sample(shop, "stock_lock_release_not_owned_total", lock=lock)
+    expired = _sidecar_sample(shop, "stock_lock_expired_while_held_total", lock=lock)
+    print(
+        f"\nnaive lock cascade, {buyers} buyers (TTL {LOCK_TTL_S} s, work {WORK_MS} ms): "
+        f"{len(foreign)} foreign DELs in truth (victim's lease age at the DEL: {held} s), "
+        f"{len(early)} within half the TTL; watcher counted {counted:g} release(s) not "
+        f"owned and {expired:g} expiries"
+    )
+    # A cascade: more early links than the one right after the first expiry.
+    assert len(early) >= 2
+    # Every early link counted, nothing else: a DEL at the end of the victim's lease looks
+    # like its own release. (Lease ages fall near 0.3 s and 1 s, far from the 0.5 s
+    # boundary; the bounds allow 50 ms of clock difference between the app and Redis.)
+    assert len([h for h in held if h < 0.45 * LOCK_TTL_S]) <= counted
+    assert counted <= len([h for h in held if h < 0.55 * LOCK_TTL_S])
 
 
 def test_a_wrong_prom_client_variant_fails_check_metrics_naming_the_metric(shop: Shop) -> None:

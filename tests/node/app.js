@@ -3,7 +3,8 @@
 // it: a read-then-write of the stock, guarded (or not) by a Redis lock. The sidecar
 // watches it from outside: database probes, the Redis lock watcher, and (METRICS=contract)
 // the contract's metrics emitted with prom-client. Logs are JSON lines on stdout with the
-// stock_check / stock_update events that `stocksentry timeline` reads.
+// stock_check / stock_update events that `stocksentry timeline` reads, and (naive) the
+// lock_acquired / lock_released events that say whose lock each DEL removed.
 //
 // Environment: PORT, DATABASE_URL, REDIS_URL, STRATEGY (naive | redlock | unlocked),
 // LOCK_TTL_S (naive: SET NX EX seconds; redlock: TTL too), WORK_MS (time spent between the
@@ -127,10 +128,17 @@ async function naive(sku, requestId) {
     if (Date.now() > deadline) return { ok: false, reason: 'lock_not_acquired' };
     await sleep(20 + Math.random() * 30);
   }
+  log('lock_acquired', { sku, token, request_id: requestId });
   try {
     return await readThenWrite(sku, requestId);
   } finally {
-    await redis.del(key); // the bug: deletes whoever holds the lock now
+    // The bug: DEL deletes whoever holds the lock now. The GET in the same MULTI changes
+    // nothing Redis notifies (one `del`, as a plain DEL); it only lets the log say whose
+    // lock went, the truth the tests compare the sidecar's counts with.
+    const [[, held]] = await redis.multi().get(key).del(key).exec();
+    log('lock_released', {
+      sku, token, request_id: requestId, deleted: held, deleted_other: held !== null && held !== token,
+    });
   }
 }
 

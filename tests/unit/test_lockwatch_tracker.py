@@ -71,10 +71,44 @@ def test_a_release_late_in_the_new_lease_or_without_expiry_is_not_suspected() ->
     t.apply(KEY, "expired", 1.0)
     lease(t, KEY, 1.1, 1.0)
     t.apply(KEY, "del", 1.7)  # 0.6 of its TTL: past foreign_release_ratio (0.5)
-    lease(t, KEY, 2.0, 1.0)
-    t.apply(KEY, "del", 2.1)  # quick, but not a re-acquisition after an expiry
-    assert t.release_not_owned == {KEY: 0}
+    lease(t, "lock:product:A", 2.0, 1.0)
+    t.apply("lock:product:A", "del", 2.1)  # quick, but that key never expired
+    assert t.release_not_owned == {KEY: 0, "lock:product:A": 0}
+    assert t.expired_while_held == {KEY: 1, "lock:product:A": 0}
+
+
+def test_every_link_of_the_cascade_counts_within_the_window_of_its_expiry() -> None:
+    t = tracker(reacquire_window=10.0)
+    lease(t, KEY, 0.0, 5.0)  # A works past its lease
+    t.apply(KEY, "expired", 5.0)
+    lease(t, KEY, 5.05, 5.0)  # B
+    t.apply(KEY, "del", 6.0)  # A deletes B's lock
+    lease(t, KEY, 6.02, 5.0)  # C takes it at once
+    t.apply(KEY, "del", 6.5)  # B, robbed, deletes C's
+    lease(t, KEY, 6.52, 5.0)  # D
+    t.apply(KEY, "del", 7.0)  # C deletes D's
+    assert t.release_not_owned == {KEY: 3}
+    # Past reacquire_window of the expiry, a quick release no longer counts (the window
+    # is counted from the expiry, so a steady run of quick releases ends there).
+    lease(t, KEY, 7.1, 5.0)
+    t.apply(KEY, "del", 7.2)  # E's: counted (still within 10 s of the expiry at 5.0)
+    lease(t, KEY, 15.5, 5.0)
+    t.apply(KEY, "del", 15.6)  # 10.5 s after the expiry
+    assert t.release_not_owned == {KEY: 4}
     assert t.expired_while_held == {KEY: 1}
+
+
+def test_a_late_link_is_missed_and_the_next_early_one_still_counts() -> None:
+    t = tracker()
+    lease(t, KEY, 0.0, 1.0)
+    t.apply(KEY, "expired", 1.0)
+    lease(t, KEY, 1.05, 1.0)
+    t.apply(KEY, "del", 1.35)  # early: counted
+    lease(t, KEY, 1.37, 1.0)
+    t.apply(KEY, "del", 2.35)  # at 0.98 of the lease: looks like an own release, missed
+    lease(t, KEY, 2.37, 1.0)
+    t.apply(KEY, "del", 2.67)  # early again, still within reacquire_window of the expiry
+    assert t.release_not_owned == {KEY: 2}
 
 
 def test_reacquire_window_bounds_what_counts_as_a_reacquisition() -> None:

@@ -132,6 +132,44 @@ async def test_a_hung_probe_ends_at_its_timeout() -> None:
     assert samples(runner)[(UP, (("probe", "hangs"),))] == 0
 
 
+class SlowToCancel(Probe):
+    """Hangs, and when cancelled takes ``cleanup`` seconds to end (as a driver waiting for
+    the answer to a cancel request from a silent server); ``ended`` once it has."""
+
+    needs_leader = False
+
+    def __init__(self, cleanup: float, **kwargs: float) -> None:
+        super().__init__("slow_to_cancel", interval=15.0, timeout=kwargs.get("timeout", 0.05))
+        self.cleanup = cleanup
+        self.ended = asyncio.Event()
+
+    async def run(self) -> tuple[Metric, ...]:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            await asyncio.sleep(self.cleanup)
+            self.ended.set()
+            raise
+        raise AssertionError("unreachable")
+
+
+async def test_a_run_is_given_up_on_at_its_timeout_not_when_its_clean_up_ends() -> None:
+    runner = no_database()
+    probe = SlowToCancel(cleanup=0.5)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    result = await runner.run_once(probe)
+    assert loop.time() - started < 0.4  # the timeout (50 ms), not the clean-up (500 ms)
+    assert (result.up, result.error) == (False, "timed out after 50ms")
+    assert not probe.ended.is_set()
+    # The next run does not start beside the one still ending: it waits for it within its
+    # own timeout, then says why it could not run.
+    again = await runner.run_once(probe)
+    assert again.error == "the previous run, given up on at its timeout, is still ending"
+    await runner.stop()  # waits for the run given up on
+    assert probe.ended.is_set()
+
+
 async def test_cancellation_passes_through_run_once() -> None:
     runner = no_database()
     task = asyncio.create_task(runner.run_once(Hangs("hangs", interval=15.0, timeout=60.0)))
@@ -206,6 +244,27 @@ def test_backoff_doubles_with_jitter_up_to_the_maximum_and_resets() -> None:
     backoff.succeeded()
     assert backoff.failures == 0
     assert 0.4 <= backoff.failed() <= 0.5
+
+
+def test_backoff_lets_one_attempt_out_at_a_time_while_the_source_is_down() -> None:
+    now = [1000.0]
+    backoff = Backoff(initial=0.5, maximum=4.0, clock=lambda: now[0])
+    # Healthy: attempts run side by side.
+    with backoff.attempt("database"), backoff.attempt("database"):
+        pass
+    with pytest.raises(OSError, match="refused"), backoff.attempt("database"):
+        raise OSError("refused")
+    now[0] += 1.0  # past the backoff
+    # Down: a second attempt meanwhile fails at once instead of opening a socket.
+    with (
+        backoff.attempt("database"),
+        pytest.raises(ProbeUnavailableError, match="another attempt is under way"),
+        backoff.attempt("database"),
+    ):
+        raise AssertionError("unreachable")
+    assert backoff.failures == 0  # the first one succeeded
+    with backoff.attempt("database"), backoff.attempt("database"):
+        pass
 
 
 def test_error_log_rate_limits_per_probe_and_blanks_secrets(
