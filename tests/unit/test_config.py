@@ -459,6 +459,20 @@ MALFORMED = [
         "database.application_name",
         "must not be empty",
     ),
+    (
+        "quantity-constant-other-than-1",
+        "schema:\n  order_items:\n    quantity: 2\n",
+        3,
+        "schema.order_items.quantity",
+        "expected a column name or 1 (one unit per row), got 2",
+    ),
+    (
+        "quantity-not-a-name",
+        "schema:\n  order_items:\n    quantity: 1.5\n",
+        3,
+        "schema.order_items.quantity",
+        "expected a string",
+    ),
     # Paths whose "~user" cannot be expanded, or that the OS cannot take.
     (
         "multiprocess-dir-home-of-no-user",
