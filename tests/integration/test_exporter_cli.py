@@ -170,6 +170,10 @@ def test_database_down_keeps_serving_and_says_which_probe(
     [
         ("server:\n  port: eighty\n", ":2: server.port:"),
         ("servre: {}\n", ":1: servre: unknown key"),
+        (
+            "probes:\n  oversold:\n    interval: 5s\n    timeout: 30s\n",
+            ":4: probes.oversold.timeout:",
+        ),
         ("database:\n  url: postgresql://u:secret@h/db\n", ":2: database.url:"),
     ],
 )
