@@ -11,6 +11,7 @@ through :meth:`Dialect.render`. Identifiers reach SQL only through :meth:`Dialec
 from __future__ import annotations
 
 import abc
+import logging
 from collections.abc import Coroutine, Mapping, Sequence
 from datetime import datetime
 from decimal import Decimal
@@ -29,6 +30,8 @@ Params = Mapping[str, object] | Sequence[object] | None
 
 # The election's session is ended by the server when idle this many retry intervals (at
 # least the floor): a live leader pings every interval, so only a frozen one is ended.
+LOGGER: Final = logging.getLogger("stocksentry.exporter.probes")
+
 IDLE_INTERVALS: Final = 3
 IDLE_FLOOR: Final = 1.0
 
@@ -92,6 +95,16 @@ class Dialect(abc.ABC):
     partial_indexes: bool
     #: The SQL of the database's clock within a probe statement.
     now: str
+
+    #: Whether :meth:`announce` has logged the server yet (once per dialect object).
+    announced: bool = False
+
+    def announce(self, found: str) -> None:
+        """Log once, at the probes' first session, which server they found and what its
+        limits became: an operator reading the start-up knows what is probed."""
+        if not self.announced:
+            self.announced = True
+            LOGGER.info("database: %s", found)
 
     def quote(self, name: str) -> str:
         return quote(name, self.name)

@@ -9,6 +9,8 @@ and report that truth.
 
 from __future__ import annotations
 
+import logging
+import re
 from pathlib import Path
 
 import pytest
@@ -26,7 +28,10 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "exporter" / "config.example.yam
 EXAMPLE_PROBES = (*ALL_DB_PROBES, "cache_drift", "recent_paid_orders")
 
 
-async def test_the_example_config_runs_every_probe_on_both_databases(db: Db, registry) -> None:
+async def test_the_example_config_runs_every_probe_on_both_databases(
+    db: Db, registry, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="stocksentry.exporter.probes")
     await seed_db(db)
     with PrivateRedis() as redis:
         environ = {"STOCKSENTRY_DATABASE_URL": db.raw_url, "STOCKSENTRY_REDIS_URL": redis.url}
@@ -47,3 +52,15 @@ async def test_the_example_config_runs_every_probe_on_both_databases(db: Db, reg
             assert sample(registry, "stock_reservations_expired_unreleased") == 3.0
             assert sample(registry, "stock_outbox_pending_events") == 2.0
             assert sample(registry, "stocksentry_probe_leader") == 1.0
+    # The start-up says which server the probes found, once, and what the example's
+    # lock_timeout: 200ms became there.
+    found = [r.getMessage() for r in caplog.records if r.getMessage().startswith("database: ")]
+    assert len(found) == 1, found
+    if db.mysql:
+        assert re.fullmatch(
+            r"database: MariaDB 10\.\d+\.\d+; lock_timeout 200ms became 1 s"
+            r" \(lock waits take whole seconds here\)",
+            found[0],
+        ), found
+    else:
+        assert re.fullmatch(r"database: PostgreSQL \d+\.\d+", found[0]), found
