@@ -391,7 +391,12 @@ def _run(args: argparse.Namespace, registry: CollectorRegistry) -> int:
         sys.stdout.flush()
         if report is not None:
             page = format_html(
-                config, results, command=shlex.join([_program(), *sys.argv[1:]]), notes=notes
+                config,
+                results,
+                command=shlex.join([_program(), *sys.argv[1:]]),
+                notes=notes,
+                database=shown_db,
+                redis=shown_redis,
             )
             try:
                 Path(report).write_text(page, encoding="utf-8")
