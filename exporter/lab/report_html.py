@@ -34,7 +34,7 @@ body { font: 14px/1.45 system-ui, sans-serif; margin: 2em auto; max-width: 1240p
 h1 { font-size: 1.5em; } h2 { font-size: 1.15em; margin-top: 2em; }
 table { border-collapse: collapse; font-variant-numeric: tabular-nums; }
 th, td { border-bottom: 1px solid #ddd; padding: 4px 8px; text-align: right; }
-th:first-child, td:first-child, td.left { text-align: left; }
+th:first-child, td:first-child, th.left, td.left { text-align: left; }
 tr.bad td { background: #fdecea; } tr.skipped td { color: #888; font-style: italic; }
 code { font-size: 0.92em; background: #f4f4f4; padding: 1px 3px; }
 ul.caught li { margin: 0.2em 0; }
@@ -46,8 +46,12 @@ svg text { font: 11px system-ui, sans-serif; fill: #333; }
 .wide table { font-size: 13px; }
 th { vertical-align: bottom; }
 td.left { min-width: 8em; max-width: 19em; }
-td { vertical-align: top; }
+td { vertical-align: top; } td:first-child { white-space: nowrap; } wbr { display: none; }
 p.note { background: #fff4e5; border-left: 4px solid #d62728; padding: 6px 10px; }
+@media (max-width: 900px) {
+  .wide table { font-size: 12px; } th, td { padding: 3px 4px; } td.left { min-width: 6em; }
+  td:first-child { white-space: normal; } wbr { display: inline; }
+}
 svg { display: block; max-width: 100%; height: auto; }
 code { overflow-wrap: anywhere; }
 p.made { color: #555; }
@@ -280,7 +284,9 @@ _COLUMNS: tuple[tuple[str, Callable[[StrategyResult], object], bool], ...] = (
 
 
 def _html_table(results: Sequence[StrategyResult]) -> str:
-    head = "".join(f"<th>{_esc(header)}</th>" for header, _, _ in _COLUMNS)
+    head = "".join(
+        f"<th{' class=left' if left else ''}>{_esc(header)}</th>" for header, _, left in _COLUMNS
+    )
     rows = []
     for r in results:
         if r.skipped is not None:
@@ -291,8 +297,9 @@ def _html_table(results: Sequence[StrategyResult]) -> str:
             )
             continue
         bad = r.oversold or r.negative_writes or not r.consistent or r.db.duplicate_orders
+        # A long strategy name may break after its underscores in a narrow window.
         cells = "".join(
-            f"<td{' class=left' if left else ''}>{_esc(cell(r))}</td>"
+            f"<td{' class=left' if left else ''}>{_esc(cell(r)).replace('_', '_<wbr>')}</td>"
             for _, cell, left in _COLUMNS
         )
         rows.append(f"<tr{' class=bad' if bad else ''}>{cells}</tr>")
@@ -314,9 +321,9 @@ def _alerts_table(results: Sequence[StrategyResult]) -> str:
     return (
         "<h2>Alerts and the exporter's probes</h2><p>Alert times are seconds after the"
         " strategy's first oversell, or after the start of its sale when it oversold"
-        " nothing.</p><div class=wide><table><thead><tr><th>strategy</th><th>alerts"
-        f" (Prometheus)</th><th>exporter</th></tr></thead><tbody>{''.join(rows)}</tbody>"
-        "</table></div>"
+        " nothing.</p><div class=wide><table><thead><tr><th>strategy</th><th class=left>alerts"
+        " (Prometheus)</th><th class=left>exporter</th></tr></thead>"
+        f"<tbody>{''.join(rows)}</tbody></table></div>"
     )
 
 
