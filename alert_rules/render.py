@@ -52,7 +52,8 @@ OUTPUT = RULES_DIR / "stocksentry.rules.yml"
 #: The labels that say where a series comes from, kept by every aggregation.
 DEFAULT_LOCATION_LABELS: tuple[str, ...] = ("cluster", "namespace")
 DEFAULT_JOB = "stocksentry"
-#: Where this project's runbooks are published: one Markdown file per alert.
+#: The runbook base of the committed reference rendering (and the marker the chart
+#: replaces in the dashboards): rules of one's own give ``--runbook-url-base``.
 DEFAULT_RUNBOOK_BASE = "https://github.com/stocksentry/stocksentry/blob/main/docs/runbooks"
 DEFAULT_DASHBOARD_BASE = ""
 
@@ -128,7 +129,11 @@ def main(argv: list[str] | None = None) -> int:
         help="comma-separated labels every aggregation keeps (default: %(default)s)",
     )
     parser.add_argument("--job", default=DEFAULT_JOB, help="the exporter's scrape job")
-    parser.add_argument("--runbook-url-base", default=DEFAULT_RUNBOOK_BASE)
+    parser.add_argument(
+        "--runbook-url-base",
+        help="where your copy of docs/runbooks is published (runbook_url is <base>/<Alert>.md);"
+        " required unless writing the committed reference file",
+    )
     parser.add_argument(
         "--dashboard-url-base",
         default=DEFAULT_DASHBOARD_BASE,
@@ -141,11 +146,20 @@ def main(argv: list[str] | None = None) -> int:
         options = Options(
             location_labels=tuple(x.strip() for x in args.location_labels.split(",") if x.strip()),
             job=args.job,
-            runbook_base=args.runbook_url_base,
+            runbook_base=args.runbook_url_base or DEFAULT_RUNBOOK_BASE,
             dashboard_base=args.dashboard_url_base,
         )
     except ValueError as exc:
         print(f"render: {exc}", file=sys.stderr)
+        return 2
+    if args.runbook_url_base is None and Path(args.output).resolve() != OUTPUT:
+        # Rules of one's own must link runbooks that exist: this project publishes none
+        # at a fixed address, so the user says where their copy lives.
+        print(
+            "render: --runbook-url-base is required: the address where your copy of"
+            " docs/runbooks is published (runbook_url is <base>/<Alert>.md)",
+            file=sys.stderr,
+        )
         return 2
     text = render(SOURCE.read_text(encoding="utf-8"), options)
     if args.output == "-":

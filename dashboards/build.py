@@ -6,11 +6,14 @@ Usage::
     python dashboards/build.py --check    # exit 1 if a committed file differs or is extra
     python dashboards/build.py --location-labels region,cluster,namespace \\
         --runbook-url-base https://git.shop.example/sre/runbooks --output-dir my-dashboards
+    python dashboards/build.py --single-cluster --output-dir my-dashboards
 
 ``--location-labels`` (default ``cluster,namespace``, as the alert rules): the labels
 every aggregation keeps and every selector matches against a dashboard variable of that
-name. ``--runbook-url-base``: where the panels' runbook links point (``<base>/<Alert>.md``);
-the Helm chart replaces the default base with its ``links.runbookBaseUrl``.
+name. ``--single-cluster``: the ``cluster`` variable hidden, at All (one Prometheus per
+cluster), as kubernetes-mixin's ``showMultiCluster: false``. ``--runbook-url-base``:
+where the panels' runbook links point (``<base>/<Alert>.md``); the Helm chart replaces
+the default base with its ``links.runbookBaseUrl``.
 
 The JSON is what Grafana provisioning and the Helm chart's ConfigMap load; it is
 committed, and ``tests/unit/test_dashboards.py`` fails when it is stale.
@@ -31,7 +34,7 @@ if __package__ in (None, ""):
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models.dashboard import Dashboard
 
-from dashboards import exporter, overview, panels, promql, sku
+from dashboards import exporter, overview, panels, promql, sku, variables
 
 #: Where the JSON goes: beside the builder code.
 OUT_DIR = Path(__file__).resolve().parent
@@ -81,6 +84,11 @@ def main(argv: list[str] | None = None) -> int:
         help="where runbook links point, <base>/<Alert>.md (default: %(default)s)",
     )
     parser.add_argument(
+        "--single-cluster",
+        action="store_true",
+        help="hide the cluster variable (a Prometheus that sees one cluster)",
+    )
+    parser.add_argument(
         "--output-dir",
         type=Path,
         default=None,
@@ -88,12 +96,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     labels = [x.strip() for x in args.location_labels.split(",") if x.strip()]
-    custom = labels != list(promql.LOCATION_LABELS) or (
-        args.runbook_url_base.rstrip("/") != panels.DEFAULT_RUNBOOK_BASE.rstrip("/")
+    custom = (
+        labels != list(promql.LOCATION_LABELS)
+        or args.runbook_url_base.rstrip("/") != panels.DEFAULT_RUNBOOK_BASE.rstrip("/")
+        or args.single_cluster
     )
     try:
         promql.set_location_labels(labels)
         panels.set_runbook_base(args.runbook_url_base)
+        variables.set_single_cluster(args.single_cluster)
     except ValueError as exc:
         print(f"dashboards: {exc}", file=sys.stderr)
         return 2

@@ -47,8 +47,9 @@ from typing import Any
 
 import promql_parser
 
-from .panels import DATASOURCE, RUNBOOK_BASE
+from .panels import RUNBOOK_BASE
 from .promql import LOCATION_LABELS
+from .variables import DATASOURCE
 
 #: Series Prometheus makes itself, which dashboards may query beside the catalog's.
 BUILTIN_SERIES: frozenset[str] = frozenset(

@@ -41,6 +41,7 @@ from grafana_foundation_sdk.models import heatmap as heatmap_models
 from stocksentry.instrumentation.catalog import MetricSpec
 
 from . import promql
+from .variables import DATASOURCE, datasource_variable, job_variable, location_variables
 
 #: Where the runbooks live by default (``build.py --runbook-url-base``; the Helm chart
 #: replaces it with ``links.runbookBaseUrl``); one Markdown file per alert of the rules.
@@ -59,8 +60,6 @@ def set_runbook_base(base: str) -> None:
 
 #: Tag shared by the dashboards, for the dashboard links between them.
 TAG = "stocksentry"
-#: Every panel and query names the datasource through the dashboard variable.
-DATASOURCE = dashboard_models.DataSourceRef(type_val="prometheus", uid="${datasource}")
 #: Grafana thresholds apply "at or above" a value; anything above zero is already bad.
 ABOVE_ZERO = 1e-9
 
@@ -68,9 +67,6 @@ ABOVE_ZERO = 1e-9
 OVERVIEW_UID = "stocksentry-overview"
 SKU_UID = "stocksentry-sku"
 EXPORTER_UID = "stocksentry-exporter"
-
-#: Jobs and namespaces are those of targets that expose a stocksentry metric.
-_STOCKSENTRY_SERIES = '{__name__=~"stock_.+|stocksentry_.+"}'
 
 
 def runbook_url(alert: str) -> str:
@@ -433,91 +429,6 @@ def up_down_mappings() -> list[dashboard_models.ValueMapping]:
             }
         )
     ]
-
-
-# --- variables -----------------------------------------------------------------------------
-
-
-def datasource_variable() -> dashboard_builders.DatasourceVariable:
-    """``$datasource``: any Prometheus-compatible datasource (Prometheus, Thanos, Mimir)."""
-    return (
-        dashboard_builders.DatasourceVariable("datasource")
-        .label("Data source")
-        .type("prometheus")
-        .description("The Prometheus (or Thanos, Mimir) that scrapes stocksentry.")
-    )
-
-
-def _query_variable(
-    name: str,
-    label: str,
-    query: str,
-    *,
-    sort: dashboard_models.VariableSort = dashboard_models.VariableSort.ALPHABETICAL_ASC,
-    multi: bool = True,
-) -> dashboard_builders.QueryVariable:
-    """A variable over ``query``'s values, refreshed with the time range; a ``multi`` one
-    offers and starts at All."""
-    variable = (
-        dashboard_builders.QueryVariable(name)
-        .label(label)
-        .datasource(DATASOURCE)
-        .query(query)
-        .refresh(dashboard_models.VariableRefresh.ON_TIME_RANGE_CHANGED)
-        .sort(sort)
-        .multi(multi)
-        .include_all(multi)
-    )
-    if multi:
-        all_selected = dashboard_models.VariableOption(
-            selected=True, text=["All"], value=["$__all"]
-        )
-        variable = variable.current(all_selected)
-    return variable
-
-
-def location_variables() -> list[dashboard_builders.QueryVariable]:
-    """One variable per location label (``$cluster``, ``$namespace``), in order.
-
-    Each lists the values of the series the variables before it select.
-
-    The values are those of targets exposing stocksentry metrics. "All" is ``.*``, which
-    also matches series without the label, so the dashboards work on a Prometheus of one
-    cluster, or outside Kubernetes.
-    """
-    variables = []
-    for index, label in enumerate(promql.LOCATION_LABELS):
-        before = "".join(f', {prev}=~"${prev}"' for prev in promql.LOCATION_LABELS[:index])
-        variables.append(
-            _query_variable(
-                label,
-                label.replace("_", " ").capitalize(),
-                f"label_values({_STOCKSENTRY_SERIES[:-1]}{before}}}, {label})",
-            ).all_value(".*")
-        )
-    return variables
-
-
-def job_variable() -> dashboard_builders.QueryVariable:
-    """``$job``: scrape jobs that expose a stocksentry metric in the chosen locations.
-
-    No custom "All" value: All means the listed jobs, so exporter panels on built-in
-    series (``up``, ``scrape_*``) do not show every target of the Prometheus.
-    """
-    location = "".join(f', {label}=~"${label}"' for label in promql.LOCATION_LABELS)
-    selector = _STOCKSENTRY_SERIES[:-1] + location + "}"
-    return _query_variable("job", "Job", f"label_values({selector}, job)")
-
-
-def sku_variable(success_metric: str) -> dashboard_builders.QueryVariable:
-    """``$sku``: one SKU that had a successful reservation (promo SKUs and the hottest N)."""
-    return _query_variable(
-        "sku",
-        "SKU",
-        f"label_values({success_metric}{promql.SEL}, sku)",
-        sort=dashboard_models.VariableSort.ALPHABETICAL_CASE_INSENSITIVE_ASC,
-        multi=False,
-    )
 
 
 # --- assembling a dashboard ----------------------------------------------------------------

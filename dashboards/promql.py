@@ -29,7 +29,7 @@ RANGE_WINDOW = "$__range"
 
 #: The labels that say where a series comes from (``build.py --location-labels``): every
 #: aggregation keeps them, every selector matches them against a dashboard variable of the
-#: same name (:func:`dashboards.panels.location_variables`).
+#: same name (:func:`dashboards.variables.location_variables`).
 LOCATION_LABELS: tuple[str, ...] = ("cluster", "namespace")
 #: Matchers every query carries. The location matchers are regexes so that "All" (``.*``)
 #: also matches series without the label (a Prometheus outside Kubernetes, one cluster).

@@ -26,10 +26,10 @@ from .panels import (
     bargauge_panel,
     count_panel,
     heatmap_panel,
-    sku_variable,
     stat_panel,
     timeseries_panel,
 )
+from .variables import sku_variable
 
 
 def build() -> dashboard_models.Dashboard:

@@ -1,24 +1,22 @@
 """The invariant SQL: the one place that says how a double-sell shows in the shop's tables.
 
 A double-sell breaks four invariants, and both the sidecar's probes
-(:mod:`stocksentry.exporter.probes.db`) and ``stocksentry reconcile`` check them with
-the statements built here, from the ``schema`` mapping of the config:
+(:mod:`stocksentry.exporter.probes.db`) and ``stocksentry reconcile`` check them with the
+statements built here, from the ``schema`` mapping of the config:
 
 - **negative stock**: a SKU whose stock is below zero;
 - **oversold**: paid units of a SKU beyond its allocation for the sale;
-- **duplicate orders per key**: more than one order for one external reference or
-  idempotency key;
+- **duplicate orders per key**: more than one order for one external reference or idempotency key;
 - **paid without items**: a paid order with no order item, so no stock movement.
 
-Each invariant has one *rows* statement, listing the rows that break it (what reconcile
-prints), and the probes' figures are aggregates over exactly those rows, so the two can
-never disagree on what counts. Nothing here needs SQLAlchemy or a driver: a
-:class:`Query` is SQL text in parts plus its parameters, rendered with
-:meth:`Query.text` for a driver's parameter style. Identifiers reach SQL only through
-:func:`quote` (the config has already validated them as plain names); values only as
-parameters. A :class:`Param` marked ``constant`` comes from the config (paid statuses,
-promo SKUs): a caller may inline it as a literal, so that a partial index whose predicate
-lists the same values stays usable (the probes do on PostgreSQL).
+Each invariant has one *rows* statement, listing the rows that break it (what reconcile prints),
+and the probes' figures are aggregates over exactly those rows, so the two can never disagree on
+what counts. Nothing here needs SQLAlchemy or a driver: a :class:`Query` is SQL text in parts plus
+its parameters, rendered with :meth:`Query.text` for a driver's parameter style. Identifiers reach
+SQL only through :func:`quote` (the config has already validated them as plain names); values only
+as parameters. A :class:`Param` marked ``constant`` comes from the config (paid statuses, promo
+SKUs): a caller may inline it as a literal, so that a partial index whose predicate lists the same
+values stays usable (the probes do on PostgreSQL).
 
 Example::
 
@@ -189,6 +187,10 @@ class InvariantSql:
     def _col(self, alias: str, column: str) -> str:
         return f"{alias}.{self.quote(column)}"
 
+    def _units(self, alias: str) -> str:  # an item's units: its column, or 1 (a row per unit)
+        q = self.schema.order_items.quantity
+        return self._col(alias, q) if isinstance(q, str) else str(q)
+
     # --- shared predicates -----------------------------------------------------------------
 
     def negative_predicate(self, alias: str | None = None) -> str:
@@ -276,12 +278,12 @@ class InvariantSql:
         orders = f", count(DISTINCT {self._col('o', o.id)}) AS orders" if count_orders else ""
         parts.sql(
             f"SELECT {self._col('oi', oi.product_id)} AS product_id,"
-            f" sum({self._col('oi', oi.quantity)}) AS sold{orders} FROM "
+            f" sum({self._units('oi')}) AS sold{orders} FROM "
         )
         if by_order and self.lateral:
             parts.sql(
                 f"{self.quote(o.table)} AS o CROSS JOIN LATERAL (SELECT"
-                f" {self._col('i', oi.product_id)}, {self._col('i', oi.quantity)}"
+                f" {self._col('i', oi.product_id)}, {self._units('i')}"
                 f" FROM {self.quote(oi.table)} AS i"
                 f" WHERE {self._col('i', oi.order_id)} = {self._col('o', o.id)} OFFSET 0) AS oi"
                 " WHERE "
@@ -433,7 +435,7 @@ class InvariantSql:
             # MariaDB refuses an outer reference inside a derived table: the paid items of
             # the one product summed directly (the same sum as over its single group).
             parts.sql(
-                f"SELECT sum({self._col('oi', oi.quantity)}) FROM {self.quote(oi.table)} AS oi"
+                f"SELECT sum({self._units('oi')}) FROM {self.quote(oi.table)} AS oi"
                 f" JOIN {self.quote(o.table)} AS o"
                 f" ON {self._col('o', o.id)} = {self._col('oi', oi.order_id)} WHERE "
             )

@@ -376,7 +376,9 @@ def values_schema() -> Schema:
         },
         "links": strict(
             {
-                "runbookBaseUrl": URL,
+                # Empty by default: required (templates/validate.yaml) with the rules or
+                # the dashboards, whose runbook links would otherwise lead nowhere.
+                "runbookBaseUrl": {"type": "string", "pattern": '^(https?://[^\\s"\\\\]+)?$'},
                 "dashboardBaseUrl": {"type": "string", "pattern": '^(https?://[^\\s"\\\\]+)?$'},
             },
             required=["runbookBaseUrl"],

@@ -6,19 +6,36 @@ never does, so apps without aiohttp are unaffected.
 Example::
 
     from aiohttp import web
-    from stocksentry.instrumentation.aiohttp import correlation_middleware
+    from stocksentry.instrumentation.aiohttp import (
+        CorrelatedAccessLogger,
+        correlation_middleware,
+    )
 
     app = web.Application(middlewares=[correlation_middleware()])
+    web.run_app(app, access_log_class=CorrelatedAccessLogger)
 """
 
 from __future__ import annotations
 
+import logging
+from typing import Any, Final
+
 from aiohttp import web
+from aiohttp.abc import AbstractAccessLogger
 from aiohttp.typedefs import Handler, Middleware
 
 from .logs import request_correlation
 
-__all__ = ["correlation_middleware"]
+__all__ = ["CorrelatedAccessLogger", "correlation_middleware"]
+
+#: Where the middleware leaves the request's id for the access log, which aiohttp writes
+#: after the middleware has unbound it: a typed ``web.RequestKey`` where aiohttp has them
+#: (a plain string key warns there), a string before.
+REQUEST_ID_KEY: Final[Any] = (
+    web.RequestKey("stocksentry.request_id", str)
+    if hasattr(web, "RequestKey")
+    else "stocksentry.request_id"
+)
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 """Request header read as ``idempotency_key``.
@@ -56,6 +73,7 @@ def correlation_middleware(*, header: str = "X-Request-ID") -> Middleware:
     @web.middleware
     async def correlation(request: web.Request, handler: Handler) -> web.StreamResponse:
         with request_correlation(request.headers, header, IDEMPOTENCY_HEADER) as request_id:
+            request[REQUEST_ID_KEY] = request_id
             try:
                 response = await handler(request)
             except web.HTTPException as exc:
@@ -68,3 +86,40 @@ def correlation_middleware(*, header: str = "X-Request-ID") -> Middleware:
         return response
 
     return correlation
+
+
+class CorrelatedAccessLogger(AbstractAccessLogger):
+    """aiohttp's access log line with the request's ``request_id`` as a field.
+
+    aiohttp writes its access line after the middlewares have returned, so the ids
+    :func:`correlation_middleware` bound are gone by then; this logger reads the id the
+    middleware left on the request and passes it as an ``extra`` field, which
+    :func:`~stocksentry.instrumentation.logs.configure_logging` puts in the line like any
+    other (``"request_id": "…"`` in JSON, ``request_id=…`` in logfmt). The text is the
+    common log's: ``remote "METHOD path HTTP/x.y" status bytes seconds``.
+
+    Example::
+
+        web.run_app(app, access_log_class=CorrelatedAccessLogger)
+    """
+
+    def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
+        """Write one line for ``request`` (aiohttp calls it once the response is sent)."""
+        major, minor = request.version
+        fields = {"status": response.status, "duration_seconds": round(time, 6)}
+        request_id = request.get(REQUEST_ID_KEY)
+        if request_id is not None:
+            fields["request_id"] = request_id
+        self.logger.log(
+            logging.INFO,
+            '%s "%s %s HTTP/%d.%d" %d %d %.6f',
+            request.remote or "-",
+            request.method,
+            request.path_qs,
+            major,
+            minor,
+            response.status,
+            response.body_length,
+            time,
+            extra=fields,
+        )

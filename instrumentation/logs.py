@@ -19,7 +19,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any, TextIO
+from typing import Any, Final, TextIO
 
 import structlog
 from opentelemetry import context as otel_context
@@ -40,6 +40,7 @@ __all__ = [
     "get_correlation",
     "get_logger",
     "new_request_id",
+    "promslog_keys",
     "sanitize_id",
 ]
 
@@ -290,6 +291,41 @@ def _line_fields(logger_name: Processor) -> list[Processor]:
     ]
 
 
+#: promslog's level names (Go's slog): the logfmt lines read like the exporters' own.
+_PROMSLOG_LEVELS: Final = {
+    "debug": "DEBUG",
+    "info": "INFO",
+    "warning": "WARN",
+    "warn": "WARN",
+    "error": "ERROR",
+    "critical": "ERROR",
+    "exception": "ERROR",
+}
+#: Where a line was logged from, for promslog's ``source=file:line``.
+_CALLSITE: Final = structlog.processors.CallsiteParameterAdder(
+    [
+        structlog.processors.CallsiteParameter.FILENAME,
+        structlog.processors.CallsiteParameter.LINENO,
+    ]
+)
+
+
+def promslog_keys(_logger: Any, _method: str, event_dict: EventDict) -> EventDict:
+    """Rename a line's fields as promslog writes logfmt: ``time``, ``level`` (``INFO``,
+    ``WARN`` ...), ``source`` (``file.py:42``) and ``msg``; the other fields follow."""
+    if "timestamp" in event_dict:
+        event_dict["time"] = event_dict.pop("timestamp")
+    level = event_dict.get("level")
+    if isinstance(level, str):
+        event_dict["level"] = _PROMSLOG_LEVELS.get(level, level.upper())
+    filename, lineno = event_dict.pop("filename", None), event_dict.pop("lineno", None)
+    if filename is not None:
+        event_dict["source"] = f"{filename}:{lineno}"
+    if "event" in event_dict:
+        event_dict["msg"] = event_dict.pop("event")
+    return event_dict
+
+
 def configure_logging(
     level: int | str = "INFO",
     *,
@@ -307,8 +343,8 @@ def configure_logging(
     a span, with secrets masked by :class:`Redactor`. With *bridge_stdlib*,
     records from stdlib ``logging`` (libraries) come out the same way on the
     same stream. ``json=False`` renders for humans instead, or, with ``logfmt=True``,
-    as logfmt ``key=value`` pairs (the same fields, ``timestamp level logger event``
-    first), as the Prometheus exporters log.
+    as logfmt ``key=value`` pairs with promslog's keys first (``time level source msg``,
+    :func:`promslog_keys`), as the Prometheus exporters log.
 
     Calling it again replaces the previous configuration. Loggers are cached
     on first use, so create them (``get_logger``) after configuring.
@@ -332,8 +368,9 @@ def configure_logging(
         renderer = structlog.processors.JSONRenderer(default=repr)
     elif logfmt:
         renderer = structlog.processors.LogfmtRenderer(
-            key_order=["timestamp", "level", "logger", "event"], drop_missing=True
+            key_order=["time", "level", "source", "msg"], drop_missing=True
         )
+        before_render.append(promslog_keys)
     else:
         renderer = structlog.dev.ConsoleRenderer(colors=_is_tty(out))
         before_render = [redactor]
@@ -346,8 +383,10 @@ def configure_logging(
     # structlog lines and stdlib lines share the handler's lock: no interleaving.
     shared_lock = handler.lock if handler.lock is not None else threading.RLock()
 
+    # The call site is read while the stdlib record is still at hand (pre-chain).
+    callsite: list[Processor] = [_CALLSITE] if logfmt and not json else []
     structlog.configure(
-        processors=[*_line_fields(add_logger_name), *before_render, renderer],
+        processors=[*_line_fields(add_logger_name), *callsite, *before_render, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(numeric_level),
         context_class=dict,
         # get_logger(name)'s name, kept on the line writer for the ``logger`` field.
@@ -367,6 +406,7 @@ def configure_logging(
         structlog.stdlib.ExtraAdder(),
         drop_formatter_text,
         *_line_fields(structlog.stdlib.add_logger_name),  # the record's name
+        *callsite,
     )
     handler.setFormatter(
         structlog.stdlib.ProcessorFormatter(

@@ -227,6 +227,28 @@ TABLE: Final = Named(
 
 
 @dataclass(frozen=True)
+class ColumnOrOne(Kind):
+    """A column name, or the whole number 1: one unit per row. A shop whose ``orders``
+    row is the line (one unit of one product per order) has no quantity column to map."""
+
+    def read(self, ctx: Context, node: Node, path: str) -> str | int:
+        if isinstance(node, ScalarNode) and node.tag == TAG_INT:
+            if _scalar(ctx, node, path, (TAG_INT,), "expected a whole number") != 1:
+                ctx.fail(
+                    node, path, f"expected a column name or 1 (one unit per row), got {node.value}"
+                )
+            return 1
+        return COLUMN.read(ctx, node, path)
+
+    def type_doc(self) -> str:
+        return "column name or 1"
+
+    def json_schema(self) -> Schema:
+        column = COLUMN.json_schema()
+        return {"type": ["string", "integer"], "oneOf": [column, {"type": "integer", "const": 1}]}
+
+
+@dataclass(frozen=True)
 class Choice(Kind):
     """One of ``choices``."""
 

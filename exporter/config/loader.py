@@ -17,6 +17,7 @@ from typing import Any, Final
 from stocksentry.instrumentation import catalog
 from yaml.nodes import Node, SequenceNode
 
+from ..durations import format_duration
 from ..inputs import CONFIG_LIMIT, InputFileError, read_bytes_bounded
 from .env import multiprocess_dir_from_env, resolve_url
 from .errors import CheckedMapping, ConfigError, Context, describe, join
@@ -204,11 +205,26 @@ def _custom(ctx: Context, mapping: CheckedMapping, values: dict[str, Any]) -> No
         )
     if any(c.metric == metric for c in earlier):
         ctx.fail_at(path, f'another custom probe exports "{metric}"')
+    _timeout_within_interval(ctx, mapping.path, values["timeout"], values["interval"])
     for index, label in enumerate(values["label_columns"]):
         if label == values["value_column"]:
             item = mapping.entries["label_columns"].value.value[index]
             path = f"{join(mapping.path, 'label_columns')}[{index}]"
             ctx.fail(item, path, "the value column cannot also be a label")
+
+
+def _timeout_within_interval(ctx: Context, path: str, timeout: float, interval: float) -> None:
+    """A probe's own ``timeout`` may not outlast its interval (as Prometheus refuses a
+    ``scrape_timeout`` above ``scrape_interval``): a run that slow would delay the next and
+    the interval would be a promise not kept. One inherited from ``probes.defaults`` is
+    left as it is (the probe's interval was set apart from it)."""
+    written = ctx.nodes.get(join(path, "timeout"))
+    if timeout > interval and written is not None and not is_null(written):
+        ctx.fail_at(
+            join(path, "timeout"),
+            f"{format_duration(timeout)} is longer than the probe's interval "
+            f"({format_duration(interval)}); give it at most the interval",
+        )
 
 
 def _exporter(ctx: Context, mapping: CheckedMapping, values: dict[str, Any]) -> None:
@@ -249,6 +265,7 @@ def _exporter(ctx: Context, mapping: CheckedMapping, values: dict[str, Any]) -> 
     switched: dict[str, ProbeSettings] = {}
     for name in BUILTIN_PROBES:
         settings: ProbeSettings = getattr(probes, name)
+        _timeout_within_interval(ctx, f"probes.{name}", settings.timeout, settings.interval)
         reason = missing[name]
         if reason is not None and settings.enabled:
             if not is_null(ctx.nodes.get(f"probes.{name}.enabled")):

@@ -29,6 +29,7 @@ from .kinds import (
     TABLE,
     Bool,
     Choice,
+    ColumnOrOne,
     Duration,
     FilePath,
     Host,
@@ -257,7 +258,11 @@ class OrderItemsTable:
     table: str = key("order_items", TABLE, "the table")
     order_id: str = key("order_id", COLUMN, "the order (`orders.id`)")
     product_id: str = key("product_id", COLUMN, "the product (`products.id`)")
-    quantity: str = key("quantity", COLUMN, "units of the product in the order")
+    quantity: str | int = key(
+        "quantity",
+        ColumnOrOne(),
+        "units of the product in the order; `1`: one unit per row (no quantity column)",
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -44,7 +44,12 @@ def _scheduled(name: str) -> Any:
     """A probe's ``interval`` or ``timeout``: by default that of ``probes.defaults``."""
     default, kind, doc = {
         "interval": (_INTERVAL, _INTERVAL_KIND, "how often it runs"),
-        "timeout": (_TIMEOUT, _TIMEOUT_KIND, "how long a run may take"),
+        "timeout": (
+            _TIMEOUT,
+            _TIMEOUT_KIND,
+            "how long a run may take; one set here may not be longer than the probe's "
+            "`interval` (a slow run delays the next: runs never overlap)",
+        ),
     }[name]
     return key(
         default, kind, doc, inherit=f"probes.defaults.{name}", default_doc="`probes.defaults`"

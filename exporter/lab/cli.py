@@ -404,14 +404,19 @@ def _run(args: argparse.Namespace, registry: CollectorRegistry) -> int:
         sys.stdout.flush()
         if report is not None:
             page = format_html(
-                config, results, command=shlex.join([_program(), *sys.argv[1:]]), notes=notes
+                config,
+                results,
+                command=shlex.join([_program(), *sys.argv[1:]]),
+                notes=notes,
+                database=shown_db,
+                redis=shown_redis,
             )
             try:
                 Path(report).write_text(page, encoding="utf-8")
             except OSError as exc:
                 raise CommandError(f"cannot write report {report}: {exc.strerror or exc}") from exc
         status = _judge(results, err)
-        closing = _closing_lines(log_file, save_shop, report, strategies)
+        closing = closing_lines(log_file, save_shop, report, strategies)
         if closing and not (json_out and args.quiet):
             out = err if json_out else sys.stdout
             for line in closing:
@@ -435,10 +440,36 @@ def _program() -> str:
     return "stocksentry"
 
 
-def _closing_lines(
+def wrap_command(argv: list[str], width: int = 80) -> list[str]:
+    """``argv`` as shell lines of at most ``width`` columns where it can be: indented two
+    spaces, continued with `` \\`` and six spaces; a word longer than a line (a long
+    path) gets a line of its own rather than being cut.
+
+    Example::
+
+        >>> wrap_command(["stocksentry", "timeline", "a.log"])
+        ['  stocksentry timeline a.log']
+    """
+    lines: list[str] = []
+    current = "  "
+    for word in (shlex.quote(arg) for arg in argv):
+        start = current in ("  ", "      ")
+        candidate = current + word if start else f"{current} {word}"
+        # Two columns are kept for the continuation " \\" of every line but the last.
+        if start or len(candidate) <= width - 2:
+            current = candidate
+        else:
+            lines.append(current + " \\")
+            current = "      " + word
+    lines.append(current)
+    return lines
+
+
+def closing_lines(
     log_file: str | None, save_shop: str | None, report: str | None, strategies: tuple[str, ...]
 ) -> list[str]:
-    """The commands that reproduce the demo's findings on what it just ran."""
+    """The commands that reproduce the demo's findings on what it just ran, each wrapped
+    at 80 columns (:func:`wrap_command`)."""
     program = _program()
     lines = []
     if log_file is not None or save_shop is not None:
@@ -447,15 +478,12 @@ def _closing_lines(
         command = [program, "timeline", log_file, "--limit", "5"]
         if not strategies or "unsafe" in strategies:
             command += ["--sku", "LAB-UNSAFE"]
-        lines.append("  " + shlex.join(command))
+        lines += wrap_command(command)
     if save_shop is not None:
-        # Two lines (a shell continuation) so that it fits 80 columns.
-        lines.append(
-            "  "
-            + shlex.join([program, "reconcile", "--database", f"sqlite:///{save_shop}"])
-            + " \\"
+        database = f"sqlite:///{save_shop}"
+        lines += wrap_command(
+            [program, "reconcile", "--database", database, "--allocation", "initial_stock"]
         )
-        lines.append("      --allocation initial_stock")
     if report is not None:
         lines.append(f"HTML report: {report}")
     return lines

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import textwrap
+import urllib.parse
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -22,7 +23,16 @@ from .config import (
 )
 from .observe import EXPORTER_FIGURES
 from .progress import WIDTH
-from .readback import LOCK_EXPIRED, LOCK_NOT_OWNED, NEGATIVE, REPLAY, STALE, SUCCESS, UNSAFE_RMW
+from .readback import (
+    DEADLOCK,
+    LOCK_EXPIRED,
+    LOCK_NOT_OWNED,
+    NEGATIVE,
+    REPLAY,
+    STALE,
+    SUCCESS,
+    UNSAFE_RMW,
+)
 
 
 def signal_cell(result: StrategyResult) -> str:
@@ -97,6 +107,17 @@ def caught_lines(result: StrategyResult) -> list[str]:
             f'{UNSAFE_RMW}{{table="{STOCK_TABLE}"}} = {result.unsafe_read_modify_write}:'
             " stock read without a lock, written back as a value computed in the app"
         )
+    if result.deadlocks:
+        lines.append(
+            f'{DEADLOCK}{{table="{STOCK_TABLE}"}} = {result.deadlocks}: transactions took'
+            " the SKUs' row locks in opposite orders and the database aborted one of each"
+            " pair"
+        )
+    if result.outbox_unpublished:
+        lines.append(
+            f"{result.outbox_unpublished} outbox events unpublished when the sale ended (the"
+            f" exporter's {catalog.OUTBOX_PENDING.name})"
+        )
     return lines
 
 
@@ -130,7 +151,9 @@ def describe_database(config: LabConfig) -> str:
     """Where the lab runs, for people: the URL without its password, or the SQLite default."""
     if config.database_url is None:
         return "embedded SQLite (temporary file)"
-    return shown(config.database_url)
+    # A socket folder travels URL-encoded in the query (?host=%2Fvar%2Frun...): shown
+    # decoded, for people; the password is masked before.
+    return urllib.parse.unquote(shown(config.database_url))
 
 
 def describe_redis(config: LabConfig) -> str | None:

@@ -12,22 +12,46 @@ from importlib import metadata
 from .config import LabConfig, StrategyResult
 from .report import alert_text, caught_lines, info_lines, setup_lines, signal_cell
 
-_PALETTE = ("#d62728", "#ff7f0e", "#9467bd", "#2ca02c", "#1f77b4", "#17becf", "#8c564b")
+#: One colour per strategy, in the report's order (red for unsafe alone): as many as the
+#: lab has strategies and one more, so no two lines of a chart share a colour.
+_PALETTE = (
+    "#d62728",  # red
+    "#ff7f0e",  # orange
+    "#9467bd",  # purple
+    "#2ca02c",  # green
+    "#1f77b4",  # blue
+    "#17becf",  # cyan
+    "#8c564b",  # brown
+    "#e377c2",  # pink
+    "#bcbd22",  # olive
+    "#7f7f7f",  # grey
+    "#393b79",  # navy
+    "#637939",  # moss
+)
 _CSS = """
-body { font: 14px/1.45 system-ui, sans-serif; margin: 2em auto; max-width: 1100px;
+body { font: 14px/1.45 system-ui, sans-serif; margin: 2em auto; max-width: 1240px;
        color: #222; padding: 0 1em; }
 h1 { font-size: 1.5em; } h2 { font-size: 1.15em; margin-top: 2em; }
 table { border-collapse: collapse; font-variant-numeric: tabular-nums; }
 th, td { border-bottom: 1px solid #ddd; padding: 4px 8px; text-align: right; }
-th:first-child, td:first-child, td.left { text-align: left; }
+th:first-child, td:first-child, th.left, td.left { text-align: left; }
 tr.bad td { background: #fdecea; } tr.skipped td { color: #888; font-style: italic; }
 code { font-size: 0.92em; background: #f4f4f4; padding: 1px 3px; }
 ul.caught li { margin: 0.2em 0; }
 svg text { font: 11px system-ui, sans-serif; fill: #333; }
-/* At 1,100 px nothing overflows: the wide table scrolls in its own box, charts shrink. */
+/* At 1,280 px the whole table shows: the long text cells wrap and the headers break;
+   narrower, it scrolls in its own box (the page never does) and the charts shrink. */
 * { box-sizing: border-box; }
 .wide { max-width: 100%; overflow-x: auto; }
 .wide table { font-size: 13px; }
+th { vertical-align: bottom; }
+td.left { min-width: 8em; max-width: 19em; }
+td { vertical-align: top; } td:first-child { white-space: nowrap; } wbr { display: none; }
+p.note { background: #fff4e5; border-left: 4px solid #d62728; padding: 6px 10px; }
+@media (max-width: 900px) {
+  .wide table { font-size: 12px; } th, td { padding: 3px 4px; } td.left { min-width: 6em; }
+  td:first-child { white-space: normal; } wbr { display: inline; }
+}
 svg { display: block; max-width: 100%; height: auto; }
 code { overflow-wrap: anywhere; }
 p.made { color: #555; }
@@ -90,7 +114,11 @@ def _svg_stock(results: Sequence[StrategyResult], colors: Mapping[str, str]) -> 
     points = [p for r in results for p in r.samples]
     if not points:
         return "<p>No samples.</p>"
-    legend = {r.strategy: f"{r.strategy} (final {r.final_stock})" for r in results}
+    legend = {
+        r.strategy: f"{r.strategy} (final {r.final_stock}"
+        + (f", sold {r.sold} of {r.stock_initial})" if r.oversold else ")")
+        for r in results
+    }
     right = 40 + 7 * max(len(text) for text in legend.values())
     height, left, top, bottom = 320, 56, 22, 40
     width = 560 + right
@@ -135,6 +163,30 @@ def _svg_stock(results: Sequence[StrategyResult], colors: Mapping[str, str]) -> 
         out.append(_swatch(width - right + 14, top + 5 + 18 * i, color, legend[result.strategy]))
     out.append("</svg>")
     return "".join(out)
+
+
+def _stock_notes(results: Sequence[StrategyResult]) -> str:
+    """What the stock chart cannot show: a line that stays up while the strategy sold past
+    its stock (lost updates wrote stale values back), the gap being the oversell."""
+    notes = []
+    for r in results:
+        if not r.oversold:
+            continue
+        arithmetic = r.stock_initial - r.sold
+        if r.final_stock > arithmetic:
+            notes.append(
+                f"{r.strategy} sold {r.sold} of {r.stock_initial} units, yet its line ends at"
+                f" {r.final_stock}, not at {arithmetic}: lost updates wrote stale values back"
+                " over each other, so the stock column hid the sale. The gap is the"
+                f" oversell, {r.oversold} units sold past the stock (counted from the orders"
+                " by SQL), which no stock line shows."
+            )
+        else:
+            notes.append(
+                f"{r.strategy} sold {r.sold} of {r.stock_initial} units: its line goes"
+                f" {-r.final_stock} below zero, the oversell the orders count is {r.oversold}."
+            )
+    return "".join(f"<p class=note>{_esc(text)}</p>" for text in notes)
 
 
 def _svg_outcomes(results: Sequence[StrategyResult], colors: Mapping[str, str]) -> str:
@@ -232,7 +284,9 @@ _COLUMNS: tuple[tuple[str, Callable[[StrategyResult], object], bool], ...] = (
 
 
 def _html_table(results: Sequence[StrategyResult]) -> str:
-    head = "".join(f"<th>{_esc(header)}</th>" for header, _, _ in _COLUMNS)
+    head = "".join(
+        f"<th{' class=left' if left else ''}>{_esc(header)}</th>" for header, _, left in _COLUMNS
+    )
     rows = []
     for r in results:
         if r.skipped is not None:
@@ -243,8 +297,9 @@ def _html_table(results: Sequence[StrategyResult]) -> str:
             )
             continue
         bad = r.oversold or r.negative_writes or not r.consistent or r.db.duplicate_orders
+        # A long strategy name may break after its underscores in a narrow window.
         cells = "".join(
-            f"<td{' class=left' if left else ''}>{_esc(cell(r))}</td>"
+            f"<td{' class=left' if left else ''}>{_esc(cell(r)).replace('_', '_<wbr>')}</td>"
             for _, cell, left in _COLUMNS
         )
         rows.append(f"<tr{' class=bad' if bad else ''}>{cells}</tr>")
@@ -266,9 +321,9 @@ def _alerts_table(results: Sequence[StrategyResult]) -> str:
     return (
         "<h2>Alerts and the exporter's probes</h2><p>Alert times are seconds after the"
         " strategy's first oversell, or after the start of its sale when it oversold"
-        " nothing.</p><div class=wide><table><thead><tr><th>strategy</th><th>alerts"
-        f" (Prometheus)</th><th>exporter</th></tr></thead><tbody>{''.join(rows)}</tbody>"
-        "</table></div>"
+        " nothing.</p><div class=wide><table><thead><tr><th>strategy</th><th class=left>alerts"
+        " (Prometheus)</th><th class=left>exporter</th></tr></thead>"
+        f"<tbody>{''.join(rows)}</tbody></table></div>"
     )
 
 
@@ -278,15 +333,19 @@ def format_html(
     *,
     command: str | None = None,
     notes: Sequence[str] = (),
+    database: str | None = None,
+    redis: str | None = None,
 ) -> str:
     """The report as one self-contained HTML page (no script, no external asset): the
     table, three charts, what caught each strategy. ``command`` is the command line that
-    made the page; ``notes`` are extra set-up lines."""
+    made the page; ``notes`` are extra set-up lines; ``database``/``redis`` name them
+    instead of their URLs (the embedded servers), as in the terminal summary."""
     ran = [r for r in results if r.skipped is None]
     colors = {r.strategy: _PALETTE[i % len(_PALETTE)] for i, r in enumerate(results)}
     caught = []
     for r in results:
-        lines = caught_lines(r) or (
+        alerts = [f"alert {alert_text(name, a)}" for name, a in r.alerts.items()]
+        lines = [*caught_lines(r), *alerts] or (
             [f"nothing to catch: sold {r.sold} of {r.stock_initial}"] if r.skipped is None else []
         )
         items = "".join(f"<li><code>{_esc(line)}</code></li>" for line in lines)
@@ -297,7 +356,10 @@ def format_html(
     except metadata.PackageNotFoundError:
         version = "unknown"
     stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-    setup = "".join(f"<li>{_esc(line)}</li>" for line in (*setup_lines(config), *notes))
+    setup = "".join(
+        f"<li>{_esc(line)}</li>"
+        for line in (*setup_lines(config, database=database, redis=redis), *notes)
+    )
     made = f"stocksentry {_esc(version)}, {_esc(stamp)}"
     if command is not None:
         made += f"<br>command: <code>{_esc(command)}</code>"
@@ -310,7 +372,7 @@ def format_html(
         "<p>sold, oversold, final stock, negative writes and duplicate orders are counted by"
         " SQL in the database; metrics = db: every metric total equals that count.</p>"
         "<h2>Stock over time</h2>"
-        f"{_svg_stock(ran, colors)}"
+        f"{_svg_stock(ran, colors)}{_stock_notes(ran)}"
         "<h2>Outcomes per strategy</h2>"
         f"{_svg_outcomes(ran, colors)}"
         "<h2>Reservation latency</h2>"

@@ -425,6 +425,19 @@ class OutboxProbe(DbProbe):
         )
 
 
+#: What a custom probe's SQL is wrapped in (one statement, a derived table).
+_CUSTOM_HEAD: Final = "SELECT * FROM ("
+_CUSTOM_TAIL: Final = "\n) AS stocksentry_custom"
+
+
+def _unwrapped(arg: object) -> object:
+    """An error's argument without the wrapper's text, so its message quotes the SQL
+    as the operator wrote it (MariaDB's ``near '…'`` runs to the statement's end)."""
+    if not isinstance(arg, str):
+        return arg
+    return arg.replace(_CUSTOM_TAIL, "").replace(_CUSTOM_HEAD, "", 1)
+
+
 class CustomSqlProbe(DbProbe):
     """A ``probes.custom`` entry: its SQL's rows exported as one gauge.
 
@@ -450,7 +463,7 @@ class CustomSqlProbe(DbProbe):
         self._guard = guard
         self._warned = False
         # The operator's own SQL, by design; it runs read-only (see above).
-        self._sql = f"SELECT * FROM ({custom.sql}\n) AS stocksentry_custom"  # noqa: S608
+        self._sql = f"{_CUSTOM_HEAD}{custom.sql}{_CUSTOM_TAIL}"
 
     async def run(self) -> tuple[Metric, ...]:
         return await self.pool.read(
@@ -458,7 +471,12 @@ class CustomSqlProbe(DbProbe):
         )
 
     async def query(self, session: Session) -> tuple[Metric, ...]:
-        columns, rows = await session.table(self._sql)
+        try:
+            columns, rows = await session.table(self._sql)
+        except Exception as exc:
+            # The server quotes the statement it ran; the operator wrote only the inside.
+            exc.args = tuple(_unwrapped(a) for a in exc.args)
+            raise
         wanted = (self.custom.value_column, *self.custom.label_columns)
         missing = [c for c in wanted if c not in columns]
         if missing:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
+import logging
 from collections.abc import Awaitable, Coroutine, Mapping, Sequence
 from datetime import datetime
 from decimal import Decimal
@@ -38,6 +39,8 @@ _T = TypeVar("_T")
 #: A statement's parameters: ``%(name)s`` by name or ``%s`` in order; ``None``: none, so a
 #: ``%`` in the text stays as written.
 Params = Mapping[str, object] | Sequence[object] | None
+
+LOGGER: Final = logging.getLogger("stocksentry.exporter.probes")
 
 # The election's session is ended by the server when idle this many retry intervals (at
 # least the floor): a live leader pings every interval, so only a frozen one is ended.
@@ -118,6 +121,16 @@ class Dialect(abc.ABC):
     partial_indexes: bool
     #: The SQL of the database's clock within a probe statement.
     now: str
+
+    #: Whether :meth:`announce` has logged the server yet (once per dialect object).
+    announced: bool = False
+
+    def announce(self, found: str) -> None:
+        """Log once, at the probes' first session, which server they found and what its
+        limits became: an operator reading the start-up knows what is probed."""
+        if not self.announced:
+            self.announced = True
+            LOGGER.info("database: %s", found)
 
     def quote(self, name: str) -> str:
         return quote(name, self.name)

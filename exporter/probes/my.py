@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import re
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, Final
@@ -22,10 +23,11 @@ from pymysql.constants import CLIENT  # type: ignore[import-untyped]  # as above
 
 from ..config import DatabaseConfig
 from ..dburl import mysql_connect_args
+from ..durations import format_duration
 from .base import ProbeUnavailableError
 from .dialects import Connection, Dialect, Params, Session
 
-__all__ = ["MySQL", "MySession", "lock_name"]
+__all__ = ["MySQL", "MySession", "lock_name", "server_found"]
 
 # The horizon (see the docs): MySQL's least() is NULL when an argument is, hence the
 # coalesce; innodb_trx has whole seconds, rounded down, so the horizon is at most a second
@@ -79,6 +81,27 @@ def lock_name(database: str | None, key: int) -> str:
     """The ``GET_LOCK`` name of ``key``: per database, as PostgreSQL's advisory locks are
     (MySQL's named locks are server-wide), within the 64 characters allowed."""
     return f"stocksentry.{database or ''}.{key}"[-64:]
+
+
+def server_found(version: str, lock_timeout: float, lock_seconds: int) -> str:
+    """What the start-up says of the server: its name and version from the handshake
+    (MariaDB's ``5.5.5-`` prefix dropped), and ``database.lock_timeout`` as the server
+    takes it when that differs.
+
+    Example::
+
+        >>> server_found("5.5.5-10.11.6-MariaDB-0+deb12u1", 0.2, 1)
+        'MariaDB 10.11.6; lock_timeout 200ms became 1 s (lock waits take whole seconds here)'
+    """
+    name = "MariaDB" if "mariadb" in version.lower() else "MySQL"
+    found = re.search(r"\d+\.\d+(\.\d+)?", version.removeprefix("5.5.5-"))
+    text = f"{name} {found.group(0) if found else version or 'of unknown version'}"
+    if lock_seconds != lock_timeout:
+        text += (
+            f"; lock_timeout {format_duration(lock_timeout)} became {lock_seconds} s"
+            " (lock waits take whole seconds here)"
+        )
+    return text
 
 
 def _table_parts(name: str) -> dict[str, str | None]:
@@ -230,6 +253,8 @@ class MySQL(Dialect):
             await session.close()
             raise
         session.statement_timeout = db.statement_timeout
+        if not elector:
+            self.announce(server_found(session.version, db.lock_timeout, session.lock_seconds))
         return session
 
     def stop_statement(self, server_id: int) -> str:

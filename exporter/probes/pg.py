@@ -220,6 +220,9 @@ class PostgreSQL(Dialect):
         except BaseException:
             await session.close()
             raise
+        if not elector:
+            version = conn.info.server_version  # 150004: 15.4 (10 and later)
+            self.announce(f"PostgreSQL {version // 10000}.{version % 10000}")
         return session
 
     async def horizon(

@@ -135,8 +135,10 @@ def startup_lines(server: RunningServer, settings: ServerSettings) -> list[Start
     web_config = settings.web_config or WebConfig()
     path = settings.metrics_path.lstrip("/")
     info = [f"starting {build_info().describe()}"] + [
-        f"listening on {url} with metrics at {url}{path}, {HEALTHZ_PATH} and {READYZ_PATH} "
-        f"without authentication; {web_config.describe()}"
+        # What protects the metrics is said once, at the end; the health endpoints never
+        # ask for credentials (kubelet probes carry none).
+        f"listening on {url} with metrics at {url}{path} ({HEALTHZ_PATH} and {READYZ_PATH} "
+        f"answer without credentials); {web_config.describe()}"
         for url in server.urls
     ]
     warnings: list[str] = []

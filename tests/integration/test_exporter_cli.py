@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import urllib.request
@@ -170,6 +171,10 @@ def test_database_down_keeps_serving_and_says_which_probe(
     [
         ("server:\n  port: eighty\n", ":2: server.port:"),
         ("servre: {}\n", ":1: servre: unknown key"),
+        (
+            "probes:\n  oversold:\n    interval: 5s\n    timeout: 30s\n",
+            ":4: probes.oversold.timeout:",
+        ),
         ("database:\n  url: postgresql://u:secret@h/db\n", ":2: database.url:"),
     ],
 )
@@ -307,7 +312,8 @@ def test_flags_override_the_yaml_and_the_start_up_says_what_is_served(
     lines = out.splitlines()
     # logfmt, not JSON: the --log.format flag won over log.format: json.
     assert lines
-    assert all(line.startswith("timestamp=") for line in lines), lines
+    # promslog's keys, in its order.
+    assert all(re.match(r"time=\S+ level=[A-Z]+ source=\S+\.py:\d+ msg=", x) for x in lines), lines
     served = [line for line in lines if "listening on" in line]
     assert len(served) == 2, lines
     assert f"listening on http://127.0.0.1:{v4_port}/ with metrics at " in served[0]
@@ -316,11 +322,11 @@ def test_flags_override_the_yaml_and_the_start_up_says_what_is_served(
         assert "/stock-metrics" in line
         assert "plain HTTP, basic auth (1 user)" in line
         assert "no authentication" not in line
-    warnings = [line for line in lines if "level=warning" in line]
+    warnings = [line for line in lines if " level=WARN " in line]
     assert any("basic auth over plain HTTP" in line for line in warnings), lines
     assert not any("no authentication on the metrics" in line for line in lines)
     # --log.level=debug: debug lines are written (none at info).
-    assert any("level=debug" in line for line in lines), lines
+    assert any(" level=DEBUG " in line for line in lines), lines
 
 
 @pytest.mark.parametrize(

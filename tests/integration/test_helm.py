@@ -102,7 +102,12 @@ def _helm_tools() -> None:
 
 #: The least an install sets (README "Kubernetes"): the chart refuses to render without the
 #: allocation column, so StockOversold can fire.
-SHOP = {"config": {"schema": {"products": {"allocation": "initial_stock"}}}}
+#: The runbook base of the committed rules file (links.runbookBaseUrl has no default).
+RUNBOOKS = "https://github.com/stocksentry/stocksentry/blob/main/docs/runbooks"
+SHOP = {
+    "config": {"schema": {"products": {"allocation": "initial_stock"}}},
+    "links": {"runbookBaseUrl": RUNBOOKS},
+}
 
 
 def case_values(case: str) -> dict[str, Any]:
@@ -833,11 +838,11 @@ def _series(labels: dict[str, str]) -> str:
 
 
 def _health_test(
-    labels: dict[str, str], *, summary: str, description: str
+    labels: dict[str, str], *, summary: str, description: str, runbooks: str = RUNBOOKS
 ) -> list[dict[str, Any]]:
     """promtool test groups: the target down from 0 (fires at 2m), and up (quiet)."""
     down = {**labels, "severity": "critical", "team": "sre"}
-    runbook = "https://github.com/stocksentry/stocksentry/blob/main/docs/runbooks/StocksentryExporterDown.md"
+    runbook = f"{runbooks}/StocksentryExporterDown.md"
     return [
         {
             "name": "down: StocksentryExporterDown fires with the target's labels",
@@ -913,6 +918,7 @@ def test_health_alerts_see_the_targets_the_chart_monitors(case: str, tmp_path: P
         groups,
         _health_test(
             labels,
+            runbooks=merge(SHOP, values)["links"]["runbookBaseUrl"],
             # In-cluster evaluation: the cluster comes from Prometheus's external labels.
             summary=(
                 f"stocksentry exporter {instance} is down in cluster eu-1, namespace {NAMESPACE}."
@@ -1169,6 +1175,17 @@ def test_rules_follow_the_values(tmp_path: Path) -> None:
 )
 def test_bad_rule_values_fail_clearly(values: dict[str, Any], message: str) -> None:
     assert message in render_error(merge({"prometheusRule": {"enabled": True}}, values))
+
+
+@pytest.mark.parametrize("part", ["prometheusRule", "dashboards"])
+def test_rules_and_dashboards_need_a_runbook_base(part: str) -> None:
+    values = merge(SHOP, {part: {"enabled": True}, "links": {"runbookBaseUrl": ""}})
+    message = render_error(values, shop=False)
+    assert f"links.runbookBaseUrl is required with {part}.enabled" in message
+    assert message.count("\n") <= 1
+    # Without either, nothing links a runbook: the default install needs no base.
+    _, docs = render({"links": {"runbookBaseUrl": ""}})
+    assert "PrometheusRule" not in {d["kind"] for d in docs}
 
 
 def test_dashboards_link_the_runbook_base_of_the_values() -> None:

@@ -207,3 +207,30 @@ def test_relative_decrements_read_back_leave_the_apps_rowcounts(
     # 2 - 5 = -3: the writes that left -1, -2, -3; the guarded decrements count nothing.
     assert value(registry, NEGATIVE, sku="EGG-03") == 3
     assert value(registry, NEGATIVE, sku="EGG-04") == 0
+
+
+@pytest.mark.parametrize("db", ["mariadb"], indirect=True)
+def test_on_mariadb_negative_writes_need_read_back_stock(
+    db: Db, sentry: Sentry, registry: CollectorRegistry
+) -> None:
+    """docs/sqlalchemy.md, "MySQL and MariaDB": no RETURNING there, so the default
+    ``negative_writes=True`` alone sees nothing; ``read_back_stock`` does."""
+    engine = make_engine(db, sentry)  # the defaults: negative_writes=True, no read-back
+    try:
+        with engine.begin() as conn:
+            for _ in range(7):
+                conn.execute(DECREMENT, {"n": 1, "sku": "EGG-01"})
+            assert conn.execute(READ, {"sku": "EGG-01"}).scalar_one() == -2
+    finally:
+        uninstrument_sqlalchemy(engine)
+        engine.dispose()
+    assert value(registry, NEGATIVE, sku="EGG-01") == 0
+    engine = sa.create_engine(db.url, pool_size=2)
+    instrument_sqlalchemy(engine, sentry=sentry, read_back_stock=True)
+    try:
+        with engine.begin() as conn:
+            conn.execute(DECREMENT, {"n": 1, "sku": "EGG-01"})
+    finally:
+        uninstrument_sqlalchemy(engine)
+        engine.dispose()
+    assert value(registry, NEGATIVE, sku="EGG-01") == 1

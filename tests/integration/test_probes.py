@@ -1202,7 +1202,7 @@ async def test_the_probe_timeout_stops_a_slow_query_in_the_server(db, registry):
                     if db.mysql
                     else "SELECT 1 AS value FROM pg_sleep(3)",
                     "metric": "shop_slow",
-                    "interval": "200ms",
+                    "interval": "300ms",  # a timeout may not outlast its interval
                     "timeout": "300ms",
                 }
             ],
@@ -1322,3 +1322,36 @@ def test_backoff_doubles_up_to_the_maximum_and_resets():
     assert backoff.wait_time() == 0.0
     backoff.succeeded()
     assert 0.4 <= backoff.failed() <= 0.5
+
+
+async def test_a_custom_probe_s_sql_error_quotes_the_sql_as_written(db, registry):
+    """The probe runs the SQL inside ``SELECT * FROM (…) AS stocksentry_custom``; the error
+    the operator reads quotes their SQL, not that wrapper. PostgreSQL's interval literal
+    is the error MariaDB gives a config written for PostgreSQL."""
+    sql = (
+        "SELECT count(*) AS value FROM orders\n"
+        "WHERE created_at >= now() - interval '5 minutes' minutes"
+    )
+    document = {
+        "database": {"url": db.raw_url, "leader_election": False},
+        "probes": {
+            **{p: {"enabled": False} for p in ALL_DB_PROBES},
+            "custom": [{"name": "broken", "sql": sql, "metric": "shop_broken"}],
+        },
+    }
+    await seed_db(db)
+    async with ProbeRunner(parse_config(yaml.safe_dump(document)), registry=registry) as runner:
+        await async_wait_until(lambda: "broken" in runner.results, timeout=WAIT, message="one run")
+        result = runner.results["broken"]
+    assert not result.up
+    assert result.error is not None
+    assert "stocksentry_custom" not in result.error
+    assert "SELECT * FROM (" not in result.error
+    if db.mysql:
+        assert result.error.startswith("ProgrammingError (SQLSTATE 42000): (1064, ")
+        assert result.error.endswith("near 'minutes' at line 2\")"), result.error
+    else:
+        assert result.error.startswith("SyntaxError (SQLSTATE 42601): ")
+        assert "LINE 2: WHERE created_at >= now() - interval '5 minutes' minutes" in (
+            result.error
+        ), result.error

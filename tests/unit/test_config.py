@@ -459,6 +459,42 @@ MALFORMED = [
         "database.application_name",
         "must not be empty",
     ),
+    (
+        "quantity-constant-other-than-1",
+        "schema:\n  order_items:\n    quantity: 2\n",
+        3,
+        "schema.order_items.quantity",
+        "expected a column name or 1 (one unit per row), got 2",
+    ),
+    (
+        "quantity-not-a-name",
+        "schema:\n  order_items:\n    quantity: 1.5\n",
+        3,
+        "schema.order_items.quantity",
+        "expected a string",
+    ),
+    (
+        "probe-timeout-longer-than-its-interval",
+        DB + "probes:\n  oversold:\n    interval: 5s\n    timeout: 30s\n",
+        6,
+        "probes.oversold.timeout",
+        "30s is longer than the probe's interval (5s); give it at most the interval",
+    ),
+    (
+        "probe-timeout-longer-than-the-default-interval",
+        DB + "probes:\n  defaults:\n    interval: 10s\n  deadlocks:\n    timeout: 1m\n",
+        7,
+        "probes.deadlocks.timeout",
+        "1m is longer than the probe's interval (10s)",
+    ),
+    (
+        "custom-timeout-longer-than-its-interval",
+        DB + "probes:\n  custom:\n    - name: mine\n      sql: SELECT 1 AS value\n"
+        "      metric: shop_mine\n      interval: 1s\n      timeout: 2s\n",
+        9,
+        "probes.custom[0].timeout",
+        "2s is longer than the probe's interval (1s)",
+    ),
     # Paths whose "~user" cannot be expanded, or that the OS cannot take.
     (
         "multiprocess-dir-home-of-no-user",

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from dashboards import build, lint, panels  # noqa: E402 - needs the repository root on sys.path
+from dashboards import build, lint, panels, variables  # noqa: E402 - needs the repository root on sys.path
 
 RULES_FILE = ROOT / "alert_rules" / "stocksentry.rules.yml"
 UIDS = ("stocksentry-overview", "stocksentry-sku", "stocksentry-exporter")
@@ -147,9 +147,19 @@ def test_variables(uid: str) -> None:
         assert found[label]["allValue"] == ".*"  # also matches series without the label
     # namespace lists the namespaces of the chosen clusters
     assert lint.label_values_query(found["namespace"]["query"]) == (
-        '{__name__=~"stock_.+|stocksentry_.+", cluster=~"$cluster"}',
+        'stocksentry_build_info{cluster=~"$cluster"}',
         "namespace",
     )
+    # One known metric each, never a regex over every series name of the TSDB.
+    assert found["cluster"]["query"] == "label_values(stocksentry_build_info, cluster)"
+    assert lint.label_values_query(found["job"]["query"]) == (
+        '{__name__=~"stocksentry_build_info|stock_reservation_success_total",'
+        ' cluster=~"$cluster", namespace=~"$namespace"}',
+        "job",
+    )
+    for variable in found.values():
+        assert ".+" not in str(variable.get("query")), variable["name"]
+        assert variable.get("hide", 0) == 0, variable["name"]  # all shown by default
     if uid == "stocksentry-sku":
         assert lint.label_values_query(found["sku"]["query"]) == (
             f'{catalog.RESERVATION_SUCCESS.name}{{cluster=~"$cluster", namespace=~"$namespace",'
@@ -296,3 +306,31 @@ def test_digit_separators_are_the_documented_fallback() -> None:
     """Prometheus reads ``1_000``; promql-parser 0.12 does not, so they are dropped first."""
     assert lint.plain_promql("a_1_000 > 1_000 and b > 2") == "a_1_000 > 1000 and b > 2"
     assert lint.metric_names("a_1_000 > 1_000") == {"a_1_000"}
+
+
+def test_single_cluster_mode_hides_the_cluster_variable(tmp_path: Path) -> None:
+    try:
+        assert build.main(["--single-cluster", "--output-dir", str(tmp_path)]) == 0
+    finally:
+        variables.set_single_cluster(False)  # the module's state, for the other tests
+    for uid in UIDS:
+        board = json.loads((tmp_path / f"{uid}.json").read_text(encoding="utf-8"))
+        found = {v["name"]: v for v in lint.variables(board)}
+        # Hidden (Grafana's hide: 2) and left at All, whose .* also matches no label.
+        assert found["cluster"]["hide"] == 2
+        assert found["cluster"]["allValue"] == ".*"
+        assert found["cluster"]["current"]["value"] == ["$__all"]
+        assert found["namespace"].get("hide", 0) == 0
+        assert lint.lint(board, allowed_metrics=ALLOWED_METRICS, alerts=ALERTS) == []
+    # The committed JSON is the multi-cluster build.
+    assert build.main(["--check"]) == 0
+
+
+def test_single_cluster_mode_needs_a_cluster_label(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--single-cluster", "--location-labels", "region,namespace", "--output-dir", "x"]
+    try:
+        assert build.main(argv) == 2
+    finally:
+        build.promql.set_location_labels(["cluster", "namespace"])
+        variables.set_single_cluster(False)
+    assert "the location labels region,namespace do not have" in capsys.readouterr().err

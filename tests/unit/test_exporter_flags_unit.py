@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import re
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,7 @@ from stocksentry.exporter.sidecar import apply_overrides, configure_exporter_log
 from stocksentry.exporter.sidecar_cli import Overrides
 from stocksentry.exporter.tlsconfig import TLSServerConfig
 from stocksentry.exporter.webconfig import WebConfig
-from stocksentry.instrumentation.logs import configure_logging
+from stocksentry.instrumentation.logs import configure_logging, get_logger
 
 # --- --web.listen-address ------------------------------------------------------------------
 
@@ -181,6 +182,7 @@ def test_logfmt_and_levels() -> None:
         log = logging.getLogger("stocksentry.exporter.test")
         log.info("not written at warn")
         log.warning("listening on %s", "http://[::1]:19464/")
+        get_logger("stocksentry.probe").error("probe down", probe="oversold")
         configure_exporter_logging("debug", "json", stream=stream)
         log.debug("written at debug")
     finally:
@@ -188,10 +190,19 @@ def test_logfmt_and_levels() -> None:
         configure_logging(stream=io.StringIO(), bridge_stdlib=False)
         logging.getLogger().setLevel(saved_level)
         structlog.reset_defaults()
-    first, second = stream.getvalue().splitlines()
-    assert first.startswith("timestamp=")
-    assert " level=warning logger=stocksentry.exporter.test " in first
-    assert first.endswith('event="listening on http://[::1]:19464/"')
+    first, structured, second = stream.getvalue().splitlines()
+    assert re.fullmatch(
+        r"time=\S+Z level=ERROR source=test_exporter_flags_unit\.py:\d+ msg=\"probe down\""
+        r" probe=oversold logger=stocksentry\.probe",
+        structured,
+    ), structured
+    # promslog's keys and order: time=… level=WARN source=file:line msg="…", then the rest.
+    assert re.fullmatch(
+        r"time=\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z level=WARN"
+        r" source=test_exporter_flags_unit\.py:\d+"
+        r' msg="listening on http://\[::1\]:19464/" logger=stocksentry\.exporter\.test',
+        first,
+    ), first
     assert json.loads(second)["event"] == "written at debug"
     assert "not written" not in stream.getvalue()
 
@@ -260,11 +271,13 @@ def test_plain_http_says_so_per_address_and_warns() -> None:
     lines = lines_for(None, ("0.0.0.0", 19464), ("::", 19464))  # noqa: S104
     assert lines[0].startswith("INFO starting stocksentry ")
     assert lines[1:3] == [
-        "INFO listening on http://0.0.0.0:19464/ with metrics at http://0.0.0.0:19464/m, "
-        "/healthz and /readyz without authentication; plain HTTP, no authentication",
-        "INFO listening on http://[::]:19464/ with metrics at http://[::]:19464/m, "
-        "/healthz and /readyz without authentication; plain HTTP, no authentication",
+        "INFO listening on http://0.0.0.0:19464/ with metrics at http://0.0.0.0:19464/m "
+        "(/healthz and /readyz answer without credentials); plain HTTP, no authentication",
+        "INFO listening on http://[::]:19464/ with metrics at http://[::]:19464/m "
+        "(/healthz and /readyz answer without credentials); plain HTTP, no authentication",
     ]
+    # Said once a line: what protects the metrics, at its end.
+    assert all(line.count("authentication") == 1 for line in lines[1:3])
     assert lines[3].startswith("WARNING no authentication on the metrics")
     assert len(lines) == 4
 

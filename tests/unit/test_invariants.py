@@ -160,3 +160,35 @@ def test_docstring_examples() -> None:
         result = doctest.testmod(module)
         assert result.failed == 0, module.__name__
         assert result.attempted > 0, module.__name__
+
+
+def test_quantity_1_counts_a_unit_per_row_and_reads_no_column():
+    """The incident's schema: the orders row is the line (``order_items`` mapped onto
+    ``orders`` itself, ``quantity: 1``)."""
+    schema = parse_config(
+        "schema:\n  products:\n    allocation: initial_stock\n  orders:\n"
+        "    external_ref: null\n  order_items:\n    table: orders\n    order_id: id\n"
+        "    quantity: 1\n",
+        environ={},
+    ).schema
+    db = sqlite3.connect(":memory:")
+    db.executescript(
+        """
+        CREATE TABLE products (id INTEGER PRIMARY KEY, sku TEXT, available_stock INTEGER,
+                               initial_stock INTEGER);
+        CREATE TABLE orders (id INTEGER PRIMARY KEY, product_id INTEGER, user_id INTEGER,
+                             status TEXT, created_at TEXT);
+        INSERT INTO products VALUES (1, 'PS5-01', -1, 2), (2, 'EGG-01', 7, 10);
+        INSERT INTO orders VALUES (1, 1, 101, 'PAID', '2026-11-29'),
+            (2, 1, 102, 'PAID', '2026-11-29'), (3, 1, 103, 'PAID', '2026-11-29'),
+            (4, 1, 104, 'CANCELLED', '2026-11-29'), (5, 2, 201, 'PAID', '2026-11-29');
+        """
+    )
+    sql = InvariantSql(schema, "sqlite")
+    for query in (sql.oversold(), sql.oversold(count_orders=True), sql.paid_without_items()):
+        assert '"quantity"' not in query.text()
+    assert db.execute(sql.oversold().text(), sql.oversold().params).fetchall() == [
+        ("PS5-01", 2, 3, 1)
+    ]
+    paid_without_items = sql.paid_without_items()
+    assert db.execute(paid_without_items.text(), paid_without_items.params).fetchall() == []

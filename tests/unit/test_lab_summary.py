@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import shlex
 
+from stocksentry.exporter.lab.cli import closing_lines, wrap_command
 from stocksentry.exporter.lab.config import STRATEGY_NAMES, DbFigures, LabConfig, StrategyResult
 from stocksentry.exporter.lab.observe import AlertSeries, alert_owner
 from stocksentry.exporter.lab.report import alert_cell, format_summary
@@ -131,3 +133,40 @@ def test_any_other_alert_belongs_to_the_sale_running_a_second_before() -> None:
     ran = a_run()
     budget = AlertSeries({"alertname": "CheckoutErrorBudgetBurnFast"}, 1009.5)
     assert alert_owner(budget, ran) == "for_update"
+
+
+def test_the_closing_commands_fit_80_columns_and_run_as_printed() -> None:
+    deep = "/srv/shop-sre/2026-11-29/flash-sale"
+    lines = closing_lines(f"{deep}/stocksentry-demo.log", f"{deep}/stocksentry-demo.db", None, ())
+    assert lines[:2] == ["", "reproduce the findings on what this demo just ran:"]
+    commands = "\n".join(lines[2:]).split(" \\\n")
+    assert all(len(line) <= 80 for line in lines), lines
+    # Read back as the shell reads the continuations: the two commands, word for word.
+    text = "\n".join(lines[2:]).replace(" \\\n", " ")
+    timeline, reconcile = (shlex.split(line) for line in text.splitlines())
+    assert timeline[1:] == [
+        "timeline",
+        f"{deep}/stocksentry-demo.log",
+        "--limit",
+        "5",
+        "--sku",
+        "LAB-UNSAFE",
+    ]
+    assert reconcile[1:] == [
+        "reconcile",
+        "--database",
+        f"sqlite:///{deep}/stocksentry-demo.db",
+        "--allocation",
+        "initial_stock",
+    ]
+    assert len(commands) > 2  # the long paths did wrap
+
+
+def test_a_word_longer_than_a_line_gets_a_line_of_its_own() -> None:
+    long = "/" + "x" * 100
+    assert wrap_command(["stocksentry", "timeline", long, "--limit", "5"]) == [
+        "  stocksentry timeline \\",
+        f"      {long} \\",
+        "      --limit 5",
+    ]
+    assert wrap_command(["stocksentry", "timeline", "a.log"]) == ["  stocksentry timeline a.log"]

@@ -14,7 +14,7 @@ import structlog
 from aiohttp import web
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
-from stocksentry.instrumentation.aiohttp import correlation_middleware
+from stocksentry.instrumentation.aiohttp import CorrelatedAccessLogger, correlation_middleware
 from stocksentry.instrumentation.asgi import CorrelationMiddleware, Message, Scope
 from stocksentry.instrumentation.logs import (
     configure_logging,
@@ -142,6 +142,28 @@ async def test_aiohttp_generates_and_echoes_request_id(
     assert ids[0] != ids[1]
     assert (await first.json())["correlation"] == {"request_id": ids[0]}
     assert [line["request_id"] for line in lines(stream, "handler")] == ids
+
+
+async def test_the_access_log_line_carries_the_request_id(
+    aiohttp_server: Any, aiohttp_client: Any, stream: io.StringIO, tracer: trace.Tracer
+) -> None:
+    server = await aiohttp_server(
+        make_app(tracer, Seen()), access_log_class=CorrelatedAccessLogger
+    )
+    client = await aiohttp_client(server)
+    given = await client.get("/checkout", headers={"X-Request-ID": "req-42"})
+    made = await client.get("/missing")
+    assert (given.status, made.status) == (200, 404)
+    first, second = lines(stream, "aiohttp.access")
+    assert first["request_id"] == "req-42"
+    assert first["status"] == 200
+    assert re.fullmatch(
+        r'127\.0\.0\.1 "GET /checkout HTTP/1\.1" 200 \d+ \d+\.\d{6}', first["event"]
+    )
+    # A generated id, the same the response echoed; the 404 is logged with it too.
+    assert second["request_id"] == made.headers["X-Request-ID"]
+    assert GENERATED.fullmatch(second["request_id"])
+    assert second["status"] == 404
 
 
 async def test_aiohttp_keeps_valid_incoming_id_and_binds_idempotency_key(

@@ -431,6 +431,7 @@ def test_the_committed_rendering_is_fresh() -> None:
         (["--location-labels", "cluster-name"], "'cluster-name' is not a Prometheus label name"),
         (["--runbook-url-base", "ftp://x"], "is not an http(s) URL"),
         (["--job", 'a"b'], "without quotes"),
+        ([], "--runbook-url-base is required: the address where your copy of docs/runbooks"),
     ],
 )
 def test_render_refuses_bad_options(

@@ -231,6 +231,13 @@ Rendered by templates/validate.yaml; each failure is one sentence naming the key
 {{- fail "config.schema.products.allocation is empty: the oversold probe would be off and StockOversold could never fire. Map the column holding each SKU's units for the sale (--set config.schema.products.allocation=initial_stock), or opt out explicitly with config.probes.oversold.enabled: false" -}}
 {{- end -}}
 {{- end -}}
+{{- /* A runbook link must lead somewhere: the project's docs live wherever the user
+     publishes them, so the rules and the dashboards need that address. */ -}}
+{{- range $name := list "prometheusRule" "dashboards" -}}
+{{- if and (get $.Values $name).enabled (not $.Values.links.runbookBaseUrl) -}}
+{{- fail (printf "links.runbookBaseUrl is required with %s.enabled: the address where your copy of docs/runbooks is published (runbook_url is <base>/<Alert>.md), e.g. --set links.runbookBaseUrl=https://git.shop.example/sre/stocksentry/blob/main/docs/runbooks" $name) -}}
+{{- end -}}
+{{- end -}}
 {{- if and .Values.webConfig.tls (not .Values.webConfig.existingSecret) -}}
 {{- fail "webConfig.tls: true needs webConfig.existingSecret: the Secret holding the web config and its certificate and key" -}}
 {{- end -}}
