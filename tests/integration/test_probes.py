@@ -1237,9 +1237,11 @@ async def test_the_probe_timeout_stops_a_slow_query_in_the_server(db, registry):
                         " AND pid <> pg_backend_pid()"
                     )
                     (active,) = await cursor.fetchone() or (None,)
-                    # The runner retries every 200 ms, so one may be in flight; never a pile.
+                    # The runner retries every 200 ms, so one may be in flight, and the one
+                    # abandoned at its timeout may still be being cancelled from the side
+                    # session (more so on a loaded machine); never a pile.
                     assert active is not None
-                    assert active <= 1
+                    assert active <= 2
                     await asyncio.sleep(0.1)
     if db.mysql:
         # Once the exporter stopped, nothing of it sleeps on.
