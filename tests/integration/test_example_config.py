@@ -47,7 +47,7 @@ async def test_the_example_config_runs_every_probe_on_both_databases(
             # The seed's paid orders created just now (PAID, PROCESSING, COMPLETED; the
             # two of two days ago are out of the five minutes).
             assert sample(registry, "shop_recent_paid_orders") == 10.0
-            assert sample(registry, "stock_negative_inventory_units") == 4.0
+            assert sample(registry, "stock_inventory_negative_units") == 4.0
             assert sample(registry, "stock_oversold_units", sku="SKU-OVER") == 2.0
             assert sample(registry, "stock_reservations_expired_unreleased") == 3.0
             assert sample(registry, "stock_outbox_pending_events") == 2.0

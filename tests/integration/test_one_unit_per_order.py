@@ -90,7 +90,7 @@ async def test_the_probes_count_one_unit_per_order(db: Db, registry: Any, tmp_pa
         await async_wait_until(all_up(registry, PROBES), timeout=WAIT, message="probes up")
         assert sample(registry, "stock_oversold_units", sku="PS5-01") == 3.0
         assert sample(registry, "stock_oversold_units", sku="EGG-01") == 0.0
-        assert sample(registry, "stock_negative_inventory_units") == 1.0
+        assert sample(registry, "stock_inventory_negative_units") == 1.0
 
 
 def test_reconcile_counts_one_unit_per_order(db: Db, tmp_path: Path) -> None:
