@@ -15,6 +15,7 @@ from typing import TextIO
 
 from . import sidecar_cli
 from .commandline import PROG, CommandError, ExitCode, report_error, say
+from .containment import cli as containment_cli
 from .contract import add_check_metrics_parser
 from .investigate.reconcile import add_reconcile_parser
 from .investigate.timeline.command import add_timeline_parser
@@ -38,6 +39,9 @@ NEEDS: dict[str, tuple[str, tuple[str, ...]]] = {
     "exporter": ("exporter", ("yaml", "aiohttp")),
     "check-config": ("exporter", ("yaml",)),
     "reconcile": ("reconcile", ("sqlalchemy",)),
+    "freeze": ("redis", ("redis",)),
+    "unfreeze": ("redis", ("redis",)),
+    "frozen": ("redis", ("redis",)),
 }
 
 
@@ -79,6 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_timeline_parser(commands)
     add_reconcile_parser(commands)
     add_check_metrics_parser(commands)
+    containment_cli.add_parsers(commands)
     return parser
 
 

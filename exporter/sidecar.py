@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from .commandline import ExitCode, report_error
 from .config import ConfigError, ExporterConfig, load_config
+from .config.containment import WEBHOOK_PATH
+from .durations import format_duration
 from .listen import format_listen_address
 from .sidecar_cli import Overrides
 
@@ -99,12 +101,24 @@ def describe(
         + ("off (no database section)" if config.database is None else _enabled(config)),
         f"redis: {'cache_drift on promo SKUs' if cache else 'off'}",
         f"lock watch: {watched}",
+        f"containment: {_containment(config)}",
     ]
     lines.extend(config.notes)
     headline = silent_headlines(config)
     if headline is not None:
         lines.append(headline)
     return lines
+
+
+def _containment(config: ExporterConfig) -> str:
+    section = config.containment
+    if section is None:
+        return "off"
+    return (
+        f"webhook {section.mode} at {WEBHOOK_PATH} for {', '.join(section.alerts)}, at most "
+        f"{section.max_auto_frozen} SKUs frozen automatically, each for "
+        f"{format_duration(section.expiry)}; keys {section.key_template}"
+    )
 
 
 def apply_overrides(config: ExporterConfig, overrides: Overrides) -> ExporterConfig:
