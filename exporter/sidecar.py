@@ -216,12 +216,20 @@ def run_exporter(
         watcher = LockWatcher(config.lock_watch, config.sku_guard)
         collectors.append(watcher)
         background.append(watcher.cleanup_ctx)
+    routes = []
+    if config.containment is not None:
+        from .containment.webhook import Containment
+
+        containment = Containment(config.containment)
+        collectors.append(containment)
+        background.append(containment.cleanup_ctx)
+        routes = containment.routes()
     headline = silent_headlines(config)
     for line in describe(config, addresses, web_config):
         # The silent headline alerts are a warning: the page on-call expects will not come.
         LOGGER.log(logging.WARNING if line == headline else logging.INFO, "config: %s", line)
     try:
-        run_server(settings, collectors=collectors, background=background)
+        run_server(settings, collectors=collectors, background=background, routes=routes)
     except OSError as exc:
         where = ", ".join(format_listen_address(host, port) for host, port in addresses)
         return report_error("exporter", f"cannot listen on {where}: {exc.strerror or exc}", err)

@@ -179,16 +179,24 @@ def _glob_escape(text: str) -> str:
     return "".join("\\" + ch if ch in "*?[]\\" else ch for ch in text)
 
 
-def message(action: Literal["freeze", "unfreeze"], sku: str, state: FreezeState | None) -> str:
-    """The channel message announcing a change."""
+def message(
+    action: Literal["freeze", "unfreeze"],
+    sku: str,
+    state: FreezeState | None,
+    source: str | None = None,
+) -> str:
+    """The channel message announcing a change; ``source``: who lifted it, on unfreeze."""
     body: dict[str, Any] = {"action": action, "sku": sku, "state": None}
     if state is not None:
         body["state"] = asdict(state)
+    if source is not None:
+        body["source"] = source
     return json.dumps(body, separators=(",", ":"), ensure_ascii=False)
 
 
-def parse_message(raw: str | bytes) -> tuple[str, str, FreezeState | None]:
-    """``(action, sku, state)`` of a channel message; :class:`FreezeContractError` else."""
+def parse_message(raw: str | bytes) -> tuple[str, str, FreezeState | None, str]:
+    """``(action, sku, state, source)`` of a channel message (``state`` ``None`` on
+    unfreeze; ``source`` who made the change); :class:`FreezeContractError` else."""
     try:
         data = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
@@ -199,8 +207,10 @@ def parse_message(raw: str | bytes) -> tuple[str, str, FreezeState | None]:
     if action not in ("freeze", "unfreeze") or not isinstance(sku, str):
         raise FreezeContractError("freeze message: unknown action or no sku")
     if action == "unfreeze":
-        return action, sku, None
-    return action, sku, FreezeState.from_json(json.dumps(state))
+        source = data.get("source")
+        return action, sku, None, source if source in FREEZE_SOURCES else "person"
+    parsed = FreezeState.from_json(json.dumps(state))
+    return action, sku, parsed, parsed.source
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,7 +259,7 @@ def unfreeze_call(template: str, channel: str, sku: str, *, source: FreezeSource
     """The script call that lifts the freeze of ``sku`` (an alert's only, when ``source``
     is ``alert``)."""
     check_sku(sku)
-    args = (source, channel, message("unfreeze", sku, None))
+    args = (source, channel, message("unfreeze", sku, None, source))
     return FreezeCall(UNFREEZE_SCRIPT, (key_for(template, sku),), args)
 
 

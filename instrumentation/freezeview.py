@@ -182,7 +182,8 @@ class FreezeView:
     """The frozen SKUs, kept in memory by a background thread; :meth:`frozen` is O(1).
 
     ``on_error(exc)`` hears every failure to reach or read Redis; ``on_change(action, sku,
-    state)`` every change seen after the first full read (``state`` ``None`` once lifted).
+    source)`` every change seen after the first full read (``source``: who froze, who
+    lifted, or whose freeze ran out).
     Neither may raise (an exception from one is dropped).
 
     Example::
@@ -199,7 +200,7 @@ class FreezeView:
         settings: FreezeSettings,
         *,
         on_error: Callable[[BaseException], None] | None = None,
-        on_change: Callable[[ChangeAction, str, FreezeState | None], None] | None = None,
+        on_change: Callable[[ChangeAction, str, str], None] | None = None,
     ) -> None:
         self.settings = settings
         self._on_error = on_error
@@ -302,29 +303,30 @@ class FreezeView:
             now = time.time()
             for sku, state in states.items():
                 if sku not in old:
-                    self._changed("freeze", sku, state)
+                    self._changed("freeze", sku, state.source)
             for sku, state in old.items():
                 if sku not in states:
                     expired = state.expires_at is not None and state.expires_at <= now + 0.5
-                    self._changed("expire" if expired else "unfreeze", sku, None)
+                    self._changed("expire" if expired else "unfreeze", sku, state.source)
         self._synced.set()
 
     def _apply(self, raw: bytes | str) -> None:
         self._last_contact = time.monotonic()
         try:
-            action, sku, state = parse_message(raw)
+            _, sku, state, source = parse_message(raw)
         except FreezeContractError as exc:
             self._report(exc)
             return
         states = dict(self._states)
         if state is None:
-            states.pop(sku, None)
+            known = states.pop(sku, None) is not None
         else:
+            known = False
             states[sku] = state
         self._states = states
         self.messages += 1
-        self._changed("freeze" if state is not None else "unfreeze", sku, state)
-        del action  # the state says it: present on freeze, None on unfreeze
+        if state is not None or known:
+            self._changed("freeze" if state is not None else "unfreeze", sku, source)
 
     def _failed(self, exc: BaseException) -> None:
         self._report(exc)
@@ -345,9 +347,9 @@ class FreezeView:
             with contextlib.suppress(Exception):
                 self._on_error(exc)
 
-    def _changed(self, action: ChangeAction, sku: str, state: FreezeState | None) -> None:
+    def _changed(self, action: ChangeAction, sku: str, source: str) -> None:
         if self._on_change is not None:
             try:
-                self._on_change(action, sku, state)
+                self._on_change(action, sku, source)
             except Exception as exc:
                 self._report(exc)

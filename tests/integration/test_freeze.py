@@ -95,7 +95,9 @@ def test_the_view_follows_changes_from_the_channel_and_the_full_reads(
 ) -> None:
     freeze_sku(client, "OLD", reason="before start", source="person", **ops(settings))
     changes: list[tuple[str, str]] = []
-    view = FreezeView(settings, on_change=lambda action, sku, state: changes.append((action, sku)))
+    view = FreezeView(
+        settings, on_change=lambda action, sku, source: changes.append((action, sku))
+    )
     view.start()
     try:
         assert view.wait_synced(10)

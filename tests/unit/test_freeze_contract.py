@@ -69,9 +69,16 @@ def test_freeze_call_carries_value_ttl_and_message() -> None:
         FreezeState.from_json(value) == state == FreezeState("EGG-01", "r", "person", 100.0, 190.0)
     )
     assert (source, ttl_ms, channel) == ("person", "90000", "chan")
-    assert parse_message(msg) == ("freeze", "EGG-01", state)
-    assert parse_message(message("unfreeze", "EGG-01", None)) == ("unfreeze", "EGG-01", None)
-    assert unfreeze_call("k:{sku}", "chan", "EGG-01", source="alert").args[0] == "alert"
+    assert parse_message(msg) == ("freeze", "EGG-01", state, "person")
+    assert parse_message(message("unfreeze", "EGG-01", None)) == (
+        "unfreeze",
+        "EGG-01",
+        None,
+        "person",
+    )
+    lift = unfreeze_call("k:{sku}", "chan", "EGG-01", source="alert")
+    assert lift.args[0] == "alert"
+    assert parse_message(lift.args[2]) == ("unfreeze", "EGG-01", None, "alert")
     with pytest.raises(FreezeContractError):
         freeze_call("k:{sku}", "c", "EGG", reason="r", source="person", ttl=0)
     with pytest.raises(FreezeContractError):
