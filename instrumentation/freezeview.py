@@ -319,13 +319,14 @@ class FreezeView:
             return
         states = dict(self._states)
         if state is None:
-            known = states.pop(sku, None) is not None
+            changed = states.pop(sku, None) is not None
         else:
-            known = False
+            # A freeze renewed (an alert firing again) is not a new one.
+            changed = sku not in states
             states[sku] = state
         self._states = states
         self.messages += 1
-        if state is not None or known:
+        if changed:
             self._changed("freeze" if state is not None else "unfreeze", sku, source)
 
     def _failed(self, exc: BaseException) -> None:
