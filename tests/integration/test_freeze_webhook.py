@@ -302,3 +302,28 @@ async def test_person_freezes_from_the_command_line_are_counted_by_the_sidecar(
     )
     text = await (await client.get("/metrics")).text()
     assert metric(text, "stocksentry_sku_frozen") == {(("sku", "EGG-07"),): 1.0}
+
+
+async def test_redis_down_is_a_503_alertmanager_retries(
+    aiohttp_client: AiohttpClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = parse_config("containment:\n  url: redis://127.0.0.1:1/0\n  mode: enforce\n")
+    assert config.containment is not None
+    containment = Containment(config.containment)
+    settings = ServerSettings(listen_address="127.0.0.1", port=0)
+    app = create_app(
+        settings,
+        collectors=[containment],
+        background=[containment.cleanup_ctx],
+        routes=containment.routes(),
+    )
+    client = await aiohttp_client(app)
+    with caplog.at_level(logging.WARNING, "stocksentry.exporter.containment"):
+        response = await client.post(
+            WEBHOOK_PATH, json=notification(("StockOversold", "EGG-01", "firing"))
+        )
+    assert response.status == 503
+    assert any("Redis failed" in r.getMessage() for r in caplog.records)
+    # /metrics still answers: no SKU frozen as far as the sidecar knows.
+    text = await (await client.get("/metrics")).text()
+    assert metric(text, "stocksentry_sku_frozen") == {}
