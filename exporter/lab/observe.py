@@ -399,8 +399,8 @@ def _start_alertmanager(watch: Observers) -> None:
     _spawn(watch, "alertmanager", argv, f"http://127.0.0.1:{port}/-/ready", "Alertmanager")
     watch.alertmanager_port = port
     watch.alertmanager_note = (
-        "Alertmanager routed StockOversold, StockNegativeInventory and StockNegativeWrite to"
-        " the exporter's freeze webhook (enforce) at once"
+        "Alertmanager routed StockOversold, StockNegativeInventory and StockNegativeWrite of"
+        " the contained run's SKU to the exporter's freeze webhook (enforce) at once"
     )
 
 
