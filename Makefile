@@ -41,6 +41,9 @@ demo: install demo-tools
 demo-tools:
 	@command -v prometheus >/dev/null 2>&1 || bash .ci/tools.sh prometheus >&2 || \
 	  echo "make: prometheus could not be installed; the demo runs without alerts" >&2
+	@case "$(DEMO_ARGS)" in *--contain*) command -v amtool >/dev/null 2>&1 || \
+	  bash .ci/tools.sh >&2 || echo "make: alertmanager could not be installed;" \
+	  "the containment run is skipped" >&2;; esac
 
 services:
 	@bash .ci/services.sh
@@ -88,6 +91,7 @@ format: dev
 bench: dev services
 	$(PY) benchmarks/bench_floor.py
 	$(PY) benchmarks/bench_floor_sqlalchemy.py
+	$(PY) benchmarks/bench_freeze.py
 	$(PY) benchmarks/bench_reservation.py
 	$(PY) benchmarks/bench_exporter.py
 	$(PY) benchmarks/bench_multiproc.py

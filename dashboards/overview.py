@@ -25,8 +25,9 @@ from .panels import (
     up_panel,
 )
 
-#: Races, not sell-outs: an out_of_stock refusal is the stock doing its job.
-RACE = 'reason!="out_of_stock"'
+#: Races, not sell-outs: an out_of_stock refusal is the stock doing its job, and a frozen
+#: one a person's (or an alert's) decision to stop the SKU.
+RACE = 'reason!~"out_of_stock|frozen"'
 #: stocksentry's alerts (every alert of alert_rules/stocksentry.rules.yml matches).
 STOCKSENTRY_ALERTS = 'alertname=~"Stock.*|Checkout.*"'
 
@@ -246,6 +247,49 @@ def build() -> dashboard_models.Dashboard:
                 Query(
                     promql.sum_rate(catalog.REFUND_DUE_TO_OVERSELL, ("sku",)),
                     "refunds due to oversell {{sku}}",
+                ),
+            ),
+        )
+    )
+
+    board.add(
+        stat_panel(
+            "SKUs frozen (containment)",
+            "SKUs frozen now: every checkout honouring the freeze refuses them "
+            "(docs/containment.md). Set by a person (stocksentry freeze) or by the freeze "
+            "webhook when an oversell alert fired; `stocksentry frozen` lists who froze "
+            "each and why. Above 0 means part of the sale is stopped.",
+            runbooks=("StockSkuFrozenAutomatically", "StockFreezeLimitReached"),
+            unit="short",
+            no_value="no containment",
+            queries=(
+                Query(
+                    f"count {promql.by()} "
+                    f"(max {promql.by('sku')} ({promql.series(catalog.SKU_FROZEN)}) > 0)",
+                    instant=True,
+                ),
+            ),
+        )
+    )
+    board.add(
+        timeseries_panel(
+            "Reservations refused by a freeze, by SKU",
+            "Reservations per second refused because their SKU is frozen "
+            "(stock_reservation_conflict_total reason frozen): the oversell the freeze is "
+            "holding back. A frozen SKU with no refusals is one nobody is buying; "
+            "refusals on a SKU the panel beside does not count come from a checkout whose "
+            "view is stale (docs/containment.md).",
+            runbooks=("StockSkuFrozenAutomatically",),
+            unit="ops",
+            width=18,
+            queries=(
+                Query(
+                    promql.sum_rate(
+                        catalog.RESERVATION_CONFLICT,
+                        ("sku",),
+                        promql.selector('reason="frozen"'),
+                    ),
+                    "refused {{sku}}",
                 ),
             ),
         )

@@ -15,6 +15,7 @@ from typing import TextIO
 
 from . import sidecar_cli
 from .commandline import PROG, CommandError, ExitCode, report_error, say
+from .containment import cli as containment_cli
 from .contract import add_check_metrics_parser
 from .drill import cli as drill_cli
 from .investigate.reconcile import add_reconcile_parser
@@ -40,6 +41,9 @@ NEEDS: dict[str, tuple[str, tuple[str, ...]]] = {
     "check-config": ("exporter", ("yaml",)),
     "reconcile": ("reconcile", ("sqlalchemy",)),
     "drill": ("drill", ("sqlalchemy", "yaml")),
+    "freeze": ("redis", ("redis",)),
+    "unfreeze": ("redis", ("redis",)),
+    "frozen": ("redis", ("redis",)),
 }
 
 
@@ -82,6 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_reconcile_parser(commands)
     add_check_metrics_parser(commands)
     drill_cli.add_parser(commands)
+    containment_cli.add_parsers(commands)
     return parser
 
 

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from .commandline import ExitCode, report_error
 from .config import ConfigError, ExporterConfig, load_config
+from .config.containment import WEBHOOK_PATH
+from .durations import format_duration
 from .listen import format_listen_address
 from .sidecar_cli import Overrides
 
@@ -99,12 +101,24 @@ def describe(
         + ("off (no database section)" if config.database is None else _enabled(config)),
         f"redis: {'cache_drift on promo SKUs' if cache else 'off'}",
         f"lock watch: {watched}",
+        f"containment: {_containment(config)}",
     ]
     lines.extend(config.notes)
     headline = silent_headlines(config)
     if headline is not None:
         lines.append(headline)
     return lines
+
+
+def _containment(config: ExporterConfig) -> str:
+    section = config.containment
+    if section is None:
+        return "off"
+    return (
+        f"webhook {section.mode} at {WEBHOOK_PATH} for {', '.join(section.alerts)}, at most "
+        f"{section.max_auto_frozen} SKUs frozen automatically, each for "
+        f"{format_duration(section.expiry)}; keys {section.key_template}"
+    )
 
 
 def apply_overrides(config: ExporterConfig, overrides: Overrides) -> ExporterConfig:
@@ -202,12 +216,20 @@ def run_exporter(
         watcher = LockWatcher(config.lock_watch, config.sku_guard)
         collectors.append(watcher)
         background.append(watcher.cleanup_ctx)
+    routes = []
+    if config.containment is not None:
+        from .containment.webhook import Containment
+
+        containment = Containment(config.containment)
+        collectors.append(containment)
+        background.append(containment.cleanup_ctx)
+        routes = containment.routes()
     headline = silent_headlines(config)
     for line in describe(config, addresses, web_config):
         # The silent headline alerts are a warning: the page on-call expects will not come.
         LOGGER.log(logging.WARNING if line == headline else logging.INFO, "config: %s", line)
     try:
-        run_server(settings, collectors=collectors, background=background)
+        run_server(settings, collectors=collectors, background=background, routes=routes)
     except OSError as exc:
         where = ", ".join(format_listen_address(host, port) for host, port in addresses)
         return report_error("exporter", f"cannot listen on {where}: {exc.strerror or exc}", err)

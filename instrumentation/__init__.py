@@ -38,9 +38,10 @@ from .catalog import (
     MetricSpec,
     Outcome,
 )
+from .freezeview import FreezeSettings, FreezeView
 from .guard import LabelGuard, sanitize_label_value
 from .metrics import StockMetrics
-from .outcomes import ReservationConflict, classify_exception
+from .outcomes import ReservationConflict, SkuFrozen, classify_exception
 from .payment import PaymentCallback
 from .reservation import Reservation, current_reservation
 from .sentry import Sentry
@@ -51,6 +52,8 @@ __all__ = [
     "OUTCOMES",
     "OVERFLOW_VALUE",
     "ConflictReason",
+    "FreezeSettings",
+    "FreezeView",
     "LabelGuard",
     "MetricSpec",
     "Outcome",
@@ -58,6 +61,7 @@ __all__ = [
     "Reservation",
     "ReservationConflict",
     "Sentry",
+    "SkuFrozen",
     "StockMetrics",
     "classify_exception",
     "configure",

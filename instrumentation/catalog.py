@@ -24,6 +24,7 @@ ConflictReason = Literal[
     "lock_not_acquired",
     "deadlock",
     "serialization_failure",
+    "frozen",
 ]
 #: Every outcome a reservation can end with; ``error`` is an exception from the app.
 Outcome = Literal["success", ConflictReason, "error"]
@@ -112,7 +113,7 @@ RESERVATION_CONFLICT = MetricSpec(
     "stock_reservation_conflict_total",
     "counter",
     "Stock reservations refused by a conflict (out_of_stock, lost_race, lock_timeout, "
-    "lock_not_acquired, deadlock, serialization_failure).",
+    "lock_not_acquired, deadlock, serialization_failure; frozen: the SKU is frozen).",
     ("sku", "reason"),
 )
 RESERVATION_DURATION = MetricSpec(
@@ -486,6 +487,29 @@ LOCKWATCH_LEASES_LOST = MetricSpec(
     "Lock leases the watcher stopped following before seeing their end (disconnect, "
     "tracked_limit, end_unseen, evicted): their hold time and release are not counted.",
     ("reason",),
+    source="exporter",
+)
+
+# --- containment: per-SKU freezes (docs/containment.md) ------------------------------------
+
+#: The ``action`` values of ``stocksentry_freeze_actions_total``: a freeze made, lifted or run
+#: out; one the webhook would have made in dry run, or refused past its blast-radius limit.
+FREEZE_ACTIONS: tuple[str, ...] = ("freeze", "unfreeze", "expire", "dry_run", "over_limit")
+
+SKU_FROZEN = MetricSpec(
+    "stocksentry_sku_frozen",
+    "gauge",
+    "1 for each SKU frozen now (checkouts honouring the freeze refuse it), read from Redis "
+    "by the sidecar.",
+    ("sku",),
+    source="exporter",
+)
+FREEZE_ACTION_COUNT = MetricSpec(
+    "stocksentry_freeze_actions_total",
+    "counter",
+    "Freeze changes seen by the sidecar, by who made them (person, alert) and action "
+    "(freeze, unfreeze, expire, dry_run, over_limit).",
+    ("source", "action"),
     source="exporter",
 )
 

@@ -55,6 +55,13 @@ RESERVATION_ERROR: Final = LogEvent(
     ("sku", "strategy", "error"),
     "A reservation ended in an exception of the app's (its class name in ``error``).",
 )
+RESERVATION_FROZEN: Final = LogEvent(
+    "reservation_frozen",
+    "warning",
+    ("sku", "strategy", "qty", "freeze_reason", "freeze_source"),
+    "A reservation was refused before it began: its SKU is frozen (``freeze_reason`` and "
+    "``freeze_source``, person or alert, from the freeze).",
+)
 INVENTORY_NEGATIVE: Final = LogEvent(
     "inventory_negative",
     "warning",

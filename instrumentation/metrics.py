@@ -33,6 +33,7 @@ INSTRUMENTATION_COMPONENTS: tuple[str, ...] = (
     "tracing",
     "sqlalchemy",
     "locks",
+    "freeze",
 )
 #: The outcomes of a distributed lock acquire (``stock_lock_acquire_duration_seconds``).
 LOCK_OUTCOMES = catalog.LOCK_OUTCOMES

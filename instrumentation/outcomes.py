@@ -46,6 +46,29 @@ class ReservationConflict(Exception):
         self.reason: ConflictReason = reason
 
 
+class SkuFrozen(ReservationConflict):
+    """Raised by ``reservation()`` on entry when its SKU is frozen (``configure(freeze=...)``):
+    the block never runs, so the app has not touched the stock. Counted as conflict reason
+    ``frozen``; ``freeze_reason``, ``source`` (``person`` or ``alert``) and ``since`` (Unix
+    seconds) come from the freeze.
+
+    Example::
+
+        try:
+            with reservation("EGG-01") as r:
+                ...
+        except SkuFrozen as frozen:
+            return 409, f"{frozen.sku} is paused: {frozen.freeze_reason}"
+    """
+
+    def __init__(self, sku: str, freeze_reason: str, source: str, since: float) -> None:
+        super().__init__("frozen", f"SKU {sku!r:.80} is frozen ({source}): {freeze_reason:.200}")
+        self.sku = sku
+        self.freeze_reason = freeze_reason
+        self.source = source
+        self.since = since
+
+
 def driver_errors(exc: BaseException | None) -> Iterator[BaseException]:
     """``exc`` and the errors it wraps, outermost first: SQLAlchemy's ``orig``, else the
     ``__cause__`` (the asyncpg adapter's wrapping), at most four deep.

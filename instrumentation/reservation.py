@@ -11,9 +11,17 @@ import structlog
 
 from . import catalog
 from .catalog import ConflictReason, Outcome
-from .events import INVENTORY_NEGATIVE, RESERVATION_ERROR, STOCK_CHECK, STOCK_UPDATE, LogEvent
+from .events import (
+    INVENTORY_NEGATIVE,
+    RESERVATION_ERROR,
+    RESERVATION_FROZEN,
+    STOCK_CHECK,
+    STOCK_UPDATE,
+    LogEvent,
+)
+from .freeze import FreezeState
 from .handle import BlockHandle, misuse
-from .outcomes import classify_exception
+from .outcomes import SkuFrozen, classify_exception
 from .tracing import carrier_for, exemplar_for
 
 if TYPE_CHECKING:
@@ -158,6 +166,11 @@ class Reservation(BlockHandle):
 
     def _enter(self) -> None:
         sentry = self._sentry
+        view = sentry.freeze_view
+        if view is not None and self._misuse is None:
+            state = view.frozen(self.sku)
+            if state is not None:
+                self._refuse_frozen(state)
         try:
             tracer = sentry.tracer
             if tracer is not None:
@@ -214,6 +227,27 @@ class Reservation(BlockHandle):
             self._log_end(outcome, exc)
         if self._cv_token is not None or self._log_tokens is not None or self._span is not None:
             self._restore(outcome, exc)
+
+    def _refuse_frozen(self, state: FreezeState) -> None:
+        """Count, log and raise the refusal of a frozen SKU: the block never runs, so
+        ``__exit__`` does not either and nothing else of it is recorded."""
+        sentry = self._sentry
+        if self._misuse is None:
+            try:
+                sentry.metrics.reservation_finished(self.sku, self.strategy, "frozen", 0.0)
+            except Exception as err:
+                sentry.internal_error("metrics", err)
+        if self._log:
+            fields: dict[str, Any] = {
+                "sku": self.sku,
+                "strategy": self.strategy,
+                "qty": self.qty,
+                "freeze_reason": state.reason,
+                "freeze_source": state.source,
+                **self.ids,
+            }
+            self._line(RESERVATION_FROZEN, fields)
+        raise SkuFrozen(self.sku, state.reason, state.source, state.at)
 
     def _restore(self, outcome: Outcome, exc: BaseException | None) -> None:
         # Each step on its own: one failing (a context entered in another task, a span

@@ -20,6 +20,7 @@ from prometheus_client.registry import REGISTRY
 from . import catalog, events
 from .catalog import UNKNOWN_SKU, Outcome
 from .events import LogEvent
+from .freezeview import FreezeSettings, FreezeView, as_settings
 from .handle import misuse
 from .metrics import StockMetrics
 from .payment import PaymentCallback
@@ -42,7 +43,10 @@ class Sentry:
     ``registry`` takes a prometheus_client ``CollectorRegistry`` (``None`` registers
     nowhere); ``promo_skus`` always get their own series and ``max_skus`` bounds the others;
     ``log`` and ``trace`` switch the log lines and spans; ``tracer_provider`` defaults to the
-    global OpenTelemetry one.
+    global OpenTelemetry one. ``freeze`` (a Redis URL or client, or
+    :class:`~stocksentry.instrumentation.freezeview.FreezeSettings`) makes
+    :meth:`reservation` refuse a frozen SKU with
+    :class:`~stocksentry.instrumentation.outcomes.SkuFrozen` (docs/containment.md).
 
     Log lines go to structlog only once the application configured it
     (:func:`~stocksentry.instrumentation.logs.configure_logging` or its own
@@ -68,8 +72,10 @@ class Sentry:
         tracer_provider: TracerProvider | None = None,
         logger: Any = None,
         error_log_interval: float = 60.0,
+        freeze: FreezeSettings | str | Any = None,
     ) -> None:
         promo_skus = _checked_settings(promo_skus, max_skus, max_label_length, error_log_interval)
+        freeze_settings = as_settings(freeze)
         self.metrics = StockMetrics(
             registry,
             promo_skus=promo_skus,
@@ -86,6 +92,14 @@ class Sentry:
         self._error_lock = threading.Lock()
         self._error_last: dict[str, float] = {}
         self._error_suppressed: dict[str, int] = {}
+        #: The local view of frozen SKUs that :meth:`reservation` checks; ``None`` without
+        #: ``freeze``.
+        self.freeze_view: FreezeView | None = None
+        if freeze_settings is not None:
+            self.freeze_view = FreezeView(
+                freeze_settings, on_error=lambda exc: self.internal_error("freeze", exc)
+            )
+            self.freeze_view.start()
 
     @property
     def log_enabled(self) -> bool:
@@ -98,12 +112,16 @@ class Sentry:
         self._log_wanted = value
 
     def close(self) -> None:
-        """Unregister this instance's metrics from its registry."""
+        """Unregister this instance's metrics from its registry; stop following freezes."""
         self.metrics.unregister()
+        if self.freeze_view is not None:
+            self.freeze_view.stop()
 
     def reopen(self) -> None:
         """Register this instance's metrics again after :meth:`close`."""
         self.metrics.register()
+        if self.freeze_view is not None:
+            self.freeze_view.start()
 
     # --- failures inside stocksentry -----------------------------------------------------
 
@@ -186,7 +204,11 @@ class Sentry:
         idempotency_key: str | None = None,
         order_id: str | None = None,
     ) -> Reservation:
-        """A context manager (``with`` or ``async with``) recording one reservation."""
+        """A context manager (``with`` or ``async with``) recording one reservation.
+
+        With ``freeze`` configured, entering it raises
+        :class:`~stocksentry.instrumentation.outcomes.SkuFrozen` when the SKU is frozen.
+        """
         ids = _ids(request_id=request_id, idempotency_key=idempotency_key, order_id=order_id)
         return Reservation(self, self.sku(sku), strategy, qty, ids)
 

@@ -281,6 +281,8 @@ def _exporter(ctx: Context, mapping: CheckedMapping, values: dict[str, Any]) -> 
     values["probes"] = dataclasses.replace(probes, **switched)
     if values.get("lock_watch") is not None and not _installed("redis"):
         ctx.fail_at("lock_watch", "needs the redis package (pip install 'stocksentry[redis]')")
+    if values.get("containment") is not None and not _installed("redis"):
+        ctx.fail_at("containment", "needs the redis package (pip install 'stocksentry[redis]')")
     values["source"] = ctx.source
     values["notes"] = tuple(ctx.notes)
 

@@ -20,6 +20,7 @@ from stocksentry.instrumentation.secrets import Secret
 
 from ..dburl import MYSQL_URL_SCHEMES, POSTGRES_URL_SCHEMES, dialect_of
 from ..sidecar_cli import LOG_FORMATS, LOG_LEVELS, TELEMETRY_PATH, TELEMETRY_PATH_PATTERN
+from .containment import ContainmentConfig
 from .kinds import (
     COLUMN,
     DAY,
@@ -419,6 +420,9 @@ class ExporterConfig:
     probes: ProbesConfig = section(ProbesConfig, "the probes' schedules and options")
     lock_watch: LockWatchConfig | None = section(
         LockWatchConfig, "the Redis lock watcher", optional=True
+    )
+    containment: ContainmentConfig | None = section(
+        ContainmentConfig, "per-SKU freezes and the Alertmanager webhook", optional=True
     )
     source: str = derived("<string>", "the file the configuration came from")
     notes: tuple[str, ...] = derived((), "why probes are off")

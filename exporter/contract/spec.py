@@ -15,6 +15,7 @@ from typing import Any, Final
 
 from stocksentry.instrumentation import catalog, events
 from stocksentry.instrumentation.catalog import MetricSpec
+from stocksentry.instrumentation.freeze import FREEZE_SOURCES
 
 #: Metrics an app must expose for the overview dashboard and the checkout alerts to work;
 #: the others are expected once the app uses the feature (locks, idempotency ...).
@@ -33,6 +34,8 @@ ALLOWED: Final[dict[tuple[str, str], tuple[str, ...]]] = {
     (catalog.LOCK_ACQUIRE_DURATION.name, "outcome"): catalog.LOCK_OUTCOMES,
     (catalog.LOCKWATCH_EVENT_COUNT.name, "event"): catalog.LOCKWATCH_EVENTS,
     (catalog.LOCKWATCH_LEASES_LOST.name, "reason"): catalog.LOCKWATCH_LOST_REASONS,
+    (catalog.FREEZE_ACTION_COUNT.name, "source"): FREEZE_SOURCES,
+    (catalog.FREEZE_ACTION_COUNT.name, "action"): catalog.FREEZE_ACTIONS,
 }
 #: Distinct values one open label may hold per metric (the SKU guard's default budget;
 #: an app with promo SKUs adds them on top, see ``--max-label-values``).

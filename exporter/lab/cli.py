@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import functools
 import json
 import os
@@ -231,6 +232,21 @@ def add_parser(commands: Subcommands) -> argparse.ArgumentParser:
         help=f"also write an HTML report with charts ({DEFAULT_REPORT} with the embedded "
         "servers; '' for none)",
     )
+    demo.add_argument(
+        "--contain",
+        action="store_true",
+        help="run the unsafe strategy twice, without and with automatic containment: the "
+        "oversell alert, through Prometheus, Alertmanager and the exporter's freeze webhook, "
+        "freezes the SKU and the checkout refuses it (docs/containment.md); needs "
+        "Prometheus and Alertmanager",
+    )
+    demo.add_argument(
+        "--pace",
+        type=float_in(0.0, 3600.0),
+        metavar="SECONDS",
+        help="spread each sale's buyers over this many seconds, in waves of 10 (default: "
+        "all at once; with --contain, 40 s for the two unsafe sales)",
+    )
     demo.add_argument("--quiet", "-q", action="store_true", help="no progress on stderr")
     demo.add_argument(
         "--serve",
@@ -262,6 +278,11 @@ def run_demo(args: argparse.Namespace) -> int:
     parser: argparse.ArgumentParser = args.parser
     if args.linger and args.metrics_port is None:
         parser.error("--linger needs --metrics-port")
+    chosen = [name for group in args.strategy or () for name in group]
+    if args.contain and chosen and "unsafe" not in chosen:
+        parser.error("--contain runs the unsafe strategy: add it to --strategy")
+    if args.contain and (args.sqlite or args.watch is False):
+        parser.error("--contain needs the exporter and Prometheus (a server database, --watch)")
     from .config import LabError
     from .embedded import signal_handler
 
@@ -298,6 +319,13 @@ def _default(value: str | None, embedded: bool, name: str) -> str | None:
 
 def _run(args: argparse.Namespace, registry: CollectorRegistry) -> int:
     from .config import LabConfig
+    from .contain import (
+        CONTAINED_SKU,
+        DEFAULT_PACE_S,
+        containment,
+        containment_lines,
+        exporter_section,
+    )
     from .embedded import embedded_servers
     from .observe import observers
     from .progress import LiveProgress
@@ -340,6 +368,10 @@ def _run(args: argparse.Namespace, registry: CollectorRegistry) -> int:
             isolation_level=args.isolation,
             stale_cache=args.stale_cache,
             cache_refresh_ms=args.cache_refresh_ms,
+            contain=args.contain,
+            pace_s=args.pace
+            if args.pace is not None
+            else (DEFAULT_PACE_S if args.contain else 0.0),
             **{name: getattr(args, name) for name in same.split()},
         )
         # Parse the URL before binding a port: a bad URL is one line, not a traceback.
@@ -359,7 +391,16 @@ def _run(args: argparse.Namespace, registry: CollectorRegistry) -> int:
             # The exporter only beside a server database (its probes need PostgreSQL or
             # MySQL / MariaDB): a SQLite file gets Prometheus alone.
             server_url = database_url if config.on_server else None
-            watch = stack.enter_context(observers(folder, server_url, int(bound or 0)))
+            section = exporter_section(redis_url) if args.contain and redis_url else None
+            watch = stack.enter_context(
+                observers(folder, server_url, int(bound or 0), containment=section)
+            )
+            if args.contain and (watch.alertmanager_port is None or watch.prometheus_port is None):
+                # Without the chain the second run would measure nothing: not run, and said.
+                step(
+                    f"containment run skipped: {watch.alertmanager_note or watch.prometheus_note}"
+                )
+                config = dataclasses.replace(config, contain=False)
         header = []
         if bound is not None and args.metrics_port is not None:
             header.append(f"serving lab metrics at http://127.0.0.1:{bound}/metrics")
@@ -387,8 +428,15 @@ def _run(args: argparse.Namespace, registry: CollectorRegistry) -> int:
 
             copy_shop(database_url, save_shop)
         evaluated = watch is not None and watch.prometheus_port is not None
+        figures = containment(results) if config.contain else None
+        if figures is not None:
+            notes += containment_lines(figures, config.pace_s)
         if json_out:
-            print(json.dumps([r.to_dict() for r in results], indent=2))
+            data = [r.to_dict() for r in results]
+            for entry in data:
+                if figures is not None and entry["sku"] in (CONTAINED_SKU, "LAB-UNSAFE"):
+                    entry["containment"] = figures
+            print(json.dumps(data, indent=2))
         else:
             print(
                 format_summary(

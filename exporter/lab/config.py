@@ -46,6 +46,23 @@ def sku_for(strategy: str) -> str:
     return f"LAB-{strategy.upper()}"
 
 
+#: Buyers arriving together in a paced sale (``pace_s``): a wave still collides, as a
+#: flash sale's buyers do, while the sale lasts long enough for the alert chain to act.
+PACE_WAVE = 10
+
+
+def pace_offset(number: int, buyers: int, pace_s: float, wave: int = PACE_WAVE) -> float:
+    """When buyer ``number`` (from 1) arrives, in seconds from the sale's start.
+
+    >>> [pace_offset(n, 40, 2.0) for n in (1, 10, 11, 40)]
+    [0.0, 0.0, 0.5, 1.5]
+    """
+    if pace_s <= 0:
+        return 0.0
+    waves = -(-buyers // wave)
+    return ((number - 1) // wave) * pace_s / waves
+
+
 #: The share of buyers who resubmit in the retry scenarios.
 SCENARIO_RETRIES = 0.2
 #: The outbox scenario's publisher publishes this share of the events, then stalls.
@@ -97,6 +114,10 @@ class LabConfig:
     sql_detector: bool = True
     redlock_impl: str = "lab"
     isolation_level: str | None = None
+    #: Seconds each sale's buyers are spread over, in waves of :data:`PACE_WAVE` (0: all
+    #: at once); ``contain``: run unsafe again with the freeze chain on (docs/containment.md).
+    pace_s: float = 0.0
+    contain: bool = False
 
     def __post_init__(self) -> None:
         # SQLAlchemy would pass any string through to the server's SET TRANSACTION.
@@ -146,6 +167,9 @@ def scenario_config(config: LabConfig, strategy: str) -> LabConfig:
         return replace(config, retries=config.retries or SCENARIO_RETRIES, idempotency=True)
     if strategy == "stale_cache":
         return replace(config, stale_cache=True)
+    if config.contain and strategy != "unsafe":
+        # --contain paces the two unsafe sales; the others run as ever.
+        return replace(config, pace_s=0.0)
     return config
 
 
@@ -203,6 +227,8 @@ class StrategyResult:
     started_at: float = 0.0
     ended_at: float = 0.0
     first_oversell_at: float | None = None
+    #: Unix time of the first reservation refused because the SKU was frozen.
+    first_refused_at: float | None = None
     #: ``stock_db_deadlock_total`` over the run and the outbox events left unpublished (SQL).
     deadlocks: int = 0
     outbox_unpublished: int = 0

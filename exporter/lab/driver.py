@@ -21,7 +21,9 @@ from .config import (
     CACHE_NAME,
     IDEMPOTENT_OPERATION,
     OUTBOX_PUBLISHED_SHARE,
+    PACE_WAVE,
     StrategyResult,
+    pace_offset,
     scenario_config,
     sku_for,
 )
@@ -45,13 +47,16 @@ SAMPLE_INTERVAL_S = 0.02
 OUTBOX_PUBLISH_INTERVAL_S = 0.05
 
 
-def run_strategy(lab: LabRun, name: str) -> StrategyResult:
-    """Reset the strategy's product row, let the buyers in, read the result back."""
+def run_strategy(lab: LabRun, name: str, sku: str | None = None) -> StrategyResult:
+    """Reset the strategy's product row (``sku``, by default the strategy's own), let the
+    buyers in, read the result back."""
     lab = dataclasses.replace(lab, config=scenario_config(lab.config, name))
     engine, sentry, registry, config = lab.engine, lab.sentry, lab.registry, lab.config
     progress = lab.progress
     strategy = STRATEGIES[name]
-    sku = sku_for(name)
+    sku = sku if sku is not None else sku_for(name)
+    # The buyers' ids name the strategy, or the SKU of a second run of it (--contain).
+    tag = name if sku == sku_for(name) else sku.lower()
     product_id = prepare_product(lab.side, sku, config.stock)
     second_sku = f"{sku}-B" if name == "deadlock" else ""
     second_id = prepare_product(lab.side, second_sku, config.stock) if second_sku else 0
@@ -81,6 +86,8 @@ def run_strategy(lab: LabRun, name: str) -> StrategyResult:
     tally = Tally(stock=config.stock)
     started_at = time.time()
     gate = threading.Event()
+    # The sale's start (perf_counter), set as the gate opens: paced buyers wait from it.
+    opened = [0.0]
     arrived = threading.Semaphore(0)
     stop = threading.Event()
 
@@ -142,13 +149,17 @@ def run_strategy(lab: LabRun, name: str) -> StrategyResult:
         arrived.release()
         # Everyone in the first wave waits here, so they really collide.
         gate.wait()
+        if config.pace_s > 0:
+            due = opened[0] + pace_offset(number, config.buyers, config.pace_s)
+            if stop.wait(max(0.0, due - time.perf_counter())):
+                return
         if stop.is_set():
             return
         buyer = Buyer(
             number=number,
-            request_id=f"req-{lab.run}-{name}-{number}",
-            idempotency_key=f"idem-{lab.run}-{name}-{number}",
-            external_ref=f"lab-{lab.run}-{name}-{number}",
+            request_id=f"req-{lab.run}-{tag}-{number}",
+            idempotency_key=f"idem-{lab.run}-{tag}-{number}",
+            external_ref=f"lab-{lab.run}-{tag}-{number}",
         )
         try:
             submit(buyer)
@@ -167,6 +178,8 @@ def run_strategy(lab: LabRun, name: str) -> StrategyResult:
             )
 
     first_wave = min(config.concurrency, config.buyers)
+    if config.pace_s > 0:
+        first_wave = min(first_wave, PACE_WAVE)
     started = time.perf_counter()
     # The stock over time for the report's chart, in seconds from the sale's start.
     samples: list[tuple[float, int]] = []
@@ -185,6 +198,7 @@ def run_strategy(lab: LabRun, name: str) -> StrategyResult:
             for _ in range(first_wave):
                 arrived.acquire()
             started = time.perf_counter()
+            opened[0] = started
             samples.append((0.0, config.stock))
             gate.set()
             # What a sample or a cache refresh may meet from a busy or vanished server.
@@ -243,8 +257,10 @@ class Tally:
 
     lock: threading.Lock = field(default_factory=threading.Lock)
     stock: int = 0
-    #: When (Unix time) the first unit beyond ``stock`` was sold.
+    #: When (Unix time) the first unit beyond ``stock`` was sold, and the first buyer was
+    #: refused because the SKU was frozen.
     first_oversell_at: float | None = None
+    first_refused_at: float | None = None
     done: int = 0
     reservations: int = 0
     locked: int = 0
@@ -280,6 +296,8 @@ class Tally:
                 self._note(exc)
             else:
                 self.conflicts += 1
+                if outcome == "frozen" and self.first_refused_at is None:
+                    self.first_refused_at = round(time.time(), 3)
 
     def _note(self, exc: BaseException | None) -> None:
         if self.first_error is None and exc is not None:

@@ -137,8 +137,10 @@ class Observers:
     folder: Path
     exporter_port: int | None = None
     prometheus_port: int | None = None
+    alertmanager_port: int | None = None
     exporter_note: str = ""
     prometheus_note: str = ""
+    alertmanager_note: str = ""
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
     #: The exporter's figures per SKU, and its shop-wide ones (no sku label).
     figures: dict[str, dict[str, float]] = field(default_factory=dict)
@@ -146,6 +148,8 @@ class Observers:
 
     def notes(self) -> list[str]:
         notes = [f"exporter: {self.exporter_note}", f"alerts: {self.prometheus_note}"]
+        if self.alertmanager_note:
+            notes.append(f"containment: {self.alertmanager_note}")
         if self.shop:
             shop = ", ".join(f"{name} {value:.3g}" for name, value in sorted(self.shop.items()))
             notes.append(f"exporter, shop-wide at the end: {shop}")
@@ -288,7 +292,9 @@ def _spawn(watch: Observers, name: str, argv: list[str], ready_url: str, what: s
     _wait_http(ready_url, proc, what)
 
 
-def _start_exporter(watch: Observers, database_url: str, skus: list[str]) -> None:
+def _start_exporter(
+    watch: Observers, database_url: str, skus: list[str], containment: dict[str, Any] | None
+) -> None:
     port = free_port()
     config = watch.folder / "exporter.yml"
     # JSON is YAML: the exporter on the lab's tables, probes every second, no election.
@@ -310,6 +316,8 @@ def _start_exporter(watch: Observers, database_url: str, skus: list[str]) -> Non
         },
         "probes": {"defaults": {"interval": INTERVAL, "timeout": "900ms"}},
     }
+    if containment is not None:
+        exporter["containment"] = containment
     config.write_text(json.dumps(exporter, indent=2), encoding="utf-8")
     argv = [sys.executable, "-m", "stocksentry.exporter", "exporter", "--config", str(config)]
     _spawn(watch, "exporter", argv, f"http://127.0.0.1:{port}/metrics", "the exporter")
@@ -335,11 +343,14 @@ def _start_prometheus(watch: Observers, lab_port: int) -> None:
         {"job_name": job, "static_configs": [{"targets": [f"127.0.0.1:{port}"]}]}
         for job, port in targets.items()
     ]
-    prometheus = {
+    prometheus: dict[str, Any] = {
         "global": {"scrape_interval": INTERVAL, "evaluation_interval": INTERVAL},
         "rule_files": [str(rules)],
         "scrape_configs": scrape,
     }
+    if watch.alertmanager_port is not None:
+        target = f"127.0.0.1:{watch.alertmanager_port}"
+        prometheus["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": [target]}]}]}
     config.write_text(json.dumps(prometheus, indent=2), encoding="utf-8")
     port = free_port()
     argv = [
@@ -358,10 +369,52 @@ def _start_prometheus(watch: Observers, lab_port: int) -> None:
     )
 
 
+def _start_alertmanager(watch: Observers) -> None:
+    """Alertmanager (Debian's ``prometheus-alertmanager``) routing the oversell alerts to
+    the exporter's freeze webhook (:mod:`.contain`); no cluster, its own folder."""
+    from stocksentry.exporter.config.containment import WEBHOOK_PATH
+
+    from .contain import alertmanager_config
+
+    binary = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
+    if binary is None:
+        watch.alertmanager_note = (
+            "not run: no alertmanager binary (Debian: apt-get install prometheus-alertmanager)"
+        )
+        return
+    if watch.exporter_port is None:
+        watch.alertmanager_note = "not run: the exporter (its freeze webhook) is not running"
+        return
+    webhook = f"http://127.0.0.1:{watch.exporter_port}{WEBHOOK_PATH}"
+    config = watch.folder / "alertmanager.yml"
+    config.write_text(json.dumps(alertmanager_config(webhook), indent=2), encoding="utf-8")
+    port = free_port()
+    argv = [
+        binary,
+        f"--config.file={config}",
+        f"--storage.path={watch.folder / 'alertmanager'}",
+        f"--web.listen-address=127.0.0.1:{port}",
+        "--cluster.listen-address=",
+    ]
+    _spawn(watch, "alertmanager", argv, f"http://127.0.0.1:{port}/-/ready", "Alertmanager")
+    watch.alertmanager_port = port
+    watch.alertmanager_note = (
+        "Alertmanager routed StockOversold, StockNegativeInventory and StockNegativeWrite of"
+        " the contained run's SKU to the exporter's freeze webhook (enforce) at once"
+    )
+
+
 @contextlib.contextmanager
-def observers(folder: Path, database_url: str | None, lab_port: int) -> Iterator[Observers]:
+def observers(
+    folder: Path,
+    database_url: str | None,
+    lab_port: int,
+    containment: dict[str, Any] | None = None,
+) -> Iterator[Observers]:
     """Start the exporter (beside a server database) and Prometheus for the block; one that
-    cannot start is left out, with the reason in its note. Both are stopped by pid."""
+    cannot start is left out, with the reason in its note. With ``containment`` (the
+    exporter's section), also Alertmanager, routing to its freeze webhook. All are stopped
+    by pid."""
     folder.mkdir(parents=True, exist_ok=True)
     watch = Observers(folder=folder)
     try:
@@ -369,12 +422,22 @@ def observers(folder: Path, database_url: str | None, lab_port: int) -> Iterator
             from .config import STRATEGY_NAMES
 
             try:
-                _start_exporter(watch, database_url, [sku_for(n) for n in STRATEGY_NAMES])
+                skus = [sku_for(n) for n in STRATEGY_NAMES]
+                if containment is not None:
+                    from .contain import CONTAINED_SKU
+
+                    skus.append(CONTAINED_SKU)
+                _start_exporter(watch, database_url, skus, containment)
                 watch.exporter_note = "the exporter's probes ran every 1s on the lab's database"
             except (RuntimeError, OSError) as exc:
                 watch.exporter_note = f"exporter not run: {exc}"
         else:
             watch.exporter_note = "exporter not run: its probes need PostgreSQL or MySQL / MariaDB"
+        if containment is not None:
+            try:
+                _start_alertmanager(watch)
+            except (RuntimeError, OSError) as exc:
+                watch.alertmanager_note = f"not run: {exc}"
         try:
             _start_prometheus(watch, lab_port)
         except (RuntimeError, OSError) as exc:

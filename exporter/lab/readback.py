@@ -278,6 +278,7 @@ def strategy_result(
         started_at=round(started_at, 3),
         ended_at=round(started_at + wall, 3),
         first_oversell_at=tally.first_oversell_at,
+        first_refused_at=tally.first_refused_at,
     )
 
 

@@ -88,18 +88,28 @@ def run_lab(
             and importlib.util.find_spec("pottery") is None
         ):
             raise LabError("the pottery Redlock needs pottery: pip install 'stocksentry[lab]'")
-        if config.redis_url is not None and any(
-            config.skip_reason(name) is None
-            and (name in REDIS_STRATEGIES or name == "stale_cache" or config.stale_cache)
-            for name in names
-        ):
+        if (
+            config.redis_url is not None
+            and any(
+                config.skip_reason(name) is None
+                and (name in REDIS_STRATEGIES or name == "stale_cache" or config.stale_cache)
+                for name in names
+            )
+        ) or (config.contain and config.redis_url is not None):
             redis_client = _connect_redis(config)
         if progress is not None:
             progress.start(shown)
         with _json_logs_to(config.log_file) as log:
+            skus = [sku_for(name) for name in names]
+            if config.contain:
+                from .contain import CONTAINED_SKU, clear_freezes
+
+                skus.append(CONTAINED_SKU)
+                if redis_client is not None:
+                    clear_freezes(redis_client)
             sentry = Sentry(
                 registry=registry,
-                promo_skus=[sku_for(name) for name in names],
+                promo_skus=skus,
                 log=log,
                 trace=False,
             )
@@ -117,6 +127,7 @@ def run_lab(
                 detector=undo_sql is not None,
             )
             prime_counters(sentry, names)
+            sentry.metrics.prime_skus(skus)
             if settle_s > 0:
                 time.sleep(settle_s)
             results = []
@@ -126,12 +137,20 @@ def run_lab(
                     results.append(StrategyResult.skip(config, name, reason))
                 else:
                     results.append(run_strategy(lab, name))
+            if config.contain:
+                from .contain import run_contained
+
+                results.append(run_contained(lab))
             return results
     finally:
         if undo_sql is not None:
             undo_sql()
         if redis_client is not None:
             delete_redis_keys(redis_client, config.redis_prefix + run)
+            if config.contain:
+                from .contain import clear_freezes
+
+                clear_freezes(redis_client)
             redis_client.close()
         for each in (engine, side):
             if each is not None:

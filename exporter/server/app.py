@@ -184,12 +184,14 @@ def create_app(
     *,
     collectors: Sequence[Collector] = (),
     background: Sequence[Background] = (),
+    routes: Sequence[web.RouteDef] = (),
 ) -> web.Application:
     """Build the exporter's aiohttp application.
 
     ``collectors`` join the exposition after the multiprocess directory and before the
     process metrics; ``background`` goes to ``app.cleanup_ctx``, and ``/readyz`` turns
-    200 once all of it has started.
+    200 once all of it has started; ``routes`` (the freeze webhook) sit behind the same
+    basic auth as ``/metrics``.
     """
     web_config = settings.web_config or WebConfig()
     auth = BasicAuth(web_config.basic_auth_users)
@@ -205,6 +207,7 @@ def create_app(
     app.router.add_get(HEALTHZ_PATH, _healthz)
     app.router.add_get(READYZ_PATH, _readyz)
     app.router.add_get("/", _landing)
+    app.router.add_routes(routes)
 
     extra_headers = dict(web_config.http.headers)
     if extra_headers:

@@ -163,6 +163,7 @@ async def serving(
     *,
     collectors: Sequence[Collector] = (),
     background: Sequence[Background] = (),
+    routes: Sequence[web.RouteDef] = (),
 ) -> AsyncIterator[RunningServer]:
     """Serve the app on every address of ``settings`` for the ``async with`` body.
 
@@ -171,7 +172,7 @@ async def serving(
     requests get ``settings.shutdown_timeout`` seconds, then ``background`` clean-ups run.
     """
     ssl_context = (settings.web_config or WebConfig()).ssl_context()
-    app = create_app(settings, collectors=collectors, background=background)
+    app = create_app(settings, collectors=collectors, background=background, routes=routes)
     # No access log: Prometheus scrapes every few seconds and kubelet probes as often.
     # lingering_time: how long aiohttp drains a body no handler read (none reads one)
     # before closing; the body deadline bounds it the same way.
@@ -220,6 +221,7 @@ def run_server(
     *,
     collectors: Sequence[Collector] = (),
     background: Sequence[Background] = (),
+    routes: Sequence[web.RouteDef] = (),
 ) -> None:
     """Serve until SIGTERM or SIGINT, then shut down gracefully and return (exit 0).
 
@@ -227,11 +229,14 @@ def run_server(
     :func:`serving` closes. Errors at start (a busy port, a bad certificate, a failing
     background start-up) propagate.
     """
-    asyncio.run(_serve_until_signal(settings, collectors, background))
+    asyncio.run(_serve_until_signal(settings, collectors, background, routes))
 
 
 async def _serve_until_signal(
-    settings: ServerSettings, collectors: Sequence[Collector], background: Sequence[Background]
+    settings: ServerSettings,
+    collectors: Sequence[Collector],
+    background: Sequence[Background],
+    routes: Sequence[web.RouteDef] = (),
 ) -> None:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
@@ -247,7 +252,9 @@ async def _serve_until_signal(
     for sig in handled:
         loop.add_signal_handler(sig, on_signal, sig)
     try:
-        async with serving(settings, collectors=collectors, background=background) as server:
+        async with serving(
+            settings, collectors=collectors, background=background, routes=routes
+        ) as server:
             for line in startup_lines(server, settings):
                 _log.log(line.level, "%s", line.text)
             await stop.wait()

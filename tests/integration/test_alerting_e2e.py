@@ -560,7 +560,12 @@ def test_unsafe_strategy_pages_oncall(
     )
 
     def paged(deliveries: list[Delivery]) -> bool:
-        seen = {frozenset(a["labels"].items()) for d in deliveries for a in d.payload["alerts"]}
+        seen = {
+            frozenset(a["labels"].items())
+            for d in deliveries
+            if d.receiver == pager
+            for a in d.payload["alerts"]
+        }
         return all(frozenset(labels.items()) in seen for labels in expected.values())
 
     try:
@@ -579,11 +584,14 @@ def test_unsafe_strategy_pages_oncall(
         assert delivery.payload["receiver"] == delivery.receiver
         for alert in delivery.payload["alerts"]:
             assert alert["status"] == "firing", alert
-            assert delivery.receiver == example_receiver(_labels(alert)), alert["labels"]
+            # amtool lists every receiver of a route that continues (the freeze webhook's).
+            routed = example_receiver(_labels(alert)).split(",")
+            assert delivery.receiver in routed, alert["labels"]
             name = alert["labels"]["alertname"]
             if name in expected:
                 assert alert["labels"] == expected[name]
-                assert delivery.receiver == pager
+                assert pager in routed
+            if name in expected and delivery.receiver == pager:
                 first.setdefault(name, delivery.at)
     oversold = next(
         a

@@ -77,6 +77,10 @@ _WATCHER = (
     "checked against a real watcher in test_node_app.py)"
 )
 _RETRIES = "lab retries resend the same payload: replays, never a key conflict"
+_FREEZES = (
+    "freeze metric: read from Redis by the sidecar's containment section, not the lab (the "
+    "lab's --contain run and test_freeze_webhook.py check it)"
+)
 _HEALTHY = (
     "a labelled counter has no series until its first increment, and the lab never "
     "overflows the guard (its SKUs are promo SKUs)"
@@ -88,6 +92,7 @@ NO_LAB_DATA: dict[tuple[str, str], tuple[str, str]] = {
     # --- overview ---
     ("stocksentry-overview", "Negative-inventory SKUs (probe)"): ("A", _PROBE),
     ("stocksentry-overview", "Oversold units (probe)"): ("A", _PROBE),
+    ("stocksentry-overview", "SKUs frozen (containment)"): ("A", _FREEZES),
     # A and B (the app's per-table counters) show zeros: the integration creates the
     # configured tables' series at zero.
     ("stocksentry-overview", "Deadlocks and serialization failures"): (

@@ -86,8 +86,10 @@ ALWAYS_ALLOWED = frozenset(
 )
 # Events no pure scenario here can produce: the database's own refusals and a stale
 # fencing token (the PostgreSQL tests check them) and the instrumentation error, a stdlib
-# record (checked below).
+# record (checked below); a refusal of a frozen SKU needs Redis (tests/integration/
+# test_freeze.py checks its line).
 NOT_HERE = {
+    events.RESERVATION_FROZEN.name,
     events.STALE_FENCING_TOKEN.name,
     events.DB_DEADLOCK.name,
     events.DB_SERIALIZATION_FAILURE.name,

@@ -246,7 +246,14 @@ NEWBORN_ALERTS = frozenset(
 #: Counter alerts on the exporter's own counters, whose every label value is exported at 0
 #: from the start (docs/exporter-server.md): increase() sees their first event, no
 #: series is ever born at its full count.
-STARTS_AT_ZERO = frozenset({"StocksentryCollectorErrors", "StocksentryMultiprocessFilesSkipped"})
+STARTS_AT_ZERO = frozenset(
+    {
+        "StocksentryCollectorErrors",
+        "StocksentryMultiprocessFilesSkipped",
+        "StockSkuFrozenAutomatically",
+        "StockFreezeLimitReached",
+    }
+)
 
 
 def newborn_guard(window: str) -> str:
