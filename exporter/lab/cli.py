@@ -346,7 +346,11 @@ def _run(args: argparse.Namespace, registry: CollectorRegistry) -> int:
             # The exporter only beside a server database (its probes need PostgreSQL or
             # MySQL / MariaDB): a SQLite file gets Prometheus alone.
             server_url = database_url if config.on_server else None
-            watch = stack.enter_context(observers(folder, server_url, int(bound or 0)))
+            # The stale cache's Redis, for the exporter's cache-drift probe to compare.
+            stale = "stale_cache" in config.strategy_names or config.stale_cache
+            cache_url = redis_url if stale else None
+            watch = stack.enter_context(observers(folder, server_url, int(bound or 0), cache_url))
+            watch.cache_refresh_s = config.cache_refresh_ms / 1000
         header = []
         if bound is not None and args.metrics_port is not None:
             header.append(f"serving lab metrics at http://127.0.0.1:{bound}/metrics")
