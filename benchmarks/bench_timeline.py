@@ -143,7 +143,8 @@ _NEW_FINDING_FIELDS = ("cause", "units", "first", "last")
 
 def _comparable(data: dict[str, Any]) -> dict[str, Any]:
     """The report without the fields an older version does not write."""
-    out = {key: value for key, value in data.items() if key != "summary"}
+    out = {key: value for key, value in data.items() if key not in ("summary", "stock_events")}
+    out["more"] = {key: value for key, value in data["more"].items() if key != "findings"}
     out["findings"] = [
         {key: value for key, value in finding.items() if key not in _NEW_FINDING_FIELDS}
         for finding in data["findings"]

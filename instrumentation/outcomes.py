@@ -210,3 +210,78 @@ def classify_exception(exc: BaseException) -> Outcome:
         if type(error).__name__ == "OperationalError" and "database is locked" in str(error):
             return "lock_timeout"
     return "error"
+
+
+# The HTTP exceptions of the major web frameworks, by top-level package and class name (a
+# subclass matches through its MRO): importing the frameworks here would make them
+# dependencies of every install. The status is read from ``status_code`` (Starlette and
+# FastAPI, aiohttp, Django REST framework, Sanic, Tornado, Litestar, Falcon 4), ``code``
+# (Werkzeug / Flask) or ``status`` (Falcon's "409 Conflict"); Django's own answers carry no
+# status and are listed with theirs.
+HTTP_ANSWER_CLASSES: frozenset[tuple[str, str]] = frozenset(
+    {
+        ("starlette", "HTTPException"),
+        ("fastapi", "HTTPException"),
+        ("werkzeug", "HTTPException"),
+        ("aiohttp", "HTTPException"),
+        ("rest_framework", "APIException"),
+        ("sanic", "SanicException"),
+        ("tornado", "HTTPError"),
+        ("litestar", "HTTPException"),
+        ("falcon", "HTTPError"),
+    }
+)
+_DJANGO_ANSWERS: dict[str, int] = {
+    "Http404": 404,
+    "PermissionDenied": 403,
+    "SuspiciousOperation": 400,
+    "BadRequest": 400,
+}
+
+
+def http_status_of(exc: BaseException) -> int | None:
+    """The HTTP status of a web framework's HTTP exception (:data:`HTTP_ANSWER_CLASSES`,
+    Django's ``Http404``, ``PermissionDenied``, ``SuspiciousOperation``, ``BadRequest``),
+    found by class name so that no framework is imported; ``None`` for any other exception.
+
+    Example::
+
+        >>> class HTTPException(Exception):
+        ...     status_code = 409
+        >>> HTTPException.__module__ = "starlette.exceptions"
+        >>> http_status_of(HTTPException())
+        409
+    """
+    for kind in type(exc).__mro__:
+        package = kind.__module__.partition(".")[0]
+        if package == "django" and kind.__name__ in _DJANGO_ANSWERS:
+            return _DJANGO_ANSWERS[kind.__name__]
+        if (package, kind.__name__) not in HTTP_ANSWER_CLASSES:
+            continue
+        for name in ("status_code", "code", "status"):
+            status = getattr(exc, name, None)
+            if isinstance(status, str):
+                head = status.partition(" ")[0]
+                status = int(head) if head.isdigit() else None
+            if isinstance(status, int) and not isinstance(status, bool):
+                return status
+        return None
+    return None
+
+
+def is_answer(exc: BaseException, declared: tuple[type[BaseException], ...] = ()) -> bool:
+    """Whether ``exc`` is the app answering the buyer rather than failing: an instance of
+    one of the ``declared`` types (``conflict_on=``), or a web framework's HTTP exception
+    with a 4xx status (:func:`http_status_of`). A 5xx HTTP exception is a failure.
+
+    Example::
+
+        >>> class SoldOut(Exception):
+        ...     pass
+        >>> is_answer(SoldOut(), (SoldOut,)), is_answer(KeyError("sku"))
+        (True, False)
+    """
+    if declared and isinstance(exc, declared):
+        return True
+    status = http_status_of(exc)
+    return status is not None and 400 <= status < 500

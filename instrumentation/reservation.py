@@ -21,7 +21,7 @@ from .events import (
 )
 from .freeze import FreezeState
 from .handle import BlockHandle, misuse
-from .outcomes import SkuFrozen, classify_exception
+from .outcomes import SkuFrozen, classify_exception, is_answer
 from .tracing import carrier_for, exemplar_for
 
 if TYPE_CHECKING:
@@ -40,7 +40,10 @@ class Reservation(BlockHandle):
 
     Mark the outcome with :meth:`success` or :meth:`conflict`; a block that ends without
     a mark and without an exception counts as a success. An exception ends it as
-    :func:`classify_exception` says and propagates unchanged.
+    :func:`classify_exception` says and propagates unchanged; one it calls an ``error``
+    still ends a conflict an integration inferred (a guarded UPDATE that matched no row),
+    and an answer to the buyer (:func:`~.outcomes.is_answer`: a ``conflict_on`` type, an
+    HTTP 4xx exception of a web framework) ends it as ``out_of_stock``.
     """
 
     def __init__(
@@ -50,9 +53,12 @@ class Reservation(BlockHandle):
         strategy: str,
         qty: int,
         ids: dict[str, object],
+        conflict_on: tuple[type[BaseException], ...] = (),
     ) -> None:
         super().__init__(sentry, sku, qty, ids)
         self.strategy = strategy
+        # Exception types the app raises as an answer (sold out), not as a failure.
+        self._answers = conflict_on
         self._outcome: Outcome | None = None
         self._implied: ConflictReason | None = None
         self._old_stock: int | None = None
@@ -198,6 +204,14 @@ class Reservation(BlockHandle):
         if exc is not None and outcome in (None, "success"):
             try:
                 outcome = classify_exception(exc)
+                if outcome == "error" and self._outcome is None:
+                    # Raising after a refusal is how web apps answer "sold out" (FastAPI's
+                    # HTTPException(409)): the inferred conflict stays, as a mark would,
+                    # and an exception the app answers the buyer with is no failure.
+                    if self._implied is not None:
+                        outcome = self._implied
+                    elif is_answer(exc, self._answers):
+                        outcome = "out_of_stock"
             except Exception as err:
                 sentry.internal_error("api", err)
                 outcome = "error"

@@ -43,7 +43,10 @@ class Sentry:
     ``registry`` takes a prometheus_client ``CollectorRegistry`` (``None`` registers
     nowhere); ``promo_skus`` always get their own series and ``max_skus`` bounds the others;
     ``log`` and ``trace`` switch the log lines and spans; ``tracer_provider`` defaults to the
-    global OpenTelemetry one. ``freeze`` (a Redis URL or client, or
+    global OpenTelemetry one; ``conflict_on`` lists the exception types the app raises to
+    answer a buyer "sold out" (a reservation they end is ``out_of_stock``, not ``error``;
+    the web frameworks' HTTP 4xx exceptions are such answers without being listed).
+    ``freeze`` (a Redis URL or client, or
     :class:`~stocksentry.instrumentation.freezeview.FreezeSettings`) makes
     :meth:`reservation` refuse a frozen SKU with
     :class:`~stocksentry.instrumentation.outcomes.SkuFrozen` (docs/containment.md).
@@ -73,8 +76,10 @@ class Sentry:
         logger: Any = None,
         error_log_interval: float = 60.0,
         freeze: FreezeSettings | str | Any = None,
+        conflict_on: Iterable[type[BaseException]] = (),
     ) -> None:
         promo_skus = _checked_settings(promo_skus, max_skus, max_label_length, error_log_interval)
+        self.conflict_on = _answer_types(conflict_on)
         freeze_settings = as_settings(freeze)
         self.metrics = StockMetrics(
             registry,
@@ -203,14 +208,22 @@ class Sentry:
         request_id: str | None = None,
         idempotency_key: str | None = None,
         order_id: str | None = None,
+        conflict_on: Iterable[type[BaseException]] = (),
     ) -> Reservation:
-        """A context manager (``with`` or ``async with``) recording one reservation.
+        """A context manager (``with`` or ``async with``) recording one reservation;
+        ``conflict_on`` adds answer types to the instance's for this one.
 
         With ``freeze`` configured, entering it raises
         :class:`~stocksentry.instrumentation.outcomes.SkuFrozen` when the SKU is frozen.
         """
         ids = _ids(request_id=request_id, idempotency_key=idempotency_key, order_id=order_id)
-        return Reservation(self, self.sku(sku), strategy, qty, ids)
+        answers = self.conflict_on
+        if conflict_on:
+            try:
+                answers = answers + _answer_types(conflict_on)
+            except (TypeError, ValueError) as exc:
+                self.internal_error("api", exc)
+        return Reservation(self, self.sku(sku), strategy, qty, ids, answers)
 
     def reserves(
         self,
@@ -398,6 +411,20 @@ def _checked_settings(
     if isinstance(interval, bool) or not isinstance(interval, (int, float)):
         raise TypeError(f"error_log_interval must be seconds, got {type(interval).__name__}")
     return tuple(str(sku) for sku in skus)
+
+
+def _answer_types(types: object) -> tuple[type[BaseException], ...]:
+    """``conflict_on`` as a tuple for ``isinstance``; anything but exception classes is
+    refused with one error naming the argument."""
+    if isinstance(types, type):
+        types = (types,)
+    if not isinstance(types, Iterable) or isinstance(types, (str, bytes)):
+        raise TypeError(f"conflict_on must be exception classes, got {type(types).__name__}")
+    found = tuple(types)
+    for kind in found:
+        if not (isinstance(kind, type) and issubclass(kind, BaseException)):
+            raise TypeError(f"conflict_on must be exception classes, got {kind!r:.80}")
+    return found
 
 
 def reserving(

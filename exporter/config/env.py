@@ -7,6 +7,7 @@ most 64 KiB) or ``url`` (only without a password); it is held in a
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Final
 
@@ -19,6 +20,8 @@ from .kinds import Named, read_path
 from .specs import URL_KEYS, UrlKeys
 from .yamlsource import TAG_STR, line_of
 
+# A libpq connection string: `keyword = value` pairs, the first keyword at the start.
+_CONNINFO: Final = re.compile(r"\s*[A-Za-z_]+\s*=")
 _ENV_NAME: Final = Named("[A-Za-z_][A-Za-z0-9_]*", "an environment variable name", "")
 
 
@@ -73,7 +76,9 @@ def resolve_url(ctx: Context, section: CheckedMapping, spec: UrlKeys) -> tuple[S
         origin = f"file {file_path}"
         label = str(file_path)
     scheme_ok = any(value.startswith(f"{s}://") for s in spec.schemes) or (
-        spec.accept_conninfo and "://" not in value and "=" in value
+        # A libpq key=value string opens with a keyword: `postgres:/db?sslmode=x` is a
+        # URL with a broken scheme, not one.
+        spec.accept_conninfo and "://" not in value and _CONNINFO.match(value) is not None
     )
     if not scheme_ok:
         # Never echo the value: it may be a secret that is only badly formatted.

@@ -134,10 +134,13 @@ class OversoldSettings(ProbeSettings):
         "database's clock (app clock skew, timestamp taken before `BEGIN`)",
     )
     recount_period: float = key(
-        DAY,
+        # Half an hour: after a start (or a change of leader) an old product oversold
+        # before it, with no recent order, is counted within the hour.
+        30 * MINUTE,
         Duration(maximum=7 * DAY),
         "one pass of the rolling recount over every product, a chunk per run: finds SKUs "
-        "oversold long ago and corrects kept totals after a change to an older order",
+        "oversold long ago (after a start, within this period) and corrects kept totals "
+        "after a change to an older order",
     )
     recount_batch: int = key(
         2000,

@@ -29,12 +29,13 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final, TextIO
 
 from ..commandline import CommandError, ExitCode, Subcommands, duration_in, report_error, say
-from ..durations import format_duration, parse_duration
+from ..durations import format_duration
 from ..invariants import INVARIANTS, InvariantSql, Query
+from .scope import ReconcileError, parse_since, session_moment, shown_sku
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Connection, Engine
@@ -66,10 +67,6 @@ STATEMENT_TIMEOUT_RANGE = (0.001, 86400.0)
 #: Why an audit did not run or finish: no allocation column for ``oversold``, a mapped
 #: table or column the database does not have, the statement timeout.
 NOT_AUDITED_CAUSES: Final = ("no_allocation", "missing_table", "out_of_time")
-
-
-class ReconcileError(CommandError):
-    """Bad input or an unusable database; ``str()`` is the one line to print."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +101,10 @@ class Report:
     not_audited: tuple[NotAudited, ...] = ()
     #: Audits left out because the scope cannot hold them (``name: why``); not a gap.
     out_of_scope: tuple[str, ...] = ()
+    #: The order keys ``duplicate_keys`` compared, as ``kind (table.column)``, and those it
+    #: did not (``kind: why``): which keys were audited is part of the answer.
+    keys: tuple[str, ...] = ()
+    keys_not_compared: tuple[str, ...] = ()
     negative_stock: list[dict[str, Any]] = field(default_factory=list)
     oversold: list[dict[str, Any]] = field(default_factory=list)
     duplicate_keys: list[dict[str, Any]] = field(default_factory=list)
@@ -137,50 +138,18 @@ class Report:
     def to_dict(self) -> dict[str, Any]:
         """The ``--format json`` document."""
         data = asdict(self)
-        for key in ("checked", "notes", "not_audited", "out_of_scope"):
+        for key in (
+            "checked",
+            "notes",
+            "not_audited",
+            "out_of_scope",
+            "keys",
+            "keys_not_compared",
+        ):
             data[key] = list(data[key])
         data["skipped"] = list(self.skipped)
         data.update(violations=self.violations, complete=self.complete, verdict=self.verdict)
         return data
-
-
-# A duration has a unit (``2h``, ``1m30s``); a bare number would be ambiguous with an
-# ISO-8601 basic date (``20261129``), so it is read as a timestamp.
-_HAS_UNIT = re.compile(r"[0-9]+[a-z]")
-
-
-def parse_since(text: str, *, now: datetime | None = None) -> datetime:
-    """A point in time from an ISO-8601 timestamp or a duration ago.
-
-    Durations are those of :mod:`stocksentry.exporter.durations`, Prometheus's (``90m``,
-    ``1h30m``, ``1d``); naive timestamps are taken as UTC. Raises :class:`ReconcileError`
-    for anything else, and for a duration that reaches before year 1.
-
-    Example::
-
-        >>> now = datetime(2026, 11, 29, 12, tzinfo=UTC)
-        >>> parse_since("1h30m", now=now).isoformat()
-        '2026-11-29T10:30:00+00:00'
-        >>> parse_since("2026-11-29T10:00:00Z").isoformat()
-        '2026-11-29T10:00:00+00:00'
-    """
-    stripped = text.strip()
-    if _HAS_UNIT.match(stripped):
-        try:
-            seconds = parse_duration(stripped)
-        except ValueError as exc:
-            raise ReconcileError(f"--since: {exc}") from None
-        try:
-            return (now or datetime.now(UTC)) - timedelta(seconds=seconds)
-        except OverflowError:
-            raise ReconcileError(f"--since: {text[:40]!r} reaches before year 1") from None
-    try:
-        moment = datetime.fromisoformat(stripped)
-    except ValueError:
-        raise ReconcileError(
-            f"--since: expected an ISO-8601 time or a duration like 2h or 1m30s, got {text[:40]!r}"
-        ) from None
-    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
 def _rows(conn: Connection, query: Query) -> Sequence[Any]:
@@ -389,6 +358,11 @@ def reconcile(
 
     try:
         with read_only(engine, statement_timeout) as conn:
+            if since is not None and engine.dialect.name in _MYSQL:
+                # A DATETIME holds the wall clock of the session's time zone.
+                moment: datetime | None = session_moment(conn, since)
+            else:
+                moment = since
             negative = audit("negative_stock", lambda: _negative_stock(conn, sql, sku))
             # The allocation is for the whole sale: all paid units count against it,
             # so --since does not narrow the oversold check.
@@ -397,9 +371,9 @@ def reconcile(
                 if schema.products.allocation is not None
                 else []
             )
-            duplicates = audit("duplicate_keys", lambda: _duplicates(conn, sql, sku, since))
+            duplicates = audit("duplicate_keys", lambda: _duplicates(conn, sql, sku, moment))
             without_items = (
-                audit("paid_without_items", lambda: _paid_without_items(conn, sql, since, limit))
+                audit("paid_without_items", lambda: _paid_without_items(conn, sql, moment, limit))
                 if sku is None
                 else []
             )
@@ -423,6 +397,10 @@ def reconcile(
         notes=notes if since is not None and "oversold" in checked else (),
         not_audited=tuple(sorted(not_audited, key=lambda n: FINDING_KINDS.index(n.audit))),
         out_of_scope=tuple(out_of_scope),
+        keys=tuple(
+            f"{kind} ({schema.orders.table}.{column})" for kind, column in sql.key_columns()
+        ),
+        keys_not_compared=_keys_not_compared(schema),
         negative_stock=negative,
         oversold=oversold,
         duplicate_keys=duplicates,
@@ -430,10 +408,20 @@ def reconcile(
     )
 
 
+def _keys_not_compared(schema: SchemaConfig) -> tuple[str, ...]:
+    o = schema.orders
+    mapped = {"external_ref": o.external_ref, "idempotency_key": o.idempotency_key}
+    return tuple(
+        f"{kind}: not mapped (schema.orders.{kind} in --config)"
+        for kind, column in mapped.items()
+        if column is None
+    )
+
+
 def format_table(report: Report) -> str:
     """The report as a person reads it first: a verdict, then one block per finding kind."""
     lines = [f"stocksentry reconcile: {report.database}"]
-    scope = [f"sku={report.sku}" if report.sku else "all SKUs"]
+    scope = [f"sku={shown_sku(report.sku)}" if report.sku else "all SKUs"]
     if report.since:
         scope.append(f"orders since {report.since}")
     lines.append("scope: " + ", ".join(scope))
@@ -463,6 +451,9 @@ def format_table(report: Report) -> str:
         else:
             found = len(getattr(report, kind))
             lines.append(f"{kind}: audited, {found if found else 'nothing'} found")
+            if kind == "duplicate_keys":
+                lines[-1] += f" — keys compared: {', '.join(report.keys) or 'none'}"
+                lines.extend(f"  not compared: {why}" for why in report.keys_not_compared)
     lines.extend(f"note: {note}" for note in report.notes)
     blocks: list[tuple[str, list[str], Sequence[dict[str, Any]]]] = [
         ("NEGATIVE STOCK", ["sku", "stock"], report.negative_stock),

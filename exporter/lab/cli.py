@@ -392,9 +392,15 @@ def _run(args: argparse.Namespace, registry: CollectorRegistry) -> int:
             # MySQL / MariaDB): a SQLite file gets Prometheus alone.
             server_url = database_url if config.on_server else None
             section = exporter_section(redis_url) if args.contain and redis_url else None
+            # The stale cache's Redis, for the exporter's cache-drift probe to compare.
+            stale = "stale_cache" in config.strategy_names or config.stale_cache
+            cache_url = redis_url if stale else None
             watch = stack.enter_context(
-                observers(folder, server_url, int(bound or 0), containment=section)
+                observers(
+                    folder, server_url, int(bound or 0), containment=section, redis_url=cache_url
+                )
             )
+            watch.cache_refresh_s = config.cache_refresh_ms / 1000
             if args.contain and (watch.alertmanager_port is None or watch.prometheus_port is None):
                 # Without the chain the second run would measure nothing: not run, and said.
                 step(

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -77,6 +78,18 @@ LOCK_RETRY_S = 0.01
 REDLOCK_MIN_TTL_S = 1.0
 #: The ``cache`` label of the stale-cache metric, and the idempotent operation's name.
 CACHE_NAME = "lab_stock"
+#: What the lab's Redis keys begin with (locks, the stale cache).
+REDIS_PREFIX = "stocksentry-lab:"
+
+
+def cache_key_template(prefix: str) -> str:
+    """The Redis key of the stale cache's stock, ``{sku}`` for the SKU: the exporter's
+    ``redis.key_template``, so its cache-drift probe compares it with the database. The
+    process id keeps two labs on one Redis apart (the exporter is started before a run's
+    id is drawn)."""
+    return f"{prefix}{os.getpid()}:cache:{{sku}}"
+
+
 IDEMPOTENT_OPERATION = "checkout"
 #: The stock table the SQLAlchemy integration watches.
 STOCK_TABLE = "products"
@@ -110,7 +123,7 @@ class LabConfig:
     idempotency: bool = True
     stale_cache: bool = False
     cache_refresh_ms: float = 50.0
-    redis_prefix: str = "stocksentry-lab:"
+    redis_prefix: str = REDIS_PREFIX
     sql_detector: bool = True
     redlock_impl: str = "lab"
     isolation_level: str | None = None

@@ -23,6 +23,7 @@ from .config import (
     OUTBOX_PUBLISHED_SHARE,
     PACE_WAVE,
     StrategyResult,
+    cache_key_template,
     pace_offset,
     scenario_config,
     sku_for,
@@ -78,9 +79,8 @@ def run_strategy(lab: LabRun, name: str, sku: str | None = None) -> StrategyResu
     idempotent = config.retries > 0 and config.idempotency
     cache = None
     if config.stale_cache:
-        cache = _StockCache(
-            lambda: read_stock_by_id(lab.side, product_id), lab.redis, f"{keys}:cache"
-        )
+        cache_key = cache_key_template(config.redis_prefix).replace("{sku}", sku)
+        cache = _StockCache(lambda: read_stock_by_id(lab.side, product_id), lab.redis, cache_key)
         cache.refresh()
     before = unlabelled_totals(registry, name)
     tally = Tally(stock=config.stock)
@@ -228,12 +228,22 @@ def run_strategy(lab: LabRun, name: str, sku: str | None = None) -> StrategyResu
             pool.shutdown(wait=True, cancel_futures=True)
             raise
     wall = time.perf_counter() - started
+    if cache is not None:
+        # As an app's cache: stale after the sale until its next reload, not a moment less
+        # (the sidecar's drift probe sees what buyers would have seen).
+        time.sleep(
+            max(0.0, cache.refreshed_at + config.cache_refresh_ms / 1000 - time.monotonic())
+        )
+        with contextlib.suppress(sa.exc.SQLAlchemyError):
+            cache.refresh()
     with contextlib.suppress(sa.exc.SQLAlchemyError):
         sample()
     if progress is not None:
         progress.finish(snapshot(wall))
     if lab.redis is not None:
         delete_redis_keys(lab.redis, keys)
+        if cache is not None:
+            delete_redis_keys(lab.redis, cache_key)
     return strategy_result(lab, name, sku, product_id, tally, (started_at, wall), before, samples)
 
 
@@ -375,8 +385,11 @@ class _StockCache:
         self._redis = redis
         self._key = key
         self._value: int | None = None
+        #: When it was last refreshed (``time.monotonic()``).
+        self.refreshed_at = 0.0
 
     def refresh(self) -> None:
+        self.refreshed_at = time.monotonic()
         value = self._read()
         if self._redis is not None:
             self._redis.set(self._key, value)

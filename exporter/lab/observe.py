@@ -19,7 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .config import StrategyResult, sku_for
+from stocksentry.instrumentation.secrets import url_has_password
+
+from .config import REDIS_PREFIX, StrategyResult, cache_key_template, sku_for
 from .embedded import signal_handler
 
 #: The rules Prometheus evaluates: the project's own file.
@@ -55,6 +57,14 @@ CAUSES: dict[str, Callable[[StrategyResult], bool]] = {
 PROBES_UP_WAIT_S = 5.0
 #: How long the processes get to come up.
 START_TIMEOUT_S = 20.0
+#: How long after the stale cache's sale began the lab waits for its alert: the probe's
+#: grace (2 s) and runs, a scrape, StockCacheDrift's `for` (10 s), a rule round.
+STALE_CACHE_WAIT_S = 30.0
+#: The alert that names a stale cache from the sidecar's side.
+CACHE_DRIFT_ALERT = "StockCacheDrift"
+#: The cache-drift probe's default grace plus a run: a cache that catches up sooner is
+#: never counted.
+DRIFT_GRACE_S = 3.0
 
 
 def free_port() -> int:
@@ -141,6 +151,12 @@ class Observers:
     exporter_note: str = ""
     prometheus_note: str = ""
     alertmanager_note: str = ""
+    #: Whether the exporter's cache-drift probe reads the stale cache's Redis key, or why
+    #: not (for the report of a stale cache no alert named).
+    cache_watched: bool = False
+    cache_note: str = ""
+    #: How often the lab refreshes its stale cache (``--cache-refresh-ms``), in seconds.
+    cache_refresh_s: float = 0.05
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
     #: The exporter's figures per SKU, and its shop-wide ones (no sku label).
     figures: dict[str, dict[str, float]] = field(default_factory=dict)
@@ -210,6 +226,7 @@ class Observers:
         if self.prometheus_port is not None:
             # One more evaluation round after the last probe round was scraped.
             time.sleep(1.5)
+        unnamed = self._await_cache_drift(ran)
         series = self.alert_series(ran[0].started_at, time.time())
         owners = [alert_owner(each, ran) for each in series]
         annotated = []
@@ -245,10 +262,63 @@ class Observers:
                     alerts[name] = {"state": state, "after_s": after}
                 elif state == now["state"]:
                     now["after_s"] = min(now["after_s"], after)
+            notes = result.notes
+            if result.strategy == "stale_cache" and unnamed and CACHE_DRIFT_ALERT not in alerts:
+                notes = (*notes, unnamed)
             annotated.append(
-                dataclasses.replace(result, alerts=dict(sorted(alerts.items())), probes=probes)
+                dataclasses.replace(
+                    result, alerts=dict(sorted(alerts.items())), probes=probes, notes=notes
+                )
             )
         return annotated
+
+    def _await_cache_drift(self, ran: list[StrategyResult]) -> str:
+        """Give the stale cache's drift the time its alert takes (when it can last past the
+        probe's grace); else, or when none fired, why (:func:`stale_cache_note`)."""
+        stale = [r for r in ran if r.strategy == "stale_cache"]
+        if not stale or self.prometheus_port is None:
+            return ""
+        result = stale[0]
+        if self.cache_watched and self.cache_refresh_s <= DRIFT_GRACE_S:
+            return stale_cache_note(True, self.cache_refresh_s, self.cache_note, result)
+        expr = f'ALERTS{{alertname="{CACHE_DRIFT_ALERT}",alertstate="firing",sku="{result.sku}"}}'
+        deadline = result.started_at + STALE_CACHE_WAIT_S
+        while self.cache_watched and time.time() < deadline:
+            if _prometheus(self.prometheus_port, "query", {"query": expr}):
+                time.sleep(1.5)  # a step of the range query past the first firing round
+                return ""
+            time.sleep(0.5)
+        return stale_cache_note(self.cache_watched, self.cache_refresh_s, self.cache_note, result)
+
+
+def stale_cache_note(watched: bool, refresh_s: float, why: str, result: StrategyResult) -> str:
+    """Why no alert of the sidecar named the stale cache of ``result``'s sale: its drift
+    probe did not read the cache (``why``), or the cache, refreshed every ``refresh_s``,
+    caught up within the probe's grace. The lab's own stale decisions are another signal,
+    which an app has only when it reports its cache reads.
+
+    Example::
+
+        >>> from stocksentry.exporter.lab.config import LabConfig
+        >>> result = StrategyResult.skip(LabConfig(), "stale_cache", "")
+        >>> print(stale_cache_note(True, 0.05, "", result)[:60])
+        StockCacheDrift cannot fire: the cache caught up every 50 ms
+    """
+    if not watched:
+        drift = f"{CACHE_DRIFT_ALERT} cannot fire: {why}"
+    elif refresh_s <= DRIFT_GRACE_S:
+        drift = (
+            f"{CACHE_DRIFT_ALERT} cannot fire: the cache caught up every {refresh_s * 1000:g} "
+            "ms, within the cache_drift probe's grace (2 s, runs 1 s apart; an app that "
+            "reloads every 5 s: --cache-refresh-ms 5000)"
+        )
+    else:
+        drift = f"{CACHE_DRIFT_ALERT} did not fire within {STALE_CACHE_WAIT_S:g} s of the sale"
+    return (
+        f"{drift}; the {result.stale_cache_hits} stale decisions the lab counted itself "
+        "reach StockStaleCacheDecisions only from an app that reports its cache reads "
+        '(stock_check(source="cache"))'
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -293,7 +363,11 @@ def _spawn(watch: Observers, name: str, argv: list[str], ready_url: str, what: s
 
 
 def _start_exporter(
-    watch: Observers, database_url: str, skus: list[str], containment: dict[str, Any] | None
+    watch: Observers,
+    database_url: str,
+    skus: list[str],
+    containment: dict[str, Any] | None,
+    redis_url: str | None,
 ) -> None:
     port = free_port()
     config = watch.folder / "exporter.yml"
@@ -318,6 +392,12 @@ def _start_exporter(
     }
     if containment is not None:
         exporter["containment"] = containment
+    if redis_url is not None:
+        # The stale cache's key, compared with the database by the cache-drift probe.
+        exporter["redis"] = {
+            "url": redis_url,
+            "key_template": cache_key_template(REDIS_PREFIX),
+        }
     config.write_text(json.dumps(exporter, indent=2), encoding="utf-8")
     argv = [sys.executable, "-m", "stocksentry.exporter", "exporter", "--config", str(config)]
     _spawn(watch, "exporter", argv, f"http://127.0.0.1:{port}/metrics", "the exporter")
@@ -410,29 +490,39 @@ def observers(
     database_url: str | None,
     lab_port: int,
     containment: dict[str, Any] | None = None,
+    redis_url: str | None = None,
 ) -> Iterator[Observers]:
     """Start the exporter (beside a server database) and Prometheus for the block; one that
     cannot start is left out, with the reason in its note. With ``containment`` (the
-    exporter's section), also Alertmanager, routing to its freeze webhook. All are stopped
-    by pid."""
+    exporter's section), also Alertmanager, routing to its freeze webhook. ``redis_url``:
+    the Redis of the stale cache, which the exporter's cache-drift probe then compares with
+    the database. All are stopped by pid."""
     folder.mkdir(parents=True, exist_ok=True)
     watch = Observers(folder=folder)
     try:
         if database_url is not None:
             from .config import STRATEGY_NAMES
 
+            cache_url = redis_url
+            if redis_url is not None and url_has_password(redis_url):
+                cache_url = None
+                watch.cache_note = "the lab's Redis URL carries a password"
+            elif redis_url is None:
+                watch.cache_note = "the lab ran without Redis, so its cache is in memory"
             try:
                 skus = [sku_for(n) for n in STRATEGY_NAMES]
                 if containment is not None:
                     from .contain import CONTAINED_SKU
 
                     skus.append(CONTAINED_SKU)
-                _start_exporter(watch, database_url, skus, containment)
+                _start_exporter(watch, database_url, skus, containment, cache_url)
+                watch.cache_watched = cache_url is not None
                 watch.exporter_note = "the exporter's probes ran every 1s on the lab's database"
             except (RuntimeError, OSError) as exc:
                 watch.exporter_note = f"exporter not run: {exc}"
         else:
             watch.exporter_note = "exporter not run: its probes need PostgreSQL or MySQL / MariaDB"
+            watch.cache_note = "no exporter beside a SQLite shop"
         if containment is not None:
             try:
                 _start_alertmanager(watch)

@@ -9,15 +9,21 @@ refused. :func:`listen` opens a listener whose connections are wrapped in a
 whose body (``Content-Length`` or ``chunked``) has not arrived within ``body_timeout``
 seconds of its head; ``ssl_handshake_timeout`` bounds the TLS handshake. The watch only
 finds where a head ends and how long its body is; aiohttp still parses the request.
+
+When aiohttp refuses a request the client is still sending (a request line of a megabyte:
+``400 Bad Request``) and closes, the kernel would answer the bytes still coming with a
+reset, and the client would read that instead of the 400. The connection lingers instead
+(:class:`_Lingering`): its writing side is shut, and what the client still sends is read
+and dropped until its end, at most :data:`LINGER_SECONDS` and :data:`LINGER_BYTES`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from ssl import SSLContext
-from typing import cast
+from typing import Any, cast
 
 _HEAD_END = b"\r\n\r\n"
 _CONTENT_LENGTH = re.compile(rb"\r\ncontent-length[ \t]*:[ \t]*(\d{1,18})[ \t]*\r\n", re.I)
@@ -26,6 +32,72 @@ _CHUNKED = re.compile(rb"\r\ntransfer-encoding[ \t]*:[^\r\n]*chunked", re.I)
 _LAST_CHUNK = b"\r\n0\r\n\r\n"
 # A head longer than this is refused by aiohttp (400) anyway; the watch stops keeping it.
 _MAX_HEAD_KEPT = 128 * 1024
+#: How long, and for how many bytes, a refused request's rest is read and dropped.
+LINGER_SECONDS = 2.0
+LINGER_BYTES = 64 * 1024 * 1024
+
+
+class _Lingering(asyncio.Transport):
+    """The transport aiohttp is given: every call goes to the real one, except a
+    ``close()`` while the client is still sending its request, which lingers (see the
+    module's docstring) through :meth:`HeadDeadline.linger`."""
+
+    def __init__(self, transport: asyncio.Transport, owner: HeadDeadline) -> None:
+        super().__init__()
+        self._transport = transport
+        self._owner = owner
+        self._closing = False
+
+    def close(self) -> None:
+        self._closing = True
+        if not self._owner.linger():
+            self._transport.close()
+
+    def is_closing(self) -> bool:
+        return self._closing or self._transport.is_closing()
+
+    def abort(self) -> None:
+        self._closing = True
+        self._transport.abort()
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        self._transport.write(data)
+
+    def writelines(self, list_of_data: Iterable[bytes | bytearray | memoryview]) -> None:
+        self._transport.writelines(list_of_data)
+
+    def write_eof(self) -> None:
+        self._transport.write_eof()
+
+    def can_write_eof(self) -> bool:
+        return self._transport.can_write_eof()
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return self._transport.get_extra_info(name, default)
+
+    def pause_reading(self) -> None:
+        self._transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        self._transport.resume_reading()
+
+    def is_reading(self) -> bool:
+        return self._transport.is_reading()
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        self._transport.set_write_buffer_limits(high, low)
+
+    def get_write_buffer_size(self) -> int:
+        return self._transport.get_write_buffer_size()
+
+    def get_write_buffer_limits(self) -> tuple[int, int]:
+        return self._transport.get_write_buffer_limits()
+
+    def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
+        self._transport.set_protocol(protocol)
+
+    def get_protocol(self) -> asyncio.BaseProtocol:
+        return self._transport.get_protocol()
 
 
 class HeadDeadline(asyncio.Protocol):
@@ -55,6 +127,8 @@ class HeadDeadline(asyncio.Protocol):
         self.pending_head = b""
         self._body_left = 0  # bytes of a Content-Length body still to come; -1: chunked
         self._chunked_tail = b""
+        #: Bytes of a refused request dropped while lingering; -1: not lingering.
+        self._dropped = -1
 
     def _arm(self, seconds: float) -> None:
         self._disarm()
@@ -131,17 +205,45 @@ class HeadDeadline(asyncio.Protocol):
         # the marker, so the marker ends inside ``data``.
         return buffer[end + len(_LAST_CHUNK) :]
 
+    def linger(self) -> bool:
+        """aiohttp closes the connection: linger (and say so) when the client is still
+        sending a request and the writing side can be shut alone (plain TCP)."""
+        transport = self._transport
+        if (
+            transport is None
+            or self.state == "idle"
+            or (self.state == "head" and not self.pending_head)
+            or not transport.can_write_eof()
+        ):
+            return False
+        transport.write_eof()
+        self._dropped = 0
+        self._arm(LINGER_SECONDS)
+        if not transport.is_reading():
+            transport.resume_reading()
+        return True
+
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # create_server gives a stream transport (TCP or TLS), which has abort().
         self._transport = cast(asyncio.Transport, transport)
         self._arm(self._header_timeout)
-        self._inner.connection_made(transport)
+        self._inner.connection_made(_Lingering(self._transport, self))
 
     def data_received(self, data: bytes) -> None:
+        if self._dropped >= 0:
+            # The rest of a refused request: read so that the answer is not reset.
+            self._dropped += len(data)
+            if self._dropped > LINGER_BYTES and self._transport is not None:
+                self._transport.abort()
+            return
         self._watch(data)
         self._inner.data_received(data)
 
     def eof_received(self) -> bool | None:
+        if self._dropped >= 0:
+            if self._transport is not None:
+                self._transport.close()
+            return None
         return self._inner.eof_received()
 
     def connection_lost(self, exc: Exception | None) -> None:

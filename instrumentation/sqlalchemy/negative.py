@@ -1,9 +1,10 @@
 """Real negative stock writes, seen from the SQL rather than from what the app believes.
 
 After an ``UPDATE`` of a configured stock table sets the stock column, the value the
-database holds is read (from the rows an ``UPDATE … RETURNING`` returned, without
-consuming them; or, for the tables in ``read_back_stock``, by one ``SELECT`` on a second
-cursor of the same DBAPI connection) and a value below zero counts
+database holds is read (from the rows an ``UPDATE … RETURNING <stock>`` returned, without
+consuming them; or by one ``SELECT`` on a second cursor of the same DBAPI connection, for
+the tables in ``read_back_stock`` and for an ``UPDATE … RETURNING`` of other columns, whose
+rows do not say the stock) and a value below zero counts
 ``stock_inventory_negative_total{sku}``. An UPDATE whose ``WHERE`` checks the stock is
 never looked at. See docs/sqlalchemy.md, "Real negative writes".
 """
@@ -171,9 +172,15 @@ class NegativeWrites:
         self.specs = dict(tables)
         self.returning = returning
         self.read_back = frozenset(read_back)
-        # (table, key column) -> the read-back SELECT and its parameter style, built once.
+        # (table, key column) -> the read-back SELECT and its parameter style, built once;
+        # for every table when RETURNING is looked at, as a RETURNING that leaves the stock
+        # column out is read back.
         self.selects = key_selects(
-            {table: self.specs[table].stock_column for table in self.read_back},
+            {
+                table: spec.stock_column
+                for table, spec in self.specs.items()
+                if returning or table in self.read_back
+            },
             self.specs,
             paramstyle,
         )
@@ -206,9 +213,12 @@ class NegativeWrites:
         """Whether an UPDATE of ``plan`` is looked at (cheap; checked on every UPDATE)."""
         if plan.stock_guard or plan.write == "none":
             return False
-        if plan.returning:
-            return self.returning and plan.reads_stock
-        return plan.write != "blind" and plan.table in self.read_back
+        if plan.returning and plan.reads_stock:
+            return self.returning
+        if plan.write == "blind":
+            return False
+        # `RETURNING id` says nothing of the stock: read back like a statement without one.
+        return plan.table in self.read_back or (plan.returning and self.returning)
 
     def after_update(
         self,
@@ -223,7 +233,7 @@ class NegativeWrites:
         spec = self.specs.get(table)
         if spec is None or rowcount == 0:
             return
-        if plan.returning:
+        if plan.returning and plan.reads_stock:
             values = returned_column(cursor, spec.stock_column)
         else:
             values = self._select(conn, table, keys)

@@ -314,3 +314,41 @@ def test_without_prometheus_the_demo_runs_and_says_so(tmp_path: Path) -> None:
     assert words.count("alerts not evaluated") >= 3  # the note and one per strategy
     # The exporter still ran on the embedded database.
     assert "exporter oversold" in words
+
+
+# The cache of an app that reloads it every 5 s.
+STALE_5S = ["--cache-refresh-ms", "5000"]
+
+
+def test_a_stale_cache_is_named_by_the_drift_probe_within_30_s(tmp_path: Path) -> None:
+    # An app whose cache reloads every 5 s and never reports its cache reads: only the
+    # sidecar's cache-drift probe sees the cache say "available" after the last unit.
+    with demo_tmp() as tmp:
+        done = subprocess.run(
+            [*CLI, "demo", "--strategy", "stale_cache", *STALE_5S, "--format", "json", "--quiet"],
+            cwd=tmp_path,
+            env=demo_env(tmp),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stderr
+    (result,) = json.loads(done.stdout)
+    assert result["stale_cache_hits"] > 0
+    drift = result["alerts"]["StockCacheDrift"]
+    assert drift["state"] == "firing"
+    # Timed from the start of the sale: its first stale sale is its second sale.
+    assert drift["after_s"] <= 30
+
+
+def test_the_default_stale_cache_says_why_no_drift_alert_fires(
+    default_run: dict[str, Any],
+) -> None:
+    stale = default_run["results"]["stale_cache"]
+    assert "StockCacheDrift" not in stale["alerts"]
+    (why,) = [note for note in stale["notes"] if note.startswith("StockCacheDrift")]
+    assert why.startswith(
+        "StockCacheDrift cannot fire: the cache caught up every 50 ms, within the cache_drift"
+        " probe's grace (2 s, runs 1 s apart; an app that reloads every 5 s:"
+        " --cache-refresh-ms 5000);"
+    )

@@ -36,6 +36,10 @@ SAFE = sa.text(
     " WHERE sku = :sku AND available_stock >= :n"
 )
 READ = sa.text("SELECT available_stock FROM products WHERE sku = :sku")
+# RETURNING without the stock column: the rows say nothing of the stock left.
+DECREMENT_RETURNING_ID = sa.text(
+    "UPDATE products SET available_stock = available_stock - :n WHERE sku = :sku RETURNING id"
+)
 
 
 def value(registry: CollectorRegistry, name: str, **labels: str) -> float:
@@ -158,6 +162,28 @@ def test_read_back_is_off_unless_configured(
         engine.dispose()
     assert value(registry, NEGATIVE, sku="EGG-01") == 0
     assert value(registry, NEGATIVE, sku="EGG-02") == 1
+
+
+@pg_only
+def test_returning_without_the_stock_column_is_read_back_by_default(
+    db: Db, sentry: Sentry, registry: CollectorRegistry
+) -> None:
+    engine = make_engine(db, sentry)
+    try:
+        with capture_logs() as lines, engine.begin() as conn:
+            ids = [
+                conn.execute(DECREMENT_RETURNING_ID, {"n": 1, "sku": "EGG-03"}).scalar_one()
+                for _ in range(5)
+            ]
+            left = conn.execute(READ, {"sku": "EGG-03"}).scalar_one()
+    finally:
+        uninstrument_sqlalchemy(engine)
+        engine.dispose()
+    # The app's rows are untouched by the read-back: each statement returned the row's id.
+    assert len(set(ids)) == 1
+    assert left == -3
+    assert value(registry, NEGATIVE, sku="EGG-03") == 3
+    assert negative_lines(lines) == [("EGG-03", -1), ("EGG-03", -2), ("EGG-03", -3)]
 
 
 @pg_only

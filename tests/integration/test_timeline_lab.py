@@ -39,7 +39,12 @@ def test_unsafe_lab_logs_show_lost_updates(tmp_path: Path) -> None:
     assert lost, findings
     assert {f["sku"] for f in lost} == {"LAB-UNSAFE"}
     # Written values computed in the app never go below zero: no oversell into negative.
-    assert {f["cause"] for f in findings} <= {"lost_update", "stale_read"}
+    # The SQL integration's warnings of those unlocked read-modify-writes are findings.
+    causes = {f["cause"] for f in findings}
+    assert {"lost_update", "unsafe_read_modify_write"} <= causes
+    assert causes <= {"lost_update", "stale_read", "unsafe_read_modify_write"}
+    unsafe = [f for f in findings if f["cause"] == "unsafe_read_modify_write"]
+    assert {f["sku"] for f in unsafe} == {"LAB-UNSAFE"}
     assert report["skipped_lines"] == 0
     (row,) = report["summary"]
     assert (row["sku"], row["findings"]["lost_update"]) == ("LAB-UNSAFE", len(lost))

@@ -194,6 +194,21 @@ MALFORMED = [
         "environment variable STOCKSENTRY_REDIS_URL does not hold a PostgreSQL, MySQL or "
         "MariaDB URL",
     ),
+    (
+        # One slash short: not a libpq key=value string either, however many `=` it holds.
+        "url-with-a-broken-scheme",
+        'database:\n  url: "postgres:/db?sslmode=disable"\n',
+        2,
+        "database.url",
+        "the URL does not hold a PostgreSQL, MySQL or MariaDB URL",
+    ),
+    (
+        "url-with-a-scheme-misspelt",
+        'database:\n  url: "mysql:/shop?charset=utf8mb4"\n',
+        2,
+        "database.url",
+        "the URL does not hold a PostgreSQL, MySQL or MariaDB URL",
+    ),
     ("yaml-syntax-error", "server:\n  port: [1, 2\nprobes: {}\n", 3, "", "invalid YAML"),
     ("yaml-bad-indentation", "server:\n  port: 1\n bad: 2\n", 3, "", "invalid YAML"),
     ("two-documents", "server: {}\n---\nprobes: {}\n", 2, "", "expected a single document"),

@@ -137,3 +137,17 @@ def test_the_run_log_warns_of_waiting_products_once_a_pass_is_done_then_rests(
     assert caplog.messages[-1] == (
         "probe oversold: the whole paid history is counted; 2 products tracked"
     )
+
+
+def test_the_default_recount_makes_a_restart_whole_within_an_hour() -> None:
+    # An allocation lowered below what was sold, on a product with no recent orders, is
+    # seen only by the rolling recount: after a start, its first pass must end within the
+    # hour, at the defaults, on a shop of a million products.
+    from stocksentry.exporter.config import parse_config
+    from stocksentry.exporter.probes.soldtotals import chunk_size
+
+    settings = parse_config("probes: {}\n", environ={}).probes.oversold
+    assert settings.recount_period <= 1800
+    runs_in_an_hour = 3600 // settings.interval
+    chunk = chunk_size(1_000_000, settings.recount_period, settings.interval)
+    assert chunk * runs_in_an_hour >= 1_000_000

@@ -454,6 +454,7 @@ def test_json_output_shape(capsys: pytest.CaptureFixture[str]) -> None:
         "skipped_examples",
         "more",
         "events",
+        "stock_events",
         "lines",
         "late_events",
         "keys_forgotten",
@@ -494,7 +495,7 @@ def test_json_output_shape(capsys: pytest.CaptureFixture[str]) -> None:
         "details": {"result": "paid"},
     }
     assert (data["skipped_lines"], data["events"], data["lines"]) == (0, 5, 5)
-    assert data["more"] == {"skus": {}, "orders": {}}
+    assert data["more"] == {"skus": {}, "orders": {}, "findings": 0}
 
 
 def test_limit_keeps_the_first_events_and_counts_the_rest(
@@ -507,7 +508,7 @@ def test_limit_keeps_the_first_events_and_counts_the_rest(
     assert "    … 9 more (raise --limit to see them)" in out
     _, data = run_json(capsys, str(DATA / "clean.jsonl"), "--limit", "2")
     assert len(data["skus"]["EGG-01"]) == 2
-    assert data["more"] == {"skus": {"EGG-01": 9}, "orders": {"O-1": 2}}
+    assert data["more"] == {"skus": {"EGG-01": 9}, "orders": {"O-1": 2}, "findings": 0}
 
 
 # --- filters -----------------------------------------------------------------------------------
@@ -526,8 +527,9 @@ def test_sku_filter(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert sorted(data["skus"]) == ["EGG-01", "EGG-04"]
     assert len(data["findings"]) == 2
 
+    # Nothing of that SKU in the logs: nothing analysed, which is no all-clear.
     status, data = run_json(capsys, str(both), "--sku", "NOPE")
-    assert (status, data["skus"], data["findings"], data["events"]) == (0, {}, [], 0)
+    assert (status, data["skus"], data["findings"], data["events"]) == (3, {}, [], 0)
 
 
 def test_order_filter(capsys: pytest.CaptureFixture[str]) -> None:

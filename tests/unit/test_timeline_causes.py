@@ -176,7 +176,8 @@ def test_the_sql_detectors_lock_expired_reason_is_lock_expiry_evidence() -> None
     report = analyse(read_events(lines, "a.log"))
 
     assert [(f.kind, f.lines) for f in report.findings] == [
-        ("lock_expiry", ["a.log:2", "a.log:1", "a.log:3"])
+        ("lock_expiry", ["a.log:2", "a.log:1", "a.log:3"]),
+        ("unsafe_read_modify_write", ["a.log:2"]),
     ]
     assert report.findings[0].detail.startswith(
         "R2 wrote under the lock stock: lock expired before the write"

@@ -9,13 +9,14 @@ same restocks) and ``lock_expiry`` (a lost update whose writer's lock ran out).
 
 from __future__ import annotations
 
+import functools
 import math
-import re
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 
 from .incidents import (
+    KEY_ROLES,
     Check,
     Duplicate,
     Incident,
@@ -24,7 +25,9 @@ from .incidents import (
     NegativeStock,
     Overwrite,
     SameFrom,
+    SoldBeyond,
     StaleRead,
+    UnsafeWrite,
     Write,
 )
 from .limits import (
@@ -51,6 +54,8 @@ from .model import (
     PAYMENT_CALLBACK_EVENT,
     REASON,
     RESULT,
+    RMW_CODE,
+    RMW_KEY,
     RMW_REASON,
     STOCK,
     STOCK_CHECK_EVENT,
@@ -65,75 +70,15 @@ from .model import (
     summarise,
 )
 from .ordering import OrderedEvents
+from .selling import SkuState, as_int, truthy
 from .times import format_time
 
 __all__ = ["analyse"]
-
-_INT = re.compile(r"-?\d{1,18}\Z")
-
-
-def _as_int(value: object) -> int | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float):
-        return int(value) if value.is_integer() else None
-    if isinstance(value, str) and _INT.match(value.strip()):
-        return int(value)
-    return None
-
-
-def _truthy(value: object) -> bool | None:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, (int, float)):
-        return value != 0
-    if isinstance(value, str):
-        lowered = value.strip().lower()
-        if lowered in ("true", "yes", "ok", "1", "t", "y"):
-            return True
-        if lowered in ("false", "no", "0", "f", "n", "failed"):
-            return False
-    return None
-
-
-class _SkuState:
-    __slots__ = ("epoch", "froms", "last", "negative", "stale")
-
-    def __init__(self) -> None:
-        #: Restocks seen (writes that raised the stock), and the oversell since the last.
-        self.epoch = 0
-        self.negative: NegativeStock | None = None
-        #: The latest write, and the stale-read finding of reads that missed it.
-        self.last: Write | None = None
-        self.stale: StaleRead | None = None
-        #: Recent ``from`` values -> the write (or lost update) that started from it.
-        self.froms: dict[int, Write | SameFrom] = {}
-
-
-# First letter of a key in Analyser.keys -> (key kind, action, how).
-_KEY_ROLES = {
-    "R": ("idempotency_key", "reserved", ""),
-    "r": ("payment_reference", "reserved", ""),
-    "P": ("payment_reference", "paid", " (payment_callback result=paid)"),
-    "p": ("idempotency_key", "paid", " (payment_callback result=paid)"),
-    "O": ("payment_reference", "paid", " (order_paid)"),
-    "o": ("idempotency_key", "paid", " (order_paid)"),
-}
-
 
 #: The lock events that tell of a lease running out (the SQL detector's only with its
 #: "lock expired" reason), and how many of them are kept per request.
 _LOCK_EVENTS = frozenset({LOCK_EXPIRED_EVENT, LOCK_NOT_OWNED_EVENT, UNSAFE_RMW_EVENT})
 _LOCK_LINES = 3
-
-
-def _time_format(*, dated: bool, with_date: bool) -> TimeFormat:
-    def fmt(ts: float) -> str:
-        return format_time(ts, dated, with_date=with_date)
-
-    return fmt
 
 
 class _Analyser:
@@ -154,7 +99,14 @@ class _Analyser:
         self.order_filter = order
         self.request_filter = request
         self.report = Report(keys_limit=max_keys)
-        self.state: dict[str, _SkuState] = {}
+        self.stock_events = 0
+        self.state: dict[str, SkuState] = {}
+        #: (SKU, code) -> the SQL detector's unsafe read-modify-writes there.
+        self.unsafe: dict[tuple[str | None, str], UnsafeWrite] = {}
+        #: (SKU, restock count) where the SQL detector saw a computed value written, and
+        #: where the checks fit relative decrements (see SkuState.relative).
+        self.computed: set[tuple[str, int]] = set()
+        self.relative: set[tuple[str | None, int]] = set()
         #: Ordered, so that the oldest open window is dropped in O(1) (``popitem``).
         self.checks: OrderedDict[tuple[str, str], Check] = OrderedDict()
         #: "<role letter><SKU's number>:<key>" -> the first write with that key (packed,
@@ -201,6 +153,7 @@ class _Analyser:
                 self.min_ts = ts
         detector = self.detector_of(event.name)
         if detector is not None:
+            self.stock_events += 1
             detector(event)
         self._keep(event)
 
@@ -209,7 +162,7 @@ class _Analyser:
             self._paid(event)
 
     def _inventory_negative(self, event: Event) -> None:
-        stock = _as_int(event.fields.get(NEGATIVE_STOCK))
+        stock = as_int(event.fields.get(NEGATIVE_STOCK))
         if stock is not None and stock < 0:
             self._below(event, stock)
 
@@ -247,10 +200,10 @@ class _Analyser:
         else:
             rows.append(event)
 
-    def _sku(self, sku: str) -> _SkuState:
+    def _sku(self, sku: str) -> SkuState:
         state = self.state.get(sku)
         if state is None:
-            state = self.state[sku] = _SkuState()
+            state = self.state[sku] = SkuState()
         return state
 
     def _stock_check(self, event: Event) -> None:
@@ -258,11 +211,20 @@ class _Analyser:
         if sku is None:
             return
         fields = event.fields
-        available = _as_int(fields[AVAILABLE] if AVAILABLE in fields else fields.get(STOCK))
+        available = as_int(fields[AVAILABLE] if AVAILABLE in fields else fields.get(STOCK))
         if available is not None and available < 0:
             self._below(event, available)
         request = event.request
         state = self.state.get(sku)
+        if available is not None:
+            if state is None:
+                state = self.state[sku] = SkuState()
+            top = state.top
+            if top is None or available > top:
+                state.top = available
+            elif state.lost:
+                # Only an epoch with a lost update needs its checks weighed.
+                state.check(available, request, event.ts)
         last = state.last if state is not None else None
         if request is not None:
             if last is not None and last.name == request and last.ts == event.ts:
@@ -304,12 +266,12 @@ class _Analyser:
         fields = event.fields
         request = event.request
         check = self.checks.pop((sku, request), None) if request is not None else None
-        success = _truthy(fields.get(SUCCESS))
+        success = truthy(fields.get(SUCCESS))
         if success is None:
             success = REASON not in fields and ERROR not in fields
         if not success:
             return
-        frm, to = _as_int(fields.get(FROM)), _as_int(fields.get(TO))
+        frm, to = as_int(fields.get(FROM)), as_int(fields.get(TO))
         if frm is None and check is not None:
             frm = check.available
         order_id = event.order_id if self.keep_orders else None
@@ -324,6 +286,9 @@ class _Analyser:
 
         same_from = False
         if frm is not None:
+            top = state.top
+            if top is None or frm > top:
+                state.top = top = frm
             froms = state.froms
             seen = froms.pop(frm, None)
             if seen is None:
@@ -343,12 +308,23 @@ class _Analyser:
                 self.incidents.append(incident)
                 froms[frm] = incident
                 same_from = True
-            if to is not None and to > frm:
-                # A restock: values below it may legitimately be written from again, and
-                # a stock below zero after it is another oversell.
-                froms.clear()
-                state.epoch += 1
-                state.negative = None
+            if same_from and to is not None:
+                group = froms[frm]
+                if isinstance(group, SameFrom):
+                    state.lost[to] = group
+            if to is not None:
+                if to > frm:
+                    # A restock: values below it may legitimately be written from again,
+                    # and a stock below zero after it is another oversell.
+                    if state.relative:
+                        self.relative.add((sku, state.epoch))
+                    state.restock(to)
+                elif to < frm:
+                    sold = state.sold = state.sold + frm - to
+                    if sold > top:
+                        beyond = state.sold_past(sku, write)
+                        if beyond is not None:
+                            self.incidents.append(beyond)
 
         last = state.last
         if last is not None and frm is not None and to is not None and last.to is not None:
@@ -364,6 +340,7 @@ class _Analyser:
                 overwrite = Overwrite(sku, last, write, check)
                 overwrite.epoch = state.epoch
                 self.incidents.append(overwrite)
+                state.lost[to] = overwrite
             if chained_before:
                 # Logged after a write that started from its result: the later state stays.
                 return
@@ -383,8 +360,11 @@ class _Analyser:
         incident.add(event.request, value, event.ts, event.line, event.order_id)
 
     def _lock(self, event: Event) -> None:
-        """Remember what the log says of a request's lock running out under it."""
+        """Remember what the log says of a request's lock running out under it; the SQL
+        detector's unsafe read-modify-write is also a finding of its own."""
         request = event.request
+        if event.name == UNSAFE_RMW_EVENT:
+            self._unsafe(event)
         if request is None:
             return
         fields = event.fields
@@ -410,6 +390,22 @@ class _Analyser:
         if len(locks) > OPEN_CHECKS:
             locks.popitem(last=False)
 
+    def _unsafe(self, event: Event) -> None:
+        fields = event.fields
+        sku = event.sku
+        if sku is None:
+            key = fields.get(RMW_KEY)
+            sku = key if isinstance(key, str) else None
+        code = fields.get(RMW_CODE)
+        where = code if isinstance(code, str) and code else "code not logged"
+        incident = self.unsafe.get((sku, where))
+        if incident is None:
+            incident = self.unsafe[(sku, where)] = UnsafeWrite(sku, where[:200])
+            self.incidents.append(incident)
+        incident.add(event.request, event.ts, event.line)
+        if sku is not None:
+            self.computed.add((sku, self._sku(sku).epoch))
+
     def _paid(self, event: Event) -> None:
         order_id = event.order_id
         name = event.request_id or event.idempotency_key or event.trace_id or order_id
@@ -432,7 +428,7 @@ class _Analyser:
 
     def _count(self, role: str, value: str, sku: str | None, write: Write) -> None:
         """Remember the first write of ``value`` (an idempotency key or payment reference,
-        by ``role``: see ``_KEY_ROLES``) on ``sku``; open or extend a duplicate after it."""
+        by ``role``: see ``KEY_ROLES``) on ``sku``; open or extend a duplicate after it."""
         tag = self.sku_tags.get(sku)
         if tag is None:
             tag = self.sku_tags[sku] = str(len(self.sku_tags))
@@ -456,7 +452,7 @@ class _Analyser:
         if isinstance(first, str):
             first = Write.unpack(first, self.sources)
         if not first.same_record(write):
-            kind, action, how = _KEY_ROLES[role]
+            kind, action, how = KEY_ROLES[role]
             incident = Duplicate(sku, f"{kind}={value} {action}", how, first, write)
             self.incidents.append(incident)
             keys[key] = incident
@@ -466,12 +462,16 @@ class _Analyser:
     def finish(self) -> Report:
         report = self.report
         report.keys_forgotten = self.keys_forgotten
+        report.limit = self.limit
+        report.stock_events = self.stock_events
         # Floor division keeps the order of the times: the days of the first and the last.
         min_day, max_day = self.min_ts // 86400, self.max_ts // 86400
         report.show_date = max_day > min_day
         if max_day == min_day:
             report.day = time.strftime("%Y-%m-%d", time.gmtime(min_day * 86400))
-        fmt = _time_format(dated=max_day >= min_day, with_date=report.show_date)
+        fmt: TimeFormat = functools.partial(
+            format_time, dated=max_day >= min_day, with_date=report.show_date
+        )
         findings = [incident.finding(fmt) for incident in self._causes()]
         if self.request_filter is not None:
             findings = [f for f in findings if self.request_filter in f.requests]
@@ -485,21 +485,44 @@ class _Analyser:
     def _causes(self) -> list[Incident]:
         """The incidents, each under its cause.
 
-        A lost update on a SKU whose stock went below zero before the next restock is the
-        oversell's (:class:`NegativeStock`): shown there, where the first of them was. A
-        lost update one of whose writers logged its lock running out is a lock expiry.
+        A lost update on a SKU that was oversold before the next restock (its stock went
+        below zero, or its writes sold more than the stock read) is the oversell's
+        (:class:`NegativeStock`, :class:`SoldBeyond`), shown where the first of them was,
+        unless the log shows a computed value written over another (a later read of the
+        value it wrote, an unsafe read-modify-write of the SKU). A lost update one of
+        whose writers logged its lock running out is a lock expiry.
         """
-        negatives = {
-            (incident.sku, incident.epoch): incident
-            for incident in self.incidents
-            if isinstance(incident, NegativeStock)
-        }
-        shown: set[int] = set()
+        relative = self.relative
+        relative.update((sku, state.epoch) for sku, state in self.state.items() if state.relative)
+        computed = self.computed
+        negatives: dict[tuple[str | None, int], NegativeStock] = {}
+        lost: set[tuple[str | None, int]] = set()
+        for incident in self.incidents:
+            key = (incident.sku, incident.epoch)
+            if isinstance(incident, SoldBeyond):
+                continue
+            if isinstance(incident, NegativeStock):
+                negatives[key] = incident
+            elif isinstance(incident, SameFrom | Overwrite):
+                lost.add(key)
+        hidden: set[int] = set()
+        for incident in self.incidents:
+            if isinstance(incident, SoldBeyond):
+                key = (incident.sku, incident.epoch)
+                if key in negatives or (key in lost and key not in relative):
+                    # The same oversell with its stock seen below zero; or lost updates,
+                    # whose units are the ones sold past the stock.
+                    hidden.add(id(incident))
+                else:
+                    negatives[key] = incident
+        shown: set[int] = set(hidden)
         out: list[Incident] = []
         for incident in self.incidents:
             if isinstance(incident, SameFrom | Overwrite):
-                negative = negatives.get((incident.sku, incident.epoch))
-                if negative is not None:
+                key = (incident.sku, incident.epoch)
+                negative = negatives.get(key)
+                overwrote = incident.confirmed or key in computed
+                if negative is not None and not (overwrote and key in relative):
                     negative.absorb(incident)
                     incident = negative
                 else:

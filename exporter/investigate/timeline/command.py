@@ -187,8 +187,9 @@ def _options(args: argparse.Namespace) -> _Options:
 
 
 def run_timeline(args: argparse.Namespace) -> int:
-    """Run ``stocksentry timeline``: print the report; 1 with findings, 0 without, 2 on bad
-    input (one line on stderr, never a traceback), 130 when interrupted.
+    """Run ``stocksentry timeline``: print the report; 1 with findings, 0 without, 3 when
+    no line was a stock event (nothing analysed), 2 on bad input (one line on stderr,
+    never a traceback), 130 when interrupted.
 
     Every ``args.logfile`` (``-`` for stdin) is read at once, merged in timestamp order.
     """
@@ -276,8 +277,10 @@ def add_timeline_parser(subparsers: Subcommands) -> None:
             "naming its cause with its evidence lines: lost updates (two writes from the "
             "same old stock, or a write over one its request never read), oversells into "
             "negative stock, duplicate executions (one idempotency key or payment reference "
-            "reserving or paying twice), stale reads and lock expiries. Exit status 1 when "
-            "there is a finding, 0 when none, 2 on bad input, 130 when interrupted."
+            "reserving or paying twice), stale reads, lock expiries and the SQL integration's "
+            "unsafe read-modify-writes. Exit status 1 when there is a finding, 0 when none, "
+            "3 when no line was a stock event (nothing analysed), 2 on bad input, 130 when "
+            "interrupted."
         ),
     )
     timeline.add_argument(
@@ -302,7 +305,8 @@ def add_timeline_parser(subparsers: Subcommands) -> None:
         type=int_in(0, MAX_LIMIT),
         default=DEFAULT_LIMIT,
         metavar="N",
-        help=f"events shown per SKU and per order, 0 for all ({DEFAULT_LIMIT})",
+        help=f"events shown per SKU and per order, and findings listed, 0 for all "
+        f"({DEFAULT_LIMIT})",
     )
     timeline.add_argument(
         "--reorder-window",

@@ -15,6 +15,7 @@ from .limits import FINDING_PARTICIPANTS
 from .model import Finding, FindingKind, TimeFormat
 
 __all__ = [
+    "KEY_ROLES",
     "Check",
     "Duplicate",
     "Incident",
@@ -22,7 +23,9 @@ __all__ = [
     "NegativeStock",
     "Overwrite",
     "SameFrom",
+    "SoldBeyond",
     "StaleRead",
+    "UnsafeWrite",
     "Write",
 ]
 
@@ -150,6 +153,16 @@ class Incident:
         #: The SKU's restock count when the incident opened: a lost update and a stock
         #: below zero between the same two restocks are one oversell (see NegativeStock).
         self.epoch = 0
+        #: For a lost update: the log shows a computed value written over another (a later
+        #: read of the value it wrote, the SQL detector's unsafe read-modify-write).
+        self.confirmed = False
+
+    def seen_after(self, name: str | None, ts: float) -> None:
+        """Another request read, after this lost update's writes, the value it wrote: the
+        computed value stayed written, so the writes overwrote each other."""
+        writes = self.participants()
+        if ts > max(write.ts for write in writes) and all(w.name != name for w in writes):
+            self.confirmed = True
 
     def finding(self, fmt: TimeFormat) -> Finding:
         """The finding, its times written with ``fmt``."""
@@ -321,6 +334,18 @@ class StaleRead(Incident):
         return [self.write.ts, *(read[2] for read in self.reads)]
 
 
+#: First letter of a key in the analyser's keys -> (key kind, action, how) of a
+#: :class:`Duplicate` of it.
+KEY_ROLES = {
+    "R": ("idempotency_key", "reserved", ""),
+    "r": ("payment_reference", "reserved", ""),
+    "P": ("payment_reference", "paid", " (payment_callback result=paid)"),
+    "p": ("idempotency_key", "paid", " (payment_callback result=paid)"),
+    "O": ("payment_reference", "paid", " (order_paid)"),
+    "o": ("idempotency_key", "paid", " (order_paid)"),
+}
+
+
 class Duplicate(_Writes):
     """One idempotency key or payment reference that reserved or paid more than once."""
 
@@ -412,6 +437,94 @@ class NegativeStock(Incident):
             lines = _unique([*lines, *(w.line for w in unique)])
         requests = _unique([*(name for name, *_ in below), *(w.name for w in writes)])
         return self._make(requests, detail, lines, (b[4] for b in below), fmt=fmt)
+
+
+class SoldBeyond(NegativeStock):
+    """Oversell: the successful writes of a SKU sold more units than the stock read allows.
+
+    ``top`` is the highest stock the log read since the last restock, ``sold`` the units
+    its writes took; the writes from the one past ``top`` on are the evidence. An app that
+    decrements (``stock = stock - 1``) and logs the value it read minus one never logs the
+    stock below zero: this is how its oversell shows.
+    """
+
+    def __init__(self, sku: str, epoch: int, top: int, write: Write) -> None:
+        super().__init__(sku, epoch)
+        self.top = top
+        self.sold = 0
+        self.writes = [write]
+
+    def add_write(self, write: Write) -> None:
+        if len(self.writes) < FINDING_PARTICIPANTS:
+            self.writes.append(write)
+        else:
+            self.dropped += 1
+
+    def participants(self) -> list[Write]:
+        return [*self.writes, *super().participants()]
+
+    def units(self) -> int:
+        return self.sold - self.top
+
+    def stamps(self) -> list[float]:
+        return [write.ts for write in self.participants()]
+
+    def finding(self, fmt: TimeFormat) -> Finding:
+        writes = self.writes
+        count = len(writes) + self.dropped
+        who = _names([w.name or "?" for w in writes], self.dropped)
+        detail = (
+            f"the writes sold {self.sold} units where the stock read was at most {self.top}: "
+            f"{self.units()} more than there was, the last {count} "
+            f"{'write' if count == 1 else 'writes'} ({who} at "
+            f"{_join_times([w.ts for w in writes], fmt, self.dropped)}) past it"
+        )
+        absorbed = super().participants()
+        if absorbed:
+            froms = _unique(str(w.frm) for w in absorbed if w.frm is not None)
+            detail += (
+                f"; writes from one value (from={'/'.join(froms[:5])}) were relative "
+                "decrements or lost updates: the log shows no computed value written over "
+                "another"
+            )
+        lines = _unique(w.line for w in self.participants())
+        return self._make(_unique(w.name for w in self.participants()), detail, lines, fmt=fmt)
+
+
+class UnsafeWrite(Incident):
+    """stocksentry's SQL integration logged ``unsafe_read_modify_write``: the app wrote
+    the stock a value it computed from a read taken without a lock, at one place in its
+    code. On its own it sells nothing; with two such writers, a lost update."""
+
+    kind: FindingKind = "unsafe_read_modify_write"
+
+    def __init__(self, sku: str | None, code: str) -> None:
+        super().__init__(sku)
+        self.code = code
+        self.lines: list[tuple[str | None, float, str]] = []
+
+    def add(self, name: str | None, ts: float, line: str) -> None:
+        if len(self.lines) < FINDING_PARTICIPANTS:
+            self.lines.append((name, ts, line))
+        else:
+            self.dropped += 1
+
+    def participants(self) -> list[Write]:
+        return []
+
+    def stamps(self) -> list[float]:
+        return [ts for _, ts, _ in self.lines]
+
+    def finding(self, fmt: TimeFormat) -> Finding:
+        names = _unique(name for name, _, _ in self.lines)
+        count = len(self.lines) + self.dropped
+        who = f" by {_names(names)}" if names else ""
+        detail = (
+            f"{count} {'write' if count == 1 else 'writes'} of a value computed from an "
+            f"unlocked read ({self.code}){who} at "
+            f"{_join_times([ts for _, ts, _ in self.lines], fmt, self.dropped)}"
+        )
+        return self._make(names, detail, [line for _, _, line in self.lines], fmt=fmt)
 
 
 #: One line of evidence that a writer's lock ran out: when, where, and what it says.

@@ -44,6 +44,7 @@ FindingKind = Literal[
     "duplicate_execution",
     "stale_read",
     "lock_expiry",
+    "unsafe_read_modify_write",
 ]
 #: Renders a timestamp of the report (with or without the date, as the report needs).
 TimeFormat = Callable[[float], str]
@@ -57,6 +58,7 @@ KIND_NAMES: dict[FindingKind, tuple[str, str]] = {
     "duplicate_execution": ("DUPLICATE EXECUTION", "duplicate executions"),
     "stale_read": ("STALE READ", "stale reads"),
     "lock_expiry": ("LOCK EXPIRY", "lock expiries"),
+    "unsafe_read_modify_write": ("UNSAFE READ-MODIFY-WRITE", "unsafe read-modify-writes"),
 }
 #: Every cause, in the order the summary lists them.
 CAUSES: Final[tuple[FindingKind, ...]] = tuple(KIND_NAMES)
@@ -84,6 +86,8 @@ LOCK: Final = _field(LOCK_EXPIRED_WHILE_HELD, "lock")
 HELD_S: Final = _field(LOCK_EXPIRED_WHILE_HELD, "held_s")
 TTL_S: Final = _field(LOCK_EXPIRED_WHILE_HELD, "ttl_s")
 RMW_REASON: Final = _field(UNSAFE_READ_MODIFY_WRITE, "reason")
+RMW_CODE: Final = _field(UNSAFE_READ_MODIFY_WRITE, "code")
+RMW_KEY: Final = _field(UNSAFE_READ_MODIFY_WRITE, "key")
 #: What the SQL detector says of a read-modify-write whose lock ran out before the write.
 LOCK_EXPIRED_REASON: Final = "lock expired"
 AVAILABLE: Final = _field(STOCK_CHECK, "available")
@@ -316,11 +320,30 @@ class Report:
     show_date: bool = False
     #: The UTC day of the dated events when they all fall on one, e.g. ``2026-11-29``.
     day: str | None = None
+    #: Events a detector read (a stock check or write, a payment, a lock or SQL warning).
+    stock_events: int = 0
+    #: Findings shown (``--limit``; 0: all): the others count in the summary, the
+    #: FINDINGS line and the exit status, and :attr:`findings_more` says how many.
+    limit: int = 0
+
+    @property
+    def shown_findings(self) -> list[Finding]:
+        """The findings the report lists, at most :attr:`limit` of them."""
+        return self.findings[: self.limit] if self.limit else self.findings
+
+    @property
+    def findings_more(self) -> int:
+        """The findings beyond :attr:`limit`, not listed."""
+        return len(self.findings) - len(self.shown_findings)
 
     @property
     def exit_code(self) -> ExitCode:
-        """:attr:`ExitCode.FINDINGS` (1) when there is a finding, else :attr:`ExitCode.OK`."""
-        return ExitCode.FINDINGS if self.findings else ExitCode.OK
+        """:attr:`ExitCode.FINDINGS` (1) when there is a finding; else
+        :attr:`ExitCode.INCOMPLETE` (3) when no line was a stock event (nothing was
+        analysed: not an all-clear); else :attr:`ExitCode.OK`."""
+        if self.findings:
+            return ExitCode.FINDINGS
+        return ExitCode.OK if self.stock_events else ExitCode.INCOMPLETE
 
     def to_dict(self) -> dict[str, Any]:
         """The report as JSON-ready data (the ``--format json`` output).
@@ -329,17 +352,23 @@ class Report:
 
             >>> sorted(Report().to_dict())  # doctest: +NORMALIZE_WHITESPACE
             ['events', 'findings', 'keys_forgotten', 'late_events', 'lines', 'more',
-             'orders', 'skipped_examples', 'skipped_lines', 'skus', 'summary']
+             'orders', 'skipped_examples', 'skipped_lines', 'skus', 'stock_events',
+             'summary']
         """
         return {
             "summary": [row.to_dict() for row in self.summary],
-            "findings": [finding.to_dict() for finding in self.findings],
+            "findings": [finding.to_dict() for finding in self.shown_findings],
             "skus": {sku: [e.to_dict() for e in events] for sku, events in self.skus.items()},
             "orders": {o: [e.to_dict() for e in events] for o, events in self.orders.items()},
-            "more": {"skus": self.skus_more, "orders": self.orders_more},
+            "more": {
+                "skus": self.skus_more,
+                "orders": self.orders_more,
+                "findings": self.findings_more,
+            },
             "skipped_lines": self.skipped_lines,
             "skipped_examples": self.skipped_examples,
             "events": self.events,
+            "stock_events": self.stock_events,
             "lines": self.lines,
             "late_events": self.late_events,
             "keys_forgotten": self.keys_forgotten,

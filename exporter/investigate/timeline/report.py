@@ -34,6 +34,12 @@ _NO_FINDINGS = (
     "stale read or lock expiry."
 )
 _MAX_CELL = 36
+# What timeline reads, for the report of a log in which it found none of it.
+_NOTHING_READ = (
+    "Nothing analysed: no line is a stock event timeline reads (stock_check, stock_update, "
+    "inventory_negative, payment_callback, order_paid, unsafe_read_modify_write, lock "
+    "events), so this is no all-clear. docs/other-languages.md says what to log."
+)
 
 
 def _value_text(value: object) -> str:
@@ -151,12 +157,26 @@ def format_table(report: Report) -> str:
         for finding in report.findings:
             counts[finding.kind] = counts.get(finding.kind, 0) + 1
         summary = ", ".join(_counted(n, cause) for cause, n in counts.items())
+        writes = sum(len(f.requests) for f in report.findings if f.kind == "lost_update")
         out.append(f"FINDINGS: {summary}")
-        for finding in report.findings:
+        if writes > 2 * counts.get("lost_update", 0):
+            # The lab and the metrics count writes; a finding groups them (said when a
+            # group holds more than the pair of writes one lost update takes).
+            out.append(
+                f"    (a finding is one group of writes: the lost updates hold "
+                f"{_plural(writes, 'request')} that wrote)"
+            )
+        for finding in report.shown_findings:
             out.append(f"  {finding.headline}")
             out.append(f"      lines: {', '.join(finding.lines[:10])}")
             if len(finding.lines) > 10:
                 out[-1] += f" … {len(finding.lines) - 10} more"
+        if report.findings_more:
+            out.append(
+                f"  … {_plural(report.findings_more, 'more finding')} (raise --limit to see them)"
+            )
+    elif not report.stock_events:
+        out.append(_NOTHING_READ)
     else:
         out.append(_NO_FINDINGS)
     flagged = {line for finding in report.findings for line in finding.lines}
