@@ -47,17 +47,23 @@ def load_config(path: str | Path, *, environ: Mapping[str, str] | None = None) -
     Relative paths inside it are relative to its folder; ``environ`` defaults to
     ``os.environ``. Raises :class:`ConfigError`, and nothing else, for every problem.
     """
+    text = read_config_text(path, "the config")
+    return parse_config(text, str(path), environ=environ, base_dir=Path(path).parent)
+
+
+def read_config_text(path: str | Path, what: str) -> str:
+    """The text of the YAML file at ``path`` (a regular file of at most 4 MiB, UTF-8);
+    raises :class:`ConfigError` naming the file (and the line of a bad byte)."""
     source = str(path)
     try:
-        raw = read_bytes_bounded(path, limit=CONFIG_LIMIT, what="the config")
+        raw = read_bytes_bounded(path, limit=CONFIG_LIMIT, what=what)
     except InputFileError as exc:
         raise ConfigError(f"cannot read the file: {exc.problem}", source=source) from None
     try:
-        text = raw.decode("utf-8")
+        return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         line = raw[: exc.start].count(b"\n") + 1
         raise ConfigError("the file is not UTF-8 text", source=source, line=line) from None
-    return parse_config(text, source, environ=environ, base_dir=Path(path).parent)
 
 
 def parse_config(

@@ -40,11 +40,10 @@ from ..config.kinds import (
     Text,
     TextList,
 )
-from ..config.loader import build
+from ..config.loader import build, read_config_text
 from ..config.specs import derived, key, required, section, url_keys
 from ..config.yamlsource import TAG_INT, TAG_STR, YamlSyntaxError, compose, is_null
 from ..dburl import MYSQL_URL_SCHEMES, POSTGRES_URL_SCHEMES
-from ..inputs import CONFIG_LIMIT, InputFileError, read_bytes_bounded
 
 __all__ = [
     "PLACEHOLDERS",
@@ -324,17 +323,8 @@ def load_drill_config(
     path: str | Path, *, environ: Mapping[str, str] | None = None
 ) -> DrillConfig:
     """Load and check the drill file at ``path``; raises :class:`ConfigError` only."""
-    source = str(path)
-    try:
-        raw = read_bytes_bounded(path, limit=CONFIG_LIMIT, what="the drill file")
-    except InputFileError as exc:
-        raise ConfigError(f"cannot read the file: {exc.problem}", source=source) from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = raw[: exc.start].count(b"\n") + 1
-        raise ConfigError("the file is not UTF-8 text", source=source, line=line) from None
-    return parse_drill_config(text, source, environ=environ, base_dir=Path(path).parent)
+    text = read_config_text(path, "the drill file")
+    return parse_drill_config(text, str(path), environ=environ, base_dir=Path(path).parent)
 
 
 def parse_drill_config(

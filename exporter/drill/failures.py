@@ -50,20 +50,9 @@ async def duplicate_callback(drill: Drill) -> ScenarioResult:
     ]
     wave = await drill.wave("duplicate_callback", pairs, done)
     drill.record(result, wave.responses)
-    after = await asyncio.to_thread(drill.shop.snapshot)
-    sold = after.paid_units - before.paid_units
-    prefix = "pay-" if kind == "external_ref" else "idem-"
-    duplicated = await asyncio.to_thread(
-        drill.shop.orders_per_key, kind, f"{prefix}{drill.run}-duplicate_callback-"
-    )
-    extra = sum(count - 1 for count in duplicated.values())
+    after, sold, duplicated, extra = await drill.orders_per_key(result, kind, before)
     result.figures.update(
-        key_column=kind,
-        duplicated_keys=len(duplicated),
-        extra_orders=extra,
-        units_sold=sold,
-        final_stock=after.stock,
-        accepted=sum(r.error is None and 200 <= r.status < 300 for r in wave.responses),
+        accepted=sum(r.error is None and 200 <= r.status < 300 for r in wave.responses)
     )
     failures = []
     if duplicated:

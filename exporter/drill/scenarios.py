@@ -280,21 +280,8 @@ class Drill:
             wave = await self.wave("retry", pairs, done)
             responses += wave.responses
         self.record(result, responses)
-        after = await asyncio.to_thread(self.shop.snapshot)
-        sold = after.paid_units - before.paid_units
-        prefix = "idem-" if kind == "idempotency_key" else "pay-"
-        duplicated = await asyncio.to_thread(
-            self.shop.orders_per_key, kind, f"{prefix}{self.run}-retry-"
-        )
-        extra = sum(count - 1 for count in duplicated.values())
-        result.figures.update(
-            key_column=kind,
-            duplicated_keys=len(duplicated),
-            extra_orders=extra,
-            units_sold=sold,
-            final_stock=after.stock,
-            successes=sum(is_success(self.config, r) for r in responses),
-        )
+        _, sold, duplicated, extra = await self.orders_per_key(result, kind, before)
+        result.figures.update(successes=sum(is_success(self.config, r) for r in responses))
         failures = []
         if duplicated:
             worst = max(duplicated.items(), key=lambda item: item[1])
@@ -308,6 +295,28 @@ class Drill:
             )
         result.judge(failures)
         return result
+
+    async def orders_per_key(
+        self, result: ScenarioResult, kind: str, before: Snapshot
+    ) -> tuple[Snapshot, int, dict[str, int], int]:
+        """After a scenario of intents sent twice: the shop's state, the units sold since
+        ``before``, the keys (of column ``kind``) of this run's scenario ordered more than
+        once with their counts, and the extra orders; put in ``result``'s figures."""
+        after = await asyncio.to_thread(self.shop.snapshot)
+        sold = after.paid_units - before.paid_units
+        prefix = "idem-" if kind == "idempotency_key" else "pay-"
+        duplicated = await asyncio.to_thread(
+            self.shop.orders_per_key, kind, f"{prefix}{self.run}-{result.name}-"
+        )
+        extra = sum(count - 1 for count in duplicated.values())
+        result.figures.update(
+            key_column=kind,
+            duplicated_keys=len(duplicated),
+            extra_orders=extra,
+            units_sold=sold,
+            final_stock=after.stock,
+        )
+        return after, sold, duplicated, extra
 
     async def duplicate_callback(self) -> ScenarioResult:
         """The payment callback delivered twice at once (see :mod:`.failures`)."""
