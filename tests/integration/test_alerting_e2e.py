@@ -468,6 +468,8 @@ def stack(
             str(ROOT / "alert_rules" / "render.py"),
             "--dashboard-url-base",
             GRAFANA,
+            "--runbook-url-base",
+            "https://runbooks.example.com/stocksentry",
             "-o",
             str(rules),
         ],
