@@ -209,6 +209,9 @@ raise SystemExit(main(sys.argv[2:]))
         ("yaml", ["check-config", "nowhere.yaml"], "exporter", "yaml"),
         ("sqlalchemy", ["reconcile", "--database", "sqlite:///x.db"], "reconcile", "sqlalchemy"),
         ("rich,pgserver", ["demo"], "lab", "pgserver, rich"),
+        ("yaml", ["drill", "--config", "drill.yaml", "--yes"], "drill", "yaml"),
+        ("redis", ["frozen"], "redis", "redis"),
+        ("redis", ["freeze", "EGG-01", "--reason", "x"], "redis", "redis"),
     ],
 )
 def test_a_missing_extra_is_one_line_and_exit_2_before_any_work(
