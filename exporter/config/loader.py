@@ -74,6 +74,28 @@ def parse_config(
     base_dir: Path | None = None,
 ) -> ExporterConfig:
     """Validate a configuration given as YAML text; ``source`` names it in errors."""
+    ctx, root = compose_document(
+        text,
+        source,
+        environ=environ,
+        base_dir=base_dir,
+        empty=f"the file is empty; expected a mapping of sections "
+        f"({', '.join(key_names(ExporterConfig))})",
+    )
+    config: ExporterConfig = build(ctx, ExporterConfig, root, "")
+    return config
+
+
+def compose_document(
+    text: str,
+    source: str,
+    *,
+    environ: Mapping[str, str] | None,
+    base_dir: Path | None,
+    empty: str,
+) -> tuple[Context, Node]:
+    """The checking context and the root node of a YAML file given as text, for
+    :func:`build`; raises :class:`ConfigError` on bad YAML, or ``empty`` on an empty file."""
     ctx = Context(
         source,
         os.environ if environ is None else environ,
@@ -85,14 +107,8 @@ def parse_config(
         what = "; ".join(part for part in (exc.context, exc.problem) if part) or exc.kind
         raise ConfigError(f"invalid YAML: {what}", source=source, line=exc.line) from None
     if root is None or is_null(root):
-        raise ConfigError(
-            "the file is empty; expected a mapping of sections "
-            f"({', '.join(key_names(ExporterConfig))})",
-            source=source,
-            line=1,
-        )
-    config: ExporterConfig = build(ctx, ExporterConfig, root, "")
-    return config
+        raise ConfigError(empty, source=source, line=1)
+    return ctx, root
 
 
 # --- the generic walk ------------------------------------------------------------------------

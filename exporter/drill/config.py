@@ -17,7 +17,6 @@ Example::
 from __future__ import annotations
 
 import json
-import os
 import re
 import urllib.parse
 from collections.abc import Mapping
@@ -40,9 +39,9 @@ from ..config.kinds import (
     Text,
     TextList,
 )
-from ..config.loader import build, read_config_text
+from ..config.loader import build, compose_document, read_config_text
 from ..config.specs import derived, key, required, section, url_keys
-from ..config.yamlsource import TAG_INT, TAG_STR, YamlSyntaxError, compose, is_null
+from ..config.yamlsource import TAG_INT, TAG_STR
 from ..dburl import MYSQL_URL_SCHEMES, POSTGRES_URL_SCHEMES
 
 __all__ = [
@@ -335,16 +334,13 @@ def parse_drill_config(
     base_dir: Path | None = None,
 ) -> DrillConfig:
     """Check a drill file given as text; ``source`` names it in errors."""
-    ctx = Context(source, os.environ if environ is None else environ, base_dir or Path.cwd())
-    try:
-        root = compose(text)
-    except YamlSyntaxError as exc:
-        what = "; ".join(part for part in (exc.context, exc.problem) if part) or exc.kind
-        raise ConfigError(f"invalid YAML: {what}", source=source, line=exc.line) from None
-    if root is None or is_null(root):
-        raise ConfigError(
-            "the file is empty; expected target, database and drill", source=source, line=1
-        )
+    ctx, root = compose_document(
+        text,
+        source,
+        environ=environ,
+        base_dir=base_dir,
+        empty="the file is empty; expected target, database and drill",
+    )
     for name in ("target", "database", "drill"):
         if isinstance(root, MappingNode) and not any(
             getattr(k, "value", None) == name for k, _ in root.value
