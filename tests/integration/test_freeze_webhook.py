@@ -11,6 +11,7 @@ from typing import Any
 import bcrypt
 import pytest
 import redis
+from aiohttp import web
 from aiohttp.test_utils import TestClient
 from polling import async_wait_until
 from prometheus_client.parser import text_string_to_metric_families
@@ -50,6 +51,17 @@ def store() -> redis.Redis:
     return redis.Redis.from_url(REDIS_URL)
 
 
+def sidecar_app(containment: Containment, web_config: Any = None) -> web.Application:
+    """The sidecar's app serving ``containment``'s webhook and metrics, as the exporter
+    builds it."""
+    return create_app(
+        ServerSettings(listen_address="127.0.0.1", port=0, web_config=web_config),
+        collectors=[containment],
+        background=[containment.cleanup_ctx],
+        routes=containment.routes(),
+    )
+
+
 @pytest.fixture
 def webhook(aiohttp_client: AiohttpClient, redis_prefix: str, template: str) -> Factory:
     """Builds the sidecar app with a containment section of the given keys."""
@@ -66,14 +78,7 @@ def webhook(aiohttp_client: AiohttpClient, redis_prefix: str, template: str) -> 
         config = parse_config("containment:\n" + "\n".join(lines) + "\n")
         assert config.containment is not None
         containment = Containment(config.containment)
-        settings = ServerSettings(listen_address="127.0.0.1", port=0, web_config=web_config)
-        app = create_app(
-            settings,
-            collectors=[containment],
-            background=[containment.cleanup_ctx],
-            routes=containment.routes(),
-        )
-        client = await aiohttp_client(app)
+        client = await aiohttp_client(sidecar_app(containment, web_config))
         await async_wait_until(lambda: containment.view.synced, timeout=10)
         return client, containment
 
@@ -310,14 +315,7 @@ async def test_redis_down_is_a_503_alertmanager_retries(
     config = parse_config("containment:\n  url: redis://127.0.0.1:1/0\n  mode: enforce\n")
     assert config.containment is not None
     containment = Containment(config.containment)
-    settings = ServerSettings(listen_address="127.0.0.1", port=0)
-    app = create_app(
-        settings,
-        collectors=[containment],
-        background=[containment.cleanup_ctx],
-        routes=containment.routes(),
-    )
-    client = await aiohttp_client(app)
+    client = await aiohttp_client(sidecar_app(containment))
     with caplog.at_level(logging.WARNING, "stocksentry.exporter.containment"):
         response = await client.post(
             WEBHOOK_PATH, json=notification(("StockOversold", "EGG-01", "firing"))
