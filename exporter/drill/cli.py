@@ -10,7 +10,6 @@ verify (the database could not be read: never a pass), 130 interrupted.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 import time
 import uuid
@@ -172,6 +171,8 @@ def run_drill(args: argparse.Namespace) -> int:
 def _run(
     config: DrillConfig, shop: Any, original: int, args: argparse.Namespace
 ) -> tuple[list[ScenarioResult], str]:
+    import asyncio
+
     from .scenarios import Drill
 
     engine = None
@@ -226,6 +227,8 @@ async def _scenarios(drill: Drill, config: DrillConfig) -> list[ScenarioResult]:
 def _restore(drill: Drill, original: int) -> str:
     """Set the drill SKU's stock back as it was found: the same way it was set (the
     shop's reset request, or the stock column)."""
+    import asyncio
+
     from .truth import Unverifiable
 
     shop = drill.shop
