@@ -7,14 +7,13 @@ dependencies only when it runs, so ``stocksentry --help`` stays fast without the
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import sys
 from collections.abc import Callable
 from importlib import metadata
 from typing import TextIO
 
 from . import sidecar_cli
-from .commandline import PROG, CommandError, ExitCode, report_error, say
+from .commandline import PROG, CommandError, ExitCode, installed, report_error, say
 from .containment import cli as containment_cli
 from .contract import add_check_metrics_parser
 from .drill import cli as drill_cli
@@ -54,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     handler: Handler = args.handler
     extra, modules = NEEDS.get(args.command, ("all", ()))
-    missing = [name for name in modules if not _installed(name)]
+    missing = [name for name in modules if not installed(name)]
     if missing:
         return int(report_error(args.command, _install_hint(extra, missing)))
     try:
@@ -88,13 +87,6 @@ def build_parser() -> argparse.ArgumentParser:
     drill_cli.add_parser(commands)
     containment_cli.add_parsers(commands)
     return parser
-
-
-def _installed(name: str) -> bool:
-    try:
-        return importlib.util.find_spec(name) is not None
-    except ImportError:
-        return False
 
 
 def _install_hint(extra: str, missing: list[str]) -> str:

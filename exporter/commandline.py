@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import enum
+import importlib.util
 import math
 import sys
 from collections.abc import Callable
@@ -23,6 +24,7 @@ __all__ = [
     "Subcommands",
     "duration_in",
     "float_in",
+    "installed",
     "int_in",
     "port",
     "report_error",
@@ -84,6 +86,14 @@ def report_error(command: str, message: str, stream: TextIO | None = None) -> Ex
     prefix = f"{PROG} {command}" if command else PROG
     say(stream if stream is not None else sys.stderr, f"{prefix}: error: {text}")
     return ExitCode.USAGE
+
+
+def installed(package: str) -> bool:
+    """Whether ``package`` can be imported; found, not imported, so checking stays light."""
+    try:
+        return importlib.util.find_spec(package) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def _bounded(

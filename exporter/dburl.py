@@ -31,7 +31,6 @@ __all__ = [
     "dialect_of",
     "mysql_connect_args",
     "parse_url",
-    "password",
     "scrub",
     "shown",
     "sync_url",
@@ -180,14 +179,6 @@ def shown(text: str) -> str:
         return UNPARSEABLE
     masked = mask_url(url.render_as_string(hide_password=False))
     return UNPARSEABLE if masked is None else masked
-
-
-def password(text: str) -> str | None:
-    """The password in ``text``'s user part; ``None`` when there is none."""
-    try:
-        return parse_url(text).password or None
-    except ValueError:
-        return None
 
 
 def scrub(message: str, text: str) -> str:

@@ -21,7 +21,6 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 from .config.yamlsource import (
     TAG_BOOL,
     TAG_STR,
-    Entry,
     KeyProblem,
     YamlSyntaxError,
     compose,
@@ -79,6 +78,13 @@ _UNSUPPORTED: Final[dict[str, str]] = {
     "tls_server_config.curve_preferences": "not supported by stocksentry "
     "(OpenSSL's defaults apply)",
     "rate_limit": "not supported by stocksentry",
+}
+
+# The sections and their keys: those of the dataclass each is read into.
+_SECTIONS: Final[dict[str, tuple[str, ...]]] = {
+    "tls_server_config": tuple(f.name for f in fields(TLSServerConfig)),
+    "http_server_config": ("http2", "headers"),
+    "basic_auth_users": (),
 }
 
 # $2a$/$2b$/$2y$, a two-digit cost, 22 characters of salt and 31 of hash.
@@ -217,10 +223,15 @@ class _Parser:
     def __init__(self, source: str, base_dir: Path) -> None:
         self.source = source
         self.base_dir = base_dir
+        #: Line of each key read, by dotted path (kept by the :class:`WebConfig`).
         self.lines: dict[str, int] = {}
 
     def fail(self, node: Node | None, key: str, problem: str) -> NoReturn:
         raise WebConfigError(self.source, None if node is None else line_of(node), key, problem)
+
+    def fail_at(self, key: str, problem: str) -> NoReturn:
+        """Fail at the line of the key ``key`` (a dotted path already read)."""
+        raise WebConfigError(self.source, self.lines.get(key), key, problem)
 
     def parse(self, text: str) -> WebConfig:
         try:
@@ -230,10 +241,7 @@ class _Parser:
             raise WebConfigError(self.source, exc.line, "(yaml)", problem) from None
         if root is None or is_null(root):
             return WebConfig(source=self.source)
-        sections = self.mapping(
-            root, "(top level)", ("tls_server_config", "http_server_config", "basic_auth_users")
-        )
-        given = {name: entry.value for name, entry in sections.items()}
+        given = self.mapping(root, "(top level)", tuple(_SECTIONS))
         return WebConfig(
             tls=self.tls(given.get("tls_server_config")),
             http=self.http(given.get("http_server_config")),
@@ -244,30 +252,27 @@ class _Parser:
 
     def mapping(
         self, node: Node, key: str, known: tuple[str, ...] | None = None
-    ) -> dict[str, Entry]:
-        """The entries of a mapping node; refuses other nodes, duplicate keys and (when
-        ``known`` is given) keys not in ``known``."""
+    ) -> dict[str, Node]:
+        """The value nodes of a mapping node by key; refuses other nodes, duplicate keys and
+        (when ``known`` is given) keys not in ``known``."""
         if not isinstance(node, MappingNode):
             self.fail(node, key, f"must be a mapping, got {_kind(node)}")
         prefix = f"{key}." if not key.startswith("(") else ""
         try:
             entries = mapping_entries(node)
         except KeyProblem as problem:
+            path = f"{prefix}{problem.name}"
             if problem.reason == "duplicate":
-                self.fail(problem.node, f"{prefix}{problem.name}", "duplicate key")
-            self.fail(
-                problem.node,
-                f"{prefix}{problem.name}",
-                f"keys must be strings, got {_kind(problem.node)}",
-            )
+                self.fail(problem.node, path, "duplicate key")
+            self.fail(problem.node, path, f"keys must be strings, got {_kind(problem.node)}")
         for name, entry in entries.items():
             path = f"{prefix}{name}"
             self.lines[path] = line_of(entry.key)
             if known is not None and name not in known:
-                if path in _UNSUPPORTED:
-                    self.fail(entry.key, path, _UNSUPPORTED[path])
-                self.fail(entry.key, path, f"unknown key (known: {', '.join(known)})")
-        return entries
+                self.fail_at(
+                    path, _UNSUPPORTED.get(path, f"unknown key (known: {', '.join(known)})")
+                )
+        return {name: entry.value for name, entry in entries.items()}
 
     def scalar_str(self, node: Node, key: str, *, secret: bool = False) -> str:
         if not (isinstance(node, ScalarNode) and node.tag == TAG_STR):
@@ -294,14 +299,13 @@ class _Parser:
         if node is None or is_null(node):
             return HTTPServerConfig()
         prefix = "http_server_config."
-        entries = self.mapping(node, "http_server_config", _field_names(HTTPServerConfig))
-        http2 = self.boolean(
-            entries["http2"].value if "http2" in entries else None, prefix + "http2", True
-        )
+        given = self.mapping(node, "http_server_config", _SECTIONS["http_server_config"])
+        http2 = self.boolean(given.get("http2"), prefix + "http2", True)
         headers: dict[str, str] = {}
-        if (entry := entries.get("headers")) is not None and not is_null(entry.value):
-            for name, header in self.mapping(entry.value, prefix + "headers", _HEADERS).items():
-                value_node = header.value
+        if (headers_node := given.get("headers")) is not None and not is_null(headers_node):
+            for name, value_node in self.mapping(
+                headers_node, prefix + "headers", _HEADERS
+            ).items():
                 key = f"{prefix}headers.{name}"
                 if is_null(value_node):
                     continue
@@ -321,8 +325,7 @@ class _Parser:
         if node is None or is_null(node):
             return None
         prefix = "tls_server_config."
-        entries = self.mapping(node, "tls_server_config", _field_names(TLSServerConfig))
-        given = {name: entry.value for name, entry in entries.items()}
+        given = self.mapping(node, "tls_server_config", _SECTIONS["tls_server_config"])
 
         def path(name: str) -> Path | None:
             value = given.get(name)
@@ -337,12 +340,10 @@ class _Parser:
         if cert is None and key is None:
             # exporter-toolkit serves plain HTTP for a TLS section without certificate;
             # anything else in it would then be silently ignored, so refuse that.
-            others = [name for name in entries if name not in ("cert_file", "key_file")]
+            others = [name for name in given if name not in ("cert_file", "key_file")]
             if others:
-                self.fail(
-                    entries[others[0]].key,
-                    prefix + others[0],
-                    "needs cert_file and key_file (without them TLS is off)",
+                self.fail_at(
+                    prefix + others[0], "needs cert_file and key_file (without them TLS is off)"
                 )
             return None
         if cert is None or key is None:
@@ -372,8 +373,7 @@ class _Parser:
                 f"required when client_auth_type is {auth}",
             )
         if auth == "NoClientCert" and ca is not None:
-            self.fail(
-                entries["client_ca_file"].key,
+            self.fail_at(
                 prefix + "client_ca_file",
                 "set without client_auth_type: set client_auth_type to "
                 "RequireAndVerifyClientCert (or remove client_ca_file)",
@@ -442,11 +442,10 @@ class _Parser:
         if node is None or is_null(node):
             return {}
         users: dict[str, bytes] = {}
-        for name, entry in self.mapping(node, "basic_auth_users").items():
-            key_node, value_node = entry.key, entry.value
+        for name, value_node in self.mapping(node, "basic_auth_users").items():
             key = f"basic_auth_users.{name}"
             if not name or ":" in name:
-                self.fail(key_node, key, "a user name must be non-empty and contain no ':'")
+                self.fail_at(key, "a user name must be non-empty and contain no ':'")
             # Never echo the value, even of the wrong type: it may be a plain password.
             hashed = self.scalar_str(value_node, key, secret=True)
             if not _BCRYPT_HASH.fullmatch(hashed):
@@ -465,11 +464,6 @@ class _Parser:
                     node, "basic_auth_users", "needs the bcrypt package (pip install bcrypt)"
                 )
         return users
-
-
-def _field_names(cls: type) -> tuple[str, ...]:
-    """A section's known keys: the fields of the dataclass it is read into."""
-    return tuple(f.name for f in fields(cls))
 
 
 def _kind(node: Node, *, secret: bool = False) -> str:

@@ -8,15 +8,15 @@ that collides with the catalog) is a rule in :data:`_RULES`, run once its sectio
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from stocksentry.instrumentation import catalog
-from yaml.nodes import Node, SequenceNode
+from yaml.nodes import MappingNode, Node, SequenceNode
 
+from ..commandline import installed
 from ..durations import format_duration
 from ..inputs import CONFIG_LIMIT, InputFileError, read_bytes_bounded
 from .env import multiprocess_dir_from_env, resolve_url
@@ -39,6 +39,7 @@ from .yamlsource import YamlSyntaxError, compose, is_null
 _RESERVED_PREFIXES: Final = ("stock_", "stocksentry_")
 
 Rule = Callable[[Context, CheckedMapping, dict[str, Any]], None]
+T = TypeVar("T")
 
 
 def load_config(path: str | Path, *, environ: Mapping[str, str] | None = None) -> ExporterConfig:
@@ -74,28 +75,23 @@ def parse_config(
     base_dir: Path | None = None,
 ) -> ExporterConfig:
     """Validate a configuration given as YAML text; ``source`` names it in errors."""
-    ctx, root = compose_document(
-        text,
-        source,
-        environ=environ,
-        base_dir=base_dir,
-        empty=f"the file is empty; expected a mapping of sections "
-        f"({', '.join(key_names(ExporterConfig))})",
-    )
-    config: ExporterConfig = build(ctx, ExporterConfig, root, "")
-    return config
+    sections = ", ".join(key_names(ExporterConfig))
+    empty = f"the file is empty; expected a mapping of sections ({sections})"
+    return parse_document(ExporterConfig, text, source, environ, base_dir, empty)[1]
 
 
-def compose_document(
+def parse_document(
+    cls: type[T],
     text: str,
     source: str,
-    *,
     environ: Mapping[str, str] | None,
     base_dir: Path | None,
     empty: str,
-) -> tuple[Context, Node]:
-    """The checking context and the root node of a YAML file given as text, for
-    :func:`build`; raises :class:`ConfigError` on bad YAML, or ``empty`` on an empty file."""
+    required: tuple[str, ...] = (),
+) -> tuple[Context, T]:
+    """Section ``cls`` read from a YAML file given as text, with the checking context (for
+    the checks that follow); raises :class:`ConfigError` on bad YAML, ``empty`` on an empty
+    file, and "is required" at line 1 for a top-level key of ``required`` left out."""
     ctx = Context(
         source,
         os.environ if environ is None else environ,
@@ -108,7 +104,13 @@ def compose_document(
         raise ConfigError(f"invalid YAML: {what}", source=source, line=exc.line) from None
     if root is None or is_null(root):
         raise ConfigError(empty, source=source, line=1)
-    return ctx, root
+    for name in required:
+        if isinstance(root, MappingNode) and not any(
+            getattr(k, "value", None) == name for k, _ in root.value
+        ):
+            raise ConfigError("is required", source=source, line=1, path=name)
+    config: T = build(ctx, cls, root, "")
+    return ctx, config
 
 
 # --- the generic walk ------------------------------------------------------------------------
@@ -121,7 +123,7 @@ def build(ctx: Context, cls: type, node: Node | None, path: str) -> Any:
     for name, spec in specs(cls):
         child = join(path, name)
         if isinstance(spec, UrlKeys):
-            values[name], values[spec.origin] = resolve_url(ctx, mapping, spec)
+            values[name], values["url_source"] = resolve_url(ctx, mapping, spec)
         elif isinstance(spec, Section):
             sub = mapping.get(name)
             if spec.many:
@@ -276,7 +278,7 @@ def _exporter(ctx: Context, mapping: CheckedMapping, values: dict[str, Any]) -> 
             missing["outbox"] = "schema.outbox is not mapped"
         if redis is None:
             missing["cache_drift"] = "there is no redis section"
-        elif not _installed("redis"):
+        elif not installed("redis"):
             # [exporter] brings redis; an install without it still runs the sidecar.
             missing["cache_drift"] = (
                 "the redis package is not installed (pip install 'stocksentry[exporter]')"
@@ -301,20 +303,11 @@ def _exporter(ctx: Context, mapping: CheckedMapping, values: dict[str, Any]) -> 
     if probes.custom and database is None:
         ctx.fail_at("probes.custom", "custom probes need a database section")
     values["probes"] = dataclasses.replace(probes, **switched)
-    if values.get("lock_watch") is not None and not _installed("redis"):
-        ctx.fail_at("lock_watch", "needs the redis package (pip install 'stocksentry[redis]')")
-    if values.get("containment") is not None and not _installed("redis"):
-        ctx.fail_at("containment", "needs the redis package (pip install 'stocksentry[redis]')")
+    for name in ("lock_watch", "containment"):
+        if values.get(name) is not None and not installed("redis"):
+            ctx.fail_at(name, "needs the redis package (pip install 'stocksentry[redis]')")
     values["source"] = ctx.source
     values["notes"] = tuple(ctx.notes)
-
-
-def _installed(package: str) -> bool:
-    """Whether ``package`` can be imported; found, not imported, so loading stays light."""
-    try:
-        return importlib.util.find_spec(package) is not None
-    except (ImportError, ValueError):
-        return False
 
 
 _RULES: Final[dict[type, Rule]] = {

@@ -49,14 +49,13 @@ class Section:
 
 @dataclass(frozen=True, slots=True)
 class UrlKeys:
-    """A secret URL given by exactly one of :data:`URL_KEYS`; ``origin`` names the
-    field that records where it came from."""
+    """A secret URL given by exactly one of :data:`URL_KEYS`; the section's field
+    ``url_source`` records where it came from."""
 
     schemes: tuple[str, ...]
     what: str
     doc: str
     accept_conninfo: bool = False
-    origin: str = "url_source"
 
 
 @dataclass(frozen=True, slots=True)

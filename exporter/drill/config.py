@@ -27,7 +27,7 @@ from typing import Any, Final
 from stocksentry.instrumentation.secrets import Secret
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
-from ..config import ConfigError, SchemaConfig
+from ..config import SchemaConfig
 from ..config.errors import Context, describe
 from ..config.kinds import (
     MINUTE,
@@ -39,7 +39,7 @@ from ..config.kinds import (
     Text,
     TextList,
 )
-from ..config.loader import build, compose_document, read_config_text
+from ..config.loader import parse_document, read_config_text
 from ..config.specs import derived, key, required, section, url_keys
 from ..config.yamlsource import TAG_INT, TAG_STR
 from ..dburl import MYSQL_URL_SCHEMES, POSTGRES_URL_SCHEMES
@@ -334,19 +334,9 @@ def parse_drill_config(
     base_dir: Path | None = None,
 ) -> DrillConfig:
     """Check a drill file given as text; ``source`` names it in errors."""
-    ctx, root = compose_document(
-        text,
-        source,
-        environ=environ,
-        base_dir=base_dir,
-        empty="the file is empty; expected target, database and drill",
-    )
-    for name in ("target", "database", "drill"):
-        if isinstance(root, MappingNode) and not any(
-            getattr(k, "value", None) == name for k, _ in root.value
-        ):
-            raise ConfigError("is required", source=source, line=1, path=name)
-    config: DrillConfig = build(ctx, DrillConfig, root, "")
+    empty = "the file is empty; expected target, database and drill"
+    sections = ("target", "database", "drill")
+    ctx, config = parse_document(DrillConfig, text, source, environ, base_dir, empty, sections)
     settings = config.drill
     if settings.concurrency > settings.requests:
         ctx.fail_at("drill.concurrency", "must not be above drill.requests")
