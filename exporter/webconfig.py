@@ -14,7 +14,7 @@ import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Final, NoReturn, cast, get_args
+from typing import Final, NoReturn, TypeVar, get_args
 
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
@@ -54,6 +54,8 @@ __all__ = [
     "load_web_config",
     "parse_web_config",
 ]
+
+_S = TypeVar("_S", bound=str)
 
 # The headers exporter-toolkit lets a config add, and the values it restricts.
 _HEADERS: Final[tuple[str, ...]] = (
@@ -289,7 +291,7 @@ class _Parser:
                 pass  # an explicit tag: "!!bool maybe" is not false
         self.fail(node, key, f"must be true or false, got {_kind(node)}")
 
-    def choice(self, node: Node, key: str, choices: tuple[str, ...], note: str = "") -> str:
+    def choice(self, node: Node, key: str, choices: tuple[_S, ...], note: str = "") -> _S:
         value = self.scalar_str(node, key)
         if value not in choices:
             self.fail(node, key, f"must be one of {', '.join(choices)}{note}, got {_quote(value)}")
@@ -362,10 +364,7 @@ class _Parser:
                     f"{auth_node.value} accepts unverified certificates and is not supported; "
                     "use RequireAndVerifyClientCert",
                 )
-            auth = cast(
-                ClientAuthType,
-                self.choice(auth_node, prefix + "client_auth_type", get_args(ClientAuthType)),
-            )
+            auth = self.choice(auth_node, prefix + "client_auth_type", get_args(ClientAuthType))
         if auth != "NoClientCert" and ca is None:
             self.fail(
                 auth_node or node,
@@ -382,14 +381,11 @@ class _Parser:
         versions: dict[str, TLSVersionName] = {"min_version": "TLS12", "max_version": "TLS13"}
         for name in versions:
             if (version_node := given.get(name)) is not None:
-                versions[name] = cast(
-                    TLSVersionName,
-                    self.choice(
-                        version_node,
-                        prefix + name,
-                        get_args(TLSVersionName),
-                        " (TLS 1.0 and 1.1 are not supported)",
-                    ),
+                versions[name] = self.choice(
+                    version_node,
+                    prefix + name,
+                    get_args(TLSVersionName),
+                    " (TLS 1.0 and 1.1 are not supported)",
                 )
         if TLS_VERSIONS[versions["min_version"]] > TLS_VERSIONS[versions["max_version"]]:
             at = given.get("max_version") or given.get("min_version")

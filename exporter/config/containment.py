@@ -18,7 +18,7 @@ from stocksentry.instrumentation.freeze import DEFAULT_CHANNEL, DEFAULT_KEY_TEMP
 from stocksentry.instrumentation.secrets import Secret
 
 from .kinds import DAY, MINUTE, Bool, Choice, Duration, Integer, Named, Template, Text, TextList
-from .specs import derived, key, url_keys
+from .specs import derived, key, redis_url
 
 #: The alerts whose firing freezes the SKU they name, unless the config says otherwise.
 DEFAULT_FREEZE_ALERTS: Final = ("StockOversold", "StockNegativeInventory", "StockNegativeWrite")
@@ -32,9 +32,7 @@ ALERT_NAME: Final = Named("[a-zA-Z_:][a-zA-Z0-9_:]*", "an alert name", "alert na
 class ContainmentConfig:
     """``containment``: per-SKU freezes in Redis, and the webhook that sets them."""
 
-    url: Secret = url_keys(
-        ("redis", "rediss", "unix"),
-        "Redis",
+    url: Secret = redis_url(
         "the Redis holding the freezes (the one the checkouts read): `redis://`, "
         "`rediss://` or `unix://`",
     )

@@ -43,7 +43,7 @@ from .kinds import (
     TextList,
 )
 from .probing import STATEMENT_TIMEOUT, ProbesConfig
-from .specs import derived, key, section, url_keys
+from .specs import derived, key, redis_url, section, url_keys
 
 #: The advisory-lock key sidecars compete for with ``database.leader_election``: the
 #: ASCII bytes of "stocksen" as one signed 64-bit integer.
@@ -323,9 +323,7 @@ class SchemaConfig:
 class RedisConfig:
     """``redis``: the stock cache compared with the database by ``cache_drift``."""
 
-    url: Secret = url_keys(
-        ("redis", "rediss", "unix"), "Redis", "`redis://`, `rediss://` or `unix://`"
-    )
+    url: Secret = redis_url("`redis://`, `rediss://` or `unix://`")
     url_source: str = derived("literal", "where the URL came from")
     key_template: str = key("stock:{sku}", Template("sku"), "the cache key of a SKU's stock")
     tolerance: int = key(
@@ -351,9 +349,7 @@ class RedisConfig:
 class LockWatchConfig:
     """``lock_watch``: the Redis lock watcher (keyspace notifications of lock keys)."""
 
-    url: Secret = url_keys(
-        ("redis", "rediss", "unix"),
-        "Redis",
+    url: Secret = redis_url(
         "the Redis holding the locks: `redis://`, `rediss://` or `unix://`; the database "
         "number of the URL is the one watched",
     )

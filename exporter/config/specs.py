@@ -1,8 +1,7 @@
 """The field specs of the config model: what a dataclass field of a section is.
 
-:func:`key`, :func:`required`, :func:`computed`, :func:`section`, :func:`sections`,
-:func:`url_keys` and :func:`derived` put a spec in a field's metadata; :func:`specs` reads
-them back in field order, for the loader, the docs and the chart's schema.
+:func:`key` and the other field functions below put a spec in a field's metadata;
+:func:`specs` reads them back in field order, for the loader, the docs and the chart's schema.
 """
 
 from __future__ import annotations
@@ -99,6 +98,11 @@ def sections(cls: type, doc: str) -> Any:
 def url_keys(schemes: tuple[str, ...], what: str, doc: str, **options: Any) -> Any:
     """The (required) field of a secret URL read from :data:`URL_KEYS`."""
     return field(metadata={_METADATA: UrlKeys(schemes, what, doc, **options)})
+
+
+def redis_url(doc: str) -> Any:
+    """The field of a Redis URL: ``redis://``, ``rediss://`` or ``unix://``."""
+    return url_keys(("redis", "rediss", "unix"), "Redis", doc)
 
 
 def derived(default: Any, doc: str) -> Any:
