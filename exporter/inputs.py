@@ -57,12 +57,14 @@ _KINDS: Final = (
 
 
 class InputFileError(Exception):
-    """A file that cannot be read within the rules; ``problem`` is one short line."""
+    """A file that cannot be read within the rules; ``problem`` is one short line, and
+    ``line`` that of the first bad byte of a text that is not UTF-8."""
 
-    def __init__(self, path: str, what: str, problem: str) -> None:
+    def __init__(self, path: str, what: str, problem: str, line: int | None = None) -> None:
         self.path = path
         self.what = what
         self.problem = problem
+        self.line = line
         super().__init__(f"cannot read {what} {shorten(path, 200)}: {problem}")
 
 
@@ -139,9 +141,8 @@ def read_text_bounded(path: str | os.PathLike[str], *, limit: int, what: str) ->
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         line = raw[: exc.start].count(b"\n") + 1
-        raise InputFileError(
-            os.fspath(path), what, f"it is not UTF-8 text (line {line})"
-        ) from None
+        problem = f"it is not UTF-8 text (line {line})"
+        raise InputFileError(os.fspath(path), what, problem, line) from None
 
 
 def check_regular_file(path: str | os.PathLike[str], *, limit: int, what: str) -> None:

@@ -14,7 +14,7 @@ from typing import Final
 from stocksentry.instrumentation.secrets import Secret, url_has_password
 from yaml.nodes import ScalarNode
 
-from ..inputs import URL_FILE_LIMIT, InputFileError, read_bytes_bounded, shorten
+from ..inputs import URL_FILE_LIMIT, InputFileError, read_text_bounded, shorten
 from .errors import CheckedMapping, ConfigError, Context, describe, join
 from .kinds import Named, read_path
 from .specs import URL_KEYS, UrlKeys
@@ -64,13 +64,9 @@ def resolve_url(ctx: Context, section: CheckedMapping, spec: UrlKeys) -> tuple[S
     else:
         file_path = read_path(ctx, node, path)
         try:
-            raw = read_bytes_bounded(file_path, limit=URL_FILE_LIMIT, what="url_file")
+            value = read_text_bounded(file_path, limit=URL_FILE_LIMIT, what="url_file").strip()
         except InputFileError as exc:
             ctx.fail(node, path, f"cannot read {shorten(str(file_path), 200)}: {exc.problem}")
-        try:
-            value = raw.decode("utf-8").strip()
-        except UnicodeDecodeError:
-            ctx.fail(node, path, f"{shorten(str(file_path), 200)} is not UTF-8 text")
         if not value:
             ctx.fail(node, path, f"{file_path} is empty")
         origin = f"file {file_path}"

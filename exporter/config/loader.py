@@ -18,7 +18,7 @@ from yaml.nodes import MappingNode, Node, SequenceNode
 
 from ..commandline import installed
 from ..durations import format_duration
-from ..inputs import CONFIG_LIMIT, InputFileError, read_bytes_bounded
+from ..inputs import CONFIG_LIMIT, InputFileError, read_text_bounded
 from .env import multiprocess_dir_from_env, resolve_url
 from .errors import CheckedMapping, ConfigError, Context, describe, join
 from .model import (
@@ -57,14 +57,11 @@ def read_config_text(path: str | Path, what: str) -> str:
     raises :class:`ConfigError` naming the file (and the line of a bad byte)."""
     source = str(path)
     try:
-        raw = read_bytes_bounded(path, limit=CONFIG_LIMIT, what=what)
+        return read_text_bounded(path, limit=CONFIG_LIMIT, what=what)
     except InputFileError as exc:
+        if exc.line is not None:
+            raise ConfigError("the file is not UTF-8 text", source=source, line=exc.line) from None
         raise ConfigError(f"cannot read the file: {exc.problem}", source=source) from None
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = raw[: exc.start].count(b"\n") + 1
-        raise ConfigError("the file is not UTF-8 text", source=source, line=line) from None
 
 
 def parse_config(
