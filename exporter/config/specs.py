@@ -126,9 +126,5 @@ def key_names(cls: type) -> tuple[str, ...]:
 
 def field_default(cls: type, name: str) -> Any:
     """The dataclass default of field ``name`` of ``cls`` (``MISSING`` when none)."""
-    for item in dataclasses.fields(cls):
-        if item.name == name:
-            if item.default_factory is not dataclasses.MISSING:
-                return item.default_factory()
-            return item.default
-    raise KeyError(name)
+    (item,) = (item for item in dataclasses.fields(cls) if item.name == name)
+    return item.default if item.default_factory is dataclasses.MISSING else item.default_factory()
