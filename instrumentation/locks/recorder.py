@@ -14,9 +14,11 @@ import hashlib
 import inspect
 import threading
 import time
-from collections.abc import Callable, Generator, Iterator
+from collections import Counter
+from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from functools import partial
+from typing import TYPE_CHECKING, Any, Generic, TypedDict, TypeVar
 
 from .. import events
 from ..events import LogEvent
@@ -27,7 +29,6 @@ if TYPE_CHECKING:
 
 #: Holds kept per wrapper for locks the app never released (a bound against leaks).
 _MAX_OPEN_HOLDS = 1024
-_COMPONENT = "locks"
 # The wrapped library lock: redis-py Lock (sync or asyncio) or pottery Redlock/AIORedlock.
 LockT = TypeVar("LockT")
 T = TypeVar("T")
@@ -61,37 +62,20 @@ async def resolve(value: object) -> object:
     return value
 
 
-def run_sync(steps: Steps[T]) -> T:
-    """Drive ``steps`` in sync code."""
+async def run_async(steps: Steps[T], *, blocking: bool = False) -> T:
+    """Drive ``steps`` in asyncio code: each call's result is awaited when awaitable. With
+    ``blocking`` (:func:`run_sync`) it sleeps and calls as sync code does, awaiting nothing."""
     try:
         step = next(steps)
         while True:
             try:
-                if isinstance(step, Pause):
-                    time.sleep(step)
-                    result: object = None
+                result: object = None
+                if not isinstance(step, Pause):
+                    result = sync_result(step()) if blocking else await resolve(step())
+                elif blocking:
+                    time.sleep(step)  # noqa: ASYNC251 - run_sync's run, in sync code
                 else:
-                    result = sync_result(step())
-            except BaseException as exc:
-                step = steps.throw(exc)
-            else:
-                step = steps.send(result)
-    except StopIteration as done:
-        value: T = done.value
-        return value
-
-
-async def run_async(steps: Steps[T]) -> T:
-    """Drive ``steps`` in asyncio code: each call's result is awaited when awaitable."""
-    try:
-        step = next(steps)
-        while True:
-            try:
-                if isinstance(step, Pause):
                     await asyncio.sleep(step)
-                    result: object = None
-                else:
-                    result = await resolve(step())
             except BaseException as exc:
                 step = steps.throw(exc)
             else:
@@ -99,6 +83,17 @@ async def run_async(steps: Steps[T]) -> T:
     except StopIteration as done:
         value: T = done.value
         return value
+
+
+def run_sync(steps: Steps[T]) -> T:
+    """Drive ``steps`` in sync code: the blocking :func:`run_async`, which never suspends,
+    runs to its end at the first ``send``."""
+    try:
+        run_async(steps, blocking=True).send(None)
+    except StopIteration as done:
+        value: T = done.value
+        return value
+    raise AssertionError("a blocking run of lock steps suspended")
 
 
 def token_hash(token: str | bytes | None) -> str | None:
@@ -120,12 +115,8 @@ def token_hash(token: str | bytes | None) -> str | None:
 
 
 def as_bytes(value: object) -> bytes | None:
-    if value is None:
-        return None
-    if isinstance(value, bytes):
+    if value is None or isinstance(value, bytes):
         return value
-    if isinstance(value, str):
-        return value.encode()
     return str(value).encode()
 
 
@@ -199,7 +190,7 @@ class LockRecorder:
     def internal_error(self, exc: BaseException) -> None:
         # internal_error never raises; the suppress is belt and braces.
         with contextlib.suppress(Exception):
-            self.sentry.internal_error(_COMPONENT, exc)
+            self.sentry.internal_error("locks", exc)
 
     def _log(self, event: LogEvent, **fields: Any) -> None:
         self.sentry.log_event(event, lock=self.name, **fields)
@@ -260,18 +251,11 @@ class LockRecorder:
                 metrics.lock_acquire_retries(self.name, retries)
         except Exception as err:
             self.internal_error(err)
+        wait_ms = round(waited * 1000, 3)
         if exc is None:
-            self._log(
-                events.LOCK_ACQUIRE_TIMEOUT,
-                wait_ms=round(waited * 1000, 3),
-                retries=retries,
-            )
+            self._log(events.LOCK_ACQUIRE_TIMEOUT, wait_ms=wait_ms, retries=retries)
         else:
-            self._log(
-                events.LOCK_ACQUIRE_ERROR,
-                wait_ms=round(waited * 1000, 3),
-                error=type(exc).__name__,
-            )
+            self._log(events.LOCK_ACQUIRE_ERROR, wait_ms=wait_ms, error=type(exc).__name__)
 
     @contextlib.contextmanager
     def attempting(self) -> Iterator[Attempts]:
@@ -433,23 +417,87 @@ class Holds:
             return self._holds.pop(token, None)
 
 
+class LockOptions(TypedDict, total=False):
+    """The keyword arguments of ``instrument_lock``, the wrappers' own."""
+
+    name: str | None
+    sentry: Sentry | None
+    fencing: bool
+
+
+class WrapperOptions(LockOptions, total=False):
+    """The keyword arguments every wrapper of a library's lock takes."""
+
+    count_retries: bool
+
+
 class LockWrapper(Generic[LockT]):
-    """What every wrapper of a library's lock holds: the lock, its label, its recorder.
+    """What every wrapper of a library's lock holds and does: the lock, its label, its
+    recorder, its open holds, and the acquire, release, extension and fencing they measure.
 
     The attributes a wrapper does not define are the wrapped lock's.
     """
 
     def __init__(
-        self, lock: LockT, name: str, sentry: Sentry | None, count_retries: bool, fencing: bool
+        self,
+        lock: LockT,
+        *,
+        name: str | None = None,
+        sentry: Sentry | None = None,
+        count_retries: bool = True,
+        fencing: bool = False,
     ) -> None:
         self.lock = lock
-        self.name = name
+        self.name = name if name is not None else as_text(self._key())
         self.count_retries = count_retries
         self.fencing = fencing
-        self.recorder = LockRecorder(name, sentry)
+        self.recorder = LockRecorder(self.name, sentry)
+        #: The library's errors for a release, and an extension, of a lock no longer ours.
+        self.release_refused, self.extend_refused = self._refusals()
+        self._holds = Holds()
 
     def __getattr__(self, attribute: str) -> Any:
         return getattr(self.lock, attribute)
+
+    # --- what a wrapper tells of its library's lock ------------------------------------------
+
+    def _key(self) -> str | bytes:
+        """The lock's Redis key."""
+        raise NotImplementedError
+
+    def _refusals(
+        self,
+    ) -> tuple[tuple[type[BaseException], ...], tuple[type[BaseException], ...]]:
+        """The library's errors for a release, and an extension, of a lock no longer ours
+        (imported at the wrapper's making: the app made the lock with that library)."""
+        raise NotImplementedError
+
+    def _token(self) -> bytes | None:
+        """The token under the lock's key while held here, ``None`` when not known."""
+        return None
+
+    def _holder(self, token: bytes | None) -> str | bytes | None:
+        """What the log lines of a new hold carry the hash of: its token."""
+        return token
+
+    def _ttl(self) -> float | None:
+        raise NotImplementedError
+
+    def _issuing_token(self) -> Steps[int | None]:
+        """The fencing token of the hold just acquired (``None``: none issued)."""
+        raise NotImplementedError
+
+    # --- measured ------------------------------------------------------------------------------
+
+    @property
+    def fencing_token(self) -> int | None:
+        """The fencing token of the current hold (this thread's, for redis-py's sync lock):
+        higher than every token issued before for the lock's key. ``None`` without
+        ``fencing=True``, when not held, or when the lock was lost before the token could be
+        issued (then do not write: another holder may be in). Over several Redlock masters
+        it is as monotonic as the masters stay up (see ``docs/locks.md``)."""
+        hold = self._holds.get(self._token())
+        return hold.fencing_token if hold is not None else None
 
     def _acquiring(
         self,
@@ -479,28 +527,101 @@ class LockWrapper(Generic[LockT]):
                 if not blocks:
                     attempts.begin()  # one attempt: the lease starts no later than now
                 acquired = bool((yield once))
-        self._record_acquire(acquired, attempts)
-        if acquired and self.fencing:
-            yield from self._issuing_token()
-        return acquired
+        try:
+            if not acquired:
+                self.recorder.not_acquired(attempts.started, retries=attempts.retries)
+                return False
+            token = self._token()
+            hold = self.recorder.acquired(
+                attempts.started,
+                token=self._holder(token),
+                ttl=self._ttl(),
+                retries=attempts.retries,
+                attempt_started=attempts.last_started,
+            )
+            self._holds.put(token, hold)
+            if self.fencing:
+                # A failure leaves the token None, counted, never raised.
+                hold.fencing_token = yield from self._issuing_token()
+        except Exception as exc:
+            self.recorder.internal_error(exc)
+        return True
 
-    def _record_acquire(self, acquired: bool, attempts: Attempts) -> None:
-        raise NotImplementedError
+    @contextlib.contextmanager
+    def _releasing(self) -> Iterator[None]:
+        """Measure the release the body makes; one that raised is counted, then re-raised."""
+        started = time.perf_counter()
+        token = self._token()
+        try:
+            yield
+        except Exception as exc:
+            hold = self._holds.pop(token)
+            if isinstance(exc, self.release_refused):
+                self.recorder.released(hold, owned=False, started=started)
+            # Anything else (a connection error, QuorumIsImpossible): the outcome is unknown.
+            raise
+        self.recorder.released(self._holds.pop(token), owned=True, started=started)
 
-    def _issuing_token(self) -> Steps[None]:
-        raise NotImplementedError
+    @contextlib.contextmanager
+    def _extending(self, seconds: float | None, *, added: bool = False) -> Iterator[None]:
+        """Measure the extension the body makes: the lease then ends ``seconds`` from now
+        (``added``: from its old deadline; ``None``: not known). A refusal is counted, then
+        re-raised."""
+        started = time.perf_counter()
+        hold = self._holds.get(self._token())
+        try:
+            yield
+        except self.extend_refused as exc:
+            self.recorder.extend_failed(hold, exc)
+            raise
+        base = (hold.deadline if hold is not None else None) if added else started
+        if base is not None and seconds is not None:
+            self.recorder.extended(hold, deadline=base + float(seconds))
+
+    def _fence(self, masters: Iterable[Any], token: bytes | None) -> Steps[int | None]:
+        """The lock's next fencing token on its masters: the highest that a majority of them
+        issued while the lock held ``token`` (``None``: the token that majority shows), the
+        lagging masters of that majority then raised to it."""
+        key = self._key()
+        keys = [key, fence_key(key)]
+        scripts = [master.register_script(FENCE_SCRIPT) for master in masters]
+        issued: list[tuple[bytes, int] | None] = []
+        failure: Exception | None = None
+        for script in scripts:
+            try:
+                found = yield partial(script, keys=keys, args=[token or b"", 0, 1])
+            except Exception as exc:  # a master down: Redlock itself goes on with the rest
+                failure, found = exc, None
+            issued.append((found[0], int(found[1])) if found else None)
+        holders = Counter(found[0] for found in issued if found is not None)
+        holder, count = holders.most_common(1)[0] if holders else (b"", 0)
+        if count <= len(scripts) // 2:
+            if failure is not None:
+                raise failure  # not issued for want of the masters: counted
+            return None
+        top = max(found[1] for found in issued if found is not None and found[0] == holder)
+        for script, found in zip(scripts, issued, strict=True):
+            if found is not None and found[0] == holder and found[1] < top:
+                with contextlib.suppress(Exception):
+                    yield partial(script, keys=keys, args=[holder, top, 0])
+        return top
 
 
 # --- fencing tokens ------------------------------------------------------------------------
 
-#: Issues the next token of ``KEYS[2]`` only while ``KEYS[1]`` (the lock) holds our token
-#: ``ARGV[1]``: atomic on the server, so a token is never issued to a holder that has
-#: already lost the lock, and every later holder's token is higher.
+#: On one master, atomically: while the lock ``KEYS[1]`` is held (by the token ``ARGV[1]``;
+#: ``''``: by anyone), the counter ``KEYS[2]`` plus ``ARGV[3]`` (1 issues the next token, 0
+#: only raises), and at least ``ARGV[2]``; returns the holder's token and the counter. A
+#: token is thus never issued to a holder that has already lost the lock.
 FENCE_SCRIPT = """
-if redis.call('get', KEYS[1]) == ARGV[1] then
-  return redis.call('incr', KEYS[2])
+local holder = redis.call('get', KEYS[1])
+if not holder or (ARGV[1] ~= '' and holder ~= ARGV[1]) then
+  return false
 end
-return false
+local c = tonumber(redis.call('get', KEYS[2]) or '0') + tonumber(ARGV[3])
+c = math.max(c, tonumber(ARGV[2]))
+redis.call('set', KEYS[2], c)
+return {holder, c}
 """
 
 

@@ -5,82 +5,52 @@ redis itself is imported when a wrapper is built, from the lock the app made.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
-from collections.abc import Iterator
-from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from .recorder import (
-    FENCE_SCRIPT,
-    Attempts,
-    Holds,
-    LockHold,
-    LockT,
-    LockWrapper,
-    Steps,
-    as_bytes,
-    as_text,
-    fence_key,
-    run_async,
-    run_sync,
-)
+from .recorder import LockT, LockWrapper, Steps, as_bytes, run_async, run_sync
 
 if TYPE_CHECKING:
     # Named only in the quoted base classes below (string annotations).
     import redis.asyncio.lock  # noqa: F401
     import redis.lock  # noqa: F401
 
-    from ..sentry import Sentry
-
 
 class _RedisPyLockBase(LockWrapper[LockT]):
     """What the sync and asyncio wrappers of redis-py's ``Lock`` share."""
 
-    def __init__(
+    def _key(self) -> str | bytes:
+        lock: Any = self.lock
+        key: str | bytes = lock.name
+        return key
+
+    def _refusals(
         self,
-        lock: LockT,
-        *,
-        name: str | None = None,
-        sentry: Sentry | None = None,
-        count_retries: bool = True,
-        fencing: bool = False,
-    ) -> None:
-        from redis.exceptions import LockError, LockNotOwnedError
+    ) -> tuple[tuple[type[BaseException], ...], tuple[type[BaseException], ...]]:
+        from redis.exceptions import LockError
 
-        # The library lock is typed per subclass; its name attribute is read untyped here.
-        label = name if name is not None else as_text(getattr(lock, "name", ""))
-        super().__init__(lock, label, sentry, count_retries, fencing)
-        self._lock_error = LockError
-        self._not_owned_error = LockNotOwnedError
-        self._holds = Holds()
-        self._fence_script: Any = None
+        # LockNotOwnedError is a LockError; so is a release without a token (never
+        # acquired by this thread, or released twice): a release of a lock not ours.
+        return (LockError,), (LockError,)
 
-    @property
-    def fencing_token(self) -> int | None:
-        """The fencing token of the current hold (this thread's, for the sync lock): higher
-        than every token issued before for this lock's key. ``None`` without
-        ``fencing=True``, when not held, or when the lock was lost before the token could be
-        issued (then do not write: another holder may be in)."""
-        hold = self._holds.get(self._token(self.lock))
-        return hold.fencing_token if hold is not None else None
-
-    def _issuing_token(self) -> Steps[None]:
-        # One round trip after the acquire; a failure leaves the token None, never raises.
+    def _token(self) -> bytes | None:
+        lock: Any = self.lock
         try:
-            lock: Any = self.lock
-            token = self._token(lock)
-            hold = self._holds.get(token)
-            if token is None or hold is None:
-                return
-            if self._fence_script is None:
-                self._fence_script = lock.redis.register_script(FENCE_SCRIPT)
-            script = self._fence_script
-            issued = yield lambda: script(keys=[lock.name, fence_key(lock.name)], args=[token])
-            hold.fencing_token = int(issued) if issued is not None else None
+            return as_bytes(lock.local.token)
         except Exception as exc:
             self.recorder.internal_error(exc)
+            return None
+
+    def _ttl(self) -> float | None:
+        lock: Any = self.lock
+        ttl: float | None = lock.timeout
+        return ttl
+
+    def _issuing_token(self) -> Steps[int | None]:
+        # One round trip after the acquire; the script checks the key still holds our token.
+        lock: Any = self.lock
+        return self._fence([lock.redis], self._token())
 
     def _acquire_steps(
         self,
@@ -111,84 +81,10 @@ class _RedisPyLockBase(LockWrapper[LockT]):
             pause=pause,
         )
 
-    def _token(self, lock: Any) -> bytes | None:
-        try:
-            return as_bytes(lock.local.token)
-        except Exception as exc:
-            self.recorder.internal_error(exc)
-            return None
+    def _not_acquired(self, **fields: Any) -> Exception:
+        from redis.exceptions import LockError
 
-    def _record_acquire(self, acquired: bool, attempts: Attempts) -> None:
-        lock: Any = self.lock
-        try:
-            if acquired:
-                token = self._token(lock)
-                hold = self.recorder.acquired(
-                    attempts.started,
-                    token=token,
-                    ttl=lock.timeout,
-                    retries=attempts.retries,
-                    attempt_started=attempts.last_started,
-                )
-                self._holds.put(token, hold)
-            else:
-                self.recorder.not_acquired(attempts.started, retries=attempts.retries)
-        except Exception as exc:
-            self.recorder.internal_error(exc)
-
-    def _extend_deadline(
-        self, hold: LockHold | None, started: float, additional: float, replace: bool
-    ) -> float | None:
-        if replace:
-            return started + float(additional)
-        if hold is None or hold.deadline is None:
-            return None
-        return hold.deadline + float(additional)
-
-    def _release_failed(self, exc: BaseException, token: bytes | None, started: float) -> None:
-        """Count a release that raised ``exc`` (called before it propagates)."""
-        try:
-            if isinstance(exc, self._not_owned_error):
-                self.recorder.released(self._holds.pop(token), owned=False, started=started)
-            elif isinstance(exc, self._lock_error):
-                # No token: never acquired by this thread, or released twice.
-                self.recorder.released(None, owned=False, started=started)
-        except Exception as err:
-            self.recorder.internal_error(err)
-
-    @contextlib.contextmanager
-    def _releasing(self) -> Iterator[None]:
-        """Measure the release the body makes; one that raised is counted, then re-raised."""
-        started = time.perf_counter()
-        token = self._token(self.lock)
-        try:
-            yield
-        except Exception as exc:
-            self._release_failed(exc, token, started)
-            raise
-        try:
-            self.recorder.released(self._holds.pop(token), owned=True, started=started)
-        except Exception as exc:
-            self.recorder.internal_error(exc)
-
-    @contextlib.contextmanager
-    def _extending(self, additional: float | None, replace: bool = False) -> Iterator[None]:
-        """Measure the extension the body makes; a refusal (``LockError``) is counted, then
-        re-raised. ``additional=None``: the lease starts again for the lock's own timeout
-        (``reacquire``)."""
-        lock: Any = self.lock
-        started = time.perf_counter()
-        hold = self._holds.get(self._token(lock))
-        try:
-            yield
-        except self._lock_error as exc:
-            self.recorder.extend_failed(hold, exc)
-            raise
-        if additional is None:
-            deadline = started + float(lock.timeout) if lock.timeout else None
-        else:
-            deadline = self._extend_deadline(hold, started, additional, replace)
-        self.recorder.extended(hold, deadline=deadline)
+        return LockError("Unable to acquire lock within the time specified", **fields)
 
     def _raise_on_exit(self, logger: str) -> bool:
         """After ``__exit__``'s release failed: re-raise, or log as redis-py does and go on."""
@@ -207,7 +103,8 @@ class InstrumentedLock(_RedisPyLockBase["redis.lock.Lock"]):
     the key carries an id). With ``count_retries`` (the default) a blocking ``acquire``
     runs redis-py's own loop here (``acquire(blocking=False)`` every ``sleep`` seconds
     until ``blocking_timeout``), so that each attempt after the first is counted; pass
-    ``count_retries=False`` to leave the loop to redis-py.
+    ``count_retries=False`` to leave the loop to redis-py. ``locked()``, ``owned()`` and
+    the other attributes are the lock's.
 
     ``release()`` re-raises ``LockNotOwnedError`` after counting it, as redis-py does;
     ``__exit__`` then follows the lock's ``raise_on_release_error``.
@@ -234,38 +131,23 @@ class InstrumentedLock(_RedisPyLockBase["redis.lock.Lock"]):
 
     def extend(self, additional_time: float, replace_ttl: bool = False) -> bool:
         """``Lock.extend``; a refusal (``LockError``) is counted, then re-raised."""
-        with self._extending(additional_time, replace_ttl):
+        with self._extending(additional_time, added=not replace_ttl):
             return bool(self.lock.extend(additional_time, replace_ttl))
 
     def reacquire(self) -> bool:
         """``Lock.reacquire`` (the TTL starts again); a refusal is counted, then re-raised."""
-        with self._extending(None):
+        with self._extending(self.lock.timeout):
             return bool(self.lock.reacquire())
-
-    def locked(self) -> bool:
-        """``Lock.locked``: whether any holder has the key."""
-        return bool(self.lock.locked())
-
-    def owned(self) -> bool:
-        """``Lock.owned``: whether the key holds this thread's token."""
-        return bool(self.lock.owned())
 
     def __enter__(self) -> InstrumentedLock:
         if self.acquire():
             return self
-        raise self._lock_error(
-            "Unable to acquire lock within the time specified", lock_name=self.lock.name
-        )
+        raise self._not_acquired(lock_name=self.lock.name)
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         try:
             self.release()
-        except self._lock_error:
+        except self.release_refused:
             if self._raise_on_exit("redis.lock"):
                 raise
 
@@ -297,35 +179,22 @@ class InstrumentedAsyncLock(_RedisPyLockBase["redis.asyncio.lock.Lock"]):
 
     async def extend(self, additional_time: float, replace_ttl: bool = False) -> bool:
         """``Lock.extend``; a refusal (``LockError``) is counted, then re-raised."""
-        with self._extending(additional_time, replace_ttl):
+        with self._extending(additional_time, added=not replace_ttl):
             return bool(await self.lock.extend(additional_time, replace_ttl))
 
     async def reacquire(self) -> bool:
         """``Lock.reacquire`` (the TTL starts again); a refusal is counted, then re-raised."""
-        with self._extending(None):
+        with self._extending(self.lock.timeout):
             return bool(await self.lock.reacquire())
-
-    async def locked(self) -> bool:
-        """``Lock.locked``: whether any holder has the key."""
-        return bool(await self.lock.locked())
-
-    async def owned(self) -> bool:
-        """``Lock.owned``: whether the key holds this lock's token."""
-        return bool(await self.lock.owned())
 
     async def __aenter__(self) -> InstrumentedAsyncLock:
         if await self.acquire():
             return self
-        raise self._lock_error("Unable to acquire lock within the time specified")
+        raise self._not_acquired()
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         try:
             await self.release()
-        except self._lock_error:
+        except self.release_refused:
             if self._raise_on_exit("redis.asyncio.lock"):
                 raise
