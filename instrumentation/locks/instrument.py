@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from redis.asyncio.lock import Lock as AsyncLock
     from redis.lock import Lock
 
-    from .recorder import LockOptions
+    from .wrapper import LockOptions
 
 
 #: The wrapper of each library lock: (module, class name, wrapper), subclasses first.

@@ -5,11 +5,14 @@ redis itself is imported when a wrapper is built, from the lock the app made.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from .recorder import LockT, LockWrapper, Steps, as_bytes, run_async, run_sync
+from .recorder import Steps, as_bytes, run_async, run_sync
+from .wrapper import LockT, LockWrapper
 
 if TYPE_CHECKING:
     # Named only in the quoted base classes below (string annotations).
@@ -20,10 +23,7 @@ if TYPE_CHECKING:
 class _RedisPyLockBase(LockWrapper[LockT]):
     """What the sync and asyncio wrappers of redis-py's ``Lock`` share."""
 
-    def _key(self) -> str | bytes:
-        lock: Any = self.lock
-        key: str | bytes = lock.name
-        return key
+    key_attribute, ttl_attribute = "name", "timeout"
 
     def _refusals(
         self,
@@ -41,11 +41,6 @@ class _RedisPyLockBase(LockWrapper[LockT]):
         except Exception as exc:
             self.recorder.internal_error(exc)
             return None
-
-    def _ttl(self) -> float | None:
-        lock: Any = self.lock
-        ttl: float | None = lock.timeout
-        return ttl
 
     def _issuing_token(self) -> Steps[int | None]:
         # One round trip after the acquire; the script checks the key still holds our token.
@@ -86,14 +81,18 @@ class _RedisPyLockBase(LockWrapper[LockT]):
 
         return LockError("Unable to acquire lock within the time specified", **fields)
 
-    def _raise_on_exit(self, logger: str) -> bool:
-        """After ``__exit__``'s release failed: re-raise, or log as redis-py does and go on."""
-        if getattr(self.lock, "raise_on_release_error", True):
-            return True
-        logging.getLogger(logger).warning(
-            "Lock was unlocked or no longer owned when exiting context manager."
-        )
-        return False
+    @contextlib.contextmanager
+    def _exiting(self, logger: str) -> Iterator[None]:
+        """``__exit__``'s release: a refusal is re-raised, or, with the lock's
+        ``raise_on_release_error=False``, logged as redis-py does."""
+        try:
+            yield
+        except self.release_refused:
+            if getattr(self.lock, "raise_on_release_error", True):
+                raise
+            logging.getLogger(logger).warning(
+                "Lock was unlocked or no longer owned when exiting context manager."
+            )
 
 
 class InstrumentedLock(_RedisPyLockBase["redis.lock.Lock"]):
@@ -145,11 +144,8 @@ class InstrumentedLock(_RedisPyLockBase["redis.lock.Lock"]):
         raise self._not_acquired(lock_name=self.lock.name)
 
     def __exit__(self, *exc_info: object) -> None:
-        try:
+        with self._exiting("redis.lock"):
             self.release()
-        except self.release_refused:
-            if self._raise_on_exit("redis.lock"):
-                raise
 
 
 class InstrumentedAsyncLock(_RedisPyLockBase["redis.asyncio.lock.Lock"]):
@@ -193,8 +189,5 @@ class InstrumentedAsyncLock(_RedisPyLockBase["redis.asyncio.lock.Lock"]):
         raise self._not_acquired()
 
     async def __aexit__(self, *exc_info: object) -> None:
-        try:
+        with self._exiting("redis.asyncio.lock"):
             await self.release()
-        except self.release_refused:
-            if self._raise_on_exit("redis.asyncio.lock"):
-                raise

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import random
 import time
-import uuid
 from typing import TYPE_CHECKING, Any, Literal
 
-from .recorder import LockT, LockWrapper, Steps, WrapperOptions, run_async, run_sync
+from .recorder import Steps, run_async, run_sync
+from .wrapper import LockT, LockWrapper, WrapperOptions
 
 # pottery's own pause between blocking attempts (at most; it keeps the constant private).
 _POTTERY_RETRY_DELAY = 0.2
@@ -30,6 +30,8 @@ class _RedlockBase(LockWrapper[LockT]):
     hash of an id of its own.
     """
 
+    key_attribute, ttl_attribute = "key", "auto_release_time"
+
     def __init__(
         self,
         lock: LockT,
@@ -39,10 +41,6 @@ class _RedlockBase(LockWrapper[LockT]):
     ) -> None:
         super().__init__(lock, **options)
         self.retry_delay = retry_delay
-
-    def _key(self) -> str:
-        lock: Any = self.lock
-        return str(lock.key)
 
     def _refusals(
         self,
@@ -56,13 +54,6 @@ class _RedlockBase(LockWrapper[LockT]):
 
         lock: Any = self.lock
         return QuorumNotAchieved(lock.key, lock.masters)
-
-    def _holder(self, token: bytes | None) -> str:
-        return uuid.uuid4().hex
-
-    def _ttl(self) -> float:
-        lock: Any = self.lock
-        return float(lock.auto_release_time)
 
     def _issuing_token(self) -> Steps[int | None]:
         # The lock's token is pottery's secret: the token a majority of the masters shows is
@@ -129,7 +120,7 @@ class InstrumentedRedlock(_RedlockBase["Redlock"]):
     def extend(self, *, raise_on_redis_errors: bool | None = None) -> None:
         """``Redlock.extend``; a refusal is counted as an extension failure, then re-raised."""
         # pottery's extend sets the TTL back to auto_release_time from now.
-        with self._extending(self._ttl()):
+        with self._extending(self.lock.auto_release_time):
             self.lock.extend(raise_on_redis_errors=raise_on_redis_errors)
 
     def __enter__(self) -> InstrumentedRedlock:
@@ -170,7 +161,7 @@ class InstrumentedAsyncRedlock(_RedlockBase["AIORedlock"]):
 
     async def extend(self, *, raise_on_redis_errors: bool | None = None) -> None:
         """``AIORedlock.extend``; a refusal is counted as an extension failure, then re-raised."""
-        with self._extending(self._ttl()):
+        with self._extending(self.lock.auto_release_time):
             await self.lock.extend(raise_on_redis_errors=raise_on_redis_errors)
 
     async def __aenter__(self) -> InstrumentedAsyncRedlock:
