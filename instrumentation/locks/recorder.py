@@ -15,7 +15,7 @@ import hashlib
 import inspect
 import time
 from collections.abc import Awaitable, Callable, Generator, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from .. import events
@@ -179,6 +179,15 @@ class LockRecorder:
         with contextlib.suppress(Exception):
             self.sentry.internal_error("locks", exc)
 
+    @contextlib.contextmanager
+    def counting_errors(self) -> Iterator[None]:
+        """A failure of stocksentry's own in the body: counted as an internal error, never
+        raised (the body stops there)."""
+        try:
+            yield
+        except Exception as exc:
+            self.internal_error(exc)
+
     def _log(self, event: LogEvent, **fields: Any) -> None:
         self.sentry.log_event(event, lock=self.name, **fields)
 
@@ -199,23 +208,13 @@ class LockRecorder:
         """
         now = time.perf_counter()
         holder = None
-        try:
+        with self.counting_errors():
             holder = token_hash(token)
-        except Exception as exc:
-            self.internal_error(exc)
         base = now if attempt_started is None else attempt_started
         hold = LockHold(holder, base, base + ttl if ttl else None, self.name)
-        try:
+        with self.counting_errors():
             hold_started(hold)
-        except Exception as exc:
-            self.internal_error(exc)
-        try:
-            metrics = self.sentry.metrics
-            metrics.lock_acquire_duration(self.name, "acquired", now - started)
-            if retries:
-                metrics.lock_acquire_retries(self.name, retries)
-        except Exception as exc:
-            self.internal_error(exc)
+        self._count_acquire("acquired", now - started, retries)
         self._log(
             events.LOCK_ACQUIRED,
             holder=holder,
@@ -230,19 +229,19 @@ class LockRecorder:
     ) -> None:
         """Record an acquire that gave up (``exc is None``: timeout) or raised ``exc`` (error)."""
         waited = time.perf_counter() - started
-        outcome = "timeout" if exc is None else "error"
-        try:
-            metrics = self.sentry.metrics
-            metrics.lock_acquire_duration(self.name, outcome, waited)
-            if retries:
-                metrics.lock_acquire_retries(self.name, retries)
-        except Exception as err:
-            self.internal_error(err)
+        self._count_acquire("timeout" if exc is None else "error", waited, retries)
         wait_ms = round(waited * 1000, 3)
         if exc is None:
             self._log(events.LOCK_ACQUIRE_TIMEOUT, wait_ms=wait_ms, retries=retries)
         else:
             self._log(events.LOCK_ACQUIRE_ERROR, wait_ms=wait_ms, error=type(exc).__name__)
+
+    def _count_acquire(self, outcome: str, waited: float, retries: int) -> None:
+        with self.counting_errors():
+            metrics = self.sentry.metrics
+            metrics.lock_acquire_duration(self.name, outcome, waited)
+            if retries:
+                metrics.lock_acquire_retries(self.name, retries)
 
     @contextlib.contextmanager
     def attempting(self) -> Iterator[Attempts]:
@@ -257,12 +256,10 @@ class LockRecorder:
                 attempts.begin()
                 acquired = try_lock()
         """
-        try:
+        with self.counting_errors():
             # The lock's other series (expiries, foreign releases) exist from its first
             # attempt on, so their first increase is seen.
             self.sentry.metrics.prime_lock(self.name)
-        except Exception as exc:
-            self.internal_error(exc)
         attempts = Attempts()
         try:
             yield attempts
@@ -277,10 +274,8 @@ class LockRecorder:
 
     def extend_failed(self, hold: LockHold | None, exc: BaseException | None = None) -> None:
         """Record an extension the lock refused (lost, or out of extensions)."""
-        try:
+        with self.counting_errors():
             self.sentry.metrics.lock_extend_failure(self.name)
-        except Exception as err:
-            self.internal_error(err)
         self._log(
             events.LOCK_EXTEND_FAILED,
             holder=hold.holder if hold is not None else None,
@@ -312,11 +307,9 @@ class LockRecorder:
         lease: float | None = None
         if hold is not None:
             hold.released = True
-            try:
+            with self.counting_errors():
                 hold_released(hold)
-            except Exception as exc:
-                self.internal_error(exc)
-        try:
+        with self.counting_errors():
             metrics = self.sentry.metrics
             if hold is not None:
                 held = started - hold.acquired_at
@@ -332,8 +325,6 @@ class LockRecorder:
                 metrics.lock_expired_while_held(self.name)
             if owned is False:
                 metrics.lock_release_not_owned(self.name)
-        except Exception as exc:
-            self.internal_error(exc)
         holder = hold.holder if hold is not None else None
         if expired:
             self._log(
@@ -344,11 +335,9 @@ class LockRecorder:
             )
         if owned is False:
             fields: dict[str, Any] = {"holder": holder}
-            try:
+            with self.counting_errors():
                 if current_holder is not None:
                     fields["current_holder"] = token_hash(current_holder)
-            except Exception as exc:
-                self.internal_error(exc)
             if deleted_other_holder is not None:
                 fields["deleted_other_holder"] = deleted_other_holder
             if hold is None:
@@ -358,15 +347,13 @@ class LockRecorder:
             self._log(events.LOCK_RELEASE_NOT_OWNED, **fields)
 
 
+@dataclass(slots=True)
 class Attempts:
     """The attempts of one acquire that began at ``started`` (readable after an exception)."""
 
-    __slots__ = ("count", "last_started", "started")
-
-    def __init__(self) -> None:
-        self.started = time.perf_counter()
-        self.count = 0
-        self.last_started: float | None = None
+    started: float = field(default_factory=time.perf_counter)
+    count: int = 0
+    last_started: float | None = None
 
     def begin(self) -> None:
         """Call just before each attempt."""

@@ -36,11 +36,10 @@ class _RedisPyLockBase(LockWrapper[LockT]):
 
     def _token(self) -> bytes | None:
         lock: Any = self.lock
-        try:
-            return as_bytes(lock.local.token)
-        except Exception as exc:
-            self.recorder.internal_error(exc)
-            return None
+        token = None
+        with self.recorder.counting_errors():
+            token = as_bytes(lock.local.token)
+        return token
 
     def _issuing_token(self) -> Steps[int | None]:
         # One round trip after the acquire; the script checks the key still holds our token.

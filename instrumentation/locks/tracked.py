@@ -177,13 +177,14 @@ class TrackedLock:
         self.recorder.extend_failed(self.hold)
         return False
 
-    def _not_acquired(self, started: float) -> LockNotAcquired:
+    def _entering(self) -> Steps[TrackedLock]:
+        started = time.perf_counter()
+        if (yield from self._acquiring()):
+            return self
         timeout = self.blocking_timeout
-        waited = time.perf_counter() - started
         tried_once = timeout is not None and timeout <= 0
-        return LockNotAcquired(
-            self.name, waited, reason="lock_not_acquired" if tried_once else "lock_timeout"
-        )
+        reason: ConflictReason = "lock_not_acquired" if tried_once else "lock_timeout"
+        raise LockNotAcquired(self.name, time.perf_counter() - started, reason=reason)
 
     def acquire(self) -> bool:
         """Try (and retry until ``blocking_timeout``); ``True`` once held."""
@@ -213,20 +214,14 @@ class TrackedLock:
         return await run_async(self._extending(ttl))
 
     def __enter__(self) -> TrackedLock:
-        started = time.perf_counter()
-        if not self.acquire():
-            raise self._not_acquired(started)
-        return self
+        return run_sync(self._entering())
 
     def __exit__(self, *exc_info: object) -> Literal[False]:
         self.release()
         return False
 
     async def __aenter__(self) -> TrackedLock:
-        started = time.perf_counter()
-        if not await self.aacquire():
-            raise self._not_acquired(started)
-        return self
+        return await run_async(self._entering())
 
     async def __aexit__(self, *exc_info: object) -> Literal[False]:
         await self.arelease()

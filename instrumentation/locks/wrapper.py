@@ -133,7 +133,7 @@ class LockWrapper(Generic[LockT]):
                 if not blocks:
                     attempts.begin()  # one attempt: the lease starts no later than now
                 acquired = bool((yield once))
-        try:
+        with self.recorder.counting_errors():
             if not acquired:
                 self.recorder.not_acquired(attempts.started, retries=attempts.retries)
                 return False
@@ -153,8 +153,6 @@ class LockWrapper(Generic[LockT]):
             if self.fencing:
                 # A failure leaves the token None, counted, never raised.
                 hold.fencing_token = yield from self._issuing_token()
-        except Exception as exc:
-            self.recorder.internal_error(exc)
         return True
 
     @contextlib.contextmanager
