@@ -9,10 +9,10 @@ import contextlib
 import logging
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
 from .recorder import Steps, as_bytes, run_async, run_sync
-from .wrapper import LockT, LockWrapper
+from .wrapper import Errors, LockT, LockWrapper
 
 if TYPE_CHECKING:
     # Named only in the quoted base classes below (string annotations).
@@ -25,9 +25,7 @@ class _RedisPyLockBase(LockWrapper[LockT]):
 
     key_attribute, ttl_attribute = "name", "timeout"
 
-    def _refusals(
-        self,
-    ) -> tuple[tuple[type[BaseException], ...], tuple[type[BaseException], ...]]:
+    def _refusals(self) -> tuple[Errors, Errors]:
         from redis.exceptions import LockError
 
         # LockNotOwnedError is a LockError; so is a release without a token (never
@@ -75,10 +73,13 @@ class _RedisPyLockBase(LockWrapper[LockT]):
             pause=pause,
         )
 
-    def _not_acquired(self, **fields: Any) -> Exception:
+    def _entering(self, **fields: Any) -> Steps[Self]:
+        """``with``'s acquire, by the lock's own settings; ``LockError`` as redis-py's."""
+        if (yield from self._acquire_steps(None, None, None, None)):
+            return self
         from redis.exceptions import LockError
 
-        return LockError("Unable to acquire lock within the time specified", **fields)
+        raise LockError("Unable to acquire lock within the time specified", **fields)
 
     @contextlib.contextmanager
     def _exiting(self, logger: str) -> Iterator[None]:
@@ -138,9 +139,7 @@ class InstrumentedLock(_RedisPyLockBase["redis.lock.Lock"]):
             return bool(self.lock.reacquire())
 
     def __enter__(self) -> InstrumentedLock:
-        if self.acquire():
-            return self
-        raise self._not_acquired(lock_name=self.lock.name)
+        return run_sync(self._entering(lock_name=self.lock.name))
 
     def __exit__(self, *exc_info: object) -> None:
         with self._exiting("redis.lock"):
@@ -183,9 +182,7 @@ class InstrumentedAsyncLock(_RedisPyLockBase["redis.asyncio.lock.Lock"]):
             return bool(await self.lock.reacquire())
 
     async def __aenter__(self) -> InstrumentedAsyncLock:
-        if await self.acquire():
-            return self
-        raise self._not_acquired()
+        return await run_async(self._entering())
 
     async def __aexit__(self, *exc_info: object) -> None:
         with self._exiting("redis.asyncio.lock"):

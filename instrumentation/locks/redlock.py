@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import random
 import time
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Self
 
 from .recorder import Steps, run_async, run_sync
-from .wrapper import LockT, LockWrapper, WrapperOptions
+from .wrapper import Errors, LockT, LockWrapper, WrapperOptions
 
 # pottery's own pause between blocking attempts (at most; it keeps the constant private).
 _POTTERY_RETRY_DELAY = 0.2
@@ -42,18 +42,20 @@ class _RedlockBase(LockWrapper[LockT]):
         super().__init__(lock, **options)
         self.retry_delay = retry_delay
 
-    def _refusals(
-        self,
-    ) -> tuple[tuple[type[BaseException], ...], tuple[type[BaseException], ...]]:
+    def _refusals(self) -> tuple[Errors, Errors]:
         from pottery import ExtendUnlockedLock, ReleaseUnlockedLock, TooManyExtensions
 
         return (ReleaseUnlockedLock,), (ExtendUnlockedLock, TooManyExtensions)
 
-    def _not_acquired(self) -> Exception:
+    def _entering(self) -> Steps[Self]:
+        """``with``'s acquire, by the lock's context-manager settings, as pottery's own."""
+        lock: Any = self.lock
+        blocking, timeout = lock.context_manager_blocking, lock.context_manager_timeout
+        if (yield from self._acquire_steps(blocking, timeout, None)):
+            return self
         from pottery import QuorumNotAchieved
 
-        lock: Any = self.lock
-        return QuorumNotAchieved(lock.key, lock.masters)
+        raise QuorumNotAchieved(lock.key, lock.masters)
 
     def _issuing_token(self) -> Steps[int | None]:
         # The lock's token is pottery's secret: the token a majority of the masters shows is
@@ -124,12 +126,7 @@ class InstrumentedRedlock(_RedlockBase["Redlock"]):
             self.lock.extend(raise_on_redis_errors=raise_on_redis_errors)
 
     def __enter__(self) -> InstrumentedRedlock:
-        lock = self.lock
-        if self.acquire(
-            blocking=lock.context_manager_blocking, timeout=lock.context_manager_timeout
-        ):
-            return self
-        raise self._not_acquired()
+        return run_sync(self._entering())
 
     def __exit__(self, *exc_info: object) -> Literal[False]:
         self.release()
@@ -165,12 +162,7 @@ class InstrumentedAsyncRedlock(_RedlockBase["AIORedlock"]):
             await self.lock.extend(raise_on_redis_errors=raise_on_redis_errors)
 
     async def __aenter__(self) -> InstrumentedAsyncRedlock:
-        lock = self.lock
-        if await self.acquire(
-            blocking=lock.context_manager_blocking, timeout=lock.context_manager_timeout
-        ):
-            return self
-        raise self._not_acquired()
+        return await run_async(self._entering())
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.release()

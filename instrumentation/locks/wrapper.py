@@ -23,6 +23,8 @@ if TYPE_CHECKING:
 _MAX_OPEN_HOLDS = 1024
 # The wrapped library lock: redis-py Lock (sync or asyncio) or pottery Redlock/AIORedlock.
 LockT = TypeVar("LockT")
+#: Exception classes of a lock library.
+Errors = tuple[type[BaseException], ...]
 
 
 class LockOptions(TypedDict, total=False):
@@ -78,9 +80,7 @@ class LockWrapper(Generic[LockT]):
         key: str | bytes = getattr(self.lock, self.key_attribute)
         return key
 
-    def _refusals(
-        self,
-    ) -> tuple[tuple[type[BaseException], ...], tuple[type[BaseException], ...]]:
+    def _refusals(self) -> tuple[Errors, Errors]:
         """The library's errors for a release, and an extension, of a lock no longer ours
         (imported at the wrapper's making: the app made the lock with that library)."""
         raise NotImplementedError
@@ -191,7 +191,7 @@ class LockWrapper(Generic[LockT]):
         issued while the lock held ``token`` (``None``: the token that majority shows), the
         lagging masters of that majority then raised to it."""
         key = self._key()
-        keys = [key, fence_key(key)]
+        keys = [key, f"{as_text(key)}:fence"]
         scripts = [master.register_script(FENCE_SCRIPT) for master in masters]
         issued: list[tuple[bytes, int] | None] = []
         failure: Exception | None = None
@@ -231,14 +231,3 @@ c = math.max(c, tonumber(ARGV[2]))
 redis.call('set', KEYS[2], c)
 return {holder, c}
 """
-
-
-def fence_key(lock_key: str | bytes) -> str:
-    """The Redis key of the fencing counter of the lock stored at ``lock_key``.
-
-    Example::
-
-        >>> fence_key("lock:sku:EGG-01")
-        'lock:sku:EGG-01:fence'
-    """
-    return f"{as_text(lock_key)}:fence"
