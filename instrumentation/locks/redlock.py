@@ -58,9 +58,9 @@ class _RedlockBase(LockWrapper[LockT]):
         raise QuorumNotAchieved(lock.key, lock.masters)
 
     def _issuing_token(self) -> Steps[int | None]:
-        # The lock's token is pottery's secret: the token a majority of the masters shows is
-        # taken for ours, then confirmed by locked() (above 0 only while our token still
-        # holds a majority, so it held that one too, since our acquire).
+        # pottery keeps its token private: the token a majority of the masters shows is taken
+        # for ours, then confirmed by locked(), above 0 only while our token, held since our
+        # acquire, still has a majority: one that overlaps the majority the script saw.
         lock: Any = self.lock
         token = yield from self._fence(lock.masters, None)
         if token is not None and (yield lambda: lock.locked(raise_on_redis_errors=False)):

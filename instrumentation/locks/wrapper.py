@@ -147,7 +147,7 @@ class LockWrapper(Generic[LockT]):
                 attempt_started=attempts.last_started,
             )
             if len(self._holds) >= _MAX_OPEN_HOLDS:
-                # Holds the app never released: drop the oldest rather than grow.
+                # Holds the app never released: drop the oldest (of a copy: threads share it).
                 self._holds.pop(next(iter(self._holds.copy())), None)
             self._holds[token] = hold
             if self.fencing:
