@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Literal
 
 from stocksentry.instrumentation.locks import TrackedLock
-from stocksentry.instrumentation.locks.recorder import as_bytes, resolve
+from stocksentry.instrumentation.locks.recorder import Steps, as_bytes
 
 if TYPE_CHECKING:
     from stocksentry.instrumentation import Sentry
@@ -92,18 +92,9 @@ class SetNxLock(TrackedLock):
     def _attempt(self) -> object:
         return self.client.set(self.key, self.token, nx=True, px=self._ttl_ms)
 
-    def _release_once(self) -> tuple[bool | None, object, bool | None]:
-        return self._verdict(self._release_script(keys=[self.key], args=self._release_args()))
+    def _release_steps(self) -> Steps[tuple[bool | None, object, bool | None]]:
+        current = yield lambda: self._release_script(keys=[self.key], args=self._release_args())
+        return self._verdict(current)
 
     def _extend_once(self, ttl: float) -> object:
         return self._extend_script(keys=[self.key], args=[self.token, _ms(ttl)])
-
-    async def _aattempt(self) -> object:
-        return await resolve(self.client.set(self.key, self.token, nx=True, px=self._ttl_ms))
-
-    async def _arelease_once(self) -> tuple[bool | None, object, bool | None]:
-        current = await resolve(self._release_script(keys=[self.key], args=self._release_args()))
-        return self._verdict(current)
-
-    async def _aextend_once(self, ttl: float) -> object:
-        return await resolve(self._extend_script(keys=[self.key], args=[self.token, _ms(ttl)]))

@@ -2,8 +2,9 @@
 
 :class:`LockRecorder` turns acquire, extend and release into the catalog's lock metrics
 and log lines (:meth:`LockRecorder.attempting` times one acquire and counts the error
-outcome, for every form); :class:`LockHold` is one acquisition; ``LockWrapper`` is what
-the redis-py and pottery wrappers share. Nothing here imports a lock library.
+outcome, for every form); :class:`LockHold` is one acquisition; :func:`run_sync` and
+:func:`run_async` drive an operation written once for both. Nothing here imports a lock
+library.
 """
 
 from __future__ import annotations
@@ -12,11 +13,10 @@ import asyncio
 import contextlib
 import hashlib
 import inspect
-import threading
 import time
-from collections.abc import Callable, Generator, Iterator
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from collections.abc import Awaitable, Callable, Generator, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from .. import events
 from ..events import LogEvent
@@ -25,11 +25,6 @@ from ..heldlocks import hold_released, hold_started
 if TYPE_CHECKING:
     from ..sentry import Sentry
 
-#: Holds kept per wrapper for locks the app never released (a bound against leaks).
-_MAX_OPEN_HOLDS = 1024
-_COMPONENT = "locks"
-# The wrapped library lock: redis-py Lock (sync or asyncio) or pottery Redlock/AIORedlock.
-LockT = TypeVar("LockT")
 T = TypeVar("T")
 
 
@@ -43,62 +38,49 @@ class Pause(float):
 Steps = Generator[Callable[[], object] | Pause, Any, T]
 
 
-def sync_result(value: object) -> object:
-    """``value``, refused when awaitable: an asyncio client or coroutine callable in sync
-    code would be a truthy coroutine that never runs. Set-up error, said plainly."""
-    if inspect.isawaitable(value):
-        close = getattr(value, "close", None)
-        if close is not None:
-            close()
-        raise TypeError("this lock's client or callables are asyncio: use async with")
-    return value
+def refuse(awaitable: Awaitable[object]) -> NoReturn:
+    """Refuse an asyncio client or coroutine callable in sync code (its truthy coroutine
+    would never run): a set-up error, said plainly."""
+    close = getattr(awaitable, "close", None)
+    if close is not None:
+        close()
+    raise TypeError("this lock's client or callables are asyncio: use async with")
 
 
-async def resolve(value: object) -> object:
-    """``value``, awaited when it is awaitable."""
-    if inspect.isawaitable(value):
-        return await value
-    return value
+async def run_async(steps: Steps[T], *, blocking: bool = False) -> T:
+    """Drive ``steps`` in asyncio code: each call's result is awaited when awaitable. With
+    ``blocking`` (:func:`run_sync`) it sleeps and calls as sync code does, awaiting nothing."""
+    try:
+        step = next(steps)
+        while True:
+            try:
+                result: object = None
+                if not isinstance(step, Pause):
+                    result = step()
+                    if inspect.isawaitable(result):
+                        result = refuse(result) if blocking else await result
+                elif blocking:
+                    time.sleep(step)  # noqa: ASYNC251 - run_sync's run, in sync code
+                else:
+                    await asyncio.sleep(step)
+            except BaseException as exc:
+                step = steps.throw(exc)
+            else:
+                step = steps.send(result)
+    except StopIteration as done:
+        value: T = done.value
+        return value
 
 
 def run_sync(steps: Steps[T]) -> T:
-    """Drive ``steps`` in sync code."""
+    """Drive ``steps`` in sync code: the blocking :func:`run_async`, which never suspends,
+    runs to its end at the first ``send``."""
     try:
-        step = next(steps)
-        while True:
-            try:
-                if isinstance(step, Pause):
-                    time.sleep(step)
-                    result: object = None
-                else:
-                    result = sync_result(step())
-            except BaseException as exc:
-                step = steps.throw(exc)
-            else:
-                step = steps.send(result)
+        run_async(steps, blocking=True).send(None)
     except StopIteration as done:
         value: T = done.value
         return value
-
-
-async def run_async(steps: Steps[T]) -> T:
-    """Drive ``steps`` in asyncio code: each call's result is awaited when awaitable."""
-    try:
-        step = next(steps)
-        while True:
-            try:
-                if isinstance(step, Pause):
-                    await asyncio.sleep(step)
-                    result: object = None
-                else:
-                    result = await resolve(step())
-            except BaseException as exc:
-                step = steps.throw(exc)
-            else:
-                step = steps.send(result)
-    except StopIteration as done:
-        value: T = done.value
-        return value
+    raise AssertionError("a blocking run of lock steps suspended")
 
 
 def token_hash(token: str | bytes | None) -> str | None:
@@ -120,12 +102,8 @@ def token_hash(token: str | bytes | None) -> str | None:
 
 
 def as_bytes(value: object) -> bytes | None:
-    if value is None:
-        return None
-    if isinstance(value, bytes):
+    if value is None or isinstance(value, bytes):
         return value
-    if isinstance(value, str):
-        return value.encode()
     return str(value).encode()
 
 
@@ -199,7 +177,16 @@ class LockRecorder:
     def internal_error(self, exc: BaseException) -> None:
         # internal_error never raises; the suppress is belt and braces.
         with contextlib.suppress(Exception):
-            self.sentry.internal_error(_COMPONENT, exc)
+            self.sentry.internal_error("locks", exc)
+
+    @contextlib.contextmanager
+    def counting_errors(self) -> Iterator[None]:
+        """A failure of stocksentry's own in the body: counted as an internal error, never
+        raised (the body stops there)."""
+        try:
+            yield
+        except Exception as exc:
+            self.internal_error(exc)
 
     def _log(self, event: LogEvent, **fields: Any) -> None:
         self.sentry.log_event(event, lock=self.name, **fields)
@@ -221,23 +208,13 @@ class LockRecorder:
         """
         now = time.perf_counter()
         holder = None
-        try:
+        with self.counting_errors():
             holder = token_hash(token)
-        except Exception as exc:
-            self.internal_error(exc)
         base = now if attempt_started is None else attempt_started
         hold = LockHold(holder, base, base + ttl if ttl else None, self.name)
-        try:
+        with self.counting_errors():
             hold_started(hold)
-        except Exception as exc:
-            self.internal_error(exc)
-        try:
-            metrics = self.sentry.metrics
-            metrics.lock_acquire_duration(self.name, "acquired", now - started)
-            if retries:
-                metrics.lock_acquire_retries(self.name, retries)
-        except Exception as exc:
-            self.internal_error(exc)
+        self._count_acquire("acquired", now - started, retries)
         self._log(
             events.LOCK_ACQUIRED,
             holder=holder,
@@ -252,26 +229,19 @@ class LockRecorder:
     ) -> None:
         """Record an acquire that gave up (``exc is None``: timeout) or raised ``exc`` (error)."""
         waited = time.perf_counter() - started
-        outcome = "timeout" if exc is None else "error"
-        try:
+        self._count_acquire("timeout" if exc is None else "error", waited, retries)
+        wait_ms = round(waited * 1000, 3)
+        if exc is None:
+            self._log(events.LOCK_ACQUIRE_TIMEOUT, wait_ms=wait_ms, retries=retries)
+        else:
+            self._log(events.LOCK_ACQUIRE_ERROR, wait_ms=wait_ms, error=type(exc).__name__)
+
+    def _count_acquire(self, outcome: str, waited: float, retries: int) -> None:
+        with self.counting_errors():
             metrics = self.sentry.metrics
             metrics.lock_acquire_duration(self.name, outcome, waited)
             if retries:
                 metrics.lock_acquire_retries(self.name, retries)
-        except Exception as err:
-            self.internal_error(err)
-        if exc is None:
-            self._log(
-                events.LOCK_ACQUIRE_TIMEOUT,
-                wait_ms=round(waited * 1000, 3),
-                retries=retries,
-            )
-        else:
-            self._log(
-                events.LOCK_ACQUIRE_ERROR,
-                wait_ms=round(waited * 1000, 3),
-                error=type(exc).__name__,
-            )
 
     @contextlib.contextmanager
     def attempting(self) -> Iterator[Attempts]:
@@ -286,12 +256,10 @@ class LockRecorder:
                 attempts.begin()
                 acquired = try_lock()
         """
-        try:
+        with self.counting_errors():
             # The lock's other series (expiries, foreign releases) exist from its first
             # attempt on, so their first increase is seen.
             self.sentry.metrics.prime_lock(self.name)
-        except Exception as exc:
-            self.internal_error(exc)
         attempts = Attempts()
         try:
             yield attempts
@@ -306,10 +274,8 @@ class LockRecorder:
 
     def extend_failed(self, hold: LockHold | None, exc: BaseException | None = None) -> None:
         """Record an extension the lock refused (lost, or out of extensions)."""
-        try:
+        with self.counting_errors():
             self.sentry.metrics.lock_extend_failure(self.name)
-        except Exception as err:
-            self.internal_error(err)
         self._log(
             events.LOCK_EXTEND_FAILED,
             holder=hold.holder if hold is not None else None,
@@ -341,11 +307,9 @@ class LockRecorder:
         lease: float | None = None
         if hold is not None:
             hold.released = True
-            try:
+            with self.counting_errors():
                 hold_released(hold)
-            except Exception as exc:
-                self.internal_error(exc)
-        try:
+        with self.counting_errors():
             metrics = self.sentry.metrics
             if hold is not None:
                 held = started - hold.acquired_at
@@ -361,8 +325,6 @@ class LockRecorder:
                 metrics.lock_expired_while_held(self.name)
             if owned is False:
                 metrics.lock_release_not_owned(self.name)
-        except Exception as exc:
-            self.internal_error(exc)
         holder = hold.holder if hold is not None else None
         if expired:
             self._log(
@@ -373,11 +335,9 @@ class LockRecorder:
             )
         if owned is False:
             fields: dict[str, Any] = {"holder": holder}
-            try:
+            with self.counting_errors():
                 if current_holder is not None:
                     fields["current_holder"] = token_hash(current_holder)
-            except Exception as exc:
-                self.internal_error(exc)
             if deleted_other_holder is not None:
                 fields["deleted_other_holder"] = deleted_other_holder
             if hold is None:
@@ -387,15 +347,13 @@ class LockRecorder:
             self._log(events.LOCK_RELEASE_NOT_OWNED, **fields)
 
 
+@dataclass(slots=True)
 class Attempts:
     """The attempts of one acquire that began at ``started`` (readable after an exception)."""
 
-    __slots__ = ("count", "last_started", "started")
-
-    def __init__(self) -> None:
-        self.started = time.perf_counter()
-        self.count = 0
-        self.last_started: float | None = None
+    started: float = field(default_factory=time.perf_counter)
+    count: int = 0
+    last_started: float | None = None
 
     def begin(self) -> None:
         """Call just before each attempt."""
@@ -406,110 +364,3 @@ class Attempts:
     def retries(self) -> int:
         """Attempts after the first."""
         return max(0, self.count - 1)
-
-
-class Holds:
-    """Open holds of one wrapper, by token: redis-py keeps one token per thread."""
-
-    __slots__ = ("_holds", "_lock")
-
-    def __init__(self) -> None:
-        self._holds: dict[bytes | None, LockHold] = {}
-        self._lock = threading.Lock()
-
-    def put(self, token: bytes | None, hold: LockHold) -> None:
-        with self._lock:
-            if len(self._holds) >= _MAX_OPEN_HOLDS:
-                # Holds the app never released: drop the oldest rather than grow.
-                self._holds.pop(next(iter(self._holds)))
-            self._holds[token] = hold
-
-    def get(self, token: bytes | None) -> LockHold | None:
-        with self._lock:
-            return self._holds.get(token)
-
-    def pop(self, token: bytes | None) -> LockHold | None:
-        with self._lock:
-            return self._holds.pop(token, None)
-
-
-class LockWrapper(Generic[LockT]):
-    """What every wrapper of a library's lock holds: the lock, its label, its recorder.
-
-    The attributes a wrapper does not define are the wrapped lock's.
-    """
-
-    def __init__(
-        self, lock: LockT, name: str, sentry: Sentry | None, count_retries: bool, fencing: bool
-    ) -> None:
-        self.lock = lock
-        self.name = name
-        self.count_retries = count_retries
-        self.fencing = fencing
-        self.recorder = LockRecorder(name, sentry)
-
-    def __getattr__(self, attribute: str) -> Any:
-        return getattr(self.lock, attribute)
-
-    def _acquiring(
-        self,
-        blocks: bool,
-        once: Callable[[], object],
-        attempt: Callable[[], object],
-        keep_trying: Callable[[], bool],
-        pause: Callable[[], float | None],
-    ) -> Steps[bool]:
-        """One acquire, timed. With ``count_retries`` a blocking acquire is the library's
-        own loop run here, so that its retries are counted: ``attempt`` (one non-blocking
-        try) while ``keep_trying()``, ``pause()`` seconds apart (``None``: give up). Else
-        ``once`` is the library's own call, which does its own waiting (if any)."""
-        with self.recorder.attempting() as attempts:
-            if self.count_retries and blocks:
-                acquired = False
-                while keep_trying():
-                    attempts.begin()
-                    if (yield attempt):
-                        acquired = True
-                        break
-                    seconds = pause()
-                    if seconds is None:
-                        break
-                    yield Pause(seconds)
-            else:
-                if not blocks:
-                    attempts.begin()  # one attempt: the lease starts no later than now
-                acquired = bool((yield once))
-        self._record_acquire(acquired, attempts)
-        if acquired and self.fencing:
-            yield from self._issuing_token()
-        return acquired
-
-    def _record_acquire(self, acquired: bool, attempts: Attempts) -> None:
-        raise NotImplementedError
-
-    def _issuing_token(self) -> Steps[None]:
-        raise NotImplementedError
-
-
-# --- fencing tokens ------------------------------------------------------------------------
-
-#: Issues the next token of ``KEYS[2]`` only while ``KEYS[1]`` (the lock) holds our token
-#: ``ARGV[1]``: atomic on the server, so a token is never issued to a holder that has
-#: already lost the lock, and every later holder's token is higher.
-FENCE_SCRIPT = """
-if redis.call('get', KEYS[1]) == ARGV[1] then
-  return redis.call('incr', KEYS[2])
-end
-return false
-"""
-
-
-def fence_key(lock_key: str | bytes) -> str:
-    """The Redis key of the fencing counter of the lock stored at ``lock_key``.
-
-    Example::
-
-        >>> fence_key("lock:sku:EGG-01")
-        'lock:sku:EGG-01:fence'
-    """
-    return f"{as_text(lock_key)}:fence"

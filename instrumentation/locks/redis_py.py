@@ -9,78 +9,40 @@ import contextlib
 import logging
 import time
 from collections.abc import Iterator
-from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
-from .recorder import (
-    FENCE_SCRIPT,
-    Attempts,
-    Holds,
-    LockHold,
-    LockT,
-    LockWrapper,
-    Steps,
-    as_bytes,
-    as_text,
-    fence_key,
-    run_async,
-    run_sync,
-)
+from .recorder import Steps, as_bytes, run_async, run_sync
+from .wrapper import Errors, LockT, LockWrapper
 
 if TYPE_CHECKING:
     # Named only in the quoted base classes below (string annotations).
     import redis.asyncio.lock  # noqa: F401
     import redis.lock  # noqa: F401
 
-    from ..sentry import Sentry
-
 
 class _RedisPyLockBase(LockWrapper[LockT]):
     """What the sync and asyncio wrappers of redis-py's ``Lock`` share."""
 
-    def __init__(
-        self,
-        lock: LockT,
-        *,
-        name: str | None = None,
-        sentry: Sentry | None = None,
-        count_retries: bool = True,
-        fencing: bool = False,
-    ) -> None:
-        from redis.exceptions import LockError, LockNotOwnedError
+    key_attribute, ttl_attribute = "name", "timeout"
 
-        # The library lock is typed per subclass; its name attribute is read untyped here.
-        label = name if name is not None else as_text(getattr(lock, "name", ""))
-        super().__init__(lock, label, sentry, count_retries, fencing)
-        self._lock_error = LockError
-        self._not_owned_error = LockNotOwnedError
-        self._holds = Holds()
-        self._fence_script: Any = None
+    def _refusals(self) -> tuple[Errors, Errors]:
+        from redis.exceptions import LockError
 
-    @property
-    def fencing_token(self) -> int | None:
-        """The fencing token of the current hold (this thread's, for the sync lock): higher
-        than every token issued before for this lock's key. ``None`` without
-        ``fencing=True``, when not held, or when the lock was lost before the token could be
-        issued (then do not write: another holder may be in)."""
-        hold = self._holds.get(self._token(self.lock))
-        return hold.fencing_token if hold is not None else None
+        # LockNotOwnedError is a LockError; so is a release without a token (never
+        # acquired by this thread, or released twice): a release of a lock not ours.
+        return (LockError,), (LockError,)
 
-    def _issuing_token(self) -> Steps[None]:
-        # One round trip after the acquire; a failure leaves the token None, never raises.
-        try:
-            lock: Any = self.lock
-            token = self._token(lock)
-            hold = self._holds.get(token)
-            if token is None or hold is None:
-                return
-            if self._fence_script is None:
-                self._fence_script = lock.redis.register_script(FENCE_SCRIPT)
-            script = self._fence_script
-            issued = yield lambda: script(keys=[lock.name, fence_key(lock.name)], args=[token])
-            hold.fencing_token = int(issued) if issued is not None else None
-        except Exception as exc:
-            self.recorder.internal_error(exc)
+    def _token(self) -> bytes | None:
+        lock: Any = self.lock
+        token = None
+        with self.recorder.counting_errors():
+            token = as_bytes(lock.local.token)
+        return token
+
+    def _issuing_token(self) -> Steps[int | None]:
+        # One round trip after the acquire; the script checks the key still holds our token.
+        lock: Any = self.lock
+        return self._fence([lock.redis], self._token())
 
     def _acquire_steps(
         self,
@@ -111,93 +73,26 @@ class _RedisPyLockBase(LockWrapper[LockT]):
             pause=pause,
         )
 
-    def _token(self, lock: Any) -> bytes | None:
-        try:
-            return as_bytes(lock.local.token)
-        except Exception as exc:
-            self.recorder.internal_error(exc)
-            return None
+    def _entering(self, **fields: Any) -> Steps[Self]:
+        """``with``'s acquire, by the lock's own settings; ``LockError`` as redis-py's."""
+        if (yield from self._acquire_steps(None, None, None, None)):
+            return self
+        from redis.exceptions import LockError
 
-    def _record_acquire(self, acquired: bool, attempts: Attempts) -> None:
-        lock: Any = self.lock
-        try:
-            if acquired:
-                token = self._token(lock)
-                hold = self.recorder.acquired(
-                    attempts.started,
-                    token=token,
-                    ttl=lock.timeout,
-                    retries=attempts.retries,
-                    attempt_started=attempts.last_started,
-                )
-                self._holds.put(token, hold)
-            else:
-                self.recorder.not_acquired(attempts.started, retries=attempts.retries)
-        except Exception as exc:
-            self.recorder.internal_error(exc)
-
-    def _extend_deadline(
-        self, hold: LockHold | None, started: float, additional: float, replace: bool
-    ) -> float | None:
-        if replace:
-            return started + float(additional)
-        if hold is None or hold.deadline is None:
-            return None
-        return hold.deadline + float(additional)
-
-    def _release_failed(self, exc: BaseException, token: bytes | None, started: float) -> None:
-        """Count a release that raised ``exc`` (called before it propagates)."""
-        try:
-            if isinstance(exc, self._not_owned_error):
-                self.recorder.released(self._holds.pop(token), owned=False, started=started)
-            elif isinstance(exc, self._lock_error):
-                # No token: never acquired by this thread, or released twice.
-                self.recorder.released(None, owned=False, started=started)
-        except Exception as err:
-            self.recorder.internal_error(err)
+        raise LockError("Unable to acquire lock within the time specified", **fields)
 
     @contextlib.contextmanager
-    def _releasing(self) -> Iterator[None]:
-        """Measure the release the body makes; one that raised is counted, then re-raised."""
-        started = time.perf_counter()
-        token = self._token(self.lock)
+    def _exiting(self, logger: str) -> Iterator[None]:
+        """``__exit__``'s release: a refusal is re-raised, or, with the lock's
+        ``raise_on_release_error=False``, logged as redis-py does."""
         try:
             yield
-        except Exception as exc:
-            self._release_failed(exc, token, started)
-            raise
-        try:
-            self.recorder.released(self._holds.pop(token), owned=True, started=started)
-        except Exception as exc:
-            self.recorder.internal_error(exc)
-
-    @contextlib.contextmanager
-    def _extending(self, additional: float | None, replace: bool = False) -> Iterator[None]:
-        """Measure the extension the body makes; a refusal (``LockError``) is counted, then
-        re-raised. ``additional=None``: the lease starts again for the lock's own timeout
-        (``reacquire``)."""
-        lock: Any = self.lock
-        started = time.perf_counter()
-        hold = self._holds.get(self._token(lock))
-        try:
-            yield
-        except self._lock_error as exc:
-            self.recorder.extend_failed(hold, exc)
-            raise
-        if additional is None:
-            deadline = started + float(lock.timeout) if lock.timeout else None
-        else:
-            deadline = self._extend_deadline(hold, started, additional, replace)
-        self.recorder.extended(hold, deadline=deadline)
-
-    def _raise_on_exit(self, logger: str) -> bool:
-        """After ``__exit__``'s release failed: re-raise, or log as redis-py does and go on."""
-        if getattr(self.lock, "raise_on_release_error", True):
-            return True
-        logging.getLogger(logger).warning(
-            "Lock was unlocked or no longer owned when exiting context manager."
-        )
-        return False
+        except self.release_refused:
+            if getattr(self.lock, "raise_on_release_error", True):
+                raise
+            logging.getLogger(logger).warning(
+                "Lock was unlocked or no longer owned when exiting context manager."
+            )
 
 
 class InstrumentedLock(_RedisPyLockBase["redis.lock.Lock"]):
@@ -207,7 +102,8 @@ class InstrumentedLock(_RedisPyLockBase["redis.lock.Lock"]):
     the key carries an id). With ``count_retries`` (the default) a blocking ``acquire``
     runs redis-py's own loop here (``acquire(blocking=False)`` every ``sleep`` seconds
     until ``blocking_timeout``), so that each attempt after the first is counted; pass
-    ``count_retries=False`` to leave the loop to redis-py.
+    ``count_retries=False`` to leave the loop to redis-py. ``locked()``, ``owned()`` and
+    the other attributes are the lock's.
 
     ``release()`` re-raises ``LockNotOwnedError`` after counting it, as redis-py does;
     ``__exit__`` then follows the lock's ``raise_on_release_error``.
@@ -234,40 +130,20 @@ class InstrumentedLock(_RedisPyLockBase["redis.lock.Lock"]):
 
     def extend(self, additional_time: float, replace_ttl: bool = False) -> bool:
         """``Lock.extend``; a refusal (``LockError``) is counted, then re-raised."""
-        with self._extending(additional_time, replace_ttl):
+        with self._extending(additional_time, added=not replace_ttl):
             return bool(self.lock.extend(additional_time, replace_ttl))
 
     def reacquire(self) -> bool:
         """``Lock.reacquire`` (the TTL starts again); a refusal is counted, then re-raised."""
-        with self._extending(None):
+        with self._extending(self.lock.timeout):
             return bool(self.lock.reacquire())
 
-    def locked(self) -> bool:
-        """``Lock.locked``: whether any holder has the key."""
-        return bool(self.lock.locked())
-
-    def owned(self) -> bool:
-        """``Lock.owned``: whether the key holds this thread's token."""
-        return bool(self.lock.owned())
-
     def __enter__(self) -> InstrumentedLock:
-        if self.acquire():
-            return self
-        raise self._lock_error(
-            "Unable to acquire lock within the time specified", lock_name=self.lock.name
-        )
+        return run_sync(self._entering(lock_name=self.lock.name))
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        try:
+    def __exit__(self, *exc_info: object) -> None:
+        with self._exiting("redis.lock"):
             self.release()
-        except self._lock_error:
-            if self._raise_on_exit("redis.lock"):
-                raise
 
 
 class InstrumentedAsyncLock(_RedisPyLockBase["redis.asyncio.lock.Lock"]):
@@ -297,35 +173,17 @@ class InstrumentedAsyncLock(_RedisPyLockBase["redis.asyncio.lock.Lock"]):
 
     async def extend(self, additional_time: float, replace_ttl: bool = False) -> bool:
         """``Lock.extend``; a refusal (``LockError``) is counted, then re-raised."""
-        with self._extending(additional_time, replace_ttl):
+        with self._extending(additional_time, added=not replace_ttl):
             return bool(await self.lock.extend(additional_time, replace_ttl))
 
     async def reacquire(self) -> bool:
         """``Lock.reacquire`` (the TTL starts again); a refusal is counted, then re-raised."""
-        with self._extending(None):
+        with self._extending(self.lock.timeout):
             return bool(await self.lock.reacquire())
 
-    async def locked(self) -> bool:
-        """``Lock.locked``: whether any holder has the key."""
-        return bool(await self.lock.locked())
-
-    async def owned(self) -> bool:
-        """``Lock.owned``: whether the key holds this lock's token."""
-        return bool(await self.lock.owned())
-
     async def __aenter__(self) -> InstrumentedAsyncLock:
-        if await self.acquire():
-            return self
-        raise self._lock_error("Unable to acquire lock within the time specified")
+        return await run_async(self._entering())
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        try:
+    async def __aexit__(self, *exc_info: object) -> None:
+        with self._exiting("redis.asyncio.lock"):
             await self.release()
-        except self._lock_error:
-            if self._raise_on_exit("redis.asyncio.lock"):
-                raise

@@ -10,22 +10,12 @@ import random
 import time
 import uuid
 from collections.abc import Callable
-from types import TracebackType
+from functools import partial
 from typing import TYPE_CHECKING, Literal
 
 from ..catalog import ConflictReason
 from ..outcomes import ReservationConflict
-from .recorder import (
-    Attempts,
-    LockHold,
-    LockRecorder,
-    Pause,
-    Steps,
-    as_bytes,
-    resolve,
-    run_async,
-    run_sync,
-)
+from .recorder import LockHold, LockRecorder, Pause, Steps, as_bytes, run_async, run_sync
 
 if TYPE_CHECKING:
     from ..sentry import Sentry
@@ -62,7 +52,18 @@ class TrackedLock:
     ``retry_delay`` seconds with jitter until that many seconds have passed. Not acquired
     in time: ``with`` raises :class:`LockNotAcquired`, :meth:`acquire` returns ``False``.
     One instance is one holder: make one per use, do not share one between threads or tasks.
-    Example: :func:`track_lock`.
+    ``track_lock`` is this class under the name of a function.
+
+    Example::
+
+        async with track_lock(
+            "checkout",
+            ttl=5,
+            acquire=lambda token: client.set(KEY, token, nx=True, ex=5),  # redis.asyncio
+            release=lambda token: client.delete(KEY),
+            owner=lambda: client.get(KEY),
+        ):
+            await reserve()
     """
 
     def __init__(
@@ -96,22 +97,24 @@ class TrackedLock:
         self._owner_fn = owner
         self._extend_fn = extend
 
-    # --- what a subclass changes (one attempt, one release, one extension) -----------------
+    # --- what a subclass changes: one attempt, one release, one extension ------------------
+    # The calls return what the lock's client returns: awaited by the asyncio forms.
 
     def _attempt(self) -> object:
         if self._acquire_fn is None:
             raise TypeError("TrackedLock needs an acquire callable")
         return self._acquire_fn(self.token)
 
-    def _release_once(self) -> tuple[bool | None, object, bool | None]:
-        """Release; returns (owned, the token found under the lock, whether it was deleted)."""
+    def _release_steps(self) -> Steps[tuple[bool | None, object, bool | None]]:
+        """Release; returns whether the lock was still ours, the token found under it and
+        whether the release deleted that token (``None``: not known)."""
         current: object = None
         owned: bool | None = None
         if self._owner_fn is not None:
-            current = self._owner_fn()
+            current = yield self._owner_fn
             owned = as_bytes(current) == self.token.encode()
         if self._release_fn is not None:
-            self._release_fn(self.token)
+            yield partial(self._release_fn, self.token)
         # Whether the release deleted the other holder's key depends on the callable.
         return owned, current, None
 
@@ -120,40 +123,23 @@ class TrackedLock:
             raise TypeError("this lock has no extend callable")
         return self._extend_fn(self.token, ttl)
 
-    async def _aattempt(self) -> object:
-        return await resolve(self._attempt())
+    # --- measured, once for sync and asyncio ------------------------------------------------
 
-    async def _arelease_once(self) -> tuple[bool | None, object, bool | None]:
-        current: object = None
-        owned: bool | None = None
-        if self._owner_fn is not None:
-            current = await resolve(self._owner_fn())
-            owned = as_bytes(current) == self.token.encode()
-        if self._release_fn is not None:
-            await resolve(self._release_fn(self.token))
-        return owned, current, None
-
-    async def _aextend_once(self, ttl: float) -> object:
-        return await resolve(self._extend_once(ttl))
-
-    # --- shared bookkeeping ----------------------------------------------------------------
-
-    def _new_token(self) -> None:
+    def _acquiring(self) -> Steps[bool]:
+        timeout = self.blocking_timeout
+        stop_at = None if timeout is None else time.monotonic() + timeout
         if self._fixed_token is None:
             self.token = uuid.uuid4().hex
-
-    def _pause(self) -> float:
-        return self.retry_delay * random.uniform(0.5, 1.5)  # noqa: S311 - jitter
-
-    def _refusal(self) -> ConflictReason:
-        timeout = self.blocking_timeout
-        return "lock_timeout" if timeout is None or timeout > 0 else "lock_not_acquired"
-
-    def _give_up_at(self) -> float | None:
-        timeout = self.blocking_timeout
-        return None if timeout is None else time.monotonic() + timeout
-
-    def _record_acquired(self, attempts: Attempts) -> None:
+        with self.recorder.attempting() as attempts:
+            while True:
+                attempts.begin()
+                if (yield self._attempt):
+                    break
+                pause = self.retry_delay * random.uniform(0.5, 1.5)  # noqa: S311 - jitter
+                if stop_at is not None and time.monotonic() + pause > stop_at:
+                    self.recorder.not_acquired(attempts.started, retries=attempts.retries)
+                    return False
+                yield Pause(pause)
         self.hold = self.recorder.acquired(
             attempts.started,
             token=self.token,
@@ -161,11 +147,15 @@ class TrackedLock:
             retries=attempts.retries,
             attempt_started=attempts.last_started,
         )
+        return True
 
-    def _record_release(
-        self, started: float, verdict: tuple[bool | None, object, bool | None]
-    ) -> bool | None:
-        owned, current, deleted_other = verdict
+    def _releasing(self) -> Steps[bool | None]:
+        started = time.perf_counter()
+        try:
+            owned, current, deleted_other = yield from self._release_steps()
+        except Exception:
+            self.hold = None
+            raise
         hold, self.hold = self.hold, None
         self.recorder.released(
             hold,
@@ -176,139 +166,67 @@ class TrackedLock:
         )
         return owned
 
-    def _record_extend(self, ok: object, ttl: float, started: float) -> bool:
-        if ok:
-            self.recorder.extended(self.hold, deadline=started + ttl)
-            return True
-        self.recorder.extend_failed(self.hold)
-        return False
-
-    def _acquiring(self, attempt: Callable[[], object]) -> Steps[bool]:
-        stop_at = self._give_up_at()
-        self._new_token()
-        with self.recorder.attempting() as attempts:
-            while True:
-                attempts.begin()
-                if (yield attempt):
-                    break
-                pause = self._pause()
-                if stop_at is not None and time.monotonic() + pause > stop_at:
-                    self.recorder.not_acquired(attempts.started, retries=attempts.retries)
-                    return False
-                yield Pause(pause)
-        self._record_acquired(attempts)
-        return True
-
-    def _releasing(self, release: Callable[[], object]) -> Steps[bool | None]:
-        started = time.perf_counter()
-        try:
-            verdict = yield release
-        except Exception:
-            self.hold = None
-            raise
-        return self._record_release(started, verdict)
-
-    def _extending(self, ttl: float | None, extend: Callable[[float], object]) -> Steps[bool]:
+    def _extending(self, ttl: float | None) -> Steps[bool]:
         started = time.perf_counter()
         seconds = ttl if ttl is not None else self.ttl
         if seconds is None:
             raise ValueError("extend needs a ttl: this lock has none")
-        ok = yield lambda: extend(seconds)
-        return self._record_extend(ok, seconds, started)
+        if (yield partial(self._extend_once, seconds)):
+            self.recorder.extended(self.hold, deadline=started + seconds)
+            return True
+        self.recorder.extend_failed(self.hold)
+        return False
+
+    def _entering(self) -> Steps[TrackedLock]:
+        started = time.perf_counter()
+        if (yield from self._acquiring()):
+            return self
+        timeout = self.blocking_timeout
+        tried_once = timeout is not None and timeout <= 0
+        reason: ConflictReason = "lock_not_acquired" if tried_once else "lock_timeout"
+        raise LockNotAcquired(self.name, time.perf_counter() - started, reason=reason)
 
     def acquire(self) -> bool:
         """Try (and retry until ``blocking_timeout``); ``True`` once held."""
-        return run_sync(self._acquiring(self._attempt))
+        return run_sync(self._acquiring())
 
     def release(self) -> bool | None:
         """Release; returns whether the lock was still ours (``None``: not known)."""
-        return run_sync(self._releasing(self._release_once))
+        return run_sync(self._releasing())
 
     def extend(self, ttl: float | None = None) -> bool:
         """Renew the lease for ``ttl`` (default: the lock's TTL) seconds from now.
 
         Returns ``False`` (and counts an extension failure) when the lock refused.
         """
-        return run_sync(self._extending(ttl, self._extend_once))
+        return run_sync(self._extending(ttl))
 
     async def aacquire(self) -> bool:
         """The asyncio form of :meth:`acquire`."""
-        return await run_async(self._acquiring(self._aattempt))
+        return await run_async(self._acquiring())
 
     async def arelease(self) -> bool | None:
         """The asyncio form of :meth:`release`."""
-        return await run_async(self._releasing(self._arelease_once))
+        return await run_async(self._releasing())
 
     async def aextend(self, ttl: float | None = None) -> bool:
         """The asyncio form of :meth:`extend`."""
-        return await run_async(self._extending(ttl, self._aextend_once))
+        return await run_async(self._extending(ttl))
 
     def __enter__(self) -> TrackedLock:
-        started = time.perf_counter()
-        if not self.acquire():
-            raise LockNotAcquired(self.name, time.perf_counter() - started, reason=self._refusal())
-        return self
+        return run_sync(self._entering())
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> Literal[False]:
+    def __exit__(self, *exc_info: object) -> Literal[False]:
         self.release()
         return False
 
     async def __aenter__(self) -> TrackedLock:
-        started = time.perf_counter()
-        if not await self.aacquire():
-            raise LockNotAcquired(self.name, time.perf_counter() - started, reason=self._refusal())
-        return self
+        return await run_async(self._entering())
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> Literal[False]:
+    async def __aexit__(self, *exc_info: object) -> Literal[False]:
         await self.arelease()
         return False
 
 
-def track_lock(
-    name: str,
-    *,
-    ttl: float | None,
-    acquire: Callable[[str], object],
-    release: Callable[[str], object],
-    owner: Callable[[], object] | None = None,
-    extend: Callable[[str, float], object] | None = None,
-    token: str | None = None,
-    blocking_timeout: float | None = 0.0,
-    retry_delay: float = 0.05,
-    sentry: Sentry | None = None,
-) -> TrackedLock:
-    """A :class:`TrackedLock`: measure a home-made lock given as callables.
-
-    Example::
-
-        async with track_lock(
-            "checkout",
-            ttl=5,
-            acquire=lambda token: client.set(KEY, token, nx=True, ex=5),  # redis.asyncio
-            release=lambda token: client.delete(KEY),
-            owner=lambda: client.get(KEY),
-        ):
-            await reserve()
-    """
-    return TrackedLock(
-        name,
-        ttl=ttl,
-        acquire=acquire,
-        release=release,
-        owner=owner,
-        extend=extend,
-        token=token,
-        blocking_timeout=blocking_timeout,
-        retry_delay=retry_delay,
-        sentry=sentry,
-    )
+#: :class:`TrackedLock`: measure a home-made lock given as callables (see its example).
+track_lock = TrackedLock
