@@ -1,17 +1,16 @@
 """Read prometheus_client's multiprocess directory, one file at a time, without failing.
 
-Unlike prometheus_client's ``MultiProcessCollector``, which one corrupt file fails
-whole, :class:`MultiprocessDirCollector` skips a bad file (counted in
-``stocksentry_multiprocess_files_skipped_total{reason}``) and merges the rest with
-prometheus_client's semantics, in directory order so that sums are bit for bit the same.
-It also drops ``live*`` gauges of dead pids, reads the workers' exemplar files and can
-compact dead workers' files (:mod:`.compaction`). docs/exporter-server.md ("The
-multiprocess directory") says what each choice does and why.
+Unlike prometheus_client's ``MultiProcessCollector``, which one corrupt file fails whole,
+:class:`MultiprocessDirCollector` skips a bad file (counted by reason) and merges the rest
+with prometheus_client's semantics. It also drops ``live*`` gauges of dead pids, reads the
+workers' exemplar files and can compact dead workers' files (:mod:`.compaction`); see
+docs/exporter-server.md ("The multiprocess directory").
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import threading
@@ -61,24 +60,18 @@ COMPACT_INTERVAL: Final = 30.0
 class MultiprocessDirCollector:
     """A prometheus_client collector for a multiprocess directory that survives bad files.
 
-    Thread-safe: two scrapes may call :meth:`collect` at once.
-
-    Args:
-        path: the directory the app's workers write (their ``PROMETHEUS_MULTIPROC_DIR``).
-        check_pids: also drop ``live*`` gauges whose pid is not alive according to
-            ``os.kill(pid, 0)``; off when the exporter does not share the app's PID
-            namespace.
-        compact_dead: compact the files of dead pids (:mod:`.compaction`) at most every
-            ``compact_interval`` seconds, before a scrape. Needs ``check_pids`` and a
-            directory this process can write.
+    Thread-safe. ``path`` is the workers' ``PROMETHEUS_MULTIPROC_DIR``; ``check_pids``
+    also drops ``live*`` gauges of pids that ``os.kill(pid, 0)`` finds gone (off when the
+    exporter does not share the app's PID namespace); ``compact_dead`` compacts the files
+    of dead pids (:mod:`.compaction`) at most every ``compact_interval`` seconds, before a
+    scrape (needs ``check_pids`` and a directory this process can write).
 
     Example::
 
         >>> import tempfile
         >>> from prometheus_client import CollectorRegistry
         >>> registry = CollectorRegistry()
-        >>> collector = MultiprocessDirCollector(tempfile.mkdtemp())
-        >>> registry.register(collector)
+        >>> registry.register(MultiprocessDirCollector(tempfile.mkdtemp()))
         >>> registry.get_sample_value("stocksentry_multiprocess_files")
         0.0
     """
@@ -227,7 +220,7 @@ class MultiprocessDirCollector:
             self._skip(name, skip.reason, skip.detail)
 
     def _merge_files(self, merge: Merge, *, exemplars: bool) -> None:
-        alive: dict[str, bool] = {}
+        alive = functools.cache(pid_alive)
         names = self._list()
         # Compacted files first: each names the files folded into it (left by a
         # compaction that was stopped before deleting them), which are then not merged.
@@ -259,11 +252,8 @@ class MultiprocessDirCollector:
             if parsed.mode.startswith("live") or parsed.mode == "all":
                 if staged(parsed.pid):
                     continue  # a dead pid's gauge, being dropped by a compaction
-                if parsed.mode != "all" and self.check_pids:
-                    if parsed.pid not in alive:
-                        alive[parsed.pid] = pid_alive(parsed.pid)
-                    if not alive[parsed.pid]:
-                        continue
+                if parsed.mode != "all" and self.check_pids and not alive(parsed.pid):
+                    continue
             with self._reading(name):
                 merge.add(parsed, read_entries(self._path(name)))
 
