@@ -1,19 +1,12 @@
 """The lock watcher: a keyspace-notification subscription feeding a :class:`LeaseTracker`.
 
-One asyncio task in the sidecar's event loop: it checks (or, when allowed, sets)
-``notify-keyspace-events``, ``PSUBSCRIBE``s to ``__keyspace@<db>__:<glob>`` for every
-pattern, and applies each notification to the tracker, with one pipelined ``PTTL`` per
-batch for the deadlines ``expire`` set. Notifications sent while it is not subscribed are
-lost (docs/lockwatch.md, "Disconnects").
-
-A subscription that has heard nothing for ``health_check_interval`` sends ``PING`` and
-must hear back within ``connect_timeout``: a silent network (a partition, a dead load
-balancer) gives no error, only no answer, and would otherwise look like a quiet shop.
-
-Example::
-
-    watcher = LockWatcher(config.lock_watch, config.sku_guard)
-    run_server(settings, collectors=[watcher], background=[watcher.cleanup_ctx])
+One asyncio task in the sidecar's loop checks (or, when allowed, sets)
+``notify-keyspace-events``, ``PSUBSCRIBE``s to ``__keyspace@<db>__:<glob>`` per pattern and
+applies each notification to the tracker, with one pipelined ``PTTL`` per batch for the
+deadlines ``expire`` set. Notifications sent while it is not subscribed are lost
+(docs/lockwatch.md, "Disconnects"). A subscription silent for ``health_check_interval``
+sends ``PING`` and must hear back within ``connect_timeout``: a partition gives no error,
+only no answer, and would otherwise look like a quiet shop.
 """
 
 from __future__ import annotations
@@ -201,13 +194,7 @@ class LockWatcher:
             return
         current = _text(next(iter(reply.values()), b"")) if reply else ""
         missing = missing_flags(current)
-        if not missing:
-            if self.notifications is not True:
-                LOGGER.info("lock_watch: %s is %r, which has the flags it needs", name, current)
-            self.notifications = True
-            return
-        if not self.config.configure_notifications:
-            self.notifications = False
+        if missing and not self.config.configure_notifications:
             LOGGER.warning(
                 "lock_watch: %s is %r and lacks %r, so lock events are not seen; %s",
                 name,
@@ -215,23 +202,25 @@ class LockWatcher:
                 missing,
                 refused_hint(missing),
             )
-            return
-        value = current + missing
-        try:
-            await client.config_set(name, value)
-        except ResponseError as exc:
-            self.notifications = False
-            LOGGER.warning(
-                "lock_watch: CONFIG SET %s refused (%s); %s", name, exc, refused_hint(missing)
-            )
-            return
-        self.notifications = True
-        LOGGER.info(
-            "lock_watch: %s was %r, set it to %r (lock_watch.configure_notifications: true)",
-            name,
-            current,
-            value,
-        )
+        elif missing:
+            try:
+                await client.config_set(name, current + missing)
+            except ResponseError as exc:
+                LOGGER.warning(
+                    "lock_watch: CONFIG SET %s refused (%s); %s", name, exc, refused_hint(missing)
+                )
+            else:
+                LOGGER.info(
+                    "lock_watch: %s was %r, set it to %r (lock_watch.configure_notifications: "
+                    "true)",
+                    name,
+                    current,
+                    current + missing,
+                )
+                missing = ""
+        elif self.notifications is not True:
+            LOGGER.info("lock_watch: %s is %r, which has the flags it needs", name, current)
+        self.notifications = not missing
 
     async def _follow(self, client: aioredis.Redis, pubsub: Any, prefix: int) -> None:
         tracker = self.tracker
