@@ -212,16 +212,12 @@ def build_renderer(
     taken = {"multiprocess", "process"}
     sources: list[tuple[str, Collector]] = []
     if settings.multiprocess_dir is not None:
-        sources.append(
-            (
-                "multiprocess",
-                MultiprocessDirCollector(
-                    settings.multiprocess_dir,
-                    check_pids=settings.multiprocess_check_pids,
-                    compact_dead=settings.multiprocess_compact,
-                ),
-            )
+        multiprocess = MultiprocessDirCollector(
+            settings.multiprocess_dir,
+            check_pids=settings.multiprocess_check_pids,
+            compact_dead=settings.multiprocess_compact,
         )
+        sources.append(("multiprocess", multiprocess))
     sources.extend((_collector_name(c, taken), c) for c in collectors)
     sources.append(("process", _process_collector()))
     return MetricsRenderer(sources)

@@ -13,6 +13,12 @@ from ..webconfig import WebConfig
 HEALTHZ_PATH: Final = "/healthz"
 #: Readiness: 200 between the end of start-up and the start of shutdown.
 READYZ_PATH: Final = "/readyz"
+_TIMEOUT_LIMITS: Final = (
+    ("header_timeout", 3600),
+    ("body_timeout", 3600),
+    ("tls_handshake_timeout", 3600),
+    ("keepalive_timeout", 86400),
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,14 +68,10 @@ class ServerSettings:
             )
         if not self.shutdown_timeout >= 0 or not self.drain_seconds >= 0:
             raise ValueError("shutdown_timeout and drain_seconds must be >= 0")
-        for name in ("header_timeout", "body_timeout", "tls_handshake_timeout"):
+        for name, most in _TIMEOUT_LIMITS:
             value = getattr(self, name)
-            if not 0 < value <= 3600:
-                raise ValueError(f"{name} must be > 0 and <= 3600 seconds, got {value}")
-        if not 0 < self.keepalive_timeout <= 86400:
-            raise ValueError(
-                f"keepalive_timeout must be > 0 and <= 86400 seconds, got {self.keepalive_timeout}"
-            )
+            if not 0 < value <= most:
+                raise ValueError(f"{name} must be > 0 and <= {most} seconds, got {value}")
 
     @property
     def addresses(self) -> tuple[tuple[str, int], ...]:
