@@ -15,7 +15,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Final
 
@@ -49,7 +49,6 @@ __all__ = ["Compaction", "MultiprocessDirCollector"]
 
 _log = logging.getLogger(__name__)
 
-# Parsed keys are kept across scrapes; this bounds the cache if label values churn.
 _KEY_CACHE_LIMIT: Final = 500_000
 # Warnings about bad files are logged once per (file, reason); bounded likewise.
 _WARNED_LIMIT: Final = 10_000
@@ -97,7 +96,8 @@ class MultiprocessDirCollector:
         self._compact_lock = threading.Lock()
         self._lock = threading.Lock()
         self._skipped: dict[SkipReason, int] = dict.fromkeys(SKIP_REASONS, 0)
-        self._keys: dict[bytes, Key] = {}
+        # Parsed keys are kept across scrapes (bounded, if label values churn).
+        self._key_of: Callable[[bytes], Key] = functools.lru_cache(_KEY_CACHE_LIMIT)(parse_key)
         self._warned: set[tuple[str, str]] = set()
         self._missing_logged = False
 
@@ -110,16 +110,6 @@ class MultiprocessDirCollector:
         """A copy of the skipped-file counts by reason since this collector was made."""
         with self._lock:
             return dict(self._skipped)
-
-    def _key_of(self, raw: bytes) -> Key:
-        key = self._keys.get(raw)
-        if key is None:
-            key = parse_key(raw)
-            if len(self._keys) >= _KEY_CACHE_LIMIT:
-                # Label churn beyond any sane catalog: start over rather than grow.
-                self._keys.clear()
-            self._keys[raw] = key
-        return key
 
     def _skip(self, name: str, reason: SkipReason, detail: str) -> None:
         with self._lock:

@@ -13,7 +13,6 @@ docs/exporter-server.md ("Dead workers' files") gives each kind of file and the 
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import json
 import os
@@ -337,10 +336,8 @@ def compact(
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                return Compaction(ran=False)
-            raise
+        except BlockingIOError:  # another compaction holds it
+            return Compaction(ran=False)
         if not os.access(path, os.W_OK):
             return Compaction(ran=False)
         compactor = _Compactor(path, check_key, max(max_pids, 1))
