@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any, Final
 
 import redis.asyncio as aioredis
@@ -40,13 +40,7 @@ _SWEEP_EVERY: Final = 5.0
 class LockWatcher:
     """Follows the lock keys of ``config`` and exports what it saw (a collector)."""
 
-    def __init__(
-        self,
-        config: LockWatchConfig,
-        sku_guard: SkuGuardConfig | None = None,
-        *,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
+    def __init__(self, config: LockWatchConfig, sku_guard: SkuGuardConfig | None = None) -> None:
         self.config = config
         guard_config = sku_guard or SkuGuardConfig()
         guard = LabelGuard(guard_config.max_skus, always=guard_config.promo_skus)
@@ -57,7 +51,6 @@ class LockWatcher:
             reacquire_window=config.reacquire_window,
             foreign_release_ratio=config.foreign_release_ratio,
         )
-        self._clock = clock
         self._task: asyncio.Task[None] | None = None
         self._subscribed = asyncio.Event()
         self.connected = False
@@ -105,7 +98,7 @@ class LockWatcher:
         if self.connected:
             self.connected = False
             self._subscribed.clear()
-            self._down_since = self._clock()
+            self._down_since = time.monotonic()
             dropped = self.tracker.forget()
             LOGGER.warning(
                 "lock_watch: lost the Redis subscription (%s); keyspace notifications are "
@@ -152,10 +145,10 @@ class LockWatcher:
     async def _confirm(self, pubsub: Any) -> None:
         """Read Redis's replies to ``PSUBSCRIBE``: from then on no notification is missed."""
         wanted = len(self.patterns.globs)
-        deadline = self._clock() + self.config.connect_timeout
+        deadline = time.monotonic() + self.config.connect_timeout
         confirmed = 0
         while confirmed < wanted:
-            left = deadline - self._clock()
+            left = deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError("Redis did not confirm PSUBSCRIBE")
             message = await pubsub.get_message(timeout=left)
@@ -163,7 +156,7 @@ class LockWatcher:
                 confirmed += 1
 
     def _on_subscribed(self) -> None:
-        now = self._clock()
+        now = time.monotonic()
         if self._ever_connected:
             self.reconnects += 1
             if self._down_since is not None:
@@ -224,7 +217,7 @@ class LockWatcher:
 
     async def _follow(self, client: aioredis.Redis, pubsub: Any, prefix: int) -> None:
         tracker = self.tracker
-        clock = self._clock
+        clock = time.monotonic
         quiet_for = self.config.health_check_interval
         deadline = self.config.connect_timeout
         last_sweep = last_heard = clock()
@@ -264,7 +257,7 @@ class LockWatcher:
             for key in expiring:
                 pipe.pttl(key)
             replies = await pipe.execute()
-            read_at = self._clock()
+            read_at = time.monotonic()
             for key, pttl in zip(expiring, replies, strict=True):
                 deadlines[key] = read_at + int(pttl) / 1000.0 if int(pttl) >= 0 else None
         apply = self.tracker.apply
@@ -283,7 +276,7 @@ class LockWatcher:
         yield CounterMetricFamily(spec.name, spec.help, value=float(self.reconnects))
         down = self._down_seconds
         if self._down_since is not None:
-            down += self._clock() - self._down_since
+            down += time.monotonic() - self._down_since
         spec = catalog.LOCKWATCH_DISCONNECTED_SECONDS
         yield CounterMetricFamily(spec.name, spec.help, value=down)
 
