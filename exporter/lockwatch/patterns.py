@@ -1,8 +1,9 @@
-"""Lock key patterns: which keys are watched, their subscription glob, their ``lock`` label.
+"""What the watcher watches: lock key patterns, and the keyspace notifications it needs.
 
 A pattern is literal text with ``*`` (any text) and at most one ``{sku}`` (the SKU, which
-goes through the SKU guard); a pattern without ``{sku}`` is its own label, so the label's
-values are bounded whatever keys the app writes.
+goes through the SKU guard); it gives the subscription glob and the ``lock`` label. A
+pattern without ``{sku}`` is its own label, so the label's values are bounded whatever
+keys the app writes.
 
 Example::
 
@@ -25,6 +26,11 @@ from typing import Final
 from stocksentry.instrumentation.guard import LabelGuard
 
 _SKU: Final = "{sku}"
+#: The ``notify-keyspace-events`` flags the watcher needs: keyspace notifications (``K``) of
+#: generic commands (``g``), string commands (``$``) and expiries (``x``); ``A`` covers the
+#: last three.
+REQUIRED_FLAGS: Final = "Kg$x"
+_ALL_ALIAS: Final = "g$lshzxetd"
 
 
 def _regex(text: str) -> re.Pattern[str]:
@@ -75,3 +81,27 @@ class LockPatterns:
         if len(key) <= 256:
             self._cache[key] = label
         return label
+
+
+def missing_flags(current: str) -> str:
+    """The flags of :data:`REQUIRED_FLAGS` that ``current`` lacks, in that order.
+
+    >>> missing_flags(""), missing_flags("AK"), missing_flags("Ex")
+    ('Kg$x', '', 'Kg$')
+    >>> missing_flags("Ex" + missing_flags("Ex"))
+    ''
+    """
+    have = set(current)
+    if "A" in have:
+        have.update(_ALL_ALIAS)
+    return "".join(flag for flag in REQUIRED_FLAGS if flag not in have)
+
+
+def refused_hint(missing: str | None) -> str:
+    """What to tell the operator when the watcher may not (or cannot) set the flags."""
+    what = f"the flags {missing!r}" if missing else f"at least {REQUIRED_FLAGS!r}"
+    return (
+        f"set notify-keyspace-events to include {what} on the Redis server (redis.conf, "
+        "CONFIG SET, or the parameter group of a managed Redis), or allow "
+        "lock_watch.configure_notifications"
+    )

@@ -27,8 +27,7 @@ from stocksentry.instrumentation import catalog
 from stocksentry.instrumentation.guard import LabelGuard
 
 from ..config import LockWatchConfig, SkuGuardConfig
-from .notifications import missing_flags, refused_hint
-from .patterns import LockPatterns
+from .patterns import LockPatterns, missing_flags, refused_hint
 from .tracker import LeaseTracker
 
 LOGGER: Final = logging.getLogger("stocksentry.exporter.lockwatch")
