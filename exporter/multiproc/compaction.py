@@ -223,8 +223,6 @@ class _Compactor:
             if entries is not None:
                 fold(values, mode, entries)
                 folded.append(name)
-        if not folded:
-            return
         manifest = _MANIFEST + json.dumps(sorted(folded)).encode("utf-8")
         written = [(manifest, 0.0, 0.0), *((raw, v, ts) for raw, (v, ts) in values.items())]
         self.publish(final, folded, lambda path: write_entries(path, written))
@@ -246,13 +244,13 @@ class _Compactor:
                 keep_newest(merged, raw, item)
             if name != final:
                 folded.append(name)
-        if not folded:
-            return
         self.publish(final, folded, lambda path: write_exemplars(path, merged))
 
     def publish(self, final: str, folded: list[str], write: Callable[[str], None]) -> None:
         """Write ``final`` under a temporary name, rename it into place, then delete the
-        ``folded`` files it now holds."""
+        ``folded`` files it now holds (nothing when none was folded)."""
+        if not folded:
+            return
         temporary = self.path(f".{final}.{self.token}.tmp")
         write(temporary)
         os.replace(temporary, self.path(final))
