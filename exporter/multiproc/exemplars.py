@@ -38,8 +38,7 @@ _REREADS: Final = 5
 def exemplar_pid(name: str) -> str | None:
     """``exemplars_12.mmap`` -> ``"12"``; ``None`` for any other name."""
     if name.startswith(FILE_PREFIX) and name.endswith(FILE_SUFFIX):
-        pid = name[len(FILE_PREFIX) : -len(FILE_SUFFIX)]
-        return pid or None
+        return name[len(FILE_PREFIX) : -len(FILE_SUFFIX)] or None
     return None
 
 
