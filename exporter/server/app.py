@@ -126,16 +126,9 @@ def wants_gzip(accept_encoding: str) -> bool:
         >>> wants_gzip("gzip, deflate"), wants_gzip("gzip;q=0, *"), wants_gzip("")
         (True, False, False)
     """
-    gzip_q: float | None = None
-    star_q: float | None = None
-    for coding, _, q in _media_ranges(accept_encoding):
-        if coding in ("gzip", "x-gzip"):
-            gzip_q = q
-        elif coding == "*":
-            star_q = q
-    if gzip_q is not None:
-        return gzip_q > 0
-    return star_q is not None and star_q > 0
+    # The last q given wins; gzip's own, when given, over that of "*".
+    qs = {"gzip" if c == "x-gzip" else c: q for c, _, q in _media_ranges(accept_encoding)}
+    return qs.get("gzip", qs.get("*", 0.0)) > 0
 
 
 async def _metrics(request: web.Request) -> web.Response:
