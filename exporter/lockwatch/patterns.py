@@ -71,10 +71,8 @@ class LockPatterns:
 
     def label(self, key: str) -> str | None:
         """The ``lock`` label of ``key``; ``None`` when no pattern matches it."""
-        try:
+        if key in self._cache:
             return self._cache[key]
-        except KeyError:
-            pass
         label = self._label(key)
         if len(self._cache) >= self.CACHE_SIZE:
             self._cache.clear()

@@ -52,10 +52,6 @@ class _Lingering:
     def is_closing(self) -> bool:
         return self._closing or self._transport.is_closing()
 
-    def abort(self) -> None:
-        self._closing = True
-        self._transport.abort()
-
 
 class HeadDeadline(asyncio.Protocol):
     """Wraps an aiohttp request handler: aborts the connection of a slow sender.
@@ -146,11 +142,10 @@ class HeadDeadline(asyncio.Protocol):
         if self._body_left > 0:
             taken = min(self._body_left, len(data))
             self._body_left -= taken
-            rest = data[taken:]
             if self._body_left == 0:
                 self.state = "idle"
                 self._disarm()
-            return rest
+            return data[taken:]
         buffer = self._chunked_tail + data
         end = buffer.find(_LAST_CHUNK)
         if end < 0:

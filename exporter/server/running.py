@@ -65,9 +65,6 @@ class ClientErrorLog(logging.LoggerAdapter[logging.Logger]):
         #: Client errors seen since this logger was made.
         self.client_errors = 0
 
-    def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
-        return msg, kwargs  # no extra context
-
     def exception(self, msg: object, *args: object, exc_info: Any = True, **kwargs: Any) -> None:
         """Client errors: one rate-limited INFO line; anything else: ERROR with traceback."""
         error = exc_info[1] if isinstance(exc_info, tuple) and len(exc_info) == 3 else exc_info
