@@ -22,9 +22,9 @@ from .listen import format_listen_address
 from .sidecar_cli import Overrides
 
 if TYPE_CHECKING:
-    from prometheus_client.registry import Collector
-
-    from .server import Background
+    from .containment.webhook import Containment
+    from .lockwatch.watcher import LockWatcher
+    from .probes import ProbeRunner
     from .webconfig import WebConfig
 
 LOGGER = logging.getLogger("stocksentry.exporter")
@@ -76,13 +76,11 @@ def describe(
     if addresses is None:
         addresses = [(server.listen_address, server.port)]
     listen = ", ".join(format_listen_address(host, port) for host, port in addresses)
-    security = web_config.describe() if web_config is not None else None
-    if security is None:
-        security = "plain HTTP, no authentication"
-        if server.web_config_file is not None:
-            security = f"as web config {server.web_config_file} says"
-    elif server.web_config_file is not None:
-        security += f" (web config {server.web_config_file})"
+    where = server.web_config_file
+    if web_config is not None:
+        security = web_config.describe() + (f" (web config {where})" if where else "")
+    else:
+        security = f"as web config {where} says" if where else "plain HTTP, no authentication"
     watch = config.lock_watch
     watched = "off"
     if watch is not None:
@@ -207,29 +205,26 @@ def run_exporter(
         )
     except ValueError as exc:
         return report_error("exporter", f"--web.listen-address: {exc}", err)
-    runner = ProbeRunner(config)
-    collectors: list[Collector] = [runner]
-    background: list[Background] = [runner.cleanup_ctx]
+    # Each part is a collector with a background task (app.cleanup_ctx); redis loads only
+    # for the parts that need it.
+    parts: list[ProbeRunner | LockWatcher | Containment] = [ProbeRunner(config)]
     if config.lock_watch is not None:
         from .lockwatch.watcher import LockWatcher
 
-        watcher = LockWatcher(config.lock_watch, config.sku_guard)
-        collectors.append(watcher)
-        background.append(watcher.cleanup_ctx)
+        parts.append(LockWatcher(config.lock_watch, config.sku_guard))
     routes = []
     if config.containment is not None:
         from .containment.webhook import Containment
 
-        containment = Containment(config.containment)
-        collectors.append(containment)
-        background.append(containment.cleanup_ctx)
+        parts.append(containment := Containment(config.containment))
         routes = containment.routes()
     headline = silent_headlines(config)
     for line in describe(config, addresses, web_config):
         # The silent headline alerts are a warning: the page on-call expects will not come.
         LOGGER.log(logging.WARNING if line == headline else logging.INFO, "config: %s", line)
     try:
-        run_server(settings, collectors=collectors, background=background, routes=routes)
+        background = [part.cleanup_ctx for part in parts]
+        run_server(settings, collectors=parts, background=background, routes=routes)
     except OSError as exc:
         where = ", ".join(format_listen_address(host, port) for host, port in addresses)
         return report_error("exporter", f"cannot listen on {where}: {exc.strerror or exc}", err)

@@ -147,14 +147,11 @@ def _run(args: argparse.Namespace) -> int:
             "problems": [dataclasses.asdict(p) for p in problems],
         }
         out.write(json.dumps(payload, indent=2) + "\n")
+    elif not problems:
+        found = len(exposed_metrics(exposition))
+        out.write(f"{args.target}: conforms to the metric contract ({found} contract metrics)\n")
     else:
-        if not problems:
-            found = len(exposed_metrics(exposition))
-            out.write(
-                f"{args.target}: conforms to the metric contract ({found} contract metrics)\n"
-            )
-        else:
-            out.write(f"{args.target}: {len(problems)} problem(s) against the metric contract\n")
-            for p in problems:
-                out.write(f"  {p.kind.upper():<9} {p.metric}: {p.message}\n")
+        out.write(f"{args.target}: {len(problems)} problem(s) against the metric contract\n")
+        for p in problems:
+            out.write(f"  {p.kind.upper():<9} {p.metric}: {p.message}\n")
     return ExitCode.FINDINGS if problems else ExitCode.OK

@@ -50,15 +50,9 @@ def _families(exposition: Exposition) -> dict[str, tuple[str, list[Sample]]]:
     for sample in exposition.samples:
         name = sample.name
         if name not in families:
-            base = next(
-                (name[: -len(s)] for s in _SUFFIXES if name.endswith(s) and name[: -len(s)]),
-                None,
-            )
-            if base is not None and base in exposition.types:
-                name = base
-            else:
-                families.setdefault(name, ("untyped", []))
-        families[name][1].append(sample)
+            bases = (name.removesuffix(s) for s in _SUFFIXES if name.endswith(s))
+            name = next((base for base in bases if base in exposition.types), name)
+        families.setdefault(name, ("untyped", []))[1].append(sample)
     # prometheus_client (and OpenMetrics) add a `<name>_created` gauge beside each counter
     # and histogram: part of the family, not a metric of its own.
     for name in [n for n in families if n.endswith("_created")]:

@@ -23,6 +23,7 @@ Example::
 
 from __future__ import annotations
 
+import itertools
 import threading
 from bisect import bisect_left
 from collections.abc import Iterator
@@ -42,6 +43,7 @@ from .patterns import LockPatterns
 END_UNSEEN_GRACE: Final = 60.0
 _EVENTS: Final = frozenset(catalog.LOCKWATCH_EVENTS)
 _BUCKETS: Final = catalog.HOLD_RATIO_BUCKETS
+_BOUNDS: Final = (*(repr(float(bound)) for bound in _BUCKETS), "+Inf")
 
 
 @dataclass(slots=True)
@@ -176,11 +178,8 @@ class LeaseTracker:
         granted = lease.deadline - lease.acquired_at
         if granted <= 0:
             return
-        histogram = self.hold_ratio.get(lease.lock)
-        if histogram is None:
-            histogram = self.hold_ratio[lease.lock] = _Histogram()
         # The watcher sees an expiry a little after the deadline; 1.0 is what happened.
-        histogram.observe(held / granted)
+        self.hold_ratio.setdefault(lease.lock, _Histogram()).observe(held / granted)
 
     def sweep(self, now: float) -> None:
         """Drop leases whose deadline passed :data:`END_UNSEEN_GRACE` ago (lost ``expired``)."""
@@ -216,18 +215,11 @@ class LeaseTracker:
             spec = catalog.LOCK_HOLD_RATIO
             hist = HistogramMetricFamily(spec.name, spec.help, labels=spec.labels)
             for lock, h in sorted(self.hold_ratio.items()):
-                cumulative, running = [], 0
-                for bound, n in zip((*_BUCKETS, float("inf")), h.buckets, strict=True):
-                    running += n
-                    cumulative.append((_bound(bound), float(running)))
-                hist.add_metric([lock], cumulative, h.total)
+                counts = map(float, itertools.accumulate(h.buckets))
+                hist.add_metric([lock], list(zip(_BOUNDS, counts, strict=True)), h.total)
             yield hist
             yield _counter(catalog.LOCKWATCH_EVENT_COUNT, self.events)
             yield _counter(catalog.LOCKWATCH_LEASES_LOST, self.lost)
-
-
-def _bound(value: float) -> str:
-    return "+Inf" if value == float("inf") else repr(float(value))
 
 
 def _counter(spec: catalog.MetricSpec, values: dict[str, int]) -> Metric:

@@ -1,19 +1,12 @@
 """The lock watcher: a keyspace-notification subscription feeding a :class:`LeaseTracker`.
 
-One asyncio task in the sidecar's event loop: it checks (or, when allowed, sets)
-``notify-keyspace-events``, ``PSUBSCRIBE``s to ``__keyspace@<db>__:<glob>`` for every
-pattern, and applies each notification to the tracker, with one pipelined ``PTTL`` per
-batch for the deadlines ``expire`` set. Notifications sent while it is not subscribed are
-lost (docs/lockwatch.md, "Disconnects").
-
-A subscription that has heard nothing for ``health_check_interval`` sends ``PING`` and
-must hear back within ``connect_timeout``: a silent network (a partition, a dead load
-balancer) gives no error, only no answer, and would otherwise look like a quiet shop.
-
-Example::
-
-    watcher = LockWatcher(config.lock_watch, config.sku_guard)
-    run_server(settings, collectors=[watcher], background=[watcher.cleanup_ctx])
+One asyncio task in the sidecar's loop checks (or, when allowed, sets)
+``notify-keyspace-events``, ``PSUBSCRIBE``s to ``__keyspace@<db>__:<glob>`` per pattern and
+applies each notification to the tracker, with one pipelined ``PTTL`` per batch for the
+deadlines ``expire`` set. Notifications sent while it is not subscribed are lost
+(docs/lockwatch.md, "Disconnects"). A subscription silent for ``health_check_interval``
+sends ``PING`` and must hear back within ``connect_timeout``: a partition gives no error,
+only no answer, and would otherwise look like a quiet shop.
 """
 
 from __future__ import annotations
@@ -22,7 +15,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any, Final
 
 import redis.asyncio as aioredis
@@ -34,8 +27,7 @@ from stocksentry.instrumentation import catalog
 from stocksentry.instrumentation.guard import LabelGuard
 
 from ..config import LockWatchConfig, SkuGuardConfig
-from .notifications import missing_flags, refused_hint
-from .patterns import LockPatterns
+from .patterns import LockPatterns, missing_flags, refused_hint
 from .tracker import LeaseTracker
 
 LOGGER: Final = logging.getLogger("stocksentry.exporter.lockwatch")
@@ -47,13 +39,7 @@ _SWEEP_EVERY: Final = 5.0
 class LockWatcher:
     """Follows the lock keys of ``config`` and exports what it saw (a collector)."""
 
-    def __init__(
-        self,
-        config: LockWatchConfig,
-        sku_guard: SkuGuardConfig | None = None,
-        *,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
+    def __init__(self, config: LockWatchConfig, sku_guard: SkuGuardConfig | None = None) -> None:
         self.config = config
         guard_config = sku_guard or SkuGuardConfig()
         guard = LabelGuard(guard_config.max_skus, always=guard_config.promo_skus)
@@ -64,7 +50,6 @@ class LockWatcher:
             reacquire_window=config.reacquire_window,
             foreign_release_ratio=config.foreign_release_ratio,
         )
-        self._clock = clock
         self._task: asyncio.Task[None] | None = None
         self._subscribed = asyncio.Event()
         self.connected = False
@@ -112,7 +97,7 @@ class LockWatcher:
         if self.connected:
             self.connected = False
             self._subscribed.clear()
-            self._down_since = self._clock()
+            self._down_since = time.monotonic()
             dropped = self.tracker.forget()
             LOGGER.warning(
                 "lock_watch: lost the Redis subscription (%s); keyspace notifications are "
@@ -159,10 +144,10 @@ class LockWatcher:
     async def _confirm(self, pubsub: Any) -> None:
         """Read Redis's replies to ``PSUBSCRIBE``: from then on no notification is missed."""
         wanted = len(self.patterns.globs)
-        deadline = self._clock() + self.config.connect_timeout
+        deadline = time.monotonic() + self.config.connect_timeout
         confirmed = 0
         while confirmed < wanted:
-            left = deadline - self._clock()
+            left = deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError("Redis did not confirm PSUBSCRIBE")
             message = await pubsub.get_message(timeout=left)
@@ -170,7 +155,7 @@ class LockWatcher:
                 confirmed += 1
 
     def _on_subscribed(self) -> None:
-        now = self._clock()
+        now = time.monotonic()
         if self._ever_connected:
             self.reconnects += 1
             if self._down_since is not None:
@@ -201,13 +186,7 @@ class LockWatcher:
             return
         current = _text(next(iter(reply.values()), b"")) if reply else ""
         missing = missing_flags(current)
-        if not missing:
-            if self.notifications is not True:
-                LOGGER.info("lock_watch: %s is %r, which has the flags it needs", name, current)
-            self.notifications = True
-            return
-        if not self.config.configure_notifications:
-            self.notifications = False
+        if missing and not self.config.configure_notifications:
             LOGGER.warning(
                 "lock_watch: %s is %r and lacks %r, so lock events are not seen; %s",
                 name,
@@ -215,27 +194,29 @@ class LockWatcher:
                 missing,
                 refused_hint(missing),
             )
-            return
-        value = current + missing
-        try:
-            await client.config_set(name, value)
-        except ResponseError as exc:
-            self.notifications = False
-            LOGGER.warning(
-                "lock_watch: CONFIG SET %s refused (%s); %s", name, exc, refused_hint(missing)
-            )
-            return
-        self.notifications = True
-        LOGGER.info(
-            "lock_watch: %s was %r, set it to %r (lock_watch.configure_notifications: true)",
-            name,
-            current,
-            value,
-        )
+        elif missing:
+            try:
+                await client.config_set(name, current + missing)
+            except ResponseError as exc:
+                LOGGER.warning(
+                    "lock_watch: CONFIG SET %s refused (%s); %s", name, exc, refused_hint(missing)
+                )
+            else:
+                LOGGER.info(
+                    "lock_watch: %s was %r, set it to %r (lock_watch.configure_notifications: "
+                    "true)",
+                    name,
+                    current,
+                    current + missing,
+                )
+                missing = ""
+        elif self.notifications is not True:
+            LOGGER.info("lock_watch: %s is %r, which has the flags it needs", name, current)
+        self.notifications = not missing
 
     async def _follow(self, client: aioredis.Redis, pubsub: Any, prefix: int) -> None:
         tracker = self.tracker
-        clock = self._clock
+        clock = time.monotonic
         quiet_for = self.config.health_check_interval
         deadline = self.config.connect_timeout
         last_sweep = last_heard = clock()
@@ -275,7 +256,7 @@ class LockWatcher:
             for key in expiring:
                 pipe.pttl(key)
             replies = await pipe.execute()
-            read_at = self._clock()
+            read_at = time.monotonic()
             for key, pttl in zip(expiring, replies, strict=True):
                 deadlines[key] = read_at + int(pttl) / 1000.0 if int(pttl) >= 0 else None
         apply = self.tracker.apply
@@ -294,7 +275,7 @@ class LockWatcher:
         yield CounterMetricFamily(spec.name, spec.help, value=float(self.reconnects))
         down = self._down_seconds
         if self._down_since is not None:
-            down += self._clock() - self._down_since
+            down += time.monotonic() - self._down_since
         spec = catalog.LOCKWATCH_DISCONNECTED_SECONDS
         yield CounterMetricFamily(spec.name, spec.help, value=down)
 

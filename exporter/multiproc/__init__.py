@@ -1,22 +1,21 @@
 """Read prometheus_client's multiprocess directory, one file at a time, without failing.
 
-Unlike prometheus_client's ``MultiProcessCollector``, which one corrupt file fails
-whole, :class:`MultiprocessDirCollector` skips a bad file (counted in
-``stocksentry_multiprocess_files_skipped_total{reason}``) and merges the rest with
-prometheus_client's semantics, in directory order so that sums are bit for bit the same.
-It also drops ``live*`` gauges of dead pids, reads the workers' exemplar files and can
-compact dead workers' files (:mod:`.compaction`). docs/exporter-server.md ("The
-multiprocess directory") says what each choice does and why.
+Unlike prometheus_client's ``MultiProcessCollector``, which one corrupt file fails whole,
+:class:`MultiprocessDirCollector` skips a bad file (counted by reason) and merges the rest
+with prometheus_client's semantics. It also drops ``live*`` gauges of dead pids, reads the
+workers' exemplar files and can compact dead workers' files (:mod:`.compaction`); see
+docs/exporter-server.md ("The multiprocess directory").
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Final
 
@@ -50,7 +49,6 @@ __all__ = ["Compaction", "MultiprocessDirCollector"]
 
 _log = logging.getLogger(__name__)
 
-# Parsed keys are kept across scrapes; this bounds the cache if label values churn.
 _KEY_CACHE_LIMIT: Final = 500_000
 # Warnings about bad files are logged once per (file, reason); bounded likewise.
 _WARNED_LIMIT: Final = 10_000
@@ -61,24 +59,18 @@ COMPACT_INTERVAL: Final = 30.0
 class MultiprocessDirCollector:
     """A prometheus_client collector for a multiprocess directory that survives bad files.
 
-    Thread-safe: two scrapes may call :meth:`collect` at once.
-
-    Args:
-        path: the directory the app's workers write (their ``PROMETHEUS_MULTIPROC_DIR``).
-        check_pids: also drop ``live*`` gauges whose pid is not alive according to
-            ``os.kill(pid, 0)``; off when the exporter does not share the app's PID
-            namespace.
-        compact_dead: compact the files of dead pids (:mod:`.compaction`) at most every
-            ``compact_interval`` seconds, before a scrape. Needs ``check_pids`` and a
-            directory this process can write.
+    Thread-safe. ``path`` is the workers' ``PROMETHEUS_MULTIPROC_DIR``; ``check_pids``
+    also drops ``live*`` gauges of pids that ``os.kill(pid, 0)`` finds gone (off when the
+    exporter does not share the app's PID namespace); ``compact_dead`` compacts the files
+    of dead pids (:mod:`.compaction`) at most every ``compact_interval`` seconds, before a
+    scrape (needs ``check_pids`` and a directory this process can write).
 
     Example::
 
         >>> import tempfile
         >>> from prometheus_client import CollectorRegistry
         >>> registry = CollectorRegistry()
-        >>> collector = MultiprocessDirCollector(tempfile.mkdtemp())
-        >>> registry.register(collector)
+        >>> registry.register(MultiprocessDirCollector(tempfile.mkdtemp()))
         >>> registry.get_sample_value("stocksentry_multiprocess_files")
         0.0
     """
@@ -104,7 +96,8 @@ class MultiprocessDirCollector:
         self._compact_lock = threading.Lock()
         self._lock = threading.Lock()
         self._skipped: dict[SkipReason, int] = dict.fromkeys(SKIP_REASONS, 0)
-        self._keys: dict[bytes, Key] = {}
+        # Parsed keys are kept across scrapes (bounded, if label values churn).
+        self._key_of: Callable[[bytes], Key] = functools.lru_cache(_KEY_CACHE_LIMIT)(parse_key)
         self._warned: set[tuple[str, str]] = set()
         self._missing_logged = False
 
@@ -117,16 +110,6 @@ class MultiprocessDirCollector:
         """A copy of the skipped-file counts by reason since this collector was made."""
         with self._lock:
             return dict(self._skipped)
-
-    def _key_of(self, raw: bytes) -> Key:
-        key = self._keys.get(raw)
-        if key is None:
-            key = parse_key(raw)
-            if len(self._keys) >= _KEY_CACHE_LIMIT:
-                # Label churn beyond any sane catalog: start over rather than grow.
-                self._keys.clear()
-            self._keys[raw] = key
-        return key
 
     def _skip(self, name: str, reason: SkipReason, detail: str) -> None:
         with self._lock:
@@ -227,7 +210,7 @@ class MultiprocessDirCollector:
             self._skip(name, skip.reason, skip.detail)
 
     def _merge_files(self, merge: Merge, *, exemplars: bool) -> None:
-        alive: dict[str, bool] = {}
+        alive = functools.cache(pid_alive)
         names = self._list()
         # Compacted files first: each names the files folded into it (left by a
         # compaction that was stopped before deleting them), which are then not merged.
@@ -259,11 +242,8 @@ class MultiprocessDirCollector:
             if parsed.mode.startswith("live") or parsed.mode == "all":
                 if staged(parsed.pid):
                     continue  # a dead pid's gauge, being dropped by a compaction
-                if parsed.mode != "all" and self.check_pids:
-                    if parsed.pid not in alive:
-                        alive[parsed.pid] = pid_alive(parsed.pid)
-                    if not alive[parsed.pid]:
-                        continue
+                if parsed.mode != "all" and self.check_pids and not alive(parsed.pid):
+                    continue
             with self._reading(name):
                 merge.add(parsed, read_entries(self._path(name)))
 

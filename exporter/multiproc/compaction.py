@@ -13,37 +13,19 @@ docs/exporter-server.md ("Dead workers' files") gives each kind of file and the 
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import json
 import os
 import re
 import secrets
-import struct
-import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Final, TypeVar
 
-from stocksentry.instrumentation.mpexemplars import (
-    CAPACITY,
-    FILE_PREFIX,
-    FILE_SUFFIX,
-    HEADER,
-    HEADER_SIZE,
-    MAGIC,
-    SLOT_HEAD,
-    SLOT_SIZE,
-    VERSION,
-)
+from stocksentry.instrumentation.mpexemplars import FILE_PREFIX, FILE_SUFFIX
 
-from .exemplars import ExemplarEntries, exemplar_pid, keep_newest, read_exemplars
+from .exemplars import ExemplarEntries, exemplar_pid, keep_newest, read_exemplars, write_exemplars
 from .files import (
-    HEADER_SIZE as DB_HEADER_SIZE,
-)
-from .files import (
-    INT,
-    TWO_DOUBLES,
     Entries,
     Key,
     SkipFile,
@@ -53,6 +35,7 @@ from .files import (
     parse_name,
     pid_alive,
     read_entries,
+    write_entries,
 )
 
 #: Dead pids compacted per run at most (a run over 100 of them takes a few hundred ms).
@@ -67,7 +50,6 @@ _STAGED_PID: Final = re.compile(r"[0-9]+\.staged-[0-9a-f]+\Z")
 _MANIFEST: Final = b"\x00stocksentry-compacted\x00"
 #: Gauge modes folded with their rule; the other modes of a dead pid are dropped.
 _FOLDED_MODES: Final = frozenset({"sum", "min", "max", "mostrecent"})
-_CRC: Final = struct.Struct("=I")
 _T = TypeVar("_T")
 
 
@@ -160,52 +142,6 @@ def _original_name(name: str) -> str:
     return stem + rest[rest.index(".") :]
 
 
-def _write_entries(path: str, entries: list[tuple[bytes, float, float]]) -> None:
-    """Write ``entries`` in prometheus_client's mmap_dict layout (see :mod:`.files`)."""
-    parts = [b""]
-    used = DB_HEADER_SIZE
-    for raw, value, timestamp in entries:
-        padding = 8 - (len(raw) + 4) % 8
-        parts.append(
-            INT.pack(len(raw)) + raw + b"\0" * padding + TWO_DOUBLES.pack(value, timestamp)
-        )
-        used += 4 + len(raw) + padding + 16
-    parts[0] = INT.pack(used) + b"\0" * 4
-    _write_file(path, b"".join(parts))
-
-
-def _write_file(path: str, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_exemplars(path: str, entries: ExemplarEntries) -> None:
-    """Write ``entries`` (the newest :data:`CAPACITY` of them) as an exemplar file."""
-    newest = sorted(entries.items(), key=lambda item: item[1][0], reverse=True)[:CAPACITY]
-    slots = bytearray(len(newest) * SLOT_SIZE)
-    for index, (raw, (timestamp, exemplar)) in enumerate(newest):
-        trace = exemplar.labels.get("trace_id", "").encode("ascii")
-        span = exemplar.labels.get("span_id", "").encode("ascii")
-        head = SLOT_HEAD.pack(
-            0, 0, exemplar.value, timestamp, len(trace), len(span), len(raw), trace, span
-        )
-        # The CRC covers the key, then the slot after the CRC (as the worker writes it).
-        crc = zlib.crc32(head[4:], zlib.crc32(raw))
-        offset = index * SLOT_SIZE
-        slots[offset : offset + SLOT_HEAD.size] = _CRC.pack(crc) + head[4:]
-        slots[offset + SLOT_HEAD.size : offset + SLOT_HEAD.size + len(raw)] = raw
-    head = HEADER.pack(MAGIC, VERSION, SLOT_SIZE, CAPACITY, 0, 0)[:20]
-    header = HEADER.pack(MAGIC, VERSION, SLOT_SIZE, CAPACITY, zlib.crc32(head), len(newest))
-    data = header.ljust(HEADER_SIZE, b"\0") + bytes(slots)
-    _write_file(path, data.ljust(HEADER_SIZE + CAPACITY * SLOT_SIZE, b"\0"))
-
-
 class _Compactor:
     def __init__(self, directory: str, check_key: Callable[[bytes], Key], max_pids: int) -> None:
         self.directory = directory
@@ -245,14 +181,11 @@ class _Compactor:
             self.check_key(raw)
         return entries
 
-    def stage(self, names: list[str]) -> list[str]:
-        """Rename the dead pids' files to names of their own; put back those of reused
-        pids (see the module docstring). The staged names, in the order given."""
+    def stage(self, dead: list[tuple[str, str]]) -> list[str]:
+        """Rename the dead pids' files (name, pid) to names of their own; put back those
+        of reused pids (see the module docstring). The staged names, in the order given."""
         out: list[str] = []
-        for name in names:
-            pid = _pid_of(name)
-            if pid is None or not pid.isdigit():
-                continue
+        for name, pid in dead:
             target = _staged_name(name, self.token)
             try:
                 os.rename(self.path(name), self.path(target))
@@ -290,11 +223,9 @@ class _Compactor:
             if entries is not None:
                 fold(values, mode, entries)
                 folded.append(name)
-        if not folded:
-            return
         manifest = _MANIFEST + json.dumps(sorted(folded)).encode("utf-8")
         written = [(manifest, 0.0, 0.0), *((raw, v, ts) for raw, (v, ts) in values.items())]
-        self.publish(final, folded, lambda path: _write_entries(path, written))
+        self.publish(final, folded, lambda path: write_entries(path, written))
 
     def compact_exemplars(self, staged_names: list[str]) -> None:
         """Keep the newest exemplar per sample of ``staged_names`` and the compacted file.
@@ -313,13 +244,13 @@ class _Compactor:
                 keep_newest(merged, raw, item)
             if name != final:
                 folded.append(name)
-        if not folded:
-            return
-        self.publish(final, folded, lambda path: _write_exemplars(path, merged))
+        self.publish(final, folded, lambda path: write_exemplars(path, merged))
 
     def publish(self, final: str, folded: list[str], write: Callable[[str], None]) -> None:
         """Write ``final`` under a temporary name, rename it into place, then delete the
-        ``folded`` files it now holds."""
+        ``folded`` files it now holds (nothing when none was folded)."""
+        if not folded:
+            return
         temporary = self.path(f".{final}.{self.token}.tmp")
         write(temporary)
         os.replace(temporary, self.path(final))
@@ -346,22 +277,22 @@ class _Compactor:
                 with contextlib.suppress(FileNotFoundError, SkipFile):
                     included |= manifest_of(read_entries(self.path(name)))[1]
         leftovers: list[str] = []
-        for name in names:
-            pid = _pid_of(name)
-            if pid is None or not staged(pid):
-                continue
-            if name in included:
-                self.remove(name)
-            else:
-                leftovers.append(name)
         # The dead pids, at most max_pids of them per run: a scrape that compacts a
         # directory of a thousand dead workers at once would outlast its timeout.
         alive: dict[str, bool] = {}
-        dead: list[str] = []
+        dead: list[tuple[str, str]] = []
         dead_pids = 0
         for name in names:
             pid = _pid_of(name)
-            if pid is None or not pid.isdigit():
+            if pid is None:
+                continue
+            if staged(pid):
+                if name in included:
+                    self.remove(name)
+                else:
+                    leftovers.append(name)
+                continue
+            if not pid.isdigit():
                 continue
             if pid not in alive:
                 if dead_pids >= self.max_pids:
@@ -369,7 +300,7 @@ class _Compactor:
                 alive[pid] = pid_alive(pid)
                 dead_pids += not alive[pid]
             if not alive[pid]:
-                dead.append(name)
+                dead.append((name, pid))
         by_kind: dict[tuple[str, str], list[str]] = {}
         exemplar_files: list[str] = []
         for name in [*leftovers, *self.stage(dead)]:
@@ -403,10 +334,8 @@ def compact(
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                return Compaction(ran=False)
-            raise
+        except BlockingIOError:  # another compaction holds it
+            return Compaction(ran=False)
         if not os.access(path, os.W_OK):
             return Compaction(ran=False)
         compactor = _Compactor(path, check_key, max(max_pids, 1))

@@ -1,4 +1,4 @@
-"""Reading the workers' exemplar files (``exemplars_<pid>.mmap``) safely.
+"""Reading the workers' exemplar files (``exemplars_<pid>.mmap``) safely, and writing one.
 
 The layout is :mod:`stocksentry.instrumentation.mpexemplars`'s, which writes it.
 :func:`read_exemplars` raises :class:`~.files.SkipFile` like the metrics reader. A slot
@@ -17,16 +17,18 @@ from typing import Final
 
 from prometheus_client.samples import Exemplar
 from stocksentry.instrumentation.mpexemplars import (
+    CAPACITY,
     FILE_PREFIX,
     FILE_SUFFIX,
     HEADER,
     HEADER_SIZE,
     MAGIC,
     SLOT_HEAD,
+    SLOT_SIZE,
     VERSION,
 )
 
-from .files import SkipFile, open_regular
+from .files import SkipFile, open_regular, write_file
 
 # key bytes -> (timestamp, Exemplar)
 ExemplarEntries = dict[bytes, tuple[float, Exemplar]]
@@ -36,8 +38,7 @@ _REREADS: Final = 5
 def exemplar_pid(name: str) -> str | None:
     """``exemplars_12.mmap`` -> ``"12"``; ``None`` for any other name."""
     if name.startswith(FILE_PREFIX) and name.endswith(FILE_SUFFIX):
-        pid = name[len(FILE_PREFIX) : -len(FILE_SUFFIX)]
-        return pid or None
+        return name[len(FILE_PREFIX) : -len(FILE_SUFFIX)] or None
     return None
 
 
@@ -73,19 +74,6 @@ def parse_slot(data: bytes, pos: int, slot_size: int) -> tuple[bytes, float, Exe
     return key, ts, Exemplar({k: v for k, v in labels.items() if v}, value, ts)
 
 
-def _reread(fd: int, offset: int, slot_size: int) -> tuple[bytes, float, Exemplar] | None:
-    """Read a slot whose CRC failed again, up to ``_REREADS`` times; ``None`` if it never
-    passes."""
-    for _ in range(_REREADS):
-        again = os.pread(fd, slot_size, offset)
-        if len(again) < slot_size:
-            raise SkipFile("truncated", f"slot at {offset} cut short")
-        got = parse_slot(again, 0, slot_size)
-        if got is not None:
-            return got
-    return None
-
-
 def read_exemplars(path: str) -> ExemplarEntries:
     """Every exemplar of one file, or ``SkipFile``; ``FileNotFoundError`` passes."""
     with open_regular(path) as (f, fd, size):
@@ -110,10 +98,34 @@ def read_exemplars(path: str) -> ExemplarEntries:
         for index in range(used):
             pos = index * slot_size
             got = parse_slot(data, pos, slot_size)
+            for _ in range(_REREADS):
+                if got is not None:
+                    break
+                again = os.pread(fd, slot_size, HEADER_SIZE + pos)
+                if len(again) < slot_size:
+                    raise SkipFile("truncated", f"slot at {HEADER_SIZE + pos} cut short")
+                got = parse_slot(again, 0, slot_size)
             if got is None:
-                got = _reread(fd, HEADER_SIZE + pos, slot_size)
-                if got is None:
-                    continue  # still being rewritten: the next scrape will have it
+                continue  # still being rewritten: the next scrape will have it
             key, ts, exemplar = got
             keep_newest(out, key, (ts, exemplar))
         return out
+
+
+def write_exemplars(path: str, entries: ExemplarEntries) -> None:
+    """Write ``entries`` (the newest :data:`CAPACITY` of them) as an exemplar file."""
+    newest = sorted(entries.items(), key=lambda item: item[1][0], reverse=True)[:CAPACITY]
+    slots = bytearray(len(newest) * SLOT_SIZE)
+    for index, (raw, (timestamp, exemplar)) in enumerate(newest):
+        trace = exemplar.labels.get("trace_id", "").encode("ascii")
+        span = exemplar.labels.get("span_id", "").encode("ascii")
+        fields = (exemplar.value, timestamp, len(trace), len(span), len(raw), trace, span)
+        # The CRC covers the key, then the slot after the CRC (as the worker writes it).
+        crc = zlib.crc32(SLOT_HEAD.pack(0, 0, *fields)[4:], zlib.crc32(raw))
+        offset = index * SLOT_SIZE
+        SLOT_HEAD.pack_into(slots, offset, crc, 0, *fields)
+        slots[offset + SLOT_HEAD.size : offset + SLOT_HEAD.size + len(raw)] = raw
+    head = HEADER.pack(MAGIC, VERSION, SLOT_SIZE, CAPACITY, 0, 0)[:20]
+    header = HEADER.pack(MAGIC, VERSION, SLOT_SIZE, CAPACITY, zlib.crc32(head), len(newest))
+    data = header.ljust(HEADER_SIZE, b"\0") + bytes(slots)
+    write_file(path, data.ljust(HEADER_SIZE + CAPACITY * SLOT_SIZE, b"\0"))

@@ -1,8 +1,9 @@
 """The multiprocess files: their names, their binary layout, and reading one safely.
 
 :func:`read_entries` reads one file completely or raises :class:`SkipFile` with the
-reason; :func:`parse_key` validates one key; :func:`parse_name` splits
-``<type>[_<mode>]_<pid>.db``; :func:`fold` merges one file's entries by gauge mode.
+reason (:func:`write_entries` writes one); :func:`parse_key` validates one key;
+:func:`parse_name` splits ``<type>[_<mode>]_<pid>.db``; :func:`fold` merges one file's
+entries by gauge mode.
 
 Example::
 
@@ -203,6 +204,28 @@ def read_entries(path: str) -> Entries:
         entries.append((data[pos + 4 : pos + 4 + length], value, timestamp))
         pos = end
     return entries
+
+
+def write_entries(path: str, entries: Entries) -> None:
+    """Write ``entries`` in the layout :func:`read_entries` reads."""
+    parts = [b""]
+    for raw, value, timestamp in entries:
+        padding = b"\0" * (8 - (len(raw) + 4) % 8)
+        parts.append(INT.pack(len(raw)) + raw + padding + TWO_DOUBLES.pack(value, timestamp))
+    parts[0] = INT.pack(sum(map(len, parts)) + HEADER_SIZE) + b"\0" * 4
+    write_file(path, b"".join(parts))
+
+
+def write_file(path: str, data: bytes) -> None:
+    """Write ``data`` to ``path`` (created, truncated, not through a symlink) and fsync it."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 @dataclass(frozen=True, slots=True)

@@ -92,19 +92,15 @@ class Merge:
         groups: dict[Group, tuple[Key, Buckets, list[Sample]]] = {}
         for raw, (value, _) in self.summed["histogram"].items():
             key = key_of(raw)
-            group = (key.metric, key.labels_without_le)
-            if group not in groups:
-                groups[group] = (key, {}, [])
-            _, buckets, others = groups[group]
+            _, buckets, others = groups.setdefault(
+                (key.metric, key.labels_without_le), (key, {}, [])
+            )
             if key.le is None:
                 others.append(Sample(key.sample, key.labels_dict, value))
             else:
                 held, exemplar = buckets.get(key.le, (0.0, None))
                 buckets[key.le] = (held + value, exemplar_of(raw) or exemplar)
         for (metric_name, labels), (first_key, buckets, others) in groups.items():
-            family = by_name.get(metric_name)
-            if family is not None and family.type != "histogram":
-                continue
             if buckets:
                 running = 0.0
                 for bound in sorted(buckets):

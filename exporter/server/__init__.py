@@ -1,18 +1,9 @@
 """The sidecar's HTTP server: ``/metrics``, ``/healthz``, ``/readyz`` and a landing page.
 
 One aiohttp application, built by :func:`create_app` from a :class:`ServerSettings` and
-served by :func:`run_server` (until SIGTERM) or :func:`serving` (``async with``).
+served by :func:`run_server` (until SIGTERM) or :func:`serving` (``async with``), e.g.
+``run_server(ServerSettings("0.0.0.0", 19464), collectors=[probes])``.
 docs/exporter-server.md describes the endpoints, the settings, TLS and basic auth.
-
-Example::
-
-    settings = ServerSettings(
-        listen_address="0.0.0.0",
-        port=19464,
-        multiprocess_dir=Path("/run/stocksentry/prom"),
-        web_config=load_web_config("/etc/stocksentry/web.yml"),
-    )
-    run_server(settings, collectors=[probe_collector], background=[probe_runner])
 """
 
 from __future__ import annotations

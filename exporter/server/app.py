@@ -2,11 +2,6 @@
 
 Basic auth guards ``/metrics`` and the landing page; the health endpoints stay open,
 because kubelet probes carry no credentials and the answers reveal nothing.
-
-Example::
-
-    >>> wants_openmetrics("application/openmetrics-text;version=1.0.0,*/*;q=0.1")
-    True
 """
 
 from __future__ import annotations
@@ -23,7 +18,7 @@ from prometheus_client.registry import Collector
 from ..basicauth import BasicAuth
 from ..webconfig import WebConfig
 from .buildinfo import build_info
-from .exposition import MetricsRenderer, SharedRender, build_renderer
+from .exposition import MetricsRenderer, build_renderer
 from .settings import HEALTHZ_PATH, READYZ_PATH, Lifecycle, ServerSettings
 
 #: A background resource for ``app.cleanup_ctx``: start-up before ``yield``, clean-up after.
@@ -37,7 +32,6 @@ LIFECYCLE: Final = web.AppKey("stocksentry_lifecycle", Lifecycle)
 RENDERER: Final = web.AppKey("stocksentry_renderer", MetricsRenderer)
 #: The basic-auth checker (disabled when the web config has no users).
 BASIC_AUTH: Final = web.AppKey("stocksentry_basic_auth", BasicAuth)
-_SHARED: Final = web.AppKey("stocksentry_shared_render", SharedRender)
 
 # Level 6 is what Go's gzip (and so the Prometheus exporters) use by default: most of the
 # ratio of level 9 for a fraction of its CPU.
@@ -107,6 +101,8 @@ def wants_openmetrics(accept: str) -> bool:
 
         >>> wants_openmetrics("application/openmetrics-text;version=1.0.0;q=0.6,*/*;q=0.2")
         True
+        >>> wants_openmetrics("application/openmetrics-text;version=1.0.0,*/*;q=0.1")
+        True
         >>> wants_openmetrics("text/plain;version=0.0.4")
         False
     """
@@ -130,22 +126,14 @@ def wants_gzip(accept_encoding: str) -> bool:
         >>> wants_gzip("gzip, deflate"), wants_gzip("gzip;q=0, *"), wants_gzip("")
         (True, False, False)
     """
-    gzip_q: float | None = None
-    star_q: float | None = None
-    for coding, _, q in _media_ranges(accept_encoding):
-        if coding in ("gzip", "x-gzip"):
-            gzip_q = q
-        elif coding == "*":
-            star_q = q
-    if gzip_q is not None:
-        return gzip_q > 0
-    return star_q is not None and star_q > 0
+    # The last q given wins; gzip's own, when given, over that of "*".
+    qs = {"gzip" if c == "x-gzip" else c: q for c, _, q in _media_ranges(accept_encoding)}
+    return qs.get("gzip", qs.get("*", 0.0)) > 0
 
 
 async def _metrics(request: web.Request) -> web.Response:
-    app = request.app
     openmetrics = wants_openmetrics(request.headers.get(hdrs.ACCEPT, ""))
-    body = await app[_SHARED].render(openmetrics=openmetrics)
+    body = await request.app[RENDERER].render_shared(openmetrics=openmetrics)
     headers = {
         hdrs.CONTENT_TYPE: CONTENT_TYPE_OPENMETRICS if openmetrics else CONTENT_TYPE_TEXT,
         hdrs.VARY: "Accept, Accept-Encoding",
@@ -198,9 +186,7 @@ def create_app(
     app = web.Application(middlewares=[basic_auth_middleware] if auth.enabled else [])
     app[SETTINGS] = settings
     app[LIFECYCLE] = Lifecycle()
-    renderer = build_renderer(settings, collectors)
-    app[RENDERER] = renderer
-    app[_SHARED] = SharedRender(renderer)
+    app[RENDERER] = build_renderer(settings, collectors)
     app[BASIC_AUTH] = auth
 
     app.router.add_get(settings.metrics_path, _metrics)

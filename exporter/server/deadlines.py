@@ -1,28 +1,23 @@
 """Read deadlines for slow clients: a request head, a request body and a TLS handshake.
 
-aiohttp bounds the size of a request head but not the time a client takes to send it: a
-client that sends half a request line and then nothing holds its connection for the
-keep-alive timeout, and a few hundred of them exhaust the descriptors while Prometheus is
-refused. :func:`listen` opens a listener whose connections are wrapped in a
-:class:`HeadDeadline`, which aborts a connection whose request head has not arrived within
-``header_timeout`` seconds (of the connection opening or of the head's first byte), or
-whose body (``Content-Length`` or ``chunked``) has not arrived within ``body_timeout``
-seconds of its head; ``ssl_handshake_timeout`` bounds the TLS handshake. The watch only
-finds where a head ends and how long its body is; aiohttp still parses the request.
+aiohttp bounds the size of a request head but not the time a client takes to send it, so
+a few hundred clients that send half a request line and then nothing would exhaust the
+descriptors. The server wraps each connection in a :class:`HeadDeadline`, which aborts
+it when its head has not arrived within ``header_timeout`` seconds (of the connection or
+of the head's first byte), or its body (``Content-Length`` or ``chunked``) within
+``body_timeout`` seconds of its head. It only finds where a head ends and how long its
+body is; aiohttp still parses the request.
 
-When aiohttp refuses a request the client is still sending (a request line of a megabyte:
-``400 Bad Request``) and closes, the kernel would answer the bytes still coming with a
-reset, and the client would read that instead of the 400. The connection lingers instead
-(:class:`_Lingering`): its writing side is shut, and what the client still sends is read
-and dropped until its end, at most :data:`LINGER_SECONDS` and :data:`LINGER_BYTES`.
+When aiohttp refuses a request the client is still sending (``400``) and closes, the
+kernel would answer the bytes still coming with a reset, which the client would read
+instead of the 400. The connection lingers instead: its writing side is shut, and the
+rest is read and dropped, at most :data:`LINGER_SECONDS` and :data:`LINGER_BYTES`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Callable, Iterable
-from ssl import SSLContext
 from typing import Any, cast
 
 _HEAD_END = b"\r\n\r\n"
@@ -37,16 +32,17 @@ LINGER_SECONDS = 2.0
 LINGER_BYTES = 64 * 1024 * 1024
 
 
-class _Lingering(asyncio.Transport):
-    """The transport aiohttp is given: every call goes to the real one, except a
-    ``close()`` while the client is still sending its request, which lingers (see the
-    module's docstring) through :meth:`HeadDeadline.linger`."""
+class _Lingering:
+    """The transport aiohttp is given: the real one, except for a ``close()`` while the
+    client is still sending its request, which lingers through :meth:`HeadDeadline.linger`."""
 
     def __init__(self, transport: asyncio.Transport, owner: HeadDeadline) -> None:
-        super().__init__()
         self._transport = transport
         self._owner = owner
         self._closing = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
 
     def close(self) -> None:
         self._closing = True
@@ -55,49 +51,6 @@ class _Lingering(asyncio.Transport):
 
     def is_closing(self) -> bool:
         return self._closing or self._transport.is_closing()
-
-    def abort(self) -> None:
-        self._closing = True
-        self._transport.abort()
-
-    def write(self, data: bytes | bytearray | memoryview) -> None:
-        self._transport.write(data)
-
-    def writelines(self, list_of_data: Iterable[bytes | bytearray | memoryview]) -> None:
-        self._transport.writelines(list_of_data)
-
-    def write_eof(self) -> None:
-        self._transport.write_eof()
-
-    def can_write_eof(self) -> bool:
-        return self._transport.can_write_eof()
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return self._transport.get_extra_info(name, default)
-
-    def pause_reading(self) -> None:
-        self._transport.pause_reading()
-
-    def resume_reading(self) -> None:
-        self._transport.resume_reading()
-
-    def is_reading(self) -> bool:
-        return self._transport.is_reading()
-
-    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
-        self._transport.set_write_buffer_limits(high, low)
-
-    def get_write_buffer_size(self) -> int:
-        return self._transport.get_write_buffer_size()
-
-    def get_write_buffer_limits(self) -> tuple[int, int]:
-        return self._transport.get_write_buffer_limits()
-
-    def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
-        self._transport.set_protocol(protocol)
-
-    def get_protocol(self) -> asyncio.BaseProtocol:
-        return self._transport.get_protocol()
 
 
 class HeadDeadline(asyncio.Protocol):
@@ -189,11 +142,10 @@ class HeadDeadline(asyncio.Protocol):
         if self._body_left > 0:
             taken = min(self._body_left, len(data))
             self._body_left -= taken
-            rest = data[taken:]
             if self._body_left == 0:
                 self.state = "idle"
                 self._disarm()
-            return rest
+            return data[taken:]
         buffer = self._chunked_tail + data
         end = buffer.find(_LAST_CHUNK)
         if end < 0:
@@ -227,7 +179,7 @@ class HeadDeadline(asyncio.Protocol):
         # create_server gives a stream transport (TCP or TLS), which has abort().
         self._transport = cast(asyncio.Transport, transport)
         self._arm(self._header_timeout)
-        self._inner.connection_made(_Lingering(self._transport, self))
+        self._inner.connection_made(cast(asyncio.Transport, _Lingering(self._transport, self)))
 
     def data_received(self, data: bytes) -> None:
         if self._dropped >= 0:
@@ -256,31 +208,3 @@ class HeadDeadline(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self._inner.resume_writing()
-
-
-async def listen(
-    handler_factory: Callable[[], asyncio.Protocol],
-    host: str,
-    port: int,
-    *,
-    ssl_context: SSLContext | None = None,
-    header_timeout: float,
-    body_timeout: float,
-    handshake_timeout: float,
-) -> asyncio.Server:
-    """A listener on ``host``:``port`` (``""``: every interface) whose connections have
-    read deadlines; ``handler_factory`` is the runner's ``web.Server``."""
-
-    def protocol() -> asyncio.Protocol:
-        return HeadDeadline(
-            handler_factory(), header_timeout=header_timeout, body_timeout=body_timeout
-        )
-
-    return await asyncio.get_running_loop().create_server(
-        protocol,
-        host,
-        port,
-        ssl=ssl_context,
-        ssl_handshake_timeout=handshake_timeout if ssl_context else None,
-        backlog=128,  # aiohttp's TCPSite default
-    )

@@ -2,8 +2,8 @@
 
 :class:`MetricsRenderer` collects the sources one by one into one Prometheus text or
 OpenMetrics body; :func:`build_renderer` lines up the server's sources. Rendering is CPU
-work (the multiprocess files are read there), so the server runs it in a thread, and
-:class:`SharedRender` makes scrapes of one format that arrive together share one render.
+work (the multiprocess files are read there), so the server runs it in a thread, shared by
+the scrapes of one format that arrive together.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Final, TypeVar
+from typing import Final
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.gc_collector import GCCollector
@@ -35,10 +35,8 @@ _log = logging.getLogger("stocksentry.exporter.server")
 _ERROR_LOG_INTERVAL_S: Final = 60.0
 _EOF: Final = b"# EOF\n"
 
-_T = TypeVar("_T")
-
 # The OpenMetrics encoder is untyped in prometheus_client; this gives it a type once.
-_encode_openmetrics_raw: Final[Callable[[Collector], bytes]] = openmetrics.generate_latest
+_encode_openmetrics: Final[Callable[[Collector], bytes]] = openmetrics.generate_latest
 
 
 class _Families:
@@ -53,14 +51,12 @@ class _Families:
         return self._families
 
 
-def _encode_text(families: list[Metric]) -> bytes:
+def _encode(families: list[Metric], openmetrics: bool) -> bytes:
+    if openmetrics:
+        # Each chunk is encoded on its own (so one bad family costs only its collector);
+        # the single "# EOF" goes at the very end.
+        return _encode_openmetrics(_Families(families)).removesuffix(_EOF)
     return generate_latest(_Families(families))
-
-
-def _encode_openmetrics(families: list[Metric]) -> bytes:
-    # Each chunk is encoded on its own (so one bad family costs only its collector);
-    # the single "# EOF" goes at the very end.
-    return _encode_openmetrics_raw(_Families(families)).removesuffix(_EOF)
 
 
 def _collector_name(collector: Collector, taken: set[str]) -> str:
@@ -105,6 +101,7 @@ class MetricsRenderer:
         self._lock = threading.Lock()
         self._errors: dict[str, int] = {name: 0 for name, _ in self._sources}
         self._last_logged: dict[str, float] = {}
+        self._inflight: dict[bool, asyncio.Future[bytes]] = {}
 
     @property
     def source_names(self) -> tuple[str, ...]:
@@ -118,7 +115,6 @@ class MetricsRenderer:
 
     def render(self, *, openmetrics: bool) -> bytes:
         """The exposition of every working source, in OpenMetrics or Prometheus text."""
-        encode = _encode_openmetrics if openmetrics else _encode_text
         chunks: list[bytes] = []
         seen: set[str] = set()
         for name, collector in self._sources:
@@ -139,16 +135,40 @@ class MetricsRenderer:
                 self._failed(name, f"repeats metric families {sorted(clash)}", trace=False)
                 continue
             try:
-                chunk = encode(families)
+                chunk = _encode(families, openmetrics)
             except Exception:
                 self._failed(name, "its metrics could not be encoded")
                 continue
             seen.update(names)
             chunks.append(chunk)
-        chunks.append(encode([self._own_family()]))
+        chunks.append(_encode([self._own_family()], openmetrics))
         if openmetrics:
             chunks.append(_EOF)
         return b"".join(chunks)
+
+    async def render_shared(self, *, openmetrics: bool) -> bytes:
+        """:meth:`render` in a daemon thread, one per format at a time: a scrape joins the
+        render of its format already running.
+
+        Not the default executor: ``asyncio.run`` waits for its threads at exit, so a
+        collector stuck forever would turn a clean SIGTERM into a SIGKILL.
+        """
+        future = self._inflight.get(openmetrics)
+        if future is None:
+            done: concurrent.futures.Future[bytes] = concurrent.futures.Future()
+
+            def run() -> None:
+                if done.set_running_or_notify_cancel():
+                    try:
+                        done.set_result(self.render(openmetrics=openmetrics))
+                    except BaseException as exc:
+                        done.set_exception(exc)
+
+            threading.Thread(target=run, name="stocksentry-scrape", daemon=True).start()
+            future = self._inflight[openmetrics] = asyncio.wrap_future(done)
+            future.add_done_callback(lambda _: self._inflight.pop(openmetrics, None))
+        # Shielded: a scrape that gives up must not cancel the render others wait for.
+        return await asyncio.shield(future)
 
     def _failed(self, name: str, what: str, *, trace: bool = True) -> None:
         now = self._clock()
@@ -192,54 +212,12 @@ def build_renderer(
     taken = {"multiprocess", "process"}
     sources: list[tuple[str, Collector]] = []
     if settings.multiprocess_dir is not None:
-        sources.append(
-            (
-                "multiprocess",
-                MultiprocessDirCollector(
-                    settings.multiprocess_dir,
-                    check_pids=settings.multiprocess_check_pids,
-                    compact_dead=settings.multiprocess_compact,
-                ),
-            )
+        multiprocess = MultiprocessDirCollector(
+            settings.multiprocess_dir,
+            check_pids=settings.multiprocess_check_pids,
+            compact_dead=settings.multiprocess_compact,
         )
+        sources.append(("multiprocess", multiprocess))
     sources.extend((_collector_name(c, taken), c) for c in collectors)
     sources.append(("process", _process_collector()))
     return MetricsRenderer(sources)
-
-
-def _in_daemon_thread(fn: Callable[[], _T]) -> asyncio.Future[_T]:
-    """Run ``fn`` in a new daemon thread; the future resolves on the calling loop.
-
-    Not the default executor: ``asyncio.run`` waits for its threads at exit, so a
-    collector stuck forever would turn a clean SIGTERM into a SIGKILL.
-    """
-    done: concurrent.futures.Future[_T] = concurrent.futures.Future()
-
-    def run() -> None:
-        if not done.set_running_or_notify_cancel():
-            return
-        try:
-            done.set_result(fn())
-        except BaseException as exc:
-            done.set_exception(exc)
-
-    threading.Thread(target=run, name="stocksentry-scrape", daemon=True).start()
-    return asyncio.wrap_future(done)
-
-
-class SharedRender:
-    """Single-flight renders: one thread per format at a time, shared by its waiters."""
-
-    def __init__(self, renderer: MetricsRenderer) -> None:
-        self._renderer = renderer
-        self._inflight: dict[bool, asyncio.Future[bytes]] = {}
-
-    async def render(self, *, openmetrics: bool) -> bytes:
-        """The body in the asked format; joins a render of that format already running."""
-        future = self._inflight.get(openmetrics)
-        if future is None:
-            future = _in_daemon_thread(lambda: self._renderer.render(openmetrics=openmetrics))
-            self._inflight[openmetrics] = future
-            future.add_done_callback(lambda _: self._inflight.pop(openmetrics, None))
-        # Shielded: a scrape that gives up must not cancel the render others wait for.
-        return await asyncio.shield(future)

@@ -24,7 +24,7 @@ from ..listen import format_listen_address
 from ..webconfig import WebConfig
 from .app import LIFECYCLE, Background, create_app
 from .buildinfo import build_info
-from .deadlines import listen
+from .deadlines import HeadDeadline
 from .settings import HEALTHZ_PATH, READYZ_PATH, ServerSettings
 
 _log: Final = logging.getLogger("stocksentry.exporter.server")
@@ -64,9 +64,6 @@ class ClientErrorLog(logging.LoggerAdapter[logging.Logger]):
         self._suppressed = 0
         #: Client errors seen since this logger was made.
         self.client_errors = 0
-
-    def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
-        return msg, kwargs  # no extra context
 
     def exception(self, msg: object, *args: object, exc_info: Any = True, **kwargs: Any) -> None:
         """Client errors: one rate-limited INFO line; anything else: ERROR with traceback."""
@@ -190,17 +187,25 @@ async def serving(
         handler_factory = runner.server
         if handler_factory is None:  # setup() failed without raising
             raise RuntimeError("the aiohttp runner has no server after setup()")
+
         # Not aiohttp's TCPSite: its listener has no deadline for a slow client's request
         # head, body or TLS handshake (see deadlines.py).
-        for host, port in settings.addresses:
-            listener = await listen(
-                handler_factory,
-                host,
-                port,
-                ssl_context=ssl_context,
+        def protocol() -> asyncio.Protocol:
+            return HeadDeadline(
+                handler_factory(),
                 header_timeout=settings.header_timeout,
                 body_timeout=settings.body_timeout,
-                handshake_timeout=settings.tls_handshake_timeout,
+            )
+
+        loop = asyncio.get_running_loop()
+        for host, port in settings.addresses:
+            listener = await loop.create_server(
+                protocol,
+                host,
+                port,
+                ssl=ssl_context,
+                ssl_handshake_timeout=settings.tls_handshake_timeout if ssl_context else None,
+                backlog=128,  # aiohttp's TCPSite default
             )
             listeners.append(listener)
         addresses = tuple(
@@ -229,40 +234,35 @@ def run_server(
     :func:`serving` closes. Errors at start (a busy port, a bad certificate, a failing
     background start-up) propagate.
     """
-    asyncio.run(_serve_until_signal(settings, collectors, background, routes))
 
+    async def serve() -> None:
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        received: list[str] = []
 
-async def _serve_until_signal(
-    settings: ServerSettings,
-    collectors: Sequence[Collector],
-    background: Sequence[Background],
-    routes: Sequence[web.RouteDef] = (),
-) -> None:
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    received: list[str] = []
+        def on_signal(sig: signal.Signals) -> None:
+            received.append(sig.name)
+            stop.set()
 
-    def on_signal(sig: signal.Signals) -> None:
-        received.append(sig.name)
-        stop.set()
-
-    # Installed before start-up, so a signal during a slow background start-up still
-    # ends in a clean shutdown rather than the default abrupt exit.
-    handled = (signal.SIGTERM, signal.SIGINT)
-    for sig in handled:
-        loop.add_signal_handler(sig, on_signal, sig)
-    try:
-        async with serving(
-            settings, collectors=collectors, background=background, routes=routes
-        ) as server:
-            for line in startup_lines(server, settings):
-                _log.log(line.level, "%s", line.text)
-            await stop.wait()
-            _log.info("received %s: shutting down", received[0] if received else "stop")
-            server.begin_shutdown()
-            if settings.drain_seconds:
-                await asyncio.sleep(settings.drain_seconds)
-        _log.info("stocksentry exporter stopped")
-    finally:
+        # Installed before start-up, so a signal during a slow background start-up still
+        # ends in a clean shutdown rather than the default abrupt exit.
+        handled = (signal.SIGTERM, signal.SIGINT)
         for sig in handled:
-            loop.remove_signal_handler(sig)
+            loop.add_signal_handler(sig, on_signal, sig)
+        try:
+            async with serving(
+                settings, collectors=collectors, background=background, routes=routes
+            ) as server:
+                for line in startup_lines(server, settings):
+                    _log.log(line.level, "%s", line.text)
+                await stop.wait()
+                _log.info("received %s: shutting down", received[0])
+                server.begin_shutdown()
+                if settings.drain_seconds:
+                    await asyncio.sleep(settings.drain_seconds)
+            _log.info("stocksentry exporter stopped")
+        finally:
+            for sig in handled:
+                loop.remove_signal_handler(sig)
+
+    asyncio.run(serve())

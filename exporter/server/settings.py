@@ -13,6 +13,7 @@ from ..webconfig import WebConfig
 HEALTHZ_PATH: Final = "/healthz"
 #: Readiness: 200 between the end of start-up and the start of shutdown.
 READYZ_PATH: Final = "/readyz"
+_TIMEOUTS: Final = ("header_timeout", "body_timeout", "tls_handshake_timeout", "keepalive_timeout")
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,25 +52,19 @@ class ServerSettings:
         listed = [a for a in self.addresses if a[1] != 0]
         if len(set(listed)) != len(listed):
             raise ValueError(f"an address is listed twice: {self.addresses}")
-        if not self.metrics_path.startswith("/") or self.metrics_path in (
-            "/",
-            HEALTHZ_PATH,
-            READYZ_PATH,
-        ):
+        path = self.metrics_path
+        if not path.startswith("/") or path in ("/", HEALTHZ_PATH, READYZ_PATH):
             raise ValueError(
                 f"metrics_path must start with '/' and not be /, {HEALTHZ_PATH} or "
-                f"{READYZ_PATH}, got {self.metrics_path!r}"
+                f"{READYZ_PATH}, got {path!r}"
             )
         if not self.shutdown_timeout >= 0 or not self.drain_seconds >= 0:
             raise ValueError("shutdown_timeout and drain_seconds must be >= 0")
-        for name in ("header_timeout", "body_timeout", "tls_handshake_timeout"):
+        for name in _TIMEOUTS:
             value = getattr(self, name)
-            if not 0 < value <= 3600:
-                raise ValueError(f"{name} must be > 0 and <= 3600 seconds, got {value}")
-        if not 0 < self.keepalive_timeout <= 86400:
-            raise ValueError(
-                f"keepalive_timeout must be > 0 and <= 86400 seconds, got {self.keepalive_timeout}"
-            )
+            most = 86400 if name == "keepalive_timeout" else 3600
+            if not 0 < value <= most:
+                raise ValueError(f"{name} must be > 0 and <= {most} seconds, got {value}")
 
     @property
     def addresses(self) -> tuple[tuple[str, int], ...]:

@@ -9,6 +9,7 @@ the watcher exports must equal what happened.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Iterator
 
@@ -17,7 +18,7 @@ import redis.asyncio as aioredis
 from polling import async_wait_until
 from privateredis import PrivateRedis
 from prometheus_client import CollectorRegistry
-from stocksentry.exporter.config import parse_config
+from stocksentry.exporter.config import ExporterConfig, parse_config
 from stocksentry.exporter.lab.naive_lock import SetNxLock
 from stocksentry.exporter.lockwatch.watcher import LockWatcher
 from stocksentry.instrumentation import Sentry
@@ -46,20 +47,29 @@ def _config(url: str, **extra: object) -> str:
     return "\n".join(lines) + "\n"
 
 
-@pytest.fixture
-async def watched(server: PrivateRedis) -> AsyncIterator[tuple[LockWatcher, aioredis.Redis]]:
-    config = parse_config(_config(server.url, configure_notifications=True))
+@contextlib.asynccontextmanager
+async def subscribed(config: ExporterConfig) -> AsyncIterator[LockWatcher]:
+    """A watcher of ``config``'s lock_watch, subscribed; stopped on exit."""
     assert config.lock_watch is not None
     watcher = LockWatcher(config.lock_watch, config.sku_guard)
     await watcher.start()
-    async with asyncio.timeout(10):
-        await watcher.wait_subscribed()
-    client = aioredis.Redis.from_url(server.url)
     try:
-        yield watcher, client
+        async with asyncio.timeout(10):
+            await watcher.wait_subscribed()
+        yield watcher
     finally:
-        await client.aclose()
         await watcher.stop()
+
+
+@pytest.fixture
+async def watched(server: PrivateRedis) -> AsyncIterator[tuple[LockWatcher, aioredis.Redis]]:
+    config = parse_config(_config(server.url, configure_notifications=True))
+    async with subscribed(config) as watcher:
+        client = aioredis.Redis.from_url(server.url)
+        try:
+            yield watcher, client
+        finally:
+            await client.aclose()
 
 
 def samples(watcher: LockWatcher) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -250,18 +260,10 @@ async def test_restart_reconnects_reapplies_flags_and_counts_the_gap(
 async def test_without_permission_it_checks_and_says_which_flags(
     server: PrivateRedis, caplog: pytest.LogCaptureFixture
 ) -> None:
-    config = parse_config(_config(server.url))
-    assert config.lock_watch is not None
-    watcher = LockWatcher(config.lock_watch)
     caplog.set_level(logging.INFO, "stocksentry.exporter.lockwatch")
-    await watcher.start()
-    try:
-        async with asyncio.timeout(10):
-            await watcher.wait_subscribed()
+    async with subscribed(parse_config(_config(server.url))) as watcher:
         assert watcher.notifications is False
         assert value(watcher, "stocksentry_lockwatch_notifications_enabled") == 0
-    finally:
-        await watcher.stop()
     lines = [r.getMessage() for r in caplog.records if "notify-keyspace-events" in r.getMessage()]
     assert len(lines) == 1, lines
     assert "lacks 'Kg$x'" in lines[0]
@@ -290,13 +292,8 @@ async def test_config_refused_by_acl_leaves_the_gauge_absent(
     config = parse_config(
         _config(url, configure_notifications=True), environ={"LOCKWATCH_URL": url}
     )
-    assert config.lock_watch is not None
-    watcher = LockWatcher(config.lock_watch)
     caplog.set_level(logging.INFO, "stocksentry.exporter.lockwatch")
-    await watcher.start()
-    try:
-        async with asyncio.timeout(10):
-            await watcher.wait_subscribed()
+    async with subscribed(config) as watcher:
         assert watcher.notifications is None
         assert ("stocksentry_lockwatch_notifications_enabled", ()) not in samples(watcher)
         user = aioredis.Redis.from_url(url)
@@ -308,8 +305,6 @@ async def test_config_refused_by_acl_leaves_the_gauge_absent(
             )
         finally:
             await user.aclose()
-    finally:
-        await watcher.stop()
     hint = [r.getMessage() for r in caplog.records if "cannot read" in r.getMessage()]
     assert len(hint) == 1, hint
     assert "'Kg$x'" in hint[0]

@@ -35,6 +35,7 @@ from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.openmetrics import parser as openmetrics_parser
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 from pytest_aiohttp import AiohttpClient
+from scraped import value as sample
 from stocksentry.exporter.server import (
     BASIC_AUTH,
     LIFECYCLE,
@@ -112,14 +113,6 @@ def by_name(families: list[Metric]) -> dict[str, Metric]:
     names = [family.name for family in families]
     assert len(names) == len(set(names)), names
     return {family.name: family for family in families}
-
-
-def sample(families: list[Metric], name: str, **labels: str) -> float | None:
-    for family in families:
-        for s in family.samples:
-            if s.name == name and s.labels == labels:
-                return s.value
-    return None
 
 
 # --- /metrics --------------------------------------------------------------------------------
@@ -256,48 +249,6 @@ async def test_failing_collectors_are_skipped_and_counted(
         "Repeating": 2,
         "process": 0,
     }
-
-
-class Slow:
-    """A collector that blocks until the test releases it."""
-
-    def __init__(self) -> None:
-        self.entered = threading.Event()
-        self.release = threading.Event()
-        self.calls = 0
-
-    def collect(self) -> list[Metric]:
-        self.calls += 1
-        self.entered.set()
-        # Held until the test lets go (the test's finally always does): whatever answers
-        # meanwhile did not wait for this collector.
-        self.release.wait()
-        return [GaugeMetricFamily("slow_probe_value", "Slow.", value=7)]
-
-
-async def test_slow_collector_does_not_delay_health_checks(aiohttp_client: AiohttpClient) -> None:
-    slow = Slow()
-    client = await aiohttp_client(create_app(settings(), collectors=[slow]))
-
-    scrapes = [asyncio.create_task(client.get("/metrics")) for _ in range(2)]
-    try:
-        assert await asyncio.to_thread(slow.entered.wait, 30)
-        # Event order, not a stopwatch: both answers arrive while the collector is held.
-        health = await asyncio.wait_for(client.get("/healthz"), timeout=30)
-        ready = await asyncio.wait_for(client.get("/readyz"), timeout=30)
-        assert health.status == 200
-        assert ready.status == 200
-        assert not slow.release.is_set()
-        # Both scrapes are still waiting on the collector.
-        assert not any(task.done() for task in scrapes)
-    finally:
-        slow.release.set()
-    responses = await asyncio.gather(*scrapes)
-    for response in responses:
-        assert response.status == 200
-        assert sample(list(parse_text(await response.text())), "slow_probe_value") == 7
-    # Concurrent scrapes shared one render.
-    assert slow.calls == 1
 
 
 # --- health, readiness, landing page ---------------------------------------------------------

@@ -15,6 +15,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+from prometheus_client.metrics_core import Metric
+
 #: Every multiprocess mode of prometheus_client's Gauge: the workers write one gauge each.
 MODES = (
     "all",
@@ -28,6 +30,19 @@ MODES = (
     "mostrecent",
     "livemostrecent",
 )
+
+#: (family, type, help, sample, labels, value): one sample of a scrape, sortable.
+Row = tuple[str, str, str, str, tuple[tuple[str, str], ...], float]
+
+
+def rows(families: Iterable[Metric]) -> list[Row]:
+    """Every app sample as a sortable row (our own health series left out)."""
+    return sorted(
+        (f.name, f.type, f.documentation, s.name, tuple(sorted(s.labels.items())), s.value)
+        for f in families
+        if not f.name.startswith("stocksentry_")
+        for s in f.samples
+    )
 
 
 def worker_script(*, exemplars: bool = False) -> str:

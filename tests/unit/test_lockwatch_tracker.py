@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry
 from stocksentry.exporter.config import ConfigError, parse_config
-from stocksentry.exporter.lockwatch.notifications import missing_flags, refused_hint
-from stocksentry.exporter.lockwatch.patterns import LockPatterns
+from stocksentry.exporter.lockwatch.patterns import LockPatterns, missing_flags, refused_hint
 from stocksentry.exporter.lockwatch.tracker import END_UNSEEN_GRACE, LeaseTracker
 from stocksentry.instrumentation.guard import LabelGuard
 

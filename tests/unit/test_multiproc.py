@@ -10,14 +10,14 @@ from __future__ import annotations
 import os
 import shutil
 import struct
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from mpworkers import MODES, Workers, workers_in
+from mpworkers import MODES, Row, Workers, rows, workers_in
 from prometheus_client import CollectorRegistry, multiprocess
-from prometheus_client.metrics_core import Metric
+from scraped import value
 from stocksentry.exporter.multiproc import MultiprocessDirCollector
 from stocksentry.instrumentation import catalog
 
@@ -28,8 +28,6 @@ SKUS = ("A", "B", "C")
 MultiProcessCollector: Callable[..., Any] = multiprocess.MultiProcessCollector
 mark_process_dead: Callable[[int, str], None] = multiprocess.mark_process_dead
 
-Row = tuple[str, str, str, str, tuple[tuple[str, str], ...], float]
-
 
 @pytest.fixture
 def workers(tmp_path: Path) -> Iterator[Workers]:
@@ -37,26 +35,8 @@ def workers(tmp_path: Path) -> Iterator[Workers]:
         yield pool
 
 
-def rows(families: Iterable[Metric]) -> list[Row]:
-    """Every app sample as a sortable row (our own health series left out)."""
-    return sorted(
-        (f.name, f.type, f.documentation, s.name, tuple(sorted(s.labels.items())), s.value)
-        for f in families
-        if not f.name.startswith("stocksentry_")
-        for s in f.samples
-    )
-
-
 def prometheus_rows(path: Path) -> list[Row]:
     return rows(MultiProcessCollector(None, path=str(path)).collect())
-
-
-def value(families: Iterable[Metric], name: str, **labels: str) -> float | None:
-    for family in families:
-        for sample in family.samples:
-            if sample.name == name and sample.labels == labels:
-                return sample.value
-    return None
 
 
 def test_healthy_directory_merges_exactly_like_prometheus_client(workers: Workers) -> None:

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pytest
-from mpworkers import Workers, workers_in
+from mpworkers import Row, Workers, rows, workers_in
 from prometheus_client.metrics_core import Metric
 from prometheus_client.openmetrics import exposition as openmetrics
 from stocksentry.exporter.multiproc import MultiprocessDirCollector, compaction
@@ -28,23 +28,10 @@ from stocksentry.exporter.multiproc.compaction import COMPACTED
 NEVER_ALIVE = 2**22 + 1
 
 
-Row = tuple[str, str, tuple[tuple[str, str], ...], float]
-
-
 @pytest.fixture
 def workers(tmp_path: Path) -> Iterator[Workers]:
     with workers_in(tmp_path, exemplars=True) as pool:
         yield pool
-
-
-def rows(families: Iterable[Metric]) -> list[Row]:
-    """Every app sample as a sortable row (our own health series left out)."""
-    return sorted(
-        (f.name, s.name, tuple(sorted(s.labels.items())), s.value)
-        for f in families
-        if not f.name.startswith("stocksentry_")
-        for s in f.samples
-    )
 
 
 def exemplars(families: Iterable[Metric]) -> list[tuple[str, tuple[tuple[str, str], ...], str]]:
@@ -66,7 +53,7 @@ def total(families: Iterable[Metric], name: str = "mp_reserved_total") -> float:
 
 def without_dead_all(table: list[Row], dead: set[str]) -> list[Row]:
     """The rows minus the ``all`` gauges of dead pids (compaction drops them)."""
-    return [r for r in table if not (r[0] == "mp_g_all" and dict(r[2]).get("pid") in dead)]
+    return [r for r in table if not (r[0] == "mp_g_all" and dict(r[4]).get("pid") in dead)]
 
 
 def test_compaction_gives_exactly_the_uncompacted_merge(workers: Workers) -> None:

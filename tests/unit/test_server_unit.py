@@ -21,6 +21,7 @@ from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.openmetrics import parser as openmetrics_parser
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 from pytest_aiohttp import AiohttpClient
+from scraped import value
 from stocksentry.exporter.config import parse_config
 from stocksentry.exporter.probes import ProbeRunner
 from stocksentry.exporter.probes.base import Probe
@@ -95,14 +96,6 @@ def settings(**overrides: object) -> ServerSettings:
     values: dict[str, object] = {"listen_address": "127.0.0.1", "port": 0}
     values.update(overrides)
     return ServerSettings(**values)  # type: ignore[arg-type]
-
-
-def value(families: Iterable[Metric], name: str, **labels: str) -> float | None:
-    for family in families:
-        for s in family.samples:
-            if s.name == name and s.labels == labels:
-                return s.value
-    return None
 
 
 @pytest.fixture
@@ -258,16 +251,23 @@ async def test_scrapes_share_one_render_and_health_stays_fast(
     gate = Gate()
     client = await aiohttp_client(create_app(settings(), collectors=[gate]))
     scrapes = [asyncio.create_task(client.get("/metrics")) for _ in range(3)]
-    assert await asyncio.to_thread(gate.entered.wait, 30)
-
-    # The render is stuck in its thread; liveness is answered all the same.
-    health = await client.get("/healthz")
-    assert health.status == 200
-    assert all(not task.done() for task in scrapes)
-
-    gate.release.set()
+    try:
+        assert await asyncio.to_thread(gate.entered.wait, 30)
+        # Event order, not a stopwatch: the render is stuck in its thread; liveness and
+        # readiness are answered all the same.
+        health = await asyncio.wait_for(client.get("/healthz"), timeout=30)
+        ready = await asyncio.wait_for(client.get("/readyz"), timeout=30)
+        assert health.status == 200
+        assert ready.status == 200
+        assert not gate.release.is_set()
+        assert all(not task.done() for task in scrapes)
+    finally:
+        gate.release.set()
     responses = await asyncio.gather(*scrapes)
     assert [r.status for r in responses] == [200, 200, 200]
+    for response in responses:
+        assert value(parse_text(await response.text()), "gate_open") == 1
+    # Concurrent scrapes shared one render.
     assert gate.calls == 1
 
 
