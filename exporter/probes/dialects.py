@@ -17,7 +17,7 @@ import logging
 from collections.abc import Awaitable, Coroutine, Mapping, Sequence
 from datetime import datetime
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from ..invariants import Param, Query, quote
 
@@ -25,7 +25,6 @@ if TYPE_CHECKING:
     from ..config import DatabaseConfig
 
 __all__ = [
-    "Connection",
     "Dialect",
     "Params",
     "Session",
@@ -46,16 +45,26 @@ LOGGER: Final = logging.getLogger("stocksentry.exporter.probes")
 # least the floor): a live leader pings every interval, so only a frozen one is ended.
 IDLE_INTERVALS: Final = 3
 IDLE_FLOOR: Final = 1.0
-#: Seconds a statement cut off by :meth:`Connection.abandon` may take to notice (the socket
+#: Seconds a statement cut off by :meth:`Session.abandon` may take to notice (the socket
 #: is shut down, so it fails at once; this only bounds a driver that would not).
 ABANDON_GRACE: Final = 1.0
 
 
-class Session(Protocol):
-    """A probe's read-only session. ``flavor``: ``postgresql``, ``mariadb`` or ``mysql``."""
+class Session(abc.ABC):
+    """A probe's read-only session on one driver connection, as the probes, the pool and
+    the election use it. ``flavor``: ``postgresql``, ``mariadb`` or ``mysql``."""
 
     flavor: str
+    #: The statement that releases the session-level locks custom SQL may take.
+    unlock: str
 
+    def __init__(self, server_id: int | None) -> None:
+        #: The server's id of the session (a backend pid, a thread id), to stop its query.
+        self.server_id = server_id
+        #: Never to be handed out again (its state is unknown).
+        self.spoiled = False
+
+    @abc.abstractmethod
     async def rows(self, statement: str, params: Params = None) -> list[tuple[Any, ...]]: ...
 
     async def one(self, statement: str, params: Params = None) -> tuple[Any, ...]:
@@ -65,51 +74,43 @@ class Session(Protocol):
             raise ValueError("the query returned no row")
         return found[0]
 
+    @abc.abstractmethod
     async def execute(self, statement: str, params: Params = None) -> None: ...
 
+    @abc.abstractmethod
     async def table(self, statement: str) -> tuple[list[str], list[tuple[Any, ...]]]:
-        """The column names and rows of one statement (never several), sent without
-        parameters."""
-        ...
-
-
-class Connection(Session, Protocol):
-    """A session as the pool and the election hold it: its transaction and its life."""
+        """The column names and rows of one statement, sent without parameters."""
 
     @property
+    @abc.abstractmethod
     def usable(self) -> bool:
         """Open, healthy, and outside any transaction: it may be handed out again."""
-        ...
 
+    @abc.abstractmethod
     async def begin(self, statement_timeout: float) -> None:
         """Open a read-only transaction whose statements stop after ``statement_timeout``."""
-        ...
 
-    async def rollback(self) -> None: ...
+    async def rollback(self) -> None:
+        await self.execute("ROLLBACK")
 
     async def release_locks(self) -> None:
-        """Release the session-level locks custom SQL may have taken (a rollback does not);
-        when that fails the session is never handed out again."""
-        ...
+        """Release the session-level locks (a rollback does not); when that fails the
+        session is never handed out again."""
+        try:
+            await self.execute(self.unlock)
+        except BaseException:
+            self.spoiled = True
+            raise
 
-    def spoil(self) -> None:
-        """Mark the session as never to be reused (its state is unknown)."""
-        ...
-
+    @abc.abstractmethod
     def abandon(self) -> None:
         """Cut the connection at once, never waiting on the server (which may be silent):
-        its socket is shut down, so a statement in flight fails at once and the driver
-        sends nothing more (no cancel request, no goodbye). The session is spoiled."""
-        ...
+        a statement in flight fails at once and the driver sends nothing more (no cancel
+        request, no goodbye). The session is spoiled."""
 
-    @property
-    def server_id(self) -> int | None:
-        """The server's id of the session (a backend pid, a thread id), to stop its query."""
-        ...
-
+    @abc.abstractmethod
     async def close(self) -> None:
         """Close; never raises."""
-        ...
 
 
 class Dialect(abc.ABC):
@@ -121,6 +122,19 @@ class Dialect(abc.ABC):
     partial_indexes: bool
     #: The SQL of the database's clock within a probe statement.
     now: str
+    #: ``(horizon, the clock)`` from ``%(settle_after)s`` and ``%(margin)s``: no row
+    #: created before the horizon can still be uncommitted (see :mod:`.db`, oversold).
+    horizon_sql: str
+    #: The planner's estimate of the rows of ``%(table)s`` (:meth:`table_params`).
+    row_estimate_sql: str
+    #: Whether ``%(table)s`` exists; the first column of each of its indexes.
+    table_exists_sql: str
+    leading_columns_sql: str
+    #: ``(transactions open beyond %(threshold)s, the oldest one's age)`` touching the
+    #: tables ``%(tables)s``.
+    long_transactions_sql: str
+    #: The statement that stops the query of the session ``{}``, from another session.
+    stop_sql: str
 
     #: Whether :meth:`announce` has logged the server yet (once per dialect object).
     announced: bool = False
@@ -179,27 +193,38 @@ class Dialect(abc.ABC):
         """The SQL of the seconds from a point in time to the clock."""
 
     @abc.abstractmethod
-    async def connect(self, db: DatabaseConfig, *, elector: bool = False) -> Connection:
+    def table_params(self, table: str) -> dict[str, object]:
+        """The parameters that name ``table`` in :attr:`row_estimate_sql` and the like."""
+
+    async def connect(self, db: DatabaseConfig, *, elector: bool = False) -> Session:
         """Open a session whose transactions are read-only. ``elector``: the election's,
         which the server ends once it goes silent."""
+        session, settings, found = await self.open(db, elector=elector)
+        try:
+            for statement in settings:
+                await session.execute(statement)
+        except BaseException:
+            await session.close()
+            raise
+        if not elector:
+            self.announce(found)
+        return session
 
     @abc.abstractmethod
-    def stop_statement(self, server_id: int) -> str:
-        """The statement that stops the query of the session ``server_id``, from another."""
+    async def open(self, db: DatabaseConfig, *, elector: bool) -> tuple[Session, list[str], str]:
+        """A new session, the statements that set it up for :meth:`connect`, and what
+        the start-up says of the server."""
 
-    def stop_query(
-        self, db: DatabaseConfig, session: Connection
-    ) -> Coroutine[Any, Any, None] | None:
+    def stop_query(self, db: DatabaseConfig, session: Session) -> Coroutine[Any, Any, None] | None:
         """What stops the server's query of a session abandoned mid-query (``None``: it
         has no id). Closing the socket does not: a server notices a gone client only when
         it writes, so the statement would run up to its ``statement_timeout``. A session of
-        its own runs :meth:`stop_statement` (a user may stop its own sessions' queries
-        without any grant), bounded by the connect timeout; the statement limit is the
-        backstop when the server cannot be reached."""
-        server_id = session.server_id
-        if server_id is None:
+        its own runs :attr:`stop_sql` (a user may stop its own sessions' queries without
+        any grant), bounded by the connect timeout; the statement limit is the backstop
+        when the server cannot be reached."""
+        if session.server_id is None:
             return None
-        statement = self.stop_statement(server_id)
+        statement = self.stop_sql.format(int(session.server_id))
 
         async def stop() -> None:
             with contextlib.suppress(Exception, asyncio.CancelledError):
@@ -212,35 +237,48 @@ class Dialect(abc.ABC):
 
         return stop()
 
-    @abc.abstractmethod
     async def horizon(
         self, session: Session, *, settle_after: float, margin: float
     ) -> tuple[datetime, datetime]:
-        """``(horizon, the clock)``: no row created before the horizon can still be
-        uncommitted (see :mod:`stocksentry.exporter.probes.db`, the oversold probe)."""
+        """:attr:`horizon_sql`'s ``(horizon, the clock)``."""
+        params = {"settle_after": self.interval(settle_after), "margin": self.interval(margin)}
+        horizon, now = await session.one(self.horizon_sql, params)
+        if not isinstance(horizon, datetime) or not isinstance(now, datetime):
+            raise TypeError("the horizon is not a point in time")
+        return horizon, now
 
-    @abc.abstractmethod
     async def row_estimate(self, session: Session, table: str) -> float:
-        """The planner's estimate of the rows of ``table``."""
+        (estimate,) = await session.one(self.row_estimate_sql, self.table_params(table))
+        return float(estimate)
 
     @abc.abstractmethod
-    async def lock_waiters(self, session: Session) -> tuple[Any, Any]:
+    def lock_waiters_sql(self, flavor: str) -> str:
         """``(sessions waiting for a lock, the longest wait in seconds)`` in this database."""
+
+    async def lock_waiters(self, session: Session) -> tuple[Any, ...]:
+        return await session.one(self.lock_waiters_sql(session.flavor))
 
     @abc.abstractmethod
     async def deadlocks(self, session: Session) -> tuple[str, Any]:
         """``(database, deadlocks counted by the server)``."""
 
-    @abc.abstractmethod
     async def long_transactions(
         self, session: Session, *, threshold: float, tables: Sequence[str]
-    ) -> tuple[Any, Any]:
-        """``(transactions open beyond threshold, the oldest one's age)`` touching
-        ``tables``."""
+    ) -> tuple[Any, ...]:
+        # The quoted names, comma-separated (the config allows no comma in a name).
+        params = {
+            "threshold": self.interval(threshold),
+            "tables": ",".join(map(self.quote, tables)),
+        }
+        return await session.one(self.long_transactions_sql, params)
 
-    @abc.abstractmethod
     async def leading_columns(self, session: Session, table: str) -> set[str] | None:
         """The first column of each index of ``table``; ``None``: no such table."""
+        params = self.table_params(table)
+        (exists,) = await session.one(self.table_exists_sql, params)
+        if not exists:
+            return None
+        return {self.fold(str(c)) for (c,) in await session.rows(self.leading_columns_sql, params)}
 
     @abc.abstractmethod
     def add_index(self, table: str, columns: Sequence[str], where: str | None) -> str:
@@ -262,9 +300,9 @@ class Dialect(abc.ABC):
         return self.idle_limit(db) - db.leader_retry_interval
 
 
-async def abandoning(conn: Connection, work: Awaitable[_T]) -> _T:
+async def abandoning(conn: Session, work: Awaitable[_T]) -> _T:
     """``await work`` (statements on ``conn``); if this is cancelled (a timeout), cut
-    ``conn`` first (:meth:`Connection.abandon`) and only then let ``work`` end.
+    ``conn`` first (:meth:`Session.abandon`) and only then let ``work`` end.
 
     A driver cancelled mid-statement asks the server to cancel it and waits for the answer
     (psycopg: up to 10 s), which a silent network never gives; cut, the statement fails

@@ -36,7 +36,7 @@ from collections.abc import Awaitable, Callable
 from ..config import ELECTION_PROBE, DatabaseConfig
 from ..durations import format_duration
 from .base import Backoff, ErrorLog, ProbeResult, describe_error
-from .dialects import Connection, abandoning, dialect_for
+from .dialects import Session, abandoning, dialect_for
 
 __all__ = ["LeaderElection"]
 
@@ -62,7 +62,7 @@ class LeaderElection:
         self._errors = errors
         self._backoff = backoff or Backoff()
         self._dialect = dialect_for(db)
-        self._conn: Connection | None = None
+        self._conn: Session | None = None
         self._last_success: float | None = None
         #: Seconds one :meth:`step` may take: it may connect and run one statement.
         self.timeout = db.connect_timeout + db.statement_timeout
@@ -158,7 +158,7 @@ class LeaderElection:
             )
         )
 
-    async def _connection(self) -> Connection:
+    async def _connection(self) -> Session:
         if self._conn is not None and self._conn.usable:
             return self._conn
         # Any failure to open the session (refused, bad password, a timeout, a URL that

@@ -23,7 +23,7 @@ from typing import TypeVar
 
 from ..config import DatabaseConfig
 from .base import Backoff, ProbeUnavailableError, note_phase
-from .dialects import Connection, Session, abandoning, dialect_for
+from .dialects import Session, abandoning, dialect_for
 
 __all__ = ["Pool"]
 
@@ -46,13 +46,13 @@ class Pool:
         self.db = db
         self.dialect = dialect_for(db)
         self._slots = asyncio.Semaphore(db.max_connections)
-        self._idle: list[Connection] = []
+        self._idle: list[Session] = []
         self._backoff = backoff or Backoff()
         self._closed = False
         self._stoppers: set[asyncio.Task[None]] = set()
 
     @contextlib.asynccontextmanager
-    async def session(self) -> AsyncIterator[Connection]:
+    async def session(self) -> AsyncIterator[Session]:
         """A session of the pool for the duration of the block."""
         if self._closed:
             raise ProbeUnavailableError("the pool is closed")
@@ -68,7 +68,8 @@ class Pool:
                 session = self._idle.pop()
             else:
                 note_phase("connecting to the database")
-                session = await self._connect()
+                with self._backoff.attempt("database"):
+                    session = await self.dialect.connect(self.db)
             note_phase("waiting for the database's reply")
             try:
                 yield session
@@ -118,7 +119,7 @@ class Pool:
                 await abandoning(session, session.release_locks())
             return result
 
-    def _stop_query(self, session: Connection) -> bool:
+    def _stop_query(self, session: Session) -> bool:
         """Stop the query of the abandoned ``session`` in the background; True when a
         task does, which releases the caller's slot once done."""
         stop = None if self._closed else self.dialect.stop_query(self.db, session)
@@ -130,10 +131,6 @@ class Pool:
         task.add_done_callback(self._stoppers.discard)
         task.add_done_callback(lambda _: self._slots.release())
         return True
-
-    async def _connect(self) -> Connection:
-        with self._backoff.attempt("database"):
-            return await self.dialect.connect(self.db)
 
     async def close_idle(self) -> None:
         """Close the sessions nobody uses (a follower keeps none open)."""
