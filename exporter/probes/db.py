@@ -1,14 +1,10 @@
-"""The database probes, one class each for every dialect.
+"""The database probes, one class each for every dialect (what differs is in its
+:class:`~.dialects.Dialect`), each run in the pool's read-only transaction.
 
-Each probe runs in the pool's read-only transaction (:class:`~.pool.Pool`) and leaves
-what differs between PostgreSQL and MySQL/MariaDB to its :class:`~.dialects.Dialect`.
-The invariant probes' statements come from
-:class:`stocksentry.exporter.invariants.InvariantSql`, the builder ``stocksentry
-reconcile`` uses: each figure is an aggregate over the rows reconcile would list.
-
-The incremental oversold run (``scope: all``) reads the dialect's *horizon* first (no row
-created before it can still be uncommitted), then :func:`~.soldtotals.incremental_run`;
-why a late commit is never missed: docs/exporter-config.md, "How ``oversold`` counts".
+The invariant probes' statements come from :class:`~stocksentry.exporter.invariants.InvariantSql`,
+as ``stocksentry reconcile``'s do: each figure aggregates the rows reconcile would list. The
+incremental runs read the dialect's *horizon* first (no row created before it can still be
+uncommitted): docs/exporter-config.md, "How ``oversold`` counts".
 
 Example::
 
@@ -85,12 +81,9 @@ class DbProbe(Probe):
 
 class NegativeStockProbe(DbProbe):
     """``stock_inventory_negative_skus`` / ``_units``: SKUs below zero and by how much;
-    ``stock_inventory_negative_sku_units{sku}``: the ``top_skus`` lowest by name.
-
-    Reads the range below zero of an index on ``products(stock)`` (partial on
-    PostgreSQL), twice: the totals, then the worst ``top_skus`` SKUs. The units of the
-    SKUs not named are summed under ``__other__``; promo SKUs are at 0 when not below zero.
-    """
+    ``stock_inventory_negative_sku_units{sku}``: the ``top_skus`` lowest by name, the rest
+    under ``__other__``, promo SKUs at 0 when not below zero. Two reads of the range
+    below zero of an index on ``products(stock)``: the totals, then the worst SKUs."""
 
     specs = (
         catalog.NEGATIVE_INVENTORY_SKUS,
@@ -127,13 +120,10 @@ class NegativeStockProbe(DbProbe):
 
 
 class OversoldProbe(DbProbe):
-    """``stock_oversold_units{sku}``: paid units beyond each SKU's allocation.
-
-    Only oversold SKUs get a series, and every promo SKU (0 when not oversold); other
-    SKUs go through the SKU guard, and those folded into ``__other__`` are summed there.
-    ``scope: promo`` reads the promo SKUs' whole history on every run (a few SKUs);
-    ``scope: all`` runs incrementally (see the module).
-    """
+    """``stock_oversold_units{sku}``: paid units beyond each SKU's allocation, for the
+    oversold SKUs (through the SKU guard) and every promo SKU (0 when not oversold).
+    ``scope: promo`` reads the promo SKUs' whole history every run; ``scope: all`` runs
+    incrementally (:func:`~.soldtotals.incremental_run`)."""
 
     specs = (catalog.OVERSOLD_UNITS,)
 
@@ -174,8 +164,7 @@ class OversoldProbe(DbProbe):
         return (family(catalog.OVERSOLD_UNITS, [((k,), v) for k, v in sorted(by_label.items())]),)
 
     async def step(self, session: Session) -> None:
-        """One incremental run: the dialect's horizon, then
-        :func:`~stocksentry.exporter.probes.soldtotals.incremental_run`."""
+        """One incremental run: the dialect's horizon, then ``incremental_run``."""
         s = self._settings
         horizon, _now = await self.dialect.horizon(
             session, settle_after=s.settle_after, margin=s.clock_margin
@@ -201,15 +190,11 @@ class OversoldProbe(DbProbe):
 
 
 class DuplicateOrdersProbe(DbProbe):
-    """``stock_duplicate_order_keys``: keys with more than one order in the recent window;
-    ``stock_duplicate_order_sku_keys{sku}``: per SKU among those keys' orders' items, the
-    ``top_skus`` with the most keys by name, the rest under ``__other__``.
-
-    External references and idempotency keys (whichever are mapped) are counted
-    separately and added up. The first run reads the whole window (``orders(created_at)``);
-    later runs ask only about the keys of the orders created since the last horizon,
-    through the index on each key column (:class:`~.duplicates.DuplicateKeys`).
-    """
+    """``stock_duplicate_order_keys``: keys (external references and idempotency keys,
+    whichever are mapped, added up) with more than one order in the window;
+    ``stock_duplicate_order_sku_keys{sku}``: the ``top_skus`` SKUs of those orders' items
+    with the most keys, the rest under ``__other__``. The first run reads the window, later
+    ones only the keys of orders created since the last horizon (:mod:`.duplicates`)."""
 
     specs = (catalog.DUPLICATE_ORDER_KEYS, catalog.DUPLICATE_ORDER_SKU_KEYS)
 
@@ -299,12 +284,9 @@ class DeadlocksProbe(DbProbe):
 
 
 class LongTransactionsProbe(DbProbe):
-    """Transactions open longer than ``threshold`` that hold a lock on a stock table
-    (the mapped products, orders, order_items, reservations and outbox tables; on MySQL,
-    whose locked tables are not visible, any InnoDB transaction of this database).
-
-    Exports ``stock_db_long_transactions`` and ``stock_db_long_transaction_max_seconds``.
-    """
+    """``stock_db_long_transactions`` and ``stock_db_long_transaction_max_seconds``:
+    transactions open beyond ``threshold`` holding a lock on a mapped stock table (on
+    MySQL, whose locked tables are not visible, any InnoDB transaction of the database)."""
 
     specs = (catalog.DB_LONG_TRANSACTIONS, catalog.DB_LONG_TRANSACTION_MAX)
 
@@ -369,14 +351,9 @@ class ExpiredReservationsProbe(DbProbe):
 
 class OutboxProbe(DbProbe):
     """``stock_outbox_pending_events``, ``stock_outbox_lag_seconds`` (oldest pending age),
-    ``stock_outbox_stuck_events`` (pending beyond ``probes.outbox.max_publish_latency``)
-    and that latency itself (the alert's threshold).
-
-    One statement on the pending rows (``published_at IS NULL``, the leading part of the
-    index ``outbox(published_at, created_at)`` or a partial one). While events are stuck
-    it logs ``outbox stuck`` with their count and the oldest one's id and age
-    (:class:`~stocksentry.exporter.probes.families.OutboxStuckLog`).
-    """
+    ``stock_outbox_stuck_events`` (pending beyond ``max_publish_latency``) and that latency
+    (the alert's threshold), from one statement on the pending rows; stuck events are
+    logged (:class:`~.families.OutboxStuckLog`)."""
 
     specs = (
         catalog.OUTBOX_PENDING,
@@ -441,15 +418,12 @@ def _unwrapped(arg: object) -> object:
 class CustomSqlProbe(DbProbe):
     """A ``probes.custom`` entry: its SQL's rows exported as one gauge.
 
-    The SQL runs wrapped as ``SELECT * FROM (<sql>) AS stocksentry_custom``, one statement
-    (the session refuses several) in a read-only transaction of a read-only session, sent
-    without parameters, so a ``%`` in it stays as written. Session-level locks it may take
-    are released after each run.
-
-    Each row gives one sample: the value from ``value_column`` (rows where it is null are
-    skipped), labels from ``label_columns`` (a ``sku`` label goes through the SKU guard,
-    others are sanitised); rows with the same labels are summed; past ``max_series`` label
-    sets the rest are dropped with one warning.
+    The SQL runs as one statement (the config refuses a ``;`` that could end it) wrapped
+    in ``SELECT * FROM (<sql>) AS stocksentry_custom``, in a read-only transaction, without
+    parameters (a ``%`` stays as written); the session-level locks it takes are released.
+    Each row with a ``value_column`` gives a sample labelled by ``label_columns`` (``sku``
+    through the SKU guard); equal labels are summed; beyond ``max_series`` label sets the
+    rest are dropped with one warning.
     """
 
     def __init__(self, custom: CustomProbe, pool: Pool, guard: LabelGuard) -> None:

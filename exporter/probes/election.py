@@ -1,20 +1,12 @@
 """Leader election: of many sidecars, one runs the database probes.
 
-Each sidecar keeps one dedicated session and tries a session-level lock on it every
-``database.leader_retry_interval`` (``pg_try_advisory_lock(key)``, or ``GET_LOCK`` on
-MySQL/MariaDB). The one that gets it leads until its session ends; it pings the session
-on the same schedule and steps down, stopping its probes, as soon as that fails.
-
-The server ends the session of a frozen or cut-off leader (``idle_session_timeout``,
-``wait_timeout``, TCP keepalives: :meth:`.dialects.Dialect.connect` with ``elector``) once
-it has been silent :meth:`~.dialects.Dialect.idle_limit` seconds, which frees the lock for
-the next follower. So a leader holds a *lease* (:meth:`~.dialects.Dialect.lease`, one
-interval shorter than that limit) from the start of each ping that succeeded: a leader
-that cannot renew it in time — a silent network gives no error, only no answer — steps
-down when it runs out, before the server can let another sidecar in. See
-docs/exporter-config.md, "Leader election".
-
-The election's own health is exported like a probe's, as
+Each sidecar keeps one session and tries a session-level lock on it every
+``database.leader_retry_interval`` (``pg_try_advisory_lock``, ``GET_LOCK`` on MySQL); the
+holder leads, pinging on the same schedule, and steps down as soon as a ping fails. The
+server ends a silent leader's session after :meth:`~.dialects.Dialect.idle_limit`, freeing
+the lock, so a leader holds a *lease* (:meth:`~.dialects.Dialect.lease`, one interval
+shorter) from the start of each good ping and steps down when it runs out unrenewed (a
+silent network gives no error): docs/exporter-config.md, "Leader election". Its health is
 ``stocksentry_probe_up{probe="leader_election"}``.
 
 Example::

@@ -1,11 +1,9 @@
 """The probes' small connection pool, on either dialect.
 
-psycopg-pool and aiomysql's pool were weighed and not taken: the probes need a pool that
-fails *at once* while the database is known to be down (spaced by :class:`Backoff`, so a
-scrape reports it instead of every probe waiting out its timeout), cuts rather than waits
-on a session cancelled mid-query (:func:`~.dialects.abandoning`: a silent network never
-answers a cancel request), never holds more than ``max_connections`` sockets (the session
-that stops an abandoned query counts), and releases the locks custom SQL took.
+Not psycopg-pool's or aiomysql's: this one fails *at once* while the database is known to
+be down (:class:`Backoff`), cuts a session cancelled mid-query rather than wait on a silent
+network (:func:`~.dialects.abandoning`), counts the session stopping an abandoned query
+within ``max_connections``, and releases the locks custom SQL took.
 
 Example::
 
@@ -31,16 +29,10 @@ _T = TypeVar("_T")
 
 
 class Pool:
-    """A few lazily opened read-only sessions shared by the probes.
-
-    At most ``database.max_connections`` sockets are open (sessions, connection attempts
-    and the sessions stopping an abandoned query); a probe waits for a free one within its
-    own timeout. A session left in a transaction or broken is closed rather than reused;
-    one cancelled mid-query is cut at once (its query then stopped from another session,
-    which keeps the slot until it is done). While the database is unreachable, connection
-    attempts are spaced by :class:`Backoff` and probe runs fail at once with
-    :class:`ProbeUnavailableError`.
-    """
+    """A few lazily opened read-only sessions shared by the probes, at most
+    ``database.max_connections`` sockets (a probe waits for one within its timeout). A
+    session left in a transaction or broken is closed, not reused; one cancelled mid-query
+    is cut (its query stopped from another session, which keeps the slot meanwhile)."""
 
     def __init__(self, db: DatabaseConfig, *, backoff: Backoff | None = None) -> None:
         self.db = db
@@ -95,12 +87,9 @@ class Pool:
         release_locks: bool = False,
         statement_timeout: float | None = None,
     ) -> _T:
-        """Run ``query(session)`` in a read-only transaction with the configured limits.
-
-        ``release_locks``: afterwards, also release the session-level locks the query may
-        have taken (custom SQL can); a rollback does not. ``statement_timeout``: the
-        probe's own, instead of ``database.statement_timeout``.
-        """
+        """Run ``query(session)`` in a read-only transaction with the configured limits
+        (``statement_timeout``: the probe's own); ``release_locks``: afterwards, also
+        release the session-level locks it may have taken (custom SQL can)."""
         limit = self.db.statement_timeout if statement_timeout is None else statement_timeout
         async with self.session() as session:
             try:
@@ -121,7 +110,7 @@ class Pool:
 
     def _stop_query(self, session: Session) -> bool:
         """Stop the query of the abandoned ``session`` in the background; True when a
-        task does, which releases the caller's slot once done."""
+        task does (it releases the caller's slot once done)."""
         stop = None if self._closed else self.dialect.stop_query(self.db, session)
         if stop is None:
             return False
@@ -139,8 +128,7 @@ class Pool:
             await session.close()
 
     async def close(self) -> None:
-        """Close every session (and wait for the queries being stopped); the pool cannot
-        be used afterwards."""
+        """Close every session, wait for the queries being stopped; the pool is done."""
         self._closed = True
         await self.close_idle()
         if self._stoppers:

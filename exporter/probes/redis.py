@@ -1,13 +1,11 @@
 """The Redis side: the stock cache compared with the database (``stock_cache_drift_skus``,
 and per SKU ``stock_cache_drift_sku_units``).
 
-For every promo SKU the probe reads the cached stock (one ``MGET`` of
-``redis.key_template``) and the database stock (one indexed query), and counts the SKUs
-whose two values have differed by more than ``redis.tolerance`` for at least
-``redis.grace``, the cached value unchanged all that time: a cache being refreshed is not
-stale, however far a flash sale moves the database between refreshes. A cached value that
-is not a number drifts (``+Inf`` units); a missing key or product row restarts the clock.
-What counts, and what this cannot see: docs/exporter-config.md (``probes.cache_drift``).
+For every promo SKU: the cached stock (one ``MGET``) against the database's (one indexed
+query). A SKU drifts once they have differed by more than ``redis.tolerance`` for
+``redis.grace`` with the cached value unchanged (a cache being refreshed is not stale); a
+cached value that is not a number drifts (``+Inf`` units); a missing key or product row
+restarts the clock. See docs/exporter-config.md (``probes.cache_drift``).
 
 Example::
 
@@ -47,11 +45,8 @@ CACHE_LABEL: Final = "redis"
 
 
 class RedisSource:
-    """A lazily created Redis client with backoff while Redis is unreachable.
-
-    redis-py's own retries are turned off: the probe's schedule and :class:`Backoff`
-    decide when to try again, and a probe run never waits longer than its timeout.
-    """
+    """A lazily created Redis client with backoff while Redis is unreachable (redis-py's
+    own retries are off: a probe run never waits longer than its timeout)."""
 
     def __init__(
         self, config: RedisConfig, *, timeout: float, backoff: Backoff | None = None
@@ -110,10 +105,7 @@ def _changed(previous: float | None, value: float) -> bool:
 
 class CacheDriftProbe(DbProbe):
     """``stock_cache_drift_skus{cache="redis"}`` and ``stock_cache_drift_sku_units{cache,
-    sku}`` for the promo SKUs (see the module doc).
-
-    It reads the database, so with leader election it runs on the leader only.
-    """
+    sku}`` for the promo SKUs (see the module); it reads the database: leader only."""
 
     specs = (catalog.CACHE_DRIFT_SKUS, catalog.CACHE_DRIFT_SKU_UNITS)
 
