@@ -428,16 +428,20 @@ async def test_custom_probe_exports_the_rows_as_a_gauge(db, registry):
         assert sample(registry, "shop_negative_stock", sku="SKU-OK") is None
 
 
-async def test_custom_sql_cannot_write(pg_database, registry):
-    # A data-modifying CTE: refused by the read-only transaction (and the wrapper). A
-    # second statement smuggled in is refused by the config (test_config.py), and by the
-    # extended protocol (one statement only).
+async def test_custom_sql_cannot_write(db, registry):
+    # On PostgreSQL a data-modifying CTE, on MariaDB a locking read: both refused by the
+    # read-only transaction. More statements smuggled in are refused by the config
+    # (test_config.py), and on PostgreSQL by the extended protocol too.
     statement = (
-        "WITH gone AS (DELETE FROM order_items RETURNING 1) SELECT count(*) AS value FROM gone"
+        "SELECT count(*) AS value FROM order_items WHERE 0 = (SELECT count(*)"
+        " FROM products FOR UPDATE)"
+        if db.mysql
+        else "WITH gone AS (DELETE FROM order_items RETURNING 1)"
+        " SELECT count(*) AS value FROM gone"
     )
-    await seed(pg_database)
+    await seed_db(db)
     document = {
-        "database": {"url": pg_database, "leader_election": False},
+        "database": {"url": db.raw_url, "leader_election": False},
         "probes": {
             "defaults": {"interval": "200ms"},
             **{p: {"enabled": False} for p in ALL_DB_PROBES},
@@ -448,9 +452,15 @@ async def test_custom_sql_cannot_write(pg_database, registry):
         await async_wait_until(lambda: "sneaky" in runner.results, timeout=WAIT, message="one run")
         assert sample(registry, "stocksentry_probe_up", probe="sneaky") == 0.0
         assert sample(registry, "shop_sneaky") is None
-    async with await psycopg.AsyncConnection.connect(pg_database) as conn:
-        cursor = await conn.execute("SELECT count(*) FROM order_items")
-        assert await cursor.fetchone() == (5,)
+        if db.mysql:
+            assert "(1792," in (runner.results["sneaky"].error or "")
+    conn = plain(db)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT count(*) FROM order_items")
+            assert tuple(cur.fetchone()) == (5,)
+    finally:
+        conn.close()
 
 
 async def try_advisory_lock(url: str, key: int) -> bool:
@@ -489,6 +499,36 @@ async def test_custom_sql_leaves_no_lock_behind(db, registry):
             assert await try_advisory_lock(db.raw_url, key)
 
 
+MY_INDEX_ADVICE: dict[str, Any] = {
+    "missing": [
+        ("negative_stock", "products", "available_stock"),
+        ("oversold", "orders", "created_at"),
+        ("duplicate_orders", "orders", "external_ref"),
+        ("expired_reservations", "reservations", "released_at"),
+        ("outbox", "outbox", "published_at"),
+    ],
+    "first": "ALTER TABLE `products` ADD INDEX `products_available_stock_idx`"
+    " (`available_stock`), ALGORITHM=INPLACE, LOCK=NONE;",
+    "in": [(3, "(`released_at`, `expires_at`)"), (4, "(`published_at`, `created_at`)")],
+    "ends": [],
+}
+PG_INDEX_ADVICE: dict[str, Any] = {
+    "missing": [
+        ("negative_stock", "products", "available_stock"),
+        ("oversold", "order_items", "product_id"),
+        ("oversold", "orders", "created_at"),
+        ("oversold", "order_items", "order_id"),
+        ("duplicate_orders", "orders", "external_ref"),
+        ("expired_reservations", "reservations", "expires_at"),
+        ("outbox", "outbox", "created_at"),
+    ],
+    "first": 'CREATE INDEX CONCURRENTLY IF NOT EXISTS "products_available_stock_partial_idx" '
+    'ON "products" ("available_stock") WHERE "available_stock" < 0;',
+    "in": [],
+    "ends": [(5, 'WHERE "released_at" IS NULL;')],
+}
+
+
 async def test_missing_indexes_are_reported_with_the_statement_to_add(db, registry, caplog):
     await seed_db(db, indexes=False)
     config = config_on(db, schema=None if db.mysql else {"orders": {"idempotency_key": None}})
@@ -497,39 +537,18 @@ async def test_missing_indexes_are_reported_with_the_statement_to_add(db, regist
         advice = await check_indexes(pool, config)
     finally:
         await pool.close()
+    # On MariaDB order_items(order_id) and (product_id) come with their foreign keys.
+    expected = MY_INDEX_ADVICE if db.mysql else PG_INDEX_ADVICE
+    assert [(a.probe, a.table, a.column) for a in advice] == expected["missing"]
+    assert advice[0].statement == expected["first"]
+    for at, part in expected["in"]:
+        assert part in advice[at].statement
+    for at, end in expected["ends"]:
+        assert advice[at].statement.endswith(end)
+    # The statements are valid SQL that create the very indexes asked for.
     if db.mysql:
-        # order_items(order_id) and (product_id) come with their foreign keys.
-        assert [(a.probe, a.table, a.column) for a in advice] == [
-            ("negative_stock", "products", "available_stock"),
-            ("oversold", "orders", "created_at"),
-            ("duplicate_orders", "orders", "external_ref"),
-            ("expired_reservations", "reservations", "released_at"),
-            ("outbox", "outbox", "published_at"),
-        ]
-        assert advice[0].statement == (
-            "ALTER TABLE `products` ADD INDEX `products_available_stock_idx` (`available_stock`),"
-            " ALGORITHM=INPLACE, LOCK=NONE;"
-        )
-        assert "(`released_at`, `expires_at`)" in advice[3].statement
-        assert "(`published_at`, `created_at`)" in advice[4].statement
-        # The statements are valid SQL that create the very indexes asked for.
         mariadb().run_sql(db.raw_url, [item.statement.rstrip(";") for item in advice])
     else:
-        assert [(a.probe, a.table, a.column) for a in advice] == [
-            ("negative_stock", "products", "available_stock"),
-            ("oversold", "order_items", "product_id"),
-            ("oversold", "orders", "created_at"),
-            ("oversold", "order_items", "order_id"),
-            ("duplicate_orders", "orders", "external_ref"),
-            ("expired_reservations", "reservations", "expires_at"),
-            ("outbox", "outbox", "created_at"),
-        ]
-        assert advice[0].statement == (
-            'CREATE INDEX CONCURRENTLY IF NOT EXISTS "products_available_stock_partial_idx" '
-            'ON "products" ("available_stock") WHERE "available_stock" < 0;'
-        )
-        assert advice[5].statement.endswith('WHERE "released_at" IS NULL;')
-        # The statements are valid SQL that create the very indexes asked for.
         async with await psycopg.AsyncConnection.connect(db.raw_url, autocommit=True) as conn:
             for item in advice:
                 await conn.execute(item.statement)

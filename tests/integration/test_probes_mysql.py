@@ -662,27 +662,6 @@ async def test_a_custom_probe_reads_a_status_value_that_mysql_returns_as_text(
         assert threads >= 1.0  # the probe's own session at least
 
 
-async def test_custom_sql_cannot_write(mysql_database, registry):
-    # A locking read: refused by the read-only transaction. More statements smuggled in
-    # ("; SET SESSION TRANSACTION READ WRITE; COMMIT; DELETE ...") are refused by the
-    # config (test_config.py): aiomysql's sessions would run several in one query.
-    sql = (
-        "SELECT count(*) AS value FROM order_items WHERE 0 = (SELECT count(*)"
-        " FROM products FOR UPDATE)"
-    )
-    errno = "1792"
-    seed(mysql_database)
-    config = parse_config(
-        custom_document(mysql_database, {"name": "sneaky", "sql": sql, "metric": "shop_sneaky"})
-    )
-    async with ProbeRunner(config, registry=registry) as runner:
-        await async_wait_until(lambda: "sneaky" in runner.results, timeout=WAIT, message="one run")
-        assert sample(registry, "stocksentry_probe_up", probe="sneaky") == 0.0
-        assert sample(registry, "shop_sneaky") is None
-        assert f"({errno}," in (runner.results["sneaky"].error or "")
-    assert run_rows_text(mysql_database, "SELECT count(*) FROM order_items") == [(5,)]
-
-
 def run_rows_text(url: str, sql: str) -> list[tuple[Any, ...]]:
     conn = connect(url)
     try:
