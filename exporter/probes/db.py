@@ -16,6 +16,7 @@ Example::
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Iterable
 from typing import Any, Final
 
 from prometheus_client.core import Metric
@@ -27,7 +28,6 @@ from ..config import CustomProbe, ExporterConfig, ProbeSettings
 from ..invariants import InvariantSql, Param, Query
 from .base import LOGGER, Probe, family
 from .dialects import Dialect, Session, number
-from .duplicates import DuplicateKeys
 from .families import (
     MAX_SKU_KEYS,
     OutboxStuck,
@@ -44,6 +44,7 @@ __all__ = [
     "CustomSqlProbe",
     "DbProbe",
     "DeadlocksProbe",
+    "DuplicateKeys",
     "DuplicateOrdersProbe",
     "ExpiredReservationsProbe",
     "LockWaitersProbe",
@@ -56,6 +57,39 @@ __all__ = [
 
 #: New keys asked about one by one at most; beyond it one read of the window is cheaper.
 MAX_NEW_KEYS: Final = 5000
+
+
+class DuplicateKeys:
+    """The duplicate keys of the window per key kind, kept between runs, each with the time
+    it ends: when its second newest order leaves the window. A key only *becomes* a
+    duplicate through a new order, so after one read of the window each run asks only
+    about the keys of the orders created since the last horizon."""
+
+    def __init__(self, *, window: float) -> None:
+        self.window = dt.timedelta(seconds=window)
+        #: Orders created at or after it are read again next run; ``None``: read the
+        #: whole window first.
+        self.boundary: dt.datetime | None = None
+        self._ends: dict[tuple[str, str], dt.datetime] = {}
+
+    def update(self, kind: str, rows: Iterable[tuple[Any, Any]]) -> None:
+        """Rows ``(key, second_newest_created_at)`` of keys held by two orders or more."""
+        for key, second_newest in rows:
+            self._ends[(kind, str(key))] = second_newest + self.window
+
+    def expire(self, now: dt.datetime) -> None:
+        """Forget the keys whose second newest order has left the window by ``now``."""
+        gone = [k for k, end in self._ends.items() if end < now]
+        for k in gone:
+            del self._ends[k]
+
+    def keys_of(self, kind: str) -> list[str]:
+        """The duplicate keys of one kind (``external_ref``, ``idempotency_key``), sorted."""
+        return sorted(key for k, key in self._ends if k == kind)
+
+    def count(self) -> int:
+        """How many keys, over every kind, are duplicates now."""
+        return len(self._ends)
 
 
 class DbProbe(Probe):
@@ -194,7 +228,7 @@ class DuplicateOrdersProbe(DbProbe):
     whichever are mapped, added up) with more than one order in the window;
     ``stock_duplicate_order_sku_keys{sku}``: the ``top_skus`` SKUs of those orders' items
     with the most keys, the rest under ``__other__``. The first run reads the window, later
-    ones only the keys of orders created since the last horizon (:mod:`.duplicates`)."""
+    ones only the keys of orders created since the last horizon (:class:`DuplicateKeys`)."""
 
     specs = (catalog.DUPLICATE_ORDER_KEYS, catalog.DUPLICATE_ORDER_SKU_KEYS)
 
@@ -381,8 +415,8 @@ class OutboxProbe(DbProbe):
             else ", NULL"
         )
         self._sql = (
-            f"SELECT count(*), coalesce({d.seconds_since(f'min({created})')}, 0),"  # noqa: S608
-            f" count(CASE WHEN {created} < {d.ago('latency')} THEN 1 END){oldest_id}"
+            f"SELECT count(*), coalesce({d.seconds_since.format(f'min({created})')}, 0),"  # noqa: S608
+            f" count(CASE WHEN {created} < {d.ago.format('latency')} THEN 1 END){oldest_id}"
             f" FROM {table} WHERE {published} IS NULL"
         )
 

@@ -1,11 +1,8 @@
-"""What a probe needs of a database, whatever it is: a :class:`Session`, and a :class:`Dialect`
-holding only the SQL that differs between PostgreSQL and MySQL/MariaDB and the driver's
-plumbing (:mod:`.pg` with psycopg, :mod:`.my` with aiomysql).
-
-Every probe statement is text with ``%(name)s`` parameters, which both drivers take; the
-invariant statements (:class:`~stocksentry.exporter.invariants.Query`) become such text
-through :meth:`Dialect.render`. Identifiers reach SQL only through :meth:`Dialect.quote`
-(validated names from the ``schema`` config).
+"""What a probe needs of a database: a :class:`Session`, and a :class:`Dialect` holding the
+SQL that differs between PostgreSQL (:mod:`.pg`, psycopg) and MySQL/MariaDB (:mod:`.my`,
+aiomysql). Statements are text with ``%(name)s`` parameters, which both drivers take
+(:meth:`Dialect.render` for the invariant statements); identifiers reach SQL only through
+:meth:`Dialect.quote`.
 """
 
 from __future__ import annotations
@@ -51,8 +48,8 @@ ABANDON_GRACE: Final = 1.0
 
 
 class Session(abc.ABC):
-    """A probe's read-only session on one driver connection, as the probes, the pool and
-    the election use it. ``flavor``: ``postgresql``, ``mariadb`` or ``mysql``."""
+    """A read-only session on one driver connection; ``flavor``: ``postgresql``,
+    ``mariadb`` or ``mysql``."""
 
     flavor: str
     #: The statement that releases the session-level locks custom SQL may take.
@@ -94,8 +91,7 @@ class Session(abc.ABC):
         await self.execute("ROLLBACK")
 
     async def release_locks(self) -> None:
-        """Release the session-level locks (a rollback does not); when that fails the
-        session is never handed out again."""
+        """Release the session-level locks (a rollback does not); failing, spoil."""
         try:
             await self.execute(self.unlock)
         except BaseException:
@@ -104,9 +100,8 @@ class Session(abc.ABC):
 
     @abc.abstractmethod
     def abandon(self) -> None:
-        """Cut the connection at once, never waiting on the server (which may be silent):
-        a statement in flight fails at once and the driver sends nothing more (no cancel
-        request, no goodbye). The session is spoiled."""
+        """Cut the connection at once, never waiting on a server that may be silent: a
+        statement in flight fails, nothing more is sent (no cancel request, no goodbye)."""
 
     @abc.abstractmethod
     async def close(self) -> None:
@@ -120,8 +115,11 @@ class Dialect(abc.ABC):
     name: str
     #: Whether ``CREATE INDEX ... WHERE`` exists (the index advice differs without).
     partial_indexes: bool
-    #: The SQL of the database's clock within a probe statement.
+    #: The SQL of the database's clock; of the clock less the interval parameter ``{}``
+    #: (:meth:`interval`); of the seconds from the point in time ``{}`` to the clock.
     now: str
+    ago: str
+    seconds_since: str
     #: ``(horizon, the clock)`` from ``%(settle_after)s`` and ``%(margin)s``: no row
     #: created before the horizon can still be uncommitted (see :mod:`.db`, oversold).
     horizon_sql: str
@@ -135,6 +133,8 @@ class Dialect(abc.ABC):
     long_transactions_sql: str
     #: The statement that stops the query of the session ``{}``, from another session.
     stop_sql: str
+    #: Takes the election's session-level lock ``%s`` if it is free: 1 when taken.
+    try_lock_sql: str
 
     #: Whether :meth:`announce` has logged the server yet (once per dialect object).
     announced: bool = False
@@ -183,14 +183,6 @@ class Dialect(abc.ABC):
     @abc.abstractmethod
     def interval(self, seconds: float) -> object:
         """``seconds`` as the parameter :meth:`ago` takes."""
-
-    @abc.abstractmethod
-    def ago(self, param: str) -> str:
-        """The SQL of the clock less the interval parameter ``param``."""
-
-    @abc.abstractmethod
-    def seconds_since(self, expression: str) -> str:
-        """The SQL of the seconds from a point in time to the clock."""
 
     @abc.abstractmethod
     def table_params(self, table: str) -> dict[str, object]:
@@ -284,9 +276,13 @@ class Dialect(abc.ABC):
     def add_index(self, table: str, columns: Sequence[str], where: str | None) -> str:
         """The statement that adds an index on ``columns`` (``where``: its predicate)."""
 
-    @abc.abstractmethod
     async def try_lock(self, session: Session, key: int) -> bool:
-        """Take the election's session-level lock ``key`` if it is free."""
+        (got,) = await session.one(self.try_lock_sql, (await self.lock_id(session, key),))
+        return bool(got == 1)
+
+    async def lock_id(self, session: Session, key: int) -> object:
+        """The election's lock ``key`` as :attr:`try_lock_sql` takes it."""
+        return key
 
     def idle_limit(self, db: DatabaseConfig) -> float:
         """Seconds of silence after which the server ends the election's session."""

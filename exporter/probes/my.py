@@ -150,6 +150,9 @@ class MySQL(Dialect):
     # released and published rows does the same job.
     partial_indexes = False
     now = "now(6)"
+    ago = "now(6) - INTERVAL %({})s MICROSECOND"
+    seconds_since = "timestampdiff(MICROSECOND, {}, now(6)) / 1000000"
+    try_lock_sql = "SELECT GET_LOCK(%s, 0)"
     # MySQL's least() is NULL when an argument is, hence the coalesce; innodb_trx has whole
     # seconds, rounded down, so the horizon is at most a second early (safe).
     horizon_sql = (
@@ -189,12 +192,6 @@ class MySQL(Dialect):
     def interval(self, seconds: float) -> int:
         """Whole microseconds, for ``INTERVAL %s MICROSECOND``."""
         return round(seconds * 1_000_000)
-
-    def ago(self, param: str) -> str:
-        return f"now(6) - INTERVAL %({param})s MICROSECOND"
-
-    def seconds_since(self, expression: str) -> str:
-        return f"timestampdiff(MICROSECOND, {expression}, now(6)) / 1000000"
 
     def table_params(self, table: str) -> dict[str, object]:
         # information_schema's schema (None: the URL's database) and table.
@@ -242,8 +239,6 @@ class MySQL(Dialect):
             " ALGORITHM=INPLACE, LOCK=NONE;"
         )
 
-    async def try_lock(self, session: Session, key: int) -> bool:
+    async def lock_id(self, session: Session, key: int) -> str:
         (database,) = await session.one("SELECT database()")
-        name = lock_name(None if database is None else str(database), key)
-        (got,) = await session.one("SELECT GET_LOCK(%s, 0)", (name,))
-        return bool(got == 1)
+        return lock_name(None if database is None else str(database), key)

@@ -103,6 +103,9 @@ class PostgreSQL(Dialect):
     name = "postgresql"
     partial_indexes = True
     now = "now()"
+    ago = "clock_timestamp() - %({})s"
+    seconds_since = "extract(epoch FROM clock_timestamp() - {})"
+    try_lock_sql = "SELECT pg_try_advisory_lock(%s)"
     # Every client transaction of this database but the probe's own holds the horizon at
     # its start, those that have written nothing yet too (they may still insert with an
     # old now()). Seeing other roles' xact_start needs pg_monitor.
@@ -139,12 +142,6 @@ class PostgreSQL(Dialect):
 
     def interval(self, seconds: float) -> dt.timedelta:
         return dt.timedelta(seconds=seconds)
-
-    def ago(self, param: str) -> str:
-        return f"clock_timestamp() - %({param})s"
-
-    def seconds_since(self, expression: str) -> str:
-        return f"extract(epoch FROM clock_timestamp() - {expression})"
 
     def table_params(self, table: str) -> dict[str, object]:
         return {"table": self.quote(table)}
@@ -213,7 +210,3 @@ class PostgreSQL(Dialect):
             f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {self.quote(name)} ON {self.quote(table)}"
             f" ({self.quote(columns[0])})" + (f" WHERE {where}" if where else "") + ";"
         )
-
-    async def try_lock(self, session: Session, key: int) -> bool:
-        (got,) = await session.one("SELECT pg_try_advisory_lock(%s)", (key,))
-        return bool(got)

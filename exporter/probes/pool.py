@@ -91,6 +91,12 @@ class Pool:
         (``statement_timeout``: the probe's own); ``release_locks``: afterwards, also
         release the session-level locks it may have taken (custom SQL can)."""
         limit = self.db.statement_timeout if statement_timeout is None else statement_timeout
+
+        async def end(session: Session) -> None:
+            await abandoning(session, session.rollback())
+            if release_locks:
+                await abandoning(session, session.release_locks())
+
         async with self.session() as session:
             try:
                 await abandoning(session, session.begin(limit))
@@ -99,13 +105,9 @@ class Pool:
                 raise  # the session is cut (see session())
             except BaseException:
                 with contextlib.suppress(Exception):
-                    await abandoning(session, session.rollback())
-                    if release_locks:
-                        await abandoning(session, session.release_locks())
+                    await end(session)
                 raise
-            await abandoning(session, session.rollback())
-            if release_locks:
-                await abandoning(session, session.release_locks())
+            await end(session)
             return result
 
     def _stop_query(self, session: Session) -> bool:
