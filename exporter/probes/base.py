@@ -19,10 +19,10 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, NoReturn
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from stocksentry.instrumentation.catalog import MetricSpec
@@ -36,6 +36,7 @@ __all__ = [
     "Probe",
     "ProbeResult",
     "ProbeUnavailableError",
+    "at_fixed_rate",
     "describe_error",
     "family",
     "new_phase",
@@ -80,12 +81,10 @@ class ProbeResult:
 
 
 class Probe(abc.ABC):
-    """One background observation, run every ``interval`` seconds within ``timeout``;
-    ``needs_leader``: with leader election on, only the leader runs it."""
+    """One background observation, run every ``interval`` seconds within ``timeout``."""
 
     #: The metrics :meth:`run` may return (for ``describe()``).
     specs: tuple[MetricSpec, ...] = ()
-    needs_leader: bool = True
 
     def __init__(self, name: str, *, interval: float, timeout: float) -> None:
         self.name = name
@@ -102,6 +101,16 @@ class Probe(abc.ABC):
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name} every {format_duration(self.interval)}>"
+
+
+async def at_fixed_rate(interval: float, step: Callable[[], Awaitable[object]]) -> NoReturn:
+    """Run ``step`` every ``interval`` seconds from the start of the previous one (at once
+    after one that overran), until cancelled."""
+    loop = asyncio.get_running_loop()
+    while True:
+        started = loop.time()
+        await step()
+        await asyncio.sleep(max(0.0, started + interval - loop.time()))
 
 
 # --- what a run is doing, for the message of a run that timed out ----------------------

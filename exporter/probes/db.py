@@ -16,6 +16,7 @@ Example::
 from __future__ import annotations
 
 import datetime as dt
+import functools
 from collections.abc import Iterable
 from typing import Any, Final
 
@@ -189,13 +190,9 @@ class OversoldProbe(DbProbe):
         else:
             await self.step(session)
             rows = [(s.sku, s.oversold_units) for s in self.totals.oversold()]
-        # Each SKU through the guard (the folded ones summed under __other__), the promo
-        # SKUs at 0 when they have no row.
-        by_label: dict[str, float] = dict.fromkeys(self._pinned, 0.0)
-        for sku, units in rows:
-            label = self._guard(str(sku))
-            by_label[label] = by_label.get(label, 0.0) + number(units)
-        return (family(catalog.OVERSOLD_UNITS, [((k,), v) for k, v in sorted(by_label.items())]),)
+        # Every oversold SKU (rows come worst first) through the guard, the promo SKUs at 0.
+        samples = worst_sku_samples(rows, top=len(rows), guard=self._guard, pinned=self._pinned)
+        return (family(catalog.OVERSOLD_UNITS, samples),)
 
     async def step(self, session: Session) -> None:
         """One incremental run: the dialect's horizon, then ``incremental_run``."""
@@ -207,14 +204,10 @@ class OversoldProbe(DbProbe):
             # Products per chunk, so that one pass takes recount_period.
             estimate = await self.dialect.row_estimate(session, self._products)
             self._chunk = chunk_size(estimate, s.recount_period, self.interval)
-
-        async def fetch(query: Query) -> list[tuple[Any, ...]]:
-            return await self.fetch(session, query)
-
         passes = self.totals.passes
         await incremental_run(
             self.totals,
-            fetch,
+            functools.partial(self.fetch, session),
             self._builder,
             horizon=horizon,
             chunk=self._chunk,

@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable
 
 from ..config import ELECTION_PROBE, DatabaseConfig
 from ..durations import format_duration
-from .base import Backoff, ErrorLog, ProbeResult, describe_error
+from .base import Backoff, ErrorLog, ProbeResult, at_fixed_rate, describe_error
 from .dialects import Session, abandoning, dialect_for
 
 __all__ = ["LeaderElection"]
@@ -65,16 +65,10 @@ class LeaderElection:
 
     async def run(self) -> None:
         """Take part in the election until cancelled (cancelling releases the lock)."""
-        loop = asyncio.get_running_loop()
         try:
-            while True:
-                started = loop.time()
-                await self.step()
-                # A fixed rate, so the leader's pings are never further apart than the
-                # interval (plus one step), well inside the idle_session_timeout.
-                await asyncio.sleep(
-                    max(0.0, started + self.db.leader_retry_interval - loop.time())
-                )
+            # A fixed rate, so the leader's pings are never further apart than the interval
+            # (plus one step), well inside the idle_session_timeout.
+            await at_fixed_rate(self.db.leader_retry_interval, self.step)
         finally:
             # The leader's probes are stopped by the runner before it cancels this task,
             # so closing the session here is what hands the lock over.

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping
 from types import MappingProxyType
@@ -25,7 +26,16 @@ from stocksentry.instrumentation.secrets import secret_fragments
 
 from ..config import ELECTION_PROBE, ExporterConfig
 from ..durations import format_duration
-from .base import LOGGER, ErrorLog, Probe, ProbeResult, describe_error, family, new_phase
+from .base import (
+    LOGGER,
+    ErrorLog,
+    Probe,
+    ProbeResult,
+    at_fixed_rate,
+    describe_error,
+    family,
+    new_phase,
+)
 from .db import build_db_probes
 from .election import LeaderElection
 from .indexes import IndexAdvice, check_indexes
@@ -185,7 +195,8 @@ class ProbeRunner:
             # hours old, and a rebuild is spread over runs where catching up is not.
             probe.reset()
             self._tasks[probe.name] = asyncio.create_task(
-                self._loop(probe), name=f"stocksentry-probe-{probe.name}"
+                at_fixed_rate(probe.interval, functools.partial(self.run_once, probe)),
+                name=f"stocksentry-probe-{probe.name}",
             )
         if self._pool is not None:
             self._tasks["__index_check__"] = asyncio.create_task(
@@ -210,15 +221,6 @@ class ProbeRunner:
             LOGGER.warning("no longer leading: database probes stopped")
 
     # --- running probes ------------------------------------------------------------------
-
-    async def _loop(self, probe: Probe) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            started = loop.time()
-            await self.run_once(probe)
-            # A fixed rate: the next run starts one interval after this one started, or at
-            # once when this one overran.
-            await asyncio.sleep(max(0.0, started + probe.interval - loop.time()))
 
     async def run_once(self, probe: Probe) -> ProbeResult:
         """Run ``probe`` once within its timeout, record and return the result; never

@@ -37,7 +37,6 @@ class Scripted(Probe):
     """Answers from a script: a number is a value to export, an exception is raised."""
 
     specs = (catalog.NEGATIVE_INVENTORY_SKUS,)
-    needs_leader = False
 
     def __init__(self, script: Iterable[float | BaseException], **kwargs: float) -> None:
         super().__init__("scripted", interval=kwargs.get("interval", 15.0), timeout=5.0)
@@ -55,7 +54,6 @@ class Scripted(Probe):
 class Hangs(Probe):
     """Never answers: only its timeout ends a run."""
 
-    needs_leader = False
 
     async def run(self) -> tuple[Metric, ...]:
         await asyncio.Event().wait()
@@ -136,7 +134,6 @@ class SlowToCancel(Probe):
     """Hangs, and when cancelled takes ``cleanup`` seconds to end (as a driver waiting for
     the answer to a cancel request from a silent server); ``ended`` once it has."""
 
-    needs_leader = False
 
     def __init__(self, cleanup: float, **kwargs: float) -> None:
         super().__init__("slow_to_cancel", interval=15.0, timeout=kwargs.get("timeout", 0.05))
