@@ -9,7 +9,7 @@ uncommitted): docs/exporter-config.md, "How ``oversold`` counts".
 Example::
 
     pool = Pool(config.database)
-    families = await NegativeStockProbe(config, pool).run()
+    families = await NegativeStockProbe(config, pool, LabelGuard(100)).run()
     await pool.close()
 """
 
@@ -33,7 +33,6 @@ from .families import (
     MAX_SKU_KEYS,
     OutboxStuck,
     OutboxStuckLog,
-    default_guard,
     negative_stock_families,
     pinned_labels,
     worst_sku_samples,
@@ -126,12 +125,10 @@ class NegativeStockProbe(DbProbe):
         catalog.NEGATIVE_INVENTORY_SKU_UNITS,
     )
 
-    def __init__(
-        self, config: ExporterConfig, pool: Pool, guard: LabelGuard | None = None
-    ) -> None:
+    def __init__(self, config: ExporterConfig, pool: Pool, guard: LabelGuard) -> None:
         settings = config.probes.negative_stock
         super().__init__("negative_stock", settings, pool)
-        self._guard = guard or default_guard(config)
+        self._guard = guard
         self._pinned = pinned_labels(config.sku_guard.promo_skus, self._guard)
         self.top = settings.top_skus
         builder = InvariantSql(config.schema, self.dialect.name)
@@ -225,12 +222,10 @@ class DuplicateOrdersProbe(DbProbe):
 
     specs = (catalog.DUPLICATE_ORDER_KEYS, catalog.DUPLICATE_ORDER_SKU_KEYS)
 
-    def __init__(
-        self, config: ExporterConfig, pool: Pool, guard: LabelGuard | None = None
-    ) -> None:
+    def __init__(self, config: ExporterConfig, pool: Pool, guard: LabelGuard) -> None:
         settings = config.probes.duplicate_orders
         super().__init__("duplicate_orders", settings, pool)
-        self._guard = guard or default_guard(config)
+        self._guard = guard
         self.top = settings.top_skus
         self._builder = InvariantSql(config.schema, self.dialect.name)
         if not self._builder.key_columns():

@@ -44,7 +44,6 @@ class LeaderElection:
         on_deposed: Callable[[], Awaitable[None]],
         on_result: Callable[[ProbeResult], None],
         errors: ErrorLog,
-        backoff: Backoff | None = None,
     ) -> None:
         self.db = db
         self.leading = False
@@ -52,7 +51,7 @@ class LeaderElection:
         self._on_deposed = on_deposed
         self._on_result = on_result
         self._errors = errors
-        self._backoff = backoff or Backoff()
+        self._backoff = Backoff()
         self._dialect = dialect_for(db)
         self._conn: Session | None = None
         self._last_success: float | None = None

@@ -20,7 +20,6 @@ from stocksentry.instrumentation import catalog
 from stocksentry.instrumentation.catalog import OVERFLOW_VALUE
 from stocksentry.instrumentation.guard import LabelGuard, sanitize_label_value
 
-from ..config import ExporterConfig
 from ..durations import format_duration
 from .base import family
 
@@ -29,7 +28,6 @@ __all__ = [
     "OUTBOX_LOG_INTERVAL",
     "OutboxStuck",
     "OutboxStuckLog",
-    "default_guard",
     "negative_stock_families",
     "pinned_labels",
     "worst_sku_samples",
@@ -42,12 +40,6 @@ LOGGER: Final = logging.getLogger("stocksentry.exporter.probes")
 MAX_SKU_KEYS: Final = 1000
 #: Seconds between two "outbox stuck" lines while the events stay stuck.
 OUTBOX_LOG_INTERVAL: Final = 60.0
-
-
-def default_guard(config: ExporterConfig) -> LabelGuard:
-    """The SKU guard of ``config``, for a probe built alone (the runner passes its own,
-    shared by every probe, so that all of them together stay within ``max_skus``)."""
-    return LabelGuard(config.sku_guard.max_skus, always=config.sku_guard.promo_skus)
 
 
 def pinned_labels(promo_skus: Iterable[str], guard: LabelGuard) -> tuple[str, ...]:

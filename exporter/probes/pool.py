@@ -34,12 +34,12 @@ class Pool:
     session left in a transaction or broken is closed, not reused; one cancelled mid-query
     is cut (its query stopped from another session, which keeps the slot meanwhile)."""
 
-    def __init__(self, db: DatabaseConfig, *, backoff: Backoff | None = None) -> None:
+    def __init__(self, db: DatabaseConfig) -> None:
         self.db = db
         self.dialect = dialect_for(db)
         self._slots = asyncio.Semaphore(db.max_connections)
         self._idle: list[Session] = []
-        self._backoff = backoff or Backoff()
+        self._backoff = Backoff()
         self._closed = False
         self._stoppers: set[asyncio.Task[None]] = set()
 

@@ -10,7 +10,7 @@ restarts the clock. See docs/exporter-config.md (``probes.cache_drift``).
 Example::
 
     source = RedisSource(config.redis, timeout=2.0)
-    probe = CacheDriftProbe(config, pool, source)
+    probe = CacheDriftProbe(config, pool, source, guard=LabelGuard(100))
     await probe.run()     # stock_cache_drift_skus{cache="redis"}, _sku_units{cache, sku}
     await source.close()
 """
@@ -35,7 +35,7 @@ from ..config import ExporterConfig, RedisConfig
 from .base import Backoff, family
 from .db import DbProbe
 from .dialects import Session
-from .families import default_guard, pinned_labels, worst_sku_samples
+from .families import pinned_labels, worst_sku_samples
 from .pool import Pool
 
 __all__ = ["CACHE_LABEL", "CacheDriftProbe", "RedisSource"]
@@ -48,13 +48,11 @@ class RedisSource:
     """A lazily created Redis client with backoff while Redis is unreachable (redis-py's
     own retries are off: a probe run never waits longer than its timeout)."""
 
-    def __init__(
-        self, config: RedisConfig, *, timeout: float, backoff: Backoff | None = None
-    ) -> None:
+    def __init__(self, config: RedisConfig, *, timeout: float) -> None:
         self.config = config
         self.timeout = timeout
         self._client: aioredis.Redis | None = None
-        self._backoff = backoff or Backoff()
+        self._backoff = Backoff()
 
     def _get_client(self) -> aioredis.Redis:
         if self._client is None:
@@ -115,7 +113,7 @@ class CacheDriftProbe(DbProbe):
         pool: Pool,
         source: RedisSource,
         *,
-        guard: LabelGuard | None = None,
+        guard: LabelGuard,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         settings = config.probes.cache_drift
@@ -125,7 +123,7 @@ class CacheDriftProbe(DbProbe):
         self.source = source
         self.skus = config.sku_guard.promo_skus
         self.top = settings.top_skus
-        self._guard = guard or default_guard(config)
+        self._guard = guard
         # Every compared SKU is a promo SKU: each keeps its series, at 0 while in step.
         self._pinned = pinned_labels(self.skus, self._guard)
         self.tolerance = config.redis.tolerance

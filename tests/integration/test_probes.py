@@ -25,15 +25,14 @@ import pytest
 import redis.asyncio as aioredis
 import yaml
 from dbs import ALL_DB_PROBES, PG_SHOP_TABLES, Db
-from polling import FakeClock, async_wait_until
+from polling import async_wait_until
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from stocksentry.exporter.config import ExporterConfig, parse_config
 from stocksentry.exporter.probes import ProbeRunner, check_indexes
-from stocksentry.exporter.probes.base import Backoff, ErrorLog, ProbeResult
+from stocksentry.exporter.probes.base import ErrorLog, ProbeResult
 from stocksentry.exporter.probes.election import LeaderElection
 from stocksentry.exporter.probes.pool import Pool
-from stocksentry.instrumentation.secrets import secret_fragments
 
 pytestmark = pytest.mark.integration
 
@@ -1295,50 +1294,6 @@ async def test_stop_leaves_no_session_behind(db, registry):
 
 
 # --- the pieces that need no service: error logs and backoff --------------------------------
-
-
-def test_error_log_is_rate_limited_per_probe_and_blanks_secrets(caplog):
-    caplog.set_level(logging.INFO, logger="test.errors")
-    url = "postgresql://app:s%40cret@db/shop"
-    clock = FakeClock(1000.0)
-    errors = ErrorLog(
-        logging.getLogger("test.errors"),
-        interval=60.0,
-        secrets=secret_fragments(url),
-        clock=clock,
-    )
-    assert secret_fragments(url) == (url, "s%40cret", "s@cret")
-    assert errors.failed("negative_stock", f"cannot use {url}: bad s@cret") == (
-        "cannot use ***: bad ***"
-    )
-    errors.failed("negative_stock", "again")  # within the minute: counted, not logged
-    errors.failed("outbox", "other probe")  # another probe logs on its own
-    clock.now += 61.0
-    errors.failed("negative_stock", "still")
-    errors.recovered("negative_stock")
-    errors.recovered("negative_stock")  # only once
-    assert [r.getMessage() for r in caplog.records] == [
-        "probe negative_stock failed: cannot use ***: bad ***",
-        "probe outbox failed: other probe",
-        "probe negative_stock failed: still (1 more failures since the last message)",
-        "probe negative_stock recovered after 3 failed runs",
-    ]
-    assert all(r.probe in ("negative_stock", "outbox") for r in caplog.records)
-
-
-def test_backoff_doubles_up_to_the_maximum_and_resets():
-    clock = FakeClock(1000.0)
-    backoff = Backoff(initial=0.5, maximum=4.0, clock=clock)
-    assert backoff.wait_time() == 0.0
-    delays = [backoff.failed() for _ in range(6)]
-    # Jitter takes up to a fifth off: 0.5, 1, 2, 4, 4, 4 at most.
-    for delay, ceiling in zip(delays, (0.5, 1.0, 2.0, 4.0, 4.0, 4.0), strict=True):
-        assert 0.8 * ceiling <= delay <= ceiling
-    assert backoff.wait_time() == pytest.approx(delays[-1])
-    clock.now += 4.0
-    assert backoff.wait_time() == 0.0
-    backoff.succeeded()
-    assert 0.4 <= backoff.failed() <= 0.5
 
 
 async def test_a_custom_probe_s_sql_error_quotes_the_sql_as_written(db, registry):
