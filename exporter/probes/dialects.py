@@ -11,7 +11,7 @@ import abc
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Coroutine, Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from datetime import datetime
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Final, TypeVar
@@ -140,8 +140,7 @@ class Dialect(abc.ABC):
     announced: bool = False
 
     def announce(self, found: str) -> None:
-        """Log once, at the probes' first session, which server they found and what its
-        limits became: an operator reading the start-up knows what is probed."""
+        """Log once, at the probes' first session, the server found and its limits."""
         if not self.announced:
             self.announced = True
             LOGGER.info("database: %s", found)
@@ -159,11 +158,8 @@ class Dialect(abc.ABC):
         return None
 
     def render(self, query: Query) -> tuple[str, dict[str, object] | None]:
-        """An invariant statement as text and parameters.
-
-        Constants (paid statuses, promo SKUs) are inlined where :meth:`literal` says so:
-        they then match a partial index whose predicate lists the same values.
-        """
+        """An invariant statement as text and parameters, its constants inlined where
+        :meth:`literal` says so (they then match a partial index's predicate)."""
         literals = {
             p.name: text
             for p in query.parts
@@ -207,27 +203,19 @@ class Dialect(abc.ABC):
         """A new session, the statements that set it up for :meth:`connect`, and what
         the start-up says of the server."""
 
-    def stop_query(self, db: DatabaseConfig, session: Session) -> Coroutine[Any, Any, None] | None:
-        """What stops the server's query of a session abandoned mid-query (``None``: it
-        has no id). Closing the socket does not: a server notices a gone client only when
-        it writes, so the statement would run up to its ``statement_timeout``. A session of
-        its own runs :attr:`stop_sql` (a user may stop its own sessions' queries without
-        any grant), bounded by the connect timeout; the statement limit is the backstop
-        when the server cannot be reached."""
-        if session.server_id is None:
-            return None
-        statement = self.stop_sql.format(int(session.server_id))
-
-        async def stop() -> None:
-            with contextlib.suppress(Exception, asyncio.CancelledError):
-                async with asyncio.timeout(max(1.0, db.connect_timeout) + 2.0):
-                    stopper = await self.connect(db)
-                    try:
-                        await stopper.execute(statement)
-                    finally:
-                        await stopper.close()
-
-        return stop()
+    async def stop_query(self, db: DatabaseConfig, server_id: int) -> None:
+        """Stop the server's query of the session ``server_id``, abandoned mid-query: the
+        server notices a gone client only when it writes, so the statement would run up to
+        its ``statement_timeout``. A session of its own runs :attr:`stop_sql` (a user may
+        stop its own sessions' queries without any grant), bounded by the connect timeout;
+        never raises (the statement limit is the backstop)."""
+        with contextlib.suppress(Exception, asyncio.CancelledError):
+            async with asyncio.timeout(max(1.0, db.connect_timeout) + 2.0):
+                stopper = await self.connect(db)
+                try:
+                    await stopper.execute(self.stop_sql.format(int(server_id)))
+                finally:
+                    await stopper.close()
 
     async def horizon(
         self, session: Session, *, settle_after: float, margin: float
@@ -289,20 +277,16 @@ class Dialect(abc.ABC):
         return max(IDLE_FLOOR, IDLE_INTERVALS * db.leader_retry_interval)
 
     def lease(self, db: DatabaseConfig) -> float:
-        """Seconds a leader leads after the start of its last successful ping: one
-        ``leader_retry_interval`` shorter than :meth:`idle_limit`, the earliest the
-        server can free the lock for another sidecar (whose next try is up to one more
-        interval away)."""
+        """Seconds a leader leads after the start of its last good ping: one retry interval
+        less than :meth:`idle_limit`, when the server can free the lock at the earliest."""
         return self.idle_limit(db) - db.leader_retry_interval
 
 
 async def abandoning(conn: Session, work: Awaitable[_T]) -> _T:
-    """``await work`` (statements on ``conn``); if this is cancelled (a timeout), cut
-    ``conn`` first (:meth:`Session.abandon`) and only then let ``work`` end.
-
-    A driver cancelled mid-statement asks the server to cancel it and waits for the answer
-    (psycopg: up to 10 s), which a silent network never gives; cut, the statement fails
-    at once instead. The caller then closes ``conn``.
+    """``await work`` (statements on ``conn``); cancelled (a timeout), cut ``conn`` first
+    (:meth:`Session.abandon`), then let ``work`` end: a driver cancelled mid-statement
+    would wait for the server's answer to its cancel request (psycopg: up to 10 s), which
+    a silent network never gives. The caller then closes ``conn``.
 
     Example::
 

@@ -127,8 +127,8 @@ def _age_text(seconds: float) -> str:
 
 
 class OutboxStuckLog:
-    """Logs stuck outbox events: once when they appear, at most once a minute while they
-    stay, and once when none are left.
+    """Logs stuck outbox events: when they appear, at most once a minute while they stay,
+    once when none are left.
 
     Example::
 

@@ -80,11 +80,9 @@ def _expected_indexes(config: ExporterConfig, dialect: Dialect) -> list[_Expecte
 
 
 async def check_indexes(pool: Pool, config: ExporterConfig) -> list[IndexAdvice]:
-    """The expected indexes missing from the database, each with the statement that adds
-    it (``CREATE INDEX CONCURRENTLY``; on MySQL an online ``ALTER TABLE``).
-
-    An index counts when its first column is the expected one; a partial index's predicate
-    is not compared. Tables that do not exist are skipped: their probe reports the error.
+    """The expected indexes missing from the database (an index counts when its first
+    column is the expected one), each with the statement that adds it; tables that do not
+    exist are skipped (their probe reports it).
 
     Example::
 

@@ -113,9 +113,9 @@ class Pool:
     def _stop_query(self, session: Session) -> bool:
         """Stop the query of the abandoned ``session`` in the background; True when a
         task does (it releases the caller's slot once done)."""
-        stop = None if self._closed else self.dialect.stop_query(self.db, session)
-        if stop is None:
+        if self._closed or session.server_id is None:
             return False
+        stop = self.dialect.stop_query(self.db, session.server_id)
         task = asyncio.get_running_loop().create_task(stop, name="stocksentry-stop-query")
         # Kept until done: a task nobody references may be collected before it runs.
         self._stoppers.add(task)

@@ -223,13 +223,10 @@ class ProbeRunner:
     # --- running probes ------------------------------------------------------------------
 
     async def run_once(self, probe: Probe) -> ProbeResult:
-        """Run ``probe`` once within its timeout, record and return the result; never
-        raises for a probe failure.
-
-        At the timeout the run is cancelled (which cuts its database session, see
-        :func:`~.dialects.abandoning`) and left to end in the background; the result says
-        what it was waiting for. The next run waits for it within its own timeout.
-        """
+        """Run ``probe`` once within its timeout, record and return the result (never
+        raises for a probe failure). At the timeout the run is cancelled (its session cut:
+        :func:`~.dialects.abandoning`) and ends in the background, the result saying what
+        it waited for; the next run waits for it within its own timeout."""
         previous = self._results.get(probe.name)
         started = time.perf_counter()
         try:

@@ -300,10 +300,8 @@ def chunk_size(estimate: float, recount_period: float, interval: float) -> int:
     """Products per chunk of the rolling recount: one pass over ``estimate`` products
     takes ``recount_period`` at one chunk a run every ``interval`` seconds.
 
-    Example::
-
-        >>> chunk_size(1_000_000, recount_period=3600, interval=15)
-        4167
+    >>> chunk_size(1_000_000, recount_period=3600, interval=15)
+    4167
     """
     runs = max(1.0, recount_period / interval)
     return max(MIN_CHUNK, math.ceil(estimate / runs))
