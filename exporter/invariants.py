@@ -182,6 +182,16 @@ class InvariantSql:
         stock = self.quote(self.schema.products.stock)
         return f"{alias}.{stock} < 0" if alias else f"{stock} < 0"
 
+    def held_predicate(self) -> Query:
+        """The predicate of a reservation that still holds its stock (statuses as constants)."""
+        r = self.schema.reservations
+        assert r is not None  # noqa: S101 - callers checked
+        if r.status is None:
+            assert r.released_at is not None  # noqa: S101 - the config sets one of the two
+            return Query((f"{self.quote(r.released_at)} IS NULL",), ())
+        parts = _Parts().sql(f"{self.quote(r.status)} IN ")
+        return parts.in_list("held", r.held_statuses, constant=True).query(())
+
     def _paid(self, parts: _Parts, alias: str) -> None:
         o = self.schema.orders
         parts.sql(f"{self._col(alias, o.status)} IN ")

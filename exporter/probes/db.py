@@ -26,9 +26,9 @@ from stocksentry.instrumentation.catalog import MetricSpec
 from stocksentry.instrumentation.guard import LabelGuard, sanitize_label_value
 
 from ..config import CustomProbe, ExporterConfig, ProbeSettings
-from ..invariants import InvariantSql, Param, Query
+from ..invariants import InvariantSql, Query
 from .base import LOGGER, Probe, family
-from .dialects import Dialect, Session, number
+from .dialects import Session, number
 from .families import (
     MAX_SKU_KEYS,
     OutboxStuck,
@@ -331,21 +331,6 @@ class LongTransactionsProbe(DbProbe):
         )
 
 
-def held_predicate(config: ExporterConfig, dialect: Dialect) -> Query:
-    """The predicate of a reservation that still holds its stock (statuses as constants)."""
-    r = config.schema.reservations
-    assert r is not None  # noqa: S101 - callers checked
-    q = dialect.quote
-    if r.status is None:
-        assert r.released_at is not None  # noqa: S101 - the config sets one of the two
-        return Query((f"{q(r.released_at)} IS NULL",), ())
-    parts: list[str | Param] = [f"{q(r.status)} IN ("]
-    for index, status in enumerate(r.held_statuses):
-        parts += [", "] if index else []
-        parts.append(Param(f"held{index}", status, constant=True))
-    return Query((*parts, ")"), ())
-
-
 class ExpiredReservationsProbe(DbProbe):
     """``stock_reservations_expired_unreleased``: past ``expires_at``, still holding stock."""
 
@@ -361,7 +346,7 @@ class ExpiredReservationsProbe(DbProbe):
             (
                 f"SELECT count(*) FROM {q(r.table)}"  # noqa: S608 - quoted identifiers
                 f" WHERE {q(r.expires_at)} < {self.dialect.now} AND ",
-                *held_predicate(config, self.dialect).parts,
+                *InvariantSql(config.schema, self.dialect.name).held_predicate().parts,
             ),
             ("count",),
         )

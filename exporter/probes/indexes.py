@@ -6,7 +6,6 @@ from dataclasses import dataclass
 
 from ..config import ExporterConfig
 from ..invariants import InvariantSql
-from .db import held_predicate
 from .dialects import Dialect, Session
 from .pool import Pool
 
@@ -68,7 +67,7 @@ def _expected_indexes(config: ExporterConfig, dialect: Dialect) -> list[_Expecte
         for _kind, column in builder.key_columns():
             want("duplicate_orders", s.orders.table, column)
     if p.expired_reservations.enabled and (r := s.reservations) is not None:
-        held = dialect.render(held_predicate(config, dialect))[0] if partial else ""
+        held = dialect.render(builder.held_predicate())[0] if partial else ""
         on = r.status if r.status is not None else r.released_at
         want("expired_reservations", r.table, r.expires_at, held, on or "")
     if p.outbox.enabled and (b := s.outbox) is not None:
