@@ -10,13 +10,13 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
-import logging
 from collections.abc import Awaitable, Mapping, Sequence
 from datetime import datetime
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from ..invariants import Param, Query, quote
+from .base import LOGGER
 
 if TYPE_CHECKING:
     from ..config import DatabaseConfig
@@ -35,8 +35,6 @@ _T = TypeVar("_T")
 #: A statement's parameters: ``%(name)s`` by name or ``%s`` in order; ``None``: none, so a
 #: ``%`` in the text stays as written.
 Params = Mapping[str, object] | Sequence[object] | None
-
-LOGGER: Final = logging.getLogger("stocksentry.exporter.probes")
 
 # The election's session is ended by the server when idle this many retry intervals (at
 # least the floor): a live leader pings every interval, so only a frozen one is ended.

@@ -134,14 +134,8 @@ class LeaderElection:
     def _record(self, up: bool, started: float, error: str | None) -> None:
         if up:
             self._last_success = time.time()
-        self._on_result(
-            ProbeResult(
-                up=up,
-                duration=time.perf_counter() - started,
-                last_success=self._last_success,
-                error=error,
-            )
-        )
+        duration = time.perf_counter() - started
+        self._on_result(ProbeResult(up, duration, self._last_success, error=error))
 
     async def _connection(self) -> Session:
         if self._conn is not None and self._conn.usable:

@@ -21,7 +21,7 @@ from stocksentry.instrumentation.catalog import OVERFLOW_VALUE
 from stocksentry.instrumentation.guard import LabelGuard, sanitize_label_value
 
 from ..durations import format_duration
-from .base import family
+from .base import LOGGER, family
 
 __all__ = [
     "MAX_SKU_KEYS",
@@ -32,8 +32,6 @@ __all__ = [
     "pinned_labels",
     "worst_sku_samples",
 ]
-
-LOGGER: Final = logging.getLogger("stocksentry.exporter.probes")
 
 #: Duplicate keys asked about per statement when naming their SKUs: a bound on the
 #: statement's size. Keys beyond it are counted in the total but name no SKU.

@@ -18,7 +18,6 @@ Example::
 
 from __future__ import annotations
 
-import logging
 import math
 import time
 from collections.abc import Awaitable, Callable, Hashable, Iterable, Sequence
@@ -26,6 +25,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final
 
+from .base import LOGGER
 from .dialects import number
 
 if TYPE_CHECKING:
@@ -284,8 +284,6 @@ async def incremental_run(
     totals.counted(missing, counts)
     totals.recounted(rows, limit=chunk)
 
-
-LOGGER: Final = logging.getLogger("stocksentry.exporter.probes")
 
 #: Seconds between two warnings that products wait for their first count.
 PENDING_LOG_INTERVAL: Final = 600.0
