@@ -257,19 +257,6 @@ async def test_every_probe_reports_the_seeded_truth(db, registry):
         assert runner.index_advice == ()
 
 
-async def test_duplicate_orders_count_idempotency_keys_when_mapped(pg_database, registry):
-    await seed(pg_database)
-    config = make_config(
-        pg_database,
-        ("duplicate_orders",),
-        schema={"orders": {"idempotency_key": "idempotency_key"}},
-    )
-    async with ProbeRunner(config, registry=registry):
-        await async_wait_until(all_up(registry, ("duplicate_orders",)), timeout=WAIT)
-        # dup-1 and dup-2 by external_ref, idem-1 by idempotency key.
-        assert sample(registry, "stock_duplicate_order_keys") == 3.0
-
-
 async def test_oversold_skus_beyond_the_budget_fold_into_other(pg_database, registry):
     await seed(pg_database)
     # One SKU of budget beyond the promo SKU: the worst (SKU-OVER2, 3 units) keeps its
@@ -346,6 +333,7 @@ async def test_duplicate_orders_name_the_skus_of_their_keys(pg_database, registr
     async with ProbeRunner(config, registry=registry):
         await async_wait_until(all_up(registry, ("duplicate_orders",)), timeout=WAIT)
         per_sku = "stock_duplicate_order_sku_keys"
+        # dup-1 and dup-2 by external_ref, idem-1 by idempotency key.
         assert sample(registry, "stock_duplicate_order_keys") == 3.0
         assert sample(registry, per_sku, sku="SKU-OK") == 3.0
         assert sample(registry, per_sku, sku="SKU-OVER") == 1.0
