@@ -1,22 +1,15 @@
 """The invariant SQL: the one place that says how a double-sell shows in the shop's tables.
 
-A double-sell breaks four invariants, and both the sidecar's probes
-(:mod:`stocksentry.exporter.probes.db`) and ``stocksentry reconcile`` check them with the
-statements built here, from the ``schema`` mapping of the config:
+Four invariants, checked by the sidecar's probes and ``stocksentry reconcile`` with the
+statements built here from the config's ``schema``: **negative stock**; **oversold** (paid
+units beyond a SKU's allocation); **duplicate orders per key** (external reference or
+idempotency key); **paid without items**. Each has one *rows* statement (what reconcile
+prints), and the probes' figures aggregate exactly those rows, so the two never disagree.
 
-- **negative stock**: a SKU whose stock is below zero;
-- **oversold**: paid units of a SKU beyond its allocation for the sale;
-- **duplicate orders per key**: more than one order for one external reference or idempotency key;
-- **paid without items**: a paid order with no order item, so no stock movement.
-
-Each invariant has one *rows* statement, listing the rows that break it (what reconcile prints),
-and the probes' figures are aggregates over exactly those rows, so the two can never disagree on
-what counts. Nothing here needs SQLAlchemy or a driver: a :class:`Query` is SQL text in parts plus
-its parameters, rendered with :meth:`Query.text` for a driver's parameter style. Identifiers reach
-SQL only through :func:`quote` (the config has already validated them as plain names); values only
-as parameters. A :class:`Param` marked ``constant`` comes from the config (paid statuses, promo
-SKUs): a caller may inline it as a literal, so that a partial index whose predicate lists the same
-values stays usable (the probes do on PostgreSQL).
+A :class:`Query` is SQL text in parts plus parameters, no driver needed. Identifiers reach
+SQL only through :func:`quote` (validated plain names), values only as parameters; a
+``constant`` :class:`Param` comes from the config and may be inlined (a partial index whose
+predicate lists the same values stays usable).
 
 Example::
 
@@ -61,19 +54,16 @@ INVARIANTS: Final = ("negative_stock", "oversold", "duplicate_keys", "paid_witho
 #: The order columns that identify one checkout, in the order they are reported.
 DUPLICATE_KEY_KINDS: Final = ("external_ref", "idempotency_key")
 
-#: SQL dialects, as SQLAlchemy names them. The identifier quoting differs; MySQL and
-#: MariaDB have no ``LATERAL`` (MariaDB) and no outer reference inside a derived table
-#: (MariaDB), so a few statements take another form there, with the same rows.
+#: SQL dialects, as SQLAlchemy names them. MariaDB has no ``LATERAL`` and no outer reference
+#: inside a derived table, so a few statements take another form there, with the same rows.
 Dialect = Literal["postgresql", "sqlite", "mysql", "mariadb"]
 #: ``named``: ``:name`` (SQLAlchemy ``text()``); ``pyformat``: ``%(name)s`` (psycopg).
 ParamStyle = Literal["named", "pyformat"]
 
 
 def quote(identifier: str, dialect: str = "postgresql") -> str:
-    """A validated, possibly schema-qualified name as a quoted SQL identifier.
-
-    MySQL and MariaDB quote with backticks, every other dialect with double quotes (SQL's
-    own). A quote character inside a part is doubled, though the config allows none.
+    """A validated, possibly schema-qualified name as a quoted SQL identifier: backticks
+    on MySQL and MariaDB, double quotes elsewhere; a quote inside a part is doubled.
 
     Example::
 
@@ -90,11 +80,8 @@ def quote(identifier: str, dialect: str = "postgresql") -> str:
 
 @dataclass(frozen=True, slots=True)
 class Param:
-    """One parameter of a :class:`Query`.
-
-    ``constant``: the value comes from the config, not from a request, and may be
-    inlined as a literal by a caller that quotes it properly (the probes do).
-    """
+    """One parameter of a :class:`Query`; ``constant``: from the config, not a request,
+    so a caller may inline it as a properly quoted literal (the probes do)."""
 
     name: str
     value: object
@@ -159,11 +146,8 @@ class _Parts:
 
 
 class InvariantSql:
-    """The invariant statements for one schema mapping and dialect.
-
-    ``since`` arguments are a point in time (``created_at >= :since``) or a window back
-    from the server's clock (``created_at >= now() - :window``). ``skus`` narrows a
-    statement to those SKUs; the statements without it read every SKU.
+    """The invariant statements for one schema mapping and dialect. ``since``: a point in
+    time or a window back from the server's clock; ``skus``: only those SKUs.
 
     Example::
 
@@ -197,6 +181,16 @@ class InvariantSql:
         """``stock < 0``: the predicate a partial index for negative stock must have."""
         stock = self.quote(self.schema.products.stock)
         return f"{alias}.{stock} < 0" if alias else f"{stock} < 0"
+
+    def held_predicate(self) -> Query:
+        """The predicate of a reservation that still holds its stock (statuses as constants)."""
+        r = self.schema.reservations
+        assert r is not None  # noqa: S101 - callers checked
+        if r.status is None:
+            assert r.released_at is not None  # noqa: S101 - the config sets one of the two
+            return Query((f"{self.quote(r.released_at)} IS NULL",), ())
+        parts = _Parts().sql(f"{self.quote(r.status)} IN ")
+        return parts.in_list("held", r.held_statuses, constant=True).query(())
 
     def _paid(self, parts: _Parts, alias: str) -> None:
         o = self.schema.orders
@@ -232,10 +226,8 @@ class InvariantSql:
     # --- negative stock --------------------------------------------------------------------
 
     def negative_stock(self, *, skus: Sequence[str] | None = None, ordered: bool = True) -> Query:
-        """Rows ``(sku, stock)`` of the SKUs below zero, lowest stock first.
-
-        Reads the partial index ``products(stock) WHERE stock < 0`` where there is one.
-        """
+        """Rows ``(sku, stock)`` of the SKUs below zero, lowest stock first (through the
+        partial index ``products(stock) WHERE stock < 0`` where there is one)."""
         p = self.schema.products
         parts = _Parts().sql(
             f"SELECT {self._col('p', p.sku)} AS sku, {self._col('p', p.stock)} AS stock"
@@ -266,14 +258,12 @@ class InvariantSql:
     def _paid_items(
         self, parts: _Parts, *, count_orders: bool = False, by_order: bool = False
     ) -> None:
-        """``SELECT product_id, sum(quantity) AS sold FROM order_items JOIN orders ON ...
-        WHERE status IN (paid)``: the one definition of a SKU's paid units, which every
-        oversold statement aggregates (the caller adds the rest of the ``WHERE`` and the
-        ``GROUP BY``). ``by_order``: the orders drive (a range of ``created_at``), each
-        one's items read through ``order_items(order_id)``: a ``LATERAL`` join on
-        PostgreSQL, so a low estimate of the range never turns it into a scan of every
-        item (``OFFSET 0`` keeps the planner from flattening it), ``STRAIGHT_JOIN`` on
-        MySQL/MariaDB (no ``LATERAL``) for the same order."""
+        """``SELECT product_id, sum(quantity) AS sold FROM order_items JOIN orders ...
+        WHERE status IN (paid)``: the one definition of paid units, which every oversold
+        statement aggregates (the caller adds to the ``WHERE`` and groups). ``by_order``:
+        the orders (a range of ``created_at``) drive, each one's items read through
+        ``order_items(order_id)``, whatever the planner estimates: a ``LATERAL`` join
+        (``OFFSET 0`` keeps it from being flattened), ``STRAIGHT_JOIN`` on MySQL."""
         o, oi = self.schema.orders, self.schema.order_items
         orders = f", count(DISTINCT {self._col('o', o.id)}) AS orders" if count_orders else ""
         parts.sql(
@@ -301,9 +291,8 @@ class InvariantSql:
         self._paid(parts, "o")
 
     def _with_product(self, parts: _Parts, inner: str) -> None:
-        """``... FROM (inner) AS s JOIN products AS p ON p.id = s.product_id``, on
-        PostgreSQL as a ``LATERAL`` lookup by the primary key per row, on MySQL as a
-        ``STRAIGHT_JOIN`` (the same order)."""
+        """``... FROM (inner) AS s JOIN products AS p ON p.id = s.product_id``: a lookup
+        by primary key per row (``LATERAL``, or ``STRAIGHT_JOIN`` on MySQL)."""
         p = self.schema.products
         if self.lateral:
             parts.sql(
@@ -346,14 +335,9 @@ class InvariantSql:
         count_orders: bool = False,
     ) -> Query:
         """Rows ``(sku, allocation, sold_units, oversold_units[, paid_orders])`` of the SKUs
-        whose paid units exceed ``schema.products.allocation``.
-
-        Paid units are summed per product over the paid orders' items first (through
-        ``order_items(product_id)`` when ``skus`` narrows the scan), then compared with
-        the allocation. Ordered by SKU, or with ``worst_first`` by oversold units, largest
-        first; ``count_orders`` adds the distinct paid orders per SKU. The full recount
-        (the incremental probe equals it, see :meth:`paid_units_created`).
-        """
+        whose paid units, summed per product, exceed ``schema.products.allocation``: the
+        full recount the incremental probe equals. By SKU, or ``worst_first``;
+        ``count_orders`` adds the distinct paid orders per SKU."""
         p = self.schema.products
         allocation = self._allocation()
         parts = _Parts().sql(
@@ -375,21 +359,15 @@ class InvariantSql:
         return parts.query((*columns, "paid_orders") if count_orders else columns)
 
     # --- oversold, incrementally -----------------------------------------------------------
-    #
-    # The statements below split the full recount's sum by the orders' creation time, so
-    # that a caller keeping per-product totals (stocksentry.exporter.probes.soldtotals)
-    # reads only what changed: the sum over all paid items is the sum over orders created
-    # before a boundary plus the sum over those created at or after it.
+    # The full recount's sum split by the orders' creation time at a boundary, so that a
+    # caller keeping per-product totals (probes.soldtotals) reads only what changed.
 
     def paid_units_created(
         self, *, start: datetime | None = None, end: datetime | None = None
     ) -> Query:
         """Rows ``(product_id, sku, allocation, sold_units)``: paid units per product of
-        the orders created in ``[start, end)`` (either side open when ``None``).
-
-        Reads ``orders(created_at)``, then the items through ``order_items(order_id)``:
-        work proportional to the orders in the range, not to the history.
-        """
+        the orders created in ``[start, end)`` (``None``: open), through
+        ``orders(created_at)`` then ``order_items(order_id)``: work as the range's orders."""
         p = self.schema.products
         allocation = self._allocation()
         parts = _Parts().sql(
@@ -403,11 +381,7 @@ class InvariantSql:
 
     def paid_units_of_products(self, product_ids: Sequence[object], *, end: datetime) -> Query:
         """Rows ``(product_id, sold_units)``: paid units of these products over the orders
-        created before ``end``; products without any are left out.
-
-        Reads ``order_items(product_id)``, then each order by its primary key: work
-        proportional to these products' items.
-        """
+        created before ``end`` (none: no row), through ``order_items(product_id)``."""
         if not product_ids:
             raise ValueError("paid_units_of_products needs at least one product id")
         parts = _Parts()
@@ -420,12 +394,8 @@ class InvariantSql:
 
     def paid_units_chunk(self, *, after: object | None, limit: int, end: datetime) -> Query:
         """Rows ``(product_id, sku, allocation, sold_units)`` of the next ``limit``
-        products by id after ``after`` (from the first when ``None``), with their paid
-        units over the orders created before ``end`` (0 when none).
-
-        One step of a full recount spread over many runs: the products' primary key, then
-        ``order_items(product_id)`` per product.
-        """
+        products by id after ``after`` (``None``: the first), with their paid units over
+        the orders created before ``end`` (0 when none): one step of a spread recount."""
         p, o, oi = self.schema.products, self.schema.orders, self.schema.order_items
         allocation = self._allocation()
         parts = _Parts().sql(
@@ -472,11 +442,7 @@ class InvariantSql:
         ordered: bool = True,
     ) -> Query:
         """Rows ``(key, orders)``: values of the orders' ``column`` held by more than one
-        order, most orders first.
-
-        ``since`` reads only orders created since then (through ``orders(created_at)``);
-        ``skus``: only orders with an item of those SKUs.
-        """
+        order (created ``since``; with an item of ``skus``), most orders first."""
         s = self.schema
         o, oi = s.orders, s.order_items
         key = self._col("o", column)
@@ -515,12 +481,8 @@ class InvariantSql:
         self, column: str, *, window: timedelta, keys: Sequence[object] | None = None
     ) -> Query:
         """Rows ``(key, second_newest)``: the keys of :meth:`duplicate_keys` over the last
-        ``window`` (the same rows), each with the creation time of its second newest order
-        in the window: the key stays a duplicate until that order leaves the window.
-
-        ``keys`` narrows it to those values (through an index on ``column``): what the
-        incremental probe asks about the keys of its newest orders.
-        """
+        ``window``, each with the creation time of its second newest order there (a
+        duplicate until it leaves the window); ``keys``: only those (through their index)."""
         o = self.schema.orders
         key = self._col("o", column)
         created = self._col("o", o.created_at)
@@ -549,8 +511,8 @@ class InvariantSql:
         return parts.query(("key", "second_newest"))
 
     def duplicate_key_totals(self, *, since: datetime | timedelta | None = None) -> Query:
-        """One row ``(keys,)``: how many key values, over every mapped key column, are held
-        by more than one order. Raises :class:`ValueError` when no key column is mapped."""
+        """One row ``(keys,)``: the key values, over every mapped key column, held by more
+        than one order (:class:`ValueError` when none is mapped)."""
         columns = self.key_columns()
         if not columns:
             raise ValueError("the duplicate check needs orders.external_ref or idempotency_key")
@@ -562,9 +524,8 @@ class InvariantSql:
         return Query(tuple(parts), ("keys",))
 
     def duplicate_key_skus(self, column: str, keys: Sequence[object], *, since: datetime) -> Query:
-        """Rows ``(sku, keys)``: per SKU, how many of ``keys`` (values of the orders'
-        ``column``) have an order created since ``since`` with an item of that SKU (plain
-        joins, one parameter per key)."""
+        """Rows ``(sku, keys)``: per SKU, how many of ``keys`` (of the orders' ``column``)
+        have an order created since ``since`` with an item of that SKU."""
         o, oi, p = self.schema.orders, self.schema.order_items, self.schema.products
         key = self._col("o", column)
         parts = _Parts().sql(

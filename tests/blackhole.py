@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from types import TracebackType
 from urllib.parse import urlsplit, urlunsplit
 
 __all__ = ["Blackhole"]
@@ -140,12 +139,7 @@ class Blackhole:
         await self.start()
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
 
     @property

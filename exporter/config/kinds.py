@@ -13,6 +13,7 @@ Example::
 from __future__ import annotations
 
 import ipaddress
+import itertools
 import os
 import re
 import string
@@ -384,9 +385,36 @@ class Template(Kind):
         return {"type": "string", "pattern": rf"^[^{{}}]*\{{{self.name}\}}[^{{}}]*$"}
 
 
+def _ends_early(sql: str, backslash: bool, hash: bool, dash_blank: bool) -> bool:
+    """Whether ``sql`` read one way has a ``;`` outside quotes and comments. The ways:
+    backslash escapes in strings or not; ``#`` comments or not; ``--`` a comment only
+    before a blank (MySQL) or always. MySQL runs what ``/*!`` and ``/*M!`` hold."""
+    at, end = 0, len(sql)
+    while at < end:
+        char = sql[at]
+        if char == ";":
+            return True
+        if char in "'\"`":
+            at += 1
+            while at < end and sql[at] != char:
+                at += 2 if backslash and char != "`" and sql[at] == "\\" else 1
+        elif (hash and char == "#") or (
+            sql.startswith("--", at) and not (dash_blank and sql[at + 2 : at + 3].strip())
+        ):
+            at = sql.find("\n", at)
+        elif sql.startswith("/*", at) and not sql.startswith(("!", "M!"), at + 2):
+            at = sql.find("*/", at + 2)
+        if at < 0:
+            return False
+        at += 1
+    return False
+
+
 @dataclass(frozen=True)
 class Sql(Kind):
-    """One SQL statement; surrounding blanks and a trailing ``;`` are removed."""
+    """One SQL statement; surrounding blanks and a trailing ``;`` are removed, and a ``;``
+    that could end the statement under any server's reading is refused (aiomysql's
+    sessions accept several statements in one query)."""
 
     doc_type: ClassVar[str] = "SQL"
 
@@ -394,6 +422,8 @@ class Sql(Kind):
         sql = _text(ctx, node, path, False).strip().rstrip(";").strip()
         if not sql:
             ctx.fail(node, path, "must not be empty")
+        if any(_ends_early(sql, *way) for way in itertools.product((False, True), repeat=3)):
+            ctx.fail(node, path, "must be one statement: a `;` outside a string ends it")
         return sql
 
 

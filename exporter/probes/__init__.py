@@ -1,16 +1,10 @@
 """Background probes of the sidecar: the database, the stock cache, and their health.
 
-:class:`ProbeRunner` is the entry point: it runs each enabled probe on its own schedule
-and is a prometheus_client collector whose ``collect()`` reads the last results only.
-
-- :mod:`.base`: the probe contract, results, backoff, rate-limited error logs;
-- :mod:`.db`: the database probes (one class each for every dialect); :mod:`.indexes`: the
-  indexes they expect;
-- :mod:`.dialects`: what differs between PostgreSQL (:mod:`.pg`) and MySQL/MariaDB
-  (:mod:`.my`), chosen by the database URL's scheme; :mod:`.pool`: their sessions' pool;
-- :mod:`.redis`: the cache-drift probe;
-- :mod:`.election`: the leader election (an advisory lock, or ``GET_LOCK`` on MySQL);
-- :mod:`.runner`: :class:`ProbeRunner`.
+:class:`ProbeRunner` runs each enabled probe on its own schedule and is a prometheus_client
+collector whose ``collect()`` reads the last results only. The database probes
+(:mod:`.db`, one class each for every dialect) leave what differs between PostgreSQL and
+MySQL/MariaDB to :mod:`.dialects`; :mod:`.redis` holds the cache-drift probe,
+:mod:`.election` the leader election.
 
 Example::
 

@@ -1,9 +1,5 @@
 """What every probe shares: its contract, its result, backoff, and quiet error logging.
 
-A probe is an object with a name, an interval, a timeout and an async :meth:`Probe.run`
-that returns the metric families of one observation. The runner calls it in the
-background and keeps the last :class:`ProbeResult`; a scrape only reads that result.
-
 Example::
 
     class Answer(Probe):
@@ -23,10 +19,10 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, NoReturn
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from stocksentry.instrumentation.catalog import MetricSpec
@@ -40,6 +36,7 @@ __all__ = [
     "Probe",
     "ProbeResult",
     "ProbeUnavailableError",
+    "at_fixed_rate",
     "describe_error",
     "family",
     "new_phase",
@@ -50,12 +47,8 @@ LOGGER: Final = logging.getLogger("stocksentry.exporter.probes")
 
 
 def family(spec: MetricSpec, samples: Iterable[tuple[Sequence[str], float]] = ()) -> Metric:
-    """A gauge or counter family of ``spec`` holding ``samples`` (label values, value).
-
-    Example::
-
-        family(catalog.DB_DEADLOCKS, [(("shop",), 3.0)])
-    """
+    """A gauge or counter family of ``spec`` holding ``samples`` (label values, value),
+    e.g. ``family(catalog.DB_DEADLOCKS, [(("shop",), 3.0)])``."""
     metric: Metric
     if spec.kind == "gauge":
         metric = GaugeMetricFamily(spec.name, spec.help, labels=spec.labels)
@@ -77,11 +70,8 @@ class ProbeUnavailableError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class ProbeResult:
-    """The last run of one probe, as a scrape sees it.
-
-    A failed run has ``up=False`` and no families: a probe that cannot see the database
-    exports nothing stale. ``last_success`` keeps the time of the last good run.
-    """
+    """The last run of one probe, as a scrape sees it: a failed one has no families
+    (nothing stale); ``last_success`` is the time of the last good run."""
 
     up: bool
     duration: float
@@ -91,14 +81,10 @@ class ProbeResult:
 
 
 class Probe(abc.ABC):
-    """One background observation, run every ``interval`` seconds within ``timeout``.
-
-    ``needs_leader``: with leader election on, only the leader runs the probe.
-    """
+    """One background observation, run every ``interval`` seconds within ``timeout``."""
 
     #: The metrics :meth:`run` may return (for ``describe()``).
     specs: tuple[MetricSpec, ...] = ()
-    needs_leader: bool = True
 
     def __init__(self, name: str, *, interval: float, timeout: float) -> None:
         self.name = name
@@ -110,12 +96,21 @@ class Probe(abc.ABC):
         """Observe once and return the families to export until the next run."""
 
     def reset(self) -> None:
-        """Forget what earlier runs kept (called when this instance starts leading: what
-        an incremental probe kept may be hours old)."""
+        """Forget what earlier runs kept (on becoming leader: it may be hours old)."""
         return None
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name} every {format_duration(self.interval)}>"
+
+
+async def at_fixed_rate(interval: float, step: Callable[[], Awaitable[object]]) -> NoReturn:
+    """Run ``step`` every ``interval`` seconds from the start of the previous one (at once
+    after one that overran), until cancelled."""
+    loop = asyncio.get_running_loop()
+    while True:
+        started = loop.time()
+        await step()
+        await asyncio.sleep(max(0.0, started + interval - loop.time()))
 
 
 # --- what a run is doing, for the message of a run that timed out ----------------------
@@ -143,11 +138,9 @@ def new_phase() -> list[str]:
 
 
 class Backoff:
-    """Exponential backoff with jitter between attempts to reach a source that is down.
-
-    While the source is down (a failure not yet followed by a success) one attempt at a
-    time goes out: the others are refused at once rather than each opening a socket into
-    a network that may be silent, so reconnecting never holds more than one connection.
+    """Exponential backoff with jitter between attempts to reach a source that is down;
+    meanwhile one attempt at a time goes out, the others are refused at once (reconnecting
+    never holds more than one socket into a network that may be silent).
 
     Example::
 
@@ -197,9 +190,8 @@ class Backoff:
         source: str,
         errors: tuple[type[BaseException], ...] = (Exception, asyncio.CancelledError),
     ) -> Iterator[None]:
-        """One attempt to reach ``source``: refused at once with
-        :class:`ProbeUnavailableError` while backing off; one of ``errors`` counts as a
-        failure (and passes through), the end of the block as a success."""
+        """One attempt to reach ``source`` (:class:`ProbeUnavailableError` while backing
+        off): one of ``errors`` is a failure (and passes through), the end a success."""
         wait = self.wait_time()
         if wait > 0:
             raise ProbeUnavailableError(
@@ -250,10 +242,8 @@ class _ErrorState:
 
 
 class ErrorLog:
-    """Logs probe failures at most once per ``interval`` per probe, with secrets blanked.
-
-    The first failure logs at once; repeats within ``interval`` are counted and reported
-    with the next line; a recovery logs once.
+    """Logs probe failures at most once per ``interval`` per probe, with secrets blanked:
+    repeats are counted into the next line; a recovery logs once.
 
     Example::
 
@@ -281,10 +271,8 @@ class ErrorLog:
         return redact(text, self.secrets)
 
     def failed(self, probe: str, message: str) -> str:
-        """Count a failure of ``probe``; log it unless one was logged recently.
-
-        Returns the message without secrets (what the result keeps).
-        """
+        """Count a failure of ``probe``, log it unless one was logged recently; returns
+        the message without secrets (what the result keeps)."""
         message = self.clean(message)
         state = self._state.setdefault(probe, _ErrorState())
         state.failures += 1

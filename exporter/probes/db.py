@@ -1,25 +1,23 @@
-"""The database probes, one class each for every dialect.
+"""The database probes, one class each for every dialect (what differs is in its
+:class:`~.dialects.Dialect`), each run in the pool's read-only transaction.
 
-Each probe runs in the pool's read-only transaction (:class:`~.pool.Pool`) and leaves
-what differs between PostgreSQL and MySQL/MariaDB to its :class:`~.dialects.Dialect`.
-The invariant probes' statements come from
-:class:`stocksentry.exporter.invariants.InvariantSql`, the builder ``stocksentry
-reconcile`` uses: each figure is an aggregate over the rows reconcile would list.
-
-The incremental oversold run (``scope: all``) reads the dialect's *horizon* first (no row
-created before it can still be uncommitted), then :func:`~.soldtotals.incremental_run`;
-why a late commit is never missed: docs/exporter-config.md, "How ``oversold`` counts".
+The invariant probes' statements come from :class:`~stocksentry.exporter.invariants.InvariantSql`,
+as ``stocksentry reconcile``'s do: each figure aggregates the rows reconcile would list. The
+incremental runs read the dialect's *horizon* first (no row created before it can still be
+uncommitted): docs/exporter-config.md, "How ``oversold`` counts".
 
 Example::
 
     pool = Pool(config.database)
-    families = await NegativeStockProbe(config, pool).run()
+    families = await NegativeStockProbe(config, pool, LabelGuard(100)).run()
     await pool.close()
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import functools
+from collections.abc import Iterable
 from typing import Any, Final
 
 from prometheus_client.core import Metric
@@ -28,15 +26,13 @@ from stocksentry.instrumentation.catalog import MetricSpec
 from stocksentry.instrumentation.guard import LabelGuard, sanitize_label_value
 
 from ..config import CustomProbe, ExporterConfig, ProbeSettings
-from ..invariants import InvariantSql, Param, Query
+from ..invariants import InvariantSql, Query
 from .base import LOGGER, Probe, family
-from .dialects import Dialect, Session, number
-from .duplicates import DuplicateKeys
+from .dialects import Session, number
 from .families import (
     MAX_SKU_KEYS,
     OutboxStuck,
     OutboxStuckLog,
-    default_guard,
     negative_stock_families,
     pinned_labels,
     worst_sku_samples,
@@ -48,6 +44,7 @@ __all__ = [
     "CustomSqlProbe",
     "DbProbe",
     "DeadlocksProbe",
+    "DuplicateKeys",
     "DuplicateOrdersProbe",
     "ExpiredReservationsProbe",
     "LockWaitersProbe",
@@ -60,6 +57,39 @@ __all__ = [
 
 #: New keys asked about one by one at most; beyond it one read of the window is cheaper.
 MAX_NEW_KEYS: Final = 5000
+
+
+class DuplicateKeys:
+    """The duplicate keys of the window per key kind, kept between runs, each with the time
+    it ends: when its second newest order leaves the window. A key only *becomes* a
+    duplicate through a new order, so after one read of the window each run asks only
+    about the keys of the orders created since the last horizon."""
+
+    def __init__(self, *, window: float) -> None:
+        self.window = dt.timedelta(seconds=window)
+        #: Orders created at or after it are read again next run; ``None``: read the
+        #: whole window first.
+        self.boundary: dt.datetime | None = None
+        self._ends: dict[tuple[str, str], dt.datetime] = {}
+
+    def update(self, kind: str, rows: Iterable[tuple[Any, Any]]) -> None:
+        """Rows ``(key, second_newest_created_at)`` of keys held by two orders or more."""
+        for key, second_newest in rows:
+            self._ends[(kind, str(key))] = second_newest + self.window
+
+    def expire(self, now: dt.datetime) -> None:
+        """Forget the keys whose second newest order has left the window by ``now``."""
+        gone = [k for k, end in self._ends.items() if end < now]
+        for k in gone:
+            del self._ends[k]
+
+    def keys_of(self, kind: str) -> list[str]:
+        """The duplicate keys of one kind (``external_ref``, ``idempotency_key``), sorted."""
+        return sorted(key for k, key in self._ends if k == kind)
+
+    def count(self) -> int:
+        """How many keys, over every kind, are duplicates now."""
+        return len(self._ends)
 
 
 class DbProbe(Probe):
@@ -85,12 +115,9 @@ class DbProbe(Probe):
 
 class NegativeStockProbe(DbProbe):
     """``stock_inventory_negative_skus`` / ``_units``: SKUs below zero and by how much;
-    ``stock_inventory_negative_sku_units{sku}``: the ``top_skus`` lowest by name.
-
-    Reads the range below zero of an index on ``products(stock)`` (partial on
-    PostgreSQL), twice: the totals, then the worst ``top_skus`` SKUs. The units of the
-    SKUs not named are summed under ``__other__``; promo SKUs are at 0 when not below zero.
-    """
+    ``stock_inventory_negative_sku_units{sku}``: the ``top_skus`` lowest by name, the rest
+    under ``__other__``, promo SKUs at 0 when not below zero. Two reads of the range
+    below zero of an index on ``products(stock)``: the totals, then the worst SKUs."""
 
     specs = (
         catalog.NEGATIVE_INVENTORY_SKUS,
@@ -98,12 +125,10 @@ class NegativeStockProbe(DbProbe):
         catalog.NEGATIVE_INVENTORY_SKU_UNITS,
     )
 
-    def __init__(
-        self, config: ExporterConfig, pool: Pool, guard: LabelGuard | None = None
-    ) -> None:
+    def __init__(self, config: ExporterConfig, pool: Pool, guard: LabelGuard) -> None:
         settings = config.probes.negative_stock
         super().__init__("negative_stock", settings, pool)
-        self._guard = guard or default_guard(config)
+        self._guard = guard
         self._pinned = pinned_labels(config.sku_guard.promo_skus, self._guard)
         self.top = settings.top_skus
         builder = InvariantSql(config.schema, self.dialect.name)
@@ -127,13 +152,10 @@ class NegativeStockProbe(DbProbe):
 
 
 class OversoldProbe(DbProbe):
-    """``stock_oversold_units{sku}``: paid units beyond each SKU's allocation.
-
-    Only oversold SKUs get a series, and every promo SKU (0 when not oversold); other
-    SKUs go through the SKU guard, and those folded into ``__other__`` are summed there.
-    ``scope: promo`` reads the promo SKUs' whole history on every run (a few SKUs);
-    ``scope: all`` runs incrementally (see the module).
-    """
+    """``stock_oversold_units{sku}``: paid units beyond each SKU's allocation, for the
+    oversold SKUs (through the SKU guard) and every promo SKU (0 when not oversold).
+    ``scope: promo`` reads the promo SKUs' whole history every run; ``scope: all`` runs
+    incrementally (:func:`~.soldtotals.incremental_run`)."""
 
     specs = (catalog.OVERSOLD_UNITS,)
 
@@ -165,17 +187,12 @@ class OversoldProbe(DbProbe):
         else:
             await self.step(session)
             rows = [(s.sku, s.oversold_units) for s in self.totals.oversold()]
-        # Each SKU through the guard (the folded ones summed under __other__), the promo
-        # SKUs at 0 when they have no row.
-        by_label: dict[str, float] = dict.fromkeys(self._pinned, 0.0)
-        for sku, units in rows:
-            label = self._guard(str(sku))
-            by_label[label] = by_label.get(label, 0.0) + number(units)
-        return (family(catalog.OVERSOLD_UNITS, [((k,), v) for k, v in sorted(by_label.items())]),)
+        # Every oversold SKU (rows come worst first) through the guard, the promo SKUs at 0.
+        samples = worst_sku_samples(rows, top=len(rows), guard=self._guard, pinned=self._pinned)
+        return (family(catalog.OVERSOLD_UNITS, samples),)
 
     async def step(self, session: Session) -> None:
-        """One incremental run: the dialect's horizon, then
-        :func:`~stocksentry.exporter.probes.soldtotals.incremental_run`."""
+        """One incremental run: the dialect's horizon, then ``incremental_run``."""
         s = self._settings
         horizon, _now = await self.dialect.horizon(
             session, settle_after=s.settle_after, margin=s.clock_margin
@@ -184,14 +201,10 @@ class OversoldProbe(DbProbe):
             # Products per chunk, so that one pass takes recount_period.
             estimate = await self.dialect.row_estimate(session, self._products)
             self._chunk = chunk_size(estimate, s.recount_period, self.interval)
-
-        async def fetch(query: Query) -> list[tuple[Any, ...]]:
-            return await self.fetch(session, query)
-
         passes = self.totals.passes
         await incremental_run(
             self.totals,
-            fetch,
+            functools.partial(self.fetch, session),
             self._builder,
             horizon=horizon,
             chunk=self._chunk,
@@ -201,24 +214,18 @@ class OversoldProbe(DbProbe):
 
 
 class DuplicateOrdersProbe(DbProbe):
-    """``stock_duplicate_order_keys``: keys with more than one order in the recent window;
-    ``stock_duplicate_order_sku_keys{sku}``: per SKU among those keys' orders' items, the
-    ``top_skus`` with the most keys by name, the rest under ``__other__``.
-
-    External references and idempotency keys (whichever are mapped) are counted
-    separately and added up. The first run reads the whole window (``orders(created_at)``);
-    later runs ask only about the keys of the orders created since the last horizon,
-    through the index on each key column (:class:`~.duplicates.DuplicateKeys`).
-    """
+    """``stock_duplicate_order_keys``: keys (external references and idempotency keys,
+    whichever are mapped, added up) with more than one order in the window;
+    ``stock_duplicate_order_sku_keys{sku}``: the ``top_skus`` SKUs of those orders' items
+    with the most keys, the rest under ``__other__``. The first run reads the window, later
+    ones only the keys of orders created since the last horizon (:class:`DuplicateKeys`)."""
 
     specs = (catalog.DUPLICATE_ORDER_KEYS, catalog.DUPLICATE_ORDER_SKU_KEYS)
 
-    def __init__(
-        self, config: ExporterConfig, pool: Pool, guard: LabelGuard | None = None
-    ) -> None:
+    def __init__(self, config: ExporterConfig, pool: Pool, guard: LabelGuard) -> None:
         settings = config.probes.duplicate_orders
         super().__init__("duplicate_orders", settings, pool)
-        self._guard = guard or default_guard(config)
+        self._guard = guard
         self.top = settings.top_skus
         self._builder = InvariantSql(config.schema, self.dialect.name)
         if not self._builder.key_columns():
@@ -299,12 +306,9 @@ class DeadlocksProbe(DbProbe):
 
 
 class LongTransactionsProbe(DbProbe):
-    """Transactions open longer than ``threshold`` that hold a lock on a stock table
-    (the mapped products, orders, order_items, reservations and outbox tables; on MySQL,
-    whose locked tables are not visible, any InnoDB transaction of this database).
-
-    Exports ``stock_db_long_transactions`` and ``stock_db_long_transaction_max_seconds``.
-    """
+    """``stock_db_long_transactions`` and ``stock_db_long_transaction_max_seconds``:
+    transactions open beyond ``threshold`` holding a lock on a mapped stock table (on
+    MySQL, whose locked tables are not visible, any InnoDB transaction of the database)."""
 
     specs = (catalog.DB_LONG_TRANSACTIONS, catalog.DB_LONG_TRANSACTION_MAX)
 
@@ -327,21 +331,6 @@ class LongTransactionsProbe(DbProbe):
         )
 
 
-def held_predicate(config: ExporterConfig, dialect: Dialect) -> Query:
-    """The predicate of a reservation that still holds its stock (statuses as constants)."""
-    r = config.schema.reservations
-    assert r is not None  # noqa: S101 - callers checked
-    q = dialect.quote
-    if r.status is None:
-        assert r.released_at is not None  # noqa: S101 - the config sets one of the two
-        return Query((f"{q(r.released_at)} IS NULL",), ())
-    parts: list[str | Param] = [f"{q(r.status)} IN ("]
-    for index, status in enumerate(r.held_statuses):
-        parts += [", "] if index else []
-        parts.append(Param(f"held{index}", status, constant=True))
-    return Query((*parts, ")"), ())
-
-
 class ExpiredReservationsProbe(DbProbe):
     """``stock_reservations_expired_unreleased``: past ``expires_at``, still holding stock."""
 
@@ -357,7 +346,7 @@ class ExpiredReservationsProbe(DbProbe):
             (
                 f"SELECT count(*) FROM {q(r.table)}"  # noqa: S608 - quoted identifiers
                 f" WHERE {q(r.expires_at)} < {self.dialect.now} AND ",
-                *held_predicate(config, self.dialect).parts,
+                *InvariantSql(config.schema, self.dialect.name).held_predicate().parts,
             ),
             ("count",),
         )
@@ -369,14 +358,9 @@ class ExpiredReservationsProbe(DbProbe):
 
 class OutboxProbe(DbProbe):
     """``stock_outbox_pending_events``, ``stock_outbox_lag_seconds`` (oldest pending age),
-    ``stock_outbox_stuck_events`` (pending beyond ``probes.outbox.max_publish_latency``)
-    and that latency itself (the alert's threshold).
-
-    One statement on the pending rows (``published_at IS NULL``, the leading part of the
-    index ``outbox(published_at, created_at)`` or a partial one). While events are stuck
-    it logs ``outbox stuck`` with their count and the oldest one's id and age
-    (:class:`~stocksentry.exporter.probes.families.OutboxStuckLog`).
-    """
+    ``stock_outbox_stuck_events`` (pending beyond ``max_publish_latency``) and that latency
+    (the alert's threshold), from one statement on the pending rows; stuck events are
+    logged (:class:`~.families.OutboxStuckLog`)."""
 
     specs = (
         catalog.OUTBOX_PENDING,
@@ -404,8 +388,8 @@ class OutboxProbe(DbProbe):
             else ", NULL"
         )
         self._sql = (
-            f"SELECT count(*), coalesce({d.seconds_since(f'min({created})')}, 0),"  # noqa: S608
-            f" count(CASE WHEN {created} < {d.ago('latency')} THEN 1 END){oldest_id}"
+            f"SELECT count(*), coalesce({d.seconds_since.format(f'min({created})')}, 0),"  # noqa: S608
+            f" count(CASE WHEN {created} < {d.ago.format('latency')} THEN 1 END){oldest_id}"
             f" FROM {table} WHERE {published} IS NULL"
         )
 
@@ -441,15 +425,12 @@ def _unwrapped(arg: object) -> object:
 class CustomSqlProbe(DbProbe):
     """A ``probes.custom`` entry: its SQL's rows exported as one gauge.
 
-    The SQL runs wrapped as ``SELECT * FROM (<sql>) AS stocksentry_custom``, one statement
-    (the session refuses several) in a read-only transaction of a read-only session, sent
-    without parameters, so a ``%`` in it stays as written. Session-level locks it may take
-    are released after each run.
-
-    Each row gives one sample: the value from ``value_column`` (rows where it is null are
-    skipped), labels from ``label_columns`` (a ``sku`` label goes through the SKU guard,
-    others are sanitised); rows with the same labels are summed; past ``max_series`` label
-    sets the rest are dropped with one warning.
+    The SQL runs as one statement (the config refuses a ``;`` that could end it) wrapped
+    in ``SELECT * FROM (<sql>) AS stocksentry_custom``, in a read-only transaction, without
+    parameters (a ``%`` stays as written); the session-level locks it takes are released.
+    Each row with a ``value_column`` gives a sample labelled by ``label_columns`` (``sku``
+    through the SKU guard); equal labels are summed; beyond ``max_series`` label sets the
+    rest are dropped with one warning.
     """
 
     def __init__(self, custom: CustomProbe, pool: Pool, guard: LabelGuard) -> None:

@@ -1,11 +1,8 @@
-"""What a probe needs of a database, whatever it is: a :class:`Session`, and a :class:`Dialect`
-holding only the SQL that differs between PostgreSQL and MySQL/MariaDB and the driver's
-plumbing (:mod:`.pg` with psycopg, :mod:`.my` with aiomysql).
-
-Every probe statement is text with ``%(name)s`` parameters, which both drivers take; the
-invariant statements (:class:`~stocksentry.exporter.invariants.Query`) become such text
-through :meth:`Dialect.render`. Identifiers reach SQL only through :meth:`Dialect.quote`
-(validated names from the ``schema`` config).
+"""What a probe needs of a database: a :class:`Session`, and a :class:`Dialect` holding the
+SQL that differs between PostgreSQL (:mod:`.pg`, psycopg) and MySQL/MariaDB (:mod:`.my`,
+aiomysql). Statements are text with ``%(name)s`` parameters, which both drivers take
+(:meth:`Dialect.render` for the invariant statements); identifiers reach SQL only through
+:meth:`Dialect.quote`.
 """
 
 from __future__ import annotations
@@ -13,19 +10,18 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
-import logging
-from collections.abc import Awaitable, Coroutine, Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from datetime import datetime
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from ..invariants import Param, Query, quote
+from .base import LOGGER
 
 if TYPE_CHECKING:
     from ..config import DatabaseConfig
 
 __all__ = [
-    "Connection",
     "Dialect",
     "Params",
     "Session",
@@ -40,22 +36,30 @@ _T = TypeVar("_T")
 #: ``%`` in the text stays as written.
 Params = Mapping[str, object] | Sequence[object] | None
 
-LOGGER: Final = logging.getLogger("stocksentry.exporter.probes")
-
 # The election's session is ended by the server when idle this many retry intervals (at
 # least the floor): a live leader pings every interval, so only a frozen one is ended.
 IDLE_INTERVALS: Final = 3
 IDLE_FLOOR: Final = 1.0
-#: Seconds a statement cut off by :meth:`Connection.abandon` may take to notice (the socket
+#: Seconds a statement cut off by :meth:`Session.abandon` may take to notice (the socket
 #: is shut down, so it fails at once; this only bounds a driver that would not).
 ABANDON_GRACE: Final = 1.0
 
 
-class Session(Protocol):
-    """A probe's read-only session. ``flavor``: ``postgresql``, ``mariadb`` or ``mysql``."""
+class Session(abc.ABC):
+    """A read-only session on one driver connection; ``flavor``: ``postgresql``,
+    ``mariadb`` or ``mysql``."""
 
     flavor: str
+    #: The statement that releases the session-level locks custom SQL may take.
+    unlock: str
 
+    def __init__(self, server_id: int | None) -> None:
+        #: The server's id of the session (a backend pid, a thread id), to stop its query.
+        self.server_id = server_id
+        #: Never to be handed out again (its state is unknown).
+        self.spoiled = False
+
+    @abc.abstractmethod
     async def rows(self, statement: str, params: Params = None) -> list[tuple[Any, ...]]: ...
 
     async def one(self, statement: str, params: Params = None) -> tuple[Any, ...]:
@@ -65,51 +69,41 @@ class Session(Protocol):
             raise ValueError("the query returned no row")
         return found[0]
 
+    @abc.abstractmethod
     async def execute(self, statement: str, params: Params = None) -> None: ...
 
+    @abc.abstractmethod
     async def table(self, statement: str) -> tuple[list[str], list[tuple[Any, ...]]]:
-        """The column names and rows of one statement (never several), sent without
-        parameters."""
-        ...
-
-
-class Connection(Session, Protocol):
-    """A session as the pool and the election hold it: its transaction and its life."""
+        """The column names and rows of one statement, sent without parameters."""
 
     @property
+    @abc.abstractmethod
     def usable(self) -> bool:
         """Open, healthy, and outside any transaction: it may be handed out again."""
-        ...
 
+    @abc.abstractmethod
     async def begin(self, statement_timeout: float) -> None:
         """Open a read-only transaction whose statements stop after ``statement_timeout``."""
-        ...
 
-    async def rollback(self) -> None: ...
+    async def rollback(self) -> None:
+        await self.execute("ROLLBACK")
 
     async def release_locks(self) -> None:
-        """Release the session-level locks custom SQL may have taken (a rollback does not);
-        when that fails the session is never handed out again."""
-        ...
+        """Release the session-level locks (a rollback does not); failing, spoil."""
+        try:
+            await self.execute(self.unlock)
+        except BaseException:
+            self.spoiled = True
+            raise
 
-    def spoil(self) -> None:
-        """Mark the session as never to be reused (its state is unknown)."""
-        ...
-
+    @abc.abstractmethod
     def abandon(self) -> None:
-        """Cut the connection at once, never waiting on the server (which may be silent):
-        its socket is shut down, so a statement in flight fails at once and the driver
-        sends nothing more (no cancel request, no goodbye). The session is spoiled."""
-        ...
+        """Cut the connection at once, never waiting on a server that may be silent: a
+        statement in flight fails, nothing more is sent (no cancel request, no goodbye)."""
 
-    @property
-    def server_id(self) -> int | None:
-        """The server's id of the session (a backend pid, a thread id), to stop its query."""
-        ...
-
+    @abc.abstractmethod
     async def close(self) -> None:
         """Close; never raises."""
-        ...
 
 
 class Dialect(abc.ABC):
@@ -119,15 +113,32 @@ class Dialect(abc.ABC):
     name: str
     #: Whether ``CREATE INDEX ... WHERE`` exists (the index advice differs without).
     partial_indexes: bool
-    #: The SQL of the database's clock within a probe statement.
+    #: The SQL of the database's clock; of the clock less the interval parameter ``{}``
+    #: (:meth:`interval`); of the seconds from the point in time ``{}`` to the clock.
     now: str
+    ago: str
+    seconds_since: str
+    #: ``(horizon, the clock)`` from ``%(settle_after)s`` and ``%(margin)s``: no row
+    #: created before the horizon can still be uncommitted (see :mod:`.db`, oversold).
+    horizon_sql: str
+    #: The planner's estimate of the rows of ``%(table)s`` (:meth:`table_params`).
+    row_estimate_sql: str
+    #: Whether ``%(table)s`` exists; the first column of each of its indexes.
+    table_exists_sql: str
+    leading_columns_sql: str
+    #: ``(transactions open beyond %(threshold)s, the oldest one's age)`` touching the
+    #: tables ``%(tables)s``.
+    long_transactions_sql: str
+    #: The statement that stops the query of the session ``{}``, from another session.
+    stop_sql: str
+    #: Takes the election's session-level lock ``%s`` if it is free: 1 when taken.
+    try_lock_sql: str
 
     #: Whether :meth:`announce` has logged the server yet (once per dialect object).
     announced: bool = False
 
     def announce(self, found: str) -> None:
-        """Log once, at the probes' first session, which server they found and what its
-        limits became: an operator reading the start-up knows what is probed."""
+        """Log once, at the probes' first session, the server found and its limits."""
         if not self.announced:
             self.announced = True
             LOGGER.info("database: %s", found)
@@ -145,11 +156,8 @@ class Dialect(abc.ABC):
         return None
 
     def render(self, query: Query) -> tuple[str, dict[str, object] | None]:
-        """An invariant statement as text and parameters.
-
-        Constants (paid statuses, promo SKUs) are inlined where :meth:`literal` says so:
-        they then match a partial index whose predicate lists the same values.
-        """
+        """An invariant statement as text and parameters, its constants inlined where
+        :meth:`literal` says so (they then match a partial index's predicate)."""
         literals = {
             p.name: text
             for p in query.parts
@@ -171,104 +179,112 @@ class Dialect(abc.ABC):
         """``seconds`` as the parameter :meth:`ago` takes."""
 
     @abc.abstractmethod
-    def ago(self, param: str) -> str:
-        """The SQL of the clock less the interval parameter ``param``."""
+    def table_params(self, table: str) -> dict[str, object]:
+        """The parameters that name ``table`` in :attr:`row_estimate_sql` and the like."""
 
-    @abc.abstractmethod
-    def seconds_since(self, expression: str) -> str:
-        """The SQL of the seconds from a point in time to the clock."""
-
-    @abc.abstractmethod
-    async def connect(self, db: DatabaseConfig, *, elector: bool = False) -> Connection:
+    async def connect(self, db: DatabaseConfig, *, elector: bool = False) -> Session:
         """Open a session whose transactions are read-only. ``elector``: the election's,
         which the server ends once it goes silent."""
+        session, settings, found = await self.open(db, elector=elector)
+        try:
+            for statement in settings:
+                await session.execute(statement)
+        except BaseException:
+            await session.close()
+            raise
+        if not elector:
+            self.announce(found)
+        return session
 
     @abc.abstractmethod
-    def stop_statement(self, server_id: int) -> str:
-        """The statement that stops the query of the session ``server_id``, from another."""
+    async def open(self, db: DatabaseConfig, *, elector: bool) -> tuple[Session, list[str], str]:
+        """A new session, the statements that set it up for :meth:`connect`, and what
+        the start-up says of the server."""
 
-    def stop_query(
-        self, db: DatabaseConfig, session: Connection
-    ) -> Coroutine[Any, Any, None] | None:
-        """What stops the server's query of a session abandoned mid-query (``None``: it
-        has no id). Closing the socket does not: a server notices a gone client only when
-        it writes, so the statement would run up to its ``statement_timeout``. A session of
-        its own runs :meth:`stop_statement` (a user may stop its own sessions' queries
-        without any grant), bounded by the connect timeout; the statement limit is the
-        backstop when the server cannot be reached."""
-        server_id = session.server_id
-        if server_id is None:
-            return None
-        statement = self.stop_statement(server_id)
+    async def stop_query(self, db: DatabaseConfig, server_id: int) -> None:
+        """Stop the server's query of the session ``server_id``, abandoned mid-query: the
+        server notices a gone client only when it writes, so the statement would run up to
+        its ``statement_timeout``. A session of its own runs :attr:`stop_sql` (a user may
+        stop its own sessions' queries without any grant), bounded by the connect timeout;
+        never raises (the statement limit is the backstop)."""
+        with contextlib.suppress(Exception, asyncio.CancelledError):
+            async with asyncio.timeout(max(1.0, db.connect_timeout) + 2.0):
+                stopper = await self.connect(db)
+                try:
+                    await stopper.execute(self.stop_sql.format(int(server_id)))
+                finally:
+                    await stopper.close()
 
-        async def stop() -> None:
-            with contextlib.suppress(Exception, asyncio.CancelledError):
-                async with asyncio.timeout(max(1.0, db.connect_timeout) + 2.0):
-                    stopper = await self.connect(db)
-                    try:
-                        await stopper.execute(statement)
-                    finally:
-                        await stopper.close()
-
-        return stop()
-
-    @abc.abstractmethod
     async def horizon(
         self, session: Session, *, settle_after: float, margin: float
     ) -> tuple[datetime, datetime]:
-        """``(horizon, the clock)``: no row created before the horizon can still be
-        uncommitted (see :mod:`stocksentry.exporter.probes.db`, the oversold probe)."""
+        """:attr:`horizon_sql`'s ``(horizon, the clock)``."""
+        params = {"settle_after": self.interval(settle_after), "margin": self.interval(margin)}
+        horizon, now = await session.one(self.horizon_sql, params)
+        if not isinstance(horizon, datetime) or not isinstance(now, datetime):
+            raise TypeError("the horizon is not a point in time")
+        return horizon, now
 
-    @abc.abstractmethod
     async def row_estimate(self, session: Session, table: str) -> float:
-        """The planner's estimate of the rows of ``table``."""
+        (estimate,) = await session.one(self.row_estimate_sql, self.table_params(table))
+        return float(estimate)
 
     @abc.abstractmethod
-    async def lock_waiters(self, session: Session) -> tuple[Any, Any]:
+    def lock_waiters_sql(self, flavor: str) -> str:
         """``(sessions waiting for a lock, the longest wait in seconds)`` in this database."""
+
+    async def lock_waiters(self, session: Session) -> tuple[Any, ...]:
+        return await session.one(self.lock_waiters_sql(session.flavor))
 
     @abc.abstractmethod
     async def deadlocks(self, session: Session) -> tuple[str, Any]:
         """``(database, deadlocks counted by the server)``."""
 
-    @abc.abstractmethod
     async def long_transactions(
         self, session: Session, *, threshold: float, tables: Sequence[str]
-    ) -> tuple[Any, Any]:
-        """``(transactions open beyond threshold, the oldest one's age)`` touching
-        ``tables``."""
+    ) -> tuple[Any, ...]:
+        # The quoted names, comma-separated (the config allows no comma in a name).
+        params = {
+            "threshold": self.interval(threshold),
+            "tables": ",".join(map(self.quote, tables)),
+        }
+        return await session.one(self.long_transactions_sql, params)
 
-    @abc.abstractmethod
     async def leading_columns(self, session: Session, table: str) -> set[str] | None:
         """The first column of each index of ``table``; ``None``: no such table."""
+        params = self.table_params(table)
+        (exists,) = await session.one(self.table_exists_sql, params)
+        if not exists:
+            return None
+        return {self.fold(str(c)) for (c,) in await session.rows(self.leading_columns_sql, params)}
 
     @abc.abstractmethod
     def add_index(self, table: str, columns: Sequence[str], where: str | None) -> str:
         """The statement that adds an index on ``columns`` (``where``: its predicate)."""
 
-    @abc.abstractmethod
     async def try_lock(self, session: Session, key: int) -> bool:
-        """Take the election's session-level lock ``key`` if it is free."""
+        (got,) = await session.one(self.try_lock_sql, (await self.lock_id(session, key),))
+        return bool(got == 1)
+
+    async def lock_id(self, session: Session, key: int) -> object:
+        """The election's lock ``key`` as :attr:`try_lock_sql` takes it."""
+        return key
 
     def idle_limit(self, db: DatabaseConfig) -> float:
         """Seconds of silence after which the server ends the election's session."""
         return max(IDLE_FLOOR, IDLE_INTERVALS * db.leader_retry_interval)
 
     def lease(self, db: DatabaseConfig) -> float:
-        """Seconds a leader leads after the start of its last successful ping: one
-        ``leader_retry_interval`` shorter than :meth:`idle_limit`, the earliest the
-        server can free the lock for another sidecar (whose next try is up to one more
-        interval away)."""
+        """Seconds a leader leads after the start of its last good ping: one retry interval
+        less than :meth:`idle_limit`, when the server can free the lock at the earliest."""
         return self.idle_limit(db) - db.leader_retry_interval
 
 
-async def abandoning(conn: Connection, work: Awaitable[_T]) -> _T:
-    """``await work`` (statements on ``conn``); if this is cancelled (a timeout), cut
-    ``conn`` first (:meth:`Connection.abandon`) and only then let ``work`` end.
-
-    A driver cancelled mid-statement asks the server to cancel it and waits for the answer
-    (psycopg: up to 10 s), which a silent network never gives; cut, the statement fails
-    at once instead. The caller then closes ``conn``.
+async def abandoning(conn: Session, work: Awaitable[_T]) -> _T:
+    """``await work`` (statements on ``conn``); cancelled (a timeout), cut ``conn`` first
+    (:meth:`Session.abandon`), then let ``work`` end: a driver cancelled mid-statement
+    would wait for the server's answer to its cancel request (psycopg: up to 10 s), which
+    a silent network never gives. The caller then closes ``conn``.
 
     Example::
 

@@ -1,20 +1,12 @@
 """Leader election: of many sidecars, one runs the database probes.
 
-Each sidecar keeps one dedicated session and tries a session-level lock on it every
-``database.leader_retry_interval`` (``pg_try_advisory_lock(key)``, or ``GET_LOCK`` on
-MySQL/MariaDB). The one that gets it leads until its session ends; it pings the session
-on the same schedule and steps down, stopping its probes, as soon as that fails.
-
-The server ends the session of a frozen or cut-off leader (``idle_session_timeout``,
-``wait_timeout``, TCP keepalives: :meth:`.dialects.Dialect.connect` with ``elector``) once
-it has been silent :meth:`~.dialects.Dialect.idle_limit` seconds, which frees the lock for
-the next follower. So a leader holds a *lease* (:meth:`~.dialects.Dialect.lease`, one
-interval shorter than that limit) from the start of each ping that succeeded: a leader
-that cannot renew it in time — a silent network gives no error, only no answer — steps
-down when it runs out, before the server can let another sidecar in. See
-docs/exporter-config.md, "Leader election".
-
-The election's own health is exported like a probe's, as
+Each sidecar keeps one session and tries a session-level lock on it every
+``database.leader_retry_interval`` (``pg_try_advisory_lock``, ``GET_LOCK`` on MySQL); the
+holder leads, pinging on the same schedule, and steps down as soon as a ping fails. The
+server ends a silent leader's session after :meth:`~.dialects.Dialect.idle_limit`, freeing
+the lock, so a leader holds a *lease* (:meth:`~.dialects.Dialect.lease`, one interval
+shorter) from the start of each good ping and steps down when it runs out unrenewed (a
+silent network gives no error): docs/exporter-config.md, "Leader election". Its health is
 ``stocksentry_probe_up{probe="leader_election"}``.
 
 Example::
@@ -35,8 +27,8 @@ from collections.abc import Awaitable, Callable
 
 from ..config import ELECTION_PROBE, DatabaseConfig
 from ..durations import format_duration
-from .base import Backoff, ErrorLog, ProbeResult, describe_error
-from .dialects import Connection, abandoning, dialect_for
+from .base import Backoff, ErrorLog, ProbeResult, at_fixed_rate, describe_error
+from .dialects import Session, abandoning, dialect_for
 
 __all__ = ["LeaderElection"]
 
@@ -52,7 +44,6 @@ class LeaderElection:
         on_deposed: Callable[[], Awaitable[None]],
         on_result: Callable[[ProbeResult], None],
         errors: ErrorLog,
-        backoff: Backoff | None = None,
     ) -> None:
         self.db = db
         self.leading = False
@@ -60,9 +51,9 @@ class LeaderElection:
         self._on_deposed = on_deposed
         self._on_result = on_result
         self._errors = errors
-        self._backoff = backoff or Backoff()
+        self._backoff = Backoff()
         self._dialect = dialect_for(db)
-        self._conn: Connection | None = None
+        self._conn: Session | None = None
         self._last_success: float | None = None
         #: Seconds one :meth:`step` may take: it may connect and run one statement.
         self.timeout = db.connect_timeout + db.statement_timeout
@@ -73,16 +64,10 @@ class LeaderElection:
 
     async def run(self) -> None:
         """Take part in the election until cancelled (cancelling releases the lock)."""
-        loop = asyncio.get_running_loop()
         try:
-            while True:
-                started = loop.time()
-                await self.step()
-                # A fixed rate, so the leader's pings are never further apart than the
-                # interval (plus one step), well inside the idle_session_timeout.
-                await asyncio.sleep(
-                    max(0.0, started + self.db.leader_retry_interval - loop.time())
-                )
+            # A fixed rate, so the leader's pings are never further apart than the interval
+            # (plus one step), well inside the idle_session_timeout.
+            await at_fixed_rate(self.db.leader_retry_interval, self.step)
         finally:
             # The leader's probes are stopped by the runner before it cancels this task,
             # so closing the session here is what hands the lock over.
@@ -149,16 +134,10 @@ class LeaderElection:
     def _record(self, up: bool, started: float, error: str | None) -> None:
         if up:
             self._last_success = time.time()
-        self._on_result(
-            ProbeResult(
-                up=up,
-                duration=time.perf_counter() - started,
-                last_success=self._last_success,
-                error=error,
-            )
-        )
+        duration = time.perf_counter() - started
+        self._on_result(ProbeResult(up, duration, self._last_success, error=error))
 
-    async def _connection(self) -> Connection:
+    async def _connection(self) -> Session:
         if self._conn is not None and self._conn.usable:
             return self._conn
         # Any failure to open the session (refused, bad password, a timeout, a URL that

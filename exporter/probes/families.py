@@ -1,8 +1,5 @@
-"""Rows in, metric families out: what every dialect's probes (:mod:`.db`) and cache_drift
-(:mod:`.redis`) share, so they export the same series with the same bounds.
-
-:func:`worst_sku_samples` names the worst ``top`` SKUs through the SKU guard, the rest
-summed under ``__other__`` and the promo SKUs always there (at 0 when not among them).
+"""Rows in, metric families out: what the database probes and cache_drift share, so they
+export the same series with the same bounds.
 
 Example::
 
@@ -23,34 +20,24 @@ from stocksentry.instrumentation import catalog
 from stocksentry.instrumentation.catalog import OVERFLOW_VALUE
 from stocksentry.instrumentation.guard import LabelGuard, sanitize_label_value
 
-from ..config import ExporterConfig
 from ..durations import format_duration
-from .base import family
+from .base import LOGGER, family
 
 __all__ = [
     "MAX_SKU_KEYS",
     "OUTBOX_LOG_INTERVAL",
     "OutboxStuck",
     "OutboxStuckLog",
-    "default_guard",
     "negative_stock_families",
     "pinned_labels",
     "worst_sku_samples",
 ]
-
-LOGGER: Final = logging.getLogger("stocksentry.exporter.probes")
 
 #: Duplicate keys asked about per statement when naming their SKUs: a bound on the
 #: statement's size. Keys beyond it are counted in the total but name no SKU.
 MAX_SKU_KEYS: Final = 1000
 #: Seconds between two "outbox stuck" lines while the events stay stuck.
 OUTBOX_LOG_INTERVAL: Final = 60.0
-
-
-def default_guard(config: ExporterConfig) -> LabelGuard:
-    """The SKU guard of ``config``, for a probe built alone (the runner passes its own,
-    shared by every probe, so that all of them together stay within ``max_skus``)."""
-    return LabelGuard(config.sku_guard.max_skus, always=config.sku_guard.promo_skus)
 
 
 def pinned_labels(promo_skus: Iterable[str], guard: LabelGuard) -> tuple[str, ...]:
@@ -66,14 +53,11 @@ def worst_sku_samples(
     pinned: Sequence[str] = (),
     rest: float = 0.0,
 ) -> list[tuple[tuple[str], float]]:
-    """Samples ``((sku,), value)``: the ``top`` SKUs with the highest value by name.
-
-    ``rows`` are ``(sku, value)`` in any order; values of 0 or less are left out. The
-    SKUs beyond ``top``, SKUs the guard folds into ``__other__`` and ``rest`` (what the
-    caller counted but did not fetch row by row) are summed under ``__other__``, which
-    appears only when above 0. Every ``pinned`` label appears, at 0 when not among the
-    worst, so a promo SKU's series exists before its first problem. Sorted by label.
-    """
+    """Samples ``((sku,), value)``, sorted: the ``top`` SKUs of ``rows`` ``(sku, value)``
+    with the highest value above 0, by name. The rest, the SKUs the guard folds and
+    ``rest`` (counted, not fetched) are summed under ``__other__`` (when above 0). Every
+    ``pinned`` label appears, at 0 if need be: a promo SKU's series exists before its
+    first problem."""
     positive: list[tuple[str, float]] = []
     for sku, value in rows:
         number = float(value)  # type: ignore[arg-type]
@@ -103,13 +87,9 @@ def negative_stock_families(
     guard: LabelGuard,
     pinned: Sequence[str] = (),
 ) -> tuple[Metric, ...]:
-    """The negative-stock probe's families.
-
-    ``skus``/``units``: the totals over every SKU below zero; ``worst``: rows
-    ``(sku, stock)`` of the SKUs lowest below zero (stock negative), at least the ``top``
-    worst. Units of SKUs not among the rows are put under ``__other__``, so the per-SKU
-    series always add up to ``units``.
-    """
+    """The negative-stock probe's families from the totals over every SKU below zero and
+    rows ``(sku, stock)`` of at least the ``top`` lowest; units of SKUs not among the rows
+    go under ``__other__``, so the per-SKU series add up to ``units``."""
     rows = [(sku, -float(stock)) for sku, stock in worst]  # type: ignore[arg-type]
     listed = sum(u for _, u in rows if u > 0)
     # What the rows do not cover (SKUs beyond the fetched rows) goes to __other__ too.
@@ -137,16 +117,16 @@ class OutboxStuck:
 
 
 def _age_text(seconds: float) -> str:
-    """An age for a log line: whole seconds (``2m``, not ``2m0.05``; the exact age is
-    the line's ``oldest_event_age_seconds``), milliseconds below a second."""
+    """An age for a log line: whole seconds (the exact age is the line's
+    ``oldest_event_age_seconds``), milliseconds below a second."""
     if seconds >= 1:
         return format_duration(round(seconds))
     return format_duration(max(0.001, round(seconds, 3)))
 
 
 class OutboxStuckLog:
-    """Logs stuck outbox events: once when they appear, at most once a minute while they
-    stay, and once when none are left.
+    """Logs stuck outbox events: when they appear, at most once a minute while they stay,
+    once when none are left.
 
     Example::
 

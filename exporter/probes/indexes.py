@@ -6,7 +6,6 @@ from dataclasses import dataclass
 
 from ..config import ExporterConfig
 from ..invariants import InvariantSql
-from .db import held_predicate
 from .dialects import Dialect, Session
 from .pool import Pool
 
@@ -68,7 +67,7 @@ def _expected_indexes(config: ExporterConfig, dialect: Dialect) -> list[_Expecte
         for _kind, column in builder.key_columns():
             want("duplicate_orders", s.orders.table, column)
     if p.expired_reservations.enabled and (r := s.reservations) is not None:
-        held = dialect.render(held_predicate(config, dialect))[0] if partial else ""
+        held = dialect.render(builder.held_predicate())[0] if partial else ""
         on = r.status if r.status is not None else r.released_at
         want("expired_reservations", r.table, r.expires_at, held, on or "")
     if p.outbox.enabled and (b := s.outbox) is not None:
@@ -80,11 +79,9 @@ def _expected_indexes(config: ExporterConfig, dialect: Dialect) -> list[_Expecte
 
 
 async def check_indexes(pool: Pool, config: ExporterConfig) -> list[IndexAdvice]:
-    """The expected indexes missing from the database, each with the statement that adds
-    it (``CREATE INDEX CONCURRENTLY``; on MySQL an online ``ALTER TABLE``).
-
-    An index counts when its first column is the expected one; a partial index's predicate
-    is not compared. Tables that do not exist are skipped: their probe reports the error.
+    """The expected indexes missing from the database (an index counts when its first
+    column is the expected one), each with the statement that adds it; tables that do not
+    exist are skipped (their probe reports it).
 
     Example::
 

@@ -15,66 +15,17 @@ import contextlib
 import math
 import re
 from collections.abc import Sequence
-from datetime import datetime
 from typing import Any, Final
 
 import aiomysql  # type: ignore[import-untyped]  # ships no types; stubs are not a dependency
-from pymysql.constants import CLIENT  # type: ignore[import-untyped]  # as above
 
 from ..config import DatabaseConfig
 from ..dburl import mysql_connect_args
 from ..durations import format_duration
 from .base import ProbeUnavailableError
-from .dialects import Connection, Dialect, Params, Session
+from .dialects import Dialect, Params, Session
 
 __all__ = ["MySQL", "MySession", "lock_name", "server_found"]
-
-# The horizon (see the docs): MySQL's least() is NULL when an argument is, hence the
-# coalesce; innodb_trx has whole seconds, rounded down, so the horizon is at most a second
-# early (safe).
-_HORIZON: Final = (
-    "SELECT least(now(6) - INTERVAL %(settle_after)s MICROSECOND,"
-    " coalesce((SELECT min(t.trx_started) FROM information_schema.innodb_trx AS t"
-    " WHERE t.trx_mysql_thread_id <> connection_id()), now(6)))"
-    " - INTERVAL %(margin)s MICROSECOND, now(6)"
-)
-_ROW_ESTIMATE: Final = (
-    "SELECT coalesce(max(table_rows), 0) FROM information_schema.tables"
-    " WHERE table_schema = coalesce(%(schema)s, database()) AND table_name = %(table)s"
-)
-_TABLE_EXISTS: Final = (
-    "SELECT count(*) FROM information_schema.tables"
-    " WHERE table_schema = coalesce(%(schema)s, database()) AND table_name = %(table)s"
-)
-_LEADING: Final = (
-    "SELECT DISTINCT column_name FROM information_schema.statistics"
-    " WHERE table_schema = coalesce(%(schema)s, database()) AND table_name = %(table)s"
-    " AND seq_in_index = 1"
-)
-# A waiting transaction of a session of this database. trx_wait_started has whole seconds;
-# on MariaDB the statement's own time in processlist (ms, never shorter than its wait)
-# bounds it too. MySQL 8 has no processlist.time_ms.
-_WAITERS: Final = (
-    "SELECT count(*), coalesce(max({wait}), 0) / 1000000"
-    " FROM information_schema.innodb_trx AS t"
-    " JOIN information_schema.processlist AS p ON p.id = t.trx_mysql_thread_id"
-    " WHERE t.trx_state = 'LOCK WAIT' AND p.db = database()"
-    " AND t.trx_mysql_thread_id <> connection_id()"
-)
-_WAIT: Final = {
-    "mariadb": "least(timestampdiff(MICROSECOND, t.trx_wait_started, now(6)), p.time_ms * 1000)",
-    "mysql": "timestampdiff(MICROSECOND, t.trx_wait_started, now(6))",
-}
-# Without performance_schema (off by default on MariaDB) the tables a transaction locked
-# are not visible: every InnoDB transaction of a session of this database counts.
-_LONG_TRANSACTIONS: Final = (
-    "SELECT count(*),"
-    " coalesce(max(timestampdiff(MICROSECOND, t.trx_started, now(6))), 0) / 1000000"
-    " FROM information_schema.innodb_trx AS t"
-    " JOIN information_schema.processlist AS p ON p.id = t.trx_mysql_thread_id"
-    " WHERE p.db = database() AND t.trx_mysql_thread_id <> connection_id()"
-    " AND t.trx_started < now(6) - INTERVAL %(threshold)s MICROSECOND"
-)
 
 
 def lock_name(database: str | None, key: int) -> str:
@@ -104,16 +55,13 @@ def server_found(version: str, lock_timeout: float, lock_seconds: int) -> str:
     return text
 
 
-def _table_parts(name: str) -> dict[str, str | None]:
-    """``schema`` (``None``: the URL's) and ``table`` of a possibly qualified name."""
-    schema, _, table = name.rpartition(".")
-    return {"schema": schema or None, "table": table}
-
-
-class MySession(Connection):
+class MySession(Session):
     """An aiomysql connection as a probe session (see the module)."""
 
+    unlock = "SELECT RELEASE_ALL_LOCKS()"
+
     def __init__(self, conn: aiomysql.Connection, *, lock_timeout: float) -> None:
+        super().__init__(conn.thread_id())
         self.conn = conn
         self.version = str(conn.get_server_info() or "")
         self.flavor = "mariadb" if "mariadb" in self.version.lower() else "mysql"
@@ -121,12 +69,10 @@ class MySession(Connection):
         self.statement_timeout: float | None = None
         #: Set between START TRANSACTION and its ROLLBACK.
         self.in_transaction = False
-        self._spoiled = False
-        self._thread_id: int | None = conn.thread_id()
 
     @property
     def usable(self) -> bool:
-        return not self.conn.closed and not self.in_transaction and not self._spoiled
+        return not self.conn.closed and not self.in_transaction and not self.spoiled
 
     async def execute(self, statement: str, params: Params = None) -> None:
         async with self.conn.cursor() as cursor:
@@ -138,7 +84,8 @@ class MySession(Connection):
             return [tuple(row) for row in await cursor.fetchall()]
 
     async def table(self, statement: str) -> tuple[list[str], list[tuple[Any, ...]]]:
-        # One statement: the session never asked for multiple ones (see MySQL.connect).
+        # One statement: the config refuses custom SQL with a ";" that could end it (the
+        # session would run several).
         async with self.conn.cursor() as cursor:
             await cursor.execute(statement)
             columns = [str(c[0]) for c in cursor.description or ()]
@@ -163,28 +110,13 @@ class MySession(Connection):
         await self.execute("START TRANSACTION READ ONLY")
 
     async def rollback(self) -> None:
-        await self.execute("ROLLBACK")
+        await super().rollback()
         self.in_transaction = False
-
-    async def release_locks(self) -> None:
-        try:
-            await self.execute("SELECT RELEASE_ALL_LOCKS()")
-        except BaseException:
-            self._spoiled = True  # never handed out again: the locks may remain
-            raise
-
-    def spoil(self) -> None:
-        self._spoiled = True
-
-    @property
-    def server_id(self) -> int | None:
-        """``CONNECTION_ID()``, to kill the session's query."""
-        return self._thread_id
 
     def abandon(self) -> None:
         # aiomysql's close() is already the cut: the transport goes at once, no COM_QUIT,
         # and a read in flight ends with a lost connection.
-        self._spoiled = True
+        self.spoiled = True
         with contextlib.suppress(Exception):
             self.conn.close()
 
@@ -192,6 +124,22 @@ class MySession(Connection):
         """Close at once (no goodbye to the server: the session may be mid-query)."""
         with contextlib.suppress(Exception):
             self.conn.close()
+
+
+# A waiting transaction of a session of this database. trx_wait_started has whole seconds;
+# on MariaDB the statement's own time in processlist (ms, never shorter than its wait)
+# bounds it too. MySQL 8 has no processlist.time_ms.
+_WAITERS: Final = (
+    "SELECT count(*), coalesce(max({wait}), 0) / 1000000"
+    " FROM information_schema.innodb_trx AS t"
+    " JOIN information_schema.processlist AS p ON p.id = t.trx_mysql_thread_id"
+    " WHERE t.trx_state = 'LOCK WAIT' AND p.db = database()"
+    " AND t.trx_mysql_thread_id <> connection_id()"
+)
+_WAIT: Final = {
+    "mariadb": "least(timestampdiff(MICROSECOND, t.trx_wait_started, now(6)), p.time_ms * 1000)",
+    "mysql": "timestampdiff(MICROSECOND, t.trx_wait_started, now(6))",
+}
 
 
 class MySQL(Dialect):
@@ -202,6 +150,41 @@ class MySQL(Dialect):
     # released and published rows does the same job.
     partial_indexes = False
     now = "now(6)"
+    ago = "now(6) - INTERVAL %({})s MICROSECOND"
+    seconds_since = "timestampdiff(MICROSECOND, {}, now(6)) / 1000000"
+    try_lock_sql = "SELECT GET_LOCK(%s, 0)"
+    # MySQL's least() is NULL when an argument is, hence the coalesce; innodb_trx has whole
+    # seconds, rounded down, so the horizon is at most a second early (safe).
+    horizon_sql = (
+        "SELECT least(now(6) - INTERVAL %(settle_after)s MICROSECOND,"
+        " coalesce((SELECT min(t.trx_started) FROM information_schema.innodb_trx AS t"
+        " WHERE t.trx_mysql_thread_id <> connection_id()), now(6)))"
+        " - INTERVAL %(margin)s MICROSECOND, now(6)"
+    )
+    row_estimate_sql = (
+        "SELECT coalesce(max(table_rows), 0) FROM information_schema.tables"
+        " WHERE table_schema = coalesce(%(schema)s, database()) AND table_name = %(table)s"
+    )
+    table_exists_sql = (
+        "SELECT count(*) FROM information_schema.tables"
+        " WHERE table_schema = coalesce(%(schema)s, database()) AND table_name = %(table)s"
+    )
+    leading_columns_sql = (
+        "SELECT DISTINCT column_name FROM information_schema.statistics"
+        " WHERE table_schema = coalesce(%(schema)s, database()) AND table_name = %(table)s"
+        " AND seq_in_index = 1"
+    )
+    # Without performance_schema (off by default on MariaDB) the tables a transaction locked
+    # are not visible: every InnoDB transaction of a session of this database counts.
+    long_transactions_sql = (
+        "SELECT count(*),"
+        " coalesce(max(timestampdiff(MICROSECOND, t.trx_started, now(6))), 0) / 1000000"
+        " FROM information_schema.innodb_trx AS t"
+        " JOIN information_schema.processlist AS p ON p.id = t.trx_mysql_thread_id"
+        " WHERE p.db = database() AND t.trx_mysql_thread_id <> connection_id()"
+        " AND t.trx_started < now(6) - INTERVAL %(threshold)s MICROSECOND"
+    )
+    stop_sql = "KILL QUERY {}"
 
     def fold(self, column: str) -> str:
         return column.lower()  # column names compare without case in MySQL
@@ -210,13 +193,15 @@ class MySQL(Dialect):
         """Whole microseconds, for ``INTERVAL %s MICROSECOND``."""
         return round(seconds * 1_000_000)
 
-    def ago(self, param: str) -> str:
-        return f"now(6) - INTERVAL %({param})s MICROSECOND"
+    def table_params(self, table: str) -> dict[str, object]:
+        # information_schema's schema (None: the URL's database) and table.
+        schema, _, name = table.rpartition(".")
+        return {"schema": schema or None, "table": name}
 
-    def seconds_since(self, expression: str) -> str:
-        return f"timestampdiff(MICROSECOND, {expression}, now(6)) / 1000000"
+    def lock_waiters_sql(self, flavor: str) -> str:
+        return _WAITERS.format(wait=_WAIT[flavor])
 
-    async def connect(self, db: DatabaseConfig, *, elector: bool = False) -> MySession:
+    async def open(self, db: DatabaseConfig, *, elector: bool) -> tuple[MySession, list[str], str]:
         try:
             args = mysql_connect_args(db.url.reveal())
         except ValueError as exc:
@@ -224,21 +209,10 @@ class MySQL(Dialect):
         args.setdefault("program_name", db.application_name)
         args.setdefault("charset", "utf8mb4")
         timeout = max(1.0, db.connect_timeout)
-        # aiomysql.Connection always asks for multiple statements per query, and neither
-        # aiomysql.connect() nor create_pool() lets a caller clear the flag before the
-        # handshake. Custom SQL must not be able to append "; SET SESSION TRANSACTION READ
-        # WRITE; COMMIT; DELETE ...", so this does what aiomysql.connect() does (build the
-        # Connection, then its _connect(): no public method opens a built one) with the
-        # flag cleared in between.
-        conn = aiomysql.Connection(**args, autocommit=True, connect_timeout=timeout)
-        conn.client_flag &= ~CLIENT.MULTI_STATEMENTS
-        try:
-            async with asyncio.timeout(timeout + 1.0):
-                await conn._connect()
-        except BaseException:
-            conn.close()
-            raise
+        async with asyncio.timeout(timeout + 1.0):
+            conn = await aiomysql.connect(**args, autocommit=True, connect_timeout=timeout)
         session = MySession(conn, lock_timeout=db.lock_timeout)
+        session.statement_timeout = db.statement_timeout
         settings = [
             "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED, READ ONLY",
             session.limits(db.statement_timeout),
@@ -246,36 +220,8 @@ class MySQL(Dialect):
         if elector:
             # The leader's pings keep its session from ever being idle that long.
             settings.append(f"SET SESSION wait_timeout = {math.ceil(self.idle_limit(db))}")
-        try:
-            for statement in settings:
-                await session.execute(statement)
-        except BaseException:
-            await session.close()
-            raise
-        session.statement_timeout = db.statement_timeout
-        if not elector:
-            self.announce(server_found(session.version, db.lock_timeout, session.lock_seconds))
-        return session
-
-    def stop_statement(self, server_id: int) -> str:
-        return f"KILL QUERY {int(server_id)}"
-
-    async def horizon(
-        self, session: Session, *, settle_after: float, margin: float
-    ) -> tuple[datetime, datetime]:
-        params = {"settle_after": self.interval(settle_after), "margin": self.interval(margin)}
-        horizon, now = await session.one(_HORIZON, params)
-        if not isinstance(horizon, datetime) or not isinstance(now, datetime):
-            raise TypeError("the horizon is not a point in time")
-        return horizon, now
-
-    async def row_estimate(self, session: Session, table: str) -> float:
-        (estimate,) = await session.one(_ROW_ESTIMATE, _table_parts(table))
-        return float(estimate)
-
-    async def lock_waiters(self, session: Session) -> tuple[Any, Any]:
-        waiters, longest = await session.one(_WAITERS.format(wait=_WAIT[session.flavor]))
-        return waiters, longest
+        found = server_found(session.version, db.lock_timeout, session.lock_seconds)
+        return session, settings, found
 
     async def deadlocks(self, session: Session) -> tuple[str, Any]:
         # InnoDB counts deadlocks for the whole server (mysqld_exporter's
@@ -283,22 +229,6 @@ class MySQL(Dialect):
         (database,) = await session.one("SELECT database()")
         found = await session.rows("SHOW GLOBAL STATUS LIKE 'Innodb_deadlocks'")
         return str(database or ""), (found[0][1] if found else 0)
-
-    async def long_transactions(
-        self, session: Session, *, threshold: float, tables: Sequence[str]
-    ) -> tuple[Any, Any]:
-        count, oldest = await session.one(
-            _LONG_TRANSACTIONS, {"threshold": self.interval(threshold)}
-        )
-        return count, oldest
-
-    async def leading_columns(self, session: Session, table: str) -> set[str] | None:
-        params = _table_parts(table)
-        (exists,) = await session.one(_TABLE_EXISTS, params)
-        if not exists:
-            return None
-        found = await session.rows(_LEADING, params)
-        return {str(c).lower() for (c,) in found}
 
     def add_index(self, table: str, columns: Sequence[str], where: str | None) -> str:
         # ALGORITHM=INPLACE, LOCK=NONE: reads and writes go on while it is built.
@@ -309,8 +239,6 @@ class MySQL(Dialect):
             " ALGORITHM=INPLACE, LOCK=NONE;"
         )
 
-    async def try_lock(self, session: Session, key: int) -> bool:
+    async def lock_id(self, session: Session, key: int) -> str:
         (database,) = await session.one("SELECT database()")
-        name = lock_name(None if database is None else str(database), key)
-        (got,) = await session.one("SELECT GET_LOCK(%s, 0)", (name,))
-        return bool(got == 1)
+        return lock_name(None if database is None else str(database), key)

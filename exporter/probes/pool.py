@@ -1,11 +1,9 @@
 """The probes' small connection pool, on either dialect.
 
-psycopg-pool and aiomysql's pool were weighed and not taken: the probes need a pool that
-fails *at once* while the database is known to be down (spaced by :class:`Backoff`, so a
-scrape reports it instead of every probe waiting out its timeout), cuts rather than waits
-on a session cancelled mid-query (:func:`~.dialects.abandoning`: a silent network never
-answers a cancel request), never holds more than ``max_connections`` sockets (the session
-that stops an abandoned query counts), and releases the locks custom SQL took.
+Not psycopg-pool's or aiomysql's: this one fails *at once* while the database is known to
+be down (:class:`Backoff`), cuts a session cancelled mid-query rather than wait on a silent
+network (:func:`~.dialects.abandoning`), counts the session stopping an abandoned query
+within ``max_connections``, and releases the locks custom SQL took.
 
 Example::
 
@@ -23,7 +21,7 @@ from typing import TypeVar
 
 from ..config import DatabaseConfig
 from .base import Backoff, ProbeUnavailableError, note_phase
-from .dialects import Connection, Session, abandoning, dialect_for
+from .dialects import Session, abandoning, dialect_for
 
 __all__ = ["Pool"]
 
@@ -31,28 +29,22 @@ _T = TypeVar("_T")
 
 
 class Pool:
-    """A few lazily opened read-only sessions shared by the probes.
+    """A few lazily opened read-only sessions shared by the probes, at most
+    ``database.max_connections`` sockets (a probe waits for one within its timeout). A
+    session left in a transaction or broken is closed, not reused; one cancelled mid-query
+    is cut (its query stopped from another session, which keeps the slot meanwhile)."""
 
-    At most ``database.max_connections`` sockets are open (sessions, connection attempts
-    and the sessions stopping an abandoned query); a probe waits for a free one within its
-    own timeout. A session left in a transaction or broken is closed rather than reused;
-    one cancelled mid-query is cut at once (its query then stopped from another session,
-    which keeps the slot until it is done). While the database is unreachable, connection
-    attempts are spaced by :class:`Backoff` and probe runs fail at once with
-    :class:`ProbeUnavailableError`.
-    """
-
-    def __init__(self, db: DatabaseConfig, *, backoff: Backoff | None = None) -> None:
+    def __init__(self, db: DatabaseConfig) -> None:
         self.db = db
         self.dialect = dialect_for(db)
         self._slots = asyncio.Semaphore(db.max_connections)
-        self._idle: list[Connection] = []
-        self._backoff = backoff or Backoff()
+        self._idle: list[Session] = []
+        self._backoff = Backoff()
         self._closed = False
         self._stoppers: set[asyncio.Task[None]] = set()
 
     @contextlib.asynccontextmanager
-    async def session(self) -> AsyncIterator[Connection]:
+    async def session(self) -> AsyncIterator[Session]:
         """A session of the pool for the duration of the block."""
         if self._closed:
             raise ProbeUnavailableError("the pool is closed")
@@ -68,7 +60,8 @@ class Pool:
                 session = self._idle.pop()
             else:
                 note_phase("connecting to the database")
-                session = await self._connect()
+                with self._backoff.attempt("database"):
+                    session = await self.dialect.connect(self.db)
             note_phase("waiting for the database's reply")
             try:
                 yield session
@@ -94,13 +87,16 @@ class Pool:
         release_locks: bool = False,
         statement_timeout: float | None = None,
     ) -> _T:
-        """Run ``query(session)`` in a read-only transaction with the configured limits.
-
-        ``release_locks``: afterwards, also release the session-level locks the query may
-        have taken (custom SQL can); a rollback does not. ``statement_timeout``: the
-        probe's own, instead of ``database.statement_timeout``.
-        """
+        """Run ``query(session)`` in a read-only transaction with the configured limits
+        (``statement_timeout``: the probe's own); ``release_locks``: afterwards, also
+        release the session-level locks it may have taken (custom SQL can)."""
         limit = self.db.statement_timeout if statement_timeout is None else statement_timeout
+
+        async def end(session: Session) -> None:
+            await abandoning(session, session.rollback())
+            if release_locks:
+                await abandoning(session, session.release_locks())
+
         async with self.session() as session:
             try:
                 await abandoning(session, session.begin(limit))
@@ -109,31 +105,23 @@ class Pool:
                 raise  # the session is cut (see session())
             except BaseException:
                 with contextlib.suppress(Exception):
-                    await abandoning(session, session.rollback())
-                    if release_locks:
-                        await abandoning(session, session.release_locks())
+                    await end(session)
                 raise
-            await abandoning(session, session.rollback())
-            if release_locks:
-                await abandoning(session, session.release_locks())
+            await end(session)
             return result
 
-    def _stop_query(self, session: Connection) -> bool:
+    def _stop_query(self, session: Session) -> bool:
         """Stop the query of the abandoned ``session`` in the background; True when a
-        task does, which releases the caller's slot once done."""
-        stop = None if self._closed else self.dialect.stop_query(self.db, session)
-        if stop is None:
+        task does (it releases the caller's slot once done)."""
+        if self._closed or session.server_id is None:
             return False
+        stop = self.dialect.stop_query(self.db, session.server_id)
         task = asyncio.get_running_loop().create_task(stop, name="stocksentry-stop-query")
         # Kept until done: a task nobody references may be collected before it runs.
         self._stoppers.add(task)
         task.add_done_callback(self._stoppers.discard)
         task.add_done_callback(lambda _: self._slots.release())
         return True
-
-    async def _connect(self) -> Connection:
-        with self._backoff.attempt("database"):
-            return await self.dialect.connect(self.db)
 
     async def close_idle(self) -> None:
         """Close the sessions nobody uses (a follower keeps none open)."""
@@ -142,8 +130,7 @@ class Pool:
             await session.close()
 
     async def close(self) -> None:
-        """Close every session (and wait for the queries being stopped); the pool cannot
-        be used afterwards."""
+        """Close every session, wait for the queries being stopped; the pool is done."""
         self._closed = True
         await self.close_idle()
         if self._stoppers:

@@ -1,18 +1,16 @@
 """The Redis side: the stock cache compared with the database (``stock_cache_drift_skus``,
 and per SKU ``stock_cache_drift_sku_units``).
 
-For every promo SKU the probe reads the cached stock (one ``MGET`` of
-``redis.key_template``) and the database stock (one indexed query), and counts the SKUs
-whose two values have differed by more than ``redis.tolerance`` for at least
-``redis.grace``, the cached value unchanged all that time: a cache being refreshed is not
-stale, however far a flash sale moves the database between refreshes. A cached value that
-is not a number drifts (``+Inf`` units); a missing key or product row restarts the clock.
-What counts, and what this cannot see: docs/exporter-config.md (``probes.cache_drift``).
+For every promo SKU: the cached stock (one ``MGET``) against the database's (one indexed
+query). A SKU drifts once they have differed by more than ``redis.tolerance`` for
+``redis.grace`` with the cached value unchanged (a cache being refreshed is not stale); a
+cached value that is not a number drifts (``+Inf`` units); a missing key or product row
+restarts the clock. See docs/exporter-config.md (``probes.cache_drift``).
 
 Example::
 
     source = RedisSource(config.redis, timeout=2.0)
-    probe = CacheDriftProbe(config, pool, source)
+    probe = CacheDriftProbe(config, pool, source, guard=LabelGuard(100))
     await probe.run()     # stock_cache_drift_skus{cache="redis"}, _sku_units{cache, sku}
     await source.close()
 """
@@ -37,7 +35,7 @@ from ..config import ExporterConfig, RedisConfig
 from .base import Backoff, family
 from .db import DbProbe
 from .dialects import Session
-from .families import default_guard, pinned_labels, worst_sku_samples
+from .families import pinned_labels, worst_sku_samples
 from .pool import Pool
 
 __all__ = ["CACHE_LABEL", "CacheDriftProbe", "RedisSource"]
@@ -47,19 +45,14 @@ CACHE_LABEL: Final = "redis"
 
 
 class RedisSource:
-    """A lazily created Redis client with backoff while Redis is unreachable.
+    """A lazily created Redis client with backoff while Redis is unreachable (redis-py's
+    own retries are off: a probe run never waits longer than its timeout)."""
 
-    redis-py's own retries are turned off: the probe's schedule and :class:`Backoff`
-    decide when to try again, and a probe run never waits longer than its timeout.
-    """
-
-    def __init__(
-        self, config: RedisConfig, *, timeout: float, backoff: Backoff | None = None
-    ) -> None:
+    def __init__(self, config: RedisConfig, *, timeout: float) -> None:
         self.config = config
         self.timeout = timeout
         self._client: aioredis.Redis | None = None
-        self._backoff = backoff or Backoff()
+        self._backoff = Backoff()
 
     def _get_client(self) -> aioredis.Redis:
         if self._client is None:
@@ -110,10 +103,7 @@ def _changed(previous: float | None, value: float) -> bool:
 
 class CacheDriftProbe(DbProbe):
     """``stock_cache_drift_skus{cache="redis"}`` and ``stock_cache_drift_sku_units{cache,
-    sku}`` for the promo SKUs (see the module doc).
-
-    It reads the database, so with leader election it runs on the leader only.
-    """
+    sku}`` for the promo SKUs (see the module); it reads the database: leader only."""
 
     specs = (catalog.CACHE_DRIFT_SKUS, catalog.CACHE_DRIFT_SKU_UNITS)
 
@@ -123,7 +113,7 @@ class CacheDriftProbe(DbProbe):
         pool: Pool,
         source: RedisSource,
         *,
-        guard: LabelGuard | None = None,
+        guard: LabelGuard,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         settings = config.probes.cache_drift
@@ -133,7 +123,7 @@ class CacheDriftProbe(DbProbe):
         self.source = source
         self.skus = config.sku_guard.promo_skus
         self.top = settings.top_skus
-        self._guard = guard or default_guard(config)
+        self._guard = guard
         # Every compared SKU is a promo SKU: each keeps its series, at 0 while in step.
         self._pinned = pinned_labels(self.skus, self._guard)
         self.tolerance = config.redis.tolerance

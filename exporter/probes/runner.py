@@ -1,17 +1,8 @@
-"""The probe runner: background schedules, the last results, and the scrape-side collector.
+"""The probe runner: one asyncio task per probe on its own interval and timeout, the last
+:class:`~.base.ProbeResult` of each, and :meth:`~ProbeRunner.collect`, which only reads
+those results: a scrape never waits for the database or Redis.
 
-:class:`ProbeRunner` starts one asyncio task per probe, each on its own interval and
-within its own timeout, and keeps the last :class:`~.base.ProbeResult` of each. Its
-:meth:`~ProbeRunner.collect` (the prometheus_client collector protocol) only reads those
-results: a scrape never waits for the database or Redis.
-
-Example, with the sidecar's server (``stocksentry.exporter.server``)::
-
-    runner = ProbeRunner(config)
-    run_server(settings, collectors=[runner], background=[runner.cleanup_ctx])
-
-or in any aiohttp app, where ``runner.cleanup_ctx`` starts the probes before its
-``yield`` and stops them (cancel, then await) after it::
+Example, in any aiohttp app (the sidecar's server takes ``background=[...]``)::
 
     registry.register(runner)
     app.cleanup_ctx.append(runner.cleanup_ctx)
@@ -21,9 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping
-from types import MappingProxyType, TracebackType
+from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from prometheus_client.core import Metric
@@ -34,7 +26,16 @@ from stocksentry.instrumentation.secrets import secret_fragments
 
 from ..config import ELECTION_PROBE, ExporterConfig
 from ..durations import format_duration
-from .base import LOGGER, ErrorLog, Probe, ProbeResult, describe_error, family, new_phase
+from .base import (
+    LOGGER,
+    ErrorLog,
+    Probe,
+    ProbeResult,
+    at_fixed_rate,
+    describe_error,
+    family,
+    new_phase,
+)
 from .db import build_db_probes
 from .election import LeaderElection
 from .indexes import IndexAdvice, check_indexes
@@ -49,32 +50,19 @@ __all__ = ["ProbeRunner"]
 
 
 class ProbeRunner:
-    """Runs the probes of ``config`` in the background and exports their last results.
+    """Runs the probes of ``config`` in the background and exports their last results;
+    ``registry``: where it registers itself as a collector (else register it yourself).
 
-    ``registry``: when given, the runner registers itself there as a collector (once, at
-    construction); otherwise register it yourself (``registry.register(runner)``).
-
-    What a scrape sees (:meth:`collect`):
-
-    - ``stocksentry_probe_up``, ``stocksentry_probe_duration_seconds`` and
-      ``stocksentry_probe_last_success_timestamp_seconds`` per probe this instance runs,
-      from its first finished run on; ``leader_election`` is one of them when the
-      election is on;
-    - ``stocksentry_probe_leader``: 1 when this instance runs the database probes;
-    - the figures of each probe whose last run succeeded. A failed run drops its
-      figures (nothing stale is exported) and sets its ``up`` to 0; other probes are
-      not affected.
-
-    With ``database.leader_election`` on, only the instance holding the advisory lock runs
-    the database probes (cache drift included, as it reads the database); the others
-    export only the election's health and ``stocksentry_probe_leader 0``.
+    A scrape sees ``stocksentry_probe_up``, ``_duration_seconds`` and
+    ``_last_success_timestamp_seconds`` per probe run here (``leader_election`` included),
+    ``stocksentry_probe_leader``, and the figures of each probe whose last run succeeded
+    (a failed run exports none: nothing stale). With ``database.leader_election`` only the
+    lock holder runs the database probes (cache drift included).
 
     Example::
 
-        runner = ProbeRunner(config, registry=registry)
-        await runner.start()
-        ...
-        await runner.stop()
+        async with ProbeRunner(config, registry=registry) as runner:
+            ...
     """
 
     #: The collector's name, for the server's per-collector error accounting.
@@ -90,11 +78,8 @@ class ProbeRunner:
         self.config = config
         guard_config = config.sku_guard
         self.sku_guard = LabelGuard(guard_config.max_skus, always=guard_config.promo_skus)
-        secrets: list[str] = []
-        if config.database is not None:
-            secrets.extend(secret_fragments(config.database.url.reveal()))
-        if config.redis is not None:
-            secrets.extend(secret_fragments(config.redis.url.reveal()))
+        sources = [s.url.reveal() for s in (config.database, config.redis) if s is not None]
+        secrets = [fragment for url in sources for fragment in secret_fragments(url)]
         self._errors = ErrorLog(LOGGER, interval=error_log_interval, secrets=secrets)
 
         self._pool: Pool | None = None
@@ -191,21 +176,11 @@ class ProbeRunner:
         await self.start()
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         await self.stop()
 
     async def cleanup_ctx(self, app: object) -> AsyncIterator[None]:
-        """For ``app.cleanup_ctx``: start before ``yield``, stop (cancel, await) after.
-
-        Example::
-
-            app.cleanup_ctx.append(runner.cleanup_ctx)
-        """
+        """For ``app.cleanup_ctx``: start before ``yield``, stop (cancel, await) after."""
         async with self:
             yield
 
@@ -220,7 +195,8 @@ class ProbeRunner:
             # hours old, and a rebuild is spread over runs where catching up is not.
             probe.reset()
             self._tasks[probe.name] = asyncio.create_task(
-                self._loop(probe), name=f"stocksentry-probe-{probe.name}"
+                at_fixed_rate(probe.interval, functools.partial(self.run_once, probe)),
+                name=f"stocksentry-probe-{probe.name}",
             )
         if self._pool is not None:
             self._tasks["__index_check__"] = asyncio.create_task(
@@ -246,46 +222,22 @@ class ProbeRunner:
 
     # --- running probes ------------------------------------------------------------------
 
-    async def _loop(self, probe: Probe) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            started = loop.time()
-            await self.run_once(probe)
-            # A fixed rate: the next run starts one interval after this one started, or at
-            # once when this one overran.
-            await asyncio.sleep(max(0.0, started + probe.interval - loop.time()))
-
     async def run_once(self, probe: Probe) -> ProbeResult:
-        """Run ``probe`` once within its timeout, record and return the result.
-
-        At the timeout the run is given up on at once, not waited for: it is cancelled
-        (which cuts its database session, see :func:`~.dialects.abandoning`) and ends in
-        the background, while the result says down with what it was waiting for. The next
-        run of the probe starts only once that one has ended (waited for within the next
-        run's own timeout). Never raises for a probe failure (only cancellation passes
-        through).
-        """
+        """Run ``probe`` once within its timeout, record and return the result (never
+        raises for a probe failure). At the timeout the run is cancelled (its session cut:
+        :func:`~.dialects.abandoning`) and ends in the background, the result saying what
+        it waited for; the next run waits for it within its own timeout."""
         previous = self._results.get(probe.name)
-        last_success = None if previous is None else previous.last_success
         started = time.perf_counter()
         try:
             families = await self._run_abandoning(probe)
         except Exception as exc:
             message = self._errors.failed(probe.name, self._describe(exc, probe))
-            result = ProbeResult(
-                up=False,
-                duration=time.perf_counter() - started,
-                last_success=last_success,
-                error=message,
-            )
+            last_success = None if previous is None else previous.last_success
+            result = ProbeResult(False, time.perf_counter() - started, last_success, error=message)
         else:
             self._errors.recovered(probe.name)
-            result = ProbeResult(
-                up=True,
-                duration=time.perf_counter() - started,
-                last_success=time.time(),
-                families=families,
-            )
+            result = ProbeResult(True, time.perf_counter() - started, time.time(), families)
         self._set_result(probe.name, result)
         return result
 
@@ -299,7 +251,7 @@ class ProbeRunner:
             if not earlier.done():
                 await asyncio.wait([earlier], timeout=probe.timeout)
             if not earlier.done():
-                raise _StillEnding()
+                raise _NotRunError("the previous run, given up on at its timeout, is still ending")
             del self._abandoned[probe.name]
         context = contextvars.copy_context()
         phase = context.run(new_phase)
@@ -315,7 +267,8 @@ class ProbeRunner:
             raise
         if not done:
             self._abandon(probe, task)
-            raise _TimedOut(phase[0])
+            timeout = f"timed out after {format_duration(probe.timeout)}"
+            raise _NotRunError(f"{timeout} {phase[0]}" if phase[0] else timeout)
         return task.result()
 
     def _abandon(self, probe: Probe, task: asyncio.Task[tuple[Metric, ...]]) -> None:
@@ -326,12 +279,7 @@ class ProbeRunner:
 
     @staticmethod
     def _describe(exc: Exception, probe: Probe) -> str:
-        if isinstance(exc, _TimedOut):
-            timeout = format_duration(probe.timeout)
-            return f"timed out after {timeout}" + (f" {exc.phase}" if exc.phase else "")
-        if isinstance(exc, _StillEnding):
-            return "the previous run, given up on at its timeout, is still ending"
-        return describe_error(exc, probe.timeout)
+        return str(exc) if isinstance(exc, _NotRunError) else describe_error(exc, probe.timeout)
 
     def _set_result(self, name: str, result: ProbeResult) -> None:
         self._results = {**self._results, name: result}
@@ -391,13 +339,6 @@ class ProbeRunner:
             yield family(spec)
 
 
-class _TimedOut(Exception):
-    """A run given up on at its timeout; ``phase``: what it was waiting for."""
-
-    def __init__(self, phase: str) -> None:
-        super().__init__(phase)
-        self.phase = phase
-
-
-class _StillEnding(Exception):
-    """The probe's previous run, given up on, has not ended yet."""
+class _NotRunError(Exception):
+    """A run given up on at its timeout, or not started as the previous one is still
+    ending: the message says which."""

@@ -1,36 +1,32 @@
-"""Per-product paid totals kept between probe runs: the incremental oversold bookkeeping.
+"""The incremental oversold count's bookkeeping: per-product paid units kept between runs.
 
 No SQL here: :func:`incremental_run` takes its statements from
-:class:`stocksentry.exporter.invariants.InvariantSql` and their rows from the probe's
-``fetch``; :class:`SoldTotals` answers which SKUs are oversold and by how much.
-
-The paid units of a product are split by the orders' creation time at a **boundary**:
-**settled** (created before it, kept here per product) and **recent** (read again every
-run, so a late payment or a refund shows at once). Each run moves the boundary to the
-probe's horizon and settles what it passed; a **rolling recount** reads the products a
-chunk per run and corrects the settled totals; new products are counted from their
-history a few a run. The whole design: docs/exporter-config.md, "How ``oversold`` counts".
+:class:`~stocksentry.exporter.invariants.InvariantSql` and their rows from the probe's
+``fetch``. A product's paid units are split at a **boundary** of the orders' creation time:
+**settled** (before it, kept here) and **recent** (read again every run, so a late payment
+or a refund shows at once). Each run moves the boundary to the probe's horizon and settles
+what it passed; a **rolling recount** corrects the settled totals a chunk per run; new
+products are counted from their history a few a run. The design: docs/exporter-config.md,
+"How ``oversold`` counts".
 
 Example::
 
     totals = SoldTotals(max_products=200_000)
-    start, end = totals.advance(horizon)          # the settle range, or None
-    totals.settle(rows_created_between(start, end))
-    totals.set_recent(rows_created_since(end))
-    totals.counted(rows_of(totals.uncounted(limit=2000)))
-    totals.recounted(rows_of_chunk(totals.cursor), limit=chunk)
-    for sku, allocation, sold, over in totals.oversold(): ...
+    await incremental_run(totals, fetch, builder, horizon=horizon, chunk=500, recount_batch=2000)
+    worst = [(s.sku, s.oversold_units) for s in totals.oversold()]
 """
 
 from __future__ import annotations
 
-import logging
 import math
 import time
 from collections.abc import Awaitable, Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final
+
+from .base import LOGGER
+from .dialects import number
 
 if TYPE_CHECKING:
     from ..invariants import InvariantSql, Query
@@ -74,17 +70,10 @@ class OversoldSku:
         return self.sold_units - self.allocation
 
 
-def _number(value: Any) -> float:
-    return 0.0 if value is None else float(value)
-
-
 class SoldTotals:
     """Settled paid units per product, the recent ones of the last run, the recount cursor.
-
-    ``max_products`` bounds how many products keep a settled total; beyond it the least
-    recently active ones that are not oversold are dropped (and counted again from their
-    history when they are active again).
-    """
+    Beyond ``max_products`` settled totals, the least recently active products not
+    oversold are dropped (and counted again from their history when active again)."""
 
     def __init__(self, *, max_products: int = 200_000) -> None:
         self.max_products = max_products
@@ -104,8 +93,8 @@ class SoldTotals:
 
     def settle_range(self, horizon: datetime) -> tuple[tuple[datetime, datetime] | None, datetime]:
         """The range ``[old, new)`` whose orders :meth:`settle` must get when the boundary
-        moves to ``horizon`` (``None``: nothing to settle, the first run or a horizon not
-        past the boundary), and the boundary after it (never moved back)."""
+        moves to ``horizon`` (``None``: nothing to settle), and the boundary after it
+        (never moved back)."""
         old = self.boundary
         if old is None:
             return None, horizon
@@ -114,22 +103,18 @@ class SoldTotals:
         return (old, horizon), horizon
 
     def advance(self, horizon: datetime) -> tuple[datetime, datetime] | None:
-        """Move the boundary to ``horizon`` (:meth:`settle_range`); returns the range to
-        settle."""
+        """Move the boundary to ``horizon``; returns :meth:`settle_range`'s range."""
         self._run += 1
         settle, self.boundary = self.settle_range(horizon)
         return settle
 
     def settle(self, rows: Iterable[tuple[Any, Any]]) -> None:
-        """Add ``(product_id, sold_units)`` of the settle range to the kept totals.
-
-        Products without a kept total are skipped: their total is counted from their
-        whole history when it is needed (:meth:`counted`, :meth:`recounted`).
-        """
+        """Add ``(product_id, sold_units)`` of the settle range to the kept totals (those
+        without one are counted from their history when needed)."""
         for product_id, units in rows:
             entry = self._settled.get(product_id)
             if entry is not None:
-                entry.units += _number(units)
+                entry.units += number(units)
                 self._mark(product_id, entry)
 
     # --- the recent part ---------------------------------------------------------------
@@ -139,12 +124,12 @@ class SoldTotals:
         the boundary: replaces the last run's."""
         recent: dict[ProductId, tuple[str, float, float]] = {}
         for product_id, sku, allocation, units in rows:
-            recent[product_id] = (str(sku), _number(allocation), _number(units))
+            recent[product_id] = (str(sku), number(allocation), number(units))
             entry = self._settled.get(product_id)
             if entry is not None:
                 entry.seen = self._run
-                if entry.allocation != _number(allocation):
-                    entry.allocation = _number(allocation)
+                if entry.allocation != number(allocation):
+                    entry.allocation = number(allocation)
                     self._mark(product_id, entry)
         self._recent = recent
 
@@ -169,7 +154,7 @@ class SoldTotals:
     def counted(self, product_ids: Iterable[ProductId], rows: Iterable[tuple[Any, Any]]) -> None:
         """The settled totals of ``product_ids`` counted from their history, as rows
         ``(product_id, sold_units)`` (products without paid items have no row: 0)."""
-        sold = {product_id: _number(units) for product_id, units in rows}
+        sold = {product_id: number(units) for product_id, units in rows}
         for product_id in product_ids:
             known = self._recent.get(product_id)
             if known is None:
@@ -184,12 +169,9 @@ class SoldTotals:
 
     def recounted(self, rows: Iterable[tuple[Any, Any, Any, Any]], *, limit: int) -> None:
         """One chunk of the rolling recount: rows ``(product_id, sku, allocation,
-        sold_units)`` of up to ``limit`` products after :attr:`cursor`, in id order, with
-        their units over the orders created before the boundary.
-
-        Replaces the kept totals of those products, keeps the oversold ones, and moves the
-        cursor; fewer rows than ``limit`` end the pass (the next starts from the first).
-        """
+        sold_units)`` of up to ``limit`` products after :attr:`cursor` by id, their units
+        before the boundary. Replaces their kept totals (keeps the oversold ones), moves
+        the cursor; fewer rows than ``limit`` end the pass."""
         count = 0
         last: ProductId | None = None
         for product_id, sku, allocation, units in rows:
@@ -197,15 +179,15 @@ class SoldTotals:
             last = product_id
             entry = self._settled.get(product_id)
             if entry is None and (
-                product_id in self._recent or _number(units) > _number(allocation)
+                product_id in self._recent or number(units) > number(allocation)
             ):
-                entry = _Settled(str(sku), _number(allocation), 0.0, self._run)
+                entry = _Settled(str(sku), number(allocation), 0.0, self._run)
                 self._settled[product_id] = entry
             if entry is not None:
                 entry.sku, entry.allocation, entry.units = (
                     str(sku),
-                    _number(allocation),
-                    _number(units),
+                    number(allocation),
+                    number(units),
                 )
                 self._mark(product_id, entry)
         if count < limit:
@@ -219,8 +201,7 @@ class SoldTotals:
 
     def oversold(self) -> list[OversoldSku]:
         """The SKUs whose settled plus recent paid units exceed their allocation, worst
-        first (then by SKU). Products with recent items but no settled total yet are not
-        among them (:attr:`pending`)."""
+        first (then by SKU); :attr:`pending` products are not among them."""
         found: list[OversoldSku] = []
         for product_id in self._over | self._recent.keys():
             entry = self._settled.get(product_id)
@@ -278,13 +259,10 @@ async def incremental_run(
     chunk: int,
     recount_batch: int,
 ) -> None:
-    """One run of the incremental oversold count, after the dialect read ``horizon``.
-
-    Settle the orders created between the boundary and the horizon, read the recent ones
-    again, read one chunk of the rolling recount, then count the new products' histories.
-    The totals change only after the statements whose rows they need have returned: a run
-    that fails or times out leaves them consistent, and the next run repeats what was not
-    applied (a settle range, a chunk, the first counts).
+    """One run of the incremental oversold count up to ``horizon``: settle the orders
+    created since the boundary, read the recent ones, one recount chunk, then the new
+    products' histories. The totals change only once the statements they need have
+    answered: a run that fails leaves them consistent, and the next repeats it.
     """
     settle_range, new_boundary = totals.settle_range(horizon)
     settled = (
@@ -307,8 +285,6 @@ async def incremental_run(
     totals.recounted(rows, limit=chunk)
 
 
-LOGGER: Final = logging.getLogger("stocksentry.exporter.probes")
-
 #: Seconds between two warnings that products wait for their first count.
 PENDING_LOG_INTERVAL: Final = 600.0
 
@@ -319,22 +295,20 @@ MIN_CHUNK: Final = 50
 
 
 def chunk_size(estimate: float, recount_period: float, interval: float) -> int:
-    """Products per chunk of the rolling recount, so that one pass over ``estimate``
-    products takes ``recount_period`` at one chunk a run every ``interval`` seconds.
+    """Products per chunk of the rolling recount: one pass over ``estimate`` products
+    takes ``recount_period`` at one chunk a run every ``interval`` seconds.
 
-    Example::
-
-        >>> chunk_size(1_000_000, recount_period=3600, interval=15)
-        4167
+    >>> chunk_size(1_000_000, recount_period=3600, interval=15)
+    4167
     """
     runs = max(1.0, recount_period / interval)
     return max(MIN_CHUNK, math.ceil(estimate / runs))
 
 
 class RunLog:
-    """The incremental oversold probe's two progress lines, the same on every dialect: a
-    warning while products with recent sales wait for their first count (at most every
-    :data:`PENDING_LOG_INTERVAL`), and one line when the whole paid history is counted."""
+    """The incremental oversold probe's progress lines: a warning while products with
+    recent sales wait for their first count (at most every :data:`PENDING_LOG_INTERVAL`),
+    one line when the whole paid history is counted."""
 
     def __init__(self, probe: str) -> None:
         self.probe = probe

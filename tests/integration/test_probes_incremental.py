@@ -338,7 +338,9 @@ async def test_duplicate_keys_incrementally_equal_the_full_query(
         monkeypatch.setattr(db_probes, "MAX_NEW_KEYS", 0)
     config = config_for(db.raw_url)
     pool = Pool(config.database)  # type: ignore[arg-type]
-    probe = DuplicateOrdersProbe(config, pool)
+    probe = DuplicateOrdersProbe(
+        config, pool, LabelGuard(config.sku_guard.max_skus, always=config.sku_guard.promo_skus)
+    )
 
     async def count() -> float:
         keys, per_sku = await probe.run()

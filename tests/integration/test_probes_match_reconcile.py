@@ -36,6 +36,11 @@ CREATE INDEX ON order_items (product_id);
 STATUSES = ("PAID", "COMPLETED", "PROCESSING", "CANCELLED", "PENDING")
 
 
+def sku_guard(config: ExporterConfig) -> LabelGuard:
+    """The SKU guard the runner builds from ``config``."""
+    return LabelGuard(config.sku_guard.max_skus, always=config.sku_guard.promo_skus)
+
+
 def seed(url: str, rng: random.Random) -> None:
     """60 SKUs with small allocations and 600 orders with colliding keys, a tenth of them
     from two days ago: every invariant is broken somewhere, by chance."""
@@ -88,7 +93,7 @@ async def test_the_probes_count_what_reconcile_lists(
     pool = Pool(config.database)
     guard = LabelGuard(max_values=100)
     try:
-        negative = values(await NegativeStockProbe(config, pool).run())
+        negative = values(await NegativeStockProbe(config, pool, sku_guard(config)).run())
         # The incremental probe is complete once its first rolling recount has covered
         # every product (a chunk a run) and every active product is counted.
         probe = OversoldProbe(config, pool, guard)
@@ -97,7 +102,7 @@ async def test_the_probes_count_what_reconcile_lists(
             if probe.totals.passes and not probe.totals.pending:
                 break
         assert probe.totals.passes == 1
-        duplicates = values(await DuplicateOrdersProbe(config, pool).run())
+        duplicates = values(await DuplicateOrdersProbe(config, pool, sku_guard(config)).run())
     finally:
         await pool.close()
     # The probe's window is one hour back from the server's clock; reconcile's --since is

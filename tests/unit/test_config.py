@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import textwrap
 from pathlib import Path
 
@@ -320,6 +321,14 @@ MALFORMED = [
         8,
         "probes.custom[0].label_columns[1]",
         "the value column cannot also be a label",
+    ),
+    (
+        "custom-sql-of-two-statements",
+        DB + "probes:\n  custom:\n    - name: mine\n      sql: SELECT 1 AS value; SELECT 2\n"
+        "      metric: shop_mine\n",
+        6,
+        "probes.custom[0].sql",
+        "must be one statement: a `;` outside a string ends it",
     ),
     (
         "custom-is-not-a-list",
@@ -772,6 +781,42 @@ def test_custom_probe_defaults_come_from_probes_defaults():
     assert custom.sql == "SELECT 1 AS value"  # the trailing ; would break the wrapper
     assert (custom.value_column, custom.label_columns, custom.max_series) == ("value", (), 100)
     assert custom.help == "Custom probe mine."
+
+
+@pytest.mark.parametrize(
+    ("sql", "one_statement"),
+    [
+        ("SELECT ';' AS value", True),
+        ("SELECT 'it''s; fine' AS value, `a;b` AS c -- why; because", True),
+        ("SELECT 1 AS value /* a; b */", True),
+        ("SELECT 1 AS value; SELECT 2", False),
+        # Closing the probe's wrapper and smuggling more statements in.
+        (
+            "SELECT 1 AS value) AS x; SET SESSION TRANSACTION READ WRITE; COMMIT;"
+            " DELETE FROM order_items; SELECT * FROM (SELECT 1 AS value",
+            False,
+        ),
+        (
+            "SELECT 1 AS value) AS x; DELETE FROM order_items; SELECT * FROM (SELECT 1 AS value",
+            False,
+        ),
+        # A second statement where MySQL reads a backslash escape or a # comment differently.
+        ("SELECT 'a\\'; DELETE FROM orders; SELECT '' AS value", False),
+        ("SELECT 1 AS value # it's\n; DELETE FROM orders; SELECT '", False),
+        ("SELECT 1 AS value --x'\n; DELETE FROM orders; SELECT '", False),
+        # MySQL runs what /*! ... */ holds.
+        ("SELECT 1 AS value /*! ; DELETE FROM orders */", False),
+    ],
+)
+def test_custom_sql_is_one_statement_however_a_server_reads_it(sql, one_statement):
+    document = (
+        DB + f"probes:\n  custom:\n    - {{name: mine, sql: {json.dumps(sql)}, metric: m}}\n"
+    )
+    if one_statement:
+        assert parse(document).probes.custom[0].sql == sql
+    else:
+        with pytest.raises(ConfigError, match="must be one statement"):
+            parse(document)
 
 
 def test_numeric_skus_are_kept_as_written():

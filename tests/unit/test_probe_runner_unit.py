@@ -27,7 +27,7 @@ from stocksentry.exporter.probes.base import (
     family,
 )
 from stocksentry.instrumentation import catalog
-from stocksentry.instrumentation.secrets import redact
+from stocksentry.instrumentation.secrets import redact, secret_fragments
 
 # What a driver error may echo from a connection string: never logged as is.
 LEAKY = "hunter2-very-secret"
@@ -37,7 +37,6 @@ class Scripted(Probe):
     """Answers from a script: a number is a value to export, an exception is raised."""
 
     specs = (catalog.NEGATIVE_INVENTORY_SKUS,)
-    needs_leader = False
 
     def __init__(self, script: Iterable[float | BaseException], **kwargs: float) -> None:
         super().__init__("scripted", interval=kwargs.get("interval", 15.0), timeout=5.0)
@@ -54,8 +53,6 @@ class Scripted(Probe):
 
 class Hangs(Probe):
     """Never answers: only its timeout ends a run."""
-
-    needs_leader = False
 
     async def run(self) -> tuple[Metric, ...]:
         await asyncio.Event().wait()
@@ -135,8 +132,6 @@ async def test_a_hung_probe_ends_at_its_timeout() -> None:
 class SlowToCancel(Probe):
     """Hangs, and when cancelled takes ``cleanup`` seconds to end (as a driver waiting for
     the answer to a cancel request from a silent server); ``ended`` once it has."""
-
-    needs_leader = False
 
     def __init__(self, cleanup: float, **kwargs: float) -> None:
         super().__init__("slow_to_cancel", interval=15.0, timeout=kwargs.get("timeout", 0.05))
@@ -293,6 +288,16 @@ def test_error_log_rate_limits_per_probe_and_blanks_secrets(
     assert blanked == redact(f"auth failed for {LEAKY}", [LEAKY])
     assert LEAKY not in blanked
     assert LEAKY not in log.clean(f"x {LEAKY} y")
+    assert all(r.probe in ("a", "b") for r in caplog.records)
+
+
+def test_error_log_blanks_every_form_of_a_url_s_password() -> None:
+    url = "postgresql://app:s%40cret@db/shop"
+    assert secret_fragments(url) == (url, "s%40cret", "s@cret")
+    log = ErrorLog(logging.getLogger("test.probes"), secrets=secret_fragments(url))
+    assert log.failed("negative_stock", f"cannot use {url}: bad s@cret") == (
+        "cannot use ***: bad ***"
+    )
 
 
 def test_describe_error() -> None:

@@ -57,8 +57,6 @@ TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
 class FixedProbe(Probe):
     """Returns the same two families on every run."""
 
-    needs_leader = False
-
     async def run(self) -> tuple[Metric, ...]:
         skus = GaugeMetricFamily("stock_inventory_negative_skus", "SKUs below zero.", value=2)
         units = GaugeMetricFamily("stock_oversold_units", "Oversold.", labels=["sku"])

@@ -6,7 +6,7 @@ import logging
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from stocksentry.exporter.probes.duplicates import DuplicateKeys
+from stocksentry.exporter.probes.db import DuplicateKeys
 from stocksentry.exporter.probes.soldtotals import RunLog, SoldTotals
 
 T0 = datetime(2026, 12, 1, 12, tzinfo=UTC)
