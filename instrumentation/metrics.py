@@ -255,111 +255,33 @@ class StockMetrics:
         sku: str,
         strategy: str,
         outcome: str,
-        seconds: float,
+        seconds: float | None,
         exemplar: dict[str, str] | None = None,
     ) -> None:
-        """Record one ended reservation: its outcome's counter and its duration.
-
-        The series of :meth:`reservation_success` or :meth:`reservation_conflict`
-        (``error`` counts no outcome counter) and :meth:`reservation_duration`, in one
-        call. The duration child is resolved first, so a bad ``outcome`` records nothing.
+        """Record one ended reservation: its outcome's counter (``error`` counts none) and
+        its duration (none when ``seconds`` is ``None``). The duration child is resolved
+        first, so a bad ``outcome`` records nothing.
         """
         duration = self._child(catalog.RESERVATION_DURATION, outcome)
         if outcome == "success":
             self._child(catalog.RESERVATION_SUCCESS, sku, strategy).inc()
         elif outcome != "error":
             self._child(catalog.RESERVATION_CONFLICT, sku, outcome).inc()
-        duration.observe(seconds, exemplar)
+        if seconds is not None:
+            duration.observe(seconds, exemplar)
 
-    def reservation_success(self, sku: str, strategy: str) -> None:
-        """Count one successful reservation."""
-        self._child(catalog.RESERVATION_SUCCESS, sku, strategy).inc()
+    def count(self, spec: MetricSpec, *labels: str, amount: float = 1.0) -> None:
+        """Add ``amount`` to the counter ``spec``, under the raw label values ``labels``
+        (in the order of ``spec.labels``; guarded or checked as for every event)."""
+        self._child(spec, *labels).inc(amount)
 
-    def reservation_conflict(self, sku: str, reason: str) -> None:
-        """Count one reservation refused for ``reason`` (one of ``CONFLICT_REASONS``)."""
-        self._child(catalog.RESERVATION_CONFLICT, sku, reason).inc()
-
-    def reservation_duration(
-        self, outcome: str, seconds: float, exemplar: dict[str, str] | None = None
+    def observe(
+        self,
+        spec: MetricSpec,
+        value: float,
+        *labels: str,
+        exemplar: dict[str, str] | None = None,
     ) -> None:
-        """Observe a reservation's duration under its outcome (one of ``OUTCOMES``)."""
-        self._child(catalog.RESERVATION_DURATION, outcome).observe(seconds, exemplar)
-
-    def order_paid(self, sku: str, amount: float = 1.0) -> None:
-        """Count paid orders for ``sku``."""
-        self._child(catalog.ORDERS_PAID, sku).inc(amount)
-
-    def refund_due_to_oversell(self, sku: str, amount: float = 1.0) -> None:
-        """Count refunds issued because the stock was oversold."""
-        self._child(catalog.REFUND_DUE_TO_OVERSELL, sku).inc(amount)
-
-    def inventory_negative(self, sku: str) -> None:
-        """Count one stock write that left ``sku`` below zero."""
-        self._child(catalog.INVENTORY_NEGATIVE, sku).inc()
-
-    def idempotency_replay(self, operation: str) -> None:
-        """Count one request answered from its idempotency record."""
-        self._child(catalog.IDEMPOTENCY_REPLAY, operation).inc()
-
-    def idempotency_conflict(self, operation: str) -> None:
-        """Count one reuse of an idempotency key with a different payload."""
-        self._child(catalog.IDEMPOTENCY_CONFLICT, operation).inc()
-
-    def cache_stale_hit(self, cache: str) -> None:
-        """Count one decision taken on a stale cached stock value."""
-        self._child(catalog.CACHE_STALE_HIT, cache).inc()
-
-    # --- distributed locks (recorded by instrumentation/locks/) ---------------------------
-
-    def lock_stale_fencing_token(self, lock: str, table: str) -> None:
-        """Count one write to ``table`` with a fencing token below the highest seen (or
-        refused for it): a holder of ``lock`` whose lease another holder took over."""
-        self._child(catalog.LOCK_STALE_FENCING_TOKEN, lock, table).inc()
-
-    def lock_acquire_duration(self, lock: str, outcome: str, seconds: float) -> None:
-        """Observe the wait to acquire ``lock``; ``outcome`` is acquired, timeout or error."""
-        self._child(catalog.LOCK_ACQUIRE_DURATION, lock, outcome).observe(seconds)
-
-    def lock_hold_ratio(self, lock: str, ratio: float) -> None:
-        """Observe one hold of ``lock``: time held divided by its TTL (>= 1.0: expired)."""
-        self._child(catalog.LOCK_HOLD_RATIO, lock).observe(ratio)
-
-    def lock_expired_while_held(self, lock: str) -> None:
-        """Count one hold of ``lock`` that outlived its TTL."""
-        self._child(catalog.LOCK_EXPIRED_WHILE_HELD, lock).inc()
-
-    def lock_release_not_owned(self, lock: str) -> None:
-        """Count one release of ``lock`` by a holder that no longer owned it."""
-        self._child(catalog.LOCK_RELEASE_NOT_OWNED, lock).inc()
-
-    def lock_extend_failure(self, lock: str) -> None:
-        """Count one refused extension of ``lock``."""
-        self._child(catalog.LOCK_EXTEND_FAILURES, lock).inc()
-
-    def lock_acquire_retries(self, lock: str, retries: int) -> None:
-        """Count ``retries`` acquire attempts after the first."""
-        self._child(catalog.LOCK_ACQUIRE_RETRIES, lock).inc(retries)
-
-    def instrumentation_error(self, component: str) -> None:
-        """Count one failure inside the instrumentation."""
-        self._child(catalog.INSTRUMENTATION_ERRORS, component).inc()
-
-    # --- database (recorded by instrumentation/sqlalchemy/) --------------------------------
-
-    def db_lock_wait(
-        self, table: str, seconds: float, exemplar: dict[str, str] | None = None
-    ) -> None:
-        """Observe the duration of one locking statement on ``table``."""
-        self._child(catalog.DB_LOCK_WAIT, table).observe(seconds, exemplar)
-
-    def db_deadlock(self, table: str) -> None:
-        """Count one statement on ``table`` that the database ended as a deadlock victim."""
-        self._child(catalog.DB_DEADLOCK, table).inc()
-
-    def db_serialization_failure(self, table: str) -> None:
-        """Count one serialization failure (SQLSTATE 40001) of a statement on ``table``."""
-        self._child(catalog.DB_SERIALIZATION_FAILURE, table).inc()
-
-    def unsafe_read_modify_write(self, table: str) -> None:
-        """Count one write of a stock value computed from an unlocked read of ``table``."""
-        self._child(catalog.UNSAFE_READ_MODIFY_WRITE, table).inc()
+        """Observe ``value`` in the histogram ``spec`` under the raw label values ``labels``;
+        ``exemplar`` (``trace_id``/``span_id``) only where the spec carries exemplars."""
+        self._child(spec, *labels).observe(value, exemplar)

@@ -234,7 +234,7 @@ class Reservation(BlockHandle):
                     self.sku, self.strategy, outcome, elapsed, exemplar
                 )
                 if outcome == "success" and self._negative_write():
-                    sentry.metrics.inventory_negative(self.sku)
+                    sentry.metrics.count(catalog.INVENTORY_NEGATIVE, self.sku)
             except Exception as err:
                 sentry.internal_error("metrics", err)
         if self._log:

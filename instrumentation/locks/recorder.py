@@ -18,7 +18,7 @@ from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from .. import events
+from .. import catalog, events
 from ..events import LogEvent
 from ..heldlocks import hold_released, hold_started
 
@@ -233,9 +233,9 @@ class LockRecorder:
             self.internal_error(exc)
         try:
             metrics = self.sentry.metrics
-            metrics.lock_acquire_duration(self.name, "acquired", now - started)
+            metrics.observe(catalog.LOCK_ACQUIRE_DURATION, now - started, self.name, "acquired")
             if retries:
-                metrics.lock_acquire_retries(self.name, retries)
+                metrics.count(catalog.LOCK_ACQUIRE_RETRIES, self.name, amount=retries)
         except Exception as exc:
             self.internal_error(exc)
         self._log(
@@ -255,9 +255,9 @@ class LockRecorder:
         outcome = "timeout" if exc is None else "error"
         try:
             metrics = self.sentry.metrics
-            metrics.lock_acquire_duration(self.name, outcome, waited)
+            metrics.observe(catalog.LOCK_ACQUIRE_DURATION, waited, self.name, outcome)
             if retries:
-                metrics.lock_acquire_retries(self.name, retries)
+                metrics.count(catalog.LOCK_ACQUIRE_RETRIES, self.name, amount=retries)
         except Exception as err:
             self.internal_error(err)
         if exc is None:
@@ -307,7 +307,7 @@ class LockRecorder:
     def extend_failed(self, hold: LockHold | None, exc: BaseException | None = None) -> None:
         """Record an extension the lock refused (lost, or out of extensions)."""
         try:
-            self.sentry.metrics.lock_extend_failure(self.name)
+            self.sentry.metrics.count(catalog.LOCK_EXTEND_FAILURES, self.name)
         except Exception as err:
             self.internal_error(err)
         self._log(
@@ -351,16 +351,16 @@ class LockRecorder:
                 held = started - hold.acquired_at
                 lease = hold.lease
                 if lease is not None and lease > 0:
-                    metrics.lock_hold_ratio(self.name, held / lease)
+                    metrics.observe(catalog.LOCK_HOLD_RATIO, held / lease, self.name)
                     expired = held > lease
                 else:
                     expired = owned is False
             # Without a hold (nothing acquired through us) there is no expiry to tell, only
             # that the lock was not ours.
             if expired:
-                metrics.lock_expired_while_held(self.name)
+                metrics.count(catalog.LOCK_EXPIRED_WHILE_HELD, self.name)
             if owned is False:
-                metrics.lock_release_not_owned(self.name)
+                metrics.count(catalog.LOCK_RELEASE_NOT_OWNED, self.name)
         except Exception as exc:
             self.internal_error(exc)
         holder = hold.holder if hold is not None else None
