@@ -63,10 +63,7 @@ RESERVATION_FROZEN: Final = LogEvent(
     "``freeze_source``, person or alert, from the freeze).",
 )
 INVENTORY_NEGATIVE: Final = LogEvent(
-    "inventory_negative",
-    "warning",
-    ("sku", "stock"),
-    "A write left the stock below zero.",
+    "inventory_negative", "warning", ("sku", "stock"), "A write left the stock below zero."
 )
 PAYMENT_CALLBACK: Final = LogEvent(
     "payment_callback",

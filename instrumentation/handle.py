@@ -1,18 +1,11 @@
-"""What the reservation and payment-callback handles share: the block and its span.
-
-:class:`BlockHandle` gives a handle ``with`` and ``async with`` over its own ``_enter()``
-and ``_exit(exc)``, and ends the handle's span the one way both need: the result as an
-attribute, the exception and an error status when the block failed, then the span's
-context detached even when ending it raised. Internal: the public handles are
-:class:`~stocksentry.instrumentation.reservation.Reservation` and
-:class:`~stocksentry.instrumentation.payment.PaymentCallback`.
-"""
+"""What the reservation and payment-callback handles share: the block, its span, and the
+type check of the values the app passes."""
 
 from __future__ import annotations
 
 from contextvars import Token
 from types import TracebackType
-from typing import TYPE_CHECKING, Literal, Self
+from typing import TYPE_CHECKING, Any, Literal, Self
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace as otel_trace
@@ -57,11 +50,8 @@ _STR_ARGS = frozenset({"sku", "strategy", "operation", "cache", "reason", "outco
 
 
 class BlockHandle:
-    """A sync and async context manager over ``_enter()`` and ``_exit(exc)``, with a span.
-
-    A subclass implements :meth:`_enter` and :meth:`_exit`, which never raise into the
-    host: they catch, count and log.
-    """
+    """A sync and async context manager over ``_enter()`` and ``_exit(exc)`` (a subclass's;
+    they never raise into the host: they catch, count and log), with a span."""
 
     _span: Span | None = None
     # The context _use_span attached, and the token to detach it with.
@@ -125,14 +115,7 @@ class BlockHandle:
         return False
 
     async def __aenter__(self) -> Self:
-        self._enter()
-        return self
+        return self.__enter__()
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> Literal[False]:
-        self._exit(exc)
-        return False
+    async def __aexit__(self, *exc_info: Any) -> Literal[False]:
+        return self.__exit__(*exc_info)
