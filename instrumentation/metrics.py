@@ -1,8 +1,8 @@
 """The app-side metrics of the catalog, bound to one registry.
 
 :class:`StockMetrics` creates every ``source == "app"`` metric of
-:mod:`~stocksentry.instrumentation.catalog` in the registry it is given and offers one
-method per event; label values go through guards, and the labelled children are cached
+:mod:`~stocksentry.instrumentation.catalog` in the registry it is given and records them by
+spec; label values go through guards, and the labelled children are cached
 by the raw values the app passed. Most applications use
 :class:`~stocksentry.instrumentation.Sentry`, the layer above.
 """
@@ -45,6 +45,28 @@ _CHECKED: dict[tuple[str, str], tuple[str, ...]] = {
     (catalog.RESERVATION_DURATION.name, "outcome"): catalog.OUTCOMES,
     (catalog.LOCK_ACQUIRE_DURATION.name, "outcome"): LOCK_OUTCOMES,
 }
+#: The series primed for a SKU, a table and a lock (their first label; a checked second
+#: label gets every value).
+_SKU_SERIES = (
+    catalog.RESERVATION_CONFLICT,
+    catalog.ORDERS_PAID,
+    catalog.REFUND_DUE_TO_OVERSELL,
+    catalog.INVENTORY_NEGATIVE,
+)
+_TABLE_SERIES = (
+    catalog.DB_LOCK_WAIT,
+    catalog.DB_DEADLOCK,
+    catalog.DB_SERIALIZATION_FAILURE,
+    catalog.UNSAFE_READ_MODIFY_WRITE,
+)
+_LOCK_SERIES = (
+    catalog.LOCK_ACQUIRE_RETRIES,
+    catalog.LOCK_HOLD_RATIO,
+    catalog.LOCK_EXPIRED_WHILE_HELD,
+    catalog.LOCK_RELEASE_NOT_OWNED,
+    catalog.LOCK_EXTEND_FAILURES,
+    catalog.LOCK_ACQUIRE_DURATION,
+)
 
 
 def _make(spec: MetricSpec, registry: CollectorRegistry | None) -> Any:
@@ -122,33 +144,14 @@ class StockMetrics:
         primed (priming never folds into ``__other__`` nor counts an overflow).
         """
         for sku in skus:
-            label = self.sku_guard(sku)
-            if label is OVERFLOW_VALUE:
-                continue
-            for reason in catalog.CONFLICT_REASONS:
-                self._metrics[catalog.RESERVATION_CONFLICT.name].labels(label, reason)
-            for spec in (
-                catalog.ORDERS_PAID,
-                catalog.REFUND_DUE_TO_OVERSELL,
-                catalog.INVENTORY_NEGATIVE,
-            ):
-                self._metrics[spec.name].labels(label)
+            self._prime_series(self.sku_guard(sku), _SKU_SERIES)
 
     def prime_tables(self, tables: Iterable[str]) -> None:
         """Create the per-table series (lock waits, deadlocks, serialization failures,
         unsafe read-modify-writes) of ``tables`` at zero, as for tables known in advance.
         """
         for table in tables:
-            label = self._small_guards["table"](table)
-            if label is OVERFLOW_VALUE:
-                continue
-            for spec in (
-                catalog.DB_LOCK_WAIT,
-                catalog.DB_DEADLOCK,
-                catalog.DB_SERIALIZATION_FAILURE,
-                catalog.UNSAFE_READ_MODIFY_WRITE,
-            ):
-                self._metrics[spec.name].labels(label)
+            self._prime_series(self._small_guards["table"](table), _TABLE_SERIES)
 
     def prime_lock(self, lock: str) -> None:
         """Create the series of ``lock`` at zero: its acquire outcomes, retries, hold
@@ -164,16 +167,19 @@ class StockMetrics:
         if label is OVERFLOW_VALUE:
             return
         self._primed_locks.add(lock)
-        for spec in (
-            catalog.LOCK_ACQUIRE_RETRIES,
-            catalog.LOCK_HOLD_RATIO,
-            catalog.LOCK_EXPIRED_WHILE_HELD,
-            catalog.LOCK_RELEASE_NOT_OWNED,
-            catalog.LOCK_EXTEND_FAILURES,
-        ):
-            self._metrics[spec.name].labels(label)
-        for outcome in LOCK_OUTCOMES:
-            self._metrics[catalog.LOCK_ACQUIRE_DURATION.name].labels(label, outcome)
+        self._prime_series(label, _LOCK_SERIES)
+
+    def _prime_series(self, label: str, specs: tuple[MetricSpec, ...]) -> None:
+        """Create ``specs``' series of ``label`` (a guarded first label; not when folded)."""
+        if label is OVERFLOW_VALUE:
+            return
+        for spec in specs:
+            metric = self._metrics[spec.name]
+            if len(spec.labels) == 1:
+                metric.labels(label)
+            else:
+                for value in _CHECKED[(spec.name, spec.labels[1])]:
+                    metric.labels(label, value)
 
     def metric(self, spec: MetricSpec) -> Any:
         """The prometheus_client object behind ``spec`` (for reading values in tests)."""

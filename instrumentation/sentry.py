@@ -44,23 +44,14 @@ class Sentry:
     nowhere); ``promo_skus`` always get their own series and ``max_skus`` bounds the others;
     ``log`` and ``trace`` switch the log lines and spans; ``tracer_provider`` defaults to the
     global OpenTelemetry one; ``conflict_on`` lists the exception types the app raises to
-    answer a buyer "sold out" (a reservation they end is ``out_of_stock``, not ``error``;
-    the web frameworks' HTTP 4xx exceptions are such answers without being listed).
-    ``freeze`` (a Redis URL or client, or
-    :class:`~stocksentry.instrumentation.freezeview.FreezeSettings`) makes
-    :meth:`reservation` refuse a frozen SKU with
-    :class:`~stocksentry.instrumentation.outcomes.SkuFrozen` (docs/containment.md).
+    answer a buyer "sold out" (a reservation they end is ``out_of_stock``, not ``error``,
+    as with the web frameworks' HTTP 4xx exceptions). ``freeze`` (a Redis URL or client,
+    or :class:`~stocksentry.instrumentation.freezeview.FreezeSettings`) makes
+    :meth:`reservation` refuse a frozen SKU (docs/containment.md).
 
-    Log lines go to structlog only once the application configured it
-    (:func:`~stocksentry.instrumentation.logs.configure_logging` or its own
-    ``structlog.configure``), or to the ``logger`` given: a library must not print, and
-    structlog's unconfigured default prints every line to stdout.
-
-    Example::
-
-        sentry = Sentry(registry=CollectorRegistry(), promo_skus=["EGG-01"])
-        with sentry.reservation("EGG-01", strategy="for_update") as r:
-            r.success(old_stock=3, new_stock=2)
+    Log lines go to the ``logger`` given, else to structlog once the application
+    configured it: a library must not print, and structlog's unconfigured default prints
+    every line to stdout.
     """
 
     def __init__(
@@ -237,14 +228,7 @@ class Sentry:
         The SKU is ``sku`` when given, else the decorated function's ``sku_arg`` argument.
         Inside, :func:`current_reservation` returns the handle for marks; a function that
         returns ``False`` without a mark ends as ``out_of_stock``.
-
-        Example::
-
-            @sentry.reserves(strategy="atomic")
-            def reserve(sku: str, qty: int) -> bool:
-                return conditional_update(sku, qty) == 1
         """
-
         return reserving(lambda: self, strategy=strategy, sku=sku, sku_arg=sku_arg)
 
     def record_reservation(
