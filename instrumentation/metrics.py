@@ -20,9 +20,8 @@ from . import catalog, mpexemplars
 from .catalog import OVERFLOW_VALUE, MetricSpec
 from .guard import CACHE_CHAR_BUDGET, MAX_CACHED_KEY_LENGTH, LabelGuard
 
-#: Budgets for the labels whose values come from the app but are not SKUs. They are small
-#: sets by nature (strategy names, operation names, cache and lock names, table names); a
-#: budget keeps a bug in the app from turning them into unbounded series.
+#: The budget of each label whose values come from the app but are not SKUs (strategy,
+#: operation, cache, lock, table names: small sets, unless the app has a bug).
 SMALL_LABEL_BUDGET = 50
 #: The parts of the instrumentation that count their own failures
 #: (``stocksentry_instrumentation_errors_total{component}``).

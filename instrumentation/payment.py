@@ -15,13 +15,8 @@ if TYPE_CHECKING:
 
 
 class PaymentCallback(BlockHandle):
-    """A payment callback: a span linked to the checkout, and the paid-order count.
-
-    A block that ends without an exception and without another mark counts one paid
-    order. :meth:`replay` marks a duplicate callback (counted as an idempotency replay of
-    ``payment_callback``, not as a second paid order); :meth:`refund_due_to_oversell`
-    marks a payment that must be refunded because the stock was not there.
-    """
+    """A payment callback: a span linked to the checkout, and the paid-order count (one
+    for a block that ends without an exception and without another mark)."""
 
     def __init__(
         self,
