@@ -103,10 +103,8 @@ def make_app(tracer: trace.Tracer, seen: Seen, **options: str) -> web.Applicatio
             raise
 
     app = web.Application(middlewares=[outer, correlation_middleware(**options)])
-    app.router.add_get("/checkout", checkout)
-    app.router.add_get("/fail", fail)
-    app.router.add_get("/missing", missing)
-    app.router.add_get("/streamed", streamed)
+    for handler in (checkout, fail, missing, streamed):  # each at /<its name>
+        app.router.add_get(f"/{handler.__name__}", handler)
     return app
 
 
