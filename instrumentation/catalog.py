@@ -94,8 +94,6 @@ class MetricSpec:
     @property
     def sample_names(self) -> tuple[str, ...]:
         """The sample names this metric produces in the text exposition format."""
-        if self.kind == "counter":
-            return (self.name,)
         if self.kind == "histogram":
             return (f"{self.name}_bucket", f"{self.name}_count", f"{self.name}_sum")
         return (self.name,)

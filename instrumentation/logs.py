@@ -261,13 +261,11 @@ def _line_fields(logger_name: Processor) -> list[Processor]:
     ]
 
 
-#: promslog's level names (Go's slog): the logfmt lines read like the exporters' own.
+#: promslog's level names (Go's slog) where they are not ours in upper case: the logfmt
+#: lines read like the exporters' own.
 _PROMSLOG_LEVELS: Final = {
-    "debug": "DEBUG",
-    "info": "INFO",
     "warning": "WARN",
     "warn": "WARN",
-    "error": "ERROR",
     "critical": "ERROR",
     "exception": "ERROR",
 }
