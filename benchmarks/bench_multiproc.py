@@ -286,12 +286,14 @@ def exemplars(path: Path) -> tuple[str, str]:
 HOT = textwrap.dedent(
     """
     import statistics, timeit
+    from stocksentry.instrumentation import catalog
     from stocksentry.instrumentation.metrics import StockMetrics
     m = StockMetrics()
     ex = {"trace_id": "4bf92f3577b34da6a3ce929d0e0e4736", "span_id": "00f067aa0ba902b7"}
+    d = catalog.RESERVATION_DURATION
     for name, fn in (
-        ("without exemplar", lambda: m.reservation_duration("success", 0.02)),
-        ("with exemplar", lambda: m.reservation_duration("success", 0.02, ex)),
+        ("without exemplar", lambda: m.observe(d, 0.02, "success")),
+        ("with exemplar", lambda: m.observe(d, 0.02, "success", exemplar=ex)),
     ):
         fn()
         runs = [min(timeit.repeat(fn, number=20000, repeat=3)) / 20000 * 1e6 for _ in range(5)]
