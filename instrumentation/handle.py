@@ -16,19 +16,14 @@ if TYPE_CHECKING:
     from .sentry import Sentry
 
 
-def is_int_like(value: object) -> bool:
-    """Whether ``value`` is an integer for stocksentry: an ``int`` or anything with
-    ``__index__`` (numpy's integers, say); never a str, float or ``Decimal``."""
-    return isinstance(value, int) or hasattr(type(value), "__index__")
-
-
 def misuse(**values: object) -> str | None:
     """The first app-provided value of the wrong type, described; ``None`` when all fit.
 
     The keyword's name says what the value must be: ``sku``, ``strategy``,
     ``operation``, ``cache``, ``reason`` and ``outcome`` must be str;
     ``qty``, ``stock``, ``old_stock``, ``new_stock``, ``available``, ``cached`` and
-    ``actual`` int-like or ``None`` (``qty`` never ``None``); ``duration`` a real number
+    ``actual`` an ``int`` or anything with ``__index__`` (numpy's integers; never a float or
+    ``Decimal``) or ``None`` (``qty`` never ``None``); ``duration`` a real number
     or ``None``. The description names the type, never the value, so a hostile value
     cannot flood the error log.
     """
@@ -41,7 +36,9 @@ def misuse(**values: object) -> str | None:
                 isinstance(value, bool) or not isinstance(value, (int, float))
             ):
                 return f"duration must be a number of seconds, got {type(value).__name__}"
-        elif (value is not None or name == "qty") and not is_int_like(value):
+        elif (value is not None or name == "qty") and not (
+            isinstance(value, int) or hasattr(type(value), "__index__")
+        ):
             return f"{name} must be an int, got {type(value).__name__}"
     return None
 
