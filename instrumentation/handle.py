@@ -4,7 +4,6 @@ type check of the values the app passes."""
 from __future__ import annotations
 
 from contextvars import Token
-from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, Self
 
 from opentelemetry import context as otel_context
@@ -102,13 +101,8 @@ class BlockHandle:
         self._enter()
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> Literal[False]:
-        self._exit(exc)
+    def __exit__(self, *exc_info: Any) -> Literal[False]:
+        self._exit(exc_info[1])  # (type, exception, traceback)
         return False
 
     async def __aenter__(self) -> Self:
