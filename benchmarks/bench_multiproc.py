@@ -81,24 +81,25 @@ WORKER = textwrap.dedent(
     for i, sku in enumerate(names):
         n = 1 + (i + worker) % 7
         for _ in range(n):
-            metrics.reservation_success(sku, "atomic")
+            metrics.count(catalog.RESERVATION_SUCCESS, sku, "atomic")
         reasons = catalog.CONFLICT_REASONS
-        metrics.reservation_conflict(sku, reasons[i % len(reasons)])
-        metrics.order_paid(sku, n)
+        metrics.count(catalog.RESERVATION_CONFLICT, sku, reasons[i % len(reasons)])
+        metrics.count(catalog.ORDERS_PAID, sku, amount=n)
         if i % 17 == 0:
-            metrics.refund_due_to_oversell(sku)
-            metrics.inventory_negative(sku)
+            metrics.count(catalog.REFUND_DUE_TO_OVERSELL, sku)
+            metrics.count(catalog.INVENTORY_NEGATIVE, sku)
         cache_age.labels(sku).set((i * 3 + worker) % 60)
     for j, outcome in enumerate(catalog.OUTCOMES):
         for k in range(20):
             # Every observation carries an exemplar, as under a recording tracer.
             exemplar = {"trace_id": f"{worker:08x}{j:08x}{k:016x}", "span_id": f"{k:016x}"}
             seconds = ((j * 20 + k + worker) % 1000) / 1000
-            metrics.reservation_duration(outcome, seconds, exemplar)
-            metrics.db_lock_wait(("products", "orders")[k % 2], seconds / 3, exemplar)
+            metrics.observe(catalog.RESERVATION_DURATION, seconds, outcome, exemplar=exemplar)
+            table = ("products", "orders")[k % 2]
+            metrics.observe(catalog.DB_LOCK_WAIT, seconds / 3, table, exemplar=exemplar)
     for lock in ("stock", "order"):
-        metrics.lock_acquire_duration(lock, "acquired", 0.01 * (worker + 1))
-        metrics.lock_hold_ratio(lock, 0.1 * (worker % 10))
+        metrics.observe(catalog.LOCK_ACQUIRE_DURATION, 0.01 * (worker + 1), lock, "acquired")
+        metrics.observe(catalog.LOCK_HOLD_RATIO, 0.1 * (worker % 10), lock)
     inflight.set(worker)
     last_sale.set(1_700_000_000 + worker)
     print("ready", flush=True)
@@ -285,12 +286,14 @@ def exemplars(path: Path) -> tuple[str, str]:
 HOT = textwrap.dedent(
     """
     import statistics, timeit
+    from stocksentry.instrumentation import catalog
     from stocksentry.instrumentation.metrics import StockMetrics
     m = StockMetrics()
     ex = {"trace_id": "4bf92f3577b34da6a3ce929d0e0e4736", "span_id": "00f067aa0ba902b7"}
+    d = catalog.RESERVATION_DURATION
     for name, fn in (
-        ("without exemplar", lambda: m.reservation_duration("success", 0.02)),
-        ("with exemplar", lambda: m.reservation_duration("success", 0.02, ex)),
+        ("without exemplar", lambda: m.observe(d, 0.02, "success")),
+        ("with exemplar", lambda: m.observe(d, 0.02, "success", exemplar=ex)),
     ):
         fn()
         runs = [min(timeit.repeat(fn, number=20000, repeat=3)) / 20000 * 1e6 for _ in range(5)]

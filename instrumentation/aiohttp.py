@@ -37,37 +37,19 @@ REQUEST_ID_KEY: Final[Any] = (
     else "stocksentry.request_id"
 )
 
+#: Request header read as ``idempotency_key``.
 IDEMPOTENCY_HEADER = "Idempotency-Key"
-"""Request header read as ``idempotency_key``.
-
-Example::
-
-    await client.post("/checkout", headers={IDEMPOTENCY_HEADER: "k-1"})
-"""
 
 
 def correlation_middleware(*, header: str = "X-Request-ID") -> Middleware:
     """Build a middleware that correlates each request in logs and traces.
 
-    For the duration of the handler it:
-
-    - binds ``request_id`` (the *header* value if it is 1-128 printable ASCII
-      characters, otherwise a new one) and ``idempotency_key`` (the
-      ``Idempotency-Key`` header, when safe) with
-      :func:`~stocksentry.instrumentation.logs.bind_correlation`;
-    - makes the W3C ``traceparent``/``tracestate`` caller context current, so
-      spans started in the handler join the caller's trace (unless a server
-      span from another instrumentation is already current);
-    - echoes the id in the *header* of the response, including
-      ``web.HTTPException`` responses, which are re-raised unchanged. Other
-      exceptions pass through untouched.
-
-    Handlers read the ids with
+    For the duration of the handler it binds ``request_id`` (the *header* value when
+    safe, else a new one) and ``idempotency_key``, and makes the caller's W3C trace
+    context current (:func:`~stocksentry.instrumentation.logs.request_correlation`); it
+    echoes the id in the *header* of the response, also of a ``web.HTTPException``
+    (re-raised unchanged). Handlers read the ids with
     :func:`~stocksentry.instrumentation.logs.get_correlation`.
-
-    Example::
-
-        app = web.Application(middlewares=[correlation_middleware()])
     """
 
     @web.middleware
@@ -89,18 +71,12 @@ def correlation_middleware(*, header: str = "X-Request-ID") -> Middleware:
 
 
 class CorrelatedAccessLogger(AbstractAccessLogger):
-    """aiohttp's access log line with the request's ``request_id`` as a field.
+    """aiohttp's access log line (the common log's text) with the request's ``request_id``.
 
-    aiohttp writes its access line after the middlewares have returned, so the ids
-    :func:`correlation_middleware` bound are gone by then; this logger reads the id the
-    middleware left on the request and passes it as an ``extra`` field, which
-    :func:`~stocksentry.instrumentation.logs.configure_logging` puts in the line like any
-    other (``"request_id": "…"`` in JSON, ``request_id=…`` in logfmt). The text is the
-    common log's: ``remote "METHOD path HTTP/x.y" status bytes seconds``.
-
-    Example::
-
-        web.run_app(app, access_log_class=CorrelatedAccessLogger)
+    aiohttp writes it after the middlewares returned, when the ids
+    :func:`correlation_middleware` bound are gone: the id the middleware left on the
+    request comes as an ``extra`` field, which
+    :func:`~stocksentry.instrumentation.logs.configure_logging` puts in the line.
     """
 
     def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:

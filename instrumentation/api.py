@@ -1,11 +1,6 @@
-"""The process-wide :class:`Sentry` and the module functions that record on it.
-
-:func:`configure` installs the instance the functions use (tests build their own
-``Sentry(registry=CollectorRegistry())``). Every recording call is safe from threads and
-asyncio tasks and never raises into the application at run time: a failure inside
-stocksentry is counted in ``stocksentry_instrumentation_errors_total{component}`` and
-logged at most once per ``error_log_interval`` seconds per component.
-"""
+"""The process-wide :class:`Sentry` (:func:`configure`) and the module functions that
+record on it; like the Sentry's methods, they never raise into the application at run
+time (:meth:`Sentry.internal_error`)."""
 
 from __future__ import annotations
 

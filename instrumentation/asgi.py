@@ -31,18 +31,11 @@ _IDEMPOTENCY_HEADER = "idempotency-key"
 class CorrelationMiddleware:
     """Correlate each HTTP request in logs and traces.
 
-    For ``http`` scopes, while the wrapped app runs it binds ``request_id``
-    (the *header* value if it is 1-128 printable ASCII characters, otherwise a
-    new one) and ``idempotency_key`` (``Idempotency-Key``, when safe) with
-    :func:`~stocksentry.instrumentation.logs.bind_correlation`, makes the W3C
-    ``traceparent``/``tracestate`` caller context current (unless a span is
-    already current), and adds the request id to ``http.response.start``.
-    Other scope types (``websocket``, ``lifespan``) pass straight through;
-    exceptions from the app propagate unchanged.
-
-    Example::
-
-        app = CorrelationMiddleware(app, header="x-correlation-id")
+    For ``http`` scopes, while the wrapped app runs it binds ``request_id`` (the *header*
+    value when safe, else a new one) and ``idempotency_key``, makes the caller's W3C trace
+    context current (:func:`~stocksentry.instrumentation.logs.request_correlation`), and
+    adds the request id to ``http.response.start``. Other scope types pass straight
+    through; exceptions from the app propagate unchanged.
     """
 
     __slots__ = ("_header", "_header_bytes", "app")

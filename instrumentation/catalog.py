@@ -94,11 +94,19 @@ class MetricSpec:
     @property
     def sample_names(self) -> tuple[str, ...]:
         """The sample names this metric produces in the text exposition format."""
-        if self.kind == "counter":
-            return (self.name,)
         if self.kind == "histogram":
             return (f"{self.name}_bucket", f"{self.name}_count", f"{self.name}_sum")
         return (self.name,)
+
+
+def _probe(name: str, kind: MetricKind, help: str, labels: tuple[str, ...] = ()) -> MetricSpec:
+    """A metric the exporter's probes compute."""
+    return MetricSpec(name, kind, help, labels, source="probe")
+
+
+def _exporter(name: str, kind: MetricKind, help: str, labels: tuple[str, ...] = ()) -> MetricSpec:
+    """A metric of the exporter's own health."""
+    return MetricSpec(name, kind, help, labels, source="exporter")
 
 
 # --- recorded by the app (instrumentation) -------------------------------------------------
@@ -228,186 +236,139 @@ LOCK_ACQUIRE_RETRIES = MetricSpec(
 )
 # --- computed by the exporter's probes -----------------------------------------------------
 
-NEGATIVE_INVENTORY_SKUS = MetricSpec(
-    "stock_inventory_negative_skus",
-    "gauge",
-    "SKUs whose stock is below zero.",
-    source="probe",
+NEGATIVE_INVENTORY_SKUS = _probe(
+    "stock_inventory_negative_skus", "gauge", "SKUs whose stock is below zero."
 )
-NEGATIVE_INVENTORY_UNITS = MetricSpec(
-    "stock_inventory_negative_units",
-    "gauge",
-    "Units below zero summed over all SKUs.",
-    source="probe",
+NEGATIVE_INVENTORY_UNITS = _probe(
+    "stock_inventory_negative_units", "gauge", "Units below zero summed over all SKUs."
 )
-NEGATIVE_INVENTORY_SKU_UNITS = MetricSpec(
+NEGATIVE_INVENTORY_SKU_UNITS = _probe(
     "stock_inventory_negative_sku_units",
     "gauge",
     "Units below zero of each of the SKUs lowest below zero (the rest summed under "
     "__other__); promo SKUs always, at 0 when not below zero.",
     ("sku",),
-    source="probe",
 )
-OVERSOLD_UNITS = MetricSpec(
+OVERSOLD_UNITS = _probe(
     "stock_oversold_units",
     "gauge",
     "Paid units beyond the SKU's inventory for the sale.",
     ("sku",),
-    source="probe",
 )
-DUPLICATE_ORDER_KEYS = MetricSpec(
+DUPLICATE_ORDER_KEYS = _probe(
     "stock_duplicate_order_keys",
     "gauge",
     "Idempotency keys or external references with more than one order in the window.",
-    source="probe",
 )
-DUPLICATE_ORDER_SKU_KEYS = MetricSpec(
+DUPLICATE_ORDER_SKU_KEYS = _probe(
     "stock_duplicate_order_sku_keys",
     "gauge",
     "Keys with more than one order in the window among whose orders' items the SKU is, "
     "for the SKUs with the most such keys (the rest summed under __other__).",
     ("sku",),
-    source="probe",
 )
-DB_LOCK_WAITERS = MetricSpec(
-    "stock_db_lock_waiters",
-    "gauge",
-    "Sessions currently waiting for a lock.",
-    source="probe",
+DB_LOCK_WAITERS = _probe(
+    "stock_db_lock_waiters", "gauge", "Sessions currently waiting for a lock."
 )
-DB_LOCK_WAIT_MAX = MetricSpec(
-    "stock_db_lock_wait_max_seconds",
-    "gauge",
-    "Longest current lock wait.",
-    source="probe",
-)
-DB_DEADLOCKS = MetricSpec(
+DB_LOCK_WAIT_MAX = _probe("stock_db_lock_wait_max_seconds", "gauge", "Longest current lock wait.")
+DB_DEADLOCKS = _probe(
     "stock_db_server_deadlock_total",
     "counter",
     "Deadlocks since the database statistics were reset (pg_stat_database).",
     ("database",),
-    source="probe",
 )
-DB_LONG_TRANSACTIONS = MetricSpec(
+DB_LONG_TRANSACTIONS = _probe(
     "stock_db_long_transactions",
     "gauge",
     "Transactions open longer than the threshold that hold locks on stock tables.",
-    source="probe",
 )
-DB_LONG_TRANSACTION_MAX = MetricSpec(
+DB_LONG_TRANSACTION_MAX = _probe(
     "stock_db_long_transaction_max_seconds",
     "gauge",
     "Age of the oldest transaction holding locks on stock tables (0 when none is over the "
     "threshold).",
-    source="probe",
 )
-RESERVATIONS_EXPIRED_UNRELEASED = MetricSpec(
+RESERVATIONS_EXPIRED_UNRELEASED = _probe(
     "stock_reservations_expired_unreleased",
     "gauge",
     "Reservations past their expiry whose stock was not given back.",
-    source="probe",
 )
-OUTBOX_PENDING = MetricSpec(
-    "stock_outbox_pending_events",
-    "gauge",
-    "Outbox events not yet published.",
-    source="probe",
+OUTBOX_PENDING = _probe("stock_outbox_pending_events", "gauge", "Outbox events not yet published.")
+OUTBOX_LAG = _probe(
+    "stock_outbox_lag_seconds", "gauge", "Age of the oldest unpublished outbox event."
 )
-OUTBOX_LAG = MetricSpec(
-    "stock_outbox_lag_seconds",
-    "gauge",
-    "Age of the oldest unpublished outbox event.",
-    source="probe",
-)
-OUTBOX_STUCK = MetricSpec(
+OUTBOX_STUCK = _probe(
     "stock_outbox_stuck_events",
     "gauge",
     "Outbox events unpublished for longer than the configured publish latency.",
-    source="probe",
 )
-OUTBOX_MAX_PUBLISH_LATENCY = MetricSpec(
+OUTBOX_MAX_PUBLISH_LATENCY = _probe(
     "stock_outbox_max_publish_latency_seconds",
     "gauge",
     "The publish latency the outbox probe is configured with (the alert's threshold).",
-    source="probe",
 )
-CACHE_DRIFT_SKUS = MetricSpec(
+CACHE_DRIFT_SKUS = _probe(
     "stock_cache_drift_skus",
     "gauge",
     "SKUs whose cached stock differs from the database beyond tolerance and grace.",
     ("cache",),
-    source="probe",
 )
-CACHE_DRIFT_SKU_UNITS = MetricSpec(
+CACHE_DRIFT_SKU_UNITS = _probe(
     "stock_cache_drift_sku_units",
     "gauge",
     "Units between the cached and the database stock of each of the SKUs drifting the "
     "most beyond tolerance and grace (+Inf: the cached value is not a number; the rest "
     "summed under __other__); every compared SKU always, at 0 when not drifting.",
     ("cache", "sku"),
-    source="probe",
 )
 
 # --- the exporter's own health -------------------------------------------------------------
 
-PROBE_UP = MetricSpec(
+PROBE_UP = _exporter(
     "stocksentry_probe_up",
     "gauge",
     "1 when the probe's last run succeeded, 0 otherwise.",
     ("probe",),
-    source="exporter",
 )
-PROBE_DURATION = MetricSpec(
-    "stocksentry_probe_duration_seconds",
-    "gauge",
-    "Duration of the probe's last run.",
-    ("probe",),
-    source="exporter",
+PROBE_DURATION = _exporter(
+    "stocksentry_probe_duration_seconds", "gauge", "Duration of the probe's last run.", ("probe",)
 )
-PROBE_LAST_SUCCESS = MetricSpec(
+PROBE_LAST_SUCCESS = _exporter(
     "stocksentry_probe_last_success_timestamp_seconds",
     "gauge",
     "Unix time of the probe's last successful run.",
     ("probe",),
-    source="exporter",
 )
 
-PROBE_LEADER = MetricSpec(
+PROBE_LEADER = _exporter(
     "stocksentry_probe_leader",
     "gauge",
     "1 when this exporter runs the database probes (it holds the advisory lock), 0 otherwise.",
-    source="exporter",
 )
-COLLECTOR_ERRORS = MetricSpec(
+COLLECTOR_ERRORS = _exporter(
     "stocksentry_collector_errors_total",
     "counter",
     "Scrapes in which a collector was left out because its collect() raised, its output "
     "could not be encoded, or it repeated a metric family another collector had already "
     "exposed.",
     ("collector",),
-    source="exporter",
 )
-MULTIPROCESS_FILES_SKIPPED = MetricSpec(
+MULTIPROCESS_FILES_SKIPPED = _exporter(
     "stocksentry_multiprocess_files_skipped_total",
     "counter",
     "Multiprocess files skipped while merging a scrape because they were truncated, "
     "corrupt, unreadable or badly named; counted once per scrape that skipped them.",
     ("reason",),
-    source="exporter",
 )
-MULTIPROCESS_FILES = MetricSpec(
-    "stocksentry_multiprocess_files",
-    "gauge",
-    "Multiprocess files merged into the last scrape.",
-    source="exporter",
+MULTIPROCESS_FILES = _exporter(
+    "stocksentry_multiprocess_files", "gauge", "Multiprocess files merged into the last scrape."
 )
-BUILD_INFO = MetricSpec(
+BUILD_INFO = _exporter(
     "stocksentry_build_info",
     "gauge",
     "Always 1; its labels say which build of the exporter runs: the package version, the "
     "source revision (unknown when the build did not record it) and the Python version.",
     ("version", "revision", "python_version"),
-    source="exporter",
 )
 
 INSTRUMENTATION_ERRORS = MetricSpec(
@@ -441,53 +402,46 @@ LOCKWATCH_EVENTS: tuple[str, ...] = (
 #: The ``reason`` values of ``stocksentry_lockwatch_leases_lost_total``.
 LOCKWATCH_LOST_REASONS: tuple[str, ...] = ("disconnect", "tracked_limit", "end_unseen", "evicted")
 
-LOCK_ACQUISITIONS = MetricSpec(
+LOCK_ACQUISITIONS = _probe(
     "stock_lock_acquisitions_total",
     "counter",
     "Distributed lock acquisitions seen by the Redis lock watcher (a SET of a watched key).",
     ("lock",),
-    source="probe",
 )
-LOCKWATCH_EVENT_COUNT = MetricSpec(
+LOCKWATCH_EVENT_COUNT = _exporter(
     "stocksentry_lockwatch_events_total",
     "counter",
     "Keyspace notifications of watched lock keys received by the lock watcher, by event.",
     ("event",),
-    source="exporter",
 )
-LOCKWATCH_CONNECTED = MetricSpec(
+LOCKWATCH_CONNECTED = _exporter(
     "stocksentry_lockwatch_connected",
     "gauge",
     "1 while the lock watcher is subscribed to Redis keyspace notifications, 0 otherwise.",
-    source="exporter",
 )
-LOCKWATCH_NOTIFICATIONS = MetricSpec(
+LOCKWATCH_NOTIFICATIONS = _exporter(
     "stocksentry_lockwatch_notifications_enabled",
     "gauge",
     "1 when Redis's notify-keyspace-events holds the flags the lock watcher needs, 0 when "
     "it lacks one; absent when CONFIG GET is refused.",
-    source="exporter",
 )
-LOCKWATCH_RECONNECTS = MetricSpec(
+LOCKWATCH_RECONNECTS = _exporter(
     "stocksentry_lockwatch_reconnects_total",
     "counter",
     "Times the lock watcher subscribed again after losing its Redis connection.",
-    source="exporter",
 )
-LOCKWATCH_DISCONNECTED_SECONDS = MetricSpec(
+LOCKWATCH_DISCONNECTED_SECONDS = _exporter(
     "stocksentry_lockwatch_disconnected_seconds_total",
     "counter",
     "Seconds the lock watcher was not subscribed after its first subscription: keyspace "
     "notifications of that time are lost.",
-    source="exporter",
 )
-LOCKWATCH_LEASES_LOST = MetricSpec(
+LOCKWATCH_LEASES_LOST = _exporter(
     "stocksentry_lockwatch_leases_lost_total",
     "counter",
     "Lock leases the watcher stopped following before seeing their end (disconnect, "
     "tracked_limit, end_unseen, evicted): their hold time and release are not counted.",
     ("reason",),
-    source="exporter",
 )
 
 # --- containment: per-SKU freezes (docs/containment.md) ------------------------------------
@@ -496,21 +450,19 @@ LOCKWATCH_LEASES_LOST = MetricSpec(
 #: out; one the webhook would have made in dry run, or refused past its blast-radius limit.
 FREEZE_ACTIONS: tuple[str, ...] = ("freeze", "unfreeze", "expire", "dry_run", "over_limit")
 
-SKU_FROZEN = MetricSpec(
+SKU_FROZEN = _exporter(
     "stocksentry_sku_frozen",
     "gauge",
     "1 for each SKU frozen now (checkouts honouring the freeze refuse it), read from Redis "
     "by the sidecar.",
     ("sku",),
-    source="exporter",
 )
-FREEZE_ACTION_COUNT = MetricSpec(
+FREEZE_ACTION_COUNT = _exporter(
     "stocksentry_freeze_actions_total",
     "counter",
     "Freeze changes seen by the sidecar, by who made them (person, alert) and action "
     "(freeze, unfreeze, expire, dry_run, over_limit).",
     ("source", "action"),
-    source="exporter",
 )
 
 #: Every metric, in catalog order (the order of definition above).

@@ -1,13 +1,9 @@
 """The log event catalog: every structured log line stocksentry writes, by name.
 
-The metric catalog (:mod:`stocksentry.instrumentation.catalog`) says what is counted;
-this says what is *logged*. The recording API, the SQLAlchemy and lock integrations
-write these events, and ``stocksentry timeline`` reads them back, both through the
-constants here, so a renamed event or field breaks the build instead of a timeline that
-silently finds nothing. Correlation keys (``request_id``, ``idempotency_key``,
-``order_id``, ``payment_reference``, ``trace_id``, ``span_id``) are bound by
-:func:`stocksentry.instrumentation.logs.bind_correlation` and come on every line; the
-fields listed here are the event's own.
+What the metric catalog (:mod:`.catalog`) is for counts, this is for log lines: the
+integrations write these events and ``stocksentry timeline`` reads them back through
+these constants, so a renamed event or field breaks the build. The fields listed are the
+event's own; the correlation keys (:func:`.logs.bind_correlation`) come on every line.
 
 Example::
 
@@ -63,10 +59,7 @@ RESERVATION_FROZEN: Final = LogEvent(
     "``freeze_source``, person or alert, from the freeze).",
 )
 INVENTORY_NEGATIVE: Final = LogEvent(
-    "inventory_negative",
-    "warning",
-    ("sku", "stock"),
-    "A write left the stock below zero.",
+    "inventory_negative", "warning", ("sku", "stock"), "A write left the stock below zero."
 )
 PAYMENT_CALLBACK: Final = LogEvent(
     "payment_callback",

@@ -80,6 +80,16 @@ class FreezeContractError(ValueError):
     """A SKU, reason, template or stored value that the freeze contract does not allow."""
 
 
+def _json_object(raw: str | bytes, what: str) -> dict[str, Any]:
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise FreezeContractError(f"{what} is not JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise FreezeContractError(f"{what} is not a JSON object")
+    return data
+
+
 @dataclass(frozen=True, slots=True)
 class FreezeState:
     """One frozen SKU: the JSON value of its key."""
@@ -102,12 +112,7 @@ class FreezeState:
     @classmethod
     def from_json(cls, raw: str | bytes) -> FreezeState:
         """The state a key holds; :class:`FreezeContractError` for anything else."""
-        try:
-            data = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise FreezeContractError(f"freeze value is not JSON: {exc}") from None
-        if not isinstance(data, dict):
-            raise FreezeContractError("freeze value is not a JSON object")
+        data = _json_object(raw, "freeze value")
         sku, reason, source = data.get("sku"), data.get("reason", ""), data.get("source")
         at, expires, by = data.get("at"), data.get("expires_at"), data.get("by", "")
         if not isinstance(sku, str) or not isinstance(reason, str) or not isinstance(by, str):
@@ -197,12 +202,7 @@ def message(
 def parse_message(raw: str | bytes) -> tuple[str, str, FreezeState | None, str]:
     """``(action, sku, state, source)`` of a channel message (``state`` ``None`` on
     unfreeze; ``source`` who made the change); :class:`FreezeContractError` else."""
-    try:
-        data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise FreezeContractError(f"freeze message is not JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise FreezeContractError("freeze message is not a JSON object")
+    data = _json_object(raw, "freeze message")
     action, sku, state = data.get("action"), data.get("sku"), data.get("state")
     if action not in ("freeze", "unfreeze") or not isinstance(sku, str):
         raise FreezeContractError("freeze message: unknown action or no sku")

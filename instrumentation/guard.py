@@ -1,17 +1,7 @@
 """Cardinality guard: bounded, sanitised label values.
 
-A flash sale can carry thousands of SKUs and a hostile client can send any string as one.
-Every ``sku`` label value goes through a :class:`LabelGuard`: the configured promo SKUs
-always keep their own series, at most ``max_values`` other distinct values are admitted
-(first come, first kept: a counter's series cannot be evicted without losing its count),
-and everything past that folds into :data:`~stocksentry.instrumentation.catalog.OVERFLOW_VALUE`.
-
-Example::
-
-    guard = LabelGuard(max_values=2, always=["PROMO-1"])
-    guard("PROMO-1")      # 'PROMO-1'
-    guard("A\\n<script>")   # 'A__script_'
-    guard("B"), guard("C")  # ('B', '__other__')
+A flash sale can carry thousands of SKUs and a hostile client can send any string as one:
+every ``sku`` label value goes through a :class:`LabelGuard`.
 """
 
 from __future__ import annotations
@@ -26,14 +16,11 @@ from .catalog import OVERFLOW_VALUE
 #: lone surrogates that would break the UTF-8 exposition) becomes ``_``.
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.:/@#+\-]")
 EMPTY_VALUE = "__empty__"
-#: The longest raw value kept as a cache key (here and in the metrics' children caches).
-#: A label value is cut to ``max_length`` (64) characters anyway; a longer raw value is
-#: sanitised on every call instead of being cached, so a cache holds at most its entry
-#: limit times this many characters (times 4 bytes, Python's widest string storage),
-#: whatever the app sends. Hostile 256 kB SKUs would otherwise stay alive as keys.
+#: The longest raw value kept as a cache key (here and in the metrics' children caches): a
+#: longer one is sanitised at every call, so hostile 256 kB SKUs do not stay alive as keys.
 MAX_CACHED_KEY_LENGTH = 256
-#: The characters of raw keys one cache may hold in all (1 Mi characters: at most 4 MiB).
-#: The entry limit alone lets many pinned SKUs multiply it; this one does not grow.
+#: The characters of raw keys one cache may hold in all (at most 4 MiB), however many
+#: entries its limit allows.
 CACHE_CHAR_BUDGET = 1 << 20
 
 
@@ -57,9 +44,10 @@ def sanitize_label_value(value: object, max_length: int = 64) -> str:
 class LabelGuard:
     """Bounds the distinct values of one label.
 
-    ``guard(value)`` returns the value to use as the label: sanitised, and
-    :data:`OVERFLOW_VALUE` once ``max_values`` values beyond ``always`` were admitted.
-    Thread-safe; the common path (a value seen before) is one dictionary lookup.
+    ``guard(value)`` returns the value to use as the label: sanitised, ``always`` values
+    kept, and at most ``max_values`` others admitted (first come, first kept: a counter's
+    series cannot be evicted without losing its count); past them
+    :data:`OVERFLOW_VALUE`. Thread-safe; a value seen before costs one dict lookup.
     """
 
     def __init__(

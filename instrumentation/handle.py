@@ -1,18 +1,10 @@
-"""What the reservation and payment-callback handles share: the block and its span.
-
-:class:`BlockHandle` gives a handle ``with`` and ``async with`` over its own ``_enter()``
-and ``_exit(exc)``, and ends the handle's span the one way both need: the result as an
-attribute, the exception and an error status when the block failed, then the span's
-context detached even when ending it raised. Internal: the public handles are
-:class:`~stocksentry.instrumentation.reservation.Reservation` and
-:class:`~stocksentry.instrumentation.payment.PaymentCallback`.
-"""
+"""What the reservation and payment-callback handles share: the block, its span, and the
+type check of the values the app passes."""
 
 from __future__ import annotations
 
 from contextvars import Token
-from types import TracebackType
-from typing import TYPE_CHECKING, Literal, Self
+from typing import TYPE_CHECKING, Any, Literal, Self
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace as otel_trace
@@ -23,19 +15,14 @@ if TYPE_CHECKING:
     from .sentry import Sentry
 
 
-def is_int_like(value: object) -> bool:
-    """Whether ``value`` is an integer for stocksentry: an ``int`` or anything with
-    ``__index__`` (numpy's integers, say); never a str, float or ``Decimal``."""
-    return isinstance(value, int) or hasattr(type(value), "__index__")
-
-
 def misuse(**values: object) -> str | None:
     """The first app-provided value of the wrong type, described; ``None`` when all fit.
 
     The keyword's name says what the value must be: ``sku``, ``strategy``,
     ``operation``, ``cache``, ``reason`` and ``outcome`` must be str;
     ``qty``, ``stock``, ``old_stock``, ``new_stock``, ``available``, ``cached`` and
-    ``actual`` int-like or ``None`` (``qty`` never ``None``); ``duration`` a real number
+    ``actual`` an ``int`` or anything with ``__index__`` (numpy's integers; never a float or
+    ``Decimal``) or ``None`` (``qty`` never ``None``); ``duration`` a real number
     or ``None``. The description names the type, never the value, so a hostile value
     cannot flood the error log.
     """
@@ -48,7 +35,9 @@ def misuse(**values: object) -> str | None:
                 isinstance(value, bool) or not isinstance(value, (int, float))
             ):
                 return f"duration must be a number of seconds, got {type(value).__name__}"
-        elif (value is not None or name == "qty") and not is_int_like(value):
+        elif (value is not None or name == "qty") and not (
+            isinstance(value, int) or hasattr(type(value), "__index__")
+        ):
             return f"{name} must be an int, got {type(value).__name__}"
     return None
 
@@ -57,11 +46,8 @@ _STR_ARGS = frozenset({"sku", "strategy", "operation", "cache", "reason", "outco
 
 
 class BlockHandle:
-    """A sync and async context manager over ``_enter()`` and ``_exit(exc)``, with a span.
-
-    A subclass implements :meth:`_enter` and :meth:`_exit`, which never raise into the
-    host: they catch, count and log.
-    """
+    """A sync and async context manager over ``_enter()`` and ``_exit(exc)`` (a subclass's;
+    they never raise into the host: they catch, count and log), with a span."""
 
     _span: Span | None = None
     # The context _use_span attached, and the token to detach it with.
@@ -91,12 +77,12 @@ class BlockHandle:
     ) -> None:
         """End ``span`` with ``key=result``; ``failed`` records ``exc`` and an error status."""
         try:
-            if span.is_recording():
-                span.set_attribute(key, result)
-                if failed:
-                    if exc is not None:
-                        span.record_exception(exc)
-                    span.set_status(StatusCode.ERROR)
+            # No is_recording() test: a span that records nothing ignores all three calls.
+            span.set_attribute(key, result)
+            if failed:
+                if exc is not None:
+                    span.record_exception(exc)
+                span.set_status(StatusCode.ERROR)
             span.end()
         except Exception as err:
             self._sentry.internal_error("tracing", err)
@@ -115,24 +101,12 @@ class BlockHandle:
         self._enter()
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> Literal[False]:
-        self._exit(exc)
+    def __exit__(self, *exc_info: Any) -> Literal[False]:
+        self._exit(exc_info[1])  # (type, exception, traceback)
         return False
 
     async def __aenter__(self) -> Self:
-        self._enter()
-        return self
+        return self.__enter__()
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> Literal[False]:
-        self._exit(exc)
-        return False
+    async def __aexit__(self, *exc_info: Any) -> Literal[False]:
+        return self.__exit__(*exc_info)

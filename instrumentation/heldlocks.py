@@ -38,13 +38,7 @@ _MAX_HELD = 32
 
 
 def held_locks() -> tuple[HeldLock, ...]:
-    """The acquisitions the current context holds (released ones left out), oldest first.
-
-    Example::
-
-        >>> held_locks()
-        ()
-    """
+    """The acquisitions the current context holds (released ones left out), oldest first."""
     held = _HELD.get()
     if not held:
         return held

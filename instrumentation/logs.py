@@ -52,24 +52,12 @@ CORRELATION_KEYS: tuple[str, ...] = (
     "order_id",
     "payment_reference",
 )
-"""Keys that identify one checkout across logs, spans and services.
-
-Example::
-
-    >>> "order_id" in CORRELATION_KEYS
-    True
-"""
+"""Keys that identify one checkout across logs, spans and services."""
 
 
 DEFAULT_REDACT_KEYS: frozenset[str] = SECRET_WORDS
 """Keys (compared case-insensitively) whose values :class:`Redactor` always masks; the
-words of :data:`stocksentry.instrumentation.secrets.SECRET_WORDS`.
-
-Example::
-
-    >>> "cvv" in DEFAULT_REDACT_KEYS
-    True
-"""
+words of :data:`stocksentry.instrumentation.secrets.SECRET_WORDS`."""
 
 
 # --- the processors (structlog's contract: (logger, method_name, event_dict) -> event_dict)
@@ -88,12 +76,11 @@ _KEY_CACHE_MAX_LENGTH = 128
 class Redactor:
     """Processor that masks secrets and card numbers before rendering.
 
-    Values whose key is sensitive (case-insensitively one of
-    :data:`DEFAULT_REDACT_KEYS` or *keys*; the defaults also inside a longer key such as
-    ``access_token`` or ``X-Api-Key``) become ``"[REDACTED]"``, also in
-    nested dicts, lists and tuples (copied, never mutated in place). Inside any
-    string value, Luhn-valid card numbers keep only their last four digits and
-    ``Bearer <token>`` loses the token. Non-string leaves are left alone.
+    Values whose key is sensitive (case-insensitively one of *keys*, or containing one of
+    :data:`DEFAULT_REDACT_KEYS`: ``access_token``, ``X-Api-Key``) become
+    ``"[REDACTED]"``, also in nested dicts, lists and tuples (copied, never mutated in
+    place). Inside string values, :func:`~.secrets.scrub_text` masks card numbers and
+    bearer tokens.
 
     Example::
 
@@ -159,11 +146,9 @@ class Redactor:
 
 
 def add_trace_context(logger: WrappedLogger, method_name: str, event_dict: EventDict) -> EventDict:
-    """Processor adding ``trace_id``, ``span_id`` and ``trace_flags`` of the current span.
-
-    As in W3C ``traceparent``: ids in lowercase hex (32 and 16 characters), the flags as
-    two hex digits (``"01"``: sampled), the fields of OpenTelemetry's log data model.
-    Nothing is added outside a valid span, and keys the caller already set are kept.
+    """Processor adding ``trace_id``, ``span_id`` and ``trace_flags`` of the current span
+    (:func:`~.tracing.trace_fields`); nothing outside a valid span, and keys the caller
+    already set are kept.
 
     Example::
 
@@ -180,11 +165,8 @@ def add_trace_context(logger: WrappedLogger, method_name: str, event_dict: Event
 
 
 def add_logger_name(logger: WrappedLogger, method_name: str, event_dict: EventDict) -> EventDict:
-    """Processor adding ``logger``: the wrapped logger's ``name``, unless the caller set one.
-
-    (structlog's own ``add_logger_name`` overwrites the caller's key and needs a stdlib
-    logger.)
-    """
+    """Processor adding ``logger``: the wrapped logger's ``name``, unless the caller set one
+    (structlog's own overwrites it and needs a stdlib logger)."""
     name = getattr(logger, "name", None)
     if name is not None:
         event_dict.setdefault("logger", name)
@@ -215,15 +197,8 @@ def drop_formatter_text(
     logger: WrappedLogger, method_name: str, event_dict: EventDict
 ) -> EventDict:
     """Drop ``message`` and ``asctime``: what another handler's ``Formatter`` left on a
-    stdlib record it saw first, copied by ``ExtraAdder`` as if it were an ``extra``.
-
-    ``logging`` refuses both names in ``extra=``, so they are never the caller's.
-
-    Example::
-
-        >>> drop_formatter_text(None, "info", {"event": "x", "message": "x", "asctime": "t"})
-        {'event': 'x'}
-    """
+    stdlib record it saw first, copied by ``ExtraAdder`` as if it were an ``extra``
+    (``logging`` refuses both names in ``extra=``, so they are never the caller's)."""
     event_dict.pop("message", None)
     event_dict.pop("asctime", None)
     return event_dict
@@ -233,11 +208,8 @@ def drop_formatter_text(
 
 
 class _LineWriter:
-    """structlog's wrapped logger: writes one rendered line to the stream.
-
-    It remembers the name given to ``get_logger(name)`` and shares its lock
-    with the stdlib bridge handler, so lines from both never interleave.
-    """
+    """structlog's wrapped logger: one rendered line to the stream, under the lock of the
+    stdlib bridge handler (no interleaving); ``name`` is ``get_logger(name)``'s."""
 
     __slots__ = ("_flush", "_lock", "_write", "name")
 
@@ -257,10 +229,8 @@ class _LineWriter:
 
 
 class _BridgeHandler(logging.StreamHandler[TextIO]):
-    """Root handler rendering stdlib records through our processors.
-
-    Its own class, so configure_logging can find and replace it.
-    """
+    """Root handler rendering stdlib records through our processors (its own class, so
+    configure_logging can find and replace it)."""
 
 
 def _resolve_level(level: int | str) -> int:
@@ -291,13 +261,11 @@ def _line_fields(logger_name: Processor) -> list[Processor]:
     ]
 
 
-#: promslog's level names (Go's slog): the logfmt lines read like the exporters' own.
+#: promslog's level names (Go's slog) where they are not ours in upper case: the logfmt
+#: lines read like the exporters' own.
 _PROMSLOG_LEVELS: Final = {
-    "debug": "DEBUG",
-    "info": "INFO",
     "warning": "WARN",
     "warn": "WARN",
-    "error": "ERROR",
     "critical": "ERROR",
     "exception": "ERROR",
 }
@@ -337,17 +305,13 @@ def configure_logging(
 ) -> None:
     """Configure structlog (and stdlib ``logging``) for JSON lines.
 
-    Each line is one JSON object with ``event``, ``level``, ``timestamp``
-    (ISO-8601 UTC, milliseconds), ``logger`` when known, every bound
-    contextvar (see :func:`bind_correlation`), ``trace_id``/``span_id`` inside
-    a span, with secrets masked by :class:`Redactor`. With *bridge_stdlib*,
-    records from stdlib ``logging`` (libraries) come out the same way on the
-    same stream. ``json=False`` renders for humans instead, or, with ``logfmt=True``,
-    as logfmt ``key=value`` pairs with promslog's keys first (``time level source msg``,
-    :func:`promslog_keys`), as the Prometheus exporters log.
-
-    Calling it again replaces the previous configuration. Loggers are cached
-    on first use, so create them (``get_logger``) after configuring.
+    Each line is one JSON object with ``event``, ``level``, ``timestamp`` (ISO-8601 UTC,
+    milliseconds), ``logger`` when known, every bound contextvar (:func:`bind_correlation`)
+    and ``trace_id``/``span_id`` inside a span, secrets masked by :class:`Redactor`. With
+    *bridge_stdlib*, stdlib ``logging`` records come out the same way on the same stream.
+    ``json=False`` renders for humans, or with ``logfmt=True`` as logfmt with promslog's
+    keys first (:func:`promslog_keys`). Calling it again replaces the configuration;
+    loggers are cached on first use, so create them after configuring.
 
     Example::
 
@@ -423,12 +387,9 @@ def configure_logging(
 
 
 def bind_correlation(**ids: object) -> contextlib.AbstractContextManager[None]:
-    """Bind correlation ids to every log line inside the ``with`` block.
-
-    ``None`` values are skipped. On exit the previous values (or absence) of
-    exactly these keys are restored, so bindings nest (structlog's
-    ``bound_contextvars``). Tasks created inside the block inherit the ids;
-    concurrent tasks do not see each other's.
+    """Bind correlation ids (``None`` values skipped) to every log line inside the ``with``
+    block; structlog's ``bound_contextvars``, so bindings nest and tasks created inside
+    inherit them.
 
     Example::
 
@@ -463,36 +424,18 @@ def request_correlation(
 
 
 def get_correlation() -> dict[str, object]:
-    """Return the correlation ids bound now (only :data:`CORRELATION_KEYS`).
-
-    Example::
-
-        with bind_correlation(request_id="r-1", user="u"):
-            assert get_correlation() == {"request_id": "r-1"}
-    """
+    """Return the correlation ids bound now (only :data:`CORRELATION_KEYS`)."""
     bound = structlog.contextvars.get_contextvars()
     return {key: bound[key] for key in CORRELATION_KEYS if key in bound}
 
 
 def get_logger(name: str = "stocksentry") -> Any:
-    """Return a structlog logger; its lines carry ``"logger": name``.
-
-    Example::
-
-        log = get_logger(__name__)
-        log.warning("lost_race", sku="SKU-42")
-    """
+    """Return a structlog logger; its lines carry ``"logger": name``."""
     return structlog.get_logger(name)
 
 
 def new_request_id() -> str:
-    """Return a fresh request id (32 lowercase hex characters, UUID4).
-
-    Example::
-
-        >>> len(new_request_id())
-        32
-    """
+    """Return a fresh request id (32 lowercase hex characters, UUID4)."""
     return uuid.uuid4().hex
 
 
@@ -500,10 +443,8 @@ _SAFE_ID = re.compile(r"[\x20-\x7e]{1,128}")
 
 
 def sanitize_id(value: str | None) -> str | None:
-    """Return *value* if it is a safe id from a request header, else ``None``.
-
-    Safe means 1 to 128 printable ASCII characters: an id that could break a
-    log line, forge a field or blow up storage is dropped, not logged.
+    """Return *value* if it is a safe id from a request header (1 to 128 printable ASCII
+    characters: nothing that could break a log line or blow up storage), else ``None``.
 
     Example::
 

@@ -1,8 +1,8 @@
 """The app-side metrics of the catalog, bound to one registry.
 
 :class:`StockMetrics` creates every ``source == "app"`` metric of
-:mod:`~stocksentry.instrumentation.catalog` in the registry it is given and offers one
-method per event; label values go through guards, and the labelled children are cached
+:mod:`~stocksentry.instrumentation.catalog` in the registry it is given and records them by
+spec; label values go through guards, and the labelled children are cached
 by the raw values the app passed. Most applications use
 :class:`~stocksentry.instrumentation.Sentry`, the layer above.
 """
@@ -20,9 +20,8 @@ from . import catalog, mpexemplars
 from .catalog import OVERFLOW_VALUE, MetricSpec
 from .guard import CACHE_CHAR_BUDGET, MAX_CACHED_KEY_LENGTH, LabelGuard
 
-#: Budgets for the labels whose values come from the app but are not SKUs. They are small
-#: sets by nature (strategy names, operation names, cache and lock names, table names); a
-#: budget keeps a bug in the app from turning them into unbounded series.
+#: The budget of each label whose values come from the app but are not SKUs (strategy,
+#: operation, cache, lock, table names: small sets, unless the app has a bug).
 SMALL_LABEL_BUDGET = 50
 #: The parts of the instrumentation that count their own failures
 #: (``stocksentry_instrumentation_errors_total{component}``).
@@ -45,6 +44,28 @@ _CHECKED: dict[tuple[str, str], tuple[str, ...]] = {
     (catalog.RESERVATION_DURATION.name, "outcome"): catalog.OUTCOMES,
     (catalog.LOCK_ACQUIRE_DURATION.name, "outcome"): LOCK_OUTCOMES,
 }
+#: The series primed for a SKU, a table and a lock (their first label; a checked second
+#: label gets every value).
+_SKU_SERIES = (
+    catalog.RESERVATION_CONFLICT,
+    catalog.ORDERS_PAID,
+    catalog.REFUND_DUE_TO_OVERSELL,
+    catalog.INVENTORY_NEGATIVE,
+)
+_TABLE_SERIES = (
+    catalog.DB_LOCK_WAIT,
+    catalog.DB_DEADLOCK,
+    catalog.DB_SERIALIZATION_FAILURE,
+    catalog.UNSAFE_READ_MODIFY_WRITE,
+)
+_LOCK_SERIES = (
+    catalog.LOCK_ACQUIRE_RETRIES,
+    catalog.LOCK_HOLD_RATIO,
+    catalog.LOCK_EXPIRED_WHILE_HELD,
+    catalog.LOCK_RELEASE_NOT_OWNED,
+    catalog.LOCK_EXTEND_FAILURES,
+    catalog.LOCK_ACQUIRE_DURATION,
+)
 
 
 def _make(spec: MetricSpec, registry: CollectorRegistry | None) -> Any:
@@ -122,33 +143,14 @@ class StockMetrics:
         primed (priming never folds into ``__other__`` nor counts an overflow).
         """
         for sku in skus:
-            label = self.sku_guard(sku)
-            if label is OVERFLOW_VALUE:
-                continue
-            for reason in catalog.CONFLICT_REASONS:
-                self._metrics[catalog.RESERVATION_CONFLICT.name].labels(label, reason)
-            for spec in (
-                catalog.ORDERS_PAID,
-                catalog.REFUND_DUE_TO_OVERSELL,
-                catalog.INVENTORY_NEGATIVE,
-            ):
-                self._metrics[spec.name].labels(label)
+            self._prime_series(self.sku_guard(sku), _SKU_SERIES)
 
     def prime_tables(self, tables: Iterable[str]) -> None:
         """Create the per-table series (lock waits, deadlocks, serialization failures,
         unsafe read-modify-writes) of ``tables`` at zero, as for tables known in advance.
         """
         for table in tables:
-            label = self._small_guards["table"](table)
-            if label is OVERFLOW_VALUE:
-                continue
-            for spec in (
-                catalog.DB_LOCK_WAIT,
-                catalog.DB_DEADLOCK,
-                catalog.DB_SERIALIZATION_FAILURE,
-                catalog.UNSAFE_READ_MODIFY_WRITE,
-            ):
-                self._metrics[spec.name].labels(label)
+            self._prime_series(self._small_guards["table"](table), _TABLE_SERIES)
 
     def prime_lock(self, lock: str) -> None:
         """Create the series of ``lock`` at zero: its acquire outcomes, retries, hold
@@ -164,16 +166,19 @@ class StockMetrics:
         if label is OVERFLOW_VALUE:
             return
         self._primed_locks.add(lock)
-        for spec in (
-            catalog.LOCK_ACQUIRE_RETRIES,
-            catalog.LOCK_HOLD_RATIO,
-            catalog.LOCK_EXPIRED_WHILE_HELD,
-            catalog.LOCK_RELEASE_NOT_OWNED,
-            catalog.LOCK_EXTEND_FAILURES,
-        ):
-            self._metrics[spec.name].labels(label)
-        for outcome in LOCK_OUTCOMES:
-            self._metrics[catalog.LOCK_ACQUIRE_DURATION.name].labels(label, outcome)
+        self._prime_series(label, _LOCK_SERIES)
+
+    def _prime_series(self, label: str, specs: tuple[MetricSpec, ...]) -> None:
+        """Create ``specs``' series of ``label`` (a guarded first label; not when folded)."""
+        if label is OVERFLOW_VALUE:
+            return
+        for spec in specs:
+            metric = self._metrics[spec.name]
+            if len(spec.labels) == 1:
+                metric.labels(label)
+            else:
+                for value in _CHECKED[(spec.name, spec.labels[1])]:
+                    metric.labels(label, value)
 
     def metric(self, spec: MetricSpec) -> Any:
         """The prometheus_client object behind ``spec`` (for reading values in tests)."""
@@ -255,111 +260,33 @@ class StockMetrics:
         sku: str,
         strategy: str,
         outcome: str,
-        seconds: float,
+        seconds: float | None,
         exemplar: dict[str, str] | None = None,
     ) -> None:
-        """Record one ended reservation: its outcome's counter and its duration.
-
-        The series of :meth:`reservation_success` or :meth:`reservation_conflict`
-        (``error`` counts no outcome counter) and :meth:`reservation_duration`, in one
-        call. The duration child is resolved first, so a bad ``outcome`` records nothing.
+        """Record one ended reservation: its outcome's counter (``error`` counts none) and
+        its duration (none when ``seconds`` is ``None``). The duration child is resolved
+        first, so a bad ``outcome`` records nothing.
         """
         duration = self._child(catalog.RESERVATION_DURATION, outcome)
         if outcome == "success":
             self._child(catalog.RESERVATION_SUCCESS, sku, strategy).inc()
         elif outcome != "error":
             self._child(catalog.RESERVATION_CONFLICT, sku, outcome).inc()
-        duration.observe(seconds, exemplar)
+        if seconds is not None:
+            duration.observe(seconds, exemplar)
 
-    def reservation_success(self, sku: str, strategy: str) -> None:
-        """Count one successful reservation."""
-        self._child(catalog.RESERVATION_SUCCESS, sku, strategy).inc()
+    def count(self, spec: MetricSpec, *labels: str, amount: float = 1.0) -> None:
+        """Add ``amount`` to the counter ``spec``, under the raw label values ``labels``
+        (in the order of ``spec.labels``; guarded or checked as for every event)."""
+        self._child(spec, *labels).inc(amount)
 
-    def reservation_conflict(self, sku: str, reason: str) -> None:
-        """Count one reservation refused for ``reason`` (one of ``CONFLICT_REASONS``)."""
-        self._child(catalog.RESERVATION_CONFLICT, sku, reason).inc()
-
-    def reservation_duration(
-        self, outcome: str, seconds: float, exemplar: dict[str, str] | None = None
+    def observe(
+        self,
+        spec: MetricSpec,
+        value: float,
+        *labels: str,
+        exemplar: dict[str, str] | None = None,
     ) -> None:
-        """Observe a reservation's duration under its outcome (one of ``OUTCOMES``)."""
-        self._child(catalog.RESERVATION_DURATION, outcome).observe(seconds, exemplar)
-
-    def order_paid(self, sku: str, amount: float = 1.0) -> None:
-        """Count paid orders for ``sku``."""
-        self._child(catalog.ORDERS_PAID, sku).inc(amount)
-
-    def refund_due_to_oversell(self, sku: str, amount: float = 1.0) -> None:
-        """Count refunds issued because the stock was oversold."""
-        self._child(catalog.REFUND_DUE_TO_OVERSELL, sku).inc(amount)
-
-    def inventory_negative(self, sku: str) -> None:
-        """Count one stock write that left ``sku`` below zero."""
-        self._child(catalog.INVENTORY_NEGATIVE, sku).inc()
-
-    def idempotency_replay(self, operation: str) -> None:
-        """Count one request answered from its idempotency record."""
-        self._child(catalog.IDEMPOTENCY_REPLAY, operation).inc()
-
-    def idempotency_conflict(self, operation: str) -> None:
-        """Count one reuse of an idempotency key with a different payload."""
-        self._child(catalog.IDEMPOTENCY_CONFLICT, operation).inc()
-
-    def cache_stale_hit(self, cache: str) -> None:
-        """Count one decision taken on a stale cached stock value."""
-        self._child(catalog.CACHE_STALE_HIT, cache).inc()
-
-    # --- distributed locks (recorded by instrumentation/locks/) ---------------------------
-
-    def lock_stale_fencing_token(self, lock: str, table: str) -> None:
-        """Count one write to ``table`` with a fencing token below the highest seen (or
-        refused for it): a holder of ``lock`` whose lease another holder took over."""
-        self._child(catalog.LOCK_STALE_FENCING_TOKEN, lock, table).inc()
-
-    def lock_acquire_duration(self, lock: str, outcome: str, seconds: float) -> None:
-        """Observe the wait to acquire ``lock``; ``outcome`` is acquired, timeout or error."""
-        self._child(catalog.LOCK_ACQUIRE_DURATION, lock, outcome).observe(seconds)
-
-    def lock_hold_ratio(self, lock: str, ratio: float) -> None:
-        """Observe one hold of ``lock``: time held divided by its TTL (>= 1.0: expired)."""
-        self._child(catalog.LOCK_HOLD_RATIO, lock).observe(ratio)
-
-    def lock_expired_while_held(self, lock: str) -> None:
-        """Count one hold of ``lock`` that outlived its TTL."""
-        self._child(catalog.LOCK_EXPIRED_WHILE_HELD, lock).inc()
-
-    def lock_release_not_owned(self, lock: str) -> None:
-        """Count one release of ``lock`` by a holder that no longer owned it."""
-        self._child(catalog.LOCK_RELEASE_NOT_OWNED, lock).inc()
-
-    def lock_extend_failure(self, lock: str) -> None:
-        """Count one refused extension of ``lock``."""
-        self._child(catalog.LOCK_EXTEND_FAILURES, lock).inc()
-
-    def lock_acquire_retries(self, lock: str, retries: int) -> None:
-        """Count ``retries`` acquire attempts after the first."""
-        self._child(catalog.LOCK_ACQUIRE_RETRIES, lock).inc(retries)
-
-    def instrumentation_error(self, component: str) -> None:
-        """Count one failure inside the instrumentation."""
-        self._child(catalog.INSTRUMENTATION_ERRORS, component).inc()
-
-    # --- database (recorded by instrumentation/sqlalchemy/) --------------------------------
-
-    def db_lock_wait(
-        self, table: str, seconds: float, exemplar: dict[str, str] | None = None
-    ) -> None:
-        """Observe the duration of one locking statement on ``table``."""
-        self._child(catalog.DB_LOCK_WAIT, table).observe(seconds, exemplar)
-
-    def db_deadlock(self, table: str) -> None:
-        """Count one statement on ``table`` that the database ended as a deadlock victim."""
-        self._child(catalog.DB_DEADLOCK, table).inc()
-
-    def db_serialization_failure(self, table: str) -> None:
-        """Count one serialization failure (SQLSTATE 40001) of a statement on ``table``."""
-        self._child(catalog.DB_SERIALIZATION_FAILURE, table).inc()
-
-    def unsafe_read_modify_write(self, table: str) -> None:
-        """Count one write of a stock value computed from an unlocked read of ``table``."""
-        self._child(catalog.UNSAFE_READ_MODIFY_WRITE, table).inc()
+        """Observe ``value`` in the histogram ``spec`` under the raw label values ``labels``;
+        ``exemplar`` (``trace_id``/``span_id``) only where the spec carries exemplars."""
+        self._child(spec, *labels).observe(value, exemplar)

@@ -115,20 +115,6 @@ class ExemplarFile:
             self._mm = mm
             return mm
 
-    def _new_slot(self, key: bytes) -> list[int] | None:
-        with self._lock:
-            slot = self._slots.get(key)
-            if slot is not None:
-                return slot
-            if len(key) > _KEY_MAX or self._used >= CAPACITY:
-                return None
-            offset = HEADER_SIZE + self._used * SLOT_SIZE
-            slot = [offset, zlib.crc32(key), 0]
-            if self._mm is None:
-                return None
-            self._mm[offset + SLOT_HEAD.size : offset + SLOT_HEAD.size + len(key)] = key
-            return slot
-
     def write(self, key: bytes, value: float, trace_id: str, span_id: str) -> None:
         """Record the latest exemplar of the sample ``key`` (a prometheus_client mmap key)."""
         mm = self._mm
@@ -138,31 +124,39 @@ class ExemplarFile:
             mm = self._open()
             if mm is None:
                 return
-        slot = self._slots.get(key)
-        fresh = False
-        if slot is None:
-            slot = self._new_slot(key)
-            if slot is None:
-                self.dropped += 1
-                return
-            fresh = True
         trace = trace_id.encode("ascii", "replace")
         span = span_id.encode("ascii", "replace")
         if len(trace) > 32 or len(span) > 16:
             self.dropped += 1
             return
+        slot = self._slots.get(key)
+        if slot is not None:
+            self._write_slot(mm, slot, key, value, trace, span)
+            return
+        with self._lock:  # a new slot: claimed, written whole, then counted in use
+            slot = self._slots.get(key)
+            if slot is None:
+                if len(key) > _KEY_MAX or self._used >= CAPACITY:
+                    self.dropped += 1
+                    return
+                slot = [HEADER_SIZE + self._used * SLOT_SIZE, zlib.crc32(key), 0]
+                start = slot[0] + SLOT_HEAD.size
+                mm[start : start + len(key)] = key
+            self._write_slot(mm, slot, key, value, trace, span)
+            if key not in self._slots:
+                self._slots[key] = slot
+                self._used += 1
+                # Raised only once the slot is complete: the reader never sees half.
+                _CRC.pack_into(mm, _USED_OFFSET, self._used)
+
+    @staticmethod
+    def _write_slot(
+        mm: mmap.mmap, slot: list[int], key: bytes, value: float, trace: bytes, span: bytes
+    ) -> None:
         slot[2] = seq = (slot[2] + 1) & 0xFFFFFFFF
         body = _BODY.pack(seq, value, time.time(), len(trace), len(span), len(key), trace, span)
-        offset = slot[0]
         # One slice assignment: atomic against this worker's other threads.
-        mm[offset : offset + SLOT_HEAD.size] = _CRC.pack(zlib.crc32(body, slot[1])) + body
-        if fresh:
-            with self._lock:
-                if key not in self._slots:
-                    self._slots[key] = slot
-                    self._used += 1
-                    # Raised only once the slot is complete: the reader never sees half.
-                    _CRC.pack_into(mm, _USED_OFFSET, self._used)
+        mm[slot[0] : slot[0] + SLOT_HEAD.size] = _CRC.pack(zlib.crc32(body, slot[1])) + body
 
 
 _FILE: ExemplarFile | None = None

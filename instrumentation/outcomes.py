@@ -1,7 +1,4 @@
-"""How a reservation ended: the outcome names and the classification of exceptions.
-
-``ConflictReason`` and ``Outcome`` are the catalog's (:mod:`.catalog`), defined there once.
-"""
+"""How a reservation ended: the classification of exceptions into the catalog's outcomes."""
 
 from __future__ import annotations
 
@@ -32,14 +29,8 @@ _MYSQL_DRIVERS = frozenset({"pymysql", "aiomysql", "MySQLdb", "asyncmy", "mysql"
 
 
 class ReservationConflict(Exception):
-    """Raise inside a reservation to end it as a conflict; it is re-raised unchanged.
-
-    Example::
-
-        with reservation("EGG-01", strategy="atomic"):
-            if rows == 0:
-                raise ReservationConflict("out_of_stock")
-    """
+    """Raise inside a reservation to end it as a conflict (``reason``); it is re-raised
+    unchanged."""
 
     def __init__(self, reason: ConflictReason, message: str | None = None) -> None:
         super().__init__(message or reason)
@@ -50,16 +41,7 @@ class SkuFrozen(ReservationConflict):
     """Raised by ``reservation()`` on entry when its SKU is frozen (``configure(freeze=...)``):
     the block never runs, so the app has not touched the stock. Counted as conflict reason
     ``frozen``; ``freeze_reason``, ``source`` (``person`` or ``alert``) and ``since`` (Unix
-    seconds) come from the freeze.
-
-    Example::
-
-        try:
-            with reservation("EGG-01") as r:
-                ...
-        except SkuFrozen as frozen:
-            return 409, f"{frozen.sku} is paused: {frozen.freeze_reason}"
-    """
+    seconds) come from the freeze (docs/containment.md)."""
 
     def __init__(self, sku: str, freeze_reason: str, source: str, since: float) -> None:
         super().__init__("frozen", f"SKU {sku!r:.80} is frozen ({source}): {freeze_reason:.200}")
@@ -71,15 +53,7 @@ class SkuFrozen(ReservationConflict):
 
 def driver_errors(exc: BaseException | None) -> Iterator[BaseException]:
     """``exc`` and the errors it wraps, outermost first: SQLAlchemy's ``orig``, else the
-    ``__cause__`` (the asyncpg adapter's wrapping), at most four deep.
-
-    Example::
-
-        >>> wrapped = RuntimeError("outer")
-        >>> wrapped.__cause__ = ValueError("inner")
-        >>> [type(e).__name__ for e in driver_errors(wrapped)]
-        ['RuntimeError', 'ValueError']
-    """
+    ``__cause__`` (the asyncpg adapter's wrapping), at most four deep."""
     depth = 0
     while exc is not None and depth < 4:
         yield exc
@@ -109,14 +83,7 @@ def sqlstate_of(exc: BaseException | None) -> str | None:
 
 def mysql_errno_of(exc: BaseException | None) -> int | None:
     """The MySQL / MariaDB server error number of a driver error, also through SQLAlchemy's
-    wrapping; ``None`` when there is none (or the error is not a MySQL driver's).
-
-    Example::
-
-        >>> import pymysql
-        >>> mysql_errno_of(pymysql.err.OperationalError(1213, "Deadlock found"))
-        1213
-    """
+    wrapping; ``None`` when there is none (or the error is not a MySQL driver's)."""
     for error in driver_errors(exc):
         if type(error).__module__.partition(".")[0] not in _MYSQL_DRIVERS:
             continue
@@ -129,9 +96,8 @@ def mysql_errno_of(exc: BaseException | None) -> int | None:
 
 
 def refusal_of(exc: BaseException | None) -> tuple[ConflictReason, str] | None:
-    """The concurrency refusal a driver error is, and its code as the database gives it:
-    ``("deadlock", "40P01")`` on PostgreSQL, ``("deadlock", "1213")`` on MySQL / MariaDB
-    (the server error number, as OpenTelemetry's ``db.response.status_code`` has it);
+    """The concurrency refusal a driver error is, and its code (:func:`status_code_of`):
+    ``("deadlock", "40P01")`` on PostgreSQL, ``("deadlock", "1213")`` on MySQL / MariaDB;
     ``None`` for any other error.
 
     Example::
@@ -144,24 +110,14 @@ def refusal_of(exc: BaseException | None) -> tuple[ConflictReason, str] | None:
     if number is not None:
         reason = MYSQL_ERRNO_REASONS.get(number)
         return (reason, str(number)) if reason is not None else None
-    state = sqlstate_of(exc)
-    if state is not None:
-        found = SQLSTATE_REASONS.get(state)
-        if found is not None:
-            return found, state
-    return None
+    state = sqlstate_of(exc) or ""
+    found = SQLSTATE_REASONS.get(state)
+    return (found, state) if found is not None else None
 
 
 def status_code_of(exc: BaseException | None) -> str | None:
     """The database's own code of a driver error: the SQLSTATE, or on MySQL / MariaDB the
-    server error number (OpenTelemetry's ``db.response.status_code``); else ``None``.
-
-    Example::
-
-        >>> import pymysql
-        >>> status_code_of(pymysql.err.OperationalError(1146, "Table 't' doesn't exist"))
-        '1146'
-    """
+    server error number (OpenTelemetry's ``db.response.status_code``); else ``None``."""
     number = mysql_errno_of(exc)
     return str(number) if number is not None else sqlstate_of(exc)
 
@@ -175,21 +131,13 @@ _LOCK_REFUSALS = frozenset(
 )
 
 
-def _is_lock_refusal(exc: BaseException) -> bool:
-    kind = type(exc)
-    return (kind.__module__, kind.__name__) in _LOCK_REFUSALS
-
-
 def classify_exception(exc: BaseException) -> Outcome:
     """The outcome a reservation ended by ``exc`` gets.
 
-    :class:`ReservationConflict` gives its reason (so does the lock wrappers'
-    ``LockNotAcquired``, one of them); a distributed lock a client library refused —
-    redis-py's ``LockError`` from an acquire, pottery's ``QuorumNotAchieved`` — gives
-    ``lock_not_acquired``; a driver error carrying SQLSTATE 40P01, 40001 or 55P03
-    (psycopg, asyncpg, psycopg2, also wrapped by SQLAlchemy) gives ``deadlock``,
-    ``serialization_failure`` or ``lock_timeout``; a MySQL / MariaDB error 1213 or 1205
-    (3572, MySQL 8's ``NOWAIT``) gives ``deadlock`` or ``lock_timeout``; SQLite's
+    :class:`ReservationConflict` (the lock wrappers' ``LockNotAcquired`` is one) gives its
+    reason; redis-py's ``LockError`` and pottery's ``QuorumNotAchieved`` give
+    ``lock_not_acquired``; a driver error of :data:`SQLSTATE_REASONS` or
+    :data:`MYSQL_ERRNO_REASONS`, also wrapped by SQLAlchemy, gives its reason; SQLite's
     "database is locked" gives ``lock_timeout``; anything else is ``error``.
 
     Example::
@@ -201,7 +149,7 @@ def classify_exception(exc: BaseException) -> Outcome:
     """
     if isinstance(exc, ReservationConflict):
         return exc.reason if exc.reason in catalog.CONFLICT_REASONS else "error"
-    if _is_lock_refusal(exc):
+    if (type(exc).__module__, type(exc).__name__) in _LOCK_REFUSALS:
         return "lock_not_acquired"
     refusal = refusal_of(exc)
     if refusal is not None:
@@ -241,17 +189,8 @@ _DJANGO_ANSWERS: dict[str, int] = {
 
 def http_status_of(exc: BaseException) -> int | None:
     """The HTTP status of a web framework's HTTP exception (:data:`HTTP_ANSWER_CLASSES`,
-    Django's ``Http404``, ``PermissionDenied``, ``SuspiciousOperation``, ``BadRequest``),
-    found by class name so that no framework is imported; ``None`` for any other exception.
-
-    Example::
-
-        >>> class HTTPException(Exception):
-        ...     status_code = 409
-        >>> HTTPException.__module__ = "starlette.exceptions"
-        >>> http_status_of(HTTPException())
-        409
-    """
+    Django's answers), found by class name so that no framework is imported; ``None`` for
+    any other exception."""
     for kind in type(exc).__mro__:
         package = kind.__module__.partition(".")[0]
         if package == "django" and kind.__name__ in _DJANGO_ANSWERS:
@@ -272,15 +211,7 @@ def http_status_of(exc: BaseException) -> int | None:
 def is_answer(exc: BaseException, declared: tuple[type[BaseException], ...] = ()) -> bool:
     """Whether ``exc`` is the app answering the buyer rather than failing: an instance of
     one of the ``declared`` types (``conflict_on=``), or a web framework's HTTP exception
-    with a 4xx status (:func:`http_status_of`). A 5xx HTTP exception is a failure.
-
-    Example::
-
-        >>> class SoldOut(Exception):
-        ...     pass
-        >>> is_answer(SoldOut(), (SoldOut,)), is_answer(KeyError("sku"))
-        (True, False)
-    """
+    with a 4xx status (:func:`http_status_of`). A 5xx HTTP exception is a failure."""
     if declared and isinstance(exc, declared):
         return True
     status = http_status_of(exc)

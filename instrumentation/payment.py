@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Literal
 
+from . import catalog
 from .events import PAYMENT_CALLBACK
 from .handle import BlockHandle, misuse
 from .tracing import link_from_carrier
@@ -14,13 +15,8 @@ if TYPE_CHECKING:
 
 
 class PaymentCallback(BlockHandle):
-    """A payment callback: a span linked to the checkout, and the paid-order count.
-
-    A block that ends without an exception and without another mark counts one paid
-    order. :meth:`replay` marks a duplicate callback (counted as an idempotency replay of
-    ``payment_callback``, not as a second paid order); :meth:`refund_due_to_oversell`
-    marks a payment that must be refunded because the stock was not there.
-    """
+    """A payment callback: a span linked to the checkout, and the paid-order count (one
+    for a block that ends without an exception and without another mark)."""
 
     def __init__(
         self,
@@ -83,10 +79,10 @@ class PaymentCallback(BlockHandle):
         sentry = self._sentry
         try:
             if mark in ("paid", "refund"):
-                sentry.metrics.order_paid(self.sku)
+                sentry.metrics.count(catalog.ORDERS_PAID, self.sku)
             if mark == "refund":
-                sentry.metrics.refund_due_to_oversell(self.sku)
+                sentry.metrics.count(catalog.REFUND_DUE_TO_OVERSELL, self.sku)
             elif mark == "replay":
-                sentry.metrics.idempotency_replay("payment_callback")
+                sentry.metrics.count(catalog.IDEMPOTENCY_REPLAY, "payment_callback")
         except Exception as err:
             sentry.internal_error("metrics", err)

@@ -63,14 +63,11 @@ class Reservation(BlockHandle):
         self._implied: ConflictReason | None = None
         self._old_stock: int | None = None
         self._new_stock: int | None = None
-        # Set by note_negative_write(): an integration counted this reservation's negative
-        # write from the SQL itself.
-        self._sql_negative = False
+        self._sql_negative = False  # see note_negative_write()
         # The stock a cache answered with, when the decision was taken from a cache.
         self._cached: int | None = None
         self._cache_name = ""
-        # Whether this reservation logs: read once, for all of its lines.
-        self._log = sentry.log_enabled
+        self._log = sentry.log_enabled  # read once, for all of its lines
         # The logger of this reservation's lines, resolved once: bind() with no values
         # gives structlog's logger behind its lazy proxy, not one more lookup per line.
         self._logger: Any = sentry.logger
@@ -96,10 +93,8 @@ class Reservation(BlockHandle):
         """Record the stock the reservation saw before deciding (logs ``stock_check``).
 
         ``source="cache"`` says the figure came from a cache (``cache`` names it; default
-        ``"stock"``): the reservation then compares it with what the database says next —
-        a ``success(old_stock=…)`` that differs, or an ``out_of_stock`` refusal of a
-        quantity the cache said was there — and counts a stale-cache decision
-        (``stock_cache_stale_hit_total``, log ``cache_stale_hit``) when they disagree.
+        ``"stock"``): a ``success(old_stock=…)`` that differs, or an ``out_of_stock``
+        refusal of a quantity it said was there, then counts a stale-cache decision.
         """
         self._check(available=available)
         self._old_stock = available
@@ -155,11 +150,8 @@ class Reservation(BlockHandle):
         return self._outcome or self._implied
 
     def trace_context(self) -> dict[str, str]:
-        """A W3C ``traceparent`` carrier of this reservation's span, to store with the order.
-
-        Pass it to :meth:`Sentry.payment_callback` so the callback's span links back here.
-        Empty when tracing is off or no SDK is configured.
-        """
+        """A W3C ``traceparent`` carrier of this reservation's span, to store with the order
+        for :meth:`Sentry.payment_callback`'s link (empty without tracing)."""
         if self._span is None:
             return {}
         try:
@@ -234,7 +226,7 @@ class Reservation(BlockHandle):
                     self.sku, self.strategy, outcome, elapsed, exemplar
                 )
                 if outcome == "success" and self._negative_write():
-                    sentry.metrics.inventory_negative(self.sku)
+                    sentry.metrics.count(catalog.INVENTORY_NEGATIVE, self.sku)
             except Exception as err:
                 sentry.internal_error("metrics", err)
         if self._log:
@@ -243,8 +235,8 @@ class Reservation(BlockHandle):
             self._restore(outcome, exc)
 
     def _refuse_frozen(self, state: FreezeState) -> None:
-        """Count, log and raise the refusal of a frozen SKU: the block never runs, so
-        ``__exit__`` does not either and nothing else of it is recorded."""
+        """Count, log and raise the refusal of a frozen SKU (the block and ``__exit__`` do
+        not run)."""
         sentry = self._sentry
         if self._misuse is None:
             try:

@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.registry import REGISTRY
 
 from . import catalog, events
-from .catalog import UNKNOWN_SKU, Outcome
+from .catalog import UNKNOWN_SKU, MetricSpec, Outcome
 from .events import LogEvent
 from .freezeview import FreezeSettings, FreezeView, as_settings
 from .handle import misuse
@@ -44,23 +44,14 @@ class Sentry:
     nowhere); ``promo_skus`` always get their own series and ``max_skus`` bounds the others;
     ``log`` and ``trace`` switch the log lines and spans; ``tracer_provider`` defaults to the
     global OpenTelemetry one; ``conflict_on`` lists the exception types the app raises to
-    answer a buyer "sold out" (a reservation they end is ``out_of_stock``, not ``error``;
-    the web frameworks' HTTP 4xx exceptions are such answers without being listed).
-    ``freeze`` (a Redis URL or client, or
-    :class:`~stocksentry.instrumentation.freezeview.FreezeSettings`) makes
-    :meth:`reservation` refuse a frozen SKU with
-    :class:`~stocksentry.instrumentation.outcomes.SkuFrozen` (docs/containment.md).
+    answer a buyer "sold out" (a reservation they end is ``out_of_stock``, not ``error``,
+    as with the web frameworks' HTTP 4xx exceptions). ``freeze`` (a Redis URL or client,
+    or :class:`~stocksentry.instrumentation.freezeview.FreezeSettings`) makes
+    :meth:`reservation` refuse a frozen SKU (docs/containment.md).
 
-    Log lines go to structlog only once the application configured it
-    (:func:`~stocksentry.instrumentation.logs.configure_logging` or its own
-    ``structlog.configure``), or to the ``logger`` given: a library must not print, and
-    structlog's unconfigured default prints every line to stdout.
-
-    Example::
-
-        sentry = Sentry(registry=CollectorRegistry(), promo_skus=["EGG-01"])
-        with sentry.reservation("EGG-01", strategy="for_update") as r:
-            r.success(old_stock=3, new_stock=2)
+    Log lines go to the ``logger`` given, else to structlog once the application
+    configured it: a library must not print, and structlog's unconfigured default prints
+    every line to stdout.
     """
 
     def __init__(
@@ -134,7 +125,7 @@ class Sentry:
         """Count and (rate-limited) log a failure inside the instrumentation. Never raises."""
         # The counter is the last resort: if it fails too there is nothing left to tell.
         with contextlib.suppress(Exception):
-            self.metrics.instrumentation_error(component)
+            self.metrics.count(catalog.INSTRUMENTATION_ERRORS, component)
         try:
             now = time.monotonic()
             with self._error_lock:
@@ -237,14 +228,7 @@ class Sentry:
         The SKU is ``sku`` when given, else the decorated function's ``sku_arg`` argument.
         Inside, :func:`current_reservation` returns the handle for marks; a function that
         returns ``False`` without a mark ends as ``out_of_stock``.
-
-        Example::
-
-            @sentry.reserves(strategy="atomic")
-            def reserve(sku: str, qty: int) -> bool:
-                return conditional_update(sku, qty) == 1
         """
-
         return reserving(lambda: self, strategy=strategy, sku=sku, sku_arg=sku_arg)
 
     def record_reservation(
@@ -267,14 +251,9 @@ class Sentry:
             self.internal_error("api", ValueError(f"unknown outcome {outcome[:64]!r}"))
             return
         try:
-            if outcome == "success":
-                self.metrics.reservation_success(label, strategy)
-                if new_stock is not None and new_stock < 0:
-                    self.metrics.inventory_negative(label)
-            elif outcome != "error":
-                self.metrics.reservation_conflict(label, outcome)
-            if duration is not None:
-                self.metrics.reservation_duration(outcome, duration)
+            self.metrics.reservation_finished(label, strategy, outcome, duration)
+            if outcome == "success" and new_stock is not None and new_stock < 0:
+                self.metrics.count(catalog.INVENTORY_NEGATIVE, label)
         except Exception as exc:
             self.internal_error("api", exc)
 
@@ -306,58 +285,41 @@ class Sentry:
         payment_reference: str | None = None,
     ) -> None:
         """Count one paid order."""
-        ids = _ids(order_id=order_id, payment_reference=payment_reference)
-        label: str = self.sku(sku)  # a wrong type is refused by _misused below
-        if not self._misused(sku=label):
-            self._event(self.metrics.order_paid, label, events.ORDER_PAID, sku=label, **ids)
+        ids = {"order_id": order_id, "payment_reference": payment_reference}
+        self._event(catalog.ORDERS_PAID, events.ORDER_PAID, {"sku": self.sku(sku)}, **ids)
 
     def record_refund_due_to_oversell(
         self, sku: str | int, *, order_id: str | None = None
     ) -> None:
         """Count one refund issued because the stock had been oversold."""
-        ids = _ids(order_id=order_id)
-        label: str = self.sku(sku)  # a wrong type is refused by _misused below
-        if not self._misused(sku=label):
-            self._event(
-                self.metrics.refund_due_to_oversell,
-                label,
-                events.REFUND_DUE_TO_OVERSELL,
-                sku=label,
-                **ids,
-            )
+        fields = {"sku": self.sku(sku)}
+        self._event(
+            catalog.REFUND_DUE_TO_OVERSELL,
+            events.REFUND_DUE_TO_OVERSELL,
+            fields,
+            order_id=order_id,
+        )
 
     def record_negative_inventory(self, sku: str | int, *, stock: int) -> None:
         """Count one stock write that left ``sku`` at ``stock`` below zero."""
-        label: str = self.sku(sku)  # a wrong type is refused by _misused below
-        if not self._misused(sku=label, stock=stock):
-            self._event(
-                self.metrics.inventory_negative,
-                label,
-                events.INVENTORY_NEGATIVE,
-                sku=label,
-                stock=stock,
-            )
+        fields = {"sku": self.sku(sku), "stock": stock}
+        self._event(catalog.INVENTORY_NEGATIVE, events.INVENTORY_NEGATIVE, fields)
 
     # --- idempotency and cache -------------------------------------------------------------
 
     def record_idempotency_replay(self, operation: str, *, key: str | None = None) -> None:
         """Count one request answered from its stored result (same key, same payload)."""
-        self._idempotency(
-            self.metrics.idempotency_replay, events.IDEMPOTENCY_REPLAY, operation, key
+        fields = {"operation": operation}
+        self._event(
+            catalog.IDEMPOTENCY_REPLAY, events.IDEMPOTENCY_REPLAY, fields, idempotency_key=key
         )
 
     def record_idempotency_conflict(self, operation: str, *, key: str | None = None) -> None:
         """Count one reuse of an idempotency key with a different payload."""
-        self._idempotency(
-            self.metrics.idempotency_conflict, events.IDEMPOTENCY_CONFLICT, operation, key
+        fields = {"operation": operation}
+        self._event(
+            catalog.IDEMPOTENCY_CONFLICT, events.IDEMPOTENCY_CONFLICT, fields, idempotency_key=key
         )
-
-    def _idempotency(
-        self, count: Callable[[str], None], event: LogEvent, operation: str, key: str | None
-    ) -> None:
-        ids = _ids(idempotency_key=key)
-        if not self._misused(operation=operation):
-            self._event(count, operation, event, operation=operation, **ids)
 
     def record_stale_cache_hit(
         self,
@@ -368,21 +330,24 @@ class Sentry:
         actual: int | None = None,
     ) -> None:
         """Count one stock decision taken on a cached value the database contradicted."""
-        ids = _ids(sku=sku, cached=cached, actual=actual)
         if not self._misused(cache=cache, cached=cached, actual=actual):
-            self._event(
-                self.metrics.cache_stale_hit, cache, events.CACHE_STALE_HIT, cache=cache, **ids
-            )
+            ids = {"sku": sku, "cached": cached, "actual": actual}
+            self._event(catalog.CACHE_STALE_HIT, events.CACHE_STALE_HIT, {"cache": cache}, **ids)
 
     def _event(
-        self, count: Callable[[str], None], value: str, event: LogEvent, **fields: Any
+        self, spec: MetricSpec, event: LogEvent, checked: dict[str, Any], **ids: object
     ) -> None:
-        """``count(value)`` (a failure counted as a ``metrics`` error), then the log line."""
+        """Count ``spec`` under the first ``checked`` value, then log ``event`` with the
+        ``checked`` values and the ``ids`` that are not ``None``. Nothing when a ``checked``
+        value has the wrong type (counted as an ``api`` error); a metrics failure is counted
+        as a ``metrics`` error, not raised."""
+        if self._misused(**checked):
+            return
         try:
-            count(value)
+            self.metrics.count(spec, next(iter(checked.values())))
         except Exception as exc:
             self.internal_error("metrics", exc)
-        self.log_event(event, **fields)
+        self.log_event(event, **checked, **_ids(**ids))
 
 
 def _checked_settings(

@@ -1,16 +1,10 @@
 """OpenTelemetry helpers: span context carriers, links and exemplars.
 
-Only the OpenTelemetry *API* is used here; without an SDK configured, spans are
-non-recording and every helper costs next to nothing. ``configure_tracing`` (which needs
-the ``otel`` extra) installs an SDK provider for applications that have none of their own.
-
-A checkout span is linked to its payment callback through a W3C ``traceparent`` carrier
-stored with the order::
-
-    carrier = reservation.trace_context()      # {"traceparent": "00-...-01"}
-    ...                                        # stored with the order
-    with sentry.payment_callback(order_id, checkout_context=carrier):
-        ...                                    # span linked to the checkout span
+Only the OpenTelemetry *API* is used here (without an SDK, spans are non-recording and
+cost next to nothing); :func:`configure_tracing` (the ``otel`` extra) installs an SDK
+provider for applications that have none. A checkout span is linked to its payment
+callback through the W3C ``traceparent`` carrier of :func:`carrier_for`, stored with the
+order.
 """
 
 from __future__ import annotations
@@ -61,9 +55,9 @@ def trace_fields(span_context: SpanContext) -> tuple[str, str, str]:
         ('00000000000000cd', '01')
     """
     return (
-        format(span_context.trace_id, "032x"),
-        format(span_context.span_id, "016x"),
-        format(span_context.trace_flags & 0xFF, "02x"),
+        f"{span_context.trace_id:032x}",
+        f"{span_context.span_id:016x}",
+        f"{span_context.trace_flags & 0xFF:02x}",
     )
 
 
@@ -71,8 +65,8 @@ def exemplar_for(span: Span) -> dict[str, str] | None:
     """Exemplar labels (``trace_id``, ``span_id``) for a recording span, else ``None``."""
     if not span.is_recording():
         return None
-    trace_id, span_id, _ = trace_fields(span.get_span_context())
-    return {"trace_id": trace_id, "span_id": span_id}
+    context = span.get_span_context()
+    return {"trace_id": f"{context.trace_id:032x}", "span_id": f"{context.span_id:016x}"}
 
 
 def configure_tracing(
@@ -86,13 +80,8 @@ def configure_tracing(
 
     ``exporter`` is ``"otlp"`` (OTLP over HTTP to ``endpoint`` or the
     ``OTEL_EXPORTER_OTLP_ENDPOINT`` default), ``"console"`` or ``"none"`` (spans are
-    recorded, for exemplars and log correlation, but sent nowhere). This is set-up code:
-    it raises on a bad argument or a missing extra.
-
-    Example::
-
-        provider = configure_tracing("checkout", exporter="console")
-        configure(tracer_provider=provider)
+    recorded, for exemplars and log correlation, but sent nowhere). Set-up code: it
+    raises on a bad argument or a missing extra.
     """
     try:
         from opentelemetry.sdk.resources import Resource

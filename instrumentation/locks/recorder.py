@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
-from .. import events
+from .. import catalog, events
 from ..events import LogEvent
 from ..heldlocks import hold_released, hold_started
 
@@ -239,9 +239,9 @@ class LockRecorder:
     def _count_acquire(self, outcome: str, waited: float, retries: int) -> None:
         with self.counting_errors():
             metrics = self.sentry.metrics
-            metrics.lock_acquire_duration(self.name, outcome, waited)
+            metrics.observe(catalog.LOCK_ACQUIRE_DURATION, waited, self.name, outcome)
             if retries:
-                metrics.lock_acquire_retries(self.name, retries)
+                metrics.count(catalog.LOCK_ACQUIRE_RETRIES, self.name, amount=retries)
 
     @contextlib.contextmanager
     def attempting(self) -> Iterator[Attempts]:
@@ -275,7 +275,7 @@ class LockRecorder:
     def extend_failed(self, hold: LockHold | None, exc: BaseException | None = None) -> None:
         """Record an extension the lock refused (lost, or out of extensions)."""
         with self.counting_errors():
-            self.sentry.metrics.lock_extend_failure(self.name)
+            self.sentry.metrics.count(catalog.LOCK_EXTEND_FAILURES, self.name)
         self._log(
             events.LOCK_EXTEND_FAILED,
             holder=hold.holder if hold is not None else None,
@@ -315,16 +315,16 @@ class LockRecorder:
                 held = started - hold.acquired_at
                 lease = hold.lease
                 if lease is not None and lease > 0:
-                    metrics.lock_hold_ratio(self.name, held / lease)
+                    metrics.observe(catalog.LOCK_HOLD_RATIO, held / lease, self.name)
                     expired = held > lease
                 else:
                     expired = owned is False
             # Without a hold (nothing acquired through us) there is no expiry to tell, only
             # that the lock was not ours.
             if expired:
-                metrics.lock_expired_while_held(self.name)
+                metrics.count(catalog.LOCK_EXPIRED_WHILE_HELD, self.name)
             if owned is False:
-                metrics.lock_release_not_owned(self.name)
+                metrics.count(catalog.LOCK_RELEASE_NOT_OWNED, self.name)
         holder = hold.holder if hold is not None else None
         if expired:
             self._log(

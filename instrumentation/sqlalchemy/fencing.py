@@ -14,7 +14,7 @@ import contextlib
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from .. import events
+from .. import catalog, events
 from ..heldlocks import held_locks
 from .clauses import is_op, is_word, read_name, split_at, tok_at, top_level, value_ref
 from .model import COMPONENT, MISSING, StatementInfo, StockTable, bound_value
@@ -196,7 +196,7 @@ class Fencing:
             "unknown",
         )
         try:
-            self.metrics.lock_stale_fencing_token(lock, table)
+            self.metrics.count(catalog.LOCK_STALE_FENCING_TOKEN, lock, table)
         except Exception as exc:
             self.sentry.internal_error(COMPONENT, exc)
         self.sentry.log_event(

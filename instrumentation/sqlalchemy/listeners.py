@@ -13,7 +13,7 @@ from opentelemetry import trace as otel_trace
 from opentelemetry.trace import SpanKind, StatusCode, TracerProvider, get_current_span
 from sqlalchemy.engine.interfaces import ExecuteStyle
 
-from .. import events
+from .. import catalog, events
 from ..heldlocks import held_locks, valid_at
 from ..outcomes import refusal_of, status_code_of
 from ..reservation import current_reservation, imply_outcome
@@ -323,9 +323,9 @@ class Instrumentation:
                 table = held.last_table if held is not None else None
             table = table or "unknown"
             if reason == "deadlock":
-                self.metrics.db_deadlock(table)
+                self.metrics.count(catalog.DB_DEADLOCK, table)
             elif reason == "serialization_failure":
-                self.metrics.db_serialization_failure(table)
+                self.metrics.count(catalog.DB_SERIALIZATION_FAILURE, table)
             self.sentry.log_event(event, table=table, sqlstate=state)
         except Exception as exc:
             self.sentry.internal_error(COMPONENT, exc)
@@ -345,7 +345,7 @@ class Instrumentation:
         try:
             elapsed = perf_counter() - t0
             exemplar = exemplar_for(span if span is not None else get_current_span())
-            self.metrics.db_lock_wait(route.label, elapsed, exemplar)
+            self.metrics.observe(catalog.DB_LOCK_WAIT, elapsed, route.label, exemplar=exemplar)
             if span is not None:
                 if exc is not None and span.is_recording():
                     code = status_code_of(exc)
@@ -496,7 +496,7 @@ class Instrumentation:
                 else (latest.held[0].name, "lock released before the write")
             )
         table = plan.table or "unknown"
-        self.metrics.unsafe_read_modify_write(table)
+        self.metrics.count(catalog.UNSAFE_READ_MODIFY_WRITE, table)
         if self.sentry.log_enabled:  # app_location() walks the stack: only for a line
             code, function = app_location()
             self.sentry.log_event(

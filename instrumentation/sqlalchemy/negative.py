@@ -18,7 +18,7 @@ from collections.abc import Collection, Iterable, Mapping
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
-from .. import events
+from .. import catalog, events
 from ..reservation import current_reservation, note_negative_write
 from .model import COMPONENT, StatementInfo, StockTable
 
@@ -265,7 +265,7 @@ class NegativeWrites:
             # (from this RETURNING), is not counted twice.
             note_negative_write(reservation)
         try:
-            self.metrics.inventory_negative(sku)
+            self.metrics.count(catalog.INVENTORY_NEGATIVE, sku)
         except Exception as exc:
             self.sentry.internal_error(COMPONENT, exc)
         self.sentry.log_event(events.INVENTORY_NEGATIVE, sku=sku, stock=stock)

@@ -226,8 +226,8 @@ class NaiveLockScenarios:
         def boom(*args: object) -> None:
             raise RuntimeError("metrics broke")
 
-        monkeypatch.setattr(sentry.metrics, "lock_acquire_duration", boom)
-        monkeypatch.setattr(sentry.metrics, "lock_hold_ratio", boom)
+        # The two observations of a hold: its acquire duration and its hold ratio.
+        monkeypatch.setattr(sentry.metrics, "observe", boom)
         key = redis_prefix + "lock:broken"
         with self.make(client, key, name="broken", ttl=1, sentry=sentry) as lock:
             assert lock.hold is not None

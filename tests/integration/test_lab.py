@@ -32,7 +32,7 @@ from stocksentry.exporter.lab.progress import Progress
 from stocksentry.exporter.lab.report import caught_lines
 from stocksentry.exporter.lab.report_html import format_html
 from stocksentry.exporter.lab.run import run_lab
-from stocksentry.instrumentation import CONFLICT_REASONS, StockMetrics
+from stocksentry.instrumentation import CONFLICT_REASONS, StockMetrics, catalog
 
 pytestmark = pytest.mark.integration
 SUCCESS = "stock_reservation_success_total"
@@ -523,7 +523,7 @@ def test_cli_exit_1_when_metrics_disagree_with_the_database(
     ) -> None:
         if outcome == "success" and not dropped.is_set():
             dropped.set()
-            self.reservation_duration(outcome, seconds, exemplar)
+            self.observe(catalog.RESERVATION_DURATION, seconds, outcome, exemplar=exemplar)
             return
         original(self, sku, strategy, outcome, seconds, exemplar)
 

@@ -34,6 +34,7 @@ WORKER = textwrap.dedent(
     """
     import sys
     from opentelemetry.sdk.trace import TracerProvider
+    from stocksentry.instrumentation import catalog
     from stocksentry.instrumentation.metrics import StockMetrics
     from stocksentry.instrumentation.tracing import exemplar_for
 
@@ -42,8 +43,8 @@ WORKER = textwrap.dedent(
     metrics = StockMetrics()
     with tracer.start_as_current_span("reservation") as span:
         exemplar = exemplar_for(span)
-        metrics.reservation_duration("success", seconds, exemplar)
-        metrics.db_lock_wait("products", seconds, exemplar)
+        metrics.observe(catalog.RESERVATION_DURATION, seconds, "success", exemplar=exemplar)
+        metrics.observe(catalog.DB_LOCK_WAIT, seconds, "products", exemplar=exemplar)
     print(exemplar["trace_id"], exemplar["span_id"])
     """
 )

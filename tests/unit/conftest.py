@@ -6,6 +6,7 @@ ones that fail, so a unit test asking for a database says where it belongs.
 
 from __future__ import annotations
 
+import io
 import logging
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,6 +37,22 @@ def pg_database() -> str:
 def redis_prefix() -> str:
     """Unit tests get no Redis: the fixture lives in the integration suite."""
     raise ServiceUsedInUnitTest("redis_prefix is for tests/integration")
+
+
+@pytest.fixture
+def stream() -> Iterator[io.StringIO]:
+    """stocksentry's JSON logs (stdlib bridged) into a buffer; every global logging change
+    undone afterwards."""
+    saved_level = logging.getLogger().level
+    out = io.StringIO()
+    configure_logging("INFO", stream=out)
+    try:
+        yield out
+    finally:
+        configure_logging(stream=io.StringIO(), bridge_stdlib=False)
+        logging.getLogger().setLevel(saved_level)
+        structlog.reset_defaults()
+        structlog.contextvars.clear_contextvars()
 
 
 @pytest.fixture

@@ -124,14 +124,10 @@ def recording_api_scenarios(sentry: Sentry) -> None:
         r.conflict("out_of_stock")
     with pytest.raises(RuntimeError), sentry.reservation("EGG-01"):
         raise RuntimeError("pricing service down")
-    with sentry.payment_callback("EGG-01", order_id="o-1", payment_reference="p-1"):
-        pass
-    with sentry.payment_callback("EGG-01", order_id="o-1") as callback:
-        callback.replay()
-    with sentry.payment_callback("EGG-01", order_id="o-2") as callback:
-        callback.refund_due_to_oversell()
-    with sentry.payment_callback("EGG-01") as callback:
-        callback.failed()
+    for mark in ("paid", "replay", "refund_due_to_oversell", "failed"):
+        with sentry.payment_callback("EGG-01", order_id="o-1", payment_reference="p-1") as cb:
+            if mark != "paid":
+                getattr(cb, mark)()
     sentry.record_paid_order("EGG-01", order_id="o-3", payment_reference="p-3")
     sentry.record_refund_due_to_oversell("EGG-01", order_id="o-3")
     sentry.record_negative_inventory("EGG-01", stock=-2)

@@ -46,8 +46,8 @@ def samples(registry: CollectorRegistry, name: str) -> list[tuple[str, dict[str,
 
 def test_lock_waits_of_a_table_add_up() -> None:
     metrics = StockMetrics(CollectorRegistry())
-    metrics.db_lock_wait("products", 0.01)
-    metrics.db_lock_wait("products", 0.02)
+    metrics.observe(catalog.DB_LOCK_WAIT, 0.01, "products")
+    metrics.observe(catalog.DB_LOCK_WAIT, 0.02, "products")
     registry = metrics.registry
     assert registry is not None
     name = catalog.DB_LOCK_WAIT.name
@@ -65,7 +65,7 @@ MP_WORKER = textwrap.dedent(
     kind = type(metrics.metric(catalog.DB_LOCK_WAIT))
     assert kind is mpexemplars.ExemplarHistogram, kind
     for amount in amounts:
-        metrics.db_lock_wait("t", amount)
+        metrics.observe(catalog.DB_LOCK_WAIT, amount, "t")
     print("ok")
     """
 )
@@ -115,8 +115,10 @@ def test_an_exemplar_is_checked_as_observe_checks_it() -> None:
     metrics = StockMetrics(CollectorRegistry())
     # Whatever the app passed: prometheus_client's checks decide.
     with pytest.raises(ValueError, match="Exemplar labels"):
-        metrics.db_lock_wait("t", 0.1, {"trace_id": "x" * 200})
-    metrics.db_lock_wait("t", 0.1, TRACE)  # 63 characters: within the limit
+        metrics.observe(catalog.DB_LOCK_WAIT, 0.1, "t", exemplar={"trace_id": "x" * 200})
+    metrics.observe(
+        catalog.DB_LOCK_WAIT, 0.1, "t", exemplar=TRACE
+    )  # 63 characters: within the limit
 
 
 def test_the_reservation_duration_with_its_checks() -> None:

@@ -16,7 +16,7 @@ import textwrap
 import pytest
 import sqlalchemy as sa
 from prometheus_client import CollectorRegistry
-from stocksentry.instrumentation import Sentry
+from stocksentry.instrumentation import Sentry, catalog
 from stocksentry.instrumentation.guard import MAX_CACHED_KEY_LENGTH, LabelGuard
 from stocksentry.instrumentation.logs import Redactor, sanitize_id
 from stocksentry.instrumentation.metrics import StockMetrics
@@ -87,9 +87,9 @@ def test_metrics_children_caches_keep_no_long_keys() -> None:
     metrics = StockMetrics(CollectorRegistry(), max_skus=10)
     long_sku = "S" * 10_000
     for _ in range(3):
-        metrics.reservation_success(long_sku, "atomic")
-        metrics.order_paid(long_sku)
-        metrics.lock_hold_ratio("L" * 10_000, 0.5)
+        metrics.count(catalog.RESERVATION_SUCCESS, long_sku, "atomic")
+        metrics.count(catalog.ORDERS_PAID, long_sku)
+        metrics.observe(catalog.LOCK_HOLD_RATIO, 0.5, "L" * 10_000)
     for cache in metrics._children.values():
         for key in cache:
             parts = key if isinstance(key, tuple) else (key,)

@@ -4,20 +4,16 @@ from __future__ import annotations
 
 import io
 import json
-import logging
 import re
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import structlog
 from aiohttp import web
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from stocksentry.instrumentation.aiohttp import CorrelatedAccessLogger, correlation_middleware
 from stocksentry.instrumentation.asgi import CorrelationMiddleware, Message, Scope
 from stocksentry.instrumentation.logs import (
-    configure_logging,
     get_correlation,
     get_logger,
     sanitize_id,
@@ -33,21 +29,6 @@ HOSTILE_IDS = [
     "tab\tinside",
     "caf\u00e9",
 ]
-
-
-@pytest.fixture
-def stream() -> Iterator[io.StringIO]:
-    """JSON logs into a buffer; every global logging change undone afterwards."""
-    saved_level = logging.getLogger().level
-    out = io.StringIO()
-    configure_logging("INFO", stream=out)
-    try:
-        yield out
-    finally:
-        configure_logging(stream=io.StringIO(), bridge_stdlib=False)
-        logging.getLogger().setLevel(saved_level)
-        structlog.reset_defaults()
-        structlog.contextvars.clear_contextvars()
 
 
 def lines(stream: io.StringIO, logger: str) -> list[dict[str, Any]]:
@@ -122,18 +103,25 @@ def make_app(tracer: trace.Tracer, seen: Seen, **options: str) -> web.Applicatio
             raise
 
     app = web.Application(middlewares=[outer, correlation_middleware(**options)])
-    app.router.add_get("/checkout", checkout)
-    app.router.add_get("/fail", fail)
-    app.router.add_get("/missing", missing)
-    app.router.add_get("/streamed", streamed)
+    for handler in (checkout, fail, missing, streamed):  # each at /<its name>
+        app.router.add_get(f"/{handler.__name__}", handler)
     return app
 
 
-async def test_aiohttp_generates_and_echoes_request_id(
-    aiohttp_client: Any, stream: io.StringIO, tracer: trace.Tracer
-) -> None:
-    client = await aiohttp_client(make_app(tracer, Seen()))
+@pytest.fixture
+def seen() -> Seen:
+    return Seen()
 
+
+@pytest.fixture
+async def client(
+    aiohttp_client: Any, stream: io.StringIO, tracer: trace.Tracer, seen: Seen
+) -> Any:
+    """A client of the app behind the middleware, its logs in ``stream``."""
+    return await aiohttp_client(make_app(tracer, seen))
+
+
+async def test_aiohttp_generates_and_echoes_request_id(client: Any, stream: io.StringIO) -> None:
     first = await client.get("/checkout")
     second = await client.get("/checkout")
 
@@ -167,10 +155,8 @@ async def test_the_access_log_line_carries_the_request_id(
 
 
 async def test_aiohttp_keeps_valid_incoming_id_and_binds_idempotency_key(
-    aiohttp_client: Any, stream: io.StringIO, tracer: trace.Tracer
+    client: Any, stream: io.StringIO
 ) -> None:
-    client = await aiohttp_client(make_app(tracer, Seen()))
-
     response = await client.get(
         "/checkout", headers={"X-Request-ID": "req-abc-123", "Idempotency-Key": "idem-42"}
     )
@@ -186,11 +172,7 @@ async def test_aiohttp_keeps_valid_incoming_id_and_binds_idempotency_key(
 
 
 @pytest.mark.parametrize("hostile", HOSTILE_IDS)
-async def test_aiohttp_replaces_hostile_ids(
-    aiohttp_client: Any, stream: io.StringIO, tracer: trace.Tracer, hostile: str
-) -> None:
-    client = await aiohttp_client(make_app(tracer, Seen()))
-
+async def test_aiohttp_replaces_hostile_ids(client: Any, hostile: str) -> None:
     response = await client.get(
         "/checkout", headers={"X-Request-ID": hostile, "Idempotency-Key": hostile}
     )
@@ -201,9 +183,7 @@ async def test_aiohttp_replaces_hostile_ids(
     assert (await response.json())["correlation"] == {"request_id": request_id}
 
 
-async def test_aiohttp_custom_header_name(
-    aiohttp_client: Any, stream: io.StringIO, tracer: trace.Tracer
-) -> None:
+async def test_aiohttp_custom_header_name(aiohttp_client: Any, tracer: trace.Tracer) -> None:
     client = await aiohttp_client(make_app(tracer, Seen(), header="X-Correlation-ID"))
 
     response = await client.get("/checkout", headers={"x-correlation-id": "corr-1"})
@@ -213,11 +193,7 @@ async def test_aiohttp_custom_header_name(
     assert (await response.json())["correlation"] == {"request_id": "corr-1"}
 
 
-async def test_aiohttp_handler_span_joins_incoming_trace(
-    aiohttp_client: Any, stream: io.StringIO, tracer: trace.Tracer
-) -> None:
-    client = await aiohttp_client(make_app(tracer, Seen()))
-
+async def test_aiohttp_handler_span_joins_incoming_trace(client: Any) -> None:
     joined = await (
         await client.get(
             "/checkout", headers={"traceparent": TRACEPARENT, "tracestate": "vendor=abc"}
@@ -234,11 +210,8 @@ async def test_aiohttp_handler_span_joins_incoming_trace(
 
 
 async def test_aiohttp_value_error_passes_through_unchanged(
-    aiohttp_client: Any, stream: io.StringIO, tracer: trace.Tracer
+    client: Any, stream: io.StringIO, seen: Seen
 ) -> None:
-    seen = Seen()
-    client = await aiohttp_client(make_app(tracer, seen))
-
     response = await client.get("/fail", headers={"X-Request-ID": "req-fail"})
 
     assert response.status == 500
@@ -253,11 +226,8 @@ async def test_aiohttp_value_error_passes_through_unchanged(
 
 
 async def test_aiohttp_http_exception_keeps_status_and_gets_header(
-    aiohttp_client: Any, stream: io.StringIO, tracer: trace.Tracer
+    client: Any, seen: Seen
 ) -> None:
-    seen = Seen()
-    client = await aiohttp_client(make_app(tracer, seen))
-
     response = await client.get("/missing", headers={"X-Request-ID": "req-404"})
 
     assert response.status == 404
@@ -269,10 +239,8 @@ async def test_aiohttp_http_exception_keeps_status_and_gets_header(
 
 
 async def test_aiohttp_streamed_response_keeps_correlation(
-    aiohttp_client: Any, stream: io.StringIO, tracer: trace.Tracer
+    client: Any, stream: io.StringIO
 ) -> None:
-    client = await aiohttp_client(make_app(tracer, Seen()))
-
     response = await client.get("/streamed", headers={"X-Request-ID": "req-stream"})
 
     assert response.status == 200

@@ -167,6 +167,7 @@ def test_a_slot_that_keeps_changing_is_left_out_not_skipped(
 
 BUSY_WORKER = """
 import time
+from stocksentry.instrumentation import catalog
 from stocksentry.instrumentation.metrics import StockMetrics
 metrics = StockMetrics()
 end = time.monotonic() + 1.0
@@ -174,7 +175,7 @@ k = 0
 while time.monotonic() < end:
     k += 1
     exemplar = {"trace_id": f"{k:032x}", "span_id": f"{k:016x}"}
-    metrics.reservation_duration("success", (k % 50) / 100, exemplar)
+    metrics.observe(catalog.RESERVATION_DURATION, (k % 50) / 100, "success", exemplar=exemplar)
 print("done", flush=True)
 """
 

@@ -25,7 +25,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from prometheus_client import CollectorRegistry
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlitedb import sqlite_engine
-from stocksentry.instrumentation import Sentry, catalog
+from stocksentry.instrumentation import MetricSpec, Sentry, catalog
 from stocksentry.instrumentation.logs import bind_correlation, configure_logging
 from stocksentry.instrumentation.sqlalchemy import (
     StockTable,
@@ -786,11 +786,15 @@ def test_a_failing_listener_never_reaches_the_app(
 ) -> None:
     instrument_sqlalchemy(engine, sentry=sentry)
 
-    def broken(*args: object, **kwargs: object) -> None:
-        raise RuntimeError("metrics backend on fire")
+    count = sentry.metrics.count
 
-    monkeypatch.setattr(sentry.metrics, "db_lock_wait", broken)
-    monkeypatch.setattr(sentry.metrics, "unsafe_read_modify_write", broken)
+    def broken(spec: MetricSpec, *args: Any, **kwargs: Any) -> None:
+        if spec in (catalog.DB_LOCK_WAIT, catalog.UNSAFE_READ_MODIFY_WRITE):
+            raise RuntimeError("metrics backend on fire")
+        count(spec, *args, **kwargs)  # the instrumentation errors' counter keeps working
+
+    monkeypatch.setattr(sentry.metrics, "observe", broken)  # only the lock wait observes
+    monkeypatch.setattr(sentry.metrics, "count", broken)
     with engine.begin() as conn:
         conn.execute(sa.text(READ), EGG).all()
         result = conn.execute(

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import io
 import json
-import logging
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -22,26 +20,12 @@ from stocksentry.instrumentation.logs import add_trace_context, configure_loggin
 from stocksentry.instrumentation.tracing import exemplar_for, trace_fields
 
 
-@pytest.fixture
-def out() -> Iterator[io.StringIO]:
-    saved_level = logging.getLogger().level
-    stream = io.StringIO()
-    configure_logging(stream=stream, bridge_stdlib=False)
-    try:
-        yield stream
-    finally:
-        configure_logging(stream=io.StringIO(), bridge_stdlib=False)
-        logging.getLogger().setLevel(saved_level)
-        structlog.reset_defaults()
-        structlog.contextvars.clear_contextvars()
-
-
 def lines(stream: io.StringIO) -> list[dict[str, object]]:
     return [json.loads(line) for line in stream.getvalue().splitlines()]
 
 
 def test_both_lines_and_the_exemplar_carry_the_reservation_span(
-    out: io.StringIO, provider: TracerProvider, spans: InMemorySpanExporter
+    stream: io.StringIO, provider: TracerProvider, spans: InMemorySpanExporter
 ) -> None:
     registry = CollectorRegistry()
     sentry = Sentry(registry=registry, tracer_provider=provider)
@@ -50,7 +34,7 @@ def test_both_lines_and_the_exemplar_carry_the_reservation_span(
             r.stock_check(5)
             r.success(old_stock=5, new_stock=4)
     first, second = spans.get_finished_spans()
-    check1, update1, check2, update2 = lines(out)
+    check1, update1, check2, update2 = lines(stream)
     for line, span in ((check1, first), (update1, first), (check2, second), (update2, second)):
         assert span.context is not None
         assert line["trace_id"] == format(span.context.trace_id, "032x")
@@ -137,25 +121,25 @@ def test_exemplar_only_for_a_recording_span(provider: TracerProvider) -> None:
 
 
 def test_lines_follow_a_structlog_configuration_made_without_logger_caching(
-    out: io.StringIO,
+    stream: io.StringIO,
 ) -> None:
     # Without caching, structlog assembles the logger from the configuration of the moment;
     # a reservation's lines (its logger resolved once for both) follow it all the same.
     first, second = io.StringIO(), io.StringIO()
     sentry = Sentry(registry=CollectorRegistry(), trace=False)
-    for stream in (first, second):
+    for buffer in (first, second):
         structlog.configure(
             processors=[structlog.processors.JSONRenderer()],
-            logger_factory=structlog.PrintLoggerFactory(stream),
+            logger_factory=structlog.PrintLoggerFactory(buffer),
             cache_logger_on_first_use=False,
         )
         with sentry.reservation("EGG-01") as r:
             r.stock_check(3)
             r.success(old_stock=3, new_stock=2)
-    for stream in (first, second):
-        events = [json.loads(line)["event"] for line in stream.getvalue().splitlines()]
+    for buffer in (first, second):
+        events = [json.loads(line)["event"] for line in buffer.getvalue().splitlines()]
         assert events == ["stock_check", "stock_update"]
-    assert out.getvalue() == ""
+    assert stream.getvalue() == ""
 
 
 def test_an_own_logger_receives_the_lines_as_given() -> None:
@@ -196,7 +180,7 @@ def _redactor_last_chain(redact_keys: list[str]) -> list[Any]:
 
 @pytest.mark.parametrize("redact_keys", [[], ["email"], ["level", "email"], ["exception"]])
 def test_lines_are_those_of_the_redactor_run_last(
-    out: io.StringIO, provider: TracerProvider, redact_keys: list[str]
+    stream: io.StringIO, provider: TracerProvider, redact_keys: list[str]
 ) -> None:
     """Same lines, secrets masked alike, as with the redactor after every other field."""
     stream = io.StringIO()
