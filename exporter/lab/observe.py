@@ -362,6 +362,21 @@ def _spawn(watch: Observers, name: str, argv: list[str], ready_url: str, what: s
     _wait_http(ready_url, proc, what)
 
 
+def _start_binary(
+    watch: Observers, what: str, binary: str, config: dict[str, Any], storage: str, extra: str
+) -> int:
+    """Prometheus or Alertmanager on a free port, with ``config`` (JSON is YAML) and its
+    ``--<storage>`` folder in ours; returns the port."""
+    name = what.lower()
+    path = watch.folder / f"{name}.yml"
+    path.write_text(json.dumps(config, indent=2), encoding="utf-8")
+    port = free_port()
+    listen = f"--web.listen-address=127.0.0.1:{port}"
+    argv = [binary, f"--config.file={path}", f"--{storage}={watch.folder / name}", listen, extra]
+    _spawn(watch, name, argv, f"http://127.0.0.1:{port}/-/ready", what)
+    return port
+
+
 def _start_exporter(
     watch: Observers,
     database_url: str,
@@ -418,7 +433,6 @@ def _start_prometheus(watch: Observers, lab_port: int) -> None:
     targets = {"stocksentry-lab": lab_port}
     if watch.exporter_port is not None:
         targets["stocksentry"] = watch.exporter_port
-    config = watch.folder / "prometheus.yml"
     scrape = [
         {"job_name": job, "static_configs": [{"targets": [f"127.0.0.1:{port}"]}]}
         for job, port in targets.items()
@@ -431,16 +445,8 @@ def _start_prometheus(watch: Observers, lab_port: int) -> None:
     if watch.alertmanager_port is not None:
         target = f"127.0.0.1:{watch.alertmanager_port}"
         prometheus["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": [target]}]}]}
-    config.write_text(json.dumps(prometheus, indent=2), encoding="utf-8")
-    port = free_port()
-    argv = [
-        binary,
-        f"--config.file={config}",
-        f"--storage.tsdb.path={watch.folder / 'tsdb'}",
-        f"--web.listen-address=127.0.0.1:{port}",
-        "--storage.tsdb.retention.time=1h",
-    ]
-    _spawn(watch, "prometheus", argv, f"http://127.0.0.1:{port}/-/ready", "Prometheus")
+    retention = "--storage.tsdb.retention.time=1h"
+    port = _start_binary(watch, "Prometheus", binary, prometheus, "storage.tsdb.path", retention)
     watch.prometheus_port = port
     _wait_scraped(port, len(targets), watch.procs[-1])
     watch.prometheus_note = (
@@ -465,19 +471,10 @@ def _start_alertmanager(watch: Observers) -> None:
     if watch.exporter_port is None:
         watch.alertmanager_note = "not run: the exporter (its freeze webhook) is not running"
         return
-    webhook = f"http://127.0.0.1:{watch.exporter_port}{WEBHOOK_PATH}"
-    config = watch.folder / "alertmanager.yml"
-    config.write_text(json.dumps(alertmanager_config(webhook), indent=2), encoding="utf-8")
-    port = free_port()
-    argv = [
-        binary,
-        f"--config.file={config}",
-        f"--storage.path={watch.folder / 'alertmanager'}",
-        f"--web.listen-address=127.0.0.1:{port}",
-        "--cluster.listen-address=",
-    ]
-    _spawn(watch, "alertmanager", argv, f"http://127.0.0.1:{port}/-/ready", "Alertmanager")
-    watch.alertmanager_port = port
+    config = alertmanager_config(f"http://127.0.0.1:{watch.exporter_port}{WEBHOOK_PATH}")
+    watch.alertmanager_port = _start_binary(
+        watch, "Alertmanager", binary, config, "storage.path", "--cluster.listen-address="
+    )
     watch.alertmanager_note = (
         "Alertmanager routed StockOversold, StockNegativeInventory and StockNegativeWrite of"
         " the contained run's SKU to the exporter's freeze webhook (enforce) at once"
