@@ -156,11 +156,14 @@ def describe_database(config: LabConfig) -> str:
     return urllib.parse.unquote(shown(config.database_url))
 
 
-def describe_redis(config: LabConfig) -> str | None:
+def describe_redis(url: str | None) -> str | None:
     """The Redis URL without its password, for people (``None`` without Redis)."""
-    if config.redis_url is None:
+    if url is None:
         return None
-    return mask_url(config.redis_url) or "the given Redis"
+    return mask_url(url) or "the given Redis"
+
+
+NO_REDIS = "none (the lock strategies are skipped)"
 
 
 def setup_lines(
@@ -172,7 +175,7 @@ def setup_lines(
         f"flash-sale lab: {config.buyers} buyers, {config.stock} units of one SKU per strategy,"
         f" {config.concurrency} threads, {config.work_ms:g} ms of work between read and write",
         f"database: {database or describe_database(config)}",
-        f"redis: {redis or describe_redis(config) or 'none (the lock strategies are skipped)'}",
+        f"redis: {redis or describe_redis(config.redis_url) or NO_REDIS}",
     ]
     if config.retries:
         lines.append(

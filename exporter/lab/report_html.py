@@ -15,9 +15,19 @@ from .report import alert_text, caught_lines, info_lines, setup_lines, signal_ce
 #: One colour per strategy, in the report's order (red for unsafe alone): as many as the
 #: lab has strategies and one more, so no two lines of a chart share a colour.
 _PALETTE = (
-    "#d62728 #ff7f0e #9467bd #2ca02c #1f77b4 #17becf #8c564b #e377c2 #bcbd22 #7f7f7f #393b79"
-    " #637939"
-).split()
+    "#d62728",  # red
+    "#ff7f0e",  # orange
+    "#9467bd",  # purple
+    "#2ca02c",  # green
+    "#1f77b4",  # blue
+    "#17becf",  # cyan
+    "#8c564b",  # brown
+    "#e377c2",  # pink
+    "#bcbd22",  # olive
+    "#7f7f7f",  # grey
+    "#393b79",  # navy
+    "#637939",  # moss
+)
 _CSS = """
 body { font: 14px/1.45 system-ui, sans-serif; margin: 2em auto; max-width: 1240px;
        color: #222; padding: 0 1em; }

@@ -11,7 +11,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import sqlalchemy as sa
 from prometheus_client import CollectorRegistry, start_http_server
@@ -96,7 +96,7 @@ def run_lab(
                 for name in names
             )
         ) or (config.contain and config.redis_url is not None):
-            redis_client = _connect_redis(config)
+            redis_client = connect_redis(config.redis_url)
         if progress is not None:
             progress.start(shown)
         with _json_logs_to(config.log_file) as log:
@@ -188,8 +188,8 @@ def instrument_lab_engine(engine: Engine, sentry: Sentry) -> Callable[[], None] 
     return lambda: uninstrument_sqlalchemy(engine)
 
 
-def _connect_redis(config: LabConfig) -> Any:
-    shown = describe_redis(config)
+def connect_redis(url: str) -> Any:
+    """A reached Redis client, or a :class:`LabError` naming the URL without its password."""
     try:
         import redis
     except ImportError as exc:
@@ -197,11 +197,10 @@ def _connect_redis(config: LabConfig) -> Any:
             f"--redis needs the redis package ({exc.name or exc}): pip install 'stocksentry[lab]'"
         ) from exc
     try:
-        client = redis.Redis.from_url(
-            cast(str, config.redis_url), socket_connect_timeout=5, socket_timeout=30
-        )
+        client = redis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=30)
         client.ping()
     except (redis.RedisError, ValueError, OSError) as exc:
+        shown = describe_redis(url)
         raise LabError(f"cannot connect to Redis {shown}: {first_line(exc)}") from exc
     return client
 

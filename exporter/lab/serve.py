@@ -36,7 +36,7 @@ from sqlalchemy.engine import Engine
 
 from .config import IDEMPOTENT_OPERATION, STOCK_TABLE, LabConfig, LabError
 from .driver import delete_redis_keys
-from .run import instrument_lab_engine
+from .run import connect_redis, instrument_lab_engine
 from .shop import (
     Buyer,
     Shop,
@@ -323,7 +323,7 @@ def serve_shop(
     engine = create_engine(url, config.concurrency, config.isolation_level)
     registry = CollectorRegistry()
     sentry = Sentry(registry=registry, promo_skus=[DRILL_SKU], log=False, trace=False)
-    redis_client = _redis(config.redis_url) if config.redis_url else None
+    redis_client = connect_redis(config.redis_url) if config.redis_url else None
     served = ServedShop(engine, config, sentry, registry, redis_client)
     # The SQL detector, as in the lab: the unsafe read-modify-writes show in /metrics.
     undo = instrument_lab_engine(engine, sentry)
@@ -390,18 +390,6 @@ def serve_shop(
         if redis_client is not None:
             delete_redis_keys(redis_client, f"{config.redis_prefix}http:")
             redis_client.close()
-
-
-def _redis(url: str) -> Any:
-    """A Redis client for the lock strategies, reached before the shop opens."""
-    import redis
-
-    try:
-        client = redis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=30)
-        client.ping()
-    except (redis.RedisError, ValueError, OSError) as exc:
-        raise LabError(f"cannot connect to Redis: {type(exc).__name__}") from exc
-    return client
 
 
 #: The drill file ``--serve`` writes in the current folder.
