@@ -124,7 +124,6 @@ class LabConfig:
     stale_cache: bool = False
     cache_refresh_ms: float = 50.0
     redis_prefix: str = REDIS_PREFIX
-    sql_detector: bool = True
     redlock_impl: str = "lab"
     isolation_level: str | None = None
     #: Seconds each sale's buyers are spread over, in waves of :data:`PACE_WAVE` (0: all

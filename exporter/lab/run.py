@@ -88,14 +88,12 @@ def run_lab(
             and importlib.util.find_spec("pottery") is None
         ):
             raise LabError("the pottery Redlock needs pottery: pip install 'stocksentry[lab]'")
-        if (
-            config.redis_url is not None
-            and any(
-                config.skip_reason(name) is None
-                and (name in REDIS_STRATEGIES or name == "stale_cache" or config.stale_cache)
-                for name in names
-            )
-        ) or (config.contain and config.redis_url is not None):
+        needs_redis = config.contain or any(
+            config.skip_reason(name) is None
+            and (name in REDIS_STRATEGIES or name == "stale_cache" or config.stale_cache)
+            for name in names
+        )
+        if config.redis_url is not None and needs_redis:
             redis_client = connect_redis(config.redis_url)
         if progress is not None:
             progress.start(shown)
@@ -107,14 +105,8 @@ def run_lab(
                 skus.append(CONTAINED_SKU)
                 if redis_client is not None:
                     clear_freezes(redis_client)
-            sentry = Sentry(
-                registry=registry,
-                promo_skus=skus,
-                log=log,
-                trace=False,
-            )
-            if config.sql_detector:
-                undo_sql = instrument_lab_engine(engine, sentry)
+            sentry = Sentry(registry=registry, promo_skus=skus, log=log, trace=False)
+            undo_sql = instrument_lab_engine(engine, sentry)
             lab = LabRun(
                 engine=engine,
                 side=side,
@@ -126,8 +118,7 @@ def run_lab(
                 redis=redis_client,
                 detector=undo_sql is not None,
             )
-            prime_counters(sentry, names)
-            sentry.metrics.prime_skus(skus)
+            prime_counters(sentry, names, skus)
             if settle_s > 0:
                 time.sleep(settle_s)
             results = []
@@ -159,15 +150,14 @@ def run_lab(
             shutil.rmtree(temp_dir, ignore_errors=True)
 
 
-def prime_counters(sentry: Sentry, names: tuple[str, ...]) -> None:
+def prime_counters(sentry: Sentry, names: tuple[str, ...], skus: list[str]) -> None:
     """Create the strategies' counter series at zero: a counter first seen at its final
     value has no ``increase()`` to Prometheus, and a short sale would pass unseen."""
-    metrics = sentry.metrics
-    metrics.prime_tables([STOCK_TABLE])
-    metrics.prime_skus([sku_for(name) for name in names])
+    sentry.metrics.prime_tables([STOCK_TABLE])
+    sentry.metrics.prime_skus(skus)
     for name in names:
         if name in REDIS_STRATEGIES:
-            metrics.prime_lock(name)
+            sentry.metrics.prime_lock(name)
 
 
 def instrument_lab_engine(engine: Engine, sentry: Sentry) -> Callable[[], None] | None:

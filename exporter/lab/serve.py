@@ -34,9 +34,9 @@ from typing import Any, Final
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from .config import IDEMPOTENT_OPERATION, STOCK_TABLE, LabConfig, LabError
+from .config import IDEMPOTENT_OPERATION, LabConfig, LabError
 from .driver import delete_redis_keys
-from .run import connect_redis, instrument_lab_engine
+from .run import connect_redis, instrument_lab_engine, prime_counters
 from .shop import (
     Buyer,
     Shop,
@@ -329,8 +329,7 @@ def serve_shop(
     undo = instrument_lab_engine(engine, sentry)
     # Every counter at zero from the start: a series first seen at its final value has no
     # increase() to Prometheus, and a drill's burst would pass its alerts unseen.
-    sentry.metrics.prime_tables([STOCK_TABLE])
-    sentry.metrics.prime_skus([DRILL_SKU])
+    prime_counters(sentry, (), [DRILL_SKU])
     ready = threading.Event()
     stop: asyncio.Event | None = None
     loop = asyncio.new_event_loop()

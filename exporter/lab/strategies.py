@@ -3,8 +3,9 @@ the reservation ``success`` or ``conflict``; docs/demo.md tells what goes wrong 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
-from typing import Literal, Protocol
+from typing import Literal
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -19,10 +20,8 @@ from .shop import Buyer, Shop, select_stock
 DEADLOCK_EVERY = 10
 
 
-class Strategy(Protocol):
-    """A checkout strategy: reserve ``shop.config.quantity`` for ``buyer`` and mark ``r``."""
-
-    def __call__(self, shop: Shop, r: Reservation, buyer: Buyer, /) -> None: ...
+#: A checkout strategy: reserve ``shop.config.quantity`` for ``buyer`` and mark ``r``.
+Strategy = Callable[[Shop, Reservation, Buyer], None]
 
 
 def unsafe(shop: Shop, r: Reservation, buyer: Buyer) -> None:
@@ -93,11 +92,6 @@ def atomic(shop: Shop, r: Reservation, buyer: Buyer, event: bool = False) -> Non
         if event:
             shop.insert_outbox_event(conn, order_id)
     r.success(old_stock=written + shop.config.quantity, new_stock=written)
-
-
-def outbox(shop: Shop, r: Reservation, buyer: Buyer) -> None:
-    """The atomic update with the order's outbox event (the driver's publisher stalls)."""
-    atomic(shop, r, buyer, event=True)
 
 
 def naive_lock(shop: Shop, r: Reservation, buyer: Buyer) -> None:
@@ -237,6 +231,7 @@ STRATEGIES: dict[str, Strategy] = {
     "retry_no_key": atomic,
     "retry_idempotent": atomic,
     "stale_cache": atomic,
-    "outbox": outbox,
+    # The atomic update with the order's outbox event (the driver's publisher stalls).
+    "outbox": functools.partial(atomic, event=True),
     "deadlock": deadlock,
 }
