@@ -16,7 +16,6 @@ import os
 import shlex
 import signal
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
@@ -64,6 +63,13 @@ def _bounded(
         metavar=metavar,
         help=f"{text}, {_range(bounds)} ({_number(default)})",
     )
+
+
+def _choice(
+    parser: argparse.ArgumentParser, flag: str, choices: tuple[str, ...], text: str
+) -> None:
+    """An option among ``choices``, the first by default."""
+    parser.add_argument(flag, choices=choices, default=choices[0], help=f"{text} ({choices[0]})")
 
 
 def _strategy_list(text: str) -> list[str]:
@@ -114,6 +120,7 @@ def add_parser(commands: Subcommands) -> argparse.ArgumentParser:
         ),
     )
     bounded = functools.partial(_bounded, demo)
+    choice = functools.partial(_choice, demo)
     where = demo.add_mutually_exclusive_group()
     where.add_argument(
         "--database",
@@ -155,12 +162,7 @@ def add_parser(commands: Subcommands) -> argparse.ArgumentParser:
         help="strategies to run, repeatable or comma-separated:"
         f" {', '.join(STRATEGY_NAMES)} (default: all)",
     )
-    demo.add_argument(
-        "--format",
-        choices=("table", "json"),
-        default="table",
-        help="report format on stdout (table)",
-    )
+    choice("--format", ("table", "json"), "report format on stdout")
     demo.add_argument(
         "--metrics-port",
         type=port,
@@ -187,12 +189,8 @@ def add_parser(commands: Subcommands) -> argparse.ArgumentParser:
         help=f"TTL of naive_lock's lock, in ms, {_range(LOCK_TTL_MS)} (default: 80%% of "
         "--work-ms, so that it expires under its holder)",
     )
-    demo.add_argument(
-        "--redlock-impl",
-        choices=("lab", "pottery"),
-        default="lab",
-        help="redlock's owned lock: the lab's compare-and-delete lock or pottery's (lab)",
-    )
+    text = "redlock's owned lock: the lab's compare-and-delete lock or pottery's"
+    choice("--redlock-impl", ("lab", "pottery"), text)
     demo.add_argument(
         "--retries",
         type=_share,
@@ -378,13 +376,11 @@ def _run(args: argparse.Namespace, registry: CollectorRegistry) -> int:
             if database_url is not None and config.on_server:
                 create_tables(database_url)
             step("starting the exporter and Prometheus beside the lab...")
-            folder = Path(tempfile.mkdtemp(prefix="stocksentry-demo-watch-"))
             section = contain.exporter_section(redis_url) if args.contain and redis_url else None
             # The stale cache's Redis, for the exporter's cache-drift probe to compare.
             stale = "stale_cache" in config.strategy_names or config.stale_cache
             watch = stack.enter_context(
                 observers(
-                    folder,
                     # The exporter's probes need PostgreSQL or MySQL / MariaDB: a SQLite
                     # file gets Prometheus alone.
                     database_url if config.on_server else None,

@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.parse
 import urllib.request
@@ -21,7 +22,7 @@ from typing import Any
 
 from stocksentry.instrumentation.secrets import url_has_password
 
-from .config import REDIS_PREFIX, StrategyResult, cache_key_template, sku_for
+from .config import REDIS_PREFIX, STRATEGY_NAMES, StrategyResult, cache_key_template, sku_for
 from .embedded import signal_handler
 
 #: The rules Prometheus evaluates: the project's own file.
@@ -295,15 +296,7 @@ def stale_cache_note(watched: bool, refresh_s: float, why: str, result: Strategy
     """Why no alert of the sidecar named the stale cache of ``result``'s sale: its drift
     probe did not read the cache (``why``), or the cache, refreshed every ``refresh_s``,
     caught up within the probe's grace. The lab's own stale decisions are another signal,
-    which an app has only when it reports its cache reads.
-
-    Example::
-
-        >>> from stocksentry.exporter.lab.config import LabConfig
-        >>> result = StrategyResult.skip(LabConfig(), "stale_cache", "")
-        >>> print(stale_cache_note(True, 0.05, "", result)[:60])
-        StockCacheDrift cannot fire: the cache caught up every 50 ms
-    """
+    which an app has only when it reports its cache reads."""
     if not watched:
         drift = f"{CACHE_DRIFT_ALERT} cannot fire: {why}"
     elif refresh_s <= DRIFT_GRACE_S:
@@ -380,10 +373,14 @@ def _start_binary(
 def _start_exporter(
     watch: Observers,
     database_url: str,
-    skus: list[str],
     containment: dict[str, Any] | None,
     redis_url: str | None,
 ) -> None:
+    from .contain import CONTAINED_SKU
+
+    skus = [sku_for(n) for n in STRATEGY_NAMES]
+    if containment is not None:
+        skus.append(CONTAINED_SKU)
     port = free_port()
     config = watch.folder / "exporter.yml"
     # JSON is YAML: the exporter on the lab's tables, probes every second, no election.
@@ -483,7 +480,6 @@ def _start_alertmanager(watch: Observers) -> None:
 
 @contextlib.contextmanager
 def observers(
-    folder: Path,
     database_url: str | None,
     lab_port: int,
     containment: dict[str, Any] | None = None,
@@ -493,13 +489,11 @@ def observers(
     cannot start is left out, with the reason in its note. With ``containment`` (the
     exporter's section), also Alertmanager, routing to its freeze webhook. ``redis_url``:
     the Redis of the stale cache, which the exporter's cache-drift probe then compares with
-    the database. All are stopped by pid."""
-    folder.mkdir(parents=True, exist_ok=True)
+    the database. All are stopped by pid, and their temporary folder removed."""
+    folder = Path(tempfile.mkdtemp(prefix="stocksentry-demo-watch-"))
     watch = Observers(folder=folder)
     try:
         if database_url is not None:
-            from .config import STRATEGY_NAMES
-
             cache_url = redis_url
             if redis_url is not None and url_has_password(redis_url):
                 cache_url = None
@@ -507,12 +501,7 @@ def observers(
             elif redis_url is None:
                 watch.cache_note = "the lab ran without Redis, so its cache is in memory"
             try:
-                skus = [sku_for(n) for n in STRATEGY_NAMES]
-                if containment is not None:
-                    from .contain import CONTAINED_SKU
-
-                    skus.append(CONTAINED_SKU)
-                _start_exporter(watch, database_url, skus, containment, cache_url)
+                _start_exporter(watch, database_url, containment, cache_url)
                 watch.cache_watched = cache_url is not None
                 watch.exporter_note = "the exporter's probes ran every 1s on the lab's database"
             except (RuntimeError, OSError) as exc:
