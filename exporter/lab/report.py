@@ -198,22 +198,17 @@ def alert_text(name: str, alert: Mapping[str, Any]) -> str:
 
 
 def _probe_cell(result: StrategyResult) -> str:
-    probes = result.probes
-    if not probes:
+    if not result.probes:
         return "-"
-    parts = [
-        f"{short} {probes[name]:.3g}"
-        for name, short in EXPORTER_FIGURES.items()
-        if probes.get(name)
-    ]
-    return ", ".join(parts) or "0"
+    shown = [(short, result.probes.get(name)) for name, short in EXPORTER_FIGURES.items()]
+    return ", ".join(f"{short} {value:.3g}" for short, value in shown if value) or "0"
 
 
 def alert_cell(result: StrategyResult, evaluated: bool) -> str:
     """The alerts of a strategy's sale: name, state, seconds after the first oversell."""
     if not evaluated:
         return "not evaluated"
-    return "\n".join(alert_text(name, alert) for name, alert in result.alerts.items()) or "none"
+    return ", ".join(alert_text(name, alert) for name, alert in result.alerts.items()) or "none"
 
 
 def _truth_table(results: Sequence[StrategyResult], width: int) -> str:
@@ -230,16 +225,9 @@ def _truth_table(results: Sequence[StrategyResult], width: int) -> str:
     for header in ("strategy", "sold", "over", "neg", "dup", "final", "p99 ms", "metrics"):
         truth.add_column(header, justify="left" if header == "strategy" else "right")
     for r in results:
-        truth.add_row(
-            r.strategy,
-            str(r.sold),
-            str(r.oversold),
-            str(r.negative_writes),
-            str(r.db.duplicate_orders),
-            str(r.final_stock),
-            f"{r.p99_ms:.0f}",
-            "= db" if r.consistent else "NO",
-        )
+        counts = (r.sold, r.oversold, r.negative_writes, r.db.duplicate_orders, r.final_stock)
+        verdict = "= db" if r.consistent else "NO"
+        truth.add_row(r.strategy, *map(str, counts), f"{r.p99_ms:.0f}", verdict)
     out = io.StringIO()
     Console(file=out, width=width, color_system=None, emoji=False, highlight=False).print(truth)
     return "\n".join(line.rstrip() for line in out.getvalue().splitlines())
@@ -260,7 +248,7 @@ def _caught_blocks(
         rows = [("metrics", signal_cell(r))]
         if watched:
             rows.append(("exporter", _probe_cell(r)))
-        rows.append(("alerts", alert_cell(r, evaluated).replace("\n", ", ")))
+        rows.append(("alerts", alert_cell(r, evaluated)))
         for i, (label, text) in enumerate(rows):
             lead = (r.strategy if i == 0 else "").ljust(name_width) + f"{label:<9}"
             wrapped = textwrap.wrap(
