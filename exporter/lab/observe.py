@@ -114,20 +114,16 @@ def _wait_scraped(port: int, targets: int, proc: subprocess.Popen[bytes]) -> Non
     then one rule round: the rules about absent targets and probes down would otherwise
     go pending on an empty start."""
 
-    def count(expr: str) -> int | None:
-        result = _prometheus(port, "query", {"query": expr})
-        return None if result is None else len(result)
+    def until(expr: str, done: Callable[[int | None], bool], timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and proc.poll() is None:
+            result = _prometheus(port, "query", {"query": expr})
+            if done(None if result is None else len(result)):
+                return
+            time.sleep(0.2)
 
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline and proc.poll() is None:
-        if (count("up == 1") or 0) >= targets:
-            break
-        time.sleep(0.2)
-    deadline = time.monotonic() + PROBES_UP_WAIT_S
-    while time.monotonic() < deadline and proc.poll() is None:
-        if count("stocksentry_probe_up == 0") == 0:
-            break
-        time.sleep(0.2)
+    until("up == 1", lambda n: (n or 0) >= targets, START_TIMEOUT_S)
+    until("stocksentry_probe_up == 0", lambda n: n == 0, PROBES_UP_WAIT_S)
     time.sleep(1.2)  # one evaluation round on the scraped targets
 
 
