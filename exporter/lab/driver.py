@@ -122,7 +122,7 @@ def run_strategy(lab: LabRun, name: str, sku: str | None = None) -> StrategyResu
         outcome = handle.outcome if handle is not None else None
         if outcome is None:
             outcome = classify_exception(error) if error is not None else "success"
-        tally.add(outcome, elapsed, error, reached_strategy=reached, stale=stale)
+        tally.add(outcome, elapsed, error, reached, stale)
         return outcome
 
     def submit(buyer: Buyer) -> None:
@@ -279,17 +279,11 @@ class Tally:
     latencies: list[float] = field(default_factory=list)
 
     def add(
-        self,
-        outcome: str,
-        seconds: float,
-        exc: BaseException | None,
-        *,
-        reached_strategy: bool = True,
-        stale: bool = False,
+        self, outcome: str, seconds: float, exc: BaseException | None, reached: bool, stale: bool
     ) -> None:
         with self.lock:
             self.reservations += 1
-            self.locked += reached_strategy
+            self.locked += reached
             self.stale_hits += stale
             self.latencies.append(seconds)
             if outcome == "success":
