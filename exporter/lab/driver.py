@@ -126,20 +126,24 @@ def run_strategy(lab: LabRun, name: str, sku: str | None = None) -> StrategyResu
         return outcome
 
     def submit(buyer: Buyer) -> None:
-        if idempotent:
-            try:
-                if _answered(engine, buyer.idempotency_key):
-                    sentry.record_idempotency_replay(
-                        IDEMPOTENT_OPERATION, key=buyer.idempotency_key
-                    )
+        key, table = buyer.idempotency_key, idempotency_keys
+        try:
+            if idempotent:
+                with engine.connect() as conn:
+                    stored = sa.select(table.c.outcome).where(table.c.idempotency_key == key)
+                    answered = conn.execute(stored).first() is not None
+                if answered:
+                    sentry.record_idempotency_replay(IDEMPOTENT_OPERATION, key=key)
                     tally.bump("replays")
                     return
-            except sa.exc.SQLAlchemyError as exc:
-                tally.note(exc)
+        except sa.exc.SQLAlchemyError as exc:
+            tally.note(exc)
         outcome = reserve(buyer)
         if idempotent and outcome != "error":
+            row = {"idempotency_key": key, "sku": sku, "outcome": outcome}
             try:
-                _store_outcome(engine, sku, buyer.idempotency_key, outcome)
+                with engine.begin() as conn:
+                    conn.execute(table.insert().values(**row, created_at=datetime.now(UTC)))
             except sa.exc.SQLAlchemyError as exc:
                 tally.note(exc)
 
@@ -316,21 +320,6 @@ def resubmits(number: int, share: float) -> bool:
     [4, 7, 10]
     """
     return math.floor(number * share) > math.floor((number - 1) * share)
-
-
-def _answered(engine: Engine, key: str) -> bool:
-    stored = sa.select(idempotency_keys.c.outcome).where(idempotency_keys.c.idempotency_key == key)
-    with engine.connect() as conn:
-        return conn.execute(stored).first() is not None
-
-
-def _store_outcome(engine: Engine, sku: str, key: str, outcome: str) -> None:
-    with engine.begin() as conn:
-        conn.execute(
-            idempotency_keys.insert().values(
-                idempotency_key=key, sku=sku, outcome=outcome, created_at=datetime.now(UTC)
-            )
-        )
 
 
 @contextlib.contextmanager
