@@ -311,34 +311,32 @@ def format_summary(
         lines += [
             wrap.fill(f"  {r.strategy}: {line}") for line in (*caught_lines(r), *info_lines(r))
         ]
+
+    def add(text: str) -> None:
+        lines.append(wrap.fill(text))
+
     if evaluated and any(a["state"] == "pending" for r in ran for a in r.alerts.values()):
-        lines.append(
-            wrap.fill(
-                "  pending: the alert's condition held, but the rule's for: duration (15 s"
-                " to 1 h in alert_rules/stocksentry.rules.yml) is longer than this demo;"
-                " the rules are evaluated as shipped, not shortened"
-            )
+        add(
+            "  pending: the alert's condition held, but the rule's for: duration (15 s"
+            " to 1 h in alert_rules/stocksentry.rules.yml) is longer than this demo;"
+            " the rules are evaluated as shipped, not shortened"
         )
     for r in ran:
         if r.strategy == "outbox" and r.outbox_unpublished:
             lag = r.probes.get("stock_outbox_lag_seconds")
-            lines.append(
-                wrap.fill(
-                    f"  outbox: {r.outbox_unpublished} of {r.orders} events unpublished (SQL)"
-                    + (f"; the exporter's outbox lag {lag:.1f} s" if lag is not None else "")
-                    + "; StockOutboxLag fires once the oldest is older than"
-                    " probes.outbox.max_publish_latency (30 s) on two probe runs, if the demo"
-                    " lasts that long"
-                )
+            add(
+                f"  outbox: {r.outbox_unpublished} of {r.orders} events unpublished (SQL)"
+                + (f"; the exporter's outbox lag {lag:.1f} s" if lag is not None else "")
+                + "; StockOutboxLag fires once the oldest is older than"
+                " probes.outbox.max_publish_latency (30 s) on two probe runs, if the demo"
+                " lasts that long"
             )
     lines.append("")
     safe = [r for r in ran if r.strategy in SAFE_STRATEGIES]
     if safe and evaluated:
-        lines.append(wrap.fill(_safe_verdict(safe)))
-    lines.append(
-        wrap.fill(
-            "sold, over(sold), neg(ative writes), dup(licate orders) and final stock are"
-            " counted by SQL; metrics = db: every metric total equals that count."
-        )
+        add(_safe_verdict(safe))
+    add(
+        "sold, over(sold), neg(ative writes), dup(licate orders) and final stock are"
+        " counted by SQL; metrics = db: every metric total equals that count."
     )
     return "\n".join(lines)
