@@ -98,12 +98,7 @@ class SetNxLock(TrackedLock):
     def _extend_once(self, ttl: float) -> object:
         return self._extend_script(keys=[self.key], args=[self.token, _ms(ttl)])
 
-    async def _aattempt(self) -> object:
-        return await resolve(self.client.set(self.key, self.token, nx=True, px=self._ttl_ms))
-
+    # The base class awaits what _attempt and _extend_once return on an asyncio client.
     async def _arelease_once(self) -> tuple[bool | None, object, bool | None]:
         current = await resolve(self._release_script(keys=[self.key], args=self._release_args()))
         return self._verdict(current)
-
-    async def _aextend_once(self, ttl: float) -> object:
-        return await resolve(self._extend_script(keys=[self.key], args=[self.token, _ms(ttl)]))
