@@ -413,16 +413,13 @@ def _start_exporter(
 
 
 def _start_prometheus(watch: Observers, lab_port: int) -> None:
+    """Prometheus on the project's rules; a RuntimeError or OSError says why it cannot."""
     binary = shutil.which("prometheus")
     if binary is None:
-        watch.prometheus_note = (
-            "alerts not evaluated: no prometheus binary (Debian: apt-get install prometheus)"
-        )
-        return
+        raise RuntimeError("no prometheus binary (Debian: apt-get install prometheus)")
     rules = find_rules()
     if rules is None:
-        watch.prometheus_note = f"alerts not evaluated: {RULES_FILE} not found"
-        return
+        raise RuntimeError(f"{RULES_FILE} not found")
     targets = {"stocksentry-lab": lab_port}
     if watch.exporter_port is not None:
         targets["stocksentry"] = watch.exporter_port
@@ -457,13 +454,11 @@ def _start_alertmanager(watch: Observers) -> None:
 
     binary = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
     if binary is None:
-        watch.alertmanager_note = (
-            "not run: no alertmanager binary (Debian: apt-get install prometheus-alertmanager)"
+        raise RuntimeError(
+            "no alertmanager binary (Debian: apt-get install prometheus-alertmanager)"
         )
-        return
     if watch.exporter_port is None:
-        watch.alertmanager_note = "not run: the exporter (its freeze webhook) is not running"
-        return
+        raise RuntimeError("the exporter (its freeze webhook) is not running")
     config = alertmanager_config(f"http://127.0.0.1:{watch.exporter_port}{WEBHOOK_PATH}")
     watch.alertmanager_port = _start_binary(
         watch, "Alertmanager", binary, config, "storage.path", "--cluster.listen-address="
