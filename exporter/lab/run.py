@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
-import shutil
 import tempfile
 import time
 import uuid
@@ -63,24 +62,24 @@ def run_lab(
     """
     registry = registry if registry is not None else CollectorRegistry()
     names = config.strategy_names
-    temp_dir: str | None = None
-    if config.database_url is None:
-        temp_dir = tempfile.mkdtemp(prefix="stocksentry-lab-")
-        url = sa.make_url(f"sqlite:///{Path(temp_dir) / 'lab.db'}")
-    else:
-        url = normalize_url(config.database_url)
     shown = database if database is not None else describe_database(config)
-    engine: Engine | None = None
-    side: Engine | None = None
-    redis_client: Any = None
-    undo_sql: Callable[[], None] | None = None
     run = uuid.uuid4().hex[:8]
-    try:
+    # Everything set up is undone in reverse order on the way out.
+    with contextlib.ExitStack() as stack:
+        if config.database_url is None:
+            temp = tempfile.TemporaryDirectory(
+                prefix="stocksentry-lab-", ignore_cleanup_errors=True
+            )
+            url = sa.make_url(f"sqlite:///{Path(stack.enter_context(temp)) / 'lab.db'}")
+        else:
+            url = normalize_url(config.database_url)
         engine = create_engine(url, config.concurrency, config.isolation_level)
+        stack.callback(engine.dispose)
         connect_and_prepare(engine, shown, config.concurrency)
         # The lab's own reads (reset, samples, cache refresh, counts) go through a second,
         # uninstrumented engine: the SQL detector sees the strategies' statements only.
         side = create_engine(url, 3)
+        stack.callback(side.dispose)
         if (
             config.redlock_impl == "pottery"
             and "redlock" in names
@@ -93,61 +92,51 @@ def run_lab(
             and (name in REDIS_STRATEGIES or name == "stale_cache" or config.stale_cache)
             for name in names
         )
+        redis_client: Any = None
         if config.redis_url is not None and needs_redis:
             redis_client = connect_redis(config.redis_url)
+            stack.callback(redis_client.close)
+        skus = [sku_for(name) for name in names]
+        if config.contain:
+            from .contain import CONTAINED_SKU, clear_freezes, run_contained
+
+            skus.append(CONTAINED_SKU)
+            if redis_client is not None:
+                clear_freezes(redis_client)
+                stack.callback(clear_freezes, redis_client)
+        if redis_client is not None:
+            stack.callback(delete_redis_keys, redis_client, config.redis_prefix + run)
         if progress is not None:
             progress.start(shown)
-        with _json_logs_to(config.log_file) as log:
-            skus = [sku_for(name) for name in names]
-            if config.contain:
-                from .contain import CONTAINED_SKU, clear_freezes
-
-                skus.append(CONTAINED_SKU)
-                if redis_client is not None:
-                    clear_freezes(redis_client)
-            sentry = Sentry(registry=registry, promo_skus=skus, log=log, trace=False)
-            undo_sql = instrument_lab_engine(engine, sentry)
-            lab = LabRun(
-                engine=engine,
-                side=side,
-                sentry=sentry,
-                registry=registry,
-                config=config,
-                run=run,
-                progress=progress,
-                redis=redis_client,
-                detector=undo_sql is not None,
-            )
-            prime_counters(sentry, names, skus)
-            if settle_s > 0:
-                time.sleep(settle_s)
-            results = []
-            for name in names:
-                reason = config.skip_reason(name)
-                if reason is not None:
-                    results.append(StrategyResult.skip(config, name, reason))
-                else:
-                    results.append(run_strategy(lab, name))
-            if config.contain:
-                from .contain import run_contained
-
-                results.append(run_contained(lab))
-            return results
-    finally:
+        log = stack.enter_context(_json_logs_to(config.log_file))
+        sentry = Sentry(registry=registry, promo_skus=skus, log=log, trace=False)
+        undo_sql = instrument_lab_engine(engine, sentry)
         if undo_sql is not None:
-            undo_sql()
-        if redis_client is not None:
-            delete_redis_keys(redis_client, config.redis_prefix + run)
-            if config.contain:
-                from .contain import clear_freezes
-
-                clear_freezes(redis_client)
-            redis_client.close()
-        for each in (engine, side):
-            if each is not None:
-                each.dispose()
-        if temp_dir is not None:
-            shutil.rmtree(temp_dir, ignore_errors=True)
+            stack.callback(undo_sql)
+        lab = LabRun(
+            engine=engine,
+            side=side,
+            sentry=sentry,
+            registry=registry,
+            config=config,
+            run=run,
+            progress=progress,
+            redis=redis_client,
+            detector=undo_sql is not None,
+        )
+        prime_counters(sentry, names, skus)
+        if settle_s > 0:
+            time.sleep(settle_s)
+        results = []
+        for name in names:
+            reason = config.skip_reason(name)
+            if reason is not None:
+                results.append(StrategyResult.skip(config, name, reason))
+            else:
+                results.append(run_strategy(lab, name))
+        if config.contain:
+            results.append(run_contained(lab))
+        return results
 
 
 def prime_counters(sentry: Sentry, names: tuple[str, ...], skus: list[str]) -> None:
