@@ -151,17 +151,12 @@ class Shop:
             return select_stock(conn, self.sku)
 
     def insert_order(self, conn: Connection, buyer: Buyer, stock_after: int) -> int:
-        order_id = _new_id(
-            conn.execute(
-                orders.insert().values(
-                    external_ref=buyer.external_ref,
-                    idempotency_key=buyer.idempotency_key,
-                    request_id=buyer.request_id,
-                    status="PAID",
-                    created_at=datetime.now(UTC),
-                )
-            )
-        )
+        ids = {
+            name: getattr(buyer, name)
+            for name in ("external_ref", "idempotency_key", "request_id")
+        }
+        order = orders.insert().values(**ids, status="PAID", created_at=datetime.now(UTC))
+        order_id = _new_id(conn.execute(order))
         self.insert_item(conn, order_id, self.product_id, stock_after)
         return order_id
 
