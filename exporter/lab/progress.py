@@ -89,33 +89,25 @@ class LiveProgress:
             self._console.print(line, soft_wrap=True, highlight=False)
         self._bars.start()
 
-    def _show(self, p: Progress) -> None:
+    def update(self, p: Progress) -> None:
+        if not self._tty:
+            return
         task = self._tasks[p.strategy]
         self._bars.start_task(task)
-        self._bars.update(
-            task,
-            total=p.total,
-            completed=p.done,
-            sold=f"sold {p.sold:>5}",
-            secs=f"{p.elapsed_s:5.1f} s",
-        )
+        sold, secs = f"sold {p.sold:>5}", f"{p.elapsed_s:5.1f} s"
+        self._bars.update(task, total=p.total, completed=p.done, sold=sold, secs=secs)
 
-    def update(self, progress: Progress) -> None:
+    def finish(self, p: Progress) -> None:
         if self._tty:
-            self._show(progress)
-
-    def finish(self, progress: Progress) -> None:
-        if not self._tty:
-            p = progress
-            self._stream.write(
-                f"{p.strategy:<20} {p.done:>{len(str(p.total))}}/{p.total} {self._unit}"
-                f" sold {p.sold:<5} conflicts {p.conflicts:<5} {p.elapsed_s:5.1f} s"
-                f" errors {p.errors}\n"
-            )
-            self._stream.flush()
+            self.update(p)
+            self._bars.stop_task(self._tasks[p.strategy])
             return
-        self._show(progress)
-        self._bars.stop_task(self._tasks[progress.strategy])
+        self._stream.write(
+            f"{p.strategy:<20} {p.done:>{len(str(p.total))}}/{p.total} {self._unit}"
+            f" sold {p.sold:<5} conflicts {p.conflicts:<5} {p.elapsed_s:5.1f} s"
+            f" errors {p.errors}\n"
+        )
+        self._stream.flush()
 
     def close(self) -> None:
         if self._tty:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from prometheus_client import CollectorRegistry
@@ -42,62 +42,47 @@ LOCK_RETRIES = catalog.LOCK_ACQUIRE_RETRIES.name
 DEADLOCK = catalog.DB_DEADLOCK.name
 
 
+def _row(engine: Engine, sql: str, **params: object) -> sa.Row[Any]:
+    with engine.connect() as conn:
+        return conn.execute(sa.text(sql), params).one()
+
+
 def count_in_db(engine: Engine, product_id: int) -> DbFigures:
     """The ground truth: paid orders, units and negative writes by SQL, and the stock."""
-    with engine.begin() as conn:
-        row = conn.execute(
-            sa.text(
-                "SELECT COUNT(DISTINCT o.id), COALESCE(SUM(oi.quantity), 0),"
-                " COALESCE(SUM(CASE WHEN oi.stock_after < 0 THEN 1 ELSE 0 END), 0)"
-                " FROM order_items oi JOIN orders o ON o.id = oi.order_id"
-                " WHERE oi.product_id = :pid AND o.status = 'PAID'"
-            ),
-            {"pid": product_id},
-        ).one()
-        final = conn.execute(
-            sa.text("SELECT available_stock FROM products WHERE id = :pid"), {"pid": product_id}
-        ).scalar_one()
-        duplicates = conn.execute(
-            sa.text(
-                "SELECT COUNT(*), COALESCE(SUM(n - 1), 0) FROM ("
-                " SELECT o.idempotency_key, COUNT(*) AS n"
-                " FROM order_items oi JOIN orders o ON o.id = oi.order_id"
-                " WHERE oi.product_id = :pid AND o.status = 'PAID'"
-                " GROUP BY o.idempotency_key HAVING COUNT(*) > 1) d"
-            ),
-            {"pid": product_id},
-        ).one()
-    return DbFigures(
-        orders=int(row[0]),
-        units=int(row[1]),
-        negative_writes=int(row[2]),
-        final_stock=int(final),
-        duplicate_keys=int(duplicates[0]),
-        duplicate_orders=int(duplicates[1]),
+    orders, units, negative = _row(
+        engine,
+        "SELECT COUNT(DISTINCT o.id), COALESCE(SUM(oi.quantity), 0),"
+        " COALESCE(SUM(CASE WHEN oi.stock_after < 0 THEN 1 ELSE 0 END), 0)"
+        " FROM order_items oi JOIN orders o ON o.id = oi.order_id"
+        " WHERE oi.product_id = :pid AND o.status = 'PAID'",
+        pid=product_id,
     )
+    keys, extra = _row(
+        engine,
+        "SELECT COUNT(*), COALESCE(SUM(n - 1), 0) FROM (SELECT o.idempotency_key, COUNT(*) AS n"
+        " FROM order_items oi JOIN orders o ON o.id = oi.order_id"
+        " WHERE oi.product_id = :pid AND o.status = 'PAID'"
+        " GROUP BY o.idempotency_key HAVING COUNT(*) > 1) d",
+        pid=product_id,
+    )
+    stock = read_stock_by_id(engine, product_id)
+    return DbFigures(int(orders), int(units), int(negative), stock, int(keys), int(extra))
 
 
 def count_outbox(engine: Engine, sku: str) -> tuple[int, int]:
     """The outbox events of ``sku`` and how many of them are still unpublished, by SQL."""
-    with engine.connect() as conn:
-        row = conn.execute(
-            sa.text(
-                "SELECT COUNT(*), COALESCE(SUM(CASE WHEN published_at IS NULL THEN 1 ELSE 0 END),"
-                " 0) FROM outbox WHERE sku = :sku"
-            ),
-            {"sku": sku},
-        ).one()
-    return int(row[0]), int(row[1])
+    events, unpublished = _row(
+        engine,
+        "SELECT COUNT(*), COALESCE(SUM(CASE WHEN published_at IS NULL THEN 1 ELSE 0 END), 0)"
+        " FROM outbox WHERE sku = :sku",
+        sku=sku,
+    )
+    return int(events), int(unpublished)
 
 
 def read_stock_by_id(engine: Engine, product_id: int) -> int:
-    with engine.connect() as conn:
-        return int(
-            conn.execute(
-                sa.text("SELECT available_stock FROM products WHERE id = :pid"),
-                {"pid": product_id},
-            ).scalar_one()
-        )
+    sql = "SELECT available_stock FROM products WHERE id = :pid"
+    return int(_row(engine, sql, pid=product_id)[0])
 
 
 #: The metrics without a ``sku`` label, by their labels (``lock`` is the strategy's name).
@@ -107,14 +92,9 @@ UNLABELLED = {
     UNSAFE_RMW: {"table": STOCK_TABLE},
     DEADLOCK: {"table": STOCK_TABLE},
 }
-LOCK_SERIES = (
-    LOCK_EXPIRED,
-    LOCK_NOT_OWNED,
-    LOCK_EXTEND_FAILED,
-    LOCK_RETRIES,
-    f"{LOCK_RATIO}_count",
-    f"{LOCK_RATIO}_sum",
-)
+#: The lock counters a result shows as they rose, and the series read per lock.
+LOCK_COUNTERS = (LOCK_EXPIRED, LOCK_NOT_OWNED, LOCK_EXTEND_FAILED, LOCK_RETRIES)
+LOCK_SERIES = (*LOCK_COUNTERS, f"{LOCK_RATIO}_count", f"{LOCK_RATIO}_sum")
 LOCK_OUTCOMES = ("acquired", "timeout", "error")
 
 
@@ -215,10 +195,7 @@ def strategy_result(
     if name in REDIS_STRATEGIES:
         locks = lock_figures(delta)
         asked = int(locks["acquired"] + locks["acquire_timeouts"] + locks["acquire_errors"])
-        metrics[LOCK_EXPIRED] = int(locks["expired_while_held"])
-        metrics[LOCK_NOT_OWNED] = int(locks["release_not_owned"])
-        metrics[LOCK_EXTEND_FAILED] = int(locks["extend_failures"])
-        metrics[LOCK_RETRIES] = int(locks["acquire_retries"])
+        metrics.update({counter: int(delta[counter]) for counter in LOCK_COUNTERS})
         metrics[f"{LOCK_WAIT}_count"] = asked
         checks.append(
             (

@@ -156,11 +156,14 @@ def describe_database(config: LabConfig) -> str:
     return urllib.parse.unquote(shown(config.database_url))
 
 
-def describe_redis(config: LabConfig) -> str | None:
+def describe_redis(url: str | None) -> str | None:
     """The Redis URL without its password, for people (``None`` without Redis)."""
-    if config.redis_url is None:
+    if url is None:
         return None
-    return mask_url(config.redis_url) or "the given Redis"
+    return mask_url(url) or "the given Redis"
+
+
+NO_REDIS = "none (the lock strategies are skipped)"
 
 
 def setup_lines(
@@ -172,7 +175,7 @@ def setup_lines(
         f"flash-sale lab: {config.buyers} buyers, {config.stock} units of one SKU per strategy,"
         f" {config.concurrency} threads, {config.work_ms:g} ms of work between read and write",
         f"database: {database or describe_database(config)}",
-        f"redis: {redis or describe_redis(config) or 'none (the lock strategies are skipped)'}",
+        f"redis: {redis or describe_redis(config.redis_url) or NO_REDIS}",
     ]
     if config.retries:
         lines.append(
@@ -195,22 +198,17 @@ def alert_text(name: str, alert: Mapping[str, Any]) -> str:
 
 
 def _probe_cell(result: StrategyResult) -> str:
-    probes = result.probes
-    if not probes:
+    if not result.probes:
         return "-"
-    parts = [
-        f"{short} {probes[name]:.3g}"
-        for name, short in EXPORTER_FIGURES.items()
-        if probes.get(name)
-    ]
-    return ", ".join(parts) or "0"
+    shown = [(short, result.probes.get(name)) for name, short in EXPORTER_FIGURES.items()]
+    return ", ".join(f"{short} {value:.3g}" for short, value in shown if value) or "0"
 
 
 def alert_cell(result: StrategyResult, evaluated: bool) -> str:
     """The alerts of a strategy's sale: name, state, seconds after the first oversell."""
     if not evaluated:
         return "not evaluated"
-    return "\n".join(alert_text(name, alert) for name, alert in result.alerts.items()) or "none"
+    return ", ".join(alert_text(name, alert) for name, alert in result.alerts.items()) or "none"
 
 
 def _truth_table(results: Sequence[StrategyResult], width: int) -> str:
@@ -227,16 +225,9 @@ def _truth_table(results: Sequence[StrategyResult], width: int) -> str:
     for header in ("strategy", "sold", "over", "neg", "dup", "final", "p99 ms", "metrics"):
         truth.add_column(header, justify="left" if header == "strategy" else "right")
     for r in results:
-        truth.add_row(
-            r.strategy,
-            str(r.sold),
-            str(r.oversold),
-            str(r.negative_writes),
-            str(r.db.duplicate_orders),
-            str(r.final_stock),
-            f"{r.p99_ms:.0f}",
-            "= db" if r.consistent else "NO",
-        )
+        counts = (r.sold, r.oversold, r.negative_writes, r.db.duplicate_orders, r.final_stock)
+        verdict = "= db" if r.consistent else "NO"
+        truth.add_row(r.strategy, *map(str, counts), f"{r.p99_ms:.0f}", verdict)
     out = io.StringIO()
     Console(file=out, width=width, color_system=None, emoji=False, highlight=False).print(truth)
     return "\n".join(line.rstrip() for line in out.getvalue().splitlines())
@@ -257,7 +248,7 @@ def _caught_blocks(
         rows = [("metrics", signal_cell(r))]
         if watched:
             rows.append(("exporter", _probe_cell(r)))
-        rows.append(("alerts", alert_cell(r, evaluated).replace("\n", ", ")))
+        rows.append(("alerts", alert_cell(r, evaluated)))
         for i, (label, text) in enumerate(rows):
             lead = (r.strategy if i == 0 else "").ljust(name_width) + f"{label:<9}"
             wrapped = textwrap.wrap(
@@ -320,34 +311,32 @@ def format_summary(
         lines += [
             wrap.fill(f"  {r.strategy}: {line}") for line in (*caught_lines(r), *info_lines(r))
         ]
+
+    def add(text: str) -> None:
+        lines.append(wrap.fill(text))
+
     if evaluated and any(a["state"] == "pending" for r in ran for a in r.alerts.values()):
-        lines.append(
-            wrap.fill(
-                "  pending: the alert's condition held, but the rule's for: duration (15 s"
-                " to 1 h in alert_rules/stocksentry.rules.yml) is longer than this demo;"
-                " the rules are evaluated as shipped, not shortened"
-            )
+        add(
+            "  pending: the alert's condition held, but the rule's for: duration (15 s"
+            " to 1 h in alert_rules/stocksentry.rules.yml) is longer than this demo;"
+            " the rules are evaluated as shipped, not shortened"
         )
     for r in ran:
         if r.strategy == "outbox" and r.outbox_unpublished:
             lag = r.probes.get("stock_outbox_lag_seconds")
-            lines.append(
-                wrap.fill(
-                    f"  outbox: {r.outbox_unpublished} of {r.orders} events unpublished (SQL)"
-                    + (f"; the exporter's outbox lag {lag:.1f} s" if lag is not None else "")
-                    + "; StockOutboxLag fires once the oldest is older than"
-                    " probes.outbox.max_publish_latency (30 s) on two probe runs, if the demo"
-                    " lasts that long"
-                )
+            add(
+                f"  outbox: {r.outbox_unpublished} of {r.orders} events unpublished (SQL)"
+                + (f"; the exporter's outbox lag {lag:.1f} s" if lag is not None else "")
+                + "; StockOutboxLag fires once the oldest is older than"
+                " probes.outbox.max_publish_latency (30 s) on two probe runs, if the demo"
+                " lasts that long"
             )
     lines.append("")
     safe = [r for r in ran if r.strategy in SAFE_STRATEGIES]
     if safe and evaluated:
-        lines.append(wrap.fill(_safe_verdict(safe)))
-    lines.append(
-        wrap.fill(
-            "sold, over(sold), neg(ative writes), dup(licate orders) and final stock are"
-            " counted by SQL; metrics = db: every metric total equals that count."
-        )
+        add(_safe_verdict(safe))
+    add(
+        "sold, over(sold), neg(ative writes), dup(licate orders) and final stock are"
+        " counted by SQL; metrics = db: every metric total equals that count."
     )
     return "\n".join(lines)

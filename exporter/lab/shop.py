@@ -128,16 +128,14 @@ class Shop:
         transaction."""
         with self.engine.connect() as conn:
             dbapi = cast(Any, conn.connection.dbapi_connection)
-            previous = dbapi.isolation_level
-            dbapi.isolation_level = None
+            previous, dbapi.isolation_level = dbapi.isolation_level, None
             try:
                 conn.exec_driver_sql("BEGIN IMMEDIATE")
-                try:
-                    yield conn
-                except BaseException:
-                    conn.rollback()
-                    raise
+                yield conn
                 conn.commit()
+            except BaseException:
+                conn.rollback()
+                raise
             finally:
                 dbapi.isolation_level = previous
 
@@ -153,17 +151,12 @@ class Shop:
             return select_stock(conn, self.sku)
 
     def insert_order(self, conn: Connection, buyer: Buyer, stock_after: int) -> int:
-        order_id = _new_id(
-            conn.execute(
-                orders.insert().values(
-                    external_ref=buyer.external_ref,
-                    idempotency_key=buyer.idempotency_key,
-                    request_id=buyer.request_id,
-                    status="PAID",
-                    created_at=datetime.now(UTC),
-                )
-            )
-        )
+        ids = {
+            name: getattr(buyer, name)
+            for name in ("external_ref", "idempotency_key", "request_id")
+        }
+        order = orders.insert().values(**ids, status="PAID", created_at=datetime.now(UTC))
+        order_id = _new_id(conn.execute(order))
         self.insert_item(conn, order_id, self.product_id, stock_after)
         return order_id
 
@@ -262,33 +255,28 @@ def create_engine(url: URL, concurrency: int, isolation_level: str | None = None
     }
     if isolation_level is not None:
         pool["isolation_level"] = isolation_level
-    try:
-        if url.get_backend_name() == "sqlite":
-            database = url.database or ""
-            if database in ("", ":memory:") or database.startswith("file::memory:"):
-                raise LabError(
-                    "an in-memory SQLite database is private to each connection; "
-                    "give a file (sqlite:///lab.db) or leave --database out"
-                )
-            engine = sa.create_engine(
-                url,
-                connect_args={"timeout": SQLITE_BUSY_TIMEOUT_S, "check_same_thread": False},
-                **pool,
+    backend, database = url.get_backend_name(), url.database or ""
+    connect_args: dict[str, Any] = {}
+    if backend == "sqlite":
+        if database in ("", ":memory:") or database.startswith("file::memory:"):
+            raise LabError(
+                "an in-memory SQLite database is private to each connection; "
+                "give a file (sqlite:///lab.db) or leave --database out"
             )
-            sa.event.listen(engine, "connect", _sqlite_on_connect)
-            return engine
-        connect_args: dict[str, Any] = {}
-        if url.get_backend_name() in ("postgresql", "mysql", "mariadb"):
-            # Fail fast on an unreachable server instead of hanging the CLI.
-            connect_args["connect_timeout"] = 10
-        return sa.create_engine(url, connect_args=connect_args, **pool)
-    except LabError:
-        raise
+        connect_args = {"timeout": SQLITE_BUSY_TIMEOUT_S, "check_same_thread": False}
+    elif backend in ("postgresql", "mysql", "mariadb"):
+        # Fail fast on an unreachable server instead of hanging the CLI.
+        connect_args["connect_timeout"] = 10
+    try:
+        engine = sa.create_engine(url, connect_args=connect_args, **pool)
     except (sa.exc.ArgumentError, sa.exc.NoSuchModuleError, ImportError) as exc:
         raise LabError(
             f"cannot use database URL {url.render_as_string(hide_password=True)}: "
             f"{first_line(exc)}"
         ) from exc
+    if backend == "sqlite":
+        sa.event.listen(engine, "connect", _sqlite_on_connect)
+    return engine
 
 
 def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
@@ -359,18 +347,15 @@ def create_tables(database_url: str) -> None:
 def connect_and_prepare(engine: Engine, shown: str, concurrency: int) -> None:
     """Reach the database, open the workers' connections, create the lab's tables;
     ``shown`` names the database in errors."""
-    try:
-        with engine.connect() as conn:
-            conn.execute(sa.text("SELECT 1"))
-    except sa.exc.SQLAlchemyError as exc:
-        raise LabError(f"cannot connect to {shown}: {first_line(exc)}") from exc
     # Open the workers' connections now, so the first wave of buyers does not spend its
     # time connecting while the others already race.
     held: list[Connection] = []
     try:
-        for _ in range(concurrency):
+        for _ in range(max(1, concurrency)):
             held.append(engine.connect())
     except sa.exc.SQLAlchemyError as exc:
+        if not held:
+            raise LabError(f"cannot connect to {shown}: {first_line(exc)}") from exc
         raise LabError(
             f"cannot open {concurrency} connections to {shown} (lower --concurrency?):"
             f" {first_line(exc)}"

@@ -3,8 +3,9 @@ the reservation ``success`` or ``conflict``; docs/demo.md tells what goes wrong 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
-from typing import Literal, Protocol
+from typing import Literal
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -19,16 +20,14 @@ from .shop import Buyer, Shop, select_stock
 DEADLOCK_EVERY = 10
 
 
-class Strategy(Protocol):
-    """A checkout strategy: reserve ``shop.config.quantity`` for ``buyer`` and mark ``r``."""
-
-    def __call__(self, shop: Shop, r: Reservation, buyer: Buyer, /) -> None: ...
+#: A checkout strategy: reserve ``shop.config.quantity`` for ``buyer`` and mark ``r``.
+Strategy = Callable[[Shop, Reservation, Buyer], None]
 
 
 def unsafe(shop: Shop, r: Reservation, buyer: Buyer) -> None:
     """Read-then-write: check a value read earlier, write a value computed in Python."""
-    available = _read_before_work(shop, r)
-    if available is None:
+    available = shop.read_stock()
+    if not _in_stock(shop, r, available, work=True):
         return
     with shop.engine.begin() as conn:
         computed = _write_computed(conn, shop, buyer, available)
@@ -45,21 +44,13 @@ def _write_computed(conn: Connection, shop: Shop, buyer: Buyer, available: int) 
     return computed
 
 
-def _read_before_work(shop: Shop, r: Reservation) -> int | None:
-    """The unsafe strategies' stale check: read, work, then decide on the value read
-    before it; ``None`` when refused as ``out_of_stock``."""
-    available = shop.read_stock()
+def _in_stock(shop: Shop, r: Reservation, available: int, *, work: bool = False) -> bool:
+    """Record the stock seen; ``False``, marked ``out_of_stock``, when it is too little.
+    ``work``: the unsafe strategies' stale check, decided after the work on the value
+    read before it."""
     r.stock_check(available)
-    shop.work()
-    if available < shop.config.quantity:
-        r.conflict("out_of_stock")
-        return None
-    return available
-
-
-def _in_stock(shop: Shop, r: Reservation, available: int) -> bool:
-    """Record the stock seen; ``False``, marked ``out_of_stock``, when it is too little."""
-    r.stock_check(available)
+    if work:
+        shop.work()
     if available < shop.config.quantity:
         r.conflict("out_of_stock")
         return False
@@ -69,7 +60,7 @@ def _in_stock(shop: Shop, r: Reservation, available: int) -> bool:
 def check_then_decrement(shop: Shop, r: Reservation, buyer: Buyer) -> None:
     """Check a value read earlier, then decrement relatively without a guard: no update
     is lost, but the stock goes below zero."""
-    if _read_before_work(shop, r) is None:
+    if not _in_stock(shop, r, shop.read_stock(), work=True):
         return
     with shop.engine.begin() as conn:
         written = shop.decrement(conn)
@@ -95,11 +86,6 @@ def atomic(shop: Shop, r: Reservation, buyer: Buyer, event: bool = False) -> Non
     r.success(old_stock=written + shop.config.quantity, new_stock=written)
 
 
-def outbox(shop: Shop, r: Reservation, buyer: Buyer) -> None:
-    """The atomic update with the order's outbox event (the driver's publisher stalls)."""
-    atomic(shop, r, buyer, event=True)
-
-
 def naive_lock(shop: Shop, r: Reservation, buyer: Buyer) -> None:
     """The usual hotfix: ``SET lock token NX PX ttl``, the unsafe read-then-write, ``DEL``;
     the TTL is shorter than the work, so the lock expires under its holder."""
@@ -113,23 +99,18 @@ def naive_lock(shop: Shop, r: Reservation, buyer: Buyer) -> None:
 def for_update(shop: Shop, r: Reservation, buyer: Buyer) -> None:
     """Lock the row first (``SELECT ... FOR UPDATE``), check, write. SQLite has no ``FOR
     UPDATE``: there ``BEGIN IMMEDIATE`` takes the write lock before the read."""
-    if shop.engine.dialect.name == "sqlite":
-        with shop.begin_immediate() as conn:
-            available = select_stock(conn, shop.sku)
-            if not _in_stock(shop, r, available):
-                return
-            shop.work()
-            written = shop.decrement(conn)
-            shop.insert_order(conn, buyer, written)
-        r.success(old_stock=available, new_stock=written)
-        return
-    with shop.engine.begin() as conn:
-        available = select_stock(conn, shop.sku, for_update=True)
+    sqlite = shop.engine.dialect.name == "sqlite"
+    with shop.begin_immediate() if sqlite else shop.engine.begin() as conn:
+        available = select_stock(conn, shop.sku, for_update=not sqlite)
         if not _in_stock(shop, r, available):
             return
         shop.work()
-        computed = _write_computed(conn, shop, buyer, available)
-    r.success(old_stock=available, new_stock=computed)
+        if sqlite:
+            written = shop.decrement(conn)
+            shop.insert_order(conn, buyer, written)
+        else:
+            written = _write_computed(conn, shop, buyer, available)
+    r.success(old_stock=available, new_stock=written)
 
 
 def redlock(shop: Shop, r: Reservation, buyer: Buyer) -> None:
@@ -237,6 +218,7 @@ STRATEGIES: dict[str, Strategy] = {
     "retry_no_key": atomic,
     "retry_idempotent": atomic,
     "stale_cache": atomic,
-    "outbox": outbox,
+    # The atomic update with the order's outbox event (the driver's publisher stalls).
+    "outbox": functools.partial(atomic, event=True),
     "deadlock": deadlock,
 }

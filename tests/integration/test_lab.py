@@ -27,7 +27,12 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 from stocksentry.exporter.cli import main
 from stocksentry.exporter.lab import driver as lab_driver
-from stocksentry.exporter.lab.config import SKIPPED_WITHOUT_REDIS, LabConfig, StrategyResult
+from stocksentry.exporter.lab.config import (
+    SKIPPED_WITHOUT_REDIS,
+    STRATEGY_NAMES,
+    LabConfig,
+    StrategyResult,
+)
 from stocksentry.exporter.lab.progress import Progress
 from stocksentry.exporter.lab.report import caught_lines
 from stocksentry.exporter.lab.report_html import format_html
@@ -44,16 +49,9 @@ STALE = "stock_cache_stale_hit_total"
 UNSAFE_RMW = "stock_unsafe_read_modify_write_total"
 EXPIRED = "stock_lock_expired_while_held_total"
 NOT_OWNED = "stock_lock_release_not_owned_total"
-ALL_STRATEGIES = [
-    "unsafe",
-    "check_then_decrement",
-    "naive_lock",
-    "atomic",
-    "for_update",
-    "redlock",
-]
-# The six checkout strategies; the scenarios (retries, stale cache, outbox, deadlock) are
-# checked by test_lab_embedded.py on the embedded servers.
+# The six checkout strategies, first in the lab's order; the scenarios (retries, stale
+# cache, outbox, deadlock) are checked by test_lab_embedded.py on the embedded servers.
+ALL_STRATEGIES = list(STRATEGY_NAMES[:6])
 CLASSIC = ",".join(ALL_STRATEGIES)
 WITHOUT_REDIS = ["unsafe", "check_then_decrement", "atomic", "for_update"]
 REDIS_URL = os.environ.get("STOCKSENTRY_TEST_REDIS", "redis://127.0.0.1:6379/0")

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 from stocksentry.exporter.lab.contain import CONTAINED, CONTAINED_SKU
-from test_lab_embedded import CLI, demo_env, demo_tmp, leftovers, truth
+from test_lab_embedded import demo_tmp, leftovers, run_demo, truth
 
 pytestmark = pytest.mark.integration
 
@@ -26,25 +25,8 @@ def test_containment_stops_the_oversell_through_the_real_chain(tmp_path: Path) -
         if shutil.which(binary) is None:
             pytest.fail(f"{binary} is needed (bash .ci/tools.sh)")
     with demo_tmp() as tmp:
-        done = subprocess.run(
-            [
-                *CLI,
-                "demo",
-                "--strategy",
-                "unsafe",
-                "--contain",
-                "--pace",
-                "15",
-                "--format",
-                "json",
-            ],
-            cwd=tmp_path,
-            env=demo_env(tmp),
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        assert done.returncode == 0, done.stderr
+        args = ["--strategy", "unsafe", "--contain", "--pace", "15", "--format", "json"]
+        done = run_demo(tmp_path, tmp, *args, timeout=600)
         assert leftovers(tmp) == []
     items: dict[str, Any] = {item["strategy"]: item for item in json.loads(done.stdout)}
     assert list(items) == ["unsafe", CONTAINED]

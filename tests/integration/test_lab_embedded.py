@@ -51,6 +51,22 @@ def demo_tmp() -> Iterator[Path]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def run_demo(
+    cwd: Path, tmp: Path, *args: str, timeout: float = 300, **env: str
+) -> subprocess.CompletedProcess[str]:
+    """``stocksentry demo`` in ``cwd``, its temporary folders under ``tmp``; it exits 0."""
+    done = subprocess.run(
+        [*CLI, "demo", *args],
+        cwd=cwd,
+        env={**demo_env(tmp), **env},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert done.returncode == 0, done.stderr
+    return done
+
+
 def truth(db: Path, sku: str) -> dict[str, int]:
     """Orders, units, negative writes, stock, duplicate orders and unpublished outbox
     events of ``sku``, by this test's own SQL on the saved shop."""
@@ -114,15 +130,7 @@ def default_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, 
         pytest.fail("the prometheus binary is needed (bash .ci/tools.sh)")
     work = tmp_path_factory.mktemp("demo")
     with demo_tmp() as tmp:
-        done = subprocess.run(
-            [*CLI, "demo", *SIZES, "--format", "json"],
-            cwd=work,
-            env=demo_env(tmp),
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        assert done.returncode == 0, done.stderr
+        done = run_demo(work, tmp, *SIZES, "--format", "json", timeout=600)
         yield {
             "work": work,
             "tmp": tmp,
@@ -298,16 +306,8 @@ def check_sigint(tmp_path: Path, tmp: Path) -> None:
 def test_without_prometheus_the_demo_runs_and_says_so(tmp_path: Path) -> None:
     # A PATH with only the interpreter's folder: no prometheus binary to be found.
     with demo_tmp() as tmp:
-        env = {**demo_env(tmp), "PATH": str(Path(sys.executable).parent)}
-        done = subprocess.run(
-            [*CLI, "demo", *SIZES, "--strategy", "unsafe,atomic"],
-            cwd=tmp_path,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        assert done.returncode == 0, done.stderr
+        path = str(Path(sys.executable).parent)
+        done = run_demo(tmp_path, tmp, *SIZES, "--strategy", "unsafe,atomic", PATH=path)
         assert list(tmp.iterdir()) == []
     words = " ".join(done.stdout.split())
     assert "alerts: alerts not evaluated: no prometheus binary" in words
@@ -324,15 +324,8 @@ def test_a_stale_cache_is_named_by_the_drift_probe_within_30_s(tmp_path: Path) -
     # An app whose cache reloads every 5 s and never reports its cache reads: only the
     # sidecar's cache-drift probe sees the cache say "available" after the last unit.
     with demo_tmp() as tmp:
-        done = subprocess.run(
-            [*CLI, "demo", "--strategy", "stale_cache", *STALE_5S, "--format", "json", "--quiet"],
-            cwd=tmp_path,
-            env=demo_env(tmp),
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        assert done.returncode == 0, done.stderr
+        args = ["--strategy", "stale_cache", *STALE_5S, "--format", "json", "--quiet"]
+        done = run_demo(tmp_path, tmp, *args)
     (result,) = json.loads(done.stdout)
     assert result["stale_cache_hits"] > 0
     drift = result["alerts"]["StockCacheDrift"]
