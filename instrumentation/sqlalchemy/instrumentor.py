@@ -114,7 +114,7 @@ def instrument_sqlalchemy(
         instrumentation.sentry.internal_error("sqlalchemy", exc)
     if mode == "all":
         try:
-            attach_engine_tracer(sync, instrumentation, tracer_provider)
+            attach_engine_tracer(sync, tracer_provider, instrumentation.sentry)
         except Exception:
             uninstrument_sqlalchemy(sync)
             raise
@@ -135,9 +135,8 @@ def uninstrument_sqlalchemy(engine: Engine | AsyncEngine) -> None:
     for name, listener in instrumentation.listeners:
         if sqlalchemy.event.contains(sync, name, listener):
             sqlalchemy.event.remove(sync, name, listener)
-    detach_engine_tracer(instrumentation.otel_entries)
+    detach_engine_tracer(sync)
     instrumentation.listeners.clear()
-    instrumentation.otel_entries = []
 
 
 def is_instrumented(engine: Engine | AsyncEngine) -> bool:

@@ -145,7 +145,6 @@ class Instrumentation:
         # (event name, listener) of everything listen()ed on the engine, for uninstrument;
         # never the engine itself, which holds this object through its listeners.
         self.listeners: list[tuple[str, Callable[..., Any]]] = []
-        self.otel_entries: list[Any] = []
         # The optional write checks (set by instrument_sqlalchemy before any statement is
         # seen: each SQL text's route decides once whether its UPDATEs go to them).
         self.fencing: Fencing | None = None

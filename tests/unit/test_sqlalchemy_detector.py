@@ -738,6 +738,27 @@ def test_spans_all_adds_and_removes_the_opentelemetry_listeners(
     assert len(exporter.get_finished_spans()) == 1
 
 
+def test_spans_all_uninstrument_of_one_engine_keeps_the_other_s_spans(
+    engine: sa.Engine, sentry: Sentry, tmp_path: Path
+) -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    other = make_engine(tmp_path / "other.db")
+    for each in (engine, other):
+        instrument_sqlalchemy(each, sentry=sentry, spans="all", tracer_provider=provider)
+    uninstrument_sqlalchemy(engine)
+    for each in (engine, other):
+        with each.begin() as conn:
+            conn.execute(sa.text("SELECT available_stock FROM products WHERE id = 1")).all()
+    assert [s.name for s in exporter.get_finished_spans()] == [f"SELECT {other.url.database}"]
+    uninstrument_sqlalchemy(other)
+    other.dispose()
+    with engine.begin() as conn:
+        conn.execute(sa.text("SELECT 1")).all()
+    assert len(exporter.get_finished_spans()) == 1
+
+
 def locking_spans(
     engine: sa.Engine, registry: CollectorRegistry
 ) -> tuple[Sentry, InMemorySpanExporter]:
