@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 import weakref
 from collections.abc import Callable
@@ -22,7 +23,7 @@ from ..tracing import TRACER_NAME, exemplar_for
 from .classifier import classify_tokens
 from .clauses import Tables
 from .dialects import MYSQL_DIALECTS, lossless_levels, zero_rows_check
-from .fencing import Fencing
+from .fencing import FencePlan, Fencing, fence_plan
 from .location import app_location
 from .model import (
     COMPONENT,
@@ -40,6 +41,7 @@ from .state import (
     ConnState,
     Key,
     Read,
+    key_fields,
     normalise,
     remember,
     request_reads,
@@ -61,45 +63,30 @@ _REASON_EVENTS = {
     "serialization_failure": events.DB_SERIALIZATION_FAILURE,
     "lock_timeout": events.DB_LOCK_TIMEOUT,
 }
-
-
-def _call_later(
-    instrumentation: Instrumentation, event: str, args: tuple[Any, ...], context: ExecutionContext
-) -> None:
-    """Run the statement as SQLAlchemy would have after our listener of ``event``: the
-    listeners registered after it, then (none of them having run it) the dialect's method.
-
-    SQLAlchemy stops at the first ``do_execute`` listener that returns True and documents
-    no call for "the listeners after this one": its dispatch collection for the event is
-    iterated, as SQLAlchemy itself iterates it, so those listeners keep their turn.
-    """
-    dialect = context.dialect
-    mine = getattr(instrumentation, event)
-    after = False
-    for fn in getattr(dialect.dispatch, event):
-        if after and fn(*args):
-            return
-        after = after or fn == mine
-    getattr(dialect, event)(*args)
+_EXECUTE = ExecuteStyle.EXECUTE
 
 
 class Route:
     """What the listeners do with one SQL text, decided once from its plan and cached with
     it: an already classified statement costs a dict lookup and a few attribute tests."""
 
-    __slots__ = ("begin", "blind", "fenced", "label", "plan", "rowcount_unknown", "watched")
+    __slots__ = ("begin", "blind", "conditional", "fence", "label", "no_count", "plan", "watched")
 
-    def __init__(self, plan: StatementInfo, checks: tuple[bool, bool], sqlite: bool) -> None:
+    def __init__(
+        self, plan: StatementInfo, fence: FencePlan | None, watched: bool, sqlite: bool
+    ) -> None:
         self.plan = plan
         self.label = plan.table or "unknown"
         self.begin = plan.kind == "begin" or plan.kind == "isolation"
-        # Which optional write checks an UPDATE of this text goes to (fencing tokens,
-        # real negative stock), decided once from the plan and the engine's set-up.
-        self.fenced, self.watched = checks
+        self.conditional = plan.conditional
         # A blind write of the stock not guarded by the WHERE: the detector's case.
         self.blind = plan.write == "blind" and not plan.conditional
+        # The optional checks an UPDATE of this text goes to: the fencing token it carries,
+        # the real negative stock it may leave.
+        self.fence = fence
+        self.watched = watched
         # pysqlite counts RETURNING rows only as they are fetched: unknown after execute.
-        self.rowcount_unknown = plan.returning and sqlite
+        self.no_count = plan.returning and sqlite
 
 
 class Instrumentation:
@@ -127,7 +114,6 @@ class Instrumentation:
         self.read_window = read_window
         # MySQL drivers may count changed rows, not matched ones: what reads a 0 right.
         self.zero_rows = zero_rows_check(dialect_name)
-        self.mysql_lexer = dialect_name in MYSQL_DIALECTS
         # The read window's clock; a test moves it instead of sleeping.
         self.clock: Callable[[], float] = time.monotonic
         self.plans: dict[str, Route] = {}
@@ -150,34 +136,30 @@ class Instrumentation:
         self.fencing: Fencing | None = None
         self.negative: NegativeWrites | None = None
 
-    # --- classification --------------------------------------------------------------------
-
     def route(self, statement: str) -> Route:
         """The cached :class:`Route` of ``statement``, classified on a miss."""
         route = self.plans.get(statement)
-        if route is None:
-            plan = classify_tokens(
-                tokenize(statement, self.paramstyle, self.mysql_lexer), self.tables
-            )
-            route = Route(plan, self._checks_of(plan), self.dialect_name == "sqlite")
-            size = len(statement)
-            if size <= PLAN_CACHE_MAX_TEXT:
-                if len(self.plans) >= PLAN_CACHE_SIZE or self.plan_chars + size > PLAN_CACHE_CHARS:
-                    self.plans.clear()
-                    self.plan_chars = 0
-                self.plans[statement] = route
-                self.plan_chars += size
+        if route is not None:
+            return route
+        toks = tokenize(statement, self.paramstyle, self.dialect_name in MYSQL_DIALECTS)
+        plan = classify_tokens(toks, self.tables)
+        fence: FencePlan | None = None
+        watched = False
+        if plan.stock and plan.kind == "update":
+            # A guarded UPDATE (the atomic reservation) cannot leave the stock negative:
+            # with no fencing on its table, it is not even looked at.
+            if self.fencing is not None and plan.table in self.fencing.columns:
+                fence = fence_plan(toks, self.fencing.columns[plan.table])
+            watched = self.negative is not None and self.negative.applies(plan)
+        route = Route(plan, fence, watched, self.dialect_name == "sqlite")
+        size = len(statement)
+        if size <= PLAN_CACHE_MAX_TEXT:
+            if len(self.plans) >= PLAN_CACHE_SIZE or self.plan_chars + size > PLAN_CACHE_CHARS:
+                self.plans.clear()
+                self.plan_chars = 0
+            self.plans[statement] = route
+            self.plan_chars += size
         return route
-
-    def _checks_of(self, plan: StatementInfo) -> tuple[bool, bool]:
-        """Whether an UPDATE of ``plan`` that ran goes to the fencing check and to the
-        negative-stock check, from the plan and the engine's set-up alone."""
-        if not plan.stock or plan.kind != "update":
-            return False, False
-        # A guarded UPDATE (the atomic reservation) cannot leave the stock negative: with no
-        # fencing on its table, it is not even looked at.
-        fenced = self.fencing is not None and plan.table in self.fencing.columns
-        return fenced, self.negative is not None and self.negative.applies(plan)
 
     def state(self, conn: Connection) -> ConnState:
         state = self.conns.get(conn)
@@ -190,38 +172,35 @@ class Instrumentation:
     def do_execute(
         self, cursor: DBAPICursor, statement: str, parameters: Any, context: ExecutionContext
     ) -> bool:
-        """The dialect's ``do_execute`` event (see :meth:`_run`)."""
-        return self._run("do_execute", (cursor, statement, parameters, context), context)
+        """The dialect's ``do_execute`` event (see :meth:`run`)."""
+        return self.run("do_execute", (cursor, statement, parameters, context), context)
 
     def do_execute_no_params(
         self, cursor: DBAPICursor, statement: str, context: ExecutionContext
     ) -> bool:
         """``do_execute`` for a statement without parameters (``BEGIN``, ``LOCK TABLE``)."""
-        return self._run("do_execute_no_params", (cursor, statement, context), context)
+        return self.run("do_execute_no_params", (cursor, statement, context), context)
 
     def do_executemany(
         self, cursor: DBAPICursor, statement: str, parameters: Any, context: ExecutionContext
     ) -> bool:
         """``do_execute`` for ``executemany``."""
-        return self._run("do_executemany", (cursor, statement, parameters, context), context)
+        return self.run("do_executemany", (cursor, statement, parameters, context), context)
 
-    def _run(self, event: str, args: tuple[Any, ...], context: ExecutionContext) -> bool:
+    def run(self, event: str, args: tuple[Any, ...], context: ExecutionContext) -> bool:
         """Run a locking statement (timed around the driver call alone) or one on a stock
         table (its row count and keys read after it ran) here, and return True
         (SQLAlchemy's contract for "executed"); leave any other to SQLAlchemy (False).
 
-        Only a single execute (not ``executemany``, not an insertmanyvalues batch) gets the
-        per-row bookkeeping.
+        Only a single execute (not ``executemany``, not an insertmanyvalues batch) gets
+        the per-row bookkeeping.
         """
         span: Any = None
         try:
-            cursor, statement = args[0], args[1]
-            route = self.route(statement)
+            route = self.plans.get(args[1]) or self.route(args[1])
             plan = route.plan
             bookkeeping = (
-                plan.stock
-                and event == "do_execute"
-                and context.execute_style is ExecuteStyle.EXECUTE
+                plan.stock and event == "do_execute" and context.execute_style is _EXECUTE
             )
             if not plan.locking and not bookkeeping:
                 if route.begin:
@@ -234,7 +213,19 @@ class Instrumentation:
             self.sentry.internal_error(COMPONENT, exc)
             return False
         try:
-            _call_later(self, event, args, context)
+            # SQLAlchemy stops at the first do_execute listener that returns True and
+            # documents no call for "the listeners after this one": its dispatch collection
+            # for the event is iterated, as SQLAlchemy itself iterates it, so those
+            # listeners keep their turn; none of them having run it, the dialect does.
+            dialect = context.dialect
+            mine = getattr(self, event)
+            after = False
+            for fn in getattr(dialect.dispatch, event):
+                if after and fn(*args):
+                    break
+                after = after or fn == mine
+            else:
+                getattr(dialect, event)(*args)
         except BaseException as exc:
             if plan.locking:
                 self._lock_done(route, t0, span, exc)
@@ -243,41 +234,15 @@ class Instrumentation:
             self._lock_done(route, t0, span, None)
         if bookkeeping:
             # Apart, so that a failure in the timing does not switch off the bookkeeping.
-            conn = context.root_connection
-            parameters = args[2]
             try:
-                keys = self._stock_statement(conn, cursor, route, parameters)
+                self._stock_statement(context.root_connection, args[0], route, args[2])
             except Exception as exc:
                 self.sentry.internal_error(COMPONENT, exc)
-            else:
-                if route.fenced or route.watched:
-                    self._check_update(conn, cursor, statement, route, parameters, keys)
         return True
-
-    def _check_update(
-        self,
-        conn: Connection,
-        cursor: DBAPICursor,
-        statement: str,
-        route: Route,
-        parameters: Any,
-        keys: list[Key],
-    ) -> None:
-        """The optional checks of an UPDATE that ran (its route said which): fencing
-        tokens, real negative stock. ``keys`` are the row keys the bookkeeping resolved."""
-        try:
-            plan = route.plan
-            rowcount = self._rowcount(cursor, route)
-            if self.fencing is not None and route.fenced:
-                self.fencing.after_update(conn, statement, plan, parameters, keys, rowcount)
-            if self.negative is not None and route.watched:
-                self.negative.after_update(conn, cursor, plan, keys, rowcount)
-        except Exception as exc:
-            self.sentry.internal_error(COMPONENT, exc)
 
     def _rowcount(self, cursor: DBAPICursor, route: Route) -> int:
         """The rows an UPDATE or DELETE matched; -1 when not known."""
-        if route.rowcount_unknown:
+        if route.no_count:
             return -1
         rowcount: int = getattr(cursor, "rowcount", -1)
         if rowcount == 0 and route.plan.kind == "update" and self.zero_rows is not None:
@@ -358,10 +323,10 @@ class Instrumentation:
 
     def _stock_statement(
         self, conn: Connection, cursor: DBAPICursor, route: Route, parameters: Any
-    ) -> list[Key]:
+    ) -> None:
         """The bookkeeping of a statement on a stock table that ran: the reads it made, the
-        row locks it took, the conflict a guarded UPDATE that matched no row implies.
-        Returns the row keys the statement named (the write checks' too)."""
+        row locks it took, the conflict a guarded UPDATE that matched no row implies, then
+        the optional checks of an UPDATE (fencing tokens, real negative stock)."""
         plan = route.plan
         kind = plan.kind
         if kind == "lock":
@@ -369,23 +334,28 @@ class Instrumentation:
                 locker = self.state(conn)
                 locker.sync(conn.get_transaction())
                 locker.lock_all.add(route.label)
-            return []
-        keys = _row_keys(route, parameters)
+            return
+        keys: list[Key] = []
+        for column, ref in plan.keys:
+            value = bound_value(ref, parameters)
+            if value is not MISSING:
+                keys.append((route.label, column, normalise(value)))
         if kind == "select":
             if keys and (plan.reads_stock or plan.protects_rows):
                 self._read(conn, plan, keys)
-            return keys
+            return
         if kind != "update" and kind != "delete":
-            return keys
+            return
         rowcount = self._rowcount(cursor, route)
-        state: ConnState | None = None
         if keys or kind == "update":
             state = self.state(conn)
             state.sync(conn.get_transaction())  # a new transaction: the last one's locks go
             state.last_table = plan.table
-        if route.blind and keys and rowcount != 0:
-            self._check_write(conn, plan, keys, state)
-        if plan.conditional:
+            if keys and rowcount != 0:
+                if route.blind:
+                    self._check_write(conn, keys, state)
+                state.locks.update(keys)
+        if route.conditional:
             if rowcount == 0:
                 self._no_row(plan, keys)
             elif rowcount > 0:
@@ -393,24 +363,24 @@ class Instrumentation:
                 reservation = current_reservation()
                 if reservation is not None:
                     imply_outcome(reservation, None)
-        if keys and state is not None and rowcount != 0:
-            state.locks.update(keys)
-        return keys
+        if route.fence is not None and self.fencing is not None and keys:
+            self.fencing.after_update(conn, route.fence, parameters, keys[0], rowcount)
+        if route.watched and self.negative is not None:
+            self.negative.after_update(conn, cursor, plan, keys, rowcount)
 
     def _read(self, conn: Connection, plan: StatementInfo, keys: list[Key]) -> None:
         """A SELECT naming stock rows: remember the read, and the row locks it took."""
         state = self.state(conn)
         state.sync(conn.get_transaction())
-        if _isolation_option(conn) == "AUTOCOMMIT":
+        if _autocommit(conn):
             locked = False  # each statement is its own transaction: no lock outlives it
         elif plan.protects_rows:
             state.locks.update(keys)
             locked = True
         else:
-            table = plan.table or "unknown"
             locked = (
                 "*" in state.lock_all
-                or table in state.lock_all
+                or keys[0][0] in state.lock_all
                 or any(k in state.locks for k in keys)
             )
         if not plan.reads_stock:
@@ -430,30 +400,25 @@ class Instrumentation:
             if req_store is not None:
                 remember(req_store, key, read)
 
-    def _check_write(
-        self,
-        conn: Connection,
-        plan: StatementInfo,
-        keys: list[Key],
-        state: ConnState | None,
-    ) -> None:
-        if state is None:
-            return
+    def _check_write(self, conn: Connection, keys: list[Key], state: ConnState) -> None:
+        """A blind write of ``keys``: flag it when computed from a read that did not keep
+        the row from changing (see docs/sqlalchemy.md, "Unsafe read-modify-write")."""
         now = self.clock()
         oldest = now - self.read_window
-        reservation = current_reservation()
+        res_store = scope(reservation_reads, current_reservation(), False)
         request_id = structlog.contextvars.get_contextvars().get("request_id")
-        stores: list[tuple[str, dict[Key, Read]]] = [("connection", state.reads)]
-        res_store = scope(reservation_reads, reservation, False) if reservation else None
-        if res_store is not None:
-            stores.append(("reservation", res_store))
-        if request_id is not None:
-            store = scope(request_reads, request_id, False)
-            if store is not None:
-                stores.append(("request", store))
+        stores = [
+            (name, store)
+            for name, store in (
+                ("connection", state.reads),
+                ("reservation", res_store),
+                ("request", scope(request_reads, request_id, False)),
+            )
+            if store is not None
+        ]
         latest: Read | None = None
         latest_scope = ""
-        latest_key: Key | None = None
+        latest_key = keys[0]
         for key in keys:
             for scope_name, store in stores:
                 read = store.pop(key, None)  # a write uses up the read it was computed from
@@ -474,13 +439,13 @@ class Instrumentation:
                     continue  # same key column, other value: another row
                 if latest is None or read.at > latest.at:
                     latest, latest_scope, latest_key = read, "reservation", keys[0]
-        if latest is None or latest_key is None:
+        if latest is None:
             return  # a blind write without a read we saw (a restock, an admin fix)
         txn = conn.get_transaction()
         same_txn = txn is not None and latest.txn is not None and latest.txn() is txn
         if same_txn and (latest.locked or self._serializable(conn, state)):
             return
-        lost_lock: tuple[str, str] | None = None
+        lost_lock: dict[str, str] = {}
         if latest.held:
             # A distributed lock held since before the read and still owned at the write
             # serialises the read-modify-write as a row lock would: safe. One whose lease
@@ -490,26 +455,23 @@ class Instrumentation:
                 return
             expired = [hold for hold in latest.held if not hold.released]
             lost_lock = (
-                (expired[0].name, "lock expired before the write")
+                {"lock": expired[0].name, "reason": "lock expired before the write"}
                 if expired
-                else (latest.held[0].name, "lock released before the write")
+                else {"lock": latest.held[0].name, "reason": "lock released before the write"}
             )
-        table = plan.table or "unknown"
-        self.metrics.unsafe_read_modify_write(table)
+        self.metrics.unsafe_read_modify_write(latest_key[0])
         if self.sentry.log_enabled:  # app_location() walks the stack: only for a line
             code, function = app_location()
             self.sentry.log_event(
                 events.UNSAFE_READ_MODIFY_WRITE,
-                table=table,
-                key_column=latest_key[1],
-                key=str(latest_key[2]),
+                **key_fields(latest_key),
                 code=code,
                 function=function,
                 read_scope=latest_scope,
                 read_age_s=round(now - latest.at, 3),
                 read_locked=latest.locked,
                 same_transaction=same_txn,
-                **({"lock": lost_lock[0], "reason": lost_lock[1]} if lost_lock else {}),
+                **lost_lock,
             )
 
     def _no_row(self, plan: StatementInfo, keys: list[Key]) -> None:
@@ -535,29 +497,23 @@ class Instrumentation:
             # Only a BEGIN the application sends makes pysqlite read inside the transaction
             # (by default it begins before the first write); then SQLite is serializable.
             return state.begun
-        lossless = lossless_levels(self.dialect_name)
-        level = state.isolation or _isolation_option(conn) or conn.default_isolation_level
+        if _autocommit(conn):
+            return False
+        if state.isolation is None:
+            # Asked of the server once per transaction (only a write that would be flagged
+            # gets here): create_engine(isolation_level=...) has no other public accessor.
+            state.isolation = conn.get_isolation_level()
         # PostgreSQL's REPEATABLE READ aborts the write with 40001 if the row changed since
         # the snapshot; InnoDB's does not (dialects.lossless_levels).
-        return level in lossless
+        return state.isolation in lossless_levels(self.dialect_name)
 
 
-def _row_keys(route: Route, parameters: Any) -> list[Key]:
-    """The row keys a statement on a stock table names, resolved from its parameters."""
-    keys: list[Key] = []
-    for column, ref in route.plan.keys:
-        value = bound_value(ref, parameters)
-        if value is not MISSING:
-            keys.append((route.label, column, normalise(value)))
-    return keys
-
-
-def _isolation_option(conn: Connection) -> str | None:
-    """The isolation level set on ``conn`` or its engine (``None``: the server's default)."""
-    level = conn.get_execution_options().get("isolation_level")
-    if level is None:
-        # create_engine(isolation_level=...) is kept by the dialect alone: SQLAlchemy has
-        # no public accessor for it short of Connection.get_isolation_level(), a round trip
-        # to the server per statement.
-        level = getattr(conn.dialect, "_on_connect_isolation_level", None)
-    return level if isinstance(level, str) else None
+def _autocommit(conn: Connection) -> bool:
+    """Whether ``conn`` runs each statement as its own transaction (``AUTOCOMMIT`` set on
+    the engine, the connection or the driver), asked of the driver without a round trip."""
+    dbapi_connection = conn.connection.dbapi_connection
+    # A dialect that cannot tell (or an SQLAlchemy 2.0 before the method): the option.
+    with contextlib.suppress(AttributeError, NotImplementedError):
+        if dbapi_connection is not None:
+            return conn.dialect.detect_autocommit_setting(dbapi_connection)
+    return conn.get_execution_options().get("isolation_level") == "AUTOCOMMIT"

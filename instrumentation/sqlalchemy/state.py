@@ -123,6 +123,11 @@ def scope(
     return store
 
 
+def key_fields(key: Key) -> dict[str, str]:
+    """The log fields naming the row of ``key``."""
+    return {"table": key[0], "key_column": key[1], "key": str(key[2])}
+
+
 def normalise(value: object) -> object:
     """A comparable form of a key value: 5, 5.0 and Decimal(5) meet; long strings are cut."""
     if isinstance(value, bool | int):
