@@ -10,11 +10,13 @@ from time import perf_counter
 from typing import TYPE_CHECKING, Any, Literal
 
 import structlog
+from opentelemetry import context as otel_context
 from opentelemetry import trace as otel_trace
 from opentelemetry.trace import SpanKind, StatusCode, TracerProvider, get_current_span
 from sqlalchemy.engine.interfaces import ExecuteStyle
 
 from .. import events
+from ..catalog import DB_LOCK_WAIT
 from ..heldlocks import held_locks, valid_at
 from ..outcomes import refusal_of, status_code_of
 from ..reservation import current_reservation, imply_outcome
@@ -70,17 +72,17 @@ class Route:
     """What the listeners do with one SQL text, decided once from its plan and cached with
     it: an already classified statement costs a dict lookup and a few attribute tests."""
 
-    __slots__ = ("begin", "blind", "conditional", "fence", "label", "no_count", "plan", "watched")
+    __slots__ = ("begin", "fence", "guarded", "label", "lock_wait", "no_count", "plan", "watched")
 
     def __init__(
         self, plan: StatementInfo, fence: FencePlan | None, watched: bool, sqlite: bool
     ) -> None:
         self.plan = plan
         self.label = plan.table or "unknown"
+        # Its lock-wait histogram child, once the metrics have cached it.
+        self.lock_wait: Any = None
         self.begin = plan.kind == "begin" or plan.kind == "isolation"
-        self.conditional = plan.conditional
-        # A blind write of the stock not guarded by the WHERE: the detector's case.
-        self.blind = plan.write == "blind" and not plan.conditional
+        self.guarded = plan.conditional
         # The optional checks an UPDATE of this text goes to: the fencing token it carries,
         # the real negative stock it may leave.
         self.fence = fence
@@ -240,15 +242,6 @@ class Instrumentation:
                 self.sentry.internal_error(COMPONENT, exc)
         return True
 
-    def _rowcount(self, cursor: DBAPICursor, route: Route) -> int:
-        """The rows an UPDATE or DELETE matched; -1 when not known."""
-        if route.no_count:
-            return -1
-        rowcount: int = getattr(cursor, "rowcount", -1)
-        if rowcount == 0 and route.plan.kind == "update" and self.zero_rows is not None:
-            rowcount = self.zero_rows(cursor)  # MySQL: matched, not changed, rows
-        return rowcount
-
     def _lock_span(self, plan: StatementInfo) -> Any:
         # OpenTelemetry's database conventions: "{operation} {collection}" as the name.
         operation = _OPERATIONS.get(plan.kind, "")
@@ -308,8 +301,15 @@ class Instrumentation:
     def _lock_done(self, route: Route, t0: float, span: Any, exc: BaseException | None) -> None:
         try:
             elapsed = perf_counter() - t0
-            exemplar = exemplar_for(span if span is not None else get_current_span())
-            self.metrics.db_lock_wait(route.label, elapsed, exemplar)
+            current = span
+            if current is None and otel_context.get_current():  # an empty one holds no span
+                current = get_current_span()
+            exemplar = exemplar_for(current) if current is not None else None
+            if route.lock_wait is not None:
+                route.lock_wait.observe(elapsed, exemplar)
+            else:
+                self.metrics.db_lock_wait(route.label, elapsed, exemplar)
+                route.lock_wait = self.metrics.cached_child(DB_LOCK_WAIT, route.label)
             if span is not None:
                 if exc is not None and span.is_recording():
                     code = status_code_of(exc)
@@ -346,16 +346,19 @@ class Instrumentation:
             return
         if kind != "update" and kind != "delete":
             return
-        rowcount = self._rowcount(cursor, route)
+        # The rows it matched; -1 when not known.
+        rowcount: int = -1 if route.no_count else getattr(cursor, "rowcount", -1)
+        if rowcount == 0 and kind == "update" and self.zero_rows is not None:
+            rowcount = self.zero_rows(cursor)  # MySQL: matched, not changed, rows
         if keys or kind == "update":
             state = self.state(conn)
             state.sync(conn.get_transaction())  # a new transaction: the last one's locks go
             state.last_table = plan.table
             if keys and rowcount != 0:
-                if route.blind:
+                if plan.write == "blind" and not route.guarded:  # the detector's case
                     self._check_write(conn, keys, state)
                 state.locks.update(keys)
-        if route.conditional:
+        if route.guarded:
             if rowcount == 0:
                 self._no_row(plan, keys)
             elif rowcount > 0:

@@ -7,7 +7,6 @@ import weakref
 from contextvars import ContextVar
 from decimal import Decimal
 from typing import TYPE_CHECKING, TypeAlias
-from uuid import UUID
 
 from ..heldlocks import HeldLock
 from .model import MAX_KEY_CHARS, READS_PER_SCOPE, StatementInfo
@@ -128,18 +127,17 @@ def key_fields(key: Key) -> dict[str, str]:
     return {"table": key[0], "key_column": key[1], "key": str(key[2])}
 
 
+_CUT = (str, bytes)
+
+
 def normalise(value: object) -> object:
     """A comparable form of a key value: 5, 5.0 and Decimal(5) meet; long strings are cut."""
-    if isinstance(value, bool | int):
-        return value
-    if isinstance(value, str):
+    if isinstance(value, _CUT):
         return value[:MAX_KEY_CHARS]
+    if isinstance(value, int):  # bool too
+        return value
     if isinstance(value, float) and value.is_integer():
         return int(value)
     if isinstance(value, Decimal) and value == value.to_integral_value():
         return int(value)
-    if isinstance(value, UUID):
-        return str(value)
-    if isinstance(value, bytes):
-        return value[:MAX_KEY_CHARS]
-    return str(value)[:MAX_KEY_CHARS]
+    return str(value)[:MAX_KEY_CHARS]  # a UUID as its text
