@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import events
 from ..heldlocks import held_locks
-from .clauses import is_op, is_word, read_name, split_at, tok_at, top_level, value_ref
+from .clauses import assigned, is_op, read_name, tok_at, top_level, value_ref, where_clause
 from .model import COMPONENT, MISSING, StockTable, bound_value
 from .negative import as_int, key_selects, read_column
 from .state import Key, key_fields
@@ -57,42 +57,27 @@ def fence_plan(toks: Sequence[Tok], column: str) -> FencePlan | None:
     """
     column = column.lower()
     set_at = top_level(toks, 0, frozenset({"set"}))
-    if set_at >= len(toks):
-        return None
-    set_end = top_level(toks, set_at + 1, frozenset({"from", "where", "returning"}))
-    token: tuple[bool, Any] | None = None
-    for assignment in split_at(toks[set_at + 1 : set_end], ",", 0):
-        eq = next((k for k, t in enumerate(assignment) if is_op(t, "=") and t[2] == 0), None)
-        if eq is None or not assignment or assignment[0][0] not in (WORD, QUOTED):
-            continue
-        parts, _ = read_name(assignment, 0)
-        if parts[-1] == column:
-            token = value_ref(assignment[eq + 1 :])
-            break
+    value = assigned(toks, set_at, column) if set_at < len(toks) else None
+    token = value_ref(value) if value is not None else None
     if token is None:
         return None
     guard: str | None = None
-    where_at = top_level(toks, set_end, frozenset({"where"}))
-    if where_at < len(toks) and is_word(toks[where_at], "where"):
-        end = top_level(toks, where_at + 1, frozenset({"returning"}))
-        i = where_at + 1
-        while i < end and guard is None:
-            tok = toks[i]
-            if tok[0] in (WORD, QUOTED):
-                parts, j = read_name(toks, i)
-                op = tok_at(toks, j)
-                nxt = tok_at(toks, j + 1)
-                if (
-                    parts[-1] == column
-                    and op is not None
-                    and nxt is not None
-                    and (is_op(op, "<") or is_op(op, "<="))
-                    and (nxt[0] == PARAM or (token[0] is False and nxt[1] == token[1]))
-                ):
-                    guard = op[1]
-                i = j
-            else:
-                i += 1
+    where, _ = where_clause(toks, set_at)
+    i = 0
+    while i < len(where) and guard is None:
+        if where[i][0] not in (WORD, QUOTED):
+            i += 1
+            continue
+        parts, i = read_name(where, i)
+        op, nxt = tok_at(where, i), tok_at(where, i + 1)
+        if (
+            parts[-1] == column
+            and op is not None
+            and (is_op(op, "<") or is_op(op, "<="))
+            and nxt is not None
+            and (nxt[0] == PARAM or (token[0] is False and nxt[1] == token[1]))
+        ):
+            guard = op[1]
     return FencePlan(token, guard)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, get_args
 
 import sqlalchemy
 from opentelemetry.trace import TracerProvider
@@ -66,14 +66,8 @@ def instrument_sqlalchemy(
     sync = _sync_engine(engine)
     if sync in instrumented:
         return
-    mode: SpanMode
-    if spans is True:
-        mode = "all"
-    elif spans is False:
-        mode = "off"
-    elif spans in ("off", "locking", "all"):
-        mode = spans
-    else:
+    mode: SpanMode = ("all" if spans else "off") if isinstance(spans, bool) else spans
+    if mode not in get_args(SpanMode):
         raise ValueError(f"spans must be 'off', 'locking' or 'all', got {spans!r}")
     if not read_window > 0:
         raise ValueError("read_window must be positive")
@@ -92,13 +86,15 @@ def instrument_sqlalchemy(
     )
     if fencing:
         instrumentation.fencing = Fencing(instrumentation.sentry, fencing, configured, paramstyle)
-    instrumentation.negative = NegativeWrites.build(
+    negative = NegativeWrites(
         instrumentation.sentry,
         configured,
         returning=negative_writes,
         read_back=read_back_stock,
         paramstyle=paramstyle,
     )
+    # Left out when nothing is switched on: then it costs nothing.
+    instrumentation.negative = negative if negative.returning or negative.read_back else None
     # Dialect events only (they are filed under the engine's own dialect): an engine event
     # would switch on SQLAlchemy's per-execute event path, which costs more than all of
     # this integration's own work.

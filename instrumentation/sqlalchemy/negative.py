@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import re
 import sys
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
@@ -164,14 +164,20 @@ class NegativeWrites:
         tables: Mapping[str, StockTable],
         *,
         returning: bool,
-        read_back: Collection[str],
+        read_back: bool | Iterable[str],
         paramstyle: str,
     ) -> None:
+        names = set(tables) if read_back is True else set(read_back or ())
+        unknown = names - set(tables)
+        if unknown:
+            raise ValueError(
+                f"read_back_stock names tables not in stock_tables: {sorted(unknown)}"
+            )
         self.sentry = sentry
         self.metrics = sentry.metrics
         self.specs = dict(tables)
         self.returning = returning
-        self.read_back = frozenset(read_back)
+        self.read_back = frozenset(names)
         # (table, key column) -> the read-back SELECT and its parameter style, built once;
         # for every table when RETURNING is looked at, as a RETURNING that leaves the stock
         # column out is read back.
@@ -183,30 +189,6 @@ class NegativeWrites:
             },
             self.specs,
             paramstyle,
-        )
-
-    @staticmethod
-    def build(
-        sentry: Sentry,
-        tables: Mapping[str, StockTable],
-        *,
-        returning: bool,
-        read_back: bool | Iterable[str],
-        paramstyle: str,
-    ) -> NegativeWrites | None:
-        """The checker, or ``None`` when nothing is switched on (then it costs nothing)."""
-        names = (
-            set(tables) if read_back is True else set() if read_back is False else set(read_back)
-        )
-        unknown = names - set(tables)
-        if unknown:
-            raise ValueError(
-                f"read_back_stock names tables not in stock_tables: {sorted(unknown)}"
-            )
-        if not returning and not names:
-            return None
-        return NegativeWrites(
-            sentry, tables, returning=returning, read_back=names, paramstyle=paramstyle
         )
 
     def applies(self, plan: StatementInfo) -> bool:

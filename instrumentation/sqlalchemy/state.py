@@ -6,7 +6,7 @@ import contextlib
 import weakref
 from contextvars import ContextVar
 from decimal import Decimal
-from typing import TYPE_CHECKING, TypeAlias
+from typing import TYPE_CHECKING, NamedTuple, TypeAlias
 
 from ..heldlocks import HeldLock
 from .model import MAX_KEY_CHARS, READS_PER_SCOPE, StatementInfo
@@ -19,22 +19,13 @@ Key: TypeAlias = tuple[str, str, object]  # table label, key column, normalised 
 ANY_ROW = "\x00any"
 
 
-class Read:
+class Read(NamedTuple):
     """One remembered read of a stock value, with the distributed locks held at the time."""
 
-    __slots__ = ("at", "held", "locked", "txn")
-
-    def __init__(
-        self,
-        locked: bool,
-        txn: weakref.ref[RootTransaction] | None,
-        at: float,
-        held: tuple[HeldLock, ...] = (),
-    ) -> None:
-        self.locked = locked
-        self.txn = txn
-        self.at = at
-        self.held = held
+    locked: bool
+    txn: weakref.ref[RootTransaction] | None
+    at: float
+    held: tuple[HeldLock, ...]
 
 
 class ConnState:
