@@ -11,11 +11,8 @@ from opentelemetry.trace import TracerProvider
 
 from ..api import get_sentry
 from ..sentry import Sentry
-from .clauses import Tables
-from .fencing import Fencing
 from .listeners import Instrumentation
 from .model import DEFAULT_READ_WINDOW, SpanMode, StockTable
-from .negative import NegativeWrites
 from .otel import attach_engine_tracer, detach_engine_tracer
 
 if TYPE_CHECKING:
@@ -72,29 +69,17 @@ def instrument_sqlalchemy(
     if not read_window > 0:
         raise ValueError("read_window must be positive")
     configured = stock_tables if stock_tables is not None else {"products": StockTable()}
-    tables = Tables(configured)
-    paramstyle = sync.dialect.paramstyle
     instrumentation = Instrumentation(
         sentry if sentry is not None else get_sentry(),
-        tables,
-        sync.dialect.name,
-        paramstyle,
+        sync,
+        configured,
         mode,
         tracer_provider,
         read_window,
-        db_namespace=sync.url.database,
+        fencing,
+        negative_writes,
+        read_back_stock,
     )
-    if fencing:
-        instrumentation.fencing = Fencing(instrumentation.sentry, fencing, configured, paramstyle)
-    negative = NegativeWrites(
-        instrumentation.sentry,
-        configured,
-        returning=negative_writes,
-        read_back=read_back_stock,
-        paramstyle=paramstyle,
-    )
-    # Left out when nothing is switched on: then it costs nothing.
-    instrumentation.negative = negative if negative.returning or negative.read_back else None
     # Dialect events only (they are filed under the engine's own dialect): an engine event
     # would switch on SQLAlchemy's per-execute event path, which costs more than all of
     # this integration's own work.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from time import perf_counter
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -35,6 +35,7 @@ from .model import (
     PLAN_CACHE_SIZE,
     SpanMode,
     StatementInfo,
+    StockTable,
     bound_value,
 )
 from .negative import NegativeWrites
@@ -53,7 +54,7 @@ from .state import (
 from .tokens import tokenize
 
 if TYPE_CHECKING:
-    from sqlalchemy.engine import Connection, ExceptionContext
+    from sqlalchemy.engine import Connection, Engine, ExceptionContext
     from sqlalchemy.engine.interfaces import DBAPICursor, ExecutionContext
 
 # db.operation.name of the locking statements' spans, from the classifier's kind.
@@ -97,22 +98,23 @@ class Instrumentation:
     def __init__(
         self,
         sentry: Sentry,
-        tables: Tables,
-        dialect_name: str,
-        paramstyle: str,
+        engine: Engine,
+        stock_tables: Mapping[str, StockTable],
         span_mode: SpanMode,
         tracer_provider: TracerProvider | None,
         read_window: float,
-        db_namespace: str | None = None,
+        fencing: Mapping[str, str] | None,
+        negative_writes: bool,
+        read_back_stock: bool | Iterable[str],
     ) -> None:
         self.sentry = sentry
         self.metrics = sentry.metrics
-        self.tables = tables
-        self.dialect_name = dialect_name
+        self.tables = Tables(stock_tables)
+        self.dialect_name = dialect_name = engine.dialect.name
+        self.paramstyle = paramstyle = engine.dialect.paramstyle
+        self.db_namespace = engine.url.database
         # OpenTelemetry's well-known db.system.name values, from SQLAlchemy's dialect names.
         self.db_system = _DB_SYSTEMS.get(dialect_name, dialect_name)
-        self.db_namespace = db_namespace
-        self.paramstyle = paramstyle
         self.read_window = read_window
         # MySQL drivers may count changed rows, not matched ones: what reads a 0 right.
         self.zero_rows = zero_rows_check(dialect_name)
@@ -133,10 +135,17 @@ class Instrumentation:
         # (event name, listener) of everything listen()ed on the engine, for uninstrument;
         # never the engine itself, which holds this object through its listeners.
         self.listeners: list[tuple[str, Callable[..., Any]]] = []
-        # The optional write checks (set by instrument_sqlalchemy before any statement is
-        # seen: each SQL text's route decides once whether its UPDATEs go to them).
-        self.fencing: Fencing | None = None
-        self.negative: NegativeWrites | None = None
+        # The optional write checks (each SQL text's route decides once whether its
+        # UPDATEs go to them); one that is switched off costs nothing.
+        self.fencing = Fencing(sentry, fencing, stock_tables, paramstyle) if fencing else None
+        negative = NegativeWrites(
+            sentry,
+            stock_tables,
+            returning=negative_writes,
+            read_back=read_back_stock,
+            paramstyle=paramstyle,
+        )
+        self.negative = negative if negative.returning or negative.read_back else None
 
     def route(self, statement: str) -> Route:
         """The cached :class:`Route` of ``statement``, classified on a miss."""
