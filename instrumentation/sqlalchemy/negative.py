@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from .. import events
 from ..reservation import current_reservation, note_negative_write
 from .model import COMPONENT, StatementInfo, StockTable
+from .state import Key
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Connection
@@ -207,37 +208,27 @@ class NegativeWrites:
         conn: Connection,
         cursor: DBAPICursor,
         plan: StatementInfo,
-        keys: list[tuple[str, str, object]],
+        keys: list[Key],
         rowcount: int,
     ) -> None:
-        """Look at the stock the UPDATE of ``plan`` left (called after it ran)."""
-        table = plan.table or "unknown"
-        spec = self.specs.get(table)
+        """Look at the stock the UPDATE of ``plan`` naming rows ``keys`` left (called after
+        it ran)."""
+        spec = self.specs.get(plan.table or "unknown")
         if spec is None or rowcount == 0:
             return
         if plan.returning and plan.reads_stock:
             values = returned_column(cursor, spec.stock_column)
         else:
-            values = self._select(conn, table, keys)
-        if not values:
-            return
-        for raw in values:
+            # Read back by the first key; no key in the WHERE: which rows it touched is not
+            # known here.
+            query = self.selects.get((keys[0][0], keys[0][1])) if keys else None
+            values = read_column(conn, query, keys[0][2]) if query is not None else None
+        for raw in values or ():
             stock = as_int(raw)
             if stock is not None and stock < 0:
                 self._record(keys, stock)
 
-    def _select(
-        self, conn: Connection, table: str, keys: list[tuple[str, str, object]]
-    ) -> list[object] | None:
-        if not keys:
-            return None  # no key in the WHERE: which rows it touched is not known here
-        _, key_column, key = keys[0]
-        query = self.selects.get((table, key_column))
-        if query is None:
-            return None
-        return read_column(conn, query, key)
-
-    def _record(self, keys: list[tuple[str, str, object]], stock: int) -> None:
+    def _record(self, keys: list[Key], stock: int) -> None:
         reservation = current_reservation()
         # The reservation's SKU when there is one; outside, the row's key value (the guard
         # bounds the label either way).
