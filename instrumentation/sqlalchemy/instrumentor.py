@@ -19,7 +19,6 @@ if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
     from sqlalchemy.ext.asyncio import AsyncEngine
 
-_EVENTS = ("do_execute", "do_execute_no_params", "do_executemany", "handle_error")
 instrumented: weakref.WeakKeyDictionary[Engine, Instrumentation] = weakref.WeakKeyDictionary()
 
 
@@ -83,10 +82,8 @@ def instrument_sqlalchemy(
     # Dialect events only (they are filed under the engine's own dialect): an engine event
     # would switch on SQLAlchemy's per-execute event path, which costs more than all of
     # this integration's own work.
-    for name in _EVENTS:
-        listener = getattr(instrumentation, name)
+    for name, listener in instrumentation.listeners:
         sqlalchemy.event.listen(sync, name, listener)
-        instrumentation.listeners.append((name, listener))
     instrumented[sync] = instrumentation
     try:
         # Known tables' series start at zero, so their first deadlock is an increase.

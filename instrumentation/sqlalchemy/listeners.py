@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping
@@ -67,6 +68,7 @@ _REASON_EVENTS = {
     "lock_timeout": events.DB_LOCK_TIMEOUT,
 }
 _EXECUTE = ExecuteStyle.EXECUTE
+EXECUTE_EVENTS = ("do_execute", "do_execute_no_params", "do_executemany")
 
 
 class Route:
@@ -133,8 +135,13 @@ class Instrumentation:
                     TRACER_NAME, tracer_provider=tracer_provider
                 )
         # (event name, listener) of everything listen()ed on the engine, for uninstrument;
-        # never the engine itself, which holds this object through its listeners.
-        self.listeners: list[tuple[str, Callable[..., Any]]] = []
+        # never the engine itself, which holds this object through its listeners. The three
+        # execute events have one listener, told which event it runs for.
+        self.listeners: list[tuple[str, Callable[..., Any]]] = [
+            (event, functools.partial(self.run, event)) for event in EXECUTE_EVENTS
+        ]
+        self.listeners.append(("handle_error", self.handle_error))
+        self.mine = dict(self.listeners)
         # The optional write checks (each SQL text's route decides once whether its
         # UPDATEs go to them); one that is switched off costs nothing.
         self.fencing = Fencing(sentry, fencing, stock_tables, paramstyle) if fencing else None
@@ -180,32 +187,17 @@ class Instrumentation:
 
     # --- events ----------------------------------------------------------------------------
 
-    def do_execute(
-        self, cursor: DBAPICursor, statement: str, parameters: Any, context: ExecutionContext
-    ) -> bool:
-        """The dialect's ``do_execute`` event (see :meth:`run`)."""
-        return self.run("do_execute", (cursor, statement, parameters, context), context)
-
-    def do_execute_no_params(
-        self, cursor: DBAPICursor, statement: str, context: ExecutionContext
-    ) -> bool:
-        """``do_execute`` for a statement without parameters (``BEGIN``, ``LOCK TABLE``)."""
-        return self.run("do_execute_no_params", (cursor, statement, context), context)
-
-    def do_executemany(
-        self, cursor: DBAPICursor, statement: str, parameters: Any, context: ExecutionContext
-    ) -> bool:
-        """``do_execute`` for ``executemany``."""
-        return self.run("do_executemany", (cursor, statement, parameters, context), context)
-
-    def run(self, event: str, args: tuple[Any, ...], context: ExecutionContext) -> bool:
-        """Run a locking statement (timed around the driver call alone) or one on a stock
-        table (its row count and keys read after it ran) here, and return True
-        (SQLAlchemy's contract for "executed"); leave any other to SQLAlchemy (False).
+    def run(self, event: str, *args: Any) -> bool:
+        """The listener of the dialect's ``event`` (``do_execute``, ``do_execute_no_params``,
+        ``do_executemany``; ``args`` as SQLAlchemy passes them): run a locking statement
+        (timed around the driver call alone) or one on a stock table (its row count and
+        keys read after it ran) here, and return True (SQLAlchemy's contract for
+        "executed"); leave any other to SQLAlchemy (False).
 
         Only a single execute (not ``executemany``, not an insertmanyvalues batch) gets
         the per-row bookkeeping.
         """
+        context: ExecutionContext = args[-1]
         span: Any = None
         try:
             route = self.plans.get(args[1]) or self.route(args[1])
@@ -229,7 +221,7 @@ class Instrumentation:
             # for the event is iterated, as SQLAlchemy itself iterates it, so those
             # listeners keep their turn; none of them having run it, the dialect does.
             dialect = context.dialect
-            mine = getattr(self, event)
+            mine = self.mine[event]
             after = False
             for fn in getattr(dialect.dispatch, event):
                 if after and fn(*args):
@@ -428,31 +420,34 @@ class Instrumentation:
             )
             if store is not None
         ]
-        latest: Read | None = None
-        latest_scope = ""
-        latest_key = keys[0]
-        for key in keys:
-            for scope_name, store in stores:
-                read = store.pop(key, None)  # a write uses up the read it was computed from
-                if read is None or read.at < oldest:
-                    continue
-                if latest is None or read.at > latest.at:
-                    latest, latest_scope, latest_key = read, scope_name, key
+        # A write uses up the reads it was computed from: every one of its keys', expired
+        # or not.
+        found = [
+            (read, name, key)
+            for key in keys
+            for name, store in stores
+            if (read := store.pop(key, None)) is not None and read.at >= oldest
+        ]
         if res_store is not None:
             # Within a reservation, a read keyed by another column of the same table (read
             # by sku, written by id, as the ORM does) is taken to be about this row, when
             # no read of this very key decided. Used up by the write either way.
-            table = keys[0][0]
-            written = {key[1] for key in keys}
-            exact = latest is not None
-            for any_key in [k for k in list(res_store) if k[0] == table and k[1] == ANY_ROW]:
-                read = res_store.pop(any_key, None)
-                if exact or read is None or read.at < oldest or any_key[2] in written:
-                    continue  # same key column, other value: another row
-                if latest is None or read.at > latest.at:
-                    latest, latest_scope, latest_key = read, "reservation", keys[0]
-        if latest is None:
+            table, written = keys[0][0], {key[1] for key in keys}
+            loose = [
+                (res_store.pop(k, None), k[2])
+                for k in list(res_store)
+                if k[0] == table and k[1] == ANY_ROW
+            ]
+            if not found:
+                found = [
+                    (read, "reservation", keys[0])
+                    for read, column in loose
+                    # The same key column with another value: another row.
+                    if read is not None and read.at >= oldest and column not in written
+                ]
+        if not found:
             return  # a blind write without a read we saw (a restock, an admin fix)
+        latest, latest_scope, latest_key = max(found, key=lambda candidate: candidate[0].at)
         txn = conn.get_transaction()
         same_txn = txn is not None and latest.txn is not None and latest.txn() is txn
         if same_txn and (latest.locked or self._serializable(conn, state)):
