@@ -34,6 +34,9 @@ from .dialects import MYSQL_DIALECTS
 from .model import IGNORED, StatementInfo, StockTable, ValueRef, WriteKind
 from .tokens import QUOTED, WORD, Tok, tokenize
 
+# The row-lock strengths of SELECT ... FOR.
+_LOCK_STRENGTHS = (("update",), ("no", "key", "update"), ("share",), ("key", "share"))
+
 
 def _classify_select(toks: Sequence[Tok], start: int, tables: Tables) -> StatementInfo:
     frm = top_level(toks, start + 1, frozenset({"from"}))
@@ -43,35 +46,27 @@ def _classify_select(toks: Sequence[Tok], start: int, tables: Tables) -> Stateme
     target, label = find_target(from_items(toks[frm + 1 : end_from], 0), tables)
     # FOR UPDATE / NO KEY UPDATE / SHARE / KEY SHARE [OF t, ...] [NOWAIT | SKIP LOCKED]
     # (MySQL adds WAIT n), or MySQL's LOCK IN SHARE MODE.
-    lock_clause = None
-    lock_of: set[str] | None = None
     share_mode = _lock_in_share_mode(toks, end_from)
-    if share_mode < len(toks):
-        lock_clause = "lock in share mode"
-    j = end_from if lock_clause is None else len(toks)
-    while j < len(toks):
-        tok = toks[j]
-        if tok[2] == 0 and is_word(tok, "for"):
-            words = []
-            k = j + 1
-            while k < len(toks) and is_word(toks[k], "update", "no", "key", "share"):
-                words.append(toks[k][1])
-                k += 1
-                if words[-1] in ("update", "share"):
+    lock_clause = "lock in share mode" if share_mode < len(toks) else None
+    lock_of: set[str] | None = None
+    for j in range(end_from if lock_clause is None else len(toks), len(toks)):
+        if toks[j][2] != 0 or not is_word(toks[j], "for"):
+            continue
+        words = next((w for w in _LOCK_STRENGTHS if phrase_at(toks, j + 1, w)), None)
+        if words is None:
+            continue
+        lock_clause = "for " + " ".join(words)
+        k = j + 1 + len(words)
+        if is_word(tok_at(toks, k), "of"):
+            lock_of = set()
+            k += 1
+            while k < len(toks) and toks[k][0] in (WORD, QUOTED):
+                parts, k = read_name(toks, k)
+                lock_of.add(parts[-1])
+                if not is_op(tok_at(toks, k), ","):
                     break
-            if words and words[-1] in ("update", "share"):
-                lock_clause = "for " + " ".join(words)
-                if is_word(tok_at(toks, k), "of"):
-                    lock_of = set()
-                    k += 1
-                    while k < len(toks) and toks[k][0] in (WORD, QUOTED):
-                        parts, k = read_name(toks, k)
-                        lock_of.add(parts[-1])
-                        if not is_op(tok_at(toks, k), ","):
-                            break
-                        k += 1
-                break
-        j += 1
+                k += 1
+        break
     locking = lock_clause is not None
     if target is None:
         if locking:
