@@ -146,21 +146,13 @@ def tokenize(sql: str, paramstyle: str, mysql: bool = False) -> list[Tok]:
             body = sql[pos:close] if close >= 0 else sql[pos:]
             pos = close + len(text) if close >= 0 else end
             out.append((STRING, body, depth))
-        elif group == "pyf":
-            if fmt:
-                out.append((PARAM, m.group("pyname"), depth))
-            else:
-                out.append((OP, "%", depth))
-                pos = m.start() + 1
-        elif group == "fmt":
-            if fmt:
-                out.append((PARAM, position, depth))
-                position += 1
-            else:
-                out.append((OP, "%", depth))
-                pos = m.start() + 1
-        elif group == "pct":
-            out.append((OP, "%", depth))
+        elif fmt and group == "pyf":
+            out.append((PARAM, m.group("pyname"), depth))
+        elif fmt and group == "fmt":
+            out.append((PARAM, position, depth))
+            position += 1
+        elif group == "pyf" or group == "fmt" or group == "pct":
+            out.append((OP, "%", depth))  # %% in a format style, else a modulo
             if not fmt:
                 pos = m.start() + 1
         elif group == "cast":
