@@ -10,7 +10,6 @@ See docs/sqlalchemy.md, "Fencing tokens".
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +18,7 @@ from ..heldlocks import held_locks
 from .clauses import assigned, is_op, read_name, tok_at, top_level, value_ref, where_clause
 from .model import COMPONENT, MISSING, StockTable, bound_value
 from .negative import as_int, key_selects, read_column
-from .state import Key, key_fields
+from .state import Key, key_fields, remember
 from .tokens import PARAM, QUOTED, WORD, Tok
 
 if TYPE_CHECKING:
@@ -127,7 +126,7 @@ class Fencing:
             if not stored:
                 return  # no such row: not a token matter
             top = max(stored)
-            self._remember(row, top)
+            remember(self.highest, row, max(top, self.highest.get(row, top)), _MAX_ROWS)
             if token < top or (token == top and fence.guard == "<"):
                 self._stale(row, token, top, refused=True)
             return
@@ -138,16 +137,7 @@ class Fencing:
         if seen is not None and token < seen:
             self._stale(row, token, seen, refused=False)
             return
-        self._remember(row, token)
-
-    def _remember(self, row: Key, token: int) -> None:
-        highest = self.highest
-        seen = highest.pop(row, None)
-        highest[row] = token if seen is None or token > seen else seen
-        if len(highest) > _MAX_ROWS:
-            # Another thread may have changed it meanwhile: then it is small enough.
-            with contextlib.suppress(StopIteration, KeyError, RuntimeError):
-                del highest[next(iter(highest))]
+        remember(self.highest, row, token, _MAX_ROWS)
 
     def _stale(self, row: Key, token: int, highest: int, *, refused: bool) -> None:
         lock = next(

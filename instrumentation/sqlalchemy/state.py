@@ -6,7 +6,7 @@ import contextlib
 import weakref
 from contextvars import ContextVar
 from decimal import Decimal
-from typing import TYPE_CHECKING, NamedTuple, TypeAlias
+from typing import TYPE_CHECKING, NamedTuple, TypeAlias, TypeVar
 
 from ..heldlocks import HeldLock
 from .model import MAX_KEY_CHARS, READS_PER_SCOPE, StatementInfo
@@ -15,6 +15,8 @@ if TYPE_CHECKING:
     from sqlalchemy.engine.base import RootTransaction
 
 Key: TypeAlias = tuple[str, str, object]  # table label, key column, normalised value
+K = TypeVar("K")
+V = TypeVar("V")
 # In a reservation's store, (table, ANY_ROW, key column) holds the table's latest read.
 ANY_ROW = "\x00any"
 
@@ -80,10 +82,11 @@ class ConnState:
             self.isolation = info.isolation
 
 
-def remember(store: dict[Key, Read], key: Key, read: Read) -> None:
+def remember(store: dict[K, V], key: K, value: V, limit: int = READS_PER_SCOPE) -> None:
+    """Set ``store[key]``, forgetting the oldest entry past ``limit`` entries."""
     store.pop(key, None)  # re-insert at the end: the oldest entry is first
-    store[key] = read
-    if len(store) > READS_PER_SCOPE:
+    store[key] = value
+    if len(store) > limit:
         # Another thread may have changed the store meanwhile: then it is small enough.
         with contextlib.suppress(StopIteration, KeyError, RuntimeError):
             del store[next(iter(store))]
