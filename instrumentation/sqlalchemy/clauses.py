@@ -341,28 +341,15 @@ def from_items(toks: Sequence[Tok], depth: int) -> list[tuple[tuple[str, ...], s
     expect = True
     while i < len(toks):
         tok = toks[i]
-        if tok[2] != depth:
-            i += 1
-            continue
-        if is_op(tok, ","):
+        # A table is expected after FROM, a comma or JOIN, at the list's own depth.
+        expecting = expect and tok[2] == depth and not is_word(tok, "only", "lateral")
+        if tok[2] == depth and (is_op(tok, ",") or is_word(tok, "join")):
             expect = True
-            i += 1
-            continue
-        if is_word(tok, "join"):
-            expect = True
-            i += 1
-            continue
-        if not expect:
-            i += 1
-            continue
-        if is_word(tok, "only", "lateral"):
-            i += 1
-            continue
-        if is_op(tok, "("):
+        elif expecting and is_op(tok, "("):
             i = skip_group(toks, i)
             expect = False
             continue
-        if tok[0] in (WORD, QUOTED):
+        elif expecting and tok[0] in (WORD, QUOTED):
             parts, i = read_name(toks, i)
             alias = None
             if is_op(tok_at(toks, i), "*"):  # ONLY-less inheritance marker: t *
