@@ -180,9 +180,11 @@ class Instrumentation:
         return route
 
     def state(self, conn: Connection) -> ConnState:
+        """``conn``'s state, the locks of its last transaction forgotten if that ended."""
         state = self.conns.get(conn)
         if state is None:
             state = self.conns[conn] = ConnState()
+        state.sync(conn.get_transaction())
         return state
 
     # --- events ----------------------------------------------------------------------------
@@ -292,11 +294,9 @@ class Instrumentation:
 
     def _begin(self, conn: Connection, plan: StatementInfo) -> None:
         state = self.state(conn)
-        txn = conn.get_transaction()
-        if txn is None:
+        if state.txn is None:
             state.pending = plan
         else:
-            state.sync(txn)
             state.apply_begin(plan)
 
     def _lock_done(self, route: Route, t0: float, span: Any, exc: BaseException | None) -> None:
@@ -332,9 +332,7 @@ class Instrumentation:
         kind = plan.kind
         if kind == "lock":
             if plan.table_lock:
-                locker = self.state(conn)
-                locker.sync(conn.get_transaction())
-                locker.lock_all.add(route.label)
+                self.state(conn).lock_all.add(route.label)
             return
         keys: list[Key] = []
         for column, ref in plan.keys:
@@ -353,7 +351,6 @@ class Instrumentation:
             rowcount = self.zero_rows(cursor)  # MySQL: matched, not changed, rows
         if keys or kind == "update":
             state = self.state(conn)
-            state.sync(conn.get_transaction())  # a new transaction: the last one's locks go
             state.last_table = plan.table
             if keys and rowcount != 0:
                 if plan.write == "blind" and not route.guarded:  # the detector's case
@@ -375,7 +372,6 @@ class Instrumentation:
     def _read(self, conn: Connection, plan: StatementInfo, keys: list[Key]) -> None:
         """A SELECT naming stock rows: remember the read, and the row locks it took."""
         state = self.state(conn)
-        state.sync(conn.get_transaction())
         if _autocommit(conn):
             locked = False  # each statement is its own transaction: no lock outlives it
         elif plan.protects_rows:
