@@ -134,10 +134,9 @@ def returned_column(cursor: Any, column: str) -> list[object] | None:
     description = getattr(cursor, "description", None)
     if not description:
         return None
-    found = next((i for i, col in enumerate(description) if str(col[0]).lower() == wanted), None)
-    if found is None:
+    index = next((i for i, col in enumerate(description) if str(col[0]).lower() == wanted), None)
+    if index is None:
         return None
-    index = found
     rows = getattr(cursor, "_rows", None)
     if rows is not None and type(rows).__name__ == "deque":
         # SQLAlchemy's asyncio adapters (asyncpg, psycopg async, aiosqlite) fetch every row
