@@ -223,14 +223,18 @@ class Instrumentation:
             # for the event is iterated, as SQLAlchemy itself iterates it, so those
             # listeners keep their turn; none of them having run it, the dialect does.
             dialect = context.dialect
-            mine = self.mine[event]
-            after = False
-            for fn in getattr(dialect.dispatch, event):
-                if after and fn(*args):
-                    break
-                after = after or fn == mine
-            else:
+            listeners = getattr(dialect.dispatch, event)
+            if len(listeners) == 1:  # ours alone
                 getattr(dialect, event)(*args)
+            else:
+                mine = self.mine[event]
+                after = False
+                for fn in listeners:
+                    if after and fn(*args):
+                        break
+                    after = after or fn == mine
+                else:
+                    getattr(dialect, event)(*args)
         except BaseException as exc:
             if plan.locking:
                 self._lock_done(route, t0, span, exc)
