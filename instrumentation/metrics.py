@@ -200,6 +200,11 @@ class StockMetrics:
 
     # --- the labelled children ---------------------------------------------------------
 
+    def cached_child(self, spec: MetricSpec, *values: Any) -> Any:
+        """The child of ``spec`` for the raw label ``values`` once an event has cached it,
+        else ``None``: a hot path may keep it and record on it directly."""
+        return self._children[spec.name].get(values)
+
     def _child(self, spec: MetricSpec, *values: Any) -> Any:
         """The child of ``spec`` for the raw label ``values``, from the cache when it can."""
         child = self._children[spec.name].get(values)

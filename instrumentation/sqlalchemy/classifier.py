@@ -12,24 +12,30 @@ from .clauses import (
     BLOCKING_LOCK_MODES,
     CLAUSE_END,
     Tables,
+    assigned,
     find_target,
     from_items,
     is_op,
     is_word,
     isolation_level,
     mentions,
+    phrase_at,
     read_name,
     reads_column,
     skip_group,
     split_at,
     tok_at,
     top_level,
+    where_clause,
     where_keys,
     write_kind,
 )
 from .dialects import MYSQL_DIALECTS
 from .model import IGNORED, StatementInfo, StockTable, ValueRef, WriteKind
 from .tokens import QUOTED, WORD, Tok, tokenize
+
+# The row-lock strengths of SELECT ... FOR.
+_LOCK_STRENGTHS = (("update",), ("no", "key", "update"), ("share",), ("key", "share"))
 
 
 def _classify_select(toks: Sequence[Tok], start: int, tables: Tables) -> StatementInfo:
@@ -40,35 +46,27 @@ def _classify_select(toks: Sequence[Tok], start: int, tables: Tables) -> Stateme
     target, label = find_target(from_items(toks[frm + 1 : end_from], 0), tables)
     # FOR UPDATE / NO KEY UPDATE / SHARE / KEY SHARE [OF t, ...] [NOWAIT | SKIP LOCKED]
     # (MySQL adds WAIT n), or MySQL's LOCK IN SHARE MODE.
-    lock_clause = None
-    lock_of: set[str] | None = None
     share_mode = _lock_in_share_mode(toks, end_from)
-    if share_mode < len(toks):
-        lock_clause = "lock in share mode"
-    j = end_from if lock_clause is None else len(toks)
-    while j < len(toks):
-        tok = toks[j]
-        if tok[2] == 0 and is_word(tok, "for"):
-            words = []
-            k = j + 1
-            while k < len(toks) and is_word(toks[k], "update", "no", "key", "share"):
-                words.append(toks[k][1])
-                k += 1
-                if words[-1] in ("update", "share"):
+    lock_clause = "lock in share mode" if share_mode < len(toks) else None
+    lock_of: set[str] | None = None
+    for j in range(end_from if lock_clause is None else len(toks), len(toks)):
+        if toks[j][2] != 0 or not is_word(toks[j], "for"):
+            continue
+        words = next((w for w in _LOCK_STRENGTHS if phrase_at(toks, j + 1, w)), None)
+        if words is None:
+            continue
+        lock_clause = "for " + " ".join(words)
+        k = j + 1 + len(words)
+        if is_word(tok_at(toks, k), "of"):
+            lock_of = set()
+            k += 1
+            while k < len(toks) and toks[k][0] in (WORD, QUOTED):
+                parts, k = read_name(toks, k)
+                lock_of.add(parts[-1])
+                if not is_op(tok_at(toks, k), ","):
                     break
-            if words and words[-1] in ("update", "share"):
-                lock_clause = "for " + " ".join(words)
-                if is_word(tok_at(toks, k), "of"):
-                    lock_of = set()
-                    k += 1
-                    while k < len(toks) and toks[k][0] in (WORD, QUOTED):
-                        parts, k = read_name(toks, k)
-                        lock_of.add(parts[-1])
-                        if not is_op(tok_at(toks, k), ","):
-                            break
-                        k += 1
-                break
-        j += 1
+                k += 1
+        break
     locking = lock_clause is not None
     if target is None:
         if locking:
@@ -100,23 +98,16 @@ def _classify_select(toks: Sequence[Tok], start: int, tables: Tables) -> Stateme
 def _lock_in_share_mode(toks: Sequence[Tok], start: int) -> int:
     """Where a top-level MySQL ``LOCK IN SHARE MODE`` starts at or after ``start`` (or
     the end). Looked for as the whole phrase: ``lock`` alone may be a column's name."""
-    for j in range(start, len(toks) - 3):
-        if (
-            toks[j][2] == 0
-            and is_word(toks[j], "lock")
-            and is_word(toks[j + 1], "in")
-            and is_word(toks[j + 2], "share")
-            and is_word(toks[j + 3], "mode")
-        ):
-            return j
-    return len(toks)
+    phrase = ("lock", "in", "share", "mode")
+    return next(
+        (j for j in range(start, len(toks)) if toks[j][2] == 0 and phrase_at(toks, j, phrase)),
+        len(toks),
+    )
 
 
 # MySQL's modifiers between UPDATE / DELETE and the table, and PostgreSQL's ONLY.
 _UPDATE_MODIFIERS = frozenset({"only", "low_priority", "ignore"})
 _DELETE_MODIFIERS = frozenset({"low_priority", "quick", "ignore"})
-# What ends an UPDATE's or DELETE's WHERE: PostgreSQL's RETURNING, MySQL's ORDER BY / LIMIT.
-_WHERE_END = frozenset({"returning", "order", "limit"})
 
 
 def _classify_update(toks: Sequence[Tok], start: int, tables: Tables) -> StatementInfo:
@@ -125,31 +116,17 @@ def _classify_update(toks: Sequence[Tok], start: int, tables: Tables) -> Stateme
         i += 1
     if i >= len(toks) or toks[i][0] not in (WORD, QUOTED):
         return IGNORED
-    items = from_items(toks[i : top_level(toks, i, frozenset({"set"}))], 0)
-    target, label = find_target(items[:1], tables)
+    set_at = top_level(toks, i, frozenset({"set"}))
+    target, label = find_target(from_items(toks[i:set_at], 0)[:1], tables)
     if target is None:
         return StatementInfo("update", label) if label else IGNORED
-    set_at = top_level(toks, i, frozenset({"set"}))
     if set_at >= len(toks):
         return IGNORED
-    set_end = top_level(
-        toks, set_at + 1, frozenset({"from", "where", "returning", "order", "limit"})
-    )
-    write: WriteKind = "none"
-    column = target.spec.stock_column
-    for assignment in split_at(toks[set_at + 1 : set_end], ",", 0):
-        eq = next((k for k, t in enumerate(assignment) if is_op(t, "=") and t[2] == 0), None)
-        if eq is None:
-            continue
-        left = assignment[:eq]
-        if any(t[0] in (WORD, QUOTED) and t[1] == column for t in left):
-            write = write_kind(assignment[eq + 1 :], target)
-            break
-    where_at = top_level(toks, set_end, frozenset({"where"}))
-    ret_at = top_level(toks, set_end, frozenset({"returning"}))
-    where_end = top_level(toks, where_at + 1, _WHERE_END)
-    where = toks[where_at + 1 : where_end] if where_at < where_end else []
     spec = target.spec
+    column = spec.stock_column
+    value = assigned(toks, set_at, column)
+    write: WriteKind = write_kind(value, target) if value is not None else "none"
+    where, ret_at = where_clause(toks, set_at)
     return StatementInfo(
         "update",
         target.label,
@@ -175,14 +152,10 @@ def _classify_delete(toks: Sequence[Tok], start: int, tables: Tables) -> Stateme
     if not is_word(tok_at(toks, i), "from"):
         return IGNORED
     end = top_level(toks, i + 1, frozenset({"using", "where", "returning", "order", "limit"}))
-    items = from_items(toks[i + 1 : end], 0)
-    target, label = find_target(items[:1], tables)
+    target, label = find_target(from_items(toks[i + 1 : end], 0)[:1], tables)
     if target is None:
         return StatementInfo("delete", label) if label else IGNORED
-    where_at = top_level(toks, i + 1, frozenset({"where"}))
-    ret_at = top_level(toks, i + 1, frozenset({"returning"}))
-    where_end = top_level(toks, where_at + 1, _WHERE_END)
-    where = toks[where_at + 1 : where_end] if where_at < where_end else []
+    where, ret_at = where_clause(toks, i + 1)
     return StatementInfo(
         "delete",
         target.label,
@@ -233,6 +206,14 @@ def _classify_lock(toks: Sequence[Tok], start: int, tables: Tables) -> Statement
     )
 
 
+_CLASSIFIERS = {
+    "select": _classify_select,
+    "update": _classify_update,
+    "delete": _classify_delete,
+    "lock": _classify_lock,
+}
+
+
 def classify_tokens(toks: Sequence[Tok], tables: Tables) -> StatementInfo:
     start = 0
     first = tok_at(toks, start)
@@ -249,14 +230,9 @@ def classify_tokens(toks: Sequence[Tok], tables: Tables) -> StatementInfo:
         if j >= len(toks):
             return IGNORED
         start, word = j, toks[j][1]
-    if word == "select":
-        return _classify_select(toks, start, tables)
-    if word == "update":
-        return _classify_update(toks, start, tables)
-    if word == "delete":
-        return _classify_delete(toks, start, tables)
-    if word == "lock":
-        return _classify_lock(toks, start, tables)
+    classify = _CLASSIFIERS.get(word)
+    if classify is not None:
+        return classify(toks, start, tables)
     if word == "insert":
         if is_word(tok_at(toks, start + 1), "into") and tok_at(toks, start + 2) is not None:
             nxt = toks[start + 2]

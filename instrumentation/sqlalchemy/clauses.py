@@ -341,28 +341,15 @@ def from_items(toks: Sequence[Tok], depth: int) -> list[tuple[tuple[str, ...], s
     expect = True
     while i < len(toks):
         tok = toks[i]
-        if tok[2] != depth:
-            i += 1
-            continue
-        if is_op(tok, ","):
+        # A table is expected after FROM, a comma or JOIN, at the list's own depth.
+        expecting = expect and tok[2] == depth and not is_word(tok, "only", "lateral")
+        if tok[2] == depth and (is_op(tok, ",") or is_word(tok, "join")):
             expect = True
-            i += 1
-            continue
-        if is_word(tok, "join"):
-            expect = True
-            i += 1
-            continue
-        if not expect:
-            i += 1
-            continue
-        if is_word(tok, "only", "lateral"):
-            i += 1
-            continue
-        if is_op(tok, "("):
+        elif expecting and is_op(tok, "("):
             i = skip_group(toks, i)
             expect = False
             continue
-        if tok[0] in (WORD, QUOTED):
+        elif expecting and tok[0] in (WORD, QUOTED):
             parts, i = read_name(toks, i)
             alias = None
             if is_op(tok_at(toks, i), "*"):  # ONLY-less inheritance marker: t *
@@ -400,9 +387,35 @@ def find_target(
     return None, None
 
 
+def phrase_at(toks: Sequence[Tok], i: int, words: Sequence[str]) -> bool:
+    """Whether the tokens from ``i`` are the words ``words``."""
+    return all(is_word(tok_at(toks, i + k), w) for k, w in enumerate(words))
+
+
 def isolation_level(toks: Sequence[Tok], i: int) -> str | None:
     """The level after ``isolation level`` at ``i`` (or ``None``)."""
-    for words, level in _ISOLATION_LEVELS.items():
-        if all(is_word(tok_at(toks, i + k), w) for k, w in enumerate(words)):
-            return level
+    return next((lv for words, lv in _ISOLATION_LEVELS.items() if phrase_at(toks, i, words)), None)
+
+
+# What ends an UPDATE's SET list, and an UPDATE's or DELETE's WHERE (PostgreSQL's
+# RETURNING, MySQL's ORDER BY / LIMIT).
+_SET_END = frozenset({"from", "where", "returning", "order", "limit"})
+_WHERE_END = frozenset({"returning", "order", "limit"})
+
+
+def assigned(toks: Sequence[Tok], set_at: int, column: str) -> Sequence[Tok] | None:
+    """The expression the ``SET`` at ``set_at`` assigns to ``column`` (``None``: none)."""
+    for item in split_at(toks[set_at + 1 : top_level(toks, set_at + 1, _SET_END)], ",", 0):
+        eq = next((k for k, t in enumerate(item) if is_op(t, "=") and t[2] == 0), None)
+        if eq is not None and any(t[0] in (WORD, QUOTED) and t[1] == column for t in item[:eq]):
+            return item[eq + 1 :]
     return None
+
+
+def where_clause(toks: Sequence[Tok], start: int) -> tuple[Sequence[Tok], int]:
+    """The top-level ``WHERE`` of an UPDATE or DELETE after ``start`` (``[]`` if none),
+    and where its ``RETURNING`` starts (or the end)."""
+    where_at = top_level(toks, start, frozenset({"where"}))
+    where_end = top_level(toks, where_at + 1, _WHERE_END)
+    where = toks[where_at + 1 : where_end] if where_at < where_end else []
+    return where, top_level(toks, start, frozenset({"returning"}))

@@ -10,16 +10,16 @@ See docs/sqlalchemy.md, "Fencing tokens".
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .. import catalog, events
 from ..heldlocks import held_locks
-from .clauses import is_op, is_word, read_name, split_at, tok_at, top_level, value_ref
-from .model import COMPONENT, MISSING, StatementInfo, StockTable, bound_value
+from .clauses import assigned, is_op, read_name, tok_at, top_level, value_ref, where_clause
+from .model import COMPONENT, MISSING, StockTable, bound_value
 from .negative import as_int, key_selects, read_column
-from .tokens import PARAM, QUOTED, WORD, tokenize
+from .state import Key, key_fields, remember
+from .tokens import PARAM, QUOTED, WORD, Tok
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Connection
@@ -28,7 +28,6 @@ if TYPE_CHECKING:
 
 # Rows whose highest token is remembered; the oldest is forgotten first.
 _MAX_ROWS = 4096
-_MAX_PLANS = 1024
 
 
 class FencePlan:
@@ -43,66 +42,49 @@ class FencePlan:
         self.guard = guard
 
 
-def fence_plan(sql: str, column: str, paramstyle: str) -> FencePlan | None:
-    """How the UPDATE ``sql`` writes the token ``column``; ``None`` when it does not.
+def fence_plan(toks: Sequence[Tok], column: str) -> FencePlan | None:
+    """How the UPDATE of tokens ``toks`` writes the token ``column``; ``None`` when it
+    does not.
 
     Example::
 
-        >>> plan = fence_plan(
-        ...     "UPDATE products SET stock = :v, fence = :t WHERE sku = :s AND fence < :t",
-        ...     "fence",
-        ...     "named",
-        ... )
+        >>> from stocksentry.instrumentation.sqlalchemy.tokens import tokenize
+        >>> sql = "UPDATE p SET s = :v, fence = :t WHERE sku = :s AND fence < :t"
+        >>> plan = fence_plan(tokenize(sql, "named"), "fence")
         >>> plan.token, plan.guard
         ((True, 't'), '<')
     """
-    toks = tokenize(sql, paramstyle)
     column = column.lower()
     set_at = top_level(toks, 0, frozenset({"set"}))
-    if set_at >= len(toks):
-        return None
-    set_end = top_level(toks, set_at + 1, frozenset({"from", "where", "returning"}))
-    token: tuple[bool, Any] | None = None
-    for assignment in split_at(toks[set_at + 1 : set_end], ",", 0):
-        eq = next((k for k, t in enumerate(assignment) if is_op(t, "=") and t[2] == 0), None)
-        if eq is None or not assignment or assignment[0][0] not in (WORD, QUOTED):
-            continue
-        parts, _ = read_name(assignment, 0)
-        if parts[-1] == column:
-            token = value_ref(assignment[eq + 1 :])
-            break
+    value = assigned(toks, set_at, column) if set_at < len(toks) else None
+    token = value_ref(value) if value is not None else None
     if token is None:
         return None
     guard: str | None = None
-    where_at = top_level(toks, set_end, frozenset({"where"}))
-    if where_at < len(toks) and is_word(toks[where_at], "where"):
-        end = top_level(toks, where_at + 1, frozenset({"returning"}))
-        i = where_at + 1
-        while i < end and guard is None:
-            tok = toks[i]
-            if tok[0] in (WORD, QUOTED):
-                parts, j = read_name(toks, i)
-                op = tok_at(toks, j)
-                nxt = tok_at(toks, j + 1)
-                if (
-                    parts[-1] == column
-                    and op is not None
-                    and nxt is not None
-                    and (is_op(op, "<") or is_op(op, "<="))
-                    and (nxt[0] == PARAM or (token[0] is False and nxt[1] == token[1]))
-                ):
-                    guard = op[1]
-                i = j
-            else:
-                i += 1
+    where, _ = where_clause(toks, set_at)
+    i = 0
+    while i < len(where) and guard is None:
+        if where[i][0] not in (WORD, QUOTED):
+            i += 1
+            continue
+        parts, i = read_name(where, i)
+        op, nxt = tok_at(where, i), tok_at(where, i + 1)
+        if (
+            parts[-1] == column
+            and op is not None
+            and (is_op(op, "<") or is_op(op, "<="))
+            and nxt is not None
+            and (nxt[0] == PARAM or (token[0] is False and nxt[1] == token[1]))
+        ):
+            guard = op[1]
     return FencePlan(token, guard)
 
 
 class Fencing:
-    """The per-engine fencing check: the configured token columns, their plans, the
-    highest token seen per row."""
+    """The per-engine fencing check: the configured token columns, the highest token seen
+    per row."""
 
-    __slots__ = ("columns", "highest", "metrics", "paramstyle", "plans", "selects", "sentry")
+    __slots__ = ("columns", "highest", "metrics", "selects", "sentry")
 
     def __init__(
         self,
@@ -120,44 +102,22 @@ class Fencing:
         self.sentry = sentry
         self.metrics = sentry.metrics
         self.columns = dict(columns)
-        self.paramstyle = paramstyle
-        self.plans: dict[str, FencePlan | None] = {}
-        self.highest: dict[tuple[str, str, object], int] = {}
+        self.highest: dict[Key, int] = {}
         self.selects = key_selects(columns, tables, paramstyle)
 
-    def plan(self, statement: str, table: str) -> FencePlan | None:
-        plans = self.plans
-        if statement in plans:
-            return plans[statement]
-        found = fence_plan(statement, self.columns[table], self.paramstyle)
-        if len(plans) >= _MAX_PLANS:
-            plans.clear()
-        plans[statement] = found
-        return found
-
     def after_update(
-        self,
-        conn: Connection,
-        statement: str,
-        plan: StatementInfo,
-        parameters: Any,
-        keys: list[tuple[str, str, object]],
-        rowcount: int,
+        self, conn: Connection, fence: FencePlan, parameters: Any, row: Key, rowcount: int
     ) -> None:
-        """Check the token an UPDATE of a fenced table carried (called after it ran)."""
-        table = plan.table or "unknown"
-        fence = self.plan(statement, table)
-        if fence is None or not keys:
-            return
+        """Check the token an UPDATE of row ``row`` carried as ``fence`` says (called after
+        it ran)."""
         raw = bound_value(fence.token, parameters)
         token = as_int(raw) if raw is not MISSING else None
         if token is None:
             return
-        row = keys[0]
         if rowcount == 0:
             if fence.guard is None:
                 return
-            query = self.selects.get((table, row[1]))
+            query = self.selects.get((row[0], row[1]))
             if query is None:
                 return
             stored = [
@@ -166,45 +126,32 @@ class Fencing:
             if not stored:
                 return  # no such row: not a token matter
             top = max(stored)
-            self._remember(row, top)
+            remember(self.highest, row, max(top, self.highest.get(row, top)), _MAX_ROWS)
             if token < top or (token == top and fence.guard == "<"):
-                self._stale(table, row, token, top, refused=True)
+                self._stale(row, token, top, refused=True)
             return
         # Applied, or (rowcount unknown: pysqlite before RETURNING rows are read) perhaps
         # refused; either way a token below one seen is a stale holder's, and remembering
         # it is safe: a refused token is never above the one stored.
         seen = self.highest.get(row)
         if seen is not None and token < seen:
-            self._stale(table, row, token, seen, refused=False)
+            self._stale(row, token, seen, refused=False)
             return
-        self._remember(row, token)
+        remember(self.highest, row, token, _MAX_ROWS)
 
-    def _remember(self, row: tuple[str, str, object], token: int) -> None:
-        highest = self.highest
-        seen = highest.pop(row, None)
-        highest[row] = token if seen is None or token > seen else seen
-        if len(highest) > _MAX_ROWS:
-            # Another thread may have changed it meanwhile: then it is small enough.
-            with contextlib.suppress(StopIteration, KeyError, RuntimeError):
-                del highest[next(iter(highest))]
-
-    def _stale(
-        self, table: str, row: tuple[str, str, object], token: int, highest: int, *, refused: bool
-    ) -> None:
+    def _stale(self, row: Key, token: int, highest: int, *, refused: bool) -> None:
         lock = next(
             (h.name for h in held_locks() if getattr(h, "fencing_token", None) == token),
             "unknown",
         )
         try:
-            self.metrics.count(catalog.LOCK_STALE_FENCING_TOKEN, lock, table)
+            self.metrics.count(catalog.LOCK_STALE_FENCING_TOKEN, lock, row[0])
         except Exception as exc:
             self.sentry.internal_error(COMPONENT, exc)
         self.sentry.log_event(
             events.STALE_FENCING_TOKEN,
             lock=lock,
-            table=table,
-            key_column=row[1],
-            key=str(row[2]),
+            **key_fields(row),
             token=token,
             highest=highest,
             refused=refused,

@@ -4,25 +4,21 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, get_args
 
 import sqlalchemy
 from opentelemetry.trace import TracerProvider
 
 from ..api import get_sentry
 from ..sentry import Sentry
-from .clauses import Tables
-from .fencing import Fencing
 from .listeners import Instrumentation
 from .model import DEFAULT_READ_WINDOW, SpanMode, StockTable
-from .negative import NegativeWrites
 from .otel import attach_engine_tracer, detach_engine_tracer
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
     from sqlalchemy.ext.asyncio import AsyncEngine
 
-_EVENTS = ("do_execute", "do_execute_no_params", "do_executemany", "handle_error")
 instrumented: weakref.WeakKeyDictionary[Engine, Instrumentation] = weakref.WeakKeyDictionary()
 
 
@@ -66,46 +62,28 @@ def instrument_sqlalchemy(
     sync = _sync_engine(engine)
     if sync in instrumented:
         return
-    mode: SpanMode
-    if spans is True:
-        mode = "all"
-    elif spans is False:
-        mode = "off"
-    elif spans in ("off", "locking", "all"):
-        mode = spans
-    else:
+    mode: SpanMode = ("all" if spans else "off") if isinstance(spans, bool) else spans
+    if mode not in get_args(SpanMode):
         raise ValueError(f"spans must be 'off', 'locking' or 'all', got {spans!r}")
     if not read_window > 0:
         raise ValueError("read_window must be positive")
     configured = stock_tables if stock_tables is not None else {"products": StockTable()}
-    tables = Tables(configured)
-    paramstyle = sync.dialect.paramstyle
     instrumentation = Instrumentation(
         sentry if sentry is not None else get_sentry(),
-        tables,
-        sync.dialect.name,
-        paramstyle,
+        sync,
+        configured,
         mode,
         tracer_provider,
         read_window,
-        db_namespace=sync.url.database,
-    )
-    if fencing:
-        instrumentation.fencing = Fencing(instrumentation.sentry, fencing, configured, paramstyle)
-    instrumentation.negative = NegativeWrites.build(
-        instrumentation.sentry,
-        configured,
-        returning=negative_writes,
-        read_back=read_back_stock,
-        paramstyle=paramstyle,
+        fencing,
+        negative_writes,
+        read_back_stock,
     )
     # Dialect events only (they are filed under the engine's own dialect): an engine event
     # would switch on SQLAlchemy's per-execute event path, which costs more than all of
     # this integration's own work.
-    for name in _EVENTS:
-        listener = getattr(instrumentation, name)
+    for name, listener in instrumentation.listeners:
         sqlalchemy.event.listen(sync, name, listener)
-        instrumentation.listeners.append((name, listener))
     instrumented[sync] = instrumentation
     try:
         # Known tables' series start at zero, so their first deadlock is an increase.
@@ -114,7 +92,7 @@ def instrument_sqlalchemy(
         instrumentation.sentry.internal_error("sqlalchemy", exc)
     if mode == "all":
         try:
-            attach_engine_tracer(sync, instrumentation, tracer_provider)
+            attach_engine_tracer(sync, tracer_provider, instrumentation.sentry)
         except Exception:
             uninstrument_sqlalchemy(sync)
             raise
@@ -135,9 +113,8 @@ def uninstrument_sqlalchemy(engine: Engine | AsyncEngine) -> None:
     for name, listener in instrumentation.listeners:
         if sqlalchemy.event.contains(sync, name, listener):
             sqlalchemy.event.remove(sync, name, listener)
-    detach_engine_tracer(instrumentation.otel_entries)
+    detach_engine_tracer(sync)
     instrumentation.listeners.clear()
-    instrumentation.otel_entries = []
 
 
 def is_instrumented(engine: Engine | AsyncEngine) -> bool:

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from time import perf_counter
 from typing import TYPE_CHECKING, Any, Literal
 
 import structlog
+from opentelemetry import context as otel_context
 from opentelemetry import trace as otel_trace
 from opentelemetry.trace import SpanKind, StatusCode, TracerProvider, get_current_span
 from sqlalchemy.engine.interfaces import ExecuteStyle
@@ -22,7 +25,7 @@ from ..tracing import TRACER_NAME, exemplar_for
 from .classifier import classify_tokens
 from .clauses import Tables
 from .dialects import MYSQL_DIALECTS, lossless_levels, zero_rows_check
-from .fencing import Fencing
+from .fencing import FencePlan, Fencing, fence_plan
 from .location import app_location
 from .model import (
     COMPONENT,
@@ -32,6 +35,7 @@ from .model import (
     PLAN_CACHE_SIZE,
     SpanMode,
     StatementInfo,
+    StockTable,
     bound_value,
 )
 from .negative import NegativeWrites
@@ -40,6 +44,7 @@ from .state import (
     ConnState,
     Key,
     Read,
+    key_fields,
     normalise,
     remember,
     request_reads,
@@ -49,7 +54,7 @@ from .state import (
 from .tokens import tokenize
 
 if TYPE_CHECKING:
-    from sqlalchemy.engine import Connection, ExceptionContext
+    from sqlalchemy.engine import Connection, Engine, ExceptionContext
     from sqlalchemy.engine.interfaces import DBAPICursor, ExecutionContext
 
 # db.operation.name of the locking statements' spans, from the classifier's kind.
@@ -61,45 +66,31 @@ _REASON_EVENTS = {
     "serialization_failure": events.DB_SERIALIZATION_FAILURE,
     "lock_timeout": events.DB_LOCK_TIMEOUT,
 }
-
-
-def _call_later(
-    instrumentation: Instrumentation, event: str, args: tuple[Any, ...], context: ExecutionContext
-) -> None:
-    """Run the statement as SQLAlchemy would have after our listener of ``event``: the
-    listeners registered after it, then (none of them having run it) the dialect's method.
-
-    SQLAlchemy stops at the first ``do_execute`` listener that returns True and documents
-    no call for "the listeners after this one": its dispatch collection for the event is
-    iterated, as SQLAlchemy itself iterates it, so those listeners keep their turn.
-    """
-    dialect = context.dialect
-    mine = getattr(instrumentation, event)
-    after = False
-    for fn in getattr(dialect.dispatch, event):
-        if after and fn(*args):
-            return
-        after = after or fn == mine
-    getattr(dialect, event)(*args)
+_EXECUTE = ExecuteStyle.EXECUTE
+EXECUTE_EVENTS = ("do_execute", "do_execute_no_params", "do_executemany")
 
 
 class Route:
     """What the listeners do with one SQL text, decided once from its plan and cached with
     it: an already classified statement costs a dict lookup and a few attribute tests."""
 
-    __slots__ = ("begin", "blind", "fenced", "label", "plan", "rowcount_unknown", "watched")
+    __slots__ = ("begin", "fence", "guarded", "label", "lock_wait", "no_count", "plan", "watched")
 
-    def __init__(self, plan: StatementInfo, checks: tuple[bool, bool], sqlite: bool) -> None:
+    def __init__(
+        self, plan: StatementInfo, fence: FencePlan | None, watched: bool, sqlite: bool
+    ) -> None:
         self.plan = plan
         self.label = plan.table or "unknown"
+        # Its lock-wait histogram child, once the metrics have cached it.
+        self.lock_wait: Any = None
         self.begin = plan.kind == "begin" or plan.kind == "isolation"
-        # Which optional write checks an UPDATE of this text goes to (fencing tokens,
-        # real negative stock), decided once from the plan and the engine's set-up.
-        self.fenced, self.watched = checks
-        # A blind write of the stock not guarded by the WHERE: the detector's case.
-        self.blind = plan.write == "blind" and not plan.conditional
+        self.guarded = plan.conditional
+        # The optional checks an UPDATE of this text goes to: the fencing token it carries,
+        # the real negative stock it may leave.
+        self.fence = fence
+        self.watched = watched
         # pysqlite counts RETURNING rows only as they are fetched: unknown after execute.
-        self.rowcount_unknown = plan.returning and sqlite
+        self.no_count = plan.returning and sqlite
 
 
 class Instrumentation:
@@ -108,26 +99,26 @@ class Instrumentation:
     def __init__(
         self,
         sentry: Sentry,
-        tables: Tables,
-        dialect_name: str,
-        paramstyle: str,
+        engine: Engine,
+        stock_tables: Mapping[str, StockTable],
         span_mode: SpanMode,
         tracer_provider: TracerProvider | None,
         read_window: float,
-        db_namespace: str | None = None,
+        fencing: Mapping[str, str] | None,
+        negative_writes: bool,
+        read_back_stock: bool | Iterable[str],
     ) -> None:
         self.sentry = sentry
         self.metrics = sentry.metrics
-        self.tables = tables
-        self.dialect_name = dialect_name
+        self.tables = Tables(stock_tables)
+        self.dialect_name = dialect_name = engine.dialect.name
+        self.paramstyle = paramstyle = engine.dialect.paramstyle
+        self.db_namespace = engine.url.database
         # OpenTelemetry's well-known db.system.name values, from SQLAlchemy's dialect names.
         self.db_system = _DB_SYSTEMS.get(dialect_name, dialect_name)
-        self.db_namespace = db_namespace
-        self.paramstyle = paramstyle
         self.read_window = read_window
         # MySQL drivers may count changed rows, not matched ones: what reads a 0 right.
         self.zero_rows = zero_rows_check(dialect_name)
-        self.mysql_lexer = dialect_name in MYSQL_DIALECTS
         # The read window's clock; a test moves it instead of sleeping.
         self.clock: Callable[[], float] = time.monotonic
         self.plans: dict[str, Route] = {}
@@ -143,86 +134,77 @@ class Instrumentation:
                     TRACER_NAME, tracer_provider=tracer_provider
                 )
         # (event name, listener) of everything listen()ed on the engine, for uninstrument;
-        # never the engine itself, which holds this object through its listeners.
-        self.listeners: list[tuple[str, Callable[..., Any]]] = []
-        self.otel_entries: list[Any] = []
-        # The optional write checks (set by instrument_sqlalchemy before any statement is
-        # seen: each SQL text's route decides once whether its UPDATEs go to them).
-        self.fencing: Fencing | None = None
-        self.negative: NegativeWrites | None = None
-
-    # --- classification --------------------------------------------------------------------
+        # never the engine itself, which holds this object through its listeners. The three
+        # execute events have one listener, told which event it runs for.
+        self.listeners: list[tuple[str, Callable[..., Any]]] = [
+            (event, functools.partial(self.run, event)) for event in EXECUTE_EVENTS
+        ]
+        self.listeners.append(("handle_error", self.handle_error))
+        self.mine = dict(self.listeners)
+        # The optional write checks (each SQL text's route decides once whether its
+        # UPDATEs go to them); one that is switched off costs nothing.
+        self.fencing = Fencing(sentry, fencing, stock_tables, paramstyle) if fencing else None
+        negative = NegativeWrites(
+            sentry,
+            stock_tables,
+            returning=negative_writes,
+            read_back=read_back_stock,
+            paramstyle=paramstyle,
+        )
+        self.negative = negative if negative.returning or negative.read_back else None
 
     def route(self, statement: str) -> Route:
         """The cached :class:`Route` of ``statement``, classified on a miss."""
         route = self.plans.get(statement)
-        if route is None:
-            plan = classify_tokens(
-                tokenize(statement, self.paramstyle, self.mysql_lexer), self.tables
-            )
-            route = Route(plan, self._checks_of(plan), self.dialect_name == "sqlite")
-            size = len(statement)
-            if size <= PLAN_CACHE_MAX_TEXT:
-                if len(self.plans) >= PLAN_CACHE_SIZE or self.plan_chars + size > PLAN_CACHE_CHARS:
-                    self.plans.clear()
-                    self.plan_chars = 0
-                self.plans[statement] = route
-                self.plan_chars += size
+        if route is not None:
+            return route
+        toks = tokenize(statement, self.paramstyle, self.dialect_name in MYSQL_DIALECTS)
+        plan = classify_tokens(toks, self.tables)
+        fence: FencePlan | None = None
+        watched = False
+        if plan.stock and plan.kind == "update":
+            # A guarded UPDATE (the atomic reservation) cannot leave the stock negative:
+            # with no fencing on its table, it is not even looked at.
+            if self.fencing is not None and plan.table in self.fencing.columns:
+                fence = fence_plan(toks, self.fencing.columns[plan.table])
+            watched = self.negative is not None and self.negative.applies(plan)
+        route = Route(plan, fence, watched, self.dialect_name == "sqlite")
+        size = len(statement)
+        if size <= PLAN_CACHE_MAX_TEXT:
+            if len(self.plans) >= PLAN_CACHE_SIZE or self.plan_chars + size > PLAN_CACHE_CHARS:
+                self.plans.clear()
+                self.plan_chars = 0
+            self.plans[statement] = route
+            self.plan_chars += size
         return route
 
-    def _checks_of(self, plan: StatementInfo) -> tuple[bool, bool]:
-        """Whether an UPDATE of ``plan`` that ran goes to the fencing check and to the
-        negative-stock check, from the plan and the engine's set-up alone."""
-        if not plan.stock or plan.kind != "update":
-            return False, False
-        # A guarded UPDATE (the atomic reservation) cannot leave the stock negative: with no
-        # fencing on its table, it is not even looked at.
-        fenced = self.fencing is not None and plan.table in self.fencing.columns
-        return fenced, self.negative is not None and self.negative.applies(plan)
-
     def state(self, conn: Connection) -> ConnState:
+        """``conn``'s state, the locks of its last transaction forgotten if that ended."""
         state = self.conns.get(conn)
         if state is None:
             state = self.conns[conn] = ConnState()
+        state.sync(conn.get_transaction())
         return state
 
     # --- events ----------------------------------------------------------------------------
 
-    def do_execute(
-        self, cursor: DBAPICursor, statement: str, parameters: Any, context: ExecutionContext
-    ) -> bool:
-        """The dialect's ``do_execute`` event (see :meth:`_run`)."""
-        return self._run("do_execute", (cursor, statement, parameters, context), context)
+    def run(self, event: str, *args: Any) -> bool:
+        """The listener of the dialect's ``event`` (``do_execute``, ``do_execute_no_params``,
+        ``do_executemany``; ``args`` as SQLAlchemy passes them): run a locking statement
+        (timed around the driver call alone) or one on a stock table (its row count and
+        keys read after it ran) here, and return True (SQLAlchemy's contract for
+        "executed"); leave any other to SQLAlchemy (False).
 
-    def do_execute_no_params(
-        self, cursor: DBAPICursor, statement: str, context: ExecutionContext
-    ) -> bool:
-        """``do_execute`` for a statement without parameters (``BEGIN``, ``LOCK TABLE``)."""
-        return self._run("do_execute_no_params", (cursor, statement, context), context)
-
-    def do_executemany(
-        self, cursor: DBAPICursor, statement: str, parameters: Any, context: ExecutionContext
-    ) -> bool:
-        """``do_execute`` for ``executemany``."""
-        return self._run("do_executemany", (cursor, statement, parameters, context), context)
-
-    def _run(self, event: str, args: tuple[Any, ...], context: ExecutionContext) -> bool:
-        """Run a locking statement (timed around the driver call alone) or one on a stock
-        table (its row count and keys read after it ran) here, and return True
-        (SQLAlchemy's contract for "executed"); leave any other to SQLAlchemy (False).
-
-        Only a single execute (not ``executemany``, not an insertmanyvalues batch) gets the
-        per-row bookkeeping.
+        Only a single execute (not ``executemany``, not an insertmanyvalues batch) gets
+        the per-row bookkeeping.
         """
+        context: ExecutionContext = args[-1]
         span: Any = None
         try:
-            cursor, statement = args[0], args[1]
-            route = self.route(statement)
+            route = self.plans.get(args[1]) or self.route(args[1])
             plan = route.plan
             bookkeeping = (
-                plan.stock
-                and event == "do_execute"
-                and context.execute_style is ExecuteStyle.EXECUTE
+                plan.stock and event == "do_execute" and context.execute_style is _EXECUTE
             )
             if not plan.locking and not bookkeeping:
                 if route.begin:
@@ -235,7 +217,23 @@ class Instrumentation:
             self.sentry.internal_error(COMPONENT, exc)
             return False
         try:
-            _call_later(self, event, args, context)
+            # SQLAlchemy stops at the first do_execute listener that returns True and
+            # documents no call for "the listeners after this one": its dispatch collection
+            # for the event is iterated, as SQLAlchemy itself iterates it, so those
+            # listeners keep their turn; none of them having run it, the dialect does.
+            dialect = context.dialect
+            listeners = getattr(dialect.dispatch, event)
+            if len(listeners) == 1:  # ours alone
+                getattr(dialect, event)(*args)
+            else:
+                mine = self.mine[event]
+                after = False
+                for fn in listeners:
+                    if after and fn(*args):
+                        break
+                    after = after or fn == mine
+                else:
+                    getattr(dialect, event)(*args)
         except BaseException as exc:
             if plan.locking:
                 self._lock_done(route, t0, span, exc)
@@ -244,46 +242,11 @@ class Instrumentation:
             self._lock_done(route, t0, span, None)
         if bookkeeping:
             # Apart, so that a failure in the timing does not switch off the bookkeeping.
-            conn = context.root_connection
-            parameters = args[2]
             try:
-                keys = self._stock_statement(conn, cursor, route, parameters)
+                self._stock_statement(context.root_connection, args[0], route, args[2])
             except Exception as exc:
                 self.sentry.internal_error(COMPONENT, exc)
-            else:
-                if route.fenced or route.watched:
-                    self._check_update(conn, cursor, statement, route, parameters, keys)
         return True
-
-    def _check_update(
-        self,
-        conn: Connection,
-        cursor: DBAPICursor,
-        statement: str,
-        route: Route,
-        parameters: Any,
-        keys: list[Key],
-    ) -> None:
-        """The optional checks of an UPDATE that ran (its route said which): fencing
-        tokens, real negative stock. ``keys`` are the row keys the bookkeeping resolved."""
-        try:
-            plan = route.plan
-            rowcount = self._rowcount(cursor, route)
-            if self.fencing is not None and route.fenced:
-                self.fencing.after_update(conn, statement, plan, parameters, keys, rowcount)
-            if self.negative is not None and route.watched:
-                self.negative.after_update(conn, cursor, plan, keys, rowcount)
-        except Exception as exc:
-            self.sentry.internal_error(COMPONENT, exc)
-
-    def _rowcount(self, cursor: DBAPICursor, route: Route) -> int:
-        """The rows an UPDATE or DELETE matched; -1 when not known."""
-        if route.rowcount_unknown:
-            return -1
-        rowcount: int = getattr(cursor, "rowcount", -1)
-        if rowcount == 0 and route.plan.kind == "update" and self.zero_rows is not None:
-            rowcount = self.zero_rows(cursor)  # MySQL: matched, not changed, rows
-        return rowcount
 
     def _lock_span(self, plan: StatementInfo) -> Any:
         # OpenTelemetry's database conventions: "{operation} {collection}" as the name.
@@ -334,18 +297,23 @@ class Instrumentation:
 
     def _begin(self, conn: Connection, plan: StatementInfo) -> None:
         state = self.state(conn)
-        txn = conn.get_transaction()
-        if txn is None:
+        if state.txn is None:
             state.pending = plan
         else:
-            state.sync(txn)
             state.apply_begin(plan)
 
     def _lock_done(self, route: Route, t0: float, span: Any, exc: BaseException | None) -> None:
         try:
             elapsed = perf_counter() - t0
-            exemplar = exemplar_for(span if span is not None else get_current_span())
-            self.metrics.observe(catalog.DB_LOCK_WAIT, elapsed, route.label, exemplar=exemplar)
+            current = span
+            if current is None and otel_context.get_current():  # an empty one holds no span
+                current = get_current_span()
+            exemplar = exemplar_for(current) if current is not None else None
+            if route.lock_wait is not None:
+                route.lock_wait.observe(elapsed, exemplar)
+            else:
+                self.metrics.observe(catalog.DB_LOCK_WAIT, elapsed, route.label, exemplar=exemplar)
+                route.lock_wait = self.metrics.cached_child(catalog.DB_LOCK_WAIT, route.label)
             if span is not None:
                 if exc is not None and span.is_recording():
                     code = status_code_of(exc)
@@ -359,34 +327,39 @@ class Instrumentation:
 
     def _stock_statement(
         self, conn: Connection, cursor: DBAPICursor, route: Route, parameters: Any
-    ) -> list[Key]:
+    ) -> None:
         """The bookkeeping of a statement on a stock table that ran: the reads it made, the
-        row locks it took, the conflict a guarded UPDATE that matched no row implies.
-        Returns the row keys the statement named (the write checks' too)."""
+        row locks it took, the conflict a guarded UPDATE that matched no row implies, then
+        the optional checks of an UPDATE (fencing tokens, real negative stock)."""
         plan = route.plan
         kind = plan.kind
         if kind == "lock":
             if plan.table_lock:
-                locker = self.state(conn)
-                locker.sync(conn.get_transaction())
-                locker.lock_all.add(route.label)
-            return []
-        keys = _row_keys(route, parameters)
+                self.state(conn).lock_all.add(route.label)
+            return
+        keys: list[Key] = []
+        for column, ref in plan.keys:
+            value = bound_value(ref, parameters)
+            if value is not MISSING:
+                keys.append((route.label, column, normalise(value)))
         if kind == "select":
             if keys and (plan.reads_stock or plan.protects_rows):
                 self._read(conn, plan, keys)
-            return keys
+            return
         if kind != "update" and kind != "delete":
-            return keys
-        rowcount = self._rowcount(cursor, route)
-        state: ConnState | None = None
+            return
+        # The rows it matched; -1 when not known.
+        rowcount: int = -1 if route.no_count else getattr(cursor, "rowcount", -1)
+        if rowcount == 0 and kind == "update" and self.zero_rows is not None:
+            rowcount = self.zero_rows(cursor)  # MySQL: matched, not changed, rows
         if keys or kind == "update":
             state = self.state(conn)
-            state.sync(conn.get_transaction())  # a new transaction: the last one's locks go
             state.last_table = plan.table
-        if route.blind and keys and rowcount != 0:
-            self._check_write(conn, plan, keys, state)
-        if plan.conditional:
+            if keys and rowcount != 0:
+                if plan.write == "blind" and not route.guarded:  # the detector's case
+                    self._check_write(conn, keys, state)
+                state.locks.update(keys)
+        if route.guarded:
             if rowcount == 0:
                 self._no_row(plan, keys)
             elif rowcount > 0:
@@ -394,24 +367,23 @@ class Instrumentation:
                 reservation = current_reservation()
                 if reservation is not None:
                     imply_outcome(reservation, None)
-        if keys and state is not None and rowcount != 0:
-            state.locks.update(keys)
-        return keys
+        if route.fence is not None and self.fencing is not None and keys:
+            self.fencing.after_update(conn, route.fence, parameters, keys[0], rowcount)
+        if route.watched and self.negative is not None:
+            self.negative.after_update(conn, cursor, plan, keys, rowcount)
 
     def _read(self, conn: Connection, plan: StatementInfo, keys: list[Key]) -> None:
         """A SELECT naming stock rows: remember the read, and the row locks it took."""
         state = self.state(conn)
-        state.sync(conn.get_transaction())
-        if _isolation_option(conn) == "AUTOCOMMIT":
+        if _autocommit(conn):
             locked = False  # each statement is its own transaction: no lock outlives it
         elif plan.protects_rows:
             state.locks.update(keys)
             locked = True
         else:
-            table = plan.table or "unknown"
             locked = (
                 "*" in state.lock_all
-                or table in state.lock_all
+                or keys[0][0] in state.lock_all
                 or any(k in state.locks for k in keys)
             )
         if not plan.reads_stock:
@@ -431,57 +403,55 @@ class Instrumentation:
             if req_store is not None:
                 remember(req_store, key, read)
 
-    def _check_write(
-        self,
-        conn: Connection,
-        plan: StatementInfo,
-        keys: list[Key],
-        state: ConnState | None,
-    ) -> None:
-        if state is None:
-            return
+    def _check_write(self, conn: Connection, keys: list[Key], state: ConnState) -> None:
+        """A blind write of ``keys``: flag it when computed from a read that did not keep
+        the row from changing (see docs/sqlalchemy.md, "Unsafe read-modify-write")."""
         now = self.clock()
         oldest = now - self.read_window
-        reservation = current_reservation()
+        res_store = scope(reservation_reads, current_reservation(), False)
         request_id = structlog.contextvars.get_contextvars().get("request_id")
-        stores: list[tuple[str, dict[Key, Read]]] = [("connection", state.reads)]
-        res_store = scope(reservation_reads, reservation, False) if reservation else None
-        if res_store is not None:
-            stores.append(("reservation", res_store))
-        if request_id is not None:
-            store = scope(request_reads, request_id, False)
-            if store is not None:
-                stores.append(("request", store))
-        latest: Read | None = None
-        latest_scope = ""
-        latest_key: Key | None = None
-        for key in keys:
-            for scope_name, store in stores:
-                read = store.pop(key, None)  # a write uses up the read it was computed from
-                if read is None or read.at < oldest:
-                    continue
-                if latest is None or read.at > latest.at:
-                    latest, latest_scope, latest_key = read, scope_name, key
+        stores = [
+            (name, store)
+            for name, store in (
+                ("connection", state.reads),
+                ("reservation", res_store),
+                ("request", scope(request_reads, request_id, False)),
+            )
+            if store is not None
+        ]
+        # A write uses up the reads it was computed from: every one of its keys', expired
+        # or not.
+        found = [
+            (read, name, key)
+            for key in keys
+            for name, store in stores
+            if (read := store.pop(key, None)) is not None and read.at >= oldest
+        ]
         if res_store is not None:
             # Within a reservation, a read keyed by another column of the same table (read
             # by sku, written by id, as the ORM does) is taken to be about this row, when
             # no read of this very key decided. Used up by the write either way.
-            table = keys[0][0]
-            written = {key[1] for key in keys}
-            exact = latest is not None
-            for any_key in [k for k in list(res_store) if k[0] == table and k[1] == ANY_ROW]:
-                read = res_store.pop(any_key, None)
-                if exact or read is None or read.at < oldest or any_key[2] in written:
-                    continue  # same key column, other value: another row
-                if latest is None or read.at > latest.at:
-                    latest, latest_scope, latest_key = read, "reservation", keys[0]
-        if latest is None or latest_key is None:
+            table, written = keys[0][0], {key[1] for key in keys}
+            loose = [
+                (res_store.pop(k, None), k[2])
+                for k in list(res_store)
+                if k[0] == table and k[1] == ANY_ROW
+            ]
+            if not found:
+                found = [
+                    (read, "reservation", keys[0])
+                    for read, column in loose
+                    # The same key column with another value: another row.
+                    if read is not None and read.at >= oldest and column not in written
+                ]
+        if not found:
             return  # a blind write without a read we saw (a restock, an admin fix)
+        latest, latest_scope, latest_key = max(found, key=lambda candidate: candidate[0].at)
         txn = conn.get_transaction()
         same_txn = txn is not None and latest.txn is not None and latest.txn() is txn
         if same_txn and (latest.locked or self._serializable(conn, state)):
             return
-        lost_lock: tuple[str, str] | None = None
+        lost_lock: dict[str, str] = {}
         if latest.held:
             # A distributed lock held since before the read and still owned at the write
             # serialises the read-modify-write as a row lock would: safe. One whose lease
@@ -491,26 +461,23 @@ class Instrumentation:
                 return
             expired = [hold for hold in latest.held if not hold.released]
             lost_lock = (
-                (expired[0].name, "lock expired before the write")
+                {"lock": expired[0].name, "reason": "lock expired before the write"}
                 if expired
-                else (latest.held[0].name, "lock released before the write")
+                else {"lock": latest.held[0].name, "reason": "lock released before the write"}
             )
-        table = plan.table or "unknown"
-        self.metrics.count(catalog.UNSAFE_READ_MODIFY_WRITE, table)
+        self.metrics.count(catalog.UNSAFE_READ_MODIFY_WRITE, latest_key[0])
         if self.sentry.log_enabled:  # app_location() walks the stack: only for a line
             code, function = app_location()
             self.sentry.log_event(
                 events.UNSAFE_READ_MODIFY_WRITE,
-                table=table,
-                key_column=latest_key[1],
-                key=str(latest_key[2]),
+                **key_fields(latest_key),
                 code=code,
                 function=function,
                 read_scope=latest_scope,
                 read_age_s=round(now - latest.at, 3),
                 read_locked=latest.locked,
                 same_transaction=same_txn,
-                **({"lock": lost_lock[0], "reason": lost_lock[1]} if lost_lock else {}),
+                **lost_lock,
             )
 
     def _no_row(self, plan: StatementInfo, keys: list[Key]) -> None:
@@ -536,29 +503,23 @@ class Instrumentation:
             # Only a BEGIN the application sends makes pysqlite read inside the transaction
             # (by default it begins before the first write); then SQLite is serializable.
             return state.begun
-        lossless = lossless_levels(self.dialect_name)
-        level = state.isolation or _isolation_option(conn) or conn.default_isolation_level
+        if _autocommit(conn):
+            return False
+        if state.isolation is None:
+            # Asked of the server once per transaction (only a write that would be flagged
+            # gets here): create_engine(isolation_level=...) has no other public accessor.
+            state.isolation = conn.get_isolation_level()
         # PostgreSQL's REPEATABLE READ aborts the write with 40001 if the row changed since
         # the snapshot; InnoDB's does not (dialects.lossless_levels).
-        return level in lossless
+        return state.isolation in lossless_levels(self.dialect_name)
 
 
-def _row_keys(route: Route, parameters: Any) -> list[Key]:
-    """The row keys a statement on a stock table names, resolved from its parameters."""
-    keys: list[Key] = []
-    for column, ref in route.plan.keys:
-        value = bound_value(ref, parameters)
-        if value is not MISSING:
-            keys.append((route.label, column, normalise(value)))
-    return keys
-
-
-def _isolation_option(conn: Connection) -> str | None:
-    """The isolation level set on ``conn`` or its engine (``None``: the server's default)."""
-    level = conn.get_execution_options().get("isolation_level")
-    if level is None:
-        # create_engine(isolation_level=...) is kept by the dialect alone: SQLAlchemy has
-        # no public accessor for it short of Connection.get_isolation_level(), a round trip
-        # to the server per statement.
-        level = getattr(conn.dialect, "_on_connect_isolation_level", None)
-    return level if isinstance(level, str) else None
+def _autocommit(conn: Connection) -> bool:
+    """Whether ``conn`` runs each statement as its own transaction (``AUTOCOMMIT`` set on
+    the engine, the connection or the driver), asked of the driver without a round trip."""
+    dbapi_connection = conn.connection.dbapi_connection
+    # A dialect that cannot tell (or an SQLAlchemy 2.0 before the method): the option.
+    with contextlib.suppress(AttributeError, NotImplementedError):
+        if dbapi_connection is not None:
+            return conn.dialect.detect_autocommit_setting(dbapi_connection)
+    return conn.get_execution_options().get("isolation_level") == "AUTOCOMMIT"

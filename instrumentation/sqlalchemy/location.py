@@ -28,50 +28,37 @@ _DRIVER_PACKAGES = (
 
 
 @functools.lru_cache(maxsize=1)
-def _libraries(loaded: tuple[bool, ...]) -> _Libraries:
-    # sysconfig.get_paths() costs ~0.2 ms: built once, again only when a driver loads.
-    return _Libraries()
+def _libraries(loaded: tuple[bool, ...]) -> tuple[tuple[str, ...], ...]:
+    """Folders whose frames are not application code: (drivers, SQLAlchemy and us; the
+    site-packages; the stdlib). sysconfig.get_paths() costs ~0.2 ms: built once, again only
+    when a driver loads."""
+    paths = sysconfig.get_paths()
+
+    def folders(*names: str) -> tuple[str, ...]:
+        return tuple({os.path.abspath(paths[n]) + os.sep for n in names if n in paths})
+
+    drivers = {_HERE + os.sep}
+    for name in _DRIVER_PACKAGES:
+        file = getattr(sys.modules.get(name), "__file__", None)
+        if file:
+            drivers.add(os.path.dirname(os.path.abspath(file)) + os.sep)
+    return tuple(drivers), folders("purelib", "platlib"), folders("stdlib", "platstdlib")
 
 
-class _Libraries:
-    """Folders whose frames are not application code: drivers, SQLAlchemy, us, the stdlib.
-
-    The stdlib folder may contain site-packages (Python installed without a venv), where
-    the application itself can live, so site-packages is carved out of it.
-    """
-
-    __slots__ = ("drivers", "site", "stdlib")
-
-    def __init__(self) -> None:
-        paths = sysconfig.get_paths()
-
-        def folders(*names: str) -> tuple[str, ...]:
-            return tuple({os.path.abspath(paths[n]) + os.sep for n in names if n in paths})
-
-        self.stdlib = folders("stdlib", "platstdlib")
-        self.site = folders("purelib", "platlib")
-        drivers = {_HERE + os.sep}
-        for name in _DRIVER_PACKAGES:
-            file = getattr(sys.modules.get(name), "__file__", None)
-            if file:
-                drivers.add(os.path.dirname(os.path.abspath(file)) + os.sep)
-        self.drivers = tuple(drivers)
-
-    def __contains__(self, filename: str) -> bool:
-        if filename.startswith("<"):  # <frozen ...>, <string>: generated or bootstrap code
-            return True
-        path = os.path.abspath(filename)
-        if path.startswith(self.drivers):
-            return True
-        if path.startswith(self.site):
-            return False
-        return path.startswith(self.stdlib)
-
-
-def _first_app_frame(frame: FrameType | None, libraries: _Libraries) -> FrameType | None:
+def _first_app_frame(
+    frame: FrameType | None, libraries: tuple[tuple[str, ...], ...]
+) -> FrameType | None:
+    drivers, site, stdlib = libraries
     while frame is not None:
-        if frame.f_code.co_filename not in libraries:
-            return frame
+        filename = frame.f_code.co_filename
+        if not filename.startswith("<"):  # <frozen ...>, <string>: generated or bootstrap
+            path = os.path.abspath(filename)
+            # The stdlib folder may contain site-packages (Python installed without a
+            # venv), where the application itself can live: site-packages is carved out.
+            if not path.startswith(drivers) and (
+                path.startswith(site) or not path.startswith(stdlib)
+            ):
+                return frame
         frame = frame.f_back
     return None
 

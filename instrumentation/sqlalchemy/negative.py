@@ -14,13 +14,14 @@ from __future__ import annotations
 import contextlib
 import re
 import sys
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 from .. import catalog, events
 from ..reservation import current_reservation, note_negative_write
 from .model import COMPONENT, StatementInfo, StockTable
+from .state import Key
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Connection
@@ -133,10 +134,9 @@ def returned_column(cursor: Any, column: str) -> list[object] | None:
     description = getattr(cursor, "description", None)
     if not description:
         return None
-    found = next((i for i, col in enumerate(description) if str(col[0]).lower() == wanted), None)
-    if found is None:
+    index = next((i for i, col in enumerate(description) if str(col[0]).lower() == wanted), None)
+    if index is None:
         return None
-    index = found
     rows = getattr(cursor, "_rows", None)
     if rows is not None and type(rows).__name__ == "deque":
         # SQLAlchemy's asyncio adapters (asyncpg, psycopg async, aiosqlite) fetch every row
@@ -164,14 +164,20 @@ class NegativeWrites:
         tables: Mapping[str, StockTable],
         *,
         returning: bool,
-        read_back: Collection[str],
+        read_back: bool | Iterable[str],
         paramstyle: str,
     ) -> None:
+        names = set(tables) if read_back is True else set(read_back or ())
+        unknown = names - set(tables)
+        if unknown:
+            raise ValueError(
+                f"read_back_stock names tables not in stock_tables: {sorted(unknown)}"
+            )
         self.sentry = sentry
         self.metrics = sentry.metrics
         self.specs = dict(tables)
         self.returning = returning
-        self.read_back = frozenset(read_back)
+        self.read_back = frozenset(names)
         # (table, key column) -> the read-back SELECT and its parameter style, built once;
         # for every table when RETURNING is looked at, as a RETURNING that leaves the stock
         # column out is read back.
@@ -183,30 +189,6 @@ class NegativeWrites:
             },
             self.specs,
             paramstyle,
-        )
-
-    @staticmethod
-    def build(
-        sentry: Sentry,
-        tables: Mapping[str, StockTable],
-        *,
-        returning: bool,
-        read_back: bool | Iterable[str],
-        paramstyle: str,
-    ) -> NegativeWrites | None:
-        """The checker, or ``None`` when nothing is switched on (then it costs nothing)."""
-        names = (
-            set(tables) if read_back is True else set() if read_back is False else set(read_back)
-        )
-        unknown = names - set(tables)
-        if unknown:
-            raise ValueError(
-                f"read_back_stock names tables not in stock_tables: {sorted(unknown)}"
-            )
-        if not returning and not names:
-            return None
-        return NegativeWrites(
-            sentry, tables, returning=returning, read_back=names, paramstyle=paramstyle
         )
 
     def applies(self, plan: StatementInfo) -> bool:
@@ -225,37 +207,27 @@ class NegativeWrites:
         conn: Connection,
         cursor: DBAPICursor,
         plan: StatementInfo,
-        keys: list[tuple[str, str, object]],
+        keys: list[Key],
         rowcount: int,
     ) -> None:
-        """Look at the stock the UPDATE of ``plan`` left (called after it ran)."""
-        table = plan.table or "unknown"
-        spec = self.specs.get(table)
+        """Look at the stock the UPDATE of ``plan`` naming rows ``keys`` left (called after
+        it ran)."""
+        spec = self.specs.get(plan.table or "unknown")
         if spec is None or rowcount == 0:
             return
         if plan.returning and plan.reads_stock:
             values = returned_column(cursor, spec.stock_column)
         else:
-            values = self._select(conn, table, keys)
-        if not values:
-            return
-        for raw in values:
+            # Read back by the first key; no key in the WHERE: which rows it touched is not
+            # known here.
+            query = self.selects.get((keys[0][0], keys[0][1])) if keys else None
+            values = read_column(conn, query, keys[0][2]) if query is not None else None
+        for raw in values or ():
             stock = as_int(raw)
             if stock is not None and stock < 0:
                 self._record(keys, stock)
 
-    def _select(
-        self, conn: Connection, table: str, keys: list[tuple[str, str, object]]
-    ) -> list[object] | None:
-        if not keys:
-            return None  # no key in the WHERE: which rows it touched is not known here
-        _, key_column, key = keys[0]
-        query = self.selects.get((table, key_column))
-        if query is None:
-            return None
-        return read_column(conn, query, key)
-
-    def _record(self, keys: list[tuple[str, str, object]], stock: int) -> None:
+    def _record(self, keys: list[Key], stock: int) -> None:
         reservation = current_reservation()
         # The reservation's SKU when there is one; outside, the row's key value (the guard
         # bounds the label either way).

@@ -6,8 +6,7 @@ import contextlib
 import weakref
 from contextvars import ContextVar
 from decimal import Decimal
-from typing import TYPE_CHECKING, TypeAlias
-from uuid import UUID
+from typing import TYPE_CHECKING, NamedTuple, TypeAlias, TypeVar
 
 from ..heldlocks import HeldLock
 from .model import MAX_KEY_CHARS, READS_PER_SCOPE, StatementInfo
@@ -16,26 +15,19 @@ if TYPE_CHECKING:
     from sqlalchemy.engine.base import RootTransaction
 
 Key: TypeAlias = tuple[str, str, object]  # table label, key column, normalised value
+K = TypeVar("K")
+V = TypeVar("V")
 # In a reservation's store, (table, ANY_ROW, key column) holds the table's latest read.
 ANY_ROW = "\x00any"
 
 
-class Read:
+class Read(NamedTuple):
     """One remembered read of a stock value, with the distributed locks held at the time."""
 
-    __slots__ = ("at", "held", "locked", "txn")
-
-    def __init__(
-        self,
-        locked: bool,
-        txn: weakref.ref[RootTransaction] | None,
-        at: float,
-        held: tuple[HeldLock, ...] = (),
-    ) -> None:
-        self.locked = locked
-        self.txn = txn
-        self.at = at
-        self.held = held
+    locked: bool
+    txn: weakref.ref[RootTransaction] | None
+    at: float
+    held: tuple[HeldLock, ...]
 
 
 class ConnState:
@@ -90,10 +82,11 @@ class ConnState:
             self.isolation = info.isolation
 
 
-def remember(store: dict[Key, Read], key: Key, read: Read) -> None:
+def remember(store: dict[K, V], key: K, value: V, limit: int = READS_PER_SCOPE) -> None:
+    """Set ``store[key]``, forgetting the oldest entry past ``limit`` entries."""
     store.pop(key, None)  # re-insert at the end: the oldest entry is first
-    store[key] = read
-    if len(store) > READS_PER_SCOPE:
+    store[key] = value
+    if len(store) > limit:
         # Another thread may have changed the store meanwhile: then it is small enough.
         with contextlib.suppress(StopIteration, KeyError, RuntimeError):
             del store[next(iter(store))]
@@ -123,18 +116,22 @@ def scope(
     return store
 
 
+def key_fields(key: Key) -> dict[str, str]:
+    """The log fields naming the row of ``key``."""
+    return {"table": key[0], "key_column": key[1], "key": str(key[2])}
+
+
+_CUT = (str, bytes)
+
+
 def normalise(value: object) -> object:
     """A comparable form of a key value: 5, 5.0 and Decimal(5) meet; long strings are cut."""
-    if isinstance(value, bool | int):
-        return value
-    if isinstance(value, str):
+    if isinstance(value, _CUT):
         return value[:MAX_KEY_CHARS]
+    if isinstance(value, int):  # bool too
+        return value
     if isinstance(value, float) and value.is_integer():
         return int(value)
     if isinstance(value, Decimal) and value == value.to_integral_value():
         return int(value)
-    if isinstance(value, UUID):
-        return str(value)
-    if isinstance(value, bytes):
-        return value[:MAX_KEY_CHARS]
-    return str(value)[:MAX_KEY_CHARS]
+    return str(value)[:MAX_KEY_CHARS]  # a UUID as its text

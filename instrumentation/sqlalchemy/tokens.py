@@ -26,10 +26,10 @@ _SCAN = re.compile(
     (?P<sp>\s+)
   | (?P<lc>--[^\n]*)
   | (?P<bc>/\*)
-  | (?P<es>[eE]'(?:[^'\\]|\\.|'')*(?:'|\Z))
-  | (?P<s>(?:[nNbBxX]|[uU]&)?'(?:[^']|'')*(?:'|\Z))
-  | (?P<q>(?:[uU]&)?"(?:[^"]|"")*(?:"|\Z))
-  | (?P<bt>`(?:[^`]|``)*(?:`|\Z))
+  | (?P<es>[eE]'(?P<esb>(?:[^'\\]|\\.|'')*)(?:'|\Z))
+  | (?P<s>(?:[nNbBxX]|[uU]&)?'(?P<sb>(?:[^']|'')*)(?:'|\Z))
+  | (?P<q>(?:[uU]&)?"(?P<qb>(?:[^"]|"")*)(?:"|\Z))
+  | (?P<bt>`(?P<btb>(?:[^`]|``)*)(?:`|\Z))
   | (?P<dollar>\$(?:(?P<num>\d+)|(?P<tag>[A-Za-z_]\w*)?\$))
   | (?P<pyf>%\((?P<pyname>[^)]*)\)s)
   | (?P<fmt>%s)
@@ -48,8 +48,8 @@ _SCAN = re.compile(
 _SCAN_MYSQL = re.compile(
     r"""
     (?P<hash>\#[^\n]*)
-  | (?P<ms>(?:[nNbBxX]|_\w+)?'(?:[^'\\]|\\.|'')*(?:'|\Z))
-  | (?P<md>"(?:[^"\\]|\\.|"")*(?:"|\Z))
+  | (?P<ms>(?:[nNbBxX]|_\w+)?'(?P<msb>(?:[^'\\]|\\.|'')*)(?:'|\Z))
+  | (?P<md>"(?P<mdb>(?:[^"\\]|\\.|"")*)(?:"|\Z))
     """,
     re.VERBOSE | re.DOTALL,
 )
@@ -58,17 +58,8 @@ _MYSQL_ESCAPES = {"0": "\0", "n": "\n", "r": "\r", "t": "\t", "b": "\b", "Z": "\
 _MYSQL_ESCAPE = re.compile(r"\\(.)", re.DOTALL)
 
 
-# A string's body up to its closing quote (an unterminated one runs to the end).
-_MYSQL_BODY = {
-    "'": re.compile(r"((?:[^'\\]|\\.|'')*)", re.DOTALL),
-    '"': re.compile(r'((?:[^"\\]|\\.|"")*)', re.DOTALL),
-}
-
-
-def _mysql_string(text: str, quote: str) -> str:
-    """The value of a MySQL string literal (``text``, from its prefix to its end)."""
-    found = _MYSQL_BODY[quote].match(text, text.index(quote) + 1)
-    body = found.group(1) if found is not None else ""
+def _mysql_string(body: str, quote: str) -> str:
+    """The value of a MySQL string literal whose text between the quotes is ``body``."""
     body = _MYSQL_ESCAPE.sub(lambda m: _MYSQL_ESCAPES.get(m.group(1), m.group(1)), body)
     return body.replace(quote * 2, quote)
 
@@ -105,9 +96,9 @@ def tokenize(sql: str, paramstyle: str, mysql: bool = False) -> list[Tok]:
                 pos = special.end()
                 kind = special.lastgroup
                 if kind == "ms":
-                    out.append((STRING, _mysql_string(special.group(), "'"), depth))
+                    out.append((STRING, _mysql_string(special.group("msb"), "'"), depth))
                 elif kind == "md":
-                    out.append((STRING, _mysql_string(special.group(), '"'), depth))
+                    out.append((STRING, _mysql_string(special.group("mdb"), '"'), depth))
                 continue  # a # comment
         m = scan(sql, pos)
         if m is None:  # pragma: no cover - the last alternative matches any character
@@ -133,19 +124,14 @@ def tokenize(sql: str, paramstyle: str, mysql: bool = False) -> list[Tok]:
                     level -= 1
                     pos = nxt_close + 2
             continue
-        if group == "es" or group == "s":
-            body = text[text.index("'") + 1 :]
-            if body.endswith("'"):
-                body = body[:-1]
-            if group == "es":
-                body = body.replace("\\'", "'")
-            out.append((STRING, body.replace("''", "'"), depth))
-        elif group == "q" or group == "bt":
-            quote = '"' if group == "q" else "`"
-            body = text[text.index(quote) + 1 :]
-            if body.endswith(quote):
-                body = body[:-1]
-            out.append((QUOTED, body.replace(quote * 2, quote).lower(), depth))
+        if group == "es":
+            out.append((STRING, m.group("esb").replace("\\'", "'").replace("''", "'"), depth))
+        elif group == "s":
+            out.append((STRING, m.group("sb").replace("''", "'"), depth))
+        elif group == "q":
+            out.append((QUOTED, m.group("qb").replace('""', '"').lower(), depth))
+        elif group == "bt":
+            out.append((QUOTED, m.group("btb").replace("``", "`").lower(), depth))
         elif group == "dollar":
             number = m.group("num")
             if number is not None:
@@ -160,21 +146,13 @@ def tokenize(sql: str, paramstyle: str, mysql: bool = False) -> list[Tok]:
             body = sql[pos:close] if close >= 0 else sql[pos:]
             pos = close + len(text) if close >= 0 else end
             out.append((STRING, body, depth))
-        elif group == "pyf":
-            if fmt:
-                out.append((PARAM, m.group("pyname"), depth))
-            else:
-                out.append((OP, "%", depth))
-                pos = m.start() + 1
-        elif group == "fmt":
-            if fmt:
-                out.append((PARAM, position, depth))
-                position += 1
-            else:
-                out.append((OP, "%", depth))
-                pos = m.start() + 1
-        elif group == "pct":
-            out.append((OP, "%", depth))
+        elif fmt and group == "pyf":
+            out.append((PARAM, m.group("pyname"), depth))
+        elif fmt and group == "fmt":
+            out.append((PARAM, position, depth))
+            position += 1
+        elif group == "pyf" or group == "fmt" or group == "pct":
+            out.append((OP, "%", depth))  # %% in a format style, else a modulo
             if not fmt:
                 pos = m.start() + 1
         elif group == "cast":

@@ -34,7 +34,8 @@ from stocksentry.instrumentation.locks import (
     instrument_lock,
 )
 from stocksentry.instrumentation.sqlalchemy import instrument_sqlalchemy, uninstrument_sqlalchemy
-from stocksentry.instrumentation.sqlalchemy.fencing import fence_plan
+from stocksentry.instrumentation.sqlalchemy.fencing import FencePlan, fence_plan
+from stocksentry.instrumentation.sqlalchemy.tokens import tokenize
 from structlog.testing import capture_logs
 
 pytestmark = pytest.mark.integration
@@ -116,18 +117,18 @@ def second_holder(make_lock: Callable[[], Any], engine: sa.Engine, statement: An
 
 
 def test_fence_plan_reads_the_token_and_the_guard() -> None:
-    plan = fence_plan(
+    def plan_of(sql: str, paramstyle: str) -> FencePlan | None:
+        return fence_plan(tokenize(sql, paramstyle), "fence_token")
+
+    plan = plan_of(
         "UPDATE products SET stock = %(v)s, fence_token = %(t)s"
         " WHERE sku = %(s)s AND fence_token <= %(t)s",
-        "fence_token",
         "pyformat",
     )
     assert plan is not None
     assert (plan.token, plan.guard) == ((True, "t"), "<=")
-    assert (
-        fence_plan("UPDATE products SET stock = 1 WHERE sku = 'x'", "fence_token", "named") is None
-    )
-    unguarded = fence_plan("UPDATE p SET fence_token = 7 WHERE sku = 'x'", "fence_token", "named")
+    assert plan_of("UPDATE products SET stock = 1 WHERE sku = 'x'", "named") is None
+    unguarded = plan_of("UPDATE p SET fence_token = 7 WHERE sku = 'x'", "named")
     assert unguarded is not None
     assert (unguarded.token, unguarded.guard) == ((False, 7), None)
 

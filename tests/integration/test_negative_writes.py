@@ -58,12 +58,17 @@ def make_engine(db: Db, sentry: Sentry, **options: Any) -> sa.Engine:
     return engine
 
 
-@pytest.fixture
-def engine(db: Db, sentry: Sentry) -> Iterator[sa.Engine]:
-    engine = make_engine(db, sentry, read_back_stock=True)
+@pytest.fixture(params=[{"read_back_stock": True}])
+def engine(db: Db, sentry: Sentry, request: pytest.FixtureRequest) -> Iterator[sa.Engine]:
+    """An instrumented engine, with ``read_back_stock`` unless a test says its options."""
+    engine = make_engine(db, sentry, **request.param)
     yield engine
     uninstrument_sqlalchemy(engine)
     engine.dispose()
+
+
+# The defaults: negative_writes=True, no read-back.
+defaults = pytest.mark.parametrize("engine", [{}], indirect=True)
 
 
 def negative_lines(lines: list[Any]) -> list[tuple[str, int]]:
@@ -145,40 +150,32 @@ def test_safe_atomic_decrement_counts_nothing(
 
 
 @pg_only
+@defaults
 def test_read_back_is_off_unless_configured(
-    db: Db, sentry: Sentry, registry: CollectorRegistry
+    engine: sa.Engine, registry: CollectorRegistry
 ) -> None:
-    engine = make_engine(db, sentry)
-    try:
-        with engine.begin() as conn:
-            for _ in range(7):
-                conn.execute(DECREMENT, {"n": 1, "sku": "EGG-01"})
-            # RETURNING needs no extra query: it is on by default.
+    with engine.begin() as conn:
+        for _ in range(7):
+            conn.execute(DECREMENT, {"n": 1, "sku": "EGG-01"})
+        # RETURNING needs no extra query: it is on by default.
+        conn.execute(DECREMENT_RETURNING, {"n": 1, "sku": "EGG-02"}).all()
+        for _ in range(5):
             conn.execute(DECREMENT_RETURNING, {"n": 1, "sku": "EGG-02"}).all()
-            for _ in range(5):
-                conn.execute(DECREMENT_RETURNING, {"n": 1, "sku": "EGG-02"}).all()
-    finally:
-        uninstrument_sqlalchemy(engine)
-        engine.dispose()
     assert value(registry, NEGATIVE, sku="EGG-01") == 0
     assert value(registry, NEGATIVE, sku="EGG-02") == 1
 
 
 @pg_only
+@defaults
 def test_returning_without_the_stock_column_is_read_back_by_default(
-    db: Db, sentry: Sentry, registry: CollectorRegistry
+    engine: sa.Engine, registry: CollectorRegistry
 ) -> None:
-    engine = make_engine(db, sentry)
-    try:
-        with capture_logs() as lines, engine.begin() as conn:
-            ids = [
-                conn.execute(DECREMENT_RETURNING_ID, {"n": 1, "sku": "EGG-03"}).scalar_one()
-                for _ in range(5)
-            ]
-            left = conn.execute(READ, {"sku": "EGG-03"}).scalar_one()
-    finally:
-        uninstrument_sqlalchemy(engine)
-        engine.dispose()
+    with capture_logs() as lines, engine.begin() as conn:
+        ids = [
+            conn.execute(DECREMENT_RETURNING_ID, {"n": 1, "sku": "EGG-03"}).scalar_one()
+            for _ in range(5)
+        ]
+        left = conn.execute(READ, {"sku": "EGG-03"}).scalar_one()
     # The app's rows are untouched by the read-back: each statement returned the row's id.
     assert len(set(ids)) == 1
     assert left == -3

@@ -60,22 +60,9 @@ def _private_imports(path: Path) -> list[str]:
     return found
 
 
-#: Private names read where the library offers no public way, each said in the module:
-#: opentelemetry-instrumentation-sqlalchemy keeps the listeners of one engine only in its
-#: EngineTracer's class list, the one way to remove one engine's spans and not every one's.
-ALLOWED: dict[str, set[str]] = {
-    "instrumentation/sqlalchemy/otel.py": {
-        "EngineTracer._remove_event_listener_params",
-        "EngineTracer._dispose_of_event_listener",
-    },
-}
-
-
 @pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_no_module_imports_a_private_name(path: Path) -> None:
-    allowed = ALLOWED.get(str(path.relative_to(ROOT)), set())
-    found = [f for f in _private_imports(path) if f.split(" ", 1)[1] not in allowed]
-    assert found == []
+    assert _private_imports(path) == []
 
 
 @pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(ROOT)))

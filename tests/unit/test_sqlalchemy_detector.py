@@ -738,6 +738,51 @@ def test_spans_all_adds_and_removes_the_opentelemetry_listeners(
     assert len(exporter.get_finished_spans()) == 1
 
 
+def test_spans_all_uninstrument_of_one_engine_keeps_the_other_s_spans(
+    engine: sa.Engine, sentry: Sentry, tmp_path: Path
+) -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    other = make_engine(tmp_path / "other.db")
+    for each in (engine, other):
+        instrument_sqlalchemy(each, sentry=sentry, spans="all", tracer_provider=provider)
+    uninstrument_sqlalchemy(engine)
+    for each in (engine, other):
+        with each.begin() as conn:
+            conn.execute(sa.text("SELECT available_stock FROM products WHERE id = 1")).all()
+    assert [s.name for s in exporter.get_finished_spans()] == [f"SELECT {other.url.database}"]
+    uninstrument_sqlalchemy(other)
+    other.dispose()
+    with engine.begin() as conn:
+        conn.execute(sa.text("SELECT 1")).all()
+    assert len(exporter.get_finished_spans()) == 1
+
+
+def test_spans_all_leaves_an_application_s_own_instrumentor_alone(
+    engine: sa.Engine, sentry: Sentry
+) -> None:
+    from opentelemetry.instrumentation.sqlalchemy import SQLAlchemyInstrumentor
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    instrumentor = SQLAlchemyInstrumentor()
+    instrumentor.instrument(engine=engine, tracer_provider=provider)
+    try:
+        apps = {name: listeners_of(engine, name) for name in ENGINE_EVENTS}
+        instrument_sqlalchemy(engine, sentry=sentry, spans="all", tracer_provider=provider)
+        assert {name: listeners_of(engine, name) for name in ENGINE_EVENTS} == apps
+        uninstrument_sqlalchemy(engine)
+        assert {name: listeners_of(engine, name) for name in ENGINE_EVENTS} == apps
+        with engine.begin() as conn:
+            conn.execute(sa.text("SELECT available_stock FROM products WHERE id = 1")).all()
+        names = [s.name for s in exporter.get_finished_spans() if s.name != "connect"]
+        assert names == [f"SELECT {engine.url.database}"]  # the application's, once
+    finally:
+        instrumentor.uninstrument()
+
+
 def locking_spans(
     engine: sa.Engine, registry: CollectorRegistry
 ) -> tuple[Sentry, InMemorySpanExporter]:
