@@ -92,14 +92,11 @@ class _Analyser:
         request: str | None,
         max_keys: int,
     ) -> None:
-        self.limit = limit
-        self.max_keys = max_keys
         self.max_groups = max_groups
         self.sku_filter = skus
         self.order_filter = order
         self.request_filter = request
-        self.report = Report(keys_limit=max_keys)
-        self.stock_events = 0
+        self.report = Report(keys_limit=max_keys, limit=limit)
         self.state: dict[str, SkuState] = {}
         #: (SKU, code) -> the SQL detector's unsafe read-modify-writes there.
         self.unsafe: dict[tuple[str | None, str], UnsafeWrite] = {}
@@ -113,7 +110,6 @@ class _Analyser:
         #: see :meth:`Write.pack`, unless it names an order), or the duplicate; the oldest
         #: forgotten beyond ``max_keys``.
         self.keys: OrderedDict[str, str | Write | Duplicate] = OrderedDict()
-        self.keys_forgotten = 0
         #: Each SKU's number in those keys, as text (``""``: no SKU).
         self.sku_tags: dict[str | None, str] = {None: ""}
         #: The inputs' names, so that a packed write names its input by number.
@@ -142,9 +138,11 @@ class _Analyser:
     # --- per event ---
 
     def feed(self, event: Event) -> None:
+        """Run the event's detector, and keep it in its SKU's and order's timelines."""
         if self.sku_filter is not None and event.sku not in self.sku_filter:
             return
-        self.report.events += 1
+        report = self.report
+        report.events += 1
         if event.dated and event.has_time:
             ts = event.ts
             if ts > self.max_ts:
@@ -153,20 +151,8 @@ class _Analyser:
                 self.min_ts = ts
         detector = self.detector_of(event.name)
         if detector is not None:
-            self.stock_events += 1
+            report.stock_events += 1
             detector(event)
-        self._keep(event)
-
-    def _payment_callback(self, event: Event) -> None:
-        if event.fields.get(RESULT) == PAID:
-            self._paid(event)
-
-    def _inventory_negative(self, event: Event) -> None:
-        stock = as_int(event.fields.get(NEGATIVE_STOCK))
-        if stock is not None and stock < 0:
-            self._below(event, stock)
-
-    def _keep(self, event: Event) -> None:
         wanted = self.request_filter
         if wanted is not None and wanted not in (
             event.request_id,
@@ -180,11 +166,19 @@ class _Analyser:
                 return
             if event.request is not None:
                 self.order_requests.add(event.request)
-        report = self.report
         if event.sku is not None:
             self._group(report.skus, report.skus_more, event.sku, event)
         if event.order_id is not None:
             self._group(report.orders, report.orders_more, event.order_id, event)
+
+    def _payment_callback(self, event: Event) -> None:
+        if event.fields.get(RESULT) == PAID:
+            self._paid(event)
+
+    def _inventory_negative(self, event: Event) -> None:
+        stock = as_int(event.fields.get(NEGATIVE_STOCK))
+        if stock is not None and stock < 0:
+            self._below(event, stock)
 
     def _group(
         self, groups: dict[str, list[Event]], more: dict[str, int], key: str, event: Event
@@ -195,7 +189,8 @@ class _Analyser:
                 self.report.ungrouped_events += 1
                 return
             rows = groups[key] = []
-        if self.limit and len(rows) >= self.limit:
+        limit = self.report.limit
+        if limit and len(rows) >= limit:
             more[key] = more.get(key, 0) + 1
         else:
             rows.append(event)
@@ -442,9 +437,9 @@ class _Analyser:
         first = keys.get(key)
         if first is None:
             keys[key] = packed
-            if len(keys) > self.max_keys:
+            if len(keys) > self.report.keys_limit:
                 keys.popitem(last=False)
-                self.keys_forgotten += 1
+                self.report.keys_forgotten += 1
             return
         if isinstance(first, Duplicate):
             first.add(write)
@@ -461,9 +456,6 @@ class _Analyser:
 
     def finish(self) -> Report:
         report = self.report
-        report.keys_forgotten = self.keys_forgotten
-        report.limit = self.limit
-        report.stock_events = self.stock_events
         # Floor division keeps the order of the times: the days of the first and the last.
         min_day, max_day = self.min_ts // 86400, self.max_ts // 86400
         report.show_date = max_day > min_day
@@ -592,8 +584,9 @@ def analyse(
     ordered: Iterable[Event] = events
     if reorder_window is not None and not isinstance(events, OrderedEvents):
         ordered = OrderedEvents([events], reorder_window)
+    feed = analyser.feed
     for event in ordered:
-        analyser.feed(event)
+        feed(event)
     report = analyser.finish()
     if isinstance(ordered, OrderedEvents):
         report.late_events = ordered.late
