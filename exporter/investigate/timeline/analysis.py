@@ -252,7 +252,7 @@ class _Analyser:
         if incident is None:
             incident = state.stale = StaleRead(sku, last)
             self.incidents.append(incident)
-        incident.add(request, available, event.ts, event.line, event.order_id)
+        incident.keep(incident.reads, (request, available, event.ts, event.line, event.order_id))
 
     def _stock_update(self, event: Event) -> None:
         sku = event.sku
@@ -397,7 +397,7 @@ class _Analyser:
         if incident is None:
             incident = self.unsafe[(sku, where)] = UnsafeWrite(sku, where[:200])
             self.incidents.append(incident)
-        incident.add(event.request, event.ts, event.line)
+        incident.keep(incident.lines, (event.request, event.ts, event.line))
         if sku is not None:
             self.computed.add((sku, self._sku(sku).epoch))
 

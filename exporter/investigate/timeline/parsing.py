@@ -71,6 +71,7 @@ _MAX_NAME = 80
 _MIN_EPOCH: Final = -62135596800.0
 _MAX_EPOCH: Final = 253402300799.0
 _NUMBER_KEYS: Final = frozenset({FROM, TO, AVAILABLE, STOCK, QTY})
+_NUMBERS: Final = (int, float)
 # Values that can be neither NaN, an infinity nor nested: a line of only these (nearly
 # every line) needs no walk through its values.
 _FLAT_TYPES: Final = frozenset({str, int, bool, type(None)})
@@ -155,14 +156,10 @@ def _absurd_fields(fields: dict[str, Any]) -> bool:
     """Whether a value of ``fields`` (the ids already taken out) would break the analysis
     or the report: NaN or an infinity anywhere, nesting deeper than ``MAX_DEPTH``, a
     stock number beyond ``MAX_NUMBER``."""
-    keys = fields.keys()
-    for key in keys & _NUMBER_KEYS:
+    for key in fields.keys() & _NUMBER_KEYS:
         value = fields[key]
-        if (
-            isinstance(value, int | float)
-            and not isinstance(value, bool)
-            and not -MAX_NUMBER <= value <= MAX_NUMBER
-        ):
+        # A bool is an int, and within the bounds.
+        if isinstance(value, _NUMBERS) and not -MAX_NUMBER <= value <= MAX_NUMBER:
             return True
     values = fields.values()
     if _FLAT_TYPES.issuperset(map(type, values)):
@@ -202,9 +199,8 @@ def _make_event(
     if not keys.isdisjoint(_CANONICAL_KEYS):
         for raw_key in keys & _CANONICAL_KEYS:
             fields.setdefault(ALIASES[raw_key], pop(raw_key))
-    if not keys.isdisjoint(_DROP_KEYS):
-        for key in keys & _DROP_KEYS:
-            del fields[key]
+    for key in _DROP_KEYS:
+        pop(key, None)
     try:
         sku, request_id, idempotency_key, order_id, reference, trace_id = [
             _text_id(pop(id_key, None)) for id_key in ID_KEYS

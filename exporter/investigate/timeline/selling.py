@@ -126,7 +126,7 @@ class SkuState:
             beyond.sold = self.sold
             return beyond
         beyond.sold, beyond.top = self.sold, self.top or 0
-        beyond.add_write(write)
+        beyond.keep(beyond.writes, write)
         return None
 
     def restock(self, to: int) -> None:
