@@ -112,8 +112,7 @@ class _Analyser:
         self.keys: OrderedDict[str, str | Write | Duplicate] = OrderedDict()
         #: Each SKU's number in those keys, as text (``""``: no SKU).
         self.sku_tags: dict[str | None, str] = {None: ""}
-        #: The inputs' names, so that a packed write names its input by number.
-        self.sources: list[str] = []
+        #: The inputs' names and numbers, so that a packed write names its input by number.
         self.source_numbers: dict[str, int] = {}
         self.keep_orders = order is not None
         self.incidents: list[Incident] = []
@@ -129,7 +128,7 @@ class _Analyser:
         self.detector_of: Callable[[str], Callable[[Event], None] | None] = {
             STOCK_CHECK_EVENT: self._stock_check,
             STOCK_UPDATE_EVENT: self._stock_update,
-            PAYMENT_CALLBACK_EVENT: self._payment_callback,
+            PAYMENT_CALLBACK_EVENT: self._paid,
             ORDER_PAID_EVENT: self._paid,
             INVENTORY_NEGATIVE_EVENT: self._inventory_negative,
             **dict.fromkeys(_LOCK_EVENTS, self._lock),
@@ -170,10 +169,6 @@ class _Analyser:
             self._group(report.skus, report.skus_more, event.sku, event)
         if event.order_id is not None:
             self._group(report.orders, report.orders_more, event.order_id, event)
-
-    def _payment_callback(self, event: Event) -> None:
-        if event.fields.get(RESULT) == PAID:
-            self._paid(event)
 
     def _inventory_negative(self, event: Event) -> None:
         stock = as_int(event.fields.get(NEGATIVE_STOCK))
@@ -402,24 +397,20 @@ class _Analyser:
             self.computed.add((sku, self._sku(sku).epoch))
 
     def _paid(self, event: Event) -> None:
+        """An order paid: a payment callback that took the money, or ``order_paid``."""
+        callback = event.name == PAYMENT_CALLBACK_EVENT
+        if callback and event.fields.get(RESULT) != PAID:
+            return
         order_id = event.order_id
         name = event.request_id or event.idempotency_key or event.trace_id or order_id
         if not self.keep_orders:
             order_id = None
         write = Write(name, None, None, event.ts, event.source, event.lineno, order_id)
         sku = event.sku
-        callback = event.name == PAYMENT_CALLBACK_EVENT
         if event.payment_reference is not None:
             self._count("P" if callback else "O", event.payment_reference, sku, write)
         if event.idempotency_key is not None:
             self._count("p" if callback else "o", event.idempotency_key, sku, write)
-
-    def _source_number(self, source: str) -> int:
-        number = self.source_numbers.get(source)
-        if number is None:
-            number = self.source_numbers[source] = len(self.sources)
-            self.sources.append(source)
-        return number
 
     def _count(self, role: str, value: str, sku: str | None, write: Write) -> None:
         """Remember the first write of ``value`` (an idempotency key or payment reference,
@@ -432,7 +423,8 @@ class _Analyser:
         # string each (a write naming an order, for --order, stays a tuple).
         packed: str | Write = write
         if write.name is not None and write.order_id is None:
-            packed = write.pack(self._source_number(write.source))
+            numbers = self.source_numbers
+            packed = write.pack(numbers.setdefault(write.source, len(numbers)))
         keys = self.keys
         first = keys.get(key)
         if first is None:
@@ -445,7 +437,7 @@ class _Analyser:
             first.add(write)
             return
         if isinstance(first, str):
-            first = Write.unpack(first, self.sources)
+            first = Write.unpack(first, list(self.source_numbers))
         if not first.same_record(write):
             kind, action, how = KEY_ROLES[role]
             incident = Duplicate(sku, f"{kind}={value} {action}", how, first, write)
