@@ -17,6 +17,7 @@ from typing import Any, Final
 
 from .limits import MAX_DEPTH, MAX_ID, MAX_LINE, MAX_NUMBER, SKIPPED_EXAMPLES
 from .model import AVAILABLE, FROM, ID_KEYS, QTY, STOCK, TO, Event
+from .selling import INT
 from .times import NUMBER, Stamp, parse_time_text, parse_time_value
 
 __all__ = ["ALIASES", "ReadStats", "decode_object", "parse_line", "read_events"]
@@ -75,7 +76,6 @@ _NUMBERS: Final = (int, float)
 # Values that can be neither NaN, an infinity nor nested: a line of only these (nearly
 # every line) needs no walk through its values.
 _FLAT_TYPES: Final = frozenset({str, int, bool, type(None)})
-_INT = re.compile(r"-?\d{1,18}\Z")
 _DATE_ONLY = re.compile(r"\d{4}-\d\d-\d\d\Z")
 
 
@@ -99,7 +99,7 @@ def _kv_value(raw: str) -> Any:
         return True
     if lowered == "false":
         return False
-    if _INT.match(raw):
+    if INT.match(raw):
         return int(raw)
     return raw
 
