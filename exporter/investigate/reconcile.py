@@ -44,7 +44,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FINDING_KINDS",
-    "NOT_AUDITED_CAUSES",
     "NotAudited",
     "ReconcileError",
     "Report",
@@ -64,17 +63,13 @@ FINDING_KINDS = INVARIANTS
 STATEMENT_TIMEOUT_RANGE = (0.001, 86400.0)
 
 
-#: Why an audit did not run or finish: no allocation column for ``oversold``, a mapped
-#: table or column the database does not have, the statement timeout.
-NOT_AUDITED_CAUSES: Final = ("no_allocation", "missing_table", "out_of_time")
-
-
 @dataclass(frozen=True, slots=True)
 class NotAudited:
     """An audit that did not run or did not finish: which, why, and what to do."""
 
     audit: str
-    #: One of :data:`NOT_AUDITED_CAUSES`.
+    #: ``no_allocation`` (no allocation column for ``oversold``), ``missing_table`` (a
+    #: mapped table or column the database does not have) or ``out_of_time``.
     cause: str
     reason: str
 
@@ -137,16 +132,7 @@ class Report:
 
     def to_dict(self) -> dict[str, Any]:
         """The ``--format json`` document."""
-        data = asdict(self)
-        for key in (
-            "checked",
-            "notes",
-            "not_audited",
-            "out_of_scope",
-            "keys",
-            "keys_not_compared",
-        ):
-            data[key] = list(data[key])
+        data = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
         data["skipped"] = list(self.skipped)
         data.update(violations=self.violations, complete=self.complete, verdict=self.verdict)
         return data

@@ -154,7 +154,7 @@ def test_lines_through_the_whole_report_never_raise(lines: list[str]) -> None:
     json.dumps(report.to_dict())
 
 
-# --- the project's own lines: what json reads, orjson installed or not -------------------
+# --- the project's own lines: what json reads -------------------------------------------
 
 _OWN_KEYS = (
     "sku",
@@ -225,8 +225,7 @@ def _json_object(text: str) -> dict[str, Any] | None:
 @examples(1500)
 @given(st.one_of(_own_line(), _json_line(), _lines))
 def test_a_line_decodes_as_json_reads_it(line: str) -> None:
-    """orjson (the ``timeline`` extra) decodes first: the result is json's all the same,
-    NaN, infinities, huge integers and lone surrogates included."""
+    """The result is json's, NaN, infinities, huge integers and lone surrogates included."""
     text = line.strip()
     assert repr(decode_object(text)) == repr(_json_object(text)), line
 
@@ -244,13 +243,6 @@ def test_the_projects_own_lines_read_as_parsed(line: str) -> None:
     else:
         event.source, event.lineno, event.file_index = "own.log", 1, 2
         assert events == [event]
-
-
-def test_the_faster_decoder_is_there_when_the_extra_is() -> None:
-    """The dev install has the ``timeline`` extra: the agreement above tested orjson."""
-    import importlib.util
-
-    assert importlib.util.find_spec("orjson") is not None
 
 
 def test_the_projects_own_lines_parse() -> None:

@@ -92,14 +92,11 @@ class _Analyser:
         request: str | None,
         max_keys: int,
     ) -> None:
-        self.limit = limit
-        self.max_keys = max_keys
         self.max_groups = max_groups
         self.sku_filter = skus
         self.order_filter = order
         self.request_filter = request
-        self.report = Report(keys_limit=max_keys)
-        self.stock_events = 0
+        self.report = Report(keys_limit=max_keys, limit=limit)
         self.state: dict[str, SkuState] = {}
         #: (SKU, code) -> the SQL detector's unsafe read-modify-writes there.
         self.unsafe: dict[tuple[str | None, str], UnsafeWrite] = {}
@@ -113,11 +110,9 @@ class _Analyser:
         #: see :meth:`Write.pack`, unless it names an order), or the duplicate; the oldest
         #: forgotten beyond ``max_keys``.
         self.keys: OrderedDict[str, str | Write | Duplicate] = OrderedDict()
-        self.keys_forgotten = 0
         #: Each SKU's number in those keys, as text (``""``: no SKU).
         self.sku_tags: dict[str | None, str] = {None: ""}
-        #: The inputs' names, so that a packed write names its input by number.
-        self.sources: list[str] = []
+        #: The inputs' names and numbers, so that a packed write names its input by number.
         self.source_numbers: dict[str, int] = {}
         self.keep_orders = order is not None
         self.incidents: list[Incident] = []
@@ -133,7 +128,7 @@ class _Analyser:
         self.detector_of: Callable[[str], Callable[[Event], None] | None] = {
             STOCK_CHECK_EVENT: self._stock_check,
             STOCK_UPDATE_EVENT: self._stock_update,
-            PAYMENT_CALLBACK_EVENT: self._payment_callback,
+            PAYMENT_CALLBACK_EVENT: self._paid,
             ORDER_PAID_EVENT: self._paid,
             INVENTORY_NEGATIVE_EVENT: self._inventory_negative,
             **dict.fromkeys(_LOCK_EVENTS, self._lock),
@@ -142,9 +137,11 @@ class _Analyser:
     # --- per event ---
 
     def feed(self, event: Event) -> None:
+        """Run the event's detector, and keep it in its SKU's and order's timelines."""
         if self.sku_filter is not None and event.sku not in self.sku_filter:
             return
-        self.report.events += 1
+        report = self.report
+        report.events += 1
         if event.dated and event.has_time:
             ts = event.ts
             if ts > self.max_ts:
@@ -153,20 +150,8 @@ class _Analyser:
                 self.min_ts = ts
         detector = self.detector_of(event.name)
         if detector is not None:
-            self.stock_events += 1
+            report.stock_events += 1
             detector(event)
-        self._keep(event)
-
-    def _payment_callback(self, event: Event) -> None:
-        if event.fields.get(RESULT) == PAID:
-            self._paid(event)
-
-    def _inventory_negative(self, event: Event) -> None:
-        stock = as_int(event.fields.get(NEGATIVE_STOCK))
-        if stock is not None and stock < 0:
-            self._below(event, stock)
-
-    def _keep(self, event: Event) -> None:
         wanted = self.request_filter
         if wanted is not None and wanted not in (
             event.request_id,
@@ -180,11 +165,15 @@ class _Analyser:
                 return
             if event.request is not None:
                 self.order_requests.add(event.request)
-        report = self.report
         if event.sku is not None:
             self._group(report.skus, report.skus_more, event.sku, event)
         if event.order_id is not None:
             self._group(report.orders, report.orders_more, event.order_id, event)
+
+    def _inventory_negative(self, event: Event) -> None:
+        stock = as_int(event.fields.get(NEGATIVE_STOCK))
+        if stock is not None and stock < 0:
+            self._below(event, stock)
 
     def _group(
         self, groups: dict[str, list[Event]], more: dict[str, int], key: str, event: Event
@@ -195,7 +184,8 @@ class _Analyser:
                 self.report.ungrouped_events += 1
                 return
             rows = groups[key] = []
-        if self.limit and len(rows) >= self.limit:
+        limit = self.report.limit
+        if limit and len(rows) >= limit:
             more[key] = more.get(key, 0) + 1
         else:
             rows.append(event)
@@ -257,7 +247,7 @@ class _Analyser:
         if incident is None:
             incident = state.stale = StaleRead(sku, last)
             self.incidents.append(incident)
-        incident.add(request, available, event.ts, event.line, event.order_id)
+        incident.keep(incident.reads, (request, available, event.ts, event.line, event.order_id))
 
     def _stock_update(self, event: Event) -> None:
         sku = event.sku
@@ -402,29 +392,25 @@ class _Analyser:
         if incident is None:
             incident = self.unsafe[(sku, where)] = UnsafeWrite(sku, where[:200])
             self.incidents.append(incident)
-        incident.add(event.request, event.ts, event.line)
+        incident.keep(incident.lines, (event.request, event.ts, event.line))
         if sku is not None:
             self.computed.add((sku, self._sku(sku).epoch))
 
     def _paid(self, event: Event) -> None:
+        """An order paid: a payment callback that took the money, or ``order_paid``."""
+        callback = event.name == PAYMENT_CALLBACK_EVENT
+        if callback and event.fields.get(RESULT) != PAID:
+            return
         order_id = event.order_id
         name = event.request_id or event.idempotency_key or event.trace_id or order_id
         if not self.keep_orders:
             order_id = None
         write = Write(name, None, None, event.ts, event.source, event.lineno, order_id)
         sku = event.sku
-        callback = event.name == PAYMENT_CALLBACK_EVENT
         if event.payment_reference is not None:
             self._count("P" if callback else "O", event.payment_reference, sku, write)
         if event.idempotency_key is not None:
             self._count("p" if callback else "o", event.idempotency_key, sku, write)
-
-    def _source_number(self, source: str) -> int:
-        number = self.source_numbers.get(source)
-        if number is None:
-            number = self.source_numbers[source] = len(self.sources)
-            self.sources.append(source)
-        return number
 
     def _count(self, role: str, value: str, sku: str | None, write: Write) -> None:
         """Remember the first write of ``value`` (an idempotency key or payment reference,
@@ -437,20 +423,21 @@ class _Analyser:
         # string each (a write naming an order, for --order, stays a tuple).
         packed: str | Write = write
         if write.name is not None and write.order_id is None:
-            packed = write.pack(self._source_number(write.source))
+            numbers = self.source_numbers
+            packed = write.pack(numbers.setdefault(write.source, len(numbers)))
         keys = self.keys
         first = keys.get(key)
         if first is None:
             keys[key] = packed
-            if len(keys) > self.max_keys:
+            if len(keys) > self.report.keys_limit:
                 keys.popitem(last=False)
-                self.keys_forgotten += 1
+                self.report.keys_forgotten += 1
             return
         if isinstance(first, Duplicate):
             first.add(write)
             return
         if isinstance(first, str):
-            first = Write.unpack(first, self.sources)
+            first = Write.unpack(first, list(self.source_numbers))
         if not first.same_record(write):
             kind, action, how = KEY_ROLES[role]
             incident = Duplicate(sku, f"{kind}={value} {action}", how, first, write)
@@ -461,9 +448,6 @@ class _Analyser:
 
     def finish(self) -> Report:
         report = self.report
-        report.keys_forgotten = self.keys_forgotten
-        report.limit = self.limit
-        report.stock_events = self.stock_events
         # Floor division keeps the order of the times: the days of the first and the last.
         min_day, max_day = self.min_ts // 86400, self.max_ts // 86400
         report.show_date = max_day > min_day
@@ -592,8 +576,9 @@ def analyse(
     ordered: Iterable[Event] = events
     if reorder_window is not None and not isinstance(events, OrderedEvents):
         ordered = OrderedEvents([events], reorder_window)
+    feed = analyser.feed
     for event in ordered:
-        analyser.feed(event)
+        feed(event)
     report = analyser.finish()
     if isinstance(ordered, OrderedEvents):
         report.late_events = ordered.late

@@ -9,7 +9,7 @@ writes the :class:`~.model.Finding` once the times can be formatted for the whol
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from .limits import FINDING_PARTICIPANTS
 from .model import Finding, FindingKind, TimeFormat
@@ -157,6 +157,13 @@ class Incident:
         #: read of the value it wrote, the SQL detector's unsafe read-modify-write).
         self.confirmed = False
 
+    def keep(self, items: list[Any], item: object) -> None:
+        """Add ``item`` to ``items`` up to ``FINDING_PARTICIPANTS``; count the others."""
+        if len(items) < FINDING_PARTICIPANTS:
+            items.append(item)
+        else:
+            self.dropped += 1
+
     def seen_after(self, name: str | None, ts: float) -> None:
         """Another request read, after this lost update's writes, the value it wrote: the
         computed value stayed written, so the writes overwrote each other."""
@@ -214,12 +221,8 @@ class _Writes(Incident):
         self.writes = [first, second]
 
     def add(self, write: Write) -> None:
-        if any(write.same_record(old) for old in self.writes[-4:]):
-            return
-        if len(self.writes) < FINDING_PARTICIPANTS:
-            self.writes.append(write)
-        else:
-            self.dropped += 1
+        if not any(write.same_record(old) for old in self.writes[-4:]):
+            self.keep(self.writes, write)
 
     def participants(self) -> list[Write]:
         return self.writes
@@ -299,14 +302,6 @@ class StaleRead(Incident):
         super().__init__(sku)
         self.write = write
         self.reads: list[tuple[str | None, int, float, str, str | None]] = []
-
-    def add(
-        self, name: str | None, available: int, ts: float, line: str, order: str | None
-    ) -> None:
-        if len(self.reads) < FINDING_PARTICIPANTS:
-            self.reads.append((name, available, ts, line, order))
-        else:
-            self.dropped += 1
 
     def participants(self) -> list[Write]:
         return [self.write]
@@ -393,10 +388,7 @@ class NegativeStock(Incident):
 
     def add(self, name: str | None, value: int, ts: float, line: str, order: str | None) -> None:
         self.lowest = min(self.lowest, value)
-        if len(self.below) < FINDING_PARTICIPANTS:
-            self.below.append((name, value, ts, line, order))
-        else:
-            self.dropped += 1
+        self.keep(self.below, (name, value, ts, line, order))
 
     def absorb(self, incident: SameFrom | Overwrite) -> None:
         """Fold in a lost update of the same SKU and restock: its writes were decrements."""
@@ -454,12 +446,6 @@ class SoldBeyond(NegativeStock):
         self.sold = 0
         self.writes = [write]
 
-    def add_write(self, write: Write) -> None:
-        if len(self.writes) < FINDING_PARTICIPANTS:
-            self.writes.append(write)
-        else:
-            self.dropped += 1
-
     def participants(self) -> list[Write]:
         return [*self.writes, *super().participants()]
 
@@ -502,12 +488,6 @@ class UnsafeWrite(Incident):
         super().__init__(sku)
         self.code = code
         self.lines: list[tuple[str | None, float, str]] = []
-
-    def add(self, name: str | None, ts: float, line: str) -> None:
-        if len(self.lines) < FINDING_PARTICIPANTS:
-            self.lines.append((name, ts, line))
-        else:
-            self.dropped += 1
 
     def participants(self) -> list[Write]:
         return []

@@ -8,23 +8,6 @@ from __future__ import annotations
 
 from typing import Final
 
-__all__ = [
-    "DEFAULT_LIMIT",
-    "DEFAULT_REORDER_WINDOW",
-    "FINDING_PARTICIPANTS",
-    "MAX_DEPTH",
-    "MAX_GROUPS",
-    "MAX_ID",
-    "MAX_KEYS",
-    "MAX_LINE",
-    "MAX_LINE_SCAN",
-    "MAX_NUMBER",
-    "OPEN_CHECKS",
-    "RECENT_FROMS",
-    "REORDER_BUFFER",
-    "SKIPPED_EXAMPLES",
-]
-
 #: Events shown per SKU and per order unless ``--limit`` says otherwise (0: all).
 DEFAULT_LIMIT: Final = 50
 #: Seconds of timestamp disorder inside one input that are put back in order.

@@ -240,11 +240,6 @@ class SkuSummary:
     first: str | None
     last: str | None
 
-    @property
-    def findings(self) -> int:
-        """How many findings the SKU has."""
-        return sum(self.causes.values())
-
     def to_dict(self) -> dict[str, Any]:
         """The row as JSON-ready data."""
         return {

@@ -6,6 +6,7 @@ import heapq
 import math
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
+from itertools import chain
 
 from .limits import DEFAULT_REORDER_WINDOW, REORDER_BUFFER
 from .model import Event
@@ -48,24 +49,27 @@ class OrderedEvents:
 
     def _reorder(self, stream: Iterable[Event]) -> Iterator[Event]:
         # Lines already in order (nearly all) wait in a FIFO run; only lines older than the
-        # newest one seen go through the heap. Out comes the older head of the two, once
-        # it is `window` seconds older than the newest line, or when too many wait.
+        # newest one seen go through the heap. Out comes the older head of the two (the
+        # earlier line on a tie), once it is `window` seconds older than the newest line,
+        # or when too many wait; the end of the stream (None) lets all out.
         run: deque[Event] = deque()
         heap: list[tuple[float, int, Event]] = []
         newest = -math.inf
-        for event in stream:
-            if event.ts >= newest:
+        window, buffer = self.window, self.buffer
+        for event in chain(stream, (None,)):
+            if event is None:
+                newest = math.inf
+            elif event.ts >= newest:
                 run.append(event)
                 newest = event.ts
             else:
                 heapq.heappush(heap, (event.ts, event.lineno, event))
             while run or heap:
-                head = heap[0][2] if _heap_first(run, heap) else run[0]
-                if head.ts > newest - self.window and len(run) + len(heap) <= self.buffer:
+                from_heap = bool(heap) and (not run or heap[0][:2] < (run[0].ts, run[0].lineno))
+                head = heap[0][2] if from_heap else run[0]
+                if head.ts > newest - window and len(run) + len(heap) <= buffer:
                     break
-                yield _take(run, heap)
-        while run or heap:
-            yield _take(run, heap)
+                yield heapq.heappop(heap)[2] if from_heap else run.popleft()
 
     def __iter__(self) -> Iterator[Event]:
         parts = [self._reorder(stream) for stream in self.streams]
@@ -76,13 +80,3 @@ class OrderedEvents:
             else:
                 newest = event.ts
             yield event
-
-
-def _heap_first(run: deque[Event], heap: list[tuple[float, int, Event]]) -> bool:
-    """Whether the heap's head is older than the run's (the earlier line on a tie)."""
-    return bool(heap) and (not run or heap[0][:2] < (run[0].ts, run[0].lineno))
-
-
-def _take(run: deque[Event], heap: list[tuple[float, int, Event]]) -> Event:
-    """Take the older of the heads of ``run`` and ``heap``."""
-    return heapq.heappop(heap)[2] if _heap_first(run, heap) else run.popleft()

@@ -8,16 +8,16 @@ in docs/timeline.md ("Input"). Other spellings of the keys the detectors read
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import re
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 from .limits import MAX_DEPTH, MAX_ID, MAX_LINE, MAX_NUMBER, SKIPPED_EXAMPLES
 from .model import AVAILABLE, FROM, ID_KEYS, QTY, STOCK, TO, Event
+from .selling import INT
 from .times import NUMBER, Stamp, parse_time_text, parse_time_value
 
 __all__ = ["ALIASES", "ReadStats", "decode_object", "parse_line", "read_events"]
@@ -71,12 +71,11 @@ _MAX_NAME = 80
 # timestamp outside them cannot be shown as a date (and is no log's).
 _MIN_EPOCH: Final = -62135596800.0
 _MAX_EPOCH: Final = 253402300799.0
-_ID_KEYS: Final = frozenset({*ID_KEYS, "product_id"})
 _NUMBER_KEYS: Final = frozenset({FROM, TO, AVAILABLE, STOCK, QTY})
+_NUMBERS: Final = (int, float)
 # Values that can be neither NaN, an infinity nor nested: a line of only these (nearly
 # every line) needs no walk through its values.
 _FLAT_TYPES: Final = frozenset({str, int, bool, type(None)})
-_INT = re.compile(r"-?\d{1,18}\Z")
 _DATE_ONLY = re.compile(r"\d{4}-\d\d-\d\d\Z")
 
 
@@ -100,7 +99,7 @@ def _kv_value(raw: str) -> Any:
         return True
     if lowered == "false":
         return False
-    if _INT.match(raw):
+    if INT.match(raw):
         return int(raw)
     return raw
 
@@ -135,41 +134,32 @@ def _parse_pairs(text: str, start: int = 0) -> tuple[str | None, Stamp | None, d
     return name, stamp, pairs
 
 
+class _AbsurdError(ValueError):
+    """A value that makes its line skipped (see :func:`_absurd_fields`)."""
+
+
 def _text_id(value: object) -> str | None:
-    if isinstance(value, str):
+    """An id as text (``None``: none); an id that is not a string or a finite number, or
+    is longer than ``MAX_ID``, raises :class:`_AbsurdError`."""
+    if type(value) is str:
+        if len(value) > MAX_ID:
+            raise _AbsurdError
         return value or None
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
+    if type(value) is int or (type(value) is float and math.isfinite(value)):
         return str(value)
-    return None
-
-
-def _absurd_stamp(stamp: Stamp | None) -> bool:
-    if stamp is None:
-        return False
-    ts, dated = stamp
-    if not math.isfinite(ts):
-        return True
-    return dated and not _MIN_EPOCH <= ts <= _MAX_EPOCH
+    if value is None:
+        return None
+    raise _AbsurdError
 
 
 def _absurd_fields(fields: dict[str, Any]) -> bool:
-    """Whether a value of ``fields`` would break the analysis or the report: NaN or an
-    infinity anywhere, nesting deeper than ``MAX_DEPTH``, an id that is not a string or
-    a number or is longer than ``MAX_ID``, a stock number beyond ``MAX_NUMBER``."""
-    keys = fields.keys()
-    for key in keys & _ID_KEYS:
+    """Whether a value of ``fields`` (the ids already taken out) would break the analysis
+    or the report: NaN or an infinity anywhere, nesting deeper than ``MAX_DEPTH``, a
+    stock number beyond ``MAX_NUMBER``."""
+    for key in fields.keys() & _NUMBER_KEYS:
         value = fields[key]
-        if value is not None and (
-            type(value) not in (str, int, float) or (type(value) is str and len(value) > MAX_ID)
-        ):
-            return True
-    for key in keys & _NUMBER_KEYS:
-        value = fields[key]
-        if (
-            isinstance(value, int | float)
-            and not isinstance(value, bool)
-            and not -MAX_NUMBER <= value <= MAX_NUMBER
-        ):
+        # A bool is an int, and within the bounds.
+        if isinstance(value, _NUMBERS) and not -MAX_NUMBER <= value <= MAX_NUMBER:
             return True
     values = fields.values()
     if _FLAT_TYPES.issuperset(map(type, values)):
@@ -197,8 +187,10 @@ def _make_event(
 ) -> Event | None:
     """Build the event, ``record`` (the caller's own) its ``fields``; ``None`` when a
     value is absurd: the line is skipped."""
-    if _absurd_stamp(stamp):
-        return None
+    if stamp is not None:
+        ts, dated = stamp
+        if not math.isfinite(ts) or (dated and not _MIN_EPOCH <= ts <= _MAX_EPOCH):
+            return None
     fields = record
     pop = fields.pop
     for key in used:
@@ -207,25 +199,28 @@ def _make_event(
     if not keys.isdisjoint(_CANONICAL_KEYS):
         for raw_key in keys & _CANONICAL_KEYS:
             fields.setdefault(ALIASES[raw_key], pop(raw_key))
-    if not keys.isdisjoint(_DROP_KEYS):
-        for key in keys & _DROP_KEYS:
-            del fields[key]
+    for key in _DROP_KEYS:
+        pop(key, None)
+    try:
+        sku, request_id, idempotency_key, order_id, reference, trace_id = [
+            _text_id(pop(id_key, None)) for id_key in ID_KEYS
+        ]
+        product = _text_id(fields.get("product_id"))
+    except _AbsurdError:
+        return None
     if _absurd_fields(fields):
         return None
-    sku = _text_id(pop("sku", None))
-    if sku is None and "product_id" in fields:
-        sku = _text_id(fields["product_id"])
     return Event(
         name.strip()[:_MAX_NAME],
         stamp[0] if stamp is not None else 0.0,
         stamp[1] if stamp is not None else True,
         stamp is not None,
-        sku,
-        _text_id(pop("request_id", None)),
-        _text_id(pop("idempotency_key", None)),
-        _text_id(pop("order_id", None)),
-        _text_id(pop("payment_reference", None)),
-        _text_id(pop("trace_id", None)),
+        sku if sku is not None else product,
+        request_id,
+        idempotency_key,
+        order_id,
+        reference,
+        trace_id,
         fields,
     )
 
@@ -322,27 +317,13 @@ def _from_text(text: str) -> Event | None:
     return _make_event(name, stamp, pairs, used)
 
 
-def _orjson_loads() -> Callable[[str], Any] | None:
-    try:
-        import orjson
-    except ImportError:
-        return None
-    loads: Callable[[str], Any] = orjson.loads
-    return loads
-
-
-#: orjson's ``loads`` when the ``timeline`` extra installed it: faster than ``json``.
-_fast_loads = _orjson_loads()
 _decoder = json.JSONDecoder()
 
 
 def decode_object(text: str) -> dict[str, Any] | None:
     """The JSON object that is all of ``text`` (already stripped), else ``None``.
 
-    What :mod:`json` reads, NaN and infinities included. orjson, when installed, decodes
-    first; a text it refuses (NaN, lone surrogates, deep nesting) or may have read
-    otherwise (an integer beyond 64 bits it makes a float, maybe nested) is decoded by
-    :mod:`json`, so the result never depends on it.
+    What :mod:`json` reads, NaN and infinities included.
 
     Example::
 
@@ -351,31 +332,11 @@ def decode_object(text: str) -> dict[str, Any] | None:
         >>> decode_object('[1]') is None, decode_object('{"a": 1} x') is None
         (True, True)
     """
-    if _fast_loads is not None:
-        with contextlib.suppress(ValueError):
-            value = _fast_loads(text)
-            if type(value) is dict and _FLAT_TYPES.issuperset(map(type, value.values())):
-                return value
     try:
         value, end = _decoder.raw_decode(text)
     except (ValueError, RecursionError):
         return None
     return value if end == len(text) and isinstance(value, dict) else None
-
-
-def _parse_stripped(text: str) -> Event | None:
-    if text[0] == "{":
-        record = decode_object(text)
-        return None if record is None else _from_mapping(record, None)
-    brace = text.find("{")
-    if brace > 0 and text[-1] == "}":
-        # A JSON line behind a prefix: "2026-11-29T13:41:14.262Z stdout F {...}".
-        record = decode_object(text[brace:])
-        if record is not None:
-            prefix = text[:brace].split()
-            stamp = parse_time_text(prefix[0]) if prefix else None
-            return _from_mapping(record, stamp)
-    return _from_text(text)
 
 
 def parse_line(text: str) -> Event | None:
@@ -400,7 +361,18 @@ def parse_line(text: str) -> Event | None:
     text = text.strip()
     if not text:
         return None
-    return _parse_stripped(text)
+    if text[0] == "{":
+        record = decode_object(text)
+        return None if record is None else _from_mapping(record, None)
+    brace = text.find("{")
+    if brace > 0 and text[-1] == "}":
+        # A JSON line behind a prefix: "2026-11-29T13:41:14.262Z stdout F {...}".
+        record = decode_object(text[brace:])
+        if record is not None:
+            prefix = text[:brace].split()
+            stamp = parse_time_text(prefix[0]) if prefix else None
+            return _from_mapping(record, stamp)
+    return _from_text(text)
 
 
 def _too_long(line: str) -> bool:
@@ -434,9 +406,8 @@ def read_events(
 
     Blank lines are ignored, unparsable ones counted in ``stats``, and so are lines
     longer than :data:`~.limits.MAX_LINE` characters and lines with an absurd value
-    (see the module's docstring). A line without a
-    timestamp takes the time of the line before it; times of day that jump back by more
-    than 12 hours are taken as the next day.
+    (see docs/timeline.md). A line without a timestamp takes the time of the line before
+    it; times of day that jump back by more than 12 hours are taken as the next day.
 
     Example::
 
@@ -453,15 +424,11 @@ def read_events(
     last_clock: float | None = None
     lineno = 0
     for lineno, raw in enumerate(lines, 1):
-        if len(raw) > MAX_LINE and _too_long(raw):
-            stats.skip(source, lineno)
-            continue
-        text = raw.strip()
-        if not text:
-            continue
-        event = _parse_stripped(text)
+        event = parse_line(raw)
         if event is None:
-            stats.skip(source, lineno)
+            # Blank lines are no log lines; too long ones are.
+            if raw.strip() or _too_long(raw):
+                stats.skip(source, lineno)
             continue
         event.source = source
         event.lineno = lineno

@@ -13,9 +13,10 @@ import re
 
 from .incidents import NegativeStock, Overwrite, SameFrom, SoldBeyond, StaleRead, Write
 
-__all__ = ["SkuState", "as_int", "truthy"]
+__all__ = ["INT", "SkuState", "as_int", "truthy"]
 
-_INT = re.compile(r"-?\d{1,18}\Z")
+#: A whole number in text that fits 64 bits: read as an ``int``.
+INT = re.compile(r"-?\d{1,18}\Z")
 
 
 def as_int(value: object) -> int | None:
@@ -32,7 +33,7 @@ def as_int(value: object) -> int | None:
         return value
     if isinstance(value, float):
         return int(value) if value.is_integer() else None
-    if isinstance(value, str) and _INT.match(value.strip()):
+    if isinstance(value, str) and INT.match(value.strip()):
         return int(value)
     return None
 
@@ -126,7 +127,7 @@ class SkuState:
             beyond.sold = self.sold
             return beyond
         beyond.sold, beyond.top = self.sold, self.top or 0
-        beyond.add_write(write)
+        beyond.keep(beyond.writes, write)
         return None
 
     def restock(self, to: int) -> None:

@@ -21,6 +21,7 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import time
@@ -39,8 +40,10 @@ _TIME_OF_DAY: Final = re.compile(r"\d\d?:\d\d:\d\d(?:[.,]\d+)?\Z")
 NUMBER: Final = re.compile(r"-?\d+(?:\.\d+)?\Z")
 
 
+@functools.lru_cache(maxsize=1024)
 def parse_time_text(text: str) -> Stamp | None:
     """An ISO-8601 date-time (UTC unless it says otherwise) or a bare time of day."""
+    # Cached: a busy log writes the same millisecond on several lines.
     if _DATE_AND_TIME.match(text):
         if text[-1] == "z":
             # Some loggers write the zone in lower case; fromisoformat wants "Z".
