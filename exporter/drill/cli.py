@@ -10,6 +10,7 @@ verify (the database could not be read: never a pass), 130 interrupted.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
 import uuid
@@ -197,31 +198,32 @@ def _run(
 
 
 async def _scenarios(drill: Drill, config: DrillConfig) -> list[ScenarioResult]:
-    from .scenarios import ScenarioResult
+    from .failures import duplicate_callback, stale_availability
+    from .observability import Unreadable, observability, scrape
+    from .scenarios import Drill, ScenarioResult
     from .truth import Unverifiable
 
-    results = drill.results
+    runs = {
+        "burst": Drill.burst,
+        "retry": Drill.retry,
+        "duplicate_callback": duplicate_callback,
+        "stale_availability": stale_availability,
+        "observability": observability,
+    }
     metrics_url = config.observability.metrics_url
     if "observability" in config.drill.scenarios and metrics_url is not None:
-        from .observability import scrape
-
         # Before the first scenario: the counters the drill makes grow.
-        page = await scrape(metrics_url, config.target.timeout)
-        drill.baseline = page if isinstance(page, dict) else {}
+        with contextlib.suppress(Unreadable):
+            drill.baseline = await scrape(metrics_url, config.target.timeout)
     for name in config.drill.scenarios:
-        run = getattr(drill, name, None)
-        if run is None:
-            result = ScenarioResult(name, unverified="not available in this version")
-        else:
-            try:
-                result = await run()
-            except Unverifiable as exc:
-                current = drill.current
-                keep = current is not None and current.name == name
-                result = current if current is not None and keep else ScenarioResult(name)
-                result.passed, result.failures, result.unverified = None, [], str(exc)
-        results.append(result)
-    return results
+        try:
+            result = await runs[name](drill)
+        except Unverifiable as exc:
+            current = drill.current
+            result = current if current and current.name == name else ScenarioResult(name)
+            result.passed, result.failures, result.unverified = None, [], str(exc)
+        drill.results.append(result)
+    return drill.results
 
 
 def _restore(drill: Drill, original: int) -> str:

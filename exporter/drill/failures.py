@@ -8,7 +8,7 @@ import math
 import time
 from typing import TYPE_CHECKING
 
-from .scenarios import ScenarioResult
+from .scenarios import ScenarioResult, inconsistent
 from .truth import Unverifiable
 from .wire import Request, Response, send_one
 
@@ -54,23 +54,19 @@ async def duplicate_callback(drill: Drill) -> ScenarioResult:
     result.figures.update(
         accepted=sum(r.error is None and 200 <= r.status < 300 for r in wave.responses)
     )
-    failures = []
-    if duplicated:
-        failures.append(
+    result.judge(
+        (
+            bool(duplicated),
             f"duplicate paid orders per {kind}: {len(duplicated)} of {payments} payments"
-            f" made more than one order ({extra} extra)"
-        )
-    if sold > payments * settings.qty:
-        failures.append(
+            f" made more than one order ({extra} extra)",
+        ),
+        (
+            sold > payments * settings.qty,
             f"stock taken twice: {sold} units sold for {payments} payments of"
-            f" {settings.qty} unit(s)"
-        )
-    if after.stock + sold != stock:
-        failures.append(
-            f"stock inconsistent: final stock {after.stock} + {sold} units sold"
-            f" = {after.stock + sold}, not {stock}"
-        )
-    result.judge(failures)
+            f" {settings.qty} unit(s)",
+        ),
+        inconsistent(after, sold, stock),
+    )
     return result
 
 
@@ -129,22 +125,18 @@ async def stale_availability(drill: Drill) -> ScenarioResult:
         stale_answers=stale,
         stale_window_ms=None if window is None else round(1000 * window, 1),
     )
-    if window is None:
-        result.judge(
-            [
-                f"availability still said available {limit:g} s after the sell-out"
-                f" (threshold {threshold:g} s)"
-            ]
-        )
-    elif window > threshold:
-        result.judge(
-            [
-                f"availability said available for {1000 * window:.0f} ms after the sell-out"
-                f" (threshold {1000 * threshold:.0f} ms): buyers are sent to a sold-out checkout"
-            ]
-        )
-    else:
-        result.judge([])
+    result.judge(
+        (
+            window is None,
+            f"availability still said available {limit:g} s after the sell-out"
+            f" (threshold {threshold:g} s)",
+        ),
+        (
+            window is not None and window > threshold,
+            f"availability said available for {1000 * (window or 0):.0f} ms after the sell-out"
+            f" (threshold {1000 * threshold:.0f} ms): buyers are sent to a sold-out checkout",
+        ),
+    )
     return result
 
 

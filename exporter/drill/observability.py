@@ -24,7 +24,7 @@ from .wire import Request, send_one
 if TYPE_CHECKING:
     from .scenarios import Drill
 
-__all__ = ["SIGNALS", "observability", "scrape"]
+__all__ = ["SIGNALS", "Unreadable", "observability", "scrape"]
 
 #: Per problem: the metric samples and the alerts that show it.
 SIGNALS: Final[dict[str, tuple[tuple[str, ...], tuple[str, ...]]]] = {
@@ -69,27 +69,34 @@ def _totals(text: str) -> dict[str, float]:
     return totals
 
 
-async def scrape(url: str, wait_s: float) -> dict[str, float] | str:
-    """The samples of ``url`` summed by name, or why they could not be read."""
+class Unreadable(Exception):
+    """The monitoring could not be read; ``str()`` says what and why."""
+
+
+async def _get(url: str, wait_s: float) -> bytes:
     response = await send_one(Request("GET", url), wait_s=wait_s)
     if response.error is not None or response.status != 200:
-        return f"{url} answered {response.error or response.status}"
+        raise Unreadable(f"{url} answered {response.error or response.status}")
+    return response.body
+
+
+async def scrape(url: str, wait_s: float) -> dict[str, float]:
+    """The samples of ``url`` summed by name; :class:`Unreadable` when they cannot be read."""
+    body = await _get(url, wait_s)
     try:
-        return _totals(response.body.decode("utf-8", "replace"))
+        return _totals(body.decode("utf-8", "replace"))
     except ValueError as exc:
-        return f"{url} is not a Prometheus text page: {exc}"
+        raise Unreadable(f"{url} is not a Prometheus text page: {exc}") from None
 
 
-async def _alerts(url: str, wait_s: float) -> set[str] | str:
+async def _alerts(url: str, wait_s: float) -> set[str]:
     endpoint = urllib.parse.urljoin(url.rstrip("/") + "/", "api/v1/alerts")
-    response = await send_one(Request("GET", endpoint), wait_s=wait_s)
-    if response.error is not None or response.status != 200:
-        return f"{endpoint} answered {response.error or response.status}"
+    body = await _get(endpoint, wait_s)
     try:
-        alerts = json.loads(response.body)["data"]["alerts"]
+        alerts = json.loads(body)["data"]["alerts"]
         return {str(a["labels"]["alertname"]) for a in alerts if a.get("state") != "inactive"}
     except (ValueError, KeyError, TypeError):
-        return f"{endpoint} did not answer Prometheus's alerts document"
+        raise Unreadable(f"{endpoint} did not answer Prometheus's alerts document") from None
 
 
 def _seen(name: str, before: dict[str, float], after: dict[str, float]) -> bool:
@@ -127,18 +134,16 @@ async def observability(drill: Drill) -> ScenarioResult:
     after: dict[str, float] = {}
     firing: set[str] = set()
     while True:
-        if rule.metrics_url is not None:
-            page = await scrape(rule.metrics_url, wait_s)
-            if isinstance(page, str):
-                failures.append(f"the monitor is off: {page}")
-                break
-            after = page
-        if rule.prometheus_url is not None:
-            alerts = await _alerts(rule.prometheus_url, wait_s)
-            if isinstance(alerts, str):
-                failures.append(f"the alerts cannot be read: {alerts}")
-                break
-            firing = alerts
+        try:
+            if rule.metrics_url is not None:
+                what = "the monitor is off"
+                after = await scrape(rule.metrics_url, wait_s)
+            if rule.prometheus_url is not None:
+                what = "the alerts cannot be read"
+                firing = await _alerts(rule.prometheus_url, wait_s)
+        except Unreadable as exc:
+            failures.append(f"{what}: {exc}")
+            break
         for problem in problems:
             metrics, alert_names = SIGNALS[problem]
             seen[problem] = [m for m in metrics if _seen(m, drill.baseline, after)]
@@ -160,9 +165,9 @@ async def observability(drill: Drill) -> ScenarioResult:
                 )
     result.figures.update(
         caused=problems,
-        seen={problem: names for problem, names in seen.items()},
+        seen=seen,
         lock_waits=int(after.get(LOCK_WAITS, 0.0) - drill.baseline.get(LOCK_WAITS, 0.0)),
         alerts=sorted(firing),
     )
-    result.judge(failures)
+    result.judge(*[(True, failure) for failure in failures])
     return result

@@ -42,10 +42,10 @@ class ScenarioResult:
         """``pass``, ``fail`` or ``unverified``."""
         return "unverified" if self.passed is None else "pass" if self.passed else "fail"
 
-    def judge(self, failures: list[str]) -> None:
-        """Pass when ``failures`` is empty; keep them."""
-        self.failures = failures
-        self.passed = not failures
+    def judge(self, *checks: tuple[bool, str]) -> None:
+        """Keep the failure of each ``(failed, failure)`` check; pass when none failed."""
+        self.failures = [failure for failed, failure in checks if failed]
+        self.passed = not self.failures
 
     def to_dict(self) -> dict[str, Any]:
         """The scenario in the JSON report."""
@@ -93,6 +93,30 @@ def is_success(config: DrillConfig, response: Response) -> bool:
     return success_of(response.status, response.body, rule.status, rule.json_field)
 
 
+def intent_values(
+    run: str, scenario: str, n: int, sku: str, qty: int, copy: int = 0
+) -> dict[str, str]:
+    """The placeholders of intent ``n`` of ``scenario`` in drill ``run``."""
+    intent = f"{run}-{scenario}-{n}"
+    return {
+        "sku": sku,
+        "qty": str(qty),
+        "n": str(n),
+        "request_id": f"req-{intent}-{copy}",
+        "idempotency_key": f"idem-{intent}",
+        "payment_reference": f"pay-{intent}",
+    }
+
+
+def inconsistent(after: Snapshot, sold: int, stock: int, why: str = "") -> tuple[bool, str]:
+    """The check that the final stock and the units sold add up to the ``stock`` set."""
+    return (
+        after.stock + sold != stock,
+        f"stock inconsistent: final stock {after.stock} + {sold} units sold"
+        f" = {after.stock + sold}, not {stock}{why}",
+    )
+
+
 #: Progress callback: (scenario, requests done, requests in all, successes).
 Tick = Callable[[str, int, int, int], None]
 #: Another load engine for the burst: sends the drill's ``requests`` checkouts and returns
@@ -100,24 +124,22 @@ Tick = Callable[[str, int, int, int], None]
 Engine = Callable[["Drill"], Awaitable[tuple[list[Response], list[float]]]]
 
 
+@dataclass(slots=True)
 class Drill:
     """Runs the scenarios of one drill against one shop; ``run`` names this drill's keys."""
 
-    def __init__(
-        self, config: DrillConfig, shop: Shop, run: str, tick: Tick | None = None
-    ) -> None:
-        self.config = config
-        self.shop = shop
-        self.run = run
-        self.tick = tick
-        self.started = time.perf_counter()
-        #: The scenario running: what it measured so far stays when the database fails.
-        self.current: ScenarioResult | None = None
-        #: The scenarios run so far, and the monitoring's samples before the first.
-        self.results: list[ScenarioResult] = []
-        self.baseline: dict[str, float] = {}
-        #: The burst's load engine; ``None``: this process, by waves.
-        self.engine: Engine | None = None
+    config: DrillConfig
+    shop: Shop
+    run: str
+    tick: Tick | None = None
+    started: float = field(default_factory=time.perf_counter)
+    #: The scenario running: what it measured so far stays when the database fails.
+    current: ScenarioResult | None = None
+    #: The scenarios run so far, and the monitoring's samples before the first.
+    results: list[ScenarioResult] = field(default_factory=list)
+    baseline: dict[str, float] = field(default_factory=dict)
+    #: The burst's load engine; ``None``: this process, by waves.
+    engine: Engine | None = None
 
     def begin(self, name: str) -> ScenarioResult:
         """The result of scenario ``name``, kept as :attr:`current`."""
@@ -130,15 +152,7 @@ class Drill:
         """The placeholders of request ``n`` of ``scenario`` (``copy``: a resubmit of the
         same intent: a new request id, the same keys)."""
         settings = self.config.drill
-        intent = f"{self.run}-{scenario}-{n}"
-        return {
-            "sku": settings.sku,
-            "qty": str(settings.qty),
-            "n": str(n),
-            "request_id": f"req-{intent}-{copy}",
-            "idempotency_key": f"idem-{intent}",
-            "payment_reference": f"pay-{intent}",
-        }
+        return intent_values(self.run, scenario, n, settings.sku, settings.qty, copy)
 
     def request(self, spec: RequestSpec, values: dict[str, str]) -> Request:
         """``spec`` with the placeholders filled."""
@@ -226,24 +240,19 @@ class Drill:
             oversold=oversold,
             negative_stock=after.stock < 0,
         )
-        failures = []
-        if successes * qty > stock:
-            failures.append(
+        result.judge(
+            (
+                successes * qty > stock,
                 f"successes exceed the stock: {successes} checkouts of {qty} unit(s)"
-                f" succeeded against a stock of {stock} (oversold by {oversold})"
-            )
-        if sold > stock:
-            failures.append(
-                f"orders beyond the stock: {sold} units paid against a stock of {stock}"
-            )
-        if after.stock < 0:
-            failures.append(f"final stock is negative: {after.stock}")
-        if after.stock + sold != stock:
-            failures.append(
-                f"stock inconsistent: final stock {after.stock} + {sold} units sold"
-                f" = {after.stock + sold}, not {stock} (lost updates)"
-            )
-        result.judge(failures)
+                f" succeeded against a stock of {stock} (oversold by {oversold})",
+            ),
+            (
+                sold > stock,
+                f"orders beyond the stock: {sold} units paid against a stock of {stock}",
+            ),
+            (after.stock < 0, f"final stock is negative: {after.stock}"),
+            inconsistent(after, sold, stock, " (lost updates)"),
+        )
         return result
 
     async def retry(self) -> ScenarioResult:
@@ -282,18 +291,18 @@ class Drill:
         self.record(result, responses)
         _, sold, duplicated, extra = await self.orders_per_key(result, kind, before)
         result.figures.update(successes=sum(is_success(self.config, r) for r in responses))
-        failures = []
-        if duplicated:
-            worst = max(duplicated.items(), key=lambda item: item[1])
-            failures.append(
+        worst = max(duplicated.items(), key=lambda item: item[1], default=("", 0))
+        result.judge(
+            (
+                bool(duplicated),
                 f"duplicate orders per {kind}: {len(duplicated)} of {intents} intents"
-                f" ordered more than once ({extra} extra orders; {worst[0]} has {worst[1]})"
-            )
-        if sold > intents * settings.qty:
-            failures.append(
-                f"retries sold {sold} units for {intents} intents of {settings.qty} unit(s)"
-            )
-        result.judge(failures)
+                f" ordered more than once ({extra} extra orders; {worst[0]} has {worst[1]})",
+            ),
+            (
+                sold > intents * settings.qty,
+                f"retries sold {sold} units for {intents} intents of {settings.qty} unit(s)",
+            ),
+        )
         return result
 
     async def orders_per_key(
@@ -317,21 +326,3 @@ class Drill:
             final_stock=after.stock,
         )
         return after, sold, duplicated, extra
-
-    async def duplicate_callback(self) -> ScenarioResult:
-        """The payment callback delivered twice at once (see :mod:`.failures`)."""
-        from .failures import duplicate_callback
-
-        return await duplicate_callback(self)
-
-    async def stale_availability(self) -> ScenarioResult:
-        """How long availability says "available" after the sell-out (:mod:`.failures`)."""
-        from .failures import stale_availability
-
-        return await stale_availability(self)
-
-    async def observability(self) -> ScenarioResult:
-        """Did the shop's monitoring see what the drill caused (:mod:`.observability`)."""
-        from .observability import observability
-
-        return await observability(self)

@@ -69,12 +69,6 @@ class Shop:
         """Release the engine."""
         self.engine.dispose()
 
-    def _fail(self, exc: Exception) -> Unverifiable:
-        orig = getattr(exc, "orig", None)
-        text = str(orig if orig is not None else exc).strip().splitlines()
-        first = text[0] if text else type(exc).__name__
-        return Unverifiable(f"database {self.shown}: {dburl.scrub(first, self.url)}")
-
     def _run(self, work: Any) -> Any:
         import sqlalchemy as sa
 
@@ -82,47 +76,38 @@ class Shop:
             with self.engine.begin() as conn:
                 return work(conn)
         except (sa.exc.SQLAlchemyError, OSError) as exc:
-            raise self._fail(exc) from None
+            orig = getattr(exc, "orig", None)
+            text = str(orig if orig is not None else exc).strip().splitlines()
+            first = text[0] if text else type(exc).__name__
+            raise Unverifiable(f"database {self.shown}: {dburl.scrub(first, self.url)}") from None
 
     def _rows(self, conn: Connection, query: Query) -> Sequence[Any]:
         import sqlalchemy as sa
 
         return conn.execute(sa.text(query.text("named")), query.params).all()
 
-    def find(self) -> Snapshot:
-        """Find the drill SKU's row (a missing one is :class:`LookupError`) and read it."""
+    def _column(self, conn: Connection, column: str) -> Any:
+        """The drill SKU's ``column`` of the products table (``None``: no such row)."""
         import sqlalchemy as sa
 
-        p = self.schema.products
+        q, p = self.sql.quote, self.schema.products
+        statement = f"SELECT {q(column)} FROM {q(p.table)} WHERE {q(p.sku)} = :sku"
+        return conn.execute(sa.text(statement), {"sku": self.sku}).scalar_one_or_none()
 
-        def work(conn: Connection) -> Any:
-            return conn.execute(
-                sa.text(
-                    f"SELECT {self.sql.quote(p.id)} FROM {self.sql.quote(p.table)}"
-                    f" WHERE {self.sql.quote(p.sku)} = :sku"
-                ),
-                {"sku": self.sku},
-            ).scalar_one_or_none()
-
-        self.product_id = self._run(work)
+    def find(self) -> Snapshot:
+        """Find the drill SKU's row (a missing one is :class:`LookupError`) and read it."""
+        self.product_id = self._run(lambda conn: self._column(conn, self.schema.products.id))
         if self.product_id is None:
             raise LookupError(f"no product {self.sku!r} in {self.shown}")
         return self.snapshot()
 
     def snapshot(self) -> Snapshot:
         """The stock and the paid units now."""
-        import sqlalchemy as sa
-
-        p = self.schema.products
 
         def work(conn: Connection) -> Snapshot:
-            stock = conn.execute(
-                sa.text(
-                    f"SELECT {self.sql.quote(p.stock)} FROM {self.sql.quote(p.table)}"
-                    f" WHERE {self.sql.quote(p.sku)} = :sku"
-                ),
-                {"sku": self.sku},
-            ).scalar_one()
+            stock = self._column(conn, self.schema.products.stock)
+            if stock is None:
+                raise Unverifiable(f"database {self.shown}: product {self.sku!r} is gone")
             query = self.sql.paid_units_of_products(
                 [self.product_id], end=datetime.now(UTC) + _CLOCK_SLACK
             )
@@ -132,29 +117,14 @@ class Shop:
         result: Snapshot = self._run(work)
         return result
 
-    def negative(self) -> bool:
-        """Whether the invariant ``negative_stock`` holds the drill SKU now."""
-        rows = self._run(lambda conn: self._rows(conn, self.sql.negative_stock(skus=[self.sku])))
-        return bool(rows)
-
     def set_stock(self, stock: int) -> None:
         """Write the drill SKU's stock column (the one row, by its SKU)."""
         import sqlalchemy as sa
 
-        p = self.schema.products
-
-        def work(conn: Connection) -> int:
-            return int(
-                conn.execute(
-                    sa.text(
-                        f"UPDATE {self.sql.quote(p.table)} SET {self.sql.quote(p.stock)} = :stock"
-                        f" WHERE {self.sql.quote(p.sku)} = :sku"
-                    ),
-                    {"stock": stock, "sku": self.sku},
-                ).rowcount
-            )
-
-        if self._run(work) != 1:
+        q, p = self.sql.quote, self.schema.products
+        statement = f"UPDATE {q(p.table)} SET {q(p.stock)} = :stock WHERE {q(p.sku)} = :sku"
+        values = {"stock": stock, "sku": self.sku}
+        if self._run(lambda conn: conn.execute(sa.text(statement), values).rowcount) != 1:
             raise Unverifiable(f"database {self.shown}: product {self.sku!r} is gone")
 
     def orders_per_key(self, kind: str, prefix: str) -> dict[str, int]:

@@ -24,7 +24,7 @@ from gevent.event import Event
 from locust import HttpUser, events, task
 from locust.exception import StopUser
 from stocksentry.exporter.drill.config import RequestSpec
-from stocksentry.exporter.drill.scenarios import success_of
+from stocksentry.exporter.drill.scenarios import intent_values, success_of
 
 _PLAN: dict[str, Any] = json.loads(
     Path(os.environ["STOCKSENTRY_DRILL_PLAN"]).read_text(encoding="utf-8")
@@ -99,15 +99,7 @@ class Buyer(HttpUser):
     def checkout(self) -> None:
         index = getattr(self.environment.runner, "worker_index", 0)
         n = int(index) * 1_000_000 + next(_counter)
-        intent = f"{_PLAN['run']}-burst-{n}"
-        values = {
-            "sku": _PLAN["sku"],
-            "qty": str(_PLAN["qty"]),
-            "n": str(n),
-            "request_id": f"req-{intent}-0",
-            "idempotency_key": f"idem-{intent}",
-            "payment_reference": f"pay-{intent}",
-        }
+        values = intent_values(_PLAN["run"], "burst", n, _PLAN["sku"], _PLAN["qty"])
         method, url, headers, body = _SPEC.render(values)
         _released.wait()
         delay = _release_at[0] - time.time() if _release_at else 0.0
