@@ -5,3 +5,10 @@ Alertmanager webhook and :mod:`.collector` the ``stocksentry_sku_frozen`` gauge 
 reads from Redis. The contract itself is the instrumentation's
 (:mod:`stocksentry.instrumentation.freeze`), the one a checkout honours.
 """
+
+
+def scrub(error: BaseException, url: str) -> str:
+    """``error`` as text without the secrets of the Redis ``url``."""
+    from stocksentry.instrumentation.secrets import redact, secret_fragments
+
+    return redact(f"{type(error).__name__}: {error}", secret_fragments(url))

@@ -4,12 +4,6 @@ Where the freezes live comes from ``--redis-url``, else ``$STOCKSENTRY_FREEZE_RE
 else the ``containment`` section of ``--config FILE`` (the exporter's, so the command and
 the sidecar use one Redis, key template and channel). This module loads only the standard
 library; redis-py is imported when a command runs.
-
-Example::
-
-    stocksentry freeze EGG-01 --reason "oversold at promo start" --ttl 30m
-    stocksentry frozen
-    stocksentry unfreeze EGG-01
 """
 
 from __future__ import annotations
@@ -24,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Final, TextIO
 
 from ..commandline import CommandError, ExitCode, Subcommands, duration_in, say
+from . import scrub
 
 __all__ = ["REDIS_URL_ENV", "add_parsers"]
 
@@ -113,12 +108,6 @@ class Target:
 
         return redis.Redis.from_url(self.url, socket_connect_timeout=3.0, socket_timeout=5.0)
 
-    def scrub(self, error: BaseException) -> str:
-        """``error`` as text without the URL's secrets."""
-        from stocksentry.instrumentation.secrets import redact, secret_fragments
-
-        return redact(f"{type(error).__name__}: {error}", secret_fragments(self.url))
-
 
 def resolve_target(args: argparse.Namespace) -> Target:
     """The :class:`Target` of a parsed command line; :class:`CommandError` when none."""
@@ -155,15 +144,22 @@ def resolve_target(args: argparse.Namespace) -> Target:
     return Target(url, template, args.channel or channel)
 
 
-def _freeze(args: argparse.Namespace, out: TextIO | None = None) -> int:
+def _sku_target(args: argparse.Namespace) -> Target:
+    """The target of ``freeze``/``unfreeze``, once their SKU is one the contract takes."""
     from stocksentry.instrumentation.freeze import FreezeContractError, check_sku
-    from stocksentry.instrumentation.freezeview import freeze_sku
 
     target = resolve_target(args)
     try:
         check_sku(args.sku)
     except FreezeContractError as exc:
         raise CommandError(f"SKU: {exc}") from None
+    return target
+
+
+def _freeze(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    from stocksentry.instrumentation.freezeview import freeze_sku
+
+    target = _sku_target(args)
     by = args.by if args.by is not None else _login()
     outcome, state = _call(
         target,
@@ -185,14 +181,9 @@ def _freeze(args: argparse.Namespace, out: TextIO | None = None) -> int:
 
 
 def _unfreeze(args: argparse.Namespace, out: TextIO | None = None) -> int:
-    from stocksentry.instrumentation.freeze import FreezeContractError, check_sku
     from stocksentry.instrumentation.freezeview import unfreeze_sku
 
-    target = resolve_target(args)
-    try:
-        check_sku(args.sku)
-    except FreezeContractError as exc:
-        raise CommandError(f"SKU: {exc}") from None
+    target = _sku_target(args)
     outcome = _call(
         target,
         lambda client: unfreeze_sku(
@@ -257,7 +248,7 @@ def _call(target: Target, work: Any) -> Any:
     try:
         return work(client)
     except redis.RedisError as exc:
-        raise CommandError(f"Redis at {target.shown()}: {target.scrub(exc)}") from None
+        raise CommandError(f"Redis at {target.shown()}: {scrub(exc, target.url)}") from None
     finally:
         client.close()
 

@@ -13,12 +13,6 @@ replaced nor lifted by an alert (the contract's scripts enforce it).
 A hostile body (too big, not JSON, not Alertmanager's shape, a SKU with control
 characters, only alerts it does not act on) gets a 4xx, one quiet log line, and changes
 nothing. The route sits behind the same basic auth and TLS as ``/metrics``.
-
-Example::
-
-    containment = Containment(config.containment)
-    run_server(settings, collectors=[containment], background=[containment.cleanup_ctx],
-               routes=containment.routes())
 """
 
 from __future__ import annotations
@@ -41,9 +35,9 @@ from stocksentry.instrumentation.freezeview import (
     read_frozen,
     unfreeze_sku,
 )
-from stocksentry.instrumentation.secrets import redact, secret_fragments
 
 from ..config.containment import WEBHOOK_PATH, ContainmentConfig
+from . import scrub
 
 LOGGER: Final = logging.getLogger("stocksentry.exporter.containment")
 #: Frozen SKUs exported one series each at most; a person freezing more than this is told
@@ -118,10 +112,7 @@ class Containment:
         LOGGER.info("freeze %s: %s (%s)", action, _shown(sku), source)
 
     def _view_error(self, exc: BaseException) -> None:
-        LOGGER.warning("freeze view: %s", self._scrub(exc))
-
-    def _scrub(self, exc: BaseException) -> str:
-        return redact(f"{type(exc).__name__}: {exc}", secret_fragments(self._url))
+        LOGGER.warning("freeze view: %s", scrub(exc, self._url))
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -156,7 +147,7 @@ class Containment:
             try:
                 results = await self._act(notices)
             except Exception as exc:
-                LOGGER.warning("freeze webhook: Redis failed: %s", self._scrub(exc))
+                LOGGER.warning("freeze webhook: Redis failed: %s", scrub(exc, self._url))
                 # 5xx: Alertmanager retries it.
                 return web.json_response({"error": "the freezes could not be written"}, status=503)
         return web.json_response({"mode": self.config.mode, "results": results})

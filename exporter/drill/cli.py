@@ -20,12 +20,12 @@ from typing import TYPE_CHECKING, Any
 from ..commandline import CommandError, ExitCode, Subcommands, int_in, say
 
 if TYPE_CHECKING:
+    from ..lab.progress import LiveProgress
     from .config import DrillConfig
-    from .scenarios import Drill, ScenarioResult
+    from .scenarios import Drill, ScenarioResult, Tick
 
 __all__ = ["add_parser", "run_drill"]
 
-COMMAND = "drill"
 #: The scenarios (as in .config.SCENARIOS, which --help does not import).
 SCENARIO_NAMES = ("burst", "retry", "duplicate_callback", "stale_availability", "observability")
 
@@ -157,7 +157,7 @@ def run_drill(args: argparse.Namespace) -> int:
             # Nothing sent, nothing written: every scenario unverified, in every report.
             from .scenarios import ScenarioResult
 
-            say(err, f"stocksentry {COMMAND}: cannot verify: {exc}")
+            say(err, f"stocksentry drill: cannot verify: {exc}")
             results = [
                 ScenarioResult(name, unverified=str(exc)) for name in config.drill.scenarios
             ]
@@ -166,7 +166,7 @@ def run_drill(args: argparse.Namespace) -> int:
             results, restored = _run(config, shop, original, args)
     finally:
         shop.close()
-    return _report(config, results, target, restored, args)
+    return _report(results, target, restored, args)
 
 
 def _run(
@@ -186,18 +186,18 @@ def _run(
 
         engine = LocustEngine(args.workers)
     progress = _progress(config, args)
-    drill = Drill(config, shop, uuid.uuid4().hex[:8], tick=progress)
-    drill.engine = engine
+    tick = progress[1] if progress is not None else None
+    drill = Drill(config, shop, uuid.uuid4().hex[:8], tick=tick, engine=engine)
     try:
-        results = asyncio.run(_scenarios(drill, config))
+        results = asyncio.run(_scenarios(drill))
     finally:
         if progress is not None:
-            progress.close()
+            progress[0].close()
         restored = _restore(drill, original)
     return results, restored
 
 
-async def _scenarios(drill: Drill, config: DrillConfig) -> list[ScenarioResult]:
+async def _scenarios(drill: Drill) -> list[ScenarioResult]:
     from .failures import duplicate_callback, stale_availability
     from .observability import Unreadable, observability, scrape
     from .scenarios import Drill, ScenarioResult
@@ -210,6 +210,7 @@ async def _scenarios(drill: Drill, config: DrillConfig) -> list[ScenarioResult]:
         "stale_availability": stale_availability,
         "observability": observability,
     }
+    config = drill.config
     metrics_url = config.observability.metrics_url
     if "observability" in config.drill.scenarios and metrics_url is not None:
         # Before the first scenario: the counters the drill makes grow.
@@ -227,64 +228,54 @@ async def _scenarios(drill: Drill, config: DrillConfig) -> list[ScenarioResult]:
 
 
 def _restore(drill: Drill, original: int) -> str:
-    """Set the drill SKU's stock back as it was found: the same way it was set (the
-    shop's reset request, or the stock column)."""
+    """Set the drill SKU's stock back as it was found, the way the scenarios set it."""
     import asyncio
 
     from .truth import Unverifiable
 
     shop = drill.shop
     try:
-        if drill.config.target.reset is not None:
-            asyncio.run(drill.reset(original))
-        else:
-            shop.set_stock(original)
+        asyncio.run(drill.reset(original))
     except Unverifiable as exc:
         return f"the stock of {shop.sku} could NOT be restored to {original}: {exc}"
     return f"restored the stock of {shop.sku} to {original}"
 
 
-class _Ticker:
-    """Live progress through the lab's bars, one per scenario."""
+def _progress(config: DrillConfig, args: argparse.Namespace) -> tuple[LiveProgress, Tick] | None:
+    """Live progress through the lab's bars, one per scenario; ``None`` when not shown."""
+    if args.quiet or args.format == "json":
+        return None
+    from ..lab.progress import LiveProgress, Progress
 
-    def __init__(self, config: DrillConfig) -> None:
-        from ..lab.progress import LiveProgress
-
-        self.bars = LiveProgress(
+    try:
+        bars = LiveProgress(
             sys.stderr,
             config.drill.scenarios,
             total=config.drill.requests,
             title="stocksentry drill",
             unit="requests",
         )
-        self.bars.start(config.drill.sku)
-        self.began = time.perf_counter()
-
-    def __call__(self, name: str, done: int, total: int, successes: int) -> None:
-        from ..lab.progress import Progress
-
-        elapsed = time.perf_counter() - self.began
-        snapshot = Progress(name, done, total, successes, done - successes, 0, elapsed)
-        if done >= total:
-            self.bars.finish(snapshot)
-        else:
-            self.bars.update(snapshot)
-
-    def close(self) -> None:
-        self.bars.close()
-
-
-def _progress(config: DrillConfig, args: argparse.Namespace) -> _Ticker | None:
-    if args.quiet or args.format == "json":
-        return None
-    try:
-        return _Ticker(config)
     except ImportError:
         return None
+    bars.start(config.drill.sku)
+    began = time.perf_counter()
+
+    def tick(name: str, done: int, total: int, successes: int) -> None:
+        elapsed = time.perf_counter() - began
+        snapshot = Progress(name, done, total, successes, done - successes, 0, elapsed)
+        (bars.finish if done >= total else bars.update)(snapshot)
+
+    return bars, tick
+
+
+def _write(option: str, path: str, text: str) -> None:
+    try:
+        Path(path).write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise CommandError(f"{option}: cannot write {path}: {exc.strerror}") from exc
 
 
 def _report(
-    config: DrillConfig,
     results: list[ScenarioResult],
     target: dict[str, str],
     restored: str,
@@ -292,16 +283,11 @@ def _report(
 ) -> int:
     from .report import format_json, format_junit, format_text, overall
 
-    if args.format == "json":
-        sys.stdout.write(format_json(results, target=target, restored=restored))
-    else:
-        sys.stdout.write(format_text(results, target=target, restored=restored))
+    formatter = format_json if args.format == "json" else format_text
+    sys.stdout.write(formatter(results, target=target, restored=restored))
     sys.stdout.flush()
     if args.junit:
-        try:
-            Path(args.junit).write_text(format_junit(results, target=target), encoding="utf-8")
-        except OSError as exc:
-            raise CommandError(f"--junit: cannot write {args.junit}: {exc.strerror}") from exc
+        _write("--junit", args.junit, format_junit(results, target=target))
     if args.report:
         import shlex
 
@@ -313,13 +299,10 @@ def _report(
             restored=restored,
             command=shlex.join(["stocksentry", *sys.argv[1:]]),
         )
-        try:
-            Path(args.report).write_text(page, encoding="utf-8")
-        except OSError as exc:
-            raise CommandError(f"--report: cannot write {args.report}: {exc.strerror}") from exc
+        _write("--report", args.report, page)
     verdict = overall(results)
     if "NOT be restored" in restored:
-        say(sys.stderr, f"stocksentry {COMMAND}: warning: {restored}")
+        say(sys.stderr, f"stocksentry drill: warning: {restored}")
     return int(
         {"pass": ExitCode.OK, "fail": ExitCode.FINDINGS, "unverified": ExitCode.INCOMPLETE}[
             verdict

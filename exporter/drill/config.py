@@ -1,21 +1,13 @@
-"""The drill's YAML file, read through the exporter's config machinery.
-
-The same reader, key checks and one-line errors as the exporter's config (``drill.yaml:7:
-target.checkout.url: ...``), the same ``schema`` mapping and the same secret database URL
-keys (``url_env``, ``url_file``, ``url``). What only the drill has: the shop's HTTP
-requests with their placeholders, what counts as a sale, the drill SKU and its stock.
-
-Example::
-
-    config = load_drill_config("drill.yaml")
-    config.target.checkout.render(sku="EGG-01", qty=1, n=1, run="r1")
-"""
+"""The drill's YAML file, read through the exporter's config machinery (the same reader,
+errors, ``schema`` mapping and secret URL keys). What only the drill has: the shop's HTTP
+requests with their placeholders, what counts as a sale, the drill SKU and its stock."""
 
 # ruff: noqa: RUF009 - the fields' metadata is built by calls (key(), section() ...), the
 # way the exporter's config model declares its fields.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import urllib.parse
@@ -74,16 +66,16 @@ _SAMPLE: Final = {
 }
 
 
+def _unknown(text: str) -> str | None:
+    """The first placeholder of ``text`` the drill does not know, if any."""
+    return next((n for n in _PLACEHOLDER.findall(text) if n not in PLACEHOLDERS), None)
+
+
 def _placeholders_known(ctx: Context, node: Node, path: str, text: str) -> None:
-    for name in _PLACEHOLDER.findall(text):
-        if name not in PLACEHOLDERS:
-            ctx.fail(
-                node,
-                path,
-                f"unknown placeholder {{{name}}} (known: "
-                + ", ".join(f"{{{p}}}" for p in PLACEHOLDERS)
-                + ")",
-            )
+    name = _unknown(text)
+    if name is not None:
+        known = ", ".join(f"{{{p}}}" for p in PLACEHOLDERS)
+        ctx.fail(node, path, f"unknown placeholder {{{name}}} (known: {known})")
 
 
 def fill(text: str, values: Mapping[str, str], *, json_strings: bool = False) -> str:
@@ -103,9 +95,9 @@ def fill(text: str, values: Mapping[str, str], *, json_strings: bool = False) ->
 def url_problem(value: str) -> str | None:
     """Why ``value`` is not an ``http://`` or ``https://`` URL with known placeholders;
     ``None`` when it is one."""
-    unknown = [name for name in _PLACEHOLDER.findall(value) if name not in PLACEHOLDERS]
-    if unknown:
-        return f"unknown placeholder {{{unknown[0]}}}"
+    unknown = _unknown(value)
+    if unknown is not None:
+        return f"unknown placeholder {{{unknown}}}"
     parts = urllib.parse.urlsplit(fill(value, _SAMPLE))
     if parts.scheme not in ("http", "https") or not parts.hostname:
         return "expected an http:// or https:// URL"
@@ -318,12 +310,10 @@ class DrillConfig:
     source: str = derived("<string>", "the file")
 
 
-def load_drill_config(
-    path: str | Path, *, environ: Mapping[str, str] | None = None
-) -> DrillConfig:
+def load_drill_config(path: str | Path) -> DrillConfig:
     """Load and check the drill file at ``path``; raises :class:`ConfigError` only."""
     text = read_config_text(path, "the drill file")
-    return parse_drill_config(text, str(path), environ=environ, base_dir=Path(path).parent)
+    return parse_drill_config(text, str(path), base_dir=Path(path).parent)
 
 
 def parse_drill_config(
@@ -343,7 +333,7 @@ def parse_drill_config(
     problem = scenario_problem(config)
     if problem is not None:
         ctx.fail_at("drill.scenarios", problem)
-    return _with_source(config, source)
+    return dataclasses.replace(config, source=source)
 
 
 def scenario_problem(config: DrillConfig) -> str | None:
@@ -357,12 +347,6 @@ def scenario_problem(config: DrillConfig) -> str | None:
     if "observability" in wants and obs.metrics_url is None and obs.prometheus_url is None:
         return "observability needs observability.metrics_url or prometheus_url"
     return None
-
-
-def _with_source(config: DrillConfig, source: str) -> DrillConfig:
-    from dataclasses import replace
-
-    return replace(config, source=source)
 
 
 def describe_target(config: DrillConfig) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from .scenarios import ScenarioResult, inconsistent
 from .truth import Unverifiable
-from .wire import Request, Response, send_one
+from .wire import Request, send_one
 
 if TYPE_CHECKING:
     from .scenarios import Drill
@@ -141,25 +141,17 @@ async def stale_availability(drill: Drill) -> ScenarioResult:
 
 
 async def _ask(drill: Drill, request: Request, field: str) -> bool:
-    """Whether availability says available now; :class:`Unverifiable` when unreadable."""
+    """Whether availability says available now: ``field`` true, or a number above 0;
+    :class:`Unverifiable` when it cannot be read."""
     response = await send_one(request, wait_s=drill.config.target.timeout)
-    shown = _available(response, field)
-    if shown is None:
-        raise Unverifiable(
-            f"the availability request answered {response.error or response.status}"
-            f" without a usable {field!r} field"
-        )
-    return shown
-
-
-def _available(response: Response, field: str) -> bool | None:
-    """What availability says: ``True`` / ``False``, ``None`` when it cannot be read."""
-    if response.error is not None or not 200 <= response.status < 300:
-        return None
-    document = response.json()
+    ok = response.error is None and 200 <= response.status < 300
+    document = response.json() if ok else None
     value = document.get(field) if isinstance(document, dict) else None
     if isinstance(value, bool):
         return value
     if isinstance(value, int | float):
         return value > 0
-    return None
+    raise Unverifiable(
+        f"the availability request answered {response.error or response.status}"
+        f" without a usable {field!r} field"
+    )

@@ -1,13 +1,6 @@
-"""``--engine locust``: the burst sent by Locust's own master and workers.
-
-When one machine cannot offer the load, the burst's checkouts go out from Locust workers
-(``locust --worker``, here or on other machines) under one ``locust --master``; the
-drill still sets the stock, reads the database and judges. The workers run
-:data:`LOCUSTFILE`; its plan (the checkout request, the success rule, the run's id) is a
-JSON file named by ``STOCKSENTRY_DRILL_PLAN``. ``--workers N`` starts N workers on this
-machine, the master bound to loopback; workers on other machines (the master bound to
-an address they reach, the plan copied to them) are not wired up yet.
-"""
+"""``--engine locust``: the burst sent by a Locust master and ``--workers N`` local workers
+(for load one process cannot offer); the drill still sets the stock and judges. The
+workers run :data:`LOCUSTFILE` with a JSON plan named by ``STOCKSENTRY_DRILL_PLAN``."""
 
 from __future__ import annotations
 

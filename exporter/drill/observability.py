@@ -1,12 +1,8 @@
 """The checklist's "is the monitor on?": did the shop's own monitoring see what the drill
-caused?
-
-The app's (or the sidecar's) ``/metrics`` is read before the first scenario and after the
-others; each problem the drill caused (an oversell, negative stock, a duplicate order, a
-stale availability) must show in at least one of its metrics (from stocksentry's catalog:
-the names the dashboards and alert rules use) or, given ``prometheus_url``, in one of its
-alerts, within ``observability.wait``. Lock waits the drill caused are a figure.
-"""
+caused? Each problem (oversell, negative stock, duplicate order, stale availability) must
+show in one of the catalog's metrics at ``metrics_url`` (against a scrape taken before
+the first scenario) or in one of the alerts at ``prometheus_url``, within
+``observability.wait``."""
 
 from __future__ import annotations
 
@@ -31,8 +27,8 @@ SIGNALS: Final[dict[str, tuple[tuple[str, ...], tuple[str, ...]]]] = {
     "oversell": (
         (
             catalog.OVERSOLD_UNITS.name,
-            f"{catalog.INVENTORY_NEGATIVE.name}",
-            f"{catalog.UNSAFE_READ_MODIFY_WRITE.name}",
+            catalog.INVENTORY_NEGATIVE.name,
+            catalog.UNSAFE_READ_MODIFY_WRITE.name,
             catalog.NEGATIVE_INVENTORY_UNITS.name,
         ),
         (

@@ -156,8 +156,7 @@ class Drill:
 
     def request(self, spec: RequestSpec, values: dict[str, str]) -> Request:
         """``spec`` with the placeholders filled."""
-        method, url, headers, body = spec.render(values)
-        return Request(method, url, headers, body)
+        return Request(*spec.render(values))
 
     async def wave(self, name: str, requests: list[Request], done: list[int]) -> WaveResult:
         """Send ``requests`` together (last-byte synchronised); counts into ``done``."""

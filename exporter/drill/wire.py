@@ -87,16 +87,6 @@ class WaveResult:
     spread: float = 0.0
 
 
-async def _connect(
-    host: str, port: int, tls: bool, wait_s: float
-) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    context = ssl.create_default_context() if tls else None
-    return await asyncio.wait_for(
-        asyncio.open_connection(host, port, ssl=context, server_hostname=host if tls else None),
-        wait_s,
-    )
-
-
 def _dechunk(data: bytes) -> bytes:
     out = bytearray()
     while data:
@@ -110,11 +100,8 @@ def _dechunk(data: bytes) -> bytes:
 
 
 async def _read_response(reader: asyncio.StreamReader, response: Response) -> None:
-    raw = await reader.read(MAX_RESPONSE)
-    while len(raw) < MAX_RESPONSE:
-        more = await reader.read(MAX_RESPONSE - len(raw))
-        if not more:
-            break
+    raw = b""
+    while len(raw) < MAX_RESPONSE and (more := await reader.read(MAX_RESPONSE - len(raw))):
         raw += more
     head, _, body = raw.partition(b"\r\n\r\n")
     lines = head.split(b"\r\n")
@@ -143,7 +130,11 @@ async def send_wave(requests: Sequence[Request], *, wait_s: float) -> WaveResult
         response = prepared[index][0]
         host, port, tls, data = request.encode()
         try:
-            reader, writer = await _connect(host, port, tls, wait_s)
+            context = ssl.create_default_context() if tls else None
+            connect = asyncio.open_connection(
+                host, port, ssl=context, server_hostname=host if tls else None
+            )
+            reader, writer = await asyncio.wait_for(connect, wait_s)
             writer.write(data[:-1])
             await asyncio.wait_for(writer.drain(), wait_s)
         except (OSError, TimeoutError, ssl.SSLError) as exc:

@@ -1,14 +1,9 @@
-"""The drill's burst as a Locust file, for Locust's own master and workers.
+"""The drill's burst as a Locust file, run by ``stocksentry drill --engine locust``.
 
-``stocksentry drill --engine locust`` starts ``locust --master`` and ``--worker``
-processes with this file and a plan (``STOCKSENTRY_DRILL_PLAN``: a JSON file with the
-checkout request, the success rule, the run's id and the output path). Every user sends
-one checkout and stops. The users wait, once spawned, for the master's ``drill_release``
-message: a wall-clock instant shortly ahead, so the requests of every worker leave
-together (on one machine the clocks agree; across machines they agree as far as NTP
-keeps them). Each worker reports its requests (sent time, status, success, latency) to
-the master with its regular reports; the master writes them all to the output file and
-quits once every request is in.
+Every user sends one checkout of the plan (``STOCKSENTRY_DRILL_PLAN``) and stops. Once
+spawned, users wait for the master's ``drill_release``: a wall-clock instant shortly
+ahead, so every worker's requests leave together. Workers send their records with their
+reports; the master writes them to the plan's output file and quits once all are in.
 """
 
 from __future__ import annotations
