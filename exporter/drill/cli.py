@@ -1,11 +1,6 @@
-"""``stocksentry drill``: the pre-sale drill against the shop's own checkout.
-
-:func:`add_parser` declares the subcommand without loading its dependencies;
-:func:`run_drill` reads the drill file, refuses without ``--yes`` (or ``confirm: true``),
-names the target and the database, runs the scenarios, restores the drill SKU's stock and
-reports. Exit status: 0 every verdict passed, 1 a verdict failed, 2 bad input, 3 could not
-verify (the database could not be read: never a pass), 130 interrupted.
-"""
+"""``stocksentry drill``: the pre-sale drill against the shop's own checkout. Exit status:
+0 every verdict passed, 1 a verdict failed, 2 bad input, 3 could not verify (never a
+pass), 130 interrupted."""
 
 from __future__ import annotations
 

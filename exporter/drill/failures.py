@@ -36,18 +36,12 @@ async def duplicate_callback(drill: Drill) -> ScenarioResult:
     stock = 2 * payments * settings.qty
     before = await drill.reset(stock)
     done = [0, 0, 2 * payments]
+    numbers = range(1, payments + 1)
     if settings.callback_after_checkout:
         # The shop knows the payment from its checkout first.
-        orders = [
-            drill.request(config.target.checkout, drill.values("duplicate_callback", n))
-            for n in range(1, payments + 1)
-        ]
+        orders = drill.requests(config.target.checkout, "duplicate_callback", numbers)
         await drill.wave("duplicate_callback", orders, [0, 0, payments])
-    pairs = [
-        drill.request(callback, drill.values("duplicate_callback", n, copy=copy))
-        for n in range(1, payments + 1)
-        for copy in (0, 1)
-    ]
+    pairs = drill.requests(callback, "duplicate_callback", numbers, (0, 1))
     wave = await drill.wave("duplicate_callback", pairs, done)
     drill.record(result, wave.responses)
     after, sold, duplicated, extra = await drill.orders_per_key(result, kind, before)
@@ -82,7 +76,7 @@ async def stale_availability(drill: Drill) -> ScenarioResult:
     stock = settings.stock
     result.figures.update(stock=stock, threshold_ms=round(1000 * threshold, 1))
     await drill.reset(stock)
-    request = drill.request(rule.request, drill.values("stale", 0))
+    [request] = drill.requests(rule.request, "stale", [0])
     limit = max(5 * threshold, 2.0)
     # A window can only be measured from "available": a cache that still shows an
     # earlier sell-out would pass for a fresh one.
@@ -99,8 +93,8 @@ async def stale_availability(drill: Drill) -> ScenarioResult:
     done = [0, 0, needed]
     sold_out = None
     for n in range(1, 3 * needed + 1):
-        sale = drill.request(config.target.checkout, drill.values("stale", n))
-        responses = (await drill.wave("stale_availability", [sale], done)).responses
+        sale = drill.requests(config.target.checkout, "stale", [n])
+        responses = (await drill.wave("stale_availability", sale, done)).responses
         drill.record(result, responses)
         snapshot = await asyncio.to_thread(drill.shop.snapshot)
         if snapshot.stock < settings.qty:

@@ -1,10 +1,5 @@
-"""The drill's reports: the terminal's 80 columns, JSON and JUnit XML.
-
-The terminal report opens with the incident's four questions and their answers (how many
-checkouts succeeded, whether they exceeded the stock, whether the final stock is negative
-or inconsistent, whether an intent or payment was ordered twice), then one block per
-scenario with every failure named.
-"""
+"""The drill's reports: the terminal's 80 columns, JSON and JUnit XML, each opening with
+the incident's four questions and their answers."""
 
 from __future__ import annotations
 
@@ -129,15 +124,8 @@ def format_text(
             subsequent_indent=" " * 26,
             break_on_hyphens=False,
         )
-        for failure in result.failures:
-            lines += textwrap.wrap(failure, WIDTH, initial_indent="  - ", subsequent_indent="    ")
-        if result.unverified is not None:
-            lines += textwrap.wrap(
-                f"not verified: {result.unverified}",
-                WIDTH,
-                initial_indent="  - ",
-                subsequent_indent="    ",
-            )
+        for note in result.notes:
+            lines += textwrap.wrap(note, WIDTH, initial_indent="  - ", subsequent_indent="    ")
     lines.append("")
     if restored is not None:
         lines += wrap.wrap(restored)

@@ -148,10 +148,9 @@ def format_html(
         "<th>what failed</th></tr>",
     ]
     for r in results:
-        why = r.failures or ([f"not verified: {r.unverified}"] if r.unverified else [])
         parts.append(
             f"<tr class={r.verdict}><td>{esc(r.name)}</td><td>{r.verdict}</td><td>"
-            + "<br>".join(esc(line) for line in why)
+            + "<br>".join(esc(line) for line in r.notes)
             + "</td></tr>"
         )
     parts += [

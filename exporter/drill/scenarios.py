@@ -1,17 +1,13 @@
-"""The drill's scenarios: each sends its requests, then asks the database for a verdict.
-
-Every scenario sets the drill SKU's stock first (the shop's reset request, or the stock
-column through the schema mapping), reads the SKU before and after, and judges by what
-the database holds, not by what the responses say: a checkout that answered 200 but wrote
-nothing, or one that answered 500 after it sold, counts as the database says.
-"""
+"""The drill's scenarios: each sets the drill SKU's stock, sends its requests, then judges
+by what the database holds, not by what the responses say (a checkout that answered 200
+but wrote nothing, or 500 after it sold, counts as the database says)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,6 +43,12 @@ class ScenarioResult:
         self.failures = [failure for failed, failure in checks if failed]
         self.passed = not self.failures
 
+    @property
+    def notes(self) -> list[str]:
+        """The failures, and why the scenario could not be verified."""
+        unverified = [] if self.unverified is None else [f"not verified: {self.unverified}"]
+        return [*self.failures, *unverified]
+
     def to_dict(self) -> dict[str, Any]:
         """The scenario in the JSON report."""
         data: dict[str, Any] = {"name": self.name, "passed": self.passed is True}
@@ -56,14 +58,6 @@ class ScenarioResult:
         if self.unverified is not None:
             data["unverified"] = self.unverified
         return data
-
-
-def _field(document: Any, path: str) -> Any:
-    for part in path.split("."):
-        if not isinstance(document, dict) or part not in document:
-            return None
-        document = document[part]
-    return document
 
 
 def success_of(
@@ -76,11 +70,14 @@ def success_of(
     if json_field is None:
         return True
     try:
-        document = json.loads(body)
+        value = json.loads(body)
     except ValueError:
         return False
-    value = _field(document, json_field)
-    return value is not None and value is not False and value not in ("", 0, [], {})
+    for part in json_field.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return False
+        value = value[part]
+    return value is not None and value not in ("", 0, [], {})
 
 
 def is_success(config: DrillConfig, response: Response) -> bool:
@@ -148,15 +145,23 @@ class Drill:
 
     # --- requests -----------------------------------------------------------------------
 
-    def values(self, scenario: str, n: int, *, copy: int = 0) -> dict[str, str]:
-        """The placeholders of request ``n`` of ``scenario`` (``copy``: a resubmit of the
-        same intent: a new request id, the same keys)."""
+    def requests(
+        self,
+        spec: RequestSpec,
+        scenario: str,
+        numbers: Iterable[int],
+        copies: Iterable[int] = (0,),
+    ) -> list[Request]:
+        """``spec`` for each intent of ``numbers`` of ``scenario``, once per ``copies`` (a
+        resubmit of the same intent: a new request id, the same keys)."""
         settings = self.config.drill
-        return intent_values(self.run, scenario, n, settings.sku, settings.qty, copy)
-
-    def request(self, spec: RequestSpec, values: dict[str, str]) -> Request:
-        """``spec`` with the placeholders filled."""
-        return Request(*spec.render(values))
+        return [
+            Request(
+                *spec.render(intent_values(self.run, scenario, n, settings.sku, settings.qty, c))
+            )
+            for n in numbers
+            for c in copies
+        ]
 
     async def wave(self, name: str, requests: list[Request], done: list[int]) -> WaveResult:
         """Send ``requests`` together (last-byte synchronised); counts into ``done``."""
@@ -182,10 +187,10 @@ class Drill:
         """Set the drill SKU's stock; returns the SKU as it then is."""
         reset = self.config.target.reset
         if reset is not None:
-            values = {**self.values("reset", 0), "qty": str(stock)}
-            response = await send_one(
-                self.request(reset, values), wait_s=self.config.target.timeout
-            )
+            # The reset request's {qty} is the stock to set.
+            values = intent_values(self.run, "reset", 0, self.config.drill.sku, stock)
+            request = Request(*reset.render(values))
+            response = await send_one(request, wait_s=self.config.target.timeout)
             if response.error is not None or not 200 <= response.status < 300:
                 why = response.error or f"status {response.status}"
                 raise Unverifiable(f"the shop's reset request failed: {why}")
@@ -216,7 +221,7 @@ class Drill:
             result.figures["engine"] = "locust"
         for start in range(0, total if self.engine is None else 0, settings.concurrency):
             numbers = range(start + 1, min(total, start + settings.concurrency) + 1)
-            requests = [self.request(checkout, self.values("burst", n)) for n in numbers]
+            requests = self.requests(checkout, "burst", numbers)
             wave = await self.wave("burst", requests, done)
             responses += wave.responses
             spreads.append(wave.spread)
@@ -273,20 +278,10 @@ class Drill:
         sequential = range(1, intents // 2 + 1)
         together = range(intents // 2 + 1, intents + 1)
         responses: list[Response] = []
-        for copy in (0, 1):
-            requests = [
-                self.request(checkout, self.values("retry", n, copy=copy)) for n in sequential
-            ]
+        for numbers, copies in ((sequential, (0,)), (sequential, (1,)), (together, (0, 1))):
+            requests = self.requests(checkout, "retry", numbers, copies)
             if requests:
                 responses += (await self.wave("retry", requests, done)).responses
-        pairs = [
-            self.request(checkout, self.values("retry", n, copy=copy))
-            for n in together
-            for copy in (0, 1)
-        ]
-        if pairs:
-            wave = await self.wave("retry", pairs, done)
-            responses += wave.responses
         self.record(result, responses)
         _, sold, duplicated, extra = await self.orders_per_key(result, kind, before)
         result.figures.update(successes=sum(is_success(self.config, r) for r in responses))

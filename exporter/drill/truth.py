@@ -1,11 +1,7 @@
-"""The database's truth about the drill SKU, read with the exporter's invariant SQL.
-
-The stock column, the paid units and the duplicate orders per key are read with the
-statements the sidecar's probes and ``stocksentry reconcile`` use
-(:class:`~stocksentry.exporter.invariants.InvariantSql`), through the same ``schema``
-mapping: the drill, the dashboard and the audit agree on what an oversell is. The one
-write is the drill SKU's stock column (set before each scenario, restored at the end).
-"""
+"""The database's truth about the drill SKU, read with the statements of the sidecar's
+probes and ``stocksentry reconcile`` (:class:`~stocksentry.exporter.invariants.InvariantSql`)
+through the same ``schema`` mapping, so all agree on what an oversell is. The one write is
+the drill SKU's stock column (set before each scenario, restored at the end)."""
 
 # ruff: noqa: S608 - identifiers only through InvariantSql.quote(), values as parameters.
 
@@ -55,10 +51,15 @@ class Shop:
         self.sku = sku
         self.schema = schema
         try:
+            # An unreachable server is a verdict of its own (exit 3), soon.
+            remote = dburl.dialect_of(url) in ("postgresql", "mysql", "mariadb")
+            parsed = dburl.parse_url(url)
+            # A synchronous driver; a SQLite file stays writable (the stock reset writes).
+            sqlite = parsed.get_backend_name() == "sqlite"
             self.engine: Engine = sa.create_engine(
-                _engine_url(dburl.parse_url(url)),
+                parsed if sqlite else dburl.sync_url(parsed),
                 poolclass=sa.pool.NullPool,
-                connect_args=_connect_args(url),
+                connect_args={"connect_timeout": 5} if remote else {},
             )
         except (sa.exc.ArgumentError, sa.exc.NoSuchModuleError, ValueError, ImportError) as exc:
             raise ValueError(f"database: cannot use {self.shown}: {type(exc).__name__}") from None
@@ -145,16 +146,3 @@ class Shop:
         if preferred in kinds:
             return preferred
         return kinds[0] if kinds else None
-
-
-def _engine_url(url: Any) -> Any:
-    """A synchronous driver; a SQLite file stays writable (the stock reset writes)."""
-    return url if url.get_backend_name() == "sqlite" else dburl.sync_url(url)
-
-
-def _connect_args(url: str) -> dict[str, Any]:
-    kind = dburl.dialect_of(url)
-    if kind in ("postgresql", "mysql", "mariadb"):
-        # An unreachable server is a verdict of its own (exit 3), soon.
-        return {"connect_timeout": 5}
-    return {}
