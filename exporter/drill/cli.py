@@ -177,9 +177,11 @@ def _run(
 
         if importlib.util.find_spec("locust") is None:
             raise CommandError("--engine locust needs locust: pip install 'stocksentry[drill]'")
-        from .locust_engine import LocustEngine
+        import functools
 
-        engine = LocustEngine(args.workers)
+        from .locust_engine import locust_burst
+
+        engine = functools.partial(locust_burst, args.workers)
     progress = _progress(config, args)
     tick = progress[1] if progress is not None else None
     drill = Drill(config, shop, uuid.uuid4().hex[:8], tick=tick, engine=engine)
