@@ -15,7 +15,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Final, TextIO
+from typing import Any, Final
 
 from ..commandline import CommandError, ExitCode, Subcommands, duration_in, say
 from . import scrub
@@ -96,18 +96,6 @@ class Target:
     key_template: str
     channel: str
 
-    def shown(self) -> str:
-        """The URL as it may be printed (password masked)."""
-        from stocksentry.instrumentation.secrets import mask_url
-
-        return mask_url(self.url) or "<the Redis URL>"
-
-    def client(self) -> Any:
-        """A redis-py client with short timeouts: a person waits at a prompt."""
-        import redis
-
-        return redis.Redis.from_url(self.url, socket_connect_timeout=3.0, socket_timeout=5.0)
-
 
 def resolve_target(args: argparse.Namespace) -> Target:
     """The :class:`Target` of a parsed command line; :class:`CommandError` when none."""
@@ -156,7 +144,7 @@ def _sku_target(args: argparse.Namespace) -> Target:
     return target
 
 
-def _freeze(args: argparse.Namespace, out: TextIO | None = None) -> int:
+def _freeze(args: argparse.Namespace) -> int:
     from stocksentry.instrumentation.freezeview import freeze_sku
 
     target = _sku_target(args)
@@ -176,11 +164,11 @@ def _freeze(args: argparse.Namespace, out: TextIO | None = None) -> int:
     )
     lifts = "until unfrozen" if state.expires_at is None else f"for {_age(args.ttl)}"
     verb = "frozen" if outcome == "frozen" else "frozen again (replacing the earlier freeze)"
-    say(out or sys.stdout, f"{args.sku}: {verb} {lifts}: {state.reason}")
+    say(sys.stdout, f"{args.sku}: {verb} {lifts}: {state.reason}")
     return ExitCode.OK
 
 
-def _unfreeze(args: argparse.Namespace, out: TextIO | None = None) -> int:
+def _unfreeze(args: argparse.Namespace) -> int:
     from stocksentry.instrumentation.freezeview import unfreeze_sku
 
     target = _sku_target(args)
@@ -195,15 +183,14 @@ def _unfreeze(args: argparse.Namespace, out: TextIO | None = None) -> int:
         ),
     )
     text = "unfrozen: checkout resumes" if outcome == "unfrozen" else "was not frozen"
-    say(out or sys.stdout, f"{args.sku}: {text}")
+    say(sys.stdout, f"{args.sku}: {text}")
     return ExitCode.OK
 
 
-def _frozen(args: argparse.Namespace, out: TextIO | None = None) -> int:
+def _frozen(args: argparse.Namespace) -> int:
     from stocksentry.instrumentation.freezeview import read_frozen
 
     target = resolve_target(args)
-    stream = out or sys.stdout
     try:
         states = _call(target, lambda client: read_frozen(client, target.key_template))
     except CommandError as exc:
@@ -225,10 +212,10 @@ def _frozen(args: argparse.Namespace, out: TextIO | None = None) -> int:
             }
             for s in rows
         ]
-        say(stream, json.dumps({"frozen": body}, ensure_ascii=False))
+        say(sys.stdout, json.dumps({"frozen": body}, ensure_ascii=False))
         return ExitCode.OK
     if not rows:
-        say(stream, "no SKU is frozen")
+        say(sys.stdout, "no SKU is frozen")
         return ExitCode.OK
     table = [("SKU", "SOURCE", "AGE", "LIFTS IN", "BY", "REASON")]
     for s in rows:
@@ -237,18 +224,21 @@ def _frozen(args: argparse.Namespace, out: TextIO | None = None) -> int:
     widths = [max(len(row[i]) for row in table) for i in range(5)]
     for row in table:
         cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=False)]
-        say(stream, "  ".join([*cells, row[5]]).rstrip())
+        say(sys.stdout, "  ".join([*cells, row[5]]).rstrip())
     return ExitCode.OK
 
 
 def _call(target: Target, work: Any) -> Any:
     import redis
+    from stocksentry.instrumentation.secrets import mask_url
 
-    client = target.client()
+    # Short timeouts: a person waits at a prompt.
+    client = redis.Redis.from_url(target.url, socket_connect_timeout=3.0, socket_timeout=5.0)
     try:
         return work(client)
     except redis.RedisError as exc:
-        raise CommandError(f"Redis at {target.shown()}: {scrub(exc, target.url)}") from None
+        shown = mask_url(target.url) or "<the Redis URL>"
+        raise CommandError(f"Redis at {shown}: {scrub(exc, target.url)}") from None
     finally:
         client.close()
 

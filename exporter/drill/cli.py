@@ -86,15 +86,13 @@ def _load(args: argparse.Namespace) -> DrillConfig:
     import dataclasses
 
     from ..config import ConfigError
-    from .config import load_drill_config
+    from .config import load_drill_config, scenario_problem, url_problem
 
     try:
         config = load_drill_config(args.config)
     except ConfigError as exc:
         raise CommandError(str(exc)) from None
     if args.checkout_url:
-        from .config import url_problem
-
         url = args.checkout_url.strip()
         problem = url_problem(url)
         if problem is not None:
@@ -104,8 +102,6 @@ def _load(args: argparse.Namespace) -> DrillConfig:
             config, target=dataclasses.replace(config.target, checkout=checkout)
         )
     if args.scenario:
-        from .config import scenario_problem
-
         scenarios = tuple(dict.fromkeys(args.scenario))
         settings = dataclasses.replace(config.drill, scenarios=scenarios)
         config = dataclasses.replace(config, drill=settings)
@@ -117,11 +113,16 @@ def _load(args: argparse.Namespace) -> DrillConfig:
 
 def run_drill(args: argparse.Namespace) -> int:
     """Run ``stocksentry drill``; returns the exit status."""
-    from .config import describe_target
+    from .. import dburl
 
     config = _load(args)
     err = sys.stderr
-    target = describe_target(config)
+    # What the drill names before it starts, and its reports after.
+    target = {
+        "checkout": f"{config.target.checkout.method} {config.target.checkout.url}",
+        "database": dburl.shown(config.database.url.reveal()),
+        "sku": config.drill.sku,
+    }
     if not (args.yes or config.confirm):
         raise CommandError(
             f"refusing to run without --yes: the drill sells SKU {config.drill.sku} through"

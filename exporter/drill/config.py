@@ -14,7 +14,7 @@ import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
 from stocksentry.instrumentation.secrets import Secret
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
@@ -56,14 +56,8 @@ PLACEHOLDERS: Final = ("sku", "qty", "request_id", "idempotency_key", "payment_r
 SCENARIOS: Final = ("burst", "retry", "duplicate_callback", "stale_availability", "observability")
 _PLACEHOLDER: Final = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _HEADER_NAME: Final = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
-_SAMPLE: Final = {
-    "sku": "SKU",
-    "qty": "1",
-    "request_id": "r",
-    "idempotency_key": "k",
-    "payment_reference": "p",
-    "n": "1",
-}
+#: Values a request is checked with: the numbers as numbers, the rest as words.
+_SAMPLE: Final = {**dict.fromkeys(PLACEHOLDERS, "x"), "qty": "1", "n": "1"}
 
 
 def _unknown(text: str) -> str | None:
@@ -177,12 +171,9 @@ class StatusCodes(Kind):
             where = f"{path}[{index}]"
             if not isinstance(item, ScalarNode) or item.tag not in (TAG_INT, TAG_STR):
                 ctx.fail(item, where, f"expected a status code, got {describe(item)}")
-            codes.append(Integer(100, 599).read(ctx, _as_int(item), where))
+            number = ScalarNode(TAG_INT, item.value, item.start_mark, item.end_mark)
+            codes.append(Integer(100, 599).read(ctx, number, where))
         return tuple(codes)
-
-
-def _as_int(node: ScalarNode) -> ScalarNode:
-    return ScalarNode(TAG_INT, node.value, node.start_mark, node.end_mark)
 
 
 @dataclass(frozen=True, slots=True)
@@ -347,14 +338,3 @@ def scenario_problem(config: DrillConfig) -> str | None:
     if "observability" in wants and obs.metrics_url is None and obs.prometheus_url is None:
         return "observability needs observability.metrics_url or prometheus_url"
     return None
-
-
-def describe_target(config: DrillConfig) -> dict[str, Any]:
-    """What the drill names before it starts: the checkout and the database."""
-    from .. import dburl
-
-    return {
-        "checkout": f"{config.target.checkout.method} {config.target.checkout.url}",
-        "database": dburl.shown(config.database.url.reveal()),
-        "sku": config.drill.sku,
-    }

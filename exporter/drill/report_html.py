@@ -9,7 +9,7 @@ import math
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
-from ..lab.report_html import BASE_CSS, esc
+from ..lab.report_html import BASE_CSS, esc, svg_open
 from .report import answers, overall
 from .scenarios import ScenarioResult
 
@@ -26,13 +26,6 @@ tr.fail td { background: #fdecea; } tr.unverified td { background: #fff4e0; }
 _GOOD, _BAD, _STOCK = "#2ca02c", "#d62728", "#1f77b4"
 #: Latency buckets' upper bounds, in seconds (the last is everything slower).
 _BOUNDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, math.inf)
-
-
-def _svg(width: int, height: int, label: str, body: list[str]) -> str:
-    return (
-        f'<svg viewBox="0 0 {width} {height}" width="{width}" height="{height}"'
-        f' role="img" aria-label="{esc(label)}">' + "".join(body) + "</svg>"
-    )
 
 
 def _bars(results: Sequence[ScenarioResult]) -> str:
@@ -71,7 +64,9 @@ def _bars(results: Sequence[ScenarioResult]) -> str:
         f'<p>Bars: units (red when beyond the limit); <span style="color:{_STOCK}">blue'
         " line</span>: the stock (burst) or the intents (retries).</p>"
     )
-    return _svg(width, height, "successes against the stock", body) + legend
+    return (
+        svg_open(width, height, "successes against the stock") + "".join(body) + "</svg>" + legend
+    )
 
 
 def _histogram(results: Sequence[ScenarioResult]) -> str:
@@ -96,7 +91,7 @@ def _histogram(results: Sequence[ScenarioResult]) -> str:
         body.append(f'<text x="{x:.1f}" y="{base + 14}">{esc(label)}</text>')
         if count:
             body.append(f'<text x="{x:.1f}" y="{base - h - 4:.1f}">{count}</text>')
-    return _svg(width, height, "latency histogram", body)
+    return svg_open(width, height, "latency histogram") + "".join(body) + "</svg>"
 
 
 def _timeline(results: Sequence[ScenarioResult]) -> str:
@@ -122,7 +117,7 @@ def _timeline(results: Sequence[ScenarioResult]) -> str:
         " refusals (bottom, grey), as answered</text>"
     )
     body.append(f'<text x="{width - 120}" y="112">{span * 1000:.1f} ms in all</text>')
-    return _svg(width, height, "burst timeline", body)
+    return svg_open(width, height, "burst timeline") + "".join(body) + "</svg>"
 
 
 def format_html(

@@ -68,7 +68,8 @@ def esc(text: object) -> str:
     return html.escape(str(text), quote=True)
 
 
-def _svg_open(width: int, height: int, label: str) -> str:
+def svg_open(width: int, height: int, label: str) -> str:
+    """The opening tag of an inline SVG chart of that size, named ``label``."""
     return (
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}"'
         f' viewBox="0 0 {width} {height}" role="img" aria-label="{label}">'
@@ -136,7 +137,7 @@ def _svg_stock(results: Sequence[StrategyResult], colors: Mapping[str, str]) -> 
     def y(v: float) -> float:
         return top + plot_h * (y_high - v) / (y_high - y_low)
 
-    out = [_svg_open(width, height, "stock over time")]
+    out = [svg_open(width, height, "stock over time")]
     for v in y_ticks:
         # The zero line is the one that matters: dark and dashed; the others light.
         style = 'stroke="#444" stroke-dasharray="4 3"' if v == 0 else 'stroke="#e5e5e5"'
@@ -203,7 +204,7 @@ def _svg_outcomes(results: Sequence[StrategyResult], colors: Mapping[str, str]) 
     plot_w = width - label_w - 60
     height = top + len(results) * (bar_h + gap) + 10
     total = max((sum(f(r) for _, _, f in segments) for r in results), default=1) or 1
-    out = [_svg_open(width, height, "outcomes per strategy")]
+    out = [svg_open(width, height, "outcomes per strategy")]
     lx = label_w
     for name, color, _ in segments:
         out.append(_swatch(lx, 6, color, name))
@@ -239,7 +240,7 @@ def _svg_latency(results: Sequence[StrategyResult], colors: Mapping[str, str]) -
     height = top + len(results) * (2 * bar_h + gap) + 10
     longest = max((r.p99_ms for r in results), default=1.0) or 1.0
     out = [
-        _svg_open(width, height, "latency p50 and p99"),
+        svg_open(width, height, "latency p50 and p99"),
         _swatch(label_w, 6, "#9ecae1", "p50"),
         _swatch(label_w + 60, 6, "#3182bd", "p99 (ms, reservation)"),
     ]
