@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..commandline import CommandError, ExitCode, Subcommands, int_in, say
+from . import SCENARIOS
 
 if TYPE_CHECKING:
     from ..lab.progress import LiveProgress
@@ -20,9 +21,6 @@ if TYPE_CHECKING:
     from .scenarios import Drill, ScenarioResult, Tick
 
 __all__ = ["add_parser", "run_drill"]
-
-#: The scenarios (as in .config.SCENARIOS, which --help does not import).
-SCENARIO_NAMES = ("burst", "retry", "duplicate_callback", "stale_availability", "observability")
 
 
 def add_parser(commands: Subcommands) -> argparse.ArgumentParser:
@@ -50,10 +48,9 @@ def add_parser(commands: Subcommands) -> argparse.ArgumentParser:
     parser.add_argument(
         "--scenario",
         action="append",
-        choices=SCENARIO_NAMES,
+        choices=SCENARIOS,
         metavar="NAME",
-        help="run this scenario (repeatable; overrides drill.scenarios): "
-        + ", ".join(SCENARIO_NAMES),
+        help="run this scenario (repeatable; overrides drill.scenarios): " + ", ".join(SCENARIOS),
     )
     parser.add_argument(
         "--engine",

@@ -35,6 +35,7 @@ from ..config.loader import parse_document, read_config_text
 from ..config.specs import derived, key, required, section, url_keys
 from ..config.yamlsource import TAG_INT, TAG_STR
 from ..dburl import MYSQL_URL_SCHEMES, POSTGRES_URL_SCHEMES
+from . import SCENARIOS
 
 __all__ = [
     "PLACEHOLDERS",
@@ -52,8 +53,6 @@ __all__ = [
 
 #: The placeholders a request's URL, headers and body may hold.
 PLACEHOLDERS: Final = ("sku", "qty", "request_id", "idempotency_key", "payment_reference", "n")
-#: The scenarios, in the order they run and are reported.
-SCENARIOS: Final = ("burst", "retry", "duplicate_callback", "stale_availability", "observability")
 _PLACEHOLDER: Final = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _HEADER_NAME: Final = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 #: Values a request is checked with: the numbers as numbers, the rest as words.

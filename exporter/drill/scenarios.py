@@ -154,11 +154,9 @@ class Drill:
     ) -> list[Request]:
         """``spec`` for each intent of ``numbers`` of ``scenario``, once per ``copies`` (a
         resubmit of the same intent: a new request id, the same keys)."""
-        settings = self.config.drill
+        sku, qty = self.config.drill.sku, self.config.drill.qty
         return [
-            Request(
-                *spec.render(intent_values(self.run, scenario, n, settings.sku, settings.qty, c))
-            )
+            Request(*spec.render(intent_values(self.run, scenario, n, sku, qty, c)))
             for n in numbers
             for c in copies
         ]

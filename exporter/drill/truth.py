@@ -131,11 +131,9 @@ class Shop:
     def orders_per_key(self, kind: str, prefix: str) -> dict[str, int]:
         """The drill's keys (values starting with ``prefix``) held by more than one order
         of the drill SKU, by the mapped column of ``kind`` (``external_ref`` or
-        ``idempotency_key``), as the duplicate-orders invariant counts them."""
-        columns = dict(self.sql.key_columns())
-        column = columns.get(kind)
-        if column is None:
-            raise LookupError(f"schema.orders.{kind} is not mapped")
+        ``idempotency_key``, as :meth:`key_kind` names it), as the duplicate-orders invariant
+        counts them."""
+        column = dict(self.sql.key_columns())[kind]
         query = self.sql.duplicate_keys(column, skus=[self.sku], ordered=False)
         rows = self._run(lambda conn: self._rows(conn, query))
         return {str(k): int(n) for k, n in rows if str(k).startswith(prefix)}
@@ -143,6 +141,4 @@ class Shop:
     def key_kind(self, preferred: str) -> str | None:
         """``preferred`` when mapped, else the other key column, else ``None``."""
         kinds = [kind for kind, _ in self.sql.key_columns()]
-        if preferred in kinds:
-            return preferred
-        return kinds[0] if kinds else None
+        return preferred if preferred in kinds else next(iter(kinds), None)

@@ -123,11 +123,10 @@ async def _read_response(reader: asyncio.StreamReader, response: Response) -> No
 async def send_wave(requests: Sequence[Request], *, wait_s: float) -> WaveResult:
     """Send ``requests`` together: connect and write each but its last byte, then release
     every last byte at once, then read the responses (each within ``wait_s``)."""
-    Staged = tuple[Response, asyncio.StreamWriter | None, asyncio.StreamReader | None, bytes]
-    prepared: list[Staged] = [(Response(), None, None, b"") for _ in requests]
+    responses = [Response() for _ in requests]
+    Staged = tuple[asyncio.StreamReader, asyncio.StreamWriter, bytes] | None
 
-    async def stage(index: int, request: Request) -> None:
-        response = prepared[index][0]
+    async def stage(response: Response, request: Request) -> Staged:
         host, port, tls, data = request.encode()
         try:
             context = ssl.create_default_context() if tls else None
@@ -139,21 +138,22 @@ async def send_wave(requests: Sequence[Request], *, wait_s: float) -> WaveResult
             await asyncio.wait_for(writer.drain(), wait_s)
         except (OSError, TimeoutError, ssl.SSLError) as exc:
             response.error = _why(exc)
-            return
-        prepared[index] = (response, writer, reader, data[-1:])
+            return None
+        return reader, writer, data[-1:]
 
-    await asyncio.gather(*(stage(i, r) for i, r in enumerate(requests)))
+    staged = await asyncio.gather(*map(stage, responses, requests))
     # Release: one tight loop of writes, each a send() on its own socket.
     sent: list[float] = []
-    for response, writer, _reader, last in prepared:
-        if writer is not None:
-            writer.write(last)
+    for response, link in zip(responses, staged, strict=True):
+        if link is not None:
+            link[1].write(link[2])
             response.sent_at = time.perf_counter()
             sent.append(response.sent_at)
 
-    async def finish(response: Response, writer: asyncio.StreamWriter | None, reader: Any) -> None:
-        if writer is None:
+    async def finish(response: Response, link: Staged) -> None:
+        if link is None:
             return
+        reader, writer, _ = link
         try:
             await asyncio.wait_for(_read_response(reader, response), wait_s)
         except (OSError, TimeoutError, ValueError, ssl.SSLError) as exc:
@@ -164,9 +164,8 @@ async def send_wave(requests: Sequence[Request], *, wait_s: float) -> WaveResult
             with contextlib.suppress(OSError, ssl.SSLError):
                 await writer.wait_closed()
 
-    await asyncio.gather(*(finish(r, w, rd) for r, w, rd, _ in prepared))
-    spread = (max(sent) - min(sent)) if sent else 0.0
-    return WaveResult([r for r, _, _, _ in prepared], spread)
+    await asyncio.gather(*map(finish, responses, staged))
+    return WaveResult(responses, (max(sent) - min(sent)) if sent else 0.0)
 
 
 async def send_one(request: Request, *, wait_s: float) -> Response:

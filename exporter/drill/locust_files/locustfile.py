@@ -64,12 +64,9 @@ def _on_init(environment: Any, **_kwargs: Any) -> None:
                 _write()
                 gevent.spawn_later(0.1, runner.quit)
 
-        def _quitting(**_kw: Any) -> None:
-            _write()
-
         _HOOKS.spawning_complete.add_listener(_spawned)
         _HOOKS.worker_report.add_listener(_report)
-        _HOOKS.quitting.add_listener(_quitting)
+        _HOOKS.quitting.add_listener(_write)
 
 
 def _on_report(client_id: str, data: dict[str, Any], **_kwargs: Any) -> None:
@@ -77,7 +74,7 @@ def _on_report(client_id: str, data: dict[str, Any], **_kwargs: Any) -> None:
     _records.clear()
 
 
-def _write() -> None:
+def _write(**_kwargs: Any) -> None:
     Path(_PLAN["out"]).write_text(json.dumps(_collected), encoding="utf-8")
 
 
