@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
+import importlib.util
 import sys
 import time
 import uuid
@@ -21,6 +23,9 @@ if TYPE_CHECKING:
     from .scenarios import Drill, ScenarioResult, Tick
 
 __all__ = ["add_parser", "run_drill"]
+
+#: The exit status of each overall verdict.
+EXIT_STATUS = {"pass": ExitCode.OK, "fail": ExitCode.FINDINGS, "unverified": ExitCode.INCOMPLETE}
 
 
 def add_parser(commands: Subcommands) -> argparse.ArgumentParser:
@@ -171,12 +176,8 @@ def _run(
 
     engine = None
     if args.engine == "locust":
-        import importlib.util
-
         if importlib.util.find_spec("locust") is None:
             raise CommandError("--engine locust needs locust: pip install 'stocksentry[drill]'")
-        import functools
-
         from .locust_engine import locust_burst
 
         engine = functools.partial(locust_burst, args.workers)
@@ -295,11 +296,6 @@ def _report(
             command=shlex.join(["stocksentry", *sys.argv[1:]]),
         )
         _write("--report", args.report, page)
-    verdict = overall(results)
     if "NOT be restored" in restored:
         say(sys.stderr, f"stocksentry drill: warning: {restored}")
-    return int(
-        {"pass": ExitCode.OK, "fail": ExitCode.FINDINGS, "unverified": ExitCode.INCOMPLETE}[
-            verdict
-        ]
-    )
+    return int(EXIT_STATUS[overall(results)])

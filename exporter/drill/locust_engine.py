@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import socket
@@ -44,10 +45,7 @@ def plan(drill: Drill, out: Path) -> dict[str, Any]:
     checkout, rule = config.target.checkout, config.target.success
     parts = urllib.parse.urlsplit(checkout.url)
     return {
-        "url": checkout.url,
-        "method": checkout.method,
-        "headers": [list(pair) for pair in checkout.headers],
-        "body": checkout.body,
+        **dataclasses.asdict(checkout),  # url, method, headers, body
         "host": f"{parts.scheme}://{parts.netloc}",
         "status": list(rule.status),
         "json_field": rule.json_field,

@@ -54,17 +54,6 @@ LOCK_WAITS: Final = f"{catalog.DB_LOCK_WAIT.name}_count"
 POLL_S: Final = 1.0
 
 
-def _totals(text: str) -> dict[str, float]:
-    """Every sample of a Prometheus text page summed by its sample name."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    totals: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            totals[sample.name] = totals.get(sample.name, 0.0) + float(sample.value)
-    return totals
-
-
 class Unreadable(Exception):
     """The monitoring could not be read; ``str()`` says what and why."""
 
@@ -78,11 +67,17 @@ async def _get(url: str, wait_s: float) -> bytes:
 
 async def scrape(url: str, wait_s: float) -> dict[str, float]:
     """The samples of ``url`` summed by name; :class:`Unreadable` when they cannot be read."""
+    from prometheus_client.parser import text_string_to_metric_families
+
     body = await _get(url, wait_s)
+    totals: dict[str, float] = {}
     try:
-        return _totals(body.decode("utf-8", "replace"))
+        for family in text_string_to_metric_families(body.decode("utf-8", "replace")):
+            for sample in family.samples:
+                totals[sample.name] = totals.get(sample.name, 0.0) + float(sample.value)
     except ValueError as exc:
         raise Unreadable(f"{url} is not a Prometheus text page: {exc}") from None
+    return totals
 
 
 async def _alerts(url: str, wait_s: float) -> set[str]:

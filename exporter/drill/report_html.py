@@ -15,14 +15,12 @@ from .scenarios import ScenarioResult
 
 __all__ = ["format_html"]
 
-_CSS = (
-    BASE_CSS
-    + """
+#: The page's own rules, after the lab report's BASE_CSS.
+_CSS = """
 body { max-width: 1000px; } th, td { text-align: left; }
 tr.fail td { background: #fdecea; } tr.unverified td { background: #fff4e0; }
 .verdict-pass { color: #2ca02c; } .verdict-fail, .verdict-unverified { color: #d62728; }
 """
-)
 _GOOD, _BAD, _STOCK = "#2ca02c", "#d62728", "#1f77b4"
 #: Latency buckets' upper bounds, in seconds (the last is everything slower).
 _BOUNDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, math.inf)
@@ -131,8 +129,8 @@ def format_html(
     verdict = overall(results)
     made = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     parts = [
-        "<!doctype html><html lang=en><head><meta charset=utf-8>",
-        f"<title>stocksentry drill: {esc(verdict)}</title><style>{_CSS}</style></head><body>",
+        f"<!doctype html><html lang=en><head><meta charset=utf-8><style>{BASE_CSS}{_CSS}</style>",
+        f"<title>stocksentry drill: {esc(verdict)}</title></head><body>",
         f"<h1>stocksentry drill: <span class=verdict-{verdict}>{verdict.upper()}</span></h1>",
         f"<p><code>{esc(command)}</code><br>{esc(made)}</p>",
         f"<p>Checkout <code>{esc(target['checkout'])}</code>, database"

@@ -38,9 +38,8 @@ code { font-size: 0.92em; background: #f4f4f4; padding: 1px 3px; overflow-wrap: 
 svg text { font: 11px system-ui, sans-serif; fill: #333; }
 svg { display: block; max-width: 100%; height: auto; }
 """
-_CSS = (
-    BASE_CSS
-    + """
+#: The page's own rules, after BASE_CSS.
+_CSS = """
 body { max-width: 1240px; } th, td { text-align: right; }
 th:first-child, td:first-child, th.left, td.left { text-align: left; }
 tr.bad td { background: #fdecea; } tr.skipped td { color: #888; font-style: italic; }
@@ -60,7 +59,6 @@ p.note { background: #fff4e5; border-left: 4px solid #d62728; padding: 6px 10px;
 }
 p.made { color: #555; }
 """
-)
 
 
 def esc(text: object) -> str:
@@ -366,7 +364,7 @@ def format_html(
     return (
         "<!DOCTYPE html>\n<html lang=en><head><meta charset=utf-8>"
         "<title>stocksentry flash-sale lab</title>"
-        f"<style>{_CSS}</style></head><body>"
+        f"<style>{BASE_CSS}{_CSS}</style></head><body>"
         f"<h1>stocksentry flash-sale lab</h1><p class=made>{made}</p><ul>{setup}</ul>"
         f"<div class=wide>{_html_table(results)}</div>"
         "<p>sold, oversold, final stock, negative writes and duplicate orders are counted by"
