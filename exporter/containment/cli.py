@@ -14,6 +14,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -44,11 +45,8 @@ def add_parsers(commands: Subcommands) -> None:
         metavar="DURATION",
         help="lift the freeze by itself after this (e.g. 30m); default: until unfrozen",
     )
-    freeze.add_argument(
-        "--by", default=None, help="who freezes (default: the login name of this shell)"
-    )
-    _target(freeze)
-    freeze.set_defaults(handler=_freeze)
+    freeze.add_argument("--by", help="who freezes (default: the login name of this shell)")
+    _target(freeze, _freeze)
 
     unfreeze = commands.add_parser(
         "unfreeze",
@@ -56,8 +54,7 @@ def add_parsers(commands: Subcommands) -> None:
         description="Lift the freeze of SKU, whoever set it; checkout resumes.",
     )
     unfreeze.add_argument("sku", metavar="SKU", help="the SKU to unfreeze")
-    _target(unfreeze)
-    unfreeze.set_defaults(handler=_unfreeze)
+    _target(unfreeze, _unfreeze)
 
     frozen = commands.add_parser(
         "frozen",
@@ -68,11 +65,12 @@ def add_parsers(commands: Subcommands) -> None:
         ),
     )
     frozen.add_argument("--format", choices=("text", "json"), default="text")
-    _target(frozen)
-    frozen.set_defaults(handler=_frozen)
+    _target(frozen, _frozen)
 
 
-def _target(parser: argparse.ArgumentParser) -> None:
+def _target(parser: argparse.ArgumentParser, handler: Callable[[argparse.Namespace], int]) -> None:
+    """Where the freezes live, for each command, and the command's ``handler``."""
+    parser.set_defaults(handler=handler)
     group = parser.add_argument_group("where the freezes live")
     group.add_argument(
         "--redis-url",

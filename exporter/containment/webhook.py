@@ -171,6 +171,7 @@ class Containment:
         results: list[dict[str, str]] = []
         enforce = config.mode == "enforce"
         frozen: dict[str, str] | None = None  # SKU -> source, read once per body
+        keys = {"key_template": config.key_template, "channel": config.channel}
         for notice in notices:
             result = {"alert": notice.alertname, "sku": notice.sku}
             results.append(result)
@@ -187,12 +188,7 @@ class Containment:
                     )
                 else:
                     outcome = await asyncio.to_thread(
-                        unfreeze_sku,
-                        self._client,
-                        notice.sku,
-                        source="alert",
-                        key_template=config.key_template,
-                        channel=config.channel,
+                        unfreeze_sku, self._client, notice.sku, source="alert", **keys
                     )
                     result["action"] = outcome  # unfrozen, absent, or kept (a person's)
                 continue
@@ -226,18 +222,16 @@ class Containment:
                     notice.alertname,
                 )
                 continue
+            summary = f"{notice.alertname}: {notice.summary}" if notice.summary else ""
             outcome, _ = await asyncio.to_thread(
                 freeze_sku,
                 self._client,
                 notice.sku,
-                reason=f"{notice.alertname}: {notice.summary}"
-                if notice.summary
-                else notice.alertname,
+                reason=summary or notice.alertname,
                 source="alert",
                 ttl=config.expiry,
                 by=notice.alertname,
-                key_template=config.key_template,
-                channel=config.channel,
+                **keys,
             )
             result["action"] = outcome  # frozen, refreshed, or kept (a person's, meanwhile)
             if outcome != "kept":
