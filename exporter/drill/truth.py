@@ -7,10 +7,10 @@ the drill SKU's stock column (set before each scenario, restored at the end)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .. import dburl
 from ..invariants import InvariantSql, Query
@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Shop", "Snapshot", "Unverifiable"]
 
+T = TypeVar("T")
 #: How far ahead of now "every order so far" reaches: the shop's clock may run ahead.
 _CLOCK_SLACK = timedelta(days=1)
 
@@ -70,7 +71,7 @@ class Shop:
         """Release the engine."""
         self.engine.dispose()
 
-    def _run(self, work: Any) -> Any:
+    def _run(self, work: Callable[[Connection], T]) -> T:
         import sqlalchemy as sa
 
         try:
@@ -115,8 +116,7 @@ class Shop:
             rows = self._rows(conn, query)
             return Snapshot(int(stock), int(rows[0][1]) if rows else 0)
 
-        result: Snapshot = self._run(work)
-        return result
+        return self._run(work)
 
     def set_stock(self, stock: int) -> None:
         """Write the drill SKU's stock column (the one row, by its SKU)."""
