@@ -91,19 +91,16 @@ async def stale_availability(drill: Drill) -> ScenarioResult:
     # One checkout at a time: a sell-out, not a race (even an unsafe checkout sells out).
     needed = math.ceil(stock / settings.qty)
     done = [0, 0, needed]
-    sold_out = None
     for n in range(1, 3 * needed + 1):
         sale = drill.requests(config.target.checkout, "stale", [n])
-        responses = (await drill.wave("stale_availability", sale, done)).responses
-        drill.record(result, responses)
-        snapshot = await asyncio.to_thread(drill.shop.snapshot)
-        if snapshot.stock < settings.qty:
-            sold_out = time.perf_counter()
+        drill.record(result, (await drill.wave("stale_availability", sale, done)).responses)
+        if (await asyncio.to_thread(drill.shop.snapshot)).stock < settings.qty:
             break
-    if sold_out is None:
+    else:
         raise Unverifiable(
             f"{3 * needed} checkouts one at a time did not sell out a stock of {stock}"
         )
+    sold_out = time.perf_counter()
     polls = stale = 0
     window: float | None = None
     while time.perf_counter() - sold_out < limit:
