@@ -263,6 +263,7 @@ def test_database_gone_mid_drill_is_unverified_exit_3(
             "duplicate paid orders per external_ref",
         ),
     ],
+    ids=["retry", "duplicate_callback"],
 )
 def test_keyed_unsafe_orders_twice_idempotent_once(
     db: Db,
