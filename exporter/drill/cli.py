@@ -173,6 +173,7 @@ def _run(
     import asyncio
 
     from .scenarios import Drill
+    from .truth import Unverifiable
 
     engine = None
     if args.engine == "locust":
@@ -189,7 +190,12 @@ def _run(
     finally:
         if progress is not None:
             progress[0].close()
-        restored = _restore(drill, original)
+        # The drill SKU's stock back as it was found, the way the scenarios set it.
+        try:
+            asyncio.run(drill.reset(original))
+            restored = f"restored the stock of {shop.sku} to {original}"
+        except Unverifiable as exc:
+            restored = f"the stock of {shop.sku} could NOT be restored to {original}: {exc}"
     return results, restored
 
 
@@ -221,20 +227,6 @@ async def _scenarios(drill: Drill) -> list[ScenarioResult]:
             result.passed, result.failures, result.unverified = None, [], str(exc)
         drill.results.append(result)
     return drill.results
-
-
-def _restore(drill: Drill, original: int) -> str:
-    """Set the drill SKU's stock back as it was found, the way the scenarios set it."""
-    import asyncio
-
-    from .truth import Unverifiable
-
-    shop = drill.shop
-    try:
-        asyncio.run(drill.reset(original))
-    except Unverifiable as exc:
-        return f"the stock of {shop.sku} could NOT be restored to {original}: {exc}"
-    return f"restored the stock of {shop.sku} to {original}"
 
 
 def _progress(config: DrillConfig, args: argparse.Namespace) -> tuple[LiveProgress, Tick] | None:
