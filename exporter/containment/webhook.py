@@ -157,14 +157,12 @@ class Containment:
         length = request.content_length
         if length is not None and length > limit:
             raise BadBody(413, f"body of {length} bytes over the limit of {limit}")
-        chunks: list[bytes] = []
-        size = 0
+        body = bytearray()
         async for chunk in request.content.iter_chunked(64 * 1024):
-            size += len(chunk)
-            if size > limit:
+            body += chunk
+            if len(body) > limit:
                 raise BadBody(413, f"body over the limit of {limit} bytes")
-            chunks.append(chunk)
-        return b"".join(chunks)
+        return bytes(body)
 
     async def _act(self, notices: list[Notice]) -> list[dict[str, str]]:
         config = self.config
@@ -266,11 +264,9 @@ def parse_notification(body: bytes, allowed: tuple[str, ...]) -> list[Notice]:
             raise BadBody(400, "an alert without labels or alertname")
         name: str = labels["alertname"]
         names.add(name)
-        if name not in allowed:
-            continue
         sku = labels.get("sku")
-        if sku is None:
-            continue  # a location-wide alert (no SKU named): nothing to freeze
+        if name not in allowed or sku is None:
+            continue  # not acted on, or location-wide (no SKU named): nothing to freeze
         try:
             check_sku(sku)
         except FreezeContractError as exc:
