@@ -4,12 +4,6 @@ Where the freezes live comes from ``--redis-url``, else ``$STOCKSENTRY_FREEZE_RE
 else the ``containment`` section of ``--config FILE`` (the exporter's, so the command and
 the sidecar use one Redis, key template and channel). This module loads only the standard
 library; redis-py is imported when a command runs.
-
-Example::
-
-    stocksentry freeze EGG-01 --reason "oversold at promo start" --ttl 30m
-    stocksentry frozen
-    stocksentry unfreeze EGG-01
 """
 
 from __future__ import annotations
@@ -20,10 +14,12 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Final, TextIO
+from typing import Any, Final
 
 from ..commandline import CommandError, ExitCode, Subcommands, duration_in, say
+from . import scrub
 
 __all__ = ["REDIS_URL_ENV", "add_parsers"]
 
@@ -49,11 +45,8 @@ def add_parsers(commands: Subcommands) -> None:
         metavar="DURATION",
         help="lift the freeze by itself after this (e.g. 30m); default: until unfrozen",
     )
-    freeze.add_argument(
-        "--by", default=None, help="who freezes (default: the login name of this shell)"
-    )
-    _target(freeze)
-    freeze.set_defaults(handler=_freeze)
+    freeze.add_argument("--by", help="who freezes (default: the login name of this shell)")
+    _target(freeze, _freeze)
 
     unfreeze = commands.add_parser(
         "unfreeze",
@@ -61,8 +54,7 @@ def add_parsers(commands: Subcommands) -> None:
         description="Lift the freeze of SKU, whoever set it; checkout resumes.",
     )
     unfreeze.add_argument("sku", metavar="SKU", help="the SKU to unfreeze")
-    _target(unfreeze)
-    unfreeze.set_defaults(handler=_unfreeze)
+    _target(unfreeze, _unfreeze)
 
     frozen = commands.add_parser(
         "frozen",
@@ -73,11 +65,12 @@ def add_parsers(commands: Subcommands) -> None:
         ),
     )
     frozen.add_argument("--format", choices=("text", "json"), default="text")
-    _target(frozen)
-    frozen.set_defaults(handler=_frozen)
+    _target(frozen, _frozen)
 
 
-def _target(parser: argparse.ArgumentParser) -> None:
+def _target(parser: argparse.ArgumentParser, handler: Callable[[argparse.Namespace], int]) -> None:
+    """Where the freezes live, for each command, and the command's ``handler``."""
+    parser.set_defaults(handler=handler)
     group = parser.add_argument_group("where the freezes live")
     group.add_argument(
         "--redis-url",
@@ -100,24 +93,6 @@ class Target:
     url: str
     key_template: str
     channel: str
-
-    def shown(self) -> str:
-        """The URL as it may be printed (password masked)."""
-        from stocksentry.instrumentation.secrets import mask_url
-
-        return mask_url(self.url) or "<the Redis URL>"
-
-    def client(self) -> Any:
-        """A redis-py client with short timeouts: a person waits at a prompt."""
-        import redis
-
-        return redis.Redis.from_url(self.url, socket_connect_timeout=3.0, socket_timeout=5.0)
-
-    def scrub(self, error: BaseException) -> str:
-        """``error`` as text without the URL's secrets."""
-        from stocksentry.instrumentation.secrets import redact, secret_fragments
-
-        return redact(f"{type(error).__name__}: {error}", secret_fragments(self.url))
 
 
 def resolve_target(args: argparse.Namespace) -> Target:
@@ -155,15 +130,22 @@ def resolve_target(args: argparse.Namespace) -> Target:
     return Target(url, template, args.channel or channel)
 
 
-def _freeze(args: argparse.Namespace, out: TextIO | None = None) -> int:
+def _sku_target(args: argparse.Namespace) -> Target:
+    """The target of ``freeze``/``unfreeze``, once their SKU is one the contract takes."""
     from stocksentry.instrumentation.freeze import FreezeContractError, check_sku
-    from stocksentry.instrumentation.freezeview import freeze_sku
 
     target = resolve_target(args)
     try:
         check_sku(args.sku)
     except FreezeContractError as exc:
         raise CommandError(f"SKU: {exc}") from None
+    return target
+
+
+def _freeze(args: argparse.Namespace) -> int:
+    from stocksentry.instrumentation.freezeview import freeze_sku
+
+    target = _sku_target(args)
     by = args.by if args.by is not None else _login()
     outcome, state = _call(
         target,
@@ -180,19 +162,14 @@ def _freeze(args: argparse.Namespace, out: TextIO | None = None) -> int:
     )
     lifts = "until unfrozen" if state.expires_at is None else f"for {_age(args.ttl)}"
     verb = "frozen" if outcome == "frozen" else "frozen again (replacing the earlier freeze)"
-    say(out or sys.stdout, f"{args.sku}: {verb} {lifts}: {state.reason}")
+    say(sys.stdout, f"{args.sku}: {verb} {lifts}: {state.reason}")
     return ExitCode.OK
 
 
-def _unfreeze(args: argparse.Namespace, out: TextIO | None = None) -> int:
-    from stocksentry.instrumentation.freeze import FreezeContractError, check_sku
+def _unfreeze(args: argparse.Namespace) -> int:
     from stocksentry.instrumentation.freezeview import unfreeze_sku
 
-    target = resolve_target(args)
-    try:
-        check_sku(args.sku)
-    except FreezeContractError as exc:
-        raise CommandError(f"SKU: {exc}") from None
+    target = _sku_target(args)
     outcome = _call(
         target,
         lambda client: unfreeze_sku(
@@ -204,15 +181,14 @@ def _unfreeze(args: argparse.Namespace, out: TextIO | None = None) -> int:
         ),
     )
     text = "unfrozen: checkout resumes" if outcome == "unfrozen" else "was not frozen"
-    say(out or sys.stdout, f"{args.sku}: {text}")
+    say(sys.stdout, f"{args.sku}: {text}")
     return ExitCode.OK
 
 
-def _frozen(args: argparse.Namespace, out: TextIO | None = None) -> int:
+def _frozen(args: argparse.Namespace) -> int:
     from stocksentry.instrumentation.freezeview import read_frozen
 
     target = resolve_target(args)
-    stream = out or sys.stdout
     try:
         states = _call(target, lambda client: read_frozen(client, target.key_template))
     except CommandError as exc:
@@ -234,10 +210,10 @@ def _frozen(args: argparse.Namespace, out: TextIO | None = None) -> int:
             }
             for s in rows
         ]
-        say(stream, json.dumps({"frozen": body}, ensure_ascii=False))
+        say(sys.stdout, json.dumps({"frozen": body}, ensure_ascii=False))
         return ExitCode.OK
     if not rows:
-        say(stream, "no SKU is frozen")
+        say(sys.stdout, "no SKU is frozen")
         return ExitCode.OK
     table = [("SKU", "SOURCE", "AGE", "LIFTS IN", "BY", "REASON")]
     for s in rows:
@@ -246,18 +222,21 @@ def _frozen(args: argparse.Namespace, out: TextIO | None = None) -> int:
     widths = [max(len(row[i]) for row in table) for i in range(5)]
     for row in table:
         cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=False)]
-        say(stream, "  ".join([*cells, row[5]]).rstrip())
+        say(sys.stdout, "  ".join([*cells, row[5]]).rstrip())
     return ExitCode.OK
 
 
 def _call(target: Target, work: Any) -> Any:
     import redis
+    from stocksentry.instrumentation.secrets import mask_url
 
-    client = target.client()
+    # Short timeouts: a person waits at a prompt.
+    client = redis.Redis.from_url(target.url, socket_connect_timeout=3.0, socket_timeout=5.0)
     try:
         return work(client)
     except redis.RedisError as exc:
-        raise CommandError(f"Redis at {target.shown()}: {target.scrub(exc)}") from None
+        shown = mask_url(target.url) or "<the Redis URL>"
+        raise CommandError(f"Redis at {shown}: {scrub(exc, target.url)}") from None
     finally:
         client.close()
 

@@ -13,12 +13,6 @@ replaced nor lifted by an alert (the contract's scripts enforce it).
 A hostile body (too big, not JSON, not Alertmanager's shape, a SKU with control
 characters, only alerts it does not act on) gets a 4xx, one quiet log line, and changes
 nothing. The route sits behind the same basic auth and TLS as ``/metrics``.
-
-Example::
-
-    containment = Containment(config.containment)
-    run_server(settings, collectors=[containment], background=[containment.cleanup_ctx],
-               routes=containment.routes())
 """
 
 from __future__ import annotations
@@ -41,9 +35,9 @@ from stocksentry.instrumentation.freezeview import (
     read_frozen,
     unfreeze_sku,
 )
-from stocksentry.instrumentation.secrets import redact, secret_fragments
 
 from ..config.containment import WEBHOOK_PATH, ContainmentConfig
+from . import scrub
 
 LOGGER: Final = logging.getLogger("stocksentry.exporter.containment")
 #: Frozen SKUs exported one series each at most; a person freezing more than this is told
@@ -118,10 +112,7 @@ class Containment:
         LOGGER.info("freeze %s: %s (%s)", action, _shown(sku), source)
 
     def _view_error(self, exc: BaseException) -> None:
-        LOGGER.warning("freeze view: %s", self._scrub(exc))
-
-    def _scrub(self, exc: BaseException) -> str:
-        return redact(f"{type(exc).__name__}: {exc}", secret_fragments(self._url))
+        LOGGER.warning("freeze view: %s", scrub(exc, self._url))
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -156,7 +147,7 @@ class Containment:
             try:
                 results = await self._act(notices)
             except Exception as exc:
-                LOGGER.warning("freeze webhook: Redis failed: %s", self._scrub(exc))
+                LOGGER.warning("freeze webhook: Redis failed: %s", scrub(exc, self._url))
                 # 5xx: Alertmanager retries it.
                 return web.json_response({"error": "the freezes could not be written"}, status=503)
         return web.json_response({"mode": self.config.mode, "results": results})
@@ -166,20 +157,19 @@ class Containment:
         length = request.content_length
         if length is not None and length > limit:
             raise BadBody(413, f"body of {length} bytes over the limit of {limit}")
-        chunks: list[bytes] = []
-        size = 0
+        body = bytearray()
         async for chunk in request.content.iter_chunked(64 * 1024):
-            size += len(chunk)
-            if size > limit:
+            body += chunk
+            if len(body) > limit:
                 raise BadBody(413, f"body over the limit of {limit} bytes")
-            chunks.append(chunk)
-        return b"".join(chunks)
+        return bytes(body)
 
     async def _act(self, notices: list[Notice]) -> list[dict[str, str]]:
         config = self.config
         results: list[dict[str, str]] = []
         enforce = config.mode == "enforce"
         frozen: dict[str, str] | None = None  # SKU -> source, read once per body
+        keys = {"key_template": config.key_template, "channel": config.channel}
         for notice in notices:
             result = {"alert": notice.alertname, "sku": notice.sku}
             results.append(result)
@@ -196,12 +186,7 @@ class Containment:
                     )
                 else:
                     outcome = await asyncio.to_thread(
-                        unfreeze_sku,
-                        self._client,
-                        notice.sku,
-                        source="alert",
-                        key_template=config.key_template,
-                        channel=config.channel,
+                        unfreeze_sku, self._client, notice.sku, source="alert", **keys
                     )
                     result["action"] = outcome  # unfrozen, absent, or kept (a person's)
                 continue
@@ -235,18 +220,16 @@ class Containment:
                     notice.alertname,
                 )
                 continue
+            summary = f"{notice.alertname}: {notice.summary}" if notice.summary else ""
             outcome, _ = await asyncio.to_thread(
                 freeze_sku,
                 self._client,
                 notice.sku,
-                reason=f"{notice.alertname}: {notice.summary}"
-                if notice.summary
-                else notice.alertname,
+                reason=summary or notice.alertname,
                 source="alert",
                 ttl=config.expiry,
                 by=notice.alertname,
-                key_template=config.key_template,
-                channel=config.channel,
+                **keys,
             )
             result["action"] = outcome  # frozen, refreshed, or kept (a person's, meanwhile)
             if outcome != "kept":
@@ -281,11 +264,9 @@ def parse_notification(body: bytes, allowed: tuple[str, ...]) -> list[Notice]:
             raise BadBody(400, "an alert without labels or alertname")
         name: str = labels["alertname"]
         names.add(name)
-        if name not in allowed:
-            continue
         sku = labels.get("sku")
-        if sku is None:
-            continue  # a location-wide alert (no SKU named): nothing to freeze
+        if name not in allowed or sku is None:
+            continue  # not acted on, or location-wide (no SKU named): nothing to freeze
         try:
             check_sku(sku)
         except FreezeContractError as exc:

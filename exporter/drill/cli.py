@@ -1,15 +1,13 @@
-"""``stocksentry drill``: the pre-sale drill against the shop's own checkout.
-
-:func:`add_parser` declares the subcommand without loading its dependencies;
-:func:`run_drill` reads the drill file, refuses without ``--yes`` (or ``confirm: true``),
-names the target and the database, runs the scenarios, restores the drill SKU's stock and
-reports. Exit status: 0 every verdict passed, 1 a verdict failed, 2 bad input, 3 could not
-verify (the database could not be read: never a pass), 130 interrupted.
-"""
+"""``stocksentry drill``: the pre-sale drill against the shop's own checkout. Exit status:
+0 every verdict passed, 1 a verdict failed, 2 bad input, 3 could not verify (never a
+pass), 130 interrupted."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
+import importlib.util
 import sys
 import time
 import uuid
@@ -17,16 +15,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..commandline import CommandError, ExitCode, Subcommands, int_in, say
+from . import SCENARIOS
 
 if TYPE_CHECKING:
+    from ..lab.progress import LiveProgress
     from .config import DrillConfig
-    from .scenarios import Drill, ScenarioResult
+    from .scenarios import Drill, ScenarioResult, Tick
 
 __all__ = ["add_parser", "run_drill"]
 
-COMMAND = "drill"
-#: The scenarios (as in .config.SCENARIOS, which --help does not import).
-SCENARIO_NAMES = ("burst", "retry", "duplicate_callback", "stale_availability", "observability")
+#: The exit status of each overall verdict.
+EXIT_STATUS = {"pass": ExitCode.OK, "fail": ExitCode.FINDINGS, "unverified": ExitCode.INCOMPLETE}
 
 
 def add_parser(commands: Subcommands) -> argparse.ArgumentParser:
@@ -54,10 +53,9 @@ def add_parser(commands: Subcommands) -> argparse.ArgumentParser:
     parser.add_argument(
         "--scenario",
         action="append",
-        choices=SCENARIO_NAMES,
+        choices=SCENARIOS,
         metavar="NAME",
-        help="run this scenario (repeatable; overrides drill.scenarios): "
-        + ", ".join(SCENARIO_NAMES),
+        help="run this scenario (repeatable; overrides drill.scenarios): " + ", ".join(SCENARIOS),
     )
     parser.add_argument(
         "--engine",
@@ -90,15 +88,13 @@ def _load(args: argparse.Namespace) -> DrillConfig:
     import dataclasses
 
     from ..config import ConfigError
-    from .config import load_drill_config
+    from .config import load_drill_config, scenario_problem, url_problem
 
     try:
         config = load_drill_config(args.config)
     except ConfigError as exc:
         raise CommandError(str(exc)) from None
     if args.checkout_url:
-        from .config import url_problem
-
         url = args.checkout_url.strip()
         problem = url_problem(url)
         if problem is not None:
@@ -108,8 +104,6 @@ def _load(args: argparse.Namespace) -> DrillConfig:
             config, target=dataclasses.replace(config.target, checkout=checkout)
         )
     if args.scenario:
-        from .config import scenario_problem
-
         scenarios = tuple(dict.fromkeys(args.scenario))
         settings = dataclasses.replace(config.drill, scenarios=scenarios)
         config = dataclasses.replace(config, drill=settings)
@@ -121,11 +115,16 @@ def _load(args: argparse.Namespace) -> DrillConfig:
 
 def run_drill(args: argparse.Namespace) -> int:
     """Run ``stocksentry drill``; returns the exit status."""
-    from .config import describe_target
+    from .. import dburl
 
     config = _load(args)
     err = sys.stderr
-    target = describe_target(config)
+    # What the drill names before it starts, and its reports after.
+    target = {
+        "checkout": f"{config.target.checkout.method} {config.target.checkout.url}",
+        "database": dburl.shown(config.database.url.reveal()),
+        "sku": config.drill.sku,
+    }
     if not (args.yes or config.confirm):
         raise CommandError(
             f"refusing to run without --yes: the drill sells SKU {config.drill.sku} through"
@@ -156,7 +155,7 @@ def run_drill(args: argparse.Namespace) -> int:
             # Nothing sent, nothing written: every scenario unverified, in every report.
             from .scenarios import ScenarioResult
 
-            say(err, f"stocksentry {COMMAND}: cannot verify: {exc}")
+            say(err, f"stocksentry drill: cannot verify: {exc}")
             results = [
                 ScenarioResult(name, unverified=str(exc)) for name in config.drill.scenarios
             ]
@@ -165,7 +164,7 @@ def run_drill(args: argparse.Namespace) -> int:
             results, restored = _run(config, shop, original, args)
     finally:
         shop.close()
-    return _report(config, results, target, restored, args)
+    return _report(results, target, restored, args)
 
 
 def _run(
@@ -174,115 +173,97 @@ def _run(
     import asyncio
 
     from .scenarios import Drill
+    from .truth import Unverifiable
 
     engine = None
     if args.engine == "locust":
-        import importlib.util
-
         if importlib.util.find_spec("locust") is None:
             raise CommandError("--engine locust needs locust: pip install 'stocksentry[drill]'")
-        from .locust_engine import LocustEngine
+        from .locust_engine import locust_burst
 
-        engine = LocustEngine(args.workers)
+        engine = functools.partial(locust_burst, args.workers)
     progress = _progress(config, args)
-    drill = Drill(config, shop, uuid.uuid4().hex[:8], tick=progress)
-    drill.engine = engine
+    tick = progress[1] if progress is not None else None
+    drill = Drill(config, shop, uuid.uuid4().hex[:8], tick=tick, engine=engine)
     try:
-        results = asyncio.run(_scenarios(drill, config))
+        results = asyncio.run(_scenarios(drill))
     finally:
         if progress is not None:
-            progress.close()
-        restored = _restore(drill, original)
+            progress[0].close()
+        # The drill SKU's stock back as it was found, the way the scenarios set it.
+        try:
+            asyncio.run(drill.reset(original))
+            restored = f"restored the stock of {shop.sku} to {original}"
+        except Unverifiable as exc:
+            restored = f"the stock of {shop.sku} could NOT be restored to {original}: {exc}"
     return results, restored
 
 
-async def _scenarios(drill: Drill, config: DrillConfig) -> list[ScenarioResult]:
-    from .scenarios import ScenarioResult
+async def _scenarios(drill: Drill) -> list[ScenarioResult]:
+    from .failures import duplicate_callback, stale_availability
+    from .observability import Unreadable, observability, scrape
+    from .scenarios import Drill, ScenarioResult
     from .truth import Unverifiable
 
-    results = drill.results
+    runs = {
+        "burst": Drill.burst,
+        "retry": Drill.retry,
+        "duplicate_callback": duplicate_callback,
+        "stale_availability": stale_availability,
+        "observability": observability,
+    }
+    config = drill.config
     metrics_url = config.observability.metrics_url
     if "observability" in config.drill.scenarios and metrics_url is not None:
-        from .observability import scrape
-
         # Before the first scenario: the counters the drill makes grow.
-        page = await scrape(metrics_url, config.target.timeout)
-        drill.baseline = page if isinstance(page, dict) else {}
+        with contextlib.suppress(Unreadable):
+            drill.baseline = await scrape(metrics_url, config.target.timeout)
     for name in config.drill.scenarios:
-        run = getattr(drill, name, None)
-        if run is None:
-            result = ScenarioResult(name, unverified="not available in this version")
-        else:
-            try:
-                result = await run()
-            except Unverifiable as exc:
-                current = drill.current
-                keep = current is not None and current.name == name
-                result = current if current is not None and keep else ScenarioResult(name)
-                result.passed, result.failures, result.unverified = None, [], str(exc)
-        results.append(result)
-    return results
+        try:
+            result = await runs[name](drill)
+        except Unverifiable as exc:
+            current = drill.current
+            result = current if current and current.name == name else ScenarioResult(name)
+            result.passed, result.failures, result.unverified = None, [], str(exc)
+        drill.results.append(result)
+    return drill.results
 
 
-def _restore(drill: Drill, original: int) -> str:
-    """Set the drill SKU's stock back as it was found: the same way it was set (the
-    shop's reset request, or the stock column)."""
-    import asyncio
+def _progress(config: DrillConfig, args: argparse.Namespace) -> tuple[LiveProgress, Tick] | None:
+    """Live progress through the lab's bars, one per scenario; ``None`` when not shown."""
+    if args.quiet or args.format == "json":
+        return None
+    from ..lab.progress import LiveProgress, Progress
 
-    from .truth import Unverifiable
-
-    shop = drill.shop
     try:
-        if drill.config.target.reset is not None:
-            asyncio.run(drill.reset(original))
-        else:
-            shop.set_stock(original)
-    except Unverifiable as exc:
-        return f"the stock of {shop.sku} could NOT be restored to {original}: {exc}"
-    return f"restored the stock of {shop.sku} to {original}"
-
-
-class _Ticker:
-    """Live progress through the lab's bars, one per scenario."""
-
-    def __init__(self, config: DrillConfig) -> None:
-        from ..lab.progress import LiveProgress
-
-        self.bars = LiveProgress(
+        bars = LiveProgress(
             sys.stderr,
             config.drill.scenarios,
             total=config.drill.requests,
             title="stocksentry drill",
             unit="requests",
         )
-        self.bars.start(config.drill.sku)
-        self.began = time.perf_counter()
-
-    def __call__(self, name: str, done: int, total: int, successes: int) -> None:
-        from ..lab.progress import Progress
-
-        elapsed = time.perf_counter() - self.began
-        snapshot = Progress(name, done, total, successes, done - successes, 0, elapsed)
-        if done >= total:
-            self.bars.finish(snapshot)
-        else:
-            self.bars.update(snapshot)
-
-    def close(self) -> None:
-        self.bars.close()
-
-
-def _progress(config: DrillConfig, args: argparse.Namespace) -> _Ticker | None:
-    if args.quiet or args.format == "json":
-        return None
-    try:
-        return _Ticker(config)
     except ImportError:
         return None
+    bars.start(config.drill.sku)
+    began = time.perf_counter()
+
+    def tick(name: str, done: int, total: int, successes: int) -> None:
+        elapsed = time.perf_counter() - began
+        snapshot = Progress(name, done, total, successes, done - successes, 0, elapsed)
+        (bars.finish if done >= total else bars.update)(snapshot)
+
+    return bars, tick
+
+
+def _write(option: str, path: str, text: str) -> None:
+    try:
+        Path(path).write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise CommandError(f"{option}: cannot write {path}: {exc.strerror}") from exc
 
 
 def _report(
-    config: DrillConfig,
     results: list[ScenarioResult],
     target: dict[str, str],
     restored: str,
@@ -290,16 +271,11 @@ def _report(
 ) -> int:
     from .report import format_json, format_junit, format_text, overall
 
-    if args.format == "json":
-        sys.stdout.write(format_json(results, target=target, restored=restored))
-    else:
-        sys.stdout.write(format_text(results, target=target, restored=restored))
+    formatter = format_json if args.format == "json" else format_text
+    sys.stdout.write(formatter(results, target=target, restored=restored))
     sys.stdout.flush()
     if args.junit:
-        try:
-            Path(args.junit).write_text(format_junit(results, target=target), encoding="utf-8")
-        except OSError as exc:
-            raise CommandError(f"--junit: cannot write {args.junit}: {exc.strerror}") from exc
+        _write("--junit", args.junit, format_junit(results, target=target))
     if args.report:
         import shlex
 
@@ -311,15 +287,7 @@ def _report(
             restored=restored,
             command=shlex.join(["stocksentry", *sys.argv[1:]]),
         )
-        try:
-            Path(args.report).write_text(page, encoding="utf-8")
-        except OSError as exc:
-            raise CommandError(f"--report: cannot write {args.report}: {exc.strerror}") from exc
-    verdict = overall(results)
+        _write("--report", args.report, page)
     if "NOT be restored" in restored:
-        say(sys.stderr, f"stocksentry {COMMAND}: warning: {restored}")
-    return int(
-        {"pass": ExitCode.OK, "fail": ExitCode.FINDINGS, "unverified": ExitCode.INCOMPLETE}[
-            verdict
-        ]
-    )
+        say(sys.stderr, f"stocksentry drill: warning: {restored}")
+    return int(EXIT_STATUS[overall(results)])

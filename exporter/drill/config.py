@@ -1,28 +1,20 @@
-"""The drill's YAML file, read through the exporter's config machinery.
-
-The same reader, key checks and one-line errors as the exporter's config (``drill.yaml:7:
-target.checkout.url: ...``), the same ``schema`` mapping and the same secret database URL
-keys (``url_env``, ``url_file``, ``url``). What only the drill has: the shop's HTTP
-requests with their placeholders, what counts as a sale, the drill SKU and its stock.
-
-Example::
-
-    config = load_drill_config("drill.yaml")
-    config.target.checkout.render(sku="EGG-01", qty=1, n=1, run="r1")
-"""
+"""The drill's YAML file, read through the exporter's config machinery (the same reader,
+errors, ``schema`` mapping and secret URL keys). What only the drill has: the shop's HTTP
+requests with their placeholders, what counts as a sale, the drill SKU and its stock."""
 
 # ruff: noqa: RUF009 - the fields' metadata is built by calls (key(), section() ...), the
 # way the exporter's config model declares its fields.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
 from stocksentry.instrumentation.secrets import Secret
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
@@ -43,6 +35,7 @@ from ..config.loader import parse_document, read_config_text
 from ..config.specs import derived, key, required, section, url_keys
 from ..config.yamlsource import TAG_INT, TAG_STR
 from ..dburl import MYSQL_URL_SCHEMES, POSTGRES_URL_SCHEMES
+from . import SCENARIOS
 
 __all__ = [
     "PLACEHOLDERS",
@@ -60,30 +53,22 @@ __all__ = [
 
 #: The placeholders a request's URL, headers and body may hold.
 PLACEHOLDERS: Final = ("sku", "qty", "request_id", "idempotency_key", "payment_reference", "n")
-#: The scenarios, in the order they run and are reported.
-SCENARIOS: Final = ("burst", "retry", "duplicate_callback", "stale_availability", "observability")
 _PLACEHOLDER: Final = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _HEADER_NAME: Final = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
-_SAMPLE: Final = {
-    "sku": "SKU",
-    "qty": "1",
-    "request_id": "r",
-    "idempotency_key": "k",
-    "payment_reference": "p",
-    "n": "1",
-}
+#: Values a request is checked with: the numbers as numbers, the rest as words.
+_SAMPLE: Final = {**dict.fromkeys(PLACEHOLDERS, "x"), "qty": "1", "n": "1"}
+
+
+def _unknown(text: str) -> str | None:
+    """The first placeholder of ``text`` the drill does not know, if any."""
+    return next((n for n in _PLACEHOLDER.findall(text) if n not in PLACEHOLDERS), None)
 
 
 def _placeholders_known(ctx: Context, node: Node, path: str, text: str) -> None:
-    for name in _PLACEHOLDER.findall(text):
-        if name not in PLACEHOLDERS:
-            ctx.fail(
-                node,
-                path,
-                f"unknown placeholder {{{name}}} (known: "
-                + ", ".join(f"{{{p}}}" for p in PLACEHOLDERS)
-                + ")",
-            )
+    name = _unknown(text)
+    if name is not None:
+        known = ", ".join(f"{{{p}}}" for p in PLACEHOLDERS)
+        ctx.fail(node, path, f"unknown placeholder {{{name}}} (known: {known})")
 
 
 def fill(text: str, values: Mapping[str, str], *, json_strings: bool = False) -> str:
@@ -103,9 +88,9 @@ def fill(text: str, values: Mapping[str, str], *, json_strings: bool = False) ->
 def url_problem(value: str) -> str | None:
     """Why ``value`` is not an ``http://`` or ``https://`` URL with known placeholders;
     ``None`` when it is one."""
-    unknown = [name for name in _PLACEHOLDER.findall(value) if name not in PLACEHOLDERS]
-    if unknown:
-        return f"unknown placeholder {{{unknown[0]}}}"
+    unknown = _unknown(value)
+    if unknown is not None:
+        return f"unknown placeholder {{{unknown}}}"
     parts = urllib.parse.urlsplit(fill(value, _SAMPLE))
     if parts.scheme not in ("http", "https") or not parts.hostname:
         return "expected an http:// or https:// URL"
@@ -185,12 +170,9 @@ class StatusCodes(Kind):
             where = f"{path}[{index}]"
             if not isinstance(item, ScalarNode) or item.tag not in (TAG_INT, TAG_STR):
                 ctx.fail(item, where, f"expected a status code, got {describe(item)}")
-            codes.append(Integer(100, 599).read(ctx, _as_int(item), where))
+            number = ScalarNode(TAG_INT, item.value, item.start_mark, item.end_mark)
+            codes.append(Integer(100, 599).read(ctx, number, where))
         return tuple(codes)
-
-
-def _as_int(node: ScalarNode) -> ScalarNode:
-    return ScalarNode(TAG_INT, node.value, node.start_mark, node.end_mark)
 
 
 @dataclass(frozen=True, slots=True)
@@ -318,12 +300,10 @@ class DrillConfig:
     source: str = derived("<string>", "the file")
 
 
-def load_drill_config(
-    path: str | Path, *, environ: Mapping[str, str] | None = None
-) -> DrillConfig:
+def load_drill_config(path: str | Path) -> DrillConfig:
     """Load and check the drill file at ``path``; raises :class:`ConfigError` only."""
     text = read_config_text(path, "the drill file")
-    return parse_drill_config(text, str(path), environ=environ, base_dir=Path(path).parent)
+    return parse_drill_config(text, str(path), base_dir=Path(path).parent)
 
 
 def parse_drill_config(
@@ -343,7 +323,7 @@ def parse_drill_config(
     problem = scenario_problem(config)
     if problem is not None:
         ctx.fail_at("drill.scenarios", problem)
-    return _with_source(config, source)
+    return dataclasses.replace(config, source=source)
 
 
 def scenario_problem(config: DrillConfig) -> str | None:
@@ -357,20 +337,3 @@ def scenario_problem(config: DrillConfig) -> str | None:
     if "observability" in wants and obs.metrics_url is None and obs.prometheus_url is None:
         return "observability needs observability.metrics_url or prometheus_url"
     return None
-
-
-def _with_source(config: DrillConfig, source: str) -> DrillConfig:
-    from dataclasses import replace
-
-    return replace(config, source=source)
-
-
-def describe_target(config: DrillConfig) -> dict[str, Any]:
-    """What the drill names before it starts: the checkout and the database."""
-    from .. import dburl
-
-    return {
-        "checkout": f"{config.target.checkout.method} {config.target.checkout.url}",
-        "database": dburl.shown(config.database.url.reveal()),
-        "sku": config.drill.sku,
-    }

@@ -8,9 +8,9 @@ import math
 import time
 from typing import TYPE_CHECKING
 
-from .scenarios import ScenarioResult
+from .scenarios import ScenarioResult, inconsistent
 from .truth import Unverifiable
-from .wire import Request, Response, send_one
+from .wire import Request, send_one
 
 if TYPE_CHECKING:
     from .scenarios import Drill
@@ -36,41 +36,31 @@ async def duplicate_callback(drill: Drill) -> ScenarioResult:
     stock = 2 * payments * settings.qty
     before = await drill.reset(stock)
     done = [0, 0, 2 * payments]
+    numbers = range(1, payments + 1)
     if settings.callback_after_checkout:
         # The shop knows the payment from its checkout first.
-        orders = [
-            drill.request(config.target.checkout, drill.values("duplicate_callback", n))
-            for n in range(1, payments + 1)
-        ]
+        orders = drill.requests(config.target.checkout, "duplicate_callback", numbers)
         await drill.wave("duplicate_callback", orders, [0, 0, payments])
-    pairs = [
-        drill.request(callback, drill.values("duplicate_callback", n, copy=copy))
-        for n in range(1, payments + 1)
-        for copy in (0, 1)
-    ]
+    pairs = drill.requests(callback, "duplicate_callback", numbers, (0, 1))
     wave = await drill.wave("duplicate_callback", pairs, done)
     drill.record(result, wave.responses)
     after, sold, duplicated, extra = await drill.orders_per_key(result, kind, before)
     result.figures.update(
         accepted=sum(r.error is None and 200 <= r.status < 300 for r in wave.responses)
     )
-    failures = []
-    if duplicated:
-        failures.append(
+    result.judge(
+        (
+            bool(duplicated),
             f"duplicate paid orders per {kind}: {len(duplicated)} of {payments} payments"
-            f" made more than one order ({extra} extra)"
-        )
-    if sold > payments * settings.qty:
-        failures.append(
+            f" made more than one order ({extra} extra)",
+        ),
+        (
+            sold > payments * settings.qty,
             f"stock taken twice: {sold} units sold for {payments} payments of"
-            f" {settings.qty} unit(s)"
-        )
-    if after.stock + sold != stock:
-        failures.append(
-            f"stock inconsistent: final stock {after.stock} + {sold} units sold"
-            f" = {after.stock + sold}, not {stock}"
-        )
-    result.judge(failures)
+            f" {settings.qty} unit(s)",
+        ),
+        inconsistent(after, sold, stock),
+    )
     return result
 
 
@@ -86,7 +76,7 @@ async def stale_availability(drill: Drill) -> ScenarioResult:
     stock = settings.stock
     result.figures.update(stock=stock, threshold_ms=round(1000 * threshold, 1))
     await drill.reset(stock)
-    request = drill.request(rule.request, drill.values("stale", 0))
+    [request] = drill.requests(rule.request, "stale", [0])
     limit = max(5 * threshold, 2.0)
     # A window can only be measured from "available": a cache that still shows an
     # earlier sell-out would pass for a fresh one.
@@ -101,19 +91,16 @@ async def stale_availability(drill: Drill) -> ScenarioResult:
     # One checkout at a time: a sell-out, not a race (even an unsafe checkout sells out).
     needed = math.ceil(stock / settings.qty)
     done = [0, 0, needed]
-    sold_out = None
     for n in range(1, 3 * needed + 1):
-        sale = drill.request(config.target.checkout, drill.values("stale", n))
-        responses = (await drill.wave("stale_availability", [sale], done)).responses
-        drill.record(result, responses)
-        snapshot = await asyncio.to_thread(drill.shop.snapshot)
-        if snapshot.stock < settings.qty:
-            sold_out = time.perf_counter()
+        sale = drill.requests(config.target.checkout, "stale", [n])
+        drill.record(result, (await drill.wave("stale_availability", sale, done)).responses)
+        if (await asyncio.to_thread(drill.shop.snapshot)).stock < settings.qty:
             break
-    if sold_out is None:
+    else:
         raise Unverifiable(
             f"{3 * needed} checkouts one at a time did not sell out a stock of {stock}"
         )
+    sold_out = time.perf_counter()
     polls = stale = 0
     window: float | None = None
     while time.perf_counter() - sold_out < limit:
@@ -129,45 +116,33 @@ async def stale_availability(drill: Drill) -> ScenarioResult:
         stale_answers=stale,
         stale_window_ms=None if window is None else round(1000 * window, 1),
     )
-    if window is None:
-        result.judge(
-            [
-                f"availability still said available {limit:g} s after the sell-out"
-                f" (threshold {threshold:g} s)"
-            ]
-        )
-    elif window > threshold:
-        result.judge(
-            [
-                f"availability said available for {1000 * window:.0f} ms after the sell-out"
-                f" (threshold {1000 * threshold:.0f} ms): buyers are sent to a sold-out checkout"
-            ]
-        )
-    else:
-        result.judge([])
+    result.judge(
+        (
+            window is None,
+            f"availability still said available {limit:g} s after the sell-out"
+            f" (threshold {threshold:g} s)",
+        ),
+        (
+            window is not None and window > threshold,
+            f"availability said available for {1000 * (window or 0):.0f} ms after the sell-out"
+            f" (threshold {1000 * threshold:.0f} ms): buyers are sent to a sold-out checkout",
+        ),
+    )
     return result
 
 
 async def _ask(drill: Drill, request: Request, field: str) -> bool:
-    """Whether availability says available now; :class:`Unverifiable` when unreadable."""
+    """Whether availability says available now: ``field`` true, or a number above 0;
+    :class:`Unverifiable` when it cannot be read."""
     response = await send_one(request, wait_s=drill.config.target.timeout)
-    shown = _available(response, field)
-    if shown is None:
-        raise Unverifiable(
-            f"the availability request answered {response.error or response.status}"
-            f" without a usable {field!r} field"
-        )
-    return shown
-
-
-def _available(response: Response, field: str) -> bool | None:
-    """What availability says: ``True`` / ``False``, ``None`` when it cannot be read."""
-    if response.error is not None or not 200 <= response.status < 300:
-        return None
-    document = response.json()
+    ok = response.error is None and 200 <= response.status < 300
+    document = response.json() if ok else None
     value = document.get(field) if isinstance(document, dict) else None
     if isinstance(value, bool):
         return value
     if isinstance(value, int | float):
         return value > 0
-    return None
+    raise Unverifiable(
+        f"the availability request answered {response.error or response.status}"
+        f" without a usable {field!r} field"
+    )

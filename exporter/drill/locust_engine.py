@@ -1,18 +1,12 @@
-"""``--engine locust``: the burst sent by Locust's own master and workers.
-
-When one machine cannot offer the load, the burst's checkouts go out from Locust workers
-(``locust --worker``, here or on other machines) under one ``locust --master``; the
-drill still sets the stock, reads the database and judges. The workers run
-:data:`LOCUSTFILE`; its plan (the checkout request, the success rule, the run's id) is a
-JSON file named by ``STOCKSENTRY_DRILL_PLAN``. ``--workers N`` starts N workers on this
-machine, the master bound to loopback; workers on other machines (the master bound to
-an address they reach, the plan copied to them) are not wired up yet.
-"""
+"""``--engine locust``: the burst sent by a Locust master and ``--workers N`` local workers
+(for load one process cannot offer); the drill still sets the stock and judges. The
+workers run :data:`LOCUSTFILE` with a JSON plan named by ``STOCKSENTRY_DRILL_PLAN``."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import socket
@@ -20,6 +14,7 @@ import sys
 import tempfile
 import time
 import urllib.parse
+from collections.abc import Awaitable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
@@ -29,7 +24,7 @@ from .wire import Response
 if TYPE_CHECKING:
     from .scenarios import Drill
 
-__all__ = ["LOCUSTFILE", "LocustEngine"]
+__all__ = ["LOCUSTFILE", "locust_burst", "plan"]
 
 #: The Locust file the master and the workers run: in a folder that is not a package, as
 #: importing locust monkey-patches the process for gevent (only Locust's own may import it).
@@ -44,45 +39,37 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-class LocustEngine:
-    """Sends a drill's burst through a Locust master and ``workers`` local workers."""
+def plan(drill: Drill, out: Path) -> dict[str, Any]:
+    """What the workers need: the checkout request, the success rule, the run."""
+    config = drill.config
+    checkout, rule = config.target.checkout, config.target.success
+    parts = urllib.parse.urlsplit(checkout.url)
+    return {
+        **dataclasses.asdict(checkout),  # url, method, headers, body
+        "host": f"{parts.scheme}://{parts.netloc}",
+        "status": list(rule.status),
+        "json_field": rule.json_field,
+        "sku": config.drill.sku,
+        "qty": config.drill.qty,
+        "run": drill.run,
+        "requests": config.drill.requests,
+        "out": str(out),
+    }
 
-    def __init__(self, workers: int, port: int | None = None) -> None:
-        self.workers = workers
-        self.port = port
-        #: The master's and the workers' last lines on stderr, for a failed run.
-        self.stderr = ""
 
-    def plan(self, drill: Drill, out: Path) -> dict[str, Any]:
-        """What the workers need: the checkout request, the success rule, the run."""
-        config = drill.config
-        checkout, rule = config.target.checkout, config.target.success
-        parts = urllib.parse.urlsplit(checkout.url)
-        return {
-            "url": checkout.url,
-            "method": checkout.method,
-            "headers": [list(pair) for pair in checkout.headers],
-            "body": checkout.body,
-            "host": f"{parts.scheme}://{parts.netloc}",
-            "status": list(rule.status),
-            "json_field": rule.json_field,
-            "sku": config.drill.sku,
-            "qty": config.drill.qty,
-            "run": drill.run,
-            "requests": config.drill.requests,
-            "out": str(out),
-        }
+async def locust_burst(workers: int, drill: Drill) -> tuple[list[Response], list[float]]:
+    """Send ``drill``'s burst through a Locust master and ``workers`` local workers."""
+    total = drill.config.drill.requests
+    with tempfile.TemporaryDirectory(prefix="stocksentry-drill-locust-") as folder:
+        out = Path(folder) / "requests.json"
+        plan_file = Path(folder) / "plan.json"
+        plan_file.write_text(json.dumps(plan(drill, out)), encoding="utf-8")
+        env = {**os.environ, "STOCKSENTRY_DRILL_PLAN": str(plan_file)}
+        port = _free_port()
+        limit = STARTUP_S + drill.config.target.timeout
 
-    async def __call__(self, drill: Drill) -> tuple[list[Response], list[float]]:
-        total = drill.config.drill.requests
-        with tempfile.TemporaryDirectory(prefix="stocksentry-drill-locust-") as folder:
-            out = Path(folder) / "requests.json"
-            plan = Path(folder) / "plan.json"
-            plan.write_text(json.dumps(self.plan(drill, out)), encoding="utf-8")
-            env = {**os.environ, "STOCKSENTRY_DRILL_PLAN": str(plan)}
-            port = self.port or _free_port()
-            limit = STARTUP_S + drill.config.target.timeout
-            locust = [
+        def spawn(*args: str) -> Awaitable[asyncio.subprocess.Process]:
+            return asyncio.create_subprocess_exec(
                 sys.executable,
                 "-m",
                 "locust",
@@ -90,77 +77,66 @@ class LocustEngine:
                 str(LOCUSTFILE),
                 "--loglevel",
                 "WARNING",
-            ]
-            master = await asyncio.create_subprocess_exec(
-                *locust,
-                "--master",
-                "--headless",
-                "--master-bind-host",
-                "127.0.0.1",
-                "--master-bind-port",
-                str(port),
-                "--expect-workers",
-                str(self.workers),
-                "--users",
-                str(total),
-                "--spawn-rate",
-                str(total),
-                "--run-time",
-                f"{int(limit)}s",
-                "--only-summary",
-                "--exit-code-on-error",
-                "0",
+                *args,
                 env=env,
                 stdout=asyncio.subprocess.DEVNULL,
                 stderr=asyncio.subprocess.PIPE,
             )
-            workers = [
-                await asyncio.create_subprocess_exec(
-                    *locust,
-                    "--worker",
-                    "--master-host",
-                    "127.0.0.1",
-                    "--master-port",
-                    str(port),
-                    env=env,
-                    stdout=asyncio.subprocess.DEVNULL,
-                    stderr=asyncio.subprocess.PIPE,
-                )
-                for _ in range(self.workers)
-            ]
-            try:
-                _, err = await asyncio.wait_for(master.communicate(), limit + 30)
-                self.stderr = err.decode("utf-8", "replace")[-2000:]
-            except TimeoutError:
-                raise Unverifiable(
-                    f"the Locust master did not finish within {limit:g} s"
-                ) from None
-            finally:
-                for process in (master, *workers):
-                    if process.returncode is None:
-                        with contextlib.suppress(ProcessLookupError):
-                            process.terminate()
-                for process in workers:
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(process.wait(), 10)
-            try:
-                records = json.loads(out.read_text(encoding="utf-8"))
-            except (OSError, ValueError):
-                last = self.stderr.strip().splitlines()[-1:] or ["no output"]
-                raise Unverifiable(f"the Locust run wrote no results ({last[0]})") from None
-        if len(records) < total:
-            raise Unverifiable(f"the Locust run reported {len(records)} of {total} requests")
-        # The workers' wall clock, on this process's perf_counter scale (the timeline's).
-        offset = time.time() - time.perf_counter()
-        responses = [
-            Response(
-                status=int(r["status"]),
-                error=r["error"],
-                sent_at=float(r["sent"]) - offset,
-                done_at=float(r["done"]) - offset,
-                sale=bool(r["ok"]),
-            )
-            for r in records
+
+        master = await spawn(
+            "--master",
+            "--headless",
+            "--master-bind-host",
+            "127.0.0.1",
+            "--master-bind-port",
+            str(port),
+            "--expect-workers",
+            str(workers),
+            "--users",
+            str(total),
+            "--spawn-rate",
+            str(total),
+            "--run-time",
+            f"{int(limit)}s",
+            "--only-summary",
+            "--exit-code-on-error",
+            "0",
+        )
+        followers = [
+            await spawn("--worker", "--master-host", "127.0.0.1", "--master-port", str(port))
+            for _ in range(workers)
         ]
-        sent = [r.sent_at for r in responses]
-        return responses, [max(sent) - min(sent)]
+        try:
+            _, err = await asyncio.wait_for(master.communicate(), limit + 30)
+            stderr = err.decode("utf-8", "replace")[-2000:]
+        except TimeoutError:
+            raise Unverifiable(f"the Locust master did not finish within {limit:g} s") from None
+        finally:
+            for process in (master, *followers):
+                if process.returncode is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        process.terminate()
+            for process in followers:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(process.wait(), 10)
+        try:
+            records = json.loads(out.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            last = stderr.strip().splitlines()[-1:] or ["no output"]
+            raise Unverifiable(f"the Locust run wrote no results ({last[0]})") from None
+    if len(records) < total:
+        raise Unverifiable(f"the Locust run reported {len(records)} of {total} requests")
+    # The workers' wall clock, on this process's perf_counter scale (the timeline's).
+    offset = time.time() - time.perf_counter()
+    responses = [
+        Response(
+            status=int(r["status"]),
+            error=r["error"],
+            sent_at=float(r["sent"]) - offset,
+            done_at=float(r["done"]) - offset,
+            sale=bool(r["ok"]),
+        )
+        for r in records
+    ]
+    sent = [r.sent_at for r in responses]
+    return responses, [max(sent) - min(sent)]

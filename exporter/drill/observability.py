@@ -1,12 +1,8 @@
 """The checklist's "is the monitor on?": did the shop's own monitoring see what the drill
-caused?
-
-The app's (or the sidecar's) ``/metrics`` is read before the first scenario and after the
-others; each problem the drill caused (an oversell, negative stock, a duplicate order, a
-stale availability) must show in at least one of its metrics (from stocksentry's catalog:
-the names the dashboards and alert rules use) or, given ``prometheus_url``, in one of its
-alerts, within ``observability.wait``. Lock waits the drill caused are a figure.
-"""
+caused? Each problem (oversell, negative stock, duplicate order, stale availability) must
+show in one of the catalog's metrics at ``metrics_url`` (against a scrape taken before
+the first scenario) or in one of the alerts at ``prometheus_url``, within
+``observability.wait``."""
 
 from __future__ import annotations
 
@@ -24,15 +20,15 @@ from .wire import Request, send_one
 if TYPE_CHECKING:
     from .scenarios import Drill
 
-__all__ = ["SIGNALS", "observability", "scrape"]
+__all__ = ["SIGNALS", "Unreadable", "observability", "scrape"]
 
 #: Per problem: the metric samples and the alerts that show it.
 SIGNALS: Final[dict[str, tuple[tuple[str, ...], tuple[str, ...]]]] = {
     "oversell": (
         (
             catalog.OVERSOLD_UNITS.name,
-            f"{catalog.INVENTORY_NEGATIVE.name}",
-            f"{catalog.UNSAFE_READ_MODIFY_WRITE.name}",
+            catalog.INVENTORY_NEGATIVE.name,
+            catalog.UNSAFE_READ_MODIFY_WRITE.name,
             catalog.NEGATIVE_INVENTORY_UNITS.name,
         ),
         (
@@ -58,38 +54,40 @@ LOCK_WAITS: Final = f"{catalog.DB_LOCK_WAIT.name}_count"
 POLL_S: Final = 1.0
 
 
-def _totals(text: str) -> dict[str, float]:
-    """Every sample of a Prometheus text page summed by its sample name."""
+class Unreadable(Exception):
+    """The monitoring could not be read; ``str()`` says what and why."""
+
+
+async def _get(url: str, wait_s: float) -> bytes:
+    response = await send_one(Request("GET", url), wait_s=wait_s)
+    if response.error is not None or response.status != 200:
+        raise Unreadable(f"{url} answered {response.error or response.status}")
+    return response.body
+
+
+async def scrape(url: str, wait_s: float) -> dict[str, float]:
+    """The samples of ``url`` summed by name; :class:`Unreadable` when they cannot be read."""
     from prometheus_client.parser import text_string_to_metric_families
 
+    body = await _get(url, wait_s)
     totals: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            totals[sample.name] = totals.get(sample.name, 0.0) + float(sample.value)
+    try:
+        for family in text_string_to_metric_families(body.decode("utf-8", "replace")):
+            for sample in family.samples:
+                totals[sample.name] = totals.get(sample.name, 0.0) + float(sample.value)
+    except ValueError as exc:
+        raise Unreadable(f"{url} is not a Prometheus text page: {exc}") from None
     return totals
 
 
-async def scrape(url: str, wait_s: float) -> dict[str, float] | str:
-    """The samples of ``url`` summed by name, or why they could not be read."""
-    response = await send_one(Request("GET", url), wait_s=wait_s)
-    if response.error is not None or response.status != 200:
-        return f"{url} answered {response.error or response.status}"
-    try:
-        return _totals(response.body.decode("utf-8", "replace"))
-    except ValueError as exc:
-        return f"{url} is not a Prometheus text page: {exc}"
-
-
-async def _alerts(url: str, wait_s: float) -> set[str] | str:
+async def _alerts(url: str, wait_s: float) -> set[str]:
     endpoint = urllib.parse.urljoin(url.rstrip("/") + "/", "api/v1/alerts")
-    response = await send_one(Request("GET", endpoint), wait_s=wait_s)
-    if response.error is not None or response.status != 200:
-        return f"{endpoint} answered {response.error or response.status}"
+    body = await _get(endpoint, wait_s)
     try:
-        alerts = json.loads(response.body)["data"]["alerts"]
+        alerts = json.loads(body)["data"]["alerts"]
         return {str(a["labels"]["alertname"]) for a in alerts if a.get("state") != "inactive"}
     except (ValueError, KeyError, TypeError):
-        return f"{endpoint} did not answer Prometheus's alerts document"
+        raise Unreadable(f"{endpoint} did not answer Prometheus's alerts document") from None
 
 
 def _seen(name: str, before: dict[str, float], after: dict[str, float]) -> bool:
@@ -127,18 +125,16 @@ async def observability(drill: Drill) -> ScenarioResult:
     after: dict[str, float] = {}
     firing: set[str] = set()
     while True:
-        if rule.metrics_url is not None:
-            page = await scrape(rule.metrics_url, wait_s)
-            if isinstance(page, str):
-                failures.append(f"the monitor is off: {page}")
-                break
-            after = page
-        if rule.prometheus_url is not None:
-            alerts = await _alerts(rule.prometheus_url, wait_s)
-            if isinstance(alerts, str):
-                failures.append(f"the alerts cannot be read: {alerts}")
-                break
-            firing = alerts
+        try:
+            if rule.metrics_url is not None:
+                what = "the monitor is off"
+                after = await scrape(rule.metrics_url, wait_s)
+            if rule.prometheus_url is not None:
+                what = "the alerts cannot be read"
+                firing = await _alerts(rule.prometheus_url, wait_s)
+        except Unreadable as exc:
+            failures.append(f"{what}: {exc}")
+            break
         for problem in problems:
             metrics, alert_names = SIGNALS[problem]
             seen[problem] = [m for m in metrics if _seen(m, drill.baseline, after)]
@@ -160,9 +156,9 @@ async def observability(drill: Drill) -> ScenarioResult:
                 )
     result.figures.update(
         caused=problems,
-        seen={problem: names for problem, names in seen.items()},
+        seen=seen,
         lock_waits=int(after.get(LOCK_WAITS, 0.0) - drill.baseline.get(LOCK_WAITS, 0.0)),
         alerts=sorted(firing),
     )
-    result.judge(failures)
+    result.judge(*[(True, failure) for failure in failures])
     return result

@@ -1,10 +1,5 @@
-"""The drill's reports: the terminal's 80 columns, JSON and JUnit XML.
-
-The terminal report opens with the incident's four questions and their answers (how many
-checkouts succeeded, whether they exceeded the stock, whether the final stock is negative
-or inconsistent, whether an intent or payment was ordered twice), then one block per
-scenario with every failure named.
-"""
+"""The drill's reports: the terminal's 80 columns, JSON and JUnit XML, each opening with
+the incident's four questions and their answers."""
 
 from __future__ import annotations
 
@@ -32,61 +27,41 @@ def overall(results: Sequence[ScenarioResult]) -> str:
     return "pass"
 
 
-def _by_name(results: Sequence[ScenarioResult]) -> dict[str, ScenarioResult]:
-    return {r.name: r for r in results}
+#: The incident's four questions, in the order the reports answer them.
+QUESTIONS: Final = (
+    "How many checkouts succeeded?",
+    "Did successes exceed the stock?",
+    "Is the final stock negative or inconsistent?",
+    "Duplicate orders per user or payment?",
+)
 
 
 def answers(results: Sequence[ScenarioResult]) -> list[tuple[str, str]]:
     """The incident's four questions, each with the drill's answer."""
-    found = _by_name(results)
-    burst = found.get("burst")
-    rows: list[tuple[str, str]] = []
-    if burst is not None and "successes" in burst.figures:
-        f = burst.figures
-        rows.append(
-            (
-                "How many checkouts succeeded?",
-                f"{f['successes']} of {f['requests']} (stock {f['stock']})",
-            )
-        )
+    found = {r.name: r for r in results}
+    f = found["burst"].figures if "burst" in found else {}
+    said = ["burst not run"] * 3
+    if "successes" in f:
         over = f["successes"] > f["stock"] or f.get("oversold", 0) > 0
-        rows.append(
-            (
-                "Did successes exceed the stock?",
-                f"YES, oversold by {f['oversold']}" if over else "no",
-            )
-        )
+        said = [
+            f"{f['successes']} of {f['requests']} (stock {f['stock']})",
+            f"YES, oversold by {f['oversold']}" if over else "no",
+            "not verified",
+        ]
         if "final_stock" in f:
             final, sold, stock = f["final_stock"], f["units_sold"], f["stock"]
             wrong = final < 0 or final + sold != stock
-            what = f"final {final}, {sold} sold of {stock}"
-            rows.append(
-                (
-                    "Is the final stock negative or inconsistent?",
-                    f"YES: {what}" if wrong else f"no: {what}",
-                )
-            )
-        else:
-            rows.append(("Is the final stock negative or inconsistent?", "not verified"))
-    else:
-        rows += [
-            ("How many checkouts succeeded?", "burst not run"),
-            ("Did successes exceed the stock?", "burst not run"),
-            ("Is the final stock negative or inconsistent?", "burst not run"),
-        ]
+            said[2] = f"{'YES' if wrong else 'no'}: final {final}, {sold} sold of {stock}"
     keyed = [found[n] for n in ("retry", "duplicate_callback") if n in found]
-    if not keyed:
-        rows.append(("Duplicate orders per user or payment?", "retry not run"))
-    else:
-        parts = []
-        for r in keyed:
-            if r.passed is None:
-                parts.append(f"{r.name}: not verified")
-            elif "duplicated_keys" in r.figures:
-                dup = r.figures["duplicated_keys"]
-                parts.append(f"{r.name}: {'YES, ' + str(dup) + ' keys' if dup else 'no'}")
-        rows.append(("Duplicate orders per user or payment?", "; ".join(parts)))
-    return rows
+    parts = []
+    for r in keyed:
+        if r.passed is None:
+            parts.append(f"{r.name}: not verified")
+        elif "duplicated_keys" in r.figures:
+            dup = r.figures["duplicated_keys"]
+            parts.append(f"{r.name}: {f'YES, {dup} keys' if dup else 'no'}")
+    said.append("; ".join(parts) if keyed else "retry not run")
+    return list(zip(QUESTIONS, said, strict=True))
 
 
 #: How the terminal shows each scenario's figures (any figure missing: all of them).
@@ -149,15 +124,8 @@ def format_text(
             subsequent_indent=" " * 26,
             break_on_hyphens=False,
         )
-        for failure in result.failures:
-            lines += textwrap.wrap(failure, WIDTH, initial_indent="  - ", subsequent_indent="    ")
-        if result.unverified is not None:
-            lines += textwrap.wrap(
-                f"not verified: {result.unverified}",
-                WIDTH,
-                initial_indent="  - ",
-                subsequent_indent="    ",
-            )
+        for note in result.notes:
+            lines += textwrap.wrap(note, WIDTH, initial_indent="  - ", subsequent_indent="    ")
     lines.append("")
     if restored is not None:
         lines += wrap.wrap(restored)

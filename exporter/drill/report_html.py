@@ -5,42 +5,25 @@ the burst's timeline."""
 
 from __future__ import annotations
 
-import html
 import math
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
+from ..lab.report_html import BASE_CSS, esc, svg_open
 from .report import answers, overall
 from .scenarios import ScenarioResult
 
 __all__ = ["format_html"]
 
+#: The page's own rules, after the lab report's BASE_CSS.
 _CSS = """
-body { font: 14px/1.45 system-ui, sans-serif; margin: 2em auto; max-width: 1000px;
-       color: #222; padding: 0 1em; }
-h1 { font-size: 1.5em; } h2 { font-size: 1.15em; margin-top: 2em; }
-table { border-collapse: collapse; font-variant-numeric: tabular-nums; }
-th, td { border-bottom: 1px solid #ddd; padding: 4px 8px; text-align: left; }
+body { max-width: 1000px; } th, td { text-align: left; }
 tr.fail td { background: #fdecea; } tr.unverified td { background: #fff4e0; }
-svg text { font: 11px system-ui, sans-serif; fill: #333; }
-svg { display: block; max-width: 100%; height: auto; }
-code { font-size: 0.92em; background: #f4f4f4; padding: 1px 3px; overflow-wrap: anywhere; }
 .verdict-pass { color: #2ca02c; } .verdict-fail, .verdict-unverified { color: #d62728; }
 """
 _GOOD, _BAD, _STOCK = "#2ca02c", "#d62728", "#1f77b4"
 #: Latency buckets' upper bounds, in seconds (the last is everything slower).
 _BOUNDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, math.inf)
-
-
-def _esc(text: object) -> str:
-    return html.escape(str(text), quote=True)
-
-
-def _svg(width: int, height: int, label: str, body: list[str]) -> str:
-    return (
-        f'<svg viewBox="0 0 {width} {height}" width="{width}" height="{height}"'
-        f' role="img" aria-label="{_esc(label)}">' + "".join(body) + "</svg>"
-    )
 
 
 def _bars(results: Sequence[ScenarioResult]) -> str:
@@ -64,7 +47,7 @@ def _bars(results: Sequence[ScenarioResult]) -> str:
         y = 10 + i * (bar + 12)
         scale = (width - left - 60) / top
         color = _BAD if value > allowed else _GOOD
-        body.append(f'<text x="0" y="{y + 15}">{_esc(name)}</text>')
+        body.append(f'<text x="0" y="{y + 15}">{esc(name)}</text>')
         body.append(
             f'<rect x="{left}" y="{y}" width="{value * scale:.1f}" height="{bar}"'
             f' fill="{color}"><title>{value}</title></rect>'
@@ -79,7 +62,9 @@ def _bars(results: Sequence[ScenarioResult]) -> str:
         f'<p>Bars: units (red when beyond the limit); <span style="color:{_STOCK}">blue'
         " line</span>: the stock (burst) or the intents (retries).</p>"
     )
-    return _svg(width, height, "successes against the stock", body) + legend
+    return (
+        svg_open(width, height, "successes against the stock") + "".join(body) + "</svg>" + legend
+    )
 
 
 def _histogram(results: Sequence[ScenarioResult]) -> str:
@@ -101,10 +86,10 @@ def _histogram(results: Sequence[ScenarioResult]) -> str:
             f'<rect x="{x:.1f}" y="{base - h:.1f}" width="{step - 8:.1f}" height="{h:.1f}"'
             f' fill="{_STOCK}"><title>{count}</title></rect>'
         )
-        body.append(f'<text x="{x:.1f}" y="{base + 14}">{_esc(label)}</text>')
+        body.append(f'<text x="{x:.1f}" y="{base + 14}">{esc(label)}</text>')
         if count:
             body.append(f'<text x="{x:.1f}" y="{base - h - 4:.1f}">{count}</text>')
-    return _svg(width, height, "latency histogram", body)
+    return svg_open(width, height, "latency histogram") + "".join(body) + "</svg>"
 
 
 def _timeline(results: Sequence[ScenarioResult]) -> str:
@@ -130,7 +115,7 @@ def _timeline(results: Sequence[ScenarioResult]) -> str:
         " refusals (bottom, grey), as answered</text>"
     )
     body.append(f'<text x="{width - 120}" y="112">{span * 1000:.1f} ms in all</text>')
-    return _svg(width, height, "burst timeline", body)
+    return svg_open(width, height, "burst timeline") + "".join(body) + "</svg>"
 
 
 def format_html(
@@ -144,22 +129,21 @@ def format_html(
     verdict = overall(results)
     made = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     parts = [
-        "<!doctype html><html lang=en><head><meta charset=utf-8>",
-        f"<title>stocksentry drill: {_esc(verdict)}</title><style>{_CSS}</style></head><body>",
+        f"<!doctype html><html lang=en><head><meta charset=utf-8><style>{BASE_CSS}{_CSS}</style>",
+        f"<title>stocksentry drill: {esc(verdict)}</title></head><body>",
         f"<h1>stocksentry drill: <span class=verdict-{verdict}>{verdict.upper()}</span></h1>",
-        f"<p><code>{_esc(command)}</code><br>{_esc(made)}</p>",
-        f"<p>Checkout <code>{_esc(target['checkout'])}</code>, database"
-        f" <code>{_esc(target['database'])}</code>, SKU <code>{_esc(target['sku'])}</code>.</p>",
+        f"<p><code>{esc(command)}</code><br>{esc(made)}</p>",
+        f"<p>Checkout <code>{esc(target['checkout'])}</code>, database"
+        f" <code>{esc(target['database'])}</code>, SKU <code>{esc(target['sku'])}</code>.</p>",
         "<table>",
-        *(f"<tr><th>{_esc(q)}</th><td>{_esc(a)}</td></tr>" for q, a in answers(results)),
+        *(f"<tr><th>{esc(q)}</th><td>{esc(a)}</td></tr>" for q, a in answers(results)),
         "</table><h2>Scenarios</h2><table><tr><th>scenario</th><th>verdict</th>"
         "<th>what failed</th></tr>",
     ]
     for r in results:
-        why = r.failures or ([f"not verified: {r.unverified}"] if r.unverified else [])
         parts.append(
-            f"<tr class={r.verdict}><td>{_esc(r.name)}</td><td>{r.verdict}</td><td>"
-            + "<br>".join(_esc(line) for line in why)
+            f"<tr class={r.verdict}><td>{esc(r.name)}</td><td>{r.verdict}</td><td>"
+            + "<br>".join(esc(line) for line in r.notes)
             + "</td></tr>"
         )
     parts += [
@@ -172,6 +156,6 @@ def format_html(
         _timeline(results),
     ]
     if restored:
-        parts.append(f"<p>{_esc(restored)}</p>")
+        parts.append(f"<p>{esc(restored)}</p>")
     parts.append("</body></html>\n")
     return "\n".join(parts)

@@ -1,17 +1,13 @@
-"""The drill's scenarios: each sends its requests, then asks the database for a verdict.
-
-Every scenario sets the drill SKU's stock first (the shop's reset request, or the stock
-column through the schema mapping), reads the SKU before and after, and judges by what
-the database holds, not by what the responses say: a checkout that answered 200 but wrote
-nothing, or one that answered 500 after it sold, counts as the database says.
-"""
+"""The drill's scenarios: each sets the drill SKU's stock, sends its requests, then judges
+by what the database holds, not by what the responses say (a checkout that answered 200
+but wrote nothing, or 500 after it sold, counts as the database says)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,10 +38,16 @@ class ScenarioResult:
         """``pass``, ``fail`` or ``unverified``."""
         return "unverified" if self.passed is None else "pass" if self.passed else "fail"
 
-    def judge(self, failures: list[str]) -> None:
-        """Pass when ``failures`` is empty; keep them."""
-        self.failures = failures
-        self.passed = not failures
+    def judge(self, *checks: tuple[bool, str]) -> None:
+        """Keep the failure of each ``(failed, failure)`` check; pass when none failed."""
+        self.failures = [failure for failed, failure in checks if failed]
+        self.passed = not self.failures
+
+    @property
+    def notes(self) -> list[str]:
+        """The failures, and why the scenario could not be verified."""
+        unverified = [] if self.unverified is None else [f"not verified: {self.unverified}"]
+        return [*self.failures, *unverified]
 
     def to_dict(self) -> dict[str, Any]:
         """The scenario in the JSON report."""
@@ -58,14 +60,6 @@ class ScenarioResult:
         return data
 
 
-def _field(document: Any, path: str) -> Any:
-    for part in path.split("."):
-        if not isinstance(document, dict) or part not in document:
-            return None
-        document = document[part]
-    return document
-
-
 def success_of(
     status: int, body: bytes, statuses: tuple[int, ...], json_field: str | None
 ) -> bool:
@@ -76,11 +70,14 @@ def success_of(
     if json_field is None:
         return True
     try:
-        document = json.loads(body)
+        value = json.loads(body)
     except ValueError:
         return False
-    value = _field(document, json_field)
-    return value is not None and value is not False and value not in ("", 0, [], {})
+    for part in json_field.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return False
+        value = value[part]
+    return value is not None and value not in ("", 0, [], {})
 
 
 def is_success(config: DrillConfig, response: Response) -> bool:
@@ -93,6 +90,30 @@ def is_success(config: DrillConfig, response: Response) -> bool:
     return success_of(response.status, response.body, rule.status, rule.json_field)
 
 
+def intent_values(
+    run: str, scenario: str, n: int, sku: str, qty: int, copy: int = 0
+) -> dict[str, str]:
+    """The placeholders of intent ``n`` of ``scenario`` in drill ``run``."""
+    intent = f"{run}-{scenario}-{n}"
+    return {
+        "sku": sku,
+        "qty": str(qty),
+        "n": str(n),
+        "request_id": f"req-{intent}-{copy}",
+        "idempotency_key": f"idem-{intent}",
+        "payment_reference": f"pay-{intent}",
+    }
+
+
+def inconsistent(after: Snapshot, sold: int, stock: int, why: str = "") -> tuple[bool, str]:
+    """The check that the final stock and the units sold add up to the ``stock`` set."""
+    return (
+        after.stock + sold != stock,
+        f"stock inconsistent: final stock {after.stock} + {sold} units sold"
+        f" = {after.stock + sold}, not {stock}{why}",
+    )
+
+
 #: Progress callback: (scenario, requests done, requests in all, successes).
 Tick = Callable[[str, int, int, int], None]
 #: Another load engine for the burst: sends the drill's ``requests`` checkouts and returns
@@ -100,24 +121,22 @@ Tick = Callable[[str, int, int, int], None]
 Engine = Callable[["Drill"], Awaitable[tuple[list[Response], list[float]]]]
 
 
+@dataclass(slots=True)
 class Drill:
     """Runs the scenarios of one drill against one shop; ``run`` names this drill's keys."""
 
-    def __init__(
-        self, config: DrillConfig, shop: Shop, run: str, tick: Tick | None = None
-    ) -> None:
-        self.config = config
-        self.shop = shop
-        self.run = run
-        self.tick = tick
-        self.started = time.perf_counter()
-        #: The scenario running: what it measured so far stays when the database fails.
-        self.current: ScenarioResult | None = None
-        #: The scenarios run so far, and the monitoring's samples before the first.
-        self.results: list[ScenarioResult] = []
-        self.baseline: dict[str, float] = {}
-        #: The burst's load engine; ``None``: this process, by waves.
-        self.engine: Engine | None = None
+    config: DrillConfig
+    shop: Shop
+    run: str
+    tick: Tick | None = None
+    started: float = field(default_factory=time.perf_counter)
+    #: The scenario running: what it measured so far stays when the database fails.
+    current: ScenarioResult | None = None
+    #: The scenarios run so far, and the monitoring's samples before the first.
+    results: list[ScenarioResult] = field(default_factory=list)
+    baseline: dict[str, float] = field(default_factory=dict)
+    #: The burst's load engine; ``None``: this process, by waves.
+    engine: Engine | None = None
 
     def begin(self, name: str) -> ScenarioResult:
         """The result of scenario ``name``, kept as :attr:`current`."""
@@ -126,24 +145,21 @@ class Drill:
 
     # --- requests -----------------------------------------------------------------------
 
-    def values(self, scenario: str, n: int, *, copy: int = 0) -> dict[str, str]:
-        """The placeholders of request ``n`` of ``scenario`` (``copy``: a resubmit of the
-        same intent: a new request id, the same keys)."""
-        settings = self.config.drill
-        intent = f"{self.run}-{scenario}-{n}"
-        return {
-            "sku": settings.sku,
-            "qty": str(settings.qty),
-            "n": str(n),
-            "request_id": f"req-{intent}-{copy}",
-            "idempotency_key": f"idem-{intent}",
-            "payment_reference": f"pay-{intent}",
-        }
-
-    def request(self, spec: RequestSpec, values: dict[str, str]) -> Request:
-        """``spec`` with the placeholders filled."""
-        method, url, headers, body = spec.render(values)
-        return Request(method, url, headers, body)
+    def requests(
+        self,
+        spec: RequestSpec,
+        scenario: str,
+        numbers: Iterable[int],
+        copies: Iterable[int] = (0,),
+    ) -> list[Request]:
+        """``spec`` for each intent of ``numbers`` of ``scenario``, once per ``copies`` (a
+        resubmit of the same intent: a new request id, the same keys)."""
+        sku, qty = self.config.drill.sku, self.config.drill.qty
+        return [
+            Request(*spec.render(intent_values(self.run, scenario, n, sku, qty, c)))
+            for n in numbers
+            for c in copies
+        ]
 
     async def wave(self, name: str, requests: list[Request], done: list[int]) -> WaveResult:
         """Send ``requests`` together (last-byte synchronised); counts into ``done``."""
@@ -169,10 +185,10 @@ class Drill:
         """Set the drill SKU's stock; returns the SKU as it then is."""
         reset = self.config.target.reset
         if reset is not None:
-            values = {**self.values("reset", 0), "qty": str(stock)}
-            response = await send_one(
-                self.request(reset, values), wait_s=self.config.target.timeout
-            )
+            # The reset request's {qty} is the stock to set.
+            values = intent_values(self.run, "reset", 0, self.config.drill.sku, stock)
+            request = Request(*reset.render(values))
+            response = await send_one(request, wait_s=self.config.target.timeout)
             if response.error is not None or not 200 <= response.status < 300:
                 why = response.error or f"status {response.status}"
                 raise Unverifiable(f"the shop's reset request failed: {why}")
@@ -203,7 +219,7 @@ class Drill:
             result.figures["engine"] = "locust"
         for start in range(0, total if self.engine is None else 0, settings.concurrency):
             numbers = range(start + 1, min(total, start + settings.concurrency) + 1)
-            requests = [self.request(checkout, self.values("burst", n)) for n in numbers]
+            requests = self.requests(checkout, "burst", numbers)
             wave = await self.wave("burst", requests, done)
             responses += wave.responses
             spreads.append(wave.spread)
@@ -226,24 +242,19 @@ class Drill:
             oversold=oversold,
             negative_stock=after.stock < 0,
         )
-        failures = []
-        if successes * qty > stock:
-            failures.append(
+        result.judge(
+            (
+                successes * qty > stock,
                 f"successes exceed the stock: {successes} checkouts of {qty} unit(s)"
-                f" succeeded against a stock of {stock} (oversold by {oversold})"
-            )
-        if sold > stock:
-            failures.append(
-                f"orders beyond the stock: {sold} units paid against a stock of {stock}"
-            )
-        if after.stock < 0:
-            failures.append(f"final stock is negative: {after.stock}")
-        if after.stock + sold != stock:
-            failures.append(
-                f"stock inconsistent: final stock {after.stock} + {sold} units sold"
-                f" = {after.stock + sold}, not {stock} (lost updates)"
-            )
-        result.judge(failures)
+                f" succeeded against a stock of {stock} (oversold by {oversold})",
+            ),
+            (
+                sold > stock,
+                f"orders beyond the stock: {sold} units paid against a stock of {stock}",
+            ),
+            (after.stock < 0, f"final stock is negative: {after.stock}"),
+            inconsistent(after, sold, stock, " (lost updates)"),
+        )
         return result
 
     async def retry(self) -> ScenarioResult:
@@ -265,35 +276,25 @@ class Drill:
         sequential = range(1, intents // 2 + 1)
         together = range(intents // 2 + 1, intents + 1)
         responses: list[Response] = []
-        for copy in (0, 1):
-            requests = [
-                self.request(checkout, self.values("retry", n, copy=copy)) for n in sequential
-            ]
+        for numbers, copies in ((sequential, (0,)), (sequential, (1,)), (together, (0, 1))):
+            requests = self.requests(checkout, "retry", numbers, copies)
             if requests:
                 responses += (await self.wave("retry", requests, done)).responses
-        pairs = [
-            self.request(checkout, self.values("retry", n, copy=copy))
-            for n in together
-            for copy in (0, 1)
-        ]
-        if pairs:
-            wave = await self.wave("retry", pairs, done)
-            responses += wave.responses
         self.record(result, responses)
         _, sold, duplicated, extra = await self.orders_per_key(result, kind, before)
         result.figures.update(successes=sum(is_success(self.config, r) for r in responses))
-        failures = []
-        if duplicated:
-            worst = max(duplicated.items(), key=lambda item: item[1])
-            failures.append(
+        worst = max(duplicated.items(), key=lambda item: item[1], default=("", 0))
+        result.judge(
+            (
+                bool(duplicated),
                 f"duplicate orders per {kind}: {len(duplicated)} of {intents} intents"
-                f" ordered more than once ({extra} extra orders; {worst[0]} has {worst[1]})"
-            )
-        if sold > intents * settings.qty:
-            failures.append(
-                f"retries sold {sold} units for {intents} intents of {settings.qty} unit(s)"
-            )
-        result.judge(failures)
+                f" ordered more than once ({extra} extra orders; {worst[0]} has {worst[1]})",
+            ),
+            (
+                sold > intents * settings.qty,
+                f"retries sold {sold} units for {intents} intents of {settings.qty} unit(s)",
+            ),
+        )
         return result
 
     async def orders_per_key(
@@ -317,21 +318,3 @@ class Drill:
             final_stock=after.stock,
         )
         return after, sold, duplicated, extra
-
-    async def duplicate_callback(self) -> ScenarioResult:
-        """The payment callback delivered twice at once (see :mod:`.failures`)."""
-        from .failures import duplicate_callback
-
-        return await duplicate_callback(self)
-
-    async def stale_availability(self) -> ScenarioResult:
-        """How long availability says "available" after the sell-out (:mod:`.failures`)."""
-        from .failures import stale_availability
-
-        return await stale_availability(self)
-
-    async def observability(self) -> ScenarioResult:
-        """Did the shop's monitoring see what the drill caused (:mod:`.observability`)."""
-        from .observability import observability
-
-        return await observability(self)

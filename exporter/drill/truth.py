@@ -1,20 +1,16 @@
-"""The database's truth about the drill SKU, read with the exporter's invariant SQL.
-
-The stock column, the paid units and the duplicate orders per key are read with the
-statements the sidecar's probes and ``stocksentry reconcile`` use
-(:class:`~stocksentry.exporter.invariants.InvariantSql`), through the same ``schema``
-mapping: the drill, the dashboard and the audit agree on what an oversell is. The one
-write is the drill SKU's stock column (set before each scenario, restored at the end).
-"""
+"""The database's truth about the drill SKU, read with the statements of the sidecar's
+probes and ``stocksentry reconcile`` (:class:`~stocksentry.exporter.invariants.InvariantSql`)
+through the same ``schema`` mapping, so all agree on what an oversell is. The one write is
+the drill SKU's stock column (set before each scenario, restored at the end)."""
 
 # ruff: noqa: S608 - identifiers only through InvariantSql.quote(), values as parameters.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .. import dburl
 from ..invariants import InvariantSql, Query
@@ -26,6 +22,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Shop", "Snapshot", "Unverifiable"]
 
+T = TypeVar("T")
 #: How far ahead of now "every order so far" reaches: the shop's clock may run ahead.
 _CLOCK_SLACK = timedelta(days=1)
 
@@ -55,10 +52,15 @@ class Shop:
         self.sku = sku
         self.schema = schema
         try:
+            # An unreachable server is a verdict of its own (exit 3), soon.
+            remote = dburl.dialect_of(url) in ("postgresql", "mysql", "mariadb")
+            parsed = dburl.parse_url(url)
+            # A synchronous driver; a SQLite file stays writable (the stock reset writes).
+            sqlite = parsed.get_backend_name() == "sqlite"
             self.engine: Engine = sa.create_engine(
-                _engine_url(dburl.parse_url(url)),
+                parsed if sqlite else dburl.sync_url(parsed),
                 poolclass=sa.pool.NullPool,
-                connect_args=_connect_args(url),
+                connect_args={"connect_timeout": 5} if remote else {},
             )
         except (sa.exc.ArgumentError, sa.exc.NoSuchModuleError, ValueError, ImportError) as exc:
             raise ValueError(f"database: cannot use {self.shown}: {type(exc).__name__}") from None
@@ -69,102 +71,69 @@ class Shop:
         """Release the engine."""
         self.engine.dispose()
 
-    def _fail(self, exc: Exception) -> Unverifiable:
-        orig = getattr(exc, "orig", None)
-        text = str(orig if orig is not None else exc).strip().splitlines()
-        first = text[0] if text else type(exc).__name__
-        return Unverifiable(f"database {self.shown}: {dburl.scrub(first, self.url)}")
-
-    def _run(self, work: Any) -> Any:
+    def _run(self, work: Callable[[Connection], T]) -> T:
         import sqlalchemy as sa
 
         try:
             with self.engine.begin() as conn:
                 return work(conn)
         except (sa.exc.SQLAlchemyError, OSError) as exc:
-            raise self._fail(exc) from None
+            orig = getattr(exc, "orig", None)
+            text = str(orig if orig is not None else exc).strip().splitlines()
+            first = text[0] if text else type(exc).__name__
+            raise Unverifiable(f"database {self.shown}: {dburl.scrub(first, self.url)}") from None
 
     def _rows(self, conn: Connection, query: Query) -> Sequence[Any]:
         import sqlalchemy as sa
 
         return conn.execute(sa.text(query.text("named")), query.params).all()
 
-    def find(self) -> Snapshot:
-        """Find the drill SKU's row (a missing one is :class:`LookupError`) and read it."""
+    def _column(self, conn: Connection, column: str) -> Any:
+        """The drill SKU's ``column`` of the products table (``None``: no such row)."""
         import sqlalchemy as sa
 
-        p = self.schema.products
+        q, p = self.sql.quote, self.schema.products
+        statement = f"SELECT {q(column)} FROM {q(p.table)} WHERE {q(p.sku)} = :sku"
+        return conn.execute(sa.text(statement), {"sku": self.sku}).scalar_one_or_none()
 
-        def work(conn: Connection) -> Any:
-            return conn.execute(
-                sa.text(
-                    f"SELECT {self.sql.quote(p.id)} FROM {self.sql.quote(p.table)}"
-                    f" WHERE {self.sql.quote(p.sku)} = :sku"
-                ),
-                {"sku": self.sku},
-            ).scalar_one_or_none()
-
-        self.product_id = self._run(work)
+    def find(self) -> Snapshot:
+        """Find the drill SKU's row (a missing one is :class:`LookupError`) and read it."""
+        self.product_id = self._run(lambda conn: self._column(conn, self.schema.products.id))
         if self.product_id is None:
             raise LookupError(f"no product {self.sku!r} in {self.shown}")
         return self.snapshot()
 
     def snapshot(self) -> Snapshot:
         """The stock and the paid units now."""
-        import sqlalchemy as sa
-
-        p = self.schema.products
 
         def work(conn: Connection) -> Snapshot:
-            stock = conn.execute(
-                sa.text(
-                    f"SELECT {self.sql.quote(p.stock)} FROM {self.sql.quote(p.table)}"
-                    f" WHERE {self.sql.quote(p.sku)} = :sku"
-                ),
-                {"sku": self.sku},
-            ).scalar_one()
+            stock = self._column(conn, self.schema.products.stock)
+            if stock is None:
+                raise Unverifiable(f"database {self.shown}: product {self.sku!r} is gone")
             query = self.sql.paid_units_of_products(
                 [self.product_id], end=datetime.now(UTC) + _CLOCK_SLACK
             )
             rows = self._rows(conn, query)
             return Snapshot(int(stock), int(rows[0][1]) if rows else 0)
 
-        result: Snapshot = self._run(work)
-        return result
-
-    def negative(self) -> bool:
-        """Whether the invariant ``negative_stock`` holds the drill SKU now."""
-        rows = self._run(lambda conn: self._rows(conn, self.sql.negative_stock(skus=[self.sku])))
-        return bool(rows)
+        return self._run(work)
 
     def set_stock(self, stock: int) -> None:
         """Write the drill SKU's stock column (the one row, by its SKU)."""
         import sqlalchemy as sa
 
-        p = self.schema.products
-
-        def work(conn: Connection) -> int:
-            return int(
-                conn.execute(
-                    sa.text(
-                        f"UPDATE {self.sql.quote(p.table)} SET {self.sql.quote(p.stock)} = :stock"
-                        f" WHERE {self.sql.quote(p.sku)} = :sku"
-                    ),
-                    {"stock": stock, "sku": self.sku},
-                ).rowcount
-            )
-
-        if self._run(work) != 1:
+        q, p = self.sql.quote, self.schema.products
+        statement = f"UPDATE {q(p.table)} SET {q(p.stock)} = :stock WHERE {q(p.sku)} = :sku"
+        values = {"stock": stock, "sku": self.sku}
+        if self._run(lambda conn: conn.execute(sa.text(statement), values).rowcount) != 1:
             raise Unverifiable(f"database {self.shown}: product {self.sku!r} is gone")
 
     def orders_per_key(self, kind: str, prefix: str) -> dict[str, int]:
         """The drill's keys (values starting with ``prefix``) held by more than one order
         of the drill SKU, by the mapped column of ``kind`` (``external_ref`` or
-        ``idempotency_key``), as the duplicate-orders invariant counts them."""
-        columns = dict(self.sql.key_columns())
-        column = columns.get(kind)
-        if column is None:
-            raise LookupError(f"schema.orders.{kind} is not mapped")
+        ``idempotency_key``, as :meth:`key_kind` names it), as the duplicate-orders invariant
+        counts them."""
+        column = dict(self.sql.key_columns())[kind]
         query = self.sql.duplicate_keys(column, skus=[self.sku], ordered=False)
         rows = self._run(lambda conn: self._rows(conn, query))
         return {str(k): int(n) for k, n in rows if str(k).startswith(prefix)}
@@ -172,19 +141,4 @@ class Shop:
     def key_kind(self, preferred: str) -> str | None:
         """``preferred`` when mapped, else the other key column, else ``None``."""
         kinds = [kind for kind, _ in self.sql.key_columns()]
-        if preferred in kinds:
-            return preferred
-        return kinds[0] if kinds else None
-
-
-def _engine_url(url: Any) -> Any:
-    """A synchronous driver; a SQLite file stays writable (the stock reset writes)."""
-    return url if url.get_backend_name() == "sqlite" else dburl.sync_url(url)
-
-
-def _connect_args(url: str) -> dict[str, Any]:
-    kind = dburl.dialect_of(url)
-    if kind in ("postgresql", "mysql", "mariadb"):
-        # An unreachable server is a verdict of its own (exit 3), soon.
-        return {"connect_timeout": 5}
-    return {}
+        return preferred if preferred in kinds else next(iter(kinds), None)

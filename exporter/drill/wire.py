@@ -87,16 +87,6 @@ class WaveResult:
     spread: float = 0.0
 
 
-async def _connect(
-    host: str, port: int, tls: bool, wait_s: float
-) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    context = ssl.create_default_context() if tls else None
-    return await asyncio.wait_for(
-        asyncio.open_connection(host, port, ssl=context, server_hostname=host if tls else None),
-        wait_s,
-    )
-
-
 def _dechunk(data: bytes) -> bytes:
     out = bytearray()
     while data:
@@ -110,11 +100,8 @@ def _dechunk(data: bytes) -> bytes:
 
 
 async def _read_response(reader: asyncio.StreamReader, response: Response) -> None:
-    raw = await reader.read(MAX_RESPONSE)
-    while len(raw) < MAX_RESPONSE:
-        more = await reader.read(MAX_RESPONSE - len(raw))
-        if not more:
-            break
+    raw = b""
+    while len(raw) < MAX_RESPONSE and (more := await reader.read(MAX_RESPONSE - len(raw))):
         raw += more
     head, _, body = raw.partition(b"\r\n\r\n")
     lines = head.split(b"\r\n")
@@ -136,33 +123,37 @@ async def _read_response(reader: asyncio.StreamReader, response: Response) -> No
 async def send_wave(requests: Sequence[Request], *, wait_s: float) -> WaveResult:
     """Send ``requests`` together: connect and write each but its last byte, then release
     every last byte at once, then read the responses (each within ``wait_s``)."""
-    Staged = tuple[Response, asyncio.StreamWriter | None, asyncio.StreamReader | None, bytes]
-    prepared: list[Staged] = [(Response(), None, None, b"") for _ in requests]
+    responses = [Response() for _ in requests]
+    Staged = tuple[asyncio.StreamReader, asyncio.StreamWriter, bytes] | None
 
-    async def stage(index: int, request: Request) -> None:
-        response = prepared[index][0]
+    async def stage(response: Response, request: Request) -> Staged:
         host, port, tls, data = request.encode()
         try:
-            reader, writer = await _connect(host, port, tls, wait_s)
+            context = ssl.create_default_context() if tls else None
+            connect = asyncio.open_connection(
+                host, port, ssl=context, server_hostname=host if tls else None
+            )
+            reader, writer = await asyncio.wait_for(connect, wait_s)
             writer.write(data[:-1])
             await asyncio.wait_for(writer.drain(), wait_s)
         except (OSError, TimeoutError, ssl.SSLError) as exc:
             response.error = _why(exc)
-            return
-        prepared[index] = (response, writer, reader, data[-1:])
+            return None
+        return reader, writer, data[-1:]
 
-    await asyncio.gather(*(stage(i, r) for i, r in enumerate(requests)))
+    staged = await asyncio.gather(*map(stage, responses, requests))
     # Release: one tight loop of writes, each a send() on its own socket.
     sent: list[float] = []
-    for response, writer, _reader, last in prepared:
-        if writer is not None:
-            writer.write(last)
+    for response, link in zip(responses, staged, strict=True):
+        if link is not None:
+            link[1].write(link[2])
             response.sent_at = time.perf_counter()
             sent.append(response.sent_at)
 
-    async def finish(response: Response, writer: asyncio.StreamWriter | None, reader: Any) -> None:
-        if writer is None:
+    async def finish(response: Response, link: Staged) -> None:
+        if link is None:
             return
+        reader, writer, _ = link
         try:
             await asyncio.wait_for(_read_response(reader, response), wait_s)
         except (OSError, TimeoutError, ValueError, ssl.SSLError) as exc:
@@ -173,9 +164,8 @@ async def send_wave(requests: Sequence[Request], *, wait_s: float) -> WaveResult
             with contextlib.suppress(OSError, ssl.SSLError):
                 await writer.wait_closed()
 
-    await asyncio.gather(*(finish(r, w, rd) for r, w, rd, _ in prepared))
-    spread = (max(sent) - min(sent)) if sent else 0.0
-    return WaveResult([r for r, _, _, _ in prepared], spread)
+    await asyncio.gather(*map(finish, responses, staged))
+    return WaveResult(responses, (max(sent) - min(sent)) if sent else 0.0)
 
 
 async def send_one(request: Request, *, wait_s: float) -> Response:

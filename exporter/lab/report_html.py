@@ -28,17 +28,22 @@ _PALETTE = (
     "#393b79",  # navy
     "#637939",  # moss
 )
-_CSS = """
-body { font: 14px/1.45 system-ui, sans-serif; margin: 2em auto; max-width: 1240px;
-       color: #222; padding: 0 1em; }
+#: The page style the lab's and the drill's reports share; each adds its own rules.
+BASE_CSS = """
+body { font: 14px/1.45 system-ui, sans-serif; margin: 2em auto; color: #222; padding: 0 1em; }
 h1 { font-size: 1.5em; } h2 { font-size: 1.15em; margin-top: 2em; }
 table { border-collapse: collapse; font-variant-numeric: tabular-nums; }
-th, td { border-bottom: 1px solid #ddd; padding: 4px 8px; text-align: right; }
+th, td { border-bottom: 1px solid #ddd; padding: 4px 8px; }
+code { font-size: 0.92em; background: #f4f4f4; padding: 1px 3px; overflow-wrap: anywhere; }
+svg text { font: 11px system-ui, sans-serif; fill: #333; }
+svg { display: block; max-width: 100%; height: auto; }
+"""
+#: The page's own rules, after BASE_CSS.
+_CSS = """
+body { max-width: 1240px; } th, td { text-align: right; }
 th:first-child, td:first-child, th.left, td.left { text-align: left; }
 tr.bad td { background: #fdecea; } tr.skipped td { color: #888; font-style: italic; }
-code { font-size: 0.92em; background: #f4f4f4; padding: 1px 3px; }
 ul.caught li { margin: 0.2em 0; }
-svg text { font: 11px system-ui, sans-serif; fill: #333; }
 /* At 1,280 px the whole table shows: the long text cells wrap and the headers break;
    narrower, it scrolls in its own box (the page never does) and the charts shrink. */
 * { box-sizing: border-box; }
@@ -52,17 +57,17 @@ p.note { background: #fff4e5; border-left: 4px solid #d62728; padding: 6px 10px;
   .wide table { font-size: 12px; } th, td { padding: 3px 4px; } td.left { min-width: 6em; }
   td:first-child { white-space: normal; } wbr { display: inline; }
 }
-svg { display: block; max-width: 100%; height: auto; }
-code { overflow-wrap: anywhere; }
 p.made { color: #555; }
 """
 
 
-def _esc(text: object) -> str:
+def esc(text: object) -> str:
+    """``text`` escaped for HTML text and attribute values."""
     return html.escape(str(text), quote=True)
 
 
-def _svg_open(width: int, height: int, label: str) -> str:
+def svg_open(width: int, height: int, label: str) -> str:
+    """The opening tag of an inline SVG chart of that size, named ``label``."""
     return (
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}"'
         f' viewBox="0 0 {width} {height}" role="img" aria-label="{label}">'
@@ -73,7 +78,7 @@ def _swatch(x: float, y: float, color: str, text: str) -> str:
     """A legend entry: a coloured square and its (escaped) text."""
     return (
         f'<rect x="{x}" y="{y}" width="12" height="12" fill="{color}"/>'
-        f'<text x="{x + 16}" y="{y + 10}">{_esc(text)}</text>'
+        f'<text x="{x + 16}" y="{y + 10}">{esc(text)}</text>'
     )
 
 
@@ -81,7 +86,7 @@ def _row_label(y: float, height: float, color: str, name: str) -> str:
     """A strategy's row in a bar chart: its colour marker and its name, centred on it."""
     return (
         f'<rect x="0" y="{y + 2}" width="6" height="{height - 4}" fill="{color}"/>'
-        f'<text x="12" y="{y + height / 2 + 4:.0f}">{_esc(name)}</text>'
+        f'<text x="12" y="{y + height / 2 + 4:.0f}">{esc(name)}</text>'
     )
 
 
@@ -130,7 +135,7 @@ def _svg_stock(results: Sequence[StrategyResult], colors: Mapping[str, str]) -> 
     def y(v: float) -> float:
         return top + plot_h * (y_high - v) / (y_high - y_low)
 
-    out = [_svg_open(width, height, "stock over time")]
+    out = [svg_open(width, height, "stock over time")]
     for v in y_ticks:
         # The zero line is the one that matters: dark and dashed; the others light.
         style = 'stroke="#444" stroke-dasharray="4 3"' if v == 0 else 'stroke="#e5e5e5"'
@@ -152,7 +157,7 @@ def _svg_stock(results: Sequence[StrategyResult], colors: Mapping[str, str]) -> 
         path = " ".join(f"{x(t):.1f},{y(v):.1f}" for t, v in _thin(result.samples))
         out.append(
             f'<polyline fill="none" stroke="{color}" stroke-width="2" points="{path}">'
-            f"<title>{_esc(result.strategy)}</title></polyline>"
+            f"<title>{esc(result.strategy)}</title></polyline>"
         )
         out.append(_swatch(width - right + 14, top + 5 + 18 * i, color, legend[result.strategy]))
     out.append("</svg>")
@@ -180,7 +185,7 @@ def _stock_notes(results: Sequence[StrategyResult]) -> str:
                 f"{r.strategy} sold {r.sold} of {r.stock_initial} units: its line goes"
                 f" {-r.final_stock} below zero, the oversell the orders count is {r.oversold}."
             )
-    return "".join(f"<p class=note>{_esc(text)}</p>" for text in notes)
+    return "".join(f"<p class=note>{esc(text)}</p>" for text in notes)
 
 
 def _svg_outcomes(results: Sequence[StrategyResult], colors: Mapping[str, str]) -> str:
@@ -197,7 +202,7 @@ def _svg_outcomes(results: Sequence[StrategyResult], colors: Mapping[str, str]) 
     plot_w = width - label_w - 60
     height = top + len(results) * (bar_h + gap) + 10
     total = max((sum(f(r) for _, _, f in segments) for r in results), default=1) or 1
-    out = [_svg_open(width, height, "outcomes per strategy")]
+    out = [svg_open(width, height, "outcomes per strategy")]
     lx = label_w
     for name, color, _ in segments:
         out.append(_swatch(lx, 6, color, name))
@@ -233,7 +238,7 @@ def _svg_latency(results: Sequence[StrategyResult], colors: Mapping[str, str]) -
     height = top + len(results) * (2 * bar_h + gap) + 10
     longest = max((r.p99_ms for r in results), default=1.0) or 1.0
     out = [
-        _svg_open(width, height, "latency p50 and p99"),
+        svg_open(width, height, "latency p50 and p99"),
         _swatch(label_w, 6, "#9ecae1", "p50"),
         _swatch(label_w + 60, 6, "#3182bd", "p99 (ms, reservation)"),
     ]
@@ -279,21 +284,21 @@ _COLUMNS: tuple[tuple[str, Callable[[StrategyResult], object], bool], ...] = (
 
 def _html_table(results: Sequence[StrategyResult]) -> str:
     head = "".join(
-        f"<th{' class=left' if left else ''}>{_esc(header)}</th>" for header, _, left in _COLUMNS
+        f"<th{' class=left' if left else ''}>{esc(header)}</th>" for header, _, left in _COLUMNS
     )
     rows = []
     for r in results:
         if r.skipped is not None:
             rows.append(
-                f'<tr class="skipped"><td>{_esc(r.strategy)}</td>'
+                f'<tr class="skipped"><td>{esc(r.strategy)}</td>'
                 f'<td class="left" colspan="{len(_COLUMNS) - 1}">'
-                f"skipped: {_esc(r.skipped)}</td></tr>"
+                f"skipped: {esc(r.skipped)}</td></tr>"
             )
             continue
         bad = r.oversold or r.negative_writes or not r.consistent or r.db.duplicate_orders
         # A long strategy name may break after its underscores in a narrow window.
         cells = "".join(
-            f"<td{' class=left' if left else ''}>{_esc(cell(r)).replace('_', '_<wbr>')}</td>"
+            f"<td{' class=left' if left else ''}>{esc(cell(r)).replace('_', '_<wbr>')}</td>"
             for _, cell, left in _COLUMNS
         )
         rows.append(f"<tr{' class=bad' if bad else ''}>{cells}</tr>")
@@ -308,8 +313,8 @@ def _alerts_table(results: Sequence[StrategyResult]) -> str:
     for r in results:
         probes = ", ".join(f"{name} {value:g}" for name, value in r.probes.items() if value)
         rows.append(
-            f"<tr><td>{_esc(r.strategy)}</td><td class=left>{_esc(alert_cell(r, True))}</td>"
-            f"<td class=left><code>{_esc(probes or '-')}</code></td></tr>"
+            f"<tr><td>{esc(r.strategy)}</td><td class=left>{esc(alert_cell(r, True))}</td>"
+            f"<td class=left><code>{esc(probes or '-')}</code></td></tr>"
         )
     return (
         "<h2>Alerts and the exporter's probes</h2><p>Alert times are seconds after the"
@@ -341,25 +346,25 @@ def format_html(
         lines = [*caught_lines(r), *alerts] or (
             [f"nothing to catch: sold {r.sold} of {r.stock_initial}"] if r.skipped is None else []
         )
-        items = "".join(f"<li><code>{_esc(line)}</code></li>" for line in lines)
-        items += "".join(f"<li>{_esc(line)}</li>" for line in info_lines(r))
-        caught.append(f"<h3>{_esc(r.strategy)}</h3><ul class=caught>{items}</ul>")
+        items = "".join(f"<li><code>{esc(line)}</code></li>" for line in lines)
+        items += "".join(f"<li>{esc(line)}</li>" for line in info_lines(r))
+        caught.append(f"<h3>{esc(r.strategy)}</h3><ul class=caught>{items}</ul>")
     try:
         version = metadata.version("stocksentry")
     except metadata.PackageNotFoundError:
         version = "unknown"
     stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     setup = "".join(
-        f"<li>{_esc(line)}</li>"
+        f"<li>{esc(line)}</li>"
         for line in (*setup_lines(config, database=database, redis=redis), *notes)
     )
-    made = f"stocksentry {_esc(version)}, {_esc(stamp)}"
+    made = f"stocksentry {esc(version)}, {esc(stamp)}"
     if command is not None:
-        made += f"<br>command: <code>{_esc(command)}</code>"
+        made += f"<br>command: <code>{esc(command)}</code>"
     return (
         "<!DOCTYPE html>\n<html lang=en><head><meta charset=utf-8>"
         "<title>stocksentry flash-sale lab</title>"
-        f"<style>{_CSS}</style></head><body>"
+        f"<style>{BASE_CSS}{_CSS}</style></head><body>"
         f"<h1>stocksentry flash-sale lab</h1><p class=made>{made}</p><ul>{setup}</ul>"
         f"<div class=wide>{_html_table(results)}</div>"
         "<p>sold, oversold, final stock, negative writes and duplicate orders are counted by"

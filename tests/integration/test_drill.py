@@ -129,26 +129,6 @@ def test_burst_unsafe_oversells_atomic_does_not(
     assert text.rstrip().endswith("verdict: FAIL (2 of 2 scenarios failed)")
 
 
-def test_retry_without_key_orders_twice_idempotent_once(
-    db: Db, shop: tuple[int, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    port, _ = shop
-    config = write_config(tmp_path, port, db.raw_url)
-    status, report = drill(capsys, config, "retry_no_key", "--yes", "--scenario", "retry")
-    retry = scenario(report, "retry")
-    assert status == 1
-    assert retry["passed"] is False
-    # Every intent was sent twice and the endpoint ignores the key: each ordered twice.
-    assert retry["duplicated_keys"] == retry["intents"] == 10
-    assert any("duplicate orders per idempotency_key" in f for f in retry["failures"])
-
-    status, report = drill(capsys, config, "retry_idempotent", "--yes", "--scenario", "retry")
-    retry = scenario(report, "retry")
-    assert status == 0, report
-    assert (retry["passed"], retry["duplicated_keys"], retry["units_sold"]) == (True, 0, 10)
-    assert read_shop(db)[0] == BEFORE
-
-
 def test_refuses_without_yes_and_touches_nothing(
     db: Db, shop: tuple[int, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -265,25 +245,55 @@ def test_database_gone_mid_drill_is_unverified_exit_3(
     assert "database" in burst["unverified"]
 
 
-def test_duplicate_callback_unsafe_pays_twice_idempotent_once(
-    db: Db, shop: tuple[int, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize(
+    ("name", "unsafe", "safe", "count", "failure"),
+    [
+        (
+            "retry",
+            ("retry_no_key", {}),
+            ("retry_idempotent", {}),
+            ("intents", 10),
+            "duplicate orders per idempotency_key",
+        ),
+        (
+            "duplicate_callback",
+            ("atomic", {}),
+            ("atomic", {"callback": ("/callback/unsafe", "/callback/idempotent")}),
+            ("payments", 5),
+            "duplicate paid orders per external_ref",
+        ),
+    ],
+    ids=["retry", "duplicate_callback"],
+)
+def test_keyed_unsafe_orders_twice_idempotent_once(
+    db: Db,
+    shop: tuple[int, Any],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    name: str,
+    unsafe: tuple[str, dict[str, tuple[str, str]]],
+    safe: tuple[str, dict[str, tuple[str, str]]],
+    count: tuple[str, int],
+    failure: str,
 ) -> None:
+    """Every intent (retry) or payment callback sent twice: the shop that ignores the key
+    orders each twice, the idempotent one once."""
     port, _ = shop
-    config = write_config(tmp_path, port, db.raw_url)
-    status, report = drill(capsys, config, "atomic", "--yes", "--scenario", "duplicate_callback")
-    callback = scenario(report, "duplicate_callback")
+    (endpoint, replace), (figure, sent) = unsafe, count
+    config = write_config(tmp_path, port, db.raw_url, **replace)
+    status, report = drill(capsys, config, endpoint, "--yes", "--scenario", name)
+    result = scenario(report, name)
     assert status == 1
-    assert callback["passed"] is False
-    assert callback["duplicated_keys"] == callback["payments"] == 5
-    assert any("duplicate paid orders per external_ref" in f for f in callback["failures"])
+    assert result["passed"] is False
+    assert result["duplicated_keys"] == result[figure] == sent
+    assert any(failure in f for f in result["failures"])
 
-    config = write_config(
-        tmp_path, port, db.raw_url, callback=("/callback/unsafe", "/callback/idempotent")
-    )
-    status, report = drill(capsys, config, "atomic", "--yes", "--scenario", "duplicate_callback")
-    callback = scenario(report, "duplicate_callback")
+    endpoint, replace = safe
+    config = write_config(tmp_path, port, db.raw_url, **replace)
+    status, report = drill(capsys, config, endpoint, "--yes", "--scenario", name)
+    result = scenario(report, name)
     assert status == 0, report
-    assert (callback["duplicated_keys"], callback["units_sold"]) == (0, 5)
+    assert (result["passed"], result["duplicated_keys"], result["units_sold"]) == (True, 0, sent)
     assert read_shop(db)[0] == BEFORE
 
 

@@ -1,14 +1,9 @@
-"""The drill's burst as a Locust file, for Locust's own master and workers.
+"""The drill's burst as a Locust file, run by ``stocksentry drill --engine locust``.
 
-``stocksentry drill --engine locust`` starts ``locust --master`` and ``--worker``
-processes with this file and a plan (``STOCKSENTRY_DRILL_PLAN``: a JSON file with the
-checkout request, the success rule, the run's id and the output path). Every user sends
-one checkout and stops. The users wait, once spawned, for the master's ``drill_release``
-message: a wall-clock instant shortly ahead, so the requests of every worker leave
-together (on one machine the clocks agree; across machines they agree as far as NTP
-keeps them). Each worker reports its requests (sent time, status, success, latency) to
-the master with its regular reports; the master writes them all to the output file and
-quits once every request is in.
+Every user sends one checkout of the plan (``STOCKSENTRY_DRILL_PLAN``) and stops. Once
+spawned, users wait for the master's ``drill_release``: a wall-clock instant shortly
+ahead, so every worker's requests leave together. Workers send their records with their
+reports; the master writes them to the plan's output file and quits once all are in.
 """
 
 from __future__ import annotations
@@ -24,7 +19,7 @@ from gevent.event import Event
 from locust import HttpUser, events, task
 from locust.exception import StopUser
 from stocksentry.exporter.drill.config import RequestSpec
-from stocksentry.exporter.drill.scenarios import success_of
+from stocksentry.exporter.drill.scenarios import intent_values, success_of
 
 _PLAN: dict[str, Any] = json.loads(
     Path(os.environ["STOCKSENTRY_DRILL_PLAN"]).read_text(encoding="utf-8")
@@ -69,12 +64,9 @@ def _on_init(environment: Any, **_kwargs: Any) -> None:
                 _write()
                 gevent.spawn_later(0.1, runner.quit)
 
-        def _quitting(**_kw: Any) -> None:
-            _write()
-
         _HOOKS.spawning_complete.add_listener(_spawned)
         _HOOKS.worker_report.add_listener(_report)
-        _HOOKS.quitting.add_listener(_quitting)
+        _HOOKS.quitting.add_listener(_write)
 
 
 def _on_report(client_id: str, data: dict[str, Any], **_kwargs: Any) -> None:
@@ -82,7 +74,7 @@ def _on_report(client_id: str, data: dict[str, Any], **_kwargs: Any) -> None:
     _records.clear()
 
 
-def _write() -> None:
+def _write(**_kwargs: Any) -> None:
     Path(_PLAN["out"]).write_text(json.dumps(_collected), encoding="utf-8")
 
 
@@ -99,15 +91,7 @@ class Buyer(HttpUser):
     def checkout(self) -> None:
         index = getattr(self.environment.runner, "worker_index", 0)
         n = int(index) * 1_000_000 + next(_counter)
-        intent = f"{_PLAN['run']}-burst-{n}"
-        values = {
-            "sku": _PLAN["sku"],
-            "qty": str(_PLAN["qty"]),
-            "n": str(n),
-            "request_id": f"req-{intent}-0",
-            "idempotency_key": f"idem-{intent}",
-            "payment_reference": f"pay-{intent}",
-        }
+        values = intent_values(_PLAN["run"], "burst", n, _PLAN["sku"], _PLAN["qty"])
         method, url, headers, body = _SPEC.render(values)
         _released.wait()
         delay = _release_at[0] - time.time() if _release_at else 0.0
