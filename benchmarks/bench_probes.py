@@ -145,6 +145,16 @@ def measure(url: str, args: argparse.Namespace) -> None:
     )
 
 
+def on_postgresql(work: Callable[[], object]) -> int:
+    """Run ``work``: 0, or 2 with one line on stderr when PostgreSQL cannot be reached."""
+    try:
+        work()
+    except psycopg.OperationalError as exc:
+        print(f"bench: cannot reach PostgreSQL: {str(exc).splitlines()[0]}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--dsn", default=DEFAULT_DSN)
@@ -153,13 +163,12 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--interval", type=float, default=1.0)
     args = parser.parse_args()
-    try:
+
+    def work() -> None:
         with scratch_database(args.dsn) as url:
             measure(url, args)
-    except psycopg.OperationalError as exc:
-        print(f"bench: cannot reach PostgreSQL: {str(exc).splitlines()[0]}", file=sys.stderr)
-        return 2
-    return 0
+
+    return on_postgresql(work)
 
 
 if __name__ == "__main__":

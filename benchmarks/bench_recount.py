@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from stocksentry.exporter.invariants import InvariantSql
 from stocksentry.exporter.probes.soldtotals import chunk_size
 
+from benchmarks.bench_probes import on_postgresql
 from benchmarks.bench_scale import DEFAULT_DSN, example_config, scale_database
 
 
@@ -73,13 +74,12 @@ def main() -> int:
         "--keep", action="store_true", help="keep the generated shop and re-use a kept one"
     )
     args = parser.parse_args()
-    try:
+
+    def work() -> None:
         with scale_database(args.dsn, args.products, args.orders, keep=args.keep) as url:
             recount_pass(url)
-    except psycopg.OperationalError as exc:
-        print(f"bench: cannot reach PostgreSQL: {str(exc).splitlines()[0]}", file=sys.stderr)
-        return 2
-    return 0
+
+    return on_postgresql(work)
 
 
 if __name__ == "__main__":

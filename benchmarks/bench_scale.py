@@ -54,7 +54,7 @@ from stocksentry.exporter.probes.db import DbProbe, OversoldProbe
 
 # The generator is shared with the plan test (tests/integration/test_probes_at_scale.py).
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.bench_probes import alternate, running_on_a_thread, throughput
+from benchmarks.bench_probes import alternate, on_postgresql, running_on_a_thread, throughput
 from benchmarks.scaleshop import (
     ShopFacts,
     buffers,
@@ -655,7 +655,8 @@ def main() -> int:
         parser.error("--products and --orders must be at least 10")
     if args.database == "mysql":
         return main_mysql(args)
-    try:
+
+    def work() -> None:
         with scale_database(args.dsn, args.products, args.orders, keep=args.keep) as url:
             print(
                 f"bench scale settings products={args.products} orders={args.orders}"
@@ -665,10 +666,8 @@ def main() -> int:
                 asyncio.run(measure_probes(url, args.seconds))
             if args.lab_repeats:
                 measure_lab(url, args.lab_repeats, args.buyers, args.concurrency)
-    except psycopg.OperationalError as exc:
-        print(f"bench: cannot reach PostgreSQL: {str(exc).splitlines()[0]}", file=sys.stderr)
-        return 2
-    return 0
+
+    return on_postgresql(work)
 
 
 def main_mysql(args: argparse.Namespace) -> int:
