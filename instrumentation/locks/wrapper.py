@@ -70,6 +70,9 @@ class LockWrapper(Generic[LockT]):
         self.release_refused, self.extend_refused = self._refusals()
         # Open holds, by token: redis-py keeps one token per thread.
         self._holds: dict[bytes | None, LockHold] = {}
+        # One registered fencing script per master client (registering hashes the script):
+        # each script holds its client, so a cached id is never reused by another one.
+        self._fence_scripts: dict[int, Any] = {}
 
     def __getattr__(self, attribute: str) -> Any:
         return getattr(self.lock, attribute)
@@ -186,13 +189,19 @@ class LockWrapper(Generic[LockT]):
         if base is not None and seconds is not None:
             self.recorder.extended(hold, deadline=base + float(seconds))
 
+    def _fence_script(self, master: Any) -> Any:
+        script = self._fence_scripts.get(id(master))
+        if script is None:
+            script = self._fence_scripts[id(master)] = master.register_script(FENCE_SCRIPT)
+        return script
+
     def _fence(self, masters: Iterable[Any], token: bytes | None) -> Steps[int | None]:
         """The lock's next fencing token on its masters: the highest that a majority of them
         issued while the lock held ``token`` (``None``: the token that majority shows), the
         lagging masters of that majority then raised to it."""
         key = self._key()
         keys = [key, f"{as_text(key)}:fence"]
-        scripts = [master.register_script(FENCE_SCRIPT) for master in masters]
+        scripts = [self._fence_script(master) for master in masters]
         issued: list[tuple[bytes, int] | None] = []
         failure: Exception | None = None
         for script in scripts:
