@@ -24,17 +24,6 @@ if TYPE_CHECKING:
     # dialect_of and mysql_connect_args, and installs no SQLAlchemy.
     from sqlalchemy.engine import URL
 
-__all__ = [
-    "MYSQL_URL_SCHEMES",
-    "POSTGRES_URL_SCHEMES",
-    "UNPARSEABLE",
-    "dialect_of",
-    "mysql_connect_args",
-    "parse_url",
-    "scrub",
-    "shown",
-    "sync_url",
-]
 
 #: The schemes of a PostgreSQL URL (a libpq ``key=value`` string is PostgreSQL too).
 POSTGRES_URL_SCHEMES: Final = (

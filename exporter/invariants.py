@@ -38,16 +38,6 @@ from typing import TYPE_CHECKING, Final, Literal
 if TYPE_CHECKING:
     from .config import SchemaConfig
 
-__all__ = [
-    "DUPLICATE_KEY_KINDS",
-    "INVARIANTS",
-    "Dialect",
-    "InvariantSql",
-    "Param",
-    "ParamStyle",
-    "Query",
-    "quote",
-]
 
 #: The invariants, in the order they are reported.
 INVARIANTS: Final = ("negative_stock", "oversold", "duplicate_keys", "paid_without_items")

@@ -40,21 +40,6 @@ from .families import (
 from .pool import Pool
 from .soldtotals import MIN_CHUNK, RunLog, SoldTotals, chunk_size, incremental_run
 
-__all__ = [
-    "CustomSqlProbe",
-    "DbProbe",
-    "DeadlocksProbe",
-    "DuplicateKeys",
-    "DuplicateOrdersProbe",
-    "ExpiredReservationsProbe",
-    "LockWaitersProbe",
-    "LongTransactionsProbe",
-    "NegativeStockProbe",
-    "OutboxProbe",
-    "OversoldProbe",
-    "build_db_probes",
-]
-
 #: New keys asked about one by one at most; beyond it one read of the window is cheaper.
 MAX_NEW_KEYS: Final = 5000
 

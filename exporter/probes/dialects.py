@@ -21,14 +21,6 @@ from .base import LOGGER
 if TYPE_CHECKING:
     from ..config import DatabaseConfig
 
-__all__ = [
-    "Dialect",
-    "Params",
-    "Session",
-    "abandoning",
-    "dialect_for",
-    "number",
-]
 
 _T = TypeVar("_T")
 

@@ -30,8 +30,6 @@ from ..durations import format_duration
 from .base import Backoff, ErrorLog, ProbeResult, at_fixed_rate, describe_error
 from .dialects import Session, abandoning, dialect_for
 
-__all__ = ["LeaderElection"]
-
 
 class LeaderElection:
     """Competes for the advisory lock and calls back when leadership changes."""

@@ -23,16 +23,6 @@ from stocksentry.instrumentation.guard import LabelGuard, sanitize_label_value
 from ..durations import format_duration
 from .base import LOGGER, family
 
-__all__ = [
-    "MAX_SKU_KEYS",
-    "OUTBOX_LOG_INTERVAL",
-    "OutboxStuck",
-    "OutboxStuckLog",
-    "negative_stock_families",
-    "pinned_labels",
-    "worst_sku_samples",
-]
-
 #: Duplicate keys asked about per statement when naming their SKUs: a bound on the
 #: statement's size. Keys beyond it are counted in the total but name no SKU.
 MAX_SKU_KEYS: Final = 1000

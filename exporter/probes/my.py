@@ -25,8 +25,6 @@ from ..durations import format_duration
 from .base import ProbeUnavailableError
 from .dialects import Dialect, Params, Session
 
-__all__ = ["MySQL", "MySession", "lock_name", "server_found"]
-
 
 def lock_name(database: str | None, key: int) -> str:
     """The ``GET_LOCK`` name of ``key``: per database, as PostgreSQL's advisory locks are

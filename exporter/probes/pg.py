@@ -28,8 +28,6 @@ from ..config import DatabaseConfig
 from .base import ProbeUnavailableError
 from .dialects import Dialect, Params, Session
 
-__all__ = ["PgSession", "PostgreSQL"]
-
 _KEEPALIVE_COUNT: Final = 3
 
 

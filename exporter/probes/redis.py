@@ -38,8 +38,6 @@ from .dialects import Session
 from .families import pinned_labels, worst_sku_samples
 from .pool import Pool
 
-__all__ = ["CACHE_LABEL", "CacheDriftProbe", "RedisSource"]
-
 #: The ``cache`` label value of ``stock_cache_drift_skus``.
 CACHE_LABEL: Final = "redis"
 

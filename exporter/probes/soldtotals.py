@@ -31,15 +31,6 @@ from .dialects import number
 if TYPE_CHECKING:
     from ..invariants import InvariantSql, Query
 
-__all__ = [
-    "MIN_CHUNK",
-    "PENDING_LOG_INTERVAL",
-    "Fetch",
-    "OversoldSku",
-    "RunLog",
-    "SoldTotals",
-    "incremental_run",
-]
 
 #: Runs one statement of :class:`~stocksentry.exporter.invariants.InvariantSql` in the
 #: run's read-only transaction and returns its rows.
