@@ -24,7 +24,6 @@ if TYPE_CHECKING:
     # dialect_of and mysql_connect_args, and installs no SQLAlchemy.
     from sqlalchemy.engine import URL
 
-
 #: The schemes of a PostgreSQL URL (a libpq ``key=value`` string is PostgreSQL too).
 POSTGRES_URL_SCHEMES: Final = (
     "postgresql",

@@ -38,7 +38,6 @@ from typing import TYPE_CHECKING, Final, Literal
 if TYPE_CHECKING:
     from .config import SchemaConfig
 
-
 #: The invariants, in the order they are reported.
 INVARIANTS: Final = ("negative_stock", "oversold", "duplicate_keys", "paid_without_items")
 #: The order columns that identify one checkout, in the order they are reported.

@@ -21,7 +21,6 @@ from .base import LOGGER
 if TYPE_CHECKING:
     from ..config import DatabaseConfig
 
-
 _T = TypeVar("_T")
 
 #: A statement's parameters: ``%(name)s`` by name or ``%s`` in order; ``None``: none, so a
