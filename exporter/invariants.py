@@ -40,12 +40,6 @@ if TYPE_CHECKING:
 
 #: The invariants, in the order they are reported.
 INVARIANTS: Final = ("negative_stock", "oversold", "duplicate_keys", "paid_without_items")
-#: The order columns that identify one checkout, in the order they are reported.
-DUPLICATE_KEY_KINDS: Final = ("external_ref", "idempotency_key")
-
-#: SQL dialects, as SQLAlchemy names them. MariaDB has no ``LATERAL`` and no outer reference
-#: inside a derived table, so a few statements take another form there, with the same rows.
-Dialect = Literal["postgresql", "sqlite", "mysql", "mariadb"]
 #: ``named``: ``:name`` (SQLAlchemy ``text()``); ``pyformat``: ``%(name)s`` (psycopg).
 ParamStyle = Literal["named", "pyformat"]
 
@@ -417,7 +411,7 @@ class InvariantSql:
     # --- duplicate orders per key ----------------------------------------------------------
 
     def key_columns(self) -> list[tuple[str, str]]:
-        """The mapped key columns as ``(kind, column)``, in :data:`DUPLICATE_KEY_KINDS` order."""
+        """The mapped key columns as ``(kind, column)``, ``external_ref`` first."""
         o = self.schema.orders
         mapped = (("external_ref", o.external_ref), ("idempotency_key", o.idempotency_key))
         return [(kind, column) for kind, column in mapped if column is not None]
