@@ -184,8 +184,9 @@ class OversoldProbe(DbProbe):
         )
         if self.totals.cursor is None:
             # Products per chunk, so that one pass takes recount_period.
-            estimate = await self.dialect.row_estimate(session, self._products)
-            self._chunk = chunk_size(estimate, s.recount_period, self.interval)
+            d = self.dialect
+            (estimate,) = await session.one(d.row_estimate_sql, d.table_params(self._products))
+            self._chunk = chunk_size(float(estimate), s.recount_period, self.interval)
         passes = self.totals.passes
         await incremental_run(
             self.totals,
@@ -269,7 +270,7 @@ class LockWaitersProbe(DbProbe):
         super().__init__("lock_waiters", config.probes.lock_waiters, pool)
 
     async def query(self, session: Session) -> tuple[Metric, ...]:
-        waiters, longest = await self.dialect.lock_waiters(session)
+        waiters, longest = await session.one(self.dialect.lock_waiters_sql(session.flavor))
         return (
             family(catalog.DB_LOCK_WAITERS, [((), number(waiters))]),
             family(catalog.DB_LOCK_WAIT_MAX, [((), max(0.0, number(longest)))]),

@@ -125,14 +125,8 @@ class Dialect(abc.ABC):
     #: Takes the election's session-level lock ``%s`` if it is free: 1 when taken.
     try_lock_sql: str
 
-    #: Whether :meth:`announce` has logged the server yet (once per dialect object).
+    #: Whether :meth:`connect` has logged the server found (once per dialect object).
     announced: bool = False
-
-    def announce(self, found: str) -> None:
-        """Log once, at the probes' first session, the server found and its limits."""
-        if not self.announced:
-            self.announced = True
-            LOGGER.info("database: %s", found)
 
     def quote(self, name: str) -> str:
         return quote(name, self.name)
@@ -183,8 +177,10 @@ class Dialect(abc.ABC):
         except BaseException:
             await session.close()
             raise
-        if not elector:
-            self.announce(found)
+        if not elector and not self.announced:
+            # At the probes' first session: the server found and its limits.
+            self.announced = True
+            LOGGER.info("database: %s", found)
         return session
 
     @abc.abstractmethod
@@ -216,16 +212,9 @@ class Dialect(abc.ABC):
             raise TypeError("the horizon is not a point in time")
         return horizon, now
 
-    async def row_estimate(self, session: Session, table: str) -> float:
-        (estimate,) = await session.one(self.row_estimate_sql, self.table_params(table))
-        return float(estimate)
-
     @abc.abstractmethod
     def lock_waiters_sql(self, flavor: str) -> str:
         """``(sessions waiting for a lock, the longest wait in seconds)`` in this database."""
-
-    async def lock_waiters(self, session: Session) -> tuple[Any, ...]:
-        return await session.one(self.lock_waiters_sql(session.flavor))
 
     @abc.abstractmethod
     async def deadlocks(self, session: Session) -> tuple[str, Any]:
