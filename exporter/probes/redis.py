@@ -52,7 +52,10 @@ class RedisSource:
         self._client: aioredis.Redis | None = None
         self._backoff = Backoff()
 
-    def _get_client(self) -> aioredis.Redis:
+    async def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
+        """``MGET keys``: the raw values, ``None`` where a key is missing."""
+        if not keys:
+            return []
         if self._client is None:
             self._client = aioredis.Redis.from_url(
                 self.config.url.reveal(),
@@ -60,14 +63,8 @@ class RedisSource:
                 socket_connect_timeout=self.timeout,
                 retry=Retry(NoBackoff(), 0),
             )
-        return self._client
-
-    async def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
-        """``MGET keys``: the raw values, ``None`` where a key is missing."""
-        if not keys:
-            return []
         with self._backoff.attempt("redis", (RedisConnectionError, RedisTimeoutError, OSError)):
-            values = await self._get_client().mget(list(keys))
+            values = await self._client.mget(list(keys))
         # Without decode_responses the values are bytes; str only if someone turned it on.
         return [v.encode() if isinstance(v, str) else v for v in values]
 

@@ -129,13 +129,9 @@ class SoldTotals:
         nearest to (or beyond) their allocation first."""
         missing = [pid for pid in self._recent if pid not in self._settled]
         if len(missing) > limit:
-            missing.sort(key=self._pressure, reverse=True)
+            missing.sort(key=lambda pid: self._recent[pid][2] - self._recent[pid][1], reverse=True)
             missing = missing[:limit]
         return missing
-
-    def _pressure(self, product_id: ProductId) -> float:
-        _sku, allocation, units = self._recent[product_id]
-        return units - allocation
 
     @property
     def pending(self) -> int:
