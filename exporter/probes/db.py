@@ -170,33 +170,29 @@ class OversoldProbe(DbProbe):
             found = await self.fetch(session, self._promo)
             rows = [(sku, units) for sku, _a, _s, units in found]
         else:
-            await self.step(session)
-            rows = [(s.sku, s.oversold_units) for s in self.totals.oversold()]
+            # One incremental run: the dialect's horizon, then incremental_run.
+            s, d = self._settings, self.dialect
+            horizon, _now = await d.horizon(
+                session, settle_after=s.settle_after, margin=s.clock_margin
+            )
+            if self.totals.cursor is None:
+                # Products per chunk, so that one pass takes recount_period.
+                (estimate,) = await session.one(d.row_estimate_sql, d.table_params(self._products))
+                self._chunk = chunk_size(float(estimate), s.recount_period, self.interval)
+            passes = self.totals.passes
+            await incremental_run(
+                self.totals,
+                functools.partial(self.fetch, session),
+                self._builder,
+                horizon=horizon,
+                chunk=self._chunk,
+                recount_batch=s.recount_batch,
+            )
+            self._log.after_run(self.totals, passes_before=passes, recount_batch=s.recount_batch)
+            rows = [(o.sku, o.oversold_units) for o in self.totals.oversold()]
         # Every oversold SKU (rows come worst first) through the guard, the promo SKUs at 0.
         samples = worst_sku_samples(rows, top=len(rows), guard=self._guard, pinned=self._pinned)
         return (family(catalog.OVERSOLD_UNITS, samples),)
-
-    async def step(self, session: Session) -> None:
-        """One incremental run: the dialect's horizon, then ``incremental_run``."""
-        s = self._settings
-        horizon, _now = await self.dialect.horizon(
-            session, settle_after=s.settle_after, margin=s.clock_margin
-        )
-        if self.totals.cursor is None:
-            # Products per chunk, so that one pass takes recount_period.
-            d = self.dialect
-            (estimate,) = await session.one(d.row_estimate_sql, d.table_params(self._products))
-            self._chunk = chunk_size(float(estimate), s.recount_period, self.interval)
-        passes = self.totals.passes
-        await incremental_run(
-            self.totals,
-            functools.partial(self.fetch, session),
-            self._builder,
-            horizon=horizon,
-            chunk=self._chunk,
-            recount_batch=s.recount_batch,
-        )
-        self._log.after_run(self.totals, passes_before=passes, recount_batch=s.recount_batch)
 
 
 class DuplicateOrdersProbe(DbProbe):
