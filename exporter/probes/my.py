@@ -120,8 +120,7 @@ class MySession(Session):
 
     async def close(self) -> None:
         """Close at once (no goodbye to the server: the session may be mid-query)."""
-        with contextlib.suppress(Exception):
-            self.conn.close()
+        self.abandon()
 
 
 # A waiting transaction of a session of this database. trx_wait_started has whole seconds;
