@@ -2,10 +2,8 @@
 and per SKU ``stock_cache_drift_sku_units``).
 
 For every promo SKU: the cached stock (one ``MGET``) against the database's (one indexed
-query). A SKU drifts once they have differed by more than ``redis.tolerance`` for
-``redis.grace`` with the cached value unchanged (a cache being refreshed is not stale); a
-cached value that is not a number drifts (``+Inf`` units); a missing key or product row
-restarts the clock. See docs/exporter-config.md (``probes.cache_drift``).
+query), drifting once they differ beyond ``redis.tolerance`` for ``redis.grace``: see
+docs/exporter-config.md (``probes.cache_drift``).
 
 Example::
 

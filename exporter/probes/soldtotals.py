@@ -2,12 +2,9 @@
 
 No SQL here: :func:`incremental_run` takes its statements from
 :class:`~stocksentry.exporter.invariants.InvariantSql` and their rows from the probe's
-``fetch``. A product's paid units are split at a **boundary** of the orders' creation time:
-**settled** (before it, kept here) and **recent** (read again every run, so a late payment
-or a refund shows at once). Each run moves the boundary to the probe's horizon and settles
-what it passed; a **rolling recount** corrects the settled totals a chunk per run; new
-products are counted from their history a few a run. The design: docs/exporter-config.md,
-"How ``oversold`` counts".
+``fetch``. Paid units are split at a **boundary** of the orders' creation time: **settled**
+(kept here) and **recent** (read again every run); a **rolling recount** corrects the
+settled totals a chunk per run: docs/exporter-config.md, "How ``oversold`` counts".
 
 Example::
 
