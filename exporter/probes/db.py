@@ -301,12 +301,12 @@ class LongTransactionsProbe(DbProbe):
         s = config.schema
         tables = [s.products.table, s.orders.table, s.order_items.table]
         tables += [t.table for t in (s.reservations, s.outbox) if t is not None]
-        self._tables = list(dict.fromkeys(tables))
+        # The quoted names, comma-separated (the config allows no comma in a name).
+        self._tables = ",".join(map(self.dialect.quote, dict.fromkeys(tables)))
 
     async def query(self, session: Session) -> tuple[Metric, ...]:
-        count, oldest = await self.dialect.long_transactions(
-            session, threshold=self.threshold, tables=self._tables
-        )
+        params = {"threshold": self.dialect.interval(self.threshold), "tables": self._tables}
+        count, oldest = await session.one(self.dialect.long_transactions_sql, params)
         return (
             family(catalog.DB_LONG_TRANSACTIONS, [((), number(count))]),
             family(catalog.DB_LONG_TRANSACTION_MAX, [((), max(0.0, number(oldest)))]),

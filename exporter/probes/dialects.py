@@ -118,7 +118,7 @@ class Dialect(abc.ABC):
     table_exists_sql: str
     leading_columns_sql: str
     #: ``(transactions open beyond %(threshold)s, the oldest one's age)`` touching the
-    #: tables ``%(tables)s``.
+    #: tables ``%(tables)s`` (quoted names, comma-separated).
     long_transactions_sql: str
     #: The statement that stops the query of the session ``{}``, from another session.
     stop_sql: str
@@ -219,16 +219,6 @@ class Dialect(abc.ABC):
     @abc.abstractmethod
     async def deadlocks(self, session: Session) -> tuple[str, Any]:
         """``(database, deadlocks counted by the server)``."""
-
-    async def long_transactions(
-        self, session: Session, *, threshold: float, tables: Sequence[str]
-    ) -> tuple[Any, ...]:
-        # The quoted names, comma-separated (the config allows no comma in a name).
-        params = {
-            "threshold": self.interval(threshold),
-            "tables": ",".join(map(self.quote, tables)),
-        }
-        return await session.one(self.long_transactions_sql, params)
 
     async def leading_columns(self, session: Session, table: str) -> set[str] | None:
         """The first column of each index of ``table``; ``None``: no such table."""
