@@ -28,11 +28,6 @@ from .dialects import number
 if TYPE_CHECKING:
     from ..invariants import InvariantSql, Query
 
-
-#: Runs one statement of :class:`~stocksentry.exporter.invariants.InvariantSql` in the
-#: run's read-only transaction and returns its rows.
-Fetch = Callable[["Query"], Awaitable[Sequence[tuple[Any, ...]]]]
-
 ProductId = Hashable
 
 
@@ -236,7 +231,7 @@ class SoldTotals:
 
 async def incremental_run(
     totals: SoldTotals,
-    fetch: Fetch,
+    fetch: Callable[[Query], Awaitable[Sequence[tuple[Any, ...]]]],
     builder: InvariantSql,
     *,
     horizon: datetime,
