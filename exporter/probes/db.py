@@ -396,14 +396,6 @@ _CUSTOM_HEAD: Final = "SELECT * FROM ("
 _CUSTOM_TAIL: Final = "\n) AS stocksentry_custom"
 
 
-def _unwrapped(arg: object) -> object:
-    """An error's argument without the wrapper's text, so its message quotes the SQL
-    as the operator wrote it (MariaDB's ``near '…'`` runs to the statement's end)."""
-    if not isinstance(arg, str):
-        return arg
-    return arg.replace(_CUSTOM_TAIL, "").replace(_CUSTOM_HEAD, "", 1)
-
-
 class CustomSqlProbe(DbProbe):
     """A ``probes.custom`` entry: its SQL's rows exported as one gauge.
 
@@ -437,8 +429,14 @@ class CustomSqlProbe(DbProbe):
         try:
             columns, rows = await session.table(self._sql)
         except Exception as exc:
-            # The server quotes the statement it ran; the operator wrote only the inside.
-            exc.args = tuple(_unwrapped(a) for a in exc.args)
+            # The server quotes the statement it ran (MariaDB's ``near '…'`` runs to its end);
+            # the operator wrote only the inside.
+            exc.args = tuple(
+                a.replace(_CUSTOM_TAIL, "").replace(_CUSTOM_HEAD, "", 1)
+                if isinstance(a, str)
+                else a
+                for a in exc.args
+            )
             raise
         wanted = (self.custom.value_column, *self.custom.label_columns)
         missing = [c for c in wanted if c not in columns]
