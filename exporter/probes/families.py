@@ -106,14 +106,6 @@ class OutboxStuck:
     oldest_age: float
 
 
-def _age_text(seconds: float) -> str:
-    """An age for a log line: whole seconds (the exact age is the line's
-    ``oldest_event_age_seconds``), milliseconds below a second."""
-    if seconds >= 1:
-        return format_duration(round(seconds))
-    return format_duration(max(0.001, round(seconds, 3)))
-
-
 class OutboxStuckLog:
     """Logs stuck outbox events: when they appear, at most once a minute while they stay,
     once when none are left.
@@ -158,12 +150,16 @@ class OutboxStuckLog:
             return False
         self._last = now
         oldest = "" if stuck.oldest_id is None else f", id {stuck.oldest_id},"
+        # Whole seconds (the exact age is the line's oldest_event_age_seconds), milliseconds
+        # below a second.
+        age = stuck.oldest_age
+        age = round(age) if age >= 1 else max(0.001, round(age, 3))
         self.logger.warning(
             "outbox stuck: %d event(s) unpublished beyond %s; the oldest%s is %s old",
             stuck.count,
             format_duration(self.max_publish_latency),
             oldest,
-            _age_text(stuck.oldest_age),
+            format_duration(age),
             extra={
                 "probe": "outbox",
                 "stuck_events": stuck.count,
