@@ -73,27 +73,6 @@ class RedisSource:
             await client.aclose()
 
 
-def _cached_number(raw: bytes | None) -> float | None:
-    """The cached stock as a number; NaN when the value is not a number."""
-    if raw is None:
-        return None
-    try:
-        value = float(raw.decode("utf-8").strip())
-    except (UnicodeDecodeError, ValueError):
-        return math.nan
-    return value
-
-
-def _changed(previous: float | None, value: float) -> bool:
-    """Whether the cached value differs from the previous run's (NaN equals NaN here: a
-    value that stays unreadable is not a refresh)."""
-    if previous is None:
-        return True
-    if math.isnan(previous) or math.isnan(value):
-        return not (math.isnan(previous) and math.isnan(value))
-    return previous != value
-
-
 class CacheDriftProbe(DbProbe):
     """``stock_cache_drift_skus{cache="redis"}`` and ``stock_cache_drift_sku_units{cache,
     sku}`` for the promo SKUs (see the module); it reads the database: leader only."""
@@ -144,18 +123,24 @@ class CacheDriftProbe(DbProbe):
         drifting = 0
         units: list[tuple[str, float]] = []
         for sku, raw in zip(self.skus, cached, strict=True):
-            value = _cached_number(raw)
             in_db = stock.get(sku)
             previous = self._previous.pop(sku, None)
-            if value is None or in_db is None:
+            if raw is None or in_db is None:
                 self._since.pop(sku, None)
                 continue
+            try:
+                value = float(raw.decode("utf-8").strip())
+            except (UnicodeDecodeError, ValueError):
+                value = math.nan  # not a number: it drifts
             self._previous[sku] = value
             differs = math.isnan(value) or abs(value - in_db) > self.tolerance
             if not differs:
                 self._since.pop(sku, None)
                 continue
-            if _changed(previous, value):
+            # A changed cached value restarts the stretch (NaN equals NaN here: a value that
+            # stays unreadable is not a refresh).
+            both_nan = previous is not None and math.isnan(previous) and math.isnan(value)
+            if previous != value and not both_nan:
                 self._since[sku] = now
             since = self._since.setdefault(sku, now)
             if now - since >= self.grace:
