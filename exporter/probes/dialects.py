@@ -207,10 +207,7 @@ class Dialect(abc.ABC):
     ) -> tuple[datetime, datetime]:
         """:attr:`horizon_sql`'s ``(horizon, the clock)``."""
         params = {"settle_after": self.interval(settle_after), "margin": self.interval(margin)}
-        horizon, now = await session.one(self.horizon_sql, params)
-        if not isinstance(horizon, datetime) or not isinstance(now, datetime):
-            raise TypeError("the horizon is not a point in time")
-        return horizon, now
+        return await session.one(self.horizon_sql, params)
 
     @abc.abstractmethod
     def lock_waiters_sql(self, flavor: str) -> str:

@@ -135,10 +135,7 @@ class SoldTotals:
         ``(product_id, sold_units)`` (products without paid items have no row: 0)."""
         sold = {product_id: number(units) for product_id, units in rows}
         for product_id in product_ids:
-            known = self._recent.get(product_id)
-            if known is None:
-                continue
-            sku, allocation, _units = known
+            sku, allocation, _units = self._recent[product_id]
             entry = _Settled(sku, allocation, sold.get(product_id, 0.0), self._run)
             self._settled[product_id] = entry
             self._mark(product_id, entry)
