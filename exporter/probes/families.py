@@ -123,12 +123,10 @@ class OutboxStuckLog:
         *,
         max_publish_latency: float,
         logger: logging.Logger = LOGGER,
-        interval: float = OUTBOX_LOG_INTERVAL,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.max_publish_latency = max_publish_latency
         self.logger = logger
-        self.interval = interval
         self._clock = clock
         # When it last logged "stuck"; None while nothing is stuck.
         self._last: float | None = None
@@ -146,7 +144,7 @@ class OutboxStuckLog:
                 extra={"probe": "outbox"},
             )
             return True
-        if self._last is not None and now - self._last < self.interval:
+        if self._last is not None and now - self._last < OUTBOX_LOG_INTERVAL:
             return False
         self._last = now
         oldest = "" if stuck.oldest_id is None else f", id {stuck.oldest_id},"

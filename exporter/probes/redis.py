@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Final
 
 import redis.asyncio as aioredis
@@ -84,7 +84,6 @@ class CacheDriftProbe(DbProbe):
         source: RedisSource,
         *,
         guard: LabelGuard,
-        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         settings = config.probes.cache_drift
         super().__init__("cache_drift", settings, pool)
@@ -98,7 +97,6 @@ class CacheDriftProbe(DbProbe):
         self.tolerance = config.redis.tolerance
         self.grace = config.redis.grace
         self._keys = [config.redis.key(sku) for sku in self.skus]
-        self._clock = clock
         # When each SKU was first seen drifting in the current uninterrupted stretch, and
         # the cached value of the previous run (a changed value restarts the stretch).
         self._since: dict[str, float] = {}
@@ -116,7 +114,7 @@ class CacheDriftProbe(DbProbe):
         # one indexed query.
         cached = await self.source.get_many(self._keys)
         stock = await self.pool.read(self.database_stock, statement_timeout=self.statement_timeout)
-        now = self._clock()
+        now = time.monotonic()
         drifting = 0
         units: list[tuple[str, float]] = []
         for sku, raw in zip(self.skus, cached, strict=True):
