@@ -118,7 +118,7 @@ def mysql_connect_args(text: str) -> dict[str, Any]:
         "password": unquote(parts.password or ""),
         "db": unquote(parts.path.lstrip("/")) or None,
     }
-    ssl: dict[str, Any] = {}
+    tls: dict[str, Any] = {}
     for name, value in parse_qsl(parts.query, keep_blank_values=True):
         kind = _MYSQL_OPTIONS.get(name)
         if kind is None:
@@ -132,27 +132,23 @@ def mysql_connect_args(text: str) -> dict[str, Any]:
                 raise ValueError(f"the MySQL URL option {name} takes true or false")
             parsed = value.lower() in _TRUE
         if name.startswith("ssl_"):
-            ssl[name.removeprefix("ssl_")] = parsed
+            tls[name.removeprefix("ssl_")] = parsed
         else:
             args[name] = parsed
-    if ssl:
-        args["ssl"] = _ssl_context(ssl)
+    if tls:
+        # aiomysql takes an ssl.SSLContext, made of the ssl_* options.
+        import ssl
+
+        context = ssl.create_default_context(cafile=tls.get("ca"))
+        if "cert" in tls:
+            context.load_cert_chain(tls["cert"], tls.get("key"))
+        if not tls.get("verify_identity", True):
+            context.check_hostname = False
+        if not tls.get("verify_cert", True):
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+        args["ssl"] = context
     return args
-
-
-def _ssl_context(options: dict[str, Any]) -> Any:
-    """An ``ssl.SSLContext`` from the URL's ``ssl_*`` options (aiomysql takes a context)."""
-    import ssl
-
-    context = ssl.create_default_context(cafile=options.get("ca"))
-    if "cert" in options:
-        context.load_cert_chain(options["cert"], options.get("key"))
-    if not options.get("verify_identity", True):
-        context.check_hostname = False
-    if not options.get("verify_cert", True):
-        context.check_hostname = False
-        context.verify_mode = ssl.CERT_NONE
-    return context
 
 
 def shown(text: str) -> str:
