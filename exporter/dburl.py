@@ -5,11 +5,7 @@ psycopg 3; ``mysql://`` / ``mariadb://`` get aiomysql in the sidecar's probes
 (:func:`mysql_connect_args`) and PyMySQL where a SQLAlchemy engine is made of them: both
 pure Python, raising the same ``pymysql.err`` classes. What is printed back never holds a
 password (:mod:`stocksentry.instrumentation.secrets` decides what counts as one), and a
-string SQLAlchemy cannot parse is not echoed at all.
-
-Example::
-
-    shown("postgresql://shop:secret@db/shop")   # 'postgresql+psycopg://shop:***@db/shop'
+string SQLAlchemy cannot parse is not echoed at all (:func:`shown`'s example).
 """
 
 from __future__ import annotations
