@@ -5,11 +5,7 @@ psycopg 3; ``mysql://`` / ``mariadb://`` get aiomysql in the sidecar's probes
 (:func:`mysql_connect_args`) and PyMySQL where a SQLAlchemy engine is made of them: both
 pure Python, raising the same ``pymysql.err`` classes. What is printed back never holds a
 password (:mod:`stocksentry.instrumentation.secrets` decides what counts as one), and a
-string SQLAlchemy cannot parse is not echoed at all.
-
-Example::
-
-    shown("postgresql://shop:secret@db/shop")   # 'postgresql+psycopg://shop:***@db/shop'
+string SQLAlchemy cannot parse is not echoed at all (:func:`shown`'s example).
 """
 
 from __future__ import annotations
@@ -23,18 +19,6 @@ if TYPE_CHECKING:
     # SQLAlchemy only where a SQLAlchemy URL is made (parse_url, shown): the sidecar uses
     # dialect_of and mysql_connect_args, and installs no SQLAlchemy.
     from sqlalchemy.engine import URL
-
-__all__ = [
-    "MYSQL_URL_SCHEMES",
-    "POSTGRES_URL_SCHEMES",
-    "UNPARSEABLE",
-    "dialect_of",
-    "mysql_connect_args",
-    "parse_url",
-    "scrub",
-    "shown",
-    "sync_url",
-]
 
 #: The schemes of a PostgreSQL URL (a libpq ``key=value`` string is PostgreSQL too).
 POSTGRES_URL_SCHEMES: Final = (
@@ -130,7 +114,7 @@ def mysql_connect_args(text: str) -> dict[str, Any]:
         "password": unquote(parts.password or ""),
         "db": unquote(parts.path.lstrip("/")) or None,
     }
-    ssl: dict[str, Any] = {}
+    tls: dict[str, Any] = {}
     for name, value in parse_qsl(parts.query, keep_blank_values=True):
         kind = _MYSQL_OPTIONS.get(name)
         if kind is None:
@@ -144,27 +128,23 @@ def mysql_connect_args(text: str) -> dict[str, Any]:
                 raise ValueError(f"the MySQL URL option {name} takes true or false")
             parsed = value.lower() in _TRUE
         if name.startswith("ssl_"):
-            ssl[name.removeprefix("ssl_")] = parsed
+            tls[name.removeprefix("ssl_")] = parsed
         else:
             args[name] = parsed
-    if ssl:
-        args["ssl"] = _ssl_context(ssl)
+    if tls:
+        # aiomysql takes an ssl.SSLContext, made of the ssl_* options.
+        import ssl
+
+        context = ssl.create_default_context(cafile=tls.get("ca"))
+        if "cert" in tls:
+            context.load_cert_chain(tls["cert"], tls.get("key"))
+        if not tls.get("verify_identity", True):
+            context.check_hostname = False
+        if not tls.get("verify_cert", True):
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+        args["ssl"] = context
     return args
-
-
-def _ssl_context(options: dict[str, Any]) -> Any:
-    """An ``ssl.SSLContext`` from the URL's ``ssl_*`` options (aiomysql takes a context)."""
-    import ssl
-
-    context = ssl.create_default_context(cafile=options.get("ca"))
-    if "cert" in options:
-        context.load_cert_chain(options["cert"], options.get("key"))
-    if not options.get("verify_identity", True):
-        context.check_hostname = False
-    if not options.get("verify_cert", True):
-        context.check_hostname = False
-        context.verify_mode = ssl.CERT_NONE
-    return context
 
 
 def shown(text: str) -> str:

@@ -38,25 +38,8 @@ from typing import TYPE_CHECKING, Final, Literal
 if TYPE_CHECKING:
     from .config import SchemaConfig
 
-__all__ = [
-    "DUPLICATE_KEY_KINDS",
-    "INVARIANTS",
-    "Dialect",
-    "InvariantSql",
-    "Param",
-    "ParamStyle",
-    "Query",
-    "quote",
-]
-
 #: The invariants, in the order they are reported.
 INVARIANTS: Final = ("negative_stock", "oversold", "duplicate_keys", "paid_without_items")
-#: The order columns that identify one checkout, in the order they are reported.
-DUPLICATE_KEY_KINDS: Final = ("external_ref", "idempotency_key")
-
-#: SQL dialects, as SQLAlchemy names them. MariaDB has no ``LATERAL`` and no outer reference
-#: inside a derived table, so a few statements take another form there, with the same rows.
-Dialect = Literal["postgresql", "sqlite", "mysql", "mariadb"]
 #: ``named``: ``:name`` (SQLAlchemy ``text()``); ``pyformat``: ``%(name)s`` (psycopg).
 ParamStyle = Literal["named", "pyformat"]
 
@@ -290,27 +273,6 @@ class InvariantSql:
             )
         self._paid(parts, "o")
 
-    def _with_product(self, parts: _Parts, inner: str) -> None:
-        """``... FROM (inner) AS s JOIN products AS p ON p.id = s.product_id``: a lookup
-        by primary key per row (``LATERAL``, or ``STRAIGHT_JOIN`` on MySQL)."""
-        p = self.schema.products
-        if self.lateral:
-            parts.sql(
-                f") AS {inner} CROSS JOIN LATERAL (SELECT {self._col('q', p.sku)},"
-                + (f" {self._col('q', p.allocation)}" if p.allocation else " NULL")
-                + f" FROM {self.quote(p.table)} AS q WHERE {self._col('q', p.id)}"
-                f" = {inner}.product_id OFFSET 0) AS p"
-            )
-        else:
-            # MariaDB would otherwise scan products and probe a materialised derived table
-            # by key: STRAIGHT_JOIN keeps the few summed rows first, each product by its
-            # primary key.
-            join = "STRAIGHT_JOIN" if self.mysql else "JOIN"
-            parts.sql(
-                f") AS {inner} {join} {self.quote(p.table)} AS p"
-                f" ON {self._col('p', p.id)} = {inner}.product_id"
-            )
-
     def _group_by_product(self, parts: _Parts) -> None:
         parts.sql(f" GROUP BY {self._col('oi', self.schema.order_items.product_id)}")
 
@@ -376,7 +338,23 @@ class InvariantSql:
         self._paid_items(parts, by_order=True)
         self._created_range(parts, start, end)
         self._group_by_product(parts)
-        self._with_product(parts, "s")
+        # Each summed row's product by primary key (LATERAL, or STRAIGHT_JOIN on MySQL).
+        if self.lateral:
+            parts.sql(
+                f") AS s CROSS JOIN LATERAL (SELECT {self._col('q', p.sku)},"
+                + (f" {self._col('q', p.allocation)}" if p.allocation else " NULL")
+                + f" FROM {self.quote(p.table)} AS q WHERE {self._col('q', p.id)}"
+                " = s.product_id OFFSET 0) AS p"
+            )
+        else:
+            # MariaDB would otherwise scan products and probe a materialised derived table
+            # by key: STRAIGHT_JOIN keeps the few summed rows first, each product by its
+            # primary key.
+            join = "STRAIGHT_JOIN" if self.mysql else "JOIN"
+            parts.sql(
+                f") AS s {join} {self.quote(p.table)} AS p"
+                f" ON {self._col('p', p.id)} = s.product_id"
+            )
         return parts.query(("product_id", "sku", "allocation", "sold_units"))
 
     def paid_units_of_products(self, product_ids: Sequence[object], *, end: datetime) -> Query:
@@ -428,7 +406,7 @@ class InvariantSql:
     # --- duplicate orders per key ----------------------------------------------------------
 
     def key_columns(self) -> list[tuple[str, str]]:
-        """The mapped key columns as ``(kind, column)``, in :data:`DUPLICATE_KEY_KINDS` order."""
+        """The mapped key columns as ``(kind, column)``, ``external_ref`` first."""
         o = self.schema.orders
         mapped = (("external_ref", o.external_ref), ("idempotency_key", o.idempotency_key))
         return [(kind, column) for kind, column in mapped if column is not None]

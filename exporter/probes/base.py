@@ -30,19 +30,6 @@ from stocksentry.instrumentation.secrets import redact
 
 from ..durations import format_duration
 
-__all__ = [
-    "Backoff",
-    "ErrorLog",
-    "Probe",
-    "ProbeResult",
-    "ProbeUnavailableError",
-    "at_fixed_rate",
-    "describe_error",
-    "family",
-    "new_phase",
-    "note_phase",
-]
-
 LOGGER: Final = logging.getLogger("stocksentry.exporter.probes")
 
 

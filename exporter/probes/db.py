@@ -40,21 +40,6 @@ from .families import (
 from .pool import Pool
 from .soldtotals import MIN_CHUNK, RunLog, SoldTotals, chunk_size, incremental_run
 
-__all__ = [
-    "CustomSqlProbe",
-    "DbProbe",
-    "DeadlocksProbe",
-    "DuplicateKeys",
-    "DuplicateOrdersProbe",
-    "ExpiredReservationsProbe",
-    "LockWaitersProbe",
-    "LongTransactionsProbe",
-    "NegativeStockProbe",
-    "OutboxProbe",
-    "OversoldProbe",
-    "build_db_probes",
-]
-
 #: New keys asked about one by one at most; beyond it one read of the window is cheaper.
 MAX_NEW_KEYS: Final = 5000
 
@@ -165,8 +150,6 @@ class OversoldProbe(DbProbe):
         self._settings = settings
         self._guard = guard
         self._pinned = pinned_labels(config.sku_guard.promo_skus, guard)
-        if config.schema.products.allocation is None:
-            raise ValueError("the oversold probe needs schema.products.allocation")
         self._builder = InvariantSql(config.schema, self.dialect.name)
         self._products = config.schema.products.table
         self.incremental = settings.scope == "all"
@@ -185,32 +168,29 @@ class OversoldProbe(DbProbe):
             found = await self.fetch(session, self._promo)
             rows = [(sku, units) for sku, _a, _s, units in found]
         else:
-            await self.step(session)
-            rows = [(s.sku, s.oversold_units) for s in self.totals.oversold()]
+            # One incremental run: the dialect's horizon, then incremental_run.
+            s, d = self._settings, self.dialect
+            horizon, _now = await d.horizon(
+                session, settle_after=s.settle_after, margin=s.clock_margin
+            )
+            if self.totals.cursor is None:
+                # Products per chunk, so that one pass takes recount_period.
+                (estimate,) = await session.one(d.row_estimate_sql, d.table_params(self._products))
+                self._chunk = chunk_size(float(estimate), s.recount_period, self.interval)
+            passes = self.totals.passes
+            await incremental_run(
+                self.totals,
+                functools.partial(self.fetch, session),
+                self._builder,
+                horizon=horizon,
+                chunk=self._chunk,
+                recount_batch=s.recount_batch,
+            )
+            self._log.after_run(self.totals, passes_before=passes, recount_batch=s.recount_batch)
+            rows = [(o.sku, o.oversold_units) for o in self.totals.oversold()]
         # Every oversold SKU (rows come worst first) through the guard, the promo SKUs at 0.
         samples = worst_sku_samples(rows, top=len(rows), guard=self._guard, pinned=self._pinned)
         return (family(catalog.OVERSOLD_UNITS, samples),)
-
-    async def step(self, session: Session) -> None:
-        """One incremental run: the dialect's horizon, then ``incremental_run``."""
-        s = self._settings
-        horizon, _now = await self.dialect.horizon(
-            session, settle_after=s.settle_after, margin=s.clock_margin
-        )
-        if self.totals.cursor is None:
-            # Products per chunk, so that one pass takes recount_period.
-            estimate = await self.dialect.row_estimate(session, self._products)
-            self._chunk = chunk_size(estimate, s.recount_period, self.interval)
-        passes = self.totals.passes
-        await incremental_run(
-            self.totals,
-            functools.partial(self.fetch, session),
-            self._builder,
-            horizon=horizon,
-            chunk=self._chunk,
-            recount_batch=s.recount_batch,
-        )
-        self._log.after_run(self.totals, passes_before=passes, recount_batch=s.recount_batch)
 
 
 class DuplicateOrdersProbe(DbProbe):
@@ -228,8 +208,6 @@ class DuplicateOrdersProbe(DbProbe):
         self._guard = guard
         self.top = settings.top_skus
         self._builder = InvariantSql(config.schema, self.dialect.name)
-        if not self._builder.key_columns():
-            raise ValueError("the duplicate_orders probe needs external_ref or idempotency_key")
         self._window = settings.window
         self._margin = settings.clock_margin
         self.keys = DuplicateKeys(window=settings.window)
@@ -284,7 +262,7 @@ class LockWaitersProbe(DbProbe):
         super().__init__("lock_waiters", config.probes.lock_waiters, pool)
 
     async def query(self, session: Session) -> tuple[Metric, ...]:
-        waiters, longest = await self.dialect.lock_waiters(session)
+        waiters, longest = await session.one(self.dialect.lock_waiters_sql(session.flavor))
         return (
             family(catalog.DB_LOCK_WAITERS, [((), number(waiters))]),
             family(catalog.DB_LOCK_WAIT_MAX, [((), max(0.0, number(longest)))]),
@@ -319,12 +297,12 @@ class LongTransactionsProbe(DbProbe):
         s = config.schema
         tables = [s.products.table, s.orders.table, s.order_items.table]
         tables += [t.table for t in (s.reservations, s.outbox) if t is not None]
-        self._tables = list(dict.fromkeys(tables))
+        # The quoted names, comma-separated (the config allows no comma in a name).
+        self._tables = ",".join(map(self.dialect.quote, dict.fromkeys(tables)))
 
     async def query(self, session: Session) -> tuple[Metric, ...]:
-        count, oldest = await self.dialect.long_transactions(
-            session, threshold=self.threshold, tables=self._tables
-        )
+        params = {"threshold": self.dialect.interval(self.threshold), "tables": self._tables}
+        count, oldest = await session.one(self.dialect.long_transactions_sql, params)
         return (
             family(catalog.DB_LONG_TRANSACTIONS, [((), number(count))]),
             family(catalog.DB_LONG_TRANSACTION_MAX, [((), max(0.0, number(oldest)))]),
@@ -339,8 +317,7 @@ class ExpiredReservationsProbe(DbProbe):
     def __init__(self, config: ExporterConfig, pool: Pool) -> None:
         super().__init__("expired_reservations", config.probes.expired_reservations, pool)
         r = config.schema.reservations
-        if r is None:
-            raise ValueError("the expired_reservations probe needs schema.reservations")
+        assert r is not None  # noqa: S101 - the config switches the probe off without it
         q = self.dialect.quote
         self._sql = Query(
             (
@@ -373,8 +350,7 @@ class OutboxProbe(DbProbe):
         settings = config.probes.outbox
         super().__init__("outbox", settings, pool)
         b = config.schema.outbox
-        if b is None:
-            raise ValueError("the outbox probe needs schema.outbox")
+        assert b is not None  # noqa: S101 - the config switches the probe off without it
         self.max_publish_latency = settings.max_publish_latency
         self.stuck_log = OutboxStuckLog(max_publish_latency=settings.max_publish_latency)
         d, q = self.dialect, self.dialect.quote
@@ -414,14 +390,6 @@ _CUSTOM_HEAD: Final = "SELECT * FROM ("
 _CUSTOM_TAIL: Final = "\n) AS stocksentry_custom"
 
 
-def _unwrapped(arg: object) -> object:
-    """An error's argument without the wrapper's text, so its message quotes the SQL
-    as the operator wrote it (MariaDB's ``near '…'`` runs to the statement's end)."""
-    if not isinstance(arg, str):
-        return arg
-    return arg.replace(_CUSTOM_TAIL, "").replace(_CUSTOM_HEAD, "", 1)
-
-
 class CustomSqlProbe(DbProbe):
     """A ``probes.custom`` entry: its SQL's rows exported as one gauge.
 
@@ -455,8 +423,14 @@ class CustomSqlProbe(DbProbe):
         try:
             columns, rows = await session.table(self._sql)
         except Exception as exc:
-            # The server quotes the statement it ran; the operator wrote only the inside.
-            exc.args = tuple(_unwrapped(a) for a in exc.args)
+            # The server quotes the statement it ran (MariaDB's ``near '…'`` runs to its end);
+            # the operator wrote only the inside.
+            exc.args = tuple(
+                a.replace(_CUSTOM_TAIL, "").replace(_CUSTOM_HEAD, "", 1)
+                if isinstance(a, str)
+                else a
+                for a in exc.args
+            )
             raise
         wanted = (self.custom.value_column, *self.custom.label_columns)
         missing = [c for c in wanted if c not in columns]

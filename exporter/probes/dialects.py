@@ -21,15 +21,6 @@ from .base import LOGGER
 if TYPE_CHECKING:
     from ..config import DatabaseConfig
 
-__all__ = [
-    "Dialect",
-    "Params",
-    "Session",
-    "abandoning",
-    "dialect_for",
-    "number",
-]
-
 _T = TypeVar("_T")
 
 #: A statement's parameters: ``%(name)s`` by name or ``%s`` in order; ``None``: none, so a
@@ -127,21 +118,15 @@ class Dialect(abc.ABC):
     table_exists_sql: str
     leading_columns_sql: str
     #: ``(transactions open beyond %(threshold)s, the oldest one's age)`` touching the
-    #: tables ``%(tables)s``.
+    #: tables ``%(tables)s`` (quoted names, comma-separated).
     long_transactions_sql: str
     #: The statement that stops the query of the session ``{}``, from another session.
     stop_sql: str
     #: Takes the election's session-level lock ``%s`` if it is free: 1 when taken.
     try_lock_sql: str
 
-    #: Whether :meth:`announce` has logged the server yet (once per dialect object).
+    #: Whether :meth:`connect` has logged the server found (once per dialect object).
     announced: bool = False
-
-    def announce(self, found: str) -> None:
-        """Log once, at the probes' first session, the server found and its limits."""
-        if not self.announced:
-            self.announced = True
-            LOGGER.info("database: %s", found)
 
     def quote(self, name: str) -> str:
         return quote(name, self.name)
@@ -192,8 +177,10 @@ class Dialect(abc.ABC):
         except BaseException:
             await session.close()
             raise
-        if not elector:
-            self.announce(found)
+        if not elector and not self.announced:
+            # At the probes' first session: the server found and its limits.
+            self.announced = True
+            LOGGER.info("database: %s", found)
         return session
 
     @abc.abstractmethod
@@ -220,35 +207,15 @@ class Dialect(abc.ABC):
     ) -> tuple[datetime, datetime]:
         """:attr:`horizon_sql`'s ``(horizon, the clock)``."""
         params = {"settle_after": self.interval(settle_after), "margin": self.interval(margin)}
-        horizon, now = await session.one(self.horizon_sql, params)
-        if not isinstance(horizon, datetime) or not isinstance(now, datetime):
-            raise TypeError("the horizon is not a point in time")
-        return horizon, now
-
-    async def row_estimate(self, session: Session, table: str) -> float:
-        (estimate,) = await session.one(self.row_estimate_sql, self.table_params(table))
-        return float(estimate)
+        return await session.one(self.horizon_sql, params)
 
     @abc.abstractmethod
     def lock_waiters_sql(self, flavor: str) -> str:
         """``(sessions waiting for a lock, the longest wait in seconds)`` in this database."""
 
-    async def lock_waiters(self, session: Session) -> tuple[Any, ...]:
-        return await session.one(self.lock_waiters_sql(session.flavor))
-
     @abc.abstractmethod
     async def deadlocks(self, session: Session) -> tuple[str, Any]:
         """``(database, deadlocks counted by the server)``."""
-
-    async def long_transactions(
-        self, session: Session, *, threshold: float, tables: Sequence[str]
-    ) -> tuple[Any, ...]:
-        # The quoted names, comma-separated (the config allows no comma in a name).
-        params = {
-            "threshold": self.interval(threshold),
-            "tables": ",".join(map(self.quote, tables)),
-        }
-        return await session.one(self.long_transactions_sql, params)
 
     async def leading_columns(self, session: Session, table: str) -> set[str] | None:
         """The first column of each index of ``table``; ``None``: no such table."""

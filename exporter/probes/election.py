@@ -1,13 +1,9 @@
 """Leader election: of many sidecars, one runs the database probes.
 
-Each sidecar keeps one session and tries a session-level lock on it every
-``database.leader_retry_interval`` (``pg_try_advisory_lock``, ``GET_LOCK`` on MySQL); the
-holder leads, pinging on the same schedule, and steps down as soon as a ping fails. The
-server ends a silent leader's session after :meth:`~.dialects.Dialect.idle_limit`, freeing
-the lock, so a leader holds a *lease* (:meth:`~.dialects.Dialect.lease`, one interval
-shorter) from the start of each good ping and steps down when it runs out unrenewed (a
-silent network gives no error): docs/exporter-config.md, "Leader election". Its health is
-``stocksentry_probe_up{probe="leader_election"}``.
+Each sidecar tries a session-level lock every ``database.leader_retry_interval``; the
+holder leads while its pings renew its *lease* (:meth:`~.dialects.Dialect.lease`) and steps
+down when one fails or the lease runs out: docs/exporter-config.md, "Leader election". Its
+health is ``stocksentry_probe_up{probe="leader_election"}``.
 
 Example::
 
@@ -29,8 +25,6 @@ from ..config import ELECTION_PROBE, DatabaseConfig
 from ..durations import format_duration
 from .base import Backoff, ErrorLog, ProbeResult, at_fixed_rate, describe_error
 from .dialects import Session, abandoning, dialect_for
-
-__all__ = ["LeaderElection"]
 
 
 class LeaderElection:

@@ -23,16 +23,6 @@ from stocksentry.instrumentation.guard import LabelGuard, sanitize_label_value
 from ..durations import format_duration
 from .base import LOGGER, family
 
-__all__ = [
-    "MAX_SKU_KEYS",
-    "OUTBOX_LOG_INTERVAL",
-    "OutboxStuck",
-    "OutboxStuckLog",
-    "negative_stock_families",
-    "pinned_labels",
-    "worst_sku_samples",
-]
-
 #: Duplicate keys asked about per statement when naming their SKUs: a bound on the
 #: statement's size. Keys beyond it are counted in the total but name no SKU.
 MAX_SKU_KEYS: Final = 1000
@@ -116,14 +106,6 @@ class OutboxStuck:
     oldest_age: float
 
 
-def _age_text(seconds: float) -> str:
-    """An age for a log line: whole seconds (the exact age is the line's
-    ``oldest_event_age_seconds``), milliseconds below a second."""
-    if seconds >= 1:
-        return format_duration(round(seconds))
-    return format_duration(max(0.001, round(seconds, 3)))
-
-
 class OutboxStuckLog:
     """Logs stuck outbox events: when they appear, at most once a minute while they stay,
     once when none are left.
@@ -141,12 +123,10 @@ class OutboxStuckLog:
         *,
         max_publish_latency: float,
         logger: logging.Logger = LOGGER,
-        interval: float = OUTBOX_LOG_INTERVAL,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.max_publish_latency = max_publish_latency
         self.logger = logger
-        self.interval = interval
         self._clock = clock
         # When it last logged "stuck"; None while nothing is stuck.
         self._last: float | None = None
@@ -164,16 +144,20 @@ class OutboxStuckLog:
                 extra={"probe": "outbox"},
             )
             return True
-        if self._last is not None and now - self._last < self.interval:
+        if self._last is not None and now - self._last < OUTBOX_LOG_INTERVAL:
             return False
         self._last = now
         oldest = "" if stuck.oldest_id is None else f", id {stuck.oldest_id},"
+        # Whole seconds (the exact age is the line's oldest_event_age_seconds), milliseconds
+        # below a second.
+        age = stuck.oldest_age
+        age = round(age) if age >= 1 else max(0.001, round(age, 3))
         self.logger.warning(
             "outbox stuck: %d event(s) unpublished beyond %s; the oldest%s is %s old",
             stuck.count,
             format_duration(self.max_publish_latency),
             oldest,
-            _age_text(stuck.oldest_age),
+            format_duration(age),
             extra={
                 "probe": "outbox",
                 "stuck_events": stuck.count,

@@ -9,8 +9,6 @@ from ..invariants import InvariantSql
 from .dialects import Dialect, Session
 from .pool import Pool
 
-__all__ = ["IndexAdvice", "check_indexes"]
-
 
 @dataclass(frozen=True, slots=True)
 class IndexAdvice:

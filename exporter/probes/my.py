@@ -1,11 +1,7 @@
 """MySQL and MariaDB through aiomysql: the probes' sessions and the SQL only they speak.
 
-Each session is autocommit, ``READ COMMITTED, READ ONLY`` (each statement of a run sees
-what had committed when it started: the oversold horizon relies on it), and every run is
-``START TRANSACTION READ ONLY`` ... ``ROLLBACK`` under the session's statement limit
-(MariaDB's ``max_statement_time``, MySQL's ``max_execution_time``) and lock waits (whole
-seconds, at least 1), sent only when they change. Which server it is comes from the
-handshake, not the URL's scheme. How and why: docs/exporter-config.md, "How the probes read there".
+Which server it is comes from the handshake, not the URL's scheme. How the sessions read
+(isolation, limits, lock waits) and why: docs/exporter-config.md, "How the probes read there".
 """
 
 from __future__ import annotations
@@ -24,8 +20,6 @@ from ..dburl import mysql_connect_args
 from ..durations import format_duration
 from .base import ProbeUnavailableError
 from .dialects import Dialect, Params, Session
-
-__all__ = ["MySQL", "MySession", "lock_name", "server_found"]
 
 
 def lock_name(database: str | None, key: int) -> str:
@@ -122,8 +116,7 @@ class MySession(Session):
 
     async def close(self) -> None:
         """Close at once (no goodbye to the server: the session may be mid-query)."""
-        with contextlib.suppress(Exception):
-            self.conn.close()
+        self.abandon()
 
 
 # A waiting transaction of a session of this database. trx_wait_started has whole seconds;

@@ -1,10 +1,7 @@
 """PostgreSQL through psycopg: the probes' sessions and the SQL only PostgreSQL speaks.
 
-Every probe run is one read-only transaction opened in one round trip (``BEGIN READ
-ONLY`` with ``statement_timeout``, ``lock_timeout``, ``jit = off`` and no parallel
-workers: a probe reads few rows through indexes and stays one backend's work) and ended
-with ``ROLLBACK``; the sessions are read-only by default too. See
-docs/exporter-config.md, "Safety: how the probes read".
+Every probe run is one read-only transaction opened in one round trip and ended with
+``ROLLBACK``: docs/exporter-config.md, "Safety: how the probes read".
 """
 
 from __future__ import annotations
@@ -27,8 +24,6 @@ from psycopg.rows import TupleRow
 from ..config import DatabaseConfig
 from .base import ProbeUnavailableError
 from .dialects import Dialect, Params, Session
-
-__all__ = ["PgSession", "PostgreSQL"]
 
 _KEEPALIVE_COUNT: Final = 3
 

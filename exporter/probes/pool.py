@@ -23,8 +23,6 @@ from ..config import DatabaseConfig
 from .base import Backoff, ProbeUnavailableError, note_phase
 from .dialects import Session, abandoning, dialect_for
 
-__all__ = ["Pool"]
-
 _T = TypeVar("_T")
 
 

@@ -2,10 +2,8 @@
 and per SKU ``stock_cache_drift_sku_units``).
 
 For every promo SKU: the cached stock (one ``MGET``) against the database's (one indexed
-query). A SKU drifts once they have differed by more than ``redis.tolerance`` for
-``redis.grace`` with the cached value unchanged (a cache being refreshed is not stale); a
-cached value that is not a number drifts (``+Inf`` units); a missing key or product row
-restarts the clock. See docs/exporter-config.md (``probes.cache_drift``).
+query), drifting once they differ beyond ``redis.tolerance`` for ``redis.grace``: see
+docs/exporter-config.md (``probes.cache_drift``).
 
 Example::
 
@@ -19,7 +17,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Final
 
 import redis.asyncio as aioredis
@@ -38,8 +36,6 @@ from .dialects import Session
 from .families import pinned_labels, worst_sku_samples
 from .pool import Pool
 
-__all__ = ["CACHE_LABEL", "CacheDriftProbe", "RedisSource"]
-
 #: The ``cache`` label value of ``stock_cache_drift_skus``.
 CACHE_LABEL: Final = "redis"
 
@@ -54,7 +50,8 @@ class RedisSource:
         self._client: aioredis.Redis | None = None
         self._backoff = Backoff()
 
-    def _get_client(self) -> aioredis.Redis:
+    async def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
+        """``MGET keys``: the raw values, ``None`` where a key is missing."""
         if self._client is None:
             self._client = aioredis.Redis.from_url(
                 self.config.url.reveal(),
@@ -62,14 +59,8 @@ class RedisSource:
                 socket_connect_timeout=self.timeout,
                 retry=Retry(NoBackoff(), 0),
             )
-        return self._client
-
-    async def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
-        """``MGET keys``: the raw values, ``None`` where a key is missing."""
-        if not keys:
-            return []
         with self._backoff.attempt("redis", (RedisConnectionError, RedisTimeoutError, OSError)):
-            values = await self._get_client().mget(list(keys))
+            values = await self._client.mget(list(keys))
         # Without decode_responses the values are bytes; str only if someone turned it on.
         return [v.encode() if isinstance(v, str) else v for v in values]
 
@@ -78,27 +69,6 @@ class RedisSource:
         client, self._client = self._client, None
         if client is not None:
             await client.aclose()
-
-
-def _cached_number(raw: bytes | None) -> float | None:
-    """The cached stock as a number; NaN when the value is not a number."""
-    if raw is None:
-        return None
-    try:
-        value = float(raw.decode("utf-8").strip())
-    except (UnicodeDecodeError, ValueError):
-        return math.nan
-    return value
-
-
-def _changed(previous: float | None, value: float) -> bool:
-    """Whether the cached value differs from the previous run's (NaN equals NaN here: a
-    value that stays unreadable is not a refresh)."""
-    if previous is None:
-        return True
-    if math.isnan(previous) or math.isnan(value):
-        return not (math.isnan(previous) and math.isnan(value))
-    return previous != value
 
 
 class CacheDriftProbe(DbProbe):
@@ -114,12 +84,10 @@ class CacheDriftProbe(DbProbe):
         source: RedisSource,
         *,
         guard: LabelGuard,
-        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         settings = config.probes.cache_drift
         super().__init__("cache_drift", settings, pool)
-        if config.redis is None:
-            raise ValueError("the cache_drift probe needs a redis section")
+        assert config.redis is not None  # noqa: S101 - the runner builds it only with one
         self.source = source
         self.skus = config.sku_guard.promo_skus
         self.top = settings.top_skus
@@ -129,7 +97,6 @@ class CacheDriftProbe(DbProbe):
         self.tolerance = config.redis.tolerance
         self.grace = config.redis.grace
         self._keys = [config.redis.key(sku) for sku in self.skus]
-        self._clock = clock
         # When each SKU was first seen drifting in the current uninterrupted stretch, and
         # the cached value of the previous run (a changed value restarts the stretch).
         self._since: dict[str, float] = {}
@@ -147,22 +114,28 @@ class CacheDriftProbe(DbProbe):
         # one indexed query.
         cached = await self.source.get_many(self._keys)
         stock = await self.pool.read(self.database_stock, statement_timeout=self.statement_timeout)
-        now = self._clock()
+        now = time.monotonic()
         drifting = 0
         units: list[tuple[str, float]] = []
         for sku, raw in zip(self.skus, cached, strict=True):
-            value = _cached_number(raw)
             in_db = stock.get(sku)
             previous = self._previous.pop(sku, None)
-            if value is None or in_db is None:
+            if raw is None or in_db is None:
                 self._since.pop(sku, None)
                 continue
+            try:
+                value = float(raw.decode("utf-8").strip())
+            except (UnicodeDecodeError, ValueError):
+                value = math.nan  # not a number: it drifts
             self._previous[sku] = value
             differs = math.isnan(value) or abs(value - in_db) > self.tolerance
             if not differs:
                 self._since.pop(sku, None)
                 continue
-            if _changed(previous, value):
+            # A changed cached value restarts the stretch (NaN equals NaN here: a value that
+            # stays unreadable is not a refresh).
+            both_nan = previous is not None and math.isnan(previous) and math.isnan(value)
+            if previous != value and not both_nan:
                 self._since[sku] = now
             since = self._since.setdefault(sku, now)
             if now - since >= self.grace:
@@ -179,7 +152,5 @@ class CacheDriftProbe(DbProbe):
 
     async def database_stock(self, session: Session) -> dict[str, float]:
         """The promo SKUs' stock in the database (one indexed read)."""
-        if not self.skus:
-            return {}
         rows = await session.rows(self._sql, list(self.skus))
         return {str(sku): float(stock) for sku, stock in rows if stock is not None}

@@ -46,8 +46,6 @@ if TYPE_CHECKING:
     # redis package otherwise (it comes with the [redis] extra).
     from .redis import RedisSource
 
-__all__ = ["ProbeRunner"]
-
 
 class ProbeRunner:
     """Runs the probes of ``config`` in the background and exports their last results;

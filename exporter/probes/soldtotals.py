@@ -2,12 +2,9 @@
 
 No SQL here: :func:`incremental_run` takes its statements from
 :class:`~stocksentry.exporter.invariants.InvariantSql` and their rows from the probe's
-``fetch``. A product's paid units are split at a **boundary** of the orders' creation time:
-**settled** (before it, kept here) and **recent** (read again every run, so a late payment
-or a refund shows at once). Each run moves the boundary to the probe's horizon and settles
-what it passed; a **rolling recount** corrects the settled totals a chunk per run; new
-products are counted from their history a few a run. The design: docs/exporter-config.md,
-"How ``oversold`` counts".
+``fetch``. Paid units are split at a **boundary** of the orders' creation time: **settled**
+(kept here) and **recent** (read again every run); a **rolling recount** corrects the
+settled totals a chunk per run: docs/exporter-config.md, "How ``oversold`` counts".
 
 Example::
 
@@ -30,20 +27,6 @@ from .dialects import number
 
 if TYPE_CHECKING:
     from ..invariants import InvariantSql, Query
-
-__all__ = [
-    "MIN_CHUNK",
-    "PENDING_LOG_INTERVAL",
-    "Fetch",
-    "OversoldSku",
-    "RunLog",
-    "SoldTotals",
-    "incremental_run",
-]
-
-#: Runs one statement of :class:`~stocksentry.exporter.invariants.InvariantSql` in the
-#: run's read-only transaction and returns its rows.
-Fetch = Callable[["Query"], Awaitable[Sequence[tuple[Any, ...]]]]
 
 ProductId = Hashable
 
@@ -138,13 +121,9 @@ class SoldTotals:
         nearest to (or beyond) their allocation first."""
         missing = [pid for pid in self._recent if pid not in self._settled]
         if len(missing) > limit:
-            missing.sort(key=self._pressure, reverse=True)
+            missing.sort(key=lambda pid: self._recent[pid][2] - self._recent[pid][1], reverse=True)
             missing = missing[:limit]
         return missing
-
-    def _pressure(self, product_id: ProductId) -> float:
-        _sku, allocation, units = self._recent[product_id]
-        return units - allocation
 
     @property
     def pending(self) -> int:
@@ -156,10 +135,7 @@ class SoldTotals:
         ``(product_id, sold_units)`` (products without paid items have no row: 0)."""
         sold = {product_id: number(units) for product_id, units in rows}
         for product_id in product_ids:
-            known = self._recent.get(product_id)
-            if known is None:
-                continue
-            sku, allocation, _units = known
+            sku, allocation, _units = self._recent[product_id]
             entry = _Settled(sku, allocation, sold.get(product_id, 0.0), self._run)
             self._settled[product_id] = entry
             self._mark(product_id, entry)
@@ -252,7 +228,7 @@ class SoldTotals:
 
 async def incremental_run(
     totals: SoldTotals,
-    fetch: Fetch,
+    fetch: Callable[[Query], Awaitable[Sequence[tuple[Any, ...]]]],
     builder: InvariantSql,
     *,
     horizon: datetime,
