@@ -42,19 +42,6 @@ if TYPE_CHECKING:
 
     from ..config import SchemaConfig
 
-__all__ = [
-    "FINDING_KINDS",
-    "NotAudited",
-    "ReconcileError",
-    "Report",
-    "add_reconcile_parser",
-    "exit_status",
-    "format_table",
-    "parse_since",
-    "read_only",
-    "reconcile",
-    "run_reconcile",
-]
 
 COMMAND = "reconcile"
 #: The invariants checked, in the order they are reported.

@@ -73,8 +73,6 @@ from .ordering import OrderedEvents
 from .selling import SkuState, as_int, truthy
 from .times import format_time
 
-__all__ = ["analyse"]
-
 #: The lock events that tell of a lease running out (the SQL detector's only with its
 #: "lock expired" reason), and how many of them are kept per request.
 _LOCK_EVENTS = frozenset({LOCK_EXPIRED_EVENT, LOCK_NOT_OWNED_EVENT, UNSAFE_RMW_EVENT})

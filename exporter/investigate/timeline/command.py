@@ -35,7 +35,6 @@ from .limits import DEFAULT_LIMIT, DEFAULT_REORDER_WINDOW, MAX_LINE, MAX_LINE_SC
 if TYPE_CHECKING:
     from .model import Event
 
-__all__ = ["InputError", "add_timeline_parser", "run_timeline"]
 
 COMMAND = "timeline"
 # The collector's thresholds while timeline runs (see run_timeline).

@@ -14,21 +14,6 @@ from typing import Any, NamedTuple
 from .limits import FINDING_PARTICIPANTS
 from .model import Finding, FindingKind, TimeFormat
 
-__all__ = [
-    "KEY_ROLES",
-    "Check",
-    "Duplicate",
-    "Incident",
-    "LockExpiry",
-    "NegativeStock",
-    "Overwrite",
-    "SameFrom",
-    "SoldBeyond",
-    "StaleRead",
-    "UnsafeWrite",
-    "Write",
-]
-
 
 class Write(NamedTuple):
     """A successful stock write (or a paid order), as little as the detectors need.

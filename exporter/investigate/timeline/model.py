@@ -27,16 +27,6 @@ from ...commandline import ExitCode
 from .limits import MAX_KEYS
 from .times import format_time
 
-__all__ = [
-    "CAUSES",
-    "Event",
-    "Finding",
-    "FindingKind",
-    "Report",
-    "SkuSummary",
-    "TimeFormat",
-]
-
 #: The cause a finding names (its ``kind`` in the JSON output, and its ``cause``).
 FindingKind = Literal[
     "lost_update",

@@ -20,8 +20,6 @@ from .model import AVAILABLE, FROM, ID_KEYS, QTY, STOCK, TO, Event
 from .selling import INT
 from .times import NUMBER, Stamp, parse_time_text, parse_time_value
 
-__all__ = ["ALIASES", "ReadStats", "decode_object", "parse_line", "read_events"]
-
 #: Other spellings of the keys the detectors read, as other loggers and apps write them.
 ALIASES: Final = {
     "requestId": "request_id",

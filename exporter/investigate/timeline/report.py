@@ -25,8 +25,6 @@ from .model import (
 )
 from .times import format_time
 
-__all__ = ["format_table"]
-
 _FIRST_DETAILS = (FROM, TO, AVAILABLE, SUCCESS, REASON, RESULT, QTY, STOCK)
 _MAX_DETAILS = 120
 _NO_FINDINGS = (

@@ -29,8 +29,6 @@ from datetime import UTC, datetime
 from datetime import time as clock_time
 from typing import Final
 
-__all__ = ["Stamp", "format_time", "parse_time_text", "parse_time_value"]
-
 #: Seconds, and whether they are since the epoch (True) or since midnight (False).
 Stamp = tuple[float, bool]
 
