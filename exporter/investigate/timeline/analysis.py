@@ -505,7 +505,7 @@ class _Analyser:
                 negative = negatives.get(key)
                 overwrote = incident.confirmed or key in computed
                 if negative is not None and not (overwrote and key in relative):
-                    negative.absorb(incident)
+                    negative.absorbed.append(incident)
                     incident = negative
                 else:
                     locks = self._lock_lines(incident)

@@ -76,7 +76,13 @@ def _open_input(path: str, closers: list[Callable[[], object]]) -> tuple[str, Te
             raise InputError(f"cannot read {shorten(path, 200)}: {exc.problem}") from None
         closers.append(raw.close)
     try:
-        magic = _peek(raw)
+        # The first two bytes, left unread (a pipe cannot seek back: peeked at instead).
+        if raw.seekable():
+            magic = raw.read(2)
+            raw.seek(0)
+        else:
+            peek = getattr(raw, "peek", None)
+            magic = bytes(peek(2))[:2] if callable(peek) else b""
     except OSError as exc:
         raise InputError(f"cannot read {shorten(path, 200)}: {_describe(exc)}") from None
     binary = raw
@@ -86,16 +92,6 @@ def _open_input(path: str, closers: list[Callable[[], object]]) -> tuple[str, Te
     # stdin is detached, so that the wrapper never closes the process's stdin.
     closers.insert(0, text.detach if path == "-" else text.close)
     return label, text
-
-
-def _peek(raw: IO[bytes]) -> bytes:
-    """The first two bytes, left unread (a pipe cannot seek back: peeked at instead)."""
-    if raw.seekable():
-        magic = raw.read(2)
-        raw.seek(0)
-        return magic
-    peek = getattr(raw, "peek", None)
-    return bytes(peek(2))[:2] if callable(peek) else b""
 
 
 def read_lines(

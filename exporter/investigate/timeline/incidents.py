@@ -359,7 +359,7 @@ class NegativeStock(Incident):
     one value between the same two restocks, which alone look like a lost update, are
     then relative decrements (``stock = stock - 1``): none was lost, each took its unit,
     and together they drove the stock below zero. Those lost updates are folded in
-    (:meth:`absorb`), so the report names the oversell instead.
+    (:attr:`absorbed`), so the report names the oversell instead.
     """
 
     kind: FindingKind = "oversell_negative_stock"
@@ -374,10 +374,6 @@ class NegativeStock(Incident):
     def add(self, name: str | None, value: int, ts: float, line: str, order: str | None) -> None:
         self.lowest = min(self.lowest, value)
         self.keep(self.below, (name, value, ts, line, order))
-
-    def absorb(self, incident: SameFrom | Overwrite) -> None:
-        """Fold in a lost update of the same SKU and restock: its writes were decrements."""
-        self.absorbed.append(incident)
 
     def participants(self) -> list[Write]:
         return [write for incident in self.absorbed for write in incident.participants()]
