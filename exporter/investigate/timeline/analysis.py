@@ -1,10 +1,7 @@
 """The detectors and the cause each finding names (see docs/timeline.md, "The detectors").
 
 Events come in timestamp order (:class:`~.ordering.OrderedEvents`) and each detector keeps
-only compact per-SKU state: ``lost_update`` (two writes from one old value, or a write over
-a change its request never read), ``duplicate_execution`` (a key reserving or paying twice),
-``stale_read``, ``oversell_negative_stock`` (which takes in the lost updates between the
-same restocks) and ``lock_expiry`` (a lost update whose writer's lock ran out).
+only compact per-SKU state (:class:`~.selling.SkuState`).
 """
 
 from __future__ import annotations

@@ -254,10 +254,7 @@ def summarise(findings: list[Finding], fmt: TimeFormat) -> list[SkuSummary]:
     """
     rows: dict[str | None, tuple[dict[FindingKind, int], list[int], list[float]]] = {}
     for finding in findings:
-        row = rows.get(finding.sku)
-        if row is None:
-            row = rows[finding.sku] = ({}, [0], [])
-        causes, units, stamps = row
+        causes, units, stamps = rows.setdefault(finding.sku, ({}, [0], []))
         causes[finding.kind] = causes.get(finding.kind, 0) + 1
         units[0] += finding.units
         if finding.span is not None:

@@ -59,13 +59,9 @@ def _details(event: Event, context: Literal["sku", "order"]) -> str:
         for key, value in fields.items()
         if key not in _FIRST_DETAILS and key != "product_id"
     ]
-    if context == "sku":
-        extra = (("order", event.order_id), ("key", event.idempotency_key))
-    else:
-        extra = (("sku", event.sku), ("key", event.idempotency_key))
+    other = ("order", event.order_id) if context == "sku" else ("sku", event.sku)
+    extra = (other, ("key", event.idempotency_key), ("payment", event.payment_reference))
     parts += [f"{label}={value}" for label, value in extra if value is not None]
-    if event.payment_reference is not None:
-        parts.append(f"payment={event.payment_reference}")
     text = " ".join(parts)
     return text if len(text) <= _MAX_DETAILS else text[: _MAX_DETAILS - 1] + "…"
 
