@@ -269,7 +269,7 @@ class _Analyser:
         if event.payment_reference is not None:
             self._count("r", event.payment_reference, sku, write)
 
-        same_from = False
+        group: SameFrom | None = None
         if frm is not None:
             top = state.top
             if top is None or frm > top:
@@ -282,21 +282,17 @@ class _Analyser:
                     del froms[next(iter(froms))]
             elif isinstance(seen, SameFrom):
                 seen.add(write)
-                froms[frm] = seen
-                same_from = True
+                froms[frm] = group = seen
             elif seen.same_record(write):
                 froms[frm] = seen
                 return
             else:
-                incident = SameFrom(sku, frm, seen, write)
-                incident.epoch = state.epoch
-                self.incidents.append(incident)
-                froms[frm] = incident
-                same_from = True
-            if same_from and to is not None:
-                group = froms[frm]
-                if isinstance(group, SameFrom):
-                    state.lost[to] = group
+                group = SameFrom(sku, frm, seen, write)
+                group.epoch = state.epoch
+                self.incidents.append(group)
+                froms[frm] = group
+            if group is not None and to is not None:
+                state.lost[to] = group
             if to is not None:
                 if to > frm:
                     # A restock: values below it may legitimately be written from again,
@@ -315,7 +311,7 @@ class _Analyser:
         if last is not None and frm is not None and to is not None and last.to is not None:
             chained_before = last.frm is not None and to == last.frm and frm != last.to
             if (
-                not same_from
+                group is None
                 and check is not None
                 and last.name != request
                 and last.ts >= check.ts
