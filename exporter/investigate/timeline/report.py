@@ -6,6 +6,7 @@ The JSON form is :meth:`~.model.Report.to_dict`.
 from __future__ import annotations
 
 import json
+from collections import Counter
 from typing import Literal
 
 from .limits import MAX_GROUPS
@@ -147,9 +148,7 @@ def format_table(report: Report) -> str:
     if report.findings:
         out.extend(_summary(report))
         out.append("")
-        counts: dict[FindingKind, int] = {}
-        for finding in report.findings:
-            counts[finding.kind] = counts.get(finding.kind, 0) + 1
+        counts = Counter(finding.kind for finding in report.findings)
         summary = ", ".join(_counted(n, cause) for cause, n in counts.items())
         writes = sum(len(f.requests) for f in report.findings if f.kind == "lost_update")
         out.append(f"FINDINGS: {summary}")
