@@ -1,22 +1,9 @@
 """``stocksentry reconcile``: the audit SQL of an oversell investigation, as one command.
 
-Checks, read-only, on PostgreSQL, MySQL / MariaDB or SQLite, the invariants a
-double-sell breaks, with the statements the sidecar's probes aggregate
-(:mod:`stocksentry.exporter.invariants`), so the audit and the dashboard agree:
-``negative_stock``, ``oversold`` (paid units against the sale's allocation column),
-``duplicate_keys`` (several orders for one key) and ``paid_without_items``.
-
-Each audit runs in a savepoint of its own within ``--statement-timeout``. One that cannot
-run or finish (no allocation column, a table or column not in the database, out of time)
-is named NOT AUDITED with what to do, and the others still run; the report then never
-says "every invariant holds". Exit status: 0 clear, 1 a violation, 3 incomplete (nothing
-found, an audit did not run), 2 bad input or no audit could run, 130 interrupted.
-Needs the ``[reconcile]`` extra (a plain ``mysql://`` URL is read with PyMySQL).
-
-Example::
-
-    stocksentry reconcile --database postgresql://postgres@127.0.0.1/shop \\
-        --allocation initial_stock --sku EGG-01 --since 2h
+Checks, read-only, the invariants a double-sell breaks with the statements the sidecar's
+probes aggregate (:mod:`stocksentry.exporter.invariants`), each audit in a savepoint of
+its own; one that cannot run or finish is named NOT AUDITED and the others still run.
+The options and exit statuses are in README.md ("Investigating an incident").
 """
 
 from __future__ import annotations
@@ -42,19 +29,6 @@ if TYPE_CHECKING:
 
     from ..config import SchemaConfig
 
-__all__ = [
-    "FINDING_KINDS",
-    "NotAudited",
-    "ReconcileError",
-    "Report",
-    "add_reconcile_parser",
-    "exit_status",
-    "format_table",
-    "parse_since",
-    "read_only",
-    "reconcile",
-    "run_reconcile",
-]
 
 COMMAND = "reconcile"
 #: The invariants checked, in the order they are reported.
@@ -192,7 +166,23 @@ def read_only(engine: Engine, statement_timeout: float) -> Iterator[Connection]:
 
     with engine.connect() as conn:
         if engine.dialect.name in _MYSQL:
-            _mysql_read_only(conn, statement_timeout)
+            # Whole seconds, at least 1, for the lock waits (a consistent read takes no
+            # row lock, but a table another session holds with LOCK TABLES ... WRITE or a
+            # DDL blocks it).
+            seconds = max(1, math.ceil(statement_timeout))
+            if getattr(conn.dialect, "is_mariadb", False):
+                # MariaDB: seconds, fractions allowed; every statement kind.
+                conn.execute(text(f"SET SESSION max_statement_time = {statement_timeout:.3f}"))
+            else:
+                # MySQL 8: milliseconds, read-only SELECTs only (which is all the audit runs).
+                millis = max(1, math.ceil(statement_timeout * 1000))
+                conn.execute(text(f"SET SESSION max_execution_time = {millis}"))
+            conn.execute(text(f"SET SESSION innodb_lock_wait_timeout = {seconds}"))
+            conn.execute(text(f"SET SESSION lock_wait_timeout = {seconds}"))
+            # SET statements open no transaction: the SQLAlchemy one began before them is
+            # rolled back, and READ ONLY applies to the next, the audit's own.
+            conn.rollback()
+            conn.execute(text("SET TRANSACTION READ ONLY"))
         elif engine.dialect.name == "postgresql":
             # Whole milliseconds, at least 1: 0 would mean no limit at all.
             millis = max(1, math.ceil(statement_timeout * 1000))
@@ -207,28 +197,6 @@ def read_only(engine: Engine, statement_timeout: float) -> Iterator[Connection]:
 
 
 _MYSQL = ("mysql", "mariadb")
-
-
-def _mysql_read_only(conn: Connection, statement_timeout: float) -> None:
-    """Make the transaction about to begin read-only, and bound each statement's time."""
-    from sqlalchemy import text
-
-    # Whole seconds, at least 1, for the lock waits (a consistent read takes no row lock,
-    # but a table another session holds with LOCK TABLES ... WRITE or a DDL blocks it).
-    seconds = max(1, math.ceil(statement_timeout))
-    if getattr(conn.dialect, "is_mariadb", False):
-        # MariaDB: seconds, fractions allowed; every statement kind.
-        conn.execute(text(f"SET SESSION max_statement_time = {statement_timeout:.3f}"))
-    else:
-        # MySQL 8: milliseconds, read-only SELECTs only (which is all the audit runs).
-        millis = max(1, math.ceil(statement_timeout * 1000))
-        conn.execute(text(f"SET SESSION max_execution_time = {millis}"))
-    conn.execute(text(f"SET SESSION innodb_lock_wait_timeout = {seconds}"))
-    conn.execute(text(f"SET SESSION lock_wait_timeout = {seconds}"))
-    # SET statements open no transaction: the SQLAlchemy one began before them is rolled
-    # back, and READ ONLY applies to the next, the audit's own.
-    conn.rollback()
-    conn.execute(text("SET TRANSACTION READ ONLY"))
 
 
 #: What to do when an audit runs out of time, by audit.
@@ -375,6 +343,10 @@ def reconcile(
         # No audit could read anything: the wrong database or mapping, not a partial audit.
         raise ReconcileError(f"database {shown}: {missing[0].reason}")
     notes = ("oversold counts every paid order, not only those since --since",)
+    mapped = {
+        "external_ref": schema.orders.external_ref,
+        "idempotency_key": schema.orders.idempotency_key,
+    }
     return Report(
         database=shown,
         since=since.isoformat() if since else None,
@@ -386,21 +358,15 @@ def reconcile(
         keys=tuple(
             f"{kind} ({schema.orders.table}.{column})" for kind, column in sql.key_columns()
         ),
-        keys_not_compared=_keys_not_compared(schema),
+        keys_not_compared=tuple(
+            f"{kind}: not mapped (schema.orders.{kind} in --config)"
+            for kind, column in mapped.items()
+            if column is None
+        ),
         negative_stock=negative,
         oversold=oversold,
         duplicate_keys=duplicates,
         paid_without_items=without_items,
-    )
-
-
-def _keys_not_compared(schema: SchemaConfig) -> tuple[str, ...]:
-    o = schema.orders
-    mapped = {"external_ref": o.external_ref, "idempotency_key": o.idempotency_key}
-    return tuple(
-        f"{kind}: not mapped (schema.orders.{kind} in --config)"
-        for kind, column in mapped.items()
-        if column is None
     )
 
 

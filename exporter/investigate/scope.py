@@ -20,7 +20,6 @@ from ..inputs import shorten
 if TYPE_CHECKING:
     from sqlalchemy.engine import Connection
 
-__all__ = ["ReconcileError", "parse_since", "session_moment", "shown_sku"]
 
 _HAS_UNIT = re.compile(r"[0-9]+[a-z]")
 #: The characters of a SKU echoed in a report line (longer ones are cut with "…").

@@ -126,6 +126,29 @@ def test_negative_lines_without_a_request_still_name_the_oversell() -> None:
     assert report.findings[0].lines == ["a.log:3", "a.log:1", "a.log:2"]
 
 
+def test_a_check_that_read_below_zero_is_the_oversells_evidence() -> None:
+    lines = ["[10:00:00.100] request_id=R1 sku=EGG-09 stock_check available=-1"]
+    report = analyse(read_events(lines, "a.log"))
+
+    assert [(f.kind, f.units, f.lines) for f in report.findings] == [
+        ("oversell_negative_stock", 1, ["a.log:1"])
+    ]
+
+
+def test_a_write_without_from_starts_from_its_requests_check() -> None:
+    lines = [
+        "[10:00:00.100] request_id=R1 sku=A stock_check available=1",
+        "[10:00:00.101] request_id=R2 sku=A stock_check available=1",
+        "[10:00:00.120] request_id=R1 sku=A stock_update to=0 success=true",
+        "[10:00:00.121] request_id=R2 sku=A stock_update to=0 success=true",
+    ]
+    report = analyse(read_events(lines, "a.log"))
+
+    assert [f.headline for f in report.findings] == [
+        "LOST UPDATE sku=A: R1 and R2 both wrote from=1 to=0 at 10:00:00.120/.121"
+    ]
+
+
 def test_a_restock_between_a_lost_update_and_a_negative_stock_keeps_them_apart() -> None:
     lines = [
         "[10:00:00.100] request_id=R1 sku=EGG-10 stock_update from=2 to=1 success=true",

@@ -1,10 +1,7 @@
 """The detectors and the cause each finding names (see docs/timeline.md, "The detectors").
 
 Events come in timestamp order (:class:`~.ordering.OrderedEvents`) and each detector keeps
-only compact per-SKU state: ``lost_update`` (two writes from one old value, or a write over
-a change its request never read), ``duplicate_execution`` (a key reserving or paying twice),
-``stale_read``, ``oversell_negative_stock`` (which takes in the lost updates between the
-same restocks) and ``lock_expiry`` (a lost update whose writer's lock ran out).
+only compact per-SKU state (:class:`~.selling.SkuState`).
 """
 
 from __future__ import annotations
@@ -72,8 +69,6 @@ from .model import (
 from .ordering import OrderedEvents
 from .selling import SkuState, as_int, truthy
 from .times import format_time
-
-__all__ = ["analyse"]
 
 #: The lock events that tell of a lease running out (the SQL detector's only with its
 #: "lock expired" reason), and how many of them are kept per request.
@@ -274,7 +269,7 @@ class _Analyser:
         if event.payment_reference is not None:
             self._count("r", event.payment_reference, sku, write)
 
-        same_from = False
+        group: SameFrom | None = None
         if frm is not None:
             top = state.top
             if top is None or frm > top:
@@ -287,21 +282,17 @@ class _Analyser:
                     del froms[next(iter(froms))]
             elif isinstance(seen, SameFrom):
                 seen.add(write)
-                froms[frm] = seen
-                same_from = True
+                froms[frm] = group = seen
             elif seen.same_record(write):
                 froms[frm] = seen
                 return
             else:
-                incident = SameFrom(sku, frm, seen, write)
-                incident.epoch = state.epoch
-                self.incidents.append(incident)
-                froms[frm] = incident
-                same_from = True
-            if same_from and to is not None:
-                group = froms[frm]
-                if isinstance(group, SameFrom):
-                    state.lost[to] = group
+                group = SameFrom(sku, frm, seen, write)
+                group.epoch = state.epoch
+                self.incidents.append(group)
+                froms[frm] = group
+            if group is not None and to is not None:
+                state.lost[to] = group
             if to is not None:
                 if to > frm:
                     # A restock: values below it may legitimately be written from again,
@@ -320,7 +311,7 @@ class _Analyser:
         if last is not None and frm is not None and to is not None and last.to is not None:
             chained_before = last.frm is not None and to == last.frm and frm != last.to
             if (
-                not same_from
+                group is None
                 and check is not None
                 and last.name != request
                 and last.ts >= check.ts
@@ -507,7 +498,7 @@ class _Analyser:
                 negative = negatives.get(key)
                 overwrote = incident.confirmed or key in computed
                 if negative is not None and not (overwrote and key in relative):
-                    negative.absorb(incident)
+                    negative.absorbed.append(incident)
                     incident = negative
                 else:
                     locks = self._lock_lines(incident)

@@ -17,7 +17,6 @@ import os
 import sys
 import zlib
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Final, TextIO, cast
 
 from ...commandline import (
@@ -35,7 +34,6 @@ from .limits import DEFAULT_LIMIT, DEFAULT_REORDER_WINDOW, MAX_LINE, MAX_LINE_SC
 if TYPE_CHECKING:
     from .model import Event
 
-__all__ = ["InputError", "add_timeline_parser", "run_timeline"]
 
 COMMAND = "timeline"
 # The collector's thresholds while timeline runs (see run_timeline).
@@ -77,7 +75,13 @@ def _open_input(path: str, closers: list[Callable[[], object]]) -> tuple[str, Te
             raise InputError(f"cannot read {shorten(path, 200)}: {exc.problem}") from None
         closers.append(raw.close)
     try:
-        magic = _peek(raw)
+        # The first two bytes, left unread (a pipe cannot seek back: peeked at instead).
+        if raw.seekable():
+            magic = raw.read(2)
+            raw.seek(0)
+        else:
+            peek = getattr(raw, "peek", None)
+            magic = bytes(peek(2))[:2] if callable(peek) else b""
     except OSError as exc:
         raise InputError(f"cannot read {shorten(path, 200)}: {_describe(exc)}") from None
     binary = raw
@@ -87,16 +91,6 @@ def _open_input(path: str, closers: list[Callable[[], object]]) -> tuple[str, Te
     # stdin is detached, so that the wrapper never closes the process's stdin.
     closers.insert(0, text.detach if path == "-" else text.close)
     return label, text
-
-
-def _peek(raw: IO[bytes]) -> bytes:
-    """The first two bytes, left unread (a pipe cannot seek back: peeked at instead)."""
-    if raw.seekable():
-        magic = raw.read(2)
-        raw.seek(0)
-        return magic
-    peek = getattr(raw, "peek", None)
-    return bytes(peek(2))[:2] if callable(peek) else b""
 
 
 def read_lines(
@@ -146,18 +140,9 @@ def read_lines(
         raise InputError(f"cannot read {label}: {_describe(exc)}") from None
 
 
-@dataclass(frozen=True, slots=True)
-class _Options:
-    paths: list[str]
-    skus: list[str] | None
-    order: str | None
-    request: str | None
-    form: str
-    limit: int
-    window: float
-
-
-def _options(args: argparse.Namespace) -> _Options:
+def _options(args: argparse.Namespace) -> tuple[list[str], list[str] | None, str, int, float]:
+    """The inputs, SKUs, format, limit and reorder window of ``args``, checked: a
+    namespace built by hand need not come from the parser."""
     paths = getattr(args, "logfile", None)
     if isinstance(paths, str):
         paths = [paths]
@@ -175,15 +160,7 @@ def _options(args: argparse.Namespace) -> _Options:
     window = getattr(args, "reorder_window", DEFAULT_REORDER_WINDOW)
     if not isinstance(window, (int, float)) or not 0 <= window < math.inf:
         raise InputError(f"--reorder-window must be a number of seconds >= 0, got {window!r}")
-    return _Options(
-        list(paths),
-        list(skus) if skus else None,
-        getattr(args, "order", None),
-        getattr(args, "request", None),
-        form,
-        limit,
-        float(window),
-    )
+    return list(paths), list(skus) if skus else None, form, limit, float(window)
 
 
 def run_timeline(args: argparse.Namespace) -> int:
@@ -201,10 +178,6 @@ def run_timeline(args: argparse.Namespace) -> int:
     from .report import format_table
 
     err = sys.stderr
-    try:
-        options = _options(args)
-    except InputError as exc:
-        return report_error(COMMAND, str(exc), err)
     closers: list[Callable[[], object]] = []
     stats = ReadStats()
     # Millions of short-lived events and hundreds of thousands of remembered keys, none in
@@ -212,18 +185,18 @@ def run_timeline(args: argparse.Namespace) -> int:
     thresholds = gc.get_threshold()
     gc.set_threshold(_GC_YOUNG, *_GC_OLDER)
     try:
+        paths, skus, form, limit, window = _options(args)
         streams: list[Iterator[Event]] = []
-        for index, path in enumerate(options.paths):
+        for index, path in enumerate(paths):
             label, stream = _open_input(path, closers)
             lines = read_lines(label, stream)
             streams.append(read_events(lines, label, file_index=index, stats=stats))
-        ordered = OrderedEvents(streams, options.window)
         report = analyse(
-            ordered,
-            limit=options.limit,
-            skus=options.skus,
-            order=options.order,
-            request=options.request,
+            OrderedEvents(streams, window),
+            limit=limit,
+            skus=skus,
+            order=getattr(args, "order", None),
+            request=getattr(args, "request", None),
             reorder_window=None,
         )
     except InputError as exc:
@@ -240,7 +213,7 @@ def run_timeline(args: argparse.Namespace) -> int:
     report.lines = stats.lines
     report.skipped_lines = stats.skipped
     report.skipped_examples = stats.skipped_examples
-    if options.form == "json":
+    if form == "json":
         text = json.dumps(report.to_dict(), indent=2, default=str)
     else:
         text = format_table(report)

@@ -14,21 +14,6 @@ from typing import Any, NamedTuple
 from .limits import FINDING_PARTICIPANTS
 from .model import Finding, FindingKind, TimeFormat
 
-__all__ = [
-    "KEY_ROLES",
-    "Check",
-    "Duplicate",
-    "Incident",
-    "LockExpiry",
-    "NegativeStock",
-    "Overwrite",
-    "SameFrom",
-    "SoldBeyond",
-    "StaleRead",
-    "UnsafeWrite",
-    "Write",
-]
-
 
 class Write(NamedTuple):
     """A successful stock write (or a paid order), as little as the detectors need.
@@ -367,15 +352,9 @@ Below = tuple[str | None, int, float, str, str | None]
 
 
 class NegativeStock(Incident):
-    """Oversell into negative stock: the stock of a SKU went below zero.
-
-    The evidence is what the log says of the stock itself: an ``inventory_negative`` line,
-    a write with a ``to`` below zero, a check that read a value below zero. Writes from
-    one value between the same two restocks, which alone look like a lost update, are
-    then relative decrements (``stock = stock - 1``): none was lost, each took its unit,
-    and together they drove the stock below zero. Those lost updates are folded in
-    (:meth:`absorb`), so the report names the oversell instead.
-    """
+    """Oversell into negative stock: an ``inventory_negative`` line, or a write or a check
+    below zero. The lost updates between the same two restocks were relative decrements
+    and are folded in (:attr:`absorbed`); see docs/timeline.md."""
 
     kind: FindingKind = "oversell_negative_stock"
 
@@ -389,10 +368,6 @@ class NegativeStock(Incident):
     def add(self, name: str | None, value: int, ts: float, line: str, order: str | None) -> None:
         self.lowest = min(self.lowest, value)
         self.keep(self.below, (name, value, ts, line, order))
-
-    def absorb(self, incident: SameFrom | Overwrite) -> None:
-        """Fold in a lost update of the same SKU and restock: its writes were decrements."""
-        self.absorbed.append(incident)
 
     def participants(self) -> list[Write]:
         return [write for incident in self.absorbed for write in incident.participants()]
@@ -432,13 +407,9 @@ class NegativeStock(Incident):
 
 
 class SoldBeyond(NegativeStock):
-    """Oversell: the successful writes of a SKU sold more units than the stock read allows.
-
-    ``top`` is the highest stock the log read since the last restock, ``sold`` the units
-    its writes took; the writes from the one past ``top`` on are the evidence. An app that
-    decrements (``stock = stock - 1``) and logs the value it read minus one never logs the
-    stock below zero: this is how its oversell shows.
-    """
+    """Oversell: the writes of a SKU sold more units (``sold``) than the highest stock read
+    since its last restock (``top``); the writes past it are the evidence (see
+    :mod:`.selling`)."""
 
     def __init__(self, sku: str, epoch: int, top: int, write: Write) -> None:
         super().__init__(sku, epoch)
@@ -512,13 +483,8 @@ LockLine = tuple[float, str, str]
 
 
 class LockExpiry(Incident):
-    """Lock expiry: a lost update whose writers' lock ran out under them.
-
-    The lost update (:class:`SameFrom` or :class:`Overwrite`) is the effect; the cause is
-    the lock's lease: ``lock_expired_while_held``, ``lock_release_not_owned``, or the SQL
-    detector's read-modify-write "lock expired before the write", logged by one of the
-    writers, let a second writer in.
-    """
+    """Lock expiry: a lost update (:class:`SameFrom` or :class:`Overwrite`, the effect) one
+    of whose writers logged its lock running out (the cause; see docs/timeline.md)."""
 
     kind: FindingKind = "lock_expiry"
 

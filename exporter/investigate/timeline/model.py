@@ -27,16 +27,6 @@ from ...commandline import ExitCode
 from .limits import MAX_KEYS
 from .times import format_time
 
-__all__ = [
-    "CAUSES",
-    "Event",
-    "Finding",
-    "FindingKind",
-    "Report",
-    "SkuSummary",
-    "TimeFormat",
-]
-
 #: The cause a finding names (its ``kind`` in the JSON output, and its ``cause``).
 FindingKind = Literal[
     "lost_update",
@@ -264,10 +254,7 @@ def summarise(findings: list[Finding], fmt: TimeFormat) -> list[SkuSummary]:
     """
     rows: dict[str | None, tuple[dict[FindingKind, int], list[int], list[float]]] = {}
     for finding in findings:
-        row = rows.get(finding.sku)
-        if row is None:
-            row = rows[finding.sku] = ({}, [0], [])
-        causes, units, stamps = row
+        causes, units, stamps = rows.setdefault(finding.sku, ({}, [0], []))
         causes[finding.kind] = causes.get(finding.kind, 0) + 1
         units[0] += finding.units
         if finding.span is not None:

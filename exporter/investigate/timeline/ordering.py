@@ -11,8 +11,6 @@ from itertools import chain
 from .limits import DEFAULT_REORDER_WINDOW, REORDER_BUFFER
 from .model import Event
 
-__all__ = ["OrderedEvents"]
-
 
 def _order_key(event: Event) -> tuple[float, int, int]:
     return (event.ts, event.file_index, event.lineno)

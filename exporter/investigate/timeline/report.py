@@ -6,6 +6,7 @@ The JSON form is :meth:`~.model.Report.to_dict`.
 from __future__ import annotations
 
 import json
+from collections import Counter
 from typing import Literal
 
 from .limits import MAX_GROUPS
@@ -24,8 +25,6 @@ from .model import (
     Report,
 )
 from .times import format_time
-
-__all__ = ["format_table"]
 
 _FIRST_DETAILS = (FROM, TO, AVAILABLE, SUCCESS, REASON, RESULT, QTY, STOCK)
 _MAX_DETAILS = 120
@@ -61,13 +60,9 @@ def _details(event: Event, context: Literal["sku", "order"]) -> str:
         for key, value in fields.items()
         if key not in _FIRST_DETAILS and key != "product_id"
     ]
-    if context == "sku":
-        extra = (("order", event.order_id), ("key", event.idempotency_key))
-    else:
-        extra = (("sku", event.sku), ("key", event.idempotency_key))
+    other = ("order", event.order_id) if context == "sku" else ("sku", event.sku)
+    extra = (other, ("key", event.idempotency_key), ("payment", event.payment_reference))
     parts += [f"{label}={value}" for label, value in extra if value is not None]
-    if event.payment_reference is not None:
-        parts.append(f"payment={event.payment_reference}")
     text = " ".join(parts)
     return text if len(text) <= _MAX_DETAILS else text[: _MAX_DETAILS - 1] + "…"
 
@@ -153,9 +148,7 @@ def format_table(report: Report) -> str:
     if report.findings:
         out.extend(_summary(report))
         out.append("")
-        counts: dict[FindingKind, int] = {}
-        for finding in report.findings:
-            counts[finding.kind] = counts.get(finding.kind, 0) + 1
+        counts = Counter(finding.kind for finding in report.findings)
         summary = ", ".join(_counted(n, cause) for cause, n in counts.items())
         writes = sum(len(f.requests) for f in report.findings if f.kind == "lost_update")
         out.append(f"FINDINGS: {summary}")

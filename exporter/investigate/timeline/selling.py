@@ -13,8 +13,6 @@ import re
 
 from .incidents import NegativeStock, Overwrite, SameFrom, SoldBeyond, StaleRead, Write
 
-__all__ = ["INT", "SkuState", "as_int", "truthy"]
-
 #: A whole number in text that fits 64 bits: read as an ``int``.
 INT = re.compile(r"-?\d{1,18}\Z")
 

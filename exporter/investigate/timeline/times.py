@@ -29,8 +29,6 @@ from datetime import UTC, datetime
 from datetime import time as clock_time
 from typing import Final
 
-__all__ = ["Stamp", "format_time", "parse_time_text", "parse_time_value"]
-
 #: Seconds, and whether they are since the epoch (True) or since midnight (False).
 Stamp = tuple[float, bool]
 
@@ -66,7 +64,11 @@ def parse_time_text(text: str) -> Stamp | None:
 
 
 def parse_time_value(value: object) -> Stamp | None:
-    """A JSON time value: text as :func:`parse_time_text`, or epoch s / ms / us / ns."""
+    """A JSON time value: text as :func:`parse_time_text`, or epoch s / ms / us / ns.
+
+    A number that is no time (negative, NaN, 10**400, or such a number as text) gives an
+    infinite stamp, which the parser refuses: the line is skipped instead of taking the
+    time of the line before it."""
     if isinstance(value, str):
         text = value.strip()
         parsed = parse_time_text(text)
@@ -78,10 +80,10 @@ def parse_time_value(value: object) -> Stamp | None:
     try:
         seconds = float(value)
     except OverflowError:
-        # An integer beyond any float (10**400): no time.
-        return None
+        # An integer beyond any float (10**400).
+        return math.inf, True
     if not math.isfinite(seconds) or seconds < 0:
-        return None
+        return math.inf, True
     if seconds > 1e17:
         seconds /= 1e9
     elif seconds > 1e14:
