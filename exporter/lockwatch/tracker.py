@@ -168,11 +168,9 @@ class LeaseTracker:
         self._expired_at[key] = now
 
     def _observe(self, lease: Lease, held: float) -> None:
-        if lease.deadline is None:
+        if lease.deadline is None or lease.deadline <= lease.acquired_at:
             return
         granted = lease.deadline - lease.acquired_at
-        if granted <= 0:
-            return
         # The watcher sees an expiry a little after the deadline; 1.0 is what happened.
         self.hold_ratio.setdefault(lease.lock, _Histogram()).observe(held / granted)
 

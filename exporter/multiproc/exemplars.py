@@ -1,11 +1,9 @@
-"""Reading the workers' exemplar files (``exemplars_<pid>.mmap``) safely, and writing one.
+"""Reading the workers' exemplar files (``exemplars_<pid>.mmap``, the layout of
+:mod:`stocksentry.instrumentation.mpexemplars`) safely, and writing one.
 
-The layout is :mod:`stocksentry.instrumentation.mpexemplars`'s, which writes it.
-:func:`read_exemplars` raises :class:`~.files.SkipFile` like the metrics reader. A slot
-whose CRC fails is read again up to five times, then left out of this scrape only: a
-worker paused in the middle of its rewrite leaves the same torn bytes for as long as it is
-paused, so a stable bad checksum is no proof of corruption, and one bad slot must not cost
-the file's other exemplars.
+A slot whose CRC fails is read again up to five times, then left out of this scrape only:
+a worker paused in the middle of its rewrite leaves the same torn bytes for as long as it
+is paused, so a stable bad checksum is no proof of corruption.
 """
 
 from __future__ import annotations
