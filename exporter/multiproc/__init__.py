@@ -26,7 +26,7 @@ from .compaction import (
     scrape_lock,
     staged,
 )
-from .exemplars import exemplar_pid, read_exemplars
+from .exemplars import exemplar_pid, merge_newest, read_exemplars
 from .files import (
     SKIP_REASONS,
     Entries,
@@ -188,7 +188,7 @@ class MultiprocessDirCollector:
         except FileNotFoundError:
             pass
         except SkipFile as skip:
-            self._skip(name, skip.reason, skip.detail)
+            self._skip(name, skip.reason, str(skip))
 
     def _merge_files(self, merge: Merge, *, exemplars: bool) -> None:
         alive = functools.cache(pid_alive)
@@ -223,7 +223,7 @@ class MultiprocessDirCollector:
                 # An exemplar file (the listing keeps only those and *.db).
                 if exemplars:
                     with self._reading(name):
-                        merge.add_exemplars(read_exemplars(self._path(name)))
+                        merge_newest(merge.exemplars, read_exemplars(self._path(name)))
                 continue
             if name in folded:
                 continue

@@ -16,7 +16,7 @@ from typing import Final, TypeVar
 
 from stocksentry.instrumentation.mpexemplars import FILE_PREFIX, FILE_SUFFIX
 
-from .exemplars import ExemplarEntries, exemplar_pid, keep_newest, read_exemplars, write_exemplars
+from .exemplars import ExemplarEntries, exemplar_pid, merge_newest, read_exemplars, write_exemplars
 from .files import (
     Entries,
     Key,
@@ -216,8 +216,7 @@ class _Compactor:
             entries = self.read(name, read_exemplars)
             if entries is None:
                 continue
-            for raw, item in entries.items():
-                keep_newest(merged, raw, item)
+            merge_newest(merged, entries)
             if name != final:
                 folded.append(name)
         self.publish(final, folded, lambda path: write_exemplars(path, merged))

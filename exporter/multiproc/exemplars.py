@@ -40,11 +40,12 @@ def exemplar_pid(name: str) -> str | None:
     return None
 
 
-def keep_newest(target: ExemplarEntries, raw: bytes, item: tuple[float, Exemplar]) -> None:
-    """Put ``item`` in ``target`` unless ``target`` holds a newer one for ``raw``."""
-    held = target.get(raw)
-    if held is None or item[0] > held[0]:
-        target[raw] = item
+def merge_newest(target: ExemplarEntries, entries: ExemplarEntries) -> None:
+    """Merge ``entries`` into ``target``: per sample key, the newest timestamp wins."""
+    for raw, item in entries.items():
+        held = target.get(raw)
+        if held is None or item[0] > held[0]:
+            target[raw] = item
 
 
 def parse_slot(data: bytes, pos: int, slot_size: int) -> tuple[bytes, float, Exemplar] | None:
@@ -106,7 +107,9 @@ def read_exemplars(path: str) -> ExemplarEntries:
             if got is None:
                 continue  # still being rewritten: the next scrape will have it
             key, ts, exemplar = got
-            keep_newest(out, key, (ts, exemplar))
+            held = out.get(key)
+            if held is None or ts > held[0]:
+                out[key] = (ts, exemplar)
         return out
 
 

@@ -61,7 +61,6 @@ class SkipFile(Exception):
     def __init__(self, reason: SkipReason, detail: str) -> None:
         super().__init__(detail)
         self.reason: SkipReason = reason
-        self.detail = detail
 
 
 @contextlib.contextmanager
