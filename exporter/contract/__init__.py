@@ -19,8 +19,6 @@ from typing import BinaryIO, Final
 
 from ..commandline import CommandError, ExitCode, Subcommands, duration_in, int_in
 
-__all__ = ["add_check_metrics_parser"]
-
 DEFAULT_MAX_BYTES: Final = 16 * 1024 * 1024
 _CHUNK: Final = 64 * 1024
 _ACCEPT: Final = "text/plain;version=0.0.4;q=0.9,application/openmetrics-text;q=0.5,*/*;q=0.1"

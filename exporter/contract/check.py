@@ -1,9 +1,5 @@
-"""The conformance check: an app's exposition against the metric contract.
-
-Per contract metric: **missing** (a required one, or one named with ``--require``, is not
-exposed), **misnamed** (a close name, a missing ``_total``, an unknown ``stock_`` metric,
-a label too many or too few), **mistyped** (another type, other buckets), **unbounded**
-(a label value outside the allowed list or the SKU guard's charset, or too many values).
+"""The conformance check: an app's exposition against the metric contract (the kinds of
+problem: docs/other-languages.md).
 
 Example::
 

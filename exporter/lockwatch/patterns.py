@@ -1,9 +1,7 @@
 """What the watcher watches: lock key patterns, and the keyspace notifications it needs.
 
-A pattern is literal text with ``*`` (any text) and at most one ``{sku}`` (the SKU, which
-goes through the SKU guard); it gives the subscription glob and the ``lock`` label. A
-pattern without ``{sku}`` is its own label, so the label's values are bounded whatever
-keys the app writes.
+A pattern is literal text with ``*`` (any text) and at most one ``{sku}`` (through the SKU
+guard); it gives the subscription glob and the ``lock`` label (docs/lockwatch.md).
 
 Example::
 

@@ -1,12 +1,7 @@
 """The lease tracker: each watched lock key's life from its keyspace notifications.
 
-Pure state, no I/O: :meth:`LeaseTracker.apply` takes one notification at a time. A
-lease acquired within ``reacquire_window`` of an expiry of its key is *re-acquired*: the
-expired holder works on and will ``DEL``, and so will each holder whose lock it deletes
-(the naive lock's cascade). A ``del`` of a re-acquired lease before
-``foreign_release_ratio`` of its TTL is a suspected release not owned — so every early
-link of the cascade counts, not only the first after the expiry (a heuristic whose false
-positives and misses docs/lockwatch.md gives).
+Pure state, no I/O: :meth:`LeaseTracker.apply` takes one notification at a time. The
+suspected release-not-owned rule, its false positives and misses: docs/lockwatch.md.
 
 Example::
 
@@ -173,11 +168,9 @@ class LeaseTracker:
         self._expired_at[key] = now
 
     def _observe(self, lease: Lease, held: float) -> None:
-        if lease.deadline is None:
+        if lease.deadline is None or lease.deadline <= lease.acquired_at:
             return
         granted = lease.deadline - lease.acquired_at
-        if granted <= 0:
-            return
         # The watcher sees an expiry a little after the deadline; 1.0 is what happened.
         self.hold_ratio.setdefault(lease.lock, _Histogram()).observe(held / granted)
 

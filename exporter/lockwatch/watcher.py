@@ -1,12 +1,7 @@
 """The lock watcher: a keyspace-notification subscription feeding a :class:`LeaseTracker`.
 
-One asyncio task in the sidecar's loop checks (or, when allowed, sets)
-``notify-keyspace-events``, ``PSUBSCRIBE``s to ``__keyspace@<db>__:<glob>`` per pattern and
-applies each notification to the tracker, with one pipelined ``PTTL`` per batch for the
-deadlines ``expire`` set. Notifications sent while it is not subscribed are lost
-(docs/lockwatch.md, "Disconnects"). A subscription silent for ``health_check_interval``
-sends ``PING`` and must hear back within ``connect_timeout``: a partition gives no error,
-only no answer, and would otherwise look like a quiet shop.
+One asyncio task in the sidecar's loop, with one pipelined ``PTTL`` per batch for the
+deadlines ``expire`` set; flags, disconnects and the health check: docs/lockwatch.md.
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
-"""Read prometheus_client's multiprocess directory, one file at a time, without failing.
-
-Unlike prometheus_client's ``MultiProcessCollector``, which one corrupt file fails whole,
-:class:`MultiprocessDirCollector` skips a bad file (counted by reason) and merges the rest
-with prometheus_client's semantics. It also drops ``live*`` gauges of dead pids, reads the
-workers' exemplar files and can compact dead workers' files (:mod:`.compaction`); see
-docs/exporter-server.md ("The multiprocess directory").
-"""
+"""Read prometheus_client's multiprocess directory, one file at a time, without failing:
+a bad file is skipped and counted, the rest merged as prometheus_client merges them
+(docs/exporter-server.md, "The multiprocess directory")."""
 
 from __future__ import annotations
 
@@ -31,7 +26,7 @@ from .compaction import (
     scrape_lock,
     staged,
 )
-from .exemplars import exemplar_pid, read_exemplars
+from .exemplars import exemplar_pid, merge_newest, read_exemplars
 from .files import (
     SKIP_REASONS,
     Entries,
@@ -127,26 +122,6 @@ class MultiprocessDirCollector:
                 detail,
             )
 
-    def _list(self) -> list[str]:
-        try:
-            with os.scandir(self.path) as it:
-                # Directory order, as glob gives prometheus_client: floating-point sums
-                # then come out bit for bit the same as MultiProcessCollector's.
-                names = [
-                    entry.name
-                    for entry in it
-                    if entry.name.endswith(".db") or exemplar_pid(entry.name) is not None
-                ]
-        except FileNotFoundError:
-            if not self._missing_logged:
-                self._missing_logged = True
-                _log.warning(
-                    "multiprocess directory %s does not exist (yet); no app metrics", self.path
-                )
-            return []
-        self._missing_logged = False
-        return names
-
     def compact(self, *, max_pids: int = MAX_PIDS) -> Compaction:
         """Compact the files of at most ``max_pids`` dead pids now; what was done.
 
@@ -196,7 +171,13 @@ class MultiprocessDirCollector:
         with scrape_lock(str(self.path)):
             self._merge_files(merge, exemplars=exemplars)
         yield from merge.families()
-        yield from self._own_metrics(merge.files)
+        spec = catalog.MULTIPROCESS_FILES_SKIPPED
+        skipped = CounterMetricFamily(spec.base_name, spec.help, labels=["reason"])
+        for reason, count in self.skipped.items():
+            skipped.add_metric([reason], float(count))
+        yield skipped
+        spec = catalog.MULTIPROCESS_FILES
+        yield GaugeMetricFamily(spec.name, spec.help, value=float(merge.files))
 
     @contextlib.contextmanager
     def _reading(self, name: str) -> Iterator[None]:
@@ -207,11 +188,27 @@ class MultiprocessDirCollector:
         except FileNotFoundError:
             pass
         except SkipFile as skip:
-            self._skip(name, skip.reason, skip.detail)
+            self._skip(name, skip.reason, str(skip))
 
     def _merge_files(self, merge: Merge, *, exemplars: bool) -> None:
         alive = functools.cache(pid_alive)
-        names = self._list()
+        try:
+            with os.scandir(self.path) as it:
+                # Directory order, as glob gives prometheus_client: floating-point sums
+                # then come out bit for bit the same as MultiProcessCollector's.
+                names = [
+                    entry.name
+                    for entry in it
+                    if entry.name.endswith(".db") or exemplar_pid(entry.name) is not None
+                ]
+        except FileNotFoundError:
+            if not self._missing_logged:
+                self._missing_logged = True
+                _log.warning(
+                    "multiprocess directory %s does not exist (yet); no app metrics", self.path
+                )
+            return
+        self._missing_logged = False
         # Compacted files first: each names the files folded into it (left by a
         # compaction that was stopped before deleting them), which are then not merged.
         compacted: dict[str, Entries] = {}
@@ -226,7 +223,7 @@ class MultiprocessDirCollector:
                 # An exemplar file (the listing keeps only those and *.db).
                 if exemplars:
                     with self._reading(name):
-                        merge.add_exemplars(read_exemplars(self._path(name)))
+                        merge_newest(merge.exemplars, read_exemplars(self._path(name)))
                 continue
             if name in folded:
                 continue
@@ -249,12 +246,3 @@ class MultiprocessDirCollector:
 
     def _path(self, name: str) -> str:
         return os.path.join(self.path, name)
-
-    def _own_metrics(self, files: int) -> Iterator[Metric]:
-        spec = catalog.MULTIPROCESS_FILES_SKIPPED
-        skipped = CounterMetricFamily(spec.base_name, spec.help, labels=["reason"])
-        for reason, count in self.skipped.items():
-            skipped.add_metric([reason], float(count))
-        yield skipped
-        spec = catalog.MULTIPROCESS_FILES
-        yield GaugeMetricFamily(spec.name, spec.help, value=float(files))

@@ -1,14 +1,6 @@
-"""Compacting the files of dead workers into one file per type, safely against scrapes.
-
-:func:`compact` folds the files of dead pids into ``<type>[_<mode>]_compacted.db`` and
-``exemplars_compacted.mmap``, which the reader merges like any other file, so that a
-server recycling its workers does not grow the directory and every scrape without bound.
-Each file is renamed to a name no worker opens before it is read (and given back when its
-pid turns out reused), a compaction holds an exclusive ``flock`` on :data:`LOCK_NAME`
-(scrapes a shared one), and each compacted file names the files folded into it, so a
-compaction killed at any point never counts a sample twice nor loses one.
-docs/exporter-server.md ("Dead workers' files") gives each kind of file and the reasons.
-"""
+"""Compacting the files of dead workers into one file per type, safely against scrapes,
+pid reuse and a compaction killed at any point (docs/exporter-server.md, "Dead workers'
+files")."""
 
 from __future__ import annotations
 
@@ -24,7 +16,7 @@ from typing import Final, TypeVar
 
 from stocksentry.instrumentation.mpexemplars import FILE_PREFIX, FILE_SUFFIX
 
-from .exemplars import ExemplarEntries, exemplar_pid, keep_newest, read_exemplars, write_exemplars
+from .exemplars import ExemplarEntries, exemplar_pid, merge_newest, read_exemplars, write_exemplars
 from .files import (
     Entries,
     Key,
@@ -124,24 +116,6 @@ class Compaction:
     ran: bool = True
 
 
-def _pid_of(name: str) -> str | None:
-    """The pid part of a metrics or exemplar file's name."""
-    if name.endswith(".db"):
-        parsed = parse_name(name)
-        return parsed.pid if parsed is not None else None
-    return exemplar_pid(name)
-
-
-def _staged_name(name: str, token: str) -> str:
-    stem, dot, suffix = name.rpartition(".")
-    return f"{stem}{_STAGED}{token}{dot}{suffix}"
-
-
-def _original_name(name: str) -> str:
-    stem, _, rest = name.partition(_STAGED)
-    return stem + rest[rest.index(".") :]
-
-
 class _Compactor:
     def __init__(self, directory: str, check_key: Callable[[bytes], Key], max_pids: int) -> None:
         self.directory = directory
@@ -159,7 +133,8 @@ class _Compactor:
 
     def set_aside(self, name: str, skip: SkipFile) -> None:
         """An unreadable file of a dead pid: renamed ``<its name>.corrupt``, counted once."""
-        original = _original_name(name) if _STAGED in name else name
+        stem, staged_mark, rest = name.partition(_STAGED)
+        original = stem + rest[rest.index(".") :] if staged_mark else name
         with contextlib.suppress(FileNotFoundError):
             os.replace(self.path(name), self.path(original + ".corrupt"))
         skipped = self.result.skipped
@@ -183,10 +158,11 @@ class _Compactor:
 
     def stage(self, dead: list[tuple[str, str]]) -> list[str]:
         """Rename the dead pids' files (name, pid) to names of their own; put back those
-        of reused pids (see the module docstring). The staged names, in the order given."""
+        of reused pids (docs: "Pid reuse"). The staged names, in the order given."""
         out: list[str] = []
         for name, pid in dead:
-            target = _staged_name(name, self.token)
+            stem, dot, suffix = name.rpartition(".")
+            target = f"{stem}{_STAGED}{self.token}{dot}{suffix}"
             try:
                 os.rename(self.path(name), self.path(target))
             except FileNotFoundError:
@@ -240,8 +216,7 @@ class _Compactor:
             entries = self.read(name, read_exemplars)
             if entries is None:
                 continue
-            for raw, item in entries.items():
-                keep_newest(merged, raw, item)
+            merge_newest(merged, entries)
             if name != final:
                 folded.append(name)
         self.publish(final, folded, lambda path: write_exemplars(path, merged))
@@ -283,7 +258,11 @@ class _Compactor:
         dead: list[tuple[str, str]] = []
         dead_pids = 0
         for name in names:
-            pid = _pid_of(name)
+            if name.endswith(".db"):
+                parsed = parse_name(name)
+                pid = parsed.pid if parsed is not None else None
+            else:
+                pid = exemplar_pid(name)
             if pid is None:
                 continue
             if staged(pid):

@@ -1,11 +1,9 @@
-"""Reading the workers' exemplar files (``exemplars_<pid>.mmap``) safely, and writing one.
+"""Reading the workers' exemplar files (``exemplars_<pid>.mmap``, the layout of
+:mod:`stocksentry.instrumentation.mpexemplars`) safely, and writing one.
 
-The layout is :mod:`stocksentry.instrumentation.mpexemplars`'s, which writes it.
-:func:`read_exemplars` raises :class:`~.files.SkipFile` like the metrics reader. A slot
-whose CRC fails is read again up to five times, then left out of this scrape only: a
-worker paused in the middle of its rewrite leaves the same torn bytes for as long as it is
-paused, so a stable bad checksum is no proof of corruption, and one bad slot must not cost
-the file's other exemplars.
+A slot whose CRC fails is read again up to five times, then left out of this scrape only:
+a worker paused in the middle of its rewrite leaves the same torn bytes for as long as it
+is paused, so a stable bad checksum is no proof of corruption.
 """
 
 from __future__ import annotations
@@ -42,11 +40,12 @@ def exemplar_pid(name: str) -> str | None:
     return None
 
 
-def keep_newest(target: ExemplarEntries, raw: bytes, item: tuple[float, Exemplar]) -> None:
-    """Put ``item`` in ``target`` unless ``target`` holds a newer one for ``raw``."""
-    held = target.get(raw)
-    if held is None or item[0] > held[0]:
-        target[raw] = item
+def merge_newest(target: ExemplarEntries, entries: ExemplarEntries) -> None:
+    """Merge ``entries`` into ``target``: per sample key, the newest timestamp wins."""
+    for raw, item in entries.items():
+        held = target.get(raw)
+        if held is None or item[0] > held[0]:
+            target[raw] = item
 
 
 def parse_slot(data: bytes, pos: int, slot_size: int) -> tuple[bytes, float, Exemplar] | None:
@@ -108,7 +107,9 @@ def read_exemplars(path: str) -> ExemplarEntries:
             if got is None:
                 continue  # still being rewritten: the next scrape will have it
             key, ts, exemplar = got
-            keep_newest(out, key, (ts, exemplar))
+            held = out.get(key)
+            if held is None or ts > held[0]:
+                out[key] = (ts, exemplar)
         return out
 
 

@@ -1,10 +1,5 @@
 """The multiprocess files: their names, their binary layout, and reading one safely.
 
-:func:`read_entries` reads one file completely or raises :class:`SkipFile` with the
-reason (:func:`write_entries` writes one); :func:`parse_key` validates one key;
-:func:`parse_name` splits ``<type>[_<mode>]_<pid>.db``; :func:`fold` merges one file's
-entries by gauge mode.
-
 Example::
 
     >>> parse_name("gauge_livesum_12.db")
@@ -26,11 +21,8 @@ from typing import BinaryIO, Final, Literal
 from prometheus_client.metrics_core import Metric
 
 SkipReason = Literal["bad_name", "corrupt", "truncated", "unreadable"]
-#: Why a file was skipped: ``bad_name`` (``*.db`` not named ``<type>[_<mode>]_<pid>.db``),
-#: ``truncated`` (shorter than its own header says), ``corrupt`` (the content does not
-#: parse: bad lengths, invalid UTF-8 or JSON, a key of the wrong shape),
-#: ``unreadable`` (an ``OSError`` other than "not found", e.g. permissions, or not a
-#: regular file: a FIFO, a device, a directory named ``*.db``).
+#: Why a file was skipped (docs/exporter-server.md, "Skipped files"); ``unreadable`` also
+#: covers what is not a regular file (a FIFO, a device, a directory named ``*.db``).
 SKIP_REASONS: Final[tuple[SkipReason, ...]] = ("bad_name", "corrupt", "truncated", "unreadable")
 
 #: The gauge multiprocess modes prometheus_client writes, one file per mode and pid.
@@ -69,7 +61,6 @@ class SkipFile(Exception):
     def __init__(self, reason: SkipReason, detail: str) -> None:
         super().__init__(detail)
         self.reason: SkipReason = reason
-        self.detail = detail
 
 
 @contextlib.contextmanager
@@ -253,17 +244,13 @@ def pid_alive(pid: str) -> bool:
     """True unless ``pid`` is a number and no such process exists here."""
     try:
         number = int(pid)
-    except ValueError:
-        return True
-    if number <= 0:
         # os.kill(0 or negative) addresses process groups, not one process.
-        return True
-    try:
-        os.kill(number, 0)
+        if number > 0:
+            os.kill(number, 0)
     except ProcessLookupError:
         return False
-    except OSError:
-        return True  # PermissionError: it exists, under another user
+    except (ValueError, OSError):
+        pass  # not a number; PermissionError: it exists, under another user
     return True
 
 

@@ -9,7 +9,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.samples import Exemplar, Sample
 from prometheus_client.utils import floatToGoString
 
-from .exemplars import ExemplarEntries, keep_newest
+from .exemplars import ExemplarEntries
 from .files import SUMMED_TYPES, Entries, FileName, Key, Values, fold
 
 # floatToGoString is untyped in prometheus_client; this gives it a type once.
@@ -30,11 +30,6 @@ class Merge:
         # key bytes -> (timestamp, exemplar): the latest across workers.
         self.exemplars: ExemplarEntries = {}
         self.files = 0
-
-    def add_exemplars(self, entries: ExemplarEntries) -> None:
-        """Merge one worker's exemplars: per sample key, the newest timestamp wins."""
-        for raw, item in entries.items():
-            keep_newest(self.exemplars, raw, item)
 
     def add(self, name: FileName, entries: Entries) -> None:
         """Merge one file's entries; a key that does not parse skips the whole file."""

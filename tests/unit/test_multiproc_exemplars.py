@@ -104,6 +104,7 @@ def test_an_empty_exemplar_file_is_a_starting_worker(tmp_path: Path) -> None:
 
 
 def test_latest_exemplar_wins_across_workers(tmp_path: Path) -> None:
+    from stocksentry.exporter.multiproc.exemplars import merge_newest
     from stocksentry.exporter.multiproc.merge import Merge
 
     path = write(tmp_path, trace="a" * 32)
@@ -111,8 +112,8 @@ def test_latest_exemplar_wins_across_workers(tmp_path: Path) -> None:
     path = write(tmp_path, trace="b" * 32)
     newer = read_exemplars(str(path))
     merge = Merge(lambda raw: None)  # type: ignore[arg-type, return-value]
-    merge.add_exemplars(newer)
-    merge.add_exemplars(older)
+    merge_newest(merge.exemplars, newer)
+    merge_newest(merge.exemplars, older)
     ((_, exemplar),) = merge.exemplars.values()
     assert exemplar.labels["trace_id"] == "b" * 32
 
