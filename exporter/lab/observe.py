@@ -255,43 +255,37 @@ class Observers:
 
     def _await_cache_drift(self, ran: list[StrategyResult]) -> str:
         """Give the stale cache's drift the time its alert takes (when it can last past the
-        probe's grace); else, or when none fired, why (:func:`stale_cache_note`)."""
+        probe's grace); else, or when none fired, why no alert of the sidecar named it."""
         stale = [r for r in ran if r.strategy == "stale_cache"]
         if not stale or self.prometheus_port is None:
             return ""
         result = stale[0]
-        if self.cache_watched and self.cache_refresh_s <= DRIFT_GRACE_S:
-            return stale_cache_note(True, self.cache_refresh_s, self.cache_note, result)
-        expr = f'ALERTS{{alertname="{CACHE_DRIFT_ALERT}",alertstate="firing",sku="{result.sku}"}}'
-        deadline = result.started_at + STALE_CACHE_WAIT_S
-        while self.cache_watched and time.time() < deadline:
-            if _prometheus(self.prometheus_port, "query", {"query": expr}):
-                time.sleep(1.5)  # a step of the range query past the first firing round
-                return ""
-            time.sleep(0.5)
-        return stale_cache_note(self.cache_watched, self.cache_refresh_s, self.cache_note, result)
-
-
-def stale_cache_note(watched: bool, refresh_s: float, why: str, result: StrategyResult) -> str:
-    """Why no alert of the sidecar named the stale cache of ``result``'s sale: its drift
-    probe did not read the cache (``why``), or the cache, refreshed every ``refresh_s``,
-    caught up within the probe's grace. The lab's own stale decisions are another signal,
-    which an app has only when it reports its cache reads."""
-    if not watched:
-        drift = f"{CACHE_DRIFT_ALERT} cannot fire: {why}"
-    elif refresh_s <= DRIFT_GRACE_S:
-        drift = (
-            f"{CACHE_DRIFT_ALERT} cannot fire: the cache caught up every {refresh_s * 1000:g} "
-            "ms, within the cache_drift probe's grace (2 s, runs 1 s apart; an app that "
-            "reloads every 5 s: --cache-refresh-ms 5000)"
+        refresh_s = self.cache_refresh_s
+        if self.cache_watched and refresh_s > DRIFT_GRACE_S:
+            expr = (
+                f'ALERTS{{alertname="{CACHE_DRIFT_ALERT}",alertstate="firing",sku="{result.sku}"}}'
+            )
+            deadline = result.started_at + STALE_CACHE_WAIT_S
+            while time.time() < deadline:
+                if _prometheus(self.prometheus_port, "query", {"query": expr}):
+                    time.sleep(1.5)  # a step of the range query past the first firing round
+                    return ""
+                time.sleep(0.5)
+        if not self.cache_watched:
+            drift = f"{CACHE_DRIFT_ALERT} cannot fire: {self.cache_note}"
+        elif refresh_s <= DRIFT_GRACE_S:
+            drift = (
+                f"{CACHE_DRIFT_ALERT} cannot fire: the cache caught up every {refresh_s * 1000:g} "
+                "ms, within the cache_drift probe's grace (2 s, runs 1 s apart; an app that "
+                "reloads every 5 s: --cache-refresh-ms 5000)"
+            )
+        else:
+            drift = f"{CACHE_DRIFT_ALERT} did not fire within {STALE_CACHE_WAIT_S:g} s of the sale"
+        return (
+            f"{drift}; the {result.stale_cache_hits} stale decisions the lab counted itself "
+            "reach StockStaleCacheDecisions only from an app that reports its cache reads "
+            '(stock_check(source="cache"))'
         )
-    else:
-        drift = f"{CACHE_DRIFT_ALERT} did not fire within {STALE_CACHE_WAIT_S:g} s of the sale"
-    return (
-        f"{drift}; the {result.stale_cache_hits} stale decisions the lab counted itself "
-        "reach StockStaleCacheDecisions only from an app that reports its cache reads "
-        '(stock_check(source="cache"))'
-    )
 
 
 @dataclass(frozen=True, slots=True)
