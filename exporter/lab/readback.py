@@ -88,8 +88,7 @@ LOCK_OUTCOMES = ("acquired", "timeout", "error")
 
 
 def sample(registry: CollectorRegistry, name: str, labels: Mapping[str, str]) -> float:
-    value = registry.get_sample_value(name, dict(labels))
-    return 0.0 if value is None else value
+    return registry.get_sample_value(name, dict(labels)) or 0.0
 
 
 def unlabelled_totals(registry: CollectorRegistry, lock: str) -> dict[str, float]:
