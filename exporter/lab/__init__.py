@@ -3,5 +3,3 @@ under each checkout strategy, through the public instrumentation API; at the end
 database's truth, counted by SQL, is compared with the metric totals. Needs the ``lab``
 extra.
 """
-
-__all__: list[str] = []

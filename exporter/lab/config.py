@@ -35,11 +35,6 @@ SAFE_STRATEGIES = frozenset({"atomic", "for_update", "redlock", "retry_idempoten
 #: Strategies that need Redis; without ``redis_url`` they are skipped, with this reason.
 REDIS_STRATEGIES = frozenset({"naive_lock", "redlock"})
 SKIPPED_WITHOUT_REDIS = "needs --redis URL (a Redis lock strategy)"
-#: Strategies that need a server's row locks and deadlock detector (PostgreSQL, InnoDB).
-POSTGRES_STRATEGIES = frozenset({"deadlock"})
-SKIPPED_WITHOUT_POSTGRES = (
-    "needs PostgreSQL or MySQL / MariaDB (row locks taken in opposite orders)"
-)
 
 
 def sku_for(strategy: str) -> str:
@@ -160,8 +155,9 @@ class LabConfig:
         """Why ``strategy`` cannot run with this configuration (``None``: it can)."""
         if strategy in REDIS_STRATEGIES and self.redis_url is None:
             return SKIPPED_WITHOUT_REDIS
-        if strategy in POSTGRES_STRATEGIES and not self.on_server:
-            return SKIPPED_WITHOUT_POSTGRES
+        if strategy == "deadlock" and not self.on_server:
+            # It needs a server's row locks and deadlock detector (PostgreSQL, InnoDB).
+            return "needs PostgreSQL or MySQL / MariaDB (row locks taken in opposite orders)"
         return None
 
     @property

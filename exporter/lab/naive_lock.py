@@ -81,20 +81,15 @@ class SetNxLock(TrackedLock):
         self._release_script = client.register_script(_RELEASE_LUA)
         self._extend_script = client.register_script(_EXTEND_LUA)
 
-    def _release_args(self) -> list[str]:
-        return [self.token, "1" if self.release_mode == "naive" else "0"]
-
-    def _verdict(self, current: object) -> tuple[bool | None, object, bool | None]:
-        owned = as_bytes(current) == self.token.encode()
-        deleted_other = self.release_mode == "naive" and not owned and current is not None
-        return owned, current, deleted_other
-
     def _attempt(self) -> object:
         return self.client.set(self.key, self.token, nx=True, px=self._ttl_ms)
 
     def _release_steps(self) -> Steps[tuple[bool | None, object, bool | None]]:
-        current = yield lambda: self._release_script(keys=[self.key], args=self._release_args())
-        return self._verdict(current)
+        naive = self.release_mode == "naive"
+        args = [self.token, "1" if naive else "0"]
+        current = yield lambda: self._release_script(keys=[self.key], args=args)
+        owned = as_bytes(current) == self.token.encode()
+        return owned, current, naive and not owned and current is not None
 
     def _extend_once(self, ttl: float) -> object:
         return self._extend_script(keys=[self.key], args=[self.token, _ms(ttl)])

@@ -38,12 +38,6 @@ EXPORTER_FIGURES = {
     "stock_outbox_pending_events": "pending",
     "stock_db_lock_waiters": "waiters",
 }
-#: The exporter's figures without a sku label, and which strategies' rows (by SQL) they
-#: count: a strategy shows the figure when it is the only one.
-SHOP_WIDE: dict[str, Callable[[StrategyResult], bool]] = {
-    "stock_inventory_negative_units": lambda r: r.final_stock < 0,
-    "stock_duplicate_order_keys": lambda r: r.db.duplicate_keys > 0,
-}
 #: The alerts without a sku or lock label, and the strategies (by SQL and the lab's own
 #: counts) that can raise them: such an alert belongs to the last of these whose sale had
 #: started when it went active.
@@ -53,6 +47,12 @@ CAUSES: dict[str, Callable[[StrategyResult], bool]] = {
     "StockUnsafeReadModifyWrite": lambda r: bool(r.unsafe_read_modify_write),
     "StockDeadlocksIncreasing": lambda r: r.deadlocks > 0,
     "StockOutboxLag": lambda r: r.outbox_unpublished > 0,
+}
+#: The exporter's figures without a sku label, and which strategies' rows (by SQL) they
+#: count, as the alerts on them: a strategy shows the figure when it is the only one.
+SHOP_WIDE = {
+    "stock_inventory_negative_units": CAUSES["StockNegativeInventory"],
+    "stock_duplicate_order_keys": CAUSES["StockDuplicateOrders"],
 }
 #: How long the lab waits for the exporter's probes to report a first success.
 PROBES_UP_WAIT_S = 5.0
@@ -95,18 +95,6 @@ def _prometheus(port: int, api: str, params: dict[str, str]) -> list[Any] | None
         return list(json.loads(_get(url)).get("data", {}).get("result", []))
     except (OSError, ValueError):
         return None
-
-
-def _wait_http(url: str, proc: subprocess.Popen[bytes], what: str) -> None:
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{what} exited with status {proc.returncode}")
-        with contextlib.suppress(OSError):
-            _get(url, timeout=1.0)
-            return
-        time.sleep(0.1)
-    raise RuntimeError(f"{what} did not answer {url} within {START_TIMEOUT_S:g} s")
 
 
 def _wait_scraped(port: int, targets: int, proc: subprocess.Popen[bytes]) -> None:
@@ -202,16 +190,6 @@ class Observers:
         params = {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": step}
         return _prometheus(self.prometheus_port, "query_range", params) or []
 
-    def alert_series(self, start: float, end: float) -> list[AlertSeries]:
-        """Every alert series pending or firing between two Unix times (``ALERTS``)."""
-        found = []
-        for series in self._query_range("ALERTS", start, end, "1"):
-            labels = dict(series.get("metric", {}))
-            times = [float(t) for t, value in series.get("values", []) if value == "1"]
-            if labels.get("alertname") and times:
-                found.append(AlertSeries(labels, min(times)))
-        return found
-
     def annotate(self, results: list[StrategyResult]) -> list[StrategyResult]:
         """Each result with the exporter's figures for its SKU and its alerts (see
         :func:`alert_owner`), timed from the strategy's first oversell, or from the start
@@ -224,7 +202,13 @@ class Observers:
             # One more evaluation round after the last probe round was scraped.
             time.sleep(1.5)
         unnamed = self._await_cache_drift(ran)
-        series = self.alert_series(ran[0].started_at, time.time())
+        # Every alert series pending or firing since the first sale.
+        series = []
+        for each in self._query_range("ALERTS", ran[0].started_at, time.time(), "1"):
+            labels = dict(each.get("metric", {}))
+            times = [float(t) for t, value in each.get("values", []) if value == "1"]
+            if labels.get("alertname") and times:
+                series.append(AlertSeries(labels, min(times)))
         owners = [alert_owner(each, ran) for each in series]
         annotated = []
         for result in results:
@@ -271,43 +255,37 @@ class Observers:
 
     def _await_cache_drift(self, ran: list[StrategyResult]) -> str:
         """Give the stale cache's drift the time its alert takes (when it can last past the
-        probe's grace); else, or when none fired, why (:func:`stale_cache_note`)."""
+        probe's grace); else, or when none fired, why no alert of the sidecar named it."""
         stale = [r for r in ran if r.strategy == "stale_cache"]
         if not stale or self.prometheus_port is None:
             return ""
         result = stale[0]
-        if self.cache_watched and self.cache_refresh_s <= DRIFT_GRACE_S:
-            return stale_cache_note(True, self.cache_refresh_s, self.cache_note, result)
-        expr = f'ALERTS{{alertname="{CACHE_DRIFT_ALERT}",alertstate="firing",sku="{result.sku}"}}'
-        deadline = result.started_at + STALE_CACHE_WAIT_S
-        while self.cache_watched and time.time() < deadline:
-            if _prometheus(self.prometheus_port, "query", {"query": expr}):
-                time.sleep(1.5)  # a step of the range query past the first firing round
-                return ""
-            time.sleep(0.5)
-        return stale_cache_note(self.cache_watched, self.cache_refresh_s, self.cache_note, result)
-
-
-def stale_cache_note(watched: bool, refresh_s: float, why: str, result: StrategyResult) -> str:
-    """Why no alert of the sidecar named the stale cache of ``result``'s sale: its drift
-    probe did not read the cache (``why``), or the cache, refreshed every ``refresh_s``,
-    caught up within the probe's grace. The lab's own stale decisions are another signal,
-    which an app has only when it reports its cache reads."""
-    if not watched:
-        drift = f"{CACHE_DRIFT_ALERT} cannot fire: {why}"
-    elif refresh_s <= DRIFT_GRACE_S:
-        drift = (
-            f"{CACHE_DRIFT_ALERT} cannot fire: the cache caught up every {refresh_s * 1000:g} "
-            "ms, within the cache_drift probe's grace (2 s, runs 1 s apart; an app that "
-            "reloads every 5 s: --cache-refresh-ms 5000)"
+        refresh_s = self.cache_refresh_s
+        if self.cache_watched and refresh_s > DRIFT_GRACE_S:
+            expr = (
+                f'ALERTS{{alertname="{CACHE_DRIFT_ALERT}",alertstate="firing",sku="{result.sku}"}}'
+            )
+            deadline = result.started_at + STALE_CACHE_WAIT_S
+            while time.time() < deadline:
+                if _prometheus(self.prometheus_port, "query", {"query": expr}):
+                    time.sleep(1.5)  # a step of the range query past the first firing round
+                    return ""
+                time.sleep(0.5)
+        if not self.cache_watched:
+            drift = f"{CACHE_DRIFT_ALERT} cannot fire: {self.cache_note}"
+        elif refresh_s <= DRIFT_GRACE_S:
+            drift = (
+                f"{CACHE_DRIFT_ALERT} cannot fire: the cache caught up every {refresh_s * 1000:g} "
+                "ms, within the cache_drift probe's grace (2 s, runs 1 s apart; an app that "
+                "reloads every 5 s: --cache-refresh-ms 5000)"
+            )
+        else:
+            drift = f"{CACHE_DRIFT_ALERT} did not fire within {STALE_CACHE_WAIT_S:g} s of the sale"
+        return (
+            f"{drift}; the {result.stale_cache_hits} stale decisions the lab counted itself "
+            "reach StockStaleCacheDecisions only from an app that reports its cache reads "
+            '(stock_check(source="cache"))'
         )
-    else:
-        drift = f"{CACHE_DRIFT_ALERT} did not fire within {STALE_CACHE_WAIT_S:g} s of the sale"
-    return (
-        f"{drift}; the {result.stale_cache_hits} stale decisions the lab counted itself "
-        "reach StockStaleCacheDecisions only from an app that reports its cache reads "
-        '(stock_check(source="cache"))'
-    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -348,7 +326,15 @@ def _spawn(watch: Observers, name: str, argv: list[str], ready_url: str, what: s
             argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
     watch.procs.append(proc)
-    _wait_http(ready_url, proc, what)
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with status {proc.returncode}")
+        with contextlib.suppress(OSError):
+            _get(ready_url, timeout=1.0)
+            return
+        time.sleep(0.1)
+    raise RuntimeError(f"{what} did not answer {ready_url} within {START_TIMEOUT_S:g} s")
 
 
 def _start_binary(

@@ -69,17 +69,6 @@ def count_in_db(engine: Engine, product_id: int) -> DbFigures:
     return DbFigures(int(orders), int(units), int(negative), stock, int(keys), int(extra))
 
 
-def count_outbox(engine: Engine, sku: str) -> tuple[int, int]:
-    """The outbox events of ``sku`` and how many of them are still unpublished, by SQL."""
-    events, unpublished = _row(
-        engine,
-        "SELECT COUNT(*), COALESCE(SUM(CASE WHEN published_at IS NULL THEN 1 ELSE 0 END), 0)"
-        " FROM outbox WHERE sku = :sku",
-        sku=sku,
-    )
-    return int(events), int(unpublished)
-
-
 def read_stock_by_id(engine: Engine, product_id: int) -> int:
     sql = "SELECT available_stock FROM products WHERE id = :pid"
     return int(_row(engine, sql, pid=product_id)[0])
@@ -99,8 +88,7 @@ LOCK_OUTCOMES = ("acquired", "timeout", "error")
 
 
 def sample(registry: CollectorRegistry, name: str, labels: Mapping[str, str]) -> float:
-    value = registry.get_sample_value(name, dict(labels))
-    return 0.0 if value is None else value
+    return registry.get_sample_value(name, dict(labels)) or 0.0
 
 
 def unlabelled_totals(registry: CollectorRegistry, lock: str) -> dict[str, float]:
@@ -217,7 +205,12 @@ def strategy_result(
         )
     unpublished = 0
     if name == "outbox":
-        events, unpublished = count_outbox(lab.side, sku)
+        # The SKU's outbox events, and how many are still unpublished.
+        sql = (
+            "SELECT COUNT(*), COALESCE(SUM(CASE WHEN published_at IS NULL THEN 1 ELSE 0 END), 0)"
+            " FROM outbox WHERE sku = :sku"
+        )
+        events, unpublished = map(int, _row(lab.side, sql, sku=sku))
         checks.append((events == db.orders, f"{events} outbox events for {db.orders} paid orders"))
     mismatches = tuple(message for ok, message in checks if not ok)
     return StrategyResult(

@@ -322,16 +322,12 @@ def prepare_product(engine: Engine, sku: str, stock: int) -> int:
             conn.execute(orders.delete().where(orders.c.id.in_(items)))
             conn.execute(order_items.delete().where(order_items.c.product_id == product_id))
             conn.execute(idempotency_keys.delete().where(idempotency_keys.c.sku == sku))
-            if _is_lab_outbox(conn):
+            # Only the lab's own outbox: ``create_all`` leaves an existing shop's outbox of
+            # another shape as it is, and that one holds no lab rows to reset.
+            columns = {column["name"] for column in sa.inspect(conn).get_columns("outbox")}
+            if {"sku", "order_id", "published_at"} <= columns:
                 conn.execute(outbox.delete().where(outbox.c.sku == sku))
     return int(product_id)
-
-
-def _is_lab_outbox(conn: Connection) -> bool:
-    """Whether ``outbox`` is the lab's own: ``create_all`` leaves an existing shop's outbox
-    of another shape as it is, and that one holds no lab rows to reset."""
-    columns = {column["name"] for column in sa.inspect(conn).get_columns("outbox")}
-    return {"sku", "order_id", "published_at"} <= columns
 
 
 def create_tables(database_url: str) -> None:
