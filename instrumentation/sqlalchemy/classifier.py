@@ -36,6 +36,7 @@ from .tokens import QUOTED, WORD, Tok, tokenize
 
 # The row-lock strengths of SELECT ... FOR.
 _LOCK_STRENGTHS = (("update",), ("no", "key", "update"), ("share",), ("key", "share"))
+_SHARE = ("lock", "in", "share", "mode")
 
 
 def _classify_select(toks: Sequence[Tok], start: int, tables: Tables) -> StatementInfo:
@@ -45,8 +46,12 @@ def _classify_select(toks: Sequence[Tok], start: int, tables: Tables) -> Stateme
     end_from = top_level(toks, frm + 1, CLAUSE_END)
     target, label = find_target(from_items(toks[frm + 1 : end_from]), tables)
     # FOR UPDATE / NO KEY UPDATE / SHARE / KEY SHARE [OF t, ...] [NOWAIT | SKIP LOCKED]
-    # (MySQL adds WAIT n), or MySQL's LOCK IN SHARE MODE.
-    share_mode = _lock_in_share_mode(toks, end_from)
+    # (MySQL adds WAIT n), or MySQL's LOCK IN SHARE MODE, looked for as the whole phrase
+    # (``lock`` alone may be a column's name).
+    share_mode = next(
+        (j for j in range(end_from, len(toks)) if toks[j][2] == 0 and phrase_at(toks, j, _SHARE)),
+        len(toks),
+    )
     lock_clause = "lock in share mode" if share_mode < len(toks) else None
     lock_of: set[str] | None = None
     for j in range(end_from if lock_clause is None else len(toks), len(toks)):
@@ -92,16 +97,6 @@ def _classify_select(toks: Sequence[Tok], start: int, tables: Tables) -> Stateme
         protects_rows=locking and covers and lock_clause != "for key share",
         reads_stock=reads,
         keys=keys if not compound else (),
-    )
-
-
-def _lock_in_share_mode(toks: Sequence[Tok], start: int) -> int:
-    """Where a top-level MySQL ``LOCK IN SHARE MODE`` starts at or after ``start`` (or
-    the end). Looked for as the whole phrase: ``lock`` alone may be a column's name."""
-    phrase = ("lock", "in", "share", "mode")
-    return next(
-        (j for j in range(start, len(toks)) if toks[j][2] == 0 and phrase_at(toks, j, phrase)),
-        len(toks),
     )
 
 

@@ -208,7 +208,11 @@ class Instrumentation:
             )
             if not plan.locking and not bookkeeping:
                 if route.begin:
-                    self._begin(context.root_connection, plan)
+                    state = self.state(context.root_connection)
+                    if state.txn is None:
+                        state.pending = plan
+                    else:
+                        state.apply_begin(plan)
                 return False
             if plan.locking and self.lock_tracer is not None:
                 span = self._lock_span(plan)
@@ -294,13 +298,6 @@ class Instrumentation:
             self.sentry.internal_error(COMPONENT, exc)
 
     # --- pieces ----------------------------------------------------------------------------
-
-    def _begin(self, conn: Connection, plan: StatementInfo) -> None:
-        state = self.state(conn)
-        if state.txn is None:
-            state.pending = plan
-        else:
-            state.apply_begin(plan)
 
     def _lock_done(self, route: Route, t0: float, span: Any, exc: BaseException | None) -> None:
         try:
@@ -509,8 +506,6 @@ class Instrumentation:
             # Asked of the server once per transaction (only a write that would be flagged
             # gets here): create_engine(isolation_level=...) has no other public accessor.
             state.isolation = conn.get_isolation_level()
-        # PostgreSQL's REPEATABLE READ aborts the write with 40001 if the row changed since
-        # the snapshot; InnoDB's does not (dialects.lossless_levels).
         return state.isolation in lossless_levels(self.dialect_name)
 
 

@@ -64,13 +64,6 @@ def _mysql_string(body: str, quote: str) -> str:
     return body.replace(quote * 2, quote)
 
 
-def _number(text: str) -> int | float:
-    try:
-        return int(text)
-    except ValueError:
-        return float(text)
-
-
 def tokenize(sql: str, paramstyle: str, mysql: bool = False) -> list[Tok]:
     """Tokens of ``sql`` without whitespace and comments; never raises on odd input.
 
@@ -166,7 +159,8 @@ def tokenize(sql: str, paramstyle: str, mysql: bool = False) -> list[Tok]:
                 out.append((OP, ":", depth))
                 pos = m.start() + 1
         elif group == "n":
-            out.append((NUMBER, _number(text), depth))
+            # Digits alone are an int; a point or an exponent makes a float.
+            out.append((NUMBER, int(text) if text.isdigit() else float(text), depth))
         elif group == "w":
             out.append((WORD, text.lower(), depth))
         elif text == "?" and qmark:
