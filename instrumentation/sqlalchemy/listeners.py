@@ -60,11 +60,12 @@ if TYPE_CHECKING:
 # db.operation.name of the locking statements' spans, from the classifier's kind.
 _OPERATIONS = {"select": "SELECT", "update": "UPDATE", "delete": "DELETE", "lock": "LOCK TABLE"}
 _DB_SYSTEMS = {"mssql": "microsoft.sql_server", "oracle": "oracle.db"}
-# The line each concurrency refusal logs; which SQLSTATE is which refusal is outcomes'.
-_REASON_EVENTS = {
-    "deadlock": events.DB_DEADLOCK,
-    "serialization_failure": events.DB_SERIALIZATION_FAILURE,
-    "lock_timeout": events.DB_LOCK_TIMEOUT,
+# The line each concurrency refusal logs and the counter it increments (a lock timeout has
+# none); which SQLSTATE is which refusal is outcomes'.
+_REFUSALS = {
+    "deadlock": (events.DB_DEADLOCK, catalog.DB_DEADLOCK),
+    "serialization_failure": (events.DB_SERIALIZATION_FAILURE, catalog.DB_SERIALIZATION_FAILURE),
+    "lock_timeout": (events.DB_LOCK_TIMEOUT, None),
 }
 _EXECUTE = ExecuteStyle.EXECUTE
 EXECUTE_EVENTS = ("do_execute", "do_execute_no_params", "do_executemany")
@@ -279,9 +280,7 @@ class Instrumentation:
             if refusal is None:
                 return
             reason, state = refusal
-            event = _REASON_EVENTS.get(reason)
-            if event is None:
-                return
+            event, metric = _REFUSALS[reason]
             table = plan.table if plan is not None else None
             if table is None and ctx.connection is not None:
                 # A failure at COMMIT (SERIALIZABLE) names no statement: use the last stock
@@ -289,10 +288,8 @@ class Instrumentation:
                 held = self.conns.get(ctx.connection)
                 table = held.last_table if held is not None else None
             table = table or "unknown"
-            if reason == "deadlock":
-                self.metrics.count(catalog.DB_DEADLOCK, table)
-            elif reason == "serialization_failure":
-                self.metrics.count(catalog.DB_SERIALIZATION_FAILURE, table)
+            if metric is not None:
+                self.metrics.count(metric, table)
             self.sentry.log_event(event, table=table, sqlstate=state)
         except Exception as exc:
             self.sentry.internal_error(COMPONENT, exc)
@@ -343,9 +340,7 @@ class Instrumentation:
             if keys and (plan.reads_stock or plan.protects_rows):
                 self._read(conn, plan, keys)
             return
-        if kind != "update" and kind != "delete":
-            return
-        # The rows it matched; -1 when not known.
+        # An UPDATE or a DELETE from here on. The rows it matched; -1 when not known.
         rowcount: int = -1 if route.no_count else getattr(cursor, "rowcount", -1)
         if rowcount == 0 and kind == "update" and self.zero_rows is not None:
             rowcount = self.zero_rows(cursor)  # MySQL: matched, not changed, rows
