@@ -190,15 +190,9 @@ class Instrumentation:
     # --- events ----------------------------------------------------------------------------
 
     def run(self, event: str, *args: Any) -> bool:
-        """The listener of the dialect's ``event`` (``do_execute``, ``do_execute_no_params``,
-        ``do_executemany``; ``args`` as SQLAlchemy passes them): run a locking statement
-        (timed around the driver call alone) or one on a stock table (its row count and
-        keys read after it ran) here, and return True (SQLAlchemy's contract for
-        "executed"); leave any other to SQLAlchemy (False).
-
-        Only a single execute (not ``executemany``, not an insertmanyvalues batch) gets
-        the per-row bookkeeping.
-        """
+        """The listener of the dialect's execute ``event``: run a locking statement (timed)
+        or a single execute on a stock table (its bookkeeping after it ran) here and return
+        True, SQLAlchemy's "executed"; leave any other to SQLAlchemy (False)."""
         context: ExecutionContext = args[-1]
         span: Any = None
         try:

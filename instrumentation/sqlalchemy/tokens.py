@@ -1,9 +1,5 @@
-"""A small SQL tokenizer: words, quoted names, literals, parameters and operators.
-
-It knows the quoting and parameter styles of PostgreSQL, SQLite and MySQL well enough to
-find clauses and bound parameters; it never raises on odd input. Standard library only.
-MySQL's own lexical rules (``#`` comments, backslash escapes in strings, double-quoted
-strings) apply when the tokenizer is told the text is MySQL's.
+"""A small SQL tokenizer (standard library only): words, quoted names, literals, parameters
+and operators, in the quoting and parameter styles of PostgreSQL, SQLite and MySQL.
 """
 
 from __future__ import annotations
