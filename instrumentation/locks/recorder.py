@@ -1,10 +1,6 @@
-"""The recorder every lock form uses: one named lock's events into a Sentry.
-
-:class:`LockRecorder` turns acquire, extend and release into the catalog's lock metrics
-and log lines (:meth:`LockRecorder.attempting` times one acquire and counts the error
-outcome, for every form); :class:`LockHold` is one acquisition; :func:`run_sync` and
-:func:`run_async` drive an operation written once for both. Nothing here imports a lock
-library.
+"""The recorder every lock form uses (:class:`LockRecorder`, :class:`LockHold`), and
+:func:`run_sync` / :func:`run_async`, which drive a lock operation written once for both.
+Nothing here imports a lock library.
 """
 
 from __future__ import annotations
@@ -14,9 +10,9 @@ import contextlib
 import hashlib
 import inspect
 import time
-from collections.abc import Awaitable, Callable, Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .. import catalog, events
 from ..events import LogEvent
@@ -38,15 +34,6 @@ class Pause(float):
 Steps = Generator[Callable[[], object] | Pause, Any, T]
 
 
-def refuse(awaitable: Awaitable[object]) -> NoReturn:
-    """Refuse an asyncio client or coroutine callable in sync code (its truthy coroutine
-    would never run): a set-up error, said plainly."""
-    close = getattr(awaitable, "close", None)
-    if close is not None:
-        close()
-    raise TypeError("this lock's client or callables are asyncio: use async with")
-
-
 async def run_async(steps: Steps[T], *, blocking: bool = False) -> T:
     """Drive ``steps`` in asyncio code: each call's result is awaited when awaitable. With
     ``blocking`` (:func:`run_sync`) it sleeps and calls as sync code does, awaiting nothing."""
@@ -58,7 +45,16 @@ async def run_async(steps: Steps[T], *, blocking: bool = False) -> T:
                 if not isinstance(step, Pause):
                     result = step()
                     if inspect.isawaitable(result):
-                        result = refuse(result) if blocking else await result
+                        if blocking:
+                            # An asyncio client or callable in sync code (its truthy
+                            # coroutine would never run): a set-up error, said plainly.
+                            close = getattr(result, "close", None)
+                            if close is not None:
+                                close()
+                            raise TypeError(
+                                "this lock's client or callables are asyncio: use async with"
+                            )
+                        result = await result
                 elif blocking:
                     time.sleep(step)  # noqa: ASYNC251 - run_sync's run, in sync code
                 else:

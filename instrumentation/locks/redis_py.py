@@ -96,17 +96,12 @@ class _RedisPyLockBase(LockWrapper[LockT]):
 
 
 class InstrumentedLock(_RedisPyLockBase["redis.lock.Lock"]):
-    """redis-py's ``redis.lock.Lock``, measured; same methods, arguments and exceptions.
+    """redis-py's ``redis.lock.Lock``, measured; same methods, arguments and exceptions
+    (counted, then re-raised; ``__exit__`` follows the lock's ``raise_on_release_error``).
 
-    ``name`` is the ``lock`` label (default: the lock's Redis key; pass a stable name when
-    the key carries an id). With ``count_retries`` (the default) a blocking ``acquire``
-    runs redis-py's own loop here (``acquire(blocking=False)`` every ``sleep`` seconds
-    until ``blocking_timeout``), so that each attempt after the first is counted; pass
-    ``count_retries=False`` to leave the loop to redis-py. ``locked()``, ``owned()`` and
-    the other attributes are the lock's.
-
-    ``release()`` re-raises ``LockNotOwnedError`` after counting it, as redis-py does;
-    ``__exit__`` then follows the lock's ``raise_on_release_error``.
+    ``name`` is the ``lock`` label (default: the lock's Redis key). With ``count_retries``
+    (the default) a blocking ``acquire`` runs redis-py's own loop here so that each retry
+    is counted. ``locked()``, ``owned()`` and the other attributes are the lock's.
 
     Example::
 

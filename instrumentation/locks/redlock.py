@@ -89,15 +89,12 @@ class _RedlockBase(LockWrapper[LockT]):
 
 
 class InstrumentedRedlock(_RedlockBase["Redlock"]):
-    """pottery's ``Redlock``, measured; same methods, arguments and exceptions.
+    """pottery's ``Redlock``, measured; same methods, arguments and exceptions (counted,
+    then re-raised). The TTL is the lock's ``auto_release_time``.
 
-    The TTL is the lock's ``auto_release_time``. ``release()`` re-raises pottery's
-    ``ReleaseUnlockedLock`` (the lease ran out) after counting it as not owned and expired;
-    ``extend()`` re-raises ``ExtendUnlockedLock`` / ``TooManyExtensions`` after counting an
-    extension failure. With ``count_retries`` a blocking acquire runs pottery's loop here
-    (non-blocking attempts with a random pause of up to ``retry_delay``, pottery's own
-    0.2 s by default) so that retries are counted. ``locked()`` and the other attributes
-    are the lock's.
+    With ``count_retries`` a blocking acquire runs pottery's loop here (a random pause of up
+    to ``retry_delay``, pottery's own 0.2 s by default) so that retries are counted.
+    ``locked()`` and the other attributes are the lock's.
 
     Example::
 

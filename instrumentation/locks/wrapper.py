@@ -62,7 +62,7 @@ class LockWrapper(Generic[LockT]):
         fencing: bool = False,
     ) -> None:
         self.lock = lock
-        self.name = name if name is not None else as_text(self._key())
+        self.name = name if name is not None else as_text(getattr(lock, self.key_attribute))
         self.count_retries = count_retries
         self.fencing = fencing
         self.recorder = LockRecorder(self.name, sentry)
@@ -78,10 +78,6 @@ class LockWrapper(Generic[LockT]):
         return getattr(self.lock, attribute)
 
     # --- what a wrapper tells of its library's lock ------------------------------------------
-
-    def _key(self) -> str | bytes:
-        key: str | bytes = getattr(self.lock, self.key_attribute)
-        return key
 
     def _refusals(self) -> tuple[Errors, Errors]:
         """The library's errors for a release, and an extension, of a lock no longer ours
@@ -199,7 +195,7 @@ class LockWrapper(Generic[LockT]):
         """The lock's next fencing token on its masters: the highest that a majority of them
         issued while the lock held ``token`` (``None``: the token that majority shows), the
         lagging masters of that majority then raised to it."""
-        key = self._key()
+        key: str | bytes = getattr(self.lock, self.key_attribute)
         keys = [key, f"{as_text(key)}:fence"]
         scripts = [self._fence_script(master) for master in masters]
         issued: list[tuple[bytes, int] | None] = []

@@ -1,13 +1,8 @@
 """SQLAlchemy integration: lock waits, deadlocks, conflicts and unsafe read-modify-writes.
 
 :func:`instrument_sqlalchemy` adds dialect event listeners to a sync ``Engine`` or an
-``AsyncEngine`` (PostgreSQL, MySQL / MariaDB, SQLite) that time every locking statement
-(``stock_db_lock_wait_duration_seconds{table}``), count deadlocks and serialization
-failures from the driver's SQLSTATE, mark the active reservation ``out_of_stock`` /
-``lost_race`` when a guarded stock update matched no row, and count a stock value read
-without a lock and written back as a value computed in the application
-(``stock_unsafe_read_modify_write_total{table}``). Each SQL text is classified once by a
-small tokenizer (no dependency). The rules are in ``docs/sqlalchemy.md``.
+``AsyncEngine`` (PostgreSQL, MySQL / MariaDB, SQLite) that turn the SQL it runs into the
+database half of the metric catalog. The rules are in ``docs/sqlalchemy.md``.
 
 Example::
 

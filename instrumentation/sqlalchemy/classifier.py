@@ -36,6 +36,7 @@ from .tokens import QUOTED, WORD, Tok, tokenize
 
 # The row-lock strengths of SELECT ... FOR.
 _LOCK_STRENGTHS = (("update",), ("no", "key", "update"), ("share",), ("key", "share"))
+_SHARE = ("lock", "in", "share", "mode")
 
 
 def _classify_select(toks: Sequence[Tok], start: int, tables: Tables) -> StatementInfo:
@@ -43,10 +44,14 @@ def _classify_select(toks: Sequence[Tok], start: int, tables: Tables) -> Stateme
     if frm >= len(toks) or not is_word(toks[frm], "from"):
         return IGNORED
     end_from = top_level(toks, frm + 1, CLAUSE_END)
-    target, label = find_target(from_items(toks[frm + 1 : end_from], 0), tables)
+    target, label = find_target(from_items(toks[frm + 1 : end_from]), tables)
     # FOR UPDATE / NO KEY UPDATE / SHARE / KEY SHARE [OF t, ...] [NOWAIT | SKIP LOCKED]
-    # (MySQL adds WAIT n), or MySQL's LOCK IN SHARE MODE.
-    share_mode = _lock_in_share_mode(toks, end_from)
+    # (MySQL adds WAIT n), or MySQL's LOCK IN SHARE MODE, looked for as the whole phrase
+    # (``lock`` alone may be a column's name).
+    share_mode = next(
+        (j for j in range(end_from, len(toks)) if toks[j][2] == 0 and phrase_at(toks, j, _SHARE)),
+        len(toks),
+    )
     lock_clause = "lock in share mode" if share_mode < len(toks) else None
     lock_of: set[str] | None = None
     for j in range(end_from if lock_clause is None else len(toks), len(toks)):
@@ -76,10 +81,10 @@ def _classify_select(toks: Sequence[Tok], start: int, tables: Tables) -> Stateme
     keys: tuple[tuple[str, ValueRef], ...] = ()
     if where_at < len(toks) and is_word(toks[where_at], "where"):
         where_end = min(top_level(toks, where_at + 1, CLAUSE_END), share_mode)
-        keys = where_keys(toks[where_at + 1 : where_end], target, 0)
+        keys = where_keys(toks[where_at + 1 : where_end], target)
     compound = any(t[2] == 0 and is_word(t, "union", "intersect", "except") for t in toks)
     reads = not compound and reads_column(
-        split_at(toks[start + 1 : frm], ",", 0), target.spec.stock_column, target
+        split_at(toks[start + 1 : frm], ","), target.spec.stock_column, target
     )
     covers = lock_of is None or bool(lock_of & target.qualifiers)
     return StatementInfo(
@@ -95,16 +100,6 @@ def _classify_select(toks: Sequence[Tok], start: int, tables: Tables) -> Stateme
     )
 
 
-def _lock_in_share_mode(toks: Sequence[Tok], start: int) -> int:
-    """Where a top-level MySQL ``LOCK IN SHARE MODE`` starts at or after ``start`` (or
-    the end). Looked for as the whole phrase: ``lock`` alone may be a column's name."""
-    phrase = ("lock", "in", "share", "mode")
-    return next(
-        (j for j in range(start, len(toks)) if toks[j][2] == 0 and phrase_at(toks, j, phrase)),
-        len(toks),
-    )
-
-
 # MySQL's modifiers between UPDATE / DELETE and the table, and PostgreSQL's ONLY.
 _UPDATE_MODIFIERS = frozenset({"only", "low_priority", "ignore"})
 _DELETE_MODIFIERS = frozenset({"low_priority", "quick", "ignore"})
@@ -117,7 +112,7 @@ def _classify_update(toks: Sequence[Tok], start: int, tables: Tables) -> Stateme
     if i >= len(toks) or toks[i][0] not in (WORD, QUOTED):
         return IGNORED
     set_at = top_level(toks, i, frozenset({"set"}))
-    target, label = find_target(from_items(toks[i:set_at], 0)[:1], tables)
+    target, label = find_target(from_items(toks[i:set_at])[:1], tables)
     if target is None:
         return StatementInfo("update", label) if label else IGNORED
     if set_at >= len(toks):
@@ -138,10 +133,10 @@ def _classify_update(toks: Sequence[Tok], start: int, tables: Tables) -> Stateme
         stock_guard=mentions(where, column, target),
         version_guard=spec.version_column is not None
         and mentions(where, spec.version_column, target),
-        keys=where_keys(where, target, 0),
+        keys=where_keys(where, target),
         returning=ret_at < len(toks),
         reads_stock=ret_at < len(toks)
-        and reads_column(split_at(toks[ret_at + 1 :], ",", 0), column, target),
+        and reads_column(split_at(toks[ret_at + 1 :], ","), column, target),
     )
 
 
@@ -152,7 +147,7 @@ def _classify_delete(toks: Sequence[Tok], start: int, tables: Tables) -> Stateme
     if not is_word(tok_at(toks, i), "from"):
         return IGNORED
     end = top_level(toks, i + 1, frozenset({"using", "where", "returning", "order", "limit"}))
-    target, label = find_target(from_items(toks[i + 1 : end], 0)[:1], tables)
+    target, label = find_target(from_items(toks[i + 1 : end])[:1], tables)
     if target is None:
         return StatementInfo("delete", label) if label else IGNORED
     where, ret_at = where_clause(toks, i + 1)
@@ -163,7 +158,7 @@ def _classify_delete(toks: Sequence[Tok], start: int, tables: Tables) -> Stateme
         locking=True,
         lock_clause="delete",
         protects_rows=True,
-        keys=where_keys(where, target, 0),
+        keys=where_keys(where, target),
         returning=ret_at < len(toks),
     )
 
@@ -177,8 +172,8 @@ def _classify_lock(toks: Sequence[Tok], start: int, tables: Tables) -> Statement
         # MySQL's LOCK TABLES t [AS a] READ [LOCAL] | [LOW_PRIORITY] WRITE, ...: both modes
         # keep other sessions from writing the table.
         names = [
-            from_items([t for t in item if not is_word(t, *_LOCK_TABLES_MODES)], 0)
-            for item in split_at(toks[i + 1 :], ",", 0)
+            from_items([t for t in item if not is_word(t, *_LOCK_TABLES_MODES)])
+            for item in split_at(toks[i + 1 :], ",")
         ]
         target, label = find_target([entry for found in names for entry in found], tables)
         clause, blocks = "lock tables", True
@@ -186,7 +181,7 @@ def _classify_lock(toks: Sequence[Tok], start: int, tables: Tables) -> Statement
         if is_word(tok_at(toks, i), "table"):
             i += 1
         end = top_level(toks, i, frozenset({"in", "nowait"}))
-        target, label = find_target(from_items(toks[i:end], 0), tables)
+        target, label = find_target(from_items(toks[i:end]), tables)
         mode = "access exclusive"
         if end < len(toks) and is_word(toks[end], "in"):
             words = []

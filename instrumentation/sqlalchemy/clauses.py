@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import NamedTuple
 
 from .model import StockTable, ValueRef, WriteKind
 from .tokens import NUMBER, OP, PARAM, QUOTED, STRING, WORD, Tok
@@ -141,11 +142,11 @@ def top_level(toks: Sequence[Tok], start: int, stop_words: frozenset[str], depth
     return len(toks)
 
 
-def split_at(toks: Sequence[Tok], sep: str, depth: int) -> list[list[Tok]]:
-    """Split at ``sep`` (an operator like ``,`` or the word ``and``) at ``depth``."""
+def split_at(toks: Sequence[Tok], sep: str) -> list[list[Tok]]:
+    """Split at ``sep`` (an operator like ``,`` or the word ``and``) at the top level."""
     parts: list[list[Tok]] = [[]]
     for tok in toks:
-        if tok[2] == depth and tok[1] == sep and tok[0] in (OP, WORD):
+        if tok[2] == 0 and tok[1] == sep and tok[0] in (OP, WORD):
             parts.append([])
         else:
             parts[-1].append(tok)
@@ -168,15 +169,12 @@ class Tables:
         return self.by_name.get(".".join(parts)) or self.by_name.get(parts[-1])
 
 
-class Target:
+class Target(NamedTuple):
     """The stock table a statement works on, and the names that qualify its columns."""
 
-    __slots__ = ("label", "qualifiers", "spec")
-
-    def __init__(self, label: str, spec: StockTable, qualifiers: set[str]) -> None:
-        self.label = label
-        self.spec = spec
-        self.qualifiers = qualifiers
+    label: str
+    spec: StockTable
+    qualifiers: set[str]
 
 
 def _column_ref(parts: tuple[str, ...], column: str, target: Target) -> bool:
@@ -242,22 +240,29 @@ def write_kind(expr: Sequence[Tok], target: Target) -> WriteKind:
     return "sql" if other else "blind"
 
 
-def value_ref(toks: Sequence[Tok]) -> ValueRef | None:
-    """A literal or parameter, possibly cast (``$1::VARCHAR``, ``CAST(:x AS INT)``, ``-5``)."""
-    if not toks:
-        return None
-    if is_word(toks[0], "cast") and len(toks) > 3 and is_op(toks[1], "("):
-        inner = top_level(toks, 2, frozenset({"as"}), toks[1][2] + 1)
-        if inner >= len(toks):
-            return None
-        return value_ref(toks[2:inner])
-    if (
+def unwrap(toks: Sequence[Tok]) -> Sequence[Tok]:
+    """``toks`` without the parentheses that enclose all of it (``((x))`` is ``x``)."""
+    while (
         len(toks) >= 3
         and is_op(toks[0], "(")
         and is_op(toks[-1], ")")
         and skip_group(toks, 0) == len(toks)
     ):
-        return value_ref(toks[1:-1])
+        toks = toks[1:-1]
+    return toks
+
+
+def value_ref(toks: Sequence[Tok]) -> ValueRef | None:
+    """A literal or parameter, possibly cast (``$1::VARCHAR``, ``CAST(:x AS INT)``, ``-5``)."""
+    if not toks:
+        return None
+    toks = unwrap(toks)
+    if is_word(toks[0], "cast") and len(toks) > 3 and is_op(toks[1], "("):
+        inner = top_level(toks, 2, frozenset({"as"}), toks[1][2] + 1)
+        if inner >= len(toks):
+            return None
+        return value_ref(toks[2:inner])
+    toks = unwrap(toks)
     first = toks[0]
     i = 1
     ref: ValueRef
@@ -284,18 +289,16 @@ def value_ref(toks: Sequence[Tok]) -> ValueRef | None:
     return ref
 
 
-def where_keys(
-    where: Sequence[Tok], target: Target, depth: int
-) -> tuple[tuple[str, ValueRef], ...]:
+def where_keys(where: Sequence[Tok], target: Target) -> tuple[tuple[str, ValueRef], ...]:
     """``column = value`` equalities on key columns, ANDed at the top of a WHERE."""
-    if any(t[2] == depth and is_word(t, "or") for t in where):
+    if any(t[2] == 0 and is_word(t, "or") for t in where):
         return ()  # either row may be meant: no key
     conjuncts: list[list[Tok]] = [[]]
     between = False
     for tok in where:
-        if tok[2] == depth and is_word(tok, "between"):
+        if tok[2] == 0 and is_word(tok, "between"):
             between = True
-        if tok[2] == depth and is_word(tok, "and"):
+        if tok[2] == 0 and is_word(tok, "and"):
             if between:  # BETWEEN a AND b
                 between = False
             else:
@@ -304,14 +307,7 @@ def where_keys(
         conjuncts[-1].append(tok)
     keys: list[tuple[str, ValueRef]] = []
     key_columns = target.spec.key_columns
-    for conj in conjuncts:
-        while (
-            len(conj) >= 3
-            and is_op(conj[0], "(")
-            and is_op(conj[-1], ")")
-            and skip_group(conj, 0) == len(conj)
-        ):
-            conj = conj[1:-1]
+    for conj in map(unwrap, conjuncts):
         eq = next(
             (k for k, t in enumerate(conj) if is_op(t, "=") and t[2] == conj[0][2]),
             None,
@@ -334,16 +330,16 @@ def where_keys(
     return tuple(keys)
 
 
-def from_items(toks: Sequence[Tok], depth: int) -> list[tuple[tuple[str, ...], str | None]]:
+def from_items(toks: Sequence[Tok]) -> list[tuple[tuple[str, ...], str | None]]:
     """``(name, alias)`` of the tables in a FROM/USING list (subqueries skipped)."""
     items: list[tuple[tuple[str, ...], str | None]] = []
     i = 0
     expect = True
     while i < len(toks):
         tok = toks[i]
-        # A table is expected after FROM, a comma or JOIN, at the list's own depth.
-        expecting = expect and tok[2] == depth and not is_word(tok, "only", "lateral")
-        if tok[2] == depth and (is_op(tok, ",") or is_word(tok, "join")):
+        # A table is expected after FROM, a comma or JOIN, at the top level.
+        expecting = expect and tok[2] == 0 and not is_word(tok, "only", "lateral")
+        if tok[2] == 0 and (is_op(tok, ",") or is_word(tok, "join")):
             expect = True
         elif expecting and is_op(tok, "("):
             i = skip_group(toks, i)
@@ -405,7 +401,7 @@ _WHERE_END = frozenset({"returning", "order", "limit"})
 
 def assigned(toks: Sequence[Tok], set_at: int, column: str) -> Sequence[Tok] | None:
     """The expression the ``SET`` at ``set_at`` assigns to ``column`` (``None``: none)."""
-    for item in split_at(toks[set_at + 1 : top_level(toks, set_at + 1, _SET_END)], ",", 0):
+    for item in split_at(toks[set_at + 1 : top_level(toks, set_at + 1, _SET_END)], ","):
         eq = next((k for k, t in enumerate(item) if is_op(t, "=") and t[2] == 0), None)
         if eq is not None and any(t[0] in (WORD, QUOTED) and t[1] == column for t in item[:eq]):
             return item[eq + 1 :]

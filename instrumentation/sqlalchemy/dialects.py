@@ -1,8 +1,5 @@
-"""What the listeners need to know per database: isolation levels and MySQL's row counts.
-
-Kept apart from the listeners so that a dialect's quirks live in one place. No SQLAlchemy
-and no driver import: the listeners pass the dialect's name and the driver's cursor.
-"""
+"""What the listeners need to know per database: isolation levels and MySQL's row counts
+(no SQLAlchemy and no driver import: the listeners pass the dialect's name and cursor)."""
 
 from __future__ import annotations
 

@@ -1,22 +1,16 @@
-"""Fencing tokens checked at the write: a holder whose lock ran out cannot hide.
-
-For the tables in ``instrument_sqlalchemy(fencing={"products": "fence_token"})``, an
-``UPDATE`` that assigns the token column is checked: refused by its ``WHERE … fence_token
-< :t`` (the stored token is read back when it matched no row), or applied with a token
-below one this process saw written for the row. Either counts
-``stock_lock_stale_fencing_token_total{lock,table}`` and logs ``stale_fencing_token``.
-See docs/sqlalchemy.md, "Fencing tokens".
+"""Fencing tokens checked at the write: a stale token, refused by the ``WHERE`` or
+below one seen for the row, is counted. See docs/sqlalchemy.md, "Fencing tokens".
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .. import catalog, events
 from ..heldlocks import held_locks
 from .clauses import assigned, is_op, read_name, tok_at, top_level, value_ref, where_clause
-from .model import COMPONENT, MISSING, StockTable, bound_value
+from .model import COMPONENT, MISSING, StockTable, ValueRef, bound_value
 from .negative import as_int, key_selects, read_column
 from .state import Key, key_fields, remember
 from .tokens import PARAM, QUOTED, WORD, Tok
@@ -30,16 +24,13 @@ if TYPE_CHECKING:
 _MAX_ROWS = 4096
 
 
-class FencePlan:
+class FencePlan(NamedTuple):
     """Where one UPDATE text carries its token, and how its WHERE compares it."""
 
-    __slots__ = ("guard", "token")
-
-    def __init__(self, token: tuple[bool, Any], guard: str | None) -> None:
-        #: ``(True, parameter name or index)`` or ``(False, literal)``.
-        self.token = token
-        #: ``"<"`` or ``"<="`` for ``WHERE … column < token``, else ``None``.
-        self.guard = guard
+    #: ``(True, parameter name or index)`` or ``(False, literal)``.
+    token: ValueRef
+    #: ``"<"`` or ``"<="`` for ``WHERE … column < token``, else ``None``.
+    guard: str | None
 
 
 def fence_plan(toks: Sequence[Tok], column: str) -> FencePlan | None:

@@ -60,11 +60,12 @@ if TYPE_CHECKING:
 # db.operation.name of the locking statements' spans, from the classifier's kind.
 _OPERATIONS = {"select": "SELECT", "update": "UPDATE", "delete": "DELETE", "lock": "LOCK TABLE"}
 _DB_SYSTEMS = {"mssql": "microsoft.sql_server", "oracle": "oracle.db"}
-# The line each concurrency refusal logs; which SQLSTATE is which refusal is outcomes'.
-_REASON_EVENTS = {
-    "deadlock": events.DB_DEADLOCK,
-    "serialization_failure": events.DB_SERIALIZATION_FAILURE,
-    "lock_timeout": events.DB_LOCK_TIMEOUT,
+# The line each concurrency refusal logs and the counter it increments (a lock timeout has
+# none); which SQLSTATE is which refusal is outcomes'.
+_REFUSALS = {
+    "deadlock": (events.DB_DEADLOCK, catalog.DB_DEADLOCK),
+    "serialization_failure": (events.DB_SERIALIZATION_FAILURE, catalog.DB_SERIALIZATION_FAILURE),
+    "lock_timeout": (events.DB_LOCK_TIMEOUT, None),
 }
 _EXECUTE = ExecuteStyle.EXECUTE
 EXECUTE_EVENTS = ("do_execute", "do_execute_no_params", "do_executemany")
@@ -189,15 +190,9 @@ class Instrumentation:
     # --- events ----------------------------------------------------------------------------
 
     def run(self, event: str, *args: Any) -> bool:
-        """The listener of the dialect's ``event`` (``do_execute``, ``do_execute_no_params``,
-        ``do_executemany``; ``args`` as SQLAlchemy passes them): run a locking statement
-        (timed around the driver call alone) or one on a stock table (its row count and
-        keys read after it ran) here, and return True (SQLAlchemy's contract for
-        "executed"); leave any other to SQLAlchemy (False).
-
-        Only a single execute (not ``executemany``, not an insertmanyvalues batch) gets
-        the per-row bookkeeping.
-        """
+        """The listener of the dialect's execute ``event``: run a locking statement (timed)
+        or a single execute on a stock table (its bookkeeping after it ran) here and return
+        True, SQLAlchemy's "executed"; leave any other to SQLAlchemy (False)."""
         context: ExecutionContext = args[-1]
         span: Any = None
         try:
@@ -208,7 +203,11 @@ class Instrumentation:
             )
             if not plan.locking and not bookkeeping:
                 if route.begin:
-                    self._begin(context.root_connection, plan)
+                    state = self.state(context.root_connection)
+                    if state.txn is None:
+                        state.pending = plan
+                    else:
+                        state.apply_begin(plan)
                 return False
             if plan.locking and self.lock_tracer is not None:
                 span = self._lock_span(plan)
@@ -275,9 +274,7 @@ class Instrumentation:
             if refusal is None:
                 return
             reason, state = refusal
-            event = _REASON_EVENTS.get(reason)
-            if event is None:
-                return
+            event, metric = _REFUSALS[reason]
             table = plan.table if plan is not None else None
             if table is None and ctx.connection is not None:
                 # A failure at COMMIT (SERIALIZABLE) names no statement: use the last stock
@@ -285,22 +282,13 @@ class Instrumentation:
                 held = self.conns.get(ctx.connection)
                 table = held.last_table if held is not None else None
             table = table or "unknown"
-            if reason == "deadlock":
-                self.metrics.count(catalog.DB_DEADLOCK, table)
-            elif reason == "serialization_failure":
-                self.metrics.count(catalog.DB_SERIALIZATION_FAILURE, table)
+            if metric is not None:
+                self.metrics.count(metric, table)
             self.sentry.log_event(event, table=table, sqlstate=state)
         except Exception as exc:
             self.sentry.internal_error(COMPONENT, exc)
 
     # --- pieces ----------------------------------------------------------------------------
-
-    def _begin(self, conn: Connection, plan: StatementInfo) -> None:
-        state = self.state(conn)
-        if state.txn is None:
-            state.pending = plan
-        else:
-            state.apply_begin(plan)
 
     def _lock_done(self, route: Route, t0: float, span: Any, exc: BaseException | None) -> None:
         try:
@@ -346,9 +334,7 @@ class Instrumentation:
             if keys and (plan.reads_stock or plan.protects_rows):
                 self._read(conn, plan, keys)
             return
-        if kind != "update" and kind != "delete":
-            return
-        # The rows it matched; -1 when not known.
+        # An UPDATE or a DELETE from here on. The rows it matched; -1 when not known.
         rowcount: int = -1 if route.no_count else getattr(cursor, "rowcount", -1)
         if rowcount == 0 and kind == "update" and self.zero_rows is not None:
             rowcount = self.zero_rows(cursor)  # MySQL: matched, not changed, rows
@@ -509,8 +495,6 @@ class Instrumentation:
             # Asked of the server once per transaction (only a write that would be flagged
             # gets here): create_engine(isolation_level=...) has no other public accessor.
             state.isolation = conn.get_isolation_level()
-        # PostgreSQL's REPEATABLE READ aborts the write with 40001 if the row changed since
-        # the snapshot; InnoDB's does not (dialects.lossless_levels).
         return state.isolation in lossless_levels(self.dialect_name)
 
 

@@ -1,12 +1,6 @@
-"""Real negative stock writes, seen from the SQL rather than from what the app believes.
-
-After an ``UPDATE`` of a configured stock table sets the stock column, the value the
-database holds is read (from the rows an ``UPDATE … RETURNING <stock>`` returned, without
-consuming them; or by one ``SELECT`` on a second cursor of the same DBAPI connection, for
-the tables in ``read_back_stock`` and for an ``UPDATE … RETURNING`` of other columns, whose
-rows do not say the stock) and a value below zero counts
-``stock_inventory_negative_total{sku}``. An UPDATE whose ``WHERE`` checks the stock is
-never looked at. See docs/sqlalchemy.md, "Real negative writes".
+"""Real negative stock writes: the value an ``UPDATE`` left in the row (from its
+``RETURNING`` rows, or read back by key), counted when below zero. See docs/sqlalchemy.md,
+"Real negative writes".
 """
 
 from __future__ import annotations

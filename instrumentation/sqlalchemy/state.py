@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import weakref
 from contextvars import ContextVar
+from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import TYPE_CHECKING, NamedTuple, TypeAlias, TypeVar
 
@@ -30,31 +31,20 @@ class Read(NamedTuple):
     held: tuple[HeldLock, ...]
 
 
+@dataclass(slots=True, eq=False)
 class ConnState:
     """Per SQLAlchemy ``Connection`` (one checkout): its reads, its transaction's locks."""
 
-    __slots__ = (
-        "begun",
-        "isolation",
-        "last_table",
-        "lock_all",
-        "locks",
-        "pending",
-        "reads",
-        "txn",
-    )
-
-    def __init__(self) -> None:
-        self.reads: dict[Key, Read] = {}
-        self.txn: weakref.ref[RootTransaction] | None = None
-        self.locks: set[Key] = set()
-        self.lock_all: set[str] = set()
-        self.isolation: str | None = None
-        self.begun = False
-        # A BEGIN seen inside SQLAlchemy's "begin" event, before its transaction object
-        # exists; it belongs to the transaction seen next.
-        self.pending: StatementInfo | None = None
-        self.last_table: str | None = None
+    reads: dict[Key, Read] = field(default_factory=dict)
+    txn: weakref.ref[RootTransaction] | None = None
+    locks: set[Key] = field(default_factory=set)
+    lock_all: set[str] = field(default_factory=set)
+    isolation: str | None = None
+    begun: bool = False
+    # A BEGIN seen inside SQLAlchemy's "begin" event, before its transaction object
+    # exists; it belongs to the transaction seen next.
+    pending: StatementInfo | None = None
+    last_table: str | None = None
 
     def sync(self, txn: RootTransaction | None) -> None:
         """Forget the locks of a transaction that has ended."""

@@ -1,9 +1,5 @@
-"""A small SQL tokenizer: words, quoted names, literals, parameters and operators.
-
-It knows the quoting and parameter styles of PostgreSQL, SQLite and MySQL well enough to
-find clauses and bound parameters; it never raises on odd input. Standard library only.
-MySQL's own lexical rules (``#`` comments, backslash escapes in strings, double-quoted
-strings) apply when the tokenizer is told the text is MySQL's.
+"""A small SQL tokenizer (standard library only): words, quoted names, literals, parameters
+and operators, in the quoting and parameter styles of PostgreSQL, SQLite and MySQL.
 """
 
 from __future__ import annotations
@@ -62,13 +58,6 @@ def _mysql_string(body: str, quote: str) -> str:
     """The value of a MySQL string literal whose text between the quotes is ``body``."""
     body = _MYSQL_ESCAPE.sub(lambda m: _MYSQL_ESCAPES.get(m.group(1), m.group(1)), body)
     return body.replace(quote * 2, quote)
-
-
-def _number(text: str) -> int | float:
-    try:
-        return int(text)
-    except ValueError:
-        return float(text)
 
 
 def tokenize(sql: str, paramstyle: str, mysql: bool = False) -> list[Tok]:
@@ -166,7 +155,8 @@ def tokenize(sql: str, paramstyle: str, mysql: bool = False) -> list[Tok]:
                 out.append((OP, ":", depth))
                 pos = m.start() + 1
         elif group == "n":
-            out.append((NUMBER, _number(text), depth))
+            # Digits alone are an int; a point or an exponent makes a float.
+            out.append((NUMBER, int(text) if text.isdigit() else float(text), depth))
         elif group == "w":
             out.append((WORD, text.lower(), depth))
         elif text == "?" and qmark:

@@ -376,6 +376,20 @@ def test_instrument_lock_refuses_other_objects(sentry: Sentry) -> None:
         instrument_lock(threading.Lock(), sentry=sentry)  # type: ignore[call-overload]
 
 
+def test_tracked_lock_set_up_errors_raise(sentry: Sentry) -> None:
+    with pytest.raises(ValueError, match="ttl must be"):
+        track_lock("bad", ttl=0, sentry=sentry)
+    with pytest.raises(ValueError, match="retry_delay"):
+        track_lock("bad", ttl=5, retry_delay=-1, sentry=sentry)
+    bare = track_lock("bad", ttl=None, sentry=sentry)
+    with pytest.raises(TypeError, match="acquire callable"):
+        bare.acquire()
+    with pytest.raises(ValueError, match="needs a ttl"):
+        bare.extend()
+    with pytest.raises(TypeError, match="no extend callable"):
+        bare.extend(5)
+
+
 def test_recorder_without_ttl_and_release_without_hold(
     registry: CollectorRegistry, sentry: Sentry
 ) -> None:

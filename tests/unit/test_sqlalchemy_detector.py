@@ -935,6 +935,8 @@ def test_importing_the_package_does_not_import_sqlalchemy() -> None:
 def test_bad_arguments_raise_at_set_up(engine: sa.Engine, sentry: Sentry) -> None:
     with pytest.raises(ValueError, match="spans"):
         instrument_sqlalchemy(engine, sentry=sentry, spans="some")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="read_window"):
+        instrument_sqlalchemy(engine, sentry=sentry, read_window=0)
     with pytest.raises(ValueError, match="stock_column"):
         StockTable(stock_column="")
     with pytest.raises(TypeError):
