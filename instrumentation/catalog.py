@@ -476,11 +476,6 @@ APP: tuple[MetricSpec, ...] = tuple(m for m in ALL if m.source == "app")
 BY_NAME: dict[str, MetricSpec] = {m.name: m for m in ALL}
 
 
-def sample_names() -> frozenset[str]:
-    """Every sample name the catalog can produce (for checking dashboards and rules)."""
-    return frozenset(s for m in ALL for s in m.sample_names)
-
-
 def markdown_table() -> str:
     """The catalog as the Markdown table of ``docs/metrics.md`` (``make generate``)."""
     rows = [

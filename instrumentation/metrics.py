@@ -34,15 +34,13 @@ INSTRUMENTATION_COMPONENTS: tuple[str, ...] = (
     "locks",
     "freeze",
 )
-#: The outcomes of a distributed lock acquire (``stock_lock_acquire_duration_seconds``).
-LOCK_OUTCOMES = catalog.LOCK_OUTCOMES
 
 
 #: Labels whose values come from a closed list: checked, never guarded.
 _CHECKED: dict[tuple[str, str], tuple[str, ...]] = {
     (catalog.RESERVATION_CONFLICT.name, "reason"): catalog.CONFLICT_REASONS,
     (catalog.RESERVATION_DURATION.name, "outcome"): catalog.OUTCOMES,
-    (catalog.LOCK_ACQUIRE_DURATION.name, "outcome"): LOCK_OUTCOMES,
+    (catalog.LOCK_ACQUIRE_DURATION.name, "outcome"): catalog.LOCK_OUTCOMES,
 }
 #: The series primed for a SKU, a table and a lock (their first label; a checked second
 #: label gets every value).
@@ -122,9 +120,6 @@ class StockMetrics:
         self._children: dict[str, dict[tuple[Any, ...], Any]] = {
             spec.name: {} for spec in catalog.APP
         }
-        self._prime(promo_skus)
-
-    def _prime(self, promo_skus: Iterable[str]) -> None:
         # A counter series is born at its first increment, so a burst between two scrapes
         # shows up already at its full count and `increase()` sees nothing; alerts on
         # promo SKUs must not miss the first oversell. Series whose labels are known in
