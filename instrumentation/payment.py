@@ -69,20 +69,16 @@ class PaymentCallback(BlockHandle):
         if self._misuse is not None:
             sentry.internal_error("api", TypeError(self._misuse))
         else:
-            self._record(mark)
+            try:
+                if mark in ("paid", "refund"):
+                    sentry.metrics.count(catalog.ORDERS_PAID, self.sku)
+                if mark == "refund":
+                    sentry.metrics.count(catalog.REFUND_DUE_TO_OVERSELL, self.sku)
+                elif mark == "replay":
+                    sentry.metrics.count(catalog.IDEMPOTENCY_REPLAY, "payment_callback")
+            except Exception as err:
+                sentry.internal_error("metrics", err)
         sentry.log_event(PAYMENT_CALLBACK, sku=self.sku, result=mark, **self.ids)
         span = self._span
         if span is not None:
             self._end_span(span, "stock.payment_result", mark, exc is not None, exc)
-
-    def _record(self, mark: str) -> None:
-        sentry = self._sentry
-        try:
-            if mark in ("paid", "refund"):
-                sentry.metrics.count(catalog.ORDERS_PAID, self.sku)
-            if mark == "refund":
-                sentry.metrics.count(catalog.REFUND_DUE_TO_OVERSELL, self.sku)
-            elif mark == "replay":
-                sentry.metrics.count(catalog.IDEMPOTENCY_REPLAY, "payment_callback")
-        except Exception as err:
-            sentry.internal_error("metrics", err)

@@ -231,8 +231,23 @@ class Reservation(BlockHandle):
                 sentry.internal_error("metrics", err)
         if self._log:
             self._log_end(outcome, exc)
-        if self._cv_token is not None or self._log_tokens is not None or self._span is not None:
-            self._restore(outcome, exc)
+        # Each step on its own: one failing (a context entered in another task, a span
+        # processor that raises) must not leave the others' context behind.
+        if self._cv_token is not None:
+            try:
+                _current.reset(self._cv_token)
+            except Exception as err:
+                sentry.internal_error("api", err)
+            self._cv_token = None
+        if self._log_tokens is not None:
+            try:
+                structlog.contextvars.reset_contextvars(**self._log_tokens)
+            except Exception as err:
+                sentry.internal_error("logging", err)
+            self._log_tokens = None
+        span = self._span
+        if span is not None:
+            self._end_span(span, "stock.outcome", outcome, outcome == "error", exc)
 
     def _refuse_frozen(self, state: FreezeState) -> None:
         """Count, log and raise the refusal of a frozen SKU (the block and ``__exit__`` do
@@ -254,26 +269,6 @@ class Reservation(BlockHandle):
             }
             self._line(RESERVATION_FROZEN, fields)
         raise SkuFrozen(self.sku, state.reason, state.source, state.at)
-
-    def _restore(self, outcome: Outcome, exc: BaseException | None) -> None:
-        # Each step on its own: one failing (a context entered in another task, a span
-        # processor that raises) must not leave the others' context behind.
-        sentry = self._sentry
-        if self._cv_token is not None:
-            try:
-                _current.reset(self._cv_token)
-            except Exception as err:
-                sentry.internal_error("api", err)
-            self._cv_token = None
-        if self._log_tokens is not None:
-            try:
-                structlog.contextvars.reset_contextvars(**self._log_tokens)
-            except Exception as err:
-                sentry.internal_error("logging", err)
-            self._log_tokens = None
-        span = self._span
-        if span is not None:
-            self._end_span(span, "stock.outcome", outcome, outcome == "error", exc)
 
     def _negative_write(self) -> bool:
         """Whether ``success(new_stock=...)`` reported a negative write of its own (not one
