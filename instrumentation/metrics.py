@@ -158,10 +158,9 @@ class StockMetrics:
             return
         # The guard alone: priming must not count label overflows.
         label = self._small_guards["lock"](lock)
-        if label is OVERFLOW_VALUE:
-            return
-        self._primed_locks.add(lock)
-        self._prime_series(label, _LOCK_SERIES)
+        if label is not OVERFLOW_VALUE:
+            self._primed_locks.add(lock)
+            self._prime_series(label, _LOCK_SERIES)
 
     def _prime_series(self, label: str, specs: tuple[MetricSpec, ...]) -> None:
         """Create ``specs``' series of ``label`` (a guarded first label; not when folded)."""
@@ -202,10 +201,8 @@ class StockMetrics:
 
     def _child(self, spec: MetricSpec, *values: Any) -> Any:
         """The child of ``spec`` for the raw label ``values``, from the cache when it can."""
-        child = self._children[spec.name].get(values)
-        if child is None:
-            child = self._new_child(spec, values)
-        return child
+        # A child is never falsy (prometheus_client's metrics define no __bool__ nor __len__).
+        return self._children[spec.name].get(values) or self._new_child(spec, values)
 
     def _new_child(self, spec: MetricSpec, values: tuple[Any, ...]) -> Any:
         labels: list[str] = []

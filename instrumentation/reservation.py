@@ -127,14 +127,11 @@ class Reservation(BlockHandle):
             self._stale_cache(cached, old_stock)
 
     def _stale_cache(self, cached: int, actual: int | None) -> None:
-        if self._misuse is not None:
-            return
-        try:
+        # record_stale_cache_hit never raises: it counts its own failures.
+        if self._misuse is None:
             self._sentry.record_stale_cache_hit(
                 self._cache_name, sku=self.sku, cached=cached, actual=actual
             )
-        except Exception as exc:
-            self._sentry.internal_error("api", exc)
 
     def conflict(self, reason: ConflictReason) -> None:
         """Mark the reservation refused for ``reason`` (one of the catalog's conflict reasons)."""
@@ -251,13 +248,12 @@ class Reservation(BlockHandle):
 
     def _refuse_frozen(self, state: FreezeState) -> None:
         """Count, log and raise the refusal of a frozen SKU (the block and ``__exit__`` do
-        not run)."""
+        not run); only called without a misuse."""
         sentry = self._sentry
-        if self._misuse is None:
-            try:
-                sentry.metrics.reservation_finished(self.sku, self.strategy, "frozen", 0.0)
-            except Exception as err:
-                sentry.internal_error("metrics", err)
+        try:
+            sentry.metrics.reservation_finished(self.sku, self.strategy, "frozen", 0.0)
+        except Exception as err:
+            sentry.internal_error("metrics", err)
         if self._log:
             fields: dict[str, Any] = {
                 "sku": self.sku,
