@@ -54,11 +54,16 @@ class BlockHandle:
     _ctx: Context | None = None
     _ctx_token: Token[Context] | None = None
 
-    def __init__(self, sentry: Sentry, sku: str, qty: int, ids: dict[str, object]) -> None:
+    def __init__(
+        self, sentry: Sentry, sku: str, qty: int, ids: dict[str, object], **checked: object
+    ) -> None:
         self._sentry = sentry
         self.sku = sku
         self.qty = qty
         self.ids = ids
+        # A value of the wrong type from the app, described: the handle then records none of
+        # its series (all or nothing) and counts one instrumentation error.
+        self._misuse = misuse(sku=sku, **checked, qty=qty)
 
     def _enter(self) -> None:
         raise NotImplementedError

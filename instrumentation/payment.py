@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Literal
 
 from . import catalog
 from .events import PAYMENT_CALLBACK
-from .handle import BlockHandle, misuse
+from .handle import BlockHandle
 from .tracing import link_from_carrier
 
 if TYPE_CHECKING:
@@ -29,9 +29,6 @@ class PaymentCallback(BlockHandle):
         super().__init__(sentry, sku, qty, ids)
         self.checkout = checkout
         self._mark: Literal["paid", "replay", "refund", "failed"] = "paid"
-        # A value of the wrong type from the app: the callback then records none of its
-        # series and counts one instrumentation error (all or nothing).
-        self._misuse = misuse(sku=sku, qty=qty)
 
     def replay(self) -> None:
         """This callback repeats one already processed: count a replay, not a payment."""

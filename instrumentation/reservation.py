@@ -55,7 +55,7 @@ class Reservation(BlockHandle):
         ids: dict[str, object],
         conflict_on: tuple[type[BaseException], ...] = (),
     ) -> None:
-        super().__init__(sentry, sku, qty, ids)
+        super().__init__(sentry, sku, qty, ids, strategy=strategy)
         self.strategy = strategy
         # Exception types the app raises as an answer (sold out), not as a failure.
         self._answers = conflict_on
@@ -79,9 +79,6 @@ class Reservation(BlockHandle):
         self._log_tokens: Mapping[str, Token[Any]] | None = None
         self._cv_token: Token[Reservation | None] | None = None
         self._start = 0.0
-        # A value of the wrong type from the app, described: the reservation then records
-        # none of its series (all or nothing) and counts one instrumentation error.
-        self._misuse = misuse(sku=sku, strategy=strategy, qty=qty)
 
     def _check(self, **values: object) -> None:
         if self._misuse is None:
