@@ -1,11 +1,5 @@
-"""The app-side metrics of the catalog, bound to one registry.
-
-:class:`StockMetrics` creates every ``source == "app"`` metric of
-:mod:`~stocksentry.instrumentation.catalog` in the registry it is given and records them by
-spec; label values go through guards, and the labelled children are cached
-by the raw values the app passed. Most applications use
-:class:`~stocksentry.instrumentation.Sentry`, the layer above.
-"""
+"""The app-side metrics of the catalog, bound to one registry: :class:`StockMetrics`, the
+layer under :class:`~stocksentry.instrumentation.Sentry` that most applications use."""
 
 from __future__ import annotations
 
