@@ -6,6 +6,7 @@ docs) refers to these specs, so a rename breaks the build instead of leaving an 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Literal, get_args
 
@@ -99,14 +100,9 @@ class MetricSpec:
         return (self.name,)
 
 
-def _probe(name: str, kind: MetricKind, help: str, labels: tuple[str, ...] = ()) -> MetricSpec:
-    """A metric the exporter's probes compute."""
-    return MetricSpec(name, kind, help, labels, source="probe")
-
-
-def _exporter(name: str, kind: MetricKind, help: str, labels: tuple[str, ...] = ()) -> MetricSpec:
-    """A metric of the exporter's own health."""
-    return MetricSpec(name, kind, help, labels, source="exporter")
+#: A metric the exporter's probes compute; one of the exporter's own health.
+_probe = functools.partial(MetricSpec, source="probe")
+_exporter = functools.partial(MetricSpec, source="exporter")
 
 
 # --- recorded by the app (instrumentation) -------------------------------------------------

@@ -35,9 +35,7 @@ def sanitize_label_value(value: object, max_length: int = 64) -> str:
     text = value if isinstance(value, str) else str(value)
     # Cut before the substitution: the regex then never scans more than max_length
     # characters, however long the input.
-    if len(text) > max_length:
-        text = text[:max_length]
-    text = _UNSAFE.sub("_", text)
+    text = _UNSAFE.sub("_", text[:max_length])
     return text or EMPTY_VALUE[:max_length]
 
 
@@ -85,9 +83,6 @@ class LabelGuard:
         label = self._cache.get(value)
         if label is not None:
             return label
-        return self._resolve(value)
-
-    def _resolve(self, value: str) -> str:
         clean = sanitize_label_value(value, self.max_length)
         with self._lock:
             if clean in self._admitted:

@@ -18,13 +18,12 @@ if TYPE_CHECKING:
 def misuse(**values: object) -> str | None:
     """The first app-provided value of the wrong type, described; ``None`` when all fit.
 
-    The keyword's name says what the value must be: ``sku``, ``strategy``,
-    ``operation``, ``cache``, ``reason`` and ``outcome`` must be str;
-    ``qty``, ``stock``, ``old_stock``, ``new_stock``, ``available``, ``cached`` and
-    ``actual`` an ``int`` or anything with ``__index__`` (numpy's integers; never a float or
-    ``Decimal``) or ``None`` (``qty`` never ``None``); ``duration`` a real number
-    or ``None``. The description names the type, never the value, so a hostile value
-    cannot flood the error log.
+    The keyword's name says what the value must be: ``sku``, ``strategy``, ``operation``,
+    ``cache``, ``reason`` and ``outcome`` a str; ``duration`` a real number or ``None``; any
+    other (``qty``, ``stock``, ``new_stock``...) an ``int`` or anything with ``__index__``
+    (numpy's integers; never a float or ``Decimal``) or ``None`` (``qty`` never ``None``).
+    The description names the type, never the value, so a hostile value cannot flood the
+    error log.
     """
     for name, value in values.items():
         if name in _STR_ARGS:
@@ -54,11 +53,16 @@ class BlockHandle:
     _ctx: Context | None = None
     _ctx_token: Token[Context] | None = None
 
-    def __init__(self, sentry: Sentry, sku: str, qty: int, ids: dict[str, object]) -> None:
+    def __init__(
+        self, sentry: Sentry, sku: str, qty: int, ids: dict[str, object], **checked: object
+    ) -> None:
         self._sentry = sentry
         self.sku = sku
         self.qty = qty
         self.ids = ids
+        # A value of the wrong type from the app, described: the handle then records none of
+        # its series (all or nothing) and counts one instrumentation error.
+        self._misuse = misuse(sku=sku, **checked, qty=qty)
 
     def _enter(self) -> None:
         raise NotImplementedError

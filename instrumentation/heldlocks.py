@@ -18,17 +18,9 @@ from typing import Protocol
 class HeldLock(Protocol):
     """What the detector needs of one acquisition (``LockHold`` is one)."""
 
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def acquired_at(self) -> float: ...
-
-    @property
-    def deadline(self) -> float | None: ...
-
-    @property
-    def released(self) -> bool: ...
+    name: str
+    deadline: float | None
+    released: bool
 
 
 # A tuple: a context that copies it (a spawned task) cannot change the parent's.

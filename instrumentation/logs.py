@@ -233,23 +233,6 @@ class _BridgeHandler(logging.StreamHandler[TextIO]):
     configure_logging can find and replace it)."""
 
 
-def _resolve_level(level: int | str) -> int:
-    if isinstance(level, int):
-        return level
-    try:
-        return logging.getLevelNamesMapping()[level.upper()]
-    except KeyError:
-        msg = f"unknown log level {level!r}"
-        raise ValueError(msg) from None
-
-
-def _is_tty(stream: TextIO) -> bool:
-    try:
-        return stream.isatty()
-    except (AttributeError, ValueError):
-        return False
-
-
 def _line_fields(logger_name: Processor) -> list[Processor]:
     """The fields every line gets, in their order; ``logger_name`` adds ``logger``."""
     return [
@@ -321,7 +304,11 @@ def configure_logging(
         #  "level": "info", "logger": "checkout",
         #  "timestamp": "2025-01-31T12:00:00.123Z"}
     """
-    numeric_level = _resolve_level(level)
+    if isinstance(level, str):
+        try:
+            level = logging.getLevelNamesMapping()[level.upper()]
+        except KeyError:
+            raise ValueError(f"unknown log level {level!r}") from None
     out: TextIO = stream if stream is not None else sys.stdout
 
     redactor = Redactor(redact_keys)
@@ -336,7 +323,11 @@ def configure_logging(
         )
         before_render.append(promslog_keys)
     else:
-        renderer = structlog.dev.ConsoleRenderer(colors=_is_tty(out))
+        try:
+            colors = out.isatty()
+        except (AttributeError, ValueError):  # no isatty(), or a closed stream
+            colors = False
+        renderer = structlog.dev.ConsoleRenderer(colors=colors)
         before_render = [redactor]
     root = logging.getLogger()
     for old in [h for h in root.handlers if isinstance(h, _BridgeHandler)]:
@@ -351,7 +342,7 @@ def configure_logging(
     callsite: list[Processor] = [_CALLSITE] if logfmt and not json else []
     structlog.configure(
         processors=[*_line_fields(add_logger_name), *callsite, *before_render, renderer],
-        wrapper_class=structlog.make_filtering_bound_logger(numeric_level),
+        wrapper_class=structlog.make_filtering_bound_logger(level),
         context_class=dict,
         # get_logger(name)'s name, kept on the line writer for the ``logger`` field.
         logger_factory=lambda *args: _LineWriter(
@@ -383,7 +374,7 @@ def configure_logging(
         )
     )
     root.addHandler(handler)
-    root.setLevel(numeric_level)
+    root.setLevel(level)
 
 
 def bind_correlation(**ids: object) -> contextlib.AbstractContextManager[None]:

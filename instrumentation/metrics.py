@@ -1,11 +1,5 @@
-"""The app-side metrics of the catalog, bound to one registry.
-
-:class:`StockMetrics` creates every ``source == "app"`` metric of
-:mod:`~stocksentry.instrumentation.catalog` in the registry it is given and records them by
-spec; label values go through guards, and the labelled children are cached
-by the raw values the app passed. Most applications use
-:class:`~stocksentry.instrumentation.Sentry`, the layer above.
-"""
+"""The app-side metrics of the catalog, bound to one registry: :class:`StockMetrics`, the
+layer under :class:`~stocksentry.instrumentation.Sentry` that most applications use."""
 
 from __future__ import annotations
 
@@ -34,15 +28,13 @@ INSTRUMENTATION_COMPONENTS: tuple[str, ...] = (
     "locks",
     "freeze",
 )
-#: The outcomes of a distributed lock acquire (``stock_lock_acquire_duration_seconds``).
-LOCK_OUTCOMES = catalog.LOCK_OUTCOMES
 
 
 #: Labels whose values come from a closed list: checked, never guarded.
 _CHECKED: dict[tuple[str, str], tuple[str, ...]] = {
     (catalog.RESERVATION_CONFLICT.name, "reason"): catalog.CONFLICT_REASONS,
     (catalog.RESERVATION_DURATION.name, "outcome"): catalog.OUTCOMES,
-    (catalog.LOCK_ACQUIRE_DURATION.name, "outcome"): LOCK_OUTCOMES,
+    (catalog.LOCK_ACQUIRE_DURATION.name, "outcome"): catalog.LOCK_OUTCOMES,
 }
 #: The series primed for a SKU, a table and a lock (their first label; a checked second
 #: label gets every value).
@@ -122,9 +114,6 @@ class StockMetrics:
         self._children: dict[str, dict[tuple[Any, ...], Any]] = {
             spec.name: {} for spec in catalog.APP
         }
-        self._prime(promo_skus)
-
-    def _prime(self, promo_skus: Iterable[str]) -> None:
         # A counter series is born at its first increment, so a burst between two scrapes
         # shows up already at its full count and `increase()` sees nothing; alerts on
         # promo SKUs must not miss the first oversell. Series whose labels are known in
@@ -163,10 +152,9 @@ class StockMetrics:
             return
         # The guard alone: priming must not count label overflows.
         label = self._small_guards["lock"](lock)
-        if label is OVERFLOW_VALUE:
-            return
-        self._primed_locks.add(lock)
-        self._prime_series(label, _LOCK_SERIES)
+        if label is not OVERFLOW_VALUE:
+            self._primed_locks.add(lock)
+            self._prime_series(label, _LOCK_SERIES)
 
     def _prime_series(self, label: str, specs: tuple[MetricSpec, ...]) -> None:
         """Create ``specs``' series of ``label`` (a guarded first label; not when folded)."""
@@ -207,10 +195,8 @@ class StockMetrics:
 
     def _child(self, spec: MetricSpec, *values: Any) -> Any:
         """The child of ``spec`` for the raw label ``values``, from the cache when it can."""
-        child = self._children[spec.name].get(values)
-        if child is None:
-            child = self._new_child(spec, values)
-        return child
+        # A child is never falsy (prometheus_client's metrics define no __bool__ nor __len__).
+        return self._children[spec.name].get(values) or self._new_child(spec, values)
 
     def _new_child(self, spec: MetricSpec, values: tuple[Any, ...]) -> Any:
         labels: list[str] = []

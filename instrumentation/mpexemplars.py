@@ -1,29 +1,22 @@
 """Exemplars in multiprocess mode: each worker writes its latest one per bucket to a file.
 
-prometheus_client's multiprocess value class drops exemplars, so under gunicorn (or any
-pre-fork server) with ``PROMETHEUS_MULTIPROC_DIR`` set the sidecar had none to show. When
-that variable is set, :class:`~stocksentry.instrumentation.metrics.StockMetrics` builds
-its histograms from :class:`ExemplarHistogram`, which also writes the exemplar of an
-observation into ``exemplars_<pid>.mmap`` in that directory (not ``*.db``: prometheus_client's
-own collector would refuse the file). The sidecar's
-:mod:`stocksentry.exporter.multiproc` reads these files and attaches the latest exemplar
-per bucket (across workers) to its OpenMetrics output.
+prometheus_client's multiprocess value class drops exemplars. With
+``PROMETHEUS_MULTIPROC_DIR`` set, :class:`~stocksentry.instrumentation.metrics.StockMetrics`
+builds its histograms from :class:`ExemplarHistogram`, which also writes each observation's
+exemplar into ``exemplars_<pid>.mmap`` in that directory (not ``*.db``: prometheus_client's
+own collector would refuse the file); :mod:`stocksentry.exporter.multiproc` reads them
+(docs/exporter-server.md).
 
-The file is a fixed-size table, so it is bounded: a header of :data:`HEADER_SIZE` bytes
-(magic, version, slot size, capacity, a CRC-32 of those, then the number of slots in
-use), then :data:`CAPACITY` slots of :data:`SLOT_SIZE` bytes, one per (metric, labels,
-bucket). A slot is ``crc32 u32, seq u32, value f64, timestamp f64, trace_len u8,
-span_len u8, key_len u16, 4 pad, trace_id 32 bytes, span_id 16 bytes, key`` where the key
-is prometheus_client's own mmap key of the bucket (so the reader matches it byte for byte)
-and the CRC covers everything after it. A slot is rewritten by one slice assignment (one
-bytecode, so threads of a worker never interleave); a reader in another process that
-catches it half written sees a CRC mismatch and reads it again. A new slot is written
-completely before the count in use is raised. Keys longer than the slot allows and
-exemplars past the capacity are not carried (counted in :attr:`ExemplarFile.dropped`).
-
-Only ``trace_id`` and ``span_id`` labels are carried (the ones
-:func:`~stocksentry.instrumentation.tracing.exemplar_for` makes); other exemplar labels
-are dropped. A file reused by a new process with the same pid is started afresh.
+The file is a fixed table, so it is bounded: a :data:`HEADER`, then :data:`CAPACITY` slots of
+:data:`SLOT_SIZE` bytes, one per (metric, labels, bucket), each a :data:`SLOT_HEAD` and then
+prometheus_client's own mmap key of the bucket (so the reader matches it byte for byte); the
+slot's CRC covers everything after it. A slot is rewritten by one slice assignment (one
+bytecode, so threads of a worker never interleave); a reader in another process that catches
+it half written sees a CRC mismatch and reads it again. A new slot is written completely
+before the count in use is raised. Keys longer than a slot allows, exemplars past the
+capacity (counted in :attr:`ExemplarFile.dropped`) and exemplar labels other than
+``trace_id`` and ``span_id`` are not carried. A file reused by a new process with the same
+pid is started afresh.
 """
 
 from __future__ import annotations
@@ -107,11 +100,9 @@ class ExemplarFile:
                     _log.warning("exemplars not written to %s: %s", path, exc)
                 self._broken = True
                 return None
-            head = HEADER.pack(MAGIC, VERSION, SLOT_SIZE, CAPACITY, 0, 0)
-            crc = zlib.crc32(head[:20])
-            mm[0:HEADER_SIZE] = HEADER.pack(MAGIC, VERSION, SLOT_SIZE, CAPACITY, crc, 0).ljust(
-                HEADER_SIZE, b"\0"
-            )
+            crc = zlib.crc32(HEADER.pack(MAGIC, VERSION, SLOT_SIZE, CAPACITY, 0, 0)[:20])
+            # The file was just zeroed: the header's padding up to HEADER_SIZE is there.
+            mm[0 : HEADER.size] = HEADER.pack(MAGIC, VERSION, SLOT_SIZE, CAPACITY, crc, 0)
             self._mm = mm
             return mm
 

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Literal
 
 from . import catalog
 from .events import PAYMENT_CALLBACK
-from .handle import BlockHandle, misuse
+from .handle import BlockHandle
 from .tracing import link_from_carrier
 
 if TYPE_CHECKING:
@@ -29,9 +29,6 @@ class PaymentCallback(BlockHandle):
         super().__init__(sentry, sku, qty, ids)
         self.checkout = checkout
         self._mark: Literal["paid", "replay", "refund", "failed"] = "paid"
-        # A value of the wrong type from the app: the callback then records none of its
-        # series and counts one instrumentation error (all or nothing).
-        self._misuse = misuse(sku=sku, qty=qty)
 
     def replay(self) -> None:
         """This callback repeats one already processed: count a replay, not a payment."""
@@ -69,20 +66,16 @@ class PaymentCallback(BlockHandle):
         if self._misuse is not None:
             sentry.internal_error("api", TypeError(self._misuse))
         else:
-            self._record(mark)
+            try:
+                if mark in ("paid", "refund"):
+                    sentry.metrics.count(catalog.ORDERS_PAID, self.sku)
+                if mark == "refund":
+                    sentry.metrics.count(catalog.REFUND_DUE_TO_OVERSELL, self.sku)
+                elif mark == "replay":
+                    sentry.metrics.count(catalog.IDEMPOTENCY_REPLAY, "payment_callback")
+            except Exception as err:
+                sentry.internal_error("metrics", err)
         sentry.log_event(PAYMENT_CALLBACK, sku=self.sku, result=mark, **self.ids)
         span = self._span
         if span is not None:
             self._end_span(span, "stock.payment_result", mark, exc is not None, exc)
-
-    def _record(self, mark: str) -> None:
-        sentry = self._sentry
-        try:
-            if mark in ("paid", "refund"):
-                sentry.metrics.count(catalog.ORDERS_PAID, self.sku)
-            if mark == "refund":
-                sentry.metrics.count(catalog.REFUND_DUE_TO_OVERSELL, self.sku)
-            elif mark == "replay":
-                sentry.metrics.count(catalog.IDEMPOTENCY_REPLAY, "payment_callback")
-        except Exception as err:
-            sentry.internal_error("metrics", err)

@@ -55,7 +55,7 @@ class Reservation(BlockHandle):
         ids: dict[str, object],
         conflict_on: tuple[type[BaseException], ...] = (),
     ) -> None:
-        super().__init__(sentry, sku, qty, ids)
+        super().__init__(sentry, sku, qty, ids, strategy=strategy)
         self.strategy = strategy
         # Exception types the app raises as an answer (sold out), not as a failure.
         self._answers = conflict_on
@@ -79,9 +79,6 @@ class Reservation(BlockHandle):
         self._log_tokens: Mapping[str, Token[Any]] | None = None
         self._cv_token: Token[Reservation | None] | None = None
         self._start = 0.0
-        # A value of the wrong type from the app, described: the reservation then records
-        # none of its series (all or nothing) and counts one instrumentation error.
-        self._misuse = misuse(sku=sku, strategy=strategy, qty=qty)
 
     def _check(self, **values: object) -> None:
         if self._misuse is None:
@@ -127,14 +124,11 @@ class Reservation(BlockHandle):
             self._stale_cache(cached, old_stock)
 
     def _stale_cache(self, cached: int, actual: int | None) -> None:
-        if self._misuse is not None:
-            return
-        try:
+        # record_stale_cache_hit never raises: it counts its own failures.
+        if self._misuse is None:
             self._sentry.record_stale_cache_hit(
                 self._cache_name, sku=self.sku, cached=cached, actual=actual
             )
-        except Exception as exc:
-            self._sentry.internal_error("api", exc)
 
     def conflict(self, reason: ConflictReason) -> None:
         """Mark the reservation refused for ``reason`` (one of the catalog's conflict reasons)."""
@@ -231,34 +225,8 @@ class Reservation(BlockHandle):
                 sentry.internal_error("metrics", err)
         if self._log:
             self._log_end(outcome, exc)
-        if self._cv_token is not None or self._log_tokens is not None or self._span is not None:
-            self._restore(outcome, exc)
-
-    def _refuse_frozen(self, state: FreezeState) -> None:
-        """Count, log and raise the refusal of a frozen SKU (the block and ``__exit__`` do
-        not run)."""
-        sentry = self._sentry
-        if self._misuse is None:
-            try:
-                sentry.metrics.reservation_finished(self.sku, self.strategy, "frozen", 0.0)
-            except Exception as err:
-                sentry.internal_error("metrics", err)
-        if self._log:
-            fields: dict[str, Any] = {
-                "sku": self.sku,
-                "strategy": self.strategy,
-                "qty": self.qty,
-                "freeze_reason": state.reason,
-                "freeze_source": state.source,
-                **self.ids,
-            }
-            self._line(RESERVATION_FROZEN, fields)
-        raise SkuFrozen(self.sku, state.reason, state.source, state.at)
-
-    def _restore(self, outcome: Outcome, exc: BaseException | None) -> None:
         # Each step on its own: one failing (a context entered in another task, a span
         # processor that raises) must not leave the others' context behind.
-        sentry = self._sentry
         if self._cv_token is not None:
             try:
                 _current.reset(self._cv_token)
@@ -274,6 +242,26 @@ class Reservation(BlockHandle):
         span = self._span
         if span is not None:
             self._end_span(span, "stock.outcome", outcome, outcome == "error", exc)
+
+    def _refuse_frozen(self, state: FreezeState) -> None:
+        """Count, log and raise the refusal of a frozen SKU (the block and ``__exit__`` do
+        not run); only called without a misuse."""
+        sentry = self._sentry
+        try:
+            sentry.metrics.reservation_finished(self.sku, self.strategy, "frozen", 0.0)
+        except Exception as err:
+            sentry.internal_error("metrics", err)
+        if self._log:
+            fields: dict[str, Any] = {
+                "sku": self.sku,
+                "strategy": self.strategy,
+                "qty": self.qty,
+                "freeze_reason": state.reason,
+                "freeze_source": state.source,
+                **self.ids,
+            }
+            self._line(RESERVATION_FROZEN, fields)
+        raise SkuFrozen(self.sku, state.reason, state.source, state.at)
 
     def _negative_write(self) -> bool:
         """Whether ``success(new_stock=...)`` reported a negative write of its own (not one

@@ -195,7 +195,6 @@ SENSITIVE_TEXT: Final = re.compile(
     r"|(?<![0-9A-Za-z])(?P<card>[2-6](?:[ -]?[0-9]){12,18})(?![0-9A-Za-z])",
     re.IGNORECASE,
 )
-"""The pattern :func:`scrub_text` replaces; for callers that pre-check lengths themselves."""
 _SEPARATORS: Final = re.compile(r"[ -]")
 #: Shorter strings cannot match: "Bearer x" has 8 characters, a card 13 digits.
 MIN_SENSITIVE_LEN: Final = 8
