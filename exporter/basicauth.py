@@ -14,8 +14,6 @@ import threading
 from collections.abc import Mapping
 from typing import Final
 
-__all__ = ["AUTH_REALM", "BasicAuth", "parse_basic"]
-
 #: The realm sent in ``WWW-Authenticate`` when credentials are missing or wrong.
 AUTH_REALM: Final = "stocksentry"
 
@@ -63,23 +61,15 @@ class BasicAuth:
         with self._lock:
             return self._bcrypt_checks
 
-    def _digest(self, user: str, password: bytes) -> bytes:
-        return hmac.new(
-            self._key, user.encode("utf-8") + b"\0" + password, hashlib.sha256
-        ).digest()
-
     def _cached(self, user: str, digest: bytes) -> bool:
         with self._lock:
             cached = self._verified.get(user)
         return cached is not None and hmac.compare_digest(cached, digest)
 
-    def verify(self, user: str, password: bytes) -> bool:
-        """Check one user and password (blocking: may run bcrypt)."""
-        if not self._users:
-            return True
-        digest = self._digest(user, password)
+    def _verify(self, user: str, password: bytes, digest: bytes) -> bool:
+        """bcrypt for a cache miss (blocking); a success is cached under ``digest``."""
         if self._cached(user, digest):
-            return True
+            return True  # verified by a concurrent check meanwhile
         import bcrypt  # loaded by __init__ already, since there are users
 
         hashed = self._users.get(user)
@@ -104,9 +94,11 @@ class BasicAuth:
         if credentials is None:
             return False
         user, password = credentials
-        if self._cached(user, self._digest(user, password)):
+        message = user.encode("utf-8") + b"\0" + password
+        digest = hmac.new(self._key, message, hashlib.sha256).digest()
+        if self._cached(user, digest):
             return True  # the common case, answered without leaving the event loop
-        return await asyncio.to_thread(self.verify, user, password)
+        return await asyncio.to_thread(self._verify, user, password, digest)
 
 
 def parse_basic(header: str | None) -> tuple[str, bytes] | None:

@@ -229,11 +229,9 @@ class _Parser:
         self.lines: dict[str, int] = {}
 
     def fail(self, node: Node | None, key: str, problem: str) -> NoReturn:
-        raise WebConfigError(self.source, None if node is None else line_of(node), key, problem)
-
-    def fail_at(self, key: str, problem: str) -> NoReturn:
-        """Fail at the line of the key ``key`` (a dotted path already read)."""
-        raise WebConfigError(self.source, self.lines.get(key), key, problem)
+        """Fail at ``node``'s line, or without one at the line of the key ``key`` (read)."""
+        line = self.lines.get(key) if node is None else line_of(node)
+        raise WebConfigError(self.source, line, key, problem)
 
     def parse(self, text: str) -> WebConfig:
         try:
@@ -271,9 +269,8 @@ class _Parser:
             path = f"{prefix}{name}"
             self.lines[path] = line_of(entry.key)
             if known is not None and name not in known:
-                self.fail_at(
-                    path, _UNSUPPORTED.get(path, f"unknown key (known: {', '.join(known)})")
-                )
+                unknown = f"unknown key (known: {', '.join(known)})"
+                self.fail(entry.key, path, _UNSUPPORTED.get(path, unknown))
         return {name: entry.value for name, entry in entries.items()}
 
     def scalar_str(self, node: Node, key: str, *, secret: bool = False) -> str:
@@ -344,8 +341,10 @@ class _Parser:
             # anything else in it would then be silently ignored, so refuse that.
             others = [name for name in given if name not in ("cert_file", "key_file")]
             if others:
-                self.fail_at(
-                    prefix + others[0], "needs cert_file and key_file (without them TLS is off)"
+                self.fail(
+                    None,
+                    prefix + others[0],
+                    "needs cert_file and key_file (without them TLS is off)",
                 )
             return None
         if cert is None or key is None:
@@ -372,7 +371,8 @@ class _Parser:
                 f"required when client_auth_type is {auth}",
             )
         if auth == "NoClientCert" and ca is not None:
-            self.fail_at(
+            self.fail(
+                None,
                 prefix + "client_ca_file",
                 "set without client_auth_type: set client_auth_type to "
                 "RequireAndVerifyClientCert (or remove client_ca_file)",
@@ -441,7 +441,7 @@ class _Parser:
         for name, value_node in self.mapping(node, "basic_auth_users").items():
             key = f"basic_auth_users.{name}"
             if not name or ":" in name:
-                self.fail_at(key, "a user name must be non-empty and contain no ':'")
+                self.fail(None, key, "a user name must be non-empty and contain no ':'")
             # Never echo the value, even of the wrong type: it may be a plain password.
             hashed = self.scalar_str(value_node, key, secret=True)
             if not _BCRYPT_HASH.fullmatch(hashed):

@@ -1,9 +1,6 @@
 """What build of the exporter runs: ``stocksentry_build_info{version, revision,
 python_version} 1`` (the exporters' ``*_build_info`` convention) and the landing page's line.
 
-``revision`` is the first of: the ``REVISION`` file written into the package when the
-wheel is built, the commit of a VCS install (PEP 610 ``direct_url.json``), ``unknown``.
-
 Example::
 
     >>> BuildInfo("0.1.0", "4f2a9c1", "3.12.7").describe()
@@ -98,6 +95,5 @@ class BuildInfoCollector:
     def collect(self) -> Iterator[Metric]:
         spec = catalog.BUILD_INFO
         family = GaugeMetricFamily(spec.base_name, spec.help, labels=list(spec.labels))
-        info = self.info
-        family.add_metric([info.version, info.revision, info.python_version], 1.0)
+        family.add_metric([self.info.version, self.info.revision, self.info.python_version], 1.0)
         yield family

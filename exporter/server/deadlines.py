@@ -1,17 +1,9 @@
-"""Read deadlines for slow clients: a request head, a request body and a TLS handshake.
+"""Deadlines for slow clients (request head, request body) and lingering after a refused
+request; docs/exporter-server.md ("Slow clients", "Oversized requests") describes both.
 
-aiohttp bounds the size of a request head but not the time a client takes to send it, so
-a few hundred clients that send half a request line and then nothing would exhaust the
-descriptors. The server wraps each connection in a :class:`HeadDeadline`, which aborts
-it when its head has not arrived within ``header_timeout`` seconds (of the connection or
-of the head's first byte), or its body (``Content-Length`` or ``chunked``) within
-``body_timeout`` seconds of its head. It only finds where a head ends and how long its
-body is; aiohttp still parses the request.
-
-When aiohttp refuses a request the client is still sending (``400``) and closes, the
-kernel would answer the bytes still coming with a reset, which the client would read
-instead of the 400. The connection lingers instead: its writing side is shut, and the
-rest is read and dropped, at most :data:`LINGER_SECONDS` and :data:`LINGER_BYTES`.
+aiohttp bounds the size of a request head but not the time a client takes to send it.
+:class:`HeadDeadline` only finds where a head ends and how long its body is; aiohttp still
+parses the request.
 """
 
 from __future__ import annotations

@@ -59,18 +59,6 @@ def _encode(families: list[Metric], openmetrics: bool) -> bytes:
     return generate_latest(_Families(families))
 
 
-def _collector_name(collector: Collector, taken: set[str]) -> str:
-    base = getattr(collector, "name", None)
-    if not isinstance(base, str) or not base:
-        base = type(collector).__name__
-    name, n = base, 1
-    while name in taken:
-        n += 1
-        name = f"{base}#{n}"
-    taken.add(name)
-    return name
-
-
 class MetricsRenderer:
     """Collects every source and encodes one exposition; what ``/metrics`` runs in a thread.
 
@@ -194,22 +182,10 @@ class MetricsRenderer:
         return family
 
 
-def _process_collector() -> Collector:
-    """The exporter's build info and its process, platform and GC metrics (as the default
-    registry has them)."""
-    registry = CollectorRegistry()
-    registry.register(BuildInfoCollector())
-    ProcessCollector(registry=registry)
-    PlatformCollector(registry=registry)
-    GCCollector(registry=registry)
-    return registry
-
-
 def build_renderer(
     settings: ServerSettings, collectors: Sequence[Collector] = ()
 ) -> MetricsRenderer:
     """The renderer ``/metrics`` uses: multiprocess dir, then ``collectors``, then process."""
-    taken = {"multiprocess", "process"}
     sources: list[tuple[str, Collector]] = []
     if settings.multiprocess_dir is not None:
         multiprocess = MultiprocessDirCollector(
@@ -218,6 +194,23 @@ def build_renderer(
             compact_dead=settings.multiprocess_compact,
         )
         sources.append(("multiprocess", multiprocess))
-    sources.extend((_collector_name(c, taken), c) for c in collectors)
-    sources.append(("process", _process_collector()))
+    taken = {"multiprocess", "process"}
+    for collector in collectors:
+        base = getattr(collector, "name", None)
+        if not isinstance(base, str) or not base:
+            base = type(collector).__name__
+        name, n = base, 1
+        while name in taken:
+            n += 1
+            name = f"{base}#{n}"
+        taken.add(name)
+        sources.append((name, collector))
+    # The exporter's build info and its process, platform and GC metrics (as the default
+    # registry has them).
+    process = CollectorRegistry()
+    process.register(BuildInfoCollector())
+    ProcessCollector(registry=process)
+    PlatformCollector(registry=process)
+    GCCollector(registry=process)
+    sources.append(("process", process))
     return MetricsRenderer(sources)

@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
@@ -184,9 +184,7 @@ async def serving(
     listeners: list[asyncio.Server] = []
     try:
         await runner.setup()
-        handler_factory = runner.server
-        if handler_factory is None:  # setup() failed without raising
-            raise RuntimeError("the aiohttp runner has no server after setup()")
+        handler_factory = cast(web.Server, runner.server)  # set by setup()
 
         # Not aiohttp's TCPSite: its listener has no deadline for a slow client's request
         # head, body or TLS handshake (see deadlines.py).

@@ -631,6 +631,46 @@ _HASH = "$2y$10$X0h1gDsPszWURQaxFh.zoubFi6DXncSjhoQNJgRrnGs7EsimhC7zG"
             "http_server_config:\n  http2: !!bool maybe\n",
             "web.yml:2: http_server_config.http2: must be true or false, got bool 'maybe'",
         ),
+        (
+            "tls_server_config:\n  cert_file: a.crt\n  key_file: a.key\n"
+            "  client_ca_file: ca.crt\n",
+            "web.yml:4: tls_server_config.client_ca_file: set without client_auth_type: set "
+            "client_auth_type to RequireAndVerifyClientCert (or remove client_ca_file)",
+        ),
+        (
+            "tls_server_config:\n  cert_file: a.crt\n  key_file: a.key\n"
+            "  min_version: TLS13\n  max_version: TLS12\n",
+            "web.yml:5: tls_server_config.max_version: is lower than min_version",
+        ),
+        (
+            "tls_server_config:\n  cert_file: a.crt\n  key_file: a.key\n"
+            "  cipher_suites: [TLS_AES_128_GCM_SHA256]\n",
+            "web.yml:4: tls_server_config.cipher_suites: TLS_AES_128_GCM_SHA256 is a TLS 1.3 "
+            "suite; TLS 1.3 suites are not configurable",
+        ),
+        (
+            "tls_server_config:\n  cert_file: a.crt\n  key_file: a.key\n"
+            "  min_version: TLS13\n  cipher_suites: [TLS_RSA_WITH_AES_128_CBC_SHA]\n",
+            "web.yml:5: tls_server_config.cipher_suites: has no effect with min_version TLS13 "
+            "(TLS 1.3 suites are fixed)",
+        ),
+        (
+            "tls_server_config:\n  cert_file: ''\n",
+            "web.yml:2: tls_server_config.cert_file: must not be empty",
+        ),
+        (
+            "tls_server_config:\n  client_auth_type: NoClientCert\n",
+            "web.yml:2: tls_server_config.client_auth_type: needs cert_file and key_file "
+            "(without them TLS is off)",
+        ),
+        (
+            'http_server_config:\n  headers:\n    Content-Security-Policy: "a\\nb"\n',
+            "web.yml:3: http_server_config.headers.Content-Security-Policy: must be one line",
+        ),
+        (
+            "basic_auth_users:\n  'a:b': x\n",
+            "web.yml:2: basic_auth_users.a:b: a user name must be non-empty and contain no ':'",
+        ),
     ],
 )
 def test_malformed_web_configs_give_one_line_errors(
