@@ -21,8 +21,6 @@ from .investigate.reconcile import add_reconcile_parser
 from .investigate.timeline.command import add_timeline_parser
 from .lab import cli as lab_cli
 
-__all__ = ["build_parser", "main"]
-
 Handler = Callable[[argparse.Namespace], int]
 
 #: What each subcommand imports beyond the core install, and the extra that brings it:

@@ -18,8 +18,6 @@ import math
 import re
 from typing import Final
 
-__all__ = ["DURATION_PATTERN", "UNIT_SECONDS", "format_duration", "parse_duration"]
-
 #: Seconds per unit, largest first: the order the grammar requires.
 UNIT_SECONDS: Final[dict[str, float]] = {
     "y": 365 * 86400.0,

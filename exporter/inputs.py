@@ -20,22 +20,6 @@ import os
 import stat
 from typing import BinaryIO, Final
 
-__all__ = [
-    "CONFIG_LIMIT",
-    "ECHO_LIMIT",
-    "TLS_FILE_LIMIT",
-    "URL_FILE_LIMIT",
-    "WEB_CONFIG_LIMIT",
-    "InputFileError",
-    "check_regular_file",
-    "escape",
-    "format_size",
-    "open_log_input",
-    "read_bytes_bounded",
-    "read_text_bounded",
-    "shorten",
-]
-
 #: The exporter config (``--config``, ``check-config``).
 CONFIG_LIMIT: Final = 4 * 1024 * 1024
 #: A ``url_file``: one database or Redis URL.

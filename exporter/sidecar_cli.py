@@ -16,8 +16,6 @@ from typing import Final
 from .commandline import Subcommands
 from .listen import parse_listen_address
 
-__all__ = ["LOG_FORMATS", "LOG_LEVELS", "TELEMETRY_PATH_PATTERN", "Overrides", "add_parsers"]
-
 #: The levels of ``log.level`` and ``--log.level``, as promslog names them.
 LOG_LEVELS: Final = ("debug", "info", "warn", "error")
 #: The formats of ``log.format`` and ``--log.format``, as promslog names them.
