@@ -1,11 +1,9 @@
 """Reading the files the exporter is given, within bounds: nothing read can hang or grow it.
 
-Config-like inputs (the exporter config, a ``url_file``, the web config; the TLS files,
-which OpenSSL reads, are checked by :func:`check_regular_file`) must be regular files
-within a size limit per kind (docs/exporter-config.md, "Files it reads"); they are opened with
-``O_NONBLOCK``, so a FIFO without a writer is refused at once instead of blocking. Log
-inputs (timeline) may also be FIFOs. A refusal is an :class:`InputFileError` whose
-``problem`` is one short line, which each caller words as its own error.
+Config-like inputs must be regular files within a size limit per kind (docs/exporter-config.md,
+"Files it reads"); log inputs (timeline) may also be FIFOs. A refusal is an
+:class:`InputFileError` whose ``problem`` is one short line, which each caller words as its
+own error.
 
 Example::
 
@@ -45,8 +43,6 @@ class InputFileError(Exception):
     ``line`` that of the first bad byte of a text that is not UTF-8."""
 
     def __init__(self, path: str, what: str, problem: str, line: int | None = None) -> None:
-        self.path = path
-        self.what = what
         self.problem = problem
         self.line = line
         super().__init__(f"cannot read {what} {shorten(path, 200)}: {problem}")
