@@ -1,10 +1,7 @@
 """The one duration grammar of stocksentry: Prometheus's (``model.ParseDuration``).
 
-Whole numbers with the units ``ms``, ``s``, ``m``, ``h``, ``d``, ``w`` and ``y``, largest
-first, each at most once (``1h30m``, ``500ms``, ``0``); a day is 24 h, a year 365 d. A
-YAML or command-line *number* is seconds and may have a fraction; a string may not
-(``1.5s`` is refused, as Prometheus refuses it). :data:`DURATION_PATTERN` is the grammar
-as a regular expression, for JSON schemas.
+A number is seconds and may have a fraction; a string is whole numbers with units, largest
+first (docs/exporter-config.md, "Durations"); a day is 24 h, a year 365 d.
 
 Example::
 
