@@ -77,11 +77,7 @@ def _open_nonblocking(path: str, what: str) -> tuple[int, os.stat_result]:
     except ValueError:
         # A NUL in the path: not a name the OS can open.
         raise InputFileError(path, what, "the path contains a NUL character") from None
-    try:
-        return fd, os.fstat(fd)
-    except OSError as exc:
-        os.close(fd)
-        raise InputFileError(path, what, _os_problem(exc)) from None
+    return fd, os.fstat(fd)
 
 
 def _too_big(size: int, limit: int) -> str:
@@ -146,18 +142,12 @@ def open_log_input(path: str, *, what: str = "log input") -> BinaryIO:
     """Open a log input, a regular file or a FIFO, without blocking on the open (reads
     then wait for data as usual); directories, sockets and devices are refused."""
     fd, info = _open_nonblocking(path, what)
-    try:
-        if not (stat.S_ISREG(info.st_mode) or stat.S_ISFIFO(info.st_mode)):
-            kind = _kind(info.st_mode) or "not a file"
-            raise InputFileError(path, what, f"it is {kind}, not a log file or a pipe")
-        flags = fcntl.fcntl(fd, fcntl.F_GETFL)
-        fcntl.fcntl(fd, fcntl.F_SETFL, flags & ~os.O_NONBLOCK)
-    except OSError as exc:
+    if not (stat.S_ISREG(info.st_mode) or stat.S_ISFIFO(info.st_mode)):
         os.close(fd)
-        raise InputFileError(path, what, _os_problem(exc)) from None
-    except InputFileError:
-        os.close(fd)
-        raise
+        kind = _kind(info.st_mode) or "not a file"
+        raise InputFileError(path, what, f"it is {kind}, not a log file or a pipe")
+    flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+    fcntl.fcntl(fd, fcntl.F_SETFL, flags & ~os.O_NONBLOCK)
     return os.fdopen(fd, "rb")
 
 

@@ -138,8 +138,6 @@ def scalar_value(node: ScalarNode) -> bool | int | float:
             return bool(_CONSTRUCTOR.construct_yaml_bool(node))
         if node.tag == TAG_INT:
             return int(_CONSTRUCTOR.construct_yaml_int(node))
-        if node.tag == TAG_FLOAT:
-            return float(_CONSTRUCTOR.construct_yaml_float(node))
+        return float(_CONSTRUCTOR.construct_yaml_float(node))
     except (ValueError, KeyError, IndexError, TypeError, yaml.YAMLError):
         raise ValueError(f"not a {node.tag.rsplit(':', 1)[-1]}: {node.value!r}") from None
-    raise ValueError(f"not a bool, int or float scalar: {node.tag}")
