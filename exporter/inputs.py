@@ -131,9 +131,9 @@ def check_regular_file(path: str | os.PathLike[str], *, limit: int, what: str) -
 
 
 def _check_regular(name: str, what: str, info: os.stat_result, limit: int) -> None:
-    kind = _kind(info.st_mode)
-    if kind is not None or not stat.S_ISREG(info.st_mode):
-        raise InputFileError(name, what, f"it is {kind or 'not a file'}, not a regular file")
+    if not stat.S_ISREG(info.st_mode):
+        kind = _kind(info.st_mode) or "not a file"
+        raise InputFileError(name, what, f"it is {kind}, not a regular file")
     if info.st_size > limit:
         raise InputFileError(name, what, _too_big(info.st_size, limit))
 

@@ -41,9 +41,8 @@ class Overrides:
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> Overrides:
         """The flags of a parsed ``exporter`` command line."""
-        addresses = args.listen_addresses
         return cls(
-            listen_addresses=tuple(addresses) if addresses else None,
+            listen_addresses=tuple(args.listen_addresses) if args.listen_addresses else None,
             telemetry_path=args.telemetry_path,
             web_config_file=args.web_config_file,
             log_level=args.log_level,

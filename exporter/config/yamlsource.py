@@ -31,12 +31,8 @@ _CONSTRUCTOR: Final = yaml.constructor.SafeConstructor()
 
 
 class YamlSyntaxError(Exception):
-    """The text is not one YAML document; ``line`` is 1-based or ``None``.
-
-    ``context`` and ``problem`` are PyYAML's words without the snippet it would quote (it
-    may sit next to a secret); ``kind`` is ``"marked"``, PyYAML's error class, or
-    ``"nesting"``.
-    """
+    """The text is not one YAML document; ``context`` and ``problem`` are PyYAML's words
+    without the snippet it would quote (it may sit next to a secret)."""
 
     def __init__(
         self, line: int | None, context: str | None, problem: str | None, kind: str
