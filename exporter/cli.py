@@ -10,7 +10,6 @@ import argparse
 import sys
 from collections.abc import Callable
 from importlib import metadata
-from typing import TextIO
 
 from . import sidecar_cli
 from .commandline import PROG, CommandError, ExitCode, installed, report_error, say
@@ -20,8 +19,6 @@ from .drill import cli as drill_cli
 from .investigate.reconcile import add_reconcile_parser
 from .investigate.timeline.command import add_timeline_parser
 from .lab import cli as lab_cli
-
-__all__ = ["build_parser", "main"]
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -65,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         # On a terminal the cursor may sit at the end of a progress line.
         err = sys.stderr
-        say(err, ("\n" if _isatty(err) else "") + f"{PROG} {args.command}: interrupted")
+        say(err, ("\n" if err.isatty() else "") + f"{PROG} {args.command}: interrupted")
         return int(ExitCode.INTERRUPTED)
 
 
@@ -101,10 +98,3 @@ def _version() -> str:
         return metadata.version("stocksentry")
     except metadata.PackageNotFoundError:
         return "unknown"
-
-
-def _isatty(stream: TextIO) -> bool:
-    try:
-        return stream.isatty()
-    except (AttributeError, ValueError):
-        return False

@@ -17,20 +17,6 @@ from typing import Protocol, TextIO, TypeVar
 
 from .durations import format_duration, parse_duration
 
-__all__ = [
-    "PROG",
-    "CommandError",
-    "ExitCode",
-    "Subcommands",
-    "duration_in",
-    "float_in",
-    "installed",
-    "int_in",
-    "port",
-    "report_error",
-    "say",
-]
-
 PROG = "stocksentry"
 _Number = TypeVar("_Number", int, float)
 

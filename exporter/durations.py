@@ -1,10 +1,7 @@
 """The one duration grammar of stocksentry: Prometheus's (``model.ParseDuration``).
 
-Whole numbers with the units ``ms``, ``s``, ``m``, ``h``, ``d``, ``w`` and ``y``, largest
-first, each at most once (``1h30m``, ``500ms``, ``0``); a day is 24 h, a year 365 d. A
-YAML or command-line *number* is seconds and may have a fraction; a string may not
-(``1.5s`` is refused, as Prometheus refuses it). :data:`DURATION_PATTERN` is the grammar
-as a regular expression, for JSON schemas.
+A number is seconds and may have a fraction; a string is whole numbers with units, largest
+first (docs/exporter-config.md, "Durations"); a day is 24 h, a year 365 d.
 
 Example::
 
@@ -17,8 +14,6 @@ from __future__ import annotations
 import math
 import re
 from typing import Final
-
-__all__ = ["DURATION_PATTERN", "UNIT_SECONDS", "format_duration", "parse_duration"]
 
 #: Seconds per unit, largest first: the order the grammar requires.
 UNIT_SECONDS: Final[dict[str, float]] = {
@@ -61,10 +56,8 @@ def parse_duration(value: str | int | float) -> float:
             seconds = float(value)
         except OverflowError:
             raise ValueError("not a duration: too large") from None
-    elif isinstance(value, str):
-        seconds = _parse_text(value.strip())
     else:
-        raise ValueError(f"not a duration: a {type(value).__name__}")
+        seconds = _parse_text(value.strip())
     if not math.isfinite(seconds) or seconds < 0:
         raise ValueError(f"not a duration: {_shown(value)}")
     return seconds

@@ -1,11 +1,9 @@
 """Reading the files the exporter is given, within bounds: nothing read can hang or grow it.
 
-Config-like inputs (the exporter config, a ``url_file``, the web config; the TLS files,
-which OpenSSL reads, are checked by :func:`check_regular_file`) must be regular files
-within a size limit per kind (docs/exporter-config.md, "Files it reads"); they are opened with
-``O_NONBLOCK``, so a FIFO without a writer is refused at once instead of blocking. Log
-inputs (timeline) may also be FIFOs. A refusal is an :class:`InputFileError` whose
-``problem`` is one short line, which each caller words as its own error.
+Config-like inputs must be regular files within a size limit per kind (docs/exporter-config.md,
+"Files it reads"); log inputs (timeline) may also be FIFOs. A refusal is an
+:class:`InputFileError` whose ``problem`` is one short line, which each caller words as its
+own error.
 
 Example::
 
@@ -19,22 +17,6 @@ import fcntl
 import os
 import stat
 from typing import BinaryIO, Final
-
-__all__ = [
-    "CONFIG_LIMIT",
-    "ECHO_LIMIT",
-    "TLS_FILE_LIMIT",
-    "URL_FILE_LIMIT",
-    "WEB_CONFIG_LIMIT",
-    "InputFileError",
-    "check_regular_file",
-    "escape",
-    "format_size",
-    "open_log_input",
-    "read_bytes_bounded",
-    "read_text_bounded",
-    "shorten",
-]
 
 #: The exporter config (``--config``, ``check-config``).
 CONFIG_LIMIT: Final = 4 * 1024 * 1024
@@ -61,8 +43,6 @@ class InputFileError(Exception):
     ``line`` that of the first bad byte of a text that is not UTF-8."""
 
     def __init__(self, path: str, what: str, problem: str, line: int | None = None) -> None:
-        self.path = path
-        self.what = what
         self.problem = problem
         self.line = line
         super().__init__(f"cannot read {what} {shorten(path, 200)}: {problem}")
@@ -97,11 +77,7 @@ def _open_nonblocking(path: str, what: str) -> tuple[int, os.stat_result]:
     except ValueError:
         # A NUL in the path: not a name the OS can open.
         raise InputFileError(path, what, "the path contains a NUL character") from None
-    try:
-        return fd, os.fstat(fd)
-    except OSError as exc:
-        os.close(fd)
-        raise InputFileError(path, what, _os_problem(exc)) from None
+    return fd, os.fstat(fd)
 
 
 def _too_big(size: int, limit: int) -> str:
@@ -155,9 +131,9 @@ def check_regular_file(path: str | os.PathLike[str], *, limit: int, what: str) -
 
 
 def _check_regular(name: str, what: str, info: os.stat_result, limit: int) -> None:
-    kind = _kind(info.st_mode)
-    if kind is not None or not stat.S_ISREG(info.st_mode):
-        raise InputFileError(name, what, f"it is {kind or 'not a file'}, not a regular file")
+    if not stat.S_ISREG(info.st_mode):
+        kind = _kind(info.st_mode) or "not a file"
+        raise InputFileError(name, what, f"it is {kind}, not a regular file")
     if info.st_size > limit:
         raise InputFileError(name, what, _too_big(info.st_size, limit))
 
@@ -166,18 +142,12 @@ def open_log_input(path: str, *, what: str = "log input") -> BinaryIO:
     """Open a log input, a regular file or a FIFO, without blocking on the open (reads
     then wait for data as usual); directories, sockets and devices are refused."""
     fd, info = _open_nonblocking(path, what)
-    try:
-        if not (stat.S_ISREG(info.st_mode) or stat.S_ISFIFO(info.st_mode)):
-            kind = _kind(info.st_mode) or "not a file"
-            raise InputFileError(path, what, f"it is {kind}, not a log file or a pipe")
-        flags = fcntl.fcntl(fd, fcntl.F_GETFL)
-        fcntl.fcntl(fd, fcntl.F_SETFL, flags & ~os.O_NONBLOCK)
-    except OSError as exc:
+    if not (stat.S_ISREG(info.st_mode) or stat.S_ISFIFO(info.st_mode)):
         os.close(fd)
-        raise InputFileError(path, what, _os_problem(exc)) from None
-    except InputFileError:
-        os.close(fd)
-        raise
+        kind = _kind(info.st_mode) or "not a file"
+        raise InputFileError(path, what, f"it is {kind}, not a log file or a pipe")
+    flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+    fcntl.fcntl(fd, fcntl.F_SETFL, flags & ~os.O_NONBLOCK)
     return os.fdopen(fd, "rb")
 
 

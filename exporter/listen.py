@@ -17,8 +17,6 @@ import ipaddress
 import re
 from typing import Final
 
-__all__ = ["format_listen_address", "parse_listen_address"]
-
 # A host name as Go's resolver accepts it: labels of letters, digits and hyphens.
 _HOST_NAME: Final = re.compile(
     r"(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?"

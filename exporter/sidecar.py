@@ -90,33 +90,34 @@ def describe(
             else "checks notify-keyspace-events, never sets it"
         )
         watched = f"{', '.join(watch.patterns)} ({how})"
+    probes = [name for name, settings in config.probes.builtin().items() if settings.enabled]
+    probes.extend(custom.name for custom in config.probes.custom)
+    if config.database is None:
+        probing = "off (no database section)"
+    else:
+        probing = ", ".join(probes) if probes else "none enabled"
+    contained = "off"
+    if (section := config.containment) is not None:
+        contained = (
+            f"webhook {section.mode} at {WEBHOOK_PATH} for {', '.join(section.alerts)}, at "
+            f"most {section.max_auto_frozen} SKUs frozen automatically, each for "
+            f"{format_duration(section.expiry)}; keys {section.key_template}"
+        )
     cache = config.redis is not None and config.probes.cache_drift.enabled
     lines = [
         f"listen {listen}, metrics at {server.telemetry_path}: {security}",
         f"log level {config.log.level}, format {config.log.format}",
         f"multiprocess dir: {server.multiprocess_dir or 'none'}",
-        "database probes: "
-        + ("off (no database section)" if config.database is None else _enabled(config)),
+        f"database probes: {probing}",
         f"redis: {'cache_drift on promo SKUs' if cache else 'off'}",
         f"lock watch: {watched}",
-        f"containment: {_containment(config)}",
+        f"containment: {contained}",
     ]
     lines.extend(config.notes)
     headline = silent_headlines(config)
     if headline is not None:
         lines.append(headline)
     return lines
-
-
-def _containment(config: ExporterConfig) -> str:
-    section = config.containment
-    if section is None:
-        return "off"
-    return (
-        f"webhook {section.mode} at {WEBHOOK_PATH} for {', '.join(section.alerts)}, at most "
-        f"{section.max_auto_frozen} SKUs frozen automatically, each for "
-        f"{format_duration(section.expiry)}; keys {section.key_template}"
-    )
 
 
 def apply_overrides(config: ExporterConfig, overrides: Overrides) -> ExporterConfig:
@@ -148,13 +149,6 @@ def configure_exporter_logging(level: str, fmt: str, stream: TextIO | None = Non
 
     numeric = {"debug": "DEBUG", "info": "INFO", "warn": "WARNING", "error": "ERROR"}[level]
     configure_logging(numeric, stream=stream, json=fmt == "json", logfmt=fmt == "logfmt")
-
-
-def _enabled(config: ExporterConfig) -> str:
-    probes = config.probes
-    names = [name for name, settings in probes.builtin().items() if settings.enabled]
-    names.extend(custom.name for custom in probes.custom)
-    return ", ".join(names) if names else "none enabled"
 
 
 def _load(path: str | Path, overrides: Overrides) -> tuple[ExporterConfig, WebConfig | None]:

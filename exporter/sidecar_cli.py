@@ -16,8 +16,6 @@ from typing import Final
 from .commandline import Subcommands
 from .listen import parse_listen_address
 
-__all__ = ["LOG_FORMATS", "LOG_LEVELS", "TELEMETRY_PATH_PATTERN", "Overrides", "add_parsers"]
-
 #: The levels of ``log.level`` and ``--log.level``, as promslog names them.
 LOG_LEVELS: Final = ("debug", "info", "warn", "error")
 #: The formats of ``log.format`` and ``--log.format``, as promslog names them.
@@ -43,9 +41,8 @@ class Overrides:
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> Overrides:
         """The flags of a parsed ``exporter`` command line."""
-        addresses = args.listen_addresses
         return cls(
-            listen_addresses=tuple(addresses) if addresses else None,
+            listen_addresses=tuple(args.listen_addresses) if args.listen_addresses else None,
             telemetry_path=args.telemetry_path,
             web_config_file=args.web_config_file,
             log_level=args.log_level,

@@ -1,4 +1,4 @@
-"""What the config takes from outside the file: secret URLs and the multiprocess directory.
+"""Secret URLs: what the config takes from outside the file.
 
 A secret URL comes from exactly one of ``url_env``, ``url_file`` (a regular file of at
 most 64 KiB) or ``url`` (only without a password); it is held in a
@@ -8,14 +8,13 @@ most 64 KiB) or ``url`` (only without a password); it is held in a
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import Final
 
 from stocksentry.instrumentation.secrets import Secret, url_has_password
 from yaml.nodes import ScalarNode
 
 from ..inputs import URL_FILE_LIMIT, InputFileError, read_text_bounded, shorten
-from .errors import CheckedMapping, ConfigError, Context, describe, join
+from .errors import CheckedMapping, Context, describe, join
 from .kinds import Named, read_path
 from .specs import URL_KEYS, UrlKeys
 from .yamlsource import TAG_STR, line_of
@@ -83,18 +82,3 @@ def resolve_url(ctx: Context, section: CheckedMapping, spec: UrlKeys) -> tuple[S
         expected = ", ".join(plain[:-1]) + f" or {plain[-1]}"
         ctx.fail(node, path, f"{label} does not hold a {spec.what} URL ({expected}...)")
     return Secret(value), origin
-
-
-def multiprocess_dir_from_env(ctx: Context, path: str) -> Path | None:
-    """``$PROMETHEUS_MULTIPROC_DIR`` when set (it must be a directory), else ``None``."""
-    value = ctx.environ.get("PROMETHEUS_MULTIPROC_DIR", "").strip()
-    if not value:
-        return None
-    directory = Path(value)
-    if not directory.is_dir():
-        raise ConfigError(
-            f"PROMETHEUS_MULTIPROC_DIR names {value}, which is not a directory",
-            source=ctx.source,
-            path=path,
-        )
-    return directory

@@ -42,17 +42,14 @@ class ConfigError(Exception):
         self.source = source
         self.line = line
         self.path = path
-        super().__init__(self._format())
-
-    def _format(self) -> str:
-        source = shorten(self.source, _SOURCE_ECHO)
-        where = source if self.line is None else f"{source}:{self.line}"
+        shown = shorten(source, _SOURCE_ECHO)
+        where = shown if line is None else f"{shown}:{line}"
         # A key path echoes the file's own keys: a 100k-character key is cut, and a
         # control character in one is escaped, like every echoed value (describe()).
-        path = shorten(self.path, _PATH_ECHO)
-        text = f"{where}: {path}: {self.message}" if path else f"{where}: {self.message}"
+        key = shorten(path, _PATH_ECHO)
+        text = f"{where}: {key}: {message}" if key else f"{where}: {message}"
         # One message, one line, whatever a YAML problem or an OS error put in it.
-        return shorten(" ".join(text.split()), _LINE_LIMIT)
+        super().__init__(shorten(" ".join(text.split()), _LINE_LIMIT))
 
 
 class Context:

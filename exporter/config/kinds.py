@@ -70,16 +70,6 @@ class Kind:
         return list(value) if isinstance(value, tuple) else value
 
 
-def _text(ctx: Context, node: Node, path: str, allow_numbers: bool) -> str:
-    tags = (TAG_STR, TAG_INT, TAG_FLOAT) if allow_numbers else (TAG_STR,)
-    if not isinstance(node, ScalarNode) or node.tag not in tags:
-        ctx.fail(node, path, f"expected a string, got {describe(node)}")
-    value = str(node.value)
-    if not value.strip():
-        ctx.fail(node, path, "must not be empty")
-    return value
-
-
 def _scalar(
     ctx: Context, node: Node, path: str, tags: tuple[str, ...], expected: str
 ) -> bool | int | float:
@@ -183,7 +173,13 @@ class Text(Kind):
     allow_numbers: bool = False
 
     def read(self, ctx: Context, node: Node, path: str) -> str:
-        return _text(ctx, node, path, self.allow_numbers)
+        tags = (TAG_STR, TAG_INT, TAG_FLOAT) if self.allow_numbers else (TAG_STR,)
+        if not isinstance(node, ScalarNode) or node.tag not in tags:
+            ctx.fail(node, path, f"expected a string, got {describe(node)}")
+        value = str(node.value)
+        if not value.strip():
+            ctx.fail(node, path, "must not be empty")
+        return value
 
 
 @dataclass(frozen=True)
@@ -199,7 +195,7 @@ class Named(Kind):
     null_clears: bool = False
 
     def read(self, ctx: Context, node: Node, path: str) -> str:
-        value = _text(ctx, node, path, False)
+        value = Text().read(ctx, node, path)
         if not re.fullmatch(self.pattern, value) or (
             self.reserved and value.startswith(self.reserved)
         ):
@@ -256,7 +252,7 @@ class Choice(Kind):
     choices: tuple[str, ...]
 
     def read(self, ctx: Context, node: Node, path: str) -> str:
-        value = _text(ctx, node, path, False)
+        value = Text().read(ctx, node, path)
         if value not in self.choices:
             allowed = ", ".join(f'"{c}"' for c in self.choices)
             ctx.fail(node, path, f"expected one of {allowed}, got {describe(node)}")
@@ -317,7 +313,7 @@ class Host(Kind):
     doc_type: ClassVar[str] = "IP address or host name"
 
     def read(self, ctx: Context, node: Node, path: str) -> str:
-        value = _text(ctx, node, path, False)
+        value = Text().read(ctx, node, path)
         try:
             ipaddress.ip_address(value)
         except ValueError:
@@ -328,7 +324,7 @@ class Host(Kind):
 
 def read_path(ctx: Context, node: Node, path: str) -> Path:
     """A path, ``~`` expanded, relative to the config file's folder."""
-    text = _text(ctx, node, path, False)
+    text = Text().read(ctx, node, path)
     if "\0" in text:
         ctx.fail(node, path, "must not contain a NUL character")
     try:
@@ -364,7 +360,7 @@ class Template(Kind):
     name: str
 
     def read(self, ctx: Context, node: Node, path: str) -> str:
-        value = _text(ctx, node, path, False)
+        value = Text().read(ctx, node, path)
         try:
             fields = [f for _, f, _, _ in string.Formatter().parse(value) if f is not None]
         except ValueError:
@@ -419,7 +415,7 @@ class Sql(Kind):
     doc_type: ClassVar[str] = "SQL"
 
     def read(self, ctx: Context, node: Node, path: str) -> str:
-        sql = _text(ctx, node, path, False).strip().rstrip(";").strip()
+        sql = Text().read(ctx, node, path).strip().rstrip(";").strip()
         if not sql:
             ctx.fail(node, path, "must not be empty")
         if any(_ends_early(sql, *way) for way in itertools.product((False, True), repeat=3)):
@@ -438,7 +434,7 @@ class LockPattern(Kind):
     doc_type: ClassVar[str] = "lock key pattern"
 
     def read(self, ctx: Context, node: Node, path: str) -> str:
-        value = _text(ctx, node, path, False)
+        value = Text().read(ctx, node, path)
         if len(value) > 256 or not _LOCK_PATTERN.fullmatch(value):
             ctx.fail(
                 node,

@@ -19,7 +19,7 @@ from yaml.nodes import MappingNode, Node, SequenceNode
 from ..commandline import installed
 from ..durations import format_duration
 from ..inputs import CONFIG_LIMIT, InputFileError, read_text_bounded
-from .env import multiprocess_dir_from_env, resolve_url
+from .env import resolve_url
 from .errors import CheckedMapping, ConfigError, Context, describe, join
 from .model import (
     DatabaseConfig,
@@ -178,8 +178,12 @@ def _many(ctx: Context, cls: type, node: Node, path: str) -> tuple[Any, ...]:
 
 
 def _server(ctx: Context, mapping: CheckedMapping, values: dict[str, Any]) -> None:
-    if mapping.get("multiprocess_dir") is None:
-        values["multiprocess_dir"] = multiprocess_dir_from_env(ctx, "server.multiprocess_dir")
+    from_env = ctx.environ.get("PROMETHEUS_MULTIPROC_DIR", "").strip()
+    if mapping.get("multiprocess_dir") is None and from_env:
+        if not Path(from_env).is_dir():
+            message = f"PROMETHEUS_MULTIPROC_DIR names {from_env}, which is not a directory"
+            ctx.fail(None, "server.multiprocess_dir", message)
+        values["multiprocess_dir"] = Path(from_env)
     if values["compact_dead_workers"] and not values["check_worker_pids"]:
         # Without the app's PID namespace every pid looks dead: compaction would fold the
         # files of live workers.

@@ -1,10 +1,8 @@
 """The declarative config model: every section, key, default, range and doc, once.
 
-Each section is a frozen dataclass whose fields say in their metadata (:mod:`.specs`)
-what they are: a YAML key with its :class:`~.kinds.Kind`, default and doc, a nested
-section, the ``url_env`` / ``url_file`` / ``url`` trio of a secret URL, or a value the
-loader derives. The loader, the docs' key reference and the chart's
-``values.schema.json`` all read these, so they cannot disagree on a key.
+Each section is a frozen dataclass whose fields carry their spec (:mod:`.specs`): the
+loader, the docs' key reference and the chart's ``values.schema.json`` all read these, so
+they cannot disagree on a key.
 """
 
 # ruff: noqa: RUF009 - the fields' metadata is built by calls (key(), section() ...) that

@@ -31,12 +31,8 @@ _CONSTRUCTOR: Final = yaml.constructor.SafeConstructor()
 
 
 class YamlSyntaxError(Exception):
-    """The text is not one YAML document; ``line`` is 1-based or ``None``.
-
-    ``context`` and ``problem`` are PyYAML's words without the snippet it would quote (it
-    may sit next to a secret); ``kind`` is ``"marked"``, PyYAML's error class, or
-    ``"nesting"``.
-    """
+    """The text is not one YAML document; ``context`` and ``problem`` are PyYAML's words
+    without the snippet it would quote (it may sit next to a secret)."""
 
     def __init__(
         self, line: int | None, context: str | None, problem: str | None, kind: str
@@ -138,8 +134,6 @@ def scalar_value(node: ScalarNode) -> bool | int | float:
             return bool(_CONSTRUCTOR.construct_yaml_bool(node))
         if node.tag == TAG_INT:
             return int(_CONSTRUCTOR.construct_yaml_int(node))
-        if node.tag == TAG_FLOAT:
-            return float(_CONSTRUCTOR.construct_yaml_float(node))
+        return float(_CONSTRUCTOR.construct_yaml_float(node))
     except (ValueError, KeyError, IndexError, TypeError, yaml.YAMLError):
         raise ValueError(f"not a {node.tag.rsplit(':', 1)[-1]}: {node.value!r}") from None
-    raise ValueError(f"not a bool, int or float scalar: {node.tag}")

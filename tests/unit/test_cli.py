@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import io
 import subprocess
 import sys
 
 import pytest
 from stocksentry.exporter import cli
+from stocksentry.exporter.commandline import report_error
 from stocksentry.exporter.lab.config import STRATEGY_NAMES
 
 
@@ -231,3 +233,9 @@ def test_a_missing_extra_is_one_line_and_exit_2_before_any_work(
         f"stocksentry {command}: error: {named} not installed: this command needs the"
         f" {extra} extra, pip install 'stocksentry[{extra}]'\n"
     )
+
+
+def test_report_error_cuts_a_long_message_to_one_bounded_line() -> None:
+    out = io.StringIO()
+    report_error("check-config", "x " * 1000, out)
+    assert out.getvalue() == f"stocksentry check-config: error: {'x ' * 498}x...\n"

@@ -209,6 +209,27 @@ def test_run_exporter_on_a_busy_port_is_status_2(tmp_path: Path) -> None:
     assert "Traceback" not in done.stderr
 
 
+def test_run_exporter_refuses_a_listen_address_given_twice(tmp_path: Path) -> None:
+    path = write(tmp_path / "exporter.yaml", "server: {port: 19464}\n")
+    twice = (
+        "import sys; from stocksentry.exporter.sidecar import run_exporter; "
+        "from stocksentry.exporter.sidecar_cli import Overrides; "
+        "sys.exit(run_exporter(sys.argv[1], overrides=Overrides("
+        "listen_addresses=(('127.0.0.1', 9555), ('127.0.0.1', 9555)))))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", twice, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"},
+    )
+    assert done.returncode == 2
+    (error,) = [x for x in done.stderr.splitlines() if x.startswith("stocksentry")]
+    assert error.startswith("stocksentry exporter: error: --web.listen-address: ")
+    assert "listed twice" in error
+
+
 def test_run_exporter_serves_and_exits_0_on_sigterm(tmp_path: Path) -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
