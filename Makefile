@@ -56,9 +56,13 @@ helm-tools: dev
 	@bash helm/install-helm.sh
 
 ## test: install, start PostgreSQL, Redis and MariaDB when down, install promtool/amtool
-## and the Helm SDK, run pytest (tests/unit needs none of them; tests/integration does)
+## and the Helm SDK, run pytest (tests/unit needs none of them; tests/integration does).
+## The test files are spread over TEST_WORKERS processes, whole files to one worker
+## (pytest-xdist --dist loadfile: a module's fixtures are set up once); most of the suite
+## waits on servers and subprocesses, so 4 workers on 2 cores; TEST_WORKERS=0 runs serially.
+TEST_WORKERS ?= 4
 test: dev services tools helm-tools
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 ## fuzz: the fuzz suite (tests/fuzz: config and web-config loaders, timeline's parsers, the
 ## SQL classifier, the SKU guard, the multiprocess reader, the middlewares' headers) with
