@@ -132,7 +132,9 @@ class Duration(Kind):
         if isinstance(node, ScalarNode) and node.tag == TAG_STR:
             raw = str(node.value)
         else:
-            raw = float(_scalar(ctx, node, path, (TAG_INT, TAG_FLOAT), _DURATION_EXAMPLE))
+            # An int stays an int: parse_duration turns one too large for a float into the
+            # same one-line refusal as any other bad duration.
+            raw = _scalar(ctx, node, path, (TAG_INT, TAG_FLOAT), _DURATION_EXAMPLE)
             if raw < 0:
                 ctx.fail(node, path, f"must not be negative, got {node.value}")
         try:

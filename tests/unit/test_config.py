@@ -82,6 +82,14 @@ MALFORMED = [
         "must not be negative, got -5",
     ),
     (
+        # An int too large for a float: one line, not an OverflowError.
+        "huge-integer-interval",
+        "probes:\n  defaults:\n    interval: 1" + "0" * 400 + "\n",
+        3,
+        "probes.defaults.interval",
+        "expected a duration like",
+    ),
+    (
         "negative-duration-string",
         DB + "probes:\n  negative_stock:\n    timeout: -1s\n",
         5,
