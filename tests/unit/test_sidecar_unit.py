@@ -39,6 +39,18 @@ def write(path: Path, text: str) -> Path:
     return path
 
 
+def run_python(code: str, path: Path) -> subprocess.CompletedProcess[str]:
+    """``code`` run in a fresh interpreter with ``path`` as its argument, outside any
+    multiprocess directory of the test run."""
+    return subprocess.run(
+        [sys.executable, "-c", code, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"},
+    )
+
+
 def check(path: Path) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
     status = check_config(path, out=out, err=err)
@@ -195,13 +207,7 @@ def test_run_exporter_on_a_busy_port_is_status_2(tmp_path: Path) -> None:
         path = write(
             tmp_path / "exporter.yaml", f"server: {{listen_address: 127.0.0.1, port: {port}}}\n"
         )
-        done = subprocess.run(
-            [sys.executable, "-c", RUN, str(path)],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            env={k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"},
-        )
+        done = run_python(RUN, path)
     assert done.returncode == 2
     # The log lines before it are JSON; the error is the one plain line.
     (error,) = [x for x in done.stderr.splitlines() if x.startswith("stocksentry")]
@@ -217,13 +223,7 @@ def test_run_exporter_refuses_a_listen_address_given_twice(tmp_path: Path) -> No
         "sys.exit(run_exporter(sys.argv[1], overrides=Overrides("
         "listen_addresses=(('127.0.0.1', 9555), ('127.0.0.1', 9555)))))"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", twice, str(path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"},
-    )
+    done = run_python(twice, path)
     assert done.returncode == 2
     (error,) = [x for x in done.stderr.splitlines() if x.startswith("stocksentry")]
     assert error.startswith("stocksentry exporter: error: --web.listen-address: ")
