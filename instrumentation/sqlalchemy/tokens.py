@@ -155,8 +155,13 @@ def tokenize(sql: str, paramstyle: str, mysql: bool = False) -> list[Tok]:
                 out.append((OP, ":", depth))
                 pos = m.start() + 1
         elif group == "n":
-            # Digits alone are an int; a point or an exponent makes a float.
-            out.append((NUMBER, int(text) if text.isdigit() else float(text), depth))
+            # Digits alone are an int; a point, an exponent, or more digits than int() takes
+            # (4,300 since Python 3.11) make a float.
+            try:
+                number: int | float = int(text)
+            except ValueError:
+                number = float(text)
+            out.append((NUMBER, number, depth))
         elif group == "w":
             out.append((WORD, text.lower(), depth))
         elif text == "?" and qmark:

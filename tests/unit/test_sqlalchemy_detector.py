@@ -195,6 +195,9 @@ def test_classifier_select_locks_strings_and_other_statements() -> None:
     assert classify_statement("INSERT INTO orders (sku) VALUES (%(sku)s)").table == "orders"
     for odd in ("", "   ", "/* only a comment */", "SELECT 1", "VACUUM", "'unterminated"):
         assert classify_statement(odd).stock is False
+    # More digits than int() takes (Python 3.11's 4,300): read as a float, never raised.
+    huge = classify_statement("UPDATE products SET available_stock = 1 WHERE id = " + "9" * 5000)
+    assert (huge.table, huge.keys) == ("products", (("id", (False, float("inf"))),))
 
 
 # --- detector verdicts -------------------------------------------------------------------------
