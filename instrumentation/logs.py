@@ -304,7 +304,9 @@ def configure_logging(
         #  "level": "info", "logger": "checkout",
         #  "timestamp": "2025-01-31T12:00:00.123Z"}
     """
-    if isinstance(level, str):
+    # Anything but an int is read as a name here, so a bad level fails before the previous
+    # configuration is taken down.
+    if not isinstance(level, int):
         try:
             level = logging.getLevelNamesMapping()[level.upper()]
         except KeyError:

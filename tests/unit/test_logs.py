@@ -420,6 +420,16 @@ def test_unknown_level_is_rejected(restore_logging: None) -> None:
         configure_logging("LOUD", stream=io.StringIO())
 
 
+def test_a_level_of_the_wrong_type_fails_before_the_configuration_changes(
+    restore_logging: None,
+) -> None:
+    configure_logging("INFO", stream=io.StringIO())
+    handlers = list(logging.getLogger().handlers)
+    with pytest.raises(AttributeError):
+        configure_logging(None, stream=io.StringIO())  # type: ignore[arg-type]
+    assert logging.getLogger().handlers == handlers
+
+
 def test_console_renderer_for_humans(restore_logging: None) -> None:
     out = io.StringIO()
     configure_logging("info", stream=out, json=False)
