@@ -62,7 +62,9 @@ class LockWrapper(Generic[LockT]):
         fencing: bool = False,
     ) -> None:
         self.lock = lock
-        self.name = name if name is not None else as_text(getattr(lock, self.key_attribute))
+        #: The lock's Redis key, as the library holds it.
+        self.lock_key: str | bytes = getattr(lock, self.key_attribute)
+        self.name = name if name is not None else as_text(self.lock_key)
         self.count_retries = count_retries
         self.fencing = fencing
         self.recorder = LockRecorder(self.name, sentry)
@@ -195,8 +197,7 @@ class LockWrapper(Generic[LockT]):
         """The lock's next fencing token on its masters: the highest that a majority of them
         issued while the lock held ``token`` (``None``: the token that majority shows), the
         lagging masters of that majority then raised to it."""
-        key: str | bytes = getattr(self.lock, self.key_attribute)
-        keys = [key, f"{as_text(key)}:fence"]
+        keys = [self.lock_key, f"{as_text(self.lock_key)}:fence"]
         scripts = [self._fence_script(master) for master in masters]
         issued: list[tuple[bytes, int] | None] = []
         failure: Exception | None = None

@@ -262,7 +262,6 @@ def value_ref(toks: Sequence[Tok]) -> ValueRef | None:
         if inner >= len(toks):
             return None
         return value_ref(toks[2:inner])
-    toks = unwrap(toks)
     first = toks[0]
     i = 1
     ref: ValueRef

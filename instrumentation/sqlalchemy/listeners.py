@@ -61,8 +61,8 @@ if TYPE_CHECKING:
 _OPERATIONS = {"select": "SELECT", "update": "UPDATE", "delete": "DELETE", "lock": "LOCK TABLE"}
 _DB_SYSTEMS = {"mssql": "microsoft.sql_server", "oracle": "oracle.db"}
 # The line each concurrency refusal logs and the counter it increments (a lock timeout has
-# none); which SQLSTATE is which refusal is outcomes'.
-_REFUSALS = {
+# none); which SQLSTATE is which refusal is outcomes' (a test keeps the two in step).
+REFUSALS = {
     "deadlock": (events.DB_DEADLOCK, catalog.DB_DEADLOCK),
     "serialization_failure": (events.DB_SERIALIZATION_FAILURE, catalog.DB_SERIALIZATION_FAILURE),
     "lock_timeout": (events.DB_LOCK_TIMEOUT, None),
@@ -274,7 +274,7 @@ class Instrumentation:
             if refusal is None:
                 return
             reason, state = refusal
-            event, metric = _REFUSALS[reason]
+            event, metric = REFUSALS[reason]
             table = plan.table if plan is not None else None
             if table is None and ctx.connection is not None:
                 # A failure at COMMIT (SERIALIZABLE) names no statement: use the last stock

@@ -27,6 +27,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlitedb import sqlite_engine
 from stocksentry.instrumentation import MetricSpec, Sentry, catalog
 from stocksentry.instrumentation.logs import bind_correlation, configure_logging
+from stocksentry.instrumentation.outcomes import MYSQL_ERRNO_REASONS, SQLSTATE_REASONS
 from stocksentry.instrumentation.sqlalchemy import (
     StockTable,
     classify_statement,
@@ -35,6 +36,7 @@ from stocksentry.instrumentation.sqlalchemy import (
     uninstrument_sqlalchemy,
 )
 from stocksentry.instrumentation.sqlalchemy.instrumentor import instrumented
+from stocksentry.instrumentation.sqlalchemy.listeners import REFUSALS
 
 UNSAFE = "stock_unsafe_read_modify_write_total"
 LOCK_WAIT = "stock_db_lock_wait_duration_seconds"
@@ -198,6 +200,11 @@ def test_classifier_select_locks_strings_and_other_statements() -> None:
     # More digits than int() takes (Python 3.11's 4,300): read as a float, never raised.
     huge = classify_statement("UPDATE products SET available_stock = 1 WHERE id = " + "9" * 5000)
     assert (huge.table, huge.keys) == ("products", (("id", (False, float("inf"))),))
+
+
+def test_every_database_refusal_has_its_log_line() -> None:
+    reasons = set(SQLSTATE_REASONS.values()) | set(MYSQL_ERRNO_REASONS.values())
+    assert reasons == set(REFUSALS)
 
 
 # --- detector verdicts -------------------------------------------------------------------------
