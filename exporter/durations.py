@@ -48,7 +48,7 @@ _MAX_DIGITS: Final = 18
 
 def parse_duration(value: str | int | float) -> float:
     """Seconds from a non-negative number of seconds or a Prometheus duration string;
-    :class:`ValueError` (quoting at most 40 characters) for anything else."""
+    :class:`ValueError` (quoting at most 40 characters) for any other int, float or str."""
     if isinstance(value, bool):
         raise ValueError(f"not a duration: {value!r}")
     if isinstance(value, int | float):

@@ -107,9 +107,10 @@ class Integer(Kind):
     def read(self, ctx: Context, node: Node, path: str) -> int:
         value = int(_scalar(ctx, node, path, (TAG_INT,), "expected a whole number"))
         if value < self.minimum:
-            ctx.fail(node, path, f"must be at least {self.minimum}, got {value}")
+            ctx.fail(node, path, f"must be at least {self.minimum}, got {node.value}")
         if value > self.maximum:
-            ctx.fail(node, path, f"must be at most {self.maximum}, got {value}")
+            # As written: str() of a huge YAML hex int exceeds Python's digit limit.
+            ctx.fail(node, path, f"must be at most {self.maximum}, got {node.value}")
         return value
 
     def type_doc(self) -> str:
@@ -132,11 +133,14 @@ class Duration(Kind):
         if isinstance(node, ScalarNode) and node.tag == TAG_STR:
             raw = str(node.value)
         else:
-            # An int stays an int: parse_duration turns one too large for a float into the
-            # same one-line refusal as any other bad duration.
+            # An int stays an int, compared exactly: one too large for a float is refused
+            # here, not overflowed.
             raw = _scalar(ctx, node, path, (TAG_INT, TAG_FLOAT), _DURATION_EXAMPLE)
             if raw < 0:
                 ctx.fail(node, path, f"must not be negative, got {node.value}")
+            if raw > self.maximum:
+                got = format_duration(raw) if raw < 1e300 else describe(node)
+                ctx.fail(node, path, f"must be at most {format_duration(self.maximum)}, got {got}")
         try:
             seconds = parse_duration(raw)
         except ValueError:
@@ -184,6 +188,10 @@ class Text(Kind):
         return value
 
 
+#: A plain :class:`Text`, for the kinds that read a string first.
+TEXT = Text()
+
+
 @dataclass(frozen=True)
 class Named(Kind):
     """A name that must match ``pattern`` (Python and JSON-schema regex alike) and not
@@ -197,7 +205,7 @@ class Named(Kind):
     null_clears: bool = False
 
     def read(self, ctx: Context, node: Node, path: str) -> str:
-        value = Text().read(ctx, node, path)
+        value = TEXT.read(ctx, node, path)
         if not re.fullmatch(self.pattern, value) or (
             self.reserved and value.startswith(self.reserved)
         ):
@@ -254,7 +262,7 @@ class Choice(Kind):
     choices: tuple[str, ...]
 
     def read(self, ctx: Context, node: Node, path: str) -> str:
-        value = Text().read(ctx, node, path)
+        value = TEXT.read(ctx, node, path)
         if value not in self.choices:
             allowed = ", ".join(f'"{c}"' for c in self.choices)
             ctx.fail(node, path, f"expected one of {allowed}, got {describe(node)}")
@@ -271,7 +279,7 @@ class Choice(Kind):
 class TextList(Kind):
     """A list of distinct strings, each read as ``item``; not empty when ``non_empty``."""
 
-    item: Kind = Text()
+    item: Kind = TEXT
     non_empty: bool = False
 
     def read(self, ctx: Context, node: Node, path: str) -> tuple[str, ...]:
@@ -315,7 +323,7 @@ class Host(Kind):
     doc_type: ClassVar[str] = "IP address or host name"
 
     def read(self, ctx: Context, node: Node, path: str) -> str:
-        value = Text().read(ctx, node, path)
+        value = TEXT.read(ctx, node, path)
         try:
             ipaddress.ip_address(value)
         except ValueError:
@@ -326,7 +334,7 @@ class Host(Kind):
 
 def read_path(ctx: Context, node: Node, path: str) -> Path:
     """A path, ``~`` expanded, relative to the config file's folder."""
-    text = Text().read(ctx, node, path)
+    text = TEXT.read(ctx, node, path)
     if "\0" in text:
         ctx.fail(node, path, "must not contain a NUL character")
     try:
@@ -362,7 +370,7 @@ class Template(Kind):
     name: str
 
     def read(self, ctx: Context, node: Node, path: str) -> str:
-        value = Text().read(ctx, node, path)
+        value = TEXT.read(ctx, node, path)
         try:
             fields = [f for _, f, _, _ in string.Formatter().parse(value) if f is not None]
         except ValueError:
@@ -417,7 +425,7 @@ class Sql(Kind):
     doc_type: ClassVar[str] = "SQL"
 
     def read(self, ctx: Context, node: Node, path: str) -> str:
-        sql = Text().read(ctx, node, path).strip().rstrip(";").strip()
+        sql = TEXT.read(ctx, node, path).strip().rstrip(";").strip()
         if not sql:
             ctx.fail(node, path, "must not be empty")
         if any(_ends_early(sql, *way) for way in itertools.product((False, True), repeat=3)):
@@ -436,7 +444,7 @@ class LockPattern(Kind):
     doc_type: ClassVar[str] = "lock key pattern"
 
     def read(self, ctx: Context, node: Node, path: str) -> str:
-        value = Text().read(ctx, node, path)
+        value = TEXT.read(ctx, node, path)
         if len(value) > 256 or not _LOCK_PATTERN.fullmatch(value):
             ctx.fail(
                 node,
@@ -462,7 +470,8 @@ class Ratio(Kind):
     def read(self, ctx: Context, node: Node, path: str) -> float:
         expected = "expected a number greater than 0 and at most 1"
         value = _scalar(ctx, node, path, (TAG_INT, TAG_FLOAT), expected)
-        if isinstance(value, bool) or not 0 < float(value) <= 1:
+        # Compared before float(): an int too large for a float is refused, not overflowed.
+        if isinstance(value, bool) or not 0 < value <= 1:
             ctx.fail(node, path, f"{expected}, got {describe(node)}")
         return float(value)
 

@@ -208,6 +208,9 @@ class DuplicateOrdersProbe(DbProbe):
         self._guard = guard
         self.top = settings.top_skus
         self._builder = InvariantSql(config.schema, self.dialect.name)
+        if not self._builder.key_columns():
+            # Without a key column every run would export 0: an all-clear, not a probe.
+            raise ValueError("the duplicate_orders probe needs external_ref or idempotency_key")
         self._window = settings.window
         self._margin = settings.clock_margin
         self.keys = DuplicateKeys(window=settings.window)

@@ -222,6 +222,8 @@ def test_config_defaults_and_errors() -> None:
         ("  patterns: ['lock:{sku}:{sku}']\n", "expected a key pattern"),
         ("  patterns: ['lock:[ab]*']\n", "expected a key pattern"),
         ("  foreign_release_ratio: 1.5\n", "greater than 0 and at most 1"),
+        # An int too large for a float: refused in one line, not an OverflowError.
+        ("  foreign_release_ratio: 1" + "0" * 400 + "\n", "greater than 0 and at most 1"),
         ("  max_tracked_locks: 0\n", "lock_watch.max_tracked_locks"),
         ("  colour: red\n", "colour"),
     ],
