@@ -22,6 +22,7 @@ tests/node/node_modules (gitignored), and is skipped while the lock file is unch
 from __future__ import annotations
 
 import datetime as dt
+import fcntl
 import hashlib
 import json
 import os
@@ -68,16 +69,20 @@ def install_node_modules() -> None:
         raise RuntimeError("node and npm are needed for the Node.js tests (Node 20)")
     digest = hashlib.sha256((NODE_DIR / "package-lock.json").read_bytes()).hexdigest()
     stamp = NODE_DIR / "node_modules" / ".stocksentry-lock-sha256"
-    if stamp.is_file() and stamp.read_text() == digest:
-        return
-    subprocess.run(
-        [npm, "ci", "--no-audit", "--no-fund", "--prefer-offline", "--loglevel=error"],
-        cwd=NODE_DIR,
-        check=True,
-        timeout=NPM_TIMEOUT_S,
-        capture_output=True,
-    )
-    stamp.write_text(digest)
+    # `make test` runs test files on several workers, and `npm ci` starts by deleting
+    # node_modules: one install at a time, the stamp checked under the same lock.
+    with open(NODE_DIR / ".npm-install.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if stamp.is_file() and stamp.read_text() == digest:
+            return
+        subprocess.run(
+            [npm, "ci", "--no-audit", "--no-fund", "--prefer-offline", "--loglevel=error"],
+            cwd=NODE_DIR,
+            check=True,
+            timeout=NPM_TIMEOUT_S,
+            capture_output=True,
+        )
+        stamp.write_text(digest)
 
 
 @dataclass
