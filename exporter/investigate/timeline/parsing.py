@@ -18,7 +18,7 @@ from typing import Any, Final
 from .limits import MAX_DEPTH, MAX_ID, MAX_LINE, MAX_NUMBER, SKIPPED_EXAMPLES
 from .model import AVAILABLE, FROM, ID_KEYS, QTY, STOCK, TO, Event
 from .selling import INT
-from .times import Stamp, parse_time_text, parse_time_value
+from .times import NUMBER, Stamp, parse_time_text, parse_time_value
 
 #: Other spellings of the keys the detectors read, as other loggers and apps write them.
 ALIASES: Final = {
@@ -264,13 +264,27 @@ def _from_mapping(record: dict[str, Any], stamp: Stamp | None) -> Event | None:
 
 
 def _find_time(record: dict[str, Any]) -> tuple[Stamp, str] | None:
-    """The stamp of the first time key of ``record`` that parses, and that key."""
+    """The stamp of the first time key of ``record`` that parses, and that key.
+
+    A number that is no time (negative, NaN, 10**400, or such a number as text) gives an
+    infinite stamp, which :func:`_make_event` refuses: the line is skipped instead of
+    taking the time of the line before it.
+    """
     for key in _TIME_KEYS:
         if key in record:
-            parsed = parse_time_value(record[key])
+            value = record[key]
+            parsed = parse_time_value(value)
             if parsed is not None:
                 return parsed, key
+            if _is_number(value):
+                return (math.inf, True), key
     return None
+
+
+def _is_number(value: object) -> bool:
+    if isinstance(value, str):
+        return NUMBER.match(value.strip()) is not None
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _from_text(text: str) -> Event | None:

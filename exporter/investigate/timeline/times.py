@@ -64,11 +64,8 @@ def parse_time_text(text: str) -> Stamp | None:
 
 
 def parse_time_value(value: object) -> Stamp | None:
-    """A JSON time value: text as :func:`parse_time_text`, or epoch s / ms / us / ns.
-
-    A number that is no time (negative, NaN, 10**400, or such a number as text) gives an
-    infinite stamp, which the parser refuses: the line is skipped instead of taking the
-    time of the line before it."""
+    """A JSON time value: text as :func:`parse_time_text`, or epoch s / ms / us / ns;
+    ``None`` for anything else, a number that is no time (negative, NaN, 10**400) too."""
     if isinstance(value, str):
         text = value.strip()
         parsed = parse_time_text(text)
@@ -80,10 +77,9 @@ def parse_time_value(value: object) -> Stamp | None:
     try:
         seconds = float(value)
     except OverflowError:
-        # An integer beyond any float (10**400).
-        return math.inf, True
+        return None  # an integer beyond any float (10**400)
     if not math.isfinite(seconds) or seconds < 0:
-        return math.inf, True
+        return None
     if seconds > 1e17:
         seconds /= 1e9
     elif seconds > 1e14:
