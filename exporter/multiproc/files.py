@@ -249,8 +249,10 @@ def pid_alive(pid: str) -> bool:
             os.kill(number, 0)
     except ProcessLookupError:
         return False
-    except (ValueError, OSError):
-        pass  # not a number; PermissionError: it exists, under another user
+    except (ValueError, OverflowError, OSError):
+        # Not a number, or one beyond any pid (os.kill overflows): a stray file, taken as
+        # alive like any name that is no pid; PermissionError: it exists, under another user.
+        pass
     return True
 
 

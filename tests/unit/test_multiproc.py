@@ -185,6 +185,15 @@ def test_live_gauges_of_dead_pids_are_dropped(workers: Workers) -> None:
     assert rows(after) == rows(MultiprocessDirCollector(workers.path).collect())
 
 
+def test_a_pid_beyond_any_process_is_a_stray_name_not_a_failed_scrape(workers: Workers) -> None:
+    (alive,) = workers.start([1], stay=True)
+    stray = workers.path / "gauge_livesum_99999999999999999999.db"
+    shutil.copy(next(workers.path.glob(f"gauge_livesum_{alive.pid}.db")), stray)
+    ours = list(MultiprocessDirCollector(workers.path).collect())
+    # Taken as alive, like any file name that is no pid: its values are merged.
+    assert value(ours, "mp_g_livesum", sku="A") == 10 + 10
+
+
 def test_missing_directory_yields_only_health_series(tmp_path: Path) -> None:
     registry = CollectorRegistry()
     registry.register(MultiprocessDirCollector(tmp_path / "not-yet"))
