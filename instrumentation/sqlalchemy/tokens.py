@@ -158,10 +158,10 @@ def tokenize(sql: str, paramstyle: str, mysql: bool = False) -> list[Tok]:
             # Digits alone are an int; a point, an exponent, or more digits than int() takes
             # (4,300 since Python 3.11) make a float.
             try:
-                number: int | float = int(text)
+                literal: int | float = int(text)
             except ValueError:
-                number = float(text)
-            out.append((NUMBER, number, depth))
+                literal = float(text)
+            out.append((NUMBER, literal, depth))
         elif group == "w":
             out.append((WORD, text.lower(), depth))
         elif text == "?" and qmark:
