@@ -323,3 +323,18 @@ def test_family_builds_gauges_and_counters_only() -> None:
     with pytest.raises(ValueError, match="probes export gauges and counters"):
         family(catalog.RESERVATION_DURATION)
     assert repr(Scripted([], interval=90.0)) == "<Scripted scripted every 1m30s>"
+
+
+def test_duplicate_orders_without_a_key_column_refuses_rather_than_export_zero() -> None:
+    from stocksentry.exporter.probes.db import DuplicateOrdersProbe
+    from stocksentry.exporter.probes.pool import Pool
+    from stocksentry.instrumentation.guard import LabelGuard
+
+    # The loader switches the probe off for such a schema; built by hand, it must not run
+    # and say 0 duplicate keys forever.
+    config = parse_config(
+        "database:\n  url: postgresql://u@127.0.0.1:1/x\n"
+        "schema:\n  orders:\n    external_ref: null\n    idempotency_key: null\n"
+    )
+    with pytest.raises(ValueError, match="needs external_ref or idempotency_key"):
+        DuplicateOrdersProbe(config, Pool(config.database), LabelGuard(10))
