@@ -31,6 +31,9 @@ pytestmark = pytest.mark.integration
 CLI = [sys.executable, "-m", "stocksentry.exporter"]
 # Small enough to keep the run short, large enough that every failure mode shows.
 SIZES = ["--buyers", "120", "--stock", "40", "--concurrency", "12", "--work-ms", "5"]
+#: The lock-wait rules, per table: real contention, pending on a loaded machine (see
+#: test_prometheus_alerts_per_strategy).
+TABLE_LOCK_WAIT_ALERTS = {"StockLockWaitHigh", "StockLockWaitHighDuringPromo"}
 
 
 def demo_env(tmp: Path) -> dict[str, str]:
@@ -210,7 +213,13 @@ def test_prometheus_alerts_per_strategy(default_run: dict[str, Any]) -> None:
     # Duplicate orders page at once (no for: a duplicate stays one for the probe's window).
     assert "StockDuplicateOrders" in firing("retry_no_key")
     for name in SAFE_STRATEGIES:
-        assert results[name]["alerts"] == {}, name
+        alerts = results[name]["alerts"]
+        assert firing(name) == set(), (name, alerts)
+        # The one rule a safe sale may hold pending is the table's lock-wait p99: it has no
+        # sku label and a 5-minute window that spans the earlier strategies' sales, and on
+        # a loaded machine queued row locks do wait past 0.5 s. Its `for:` (5 m) keeps it
+        # from firing; the report says it as "pending only, never firing".
+        assert set(alerts) <= TABLE_LOCK_WAIT_ALERTS, (name, alerts)
     for name in results:
         for alert in results[name]["alerts"].values():
             assert alert["after_s"] >= 0
