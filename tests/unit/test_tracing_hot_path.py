@@ -17,7 +17,7 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 from prometheus_client import CollectorRegistry
 from stocksentry.instrumentation import Sentry, catalog
 from stocksentry.instrumentation.logs import add_trace_context, configure_logging
-from stocksentry.instrumentation.tracing import exemplar_for, trace_fields
+from stocksentry.instrumentation.tracing import exemplar_for, hex_id, trace_fields
 
 
 def lines(stream: io.StringIO) -> list[dict[str, object]]:
@@ -108,6 +108,30 @@ def test_trace_fields_of_alternating_contexts() -> None:
     for _ in range(2):
         assert trace_fields(a) == (format(1, "032x"), format(2, "016x"), "01")
         assert trace_fields(b) == (format(0xFFFF, "032x"), format(0xEEEE, "016x"), "03")
+
+
+def test_hex_id_is_the_zero_padded_format_and_any_id_formats() -> None:
+    import random
+
+    rng = random.Random(7)
+    for size in (8, 16):
+        top = 2 ** (8 * size) - 1
+        for value in (0, 1, top, *(rng.randrange(top) for _ in range(200))):
+            assert hex_id(value, size) == format(value, f"0{2 * size}x")
+    # Out of range (a custom id generator's): what format gives, never an OverflowError
+    # that would cost the reservation its metrics.
+    for value, size in ((2**128, 16), (-5, 8)):
+        assert hex_id(value, size) == format(value, f"0{2 * size}x")
+
+
+def test_the_doctests_of_tracing_pass() -> None:
+    import doctest
+
+    from stocksentry.instrumentation import tracing
+
+    result = doctest.testmod(tracing)
+    assert result.attempted >= 2
+    assert result.failed == 0
 
 
 def test_exemplar_only_for_a_recording_span(provider: TracerProvider) -> None:
