@@ -132,19 +132,61 @@ def mysql_connect_args(text: str) -> dict[str, Any]:
         else:
             args[name] = parsed
     if tls:
-        # aiomysql takes an ssl.SSLContext, made of the ssl_* options.
-        import ssl
-
-        context = ssl.create_default_context(cafile=tls.get("ca"))
-        if "cert" in tls:
-            context.load_cert_chain(tls["cert"], tls.get("key"))
-        if not tls.get("verify_identity", True):
-            context.check_hostname = False
-        if not tls.get("verify_cert", True):
-            context.check_hostname = False
-            context.verify_mode = ssl.CERT_NONE
-        args["ssl"] = context
+        args["ssl"] = _tls_context(tls)
     return args
+
+
+def _tls_context(tls: dict[str, Any]) -> Any:
+    """The ``ssl.SSLContext`` aiomysql takes, made of a MySQL URL's ``ssl_*`` options
+    (without their prefix); :class:`ValueError` names the option, never a value."""
+    import ssl
+
+    for name in ("ca", "cert", "key"):
+        if tls.get(name) == "":
+            raise ValueError(f"the MySQL URL option ssl_{name} is empty")
+    if "key" in tls and "cert" not in tls:
+        # load_cert_chain reads the key with the certificate: a key alone would be dropped.
+        raise ValueError("the MySQL URL option ssl_key needs ssl_cert, the client certificate")
+    if tls.get("verify_identity") and tls.get("verify_cert") is False:
+        raise ValueError(
+            "the MySQL URL options ssl_verify_identity=true and ssl_verify_cert=false"
+            " contradict each other: a host name is checked on a verified certificate"
+        )
+    try:
+        context = ssl.create_default_context(cafile=tls.get("ca"))
+    except OSError as exc:  # ssl.SSLError is one
+        raise ValueError(f"the MySQL URL option ssl_ca: {_problem(exc)}") from None
+    if "cert" in tls:
+        try:
+            context.load_cert_chain(tls["cert"], tls.get("key"), password=_no_passphrase)
+        except OSError as exc:
+            which = "ssl_cert and ssl_key" if "key" in tls else "ssl_cert"
+            raise ValueError(f"the MySQL URL option {which}: {_problem(exc)}") from None
+    if not tls.get("verify_identity", True):
+        context.check_hostname = False
+    if not tls.get("verify_cert", True):
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    return context
+
+
+def _no_passphrase() -> str:
+    # Without a password callback OpenSSL asks for the passphrase on the terminal, which
+    # would hang a sidecar started by hand.
+    raise ValueError(
+        "the MySQL URL's ssl_key (or ssl_cert) holds an encrypted private key:"
+        " give an unencrypted one, readable only by the exporter"
+    )
+
+
+def _problem(exc: OSError) -> str:
+    """What went wrong loading a TLS file, without its path: the OS's words for a file
+    that cannot be read, OpenSSL's for one that is no certificate or key."""
+    import ssl
+
+    if isinstance(exc, ssl.SSLError):
+        return f"not a usable certificate or key ({exc.reason or exc.strerror})"
+    return exc.strerror.lower() if exc.strerror else type(exc).__name__
 
 
 def shown(text: str) -> str:

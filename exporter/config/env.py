@@ -13,6 +13,7 @@ from typing import Final
 from stocksentry.instrumentation.secrets import Secret, url_has_password
 from yaml.nodes import ScalarNode
 
+from ..dburl import dialect_of, mysql_connect_args
 from ..inputs import URL_FILE_LIMIT, InputFileError, read_text_bounded, shorten
 from .errors import CheckedMapping, Context, describe, join
 from .kinds import Named, read_path
@@ -81,4 +82,11 @@ def resolve_url(ctx: Context, section: CheckedMapping, spec: UrlKeys) -> tuple[S
         plain = [f"{s}://" for s in spec.schemes if "+" not in s]
         expected = ", ".join(plain[:-1]) + f" or {plain[-1]}"
         ctx.fail(node, path, f"{label} does not hold a {spec.what} URL ({expected}...)")
+    if dialect_of(value) in ("mysql", "mariadb"):
+        # Its query options (TLS files included) are checked now, not at each connect:
+        # a bad one is the config's mistake, not a database that is down.
+        try:
+            mysql_connect_args(value)
+        except ValueError as exc:  # its message never quotes the URL
+            ctx.fail(node, path, f"{label}: {exc}")
     return Secret(value), origin

@@ -226,6 +226,21 @@ MALFORMED = [
         "database.url",
         "the URL does not hold a PostgreSQL, MySQL or MariaDB URL",
     ),
+    (
+        # A MySQL URL's options are checked at load, not at each connect.
+        "mysql-url-with-an-unknown-option",
+        'database:\n  url: "mysql://db/shop?sslca=/etc/ca.pem"\n',
+        2,
+        "database.url",
+        "the URL: the MySQL URL has an unknown option 'sslca'",
+    ),
+    (
+        "mysql-url-with-a-missing-tls-file",
+        'database:\n  url: "mariadb://db/shop?ssl_ca=/nonexistent/stocksentry/ca.pem"\n',
+        2,
+        "database.url",
+        "the URL: the MySQL URL option ssl_ca: no such file or directory",
+    ),
     ("yaml-syntax-error", "server:\n  port: [1, 2\nprobes: {}\n", 3, "", "invalid YAML"),
     ("yaml-bad-indentation", "server:\n  port: 1\n bad: 2\n", 3, "", "invalid YAML"),
     ("two-documents", "server: {}\n---\nprobes: {}\n", 2, "", "expected a single document"),
