@@ -54,6 +54,8 @@ class Pool:
         await self._slots.acquire()
         release = True
         try:
+            if self._closed:  # closed while this one waited for a slot
+                raise ProbeUnavailableError("the pool is closed")
             if self._idle:
                 session = self._idle.pop()
             else:
