@@ -76,10 +76,13 @@ class BasicAuth:
         with self._lock:
             self._bcrypt_checks += 1
         try:
-            ok = bcrypt.checkpw(password, hashed if hashed is not None else self._dummy)
+            # bcrypt reads at most 72 bytes of a password. exporter-toolkit (Go's bcrypt)
+            # and bcrypt 4 ignore the rest, bcrypt 5 raises: the first 72 are compared,
+            # so a web config means the same here as for other exporters, whichever
+            # bcrypt is installed.
+            ok = bcrypt.checkpw(password[:72], hashed if hashed is not None else self._dummy)
         except ValueError:
-            # bcrypt refuses passwords over 72 bytes: wrong by definition.
-            ok = False
+            ok = False  # a hash bcrypt cannot read matches nothing
         if not ok or hashed is None:
             return False
         with self._lock:

@@ -77,3 +77,31 @@ def test_loading_a_web_config_does_not_import_aiohttp() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
     )
     assert done.stdout.strip() == "False"
+
+
+async def test_a_password_over_72_bytes_is_compared_on_its_first_72() -> None:
+    """bcrypt hashes at most 72 bytes. As exporter-toolkit's Go bcrypt (and bcrypt 4)
+    do, the bytes past the 72nd are ignored, whichever bcrypt is installed (bcrypt 5's
+    checkpw would raise on them): a web config means the same here as for any exporter.
+    Nothing raises, and failures are not cached."""
+    exact = bytes(range(0x41, 0x41 + 26)) * 2 + b"0123456789abcdefghij"
+    assert len(exact) == 72
+    auth = BasicAuth({"prometheus": bcrypt.hashpw(exact, bcrypt.gensalt(rounds=4))})
+    assert await auth.check(header(b"prometheus:" + exact))
+    assert await auth.check(header(b"prometheus:" + exact + b"!"))
+    before = auth.bcrypt_checks
+    wrong = b"x" + exact[1:] + b"!"
+    assert not await auth.check(header(b"prometheus:" + wrong))
+    assert not await auth.check(header(b"prometheus:" + wrong))
+    assert not await auth.check(header(b"mallory:" + exact + b"!"))  # the dummy hash
+    assert auth.bcrypt_checks == before + 3
+
+
+async def test_a_short_password_is_not_let_in_by_a_long_one() -> None:
+    hashed = bcrypt.hashpw(b"pw", bcrypt.gensalt(rounds=4))
+    auth = BasicAuth({"prometheus": hashed})
+    long_password = b"pw" + b"x" * 71
+    assert not await auth.check(header(b"prometheus:" + long_password))
+    assert await auth.check(header(b"prometheus:pw"))
+    # The success is what is cached; the long password still is not let in by it.
+    assert not await auth.check(header(b"prometheus:" + long_password))
