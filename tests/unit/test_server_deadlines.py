@@ -11,12 +11,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 import trustme
 from polling import async_wait_until
-from stocksentry.exporter.server import ServerSettings, serving
+from stocksentry.exporter.server import ServerSettings, deadlines, serving
 from stocksentry.exporter.server.deadlines import HeadDeadline
 from stocksentry.exporter.webconfig import WebConfig, load_web_config
 
@@ -186,6 +188,159 @@ async def test_a_partial_second_request_on_a_kept_alive_connection_is_closed() -
         await writer.drain()
         assert await _closed_by_server(reader) == b""
         writer.close()
+
+
+# --- lingering after a refused request ------------------------------------------------------
+
+
+@dataclass
+class _Connection:
+    """How one server connection ended: the ``close``/``abort`` calls on its transport
+    until it was lost. (aiohttp closes it once more when told it was lost: a no-op, not
+    recorded.)"""
+
+    watch: HeadDeadline
+    events: list[str] = field(default_factory=list)
+    lost: bool = False
+    #: The bytes the watch had dropped while lingering when it aborted.
+    dropped_at_abort: int | None = None
+
+
+class _RecordingTransport:
+    """The server's transport as the watch sees it, recording how the watch ends it."""
+
+    def __init__(self, transport: asyncio.Transport, connection: _Connection) -> None:
+        self._transport = transport
+        self._connection = connection
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+    def close(self) -> None:
+        if not self._connection.lost:
+            self._connection.events.append("close")
+        self._transport.close()
+
+    def abort(self) -> None:
+        if not self._connection.lost:
+            self._connection.events.append("abort")
+            self._connection.dropped_at_abort = self._connection.watch._dropped
+        self._transport.abort()
+
+
+@pytest.fixture
+def connections(monkeypatch: pytest.MonkeyPatch) -> list[_Connection]:
+    """The server's connections, in order, each recording how it ended."""
+    seen: list[_Connection] = []
+    made = HeadDeadline.connection_made
+    lost = HeadDeadline.connection_lost
+
+    def connection_made(self: HeadDeadline, transport: asyncio.BaseTransport) -> None:
+        connection = _Connection(self)
+        seen.append(connection)
+        recording = _RecordingTransport(cast(asyncio.Transport, transport), connection)
+        made(self, cast(asyncio.Transport, recording))
+
+    def connection_lost(self: HeadDeadline, exc: Exception | None) -> None:
+        for connection in seen:
+            if connection.watch is self:
+                connection.lost = True
+        lost(self, exc)
+
+    monkeypatch.setattr(HeadDeadline, "connection_made", connection_made)
+    monkeypatch.setattr(HeadDeadline, "connection_lost", connection_lost)
+    return seen
+
+
+# A request line over aiohttp's 8 KiB limit, refused (400) while the client is still sending.
+_REFUSED_HEAD = b"GET /" + b"a" * 65536
+_CHUNK = b"a" * 65536
+# Smaller than the default (64 MiB) to keep the test quick, yet larger than what loopback
+# buffers may hold in flight (Linux's tcp_rmem and tcp_wmem maxima: 32 MiB received and
+# 4 MiB sent on the machine this was written on), so the 4x bound on what the client got to
+# send holds.
+_LINGER_BYTES = 16 * 1024 * 1024
+
+
+async def _send_until_reset(writer: asyncio.StreamWriter, most: int) -> int:
+    """Send the refused head, then more of it, until the server aborts the connection:
+    return how many bytes were sent by then; fail past ``most``."""
+    writer.write(_REFUSED_HEAD)
+    sent = len(_REFUSED_HEAD)
+    try:
+        await writer.drain()
+        while sent <= most:
+            writer.write(_CHUNK)
+            sent += len(_CHUNK)
+            await writer.drain()
+    except ConnectionError:
+        return sent
+    pytest.fail(f"the server still read after {sent} bytes (lingering up to {_LINGER_BYTES})")
+
+
+async def test_a_refused_request_still_coming_past_linger_bytes_is_aborted(
+    monkeypatch: pytest.MonkeyPatch, connections: list[_Connection]
+) -> None:
+    monkeypatch.setattr(deadlines, "LINGER_BYTES", _LINGER_BYTES)
+    # Far longer than the test: only the byte bound can end the lingering.
+    monkeypatch.setattr(deadlines, "LINGER_SECONDS", 10 * WAIT)
+    async with serving(settings(header_timeout=WAIT, body_timeout=WAIT)) as server:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        try:
+            answer = asyncio.ensure_future(_read_to_end(reader))
+            async with asyncio.timeout(WAIT):
+                sent = await _send_until_reset(writer, 4 * _LINGER_BYTES)
+                received = await answer
+        finally:
+            writer.close()
+        connection = connections[0]
+        await async_wait_until(
+            lambda: connection.lost,
+            timeout=WAIT,
+            message="the server did not drop the connection",
+        )
+        # The client got the answer before the abort, then a reset for what it kept sending.
+        assert received.split(b"\r\n", 1)[0].endswith(b" 400 Bad Request"), received[:200]
+        assert _LINGER_BYTES < sent <= 4 * _LINGER_BYTES
+        assert connection.events == ["abort"]
+        # Aborted on the read that crossed the bound (asyncio reads at most 256 KiB).
+        assert connection.dropped_at_abort is not None
+        assert _LINGER_BYTES < connection.dropped_at_abort <= _LINGER_BYTES + 1024 * 1024
+        await _scrape_works(server.port)
+
+
+async def test_a_refused_request_whose_rest_ends_under_linger_bytes_is_closed(
+    monkeypatch: pytest.MonkeyPatch, connections: list[_Connection]
+) -> None:
+    # Far longer than the test: the client's end, not the linger deadline, closes it.
+    monkeypatch.setattr(deadlines, "LINGER_SECONDS", 10 * WAIT)
+    async with serving(settings(header_timeout=WAIT, body_timeout=WAIT)) as server:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        try:
+            writer.write(_REFUSED_HEAD)
+            await writer.drain()
+            async with asyncio.timeout(WAIT):
+                # The answer, then the end of the server's side (it lingers): no reset.
+                received = await reader.read()
+            assert received.split(b"\r\n", 1)[0].endswith(b" 400 Bad Request"), received[:200]
+            # The rest, 1 MiB (far under the bound), then the client's end of sending.
+            for _ in range(16):
+                writer.write(_CHUNK)
+                await writer.drain()
+            writer.write(b" HTTP/1.1\r\nHost: x\r\n\r\n")
+            writer.write_eof()
+            await writer.drain()
+            connection = connections[0]
+            await async_wait_until(
+                lambda: connection.lost,
+                timeout=WAIT,
+                message="the server did not close the lingering connection",
+            )
+        finally:
+            writer.close()
+        assert connection.events == ["close"]
+        assert connection.dropped_at_abort is None
+        await _scrape_works(server.port)
 
 
 # --- the stream watch on its own -------------------------------------------------------------
