@@ -163,9 +163,12 @@ class Reservation(BlockHandle):
             state = view.frozen(self.sku)
             if state is not None:
                 self._refuse_frozen(state)
-        try:
-            tracer = sentry.tracer
-            if tracer is not None:
+        # Each step on its own, as in _exit: a span processor that raises must not keep the
+        # reservation from being current (the SQLAlchemy integration's implied conflicts
+        # and read-modify-write checks find it there) or its log lines from their SKU.
+        tracer = sentry.tracer
+        if tracer is not None:
+            try:
                 # Cut: an attribute value is kept by the span processor until export.
                 attributes: dict[str, str | int] = {
                     "stock.sku": str(self.sku)[:256],
@@ -174,11 +177,14 @@ class Reservation(BlockHandle):
                 if self._misuse is None:
                     attributes["stock.qty"] = self.qty
                 self._use_span(tracer.start_span("stock.reserve", attributes=attributes))
-            if self._log:
+            except Exception as exc:
+                sentry.internal_error("tracing", exc)
+        if self._log:
+            try:
                 self._log_tokens = structlog.contextvars.bind_contextvars(sku=self.sku, **self.ids)
-            self._cv_token = _current.set(self)
-        except Exception as exc:
-            sentry.internal_error("api", exc)
+            except Exception as exc:
+                sentry.internal_error("logging", exc)
+        self._cv_token = _current.set(self)
         self._start = time.perf_counter()
 
     def _exit(self, exc: BaseException | None) -> None:

@@ -693,3 +693,47 @@ def test_a_refused_configure_keeps_the_instance_it_had() -> None:
         )
         == 1
     )
+
+
+def test_a_span_processor_that_raises_leaves_the_reservation_current(
+    registry: CollectorRegistry,
+) -> None:
+    """A failing tracer costs the span only: the reservation is still current in its
+    block (the SQLAlchemy integration finds it there to imply a conflict), its log lines
+    still carry the SKU, and its outcome is recorded."""
+    from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+
+    class Broken(SpanProcessor):
+        def on_start(self, span: object, parent_context: object = None) -> None:
+            raise RuntimeError("span processor down")
+
+    provider = TracerProvider()
+    provider.add_span_processor(Broken())
+    sentry = Sentry(registry=registry, log=False, tracer_provider=provider)
+    with sentry.reservation("EGG-01", strategy="atomic") as r:
+        assert current_reservation() is r
+        assert structlog.contextvars.get_contextvars().get("sku") is None  # log=False
+        r.conflict("lost_race")
+    assert current_reservation() is None
+    assert value(registry, "stocksentry_instrumentation_errors_total", component="tracing") == 1
+    assert value(registry, "stocksentry_instrumentation_errors_total", component="api") == 0
+    assert (
+        value(registry, "stock_reservation_conflict_total", sku="EGG-01", reason="lost_race") == 1
+    )
+
+    lines: list[dict[str, object]] = []
+
+    class Lines:
+        def info(self, event: str, **fields: object) -> None:
+            lines.append({"event": event, **fields})
+
+        debug = warning = error = info
+
+    logged = Sentry(registry=CollectorRegistry(), logger=Lines(), tracer_provider=provider)
+    with logged.reservation("EGG-02", strategy="atomic") as r:
+        assert current_reservation() is r
+        assert structlog.contextvars.get_contextvars().get("sku") == "EGG-02"
+        r.stock_check(available=3)
+    assert lines
+    assert lines[0]["event"] == "stock_check"
+    assert structlog.contextvars.get_contextvars().get("sku") is None
