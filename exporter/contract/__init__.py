@@ -105,10 +105,13 @@ def _read_input(target: str, *, max_bytes: int, timeout: float) -> str:
 def _read(stream: BinaryIO, label: str, max_bytes: int, deadline: float) -> bytes:
     chunks: list[bytes] = []
     size = 0
+    # read1 returns what has arrived: read() waits for a whole chunk, so a server that
+    # dribbles bytes would hold the command far past --timeout between two checks.
+    read = getattr(stream, "read1", stream.read)
     while True:
         if time.monotonic() > deadline:
             raise CommandError(f"{label}: not read within --timeout")
-        chunk = stream.read(min(_CHUNK, max_bytes + 1 - size))
+        chunk = read(min(_CHUNK, max_bytes + 1 - size))
         if not chunk:
             return b"".join(chunks)
         size += len(chunk)

@@ -82,7 +82,9 @@ def _sample(line: str, number: int) -> Sample:
     labels: dict[str, str] = {}
     if pos < len(line) and line[pos] == "{":
         pos = _labels(line, pos + 1, labels, number)
-    rest = line[pos:].split()
+    # An OpenMetrics exemplar (`<value> [<timestamp>] # {trace_id="..."} 0.5`) follows the
+    # value: not part of the sample, and its labels may hold spaces.
+    rest = line[pos:].partition(" # ")[0].split()
     if not rest or len(rest) > 3:
         raise ExpositionError(f"line {number}: expected a value after {name}")
     try:

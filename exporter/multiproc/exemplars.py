@@ -61,7 +61,9 @@ def parse_slot(data: bytes, pos: int, slot_size: int) -> tuple[bytes, float, Exe
     key = data[key_start : key_start + key_len]
     if zlib.crc32(data[pos + 4 : key_start], zlib.crc32(key)) != crc:
         return None
-    if not (math.isfinite(value) and math.isfinite(ts)):
+    # An observation of +Inf or -Inf is the app's (its exemplar lands in an end bucket):
+    # only NaN (never written) or a timestamp that is no time is corruption.
+    if math.isnan(value) or not math.isfinite(ts):
         raise SkipFile("corrupt", f"slot at {pos} has a non-finite value")
     try:
         labels = {
