@@ -248,4 +248,23 @@ def scrub_text(text: str) -> str:
     # are short, and this test is cheaper than the pattern's scan).
     if len(text) < _CARD_MIN_LEN and "bearer" not in text.lower():
         return text
-    return SENSITIVE_TEXT.sub(mask_match, text)
+    match = SENSITIVE_TEXT.search(text)
+    if match is None:
+        return text
+    parts: list[str] = []
+    done = 0
+    while match is not None:
+        replacement = mask_match(match)
+        if match.group("card") is not None and replacement == match.group(0):
+            # No card in this run: it may begin with a shorter group before the card
+            # ("2024-01-05 4111 1111 1111 1111", "qty 2 4111..."), which re.sub would skip
+            # with the run. Look again from the run's next group.
+            sep = _SEPARATORS.search(text, match.start(), match.end())
+            if sep is not None:
+                match = SENSITIVE_TEXT.search(text, sep.end())
+                continue
+        parts += (text[done : match.start()], replacement)
+        done = match.end()
+        match = SENSITIVE_TEXT.search(text, done)
+    parts.append(text[done:])
+    return "".join(parts)
