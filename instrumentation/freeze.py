@@ -127,12 +127,13 @@ class FreezeState:
 
 
 def _is_time(value: object) -> bool:
-    return (
-        isinstance(value, (int, float))
-        and not isinstance(value, bool)
-        and math.isfinite(value)
-        and value >= 0
-    )
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        seconds = float(value)
+    except OverflowError:  # an int too large for a float: JSON allows any
+        return False
+    return math.isfinite(seconds) and seconds >= 0
 
 
 def check_sku(sku: object) -> str:

@@ -82,7 +82,11 @@ class FreezeSettings:
             raise TypeError(
                 f"freeze: redis must be a URL or a redis-py client, got {type(target).__name__}"
             )
-        elif inspect.iscoroutinefunction(getattr(target, "get", None)):
+        elif inspect.iscoroutinefunction(
+            getattr(target, "get", None)
+        ) or inspect.isasyncgenfunction(getattr(target, "scan_iter", None)):
+            # redis.asyncio's commands are plain functions returning coroutines: only its
+            # scan_iter (an async generator) tells it apart from the sync client.
             raise TypeError("freeze: redis must be a sync redis-py client (or a URL)")
         check_template(self.key_template)
         if not isinstance(self.channel, str) or not self.channel:
