@@ -278,6 +278,15 @@ class LockRecorder:
             error=type(exc).__name__ if exc is not None else None,
         )
 
+    def abandoned(self, hold: LockHold | None) -> None:
+        """Take ``hold`` out of the held locks after a release that raised, recording
+        nothing: whether the lock was still ours is not known, but the code after the
+        release is no longer under it (the unsafe-write detector must not think so)."""
+        if hold is not None:
+            hold.released = True
+            with self.counting_errors():
+                hold_released(hold)
+
     def released(
         self,
         hold: LockHold | None,

@@ -154,7 +154,8 @@ class TrackedLock:
         try:
             owned, current, deleted_other = yield from self._release_steps()
         except Exception:
-            self.hold = None
+            hold, self.hold = self.hold, None
+            self.recorder.abandoned(hold)
             raise
         hold, self.hold = self.hold, None
         self.recorder.released(

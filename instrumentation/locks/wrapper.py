@@ -167,7 +167,10 @@ class LockWrapper(Generic[LockT]):
             hold = self._holds.pop(token, None)
             if isinstance(exc, self.release_refused):
                 self.recorder.released(hold, owned=False, started=started)
-            # Anything else (a connection error, QuorumIsImpossible): the outcome is unknown.
+            else:
+                # Anything else (a connection error, QuorumIsImpossible): the outcome is
+                # unknown, nothing is recorded, but the hold is over for the app.
+                self.recorder.abandoned(hold)
             raise
         self.recorder.released(self._holds.pop(token, None), owned=True, started=started)
 
