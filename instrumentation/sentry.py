@@ -255,7 +255,8 @@ class Sentry:
             if outcome == "success" and new_stock is not None and new_stock < 0:
                 self.metrics.count(catalog.INVENTORY_NEGATIVE, label)
         except Exception as exc:
-            self.internal_error("api", exc)
+            # The values were checked above: what fails here is the metrics backend.
+            self.internal_error("metrics", exc)
 
     # --- orders, payments, refunds ---------------------------------------------------------
 
