@@ -257,15 +257,21 @@ def value_ref(toks: Sequence[Tok]) -> ValueRef | None:
     if not toks:
         return None
     toks = unwrap(toks)
-    if is_word(toks[0], "cast") and len(toks) > 3 and is_op(toks[1], "("):
-        inner = top_level(toks, 2, frozenset({"as"}), toks[1][2] + 1)
-        if inner >= len(toks):
-            return None
-        return value_ref(toks[2:inner])
     first = toks[0]
     i = 1
     ref: ValueRef
-    if first[0] == PARAM:
+    if is_word(first, "cast") and len(toks) > 3 and is_op(toks[1], "("):
+        close = skip_group(toks, 1)
+        inner = top_level(toks, 2, frozenset({"as"}), toks[1][2] + 1)
+        if inner >= close:
+            return None
+        cast = value_ref(toks[2:inner])
+        if cast is None:
+            return None
+        # What follows the CAST(...) is checked like what follows a plain value: in
+        # `CAST(:id AS INT) + 1` the parameter is not the value.
+        ref, i = cast, close
+    elif first[0] == PARAM:
         ref = (True, first[1])
     elif first[0] in (STRING, NUMBER):
         ref = (False, first[1])
