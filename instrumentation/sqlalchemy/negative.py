@@ -209,9 +209,14 @@ class NegativeWrites:
         spec = self.specs.get(plan.table or "unknown")
         if spec is None or rowcount == 0:
             return
+        values = None
         if plan.returning and plan.reads_stock:
             values = returned_column(cursor, spec.stock_column)
-        else:
+        # No RETURNING of the stock, or one whose rows do not carry it under its own name
+        # (`RETURNING stock AS left`, an expression) or cannot be read here: read back. Not
+        # when the row count is unknown (pysqlite's RETURNING): a row the UPDATE did not
+        # match would be read too.
+        if values is None and (not plan.returning or not plan.reads_stock or rowcount > 0):
             # Read back by the first key; no key in the WHERE: which rows it touched is not
             # known here.
             query = self.selects.get((keys[0][0], keys[0][1])) if keys else None
