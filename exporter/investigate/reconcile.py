@@ -43,7 +43,8 @@ class NotAudited:
 
     audit: str
     #: ``no_allocation`` (no allocation column for ``oversold``), ``missing_table`` (a
-    #: mapped table or column the database does not have) or ``out_of_time``.
+    #: mapped table or column the database does not have), ``not_permitted`` (one the
+    #: database user may not read) or ``out_of_time``.
     cause: str
     reason: str
 
@@ -213,21 +214,28 @@ _NARROWER: Final = {
 
 def _why_not_audited(exc: Exception) -> str | None:
     """``out_of_time`` for the statement timeout's cancellation, ``missing_table`` for an
-    undefined table or column, else ``None`` (SQLSTATEs; MySQL / MariaDB error numbers)."""
+    undefined table or column, ``not_permitted`` for one the user may not read, else
+    ``None`` (SQLSTATEs; MySQL / MariaDB error numbers)."""
     orig = getattr(exc, "orig", None)
     driver = type(orig).__module__.partition(".")[0]
     if driver == "pymysql":
         args: tuple[Any, ...] = getattr(orig, "args", ())
         code = args[0] if args else None
         # Statement time (MariaDB 1969, MySQL 3024), a lock wait past its timeout (1205);
-        # no such table (1146) or column (1054).
+        # no such table (1146) or column (1054); SELECT denied on a table (1142) or a
+        # column (1143).
         out_of_time, missing = code in (1969, 3024, 1205), code in (1146, 1054)
+        denied = code in (1142, 1143)
     elif driver == "sqlite3":
         out_of_time, missing = False, str(orig).startswith(("no such table", "no such column"))
+        denied = False
     else:
         sqlstate = getattr(orig, "sqlstate", None)
         out_of_time, missing = sqlstate == "57014", sqlstate in ("42P01", "42703")
-    return "out_of_time" if out_of_time else "missing_table" if missing else None
+        denied = sqlstate == "42501"  # insufficient_privilege
+    if out_of_time:
+        return "out_of_time"
+    return "missing_table" if missing else "not_permitted" if denied else None
 
 
 def _first_line(exc: Exception) -> str:
@@ -305,6 +313,13 @@ def reconcile(
                     f"not in the database: {dburl.scrub(_first_line(exc), url)}; map the"
                     " shop's tables and columns in the config's schema section (--config)"
                 )
+            elif cause == "not_permitted":
+                # One table out of reach is that audit's gap, not the whole run's.
+                reason = (
+                    f"not readable by this database user: {dburl.scrub(_first_line(exc), url)};"
+                    " grant it SELECT on the shop's tables (docs/exporter-config.md, the"
+                    " exporter's user)"
+                )
             else:
                 raise
             not_audited.append(NotAudited(name, cause, reason))
@@ -338,7 +353,7 @@ def reconcile(
     missed = {n.audit for n in not_audited}
     scoped = {line.partition(":")[0] for line in out_of_scope}
     checked = tuple(k for k in FINDING_KINDS if k not in missed and k not in scoped)
-    missing = [n for n in not_audited if n.cause == "missing_table"]
+    missing = [n for n in not_audited if n.cause in ("missing_table", "not_permitted")]
     if not checked and missing:
         # No audit could read anything: the wrong database or mapping, not a partial audit.
         raise ReconcileError(f"database {shown}: {missing[0].reason}")

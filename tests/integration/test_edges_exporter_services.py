@@ -188,3 +188,56 @@ async def test_config_set_refused_says_so_and_the_flags_gauge_is_zero(
         assert len(refused) == 1, refused
         assert "refused" in refused[0]
         assert not [r for r in caplog.records if "set it to" in r.getMessage()]
+
+
+@pytest.mark.parametrize("db", ["postgresql", "mariadb"], indirect=True)
+def test_reconcile_as_a_user_who_may_not_read_a_table_audits_the_rest(
+    db: Db, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A table the database user may not read is that audit's gap (NOT AUDITED, saying
+    to grant SELECT), not an error that stops the others; exit 3, never an all-clear."""
+    _shop(db)
+    url = sa.engine.make_url(db.raw_url)
+    user = f"ss_ro_{url.database}"[:32]
+    admin = sa.create_engine(db.url, poolclass=sa.pool.NullPool)
+    if db.mysql:
+        # PyMySQL formats the statement: `%%` is the host wildcard `%`.
+        setup = [
+            f"CREATE USER '{user}'@'%%'",
+            f"GRANT SELECT ON `{url.database}`.products TO '{user}'@'%%'",
+            f"GRANT SELECT ON `{url.database}`.orders TO '{user}'@'%%'",
+        ]
+        teardown = [f"DROP USER IF EXISTS '{user}'@'%%'"]
+    else:
+        setup = [
+            f'CREATE ROLE "{user}" LOGIN',
+            f'GRANT SELECT ON products, orders TO "{user}"',
+        ]
+        teardown = [f'DROP OWNED BY "{user}"', f'DROP ROLE IF EXISTS "{user}"']
+    try:
+        with admin.begin() as conn:
+            for statement in setup:
+                conn.exec_driver_sql(statement)
+        restricted = url.set(username=user, password=None).render_as_string(hide_password=False)
+        argv = ["reconcile", "--database", restricted, "--allocation", "initial_stock"]
+        assert main(argv) == 3
+        out, err = capsys.readouterr()
+        assert err == ""
+        assert "verdict: INCOMPLETE" in out
+        (line,) = [x for x in out.splitlines() if x.startswith("paid_without_items:")]
+        assert line.startswith(
+            "paid_without_items: NOT AUDITED — not readable by this database user: "
+        ), line
+        assert "grant it SELECT" in line
+        for kind in ("negative_stock", "duplicate_keys"):
+            assert f"{kind}: audited, nothing found" in out
+        assert main([*argv, "--format", "json"]) == 3
+        data = json.loads(capsys.readouterr().out)
+        causes = {n["audit"]: n["cause"] for n in data["not_audited"]}
+        assert causes["paid_without_items"] == "not_permitted"
+        assert set(causes.values()) == {"not_permitted"}
+    finally:
+        with admin.begin() as conn:
+            for statement in teardown:
+                conn.exec_driver_sql(statement)
+        admin.dispose()
