@@ -91,13 +91,22 @@ def url_problem(value: str) -> str | None:
     unknown = _unknown(value)
     if unknown is not None:
         return f"unknown placeholder {{{unknown}}}"
-    parts = urllib.parse.urlsplit(fill(value, _SAMPLE))
+    try:
+        parts = urllib.parse.urlsplit(fill(value, _SAMPLE))
+    except ValueError:  # an unclosed [IPv6 address
+        return "expected an http:// or https:// URL"
     if parts.scheme not in ("http", "https") or not parts.hostname:
         return "expected an http:// or https:// URL"
     try:
         parts.port  # noqa: B018 - raises ValueError on a port out of range
     except ValueError:
         return "not a valid port"
+    try:
+        # What the connection does with the name: an empty or 64+ character label fails
+        # there, mid-drill, after the stock was set.
+        parts.hostname.encode("idna")
+    except UnicodeError:
+        return "not a valid host name"
     return None
 
 

@@ -8,7 +8,7 @@ import math
 import time
 from typing import TYPE_CHECKING
 
-from .scenarios import ScenarioResult, inconsistent
+from .scenarios import ScenarioResult, inconsistent, sold_nothing
 from .truth import Unverifiable
 from .wire import Request, send_one
 
@@ -61,6 +61,7 @@ async def duplicate_callback(drill: Drill) -> ScenarioResult:
         ),
         inconsistent(after, sold, stock),
     )
+    sold_nothing(config, result, sold, wave.responses, "the callbacks")
     return result
 
 

@@ -15,7 +15,7 @@ from .config import DrillConfig, RequestSpec
 from .truth import Shop, Snapshot, Unverifiable
 from .wire import Request, Response, WaveResult, send_one, send_wave
 
-__all__ = ["Drill", "Engine", "ScenarioResult", "is_success", "success_of"]
+__all__ = ["Drill", "Engine", "ScenarioResult", "is_success", "sold_nothing", "success_of"]
 
 
 @dataclass(slots=True)
@@ -111,6 +111,22 @@ def inconsistent(after: Snapshot, sold: int, stock: int, why: str = "") -> tuple
         after.stock + sold != stock,
         f"stock inconsistent: final stock {after.stock} + {sold} units sold"
         f" = {after.stock + sold}, not {stock}{why}",
+    )
+
+
+def sold_nothing(
+    config: DrillConfig, result: ScenarioResult, sold: int, responses: list[Response], what: str
+) -> None:
+    """Turn a pass into "not verified" when ``what`` sold nothing: no request succeeded and
+    no unit was paid is a drill that never reached the shop's sale (a wrong URL or port, a
+    shop that is down or refuses every request), not a safe checkout."""
+    if not result.passed or sold > 0 or any(is_success(config, r) for r in responses):
+        return
+    first = responses[0] if responses else None
+    answer = "no request sent" if first is None else first.error or f"status {first.status}"
+    result.passed = None
+    result.unverified = (
+        f"{what} sold nothing ({len(responses)} requests, none succeeded; the first: {answer})"
     )
 
 
@@ -255,6 +271,7 @@ class Drill:
             (after.stock < 0, f"final stock is negative: {after.stock}"),
             inconsistent(after, sold, stock, " (lost updates)"),
         )
+        sold_nothing(self.config, result, sold, responses, "the burst")
         return result
 
     async def retry(self) -> ScenarioResult:
@@ -295,6 +312,7 @@ class Drill:
                 f"retries sold {sold} units for {intents} intents of {settings.qty} unit(s)",
             ),
         )
+        sold_nothing(self.config, result, sold, responses, "the retries")
         return result
 
     async def orders_per_key(
