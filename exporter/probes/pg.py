@@ -22,6 +22,7 @@ from psycopg.pq import TransactionStatus
 from psycopg.rows import TupleRow
 
 from ..config import DatabaseConfig
+from ..config.env import libpq_url
 from .base import ProbeUnavailableError
 from .dialects import Dialect, Params, Session
 
@@ -111,8 +112,11 @@ class PostgreSQL(Dialect):
         " AND a.backend_type = 'client backend' AND a.xact_start IS NOT NULL))"
         " - %(margin)s, clock_timestamp()"
     )
+    # An aggregate, so a table that does not exist is 0 rows (as on MySQL): the probe's
+    # next statement then fails naming it, not with "the query returned no row".
     row_estimate_sql = (
-        "SELECT greatest(reltuples, 0) FROM pg_class WHERE oid = to_regclass(%(table)s)"
+        "SELECT coalesce(max(greatest(reltuples, 0)), 0) FROM pg_class"
+        " WHERE oid = to_regclass(%(table)s)"
     )
     table_exists_sql = "SELECT to_regclass(%(table)s) IS NOT NULL"
     # pg_index / pg_attribute: the catalogs behind pg_indexes; only valid indexes.
@@ -154,7 +158,8 @@ class PostgreSQL(Dialect):
         )
 
     async def open(self, db: DatabaseConfig, *, elector: bool) -> tuple[PgSession, list[str], str]:
-        url = db.url.reveal()
+        # The config takes the app's driver-qualified URL too; libpq reads neither driver.
+        url = libpq_url(db.url.reveal())
         try:
             in_url = conninfo_to_dict(url)
         except psycopg.Error:
