@@ -67,6 +67,12 @@ def test_redis_py_reacquire_restarts_the_lease_and_a_lost_lock_is_an_extend_fail
         lock.reacquire()
     assert value(registry, EXTEND_FAILURES, lock="re") == 1
     assert value(registry, ERRORS, component="locks") == 0
+    # The app gives the lost lock up: the release is refused (not owned), and the hold
+    # leaves held_locks() (else it would stay there for the tests after this one).
+    with pytest.raises(LockNotOwnedError):
+        lock.release()
+    assert value(registry, "stock_lock_release_not_owned_total", lock="re") == 1
+    assert held_locks() == ()
 
 
 async def test_asyncio_redis_py_extend_and_reacquire(
