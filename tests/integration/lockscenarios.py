@@ -14,12 +14,13 @@ against 0.4 s of work), so the values asserted are exact.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import ClassVar
 
 import pytest
@@ -28,7 +29,14 @@ import redis.asyncio
 import structlog
 from prometheus_client import CollectorRegistry
 from stocksentry.instrumentation import Sentry
-from stocksentry.instrumentation.locks import LockNotAcquired, TrackedLock, token_hash, track_lock
+from stocksentry.instrumentation.locks import (
+    InstrumentedAsyncRedlock,
+    LockNotAcquired,
+    TrackedLock,
+    instrument_lock,
+    token_hash,
+    track_lock,
+)
 from stocksentry.instrumentation.logs import bind_correlation, configure_logging
 
 ACQUIRE = "stock_lock_acquire_duration_seconds"
@@ -67,6 +75,26 @@ def client() -> Iterator[redis.Redis]:
         yield c
     finally:
         c.close()
+
+
+@contextlib.asynccontextmanager
+async def aioredlock(
+    key: str, name: str, sentry: Sentry, auto_release_time: float
+) -> AsyncIterator[InstrumentedAsyncRedlock]:
+    """An instrumented pottery ``AIORedlock`` on ``key``, its one master an asyncio client of
+    the test Redis; the key (``redlock:`` in front) deleted and the client closed afterwards."""
+    import pottery
+
+    aclient = redis.asyncio.Redis.from_url(REDIS_URL)
+    try:
+        yield instrument_lock(
+            pottery.AIORedlock(key=key, masters={aclient}, auto_release_time=auto_release_time),
+            name=name,
+            sentry=sentry,
+        )
+    finally:
+        await aclient.delete("redlock:" + key)
+        await aclient.aclose()
 
 
 class NaiveLockScenarios:

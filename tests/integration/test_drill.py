@@ -46,12 +46,12 @@ def set_stock(db: Db, stock: int) -> None:
     engine.dispose()
 
 
-def read_shop(db: Db) -> tuple[int, int]:
+def read_shop(db: Db, sku: str = DRILL_SKU) -> tuple[int, int]:
     """The SKU's stock, and how many orders the shop holds in all."""
     engine = sa.create_engine(db.url, poolclass=sa.pool.NullPool)
     with engine.connect() as conn:
         stock = conn.execute(
-            sa.text("SELECT available_stock FROM products WHERE sku = :sku"), {"sku": DRILL_SKU}
+            sa.text("SELECT available_stock FROM products WHERE sku = :sku"), {"sku": sku}
         ).scalar_one()
         orders = conn.execute(sa.text("SELECT count(*) FROM orders")).scalar_one()
     engine.dispose()

@@ -25,9 +25,10 @@ from stocksentry.exporter.config import parse_config
 from stocksentry.exporter.config.containment import WEBHOOK_PATH
 from stocksentry.exporter.containment.webhook import MAX_ALERTS, Containment
 from stocksentry.exporter.lab.config import LabConfig
-from stocksentry.exporter.lab.serve import DRILL_SKU, drill_file, serve_shop
+from stocksentry.exporter.lab.serve import DRILL_SKU, serve_shop
 from stocksentry.exporter.server import ServerSettings, create_app
 from stocksentry.instrumentation.freezeview import freeze_sku, read_frozen
+from test_drill import read_shop, scenario, set_stock, write_config
 
 pytestmark = pytest.mark.integration
 
@@ -57,39 +58,6 @@ def pg_shop(pg: Db) -> Iterator[tuple[int, Any]]:
         yield served
 
 
-def set_stock(db: Db, stock: int) -> None:
-    engine = sa.create_engine(db.url, poolclass=sa.pool.NullPool)
-    with engine.begin() as conn:
-        conn.execute(
-            sa.text("UPDATE products SET available_stock = :s WHERE sku = :sku"),
-            {"s": stock, "sku": DRILL_SKU},
-        )
-    engine.dispose()
-
-
-def read_shop(db: Db, sku: str = DRILL_SKU) -> tuple[int, int]:
-    """The SKU's stock, and how many orders the shop holds in all."""
-    engine = sa.create_engine(db.url, poolclass=sa.pool.NullPool)
-    with engine.connect() as conn:
-        stock = conn.execute(
-            sa.text("SELECT available_stock FROM products WHERE sku = :sku"), {"sku": sku}
-        ).scalar_one()
-        orders = conn.execute(sa.text("SELECT count(*) FROM orders")).scalar_one()
-    engine.dispose()
-    return int(stock), int(orders)
-
-
-def write_config(tmp_path: Path, port: int, url: str, *replace: tuple[str, str]) -> Path:
-    """The drill file ``--serve`` writes, with text replaced (``(old, new)`` each)."""
-    text = drill_file(port, url)
-    for old, new in replace:
-        assert old in text
-        text = text.replace(old, new)
-    path = tmp_path / "drill.yaml"
-    path.write_text(text, encoding="utf-8")
-    return path
-
-
 def run_json(
     capsys: pytest.CaptureFixture[str], config: Path, *extra: str
 ) -> tuple[int, dict[str, Any], str]:
@@ -97,10 +65,6 @@ def run_json(
     status = main(["drill", "--config", str(config), "--format", "json", "--yes", *extra])
     captured = capsys.readouterr()
     return status, json.loads(captured.out), captured.err
-
-
-def scenario(report: dict[str, Any], name: str) -> dict[str, Any]:
-    return next(s for s in report["scenarios"] if s["name"] == name)
 
 
 # --- a checkout that never sells: never a pass --------------------------------------------
@@ -152,7 +116,9 @@ def test_callbacks_refused_are_unverified_and_a_checkout_first_is_sent(
     pg: Db, pg_shop: tuple[int, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     port, _ = pg_shop
-    config = write_config(tmp_path, port, pg.raw_url, ("/callback/unsafe", "/callback/nope"))
+    config = write_config(
+        tmp_path, port, pg.raw_url, callback=("/callback/unsafe", "/callback/nope")
+    )
     status, report, _ = run_json(capsys, config, "--scenario", "duplicate_callback")
     result = scenario(report, "duplicate_callback")
     assert status == 3, report
@@ -165,7 +131,10 @@ def test_callbacks_refused_are_unverified_and_a_checkout_first_is_sent(
         tmp_path,
         port,
         pg.raw_url,
-        ("  stale_threshold:", "  callback_after_checkout: true\n  stale_threshold:"),
+        after_checkout=(
+            "  stale_threshold:",
+            "  callback_after_checkout: true\n  stale_threshold:",
+        ),
     )
     url = f"http://127.0.0.1:{port}/checkout/atomic"
     argv = ("--scenario", "duplicate_callback", "--checkout-url", url)
@@ -182,7 +151,7 @@ def test_stale_availability_that_cannot_sell_out_or_be_read_is_unverified(
 ) -> None:
     port, _ = pg_shop
     live = ("availability/stale_cache", "availability/atomic")
-    config = write_config(tmp_path, port, pg.raw_url, live)
+    config = write_config(tmp_path, port, pg.raw_url, live=live)
     refused = f"http://127.0.0.1:{port}/checkout/no_such_strategy"
     args = ("--scenario", "stale_availability")
     status, report, _ = run_json(capsys, config, *args, "--checkout-url", refused)
@@ -192,7 +161,7 @@ def test_stale_availability_that_cannot_sell_out_or_be_read_is_unverified(
 
     # A field the availability answer does not hold: unreadable, not "sold out".
     field = ("  availability:\n", "  availability:\n    json_field: in_stock\n")
-    config = write_config(tmp_path, port, pg.raw_url, live, field)
+    config = write_config(tmp_path, port, pg.raw_url, live=live, field=field)
     text = config.read_text()
     status, report, _ = run_json(capsys, config, *args, "--checkout-url", refused)
     assert status == 3, report
@@ -221,7 +190,7 @@ def test_a_failing_reset_request_is_unverified_and_the_stock_not_restored_is_sai
         f"  reset:\n    method: PUT\n    url: http://127.0.0.1:{port}/no_such_stock\n"
         '    body: \'{"sku": "{sku}", "stock": {qty}}\'\n  success:',
     )
-    config = write_config(tmp_path, port, pg.raw_url, reset)
+    config = write_config(tmp_path, port, pg.raw_url, reset=reset)
     status, report, err = run_json(capsys, config, "--scenario", "burst")
     assert status == 3
     assert "the shop's reset request failed: status 404" in scenario(report, "burst")["unverified"]
@@ -234,7 +203,7 @@ def test_a_failing_reset_request_is_unverified_and_the_stock_not_restored_is_sai
         tmp_path,
         port,
         pg.raw_url,
-        (reset[0], reset[1].replace("PUT", "GET").replace("/no_such_stock", "/metrics")),
+        reset=(reset[0], reset[1].replace("PUT", "GET").replace("/no_such_stock", "/metrics")),
     )
     status, report, _ = run_json(capsys, config, "--scenario", "burst")
     assert status == 3
@@ -274,7 +243,7 @@ def test_no_such_product_is_exit_2_and_nothing_sent(
     db: Db, shop: tuple[int, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     port, _ = shop
-    config = write_config(tmp_path, port, db.raw_url, (f"sku: {DRILL_SKU}", "sku: NO-SUCH"))
+    config = write_config(tmp_path, port, db.raw_url, sku=(f"sku: {DRILL_SKU}", "sku: NO-SUCH"))
     assert main(["drill", "--config", str(config), "--yes", "-q"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1
@@ -292,7 +261,7 @@ def test_a_table_the_database_lacks_is_unverified_nothing_sent(
 ) -> None:
     port, _ = shop
     mapping = ("schema:\n", f"schema:\n  {table}:\n    table: no_such_{table}\n")
-    config = write_config(tmp_path, port, db.raw_url, mapping)
+    config = write_config(tmp_path, port, db.raw_url, mapping=mapping)
     if table == "orders":  # one orders section: the mapping of its table and its key
         text = config.read_text().replace("  orders:\n    idempotency_key", "    idempotency_key")
         config.write_text(text, encoding="utf-8")
@@ -388,7 +357,7 @@ def test_a_monitor_that_is_off_or_unreadable_fails_observability(
         tmp_path,
         port,
         pg.raw_url,
-        (f"metrics_url: http://127.0.0.1:{port}/metrics", watch.format(monitor=monitor.url)),
+        watch=(f"metrics_url: http://127.0.0.1:{port}/metrics", watch.format(monitor=monitor.url)),
     )
     status, report, _ = run_json(capsys, config, "--scenario", "observability")
     result = scenario(report, "observability")
@@ -533,7 +502,7 @@ def test_retry_and_callbacks_without_a_key_column_are_unverified(
         "  orders:\n    idempotency_key: idempotency_key",
         "  orders:\n    idempotency_key: null\n    external_ref: null",
     )
-    config = write_config(tmp_path, port, pg.raw_url, unmapped)
+    config = write_config(tmp_path, port, pg.raw_url, unmapped=unmapped)
     args = ("--scenario", "retry", "--scenario", "duplicate_callback")
     status, report, _ = run_json(capsys, config, *args)
     assert status == 3

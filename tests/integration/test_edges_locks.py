@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import dataclasses
 import time
 from collections.abc import Iterator
 
@@ -20,7 +21,8 @@ import pottery
 import pytest
 import redis
 import redis.asyncio
-from lockscenarios import EXPIRED, EXTEND_FAILURES, REDIS_URL, acquires, value
+import test_freeze
+from lockscenarios import EXPIRED, EXTEND_FAILURES, REDIS_URL, acquires, aioredlock, value
 from polling import wait_until
 from privateredis import PrivateRedis
 from prometheus_client import CollectorRegistry
@@ -34,11 +36,13 @@ from stocksentry.instrumentation.locks import (
     InstrumentedLock,
     instrument_lock,
 )
+from test_freeze import ops
 
 pytestmark = pytest.mark.integration
 
 sentry = lockscenarios.sentry
 client = lockscenarios.client
+settings = test_freeze.settings
 
 ERRORS = "stocksentry_instrumentation_errors_total"
 # Three Redlock masters: three databases of the test Redis, apart from the default one.
@@ -141,14 +145,7 @@ def test_a_release_that_fails_on_a_dead_redis_ends_the_hold_and_records_no_outco
 async def test_aioredlock_acquire_extend_and_release_by_hand(
     redis_prefix: str, registry: CollectorRegistry, sentry: Sentry
 ) -> None:
-    aclient = redis.asyncio.Redis.from_url(REDIS_URL)
-    key = redis_prefix + "aio"
-    try:
-        lock = instrument_lock(
-            pottery.AIORedlock(key=key, masters={aclient}, auto_release_time=0.3),
-            name="aio",
-            sentry=sentry,
-        )
+    async with aioredlock(redis_prefix + "aio", "aio", sentry, auto_release_time=0.3) as lock:
         assert await lock.acquire(blocking=False) is True
         await asyncio.sleep(0.2)
         await lock.extend()  # 0.3 s from now
@@ -162,9 +159,6 @@ async def test_aioredlock_acquire_extend_and_release_by_hand(
         with pytest.raises(pottery.ExtendUnlockedLock):
             await lock.extend()
         assert value(registry, EXTEND_FAILURES, lock="aio") == 1
-    finally:
-        await aclient.delete("redlock:" + key)
-        await aclient.aclose()
 
 
 # --- fencing tokens ---------------------------------------------------------------------
@@ -209,30 +203,46 @@ def test_redlock_fencing_takes_the_majoritys_highest_token_and_raises_lagging_ma
     )
     fence = f"{lock.lock_key}:fence"
     first, lagging, broken = masters
-    first.set(fence, 5)
-    lagging.set(fence, 2)
-    broken.rpush(fence, "not a counter")  # this master's script fails: the others decide
-    with lock:
-        assert lock.fencing_token == 6
-        assert int(first.get(fence) or 0) == 6
-        assert int(lagging.get(fence) or 0) == 6  # raised to the issued token
-    assert value(registry, ERRORS, component="locks") == 0
-    assert acquires(registry, "rl", "acquired") == 1
+    not_issued = 0
+    for _ in range(5):
+        first.set(fence, 5)
+        lagging.set(fence, 2)
+        broken.delete(fence)
+        broken.rpush(fence, "not a counter")  # this master's script fails: the others decide
+        with lock:
+            token = lock.fencing_token
+            if token is not None:
+                assert token == 6
+                assert int(first.get(fence) or 0) == 6
+                assert int(lagging.get(fence) or 0) == 6  # raised to the issued token
+                break
+        # pottery returns at a quorum of two masters, the third one's SET still in flight
+        # (its BailOutExecutor); with the broken master out, the fence needs both healthy
+        # ones: on a loaded machine one may not hold the lock yet. Not issued (counted) is
+        # the safe answer; the next acquire, once the in-flight calls have landed.
+        not_issued += 1
+        time.sleep(0.5)
+    else:
+        pytest.fail("no acquire of five was issued a fencing token")
+    assert value(registry, ERRORS, component="locks") == not_issued
+    assert acquires(registry, "rl", "acquired") == not_issued + 1
 
 
 # --- the freeze view -------------------------------------------------------------------------
 
 
 @pytest.fixture
-def freeze_settings(client: redis.Redis, redis_prefix: str) -> FreezeSettings:
-    """Freeze settings on a client the test owns (not a URL)."""
-    return FreezeSettings(
-        client,
-        key_template=redis_prefix + "freeze:{sku}",
-        channel=redis_prefix + "freeze-changes",
-        resync_interval=0.3,
-        stale_after=5.0,
-    )
+def freeze_settings(client: redis.Redis, settings: FreezeSettings) -> FreezeSettings:
+    """test_freeze's settings (the test's key template and channel) on a client the test
+    owns (not a URL), resynced every 0.3 s and stale only after 5 s."""
+    return dataclasses.replace(settings, redis=client, resync_interval=0.3, stale_after=5.0)
+
+
+def freeze_egg_01(client: redis.Redis, settings: FreezeSettings, view: FreezeView) -> None:
+    """A person freezes EGG-01 under the settings' key template and channel; back once the
+    view holds the freeze."""
+    freeze_sku(client, "EGG-01", reason="oversold", source="person", **ops(settings))
+    wait_until(lambda: view.frozen("EGG-01"), accept=lambda s: s is not None, timeout=10)
 
 
 def test_a_value_outside_the_contract_never_stops_the_full_read(
@@ -271,15 +281,7 @@ def test_the_view_on_a_client_reports_broken_messages_and_callbacks_and_keeps_go
             channel,
             f'{{"action":"freeze","sku":"X","state":{{"sku":"X","source":"person","at":{huge}}}}}',
         )
-        freeze_sku(
-            client,
-            "EGG-01",
-            reason="oversold",
-            source="person",
-            key_template=freeze_settings.key_template,
-            channel=channel,
-        )
-        wait_until(lambda: view.frozen("EGG-01"), accept=lambda s: s is not None, timeout=10)
+        freeze_egg_01(client, freeze_settings, view)
         contract = [e for e in errors if isinstance(e, FreezeContractError)]
         callback = [e for e in errors if isinstance(e, RuntimeError)]
         assert len(contract) == 3
@@ -304,15 +306,7 @@ def test_reopen_restarts_the_freeze_view(
         sentry.close()
         sentry.reopen()
         assert view.wait_synced(10)
-        freeze_sku(
-            client,
-            "EGG-01",
-            reason="oversold",
-            source="person",
-            key_template=freeze_settings.key_template,
-            channel=freeze_settings.channel,
-        )
-        wait_until(lambda: view.frozen("EGG-01"), accept=lambda s: s is not None, timeout=10)
+        freeze_egg_01(client, freeze_settings, view)
         with pytest.raises(SkuFrozen), sentry.reservation("EGG-01"):
             pytest.fail("a frozen SKU was reserved")
         assert (

@@ -28,6 +28,7 @@ from lockscenarios import (
     REDIS_URL,
     RETRIES,
     acquires,
+    aioredlock,
     value,
 )
 from prometheus_client import CollectorRegistry
@@ -348,14 +349,8 @@ async def test_pottery_aioredlock(
 ) -> None:
     import pottery
 
-    client = redis.asyncio.Redis.from_url(REDIS_URL)
     key = redis_prefix + "aioredlock"
-    try:
-        lock = instrument_lock(
-            pottery.AIORedlock(key=key, masters={client}, auto_release_time=0.1),
-            name="aioredlock",
-            sentry=sentry,
-        )
+    async with aioredlock(key, "aioredlock", sentry, auto_release_time=0.1) as lock:
         assert isinstance(lock, InstrumentedAsyncRedlock)
         with pytest.raises(pottery.ReleaseUnlockedLock):
             async with lock:
@@ -363,9 +358,6 @@ async def test_pottery_aioredlock(
         assert value(registry, EXPIRED, lock="aioredlock") == 1
         assert value(registry, NOT_OWNED, lock="aioredlock") == 1
         assert acquires(registry, "aioredlock", "acquired") == 1
-    finally:
-        await client.delete("redlock:" + key)
-        await client.aclose()
 
 
 # --- odds and ends ------------------------------------------------------------------------

@@ -15,14 +15,17 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+import test_negative_writes
+from failingmetrics import failing
 from prometheus_client import CollectorRegistry
-from stocksentry.instrumentation import MetricSpec, Sentry, catalog, events
+from stocksentry.instrumentation import Sentry, catalog, events
 from stocksentry.instrumentation.sqlalchemy import (
     StockTable,
     instrument_sqlalchemy,
     uninstrument_sqlalchemy,
 )
 from structlog.testing import capture_logs
+from test_negative_writes import value
 
 pytestmark = pytest.mark.integration
 
@@ -43,13 +46,7 @@ TABLES = {"products": StockTable(key_columns=("id", "sku", "ref"))}
 BLIND = sa.text("UPDATE products SET available_stock = :v WHERE sku = :sku")
 
 
-def value(registry: CollectorRegistry, name: str, **labels: str) -> float:
-    return registry.get_sample_value(name, labels) or 0.0
-
-
-@pytest.fixture
-def sentry(registry: CollectorRegistry) -> Sentry:
-    return Sentry(registry=registry, log=True, trace=False)
+sentry = test_negative_writes.sentry
 
 
 @pytest.fixture
@@ -119,18 +116,6 @@ def test_a_stock_returned_under_another_name_is_still_counted(
 
 
 # --- a refusal at COMMIT ------------------------------------------------------------------
-
-
-def failing(sentry: Sentry, monkeypatch: pytest.MonkeyPatch, spec: MetricSpec) -> None:
-    """Make ``sentry``'s counter ``spec`` raise; the others (the errors' own) keep working."""
-    count = sentry.metrics.count
-
-    def broken(which: MetricSpec, *labels: str, **kwargs: Any) -> None:
-        if which == spec:
-            raise RuntimeError("metrics backend on fire")
-        count(which, *labels, **kwargs)
-
-    monkeypatch.setattr(sentry.metrics, "count", broken)
 
 
 @pytest.mark.parametrize("counter", ["working", "failing"])

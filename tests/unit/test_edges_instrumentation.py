@@ -16,6 +16,7 @@ from pathlib import Path
 import prometheus_client
 import pytest
 import redis.asyncio
+import test_api
 import werkzeug.exceptions
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -37,18 +38,12 @@ from stocksentry.instrumentation.secrets import (
     secret_fragments,
     url_has_password,
 )
+from test_api import value
 
 ERRORS = "stocksentry_instrumentation_errors_total"
 CARD = "4111 1111 1111 1111"  # Luhn-valid, the usual test card
 
-
-@pytest.fixture
-def sentry(registry: CollectorRegistry) -> Sentry:
-    return Sentry(registry=registry, log=False, trace=False)
-
-
-def value(registry: CollectorRegistry, name: str, **labels: str) -> float:
-    return registry.get_sample_value(name, labels) or 0.0
+sentry = test_api.sentry
 
 
 def errors(registry: CollectorRegistry, component: str) -> float:

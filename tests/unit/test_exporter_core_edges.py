@@ -30,10 +30,13 @@ def parse(text: str) -> ExporterConfig:
     return parse_config(textwrap.dedent(text), "config.yaml", environ={})
 
 
-def refused(text: str) -> ConfigError:
+def refused(text: str, line: int, path: str) -> ConfigError:
+    """The error refusing ``text``, which names the line and the key (``path``) given."""
     with pytest.raises(ConfigError) as caught:
         parse(text)
-    return caught.value
+    error = caught.value
+    assert (error.line, error.path) == (line, path)
+    return error
 
 
 # --- values at their bounds ----------------------------------------------------------------
@@ -44,24 +47,23 @@ def test_a_ratio_of_exactly_one_is_taken_and_zero_is_refused() -> None:
     assert config.lock_watch is not None
     assert config.lock_watch.foreign_release_ratio == 1.0
     assert isinstance(config.lock_watch.foreign_release_ratio, float)
-    error = refused(LOCK_WATCH + "  foreign_release_ratio: 0\n")
-    assert (error.line, error.path) == (3, "lock_watch.foreign_release_ratio")
+    error = refused(
+        LOCK_WATCH + "  foreign_release_ratio: 0\n", 3, "lock_watch.foreign_release_ratio"
+    )
     assert "greater than 0 and at most 1, got" in error.message
 
 
 def test_a_multiprocess_dir_that_is_a_file_is_refused(tmp_path: Path) -> None:
     a_file = tmp_path / "metrics.db"
     a_file.write_text("")
-    error = refused(f"server:\n  multiprocess_dir: {a_file}\n")
-    assert (error.line, error.path) == (2, "server.multiprocess_dir")
+    error = refused(f"server:\n  multiprocess_dir: {a_file}\n", 2, "server.multiprocess_dir")
     assert str(error) == f"config.yaml:2: server.multiprocess_dir: {a_file} is not a directory"
 
 
 @pytest.mark.parametrize("template", ["stock:{sku", "stock:{sku}}{"])
 def test_a_key_template_with_an_unbalanced_brace_is_refused(template: str) -> None:
     # string.Formatter refuses the text outright (ValueError): one line, not a traceback.
-    error = refused(DB + REDIS + f"  key_template: '{template}'\n")
-    assert (error.line, error.path) == (5, "redis.key_template")
+    error = refused(DB + REDIS + f"  key_template: '{template}'\n", 5, "redis.key_template")
     assert 'must contain "{sku}" exactly once' in error.message
 
 
@@ -72,8 +74,7 @@ def test_a_custom_probe_with_no_sql_is_refused(sql: str) -> None:
         + "probes:\n  custom:\n    - name: mine\n      metric: shop_mine\n"
         + f"      sql: {sql}\n"
     )
-    error = refused(text)
-    assert (error.line, error.path) == (7, "probes.custom[0].sql")
+    error = refused(text, 7, "probes.custom[0].sql")
     assert error.message == "must not be empty"
 
 
@@ -85,22 +86,25 @@ def test_two_custom_probes_exporting_one_metric_are_refused() -> None:
         DB
         + "probes:\n  custom:\n"
         + "    - {name: one, metric: shop_stock, sql: SELECT 1 AS value}\n"
-        + "    - {name: two, metric: shop_stock, sql: SELECT 2 AS value}\n"
+        + "    - {name: two, metric: shop_stock, sql: SELECT 2 AS value}\n",
+        6,
+        "probes.custom[1].metric",
     )
-    assert (error.line, error.path) == (6, "probes.custom[1].metric")
     assert 'another custom probe exports "shop_stock"' in error.message
 
 
 def test_custom_probes_without_a_database_are_refused() -> None:
-    error = refused("probes:\n  custom:\n    - {name: one, metric: shop_x, sql: SELECT 1}\n")
-    assert (error.line, error.path) == (3, "probes.custom")
+    error = refused(
+        "probes:\n  custom:\n    - {name: one, metric: shop_x, sql: SELECT 1}\n",
+        3,
+        "probes.custom",
+    )
     assert error.message == "custom probes need a database section"
 
 
 def test_oversold_on_promo_scope_without_promo_skus_is_refused() -> None:
     text = DB + "schema:\n  products: {allocation: initial_stock}\n"
-    error = refused(text + "probes:\n  oversold:\n    scope: promo\n")
-    assert (error.line, error.path) == (7, "probes.oversold.scope")
+    error = refused(text + "probes:\n  oversold:\n    scope: promo\n", 7, "probes.oversold.scope")
     assert error.message == "promo needs sku_guard.promo_skus"
     # Without an allocation the probe is off anyway: nothing to refuse.
     parsed = parse(DB + "probes:\n  oversold:\n    scope: promo\n")
@@ -112,15 +116,17 @@ def test_cache_drift_without_promo_skus_is_off_and_says_why() -> None:
     assert not config.probes.cache_drift.enabled
     assert "probe cache_drift is off: sku_guard.promo_skus is empty" in " ".join(config.notes)
     # Asked for explicitly, it is an error at the key that asked.
-    error = refused(DB + REDIS + "probes:\n  cache_drift:\n    enabled: true\n")
-    assert (error.line, error.path) == (7, "probes.cache_drift.enabled")
+    error = refused(
+        DB + REDIS + "probes:\n  cache_drift:\n    enabled: true\n",
+        7,
+        "probes.cache_drift.enabled",
+    )
     assert "cannot be true: sku_guard.promo_skus is empty" in error.message
 
 
 def test_a_url_that_is_not_a_string_is_refused_without_echoing_it() -> None:
     # The URL key may hold a secret: even a value of the wrong type is not shown.
-    error = refused("database:\n  url: 8675309\n")
-    assert (error.line, error.path) == (2, "database.url")
+    error = refused("database:\n  url: 8675309\n", 2, "database.url")
     assert error.message == "expected a string, got a value (not shown)"
     assert "8675309" not in str(error)
 
@@ -150,9 +156,8 @@ def test_without_the_redis_package_cache_drift_is_off_and_says_why() -> None:
 
 @pytest.mark.usefixtures("without_redis")
 def test_without_the_redis_package_lock_watch_is_one_error() -> None:
-    error = refused(LOCK_WATCH)
     # The line of the section's value (where its keys start), as for every section rule.
-    assert (error.line, error.path) == (2, "lock_watch")
+    error = refused(LOCK_WATCH, 2, "lock_watch")
     assert "needs the redis package" in error.message
 
 
@@ -253,7 +258,10 @@ def test_an_int_too_large_for_a_float_is_not_a_duration() -> None:
 
 
 def test_a_config_duration_too_large_for_a_float_is_one_line() -> None:
-    error = refused(DB + "probes:\n  defaults:\n    interval: " + "9" * 400 + "\n")
-    assert (error.line, error.path) == (5, "probes.defaults.interval")
+    error = refused(
+        DB + "probes:\n  defaults:\n    interval: " + "9" * 400 + "\n",
+        5,
+        "probes.defaults.interval",
+    )
     assert "must be at most" in error.message
     assert len(str(error)) < 400

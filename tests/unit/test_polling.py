@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import doctest
 import socket
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, HTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import polling
 import pytest
+from localhttp import serve_http
 from polling import FakeClock, WaitTimeout, async_wait_until, http_ok, wait_until
 
 
@@ -107,14 +107,8 @@ def http_server() -> Iterator[str]:
         def log_message(self, format: str, *args: object) -> None:
             pass
 
-    server = HTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serve_http(Handler) as url:
+        yield url
 
 
 def test_http_ok(http_server: str) -> None:

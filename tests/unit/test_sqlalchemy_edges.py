@@ -18,12 +18,13 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from failingmetrics import failing
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import CollectorRegistry
 from sqlitedb import sqlite_engine
-from stocksentry.instrumentation import MetricSpec, Sentry, catalog, events
+from stocksentry.instrumentation import Sentry, catalog, events
 from stocksentry.instrumentation.sqlalchemy import (
     StockTable,
     classify_statement,
@@ -32,12 +33,10 @@ from stocksentry.instrumentation.sqlalchemy import (
     uninstrument_sqlalchemy,
 )
 from structlog.testing import capture_logs
+from test_sqlalchemy_detector import ERRORS, LOCK_WAIT, UNSAFE, value
 
-UNSAFE = "stock_unsafe_read_modify_write_total"
 NEGATIVE = "stock_inventory_negative_total"
 STALE = "stock_lock_stale_fencing_token_total"
-LOCK_WAIT = "stock_db_lock_wait_duration_seconds"
-ERRORS = "stocksentry_instrumentation_errors_total"
 
 SCHEMA = (
     "CREATE TABLE products (id INTEGER PRIMARY KEY, sku TEXT UNIQUE NOT NULL, name TEXT,"
@@ -47,10 +46,6 @@ SCHEMA = (
 )
 READ = "SELECT available_stock FROM products WHERE sku = :sku"
 BLIND_BY_SKU = sa.text("UPDATE products SET available_stock = :v WHERE sku = :sku")
-
-
-def value(registry: CollectorRegistry, name: str, **labels: str) -> float:
-    return registry.get_sample_value(name, labels) or 0.0
 
 
 @pytest.fixture
@@ -336,18 +331,6 @@ def test_fenced_writes_that_are_not_stale_tokens(
 
 
 # --- failures inside the instrumentation -------------------------------------------------
-
-
-def failing(sentry: Sentry, monkeypatch: pytest.MonkeyPatch, spec: MetricSpec) -> None:
-    """Make ``sentry``'s counter ``spec`` raise; the others (the errors' own) keep working."""
-    count = sentry.metrics.count
-
-    def broken(which: MetricSpec, *labels: str, **kwargs: Any) -> None:
-        if which == spec:
-            raise RuntimeError("metrics backend on fire")
-        count(which, *labels, **kwargs)
-
-    monkeypatch.setattr(sentry.metrics, "count", broken)
 
 
 def test_a_failing_negative_write_counter_is_counted_and_the_line_still_written(
