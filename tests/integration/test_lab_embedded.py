@@ -278,9 +278,21 @@ def test_sigint_mid_run_leaves_no_server_and_no_folder(tmp_path: Path) -> None:
         check_sigint(tmp_path, tmp)
 
 
+#: The demo as a user starts it in a terminal, whose Ctrl-C raises KeyboardInterrupt. A test
+#: run started in the background by a shell without job control ignores SIGINT, an ignored
+#: signal stays ignored across exec, and Python then installs no handler: the demo would
+#: never see the signal (as `nohup` means it not to).
+INTERACTIVE_CLI = [
+    sys.executable,
+    "-c",
+    "import runpy, signal; signal.signal(signal.SIGINT, signal.default_int_handler);"
+    " runpy.run_module('stocksentry.exporter', run_name='__main__', alter_sys=True)",
+]
+
+
 def check_sigint(tmp_path: Path, tmp: Path) -> None:
     proc = subprocess.Popen(
-        [*CLI, "demo", *SIZES, "--format", "json"],
+        [*INTERACTIVE_CLI, "demo", *SIZES, "--format", "json"],
         cwd=tmp_path,
         env=demo_env(tmp),
         stdout=subprocess.DEVNULL,
