@@ -96,6 +96,21 @@ def dialect_of(text: str) -> str | None:
     return None
 
 
+def libpq_url(text: str) -> str:
+    """A PostgreSQL URL as libpq reads it: a driver-qualified scheme (``postgresql+psycopg``,
+    the app's SQLAlchemy URL) becomes ``postgresql``; a ``key=value`` string is unchanged.
+
+    Example::
+
+        >>> libpq_url("postgresql+asyncpg://app@db/shop")
+        'postgresql://app@db/shop'
+    """
+    scheme, sep, rest = text.partition("://")
+    if sep and "+" in scheme:
+        return f"postgresql://{rest}"
+    return text
+
+
 def mysql_connect_args(text: str) -> dict[str, Any]:
     """The keyword arguments of ``aiomysql.connect`` / ``pymysql.connect`` for a MySQL or
     MariaDB URL, its query options included; :class:`ValueError` names a problem without

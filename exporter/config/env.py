@@ -14,7 +14,7 @@ from stocksentry.instrumentation.secrets import Secret, url_has_password
 from yaml.nodes import ScalarNode
 
 from ..commandline import installed
-from ..dburl import dialect_of, mysql_connect_args
+from ..dburl import dialect_of, libpq_url, mysql_connect_args
 from ..inputs import URL_FILE_LIMIT, InputFileError, read_text_bounded, shorten
 from .errors import CheckedMapping, Context, describe, join
 from .kinds import Named, read_path
@@ -83,14 +83,15 @@ def resolve_url(ctx: Context, section: CheckedMapping, spec: UrlKeys) -> tuple[S
         plain = [f"{s}://" for s in spec.schemes if "+" not in s]
         expected = ", ".join(plain[:-1]) + f" or {plain[-1]}"
         ctx.fail(node, path, f"{label} does not hold a {spec.what} URL ({expected}...)")
-    if dialect_of(value) in ("mysql", "mariadb"):
+    dialect = dialect_of(value)
+    if dialect in ("mysql", "mariadb"):
         # Its query options (TLS files included) are checked now, not at each connect:
         # a bad one is the config's mistake, not a database that is down.
         try:
             mysql_connect_args(value)
         except ValueError as exc:  # its message never quotes the URL
             ctx.fail(node, path, f"{label}: {exc}")
-    if dialect_of(value) == "postgresql" and installed("psycopg"):
+    if dialect == "postgresql" and installed("psycopg"):
         # libpq parses the URL at every connect: one it refuses (an unknown option, a bad
         # %-escape) is the config's mistake, not a database that is down. The parser's
         # message is never passed on: it quotes the part it did not understand.
@@ -102,18 +103,3 @@ def resolve_url(ctx: Context, section: CheckedMapping, spec: UrlKeys) -> tuple[S
         except PsycopgError:
             ctx.fail(node, path, f"{label} cannot be parsed as a PostgreSQL URL")
     return Secret(value), origin
-
-
-def libpq_url(text: str) -> str:
-    """A PostgreSQL URL as libpq reads it: a driver-qualified scheme (``postgresql+psycopg``,
-    the app's SQLAlchemy URL) becomes ``postgresql``; a ``key=value`` string is unchanged.
-
-    Example::
-
-        >>> libpq_url("postgresql+asyncpg://app@db/shop")
-        'postgresql://app@db/shop'
-    """
-    scheme, sep, rest = text.partition("://")
-    if sep and "+" in scheme:
-        return f"postgresql://{rest}"
-    return text

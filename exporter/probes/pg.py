@@ -22,7 +22,7 @@ from psycopg.pq import TransactionStatus
 from psycopg.rows import TupleRow
 
 from ..config import DatabaseConfig
-from ..config.env import libpq_url
+from ..dburl import libpq_url
 from .base import ProbeUnavailableError
 from .dialects import Dialect, Params, Session
 

@@ -93,7 +93,7 @@ def test_docstring_examples() -> None:
     from stocksentry.exporter import dburl
 
     result = doctest.testmod(dburl)
-    assert (result.failed, result.attempted) == (0, 3)
+    assert (result.failed, result.attempted) == (0, 4)
 
 
 @pytest.mark.parametrize(
